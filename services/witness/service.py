@@ -1,0 +1,14 @@
+"""The witness service."""
+
+from __future__ import annotations
+
+from services.follower import LogTally, new_projection
+from shared.config import TownConfig
+from shared.service import Service, ServiceSettings
+
+
+class WitnessService(Service[LogTally]):
+    name = "witness"
+
+    def __init__(self, config: TownConfig, settings: ServiceSettings | None = None) -> None:
+        super().__init__(config, new_projection(self.name), settings)

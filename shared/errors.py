@@ -1,0 +1,98 @@
+"""One error tree for the project. Errors carry typed attributes; their message is built from them."""
+
+from __future__ import annotations
+
+
+class GastownError(Exception):
+    """Root of every error this project raises on purpose."""
+
+    retryable: bool = False
+
+
+class NatsUnavailableError(GastownError):
+    """The NATS server could not be reached."""
+
+    retryable = True
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        self.detail = detail
+        super().__init__(f"NATS is unreachable at {url}: {detail}")
+
+
+class StreamConfigMismatchError(GastownError):
+    """An existing stream has a configuration this project cannot work with; it is never changed silently."""
+
+    def __init__(self, stream: str, differences: dict[str, tuple[object, object]]) -> None:
+        self.stream = stream
+        self.differences = differences
+        parts = ", ".join(f"{k}: have {have!r}, need {need!r}" for k, (have, need) in sorted(differences.items()))
+        super().__init__(
+            f"stream {stream} exists with an incompatible configuration ({parts}); "
+            "fix or recreate it by hand, gastown-nats will not change it"
+        )
+
+
+class AppendConflictError(GastownError):
+    """Optimistic concurrency failed: the aggregate moved since the writer loaded it."""
+
+    retryable = True
+
+    def __init__(self, subject: str, expected: int | None, actual: int | None, detail: str = "") -> None:
+        self.subject = subject
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"append to {subject} expected last sequence {expected}, stream has {actual}" + (f" ({detail})" if detail else "")
+        )
+
+
+class AppendFailedError(GastownError):
+    """The server refused an append for a reason other than a concurrency conflict."""
+
+    def __init__(self, subject: str, code: int | None, err_code: int | None, description: str) -> None:
+        self.subject = subject
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+        super().__init__(f"append to {subject} refused: {description} (code {code}, err_code {err_code})")
+
+
+class AppendTimeoutError(GastownError):
+    """No acknowledgement within the deadline; the append may or may not be stored."""
+
+    retryable = True
+
+    def __init__(self, subject: str, attempts: int) -> None:
+        self.subject = subject
+        self.attempts = attempts
+        super().__init__(f"append to {subject} not acknowledged after {attempts} attempts")
+
+
+class StreamGapError(GastownError):
+    """A reader saw a jump in stream sequence: messages were dropped between server and callback."""
+
+    retryable = True
+
+    def __init__(self, expected: int, got: int) -> None:
+        self.expected = expected
+        self.got = got
+        super().__init__(f"stream gap: expected sequence {expected}, got {got}")
+
+
+class CommandError(GastownError):
+    """A command cannot be carried out; ``code`` is one of DESIGN.md's reason codes."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"{code}: {message}")
+
+
+class QueryError(GastownError):
+    """A query was answered with an error."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"{code}: {message}")

@@ -1,0 +1,53 @@
+"""Identifiers: validation, bead ids and stable digests of ids that cannot be used as subject tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+
+ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+PREFIX_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_]{0,15}$")
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+BEAD_SUFFIX_LEN = 6
+
+
+def is_valid_id(value: str) -> bool:
+    """True when ``value`` can be used as one subject token and as an id (no dots, spaces or wildcards)."""
+    return ID_PATTERN.fullmatch(value) is not None
+
+
+def stable_digest_id(raw: str, *, prefix: str = "cmd") -> str:
+    """A valid id derived from ``raw``: the same input always yields the same id, so dedupe still works."""
+    digest = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return f"{prefix}-{digest}"
+
+
+def command_id(header_id: str | None, body_id: str | None, cmd_seq: int) -> str:
+    """The command's id as DESIGN.md defines it: header, else body ``cmd_id``, else ``cmd-<GT_CMD seq>``."""
+    for candidate in (header_id, body_id):
+        if candidate:
+            return candidate if is_valid_id(candidate) else stable_digest_id(candidate)
+    return f"cmd-{cmd_seq}"
+
+
+def to_base36(number: int) -> str:
+    if number < 0:
+        raise ValueError("base36 takes a non-negative number")
+    digits = []
+    while True:
+        number, rem = divmod(number, 36)
+        digits.append(_BASE36[rem])
+        if number == 0:
+            return "".join(reversed(digits))
+
+
+def random_bead_id(prefix: str) -> str:
+    """``<prefix>-<base36>`` with a random suffix; uniqueness is enforced by the log (expected sequence 0)."""
+    suffix = to_base36(secrets.randbelow(36**BEAD_SUFFIX_LEN)).rjust(BEAD_SUFFIX_LEN, "0")
+    return f"{prefix}-{suffix}"
+
+
+def new_event_id() -> str:
+    """A 20-character random id for events (fits the id pattern, cheap to store)."""
+    return secrets.token_hex(10)
