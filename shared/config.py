@@ -11,9 +11,12 @@ import msgspec
 from shared import subjects
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+MAX_REPLICAS = 5
 
 
 class TownConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the town's parts are: NATS, the streams, the town directory. Read by ``load``."""
+
     nats_url: str = DEFAULT_NATS_URL
     """Comma-separated server URLs (``NATS_URL``)."""
     gt_home: Path = Path("~/.gastown").expanduser()
@@ -37,7 +40,11 @@ class TownConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def load(env: Mapping[str, str] | None = None, *, service: str | None = None) -> TownConfig:
-    """Read the config; ``<SERVICE>_NATS_URL`` (e.g. ``MAYOR_NATS_URL``) wins over ``NATS_URL``."""
+    """Read the config; ``<SERVICE>_NATS_URL`` (e.g. ``MAYOR_NATS_URL``) wins over ``NATS_URL``.
+
+    Raises:
+        ValueError: a setting has a value that cannot be used (the message names it).
+    """
     env = os.environ if env is None else env
 
     def get(key: str) -> str | None:
@@ -48,7 +55,9 @@ def load(env: Mapping[str, str] | None = None, *, service: str | None = None) ->
         value = env.get(key)
         return value or None
 
-    replicas = get("GT_REPLICAS")
+    replicas_text = get("GT_REPLICAS") or "1"
+    if not replicas_text.isdigit() or not 1 <= int(replicas_text) <= MAX_REPLICAS:
+        raise ValueError(f"GT_REPLICAS must be a whole number from 1 to {MAX_REPLICAS}, got {replicas_text!r}")
     home = get("GT_HOME")
     return TownConfig(
         nats_url=get("NATS_URL") or DEFAULT_NATS_URL,
@@ -56,7 +65,7 @@ def load(env: Mapping[str, str] | None = None, *, service: str | None = None) ->
         evt_stream=get("GT_EVT_STREAM") or subjects.DEFAULT_EVT_STREAM,
         cmd_stream=get("GT_CMD_STREAM") or subjects.DEFAULT_CMD_STREAM,
         snapshot_bucket=get("GT_SNAPSHOT_BUCKET") or subjects.DEFAULT_SNAPSHOT_BUCKET,
-        replicas=int(replicas) if replicas else 1,
+        replicas=int(replicas_text),
         nats_user=get("NATS_USER"),
         nats_password=get("NATS_PASSWORD"),
         nats_creds=get("NATS_CREDS"),

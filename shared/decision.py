@@ -1,31 +1,39 @@
-"""What a decide function returns: the events a command produces and the result the operator sees."""
+"""What a decide function gets and returns: the events a command produces and the result the operator sees."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-
-import msgspec
 
 from shared.events import Event
 
 
-class NewEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """An event to append; ``expected_seq`` is the aggregate's version the decision was based on (0 = new)."""
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to append. ``expected_seq`` is the aggregate's version the decision was based on (0: the
+    aggregate must not exist yet; None: no check, only for a later event on a subject the same decision
+    already checked)."""
 
     payload: Event
     expected_seq: int | None
 
 
-class Accepted(msgspec.Struct, frozen=True, kw_only=True):
-    events: list[NewEvent] = []
-    result: dict[str, Any] = {}
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A command's effect: events to append (none when already in effect) and the operator's ``result``."""
+
+    events: list[NewEvent] = field(default_factory=list)
+    result: dict[str, Any] = field(default_factory=dict)
 
 
-class DecideContext(msgspec.Struct, frozen=True, kw_only=True):
+@dataclass(frozen=True, slots=True)
+class DecideContext:
     """Time and id sources handed to pure decide functions (they read no clock and draw no randomness)."""
 
     now: datetime
     command_id: str
     actor: str
-    new_id: Any  # Callable[[str], str]: prefix -> fresh aggregate id
+    new_id: Callable[[str], str]
+    """prefix -> a fresh aggregate id."""

@@ -48,7 +48,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def write_config(path: Path, *, store_dir: Path, port: int, http_port: int, host: str = "127.0.0.1", name: str = "gt") -> Path:
+def write_config(
+    path: Path, *, store_dir: Path, port: int, http_port: int, host: str = "127.0.0.1", name: str = "gt"
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     store_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(SERVER_CONFIG.format(host=host, port=port, http_port=http_port, store_dir=store_dir, name=name))
@@ -86,10 +88,15 @@ class EmbeddedServer:
         return f"nats://{self.host}:{self.port}"
 
     def start(self, timeout: float = 15.0) -> None:
-        write_config(self.config_path, store_dir=self.store_dir, port=self.port, http_port=self.http_port, host=self.host)
+        write_config(
+            self.config_path, store_dir=self.store_dir, port=self.port, http_port=self.http_port, host=self.host
+        )
         log = self.log_file.open("ab")
         self.proc = subprocess.Popen(
-            [find_server_binary(), "-c", str(self.config_path)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            [find_server_binary(), "-c", str(self.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         wait_for_port(self.host, self.port, timeout, self.proc)

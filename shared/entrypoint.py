@@ -6,26 +6,46 @@ import argparse
 import asyncio
 import os
 import signal
-import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import structlog
 
 from shared import config as town_config
 from shared import logging as gt_logging
-from shared.errors import GastownError
 from shared.service import Service, ServiceSettings
 
+ServiceFactory = Callable[[town_config.TownConfig, ServiceSettings], Service[Any]]
+EXIT_FAILED = 1
 
-def main(name: str, factory: Callable[[town_config.TownConfig, ServiceSettings], Service], argv: Sequence[str] | None = None) -> int:  # type: ignore[type-arg]
+
+def build_parser(name: str) -> argparse.ArgumentParser:
+    defaults = ServiceSettings()
     parser = argparse.ArgumentParser(prog=f"gt-{name}", description=f"Run the {name} service.")
     parser.add_argument("--nats-url", help="NATS server URL(s), comma-separated (env NATS_URL)")
     parser.add_argument("--gt-home", help="town directory (env GT_HOME)")
-    parser.add_argument("--patrol-interval", type=float, default=5.0, help="seconds between patrol ticks")
+    parser.add_argument(
+        "--patrol-interval",
+        type=float,
+        default=float(os.environ.get("GT_PATROL_INTERVAL", defaults.patrol_interval)),
+        help="seconds between patrol ticks (env GT_PATROL_INTERVAL)",
+    )
     parser.add_argument("--no-snapshots", action="store_true", help="always rebuild the projection from the log")
+    parser.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=defaults.snapshot_every,
+        help="store a snapshot after this many new events (0: only at shutdown)",
+    )
+    parser.add_argument("--max-in-flight", type=int, default=defaults.max_in_flight, help="commands settled at once")
     parser.add_argument("--log-level", default=os.environ.get("GT_LOG_LEVEL", "INFO"))
     parser.add_argument("--log-json", action="store_true", default=None, help="JSON logs even on a TTY")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) -> int:
+    """Run service ``name`` until SIGTERM/SIGINT; returns the process exit code."""
+    args = build_parser(name).parse_args(argv)
     env = dict(os.environ)
     if args.nats_url:
         env["NATS_URL"] = args.nats_url
@@ -33,25 +53,38 @@ def main(name: str, factory: Callable[[town_config.TownConfig, ServiceSettings],
         env["GT_HOME"] = args.gt_home
     gt_logging.configure(name, json=args.log_json, level=args.log_level)
     log = structlog.get_logger(f"services.{name}")
-    cfg = town_config.load(env, service=name)
-    settings = ServiceSettings(patrol_interval=args.patrol_interval, use_snapshots=not args.no_snapshots)
+    try:
+        cfg = town_config.load(env, service=name)
+    except ValueError as exc:
+        log.error("bad_configuration", error=str(exc))
+        return EXIT_FAILED
+    settings = ServiceSettings(
+        patrol_interval=args.patrol_interval,
+        use_snapshots=not args.no_snapshots,
+        snapshot_every=args.snapshot_every,
+        max_in_flight=args.max_in_flight,
+    )
     service = factory(cfg, settings)
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()
+        stopping: set[asyncio.Task[None]] = set()
+
+        def on_signal() -> None:
+            task = loop.create_task(service.shutdown())
+            stopping.add(task)
+            task.add_done_callback(stopping.discard)
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(service.shutdown()))
-        log.info("service_starting", nats_url=cfg.nats_url)
+            loop.add_signal_handler(sig, on_signal)
+        log.info("service_starting", nats_url=cfg.nats_url, pid=os.getpid())
         await service.run()
         log.info("service_stopped")
 
     try:
         asyncio.run(serve())
-    except GastownError as exc:
-        log.error("service_failed", error=str(exc))
-        return 1
+    except Exception:
+        # The process is about to exit non-zero; its supervisor (gt up, docker) restarts it.
+        log.exception("service_failed")
+        return EXIT_FAILED
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(1)

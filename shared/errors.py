@@ -43,7 +43,8 @@ class AppendConflictError(GastownError):
         self.expected = expected
         self.actual = actual
         super().__init__(
-            f"append to {subject} expected last sequence {expected}, stream has {actual}" + (f" ({detail})" if detail else "")
+            f"append to {subject} expected last sequence {expected}, stream has {actual}"
+            + (f" ({detail})" if detail else "")
         )
 
 
@@ -96,3 +97,20 @@ class QueryError(GastownError):
         self.code = code
         self.message = message
         super().__init__(f"{code}: {message}")
+
+
+class EventDecodeError(GastownError):
+    """A stored message is not a readable event envelope or payload."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(f"cannot decode event: {detail}")
+
+
+class UnknownEventTypeError(GastownError):
+    """An event type (or a version of it) this code does not know: logged and skipped, never fatal."""
+
+    def __init__(self, type_: str, v: int) -> None:
+        self.type = type_
+        self.v = v
+        super().__init__(f"unknown event type {type_!r} v{v}")

@@ -1,9 +1,10 @@
 """Command intake: consume a service's commands from GT_CMD and end each in exactly one outcome event.
 
-The command's effects and its outcome (``gt.evt.cmd.<id>``, expected sequence 0) are appended as one
-atomic batch, so a command redelivered after a crash can neither produce a second outcome nor a second
-effect: the batch fails on the outcome's concurrency check and the intake finds the outcome stored.
-Commands on different aggregates are processed concurrently; commands on the same aggregate in order.
+A command's effects and its outcome (``gt.evt.cmd.<id>``, expected sequence 0) are appended together,
+atomically, so a command redelivered after a crash can neither produce a second outcome nor a second
+effect: the append fails on the outcome's concurrency check and the intake finds the outcome stored.
+Commands on different aggregates are decided concurrently and their appends share group commits;
+commands on the same aggregate are decided in order, each on a projection that holds its predecessor.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from typing import Any
 from datetime import UTC, datetime
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -22,8 +23,8 @@ from nats.js.client import JetStreamContext
 
 from shared import ids, subjects
 from shared.bus.append import Appender, PendingEvent
-from shared.bus.reader import EventReader, parse_ack_reply
-from shared.bus.topology import COMMAND_OWNERS
+from shared.bus.commit import GroupCommitter
+from shared.bus.reader import EventReader
 from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, parse_command, peek_body_fields
 from shared.decision import Accepted, DecideContext
 from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, CommandError
@@ -34,9 +35,34 @@ log = structlog.get_logger(__name__)
 Decide = Callable[[Command, DecideContext], Accepted]
 KeyOf = Callable[[Command], str | None]
 MAX_DECIDE_ATTEMPTS = 20
+ERR_MAX_PAYLOAD_EXCEEDED = 10054  # nats-server: "maximum message size exceeded"
+
+
+class Delivery:
+    """One delivery of a stored command, as read from its JetStream reply subject."""
+
+    __slots__ = ("actor", "body", "command_id", "correlation_id", "delivered", "msg", "name", "stream_seq", "subject")
+
+    def __init__(self, msg: Msg, max_bytes: int) -> None:
+        self.msg = msg
+        self.subject = msg.subject
+        info = subjects.parse_js_reply(msg.reply)
+        self.stream_seq, self.delivered = info.stream_seq, info.delivered
+        self.body = msg.data
+        header_id = (msg.headers or {}).get("Nats-Msg-Id")
+        if len(self.body) <= max_bytes:
+            body_id, actor, correlation = peek_body_fields(self.body)
+        else:
+            body_id = actor = correlation = None
+        self.command_id = ids.command_id(header_id, body_id, self.stream_seq)
+        self.actor = actor or "operator"
+        self.correlation_id = correlation or self.command_id
+        self.name = self.subject.removeprefix(subjects.CMD_PREFIX + ".")
 
 
 class CommandIntake:
+    """Pulls commands from a durable consumer and settles each one; runs until cancelled."""
+
     def __init__(
         self,
         *,
@@ -45,12 +71,13 @@ class CommandIntake:
         stream: str,
         durable: str,
         appender: Appender,
+        committer: GroupCommitter,
         reader: EventReader,
         decide: Decide,
         key_of: KeyOf,
-        catch_all: bool = False,
-        max_in_flight: int = 2_000,
-        fetch_batch: int = 256,
+        owns: Callable[[str], bool] = lambda _subject: True,
+        max_in_flight: int = 4_096,
+        fetch_batch: int = 512,
         max_command_bytes: int = DEFAULT_MAX_COMMAND_BYTES,
         new_id: Callable[[str], str] = ids.random_bead_id,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -60,20 +87,27 @@ class CommandIntake:
         self._stream = stream
         self._durable = durable
         self._appender = appender
+        self._committer = committer
         self._reader = reader
         self._decide = decide
         self._key_of = key_of
-        self._catch_all = catch_all
+        self._owns = owns
         self._max_in_flight = max_in_flight
         self._fetch_batch = fetch_batch
         self._max_bytes = max_command_bytes
         self._new_id = new_id
         self._clock = clock
         self._slots = asyncio.Semaphore(max_in_flight)
-        self._tails: dict[str, asyncio.Task[int | None]] = {}
-        self._tasks: set[asyncio.Task[int | None]] = set()
+        self._tails: dict[str, asyncio.Task[int]] = {}
+        self._tasks: set[asyncio.Task[int]] = set()
+        self._in_flight: set[int] = set()
         self._acks: set[asyncio.Task[None]] = set()
+        self._committed_high = 0
         self.processed = 0
+        self.rejected = 0
+        self.duplicates = 0
+
+    # ---- fetching -----------------------------------------------------------------------------
 
     async def run(self) -> None:
         sub = await self._bind()
@@ -104,160 +138,197 @@ class CommandIntake:
         while True:
             try:
                 return await self._js.pull_subscribe_bind(self._durable, self._stream)
-            except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            except (TimeoutError, nats.errors.Error) as exc:
                 log.warning("command_consumer_bind_failed", consumer=self._durable, error=repr(exc))
                 await asyncio.sleep(0.5)
 
     async def _fetch(self, sub: Any, n: int) -> list[Msg]:
         try:
-            return await sub.fetch(n, timeout=1.0)
-        except nats.errors.TimeoutError:
+            msgs: list[Msg] = await sub.fetch(n, timeout=1.0)
+        except (TimeoutError, nats.errors.TimeoutError):
             return []
-        except (nats.errors.Error, asyncio.TimeoutError) as exc:
-            # Server restarting or leader moving: back off and fetch again; unacked commands are redelivered.
+        except nats.errors.Error as exc:
+            # Server restarting or the consumer's leader moving: back off and fetch again; unacked
+            # commands are redelivered after their ack wait.
             log.warning("command_fetch_failed", error=repr(exc))
             await asyncio.sleep(0.25)
             return []
+        return msgs
+
+    # ---- dispatch -----------------------------------------------------------------------------
 
     def _dispatch(self, msg: Msg) -> None:
-        cmd_seq, _ = parse_ack_reply(msg.reply)
-        header_id = (msg.headers or {}).get("Nats-Msg-Id")
-        body = msg.data
-        verb_of = subjects.split_command_subject(msg.subject)
-        if self._catch_all and verb_of is not None:
-            owner = COMMAND_OWNERS.get(verb_of[0])
-            if owner is not None and owner != self._service:
-                self._ack(msg)  # another service's consumer answers it
-                self._slots.release()
-                return
-        body_id, actor, correlation = peek_body_fields(body) if len(body) <= self._max_bytes else (None, None, None)
-        command_id = ids.command_id(header_id, body_id, cmd_seq)
-        command_name = msg.subject.removeprefix("gt.cmd.")
+        delivery = Delivery(msg, self._max_bytes)
+        if not self._owns(delivery.subject):
+            # Another service's consumer answers it; this one only makes sure nothing is left unanswered.
+            self._spawn_ack(msg)
+            self._slots.release()
+            return
+        if delivery.stream_seq in self._in_flight:
+            # Redelivered while the first delivery is still being settled; that one will ack.
+            self._slots.release()
+            return
+        self._in_flight.add(delivery.stream_seq)
         parsed: Command | CommandError
         try:
-            parsed = parse_command(msg.subject, body, max_bytes=self._max_bytes)
+            parsed = parse_command(delivery.subject, delivery.body, max_bytes=self._max_bytes)
         except CommandError as exc:
             parsed = exc
         key = self._key_of(parsed) if isinstance(parsed, Command) else None
         prev = self._tails.get(key) if key else None
-        task = asyncio.create_task(
-            self._process(msg, parsed, command_id, command_name, actor or "operator", correlation, prev),
-            name=f"cmd-{command_id}",
-        )
+        barrier = self._committed_high
+        task = asyncio.create_task(self._process(delivery, parsed, prev, barrier), name=f"cmd-{delivery.command_id}")
         self._tasks.add(task)
         if key:
             self._tails[key] = task
-        task.add_done_callback(lambda t: self._done(t, key))
+        task.add_done_callback(lambda t: self._done(t, key, delivery.stream_seq))
 
-    def _done(self, task: asyncio.Task[int | None], key: str | None) -> None:
+    def _done(self, task: asyncio.Task[int], key: str | None, stream_seq: int) -> None:
         self._tasks.discard(task)
+        self._in_flight.discard(stream_seq)
         if key and self._tails.get(key) is task:
             del self._tails[key]
         self._slots.release()
         if not task.cancelled() and task.exception() is not None:
             log.error("command_task_failed", error=repr(task.exception()))
 
-    def _ack(self, msg: Msg) -> None:
-        async def ack() -> None:
-            with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-                await msg.ack()
-
-        task = asyncio.create_task(ack())
+    def _spawn_ack(self, msg: Msg) -> None:
+        task = asyncio.create_task(_ack(msg))
         self._acks.add(task)
         task.add_done_callback(self._acks.discard)
 
+    # ---- settling -----------------------------------------------------------------------------
+
     async def _process(
-        self,
-        msg: Msg,
-        parsed: Command | CommandError,
-        command_id: str,
-        command_name: str,
-        actor: str,
-        correlation: str | None,
-        prev: asyncio.Task[int | None] | None,
-    ) -> int | None:
+        self, delivery: Delivery, parsed: Command | CommandError, prev: asyncio.Task[int] | None, barrier: int
+    ) -> int:
+        """Settle one command; returns the sequence of its outcome (0 when it could not be stored yet)."""
         if prev is not None:
-            # Same aggregate: decide on a projection that already holds the previous command's events.
+            # Same aggregate: decide on a projection that holds the previous command's events.
             with contextlib.suppress(Exception):
-                prev_seq = await asyncio.shield(prev)
-                if prev_seq:
-                    await self._reader.wait_for_seq(prev_seq)
-        with structlog.contextvars.bound_contextvars(command_id=command_id, command=command_name):
+                barrier = max(barrier, await asyncio.shield(prev))
+        if barrier:
+            # Read-your-writes for deciding: every outcome this service already reported is applied.
+            await self._reader.wait_for_seq(barrier)
+        with structlog.contextvars.bound_contextvars(command_id=delivery.command_id, command=delivery.name):
             try:
-                seq = await self._settle(parsed, command_id, command_name, actor, correlation)
+                seq = await self._settle(delivery, parsed)
             except AppendTimeoutError as exc:
                 log.warning("command_outcome_unstored", error=str(exc))
-                return None  # not acked: redelivered after ack_wait
-            self._ack(msg)
-            self.processed += 1
-            return seq
+                return 0  # not acked: redelivered after the ack wait
+        await _ack(delivery.msg)
+        self.processed += 1
+        return seq
 
-    async def _settle(
-        self, parsed: Command | CommandError, command_id: str, command_name: str, actor: str, correlation: str | None
-    ) -> int:
-        outcome_subject = subjects.outcome_subject(command_id)
-        for _attempt in range(MAX_DECIDE_ATTEMPTS):
-            now = self._clock()
-            pending: list[PendingEvent] = []
-            rejection: CommandError | None = parsed if isinstance(parsed, CommandError) else None
-            accepted: Accepted | None = None
-            if isinstance(parsed, Command):
-                ctx = DecideContext(now=now, command_id=command_id, actor=actor, new_id=self._new_id)
-                try:
-                    accepted = self._decide(parsed, ctx)
-                except CommandError as exc:
-                    rejection = exc
-            refs: list[EventRef] = []
-            if accepted is not None:
-                for new in accepted.events:
-                    event_id = ids.new_event_id()
-                    subject = subjects.event_subject(new.payload.AGGREGATE, new.payload.aggregate_id())
-                    data = encode_event(
-                        new.payload, event_id=event_id, ts=now, actor=actor,
-                        causation_id=command_id, correlation_id=correlation or command_id,
-                    )
-                    pending.append(PendingEvent(subject=subject, data=data, event_id=event_id, expected_seq=new.expected_seq))
-                    refs.append(EventRef(id=event_id, type=new.payload.TYPE, subject=subject))
-                outcome: CommandAccepted | CommandRejected = CommandAccepted(
-                    command_id=command_id, command=command_name, events=refs, result=accepted.result
-                )
-                log.debug("command_accepted", events=len(refs))
-            else:
-                assert rejection is not None
-                outcome = CommandRejected(
-                    command_id=command_id, command=command_name, code=rejection.code, message=rejection.message
-                )
-                log.info("command_rejected", code=rejection.code, reason=rejection.message)
-            outcome_id = ids.new_event_id()
-            pending.append(
-                PendingEvent(
-                    subject=outcome_subject,
-                    data=encode_event(
-                        outcome, event_id=outcome_id, ts=now, actor=self._service,
-                        causation_id=command_id, correlation_id=correlation or command_id,
-                    ),
-                    event_id=outcome_id,
-                    expected_seq=0,
-                )
-            )
+    async def _settle(self, delivery: Delivery, parsed: Command | CommandError) -> int:
+        outcome_subject = subjects.outcome_subject(delivery.command_id)
+        if delivery.delivered > 1:
+            stored = await self._appender.last_on_subject(outcome_subject)
+            if stored is not None:
+                self.duplicates += 1
+                log.info("command_already_settled", outcome_seq=stored[0])
+                return stored[0]
+        for attempt in range(MAX_DECIDE_ATTEMPTS + 1):
+            if attempt == MAX_DECIDE_ATTEMPTS:
+                parsed = CommandError("conflict", "the aggregate kept changing under the command; send it again")
+            pending, rejected = self._events_for(delivery, parsed)
             try:
-                seqs = await self._appender.append(pending)
+                seqs = await self._committer.append(pending)
             except AppendConflictError as exc:
                 stored = await self._appender.last_on_subject(outcome_subject)
                 if stored is not None:
+                    self.duplicates += 1
                     log.info("command_already_settled", outcome_seq=stored[0])
                     return stored[0]
+                # Someone else moved an aggregate first: decide again on a projection that has it.
                 log.info("command_conflict_retry", subject=exc.subject, actual=exc.actual)
-                if exc.actual:
-                    with contextlib.suppress(TimeoutError):
-                        await self._reader.wait_for_seq(exc.actual, timeout=10)
+                await self._catch_up_with_stream()
                 continue
             except AppendFailedError as exc:
-                if accepted is None:
-                    raise
-                code = "too_large" if "maximum" in exc.description.lower() or "size" in exc.description.lower() else "invalid"
+                if isinstance(parsed, CommandError):
+                    raise  # not even the rejection can be stored: leave the command for redelivery
+                code = "too_large" if exc.err_code == ERR_MAX_PAYLOAD_EXCEEDED else "invalid"
                 parsed = CommandError(code, f"the log refused the command's events: {exc.description}")
                 continue
+            self._committed_high = max(self._committed_high, seqs[-1])
+            if rejected:
+                self.rejected += 1
             return seqs[-1]
-        parsed = CommandError("conflict", "the aggregate kept changing under the command; retry it")
-        return await self._settle(parsed, command_id, command_name, actor, correlation)
+        raise AppendTimeoutError(outcome_subject, MAX_DECIDE_ATTEMPTS + 1)
+
+    async def _catch_up_with_stream(self) -> None:
+        try:
+            info = await self._js.stream_info(self._reader.stream)
+        except (TimeoutError, nats.errors.Error):
+            await asyncio.sleep(0.2)
+            return
+        with contextlib.suppress(TimeoutError):
+            await self._reader.wait_for_seq(int(info.state.last_seq), timeout=10)
+
+    def _events_for(self, delivery: Delivery, parsed: Command | CommandError) -> tuple[list[PendingEvent], bool]:
+        """Decide (again) and encode the command's events followed by its outcome; True when rejected."""
+        now = self._clock()
+        accepted: Accepted | None = None
+        rejection = parsed if isinstance(parsed, CommandError) else None
+        if isinstance(parsed, Command):
+            ctx = DecideContext(now=now, command_id=delivery.command_id, actor=delivery.actor, new_id=self._new_id)
+            try:
+                accepted = self._decide(parsed, ctx)
+            except CommandError as exc:
+                rejection = exc
+            except Exception as exc:
+                log.exception("decide_failed", error=repr(exc))
+                rejection = CommandError(
+                    "invalid", f"the {self._service} could not process this command ({type(exc).__name__}); see its log"
+                )
+        pending: list[PendingEvent] = []
+        outcome: CommandAccepted | CommandRejected
+        if accepted is not None:
+            refs: list[EventRef] = []
+            for new in accepted.events:
+                event_id = ids.new_event_id()
+                subject = subjects.event_subject(new.payload.AGGREGATE, new.payload.aggregate_id())
+                data = encode_event(
+                    new.payload,
+                    event_id=event_id,
+                    ts=now,
+                    actor=delivery.actor,
+                    causation_id=delivery.command_id,
+                    correlation_id=delivery.correlation_id,
+                )
+                pending.append(
+                    PendingEvent(subject=subject, data=data, event_id=event_id, expected_seq=new.expected_seq)
+                )
+                refs.append(EventRef(id=event_id, type=new.payload.TYPE, subject=subject))
+            outcome = CommandAccepted(
+                command_id=delivery.command_id, command=delivery.name, events=refs, result=accepted.result
+            )
+        else:
+            assert rejection is not None
+            log.info("command_rejected", code=rejection.code, reason=rejection.message)
+            outcome = CommandRejected(
+                command_id=delivery.command_id, command=delivery.name, code=rejection.code, message=rejection.message
+            )
+        outcome_id = ids.new_event_id()
+        pending.append(
+            PendingEvent(
+                subject=subjects.outcome_subject(delivery.command_id),
+                data=encode_event(
+                    outcome,
+                    event_id=outcome_id,
+                    ts=now,
+                    actor=self._service,
+                    causation_id=delivery.command_id,
+                    correlation_id=delivery.correlation_id,
+                ),
+                event_id=outcome_id,
+                expected_seq=0,
+            )
+        )
+        return pending, accepted is None
+
+
+async def _ack(msg: Msg) -> None:
+    # A lost ack only means the command is delivered again, and its stored outcome answers it then.
+    with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+        await msg.ack()

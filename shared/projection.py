@@ -3,7 +3,7 @@
 The fold itself (``fold(payload, state, envelope, seq)``, a ``functools.singledispatch`` registered per
 payload type) does no I/O and reads no clock. This class feeds it decoded events in order, skips any
 sequence at or below ``last_seq``, logs and skips event types it does not know, and turns the state into
-snapshots (state + sequence + schema fingerprint) and back.
+snapshots (state + sequence + schema fingerprint + the stream's identity) and back.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import structlog
 
-from shared.events import REGISTRY, Envelope, Event, EventRegistry, decode_envelope
 from shared.errors import GastownError
+from shared.events import REGISTRY, Envelope, Event, EventRegistry, decode_envelope
 
 log = structlog.get_logger(__name__)
 
@@ -24,13 +24,16 @@ S = TypeVar("S", bound=msgspec.Struct)
 Fold = Callable[[Event, Any, Envelope, int], None]
 
 
-class _SnapshotHeader(msgspec.Struct, frozen=True):
+class _Snapshot(msgspec.Struct, frozen=True):
     fingerprint: str
+    stream_id: str
+    """Identifies the stream the snapshot was taken from (its creation time): a recreated stream with the
+    same name must not be read through an old snapshot."""
     last_seq: int
     state: msgspec.Raw
 
 
-_HEADER_DECODER = msgspec.msgpack.Decoder(_SnapshotHeader)
+_SNAPSHOT_DECODER = msgspec.msgpack.Decoder(_Snapshot)
 _MSGPACK = msgspec.msgpack.Encoder()
 _JSON = msgspec.json.Encoder(order="deterministic")
 
@@ -52,13 +55,15 @@ class Projection(Generic[S]):
         self.state: S = state_type()
         self.last_seq = 0
         self.applied = 0
+        """Events folded into the state by this process (not counting a snapshot's)."""
         self.skipped = 0
+        """Events skipped because their type is unknown or they do not decode."""
         self._fold = fold
         self._registry = registry
         self._state_decoder = msgspec.msgpack.Decoder(state_type)
         schema = msgspec.json.encode(msgspec.json.schema(state_type))
         self.fingerprint = hashlib.sha256(f"{name}:{schema_version}:".encode() + schema).hexdigest()[:32]
-        self._unknown_types: set[str] = set()
+        self._reported: set[str] = set()
 
     def apply(self, seq: int, subject: str, data: bytes) -> None:
         """Fold the event stored at ``seq``. Never raises for bad or unknown events: they are logged and skipped."""
@@ -69,11 +74,12 @@ class Projection(Generic[S]):
             payload = self._registry.decode_payload(env)
         except GastownError as exc:
             self.skipped += 1
-            key = getattr(exc, "type", None) or type(exc).__name__
-            if key not in self._unknown_types:
-                self._unknown_types.add(key)
-                log.warning("event_skipped", projection=self.name, seq=seq, subject=subject, reason=str(exc))
             self.last_seq = seq
+            kind = getattr(exc, "type", None) or type(exc).__name__
+            if kind not in self._reported:
+                # Once per kind: a newer writer may store thousands of a type this code does not know yet.
+                self._reported.add(kind)
+                log.warning("event_skipped", projection=self.name, seq=seq, subject=subject, reason=str(exc))
             return
         self._fold(payload, self.state, env, seq)
         self.last_seq = seq
@@ -83,28 +89,38 @@ class Projection(Generic[S]):
         """Canonical JSON of the state and sequence: two projections are equal when these bytes are."""
         return _JSON.encode({"last_seq": self.last_seq, "state": self.state})
 
-    def snapshot(self) -> bytes:
+    def snapshot(self, stream_id: str) -> bytes:
+        """The projection as bytes that ``restore`` accepts (msgpack)."""
         return _MSGPACK.encode(
-            _SnapshotHeader(self.fingerprint, self.last_seq, msgspec.Raw(_MSGPACK.encode(self.state)))
+            _Snapshot(self.fingerprint, stream_id, self.last_seq, msgspec.Raw(_MSGPACK.encode(self.state)))
         )
 
-    def restore(self, data: bytes) -> bool:
-        """Load a snapshot; False (state untouched) when it does not decode or its fingerprint differs."""
+    def restore(self, data: bytes, *, stream_id: str, stream_last_seq: int) -> bool:
+        """Load a snapshot taken from the stream ``stream_id``; False (state untouched) when it is unusable.
+
+        Unusable means: it does not decode, its fingerprint (state schema) differs, it comes from another
+        stream, or it claims more of the stream than the stream holds.
+        """
         try:
-            header = _HEADER_DECODER.decode(data)
+            snap = _SNAPSHOT_DECODER.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.warning("snapshot_ignored", projection=self.name, reason="undecodable", error=str(exc))
             return False
-        if header.fingerprint != self.fingerprint:
-            log.warning(
-                "snapshot_ignored", projection=self.name, reason="fingerprint", have=header.fingerprint, want=self.fingerprint
-            )
+        reason = None
+        if snap.fingerprint != self.fingerprint:
+            reason = "schema_fingerprint_differs"
+        elif snap.stream_id != stream_id:
+            reason = "taken_from_another_stream"
+        elif snap.last_seq > stream_last_seq:
+            reason = "ahead_of_stream"
+        if reason is not None:
+            log.warning("snapshot_ignored", projection=self.name, reason=reason, snapshot_seq=snap.last_seq)
             return False
         try:
-            state = self._state_decoder.decode(header.state)
+            state = self._state_decoder.decode(snap.state)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.warning("snapshot_ignored", projection=self.name, reason="undecodable_state", error=str(exc))
             return False
         self.state = state
-        self.last_seq = header.last_seq
+        self.last_seq = snap.last_seq
         return True

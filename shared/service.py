@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import msgspec
 import nats.errors
+import nats.js.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.client import JetStreamContext
 
-from shared.bus.append import Appender
+from shared.bus.append import RETRYABLE_ERRORS, Appender
+from shared.bus.commit import GroupCommitter
 from shared.bus.connection import connect
 from shared.bus.reader import EventReader
 from shared.bus.snapshots import SnapshotStore
-from shared.bus.topology import command_consumer_name, provision
+from shared.bus.topology import command_consumer_name, has_command_consumer, owner_of, provision
 from shared.commands import Command
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
@@ -42,23 +46,26 @@ class _ShutdownRequestedError(Exception):
 
 
 class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How a service runs (flags of ``gt-<name>``); the town's wiring is in ``TownConfig``."""
+
     patrol_interval: float = 5.0
     """Seconds between reconcile ticks when nothing happens."""
-    snapshot_every: int = 10_000
-    """Store a snapshot once this many events were applied since the last one (0 = never)."""
-    snapshot_check_interval: float = 30.0
     use_snapshots: bool = True
-    connect_attempts: int = 1_000_000
+    """Start from the newest snapshot (then replay the tail) and store new ones."""
+    snapshot_every: int = 50_000
+    """Store a snapshot once this many events were applied since the last one (0 = only at shutdown)."""
+    snapshot_check_interval: float = 30.0
+    """Seconds between checks whether a snapshot is due."""
     idle_heartbeat: float = 2.0
-    max_in_flight: int = 2_000
+    """Heartbeat of the log subscription; a lost subscription is noticed within a few of these."""
+    max_in_flight: int = 4_096
+    """Commands being settled at once (the rest wait in GT_CMD)."""
 
 
 class Service(Generic[S]):
     """Base of mayor, witness, refinery and deacon. Subclasses set ``name`` and override the hooks."""
 
-    name = "service"
-    owns_commands = False
-    catch_all_commands = False
+    name: ClassVar[str] = "service"
 
     def __init__(self, config: TownConfig, projection: Projection[S], settings: ServiceSettings | None = None) -> None:
         self.config = config
@@ -67,33 +74,39 @@ class Service(Generic[S]):
         self.nc: Client | None = None
         self.reader: EventReader | None = None
         self.appender: Appender | None = None
+        self.committer: GroupCommitter | None = None
         self.intake: CommandIntake | None = None
+        self.ready = asyncio.Event()
+        """Set once caught up with the log and serving."""
         self._stop = asyncio.Event()
         self._dirty = asyncio.Event()
         self._started = False
         self._snapshot_seq = 0
+        self._stream_id = ""
         self._started_at = time.monotonic()
         self._query_tasks: set[asyncio.Task[None]] = set()
-        self.ready = asyncio.Event()
-        """Set once caught up and serving."""
 
     # ---- hooks --------------------------------------------------------------------------------
 
     async def reconcile(self) -> None:
-        """Compute and carry out the actions still owed (after catch-up, after events, on each patrol tick)."""
+        """Carry out the actions still owed: called after catch-up, after applied events, on each patrol tick."""
 
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
+        """Turn a command into events, or raise ``CommandError``. Pure: reads only the projection."""
         raise NotImplementedError
 
     def aggregate_key(self, cmd: Command) -> str | None:
+        """Commands with the same key are decided one after the other (None: no ordering needed)."""
         return None
 
     def query(self, what: str, body: dict[str, Any]) -> Any:
+        """Answer ``gt.q.<name>.<what>`` from the projection."""
         raise QueryError("unknown_query", f"{self.name} has no query {what!r}")
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
     async def shutdown(self) -> None:
+        """Ask ``run()`` to stop; returns at once. Safe to call any number of times, also before ``run()``."""
         self._stop.set()
 
     async def __aenter__(self) -> Service[S]:
@@ -103,44 +116,110 @@ class Service(Generic[S]):
         await self.shutdown()
 
     async def run(self) -> None:
+        """Serve until ``shutdown()``; re-raises the error that made the service stop otherwise."""
         if self._started:
             raise RuntimeError(f"{self.name} already ran")
         self._started = True
         if self._stop.is_set():
             return
         with structlog.contextvars.bound_contextvars(service=self.name):
-            self.nc = await connect(self.config, name=f"gt-{self.name}", connect_attempts=self.settings.connect_attempts)
+            connecting = asyncio.ensure_future(connect(self.config, name=f"gt-{self.name}", connect_attempts=-1))
+            stopping = asyncio.ensure_future(self._stop.wait())
+            try:
+                await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+            if not connecting.done():
+                connecting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await connecting
+                return
+            self.nc = connecting.result()
             try:
                 await self._run_connected(self.nc)
             finally:
                 with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-                    await self.nc.drain()
+                    await asyncio.wait_for(self.nc.drain(), 5)
+                with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+                    await self.nc.close()
 
     async def _run_connected(self, nc: Client) -> None:
         js = nc.jetstream()
-        await provision(js, self.config)
+        await self._provision(js)
+        query_sub = await nc.subscribe(f"gt.q.{self.name}.>", queue=f"{self.name}-q", cb=self._on_query)
         snapshots = SnapshotStore(js, self.config.snapshot_bucket, replicas=self.config.replicas)
-        if self.settings.use_snapshots:
-            data = await snapshots.load(self.name)
-            if data is not None and self.projection.restore(data):
-                log.info("snapshot_loaded", last_seq=self.projection.last_seq)
+        await self._restore_snapshot(js, snapshots)
         self._snapshot_seq = self.projection.last_seq
         self.reader = EventReader(
-            js, self.config.evt_stream, self._on_event,
-            start_after=self.projection.last_seq, idle_heartbeat=self.settings.idle_heartbeat,
+            js,
+            self.config.evt_stream,
+            self._on_event,
+            start_after=self.projection.last_seq,
+            idle_heartbeat=self.settings.idle_heartbeat,
         )
         self.appender = Appender(nc, js, self.config.evt_stream)
+        self.committer = GroupCommitter(self.appender)
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._stop_watch())
-                tg.create_task(self.reader.run())
-                tg.create_task(self._serve(js, tg))
-        except* _ShutdownRequestedError:
-            pass
+                tg.create_task(self._stop_watch(), name="stop-watch")
+                tg.create_task(self.reader.run(), name="reader")
+                tg.create_task(self.committer.run(), name="committer")
+                tg.create_task(self._serve(js, tg, snapshots), name="serve")
+        except BaseExceptionGroup as group:
+            errors = [e for e in group.exceptions if not isinstance(e, _ShutdownRequestedError)]
+            if len(errors) == 1:
+                # Re-raise the error itself, not a group of one, so callers see what failed.
+                raise errors[0] from group
+            if errors:
+                raise
         finally:
-            if self.settings.use_snapshots and self.projection.last_seq > self._snapshot_seq and nc.is_connected:
-                with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-                    await asyncio.wait_for(snapshots.save(self.name, self.projection.snapshot()), 5)
+            with contextlib.suppress(nats.errors.Error):
+                await query_sub.unsubscribe()
+            for task in list(self._query_tasks):
+                task.cancel()
+            await self._final_snapshot(nc, snapshots)
+
+    async def _provision(self, js: JetStreamContext) -> None:
+        while True:
+            try:
+                await provision(js, self.config)
+            except RETRYABLE_ERRORS as exc:
+                # JetStream not ready yet (server starting, cluster electing a leader): try again.
+                log.warning("provision_retry", error=repr(exc))
+                await asyncio.sleep(0.5)
+                continue
+            return
+
+    async def _restore_snapshot(self, js: JetStreamContext, snapshots: SnapshotStore) -> None:
+        while True:
+            try:
+                info = await js.stream_info(self.config.evt_stream)
+            except RETRYABLE_ERRORS as exc:
+                log.warning("stream_info_retry", error=repr(exc))
+                await asyncio.sleep(0.5)
+                continue
+            break
+        created = getattr(info, "created", None)
+        self._stream_id = created.isoformat() if created is not None else self.config.evt_stream
+        if not self.settings.use_snapshots:
+            return
+        started = time.monotonic()
+        data = await snapshots.load(self.name)
+        if data is None:
+            return
+        if self.projection.restore(data, stream_id=self._stream_id, stream_last_seq=int(info.state.last_seq)):
+            log.info(
+                "snapshot_loaded",
+                last_seq=self.projection.last_seq,
+                bytes=len(data),
+                seconds=round(time.monotonic() - started, 3),
+            )
+
+    async def _final_snapshot(self, nc: Client, snapshots: SnapshotStore) -> None:
+        if not self.settings.use_snapshots or self.projection.last_seq <= self._snapshot_seq or not nc.is_connected:
+            return
+        with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+            await asyncio.wait_for(self.save_snapshot(snapshots), 10)
 
     async def _stop_watch(self) -> None:
         await self._stop.wait()
@@ -150,24 +229,34 @@ class Service(Generic[S]):
         self.projection.apply(seq, subject, data)
         self._dirty.set()
 
-    async def _serve(self, js: Any, tg: asyncio.TaskGroup) -> None:
-        assert self.reader is not None and self.nc is not None and self.appender is not None
+    async def _serve(self, js: JetStreamContext, tg: asyncio.TaskGroup, snapshots: SnapshotStore) -> None:
+        assert self.reader is not None
+        assert self.appender is not None
+        assert self.committer is not None
         started = time.monotonic()
         await self.reader.caught_up.wait()
         log.info(
-            "caught_up", last_seq=self.projection.last_seq, applied=self.projection.applied,
+            "caught_up",
+            last_seq=self.projection.last_seq,
+            applied=self.projection.applied,
             seconds=round(time.monotonic() - started, 3),
         )
-        await self.nc.subscribe(f"gt.q.{self.name}.>", queue=f"{self.name}-q", cb=self._on_query)
-        if self.owns_commands:
+        if has_command_consumer(self.name):
             self.intake = CommandIntake(
-                service=self.name, js=js, stream=self.config.cmd_stream,
-                durable=command_consumer_name(self.name), appender=self.appender, reader=self.reader,
-                decide=self.decide, key_of=self.aggregate_key, catch_all=self.catch_all_commands,
+                service=self.name,
+                js=js,
+                stream=self.config.cmd_stream,
+                durable=command_consumer_name(self.name),
+                appender=self.appender,
+                committer=self.committer,
+                reader=self.reader,
+                decide=self.decide,
+                key_of=self.aggregate_key,
+                owns=lambda subject: owner_of(subject) == self.name,
                 max_in_flight=self.settings.max_in_flight,
             )
-            tg.create_task(self.intake.run())
-        tg.create_task(self._snapshot_loop(js))
+            tg.create_task(self.intake.run(), name="intake")
+        tg.create_task(self._snapshot_loop(snapshots), name="snapshots")
         self.ready.set()
         await self._reconcile_loop()
 
@@ -178,40 +267,49 @@ class Service(Generic[S]):
                 await asyncio.wait_for(self._dirty.wait(), timeout=self.settings.patrol_interval)
             self._dirty.clear()
 
-    async def _snapshot_loop(self, js: Any) -> None:
+    async def _snapshot_loop(self, snapshots: SnapshotStore) -> None:
         if not self.settings.use_snapshots or self.settings.snapshot_every <= 0:
             return
-        store = SnapshotStore(js, self.config.snapshot_bucket, replicas=self.config.replicas)
         while True:
             await asyncio.sleep(self.settings.snapshot_check_interval)
             if self.projection.last_seq - self._snapshot_seq >= self.settings.snapshot_every:
-                await self.save_snapshot(store)
+                await self.save_snapshot(snapshots)
 
-    async def save_snapshot(self, store: SnapshotStore | None = None) -> None:
-        assert self.nc is not None
-        store = store or SnapshotStore(self.nc.jetstream(), self.config.snapshot_bucket, replicas=self.config.replicas)
+    async def save_snapshot(self, snapshots: SnapshotStore | None = None) -> int:
+        """Store the projection as this service's snapshot; returns the sequence it covers (0: not stored)."""
+        if snapshots is None:
+            assert self.nc is not None
+            snapshots = SnapshotStore(self.nc.jetstream(), self.config.snapshot_bucket, replicas=self.config.replicas)
         seq = self.projection.last_seq
+        data = self.projection.snapshot(self._stream_id)
         try:
-            await store.save(self.name, self.projection.snapshot())
-        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            await snapshots.save(self.name, data)
+        except (TimeoutError, nats.errors.Error) as exc:
             log.warning("snapshot_save_failed", error=repr(exc))
-            return
+            return 0
         self._snapshot_seq = seq
-        log.info("snapshot_saved", last_seq=seq)
+        log.info("snapshot_saved", last_seq=seq, bytes=len(data))
+        return seq
 
     # ---- queries ------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        """What ``gt health`` reports: connection, catch-up, lag and counters."""
         reader = self.reader
+        intake = self.intake
         return {
             "service": self.name,
+            "connected": bool(self.nc and self.nc.is_connected),
+            "caught_up": bool(reader and reader.caught_up.is_set()),
             "last_seq": self.projection.last_seq,
+            "pending": reader.pending if reader else None,
             "applied": self.projection.applied,
             "skipped": self.projection.skipped,
-            "caught_up": bool(reader and reader.caught_up.is_set()),
-            "pending": reader.pending if reader else None,
             "resyncs": reader.resyncs if reader else 0,
-            "commands_processed": self.intake.processed if self.intake else 0,
+            "gaps": reader.gaps if reader else 0,
+            "commands_processed": intake.processed if intake else 0,
+            "commands_rejected": intake.rejected if intake else 0,
+            "snapshot_seq": self._snapshot_seq,
             "uptime_s": round(time.monotonic() - self._started_at, 1),
         }
 
@@ -223,26 +321,42 @@ class Service(Generic[S]):
     async def _answer(self, msg: Msg) -> None:
         what = msg.subject.rsplit(".", 1)[-1]
         try:
-            body: Any = _QUERY_DECODER.decode(msg.data) if msg.data.strip() else {}
-            if not isinstance(body, dict):
-                raise QueryError("malformed", "a query body must be a JSON object")
-            min_seq = body.get("min_seq")
-            if min_seq is not None:
-                if not isinstance(min_seq, int) or min_seq < 0:
-                    raise QueryError("invalid", "`min_seq` must be a non-negative integer")
-                assert self.reader is not None
-                try:
-                    await self.reader.wait_for_seq(min_seq, timeout=MAX_MIN_SEQ_WAIT_S)
-                except TimeoutError:
-                    raise QueryError(
-                        "lagging", f"{self.name} has applied up to {self.projection.last_seq}, not yet {min_seq}"
-                    ) from None
-            result = self.status() if what == "status" else self.query(what, body)
-            reply: dict[str, Any] = {"ok": True, "seq": self.projection.last_seq, "result": result}
-        except msgspec.DecodeError as exc:
-            reply = {"ok": False, "code": "malformed", "message": f"query body is not JSON: {exc}"}
+            reply = await self._answer_query(what, msg.data)
         except QueryError as exc:
             reply = {"ok": False, "code": exc.code, "message": exc.message}
+        except Exception as exc:
+            log.exception("query_failed", query=what)
+            reply = {"ok": False, "code": "error", "message": f"{self.name} failed to answer: {exc!r}"}
         if msg.reply:
             with contextlib.suppress(nats.errors.Error):
                 await msg.respond(_ENCODER.encode(reply))
+
+    async def _answer_query(self, what: str, data: bytes) -> dict[str, Any]:
+        try:
+            body: Any = _QUERY_DECODER.decode(data) if data.strip() else {}
+        except msgspec.DecodeError as exc:
+            raise QueryError("malformed", f"query body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise QueryError("malformed", "a query body must be a JSON object")
+        if what == "status":
+            return {"ok": True, "seq": self.projection.last_seq, "result": self.status()}
+        min_seq = body.get("min_seq", 0)
+        if not isinstance(min_seq, int) or isinstance(min_seq, bool) or min_seq < 0:
+            raise QueryError("invalid", "`min_seq` must be a non-negative integer")
+        try:
+            await asyncio.wait_for(self.ready.wait(), MAX_MIN_SEQ_WAIT_S)
+            assert self.reader is not None
+            await self.reader.wait_for_seq(min_seq, timeout=MAX_MIN_SEQ_WAIT_S)
+        except TimeoutError:
+            raise QueryError(
+                "lagging", f"{self.name} has applied up to {self.projection.last_seq}, not yet {min_seq}; try again"
+            ) from None
+        if what == "digest":
+            # For checks that the live projection equals a fresh replay of the log up to ``last_seq``.
+            digest = hashlib.sha256(self.projection.serialize_state()).hexdigest()
+            return {
+                "ok": True,
+                "seq": self.projection.last_seq,
+                "result": {"last_seq": self.projection.last_seq, "sha256": digest},
+            }
+        return {"ok": True, "seq": self.projection.last_seq, "result": self.query(what, body)}

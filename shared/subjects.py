@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 EVT_PREFIX = "gt.evt"
 CMD_PREFIX = "gt.cmd"
 QUERY_PREFIX = "gt.q"
@@ -30,7 +32,7 @@ def query_subject(service: str, what: str) -> str:
 def split_command_subject(subject: str) -> tuple[str, str] | None:
     """``gt.cmd.bead.create`` -> ("bead", "create"); anything else -> None."""
     parts = subject.split(".")
-    if len(parts) != 4 or parts[0] != "gt" or parts[1] != "cmd":  # noqa: PLR2004
+    if len(parts) != 4 or parts[0] != "gt" or parts[1] != "cmd":
         return None
     return parts[2], parts[3]
 
@@ -38,6 +40,30 @@ def split_command_subject(subject: str) -> tuple[str, str] | None:
 def aggregate_of(subject: str) -> tuple[str, str] | None:
     """``gt.evt.bead.hq-1a2b3c`` -> ("bead", "hq-1a2b3c")."""
     parts = subject.split(".", 3)
-    if len(parts) != 4 or parts[0] != "gt" or parts[1] != "evt":  # noqa: PLR2004
+    if len(parts) != 4 or parts[0] != "gt" or parts[1] != "evt":
         return None
     return parts[2], parts[3]
+
+
+class DeliveryInfo(NamedTuple):
+    """What a JetStream delivery's reply subject says about the message."""
+
+    stream_seq: int
+    delivered: int
+    """How many times this message has been delivered to the consumer (1 = first time)."""
+    pending: int
+    """Messages left for the consumer after this one."""
+
+
+def parse_js_reply(reply: str) -> DeliveryInfo:
+    """Parse ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`` (v1, 9 tokens) or the
+    v2 form with domain and account hash (12 tokens). Cheaper than nats-py's ``msg.metadata`` in hot loops."""
+    tokens = reply.split(".")
+    try:
+        if len(tokens) == 9:
+            return DeliveryInfo(int(tokens[5]), int(tokens[4]), int(tokens[8]))
+        if len(tokens) >= 12:
+            return DeliveryInfo(int(tokens[7]), int(tokens[6]), int(tokens[10]))
+    except ValueError:
+        pass
+    raise ValueError(f"not a JetStream delivery reply subject: {reply!r}")

@@ -7,16 +7,30 @@ from datetime import datetime
 
 import msgspec
 
-from shared.events import BeadClaimed, BeadClosed, BeadCreated, BeadUpdated, CommandAccepted, CommandRejected, Envelope, Event
+from shared.events import (
+    BeadClaimed,
+    BeadClosed,
+    BeadCreated,
+    BeadUpdated,
+    CommandAccepted,
+    CommandRejected,
+    Envelope,
+    Event,
+)
 from shared.projection import Projection
 
 SCHEMA_VERSION = 1
-STATUS_RANK = {"open": 0, "hooked": 1, "in_progress": 2, "closed": 3}
-# Types that are plumbing, not work: never offered by `ready`.
-INFRA_TYPES = frozenset({"molecule", "message", "gate", "merge-request", "session", "agent", "role", "rig", "convoy"})
+STATUSES = ("open", "hooked", "in_progress", "closed")
+STATUS_RANK = {status: rank for rank, status in enumerate(STATUSES)}
+INFRA_TYPES = frozenset(
+    {"molecule", "wisp", "message", "gate", "merge-request", "session", "agent", "role", "rig", "convoy"}
+)
+"""Types that are plumbing, not work: never offered by ``ready``."""
 
 
 class Bead(msgspec.Struct, kw_only=True, gc=False):
+    """One work item as the mayor knows it."""
+
     id: str
     title: str
     type: str = "task"
@@ -28,17 +42,21 @@ class Bead(msgspec.Struct, kw_only=True, gc=False):
     assignee: str | None = None
     parent: str | None = None
     needs: list[str] = []
+    """Blocking dependencies: the bead is not ready while one of these is not closed."""
     created_at: datetime
     updated_at: datetime
     closed_at: datetime | None = None
     close_reason: str | None = None
+    created_by: str = ""
     version: int = 0
-    """Stream sequence of this bead's last event: the expected sequence for the next append."""
+    """Stream sequence of this bead's last event: the expected sequence for its next append."""
 
 
 class MayorState(msgspec.Struct, kw_only=True):
     beads: dict[str, Bead] = {}
+    """Every bead, in creation order."""
     children: dict[str, list[str]] = {}
+    """Parent id -> child ids, in creation order."""
     commands_accepted: int = 0
     commands_rejected: int = 0
 
@@ -65,6 +83,7 @@ def _created(payload: BeadCreated, state: MayorState, env: Envelope, seq: int) -
         needs=list(payload.needs),
         created_at=env.ts,
         updated_at=env.ts,
+        created_by=env.actor,
         version=seq,
     )
     if payload.parent:
@@ -87,11 +106,15 @@ def _updated(payload: BeadUpdated, state: MayorState, env: Envelope, seq: int) -
     if payload.assignee is not msgspec.UNSET:
         bead.assignee = payload.assignee
     if payload.parent is not msgspec.UNSET and payload.parent != bead.parent:
-        if bead.parent and bead.id in state.children.get(bead.parent, []):
-            state.children[bead.parent].remove(bead.id)
+        siblings = state.children.get(bead.parent or "", [])
+        if bead.id in siblings:
+            siblings.remove(bead.id)
+            if not siblings:
+                del state.children[bead.parent or ""]
         bead.parent = payload.parent
         if payload.parent:
             state.children.setdefault(payload.parent, []).append(bead.id)
+    # Adds before removes, as the bead store contract has it.
     for label in payload.add_labels:
         if label not in bead.labels:
             bead.labels.append(label)
@@ -109,9 +132,10 @@ def _updated(payload: BeadUpdated, state: MayorState, env: Envelope, seq: int) -
 @fold.register
 def _claimed(payload: BeadClaimed, state: MayorState, env: Envelope, seq: int) -> None:
     bead = state.beads.get(payload.bead_id)
-    if bead is None or STATUS_RANK[bead.status] > STATUS_RANK["in_progress"]:
+    if bead is None:
         return
-    bead.status = "in_progress"
+    if STATUS_RANK[bead.status] < STATUS_RANK["in_progress"]:
+        bead.status = "in_progress"
     bead.assignee = payload.assignee
     bead.updated_at = env.ts
     bead.version = seq
@@ -120,11 +144,12 @@ def _claimed(payload: BeadClaimed, state: MayorState, env: Envelope, seq: int) -
 @fold.register
 def _closed(payload: BeadClosed, state: MayorState, env: Envelope, seq: int) -> None:
     bead = state.beads.get(payload.bead_id)
-    if bead is None or bead.status == "closed":
+    if bead is None:
         return
-    bead.status = "closed"
-    bead.closed_at = env.ts
-    bead.close_reason = payload.reason
+    if bead.status != "closed":
+        bead.status = "closed"
+        bead.closed_at = env.ts
+        bead.close_reason = payload.reason
     bead.updated_at = env.ts
     bead.version = seq
 
@@ -147,6 +172,7 @@ def new_projection() -> Projection[MayorState]:
 
 
 def is_ready(state: MayorState, bead: Bead) -> bool:
+    """Open, real work, and every blocker closed (a blocker that does not exist blocks)."""
     if bead.status != "open" or bead.type in INFRA_TYPES:
         return False
     for need in bead.needs:
@@ -170,4 +196,17 @@ def depends_on(state: MayorState, start: str, target: str) -> bool:
         bead = state.beads.get(current)
         if bead is not None:
             stack.extend(bead.needs)
+    return False
+
+
+def is_ancestor(state: MayorState, candidate: str, bead_id: str) -> bool:
+    """True when ``candidate`` is ``bead_id`` or one of its parents, grandparents, ..."""
+    seen: set[str] = set()
+    current: str | None = bead_id
+    while current is not None and current not in seen:
+        if current == candidate:
+            return True
+        seen.add(current)
+        bead = state.beads.get(current)
+        current = bead.parent if bead is not None else None
     return False

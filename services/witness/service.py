@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from services.follower import LogTally, new_projection
 from shared.config import TownConfig
 from shared.service import Service, ServiceSettings
 
 
 class WitnessService(Service[LogTally]):
-    name = "witness"
+    name: ClassVar[str] = "witness"
 
     def __init__(self, config: TownConfig, settings: ServiceSettings | None = None) -> None:
         super().__init__(config, new_projection(self.name), settings)

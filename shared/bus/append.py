@@ -1,9 +1,10 @@
 """Appending events with per-aggregate optimistic concurrency, atomically, and retry-safe.
 
-One event is a plain JetStream publish with ``Nats-Expected-Last-Subject-Sequence``. Several events are
-one atomic batch (ADR-50): all stored or none. A retry after a timeout or reconnect resends the same
-events; if the first attempt had landed, the concurrency check fails and the appender reads the last
-event on the batch's final subject: if that is our event, the append succeeded (stored once).
+One event is a plain JetStream publish with ``Nats-Expected-Last-Subject-Sequence`` (or, when it has no
+expected sequence, with ``Nats-Msg-Id`` so the dedupe window catches a retry). Several events are one
+atomic batch (ADR-50): all stored or none. A retry after a timeout or reconnect resends the same events;
+if the first attempt had landed, the concurrency check fails and the appender reads the last message on
+the final event's subject: when that is our event, the append succeeded and is reported once.
 """
 
 from __future__ import annotations
@@ -16,31 +17,44 @@ from collections.abc import Sequence
 
 import msgspec
 import nats.errors
+import nats.js.errors
 import structlog
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
-from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError
+from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, EventDecodeError
 from shared.events import decode_envelope
 
 log = structlog.get_logger(__name__)
 
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+MSG_ID = "Nats-Msg-Id"
 BATCH_ID = "Nats-Batch-Id"
 BATCH_SEQ = "Nats-Batch-Sequence"
 BATCH_COMMIT = "Nats-Batch-Commit"
+MAX_BATCH_MESSAGES = 1000
+"""nats-server refuses larger atomic batches (err_code 10199)."""
+
+# nats-server error codes (server/errors.json).
 ERR_WRONG_LAST_SEQUENCE = 10071
+ERR_BATCH_WRONG_LAST_SEQUENCE = 10164  # a batch wrote one subject twice with an expected sequence
+ERR_BATCH_INCOMPLETE = 10176  # batch messages lost on the way (reconnect) or abandoned: resend it
+_CONFLICT_CODES = frozenset({ERR_WRONG_LAST_SEQUENCE, ERR_BATCH_WRONG_LAST_SEQUENCE})
 _LAST_SEQ_RE = re.compile(r"wrong last sequence: (\d+)")
 
-_TRANSIENT = (
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,
     nats.errors.ConnectionClosedError,
     nats.errors.ConnectionReconnectingError,
     nats.errors.OutboundBufferLimitError,
     nats.errors.StaleConnectionError,
+    nats.errors.FlushTimeoutError,
     asyncio.TimeoutError,
 )
+"""Errors after which an append's fate is unknown and a resend is the way forward."""
+RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, nats.js.errors.ServiceUnavailableError)
+"""Transient errors plus JetStream being briefly unavailable (starting, electing a leader)."""
 
 
 class PendingEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,6 +83,13 @@ class _PubAck(msgspec.Struct, frozen=True):
 _ACK_DECODER = msgspec.json.Decoder(_PubAck)
 
 
+class _BatchIncompleteError(Exception):
+    """The server lost part of a batch; resending the whole batch is safe."""
+
+
+_RESENDABLE: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, _BatchIncompleteError)
+
+
 class Appender:
     """Appends to one stream. Safe to share between tasks; appends to different aggregates run concurrently."""
 
@@ -78,7 +99,7 @@ class Appender:
         js: JetStreamContext,
         stream: str,
         *,
-        attempt_timeout: float = 2.0,
+        attempt_timeout: float = 5.0,
         deadline: float = 60.0,
     ) -> None:
         self._nc = nc
@@ -86,6 +107,7 @@ class Appender:
         self._stream = stream
         self._attempt_timeout = attempt_timeout
         self._deadline = deadline
+        self.retries = 0
 
     async def append(self, events: Sequence[PendingEvent]) -> list[int]:
         """Store ``events`` (atomically when several) and return their stream sequences.
@@ -94,9 +116,16 @@ class Appender:
             AppendConflictError: an expected sequence did not match (someone else moved first).
             AppendFailedError: the server refused for another reason (too large, no stream, ...).
             AppendTimeoutError: no acknowledgement before the deadline; the outcome is unknown.
+            ValueError: the events cannot be appended retry-safely (see below).
         """
         if not events:
             return []
+        if len(events) > MAX_BATCH_MESSAGES:
+            raise ValueError(f"{len(events)} events in one append; the limit is {MAX_BATCH_MESSAGES}")
+        if len(events) > 1 and events[-1].expected_seq is None:
+            # A resent batch is recognised by the last event's concurrency check; without one a retry
+            # after a lost acknowledgement could store the batch twice.
+            raise ValueError("the last event of a multi-event append must carry an expected sequence")
         give_up_at = time.monotonic() + self._deadline
         uncertain = False
         attempt = 0
@@ -104,8 +133,9 @@ class Appender:
             attempt += 1
             try:
                 last_seq = await self._attempt(events)
-            except _TRANSIENT as exc:
+            except _RESENDABLE as exc:
                 uncertain = True
+                self.retries += 1
                 if time.monotonic() >= give_up_at:
                     raise AppendTimeoutError(events[-1].subject, attempt) from exc
                 log.warning("append_retry", subject=events[-1].subject, attempt=attempt, error=type(exc).__name__)
@@ -123,7 +153,10 @@ class Appender:
     async def _attempt(self, events: Sequence[PendingEvent]) -> int:
         if len(events) == 1:
             ev = events[0]
-            headers = {EXPECTED_LAST_SUBJECT_SEQ: str(ev.expected_seq)} if ev.expected_seq is not None else None
+            if ev.expected_seq is not None:
+                headers = {EXPECTED_LAST_SUBJECT_SEQ: str(ev.expected_seq)}
+            else:
+                headers = {MSG_ID: ev.event_id}
             reply = await self._nc.request(ev.subject, ev.data, timeout=self._attempt_timeout, headers=headers)
             return self._check(reply.data, ev.subject, ev.expected_seq)
         batch_id = secrets.token_hex(8)
@@ -147,23 +180,31 @@ class Appender:
             raise AppendFailedError(subject, None, None, f"unreadable acknowledgement {data[:200]!r}") from exc
         if ack.error is not None:
             err = ack.error
-            if err.err_code == ERR_WRONG_LAST_SEQUENCE:
+            if err.err_code in _CONFLICT_CODES:
                 match = _LAST_SEQ_RE.search(err.description)
                 actual = int(match.group(1)) if match else None
                 raise AppendConflictError(subject, expected, actual, err.description)
+            if err.err_code == ERR_BATCH_INCOMPLETE:
+                raise _BatchIncompleteError(err.description)
             raise AppendFailedError(subject, err.code, err.err_code, err.description)
         if ack.seq <= 0:
             raise AppendFailedError(subject, None, None, f"acknowledgement without sequence {data[:200]!r}")
         return ack.seq
 
     async def last_on_subject(self, subject: str) -> tuple[int, bytes] | None:
-        """The last stored message on ``subject`` as (sequence, data), or None when there is none."""
+        """The last stored message on ``subject`` as (sequence, data), or None when there is none.
+
+        Read from the stream leader (not a direct get), so it sees every acknowledged write.
+        """
+        give_up_at = time.monotonic() + self._deadline
         while True:
             try:
                 msg = await self._js.get_last_msg(self._stream, subject)
             except nats.js.errors.NotFoundError:
                 return None
-            except _TRANSIENT:
+            except RETRYABLE_ERRORS as exc:
+                if time.monotonic() >= give_up_at:
+                    raise AppendTimeoutError(subject, 0) from exc
                 await asyncio.sleep(0.2)
                 continue
             assert msg.seq is not None
@@ -176,5 +217,5 @@ class Appender:
         seq, data = found
         try:
             return seq if decode_envelope(data).id == ev.event_id else None
-        except Exception:  # noqa: BLE001 (a foreign, undecodable message there is simply not ours)
-            return None
+        except EventDecodeError:
+            return None  # a foreign, undecodable message there is simply not ours

@@ -16,10 +16,19 @@ log = structlog.get_logger(__name__)
 
 
 async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -> Client:
-    """Connect once (or ``connect_attempts`` times); after that the client reconnects forever."""
+    """Connect, trying ``connect_attempts`` times (-1: until it works); once connected the client
+    reconnects forever.
+
+    Raises:
+        NatsUnavailableError: every attempt failed.
+    """
+
+    connected = False
 
     async def on_error(exc: Exception) -> None:
-        log.warning("nats_client_error", error=repr(exc))
+        # Failures of the first connect are reported once, below, not once per try.
+        if connected:
+            log.warning("nats_client_error", error=repr(exc))
 
     async def on_disconnect() -> None:
         log.warning("nats_disconnected")
@@ -31,7 +40,9 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
         "servers": config.servers,
         "name": name,
         "allow_reconnect": True,
-        "max_reconnect_attempts": -1,
+        # nats-py also applies this to the first connect, where -1 would retry forever and never report
+        # that no server answers; it becomes -1 once connected (below).
+        "max_reconnect_attempts": 1,
         "reconnect_time_wait": 0.25,
         "connect_timeout": 2,
         "error_cb": on_error,
@@ -45,11 +56,26 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
         options["user"] = config.nats_user
         options["password"] = config.nats_password or ""
     last_error: Exception | None = None
-    for attempt in range(max(1, connect_attempts)):
+    attempt = 0
+    while connect_attempts < 0 or attempt < max(1, connect_attempts):
         try:
-            return await nats.connect(**options)
-        except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
+            nc = await nats.connect(**options)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
             last_error = exc
-            if attempt + 1 < connect_attempts:
-                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
-    raise NatsUnavailableError(config.nats_url, repr(last_error))
+            attempt += 1
+            if connect_attempts >= 0 and attempt >= connect_attempts:
+                break
+            if attempt in (1, 10) or attempt % 100 == 0:
+                log.warning("nats_connect_retry", url=config.nats_url, attempt=attempt, error=repr(exc))
+            await asyncio.sleep(min(2.0, 0.1 * 2 ** min(attempt, 5)))
+            continue
+        connected = True
+        nc.options["max_reconnect_attempts"] = -1  # once connected, reconnect forever
+        return nc
+    raise NatsUnavailableError(config.nats_url, _describe(last_error))
+
+
+def _describe(exc: Exception | None) -> str:
+    if isinstance(exc, nats.errors.NoServersError):
+        return "no server answered"
+    return repr(exc)

@@ -1,14 +1,17 @@
-"""Reading the event log: replay from a sequence, know when caught up, then follow live on the same subscription.
+"""Replay the event log from a sequence, notice when caught up, then follow it live on the same subscription.
 
-The stream holds nothing but ``gt.evt.>``, so every sequence number belongs to us: the reader accepts only
-``last + 1``, skips anything at or below ``last`` (duplicates after a consumer reset), and treats a jump as
-a gap (nats-py's ordered consumer can drop messages silently when a callback is slow), resubscribing from
-``last + 1``. A watchdog does the same when the stream is ahead of us and we make no progress.
+The reader rides nats-py's ordered push consumer (the fastest way to read a stream from Python) and does
+not trust it blindly: GT_EVT holds only ``gt.evt.>``, so the sequences a whole-stream reader sees must be
+contiguous. Anything below the next expected sequence is a repeat and is dropped; anything above it is a
+gap (nats-py drops messages silently when a subscription's pending limits overflow) and makes the reader
+resubscribe from the last sequence it applied. A watchdog resubscribes as well when the stream is ahead
+and nothing has arrived for a while (a lost consumer after a server restart, say).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import time
@@ -16,27 +19,19 @@ from collections.abc import Callable
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
-from shared.errors import StreamGapError
+from shared.bus.append import RETRYABLE_ERRORS
+from shared.subjects import EVT_PREFIX, parse_js_reply
 
 log = structlog.get_logger(__name__)
 
 ApplyFn = Callable[[int, str, bytes], None]
 """Called once per sequence, in order: (stream sequence, subject, data). Must be fast and must not raise."""
-
-
-def parse_ack_reply(reply: str) -> tuple[int, int]:
-    """(stream sequence, pending) from a JetStream delivery reply subject (v1 9 tokens, v2 12 tokens)."""
-    tokens = reply.split(".")
-    if len(tokens) == 9:  # noqa: PLR2004
-        return int(tokens[5]), int(tokens[8])
-    if len(tokens) >= 12:  # noqa: PLR2004
-        return int(tokens[7]), int(tokens[10])
-    raise ValueError(f"not a JetStream delivery reply: {reply!r}")
 
 
 class EventReader:
@@ -49,7 +44,7 @@ class EventReader:
         apply: ApplyFn,
         *,
         start_after: int = 0,
-        subject: str = "gt.evt.>",
+        subject: str = EVT_PREFIX + ".>",
         idle_heartbeat: float = 2.0,
         watchdog_interval: float = 2.0,
         pending_msgs_limit: int | None = None,
@@ -62,8 +57,11 @@ class EventReader:
         self._watchdog_interval = watchdog_interval
         self._pending_msgs_limit = pending_msgs_limit
         self.last_seq = start_after
+        """The last sequence handed to ``apply``."""
         self.pending = 0
+        """Messages the server still had for this reader at the last delivery."""
         self.target_seq: int | None = None
+        """The stream's last sequence when the reader started: reaching it means caught up."""
         self.caught_up = asyncio.Event()
         self.resyncs = 0
         self.gaps = 0
@@ -73,10 +71,18 @@ class EventReader:
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._counter = itertools.count()
 
-    # ---- waiting -------------------------------------------------------------------------------
+    @property
+    def stream(self) -> str:
+        return self._stream
+
+    # ---- waiting ------------------------------------------------------------------------------
 
     async def wait_for_seq(self, seq: int, timeout: float | None = None) -> None:
-        """Return once every sequence up to ``seq`` has been applied."""
+        """Return once every sequence up to ``seq`` has been applied.
+
+        Raises:
+            TimeoutError: ``timeout`` passed first.
+        """
         if self.last_seq >= seq:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -93,13 +99,13 @@ class EventReader:
             if not fut.done():
                 fut.set_result(None)
 
-    # ---- delivery ------------------------------------------------------------------------------
+    # ---- delivery -----------------------------------------------------------------------------
 
     def _make_callback(self, generation: int) -> Callable[[Msg], Any]:
         async def on_msg(msg: Msg) -> None:
             if generation != self._generation:
-                return
-            seq, pending = parse_ack_reply(msg.reply)
+                return  # a message still queued for a subscription we have replaced
+            seq, _delivered, pending = parse_js_reply(msg.reply)
             expected = self.last_seq + 1
             if seq < expected:
                 return  # already applied (consumer reset or redelivery)
@@ -114,7 +120,7 @@ class EventReader:
             self.pending = pending
             if self._waiters:
                 self._wake()
-            if not self.caught_up.is_set() and self.target_seq is not None and seq >= self.target_seq:
+            if self.target_seq is not None and seq >= self.target_seq and not self.caught_up.is_set():
                 self.caught_up.set()
 
         return on_msg
@@ -140,19 +146,26 @@ class EventReader:
         if sub is not None:
             try:
                 await sub.unsubscribe()
-            except (nats.errors.Error, asyncio.TimeoutError) as exc:
+            except (TimeoutError, nats.errors.Error) as exc:
                 log.debug("unsubscribe_failed", error=repr(exc))
 
-    async def _stream_last_seq(self) -> int:
-        info = await self._js.stream_info(self._stream)
-        return int(info.state.last_seq)
+    async def stream_last_seq(self) -> int:
+        """The stream's last sequence, asked of the server (retried while it is unreachable)."""
+        while True:
+            try:
+                info = await self._js.stream_info(self._stream)
+            except RETRYABLE_ERRORS as exc:
+                log.warning("stream_info_failed", stream=self._stream, error=repr(exc))
+                await asyncio.sleep(0.5)
+                continue
+            return int(info.state.last_seq)
 
     async def run(self) -> None:
         """Subscribe and keep following until cancelled; resubscribe on gaps and stalls."""
-        self.target_seq = await self._stream_last_seq()
+        self.target_seq = await self.stream_last_seq()
         if self.last_seq >= self.target_seq:
             self.caught_up.set()
-        await self._subscribe()
+        await self._resubscribe()
         try:
             await self._supervise()
         finally:
@@ -165,38 +178,45 @@ class EventReader:
         progress_seq = self.last_seq
         progress_at = time.monotonic()
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._gap.wait(), timeout=self._watchdog_interval)
-            except TimeoutError:
-                pass
             if self._gap.is_set():
-                await self._resync(StreamGapError(self.last_seq + 1, -1))
+                log.info("reader_resync", from_seq=self.last_seq + 1, reason="gap")
+                await self._resubscribe()
                 progress_seq, progress_at = self.last_seq, time.monotonic()
                 continue
             if self.last_seq != progress_seq:
                 progress_seq, progress_at = self.last_seq, time.monotonic()
                 continue
-            # No progress for a while: if the stream is ahead of us, the subscription is stuck.
+            if self.pending > 0:
+                # The last message said more were coming and none came: they were dropped at the tail of
+                # a burst (no later message reveals such a gap) or the subscription died mid-replay.
+                log.warning("reader_stalled", last_seq=self.last_seq, pending=self.pending)
+                await self._resubscribe()
+                progress_at = time.monotonic()
+                continue
             if time.monotonic() - progress_at < self._watchdog_interval * 2:
                 continue
+            # Idle for a while: if the stream is ahead of us anyway, the subscription is stuck.
             try:
-                stream_last = await self._stream_last_seq()
-            except (nats.errors.Error, asyncio.TimeoutError):
+                info = await self._js.stream_info(self._stream)
+            except RETRYABLE_ERRORS:
                 continue  # server unreachable: the client reconnects, we check again next round
-            if stream_last > self.last_seq:
-                log.warning("reader_stalled", last_seq=self.last_seq, stream_last_seq=stream_last)
-                await self._resync(None)
+            if int(info.state.last_seq) > self.last_seq:
+                log.warning("reader_stalled", last_seq=self.last_seq, stream_last_seq=int(info.state.last_seq))
+                await self._resubscribe()
             progress_at = time.monotonic()
 
-    async def _resync(self, reason: StreamGapError | None) -> None:
-        self.resyncs += 1
-        log.info("reader_resync", from_seq=self.last_seq + 1, reason="gap" if reason else "stall")
+    async def _resubscribe(self) -> None:
+        if self._sub is not None:
+            self.resyncs += 1
         await self._unsubscribe()
         self._gap.clear()
         while True:
             try:
                 await self._subscribe()
-                return
-            except (nats.errors.Error, asyncio.TimeoutError) as exc:
-                log.warning("resubscribe_failed", error=repr(exc))
+            except RETRYABLE_ERRORS as exc:
+                log.warning("subscribe_failed", error=repr(exc))
                 await asyncio.sleep(0.5)
+                continue
+            return

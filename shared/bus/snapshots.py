@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import nats.errors
 import nats.js.errors
 import structlog
@@ -39,7 +37,7 @@ class SnapshotStore:
             result = await store.get(key)
         except nats.js.errors.ObjectNotFoundError:
             return None
-        except (nats.errors.Error, asyncio.TimeoutError) as exc:
+        except (TimeoutError, nats.errors.Error) as exc:
             log.warning("snapshot_load_failed", key=key, error=repr(exc))
             return None
         return result.data

@@ -19,19 +19,40 @@ from nats.js.client import JetStreamContext
 
 from shared.config import TownConfig
 from shared.errors import StreamConfigMismatchError
+from shared.subjects import CMD_PREFIX, EVT_PREFIX
 
 log = structlog.get_logger(__name__)
 
 MAX_EVENT_BYTES = 1024 * 1024
 MAX_COMMAND_STORE_BYTES = 4 * 1024 * 1024
 DUPLICATE_WINDOW_S = 120.0
+ERR_STREAM_NAME_IN_USE = 10058
 COMMAND_ACK_WAIT_S = 60.0
 COMMAND_MAX_ACK_PENDING = 20_000
 
-# Which service answers which command aggregate. The mayor's consumer reads all of gt.cmd.> and answers
-# `unknown_command` for aggregates nobody owns, so every command gets exactly one outcome.
 COMMAND_OWNERS: dict[str, str] = {"bead": "mayor"}
-COMMAND_CONSUMERS: dict[str, str] = {"mayor": "gt.cmd.>"}
+"""Which service answers commands on ``gt.cmd.<aggregate>.<verb>``, by aggregate."""
+CATCH_ALL_SERVICE = "mayor"
+"""Reads all of ``gt.cmd.>`` and answers ``unknown_command`` for aggregates nobody owns, so every command
+gets exactly one outcome; it acks commands of other owners without answering them."""
+
+
+def owner_of(subject: str) -> str:
+    """The service that answers a command subject."""
+    parts = subject.split(".")
+    aggregate = parts[2] if len(parts) > 2 else ""
+    return COMMAND_OWNERS.get(aggregate, CATCH_ALL_SERVICE)
+
+
+def command_filters(service: str) -> list[str]:
+    """The GT_CMD subjects the service's durable consumer reads."""
+    if service == CATCH_ALL_SERVICE:
+        return [f"{CMD_PREFIX}.>"]
+    return sorted(f"{CMD_PREFIX}.{agg}.>" for agg, owner in COMMAND_OWNERS.items() if owner == service)
+
+
+def has_command_consumer(service: str) -> bool:
+    return bool(command_filters(service))
 
 
 def command_consumer_name(service: str) -> str:
@@ -41,7 +62,7 @@ def command_consumer_name(service: str) -> str:
 def evt_stream_config(config: TownConfig) -> StreamConfig:
     return StreamConfig(
         name=config.evt_stream,
-        subjects=["gt.evt.>"],
+        subjects=[f"{EVT_PREFIX}.>"],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         discard=DiscardPolicy.NEW,
@@ -65,7 +86,7 @@ def cmd_stream_config(config: TownConfig) -> StreamConfig:
     # it, i.e. until its owning service has processed it. Consumers are created here, before any command.
     return StreamConfig(
         name=config.cmd_stream,
-        subjects=["gt.cmd.>"],
+        subjects=[f"{CMD_PREFIX}.>"],
         retention=RetentionPolicy.INTEREST,
         storage=StorageType.FILE,
         discard=DiscardPolicy.NEW,
@@ -78,10 +99,12 @@ def cmd_stream_config(config: TownConfig) -> StreamConfig:
     )
 
 
-def command_consumer_config(service: str, filter_subject: str) -> ConsumerConfig:
+def command_consumer_config(service: str) -> ConsumerConfig:
+    filters = command_filters(service)
     return ConsumerConfig(
         durable_name=command_consumer_name(service),
-        filter_subject=filter_subject,
+        filter_subject=filters[0] if len(filters) == 1 else None,
+        filter_subjects=filters if len(filters) > 1 else None,
         ack_policy=AckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL,
         ack_wait=COMMAND_ACK_WAIT_S,
@@ -90,8 +113,24 @@ def command_consumer_config(service: str, filter_subject: str) -> ConsumerConfig
     )
 
 
-# Fields whose difference breaks the guarantees this project relies on.
-_CRITICAL = ("subjects", "retention", "storage", "discard", "deny_delete", "deny_purge", "allow_atomic", "num_replicas")
+# Fields whose difference breaks a guarantee this project relies on: what the stream captures, that it
+# keeps everything (no limit may discard history), that it is immutable, and atomic batches.
+_CRITICAL = (
+    "subjects",
+    "retention",
+    "storage",
+    "discard",
+    "max_msgs",
+    "max_bytes",
+    "max_age",
+    "max_msgs_per_subject",
+    "deny_delete",
+    "deny_purge",
+    "allow_atomic",
+    "num_replicas",
+)
+_FLAGS = ("deny_delete", "deny_purge", "allow_atomic")
+_UNLIMITED = ("max_msgs", "max_bytes", "max_msgs_per_subject")
 
 
 def _norm(value: object) -> object:
@@ -109,8 +148,12 @@ def compare(existing: StreamConfig, wanted: StreamConfig) -> dict[str, tuple[obj
         if want is None:
             continue
         have = getattr(existing, field)
-        if field in ("deny_delete", "deny_purge", "allow_atomic"):
+        if field in _FLAGS:
             have = bool(have)
+        elif field in _UNLIMITED and have is None:
+            have = -1
+        elif field == "max_age" and have is None:
+            have = 0
         if _norm(have) != _norm(want):
             diffs[field] = (_norm(have), _norm(want))
     return diffs
@@ -118,6 +161,8 @@ def compare(existing: StreamConfig, wanted: StreamConfig) -> dict[str, tuple[obj
 
 @dataclass(frozen=True, slots=True)
 class ProvisionReport:
+    """What ``provision`` found: names of streams and consumers it created, and of those that were there."""
+
     created: list[str]
     existing: list[str]
 
@@ -132,7 +177,7 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig) -> bool:
             await js.add_stream(wanted)
         except nats.js.errors.BadRequestError as exc:
             # Two provisioners raced: the other one created it first. Fall through to the comparison.
-            if exc.err_code != 10058:  # noqa: PLR2004 (stream name already in use)
+            if exc.err_code != ERR_STREAM_NAME_IN_USE:
                 raise
         else:
             log.info("stream_created", stream=wanted.name)
@@ -145,13 +190,23 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig) -> bool:
 
 
 async def ensure_consumer(js: JetStreamContext, stream: str, wanted: ConsumerConfig) -> bool:
+    """Create the durable consumer if absent; return True when created. Raise when it reads other subjects."""
     assert wanted.durable_name
     try:
-        await js.consumer_info(stream, wanted.durable_name)
+        info = await js.consumer_info(stream, wanted.durable_name)
     except nats.js.errors.NotFoundError:
         await js.add_consumer(stream, wanted)
         log.info("consumer_created", stream=stream, consumer=wanted.durable_name)
         return True
+    have = sorted(info.config.filter_subjects or ([info.config.filter_subject] if info.config.filter_subject else []))
+    want = sorted(wanted.filter_subjects or ([wanted.filter_subject] if wanted.filter_subject else []))
+    diffs: dict[str, tuple[object, object]] = {}
+    if have != want:
+        diffs["filter_subjects"] = (have, want)
+    if _norm(info.config.ack_policy) != _norm(wanted.ack_policy):
+        diffs["ack_policy"] = (_norm(info.config.ack_policy), _norm(wanted.ack_policy))
+    if diffs:
+        raise StreamConfigMismatchError(f"{stream} consumer {wanted.durable_name}", diffs)
     return False
 
 
@@ -162,8 +217,8 @@ async def provision(js: JetStreamContext, config: TownConfig) -> ProvisionReport
     for wanted in (evt_stream_config(config), cmd_stream_config(config)):
         assert wanted.name
         (created if await ensure_stream(js, wanted) else existing).append(wanted.name)
-    for service, filter_subject in COMMAND_CONSUMERS.items():
+    for service in sorted({CATCH_ALL_SERVICE, *COMMAND_OWNERS.values()}):
         name = f"{config.cmd_stream}/{command_consumer_name(service)}"
-        made = await ensure_consumer(js, config.cmd_stream, command_consumer_config(service, filter_subject))
+        made = await ensure_consumer(js, config.cmd_stream, command_consumer_config(service))
         (created if made else existing).append(name)
     return ProvisionReport(created=created, existing=existing)

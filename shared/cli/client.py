@@ -1,4 +1,8 @@
-"""What the CLI does over NATS: send a command and wait for its outcome, ask a query, read a bead's history."""
+"""What the CLI does over NATS: send a command and wait for its outcome, ask a query, read an aggregate's history.
+
+Outcomes are read from the log (an ordered consumer on ``gt.evt.cmd.<id>``), never from a plain
+subscription: a plain subscriber also sees messages JetStream refused to store.
+"""
 
 from __future__ import annotations
 
@@ -14,34 +18,61 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from shared import subjects
-from shared.bus.reader import parse_ack_reply
+from shared.bus.topology import owner_of
 from shared.config import TownConfig
-from shared.errors import AppendFailedError, QueryError
-from shared.events import REGISTRY, EventDecodeError, UnknownEventTypeError, decode_envelope
+from shared.errors import AppendFailedError, EventDecodeError, QueryError, UnknownEventTypeError
+from shared.events import REGISTRY, decode_envelope
 
 _JSON = msgspec.json.Encoder()
 _DECODE = msgspec.json.Decoder()
+LIVENESS_TIMEOUT_S = 2.0
+"""How long a status query may take before the owning service counts as not answering."""
 
 
 class Outcome(msgspec.Struct, kw_only=True):
+    """What became of a command the CLI sent."""
+
     command_id: str
     stored_seq: int
     """Sequence of the command in GT_CMD."""
     outcome_seq: int | None = None
+    """Sequence of the outcome event in GT_EVT."""
     type: str | None = None
-    """cmd.accepted or cmd.rejected; None when no outcome arrived in time."""
+    """``cmd.accepted`` or ``cmd.rejected``; None when no outcome arrived (yet)."""
     data: dict[str, Any] = {}
+    """The outcome's payload: ``result`` and ``events`` when accepted, ``code`` and ``message`` when rejected."""
+    service_down: bool = False
+    """No outcome arrived and the owning service does not answer: the command waits in GT_CMD."""
 
 
 async def send_command(
-    nc: Client, config: TownConfig, subject: str, body: dict[str, Any], *, timeout: float | None
+    nc: Client,
+    config: TownConfig,
+    subject: str,
+    body: dict[str, Any],
+    *,
+    timeout: float | None,
+    wait_if_down: bool = False,
 ) -> Outcome:
-    """Store a command in GT_CMD and wait up to ``timeout`` (None: forever) for its outcome."""
+    """Store a command in GT_CMD and wait up to ``timeout`` (None: forever) for its outcome.
+
+    When the owning service does not answer queries, return right after storing (``service_down``)
+    unless ``wait_if_down``.
+
+    Raises:
+        AppendFailedError: GT_CMD refused the command (too large, stream missing).
+    """
     cmd_id = body.get("cmd_id") or f"cli-{secrets.token_hex(8)}"
     body = {**body, "cmd_id": cmd_id}
     js = nc.jetstream()
     out_subject = subjects.outcome_subject(cmd_id)
-    sub = await nc.subscribe(out_subject, max_msgs=1)
+    # Created before the command is stored, so the outcome cannot slip past it.
+    sub = await js.subscribe(
+        out_subject,
+        stream=config.evt_stream,
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+    )
     try:
         try:
             ack = await js.publish(
@@ -50,25 +81,37 @@ async def send_command(
         except nats.js.errors.APIError as exc:
             raise AppendFailedError(subject, exc.code, exc.err_code, exc.description or "") from exc
         outcome = Outcome(command_id=cmd_id, stored_seq=ack.seq)
+        arrival = asyncio.ensure_future(sub.next_msg(timeout=timeout if timeout is not None else 365 * 24 * 3600))
         try:
-            msg = await sub.next_msg(timeout=timeout if timeout is not None else 365 * 24 * 3600)
-            _fill(outcome, msg.data, seq=None)
-        except nats.errors.TimeoutError:
-            # The outcome may have been stored just before we listened; look it up once.
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                stored = await js.get_last_msg(config.evt_stream, out_subject)
-                _fill(outcome, stored.data or b"", seq=stored.seq)
+            if not wait_if_down:
+                liveness = asyncio.ensure_future(_service_answers(nc, owner_of(subject)))
+                await asyncio.wait({arrival, liveness}, return_when=asyncio.FIRST_COMPLETED)
+                if not arrival.done() and liveness.done() and not liveness.result():
+                    outcome.service_down = True
+                    return outcome
+            msg = await arrival
+        except (TimeoutError, nats.errors.TimeoutError):
+            return outcome
+        finally:
+            arrival.cancel()
+        env = decode_envelope(msg.data)
+        outcome.type = env.type
+        outcome.outcome_seq = subjects.parse_js_reply(msg.reply).stream_seq
+        outcome.data = _DECODE.decode(env.data)
         return outcome
     finally:
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()
 
 
-def _fill(outcome: Outcome, data: bytes, *, seq: int | None) -> None:
-    env = decode_envelope(data)
-    outcome.type = env.type
-    outcome.outcome_seq = seq
-    outcome.data = _DECODE.decode(env.data)
+async def _service_answers(nc: Client, service: str) -> bool:
+    try:
+        await nc.request(subjects.query_subject(service, "status"), b"{}", timeout=LIVENESS_TIMEOUT_S)
+    except nats.errors.NoRespondersError:
+        return False
+    except (TimeoutError, nats.errors.TimeoutError):
+        return False
+    return True
 
 
 async def stream_last_seq(nc: Client, config: TownConfig) -> int:
@@ -77,14 +120,18 @@ async def stream_last_seq(nc: Client, config: TownConfig) -> int:
 
 
 async def query(
-    nc: Client, service: str, what: str, body: dict[str, Any] | None = None, *, timeout: float = 10.0
+    nc: Client, service: str, what: str, body: dict[str, Any] | None = None, *, timeout: float = 15.0
 ) -> Any:
-    """Ask ``gt.q.<service>.<what>``; raise QueryError when the service answers with an error."""
+    """Ask ``gt.q.<service>.<what>``.
+
+    Raises:
+        QueryError: the service answered with an error, is not running (``unavailable``) or timed out.
+    """
     try:
         reply = await nc.request(subjects.query_subject(service, what), _JSON.encode(body or {}), timeout=timeout)
     except nats.errors.NoRespondersError:
-        raise QueryError("unavailable", f"the {service} is not running (no one answers {service} queries)") from None
-    except nats.errors.TimeoutError:
+        raise QueryError("unavailable", f"the {service} is not running (nobody answers {service} queries)") from None
+    except (TimeoutError, nats.errors.TimeoutError):
         raise QueryError("timeout", f"the {service} did not answer within {timeout}s") from None
     answer = _DECODE.decode(reply.data)
     if not answer.get("ok"):
@@ -93,6 +140,8 @@ async def query(
 
 
 class HistoryEntry(msgspec.Struct, kw_only=True):
+    """One event of an aggregate, as ``gt bead history`` shows it."""
+
     seq: int
     ts: str
     type: str
@@ -109,39 +158,47 @@ async def history(nc: Client, config: TownConfig, aggregate: str, aggregate_id: 
         last = await js.get_last_msg(config.evt_stream, subject)
     except nats.js.errors.NotFoundError:
         return []
-    assert last.seq is not None
+    last_seq = last.seq or 0
     entries: list[HistoryEntry] = []
     done = asyncio.Event()
 
     async def on_msg(msg: Any) -> None:
-        seq, _ = parse_ack_reply(msg.reply)
-        try:
-            env = decode_envelope(msg.data)
-            REGISTRY.decode_payload(env)
-            data = _DECODE.decode(env.data)
-        except (EventDecodeError, UnknownEventTypeError):
-            data = {"undecodable": msg.data[:200].decode("utf-8", "replace")}
-            env = None
-        entries.append(
-            HistoryEntry(
-                seq=seq,
-                ts=env.ts.isoformat() if env else "",
-                type=env.type if env else "?",
-                actor=env.actor if env else "?",
-                causation_id=env.causation_id if env else None,
-                data=data,
-            )
-        )
-        if seq >= last.seq:  # type: ignore[operator]
+        seq = subjects.parse_js_reply(msg.reply).stream_seq
+        if seq > last_seq:
+            return
+        entries.append(_history_entry(seq, msg.data))
+        if seq >= last_seq:
             done.set()
 
     sub = await js.subscribe(
-        subject, stream=config.evt_stream, cb=on_msg, ordered_consumer=True,
+        subject,
+        stream=config.evt_stream,
+        cb=on_msg,
+        ordered_consumer=True,
         config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
     )
     try:
-        await asyncio.wait_for(done.wait(), timeout=30)
+        await asyncio.wait_for(done.wait(), timeout=60)
     finally:
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()
     return entries
+
+
+def _history_entry(seq: int, raw: bytes) -> HistoryEntry:
+    try:
+        env = decode_envelope(raw)
+    except EventDecodeError:
+        return HistoryEntry(seq=seq, ts="", type="?", actor="?", causation_id=None, data={"undecodable": _text(raw)})
+    try:
+        REGISTRY.decode_payload(env)
+        data = _DECODE.decode(env.data)
+    except (EventDecodeError, UnknownEventTypeError):
+        data = {"undecodable": _text(bytes(env.data))}
+    return HistoryEntry(
+        seq=seq, ts=env.ts.isoformat(), type=env.type, actor=env.actor, causation_id=env.causation_id, data=data
+    )
+
+
+def _text(raw: bytes) -> str:
+    return raw[:200].decode("utf-8", "replace")

@@ -54,9 +54,7 @@ def bead_table(beads: list[dict[str, Any]]) -> str:
         (b["id"], b["status"], f"P{b['priority']}", b["type"], b.get("assignee") or "-", b["title"]) for b in beads
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    return "\n".join(
-        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5] for row in rows
-    )
+    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5] for row in rows)
 
 
 def history_lines(entries: list[Any]) -> str:

@@ -75,7 +75,10 @@ class ChildService:
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", f"services.{self.name}", "--log-json"],
-                env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         log.info("service_started", name=self.name, pid=self.proc.pid)
 
@@ -148,7 +151,9 @@ class Supervisor:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         try:
             if "NATS_URL" not in os.environ:
-                self.server = EmbeddedServer(self.home / "nats", port=self.port, log_file=self.home / "logs" / "nats-server.log")
+                self.server = EmbeddedServer(
+                    self.home / "nats", port=self.port, log_file=self.home / "logs" / "nats-server.log"
+                )
                 self.server.start()
                 self.nats_url = self.server.url
                 log.info("nats_started", url=self.nats_url, store=str(self.server.store_dir))
@@ -183,7 +188,7 @@ class Supervisor:
         return 0
 
     def _config(self) -> TownConfig:
-        from msgspec.structs import replace  # noqa: PLC0415
+        from msgspec.structs import replace
 
         return replace(self.config, nats_url=self.nats_url)
 
@@ -238,7 +243,9 @@ def _detach(args: argparse.Namespace, config: TownConfig) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "shared.cli.main", "up", "--port", str(args.port), "--services", args.services]
     with (logs / "town.log").open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -1,32 +1,40 @@
-"""The event envelope, the typed payloads, and the two-step decoder.
+"""The event envelope, the payload base class, the two-step codec and the type registry.
 
-Events are stored as JSON envelopes; the payload type lives in ``type`` and the payload in ``data``.
-Decoding reads the envelope first (``data`` kept raw), then decodes ``data`` by type, so a service that
-meets a type it does not know can log it and move on instead of crashing.
+Events are stored as JSON envelopes on ``gt.evt.<aggregate>.<id>``; the payload type lives in ``type`` and
+the payload in ``data``. Decoding reads the envelope first (``data`` kept raw), then decodes ``data`` by
+type, so a service that meets a type it does not know can log it and move on instead of crashing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, ClassVar
 
 import msgspec
 
-from shared.errors import GastownError
+from shared.errors import EventDecodeError, UnknownEventTypeError
 
 
 class Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What is stored on ``gt.evt.<aggregate>.<id>``."""
 
     id: str
+    """Unique event id."""
     type: str
+    """Stable payload tag, e.g. ``bead.created``."""
     v: int = 1
+    """Schema version of this payload type."""
     ts: datetime
+    """When the writer decided the event (UTC)."""
     actor: str
+    """Who caused it: ``mayor``, ``operator:<name>``, ``polecat:<rig>/<name>``, ..."""
     causation_id: str | None = None
+    """The command or event that caused this one."""
     correlation_id: str | None = None
+    """Ties together everything one operator action set off."""
     data: msgspec.Raw
+    """The payload, decoded in a second step by ``type``."""
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -37,114 +45,30 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     VERSION: ClassVar[int] = 1
 
     def aggregate_id(self) -> str:
+        """The id that, with ``AGGREGATE``, names the event's subject."""
         raise NotImplementedError
 
 
-# ---- beads -----------------------------------------------------------------------------------------
-
-
-class BeadEvent(Event, frozen=True, kw_only=True):
-    AGGREGATE: ClassVar[str] = "bead"
-    bead_id: str
-
-    def aggregate_id(self) -> str:
-        return self.bead_id
-
-
-class BeadCreated(BeadEvent, frozen=True, kw_only=True):
-    TYPE: ClassVar[str] = "bead.created"
-    title: str
-    type: str = "task"
-    priority: int = 2
-    description: str = ""
-    labels: list[str] = []
-    metadata: dict[str, str] = {}
-    parent: str | None = None
-    needs: list[str] = []
-    assignee: str | None = None
-
-
-class BeadUpdated(BeadEvent, frozen=True, kw_only=True):
-    """Only the fields present changed. ``add_labels`` appends; ``metadata`` merges."""
-
-    TYPE: ClassVar[str] = "bead.updated"
-    title: str | msgspec.UnsetType = msgspec.UNSET
-    type: str | msgspec.UnsetType = msgspec.UNSET
-    priority: int | msgspec.UnsetType = msgspec.UNSET
-    description: str | msgspec.UnsetType = msgspec.UNSET
-    assignee: str | None | msgspec.UnsetType = msgspec.UNSET
-    parent: str | None | msgspec.UnsetType = msgspec.UNSET
-    add_labels: list[str] = []
-    remove_labels: list[str] = []
-    metadata: dict[str, str] = {}
-    add_needs: list[str] = []
-
-
-class BeadClaimed(BeadEvent, frozen=True, kw_only=True):
-    TYPE: ClassVar[str] = "bead.claimed"
-    assignee: str
-
-
-class BeadClosed(BeadEvent, frozen=True, kw_only=True):
-    TYPE: ClassVar[str] = "bead.closed"
-    reason: str = ""
-
-
-# ---- command outcomes ------------------------------------------------------------------------------
-
-
 class EventRef(msgspec.Struct, frozen=True, kw_only=True):
+    """Names a stored event from another one (a command outcome lists the events it produced)."""
+
     id: str
     type: str
     subject: str
 
 
-class CommandOutcome(Event, frozen=True, kw_only=True):
-    AGGREGATE: ClassVar[str] = "cmd"
-    command_id: str
-    command: str
-
-    def aggregate_id(self) -> str:
-        return self.command_id
-
-
-class CommandAccepted(CommandOutcome, frozen=True, kw_only=True):
-    TYPE: ClassVar[str] = "cmd.accepted"
-    events: list[EventRef] = []
-    result: dict[str, Any] = {}
-
-
-class CommandRejected(CommandOutcome, frozen=True, kw_only=True):
-    TYPE: ClassVar[str] = "cmd.rejected"
-    code: str
-    message: str
-
-
-# ---- registry and codec ----------------------------------------------------------------------------
-
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-class UnknownEventTypeError(GastownError):
-    def __init__(self, type_: str, v: int) -> None:
-        self.type = type_
-        self.v = v
-        super().__init__(f"unknown event type {type_!r} v{v}")
-
-
-class EventDecodeError(GastownError):
-    def __init__(self, detail: str) -> None:
-        self.detail = detail
-        super().__init__(f"cannot decode event: {detail}")
 
 
 class EventRegistry:
     """Type tag -> payload class, with decoders built once and an upcaster chain for old versions."""
 
-    def __init__(self) -> None:
+    def __init__(self, classes: Iterable[type[Event]] = ()) -> None:
         self._classes: dict[str, type[Event]] = {}
         self._decoders: dict[str, msgspec.json.Decoder[Any]] = {}
         self._upcasters: dict[tuple[str, int], Upcaster] = {}
+        for cls in classes:
+            self.register(cls)
 
     def register(self, cls: type[Event]) -> type[Event]:
         if not cls.TYPE:
@@ -163,15 +87,19 @@ class EventRegistry:
         return dict(self._classes)
 
     def decode_payload(self, env: Envelope) -> Event:
+        """The typed payload of ``env``.
+
+        Raises:
+            UnknownEventTypeError: the type, or this version of it, is not known here.
+            EventDecodeError: the payload does not match its type's schema.
+        """
         cls = self._classes.get(env.type)
-        if cls is None:
+        if cls is None or env.v > cls.VERSION:
             raise UnknownEventTypeError(env.type, env.v)
         try:
             if env.v == cls.VERSION:
                 payload: Event = self._decoders[env.type].decode(env.data)
                 return payload
-            if env.v > cls.VERSION:
-                raise UnknownEventTypeError(env.type, env.v)
             data: dict[str, Any] = msgspec.json.decode(env.data)
             for version in range(env.v, cls.VERSION):
                 upcast = self._upcasters.get((env.type, version))
@@ -179,20 +107,17 @@ class EventRegistry:
                     raise EventDecodeError(f"no upcaster for {env.type} v{version}")
                 data = upcast(data)
             converted: Event = msgspec.convert(data, cls)
-            return converted  # noqa: TRY300
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise EventDecodeError(f"{env.type} v{env.v}: {exc}") from exc
+        return converted
 
-
-REGISTRY = EventRegistry()
-for _cls in (BeadCreated, BeadUpdated, BeadClaimed, BeadClosed, CommandAccepted, CommandRejected):
-    REGISTRY.register(_cls)
 
 _ENVELOPE_DECODER = msgspec.json.Decoder(Envelope)
 _ENCODER = msgspec.json.Encoder()
 
 
 def decode_envelope(raw: bytes | memoryview) -> Envelope:
+    """Step one of decoding: the envelope, with the payload left raw."""
     try:
         return _ENVELOPE_DECODER.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -208,6 +133,7 @@ def encode_event(
     causation_id: str | None = None,
     correlation_id: str | None = None,
 ) -> bytes:
+    """The bytes stored for ``payload``: an envelope with the payload inline."""
     env = Envelope(
         id=event_id,
         type=payload.TYPE,
@@ -219,12 +145,3 @@ def encode_event(
         data=msgspec.Raw(_ENCODER.encode(payload)),
     )
     return _ENCODER.encode(env)
-
-
-class StoredEvent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """An event as read back from the log: its stream sequence, subject, envelope and typed payload."""
-
-    seq: int
-    subject: str
-    envelope: Envelope
-    payload: Event

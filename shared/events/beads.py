@@ -1,0 +1,65 @@
+"""Events of the bead aggregate (``gt.evt.bead.<id>``), written by the mayor."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+
+from shared.events.base import Event
+
+
+class BeadEvent(Event, frozen=True, kw_only=True):
+    AGGREGATE: ClassVar[str] = "bead"
+    bead_id: str
+
+    def aggregate_id(self) -> str:
+        return self.bead_id
+
+
+class BeadCreated(BeadEvent, frozen=True, kw_only=True):
+    """A bead was filed; it starts ``open``."""
+
+    TYPE: ClassVar[str] = "bead.created"
+    title: str
+    type: str = "task"
+    priority: int = 2
+    description: str = ""
+    labels: list[str] = []
+    metadata: dict[str, str] = {}
+    parent: str | None = None
+    needs: list[str] = []
+    assignee: str | None = None
+
+
+class BeadUpdated(BeadEvent, frozen=True, kw_only=True):
+    """Only the fields present changed. ``add_labels`` appends; ``metadata`` merges; ``add_needs`` appends."""
+
+    TYPE: ClassVar[str] = "bead.updated"
+    title: str | msgspec.UnsetType = msgspec.UNSET
+    type: str | msgspec.UnsetType = msgspec.UNSET
+    priority: int | msgspec.UnsetType = msgspec.UNSET
+    description: str | msgspec.UnsetType = msgspec.UNSET
+    assignee: str | msgspec.UnsetType | None = msgspec.UNSET
+    parent: str | msgspec.UnsetType | None = msgspec.UNSET
+    add_labels: list[str] = []
+    remove_labels: list[str] = []
+    metadata: dict[str, str] = {}
+    add_needs: list[str] = []
+
+
+class BeadClaimed(BeadEvent, frozen=True, kw_only=True):
+    """The bead moved to ``in_progress`` for ``assignee``."""
+
+    TYPE: ClassVar[str] = "bead.claimed"
+    assignee: str
+
+
+class BeadClosed(BeadEvent, frozen=True, kw_only=True):
+    """The bead is done for good; follow-up work is a new bead."""
+
+    TYPE: ClassVar[str] = "bead.closed"
+    reason: str = ""
+
+
+BEAD_EVENTS: tuple[type[Event], ...] = (BeadCreated, BeadUpdated, BeadClaimed, BeadClosed)

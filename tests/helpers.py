@@ -1,0 +1,56 @@
+"""Test helpers: poll for a condition with a deadline instead of sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+DEFAULT_DEADLINE_S = 30.0
+
+
+async def assert_eventually(
+    check: Callable[[], T | Awaitable[T]],
+    *,
+    timeout: float = DEFAULT_DEADLINE_S,
+    interval: float = 0.02,
+    message: str = "",
+) -> T:
+    """Call ``check`` until it returns a truthy value or stops raising AssertionError; return that value.
+
+    Raises the last AssertionError (or a new one) when ``timeout`` passes first.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: AssertionError | None = None
+    while True:
+        try:
+            result = check()
+            if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+                result = await result
+            if result:
+                return result  # type: ignore[return-value]
+            last_error = None
+        except AssertionError as exc:
+            last_error = exc
+        if time.monotonic() >= deadline:
+            if last_error is not None:
+                raise last_error
+            raise AssertionError(message or f"condition not met within {timeout}s")
+        await asyncio.sleep(interval)
+
+
+def wait_until(
+    check: Callable[[], T], *, timeout: float = DEFAULT_DEADLINE_S, interval: float = 0.05, message: str = ""
+) -> T:
+    """Synchronous ``assert_eventually`` for tests that drive subprocesses."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(message or f"condition not met within {timeout}s")
+        time.sleep(interval)

@@ -1,0 +1,91 @@
+"""Provisioning the streams: idempotent, racing-safe, and never silently changing what exists."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import urllib.request
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+from nats.js.api import RetentionPolicy
+
+from shared.bus.topology import cmd_stream_config, evt_stream_config, provision
+from shared.config import TownConfig
+from shared.errors import StreamConfigMismatchError
+
+
+def _plain(value: object) -> object:
+    return getattr(value, "value", value)
+
+
+async def test_first_provision_creates_then_reports_existing(nc: Client, town: TownConfig) -> None:
+    first = await provision(nc.jetstream(), town)
+    assert set(first.created) == {"GT_EVT", "GT_CMD", "GT_CMD/mayor-cmd"}
+    second = await provision(nc.jetstream(), town)
+    assert second.created == []
+    assert set(second.existing) == set(first.created)
+
+
+async def test_concurrent_provisioners_agree(nc: Client, town: TownConfig) -> None:
+    reports = await asyncio.gather(*(provision(nc.jetstream(), town) for _ in range(5)))
+    assert all(set(r.created) | set(r.existing) == {"GT_EVT", "GT_CMD", "GT_CMD/mayor-cmd"} for r in reports)
+
+
+async def test_the_event_log_is_immutable_and_keeps_everything(nc: Client, town: TownConfig) -> None:
+    await provision(nc.jetstream(), town)
+    info = await nc.jetstream().stream_info("GT_EVT")
+    cfg = info.config
+    assert cfg.subjects == ["gt.evt.>"]
+    assert _plain(cfg.storage) == "file"
+    assert (cfg.deny_delete, cfg.deny_purge, cfg.allow_atomic) == (True, True, True)
+    assert _plain(cfg.discard) == "new"
+    assert cfg.duplicate_window == 120
+    assert (cfg.max_age or 0, cfg.max_msgs_per_subject) == (0, -1)
+    cmd = (await nc.jetstream().stream_info("GT_CMD")).config
+    assert cmd.subjects == ["gt.cmd.>"]
+    assert _plain(cmd.retention) == "interest"  # stored until its owning service has processed it
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"max_age": 3600.0}, "max_age"),
+        ({"deny_delete": False, "deny_purge": False}, "deny_delete"),
+        ({"max_msgs_per_subject": 1}, "max_msgs_per_subject"),
+        ({"subjects": ["gt.evt.bead.>"]}, "subjects"),
+    ],
+)
+async def test_an_incompatible_existing_stream_is_reported_and_left_alone(
+    nc: Client, town: TownConfig, change: dict[str, Any], field: str
+) -> None:
+    js = nc.jetstream()
+    wanted = evt_stream_config(town)
+    await js.add_stream(dataclasses.replace(wanted, **change))
+    before = (await js.stream_info("GT_EVT")).config
+    with pytest.raises(StreamConfigMismatchError) as info:
+        await provision(js, town)
+    assert info.value.stream == "GT_EVT"
+    assert field in info.value.differences
+    assert field in str(info.value)
+    after = (await js.stream_info("GT_EVT")).config
+    assert after == before
+
+
+async def test_a_command_stream_with_work_queue_retention_is_refused(nc: Client, town: TownConfig) -> None:
+    js = nc.jetstream()
+    wanted = cmd_stream_config(town)
+    await js.add_stream(dataclasses.replace(wanted, retention=RetentionPolicy.WORK_QUEUE))
+    await js.add_stream(evt_stream_config(town))
+    with pytest.raises(StreamConfigMismatchError, match="retention"):
+        await provision(js, town)
+
+
+def test_the_embedded_server_syncs_every_write_to_disk(nats_server: Any) -> None:
+    if not hasattr(nats_server, "http_port"):
+        pytest.fail("this check needs the embedded server (the default backend)")
+    with urllib.request.urlopen(f"http://127.0.0.1:{nats_server.http_port}/varz", timeout=5) as reply:  # noqa: S310
+        varz = json.load(reply)
+    assert varz["jetstream"]["config"]["sync_always"] is True

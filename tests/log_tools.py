@@ -1,0 +1,93 @@
+"""Reading the real log back in tests: every message, outcomes by command, fresh projections."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from typing import Any
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from shared.events import Envelope, decode_envelope
+from shared.projection import Projection
+from shared.subjects import parse_js_reply
+
+
+async def read_all(
+    nc: Client, stream: str, subject: str = "gt.evt.>", *, upto: int | None = None
+) -> list[tuple[int, str, bytes]]:
+    """Every (seq, subject, data) of ``stream`` on ``subject``, up to the last one stored now (or ``upto``)."""
+    js = nc.jetstream()
+    try:
+        last = (await js.get_last_msg(stream, subject)).seq or 0
+    except nats.js.errors.NotFoundError:
+        return []
+    if upto is not None:
+        last = min(last, upto)
+    out: list[tuple[int, str, bytes]] = []
+    done = asyncio.Event()
+
+    async def on_msg(msg: Any) -> None:
+        seq = parse_js_reply(msg.reply).stream_seq
+        if seq <= last:
+            out.append((seq, msg.subject, msg.data))
+        if seq >= last:
+            done.set()
+
+    sub = await js.subscribe(
+        subject,
+        stream=stream,
+        cb=on_msg,
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+    )
+    try:
+        await asyncio.wait_for(done.wait(), 120)
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+    return out
+
+
+async def outcomes(nc: Client, stream: str = "GT_EVT") -> dict[str, list[Envelope]]:
+    """Command id -> the outcome events stored for it (there must be exactly one each)."""
+    found: dict[str, list[Envelope]] = {}
+    for _seq, subject, data in await read_all(nc, stream, "gt.evt.cmd.>"):
+        found.setdefault(subject.removeprefix("gt.evt.cmd."), []).append(decode_envelope(data))
+    return found
+
+
+async def outcome_of(nc: Client, command_id: str, *, stream: str = "GT_EVT", timeout: float = 30.0) -> dict[str, Any]:
+    """Wait for the stored outcome of ``command_id``; returns {"type": ..., **payload}."""
+    js = nc.jetstream()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            msg = await js.get_last_msg(stream, f"gt.evt.cmd.{command_id}")
+        except nats.js.errors.NotFoundError:
+            if loop.time() > deadline:
+                raise AssertionError(f"no outcome for command {command_id} within {timeout}s") from None
+            await asyncio.sleep(0.02)
+            continue
+        env = decode_envelope(msg.data or b"")
+        payload: dict[str, Any] = msgspec.json.decode(env.data)
+        return {"type": env.type, "seq": msg.seq, **payload}
+
+
+async def fresh_replay(
+    nc: Client, projection: Projection[Any], stream: str = "GT_EVT", *, upto: int | None = None
+) -> Projection[Any]:
+    """Fold the log (up to ``upto``) into a new, empty projection."""
+    for seq, subject, data in await read_all(nc, stream, upto=upto):
+        projection.apply(seq, subject, data)
+    return projection
+
+
+def digest(projection: Projection[Any]) -> str:
+    return hashlib.sha256(projection.serialize_state()).hexdigest()

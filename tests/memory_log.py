@@ -1,0 +1,106 @@
+"""An in-memory event log with JetStream's per-subject concurrency check, for unit tests of pure logic.
+
+It stores encoded envelopes exactly as the real log does, so projections fold the same bytes; only the
+transport is missing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from shared import subjects
+from shared.commands import Command, parse_command
+from shared.decision import Accepted, DecideContext
+from shared.errors import AppendConflictError, CommandError
+from shared.events import encode_event
+from shared.projection import Projection
+
+S = TypeVar("S", bound=msgspec.Struct)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class MemoryLog:
+    """Append-only list of (seq, subject, data) with ``expected_seq`` checks, atomic per append."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[int, str, bytes]] = []
+        self._last: dict[str, int] = {}
+
+    @property
+    def last_seq(self) -> int:
+        return len(self.messages)
+
+    def append(self, events: list[tuple[str, bytes, int | None]]) -> list[int]:
+        for subject, _, expected in events:
+            if expected is not None and self._last.get(subject, 0) != expected:
+                raise AppendConflictError(subject, expected, self._last.get(subject, 0))
+        seqs = []
+        for subject, data, _ in events:
+            seq = len(self.messages) + 1
+            self.messages.append((seq, subject, data))
+            self._last[subject] = seq
+            seqs.append(seq)
+        return seqs
+
+    def replay(self, projection: Projection[Any], after: int = 0) -> None:
+        for seq, subject, data in self.messages[after:]:
+            projection.apply(seq, subject, data)
+
+
+class MemoryTown(Generic[S]):
+    """Runs commands through a service's pure decide function and folds the result, like the intake does."""
+
+    def __init__(
+        self,
+        projection: Projection[S],
+        decide: Callable[[S, Command, DecideContext], Accepted],
+        *,
+        service: str = "mayor",
+    ) -> None:
+        self.projection = projection
+        self.log = MemoryLog()
+        self._decide = decide
+        self._service = service
+        self._ids = itertools.count(1)
+        self._cmd_ids = itertools.count(1)
+        self.clock = T0
+
+    @property
+    def state(self) -> S:
+        return self.projection.state
+
+    def new_id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._ids):06d}"
+
+    def tick(self, seconds: float = 1.0) -> None:
+        self.clock += timedelta(seconds=seconds)
+
+    def send(self, subject: str, body: dict[str, Any] | bytes, *, actor: str = "operator") -> dict[str, Any]:
+        """Parse, decide, append and fold; returns the result, or raises CommandError as the intake would answer."""
+        raw = body if isinstance(body, bytes) else msgspec.json.encode(body)
+        cmd = parse_command(subject, raw)
+        command_id = f"cmd-{next(self._cmd_ids)}"
+        ctx = DecideContext(now=self.clock, command_id=command_id, actor=actor, new_id=self.new_id)
+        accepted = self._decide(self.projection.state, cmd, ctx)
+        events = []
+        for new in accepted.events:
+            subject_ = subjects.event_subject(new.payload.AGGREGATE, new.payload.aggregate_id())
+            data = encode_event(
+                new.payload, event_id=f"ev-{self.log.last_seq + len(events) + 1}", ts=self.clock, actor=actor
+            )
+            events.append((subject_, data, new.expected_seq))
+        self.log.append(events)
+        self.log.replay(self.projection, after=self.projection.last_seq)
+        return accepted.result
+
+    def reject_code(self, subject: str, body: dict[str, Any]) -> str:
+        try:
+            self.send(subject, body)
+        except CommandError as exc:
+            return exc.code
+        raise AssertionError(f"{subject} {body} was accepted")

@@ -1,0 +1,122 @@
+"""The envelope, the two-step decode, unknown types and upcasters."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+import msgspec
+import pytest
+
+from shared.errors import EventDecodeError, UnknownEventTypeError
+from shared.events import (
+    REGISTRY,
+    BeadClaimed,
+    BeadClosed,
+    BeadCreated,
+    BeadUpdated,
+    CommandAccepted,
+    CommandRejected,
+    Event,
+    EventRef,
+    EventRegistry,
+    decode_envelope,
+    encode_event,
+)
+
+TS = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+
+SAMPLES: list[Event] = [
+    BeadCreated(bead_id="hq-1", title="t", labels=["a"], metadata={"k": ""}, needs=["hq-0"], parent="hq-0"),
+    BeadUpdated(bead_id="hq-1", title="new", assignee=None, add_labels=["b"], metadata={"x": "y"}),
+    BeadClaimed(bead_id="hq-1", assignee="max"),
+    BeadClosed(bead_id="hq-1", reason="done"),
+    CommandAccepted(
+        command_id="c1", command="bead.create", events=[EventRef(id="e", type="bead.created", subject="s")], result={}
+    ),
+    CommandRejected(command_id="c2", command="bead.close", code="not_found", message="no bead"),
+]
+
+
+@pytest.mark.parametrize("payload", SAMPLES, ids=lambda p: p.TYPE)
+def test_every_event_type_round_trips(payload: Event) -> None:
+    raw = encode_event(payload, event_id="ev1", ts=TS, actor="mayor", causation_id="c1", correlation_id="k")
+    env = decode_envelope(raw)
+    assert (env.id, env.type, env.v, env.ts, env.actor, env.causation_id) == ("ev1", payload.TYPE, 1, TS, "mayor", "c1")
+    assert REGISTRY.decode_payload(env) == payload
+
+
+def test_every_registered_type_has_a_sample() -> None:
+    assert {p.TYPE for p in SAMPLES} == set(REGISTRY.classes())
+
+
+def test_an_unset_update_field_is_not_stored_and_a_null_one_is() -> None:
+    raw = encode_event(BeadUpdated(bead_id="hq-1", assignee=None), event_id="e", ts=TS, actor="a")
+    data = msgspec.json.decode(decode_envelope(raw).data)
+    assert data == {"bead_id": "hq-1", "assignee": None}
+
+
+def test_an_unknown_type_is_reported_not_crashed_on() -> None:
+    raw = b'{"id":"e","type":"rig.teleported","ts":"2026-05-01T12:00:00Z","actor":"x","data":{"rig":"r"}}'
+    env = decode_envelope(raw)
+    with pytest.raises(UnknownEventTypeError) as info:
+        REGISTRY.decode_payload(env)
+    assert info.value.type == "rig.teleported"
+
+
+def test_a_newer_version_of_a_known_type_is_unknown() -> None:
+    raw = b'{"id":"e","type":"bead.closed","v":2,"ts":"2026-05-01T12:00:00Z","actor":"x","data":{"bead_id":"b"}}'
+    with pytest.raises(UnknownEventTypeError):
+        REGISTRY.decode_payload(decode_envelope(raw))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"not json", b"[]", b'{"type":"bead.closed"}', b'{"id":"e","type":"t","ts":"yesterday","actor":"a","data":{}}'],
+)
+def test_a_broken_envelope_is_a_decode_error(raw: bytes) -> None:
+    with pytest.raises(EventDecodeError):
+        decode_envelope(raw)
+
+
+def test_a_payload_that_does_not_match_its_type_is_a_decode_error() -> None:
+    raw = b'{"id":"e","type":"bead.claimed","ts":"2026-05-01T12:00:00Z","actor":"a","data":{"bead_id":3}}'
+    with pytest.raises(EventDecodeError, match="bead.claimed"):
+        REGISTRY.decode_payload(decode_envelope(raw))
+
+
+class _Renamed(Event, frozen=True, kw_only=True):
+    TYPE: ClassVar[str] = "test.renamed"
+    VERSION: ClassVar[int] = 3
+    name: str
+    size: int = 0
+
+
+def test_old_versions_are_upcast_step_by_step() -> None:
+    registry = EventRegistry([_Renamed])
+
+    def v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+        return {"name": data["title"]}
+
+    def v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+        return {**data, "size": len(data["name"])}
+
+    registry.register_upcaster("test.renamed", 1, v1_to_v2)
+    registry.register_upcaster("test.renamed", 2, v2_to_v3)
+    raw = b'{"id":"e","type":"test.renamed","v":1,"ts":"2026-05-01T12:00:00Z","actor":"a","data":{"title":"abc"}}'
+    assert registry.decode_payload(decode_envelope(raw)) == _Renamed(name="abc", size=3)
+
+
+def test_a_missing_upcaster_is_a_decode_error() -> None:
+    registry = EventRegistry([_Renamed])
+    raw = b'{"id":"e","type":"test.renamed","v":2,"ts":"2026-05-01T12:00:00Z","actor":"a","data":{"name":"n"}}'
+    with pytest.raises(EventDecodeError, match="no upcaster"):
+        registry.decode_payload(decode_envelope(raw))
+
+
+def test_a_type_cannot_be_registered_twice() -> None:
+    class Twin(Event, frozen=True, kw_only=True):
+        TYPE: ClassVar[str] = "bead.closed"
+
+    with pytest.raises(ValueError, match="registered twice"):
+        EventRegistry([BeadClosed, Twin])

@@ -1,0 +1,84 @@
+"""Ids, command ids and subject parsing."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared import ids, subjects
+from shared.bus.topology import CATCH_ALL_SERVICE, command_filters, owner_of
+
+
+class TestIds:
+    @pytest.mark.parametrize("value", ["hq-1a2b3c", "a", "gt_x-9", "0abc", "x" * 64])
+    def test_valid_ids_are_accepted(self, value: str) -> None:
+        assert ids.is_valid_id(value)
+
+    @pytest.mark.parametrize(
+        "value", ["", "hq.1", "has space", "star*", "gt>", "Upper", "-lead", "_lead", "x" * 65, "tab\t", "é"]
+    )
+    def test_ids_with_dots_spaces_wildcards_or_capitals_are_refused(self, value: str) -> None:
+        assert not ids.is_valid_id(value)
+
+    def test_bead_ids_carry_the_prefix_and_a_base36_suffix(self) -> None:
+        bead_id = ids.random_bead_id("gt")
+        prefix, suffix = bead_id.split("-")
+        assert prefix == "gt"
+        assert len(suffix) == ids.BEAD_SUFFIX_LEN
+        assert set(suffix) <= set("0123456789abcdefghijklmnopqrstuvwxyz")
+        assert ids.is_valid_id(bead_id)
+
+    def test_base36_round_trips(self) -> None:
+        for number in (0, 1, 35, 36, 123456789):
+            assert int(ids.to_base36(number), 36) == number
+
+
+class TestCommandId:
+    def test_header_wins_over_body_and_sequence(self) -> None:
+        assert ids.command_id("from-header", "from-body", 7) == "from-header"
+
+    def test_body_cmd_id_is_used_without_a_header(self) -> None:
+        assert ids.command_id(None, "from-body", 7) == "from-body"
+
+    def test_stream_sequence_is_the_fallback(self) -> None:
+        assert ids.command_id(None, None, 42) == "cmd-42"
+
+    @pytest.mark.parametrize("raw", ["with.dots", "has spaces", "wild*card", "gt.>", "x" * 300, "MiXeD"])
+    def test_an_unusable_id_becomes_a_stable_digest(self, raw: str) -> None:
+        first = ids.command_id(raw, None, 1)
+        assert ids.is_valid_id(first)
+        assert first != raw
+        # The same header must still deduplicate: the digest depends on the raw id only.
+        assert ids.command_id(raw, None, 99) == first
+        assert ids.command_id(None, raw, 5) == first
+        assert ids.command_id(raw + "x", None, 1) != first
+
+
+class TestSubjects:
+    def test_event_and_outcome_subjects(self) -> None:
+        assert subjects.event_subject("bead", "hq-1") == "gt.evt.bead.hq-1"
+        assert subjects.outcome_subject("cli-1") == "gt.evt.cmd.cli-1"
+
+    def test_v1_reply_subject(self) -> None:
+        info = subjects.parse_js_reply("$JS.ACK.GT_EVT.cons.3.1042.17.1700000000000000000.5")
+        assert info == subjects.DeliveryInfo(stream_seq=1042, delivered=3, pending=5)
+
+    def test_v2_reply_subject_with_domain_and_account(self) -> None:
+        info = subjects.parse_js_reply("$JS.ACK.hub.ACCHASH.GT_EVT.cons.1.77.70.1700000000000000000.0.rnd")
+        assert info == subjects.DeliveryInfo(stream_seq=77, delivered=1, pending=0)
+
+    @pytest.mark.parametrize("reply", ["", "_INBOX.abc", "$JS.ACK.a.b.c.d.e.f.g", "$JS.ACK.S.C.x.1.1.1.0"])
+    def test_other_reply_subjects_are_refused(self, reply: str) -> None:
+        with pytest.raises(ValueError, match="not a JetStream delivery"):
+            subjects.parse_js_reply(reply)
+
+
+class TestCommandOwnership:
+    def test_bead_commands_belong_to_the_mayor(self) -> None:
+        assert owner_of("gt.cmd.bead.create") == "mayor"
+
+    def test_unknown_aggregates_fall_to_the_catch_all_service(self) -> None:
+        assert owner_of("gt.cmd.frobnicator.spin") == CATCH_ALL_SERVICE
+        assert owner_of("gt.cmd.x") == CATCH_ALL_SERVICE
+
+    def test_the_catch_all_service_reads_every_command(self) -> None:
+        assert command_filters(CATCH_ALL_SERVICE) == ["gt.cmd.>"]
