@@ -58,8 +58,8 @@ class _ContainerServer:
     """nats-server with JetStream in Docker (testcontainers); used with ``--nats-backend docker``."""
 
     def __init__(self) -> None:
-        from testcontainers.core.container import DockerContainer  # noqa: PLC0415 (only with Docker)
-        from testcontainers.core.waiting_utils import wait_for_logs  # noqa: PLC0415
+        from testcontainers.core.container import DockerContainer
+        from testcontainers.core.waiting_utils import wait_for_logs
 
         self._container = (
             DockerContainer("nats:2.12-alpine").with_command("-js --max_payload 4MB").with_exposed_ports(4222)

@@ -31,7 +31,7 @@ async def assert_eventually(
             if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
                 result = await result
             if result:
-                return result  # type: ignore[return-value]
+                return result
             last_error = None
         except AssertionError as exc:
             last_error = exc

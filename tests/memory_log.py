@@ -87,7 +87,7 @@ class MemoryTown(Generic[S]):
         command_id = f"cmd-{next(self._cmd_ids)}"
         ctx = DecideContext(now=self.clock, command_id=command_id, actor=actor, new_id=self.new_id)
         accepted = self._decide(self.projection.state, cmd, ctx)
-        events = []
+        events: list[tuple[str, bytes, int | None]] = []
         for new in accepted.events:
             subject_ = subjects.event_subject(new.payload.AGGREGATE, new.payload.aggregate_id())
             data = encode_event(

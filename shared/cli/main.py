@@ -331,17 +331,30 @@ async def run_async(args: argparse.Namespace, config: TownConfig) -> int:
             await nc.close()
 
 
+def _town_nats(config: TownConfig) -> TownConfig:
+    """Without NATS_URL, talk to the town `gt up` runs in GT_HOME (its NATS may be on any port)."""
+    from shared.cli import town
+
+    state = town.running_town(config)
+    if state is None:
+        return config
+    return msgspec.structs.replace(config, nats_url=state.nats_url)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     env = dict(os.environ)
     if getattr(args, "nats_url", None):
         env["NATS_URL"] = args.nats_url
+    nats_given = bool(env.get("NATS_URL"))
     try:
         config = town_config.load(env)
     except ValueError as exc:
         print(f"gt: bad configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if not nats_given and args.cmd not in ("up", "down", "schema"):
+        config = _town_nats(config)
     if args.cmd != "up":
         # The CLI's own output is its answer; library chatter (reconnects while closing) stays out of it.
         gt_logging.configure("gt", json=False, level=os.environ.get("GT_LOG_LEVEL", "ERROR"))
@@ -354,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd in ("up", "down"):
             from shared.cli import town
 
-            return town.up(args, config) if args.cmd == "up" else town.down(config)
+            return town.up(args, config, embedded=not nats_given) if args.cmd == "up" else town.down(config)
         return asyncio.run(run_async(args, config))
     except UsageError as exc:
         print(f"gt: {exc}", file=sys.stderr)

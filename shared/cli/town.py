@@ -1,9 +1,12 @@
 """``gt up`` and ``gt down``: an embedded NATS server plus the services, supervised as child processes.
 
-The supervisor writes ``$GT_HOME/run/town.json`` (its pid, the NATS URL, each service's pid, ready or
-not). ``gt down`` signals the supervisor, which stops the services in reverse dependency order, then NATS.
-A service that dies is restarted with exponential backoff; one that keeps dying (5 restarts within
-15 minutes) is left down and reported.
+The supervisor writes ``$GT_HOME/run/town.json``: its own identity, the NATS URL, each child's identity
+(pid and start time), and whether the town is ready. ``gt down`` signals the supervisor, which stops the
+services in reverse dependency order, then NATS. A service that dies is restarted with exponential
+backoff; one that keeps dying (more than 5 restarts within 15 minutes) is left down and reported.
+
+If a supervisor was killed outright, its children keep running; the next ``gt up`` finds them through
+``town.json`` and stops them (after checking each is still the very process recorded) before it starts.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -20,53 +22,80 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 
 from shared import logging as gt_logging
+from shared import processes
 from shared.bus.connection import connect
 from shared.bus.topology import provision
 from shared.cli.client import query
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.errors import GastownError, QueryError
+from shared.processes import ProcessRef
 
 log = structlog.get_logger("gt.up")
 
 START_ORDER = ("mayor", "witness", "refinery", "deacon")
+"""Dependency order: services start in this order and stop in the reverse one."""
 CRASH_LOOP_RESTARTS = 5
 CRASH_LOOP_WINDOW_S = 15 * 60
 MAX_BACKOFF_S = 30.0
 READY_TIMEOUT_S = 120.0
+DOWN_TIMEOUT_S = 90.0
+
+
+class TownState(msgspec.Struct, kw_only=True):
+    """What ``run/town.json`` holds."""
+
+    supervisor: ProcessRef
+    nats_url: str
+    nats: ProcessRef | None = None
+    """The embedded nats-server, when the supervisor started one."""
+    services: dict[str, ProcessRef | None] = {}
+    gave_up: list[str] = []
+    """Services left down after a crash loop."""
+    ready: bool = False
 
 
 def state_path(config: TownConfig) -> Path:
     return config.gt_home / "run" / "town.json"
 
 
-def read_state(config: TownConfig) -> dict[str, Any] | None:
+def read_state(config: TownConfig) -> TownState | None:
+    """The recorded town, or None when there is none or the file is unreadable."""
     try:
-        state: dict[str, Any] = json.loads(state_path(config).read_text())
-    except (OSError, ValueError):
+        return msgspec.json.decode(state_path(config).read_bytes(), type=TownState)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None
-    return state
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def running_town(config: TownConfig) -> TownState | None:
+    """The recorded town if its supervisor still runs."""
+    state = read_state(config)
+    if state is not None and processes.is_alive(state.supervisor):
+        return state
+    return None
+
+
+def _write_state(config: TownConfig, state: TownState) -> None:
+    path = state_path(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(state), indent=2))
+    tmp.replace(path)
 
 
 class ChildService:
+    """One service process under supervision."""
+
     def __init__(self, name: str, env: dict[str, str], log_dir: Path) -> None:
         self.name = name
         self.env = env
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.ref: ProcessRef | None = None
         self.restarts: list[float] = []
         self.next_start = 0.0
         self.gave_up = False
@@ -78,8 +107,10 @@ class ChildService:
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C at the terminal reaches the supervisor only; it stops us in order
             )
+        self.ref = processes.ref_of(self.proc.pid)
         log.info("service_started", name=self.name, pid=self.proc.pid)
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -93,104 +124,112 @@ class ChildService:
             log.warning("service_kill", name=self.name)
             proc.kill()
             proc.wait()
-        log.info("service_stopped", name=self.name)
+        log.info("service_stopped", name=self.name, exit_code=proc.returncode)
 
-    def check(self, now: float) -> None:
-        """Restart a dead child with backoff; give up on a crash loop."""
+    def check(self, now: float) -> bool:
+        """Restart a dead child with backoff, give up on a crash loop; True when something changed."""
         if self.gave_up:
-            return
+            return False
         if self.proc is not None and self.proc.poll() is None:
-            return
+            return False
+        changed = False
         if self.proc is not None:
             code = self.proc.returncode
             self.proc = None
+            self.ref = None
+            changed = True
             self.restarts = [t for t in self.restarts if now - t < CRASH_LOOP_WINDOW_S] + [now]
             if len(self.restarts) > CRASH_LOOP_RESTARTS:
                 self.gave_up = True
                 log.error("service_crash_loop", name=self.name, restarts=len(self.restarts), exit_code=code)
-                return
+                return True
             delay = min(MAX_BACKOFF_S, 0.5 * 2 ** (len(self.restarts) - 1))
             self.next_start = now + delay
             log.warning("service_died", name=self.name, exit_code=code, restart_in_s=delay)
         if now >= self.next_start:
             self.start()
+            changed = True
+        return changed
 
 
 class Supervisor:
-    def __init__(self, config: TownConfig, services: list[str], port: int) -> None:
+    """Runs the town in the foreground until SIGTERM/SIGINT."""
+
+    def __init__(self, config: TownConfig, services: list[str], port: int, *, embedded: bool) -> None:
         self.config = config
         self.services_wanted = services
         self.port = port
+        self.embedded = embedded
         self.home = config.gt_home
         self.server: EmbeddedServer | None = None
         self.children: list[ChildService] = []
         self.nats_url = config.nats_url
-        self._stop = asyncio.Event()
         self.ready = False
+        self._stop = asyncio.Event()
+        self._me = processes.ref_of(os.getpid())
 
     def write_state(self) -> None:
-        path = state_path(self.config)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        state = {
-            "pid": os.getpid(),
-            "nats_url": self.nats_url,
-            "embedded_nats": self.server is not None,
-            "nats_pid": self.server.proc.pid if self.server and self.server.proc else None,
-            "services": {c.name: (c.proc.pid if c.proc else None) for c in self.children},
-            "gave_up": [c.name for c in self.children if c.gave_up],
-            "ready": self.ready,
-        }
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(path)
+        assert self._me is not None
+        server_ref = None
+        if self.server is not None and self.server.proc is not None:
+            server_ref = processes.ref_of(self.server.proc.pid)
+        _write_state(
+            self.config,
+            TownState(
+                supervisor=self._me,
+                nats_url=self.nats_url,
+                nats=server_ref,
+                services={c.name: c.ref for c in self.children},
+                gave_up=[c.name for c in self.children if c.gave_up],
+                ready=self.ready,
+            ),
+        )
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        logs = self.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
         try:
-            if "NATS_URL" not in os.environ:
-                self.server = EmbeddedServer(
-                    self.home / "nats", port=self.port, log_file=self.home / "logs" / "nats-server.log"
-                )
-                self.server.start()
+            if self.embedded:
+                self.server = EmbeddedServer(self.home / "nats", port=self.port, log_file=logs / "nats-server.log")
+                await asyncio.to_thread(self.server.start)
                 self.nats_url = self.server.url
                 log.info("nats_started", url=self.nats_url, store=str(self.server.store_dir))
-            config = self._config()
+            config = msgspec.structs.replace(self.config, nats_url=self.nats_url)
+            self.write_state()
             nc = await connect(config, name="gt-up", connect_attempts=50)
             try:
                 await provision(nc.jetstream(), config)
                 env = {**os.environ, "NATS_URL": self.nats_url, "GT_HOME": str(self.home)}
                 for name in START_ORDER:
                     if name in self.services_wanted:
-                        child = ChildService(name, env, self.home / "logs")
+                        child = ChildService(name, env, logs)
                         child.start()
                         self.children.append(child)
                 self.write_state()
                 await self._wait_ready(nc)
+                if self._stop.is_set():
+                    return 0
                 self.ready = True
                 self.write_state()
                 log.info("town_ready", nats_url=self.nats_url, services=[c.name for c in self.children])
-                while not self._stop.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), timeout=0.5)
-                    now = time.monotonic()
-                    before = {c.name: c.proc.pid if c.proc else None for c in self.children}
-                    for child in self.children:
-                        child.check(now)
-                    if before != {c.name: c.proc.pid if c.proc else None for c in self.children}:
-                        self.write_state()
+                await self._supervise()
             finally:
                 await nc.close()
         finally:
-            self.shutdown()
+            await asyncio.to_thread(self.shutdown)
         return 0
 
-    def _config(self) -> TownConfig:
-        from msgspec.structs import replace
-
-        return replace(self.config, nats_url=self.nats_url)
+    async def _supervise(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=0.5)
+            now = time.monotonic()
+            changed = [child.check(now) for child in self.children]  # every child, no short-circuit
+            if any(changed):
+                self.write_state()
 
     async def _wait_ready(self, nc: Any) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -204,7 +243,8 @@ class Supervisor:
             for child in self.children:
                 child.check(time.monotonic())
             if pending:
-                await asyncio.sleep(0.2)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), timeout=0.2)
         if pending:
             log.warning("services_not_ready", services=sorted(pending))
 
@@ -218,33 +258,61 @@ class Supervisor:
             state_path(self.config).unlink()
 
 
-def up(args: argparse.Namespace, config: TownConfig) -> int:
-    existing = read_state(config)
-    if existing and pid_alive(int(existing["pid"])):
-        print(f"town already up (supervisor pid {existing['pid']}, NATS {existing['nats_url']})")
+def reap_leftovers(config: TownConfig) -> list[str]:
+    """Stop what a killed supervisor left running (each only if it is still the recorded process)."""
+    state = read_state(config)
+    if state is None or processes.is_alive(state.supervisor):
+        return []
+    reaped = []
+    refs = [(name, ref) for name, ref in reversed(state.services.items()) if ref is not None]
+    if state.nats is not None:
+        refs.append(("nats-server", state.nats))
+    for name, ref in refs:
+        if processes.is_alive(ref):
+            processes.stop(ref)
+            reaped.append(name)
+    with contextlib.suppress(OSError):
+        state_path(config).unlink()
+    return reaped
+
+
+def up(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
+    """``gt up``: run the town (in the foreground, or detached with ``-d``)."""
+    existing = running_town(config)
+    if existing is not None:
+        print(f"town already up (supervisor pid {existing.supervisor.pid}, NATS {existing.nats_url})")
         return 0
     services = [s.strip() for s in args.services.split(",") if s.strip()]
     unknown = sorted(set(services) - set(START_ORDER))
     if unknown:
         print(f"gt: unknown services {unknown}; choose from {', '.join(START_ORDER)}", file=sys.stderr)
         return 2
+    reaped = reap_leftovers(config)
+    if reaped:
+        print(f"stopped leftovers of a town whose supervisor died: {', '.join(reaped)}", file=sys.stderr)
     if args.detach:
-        return _detach(args, config)
+        return _detach(args, config, embedded=embedded)
     gt_logging.configure("gt-up")
     try:
-        return asyncio.run(Supervisor(config, services, args.port).run())
+        return asyncio.run(Supervisor(config, services, args.port, embedded=embedded).run())
     except GastownError as exc:
         print(f"gt: {exc}", file=sys.stderr)
         return 3
 
 
-def _detach(args: argparse.Namespace, config: TownConfig) -> int:
+def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
     logs = config.gt_home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "shared.cli.main", "up", "--port", str(args.port), "--services", args.services]
+    env = dict(os.environ)
+    if embedded:
+        env.pop("NATS_URL", None)
+    else:
+        env["NATS_URL"] = config.nats_url
+    env["GT_HOME"] = str(config.gt_home)
     with (logs / "town.log").open("ab") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
         )
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -252,28 +320,24 @@ def _detach(args: argparse.Namespace, config: TownConfig) -> int:
             print(f"gt: the town failed to start (exit {proc.returncode}); see {logs / 'town.log'}", file=sys.stderr)
             return 3
         state = read_state(config)
-        if state and state.get("ready") and state.get("pid") == proc.pid:
-            print(f"town up: NATS {state['nats_url']}, services {', '.join(state['services'])} (logs in {logs})")
+        if state is not None and state.ready and state.supervisor.pid == proc.pid:
+            names = ", ".join(state.services)
+            print(f"town up: NATS {state.nats_url}, services {names} (GT_HOME {config.gt_home}, logs in {logs})")
             return 0
         time.sleep(0.1)
-    print("gt: the town did not become ready in time; see the logs", file=sys.stderr)
+    print(f"gt: the town did not become ready within {READY_TIMEOUT_S:g}s; see {logs}", file=sys.stderr)
     return 3
 
 
 def down(config: TownConfig) -> int:
-    state = read_state(config)
-    if not state or not pid_alive(int(state["pid"])):
-        print("no town is running")
-        with contextlib.suppress(OSError):
-            state_path(config).unlink()
+    """``gt down``: ask the supervisor to stop the town and wait until it has."""
+    state = running_town(config)
+    if state is None:
+        reaped = reap_leftovers(config)
+        print("no town is running" + (f" (stopped leftovers: {', '.join(reaped)})" if reaped else ""))
         return 0
-    pid = int(state["pid"])
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            print("town down")
-            return 0
-        time.sleep(0.1)
-    print(f"gt: the supervisor (pid {pid}) did not stop within 90s", file=sys.stderr)
-    return 1
+    if not processes.stop(state.supervisor, timeout=DOWN_TIMEOUT_S):
+        print(f"gt: the supervisor (pid {state.supervisor.pid}) did not stop", file=sys.stderr)
+        return 1
+    print("town down")
+    return 0

@@ -37,7 +37,7 @@ async def stored_events(nc: Client, town: TownConfig) -> list[tuple[int, str, st
     out = []
     for seq in range(int(info.state.first_seq), int(info.state.last_seq) + 1):
         msg = await js.get_msg(town.evt_stream, seq)
-        out.append((seq, msg.subject, decode_envelope(msg.data).id))
+        out.append((seq, msg.subject or "", decode_envelope(msg.data or b"").id))
     return out
 
 

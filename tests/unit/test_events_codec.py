@@ -81,7 +81,7 @@ def test_a_broken_envelope_is_a_decode_error(raw: bytes) -> None:
 
 def test_a_payload_that_does_not_match_its_type_is_a_decode_error() -> None:
     raw = b'{"id":"e","type":"bead.claimed","ts":"2026-05-01T12:00:00Z","actor":"a","data":{"bead_id":3}}'
-    with pytest.raises(EventDecodeError, match="bead.claimed"):
+    with pytest.raises(EventDecodeError, match=r"bead\.claimed"):
         REGISTRY.decode_payload(decode_envelope(raw))
 
 

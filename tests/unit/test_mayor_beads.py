@@ -44,7 +44,9 @@ def titles(beads: list[dict[str, Any]]) -> list[str]:
 class TestCreate:
     def test_assigns_unique_non_empty_ids_with_the_prefix(self, town: MemoryTown[MayorState]) -> None:
         first, second = create(town, "first"), create(town, "second")
-        assert first and second and first != second
+        assert first
+        assert second
+        assert first != second
         assert first.startswith("hq-")
         assert create(town, "third", prefix="gt").startswith("gt-")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -74,7 +75,7 @@ def _run(commands: list[dict[str, Any]]) -> tuple[MemoryTown[MayorState], list[d
 @given(st.lists(command, max_size=40))
 def test_no_bead_status_ever_moves_backward(commands: list[dict[str, Any]]) -> None:
     _, history = _run(commands)
-    for before, after in zip(history, history[1:], strict=False):
+    for before, after in itertools.pairwise(history):
         for bead_id, status in before.items():
             assert STATUS_RANK[after[bead_id]] >= STATUS_RANK[status], (bead_id, status, after[bead_id])
 
