@@ -37,6 +37,12 @@ def build_parser(name: str) -> argparse.ArgumentParser:
         default=defaults.snapshot_every,
         help="store a snapshot after this many new events (0: only at shutdown)",
     )
+    parser.add_argument(
+        "--snapshot-check-interval",
+        type=float,
+        default=defaults.snapshot_check_interval,
+        help="seconds between checks whether a snapshot is due",
+    )
     parser.add_argument("--max-in-flight", type=int, default=defaults.max_in_flight, help="commands settled at once")
     parser.add_argument("--log-level", default=os.environ.get("GT_LOG_LEVEL", "INFO"))
     parser.add_argument("--log-json", action="store_true", default=None, help="JSON logs even on a TTY")
@@ -62,6 +68,7 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
         patrol_interval=args.patrol_interval,
         use_snapshots=not args.no_snapshots,
         snapshot_every=args.snapshot_every,
+        snapshot_check_interval=args.snapshot_check_interval,
         max_in_flight=args.max_in_flight,
     )
     service = factory(cfg, settings)

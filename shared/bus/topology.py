@@ -27,7 +27,9 @@ MAX_EVENT_BYTES = 1024 * 1024
 MAX_COMMAND_STORE_BYTES = 4 * 1024 * 1024
 DUPLICATE_WINDOW_S = 120.0
 ERR_STREAM_NAME_IN_USE = 10058
-COMMAND_ACK_WAIT_S = 60.0
+COMMAND_ACK_WAIT_S = 10.0
+"""A command unacked this long is delivered again (after a crash, say); a copy that arrives while the first
+is still being settled is ignored, so this only bounds how long a crash delays the commands it held."""
 COMMAND_MAX_ACK_PENDING = 20_000
 
 COMMAND_OWNERS: dict[str, str] = {"bead": "mayor"}

@@ -1,0 +1,181 @@
+"""The `gt` command as operators run it: a subprocess against a real server and a running mayor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from services.mayor.service import MayorService
+from shared.config import TownConfig
+from tests.integration.test_mayor_service import run_mayor
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+class Gt:
+    """Runs `gt ...` as a subprocess with NATS_URL pointing at the test's server."""
+
+    def __init__(self, env: dict[str, str], town: TownConfig) -> None:
+        self.env = {**env, "NATS_URL": town.nats_url, "GT_HOME": str(town.gt_home)}
+
+    async def __call__(self, *args: str, timeout: float = 60) -> Run:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "shared.cli.main",
+            *args,
+            env=self.env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        assert proc.returncode is not None
+        return Run(proc.returncode, out.decode(), err.decode())
+
+
+@pytest.fixture
+def gt(gt_env: dict[str, str], town: TownConfig) -> Gt:
+    return Gt(gt_env, town)
+
+
+@pytest.fixture
+async def mayor(town: TownConfig) -> AsyncIterator[MayorService]:
+    async with run_mayor(town) as service:
+        yield service
+
+
+async def test_the_bead_lifecycle_through_the_cli(gt: Gt, mayor: MayorService) -> None:
+    created = await gt("bead", "create", "Fix the frobulator", "-p", "1", "-l", "backend", "--meta", "ticket=T-7")
+    assert created.code == 0, created.err
+    bead_id = created.out.strip()
+    assert bead_id.startswith("hq-")
+
+    shown = await gt("bead", "show", bead_id)
+    assert shown.code == 0
+    assert "Fix the frobulator" in shown.out
+    assert "status:    open" in shown.out
+    assert "ticket=T-7" in shown.out
+
+    assert (await gt("bead", "update", bead_id, "--label", "urgent", "--remove-label", "backend")).code == 0
+    claimed = await gt("bead", "claim", bead_id, "--assignee", "polecat:demo/ace")
+    assert (claimed.code, claimed.out.strip()) == (0, f"{bead_id}: in_progress")
+    closed = await gt("bead", "close", bead_id, "--reason", "merged")
+    assert (closed.code, closed.out.strip()) == (0, f"{bead_id}: closed")
+    again = await gt("bead", "close", bead_id)
+    assert (again.code, again.out.strip()) == (0, f"{bead_id}: closed (unchanged)")
+
+    bead = (await gt("bead", "show", bead_id, "--json")).json()
+    assert (bead["status"], bead["labels"], bead["close_reason"]) == ("closed", ["urgent"], "merged")
+
+    history = await gt("bead", "history", bead_id)
+    assert history.code == 0
+    lines = history.out.strip().splitlines()
+    assert [line.split()[3] for line in lines] == ["bead.created", "bead.updated", "bead.claimed", "bead.closed"]
+    entries = (await gt("bead", "history", bead_id, "--json")).json()
+    assert [e["type"] for e in entries] == ["bead.created", "bead.updated", "bead.claimed", "bead.closed"]
+    assert all(e["causation_id"] for e in entries)
+
+
+async def test_list_ready_and_filters(gt: Gt, mayor: MayorService) -> None:
+    blocker = (await gt("bead", "create", "blocker")).out.strip()
+    blocked = (await gt("bead", "create", "blocked", "--needs", blocker, "-t", "bug")).out.strip()
+    listed = await gt("bead", "list")
+    assert listed.code == 0
+    assert listed.out.splitlines()[0].split() == ["ID", "STATUS", "PRI", "TYPE", "ASSIGNEE", "TITLE"]
+    assert [row.split()[0] for row in listed.out.splitlines()[1:]] == [blocker, blocked]
+    assert [b["id"] for b in (await gt("ready", "--json")).json()] == [blocker]
+    assert [b["id"] for b in (await gt("bead", "list", "--type", "bug", "--json")).json()] == [blocked]
+    await gt("bead", "close", blocker)
+    assert [b["id"] for b in (await gt("ready", "--json")).json()] == [blocked]
+    assert [b["id"] for b in (await gt("bead", "list", "--json")).json()] == [blocked]
+    assert len((await gt("bead", "list", "--all", "--json")).json()) == 2
+    assert (await gt("bead", "list", "--label", "none")).out.strip() == "(no beads)"
+
+
+async def test_a_rejection_exits_1_with_the_reason(gt: Gt, mayor: MayorService) -> None:
+    bead_id = (await gt("bead", "create", "t")).out.strip()
+    await gt("bead", "close", bead_id)
+    run = await gt("bead", "claim", bead_id, "-a", "x")
+    assert run.code == 1
+    assert "backward_transition" in run.err
+    assert (await gt("bead", "create", "t", "-p", "9")).code == 1
+    missing = await gt("bead", "show", "hq-nothere")
+    assert missing.code == 1
+    assert "not_found" in missing.err
+    rejected = await gt("bead", "close", "hq-nothere", "--json")
+    assert rejected.code == 1
+    assert rejected.json()["data"]["code"] == "not_found"
+    assert (await gt("bead", "history", "hq-nothere")).code == 1
+
+
+async def test_usage_errors_exit_2(gt: Gt) -> None:
+    assert (await gt("bead", "frobnicate")).code == 2
+    assert (await gt("bead", "create")).code == 2
+    bad_meta = await gt("bead", "create", "t", "--meta", "novalue")
+    assert bad_meta.code == 2
+    assert "KEY=VALUE" in bad_meta.err
+
+
+async def test_nats_unreachable_exits_3(gt: Gt) -> None:
+    started = time.monotonic()
+    run = await gt("bead", "list", "--nats-url", "nats://127.0.0.1:1")
+    assert run.code == 3
+    assert "unreachable" in run.err
+    assert time.monotonic() - started < 30
+
+
+async def test_a_command_stored_while_the_mayor_is_down_says_so_and_exits_0(
+    gt: Gt, town: TownConfig, nc: Client
+) -> None:
+    assert (await gt("init")).code == 0
+    stored = await gt("bead", "create", "queued while down", "--id", "down-1")
+    assert stored.code == 0
+    assert "durably queued" in stored.out
+    assert "not running" in stored.out
+    waiting = asyncio.ensure_future(gt("bead", "create", "waited for", "--wait"))
+    async with run_mayor(town):
+        waited = await waiting
+        assert waited.code == 0, waited.err
+        assert waited.out.strip().startswith("hq-")
+        titles = [b["title"] for b in (await gt("bead", "list", "--json")).json()]
+        assert titles == ["queued while down", "waited for"]
+
+
+async def test_health_and_init(gt: Gt, town: TownConfig) -> None:
+    first = await gt("init")
+    assert first.code == 0
+    assert "created  GT_EVT" in first.out
+    assert "exists   GT_EVT" in (await gt("init")).out
+    down = await gt("health")
+    assert down.code == 3
+    assert "not running" in down.err
+    async with run_mayor(town):
+        healthy = await gt("health", "--json")
+        assert healthy.code == 0
+        status = healthy.json()
+        assert (status["caught_up"], status["connected"], status["lag"]) == (True, True, 0)
+
+
+async def test_schema_lists_every_command_and_event(gt: Gt) -> None:
+    run = await gt("schema")
+    assert run.code == 0
+    schema = run.json()
+    assert set(schema["commands"]) == {f"gt.cmd.bead.{v}" for v in ("create", "update", "claim", "close")}
+    assert {"bead.created", "bead.closed", "cmd.accepted", "cmd.rejected"} <= set(schema["events"])
+    assert schema["events"]["bead.created"]["subject"] == "gt.evt.bead.<id>"
