@@ -152,6 +152,7 @@ async def run_chaos(server: EmbeddedServer, env: dict[str, str], tmp_path: Path,
         for i in range(COMMANDS):
             cmd_id = f"chaos-{i}"
             roll = rng.random()
+            body: dict[str, Any]
             if roll < 0.15 and created:
                 verb, body = "close", {"id": rng.choice(created)}
             elif roll < 0.25 and created:
