@@ -13,6 +13,7 @@ import structlog
 
 from shared import config as town_config
 from shared import logging as gt_logging
+from shared import runtime
 from shared.service import Service, ServiceSettings
 
 ServiceFactory = Callable[[town_config.TownConfig, ServiceSettings], Service[Any]]
@@ -58,6 +59,7 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
     if args.gt_home:
         env["GT_HOME"] = args.gt_home
     gt_logging.configure(name, json=args.log_json, level=args.log_level)
+    runtime.tune_gc()
     log = structlog.get_logger(f"services.{name}")
     try:
         cfg = town_config.load(env, service=name)

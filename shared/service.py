@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
+from shared import runtime
 from shared.bus.append import RETRYABLE_ERRORS, Appender
 from shared.bus.commit import GroupCommitter
 from shared.bus.connection import connect
@@ -241,6 +242,7 @@ class Service(Generic[S]):
             applied=self.projection.applied,
             seconds=round(time.monotonic() - started, 3),
         )
+        runtime.settle_heap()
         if has_command_consumer(self.name):
             self.intake = CommandIntake(
                 service=self.name,

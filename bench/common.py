@@ -1,0 +1,203 @@
+"""What every benchmark shares: a fresh nats-server configured as shipped, fast history loading, figures.
+
+Each benchmark measures its ceiling on the same server in the same run and reports figure, ceiling and
+ratio; nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import nats
+import psutil
+from nats.aio.client import Client
+
+from shared.bus.topology import provision
+from shared.config import TownConfig
+from shared.embedded import EmbeddedServer, find_server_binary
+from shared.events import BeadClosed, BeadCreated, BeadUpdated, Event, encode_event
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@dataclass
+class Figure:
+    """One measured quantity next to its ceiling from the same run."""
+
+    name: str
+    value: float
+    unit: str
+    ceiling: float | None = None
+    ceiling_name: str = ""
+    target: str = ""
+    higher_is_better: bool = True
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        if self.ceiling is None or self.ceiling == 0 or self.value == 0:
+            return None
+        return self.value / self.ceiling if self.higher_is_better else self.ceiling / self.value
+
+    def line(self) -> str:
+        ratio = f"  ratio {self.ratio:.2f}" if self.ratio is not None else ""
+        ceiling = (
+            f"  (ceiling: {self.ceiling_name} {self.ceiling:,.1f} {self.unit})" if self.ceiling is not None else ""
+        )
+        target = f"  target {self.target}" if self.target else ""
+        return f"{self.name}: {self.value:,.2f} {self.unit}{ceiling}{ratio}{target}"
+
+
+@contextmanager
+def server() -> Iterator[EmbeddedServer]:
+    """A fresh nats-server with the shipped settings (JetStream, ``sync_interval: always``)."""
+    with tempfile.TemporaryDirectory(prefix="gt-bench-") as root:
+        srv = EmbeddedServer(Path(root))
+        srv.start()
+        try:
+            yield srv
+        finally:
+            srv.stop()
+
+
+async def connect(url: str) -> Client:
+    return await nats.connect(url, max_reconnect_attempts=-1, pending_size=256 * 1024 * 1024)
+
+
+async def provisioned(url: str) -> tuple[Client, TownConfig]:
+    nc = await connect(url)
+    town = TownConfig(nats_url=url)
+    await provision(nc.jetstream(), town)
+    return nc, town
+
+
+def bead_history(beads: int, updates_per_bead: int, *, close: bool = True) -> Iterator[tuple[str, bytes]]:
+    """(subject, data) of a realistic bead history: create, updates, close for each bead, interleaved in
+    rounds so aggregates mix in the stream as they would in a busy town."""
+
+    def event(payload: Event, n: int) -> bytes:
+        return encode_event(payload, event_id=f"{n:020x}", ts=T0, actor="operator:bench", causation_id=f"c{n}")
+
+    n = 0
+    for rnd in range(updates_per_bead + (2 if close else 1)):
+        for b in range(beads):
+            bead_id = f"hq-{b:06d}"
+            payload: Event
+            if rnd == 0:
+                payload = BeadCreated(bead_id=bead_id, title=f"Bench bead {b}", labels=["bench"], priority=b % 5)
+            elif rnd == updates_per_bead + 1:
+                payload = BeadClosed(bead_id=bead_id, reason="done")
+            else:
+                payload = BeadUpdated(bead_id=bead_id, metadata={f"k{rnd}": str(b)}, add_labels=[f"r{rnd % 4}"])
+            n += 1
+            yield f"gt.evt.bead.{bead_id}", event(payload, n)
+
+
+async def bulk_load(nc: Client, messages: Iterator[tuple[str, bytes]], *, batch: int = 1000) -> int:
+    """Store messages fast: atomic batches of ``batch`` (one fsync each). Returns how many were stored."""
+    stored = 0
+    chunk: list[tuple[str, bytes]] = []
+
+    async def flush() -> None:
+        nonlocal stored
+        batch_id = secrets.token_hex(8)
+        last = len(chunk) - 1
+        for i, (subject, data) in enumerate(chunk):
+            headers = {"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(i + 1)}
+            if i < last:
+                await nc.publish(subject, data, headers=headers)
+            else:
+                headers["Nats-Batch-Commit"] = "1"
+                reply = await nc.request(subject, data, headers=headers, timeout=30)
+                if b'"error"' in reply.data:
+                    raise RuntimeError(f"bulk load refused: {reply.data!r}")
+        stored += len(chunk)
+        chunk.clear()
+
+    for message in messages:
+        chunk.append(message)
+        if len(chunk) >= batch:
+            await flush()
+    if chunk:
+        await flush()
+    return stored
+
+
+LOG_DIR = REPO_ROOT / "artifacts" / "bench-logs"
+
+
+def start_service(name: str, url: str, *extra: str, log_path: Path | None = None) -> subprocess.Popen[bytes]:
+    """Run a service as the product runs it: its own process (logs in ``artifacts/bench-logs``)."""
+    if log_path is None:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        log_path = LOG_DIR / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
+    env = {**os.environ, "NATS_URL": url, "PYTHONPATH": str(REPO_ROOT)}
+    out = log_path.open("ab") if log_path else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", f"services.{name}", "--log-json", *extra],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    finally:
+        if log_path and not isinstance(out, int):
+            out.close()
+
+
+def stop_service(proc: subprocess.Popen[bytes], *, grace: float = 30.0) -> None:
+    """SIGTERM, and SIGKILL after ``grace``; a service that needs the kill is a finding, so it raises."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"{proc.args!r} did not stop within {grace}s of SIGTERM") from None
+
+
+async def wait_ready(nc: Client, service: str, *, timeout: float = 600) -> float:
+    """Wait until ``service`` reports it has caught up; returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            reply = await nc.request(f"gt.q.{service}.status", b"{}", timeout=1)
+        except (TimeoutError, nats.errors.Error):
+            await asyncio.sleep(0.02)
+            continue
+        if b'"caught_up":true' in reply.data:
+            return time.monotonic() - started
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"{service} did not catch up within {timeout}s")
+
+
+def percentile(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def machine() -> dict[str, str]:
+    """What the figures were measured on."""
+    version = subprocess.run([find_server_binary(), "--version"], capture_output=True, text=True, check=False).stdout
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpus": str(os.cpu_count()),
+        "memory": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "nats-server": version.strip(),
+    }

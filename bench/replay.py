@@ -1,0 +1,154 @@
+"""(a) Rebuilding the mayor's projection from the log vs the raw ceiling; (b) start-up from a snapshot.
+
+(a) ceiling: nats-py's ordered push consumer reading the whole stream with the two-step decode (envelope,
+    then typed payload) and nothing else. Measured: the project's EventReader (gap checks included)
+    feeding the mayor's projection (decode + fold). Target: ratio >= 0.7.
+(b) the mayor started in-process on a town with that history and a snapshot: time from ``run()`` to
+    caught up. Ceiling: fetching the snapshot object and restoring it, nothing else. Target: under 1 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+
+from nats.aio.client import Client
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from bench.common import Figure, bead_history, bulk_load, provisioned, server
+from services.mayor.projection import new_projection
+from services.mayor.service import MayorService
+from shared import runtime
+from shared.bus.reader import EventReader
+from shared.bus.snapshots import SnapshotStore
+from shared.config import TownConfig
+from shared.events import REGISTRY, decode_envelope
+from shared.service import ServiceSettings
+from shared.subjects import parse_js_reply
+
+
+async def _ceiling_replay(nc: Client, town: TownConfig, last: int) -> float:
+    """Seconds for the ordered consumer + two-step decode over the whole stream."""
+    done = asyncio.Event()
+    count = 0
+
+    async def on_msg(msg: object) -> None:
+        nonlocal count
+        seq = parse_js_reply(msg.reply).stream_seq  # type: ignore[attr-defined]
+        REGISTRY.decode_payload(decode_envelope(msg.data))  # type: ignore[attr-defined]
+        count += 1
+        if seq >= last:
+            done.set()
+
+    started = time.perf_counter()
+    sub = await nc.jetstream().subscribe(
+        "gt.evt.>",
+        stream=town.evt_stream,
+        cb=on_msg,
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+    )
+    await done.wait()
+    elapsed = time.perf_counter() - started
+    await sub.unsubscribe()
+    assert count == last
+    return elapsed
+
+
+async def _projection_replay(nc: Client, town: TownConfig, last: int) -> tuple[float, object]:
+    """Seconds for EventReader + the mayor's projection over the whole stream."""
+    projection = new_projection()
+    reader = EventReader(nc.jetstream(), town.evt_stream, projection.apply)
+    started = time.perf_counter()
+    task = asyncio.create_task(reader.run())
+    await reader.caught_up.wait()
+    elapsed = time.perf_counter() - started
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert projection.last_seq == last
+    return elapsed, projection
+
+
+async def run(total_events: int = 1_000_000, rounds: int = 2) -> list[Figure]:
+    runtime.tune_gc()  # as every service process runs (shared/entrypoint.py)
+    beads = max(1, total_events // 10)
+    figures: list[Figure] = []
+    with server() as srv:
+        nc, town = await provisioned(srv.url)
+        load_started = time.perf_counter()
+        last = await bulk_load(nc, bead_history(beads, updates_per_bead=8))
+        load_s = time.perf_counter() - load_started
+        print(f"loaded {last:,} events ({beads:,} beads) in {load_s:.1f}s", flush=True)
+
+        ceilings, measured = [], []
+        projection = None
+        for _ in range(rounds):
+            gc.collect()
+            ceilings.append(await _ceiling_replay(nc, town, last))
+            gc.collect()
+            elapsed, projection = await _projection_replay(nc, town, last)
+            measured.append(elapsed)
+        best_ceiling, best_measured = min(ceilings), min(measured)
+        figures.append(
+            Figure(
+                name=f"(a) rebuild the mayor's projection from {last:,} events",
+                value=last / best_measured,
+                unit="events/s",
+                ceiling=last / best_ceiling,
+                ceiling_name="ordered consumer + decode",
+                target=">= 0.7",
+                notes=[f"{best_measured:.1f}s vs {best_ceiling:.1f}s; best of {rounds}; {beads:,} beads"],
+            )
+        )
+        print(figures[-1].line(), flush=True)
+
+        # (b) store the projection as the mayor's snapshot, then start a mayor on it.
+        assert projection is not None
+        info = await nc.jetstream().stream_info(town.evt_stream)
+        stream_id = info.created.isoformat() if info.created else town.evt_stream
+        snapshot = projection.snapshot(stream_id)  # type: ignore[attr-defined]
+        store = SnapshotStore(nc.jetstream(), town.snapshot_bucket)
+        await store.save("mayor", snapshot)
+        del projection
+        gc.collect()
+
+        fetch_started = time.perf_counter()
+        data = await store.load("mayor")
+        assert data is not None
+        assert new_projection().restore(data, stream_id=stream_id, stream_last_seq=last)
+        fetch_s = time.perf_counter() - fetch_started
+        gc.collect()
+
+        startups = []
+        for _ in range(rounds):
+            service = MayorService(town, ServiceSettings(patrol_interval=60))
+            started = time.perf_counter()
+            task = asyncio.create_task(service.run())
+            await service.ready.wait()
+            startups.append(time.perf_counter() - started)
+            assert service.projection.last_seq == last
+            assert service.projection.applied == 0
+            await service.shutdown()
+            await task
+            gc.collect()
+        figures.append(
+            Figure(
+                name=f"(b) mayor start-up with {last:,} events of history, from a snapshot",
+                value=min(startups),
+                unit="s",
+                ceiling=fetch_s,
+                ceiling_name="fetch + restore the snapshot alone",
+                target="< 1 s",
+                higher_is_better=False,
+                notes=[f"snapshot {len(snapshot) / 2**20:.1f} MiB; a full replay takes {best_measured:.1f}s"],
+            )
+        )
+        print(figures[-1].line(), flush=True)
+        await nc.close()
+    return figures
+
+
+if __name__ == "__main__":
+    for figure in asyncio.run(run()):
+        print(figure.line())

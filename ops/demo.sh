@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# A demo town: an embedded NATS server and the four services, some beads filed, worked and closed.
+# Everything happens through the `gt` CLI an operator uses; the town is stopped at the end.
+set -euo pipefail
+
+export GT_HOME="${GT_HOME:-$(mktemp -d -t gastown-demo-XXXXXX)/town}"
+unset NATS_URL  # the demo runs its own embedded NATS server
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+run() { printf '$ %s\n' "$*"; "$@"; }
+
+step "gt up: embedded NATS (JetStream, fsync on every write) + mayor, witness, refinery, deacon"
+run gt up -d --port 0
+trap 'step "gt down"; gt down' EXIT
+
+step "file beads: one depends on another"
+design=$(gt bead create "Design the frobulator" -p 1 -l demo -d "Sketch the API first")
+echo "$design"
+build=$(gt bead create "Build the frobulator" -l demo --needs "$design")
+echo "$build"
+docs=$(gt bead create "Document the frobulator" -t docs -l demo --needs "$build")
+echo "$docs"
+
+step "what is ready to work on (only the design: the others are blocked)"
+run gt ready
+
+step "work the design: claim it, add a note, close it"
+run gt bead claim "$design" --assignee polecat:demo/ace
+run gt bead update "$design" --meta review=approved
+run gt bead close "$design" --reason "API agreed"
+
+step "the build is ready now"
+run gt ready
+
+step "forward only: a closed bead cannot be claimed again (exit code 1)"
+run gt bead claim "$design" --assignee polecat:demo/bob || echo "(exit $?)"
+
+step "all beads, closed ones included"
+run gt bead list --all
+
+step "the design's history, straight from the event log"
+run gt bead history "$design"
+
+step "health of every service"
+for service in mayor witness refinery deacon; do run gt health "$service"; done
+
+echo
+echo "Town home: $GT_HOME (logs in $GT_HOME/logs)"
