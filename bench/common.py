@@ -10,6 +10,7 @@ import asyncio
 import os
 import platform
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -164,6 +165,8 @@ def stop_service(proc: subprocess.Popen[bytes], *, grace: float = 30.0) -> None:
     try:
         proc.wait(grace)
     except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR2)  # have it log what it is stuck on before it goes
+        time.sleep(1)
         proc.kill()
         proc.wait()
         raise RuntimeError(f"{proc.args!r} did not stop within {grace}s of SIGTERM") from None

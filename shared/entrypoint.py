@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
+import io
 import os
 import signal
 from collections.abc import Callable, Sequence
@@ -50,6 +52,15 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _task_stacks() -> list[str]:
+    dumps = []
+    for task in asyncio.all_tasks():
+        out = io.StringIO()
+        task.print_stack(limit=8, file=out)
+        dumps.append(out.getvalue())
+    return dumps
+
+
 def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) -> int:
     """Run service ``name`` until SIGTERM/SIGINT; returns the process exit code."""
     args = build_parser(name).parse_args(argv)
@@ -60,6 +71,7 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
         env["GT_HOME"] = args.gt_home
     gt_logging.configure(name, json=args.log_json, level=args.log_level)
     runtime.tune_gc()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: thread stacks to stderr
     log = structlog.get_logger(f"services.{name}")
     try:
         cfg = town_config.load(env, service=name)
@@ -86,6 +98,8 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
+        # `kill -USR2 <pid>` logs what every task is waiting on: for a service that seems stuck.
+        loop.add_signal_handler(signal.SIGUSR2, lambda: log.warning("task_dump", tasks=_task_stacks()))
         log.info("service_starting", nats_url=cfg.nats_url, pid=os.getpid())
         await service.run()
         log.info("service_stopped")

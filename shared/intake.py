@@ -22,7 +22,8 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
 from shared import ids, subjects
-from shared.bus.append import Appender, PendingEvent
+from shared.aio import raise_if_cancelling
+from shared.bus.append import ERR_MAX_PAYLOAD, Appender, PendingEvent
 from shared.bus.commit import GroupCommitter
 from shared.bus.reader import EventReader
 from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, parse_command, peek_body_fields
@@ -35,7 +36,6 @@ log = structlog.get_logger(__name__)
 Decide = Callable[[Command, DecideContext], Accepted]
 KeyOf = Callable[[Command], str | None]
 MAX_DECIDE_ATTEMPTS = 20
-ERR_MAX_PAYLOAD_EXCEEDED = 10054  # nats-server: "maximum message size exceeded"
 
 
 class Delivery:
@@ -113,6 +113,7 @@ class CommandIntake:
         sub = await self._bind()
         try:
             while True:
+                raise_if_cancelling()
                 await self._slots.acquire()
                 free = 1
                 while free < self._fetch_batch and not self._slots.locked():
@@ -136,6 +137,7 @@ class CommandIntake:
 
     async def _bind(self) -> Any:
         while True:
+            raise_if_cancelling()
             try:
                 return await self._js.pull_subscribe_bind(self._durable, self._stream)
             except (TimeoutError, nats.errors.Error) as exc:
@@ -177,7 +179,9 @@ class CommandIntake:
         key = self._key_of(parsed) if isinstance(parsed, Command) else None
         prev = self._tails.get(key) if key else None
         barrier = self._committed_high
-        task = asyncio.create_task(self._process(delivery, parsed, prev, barrier), name=f"cmd-{delivery.command_id}")
+        task = asyncio.create_task(
+            self._process(delivery, parsed, key, prev, barrier), name=f"cmd-{delivery.command_id}"
+        )
         self._tasks.add(task)
         if key:
             self._tails[key] = task
@@ -200,7 +204,12 @@ class CommandIntake:
     # ---- settling -----------------------------------------------------------------------------
 
     async def _process(
-        self, delivery: Delivery, parsed: Command | CommandError, prev: asyncio.Task[int] | None, barrier: int
+        self,
+        delivery: Delivery,
+        parsed: Command | CommandError,
+        key: str | None,
+        prev: asyncio.Task[int] | None,
+        barrier: int,
     ) -> int:
         """Settle one command; returns the sequence of its outcome (0 when it could not be stored yet)."""
         if prev is not None:
@@ -210,7 +219,9 @@ class CommandIntake:
         if barrier:
             # Read-your-writes for deciding: every outcome this service already reported is applied.
             await self._reader.wait_for_seq(barrier)
-        with structlog.contextvars.bound_contextvars(command_id=delivery.command_id, command=delivery.name):
+        with structlog.contextvars.bound_contextvars(
+            command_id=delivery.command_id, command=delivery.name, aggregate=key, cmd_seq=delivery.stream_seq
+        ):
             try:
                 seq = await self._settle(delivery, parsed)
             except AppendTimeoutError as exc:
@@ -234,6 +245,10 @@ class CommandIntake:
             pending, rejected = self._events_for(delivery, parsed)
             try:
                 seqs = await self._committer.append(pending)
+            except ValueError as exc:
+                # More events than one atomic append can hold: the command is too big to carry out at once.
+                parsed = CommandError("too_large", f"the command would produce too many events at once: {exc}")
+                continue
             except AppendConflictError as exc:
                 stored = await self._appender.last_on_subject(outcome_subject)
                 if stored is not None:
@@ -247,7 +262,7 @@ class CommandIntake:
             except AppendFailedError as exc:
                 if isinstance(parsed, CommandError):
                     raise  # not even the rejection can be stored: leave the command for redelivery
-                code = "too_large" if exc.err_code == ERR_MAX_PAYLOAD_EXCEEDED else "invalid"
+                code = "too_large" if exc.err_code == ERR_MAX_PAYLOAD else "invalid"
                 parsed = CommandError(code, f"the log refused the command's events: {exc.description}")
                 continue
             self._committed_high = max(self._committed_high, seqs[-1])

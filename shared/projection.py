@@ -59,6 +59,8 @@ class Projection(Generic[S]):
         """Events folded into the state by this process (not counting a snapshot's)."""
         self.skipped = 0
         """Events skipped because their type is unknown or they do not decode."""
+        self.fold_errors = 0
+        """Events whose fold raised (a bug): logged and skipped; a replay skips them the same way."""
         self._fold = fold
         # singledispatch looks the handler up on every call; resolving it once per payload type saves a
         # good part of the fold's cost on a million-event replay.
@@ -91,7 +93,11 @@ class Projection(Generic[S]):
         handler = self._handlers.get(cls)
         if handler is None:
             handler = self._handlers[cls] = self._resolve(cls)
-        handler(payload, self.state, env, seq)
+        try:
+            handler(payload, self.state, env, seq)
+        except Exception:
+            self.fold_errors += 1
+            log.exception("event_fold_failed", projection=self.name, seq=seq, type=env.type, event_id=env.id)
         self.last_seq = seq
         self.applied += 1
 

@@ -19,7 +19,7 @@ def settle_heap() -> None:
     """Move everything alive now (the freshly rebuilt projection) out of the cyclic collector's sight.
 
     The projection holds no reference cycles, so frozen objects are still freed by reference counting
-    when dropped; later collections just stop rescanning hundreds of thousands of live objects.
+    when dropped; later collections just stop rescanning hundreds of thousands of live objects. No
+    collection first: it would cost a full heap scan at exactly the moment the service becomes ready.
     """
-    gc.collect()
     gc.freeze()

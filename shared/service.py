@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
 from shared import runtime
+from shared.aio import raise_if_cancelling, wait_event
 from shared.bus.append import RETRYABLE_ERRORS, Appender
 from shared.bus.commit import GroupCommitter
 from shared.bus.connection import connect
@@ -139,8 +140,9 @@ class Service(Generic[S]):
             try:
                 await self._run_connected(self.nc)
             finally:
-                with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-                    await asyncio.wait_for(self.nc.drain(), 5)
+                with contextlib.suppress(nats.errors.Error, TimeoutError):
+                    async with asyncio.timeout(5):
+                        await self.nc.drain()
                 with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
                     await self.nc.close()
 
@@ -182,6 +184,7 @@ class Service(Generic[S]):
 
     async def _provision(self, js: JetStreamContext) -> None:
         while True:
+            raise_if_cancelling()
             try:
                 await provision(js, self.config)
             except RETRYABLE_ERRORS as exc:
@@ -193,6 +196,7 @@ class Service(Generic[S]):
 
     async def _restore_snapshot(self, js: JetStreamContext, snapshots: SnapshotStore) -> None:
         while True:
+            raise_if_cancelling()
             try:
                 info = await js.stream_info(self.config.evt_stream)
             except RETRYABLE_ERRORS as exc:
@@ -219,8 +223,9 @@ class Service(Generic[S]):
     async def _final_snapshot(self, nc: Client, snapshots: SnapshotStore) -> None:
         if not self.settings.use_snapshots or self.projection.last_seq <= self._snapshot_seq or not nc.is_connected:
             return
-        with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-            await asyncio.wait_for(self.save_snapshot(snapshots), 10)
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            async with asyncio.timeout(10):
+                await self.save_snapshot(snapshots)
 
     async def _stop_watch(self) -> None:
         await self._stop.wait()
@@ -264,15 +269,16 @@ class Service(Generic[S]):
 
     async def _reconcile_loop(self) -> None:
         while True:
+            raise_if_cancelling()
             await self.reconcile()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), timeout=self.settings.patrol_interval)
+            await wait_event(self._dirty, self.settings.patrol_interval)
             self._dirty.clear()
 
     async def _snapshot_loop(self, snapshots: SnapshotStore) -> None:
         if not self.settings.use_snapshots or self.settings.snapshot_every <= 0:
             return
         while True:
+            raise_if_cancelling()
             await asyncio.sleep(self.settings.snapshot_check_interval)
             if self.projection.last_seq - self._snapshot_seq >= self.settings.snapshot_every:
                 await self.save_snapshot(snapshots)
@@ -307,6 +313,7 @@ class Service(Generic[S]):
             "pending": reader.pending if reader else None,
             "applied": self.projection.applied,
             "skipped": self.projection.skipped,
+            "fold_errors": self.projection.fold_errors,
             "resyncs": reader.resyncs if reader else 0,
             "gaps": reader.gaps if reader else 0,
             "commands_processed": intake.processed if intake else 0,
@@ -346,7 +353,8 @@ class Service(Generic[S]):
         if not isinstance(min_seq, int) or isinstance(min_seq, bool) or min_seq < 0:
             raise QueryError("invalid", "`min_seq` must be a non-negative integer")
         try:
-            await asyncio.wait_for(self.ready.wait(), MAX_MIN_SEQ_WAIT_S)
+            async with asyncio.timeout(MAX_MIN_SEQ_WAIT_S):
+                await self.ready.wait()
             assert self.reader is not None
             await self.reader.wait_for_seq(min_seq, timeout=MAX_MIN_SEQ_WAIT_S)
         except TimeoutError:

@@ -22,6 +22,7 @@ import structlog
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
+from shared.aio import raise_if_cancelling
 from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, EventDecodeError
 from shared.events import decode_envelope
 
@@ -39,6 +40,7 @@ MAX_BATCH_MESSAGES = 1000
 ERR_WRONG_LAST_SEQUENCE = 10071
 ERR_BATCH_WRONG_LAST_SEQUENCE = 10164  # a batch wrote one subject twice with an expected sequence
 ERR_BATCH_INCOMPLETE = 10176  # batch messages lost on the way (reconnect) or abandoned: resend it
+ERR_MAX_PAYLOAD = 10054  # "message size exceeds maximum allowed" (also used for the client-side refusal)
 _CONFLICT_CODES = frozenset({ERR_WRONG_LAST_SEQUENCE, ERR_BATCH_WRONG_LAST_SEQUENCE})
 _LAST_SEQ_RE = re.compile(r"wrong last sequence: (\d+)")
 
@@ -130,9 +132,15 @@ class Appender:
         uncertain = False
         attempt = 0
         while True:
+            raise_if_cancelling()
             attempt += 1
             try:
                 last_seq = await self._attempt(events)
+            except nats.errors.MaxPayloadError as exc:
+                subject = events[-1].subject
+                raise AppendFailedError(
+                    subject, None, ERR_MAX_PAYLOAD, f"message exceeds the server's max payload: {exc}"
+                ) from exc
             except _RESENDABLE as exc:
                 uncertain = True
                 self.retries += 1
@@ -198,6 +206,7 @@ class Appender:
         """
         give_up_at = time.monotonic() + self._deadline
         while True:
+            raise_if_cancelling()
             try:
                 msg = await self._js.get_last_msg(self._stream, subject)
             except nats.js.errors.NotFoundError:

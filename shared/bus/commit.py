@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import structlog
 
+from shared.aio import raise_if_cancelling
 from shared.bus.append import MAX_BATCH_MESSAGES, Appender, PendingEvent
 from shared.errors import AppendConflictError, AppendFailedError, GastownError
 
@@ -76,6 +77,7 @@ class GroupCommitter:
         """Write queued appends until cancelled; fails queued appends with the cancellation."""
         try:
             while True:
+                raise_if_cancelling()
                 await self._wakeup.wait()
                 self._wakeup.clear()
                 while self._queue:
@@ -114,7 +116,7 @@ class GroupCommitter:
             await self._commit(group[:mid])
             await self._commit(group[mid:])
             return
-        except GastownError as exc:
+        except (GastownError, ValueError) as exc:
             for item in group:
                 _fail(item, exc)
             return
@@ -123,6 +125,11 @@ class GroupCommitter:
                 if not item.future.done():
                     item.future.cancel()
             raise
+        except Exception as exc:
+            log.exception("group_commit_failed", appends=len(group))
+            for item in group:
+                _fail(item, exc)
+            return
         offset = 0
         for item in group:
             n = len(item.events)

@@ -11,7 +11,6 @@ and nothing has arrived for a while (a lost consumer after a server restart, say
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import itertools
 import time
@@ -25,6 +24,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
+from shared.aio import raise_if_cancelling, wait_event
 from shared.bus.append import RETRYABLE_ERRORS
 from shared.subjects import EVT_PREFIX, parse_js_reply
 
@@ -87,10 +87,8 @@ class EventReader:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (seq, next(self._counter), fut))
-        if timeout is None:
+        async with asyncio.timeout(timeout):
             await fut
-        else:
-            await asyncio.wait_for(fut, timeout)
 
     def _wake(self) -> None:
         waiters = self._waiters
@@ -152,6 +150,7 @@ class EventReader:
     async def stream_last_seq(self) -> int:
         """The stream's last sequence, asked of the server (retried while it is unreachable)."""
         while True:
+            raise_if_cancelling()
             try:
                 info = await self._js.stream_info(self._stream)
             except RETRYABLE_ERRORS as exc:
@@ -178,8 +177,8 @@ class EventReader:
         progress_seq = self.last_seq
         progress_at = time.monotonic()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._gap.wait(), timeout=self._watchdog_interval)
+            raise_if_cancelling()
+            await wait_event(self._gap, self._watchdog_interval)
             if self._gap.is_set():
                 log.info("reader_resync", from_seq=self.last_seq + 1, reason="gap")
                 await self._resubscribe()
@@ -213,6 +212,7 @@ class EventReader:
         await self._unsubscribe()
         self._gap.clear()
         while True:
+            raise_if_cancelling()
             try:
                 await self._subscribe()
             except RETRYABLE_ERRORS as exc:

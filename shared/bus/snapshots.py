@@ -80,7 +80,8 @@ class SnapshotStore:
             config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
         )
         try:
-            await asyncio.wait_for(done.wait(), LOAD_TIMEOUT_S)
+            async with asyncio.timeout(LOAD_TIMEOUT_S):
+                await done.wait()
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()

@@ -178,7 +178,8 @@ async def history(nc: Client, config: TownConfig, aggregate: str, aggregate_id: 
         config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
     )
     try:
-        await asyncio.wait_for(done.wait(), timeout=60)
+        async with asyncio.timeout(60):
+            await done.wait()
     finally:
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()

@@ -326,7 +326,8 @@ async def run_async(args: argparse.Namespace, config: TownConfig) -> int:
         return await handler(nc, args, config)
     finally:
         try:
-            await asyncio.wait_for(nc.drain(), 5)
+            async with asyncio.timeout(5):
+                await nc.drain()
         except (TimeoutError, nats.errors.Error):
             await nc.close()
 

@@ -27,6 +27,7 @@ import structlog
 
 from shared import logging as gt_logging
 from shared import processes
+from shared.aio import wait_event
 from shared.bus.connection import connect
 from shared.bus.topology import provision
 from shared.cli.client import query
@@ -224,8 +225,7 @@ class Supervisor:
 
     async def _supervise(self) -> None:
         while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=0.5)
+            await wait_event(self._stop, 0.5)
             now = time.monotonic()
             changed = [child.check(now) for child in self.children]  # every child, no short-circuit
             if any(changed):
@@ -243,8 +243,7 @@ class Supervisor:
             for child in self.children:
                 child.check(time.monotonic())
             if pending:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), timeout=0.2)
+                await wait_event(self._stop, 0.2)
         if pending:
             log.warning("services_not_ready", services=sorted(pending))
 

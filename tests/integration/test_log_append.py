@@ -167,6 +167,28 @@ class TestRetryNeverStoresTwice:
         assert sorted(first + rest) == [seq for seq, _, _ in stored]
 
 
+class TestGroupCommitRefusals:
+    async def test_an_event_over_the_servers_max_payload_is_refused_and_the_committer_goes_on(
+        self, nc: Client, town: TownConfig, appender: Appender
+    ) -> None:
+        committer = GroupCommitter(appender)
+        runner = asyncio.create_task(committer.run())
+        try:
+            data = b"x" * (5 * 1024 * 1024)
+            huge = PendingEvent(subject="gt.evt.bead.big", data=data, event_id="big", expected_seq=0)
+            with pytest.raises(AppendFailedError) as info:
+                await committer.append([huge])
+            assert "max payload" in info.value.description
+            assert await committer.append([created("hq-1", "e1")]) == [1]
+        finally:
+            runner.cancel()
+
+    async def test_too_many_events_for_one_atomic_append_are_refused(self, appender: Appender) -> None:
+        committer = GroupCommitter(appender)
+        with pytest.raises(ValueError, match="limit"):
+            await committer.append([created(f"hq-{i}", f"e{i}") for i in range(1001)])
+
+
 class TestGroupCommit:
     async def test_concurrent_appends_share_groups(self, nc: Client, town: TownConfig, appender: Appender) -> None:
         committer = GroupCommitter(appender)

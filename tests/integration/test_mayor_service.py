@@ -248,6 +248,42 @@ class TestBadInput:
         assert (await outcome_of(nc, "after-huge"))["type"] == "cmd.accepted"
 
 
+class TestIntakeRobustness:
+    async def test_a_decide_bug_or_an_oversized_decision_is_rejected_and_the_mayor_keeps_serving(
+        self, nc: Client, town: TownConfig
+    ) -> None:
+        from shared.commands import BeadCreate, Command
+        from shared.decision import Accepted, DecideContext, NewEvent
+        from shared.events import BeadCreated
+
+        class Flawed(MayorService):
+            def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
+                if isinstance(cmd, BeadCreate) and cmd.title == "bug":
+                    raise ZeroDivisionError("a bug in a decision")
+                if isinstance(cmd, BeadCreate) and cmd.title == "huge":
+                    events = [NewEvent(BeadCreated(bead_id=f"hq-{i}", title="x"), 0) for i in range(1200)]
+                    return Accepted(events=events)
+                return super().decide(cmd, ctx)
+
+        service = Flawed(town, FAST)
+        task = asyncio.create_task(service.run())
+        try:
+            await asyncio.wait_for(service.ready.wait(), 30)
+            await pub(nc, "gt.cmd.bead.create", {"title": "bug"}, msg_id="flaw-1")
+            await pub(nc, "gt.cmd.bead.create", {"title": "huge"}, msg_id="flaw-2")
+            await pub(nc, "gt.cmd.bead.create", {"title": "fine"}, msg_id="flaw-3")
+            bug = await outcome_of(nc, "flaw-1")
+            assert (bug["type"], bug["code"]) == ("cmd.rejected", "invalid")
+            assert "ZeroDivisionError" in bug["message"]
+            huge = await outcome_of(nc, "flaw-2")
+            assert (huge["type"], huge["code"]) == ("cmd.rejected", "too_large")
+            assert (await outcome_of(nc, "flaw-3"))["type"] == "cmd.accepted"
+            assert not task.done()
+        finally:
+            await service.shutdown()
+            await task
+
+
 class TestQueries:
     async def test_queries_answer_errors_with_codes(self, nc: Client, mayor: MayorService) -> None:
         assert (await ask(nc, "get", {"id": "hq-none"}))["code"] == "not_found"

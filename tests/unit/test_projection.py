@@ -113,3 +113,29 @@ def test_state_with_a_snapshot_then_the_tail_equals_a_full_replay() -> None:
     for seq, subject, data in events:  # the whole log again: the first 12 must be skipped
         resumed.apply(seq, subject, data)
     assert resumed.serialize_state() == full.serialize_state()
+
+
+def test_a_fold_that_raises_is_logged_skipped_and_does_not_stop_the_projection() -> None:
+    import functools
+
+    from shared.events import Envelope, Event
+    from shared.projection import Projection
+
+    @functools.singledispatch
+    def fold(payload: Event, state: MayorState, env: Envelope, seq: int) -> None:
+        if isinstance(payload, BeadClosed):
+            raise KeyError("a bug in the fold")
+        state.commands_accepted += 1
+
+    projection = Projection("buggy", MayorState, fold, schema_version=1)
+    closed = encode_event(BeadClosed(bead_id="hq-1"), event_id="c", ts=TS, actor="a")
+    with capture_logs() as logs:
+        projection.apply(1, "gt.evt.bead.hq-1", _created("hq-1"))
+        projection.apply(2, "gt.evt.bead.hq-1", closed)
+        projection.apply(3, "gt.evt.bead.hq-2", _created("hq-2"))
+    assert projection.last_seq == 3
+    assert projection.fold_errors == 1
+    assert projection.state.commands_accepted == 2
+    failed = [e for e in logs if e["event"] == "event_fold_failed"]
+    assert len(failed) == 1
+    assert (failed[0]["seq"], failed[0]["type"]) == (2, "bead.closed")

@@ -1,0 +1,31 @@
+"""asyncio helpers that keep cancellation intact on Python 3.11.
+
+``asyncio.wait_for`` on 3.11 returns the inner result, swallowing the cancellation, when the task is
+cancelled in the same loop iteration as the awaited thing completes (fixed in 3.12). A long-running loop
+that loses its one cancellation then runs forever and its TaskGroup never finishes shutting down. This
+project waits with ``asyncio.timeout`` instead, and its loops also check ``raise_if_cancelling`` at the
+top, because libraries it calls (nats-py's request, for one) still use ``wait_for``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait up to ``timeout`` seconds (None: no limit) for ``event``; True when it is set."""
+    if event.is_set():
+        return True
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return event.is_set()
+    return True
+
+
+def raise_if_cancelling() -> None:
+    """Raise CancelledError when the current task was asked to stop but a library swallowed the request."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -1,0 +1,31 @@
+"""The benchmark suite still runs end to end (small sizes; its figures are not checked, only produced)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+
+
+def test_the_benchmarks_run_and_report_every_figure_with_its_ceiling(gt_env: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "performance.md"
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
+        env=gt_env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-12000:]
+    report = out.read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| (")]
+    assert [row.split("|")[1].strip()[:3] for row in rows] == ["(a)", "(b)", "(c)", "(d)", "(d)"]
+    for row in rows:
+        cells = [cell.strip() for cell in row.split("|")[1:-1]]
+        assert cells[2] != "-", row  # a ceiling from the same run
+        assert float(cells[3]) > 0, row  # and a ratio against it
+    assert "nats-server" in report

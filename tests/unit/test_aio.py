@@ -1,0 +1,53 @@
+"""Cancellation survives libraries that swallow it (asyncio.wait_for on Python 3.11)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shared.aio import raise_if_cancelling, wait_event
+
+
+async def test_wait_event_reports_set_or_timed_out() -> None:
+    event = asyncio.Event()
+    assert await wait_event(event, 0.01) is False
+    event.set()
+    assert await wait_event(event, 0.01) is True
+    assert await wait_event(event, None) is True
+
+
+async def test_a_loop_stops_even_when_a_library_swallowed_its_cancellation() -> None:
+    rounds = 0
+
+    async def swallowing_call() -> None:
+        # What asyncio.wait_for does on 3.11 when the awaited thing finishes as the task is cancelled.
+        try:
+            await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            return
+
+    async def loop() -> None:
+        nonlocal rounds
+        while True:
+            raise_if_cancelling()
+            rounds += 1
+            await swallowing_call()
+
+    task = asyncio.create_task(loop())
+    while rounds < 3:
+        await asyncio.sleep(0.005)  # let the loop run a few rounds before it is cancelled
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(5):
+            await task
+
+
+async def test_wait_event_passes_cancellation_through() -> None:
+    event = asyncio.Event()
+    task = asyncio.create_task(wait_event(event, 30))
+    await asyncio.sleep(0)
+    task.cancel()
+    event.set()  # the event and the cancellation land in the same iteration
+    with pytest.raises(asyncio.CancelledError):
+        await task
