@@ -19,6 +19,7 @@ async def test_wait_event_reports_set_or_timed_out() -> None:
 
 async def test_a_loop_stops_even_when_a_library_swallowed_its_cancellation() -> None:
     rounds = 0
+    running = asyncio.Event()
 
     async def swallowing_call() -> None:
         # What asyncio.wait_for does on 3.11 when the awaited thing finishes as the task is cancelled.
@@ -32,11 +33,12 @@ async def test_a_loop_stops_even_when_a_library_swallowed_its_cancellation() -> 
         while True:
             raise_if_cancelling()
             rounds += 1
+            if rounds == 3:
+                running.set()
             await swallowing_call()
 
     task = asyncio.create_task(loop())
-    while rounds < 3:
-        await asyncio.sleep(0.005)  # let the loop run a few rounds before it is cancelled
+    await running.wait()  # the loop has gone round a few times
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         async with asyncio.timeout(5):
