@@ -3,28 +3,30 @@
 (a) ceiling: nats-py's ordered push consumer reading the whole stream with the two-step decode (envelope,
     then typed payload) and nothing else. Measured: the project's EventReader (gap checks included)
     feeding the mayor's projection (decode + fold). Target: ratio >= 0.7.
-(b) the mayor started in-process on a town with that history and a snapshot: time from ``run()`` to
-    caught up. Ceiling: fetching the snapshot object and restoring it, nothing else. Target: under 1 s.
+(b) a mayor started in a fresh process on a town with that history and a snapshot: time from ``run()``
+    to caught up (bench/startup_probe.py; the time from process start is reported beside it).
+    Ceiling: fetching the snapshot object and restoring it, nothing else. Target: under 1 s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import subprocess
+import sys
 import time
 
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from bench.common import Figure, bead_history, bulk_load, provisioned, server
+from bench.common import REPO_ROOT, Figure, bead_history, bulk_load, provisioned, server
 from services.mayor.projection import new_projection
-from services.mayor.service import MayorService
 from shared import runtime
 from shared.bus.reader import EventReader
 from shared.bus.snapshots import SnapshotStore
 from shared.config import TownConfig
 from shared.events import REGISTRY, decode_envelope
-from shared.service import ServiceSettings
 from shared.subjects import parse_js_reply
 
 
@@ -113,35 +115,39 @@ async def run(total_events: int = 1_000_000, rounds: int = 2) -> list[Figure]:
         del projection
         gc.collect()
 
-        fetch_started = time.perf_counter()
-        data = await store.load("mayor")
-        assert data is not None
-        assert new_projection().restore(data, stream_id=stream_id, stream_last_seq=last)
-        fetch_s = time.perf_counter() - fetch_started
-        gc.collect()
+        def fresh_process(*args: str) -> dict[str, float]:
+            probe = subprocess.run(
+                [sys.executable, "-m", "bench.startup_probe", srv.url, *args],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=REPO_ROOT,
+            )
+            result: dict[str, float] = json.loads(probe.stdout)
+            return result
 
+        ceilings_b = [(await asyncio.to_thread(fresh_process, "ceiling"))["ceiling_s"] for _ in range(rounds)]
         startups = []
         for _ in range(rounds):
-            service = MayorService(town, ServiceSettings(patrol_interval=60))
-            started = time.perf_counter()
-            task = asyncio.create_task(service.run())
-            await service.ready.wait()
-            startups.append(time.perf_counter() - started)
-            assert service.projection.last_seq == last
-            assert service.projection.applied == 0
-            await service.shutdown()
-            await task
-            gc.collect()
+            # A fresh process, as a restarted service would be; the probe times run() -> ready.
+            result = await asyncio.to_thread(fresh_process)
+            assert (result["last_seq"], result["applied"]) == (last, 0), result
+            startups.append(result)
+        best = min(startups, key=lambda r: r["run_to_ready_s"])
         figures.append(
             Figure(
                 name=f"(b) mayor start-up with {last:,} events of history, from a snapshot",
-                value=min(startups),
+                value=best["run_to_ready_s"],
                 unit="s",
-                ceiling=fetch_s,
+                ceiling=min(ceilings_b),
                 ceiling_name="fetch + restore the snapshot alone",
                 target="< 1 s",
                 higher_is_better=False,
-                notes=[f"snapshot {len(snapshot) / 2**20:.1f} MiB; a full replay takes {best_measured:.1f}s"],
+                notes=[
+                    f"snapshot {len(snapshot) / 2**20:.1f} MiB",
+                    f"{best['process_to_ready_s']:.2f}s from process start (interpreter and imports included)",
+                    f"a full replay takes {best_measured:.1f}s",
+                ],
             )
         )
         print(figures[-1].line(), flush=True)

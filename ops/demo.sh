@@ -6,7 +6,7 @@ set -euo pipefail
 export GT_HOME="${GT_HOME:-$(mktemp -d -t gastown-demo-XXXXXX)/town}"
 unset NATS_URL  # the demo runs its own embedded NATS server
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-run() { printf '$ %s\n' "$*"; "$@"; }
+run() { printf '$'; printf ' %q' "$@"; printf '\n'; "$@"; }
 
 step "gt up: embedded NATS (JetStream, fsync on every write) + mayor, witness, refinery, deacon"
 run gt up -d --port 0
