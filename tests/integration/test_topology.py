@@ -83,9 +83,7 @@ async def test_a_command_stream_with_work_queue_retention_is_refused(nc: Client,
         await provision(js, town)
 
 
-def test_the_embedded_server_syncs_every_write_to_disk(nats_server: Any) -> None:
-    if not hasattr(nats_server, "http_port"):
-        pytest.fail("this check needs the embedded server (the default backend)")
-    with urllib.request.urlopen(f"http://127.0.0.1:{nats_server.http_port}/varz", timeout=5) as reply:
+def test_the_embedded_server_syncs_every_write_to_disk(own_nats_server: Any) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{own_nats_server.http_port}/varz", timeout=5) as reply:
         varz = json.load(reply)
     assert varz["jetstream"]["config"]["sync_always"] is True
