@@ -100,10 +100,9 @@ async def _reset_streams(url: str) -> None:
         await nc.close()
 
 
-@pytest.fixture
-def own_nats_server(tmp_path: Path) -> Iterator[EmbeddedServer]:
-    """A nats-server of this test's own (port 0, own store directory) that the test may stop or kill."""
-    server = EmbeddedServer(tmp_path / "nats")
+@contextlib.contextmanager
+def _embedded_server(root: Path) -> Iterator[EmbeddedServer]:
+    server = EmbeddedServer(root)
     server.start()
     try:
         yield server
@@ -112,18 +111,21 @@ def own_nats_server(tmp_path: Path) -> Iterator[EmbeddedServer]:
 
 
 @pytest.fixture
-def nats_server(request: pytest.FixtureRequest, tmp_path: Path, _shared_server: NatsServer | None) -> Iterator[Any]:
+def own_nats_server(tmp_path: Path) -> Iterator[EmbeddedServer]:
+    """A nats-server of this test's own (port 0, own store directory) that the test may stop or kill."""
+    with _embedded_server(tmp_path / "nats") as server:
+        yield server
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path, _shared_server: NatsServer | None) -> Iterator[Any]:
     """A fresh, empty JetStream server for this test."""
     if _shared_server is not None:
         asyncio.run(_reset_streams(_shared_server.url))
         yield _shared_server
         return
-    server = EmbeddedServer(tmp_path / "nats")
-    server.start()
-    try:
+    with _embedded_server(tmp_path / "nats") as server:
         yield server
-    finally:
-        server.kill()
 
 
 @pytest.fixture
