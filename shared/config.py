@@ -29,6 +29,9 @@ class TownConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Object store bucket for projection snapshots (``GT_SNAPSHOT_BUCKET``)."""
     replicas: int = 1
     """Stream replicas when provisioning (``GT_REPLICAS``; 3 in the cluster)."""
+    escalation_stale_after_s: float = 4 * 3600.0
+    """An open escalation nobody acknowledged for this long goes one severity up (``GT_ESCALATION_STALE_AFTER``,
+    seconds; at most twice)."""
     nats_user: str | None = None
     nats_password: str | None = None
     nats_creds: str | None = None
@@ -59,6 +62,13 @@ def load(env: Mapping[str, str] | None = None, *, service: str | None = None) ->
     if not replicas_text.isdigit() or not 1 <= int(replicas_text) <= MAX_REPLICAS:
         raise ValueError(f"GT_REPLICAS must be a whole number from 1 to {MAX_REPLICAS}, got {replicas_text!r}")
     home = get("GT_HOME")
+    stale_text = get("GT_ESCALATION_STALE_AFTER") or "14400"
+    try:
+        stale_after = float(stale_text)
+    except ValueError:
+        stale_after = -1.0
+    if stale_after <= 0:
+        raise ValueError(f"GT_ESCALATION_STALE_AFTER must be a positive number of seconds, got {stale_text!r}")
     return TownConfig(
         nats_url=get("NATS_URL") or DEFAULT_NATS_URL,
         gt_home=Path(home).expanduser() if home else Path("~/.gastown").expanduser(),
@@ -66,6 +76,7 @@ def load(env: Mapping[str, str] | None = None, *, service: str | None = None) ->
         cmd_stream=get("GT_CMD_STREAM") or subjects.DEFAULT_CMD_STREAM,
         snapshot_bucket=get("GT_SNAPSHOT_BUCKET") or subjects.DEFAULT_SNAPSHOT_BUCKET,
         replicas=int(replicas_text),
+        escalation_stale_after_s=stale_after,
         nats_user=get("NATS_USER"),
         nats_password=get("NATS_PASSWORD"),
         nats_creds=get("NATS_CREDS"),

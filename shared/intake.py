@@ -27,7 +27,7 @@ from shared.bus.append import ERR_MAX_PAYLOAD, Appender, PendingEvent
 from shared.bus.commit import GroupCommitter
 from shared.bus.reader import EventReader
 from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, parse_command, peek_body_fields
-from shared.decision import Accepted, DecideContext
+from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, CommandError
 from shared.events import CommandAccepted, CommandRejected, EventRef, encode_event
 
@@ -301,20 +301,15 @@ class CommandIntake:
         if accepted is not None:
             refs: list[EventRef] = []
             for new in accepted.events:
-                event_id = ids.new_event_id()
-                subject = subjects.event_subject(new.payload.AGGREGATE, new.payload.aggregate_id())
-                data = encode_event(
-                    new.payload,
-                    event_id=event_id,
+                event = to_pending(
+                    new,
                     ts=now,
                     actor=delivery.actor,
                     causation_id=delivery.command_id,
                     correlation_id=delivery.correlation_id,
                 )
-                pending.append(
-                    PendingEvent(subject=subject, data=data, event_id=event_id, expected_seq=new.expected_seq)
-                )
-                refs.append(EventRef(id=event_id, type=new.payload.TYPE, subject=subject))
+                pending.append(event)
+                refs.append(EventRef(id=event.event_id, type=new.payload.TYPE, subject=event.subject))
             outcome = CommandAccepted(
                 command_id=delivery.command_id, command=delivery.name, events=refs, result=accepted.result
             )
@@ -324,23 +319,28 @@ class CommandIntake:
             outcome = CommandRejected(
                 command_id=delivery.command_id, command=delivery.name, code=rejection.code, message=rejection.message
             )
-        outcome_id = ids.new_event_id()
         pending.append(
-            PendingEvent(
-                subject=subjects.outcome_subject(delivery.command_id),
-                data=encode_event(
-                    outcome,
-                    event_id=outcome_id,
-                    ts=now,
-                    actor=self._service,
-                    causation_id=delivery.command_id,
-                    correlation_id=delivery.correlation_id,
-                ),
-                event_id=outcome_id,
-                expected_seq=0,
+            to_pending(
+                NewEvent(payload=outcome, expected_seq=0),  # the first and only outcome of this command
+                ts=now,
+                actor=self._service,
+                causation_id=delivery.command_id,
+                correlation_id=delivery.correlation_id,
             )
         )
         return pending, accepted is None
+
+
+def to_pending(
+    new: NewEvent, *, ts: datetime, actor: str, causation_id: str | None, correlation_id: str | None
+) -> PendingEvent:
+    """A decided event, encoded in its envelope and ready to append to its aggregate's subject."""
+    event_id = ids.new_event_id()
+    data = encode_event(
+        new.payload, event_id=event_id, ts=ts, actor=actor, causation_id=causation_id, correlation_id=correlation_id
+    )
+    subject = subjects.event_subject(new.payload.AGGREGATE, new.payload.aggregate_id())
+    return PendingEvent(subject=subject, data=data, event_id=event_id, expected_seq=new.expected_seq)
 
 
 async def _ack(msg: Msg) -> None:

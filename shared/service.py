@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import hashlib
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Generic, TypeVar
 
 import msgspec
@@ -30,9 +32,9 @@ from shared.bus.snapshots import SnapshotStore
 from shared.bus.topology import command_consumer_name, has_command_consumer, owner_of, provision
 from shared.commands import Command
 from shared.config import TownConfig
-from shared.decision import Accepted, DecideContext
-from shared.errors import QueryError
-from shared.intake import CommandIntake
+from shared.decision import Accepted, DecideContext, NewEvent
+from shared.errors import AppendConflictError, QueryError
+from shared.intake import CommandIntake, to_pending
 from shared.projection import Projection
 
 log = structlog.get_logger(__name__)
@@ -69,8 +71,17 @@ class Service(Generic[S]):
 
     name: ClassVar[str] = "service"
 
-    def __init__(self, config: TownConfig, projection: Projection[S], settings: ServiceSettings | None = None) -> None:
+    def __init__(
+        self,
+        config: TownConfig,
+        projection: Projection[S],
+        settings: ServiceSettings | None = None,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.config = config
+        self.clock = clock
+        """Where the service reads the time: decisions and the events it stores are stamped with it."""
         self.projection = projection
         self.settings = settings or ServiceSettings()
         self.nc: Client | None = None
@@ -92,6 +103,33 @@ class Service(Generic[S]):
 
     async def reconcile(self) -> None:
         """Carry out the actions still owed: called after catch-up, after applied events, on each patrol tick."""
+
+    async def append_owed(self, owed: list[NewEvent], *, causation_id: str | None = None) -> int:
+        """Store events the service decided by itself (in ``reconcile``), each on its own, and wait until
+        they are applied. Each carries its aggregate's expected sequence: one whose aggregate moved in the
+        meantime is dropped, and the next reconcile decides again on the newer state. Returns how many
+        were stored."""
+        assert self.committer is not None
+        assert self.reader is not None
+        now = self.clock()
+        appends = [
+            self.committer.append(
+                [to_pending(new, ts=now, actor=self.name, causation_id=causation_id, correlation_id=None)]
+            )
+            for new in owed
+        ]
+        results = await asyncio.gather(*appends, return_exceptions=True)
+        stored = [r[-1] for r in results if isinstance(r, list)]
+        for new, outcome in zip(owed, results, strict=True):
+            if isinstance(outcome, AppendConflictError):
+                log.debug("owed_event_superseded", type=new.payload.TYPE, aggregate=new.payload.aggregate_id())
+            elif isinstance(outcome, BaseException):
+                if isinstance(outcome, asyncio.CancelledError):
+                    raise outcome
+                log.warning("owed_event_not_stored", type=new.payload.TYPE, error=repr(outcome))
+        if stored:
+            await self.reader.wait_for_seq(max(stored))
+        return len(stored)
 
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
         """Turn a command into events, or raise ``CommandError``. Pure: reads only the projection."""
@@ -261,6 +299,7 @@ class Service(Generic[S]):
                 key_of=self.aggregate_key,
                 owns=lambda subject: owner_of(subject) == self.name,
                 max_in_flight=self.settings.max_in_flight,
+                clock=self.clock,
             )
             tg.create_task(self.intake.run(), name="intake")
         tg.create_task(self._snapshot_loop(snapshots), name="snapshots")

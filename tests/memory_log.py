@@ -15,7 +15,7 @@ import msgspec
 
 from shared import subjects
 from shared.commands import Command, parse_command
-from shared.decision import Accepted, DecideContext
+from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import AppendConflictError, CommandError
 from shared.events import encode_event
 from shared.projection import Projection
@@ -61,11 +61,13 @@ class MemoryTown(Generic[S]):
         decide: Callable[[S, Command, DecideContext], Accepted],
         *,
         service: str = "mayor",
+        reconcile: Callable[[S, datetime], list[NewEvent]] | None = None,
     ) -> None:
         self.projection = projection
         self.log = MemoryLog()
         self._decide = decide
         self._service = service
+        self._reconcile = reconcile
         self._ids = itertools.count(1)
         self._cmd_ids = itertools.count(1)
         self.clock = T0
@@ -87,16 +89,32 @@ class MemoryTown(Generic[S]):
         command_id = f"cmd-{next(self._cmd_ids)}"
         ctx = DecideContext(now=self.clock, command_id=command_id, actor=actor, new_id=self.new_id)
         accepted = self._decide(self.projection.state, cmd, ctx)
+        self._store(accepted.events, actor)
+        self.reconcile()
+        return accepted.result
+
+    def _store(self, new_events: list[NewEvent], actor: str) -> None:
         events: list[tuple[str, bytes, int | None]] = []
-        for new in accepted.events:
-            subject_ = subjects.event_subject(new.payload.AGGREGATE, new.payload.aggregate_id())
-            data = encode_event(
-                new.payload, event_id=f"ev-{self.log.last_seq + len(events) + 1}", ts=self.clock, actor=actor
+        for new in new_events:
+            subject = subjects.event_subject(new.payload.AGGREGATE, new.payload.aggregate_id())
+            event_id = f"ev-{self.log.last_seq + len(events) + 1}"
+            events.append(
+                (subject, encode_event(new.payload, event_id=event_id, ts=self.clock, actor=actor), new.expected_seq)
             )
-            events.append((subject_, data, new.expected_seq))
         self.log.append(events)
         self.log.replay(self.projection, after=self.projection.last_seq)
-        return accepted.result
+
+    def reconcile(self) -> int:
+        """Store what the service owes by itself (as its reconcile would), until nothing is owed."""
+        stored = 0
+        while self._reconcile is not None:
+            owed = self._reconcile(self.projection.state, self.clock)
+            if not owed:
+                break
+            for new in owed:
+                self._store([new], self._service)
+                stored += 1
+        return stored
 
     def reject_code(self, subject: str, body: dict[str, Any]) -> str:
         try:

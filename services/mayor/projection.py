@@ -1,69 +1,45 @@
-"""The mayor's projection: every bead, folded from the log. Pure: no I/O, no clock."""
+"""The mayor's projection: the fold of every event it tracks into ``MayorState``. Pure: no I/O, no clock."""
 
 from __future__ import annotations
 
 import functools
-from datetime import datetime
 
 import msgspec
 
+from services.mayor.state import STATUS_RANK, Bead, Convoy, Escalation, MayorState, Molecule, Step
 from shared.events import (
     BeadClaimed,
     BeadClosed,
     BeadCreated,
+    BeadSlung,
     BeadUpdated,
     CommandAccepted,
     CommandRejected,
+    ConvoyBeadsAdded,
+    ConvoyClosed,
+    ConvoyCreated,
     Envelope,
+    EscalationAcked,
+    EscalationClosed,
+    EscalationRaised,
+    EscalationReescalated,
     Event,
+    MoleculeAttached,
+    MoleculeCompleted,
+    StepCompleted,
+    StepStarted,
 )
 from shared.projection import Projection
 
-SCHEMA_VERSION = 1
-STATUSES = ("open", "hooked", "in_progress", "closed")
-STATUS_RANK = {status: rank for rank, status in enumerate(STATUSES)}
-INFRA_TYPES = frozenset(
-    {"molecule", "wisp", "message", "gate", "merge-request", "session", "agent", "role", "rig", "convoy"}
-)
-"""Types that are plumbing, not work: never offered by ``ready``."""
-
-
-class Bead(msgspec.Struct, kw_only=True, gc=False):
-    """One work item as the mayor knows it."""
-
-    id: str
-    title: str
-    type: str = "task"
-    status: str = "open"
-    priority: int = 2
-    description: str = ""
-    labels: list[str] = []
-    metadata: dict[str, str] = {}
-    assignee: str | None = None
-    parent: str | None = None
-    needs: list[str] = []
-    """Blocking dependencies: the bead is not ready while one of these is not closed."""
-    created_at: datetime
-    updated_at: datetime
-    closed_at: datetime | None = None
-    close_reason: str | None = None
-    created_by: str = ""
-    version: int = 0
-    """Stream sequence of this bead's last event: the expected sequence for its next append."""
-
-
-class MayorState(msgspec.Struct, kw_only=True):
-    beads: dict[str, Bead] = {}
-    """Every bead, in creation order."""
-    children: dict[str, list[str]] = {}
-    """Parent id -> child ids, in creation order."""
-    commands_accepted: int = 0
-    commands_rejected: int = 0
+SCHEMA_VERSION = 2
 
 
 @functools.singledispatch
 def fold(payload: Event, state: MayorState, env: Envelope, seq: int) -> None:
     """Events the mayor does not track change nothing."""
+
+
+# ---- beads -------------------------------------------------------------------------------------
 
 
 @fold.register
@@ -125,6 +101,8 @@ def _updated(payload: BeadUpdated, state: MayorState, env: Envelope, seq: int) -
     for need in payload.add_needs:
         if need not in bead.needs:
             bead.needs.append(need)
+    if payload.remove_needs:
+        bead.needs = [need for need in bead.needs if need not in payload.remove_needs]
     bead.updated_at = env.ts
     bead.version = seq
 
@@ -155,6 +133,201 @@ def _closed(payload: BeadClosed, state: MayorState, env: Envelope, seq: int) -> 
 
 
 @fold.register
+def _slung(payload: BeadSlung, state: MayorState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(payload.bead_id)
+    if bead is None:
+        return
+    if STATUS_RANK[bead.status] < STATUS_RANK["hooked"]:
+        bead.status = "hooked"
+    bead.rig = payload.rig
+    bead.hook_session = payload.session
+    bead.slings += 1
+    bead.updated_at = env.ts
+    bead.version = seq
+
+
+# ---- molecules ---------------------------------------------------------------------------------
+
+
+@fold.register
+def _attached(payload: MoleculeAttached, state: MayorState, env: Envelope, seq: int) -> None:
+    if payload.bead_id in state.molecules:
+        return
+    state.molecules[payload.bead_id] = Molecule(
+        bead_id=payload.bead_id,
+        formula=payload.formula,
+        formula_version=payload.formula_version,
+        source=payload.source,
+        vars=dict(payload.vars),
+        steps=[
+            Step(id=s.id, title=s.title, description=s.description, needs=list(s.needs), acceptance=s.acceptance)
+            for s in payload.steps
+        ],
+        attached_at=env.ts,
+        version=seq,
+    )
+
+
+def _step(state: MayorState, bead_id: str, step_id: str) -> tuple[Molecule, Step] | None:
+    molecule = state.molecules.get(bead_id)
+    if molecule is None:
+        return None
+    for step in molecule.steps:
+        if step.id == step_id:
+            return molecule, step
+    return None
+
+
+@fold.register
+def _step_started(payload: StepStarted, state: MayorState, env: Envelope, seq: int) -> None:
+    found = _step(state, payload.bead_id, payload.step)
+    if found is None:
+        return
+    molecule, step = found
+    if step.status == "pending":
+        step.status = "in_progress"
+        step.started_at = env.ts
+    molecule.version = seq
+
+
+@fold.register
+def _step_done(payload: StepCompleted, state: MayorState, env: Envelope, seq: int) -> None:
+    found = _step(state, payload.bead_id, payload.step)
+    if found is None:
+        return
+    molecule, step = found
+    if step.status != "done":
+        step.status = "done"
+        step.started_at = step.started_at or env.ts
+        step.done_at = env.ts
+        step.done_by = env.actor
+    molecule.version = seq
+
+
+@fold.register
+def _molecule_completed(payload: MoleculeCompleted, state: MayorState, env: Envelope, seq: int) -> None:
+    molecule = state.molecules.get(payload.bead_id)
+    if molecule is None:
+        return
+    molecule.completed_at = molecule.completed_at or env.ts
+    molecule.version = seq
+
+
+# ---- convoys -----------------------------------------------------------------------------------
+
+
+def _track(state: MayorState, convoy: Convoy, bead_ids: list[str]) -> None:
+    for bead_id in bead_ids:
+        if bead_id in convoy.beads:
+            continue
+        convoy.beads.append(bead_id)
+        bead = state.beads.get(bead_id)
+        if bead is not None and convoy.id not in bead.convoys:
+            bead.convoys.append(convoy.id)
+
+
+@fold.register
+def _convoy_created(payload: ConvoyCreated, state: MayorState, env: Envelope, seq: int) -> None:
+    if payload.convoy_id in state.convoys:
+        return
+    convoy = Convoy(
+        id=payload.convoy_id,
+        title=payload.title,
+        owned=payload.owned,
+        auto=payload.auto,
+        created_at=env.ts,
+        created_by=env.actor,
+        version=seq,
+    )
+    state.convoys[convoy.id] = convoy
+    state.open_convoys.append(convoy.id)
+    _track(state, convoy, payload.beads)
+
+
+@fold.register
+def _convoy_added(payload: ConvoyBeadsAdded, state: MayorState, env: Envelope, seq: int) -> None:
+    convoy = state.convoys.get(payload.convoy_id)
+    if convoy is None:
+        return
+    _track(state, convoy, payload.beads)
+    convoy.version = seq
+
+
+@fold.register
+def _convoy_closed(payload: ConvoyClosed, state: MayorState, env: Envelope, seq: int) -> None:
+    convoy = state.convoys.get(payload.convoy_id)
+    if convoy is None:
+        return
+    if convoy.status != "closed":
+        convoy.status = "closed"
+        convoy.closed_at = env.ts
+        convoy.landed = payload.landed
+        convoy.forced = payload.forced
+        if convoy.id in state.open_convoys:
+            state.open_convoys.remove(convoy.id)
+    convoy.version = seq
+
+
+# ---- escalations -------------------------------------------------------------------------------
+
+
+@fold.register
+def _escalation_raised(payload: EscalationRaised, state: MayorState, env: Envelope, seq: int) -> None:
+    if payload.escalation_id in state.escalations:
+        return
+    state.escalations[payload.escalation_id] = Escalation(
+        id=payload.escalation_id,
+        severity=payload.severity,
+        original_severity=payload.severity,
+        source=payload.source,
+        message=payload.message,
+        bead=payload.bead,
+        raised_at=env.ts,
+        last_raised_at=env.ts,
+        version=seq,
+    )
+
+
+@fold.register
+def _escalation_acked(payload: EscalationAcked, state: MayorState, env: Envelope, seq: int) -> None:
+    escalation = state.escalations.get(payload.escalation_id)
+    if escalation is None:
+        return
+    if escalation.status == "open":
+        escalation.status = "acked"
+        escalation.acked_at = env.ts
+        escalation.acked_by = payload.by
+    escalation.version = seq
+
+
+@fold.register
+def _escalation_reescalated(payload: EscalationReescalated, state: MayorState, env: Envelope, seq: int) -> None:
+    escalation = state.escalations.get(payload.escalation_id)
+    if escalation is None:
+        return
+    escalation.severity = payload.to_severity
+    escalation.reescalations = max(escalation.reescalations, payload.level)
+    escalation.last_raised_at = env.ts
+    escalation.version = seq
+
+
+@fold.register
+def _escalation_closed(payload: EscalationClosed, state: MayorState, env: Envelope, seq: int) -> None:
+    escalation = state.escalations.get(payload.escalation_id)
+    if escalation is None:
+        return
+    if escalation.status != "closed":
+        escalation.status = "closed"
+        escalation.closed_at = env.ts
+        escalation.closed_by = payload.by
+        escalation.close_reason = payload.reason
+    escalation.version = seq
+
+
+# ---- outcomes ----------------------------------------------------------------------------------
+
+
+@fold.register
 def _accepted(payload: CommandAccepted, state: MayorState, env: Envelope, seq: int) -> None:
     state.commands_accepted += 1
 
@@ -166,47 +339,3 @@ def _rejected(payload: CommandRejected, state: MayorState, env: Envelope, seq: i
 
 def new_projection() -> Projection[MayorState]:
     return Projection("mayor", MayorState, fold, schema_version=SCHEMA_VERSION)
-
-
-# ---- reads (pure) -------------------------------------------------------------------------------
-
-
-def is_ready(state: MayorState, bead: Bead) -> bool:
-    """Open, real work, and every blocker closed (a blocker that does not exist blocks)."""
-    if bead.status != "open" or bead.type in INFRA_TYPES:
-        return False
-    for need in bead.needs:
-        blocker = state.beads.get(need)
-        if blocker is None or blocker.status != "closed":
-            return False
-    return True
-
-
-def depends_on(state: MayorState, start: str, target: str) -> bool:
-    """True when ``start`` transitively needs ``target``."""
-    seen: set[str] = set()
-    stack = [start]
-    while stack:
-        current = stack.pop()
-        if current == target:
-            return True
-        if current in seen:
-            continue
-        seen.add(current)
-        bead = state.beads.get(current)
-        if bead is not None:
-            stack.extend(bead.needs)
-    return False
-
-
-def is_ancestor(state: MayorState, candidate: str, bead_id: str) -> bool:
-    """True when ``candidate`` is ``bead_id`` or one of its parents, grandparents, ..."""
-    seen: set[str] = set()
-    current: str | None = bead_id
-    while current is not None and current not in seen:
-        if current == candidate:
-            return True
-        seen.add(current)
-        bead = state.beads.get(current)
-        current = bead.parent if bead is not None else None
-    return False

@@ -1,22 +1,51 @@
-"""Answers to ``gt.q.mayor.<what>``, read from the projection. Pure: no I/O."""
+"""Answers to ``gt.q.mayor.<what>``, read from the projection. Pure: no I/O (formulas come in as a lookup)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import msgspec
 
-from services.mayor.projection import STATUS_RANK, STATUSES, Bead, MayorState, is_ready
+from services.mayor.reads import convoy_progress, current_step, dependents, is_complete, is_message, is_read, is_ready
+from services.mayor.state import STATUS_RANK, STATUSES, Bead, Convoy, Escalation, MayorState, Molecule
+from shared.commands import SEVERITIES
 from shared.errors import QueryError
 
 DEFAULT_LIST_LIMIT = 1000
-QUERIES = ("get", "list", "ready", "children")
 
 
 def bead_view(bead: Bead) -> dict[str, Any]:
     """A bead as queries return it (JSON-ready)."""
     view: dict[str, Any] = msgspec.to_builtins(bead)
+    return view
+
+
+def molecule_view(molecule: Molecule) -> dict[str, Any]:
+    view: dict[str, Any] = msgspec.to_builtins(molecule)
+    step = current_step(molecule)
+    done = sum(1 for s in molecule.steps if s.status == "done")
+    view.update(
+        current_step=step.id if step else None, done=done, total=len(molecule.steps), complete=is_complete(molecule)
+    )
+    return view
+
+
+def convoy_view(state: MayorState, convoy: Convoy, *, with_beads: bool = False) -> dict[str, Any]:
+    view: dict[str, Any] = msgspec.to_builtins(convoy)
+    closed, total = convoy_progress(state, convoy)
+    view.update(closed=closed, total=total)
+    if with_beads:
+        view["bead_details"] = [
+            {"id": b.id, "title": b.title, "status": b.status, "rig": b.rig}
+            for bead_id in convoy.beads
+            if (b := state.beads.get(bead_id)) is not None
+        ]
+    return view
+
+
+def escalation_view(escalation: Escalation) -> dict[str, Any]:
+    view: dict[str, Any] = msgspec.to_builtins(escalation)
     return view
 
 
@@ -27,11 +56,11 @@ def _opt_str(body: dict[str, Any], key: str) -> str | None:
     return value
 
 
-def _required_id(body: dict[str, Any]) -> str:
-    bead_id = _opt_str(body, "id")
-    if not bead_id:
-        raise QueryError("invalid", "`id` is required")
-    return bead_id
+def _required(body: dict[str, Any], key: str = "id") -> str:
+    value = _opt_str(body, key)
+    if not value:
+        raise QueryError("invalid", f"`{key}` is required")
+    return value
 
 
 def _limit(body: dict[str, Any]) -> int:
@@ -41,33 +70,56 @@ def _limit(body: dict[str, Any]) -> int:
     return limit
 
 
-def _take(beads: Iterable[Bead], limit: int) -> list[dict[str, Any]]:
+def _take(items: Iterable[Any], limit: int, view: Callable[[Any], dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    for bead in beads:
-        out.append(bead_view(bead))
+    for item in items:
+        out.append(view(item))
         if limit and len(out) >= limit:
             break
     return out
 
 
-def answer(state: MayorState, what: str, body: dict[str, Any]) -> Any:
-    """Answer one query; raises ``QueryError`` for a bad query or a missing bead."""
-    if what == "get":
-        bead_id = _required_id(body)
-        bead = state.beads.get(bead_id)
-        if bead is None:
-            raise QueryError("not_found", f"no bead {bead_id!r}")
-        return bead_view(bead)
-    if what == "list":
-        return _take(_filtered(state, body), _limit(body))
-    if what == "ready":
-        return _take((b for b in state.beads.values() if is_ready(state, b)), _limit(body))
-    if what == "children":
-        parent = _required_id(body)
-        include_closed = bool(body.get("include_closed"))
-        kids = (state.beads[c] for c in state.children.get(parent, ()) if c in state.beads)
-        return _take((b for b in kids if include_closed or b.status != "closed"), 0)
-    raise QueryError("unknown_query", f"the mayor has no query {what!r}; it answers {', '.join(QUERIES)}, status")
+def _bead(state: MayorState, body: dict[str, Any], key: str = "id") -> Bead:
+    bead_id = _required(body, key)
+    bead = state.beads.get(bead_id)
+    if bead is None:
+        raise QueryError("not_found", f"no bead {bead_id!r}")
+    return bead
+
+
+# ---- beads -------------------------------------------------------------------------------------
+
+
+def _get(state: MayorState, body: dict[str, Any]) -> Any:
+    return bead_view(_bead(state, body))
+
+
+def _list(state: MayorState, body: dict[str, Any]) -> Any:
+    return _take(_filtered(state, body), _limit(body), bead_view)
+
+
+def _ready(state: MayorState, body: dict[str, Any]) -> Any:
+    return _take((b for b in state.beads.values() if is_ready(state, b)), _limit(body), bead_view)
+
+
+def _children(state: MayorState, body: dict[str, Any]) -> Any:
+    parent = _required(body)
+    include_closed = bool(body.get("include_closed"))
+    kids = (state.beads[c] for c in state.children.get(parent, ()) if c in state.beads)
+    return [bead_view(b) for b in kids if include_closed or b.status != "closed"]
+
+
+def _deps(state: MayorState, body: dict[str, Any]) -> Any:
+    """``down`` (default): what the bead needs; ``up``: what needs the bead."""
+    bead = _bead(state, body)
+    direction = body.get("direction", "down") or "down"
+    if direction not in ("down", "up"):
+        raise QueryError("invalid", "`direction` must be down (what it needs) or up (what needs it)")
+    ids = bead.needs if direction == "down" else dependents(state, bead.id)
+    return [
+        {"id": other, "status": b.status if (b := state.beads.get(other)) else None, "exists": b is not None}
+        for other in ids
+    ]
 
 
 def _filtered(state: MayorState, body: dict[str, Any]) -> Iterator[Bead]:
@@ -78,6 +130,10 @@ def _filtered(state: MayorState, body: dict[str, Any]) -> Iterator[Bead]:
     label = _opt_str(body, "label")
     assignee = _opt_str(body, "assignee")
     parent = _opt_str(body, "parent")
+    rig = _opt_str(body, "rig")
+    metadata = body.get("metadata") or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise QueryError("invalid", "`metadata` must be an object of strings (every pair must match)")
     include_closed = bool(body.get("include_closed")) or status == "closed"
     for bead in state.beads.values():
         if bead.status == "closed" and not include_closed:
@@ -92,4 +148,88 @@ def _filtered(state: MayorState, body: dict[str, Any]) -> Iterator[Bead]:
             continue
         if parent is not None and bead.parent != parent:
             continue
+        if rig is not None and bead.rig != rig:
+            continue
+        if metadata and any(bead.metadata.get(k) != v for k, v in metadata.items()):
+            continue
         yield bead
+
+
+# ---- molecules and convoys ---------------------------------------------------------------------
+
+
+def _molecule(state: MayorState, body: dict[str, Any]) -> Any:
+    bead = _bead(state, body, "bead")
+    molecule = state.molecules.get(bead.id)
+    if molecule is None:
+        raise QueryError("not_found", f"bead {bead.id} has no molecule")
+    view = molecule_view(molecule)
+    view["bead_status"] = bead.status
+    view["rig"] = bead.rig
+    return view
+
+
+def _convoy(state: MayorState, body: dict[str, Any]) -> Any:
+    convoy_id = _required(body)
+    convoy = state.convoys.get(convoy_id)
+    if convoy is None:
+        raise QueryError("not_found", f"no convoy {convoy_id!r}")
+    return convoy_view(state, convoy, with_beads=True)
+
+
+def _convoys(state: MayorState, body: dict[str, Any]) -> Any:
+    include_closed = bool(body.get("include_closed"))
+    convoys = (c for c in state.convoys.values() if include_closed or c.status == "open")
+    return _take(convoys, _limit(body), lambda c: convoy_view(state, c))
+
+
+# ---- mail and escalations ----------------------------------------------------------------------
+
+
+def _inbox(state: MayorState, body: dict[str, Any]) -> Any:
+    """Open messages to ``to``; unread ones only unless ``include_read``."""
+    to = _required(body, "to")
+    include_read = bool(body.get("include_read"))
+    messages = (
+        b
+        for b in state.beads.values()
+        if is_message(b) and b.assignee == to and b.status == "open" and (include_read or not is_read(b))
+    )
+    return _take(messages, _limit(body), bead_view)
+
+
+def _thread(state: MayorState, body: dict[str, Any]) -> Any:
+    thread = _required(body, "thread")
+    return [bead_view(b) for b in state.beads.values() if is_message(b) and b.metadata.get("thread") == thread]
+
+
+def _escalations(state: MayorState, body: dict[str, Any]) -> Any:
+    """Open and acknowledged escalations, most severe first (closed ones too with ``include_closed``)."""
+    include_closed = bool(body.get("include_closed"))
+    found = [e for e in state.escalations.values() if include_closed or e.status != "closed"]
+    found.sort(key=lambda e: (-SEVERITIES.index(e.severity), e.raised_at))
+    return _take(found, _limit(body), escalation_view)
+
+
+QUERIES: dict[str, Callable[[MayorState, dict[str, Any]], Any]] = {
+    "get": _get,
+    "list": _list,
+    "ready": _ready,
+    "children": _children,
+    "deps": _deps,
+    "molecule": _molecule,
+    "convoy": _convoy,
+    "convoys": _convoys,
+    "inbox": _inbox,
+    "thread": _thread,
+    "escalations": _escalations,
+}
+
+
+def answer(state: MayorState, what: str, body: dict[str, Any]) -> Any:
+    """Answer one query; raises ``QueryError`` for a bad query or something missing."""
+    handler = QUERIES.get(what)
+    if handler is None:
+        known = ", ".join([*QUERIES, "formulas", "formula", "status", "digest"])
+        raise QueryError("unknown_query", f"the mayor has no query {what!r}; it answers {known}")
+    return handler(state, body)

@@ -32,7 +32,13 @@ COMMAND_ACK_WAIT_S = 10.0
 is still being settled is ignored, so this only bounds how long a crash delays the commands it held."""
 COMMAND_MAX_ACK_PENDING = 20_000
 
-COMMAND_OWNERS: dict[str, str] = {"bead": "mayor"}
+COMMAND_OWNERS: dict[str, str] = {
+    "bead": "mayor",
+    "step": "mayor",
+    "convoy": "mayor",
+    "mail": "mayor",
+    "escalation": "mayor",
+}
 """Which service answers commands on ``gt.cmd.<aggregate>.<verb>``, by aggregate."""
 CATCH_ALL_SERVICE = "mayor"
 """Reads all of ``gt.cmd.>`` and answers ``unknown_command`` for aggregates nobody owns, so every command

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import msgspec
 
 _JSON = msgspec.json.Encoder()
+BAR_WIDTH = 20
 
 
 def print_json(value: Any, out: TextIO = sys.stdout) -> None:
@@ -20,23 +22,43 @@ def _short_ts(value: str | None) -> str:
     return value.replace("T", " ")[:19]
 
 
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], empty: str) -> str:
+    """Columns padded to their widest cell; the last column is not padded."""
+    if not rows:
+        return empty
+    all_rows = [tuple(header), *(tuple(r) for r in rows)]
+    widths = [max(len(r[i]) for r in all_rows) for i in range(len(header) - 1)]
+    lines = []
+    for row in all_rows:
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+def bar(done: int, total: int) -> str:
+    """``[#####.....] 3/6``."""
+    filled = round(BAR_WIDTH * done / total) if total else 0
+    return f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total}"
+
+
+# ---- beads -------------------------------------------------------------------------------------
+
+
 def bead_detail(bead: dict[str, Any]) -> str:
     lines = [
         f"{bead['id']}  {bead['title']}",
         f"  status:    {bead['status']}",
         f"  type:      {bead['type']}    priority: P{bead['priority']}",
     ]
-    if bead.get("assignee"):
-        lines.append(f"  assignee:  {bead['assignee']}")
-    if bead.get("parent"):
-        lines.append(f"  parent:    {bead['parent']}")
-    if bead.get("needs"):
-        lines.append(f"  needs:     {', '.join(bead['needs'])}")
-    if bead.get("labels"):
-        lines.append(f"  labels:    {', '.join(bead['labels'])}")
+    for label, key in (("assignee", "assignee"), ("parent", "parent"), ("rig", "rig"), ("session", "hook_session")):
+        if bead.get(key):
+            lines.append(f"  {label + ':':<10} {bead[key]}")
+    for label, key in (("needs", "needs"), ("labels", "labels"), ("convoys", "convoys")):
+        if bead.get(key):
+            lines.append(f"  {label + ':':<10} {', '.join(bead[key])}")
     for key, value in sorted((bead.get("metadata") or {}).items()):
         lines.append(f"  meta:      {key}={value}")
-    lines.append(f"  created:   {_short_ts(bead.get('created_at'))}")
+    lines.append(f"  created:   {_short_ts(bead.get('created_at'))} by {bead.get('created_by') or '-'}")
     if bead.get("closed_at"):
         reason = f" ({bead['close_reason']})" if bead.get("close_reason") else ""
         lines.append(f"  closed:    {_short_ts(bead['closed_at'])}{reason}")
@@ -47,14 +69,13 @@ def bead_detail(bead: dict[str, Any]) -> str:
 
 
 def bead_table(beads: list[dict[str, Any]]) -> str:
-    if not beads:
-        return "(no beads)"
-    rows = [("ID", "STATUS", "PRI", "TYPE", "ASSIGNEE", "TITLE")]
-    rows += [
-        (b["id"], b["status"], f"P{b['priority']}", b["type"], b.get("assignee") or "-", b["title"]) for b in beads
-    ]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5] for row in rows)
+    rows = [(b["id"], b["status"], f"P{b['priority']}", b["type"], b.get("assignee") or "-", b["title"]) for b in beads]
+    return table(("ID", "STATUS", "PRI", "TYPE", "ASSIGNEE", "TITLE"), rows, "(no beads)")
+
+
+def deps_lines(deps: list[dict[str, Any]]) -> str:
+    rows = [(d["id"], d["status"] or "(missing)") for d in deps]
+    return table(("ID", "STATUS"), rows, "(no dependencies)")
 
 
 def history_lines(entries: list[Any]) -> str:
@@ -64,3 +85,137 @@ def history_lines(entries: list[Any]) -> str:
         fields = " ".join(f"{k}={v}" for k, v in detail.items())
         out.append(f"#{e.seq:<8} {_short_ts(e.ts)}  {e.type:<14} by {e.actor:<20} {fields}".rstrip())
     return "\n".join(out)
+
+
+# ---- formulas and molecules --------------------------------------------------------------------
+
+
+def formula_table(formulas: list[dict[str, Any]]) -> str:
+    rows = [
+        (
+            f["name"],
+            f["layer"],
+            str(f.get("steps", "-")),
+            f"BROKEN: {f['error']}" if f.get("error") else f.get("description", ""),
+        )
+        for f in formulas
+    ]
+    return table(("NAME", "LAYER", "STEPS", "DESCRIPTION"), rows, "(no formulas)")
+
+
+def formula_detail(formula: dict[str, Any]) -> str:
+    lines = [f"{formula['name']} v{formula['version']}  ({formula['source']})"]
+    if formula.get("description"):
+        lines.append(f"  {formula['description']}")
+    if formula.get("vars"):
+        lines.append("vars:")
+        for var in formula["vars"]:
+            flags = " (required)" if var.get("required") else ""
+            default = f" = {var['default']!r}" if var.get("default") is not None else ""
+            description = f"  {var['description']}" if var.get("description") else ""
+            lines.append(f"  {var['name']}{default}{flags}{description}")
+    lines.append("steps:")
+    for step in formula["steps"]:
+        needs = f"  (needs {', '.join(step['needs'])})" if step.get("needs") else ""
+        lines.append(f"  {step['id']}: {step['title']}{needs}")
+    return "\n".join(lines)
+
+
+_STEP_MARKS = {"done": "[x]", "in_progress": "[>]", "pending": "[ ]"}
+
+
+def molecule_status(molecule: dict[str, Any]) -> str:
+    state = "complete" if molecule.get("complete") else f"current step: {molecule.get('current_step')}"
+    lines = [
+        f"{molecule['bead_id']}  {molecule['formula']} v{molecule['formula_version']}  "
+        f"{bar(molecule['done'], molecule['total'])}  {state}"
+    ]
+    for step in molecule["steps"]:
+        mark = _STEP_MARKS.get(step["status"], "[?]")
+        pointer = "  <- current" if step["id"] == molecule.get("current_step") else ""
+        lines.append(f"  {mark} {step['id']}: {step['title']}{pointer}")
+    return "\n".join(lines)
+
+
+# ---- convoys -----------------------------------------------------------------------------------
+
+
+def convoy_table(convoys: list[dict[str, Any]]) -> str:
+    rows = [
+        (c["id"], c["status"], "owned" if c.get("owned") else "", bar(c["closed"], c["total"]), c["title"])
+        for c in convoys
+    ]
+    return table(("ID", "STATUS", "", "PROGRESS", "TITLE"), rows, "(no convoys)")
+
+
+def convoy_detail(convoy: dict[str, Any]) -> str:
+    owned = ", owned" if convoy.get("owned") else ""
+    landed = ", landed" if convoy.get("landed") else ""
+    lines = [
+        f"{convoy['id']}  {convoy['title']}",
+        f"  {convoy['status']}{owned}{landed}  {bar(convoy['closed'], convoy['total'])}",
+    ]
+    rows = [(b["id"], b["status"], b.get("rig") or "-", b["title"]) for b in convoy.get("bead_details", [])]
+    lines.append(table(("  BEAD", "STATUS", "RIG", "TITLE"), [(f"  {r[0]}", *r[1:]) for r in rows], "  (no beads)"))
+    return "\n".join(lines)
+
+
+# ---- mail and escalations ----------------------------------------------------------------------
+
+
+def message_table(messages: list[dict[str, Any]]) -> str:
+    rows = [
+        (
+            m["id"],
+            "read" if "read" in m.get("labels", []) else "new",
+            m.get("metadata", {}).get("from", "-"),
+            _short_ts(m.get("created_at")),
+            m["title"],
+        )
+        for m in messages
+    ]
+    return table(("ID", "", "FROM", "SENT", "SUBJECT"), rows, "(no messages)")
+
+
+def message_detail(message: dict[str, Any]) -> str:
+    metadata = message.get("metadata", {})
+    lines = [
+        f"{message['id']}  {message['title']}",
+        f"  from:    {metadata.get('from', '-')}",
+        f"  to:      {message.get('assignee') or '-'}",
+        f"  sent:    {_short_ts(message.get('created_at'))}",
+        f"  thread:  {metadata.get('thread', '-')}",
+    ]
+    if metadata.get("reply_to"):
+        lines.append(f"  reply to: {metadata['reply_to']}")
+    lines.append("")
+    lines.extend(f"  {line}" for line in message.get("description", "").splitlines())
+    return "\n".join(lines)
+
+
+def thread_lines(messages: list[dict[str, Any]]) -> str:
+    if not messages:
+        return "(no messages)"
+    out = []
+    for m in messages:
+        sender = m.get("metadata", {}).get("from", "-")
+        out.append(f"{_short_ts(m.get('created_at'))}  {sender} -> {m.get('assignee')}: {m['title']}")
+        out.extend(f"    {line}" for line in m.get("description", "").splitlines())
+    return "\n".join(out)
+
+
+def escalation_table(escalations: list[dict[str, Any]]) -> str:
+    rows = []
+    for e in escalations:
+        raised = f"+{e['reescalations']}" if e.get("reescalations") else ""
+        rows.append(
+            (
+                e["id"],
+                f"{e['severity']}{raised}",
+                e["status"],
+                e.get("source", "-"),
+                _short_ts(e.get("raised_at")),
+                e["message"],
+            )
+        )
+    return table(("ID", "SEVERITY", "STATUS", "SOURCE", "RAISED", "MESSAGE"), rows, "(no escalations)")

@@ -8,7 +8,23 @@ from shared.events.base import (
     decode_envelope,
     encode_event,
 )
-from shared.events.beads import BEAD_EVENTS, BeadClaimed, BeadClosed, BeadCreated, BeadEvent, BeadUpdated
+from shared.events.beads import BEAD_EVENTS, BeadClaimed, BeadClosed, BeadCreated, BeadEvent, BeadSlung, BeadUpdated
+from shared.events.convoys import CONVOY_EVENTS, ConvoyBeadsAdded, ConvoyClosed, ConvoyCreated
+from shared.events.escalations import (
+    ESCALATION_EVENTS,
+    EscalationAcked,
+    EscalationClosed,
+    EscalationRaised,
+    EscalationReescalated,
+)
+from shared.events.molecules import (
+    MOLECULE_EVENTS,
+    MoleculeAttached,
+    MoleculeCompleted,
+    StepCompleted,
+    StepSpec,
+    StepStarted,
+)
 from shared.events.outcomes import (
     OUTCOME_EVENTS,
     REJECTION_CODES,
@@ -17,7 +33,7 @@ from shared.events.outcomes import (
     CommandRejected,
 )
 
-REGISTRY = EventRegistry((*BEAD_EVENTS, *OUTCOME_EVENTS))
+REGISTRY = EventRegistry((*BEAD_EVENTS, *MOLECULE_EVENTS, *CONVOY_EVENTS, *ESCALATION_EVENTS, *OUTCOME_EVENTS))
 """The registry services decode with."""
 
 __all__ = [
@@ -27,14 +43,27 @@ __all__ = [
     "BeadClosed",
     "BeadCreated",
     "BeadEvent",
+    "BeadSlung",
     "BeadUpdated",
     "CommandAccepted",
     "CommandOutcome",
     "CommandRejected",
+    "ConvoyBeadsAdded",
+    "ConvoyClosed",
+    "ConvoyCreated",
     "Envelope",
+    "EscalationAcked",
+    "EscalationClosed",
+    "EscalationRaised",
+    "EscalationReescalated",
     "Event",
     "EventRef",
     "EventRegistry",
+    "MoleculeAttached",
+    "MoleculeCompleted",
+    "StepCompleted",
+    "StepSpec",
+    "StepStarted",
     "decode_envelope",
     "encode_event",
 ]

@@ -46,6 +46,7 @@ class BeadUpdated(BeadEvent, frozen=True, kw_only=True):
     remove_labels: list[str] = []
     metadata: dict[str, str] = {}
     add_needs: list[str] = []
+    remove_needs: list[str] = []
 
 
 class BeadClaimed(BeadEvent, frozen=True, kw_only=True):
@@ -62,4 +63,15 @@ class BeadClosed(BeadEvent, frozen=True, kw_only=True):
     reason: str = ""
 
 
-BEAD_EVENTS: tuple[type[Event], ...] = (BeadCreated, BeadUpdated, BeadClaimed, BeadClosed)
+class BeadSlung(BeadEvent, frozen=True, kw_only=True):
+    """The bead is hooked to ``rig`` (open -> hooked); a forced re-sling moves the hook and keeps the status."""
+
+    TYPE: ClassVar[str] = "bead.slung"
+    rig: str
+    session: str | None = None
+    forced: bool = False
+    convoy_id: str | None = None
+    """The auto-convoy created with it, if any."""
+
+
+BEAD_EVENTS: tuple[type[Event], ...] = (BeadCreated, BeadUpdated, BeadClaimed, BeadClosed, BeadSlung)

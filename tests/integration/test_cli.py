@@ -14,6 +14,7 @@ import pytest
 from nats.aio.client import Client
 
 from services.mayor.service import MayorService
+from shared.commands import COMMANDS
 from shared.config import TownConfig
 from tests.integration.test_mayor_service import run_mayor
 
@@ -176,6 +177,88 @@ async def test_schema_lists_every_command_and_event(gt: Gt) -> None:
     run = await gt("schema")
     assert run.code == 0
     schema = run.json()
-    assert set(schema["commands"]) == {f"gt.cmd.bead.{v}" for v in ("create", "update", "claim", "close")}
+    assert set(schema["commands"]) == set(COMMANDS)
+    assert {"gt.cmd.bead.sling", "gt.cmd.step.done", "gt.cmd.convoy.land", "gt.cmd.mail.send"} <= set(COMMANDS)
     assert {"bead.created", "bead.closed", "cmd.accepted", "cmd.rejected"} <= set(schema["events"])
     assert schema["events"]["bead.created"]["subject"] == "gt.evt.bead.<id>"
+
+
+async def test_formulas_sling_and_steps_through_the_cli(gt: Gt, mayor: MayorService) -> None:
+    listed = await gt("formula", "list")
+    assert listed.code == 0
+    assert "polecat-work" in listed.out
+    assert "builtin" in listed.out
+    shown = await gt("formula", "show", "code-review", "--var", "change=mr-9")
+    assert shown.code == 0
+    assert "verdict: Give a verdict on mr-9" in shown.out
+    bead_id = (await gt("bead", "create", "Widget")).out.strip()
+    slung = await gt("sling", bead_id, "demo")
+    assert slung.code == 0, slung.err
+    assert slung.out.startswith(f"{bead_id}: hooked on demo, molecule polecat-work, convoy cv-")
+    assert (await gt("sling", bead_id, "demo")).code == 1  # already hooked: conflict
+    done = await gt("step", "done", bead_id, "load-context")
+    assert (done.code, done.out.strip()) == (0, f"{bead_id} load-context: done (1/6 done)")
+    status = await gt("mol", "status", bead_id)
+    assert status.code == 0
+    assert "current step: implement" in status.out
+    assert "[x] load-context" in status.out
+    assert "[ ] implement" in status.out
+    premature = await gt("step", "done", bead_id, "submit")
+    assert premature.code == 1
+    assert "needs run-tests done first" in premature.err
+    molecule = (await gt("mol", "status", bead_id, "--json")).json()
+    assert (molecule["done"], molecule["total"]) == (1, 6)
+
+
+async def test_convoys_through_the_cli(gt: Gt, mayor: MayorService) -> None:
+    a = (await gt("bead", "create", "a")).out.strip()
+    b = (await gt("bead", "create", "b")).out.strip()
+    created = await gt("convoy", "create", "Release 1", a, "--owned")
+    assert created.code == 0
+    convoy_id = created.out.split(":")[0]
+    assert created.out.strip() == f"{convoy_id}: open, 0/1 closed"
+    assert (await gt("convoy", "add", convoy_id, b)).out.strip() == f"{convoy_id}: open, 0/2 closed"
+    await gt("bead", "close", a)
+    status = await gt("convoy", "status", convoy_id)
+    assert "1/2" in status.out
+    assert "owned" in status.out
+    refused = await gt("convoy", "land", convoy_id)
+    assert refused.code == 1
+    assert "open beads" in refused.err
+    assert (await gt("convoy", "land", convoy_id, "--force")).code == 0
+    assert (await gt("convoy", "list")).out.strip() == "(no convoys)"
+    assert convoy_id in (await gt("convoy", "list", "--all")).out
+
+
+async def test_mail_and_escalations_through_the_cli(gt: Gt, mayor: MayorService) -> None:
+    sent = await gt(
+        "mail", "send", "mayor", "--subject", "Deploy?", "--body", "Can we deploy today?", "--actor", "operator:ann"
+    )
+    assert sent.code == 0, sent.err
+    message_id = sent.out.split(":")[0]
+    inbox = await gt("mail", "inbox", "mayor")
+    assert message_id in inbox.out
+    assert "operator:ann" in inbox.out
+    read = await gt("mail", "read", message_id)
+    assert read.code == 0
+    assert "Can we deploy today?" in read.out
+    assert (await gt("mail", "inbox", "mayor")).out.strip() == "(no messages)"
+    replied = await gt("mail", "reply", message_id, "--body", "Yes", "--actor", "mayor")
+    assert replied.code == 0
+    assert "sent to operator:ann" in replied.out
+    thread = await gt("mail", "thread", message_id)
+    assert "operator:ann -> mayor: Deploy?" in thread.out
+    assert "mayor -> operator:ann: Re: Deploy?" in thread.out
+    assert (await gt("mail", "archive", message_id)).code == 0
+
+    raised = await gt("escalate", "main is red", "--severity", "high", "--source", "refinery")
+    assert raised.code == 0
+    escalation_id = raised.out.split(":")[0]
+    listed = await gt("escalations")
+    assert escalation_id in listed.out
+    assert "high" in listed.out
+    assert (await gt("escalation", "ack", escalation_id)).out.strip() == f"{escalation_id}: acked"
+    assert (await gt("escalation", "close", escalation_id, "--reason", "fixed")).code == 0
+    assert (await gt("escalations")).out.strip() == "(no escalations)"
+    bad = await gt("escalate", "x", "--severity", "urgent")
+    assert bad.code == 2

@@ -12,7 +12,7 @@ from services.mayor.projection import new_projection
 EVENTS = Path(__file__).parent.parent / "fixtures" / "events"
 
 
-@pytest.mark.parametrize("name", ["beads_v1"])
+@pytest.mark.parametrize("name", ["beads_v1", "work_v1"])
 def test_a_golden_log_folds_into_the_recorded_state(name: str) -> None:
     projection = new_projection()
     for line in (EVENTS / f"{name}.jsonl").read_text().splitlines():

@@ -8,7 +8,8 @@ import msgspec
 import pytest
 from structlog.testing import capture_logs
 
-from services.mayor.projection import MayorState, new_projection
+from services.mayor.projection import SCHEMA_VERSION, new_projection
+from services.mayor.state import MayorState
 from shared.events import BeadClosed, BeadCreated, encode_event
 
 TS = datetime(2026, 5, 1, tzinfo=UTC)
@@ -96,7 +97,7 @@ def test_a_snapshot_of_another_schema_is_ignored() -> None:
         assert not other.restore(data, stream_id="stream-A", stream_last_seq=6)
     assert logs[-1]["reason"] == "schema_fingerprint_differs"
     # Bumping the schema version of the same state type also invalidates old snapshots.
-    bumped = Projection("mayor", MayorState, lambda *a: None, schema_version=2)
+    bumped = Projection("mayor", MayorState, lambda *a: None, schema_version=SCHEMA_VERSION + 1)
     assert not bumped.restore(data, stream_id="stream-A", stream_last_seq=6)
 
 

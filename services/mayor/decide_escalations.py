@@ -1,0 +1,60 @@
+"""Decisions on escalations: raise, acknowledge, close. Re-escalation happens in reconcile. Pure."""
+
+from __future__ import annotations
+
+from services.mayor.decide_beads import fresh_id, get_bead
+from services.mayor.state import Escalation, MayorState
+from shared.commands import EscalationAck, EscalationClose, EscalationRaise
+from shared.decision import Accepted, DecideContext, NewEvent
+from shared.errors import CommandError
+from shared.events import EscalationAcked, EscalationClosed, EscalationRaised
+
+ESCALATION_PREFIX = "esc"
+
+
+def get_escalation(state: MayorState, escalation_id: str) -> Escalation:
+    escalation = state.escalations.get(escalation_id)
+    if escalation is None:
+        raise CommandError("not_found", f"no escalation {escalation_id!r}")
+    return escalation
+
+
+def raise_(state: MayorState, cmd: EscalationRaise, ctx: DecideContext) -> Accepted:
+    if cmd.bead is not None:
+        get_bead(state, cmd.bead, field="bead")
+    escalation_id = fresh_id(ctx, ESCALATION_PREFIX, state.escalations)
+    event = EscalationRaised(
+        escalation_id=escalation_id,
+        severity=cmd.severity,
+        source=cmd.source or ctx.actor,
+        message=cmd.message,
+        bead=cmd.bead,
+    )
+    return Accepted(
+        events=[NewEvent(payload=event, expected_seq=0)],
+        result={"id": escalation_id, "severity": cmd.severity, "status": "open", "changed": True},
+    )
+
+
+def ack(state: MayorState, cmd: EscalationAck, ctx: DecideContext) -> Accepted:
+    escalation = get_escalation(state, cmd.id)
+    if escalation.status == "closed":
+        raise CommandError("backward_transition", f"escalation {escalation.id} is closed; raise a new one")
+    if escalation.status == "acked":
+        return Accepted(result={"id": escalation.id, "status": "acked", "changed": False})
+    event = EscalationAcked(escalation_id=escalation.id, by=ctx.actor)
+    return Accepted(
+        events=[NewEvent(payload=event, expected_seq=escalation.version)],
+        result={"id": escalation.id, "status": "acked", "changed": True},
+    )
+
+
+def close(state: MayorState, cmd: EscalationClose, ctx: DecideContext) -> Accepted:
+    escalation = get_escalation(state, cmd.id)
+    if escalation.status == "closed":
+        return Accepted(result={"id": escalation.id, "status": "closed", "changed": False})
+    event = EscalationClosed(escalation_id=escalation.id, by=ctx.actor, reason=cmd.reason)
+    return Accepted(
+        events=[NewEvent(payload=event, expected_seq=escalation.version)],
+        result={"id": escalation.id, "status": "closed", "changed": True},
+    )

@@ -1,0 +1,148 @@
+"""Decisions on work: slinging beads to rigs (cooking their molecules) and checkpointing steps. Pure."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from services.mayor.decide_beads import fresh_id, get_bead, result
+from services.mayor.reads import is_complete, unmet_needs
+from services.mayor.state import INFRA_TYPES, MayorState, Molecule, Step
+from shared.commands import BeadSling, StepDone, StepStart
+from shared.decision import Accepted, DecideContext, NewEvent
+from shared.errors import CommandError
+from shared.events import BeadSlung, ConvoyCreated, MoleculeAttached, MoleculeCompleted, StepCompleted, StepStarted
+from shared.formulas import Formula, FormulaError, cook
+
+DEFAULT_FORMULA = "polecat-work"
+CONVOY_PREFIX = "cv"
+
+
+class Formulas(Protocol):
+    """Where decisions look formulas up (the service's catalog, or a dict in tests)."""
+
+    def get(self, name: str, rig: str | None = None) -> Formula: ...
+
+
+def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext, formulas: Formulas) -> Accepted:
+    bead = get_bead(state, cmd.id)
+    if bead.status == "closed":
+        raise CommandError("backward_transition", f"bead {bead.id} is closed; sling a new bead that references it")
+    if bead.type in INFRA_TYPES:
+        raise CommandError("invalid", f"bead {bead.id} is a {bead.type}, not work: it cannot be slung")
+    rehook = bead.status in ("hooked", "in_progress")
+    if rehook and not cmd.force:
+        raise CommandError(
+            "conflict",
+            f"bead {bead.id} is already {bead.status} on rig {bead.rig}; only a forced re-sling moves the hook",
+        )
+    events: list[NewEvent] = []
+    convoy_id = None
+    if not rehook and not cmd.no_convoy:
+        convoy_id = fresh_id(ctx, CONVOY_PREFIX, state.convoys)
+    events.append(
+        NewEvent(
+            payload=BeadSlung(
+                bead_id=bead.id, rig=cmd.rig, session=cmd.session, forced=cmd.force and rehook, convoy_id=convoy_id
+            ),
+            expected_seq=bead.version,
+        )
+    )
+    molecule = state.molecules.get(bead.id)
+    if molecule is None and not cmd.no_formula:
+        events.append(_attach(bead.id, bead.title, cmd, formulas))
+    elif molecule is not None and cmd.formula and cmd.formula != molecule.formula:
+        raise CommandError(
+            "conflict", f"bead {bead.id} already carries a {molecule.formula} molecule; a re-sling keeps it"
+        )
+    if convoy_id is not None:
+        convoy = ConvoyCreated(
+            convoy_id=convoy_id, title=f"Work: {bead.title}", beads=[bead.id], owned=cmd.owned, auto=True
+        )
+        events.append(NewEvent(payload=convoy, expected_seq=0))
+    status = bead.status if rehook else "hooked"
+    return Accepted(
+        events=events,
+        result=result(bead.id, status, changed=True, rig=cmd.rig, convoy=convoy_id, formula=_formula_name(events)),
+    )
+
+
+def _attach(bead_id: str, bead_title: str, cmd: BeadSling, formulas: Formulas) -> NewEvent:
+    name = cmd.formula or DEFAULT_FORMULA
+    try:
+        formula = formulas.get(name, cmd.rig)
+        steps, used = cook(formula, cmd.vars, {"bead": bead_id, "bead_title": bead_title, "rig": cmd.rig})
+    except FormulaError as exc:
+        raise CommandError("invalid", str(exc)) from exc
+    attached = MoleculeAttached(
+        bead_id=bead_id,
+        formula=formula.name,
+        formula_version=formula.version,
+        source=formula.source,
+        vars=used,
+        steps=steps,
+    )
+    return NewEvent(payload=attached, expected_seq=0)
+
+
+def _formula_name(events: list[NewEvent]) -> str | None:
+    for event in events:
+        if isinstance(event.payload, MoleculeAttached):
+            return event.payload.formula
+    return None
+
+
+def _molecule_step(state: MayorState, bead_id: str, step_id: str) -> tuple[Molecule, Step]:
+    bead = get_bead(state, bead_id, field="bead")
+    molecule = state.molecules.get(bead_id)
+    if molecule is None:
+        raise CommandError("not_found", f"bead {bead_id} has no molecule (sling it with a formula first)")
+    if bead.status == "closed":
+        raise CommandError("conflict", f"bead {bead_id} is closed; its molecule can no longer change")
+    for step in molecule.steps:
+        if step.id == step_id:
+            return molecule, step
+    known = ", ".join(s.id for s in molecule.steps)
+    raise CommandError("not_found", f"the molecule of {bead_id} has no step {step_id!r} (its steps: {known})")
+
+
+def _check_needs(molecule: Molecule, step: Step) -> None:
+    missing = unmet_needs(molecule, step)
+    if missing:
+        raise CommandError("invalid", f"step {step.id!r} needs {', '.join(missing)} done first")
+
+
+def _step_result(molecule: Molecule, step_id: str, status: str, *, changed: bool) -> dict[str, object]:
+    done = sum(1 for s in molecule.steps if s.status == "done" or (s.id == step_id and status == "done"))
+    return {
+        "bead": molecule.bead_id,
+        "step": step_id,
+        "status": status,
+        "changed": changed,
+        "done": done,
+        "total": len(molecule.steps),
+    }
+
+
+def step_start(state: MayorState, cmd: StepStart) -> Accepted:
+    molecule, step = _molecule_step(state, cmd.bead, cmd.step)
+    if step.status == "done":
+        raise CommandError("backward_transition", f"step {step.id!r} of {cmd.bead} is done; it is never redone")
+    if step.status == "in_progress":
+        return Accepted(result=_step_result(molecule, step.id, "in_progress", changed=False))
+    _check_needs(molecule, step)
+    event = NewEvent(payload=StepStarted(bead_id=cmd.bead, step=step.id), expected_seq=molecule.version)
+    return Accepted(events=[event], result=_step_result(molecule, step.id, "in_progress", changed=True))
+
+
+def step_done(state: MayorState, cmd: StepDone) -> Accepted:
+    molecule, step = _molecule_step(state, cmd.bead, cmd.step)
+    if step.status == "done":
+        return Accepted(result=_step_result(molecule, step.id, "done", changed=False))
+    _check_needs(molecule, step)
+    events = [NewEvent(payload=StepCompleted(bead_id=cmd.bead, step=step.id), expected_seq=molecule.version)]
+    others_done = all(s.status == "done" for s in molecule.steps if s.id != step.id)
+    if others_done and not is_complete(molecule):
+        events.append(NewEvent(payload=MoleculeCompleted(bead_id=cmd.bead), expected_seq=None))
+    out = _step_result(molecule, step.id, "done", changed=True)
+    out["complete"] = others_done
+    return Accepted(events=events, result=out)

@@ -1,0 +1,103 @@
+"""`gt formula ...`, `gt sling`, `gt mol status`, `gt step ...`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nats.aio.client import Client
+
+from shared.cli import render
+from shared.cli.common import Subcommands, command_options, key_values, read, read_options, send, show
+from shared.config import TownConfig
+
+
+def register(sub: Subcommands) -> None:
+    formula = sub.group("formula", "formulas: list, show", "formula_cmd")
+    fl = formula.add_parser("list", help="the formulas the mayor finds (built-in, the town's, the rig's)")
+    fl.add_argument("--rig", help="include this rig's formulas")
+    read_options(fl)
+    fl.set_defaults(handler=_formula_list)
+    fs = formula.add_parser("show", help="a formula's vars and steps (cooked, with --var)")
+    fs.add_argument("name")
+    fs.add_argument("--rig")
+    fs.add_argument("--var", action="append", metavar="KEY=VALUE", help="cook with this var (repeatable)")
+    read_options(fs)
+    fs.set_defaults(handler=_formula_show)
+
+    sl = sub.add_parser("sling", help="hook a bead to a rig with a molecule cooked from a formula")
+    sl.add_argument("bead")
+    sl.add_argument("rig")
+    sl.add_argument("--formula", "-f", help="default: polecat-work")
+    sl.add_argument("--var", action="append", metavar="KEY=VALUE", help="a formula var (repeatable)")
+    sl.add_argument("--no-formula", action="store_true", help="hook the bead without a molecule")
+    sl.add_argument("--no-convoy", action="store_true", help="do not create the auto-convoy")
+    sl.add_argument("--owned", action="store_true", help="the auto-convoy closes only when landed")
+    sl.add_argument("--force", action="store_true", help="re-sling a hooked bead (keeps its done steps)")
+    command_options(sl)
+    sl.set_defaults(handler=_sling)
+
+    mol = sub.group("mol", "molecules: status", "mol_cmd")
+    ms = mol.add_parser("status", help="a bead's steps, which are done and which is current")
+    ms.add_argument("bead")
+    read_options(ms)
+    ms.set_defaults(handler=_mol_status)
+
+    step = sub.group("step", "molecule steps: start, done", "step_cmd")
+    for verb, text in (("start", "pending -> in_progress"), ("done", "-> done, for good")):
+        p = step.add_parser(verb, help=text)
+        p.add_argument("bead")
+        p.add_argument("step")
+        command_options(p)
+        p.set_defaults(handler=_step, step_verb=verb)
+
+
+async def _formula_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    found = await read(nc, config, "formulas", {"rig": args.rig} if args.rig else {})
+    return show(args, found, render.formula_table)
+
+
+async def _formula_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body: dict[str, Any] = {"name": args.name, "vars": key_values(args.var, "--var")}
+    if args.rig:
+        body["rig"] = args.rig
+    return show(args, await read(nc, config, "formula", body), render.formula_detail)
+
+
+def _sling_line(result: dict[str, Any]) -> str:
+    parts = [f"{result.get('id')}: {result.get('status')} on {result.get('rig')}"]
+    if result.get("formula"):
+        parts.append(f"molecule {result['formula']}")
+    if result.get("convoy"):
+        parts.append(f"convoy {result['convoy']}")
+    return ", ".join(parts)
+
+
+async def _sling(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {
+        "id": args.bead,
+        "rig": args.rig,
+        "formula": args.formula,
+        "vars": key_values(args.var, "--var"),
+        "no_formula": args.no_formula or None,
+        "no_convoy": args.no_convoy or None,
+        "owned": args.owned or None,
+        "force": args.force or None,
+    }
+    return await send(nc, args, config, "gt.cmd.bead.sling", body, _sling_line)
+
+
+async def _mol_status(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return show(args, await read(nc, config, "molecule", {"bead": args.bead}), render.molecule_status)
+
+
+def _step_line(result: dict[str, Any]) -> str:
+    changed = "" if result.get("changed", True) else " (unchanged)"
+    complete = ", molecule complete" if result.get("complete") else ""
+    progress = f"{result.get('done')}/{result.get('total')} done"
+    return f"{result.get('bead')} {result.get('step')}: {result.get('status')}{changed} ({progress}{complete})"
+
+
+async def _step(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"bead": args.bead, "step": args.step}
+    return await send(nc, args, config, f"gt.cmd.step.{args.step_verb}", body, _step_line)

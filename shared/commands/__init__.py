@@ -1,0 +1,101 @@
+"""Every command body operators, agents and plugins may send, and their parsing into typed commands."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from shared.commands.base import DEFAULT_MAX_COMMAND_BYTES, MAX_ACTOR, Command
+from shared.commands.beads import BEAD_COMMANDS, BeadClaim, BeadClose, BeadCreate, BeadSling, BeadUpdate
+from shared.commands.convoys import CONVOY_COMMANDS, ConvoyAdd, ConvoyCreate, ConvoyLand
+from shared.commands.escalations import (
+    ESCALATION_COMMANDS,
+    SEVERITIES,
+    EscalationAck,
+    EscalationClose,
+    EscalationRaise,
+)
+from shared.commands.mail import MAIL_COMMANDS, MailArchive, MailRead, MailReply, MailSend
+from shared.commands.work import STEP_COMMANDS, StepDone, StepStart
+from shared.errors import CommandError
+
+COMMANDS: dict[str, type[Command]] = {
+    c.SUBJECT: c for c in (*BEAD_COMMANDS, *STEP_COMMANDS, *CONVOY_COMMANDS, *MAIL_COMMANDS, *ESCALATION_COMMANDS)
+}
+_DECODERS: dict[str, msgspec.json.Decoder[Any]] = {s: msgspec.json.Decoder(c) for s, c in COMMANDS.items()}
+_ANY_DECODER = msgspec.json.Decoder()
+
+
+def peek_body_fields(body: bytes) -> tuple[str | None, str | None, str | None]:
+    """Best effort ``(cmd_id, actor, correlation_id)`` from a body that may be invalid, for the outcome."""
+    try:
+        obj = _ANY_DECODER.decode(body)
+    except msgspec.DecodeError:
+        return None, None, None
+    if not isinstance(obj, dict):
+        return None, None, None
+
+    def text(key: str, limit: int) -> str | None:
+        value = obj.get(key)
+        return value if isinstance(value, str) and value.strip() and len(value) <= limit else None
+
+    return text("cmd_id", 10_000), text("actor", MAX_ACTOR), text("correlation_id", 128)
+
+
+def parse_command(subject: str, body: bytes, *, max_bytes: int = DEFAULT_MAX_COMMAND_BYTES) -> Command:
+    """Turn raw bytes on ``subject`` into a typed, validated command.
+
+    Raises:
+        CommandError: with code ``too_large``, ``malformed``, ``unknown_command`` or ``invalid``.
+    """
+    if len(body) > max_bytes:
+        raise CommandError("too_large", f"the command body is {len(body)} bytes; the limit is {max_bytes}")
+    try:
+        obj = _ANY_DECODER.decode(body)
+    except msgspec.DecodeError as exc:
+        raise CommandError("malformed", f"the body is not valid JSON ({exc}); send a JSON object") from exc
+    if not isinstance(obj, dict):
+        raise CommandError("malformed", f"the body must be a JSON object, got a JSON {_json_kind(obj)}")
+    decoder = _DECODERS.get(subject)
+    if decoder is None:
+        known = ", ".join(sorted(COMMANDS))
+        raise CommandError("unknown_command", f"there is no command {subject!r}; known commands: {known}")
+    try:
+        cmd: Command = decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise CommandError("invalid", str(exc)) from exc
+    cmd.validate()
+    return cmd
+
+
+def _json_kind(value: object) -> str:
+    kinds = {list: "array", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+__all__ = [
+    "COMMANDS",
+    "DEFAULT_MAX_COMMAND_BYTES",
+    "SEVERITIES",
+    "BeadClaim",
+    "BeadClose",
+    "BeadCreate",
+    "BeadSling",
+    "BeadUpdate",
+    "Command",
+    "ConvoyAdd",
+    "ConvoyCreate",
+    "ConvoyLand",
+    "EscalationAck",
+    "EscalationClose",
+    "EscalationRaise",
+    "MailArchive",
+    "MailRead",
+    "MailReply",
+    "MailSend",
+    "StepDone",
+    "StepStart",
+    "parse_command",
+    "peek_body_fields",
+]

@@ -1,0 +1,120 @@
+"""The command base class and the field checks every command shares.
+
+Parsing never raises anything but ``CommandError`` with one of DESIGN.md's reason codes, so every bad
+input ends in a ``cmd.rejected`` a person can act on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import ClassVar
+
+import msgspec
+
+from shared.errors import CommandError
+from shared.ids import ID_PATTERN, is_valid_id
+
+DEFAULT_MAX_COMMAND_BYTES = 1024 * 1024
+MAX_TITLE = 500
+MAX_DESCRIPTION = 256 * 1024
+MAX_LABEL = 128
+MAX_ACTOR = 128
+MAX_REASON = 4096
+MAX_META_KEY = 128
+MAX_META_VALUE = 64 * 1024
+MAX_LIST = 256
+TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+VAR_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+class Command(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Fields every command body may carry."""
+
+    SUBJECT: ClassVar[str] = ""
+    cmd_id: str | None = None
+    """The command's id when no ``Nats-Msg-Id`` header is given; resending the same id is harmless."""
+    actor: str | None = None
+    """Who is acting (default ``operator``)."""
+    correlation_id: str | None = None
+    """Ties the command's events to a larger piece of work."""
+
+    def validate(self) -> None:
+        """Field checks msgspec's types cannot express; raises ``CommandError('invalid', ...)``."""
+        check_text("actor", self.actor, MAX_ACTOR, nonblank=True)
+
+
+def invalid(message: str) -> CommandError:
+    return CommandError("invalid", message)
+
+
+def check_id(field: str, value: str | None, *, required: bool = False) -> None:
+    if value is None:
+        if required:
+            raise invalid(f"`{field}` is required")
+        return
+    if not is_valid_id(value):
+        raise invalid(
+            f"`{field}` {value[:80]!r} is not a valid id: it must match {ID_PATTERN.pattern} "
+            "(lowercase letters, digits, '_' and '-'; no dots, spaces or wildcards)"
+        )
+
+
+def check_ids(field: str, values: list[str], *, required: bool = False) -> None:
+    if required and not values:
+        raise invalid(f"`{field}` must name at least one id")
+    if len(values) > MAX_LIST:
+        raise invalid(f"`{field}` has {len(values)} entries; the limit is {MAX_LIST}")
+    for value in values:
+        check_id(field, value)
+
+
+def check_text(field: str, value: str | None, limit: int, *, nonblank: bool = False) -> None:
+    """``value`` (None: not given) is at most ``limit`` characters, and not blank when ``nonblank``."""
+    if value is None:
+        return
+    if nonblank and not value.strip():
+        raise invalid(f"`{field}` must not be empty")
+    if len(value) > limit:
+        raise invalid(f"`{field}` is {len(value)} characters; the limit is {limit}")
+
+
+def check_type(value: str) -> None:
+    if not TYPE_PATTERN.fullmatch(value):
+        raise invalid(f"`type` {value[:80]!r} must match {TYPE_PATTERN.pattern} (e.g. task, bug)")
+
+
+def check_labels(field: str, labels: list[str]) -> None:
+    if len(labels) > MAX_LIST:
+        raise invalid(f"`{field}` has {len(labels)} entries; the limit is {MAX_LIST}")
+    for label in labels:
+        if not label.strip() or len(label) > MAX_LABEL:
+            raise invalid(f"`{field}` has an empty or over-long label {label[:40]!r} (1-{MAX_LABEL} characters)")
+
+
+def check_metadata(field: str, metadata: dict[str, str]) -> None:
+    if len(metadata) > MAX_LIST:
+        raise invalid(f"`{field}` has {len(metadata)} keys; the limit is {MAX_LIST}")
+    for key, value in metadata.items():
+        if not key.strip() or len(key) > MAX_META_KEY:
+            raise invalid(f"`{field}` key {key[:40]!r} must be 1-{MAX_META_KEY} characters")
+        if len(value) > MAX_META_VALUE:
+            raise invalid(f"`{field}` value of {key!r} is over {MAX_META_VALUE} characters")
+
+
+def check_vars(field: str, values: dict[str, str]) -> None:
+    check_metadata(field, values)
+    for name in values:
+        if not VAR_NAME_PATTERN.fullmatch(name):
+            raise invalid(f"`{field}` name {name[:40]!r} must match {VAR_NAME_PATTERN.pattern}")
+
+
+def check_priority(value: int | None) -> None:
+    if value is not None and not 0 <= value <= 4:
+        raise invalid(f"`priority` must be 0-4 (0 highest), got {value}")
+
+
+def check_choice(field: str, value: str | None, choices: Iterable[str]) -> None:
+    options = tuple(choices)
+    if value is not None and value not in options:
+        raise invalid(f"`{field}` must be one of {', '.join(options)}, got {value[:40]!r}")

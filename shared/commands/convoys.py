@@ -1,0 +1,49 @@
+"""Convoy commands (``gt.cmd.convoy.<verb>``), owned by the mayor."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from shared.commands.base import MAX_TITLE, Command, check_id, check_ids, check_text
+
+
+class ConvoyCreate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Track beads together; the convoy closes when all of them are closed (an ``owned`` one when landed)."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.convoy.create"
+    title: str
+    beads: list[str] = []
+    owned: bool = False
+
+    def validate(self) -> None:
+        super().validate()
+        check_text("title", self.title, MAX_TITLE, nonblank=True)
+        check_ids("beads", self.beads)
+
+
+class ConvoyAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Track more beads in an open convoy (beads it tracks already are skipped)."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.convoy.add"
+    id: str
+    beads: list[str]
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("id", self.id, required=True)
+        check_ids("beads", self.beads, required=True)
+
+
+class ConvoyLand(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Close an owned convoy; refused while it tracks open beads unless ``force``."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.convoy.land"
+    id: str
+    force: bool = False
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("id", self.id, required=True)
+
+
+CONVOY_COMMANDS: tuple[type[Command], ...] = (ConvoyCreate, ConvoyAdd, ConvoyLand)

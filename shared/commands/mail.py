@@ -1,0 +1,69 @@
+"""Mail commands (``gt.cmd.mail.<verb>``): messages are beads of type ``message``, owned by the mayor."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from shared.commands.base import MAX_ACTOR, MAX_DESCRIPTION, MAX_TITLE, Command, check_id, check_priority, check_text
+
+
+class MailSend(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Send a message to an address (``mayor``, ``operator:ann``, ``polecat:rig/ace``, ...)."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.mail.send"
+    to: str
+    body: str
+    subject: str = ""
+    """Default: the body's first line (80 characters at most)."""
+    thread: str | None = None
+    """Continue this thread; default: a new thread named after the message."""
+    priority: int = 2
+
+    def validate(self) -> None:
+        super().validate()
+        check_text("to", self.to, MAX_ACTOR, nonblank=True)
+        check_text("body", self.body, MAX_DESCRIPTION, nonblank=True)
+        check_text("subject", self.subject, MAX_TITLE)
+        check_id("thread", self.thread)
+        check_priority(self.priority)
+
+
+class MailRead(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Mark a message read (it stays in the thread; archive closes it)."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.mail.read"
+    id: str
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("id", self.id, required=True)
+
+
+class MailReply(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Answer a message: to its sender, in its thread."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.mail.reply"
+    id: str
+    body: str
+    subject: str = ""
+    """Default: ``Re: <the original subject>``."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("id", self.id, required=True)
+        check_text("body", self.body, MAX_DESCRIPTION, nonblank=True)
+        check_text("subject", self.subject, MAX_TITLE)
+
+
+class MailArchive(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Close a message: it leaves the inbox (archiving an archived message changes nothing)."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.mail.archive"
+    id: str
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("id", self.id, required=True)
+
+
+MAIL_COMMANDS: tuple[type[Command], ...] = (MailSend, MailRead, MailReply, MailArchive)

@@ -1,0 +1,34 @@
+"""Molecule step commands (``gt.cmd.step.<verb>``), owned by the mayor."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from shared.commands.base import Command, check_id
+
+
+class _StepCommand(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    bead: str
+    """The bead whose molecule holds the step."""
+    step: str
+    """The step's id in the molecule."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("bead", self.bead, required=True)
+        check_id("step", self.step, required=True)
+
+
+class StepStart(_StepCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """pending -> in_progress (its needs must be done); starting a started step changes nothing."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.step.start"
+
+
+class StepDone(_StepCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """pending or in_progress -> done (its needs must be done); completing a done step changes nothing."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.step.done"
+
+
+STEP_COMMANDS: tuple[type[Command], ...] = (StepStart, StepDone)

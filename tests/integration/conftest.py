@@ -1,0 +1,29 @@
+"""Fixtures for tests that run against both the pure model and a real mayor."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import nats
+import pytest
+import pytest_asyncio
+
+from tests.drivers import Driver, MemoryDriver, nats_driver
+
+STALE_AFTER = timedelta(hours=4)
+
+
+@pytest_asyncio.fixture(params=["memory", "nats"])
+async def driver(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
+    """The mayor, as pure logic over an in-memory log, or as the service on a real nats-server."""
+    if request.param == "memory":
+        yield MemoryDriver(STALE_AFTER)
+        return
+    town = request.getfixturevalue("town")  # a fresh server, only for this kind
+    nc = await nats.connect(town.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    try:
+        async with nats_driver(town, nc) as driver:
+            yield driver
+    finally:
+        await nc.close()

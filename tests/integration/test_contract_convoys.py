@@ -1,0 +1,161 @@
+"""Convoys: beads tracked together, closing by themselves (or, when owned, by landing).
+Run against the pure model and against the real mayor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.errors import CommandError, QueryError
+from tests.drivers import Driver
+
+CREATE, CLOSE = "gt.cmd.bead.create", "gt.cmd.bead.close"
+NEW, ADD, LAND = "gt.cmd.convoy.create", "gt.cmd.convoy.add", "gt.cmd.convoy.land"
+
+
+async def beads(driver: Driver, n: int, prefix: str = "hq") -> list[str]:
+    return [(await driver.send(CREATE, {"title": f"b{i}", "prefix": prefix}))["id"] for i in range(n)]
+
+
+async def convoy(driver: Driver, bead_ids: list[str], **fields: Any) -> str:
+    result = await driver.send(NEW, {"title": "Sprint 7", "beads": bead_ids, **fields})
+    convoy_id: str = result["id"]
+    return convoy_id
+
+
+async def code(driver: Driver, subject: str, body: dict[str, Any]) -> str:
+    with pytest.raises(CommandError) as info:
+        await driver.send(subject, body)
+    return info.value.code
+
+
+async def status(driver: Driver, convoy_id: str) -> dict[str, Any]:
+    found: dict[str, Any] = await driver.ask("convoy", id=convoy_id)
+    return found
+
+
+class TestProgressAndAutoClose:
+    async def test_progress_counts_closed_of_total(self, driver: Driver) -> None:
+        ids = await beads(driver, 3)
+        result = await driver.send(NEW, {"title": "Sprint 7", "beads": ids})
+        assert (result["closed"], result["total"], result["status"]) == (0, 3, "open")
+        await driver.send(CLOSE, {"id": ids[0]})
+        found = await status(driver, result["id"])
+        assert (found["closed"], found["total"], found["status"]) == (1, 3, "open")
+        assert [b["id"] for b in found["bead_details"]] == ids
+
+    async def test_a_convoy_closes_when_its_last_bead_closes(self, driver: Driver) -> None:
+        ids = await beads(driver, 2)
+        convoy_id = await convoy(driver, ids)
+        await driver.send(CLOSE, {"id": ids[0]})
+        await driver.send(CLOSE, {"id": ids[1]})
+        if driver.kind == "nats":
+            await driver.advance(0)  # let the mayor reconcile on what it applied
+        found = await status(driver, convoy_id)
+        assert (found["status"], found["closed"], found["landed"]) == ("closed", 2, False)
+        assert await driver.ask("convoys") == []
+        assert [c["id"] for c in await driver.ask("convoys", include_closed=True)] == [convoy_id]
+
+    async def test_an_empty_convoy_never_closes_by_itself(self, driver: Driver) -> None:
+        convoy_id = await convoy(driver, [])
+        await driver.advance(60)
+        assert (await status(driver, convoy_id))["status"] == "open"
+
+    async def test_adding_beads_and_adding_them_again_is_a_no_op(self, driver: Driver) -> None:
+        first, second = await beads(driver, 2)
+        convoy_id = await convoy(driver, [first])
+        added = await driver.send(ADD, {"id": convoy_id, "beads": [second, first]})
+        assert (added["changed"], added["total"]) == (True, 2)
+        again = await driver.send(ADD, {"id": convoy_id, "beads": [second]})
+        assert again["changed"] is False
+        assert (await status(driver, convoy_id))["beads"] == [first, second]
+        assert (await driver.ask("get", id=second))["convoys"] == [convoy_id]
+
+    async def test_a_closed_convoy_takes_no_more_beads(self, driver: Driver) -> None:
+        first, later = await beads(driver, 2)
+        convoy_id = await convoy(driver, [first])
+        await driver.send(CLOSE, {"id": first})
+        await driver.advance(0)
+        assert (await status(driver, convoy_id))["status"] == "closed"
+        assert await code(driver, ADD, {"id": convoy_id, "beads": [later]}) == "backward_transition"
+
+    async def test_cross_rig_convoys_track_beads_of_any_rig(self, driver: Driver) -> None:
+        gt_beads = await beads(driver, 2, prefix="gt")
+        web_beads = await beads(driver, 2, prefix="web")
+        convoy_id = await convoy(driver, [*gt_beads, *web_beads])
+        for bead_id in [*gt_beads, *web_beads]:
+            await driver.send(CLOSE, {"id": bead_id})
+        await driver.advance(0)
+        assert (await status(driver, convoy_id))["status"] == "closed"
+
+    async def test_a_bead_in_two_convoys_closes_both(self, driver: Driver) -> None:
+        shared_bead, other = await beads(driver, 2)
+        both = await convoy(driver, [shared_bead])
+        pair = await convoy(driver, [shared_bead, other])
+        await driver.send(CLOSE, {"id": shared_bead})
+        await driver.advance(0)
+        assert (await status(driver, both))["status"] == "closed"
+        assert (await status(driver, pair))["status"] == "open"
+
+
+class TestOwned:
+    async def test_an_owned_convoy_waits_for_land(self, driver: Driver) -> None:
+        ids = await beads(driver, 2)
+        convoy_id = await convoy(driver, ids, owned=True)
+        for bead_id in ids:
+            await driver.send(CLOSE, {"id": bead_id})
+        await driver.advance(3600)
+        assert (await status(driver, convoy_id))["status"] == "open"
+        landed = await driver.send(LAND, {"id": convoy_id})
+        assert (landed["status"], landed["changed"]) == ("closed", True)
+        found = await status(driver, convoy_id)
+        assert (found["status"], found["landed"], found["forced"]) == ("closed", True, False)
+        assert (await driver.send(LAND, {"id": convoy_id}))["changed"] is False  # idempotent
+
+    async def test_landing_with_open_beads_is_refused_unless_forced(self, driver: Driver) -> None:
+        ids = await beads(driver, 2)
+        convoy_id = await convoy(driver, ids, owned=True)
+        await driver.send(CLOSE, {"id": ids[0]})
+        assert await code(driver, LAND, {"id": convoy_id}) == "conflict"
+        forced = await driver.send(LAND, {"id": convoy_id, "force": True})
+        assert forced["status"] == "closed"
+        assert (await status(driver, convoy_id))["forced"] is True
+
+    async def test_only_owned_convoys_are_landed(self, driver: Driver) -> None:
+        convoy_id = await convoy(driver, await beads(driver, 1))
+        assert await code(driver, LAND, {"id": convoy_id}) == "invalid"
+
+
+class TestBadInput:
+    @pytest.mark.parametrize(
+        ("subject", "body", "expected"),
+        [
+            (NEW, {"beads": []}, "invalid"),
+            (NEW, {"title": " ", "beads": []}, "invalid"),
+            (NEW, {"title": "t", "beads": "hq-1"}, "invalid"),
+            (NEW, {"title": "t", "beads": ["hq-none"]}, "not_found"),
+            (NEW, {"title": "t", "beads": ["hq.1"]}, "invalid"),
+            (NEW, {"title": "t", "owned": "yes"}, "invalid"),
+            (ADD, {"id": "cv-none", "beads": ["{bead}"]}, "not_found"),
+            (ADD, {"id": "{convoy}", "beads": []}, "invalid"),
+            (ADD, {"id": "{convoy}", "beads": ["hq-none"]}, "not_found"),
+            (LAND, {"id": "cv-none"}, "not_found"),
+            (LAND, {}, "invalid"),
+            ("gt.cmd.convoy.explode", {"id": "{convoy}"}, "unknown_command"),
+        ],
+    )
+    async def test_bad_convoy_commands(self, driver: Driver, subject: str, body: dict[str, Any], expected: str) -> None:
+        [bead_id] = await beads(driver, 1)
+        convoy_id = await convoy(driver, [bead_id])
+        swap = {"{bead}": bead_id, "{convoy}": convoy_id}
+        fixed = {
+            k: swap.get(v, v) if isinstance(v, str) else [swap.get(x, x) for x in v] if isinstance(v, list) else v
+            for k, v in body.items()
+        }
+        assert await code(driver, subject, fixed) == expected
+
+    async def test_unknown_convoy_query(self, driver: Driver) -> None:
+        with pytest.raises(QueryError) as info:
+            await driver.ask("convoy", id="cv-none")
+        assert info.value.code == "not_found"
