@@ -10,53 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
-from nats.aio.client import Client
-from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
-
-from bench.common import Figure, provisioned, server, start_service, stop_service, wait_ready
-
-
-async def _publish_all(nc: Client, subject: str, bodies: list[bytes]) -> float:
-    js = nc.jetstream()
-    started = time.perf_counter()
-    futures = [await js.publish_async(subject, body) for body in bodies]
-    await asyncio.gather(*futures)
-    return time.perf_counter() - started
-
-
-async def _ceiling(nc: Client, bodies: list[bytes]) -> float:
-    js = nc.jetstream()
-    await js.add_stream(StreamConfig(name="BENCH_RAW", subjects=["bench.raw.>"]))
-    try:
-        return await _publish_all(nc, "bench.raw.x", bodies)
-    finally:
-        await js.delete_stream("BENCH_RAW")
-
-
-async def _commands(nc: Client, bodies: list[bytes]) -> tuple[float, float]:
-    """(seconds to the last outcome, seconds to store the commands)."""
-    want = len(bodies)
-    got = 0
-    done = asyncio.Event()
-
-    async def on_outcome(msg: object) -> None:
-        nonlocal got
-        got += 1
-        if got >= want:
-            done.set()
-
-    js = nc.jetstream()
-    sub = await js.subscribe(
-        "gt.evt.cmd.>", cb=on_outcome, ordered_consumer=True, config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW)
-    )
-    started = time.perf_counter()
-    stored_s = await _publish_all(nc, "gt.cmd.bead.create", bodies)
-    await asyncio.wait_for(done.wait(), 600)
-    elapsed = time.perf_counter() - started
-    await sub.unsubscribe()
-    return elapsed, stored_s
+from bench.common import (
+    Figure,
+    provisioned,
+    raw_publish_ceiling,
+    run_commands,
+    server,
+    start_service,
+    stop_service,
+    wait_ready,
+)
 
 
 async def run(commands: int = 10_000, rounds: int = 2) -> list[Figure]:
@@ -71,8 +35,8 @@ async def run(commands: int = 10_000, rounds: int = 2) -> list[Figure]:
             await wait_ready(nc, "mayor")
             ceilings, measured, stored = [], [], []
             for _ in range(rounds):
-                ceilings.append(await _ceiling(nc, bodies))
-                elapsed, stored_s = await _commands(nc, bodies)
+                ceilings.append(await raw_publish_ceiling(nc, bodies))
+                elapsed, stored_s, _ = await run_commands(nc, "gt.cmd.bead.create", bodies)
                 measured.append(elapsed)
                 stored.append(stored_s)
         finally:

@@ -20,15 +20,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import nats
 import psutil
 from nats.aio.client import Client
+from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
 
 from shared.bus.topology import provision
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer, find_server_binary
-from shared.events import BeadClosed, BeadCreated, BeadUpdated, Event, encode_event
+from shared.events import BeadClosed, BeadCreated, BeadUpdated, Event, decode_envelope, encode_event
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -185,6 +188,52 @@ async def wait_ready(nc: Client, service: str, *, timeout: float = 600) -> float
             return time.monotonic() - started
         await asyncio.sleep(0.02)
     raise TimeoutError(f"{service} did not catch up within {timeout}s")
+
+
+async def publish_all(nc: Client, subject: str, bodies: list[bytes]) -> float:
+    """Seconds to store ``bodies`` with ``publish_async``, all in flight at once."""
+    js = nc.jetstream()
+    started = time.perf_counter()
+    futures = [await js.publish_async(subject, body) for body in bodies]
+    await asyncio.gather(*futures)
+    return time.perf_counter() - started
+
+
+async def raw_publish_ceiling(nc: Client, bodies: list[bytes]) -> float:
+    """The ceiling of a command path: raw ``publish_async`` of as many messages of the same size."""
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="BENCH_RAW", subjects=["bench.raw.>"]))
+    try:
+        return await publish_all(nc, "bench.raw.x", bodies)
+    finally:
+        await js.delete_stream("BENCH_RAW")
+
+
+async def run_commands(nc: Client, subject: str, bodies: list[bytes]) -> tuple[float, float, list[dict[str, Any]]]:
+    """Store commands (all in flight) and wait for their outcomes in the log.
+
+    Returns (seconds from the first publish to the last outcome, seconds to store the commands, the
+    outcomes' payloads)."""
+    want = len(bodies)
+    raw: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on_outcome(msg: Any) -> None:
+        raw.append(msg.data)
+        if len(raw) >= want:
+            done.set()
+
+    sub = await nc.jetstream().subscribe(
+        "gt.evt.cmd.>", cb=on_outcome, ordered_consumer=True, config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW)
+    )
+    started = time.perf_counter()
+    stored_s = await publish_all(nc, subject, bodies)
+    async with asyncio.timeout(600):
+        await done.wait()
+    elapsed = time.perf_counter() - started
+    await sub.unsubscribe()
+    outcomes = [{"type": env.type, **msgspec.json.decode(env.data)} for env in map(decode_envelope, raw)]
+    return elapsed, stored_s, outcomes
 
 
 def percentile(values: list[float], pct: float) -> float:

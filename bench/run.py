@@ -14,17 +14,18 @@ from pathlib import Path
 
 import structlog
 
-from bench import commands, queries, replay
+from bench import commands, queries, replay, work
 from bench.common import REPO_ROOT, Figure, machine
 
-FULL = {"events": 1_000_000, "commands": 10_000, "beads": 100_000, "queries": 5_000, "rounds": 2}
-QUICK = {"events": 20_000, "commands": 1_000, "beads": 2_000, "queries": 300, "rounds": 1}
+FULL = {"events": 1_000_000, "commands": 10_000, "beads": 100_000, "queries": 5_000, "rounds": 2, "slung": 1_000}
+QUICK = {"events": 20_000, "commands": 1_000, "beads": 2_000, "queries": 300, "rounds": 1, "slung": 100}
 
 
 async def run_all(sizes: dict[str, int]) -> list[Figure]:
     figures = await replay.run(sizes["events"], rounds=sizes["rounds"])
     figures += await commands.run(sizes["commands"], rounds=sizes["rounds"])
     figures += await queries.run(sizes["beads"], sizes["queries"])
+    figures += await work.run(sizes["slung"])
     return figures
 
 
@@ -67,6 +68,10 @@ def render(figures: list[Figure], facts: dict[str, str], *, quick: bool) -> str:
         "  ceiling is `publish_async` of as many messages of the same size on the same server.",
         "- **(d) queries**: sequential `gt.q.mayor.get` requests for random beads; the ceiling is a core NATS",
         "  request/reply to a trivial responder process returning a reply of the same size.",
+        "- **(e), (f) work**: beads are slung with the 6-step `polecat-work` formula (each sling cooks the formula",
+        "  and stores four events), then every step is done, all commands in flight at once; the ceiling is the",
+        "  same as (c). **(g)** replays the resulting log (creates, molecules, steps, convoys, closes) into the",
+        "  mayor's projection against the same ceiling as (a).",
         "",
     ]
     return "\n".join(lines)

@@ -23,16 +23,33 @@ echo "$docs"
 step "what is ready to work on (only the design: the others are blocked)"
 run gt ready
 
-step "work the design: claim it, add a note, close it"
-run gt bead claim "$design" --assignee polecat:demo/ace
-run gt bead update "$design" --meta review=approved
+step "sling the design to rig demo: it gets the polecat-work molecule and an auto-convoy"
+run gt sling "$design" demo
+run gt mol status "$design"
+
+step "an agent works the steps; each one is checkpointed in the log"
+for s in load-context implement commit; do run gt step done "$design" "$s"; done
+run gt mol status "$design"
+
+step "forward only: a done step is never redone (exit code 1)"
+run gt step start "$design" implement || echo "(exit $?)"
+
+step "finish the molecule and close the bead; its convoy closes by itself"
+for s in self-review run-tests submit; do gt step done "$design" "$s" > /dev/null; done
 run gt bead close "$design" --reason "API agreed"
+run gt convoy list --all
 
 step "the build is ready now"
 run gt ready
 
 step "forward only: a closed bead cannot be claimed again (exit code 1)"
 run gt bead claim "$design" --assignee polecat:demo/bob || echo "(exit $?)"
+
+step "mail and escalations"
+run gt mail send mayor --subject "Release?" --body "Can the frobulator ship on Friday?" --actor operator:ann
+run gt mail inbox mayor
+run gt escalate "CI runners are slow" --severity medium --source operator:ann
+run gt escalations
 
 step "all beads, closed ones included"
 run gt bead list --all

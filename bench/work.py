@@ -1,0 +1,112 @@
+"""(e) slinging 1,000 beads with the 6-step polecat-work formula, (f) stepping them through, and (g) replaying
+the resulting log.
+
+(e), (f): the mayor as its own process; all commands in flight at once; rate = commands / (first publish ->
+    last outcome). Each sling cooks the formula and stores four events (bead.slung, molecule.attached,
+    convoy.created, the outcome). Ceiling: raw ``publish_async`` of as many messages of the same size (the
+    foundation's command ceiling).
+(g): EventReader + the mayor's projection over the whole resulting log (creates, slings with molecules,
+    step.done, molecule.completed, closes, outcomes) vs nats-py's ordered consumer with the two-step decode
+    (the foundation's replay ceiling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from bench.common import (
+    Figure,
+    provisioned,
+    raw_publish_ceiling,
+    run_commands,
+    server,
+    start_service,
+    stop_service,
+    wait_ready,
+)
+from bench.replay import _ceiling_replay, _projection_replay
+from shared import runtime
+
+STEPS = ["load-context", "implement", "commit", "self-review", "run-tests", "submit"]
+
+
+async def run(beads: int = 1_000) -> list[Figure]:
+    runtime.tune_gc()
+    figures: list[Figure] = []
+    with server() as srv:
+        nc, town = await provisioned(srv.url)
+        mayor = start_service("mayor", srv.url)
+        try:
+            await wait_ready(nc, "mayor")
+            creates = [json.dumps({"title": f"Widget {i}", "labels": ["bench"]}).encode() for i in range(beads)]
+            _, _, outcomes = await run_commands(nc, "gt.cmd.bead.create", creates)
+            ids = [o["result"]["id"] for o in outcomes]
+
+            slings = [json.dumps({"id": bead_id, "rig": f"rig{i % 4}"}).encode() for i, bead_id in enumerate(ids)]
+            sling_ceiling = await raw_publish_ceiling(nc, slings)
+            sling_s, _, sling_outcomes = await run_commands(nc, "gt.cmd.bead.sling", slings)
+            assert all(o["type"] == "cmd.accepted" for o in sling_outcomes), "a sling was rejected"
+            figures.append(
+                Figure(
+                    name=f"(e) sling {beads:,} beads, cooking the 6-step polecat-work formula",
+                    value=beads / sling_s,
+                    unit="commands/s",
+                    ceiling=beads / sling_ceiling,
+                    ceiling_name="raw publish_async",
+                    notes=[f"{sling_s:.2f}s; each sling stores 4 events (hook, molecule, auto-convoy, outcome)"],
+                )
+            )
+            print(figures[-1].line(), flush=True)
+
+            steps = [
+                json.dumps({"bead": bead_id, "step": step}).encode() for step in STEPS for bead_id in ids
+            ]  # step k of every bead before step k+1 of any: each step's needs are done when it arrives
+            step_ceiling = await raw_publish_ceiling(nc, steps)
+            steps_s = 0.0
+            for k in range(len(STEPS)):
+                elapsed, _, step_outcomes = await run_commands(
+                    nc, "gt.cmd.step.done", steps[k * beads : (k + 1) * beads]
+                )
+                assert all(o["type"] == "cmd.accepted" for o in step_outcomes), "a step was rejected"
+                steps_s += elapsed
+            figures.append(
+                Figure(
+                    name=f"(f) step.done through {beads:,} molecules ({len(steps):,} commands)",
+                    value=len(steps) / steps_s,
+                    unit="commands/s",
+                    ceiling=len(steps) / step_ceiling,
+                    ceiling_name="raw publish_async",
+                    notes=[f"{steps_s:.2f}s in {len(STEPS)} waves of {beads:,}; the last step completes each molecule"],
+                )
+            )
+            print(figures[-1].line(), flush=True)
+            closes = [json.dumps({"id": bead_id, "reason": "merged"}).encode() for bead_id in ids]
+            await run_commands(nc, "gt.cmd.bead.close", closes)
+        finally:
+            stop_service(mayor)
+
+        last = int((await nc.jetstream().stream_info(town.evt_stream)).state.last_seq)
+        ceiling_s = min([await _ceiling_replay(nc, town, last) for _ in range(2)])
+        measured_s = min([(await _projection_replay(nc, town, last))[0] for _ in range(2)])
+        figures.append(
+            Figure(
+                name=f"(g) replay the work log ({last:,} events: molecules, steps, convoys) into the mayor",
+                value=last / measured_s,
+                unit="events/s",
+                ceiling=last / ceiling_s,
+                ceiling_name="ordered consumer + decode",
+                target=">= 0.7",
+                notes=[f"{measured_s:.2f}s vs {ceiling_s:.2f}s; best of 2"],
+            )
+        )
+        print(figures[-1].line(), flush=True)
+        await nc.close()
+    return figures
+
+
+if __name__ == "__main__":
+    started = time.perf_counter()
+    asyncio.run(run())
+    print(f"{time.perf_counter() - started:.1f}s")
