@@ -25,7 +25,7 @@ async def run_all(sizes: dict[str, int]) -> list[Figure]:
     figures = await replay.run(sizes["events"], rounds=sizes["rounds"])
     figures += await commands.run(sizes["commands"], rounds=sizes["rounds"])
     figures += await queries.run(sizes["beads"], sizes["queries"])
-    figures += await work.run(sizes["slung"])
+    figures += await work.run(sizes["slung"], rounds=sizes["rounds"])
     return figures
 
 

@@ -16,6 +16,8 @@ import asyncio
 import json
 import time
 
+from nats.aio.client import Client
+
 from bench.common import (
     Figure,
     provisioned,
@@ -32,7 +34,31 @@ from shared import runtime
 STEPS = ["load-context", "implement", "commit", "self-review", "run-tests", "submit"]
 
 
-async def run(beads: int = 1_000) -> list[Figure]:
+async def _round(nc: Client, beads: int) -> tuple[float, float, float, float]:
+    """One round over fresh beads: (sling seconds, its ceiling, step seconds, its ceiling)."""
+    creates = [json.dumps({"title": f"Widget {i}", "labels": ["bench"]}).encode() for i in range(beads)]
+    _, _, outcomes = await run_commands(nc, "gt.cmd.bead.create", creates)
+    ids = [o["result"]["id"] for o in outcomes]
+
+    slings = [json.dumps({"id": bead_id, "rig": f"rig{i % 4}"}).encode() for i, bead_id in enumerate(ids)]
+    sling_ceiling = await raw_publish_ceiling(nc, slings)
+    sling_s, _, sling_outcomes = await run_commands(nc, "gt.cmd.bead.sling", slings)
+    assert all(o["type"] == "cmd.accepted" for o in sling_outcomes), "a sling was rejected"
+
+    # Step k of every bead before step k+1 of any: each step's needs are done when it arrives.
+    steps = [json.dumps({"bead": bead_id, "step": step}).encode() for step in STEPS for bead_id in ids]
+    step_ceiling = await raw_publish_ceiling(nc, steps)
+    steps_s = 0.0
+    for k in range(len(STEPS)):
+        elapsed, _, step_outcomes = await run_commands(nc, "gt.cmd.step.done", steps[k * beads : (k + 1) * beads])
+        assert all(o["type"] == "cmd.accepted" for o in step_outcomes), "a step was rejected"
+        steps_s += elapsed
+    closes = [json.dumps({"id": bead_id, "reason": "merged"}).encode() for bead_id in ids]
+    await run_commands(nc, "gt.cmd.bead.close", closes)
+    return sling_s, sling_ceiling, steps_s, step_ceiling
+
+
+async def run(beads: int = 1_000, rounds: int = 2) -> list[Figure]:
     runtime.tune_gc()
     figures: list[Figure] = []
     with server() as srv:
@@ -40,52 +66,37 @@ async def run(beads: int = 1_000) -> list[Figure]:
         mayor = start_service("mayor", srv.url)
         try:
             await wait_ready(nc, "mayor")
-            creates = [json.dumps({"title": f"Widget {i}", "labels": ["bench"]}).encode() for i in range(beads)]
-            _, _, outcomes = await run_commands(nc, "gt.cmd.bead.create", creates)
-            ids = [o["result"]["id"] for o in outcomes]
-
-            slings = [json.dumps({"id": bead_id, "rig": f"rig{i % 4}"}).encode() for i, bead_id in enumerate(ids)]
-            sling_ceiling = await raw_publish_ceiling(nc, slings)
-            sling_s, _, sling_outcomes = await run_commands(nc, "gt.cmd.bead.sling", slings)
-            assert all(o["type"] == "cmd.accepted" for o in sling_outcomes), "a sling was rejected"
-            figures.append(
-                Figure(
-                    name=f"(e) sling {beads:,} beads, cooking the 6-step polecat-work formula",
-                    value=beads / sling_s,
-                    unit="commands/s",
-                    ceiling=beads / sling_ceiling,
-                    ceiling_name="raw publish_async",
-                    notes=[f"{sling_s:.2f}s; each sling stores 4 events (hook, molecule, auto-convoy, outcome)"],
-                )
-            )
-            print(figures[-1].line(), flush=True)
-
-            steps = [
-                json.dumps({"bead": bead_id, "step": step}).encode() for step in STEPS for bead_id in ids
-            ]  # step k of every bead before step k+1 of any: each step's needs are done when it arrives
-            step_ceiling = await raw_publish_ceiling(nc, steps)
-            steps_s = 0.0
-            for k in range(len(STEPS)):
-                elapsed, _, step_outcomes = await run_commands(
-                    nc, "gt.cmd.step.done", steps[k * beads : (k + 1) * beads]
-                )
-                assert all(o["type"] == "cmd.accepted" for o in step_outcomes), "a step was rejected"
-                steps_s += elapsed
-            figures.append(
-                Figure(
-                    name=f"(f) step.done through {beads:,} molecules ({len(steps):,} commands)",
-                    value=len(steps) / steps_s,
-                    unit="commands/s",
-                    ceiling=len(steps) / step_ceiling,
-                    ceiling_name="raw publish_async",
-                    notes=[f"{steps_s:.2f}s in {len(STEPS)} waves of {beads:,}; the last step completes each molecule"],
-                )
-            )
-            print(figures[-1].line(), flush=True)
-            closes = [json.dumps({"id": bead_id, "reason": "merged"}).encode() for bead_id in ids]
-            await run_commands(nc, "gt.cmd.bead.close", closes)
+            results = [await _round(nc, beads) for _ in range(rounds)]
         finally:
             stop_service(mayor)
+        sling_s, sling_ceiling, _, _ = min(results, key=lambda r: r[0] / r[1])
+        _, _, steps_s, step_ceiling = min(results, key=lambda r: r[2] / r[3])
+        figures.append(
+            Figure(
+                name=f"(e) sling {beads:,} beads, cooking the 6-step polecat-work formula",
+                value=beads / sling_s,
+                unit="commands/s",
+                ceiling=beads / sling_ceiling,
+                ceiling_name="raw publish_async",
+                notes=[
+                    f"{sling_s:.2f}s; each sling stores 4 events (hook, molecule, auto-convoy, outcome)",
+                    f"best of {rounds} rounds",
+                ],
+            )
+        )
+        print(figures[-1].line(), flush=True)
+        steps = beads * len(STEPS)
+        figures.append(
+            Figure(
+                name=f"(f) step.done through {beads:,} molecules ({steps:,} commands)",
+                value=steps / steps_s,
+                unit="commands/s",
+                ceiling=steps / step_ceiling,
+                ceiling_name="raw publish_async",
+                notes=[f"{steps_s:.2f}s in {len(STEPS)} waves of {beads:,}; best of {rounds} rounds"],
+            )
+        )
+        print(figures[-1].line(), flush=True)
 
         last = int((await nc.jetstream().stream_info(town.evt_stream)).state.last_seq)
         ceiling_s = min([await _ceiling_replay(nc, town, last) for _ in range(2)])

@@ -98,6 +98,7 @@ class Service(Generic[S]):
         self._stream_id = ""
         self._started_at = time.monotonic()
         self._query_tasks: set[asyncio.Task[None]] = set()
+        self.reconcile_errors = 0
 
     # ---- hooks --------------------------------------------------------------------------------
 
@@ -309,7 +310,11 @@ class Service(Generic[S]):
     async def _reconcile_loop(self) -> None:
         while True:
             raise_if_cancelling()
-            await self.reconcile()
+            try:
+                await self.reconcile()
+            except Exception:
+                self.reconcile_errors += 1
+                log.exception("reconcile_failed")
             await wait_event(self._dirty, self.settings.patrol_interval)
             self._dirty.clear()
 
@@ -353,6 +358,7 @@ class Service(Generic[S]):
             "applied": self.projection.applied,
             "skipped": self.projection.skipped,
             "fold_errors": self.projection.fold_errors,
+            "reconcile_errors": self.reconcile_errors,
             "resyncs": reader.resyncs if reader else 0,
             "gaps": reader.gaps if reader else 0,
             "commands_processed": intake.processed if intake else 0,

@@ -363,15 +363,35 @@ class TestLifecycle:
             with pytest.raises(RuntimeError, match="already ran"):
                 await service.run()
 
-    async def test_a_fatal_error_in_a_loop_comes_out_of_run(self, town: TownConfig) -> None:
+    async def test_a_fatal_error_comes_out_of_run(self, nc: Client, town: TownConfig) -> None:
+        import nats.js.errors
+
+        service = MayorService(town, ServiceSettings(patrol_interval=0.2, idle_heartbeat=0.5))
+        task = asyncio.create_task(service.run())
+        await asyncio.wait_for(service.ready.wait(), 30)
+        await nc.jetstream().delete_stream(town.evt_stream)  # the log itself is gone: nothing to serve from
+        with pytest.raises(nats.js.errors.NotFoundError):
+            await asyncio.wait_for(task, 60)
+        await service.shutdown()  # still safe afterwards
+
+    async def test_a_failing_reconcile_is_logged_and_the_service_keeps_serving(
+        self, nc: Client, town: TownConfig
+    ) -> None:
         class Broken(MayorService):
             async def reconcile(self) -> None:
                 raise LookupError("reconcile exploded")
 
-        service = Broken(town, FAST)
-        with pytest.raises(LookupError, match="reconcile exploded"):
-            await asyncio.wait_for(service.run(), 30)
-        await service.shutdown()  # still safe afterwards
+        service = Broken(town, ServiceSettings(patrol_interval=0.1, idle_heartbeat=0.5))
+        task = asyncio.create_task(service.run())
+        try:
+            await asyncio.wait_for(service.ready.wait(), 30)
+            await assert_eventually(lambda: service.reconcile_errors >= 2)
+            await pub(nc, "gt.cmd.bead.create", {"title": "still served"}, msg_id="rec-1")
+            assert (await outcome_of(nc, "rec-1"))["type"] == "cmd.accepted"
+            assert (await ask(nc, "status"))["result"]["reconcile_errors"] >= 2
+        finally:
+            await service.shutdown()
+            await task
 
     async def test_shutdown_while_nats_is_unreachable_stops_the_connect_loop(self, tmp_path: Any) -> None:
         service = MayorService(TownConfig(nats_url="nats://127.0.0.1:1", gt_home=tmp_path), FAST)
