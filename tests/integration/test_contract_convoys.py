@@ -3,12 +3,15 @@ Run against the pure model and against the real mayor."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 from shared.errors import CommandError, QueryError
-from tests.drivers import Driver
+from shared.events import decode_envelope
+from tests.drivers import Driver, MemoryDriver, NatsDriver
+from tests.log_tools import read_all
 
 CREATE, CLOSE = "gt.cmd.bead.create", "gt.cmd.bead.close"
 NEW, ADD, LAND = "gt.cmd.convoy.create", "gt.cmd.convoy.add", "gt.cmd.convoy.land"
@@ -159,3 +162,24 @@ class TestBadInput:
         with pytest.raises(QueryError) as info:
             await driver.ask("convoy", id="cv-none")
         assert info.value.code == "not_found"
+
+
+async def convoy_closed_events(driver: Driver, convoy_id: str) -> int:
+    """How many ``convoy.closed`` events the log holds for the convoy."""
+    if isinstance(driver, MemoryDriver):
+        messages = [data for _, subject, data in driver.town.log.messages if subject == f"gt.evt.convoy.{convoy_id}"]
+    else:
+        assert isinstance(driver, NatsDriver)
+        messages = [data for _, _, data in await read_all(driver.nc, "GT_EVT", f"gt.evt.convoy.{convoy_id}")]
+    return sum(1 for data in messages if decode_envelope(data).type == "convoy.closed")
+
+
+async def test_two_beads_closing_at_once_close_their_convoy_exactly_once(driver: Driver) -> None:
+    for _ in range(5):
+        ids = await beads(driver, 2)
+        convoy_id = await convoy(driver, ids)
+        await asyncio.gather(*(driver.send(CLOSE, {"id": bead_id}) for bead_id in ids))
+        await driver.advance(0)
+        await driver.advance(0)
+        assert (await status(driver, convoy_id))["status"] == "closed"
+        assert await convoy_closed_events(driver, convoy_id) == 1
