@@ -27,6 +27,8 @@ class TownConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Name of the command intake stream (``GT_CMD_STREAM``)."""
     snapshot_bucket: str = subjects.DEFAULT_SNAPSHOT_BUCKET
     """Object store bucket for projection snapshots (``GT_SNAPSHOT_BUCKET``)."""
+    heartbeat_bucket: str = subjects.DEFAULT_HEARTBEAT_BUCKET
+    """KV bucket where agents' ``gt heartbeat`` lands, one key per session (``GT_HEARTBEAT_BUCKET``)."""
     replicas: int = 1
     """Stream replicas when provisioning (``GT_REPLICAS``; 3 in the cluster)."""
     escalation_stale_after_s: float = 4 * 3600.0
@@ -75,6 +77,7 @@ def load(env: Mapping[str, str] | None = None, *, service: str | None = None) ->
         evt_stream=get("GT_EVT_STREAM") or subjects.DEFAULT_EVT_STREAM,
         cmd_stream=get("GT_CMD_STREAM") or subjects.DEFAULT_CMD_STREAM,
         snapshot_bucket=get("GT_SNAPSHOT_BUCKET") or subjects.DEFAULT_SNAPSHOT_BUCKET,
+        heartbeat_bucket=get("GT_HEARTBEAT_BUCKET") or subjects.DEFAULT_HEARTBEAT_BUCKET,
         replicas=int(replicas_text),
         escalation_stale_after_s=stale_after,
         nats_user=get("NATS_USER"),

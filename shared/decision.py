@@ -37,3 +37,6 @@ class DecideContext:
     actor: str
     new_id: Callable[[str], str]
     """prefix -> a fresh aggregate id."""
+    facts: object = None
+    """What the service observed for this command before deciding (``Service.prepare``), e.g. whether a
+    repository can be read: decisions stay pure, the looking happens first."""

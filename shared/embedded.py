@@ -76,6 +76,7 @@ class EmbeddedServer:
     def __init__(self, root: Path, *, port: int = 0, host: str = "127.0.0.1", log_file: Path | None = None) -> None:
         self.root = root
         self.host = host
+        self._fixed_port = bool(port)
         self.port = port or free_port(host)
         self.http_port = free_port(host)
         self.store_dir = root / "jetstream"
@@ -88,18 +89,28 @@ class EmbeddedServer:
         return f"nats://{self.host}:{self.port}"
 
     def start(self, timeout: float = 15.0) -> None:
-        write_config(
-            self.config_path, store_dir=self.store_dir, port=self.port, http_port=self.http_port, host=self.host
-        )
-        log = self.log_file.open("ab")
-        self.proc = subprocess.Popen(
-            [find_server_binary(), "-c", str(self.config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        wait_for_port(self.host, self.port, timeout, self.proc)
+        for attempt in range(3):
+            write_config(
+                self.config_path, store_dir=self.store_dir, port=self.port, http_port=self.http_port, host=self.host
+            )
+            log = self.log_file.open("ab")
+            self.proc = subprocess.Popen(
+                [find_server_binary(), "-c", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            log.close()
+            try:
+                wait_for_port(self.host, self.port, timeout, self.proc)
+            except GastownError:
+                # A port picked free was taken before the server bound it: pick others (unless fixed).
+                if self._fixed_port or attempt == 2 or self.proc.poll() is None:
+                    raise
+                self.port, self.http_port = free_port(self.host), free_port(self.host)
+            else:
+                self._fixed_port = True  # a restart must come back where clients look for it
+                return
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.proc = self.proc, None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,6 +34,7 @@ from shared.events import CommandAccepted, CommandRejected, EventRef, encode_eve
 log = structlog.get_logger(__name__)
 
 Decide = Callable[[Command, DecideContext], Accepted]
+Prepare = Callable[[Command], Awaitable[object]]
 KeyOf = Callable[[Command], str | None]
 MAX_DECIDE_ATTEMPTS = 20
 
@@ -76,6 +77,7 @@ class CommandIntake:
         decide: Decide,
         key_of: KeyOf,
         owns: Callable[[str], bool] = lambda _subject: True,
+        prepare: Prepare | None = None,
         max_in_flight: int = 4_096,
         fetch_batch: int = 512,
         max_command_bytes: int = DEFAULT_MAX_COMMAND_BYTES,
@@ -92,6 +94,7 @@ class CommandIntake:
         self._decide = decide
         self._key_of = key_of
         self._owns = owns
+        self._prepare = prepare
         self._max_in_flight = max_in_flight
         self._fetch_batch = fetch_batch
         self._max_bytes = max_command_bytes
@@ -239,10 +242,11 @@ class CommandIntake:
                 self.duplicates += 1
                 log.info("command_already_settled", outcome_seq=stored[0])
                 return stored[0]
+        facts = await self._prepare(parsed) if self._prepare is not None and isinstance(parsed, Command) else None
         for attempt in range(MAX_DECIDE_ATTEMPTS + 1):
             if attempt == MAX_DECIDE_ATTEMPTS:
                 parsed = CommandError("conflict", "the aggregate kept changing under the command; send it again")
-            pending, rejected = self._events_for(delivery, parsed)
+            pending, rejected = self._events_for(delivery, parsed, facts)
             try:
                 seqs = await self._committer.append(pending)
             except ValueError as exc:
@@ -280,13 +284,17 @@ class CommandIntake:
         with contextlib.suppress(TimeoutError):
             await self._reader.wait_for_seq(int(info.state.last_seq), timeout=10)
 
-    def _events_for(self, delivery: Delivery, parsed: Command | CommandError) -> tuple[list[PendingEvent], bool]:
+    def _events_for(
+        self, delivery: Delivery, parsed: Command | CommandError, facts: object = None
+    ) -> tuple[list[PendingEvent], bool]:
         """Decide (again) and encode the command's events followed by its outcome; True when rejected."""
         now = self._clock()
         accepted: Accepted | None = None
         rejection = parsed if isinstance(parsed, CommandError) else None
         if isinstance(parsed, Command):
-            ctx = DecideContext(now=now, command_id=delivery.command_id, actor=delivery.actor, new_id=self._new_id)
+            ctx = DecideContext(
+                now=now, command_id=delivery.command_id, actor=delivery.actor, new_id=self._new_id, facts=facts
+            )
             try:
                 accepted = self._decide(parsed, ctx)
             except CommandError as exc:

@@ -43,19 +43,79 @@ def is_alive(ref: ProcessRef) -> bool:
         return False
 
 
+def send_signal(ref: ProcessRef, sig: signal.Signals) -> bool:
+    """Signal the process ``ref`` names, only if it still is that process; True when signalled.
+
+    Through a pidfd where the platform has one: the pidfd is opened first and the identity checked after,
+    so the signal cannot reach a process that took the pid in between.
+    """
+    if hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(ref.pid)
+        except (ProcessLookupError, OSError):
+            return False
+        try:
+            if not is_alive(ref):
+                return False
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, sig)
+                return True
+            return False
+        finally:
+            os.close(fd)
+    if not is_alive(ref):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(ref.pid, sig)
+        return True
+    return False
+
+
 def stop(ref: ProcessRef, *, timeout: float = 10.0) -> bool:
     """SIGTERM the process, then SIGKILL after ``timeout``; each signal only after re-verifying identity.
 
     Returns True when the process is gone (or was never there), False if it outlived SIGKILL.
     """
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        if not is_alive(ref):
-            return True
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(ref.pid, sig)
+        if not send_signal(ref, sig):
+            return not is_alive(ref)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if not is_alive(ref):
                 return True
             time.sleep(0.05)
     return not is_alive(ref)
+
+
+def descendants(ref: ProcessRef) -> list[ProcessRef]:
+    """The processes below ``ref`` now (children, their children, ...), each with its start time."""
+    if not is_alive(ref):
+        return []
+    out: list[ProcessRef] = []
+    try:
+        children = psutil.Process(ref.pid).children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return []
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.ZombieProcess):
+            out.append(ProcessRef(pid=child.pid, started=child.create_time()))
+    return out
+
+
+def stop_tree(ref: ProcessRef, *, timeout: float = 10.0) -> bool:
+    """Stop ``ref`` and everything below it (an agent under its pane's shell): SIGTERM to all, SIGKILL to
+    what is left after ``timeout``; every signal only to a process re-verified by pid and start time.
+
+    Returns True when all of them are gone.
+    """
+    tree = [ref, *descendants(ref)]
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        living = [p for p in tree if is_alive(p)]
+        if not living:
+            return True
+        for proc in living:
+            send_signal(proc, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(is_alive(p) for p in living):
+            time.sleep(0.05)
+    return not any(is_alive(p) for p in tree)

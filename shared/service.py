@@ -99,11 +99,38 @@ class Service(Generic[S]):
         self._started_at = time.monotonic()
         self._query_tasks: set[asyncio.Task[None]] = set()
         self.reconcile_errors = 0
+        self.reconciles = 0
+        """Reconcile passes finished (tests wait for "at least one more pass" with it)."""
 
     # ---- hooks --------------------------------------------------------------------------------
 
     async def reconcile(self) -> None:
         """Carry out the actions still owed: called after catch-up, after applied events, on each patrol tick."""
+
+    def start_background(self, tg: asyncio.TaskGroup) -> None:
+        """Start the service's own loops in the service's task group, once caught up (before the first reconcile)."""
+
+    def wake(self) -> None:
+        """Reconcile again soon (something observed changed, or an action finished)."""
+        self._dirty.set()
+
+    async def send_command(self, subject: str, body: dict[str, Any], *, cmd_id: str) -> int:
+        """Store a command for another service in GT_CMD (its outcome comes later, in the log); returns
+        its GT_CMD sequence. ``cmd_id`` makes it idempotent: the same id is carried out once."""
+        assert self.nc is not None
+        js = self.nc.jetstream()
+        data = _ENCODER.encode({**body, "cmd_id": cmd_id, "actor": body.get("actor", self.name)})
+        while True:
+            raise_if_cancelling()
+            try:
+                ack = await js.publish(
+                    subject, data, stream=self.config.cmd_stream, headers={"Nats-Msg-Id": cmd_id}, timeout=5
+                )
+            except RETRYABLE_ERRORS as exc:
+                log.warning("send_command_retry", subject=subject, cmd_id=cmd_id, error=repr(exc))
+                await asyncio.sleep(0.5)
+                continue
+            return int(ack.seq)
 
     async def append_owed(self, owed: list[NewEvent], *, causation_id: str | None = None) -> int:
         """Store events the service decided by itself (in ``reconcile``), each on its own, and wait until
@@ -135,6 +162,10 @@ class Service(Generic[S]):
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
         """Turn a command into events, or raise ``CommandError``. Pure: reads only the projection."""
         raise NotImplementedError
+
+    async def prepare(self, cmd: Command) -> object:
+        """Observe what deciding ``cmd`` needs from outside the log (I/O allowed); ``DecideContext.facts``."""
+        return None
 
     def aggregate_key(self, cmd: Command) -> str | None:
         """Commands with the same key are decided one after the other (None: no ordering needed)."""
@@ -299,11 +330,13 @@ class Service(Generic[S]):
                 decide=self.decide,
                 key_of=self.aggregate_key,
                 owns=lambda subject: owner_of(subject) == self.name,
+                prepare=self.prepare,
                 max_in_flight=self.settings.max_in_flight,
                 clock=self.clock,
             )
             tg.create_task(self.intake.run(), name="intake")
         tg.create_task(self._snapshot_loop(snapshots), name="snapshots")
+        self.start_background(tg)
         self.ready.set()
         await self._reconcile_loop()
 
@@ -315,6 +348,7 @@ class Service(Generic[S]):
             except Exception:
                 self.reconcile_errors += 1
                 log.exception("reconcile_failed")
+            self.reconciles += 1
             await wait_event(self._dirty, self.settings.patrol_interval)
             self._dirty.clear()
 
@@ -359,6 +393,7 @@ class Service(Generic[S]):
             "skipped": self.projection.skipped,
             "fold_errors": self.projection.fold_errors,
             "reconcile_errors": self.reconcile_errors,
+            "reconciles": self.reconciles,
             "resyncs": reader.resyncs if reader else 0,
             "gaps": reader.gaps if reader else 0,
             "commands_processed": intake.processed if intake else 0,

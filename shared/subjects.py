@@ -11,6 +11,7 @@ QUERY_PREFIX = "gt.q"
 DEFAULT_EVT_STREAM = "GT_EVT"
 DEFAULT_CMD_STREAM = "GT_CMD"
 DEFAULT_SNAPSHOT_BUCKET = "GT_SNAP"
+DEFAULT_HEARTBEAT_BUCKET = "GT_HEARTBEATS"
 
 
 def event_subject(aggregate: str, aggregate_id: str) -> str:

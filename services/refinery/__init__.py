@@ -1,1 +1,1 @@
-"""The refinery service (its behaviour arrives in its own issue; today it follows the log and reports health)."""
+"""The refinery service: the merge queue."""

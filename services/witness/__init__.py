@@ -1,1 +1,1 @@
-"""The witness service (its behaviour arrives in its own issue; today it follows the log and reports health)."""
+"""The witness service: rigs, polecat sessions, nudges."""

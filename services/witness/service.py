@@ -1,16 +1,237 @@
-"""The witness service."""
+"""The witness service: rigs, polecat sessions (spawn, watch, warrant, recover), nudges.
+
+Each reconcile observes tmux, the agents' processes and (for quiet sessions) their heartbeats, asks the
+pure planner what is owed, and queues those actions; a few workers carry them out. An agent's death wakes
+the witness at once through a pidfd; the patrol tick finds everything else.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, ClassVar
 
-from services.follower import LogTally, new_projection
+import msgspec
+import nats.errors
+import nats.js.errors
+import structlog
+
+from services.witness import decide as witness_decide
+from services.witness import queries
+from services.witness import settings as witness_settings
+from services.witness.actions import Action, Spawn
+from services.witness.executor import Executor, StartBlockedError
+from services.witness.pidwatch import ExitWatcher
+from services.witness.plan import Observed, PaneSeen, Policy, plan
+from services.witness.projection import new_projection
+from services.witness.state import WitnessState
+from shared import git, processes
+from shared.commands import Command, RigAdd
 from shared.config import TownConfig
+from shared.decision import Accepted, DecideContext
 from shared.service import Service, ServiceSettings
+from shared.tmux import Tmux, TmuxError
+
+log = structlog.get_logger(__name__)
+
+_HEARTBEAT = msgspec.json.Decoder(dict[str, Any])
+MAX_RETRY_DELAY_S = 30.0
 
 
-class WitnessService(Service[LogTally]):
+class WitnessService(Service[WitnessState]):
     name: ClassVar[str] = "witness"
 
-    def __init__(self, config: TownConfig, settings: ServiceSettings | None = None) -> None:
-        super().__init__(config, new_projection(self.name), settings)
+    def __init__(
+        self,
+        config: TownConfig,
+        settings: ServiceSettings | None = None,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        witness: witness_settings.WitnessSettings | None = None,
+    ) -> None:
+        super().__init__(config, new_projection(), settings, clock=clock)
+        self.witness_settings = witness or witness_settings.load()
+        ws = self.witness_settings
+        self.tmux = Tmux(ws.tmux_socket)
+        self.policy = Policy(
+            rigs_root=str(config.gt_home / "rigs"),
+            min_orphan_age_s=ws.min_orphan_age_s,
+            done_stuck_after_s=ws.done_stuck_after_s,
+            mass_death_count=ws.mass_death_count,
+            mass_death_window_s=ws.mass_death_window_s,
+            max_start_failures=ws.max_start_failures,
+        )
+        self.executor = Executor(self, self.tmux, ws, self.policy)
+        self.exits = ExitWatcher(self.wake)
+        self._queue: asyncio.PriorityQueue[tuple[int, int, Action]] | None = None
+        self._order = itertools.count()
+        self._pending: dict[str, Action] = {}
+        """Actions queued or running, by key."""
+        self._retry_at: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self.actions_done = 0
+        self.action_errors = 0
+
+    @property
+    def state(self) -> WitnessState:
+        return self.projection.state
+
+    # ---- commands ------------------------------------------------------------------------------
+
+    def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
+        return witness_decide.decide(self.projection.state, cmd, ctx)
+
+    def aggregate_key(self, cmd: Command) -> str | None:
+        return witness_decide.aggregate_key(cmd)
+
+    async def prepare(self, cmd: Command) -> object:
+        if isinstance(cmd, RigAdd) and cmd.name not in self.state.rigs:
+            # Looked at before deciding (decisions do no I/O): can git read it, has it the base branch?
+            problem = await asyncio.to_thread(git.probe_repository, cmd.repo, cmd.base_branch)
+            return witness_decide.RepoFacts(problem)
+        return None
+
+    def query(self, what: str, body: dict[str, Any]) -> Any:
+        return queries.answer(self.projection.state, what, body)
+
+    def status(self) -> dict[str, Any]:
+        out = super().status()
+        out.update(
+            actions_done=self.actions_done,
+            action_errors=self.action_errors,
+            actions_pending=len(self._pending),
+            watched_processes=len(self.exits),
+            tmux_socket=self.witness_settings.tmux_socket,
+        )
+        return out
+
+    # ---- the control loop ----------------------------------------------------------------------
+
+    def start_background(self, tg: asyncio.TaskGroup) -> None:
+        self._queue = asyncio.PriorityQueue()
+        for n in range(self.witness_settings.workers):
+            tg.create_task(self._worker(), name=f"witness-worker-{n}")
+
+    async def reconcile(self) -> None:
+        if self._queue is None:
+            return
+        observed = await self._observe()
+        for action in plan(self.state, observed, self.policy):
+            self._queue_action(action)
+
+    def _queue_action(self, action: Action) -> None:
+        assert self._queue is not None
+        if action.key in self._pending or self._retry_at.get(action.key, 0.0) > time.monotonic():
+            return
+        self._pending[action.key] = action
+        self._queue.put_nowait((action.PRIORITY, next(self._order), action))
+
+    async def _worker(self) -> None:
+        assert self._queue is not None
+        while True:
+            _, _, action = await self._queue.get()
+            try:
+                await self.executor.run(action)
+            except StartBlockedError as exc:
+                log.info("start_blocked", key=action.key, reason=str(exc))
+                self._back_off(action.key, minimum=1.0)
+            except Exception:
+                self.action_errors += 1
+                log.exception("action_failed", action=type(action).__name__, key=action.key)
+                self._back_off(action.key)
+            else:
+                self.actions_done += 1
+                self._failures.pop(action.key, None)
+                self._retry_at.pop(action.key, None)
+            finally:
+                self._pending.pop(action.key, None)
+                self.wake()
+
+    def _back_off(self, key: str, minimum: float = 0.5) -> None:
+        failures = self._failures.get(key, 0) + 1
+        self._failures[key] = failures
+        delay = min(MAX_RETRY_DELAY_S, max(minimum, 0.5 * 2 ** (failures - 1)))
+        self._retry_at[key] = time.monotonic() + delay
+        asyncio.get_running_loop().call_later(delay, self.wake)
+
+    async def _observe(self) -> Observed:
+        as_of = self.projection.last_seq
+        # Processes first, tmux second: a tmux session killed in between then reads as gone (dead), and an
+        # agent that died in between as a dead pane in a live session (zombie); both are right.
+        started = [s for s in self.state.sessions.values() if s.status == "started" and s.pane_pid]
+        refs = {s.id: processes.ProcessRef(pid=s.pane_pid or 0, started=s.pid_started or 0.0) for s in started}
+        alive = await asyncio.to_thread(lambda: {sid: processes.is_alive(ref) for sid, ref in refs.items()})
+        panes: dict[str, PaneSeen] | None
+        try:
+            snapshot = await asyncio.to_thread(self.tmux.snapshot)
+            panes = {
+                name: PaneSeen(name=name, pane_pid=p.pane_pid, dead=p.dead, created=p.created, label=p.label)
+                for name, p in snapshot.items()
+            }
+        except TmuxError as exc:
+            log.warning("tmux_unavailable", error=str(exc))
+            panes = None
+        for sid, ref in refs.items():
+            if alive[sid]:
+                self.exits.watch(sid, ref)
+        self.exits.keep_only({sid for sid, ok in alive.items() if ok})
+        now = self.clock()
+        return Observed(
+            now=now,
+            as_of_seq=as_of,
+            panes=panes,
+            alive=alive,
+            heartbeats=await self._heartbeats_of_quiet_sessions(now),
+            start_failures=dict(self.executor.start_failures),
+            busy=frozenset(self._pending) | {k for k, t in self._retry_at.items() if t > time.monotonic()},
+            reserved=frozenset((a.rig, a.polecat) for a in self._pending.values() if isinstance(a, Spawn)),
+        )
+
+    async def _heartbeats_of_quiet_sessions(self, now: datetime) -> dict[str, datetime]:
+        """Heartbeats are read only for sessions whose events alone would make them stalled."""
+        quiet = []
+        for session in self.state.sessions.values():
+            rig = self.state.rigs.get(session.rig)
+            bead = self.state.beads.get(session.bead)
+            if session.status != "started" or rig is None or bead is None:
+                continue
+            last = max(m for m in (session.started_at, bead.last_progress_at, session.requested_at) if m)
+            if (now - last).total_seconds() > rig.stall_after_s:
+                quiet.append(session.id)
+        if not quiet or self.nc is None:
+            return {}
+        out: dict[str, datetime] = {}
+        try:
+            kv = await self.nc.jetstream().key_value(self.config.heartbeat_bucket)
+            for sid in quiet:
+                try:
+                    entry = await kv.get(sid)
+                except nats.js.errors.KeyNotFoundError:
+                    continue
+                beat = _heartbeat_time(entry.value)
+                if beat is not None:
+                    out[sid] = beat
+        except (nats.errors.Error, TimeoutError) as exc:
+            # Without heartbeats a quiet session could be judged stalled wrongly: judge none this time.
+            log.warning("heartbeats_unavailable", error=repr(exc))
+            return dict.fromkeys(quiet, now)
+        return out
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:
+            self.exits.close()
+
+
+def _heartbeat_time(value: bytes | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        body = _HEARTBEAT.decode(value)
+        return datetime.fromisoformat(str(body["ts"]))
+    except (msgspec.DecodeError, KeyError, ValueError):
+        return None

@@ -11,6 +11,7 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     DiscardPolicy,
+    KeyValueConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -38,6 +39,10 @@ COMMAND_OWNERS: dict[str, str] = {
     "convoy": "mayor",
     "mail": "mayor",
     "escalation": "mayor",
+    "rig": "witness",
+    "session": "witness",
+    "nudge": "witness",
+    "mr": "refinery",
 }
 """Which service answers commands on ``gt.cmd.<aggregate>.<verb>``, by aggregate."""
 CATCH_ALL_SERVICE = "mayor"
@@ -229,4 +234,29 @@ async def provision(js: JetStreamContext, config: TownConfig) -> ProvisionReport
         name = f"{config.cmd_stream}/{command_consumer_name(service)}"
         made = await ensure_consumer(js, config.cmd_stream, command_consumer_config(service))
         (created if made else existing).append(name)
+    made = await ensure_heartbeat_bucket(js, config)
+    (created if made else existing).append(f"KV {config.heartbeat_bucket}")
     return ProvisionReport(created=created, existing=existing)
+
+
+HEARTBEAT_TTL_S = 24 * 3600.0
+"""Heartbeats are only ever read while fresh; a day of them is plenty."""
+
+
+async def ensure_heartbeat_bucket(js: JetStreamContext, config: TownConfig) -> bool:
+    """The KV bucket of agent heartbeats (a cache of liveness, never truth); True when created."""
+    try:
+        await js.key_value(config.heartbeat_bucket)
+    except nats.js.errors.BucketNotFoundError:
+        kv_config = KeyValueConfig(
+            bucket=config.heartbeat_bucket, history=1, ttl=HEARTBEAT_TTL_S, replicas=config.replicas
+        )
+        try:
+            await js.create_key_value(kv_config)
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != ERR_STREAM_NAME_IN_USE:
+                raise
+            return False
+        log.info("bucket_created", bucket=config.heartbeat_bucket)
+        return True
+    return False

@@ -21,7 +21,7 @@ from shared import config as town_config
 from shared import logging as gt_logging
 from shared.bus.connection import connect
 from shared.bus.topology import provision
-from shared.cli import beads, convoys, mail, render, work
+from shared.cli import beads, convoys, mail, polecats, render, work
 from shared.cli.client import query, stream_last_seq
 from shared.cli.common import (
     EXIT_OK,
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     work.register(sub)
     convoys.register(sub)
     mail.register(sub)
+    polecats.register(sub)
 
     sub.add_parser("schema", help="JSON Schema of every command and event")
     st = sub.add_parser("health", help="exit 0 when the service is connected and caught up with the log")
@@ -139,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from shared.cli import town
 
             return town.up(args, config, embedded=not nats_given) if args.cmd == "up" else town.down(config)
+        precheck = getattr(args, "precheck", None)
+        if precheck is not None:
+            precheck(args)  # e.g. `gt done` outside a session: said before trying to reach NATS
         return asyncio.run(run_async(args.handler, args, config))
     except UsageError as exc:
         print(f"gt: {exc}", file=sys.stderr)

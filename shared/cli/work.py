@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from nats.aio.client import Client
 
 from shared.cli import render
-from shared.cli.common import Subcommands, command_options, key_values, read, read_options, send, show
+from shared.cli.common import Subcommands, UsageError, command_options, key_values, read, read_options, send, show
 from shared.config import TownConfig
 
 
@@ -46,8 +47,7 @@ def register(sub: Subcommands) -> None:
     step = sub.group("step", "molecule steps: start, done", "step_cmd")
     for verb, text in (("start", "pending -> in_progress"), ("done", "-> done, for good")):
         p = step.add_parser(verb, help=text)
-        p.add_argument("bead")
-        p.add_argument("step")
+        p.add_argument("ids", nargs="+", metavar="[BEAD] STEP", help="the bead defaults to GT_BEAD (in a session)")
         command_options(p)
         p.set_defaults(handler=_step, step_verb=verb)
 
@@ -98,6 +98,18 @@ def _step_line(result: dict[str, Any]) -> str:
     return f"{result.get('bead')} {result.get('step')}: {result.get('status')}{changed} ({progress}{complete})"
 
 
+def _bead_and_step(ids: list[str]) -> tuple[str, str]:
+    if len(ids) == 2:
+        return ids[0], ids[1]
+    if len(ids) == 1:
+        bead = os.environ.get("GT_BEAD")
+        if not bead:
+            raise UsageError("name the bead: `gt step done BEAD STEP` (GT_BEAD is set only inside a session)")
+        return bead, ids[0]
+    raise UsageError(f"`gt step` takes [BEAD] STEP, got {len(ids)} arguments")
+
+
 async def _step(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {"bead": args.bead, "step": args.step}
+    bead, step = _bead_and_step(args.ids)
+    body = {"bead": bead, "step": step}
     return await send(nc, args, config, f"gt.cmd.step.{args.step_verb}", body, _step_line)

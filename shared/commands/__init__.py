@@ -17,11 +17,22 @@ from shared.commands.escalations import (
     EscalationRaise,
 )
 from shared.commands.mail import MAIL_COMMANDS, MailArchive, MailRead, MailReply, MailSend
+from shared.commands.rigs import (
+    POLECAT_TARGET,
+    RIG_COMMANDS,
+    MergeRequestSubmit,
+    NudgeSend,
+    RigAdd,
+    SessionDoneIntentCmd,
+    SessionFinish,
+    SessionHandoff,
+)
 from shared.commands.work import STEP_COMMANDS, StepDone, StepStart
 from shared.errors import CommandError
 
 COMMANDS: dict[str, type[Command]] = {
-    c.SUBJECT: c for c in (*BEAD_COMMANDS, *STEP_COMMANDS, *CONVOY_COMMANDS, *MAIL_COMMANDS, *ESCALATION_COMMANDS)
+    c.SUBJECT: c
+    for c in (*BEAD_COMMANDS, *STEP_COMMANDS, *CONVOY_COMMANDS, *MAIL_COMMANDS, *ESCALATION_COMMANDS, *RIG_COMMANDS)
 }
 _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {s: msgspec.json.Decoder(c) for s, c in COMMANDS.items()}
 _ANY_DECODER = msgspec.json.Decoder()
@@ -77,6 +88,7 @@ def _json_kind(value: object) -> str:
 __all__ = [
     "COMMANDS",
     "DEFAULT_MAX_COMMAND_BYTES",
+    "POLECAT_TARGET",
     "SEVERITIES",
     "BeadClaim",
     "BeadClose",
@@ -94,6 +106,12 @@ __all__ = [
     "MailRead",
     "MailReply",
     "MailSend",
+    "MergeRequestSubmit",
+    "NudgeSend",
+    "RigAdd",
+    "SessionDoneIntentCmd",
+    "SessionFinish",
+    "SessionHandoff",
     "StepDone",
     "StepStart",
     "parse_command",

@@ -17,6 +17,7 @@ from shared.events.escalations import (
     EscalationRaised,
     EscalationReescalated,
 )
+from shared.events.merge_requests import MERGE_REQUEST_EVENTS, MergeRequestSubmitted
 from shared.events.molecules import (
     MOLECULE_EVENTS,
     MoleculeAttached,
@@ -25,6 +26,7 @@ from shared.events.molecules import (
     StepSpec,
     StepStarted,
 )
+from shared.events.nudges import NUDGE_EVENTS, NudgeDelivered, NudgeExpired, NudgeQueued
 from shared.events.outcomes import (
     OUTCOME_EVENTS,
     REJECTION_CODES,
@@ -32,11 +34,36 @@ from shared.events.outcomes import (
     CommandOutcome,
     CommandRejected,
 )
+from shared.events.rigs import RIG_EVENTS, RigAdded, RigMassDeath
+from shared.events.sessions import (
+    DEATHS,
+    SESSION_EVENTS,
+    SessionCleaned,
+    SessionDoneIntent,
+    SessionEnded,
+    SessionEscalated,
+    SessionRequested,
+    SessionStarted,
+    SessionWarranted,
+)
 
-REGISTRY = EventRegistry((*BEAD_EVENTS, *MOLECULE_EVENTS, *CONVOY_EVENTS, *ESCALATION_EVENTS, *OUTCOME_EVENTS))
+REGISTRY = EventRegistry(
+    (
+        *BEAD_EVENTS,
+        *MOLECULE_EVENTS,
+        *CONVOY_EVENTS,
+        *ESCALATION_EVENTS,
+        *RIG_EVENTS,
+        *SESSION_EVENTS,
+        *NUDGE_EVENTS,
+        *MERGE_REQUEST_EVENTS,
+        *OUTCOME_EVENTS,
+    )
+)
 """The registry services decode with."""
 
 __all__ = [
+    "DEATHS",
     "REGISTRY",
     "REJECTION_CODES",
     "BeadClaimed",
@@ -59,8 +86,21 @@ __all__ = [
     "Event",
     "EventRef",
     "EventRegistry",
+    "MergeRequestSubmitted",
     "MoleculeAttached",
     "MoleculeCompleted",
+    "NudgeDelivered",
+    "NudgeExpired",
+    "NudgeQueued",
+    "RigAdded",
+    "RigMassDeath",
+    "SessionCleaned",
+    "SessionDoneIntent",
+    "SessionEnded",
+    "SessionEscalated",
+    "SessionRequested",
+    "SessionStarted",
+    "SessionWarranted",
     "StepCompleted",
     "StepSpec",
     "StepStarted",

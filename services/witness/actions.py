@@ -1,0 +1,142 @@
+"""What the witness can be owed to do, as plain values: the planner returns them, the executor carries them out.
+
+Every action has a ``key``: two actions with the same key never run at once (one per session, bead, tmux
+session, nudge or rig), so a slow action is never started a second time by the next patrol.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+
+
+class Action(msgspec.Struct, frozen=True, kw_only=True):
+    PRIORITY: ClassVar[int] = 5
+    """Lower runs first: killing and restarting before cleaning up."""
+
+    @property
+    def key(self) -> str:
+        raise NotImplementedError
+
+
+class SessionAction(Action, frozen=True, kw_only=True):
+    session: str
+
+    @property
+    def key(self) -> str:
+        return f"session:{self.session}"
+
+
+class Spawn(Action, frozen=True, kw_only=True):
+    """Record ``session.requested`` for a bead that needs a session (after re-slinging it), then start it."""
+
+    PRIORITY: ClassVar[int] = 1
+    bead: str
+    session: str
+    rig: str
+    polecat: str
+    worktree: str
+    branch: str
+    tmux_name: str
+    attempt: int
+    handoff_of: str | None = None
+    resling: bool = False
+    """Move the bead's hook to the new session first (after a death; a handoff keeps the hook)."""
+
+    @property
+    def key(self) -> str:
+        return f"bead:{self.bead}"
+
+
+class Start(SessionAction, frozen=True, kw_only=True):
+    """Start (or adopt) the tmux session of a requested session."""
+
+    PRIORITY: ClassVar[int] = 1
+
+
+class GiveUp(SessionAction, frozen=True, kw_only=True):
+    """A requested session that would not start: end it (``failed_to_start``)."""
+
+    PRIORITY: ClassVar[int] = 1
+    detail: str
+
+
+class Warrant(SessionAction, frozen=True, kw_only=True):
+    """Record why the session must go, then kill it (re-verified) and end it."""
+
+    PRIORITY: ClassVar[int] = 0
+    reason: str
+    detail: str = ""
+
+
+class Kill(SessionAction, frozen=True, kw_only=True):
+    """Carry out a recorded warrant: re-verify, kill, end (finishing the done flow if it had begun)."""
+
+    PRIORITY: ClassVar[int] = 0
+
+
+class Escalate(SessionAction, frozen=True, kw_only=True):
+    """The bead of this (ended) session is not respawned: ask a person."""
+
+    PRIORITY: ClassVar[int] = 3
+    reason: str
+    message: str
+
+
+class Clean(SessionAction, frozen=True, kw_only=True):
+    """After a session ended: reap its tmux leftovers and, with ``remove_worktree``, its worktree (only if
+    nothing unsaved is in it); then record ``session.cleaned``."""
+
+    PRIORITY: ClassVar[int] = 3
+    remove_worktree: bool
+    detail: str = ""
+
+
+class ReapPane(SessionAction, frozen=True, kw_only=True):
+    """An ended session's tmux session is still there (a dead pane, or an agent that did not exit)."""
+
+    PRIORITY: ClassVar[int] = 2
+
+
+class KillOrphan(Action, frozen=True, kw_only=True):
+    """A tmux session on our server that no session of ours accounts for, old enough to be no starting agent."""
+
+    PRIORITY: ClassVar[int] = 4
+    tmux_name: str
+    pane_pid: int
+    created: int
+
+    @property
+    def key(self) -> str:
+        return f"tmux:{self.tmux_name}"
+
+
+class MassDeath(Action, frozen=True, kw_only=True):
+    PRIORITY: ClassVar[int] = 3
+    rig: str
+    sessions: tuple[str, ...]
+    window_s: float
+
+    @property
+    def key(self) -> str:
+        return f"rig:{self.rig}"
+
+
+class DeliverNudge(Action, frozen=True, kw_only=True):
+    PRIORITY: ClassVar[int] = 2
+    nudge: str
+    session: str
+
+    @property
+    def key(self) -> str:
+        return f"nudge:{self.nudge}"
+
+
+class ExpireNudge(Action, frozen=True, kw_only=True):
+    PRIORITY: ClassVar[int] = 4
+    nudge: str
+
+    @property
+    def key(self) -> str:
+        return f"nudge:{self.nudge}"

@@ -1,0 +1,228 @@
+"""The witness's decisions on commands: rigs, the agent side of sessions (done, handoff) and nudges. Pure."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from services.witness.state import ACTIVE, Rig, Session, WitnessState
+from shared.commands import (
+    POLECAT_TARGET,
+    Command,
+    NudgeSend,
+    RigAdd,
+    SessionDoneIntentCmd,
+    SessionFinish,
+    SessionHandoff,
+)
+from shared.decision import Accepted, DecideContext, NewEvent
+from shared.errors import CommandError
+from shared.events import NudgeQueued, RigAdded, SessionDoneIntent, SessionEnded
+
+NUDGE_PREFIX = "nd"
+
+
+class RepoFacts:
+    """What ``prepare`` found out about a rig's repository before ``rig.add`` is decided."""
+
+    __slots__ = ("problem",)
+
+    def __init__(self, problem: str | None) -> None:
+        self.problem = problem
+        """Why the repository cannot be used (None: it can)."""
+
+
+def aggregate_key(cmd: Command) -> str | None:
+    if isinstance(cmd, RigAdd):
+        return f"rig:{cmd.name}"
+    if isinstance(cmd, SessionDoneIntentCmd | SessionFinish | SessionHandoff):
+        return f"session:{cmd.session}"
+    return None
+
+
+def decide(state: WitnessState, cmd: Command, ctx: DecideContext) -> Accepted:
+    if isinstance(cmd, RigAdd):
+        return rig_add(state, cmd, ctx)
+    if isinstance(cmd, SessionDoneIntentCmd):
+        return done_intent(state, cmd)
+    if isinstance(cmd, SessionFinish):
+        return finish(state, cmd)
+    if isinstance(cmd, SessionHandoff):
+        return handoff(state, cmd)
+    if isinstance(cmd, NudgeSend):
+        return nudge(state, cmd, ctx)
+    raise CommandError("unknown_command", f"the witness does not handle {cmd.SUBJECT}")
+
+
+# ---- rigs --------------------------------------------------------------------------------------
+
+
+def _rig_from(cmd: RigAdd) -> RigAdded:
+    return RigAdded(
+        rig=cmd.name,
+        repo=cmd.repo,
+        base_branch=cmd.base_branch,
+        prefix=cmd.rig_prefix(),
+        setup_command=cmd.setup_command,
+        lint_command=cmd.lint_command,
+        test_command=cmd.test_command,
+        agent_command=cmd.agent_command,
+        max_polecats=cmd.max_polecats,
+        max_respawns=cmd.max_respawns,
+        stall_after_s=cmd.stall_after_s,
+    )
+
+
+def rig_view(rig: Rig) -> dict[str, object]:
+    return {"rig": rig.name, "repo": rig.repo, "base_branch": rig.base_branch, "prefix": rig.prefix}
+
+
+def _same_config(rig: Rig, wanted: RigAdded) -> bool:
+    return all(
+        getattr(rig, field) == getattr(wanted, field)
+        for field in (
+            "repo",
+            "base_branch",
+            "prefix",
+            "setup_command",
+            "lint_command",
+            "test_command",
+            "agent_command",
+            "max_polecats",
+            "max_respawns",
+            "stall_after_s",
+        )
+    )
+
+
+def rig_add(state: WitnessState, cmd: RigAdd, ctx: DecideContext) -> Accepted:
+    wanted = _rig_from(cmd)
+    existing = state.rigs.get(cmd.name)
+    if existing is not None:
+        if _same_config(existing, wanted):
+            return Accepted(result={**rig_view(existing), "id": cmd.name, "status": "added", "changed": False})
+        raise CommandError(
+            "conflict",
+            f"rig {cmd.name} exists with a different configuration (repo {existing.repo}, base "
+            f"{existing.base_branch}); a rig is not changed in place: add one under a new name",
+        )
+    if not (cmd.repo.startswith("/") or "://" in cmd.repo or cmd.repo.startswith("git@")):
+        raise CommandError(
+            "invalid", f"`repo` {cmd.repo[:200]!r} must be an absolute path or a URL (the witness runs elsewhere)"
+        )
+    taken = next((r.name for r in state.rigs.values() if r.prefix == wanted.prefix), None)
+    if taken is not None:
+        raise CommandError("conflict", f"bead prefix {wanted.prefix!r} is rig {taken}'s; give this rig `prefix`")
+    facts = ctx.facts
+    if isinstance(facts, RepoFacts) and facts.problem is not None:
+        raise CommandError("not_found", facts.problem)
+    return Accepted(
+        events=[NewEvent(payload=wanted, expected_seq=0)],
+        result={"id": cmd.name, "status": "added", "changed": True, **rig_view_from_event(wanted)},
+    )
+
+
+def rig_view_from_event(event: RigAdded) -> dict[str, object]:
+    return {"rig": event.rig, "repo": event.repo, "base_branch": event.base_branch, "prefix": event.prefix}
+
+
+# ---- sessions (the agent's side) ---------------------------------------------------------------
+
+
+def _session(state: WitnessState, session_id: str) -> Session:
+    session = state.sessions.get(session_id)
+    if session is None:
+        raise CommandError("not_found", f"no session {session_id!r} (`gt session list` shows them)")
+    return session
+
+
+def _result(session: Session, status: str, *, changed: bool) -> dict[str, object]:
+    return {"id": session.id, "status": status, "changed": changed, "bead": session.bead, "polecat": session.polecat}
+
+
+def _ended_elsewhere(state: WitnessState, session: Session) -> CommandError:
+    later = [s for s in state.beads[session.bead].sessions if s != session.id] if session.bead in state.beads else []
+    where = f"; bead {session.bead} continues in session {later[-1]}" if later else ""
+    return CommandError("conflict", f"session {session.id} already ended ({session.end_reason}){where}")
+
+
+def done_intent(state: WitnessState, cmd: SessionDoneIntentCmd) -> Accepted:
+    session = _session(state, cmd.session)
+    if session.status == "ended":
+        if session.end_reason == "done":
+            return Accepted(result=_result(session, "ended", changed=False))
+        raise _ended_elsewhere(state, session)
+    if session.done_intent_at is not None:
+        return Accepted(result=_result(session, "finishing", changed=False))
+    event = NewEvent(payload=SessionDoneIntent(session_id=session.id), expected_seq=session.version)
+    return Accepted(events=[event], result=_result(session, "finishing", changed=True))
+
+
+def finish(state: WitnessState, cmd: SessionFinish) -> Accepted:
+    session = _session(state, cmd.session)
+    if session.status == "ended":
+        if session.end_reason == "done":
+            return Accepted(result=_result(session, "ended", changed=False))
+        raise _ended_elsewhere(state, session)
+    if session.done_intent_at is None:
+        raise CommandError("invalid", f"session {session.id} has no done-intent: `gt done` records it before finishing")
+    event = NewEvent(payload=SessionEnded(session_id=session.id, reason="done"), expected_seq=session.version)
+    return Accepted(events=[event], result=_result(session, "ended", changed=True))
+
+
+def handoff(state: WitnessState, cmd: SessionHandoff) -> Accepted:
+    session = _session(state, cmd.session)
+    if session.status not in ACTIVE:
+        if session.end_reason == "handoff":
+            return Accepted(result=_result(session, "ended", changed=False))
+        raise _ended_elsewhere(state, session)
+    if session.done_intent_at is not None:
+        raise CommandError("conflict", f"session {session.id} is finishing (`gt done` began); it cannot hand off")
+    event = NewEvent(
+        payload=SessionEnded(session_id=session.id, reason="handoff", detail=cmd.note), expected_seq=session.version
+    )
+    return Accepted(events=[event], result=_result(session, "ended", changed=True))
+
+
+# ---- nudges ------------------------------------------------------------------------------------
+
+
+def _known_polecats(state: WitnessState, rig: str) -> list[str]:
+    return sorted({s.polecat for s in state.sessions.values() if s.rig == rig})
+
+
+def nudge(state: WitnessState, cmd: NudgeSend, ctx: DecideContext) -> Accepted:
+    session_id: str | None = None
+    target = state.sessions.get(cmd.target)
+    if target is not None:
+        rig, polecat, session_id = target.rig, target.polecat, target.id
+    elif (match := POLECAT_TARGET.fullmatch(cmd.target)) is not None:
+        rig, polecat = match["rig"], match["polecat"]
+        if rig not in state.rigs:
+            raise CommandError("not_found", f"no rig {rig!r} (`gt rig list` shows them)")
+        known = _known_polecats(state, rig)
+        if polecat not in known:
+            listed = ", ".join(known) or "none yet"
+            raise CommandError("not_found", f"rig {rig} has no polecat {polecat!r} (its polecats: {listed})")
+    else:
+        raise CommandError(
+            "not_found",
+            f"no session or polecat {cmd.target[:130]!r}: a target is a session id (`gt session list`) "
+            "or <rig>/<polecat>",
+        )
+    nudge_id = ctx.new_id(NUDGE_PREFIX)
+    expires_at = ctx.now + timedelta(seconds=cmd.ttl_s)
+    event = NudgeQueued(
+        nudge_id=nudge_id, rig=rig, polecat=polecat, session=session_id, message=cmd.message, expires_at=expires_at
+    )
+    return Accepted(
+        events=[NewEvent(payload=event, expected_seq=0)],
+        result={
+            "id": nudge_id,
+            "status": "queued",
+            "changed": True,
+            "rig": rig,
+            "polecat": polecat,
+            "session": session_id,
+            "expires_at": expires_at.isoformat(),
+        },
+    )

@@ -1,0 +1,534 @@
+"""Carries out the witness's actions with tmux, git and processes; records each step as an event.
+
+Every step that touches the world is preceded or followed by an event so that a crash between any two
+leaves a state the planner recognises (DESIGN.md, failure windows): ``session.requested`` before tmux is
+asked, ``session.started`` after the pane's process is there, ``session.warranted`` before a kill and
+``session.ended`` after it. Anything killed is re-verified right before the signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import shlex
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from services.witness import plan as planning
+from services.witness.actions import (
+    Action,
+    Clean,
+    DeliverNudge,
+    Escalate,
+    ExpireNudge,
+    GiveUp,
+    Kill,
+    KillOrphan,
+    MassDeath,
+    ReapPane,
+    Spawn,
+    Start,
+    Warrant,
+)
+from services.witness.settings import WitnessSettings
+from services.witness.state import Rig, Session, WitnessState
+from shared import git, processes
+from shared.config import TownConfig
+from shared.decision import NewEvent
+from shared.errors import GastownError
+from shared.events import (
+    NudgeDelivered,
+    NudgeExpired,
+    RigMassDeath,
+    SessionCleaned,
+    SessionEnded,
+    SessionEscalated,
+    SessionRequested,
+    SessionStarted,
+    SessionWarranted,
+)
+from shared.faults import crash_point
+from shared.tmux import PaneInfo, Tmux, TmuxError
+
+log = structlog.get_logger(__name__)
+
+AGENT_ENV_PASSTHROUGH = ("NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "GT_LOG_LEVEL", "HOME", "LANG", "TERM")
+
+
+class WorktreeUnusableError(GastownError):
+    """A directory is where the session's worktree belongs but cannot serve as it (wrong branch, broken)."""
+
+
+class StartBlockedError(GastownError):
+    """The session's tmux name is taken by something that may not be killed yet; tried again later."""
+
+
+class Host(Protocol):
+    """What the executor needs of the witness service."""
+
+    config: TownConfig
+
+    @property
+    def state(self) -> WitnessState: ...
+
+    async def append_owed(self, owed: list[NewEvent], *, causation_id: str | None = None) -> int: ...
+
+    async def send_command(self, subject: str, body: dict[str, Any], *, cmd_id: str) -> int: ...
+
+
+class Executor:
+    def __init__(self, host: Host, tmux: Tmux, settings: WitnessSettings, policy: planning.Policy) -> None:
+        self.host = host
+        self.tmux = tmux
+        self.settings = settings
+        self.policy = policy
+        self.start_failures: dict[str, int] = {}
+        self._rig_locks: dict[str, asyncio.Lock] = {}
+        self._handlers: Mapping[type[Action], Callable[[Any], Awaitable[None]]] = {
+            Spawn: self.spawn,
+            Start: self.start,
+            GiveUp: self.give_up,
+            Warrant: self.warrant,
+            Kill: self.kill,
+            Escalate: self.escalate,
+            Clean: self.clean,
+            ReapPane: self.reap_pane,
+            KillOrphan: self.kill_orphan,
+            MassDeath: self.mass_death,
+            DeliverNudge: self.deliver_nudge,
+            ExpireNudge: self.expire_nudge,
+        }
+
+    async def run(self, action: Action) -> None:
+        with structlog.contextvars.bound_contextvars(action=type(action).__name__, key=action.key):
+            await self._handlers[type(action)](action)
+
+    # ---- paths and helpers ---------------------------------------------------------------------
+
+    def rig_dir(self, rig: str) -> Path:
+        return Path(self.policy.rigs_root) / rig
+
+    def bare_repo(self, rig: str) -> Path:
+        return self.rig_dir(rig) / "repo.git"
+
+    def _lock(self, rig: str) -> asyncio.Lock:
+        # One git operation per rig at a time: concurrent `worktree add` on one repository trip on its locks.
+        return self._rig_locks.setdefault(rig, asyncio.Lock())
+
+    def _session(self, session_id: str) -> Session | None:
+        return self.host.state.sessions.get(session_id)
+
+    async def _append(self, *events: NewEvent) -> int:
+        return await self.host.append_owed(list(events))
+
+    async def _end(self, session: Session, reason: str, detail: str = "") -> None:
+        current = self._session(session.id) or session
+        await self._append(
+            NewEvent(
+                payload=SessionEnded(session_id=session.id, reason=reason, detail=detail), expected_seq=current.version
+            )
+        )
+
+    # ---- spawning ------------------------------------------------------------------------------
+
+    async def spawn(self, action: Spawn) -> None:
+        state = self.host.state
+        bead = state.beads.get(action.bead)
+        rig = state.rigs.get(action.rig)
+        if bead is None or rig is None or len(bead.sessions) + 1 != action.attempt:
+            return
+        if not planning.needs_session(state, bead, rig)[0]:
+            return
+        if action.resling:
+            # The hook moves to the new session (the mayor records it); the command is durable in GT_CMD
+            # and its id makes a resend after a crash harmless.
+            await self.host.send_command(
+                "gt.cmd.bead.sling",
+                {"id": action.bead, "rig": action.rig, "force": True, "session": action.session},
+                cmd_id=f"resling-{action.session}",
+            )
+        requested = SessionRequested(
+            session_id=action.session,
+            rig=action.rig,
+            polecat=action.polecat,
+            bead=action.bead,
+            worktree=action.worktree,
+            branch=action.branch,
+            tmux_name=action.tmux_name,
+            attempt=action.attempt,
+            handoff_of=action.handoff_of,
+        )
+        if not await self._append(NewEvent(payload=requested, expected_seq=0)):
+            return  # someone else requested this attempt first
+        log.info("session_requested", session=action.session, bead=action.bead, polecat=action.polecat)
+        crash_point("witness.after_requested")
+        await self.start(Start(session=action.session))
+
+    async def start(self, action: Start) -> None:
+        session = self._session(action.session)
+        if session is None or session.status != "requested":
+            return
+        rig = self.host.state.rigs.get(session.rig)
+        if rig is None:
+            return
+        try:
+            async with self._lock(rig.name):
+                await asyncio.to_thread(self._prepare_worktree, rig, session)
+        except WorktreeUnusableError as exc:
+            # Never touched (it may hold someone's work): the bead is escalated instead.
+            await self._unusable_worktree(session, str(exc))
+            return
+        except git.GitError:
+            self.start_failures[session.id] = self.start_failures.get(session.id, 0) + 1
+            raise
+        try:
+            pane, adopted = await asyncio.to_thread(self._start_tmux, session, rig)
+        except TmuxError:
+            self.start_failures[session.id] = self.start_failures.get(session.id, 0) + 1
+            raise
+        if not adopted:
+            crash_point("witness.after_tmux_start")
+        ref = processes.ref_of(pane.pane_pid)
+        started = SessionStarted(
+            session_id=session.id,
+            pane_pid=pane.pane_pid,
+            pid_started=ref.started if ref is not None else 0.0,
+            adopted=adopted,
+        )
+        current = self._session(session.id) or session
+        await self._append(NewEvent(payload=started, expected_seq=current.version))
+        self.start_failures.pop(session.id, None)
+        log.info("session_started", session=session.id, pane_pid=pane.pane_pid, adopted=adopted)
+
+    def _prepare_worktree(self, rig: Rig, session: Session) -> None:
+        bare = self.bare_repo(rig.name)
+        if not git.ensure_bare_clone(rig.repo, bare) and not git.branch_exists(bare, session.branch):
+            git.fetch(bare)  # a new branch starts from the newest base
+        try:
+            git.ensure_worktree(bare, Path(session.worktree), session.branch, rig.base_branch)
+        except git.GitError as exc:
+            if Path(session.worktree).exists():
+                raise WorktreeUnusableError(str(exc)) from exc
+            raise
+
+    def _start_tmux(self, session: Session, rig: Rig) -> tuple[PaneInfo, bool]:
+        existing = self.tmux.snapshot().get(session.tmux_name)
+        if existing is not None:
+            if existing.label == session.id and not existing.dead and processes.ref_of(existing.pane_pid):
+                return existing, True  # started before a crash, never recorded: adopt it
+            self._clear_tmux_name(session, existing)
+        command = rig.agent_command.replace("{beacon}", shlex.quote(self.beacon(session)))
+        pane = self.tmux.start(
+            session.tmux_name, command, cwd=session.worktree, env=self.agent_env(session, rig), label=session.id
+        )
+        return pane, False
+
+    def _clear_tmux_name(self, session: Session, existing: PaneInfo) -> None:
+        owner = self._session(existing.label) if existing.label else None
+        ours_and_done = existing.label == session.id or (owner is not None and owner.status == "ended")
+        old_enough = time.time() - existing.created >= self.settings.min_orphan_age_s
+        if not ours_and_done and not (owner is None and old_enough):
+            raise StartBlockedError(
+                f"tmux session {session.tmux_name} is in use by {existing.label or 'something unknown'}; waiting"
+            )
+        # Re-verify right before killing: the same session (label and pane process) is still there.
+        again = self.tmux.snapshot().get(session.tmux_name)
+        if again is not None and again.label == existing.label and again.pane_pid == existing.pane_pid:
+            self.tmux.kill(session.tmux_name)
+            log.info("stale_tmux_session_killed", tmux=session.tmux_name, label=existing.label)
+
+    def beacon(self, session: Session) -> str:
+        state = self.host.state
+        bead = state.beads.get(session.bead)
+        title = bead.title if bead else ""
+        progress = ""
+        if bead is not None and bead.steps:
+            progress = (
+                f" Molecule: {len(bead.done_steps)}/{len(bead.steps)} steps done, current step "
+                f"{bead.current_step or '(none: all done)'}."
+            )
+        return (
+            f"[gastown] You are polecat {session.polecat} of rig {session.rig} (session {session.id}, attempt "
+            f"{session.attempt}). Your hook: bead {session.bead}: {title}.{progress} Worktree {session.worktree}, "
+            f"branch {session.branch}. Run `gt prime` for everything you need; finish with `gt done`."
+        )
+
+    def agent_env(self, session: Session, rig: Rig) -> dict[str, str]:
+        config = self.host.config
+        bin_dir = str(Path(sys.executable).parent)
+        env = {
+            "GT_RIG": rig.name,
+            "GT_BEAD": session.bead,
+            "GT_SESSION": session.id,
+            "GT_POLECAT": session.polecat,
+            "GT_WORKTREE": session.worktree,
+            "GT_BRANCH": session.branch,
+            "GT_BASE_BRANCH": rig.base_branch,
+            "GT_ATTEMPT": str(session.attempt),
+            "GT_BEACON": self.beacon(session),
+            "GT_HOME": str(config.gt_home),
+            "GT_EVT_STREAM": config.evt_stream,
+            "GT_CMD_STREAM": config.cmd_stream,
+            "GT_HEARTBEAT_BUCKET": config.heartbeat_bucket,
+            "GT_TMUX_SOCKET": self.settings.tmux_socket,
+            "NATS_URL": config.nats_url,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+        }
+        for key in AGENT_ENV_PASSTHROUGH:
+            if key in os.environ and key not in env:
+                env[key] = os.environ[key]
+        for key, value in os.environ.items():
+            if key.startswith("GT_AGENT_"):
+                env.setdefault(key, value)  # the reference agent's settings and fault injection
+        return env
+
+    async def _unusable_worktree(self, session: Session, detail: str) -> None:
+        message = (
+            f"the worktree {session.worktree} of bead {session.bead} cannot be used for a new session ({detail}); "
+            "it was left as it is. Recover its work by hand, then re-sling the bead."
+        )
+        await self._raise_escalation(session, message)
+        await self._end(session, "failed_to_start", detail[:2000])
+        ended = self._session(session.id) or session
+        escalated = SessionEscalated(session_id=session.id, reason="worktree_unusable")
+        await self._append(NewEvent(payload=escalated, expected_seq=ended.version))
+
+    async def give_up(self, action: GiveUp) -> None:
+        session = self._session(action.session)
+        if session is not None and session.status == "requested":
+            await self._end(session, "failed_to_start", action.detail)
+            self.start_failures.pop(session.id, None)
+
+    # ---- warrants ------------------------------------------------------------------------------
+
+    async def warrant(self, action: Warrant) -> None:
+        session = self._session(action.session)
+        if session is None or session.status == "ended" or session.warrant_reason is not None:
+            return
+        event = SessionWarranted(session_id=session.id, reason=action.reason, detail=action.detail)
+        if not await self._append(NewEvent(payload=event, expected_seq=session.version)):
+            return
+        log.info("session_warranted", session=session.id, reason=action.reason, detail=action.detail)
+        crash_point("witness.after_warrant")
+        await self.kill(Kill(session=session.id))
+
+    async def kill(self, action: Kill) -> None:
+        session = self._session(action.session)
+        if session is None or session.status == "ended" or session.warrant_reason is None:
+            return
+        await asyncio.to_thread(self._verify_and_kill, session)
+        crash_point("witness.after_kill")
+        session = self._session(action.session) or session
+        reason = session.warrant_reason or "dead"
+        if session.done_intent_at is not None:
+            await self._finish_done(session, reason)
+        elif reason == "bead_closed":
+            await self._end(session, "bead_closed", "its bead was closed")
+        else:
+            await self._end(session, reason, "killed after warrant")
+
+    def _verify_and_kill(self, session: Session) -> None:
+        """Kill the session's agent and tmux session, each only if it is still the one we recorded."""
+        pane = self.tmux.snapshot().get(session.tmux_name)
+        if pane is None or pane.label != session.id:
+            return  # gone, or the name now belongs to another session: nothing of ours to kill
+        if session.pane_pid and session.pid_started:
+            ref = processes.ProcessRef(pid=session.pane_pid, started=session.pid_started)
+            # Only a process with the recorded pid AND start time is signalled: a reused pid never is.
+            if pane.pane_pid == session.pane_pid and processes.is_alive(ref):
+                processes.stop_tree(ref, timeout=self.settings.kill_grace_s)
+        again = self.tmux.snapshot().get(session.tmux_name)
+        if again is not None and again.label == session.id:
+            self.tmux.kill(session.tmux_name)
+            log.info("session_killed", session=session.id, tmux=session.tmux_name)
+
+    async def _finish_done(self, session: Session, after: str) -> None:
+        """The agent died (or hung) after its done-intent: push the branch and submit it, as `gt done` would."""
+        rig = self.host.state.rigs.get(session.rig)
+        if rig is None:
+            return
+        try:
+            async with self._lock(rig.name):
+                head = await asyncio.to_thread(self._push_branch, session)
+        except git.GitError as exc:
+            log.warning("done_flow_failed", session=session.id, error=str(exc))
+            death = "stalled" if after == "stuck_in_done" else after
+            await self._end(session, death, f"the done flow could not finish: {exc}"[:2000])
+            return
+        crash_point("witness.after_done_push")
+        await self.host.send_command(
+            "gt.cmd.mr.submit",
+            {"bead": session.bead, "rig": session.rig, "branch": session.branch, "head": head, "session": session.id},
+            cmd_id=f"mr-{session.id}",
+        )
+        crash_point("witness.after_mr_submit")
+        await self._end(session, "done", f"done flow finished by the witness after {after}")
+        log.info("done_flow_finished_by_witness", session=session.id, head=head)
+
+    def _push_branch(self, session: Session) -> str:
+        worktree = Path(session.worktree)
+        if (worktree / ".git").exists():
+            return git.push(worktree, session.branch)
+        bare = self.bare_repo(session.rig)
+        git.git("push", "--quiet", "origin", f"refs/heads/{session.branch}:refs/heads/{session.branch}", cwd=bare)
+        return git.git("rev-parse", f"refs/heads/{session.branch}", cwd=bare).strip()
+
+    # ---- escalations ---------------------------------------------------------------------------
+
+    async def _raise_escalation(self, session: Session, message: str) -> None:
+        await self.host.send_command(
+            "gt.cmd.escalation.raise",
+            {"severity": "high", "message": message, "source": f"witness/{session.rig}", "bead": session.bead},
+            cmd_id=f"esc-{session.id}",
+        )
+
+    async def escalate(self, action: Escalate) -> None:
+        session = self._session(action.session)
+        if session is None or session.escalated is not None:
+            return
+        await self._raise_escalation(session, action.message)
+        await self._append(
+            NewEvent(
+                payload=SessionEscalated(session_id=session.id, reason=action.reason), expected_seq=session.version
+            )
+        )
+        log.warning("bead_escalated", session=session.id, bead=session.bead, reason=action.reason)
+
+    async def mass_death(self, action: MassDeath) -> None:
+        rig = self.host.state.rigs.get(action.rig)
+        if rig is None:
+            return
+        message = (
+            f"mass death on rig {action.rig}: {len(action.sessions)} sessions died within "
+            f"{action.window_s:g}s ({', '.join(action.sessions)}). Something common may be broken (agent "
+            "command, credentials, disk, the machine)."
+        )
+        await self.host.send_command(
+            "gt.cmd.escalation.raise",
+            {"severity": "critical", "message": message, "source": f"witness/{action.rig}"},
+            cmd_id=f"massdeath-{action.sessions[0]}",
+        )
+        event = RigMassDeath(rig=action.rig, sessions=list(action.sessions), window_s=action.window_s)
+        await self._append(NewEvent(payload=event, expected_seq=rig.version))
+        log.warning("mass_death", rig=action.rig, sessions=list(action.sessions))
+
+    # ---- cleanup -------------------------------------------------------------------------------
+
+    def _reap(self, session: Session) -> None:
+        pane = self.tmux.snapshot().get(session.tmux_name)
+        if pane is None or pane.label != session.id:
+            return
+        if session.pane_pid and session.pid_started and pane.pane_pid == session.pane_pid:
+            ref = processes.ProcessRef(pid=session.pane_pid, started=session.pid_started)
+            if processes.is_alive(ref):
+                processes.stop_tree(ref, timeout=self.settings.kill_grace_s)
+        again = self.tmux.snapshot().get(session.tmux_name)
+        if again is not None and again.label == session.id:
+            self.tmux.kill(session.tmux_name)
+
+    async def reap_pane(self, action: ReapPane) -> None:
+        session = self._session(action.session)
+        if session is not None and session.status == "ended":
+            await asyncio.to_thread(self._reap, session)
+
+    async def clean(self, action: Clean) -> None:
+        session = self._session(action.session)
+        if session is None or session.status != "ended" or session.cleaned:
+            return
+        await asyncio.to_thread(self._reap, session)
+        removed, detail = False, action.detail
+        if action.remove_worktree:
+            try:
+                async with self._lock(session.rig):
+                    await asyncio.to_thread(
+                        git.remove_worktree,
+                        self.bare_repo(session.rig),
+                        Path(session.worktree),
+                        self._base(session.rig),
+                    )
+                removed, detail = True, "worktree removed"
+            except git.WorktreeNotEmptyError as exc:
+                detail = str(exc)
+                log.warning("worktree_kept", session=session.id, reason=detail)
+        current = self._session(session.id) or session
+        event = SessionCleaned(session_id=session.id, worktree_removed=removed, detail=detail)
+        await self._append(NewEvent(payload=event, expected_seq=current.version))
+
+    def _base(self, rig: str) -> str:
+        found = self.host.state.rigs.get(rig)
+        return found.base_branch if found else "main"
+
+    async def kill_orphan(self, action: KillOrphan) -> None:
+        await asyncio.to_thread(self._kill_orphan, action)
+
+    def _kill_orphan(self, action: KillOrphan) -> None:
+        # Re-check right before the kill: still there, still the same session, still nobody's, still old.
+        pane = self.tmux.snapshot().get(action.tmux_name)
+        if pane is None or pane.created != action.created or pane.pane_pid != action.pane_pid:
+            return
+        if pane.label in self.host.state.sessions:
+            return
+        if time.time() - pane.created < self.settings.min_orphan_age_s:
+            return
+        self.tmux.kill(action.tmux_name)
+        log.warning("orphan_tmux_session_killed", tmux=action.tmux_name, label=pane.label, pane_pid=pane.pane_pid)
+
+    # ---- nudges --------------------------------------------------------------------------------
+
+    async def deliver_nudge(self, action: DeliverNudge) -> None:
+        nudge = self.host.state.nudges.get(action.nudge)
+        session = self._session(action.session)
+        if nudge is None or nudge.status != "queued" or session is None or session.status != "started":
+            return
+        attempts = await asyncio.to_thread(self._type_into, session, nudge.message)
+        if attempts:
+            event = NudgeDelivered(nudge_id=nudge.id, session=session.id, attempts=attempts)
+            await self._append(NewEvent(payload=event, expected_seq=nudge.version))
+            log.info("nudge_delivered", nudge=nudge.id, session=session.id, attempts=attempts)
+
+    def _type_into(self, session: Session, message: str) -> int:
+        """Type ``message`` and press Enter, retrying until the text shows and Enter took; attempts, 0 if not."""
+        name = session.tmux_name
+        probe = message[-60:]
+        for attempt in range(1, 4):
+            pane = self.tmux.snapshot().get(name)
+            if pane is None or pane.label != session.id or pane.dead:
+                return 0
+            before = self.tmux.capture(name)
+            if not _shows(before, probe) or attempt == 1:
+                self.tmux.send_text(name, message)
+            if not _wait_for(lambda: _shows(self.tmux.capture(name), probe), self.settings.nudge_verify_s):
+                continue
+            typed = self.tmux.capture(name)
+            self.tmux.send_enter(name)
+            if _wait_for(functools.partial(self._changed, name, typed), self.settings.nudge_verify_s):
+                return attempt
+        return 0
+
+    def _changed(self, name: str, screen: str) -> bool:
+        return self.tmux.capture(name) != screen
+
+    async def expire_nudge(self, action: ExpireNudge) -> None:
+        nudge = self.host.state.nudges.get(action.nudge)
+        if nudge is not None and nudge.status == "queued":
+            await self._append(NewEvent(payload=NudgeExpired(nudge_id=nudge.id), expected_seq=nudge.version))
+
+
+def _shows(screen: str, text: str) -> bool:
+    return text in screen.replace("\n", "")
+
+
+def _wait_for(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)

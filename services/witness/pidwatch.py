@@ -1,0 +1,68 @@
+"""Notice an agent's death the moment it happens: a pidfd per watched process, readable when it exits.
+
+The patrol finds every death anyway; this only makes recovery start at once instead of on the next tick.
+Linux-only (``os.pidfd_open``); elsewhere it watches nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+
+import structlog
+
+from shared import processes
+
+log = structlog.get_logger(__name__)
+
+
+class ExitWatcher:
+    """Calls ``on_exit()`` (on the event loop) when a watched process exits."""
+
+    def __init__(self, on_exit: Callable[[], None]) -> None:
+        self._on_exit = on_exit
+        self._fds: dict[str, int] = {}
+        self.supported = hasattr(os, "pidfd_open")
+
+    def watch(self, key: str, ref: processes.ProcessRef) -> None:
+        """Watch the process ``ref`` names under ``key`` (again: nothing changes)."""
+        if not self.supported or key in self._fds:
+            return
+        try:
+            fd = os.pidfd_open(ref.pid)
+        except (ProcessLookupError, OSError):
+            self._on_exit()
+            return
+        # The pidfd names whatever has the pid now: it is ours only if that process is the one recorded.
+        if not processes.is_alive(ref):
+            os.close(fd)
+            self._on_exit()
+            return
+        self._fds[key] = fd
+        asyncio.get_running_loop().add_reader(fd, self._fired, key)
+
+    def _fired(self, key: str) -> None:
+        self._forget(key)
+        self._on_exit()
+
+    def _forget(self, key: str) -> None:
+        fd = self._fds.pop(key, None)
+        if fd is None:
+            return
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    def keep_only(self, keys: set[str]) -> None:
+        """Stop watching everything not in ``keys`` (sessions that ended)."""
+        for key in [k for k in self._fds if k not in keys]:
+            self._forget(key)
+
+    def close(self) -> None:
+        self.keep_only(set())
+
+    def __len__(self) -> int:
+        return len(self._fds)

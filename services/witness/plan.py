@@ -1,0 +1,374 @@
+"""What the witness owes, computed from its projection and what it observed (tmux, processes, heartbeats).
+
+Pure and level-triggered: the same state and observation give the same actions, whoever crashed when. The
+executor (``executor.py``) carries them out; after each, the next plan sees the new state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+import msgspec
+
+from services.witness.actions import (
+    Action,
+    Clean,
+    DeliverNudge,
+    Escalate,
+    ExpireNudge,
+    GiveUp,
+    Kill,
+    KillOrphan,
+    MassDeath,
+    ReapPane,
+    Spawn,
+    Start,
+    Warrant,
+)
+from services.witness.names import polecat_name
+from services.witness.projection import deaths
+from services.witness.state import ACTIVE, Rig, Session, WitnessState, WorkBead
+from shared.events import DEATHS
+
+WORKING = ("hooked", "in_progress")
+TMUX_PREFIX = "gt-"
+
+
+class PaneSeen(msgspec.Struct, frozen=True, kw_only=True):
+    """One tmux session on the witness's tmux server, as observed."""
+
+    name: str
+    pane_pid: int
+    dead: bool
+    created: int
+    """Seconds since the epoch."""
+    label: str = ""
+    """The session id it was started for (empty: not started by a witness)."""
+
+
+class Observed(msgspec.Struct, frozen=True, kw_only=True):
+    now: datetime
+    as_of_seq: int
+    """The projection's sequence when observing began: sessions that changed later are judged next time."""
+    panes: dict[str, PaneSeen] | None
+    """By tmux session name; None when tmux could not be asked (then nothing is judged dead)."""
+    alive: dict[str, bool] = {}
+    """Session id -> its recorded pane process (pid and start time) still runs."""
+    heartbeats: dict[str, datetime] = {}
+    start_failures: dict[str, int] = {}
+    busy: frozenset[str] = frozenset()
+    """Keys of actions still running."""
+    reserved: frozenset[tuple[str, str]] = frozenset()
+    """(rig, polecat) names taken by spawns still running."""
+
+
+class Policy(msgspec.Struct, frozen=True, kw_only=True):
+    rigs_root: str
+    """Directory holding one directory per rig (GT_HOME/rigs)."""
+    min_orphan_age_s: float = 60.0
+    done_stuck_after_s: float = 60.0
+    mass_death_count: int = 3
+    mass_death_window_s: float = 30.0
+    max_start_failures: int = 3
+
+
+def session_id_for(bead: str, attempt: int) -> str:
+    """Deterministic, so two witnesses (or one restarted) can never create two sessions for one attempt."""
+    suffix = f"-{attempt}"
+    if len(bead) + len(suffix) <= 64:
+        return f"{bead}{suffix}"
+    digest = hashlib.blake2b(bead.encode()).hexdigest()[:8]
+    return f"{bead[: 64 - len(suffix) - 9]}-{digest}{suffix}"
+
+
+def tmux_name_for(rig: str, polecat: str) -> str:
+    return f"{TMUX_PREFIX}{rig}-{polecat}"
+
+
+def plan(state: WitnessState, obs: Observed, policy: Policy) -> list[Action]:
+    """Every action owed now, most urgent first, leaving out those whose key is busy."""
+    out: list[Action] = []
+    out.extend(_active_sessions(state, obs, policy))
+    out.extend(_spawns(state, obs, policy))
+    out.extend(_ended_sessions(state, obs))
+    out.extend(_mass_deaths(state, obs, policy))
+    out.extend(_orphans(state, obs, policy))
+    out.extend(_nudges(state, obs))
+    seen: set[str] = set(obs.busy)
+    owed: list[Action] = []
+    for action in out:
+        if action.key not in seen:
+            seen.add(action.key)
+            owed.append(action)
+    owed.sort(key=lambda a: a.PRIORITY)
+    return owed
+
+
+def pane_of(session: Session, obs: Observed) -> PaneSeen | None:
+    """The tmux session running ``session``, if it is there (a same-named one for another session is not)."""
+    if obs.panes is None:
+        return None
+    pane = obs.panes.get(session.tmux_name)
+    return pane if pane is not None and pane.label == session.id else None
+
+
+# ---- sessions that hold a hook -----------------------------------------------------------------
+
+
+def _active_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Action]:
+    for session in state.sessions.values():
+        if session.status not in ACTIVE:
+            continue
+        if session.warrant_reason is not None:
+            yield Kill(session=session.id)
+            continue
+        bead = state.beads.get(session.bead)
+        if bead is None or bead.status == "closed":
+            yield Warrant(session=session.id, reason="bead_closed", detail="its bead was closed")
+            continue
+        if session.status == "requested":
+            if f"bead:{session.bead}" in obs.busy:
+                continue  # its spawn is still starting it
+            failures = obs.start_failures.get(session.id, 0)
+            if failures >= policy.max_start_failures:
+                yield GiveUp(session=session.id, detail=f"did not start after {failures} tries")
+            else:
+                yield Start(session=session.id)
+            continue
+        if session.version > obs.as_of_seq or obs.panes is None:
+            continue  # changed while we looked, or tmux unknown: judge it on the next observation
+        warrant = _judge(session, bead, state.rigs.get(session.rig), obs, policy)
+        if warrant is not None:
+            yield warrant
+
+
+def _judge(session: Session, bead: WorkBead, rig: Rig | None, obs: Observed, policy: Policy) -> Warrant | None:
+    pane = pane_of(session, obs)
+    if pane is None:
+        return Warrant(session=session.id, reason="dead", detail=f"tmux session {session.tmux_name} is gone")
+    if pane.dead or not obs.alive.get(session.id, True):
+        return Warrant(
+            session=session.id,
+            reason="zombie",
+            detail=f"tmux session {session.tmux_name} is there but its agent (pid {session.pane_pid}) is not",
+        )
+    if session.done_intent_at is not None:
+        waited = (obs.now - session.done_intent_at).total_seconds()
+        if waited > policy.done_stuck_after_s:
+            return Warrant(session=session.id, reason="stuck_in_done", detail=f"done-intent {waited:.0f}s ago")
+        return None
+    if rig is not None:
+        last = _last_sign_of_life(session, bead, obs)
+        quiet = (obs.now - last).total_seconds()
+        if quiet > rig.stall_after_s:
+            return Warrant(
+                session=session.id,
+                reason="stalled",
+                detail=f"no heartbeat or step progress for {quiet:.0f}s (limit {rig.stall_after_s:g}s)",
+            )
+    return None
+
+
+def _last_sign_of_life(session: Session, bead: WorkBead, obs: Observed) -> datetime:
+    moments = [m for m in (session.started_at, session.requested_at, obs.heartbeats.get(session.id)) if m]
+    if bead.last_progress_at is not None:
+        moments.append(bead.last_progress_at)
+    return max(moments)
+
+
+# ---- beads that need a session -----------------------------------------------------------------
+
+
+def needs_session(state: WitnessState, bead: WorkBead, rig: Rig) -> tuple[bool, Escalate | None]:
+    """Whether the bead should get a (fresh) session now; or the escalation owed instead of one."""
+    if bead.status not in WORKING or bead.merge_requested:
+        return False, None
+    sessions = [state.sessions[s] for s in bead.sessions if s in state.sessions]
+    if any(s.status in ACTIVE for s in sessions):
+        return False, None
+    since_sling = sessions[bead.sessions_at_sling :]
+    if not since_sling:
+        return True, None
+    last = since_sling[-1]
+    if last.escalated is not None or last.end_reason in ("done", "bead_closed"):
+        return False, None
+    if last.end_reason in DEATHS and deaths(state, bead) - bead.deaths_at_sling > rig.max_respawns:
+        counted = deaths(state, bead) - bead.deaths_at_sling
+        return False, Escalate(
+            session=last.id,
+            reason="respawn_limit",
+            message=(
+                f"bead {bead.id} ({bead.title}) died {counted} times on rig {rig.name}, last as "
+                f"{last.end_reason}; the witness stopped respawning it (limit {rig.max_respawns}). Look at "
+                f"its worktree {last.worktree}, then re-sling it with `gt sling {bead.id} {rig.name} --force`."
+            ),
+        )
+    return True, None
+
+
+def _held_names(state: WitnessState, obs: Observed) -> dict[tuple[str, str], str]:
+    """(rig, polecat) -> the bead whose latest session holds that name. A name is free again once that
+    session ended and its worktree was removed."""
+    latest: dict[tuple[str, str], Session] = {}
+    for session in state.sessions.values():  # in the order they were requested
+        latest[(session.rig, session.polecat)] = session
+    held = {
+        key: session.bead
+        for key, session in latest.items()
+        if not (session.status == "ended" and session.cleaned and session.worktree_removed)
+    }
+    for key in obs.reserved:
+        held.setdefault(key, "")
+    return held
+
+
+def _spawns(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Action]:
+    waiting: list[WorkBead] = []
+    for bead in state.beads.values():
+        rig = state.rigs.get(bead.rig or "")
+        if rig is None:
+            continue
+        needed, escalation = needs_session(state, bead, rig)
+        if escalation is not None:
+            yield escalation
+        elif needed:
+            waiting.append(bead)
+    if not waiting:
+        return
+    waiting.sort(key=lambda b: b.slung_seq)
+    held = _held_names(state, obs)
+    in_use: dict[str, int] = {}
+    for session in state.sessions.values():
+        if session.status in ACTIVE:
+            in_use[session.rig] = in_use.get(session.rig, 0) + 1
+    for rig_name, _polecat in obs.reserved:
+        in_use[rig_name] = in_use.get(rig_name, 0) + 1
+    for bead in waiting:
+        if f"bead:{bead.id}" in obs.busy:
+            continue
+        rig = state.rigs[bead.rig or ""]
+        if in_use.get(rig.name, 0) >= rig.max_polecats:
+            continue  # queued: it gets a polecat when one of the rig's sessions ends
+        spawn = _spawn_for(state, bead, rig, held, policy)
+        held[(rig.name, spawn.polecat)] = bead.id
+        in_use[rig.name] = in_use.get(rig.name, 0) + 1
+        yield spawn
+
+
+def _spawn_for(
+    state: WitnessState, bead: WorkBead, rig: Rig, held: dict[tuple[str, str], str], policy: Policy
+) -> Spawn:
+    previous = [state.sessions[s] for s in bead.sessions if s in state.sessions]
+    last = previous[-1] if previous else None
+    if last is not None and held.get((rig.name, last.polecat)) in (bead.id, None):
+        polecat = last.polecat  # the same polecat and worktree: uncommitted work carries over
+    else:
+        taken = {name for (r, name) in held if r == rig.name}
+        polecat = next(polecat_name(i) for i in range(len(taken) + 1) if polecat_name(i) not in taken)
+    attempt = len(bead.sessions) + 1
+    branch = previous[0].branch if previous else f"polecat/{polecat}/{bead.id}"
+    handoff_of = last.id if last is not None and last.end_reason == "handoff" else None
+    return Spawn(
+        bead=bead.id,
+        session=session_id_for(bead.id, attempt),
+        rig=rig.name,
+        polecat=polecat,
+        worktree=f"{policy.rigs_root}/{rig.name}/polecats/{polecat}",
+        branch=branch,
+        tmux_name=tmux_name_for(rig.name, polecat),
+        attempt=attempt,
+        handoff_of=handoff_of,
+        resling=last is not None and last.end_reason in DEATHS,
+    )
+
+
+# ---- after a session ended ---------------------------------------------------------------------
+
+
+def _successor(state: WitnessState, session: Session) -> Session | None:
+    bead = state.beads.get(session.bead)
+    if bead is None or session.id not in bead.sessions:
+        return None
+    later = bead.sessions[bead.sessions.index(session.id) + 1 :]
+    for sid in later:
+        other = state.sessions.get(sid)
+        if other is not None and other.polecat == session.polecat:
+            return other
+    return None
+
+
+def _ended_sessions(state: WitnessState, obs: Observed) -> Iterator[Action]:
+    for session in state.sessions.values():
+        if session.status != "ended" or session.cleaned:
+            continue
+        bead = state.beads.get(session.bead)
+        successor = _successor(state, session)
+        if successor is not None:
+            yield Clean(session=session.id, remove_worktree=False, detail=f"worktree carried on by {successor.id}")
+        elif session.end_reason == "done" or bead is None or bead.status == "closed":
+            yield Clean(session=session.id, remove_worktree=True)
+        elif _is_last_escalated(state, session):
+            yield Clean(session=session.id, remove_worktree=False, detail="kept for manual recovery (escalated)")
+        elif pane_of(session, obs) is not None and session.version <= obs.as_of_seq:
+            yield ReapPane(session=session.id)
+
+
+def _is_last_escalated(state: WitnessState, session: Session) -> bool:
+    bead = state.beads.get(session.bead)
+    return session.escalated is not None and bead is not None and bead.sessions[-1:] == [session.id]
+
+
+def _mass_deaths(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Action]:
+    by_rig: dict[str, list[Session]] = {}
+    for session in state.sessions.values():
+        covered = state.mass_deaths.get(session.rig, ())
+        if session.end_reason in DEATHS and session.ended_at is not None and session.id not in covered:
+            by_rig.setdefault(session.rig, []).append(session)
+    window = timedelta(seconds=policy.mass_death_window_s)
+    for rig, died in by_rig.items():
+        died.sort(key=lambda s: s.ended_at or obs.now)
+        for i, first in enumerate(died):
+            assert first.ended_at is not None
+            cluster = [s for s in died[i:] if s.ended_at is not None and s.ended_at - first.ended_at <= window]
+            if len(cluster) >= policy.mass_death_count:
+                yield MassDeath(rig=rig, sessions=tuple(s.id for s in cluster), window_s=policy.mass_death_window_s)
+                break
+
+
+def _orphans(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Action]:
+    if obs.panes is None:
+        return
+    now = obs.now.timestamp()
+    for pane in obs.panes.values():
+        if not pane.name.startswith(TMUX_PREFIX) or pane.label in state.sessions:
+            continue
+        if now - pane.created >= policy.min_orphan_age_s:
+            yield KillOrphan(tmux_name=pane.name, pane_pid=pane.pane_pid, created=pane.created)
+
+
+def _nudges(state: WitnessState, obs: Observed) -> Iterator[Action]:
+    for nudge in state.nudges.values():
+        if nudge.status != "queued":
+            continue
+        if obs.now >= nudge.expires_at:
+            yield ExpireNudge(nudge=nudge.id)
+            continue
+        target = _nudge_target(state, nudge.rig, nudge.polecat, nudge.session)
+        if target is not None and target.status == "started":
+            pane = pane_of(target, obs)
+            if pane is not None and not pane.dead:
+                yield DeliverNudge(nudge=nudge.id, session=target.id)
+
+
+def _nudge_target(state: WitnessState, rig: str, polecat: str, session_id: str | None) -> Session | None:
+    if session_id is not None:
+        named = state.sessions.get(session_id)
+        if named is not None and named.status in ACTIVE:
+            return named
+    current = None
+    for session in state.sessions.values():
+        if session.rig == rig and session.polecat == polecat and session.status in ACTIVE:
+            current = session
+    return current

@@ -1,0 +1,282 @@
+"""The witness's projection: its own events (rigs, sessions, nudges) and the mayor's and refinery's events
+it needs (beads slung to its rigs, their steps, merge requests). Pure: no I/O, no clock."""
+
+from __future__ import annotations
+
+import functools
+
+from services.witness.state import Nudge, Rig, Session, WitnessState, WorkBead
+from shared.events import (
+    DEATHS,
+    BeadClaimed,
+    BeadClosed,
+    BeadCreated,
+    BeadSlung,
+    Envelope,
+    Event,
+    MergeRequestSubmitted,
+    MoleculeAttached,
+    NudgeDelivered,
+    NudgeExpired,
+    NudgeQueued,
+    RigAdded,
+    RigMassDeath,
+    SessionCleaned,
+    SessionDoneIntent,
+    SessionEnded,
+    SessionEscalated,
+    SessionRequested,
+    SessionStarted,
+    SessionWarranted,
+    StepCompleted,
+    StepStarted,
+)
+from shared.projection import Projection
+
+SCHEMA_VERSION = 1
+SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
+
+
+@functools.singledispatch
+def fold(payload: Event, state: WitnessState, env: Envelope, seq: int) -> None:
+    """Events the witness does not track change nothing."""
+
+
+# ---- rigs --------------------------------------------------------------------------------------
+
+
+@fold.register
+def _rig_added(payload: RigAdded, state: WitnessState, env: Envelope, seq: int) -> None:
+    if payload.rig in state.rigs:
+        return
+    state.rigs[payload.rig] = Rig(
+        name=payload.rig,
+        repo=payload.repo,
+        base_branch=payload.base_branch,
+        prefix=payload.prefix,
+        setup_command=payload.setup_command,
+        lint_command=payload.lint_command,
+        test_command=payload.test_command,
+        agent_command=payload.agent_command,
+        max_polecats=payload.max_polecats,
+        max_respawns=payload.max_respawns,
+        stall_after_s=payload.stall_after_s,
+        added_at=env.ts,
+        version=seq,
+    )
+
+
+@fold.register
+def _mass_death(payload: RigMassDeath, state: WitnessState, env: Envelope, seq: int) -> None:
+    covered = state.mass_deaths.setdefault(payload.rig, [])
+    covered.extend(s for s in payload.sessions if s not in covered)
+    rig = state.rigs.get(payload.rig)
+    if rig is not None:
+        rig.version = seq
+
+
+# ---- beads (the mayor's events) ----------------------------------------------------------------
+
+
+@fold.register
+def _bead_created(payload: BeadCreated, state: WitnessState, env: Envelope, seq: int) -> None:
+    if payload.type not in SKIPPED_TYPES and payload.bead_id not in state.beads:
+        state.beads[payload.bead_id] = WorkBead(id=payload.bead_id, title=payload.title)
+
+
+@fold.register
+def _bead_slung(payload: BeadSlung, state: WitnessState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(payload.bead_id)
+    if bead is None:
+        return
+    if bead.status == "open":
+        bead.status = "hooked"
+    bead.rig = payload.rig
+    bead.slings += 1
+    bead.slung_seq = seq
+    bead.merge_requested = False  # a new sling (rework) needs a new session and a new merge request
+    bead.last_progress_at = env.ts
+    if payload.session is not None and payload.session in bead.sessions:
+        # The witness's re-sling names the session it already requested: that one serves this sling.
+        bead.sessions_at_sling = bead.sessions.index(payload.session)
+    else:
+        bead.sessions_at_sling = len(bead.sessions)
+    if payload.session is None:
+        bead.deaths_at_sling = deaths(state, bead)
+
+
+def deaths(state: WitnessState, bead: WorkBead) -> int:
+    """How many of the bead's sessions died (not counting done or handed-off ones)."""
+    return sum(1 for sid in bead.sessions if (s := state.sessions.get(sid)) is not None and s.end_reason in DEATHS)
+
+
+@fold.register
+def _bead_claimed(payload: BeadClaimed, state: WitnessState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(payload.bead_id)
+    if bead is not None and bead.status in ("open", "hooked"):
+        bead.status = "in_progress"
+
+
+@fold.register
+def _bead_closed(payload: BeadClosed, state: WitnessState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(payload.bead_id)
+    if bead is not None:
+        bead.status = "closed"
+
+
+@fold.register
+def _molecule(payload: MoleculeAttached, state: WitnessState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(payload.bead_id)
+    if bead is not None and not bead.steps:
+        bead.steps = [s.id for s in payload.steps]
+        bead.current_step = bead.steps[0] if bead.steps else None
+        bead.last_progress_at = env.ts
+
+
+def _progress(state: WitnessState, bead_id: str, env: Envelope) -> WorkBead | None:
+    bead = state.beads.get(bead_id)
+    if bead is not None:
+        bead.last_progress_at = env.ts
+    return bead
+
+
+@fold.register
+def _step_started(payload: StepStarted, state: WitnessState, env: Envelope, seq: int) -> None:
+    _progress(state, payload.bead_id, env)
+
+
+@fold.register
+def _step_done(payload: StepCompleted, state: WitnessState, env: Envelope, seq: int) -> None:
+    bead = _progress(state, payload.bead_id, env)
+    if bead is None or payload.step in bead.done_steps:
+        return
+    bead.done_steps.append(payload.step)
+    bead.current_step = next((s for s in bead.steps if s not in bead.done_steps), None)
+
+
+@fold.register
+def _merge_requested(payload: MergeRequestSubmitted, state: WitnessState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(payload.bead)
+    if bead is not None:
+        bead.merge_requested = True
+
+
+# ---- sessions ----------------------------------------------------------------------------------
+
+
+@fold.register
+def _requested(payload: SessionRequested, state: WitnessState, env: Envelope, seq: int) -> None:
+    if payload.session_id in state.sessions:
+        return
+    state.sessions[payload.session_id] = Session(
+        id=payload.session_id,
+        rig=payload.rig,
+        polecat=payload.polecat,
+        bead=payload.bead,
+        worktree=payload.worktree,
+        branch=payload.branch,
+        tmux_name=payload.tmux_name,
+        attempt=payload.attempt,
+        handoff_of=payload.handoff_of,
+        requested_at=env.ts,
+        version=seq,
+    )
+    bead = state.beads.get(payload.bead)
+    if bead is not None and payload.session_id not in bead.sessions:
+        bead.sessions.append(payload.session_id)
+
+
+def _session(state: WitnessState, session_id: str, seq: int) -> Session | None:
+    session = state.sessions.get(session_id)
+    if session is not None:
+        session.version = seq
+    return session
+
+
+@fold.register
+def _started(payload: SessionStarted, state: WitnessState, env: Envelope, seq: int) -> None:
+    session = _session(state, payload.session_id, seq)
+    if session is not None and session.status == "requested":
+        session.status = "started"
+        session.started_at = env.ts
+        session.pane_pid = payload.pane_pid
+        session.pid_started = payload.pid_started
+        session.adopted = payload.adopted
+
+
+@fold.register
+def _done_intent(payload: SessionDoneIntent, state: WitnessState, env: Envelope, seq: int) -> None:
+    session = _session(state, payload.session_id, seq)
+    if session is not None and session.done_intent_at is None:
+        session.done_intent_at = env.ts
+
+
+@fold.register
+def _warranted(payload: SessionWarranted, state: WitnessState, env: Envelope, seq: int) -> None:
+    session = _session(state, payload.session_id, seq)
+    if session is not None and session.warrant_reason is None:
+        session.warrant_reason = payload.reason
+        session.warranted_at = env.ts
+
+
+@fold.register
+def _ended(payload: SessionEnded, state: WitnessState, env: Envelope, seq: int) -> None:
+    session = _session(state, payload.session_id, seq)
+    if session is not None and session.status != "ended":
+        session.status = "ended"
+        session.ended_at = env.ts
+        session.end_reason = payload.reason
+
+
+@fold.register
+def _cleaned(payload: SessionCleaned, state: WitnessState, env: Envelope, seq: int) -> None:
+    session = _session(state, payload.session_id, seq)
+    if session is not None:
+        session.cleaned = True
+        session.worktree_removed = payload.worktree_removed
+
+
+@fold.register
+def _escalated(payload: SessionEscalated, state: WitnessState, env: Envelope, seq: int) -> None:
+    session = _session(state, payload.session_id, seq)
+    if session is not None and session.escalated is None:
+        session.escalated = payload.reason
+
+
+# ---- nudges ------------------------------------------------------------------------------------
+
+
+@fold.register
+def _nudge_queued(payload: NudgeQueued, state: WitnessState, env: Envelope, seq: int) -> None:
+    if payload.nudge_id not in state.nudges:
+        state.nudges[payload.nudge_id] = Nudge(
+            id=payload.nudge_id,
+            rig=payload.rig,
+            polecat=payload.polecat,
+            session=payload.session,
+            message=payload.message,
+            queued_at=env.ts,
+            expires_at=payload.expires_at,
+            version=seq,
+        )
+
+
+@fold.register
+def _nudge_delivered(payload: NudgeDelivered, state: WitnessState, env: Envelope, seq: int) -> None:
+    nudge = state.nudges.get(payload.nudge_id)
+    if nudge is not None and nudge.status == "queued":
+        nudge.status = "delivered"
+        nudge.delivered_to = payload.session
+        nudge.version = seq
+
+
+@fold.register
+def _nudge_expired(payload: NudgeExpired, state: WitnessState, env: Envelope, seq: int) -> None:
+    nudge = state.nudges.get(payload.nudge_id)
+    if nudge is not None and nudge.status == "queued":
+        nudge.status = "expired"
+        nudge.version = seq
+
+
+def new_projection() -> Projection[WitnessState]:
+    return Projection("witness", WitnessState, fold, schema_version=SCHEMA_VERSION)

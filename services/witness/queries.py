@@ -1,0 +1,114 @@
+"""Answers to ``gt.q.witness.<what>``, read from the projection. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from services.witness.state import ACTIVE, Session, WitnessState
+from shared.errors import QueryError
+
+
+def _opt_str(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, str):
+        raise QueryError("invalid", f"`{key}` must be a string")
+    return value
+
+
+def session_view(state: WitnessState, session: Session) -> dict[str, Any]:
+    view: dict[str, Any] = msgspec.to_builtins(session)
+    bead = state.beads.get(session.bead)
+    view["bead_status"] = bead.status if bead else None
+    view["current"] = bead is not None and bead.sessions[-1:] == [session.id]
+    return view
+
+
+def _rigs(state: WitnessState, body: dict[str, Any]) -> Any:
+    out = []
+    for rig in state.rigs.values():
+        view: dict[str, Any] = msgspec.to_builtins(rig)
+        view["active_sessions"] = sum(1 for s in state.sessions.values() if s.rig == rig.name and s.status in ACTIVE)
+        view["waiting_beads"] = sum(
+            1
+            for b in state.beads.values()
+            if b.rig == rig.name
+            and b.status in ("hooked", "in_progress")
+            and not b.merge_requested
+            and not any(state.sessions[s].status in ACTIVE for s in b.sessions if s in state.sessions)
+        )
+        out.append(view)
+    return out
+
+
+def _rig(state: WitnessState, body: dict[str, Any]) -> Any:
+    name = _opt_str(body, "name")
+    if not name:
+        raise QueryError("invalid", "`name` is required")
+    for view in _rigs(state, body):
+        if view["name"] == name:
+            return view
+    raise QueryError("not_found", f"no rig {name!r} (`gt rig list` shows them)")
+
+
+def _sessions(state: WitnessState, body: dict[str, Any]) -> Any:
+    """Active sessions (every one with ``all``), optionally of one rig or bead."""
+    rig = _opt_str(body, "rig")
+    bead = _opt_str(body, "bead")
+    everything = bool(body.get("all"))
+    out = []
+    for session in state.sessions.values():
+        if rig is not None and session.rig != rig:
+            continue
+        if bead is not None and session.bead != bead:
+            continue
+        if not everything and session.status not in ACTIVE:
+            continue
+        out.append(session_view(state, session))
+    return out
+
+
+def _session(state: WitnessState, body: dict[str, Any]) -> Any:
+    session_id = _opt_str(body, "id")
+    if not session_id:
+        raise QueryError("invalid", "`id` is required")
+    session = state.sessions.get(session_id)
+    if session is None:
+        raise QueryError("not_found", f"no session {session_id!r} (`gt session list` shows them)")
+    view = session_view(state, session)
+    rig = state.rigs.get(session.rig)
+    view["rig_config"] = msgspec.to_builtins(rig) if rig else None
+    bead = state.beads.get(session.bead)
+    siblings = bead.sessions if bead is not None else []
+    view["later_sessions"] = siblings[siblings.index(session.id) + 1 :] if session.id in siblings else []
+    view["nudges"] = [
+        msgspec.to_builtins(n)
+        for n in state.nudges.values()
+        if n.delivered_to == session.id
+        or (n.status == "queued" and n.rig == session.rig and n.polecat == session.polecat)
+    ]
+    return view
+
+
+def _nudges(state: WitnessState, body: dict[str, Any]) -> Any:
+    everything = bool(body.get("all"))
+    return [msgspec.to_builtins(n) for n in state.nudges.values() if everything or n.status == "queued"]
+
+
+QUERIES: dict[str, Callable[[WitnessState, dict[str, Any]], Any]] = {
+    "rigs": _rigs,
+    "rig": _rig,
+    "sessions": _sessions,
+    "session": _session,
+    "nudges": _nudges,
+}
+
+
+def answer(state: WitnessState, what: str, body: dict[str, Any]) -> Any:
+    handler = QUERIES.get(what)
+    if handler is None:
+        known = ", ".join([*QUERIES, "status", "digest"])
+        raise QueryError("unknown_query", f"the witness has no query {what!r}; it answers {known}")
+    return handler(state, body)

@@ -1,0 +1,55 @@
+"""How the witness watches and recovers sessions: read from the environment, with defaults from Gas Town."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import msgspec
+
+DEFAULT_TMUX_SOCKET = "gastown"
+
+
+class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
+    tmux_socket: str = DEFAULT_TMUX_SOCKET
+    """The tmux server (``tmux -L <socket>``) polecat sessions run on (``GT_TMUX_SOCKET``)."""
+    min_orphan_age_s: float = 60.0
+    """A tmux session no session of ours accounts for is killed only once this old (``GT_MIN_ORPHAN_AGE``)."""
+    done_stuck_after_s: float = 60.0
+    """An agent still alive this long after its done-intent is stuck in done (``GT_DONE_STUCK_AFTER``)."""
+    kill_grace_s: float = 3.0
+    """Between SIGTERM and SIGKILL when a live agent is killed (``GT_KILL_GRACE``)."""
+    mass_death_count: int = 3
+    mass_death_window_s: float = 30.0
+    max_start_failures: int = 3
+    workers: int = 8
+    """Actions carried out at once (git and tmux run in threads)."""
+    nudge_verify_s: float = 3.0
+    """How long a nudge's text may take to show in the pane before it is typed again."""
+
+
+def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
+    text = env.get(key)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ValueError(f"{key} must be a number of seconds (0 or more), got {text!r}")
+    return value
+
+
+def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
+    """Raises ValueError naming a setting whose value cannot be used."""
+    env = os.environ if env is None else env
+    socket = env.get("GT_TMUX_SOCKET") or DEFAULT_TMUX_SOCKET
+    if not socket.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"GT_TMUX_SOCKET must be letters, digits, - and _, got {socket!r}")
+    return WitnessSettings(
+        tmux_socket=socket,
+        min_orphan_age_s=_seconds(env, "GT_MIN_ORPHAN_AGE", 60.0),
+        done_stuck_after_s=_seconds(env, "GT_DONE_STUCK_AFTER", 60.0),
+        kill_grace_s=_seconds(env, "GT_KILL_GRACE", 3.0),
+    )

@@ -1,0 +1,101 @@
+"""What the witness knows: rigs, sessions, the beads slung to its rigs, nudges. Plain data, folded from the log."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+
+ACTIVE = ("requested", "started")
+"""Session statuses that hold a polecat, a worktree and a bead's hook."""
+
+
+class Rig(msgspec.Struct, kw_only=True, gc=False):
+    name: str
+    repo: str
+    base_branch: str = "main"
+    prefix: str
+    setup_command: str = ""
+    lint_command: str = ""
+    test_command: str = ""
+    agent_command: str
+    max_polecats: int = 4
+    max_respawns: int = 3
+    stall_after_s: float = 600.0
+    added_at: datetime
+    version: int = 0
+
+
+class Session(msgspec.Struct, kw_only=True, gc=False):
+    id: str
+    rig: str
+    polecat: str
+    bead: str
+    worktree: str
+    branch: str
+    tmux_name: str
+    attempt: int
+    handoff_of: str | None = None
+    status: str = "requested"
+    """requested -> started -> ended (or requested -> ended)."""
+    requested_at: datetime
+    started_at: datetime | None = None
+    pane_pid: int | None = None
+    pid_started: float | None = None
+    adopted: bool = False
+    done_intent_at: datetime | None = None
+    warrant_reason: str | None = None
+    warranted_at: datetime | None = None
+    ended_at: datetime | None = None
+    end_reason: str | None = None
+    cleaned: bool = False
+    worktree_removed: bool = False
+    escalated: str | None = None
+    version: int = 0
+
+
+class WorkBead(msgspec.Struct, kw_only=True, gc=False):
+    """The witness's view of a bead (the mayor's events): enough to spawn, brief and watch a session."""
+
+    id: str
+    title: str
+    status: str = "open"
+    rig: str | None = None
+    slings: int = 0
+    slung_seq: int = 0
+    """Stream sequence of the last sling: beads waiting for a polecat are served in this order."""
+    sessions_at_sling: int = 0
+    """How many of ``sessions`` came before the last sling: a sling asks for a session after them."""
+    deaths_at_sling: int = 0
+    """Deaths before the last operator sling: only later ones count against the respawn limit."""
+    steps: list[str] = []
+    """Step ids in molecule order."""
+    done_steps: list[str] = []
+    current_step: str | None = None
+    last_progress_at: datetime | None = None
+    """Last step event or sling: with heartbeats, what stall detection looks at."""
+    merge_requested: bool = False
+    sessions: list[str] = []
+    """Every session the bead has had, oldest first."""
+
+
+class Nudge(msgspec.Struct, kw_only=True, gc=False):
+    id: str
+    rig: str
+    polecat: str
+    session: str | None = None
+    message: str
+    queued_at: datetime
+    expires_at: datetime
+    status: str = "queued"
+    delivered_to: str | None = None
+    version: int = 0
+
+
+class WitnessState(msgspec.Struct, kw_only=True):
+    rigs: dict[str, Rig] = {}
+    sessions: dict[str, Session] = {}
+    beads: dict[str, WorkBead] = {}
+    nudges: dict[str, Nudge] = {}
+    mass_deaths: dict[str, list[str]] = {}
+    """Rig -> sessions already covered by a mass-death escalation."""

@@ -1,0 +1,244 @@
+"""``gt-agent``: the reference scripted agent, for demos, tests and benchmarks.
+
+It uses only the ``gt`` CLI and git inside its session, like any agent would: ``gt prime --json`` to learn
+its hook, then for each step not yet done a deterministic edit (one file per step), a commit and ``gt step
+done``; at a step whose id mentions "test" it runs the rig's test command; finally ``gt done``. A fresh
+session after a crash resumes at the first step not done, and uncommitted work it finds is committed.
+
+Failure injection (``GT_AGENT_FAULT``, comma-separated, each ``<fault>[=<step>][@<attempts>]`` where
+attempts is ``N`` or ``N-M`` and defaults to every attempt):
+
+- ``crash-at-step=K``: SIGKILL itself after committing step K, before ``gt step done``
+- ``crash-before-commit=K``: SIGKILL itself after editing step K, leaving the worktree dirty
+- ``hang`` / ``hang=K``: stop (at once, or at step K) and sleep forever, no heartbeats
+- ``exit-before-done``: exit after the last step without ``gt done``
+- ``crash-after-done-intent``: SIGKILL itself once ``gt done`` has recorded the done-intent
+- ``dirty``: leave an uncommitted file behind (``gt done`` then refuses)
+- ``conflict``: also write ``CONFLICT.txt``, which every bead writes differently (a merge conflict)
+- ``fail-tests``: create ``FAIL_TESTS`` at the top of the worktree (a rig test like ``test ! -e FAIL_TESTS``
+  fails) and submit anyway
+
+``GT_AGENT_STEP_PAUSE`` (seconds) slows each step down, for demos and external kill tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+FAULT = re.compile(r"^(?P<kind>[a-z-]+)(?:=(?P<step>\d+))?(?:@(?P<lo>\d+)(?:-(?P<hi>\d+))?)?$")
+KINDS = frozenset(
+    {
+        "crash-at-step",
+        "crash-before-commit",
+        "hang",
+        "exit-before-done",
+        "crash-after-done-intent",
+        "dirty",
+        "conflict",
+        "fail-tests",
+    }
+)
+NEEDS_STEP = frozenset({"crash-at-step", "crash-before-commit"})
+EXIT_USAGE = 2
+WORK_DIR = ".gastown-work"
+
+
+class Fault(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str
+    step: int | None = None
+    first_attempt: int = 1
+    last_attempt: int | None = None
+
+    def applies(self, attempt: int) -> bool:
+        return self.first_attempt <= attempt and (self.last_attempt is None or attempt <= self.last_attempt)
+
+
+def parse_faults(text: str) -> list[Fault]:
+    """Raises ValueError naming the part it cannot read."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        match = FAULT.fullmatch(part)
+        if match is None or match["kind"] not in KINDS:
+            raise ValueError(f"GT_AGENT_FAULT: cannot read {part!r} (kinds: {', '.join(sorted(KINDS))})")
+        if match["kind"] in NEEDS_STEP and match["step"] is None:
+            raise ValueError(f"GT_AGENT_FAULT: {match['kind']} needs a step, like {match['kind']}=2")
+        lo = int(match["lo"]) if match["lo"] else 1
+        hi = int(match["hi"]) if match["hi"] else (lo if match["lo"] else None)
+        step = int(match["step"]) if match["step"] else None
+        out.append(Fault(kind=match["kind"], step=step, first_attempt=lo, last_attempt=hi))
+    return out
+
+
+def active(faults: list[Fault], attempt: int, kind: str, step: int | None = None) -> bool:
+    return any(f.kind == kind and f.applies(attempt) and (f.step is None or f.step == step) for f in faults)
+
+
+def say(text: str) -> None:
+    print(f"[gt-agent] {text}", flush=True)
+
+
+def die_hard() -> None:
+    say("crashing (fault injection: SIGKILL)")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hang() -> None:
+    say("hanging (fault injection): no more heartbeats or steps")
+    os.execvp("sleep", ["sleep", "infinity"])  # noqa: S606 (same pid, almost no memory)
+
+
+def gt(*args: str, check: bool = True, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **(extra_env or {})}
+    done = subprocess.run(["gt", *args], capture_output=True, text=True, env=env, check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"gt {' '.join(args)} failed ({done.returncode}): {done.stderr.strip() or done.stdout}")
+    return done
+
+
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def listen_for_nudges() -> None:
+    """Print any line typed into the pane (a nudge) so it shows that the agent read it."""
+    if not sys.stdin.isatty():
+        return
+    while select.select([sys.stdin], [], [], 0)[0]:
+        line = sys.stdin.readline()
+        if not line:
+            return
+        say(f"heard: {line.strip()}")
+
+
+def prime() -> dict[str, Any]:
+    for attempt in range(5):
+        done = gt("prime", "--json", check=False)
+        if done.returncode == 0:
+            data: dict[str, Any] = json.loads(done.stdout)
+            return data
+        say(f"gt prime failed ({done.stderr.strip()}); retrying")
+        time.sleep(0.5 * (attempt + 1))
+    raise RuntimeError("gt prime kept failing")
+
+
+def commit_all(worktree: Path, message: str) -> bool:
+    git("add", "-A", cwd=worktree)
+    if not git("status", "--porcelain", cwd=worktree).strip():
+        return False
+    git("commit", "--quiet", "-m", message, cwd=worktree)
+    return True
+
+
+def edit_for(worktree: Path, bead: str, index: int, step: dict[str, Any]) -> None:
+    folder = worktree / WORK_DIR / bead
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{index:02d}-{step['id']}.txt").write_text(f"step {step['id']}: {step['title']}\n")
+
+
+def run_tests(worktree: Path, rig: dict[str, Any], faults: list[Fault], attempt: int) -> None:
+    command = rig.get("test_command") or ""
+    if not command:
+        say("no test command for this rig")
+        return
+    done = subprocess.run(["sh", "-c", command], cwd=worktree, capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        say("tests pass")
+        return
+    if active(faults, attempt, "fail-tests"):
+        say("tests fail (fault injection); submitting anyway")
+        return
+    raise RuntimeError(f"tests fail ({done.returncode}): {(done.stdout + done.stderr)[-500:]}")
+
+
+def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) -> None:
+    bead = data["bead"]["id"]
+    worktree = Path(data["worktree"])
+    if git("status", "--porcelain", cwd=worktree).strip():
+        commit_all(worktree, f"{bead}: work an earlier session left uncommitted")
+        say("committed the uncommitted work an earlier session left")
+    if data["bead"]["status"] == "hooked":
+        gt("bead", "claim", bead, "--assignee", f"{data['rig']['name']}/{data['polecat']}", check=False)
+    molecule = data.get("molecule") or {"steps": []}
+    for index, step in enumerate(molecule["steps"], start=1):
+        if step["status"] == "done":
+            continue
+        listen_for_nudges()
+        if active(faults, attempt, "hang", index):
+            hang()
+        say(f"step {index} {step['id']}: {step['title']}")
+        edit_for(worktree, bead, index, step)
+        if active(faults, attempt, "crash-before-commit", index):
+            die_hard()
+        if "test" in step["id"]:
+            if active(faults, attempt, "fail-tests"):
+                (worktree / "FAIL_TESTS").write_text("made to fail by GT_AGENT_FAULT=fail-tests\n")
+            run_tests(worktree, data["rig"], faults, attempt)
+        if active(faults, attempt, "conflict"):
+            (worktree / "CONFLICT.txt").write_text(f"{bead} was here\n")
+        commit_all(worktree, f"{bead}: {step['id']}")
+        if active(faults, attempt, "crash-at-step", index):
+            die_hard()
+        gt("step", "done", step["id"])
+        gt("heartbeat", "--note", f"done {step['id']}", check=False)
+        if pause:
+            time.sleep(pause)
+
+
+def finish(data: dict[str, Any], faults: list[Fault], attempt: int) -> int:
+    worktree = Path(data["worktree"])
+    if active(faults, attempt, "dirty"):
+        (worktree / "scratch.txt").write_text("left uncommitted (fault injection)\n")
+    if active(faults, attempt, "exit-before-done"):
+        say("exiting before gt done (fault injection)")
+        return 0
+    extra = {"GT_CRASH_AT": "gt_done.after_intent"} if active(faults, attempt, "crash-after-done-intent") else None
+    done = gt("done", check=False, extra_env=extra)
+    if done.returncode == -signal.SIGKILL:
+        die_hard()
+    sys.stdout.write(done.stdout)
+    if done.returncode != 0:
+        say(f"gt done failed: {done.stderr.strip()}")
+        return 1
+    say("done")
+    return 0
+
+
+def main() -> int:
+    missing = [k for k in ("GT_SESSION", "GT_BEAD", "GT_WORKTREE") if not os.environ.get(k)]
+    if missing:
+        print(f"gt-agent: runs inside a polecat session; {', '.join(missing)} not set", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        faults = parse_faults(os.environ.get("GT_AGENT_FAULT", ""))
+        pause = float(os.environ.get("GT_AGENT_STEP_PAUSE", "0") or 0)
+    except ValueError as exc:
+        print(f"gt-agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    attempt = int(os.environ.get("GT_ATTEMPT", "1") or 1)
+    say(f"session {os.environ['GT_SESSION']} (attempt {attempt}) on bead {os.environ['GT_BEAD']}")
+    if active(faults, attempt, "hang", None):
+        hang()
+    try:
+        data = prime()
+        work(data, faults, attempt, pause)
+        return finish(data, faults, attempt)
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        say(f"giving up: {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

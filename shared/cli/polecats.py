@@ -1,0 +1,378 @@
+"""`gt rig ...`, `gt session ...`, `gt nudge`, `gt mq list`, and the agent's side: `gt prime`, `gt heartbeat`,
+`gt handoff`, `gt done` (these read GT_SESSION and the rest of the session's environment)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats.js.errors
+from nats.aio.client import Client
+
+from shared import git
+from shared.bus.topology import ensure_heartbeat_bucket
+from shared.cli import render
+from shared.cli.client import send_command
+from shared.cli.common import (
+    DEFAULT_COMMAND_TIMEOUT_S,
+    EXIT_OK,
+    EXIT_REJECTED,
+    Subcommands,
+    UsageError,
+    command_options,
+    read,
+    read_options,
+    send,
+    show,
+)
+from shared.config import TownConfig
+from shared.faults import crash_point
+
+SESSION_ENV = ("GT_SESSION", "GT_BEAD", "GT_RIG", "GT_WORKTREE", "GT_BRANCH")
+INSTRUCTIONS = (
+    "Work the current step in your worktree. When a step is finished, commit and run `gt step done <step>`: "
+    "done steps are never redone, so a fresh session after a crash resumes at the first step not done. "
+    "Commit early (uncommitted work survives in the worktree, but only commits are pushed). Run "
+    "`gt heartbeat` every few minutes while a step takes long, or the witness takes you for stalled. "
+    "When every step is done, run `gt done`: it pushes your branch and submits it to the merge queue. "
+    "If your context is full, run `gt handoff`: a fresh session continues on the same hook."
+)
+
+
+def register(sub: Subcommands) -> None:
+    rig = sub.group("rig", "rigs (projects): add, list, show", "rig_cmd")
+    ra = rig.add_parser("add", help="add a project: the witness clones it and runs polecats in worktrees of it")
+    ra.add_argument("name")
+    ra.add_argument("repo", help="path or URL git can clone (a path is made absolute)")
+    ra.add_argument("--base-branch", default="main")
+    ra.add_argument("--prefix", help="bead id prefix for the rig's beads (default: the name)")
+    ra.add_argument("--setup", default="", help="gate: set-up command")
+    ra.add_argument("--lint", default="", help="gate: lint command")
+    ra.add_argument("--test", default="", help="gate: test command")
+    ra.add_argument("--agent", default=None, help="agent command run in each polecat's worktree (default gt-agent)")
+    ra.add_argument("--max-polecats", type=int, default=None)
+    ra.add_argument("--max-respawns", type=int, default=None)
+    ra.add_argument("--stall-after", type=float, default=None, help="seconds without heartbeat or progress")
+    command_options(ra)
+    ra.set_defaults(handler=_rig_add, precheck=_absolute_repo)
+    rl = rig.add_parser("list", help="rigs with their active sessions and waiting beads")
+    read_options(rl)
+    rl.set_defaults(handler=_rig_list)
+    rs = rig.add_parser("show", help="one rig's configuration")
+    rs.add_argument("name")
+    read_options(rs)
+    rs.set_defaults(handler=_rig_show)
+
+    session = sub.group("session", "polecat sessions: list, show", "session_cmd")
+    sl = session.add_parser("list", help="active sessions (--all: every one)")
+    sl.add_argument("--rig")
+    sl.add_argument("--bead")
+    sl.add_argument("--all", action="store_true")
+    read_options(sl)
+    sl.set_defaults(handler=_session_list)
+    ss = session.add_parser("show", help="one session")
+    ss.add_argument("id")
+    read_options(ss)
+    ss.set_defaults(handler=_session_show)
+
+    nudge = sub.add_parser("nudge", help="type a message into a polecat's pane (queued while it is not running)")
+    nudge.add_argument("target", help="a session id or <rig>/<polecat>")
+    nudge.add_argument("message")
+    nudge.add_argument("--ttl", type=float, default=None, help="seconds it may wait for the session (default 1800)")
+    command_options(nudge)
+    nudge.set_defaults(handler=_nudge)
+
+    mq = sub.group("mq", "the merge queue: list", "mq_cmd")
+    ml = mq.add_parser("list", help="merge requests (of one rig with --rig)")
+    ml.add_argument("--rig")
+    read_options(ml)
+    ml.set_defaults(handler=_mq_list)
+
+    prime = sub.add_parser("prime", help="(agent) everything needed to resume: bead, steps, worktree, instructions")
+    prime.add_argument("--session", help="default: GT_SESSION")
+    read_options(prime)
+    prime.set_defaults(handler=_prime, precheck=_needs_session_id)
+    hb = sub.add_parser("heartbeat", help="(agent) I am alive and working; keeps a long step from looking stalled")
+    hb.add_argument("--note", default="")
+    hb.set_defaults(handler=_heartbeat, precheck=_needs_session_env)
+    ho = sub.add_parser("handoff", help="(agent) end this session; a fresh one continues on the same hook")
+    ho.add_argument("--note", default="", help="what the next session should know")
+    command_options(ho)
+    ho.set_defaults(handler=_handoff, precheck=_needs_session_env)
+    done = sub.add_parser("done", help="(agent) push the branch, submit a merge request, end the session")
+    done.add_argument("--json", action="store_true")
+    done.set_defaults(handler=_done, precheck=_needs_session_env)
+
+
+# ---- operator commands -------------------------------------------------------------------------
+
+
+def _absolute_repo(args: argparse.Namespace) -> None:
+    """A local repository is named by its absolute path: the witness resolves nothing against our cwd."""
+    repo = args.repo
+    if "://" not in repo and not repo.startswith("git@") and Path(repo).exists():
+        args.repo = str(Path(repo).resolve())
+
+
+async def _rig_add(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {
+        "name": args.name,
+        "repo": args.repo,
+        "base_branch": args.base_branch,
+        "prefix": args.prefix,
+        "setup_command": args.setup,
+        "lint_command": args.lint,
+        "test_command": args.test,
+        "agent_command": args.agent,
+        "max_polecats": args.max_polecats,
+        "max_respawns": args.max_respawns,
+        "stall_after_s": args.stall_after,
+    }
+    return await send(nc, args, config, "gt.cmd.rig.add", body, _rig_line)
+
+
+def _rig_line(result: dict[str, Any]) -> str:
+    changed = "" if result.get("changed", True) else " (unchanged)"
+    where = f"{result.get('repo')} ({result.get('base_branch')})"
+    return f"rig {result.get('rig')}: {where}, prefix {result.get('prefix')}{changed}"
+
+
+async def _rig_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    rigs = await read(nc, config, "rigs", {}, service="witness")
+    rows = [
+        [r["name"], r["repo"], r["base_branch"], f"{r['active_sessions']}/{r['max_polecats']}", str(r["waiting_beads"])]
+        for r in rigs
+    ]
+    table = render.table(("RIG", "REPO", "BASE", "SESSIONS", "WAITING"), rows, "no rigs (gt rig add NAME REPO)")
+    return show(args, rigs, lambda _: table)
+
+
+async def _rig_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    rig = await read(nc, config, "rig", {"name": args.name}, service="witness")
+    return show(args, rig, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
+
+
+async def _session_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"rig": args.rig, "bead": args.bead, "all": args.all or None}
+    sessions = await read(nc, config, "sessions", {k: v for k, v in body.items() if v}, service="witness")
+    rows = [
+        [
+            s["id"],
+            f"{s['rig']}/{s['polecat']}",
+            s["bead"],
+            s["status"] + (f" ({s['end_reason']})" if s.get("end_reason") else ""),
+            str(s.get("pane_pid") or "-"),
+            s["tmux_name"],
+        ]
+        for s in sessions
+    ]
+    table = render.table(("SESSION", "POLECAT", "BEAD", "STATUS", "PID", "TMUX"), rows, "no sessions")
+    return show(args, sessions, lambda _: table)
+
+
+async def _session_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    session = await read(nc, config, "session", {"id": args.id}, service="witness")
+    keys = ("id", "rig", "polecat", "bead", "status", "end_reason", "attempt", "worktree", "branch", "tmux_name")
+    return show(args, session, lambda s: "\n".join(f"{k}: {s.get(k)}" for k in keys if s.get(k) is not None))
+
+
+async def _nudge(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"target": args.target, "message": args.message, "ttl_s": args.ttl}
+
+    def line(result: dict[str, Any]) -> str:
+        where = result.get("session") or f"{result.get('rig')}/{result.get('polecat')}"
+        return f"nudge {result.get('id')}: queued for {where} (until {result.get('expires_at')})"
+
+    return await send(nc, args, config, "gt.cmd.nudge.send", body, line)
+
+
+async def _mq_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    mrs = await read(nc, config, "mrs", {"rig": args.rig} if args.rig else {}, service="refinery")
+    rows = [[m["id"], m["rig"], m["bead"], m["branch"], m["head"][:10], m["status"]] for m in mrs]
+    table = render.table(("MR", "RIG", "BEAD", "BRANCH", "HEAD", "STATUS"), rows, "the merge queue is empty")
+    return show(args, mrs, lambda _: table)
+
+
+# ---- the agent's side --------------------------------------------------------------------------
+
+
+def _needs_session_id(args: argparse.Namespace) -> None:
+    if not (getattr(args, "session", None) or os.environ.get("GT_SESSION")):
+        raise UsageError(
+            f"`gt {args.cmd}` runs inside a polecat session: GT_SESSION is not set (the witness sets it); "
+            "outside one, name it with --session"
+        )
+
+
+def _needs_session_env(args: argparse.Namespace) -> None:
+    missing = [k for k in SESSION_ENV if not os.environ.get(k)]
+    if missing:
+        raise UsageError(
+            f"`gt {args.cmd}` runs inside a polecat session, and {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set (the witness sets them when it starts the session)"
+        )
+
+
+async def prime_data(nc: Client, config: TownConfig, session_id: str) -> dict[str, Any]:
+    session = await read(nc, config, "session", {"id": session_id}, service="witness")
+    bead = await read(nc, config, "get", {"id": session["bead"]})
+    molecule: dict[str, Any] | None
+    try:
+        molecule = await read(nc, config, "molecule", {"bead": session["bead"]})
+    except Exception as exc:  # a bead without a molecule is worked as one step
+        if getattr(exc, "code", None) != "not_found":
+            raise
+        molecule = None
+    current = None
+    if molecule is not None:
+        current = next((s for s in molecule["steps"] if s["id"] == molecule.get("current_step")), None)
+    return {
+        "session": session["id"],
+        "status": session["status"],
+        "attempt": session["attempt"],
+        "polecat": session["polecat"],
+        "rig": session["rig_config"],
+        "worktree": session["worktree"],
+        "branch": session["branch"],
+        "bead": bead,
+        "molecule": molecule,
+        "current_step": current,
+        "done_intent": session.get("done_intent_at") is not None,
+        "nudges": [n["message"] for n in session.get("nudges", []) if n.get("delivered_to") == session["id"]],
+        "instructions": INSTRUCTIONS,
+    }
+
+
+def prime_text(data: dict[str, Any]) -> str:
+    bead, molecule, rig = data["bead"], data["molecule"], data["rig"] or {}
+    lines = [
+        f"# gastown: you are polecat {data['polecat']} of rig {rig.get('name')} "
+        f"(session {data['session']}, attempt {data['attempt']})",
+        "",
+        f"Hook: bead {bead['id']} [{bead['status']}]: {bead['title']}",
+    ]
+    if bead.get("description"):
+        lines += ["", bead["description"]]
+    if molecule is not None:
+        lines += ["", f"Molecule {molecule['formula']}: {molecule['done']}/{molecule['total']} steps done"]
+        for step in molecule["steps"]:
+            mark = ">" if step["id"] == molecule.get("current_step") else " "
+            lines.append(f" {mark} [{step['status']:<11}] {step['id']}: {step['title']}")
+        step = data["current_step"]
+        if step is not None:
+            lines += ["", f"Current step: {step['id']}: {step['title']}"]
+            if step.get("description"):
+                lines.append(step["description"])
+            if step.get("acceptance"):
+                lines.append(f"Acceptance: {step['acceptance']}")
+        else:
+            lines += ["", "Every step is done: run `gt done`."]
+    lines += ["", f"Worktree: {data['worktree']}", f"Branch:   {data['branch']} (base {rig.get('base_branch')})"]
+    named = (("setup", "setup_command"), ("lint", "lint_command"), ("test", "test_command"))
+    gates = [f"{name} `{rig[key]}`" for name, key in named if rig.get(key)]
+    if gates:
+        lines.append(f"Gates:    {', '.join(gates)}")
+    if data["done_intent"]:
+        lines.append("`gt done` already began for this session: run it again to finish it.")
+    lines += ["", data["instructions"]]
+    return "\n".join(lines)
+
+
+async def _prime(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    data = await prime_data(nc, config, args.session or os.environ["GT_SESSION"])
+    return show(args, data, prime_text)
+
+
+async def _heartbeat(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    js = nc.jetstream()
+    try:
+        kv = await js.key_value(config.heartbeat_bucket)
+    except nats.js.errors.BucketNotFoundError:
+        await ensure_heartbeat_bucket(js, config)
+        kv = await js.key_value(config.heartbeat_bucket)
+    session = os.environ["GT_SESSION"]
+    beat = {"ts": datetime.now(UTC).isoformat(), "session": session, "note": args.note[:500]}
+    await kv.put(session, json.dumps(beat).encode())
+    return EXIT_OK
+
+
+async def _handoff(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    session = os.environ["GT_SESSION"]
+    body = {"session": session, "note": args.note, "actor": f"polecat:{os.environ['GT_RIG']}/{session}"}
+
+    def line(result: dict[str, Any]) -> str:
+        return f"session {result.get('id')} handed off: a fresh session continues bead {result.get('bead')}"
+
+    return await send(nc, args, config, "gt.cmd.session.handoff", body, line)
+
+
+async def _command(nc: Client, config: TownConfig, subject: str, body: dict[str, Any], cmd_id: str) -> dict[str, Any]:
+    """Send one step of `gt done` and wait for its outcome; raise with the reason when it is rejected."""
+    outcome = await send_command(
+        nc, config, subject, {**body, "cmd_id": cmd_id}, timeout=DEFAULT_COMMAND_TIMEOUT_S * 3, wait_if_down=False
+    )
+    if outcome.type == "cmd.rejected":
+        raise DoneError(f"{subject} rejected ({outcome.data.get('code')}): {outcome.data.get('message')}")
+    if outcome.type is None:
+        # Stored durably in GT_CMD: the owning service answers it when it is back; `gt done` goes on.
+        return {"stored": True, "command": cmd_id}
+    result: dict[str, Any] = outcome.data.get("result", {})
+    return result
+
+
+class DoneError(Exception):
+    pass
+
+
+async def _done(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    """Each step is idempotent (fixed command ids, push of the same commit), so running it again after a
+    crash picks up where it stopped; the witness finishes it if the agent cannot."""
+    session, bead, rig = os.environ["GT_SESSION"], os.environ["GT_BEAD"], os.environ["GT_RIG"]
+    worktree, branch = Path(os.environ["GT_WORKTREE"]), os.environ["GT_BRANCH"]
+    base = os.environ.get("GT_BASE_BRANCH", "main")
+    actor = f"polecat:{rig}/{session}"
+    state = git.worktree_state(worktree, base)
+    if not state.exists:
+        raise UsageError(f"the worktree {worktree} is not there; nothing to submit")
+    if state.branch != branch:
+        raise UsageError(f"the worktree is on {state.branch!r}, not the session's branch {branch!r}; check it out")
+    if state.dirty:
+        print(
+            f"gt done: the worktree {worktree} has uncommitted changes; commit them (or remove them) first: "
+            "`gt done` submits commits only and leaves nothing behind",
+            file=sys.stderr,
+        )
+        return EXIT_REJECTED
+    try:
+        intent = {"session": session, "actor": actor}
+        await _command(nc, config, "gt.cmd.session.done_intent", intent, f"done-intent-{session}")
+        crash_point("gt_done.after_intent")
+        head = git.push(worktree, branch)
+        crash_point("gt_done.after_push")
+        mr = await _command(
+            nc,
+            config,
+            "gt.cmd.mr.submit",
+            {"bead": bead, "rig": rig, "branch": branch, "head": head, "session": session, "actor": actor},
+            f"mr-{session}",
+        )
+        crash_point("gt_done.after_mr")
+        await _command(nc, config, "gt.cmd.session.finish", {"session": session, "actor": actor}, f"finish-{session}")
+    except DoneError as exc:
+        print(f"gt done: {exc}", file=sys.stderr)
+        return EXIT_REJECTED
+    except git.GitError as exc:
+        print(f"gt done: could not push {branch}: {exc}", file=sys.stderr)
+        return EXIT_REJECTED
+    summary = {"session": session, "bead": bead, "branch": branch, "head": head, "merge_request": mr.get("id")}
+    if args.json:
+        render.print_json(summary)
+    else:
+        queued = f"merge request {mr['id']}" if mr.get("id") else "merge request (stored; the refinery is down)"
+        print(f"done: {branch} pushed at {head[:10]}, {queued} queued; session {session} ends")
+    return EXIT_OK

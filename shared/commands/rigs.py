@@ -1,0 +1,144 @@
+"""Rig, session and nudge commands (owned by the witness) and merge request commands (the refinery's)."""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from shared.commands.base import MAX_DESCRIPTION, MAX_TITLE, Command, check_id, check_priority, check_text, invalid
+from shared.ids import PREFIX_PATTERN
+
+MAX_COMMAND_LINE = 4096
+MAX_POLECATS = 1000
+MAX_RESPAWNS = 100
+HEX_COMMIT = re.compile(r"^[0-9a-f]{7,64}$")
+POLECAT_TARGET = re.compile(r"^(?P<rig>[a-z0-9][a-z0-9_-]{0,63})/(?P<polecat>[a-z0-9][a-z0-9_-]{0,63})$")
+DEFAULT_AGENT_COMMAND = "gt-agent"
+
+
+class RigAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Add a project: the witness clones ``repo`` under GT_HOME and runs polecats in worktrees of it."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.rig.add"
+    name: str
+    repo: str
+    """A path or URL git can clone."""
+    base_branch: str = "main"
+    prefix: str | None = None
+    """Bead id prefix for the rig's beads (default: the name, without dashes)."""
+    setup_command: str = ""
+    lint_command: str = ""
+    test_command: str = ""
+    agent_command: str = DEFAULT_AGENT_COMMAND
+    """Run (through ``sh -c``) in each polecat's worktree; ``{beacon}`` is replaced by the startup prompt."""
+    max_polecats: int = 4
+    max_respawns: int = 3
+    """A bead whose sessions died more often than this is escalated instead of respawned."""
+    stall_after_s: float = 600.0
+    """A session with no heartbeat and no step progress for this long is stalled."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("name", self.name, required=True)
+        check_text("repo", self.repo, MAX_COMMAND_LINE, nonblank=True)
+        if not re.fullmatch(r"[A-Za-z0-9._/-]{1,200}", self.base_branch) or ".." in self.base_branch:
+            raise invalid(f"`base_branch` {self.base_branch[:80]!r} is not a branch name")
+        if self.prefix is not None and not PREFIX_PATTERN.fullmatch(self.prefix):
+            raise invalid(f"`prefix` {self.prefix!r} must match {PREFIX_PATTERN.pattern}")
+        for field in ("setup_command", "lint_command", "test_command"):
+            check_text(field, getattr(self, field), MAX_COMMAND_LINE)
+        check_text("agent_command", self.agent_command, MAX_COMMAND_LINE, nonblank=True)
+        if not 1 <= self.max_polecats <= MAX_POLECATS:
+            raise invalid(f"`max_polecats` must be 1-{MAX_POLECATS}, got {self.max_polecats}")
+        if not 0 <= self.max_respawns <= MAX_RESPAWNS:
+            raise invalid(f"`max_respawns` must be 0-{MAX_RESPAWNS}, got {self.max_respawns}")
+        if not self.stall_after_s > 0:
+            raise invalid(f"`stall_after_s` must be positive, got {self.stall_after_s}")
+
+    def rig_prefix(self) -> str:
+        return self.prefix or re.sub(r"[^a-z0-9_]", "", self.name)[:16] or "rig"
+
+
+class _SessionCommand(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    session: str
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("session", self.session, required=True)
+
+
+class SessionDoneIntentCmd(_SessionCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``gt done`` begins: written first, so a death from here on is finished, not re-run."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.session.done_intent"
+
+
+class SessionFinish(_SessionCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``gt done`` finished (branch pushed, merge request submitted): the session ends."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.session.finish"
+
+
+class SessionHandoff(_SessionCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """End this session and start a fresh one on the same hook (same bead, same worktree)."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.session.handoff"
+    note: str = ""
+
+    def validate(self) -> None:
+        super().validate()
+        check_text("note", self.note, MAX_DESCRIPTION)
+
+
+class NudgeSend(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Type a message into an agent's pane: ``target`` is a session id or ``<rig>/<polecat>``."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.nudge.send"
+    target: str
+    message: str
+    ttl_s: float = 1800.0
+    """Queued this long at most while the session is starting or gone."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_text("target", self.target, 130, nonblank=True)
+        check_text("message", self.message, MAX_TITLE * 8, nonblank=True)
+        if "\n" in self.message or "\r" in self.message:
+            raise invalid("`message` must be one line (it is typed into the pane and sent with Enter)")
+        if not 0 < self.ttl_s <= 7 * 24 * 3600:
+            raise invalid(f"`ttl_s` must be more than 0 and at most a week, got {self.ttl_s}")
+
+
+class MergeRequestSubmit(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Queue a pushed branch for the rig's refinery; the same head commit twice is one merge request."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.mr.submit"
+    bead: str
+    rig: str
+    branch: str
+    head: str
+    target: str | None = None
+    """Branch to merge into (default: the rig's base branch)."""
+    priority: int = 2
+    session: str | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("bead", self.bead, required=True)
+        check_id("rig", self.rig, required=True)
+        check_text("branch", self.branch, 255, nonblank=True)
+        if not HEX_COMMIT.fullmatch(self.head):
+            raise invalid(f"`head` {self.head[:80]!r} is not a commit id (hex)")
+        check_text("target", self.target, 255, nonblank=True)
+        check_priority(self.priority)
+        check_id("session", self.session)
+
+
+RIG_COMMANDS: tuple[type[Command], ...] = (
+    RigAdd,
+    SessionDoneIntentCmd,
+    SessionFinish,
+    SessionHandoff,
+    NudgeSend,
+    MergeRequestSubmit,
+)

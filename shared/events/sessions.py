@@ -1,0 +1,93 @@
+"""Events of the session aggregate (``gt.evt.session.<id>``): one polecat session working one bead.
+
+``session.requested`` is stored before tmux is asked to start anything and ``session.started`` after the
+pane's process is there, so every crash in between is recognisable on restart.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from shared.events.base import Event
+
+END_REASONS = ("done", "handoff", "dead", "zombie", "stalled", "failed_to_start", "bead_closed")
+DEATHS = frozenset({"dead", "zombie", "stalled", "failed_to_start"})
+"""End reasons that count against a bead's respawn limit (a done or a handoff is no death)."""
+WARRANT_REASONS = ("dead", "zombie", "stalled", "stuck_in_done", "bead_closed")
+"""Why the witness files a warrant. ``stuck_in_done`` ends as ``done``: the witness finishes the done flow."""
+
+
+class SessionEvent(Event, frozen=True, kw_only=True):
+    AGGREGATE: ClassVar[str] = "session"
+    session_id: str
+
+    def aggregate_id(self) -> str:
+        return self.session_id
+
+
+class SessionRequested(SessionEvent, frozen=True, kw_only=True):
+    TYPE: ClassVar[str] = "session.requested"
+    rig: str
+    polecat: str
+    bead: str
+    worktree: str
+    branch: str
+    tmux_name: str
+    attempt: int
+    """1 for the bead's first session, then one more for each respawn or handoff."""
+    handoff_of: str | None = None
+
+
+class SessionStarted(SessionEvent, frozen=True, kw_only=True):
+    TYPE: ClassVar[str] = "session.started"
+    pane_pid: int
+    pid_started: float
+    """The pane process's start time: with the pid it names the process (pids are reused)."""
+    adopted: bool = False
+    """Found running after a witness crash, not started by this witness process."""
+
+
+class SessionDoneIntent(SessionEvent, frozen=True, kw_only=True):
+    """``gt done`` began: a death from now on is finished by the witness, not treated as a crash."""
+
+    TYPE: ClassVar[str] = "session.done_intent"
+
+
+class SessionWarranted(SessionEvent, frozen=True, kw_only=True):
+    """The session is to be killed; the witness re-verifies the process right before it does."""
+
+    TYPE: ClassVar[str] = "session.warranted"
+    reason: str
+    detail: str = ""
+
+
+class SessionEnded(SessionEvent, frozen=True, kw_only=True):
+    TYPE: ClassVar[str] = "session.ended"
+    reason: str
+    detail: str = ""
+
+
+class SessionCleaned(SessionEvent, frozen=True, kw_only=True):
+    """After a finished session: its worktree removed (or kept, with the reason), its polecat name free."""
+
+    TYPE: ClassVar[str] = "session.cleaned"
+    worktree_removed: bool
+    detail: str = ""
+
+
+class SessionEscalated(SessionEvent, frozen=True, kw_only=True):
+    """The bead will not be respawned by the witness (respawn limit, or a worktree it cannot reuse)."""
+
+    TYPE: ClassVar[str] = "session.escalated"
+    reason: str
+
+
+SESSION_EVENTS: tuple[type[Event], ...] = (
+    SessionRequested,
+    SessionStarted,
+    SessionDoneIntent,
+    SessionWarranted,
+    SessionEnded,
+    SessionCleaned,
+    SessionEscalated,
+)

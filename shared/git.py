@@ -1,0 +1,198 @@
+"""git, run as a subprocess: a rig's canonical (bare) clone and one worktree per polecat.
+
+The only module that runs git. Every function is blocking; async callers run them in a thread. Worktrees
+with uncommitted or unpushed work are never removed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import uuid
+from pathlib import Path
+
+import msgspec
+
+from shared.errors import GastownError
+
+GIT_TIMEOUT_S = 120.0
+PROBE_TIMEOUT_S = 30.0
+
+
+class GitError(GastownError):
+    """A git command failed; ``stderr`` says why."""
+
+    def __init__(self, args: list[str], returncode: int, stderr: str) -> None:
+        self.args_ = args
+        self.returncode = returncode
+        self.stderr = stderr.strip()
+        super().__init__(f"git {' '.join(args)} failed ({returncode}): {self.stderr[-2000:]}")
+
+
+class WorktreeNotEmptyError(GastownError):
+    """A worktree holds uncommitted or unpushed work and was left in place."""
+
+    def __init__(self, path: Path, dirty: bool, unpushed: int) -> None:
+        self.path = path
+        self.dirty = dirty
+        self.unpushed = unpushed
+        what = [w for w, on in (("uncommitted changes", dirty), (f"{unpushed} unpushed commits", unpushed)) if on]
+        super().__init__(f"worktree {path} has {' and '.join(what)}; it is kept")
+
+
+class WorktreeState(msgspec.Struct, frozen=True, kw_only=True):
+    exists: bool
+    branch: str | None = None
+    head: str | None = None
+    dirty: bool = False
+    """Uncommitted changes, untracked files included."""
+    unpushed: int = 0
+    """Commits on the branch that the rig's origin does not have."""
+
+
+GIT_ENV = {
+    "GIT_TERMINAL_PROMPT": "0",  # never wait for a password nobody will type
+    "GIT_AUTHOR_NAME": "gastown",
+    "GIT_AUTHOR_EMAIL": "gastown@localhost",
+    "GIT_COMMITTER_NAME": "gastown",
+    "GIT_COMMITTER_EMAIL": "gastown@localhost",
+}
+
+
+def git(*args: str, cwd: Path | None = None, timeout: float = GIT_TIMEOUT_S, check: bool = True) -> str:
+    """Run git; its stdout.
+
+    Raises:
+        GitError: git exited non-zero (with ``check``) or timed out.
+    """
+    env = {**os.environ, **GIT_ENV}
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise GitError(list(args), -1, f"timed out after {timeout}s") from exc
+    if check and done.returncode != 0:
+        raise GitError(list(args), done.returncode, done.stderr)
+    return done.stdout
+
+
+def probe_repository(repo: str, branch: str) -> str | None:
+    """Why ``repo`` cannot serve as a rig's origin with base ``branch``, or None when it can."""
+    try:
+        heads = git("ls-remote", "--heads", repo, timeout=PROBE_TIMEOUT_S)
+    except GitError as exc:
+        return f"cannot read repository {repo!r}: {exc.stderr or exc}"
+    if f"refs/heads/{branch}" not in {line.split("\t")[-1] for line in heads.splitlines()}:
+        names = sorted(line.split("refs/heads/")[-1] for line in heads.splitlines() if "refs/heads/" in line)
+        return f"repository {repo!r} has no branch {branch!r} (it has: {', '.join(names) or 'no branches'})"
+    return None
+
+
+def ensure_bare_clone(repo: str, path: Path) -> bool:
+    """The rig's canonical clone of ``repo`` at ``path`` (bare); True when it had to be made.
+
+    Cloned to a temporary name and renamed, so a crash never leaves a half clone under ``path``.
+    """
+    if (path / "HEAD").is_file():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        git("clone", "--bare", "--quiet", repo, str(temp))
+        # Remote-tracking refs, so a push records what origin has and unpushed work can be counted.
+        git("config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*", cwd=temp)
+        git("fetch", "--quiet", "origin", cwd=temp)
+        temp.rename(path)
+    finally:
+        if temp.exists():
+            force_remove(temp)
+    return True
+
+
+def fetch(bare: Path) -> None:
+    git("fetch", "--quiet", "--prune", "origin", cwd=bare)
+
+
+def branch_exists(bare: Path, branch: str) -> bool:
+    return bool(git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", cwd=bare, check=False).strip())
+
+
+def ensure_worktree(bare: Path, path: Path, branch: str, base: str) -> bool:
+    """A worktree at ``path`` on ``branch`` (made from ``base`` when new); True when created, False when reused.
+
+    Raises:
+        GitError: ``path`` exists but is not a worktree on ``branch`` (it is never touched then).
+    """
+    if path.exists():
+        current = git("rev-parse", "--abbrev-ref", "HEAD", cwd=path, check=False).strip()
+        if current != branch:
+            raise GitError(["worktree", "add", str(path)], 1, f"{path} exists and is on {current!r}, not {branch!r}")
+        return False
+    git("worktree", "prune", cwd=bare)  # a registration whose directory is gone would block the add
+    if branch_exists(bare, branch):
+        git("worktree", "add", "--quiet", str(path), branch, cwd=bare)
+    else:
+        start = f"refs/remotes/origin/{base}" if _ref_exists(bare, f"refs/remotes/origin/{base}") else base
+        git("worktree", "add", "--quiet", "-b", branch, str(path), start, cwd=bare)
+    return True
+
+
+def _ref_exists(repo: Path, ref: str) -> bool:
+    return bool(git("rev-parse", "--verify", "--quiet", ref, cwd=repo, check=False).strip())
+
+
+def worktree_state(path: Path, base: str) -> WorktreeState:
+    """What a worktree holds that would be lost if it were removed."""
+    if not (path / ".git").exists():
+        return WorktreeState(exists=False)
+    branch = git("rev-parse", "--abbrev-ref", "HEAD", cwd=path).strip()
+    head = git("rev-parse", "HEAD", cwd=path).strip()
+    dirty = bool(git("status", "--porcelain", cwd=path).strip())
+    tracked = f"refs/remotes/origin/{branch}"
+    upstream = tracked if _ref_exists(path, tracked) else f"refs/remotes/origin/{base}"
+    if not _ref_exists(path, upstream):
+        upstream = base
+    unpushed = int(git("rev-list", "--count", f"{upstream}..HEAD", cwd=path).strip() or 0)
+    return WorktreeState(exists=True, branch=branch, head=head, dirty=dirty, unpushed=unpushed)
+
+
+def push(path: Path, branch: str) -> str:
+    """Push ``branch`` to origin; the pushed commit."""
+    git("push", "--quiet", "origin", f"{branch}:refs/heads/{branch}", cwd=path)
+    return git("rev-parse", "HEAD", cwd=path).strip()
+
+
+def remove_worktree(bare: Path, path: Path, base: str) -> None:
+    """Remove a worktree that holds nothing unsaved, and make sure it is gone.
+
+    Raises:
+        WorktreeNotEmptyError: it has uncommitted or unpushed work (it is kept).
+        GitError: the directory would not go away.
+    """
+    state = worktree_state(path, base)
+    if state.exists and (state.dirty or state.unpushed):
+        raise WorktreeNotEmptyError(path, state.dirty, state.unpushed)
+    if path.exists():
+        git("worktree", "remove", "--force", str(path), cwd=bare, check=False)
+        if path.exists():
+            force_remove(path)
+    git("worktree", "prune", cwd=bare)
+    if path.exists():
+        raise GitError(["worktree", "remove", str(path)], 1, f"{path} is still there after removing it")
+
+
+def force_remove(path: Path) -> None:
+    """Remove a directory tree even where files or directories are read-only, and check it is gone."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not path.exists():
+        return
+    for root, dirs, files in os.walk(path):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), stat.S_IRWXU)
+        for name in files:
+            os.chmod(os.path.join(root, name), stat.S_IRUSR | stat.S_IWUSR)
+    os.chmod(path, stat.S_IRWXU)
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,157 @@
+"""tmux through libtmux, on a server of our own (its socket name), so nothing else's sessions are touched.
+
+The only module that imports libtmux. Every call is blocking (tmux is a subprocess); async callers run
+them in a thread. Panes keep ``remain-on-exit``: when an agent dies its pane stays, dead, so a zombie
+(tmux alive, agent dead) is observable and its last output can be read.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+
+import msgspec
+from libtmux import Server
+from libtmux.exc import LibTmuxException
+
+from shared.errors import GastownError
+
+LABEL_OPTION = "@gt_session"
+"""A user option set on each session we start: which gastown session it runs (set in the same tmux call)."""
+_FORMAT = (
+    "#{session_name}\t#{pane_id}\t#{pane_pid}\t#{pane_dead}\t#{session_created}\t#{session_activity}"
+    f"\t#{{{LABEL_OPTION}}}"
+)
+_NO_SERVER = ("no server running", "error connecting to", "No such file or directory")
+
+
+class TmuxError(GastownError):
+    """A tmux command failed."""
+
+    def __init__(self, command: str, detail: str) -> None:
+        self.command = command
+        self.detail = detail
+        super().__init__(f"tmux {command} failed: {detail}")
+
+
+class PaneInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """The first pane of a session: what the witness observes."""
+
+    session: str
+    pane_id: str
+    pane_pid: int
+    dead: bool
+    """The pane's process has exited (the pane stays because of remain-on-exit)."""
+    created: int
+    """When the session was created (seconds since the epoch)."""
+    activity: int
+    """Last output or input in the session (seconds since the epoch)."""
+    label: str = ""
+    """The gastown session it was started for (empty: not started by a witness)."""
+
+
+class Tmux:
+    """Sessions on the tmux server at ``socket_name``."""
+
+    def __init__(self, socket_name: str) -> None:
+        self.socket_name = socket_name
+        self._server = Server(socket_name=socket_name)
+
+    def _run(self, *args: str) -> list[str]:
+        result = self._server.cmd(*args)
+        if result.stderr:
+            raise TmuxError(args[0], " ".join(result.stderr))
+        return list(result.stdout)
+
+    def snapshot(self) -> dict[str, PaneInfo]:
+        """Every session with its first pane, in one tmux call; empty when the server is not running."""
+        try:
+            lines = self._run("list-panes", "-a", "-F", _FORMAT)
+        except TmuxError as exc:
+            if any(marker in exc.detail for marker in _NO_SERVER):
+                return {}
+            raise
+        except LibTmuxException as exc:
+            raise TmuxError("list-panes", str(exc)) from exc
+        out: dict[str, PaneInfo] = {}
+        for line in lines:
+            parts = line.split("\t")
+            if len(parts) != 7 or parts[0] in out:
+                continue
+            out[parts[0]] = PaneInfo(
+                session=parts[0],
+                pane_id=parts[1],
+                pane_pid=int(parts[2] or 0),
+                dead=parts[3] == "1",
+                created=int(parts[4] or 0),
+                activity=int(parts[5] or 0),
+                label=parts[6],
+            )
+        return out
+
+    def start(self, name: str, command: str, *, cwd: str, env: Mapping[str, str], label: str = "") -> PaneInfo:
+        """Start session ``name`` running ``command`` (through ``sh -c``) in ``cwd`` with ``env``, labelled
+        ``label`` in the same tmux call (so no session of ours is ever seen without its label).
+
+        Raises:
+            TmuxError: the session exists already, or tmux refused.
+        """
+        args = ["new-session", "-d", "-s", name, "-c", cwd, "-x", "200", "-y", "50"]
+        for key, value in env.items():
+            args += ["-e", f"{key}={value}"]
+        args += ["sh", "-c", command]
+        try:
+            self._run(
+                *args,
+                ";",
+                "set-option",
+                "-t",
+                name,
+                "remain-on-exit",
+                "on",
+                ";",
+                "set-option",
+                "-t",
+                name,
+                LABEL_OPTION,
+                label,
+            )
+        except LibTmuxException as exc:
+            raise TmuxError("new-session", str(exc)) from exc
+        info = self.snapshot().get(name)
+        if info is None:
+            raise TmuxError("new-session", f"session {name} is not there after starting it")
+        return info
+
+    def kill(self, name: str) -> bool:
+        """Kill session ``name``; False when there was none."""
+        try:
+            self._run("kill-session", "-t", f"={name}")
+        except TmuxError as exc:
+            if "can't find session" in exc.detail or any(m in exc.detail for m in _NO_SERVER):
+                return False
+            raise
+        return True
+
+    def send_text(self, name: str, text: str) -> None:
+        """Type ``text`` into the session's pane (literally, no key names), without Enter."""
+        self._run("send-keys", "-t", f"={name}:", "-l", text)
+
+    def send_enter(self, name: str) -> None:
+        self._run("send-keys", "-t", f"={name}:", "Enter")
+
+    def capture(self, name: str, lines: int = 200) -> str:
+        """The last ``lines`` lines of the pane, as shown."""
+        return "\n".join(self._run("capture-pane", "-p", "-J", "-t", f"={name}:", "-S", f"-{lines}"))
+
+    def kill_server(self) -> None:
+        """Stop this socket's tmux server (tests and `gt down --clean`)."""
+        try:
+            self._run("kill-server")
+        except TmuxError as exc:
+            if not any(marker in exc.detail for marker in _NO_SERVER):
+                raise
+
+
+def shell_join(argv: list[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)

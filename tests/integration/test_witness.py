@@ -1,0 +1,362 @@
+"""The witness with real tmux, real git and the reference agent: spawning, the done flow, detection and
+recovery, cleanup, nudges, and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+import psutil
+import pytest
+from nats.aio.client import Client
+
+from services.witness.settings import WitnessSettings
+from shared import git, processes
+from shared.bus.append import Appender
+from shared.config import TownConfig
+from shared.decision import NewEvent
+from shared.events import MoleculeAttached, SessionRequested, SessionStarted, StepCompleted, decode_envelope
+from shared.intake import to_pending
+from tests.helpers import assert_eventually
+from tests.log_tools import read_all
+from tests.witness_town import PolecatTown, polecat_town
+
+STEPS = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
+
+
+@pytest.fixture
+async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
+    async with polecat_town(town, nc, tmp_path) as handle:
+        yield handle
+
+
+async def run_gt(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the gt CLI as an agent would, without blocking the services running on this event loop."""
+    command = [sys.executable, "-m", "shared.cli.main", *args]
+    return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
+
+
+async def step_done_counts(pt: PolecatTown, bead: str) -> dict[str, int]:
+    """How many step.done events the log holds per step of the bead's molecule."""
+    counts: dict[str, int] = {}
+    for _seq, _subject, data in await read_all(pt.nc, "GT_EVT", f"gt.evt.{MoleculeAttached.AGGREGATE}.{bead}"):
+        env = decode_envelope(data)
+        if env.type == StepCompleted.TYPE:
+            step = msgspec.json.decode(env.data)["step"]
+            counts[step] = counts.get(step, 0) + 1
+    return counts
+
+
+def step_files(bead: str) -> list[str]:
+    return [f"{i:02d}-{step}.txt" for i, step in enumerate(STEPS, start=1)]
+
+
+async def test_a_slung_bead_is_worked_submitted_and_cleaned_up(pt: PolecatTown) -> None:
+    await pt.add_rig()
+    bead = await pt.new_bead("Add a greeting")
+    await pt.sling(bead)
+    mr = await pt.wait_merge_requested(bead)
+    sessions = await pt.wait_settled(bead)
+    assert [s.end_reason for s in sessions] == ["done"]
+    session = sessions[0]
+    assert session.worktree_removed
+    assert not await asyncio.to_thread(Path(session.worktree).exists)
+    assert session.branch == f"polecat/ace/{bead}"
+    assert mr["branch"] == session.branch
+    assert pt.branch_files(session.branch, bead) == step_files(bead)
+    assert pt.branch_log(session.branch)[0] == f"{bead}: submit"
+    assert mr["head"] == git.git("rev-parse", f"refs/heads/{session.branch}", cwd=pt.origin).strip()
+    assert pt.mayor is not None
+    molecule = pt.mayor.projection.state.molecules[bead]
+    assert all(s.status == "done" for s in molecule.steps)
+    await assert_eventually(lambda: pt.tmux.snapshot() == {}, message="the finished session's tmux is gone")
+
+
+def crash_at_every_step() -> str:
+    """Attempt k crashes at step k (after committing it, before `gt step done`), for each of the 6 steps."""
+    return "GT_AGENT_FAULT=" + ",".join(f"crash-at-step={k}@{k}" for k in range(1, 7)) + " gt-agent"
+
+
+async def test_kill_9_at_each_of_six_steps_loses_nothing_and_redoes_nothing(pt: PolecatTown) -> None:
+    await pt.add_rig(agent_command=crash_at_every_step(), max_respawns=6)
+    bead = await pt.new_bead("Survive six deaths")
+    await pt.sling(bead)
+    await pt.wait_merge_requested(bead)
+    sessions = await pt.wait_settled(bead)
+    assert [s.end_reason for s in sessions] == ["zombie"] * 6 + ["done"]
+    assert [s.attempt for s in sessions] == list(range(1, 8))
+    assert {s.polecat for s in sessions} == {"ace"}, "every fresh session reuses the polecat and its worktree"
+    assert pt.mayor is not None
+    molecule = pt.mayor.projection.state.molecules[bead]
+    assert [s.status for s in molecule.steps] == ["done"] * 6
+    assert await step_done_counts(pt, bead) == dict.fromkeys(STEPS, 1), "each step done exactly once"
+    branch = sessions[-1].branch
+    assert pt.branch_files(branch, bead) == step_files(bead)
+    assert pt.branch_log(branch)[:6] == [f"{bead}: {step}" for step in reversed(STEPS)]
+    assert len(pt.branch_log(branch)) == 7, "one commit per step on top of main: no step committed twice"
+
+
+def agent_process(pane_pid: int) -> psutil.Process:
+    """The agent: the process the pane's shell runs (gt-agent, or what it exec'd)."""
+    children = psutil.Process(pane_pid).children()
+    assert children, f"the pane's shell (pid {pane_pid}) runs nothing yet"
+    return children[0]
+
+
+async def started_session(pt: PolecatTown, bead: str, attempt: int) -> tuple[str, int, str]:
+    """Wait for the bead's session of ``attempt`` to be started; its id, pane pid and tmux name."""
+
+    def started() -> tuple[str, int, str]:
+        sessions = pt.sessions_of(bead)
+        assert len(sessions) >= attempt, f"no session {attempt} yet"
+        s = sessions[attempt - 1]
+        assert s.status == "started", s.status
+        assert s.pane_pid is not None
+        return s.id, s.pane_pid, s.tmux_name
+
+    found: tuple[str, int, str] = await assert_eventually(started, timeout=60, interval=0.05)
+    return found
+
+
+async def test_an_agent_killed_9_makes_a_zombie_and_a_lost_tmux_session_is_dead(pt: PolecatTown) -> None:
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=hang@1-2 gt-agent")
+    bead = await pt.new_bead("Outlive your agents")
+    await pt.sling(bead)
+    _, pane_pid, _ = await started_session(pt, bead, 1)
+    agent = await assert_eventually(lambda: agent_process(pane_pid))
+    agent.kill()  # kill -9 the agent: its pane stays (dead) in a live tmux session
+    _, _, tmux_name = await started_session(pt, bead, 2)
+    pt.tmux.kill(tmux_name)  # the whole tmux session disappears
+    await pt.wait_merge_requested(bead)
+    sessions = await pt.wait_settled(bead)
+    assert [s.end_reason for s in sessions] == ["zombie", "dead", "done"]
+    assert [s.warrant_reason for s in sessions] == ["zombie", "dead", None]
+
+
+async def test_a_stalled_agent_is_warranted_unless_it_heartbeats(pt: PolecatTown, gt_env: dict[str, str]) -> None:
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=hang@1 gt-agent", stall_after_s=3.0)
+    bead = await pt.new_bead("Do not stall")
+    await pt.sling(bead)
+    session_id, _, _ = await started_session(pt, bead, 1)
+    env = {**gt_env, "NATS_URL": pt.config.nats_url, "GT_SESSION": session_id, "GT_BEAD": bead, "GT_RIG": "demo"}
+    env.update(GT_WORKTREE=pt.sessions_of(bead)[0].worktree, GT_BRANCH=pt.sessions_of(bead)[0].branch)
+    # Heartbeats keep a session that makes no step progress from being judged stalled.
+    deadline = time.monotonic() + 6.0
+    while time.monotonic() < deadline:
+        beat = await run_gt(env, "heartbeat", "--note", "thinking")
+        assert beat.returncode == 0, beat.stderr
+        assert pt.sessions_of(bead)[0].warrant_reason is None
+    # Without them it is warranted, killed and its bead continues in a fresh session.
+    await pt.wait_merge_requested(bead)
+    sessions = await pt.wait_settled(bead)
+    assert [(s.warrant_reason, s.end_reason) for s in sessions] == [("stalled", "stalled"), (None, "done")]
+
+
+async def test_uncommitted_work_survives_a_crash_and_lands(pt: PolecatTown) -> None:
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=crash-before-commit=2@1 gt-agent")
+    bead = await pt.new_bead("Keep my edits")
+    await pt.sling(bead)
+    await pt.wait_merge_requested(bead)
+    sessions = await pt.wait_settled(bead)
+    assert [s.end_reason for s in sessions] == ["zombie", "done"]
+    assert sessions[0].worktree == sessions[1].worktree
+    log = pt.branch_log(sessions[1].branch)
+    assert f"{bead}: work an earlier session left uncommitted" in log, "the dead session's edit was kept"
+    assert pt.branch_files(sessions[1].branch, bead) == step_files(bead)
+
+
+async def test_a_dirty_worktree_is_never_removed_when_the_bead_is_escalated(pt: PolecatTown) -> None:
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=crash-before-commit=3 gt-agent", max_respawns=0)
+    bead = await pt.new_bead("Always dies dirty")
+    await pt.sling(bead)
+    sessions = await pt.wait_settled(bead)
+    assert [s.end_reason for s in sessions] == ["zombie"]
+    last = sessions[-1]
+    assert last.escalated == "respawn_limit"
+    assert not last.worktree_removed
+    state = git.worktree_state(Path(last.worktree), "main")
+    assert state.exists
+    assert state.dirty, "the uncommitted edit is still there for a person to recover"
+    assert state.unpushed == 2, "and so are the commits never pushed"
+    assert pt.mayor is not None
+    escalations = list(pt.mayor.projection.state.escalations.values())
+    assert any(e.bead == bead and "re-sling" in e.message for e in escalations)
+    assert not pt.tmux.snapshot(), "no tmux session is left running"
+
+
+async def test_a_handoff_starts_a_fresh_session_on_the_same_hook(pt: PolecatTown, gt_env: dict[str, str]) -> None:
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=hang@1 gt-agent")
+    bead = await pt.new_bead("Hand it over")
+    await pt.sling(bead)
+    session_id, _, _ = await started_session(pt, bead, 1)
+    first = pt.sessions_of(bead)[0]
+    env = {**gt_env, "NATS_URL": pt.config.nats_url, "GT_SESSION": session_id, "GT_BEAD": bead, "GT_RIG": "demo"}
+    env.update(GT_WORKTREE=first.worktree, GT_BRANCH=first.branch)
+    done = await run_gt(env, "handoff", "--note", "context full")
+    assert done.returncode == 0, done.stderr
+    assert "handed off" in done.stdout
+    await pt.wait_merge_requested(bead)
+    sessions = await pt.wait_settled(bead)
+    assert [s.end_reason for s in sessions] == ["handoff", "done"]
+    assert sessions[1].handoff_of == sessions[0].id
+    assert sessions[1].polecat == sessions[0].polecat
+    assert pt.mayor is not None
+    assert pt.mayor.projection.state.beads[bead].slings == 1, "a handoff keeps the hook: no re-sling"
+
+
+async def test_nudges_reach_the_agent_queue_while_away_and_expire(pt: PolecatTown) -> None:
+    await pt.add_rig(agent_command="GT_AGENT_STEP_PAUSE=1 gt-agent")
+    bead = await pt.new_bead("Listen to nudges")
+    await pt.sling(bead)
+    session_id, _, tmux_name = await started_session(pt, bead, 1)
+    queued = await pt.ok("gt.cmd.nudge.send", target="demo/ace", message="please also update the docs")
+    assert pt.witness is not None
+    nudges = pt.witness.state.nudges
+    await assert_eventually(lambda: nudges[queued["id"]].status == "delivered", timeout=30)
+    assert nudges[queued["id"]].delivered_to == session_id
+    await assert_eventually(lambda: "heard: please also update the docs" in pt.tmux.capture(tmux_name), timeout=30)
+    await pt.wait_settled(bead)
+    # The session is gone: a nudge to it waits for the polecat's next session, and expires after its TTL.
+    later = await pt.ok("gt.cmd.nudge.send", target=session_id, message="anyone there?", ttl_s=1.0)
+    assert later["polecat"] == "ace"
+    await assert_eventually(lambda: nudges[later["id"]].status == "expired", timeout=30)
+
+
+async def test_nudges_to_unknown_targets_are_rejected(pt: PolecatTown) -> None:
+    await pt.add_rig()
+    for target, expected in (
+        ("hq-nosuch-1", "no session or polecat 'hq-nosuch-1'"),
+        ("demo/nobody", "rig demo has no polecat 'nobody' (its polecats: none yet)"),
+        ("nope/ace", "no rig 'nope'"),
+    ):
+        outcome = await pt.command("gt.cmd.nudge.send", target=target, message="hello")
+        assert outcome["type"] == "cmd.rejected", outcome
+        assert outcome["code"] == "not_found", outcome
+        assert expected in outcome["message"]
+    blank = await pt.command("gt.cmd.nudge.send", target="demo/ace", message="two\nlines")
+    assert blank["code"] == "invalid"
+    assert "one line" in blank["message"]
+
+
+async def test_rig_add_rejects_what_cannot_work(pt: PolecatTown, tmp_path: Path) -> None:
+    missing = await pt.command("gt.cmd.rig.add", name="ghost", repo=str(tmp_path / "no-such-repo.git"))
+    assert missing["type"] == "cmd.rejected"
+    assert missing["code"] == "not_found"
+    assert "cannot read repository" in missing["message"]
+    no_branch = await pt.command("gt.cmd.rig.add", name="ghost", repo=str(pt.origin), base_branch="develop")
+    assert no_branch["code"] == "not_found"
+    assert "has no branch 'develop' (it has: main)" in no_branch["message"]
+    relative = await pt.command("gt.cmd.rig.add", name="ghost", repo="origin.git")
+    assert relative["code"] == "invalid"
+    assert "absolute path or a URL" in relative["message"]
+    assert (await pt.add_rig())["changed"] is True
+    assert (await pt.add_rig())["changed"] is False, "the same rig again is harmless"
+    other = await pt.command("gt.cmd.rig.add", name="demo", repo=str(pt.origin), max_polecats=9)
+    assert other["code"] == "conflict"
+    assert "different configuration" in other["message"]
+    assert pt.witness is not None
+    assert list(pt.witness.state.rigs) == ["demo"]
+
+
+async def test_gt_done_outside_a_session_and_in_a_dirty_worktree_is_refused(
+    pt: PolecatTown, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = {k: v for k, v in gt_env.items() if not k.startswith("GT_")}
+    env["NATS_URL"] = pt.config.nats_url
+    outside = await run_gt(env, "done")
+    assert outside.returncode == 2
+    assert "runs inside a polecat session" in outside.stderr
+    assert "GT_SESSION" in outside.stderr
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=hang@1 gt-agent")
+    bead = await pt.new_bead("Refuse dirty work")
+    await pt.sling(bead)
+    session_id, _, _ = await started_session(pt, bead, 1)
+    session = pt.sessions_of(bead)[0]
+    (Path(session.worktree) / "notes.txt").write_text("not committed\n")
+    env.update(
+        GT_SESSION=session_id, GT_BEAD=bead, GT_RIG="demo", GT_WORKTREE=session.worktree, GT_BRANCH=session.branch
+    )
+    dirty = await run_gt(env, "done")
+    assert dirty.returncode == 1
+    assert "uncommitted changes" in dirty.stderr
+    assert pt.sessions_of(bead)[0].done_intent_at is None, "nothing was recorded"
+
+
+async def test_a_young_orphan_is_left_alone_and_an_old_one_killed(town: TownConfig, nc: Client, tmp_path: Path) -> None:
+    settings = WitnessSettings(min_orphan_age_s=4.0, kill_grace_s=1.0)
+    async with polecat_town(town, nc, tmp_path, settings) as pt:
+        assert pt.witness is not None
+        pt.tmux.start("gt-demo-stray", "sleep 600", cwd=str(tmp_path), env={}, label="")
+        pt.tmux.start("gt-demo-unknown", "sleep 600", cwd=str(tmp_path), env={}, label="hq-unknown-1")
+        pt.tmux.start("other-work", "sleep 600", cwd=str(tmp_path), env={}, label="")
+        passes = pt.witness.reconciles
+        await assert_eventually(lambda: pt.witness is not None and pt.witness.reconciles >= passes + 3)
+        assert {"gt-demo-stray", "gt-demo-unknown"} <= set(pt.tmux.snapshot()), "young orphans are not touched"
+        await assert_eventually(lambda: set(pt.tmux.snapshot()) == {"other-work"}, timeout=30)
+
+
+async def test_a_reused_pid_is_never_signalled(pt: PolecatTown, tmp_path: Path) -> None:
+    """The session's recorded agent pid now belongs to an unrelated process (started later, elsewhere)."""
+    signals = tmp_path / "signals.txt"
+    trap = "; ".join(
+        f"signal.signal(signal.{s}, lambda n, f: open({str(signals)!r}, 'a').write(str(n)))"
+        for s in ("SIGTERM", "SIGHUP", "SIGINT", "SIGUSR1")
+    )
+    unrelated = subprocess.Popen([sys.executable, "-c", f"import signal, time; {trap}; time.sleep(600)"])
+    try:
+        await pt.add_rig()
+        await pt.stop("witness")
+        bead = await pt.new_bead("Whose pid is it")
+        await pt.sling(bead)
+        session_id = f"{bead}-1"
+        tmux_name = "gt-demo-ace"
+        pt.tmux.start(tmux_name, "sleep 600", cwd=str(tmp_path), env={}, label=session_id)
+        recorded = processes.ProcessRef(pid=unrelated.pid, started=psutil.Process(unrelated.pid).create_time() - 50)
+        await append_events(
+            pt,
+            NewEvent(
+                payload=SessionRequested(
+                    session_id=session_id,
+                    rig="demo",
+                    polecat="ace",
+                    bead=bead,
+                    worktree=str(tmp_path / "wt"),
+                    branch=f"polecat/ace/{bead}",
+                    tmux_name=tmux_name,
+                    attempt=1,
+                ),
+                expected_seq=0,
+            ),
+            NewEvent(
+                payload=SessionStarted(session_id=session_id, pane_pid=recorded.pid, pid_started=recorded.started),
+                expected_seq=None,
+            ),
+        )
+        assert not processes.send_signal(recorded, signal.SIGTERM), "the process layer refuses on its own"
+        await pt.start_witness(WitnessSettings(kill_grace_s=1.0))
+        await assert_eventually(lambda: pt.sessions_of(bead)[0].status == "ended", timeout=30)
+        first = pt.sessions_of(bead)[0]
+        assert first.warrant_reason == "zombie", "a pid held by another process is no sign of life"
+        assert tmux_name not in pt.tmux.snapshot() or pt.tmux.snapshot()[tmux_name].label != session_id
+        assert unrelated.poll() is None
+        assert psutil.pid_exists(unrelated.pid)
+        assert not signals.exists() or signals.read_text() == "", "the unrelated process got no signal"
+        await pt.wait_merge_requested(bead)
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+
+
+async def append_events(pt: PolecatTown, *events: NewEvent) -> None:
+    js = pt.nc.jetstream()
+    appender = Appender(pt.nc, js, pt.config.evt_stream)
+    now = datetime.now(UTC)
+    for event in events:
+        await appender.append([to_pending(event, ts=now, actor="witness", causation_id=None, correlation_id=None)])

@@ -1,0 +1,171 @@
+"""A town with real parts for witness tests: nats-server, mayor, witness and refinery in this process,
+agents in real tmux (a tmux server of the test's own), real git repositories and worktrees."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+
+from services.mayor.service import MayorService
+from services.refinery.service import RefineryService
+from services.witness.service import WitnessService
+from services.witness.settings import WitnessSettings
+from services.witness.state import Session
+from shared import git
+from shared.config import TownConfig
+from shared.service import Service, ServiceSettings
+from shared.tmux import Tmux
+from tests.drivers import send_and_wait
+from tests.helpers import assert_eventually
+
+FAST = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5, snapshot_check_interval=0.2)
+TEST_COMMAND = "test ! -e FAIL_TESTS"
+
+
+def make_origin(root: Path) -> Path:
+    """A bare repository with one commit on main, standing for a project's origin."""
+    src = root / "origin-src"
+    src.mkdir(parents=True)
+    git.git("init", "--quiet", "-b", "main", str(src))
+    (src / "README.md").write_text("a project the polecats work on\n")
+    git.git("add", ".", cwd=src)
+    git.git("commit", "--quiet", "-m", "init", cwd=src)
+    origin = root / "origin.git"
+    git.git("clone", "--quiet", "--bare", str(src), str(origin))
+    return origin
+
+
+def tmux_socket() -> str:
+    return f"gt-test-{uuid.uuid4().hex[:10]}"
+
+
+class PolecatTown:
+    """Handles on the running town and helpers to drive it."""
+
+    def __init__(self, town: TownConfig, nc: Client, origin: Path, socket: str) -> None:
+        self.config = town
+        self.nc = nc
+        self.origin = origin
+        self.socket = socket
+        self.tmux = Tmux(socket)
+        self.mayor: MayorService | None = None
+        self.witness: WitnessService | None = None
+        self.refinery: RefineryService | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._count = 0
+
+    async def command(self, subject: str, **body: Any) -> dict[str, Any]:
+        self._count += 1
+        cmd_id = f"t-{uuid.uuid4().hex[:12]}"
+        raw = json.dumps({**body, "cmd_id": cmd_id}).encode()
+        return await send_and_wait(self.nc, subject, raw, cmd_id)
+
+    async def ok(self, subject: str, **body: Any) -> dict[str, Any]:
+        outcome = await self.command(subject, **body)
+        assert outcome["type"] == "cmd.accepted", outcome
+        result: dict[str, Any] = outcome["result"]
+        return result
+
+    async def add_rig(self, name: str = "demo", **options: Any) -> dict[str, Any]:
+        options.setdefault("test_command", TEST_COMMAND)
+        return await self.ok("gt.cmd.rig.add", name=name, repo=str(self.origin), **options)
+
+    async def new_bead(self, title: str = "Make it better", **fields: Any) -> str:
+        result = await self.ok("gt.cmd.bead.create", title=title, **fields)
+        return str(result["id"])
+
+    async def sling(self, bead: str, rig: str = "demo", **options: Any) -> None:
+        await self.ok("gt.cmd.bead.sling", id=bead, rig=rig, **options)
+
+    # ---- services ------------------------------------------------------------------------------
+
+    async def start(self, which: str, service: Service[Any]) -> None:
+        task = asyncio.create_task(service.run(), name=which)
+        ready = asyncio.ensure_future(service.ready.wait())
+        await asyncio.wait({ready, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            task.result()
+        assert service.ready.is_set(), f"the {which} did not become ready"
+        self._tasks[which] = task
+
+    async def start_witness(self, settings: WitnessSettings) -> WitnessService:
+        settings = msgspec.structs.replace(settings, tmux_socket=self.socket)  # always the test's own tmux
+        self.witness = WitnessService(self.config, FAST, witness=settings)
+        await self.start("witness", self.witness)
+        return self.witness
+
+    async def stop(self, which: str) -> None:
+        service = getattr(self, which)
+        task = self._tasks.pop(which, None)
+        if service is None or task is None:
+            return
+        await service.shutdown()
+        await asyncio.wait_for(task, 30)
+
+    async def stop_all(self) -> None:
+        for which in ("witness", "refinery", "mayor"):
+            await self.stop(which)
+
+    # ---- reading state -------------------------------------------------------------------------
+
+    def sessions_of(self, bead: str) -> list[Session]:
+        assert self.witness is not None
+        state = self.witness.state
+        return [state.sessions[s] for s in state.beads[bead].sessions] if bead in state.beads else []
+
+    async def wait_merge_requested(self, bead: str, timeout: float = 90) -> dict[str, Any]:
+        def submitted() -> dict[str, Any]:
+            assert self.refinery is not None
+            found = [m for m in self.refinery.projection.state.mrs.values() if m.bead == bead]
+            assert found, f"no merge request for {bead} yet"
+            view: dict[str, Any] = msgspec.to_builtins(found[0])
+            return view
+
+        mr: dict[str, Any] = await assert_eventually(submitted, timeout=timeout, interval=0.1)
+        return mr
+
+    async def wait_settled(self, bead: str, timeout: float = 60) -> list[Session]:
+        """Until every session of the bead ended and was cleaned up; returns them."""
+
+        def settled() -> list[Session]:
+            sessions = self.sessions_of(bead)
+            assert sessions, f"{bead} has no session yet"
+            assert all(s.status == "ended" and s.cleaned for s in sessions), [(s.id, s.status) for s in sessions]
+            return sessions
+
+        result: list[Session] = await assert_eventually(settled, timeout=timeout, interval=0.1)
+        return result
+
+    def branch_files(self, branch: str, bead: str) -> list[str]:
+        out = git.git("ls-tree", "--name-only", f"refs/heads/{branch}", f".gastown-work/{bead}/", cwd=self.origin)
+        return sorted(Path(p).name for p in out.split())
+
+    def branch_log(self, branch: str) -> list[str]:
+        return git.git("log", "--format=%s", f"refs/heads/{branch}", cwd=self.origin).splitlines()
+
+
+@contextlib.asynccontextmanager
+async def polecat_town(
+    town: TownConfig, nc: Client, root: Path, settings: WitnessSettings | None = None
+) -> AsyncIterator[PolecatTown]:
+    socket = tmux_socket()
+    settings = settings or WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0)
+    handle = PolecatTown(town, nc, make_origin(root), socket)
+    try:
+        handle.mayor = MayorService(town, FAST)
+        await handle.start("mayor", handle.mayor)
+        handle.refinery = RefineryService(town, FAST)
+        await handle.start("refinery", handle.refinery)
+        await handle.start_witness(settings)
+        yield handle
+    finally:
+        await handle.stop_all()
+        handle.tmux.kill_server()
