@@ -143,12 +143,15 @@ async def bulk_load(nc: Client, messages: Iterator[tuple[str, bytes]], *, batch:
 LOG_DIR = REPO_ROOT / "artifacts" / "bench-logs"
 
 
-def start_service(name: str, url: str, *extra: str, log_path: Path | None = None) -> subprocess.Popen[bytes]:
-    """Run a service as the product runs it: its own process (logs in ``artifacts/bench-logs``)."""
+def start_service(
+    name: str, url: str, *extra: str, log_path: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Run a service as the product runs it: its own process (logs in ``artifacts/bench-logs``), with
+    ``env`` added to this process's environment."""
     if log_path is None:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         log_path = LOG_DIR / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
-    env = {**os.environ, "NATS_URL": url, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "NATS_URL": url, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
     out = log_path.open("ab") if log_path else subprocess.DEVNULL
     try:
         return subprocess.Popen(

@@ -14,11 +14,31 @@ from pathlib import Path
 
 import structlog
 
-from bench import commands, queries, replay, work
+from bench import commands, queries, replay, witness, work
 from bench.common import REPO_ROOT, Figure, machine
 
-FULL = {"events": 1_000_000, "commands": 10_000, "beads": 100_000, "queries": 5_000, "rounds": 2, "slung": 1_000}
-QUICK = {"events": 20_000, "commands": 1_000, "beads": 2_000, "queries": 300, "rounds": 1, "slung": 100}
+FULL = {
+    "events": 1_000_000,
+    "commands": 10_000,
+    "beads": 100_000,
+    "queries": 5_000,
+    "rounds": 2,
+    "slung": 1_000,
+    "kills": 50,
+    "sessions": 200,
+    "quiet_s": 30,
+}
+QUICK = {
+    "events": 20_000,
+    "commands": 1_000,
+    "beads": 2_000,
+    "queries": 300,
+    "rounds": 1,
+    "slung": 100,
+    "kills": 5,
+    "sessions": 10,
+    "quiet_s": 5,
+}
 
 
 async def run_all(sizes: dict[str, int]) -> list[Figure]:
@@ -26,6 +46,7 @@ async def run_all(sizes: dict[str, int]) -> list[Figure]:
     figures += await commands.run(sizes["commands"], rounds=sizes["rounds"])
     figures += await queries.run(sizes["beads"], sizes["queries"])
     figures += await work.run(sizes["slung"], rounds=sizes["rounds"])
+    figures += await witness.run(sizes["kills"], sizes["sessions"], sizes["quiet_s"])
     return figures
 
 
@@ -72,6 +93,14 @@ def render(figures: list[Figure], facts: dict[str, str], *, quick: bool) -> str:
         "  and stores four events), then every step is done, all commands in flight at once; the ceiling is the",
         "  same as (c). **(g)** replays the resulting log (creates, molecules, steps, convoys, closes) into the",
         "  mayor's projection against the same ceiling as (a).",
+        "- **(h)-(k) witness**: mayor, refinery and witness as processes (default 5 s patrol), the reference agent",
+        "  in real tmux sessions and git worktrees, told to hang (idle, no heartbeats). (h) kills an agent with",
+        "  SIGKILL and times until its fresh session's `session.started` arrives (warrant, kill, re-sling, worktree",
+        "  reuse, tmux start, agent process), against starting a bare tmux session. (i) slings N beads at once and",
+        "  times until N sessions started, against a plain loop of `git worktree add` + `tmux new-session`. (j) is",
+        "  the witness's CPU (its tmux and git children included) over a quiet period with N idle sessions, against",
+        "  one bare observation of N sessions per patrol; (k) its resident memory against an interpreter with the",
+        "  same imports.",
         "",
     ]
     return "\n".join(lines)

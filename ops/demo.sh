@@ -5,12 +5,14 @@ set -euo pipefail
 
 export GT_HOME="${GT_HOME:-$(mktemp -d -t gastown-demo-XXXXXX)/town}"
 unset NATS_URL  # the demo runs its own embedded NATS server
+# Polecats run on a tmux server of the demo's own: `tmux -L $GT_TMUX_SOCKET attach` to watch one.
+export GT_TMUX_SOCKET="${GT_TMUX_SOCKET:-gastown-demo-$$}"
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 run() { printf '$'; printf ' %q' "$@"; printf '\n'; "$@"; }
 
 step "gt up: embedded NATS (JetStream, fsync on every write) + mayor, witness, refinery, deacon"
 run gt up -d --port 0
-trap 'step "gt down"; gt down' EXIT
+trap 'step "gt down"; gt down; tmux -L "$GT_TMUX_SOCKET" kill-server 2>/dev/null || true' EXIT
 
 step "file beads: one depends on another"
 design=$(gt bead create "Design the frobulator" -p 1 -l demo -d "Sketch the API first")
@@ -41,6 +43,31 @@ run gt convoy list --all
 
 step "the build is ready now"
 run gt ready
+
+step "a project for polecats: a git repository whose tests pass unless FAIL_TESTS exists"
+origin="$(dirname "$GT_HOME")/frobulator.git"
+src="$(dirname "$GT_HOME")/frobulator-src"
+git init --quiet -b main "$src"
+echo "the frobulator" > "$src/README.md"
+git -C "$src" add README.md
+git -C "$src" -c user.name=demo -c user.email=demo@localhost commit --quiet -m "init"
+git clone --quiet --bare "$src" "$origin"
+
+step "rig demo: the reference agent, told to crash (kill -9 itself) at step 3 of its first attempt"
+run gt rig add demo "$origin" --test "test ! -e FAIL_TESTS" --agent "GT_AGENT_FAULT=crash-at-step=3@1 gt-agent"
+
+step "sling the build to it: the witness starts a polecat in tmux and a git worktree"
+run gt sling "$build" demo
+for _ in $(seq 1 240); do
+  if gt mq list --rig demo --json | grep -q "$build"; then break; fi
+  sleep 0.5
+done
+
+step "the first session died at step 3; a fresh one resumed at step 3 and ran gt done"
+run gt session list --bead "$build" --all
+run gt mol status "$build"
+run gt mq list --rig demo
+run git --git-dir "$origin" log --format='%h %s' "polecat/ace/$build"
 
 step "forward only: a closed bead cannot be claimed again (exit code 1)"
 run gt bead claim "$design" --assignee polecat:demo/bob || echo "(exit $?)"

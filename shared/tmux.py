@@ -90,16 +90,19 @@ class Tmux:
         return out
 
     def start(self, name: str, command: str, *, cwd: str, env: Mapping[str, str], label: str = "") -> PaneInfo:
-        """Start session ``name`` running ``command`` (through ``sh -c``) in ``cwd`` with ``env``, labelled
-        ``label`` in the same tmux call (so no session of ours is ever seen without its label).
+        """Start session ``name`` running ``command`` (through ``sh -c``) in ``cwd`` with exactly ``env``,
+        labelled ``label`` in the same tmux call (so no session of ours is ever seen without its label).
+
+        The pane runs ``env -i <env> sh -c <command>``: a tmux server's global environment is that of whoever
+        started it (a witness, with its own credentials and settings), and tmux also replaces PATH with its
+        client's; neither may leak into an agent, so the agent gets ``env`` and nothing else.
 
         Raises:
             TmuxError: the session exists already, or tmux refused.
         """
         args = ["new-session", "-d", "-s", name, "-c", cwd, "-x", "200", "-y", "50"]
-        for key, value in env.items():
-            args += ["-e", f"{key}={value}"]
-        args += ["sh", "-c", command]
+        argv = ["env", "-i", *(f"{key}={value}" for key, value in env.items()), "sh", "-c", command]
+        args += [_literal(arg) for arg in argv]
         try:
             self._run(
                 *args,
@@ -155,3 +158,9 @@ class Tmux:
 
 def shell_join(argv: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
+
+
+def _literal(arg: str) -> str:
+    """``arg`` as tmux will pass it on: tmux takes an argument ending in ``;`` as a command separator
+    (``\\;`` stands for a literal one)."""
+    return arg[:-1] + "\\;" if arg.endswith(";") else arg

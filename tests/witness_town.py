@@ -154,8 +154,14 @@ class PolecatTown:
 
 @contextlib.asynccontextmanager
 async def polecat_town(
-    town: TownConfig, nc: Client, root: Path, settings: WitnessSettings | None = None
+    town: TownConfig,
+    nc: Client,
+    root: Path,
+    settings: WitnessSettings | None = None,
+    *,
+    with_witness: bool = True,
 ) -> AsyncIterator[PolecatTown]:
+    """The town; ``with_witness=False`` leaves the witness to the test (a chaos test runs it as a process)."""
     socket = tmux_socket()
     settings = settings or WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0)
     handle = PolecatTown(town, nc, make_origin(root), socket)
@@ -164,7 +170,8 @@ async def polecat_town(
         await handle.start("mayor", handle.mayor)
         handle.refinery = RefineryService(town, FAST)
         await handle.start("refinery", handle.refinery)
-        await handle.start_witness(settings)
+        if with_witness:
+            await handle.start_witness(settings)
         yield handle
     finally:
         await handle.stop_all()

@@ -58,7 +58,23 @@ from shared.tmux import PaneInfo, Tmux, TmuxError
 
 log = structlog.get_logger(__name__)
 
-AGENT_ENV_PASSTHROUGH = ("NATS_USER", "NATS_PASSWORD", "NATS_CREDS", "GT_LOG_LEVEL", "HOME", "LANG", "TERM")
+AGENT_ENV_PASSTHROUGH = (
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "GT_LOG_LEVEL",
+    "NATS_USER",
+    "NATS_PASSWORD",
+    "NATS_CREDS",
+)
+"""What an agent gets of the witness's environment besides its own settings (plus ``GT_AGENT_ENV``)."""
+AGENT_TERM = "screen-256color"
+"""The pane is a tmux terminal, whatever terminal the witness was started from."""
 
 
 class WorktreeUnusableError(GastownError):
@@ -279,8 +295,9 @@ class Executor:
             "GT_TMUX_SOCKET": self.settings.tmux_socket,
             "NATS_URL": config.nats_url,
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "TERM": AGENT_TERM,
         }
-        for key in AGENT_ENV_PASSTHROUGH:
+        for key in (*AGENT_ENV_PASSTHROUGH, *self.settings.agent_env):
             if key in os.environ and key not in env:
                 env[key] = os.environ[key]
         for key, value in os.environ.items():

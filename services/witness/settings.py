@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 import msgspec
 
 DEFAULT_TMUX_SOCKET = "gastown"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -26,6 +28,9 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Actions carried out at once (git and tmux run in threads)."""
     nudge_verify_s: float = 3.0
     """How long a nudge's text may take to show in the pane before it is typed again."""
+    agent_env: tuple[str, ...] = ()
+    """Names of more of the witness's environment variables an agent gets (``GT_AGENT_ENV``, comma-separated),
+    e.g. ``ANTHROPIC_API_KEY``; agents start with a clean environment otherwise."""
 
 
 def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
@@ -47,9 +52,14 @@ def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
     socket = env.get("GT_TMUX_SOCKET") or DEFAULT_TMUX_SOCKET
     if not socket.replace("-", "").replace("_", "").isalnum():
         raise ValueError(f"GT_TMUX_SOCKET must be letters, digits, - and _, got {socket!r}")
+    agent_env = tuple(name.strip() for name in env.get("GT_AGENT_ENV", "").split(",") if name.strip())
+    bad = [name for name in agent_env if not _ENV_NAME.fullmatch(name)]
+    if bad:
+        raise ValueError(f"GT_AGENT_ENV must list environment variable names, got {', '.join(map(repr, bad))}")
     return WitnessSettings(
         tmux_socket=socket,
         min_orphan_age_s=_seconds(env, "GT_MIN_ORPHAN_AGE", 60.0),
         done_stuck_after_s=_seconds(env, "GT_DONE_STUCK_AFTER", 60.0),
         kill_grace_s=_seconds(env, "GT_KILL_GRACE", 3.0),
+        agent_env=agent_env,
     )

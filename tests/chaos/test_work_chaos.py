@@ -110,15 +110,25 @@ async def test_kill_9_the_mayor_while_molecules_are_stepped_and_convoys_fill(
         workers = [asyncio.create_task(Worker(nc, i, sent, random.Random(SEED + i)).run()) for i in range(CONVOYS)]
         serving_kills = 0
         work = asyncio.gather(*workers)
-        while not work.done():
-            await asyncio.wait({work}, timeout=rng.uniform(1.5, 4.0))
-            if work.done():
-                break
+
+        async def serving() -> bool:
             try:
                 await nc.request("gt.q.mayor.status", b"{}", timeout=0.5)
-                serving_kills += 1
             except (TimeoutError, nats.errors.Error):
-                pass
+                return False
+            return True
+
+        while not work.done():
+            # Let the restarted mayor come up and settle commands a random while, then kill it: a kill that
+            # only ever hits a mayor still starting would prove little.
+            for _ in range(60):
+                if work.done() or await serving():
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.wait({work}, timeout=rng.uniform(0.5, 2.0))
+            if work.done():
+                break
+            serving_kills += await serving()
             mayor.kill()
             mayor.start()
         await work  # re-raises a worker's failure

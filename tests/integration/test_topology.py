@@ -21,9 +21,19 @@ def _plain(value: object) -> object:
     return getattr(value, "value", value)
 
 
+EVERYTHING = {
+    "GT_EVT",
+    "GT_CMD",
+    "GT_CMD/mayor-cmd",
+    "GT_CMD/witness-cmd",
+    "GT_CMD/refinery-cmd",
+    "KV GT_HEARTBEATS",
+}
+
+
 async def test_first_provision_creates_then_reports_existing(nc: Client, town: TownConfig) -> None:
     first = await provision(nc.jetstream(), town)
-    assert set(first.created) == {"GT_EVT", "GT_CMD", "GT_CMD/mayor-cmd"}
+    assert set(first.created) == EVERYTHING
     second = await provision(nc.jetstream(), town)
     assert second.created == []
     assert set(second.existing) == set(first.created)
@@ -31,7 +41,7 @@ async def test_first_provision_creates_then_reports_existing(nc: Client, town: T
 
 async def test_concurrent_provisioners_agree(nc: Client, town: TownConfig) -> None:
     reports = await asyncio.gather(*(provision(nc.jetstream(), town) for _ in range(5)))
-    assert all(set(r.created) | set(r.existing) == {"GT_EVT", "GT_CMD", "GT_CMD/mayor-cmd"} for r in reports)
+    assert all(set(r.created) | set(r.existing) == EVERYTHING for r in reports)
 
 
 async def test_the_event_log_is_immutable_and_keeps_everything(nc: Client, town: TownConfig) -> None:

@@ -125,6 +125,36 @@ async def started_session(pt: PolecatTown, bead: str, attempt: int) -> tuple[str
     return found
 
 
+async def test_an_agent_gets_its_own_environment_and_nothing_of_the_witnesss(
+    town: TownConfig, nc: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tmux server starts from this environment: a secret in it must not reach the agent, and PATH must
+    # be the agent's even though tmux puts its client's PATH into new sessions.
+    monkeypatch.setenv("WITNESS_ONLY_SECRET", "s3cret")
+    monkeypatch.setenv("EXTRA_FOR_AGENTS", "passed on")
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+    home = tmp_path / "home-without-git-identity"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))  # as on a fresh machine: the agent still commits
+    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, agent_env=("EXTRA_FOR_AGENTS",))
+    async with polecat_town(town, nc, tmp_path, settings) as pt:
+        await pt.add_rig(agent_command='env > "$GT_WORKTREE/../$GT_SESSION.env"; gt-agent')
+        bead = await pt.new_bead("Look at your environment")
+        await pt.sling(bead)
+        await pt.wait_merge_requested(bead)
+        session = (await pt.wait_settled(bead))[0]
+        author = git.git("log", "-1", "--format=%an <%ae>", f"refs/heads/{session.branch}", cwd=pt.origin)
+    assert author.strip() == "gt-agent ace <ace@gastown.invalid>"
+    dumped = Path(session.worktree).parent / f"{session.id}.env"
+    seen = dict(line.split("=", 1) for line in dumped.read_text().splitlines() if "=" in line)
+    assert "WITNESS_ONLY_SECRET" not in seen
+    assert seen["EXTRA_FOR_AGENTS"] == "passed on"
+    assert seen["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+    assert (seen["GT_SESSION"], seen["GT_BEAD"], seen["TERM"]) == (session.id, bead, "screen-256color")
+    assert seen["HOME"] == str(home)
+    assert not any(key.startswith("TMUX") for key in seen), "nothing of the tmux server's environment"
+
+
 async def test_an_agent_killed_9_makes_a_zombie_and_a_lost_tmux_session_is_dead(pt: PolecatTown) -> None:
     await pt.add_rig(agent_command="GT_AGENT_FAULT=hang@1-2 gt-agent")
     bead = await pt.new_bead("Outlive your agents")

@@ -1,0 +1,478 @@
+"""The witness planner: what it owes for a state and an observation. Pure: no tmux, no processes, no clock.
+
+States are built by folding real events through the witness projection, as the service does.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from services.witness.actions import (
+    Action,
+    Clean,
+    DeliverNudge,
+    Escalate,
+    ExpireNudge,
+    GiveUp,
+    Kill,
+    KillOrphan,
+    MassDeath,
+    ReapPane,
+    Spawn,
+    Start,
+    Warrant,
+)
+from services.witness.names import POOL, polecat_name
+from services.witness.plan import Observed, PaneSeen, Policy, plan, session_id_for
+from services.witness.projection import new_projection
+from services.witness.state import WitnessState
+from shared import subjects
+from shared.events import (
+    BeadClosed,
+    BeadCreated,
+    BeadSlung,
+    Event,
+    MergeRequestSubmitted,
+    NudgeQueued,
+    RigAdded,
+    RigMassDeath,
+    SessionCleaned,
+    SessionDoneIntent,
+    SessionEnded,
+    SessionEscalated,
+    SessionRequested,
+    SessionStarted,
+    SessionWarranted,
+    encode_event,
+)
+from tests.memory_log import MemoryLog
+
+T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+POLICY = Policy(rigs_root="/town/rigs", min_orphan_age_s=60, done_stuck_after_s=60)
+
+
+class World:
+    """A witness projection fed event by event, with a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.projection = new_projection()
+        self.log = MemoryLog()
+        self.clock = T0
+        self._ids = itertools.count(1)
+
+    @property
+    def state(self) -> WitnessState:
+        state: WitnessState = self.projection.state
+        return state
+
+    def add(self, *events: Event) -> None:
+        for event in events:
+            subject = subjects.event_subject(event.AGGREGATE, event.aggregate_id())
+            data = encode_event(event, event_id=f"ev-{next(self._ids)}", ts=self.clock, actor="test")
+            self.log.append([(subject, data, None)])
+        self.log.replay(self.projection, after=self.projection.last_seq)
+
+    def tick(self, seconds: float) -> None:
+        self.clock += timedelta(seconds=seconds)
+
+    def rig(self, name: str = "demo", **options: Any) -> None:
+        self.add(RigAdded(rig=name, repo="/repos/demo.git", prefix=name[:2], agent_command="gt-agent", **options))
+
+    def bead(self, bead: str, rig: str = "demo", *, forced: bool = False) -> None:
+        if bead not in self.state.beads:
+            self.add(BeadCreated(bead_id=bead, title=f"work on {bead}"))
+        self.add(BeadSlung(bead_id=bead, rig=rig, forced=forced))
+
+    def request(self, spawn: Spawn) -> str:
+        self.add(
+            SessionRequested(
+                session_id=spawn.session,
+                rig=spawn.rig,
+                polecat=spawn.polecat,
+                bead=spawn.bead,
+                worktree=spawn.worktree,
+                branch=spawn.branch,
+                tmux_name=spawn.tmux_name,
+                attempt=spawn.attempt,
+                handoff_of=spawn.handoff_of,
+            )
+        )
+        return spawn.session
+
+    def start(self, session: str, pid: int = 4242) -> None:
+        self.add(SessionStarted(session_id=session, pane_pid=pid, pid_started=1000.0))
+
+    def end(self, session: str, reason: str, *, cleaned: bool = True, removed: bool = False) -> None:
+        self.add(SessionEnded(session_id=session, reason=reason))
+        if cleaned:
+            self.add(SessionCleaned(session_id=session, worktree_removed=removed))
+
+    def running(self, bead: str) -> str:
+        """Spawn (as planned), request and start a session for the bead; its id."""
+        spawn = only(self.plan(), Spawn)
+        assert spawn.bead == bead
+        session = self.request(spawn)
+        self.start(session)
+        return session
+
+    def pane(self, session: str, *, dead: bool = False, age_s: float = 5.0) -> PaneSeen:
+        recorded = self.state.sessions[session]
+        created = int((self.clock - timedelta(seconds=age_s)).timestamp())
+        return PaneSeen(name=recorded.tmux_name, pane_pid=4242, dead=dead, created=created, label=session)
+
+    def observe(self, *panes: PaneSeen, **fields: Any) -> Observed:
+        return Observed(now=self.clock, as_of_seq=self.log.last_seq, panes={p.name: p for p in panes}, **fields)
+
+    def plan(self, obs: Observed | None = None, policy: Policy = POLICY) -> list[Action]:
+        live = [self.pane(s.id) for s in self.state.sessions.values() if s.status == "started"]
+        return plan(self.state, obs or self.observe(*live), policy)
+
+
+def only(actions: list[Action], kind: type[Any]) -> Any:
+    found = [a for a in actions if isinstance(a, kind)]
+    assert len(found) == 1, actions
+    return found[0]
+
+
+def kinds(actions: list[Action]) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+# ---- spawning ----------------------------------------------------------------------------------
+
+
+def test_a_bead_slung_to_a_rig_gets_one_session_with_derived_names() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    spawn = only(w.plan(), Spawn)
+    assert spawn == Spawn(
+        bead="gt-abc",
+        session="gt-abc-1",
+        rig="demo",
+        polecat="ace",
+        worktree="/town/rigs/demo/polecats/ace",
+        branch="polecat/ace/gt-abc",
+        tmux_name="gt-demo-ace",
+        attempt=1,
+    )
+
+
+def test_a_bead_slung_to_an_unknown_rig_waits_for_the_rig() -> None:
+    w = World()
+    w.bead("gt-abc", rig="later")
+    assert w.plan() == []
+    w.rig("later")
+    assert only(w.plan(), Spawn).rig == "later"
+
+
+def test_max_polecats_queues_the_rest_in_sling_order_and_recycles_names() -> None:
+    w = World()
+    w.rig(max_polecats=2)
+    for bead in ("gt-1", "gt-2", "gt-3"):
+        w.bead(bead)
+    spawns = [a for a in w.plan() if isinstance(a, Spawn)]
+    assert [(s.bead, s.polecat) for s in spawns] == [("gt-1", "ace"), ("gt-2", "bob")]
+    for spawn in spawns:
+        w.start(w.request(spawn))
+    assert not [a for a in w.plan() if isinstance(a, Spawn)], "the third waits for a free polecat"
+    w.end("gt-1-1", "done", removed=True)
+    spawn = only(w.plan(), Spawn)
+    assert (spawn.bead, spawn.polecat) == ("gt-3", "ace"), "ace's worktree was removed: the name is free again"
+
+
+def test_a_name_whose_worktree_was_kept_is_not_given_to_another_bead() -> None:
+    w = World()
+    w.rig(max_polecats=2, max_respawns=0)
+    w.bead("gt-1")
+    first = w.running("gt-1")
+    w.end(first, "dead", cleaned=False)
+    w.add(SessionEscalated(session_id=first, reason="respawn_limit"))
+    w.add(SessionCleaned(session_id=first, worktree_removed=False, detail="kept"))
+    w.bead("gt-2")
+    assert only(w.plan(), Spawn).polecat == "bob"
+
+
+def test_a_requested_session_is_started_and_given_up_after_repeated_failures() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.request(only(w.plan(), Spawn))
+    assert only(w.plan(), Start) == Start(session=session)
+    assert w.plan(w.observe(busy=frozenset({"bead:gt-abc"}))) == [], "its spawn is still starting it"
+    gave_up = only(w.plan(w.observe(start_failures={session: 3})), GiveUp)
+    assert gave_up.session == session
+
+
+def test_actions_already_running_are_not_planned_again() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    assert w.plan(w.observe(busy=frozenset({"bead:gt-abc"}))) == []
+
+
+# ---- detection ---------------------------------------------------------------------------------
+
+
+def test_a_session_whose_tmux_session_is_gone_is_warranted_dead() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    warrant = only(w.plan(w.observe()), Warrant)
+    assert (warrant.session, warrant.reason) == (session, "dead")
+
+
+def test_a_tmux_session_of_the_same_name_started_for_another_session_does_not_count() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    stranger = PaneSeen(name=w.state.sessions[session].tmux_name, pane_pid=1, dead=False, created=0, label="other")
+    assert only(w.plan(w.observe(stranger)), Warrant).reason == "dead"
+
+
+@pytest.mark.parametrize(("pane_dead", "agent_alive"), [(True, True), (False, False)])
+def test_a_live_tmux_session_without_its_agent_is_a_zombie(pane_dead: bool, agent_alive: bool) -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    obs = w.observe(w.pane(session, dead=pane_dead), alive={session: agent_alive})
+    assert only(w.plan(obs), Warrant).reason == "zombie"
+
+
+def test_nothing_is_judged_dead_when_tmux_could_not_be_asked_or_the_session_changed_meanwhile() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    blind = Observed(now=w.clock, as_of_seq=w.log.last_seq, panes=None)
+    assert w.plan(blind) == []
+    stale = Observed(now=w.clock, as_of_seq=w.state.sessions[session].version - 1, panes={})
+    assert w.plan(stale) == []
+
+
+def test_a_quiet_session_is_warranted_stalled_unless_a_heartbeat_or_step_shows_life() -> None:
+    w = World()
+    w.rig(stall_after_s=120)
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    w.tick(100)
+    assert w.plan() == []
+    w.tick(30)
+    assert only(w.plan(), Warrant).reason == "stalled"
+    fresh = w.observe(w.pane(session), heartbeats={session: w.clock - timedelta(seconds=10)})
+    assert w.plan(fresh) == []
+
+
+def test_a_session_in_done_is_left_to_finish_until_it_is_stuck() -> None:
+    w = World()
+    w.rig(stall_after_s=30)
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    w.add(SessionDoneIntent(session_id=session))
+    w.tick(50)
+    assert w.plan() == [], "stall detection does not apply while done runs"
+    w.tick(20)
+    assert only(w.plan(), Warrant).reason == "stuck_in_done"
+    assert only(w.plan(w.observe()), Warrant).reason == "dead", "dying in done is still noticed"
+
+
+def test_a_warranted_session_is_killed_and_a_closed_bead_warrants_its_session() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    w.add(BeadClosed(bead_id="gt-abc", reason="not needed"))
+    assert only(w.plan(), Warrant).reason == "bead_closed"
+    w.add(SessionWarranted(session_id=session, reason="bead_closed"))
+    assert only(w.plan(), Kill) == Kill(session=session)
+
+
+# ---- recovery ----------------------------------------------------------------------------------
+
+
+def test_a_dead_session_is_resung_to_the_same_polecat_worktree_and_branch() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    first = w.running("gt-abc")
+    w.end(first, "dead", cleaned=False)
+    spawn = only(w.plan(), Spawn)
+    assert (spawn.session, spawn.attempt, spawn.polecat, spawn.resling) == ("gt-abc-2", 2, "ace", True)
+    assert spawn.branch == "polecat/ace/gt-abc"
+    w.request(spawn)
+    clean = only(w.plan(), Clean)
+    assert (clean.session, clean.remove_worktree) == (first, False), "the worktree carries on"
+
+
+def test_a_handoff_gets_a_fresh_session_without_moving_the_hook() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    first = w.running("gt-abc")
+    w.end(first, "handoff", cleaned=False)
+    spawn = only(w.plan(), Spawn)
+    assert (spawn.handoff_of, spawn.resling, spawn.polecat) == (first, False, "ace")
+
+
+def test_a_bead_resung_max_respawns_times_is_escalated_on_its_next_death() -> None:
+    w = World()
+    w.rig(max_respawns=3)
+    w.bead("gt-abc")
+    for attempt in range(1, 5):
+        session = w.running("gt-abc")
+        assert session == f"gt-abc-{attempt}"
+        w.end(session, "dead", cleaned=False)
+    escalate = only(w.plan(), Escalate)
+    assert (escalate.session, escalate.reason) == ("gt-abc-4", "respawn_limit")
+    assert "re-sling it with `gt sling gt-abc demo --force`" in escalate.message
+    assert not [a for a in w.plan() if isinstance(a, Spawn)]
+    w.add(SessionEscalated(session_id="gt-abc-4", reason="respawn_limit"))
+    cleans = {a.session: a for a in w.plan() if isinstance(a, Clean)}
+    assert cleans["gt-abc-4"].remove_worktree is False, "kept for manual recovery"
+    assert "escalated" in cleans["gt-abc-4"].detail
+    w.bead("gt-abc", forced=True)  # the operator looked and slings it again: a fresh respawn budget
+    assert only(w.plan(), Spawn).attempt == 5
+
+
+def test_a_finished_session_is_cleaned_with_its_worktree_and_the_bead_gets_no_new_session() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    w.add(
+        MergeRequestSubmitted(
+            mr_id="mr-1", bead="gt-abc", rig="demo", branch="polecat/ace/gt-abc", target="main", head="abc"
+        )
+    )
+    w.end(session, "done", cleaned=False)
+    assert w.plan() == [Clean(session=session, remove_worktree=True)]
+
+
+def test_the_pane_of_an_ended_session_that_lingers_is_reaped() -> None:
+    w = World()
+    w.rig(max_respawns=0)
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    w.end(session, "zombie", cleaned=False)
+    w.add(SessionEscalated(session_id=session, reason="respawn_limit"))
+    # Escalated sessions are cleaned (worktree kept); an ended session with no successor yet gets reaped.
+    assert isinstance(only(w.plan(), Clean), Clean)
+    w2 = World()
+    w2.rig(max_polecats=1)
+    w2.bead("gt-1")
+    first = w2.running("gt-1")
+    w2.end(first, "dead", cleaned=False)
+    obs = w2.observe(w2.pane(first), busy=frozenset({"bead:gt-1"}))
+    assert ReapPane(session=first) in w2.plan(obs)
+
+
+def test_three_deaths_within_the_window_are_a_mass_death_once() -> None:
+    w = World()
+    w.rig(max_polecats=5)
+    for bead in ("gt-1", "gt-2", "gt-3"):
+        w.bead(bead)
+    for spawn in [a for a in w.plan() if isinstance(a, Spawn)]:
+        w.start(w.request(spawn))
+    for n, session in enumerate(("gt-1-1", "gt-2-1", "gt-3-1")):
+        w.tick(10 if n else 0)
+        w.end(session, "dead", cleaned=False)
+    mass = only(w.plan(), MassDeath)
+    assert mass.sessions == ("gt-1-1", "gt-2-1", "gt-3-1")
+    w.add(RigMassDeath(rig="demo", sessions=list(mass.sessions), window_s=30))
+    assert not [a for a in w.plan() if isinstance(a, MassDeath)]
+
+
+def test_deaths_spread_wider_than_the_window_are_not_a_mass_death() -> None:
+    w = World()
+    w.rig(max_polecats=5)
+    for bead in ("gt-1", "gt-2", "gt-3"):
+        w.bead(bead)
+    for spawn in [a for a in w.plan() if isinstance(a, Spawn)]:
+        w.start(w.request(spawn))
+    for session in ("gt-1-1", "gt-2-1", "gt-3-1"):
+        w.end(session, "dead", cleaned=False)
+        w.tick(16)
+    assert not [a for a in w.plan() if isinstance(a, MassDeath)]
+
+
+# ---- orphans -----------------------------------------------------------------------------------
+
+
+def test_an_orphan_tmux_session_is_killed_only_once_old_enough_and_only_if_ours_by_name() -> None:
+    w = World()
+    now = int(w.clock.timestamp())
+    young = PaneSeen(name="gt-demo-zed", pane_pid=7, dead=False, created=now - 30)
+    old = PaneSeen(name="gt-demo-yak", pane_pid=8, dead=False, created=now - 61)
+    foreign = PaneSeen(name="editor", pane_pid=9, dead=False, created=now - 9999)
+    assert w.plan(w.observe(young, old, foreign)) == [KillOrphan(tmux_name="gt-demo-yak", pane_pid=8, created=now - 61)]
+
+
+def test_a_tmux_session_labelled_with_a_known_session_is_never_an_orphan() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    assert not [a for a in w.plan(w.observe(w.pane(session, age_s=9999))) if isinstance(a, KillOrphan)]
+
+
+# ---- nudges ------------------------------------------------------------------------------------
+
+
+def test_a_nudge_is_delivered_to_the_polecats_live_session_and_expires_otherwise() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    w.add(
+        NudgeQueued(
+            nudge_id="nd-1", rig="demo", polecat="ace", message="hurry", expires_at=w.clock + timedelta(seconds=60)
+        )
+    )
+    session = w.request(only(w.plan(), Spawn))
+    assert not [a for a in w.plan() if isinstance(a, DeliverNudge)], "not while the session is starting"
+    w.start(session)
+    assert DeliverNudge(nudge="nd-1", session=session) in w.plan()
+    w.tick(61)
+    assert ExpireNudge(nudge="nd-1") in w.plan(w.observe(w.pane(session)))
+
+
+# ---- properties --------------------------------------------------------------------------------
+
+
+def test_the_plan_is_ordered_by_priority_and_has_one_action_per_key() -> None:
+    w = World()
+    w.rig(max_polecats=3)
+    for bead in ("gt-1", "gt-2"):
+        w.bead(bead)
+    spawns = [a for a in w.plan() if isinstance(a, Spawn)]
+    w.start(w.request(spawns[0]))
+    w.end("gt-1-1", "done", cleaned=False)
+    now = int(w.clock.timestamp())
+    actions = w.plan(w.observe(PaneSeen(name="gt-demo-old", pane_pid=3, dead=False, created=now - 100)))
+    priorities = [type(a).PRIORITY for a in actions]
+    assert priorities == sorted(priorities)
+    assert len({a.key for a in actions}) == len(actions)
+    assert set(kinds(actions)) >= {"Spawn", "Clean", "KillOrphan"}
+
+
+def test_session_ids_are_deterministic_bounded_and_distinct_per_attempt() -> None:
+    assert session_id_for("gt-abc", 2) == "gt-abc-2"
+    long_bead = "gt-" + "x" * 90
+    ids = {session_id_for(long_bead, n) for n in range(1, 20)}
+    assert len(ids) == 19
+    assert all(len(i) <= 64 for i in ids)
+    assert session_id_for(long_bead, 3) == session_id_for(long_bead, 3)
+
+
+def test_polecat_names_come_from_the_pool_then_numbers() -> None:
+    assert [polecat_name(i) for i in range(3)] == ["ace", "bob", "cat"]
+    assert polecat_name(len(POOL)) == f"p{len(POOL)}"
+    assert len(set(POOL)) == len(POOL)
+    with pytest.raises(ValueError, match="must not be negative"):
+        polecat_name(-1)
