@@ -206,6 +206,20 @@ def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) 
             time.sleep(pause)
 
 
+def fix_returned_work(data: dict[str, Any], faults: list[Fault], attempt: int) -> None:
+    """The merge queue sent the work back: undo what made the gate fail (the only failure this agent makes)."""
+    failure = data.get("merge_failure")
+    if not failure:
+        return
+    worktree = Path(data["worktree"])
+    say(f"the merge queue sent this back: {failure['gate']} failed (exit {failure['exit_code']})")
+    if (worktree / "FAIL_TESTS").exists() and not active(faults, attempt, "fail-tests"):
+        git("rm", "--quiet", "FAIL_TESTS", cwd=worktree)
+        commit_all(worktree, f"{data['bead']['id']}: fix the {failure['gate']} failure from the merge queue")
+        say("fixed: removed FAIL_TESTS")
+    run_tests(worktree, data["rig"], faults, attempt)
+
+
 def finish(data: dict[str, Any], faults: list[Fault], attempt: int) -> int:
     worktree = Path(data["worktree"])
     if active(faults, attempt, "dirty"):
@@ -243,6 +257,7 @@ def main() -> int:
     try:
         data = prime()
         work(data, faults, attempt, pause)
+        fix_returned_work(data, faults, attempt)
         return finish(data, faults, attempt)
     except (RuntimeError, subprocess.CalledProcessError) as exc:
         say(f"giving up: {exc}")

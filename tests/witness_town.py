@@ -144,12 +144,19 @@ class PolecatTown:
         result: list[Session] = await assert_eventually(settled, timeout=timeout, interval=0.1)
         return result
 
+    def _ref(self, branch: str) -> str:
+        """The branch, or main once the refinery merged it and deleted the branch."""
+        ref = f"refs/heads/{branch}"
+        exists = git.git("rev-parse", "--verify", "--quiet", ref, cwd=self.origin, check=False).strip()
+        return ref if exists else "refs/heads/main"
+
     def branch_files(self, branch: str, bead: str) -> list[str]:
-        out = git.git("ls-tree", "--name-only", f"refs/heads/{branch}", f".gastown-work/{bead}/", cwd=self.origin)
+        out = git.git("ls-tree", "--name-only", self._ref(branch), f".gastown-work/{bead}/", cwd=self.origin)
         return sorted(Path(p).name for p in out.split())
 
     def branch_log(self, branch: str) -> list[str]:
-        return git.git("log", "--format=%s", f"refs/heads/{branch}", cwd=self.origin).splitlines()
+        log = git.git("log", "--format=%s", self._ref(branch), cwd=self.origin).splitlines()
+        return [line for line in log if not line.startswith("Merge")]
 
 
 @contextlib.asynccontextmanager
@@ -160,6 +167,7 @@ async def polecat_town(
     settings: WitnessSettings | None = None,
     *,
     with_witness: bool = True,
+    with_refinery: bool = True,
 ) -> AsyncIterator[PolecatTown]:
     """The town; ``with_witness=False`` leaves the witness to the test (a chaos test runs it as a process)."""
     socket = tmux_socket()
@@ -168,8 +176,9 @@ async def polecat_town(
     try:
         handle.mayor = MayorService(town, FAST)
         await handle.start("mayor", handle.mayor)
-        handle.refinery = RefineryService(town, FAST)
-        await handle.start("refinery", handle.refinery)
+        if with_refinery:
+            handle.refinery = RefineryService(town, FAST)
+            await handle.start("refinery", handle.refinery)
         if with_witness:
             await handle.start_witness(settings)
         yield handle

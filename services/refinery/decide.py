@@ -6,11 +6,11 @@ import hashlib
 
 import msgspec
 
-from services.refinery.state import MergeRequest, RefineryState
-from shared.commands import Command, MergeRequestSubmit
+from services.refinery.state import OPEN, MergeRequest, RefineryState
+from shared.commands import Command, MergeRequestReject, MergeRequestRetry, MergeRequestSubmit
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
-from shared.events import MergeRequestSubmitted
+from shared.events import MergeRequestRejected, MergeRequestRequeued, MergeRequestSubmitted
 
 
 def mr_id_for(rig: str, head: str) -> str:
@@ -21,6 +21,8 @@ def mr_id_for(rig: str, head: str) -> str:
 def aggregate_key(cmd: Command) -> str | None:
     if isinstance(cmd, MergeRequestSubmit):
         return f"mr:{mr_id_for(cmd.rig, cmd.head)}"
+    if isinstance(cmd, MergeRequestRetry | MergeRequestReject):
+        return f"mr:{cmd.id}"
     return None
 
 
@@ -32,15 +34,22 @@ def mr_view(mr: MergeRequest) -> dict[str, object]:
 def decide(state: RefineryState, cmd: Command, ctx: DecideContext) -> Accepted:
     if isinstance(cmd, MergeRequestSubmit):
         return submit(state, cmd)
+    if isinstance(cmd, MergeRequestRetry):
+        return retry(state, cmd)
+    if isinstance(cmd, MergeRequestReject):
+        return reject(state, cmd)
     raise CommandError("unknown_command", f"the refinery does not handle {cmd.SUBJECT}")
 
 
 def submit(state: RefineryState, cmd: MergeRequestSubmit) -> Accepted:
     if cmd.rig not in state.rigs:
         raise CommandError("not_found", f"no rig {cmd.rig!r} (`gt rig list` shows them)")
-    if cmd.bead not in state.bead_rigs:
+    bead = state.beads.get(cmd.bead)
+    if bead is None:
         raise CommandError("not_found", f"no bead {cmd.bead!r} to merge work for")
-    slung_to = state.bead_rigs[cmd.bead]
+    if bead.status == "closed":
+        raise CommandError("backward_transition", f"bead {cmd.bead} is closed; its work is not merged any more")
+    slung_to = bead.rig
     if slung_to is not None and slung_to != cmd.rig:
         raise CommandError("invalid", f"bead {cmd.bead} is slung to rig {slung_to}, not {cmd.rig}")
     mr_id = mr_id_for(cmd.rig, cmd.head)
@@ -52,7 +61,7 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit) -> Accepted:
         bead=cmd.bead,
         rig=cmd.rig,
         branch=cmd.branch,
-        target=cmd.target or state.rigs[cmd.rig],
+        target=cmd.target or state.rigs[cmd.rig].base_branch,
         head=cmd.head,
         priority=cmd.priority,
         session=cmd.session,
@@ -60,4 +69,39 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit) -> Accepted:
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=0)],
         result={"id": mr_id, "status": "queued", "changed": True, "bead": cmd.bead, "rig": cmd.rig, "head": cmd.head},
+    )
+
+
+def _known(state: RefineryState, mr_id: str) -> MergeRequest:
+    mr = state.mrs.get(mr_id)
+    if mr is None:
+        raise CommandError("not_found", f"no merge request {mr_id!r} (`gt mq list` shows them)")
+    return mr
+
+
+def retry(state: RefineryState, cmd: MergeRequestRetry) -> Accepted:
+    mr = _known(state, cmd.id)
+    if mr.status == "merged":
+        raise CommandError("backward_transition", f"merge request {mr.id} is merged already")
+    if mr.status in OPEN:
+        return Accepted(result={"id": mr.id, "status": mr.status, "changed": False})
+    event = MergeRequestRequeued(mr_id=mr.id, reason=f"retried after {mr.status}")
+    return Accepted(
+        events=[NewEvent(payload=event, expected_seq=mr.version)],
+        result={"id": mr.id, "status": "queued", "changed": True},
+    )
+
+
+def reject(state: RefineryState, cmd: MergeRequestReject) -> Accepted:
+    mr = _known(state, cmd.id)
+    if mr.status == "merged":
+        raise CommandError("backward_transition", f"merge request {mr.id} is merged already")
+    if mr.status == "rejected":
+        return Accepted(result={"id": mr.id, "status": "rejected", "changed": False})
+    if mr.status == "claimed":
+        raise CommandError("conflict", f"merge request {mr.id} is being processed now; reject it once it is done")
+    event = MergeRequestRejected(mr_id=mr.id, reason=cmd.reason)
+    return Accepted(
+        events=[NewEvent(payload=event, expected_seq=mr.version)],
+        result={"id": mr.id, "status": "rejected", "changed": True},
     )

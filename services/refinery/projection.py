@@ -1,14 +1,32 @@
-"""The refinery's projection: merge requests, plus the beads and rigs a merge request is checked against."""
+"""The refinery's projection: merge requests, plus the beads and rigs they are checked and processed against."""
 
 from __future__ import annotations
 
 import functools
 
-from services.refinery.state import MergeRequest, RefineryState
-from shared.events import BeadCreated, BeadSlung, Envelope, Event, MergeRequestSubmitted, RigAdded
+from services.refinery.state import MergeRequest, RefineryState, RigInfo, WorkBead
+from shared.events import (
+    BeadClaimed,
+    BeadClosed,
+    BeadCreated,
+    BeadSlung,
+    CommandAccepted,
+    Envelope,
+    Event,
+    MergeRequestClaimed,
+    MergeRequestConflicted,
+    MergeRequestFailed,
+    MergeRequestMerged,
+    MergeRequestRejected,
+    MergeRequestRequeued,
+    MergeRequestSubmitted,
+    RigAdded,
+)
 from shared.projection import Projection
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+CONFLICT_PREFIX = "conflict-"
+"""Command ids of conflict bead creates (the refinery's own): their outcomes name the bead."""
 NOT_WORK = frozenset({"message", "convoy", "escalation"})
 
 
@@ -20,18 +38,66 @@ def fold(payload: Event, state: RefineryState, env: Envelope, seq: int) -> None:
 @fold.register
 def _bead_created(payload: BeadCreated, state: RefineryState, env: Envelope, seq: int) -> None:
     if payload.type not in NOT_WORK:
-        state.bead_rigs.setdefault(payload.bead_id, None)
+        state.beads.setdefault(
+            payload.bead_id, WorkBead(id=payload.bead_id, title=payload.title, priority=payload.priority)
+        )
 
 
 @fold.register
 def _bead_slung(payload: BeadSlung, state: RefineryState, env: Envelope, seq: int) -> None:
-    if payload.bead_id in state.bead_rigs:
-        state.bead_rigs[payload.bead_id] = payload.rig
+    bead = state.beads.get(payload.bead_id)
+    if bead is not None:
+        bead.rig = payload.rig
+        if bead.status == "open":
+            bead.status = "hooked"
+
+
+@fold.register
+def _bead_claimed(payload: BeadClaimed, state: RefineryState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(payload.bead_id)
+    if bead is not None and bead.status != "closed":
+        bead.status = "in_progress"
+
+
+@fold.register
+def _bead_closed(payload: BeadClosed, state: RefineryState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(payload.bead_id)
+    if bead is not None:
+        bead.status = "closed"
 
 
 @fold.register
 def _rig_added(payload: RigAdded, state: RefineryState, env: Envelope, seq: int) -> None:
-    state.rigs.setdefault(payload.rig, payload.base_branch)
+    state.rigs.setdefault(
+        payload.rig,
+        RigInfo(
+            name=payload.rig,
+            repo=payload.repo,
+            base_branch=payload.base_branch,
+            prefix=payload.prefix,
+            setup_command=payload.setup_command,
+            lint_command=payload.lint_command,
+            test_command=payload.test_command,
+        ),
+    )
+
+
+@fold.register
+def _accepted(payload: CommandAccepted, state: RefineryState, env: Envelope, seq: int) -> None:
+    created = payload.result.get("id")
+    if not payload.command_id.startswith(CONFLICT_PREFIX) or not isinstance(created, str):
+        return
+    state.created[payload.command_id] = created
+    mr = state.mrs.get(state.awaited.pop(payload.command_id, ""))
+    if mr is not None and mr.conflict_command == payload.command_id:
+        mr.blocked_by = created
+
+
+def _mr(state: RefineryState, mr_id: str, seq: int) -> MergeRequest | None:
+    mr = state.mrs.get(mr_id)
+    if mr is not None:
+        mr.version = seq
+    return mr
 
 
 @fold.register
@@ -48,8 +114,57 @@ def _submitted(payload: MergeRequestSubmitted, state: RefineryState, env: Envelo
         priority=payload.priority,
         session=payload.session,
         submitted_at=env.ts,
+        queued_at=env.ts,
         version=seq,
     )
+
+
+@fold.register
+def _claimed(payload: MergeRequestClaimed, state: RefineryState, env: Envelope, seq: int) -> None:
+    if (mr := _mr(state, payload.mr_id, seq)) is not None:
+        mr.status, mr.attempts = "claimed", payload.attempt
+        mr.holder, mr.lease_until = payload.holder, payload.lease_until
+
+
+@fold.register
+def _conflicted(payload: MergeRequestConflicted, state: RefineryState, env: Envelope, seq: int) -> None:
+    if (mr := _mr(state, payload.mr_id, seq)) is not None:
+        mr.status, mr.conflict_command = "blocked", payload.conflict_command
+        mr.blocked_by = state.created.get(payload.conflict_command)  # its outcome may be in the log already
+        mr.holder = mr.lease_until = None
+        if mr.blocked_by is None:
+            state.awaited[payload.conflict_command] = mr.id
+
+
+@fold.register
+def _failed(payload: MergeRequestFailed, state: RefineryState, env: Envelope, seq: int) -> None:
+    if (mr := _mr(state, payload.mr_id, seq)) is not None:
+        mr.status = "escalated" if payload.escalated else "failed"
+        mr.gate, mr.exit_code, mr.tail = payload.gate, payload.exit_code, payload.tail
+        mr.holder = mr.lease_until = None
+
+
+@fold.register
+def _merged(payload: MergeRequestMerged, state: RefineryState, env: Envelope, seq: int) -> None:
+    if (mr := _mr(state, payload.mr_id, seq)) is not None:
+        mr.status, mr.merged_commit = "merged", payload.merged_commit
+        mr.bug_bead_command = payload.bug_bead_command
+        mr.holder = mr.lease_until = None
+
+
+@fold.register
+def _requeued(payload: MergeRequestRequeued, state: RefineryState, env: Envelope, seq: int) -> None:
+    if (mr := _mr(state, payload.mr_id, seq)) is not None:
+        mr.status, mr.queued_at, mr.reason = "queued", env.ts, payload.reason
+        mr.holder = mr.lease_until = None
+        mr.blocked_by = mr.conflict_command = None
+
+
+@fold.register
+def _rejected(payload: MergeRequestRejected, state: RefineryState, env: Envelope, seq: int) -> None:
+    if (mr := _mr(state, payload.mr_id, seq)) is not None:
+        mr.status, mr.reason = "rejected", payload.reason
+        mr.holder = mr.lease_until = None
 
 
 def new_projection() -> Projection[RefineryState]:

@@ -1,21 +1,43 @@
-"""The refinery service: the merge queue. Today it takes merge requests in and lists them; processing them
-(rebase, gates, merge) comes with the refinery's own issue."""
+"""The refinery service: the merge queue. Merge requests come in as commands; one per rig at a time is
+claimed under a lease, rebased onto its target in a temporary worktree, gated, and fast-forwarded onto the
+target. Each step is recorded; a crash anywhere is made good by the next claim (see docs/failure-behaviour.md).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
+import structlog
+
 from services.refinery import decide as refinery_decide
+from services.refinery import merger, plan
+from services.refinery import settings as refinery_settings
 from services.refinery.decide import mr_view
 from services.refinery.projection import new_projection
-from services.refinery.state import RefineryState
+from services.refinery.state import MergeRequest, RefineryState
 from shared.commands import Command
 from shared.config import TownConfig
-from shared.decision import Accepted, DecideContext
+from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import QueryError
+from shared.events import (
+    Event,
+    MergeRequestClaimed,
+    MergeRequestConflicted,
+    MergeRequestFailed,
+    MergeRequestMerged,
+    MergeRequestRejected,
+    MergeRequestRequeued,
+)
+from shared.faults import crash_point
 from shared.service import Service, ServiceSettings
+
+log = structlog.get_logger(__name__)
+ERROR_BACKOFF_S = 5.0
 
 
 class RefineryService(Service[RefineryState]):
@@ -27,8 +49,18 @@ class RefineryService(Service[RefineryState]):
         settings: ServiceSettings | None = None,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        refinery: refinery_settings.RefinerySettings | None = None,
     ) -> None:
         super().__init__(config, new_projection(), settings, clock=clock)
+        self.mq = refinery or refinery_settings.load()
+        self.policy = plan.Policy(lease_s=self.mq.lease_s, max_failures=self.mq.max_failures, fifo=self.mq.fifo)
+        self.holder = f"refinery-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.rigs_root = config.gt_home / "rigs"
+        self._tg: asyncio.TaskGroup | None = None
+        self._busy: set[str] = set()
+        """Rigs with a merge request being processed by this process."""
+        self._closing: set[str] = set()
+        self.merged = self.failed = self.conflicted = self.gate_runs = 0
 
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
         return refinery_decide.decide(self.projection.state, cmd, ctx)
@@ -42,8 +74,9 @@ class RefineryService(Service[RefineryState]):
             rig = body.get("rig")
             if rig is not None and not isinstance(rig, str):
                 raise QueryError("invalid", "`rig` must be a string")
+            now = self.clock()
             found = [m for m in state.mrs.values() if rig is None or m.rig == rig]
-            found.sort(key=lambda m: (m.priority, m.submitted_at))
+            found.sort(key=lambda m: (m.status not in ("queued", "claimed"), -plan.score(state, m, now, self.policy)))
             return [mr_view(m) for m in found]
         if what == "mr":
             mr_id = body.get("id")
@@ -51,6 +84,197 @@ class RefineryService(Service[RefineryState]):
                 raise QueryError("invalid", "`id` is required")
             mr = state.mrs.get(mr_id)
             if mr is None:
-                raise QueryError("not_found", f"no merge request {mr_id!r}")
+                raise QueryError("not_found", f"no merge request {mr_id!r} (`gt mq list` shows them)")
             return mr_view(mr)
         raise QueryError("unknown_query", f"the refinery has no query {what!r}; it answers mrs, mr, status, digest")
+
+    def status(self) -> dict[str, Any]:
+        out = super().status()
+        out.update(
+            merged=self.merged,
+            failed=self.failed,
+            conflicted=self.conflicted,
+            gate_runs=self.gate_runs,
+            processing=sorted(self._busy),
+        )
+        return out
+
+    # ---- the queue -----------------------------------------------------------------------------
+
+    def start_background(self, tg: asyncio.TaskGroup) -> None:
+        self._tg = tg
+        if self.rigs_root.exists():
+            for rig_dir in sorted(self.rigs_root.iterdir()):
+                paths = merger.Paths(self.rigs_root, rig_dir.name)
+                try:
+                    removed = merger.clean_worktrees(paths)
+                except Exception:
+                    log.exception("temp_worktree_cleanup_failed", rig=rig_dir.name)
+                    continue
+                if removed:
+                    log.info("temp_worktrees_removed", rig=rig_dir.name, worktrees=removed)
+
+    async def reconcile(self) -> None:
+        if self._tg is None:
+            return
+        state = self.projection.state
+        owed: list[NewEvent] = []
+        for mr in plan.stale(state):
+            owed.append(
+                NewEvent(
+                    payload=MergeRequestRejected(mr_id=mr.id, reason="its bead was closed"), expected_seq=mr.version
+                )
+            )
+        for mr in plan.unblocked(state):
+            reason = f"conflict bead {mr.blocked_by} closed"
+            owed.append(NewEvent(payload=MergeRequestRequeued(mr_id=mr.id, reason=reason), expected_seq=mr.version))
+        if owed:
+            await self.append_owed(owed)
+        for mr in plan.beads_to_close(state):
+            if mr.id not in self._closing:
+                self._closing.add(mr.id)
+                await self._close_bead(mr)
+        now = self.clock()
+        for mr in plan.next_per_rig(state, now, self.policy, frozenset(self._busy)):
+            claim = MergeRequestClaimed(
+                mr_id=mr.id,
+                attempt=mr.attempts + 1,
+                holder=self.holder,
+                lease_until=now + timedelta(seconds=self.policy.lease_s),
+            )
+            if not await self._store(mr, claim):
+                continue
+            self._busy.add(mr.rig)
+            self._tg.create_task(self._process(mr.id), name=f"refinery-{mr.rig}")
+
+    async def _store(self, mr: MergeRequest, event: Event) -> bool:
+        current = self.projection.state.mrs.get(mr.id, mr)
+        return bool(await self.append_owed([NewEvent(payload=event, expected_seq=current.version)]))
+
+    async def _process(self, mr_id: str) -> None:
+        mr = self.projection.state.mrs[mr_id]
+        rig = self.projection.state.rigs[mr.rig]
+        paths = merger.Paths(self.rigs_root, mr.rig)
+        structlog.contextvars.bind_contextvars(mr=mr.id, bead=mr.bead)
+        try:
+            log.info("mr_processing", attempt=mr.attempts, branch=mr.branch, target=mr.target)
+            outcome = await asyncio.to_thread(
+                merger.process, paths, rig, mr, attempt=mr.attempts, gate_timeout=self.mq.gate_timeout_s
+            )
+            self.gate_runs += outcome.gates_run
+            await self._settle(mr, outcome, paths)
+        except Exception as exc:
+            log.exception("mr_processing_failed")
+            await asyncio.sleep(ERROR_BACKOFF_S)
+            current = self.projection.state.mrs.get(mr_id)
+            if current is not None and current.status == "claimed" and current.holder == self.holder:
+                await self._store(current, MergeRequestRequeued(mr_id=mr_id, reason=f"error: {exc}"[:500]))
+        finally:
+            structlog.contextvars.unbind_contextvars("mr", "bead")
+            self._busy.discard(mr.rig)
+            self.wake()
+
+    async def _settle(self, mr: MergeRequest, outcome: merger.Outcome, paths: merger.Paths) -> None:
+        state = self.projection.state
+        if outcome.kind in ("merged", "already_merged"):
+            bug_command = None
+            if outcome.target_broken is not None:
+                bug_command = await self._file_bug(mr, outcome)
+            event = MergeRequestMerged(
+                mr_id=mr.id,
+                merged_commit=outcome.merged_commit,
+                target_before=outcome.target_before,
+                gates_run=outcome.gates_run,
+                already=outcome.kind == "already_merged",
+                bug_bead_command=bug_command,
+            )
+            await self._store(mr, event)
+            self.merged += 1
+            log.info("mr_merged", commit=outcome.merged_commit, already=event.already)
+            crash_point("refinery.after_merged")
+            self._closing.add(mr.id)
+            await self._close_bead(mr)
+            crash_point("refinery.after_bead_close")
+            await asyncio.to_thread(merger.delete_branch, paths, mr.branch)
+        elif outcome.kind == "conflict":
+            command = await self._conflict_bead(mr, outcome)
+            event_c = MergeRequestConflicted(
+                mr_id=mr.id, target_commit=outcome.target_before, conflict_command=command, files=outcome.files
+            )
+            await self._store(mr, event_c)
+            self.conflicted += 1
+            log.info("mr_conflicted", files=outcome.files)
+        elif outcome.kind in ("failed", "branch_missing"):
+            assert outcome.failure is not None
+            failures = plan.failures_of(state, mr.bead) + 1
+            escalate = failures >= self.policy.max_failures
+            if escalate:
+                await self._escalate(mr, outcome.failure, failures)
+            event_f = MergeRequestFailed(
+                mr_id=mr.id,
+                gate=outcome.failure.gate,
+                exit_code=outcome.failure.exit_code,
+                tail=outcome.failure.tail,
+                escalated=escalate,
+            )
+            await self._store(mr, event_f)
+            self.failed += 1
+            log.info("mr_failed", gate=outcome.failure.gate, exit_code=outcome.failure.exit_code, escalated=escalate)
+        else:  # target_moved
+            await self._store(mr, MergeRequestRequeued(mr_id=mr.id, reason="the target moved during the merge"))
+
+    # ---- commands to the mayor (idempotent by their ids) ---------------------------------------
+
+    async def _close_bead(self, mr: MergeRequest) -> None:
+        body = {"id": mr.bead, "reason": f"merged in {mr.id}"}
+        await self.send_command("gt.cmd.bead.close", body, cmd_id=f"close-{mr.id}")
+
+    async def _conflict_bead(self, mr: MergeRequest, outcome: merger.Outcome) -> str:
+        state = self.projection.state
+        bead = state.beads.get(mr.bead)
+        title = bead.title if bead else mr.bead
+        command = f"conflict-{mr.id}-{mr.attempts}"
+        description = (
+            f"Merge request {mr.id} (bead {mr.bead}) does not rebase onto {mr.target}.\n"
+            f"Branch: {mr.branch} at {mr.head}\nTarget: {mr.target} at {outcome.target_before}\n"
+            f"Conflicting files: {', '.join(outcome.files) or 'unknown'}\n"
+            f"Rebase the branch onto {mr.target}, push it, and close this bead: the merge request goes back "
+            "into the queue."
+        )
+        body = {
+            "title": f"Resolve merge conflicts: {title}"[:200],
+            "priority": 1,
+            "description": description,
+            "labels": ["merge-conflict"],
+            "metadata": {"mr": mr.id, "bead": mr.bead, "head": mr.head, "target_commit": outcome.target_before},
+            "prefix": state.rigs[mr.rig].prefix,
+        }
+        await self.send_command("gt.cmd.bead.create", body, cmd_id=command)
+        return command
+
+    async def _file_bug(self, mr: MergeRequest, outcome: merger.Outcome) -> str:
+        broken = outcome.target_broken
+        assert broken is not None
+        command = f"bug-{mr.rig}-{broken.gate}-{outcome.target_before[:12]}"
+        body = {
+            "title": f"{broken.gate} fails on {mr.target} of rig {mr.rig}"[:200],
+            "type": "bug",
+            "priority": 1,
+            "description": (
+                f"The {broken.gate} gate fails on {mr.target} at {outcome.target_before} itself (exit "
+                f"{broken.exit_code}), so merge request {mr.id} was merged anyway.\n\n{broken.tail}"
+            )[:9000],
+            "labels": ["target-broken"],
+            "prefix": self.projection.state.rigs[mr.rig].prefix,
+        }
+        await self.send_command("gt.cmd.bead.create", body, cmd_id=command)
+        return command
+
+    async def _escalate(self, mr: MergeRequest, failure: merger.GateResult, failures: int) -> None:
+        message = (
+            f"bead {mr.bead} failed its {failure.gate} gate {failures} times in the merge queue of rig {mr.rig} "
+            f"(last: merge request {mr.id}, exit {failure.exit_code}); it is not sent back again. "
+            f"`gt mq show {mr.id}` has the log tail."
+        )
+        body = {"severity": "high", "message": message, "source": f"refinery/{mr.rig}", "bead": mr.bead}
+        await self.send_command("gt.cmd.escalation.raise", body, cmd_id=f"esc-{mr.id}")

@@ -1,10 +1,13 @@
-"""What the refinery knows: merge requests, and the beads and rigs they may refer to. Plain data."""
+"""What the refinery knows: merge requests, and the beads and rigs they refer to. Plain data."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
 import msgspec
+
+OPEN = ("queued", "claimed")
+"""Merge request statuses still in the queue."""
 
 
 class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
@@ -17,13 +20,50 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     priority: int = 2
     session: str | None = None
     status: str = "queued"
+    """queued -> claimed -> merged; or blocked (conflict), failed (gates; back to the polecat), escalated
+    (failed too often), rejected (by an operator). Blocked, failed and rejected ones can be retried."""
     submitted_at: datetime
+    queued_at: datetime
+    """When it last entered the queue (submitted, requeued or retried): the age in its score."""
+    attempts: int = 0
+    holder: str | None = None
+    lease_until: datetime | None = None
+    conflict_command: str | None = None
+    blocked_by: str | None = None
+    """The conflict bead, once its create command's outcome is in the log."""
+    gate: str | None = None
+    exit_code: int | None = None
+    tail: str = ""
+    merged_commit: str | None = None
+    bug_bead_command: str | None = None
+    reason: str = ""
     version: int = 0
+
+
+class RigInfo(msgspec.Struct, kw_only=True, gc=False):
+    name: str
+    repo: str
+    base_branch: str = "main"
+    prefix: str
+    setup_command: str = ""
+    lint_command: str = ""
+    test_command: str = ""
+
+
+class WorkBead(msgspec.Struct, kw_only=True, gc=False):
+    id: str
+    title: str
+    status: str = "open"
+    rig: str | None = None
+    priority: int = 2
 
 
 class RefineryState(msgspec.Struct, kw_only=True):
     mrs: dict[str, MergeRequest] = {}
-    bead_rigs: dict[str, str | None] = {}
-    """Work beads by id -> the rig they are slung to (None: not slung yet)."""
-    rigs: dict[str, str] = {}
-    """Rig -> its base branch (where merges go unless a merge request names another target)."""
+    beads: dict[str, WorkBead] = {}
+    """Work beads (not messages, convoys, escalations)."""
+    rigs: dict[str, RigInfo] = {}
+    created: dict[str, str] = {}
+    """Conflict bead create command id -> the bead it created."""
+    awaited: dict[str, str] = {}
+    """Command id (a conflict bead's create) -> the merge request waiting for its outcome."""

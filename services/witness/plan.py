@@ -125,7 +125,8 @@ def _active_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Iter
             yield Kill(session=session.id)
             continue
         bead = state.beads.get(session.bead)
-        if bead is None or bead.status == "closed":
+        if bead is None or (bead.status == "closed" and session.done_intent_at is None):
+            # A session in `gt done` is left to finish: the refinery may merge and close its bead first.
             yield Warrant(session=session.id, reason="bead_closed", detail="its bead was closed")
             continue
         if session.status == "requested":
@@ -192,6 +193,8 @@ def needs_session(state: WitnessState, bead: WorkBead, rig: Rig) -> tuple[bool, 
     if not since_sling:
         return True, None
     last = since_sling[-1]
+    if last.end_reason == "done" and bead.returned:
+        return True, None  # the refinery sent the work back
     if last.escalated is not None or last.end_reason in ("done", "bead_closed"):
         return False, None
     if last.end_reason in DEATHS and deaths(state, bead) - bead.deaths_at_sling > rig.max_respawns:

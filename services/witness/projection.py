@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from services.witness.state import Nudge, Rig, Session, WitnessState, WorkBead
+from services.witness.state import MergeFailure, Nudge, Rig, Session, WitnessState, WorkBead
 from shared.events import (
     DEATHS,
     BeadClaimed,
@@ -14,6 +14,7 @@ from shared.events import (
     BeadSlung,
     Envelope,
     Event,
+    MergeRequestFailed,
     MergeRequestSubmitted,
     MoleculeAttached,
     NudgeDelivered,
@@ -33,7 +34,7 @@ from shared.events import (
 )
 from shared.projection import Projection
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 
 
@@ -156,9 +157,23 @@ def _step_done(payload: StepCompleted, state: WitnessState, env: Envelope, seq: 
 
 @fold.register
 def _merge_requested(payload: MergeRequestSubmitted, state: WitnessState, env: Envelope, seq: int) -> None:
+    state.mr_beads[payload.mr_id] = payload.bead
     bead = state.beads.get(payload.bead)
     if bead is not None:
         bead.merge_requested = True
+
+
+@fold.register
+def _merge_failed(payload: MergeRequestFailed, state: WitnessState, env: Envelope, seq: int) -> None:
+    """The refinery sent the work back: the bead needs a session again, told why (unless escalated)."""
+    bead = state.beads.get(state.mr_beads.get(payload.mr_id, ""))
+    if bead is None or payload.escalated:
+        return
+    bead.merge_requested = False
+    bead.returned = True
+    bead.merge_failure = MergeFailure(
+        mr=payload.mr_id, gate=payload.gate, exit_code=payload.exit_code, tail=payload.tail
+    )
 
 
 # ---- sessions ----------------------------------------------------------------------------------
@@ -184,6 +199,7 @@ def _requested(payload: SessionRequested, state: WitnessState, env: Envelope, se
     bead = state.beads.get(payload.bead)
     if bead is not None and payload.session_id not in bead.sessions:
         bead.sessions.append(payload.session_id)
+        bead.returned = False
 
 
 def _session(state: WitnessState, session_id: str, seq: int) -> Session | None:

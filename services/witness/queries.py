@@ -22,6 +22,7 @@ def session_view(state: WitnessState, session: Session) -> dict[str, Any]:
     view: dict[str, Any] = msgspec.to_builtins(session)
     bead = state.beads.get(session.bead)
     view["bead_status"] = bead.status if bead else None
+    view["merge_failure"] = msgspec.to_builtins(bead.merge_failure) if bead and bead.merge_failure else None
     view["current"] = bead is not None and bead.sessions[-1:] == [session.id]
     return view
 

@@ -54,6 +54,13 @@ class Session(msgspec.Struct, kw_only=True, gc=False):
     version: int = 0
 
 
+class MergeFailure(msgspec.Struct, kw_only=True, gc=False):
+    mr: str
+    gate: str
+    exit_code: int
+    tail: str = ""
+
+
 class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     """The witness's view of a bead (the mayor's events): enough to spawn, brief and watch a session."""
 
@@ -75,6 +82,10 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     last_progress_at: datetime | None = None
     """Last step event or sling: with heartbeats, what stall detection looks at."""
     merge_requested: bool = False
+    returned: bool = False
+    """The refinery sent its work back (gates failed) since its last session was requested."""
+    merge_failure: MergeFailure | None = None
+    """The last failure the refinery reported (mr, gate, exit_code, tail): shown by ``gt prime``."""
     sessions: list[str] = []
     """Every session the bead has had, oldest first."""
 
@@ -97,5 +108,7 @@ class WitnessState(msgspec.Struct, kw_only=True):
     sessions: dict[str, Session] = {}
     beads: dict[str, WorkBead] = {}
     nudges: dict[str, Nudge] = {}
+    mr_beads: dict[str, str] = {}
+    """Merge request id -> its bead."""
     mass_deaths: dict[str, list[str]] = {}
     """Rig -> sessions already covered by a mass-death escalation."""

@@ -87,11 +87,24 @@ def register(sub: Subcommands) -> None:
     command_options(nudge)
     nudge.set_defaults(handler=_nudge)
 
-    mq = sub.group("mq", "the merge queue: list", "mq_cmd")
-    ml = mq.add_parser("list", help="merge requests (of one rig with --rig)")
+    mq = sub.group("mq", "the merge queue: list, show, retry, reject", "mq_cmd")
+    ml = mq.add_parser("list", help="merge requests in queue order (of one rig with --rig)")
     ml.add_argument("--rig")
     read_options(ml)
     ml.set_defaults(handler=_mq_list)
+    ms = mq.add_parser("show", help="one merge request, with the tail of a failed gate's output")
+    ms.add_argument("id")
+    read_options(ms)
+    ms.set_defaults(handler=_mq_show)
+    mr_retry = mq.add_parser("retry", help="put a failed, blocked or rejected merge request back in the queue")
+    mr_retry.add_argument("id")
+    command_options(mr_retry)
+    mr_retry.set_defaults(handler=_mq_retry)
+    mr_reject = mq.add_parser("reject", help="take a merge request out of the queue for good")
+    mr_reject.add_argument("id")
+    mr_reject.add_argument("--reason", default="")
+    command_options(mr_reject)
+    mr_reject.set_defaults(handler=_mq_reject)
 
     prime = sub.add_parser("prime", help="(agent) everything needed to resume: bead, steps, worktree, instructions")
     prime.add_argument("--session", help="default: GT_SESSION")
@@ -198,6 +211,33 @@ async def _mq_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> 
     return show(args, mrs, lambda _: table)
 
 
+async def _mq_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    mr = await read(nc, config, "mr", {"id": args.id}, service="refinery")
+    keys = (
+        "id", "rig", "bead", "branch", "target", "head", "status", "attempts", "gate", "exit_code",
+        "blocked_by", "merged_commit", "reason",
+    )  # fmt: skip
+
+    def text(m: dict[str, Any]) -> str:
+        lines = [f"{k}: {m.get(k)}" for k in keys if m.get(k) not in (None, "")]
+        if m.get("tail"):
+            lines += ["", "last output:", m["tail"]]
+        return "\n".join(lines)
+
+    return show(args, mr, text)
+
+
+async def _mq_retry(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return await send(
+        nc, args, config, "gt.cmd.mr.retry", {"id": args.id}, lambda r: f"{r.get('id')}: {r.get('status')}"
+    )
+
+
+async def _mq_reject(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"id": args.id, "reason": args.reason}
+    return await send(nc, args, config, "gt.cmd.mr.reject", body, lambda r: f"{r.get('id')}: {r.get('status')}")
+
+
 # ---- the agent's side --------------------------------------------------------------------------
 
 
@@ -243,6 +283,7 @@ async def prime_data(nc: Client, config: TownConfig, session_id: str) -> dict[st
         "molecule": molecule,
         "current_step": current,
         "done_intent": session.get("done_intent_at") is not None,
+        "merge_failure": session.get("merge_failure"),
         "nudges": [n["message"] for n in session.get("nudges", []) if n.get("delivered_to") == session["id"]],
         "instructions": INSTRUCTIONS,
     }
@@ -277,6 +318,14 @@ def prime_text(data: dict[str, Any]) -> str:
     gates = [f"{name} `{rig[key]}`" for name, key in named if rig.get(key)]
     if gates:
         lines.append(f"Gates:    {', '.join(gates)}")
+    failure = data.get("merge_failure")
+    if failure:
+        lines += [
+            "",
+            f"The merge queue sent this work back: the {failure['gate']} gate failed (exit {failure['exit_code']}) "
+            f"on merge request {failure['mr']}. Fix it, commit, and run `gt done` again. Last output:",
+            str(failure.get("tail", ""))[-1500:],
+        ]
     if data["done_intent"]:
         lines.append("`gt done` already began for this session: run it again to finish it.")
     lines += ["", data["instructions"]]

@@ -20,6 +20,8 @@ from shared.commands.mail import MAIL_COMMANDS, MailArchive, MailRead, MailReply
 from shared.commands.rigs import (
     POLECAT_TARGET,
     RIG_COMMANDS,
+    MergeRequestReject,
+    MergeRequestRetry,
     MergeRequestSubmit,
     NudgeSend,
     RigAdd,
@@ -106,6 +108,8 @@ __all__ = [
     "MailRead",
     "MailReply",
     "MailSend",
+    "MergeRequestReject",
+    "MergeRequestRetry",
     "MergeRequestSubmit",
     "NudgeSend",
     "RigAdd",

@@ -134,6 +134,30 @@ class MergeRequestSubmit(Command, frozen=True, kw_only=True, forbid_unknown_fiel
         check_id("session", self.session)
 
 
+class MergeRequestRetry(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Put a failed, conflicted or rejected merge request back in the queue."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.mr.retry"
+    id: str
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("id", self.id, required=True)
+
+
+class MergeRequestReject(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Take a merge request out of the queue for good."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.mr.reject"
+    id: str
+    reason: str = ""
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("id", self.id, required=True)
+        check_text("reason", self.reason, MAX_DESCRIPTION)
+
+
 RIG_COMMANDS: tuple[type[Command], ...] = (
     RigAdd,
     SessionDoneIntentCmd,
@@ -141,4 +165,6 @@ RIG_COMMANDS: tuple[type[Command], ...] = (
     SessionHandoff,
     NudgeSend,
     MergeRequestSubmit,
+    MergeRequestRetry,
+    MergeRequestReject,
 )

@@ -17,7 +17,16 @@ from shared.events.escalations import (
     EscalationRaised,
     EscalationReescalated,
 )
-from shared.events.merge_requests import MERGE_REQUEST_EVENTS, MergeRequestSubmitted
+from shared.events.merge_requests import (
+    MERGE_REQUEST_EVENTS,
+    MergeRequestClaimed,
+    MergeRequestConflicted,
+    MergeRequestFailed,
+    MergeRequestMerged,
+    MergeRequestRejected,
+    MergeRequestRequeued,
+    MergeRequestSubmitted,
+)
 from shared.events.molecules import (
     MOLECULE_EVENTS,
     MoleculeAttached,
@@ -86,6 +95,12 @@ __all__ = [
     "Event",
     "EventRef",
     "EventRegistry",
+    "MergeRequestClaimed",
+    "MergeRequestConflicted",
+    "MergeRequestFailed",
+    "MergeRequestMerged",
+    "MergeRequestRejected",
+    "MergeRequestRequeued",
     "MergeRequestSubmitted",
     "MoleculeAttached",
     "MoleculeCompleted",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import ClassVar
 
 from shared.events.base import Event
@@ -29,4 +30,67 @@ class MergeRequestSubmitted(MergeRequestEvent, frozen=True, kw_only=True):
     session: str | None = None
 
 
-MERGE_REQUEST_EVENTS: tuple[type[Event], ...] = (MergeRequestSubmitted,)
+class MergeRequestClaimed(MergeRequestEvent, frozen=True, kw_only=True):
+    """The refinery works on it now; another refinery may take it again once ``lease_until`` passed."""
+
+    TYPE: ClassVar[str] = "mr.claimed"
+    attempt: int
+    holder: str
+    lease_until: datetime
+
+
+class MergeRequestConflicted(MergeRequestEvent, frozen=True, kw_only=True):
+    """The branch does not rebase cleanly onto the target: a conflict bead (created by ``conflict_command``)
+    blocks it until closed."""
+
+    TYPE: ClassVar[str] = "mr.conflicted"
+    target_commit: str
+    conflict_command: str
+    files: list[str] = []
+
+
+class MergeRequestFailed(MergeRequestEvent, frozen=True, kw_only=True):
+    """A gate failed on the rebased branch (and not on the target): the work goes back to the polecat, or is
+    escalated after too many failures."""
+
+    TYPE: ClassVar[str] = "mr.failed"
+    gate: str
+    """setup, lint, test, or branch (the branch or commit is gone)."""
+    exit_code: int
+    tail: str = ""
+    escalated: bool = False
+
+
+class MergeRequestMerged(MergeRequestEvent, frozen=True, kw_only=True):
+    TYPE: ClassVar[str] = "mr.merged"
+    merged_commit: str
+    """The target's head after the merge (the tested commit)."""
+    target_before: str
+    gates_run: int = 0
+    already: bool = False
+    """The target held the change already (a crash after the push): nothing was pushed this time."""
+    bug_bead_command: str | None = None
+    """A gate failed on the target too: a bug bead was filed (by this command) and the change merged anyway."""
+
+
+class MergeRequestRequeued(MergeRequestEvent, frozen=True, kw_only=True):
+    TYPE: ClassVar[str] = "mr.requeued"
+    reason: str
+
+
+class MergeRequestRejected(MergeRequestEvent, frozen=True, kw_only=True):
+    """Taken out of the queue for good by an operator."""
+
+    TYPE: ClassVar[str] = "mr.rejected"
+    reason: str = ""
+
+
+MERGE_REQUEST_EVENTS: tuple[type[Event], ...] = (
+    MergeRequestSubmitted,
+    MergeRequestClaimed,
+    MergeRequestConflicted,
+    MergeRequestFailed,
+    MergeRequestMerged,
+    MergeRequestRequeued,
+    MergeRequestRejected,
+)

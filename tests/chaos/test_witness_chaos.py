@@ -42,10 +42,11 @@ STEPS = ("load-context", "implement", "commit", "self-review", "run-tests", "sub
 SEED = int(os.environ.get("GT_CHAOS_SEED", "20261123"))
 
 
-class WitnessProcess:
-    """The witness as a process of its own, which the test (or a crash point) kills with SIGKILL."""
+class ServiceProcess:
+    """A service as a process of its own, which the test (or a crash point) kills with SIGKILL."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, service: str, env: dict[str, str], log_path: Path) -> None:
+        self.service = service
         self.env = env
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -54,7 +55,7 @@ class WitnessProcess:
     def start(self) -> None:
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "services.witness", "--log-json", "--patrol-interval", "0.5"],
+                [sys.executable, "-m", f"services.{self.service}", "--log-json", "--patrol-interval", "0.5"],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -103,7 +104,7 @@ def witness_env(gt_env: dict[str, str], pt: PolecatTown, tmp_path: Path, crash_a
 
 
 @contextlib.contextmanager
-def running(witness: WitnessProcess) -> Iterator[WitnessProcess]:
+def running(witness: ServiceProcess) -> Iterator[ServiceProcess]:
     witness.start()
     try:
         yield witness
@@ -121,11 +122,11 @@ def sessions_of(state: WitnessState, bead: str) -> list[Session]:
     return [state.sessions[s] for s in state.beads[bead].sessions] if bead in state.beads else []
 
 
-async def wait_for_crash(witness: WitnessProcess, marker: Path, timeout: float = 60) -> None:
+async def wait_for_crash(witness: ServiceProcess, marker: Path, timeout: float = 60) -> None:
     def crashed() -> bool:
         code = witness.returncode()
         assert code is not None, "the witness has not reached its crash point yet"
-        assert code == -signal.SIGKILL, f"the witness exited with {code}, not by its crash point:\n{witness.log_text()}"
+        assert code == -signal.SIGKILL, f"it exited with {code}, not by its crash point:\n{witness.log_text()}"
         assert marker.exists()
         return True
 
@@ -221,7 +222,7 @@ async def test_witness_killed_in_a_failure_window_converges(
 ) -> None:
     pt = chaos_town
     marker = tmp_path / "crashed"
-    witness = WitnessProcess(witness_env(gt_env, pt, tmp_path, crash_at), tmp_path / "witness.log")
+    witness = ServiceProcess("witness", witness_env(gt_env, pt, tmp_path, crash_at), tmp_path / "witness.log")
     with running(witness):
         await pt.add_rig(agent_command=agent)
         bead = await pt.new_bead("Survive a witness crash")
@@ -267,7 +268,7 @@ async def test_agents_and_the_witness_killed_at_random_still_finish_every_bead(
     """Four beads with slow agents; the test kill -9s agents from outside at random and the witness twice."""
     pt = chaos_town
     rng = random.Random(SEED)
-    witness = WitnessProcess(witness_env(gt_env, pt, tmp_path, None), tmp_path / "witness.log")
+    witness = ServiceProcess("witness", witness_env(gt_env, pt, tmp_path, None), tmp_path / "witness.log")
     with running(witness):
         await pt.add_rig(agent_command="GT_AGENT_STEP_PAUSE=0.4 gt-agent", max_respawns=10, max_polecats=4)
         beads = [await pt.new_bead(f"Chaos bead {i}") for i in range(4)]

@@ -72,7 +72,7 @@ async def test_a_slung_bead_is_worked_submitted_and_cleaned_up(pt: PolecatTown) 
     assert mr["branch"] == session.branch
     assert pt.branch_files(session.branch, bead) == step_files(bead)
     assert pt.branch_log(session.branch)[0] == f"{bead}: submit"
-    assert mr["head"] == git.git("rev-parse", f"refs/heads/{session.branch}", cwd=pt.origin).strip()
+    assert git.git("log", "-1", "--format=%s", mr["head"], cwd=pt.origin).strip() == f"{bead}: submit"
     assert pt.mayor is not None
     molecule = pt.mayor.projection.state.molecules[bead]
     assert all(s.status == "done" for s in molecule.steps)
@@ -141,9 +141,9 @@ async def test_an_agent_gets_its_own_environment_and_nothing_of_the_witnesss(
         await pt.add_rig(agent_command='env > "$GT_WORKTREE/../$GT_SESSION.env"; gt-agent')
         bead = await pt.new_bead("Look at your environment")
         await pt.sling(bead)
-        await pt.wait_merge_requested(bead)
+        mr = await pt.wait_merge_requested(bead)
         session = (await pt.wait_settled(bead))[0]
-        author = git.git("log", "-1", "--format=%an <%ae>", f"refs/heads/{session.branch}", cwd=pt.origin)
+        author = git.git("log", "-1", "--format=%an <%ae>", mr["head"], cwd=pt.origin)
     assert author.strip() == "gt-agent ace <ace@gastown.invalid>"
     dumped = Path(session.worktree).parent / f"{session.id}.env"
     seen = dict(line.split("=", 1) for line in dumped.read_text().splitlines() if "=" in line)

@@ -476,3 +476,14 @@ def test_polecat_names_come_from_the_pool_then_numbers() -> None:
     assert len(set(POOL)) == len(POOL)
     with pytest.raises(ValueError, match="must not be negative"):
         polecat_name(-1)
+
+
+def test_a_session_in_done_is_left_to_finish_when_its_bead_is_closed_meanwhile() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    w.add(SessionDoneIntent(session_id=session))
+    w.add(BeadClosed(bead_id="gt-abc", reason="merged in mr-1"))  # the refinery was quicker than `gt done`
+    assert w.plan() == []
+    assert only(w.plan(w.observe()), Warrant).reason == "dead", "dying in done is still noticed"

@@ -1,0 +1,46 @@
+"""How the refinery processes its queue: read from the environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import msgspec
+
+
+class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):
+    lease_s: float = 900.0
+    """A claim older than this is taken again (``GT_MQ_LEASE``): longer than the gates take."""
+    gate_timeout_s: float = 600.0
+    """Each gate command's time limit (``GT_MQ_GATE_TIMEOUT``)."""
+    max_failures: int = 3
+    """Failed gate runs of one bead before it is escalated instead of sent back (``GT_MQ_MAX_FAILURES``)."""
+    fifo: bool = False
+    """``GT_MQ_ORDER=fifo``: oldest first instead of by score."""
+
+
+def _number(env: Mapping[str, str], key: str, default: float, *, minimum: float) -> float:
+    text = env.get(key)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"{key} must be a number of at least {minimum:g}, got {text!r}")
+    return value
+
+
+def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
+    """Raises ValueError naming a setting whose value cannot be used."""
+    env = os.environ if env is None else env
+    order = env.get("GT_MQ_ORDER", "score") or "score"
+    if order not in ("score", "fifo"):
+        raise ValueError(f"GT_MQ_ORDER must be score or fifo, got {order!r}")
+    return RefinerySettings(
+        lease_s=_number(env, "GT_MQ_LEASE", 900.0, minimum=1.0),
+        gate_timeout_s=_number(env, "GT_MQ_GATE_TIMEOUT", 600.0, minimum=1.0),
+        max_failures=int(_number(env, "GT_MQ_MAX_FAILURES", 3, minimum=1)),
+        fifo=order == "fifo",
+    )

@@ -1,0 +1,200 @@
+"""The merge queue end to end from `gt done`, with real git, real gates and the reference agent: clean merges,
+failing tests sent back to the polecat, a failure the target has too, conflicts."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from nats.aio.client import Client
+
+from shared import git
+from shared.config import TownConfig
+from shared.events import decode_envelope
+from tests.helpers import assert_eventually
+from tests.integration.test_witness import run_gt
+from tests.log_tools import read_all
+from tests.witness_town import PolecatTown, polecat_town
+
+STEPS = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
+
+
+@pytest.fixture
+async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
+    async with polecat_town(town, nc, tmp_path) as handle:
+        yield handle
+
+
+async def merged_mr(pt: PolecatTown, bead: str, timeout: float = 120) -> dict[str, Any]:
+    def merged() -> dict[str, Any]:
+        assert pt.refinery is not None
+        found = [m for m in pt.refinery.projection.state.mrs.values() if m.bead == bead and m.status == "merged"]
+        assert found, [(m.id, m.status) for m in pt.refinery.projection.state.mrs.values()]
+        view: dict[str, Any] = msgspec.to_builtins(found[0])
+        return view
+
+    result: dict[str, Any] = await assert_eventually(merged, timeout=timeout, interval=0.1)
+    return result
+
+
+async def bead_events(pt: PolecatTown, bead: str) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for _seq, _subject, data in await read_all(pt.nc, "GT_EVT", f"gt.evt.bead.{bead}"):
+        env = decode_envelope(data)
+        out.append((env.type, msgspec.json.decode(env.data)))
+    return out
+
+
+def main_files(pt: PolecatTown, bead: str) -> list[str]:
+    out = git.git("ls-tree", "--name-only", "refs/heads/main", f".gastown-work/{bead}/", cwd=pt.origin)
+    return sorted(Path(p).name for p in out.split())
+
+
+def temp_worktrees(pt: PolecatTown, rig: str = "demo") -> list[str]:
+    work = pt.config.gt_home / "rigs" / rig / "refinery" / "work"
+    return sorted(p.name for p in work.iterdir()) if work.exists() else []
+
+
+async def test_a_clean_branch_is_rebased_gated_merged_and_its_bead_closed_once(pt: PolecatTown) -> None:
+    await pt.add_rig()
+    bead = await pt.new_bead("Merge me")
+    await pt.sling(bead)
+    mr = await merged_mr(pt, bead)
+    assert mr["merged_commit"] == git.git("rev-parse", "refs/heads/main", cwd=pt.origin).strip()
+    assert main_files(pt, bead) == [f"{i:02d}-{s}.txt" for i, s in enumerate(STEPS, 1)]
+
+    async def closed() -> list[dict[str, Any]]:
+        closes = [data for kind, data in await bead_events(pt, bead) if kind == "bead.closed"]
+        assert closes
+        return closes
+
+    closes: list[dict[str, Any]] = await assert_eventually(closed, timeout=30)
+    assert [c["reason"] for c in closes] == [f"merged in {mr['id']}"]
+    branch = f"refs/heads/{mr['branch']}"
+    await assert_eventually(
+        lambda: not git.git("rev-parse", "--verify", "--quiet", branch, cwd=pt.origin, check=False).strip(),
+        message="the polecat branch is deleted once merged",
+    )
+    assert temp_worktrees(pt) == []
+    assert pt.mayor is not None
+    convoys = [c for c in pt.mayor.projection.state.convoys.values() if bead in c.beads]
+    await assert_eventually(lambda: all(c.status == "closed" for c in convoys), message="its convoy closed")
+
+
+async def test_failing_tests_send_the_work_back_and_the_fixed_branch_merges(pt: PolecatTown) -> None:
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=fail-tests@1 gt-agent")
+    bead = await pt.new_bead("Fail first, then pass")
+    await pt.sling(bead)
+    mr = await merged_mr(pt, bead, timeout=180)
+    assert pt.refinery is not None
+    mrs = [m for m in pt.refinery.projection.state.mrs.values() if m.bead == bead]
+    failed = [m for m in mrs if m.status == "failed"]
+    assert len(failed) == 1
+    assert (failed[0].gate, failed[0].exit_code) == ("test", 1)
+    sessions = await pt.wait_settled(bead)
+    assert [s.end_reason for s in sessions] == ["done", "done"], "a fresh session got the work back"
+    assert mr["id"] != failed[0].id
+    tree = git.git("ls-tree", "--name-only", "refs/heads/main", cwd=pt.origin).split()
+    assert "FAIL_TESTS" not in tree
+
+
+async def test_a_failure_the_target_has_too_files_a_bug_and_merges_anyway(pt: PolecatTown, tmp_path: Path) -> None:
+    # The target is broken before any polecat touches it: BROKEN makes the lint gate fail everywhere.
+    clone = tmp_path / "breaker"
+    git.git("clone", "--quiet", str(pt.origin), str(clone))
+    (clone / "BROKEN").write_text("the target itself fails its lint\n")
+    git.git("add", "BROKEN", cwd=clone)
+    git.git("commit", "--quiet", "-m", "break main", cwd=clone)
+    git.git("push", "--quiet", "origin", "HEAD:main", cwd=clone)
+    await pt.add_rig(lint_command="test ! -e BROKEN")
+    bead = await pt.new_bead("Not my fault")
+    await pt.sling(bead)
+    mr = await merged_mr(pt, bead)
+    assert mr["bug_bead_command"], "a bug bead was filed for the target"
+    mayor = pt.mayor
+    assert mayor is not None
+    await assert_eventually(lambda: len([b for b in mayor.projection.state.beads.values() if b.type == "bug"]) == 1)
+    bugs = [b for b in mayor.projection.state.beads.values() if b.type == "bug"]
+    assert bugs[0].priority == 1
+    assert "lint fails on main" in bugs[0].title
+
+
+async def test_a_conflict_blocks_the_mr_on_a_conflict_bead_and_closing_it_requeues(pt: PolecatTown) -> None:
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=conflict gt-agent", max_polecats=2)
+    # Both branch off the same main and both write CONFLICT.txt: whichever merges second conflicts.
+    beads = [await pt.new_bead("Write CONFLICT.txt"), await pt.new_bead("Also write CONFLICT.txt")]
+    for bead in beads:
+        await pt.sling(bead)
+
+    def blocked() -> Any:
+        assert pt.refinery is not None
+        found = [m for m in pt.refinery.projection.state.mrs.values() if m.status == "blocked" and m.blocked_by]
+        assert found, [(m.bead, m.status) for m in pt.refinery.projection.state.mrs.values()]
+        return found[0]
+
+    mr = await assert_eventually(blocked, timeout=120, interval=0.1)
+    second = mr.bead
+    first = next(b for b in beads if b != second)
+    await merged_mr(pt, first)
+    assert pt.mayor is not None
+    conflict = pt.mayor.projection.state.beads[mr.blocked_by]
+    assert conflict.priority == 1
+    assert conflict.metadata["mr"] == mr.id
+    assert "CONFLICT.txt" in conflict.description
+    assert git.git("rev-parse", f"refs/heads/{mr.branch}", cwd=pt.origin).strip(), "the branch is kept"
+
+    # Someone resolves it: rebase the branch onto main, keep both lines, force-push, close the bead.
+    work = pt.config.gt_home.parent / "resolver"
+    git.git("clone", "--quiet", str(pt.origin), str(work))
+    git.git("checkout", "--quiet", mr.branch, cwd=work)
+    git.git("rebase", "origin/main", cwd=work, check=False)
+    (work / "CONFLICT.txt").write_text(f"{first} was here\n{second} was here\n")
+    git.git("add", "CONFLICT.txt", cwd=work)
+    git.git("-c", "core.editor=true", "rebase", "--continue", cwd=work)
+    git.git("push", "--quiet", "--force", "origin", f"HEAD:{mr.branch}", cwd=work)
+    await pt.ok("gt.cmd.bead.close", id=mr.blocked_by, reason="resolved")
+    merged = await merged_mr(pt, second)
+    assert merged["id"] == mr.id
+    content = git.git("show", "refs/heads/main:CONFLICT.txt", cwd=pt.origin)
+    assert first in content
+    assert second in content
+
+
+async def test_bad_merge_requests_get_clear_outcomes_and_change_nothing(
+    pt: PolecatTown, gt_env: dict[str, str]
+) -> None:
+    await pt.add_rig()
+    before = git.git("rev-parse", "refs/heads/main", cwd=pt.origin).strip()
+    unknown = await pt.command(
+        "gt.cmd.mr.submit", bead="demo-nosuch", rig="demo", branch="polecat/x/demo-nosuch", head="ab" * 20
+    )
+    assert (unknown["type"], unknown["code"]) == ("cmd.rejected", "not_found")
+    bead = await pt.new_bead("A branch nobody pushed", prefix="demo")
+    submitted = await pt.ok("gt.cmd.mr.submit", bead=bead, rig="demo", branch="polecat/ghost/none", head="cd" * 20)
+
+    def failed() -> Any:
+        assert pt.refinery is not None
+        mr = pt.refinery.projection.state.mrs[submitted["id"]]
+        assert mr.status == "failed", mr.status
+        return mr
+
+    mr = await assert_eventually(failed, timeout=60)
+    assert mr.gate == "branch"
+    assert "does not exist" in mr.tail
+    assert git.git("rev-parse", "refs/heads/main", cwd=pt.origin).strip() == before
+    env = {**gt_env, "NATS_URL": pt.config.nats_url}
+    shown = await run_gt(env, "mq", "show", mr.id)
+    assert shown.returncode == 0, shown.stderr
+    assert "gate: branch" in shown.stdout
+    assert "does not exist" in shown.stdout
+    rejected = await run_gt(env, "mq", "reject", mr.id, "--reason", "bogus")
+    assert rejected.returncode == 0, rejected.stderr
+    assert f"{mr.id}: rejected" in rejected.stdout
+    retried = await run_gt(env, "mq", "retry", "mr-nosuch")
+    assert retried.returncode == 1
+    assert "no merge request 'mr-nosuch'" in retried.stdout + retried.stderr
+    again = await pt.command("gt.cmd.mr.reject", id="mr-nosuch")
+    assert (again["type"], again["code"]) == ("cmd.rejected", "not_found")
