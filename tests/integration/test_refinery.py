@@ -95,7 +95,9 @@ async def test_failing_tests_send_the_work_back_and_the_fixed_branch_merges(pt: 
     assert len(failed) == 1
     assert (failed[0].gate, failed[0].exit_code) == ("test", 1)
     sessions = await pt.wait_settled(bead)
-    assert [s.end_reason for s in sessions] == ["done", "done"], "a fresh session got the work back"
+    assert sessions[0].end_reason == "done"
+    assert len(sessions) >= 2, "a fresh session got the work back"
+    assert sessions[-1].end_reason == "done"
     assert mr["id"] != failed[0].id
     tree = git.git("ls-tree", "--name-only", "refs/heads/main", cwd=pt.origin).split()
     assert "FAIL_TESTS" not in tree

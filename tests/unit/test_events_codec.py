@@ -28,6 +28,12 @@ from shared.events import (
     Event,
     EventRef,
     EventRegistry,
+    MergeRequestClaimed,
+    MergeRequestConflicted,
+    MergeRequestFailed,
+    MergeRequestMerged,
+    MergeRequestRejected,
+    MergeRequestRequeued,
     MergeRequestSubmitted,
     MoleculeAttached,
     MoleculeCompleted,
@@ -121,6 +127,14 @@ SAMPLES: list[Event] = [
         priority=1,
         session="demo-1-2",
     ),
+    MergeRequestClaimed(mr_id="mr-1", attempt=2, holder="refinery-1-abc", lease_until=TS),
+    MergeRequestConflicted(mr_id="mr-1", target_commit="beef", conflict_command="conflict-mr-1-2", files=["a.txt"]),
+    MergeRequestFailed(mr_id="mr-1", gate="test", exit_code=1, tail="FAILED", escalated=True),
+    MergeRequestMerged(
+        mr_id="mr-1", merged_commit="c0ffee", target_before="beef", gates_run=3, already=True, bug_bead_command="b"
+    ),
+    MergeRequestRequeued(mr_id="mr-1", reason="conflict bead closed"),
+    MergeRequestRejected(mr_id="mr-1", reason="bogus"),
 ]
 
 
