@@ -59,15 +59,16 @@ run gt rig add demo "$origin" --test "test ! -e FAIL_TESTS" --agent "GT_AGENT_FA
 step "sling the build to it: the witness starts a polecat in tmux and a git worktree"
 run gt sling "$build" demo
 for _ in $(seq 1 240); do
-  if gt mq list --rig demo --json | grep -q "$build"; then break; fi
+  if gt bead show "$build" --json | grep -q '"status": *"closed"'; then break; fi
   sleep 0.5
 done
 
-step "the first session died at step 3; a fresh one resumed at step 3 and ran gt done"
+step "the first session died at step 3; a fresh one resumed at step 3; the refinery merged its branch"
 run gt session list --bead "$build" --all
 run gt mol status "$build"
 run gt mq list --rig demo
-run git --git-dir "$origin" log --format='%h %s' "polecat/ace/$build"
+run git --git-dir "$origin" log --format='%h %s' main
+run gt bead show "$build"
 
 step "forward only: a closed bead cannot be claimed again (exit code 1)"
 run gt bead claim "$design" --assignee polecat:demo/bob || echo "(exit $?)"
