@@ -7,7 +7,7 @@ transport is missing.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
@@ -17,7 +17,7 @@ from shared import subjects
 from shared.commands import Command, parse_command
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import AppendConflictError, CommandError
-from shared.events import encode_event
+from shared.events import Event, encode_event
 from shared.projection import Projection
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -46,6 +46,13 @@ class MemoryLog:
             self._last[subject] = seq
             seqs.append(seq)
         return seqs
+
+    def record(self, events: Iterable[Event], *, ts: datetime, actor: str = "test") -> None:
+        """Append events as a service stored them (no concurrency check), each on its aggregate's subject."""
+        for event in events:
+            subject = subjects.event_subject(event.AGGREGATE, event.aggregate_id())
+            data = encode_event(event, event_id=f"ev-{self.last_seq + 1}", ts=ts, actor=actor)
+            self.append([(subject, data, None)])
 
     def replay(self, projection: Projection[Any], after: int = 0) -> None:
         for seq, subject, data in self.messages[after:]:

@@ -20,6 +20,7 @@ from services.refinery import settings as refinery_settings
 from services.refinery.decide import mr_view
 from services.refinery.projection import new_projection
 from services.refinery.state import MergeRequest, RefineryState
+from shared import git
 from shared.commands import Command
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, NewEvent
@@ -57,6 +58,7 @@ class RefineryService(Service[RefineryState]):
         self.holder = f"refinery-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.rigs_root = config.gt_home / "rigs"
         self._tg: asyncio.TaskGroup | None = None
+        self._cleaned = asyncio.Event()
         self._busy: set[str] = set()
         """Rigs with a merge request being processed by this process."""
         self._closing: set[str] = set()
@@ -103,19 +105,29 @@ class RefineryService(Service[RefineryState]):
 
     def start_background(self, tg: asyncio.TaskGroup) -> None:
         self._tg = tg
-        if self.rigs_root.exists():
-            for rig_dir in sorted(self.rigs_root.iterdir()):
-                paths = merger.Paths(self.rigs_root, rig_dir.name)
-                try:
-                    removed = merger.clean_worktrees(paths)
-                except Exception:
-                    log.exception("temp_worktree_cleanup_failed", rig=rig_dir.name)
-                    continue
-                if removed:
-                    log.info("temp_worktrees_removed", rig=rig_dir.name, worktrees=removed)
+        tg.create_task(self._remove_leftover_worktrees(), name="refinery-cleanup")
+
+    async def _remove_leftover_worktrees(self) -> None:
+        """Temporary worktrees a crashed refinery left; nothing is processed until they are gone."""
+        try:
+            if self.rigs_root.exists():
+                for rig_dir in sorted(self.rigs_root.iterdir()):
+                    paths = merger.Paths(self.rigs_root, rig_dir.name)
+                    try:
+                        removed = await asyncio.to_thread(merger.clean_worktrees, paths)
+                    except (git.GitError, OSError) as exc:
+                        # A rig whose leftovers cannot go is logged; the next attempt at one of its merge
+                        # requests replaces its own worktree anyway.
+                        log.warning("temp_worktree_cleanup_failed", rig=rig_dir.name, error=str(exc))
+                        continue
+                    if removed:
+                        log.info("temp_worktrees_removed", rig=rig_dir.name, worktrees=removed)
+        finally:
+            self._cleaned.set()
+            self.wake()
 
     async def reconcile(self) -> None:
-        if self._tg is None:
+        if self._tg is None or not self._cleaned.is_set():
             return
         state = self.projection.state
         owed: list[NewEvent] = []
@@ -164,6 +176,8 @@ class RefineryService(Service[RefineryState]):
             self.gate_runs += outcome.gates_run
             await self._settle(mr, outcome, paths)
         except Exception as exc:
+            # Any failure of one merge request (git, a bug) must not stop the queue: it is logged with its
+            # traceback and the merge request is queued again after a pause. Cancellation is not caught.
             log.exception("mr_processing_failed")
             await asyncio.sleep(ERROR_BACKOFF_S)
             current = self.projection.state.mrs.get(mr_id)

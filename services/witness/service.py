@@ -139,6 +139,8 @@ class WitnessService(Service[WitnessState]):
                 log.info("start_blocked", key=action.key, reason=str(exc))
                 self._back_off(action.key, minimum=1.0)
             except Exception:
+                # One failed action (git, tmux, NATS, a bug) must not stop the witness: it is logged with its
+                # traceback and retried with backoff by the next plan. Cancellation is not caught.
                 self.action_errors += 1
                 log.exception("action_failed", action=type(action).__name__, key=action.key)
                 self._back_off(action.key)

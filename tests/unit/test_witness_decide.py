@@ -14,7 +14,6 @@ from services.refinery import decide as refinery_decide
 from services.refinery.projection import new_projection as new_refinery_projection
 from services.witness import decide as witness_decide
 from services.witness.projection import new_projection as new_witness_projection
-from shared import subjects
 from shared.agent import Fault, active, parse_faults
 from shared.commands import parse_command
 from shared.decision import Accepted, DecideContext
@@ -26,7 +25,6 @@ from shared.events import (
     RigAdded,
     SessionRequested,
     SessionStarted,
-    encode_event,
 )
 from shared.projection import Projection
 from tests.memory_log import MemoryLog
@@ -45,10 +43,7 @@ class Fed:
         self._ids = itertools.count(1)
 
     def add(self, *events: Event) -> None:
-        for event in events:
-            subject = subjects.event_subject(event.AGGREGATE, event.aggregate_id())
-            data = encode_event(event, event_id=f"ev-{next(self._ids)}", ts=T0, actor="test")
-            self.log.append([(subject, data, None)])
+        self.log.record(events, ts=T0)
         self.log.replay(self.projection, after=self.projection.last_seq)
 
     def send(self, subject: str, facts: object = None, **body: Any) -> dict[str, Any]:

@@ -5,7 +5,6 @@ States are built by folding real events through the witness projection, as the s
 
 from __future__ import annotations
 
-import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,7 +29,6 @@ from services.witness.names import POOL, polecat_name
 from services.witness.plan import Observed, PaneSeen, Policy, plan, session_id_for
 from services.witness.projection import new_projection
 from services.witness.state import WitnessState
-from shared import subjects
 from shared.events import (
     BeadClosed,
     BeadCreated,
@@ -47,7 +45,6 @@ from shared.events import (
     SessionRequested,
     SessionStarted,
     SessionWarranted,
-    encode_event,
 )
 from tests.memory_log import MemoryLog
 
@@ -62,7 +59,6 @@ class World:
         self.projection = new_projection()
         self.log = MemoryLog()
         self.clock = T0
-        self._ids = itertools.count(1)
 
     @property
     def state(self) -> WitnessState:
@@ -70,10 +66,7 @@ class World:
         return state
 
     def add(self, *events: Event) -> None:
-        for event in events:
-            subject = subjects.event_subject(event.AGGREGATE, event.aggregate_id())
-            data = encode_event(event, event_id=f"ev-{next(self._ids)}", ts=self.clock, actor="test")
-            self.log.append([(subject, data, None)])
+        self.log.record(events, ts=self.clock)
         self.log.replay(self.projection, after=self.projection.last_seq)
 
     def tick(self, seconds: float) -> None:
