@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from bench import commands, queries, replay, witness, work
+from bench import commands, queries, refinery, replay, witness, work
 from bench.common import REPO_ROOT, Figure, machine
 
 FULL = {
@@ -27,6 +27,9 @@ FULL = {
     "kills": 50,
     "sessions": 200,
     "quiet_s": 30,
+    "mrs": 16,
+    "done_runs": 10,
+    "gate_ms": 1000,
 }
 QUICK = {
     "events": 20_000,
@@ -38,6 +41,9 @@ QUICK = {
     "kills": 5,
     "sessions": 10,
     "quiet_s": 5,
+    "mrs": 4,
+    "done_runs": 1,
+    "gate_ms": 200,
 }
 
 
@@ -47,6 +53,7 @@ async def run_all(sizes: dict[str, int]) -> list[Figure]:
     figures += await queries.run(sizes["beads"], sizes["queries"])
     figures += await work.run(sizes["slung"], rounds=sizes["rounds"])
     figures += await witness.run(sizes["kills"], sizes["sessions"], sizes["quiet_s"])
+    figures += await refinery.run(sizes["mrs"], sizes["done_runs"], sizes["gate_ms"] / 1000)
     return figures
 
 
@@ -101,6 +108,13 @@ def render(figures: list[Figure], facts: dict[str, str], *, quick: bool) -> str:
         "  the witness's CPU (its tmux and git children included) over a quiet period with N idle sessions, against",
         "  one bare observation of N sessions per patrol; (k) its resident memory against an interpreter with the",
         "  same imports.",
+        "- **(l) merge queue**: mayor, witness and refinery as processes, a fresh town per mode; N merge requests",
+        "  of disjoint changes, the middle one failing its test gate (`sleep` 1 s then a check), submitted at once.",
+        "  Gate runs as counted by the refinery, wall time from the first submit to the last `mr.merged`/`mr.failed`.",
+        "  Batch mode (K=4, K=N) is measured against serial mode; serial mode's wall time against its gates alone.",
+        "- **(m) `gt done` -> merged**: the reference agent works beads one at a time and ends each with `gt done`;",
+        "  from `session.done_intent` to `mr.merged`, less the gate seconds recorded in `mr.merged`, against the",
+        "  git a merge needs done in a plain loop (fetch, worktree add, rebase, push, ls-remote, worktree remove).",
         "",
     ]
     return "\n".join(lines)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.js.errors
 import psutil
 from nats.aio.client import Client
 
@@ -97,11 +98,23 @@ class SessionEvents:
                 await self.changed.wait()
 
 
-async def command(nc: Client, subject: str, body: dict[str, Any]) -> dict[str, Any]:
-    _, _, outcomes = await run_commands(nc, subject, [json.dumps(body).encode()])
-    if outcomes[0]["type"] != "cmd.accepted":
-        raise RuntimeError(f"{subject} {body} was not accepted: {outcomes[0]}")
-    result: dict[str, Any] = outcomes[0]["result"]
+async def command(nc: Client, subject: str, body: dict[str, Any], *, timeout: float = 60) -> dict[str, Any]:
+    """One command, answered by its own outcome (services store outcomes of their own commands meanwhile)."""
+    cmd_id = f"bench-{uuid.uuid4().hex[:12]}"
+    js = nc.jetstream()
+    await js.publish(subject, json.dumps({**body, "cmd_id": cmd_id}).encode())
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                msg = await js.get_last_msg("GT_EVT", f"gt.evt.cmd.{cmd_id}")
+                break
+            except nats.js.errors.NotFoundError:
+                await asyncio.sleep(0.01)
+    env = decode_envelope(msg.data or b"")
+    outcome = msgspec.json.decode(env.data)
+    if env.type != "cmd.accepted":
+        raise RuntimeError(f"{subject} {body} was not accepted: {outcome}")
+    result: dict[str, Any] = outcome["result"]
     return result
 
 

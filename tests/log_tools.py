@@ -91,3 +91,12 @@ async def fresh_replay(
 
 def digest(projection: Projection[Any]) -> str:
     return hashlib.sha256(projection.serialize_state()).hexdigest()
+
+
+async def events_of(nc: Client, subject: str) -> list[tuple[str, dict[str, Any]]]:
+    """(type, payload) of every event stored on ``subject`` (one aggregate's, e.g. ``gt.evt.mr.<id>``)."""
+    out = []
+    for _seq, _subject, data in await read_all(nc, "GT_EVT", subject):
+        env = decode_envelope(data)
+        out.append((env.type, msgspec.json.decode(env.data)))
+    return out

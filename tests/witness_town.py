@@ -16,6 +16,7 @@ from nats.aio.client import Client
 
 from services.mayor.service import MayorService
 from services.refinery.service import RefineryService
+from services.refinery.settings import RefinerySettings
 from services.witness.service import WitnessService
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session
@@ -28,6 +29,7 @@ from tests.helpers import assert_eventually
 
 FAST = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5, snapshot_check_interval=0.2)
 TEST_COMMAND = "test ! -e FAIL_TESTS"
+IDENTITY = ("-c", "user.name=Test Polecat", "-c", "user.email=polecat@test.invalid")
 
 
 def make_origin(root: Path) -> Path:
@@ -154,6 +156,26 @@ class PolecatTown:
         out = git.git("ls-tree", "--name-only", self._ref(branch), f".gastown-work/{bead}/", cwd=self.origin)
         return sorted(Path(p).name for p in out.split())
 
+    def push_branch(self, branch: str, files: dict[str, str], *, base: str = "main") -> str:
+        """Commit ``files`` on a new branch off ``base`` of origin and push it, as a polecat would; its head."""
+        clone = self.origin.parent / f"scratch-{uuid.uuid4().hex[:8]}"
+        git.git("clone", "--quiet", "--branch", base, str(self.origin), str(clone))
+        try:
+            git.git("checkout", "--quiet", "-b", branch, cwd=clone)
+            for name, text in files.items():
+                (clone / name).write_text(text)
+            git.git("add", ".", cwd=clone)
+            git.git(*IDENTITY, "commit", "--quiet", "-m", f"{branch}: {', '.join(files)}", cwd=clone)
+            git.git("push", "--quiet", "origin", f"HEAD:refs/heads/{branch}", cwd=clone)
+            return git.git("rev-parse", "HEAD", cwd=clone).strip()
+        finally:
+            git.force_remove(clone)
+
+    async def submit(self, bead: str, branch: str, head: str, rig: str = "demo") -> str:
+        """Queue a merge request the way `gt done` does; its id."""
+        result = await self.ok("gt.cmd.mr.submit", bead=bead, rig=rig, branch=branch, head=head)
+        return str(result["id"])
+
     def branch_log(self, branch: str) -> list[str]:
         log = git.git("log", "--format=%s", self._ref(branch), cwd=self.origin).splitlines()
         return [line for line in log if not line.startswith("Merge")]
@@ -168,6 +190,7 @@ async def polecat_town(
     *,
     with_witness: bool = True,
     with_refinery: bool = True,
+    refinery: RefinerySettings | None = None,
 ) -> AsyncIterator[PolecatTown]:
     """The town; ``with_witness=False`` leaves the witness to the test (a chaos test runs it as a process)."""
     socket = tmux_socket()
@@ -177,7 +200,7 @@ async def polecat_town(
         handle.mayor = MayorService(town, FAST)
         await handle.start("mayor", handle.mayor)
         if with_refinery:
-            handle.refinery = RefineryService(town, FAST)
+            handle.refinery = RefineryService(town, FAST, refinery=refinery)
             await handle.start("refinery", handle.refinery)
         if with_witness:
             await handle.start_witness(settings)

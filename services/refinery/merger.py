@@ -1,13 +1,20 @@
-"""Processing one merge request with git and the rig's gates, in a temporary worktree. Blocking (run in a thread).
+"""Processing merge requests with git and the rig's gates, in a temporary worktree. Blocking (run in a thread).
+
+One code path serves serial and batch mode: a batch of one is the serial case. The merge requests are rebased
+one on top of the other onto the target (a stack), the gates run once on the stack's tip, and when they fail
+the stack is bisected: the first prefix that fails names the culprit, the prefix before it (tested green) is
+kept, and the rest is stacked again on it and gated again, until what remains is green. One fast-forward push
+then lands everything that passed.
 
 The rig's refinery clone lives in ``GT_HOME/rigs/<rig>/refinery/repo.git`` (its own, so it never races the
-witness's git); temporary worktrees in ``.../refinery/work/<mr>``, removed when done or by the next attempt.
+witness's git); temporary worktrees in ``.../refinery/work/<name>``, removed when done or by the next attempt.
 """
 
 from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -32,15 +39,29 @@ class GateResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """What became of one merge request of a batch."""
+
     kind: str
-    """merged, already_merged, conflict, failed, target_moved, branch_missing."""
+    """merged, already_merged, conflict, failed, target_moved, deferred, branch_missing."""
     target_before: str = ""
     merged_commit: str = ""
     files: list[str] = []
     failure: GateResult | None = None
-    target_broken: GateResult | None = None
-    """A gate that failed on the target too (the change was merged anyway)."""
+    reason: str = ""
+    """Why a deferred one goes back into the queue."""
+
+
+class BatchResult(msgspec.Struct, kw_only=True):
+    outcomes: dict[str, Outcome] = {}
+    """Merge request id -> its outcome; every merge request of the batch has one."""
+    merged: list[str] = []
+    """The merge requests that landed together with this push, in stack order."""
     gates_run: int = 0
+    gate_seconds: float = 0.0
+    rounds: int = 0
+    """Times a stack was built and gated (more than one when a culprit was taken out)."""
+    target_broken: GateResult | None = None
+    """A gate that fails on the target itself: it did not count against any merge request."""
 
 
 class Paths:
@@ -89,6 +110,193 @@ def run_gate(gate: str, command: str, cwd: Path, log_path: Path, timeout: float)
     )
 
 
+class Gates:
+    """Runs the rig's gates on commits and keeps count. A gate that fails is run once on the target too: if the
+    target fails it as well, the gate is broken there, blames nobody and is skipped from then on."""
+
+    def __init__(self, paths: Paths, rig: RigInfo, target: str, name: str, timeout: float) -> None:
+        self.paths, self.rig, self.target, self.name, self.timeout = paths, rig, target, name, timeout
+        self.runs = 0
+        self.seconds = 0.0
+        self.broken: dict[str, GateResult] = {}
+        self.passes_on_target: set[str] = set()
+
+    def failure(self, work: Path) -> GateResult | None:
+        """The first gate that fails on what ``work`` has checked out (and not on the target), or None."""
+        probe = self.runs
+        for gate, command in gate_commands(self.rig):
+            if gate in self.broken:
+                continue
+            result = self._run(gate, command, work, f"{self.name}-p{probe}-{gate}.log")
+            if result.exit_code == 0:
+                continue
+            if gate not in self.passes_on_target and self._fails_on_target(gate, command):
+                continue
+            return result
+        return None
+
+    def _run(self, gate: str, command: str, work: Path, log_name: str) -> GateResult:
+        result = run_gate(gate, command, work, self.paths.logs / log_name, self.timeout)
+        self.runs += 1
+        self.seconds += result.seconds
+        if self.runs == 1:
+            crash_point("refinery.during_gates")
+        return result
+
+    def _fails_on_target(self, gate: str, command: str) -> bool:
+        work = _add_detached(self.paths, f"{self.name}-target", self.target)
+        try:
+            result = self._run(gate, command, work, f"{self.name}-{gate}-on-target.log")
+        finally:
+            _remove(self.paths, work)
+        if result.exit_code == 0:
+            self.passes_on_target.add(gate)
+            return False
+        self.broken[gate] = result
+        return True
+
+
+def process(paths: Paths, rig: RigInfo, mrs: Sequence[MergeRequest], *, name: str, gate_timeout: float) -> BatchResult:
+    """Land what can be landed of ``mrs`` (in this order) on their target with one fast-forward push."""
+    target = mrs[0].target
+    git.ensure_bare_clone(rig.repo, paths.bare)
+    git.fetch(paths.bare)
+    result = BatchResult()
+    target_before = _rev(paths, f"refs/remotes/origin/{target}")
+    if not target_before:
+        for mr in mrs:
+            failure = _note("branch", f"the target branch {target} does not exist")
+            result.outcomes[mr.id] = Outcome(kind="branch_missing", failure=failure)
+        return result
+    gates = Gates(paths, rig, target_before, name, gate_timeout)
+    work = _add_detached(paths, name, target_before)
+    try:
+        good = _land_in_rounds(paths, work, mrs, target_before, gates, result)
+        result.gates_run, result.gate_seconds = gates.runs, gates.seconds
+        result.target_broken = next(iter(gates.broken.values()), None)
+        if not good:
+            return result
+        tip = good[-1][1]
+        # A plain push only fast-forwards: if the target moved meanwhile it is refused and nothing is lost.
+        git.git("push", "--quiet", "origin", f"{tip}:refs/heads/{target}", cwd=work, check=False)
+        remote = git.git("ls-remote", "origin", f"refs/heads/{target}", cwd=work).split()
+        if not remote or remote[0] != tip:
+            for mr, _ in good:
+                result.outcomes[mr.id] = Outcome(kind="target_moved", target_before=target_before)
+            return result
+        crash_point("refinery.after_push")
+        for mr, _ in good:
+            result.outcomes[mr.id] = Outcome(kind="merged", target_before=target_before, merged_commit=tip)
+        result.merged = [mr.id for mr, _ in good]
+        return result
+    finally:
+        _remove(paths, work)
+
+
+def _land_in_rounds(
+    paths: Paths,
+    work: Path,
+    mrs: Sequence[MergeRequest],
+    target_before: str,
+    gates: Gates,
+    result: BatchResult,
+) -> list[tuple[MergeRequest, str]]:
+    """Stack, gate, bisect on red; the merge requests that passed with the commit each ends at, in order."""
+    good: list[tuple[MergeRequest, str]] = []
+    base = target_before
+    pending = list(mrs)
+    while pending:
+        stack = _stack(paths, work, pending, base, target_before, result)
+        if result.rounds == 0:
+            crash_point("refinery.after_rebase")
+        result.rounds += 1
+        if not stack:
+            break
+        _checkout(work, stack[-1][1])
+        failure = gates.failure(work)
+        if failure is None:
+            good += stack
+            break
+        # Red: the shortest failing prefix ends at the culprit. ``lo`` is green (the base), ``hi`` red.
+        lo, hi = 0, len(stack)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            _checkout(work, stack[mid - 1][1])
+            found = gates.failure(work)
+            if found is None:
+                lo = mid
+            else:
+                hi, failure = mid, found
+        culprit = stack[hi - 1][0]
+        result.outcomes[culprit.id] = Outcome(kind="failed", target_before=target_before, failure=failure)
+        log.info("batch_culprit_found", mr=culprit.id, gate=failure.gate, position=hi, of=len(stack))
+        good += stack[: hi - 1]
+        base = stack[hi - 2][1] if hi > 1 else base
+        pending = [mr for mr, _ in stack[hi:]]
+    return good
+
+
+def _stack(
+    paths: Paths,
+    work: Path,
+    pending: Sequence[MergeRequest],
+    base: str,
+    target_before: str,
+    result: BatchResult,
+) -> list[tuple[MergeRequest, str]]:
+    """Rebase each merge request onto the one before (the first onto ``base``); the ones that could not be
+    stacked get their outcome in ``result``."""
+    stack: list[tuple[MergeRequest, str]] = []
+    tip = base
+    for mr in pending:
+        # The branch as it is now (a conflict resolved by force-pushing it counts), else the submitted commit.
+        head = _rev(paths, f"refs/remotes/origin/{mr.branch}") or _rev(paths, f"{mr.head}^{{commit}}")
+        if not head:
+            missing = f"branch {mr.branch} does not exist and commit {mr.head} is not in the repository"
+            result.outcomes[mr.id] = Outcome(
+                kind="branch_missing", target_before=target_before, failure=_note("branch", missing)
+            )
+            continue
+        rebased, files = _rebase(work, head, tip)
+        if rebased is not None and rebased != tip:
+            stack.append((mr, rebased))
+            tip = rebased
+            continue
+        if tip != target_before:
+            # It does not fit on the others of the batch: see how it fits on the target alone.
+            rebased, files = _rebase(work, head, target_before)
+        if rebased is None:
+            result.outcomes[mr.id] = Outcome(kind="conflict", target_before=target_before, files=files)
+        elif rebased == target_before:
+            # Every commit is on the target already (a crash after an earlier push): never merged twice.
+            result.outcomes[mr.id] = Outcome(
+                kind="already_merged", target_before=target_before, merged_commit=target_before
+            )
+        else:
+            others = ", ".join(m.id for m, _ in stack) or "the batch"
+            reason = f"it does not apply on top of {others}; tried again after them"
+            result.outcomes[mr.id] = Outcome(kind="deferred", target_before=target_before, reason=reason)
+    return stack
+
+
+def _rebase(work: Path, head: str, onto: str) -> tuple[str | None, list[str]]:
+    """``head``'s own commits replayed onto ``onto``: (the new tip, []) or (None, conflicting files)."""
+    _checkout(work, head)
+    git.git("rebase", "--quiet", onto, cwd=work, check=False, timeout=300)
+    if _rebase_in_progress(work):
+        files = git.git("diff", "--name-only", "--diff-filter=U", cwd=work, check=False).split()
+        git.git("rebase", "--abort", cwd=work, check=False)
+        return None, files
+    return git.git("rev-parse", "HEAD", cwd=work).strip(), []
+
+
+def _checkout(work: Path, commit: str) -> None:
+    """Exactly ``commit``, with nothing a gate left behind (build output, caches)."""
+    git.git("reset", "--quiet", "--hard", cwd=work)
+    git.git("clean", "-ffdxq", cwd=work)
+    git.git("checkout", "--quiet", "--force", "--detach", commit, cwd=work)
+
+
 def _add_detached(paths: Paths, name: str, commit: str) -> Path:
     path = paths.worktree(name)
     if path.exists():
@@ -108,85 +316,11 @@ def _rev(paths: Paths, ref: str) -> str:
     return git.git("rev-parse", "--verify", "--quiet", ref, cwd=paths.bare, check=False).strip()
 
 
-def process(paths: Paths, rig: RigInfo, mr: MergeRequest, *, attempt: int, gate_timeout: float) -> Outcome:
-    """Rebase the merge request's head onto the target, run the gates, fast-forward the target."""
-    git.ensure_bare_clone(rig.repo, paths.bare)
-    git.fetch(paths.bare)
-    target_ref = f"refs/remotes/origin/{mr.target}"
-    target_before = _rev(paths, target_ref)
-    if not target_before:
-        return Outcome(kind="branch_missing", failure=_note("branch", f"the target branch {mr.target} does not exist"))
-    # The branch as it is now (a conflict resolved by force-pushing it counts), else the submitted commit.
-    head = _rev(paths, f"refs/remotes/origin/{mr.branch}") or _rev(paths, f"{mr.head}^{{commit}}")
-    if not head:
-        missing = f"branch {mr.branch} does not exist and commit {mr.head} is not in the repository"
-        return Outcome(kind="branch_missing", target_before=target_before, failure=_note("branch", missing))
-    work = _add_detached(paths, mr.id, head)
-    try:
-        git.git("rebase", "--quiet", target_before, cwd=work, check=False, timeout=300)
-        if _rebase_in_progress(work):
-            files = git.git("diff", "--name-only", "--diff-filter=U", cwd=work, check=False).split()
-            git.git("rebase", "--abort", cwd=work, check=False)
-            return Outcome(kind="conflict", target_before=target_before, files=files)
-        crash_point("refinery.after_rebase")
-        tip = git.git("rev-parse", "HEAD", cwd=work).strip()
-        if _is_ancestor(work, tip, target_before):
-            # Every commit is on the target already (a crash after an earlier push): never merged twice.
-            return Outcome(kind="already_merged", target_before=target_before, merged_commit=target_before)
-        gates_run = 0
-        target_broken: GateResult | None = None
-        for n, (gate, command) in enumerate(gate_commands(rig)):
-            result = run_gate(gate, command, work, paths.logs / f"{mr.id}-{attempt}-{gate}.log", gate_timeout)
-            gates_run += 1
-            if n == 0:
-                crash_point("refinery.during_gates")
-            if result.exit_code == 0:
-                continue
-            on_target = _gate_on_target(paths, mr, target_before, gate, command, attempt, gate_timeout)
-            gates_run += 1
-            if on_target.exit_code == 0:
-                return Outcome(kind="failed", target_before=target_before, failure=result, gates_run=gates_run)
-            target_broken = target_broken or on_target  # not this change's fault: merge it anyway
-        # A plain push only fast-forwards: if the target moved meanwhile it is refused and nothing is lost.
-        git.git("push", "--quiet", "origin", f"{tip}:refs/heads/{mr.target}", cwd=work, check=False)
-        remote = git.git("ls-remote", "origin", f"refs/heads/{mr.target}", cwd=work).split()
-        if not remote or remote[0] != tip:
-            return Outcome(kind="target_moved", target_before=target_before, gates_run=gates_run)
-        crash_point("refinery.after_push")
-        return Outcome(
-            kind="merged",
-            target_before=target_before,
-            merged_commit=tip,
-            gates_run=gates_run,
-            target_broken=target_broken,
-        )
-    finally:
-        _remove(paths, work)
-
-
-def _is_ancestor(work: Path, commit: str, of: str) -> bool:
-    try:
-        git.git("merge-base", "--is-ancestor", commit, of, cwd=work)
-    except git.GitError:
-        return False
-    return True
-
-
 def _rebase_in_progress(work: Path) -> bool:
     git_dir = Path(git.git("rev-parse", "--git-dir", cwd=work).strip())
     if not git_dir.is_absolute():
         git_dir = work / git_dir
     return (git_dir / "rebase-merge").exists() or (git_dir / "rebase-apply").exists()
-
-
-def _gate_on_target(
-    paths: Paths, mr: MergeRequest, target: str, gate: str, command: str, attempt: int, timeout: float
-) -> GateResult:
-    work = _add_detached(paths, f"{mr.id}-target", target)
-    try:
-        return run_gate(gate, command, work, paths.logs / f"{mr.id}-{attempt}-{gate}-on-target.log", timeout)
-    finally:
-        _remove(paths, work)
 
 
 def _note(gate: str, text: str) -> GateResult:

@@ -1,13 +1,15 @@
-"""Which merge request the refinery works on next, and what it owes besides. Pure.
+"""Which merge requests the refinery works on next, and what it owes besides. Pure.
 
-Score (Gas Town's, without convoy age): ``1000 + 100 * (4 - priority) - min(50 * failures, 300) + hours
-queued``; the highest goes first, ties by age. ``fifo`` orders by queue time alone. One merge request per rig
-at a time: a rig whose merge request is claimed under a live lease waits.
+Score (Gas Town's): ``1000 + 100 * (4 - priority) + 10 * convoy hours - min(50 * retries, 300) + hours
+queued``, where convoy hours is the age of the oldest convoy tracking the bead and retries counts the merge
+request's attempts and its bead's failed merge requests; the highest goes first, ties by age. ``fifo`` orders
+by queue time alone. One merge request per rig at a time (or one batch of up to ``batch`` of them): a rig whose
+merge request is claimed under a live lease waits.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import msgspec
 
@@ -18,6 +20,9 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     lease_s: float = 900.0
     max_failures: int = 3
     fifo: bool = False
+    batch: int = 1
+    """Merge requests stacked and gated together (1: serial)."""
+    batch_wait_s: float = 0.0
 
 
 def failures_of(state: RefineryState, bead: str) -> int:
@@ -29,8 +34,11 @@ def score(state: RefineryState, mr: MergeRequest, now: datetime, policy: Policy)
     if policy.fifo:
         return -mr.queued_at.timestamp()
     hours = max(0.0, (now - mr.queued_at).total_seconds() / 3600)
+    bead = state.beads.get(mr.bead)
+    since = bead.convoy_since if bead is not None else None
+    convoy_hours = max(0.0, (now - since).total_seconds() / 3600) if since is not None else 0.0
     retries = mr.attempts + failures_of(state, mr.bead)
-    return 1000 + 100 * (4 - mr.priority) - min(50 * retries, 300) + hours
+    return 1000 + 100 * (4 - mr.priority) + 10 * convoy_hours - min(50 * retries, 300) + hours
 
 
 def claimable(mr: MergeRequest, now: datetime) -> bool:
@@ -38,23 +46,51 @@ def claimable(mr: MergeRequest, now: datetime) -> bool:
     return mr.status == "queued" or (mr.status == "claimed" and mr.lease_until is not None and mr.lease_until <= now)
 
 
-def next_per_rig(state: RefineryState, now: datetime, policy: Policy, busy: frozenset[str]) -> list[MergeRequest]:
-    """The merge request each idle rig should process now (rigs in ``busy`` are being worked here)."""
+def ready_per_rig(
+    state: RefineryState, now: datetime, policy: Policy, busy: frozenset[str]
+) -> dict[str, list[MergeRequest]]:
+    """Each idle rig's claimable merge requests, best first (rigs in ``busy`` are being worked here)."""
     held = {mr.rig for mr in state.mrs.values() if mr.status == "claimed" and not claimable(mr, now)}
-    best: dict[str, MergeRequest] = {}
+    ready: dict[str, list[MergeRequest]] = {}
     for mr in state.mrs.values():
         if mr.rig in busy or mr.rig in held or mr.rig not in state.rigs or not claimable(mr, now):
             continue
         bead = state.beads.get(mr.bead)
         if bead is not None and bead.status == "closed":
             continue  # owed: rejected as stale (see ``stale``)
-        current = best.get(mr.rig)
-        if current is None or (score(state, mr, now, policy), -mr.queued_at.timestamp()) > (
-            score(state, current, now, policy),
-            -current.queued_at.timestamp(),
-        ):
-            best[mr.rig] = mr
-    return sorted(best.values(), key=lambda m: m.rig)
+        ready.setdefault(mr.rig, []).append(mr)
+    for mrs in ready.values():
+        mrs.sort(key=lambda m: (score(state, m, now, policy), -m.queued_at.timestamp()), reverse=True)
+    return ready
+
+
+def next_per_rig(state: RefineryState, now: datetime, policy: Policy, busy: frozenset[str]) -> list[MergeRequest]:
+    """The merge request each idle rig should process now (serial mode)."""
+    return [mrs[0] for _, mrs in sorted(ready_per_rig(state, now, policy, busy).items())]
+
+
+class Batches(msgspec.Struct, frozen=True, kw_only=True):
+    batches: list[list[MergeRequest]]
+    """Per rig, the merge requests to claim and process together now, in stack order (best first)."""
+    wake_at: datetime | None = None
+    """When a rig held back to fill its batch must be looked at again."""
+
+
+def next_batches(state: RefineryState, now: datetime, policy: Policy, busy: frozenset[str]) -> Batches:
+    """Up to ``policy.batch`` merge requests per idle rig and target. A rig with fewer ready than that waits
+    until its oldest ready one has waited ``policy.batch_wait_s``, so a burst of submissions lands together."""
+    out: list[list[MergeRequest]] = []
+    wake_at: datetime | None = None
+    for _, mrs in sorted(ready_per_rig(state, now, policy, busy).items()):
+        # One push lands a batch, so a batch has one target: the best merge request's.
+        same_target = [mr for mr in mrs if mr.target == mrs[0].target][: policy.batch]
+        if len(same_target) < policy.batch and policy.batch_wait_s > 0:
+            due = min(mr.queued_at for mr in same_target) + timedelta(seconds=policy.batch_wait_s)
+            if due > now:
+                wake_at = due if wake_at is None else min(wake_at, due)
+                continue
+        out.append(same_target)
+    return Batches(batches=out, wake_at=wake_at)
 
 
 def unblocked(state: RefineryState) -> list[MergeRequest]:

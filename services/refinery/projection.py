@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from datetime import datetime
 
 from services.refinery.state import MergeRequest, RefineryState, RigInfo, WorkBead
 from shared.events import (
@@ -11,6 +12,8 @@ from shared.events import (
     BeadCreated,
     BeadSlung,
     CommandAccepted,
+    ConvoyBeadsAdded,
+    ConvoyCreated,
     Envelope,
     Event,
     MergeRequestClaimed,
@@ -24,7 +27,7 @@ from shared.events import (
 )
 from shared.projection import Projection
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CONFLICT_PREFIX = "conflict-"
 """Command ids of conflict bead creates (the refinery's own): their outcomes name the bead."""
 NOT_WORK = frozenset({"message", "convoy", "escalation"})
@@ -64,6 +67,24 @@ def _bead_closed(payload: BeadClosed, state: RefineryState, env: Envelope, seq: 
     bead = state.beads.get(payload.bead_id)
     if bead is not None:
         bead.status = "closed"
+
+
+def _track(state: RefineryState, beads: list[str], since: datetime) -> None:
+    for bead_id in beads:
+        bead = state.beads.get(bead_id)
+        if bead is not None and (bead.convoy_since is None or since < bead.convoy_since):
+            bead.convoy_since = since
+
+
+@fold.register
+def _convoy_created(payload: ConvoyCreated, state: RefineryState, env: Envelope, seq: int) -> None:
+    state.convoys.setdefault(payload.convoy_id, env.ts)
+    _track(state, payload.beads, state.convoys[payload.convoy_id])
+
+
+@fold.register
+def _convoy_beads_added(payload: ConvoyBeadsAdded, state: RefineryState, env: Envelope, seq: int) -> None:
+    _track(state, payload.beads, state.convoys.get(payload.convoy_id, env.ts))
 
 
 @fold.register
@@ -122,7 +143,7 @@ def _submitted(payload: MergeRequestSubmitted, state: RefineryState, env: Envelo
 @fold.register
 def _claimed(payload: MergeRequestClaimed, state: RefineryState, env: Envelope, seq: int) -> None:
     if (mr := _mr(state, payload.mr_id, seq)) is not None:
-        mr.status, mr.attempts = "claimed", payload.attempt
+        mr.status, mr.attempts, mr.batch = "claimed", payload.attempt, list(payload.batch)
         mr.holder, mr.lease_until = payload.holder, payload.lease_until
 
 
@@ -148,6 +169,7 @@ def _failed(payload: MergeRequestFailed, state: RefineryState, env: Envelope, se
 def _merged(payload: MergeRequestMerged, state: RefineryState, env: Envelope, seq: int) -> None:
     if (mr := _mr(state, payload.mr_id, seq)) is not None:
         mr.status, mr.merged_commit = "merged", payload.merged_commit
+        mr.batch = list(payload.batch)
         mr.bug_bead_command = payload.bug_bead_command
         mr.holder = mr.lease_until = None
 

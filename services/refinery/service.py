@@ -6,6 +6,7 @@ target. Each step is recorded; a crash anywhere is made good by the next claim (
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import uuid
 from collections.abc import Callable
@@ -54,7 +55,13 @@ class RefineryService(Service[RefineryState]):
     ) -> None:
         super().__init__(config, new_projection(), settings, clock=clock)
         self.mq = refinery or refinery_settings.load()
-        self.policy = plan.Policy(lease_s=self.mq.lease_s, max_failures=self.mq.max_failures, fifo=self.mq.fifo)
+        self.policy = plan.Policy(
+            lease_s=self.mq.lease_s,
+            max_failures=self.mq.max_failures,
+            fifo=self.mq.fifo,
+            batch=self.mq.batch,
+            batch_wait_s=self.mq.batch_wait_s,
+        )
         self.holder = f"refinery-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.rigs_root = config.gt_home / "rigs"
         self._tg: asyncio.TaskGroup | None = None
@@ -62,7 +69,8 @@ class RefineryService(Service[RefineryState]):
         self._busy: set[str] = set()
         """Rigs with a merge request being processed by this process."""
         self._closing: set[str] = set()
-        self.merged = self.failed = self.conflicted = self.gate_runs = 0
+        self.merged = self.failed = self.conflicted = self.gate_runs = self.batches = 0
+        self.gate_seconds = 0.0
 
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
         return refinery_decide.decide(self.projection.state, cmd, ctx)
@@ -97,6 +105,9 @@ class RefineryService(Service[RefineryState]):
             failed=self.failed,
             conflicted=self.conflicted,
             gate_runs=self.gate_runs,
+            gate_seconds=round(self.gate_seconds, 3),
+            batches=self.batches,
+            batch_size=self.policy.batch,
             processing=sorted(self._busy),
         )
         return out
@@ -147,64 +158,102 @@ class RefineryService(Service[RefineryState]):
                 self._closing.add(mr.id)
                 await self._close_bead(mr)
         now = self.clock()
-        for mr in plan.next_per_rig(state, now, self.policy, frozenset(self._busy)):
+        planned = plan.next_batches(state, now, self.policy, frozenset(self._busy))
+        if planned.wake_at is not None:
+            self._wake_at(planned.wake_at, now)
+        for batch in planned.batches:
+            await self._claim_and_process(batch, now)
+
+    def _wake_at(self, when: datetime, now: datetime) -> None:
+        delay = max(0.0, (when - now).total_seconds())
+        asyncio.get_running_loop().call_later(delay, self.wake)
+
+    async def _claim_and_process(self, batch: list[MergeRequest], now: datetime) -> None:
+        assert self._tg is not None
+        ids = [mr.id for mr in batch] if len(batch) > 1 else []
+        # Bisecting a batch runs the gates about log2(size) + 2 times: the claim lasts that many leases.
+        lease = self.policy.lease_s * (1 if len(batch) == 1 else 2 + math.ceil(math.log2(len(batch))))
+        claimed: list[str] = []
+        for mr in batch:
             claim = MergeRequestClaimed(
                 mr_id=mr.id,
                 attempt=mr.attempts + 1,
                 holder=self.holder,
-                lease_until=now + timedelta(seconds=self.policy.lease_s),
+                lease_until=now + timedelta(seconds=lease),
+                batch=ids,
             )
-            if not await self._store(mr, claim):
-                continue
-            self._busy.add(mr.rig)
-            self._tg.create_task(self._process(mr.id), name=f"refinery-{mr.rig}")
+            if await self._store(mr, claim):
+                claimed.append(mr.id)
+        if claimed:
+            rig = batch[0].rig
+            self._busy.add(rig)
+            self._tg.create_task(self._process(rig, claimed), name=f"refinery-{rig}")
 
     async def _store(self, mr: MergeRequest, event: Event) -> bool:
         current = self.projection.state.mrs.get(mr.id, mr)
         return bool(await self.append_owed([NewEvent(payload=event, expected_seq=current.version)]))
 
-    async def _process(self, mr_id: str) -> None:
-        mr = self.projection.state.mrs[mr_id]
-        rig = self.projection.state.rigs[mr.rig]
-        paths = merger.Paths(self.rigs_root, mr.rig)
-        structlog.contextvars.bind_contextvars(mr=mr.id, bead=mr.bead)
+    async def _process(self, rig_name: str, mr_ids: list[str]) -> None:
+        state = self.projection.state
+        mrs = [state.mrs[mr_id] for mr_id in mr_ids]
+        rig = state.rigs[rig_name]
+        paths = merger.Paths(self.rigs_root, rig_name)
+        first = mrs[0]
+        # A batch's worktree and logs are named after its first merge request and that one's attempt.
+        name = f"{first.id}-{first.attempts}"
+        structlog.contextvars.bind_contextvars(mr=first.id, bead=first.bead, batch=len(mrs))
         try:
-            log.info("mr_processing", attempt=mr.attempts, branch=mr.branch, target=mr.target)
-            outcome = await asyncio.to_thread(
-                merger.process, paths, rig, mr, attempt=mr.attempts, gate_timeout=self.mq.gate_timeout_s
+            log.info("mr_processing", attempt=first.attempts, mrs=mr_ids, target=first.target)
+            result = await asyncio.to_thread(
+                merger.process, paths, rig, mrs, name=name, gate_timeout=self.mq.gate_timeout_s
             )
-            self.gate_runs += outcome.gates_run
-            await self._settle(mr, outcome, paths)
+            self.gate_runs += result.gates_run
+            self.gate_seconds += result.gate_seconds
+            self.batches += 1
+            bug_command = None
+            if result.target_broken is not None and result.merged:
+                bug_command = await self._file_bug(first, result.target_broken, result)
+            for mr in mrs:
+                await self._settle(mr, result.outcomes[mr.id], result, paths, bug_command)
         except Exception as exc:
-            # Any failure of one merge request (git, a bug) must not stop the queue: it is logged with its
-            # traceback and the merge request is queued again after a pause. Cancellation is not caught.
+            # Any failure of one batch (git, a bug) must not stop the queue: it is logged with its traceback and
+            # its merge requests are queued again after a pause. Cancellation is not caught.
             log.exception("mr_processing_failed")
             await asyncio.sleep(ERROR_BACKOFF_S)
-            current = self.projection.state.mrs.get(mr_id)
-            if current is not None and current.status == "claimed" and current.holder == self.holder:
-                await self._store(current, MergeRequestRequeued(mr_id=mr_id, reason=f"error: {exc}"[:500]))
+            for mr_id in mr_ids:
+                current = self.projection.state.mrs.get(mr_id)
+                if current is not None and current.status == "claimed" and current.holder == self.holder:
+                    await self._store(current, MergeRequestRequeued(mr_id=mr_id, reason=f"error: {exc}"[:500]))
         finally:
-            structlog.contextvars.unbind_contextvars("mr", "bead")
-            self._busy.discard(mr.rig)
+            structlog.contextvars.unbind_contextvars("mr", "bead", "batch")
+            self._busy.discard(rig_name)
             self.wake()
 
-    async def _settle(self, mr: MergeRequest, outcome: merger.Outcome, paths: merger.Paths) -> None:
+    async def _settle(
+        self,
+        mr: MergeRequest,
+        outcome: merger.Outcome,
+        result: merger.BatchResult,
+        paths: merger.Paths,
+        bug_command: str | None,
+    ) -> None:
         state = self.projection.state
+        structlog.contextvars.bind_contextvars(mr=mr.id, bead=mr.bead)
         if outcome.kind in ("merged", "already_merged"):
-            bug_command = None
-            if outcome.target_broken is not None:
-                bug_command = await self._file_bug(mr, outcome)
+            already = outcome.kind == "already_merged"
             event = MergeRequestMerged(
                 mr_id=mr.id,
                 merged_commit=outcome.merged_commit,
                 target_before=outcome.target_before,
-                gates_run=outcome.gates_run,
-                already=outcome.kind == "already_merged",
-                bug_bead_command=bug_command,
+                gates_run=result.gates_run,
+                gate_seconds=round(result.gate_seconds, 3),
+                batch=result.merged if len(result.merged) > 1 else [],
+                already=already,
+                bug_bead_command=None if already else bug_command,
             )
             await self._store(mr, event)
             self.merged += 1
-            log.info("mr_merged", commit=outcome.merged_commit, already=event.already)
+            log.info("mr_merged", commit=outcome.merged_commit, already=already)
             crash_point("refinery.after_merged")
             self._closing.add(mr.id)
             await self._close_bead(mr)
@@ -234,6 +283,8 @@ class RefineryService(Service[RefineryState]):
             await self._store(mr, event_f)
             self.failed += 1
             log.info("mr_failed", gate=outcome.failure.gate, exit_code=outcome.failure.exit_code, escalated=escalate)
+        elif outcome.kind == "deferred":
+            await self._store(mr, MergeRequestRequeued(mr_id=mr.id, reason=outcome.reason))
         else:  # target_moved
             await self._store(mr, MergeRequestRequeued(mr_id=mr.id, reason="the target moved during the merge"))
 
@@ -266,17 +317,17 @@ class RefineryService(Service[RefineryState]):
         await self.send_command("gt.cmd.bead.create", body, cmd_id=command)
         return command
 
-    async def _file_bug(self, mr: MergeRequest, outcome: merger.Outcome) -> str:
-        broken = outcome.target_broken
-        assert broken is not None
-        command = f"bug-{mr.rig}-{broken.gate}-{outcome.target_before[:12]}"
+    async def _file_bug(self, mr: MergeRequest, broken: merger.GateResult, result: merger.BatchResult) -> str:
+        target_before = next(o.target_before for o in result.outcomes.values() if o.kind == "merged")
+        command = f"bug-{mr.rig}-{broken.gate}-{target_before[:12]}"
         body = {
             "title": f"{broken.gate} fails on {mr.target} of rig {mr.rig}"[:200],
             "type": "bug",
             "priority": 1,
             "description": (
-                f"The {broken.gate} gate fails on {mr.target} at {outcome.target_before} itself (exit "
-                f"{broken.exit_code}), so merge request {mr.id} was merged anyway.\n\n{broken.tail}"
+                f"The {broken.gate} gate fails on {mr.target} at {target_before} itself (exit "
+                f"{broken.exit_code}), so it blamed no merge request; merged anyway: "
+                f"{', '.join(result.merged)}.\n\n{broken.tail}"
             )[:9000],
             "labels": ["target-broken"],
             "prefix": self.projection.state.rigs[mr.rig].prefix,

@@ -17,18 +17,23 @@ class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):
     """Failed gate runs of one bead before it is escalated instead of sent back (``GT_MQ_MAX_FAILURES``)."""
     fifo: bool = False
     """``GT_MQ_ORDER=fifo``: oldest first instead of by score."""
+    batch: int = 1
+    """``GT_MQ_BATCH``: merge requests of a rig stacked and gated together, bisected when red (1: serial)."""
+    batch_wait_s: float = 0.0
+    """``GT_MQ_BATCH_WAIT``: seconds a rig with fewer than ``batch`` ready merge requests waits for more."""
 
 
-def _number(env: Mapping[str, str], key: str, default: float, *, minimum: float) -> float:
+def _number(env: Mapping[str, str], key: str, default: float, *, minimum: float, whole: bool = False) -> float:
     text = env.get(key)
     if not text:
         return default
     try:
-        value = float(text)
+        value = int(text) if whole else float(text)
     except ValueError:
         value = minimum - 1
     if value < minimum:
-        raise ValueError(f"{key} must be a number of at least {minimum:g}, got {text!r}")
+        kind = "whole number" if whole else "number"
+        raise ValueError(f"{key} must be a {kind} of at least {minimum:g}, got {text!r}")
     return value
 
 
@@ -41,6 +46,8 @@ def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
     return RefinerySettings(
         lease_s=_number(env, "GT_MQ_LEASE", 900.0, minimum=1.0),
         gate_timeout_s=_number(env, "GT_MQ_GATE_TIMEOUT", 600.0, minimum=1.0),
-        max_failures=int(_number(env, "GT_MQ_MAX_FAILURES", 3, minimum=1)),
+        max_failures=int(_number(env, "GT_MQ_MAX_FAILURES", 3, minimum=1, whole=True)),
         fifo=order == "fifo",
+        batch=int(_number(env, "GT_MQ_BATCH", 1, minimum=1, whole=True)),
+        batch_wait_s=_number(env, "GT_MQ_BATCH_WAIT", 0.0, minimum=0.0),
     )

@@ -35,6 +35,8 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     exit_code: int | None = None
     tail: str = ""
     merged_commit: str | None = None
+    batch: list[str] = []
+    """The merge requests it was last claimed (then merged) together with, in stack order."""
     bug_bead_command: str | None = None
     reason: str = ""
     version: int = 0
@@ -56,6 +58,8 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     status: str = "open"
     rig: str | None = None
     priority: int = 2
+    convoy_since: datetime | None = None
+    """When the oldest convoy tracking it was created: its age raises the bead's merge requests in the queue."""
 
 
 class RefineryState(msgspec.Struct, kw_only=True):
@@ -67,3 +71,5 @@ class RefineryState(msgspec.Struct, kw_only=True):
     """Conflict bead create command id -> the bead it created."""
     awaited: dict[str, str] = {}
     """Command id (a conflict bead's create) -> the merge request waiting for its outcome."""
+    convoys: dict[str, datetime] = {}
+    """Convoy id -> when it was created."""

@@ -220,6 +220,8 @@ async def _mq_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> 
 
     def text(m: dict[str, Any]) -> str:
         lines = [f"{k}: {m.get(k)}" for k in keys if m.get(k) not in (None, "")]
+        if m.get("batch"):
+            lines.append(f"batch: {', '.join(m['batch'])}")
         if m.get("tail"):
             lines += ["", "last output:", m["tail"]]
         return "\n".join(lines)

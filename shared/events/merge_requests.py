@@ -37,6 +37,9 @@ class MergeRequestClaimed(MergeRequestEvent, frozen=True, kw_only=True):
     attempt: int
     holder: str
     lease_until: datetime
+    batch: list[str] = []
+    """Batch mode: every merge request claimed to be stacked and gated together with this one, in stack
+    order (empty when processed alone)."""
 
 
 class MergeRequestConflicted(MergeRequestEvent, frozen=True, kw_only=True):
@@ -67,6 +70,11 @@ class MergeRequestMerged(MergeRequestEvent, frozen=True, kw_only=True):
     """The target's head after the merge (the tested commit)."""
     target_before: str
     gates_run: int = 0
+    """Gate commands run for the batch it landed with (once per batch, not per merge request)."""
+    gate_seconds: float = 0.0
+    """Time those gate commands took."""
+    batch: list[str] = []
+    """Batch mode: the merge requests that landed with the same push, in stack order."""
     already: bool = False
     """The target held the change already (a crash after the push): nothing was pushed this time."""
     bug_bead_command: str | None = None

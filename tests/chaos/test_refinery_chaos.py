@@ -30,6 +30,19 @@ async def chaos_town(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncItera
         yield handle
 
 
+def refinery_env(pt: PolecatTown, gt_env: dict[str, str], crash_at: str, marker: Path, **extra: str) -> dict[str, str]:
+    """A refinery process crashing once at ``crash_at``, with a short lease so its claims are taken again soon."""
+    return {
+        **gt_env,
+        "NATS_URL": pt.config.nats_url,
+        "GT_HOME": str(pt.config.gt_home),
+        "GT_MQ_LEASE": "2",
+        "GT_CRASH_AT": crash_at,
+        "GT_CRASH_MARKER": str(marker),
+        **extra,
+    }
+
+
 async def replayed(nc: Client) -> RefineryState:
     state: RefineryState = (await fresh_replay(nc, new_projection())).state
     return state
@@ -44,15 +57,7 @@ async def test_refinery_killed_mid_merge_converges_without_merging_twice(
 ) -> None:
     pt = chaos_town
     marker = tmp_path / "crashed"
-    env = {
-        **gt_env,
-        "NATS_URL": pt.config.nats_url,
-        "GT_HOME": str(pt.config.gt_home),
-        "GT_MQ_LEASE": "2",
-        "GT_CRASH_AT": crash_at,
-        "GT_CRASH_MARKER": str(marker),
-    }
-    refinery = ServiceProcess("refinery", env, tmp_path / "refinery.log")
+    refinery = ServiceProcess("refinery", refinery_env(pt, gt_env, crash_at, marker), tmp_path / "refinery.log")
     refinery.start()
     try:
         await pt.add_rig(lint_command="true")
@@ -80,6 +85,53 @@ async def test_refinery_killed_mid_merge_converges_without_merging_twice(
         subjects = git.git("log", "--format=%s", "refs/heads/main", cwd=pt.origin).splitlines()
         assert subjects.count(f"{bead}: submit") == 1, "the change is on the target exactly once"
         assert subjects.count(f"{bead}: load-context") == 1
+        work = pt.config.gt_home / "rigs" / "demo" / "refinery" / "work"
+        await assert_eventually(lambda: not work.exists() or not any(work.iterdir()), message="temp worktrees left")
+        assert refinery.returncode() is None, refinery.log_text()
+    finally:
+        refinery.stop()
+
+
+@pytest.mark.parametrize("crash_at", ["refinery.during_gates", "refinery.after_push"])
+async def test_refinery_killed_mid_batch_lands_each_change_once_and_blames_only_the_culprit(
+    chaos_town: PolecatTown, gt_env: dict[str, str], tmp_path: Path, crash_at: str
+) -> None:
+    pt = chaos_town
+    marker = tmp_path / "crashed"
+    env = refinery_env(pt, gt_env, crash_at, marker, GT_MQ_LEASE="1", GT_MQ_BATCH="4", GT_MQ_BATCH_WAIT="60")
+    refinery = ServiceProcess("refinery", env, tmp_path / "refinery.log")
+    refinery.start()
+    try:
+        await pt.add_rig()
+        beads, ids = [], []
+        for n in range(1, 5):
+            bead = await pt.new_bead(f"Batch change {n}", prefix="demo")
+            files = {f"work-{n}.txt": f"change {n}\n", **({"FAIL_TESTS": "red\n"} if n == 2 else {})}
+            head = pt.push_branch(f"polecat/p{n}/{bead}", files)
+            beads.append(bead)
+            ids.append(await pt.submit(bead, f"polecat/p{n}/{bead}", head))
+        await wait_for_crash(refinery, marker, timeout=120)
+        refinery.start()
+
+        async def settled() -> RefineryState:
+            state = await replayed(pt.nc)
+            assert [state.mrs[i].status for i in ids] == ["merged", "failed", "merged", "merged"]
+            assert all(state.beads[beads[n]].status == "closed" for n in (0, 2, 3))
+            return state
+
+        state: RefineryState = await assert_eventually(settled, timeout=120, interval=0.3)
+        assert state.beads[beads[1]].status != "closed"
+        for n in (0, 2, 3):
+            closes = [
+                data
+                for _s, _subj, data in await read_all(pt.nc, "GT_EVT", f"gt.evt.bead.{beads[n]}")
+                if decode_envelope(data).type == "bead.closed"
+            ]
+            assert len(closes) == 1, "each bead closed once"
+        subjects = git.git("log", "--format=%s", "refs/heads/main", cwd=pt.origin).splitlines()
+        for n in (1, 3, 4):
+            assert len([s for s in subjects if s.endswith(f"work-{n}.txt")]) == 1, "each change landed once"
+        assert not [s for s in subjects if "FAIL_TESTS" in s]
         work = pt.config.gt_home / "rigs" / "demo" / "refinery" / "work"
         await assert_eventually(lambda: not work.exists() or not any(work.iterdir()), message="temp worktrees left")
         assert refinery.returncode() is None, refinery.log_text()

@@ -13,10 +13,9 @@ from nats.aio.client import Client
 
 from shared import git
 from shared.config import TownConfig
-from shared.events import decode_envelope
 from tests.helpers import assert_eventually
 from tests.integration.test_witness import run_gt
-from tests.log_tools import read_all
+from tests.log_tools import events_of
 from tests.witness_town import PolecatTown, polecat_town
 
 STEPS = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
@@ -41,11 +40,7 @@ async def merged_mr(pt: PolecatTown, bead: str, timeout: float = 120) -> dict[st
 
 
 async def bead_events(pt: PolecatTown, bead: str) -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for _seq, _subject, data in await read_all(pt.nc, "GT_EVT", f"gt.evt.bead.{bead}"):
-        env = decode_envelope(data)
-        out.append((env.type, msgspec.json.decode(env.data)))
-    return out
+    return await events_of(pt.nc, f"gt.evt.bead.{bead}")
 
 
 def main_files(pt: PolecatTown, bead: str) -> list[str]:

@@ -1,0 +1,293 @@
+"""The refinery's pure parts: queue order, claims and leases, batches, and the merge request commands.
+
+States are built by folding real events through the refinery projection, and commands go through its decide
+function, as the service does; the clock is the test's.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from services.refinery import plan
+from services.refinery.decide import decide, mr_id_for
+from services.refinery.projection import new_projection
+from services.refinery.settings import load
+from services.refinery.state import MergeRequest, RefineryState
+from shared.events import (
+    BeadClosed,
+    BeadCreated,
+    BeadSlung,
+    CommandAccepted,
+    ConvoyCreated,
+    Event,
+    MergeRequestClaimed,
+    MergeRequestConflicted,
+    MergeRequestFailed,
+    MergeRequestMerged,
+    RigAdded,
+)
+from tests.memory_log import MemoryTown
+
+POLICY = plan.Policy(lease_s=900)
+
+
+class Queue(MemoryTown[RefineryState]):
+    def __init__(self) -> None:
+        super().__init__(new_projection(), decide, service="refinery")
+
+    def add(self, *events: Event) -> None:
+        self.log.record(events, ts=self.clock)
+        self.log.replay(self.projection, after=self.projection.last_seq)
+
+    def rig(self, name: str = "demo") -> None:
+        self.add(RigAdded(rig=name, repo=f"/repos/{name}.git", prefix=name[:2], agent_command="gt-agent"))
+
+    def submit(self, bead: str, rig: str = "demo", *, priority: int = 2, head: str = "", target: str = "") -> str:
+        if bead not in self.state.beads:
+            self.add(BeadCreated(bead_id=bead, title=f"work on {bead}", priority=priority))
+            self.add(BeadSlung(bead_id=bead, rig=rig))
+        body: dict[str, Any] = {
+            "bead": bead,
+            "rig": rig,
+            "branch": f"polecat/x/{bead}",
+            "head": head or (bead.encode().hex() * 40)[:40],
+            "priority": priority,
+        }
+        if target:
+            body["target"] = target
+        result = self.send("gt.cmd.mr.submit", body)
+        return str(result["id"])
+
+    def claim(self, mr_id: str, *, lease_s: float = 900, batch: list[str] | None = None) -> None:
+        mr = self.state.mrs[mr_id]
+        until = self.clock + timedelta(seconds=lease_s)
+        self.add(
+            MergeRequestClaimed(
+                mr_id=mr_id, attempt=mr.attempts + 1, holder="r-1", lease_until=until, batch=batch or []
+            )
+        )
+
+    def fail(self, mr_id: str) -> None:
+        self.add(MergeRequestFailed(mr_id=mr_id, gate="test", exit_code=1, tail="boom"))
+
+    def next(self, policy: plan.Policy = POLICY, busy: frozenset[str] = frozenset()) -> list[str]:
+        return [mr.id for mr in plan.next_per_rig(self.state, self.clock, policy, busy)]
+
+    def mr(self, mr_id: str) -> MergeRequest:
+        return self.state.mrs[mr_id]
+
+
+@pytest.fixture
+def q() -> Queue:
+    queue = Queue()
+    queue.rig()
+    return queue
+
+
+# ---- order ---------------------------------------------------------------------------------------
+
+
+def test_a_higher_priority_goes_first_and_equal_ones_by_age(q: Queue) -> None:
+    low = q.submit("de-low", priority=3)
+    q.tick(60)
+    older = q.submit("de-older")
+    q.tick(60)
+    newer = q.submit("de-newer")
+    q.tick(60)
+    urgent = q.submit("de-urgent", priority=0)
+    ranked = sorted(q.state.mrs.values(), key=lambda m: plan.score(q.state, m, q.clock, POLICY), reverse=True)
+    assert [m.id for m in ranked] == [urgent, older, newer, low]
+    assert q.next() == [urgent]
+
+
+def test_failures_cost_50_each_up_to_300_and_an_old_convoy_raises_its_beads(q: Queue) -> None:
+    mr = q.submit("de-a")
+    base = plan.score(q.state, q.mr(mr), q.clock, POLICY)
+    for n in range(1, 9):
+        q.submit("de-a", head=f"{n:040d}")
+        failed = mr_id_for("demo", f"{n:040d}")
+        q.fail(failed)
+        penalty = base - plan.score(q.state, q.mr(mr), q.clock, POLICY)
+        assert penalty == pytest.approx(min(50 * n, 300))
+    fresh = q.submit("de-b")
+    q.add(ConvoyCreated(convoy_id="cv-1", title="old convoy", beads=["de-b"]))
+    q.tick(3600 * 5)
+    # 5 hours queued (+5) and a convoy 5 hours old (+50), against a bead with no convoy.
+    other = q.submit("de-c")
+    gap = plan.score(q.state, q.mr(fresh), q.clock, POLICY) - plan.score(q.state, q.mr(other), q.clock, POLICY)
+    assert gap == pytest.approx(55, abs=0.01)
+
+
+def test_fifo_orders_by_queue_time_alone(q: Queue) -> None:
+    first = q.submit("de-first", priority=4)
+    q.tick(1)
+    q.submit("de-second", priority=0)
+    assert q.next(plan.Policy(fifo=True)) == [first]
+
+
+# ---- claims ---------------------------------------------------------------------------------------
+
+
+def test_one_merge_request_per_rig_at_a_time_until_its_lease_runs_out(q: Queue) -> None:
+    q.rig("other")
+    a = q.submit("de-a")
+    c = q.submit("ot-c", rig="other")
+    assert q.next() == [a, c]
+    q.claim(a, lease_s=60)
+    b = q.submit("de-b")
+    assert q.next() == [c], "the claimed rig waits while the lease lives"
+    assert q.next(busy=frozenset({"other"})) == []
+    q.tick(61)
+    # An expired claim is claimable again (its holder crashed), after the others: the attempt costs 50.
+    assert q.next() == [b, c]
+    assert [m.id for m in plan.ready_per_rig(q.state, q.clock, POLICY, frozenset())["demo"]] == [b, a]
+    q.add(MergeRequestMerged(mr_id=b, merged_commit="f" * 40, target_before="e" * 40))
+    assert q.next() == [a, c]
+
+
+def test_a_closed_bead_or_an_unknown_rig_is_never_processed(q: Queue) -> None:
+    a = q.submit("de-a")
+    q.add(BeadClosed(bead_id="de-a", reason="done by hand"))
+    assert q.next() == []
+    assert [m.id for m in plan.stale(q.state)] == [a]
+
+
+def test_merged_with_an_open_bead_is_owed_a_close_and_a_closed_conflict_bead_unblocks(q: Queue) -> None:
+    a = q.submit("de-a")
+    b = q.submit("de-b")
+    q.claim(a)
+    q.add(MergeRequestMerged(mr_id=a, merged_commit="f" * 40, target_before="e" * 40))
+    assert [m.id for m in plan.beads_to_close(q.state)] == [a]
+    q.claim(b)
+    q.add(MergeRequestConflicted(mr_id=b, target_commit="e" * 40, conflict_command="conflict-b-1"))
+    assert q.mr(b).status == "blocked"
+    assert q.mr(b).blocked_by is None
+    assert plan.unblocked(q.state) == []
+    q.add(BeadCreated(bead_id="de-fix", title="Resolve merge conflicts", priority=1))
+    q.add(CommandAccepted(command_id="conflict-b-1", command="bead.create", result={"id": "de-fix"}))
+    assert q.mr(b).blocked_by == "de-fix"
+    assert plan.unblocked(q.state) == []
+    q.add(BeadClosed(bead_id="de-fix", reason="resolved"))
+    assert [m.id for m in plan.unblocked(q.state)] == [b]
+
+
+# ---- batches --------------------------------------------------------------------------------------
+
+
+def test_a_batch_takes_up_to_k_best_first_and_only_one_target(q: Queue) -> None:
+    ids = [q.submit(f"de-{n}") for n in range(5)]
+    q.tick(1)
+    urgent = q.submit("de-urgent", priority=0)
+    release = q.submit("de-release", target="release")
+    planned = plan.next_batches(q.state, q.clock, plan.Policy(batch=4), frozenset())
+    assert [[m.id for m in b] for b in planned.batches] == [[urgent, *ids[:3]]]
+    assert release not in [m.id for b in planned.batches for m in b]
+    assert planned.wake_at is None
+
+
+def test_a_short_batch_waits_for_more_until_its_oldest_waited_long_enough(q: Queue) -> None:
+    policy = plan.Policy(batch=3, batch_wait_s=30)
+    a = q.submit("de-a")
+    q.tick(10)
+    b = q.submit("de-b")
+    planned = plan.next_batches(q.state, q.clock, policy, frozenset())
+    assert planned.batches == []
+    assert planned.wake_at == q.mr(a).queued_at + timedelta(seconds=30)
+    q.tick(20)
+    planned = plan.next_batches(q.state, q.clock, policy, frozenset())
+    assert [[m.id for m in batch] for batch in planned.batches] == [[a, b]]
+    c = q.submit("de-c")
+    d = q.submit("de-d")
+    q.claim(a, batch=[a, b])
+    q.claim(b, batch=[a, b])
+    assert q.mr(a).batch == [a, b]
+    assert plan.next_batches(q.state, q.clock, policy, frozenset()).batches == [], "the rig is busy"
+    q.add(MergeRequestMerged(mr_id=a, merged_commit="f" * 40, target_before="e" * 40, batch=[a, b]))
+    q.add(MergeRequestMerged(mr_id=b, merged_commit="f" * 40, target_before="e" * 40, batch=[a, b]))
+    e = q.submit("de-e")
+    full = plan.next_batches(q.state, q.clock, policy, frozenset())
+    assert [[m.id for m in batch] for batch in full.batches] == [[c, d, e]], "a full batch goes at once"
+
+
+# ---- commands -------------------------------------------------------------------------------------
+
+
+def test_the_same_commit_submitted_twice_is_one_merge_request_and_bad_submits_are_refused(q: Queue) -> None:
+    first = q.submit("de-a")
+    again = q.send(
+        "gt.cmd.mr.submit", {"bead": "de-a", "rig": "demo", "branch": "polecat/x/de-a", "head": q.mr(first).head}
+    )
+    assert (again["id"], again["changed"]) == (first, False)
+    assert q.reject_code("gt.cmd.mr.submit", {"bead": "de-a", "rig": "nope", "branch": "b", "head": "a" * 40}) == (
+        "not_found"
+    )
+    assert q.reject_code("gt.cmd.mr.submit", {"bead": "de-zz", "rig": "demo", "branch": "b", "head": "a" * 40}) == (
+        "not_found"
+    )
+    q.rig("other")
+    assert q.reject_code("gt.cmd.mr.submit", {"bead": "de-a", "rig": "other", "branch": "b", "head": "b" * 40}) == (
+        "invalid"
+    )
+    q.add(BeadClosed(bead_id="de-a", reason="gone"))
+    assert q.reject_code("gt.cmd.mr.submit", {"bead": "de-a", "rig": "demo", "branch": "b", "head": "c" * 40}) == (
+        "backward_transition"
+    )
+
+
+def test_retry_puts_failed_blocked_and_rejected_back_and_refuses_merged(q: Queue) -> None:
+    a = q.submit("de-a")
+    assert q.send("gt.cmd.mr.retry", {"id": a}) == {"id": a, "status": "queued", "changed": False}
+    q.claim(a)
+    q.fail(a)
+    before = q.mr(a).queued_at
+    q.tick(5)
+    assert q.send("gt.cmd.mr.retry", {"id": a})["changed"] is True
+    assert (q.mr(a).status, q.mr(a).reason) == ("queued", "retried after failed")
+    assert q.mr(a).queued_at > before, "it queues again from now"
+    q.send("gt.cmd.mr.reject", {"id": a, "reason": "not wanted"})
+    assert q.send("gt.cmd.mr.retry", {"id": a})["status"] == "queued"
+    q.claim(a)
+    q.add(MergeRequestMerged(mr_id=a, merged_commit="f" * 40, target_before="e" * 40))
+    assert q.reject_code("gt.cmd.mr.retry", {"id": a}) == "backward_transition"
+    assert q.reject_code("gt.cmd.mr.retry", {"id": "mr-nosuch"}) == "not_found"
+
+
+def test_reject_takes_a_waiting_one_out_and_refuses_one_being_processed_or_merged(q: Queue) -> None:
+    a = q.submit("de-a")
+    b = q.submit("de-b")
+    q.claim(b)
+    assert q.reject_code("gt.cmd.mr.reject", {"id": b}) == "conflict"
+    assert q.send("gt.cmd.mr.reject", {"id": a, "reason": "wrong approach"})["changed"] is True
+    assert (q.mr(a).status, q.mr(a).reason) == ("rejected", "wrong approach")
+    assert q.send("gt.cmd.mr.reject", {"id": a})["changed"] is False
+    assert q.next() == []
+    q.add(MergeRequestMerged(mr_id=b, merged_commit="f" * 40, target_before="e" * 40))
+    assert q.reject_code("gt.cmd.mr.reject", {"id": b}) == "backward_transition"
+    assert q.reject_code("gt.cmd.mr.reject", {"id": "mr-nosuch"}) == "not_found"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"GT_MQ_BATCH": "0"}, "GT_MQ_BATCH must be a whole number of at least 1, got '0'"),
+        ({"GT_MQ_BATCH": "two"}, "GT_MQ_BATCH must be a whole number"),
+        ({"GT_MQ_BATCH_WAIT": "-1"}, "GT_MQ_BATCH_WAIT must be a number of at least 0"),
+        ({"GT_MQ_ORDER": "random"}, "GT_MQ_ORDER must be score or fifo"),
+        ({"GT_MQ_MAX_FAILURES": "1.5"}, "GT_MQ_MAX_FAILURES must be a whole number"),
+    ],
+)
+def test_settings_that_cannot_work_are_named(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        load(env)
+    assert load({"GT_MQ_BATCH": "8", "GT_MQ_BATCH_WAIT": "2.5"}).batch == 8
+
+
+def test_time_only_comes_from_the_caller(q: Queue) -> None:
+    a = q.submit("de-a")
+    later: datetime = q.clock + timedelta(hours=2)
+    assert plan.score(q.state, q.mr(a), later, POLICY) - plan.score(q.state, q.mr(a), q.clock, POLICY) == (
+        pytest.approx(2)
+    )
