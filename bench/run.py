@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from bench import commands, queries, refinery, replay, witness, work
+from bench import commands, deacon, queries, refinery, replay, witness, work
 from bench.common import REPO_ROOT, Figure, machine
 
 FULL = {
@@ -30,6 +30,10 @@ FULL = {
     "mrs": 16,
     "done_runs": 10,
     "gate_ms": 1000,
+    "service_kills": 10,
+    "leases": 1000,
+    "fast_leases": 200,
+    "lease_quiet_s": 30,
 }
 QUICK = {
     "events": 20_000,
@@ -44,6 +48,10 @@ QUICK = {
     "mrs": 4,
     "done_runs": 1,
     "gate_ms": 200,
+    "service_kills": 2,
+    "leases": 100,
+    "fast_leases": 20,
+    "lease_quiet_s": 5,
 }
 
 
@@ -54,6 +62,7 @@ async def run_all(sizes: dict[str, int]) -> list[Figure]:
     figures += await work.run(sizes["slung"], rounds=sizes["rounds"])
     figures += await witness.run(sizes["kills"], sizes["sessions"], sizes["quiet_s"])
     figures += await refinery.run(sizes["mrs"], sizes["done_runs"], sizes["gate_ms"] / 1000)
+    figures += await deacon.run(sizes["service_kills"], sizes["leases"], sizes["fast_leases"], sizes["lease_quiet_s"])
     return figures
 
 
@@ -115,6 +124,10 @@ def render(figures: list[Figure], facts: dict[str, str], *, quick: bool) -> str:
         "- **(m) `gt done` -> merged**: the reference agent works beads one at a time and ends each with `gt done`;",
         "  from `session.done_intent` to `mr.merged`, less the gate seconds recorded in `mr.merged`, against the",
         "  git a merge needs done in a plain loop (fetch, worktree add, rebase, push, ls-remote, worktree remove).",
+        "- **(n) service down**: mayor, deacon and witness as processes with default settings; kill -9 of the",
+        "  witness until the deacon's `service.down` arrives, against the staleness threshold (3 s) the deacon must",
+        "  wait to avoid false alarms. **(o)** N leases acquired, then renewed by their holders (S every second,",
+        "  the rest every 10 s); the deacon's CPU against a bare process following the same bucket with a KV watch.",
         "",
     ]
     return "\n".join(lines)

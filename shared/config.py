@@ -29,6 +29,10 @@ class TownConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Object store bucket for projection snapshots (``GT_SNAPSHOT_BUCKET``)."""
     heartbeat_bucket: str = subjects.DEFAULT_HEARTBEAT_BUCKET
     """KV bucket where agents' ``gt heartbeat`` lands, one key per session (``GT_HEARTBEAT_BUCKET``)."""
+    service_bucket: str = subjects.DEFAULT_SERVICE_BUCKET
+    """KV bucket of service heartbeats, one key per service process (``GT_SERVICE_BUCKET``)."""
+    lease_bucket: str = subjects.DEFAULT_LEASE_BUCKET
+    """KV bucket of lease renewals, one key per lease (``GT_LEASE_BUCKET``)."""
     replicas: int = 1
     """Stream replicas when provisioning (``GT_REPLICAS``; 3 in the cluster)."""
     escalation_stale_after_s: float = 4 * 3600.0
@@ -78,6 +82,8 @@ def load(env: Mapping[str, str] | None = None, *, service: str | None = None) ->
         cmd_stream=get("GT_CMD_STREAM") or subjects.DEFAULT_CMD_STREAM,
         snapshot_bucket=get("GT_SNAPSHOT_BUCKET") or subjects.DEFAULT_SNAPSHOT_BUCKET,
         heartbeat_bucket=get("GT_HEARTBEAT_BUCKET") or subjects.DEFAULT_HEARTBEAT_BUCKET,
+        service_bucket=get("GT_SERVICE_BUCKET") or subjects.DEFAULT_SERVICE_BUCKET,
+        lease_bucket=get("GT_LEASE_BUCKET") or subjects.DEFAULT_LEASE_BUCKET,
         replicas=int(replicas_text),
         escalation_stale_after_s=stale_after,
         nats_user=get("NATS_USER"),

@@ -47,6 +47,12 @@ def build_parser(name: str) -> argparse.ArgumentParser:
         help="seconds between checks whether a snapshot is due",
     )
     parser.add_argument("--max-in-flight", type=int, default=defaults.max_in_flight, help="commands settled at once")
+    parser.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=defaults.heartbeat_interval,
+        help="seconds between heartbeats in the GT_SERVICES bucket (0: none)",
+    )
     parser.add_argument("--log-level", default=os.environ.get("GT_LOG_LEVEL", "INFO"))
     parser.add_argument("--log-json", action="store_true", default=None, help="JSON logs even on a TTY")
     return parser
@@ -84,6 +90,7 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
         snapshot_every=args.snapshot_every,
         snapshot_check_interval=args.snapshot_check_interval,
         max_in_flight=args.max_in_flight,
+        heartbeat_interval=args.heartbeat_interval,
     )
     service = factory(cfg, settings)
 

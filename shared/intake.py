@@ -25,6 +25,7 @@ from shared import ids, subjects
 from shared.aio import raise_if_cancelling
 from shared.bus.append import ERR_MAX_PAYLOAD, Appender, PendingEvent
 from shared.bus.commit import GroupCommitter
+from shared.bus.fencing import fence_error
 from shared.bus.reader import EventReader
 from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, parse_command, peek_body_fields
 from shared.decision import Accepted, DecideContext, NewEvent
@@ -242,6 +243,10 @@ class CommandIntake:
                 self.duplicates += 1
                 log.info("command_already_settled", outcome_seq=stored[0])
                 return stored[0]
+        if isinstance(parsed, Command) and parsed.fence is not None:
+            fenced = await fence_error(self._js, self._reader.stream, parsed.fence)
+            if fenced is not None:
+                parsed = fenced
         facts = await self._prepare(parsed) if self._prepare is not None and isinstance(parsed, Command) else None
         for attempt in range(MAX_DECIDE_ATTEMPTS + 1):
             if attempt == MAX_DECIDE_ATTEMPTS:

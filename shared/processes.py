@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import time
+from pathlib import Path
 
 import msgspec
 import psutil
@@ -119,3 +120,14 @@ def stop_tree(ref: ProcessRef, *, timeout: float = 10.0) -> bool:
         while time.monotonic() < deadline and any(is_alive(p) for p in living):
             time.sleep(0.05)
     return not any(is_alive(p) for p in tree)
+
+
+def working_in(path: Path) -> list[tuple[int, str]]:
+    """(pid, name) of every live process whose working directory is ``path`` or below it."""
+    root = str(path.resolve())
+    found = []
+    for proc in psutil.process_iter(["pid", "name", "cwd"]):
+        cwd = proc.info.get("cwd")
+        if cwd and (cwd == root or cwd.startswith(root + "/")):
+            found.append((int(proc.info["pid"]), str(proc.info.get("name") or "?")))
+    return found

@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
+import socket
 import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Generic, TypeVar
@@ -21,12 +24,13 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
+from nats.js.kv import KeyValue
 
-from shared import runtime
+from shared import heartbeats, runtime
 from shared.aio import raise_if_cancelling, wait_event
 from shared.bus.append import RETRYABLE_ERRORS, Appender
 from shared.bus.commit import GroupCommitter
-from shared.bus.connection import connect
+from shared.bus.connection import connect_unless_stopped
 from shared.bus.reader import EventReader
 from shared.bus.snapshots import SnapshotStore
 from shared.bus.topology import command_consumer_name, has_command_consumer, owner_of, provision
@@ -64,6 +68,9 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Heartbeat of the log subscription; a lost subscription is noticed within a few of these."""
     max_in_flight: int = 4_096
     """Commands being settled at once (the rest wait in GT_CMD)."""
+    heartbeat_interval: float = 1.0
+    """Seconds between this service's heartbeats in the ``GT_SERVICES`` bucket (0: none); the deacon calls a
+    service down when it misses a few."""
 
 
 class Service(Generic[S]):
@@ -98,6 +105,10 @@ class Service(Generic[S]):
         self._stream_id = ""
         self._started_at = time.monotonic()
         self._query_tasks: set[asyncio.Task[None]] = set()
+        self.instance = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        """This process of the service, as its heartbeats name it."""
+        self._started_wall = datetime.now(UTC)
+        self._services_kv: KeyValue | None = None
         self.reconcile_errors = 0
         self.reconciles = 0
         """Reconcile passes finished (tests wait for "at least one more pass" with it)."""
@@ -195,18 +206,10 @@ class Service(Generic[S]):
         if self._stop.is_set():
             return
         with structlog.contextvars.bound_contextvars(service=self.name):
-            connecting = asyncio.ensure_future(connect(self.config, name=f"gt-{self.name}", connect_attempts=-1))
-            stopping = asyncio.ensure_future(self._stop.wait())
-            try:
-                await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-            if not connecting.done():
-                connecting.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await connecting
+            nc = await connect_unless_stopped(self.config, f"gt-{self.name}", self._stop)
+            if nc is None:
                 return
-            self.nc = connecting.result()
+            self.nc = nc
             try:
                 await self._run_connected(self.nc)
             finally:
@@ -238,6 +241,8 @@ class Service(Generic[S]):
                 tg.create_task(self.reader.run(), name="reader")
                 tg.create_task(self.committer.run(), name="committer")
                 tg.create_task(self._serve(js, tg, snapshots), name="serve")
+                if self.settings.heartbeat_interval > 0:
+                    tg.create_task(self._heartbeat_loop(js), name="heartbeats")
         except BaseExceptionGroup as group:
             errors = [e for e in group.exceptions if not isinstance(e, _ShutdownRequestedError)]
             if len(errors) == 1:
@@ -251,6 +256,9 @@ class Service(Generic[S]):
             for task in list(self._query_tasks):
                 task.cancel()
             await self._final_snapshot(nc, snapshots)
+            if self._stop.is_set() and self.settings.heartbeat_interval > 0:
+                # A clean stop says goodbye, so the deacon records it as stopped, not down.
+                await self._put_heartbeat(js, stopping=True)
 
     async def _provision(self, js: JetStreamContext) -> None:
         while True:
@@ -296,6 +304,32 @@ class Service(Generic[S]):
         with contextlib.suppress(nats.errors.Error, TimeoutError):
             async with asyncio.timeout(10):
                 await self.save_snapshot(snapshots)
+
+    async def _heartbeat_loop(self, js: JetStreamContext) -> None:
+        while True:
+            await self._put_heartbeat(js)
+            await asyncio.sleep(self.settings.heartbeat_interval)
+
+    async def _put_heartbeat(self, js: JetStreamContext, *, stopping: bool = False) -> None:
+        beat = heartbeats.ServiceHeartbeat(
+            service=self.name,
+            instance=self.instance,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            started_at=self._started_wall,
+            ts=datetime.now(UTC),
+            last_seq=self.projection.last_seq,
+            caught_up=bool(self.reader and self.reader.caught_up.is_set()),
+            stopping=stopping,
+        )
+        try:
+            async with asyncio.timeout(max(1.0, self.settings.heartbeat_interval * 2)):
+                if self._services_kv is None:
+                    self._services_kv = await js.key_value(self.config.service_bucket)
+                await self._services_kv.put(heartbeats.key_of(self.name, self.instance), heartbeats.encode(beat))
+        except (nats.errors.Error, TimeoutError) as exc:
+            # A missed heartbeat is what liveness detection is for; the next one tries again.
+            log.warning("heartbeat_failed", error=repr(exc))
 
     async def _stop_watch(self) -> None:
         await self._stop.wait()

@@ -26,7 +26,14 @@ from nats.aio.client import Client
 
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
-from shared.subjects import DEFAULT_CMD_STREAM, DEFAULT_EVT_STREAM, DEFAULT_SNAPSHOT_BUCKET
+from shared.subjects import (
+    DEFAULT_CMD_STREAM,
+    DEFAULT_EVT_STREAM,
+    DEFAULT_HEARTBEAT_BUCKET,
+    DEFAULT_LEASE_BUCKET,
+    DEFAULT_SERVICE_BUCKET,
+    DEFAULT_SNAPSHOT_BUCKET,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,7 +100,13 @@ async def _reset_streams(url: str) -> None:
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
-        for stream in (DEFAULT_EVT_STREAM, DEFAULT_CMD_STREAM, f"OBJ_{DEFAULT_SNAPSHOT_BUCKET}"):
+        buckets = (
+            f"KV_{DEFAULT_HEARTBEAT_BUCKET}",
+            f"KV_{DEFAULT_SERVICE_BUCKET}",
+            f"KV_{DEFAULT_LEASE_BUCKET}",
+            "KV_GT_PLUGINS",
+        )
+        for stream in (DEFAULT_EVT_STREAM, DEFAULT_CMD_STREAM, f"OBJ_{DEFAULT_SNAPSHOT_BUCKET}", *buckets):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await js.delete_stream(stream)
     finally:

@@ -45,12 +45,19 @@ async def assert_eventually(
 def wait_until(
     check: Callable[[], T], *, timeout: float = DEFAULT_DEADLINE_S, interval: float = 0.05, message: str = ""
 ) -> T:
-    """Synchronous ``assert_eventually`` for tests that drive subprocesses."""
+    """Synchronous ``assert_eventually`` for tests that drive subprocesses (also retries AssertionError)."""
     deadline = time.monotonic() + timeout
+    last_error: AssertionError | None = None
     while True:
-        result = check()
-        if result:
-            return result
+        try:
+            result = check()
+            if result:
+                return result
+            last_error = None
+        except AssertionError as exc:
+            last_error = exc
         if time.monotonic() >= deadline:
+            if last_error is not None:
+                raise last_error
             raise AssertionError(message or f"condition not met within {timeout}s")
         time.sleep(interval)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import nats
@@ -79,3 +80,19 @@ def _describe(exc: Exception | None) -> str:
     if isinstance(exc, nats.errors.NoServersError):
         return "no server answered"
     return repr(exc)
+
+
+async def connect_unless_stopped(config: TownConfig, name: str, stop: asyncio.Event) -> Client | None:
+    """Connect (retrying forever), unless ``stop`` is set first: then None, with the attempt cancelled."""
+    connecting = asyncio.ensure_future(connect(config, name=name, connect_attempts=-1))
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not connecting.done():
+        connecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await connecting
+        return None
+    return connecting.result()

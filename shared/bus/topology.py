@@ -43,6 +43,8 @@ COMMAND_OWNERS: dict[str, str] = {
     "session": "witness",
     "nudge": "witness",
     "mr": "refinery",
+    "lease": "deacon",
+    "automation": "deacon",
 }
 """Which service answers commands on ``gt.cmd.<aggregate>.<verb>``, by aggregate."""
 CATCH_ALL_SERVICE = "mayor"
@@ -236,6 +238,10 @@ async def provision(js: JetStreamContext, config: TownConfig) -> ProvisionReport
         (created if made else existing).append(name)
     made = await ensure_heartbeat_bucket(js, config)
     (created if made else existing).append(f"KV {config.heartbeat_bucket}")
+    made = await ensure_kv(js, config.service_bucket, ttl=SERVICE_HEARTBEAT_TTL_S, replicas=config.replicas)
+    (created if made else existing).append(f"KV {config.service_bucket}")
+    made = await ensure_kv(js, config.lease_bucket, ttl=LEASE_RENEWAL_TTL_S, replicas=config.replicas)
+    (created if made else existing).append(f"KV {config.lease_bucket}")
     return ProvisionReport(created=created, existing=existing)
 
 
@@ -243,20 +249,29 @@ HEARTBEAT_TTL_S = 24 * 3600.0
 """Heartbeats are only ever read while fresh; a day of them is plenty."""
 
 
+LEASE_RENEWAL_TTL_S = 8 * 24 * 3600.0
+"""Longer than the longest lease TTL (a week): a live lease's renewal entry never ages out."""
+SERVICE_HEARTBEAT_TTL_S = 3600.0
+"""A service process gone for an hour leaves the bucket by itself (its down event stays in the log)."""
+
+
 async def ensure_heartbeat_bucket(js: JetStreamContext, config: TownConfig) -> bool:
     """The KV bucket of agent heartbeats (a cache of liveness, never truth); True when created."""
+    return await ensure_kv(js, config.heartbeat_bucket, ttl=HEARTBEAT_TTL_S, replicas=config.replicas)
+
+
+async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl: float, replicas: int) -> bool:
+    """A KV bucket keeping the latest value per key; True when this call created it."""
     try:
-        await js.key_value(config.heartbeat_bucket)
+        await js.key_value(bucket)
     except nats.js.errors.BucketNotFoundError:
-        kv_config = KeyValueConfig(
-            bucket=config.heartbeat_bucket, history=1, ttl=HEARTBEAT_TTL_S, replicas=config.replicas
-        )
+        kv_config = KeyValueConfig(bucket=bucket, history=1, ttl=ttl, replicas=replicas)
         try:
             await js.create_key_value(kv_config)
         except nats.js.errors.BadRequestError as exc:
             if exc.err_code != ERR_STREAM_NAME_IN_USE:
                 raise
             return False
-        log.info("bucket_created", bucket=config.heartbeat_bucket)
+        log.info("bucket_created", bucket=bucket)
         return True
     return False

@@ -21,7 +21,7 @@ from shared import config as town_config
 from shared import logging as gt_logging
 from shared.bus.connection import connect
 from shared.bus.topology import provision
-from shared.cli import beads, convoys, mail, polecats, render, work
+from shared.cli import automations, beads, convoys, mail, polecats, render, work
 from shared.cli.client import query, stream_last_seq
 from shared.cli.common import (
     EXIT_OK,
@@ -52,13 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--detach", "-d", action="store_true", help="run in the background and return once ready")
     up.add_argument("--port", type=int, default=int(os.environ.get("GT_NATS_PORT", "4222")))
     up.add_argument("--services", default=",".join(SERVICES), help="comma-separated services to run")
-    sub.add_parser("down", help="stop what `gt up` started (services in reverse order, then NATS)")
+    down = sub.add_parser("down", help="stop what `gt up` started (refinery, witness, mayor, deacon, then NATS)")
+    down.add_argument(
+        "--clean",
+        action="store_true",
+        help="then remove polecat worktrees that are clean and pushed; list the others, which are kept",
+    )
 
     beads.register(sub)
     work.register(sub)
     convoys.register(sub)
     mail.register(sub)
     polecats.register(sub)
+    automations.register(sub)
 
     sub.add_parser("schema", help="JSON Schema of every command and event")
     st = sub.add_parser("health", help="exit 0 when the service is connected and caught up with the log")
@@ -139,7 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd in ("up", "down"):
             from shared.cli import town
 
-            return town.up(args, config, embedded=not nats_given) if args.cmd == "up" else town.down(config)
+            return (
+                town.up(args, config, embedded=not nats_given)
+                if args.cmd == "up"
+                else town.down(config, clean=args.clean)
+            )
         precheck = getattr(args, "precheck", None)
         if precheck is not None:
             precheck(args)  # e.g. `gt done` outside a session: said before trying to reach NATS

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 import structlog
 
+from shared import git, processes
 from shared import logging as gt_logging
-from shared import processes
 from shared.aio import wait_event
 from shared.bus.connection import connect
 from shared.bus.topology import provision
@@ -34,12 +35,16 @@ from shared.cli.client import query
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.errors import GastownError, QueryError
+from shared.events import ServiceDown, decode_envelope
 from shared.processes import ProcessRef
 
 log = structlog.get_logger("gt.up")
 
 START_ORDER = ("mayor", "witness", "refinery", "deacon")
-"""Dependency order: services start in this order and stop in the reverse one."""
+"""Dependency order: services start in this order."""
+STOP_ORDER = ("refinery", "witness", "mayor", "deacon")
+"""Merges and sessions stop first, the mayor after them (it answers their last commands), the deacon last
+(it records the others stopping); then NATS."""
 CRASH_LOOP_RESTARTS = 5
 CRASH_LOOP_WINDOW_S = 15 * 60
 MAX_BACKOFF_S = 30.0
@@ -100,6 +105,8 @@ class ChildService:
         self.restarts: list[float] = []
         self.next_start = 0.0
         self.gave_up = False
+        self.last_exit: int | None = None
+        self.escalated = False
 
     def start(self) -> None:
         with self.log_path.open("ab") as out:
@@ -127,6 +134,16 @@ class ChildService:
             proc.wait()
         log.info("service_stopped", name=self.name, exit_code=proc.returncode)
 
+    def kill_if_hung(self, instance: str) -> bool:
+        """The deacon saw this service's heartbeats stop while its process runs: kill it (verified to be the
+        very process whose heartbeats those were), so ``check`` restarts it. True when killed."""
+        pid = instance.split("-", 1)[0]
+        if self.proc is None or self.ref is None or self.proc.poll() is not None or str(self.proc.pid) != pid:
+            return False
+        log.warning("service_hung", name=self.name, pid=self.proc.pid)
+        # A hung process may ignore SIGTERM; SIGKILL goes only to the re-verified process (pid + start time).
+        return processes.send_signal(self.ref, signal.SIGKILL)
+
     def check(self, now: float) -> bool:
         """Restart a dead child with backoff, give up on a crash loop; True when something changed."""
         if self.gave_up:
@@ -136,6 +153,7 @@ class ChildService:
         changed = False
         if self.proc is not None:
             code = self.proc.returncode
+            self.last_exit = code
             self.proc = None
             self.ref = None
             changed = True
@@ -216,20 +234,64 @@ class Supervisor:
                 self.ready = True
                 self.write_state()
                 log.info("town_ready", nats_url=self.nats_url, services=[c.name for c in self.children])
-                await self._supervise()
+                downs = await nc.subscribe("gt.evt.service.*", cb=self._on_service_event)
+                try:
+                    await self._supervise(nc)
+                finally:
+                    with contextlib.suppress(nats.errors.Error):
+                        await downs.unsubscribe()
             finally:
                 await nc.close()
         finally:
             await asyncio.to_thread(self.shutdown)
         return 0
 
-    async def _supervise(self) -> None:
+    async def _supervise(self, nc: Any) -> None:
         while not self._stop.is_set():
             await wait_event(self._stop, 0.5)
             now = time.monotonic()
             changed = [child.check(now) for child in self.children]  # every child, no short-circuit
             if any(changed):
                 self.write_state()
+            for child in self.children:
+                if child.gave_up and not child.escalated:
+                    child.escalated = await self._escalate_crash_loop(nc, child)
+
+    async def _on_service_event(self, msg: Any) -> None:
+        try:
+            env = decode_envelope(msg.data)
+            if env.type != "service.down":
+                return
+            down = msgspec.json.decode(env.data, type=ServiceDown)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("service_event_unreadable", error=str(exc))
+            return
+        for child in self.children:
+            if child.name == down.service and down.instance:
+                child.kill_if_hung(down.instance)
+
+    async def _escalate_crash_loop(self, nc: Any, child: ChildService) -> bool:
+        """Tell a person (the mayor stores the escalation; the command waits in GT_CMD if the mayor is down)."""
+        assert self._me is not None
+        message = (
+            f"service {child.name} crashed {len(child.restarts)} times within {CRASH_LOOP_WINDOW_S // 60} minutes "
+            f"(last exit code {child.last_exit}); `gt up` stopped restarting it. See {child.log_path}, fix the cause, "
+            "then restart the town."
+        )
+        body = {
+            "severity": "critical",
+            "message": message,
+            "source": f"supervisor/{child.name}",
+            "cmd_id": f"crash-loop-{child.name}-{self._me.pid}-{int(self._me.started)}",
+            "actor": "supervisor",
+        }
+        try:
+            await nc.jetstream().publish("gt.cmd.escalation.raise", msgspec.json.encode(body), timeout=5)
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("crash_loop_escalation_failed", name=child.name, error=repr(exc))
+            return False
+        log.error("service_quarantined", name=child.name, restarts=len(child.restarts))
+        return True
 
     async def _wait_ready(self, nc: Any) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -242,13 +304,15 @@ class Supervisor:
                         pending.discard(name)
             for child in self.children:
                 child.check(time.monotonic())
+                if child.gave_up:
+                    pending.discard(child.name)  # quarantined: the town runs without it (and says so)
             if pending:
                 await wait_event(self._stop, 0.2)
         if pending:
             log.warning("services_not_ready", services=sorted(pending))
 
     def shutdown(self) -> None:
-        for child in reversed(self.children):
+        for child in sorted(self.children, key=lambda c: STOP_ORDER.index(c.name)):
             child.stop()
         if self.server is not None:
             self.server.stop()
@@ -320,23 +384,64 @@ def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> 
             return 3
         state = read_state(config)
         if state is not None and state.ready and state.supervisor.pid == proc.pid:
-            names = ", ".join(state.services)
+            names = ", ".join(s for s in state.services if s not in state.gave_up)
             print(f"town up: NATS {state.nats_url}, services {names} (GT_HOME {config.gt_home}, logs in {logs})")
+            if state.gave_up:
+                quarantined = ", ".join(state.gave_up)
+                print(
+                    f"gt: {quarantined} kept crashing on start and is left down (escalated); see {logs}",
+                    file=sys.stderr,
+                )
             return 0
         time.sleep(0.1)
     print(f"gt: the town did not become ready within {READY_TIMEOUT_S:g}s; see {logs}", file=sys.stderr)
     return 3
 
 
-def down(config: TownConfig) -> int:
-    """``gt down``: ask the supervisor to stop the town and wait until it has."""
+def down(config: TownConfig, *, clean: bool = False) -> int:
+    """``gt down``: ask the supervisor to stop the town and wait until it has; ``clean`` then removes the
+    polecat worktrees that hold nothing unsaved."""
     state = running_town(config)
     if state is None:
         reaped = reap_leftovers(config)
         print("no town is running" + (f" (stopped leftovers: {', '.join(reaped)})" if reaped else ""))
-        return 0
-    if not processes.stop(state.supervisor, timeout=DOWN_TIMEOUT_S):
+    elif not processes.stop(state.supervisor, timeout=DOWN_TIMEOUT_S):
         print(f"gt: the supervisor (pid {state.supervisor.pid}) did not stop", file=sys.stderr)
         return 1
-    print("town down")
+    else:
+        print("town down")
+    if clean:
+        return clean_worktrees(config)
+    return 0
+
+
+def clean_worktrees(config: TownConfig) -> int:
+    """Remove every polecat worktree that is clean and fully pushed; keep and list the rest. The town is down,
+    so nothing is working in them."""
+    rigs = config.gt_home / "rigs"
+    removed, kept = 0, []
+    for rig in sorted(rigs.iterdir()) if rigs.exists() else []:
+        bare = rig / "repo.git"
+        polecats = rig / "polecats"
+        if not polecats.is_dir() or not bare.exists():
+            continue
+        for path in sorted(polecats.iterdir()):
+            try:
+                state = git.worktree_state(path, "main")
+                if not state.exists:
+                    continue
+                busy = processes.working_in(path)
+                if busy:
+                    users = ", ".join(f"{name} (pid {pid})" for pid, name in busy)
+                    kept.append(f"worktree {path} is in use by {users}; it is kept")
+                    continue
+                git.remove_worktree(bare, path, "main")
+                removed += 1
+            except git.WorktreeNotEmptyError as exc:
+                kept.append(str(exc))
+            except git.GitError as exc:
+                kept.append(f"worktree {path} could not be removed ({exc}); it is kept")
+    print(f"removed {removed} clean worktree(s)")
+    for line in kept:
+        print(f"gt: {line}", file=sys.stderr)
     return 0

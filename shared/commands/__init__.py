@@ -6,7 +6,8 @@ from typing import Any
 
 import msgspec
 
-from shared.commands.base import DEFAULT_MAX_COMMAND_BYTES, MAX_ACTOR, Command
+from shared.commands.automations import AUTOMATION_COMMANDS, AutomationRun
+from shared.commands.base import DEFAULT_MAX_COMMAND_BYTES, MAX_ACTOR, Command, Fence
 from shared.commands.beads import BEAD_COMMANDS, BeadClaim, BeadClose, BeadCreate, BeadSling, BeadUpdate
 from shared.commands.convoys import CONVOY_COMMANDS, ConvoyAdd, ConvoyCreate, ConvoyLand
 from shared.commands.escalations import (
@@ -16,6 +17,7 @@ from shared.commands.escalations import (
     EscalationClose,
     EscalationRaise,
 )
+from shared.commands.leases import LEASE_COMMANDS, LeaseAcquire, LeaseRelease
 from shared.commands.mail import MAIL_COMMANDS, MailArchive, MailRead, MailReply, MailSend
 from shared.commands.rigs import (
     POLECAT_TARGET,
@@ -34,7 +36,16 @@ from shared.errors import CommandError
 
 COMMANDS: dict[str, type[Command]] = {
     c.SUBJECT: c
-    for c in (*BEAD_COMMANDS, *STEP_COMMANDS, *CONVOY_COMMANDS, *MAIL_COMMANDS, *ESCALATION_COMMANDS, *RIG_COMMANDS)
+    for c in (
+        *BEAD_COMMANDS,
+        *STEP_COMMANDS,
+        *CONVOY_COMMANDS,
+        *MAIL_COMMANDS,
+        *ESCALATION_COMMANDS,
+        *RIG_COMMANDS,
+        *LEASE_COMMANDS,
+        *AUTOMATION_COMMANDS,
+    )
 }
 _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {s: msgspec.json.Decoder(c) for s, c in COMMANDS.items()}
 _ANY_DECODER = msgspec.json.Decoder()
@@ -92,6 +103,7 @@ __all__ = [
     "DEFAULT_MAX_COMMAND_BYTES",
     "POLECAT_TARGET",
     "SEVERITIES",
+    "AutomationRun",
     "BeadClaim",
     "BeadClose",
     "BeadCreate",
@@ -104,6 +116,9 @@ __all__ = [
     "EscalationAck",
     "EscalationClose",
     "EscalationRaise",
+    "Fence",
+    "LeaseAcquire",
+    "LeaseRelease",
     "MailArchive",
     "MailRead",
     "MailReply",

@@ -28,6 +28,13 @@ TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 VAR_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
+class Fence(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A lease the sender holds: the command is refused unless ``token`` is the lease's live token."""
+
+    lease: str
+    token: int
+
+
 class Command(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Fields every command body may carry."""
 
@@ -38,10 +45,14 @@ class Command(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     """Who is acting (default ``operator``)."""
     correlation_id: str | None = None
     """Ties the command's events to a larger piece of work."""
+    fence: Fence | None = None
+    """Sent by a lease holder: refused (``conflict``) once the lease expired or passed to another holder."""
 
     def validate(self) -> None:
         """Field checks msgspec's types cannot express; raises ``CommandError('invalid', ...)``."""
         check_text("actor", self.actor, MAX_ACTOR, nonblank=True)
+        if self.fence is not None:
+            check_id("fence.lease", self.fence.lease, required=True)
 
 
 def invalid(message: str) -> CommandError:

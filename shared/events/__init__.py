@@ -1,5 +1,6 @@
 """Every event type this project stores, and the registry that decodes them."""
 
+from shared.events.automations import AUTOMATION_EVENTS, AutomationCompleted, AutomationFailed, AutomationFired
 from shared.events.base import (
     Envelope,
     Event,
@@ -17,6 +18,7 @@ from shared.events.escalations import (
     EscalationRaised,
     EscalationReescalated,
 )
+from shared.events.leases import LEASE_EVENTS, LeaseAcquired, LeaseExpired, LeaseReleased
 from shared.events.merge_requests import (
     MERGE_REQUEST_EVENTS,
     MergeRequestClaimed,
@@ -44,6 +46,7 @@ from shared.events.outcomes import (
     CommandRejected,
 )
 from shared.events.rigs import RIG_EVENTS, RigAdded, RigMassDeath
+from shared.events.services import SERVICE_EVENTS, ServiceDown, ServiceStopped, ServiceUp
 from shared.events.sessions import (
     DEATHS,
     SESSION_EVENTS,
@@ -67,6 +70,9 @@ REGISTRY = EventRegistry(
         *NUDGE_EVENTS,
         *MERGE_REQUEST_EVENTS,
         *OUTCOME_EVENTS,
+        *AUTOMATION_EVENTS,
+        *SERVICE_EVENTS,
+        *LEASE_EVENTS,
     )
 )
 """The registry services decode with."""
@@ -75,6 +81,9 @@ __all__ = [
     "DEATHS",
     "REGISTRY",
     "REJECTION_CODES",
+    "AutomationCompleted",
+    "AutomationFailed",
+    "AutomationFired",
     "BeadClaimed",
     "BeadClosed",
     "BeadCreated",
@@ -95,6 +104,9 @@ __all__ = [
     "Event",
     "EventRef",
     "EventRegistry",
+    "LeaseAcquired",
+    "LeaseExpired",
+    "LeaseReleased",
     "MergeRequestClaimed",
     "MergeRequestConflicted",
     "MergeRequestFailed",
@@ -109,6 +121,9 @@ __all__ = [
     "NudgeQueued",
     "RigAdded",
     "RigMassDeath",
+    "ServiceDown",
+    "ServiceStopped",
+    "ServiceUp",
     "SessionCleaned",
     "SessionDoneIntent",
     "SessionEnded",

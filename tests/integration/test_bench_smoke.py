@@ -40,6 +40,9 @@ def test_the_benchmarks_run_and_report_every_figure_with_its_ceiling(gt_env: dic
         *["(l)"] * 5,
         "(m)",
         "(m)",
+        "(n)",
+        "(n)",
+        "(o)",
     ]
     for row in rows:
         cells = [cell.strip() for cell in row.split("|")[1:-1]]

@@ -27,7 +27,10 @@ EVERYTHING = {
     "GT_CMD/mayor-cmd",
     "GT_CMD/witness-cmd",
     "GT_CMD/refinery-cmd",
+    "GT_CMD/deacon-cmd",
     "KV GT_HEARTBEATS",
+    "KV GT_SERVICES",
+    "KV GT_LEASES",
 }
 
 

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 
 from shared import processes
 from shared.cli.town import read_state
 from shared.config import TownConfig
+from shared.tmux import Tmux
 from tests.helpers import wait_until
+from tests.log_tools import events_of
+from tests.witness_town import make_origin
 
 
 class TownCli:
@@ -57,7 +63,7 @@ def _log_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
-def test_up_runs_the_town_and_down_stops_it_in_reverse_order(gt_town: TownCli) -> None:
+def test_up_runs_the_town_and_down_stops_refinery_witness_mayor_deacon_then_nats(gt_town: TownCli) -> None:
     up = gt_town("up", "-d", "--port", "0")
     assert up.returncode == 0, up.stderr + up.stdout
     assert "town up" in up.stdout
@@ -87,7 +93,7 @@ def test_up_runs_the_town_and_down_stops_it_in_reverse_order(gt_town: TownCli) -
 
     town_log = _log_events(gt_town.home / "logs" / "town.log")
     stopped = [e["name"] for e in town_log if e["event"] == "service_stopped"]
-    assert stopped == ["deacon", "refinery", "witness", "mayor"]
+    assert stopped == ["refinery", "witness", "mayor", "deacon"]
     order = [e["event"] for e in town_log if e["event"] in ("service_stopped", "nats_stopped")]
     assert order[-1] == "nats_stopped"
     for service in ("mayor", "witness", "refinery", "deacon"):
@@ -134,3 +140,119 @@ def test_unknown_services_are_a_usage_error(gt_town: TownCli) -> None:
     run = gt_town("up", "-d", "--services", "mayor,butler")
     assert run.returncode == 2
     assert "butler" in run.stderr
+
+
+def _service_events(url: str, service: str) -> list[tuple[str, dict[str, Any]]]:
+    async def read() -> list[tuple[str, dict[str, Any]]]:
+        nc = await nats.connect(url)
+        try:
+            return await events_of(nc, f"gt.evt.service.{service}")
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def _restarted(town: TownCli, name: str, old: processes.ProcessRef) -> processes.ProcessRef | None:
+    now = read_state(town.config)
+    ref = now.services.get(name) if now else None
+    return ref if ref is not None and ref.pid != old.pid and processes.is_alive(ref) else None
+
+
+def test_witness_refinery_and_mayor_killed_in_turn_are_back_and_the_deacon_saw_each_go(gt_town: TownCli) -> None:
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+    state = read_state(gt_town.config)
+    assert state is not None
+    beads = []
+    for name in ("witness", "refinery", "mayor"):
+        old = state.services[name]
+        assert old is not None
+        os.kill(old.pid, signal.SIGKILL)
+        # Work sent while it is down waits in GT_CMD and is carried out once it is back.
+        created = gt_town("bead", "create", f"sent while the {name} was killed", "--wait")
+        assert created.returncode == 0, created.stderr
+        beads.append(created.stdout.strip())
+        wait_until(lambda n=name, o=old: _restarted(gt_town, n, o), timeout=60, message=f"{name} restarted")  # type: ignore[misc]
+
+        def seen_down_and_up(n: str = name) -> list[str]:
+            kinds = [kind for kind, _ in _service_events(state.nats_url, n)]
+            assert kinds[-2:] == ["service.down", "service.up"], kinds
+            return kinds
+
+        wait_until(seen_down_and_up, timeout=60)
+    for bead in beads:
+        shown = gt_town("bead", "show", bead, "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["id"] == bead
+    now = read_state(gt_town.config)
+    assert now is not None
+    assert now.gave_up == []
+
+
+def test_a_service_that_crashes_on_start_is_quarantined_and_escalated(gt_town: TownCli) -> None:
+    gt_town.env["GT_MQ_BATCH"] = "0"  # the refinery refuses to start with it: a crash loop
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+
+    def quarantined() -> list[str]:
+        state = read_state(gt_town.config)
+        assert state is not None
+        assert state.gave_up == ["refinery"]
+        return state.gave_up
+
+    wait_until(quarantined, timeout=120)
+
+    def escalated() -> dict[str, Any]:
+        listed = gt_town("escalations", "--json")
+        assert listed.returncode == 0, listed.stderr
+        found: list[dict[str, Any]] = [e for e in json.loads(listed.stdout) if e.get("source") == "supervisor/refinery"]
+        assert found, listed.stdout
+        return found[0]
+
+    escalation = wait_until(escalated, timeout=60)
+    assert escalation["severity"] == "critical"
+    assert "refinery crashed 6 times" in escalation["message"]
+    town_log = _log_events(gt_town.home / "logs" / "town.log")
+    starts = [e for e in town_log if e["event"] == "service_started" and e["name"] == "refinery"]
+    assert len(starts) == 6, "started once and restarted five times, then left down"
+    assert gt_town("health", "mayor").returncode == 0, "the rest of the town runs on"
+
+
+def test_down_keeps_worktrees_and_down_clean_removes_only_the_clean_pushed_ones(
+    gt_town: TownCli, tmp_path: Path
+) -> None:
+    socket = f"gt-test-{uuid.uuid4().hex[:10]}"
+    gt_town.env["GT_TMUX_SOCKET"] = socket
+    origin = make_origin(tmp_path / "project")
+    try:
+        assert gt_town("up", "-d", "--port", "0").returncode == 0
+        added = gt_town("rig", "add", "demo", str(origin), "--agent", "GT_AGENT_FAULT=hang gt-agent", "--wait")
+        assert added.returncode == 0, added.stderr
+        for title in ("left clean", "left dirty"):
+            bead = gt_town("bead", "create", title, "--prefix", "demo", "--wait").stdout.strip()
+            assert gt_town("sling", bead, "demo", "--wait").returncode == 0
+        polecats = gt_town.home / "rigs" / "demo" / "polecats"
+
+        def two_worktrees() -> list[Path]:
+            found = sorted(p for p in polecats.iterdir() if (p / ".git").exists()) if polecats.exists() else []
+            assert len(found) == 2, found
+            return found
+
+        clean, dirty = wait_until(two_worktrees, timeout=60)
+        (dirty / "unsaved.txt").write_text("work nobody committed\n")
+        assert gt_town("down").returncode == 0
+        assert clean.exists(), "gt down keeps worktrees"
+        assert dirty.exists()
+
+        busy = gt_town("down", "--clean")
+        assert "removed 0 clean worktree(s)" in busy.stdout
+        assert busy.stderr.count("is in use by") == 2, "agents still run in them: nothing is removed under them"
+        Tmux(socket).kill_server()
+        wait_until(lambda: not processes.working_in(clean) and not processes.working_in(dirty), timeout=30)
+        cleaned = gt_town("down", "--clean")
+        assert cleaned.returncode == 0, cleaned.stderr
+        assert "removed 1 clean worktree(s)" in cleaned.stdout
+        assert f"worktree {dirty} has uncommitted changes; it is kept" in cleaned.stderr
+        assert not clean.exists()
+        assert (dirty / "unsaved.txt").read_text() == "work nobody committed\n"
+    finally:
+        Tmux(socket).kill_server()

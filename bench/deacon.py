@@ -1,0 +1,193 @@
+"""(n) detection of a killed service, (o) the deacon's CPU while it keeps many leases.
+
+Everything real: mayor, witness and deacon as their own processes with their default settings (a heartbeat a
+second, down after 3 s without one, a check every 0.5 s).
+
+(n): kill -9 of the witness -> the deacon's ``service.down`` event arrives; then the witness is started again
+    and its ``service.up`` awaited before the next kill. Ceiling: the staleness threshold itself
+    (``GT_SERVICE_STALE_AFTER``): the deacon may not call a service down sooner without false alarms.
+(o): N leases are acquired (the deacon records each), then renewed by their holders during a quiet period:
+    S of them every second (like agents' sessions) and the rest every 10 s (TTL 30 s). The deacon's CPU over
+    the period, against a bare process that only follows the same lease bucket with a KV watch and decodes
+    every renewal (what any deacon must at least do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psutil
+from nats.aio.client import Client
+
+from bench.common import (
+    REPO_ROOT,
+    Figure,
+    percentile,
+    provisioned,
+    run_commands,
+    server,
+    start_service,
+    stop_service,
+    wait_ready,
+)
+from shared import leases
+from shared.events import decode_envelope
+from shared.tmux import Tmux
+
+STALE_AFTER_S = 3.0
+
+BARE_WATCHER = """
+import asyncio, sys, msgspec, nats
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    kv = await nc.jetstream().key_value("GT_LEASES")
+    watcher = await kv.watchall()
+    dec = msgspec.json.Decoder()
+    async for entry in watcher:
+        if entry is not None and entry.value:
+            dec.decode(entry.value)
+asyncio.run(main())
+"""
+
+
+class ServiceEvents:
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, str, str]] = []
+        """(monotonic arrival, type, instance)."""
+        self.changed = asyncio.Event()
+
+    async def subscribe(self, nc: Client) -> None:
+        async def on_msg(msg: Any) -> None:
+            env = decode_envelope(msg.data)
+            data = msgspec.json.decode(env.data)
+            self.seen.append((time.monotonic(), env.type, str(data.get("instance", ""))))
+            self.changed.set()
+
+        await nc.subscribe("gt.evt.service.witness", cb=on_msg)
+
+    async def next_of(self, kind: str, after: float, timeout: float = 60) -> float:
+        async with asyncio.timeout(timeout):
+            while True:
+                for at, seen_kind, _ in self.seen:
+                    if seen_kind == kind and at > after:
+                        return at
+                self.changed.clear()
+                await self.changed.wait()
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+async def _detection(nc: Client, url: str, env: dict[str, str], kills: int) -> list[float]:
+    events = ServiceEvents()
+    await events.subscribe(nc)
+    latencies = []
+    witness = start_service("witness", url, env=env)
+    try:
+        await events.next_of("service.up", 0)
+        for _ in range(kills):
+            killed_at = time.monotonic()
+            witness.kill()
+            witness.wait()
+            latencies.append(await events.next_of("service.down", killed_at) - killed_at)
+            started = time.monotonic()
+            witness = start_service("witness", url, env=env)
+            await events.next_of("service.up", started)
+    finally:
+        stop_service(witness)
+    return latencies
+
+
+async def _leases(nc: Client, url: str, deacon: psutil.Process, count: int, fast: int, quiet_s: float) -> Figure:
+    bodies = [
+        json.dumps({"lease": f"bench-{i}", "holder": f"holder-{i}", "ttl_s": 30.0}).encode() for i in range(count)
+    ]
+    _, _, outcomes = await run_commands(nc, "gt.cmd.lease.acquire", bodies)
+    if any(o["type"] != "cmd.accepted" for o in outcomes):
+        raise RuntimeError("a lease acquisition was rejected")
+    kv = await nc.jetstream().key_value("GT_LEASES")
+    bare = subprocess.Popen([sys.executable, "-c", BARE_WATCHER, url], cwd=REPO_ROOT)
+    try:
+        await asyncio.sleep(2)  # both watchers have read the bucket's current state
+        bare_ps = psutil.Process(bare.pid)
+        deacon_before, bare_before = cpu_seconds(deacon), cpu_seconds(bare_ps)
+        began = time.monotonic()
+        tick = 0
+        while time.monotonic() - began < quiet_s:
+            due = range(count) if tick % 10 == 0 else range(fast)
+            now = datetime.now(UTC)
+            await asyncio.gather(*(leases.renew(kv, f"bench-{i}", f"holder-{i}", 1, now) for i in due))
+            tick += 1
+            await asyncio.sleep(max(0.0, began + tick - time.monotonic()))
+        elapsed = time.monotonic() - began
+        deacon_cpu = (cpu_seconds(deacon) - deacon_before) / elapsed * 100
+        bare_cpu = (cpu_seconds(bare_ps) - bare_before) / elapsed * 100
+    finally:
+        bare.terminate()
+        bare.wait()
+    status = json.loads((await nc.request("gt.q.deacon.status", b"{}", timeout=10)).data)["result"]
+    if status["leases_held"] != count or status["leases_expired"] != 0:
+        raise RuntimeError(f"the deacon should hold {count} live leases and expire none: {status}")
+    renewals = count * (quiet_s / 10) + fast * quiet_s
+    return Figure(
+        name=f"(o) deacon CPU with {count:,} live leases ({fast} renewed every second)",
+        value=deacon_cpu,
+        unit="% of a core",
+        ceiling=bare_cpu,
+        ceiling_name="a bare KV watch of the lease bucket",
+        higher_is_better=False,
+        notes=[f"about {renewals / quiet_s:,.0f} renewals/s into the bucket over {quiet_s:g} s; none in the log"],
+    )
+
+
+async def run(kills: int = 10, leases_n: int = 1000, fast: int = 200, quiet_s: float = 30.0) -> list[Figure]:
+    socket = f"gt-bench-{uuid.uuid4().hex[:8]}"
+    with tempfile.TemporaryDirectory(prefix="gt-bench-deacon-") as tmp, server() as srv:
+        nc, _town = await provisioned(srv.url)
+        env = {"GT_HOME": str(Path(tmp) / "home"), "GT_TMUX_SOCKET": socket, "GT_WATCHED_SERVICES": "witness"}
+        procs = {name: start_service(name, srv.url, env=env) for name in ("mayor", "deacon")}
+        try:
+            for name in procs:
+                await wait_ready(nc, name)
+            latencies = await _detection(nc, srv.url, env, kills)
+            cpu = await _leases(nc, srv.url, psutil.Process(procs["deacon"].pid), leases_n, fast, quiet_s)
+        finally:
+            for proc in procs.values():
+                stop_service(proc)
+            Tmux(socket).kill_server()
+            await nc.close()
+    figures = [
+        Figure(
+            name=f"(n) kill -9 of a service -> service.down recorded, p50 over {kills} kills",
+            value=percentile(latencies, 50),
+            unit="s",
+            ceiling=STALE_AFTER_S,
+            ceiling_name="the staleness threshold",
+            higher_is_better=False,
+            notes=["heartbeat 1 s, check every 0.5 s; under `gt up` the supervisor sees the exit within 0.5 s"],
+        ),
+        Figure(
+            name=f"(n) kill -9 of a service -> service.down recorded, max over {kills} kills",
+            value=max(latencies),
+            unit="s",
+            ceiling=STALE_AFTER_S,
+            ceiling_name="the staleness threshold",
+            higher_is_better=False,
+        ),
+        cpu,
+    ]
+    for figure in figures:
+        print(figure.line(), flush=True)
+    return figures

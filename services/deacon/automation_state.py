@@ -1,0 +1,253 @@
+"""What the log says about automations: each one's runs (open, completed, failed), its last fire, its event
+cursor, and the outcomes of the commands its formula runs sent. A pure fold; records the last sequence applied.
+
+Besides the automation events it folds: the newest sequence of every event type (what event gates compare
+their cursor with), the outcomes of the commands formula runs send (by their fixed ids), ``bead.closed`` of
+the beads those runs slung, and the rigs' bead prefixes.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import datetime
+
+import msgspec
+
+from shared.events import (
+    AutomationCompleted,
+    AutomationFailed,
+    AutomationFired,
+    BeadClosed,
+    CommandAccepted,
+    CommandRejected,
+    Envelope,
+    Event,
+    RigAdded,
+)
+from shared.ids import stable_digest_id
+
+HISTORY = 10
+"""Finished runs kept per automation (the log has them all)."""
+FORMULA_STEPS = ("create", "sling", "close")
+"""Commands a formula run may send: create its bead, sling it, and close it again when the sling is refused."""
+
+
+class Run(msgspec.Struct, kw_only=True):
+    id: str
+    gate: str
+    reason: str
+    action: str
+    fired_at: datetime
+    fired_seq: int
+    holder: str = ""
+    lease_until: datetime | None = None
+    cursor: int | None = None
+    exec: str = ""
+    timeout_s: float | None = None
+    formula: str | None = None
+    rig: str | None = None
+    title: str = ""
+    vars: dict[str, str] = {}
+    status: str = "open"
+    """open, completed or failed."""
+    ended_at: datetime | None = None
+    result: str = ""
+    error: str = ""
+    exit_code: int | None = None
+    bead: str | None = None
+    """formula: the bead its create command made."""
+    create: str = ""
+    sling: str = ""
+    """formula: "" (no outcome yet), accepted or rejected, for its create and sling commands."""
+    refusal: str = ""
+    """formula: why the create or the sling was rejected."""
+    bead_closed: bool = False
+    close_reason: str = ""
+
+
+class AutomationRecord(msgspec.Struct, kw_only=True):
+    name: str
+    version: int = 0
+    """The aggregate's last subject sequence: the expected sequence of the next event on it."""
+    runs: int = 0
+    completed: int = 0
+    failed: int = 0
+    last_fired_at: datetime | None = None
+    cursor: int = 0
+    """Event gates: the newest event any run covered (0: none yet)."""
+    open: Run | None = None
+    history: list[Run] = []
+    """The last finished runs, oldest first."""
+
+    def last_run(self) -> Run | None:
+        return self.open or (self.history[-1] if self.history else None)
+
+
+class Awaited(msgspec.Struct, frozen=True, kw_only=True):
+    automation: str
+    run: str
+    step: str
+
+
+class AutomationState(msgspec.Struct, kw_only=True):
+    automations: dict[str, AutomationRecord] = {}
+    awaited: dict[str, Awaited] = {}
+    """Command id -> the open formula run that sent (or will send) it."""
+    beads: dict[str, str] = {}
+    """Bead id -> the automation whose open formula run slung it."""
+    newest: dict[str, int] = {}
+    """Event type -> the sequence of the newest event of that type."""
+    rig_prefixes: dict[str, str] = {}
+
+
+def command_id(automation: str, run_id: str, step: str) -> str:
+    """The fixed id of a formula run's command: re-sent after a crash, it is carried out once."""
+    return stable_digest_id(f"automation/{automation}/{run_id}/{step}", prefix="auto")
+
+
+def fold(payload: Event, state: AutomationState, env: Envelope, seq: int) -> None:
+    state.newest[env.type] = seq
+    _fold(payload, state, env, seq)
+
+
+@functools.singledispatch
+def _fold(payload: Event, state: AutomationState, env: Envelope, seq: int) -> None:
+    """Other events change nothing else."""
+
+
+def _record(state: AutomationState, name: str, seq: int) -> AutomationRecord:
+    record = state.automations.get(name)
+    if record is None:
+        record = state.automations[name] = AutomationRecord(name=name)
+    record.version = seq
+    return record
+
+
+@_fold.register
+def _fired(payload: AutomationFired, state: AutomationState, env: Envelope, seq: int) -> None:
+    record = _record(state, payload.automation, seq)
+    if record.open is not None:
+        # Cannot happen through the deacon (it appends with the expected sequence after seeing the open run);
+        # a writer that did it anyway leaves the earlier run's outcome unknown.
+        _finish(state, record, record.open, "failed", env.ts, error=f"superseded by run {payload.run_id}")
+    run = Run(
+        id=payload.run_id,
+        gate=payload.gate,
+        reason=payload.reason,
+        action=payload.action,
+        fired_at=env.ts,
+        fired_seq=seq,
+        holder=payload.holder,
+        lease_until=payload.lease_until,
+        cursor=payload.cursor,
+        exec=payload.exec,
+        timeout_s=payload.timeout_s,
+        formula=payload.formula,
+        rig=payload.rig,
+        title=payload.title,
+        vars=dict(payload.vars),
+    )
+    record.open = run
+    record.runs += 1
+    record.last_fired_at = env.ts
+    if payload.cursor is not None:
+        record.cursor = max(record.cursor, payload.cursor)
+    if run.action == "formula":
+        for step in FORMULA_STEPS:
+            state.awaited[command_id(record.name, run.id, step)] = Awaited(
+                automation=record.name, run=run.id, step=step
+            )
+
+
+@_fold.register
+def _completed(payload: AutomationCompleted, state: AutomationState, env: Envelope, seq: int) -> None:
+    record = _record(state, payload.automation, seq)
+    run = record.open
+    if run is not None and run.id == payload.run_id:
+        _finish(state, record, run, "completed", env.ts, result=payload.result)
+
+
+@_fold.register
+def _failed(payload: AutomationFailed, state: AutomationState, env: Envelope, seq: int) -> None:
+    record = _record(state, payload.automation, seq)
+    run = record.open
+    if run is not None and run.id == payload.run_id:
+        _finish(state, record, run, "failed", env.ts, error=payload.error, exit_code=payload.exit_code)
+
+
+def _finish(
+    state: AutomationState,
+    record: AutomationRecord,
+    run: Run,
+    status: str,
+    at: datetime,
+    *,
+    result: str = "",
+    error: str = "",
+    exit_code: int | None = None,
+) -> None:
+    run.status, run.ended_at, run.result, run.error, run.exit_code = status, at, result, error, exit_code
+    if status == "completed":
+        record.completed += 1
+    else:
+        record.failed += 1
+    record.open = None
+    record.history.append(run)
+    del record.history[:-HISTORY]
+    for step in FORMULA_STEPS:
+        state.awaited.pop(command_id(record.name, run.id, step), None)
+    if run.bead is not None:
+        state.beads.pop(run.bead, None)
+
+
+def _awaited_run(state: AutomationState, command: str) -> tuple[Awaited, Run] | None:
+    awaited = state.awaited.get(command)
+    if awaited is None:
+        return None
+    record = state.automations.get(awaited.automation)
+    run = record.open if record is not None else None
+    if run is None or run.id != awaited.run:
+        return None
+    return awaited, run
+
+
+@_fold.register
+def _accepted(payload: CommandAccepted, state: AutomationState, env: Envelope, seq: int) -> None:
+    found = _awaited_run(state, payload.command_id)
+    if found is None:
+        return
+    awaited, run = found
+    if awaited.step == "create":
+        bead = payload.result.get("id")
+        if isinstance(bead, str) and run.create != "accepted":
+            run.create, run.bead = "accepted", bead
+            state.beads[bead] = awaited.automation
+    elif awaited.step == "sling":
+        run.sling = "accepted"
+
+
+@_fold.register
+def _rejected(payload: CommandRejected, state: AutomationState, env: Envelope, seq: int) -> None:
+    found = _awaited_run(state, payload.command_id)
+    if found is None:
+        return
+    awaited, run = found
+    message = f"{payload.command} rejected ({payload.code}): {payload.message}"
+    if awaited.step == "create" and not run.create:
+        run.create, run.refusal = "rejected", message
+    elif awaited.step == "sling" and not run.sling:
+        run.sling, run.refusal = "rejected", message
+
+
+@_fold.register
+def _bead_closed(payload: BeadClosed, state: AutomationState, env: Envelope, seq: int) -> None:
+    name = state.beads.get(payload.bead_id)
+    record = state.automations.get(name) if name is not None else None
+    run = record.open if record is not None else None
+    if run is not None and run.bead == payload.bead_id:
+        run.bead_closed, run.close_reason = True, payload.reason
+
+
+@_fold.register
+def _rig_added(payload: RigAdded, state: AutomationState, env: Envelope, seq: int) -> None:
+    state.rig_prefixes.setdefault(payload.rig, payload.prefix)

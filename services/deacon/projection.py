@@ -1,0 +1,20 @@
+"""The deacon's projection: each part of its state folds the events it cares about."""
+
+from __future__ import annotations
+
+from services.deacon import automation_state, leases, liveness
+from services.deacon.state import DeaconState
+from shared.events import Envelope, Event
+from shared.projection import Projection
+
+SCHEMA_VERSION = 2
+
+
+def fold(payload: Event, state: DeaconState, env: Envelope, seq: int) -> None:
+    liveness.fold(payload, state.liveness, env, seq)
+    leases.fold(payload, state.leases, env, seq)
+    automation_state.fold(payload, state.automations, env, seq)
+
+
+def new_projection() -> Projection[DeaconState]:
+    return Projection("deacon", DeaconState, fold, schema_version=SCHEMA_VERSION)

@@ -1,0 +1,49 @@
+"""How the deacon watches: read from the environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import msgspec
+
+from services.deacon.liveness import WATCHED
+
+
+class DeaconSettings(msgspec.Struct, frozen=True, kw_only=True):
+    stale_after_s: float = 3.0
+    """A service whose freshest heartbeat is older than this is down (``GT_SERVICE_STALE_AFTER``)."""
+    startup_grace_s: float = 15.0
+    """A watched service that never reported is down after this (``GT_SERVICE_STARTUP_GRACE``)."""
+    escalate_after_s: float = 60.0
+    """A service down this long is escalated (``GT_SERVICE_ESCALATE_AFTER``)."""
+    watched: tuple[str, ...] = WATCHED
+    """Services expected to run (``GT_WATCHED_SERVICES``, comma-separated; empty: none)."""
+    tick_s: float = 0.5
+    """Seconds between liveness and lease checks (``GT_DEACON_TICK``)."""
+
+
+def _seconds(env: Mapping[str, str], key: str, default: float, minimum: float) -> float:
+    text = env.get(key)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"{key} must be a number of seconds of at least {minimum:g}, got {text!r}")
+    return value
+
+
+def load(env: Mapping[str, str] | None = None) -> DeaconSettings:
+    """Raises ValueError naming a setting whose value cannot be used."""
+    env = os.environ if env is None else env
+    watched = env.get("GT_WATCHED_SERVICES")
+    return DeaconSettings(
+        stale_after_s=_seconds(env, "GT_SERVICE_STALE_AFTER", 3.0, 0.5),
+        startup_grace_s=_seconds(env, "GT_SERVICE_STARTUP_GRACE", 15.0, 0.0),
+        escalate_after_s=_seconds(env, "GT_SERVICE_ESCALATE_AFTER", 60.0, 1.0),
+        watched=WATCHED if watched is None else tuple(s.strip() for s in watched.split(",") if s.strip()),
+        tick_s=_seconds(env, "GT_DEACON_TICK", 0.5, 0.05),
+    )

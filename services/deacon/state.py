@@ -1,0 +1,15 @@
+"""What the deacon knows: service liveness and leases (automations add their own part). Plain data."""
+
+from __future__ import annotations
+
+import msgspec
+
+from services.deacon.automation_state import AutomationState
+from services.deacon.leases import LeaseState
+from services.deacon.liveness import LivenessState
+
+
+class DeaconState(msgspec.Struct, kw_only=True):
+    liveness: LivenessState = msgspec.field(default_factory=LivenessState)
+    leases: LeaseState = msgspec.field(default_factory=LeaseState)
+    automations: AutomationState = msgspec.field(default_factory=AutomationState)

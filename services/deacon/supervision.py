@@ -1,0 +1,152 @@
+"""The deacon's watch over services and leases: the adapter around the pure ``liveness`` and ``leases`` modules.
+
+Both KV buckets (service heartbeats, lease renewals) are followed with a KV watch, so a tick reads memory, not
+NATS: with a thousand live leases a tick is a loop over a dict. What a tick owes is stored through the
+service's ``append_owed`` (each event with its aggregate's expected sequence, so two deacons never both expire a
+lease or record the same down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.js.client import JetStreamContext
+from nats.js.kv import KeyValue
+
+from services.deacon import leases as lease_rules
+from services.deacon import liveness
+from shared import heartbeats
+from shared import leases as lease_kv
+from shared.decision import NewEvent
+from shared.heartbeats import ServiceHeartbeat
+from shared.leases import Renewal
+
+log = structlog.get_logger(__name__)
+
+AppendOwed = Callable[[list[NewEvent]], Awaitable[int]]
+SendCommand = Callable[[str, dict[str, object], str], Awaitable[int]]
+WATCH_RETRY_S = 1.0
+
+
+class BucketMirror:
+    """The latest value and revision of every key of a KV bucket, kept current by a watch."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.entries: dict[str, tuple[bytes, int]] = {}
+        self.ready = asyncio.Event()
+        """Set once the watch delivered everything the bucket held when it started."""
+
+    async def run(self, js: JetStreamContext) -> None:
+        while True:
+            try:
+                kv = await js.key_value(self.name)
+                watcher = await kv.watchall()
+                try:
+                    async for entry in watcher:
+                        self._apply(entry)
+                finally:
+                    with contextlib.suppress(nats.errors.Error):
+                        await watcher.stop()  # type: ignore[no-untyped-call]
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.warning("bucket_watch_failed", bucket=self.name, error=repr(exc))
+            await asyncio.sleep(WATCH_RETRY_S)
+
+    def _apply(self, entry: KeyValue.Entry | None) -> None:
+        if entry is None:  # the watch has delivered what the bucket held at its start
+            self.ready.set()
+            return
+        if entry.operation in ("DEL", "PURGE") or entry.value is None:
+            self.entries.pop(entry.key, None)
+        else:
+            self.entries[entry.key] = (entry.value, int(entry.revision or 0))
+
+
+class Supervision:
+    def __init__(
+        self,
+        *,
+        service_bucket: str,
+        lease_bucket: str,
+        liveness_policy: liveness.Policy,
+        append_owed: AppendOwed,
+        send_command: SendCommand,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.services = BucketMirror(service_bucket)
+        self.renewals = BucketMirror(lease_bucket)
+        self.policy = liveness_policy
+        self._append_owed = append_owed
+        self._send_command = send_command
+        self._clock = clock
+        self._lease_kv: KeyValue | None = None
+        self._watching_since: datetime | None = None
+        self.expired = 0
+
+    def start(self, tg: asyncio.TaskGroup, js: JetStreamContext) -> None:
+        self._js = js
+        self._watching_since = self._clock()
+        tg.create_task(self.services.run(js), name="watch-services")
+        tg.create_task(self.renewals.run(js), name="watch-leases")
+
+    def beats(self) -> list[ServiceHeartbeat]:
+        out = []
+        for key, (value, _rev) in self.services.entries.items():
+            beat = heartbeats.decode(value)
+            if beat is None:
+                log.warning("heartbeat_unreadable", key=key)
+                continue
+            out.append(beat)
+        return out
+
+    async def check_services(self, state: liveness.LivenessState) -> None:
+        if not self.services.ready.is_set() or self._watching_since is None:
+            return
+        owed = liveness.plan(state, self.beats(), self._clock(), self._watching_since, self.policy)
+        if owed.events:
+            await self._append_owed(owed.events)
+            for new in owed.events:
+                log.info(new.payload.TYPE.replace(".", "_"), service=new.payload.aggregate_id())
+        for esc in owed.escalations:
+            body: dict[str, object] = {"severity": "high", "message": esc.message, "source": f"deacon/{esc.service}"}
+            await self._send_command("gt.cmd.escalation.raise", body, esc.command_id)
+
+    def renewal_of(self, lease: str) -> tuple[Renewal | None, int]:
+        found = self.renewals.entries.get(lease)
+        if found is None:
+            return None, 0
+        return lease_kv.decode_renewal(found[0]), found[1]
+
+    async def expire_leases(self, state: lease_rules.LeaseState) -> int:
+        """Expire every held lease whose TTL passed since its last renewal; how many."""
+        if not self.renewals.ready.is_set():
+            return 0
+        now = self._clock()
+        owed: list[NewEvent] = []
+        for lease in state.leases.values():
+            renewal, revision = self.renewal_of(lease.name)
+            if not lease_rules.due_to_expire(lease, renewal, now):
+                continue
+            if renewal is None or not renewal.expired or renewal.token != lease.token:
+                # Mark first: a renewal that lands before the mark keeps the lease, one after it is refused.
+                if self._lease_kv is None:
+                    self._lease_kv = await self._js.key_value(self.renewals.name)
+                last = lease_rules.last_renewed(lease, renewal)
+                marked = await lease_kv.mark_expired(
+                    self._lease_kv, lease.name, lease.holder, lease.token, last, seen_revision=revision
+                )
+                if not marked:
+                    continue  # renewed meanwhile: looked at again next tick
+            owed.append(lease_rules.expiry(lease, renewal))
+        if owed:
+            stored = await self._append_owed(owed)
+            self.expired += stored
+            for new in owed:
+                log.info("lease_expired", lease=new.payload.aggregate_id())
+        return len(owed)

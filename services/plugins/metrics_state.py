@@ -1,0 +1,278 @@
+"""The metrics exporter's projection (a fold of the log) and its Prometheus text. Pure: no I/O, no clock.
+
+Beads, sessions and merge requests are tracked only while they can still change; once final (closed,
+ended, merged) they leave the maps and are counted, so memory follows the live work, not the history.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+
+import msgspec
+
+from shared.events import (
+    BeadClaimed,
+    BeadClosed,
+    BeadCreated,
+    BeadSlung,
+    Envelope,
+    Event,
+    MergeRequestClaimed,
+    MergeRequestConflicted,
+    MergeRequestFailed,
+    MergeRequestMerged,
+    MergeRequestRejected,
+    MergeRequestRequeued,
+    MergeRequestSubmitted,
+    RigAdded,
+    SessionEnded,
+    SessionRequested,
+    SessionStarted,
+)
+
+BEAD_STATUSES = ("open", "hooked", "in_progress", "closed")
+BEAD_RANK = {status: rank for rank, status in enumerate(BEAD_STATUSES)}
+SESSION_STATES = ("requested", "started", "ended")
+MR_STATUSES = ("queued", "claimed", "blocked", "failed", "escalated", "rejected", "merged")
+IN_QUEUE = frozenset({"queued", "claimed"})
+"""Merge request statuses counted as the queue's depth: waiting, or being rebased, gated and merged."""
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class MergeRequestInfo(msgspec.Struct, kw_only=True):
+    rig: str
+    status: str = "queued"
+
+
+class MetricsState(msgspec.Struct, kw_only=True):
+    last_seq: int = 0
+    events: dict[str, int] = {}
+    """Events by type, unknown types included."""
+    undecodable: int = 0
+    beads: dict[str, str] = {}
+    """Bead id -> status, for beads not closed yet."""
+    closed_beads: int = 0
+    sessions: dict[str, str] = {}
+    """Session id -> state, for sessions not ended yet."""
+    ended_sessions: int = 0
+    mrs: dict[str, MergeRequestInfo] = {}
+    """Merge requests not merged yet."""
+    merged_mrs: int = 0
+    rigs: set[str] = set()
+
+
+class ServiceFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """A service's answer to ``gt.q.<service>.status``."""
+
+    last_seq: int
+    caught_up: bool
+
+
+class LiveFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """What a scrape asks the town at that moment."""
+
+    stream_last_seq: int | None = None
+    """None: the stream could not be asked."""
+    services: dict[str, ServiceFacts | None] = {}
+    """Per service: its status, or None when it did not answer."""
+    plugins: dict[str, int] = {}
+    """Other plugins' consumers: plugin name -> acknowledged floor (stream sequence)."""
+
+
+def apply(state: MetricsState, seq: int, env: Envelope | None, payload: Event | None) -> None:
+    """Fold the event stored at ``seq``: ``env`` None when the envelope did not decode, ``payload`` None
+    when its type is unknown here. Sequences at or below the last applied one are skipped."""
+    if seq <= state.last_seq:
+        return
+    state.last_seq = seq
+    if env is None:
+        state.undecodable += 1
+        return
+    state.events[env.type] = state.events.get(env.type, 0) + 1
+    if payload is not None:
+        fold(payload, state)
+
+
+@functools.singledispatch
+def fold(payload: Event, state: MetricsState) -> None:
+    """Events without a gauge only count (in ``events``)."""
+
+
+@fold.register
+def _bead_created(payload: BeadCreated, state: MetricsState) -> None:
+    state.beads.setdefault(payload.bead_id, "open")
+
+
+def _bead_forward(state: MetricsState, bead_id: str, status: str) -> None:
+    current = state.beads.get(bead_id)
+    if current is not None and BEAD_RANK[current] < BEAD_RANK[status]:
+        state.beads[bead_id] = status
+
+
+@fold.register
+def _bead_slung(payload: BeadSlung, state: MetricsState) -> None:
+    _bead_forward(state, payload.bead_id, "hooked")
+
+
+@fold.register
+def _bead_claimed(payload: BeadClaimed, state: MetricsState) -> None:
+    _bead_forward(state, payload.bead_id, "in_progress")
+
+
+@fold.register
+def _bead_closed(payload: BeadClosed, state: MetricsState) -> None:
+    if state.beads.pop(payload.bead_id, None) is not None:
+        state.closed_beads += 1
+
+
+@fold.register
+def _session_requested(payload: SessionRequested, state: MetricsState) -> None:
+    state.sessions.setdefault(payload.session_id, "requested")
+
+
+@fold.register
+def _session_started(payload: SessionStarted, state: MetricsState) -> None:
+    if state.sessions.get(payload.session_id) == "requested":
+        state.sessions[payload.session_id] = "started"
+
+
+@fold.register
+def _session_ended(payload: SessionEnded, state: MetricsState) -> None:
+    if state.sessions.pop(payload.session_id, None) is not None:
+        state.ended_sessions += 1
+
+
+@fold.register
+def _rig_added(payload: RigAdded, state: MetricsState) -> None:
+    state.rigs.add(payload.rig)
+
+
+@fold.register
+def _mr_submitted(payload: MergeRequestSubmitted, state: MetricsState) -> None:
+    state.rigs.add(payload.rig)
+    state.mrs.setdefault(payload.mr_id, MergeRequestInfo(rig=payload.rig))
+
+
+def _mr_status(state: MetricsState, mr_id: str, status: str) -> None:
+    mr = state.mrs.get(mr_id)
+    if mr is not None:
+        mr.status = status
+
+
+@fold.register
+def _mr_claimed(payload: MergeRequestClaimed, state: MetricsState) -> None:
+    _mr_status(state, payload.mr_id, "claimed")
+
+
+@fold.register
+def _mr_conflicted(payload: MergeRequestConflicted, state: MetricsState) -> None:
+    _mr_status(state, payload.mr_id, "blocked")
+
+
+@fold.register
+def _mr_failed(payload: MergeRequestFailed, state: MetricsState) -> None:
+    _mr_status(state, payload.mr_id, "escalated" if payload.escalated else "failed")
+
+
+@fold.register
+def _mr_requeued(payload: MergeRequestRequeued, state: MetricsState) -> None:
+    _mr_status(state, payload.mr_id, "queued")
+
+
+@fold.register
+def _mr_rejected(payload: MergeRequestRejected, state: MetricsState) -> None:
+    _mr_status(state, payload.mr_id, "rejected")
+
+
+@fold.register
+def _mr_merged(payload: MergeRequestMerged, state: MetricsState) -> None:
+    if state.mrs.pop(payload.mr_id, None) is not None:
+        state.merged_mrs += 1
+
+
+# ---- exposition ----------------------------------------------------------------------------------
+
+
+def escape_label(value: str) -> str:
+    """A label value as the text format wants it: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class _Text:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+
+    def sample(self, name: str, value: int | float, **labels: str) -> None:
+        if labels:
+            inner = ",".join(f'{key}="{escape_label(val)}"' for key, val in labels.items())
+            self.lines.append(f"{name}{{{inner}}} {value}")
+        else:
+            self.lines.append(f"{name} {value}")
+
+    def by_label(self, name: str, label: str, values: Iterable[tuple[str, int]]) -> None:
+        for key, value in values:
+            self.sample(name, value, **{label: key})
+
+
+def _counts(values: Iterable[str], known: tuple[str, ...]) -> list[tuple[str, int]]:
+    counts = dict.fromkeys(known, 0)
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return sorted(counts.items(), key=lambda kv: (known.index(kv[0]) if kv[0] in known else len(known), kv[0]))
+
+
+def render(state: MetricsState, live: LiveFacts, *, plugin: str) -> str:
+    """The Prometheus text exposition (format 0.0.4) of the projection and of the scrape's facts."""
+    out = _Text()
+    out.family("gt_events_total", "counter", "Events in the log, by type (unknown types included).")
+    out.by_label("gt_events_total", "type", sorted(state.events.items()))
+    out.family("gt_events_undecodable_total", "counter", "Stored messages whose envelope does not decode.")
+    out.sample("gt_events_undecodable_total", state.undecodable)
+
+    out.family("gt_beads", "gauge", "Beads by status.")
+    beads = _counts(state.beads.values(), BEAD_STATUSES)
+    out.by_label("gt_beads", "status", [(s, n + state.closed_beads if s == "closed" else n) for s, n in beads])
+
+    out.family("gt_sessions", "gauge", "Polecat sessions by state (ended: every session that ever ended).")
+    sessions = _counts(state.sessions.values(), SESSION_STATES)
+    out.by_label("gt_sessions", "state", [(s, n + state.ended_sessions if s == "ended" else n) for s, n in sessions])
+
+    out.family("gt_merge_queue_depth", "gauge", "Merge requests queued or being processed, by rig.")
+    depth = dict.fromkeys(state.rigs, 0)
+    for mr in state.mrs.values():
+        if mr.status in IN_QUEUE:
+            depth[mr.rig] = depth.get(mr.rig, 0) + 1
+    out.by_label("gt_merge_queue_depth", "rig", sorted(depth.items()))
+    out.family("gt_merge_requests", "gauge", "Merge requests by status (merged: every one that ever merged).")
+    mrs = _counts((mr.status for mr in state.mrs.values()), MR_STATUSES)
+    out.by_label("gt_merge_requests", "status", [(s, n + state.merged_mrs if s == "merged" else n) for s, n in mrs])
+
+    if live.stream_last_seq is not None:
+        out.family("gt_stream_last_seq", "gauge", "Sequence of the last event in the log.")
+        out.sample("gt_stream_last_seq", live.stream_last_seq)
+    out.family("gt_service_up", "gauge", "1 when the service answered its status query during this scrape.")
+    for service, facts in sorted(live.services.items()):
+        out.sample("gt_service_up", int(facts is not None), service=service)
+    if live.stream_last_seq is not None:
+        out.family("gt_projection_lag", "gauge", "Events in the log the service has not applied yet.")
+        for service, facts in sorted(live.services.items()):
+            if facts is not None:
+                out.sample("gt_projection_lag", max(0, live.stream_last_seq - facts.last_seq), service=service)
+    out.family("gt_service_caught_up", "gauge", "1 when the service has caught up with the log since it started.")
+    for service, facts in sorted(live.services.items()):
+        if facts is not None:
+            out.sample("gt_service_caught_up", int(facts.caught_up), service=service)
+
+    out.family(
+        "gt_plugin_last_seq",
+        "gauge",
+        "Last sequence a plugin handled: this exporter's applied sequence, other plugins' acknowledged floor.",
+    )
+    plugins = {**live.plugins, plugin: state.last_seq}
+    out.by_label("gt_plugin_last_seq", "plugin", sorted(plugins.items()))
+    return "\n".join(out.lines) + "\n"

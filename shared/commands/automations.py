@@ -1,0 +1,22 @@
+"""Automation commands (owner: deacon)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from shared.commands.base import Command, check_id
+
+
+class AutomationRun(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Fire the automation ``name`` now, whatever its gate (the manual gate's only way to fire); refused
+    while a run of it is still open. Accepted with the new run's id."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.automation.run"
+    name: str
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("name", self.name, required=True)
+
+
+AUTOMATION_COMMANDS: tuple[type[Command], ...] = (AutomationRun,)

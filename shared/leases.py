@@ -1,0 +1,92 @@
+"""Holding a lease: acquire and release through the deacon's commands, renew in the ``GT_LEASES`` KV bucket.
+
+Renewals compare-and-set the bucket entry, and the deacon marks an entry expired (also compare-and-set) before
+it records ``lease.expired``: a renewal racing an expiry either lands first (and the lease lives) or finds the
+mark and fails with ``LeaseLostError``. Commands sent while holding the lease carry ``fence`` and are refused
+once the lease is lost (see ``shared.bus.fencing``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+import nats.js.errors
+from nats.js.kv import KeyValue
+
+from shared.errors import GastownError
+
+CAS_ATTEMPTS = 5
+
+
+class Renewal(msgspec.Struct, frozen=True, kw_only=True):
+    holder: str
+    token: int
+    renewed_at: datetime
+    expired: bool = False
+    """Set by the deacon when it expires the lease: no renewal of this token is taken after it."""
+
+
+_DECODER = msgspec.json.Decoder(Renewal)
+
+
+class LeaseLostError(GastownError):
+    """The lease expired or passed to another holder: stop acting on it."""
+
+    def __init__(self, lease: str, token: int, why: str) -> None:
+        super().__init__(f"lease {lease} token {token} is lost: {why}")
+        self.lease = lease
+        self.token = token
+        self.why = why
+
+
+def decode_renewal(data: bytes | None) -> Renewal | None:
+    if not data:
+        return None
+    try:
+        return _DECODER.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+async def read(kv: KeyValue, lease: str) -> tuple[Renewal | None, int]:
+    """The lease's renewal entry and its revision (0: none)."""
+    try:
+        entry = await kv.get(lease)
+    except nats.js.errors.KeyNotFoundError:
+        return None, 0
+    return decode_renewal(entry.value), int(entry.revision or 0)
+
+
+async def _put(kv: KeyValue, lease: str, value: Renewal, revision: int) -> bool:
+    """Compare-and-set; False when someone wrote the entry since ``revision``."""
+    data = msgspec.json.encode(value)
+    try:
+        if revision:
+            await kv.update(lease, data, last=revision)
+        else:
+            await kv.create(lease, data)
+    except nats.js.errors.KeyWrongLastSequenceError:
+        return False
+    return True
+
+
+async def renew(kv: KeyValue, lease: str, holder: str, token: int, now: datetime) -> None:
+    """Renew (raises ``LeaseLostError`` if the lease expired or has a newer holder)."""
+    for _ in range(CAS_ATTEMPTS):
+        current, revision = await read(kv, lease)
+        if current is not None and current.token > token:
+            raise LeaseLostError(lease, token, f"{current.holder} holds it with token {current.token}")
+        if current is not None and current.token == token and current.expired:
+            raise LeaseLostError(lease, token, "the deacon expired it")
+        if await _put(kv, lease, Renewal(holder=holder, token=token, renewed_at=now), revision):
+            return
+    raise LeaseLostError(lease, token, "the renewal kept racing other writers")
+
+
+async def mark_expired(
+    kv: KeyValue, lease: str, holder: str, token: int, last_renewed: datetime, *, seen_revision: int
+) -> bool:
+    """The deacon's half: mark the entry expired unless it changed since the deacon looked (a renewal came)."""
+    mark = Renewal(holder=holder, token=token, renewed_at=last_renewed, expired=True)
+    return await _put(kv, lease, mark, seen_revision)

@@ -1,0 +1,91 @@
+"""What every plugin's ``__main__`` does: common flags, logging once, signals, run until told to stop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from collections.abc import Callable
+
+import structlog
+
+from shared import config as town_config
+from shared import logging as gt_logging
+from shared.plugins.sdk import Plugin
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def plugin_parser(name: str, description: str) -> argparse.ArgumentParser:
+    """A parser with the flags every plugin takes; add the plugin's own to it."""
+    parser = argparse.ArgumentParser(prog=f"gt-plugin-{name}", description=description)
+    parser.add_argument("--nats-url", help="NATS server URL(s), comma-separated (env NATS_URL)")
+    parser.add_argument("--gt-home", help="town directory (env GT_HOME)")
+    parser.add_argument("--log-level", default=os.environ.get("GT_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-json", action="store_true", default=None, help="JSON logs even on a TTY")
+    return parser
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def run_plugin(name: str, args: argparse.Namespace, build: Callable[[town_config.TownConfig], Plugin]) -> int:
+    """Configure logging and the town from ``args`` and the environment, build the plugin and run it until
+    SIGTERM/SIGINT; returns the process exit code (1: it failed, 2: bad configuration)."""
+    env = dict(os.environ)
+    if args.nats_url:
+        env["NATS_URL"] = args.nats_url
+    if args.gt_home:
+        env["GT_HOME"] = args.gt_home
+    gt_logging.configure(f"plugin-{name}", json=args.log_json, level=args.log_level)
+    log = structlog.get_logger(f"services.plugins.{name}")
+    try:
+        cfg = town_config.load(env)
+        plugin = build(cfg)
+    except ValueError as exc:
+        log.error("bad_configuration", error=str(exc))
+        return EXIT_USAGE
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        stopping: set[asyncio.Task[None]] = set()
+
+        def on_signal() -> None:
+            task = loop.create_task(plugin.shutdown())
+            stopping.add(task)
+            task.add_done_callback(stopping.discard)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal)
+        log.info("plugin_starting", nats_url=cfg.nats_url, pid=os.getpid(), consumer=plugin.settings.consumer)
+        await plugin.run()
+        log.info("plugin_stopped", **plugin.status())
+
+    try:
+        asyncio.run(serve())
+    except Exception:
+        # Exiting non-zero; a supervisor restarts the plugin, which resumes from its consumer.
+        log.exception("plugin_failed")
+        return EXIT_FAILED
+    return EXIT_OK

@@ -1,0 +1,213 @@
+"""The deacon with real parts: TTL leases (renewal without log growth, expiry, fencing of a stale holder,
+restart mid-TTL) and service liveness from heartbeats (a killed service is down, a restarted one up, a
+clean stop is stopped)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from services.deacon.service import DeaconService
+from services.deacon.settings import DeaconSettings
+from services.mayor.service import MayorService
+from shared import leases
+from shared.config import TownConfig
+from shared.leases import LeaseLostError
+from shared.service import Service, ServiceSettings
+from tests.chaos.test_witness_chaos import ServiceProcess
+from tests.drivers import send_and_wait
+from tests.helpers import assert_eventually
+from tests.log_tools import events_of
+
+FAST = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5, heartbeat_interval=0.2)
+WATCH = DeaconSettings(stale_after_s=1.0, startup_grace_s=30.0, escalate_after_s=600.0, watched=(), tick_s=0.1)
+
+
+class Town:
+    def __init__(self, config: TownConfig, nc: Client) -> None:
+        self.config = config
+        self.nc = nc
+        self.tasks: dict[str, tuple[Service[Any], asyncio.Task[None]]] = {}
+
+    async def start(self, name: str, service: Service[Any]) -> None:
+        task = asyncio.create_task(service.run(), name=name)
+        await assert_eventually(lambda: service.ready.is_set() or task.done(), timeout=30)
+        if task.done():
+            task.result()
+        self.tasks[name] = (service, task)
+
+    async def stop(self, name: str) -> None:
+        service, task = self.tasks.pop(name)
+        await service.shutdown()
+        await asyncio.wait_for(task, 30)
+
+    def deacon(self) -> DeaconService:
+        service = self.tasks["deacon"][0]
+        assert isinstance(service, DeaconService)
+        return service
+
+    async def command(self, subject: str, **body: Any) -> dict[str, Any]:
+        cmd_id = f"t-{uuid.uuid4().hex[:12]}"
+        return await send_and_wait(self.nc, subject, json.dumps({**body, "cmd_id": cmd_id}).encode(), cmd_id)
+
+
+@pytest.fixture
+async def dt(town: TownConfig, nc: Client) -> AsyncIterator[Town]:
+    handle = Town(town, nc)
+    await handle.start("mayor", MayorService(town, FAST))
+    await handle.start("deacon", DeaconService(town, FAST, deacon=WATCH))
+    try:
+        yield handle
+    finally:
+        for name in list(handle.tasks):
+            await handle.stop(name)
+
+
+async def query(nc: Client, what: str, body: dict[str, Any]) -> Any:
+    reply = json.loads((await nc.request(f"gt.q.deacon.{what}", json.dumps(body).encode(), timeout=10)).data)
+    assert reply["ok"], reply
+    return reply["result"]
+
+
+async def renew_for(kv: Any, lease: str, holder: str, token: int, times: int) -> None:
+    """Renew every 0.2 s, ``times`` times: the holder's side of a lease with a 1 s TTL."""
+    for _ in range(times):
+        await leases.renew(kv, lease, holder, token, datetime.now(UTC))
+        await asyncio.sleep(0.2)
+
+
+async def test_a_renewed_lease_lives_without_growing_the_log_and_an_unrenewed_one_expires_and_fences(
+    dt: Town,
+) -> None:
+    kv = await dt.nc.jetstream().key_value(dt.config.lease_bucket)
+    got = await dt.command("gt.cmd.lease.acquire", lease="res-1", holder="alice", ttl_s=1.0)
+    assert got["type"] == "cmd.accepted", got
+    assert got["result"]["token"] == 1
+    taken = await dt.command("gt.cmd.lease.acquire", lease="res-1", holder="bob", ttl_s=1.0)
+    assert (taken["type"], taken["code"]) == ("cmd.rejected", "conflict")
+    assert "held by alice" in taken["message"]
+
+    await renew_for(kv, "res-1", "alice", 1, times=15)  # 3 s: three TTLs
+    assert [kind for kind, _ in await events_of(dt.nc, "gt.evt.lease.res-1")] == ["lease.acquired"]
+    assert dt.deacon().projection.state.leases.leases["res-1"].status == "held"
+    fenced_ok = await dt.command("gt.cmd.bead.create", title="while live", fence={"lease": "res-1", "token": 1})
+    assert fenced_ok["type"] == "cmd.accepted", fenced_ok
+
+    async def expired() -> list[tuple[str, dict[str, Any]]]:
+        found = await events_of(dt.nc, "gt.evt.lease.res-1")
+        assert [kind for kind, _ in found] == ["lease.acquired", "lease.expired"]
+        return found
+
+    found: list[tuple[str, dict[str, Any]]] = await assert_eventually(expired, timeout=15)
+    assert (found[1][1]["holder"], found[1][1]["token"]) == ("alice", 1)
+    with pytest.raises(LeaseLostError, match="the deacon expired it"):
+        await leases.renew(kv, "res-1", "alice", 1, datetime.now(UTC))
+    stale = await dt.command("gt.cmd.bead.create", title="too late", fence={"lease": "res-1", "token": 1})
+    assert (stale["type"], stale["code"]) == ("cmd.rejected", "conflict")
+    assert "fenced: token 1 of lease res-1 is not live: it expired" in stale["message"]
+
+    again = await dt.command("gt.cmd.lease.acquire", lease="res-1", holder="bob", ttl_s=60.0)
+    assert again["result"]["token"] == 2
+    assert (await dt.command("gt.cmd.bead.create", title="bob", fence={"lease": "res-1", "token": 2}))[
+        "type"
+    ] == "cmd.accepted"
+    late = await dt.command("gt.cmd.lease.release", lease="res-1", holder="alice", token=1)
+    assert (late["type"], late["code"]) == ("cmd.rejected", "conflict")
+    stale_again = await dt.command("gt.cmd.bead.create", title="alice", fence={"lease": "res-1", "token": 1})
+    assert "held with token 2 by bob" in stale_again["message"]
+    await leases.renew(kv, "res-1", "bob", 2, datetime.now(UTC))
+    with pytest.raises(LeaseLostError, match="bob holds it with token 2"):
+        await leases.renew(kv, "res-1", "alice", 1, datetime.now(UTC))
+    shown = await query(dt.nc, "lease", {"name": "res-1"})
+    assert (shown["holder"], shown["token"], shown["status"]) == ("bob", 2, "held")
+    released = await dt.command("gt.cmd.lease.release", lease="res-1", holder="bob", token=2)
+    assert released["result"]["status"] == "released"
+    assert await query(dt.nc, "leases", {"held": True}) == []
+    missing = json.loads((await dt.nc.request("gt.q.deacon.lease", b'{"name": "nosuch"}', timeout=5)).data)
+    assert (missing["ok"], missing["code"]) == (False, "not_found")
+    never = await dt.command("gt.cmd.bead.create", title="x", fence={"lease": "nosuch", "token": 1})
+    assert "was never acquired" in never["message"]
+    bad = await dt.command("gt.cmd.lease.acquire", lease="res.1", holder="x", ttl_s=0)
+    assert (bad["type"], bad["code"]) == ("cmd.rejected", "invalid")
+
+
+async def test_a_deacon_restarted_mid_ttl_neither_expires_a_renewed_lease_nor_forgets_an_unrenewed_one(
+    dt: Town,
+) -> None:
+    kv = await dt.nc.jetstream().key_value(dt.config.lease_bucket)
+    live = await dt.command("gt.cmd.lease.acquire", lease="kept", holder="h1", ttl_s=1.0)
+    lapse = await dt.command("gt.cmd.lease.acquire", lease="lapsed", holder="h2", ttl_s=1.0)
+    acquired = time.monotonic()
+    assert live["type"] == lapse["type"] == "cmd.accepted"
+    renewing = asyncio.create_task(renew_for(kv, "kept", "h1", 1, times=25))
+    await dt.stop("deacon")
+    # While the deacon is away "lapsed" passes its TTL unrenewed; "kept" is renewed all along.
+    # While no deacon runs, "lapsed" passes its TTL unrenewed; "kept" is renewed all along.
+    await assert_eventually(lambda: time.monotonic() - acquired > 1.5, timeout=10)
+    await dt.start("deacon", DeaconService(dt.config, FAST, deacon=WATCH))
+
+    async def lapsed_expired() -> list[str]:
+        kinds = [kind for kind, _ in await events_of(dt.nc, "gt.evt.lease.lapsed")]
+        assert kinds == ["lease.acquired", "lease.expired"]
+        return kinds
+
+    lapsed: list[str] = await assert_eventually(lapsed_expired, timeout=15)
+    assert lapsed[-1] == "lease.expired"
+    await renewing
+    assert [kind for kind, _ in await events_of(dt.nc, "gt.evt.lease.kept")] == ["lease.acquired"], (
+        "renewed across the restart: never expired"
+    )
+
+    async def kept_expires_once_renewals_stop() -> list[str]:
+        kinds = [kind for kind, _ in await events_of(dt.nc, "gt.evt.lease.kept")]
+        assert kinds == ["lease.acquired", "lease.expired"]
+        return kinds
+
+    kept: list[str] = await assert_eventually(kept_expires_once_renewals_stop, timeout=15)
+    assert kept[-1] == "lease.expired"
+
+
+async def test_a_killed_service_is_down_a_restarted_one_up_and_a_clean_stop_stopped(
+    dt: Town, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = {**gt_env, "NATS_URL": dt.config.nats_url, "GT_HOME": str(dt.config.gt_home)}
+    witness = ServiceProcess("witness", env, tmp_path / "witness.log")
+    witness.start()
+    try:
+        deacon = dt.deacon()
+
+        def status() -> str:
+            life = deacon.projection.state.liveness.services.get("witness")
+            return life.status if life else "unknown"
+
+        await assert_eventually(lambda: status() == "up", timeout=60, message="the witness is seen up")
+        first = deacon.projection.state.liveness.services["witness"].instance
+        assert deacon.projection.state.liveness.services["mayor"].status == "up", "the in-process mayor beats too"
+        witness.kill()
+        await assert_eventually(lambda: status() == "down", timeout=30)
+        down = [d for kind, d in await events_of(dt.nc, "gt.evt.service.witness") if kind == "service.down"]
+        assert len(down) == 1
+        assert down[0]["instance"] == first
+        assert down[0]["reason"].startswith("no heartbeat for ")
+        witness.start()
+        await assert_eventually(lambda: status() == "up", timeout=60)
+        assert deacon.projection.state.liveness.services["witness"].instance != first, "a new process"
+        witness.stop()
+        await assert_eventually(lambda: status() == "stopped", timeout=30)
+        kinds = [kind for kind, _ in await events_of(dt.nc, "gt.evt.service.witness")]
+        assert kinds == ["service.up", "service.down", "service.up", "service.stopped"]
+        listed = {row["service"]: row for row in await query(dt.nc, "services", {})}
+        assert (listed["witness"]["status"], listed["mayor"]["status"]) == ("stopped", "up")
+    finally:
+        with contextlib.suppress(Exception):
+            witness.kill()

@@ -1,0 +1,130 @@
+"""Service liveness from heartbeats: up, down, stopped, takeover by another instance, escalation. Pure."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from services.deacon.liveness import LivenessState, Policy, fold, plan
+from shared.events import Event, ServiceDown, ServiceStopped, ServiceUp, encode_event
+from shared.heartbeats import ServiceHeartbeat, decode, encode
+from shared.projection import Projection
+
+T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+POLICY = Policy(stale_after_s=3, startup_grace_s=10, escalate_after_s=60, expected=("mayor", "witness"))
+
+
+class Watch:
+    def __init__(self) -> None:
+        self.projection = Projection("liveness", LivenessState, fold, schema_version=1)
+        self.seq = 0
+        self.now = T0
+        self.beats: dict[str, ServiceHeartbeat] = {}
+
+    def beat(self, service: str, instance: str = "1-a", *, ago: float = 0.0, stopping: bool = False) -> None:
+        self.beats[f"{service}.{instance}"] = ServiceHeartbeat(
+            service=service,
+            instance=instance,
+            pid=int(instance.split("-")[0]),
+            host="box",
+            started_at=T0,
+            ts=self.now - timedelta(seconds=ago),
+            stopping=stopping,
+        )
+
+    def step(self) -> list[Event]:
+        """Plan, then store and fold what was owed (as the deacon does); the events."""
+        owed = plan(self.projection.state, list(self.beats.values()), self.now, T0, POLICY)
+        for new in owed.events:
+            self.seq += 1
+            data = encode_event(new.payload, event_id=f"ev-{self.seq}", ts=self.now, actor="deacon")
+            self.projection.apply(self.seq, f"gt.evt.service.{new.payload.aggregate_id()}", data)
+        self.escalations = owed.escalations
+        return [e.payload for e in owed.events]
+
+    def tick(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def test_a_service_is_up_while_it_beats_and_down_once_when_it_stops() -> None:
+    w = Watch()
+    w.beat("mayor")
+    w.beat("witness")
+    assert {type(e) for e in w.step()} == {ServiceUp}
+    assert w.step() == [], "nothing new while both beat"
+    w.tick(5)
+    w.beat("mayor")  # the witness's last beat is now 5 s old
+    (down,) = w.step()
+    assert isinstance(down, ServiceDown)
+    assert (down.service, down.reason) == ("witness", "no heartbeat for 5.0 s")
+    assert down.last_seen == T0
+    assert w.step() == [], "down is recorded once"
+    w.beat("witness", "2-b")  # restarted: a new process
+    (up,) = w.step()
+    assert isinstance(up, ServiceUp)
+    assert (up.service, up.instance, up.pid) == ("witness", "2-b", 2)
+
+
+def test_a_clean_stop_is_recorded_as_stopped_not_down() -> None:
+    w = Watch()
+    w.beat("mayor")
+    w.step()
+    w.tick(1)
+    w.beat("mayor", stopping=True)
+    (stopped,) = w.step()
+    assert isinstance(stopped, ServiceStopped)
+    w.tick(600)
+    assert [e.service for e in w.step() if isinstance(e, ServiceDown)] == ["witness"], "only the one never seen"
+    w.tick(600)
+    assert w.step() == []
+    assert [e.service for e in w.escalations] == ["witness"], "a stopped service is not escalated"
+
+
+def test_a_standby_beating_beside_the_active_one_changes_nothing_until_the_active_one_dies() -> None:
+    w = Watch()
+    w.beat("mayor", "1-a")
+    w.step()
+    w.beat("mayor", "2-b")
+    assert w.step() == []
+    w.tick(4)
+    w.beat("mayor", "2-b")
+    (down,) = w.step()
+    assert isinstance(down, ServiceDown)
+    assert (down.instance, down.reason) == ("1-a", "replaced by 2-b (no heartbeat for 4.0 s)")
+    (up,) = w.step()
+    assert isinstance(up, ServiceUp)
+    assert up.instance == "2-b", "the standby took over"
+
+
+def test_a_service_that_never_reported_is_down_after_the_grace_and_escalated_once() -> None:
+    w = Watch()
+    w.beat("mayor")
+    w.step()
+    w.tick(9)
+    w.beat("mayor")
+    assert w.step() == [], "within the start-up grace"
+    w.tick(1)
+    w.beat("mayor")
+    (down,) = w.step()
+    assert isinstance(down, ServiceDown)
+    assert down.service == "witness"
+    assert "no heartbeat since the deacon started" in down.reason
+    w.tick(59)
+    w.beat("mayor")
+    w.step()
+    assert w.escalations == []
+    w.tick(1)
+    w.beat("mayor")
+    w.step()
+    assert [e.service for e in w.escalations] == ["witness"]
+    first = w.escalations[0].command_id
+    w.tick(30)
+    w.beat("mayor")
+    w.step()
+    assert [e.command_id for e in w.escalations] == [first], "the same command id: stored once"
+
+
+def test_heartbeats_round_trip_and_junk_is_not_a_heartbeat() -> None:
+    beat = ServiceHeartbeat(service="mayor", instance="1-a", pid=1, host="h", started_at=T0, ts=T0, caught_up=True)
+    assert decode(encode(beat)) == beat
+    assert decode(b"not json") is None
+    assert decode(b'{"service": "mayor"}') is None

@@ -1,0 +1,413 @@
+"""The plugin SDK's and the shipped plugins' pure parts: settings, where a consumer starts, mark keys, the
+archive's line format and rotation rule, the metrics fold and its Prometheus text, the HTTP request line.
+
+Events are real ones, encoded as the services store them and decoded as the plugins decode them."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+import pytest
+
+from services.plugins import archive_format as fmt
+from services.plugins.http import parse_request_line, response
+from services.plugins.metrics_state import (
+    LiveFacts,
+    MetricsState,
+    ServiceFacts,
+    apply,
+    escape_label,
+    render,
+)
+from shared.errors import UnknownEventTypeError
+from shared.events import (
+    REGISTRY,
+    BeadClaimed,
+    BeadClosed,
+    BeadCreated,
+    BeadSlung,
+    Event,
+    MergeRequestClaimed,
+    MergeRequestConflicted,
+    MergeRequestFailed,
+    MergeRequestMerged,
+    MergeRequestRequeued,
+    MergeRequestSubmitted,
+    RigAdded,
+    SessionEnded,
+    SessionRequested,
+    SessionStarted,
+    decode_envelope,
+    encode_event,
+)
+from shared.plugins.marks import dead_key, mark_key
+from shared.plugins.position import ConsumerPosition, plan_start
+from shared.plugins.settings import ALL_EVENTS, PluginSettings, backoff, validate
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def stored(payload: Event, *, event_id: str = "ev-1", ts: datetime = T0) -> bytes:
+    return encode_event(payload, event_id=event_id, ts=ts, actor="test")
+
+
+class TestSettings:
+    def test_the_defaults_are_valid_and_name_the_consumer(self) -> None:
+        settings = PluginSettings(name="notify")
+        validate(settings)
+        assert settings.consumer == "plugin-notify"
+        assert settings.subjects == (ALL_EVENTS,)
+
+    @pytest.mark.parametrize(
+        ("fields", "names"),
+        [
+            ({"name": "Notify"}, "plugin name"),
+            ({"name": "a.b"}, "plugin name"),
+            ({"name": ""}, "plugin name"),
+            ({"subjects": ("gt.cmd.>",)}, "must start with 'gt.evt.'"),
+            ({"subjects": ("gt.evt",)}, "must start with 'gt.evt.'"),
+            ({"subjects": ("gt.evt.>.bead",)}, "invalid token"),
+            ({"subjects": ("gt.evt.Bead.>",)}, "invalid token"),
+            ({"subjects": ("gt.evt.bead.>", "gt.evt.bead.>")}, "twice"),
+            ({"subjects": ()}, "at least one subject"),
+            ({"batch": 0}, "batch"),
+            ({"max_attempts": 0}, "max_attempts"),
+            ({"on_exhausted": "ignore"}, "on_exhausted"),
+            ({"ack_wait_s": 0.0}, "ack_wait_s"),
+            ({"backoff_s": 60.0}, "backoff_s"),
+            ({"idle_heartbeat_s": 6.0}, "idle_heartbeat_s"),
+        ],
+    )
+    def test_a_setting_that_cannot_work_is_named(self, fields: dict[str, object], names: str) -> None:
+        settings = msgspec.structs.replace(PluginSettings(name="ok"), **fields)
+        with pytest.raises(ValueError, match=re.escape(names)):
+            validate(settings)
+
+    def test_filters_inside_the_log_are_accepted(self) -> None:
+        validate(PluginSettings(name="beads", subjects=("gt.evt.bead.>", "gt.evt.cmd.*", "gt.evt.mr.mr-1")))
+
+    def test_backoff_doubles_and_is_bounded(self) -> None:
+        waits = [backoff(n, base=0.5, cap=30.0) for n in range(12)]
+        assert waits[:5] == [0.0, 0.5, 1.0, 2.0, 4.0]
+        assert max(waits) == 30.0
+        assert waits == sorted(waits)
+        assert backoff(10_000, base=0.5, cap=30.0) == 30.0
+
+
+ALL = (ALL_EVENTS,)
+
+
+def position(delivered: int, floor: int, pending: int, subjects: tuple[str, ...] = ALL) -> ConsumerPosition:
+    return ConsumerPosition(delivered_seq=delivered, ack_floor_seq=floor, ack_pending=pending, subjects=subjects)
+
+
+class TestStartPlan:
+    def test_a_new_plugin_reads_the_whole_log(self) -> None:
+        plan = plan_start(None, subjects=ALL, replay=False, resume_after=None)
+        assert (plan.action, plan.start_seq) == ("create", 1)
+
+    def test_a_consumer_with_everything_acknowledged_is_kept(self) -> None:
+        plan = plan_start(position(40, 40, 0), subjects=ALL, replay=False, resume_after=None)
+        assert plan.action == "keep"
+
+    def test_events_a_dead_process_held_come_back_first(self) -> None:
+        # Redelivered only after their ack wait they would come behind newer events: start at the floor.
+        plan = plan_start(position(40, 31, 9), subjects=ALL, replay=False, resume_after=None)
+        assert (plan.action, plan.start_seq, plan.reason) == ("recreate", 32, "unacknowledged_from_previous_run")
+
+    def test_a_replay_starts_over_whatever_the_consumer_says(self) -> None:
+        for existing in (None, position(40, 40, 0), position(40, 31, 9)):
+            plan = plan_start(existing, subjects=ALL, replay=True, resume_after=7)
+            assert plan.start_seq == 1
+            assert plan.action == ("create" if existing is None else "recreate")
+
+    def test_a_plugin_record_wins_over_the_consumer(self) -> None:
+        at = plan_start(position(40, 40, 0), subjects=ALL, replay=False, resume_after=40)
+        behind = plan_start(position(40, 40, 0), subjects=ALL, replay=False, resume_after=35)
+        ahead = plan_start(position(30, 30, 0), subjects=ALL, replay=False, resume_after=35)
+        unacked = plan_start(position(40, 38, 2), subjects=ALL, replay=False, resume_after=40)
+        empty = plan_start(None, subjects=ALL, replay=False, resume_after=0)
+        assert at.action == "keep"
+        assert (behind.action, behind.start_seq) == ("recreate", 36)  # lines lost from a buffer: read them again
+        assert (ahead.action, ahead.start_seq) == ("recreate", 36)
+        assert (unacked.action, unacked.start_seq) == ("recreate", 41)
+        assert (empty.action, empty.start_seq) == ("create", 1)
+
+    def test_changed_subjects_apply_from_where_the_plugin_stands(self) -> None:
+        plan = plan_start(position(40, 40, 0, ("gt.evt.bead.>",)), subjects=ALL, replay=False, resume_after=None)
+        assert (plan.action, plan.start_seq, plan.reason) == ("recreate", 41, "subjects_changed")
+
+    def test_a_negative_record_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="resume_after"):
+            plan_start(None, subjects=ALL, replay=False, resume_after=-1)
+
+
+class TestMarkKeys:
+    def test_a_mark_is_plugin_dot_event_id(self) -> None:
+        assert mark_key("notify", "ev-0a1b2c") == "notify.ev-0a1b2c"
+
+    def test_a_foreign_id_that_is_no_token_gets_a_stable_digest(self) -> None:
+        key = mark_key("notify", "Some.Foreign id*")
+        assert key == mark_key("notify", "Some.Foreign id*")
+        assert key != mark_key("notify", "Some.Foreign id")
+        assert re.fullmatch(r"notify\.evt-[0-9a-f]{24}", key)
+
+    def test_abandoned_events_never_collide_with_marks(self) -> None:
+        assert dead_key("notify", 42) == "notify.dead.42"
+        assert dead_key("notify", 42).count(".") == 2
+        assert mark_key("notify", "dead").count(".") == 1
+
+
+class TestArchiveFormat:
+    def test_a_line_keeps_the_envelope_byte_for_byte(self) -> None:
+        data = b'{"id": "ev-1",  "type":"bead.created","ts":"2026-03-01T12:00:00Z","actor":"x","data":{}}'
+        line = fmt.encode_line(41, "gt.evt.bead.hq-1", data)
+        assert line.endswith(b"}\n")
+        assert line.count(b"\n") == 1
+        assert json.loads(line) == {"seq": 41, "subject": "gt.evt.bead.hq-1", "envelope": json.loads(data)}
+        assert fmt.decode_line(line) == fmt.ArchivedEvent(41, "gt.evt.bead.hq-1", data)
+
+    @pytest.mark.parametrize("data", [b"\x00\xffnot json", b'{"a":\n 1}', b"", b'{"a": "b"'])
+    def test_bytes_that_are_not_one_json_line_are_kept_as_base64(self, data: bytes) -> None:
+        line = fmt.encode_line(7, "gt.evt.x.y", data)
+        parsed = json.loads(line)
+        assert base64.b64decode(parsed["raw"]) == data
+        assert "envelope" not in parsed
+        assert fmt.decode_line(line).data == data
+
+    @pytest.mark.parametrize(
+        "line", [b"garbage\n", b'{"seq": 1}\n', b'{"seq": 1, "subject": "s"}\n', b'{"seq":1,"subject":"s","raw":"*"}\n']
+    )
+    def test_a_damaged_line_is_an_error_naming_where(self, line: bytes) -> None:
+        with pytest.raises(fmt.ArchiveCorruptError, match=r"events-1\.jsonl:3"):
+            fmt.decode_line(line, "events-1.jsonl:3")
+
+    def test_file_names_sort_in_log_order_and_announce_their_first_sequence(self) -> None:
+        names = [fmt.file_name(seq) for seq in (1, 9, 10, 123_456)]
+        assert names == sorted(names)
+        assert names[0] == "events-000000000001.jsonl"
+        assert [fmt.first_seq_of(n) for n in names] == [1, 9, 10, 123_456]
+        assert fmt.first_seq_of("events-12.jsonl") == 12
+        assert fmt.first_seq_of("README.md") is None
+        assert fmt.first_seq_of("events-12.jsonl.tmp") is None
+
+    def test_event_time_reads_the_envelope_and_takes_a_bare_time_as_utc(self) -> None:
+        assert fmt.event_time(stored(BeadCreated(bead_id="hq-1", title="t"))) == T0
+        assert fmt.event_time(b'{"ts": "2026-03-01T12:00:00"}') == T0
+        assert fmt.event_time(b"not json") is None
+        assert fmt.event_time(b'{"id": "x"}') is None
+
+    def test_rotation_by_size_never_leaves_a_file_empty(self) -> None:
+        def by_size(file_bytes: int, line_bytes: int, max_bytes: int) -> bool:
+            return fmt.should_rotate(
+                file_bytes=file_bytes, line_bytes=line_bytes, first_ts=T0, ts=T0, max_bytes=max_bytes, max_age_s=0.0
+            )
+
+        assert not by_size(0, 5000, 1000)  # a line larger than the limit gets a file of its own
+        assert not by_size(900, 100, 1000)
+        assert by_size(901, 100, 1000)
+        assert not by_size(10**9, 100, 0)
+
+    def test_rotation_by_age_goes_by_the_events_own_time(self) -> None:
+        def by_age(first_ts: datetime | None, ts: datetime | None) -> bool:
+            return fmt.should_rotate(
+                file_bytes=10, line_bytes=10, first_ts=first_ts, ts=ts, max_bytes=0, max_age_s=3600.0
+            )
+
+        assert not by_age(T0, T0 + timedelta(minutes=59))
+        assert by_age(T0, T0 + timedelta(hours=1))
+        assert not by_age(None, T0 + timedelta(days=9))
+        assert not by_age(T0, None)
+        assert not fmt.should_rotate(
+            file_bytes=0, line_bytes=10, first_ts=T0, ts=T0 + timedelta(days=9), max_bytes=0, max_age_s=3600.0
+        )
+
+
+def fold_all(state: MetricsState, events: list[Event], *, start: int = 1) -> None:
+    for offset, event in enumerate(events):
+        env = decode_envelope(stored(event, event_id=f"ev-{start + offset}"))
+        apply(state, start + offset, env, REGISTRY.decode_payload(env))
+
+
+def submitted(mr: str, rig: str = "demo") -> MergeRequestSubmitted:
+    return MergeRequestSubmitted(mr_id=mr, bead="hq-1", rig=rig, branch="b", target="main", head="0" * 40)
+
+
+def requested(session: str) -> SessionRequested:
+    return SessionRequested(
+        session_id=session,
+        rig="demo",
+        polecat="ace",
+        bead="hq-1",
+        worktree="/w",
+        branch="b",
+        tmux_name="gt-demo-ace",
+        attempt=1,
+    )
+
+
+SAMPLE = re.compile(r'^[a-z_]+(\{[a-z_]+="(?:[^"\\]|\\.)*"(,[a-z_]+="(?:[^"\\]|\\.)*")*\})? -?[0-9]+(\.[0-9]+)?$')
+
+
+def samples(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            assert re.match(r"^# (HELP|TYPE) [a-z_]+ ", line), line
+            continue
+        assert SAMPLE.match(line), line
+        name, value = line.rsplit(" ", 1)
+        out[name] = float(value)
+    return out
+
+
+class TestMetricsFold:
+    def test_bead_statuses_only_move_forward_and_closed_ones_leave_the_map(self) -> None:
+        state = MetricsState()
+        fold_all(
+            state,
+            [
+                BeadCreated(bead_id="hq-1", title="a"),
+                BeadCreated(bead_id="hq-2", title="b"),
+                BeadCreated(bead_id="hq-3", title="c"),
+                BeadClaimed(bead_id="hq-2", assignee="ann"),
+                BeadSlung(bead_id="hq-2", rig="demo", forced=True),  # a forced re-sling keeps in_progress
+                BeadSlung(bead_id="hq-3", rig="demo"),
+                BeadClosed(bead_id="hq-1"),
+                BeadClosed(bead_id="hq-1"),  # closing again counts once
+                BeadClosed(bead_id="hq-404"),  # a bead this view never saw
+            ],
+        )
+        assert state.beads == {"hq-2": "in_progress", "hq-3": "hooked"}
+        assert state.closed_beads == 1
+        got = samples(render(state, LiveFacts(), plugin="metrics"))
+        assert [got[f'gt_beads{{status="{s}"}}'] for s in ("open", "hooked", "in_progress", "closed")] == [0, 1, 1, 1]
+
+    def test_sessions_by_state(self) -> None:
+        state = MetricsState()
+        fold_all(
+            state,
+            [
+                requested("s-1"),
+                requested("s-2"),
+                requested("s-3"),
+                SessionStarted(session_id="s-1", pane_pid=10, pid_started=1.0),
+                SessionStarted(session_id="s-2", pane_pid=11, pid_started=1.0),
+                SessionEnded(session_id="s-2", reason="done"),
+                SessionStarted(session_id="s-2", pane_pid=11, pid_started=1.0),  # late: ended stays ended
+            ],
+        )
+        got = samples(render(state, LiveFacts(), plugin="metrics"))
+        assert got['gt_sessions{state="requested"}'] == 1
+        assert got['gt_sessions{state="started"}'] == 1
+        assert got['gt_sessions{state="ended"}'] == 1
+
+    def test_merge_queue_depth_counts_queued_and_claimed_per_rig(self) -> None:
+        state = MetricsState()
+        fold_all(
+            state,
+            [
+                RigAdded(rig="idle", repo="/r/idle.git", prefix="id", agent_command="gt-agent"),
+                submitted("mr-1"),
+                submitted("mr-2"),
+                submitted("mr-3"),
+                submitted("mr-4", rig="other"),
+                MergeRequestClaimed(mr_id="mr-1", attempt=1, holder="refinery", lease_until=T0),
+                MergeRequestConflicted(mr_id="mr-2", target_commit="c", conflict_command="conflict-1"),
+                MergeRequestFailed(mr_id="mr-3", gate="test", exit_code=1),
+                MergeRequestRequeued(mr_id="mr-3", reason="retry"),
+                MergeRequestClaimed(mr_id="mr-4", attempt=1, holder="refinery", lease_until=T0),
+                MergeRequestMerged(mr_id="mr-4", merged_commit="m", target_before="t"),
+            ],
+        )
+        got = samples(render(state, LiveFacts(), plugin="metrics"))
+        assert got['gt_merge_queue_depth{rig="demo"}'] == 2  # mr-1 claimed, mr-3 queued again
+        assert got['gt_merge_queue_depth{rig="other"}'] == 0
+        assert got['gt_merge_queue_depth{rig="idle"}'] == 0
+        assert got['gt_merge_requests{status="blocked"}'] == 1
+        assert got['gt_merge_requests{status="merged"}'] == 1
+
+    def test_every_event_counts_by_type_unknown_and_undecodable_ones_too(self) -> None:
+        state = MetricsState()
+        fold_all(state, [BeadCreated(bead_id="hq-1", title="a"), BeadCreated(bead_id="hq-2", title="b")])
+        future = decode_envelope(b'{"id":"x","type":"beacon.lit","ts":"2026-03-01T12:00:00Z","actor":"a","data":{}}')
+        with pytest.raises(UnknownEventTypeError):
+            REGISTRY.decode_payload(future)
+        apply(state, 3, future, None)
+        apply(state, 4, None, None)
+        apply(state, 2, future, None)  # a redelivery of an applied sequence changes nothing
+        got = samples(render(state, LiveFacts(), plugin="metrics"))
+        assert got['gt_events_total{type="bead.created"}'] == 2
+        assert got['gt_events_total{type="beacon.lit"}'] == 1
+        assert got["gt_events_undecodable_total"] == 1
+        assert got['gt_plugin_last_seq{plugin="metrics"}'] == 4
+
+
+class TestMetricsText:
+    def test_services_up_down_and_their_lag(self) -> None:
+        live = LiveFacts(
+            stream_last_seq=120,
+            services={
+                "mayor": ServiceFacts(last_seq=118, caught_up=True),
+                "witness": None,
+                "refinery": ServiceFacts(last_seq=121, caught_up=True),  # answered after a later event
+            },
+            plugins={"archiver": 100},
+        )
+        text = render(MetricsState(last_seq=120), live, plugin="metrics")
+        got = samples(text)
+        assert got["gt_stream_last_seq"] == 120
+        assert got['gt_service_up{service="mayor"}'] == 1
+        assert got['gt_service_up{service="witness"}'] == 0
+        assert got['gt_projection_lag{service="mayor"}'] == 2
+        assert got['gt_projection_lag{service="refinery"}'] == 0
+        assert 'gt_projection_lag{service="witness"}' not in got
+        assert got['gt_plugin_last_seq{plugin="archiver"}'] == 100
+        assert got['gt_plugin_last_seq{plugin="metrics"}'] == 120
+        assert "# TYPE gt_events_total counter" in text
+        assert "# TYPE gt_merge_queue_depth gauge" in text
+        assert text.endswith("\n")
+
+    def test_without_the_stream_there_is_no_lag_but_still_liveness(self) -> None:
+        live = LiveFacts(stream_last_seq=None, services={"mayor": ServiceFacts(last_seq=5, caught_up=False)})
+        got = samples(render(MetricsState(), live, plugin="metrics"))
+        assert "gt_stream_last_seq" not in got
+        assert not any(name.startswith("gt_projection_lag") for name in got)
+        assert got['gt_service_up{service="mayor"}'] == 1
+        assert got['gt_service_caught_up{service="mayor"}'] == 0
+
+    def test_label_values_are_escaped(self) -> None:
+        assert escape_label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+        state = MetricsState(events={'odd"type\\x': 1})
+        line = next(x for x in render(state, LiveFacts(), plugin="m").splitlines() if x.startswith("gt_events_total{"))
+        assert line == 'gt_events_total{type="odd\\"type\\\\x"} 1'
+        assert SAMPLE.match(line)
+
+
+class TestHttpRequestLine:
+    @pytest.mark.parametrize(
+        ("line", "parsed"),
+        [
+            (b"GET /metrics HTTP/1.1\r\n", ("GET", "/metrics")),
+            (b"GET /metrics?name[]=x HTTP/1.0\r\n", ("GET", "/metrics")),
+            (b"POST /metrics HTTP/1.1\r\n", ("POST", "/metrics")),
+            (b"GET /metrics\r\n", None),
+            (b"GET metrics HTTP/1.1\r\n", None),
+            (b"\x16\x03\x01\x02\x00\x01\x00", None),  # a TLS hello on the plain port
+            (b"", None),
+        ],
+    )
+    def test_parse(self, line: bytes, parsed: tuple[str, str] | None) -> None:
+        assert parse_request_line(line) == parsed
+
+    def test_a_response_says_its_length_and_closes(self) -> None:
+        raw = response(404, "Not Found", "nö\n".encode())
+        head, body = raw.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 404 Not Found\r\n")
+        assert b"Content-Length: 4" in head
+        assert b"Connection: close" in head
+        assert body == "nö\n".encode()
