@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -256,3 +257,23 @@ def test_down_keeps_worktrees_and_down_clean_removes_only_the_clean_pushed_ones(
         assert (dirty / "unsaved.txt").read_text() == "work nobody committed\n"
     finally:
         Tmux(socket).kill_server()
+
+
+def test_a_hung_service_is_killed_and_restarted_once_the_deacon_records_it_down(gt_town: TownCli) -> None:
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+    state = read_state(gt_town.config)
+    assert state is not None
+    hung = state.services["witness"]
+    assert hung is not None
+    os.kill(hung.pid, signal.SIGSTOP)  # alive, but silent: no heartbeats, no exit for the supervisor to see
+    try:
+        fresh = wait_until(lambda: _restarted(gt_town, "witness", hung), timeout=60, message="witness replaced")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(hung.pid, signal.SIGCONT)
+    assert fresh is not None
+    assert not processes.is_alive(hung), "the hung process was killed, not left beside its successor"
+    kinds = [kind for kind, _ in _service_events(state.nats_url, "witness")]
+    assert "service.down" in kinds
+    town_log = _log_events(gt_town.home / "logs" / "town.log")
+    assert [e["pid"] for e in town_log if e["event"] == "service_hung"] == [hung.pid]
