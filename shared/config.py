@@ -90,3 +90,22 @@ def load(env: Mapping[str, str] | None = None, *, service: str | None = None) ->
         nats_password=get("NATS_PASSWORD"),
         nats_creds=get("NATS_CREDS"),
     )
+
+
+def env_number(env: Mapping[str, str], key: str, default: float, *, minimum: float, whole: bool = False) -> float:
+    """``env[key]`` as a number of at least ``minimum`` (``default`` when unset or empty).
+
+    Raises:
+        ValueError: naming the variable, when its value is not such a number.
+    """
+    text = env.get(key)
+    if not text:
+        return default
+    try:
+        value = int(text) if whole else float(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        kind = "whole number" if whole else "number"
+        raise ValueError(f"{key} must be a {kind} of at least {minimum:g}, got {text!r}")
+    return value

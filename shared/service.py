@@ -30,7 +30,7 @@ from shared import heartbeats, runtime
 from shared.aio import raise_if_cancelling, wait_event
 from shared.bus.append import RETRYABLE_ERRORS, Appender
 from shared.bus.commit import GroupCommitter
-from shared.bus.connection import connect_unless_stopped
+from shared.bus.connection import close_quietly, connect_unless_stopped
 from shared.bus.reader import EventReader
 from shared.bus.snapshots import SnapshotStore
 from shared.bus.topology import command_consumer_name, has_command_consumer, owner_of, provision
@@ -213,11 +213,7 @@ class Service(Generic[S]):
             try:
                 await self._run_connected(self.nc)
             finally:
-                with contextlib.suppress(nats.errors.Error, TimeoutError):
-                    async with asyncio.timeout(5):
-                        await self.nc.drain()
-                with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-                    await self.nc.close()
+                await close_quietly(self.nc)
 
     async def _run_connected(self, nc: Client) -> None:
         js = nc.jetstream()

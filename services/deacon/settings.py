@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import msgspec
 
 from services.deacon.liveness import WATCHED
+from shared.config import env_number
 
 
 class DeaconSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -23,27 +24,14 @@ class DeaconSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds between liveness and lease checks (``GT_DEACON_TICK``)."""
 
 
-def _seconds(env: Mapping[str, str], key: str, default: float, minimum: float) -> float:
-    text = env.get(key)
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ValueError(f"{key} must be a number of seconds of at least {minimum:g}, got {text!r}")
-    return value
-
-
 def load(env: Mapping[str, str] | None = None) -> DeaconSettings:
     """Raises ValueError naming a setting whose value cannot be used."""
     env = os.environ if env is None else env
     watched = env.get("GT_WATCHED_SERVICES")
     return DeaconSettings(
-        stale_after_s=_seconds(env, "GT_SERVICE_STALE_AFTER", 3.0, 0.5),
-        startup_grace_s=_seconds(env, "GT_SERVICE_STARTUP_GRACE", 15.0, 0.0),
-        escalate_after_s=_seconds(env, "GT_SERVICE_ESCALATE_AFTER", 60.0, 1.0),
+        stale_after_s=env_number(env, "GT_SERVICE_STALE_AFTER", 3.0, minimum=0.5),
+        startup_grace_s=env_number(env, "GT_SERVICE_STARTUP_GRACE", 15.0, minimum=0.0),
+        escalate_after_s=env_number(env, "GT_SERVICE_ESCALATE_AFTER", 60.0, minimum=1.0),
         watched=WATCHED if watched is None else tuple(s.strip() for s in watched.split(",") if s.strip()),
-        tick_s=_seconds(env, "GT_DEACON_TICK", 0.5, 0.05),
+        tick_s=env_number(env, "GT_DEACON_TICK", 0.5, minimum=0.05),
     )

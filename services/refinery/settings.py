@@ -7,6 +7,8 @@ from collections.abc import Mapping
 
 import msgspec
 
+from shared.config import env_number
+
 
 class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):
     lease_s: float = 900.0
@@ -23,20 +25,6 @@ class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):
     """``GT_MQ_BATCH_WAIT``: seconds a rig with fewer than ``batch`` ready merge requests waits for more."""
 
 
-def _number(env: Mapping[str, str], key: str, default: float, *, minimum: float, whole: bool = False) -> float:
-    text = env.get(key)
-    if not text:
-        return default
-    try:
-        value = int(text) if whole else float(text)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        kind = "whole number" if whole else "number"
-        raise ValueError(f"{key} must be a {kind} of at least {minimum:g}, got {text!r}")
-    return value
-
-
 def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
     """Raises ValueError naming a setting whose value cannot be used."""
     env = os.environ if env is None else env
@@ -44,10 +32,10 @@ def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
     if order not in ("score", "fifo"):
         raise ValueError(f"GT_MQ_ORDER must be score or fifo, got {order!r}")
     return RefinerySettings(
-        lease_s=_number(env, "GT_MQ_LEASE", 900.0, minimum=1.0),
-        gate_timeout_s=_number(env, "GT_MQ_GATE_TIMEOUT", 600.0, minimum=1.0),
-        max_failures=int(_number(env, "GT_MQ_MAX_FAILURES", 3, minimum=1, whole=True)),
+        lease_s=env_number(env, "GT_MQ_LEASE", 900.0, minimum=1.0),
+        gate_timeout_s=env_number(env, "GT_MQ_GATE_TIMEOUT", 600.0, minimum=1.0),
+        max_failures=int(env_number(env, "GT_MQ_MAX_FAILURES", 3, minimum=1, whole=True)),
         fifo=order == "fifo",
-        batch=int(_number(env, "GT_MQ_BATCH", 1, minimum=1, whole=True)),
-        batch_wait_s=_number(env, "GT_MQ_BATCH_WAIT", 0.0, minimum=0.0),
+        batch=int(env_number(env, "GT_MQ_BATCH", 1, minimum=1, whole=True)),
+        batch_wait_s=env_number(env, "GT_MQ_BATCH_WAIT", 0.0, minimum=0.0),
     )

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 
 import msgspec
 
+from shared.config import env_number
+
 DEFAULT_TMUX_SOCKET = "gastown"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -33,19 +35,6 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     e.g. ``ANTHROPIC_API_KEY``; agents start with a clean environment otherwise."""
 
 
-def _seconds(env: Mapping[str, str], key: str, default: float) -> float:
-    text = env.get(key)
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ValueError(f"{key} must be a number of seconds (0 or more), got {text!r}")
-    return value
-
-
 def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
     """Raises ValueError naming a setting whose value cannot be used."""
     env = os.environ if env is None else env
@@ -58,8 +47,8 @@ def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
         raise ValueError(f"GT_AGENT_ENV must list environment variable names, got {', '.join(map(repr, bad))}")
     return WitnessSettings(
         tmux_socket=socket,
-        min_orphan_age_s=_seconds(env, "GT_MIN_ORPHAN_AGE", 60.0),
-        done_stuck_after_s=_seconds(env, "GT_DONE_STUCK_AFTER", 60.0),
-        kill_grace_s=_seconds(env, "GT_KILL_GRACE", 3.0),
+        min_orphan_age_s=env_number(env, "GT_MIN_ORPHAN_AGE", 60.0, minimum=0.0),
+        done_stuck_after_s=env_number(env, "GT_DONE_STUCK_AFTER", 60.0, minimum=0.0),
+        kill_grace_s=env_number(env, "GT_KILL_GRACE", 3.0, minimum=0.0),
         agent_env=agent_env,
     )

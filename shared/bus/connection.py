@@ -96,3 +96,13 @@ async def connect_unless_stopped(config: TownConfig, name: str, stop: asyncio.Ev
             await connecting
         return None
     return connecting.result()
+
+
+async def close_quietly(nc: Client) -> None:
+    """Drain (flushing buffered publishes and acknowledgements, within 5 s), then close; errors of a connection
+    already gone are expected on the way out and not raised."""
+    with contextlib.suppress(nats.errors.Error, TimeoutError):
+        async with asyncio.timeout(5):
+            await nc.drain()
+    with contextlib.suppress(nats.errors.Error, TimeoutError):
+        await nc.close()

@@ -32,7 +32,7 @@ from nats.js.client import JetStreamContext
 
 from shared.aio import raise_if_cancelling, wait_event
 from shared.bus.append import RETRYABLE_ERRORS
-from shared.bus.connection import connect_unless_stopped
+from shared.bus.connection import close_quietly, connect_unless_stopped
 from shared.config import TownConfig
 from shared.errors import EventDecodeError, GastownError, UnknownEventTypeError
 from shared.events import REGISTRY, Envelope, Event, EventRegistry, decode_envelope
@@ -215,12 +215,7 @@ class Plugin:
             try:
                 await self._run_connected(self.nc)
             finally:
-                # Draining sends the acknowledgements still buffered.
-                with contextlib.suppress(nats.errors.Error, TimeoutError):
-                    async with asyncio.timeout(5):
-                        await self.nc.drain()
-                with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-                    await self.nc.close()
+                await close_quietly(self.nc)
 
     async def _run_connected(self, nc: Client) -> None:
         js = self.js = nc.jetstream()
