@@ -6,10 +6,12 @@ second, down after 3 s without one, a check every 0.5 s).
 (n): kill -9 of the witness -> the deacon's ``service.down`` event arrives; then the witness is started again
     and its ``service.up`` awaited before the next kill. Ceiling: the staleness threshold itself
     (``GT_SERVICE_STALE_AFTER``): the deacon may not call a service down sooner without false alarms.
-(o): N leases are acquired (the deacon records each), then renewed by their holders during a quiet period:
-    S of them every second (like agents' sessions) and the rest every 10 s (TTL 30 s). The deacon's CPU over
-    the period, against a bare process that only follows the same lease bucket with a KV watch and decodes
-    every renewal (what any deacon must at least do).
+(o): N leases are acquired (the deacon records each) and S polecat sessions are in the log (each bead slung
+    and claimed, its session requested and started, its hook lease taken, as the witness writes them), then
+    during a quiet period the S sessions' hook leases are renewed every second (as their agents' `gt` calls
+    do) and the N leases every 10 s (TTL 30 s). The deacon's CPU over the period (liveness, lease expiry and
+    stale-hook checks every 0.5 s), against a bare process that only follows the same lease bucket with a KV
+    watch and decodes every renewal (what any deacon must at least do).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,20 @@ from bench.common import (
     wait_ready,
 )
 from shared import leases
-from shared.events import decode_envelope
+from shared.bus.append import Appender
+from shared.decision import NewEvent
+from shared.events import (
+    BeadClaimed,
+    BeadCreated,
+    BeadSlung,
+    Event,
+    LeaseAcquired,
+    SessionRequested,
+    SessionStarted,
+    decode_envelope,
+)
+from shared.ids import hook_lease_name
+from shared.intake import to_pending
 from shared.tmux import Tmux
 
 STALE_AFTER_S = 3.0
@@ -110,6 +125,47 @@ async def _detection(nc: Client, url: str, env: dict[str, str], kills: int) -> l
     return latencies
 
 
+def _session_events(i: int, now: datetime) -> list[Event]:
+    bead = f"bench-bead-{i}"
+    session = f"{bead}-1"
+    return [
+        BeadCreated(bead_id=bead, title=f"bench work {i}"),
+        BeadSlung(bead_id=bead, rig="bench"),
+        BeadClaimed(bead_id=bead, assignee=f"bench/p{i}"),
+        SessionRequested(
+            session_id=session,
+            rig="bench",
+            polecat=f"p{i}",
+            bead=bead,
+            worktree=f"/nowhere/bench/polecats/p{i}",
+            branch=f"polecat/p{i}/{bead}",
+            tmux_name=f"gt-bench-p{i}",
+            attempt=1,
+        ),
+        SessionStarted(session_id=session, pane_pid=1, pid_started=0.0),
+        LeaseAcquired(
+            lease=hook_lease_name(bead), holder=session, token=1, ttl_s=30.0, expires_at=now + timedelta(seconds=30)
+        ),
+    ]
+
+
+async def _sessions(nc: Client, count: int) -> list[tuple[str, str]]:
+    """Write ``count`` started polecat sessions holding their beads' hook leases; (hook lease, session) each."""
+    appender = Appender(nc, nc.jetstream(), "GT_EVT")
+    now = datetime.now(UTC)
+    for i in range(count):
+        seen: set[str] = set()
+        pending = []
+        for event in _session_events(i, now):
+            # The first event on each aggregate's subject creates it; the others follow it in the same append.
+            subject = f"{event.AGGREGATE}.{event.aggregate_id()}"
+            new = NewEvent(payload=event, expected_seq=None if subject in seen else 0)
+            seen.add(subject)
+            pending.append(to_pending(new, ts=now, actor="witness", causation_id=None, correlation_id=None))
+        await appender.append(pending)
+    return [(hook_lease_name(f"bench-bead-{i}"), f"bench-bead-{i}-1") for i in range(count)]
+
+
 async def _leases(nc: Client, url: str, deacon: psutil.Process, count: int, fast: int, quiet_s: float) -> Figure:
     bodies = [
         json.dumps({"lease": f"bench-{i}", "holder": f"holder-{i}", "ttl_s": 30.0}).encode() for i in range(count)
@@ -117,6 +173,7 @@ async def _leases(nc: Client, url: str, deacon: psutil.Process, count: int, fast
     _, _, outcomes = await run_commands(nc, "gt.cmd.lease.acquire", bodies)
     if any(o["type"] != "cmd.accepted" for o in outcomes):
         raise RuntimeError("a lease acquisition was rejected")
+    hooks = await _sessions(nc, fast)
     kv = await nc.jetstream().key_value("GT_LEASES")
     bare = subprocess.Popen([sys.executable, "-c", BARE_WATCHER, url], cwd=REPO_ROOT)
     try:
@@ -126,9 +183,11 @@ async def _leases(nc: Client, url: str, deacon: psutil.Process, count: int, fast
         began = time.monotonic()
         tick = 0
         while time.monotonic() - began < quiet_s:
-            due = range(count) if tick % 10 == 0 else range(fast)
             now = datetime.now(UTC)
-            await asyncio.gather(*(leases.renew(kv, f"bench-{i}", f"holder-{i}", 1, now) for i in due))
+            renewals = [leases.renew(kv, lease, session, 1, now) for lease, session in hooks]
+            if tick % 10 == 0:
+                renewals += [leases.renew(kv, f"bench-{i}", f"holder-{i}", 1, now) for i in range(count)]
+            await asyncio.gather(*renewals)
             tick += 1
             await asyncio.sleep(max(0.0, began + tick - time.monotonic()))
         elapsed = time.monotonic() - began
@@ -138,17 +197,22 @@ async def _leases(nc: Client, url: str, deacon: psutil.Process, count: int, fast
         bare.terminate()
         bare.wait()
     status = json.loads((await nc.request("gt.q.deacon.status", b"{}", timeout=10)).data)["result"]
-    if status["leases_held"] != count or status["leases_expired"] != 0:
-        raise RuntimeError(f"the deacon should hold {count} live leases and expire none: {status}")
-    renewals = count * (quiet_s / 10) + fast * quiet_s
+    if status["leases_held"] != count + fast or status["leases_expired"] != 0:
+        raise RuntimeError(f"the deacon should hold {count + fast} live leases and expire none: {status}")
+    if status["stale_hooks_handed_over"] != 0:
+        raise RuntimeError(f"no hook is stale while its session renews it: {status}")
+    per_second = count / 10 + fast
     return Figure(
-        name=f"(o) deacon CPU with {count:,} live leases ({fast} renewed every second)",
+        name=f"(o) deacon CPU with {count:,} live leases and {fast} polecat sessions (hooks renewed every second)",
         value=deacon_cpu,
         unit="% of a core",
         ceiling=bare_cpu,
         ceiling_name="a bare KV watch of the lease bucket",
         higher_is_better=False,
-        notes=[f"about {renewals / quiet_s:,.0f} renewals/s into the bucket over {quiet_s:g} s; none in the log"],
+        notes=[
+            f"about {per_second:,.0f} renewals/s into the bucket over {quiet_s:g} s; none in the log; "
+            f"{count + fast:,} held leases and {fast} hooked beads checked every 0.5 s"
+        ],
     )
 
 

@@ -126,8 +126,9 @@ def render(figures: list[Figure], facts: dict[str, str], *, quick: bool) -> str:
         "  git a merge needs done in a plain loop (fetch, worktree add, rebase, push, ls-remote, worktree remove).",
         "- **(n) service down**: mayor, deacon and witness as processes with default settings; kill -9 of the",
         "  witness until the deacon's `service.down` arrives, against the staleness threshold (3 s) the deacon must",
-        "  wait to avoid false alarms. **(o)** N leases acquired, then renewed by their holders (S every second,",
-        "  the rest every 10 s); the deacon's CPU against a bare process following the same bucket with a KV watch.",
+        "  wait to avoid false alarms. **(o)** N leases acquired and S polecat sessions written to the log (bead",
+        "  slung and claimed, session started, hook lease taken); the S hooks renewed every second as agents do,",
+        "  the N leases every 10 s; the deacon's CPU against a bare process following the same bucket with a KV watch.",
         "",
     ]
     return "\n".join(lines)

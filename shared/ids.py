@@ -51,3 +51,26 @@ def random_bead_id(prefix: str) -> str:
 def new_event_id() -> str:
     """A 20-character random id for events (fits the id pattern, cheap to store)."""
     return secrets.token_hex(10)
+
+
+HOOK_LEASE_PREFIX = "hook-"
+MERGE_LEASE_PREFIX = "merge-"
+RESERVED_LEASE_PREFIXES = (HOOK_LEASE_PREFIX, MERGE_LEASE_PREFIX)
+"""Leases the services take themselves (the witness a bead's hook, the refinery a rig's merge slot)."""
+
+
+def _prefixed(prefix: str, name: str) -> str:
+    if len(prefix) + len(name) <= 64:
+        return f"{prefix}{name}"
+    digest = hashlib.blake2b(name.encode()).hexdigest()[:8]
+    return f"{prefix}{name[: 64 - len(prefix) - 9]}-{digest}"
+
+
+def hook_lease_name(bead: str) -> str:
+    """The lease a bead's working session holds: each new session takes it with the next fencing token."""
+    return _prefixed(HOOK_LEASE_PREFIX, bead)
+
+
+def merge_lease_name(rig: str) -> str:
+    """The lease a refinery holds while it merges into one of the rig's targets."""
+    return _prefixed(MERGE_LEASE_PREFIX, rig)

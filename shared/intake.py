@@ -244,7 +244,9 @@ class CommandIntake:
                 log.info("command_already_settled", outcome_seq=stored[0])
                 return stored[0]
         if isinstance(parsed, Command) and parsed.fence is not None:
-            fenced = await fence_error(self._js, self._reader.stream, parsed.fence)
+            fenced = await fence_error(
+                self._js, self._reader.stream, parsed.fence, stored_at=delivery.msg.metadata.timestamp
+            )
             if fenced is not None:
                 parsed = fenced
         facts = await self._prepare(parsed) if self._prepare is not None and isinstance(parsed, Command) else None

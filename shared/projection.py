@@ -50,8 +50,14 @@ class Projection(Generic[S]):
         *,
         schema_version: int,
         registry: EventRegistry = REGISTRY,
+        snapshot_after: frozenset[str] = frozenset(),
     ) -> None:
         self.name = name
+        self.snapshot_after = snapshot_after
+        """Event types after which a snapshot is due at once (a garbage collection sweep shrinks the state: the
+        stored snapshot is replaced by the compacted one without waiting for ``snapshot_every`` events)."""
+        self.snapshot_due = False
+        """Set when an event of ``snapshot_after`` was applied; the service clears it when it stores a snapshot."""
         self.state_type = state_type
         self.state: S = state_type()
         self.last_seq = 0
@@ -100,6 +106,8 @@ class Projection(Generic[S]):
             log.exception("event_fold_failed", projection=self.name, seq=seq, type=env.type, event_id=env.id)
         self.last_seq = seq
         self.applied += 1
+        if env.type in self.snapshot_after:
+            self.snapshot_due = True
 
     def serialize_state(self) -> bytes:
         """Canonical JSON of the state and sequence: two projections are equal when these bytes are."""

@@ -100,6 +100,8 @@ class Service(Generic[S]):
         """Set once caught up with the log and serving."""
         self._stop = asyncio.Event()
         self._dirty = asyncio.Event()
+        self._snapshot_wanted = asyncio.Event()
+        """Set when the projection says a snapshot is due now (after a garbage collection sweep)."""
         self._started = False
         self._snapshot_seq = 0
         self._stream_id = ""
@@ -334,6 +336,8 @@ class Service(Generic[S]):
     def _on_event(self, seq: int, subject: str, data: bytes) -> None:
         self.projection.apply(seq, subject, data)
         self._dirty.set()
+        if self.projection.snapshot_due:
+            self._snapshot_wanted.set()
 
     async def _serve(self, js: JetStreamContext, tg: asyncio.TaskGroup, snapshots: SnapshotStore) -> None:
         assert self.reader is not None
@@ -387,21 +391,27 @@ class Service(Generic[S]):
             return
         while True:
             raise_if_cancelling()
-            await asyncio.sleep(self.settings.snapshot_check_interval)
-            if self.projection.last_seq - self._snapshot_seq >= self.settings.snapshot_every:
+            # Woken at once when the projection wants a snapshot now (a compacted state after a GC sweep).
+            await wait_event(self._snapshot_wanted, self.settings.snapshot_check_interval)
+            self._snapshot_wanted.clear()
+            behind = self.projection.last_seq - self._snapshot_seq
+            if self.projection.snapshot_due or behind >= self.settings.snapshot_every:
                 await self.save_snapshot(snapshots)
 
     async def save_snapshot(self, snapshots: SnapshotStore | None = None) -> int:
-        """Store the projection as this service's snapshot; returns the sequence it covers (0: not stored)."""
+        """Store the projection as this service's snapshot (replacing the stored one); returns the sequence it
+        covers (0: not stored)."""
         if snapshots is None:
             assert self.nc is not None
             snapshots = SnapshotStore(self.nc.jetstream(), self.config.snapshot_bucket, replicas=self.config.replicas)
         seq = self.projection.last_seq
+        wanted, self.projection.snapshot_due = self.projection.snapshot_due, False
         data = self.projection.snapshot(self._stream_id)
         try:
             await snapshots.save(self.name, data)
         except (TimeoutError, nats.errors.Error) as exc:
             log.warning("snapshot_save_failed", error=repr(exc))
+            self.projection.snapshot_due = self.projection.snapshot_due or wanted  # tried again at the next check
             return 0
         self._snapshot_seq = seq
         log.info("snapshot_saved", last_seq=seq, bytes=len(data))

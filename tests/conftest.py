@@ -24,6 +24,7 @@ import pytest_asyncio
 import structlog
 from nats.aio.client import Client
 
+from shared.bus.connection import close_quietly
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.subjects import (
@@ -110,7 +111,7 @@ async def _reset_streams(url: str) -> None:
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await js.delete_stream(stream)
     finally:
-        await nc.close()
+        await close_quietly(nc)
 
 
 @contextlib.contextmanager

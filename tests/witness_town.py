@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 
+from services.deacon.service import DeaconService
 from services.mayor.service import MayorService
 from services.refinery.service import RefineryService
 from services.refinery.settings import RefinerySettings
@@ -61,6 +62,7 @@ class PolecatTown:
         self.mayor: MayorService | None = None
         self.witness: WitnessService | None = None
         self.refinery: RefineryService | None = None
+        self.deacon: DeaconService | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._count = 0
 
@@ -113,7 +115,7 @@ class PolecatTown:
         await asyncio.wait_for(task, 30)
 
     async def stop_all(self) -> None:
-        for which in ("witness", "refinery", "mayor"):
+        for which in ("witness", "refinery", "mayor", "deacon"):
             await self.stop(which)
 
     # ---- reading state -------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from shared.events import (
     CommandRejected,
     Envelope,
     Event,
+    GcSwept,
     RigAdded,
 )
 from shared.ids import stable_digest_id
@@ -251,3 +252,12 @@ def _bead_closed(payload: BeadClosed, state: AutomationState, env: Envelope, seq
 @_fold.register
 def _rig_added(payload: RigAdded, state: AutomationState, env: Envelope, seq: int) -> None:
     state.rig_prefixes.setdefault(payload.rig, payload.prefix)
+
+
+@_fold.register
+def _gc_swept(payload: GcSwept, state: AutomationState, env: Envelope, seq: int) -> None:
+    """Finished runs that ended before the cutoff leave the history; what the gates read (last fire, cursor,
+    counters) and open runs stay."""
+    for record in state.automations.values():
+        if any(run.ended_at is not None and run.ended_at < payload.cutoff for run in record.history):
+            record.history = [r for r in record.history if r.ended_at is None or r.ended_at >= payload.cutoff]

@@ -16,6 +16,8 @@ from shared.commands import LeaseAcquire, LeaseRelease
 from shared.decision import Accepted, NewEvent
 from shared.errors import CommandError
 from shared.events import Envelope, Event, LeaseAcquired, LeaseExpired, LeaseReleased
+from shared.lease_rules import due_to_expire as due_to_expire
+from shared.lease_rules import last_renewed as last_renewed
 from shared.leases import Renewal
 
 
@@ -27,6 +29,8 @@ class Lease(msgspec.Struct, kw_only=True):
     status: str
     """held, released or expired."""
     acquired_at: datetime
+    ended_at: datetime | None = None
+    """When it was released or expired."""
     version: int = 0
 
 
@@ -55,13 +59,13 @@ def _acquired(payload: LeaseAcquired, state: LeaseState, env: Envelope, seq: int
 @fold.register
 def _released(payload: LeaseReleased, state: LeaseState, env: Envelope, seq: int) -> None:
     if (lease := state.leases.get(payload.lease)) is not None and lease.token == payload.token:
-        lease.status, lease.version = "released", seq
+        lease.status, lease.version, lease.ended_at = "released", seq, env.ts
 
 
 @fold.register
 def _expired(payload: LeaseExpired, state: LeaseState, env: Envelope, seq: int) -> None:
     if (lease := state.leases.get(payload.lease)) is not None and lease.token == payload.token:
-        lease.status, lease.version = "expired", seq
+        lease.status, lease.version, lease.ended_at = "expired", seq, env.ts
 
 
 def view(lease: Lease) -> dict[str, object]:
@@ -111,22 +115,6 @@ def release(state: LeaseState, cmd: LeaseRelease) -> Accepted:
         events=[NewEvent(payload=event, expected_seq=lease.version)],
         result={"lease": cmd.lease, "token": cmd.token, "status": "released", "changed": True},
     )
-
-
-def last_renewed(lease: Lease, renewal: Renewal | None) -> datetime:
-    if renewal is not None and renewal.token == lease.token and renewal.holder == lease.holder:
-        return max(renewal.renewed_at, lease.acquired_at)
-    return lease.acquired_at
-
-
-def due_to_expire(lease: Lease, renewal: Renewal | None, now: datetime) -> bool:
-    """Held, and not renewed within its TTL (or already marked expired in the bucket by a deacon that then
-    crashed before recording it)."""
-    if lease.status != "held":
-        return False
-    if renewal is not None and renewal.token == lease.token and renewal.expired:
-        return True
-    return (now - last_renewed(lease, renewal)).total_seconds() > lease.ttl_s
 
 
 def expiry(lease: Lease, renewal: Renewal | None) -> NewEvent:

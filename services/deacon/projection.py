@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from services.deacon import automation_state, leases, liveness
+from services.deacon import automation_state, gc, hooks, leases, liveness
 from services.deacon.state import DeaconState
-from shared.events import Envelope, Event
+from shared.events import Envelope, Event, GcSwept
 from shared.projection import Projection
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def fold(payload: Event, state: DeaconState, env: Envelope, seq: int) -> None:
     liveness.fold(payload, state.liveness, env, seq)
     leases.fold(payload, state.leases, env, seq)
     automation_state.fold(payload, state.automations, env, seq)
+    gc.fold(payload, state.gc, env, seq)
+    hooks.fold(payload, state.hooks, env, seq)
 
 
 def new_projection() -> Projection[DeaconState]:
-    return Projection("deacon", DeaconState, fold, schema_version=SCHEMA_VERSION)
+    return Projection(
+        "deacon", DeaconState, fold, schema_version=SCHEMA_VERSION, snapshot_after=frozenset({GcSwept.TYPE})
+    )

@@ -10,22 +10,25 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
+import msgspec
 import structlog
 
-from services.deacon import leases, liveness
+from services.deacon import gc, gc_kv, hooks, leases, liveness
 from services.deacon import settings as deacon_settings
 from services.deacon.automation_runner import AutomationRunner
 from services.deacon.automations import AutomationSettings, load_settings
 from services.deacon.projection import new_projection
 from services.deacon.state import DeaconState
 from services.deacon.supervision import Supervision
-from shared.commands import AutomationRun, Command, LeaseAcquire, LeaseRelease
+from shared.commands import AutomationRun, Command, GcSweep, LeaseAcquire, LeaseRelease
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
 from shared.errors import CommandError, QueryError
 from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)
+HOOK_MOVERS = ("witness", "refinery")
+"""Services that move a bead on from its hook (sessions, merges)."""
 
 
 class DeaconService(Service[DeaconState]):
@@ -57,6 +60,16 @@ class DeaconService(Service[DeaconState]):
             clock=clock,
         )
         self.watch_errors = 0
+        self.stale_hooks = 0
+        self._hooks_handed_over: set[str] = set()
+        """Stale-hook commands sent by this process (their ids also make a resend after a restart harmless)."""
+        self.gc_checks = 0
+        """Watch ticks that looked whether a sweep is owed (tests wait for "a few more" with it)."""
+        self._gc_since: datetime | None = None
+        self.kv_swept_seq = 0
+        """The sweep whose KV purge this process carried out (a restart purges once more for the last one)."""
+        self.kv_purged = gc_kv.Purged()
+        """KV entries this process purged, in total."""
         self.automations = AutomationRunner(
             config=config,
             settings=automations or load_settings(os.environ, config.gt_home),
@@ -82,6 +95,8 @@ class DeaconService(Service[DeaconState]):
             return leases.release(state.leases, cmd)
         if isinstance(cmd, AutomationRun):
             return self.automations.decide(cmd, ctx)
+        if isinstance(cmd, GcSweep):
+            return gc.decide(state.gc, cmd, ctx.now, self.watch.gc_ttl_s)
         raise CommandError("unknown_command", f"the deacon does not handle {cmd.SUBJECT}")
 
     def aggregate_key(self, cmd: Command) -> str | None:
@@ -89,6 +104,8 @@ class DeaconService(Service[DeaconState]):
             return f"lease:{cmd.lease}"
         if isinstance(cmd, AutomationRun):
             return f"automation:{cmd.name}"
+        if isinstance(cmd, GcSweep):
+            return "gc"
         return None
 
     async def prepare(self, cmd: Command) -> object:
@@ -140,6 +157,11 @@ class DeaconService(Service[DeaconState]):
             leases_held=sum(1 for lease in state.leases.leases.values() if lease.status == "held"),
             leases_expired=self.supervision.expired,
             watch_errors=self.watch_errors,
+            stale_hooks_handed_over=self.stale_hooks,
+            gc_last_swept_at=state.gc.last_swept_at.isoformat() if state.gc.last_swept_at else None,
+            gc_cutoff=state.gc.cutoff.isoformat() if state.gc.cutoff else None,
+            gc_sweeps=state.gc.sweeps,
+            gc_kv_purged=msgspec.to_builtins(self.kv_purged),
         )
         out.update(self.automations.status())
         return out
@@ -161,9 +183,45 @@ class DeaconService(Service[DeaconState]):
             try:
                 await self.supervision.check_services(state.liveness)
                 await self.supervision.expire_leases(state.leases)
+                await self._hand_over_stale_hooks()
+                await self._collect()
             except Exception:
                 # A failed tick (NATS hiccup, a bug) is logged with its traceback; the next tick looks again.
                 # Cancellation is not an Exception and passes.
                 self.watch_errors += 1
                 log.exception("deacon_watch_failed")
             await asyncio.sleep(self.watch.tick_s)
+
+    async def _hand_over_stale_hooks(self) -> None:
+        state = self.projection.state
+        down = [name for name in HOOK_MOVERS if (life := state.liveness.services.get(name)) and life.status == "down"]
+        if down:
+            return  # a hook waiting on a service that is down is not stale: it moves once that one is back
+        for hook in hooks.stale(state.hooks, state.leases, self.clock(), self.watch.stale_hook_after_s):
+            if hook.command_id in self._hooks_handed_over:
+                continue
+            body: dict[str, object] = {"bead": hook.bead, "token": hook.token, "actor": "deacon"}
+            await self._send("gt.cmd.session.recover_hook", body, hook.command_id)
+            self._hooks_handed_over.add(hook.command_id)
+            self.stale_hooks += 1
+            log.warning("stale_hook_handed_over", bead=hook.bead, token=hook.token, after=hook.holder)
+
+    async def _collect(self) -> None:
+        """Sweep when one is due (every ``GT_GC_INTERVAL``), then purge the KV entries of dead things once per
+        recorded sweep, whoever appended it (this deacon, another one, or ``gt gc``)."""
+        assert self.nc is not None
+        self.gc_checks += 1
+        now = self.clock()
+        if self._gc_since is None:
+            self._gc_since = now  # when this deacon began watching: a town that never swept waits an interval
+        owed = gc.due(self.projection.state.gc, now, self.watch.gc_interval_s, self._gc_since)
+        if owed and await self.append_owed([gc.sweep(self.projection.state.gc, now, self.watch.gc_ttl_s)]):
+            log.info("gc_swept", ttl_s=self.watch.gc_ttl_s, seq=self.projection.state.gc.version)
+        swept = self.projection.state.gc
+        if swept.version > self.kv_swept_seq and swept.cutoff is not None:
+            version = swept.version
+            purged = await gc_kv.sweep_buckets(self.nc.jetstream(), self.config, self.projection.state, swept.cutoff)
+            self.kv_purged.leases += purged.leases
+            self.kv_purged.heartbeats += purged.heartbeats
+            self.kv_purged.services += purged.services
+            self.kv_swept_seq = version

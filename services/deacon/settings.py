@@ -22,6 +22,13 @@ class DeaconSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Services expected to run (``GT_WATCHED_SERVICES``, comma-separated; empty: none)."""
     tick_s: float = 0.5
     """Seconds between liveness and lease checks (``GT_DEACON_TICK``)."""
+    gc_ttl_s: float = 604_800.0
+    """Closed and finished things older than this leave the projections at a sweep (``GT_GC_TTL``, seconds)."""
+    gc_interval_s: float = 3600.0
+    """Seconds between automatic sweeps (``GT_GC_INTERVAL``; 0: only ``gt gc``)."""
+    stale_hook_after_s: float = 600.0
+    """A working bead whose hook lease lapsed this long ago, nobody taking it since and no merge request
+    waiting, is handed to the witness to re-sling or escalate (``GT_STALE_HOOK_AFTER``)."""
 
 
 def load(env: Mapping[str, str] | None = None) -> DeaconSettings:
@@ -34,4 +41,7 @@ def load(env: Mapping[str, str] | None = None) -> DeaconSettings:
         escalate_after_s=env_number(env, "GT_SERVICE_ESCALATE_AFTER", 60.0, minimum=1.0),
         watched=WATCHED if watched is None else tuple(s.strip() for s in watched.split(",") if s.strip()),
         tick_s=env_number(env, "GT_DEACON_TICK", 0.5, minimum=0.05),
+        gc_ttl_s=env_number(env, "GT_GC_TTL", 604_800.0, minimum=0.0),
+        gc_interval_s=env_number(env, "GT_GC_INTERVAL", 3600.0, minimum=0.0),
+        stale_hook_after_s=env_number(env, "GT_STALE_HOOK_AFTER", 600.0, minimum=0.0),
     )

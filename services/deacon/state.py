@@ -5,6 +5,8 @@ from __future__ import annotations
 import msgspec
 
 from services.deacon.automation_state import AutomationState
+from services.deacon.gc import GcState
+from services.deacon.hooks import HookState
 from services.deacon.leases import LeaseState
 from services.deacon.liveness import LivenessState
 
@@ -13,3 +15,7 @@ class DeaconState(msgspec.Struct, kw_only=True):
     liveness: LivenessState = msgspec.field(default_factory=LivenessState)
     leases: LeaseState = msgspec.field(default_factory=LeaseState)
     automations: AutomationState = msgspec.field(default_factory=AutomationState)
+    gc: GcState = msgspec.field(default_factory=GcState)
+    hooks: HookState = msgspec.field(default_factory=HookState)
+    """Slung beads not closed yet, for stale-hook detection."""
+    """The last garbage collection sweep."""

@@ -94,6 +94,12 @@ def _formula_name(events: list[NewEvent]) -> str | None:
 def _molecule_step(state: MayorState, bead_id: str, step_id: str) -> tuple[Molecule, Step]:
     bead = get_bead(state, bead_id, field="bead")
     molecule = state.molecules.get(bead_id)
+    if molecule is None and bead.collected_molecule is not None:
+        raise CommandError(
+            "conflict",
+            f"bead {bead_id} is closed and its {bead.collected_molecule} molecule was garbage-collected; it can no "
+            f"longer change (`gt bead history {bead_id}` shows its steps from the log)",
+        )
     if molecule is None:
         raise CommandError("not_found", f"bead {bead_id} has no molecule (sling it with a formula first)")
     if bead.status == "closed":

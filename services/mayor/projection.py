@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
+from datetime import datetime
 
 import msgspec
 
-from services.mayor.state import STATUS_RANK, Bead, Convoy, Escalation, MayorState, Molecule, Step
+from services.mayor.state import STATUS_RANK, WISP_TYPE, Bead, Convoy, Escalation, MayorState, Molecule, Step
 from shared.events import (
     BeadClaimed,
     BeadClosed,
@@ -24,6 +25,7 @@ from shared.events import (
     EscalationRaised,
     EscalationReescalated,
     Event,
+    GcSwept,
     MoleculeAttached,
     MoleculeCompleted,
     StepCompleted,
@@ -324,6 +326,39 @@ def _escalation_closed(payload: EscalationClosed, state: MayorState, env: Envelo
     escalation.version = seq
 
 
+# ---- garbage collection ------------------------------------------------------------------------
+
+
+def _closed_before(bead: Bead, cutoff: datetime) -> bool:
+    return bead.status == "closed" and bead.closed_at is not None and bead.closed_at < cutoff
+
+
+@fold.register
+def _gc_swept(payload: GcSwept, state: MayorState, env: Envelope, seq: int) -> None:
+    """The molecules of beads closed before the cutoff leave (the bead keeps the formula's name), and so do
+    closed wisps nothing refers to (no bead needs it, no convoy tracks it, it has no children). Other beads
+    stay: they are the town's record and what ``needs`` and convoys point at."""
+    cutoff = payload.cutoff
+    for bead_id in list(state.molecules):
+        bead = state.beads.get(bead_id)
+        if bead is not None and _closed_before(bead, cutoff):
+            bead.collected_molecule = state.molecules.pop(bead_id).formula
+    wisps = [b for b in state.beads.values() if b.type == WISP_TYPE and _closed_before(b, cutoff)]
+    if not wisps:
+        return
+    referenced = {need for bead in state.beads.values() for need in bead.needs}
+    referenced.update(bead_id for convoy in state.convoys.values() for bead_id in convoy.beads)
+    for wisp in wisps:
+        if wisp.id in referenced or state.children.get(wisp.id):
+            continue
+        del state.beads[wisp.id]
+        siblings = state.children.get(wisp.parent or "")
+        if siblings is not None and wisp.id in siblings:
+            siblings.remove(wisp.id)
+            if not siblings:
+                del state.children[wisp.parent or ""]
+
+
 # ---- outcomes ----------------------------------------------------------------------------------
 
 
@@ -338,4 +373,6 @@ def _rejected(payload: CommandRejected, state: MayorState, env: Envelope, seq: i
 
 
 def new_projection() -> Projection[MayorState]:
-    return Projection("mayor", MayorState, fold, schema_version=SCHEMA_VERSION)
+    return Projection(
+        "mayor", MayorState, fold, schema_version=SCHEMA_VERSION, snapshot_after=frozenset({GcSwept.TYPE})
+    )

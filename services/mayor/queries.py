@@ -161,6 +161,12 @@ def _filtered(state: MayorState, body: dict[str, Any]) -> Iterator[Bead]:
 def _molecule(state: MayorState, body: dict[str, Any]) -> Any:
     bead = _bead(state, body, "bead")
     molecule = state.molecules.get(bead.id)
+    if molecule is None and bead.collected_molecule is not None:
+        raise QueryError(
+            "not_found",
+            f"bead {bead.id} is closed and its {bead.collected_molecule} molecule was garbage-collected "
+            f"(`gt bead history {bead.id}` shows its steps from the log)",
+        )
     if molecule is None:
         raise QueryError("not_found", f"bead {bead.id} has no molecule")
     view = molecule_view(molecule)

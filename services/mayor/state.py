@@ -14,6 +14,8 @@ INFRA_TYPES = frozenset(
     {"molecule", "wisp", "message", "gate", "merge-request", "session", "agent", "role", "rig", "convoy", "escalation"}
 )
 """Types that are plumbing, not work: never offered by ``ready`` and never slung."""
+WISP_TYPE = "wisp"
+"""Ephemeral beads: once closed long enough, garbage collection drops them entirely."""
 MESSAGE_TYPE = "message"
 READ_LABEL = "read"
 
@@ -47,6 +49,9 @@ class Bead(msgspec.Struct, kw_only=True, gc=False):
     """Convoys that track it."""
     version: int = 0
     """Stream sequence of this bead's last event: the expected sequence for its next append."""
+    collected_molecule: str | None = None
+    """The formula of its molecule, once garbage collection dropped the molecule (closed long enough; the log
+    keeps its steps)."""
 
 
 class Step(msgspec.Struct, kw_only=True, gc=False):

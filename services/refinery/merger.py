@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -62,6 +62,8 @@ class BatchResult(msgspec.Struct, kw_only=True):
     """Times a stack was built and gated (more than one when a culprit was taken out)."""
     target_broken: GateResult | None = None
     """A gate that fails on the target itself: it did not count against any merge request."""
+    fenced: str = ""
+    """Why nothing was pushed: this refinery no longer holds the rig's merge lease (its outcomes are void)."""
 
 
 class Paths:
@@ -156,8 +158,19 @@ class Gates:
         return True
 
 
-def process(paths: Paths, rig: RigInfo, mrs: Sequence[MergeRequest], *, name: str, gate_timeout: float) -> BatchResult:
-    """Land what can be landed of ``mrs`` (in this order) on their target with one fast-forward push."""
+def process(
+    paths: Paths,
+    rig: RigInfo,
+    mrs: Sequence[MergeRequest],
+    *,
+    name: str,
+    gate_timeout: float,
+    lost_lease: Callable[[], str | None] = lambda: None,
+) -> BatchResult:
+    """Land what can be landed of ``mrs`` (in this order) on their target with one fast-forward push.
+
+    ``lost_lease`` is asked right before the push: a refinery that lost the rig's merge lease pushes nothing.
+    """
     target = mrs[0].target
     git.ensure_bare_clone(rig.repo, paths.bare)
     git.fetch(paths.bare)
@@ -177,6 +190,9 @@ def process(paths: Paths, rig: RigInfo, mrs: Sequence[MergeRequest], *, name: st
         if not good:
             return result
         tip = good[-1][1]
+        result.fenced = lost_lease() or ""
+        if result.fenced:
+            return result
         # A plain push only fast-forwards: if the target moved meanwhile it is refused and nothing is lost.
         git.git("push", "--quiet", "origin", f"{tip}:refs/heads/{target}", cwd=work, check=False)
         remote = git.git("ls-remote", "origin", f"refs/heads/{target}", cwd=work).split()

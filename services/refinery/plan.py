@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 import msgspec
 
 from services.refinery.state import MergeRequest, RefineryState
+from shared.ids import merge_lease_name
 
 
 class Policy(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,19 +42,27 @@ def score(state: RefineryState, mr: MergeRequest, now: datetime, policy: Policy)
     return 1000 + 100 * (4 - mr.priority) + 10 * convoy_hours - min(50 * retries, 300) + hours
 
 
-def claimable(mr: MergeRequest, now: datetime) -> bool:
-    """Queued, or claimed by a refinery whose lease ran out (it crashed or hangs)."""
-    return mr.status == "queued" or (mr.status == "claimed" and mr.lease_until is not None and mr.lease_until <= now)
+def claimable(mr: MergeRequest, now: datetime, state: RefineryState | None = None) -> bool:
+    """Queued, or claimed by a refinery whose claim ran out or that no longer holds the rig's merge lease (it
+    crashed or hangs, and the deacon expired its lease)."""
+    if mr.status == "queued":
+        return True
+    if mr.status != "claimed":
+        return False
+    if mr.lease_until is not None and mr.lease_until <= now:
+        return True
+    lease = state.merge_leases.get(merge_lease_name(mr.rig)) if state is not None else None
+    return lease is not None and not (lease.holder == mr.holder and lease.status == "held")
 
 
 def ready_per_rig(
     state: RefineryState, now: datetime, policy: Policy, busy: frozenset[str]
 ) -> dict[str, list[MergeRequest]]:
     """Each idle rig's claimable merge requests, best first (rigs in ``busy`` are being worked here)."""
-    held = {mr.rig for mr in state.mrs.values() if mr.status == "claimed" and not claimable(mr, now)}
+    held = {mr.rig for mr in state.mrs.values() if mr.status == "claimed" and not claimable(mr, now, state)}
     ready: dict[str, list[MergeRequest]] = {}
     for mr in state.mrs.values():
-        if mr.rig in busy or mr.rig in held or mr.rig not in state.rigs or not claimable(mr, now):
+        if mr.rig in busy or mr.rig in held or mr.rig not in state.rigs or not claimable(mr, now, state):
             continue
         bead = state.beads.get(mr.bead)
         if bead is not None and bead.status == "closed":

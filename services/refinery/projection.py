@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from datetime import datetime
 
-from services.refinery.state import MergeRequest, RefineryState, RigInfo, WorkBead
+from services.refinery.state import FINISHED, MergeLease, MergeRequest, RefineryState, RigInfo, WorkBead
 from shared.events import (
     BeadClaimed,
     BeadClosed,
@@ -16,6 +16,10 @@ from shared.events import (
     ConvoyCreated,
     Envelope,
     Event,
+    GcSwept,
+    LeaseAcquired,
+    LeaseExpired,
+    LeaseReleased,
     MergeRequestClaimed,
     MergeRequestConflicted,
     MergeRequestFailed,
@@ -25,9 +29,11 @@ from shared.events import (
     MergeRequestSubmitted,
     RigAdded,
 )
+from shared.ids import MERGE_LEASE_PREFIX
+from shared.lease_rules import record_end
 from shared.projection import Projection
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CONFLICT_PREFIX = "conflict-"
 """Command ids of conflict bead creates (the refinery's own): their outcomes name the bead."""
 NOT_WORK = frozenset({"message", "convoy", "escalation"})
@@ -163,6 +169,7 @@ def _failed(payload: MergeRequestFailed, state: RefineryState, env: Envelope, se
         mr.status = "escalated" if payload.escalated else "failed"
         mr.gate, mr.exit_code, mr.tail = payload.gate, payload.exit_code, payload.tail
         mr.holder = mr.lease_until = None
+        mr.ended_at = env.ts
 
 
 @fold.register
@@ -172,6 +179,7 @@ def _merged(payload: MergeRequestMerged, state: RefineryState, env: Envelope, se
         mr.batch = list(payload.batch)
         mr.bug_bead_command = payload.bug_bead_command
         mr.holder = mr.lease_until = None
+        mr.ended_at = env.ts
 
 
 @fold.register
@@ -180,6 +188,7 @@ def _requeued(payload: MergeRequestRequeued, state: RefineryState, env: Envelope
         mr.status, mr.queued_at, mr.reason = "queued", env.ts, payload.reason
         mr.holder = mr.lease_until = None
         mr.blocked_by = mr.conflict_command = None
+        mr.ended_at = None
 
 
 @fold.register
@@ -187,7 +196,56 @@ def _rejected(payload: MergeRequestRejected, state: RefineryState, env: Envelope
     if (mr := _mr(state, payload.mr_id, seq)) is not None:
         mr.status, mr.reason = "rejected", payload.reason
         mr.holder = mr.lease_until = None
+        mr.ended_at = env.ts
+
+
+@fold.register
+def _lease_acquired(payload: LeaseAcquired, state: RefineryState, env: Envelope, seq: int) -> None:
+    if payload.lease.startswith(MERGE_LEASE_PREFIX):
+        state.merge_leases[payload.lease] = MergeLease(
+            name=payload.lease,
+            holder=payload.holder,
+            token=payload.token,
+            ttl_s=payload.ttl_s,
+            acquired_at=env.ts,
+            version=seq,
+        )
+
+
+@fold.register
+def _lease_released(payload: LeaseReleased, state: RefineryState, env: Envelope, seq: int) -> None:
+    record_end(state.merge_leases.get(payload.lease), payload.token, "released", seq)
+
+
+@fold.register
+def _lease_expired(payload: LeaseExpired, state: RefineryState, env: Envelope, seq: int) -> None:
+    record_end(state.merge_leases.get(payload.lease), payload.token, "expired", seq)
+
+
+@fold.register
+def _gc_swept(payload: GcSwept, state: RefineryState, env: Envelope, seq: int) -> None:
+    """Merge requests that finished (merged, failed, escalated, rejected) before the cutoff and whose bead is
+    closed leave, with the conflict-bead commands that point to them. A merged one whose bead is still open
+    stays: the refinery still owes closing the bead."""
+    gone: list[str] = []
+    for mr in state.mrs.values():
+        if mr.status not in FINISHED or mr.ended_at is None or mr.ended_at >= payload.cutoff:
+            continue
+        bead = state.beads.get(mr.bead)
+        if bead is None or bead.status == "closed":
+            gone.append(mr.id)
+    if not gone:
+        return
+    for mr_id in gone:
+        del state.mrs[mr_id]
+    for command in [c for c, mr_id in state.awaited.items() if mr_id in gone]:
+        del state.awaited[command]
+    prefixes = tuple(f"{CONFLICT_PREFIX}{mr_id}-" for mr_id in gone)
+    for command in [c for c in state.created if c.startswith(prefixes)]:
+        del state.created[command]
 
 
 def new_projection() -> Projection[RefineryState]:
-    return Projection("refinery", RefineryState, fold, schema_version=SCHEMA_VERSION)
+    return Projection(
+        "refinery", RefineryState, fold, schema_version=SCHEMA_VERSION, snapshot_after=frozenset({GcSwept.TYPE})
+    )

@@ -13,7 +13,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
+import nats.errors
 import structlog
+from nats.js.kv import KeyValue
 
 from services.refinery import decide as refinery_decide
 from services.refinery import merger, plan
@@ -21,13 +23,17 @@ from services.refinery import settings as refinery_settings
 from services.refinery.decide import mr_view
 from services.refinery.projection import new_projection
 from services.refinery.state import MergeRequest, RefineryState
-from shared import git
-from shared.commands import Command
+from shared import git, lease_rules
+from shared import leases as lease_kv
+from shared.bus.fencing import fence_error
+from shared.commands import Command, Fence
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import QueryError
 from shared.events import (
     Event,
+    LeaseAcquired,
+    LeaseReleased,
     MergeRequestClaimed,
     MergeRequestConflicted,
     MergeRequestFailed,
@@ -36,6 +42,7 @@ from shared.events import (
     MergeRequestRequeued,
 )
 from shared.faults import crash_point
+from shared.ids import merge_lease_name
 from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)
@@ -69,7 +76,7 @@ class RefineryService(Service[RefineryState]):
         self._busy: set[str] = set()
         """Rigs with a merge request being processed by this process."""
         self._closing: set[str] = set()
-        self.merged = self.failed = self.conflicted = self.gate_runs = self.batches = 0
+        self.merged = self.failed = self.conflicted = self.gate_runs = self.batches = self.fenced = 0
         self.gate_seconds = 0.0
 
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
@@ -107,6 +114,7 @@ class RefineryService(Service[RefineryState]):
             gate_runs=self.gate_runs,
             gate_seconds=round(self.gate_seconds, 3),
             batches=self.batches,
+            fenced=self.fenced,
             batch_size=self.policy.batch,
             processing=sorted(self._busy),
         )
@@ -170,6 +178,9 @@ class RefineryService(Service[RefineryState]):
 
     async def _claim_and_process(self, batch: list[MergeRequest], now: datetime) -> None:
         assert self._tg is not None
+        token = await self._take_merge_lease(batch[0].rig, now)
+        if token is None:
+            return
         ids = [mr.id for mr in batch] if len(batch) > 1 else []
         # Bisecting a batch runs the gates about log2(size) + 2 times: the claim lasts that many leases.
         lease = self.policy.lease_s * (1 if len(batch) == 1 else 2 + math.ceil(math.log2(len(batch))))
@@ -184,16 +195,109 @@ class RefineryService(Service[RefineryState]):
             )
             if await self._store(mr, claim):
                 claimed.append(mr.id)
+        rig = batch[0].rig
         if claimed:
-            rig = batch[0].rig
             self._busy.add(rig)
-            self._tg.create_task(self._process(rig, claimed), name=f"refinery-{rig}")
+            self._tg.create_task(self._process(rig, claimed, token), name=f"refinery-{rig}")
+        else:
+            await self._release_merge_lease(rig, token)
+
+    # ---- the rig's merge lease -----------------------------------------------------------------
+
+    def _merge_lease_ttl(self) -> float:
+        return min(self.mq.merge_lease_ttl_s, self.mq.lease_s)
+
+    async def _lease_kv(self) -> KeyValue:
+        assert self.nc is not None
+        return await self.nc.jetstream().key_value(self.config.lease_bucket)
+
+    async def _take_merge_lease(self, rig: str, now: datetime) -> int | None:
+        """The rig's merge lease for this refinery (its token), taken over from a holder that let it lapse;
+        None while another refinery holds it."""
+        name = merge_lease_name(rig)
+        lease = self.projection.state.merge_leases.get(name)
+        if lease is not None and lease.status == "held":
+            if lease.holder == self.holder:
+                return lease.token
+            kv = await self._lease_kv()
+            renewal, revision = await lease_kv.read(kv, name)
+            if not lease_rules.due_to_expire(lease, renewal, now):
+                return None
+            # Marked first, so the lapsed holder's renewals fail from now on (its pushes are checked too).
+            last = lease_rules.last_renewed(lease, renewal)
+            if not await lease_kv.mark_expired(kv, name, lease.holder, lease.token, last, seen_revision=revision):
+                return None
+            log.warning("merge_lease_taken_over", rig=rig, lease=name, previous=lease.holder, token=lease.token)
+        ttl = self._merge_lease_ttl()
+        acquired = LeaseAcquired(
+            lease=name,
+            holder=self.holder,
+            token=lease.token + 1 if lease is not None else 1,
+            ttl_s=ttl,
+            expires_at=now + timedelta(seconds=ttl),
+        )
+        if not await self.append_owed([NewEvent(payload=acquired, expected_seq=lease.version if lease else 0)]):
+            return None
+        return acquired.token
+
+    async def _release_merge_lease(self, rig: str, token: int) -> None:
+        lease = self.projection.state.merge_leases.get(merge_lease_name(rig))
+        if lease is None or lease.holder != self.holder or lease.token != token or lease.status != "held":
+            return
+        released = LeaseReleased(lease=lease.name, holder=self.holder, token=token)
+        await self.append_owed([NewEvent(payload=released, expected_seq=lease.version)])
+
+    async def _renew_merge_lease(self, rig: str, token: int, lost: list[str]) -> None:
+        """Renew while the batch is processed; a renewal refused (the lease lapsed and passed on) is recorded
+        in ``lost`` and stops the push."""
+        name = merge_lease_name(rig)
+        every = self._merge_lease_ttl() / 3
+        while True:
+            try:
+                await lease_kv.renew(await self._lease_kv(), name, self.holder, token, self.clock())
+            except lease_kv.LeaseLostError as exc:
+                lost.append(exc.why)
+                log.warning("merge_lease_lost", rig=rig, lease=name, token=token, why=exc.why)
+                return
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.warning("merge_lease_not_renewed", rig=rig, error=repr(exc))
+            await asyncio.sleep(every)
+
+    def _lost_lease_check(self, rig: str, token: int, lost: list[str]) -> Callable[[], str | None]:
+        """For the merger's thread: why this refinery may not push now (None: it may), asking the log."""
+        loop = asyncio.get_running_loop()
+        fence = Fence(lease=merge_lease_name(rig), token=token)
+
+        def check() -> str | None:
+            if lost:
+                return lost[0]
+            assert self.nc is not None
+            future = asyncio.run_coroutine_threadsafe(
+                fence_error(self.nc.jetstream(), self.config.evt_stream, fence), loop
+            )
+            error = future.result(timeout=10)
+            return error.message if error is not None else None
+
+        return check
 
     async def _store(self, mr: MergeRequest, event: Event) -> bool:
         current = self.projection.state.mrs.get(mr.id, mr)
         return bool(await self.append_owed([NewEvent(payload=event, expected_seq=current.version)]))
 
-    async def _process(self, rig_name: str, mr_ids: list[str]) -> None:
+    async def _process(self, rig_name: str, mr_ids: list[str], token: int) -> None:
+        lost: list[str] = []
+        renewing = asyncio.create_task(self._renew_merge_lease(rig_name, token, lost), name=f"lease-{rig_name}")
+        try:
+            await self._process_claimed(rig_name, mr_ids, lost_lease=self._lost_lease_check(rig_name, token, lost))
+            # Released before the rig counts as free here: a claim made before would be under this token. Not
+            # on cancellation (shutdown): the lease then lapses after its TTL.
+            await self._release_merge_lease(rig_name, token)
+        finally:
+            renewing.cancel()
+            self._busy.discard(rig_name)
+            self.wake()
+
+    async def _process_claimed(self, rig_name: str, mr_ids: list[str], *, lost_lease: Callable[[], str | None]) -> None:
         state = self.projection.state
         mrs = [state.mrs[mr_id] for mr_id in mr_ids]
         rig = state.rigs[rig_name]
@@ -205,8 +309,14 @@ class RefineryService(Service[RefineryState]):
         try:
             log.info("mr_processing", attempt=first.attempts, mrs=mr_ids, target=first.target)
             result = await asyncio.to_thread(
-                merger.process, paths, rig, mrs, name=name, gate_timeout=self.mq.gate_timeout_s
+                merger.process, paths, rig, mrs, name=name, gate_timeout=self.mq.gate_timeout_s, lost_lease=lost_lease
             )
+            if result.fenced:
+                # Another refinery holds the rig now and claims these merge requests again: nothing of ours
+                # is written (and it would be refused: their versions moved or will).
+                self.fenced += 1
+                log.warning("merge_fenced", mrs=mr_ids, why=result.fenced)
+                return
             self.gate_runs += result.gates_run
             self.gate_seconds += result.gate_seconds
             self.batches += 1
@@ -226,8 +336,6 @@ class RefineryService(Service[RefineryState]):
                     await self._store(current, MergeRequestRequeued(mr_id=mr_id, reason=f"error: {exc}"[:500]))
         finally:
             structlog.contextvars.unbind_contextvars("mr", "bead", "batch")
-            self._busy.discard(rig_name)
-            self.wake()
 
     async def _settle(
         self,

@@ -13,6 +13,10 @@ from shared.config import env_number
 class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):
     lease_s: float = 900.0
     """A claim older than this is taken again (``GT_MQ_LEASE``): longer than the gates take."""
+    merge_lease_ttl_s: float = 60.0
+    """TTL of a rig's merge lease, renewed every third of it while a batch is processed
+    (``GT_MQ_MERGE_LEASE_TTL``; never longer than ``lease_s``): a refinery that stops renewing is fenced out and
+    another takes the rig over."""
     gate_timeout_s: float = 600.0
     """Each gate command's time limit (``GT_MQ_GATE_TIMEOUT``)."""
     max_failures: int = 3
@@ -33,6 +37,7 @@ def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
         raise ValueError(f"GT_MQ_ORDER must be score or fifo, got {order!r}")
     return RefinerySettings(
         lease_s=env_number(env, "GT_MQ_LEASE", 900.0, minimum=1.0),
+        merge_lease_ttl_s=env_number(env, "GT_MQ_MERGE_LEASE_TTL", 60.0, minimum=0.3),
         gate_timeout_s=env_number(env, "GT_MQ_GATE_TIMEOUT", 600.0, minimum=1.0),
         max_failures=int(env_number(env, "GT_MQ_MAX_FAILURES", 3, minimum=1, whole=True)),
         fifo=order == "fifo",

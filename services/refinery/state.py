@@ -8,6 +8,10 @@ import msgspec
 
 OPEN = ("queued", "claimed")
 """Merge request statuses still in the queue."""
+FINISHED = ("merged", "failed", "escalated", "rejected")
+"""Statuses a merge request stays in unless someone retries it; once its bead is closed nothing moves it any more
+(a closed bead takes no new submissions, and a retried one is rejected again as stale), so garbage collection
+may drop it."""
 
 
 class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
@@ -39,6 +43,8 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     """The merge requests it was last claimed (then merged) together with, in stack order."""
     bug_bead_command: str | None = None
     reason: str = ""
+    ended_at: datetime | None = None
+    """When it was last merged, failed or rejected (None while queued, claimed or blocked)."""
     version: int = 0
 
 
@@ -62,6 +68,20 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     """When the oldest convoy tracking it was created: its age raises the bead's merge requests in the queue."""
 
 
+class MergeLease(msgspec.Struct, kw_only=True, gc=False):
+    """A rig's merge lease (``merge-<rig>``): the refinery that holds it is the only one that may push to the
+    rig's targets; it renews it while it works and releases it after each batch."""
+
+    name: str
+    holder: str
+    token: int
+    ttl_s: float
+    status: str = "held"
+    """held, released or expired."""
+    acquired_at: datetime
+    version: int = 0
+
+
 class RefineryState(msgspec.Struct, kw_only=True):
     mrs: dict[str, MergeRequest] = {}
     beads: dict[str, WorkBead] = {}
@@ -73,3 +93,5 @@ class RefineryState(msgspec.Struct, kw_only=True):
     """Command id (a conflict bead's create) -> the merge request waiting for its outcome."""
     convoys: dict[str, datetime] = {}
     """Convoy id -> when it was created."""
+    merge_leases: dict[str, MergeLease] = {}
+    """Rig merge leases by lease name."""

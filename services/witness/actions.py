@@ -140,3 +140,26 @@ class ExpireNudge(Action, frozen=True, kw_only=True):
     @property
     def key(self) -> str:
         return f"nudge:{self.nudge}"
+
+
+class ReleaseHook(SessionAction, frozen=True, kw_only=True):
+    """An ended session still holds its bead's hook lease: release it, so the deacon does not expire it and
+    a stale-hook sweep sees the hook free."""
+
+    PRIORITY: ClassVar[int] = 6
+    bead: str
+
+
+class Resling(Action, frozen=True, kw_only=True):
+    """A stale hook the witness decided to re-sling: ask the mayor to sling the bead again (forced) to its rig;
+    the fresh sling then gets a session like any other."""
+
+    PRIORITY: ClassVar[int] = 1
+    bead: str
+    rig: str
+    after: str
+    """The session after which the hook went stale (names the command, so a resend is harmless)."""
+
+    @property
+    def key(self) -> str:
+        return f"bead:{self.bead}"

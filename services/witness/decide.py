@@ -13,10 +13,12 @@ from shared.commands import (
     SessionDoneIntentCmd,
     SessionFinish,
     SessionHandoff,
+    SessionRecoverHook,
 )
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
-from shared.events import NudgeQueued, RigAdded, SessionDoneIntent, SessionEnded
+from shared.events import NudgeQueued, RigAdded, SessionDoneIntent, SessionEnded, SessionHookRecovered
+from shared.ids import hook_lease_name
 
 NUDGE_PREFIX = "nd"
 
@@ -31,7 +33,19 @@ class RepoFacts:
         """Why the repository cannot be used (None: it can)."""
 
 
+class WorktreeFacts:
+    """What ``prepare`` found in the worktree of a bead's last session before a stale hook is decided."""
+
+    __slots__ = ("at_risk",)
+
+    def __init__(self, at_risk: str | None) -> None:
+        self.at_risk = at_risk
+        """Work that a re-sling could lose (uncommitted changes, unpushed commits); None: clean or gone."""
+
+
 def aggregate_key(cmd: Command) -> str | None:
+    if isinstance(cmd, SessionRecoverHook):
+        return f"hook:{cmd.bead}"
     if isinstance(cmd, RigAdd):
         return f"rig:{cmd.name}"
     if isinstance(cmd, SessionDoneIntentCmd | SessionFinish | SessionHandoff):
@@ -50,6 +64,8 @@ def decide(state: WitnessState, cmd: Command, ctx: DecideContext) -> Accepted:
         return handoff(state, cmd)
     if isinstance(cmd, NudgeSend):
         return nudge(state, cmd, ctx)
+    if isinstance(cmd, SessionRecoverHook):
+        return recover_hook(state, cmd, ctx)
     raise CommandError("unknown_command", f"the witness does not handle {cmd.SUBJECT}")
 
 
@@ -225,4 +241,77 @@ def nudge(state: WitnessState, cmd: NudgeSend, ctx: DecideContext) -> Accepted:
             "session": session_id,
             "expires_at": expires_at.isoformat(),
         },
+    )
+
+
+# ---- stale hooks (from the deacon) -------------------------------------------------------------
+
+WORKING = ("hooked", "in_progress")
+
+
+def _not_stale(bead: str, why: str) -> Accepted:
+    return Accepted(result={"id": bead, "status": "not_stale", "changed": False, "why": why})
+
+
+def last_session_of(state: WitnessState, bead_id: str) -> Session | None:
+    bead = state.beads.get(bead_id)
+    if bead is None:
+        return None
+    found = [state.sessions[s] for s in bead.sessions if s in state.sessions]
+    return found[-1] if found else None
+
+
+def recover_hook(state: WitnessState, cmd: SessionRecoverHook, ctx: DecideContext) -> Accepted:
+    """A stale hook is re-slung when its last worktree is clean, escalated otherwise; never dropped."""
+    bead = state.beads.get(cmd.bead)
+    if bead is None:
+        raise CommandError("not_found", f"the witness knows no bead {cmd.bead!r} slung to one of its rigs")
+    if bead.status not in WORKING:
+        return _not_stale(bead.id, f"bead {bead.id} is {bead.status}")
+    sessions = [state.sessions[s] for s in bead.sessions if s in state.sessions]
+    active = next((s for s in sessions if s.status in ACTIVE), None)
+    if active is not None:
+        return _not_stale(bead.id, f"session {active.id} works it")
+    hook = state.hooks.get(hook_lease_name(bead.id))
+    if hook is not None and (hook.token > cmd.token or hook.status == "held"):
+        return _not_stale(bead.id, f"its hook lease is at token {hook.token} ({hook.status})")
+    if bead.merge_requested:
+        return _not_stale(bead.id, "its merge request is in the queue")
+    if bead.resling_owed:
+        return _not_stale(bead.id, "a re-sling is already under way")
+    last = sessions[-1] if sessions else None
+    if last is None:
+        return _not_stale(bead.id, "it never had a session: it waits for one")
+    if last.escalated is not None or last.hook_recovery is not None:
+        return _not_stale(bead.id, f"already {'escalated' if last.escalated else 'recovered'} after {last.id}")
+    facts = ctx.facts
+    at_risk = facts.at_risk if isinstance(facts, WorktreeFacts) else None
+    if at_risk is not None:
+        resolution = "escalate"
+        detail = (
+            f"bead {bead.id} ({bead.title}) has a stale hook (session {last.id} ended {last.end_reason}; its lease "
+            f"lapsed) and its worktree {last.worktree} holds {at_risk}: recover that work, then re-sling the bead "
+            f"with `gt sling {bead.id} {bead.rig} --force`, or close it"
+        )
+    elif bead.merge_rejected:
+        resolution = "escalate"
+        detail = (
+            f"bead {bead.id} ({bead.title}) is still hooked but its merge request was rejected and nobody works it: "
+            f"re-sling it with `gt sling {bead.id} {bead.rig} --force` for more work, or close it"
+        )
+    elif bead.stale_recoveries >= 1:
+        resolution = "escalate"
+        detail = (
+            f"bead {bead.id} ({bead.title}) went stale again after a re-sling (last session {last.id} ended "
+            f"{last.end_reason}): look at it, then re-sling it with `gt sling {bead.id} {bead.rig} --force` or close it"
+        )
+    else:
+        resolution = "resling"
+        detail = f"stale hook after session {last.id} ({last.end_reason}); worktree clean: re-slung"
+    event = SessionHookRecovered(
+        session_id=last.id, bead=bead.id, token=cmd.token, resolution=resolution, detail=detail
+    )
+    return Accepted(
+        events=[NewEvent(payload=event, expected_seq=last.version)],
+        result={"id": bead.id, "status": resolution, "changed": True, "session": last.id, "detail": detail},
     )

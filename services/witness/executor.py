@@ -15,6 +15,7 @@ import shlex
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +33,8 @@ from services.witness.actions import (
     KillOrphan,
     MassDeath,
     ReapPane,
+    ReleaseHook,
+    Resling,
     Spawn,
     Start,
     Warrant,
@@ -43,6 +46,8 @@ from shared.config import TownConfig
 from shared.decision import NewEvent
 from shared.errors import GastownError
 from shared.events import (
+    LeaseAcquired,
+    LeaseReleased,
     NudgeDelivered,
     NudgeExpired,
     RigMassDeath,
@@ -54,6 +59,7 @@ from shared.events import (
     SessionWarranted,
 )
 from shared.faults import crash_point
+from shared.ids import hook_lease_name
 from shared.tmux import PaneInfo, Tmux, TmuxError
 
 log = structlog.get_logger(__name__)
@@ -89,6 +95,7 @@ class Host(Protocol):
     """What the executor needs of the witness service."""
 
     config: TownConfig
+    clock: Callable[[], datetime]
 
     @property
     def state(self) -> WitnessState: ...
@@ -115,6 +122,8 @@ class Executor:
             Escalate: self.escalate,
             Clean: self.clean,
             ReapPane: self.reap_pane,
+            ReleaseHook: self.release_hook,
+            Resling: self.resling,
             KillOrphan: self.kill_orphan,
             MassDeath: self.mass_death,
             DeliverNudge: self.deliver_nudge,
@@ -203,6 +212,7 @@ class Executor:
         except git.GitError:
             self.start_failures[session.id] = self.start_failures.get(session.id, 0) + 1
             raise
+        session = await self._hold_hook(session, rig)
         try:
             pane, adopted = await asyncio.to_thread(self._start_tmux, session, rig)
         except TmuxError:
@@ -221,6 +231,46 @@ class Executor:
         await self._append(NewEvent(payload=started, expected_seq=current.version))
         self.start_failures.pop(session.id, None)
         log.info("session_started", session=session.id, pane_pid=pane.pane_pid, adopted=adopted)
+
+    async def _hold_hook(self, session: Session, rig: Rig) -> Session:
+        """Take the bead's hook lease for this session (the next fencing token), before its agent starts: from
+        then on a session that had the hook earlier is fenced out. Idempotent: a restart finds it taken."""
+        name = hook_lease_name(session.bead)
+        hook = self.host.state.hooks.get(name)
+        if hook is not None and hook.holder == session.id and hook.status == "held":
+            return self._session(session.id) or session
+        ttl = self.settings.hook_lease_ttl_s or rig.stall_after_s
+        acquired = LeaseAcquired(
+            lease=name,
+            holder=session.id,
+            token=(hook.token + 1) if hook is not None else 1,
+            ttl_s=ttl,
+            expires_at=self.host.clock() + timedelta(seconds=ttl),
+        )
+        if not await self._append(NewEvent(payload=acquired, expected_seq=hook.version if hook else 0)):
+            raise StartBlockedError(f"the hook lease {name} moved while session {session.id} took it; trying again")
+        log.info("hook_lease_acquired", session=session.id, lease=name, token=acquired.token)
+        return self._session(session.id) or session
+
+    async def resling(self, action: Resling) -> None:
+        bead = self.host.state.beads.get(action.bead)
+        if bead is None or not bead.resling_owed:
+            return
+        # Durable in GT_CMD; its id makes a resend after a crash harmless. The sling clears ``resling_owed``.
+        await self.host.send_command(
+            "gt.cmd.bead.sling",
+            {"id": action.bead, "rig": action.rig, "force": True},
+            cmd_id=f"stale-resling-{action.after}",
+        )
+        log.warning("stale_hook_reslung", bead=action.bead, after=action.after)
+
+    async def release_hook(self, action: ReleaseHook) -> None:
+        hook = self.host.state.hooks.get(hook_lease_name(action.bead))
+        if hook is None or hook.holder != action.session or hook.status != "held":
+            return
+        event = LeaseReleased(lease=hook.name, holder=hook.holder, token=hook.token)
+        if await self._append(NewEvent(payload=event, expected_seq=hook.version)):
+            log.info("hook_lease_released", session=action.session, lease=hook.name, token=hook.token)
 
     def _prepare_worktree(self, rig: Rig, session: Session) -> None:
         bare = self.bare_repo(rig.name)
@@ -292,11 +342,15 @@ class Executor:
             "GT_EVT_STREAM": config.evt_stream,
             "GT_CMD_STREAM": config.cmd_stream,
             "GT_HEARTBEAT_BUCKET": config.heartbeat_bucket,
+            "GT_LEASE_BUCKET": config.lease_bucket,
             "GT_TMUX_SOCKET": self.settings.tmux_socket,
             "NATS_URL": config.nats_url,
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
             "TERM": AGENT_TERM,
         }
+        if session.lease_token is not None:
+            env["GT_LEASE"] = hook_lease_name(session.bead)
+            env["GT_LEASE_TOKEN"] = str(session.lease_token)
         for key in (*AGENT_ENV_PASSTHROUGH, *self.settings.agent_env):
             if key in os.environ and key not in env:
                 env[key] = os.environ[key]

@@ -23,6 +23,8 @@ from services.witness.actions import (
     KillOrphan,
     MassDeath,
     ReapPane,
+    ReleaseHook,
+    Resling,
     Spawn,
     Start,
     Warrant,
@@ -31,6 +33,7 @@ from services.witness.names import polecat_name
 from services.witness.projection import deaths
 from services.witness.state import ACTIVE, Rig, Session, WitnessState, WorkBead
 from shared.events import DEATHS
+from shared.ids import hook_lease_name
 
 WORKING = ("hooked", "in_progress")
 TMUX_PREFIX = "gt-"
@@ -138,11 +141,28 @@ def _active_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Iter
             else:
                 yield Start(session=session.id)
             continue
+        lost = _lost_hook(state, session)
+        if lost is not None:
+            yield Warrant(session=session.id, reason="stalled", detail=lost)
+            continue
         if session.version > obs.as_of_seq or obs.panes is None:
             continue  # changed while we looked, or tmux unknown: judge it on the next observation
         warrant = _judge(session, bead, state.rigs.get(session.rig), obs, policy)
         if warrant is not None:
             yield warrant
+
+
+def _lost_hook(state: WitnessState, session: Session) -> str | None:
+    """Why a started session no longer holds its bead's hook lease (None: it holds it, or never had one).
+    Its agent is fenced out (its commands are refused), so it is warranted like a stalled one."""
+    if session.lease_token is None or session.done_intent_at is not None:
+        return None
+    hook = state.hooks.get(hook_lease_name(session.bead))
+    if hook is None or (hook.token == session.lease_token and hook.status == "held"):
+        return None
+    if hook.token == session.lease_token and hook.status == "expired":
+        return f"its hook lease {hook.name} expired: not renewed for {hook.ttl_s:g}s"
+    return f"it lost its hook lease {hook.name} (token {session.lease_token}; now {hook.token}, {hook.status})"
 
 
 def _judge(session: Session, bead: WorkBead, rig: Rig | None, obs: Observed, policy: Policy) -> Warrant | None:
@@ -184,7 +204,7 @@ def _last_sign_of_life(session: Session, bead: WorkBead, obs: Observed) -> datet
 
 def needs_session(state: WitnessState, bead: WorkBead, rig: Rig) -> tuple[bool, Escalate | None]:
     """Whether the bead should get a (fresh) session now; or the escalation owed instead of one."""
-    if bead.status not in WORKING or bead.merge_requested:
+    if bead.status not in WORKING or bead.merge_requested or bead.resling_owed:
         return False, None
     sessions = [state.sessions[s] for s in bead.sessions if s in state.sessions]
     if any(s.status in ACTIVE for s in sessions):
@@ -193,6 +213,8 @@ def needs_session(state: WitnessState, bead: WorkBead, rig: Rig) -> tuple[bool, 
     if not since_sling:
         return True, None
     last = since_sling[-1]
+    if last.hook_recovery == "escalate" and last.escalated is None:
+        return False, Escalate(session=last.id, reason="stale_hook", message=last.hook_recovery_detail)
     if last.end_reason == "done" and bead.returned:
         return True, None  # the refinery sent the work back
     if last.escalated is not None or last.end_reason in ("done", "bead_closed"):
@@ -232,6 +254,9 @@ def _spawns(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Acti
     for bead in state.beads.values():
         rig = state.rigs.get(bead.rig or "")
         if rig is None:
+            continue
+        if bead.resling_owed and bead.status in WORKING and bead.sessions:
+            yield Resling(bead=bead.id, rig=rig.name, after=bead.sessions[-1])
             continue
         needed, escalation = needs_session(state, bead, rig)
         if escalation is not None:
@@ -304,7 +329,13 @@ def _successor(state: WitnessState, session: Session) -> Session | None:
 
 def _ended_sessions(state: WitnessState, obs: Observed) -> Iterator[Action]:
     for session in state.sessions.values():
-        if session.status != "ended" or session.cleaned:
+        if session.status != "ended":
+            continue
+        hook = state.hooks.get(hook_lease_name(session.bead)) if session.lease_token is not None else None
+        if hook is not None and hook.holder == session.id and hook.status == "held":
+            yield ReleaseHook(session=session.id, bead=session.bead)
+            continue
+        if session.cleaned:
             continue
         bead = state.beads.get(session.bead)
         successor = _successor(state, session)

@@ -4,8 +4,9 @@ it needs (beads slung to its rigs, their steps, merge requests). Pure: no I/O, n
 from __future__ import annotations
 
 import functools
+from datetime import datetime
 
-from services.witness.state import MergeFailure, Nudge, Rig, Session, WitnessState, WorkBead
+from services.witness.state import HookLease, MergeFailure, Nudge, Rig, Session, WitnessState, WorkBead
 from shared.events import (
     DEATHS,
     BeadClaimed,
@@ -14,7 +15,12 @@ from shared.events import (
     BeadSlung,
     Envelope,
     Event,
+    GcSwept,
+    LeaseAcquired,
+    LeaseExpired,
+    LeaseReleased,
     MergeRequestFailed,
+    MergeRequestRejected,
     MergeRequestSubmitted,
     MoleculeAttached,
     NudgeDelivered,
@@ -26,15 +32,18 @@ from shared.events import (
     SessionDoneIntent,
     SessionEnded,
     SessionEscalated,
+    SessionHookRecovered,
     SessionRequested,
     SessionStarted,
     SessionWarranted,
     StepCompleted,
     StepStarted,
 )
+from shared.ids import HOOK_LEASE_PREFIX, hook_lease_name
+from shared.lease_rules import record_end
 from shared.projection import Projection
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 
 
@@ -96,6 +105,8 @@ def _bead_slung(payload: BeadSlung, state: WitnessState, env: Envelope, seq: int
     bead.slings += 1
     bead.slung_seq = seq
     bead.merge_requested = False  # a new sling (rework) needs a new session and a new merge request
+    bead.merge_rejected = False
+    bead.resling_owed = False
     bead.last_progress_at = env.ts
     if payload.session is not None and payload.session in bead.sessions:
         # The witness's re-sling names the session it already requested: that one serves this sling.
@@ -123,6 +134,7 @@ def _bead_closed(payload: BeadClosed, state: WitnessState, env: Envelope, seq: i
     bead = state.beads.get(payload.bead_id)
     if bead is not None:
         bead.status = "closed"
+        bead.closed_at = bead.closed_at or env.ts
 
 
 @fold.register
@@ -161,6 +173,15 @@ def _merge_requested(payload: MergeRequestSubmitted, state: WitnessState, env: E
     bead = state.beads.get(payload.bead)
     if bead is not None:
         bead.merge_requested = True
+        bead.merge_rejected = False
+
+
+@fold.register
+def _merge_rejected(payload: MergeRequestRejected, state: WitnessState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(state.mr_beads.get(payload.mr_id, ""))
+    if bead is not None and bead.status != "closed":
+        bead.merge_requested = False
+        bead.merge_rejected = True
 
 
 @fold.register
@@ -259,6 +280,44 @@ def _escalated(payload: SessionEscalated, state: WitnessState, env: Envelope, se
         session.escalated = payload.reason
 
 
+@fold.register
+def _hook_recovered(payload: SessionHookRecovered, state: WitnessState, env: Envelope, seq: int) -> None:
+    session = _session(state, payload.session_id, seq)
+    if session is None or session.hook_recovery is not None:
+        return
+    session.hook_recovery = payload.resolution
+    session.hook_recovery_detail = payload.detail
+    bead = state.beads.get(payload.bead)
+    if bead is not None and payload.resolution == "resling":
+        bead.stale_recoveries += 1
+        bead.resling_owed = True
+
+
+# ---- hook leases -------------------------------------------------------------------------------
+
+
+@fold.register
+def _lease_acquired(payload: LeaseAcquired, state: WitnessState, env: Envelope, seq: int) -> None:
+    if not payload.lease.startswith(HOOK_LEASE_PREFIX):
+        return
+    state.hooks[payload.lease] = HookLease(
+        name=payload.lease, holder=payload.holder, token=payload.token, ttl_s=payload.ttl_s, version=seq
+    )
+    session = state.sessions.get(payload.holder)
+    if session is not None and session.lease_token is None:
+        session.lease_token = payload.token
+
+
+@fold.register
+def _lease_released(payload: LeaseReleased, state: WitnessState, env: Envelope, seq: int) -> None:
+    record_end(state.hooks.get(payload.lease), payload.token, "released", seq)
+
+
+@fold.register
+def _lease_expired(payload: LeaseExpired, state: WitnessState, env: Envelope, seq: int) -> None:
+    record_end(state.hooks.get(payload.lease), payload.token, "expired", seq)
+
+
 # ---- nudges ------------------------------------------------------------------------------------
 
 
@@ -294,5 +353,59 @@ def _nudge_expired(payload: NudgeExpired, state: WitnessState, env: Envelope, se
         nudge.version = seq
 
 
+# ---- garbage collection ------------------------------------------------------------------------
+
+
+def collectable(state: WitnessState, bead: WorkBead, cutoff: datetime, latest: dict[tuple[str, str], str]) -> bool:
+    """A bead closed before ``cutoff`` that nothing is left to do for: each of its sessions ended and was
+    cleaned, none still holds a polecat name (the latest session of a name whose worktree stays, e.g. kept
+    for manual recovery), and its hook lease is not held. ``latest``: (rig, polecat) -> its latest session.
+
+    A bead that is not closed is never collected: its sessions are numbered by how many it had."""
+    if bead.status != "closed" or bead.closed_at is None or bead.closed_at >= cutoff:
+        return False
+    for session_id in bead.sessions:
+        session = state.sessions.get(session_id)
+        if session is None:
+            continue
+        if session.status != "ended" or not session.cleaned:
+            return False
+        if latest.get((session.rig, session.polecat)) == session.id and not session.worktree_removed:
+            return False
+    hook = state.hooks.get(hook_lease_name(bead.id))
+    return hook is None or hook.status != "held"
+
+
+@fold.register
+def _gc_swept(payload: GcSwept, state: WitnessState, env: Envelope, seq: int) -> None:
+    """Closed beads that are done with (see ``collectable``) leave with their sessions, merge request links,
+    hook lease and mass-death marks; nudges delivered or expired before the cutoff leave too."""
+    cutoff = payload.cutoff
+    latest = {(s.rig, s.polecat): s.id for s in state.sessions.values()}
+    gone = [b for b in state.beads.values() if collectable(state, b, cutoff, latest)]
+    dropped: set[str] = set()
+    for bead in gone:
+        del state.beads[bead.id]
+        for session_id in bead.sessions:
+            if state.sessions.pop(session_id, None) is not None:
+                dropped.add(session_id)
+        state.hooks.pop(hook_lease_name(bead.id), None)
+    if gone:
+        ids = {b.id for b in gone}
+        for mr_id in [m for m, b in state.mr_beads.items() if b in ids]:
+            del state.mr_beads[mr_id]
+    if dropped:
+        for rig, covered in list(state.mass_deaths.items()):
+            kept = [s for s in covered if s not in dropped]
+            if not kept:
+                del state.mass_deaths[rig]
+            elif len(kept) != len(covered):
+                state.mass_deaths[rig] = kept
+    for nudge_id in [n.id for n in state.nudges.values() if n.status != "queued" and n.expires_at < cutoff]:
+        del state.nudges[nudge_id]
+
+
 def new_projection() -> Projection[WitnessState]:
-    return Projection("witness", WitnessState, fold, schema_version=SCHEMA_VERSION)
+    return Projection(
+        "witness", WitnessState, fold, schema_version=SCHEMA_VERSION, snapshot_after=frozenset({GcSwept.TYPE})
+    )

@@ -12,6 +12,7 @@ import itertools
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, ClassVar
 
 import msgspec
@@ -29,7 +30,7 @@ from services.witness.plan import Observed, PaneSeen, Policy, plan
 from services.witness.projection import new_projection
 from services.witness.state import WitnessState
 from shared import git, processes
-from shared.commands import Command, RigAdd
+from shared.commands import Command, RigAdd, SessionRecoverHook
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
 from shared.service import Service, ServiceSettings
@@ -92,6 +93,14 @@ class WitnessService(Service[WitnessState]):
             # Looked at before deciding (decisions do no I/O): can git read it, has it the base branch?
             problem = await asyncio.to_thread(git.probe_repository, cmd.repo, cmd.base_branch)
             return witness_decide.RepoFacts(problem)
+        if isinstance(cmd, SessionRecoverHook):
+            last = witness_decide.last_session_of(self.state, cmd.bead)
+            if last is None or last.worktree_removed:
+                return witness_decide.WorktreeFacts(None)
+            rig = self.state.rigs.get(last.rig)
+            return witness_decide.WorktreeFacts(
+                await asyncio.to_thread(_work_at_risk, last.worktree, last.branch, rig.base_branch if rig else "main")
+            )
         return None
 
     def query(self, what: str, body: dict[str, Any]) -> Any:
@@ -237,3 +246,19 @@ def _heartbeat_time(value: bytes | None) -> datetime | None:
         return datetime.fromisoformat(str(body["ts"]))
     except (msgspec.DecodeError, KeyError, ValueError):
         return None
+
+
+def _work_at_risk(worktree: str, branch: str, base: str) -> str | None:
+    """What a re-sling could lose in the session's worktree (None: nothing, or the worktree is another's now)."""
+    try:
+        state = git.worktree_state(Path(worktree), base)
+    except git.GitError as exc:
+        return f"a worktree git cannot read ({exc})"
+    if not state.exists or state.branch != branch:
+        return None
+    parts = []
+    if state.dirty:
+        parts.append("uncommitted changes")
+    if state.unpushed:
+        parts.append(f"{state.unpushed} unpushed commit{'s' if state.unpushed != 1 else ''}")
+    return " and ".join(parts) or None

@@ -30,6 +30,9 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Actions carried out at once (git and tmux run in threads)."""
     nudge_verify_s: float = 3.0
     """How long a nudge's text may take to show in the pane before it is typed again."""
+    hook_lease_ttl_s: float = 0.0
+    """TTL of a session's hook lease, renewed by every ``gt`` call of its agent (``GT_HOOK_LEASE_TTL``); 0: the
+    rig's ``stall_after_s``. An agent that lets it lapse is fenced out and its bead goes to a fresh session."""
     agent_env: tuple[str, ...] = ()
     """Names of more of the witness's environment variables an agent gets (``GT_AGENT_ENV``, comma-separated),
     e.g. ``ANTHROPIC_API_KEY``; agents start with a clean environment otherwise."""
@@ -50,5 +53,6 @@ def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
         min_orphan_age_s=env_number(env, "GT_MIN_ORPHAN_AGE", 60.0, minimum=0.0),
         done_stuck_after_s=env_number(env, "GT_DONE_STUCK_AFTER", 60.0, minimum=0.0),
         kill_grace_s=env_number(env, "GT_KILL_GRACE", 3.0, minimum=0.0),
+        hook_lease_ttl_s=env_number(env, "GT_HOOK_LEASE_TTL", 0.0, minimum=0.0),
         agent_env=agent_env,
     )

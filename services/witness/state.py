@@ -51,6 +51,25 @@ class Session(msgspec.Struct, kw_only=True, gc=False):
     cleaned: bool = False
     worktree_removed: bool = False
     escalated: str | None = None
+    lease_token: int | None = None
+    """Its fencing token on the bead's hook lease (None: a session from before hook leases)."""
+    hook_recovery: str | None = None
+    """The bead's hook went stale after this session: ``resling`` or ``escalate`` (``session.hook_recovered``)."""
+    hook_recovery_detail: str = ""
+    version: int = 0
+
+
+class HookLease(msgspec.Struct, kw_only=True, gc=False):
+    """A bead's hook lease (``hook-<bead>``), as the log records it: the witness acquires it for each session
+    it starts and releases it once that session is cleaned; the agent renews it; the deacon expires it."""
+
+    name: str
+    holder: str
+    """The session id holding (or last holding) it."""
+    token: int
+    ttl_s: float
+    status: str = "held"
+    """held, released or expired."""
     version: int = 0
 
 
@@ -67,6 +86,7 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     id: str
     title: str
     status: str = "open"
+    closed_at: datetime | None = None
     rig: str | None = None
     slings: int = 0
     slung_seq: int = 0
@@ -88,6 +108,12 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     """The last failure the refinery reported (mr, gate, exit_code, tail): shown by ``gt prime``."""
     sessions: list[str] = []
     """Every session the bead has had, oldest first."""
+    merge_rejected: bool = False
+    """Its last merge request was rejected by an operator: nobody works it until someone decides."""
+    stale_recoveries: int = 0
+    """Times its stale hook was re-slung by the witness (a second stale hook is escalated)."""
+    resling_owed: bool = False
+    """A stale-hook recovery decided to re-sling it and the sling is not in the log yet."""
 
 
 class Nudge(msgspec.Struct, kw_only=True, gc=False):
@@ -112,3 +138,5 @@ class WitnessState(msgspec.Struct, kw_only=True):
     """Merge request id -> its bead."""
     mass_deaths: dict[str, list[str]] = {}
     """Rig -> sessions already covered by a mass-death escalation."""
+    hooks: dict[str, HookLease] = {}
+    """Hook leases by lease name."""

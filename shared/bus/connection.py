@@ -99,10 +99,13 @@ async def connect_unless_stopped(config: TownConfig, name: str, stop: asyncio.Ev
 
 
 async def close_quietly(nc: Client) -> None:
-    """Drain (flushing buffered publishes and acknowledgements, within 5 s), then close; errors of a connection
-    already gone are expected on the way out and not raised."""
+    """Drain (flushing buffered publishes and acknowledgements, within 5 s), then close (within 5 s); errors of a
+    connection already gone are expected on the way out and not raised."""
     with contextlib.suppress(nats.errors.Error, TimeoutError):
         async with asyncio.timeout(5):
             await nc.drain()
     with contextlib.suppress(nats.errors.Error, TimeoutError):
-        await nc.close()
+        # Bounded too: nats-py's close waits for the socket to flush and close, which can block for good when
+        # a drain was cut short; a process on its way out must not hang there.
+        async with asyncio.timeout(5):
+            await nc.close()

@@ -1,13 +1,17 @@
-"""Fencing: a command sent by a lease holder is carried out only while its token is the lease's live one.
+"""Fencing: a command sent by a lease holder is carried out only if its token was the lease's live one when the
+command was stored.
 
-Checked against the lease aggregate's newest event in the log (the truth, not a cache), so every service
-fences the same way without tracking leases in its projection. A command that was checked just before the
-lease expired was sent by the live holder: it counts.
+Checked against the lease aggregate's events in the log (the truth, not a cache), so every service fences the
+same way without tracking leases in its projection. A command stored in GT_CMD while its sender held the lease
+counts even when it is processed later (its service was down meanwhile); one stored after the token ended is
+refused. The two times compared are the command's storage time (the NATS server's clock) and the ending
+event's time (the writing service's clock): on one machine they agree; across machines, keep clocks in sync.
 """
 
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
 import nats.errors
 import nats.js.errors
@@ -16,12 +20,16 @@ from nats.js.client import JetStreamContext
 from shared.commands import Fence
 from shared.errors import CommandError, GastownError
 from shared.events import REGISTRY, LeaseAcquired, LeaseExpired, LeaseReleased, decode_envelope
+from shared.events.base import Envelope
 
 READ_ATTEMPTS = 3
 
 
-async def fence_error(js: JetStreamContext, stream: str, fence: Fence) -> CommandError | None:
-    """None when ``fence.token`` holds ``fence.lease`` now; else the rejection that says why not."""
+async def fence_error(
+    js: JetStreamContext, stream: str, fence: Fence, *, stored_at: datetime | None = None
+) -> CommandError | None:
+    """None when ``fence.token`` holds ``fence.lease`` now (or held it at ``stored_at``, when given); else the
+    rejection that says why not."""
     subject = f"gt.evt.lease.{fence.lease}"
     for attempt in range(READ_ATTEMPTS):
         try:
@@ -41,12 +49,44 @@ async def fence_error(js: JetStreamContext, stream: str, fence: Fence) -> Comman
         return CommandError("conflict", f"fenced: the newest event of lease {fence.lease} cannot be read: {exc}")
     if isinstance(latest, LeaseAcquired) and latest.token == fence.token:
         return None
+    if stored_at is not None:
+        ended = await _token_ended_at(js, stream, subject, fence.token)
+        if ended is not None and ended > stored_at:
+            return None  # stored while the token was live: sent by the live holder
     if isinstance(latest, LeaseAcquired):
         why = f"it is held with token {latest.token} by {latest.holder}"
     elif isinstance(latest, LeaseExpired) and latest.token == fence.token:
         why = f"it expired (last renewed {latest.last_renewed:%Y-%m-%d %H:%M:%S} UTC)"
     elif isinstance(latest, LeaseReleased) and latest.token == fence.token:
         why = "it was released"
+    elif isinstance(latest, LeaseReleased | LeaseExpired):
+        how = "released" if isinstance(latest, LeaseReleased) else "expired"
+        why = f"it passed on: token {latest.token} of {latest.holder} has since {how}"
     else:
         why = "it is not held with that token"
     return CommandError("conflict", f"fenced: token {fence.token} of lease {fence.lease} is not live: {why}")
+
+
+async def _token_ended_at(js: JetStreamContext, stream: str, subject: str, token: int) -> datetime | None:
+    """When ``token`` stopped holding the lease (its release or expiry, or the next acquisition), from the
+    lease's history; None if it never held it or the history cannot be read."""
+    seq, held = 0, False
+    while True:
+        try:
+            msg = await js.get_msg(stream, seq=seq + 1, subject=subject, next=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        except (nats.errors.Error, TimeoutError):
+            return None
+        seq = int(msg.seq or 0)
+        try:
+            env: Envelope = decode_envelope(msg.data or b"")
+            event = REGISTRY.decode_payload(env)
+        except GastownError:
+            continue
+        if isinstance(event, LeaseAcquired):
+            if held and event.token != token:
+                return env.ts
+            held = held or event.token == token
+        elif isinstance(event, LeaseReleased | LeaseExpired) and event.token == token and held:
+            return env.ts

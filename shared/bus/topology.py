@@ -1,7 +1,9 @@
-"""Streams and consumers as data, and idempotent provisioning that never silently changes what exists."""
+"""Streams and consumers as data, and idempotent provisioning that never silently changes what exists (a
+command consumer is only ever widened, when a newer version gives its service more commands)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import nats.js.errors
@@ -45,6 +47,7 @@ COMMAND_OWNERS: dict[str, str] = {
     "mr": "refinery",
     "lease": "deacon",
     "automation": "deacon",
+    "gc": "deacon",
 }
 """Which service answers commands on ``gt.cmd.<aggregate>.<verb>``, by aggregate."""
 CATCH_ALL_SERVICE = "mayor"
@@ -205,7 +208,9 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig) -> bool:
 
 
 async def ensure_consumer(js: JetStreamContext, stream: str, wanted: ConsumerConfig) -> bool:
-    """Create the durable consumer if absent; return True when created. Raise when it reads other subjects."""
+    """Create the durable consumer if absent; return True when created. A consumer that reads a subset of the
+    wanted subjects (a newer version gave its service more commands) is widened in place, pending commands
+    kept; one that reads other subjects, or acks differently, is refused (raises)."""
     assert wanted.durable_name
     try:
         info = await js.consumer_info(stream, wanted.durable_name)
@@ -216,12 +221,16 @@ async def ensure_consumer(js: JetStreamContext, stream: str, wanted: ConsumerCon
     have = sorted(info.config.filter_subjects or ([info.config.filter_subject] if info.config.filter_subject else []))
     want = sorted(wanted.filter_subjects or ([wanted.filter_subject] if wanted.filter_subject else []))
     diffs: dict[str, tuple[object, object]] = {}
-    if have != want:
-        diffs["filter_subjects"] = (have, want)
     if _norm(info.config.ack_policy) != _norm(wanted.ack_policy):
         diffs["ack_policy"] = (_norm(info.config.ack_policy), _norm(wanted.ack_policy))
+    widen = have != want and set(have) < set(want)
+    if have != want and not widen:
+        diffs["filter_subjects"] = (have, want)
     if diffs:
         raise StreamConfigMismatchError(f"{stream} consumer {wanted.durable_name}", diffs)
+    if widen:
+        await js.add_consumer(stream, dataclasses.replace(info.config, filter_subject=None, filter_subjects=want))
+        log.info("consumer_widened", stream=stream, consumer=wanted.durable_name, added=sorted(set(want) - set(have)))
     return False
 
 

@@ -19,6 +19,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from shared import subjects
 from shared.bus.topology import owner_of
+from shared.cli import hook_lease
 from shared.config import TownConfig
 from shared.errors import AppendFailedError, EventDecodeError, QueryError, UnknownEventTypeError
 from shared.events import REGISTRY, decode_envelope
@@ -64,6 +65,11 @@ async def send_command(
     """
     cmd_id = body.get("cmd_id") or f"cli-{secrets.token_hex(8)}"
     body = {**body, "cmd_id": cmd_id}
+    fence = hook_lease.session_fence()
+    if fence is not None and "fence" not in body:
+        # Sent from inside a polecat session: carried out only while the session holds its bead's hook.
+        body["fence"] = {"lease": fence.lease, "token": fence.token}
+        await hook_lease.renew(nc, config, fence)
     js = nc.jetstream()
     out_subject = subjects.outcome_subject(cmd_id)
     # Created before the command is stored, so the outcome cannot slip past it.

@@ -21,7 +21,7 @@ from shared import config as town_config
 from shared import logging as gt_logging
 from shared.bus.connection import connect
 from shared.bus.topology import provision
-from shared.cli import automations, beads, convoys, mail, polecats, render, work
+from shared.cli import automations, beads, convoys, gc, mail, polecats, render, work
 from shared.cli.client import query, stream_last_seq
 from shared.cli.common import (
     EXIT_OK,
@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     mail.register(sub)
     polecats.register(sub)
     automations.register(sub)
+    gc.register(sub)
 
     sub.add_parser("schema", help="JSON Schema of every command and event")
     st = sub.add_parser("health", help="exit 0 when the service is connected and caught up with the log")

@@ -16,7 +16,7 @@ from nats.aio.client import Client
 
 from shared import git
 from shared.bus.topology import ensure_heartbeat_bucket
-from shared.cli import render
+from shared.cli import hook_lease, render
 from shared.cli.client import send_command
 from shared.cli.common import (
     DEFAULT_COMMAND_TIMEOUT_S,
@@ -349,6 +349,16 @@ async def _heartbeat(nc: Client, args: argparse.Namespace, config: TownConfig) -
     session = os.environ["GT_SESSION"]
     beat = {"ts": datetime.now(UTC).isoformat(), "session": session, "note": args.note[:500]}
     await kv.put(session, json.dumps(beat).encode())
+    fence = hook_lease.session_fence()
+    if fence is not None:
+        lost = await hook_lease.renew(nc, config, fence, check_log=True)
+        if lost is not None:
+            print(
+                f"gt heartbeat: session {session} no longer holds its hook ({lost}); stop working: the witness "
+                "hands the bead to a fresh session and refuses this one's commands",
+                file=sys.stderr,
+            )
+            return EXIT_REJECTED
     return EXIT_OK
 
 

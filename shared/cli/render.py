@@ -62,6 +62,8 @@ def bead_detail(bead: dict[str, Any]) -> str:
     if bead.get("closed_at"):
         reason = f" ({bead['close_reason']})" if bead.get("close_reason") else ""
         lines.append(f"  closed:    {_short_ts(bead['closed_at'])}{reason}")
+    if bead.get("collected_molecule"):
+        lines.append(f"  molecule:  {bead['collected_molecule']} (garbage-collected; `gt bead history` has its steps)")
     if bead.get("description"):
         lines.append("")
         lines.extend(f"  {line}" for line in bead["description"].splitlines())

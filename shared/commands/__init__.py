@@ -17,6 +17,7 @@ from shared.commands.escalations import (
     EscalationClose,
     EscalationRaise,
 )
+from shared.commands.gc import GC_COMMANDS, GcSweep
 from shared.commands.leases import LEASE_COMMANDS, LeaseAcquire, LeaseRelease
 from shared.commands.mail import MAIL_COMMANDS, MailArchive, MailRead, MailReply, MailSend
 from shared.commands.rigs import (
@@ -30,6 +31,7 @@ from shared.commands.rigs import (
     SessionDoneIntentCmd,
     SessionFinish,
     SessionHandoff,
+    SessionRecoverHook,
 )
 from shared.commands.work import STEP_COMMANDS, StepDone, StepStart
 from shared.errors import CommandError
@@ -45,6 +47,7 @@ COMMANDS: dict[str, type[Command]] = {
         *RIG_COMMANDS,
         *LEASE_COMMANDS,
         *AUTOMATION_COMMANDS,
+        *GC_COMMANDS,
     )
 }
 _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {s: msgspec.json.Decoder(c) for s, c in COMMANDS.items()}
@@ -117,6 +120,7 @@ __all__ = [
     "EscalationClose",
     "EscalationRaise",
     "Fence",
+    "GcSweep",
     "LeaseAcquire",
     "LeaseRelease",
     "MailArchive",
@@ -131,6 +135,7 @@ __all__ = [
     "SessionDoneIntentCmd",
     "SessionFinish",
     "SessionHandoff",
+    "SessionRecoverHook",
     "StepDone",
     "StepStart",
     "parse_command",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from shared.commands.base import Command, check_id, check_text, invalid
+from shared.ids import RESERVED_LEASE_PREFIXES
 
 MAX_TTL_S = 7 * 24 * 3600.0
 
@@ -20,6 +21,11 @@ class LeaseAcquire(Command, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     def validate(self) -> None:
         super().validate()
         check_id("lease", self.lease, required=True)
+        if self.lease.startswith(RESERVED_LEASE_PREFIXES):
+            raise invalid(
+                f"`lease` {self.lease!r} starts with a prefix the services keep for themselves "
+                f"({', '.join(RESERVED_LEASE_PREFIXES)}): pick another name"
+            )
         check_text("holder", self.holder, 200, nonblank=True)
         if not 0.1 <= self.ttl_s <= MAX_TTL_S:
             raise invalid(f"`ttl_s` must be between 0.1 and {MAX_TTL_S:g} seconds, got {self.ttl_s:g}")

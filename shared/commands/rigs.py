@@ -90,6 +90,22 @@ class SessionHandoff(_SessionCommand, frozen=True, kw_only=True, forbid_unknown_
         check_text("note", self.note, MAX_DESCRIPTION)
 
 
+class SessionRecoverHook(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """(the deacon) A working bead's hook lease lapsed ``token`` and nothing took it since: the witness re-slings
+    the bead (its last worktree is clean) or escalates it (dirty or unpushed work, a rejected merge request, or
+    recovered before), or answers that it is not stale after all."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.session.recover_hook"
+    bead: str
+    token: int
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("bead", self.bead, required=True)
+        if self.token < 1:
+            raise invalid(f"`token` must be at least 1, got {self.token}")
+
+
 class NudgeSend(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Type a message into an agent's pane: ``target`` is a session id or ``<rig>/<polecat>``."""
 
@@ -163,6 +179,7 @@ RIG_COMMANDS: tuple[type[Command], ...] = (
     SessionDoneIntentCmd,
     SessionFinish,
     SessionHandoff,
+    SessionRecoverHook,
     NudgeSend,
     MergeRequestSubmit,
     MergeRequestRetry,

@@ -18,6 +18,7 @@ from shared.events.escalations import (
     EscalationRaised,
     EscalationReescalated,
 )
+from shared.events.gc import GC_EVENTS, GcSwept
 from shared.events.leases import LEASE_EVENTS, LeaseAcquired, LeaseExpired, LeaseReleased
 from shared.events.merge_requests import (
     MERGE_REQUEST_EVENTS,
@@ -54,6 +55,7 @@ from shared.events.sessions import (
     SessionDoneIntent,
     SessionEnded,
     SessionEscalated,
+    SessionHookRecovered,
     SessionRequested,
     SessionStarted,
     SessionWarranted,
@@ -73,6 +75,7 @@ REGISTRY = EventRegistry(
         *AUTOMATION_EVENTS,
         *SERVICE_EVENTS,
         *LEASE_EVENTS,
+        *GC_EVENTS,
     )
 )
 """The registry services decode with."""
@@ -104,6 +107,7 @@ __all__ = [
     "Event",
     "EventRef",
     "EventRegistry",
+    "GcSwept",
     "LeaseAcquired",
     "LeaseExpired",
     "LeaseReleased",
@@ -128,6 +132,7 @@ __all__ = [
     "SessionDoneIntent",
     "SessionEnded",
     "SessionEscalated",
+    "SessionHookRecovered",
     "SessionRequested",
     "SessionStarted",
     "SessionWarranted",

@@ -82,6 +82,17 @@ class SessionEscalated(SessionEvent, frozen=True, kw_only=True):
     reason: str
 
 
+class SessionHookRecovered(SessionEvent, frozen=True, kw_only=True):
+    """The bead's hook went stale after this session (its lease lapsed ``token``, nobody took it): the witness
+    re-slings the bead (``resling``) or escalates it (``escalate``)."""
+
+    TYPE: ClassVar[str] = "session.hook_recovered"
+    bead: str
+    token: int
+    resolution: str
+    detail: str = ""
+
+
 SESSION_EVENTS: tuple[type[Event], ...] = (
     SessionRequested,
     SessionStarted,
@@ -90,4 +101,5 @@ SESSION_EVENTS: tuple[type[Event], ...] = (
     SessionEnded,
     SessionCleaned,
     SessionEscalated,
+    SessionHookRecovered,
 )

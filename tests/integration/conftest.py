@@ -9,6 +9,7 @@ import nats
 import pytest
 import pytest_asyncio
 
+from shared.bus.connection import close_quietly
 from tests.drivers import Driver, MemoryDriver, nats_driver
 
 STALE_AFTER = timedelta(hours=4)
@@ -26,4 +27,4 @@ async def driver(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
         async with nats_driver(town, nc) as driver:
             yield driver
     finally:
-        await nc.close()
+        await close_quietly(nc)

@@ -12,7 +12,13 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import RetentionPolicy
 
-from shared.bus.topology import cmd_stream_config, evt_stream_config, provision
+from shared.bus.topology import (
+    cmd_stream_config,
+    command_consumer_config,
+    command_consumer_name,
+    evt_stream_config,
+    provision,
+)
 from shared.config import TownConfig
 from shared.errors import StreamConfigMismatchError
 
@@ -100,3 +106,34 @@ def test_the_embedded_server_syncs_every_write_to_disk(own_nats_server: Any) -> 
     with urllib.request.urlopen(f"http://127.0.0.1:{own_nats_server.http_port}/varz", timeout=5) as reply:
         varz = json.load(reply)
     assert varz["jetstream"]["config"]["sync_always"] is True
+
+
+async def test_an_older_command_consumer_is_widened_with_its_pending_commands_kept(
+    nc: Client, town: TownConfig
+) -> None:
+    """An upgrade that gives a service more commands (the deacon got `gc`): its consumer reads them too, and a
+    command stored before the upgrade is still there to be answered."""
+    js = nc.jetstream()
+    await provision(js, town)
+    name = command_consumer_name("deacon")
+    older = dataclasses.replace(command_consumer_config("deacon"), filter_subjects=["gt.cmd.lease.>"])
+    await js.delete_consumer(town.cmd_stream, name)
+    await js.add_consumer(town.cmd_stream, older)
+    await js.publish("gt.cmd.lease.acquire", b'{"lease": "x", "holder": "me", "ttl_s": 5}', stream=town.cmd_stream)
+    report = await provision(js, town)
+    assert f"GT_CMD/{name}" in report.existing
+    info = await js.consumer_info(town.cmd_stream, name)
+    assert sorted(info.config.filter_subjects or []) == sorted(command_consumer_config("deacon").filter_subjects or [])
+    assert info.num_pending == 1, "the command stored before the upgrade is still owed"
+
+
+async def test_a_command_consumer_reading_other_subjects_is_refused(nc: Client, town: TownConfig) -> None:
+    js = nc.jetstream()
+    await provision(js, town)
+    name = command_consumer_name("deacon")
+    other = dataclasses.replace(command_consumer_config("deacon"), filter_subjects=["gt.cmd.somebody.>"])
+    await js.delete_consumer(town.cmd_stream, name)
+    await js.add_consumer(town.cmd_stream, other)
+    with pytest.raises(StreamConfigMismatchError) as refused:
+        await provision(js, town)
+    assert "filter_subjects" in str(refused.value)

@@ -160,3 +160,10 @@ class TestPeek:
     @pytest.mark.parametrize("body", [b"nope", b"[1]", b'{"cmd_id": 5, "actor": ""}'])
     def test_gives_nothing_for_unusable_bodies(self, body: bytes) -> None:
         assert peek_body_fields(body) == (None, None, None)
+
+
+@pytest.mark.parametrize("name", ["hook-gt-abc", "merge-demo"])
+def test_leases_the_services_keep_for_themselves_cannot_be_acquired_by_command(name: str) -> None:
+    code, message = _code("gt.cmd.lease.acquire", {"lease": name, "holder": "me", "ttl_s": 10})
+    assert code == "invalid"
+    assert "prefix the services keep for themselves" in message

@@ -21,6 +21,7 @@ from services.witness.actions import (
     KillOrphan,
     MassDeath,
     ReapPane,
+    ReleaseHook,
     Spawn,
     Start,
     Warrant,
@@ -34,6 +35,9 @@ from shared.events import (
     BeadCreated,
     BeadSlung,
     Event,
+    LeaseAcquired,
+    LeaseExpired,
+    LeaseReleased,
     MergeRequestSubmitted,
     NudgeQueued,
     RigAdded,
@@ -46,6 +50,7 @@ from shared.events import (
     SessionStarted,
     SessionWarranted,
 )
+from shared.ids import hook_lease_name
 from tests.memory_log import MemoryLog
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
@@ -480,3 +485,69 @@ def test_a_session_in_done_is_left_to_finish_when_its_bead_is_closed_meanwhile()
     w.add(BeadClosed(bead_id="gt-abc", reason="merged in mr-1"))  # the refinery was quicker than `gt done`
     assert w.plan() == []
     assert only(w.plan(w.observe()), Warrant).reason == "dead", "dying in done is still noticed"
+
+
+# ---- hook leases -------------------------------------------------------------------------------
+
+
+def _hooked(w: World, bead: str, session: str, token: int) -> str:
+    lease = hook_lease_name(bead)
+    w.add(LeaseAcquired(lease=lease, holder=session, token=token, ttl_s=30.0, expires_at=w.clock))
+    return lease
+
+
+def test_a_session_whose_hook_lease_expired_is_warranted_even_with_a_live_pane() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    lease = _hooked(w, "gt-abc", session, 1)
+    assert w.state.sessions[session].lease_token == 1
+    assert not [a for a in w.plan() if isinstance(a, Warrant)], "a held hook: nothing to do"
+    w.add(LeaseExpired(lease=lease, holder=session, token=1, last_renewed=w.clock))
+    warrant = only(w.plan(), Warrant)
+    assert (warrant.session, warrant.reason) == (session, "stalled")
+    assert "hook lease" in warrant.detail
+    assert "expired" in warrant.detail
+
+
+def test_a_session_in_its_done_flow_keeps_going_without_its_hook() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    lease = _hooked(w, "gt-abc", session, 1)
+    w.add(SessionDoneIntent(session_id=session))
+    w.add(LeaseExpired(lease=lease, holder=session, token=1, last_renewed=w.clock))
+    assert not [a for a in w.plan() if isinstance(a, Warrant)], "the witness finishes a done flow itself"
+
+
+def test_an_ended_session_releases_its_hook_before_it_is_cleaned_and_only_its_own() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    lease = _hooked(w, "gt-abc", session, 1)
+    w.end(session, "stalled", cleaned=False)
+    assert only(w.plan(), ReleaseHook) == ReleaseHook(session=session, bead="gt-abc")
+    assert not [a for a in w.plan() if isinstance(a, Clean)], "one action per session at a time"
+    w.add(LeaseReleased(lease=lease, holder=session, token=1))
+    assert w.state.hooks[lease].status == "released"
+    assert not [a for a in w.plan() if isinstance(a, ReleaseHook)]
+    # The next session takes token 2; the first one's late release or expiry does not touch it.
+    second = only(w.plan(), Spawn)
+    w.start(w.request(second))
+    _hooked(w, "gt-abc", second.session, 2)
+    w.add(LeaseExpired(lease=lease, holder=session, token=1, last_renewed=w.clock))
+    assert w.state.hooks[lease].status == "held"
+    assert w.state.hooks[lease].token == 2
+    assert not [a for a in w.plan() if isinstance(a, Warrant)]
+
+
+def test_hook_lease_names_fit_the_id_pattern_even_for_long_beads() -> None:
+    long_bead = "x" * 64
+    name = hook_lease_name(long_bead)
+    assert len(name) <= 64
+    assert name.startswith("hook-")
+    assert name != hook_lease_name("x" * 63 + "y"), "a digest keeps long names apart"
+    assert hook_lease_name("gt-abc") == "hook-gt-abc"

@@ -1,0 +1,139 @@
+"""Garbage collection of the projections: when a sweep is due, the event it appends, and which KV entries of
+dead things go with it. Pure: the time comes in as ``now``.
+
+A sweep is a ``gc.swept`` event on ``gt.evt.gc.town``; every projection folds it (dropping what finished before
+its cutoff), so a fresh replay drops the same things at the same point and equals the live projections. The
+deacon appends one every ``GT_GC_INTERVAL`` seconds (and on ``gt.cmd.gc.sweep``) with the aggregate's last
+sequence expected: two deacons never both sweep. After each sweep it purges KV entries nobody reads any more
+(``select_*`` below say which; ``gc_kv`` does it).
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+
+from services.deacon.leases import LeaseState
+from services.deacon.liveness import LivenessState
+from shared import heartbeats
+from shared import leases as lease_kv
+from shared.commands import GcSweep
+from shared.decision import Accepted, NewEvent
+from shared.events import Envelope, Event, GcSwept
+
+ENDED_LEASES = ("released", "expired")
+_JSON = msgspec.json.Decoder()
+
+KvEntries = dict[str, tuple[bytes, int]]
+"""Key -> (value, revision) of a KV bucket as read now."""
+
+
+class GcState(msgspec.Struct, kw_only=True):
+    """The last sweep, as the log records it."""
+
+    last_swept_at: datetime | None = None
+    """When it was decided (its envelope's ``ts``)."""
+    cutoff: datetime | None = None
+    ttl_s: float = 0.0
+    sweeps: int = 0
+    version: int = 0
+    """Stream sequence of the last ``gc.swept``: the expected sequence of the next one (0: none yet)."""
+
+
+@functools.singledispatch
+def fold(payload: Event, state: GcState, env: Envelope, seq: int) -> None:
+    """Other events change nothing here."""
+
+
+@fold.register
+def _swept(payload: GcSwept, state: GcState, env: Envelope, seq: int) -> None:
+    state.last_swept_at = env.ts
+    state.cutoff = payload.cutoff
+    state.ttl_s = payload.ttl_s
+    state.sweeps += 1
+    state.version = seq
+
+
+def due(state: GcState, now: datetime, interval_s: float, watching_since: datetime) -> bool:
+    """An automatic sweep is owed: sweeping is on (``interval_s`` > 0) and none happened for ``interval_s``. A
+    town that never swept waits one interval after the deacon began watching (a fresh town sweeps nothing)."""
+    if interval_s <= 0:
+        return False
+    last = state.last_swept_at or watching_since
+    return (now - last).total_seconds() >= interval_s
+
+
+def sweep(state: GcState, now: datetime, ttl_s: float) -> NewEvent:
+    """The sweep to append now, expecting the last one recorded (a deacon that swept meanwhile wins)."""
+    return NewEvent(payload=GcSwept(cutoff=now - timedelta(seconds=ttl_s), ttl_s=ttl_s), expected_seq=state.version)
+
+
+def decide(state: GcState, cmd: GcSweep, now: datetime, default_ttl_s: float) -> Accepted:
+    """``gt.cmd.gc.sweep``: a sweep now, with the command's ``ttl_s`` or the deacon's own."""
+    ttl_s = default_ttl_s if cmd.ttl_s is None else cmd.ttl_s
+    new = sweep(state, now, ttl_s)
+    assert isinstance(new.payload, GcSwept)
+    return Accepted(
+        events=[new], result={"id": "gc", "cutoff": new.payload.cutoff.isoformat(), "ttl_s": ttl_s, "changed": True}
+    )
+
+
+# ---- KV entries of dead things --------------------------------------------------------------------
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def select_leases(state: LeaseState, entries: KvEntries, cutoff: datetime) -> list[tuple[str, int]]:
+    """Renewal entries of leases the log says are released or expired, last written before ``cutoff``.
+
+    The lease records themselves stay in the projection (their tokens keep counting up). An entry of a newer
+    token than the log knows (an acquisition not applied here yet) or one renewed after the cutoff stays.
+    """
+    out = []
+    for key, (value, revision) in entries.items():
+        lease = state.leases.get(key)
+        if lease is None or lease.status not in ENDED_LEASES:
+            continue
+        renewal = lease_kv.decode_renewal(value)
+        if renewal is not None and (renewal.token > lease.token or _aware(renewal.renewed_at) >= cutoff):
+            continue
+        out.append((key, revision))
+    return out
+
+
+def heartbeat_time(value: bytes) -> datetime | None:
+    """The ``ts`` of an agent heartbeat (``{"ts": iso, "session": ..., "note": ...}``); None when unreadable."""
+    try:
+        body = _JSON.decode(value)
+        return _aware(datetime.fromisoformat(str(body["ts"])))
+    except (msgspec.DecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def select_heartbeats(entries: KvEntries, cutoff: datetime) -> list[tuple[str, int]]:
+    """Agent heartbeats older than ``cutoff`` (an unreadable one is left alone)."""
+    out = []
+    for key, (value, revision) in entries.items():
+        beat = heartbeat_time(value)
+        if beat is not None and beat < cutoff:
+            out.append((key, revision))
+    return out
+
+
+def select_services(liveness: LivenessState, entries: KvEntries, cutoff: datetime) -> list[tuple[str, int]]:
+    """Last heartbeats of service processes that stopped cleanly before ``cutoff``. One whose stop the log has
+    not recorded yet (the service is still up there with that instance) stays: it is what says "stopped"."""
+    out = []
+    for key, (value, revision) in entries.items():
+        beat = heartbeats.decode(value)
+        if beat is None or not beat.stopping or _aware(beat.ts) >= cutoff:
+            continue
+        life = liveness.services.get(beat.service)
+        if life is not None and life.status == "up" and life.instance == beat.instance:
+            continue
+        out.append((key, revision))
+    return out
