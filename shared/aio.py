@@ -13,7 +13,9 @@ import asyncio
 
 
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
-    """Wait up to ``timeout`` seconds (None: no limit) for ``event``; True when it is set."""
+    """Wait up to ``timeout`` seconds (None: no limit) for ``event``; True when it is set. Raises a cancellation
+    that a library swallowed earlier, like ``pause``."""
+    raise_if_cancelling()
     if event.is_set():
         return True
     try:
@@ -29,3 +31,10 @@ def raise_if_cancelling() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+async def pause(seconds: float) -> None:
+    """``asyncio.sleep`` for the wait between a loop's rounds: it first raises a cancellation that a library
+    swallowed during the round, so a loop never outlives the cancel meant to end it."""
+    raise_if_cancelling()
+    await asyncio.sleep(seconds)

@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
 from shared import ids, subjects
-from shared.aio import raise_if_cancelling
+from shared.aio import pause, raise_if_cancelling
 from shared.bus.append import ERR_MAX_PAYLOAD, Appender, PendingEvent
 from shared.bus.commit import GroupCommitter
 from shared.bus.fencing import fence_error
@@ -146,7 +146,7 @@ class CommandIntake:
                 return await self._js.pull_subscribe_bind(self._durable, self._stream)
             except (TimeoutError, nats.errors.Error) as exc:
                 log.warning("command_consumer_bind_failed", consumer=self._durable, error=repr(exc))
-                await asyncio.sleep(0.5)
+                await pause(0.5)
 
     async def _fetch(self, sub: Any, n: int) -> list[Msg]:
         try:
@@ -157,7 +157,7 @@ class CommandIntake:
             # Server restarting or the consumer's leader moving: back off and fetch again; unacked
             # commands are redelivered after their ack wait.
             log.warning("command_fetch_failed", error=repr(exc))
-            await asyncio.sleep(0.25)
+            await pause(0.25)
             return []
         return msgs
 
@@ -286,7 +286,7 @@ class CommandIntake:
         try:
             info = await self._js.stream_info(self._reader.stream)
         except (TimeoutError, nats.errors.Error):
-            await asyncio.sleep(0.2)
+            await pause(0.2)
             return
         with contextlib.suppress(TimeoutError):
             await self._reader.wait_for_seq(int(info.state.last_seq), timeout=10)

@@ -27,7 +27,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from shared import heartbeats, runtime
-from shared.aio import raise_if_cancelling, wait_event
+from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus.append import RETRYABLE_ERRORS, Appender
 from shared.bus.commit import GroupCommitter
 from shared.bus.connection import close_quietly, connect_unless_stopped
@@ -141,7 +141,7 @@ class Service(Generic[S]):
                 )
             except RETRYABLE_ERRORS as exc:
                 log.warning("send_command_retry", subject=subject, cmd_id=cmd_id, error=repr(exc))
-                await asyncio.sleep(0.5)
+                await pause(0.5)
                 continue
             return int(ack.seq)
 
@@ -266,7 +266,7 @@ class Service(Generic[S]):
             except RETRYABLE_ERRORS as exc:
                 # JetStream not ready yet (server starting, cluster electing a leader): try again.
                 log.warning("provision_retry", error=repr(exc))
-                await asyncio.sleep(0.5)
+                await pause(0.5)
                 continue
             return
 
@@ -277,7 +277,7 @@ class Service(Generic[S]):
                 info = await js.stream_info(self.config.evt_stream)
             except RETRYABLE_ERRORS as exc:
                 log.warning("stream_info_retry", error=repr(exc))
-                await asyncio.sleep(0.5)
+                await pause(0.5)
                 continue
             break
         created = getattr(info, "created", None)
@@ -306,7 +306,7 @@ class Service(Generic[S]):
     async def _heartbeat_loop(self, js: JetStreamContext) -> None:
         while True:
             await self._put_heartbeat(js)
-            await asyncio.sleep(self.settings.heartbeat_interval)
+            await pause(self.settings.heartbeat_interval)
 
     async def _put_heartbeat(self, js: JetStreamContext, *, stopping: bool = False) -> None:
         beat = heartbeats.ServiceHeartbeat(

@@ -154,8 +154,7 @@ async def nc(town: TownConfig) -> AsyncIterator[Client]:
     try:
         yield client
     finally:
-        with contextlib.suppress(nats.errors.Error):
-            await client.close()
+        await close_quietly(client)
 
 
 @pytest.fixture(autouse=True)

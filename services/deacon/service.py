@@ -20,6 +20,7 @@ from services.deacon.automations import AutomationSettings, load_settings
 from services.deacon.projection import new_projection
 from services.deacon.state import DeaconState
 from services.deacon.supervision import Supervision
+from shared.aio import pause
 from shared.commands import AutomationRun, Command, GcSweep, LeaseAcquire, LeaseRelease
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
@@ -190,7 +191,7 @@ class DeaconService(Service[DeaconState]):
                 # Cancellation is not an Exception and passes.
                 self.watch_errors += 1
                 log.exception("deacon_watch_failed")
-            await asyncio.sleep(self.watch.tick_s)
+            await pause(self.watch.tick_s)
 
     async def _hand_over_stale_hooks(self) -> None:
         state = self.projection.state

@@ -23,6 +23,7 @@ from services.deacon import leases as lease_rules
 from services.deacon import liveness
 from shared import heartbeats
 from shared import leases as lease_kv
+from shared.aio import pause, raise_if_cancelling
 from shared.decision import NewEvent
 from shared.heartbeats import ServiceHeartbeat
 from shared.leases import Renewal
@@ -50,13 +51,14 @@ class BucketMirror:
                 watcher = await kv.watchall()
                 try:
                     async for entry in watcher:
+                        raise_if_cancelling()
                         self._apply(entry)
                 finally:
                     with contextlib.suppress(nats.errors.Error):
                         await watcher.stop()  # type: ignore[no-untyped-call]
             except (nats.errors.Error, TimeoutError) as exc:
                 log.warning("bucket_watch_failed", bucket=self.name, error=repr(exc))
-            await asyncio.sleep(WATCH_RETRY_S)
+            await pause(WATCH_RETRY_S)
 
     def _apply(self, entry: KeyValue.Entry | None) -> None:
         if entry is None:  # the watch has delivered what the bucket held at its start

@@ -16,6 +16,7 @@ import msgspec
 import structlog
 
 from services.plugins.archive_files import ArchiveWriter
+from shared.aio import pause
 from shared.config import TownConfig
 from shared.faults import crash_point
 from shared.plugins.process import non_negative_int, plugin_parser, positive_float, run_plugin
@@ -70,7 +71,7 @@ class ArchiverPlugin(Plugin):
 
     async def _sync_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.options.fsync_interval_s)
+            await pause(self.options.fsync_interval_s)
             await self.writer.sync_async()
 
     async def close(self) -> None:

@@ -25,6 +25,7 @@ from services.refinery.projection import new_projection
 from services.refinery.state import MergeRequest, RefineryState
 from shared import git, lease_rules
 from shared import leases as lease_kv
+from shared.aio import pause
 from shared.bus.fencing import fence_error
 from shared.commands import Command, Fence
 from shared.config import TownConfig
@@ -261,7 +262,7 @@ class RefineryService(Service[RefineryState]):
                 return
             except (nats.errors.Error, TimeoutError) as exc:
                 log.warning("merge_lease_not_renewed", rig=rig, error=repr(exc))
-            await asyncio.sleep(every)
+            await pause(every)
 
     def _lost_lease_check(self, rig: str, token: int, lost: list[str]) -> Callable[[], str | None]:
         """For the merger's thread: why this refinery may not push now (None: it may), asking the log."""
@@ -329,7 +330,7 @@ class RefineryService(Service[RefineryState]):
             # Any failure of one batch (git, a bug) must not stop the queue: it is logged with its traceback and
             # its merge requests are queued again after a pause. Cancellation is not caught.
             log.exception("mr_processing_failed")
-            await asyncio.sleep(ERROR_BACKOFF_S)
+            await pause(ERROR_BACKOFF_S)
             for mr_id in mr_ids:
                 current = self.projection.state.mrs.get(mr_id)
                 if current is not None and current.status == "claimed" and current.holder == self.holder:

@@ -30,6 +30,7 @@ from services.witness.plan import Observed, PaneSeen, Policy, plan
 from services.witness.projection import new_projection
 from services.witness.state import WitnessState
 from shared import git, processes
+from shared.aio import raise_if_cancelling
 from shared.commands import Command, RigAdd, SessionRecoverHook
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
@@ -141,6 +142,7 @@ class WitnessService(Service[WitnessState]):
     async def _worker(self) -> None:
         assert self._queue is not None
         while True:
+            raise_if_cancelling()  # an action's NATS call may have swallowed the cancel meant for this worker
             _, _, action = await self._queue.get()
             try:
                 await self.executor.run(action)

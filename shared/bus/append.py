@@ -22,7 +22,7 @@ import structlog
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
-from shared.aio import raise_if_cancelling
+from shared.aio import pause, raise_if_cancelling
 from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, EventDecodeError
 from shared.events import decode_envelope
 
@@ -147,7 +147,7 @@ class Appender:
                 if time.monotonic() >= give_up_at:
                     raise AppendTimeoutError(events[-1].subject, attempt) from exc
                 log.warning("append_retry", subject=events[-1].subject, attempt=attempt, error=type(exc).__name__)
-                await asyncio.sleep(min(1.0, 0.05 * 2 ** min(attempt, 5)))
+                await pause(min(1.0, 0.05 * 2 ** min(attempt, 5)))
                 continue
             except AppendConflictError:
                 if uncertain:
@@ -214,7 +214,7 @@ class Appender:
             except RETRYABLE_ERRORS as exc:
                 if time.monotonic() >= give_up_at:
                     raise AppendTimeoutError(subject, 0) from exc
-                await asyncio.sleep(0.2)
+                await pause(0.2)
                 continue
             assert msg.seq is not None
             return msg.seq, msg.data or b""

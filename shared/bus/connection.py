@@ -10,6 +10,7 @@ import nats
 import structlog
 from nats.aio.client import Client
 
+from shared.aio import pause
 from shared.config import TownConfig
 from shared.errors import NatsUnavailableError
 
@@ -68,7 +69,7 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
                 break
             if attempt in (1, 10) or attempt % 100 == 0:
                 log.warning("nats_connect_retry", url=config.nats_url, attempt=attempt, error=repr(exc))
-            await asyncio.sleep(min(2.0, 0.1 * 2 ** min(attempt, 5)))
+            await pause(min(2.0, 0.1 * 2 ** min(attempt, 5)))
             continue
         connected = True
         nc.options["max_reconnect_attempts"] = -1  # once connected, reconnect forever

@@ -10,13 +10,13 @@ event's time (the writing service's clock): on one machine they agree; across ma
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 
 import nats.errors
 import nats.js.errors
 from nats.js.client import JetStreamContext
 
+from shared.aio import pause
 from shared.commands import Fence
 from shared.errors import CommandError, GastownError
 from shared.events import REGISTRY, LeaseAcquired, LeaseExpired, LeaseReleased, decode_envelope
@@ -42,7 +42,7 @@ async def fence_error(
                 return CommandError(
                     "conflict", f"could not read lease {fence.lease!r} to check the fence ({exc!r}); send it again"
                 )
-            await asyncio.sleep(0.1 * (attempt + 1))
+            await pause(0.1 * (attempt + 1))
     try:
         latest = REGISTRY.decode_payload(decode_envelope(msg.data or b""))
     except GastownError as exc:

@@ -24,7 +24,7 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
-from shared.aio import raise_if_cancelling, wait_event
+from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus.append import RETRYABLE_ERRORS
 from shared.subjects import EVT_PREFIX, parse_js_reply
 
@@ -155,7 +155,7 @@ class EventReader:
                 info = await self._js.stream_info(self._stream)
             except RETRYABLE_ERRORS as exc:
                 log.warning("stream_info_failed", stream=self._stream, error=repr(exc))
-                await asyncio.sleep(0.5)
+                await pause(0.5)
                 continue
             return int(info.state.last_seq)
 
@@ -217,6 +217,6 @@ class EventReader:
                 await self._subscribe()
             except RETRYABLE_ERRORS as exc:
                 log.warning("subscribe_failed", error=repr(exc))
-                await asyncio.sleep(0.5)
+                await pause(0.5)
                 continue
             return

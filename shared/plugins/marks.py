@@ -15,7 +15,6 @@ effect that is idempotent, or checked when interrupted, therefore happens exactl
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,7 +27,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from shared import ids
-from shared.aio import raise_if_cancelling
+from shared.aio import pause, raise_if_cancelling
 from shared.bus.append import RETRYABLE_ERRORS
 from shared.faults import crash_point
 
@@ -92,7 +91,7 @@ async def retrying(what: str, op: Callable[[], Awaitable[T]]) -> T:
             if time.monotonic() >= give_up_at:
                 raise
             log.warning("plugin_nats_retry", op=what, attempt=attempt, error=repr(exc))
-            await asyncio.sleep(min(1.0, 0.05 * 2 ** min(attempt, 5)))
+            await pause(min(1.0, 0.05 * 2 ** min(attempt, 5)))
 
 
 class Marks:

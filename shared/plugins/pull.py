@@ -20,6 +20,7 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from shared.aio import pause
 from shared.errors import GastownError
 
 log = structlog.get_logger(__name__)
@@ -167,14 +168,14 @@ class Puller:
                 return msgs, True  # the request died with the old leader; ask again
             if status == "503":
                 log.warning("plugin_pull_no_jetstream", consumer=self._consumer)
-                await asyncio.sleep(0.5)
+                await pause(0.5)
                 return msgs, True
             raise PullFailedError(self._consumer, status, description)
         return msgs, True
 
     def _linger(self, req: _Request) -> None:
         async def unsubscribe_later() -> None:
-            await asyncio.sleep(self._long_poll_s + STALE_SUBSCRIPTION_S)
+            await pause(self._long_poll_s + STALE_SUBSCRIPTION_S)
             with contextlib.suppress(nats.errors.Error):
                 await req.sub.unsubscribe()
 

@@ -30,7 +30,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
-from shared.aio import raise_if_cancelling, wait_event
+from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus.append import RETRYABLE_ERRORS
 from shared.bus.connection import close_quietly, connect_unless_stopped
 from shared.config import TownConfig
@@ -460,7 +460,7 @@ class Plugin:
         # makes them due for redelivery behind the plugin's back.
         interval = self.settings.ack_wait_s / 3
         while True:
-            await asyncio.sleep(interval)
+            await pause(interval)
             for msg in list(self._held):
                 with contextlib.suppress(nats.errors.Error):
                     await msg.in_progress()

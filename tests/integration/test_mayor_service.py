@@ -363,6 +363,40 @@ class TestLifecycle:
             with pytest.raises(RuntimeError, match="already ran"):
                 await service.run()
 
+    async def test_shutdown_finishes_when_a_heartbeat_swallowed_the_stop(self, town: TownConfig) -> None:
+        # nats-py waits for replies with asyncio.wait_for, which on 3.11 drops a cancel that lands as the reply
+        # arrives: the heartbeat loop then lost the one cancel that was to end it, and shutdown hung for good.
+        in_put = asyncio.Event()
+        swallowed = 0
+
+        class SwallowingHeartbeat(MayorService):
+            async def _put_heartbeat(self, js: Any, *, stopping: bool = False) -> None:
+                nonlocal swallowed
+                await super()._put_heartbeat(js, stopping=stopping)
+                if stopping or swallowed:
+                    return
+                in_put.set()
+                try:
+                    await asyncio.sleep(30)
+                except asyncio.CancelledError:
+                    swallowed += 1
+
+        service = SwallowingHeartbeat(town, ServiceSettings(patrol_interval=0.2, heartbeat_interval=0.2))
+        task = asyncio.create_task(service.run())
+        await asyncio.wait_for(_ready_or_failed(service, task), 30)
+        await asyncio.wait_for(in_put.wait(), 30)
+        await service.shutdown()
+        done, _ = await asyncio.wait({task}, timeout=30)
+        if not done:
+            # Unstick it, so the failure is reported instead of hanging the event loop's teardown.
+            for stuck in asyncio.all_tasks():
+                if stuck.get_name() == "heartbeats":
+                    stuck.cancel()
+            await asyncio.wait({task}, timeout=30)
+        assert done, "run() did not return after shutdown()"
+        task.result()
+        assert swallowed == 1
+
     async def test_a_fatal_error_comes_out_of_run(self, nc: Client, town: TownConfig) -> None:
         import nats.js.errors
 

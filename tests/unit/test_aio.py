@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from shared.aio import raise_if_cancelling, wait_event
+from shared.aio import pause, raise_if_cancelling, wait_event
 
 
 async def test_wait_event_reports_set_or_timed_out() -> None:
@@ -53,3 +53,43 @@ async def test_wait_event_passes_cancellation_through() -> None:
     event.set()  # the event and the cancellation land in the same iteration
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def swallow_one_cancel(entered: asyncio.Event) -> None:
+    """What asyncio.wait_for does on 3.11 when the awaited reply arrives as the task is cancelled."""
+    entered.set()
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        return
+
+
+@pytest.mark.parametrize("wait", ["pause", "wait_event"])
+async def test_the_wait_between_rounds_raises_a_cancel_swallowed_during_the_round(wait: str) -> None:
+    entered = asyncio.Event()
+    rounds = 0
+
+    async def loop() -> None:
+        nonlocal rounds
+        while True:
+            rounds += 1
+            await swallow_one_cancel(entered)
+            if wait == "pause":
+                await pause(30)
+            else:
+                await wait_event(asyncio.Event(), 30)
+
+    task = asyncio.create_task(loop())
+    await entered.wait()
+    task.cancel()  # lands in the round, which swallows it; the loop's wait must not
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(5):
+            await task
+    assert rounds == 1
+
+
+async def test_pause_sleeps_when_nothing_was_cancelled() -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await pause(0.02)
+    assert loop.time() - started >= 0.02
