@@ -1,5 +1,5 @@
 # One image for the four services (and the gt CLI). Credentials and configuration come from the
-# environment at run time; nothing secret is baked in.
+# environment at run time (docker-compose.yml, .env); nothing secret is baked in.
 FROM python:3.11-slim
 
 RUN apt-get update \
@@ -12,7 +12,12 @@ COPY shared ./shared
 COPY services ./services
 RUN pip install --no-cache-dir .
 
+# An unprivileged user owns GT_HOME (rigs, worktrees, run files); a named volume mounted there starts as a
+# copy of this directory, owner included.
+RUN useradd --create-home --uid 10001 gastown \
+    && mkdir -p /var/lib/gastown \
+    && chown gastown:gastown /var/lib/gastown
 ENV GT_HOME=/var/lib/gastown
 VOLUME ["/var/lib/gastown"]
-USER nobody
+USER gastown
 CMD ["gt", "--help"]

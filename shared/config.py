@@ -33,6 +33,8 @@ class TownConfig(msgspec.Struct, frozen=True, kw_only=True):
     """KV bucket of service heartbeats, one key per service process (``GT_SERVICE_BUCKET``)."""
     lease_bucket: str = subjects.DEFAULT_LEASE_BUCKET
     """KV bucket of lease renewals, one key per lease (``GT_LEASE_BUCKET``)."""
+    active_bucket: str = subjects.DEFAULT_ACTIVE_BUCKET
+    """KV bucket holding, per service scope, which instance is the active one (``GT_ACTIVE_BUCKET``)."""
     replicas: int = 1
     """Stream replicas when provisioning (``GT_REPLICAS``; 3 in the cluster)."""
     escalation_stale_after_s: float = 4 * 3600.0
@@ -84,6 +86,7 @@ def load(env: Mapping[str, str] | None = None, *, service: str | None = None) ->
         heartbeat_bucket=get("GT_HEARTBEAT_BUCKET") or subjects.DEFAULT_HEARTBEAT_BUCKET,
         service_bucket=get("GT_SERVICE_BUCKET") or subjects.DEFAULT_SERVICE_BUCKET,
         lease_bucket=get("GT_LEASE_BUCKET") or subjects.DEFAULT_LEASE_BUCKET,
+        active_bucket=get("GT_ACTIVE_BUCKET") or subjects.DEFAULT_ACTIVE_BUCKET,
         replicas=int(replicas_text),
         escalation_stale_after_s=stale_after,
         nats_user=get("NATS_USER"),

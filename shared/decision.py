@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from shared.events import Event
 
@@ -40,3 +40,10 @@ class DecideContext:
     facts: object = None
     """What the service observed for this command before deciding (``Service.prepare``), e.g. whether a
     repository can be read: decisions stay pure, the looking happens first."""
+
+
+Route = Literal["mine", "elsewhere", "unknown"]
+"""Which instance of a service settles a command, when several serve disjoint scopes (witnesses of different
+rigs): ``mine``; ``elsewhere`` (a known thing another scope serves: leave it to that one); ``unknown`` (it names
+nothing this instance knows: catch up with the log and ask again, and if it is still unknown, settle it, which
+rejects it; any scope may, the log keeps one outcome)."""

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from shared.errors import GastownError
@@ -49,11 +50,23 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def write_config(
-    path: Path, *, store_dir: Path, port: int, http_port: int, host: str = "127.0.0.1", name: str = "gt"
+    path: Path,
+    *,
+    store_dir: Path,
+    port: int,
+    http_port: int,
+    host: str = "127.0.0.1",
+    name: str = "gt",
+    include: Path | None = None,
 ) -> Path:
+    """The server's config; ``include`` adds a config file of ours (accounts.conf) as it is."""
     path.parent.mkdir(parents=True, exist_ok=True)
     store_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(SERVER_CONFIG.format(host=host, port=port, http_port=http_port, store_dir=store_dir, name=name))
+    text = SERVER_CONFIG.format(host=host, port=port, http_port=http_port, store_dir=store_dir, name=name)
+    if include is not None:
+        # nats-server joins an include's path onto the including file's directory, absolute or not.
+        text += f'include "{os.path.relpath(include.resolve(), path.parent.resolve())}"\n'
+    path.write_text(text)
     return path
 
 
@@ -73,8 +86,21 @@ def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen[b
 class EmbeddedServer:
     """One nats-server process with JetStream, its own store directory and config file."""
 
-    def __init__(self, root: Path, *, port: int = 0, host: str = "127.0.0.1", log_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        log_file: Path | None = None,
+        include: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``include``: a config file added to the generated one (accounts and users); ``env``: the server's
+        environment (the passwords such a file names), else this process's."""
         self.root = root
+        self.include = include
+        self.env = dict(env) if env is not None else None
         self.host = host
         self._fixed_port = bool(port)
         self.port = port or free_port(host)
@@ -91,7 +117,12 @@ class EmbeddedServer:
     def start(self, timeout: float = 15.0) -> None:
         for attempt in range(3):
             write_config(
-                self.config_path, store_dir=self.store_dir, port=self.port, http_port=self.http_port, host=self.host
+                self.config_path,
+                store_dir=self.store_dir,
+                port=self.port,
+                http_port=self.http_port,
+                host=self.host,
+                include=self.include,
             )
             log = self.log_file.open("ab")
             self.proc = subprocess.Popen(
@@ -99,6 +130,7 @@ class EmbeddedServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=self.env,
             )
             log.close()
             try:

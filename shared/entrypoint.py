@@ -8,6 +8,7 @@ import faulthandler
 import io
 import os
 import signal
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +17,8 @@ import structlog
 from shared import config as town_config
 from shared import logging as gt_logging
 from shared import runtime
+from shared.activity import MIN_TTL_S
+from shared.errors import ActivityLostError
 from shared.service import Service, ServiceSettings
 
 ServiceFactory = Callable[[town_config.TownConfig, ServiceSettings], Service[Any]]
@@ -53,6 +56,13 @@ def build_parser(name: str) -> argparse.ArgumentParser:
         default=defaults.heartbeat_interval,
         help="seconds between heartbeats in the GT_SERVICES bucket (0: none)",
     )
+    parser.add_argument(
+        "--active-ttl",
+        type=float,
+        default=None,
+        help="seconds of this service scope's activity key: with several instances, one acts and the others stand "
+        f"by and take over within about this long once it is gone (env GT_ACTIVE_TTL, default {defaults.active_ttl:g})",
+    )
     parser.add_argument("--log-level", default=os.environ.get("GT_LOG_LEVEL", "INFO"))
     parser.add_argument("--log-json", action="store_true", default=None, help="JSON logs even on a TTY")
     return parser
@@ -65,6 +75,19 @@ def _task_stacks() -> list[str]:
         task.print_stack(limit=8, file=out)
         dumps.append(out.getvalue())
     return dumps
+
+
+def _active_ttl(flag: float | None, env: dict[str, str], service: str) -> float:
+    """``--active-ttl``, else ``<SERVICE>_GT_ACTIVE_TTL``, else ``GT_ACTIVE_TTL``, else the default; raises
+    ValueError naming a bad value."""
+    if flag is None:
+        key = f"{service.upper()}_GT_ACTIVE_TTL"  # like MAYOR_NATS_URL: the service's own wins
+        if not env.get(key):
+            key = "GT_ACTIVE_TTL"
+        return town_config.env_number(env, key, ServiceSettings().active_ttl, minimum=MIN_TTL_S)
+    if flag < MIN_TTL_S:
+        raise ValueError(f"--active-ttl must be at least {MIN_TTL_S:g} seconds, got {flag:g}")
+    return flag
 
 
 def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) -> int:
@@ -81,6 +104,7 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
     log = structlog.get_logger(f"services.{name}")
     try:
         cfg = town_config.load(env, service=name)
+        active_ttl = _active_ttl(args.active_ttl, env, name)
     except ValueError as exc:
         log.error("bad_configuration", error=str(exc))
         return EXIT_FAILED
@@ -91,6 +115,7 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
         snapshot_check_interval=args.snapshot_check_interval,
         max_in_flight=args.max_in_flight,
         heartbeat_interval=args.heartbeat_interval,
+        active_ttl=active_ttl,
     )
     service = factory(cfg, settings)
 
@@ -108,7 +133,16 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
         # `kill -USR2 <pid>` logs what every task is waiting on: for a service that seems stuck.
         loop.add_signal_handler(signal.SIGUSR2, lambda: log.warning("task_dump", tasks=_task_stacks()))
         log.info("service_starting", nats_url=cfg.nats_url, pid=os.getpid())
-        await service.run()
+        try:
+            await service.run()
+        except ActivityLostError as exc:
+            # Another instance acts for this scope now (or may, any moment). Out at once: asyncio.run would wait
+            # for the threads still running a step (git, tmux, a gate); they end with the process instead.
+            # Started again, this process comes back as a standby.
+            log.error("service_stopped_not_active", why=exc.why)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_FAILED)
         log.info("service_stopped")
 
     try:

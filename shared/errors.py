@@ -20,6 +20,20 @@ class NatsUnavailableError(GastownError):
         super().__init__(f"NATS is unreachable at {url}: {detail}")
 
 
+class PermissionDeniedError(GastownError):
+    """The NATS server refused a publish or a subscription: the connection's user lacks the permission.
+
+    Nothing was sent (a refused publish is dropped by the server, so nothing is stored).
+    """
+
+    def __init__(self, subject: str, user: str, operation: str = "publish") -> None:
+        self.subject = subject
+        self.user = user
+        self.operation = operation
+        """``publish`` or ``subscribe``."""
+        super().__init__(f"permission denied: NATS user {user} may not {operation} to {subject}")
+
+
 class StreamConfigMismatchError(GastownError):
     """An existing stream has a configuration this project cannot work with; it is never changed silently."""
 
@@ -114,3 +128,14 @@ class UnknownEventTypeError(GastownError):
         self.type = type_
         self.v = v
         super().__init__(f"unknown event type {type_!r} v{v}")
+
+
+class ActivityLostError(GastownError):
+    """This instance is no longer the active one of its service scope (another took the key over, or it could
+    not renew it in time): it must stop acting at once. Fatal on purpose: the process exits and its supervisor
+    starts it again, as a standby."""
+
+    def __init__(self, identity: str, why: str) -> None:
+        self.identity = identity
+        self.why = why
+        super().__init__(f"{identity}: this instance is no longer the active one ({why}); it stops acting")

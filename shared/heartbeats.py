@@ -13,6 +13,7 @@ import msgspec
 
 class ServiceHeartbeat(msgspec.Struct, frozen=True, kw_only=True):
     service: str
+    """The service scope the process serves (``mayor``, ``witness``, ``witness-east``, ...)."""
     instance: str
     """One process of the service: ``<pid>-<random>`` (a restarted service is a new instance)."""
     pid: int
@@ -24,6 +25,9 @@ class ServiceHeartbeat(msgspec.Struct, frozen=True, kw_only=True):
     caught_up: bool = False
     stopping: bool = False
     """The last heartbeat of a clean stop."""
+    standby: bool = False
+    """The process follows the log but another instance of its scope is the active one (or it lost that role):
+    its beats say nothing about whether the service is up."""
 
 
 _DECODER = msgspec.json.Decoder(ServiceHeartbeat)

@@ -28,7 +28,7 @@ from shared.bus.commit import GroupCommitter
 from shared.bus.fencing import fence_error
 from shared.bus.reader import EventReader
 from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, parse_command, peek_body_fields
-from shared.decision import Accepted, DecideContext, NewEvent
+from shared.decision import Accepted, DecideContext, NewEvent, Route
 from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, CommandError
 from shared.events import CommandAccepted, CommandRejected, EventRef, encode_event
 
@@ -37,7 +37,14 @@ log = structlog.get_logger(__name__)
 Decide = Callable[[Command, DecideContext], Accepted]
 Prepare = Callable[[Command], Awaitable[object]]
 KeyOf = Callable[[Command], str | None]
+RouteOf = Callable[[Command], Route]
 MAX_DECIDE_ATTEMPTS = 20
+PASS_DELAY_S = 0.2
+MAX_PASS_DELAY_S = 5.0
+"""A command for another scope goes back to the shared consumer after a delay that grows with its deliveries,
+so one for a rig no running witness serves waits in GT_CMD, looked at less and less often, until one does."""
+UNSERVED_AFTER_DELIVERIES = 10
+"""Deliveries after which a command nobody settled is logged as waiting for an instance of its scope."""
 
 
 class Delivery:
@@ -78,6 +85,7 @@ class CommandIntake:
         decide: Decide,
         key_of: KeyOf,
         owns: Callable[[str], bool] = lambda _subject: True,
+        route: RouteOf | None = None,
         prepare: Prepare | None = None,
         max_in_flight: int = 4_096,
         fetch_batch: int = 512,
@@ -95,6 +103,7 @@ class CommandIntake:
         self._decide = decide
         self._key_of = key_of
         self._owns = owns
+        self._route = route
         self._prepare = prepare
         self._max_in_flight = max_in_flight
         self._fetch_batch = fetch_batch
@@ -110,6 +119,8 @@ class CommandIntake:
         self.processed = 0
         self.rejected = 0
         self.duplicates = 0
+        self.passed = 0
+        """Deliveries handed back for another scope to settle."""
 
     # ---- fetching -----------------------------------------------------------------------------
 
@@ -223,6 +234,19 @@ class CommandIntake:
         if barrier:
             # Read-your-writes for deciding: every outcome this service already reported is applied.
             await self._reader.wait_for_seq(barrier)
+        if isinstance(parsed, Command) and not await self._settles_here(parsed):
+            log.debug("command_passed", command_id=delivery.command_id, delivered=delivery.delivered)
+            if delivery.delivered == UNSERVED_AFTER_DELIVERIES:
+                log.warning(
+                    "command_waits_for_its_scope",
+                    command_id=delivery.command_id,
+                    command=delivery.name,
+                    delivered=delivery.delivered,
+                    hint="no running instance of this service serves what it concerns; it waits in GT_CMD",
+                )
+            await _nak(delivery.msg, min(MAX_PASS_DELAY_S, PASS_DELAY_S * delivery.delivered))
+            self.passed += 1
+            return 0
         with structlog.contextvars.bound_contextvars(
             command_id=delivery.command_id, command=delivery.name, aggregate=key, cmd_seq=delivery.stream_seq
         ):
@@ -234,6 +258,17 @@ class CommandIntake:
         await _ack(delivery.msg)
         self.processed += 1
         return seq
+
+    async def _settles_here(self, cmd: Command) -> bool:
+        """False for a command another scope of this service settles (it goes back to the shared consumer)."""
+        if self._route is None:
+            return True
+        where = self._route(cmd)
+        if where == "unknown":
+            # It may name something another instance created a moment ago: judge it on the log as it is now.
+            await self._catch_up_with_stream()
+            where = self._route(cmd)
+        return where != "elsewhere"
 
     async def _settle(self, delivery: Delivery, parsed: Command | CommandError) -> int:
         outcome_subject = subjects.outcome_subject(delivery.command_id)
@@ -356,6 +391,12 @@ def to_pending(
     )
     subject = subjects.event_subject(new.payload.AGGREGATE, new.payload.aggregate_id())
     return PendingEvent(subject=subject, data=data, event_id=event_id, expected_seq=new.expected_seq)
+
+
+async def _nak(msg: Msg, delay: float) -> None:
+    # A lost nak only means the command comes back after the ack wait instead.
+    with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+        await msg.nak(delay=delay)
 
 
 async def _ack(msg: Msg) -> None:

@@ -131,3 +131,15 @@ def working_in(path: Path) -> list[tuple[int, str]]:
         if cwd and (cwd == root or cwd.startswith(root + "/")):
             found.append((int(proc.info["pid"]), str(proc.info.get("name") or "?")))
     return found
+
+
+def pid_namespace_id() -> str:
+    """This process's boot and pid namespace ("" when unknown): two processes whose values are equal see the
+    same pids, so one may judge whether the other's pid (with its start time) still runs. Containers on one
+    host share the boot id but not the pid namespace."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+    return f"{boot}/{namespace}" if boot and namespace else ""

@@ -1,7 +1,12 @@
-"""Service lifecycle: connect, rebuild the projection (snapshot + tail), act only once caught up.
+"""Service lifecycle: connect, rebuild the projection (snapshot + tail), act only once caught up and active.
 
-``run()`` blocks until ``shutdown()`` or a fatal error, which it re-raises. ``shutdown()`` is idempotent and
-safe before ``run()``. Every loop lives in one TaskGroup; cancellation is never swallowed.
+Several instances of one service scope may run (``shared.activity``): each follows the log and answers queries,
+but only the one holding the scope's key in ``GT_ACTIVE`` takes commands, reconciles and writes events; the
+others stand by and take over when the key lapses. Every write first checks that this instance may still act.
+
+``run()`` blocks until ``shutdown()`` or a fatal error, which it re-raises (``ActivityLostError`` when another
+instance took over). ``shutdown()`` is idempotent and safe before ``run()``. Every loop lives in one TaskGroup;
+cancellation is never swallowed.
 """
 
 from __future__ import annotations
@@ -23,21 +28,24 @@ import nats.js.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.api import StreamInfo
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from shared import heartbeats, runtime
 from shared.aio import pause, raise_if_cancelling, wait_event
-from shared.bus.append import RETRYABLE_ERRORS, Appender
+from shared.bus.activity import ActivityKeeper
+from shared.bus.append import RETRYABLE_ERRORS, Appender, still_in_flight
 from shared.bus.commit import GroupCommitter
 from shared.bus.connection import close_quietly, connect_unless_stopped
+from shared.bus.permissions import guarded
 from shared.bus.reader import EventReader
 from shared.bus.snapshots import SnapshotStore
 from shared.bus.topology import command_consumer_name, has_command_consumer, owner_of, provision
 from shared.commands import Command
 from shared.config import TownConfig
-from shared.decision import Accepted, DecideContext, NewEvent
-from shared.errors import AppendConflictError, QueryError
+from shared.decision import Accepted, DecideContext, NewEvent, Route
+from shared.errors import ActivityLostError, AppendConflictError, QueryError
 from shared.intake import CommandIntake, to_pending
 from shared.projection import Projection
 
@@ -71,6 +79,9 @@ class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_interval: float = 1.0
     """Seconds between this service's heartbeats in the ``GT_SERVICES`` bucket (0: none); the deacon calls a
     service down when it misses a few."""
+    active_ttl: float = 6.0
+    """Seconds of the scope's activity key (``GT_ACTIVE_TTL``): renewed every third of it; the holder stops
+    acting two thirds of it after its last renewal; a standby takes a key over once unchanged for all of it."""
 
 
 class Service(Generic[S]):
@@ -109,11 +120,32 @@ class Service(Generic[S]):
         self._query_tasks: set[asyncio.Task[None]] = set()
         self.instance = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         """This process of the service, as its heartbeats name it."""
+        self.activity: ActivityKeeper | None = None
+        """This instance's side of its scope's activity key (set once connected)."""
+        self.following = asyncio.Event()
+        """Set once caught up with the log: queries are answered from then on, by a standby too."""
         self._started_wall = datetime.now(UTC)
         self._services_kv: KeyValue | None = None
         self.reconcile_errors = 0
         self.reconciles = 0
         """Reconcile passes finished (tests wait for "at least one more pass" with it)."""
+
+    @property
+    def identity(self) -> str:
+        """The service scope this instance serves: its activity key and its name in heartbeats and liveness
+        (``witness-east`` for a witness of some rigs; the service's name otherwise)."""
+        return self.name
+
+    @property
+    def role(self) -> str:
+        """starting (replaying), standby, active, or lost (it must stop acting)."""
+        return self.activity.role if self.activity is not None else "starting"
+
+    def check_active(self) -> None:
+        """Raise ``ActivityLostError`` unless this instance may act now: called before anything is written."""
+        if self.activity is None:
+            raise ActivityLostError(self.identity, "not connected yet")
+        self.activity.check()
 
     # ---- hooks --------------------------------------------------------------------------------
 
@@ -135,12 +167,21 @@ class Service(Generic[S]):
         data = _ENCODER.encode({**body, "cmd_id": cmd_id, "actor": body.get("actor", self.name)})
         while True:
             raise_if_cancelling()
+            self.check_active()
             try:
-                ack = await js.publish(
+                # A refusal by the server's permissions (a deployment error) is raised, not retried forever.
+                publish = js.publish(
                     subject, data, stream=self.config.cmd_stream, headers={"Nats-Msg-Id": cmd_id}, timeout=5
                 )
+                ack = await guarded(self.nc, publish, subject=subject)
             except RETRYABLE_ERRORS as exc:
                 log.warning("send_command_retry", subject=subject, cmd_id=cmd_id, error=repr(exc))
+                await pause(0.5)
+                continue
+            except nats.js.errors.APIError as exc:
+                if not still_in_flight(exc):
+                    raise
+                log.info("send_command_in_flight", subject=subject, cmd_id=cmd_id)
                 await pause(0.5)
                 continue
             return int(ack.seq)
@@ -152,6 +193,7 @@ class Service(Generic[S]):
         were stored."""
         assert self.committer is not None
         assert self.reader is not None
+        self.check_active()
         now = self.clock()
         appends = [
             self.committer.append(
@@ -165,7 +207,7 @@ class Service(Generic[S]):
             if isinstance(outcome, AppendConflictError):
                 log.debug("owed_event_superseded", type=new.payload.TYPE, aggregate=new.payload.aggregate_id())
             elif isinstance(outcome, BaseException):
-                if isinstance(outcome, asyncio.CancelledError):
+                if isinstance(outcome, asyncio.CancelledError | ActivityLostError):
                     raise outcome
                 log.warning("owed_event_not_stored", type=new.payload.TYPE, error=repr(outcome))
         if stored:
@@ -183,6 +225,10 @@ class Service(Generic[S]):
     def aggregate_key(self, cmd: Command) -> str | None:
         """Commands with the same key are decided one after the other (None: no ordering needed)."""
         return None
+
+    def route(self, cmd: Command) -> Route:
+        """Which scope settles ``cmd`` when several instances with disjoint scopes share the command consumer."""
+        return "mine"
 
     def query(self, what: str, body: dict[str, Any]) -> Any:
         """Answer ``gt.q.<name>.<what>`` from the projection."""
@@ -231,7 +277,15 @@ class Service(Generic[S]):
             start_after=self.projection.last_seq,
             idle_heartbeat=self.settings.idle_heartbeat,
         )
-        self.appender = Appender(nc, js, self.config.evt_stream)
+        self.activity = ActivityKeeper(
+            js,
+            self.config.active_bucket,
+            identity=self.identity,
+            instance=self.instance,
+            ttl_s=self.settings.active_ttl,
+            clock=self.clock,
+        )
+        self.appender = Appender(nc, js, self.config.evt_stream, guard=self.check_active)
         self.committer = GroupCommitter(self.appender)
         try:
             async with asyncio.TaskGroup() as tg:
@@ -243,6 +297,10 @@ class Service(Generic[S]):
                     tg.create_task(self._heartbeat_loop(js), name="heartbeats")
         except BaseExceptionGroup as group:
             errors = [e for e in group.exceptions if not isinstance(e, _ShutdownRequestedError)]
+            lost = [e for e in errors if isinstance(e, ActivityLostError)]
+            if lost:
+                # Several tasks may notice at once; what stopped the service is that it is not the active one.
+                raise lost[0] from group
             if len(errors) == 1:
                 # Re-raise the error itself, not a group of one, so callers see what failed.
                 raise errors[0] from group
@@ -253,7 +311,12 @@ class Service(Generic[S]):
                 await query_sub.unsubscribe()
             for task in list(self._query_tasks):
                 task.cancel()
-            await self._final_snapshot(nc, snapshots)
+            if self.activity is not None and self.activity.role == "active":
+                await self._final_snapshot(nc, snapshots)
+                # Every acting task has ended: a standby may take over after the margin, not the whole TTL.
+                await self.activity.release()
+            if self.activity is not None:
+                self.activity.close()
             if self._stop.is_set() and self.settings.heartbeat_interval > 0:
                 # A clean stop says goodbye, so the deacon records it as stopped, not down.
                 await self._put_heartbeat(js, stopping=True)
@@ -270,16 +333,18 @@ class Service(Generic[S]):
                 continue
             return
 
-    async def _restore_snapshot(self, js: JetStreamContext, snapshots: SnapshotStore) -> None:
+    async def _log_info(self, js: JetStreamContext) -> StreamInfo:
+        """The event log's stream info, asked again while JetStream is briefly unavailable."""
         while True:
             raise_if_cancelling()
             try:
-                info = await js.stream_info(self.config.evt_stream)
+                return await js.stream_info(self.config.evt_stream)
             except RETRYABLE_ERRORS as exc:
                 log.warning("stream_info_retry", error=repr(exc))
                 await pause(0.5)
-                continue
-            break
+
+    async def _restore_snapshot(self, js: JetStreamContext, snapshots: SnapshotStore) -> None:
+        info = await self._log_info(js)
         created = getattr(info, "created", None)
         self._stream_id = created.isoformat() if created is not None else self.config.evt_stream
         if not self.settings.use_snapshots:
@@ -310,7 +375,7 @@ class Service(Generic[S]):
 
     async def _put_heartbeat(self, js: JetStreamContext, *, stopping: bool = False) -> None:
         beat = heartbeats.ServiceHeartbeat(
-            service=self.name,
+            service=self.identity,
             instance=self.instance,
             pid=os.getpid(),
             host=socket.gethostname(),
@@ -319,12 +384,13 @@ class Service(Generic[S]):
             last_seq=self.projection.last_seq,
             caught_up=bool(self.reader and self.reader.caught_up.is_set()),
             stopping=stopping,
+            standby=self.role in ("standby", "lost"),
         )
         try:
             async with asyncio.timeout(max(1.0, self.settings.heartbeat_interval * 2)):
                 if self._services_kv is None:
                     self._services_kv = await js.key_value(self.config.service_bucket)
-                await self._services_kv.put(heartbeats.key_of(self.name, self.instance), heartbeats.encode(beat))
+                await self._services_kv.put(heartbeats.key_of(self.identity, self.instance), heartbeats.encode(beat))
         except (nats.errors.Error, TimeoutError) as exc:
             # A missed heartbeat is what liveness detection is for; the next one tries again.
             log.warning("heartbeat_failed", error=repr(exc))
@@ -352,6 +418,11 @@ class Service(Generic[S]):
             seconds=round(time.monotonic() - started, 3),
         )
         runtime.settle_heap()
+        self.following.set()
+        assert self.activity is not None
+        await self.activity.acquire()  # a standby waits here, following the log and answering queries
+        tg.create_task(self.activity.hold(), name="activity")
+        await self._catch_up_with_stream(js)
         if has_command_consumer(self.name):
             self.intake = CommandIntake(
                 service=self.name,
@@ -364,6 +435,7 @@ class Service(Generic[S]):
                 decide=self.decide,
                 key_of=self.aggregate_key,
                 owns=lambda subject: owner_of(subject) == self.name,
+                route=self.route,
                 prepare=self.prepare,
                 max_in_flight=self.settings.max_in_flight,
                 clock=self.clock,
@@ -374,11 +446,20 @@ class Service(Generic[S]):
         self.ready.set()
         await self._reconcile_loop()
 
+    async def _catch_up_with_stream(self, js: JetStreamContext) -> None:
+        """Apply everything stored before this instance became active (a previous active's last events)."""
+        assert self.reader is not None
+        info = await self._log_info(js)
+        await self.reader.wait_for_seq(int(info.state.last_seq))
+
     async def _reconcile_loop(self) -> None:
         while True:
             raise_if_cancelling()
+            self.check_active()
             try:
                 await self.reconcile()
+            except ActivityLostError:
+                raise
             except Exception:
                 self.reconcile_errors += 1
                 log.exception("reconcile_failed")
@@ -389,7 +470,7 @@ class Service(Generic[S]):
     async def _snapshot_loop(self, snapshots: SnapshotStore) -> None:
         if not self.settings.use_snapshots or self.settings.snapshot_every <= 0:
             return
-        while True:
+        while True:  # started once active: a standby stores no snapshot (the active one's is the same fold)
             raise_if_cancelling()
             # Woken at once when the projection wants a snapshot now (a compacted state after a GC sweep).
             await wait_event(self._snapshot_wanted, self.settings.snapshot_check_interval)
@@ -423,8 +504,15 @@ class Service(Generic[S]):
         """What ``gt health`` reports: connection, catch-up, lag and counters."""
         reader = self.reader
         intake = self.intake
+        keeper = self.activity
+        since = keeper.active_since if keeper is not None else None
         return {
             "service": self.name,
+            "identity": self.identity,
+            "instance": self.instance,
+            "role": self.role,
+            "active_since": since.isoformat() if since is not None else None,
+            "active_holder": keeper.holder.instance if keeper is not None and keeper.holder is not None else None,
             "connected": bool(self.nc and self.nc.is_connected),
             "caught_up": bool(reader and reader.caught_up.is_set()),
             "last_seq": self.projection.last_seq,
@@ -474,7 +562,7 @@ class Service(Generic[S]):
             raise QueryError("invalid", "`min_seq` must be a non-negative integer")
         try:
             async with asyncio.timeout(MAX_MIN_SEQ_WAIT_S):
-                await self.ready.wait()
+                await self.following.wait()
             assert self.reader is not None
             await self.reader.wait_for_seq(min_seq, timeout=MAX_MIN_SEQ_WAIT_S)
         except TimeoutError:

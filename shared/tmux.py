@@ -23,6 +23,7 @@ _FORMAT = (
     f"\t#{{{LABEL_OPTION}}}"
 )
 _NO_SERVER = ("no server running", "error connecting to", "No such file or directory")
+_SERVER_LOST = "server exited unexpectedly"
 
 
 class TmuxError(GastownError):
@@ -103,24 +104,32 @@ class Tmux:
         args = ["new-session", "-d", "-s", name, "-c", cwd, "-x", "200", "-y", "50"]
         argv = ["env", "-i", *(f"{key}={value}" for key, value in env.items()), "sh", "-c", command]
         args += [_literal(arg) for arg in argv]
-        try:
-            self._run(
-                *args,
-                ";",
-                "set-option",
-                "-t",
-                name,
-                "remain-on-exit",
-                "on",
-                ";",
-                "set-option",
-                "-t",
-                name,
-                LABEL_OPTION,
-                label,
-            )
-        except LibTmuxException as exc:
-            raise TmuxError("new-session", str(exc)) from exc
+        options = (
+            ";",
+            "set-option",
+            "-t",
+            name,
+            "remain-on-exit",
+            "on",
+            ";",
+            "set-option",
+            "-t",
+            name,
+            LABEL_OPTION,
+            label,
+        )
+        for attempt in (1, 2):
+            try:
+                self._run(*args, *options)
+            except LibTmuxException as exc:
+                raise TmuxError("new-session", str(exc)) from exc
+            except TmuxError as exc:
+                # The first command on a socket starts its server; tmux 3.3 can lose that race to a server of the
+                # same socket shutting down ("server exited unexpectedly"). Nothing was started: start again.
+                if attempt == 1 and _SERVER_LOST in exc.detail and name not in self.snapshot():
+                    continue
+                raise
+            break
         info = self.snapshot().get(name)
         if info is None:
             raise TmuxError("new-session", f"session {name} is not there after starting it")

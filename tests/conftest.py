@@ -28,6 +28,7 @@ from shared.bus.connection import close_quietly
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.subjects import (
+    DEFAULT_ACTIVE_BUCKET,
     DEFAULT_CMD_STREAM,
     DEFAULT_EVT_STREAM,
     DEFAULT_HEARTBEAT_BUCKET,
@@ -105,6 +106,7 @@ async def _reset_streams(url: str) -> None:
             f"KV_{DEFAULT_HEARTBEAT_BUCKET}",
             f"KV_{DEFAULT_SERVICE_BUCKET}",
             f"KV_{DEFAULT_LEASE_BUCKET}",
+            f"KV_{DEFAULT_ACTIVE_BUCKET}",
             "KV_GT_PLUGINS",
         )
         for stream in (DEFAULT_EVT_STREAM, DEFAULT_CMD_STREAM, f"OBJ_{DEFAULT_SNAPSHOT_BUCKET}", *buckets):

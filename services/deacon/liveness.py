@@ -1,9 +1,11 @@
 """Service liveness: which services are up, down or stopped, from their heartbeats. Pure.
 
 Heartbeats (``GT_SERVICES`` KV, one key per service process) are a cache; the deacon turns what it sees into
-``service.up``, ``service.down`` and ``service.stopped`` events, and those are the record. A service is down
-when its freshest heartbeat is older than ``stale_after_s``; one that never reported is down once the deacon
-has been watching for ``startup_grace_s``. A service down for ``escalate_after_s`` is escalated once per
+``service.up``, ``service.down`` and ``service.stopped`` events, and those are the record. A "service" here is a
+service scope (``witness``, ``witness-east``, ...). A service is down when its freshest heartbeat from a process
+that is not a standby is older than ``stale_after_s``: standbys beat too, but a standby alone is no service
+(nothing acts), and its beats never make the recorded instance flap. One that never reported is down once the
+deacon has been watching for ``startup_grace_s``. A service down for ``escalate_after_s`` is escalated once per
 down event (under `gt up` the supervisor has restarted it long before; under docker-compose the container's
 restart policy acts and the escalation tells a person).
 """
@@ -104,10 +106,10 @@ def plan(
         life = state.services.get(name)
         expected_seq = life.version if life is not None else 0
         seen = sorted(by_service.get(name, []), key=lambda b: b.ts, reverse=True)
-        fresh = [b for b in seen if not b.stopping and _age(b, now) <= policy.stale_after_s]
+        fresh = [b for b in seen if not b.stopping and not b.standby and _age(b, now) <= policy.stale_after_s]
         if fresh:
             if life is not None and life.status == "up" and any(b.instance == life.instance for b in fresh):
-                continue  # the recorded instance still beats (a standby beating too changes nothing)
+                continue  # the recorded instance still beats (another instance starting up changes nothing)
             if life is not None and life.status == "up":
                 # Another process beats now (a restart, a standby taking over): the recorded one is down first,
                 # so every restart shows in the log as down, then up.
@@ -153,3 +155,12 @@ def plan(
                 Escalation(command_id=f"service-down-{name}-{life.version}", service=name, message=message)
             )
     return Owed(events=events, escalations=escalations)
+
+
+def family_down(state: LivenessState, service: str) -> list[str]:
+    """The scopes of ``service`` recorded down: ``witness`` and every ``witness-<scope>``."""
+    return sorted(
+        name
+        for name, life in state.services.items()
+        if life.status == "down" and (name == service or name.startswith(f"{service}-"))
+    )

@@ -24,12 +24,12 @@ from shared.aio import pause
 from shared.commands import AutomationRun, Command, GcSweep, LeaseAcquire, LeaseRelease
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
-from shared.errors import CommandError, QueryError
+from shared.errors import ActivityLostError, CommandError, QueryError
 from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)
 HOOK_MOVERS = ("witness", "refinery")
-"""Services that move a bead on from its hook (sessions, merges)."""
+"""Services that move a bead on from its hook (sessions, merges); witnesses of a few rigs each count too."""
 
 
 class DeaconService(Service[DeaconState]):
@@ -181,11 +181,14 @@ class DeaconService(Service[DeaconState]):
     async def _watch_loop(self) -> None:
         while True:
             state = self.projection.state
+            self.check_active()  # it marks leases expired in KV: never once another deacon acts
             try:
                 await self.supervision.check_services(state.liveness)
                 await self.supervision.expire_leases(state.leases)
                 await self._hand_over_stale_hooks()
                 await self._collect()
+            except ActivityLostError:
+                raise
             except Exception:
                 # A failed tick (NATS hiccup, a bug) is logged with its traceback; the next tick looks again.
                 # Cancellation is not an Exception and passes.
@@ -195,7 +198,7 @@ class DeaconService(Service[DeaconState]):
 
     async def _hand_over_stale_hooks(self) -> None:
         state = self.projection.state
-        down = [name for name in HOOK_MOVERS if (life := state.liveness.services.get(name)) and life.status == "down"]
+        down = [name for service in HOOK_MOVERS for name in liveness.family_down(state.liveness, service)]
         if down:
             return  # a hook waiting on a service that is down is not stale: it moves once that one is back
         for hook in hooks.stale(state.hooks, state.leases, self.clock(), self.watch.stale_hook_after_s):

@@ -30,7 +30,7 @@ from shared.bus.fencing import fence_error
 from shared.commands import Command, Fence
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, NewEvent
-from shared.errors import QueryError
+from shared.errors import ActivityLostError, QueryError
 from shared.events import (
     Event,
     LeaseAcquired,
@@ -326,6 +326,8 @@ class RefineryService(Service[RefineryState]):
                 bug_command = await self._file_bug(first, result.target_broken, result)
             for mr in mrs:
                 await self._settle(mr, result.outcomes[mr.id], result, paths, bug_command)
+        except ActivityLostError:
+            raise  # another refinery acts now: nothing more is written, not even a requeue
         except Exception as exc:
             # Any failure of one batch (git, a bug) must not stop the queue: it is logged with its traceback and
             # its merge requests are queued again after a pause. Cancellation is not caught.
@@ -401,7 +403,12 @@ class RefineryService(Service[RefineryState]):
 
     async def _close_bead(self, mr: MergeRequest) -> None:
         body = {"id": mr.bead, "reason": f"merged in {mr.id}"}
-        await self.send_command("gt.cmd.bead.close", body, cmd_id=f"close-{mr.id}")
+        try:
+            await self.send_command("gt.cmd.bead.close", body, cmd_id=f"close-{mr.id}")
+        except BaseException:
+            # Not sent: the next reconcile sends it again (plan.beads_to_close), instead of taking it as on its way.
+            self._closing.discard(mr.id)
+            raise
 
     async def _conflict_bead(self, mr: MergeRequest, outcome: merger.Outcome) -> str:
         state = self.projection.state

@@ -39,6 +39,7 @@ from services.witness.actions import (
     Start,
     Warrant,
 )
+from services.witness.agent_creds import agent_nats_credentials, is_credential
 from services.witness.settings import WitnessSettings
 from services.witness.state import Rig, Session, WitnessState
 from shared import git, processes
@@ -74,11 +75,9 @@ AGENT_ENV_PASSTHROUGH = (
     "TZ",
     "TMPDIR",
     "GT_LOG_LEVEL",
-    "NATS_USER",
-    "NATS_PASSWORD",
-    "NATS_CREDS",
 )
-"""What an agent gets of the witness's environment besides its own settings (plus ``GT_AGENT_ENV``)."""
+"""What an agent gets of the witness's environment besides its own settings (plus ``GT_AGENT_ENV``); NATS
+credentials are chosen by ``agent_nats_credentials``."""
 AGENT_TERM = "screen-256color"
 """The pane is a tmux terminal, whatever terminal the witness was started from."""
 
@@ -351,11 +350,12 @@ class Executor:
         if session.lease_token is not None:
             env["GT_LEASE"] = hook_lease_name(session.bead)
             env["GT_LEASE_TOKEN"] = str(session.lease_token)
+        env.update(agent_nats_credentials(os.environ))
         for key in (*AGENT_ENV_PASSTHROUGH, *self.settings.agent_env):
-            if key in os.environ and key not in env:
+            if key in os.environ and key not in env and not is_credential(key):
                 env[key] = os.environ[key]
         for key, value in os.environ.items():
-            if key.startswith("GT_AGENT_"):
+            if key.startswith("GT_AGENT_") and not is_credential(key):
                 env.setdefault(key, value)  # the reference agent's settings and fault injection
         return env
 

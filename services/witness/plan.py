@@ -31,12 +31,12 @@ from services.witness.actions import (
 )
 from services.witness.names import polecat_name
 from services.witness.projection import deaths
+from services.witness.scope import TMUX_PREFIX, in_scope
 from services.witness.state import ACTIVE, Rig, Session, WitnessState, WorkBead
 from shared.events import DEATHS
 from shared.ids import hook_lease_name
 
 WORKING = ("hooked", "in_progress")
-TMUX_PREFIX = "gt-"
 
 
 class PaneSeen(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,6 +75,8 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     mass_death_count: int = 3
     mass_death_window_s: float = 30.0
     max_start_failures: int = 3
+    rigs: frozenset[str] | None = None
+    """The witness's scope (``GT_WITNESS_RIGS``): it acts only for these rigs; None: for all."""
 
 
 def session_id_for(bead: str, attempt: int) -> str:
@@ -91,7 +93,7 @@ def tmux_name_for(rig: str, polecat: str) -> str:
 
 
 def plan(state: WitnessState, obs: Observed, policy: Policy) -> list[Action]:
-    """Every action owed now, most urgent first, leaving out those whose key is busy."""
+    """Every action owed now for the witness's rigs, most urgent first, leaving out those whose key is busy."""
     out: list[Action] = []
     out.extend(_active_sessions(state, obs, policy))
     out.extend(_spawns(state, obs, policy))
@@ -106,7 +108,7 @@ def plan(state: WitnessState, obs: Observed, policy: Policy) -> list[Action]:
             seen.add(action.key)
             owed.append(action)
     owed.sort(key=lambda a: a.PRIORITY)
-    return owed
+    return in_scope(state, owed, policy.rigs)
 
 
 def pane_of(session: Session, obs: Observed) -> PaneSeen | None:

@@ -3,6 +3,9 @@
 Each reconcile observes tmux, the agents' processes and (for quiet sessions) their heartbeats, asks the
 pure planner what is owed, and queues those actions; a few workers carry them out. An agent's death wakes
 the witness at once through a pidfd; the patrol tick finds everything else.
+
+A witness may serve only some rigs (``GT_WITNESS_RIGS``, see ``scope.py``): it then observes, plans and acts
+for those alone and settles only their commands; its scope is its identity for activity and liveness.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import nats.js.errors
 import structlog
 
 from services.witness import decide as witness_decide
-from services.witness import queries
+from services.witness import queries, scope
 from services.witness import settings as witness_settings
 from services.witness.actions import Action, Spawn
 from services.witness.executor import Executor, StartBlockedError
@@ -33,7 +36,8 @@ from shared import git, processes
 from shared.aio import raise_if_cancelling
 from shared.commands import Command, RigAdd, SessionRecoverHook
 from shared.config import TownConfig
-from shared.decision import Accepted, DecideContext
+from shared.decision import Accepted, DecideContext, Route
+from shared.errors import ActivityLostError
 from shared.service import Service, ServiceSettings
 from shared.tmux import Tmux, TmuxError
 
@@ -65,6 +69,7 @@ class WitnessService(Service[WitnessState]):
             mass_death_count=ws.mass_death_count,
             mass_death_window_s=ws.mass_death_window_s,
             max_start_failures=ws.max_start_failures,
+            rigs=ws.rigs,
         )
         self.executor = Executor(self, self.tmux, ws, self.policy)
         self.exits = ExitWatcher(self.wake)
@@ -81,6 +86,13 @@ class WitnessService(Service[WitnessState]):
     def state(self) -> WitnessState:
         return self.projection.state
 
+    @property
+    def identity(self) -> str:
+        return scope.identity(self.witness_settings.rigs)
+
+    def _serves(self, rig: str | None) -> bool:
+        return scope.serves(self.witness_settings.rigs, rig)
+
     # ---- commands ------------------------------------------------------------------------------
 
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
@@ -88,6 +100,9 @@ class WitnessService(Service[WitnessState]):
 
     def aggregate_key(self, cmd: Command) -> str | None:
         return witness_decide.aggregate_key(cmd)
+
+    def route(self, cmd: Command) -> Route:
+        return scope.route(self.state, cmd, self.witness_settings.rigs)
 
     async def prepare(self, cmd: Command) -> object:
         if isinstance(cmd, RigAdd) and cmd.name not in self.state.rigs:
@@ -115,6 +130,8 @@ class WitnessService(Service[WitnessState]):
             actions_pending=len(self._pending),
             watched_processes=len(self.exits),
             tmux_socket=self.witness_settings.tmux_socket,
+            rigs=sorted(self.witness_settings.rigs) if self.witness_settings.rigs is not None else None,
+            commands_passed=self.intake.passed if self.intake else 0,
         )
         return out
 
@@ -145,7 +162,10 @@ class WitnessService(Service[WitnessState]):
             raise_if_cancelling()  # an action's NATS call may have swallowed the cancel meant for this worker
             _, _, action = await self._queue.get()
             try:
+                self.check_active()  # an action touches tmux and git before it writes: never once standing down
                 await self.executor.run(action)
+            except ActivityLostError:
+                raise
             except StartBlockedError as exc:
                 log.info("start_blocked", key=action.key, reason=str(exc))
                 self._back_off(action.key, minimum=1.0)
@@ -174,7 +194,9 @@ class WitnessService(Service[WitnessState]):
         as_of = self.projection.last_seq
         # Processes first, tmux second: a tmux session killed in between then reads as gone (dead), and an
         # agent that died in between as a dead pane in a live session (zombie); both are right.
-        started = [s for s in self.state.sessions.values() if s.status == "started" and s.pane_pid]
+        started = [
+            s for s in self.state.sessions.values() if s.status == "started" and s.pane_pid and self._serves(s.rig)
+        ]
         refs = {s.id: processes.ProcessRef(pid=s.pane_pid or 0, started=s.pid_started or 0.0) for s in started}
         alive = await asyncio.to_thread(lambda: {sid: processes.is_alive(ref) for sid, ref in refs.items()})
         panes: dict[str, PaneSeen] | None
@@ -209,7 +231,7 @@ class WitnessService(Service[WitnessState]):
         for session in self.state.sessions.values():
             rig = self.state.rigs.get(session.rig)
             bead = self.state.beads.get(session.bead)
-            if session.status != "started" or rig is None or bead is None:
+            if session.status != "started" or rig is None or bead is None or not self._serves(session.rig):
                 continue
             last = max(m for m in (session.started_at, bead.last_progress_at, session.requested_at) if m)
             if (now - last).total_seconds() > rig.stall_after_s:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from services.witness.scope import parse_rigs
 from shared.config import env_number
 
 DEFAULT_TMUX_SOCKET = "gastown"
@@ -36,6 +37,9 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     agent_env: tuple[str, ...] = ()
     """Names of more of the witness's environment variables an agent gets (``GT_AGENT_ENV``, comma-separated),
     e.g. ``ANTHROPIC_API_KEY``; agents start with a clean environment otherwise."""
+    rigs: frozenset[str] | None = None
+    """The rigs this witness serves (``GT_WITNESS_RIGS``, comma-separated); None: all of them. Witnesses of
+    disjoint sets of rigs run side by side; see ``scope.py``."""
 
 
 def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
@@ -55,4 +59,5 @@ def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
         kill_grace_s=env_number(env, "GT_KILL_GRACE", 3.0, minimum=0.0),
         hook_lease_ttl_s=env_number(env, "GT_HOOK_LEASE_TTL", 0.0, minimum=0.0),
         agent_env=agent_env,
+        rigs=parse_rigs(env.get("GT_WITNESS_RIGS")),
     )

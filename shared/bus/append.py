@@ -13,7 +13,7 @@ import asyncio
 import re
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 import nats.errors
@@ -41,6 +41,7 @@ ERR_WRONG_LAST_SEQUENCE = 10071
 ERR_BATCH_WRONG_LAST_SEQUENCE = 10164  # a batch wrote one subject twice with an expected sequence
 ERR_BATCH_INCOMPLETE = 10176  # batch messages lost on the way (reconnect) or abandoned: resend it
 ERR_MAX_PAYLOAD = 10054  # "message size exceeds maximum allowed" (also used for the client-side refusal)
+ERR_DUPLICATE_IN_PROCESS = 10158  # clustered: a resend while the first copy is still being replicated
 _CONFLICT_CODES = frozenset({ERR_WRONG_LAST_SEQUENCE, ERR_BATCH_WRONG_LAST_SEQUENCE})
 _LAST_SEQ_RE = re.compile(r"wrong last sequence: (\d+)")
 
@@ -55,8 +56,18 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     asyncio.TimeoutError,
 )
 """Errors after which an append's fate is unknown and a resend is the way forward."""
-RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, nats.js.errors.ServiceUnavailableError)
+RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
+    *TRANSIENT_ERRORS,
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.NoStreamResponseError,
+)
 """Transient errors plus JetStream being briefly unavailable (starting, electing a leader)."""
+
+
+def still_in_flight(exc: BaseException) -> bool:
+    """A clustered stream's answer to a resend (same message id) while the first copy is still being
+    replicated: its fate is not known yet, so the resend is retried until the stream says stored or duplicate."""
+    return isinstance(exc, nats.js.errors.APIError) and exc.err_code == ERR_DUPLICATE_IN_PROCESS
 
 
 class PendingEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,7 +100,11 @@ class _BatchIncompleteError(Exception):
     """The server lost part of a batch; resending the whole batch is safe."""
 
 
-_RESENDABLE: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, _BatchIncompleteError)
+class _InFlightError(Exception):
+    """A clustered stream still replicates the first copy of this resend; ask again."""
+
+
+_RESENDABLE: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, _BatchIncompleteError, _InFlightError)
 
 
 class Appender:
@@ -103,8 +118,11 @@ class Appender:
         *,
         attempt_timeout: float = 5.0,
         deadline: float = 60.0,
+        guard: Callable[[], None] | None = None,
     ) -> None:
         self._nc = nc
+        self._guard = guard
+        """Called right before every attempt; raises to refuse it (a service that is not the active one)."""
         self._js = js
         self._stream = stream
         self._attempt_timeout = attempt_timeout
@@ -133,6 +151,8 @@ class Appender:
         attempt = 0
         while True:
             raise_if_cancelling()
+            if self._guard is not None:
+                self._guard()
             attempt += 1
             try:
                 last_seq = await self._attempt(events)
@@ -194,6 +214,8 @@ class Appender:
                 raise AppendConflictError(subject, expected, actual, err.description)
             if err.err_code == ERR_BATCH_INCOMPLETE:
                 raise _BatchIncompleteError(err.description)
+            if err.err_code == ERR_DUPLICATE_IN_PROCESS:
+                raise _InFlightError(err.description)
             raise AppendFailedError(subject, err.code, err.err_code, err.description)
         if ack.seq <= 0:
             raise AppendFailedError(subject, None, None, f"acknowledgement without sequence {data[:200]!r}")

@@ -11,6 +11,7 @@ import structlog
 from nats.aio.client import Client
 
 from shared.aio import pause
+from shared.bus.permissions import PermissionWatch, register
 from shared.config import TownConfig
 from shared.errors import NatsUnavailableError
 
@@ -26,11 +27,20 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
     """
 
     connected = False
+    watch = PermissionWatch(describe_user(config))
+    refused: list[Exception] = []
 
     async def on_error(exc: Exception) -> None:
+        denied = watch.record(exc)
+        if denied is not None:
+            # The server dropped what was sent; the caller only sees a timeout unless it asked ``guarded``.
+            log.error("nats_permission_denied", subject=denied.subject, user=denied.user, operation=denied.operation)
+            return
         # Failures of the first connect are reported once, below, not once per try.
         if connected:
             log.warning("nats_client_error", error=repr(exc))
+        elif _refused_credentials(exc):
+            refused.append(exc)  # nats-py then reports only that no server was left to try
 
     async def on_disconnect() -> None:
         log.warning("nats_disconnected")
@@ -73,13 +83,27 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
             continue
         connected = True
         nc.options["max_reconnect_attempts"] = -1  # once connected, reconnect forever
+        register(nc, watch)
         return nc
-    raise NatsUnavailableError(config.nats_url, _describe(last_error))
+    raise NatsUnavailableError(config.nats_url, _describe(refused[-1] if refused else last_error, watch.user))
 
 
-def _describe(exc: Exception | None) -> str:
+def describe_user(config: TownConfig) -> str:
+    """Who a connection logs in as, for messages (never the password)."""
+    if config.nats_creds:
+        return f"in {config.nats_creds}"
+    return config.nats_user or "(anonymous)"
+
+
+def _refused_credentials(exc: Exception) -> bool:
+    return isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower()
+
+
+def _describe(exc: Exception | None, user: str) -> str:
     if isinstance(exc, nats.errors.NoServersError):
         return "no server answered"
+    if exc is not None and _refused_credentials(exc):
+        return f"the server refused the credentials of user {user} (NATS_USER, NATS_PASSWORD, NATS_CREDS)"
     return repr(exc)
 
 

@@ -251,6 +251,8 @@ async def provision(js: JetStreamContext, config: TownConfig) -> ProvisionReport
     (created if made else existing).append(f"KV {config.service_bucket}")
     made = await ensure_kv(js, config.lease_bucket, ttl=LEASE_RENEWAL_TTL_S, replicas=config.replicas)
     (created if made else existing).append(f"KV {config.lease_bucket}")
+    made = await ensure_kv(js, config.active_bucket, ttl=ACTIVE_KEY_TTL_S, replicas=config.replicas)
+    (created if made else existing).append(f"KV {config.active_bucket}")
     return ProvisionReport(created=created, existing=existing)
 
 
@@ -262,6 +264,9 @@ LEASE_RENEWAL_TTL_S = 8 * 24 * 3600.0
 """Longer than the longest lease TTL (a week): a live lease's renewal entry never ages out."""
 SERVICE_HEARTBEAT_TTL_S = 3600.0
 """A service process gone for an hour leaves the bucket by itself (its down event stays in the log)."""
+ACTIVE_KEY_TTL_S = 3600.0
+"""A scope's activity key is renewed every few seconds while held; one left by a scope nobody runs any more
+leaves the bucket after an hour (a lapsed key is taken over long before, by its revision, not by this)."""
 
 
 async def ensure_heartbeat_bucket(js: JetStreamContext, config: TownConfig) -> bool:

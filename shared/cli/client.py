@@ -9,15 +9,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 from typing import Any
 
 import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy, PubAck
 
 from shared import subjects
+from shared.aio import pause
+from shared.bus.append import RETRYABLE_ERRORS, still_in_flight
+from shared.bus.permissions import guarded
 from shared.bus.topology import owner_of
 from shared.cli import hook_lease
 from shared.config import TownConfig
@@ -26,6 +30,8 @@ from shared.events import REGISTRY, decode_envelope
 
 _JSON = msgspec.json.Encoder()
 _DECODE = msgspec.json.Decoder()
+STORE_DEADLINE_S = 30.0
+"""How long a command may take to be stored while the stream is unreachable (resent meanwhile)."""
 LIVENESS_TIMEOUT_S = 2.0
 """How long a status query may take before the owning service counts as not answering."""
 
@@ -62,6 +68,7 @@ async def send_command(
 
     Raises:
         AppendFailedError: GT_CMD refused the command (too large, stream missing).
+        PermissionDeniedError: this NATS user may not publish to ``subject``; nothing was stored.
     """
     cmd_id = body.get("cmd_id") or f"cli-{secrets.token_hex(8)}"
     body = {**body, "cmd_id": cmd_id}
@@ -80,12 +87,7 @@ async def send_command(
         config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
     )
     try:
-        try:
-            ack = await js.publish(
-                subject, _JSON.encode(body), stream=config.cmd_stream, headers={"Nats-Msg-Id": cmd_id}, timeout=5
-            )
-        except nats.js.errors.APIError as exc:
-            raise AppendFailedError(subject, exc.code, exc.err_code, exc.description or "") from exc
+        ack = await _store_command(nc, config, subject, _JSON.encode(body), cmd_id)
         outcome = Outcome(command_id=cmd_id, stored_seq=ack.seq)
         arrival = asyncio.ensure_future(sub.next_msg(timeout=timeout if timeout is not None else 365 * 24 * 3600))
         try:
@@ -108,6 +110,26 @@ async def send_command(
     finally:
         with contextlib.suppress(nats.errors.Error):
             await sub.unsubscribe()
+
+
+async def _store_command(nc: Client, config: TownConfig, subject: str, data: bytes, cmd_id: str) -> PubAck:
+    """Publish the command to GT_CMD, resending it (same message id: stored once) while the stream is briefly
+    unreachable, e.g. a cluster electing a new leader after losing a node, for up to ``STORE_DEADLINE_S``."""
+    js = nc.jetstream()
+    give_up_at = time.monotonic() + STORE_DEADLINE_S
+    while True:
+        publish = js.publish(subject, data, stream=config.cmd_stream, headers={"Nats-Msg-Id": cmd_id}, timeout=5)
+        try:
+            # A subject this user may not publish to is refused by the server at once; say so instead of
+            # waiting out the acknowledgement's timeout (nothing was stored).
+            return await guarded(nc, publish, subject=subject)
+        except RETRYABLE_ERRORS:
+            if time.monotonic() >= give_up_at:
+                raise
+        except nats.js.errors.APIError as exc:
+            if not still_in_flight(exc) or time.monotonic() >= give_up_at:
+                raise AppendFailedError(subject, exc.code, exc.err_code, exc.description or "") from exc
+        await pause(0.5)
 
 
 async def _service_answers(nc: Client, service: str) -> bool:

@@ -15,7 +15,7 @@ from shared.cli.client import Outcome, query, send_command, stream_last_seq
 from shared.config import TownConfig
 from shared.errors import GastownError
 
-EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DENIED = 0, 1, 2, 3, 4
 DEFAULT_COMMAND_TIMEOUT_S = 10.0
 
 Handler = Callable[[Client, argparse.Namespace, TownConfig], Awaitable[int]]

@@ -1,7 +1,8 @@
 """The ``gt`` command.
 
 Exit codes: 0 done (command accepted, or durably stored while its service is down), 1 rejected or not
-found, 2 usage error, 3 NATS unreachable (or the answering service is not running).
+found, 2 usage error, 3 NATS unreachable (or the answering service is not running), 4 not permitted (the
+NATS server refused this user a subject; nothing was sent).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from nats.aio.client import Client
 from shared import config as town_config
 from shared import logging as gt_logging
 from shared.bus.connection import connect
+from shared.bus.permissions import guarded
 from shared.bus.topology import provision
 from shared.cli import automations, beads, convoys, gc, mail, polecats, render, work
 from shared.cli.client import query, stream_last_seq
 from shared.cli.common import (
+    EXIT_DENIED,
     EXIT_OK,
     EXIT_REJECTED,
     EXIT_UNREACHABLE,
@@ -34,7 +37,13 @@ from shared.cli.common import (
     read_options,
 )
 from shared.config import TownConfig
-from shared.errors import AppendFailedError, NatsUnavailableError, QueryError, StreamConfigMismatchError
+from shared.errors import (
+    AppendFailedError,
+    NatsUnavailableError,
+    PermissionDeniedError,
+    QueryError,
+    StreamConfigMismatchError,
+)
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
 LOCAL_COMMANDS = ("up", "down", "schema")
@@ -94,14 +103,18 @@ async def _health(nc: Client, args: argparse.Namespace, config: TownConfig) -> i
         render.print_json(status)
     else:
         state = "healthy" if healthy else ("catching up" if status.get("connected") else "disconnected")
-        print(f"{args.service}: {state}, last_seq {status.get('last_seq')}, lag {status['lag']}")
+        # Any instance of the service may answer: an active one, or a standby following the log.
+        role = f" ({status['role']} {status.get('identity', args.service)})" if status.get("role") else ""
+        print(f"{args.service}: {state}{role}, last_seq {status.get('last_seq')}, lag {status['lag']}")
     return EXIT_OK if healthy else EXIT_REJECTED
 
 
 async def run_async(handler: Handler, args: argparse.Namespace, config: TownConfig) -> int:
     nc = await connect(config, name="gt-cli", connect_attempts=2)
     try:
-        return await handler(nc, args, config)
+        # Any subject this user may not use (a query, the KV, the JetStream API) ends the command at once
+        # with the subject named, rather than with a timeout.
+        return await guarded(nc, handler(nc, args, config))
     finally:
         try:
             async with asyncio.timeout(5):
@@ -161,6 +174,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NatsUnavailableError as exc:
         print(f"gt: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    except PermissionDeniedError as exc:
+        print(
+            f"gt: {exc}: the NATS server refused it and nothing was sent. Use the credentials of a user allowed "
+            "to (NATS_USER, NATS_PASSWORD or NATS_CREDS; see docs/deployment.md)",
+            file=sys.stderr,
+        )
+        return EXIT_DENIED
     except QueryError as exc:
         print(f"gt: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_UNREACHABLE if exc.code in ("unavailable", "timeout") else EXIT_REJECTED

@@ -30,11 +30,12 @@ from shared import git, processes
 from shared import logging as gt_logging
 from shared.aio import wait_event
 from shared.bus.connection import connect
+from shared.bus.permissions import guarded
 from shared.bus.topology import provision
 from shared.cli.client import query
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
-from shared.errors import GastownError, QueryError
+from shared.errors import GastownError, PermissionDeniedError, QueryError
 from shared.events import ServiceDown, decode_envelope
 from shared.processes import ProcessRef
 
@@ -285,8 +286,13 @@ class Supervisor:
             "cmd_id": f"crash-loop-{child.name}-{self._me.pid}-{int(self._me.started)}",
             "actor": "supervisor",
         }
+        publish = nc.jetstream().publish("gt.cmd.escalation.raise", msgspec.json.encode(body), timeout=5)
         try:
-            await nc.jetstream().publish("gt.cmd.escalation.raise", msgspec.json.encode(body), timeout=5)
+            await guarded(nc, publish, subject="gt.cmd.escalation.raise")
+        except PermissionDeniedError as exc:
+            # Trying again cannot help: the supervisor's NATS user may not send it (logged as it happened).
+            log.error("crash_loop_escalation_denied", name=child.name, user=exc.user)
+            return True
         except (nats.errors.Error, TimeoutError) as exc:
             log.warning("crash_loop_escalation_failed", name=child.name, error=repr(exc))
             return False

@@ -16,9 +16,10 @@ from services.refinery.state import RefineryState
 from shared import git
 from shared.config import TownConfig
 from shared.events import decode_envelope
-from tests.chaos.test_witness_chaos import ServiceProcess, wait_for_crash
+from tests.chaos.test_witness_chaos import wait_for_crash
 from tests.helpers import assert_eventually
 from tests.log_tools import fresh_replay, read_all
+from tests.service_process import ServiceProcess
 from tests.witness_town import PolecatTown, polecat_town
 
 pytestmark = pytest.mark.chaos

@@ -17,8 +17,6 @@ import itertools
 import os
 import random
 import signal
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -34,52 +32,13 @@ from shared.config import TownConfig
 from shared.events import decode_envelope
 from tests.helpers import assert_eventually
 from tests.log_tools import fresh_replay, read_all
+from tests.service_process import ServiceProcess
 from tests.witness_town import PolecatTown, polecat_town
 
 pytestmark = pytest.mark.chaos
 
 STEPS = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
 SEED = int(os.environ.get("GT_CHAOS_SEED", "20261123"))
-
-
-class ServiceProcess:
-    """A service as a process of its own, which the test (or a crash point) kills with SIGKILL."""
-
-    def __init__(self, service: str, env: dict[str, str], log_path: Path) -> None:
-        self.service = service
-        self.env = env
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        with self.log_path.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", f"services.{self.service}", "--log-json", "--patrol-interval", "0.5"],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        self.starts += 1
-
-    def returncode(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 @pytest.fixture
@@ -133,11 +92,11 @@ async def wait_for_crash(witness: ServiceProcess, marker: Path, timeout: float =
     await assert_eventually(crashed, timeout=timeout, interval=0.05)
 
 
-async def wait_converged(pt: PolecatTown, beads: list[str], timeout: float = 120) -> WitnessState:
+async def wait_converged(nc: Client, beads: list[str], timeout: float = 150) -> WitnessState:
     """Until each bead has its merge request and every session ended and was cleaned; the state then."""
 
     async def converged() -> WitnessState:
-        state = await replayed(pt.nc)
+        state = await replayed(nc)
         for bead in beads:
             sessions = sessions_of(state, bead)
             assert sessions, f"{bead} has no session"
@@ -250,7 +209,7 @@ async def test_witness_killed_in_a_failure_window_converges(
             assert sessions[0].status == "started"
 
         witness.start()
-        state = await wait_converged(pt, [bead])
+        state = await wait_converged(pt.nc, [bead])
         await check_invariants(pt, [bead], state)
         sessions = sessions_of(state, bead)
         assert len(sessions) == expected_sessions, [(s.id, s.end_reason) for s in sessions]
@@ -296,7 +255,7 @@ async def test_agents_and_the_witness_killed_at_random_still_finish_every_bead(
                 witness_kills += 1
                 await asyncio.sleep(rng.uniform(0.2, 1.0))
                 witness.start()
-        state = await wait_converged(pt, beads, timeout=180)
+        state = await wait_converged(pt.nc, beads, timeout=180)
         await check_invariants(pt, beads, state)
         assert agent_kills >= 3, f"only {agent_kills} agents were killed: the chaos did not happen"
         assert witness_kills == 2

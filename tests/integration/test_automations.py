@@ -32,10 +32,11 @@ from services.deacon.settings import DeaconSettings
 from services.mayor.service import MayorService
 from shared.config import TownConfig
 from shared.service import Service, ServiceSettings
-from tests.chaos.test_witness_chaos import ServiceProcess, wait_for_crash
+from tests.chaos.test_witness_chaos import wait_for_crash
 from tests.drivers import send_and_wait
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of, outcomes, read_all
+from tests.service_process import ServiceProcess
 
 FAST = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5, snapshot_check_interval=0.2)
 NO_WATCH = DeaconSettings(watched=())

@@ -24,10 +24,10 @@ from shared import leases
 from shared.config import TownConfig
 from shared.leases import LeaseLostError
 from shared.service import Service, ServiceSettings
-from tests.chaos.test_witness_chaos import ServiceProcess
 from tests.drivers import send_and_wait
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of
+from tests.service_process import ServiceProcess
 
 FAST = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5, heartbeat_interval=0.2)
 WATCH = DeaconSettings(stale_after_s=1.0, startup_grace_s=30.0, escalate_after_s=600.0, watched=(), tick_s=0.1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -12,18 +13,55 @@ import pytest
 from shared.embedded import SERVER_CONFIG, find_server_binary
 from tests.conftest import REPO_ROOT
 
-NATS_CONFIGS = sorted((REPO_ROOT / "ops" / "nats").glob("*.conf"))
+NATS_DIR = REPO_ROOT / "ops" / "nats"
+SERVER_CONFIGS = sorted(p for p in NATS_DIR.glob("*.conf") if "store_dir" in p.read_text())
+"""Whole server configs; the others (accounts.conf) are fragments they include."""
+ENV_EXAMPLE = REPO_ROOT / "ops" / "gastown.env.example"
+
+
+def example_env() -> dict[str, str]:
+    """What a node's environment holds under compose: the example passwords and a node's own settings."""
+    env = dict(os.environ)
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key] = value
+    env.update(
+        GT_NATS_NAME="nats-1",
+        GT_NATS_LISTEN="127.0.0.1:4222",
+        GT_NATS_HTTP="127.0.0.1:8222",
+        GT_NATS_STORE="/tmp/gt-config-check",
+        GT_NATS_CLUSTER_LISTEN="127.0.0.1:6222",
+        **{f"GT_NATS_ROUTE_{i}": f"nats://route:pw@127.0.0.1:{6221 + i}" for i in (1, 2, 3)},
+    )
+    return env
 
 
 def test_there_are_nats_configs_to_check() -> None:
-    assert NATS_CONFIGS
+    assert {p.name for p in SERVER_CONFIGS} >= {"nats-single.conf", "nats-single-auth.conf", "cluster-node.conf"}
 
 
-@pytest.mark.parametrize("path", NATS_CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", SERVER_CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_nats_config_is_valid_and_syncs_always(path: Path) -> None:
     assert re.search(r"^\s*sync_interval:\s*always\s*$", path.read_text(), re.MULTILINE), path
-    check = subprocess.run([find_server_binary(), "-c", str(path), "-t"], capture_output=True, text=True, check=False)
+    check = subprocess.run(
+        [find_server_binary(), "-c", str(path), "-t"], capture_output=True, text=True, check=False, env=example_env()
+    )
     assert check.returncode == 0, check.stderr
+
+
+def test_a_cluster_node_without_a_password_refuses_to_start_and_names_it() -> None:
+    env = example_env()
+    del env["GT_NATS_AGENT_PASSWORD"]
+    check = subprocess.run(
+        [find_server_binary(), "-c", str(NATS_DIR / "cluster-node.conf"), "-t"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert check.returncode != 0
+    assert "GT_NATS_AGENT_PASSWORD" in check.stdout + check.stderr
 
 
 def test_the_embedded_servers_config_syncs_always_and_is_valid(tmp_path: Path) -> None:
@@ -34,22 +72,32 @@ def test_the_embedded_servers_config_syncs_always_and_is_valid(tmp_path: Path) -
     assert check.returncode == 0, check.stderr
 
 
-def test_docker_compose_file_is_valid_for_the_classic_parser() -> None:
-    compose = shutil.which("docker-compose")
-    assert compose, "docker-compose is needed (./dev installs it with apt-get)"
-    check = subprocess.run(
-        [compose, "-f", str(REPO_ROOT / "docker-compose.yml"), "config", "-q"],
+def compose(*args: str, env_file: Path | None = ENV_EXAMPLE) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("docker-compose")
+    assert binary, "docker-compose is needed (./dev installs it with apt-get)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GT_")}
+    options = ["--env-file", str(env_file)] if env_file is not None else []
+    return subprocess.run(
+        [binary, *options, "-f", str(REPO_ROOT / "docker-compose.yml"), *args],
         capture_output=True,
         text=True,
         check=False,
         cwd=REPO_ROOT,
+        env=env,
     )
+
+
+def test_docker_compose_file_is_valid_for_the_classic_parser() -> None:
+    check = compose("config", "-q")
     assert check.returncode == 0, check.stderr
-    services = subprocess.run(
-        [compose, "-f", str(REPO_ROOT / "docker-compose.yml"), "config", "--services"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO_ROOT,
-    ).stdout.split()
-    assert set(services) == {"nats", "mayor", "witness", "refinery", "deacon"}
+    services = compose("config", "--services")
+    assert services.returncode == 0, services.stderr
+    assert set(services.stdout.split()) == {"nats-1", "nats-2", "nats-3", "mayor", "witness", "refinery", "deacon"}
+
+
+def test_compose_refuses_to_run_without_the_passwords_and_says_which(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.env"
+    empty.write_text("")
+    check = compose("config", "-q", env_file=empty)
+    assert check.returncode != 0
+    assert "set GT_NATS_" in check.stderr

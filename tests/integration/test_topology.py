@@ -36,6 +36,7 @@ EVERYTHING = {
     "GT_CMD/deacon-cmd",
     "KV GT_HEARTBEATS",
     "KV GT_SERVICES",
+    "KV GT_ACTIVE",
     "KV GT_LEASES",
 }
 

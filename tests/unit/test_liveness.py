@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from services.deacon.liveness import LivenessState, Policy, fold, plan
+from services.deacon.liveness import LivenessState, Policy, family_down, fold, plan
 from shared.events import Event, ServiceDown, ServiceStopped, ServiceUp, encode_event
 from shared.heartbeats import ServiceHeartbeat, decode, encode
 from shared.projection import Projection
@@ -20,7 +20,9 @@ class Watch:
         self.now = T0
         self.beats: dict[str, ServiceHeartbeat] = {}
 
-    def beat(self, service: str, instance: str = "1-a", *, ago: float = 0.0, stopping: bool = False) -> None:
+    def beat(
+        self, service: str, instance: str = "1-a", *, ago: float = 0.0, stopping: bool = False, standby: bool = False
+    ) -> None:
         self.beats[f"{service}.{instance}"] = ServiceHeartbeat(
             service=service,
             instance=instance,
@@ -29,6 +31,7 @@ class Watch:
             started_at=T0,
             ts=self.now - timedelta(seconds=ago),
             stopping=stopping,
+            standby=standby,
         )
 
     def step(self) -> list[Event]:
@@ -93,6 +96,64 @@ def test_a_standby_beating_beside_the_active_one_changes_nothing_until_the_activ
     (up,) = w.step()
     assert isinstance(up, ServiceUp)
     assert up.instance == "2-b", "the standby took over"
+
+
+def witness_events(w: Watch) -> list[Event]:
+    return [e for e in w.step() if isinstance(e, ServiceUp | ServiceDown | ServiceStopped) and e.service == "witness"]
+
+
+def test_a_standby_alone_is_no_service_and_never_makes_the_recorded_one_flap() -> None:
+    w = Watch()
+    w.beat("witness", "1-a")
+    (up,) = witness_events(w)
+    assert isinstance(up, ServiceUp)
+    for _ in range(3):  # a standby beating beside the active one: nothing, again and again
+        w.tick(1)
+        w.beat("witness", "1-a")
+        w.beat("witness", "2-b", standby=True)
+        assert witness_events(w) == []
+    w.tick(4)  # the active one died; its standby keeps beating as a standby (it has not taken over yet)
+    w.beat("witness", "2-b", standby=True)
+    (down,) = witness_events(w)
+    assert isinstance(down, ServiceDown)
+    assert (down.instance, down.reason) == ("1-a", "no heartbeat for 4.0 s")
+    for _ in range(3):
+        w.tick(1)
+        w.beat("witness", "2-b", standby=True)
+        assert witness_events(w) == [], "a standby alone does not make the service up"
+    w.beat("witness", "2-b")  # it took over: now it beats as the active one
+    (up,) = witness_events(w)
+    assert isinstance(up, ServiceUp)
+    assert up.instance == "2-b"
+    w.tick(1)
+    w.beat("witness", "2-b")
+    w.beat("witness", "1-a", standby=True)  # the old one is back, as a standby
+    assert witness_events(w) == []
+
+
+def test_a_watched_service_with_only_a_standby_is_down_after_the_grace() -> None:
+    w = Watch()
+    w.beat("mayor", "1-a", standby=True)
+    w.beat("witness", "2-b")
+    assert [e.service for e in w.step() if isinstance(e, ServiceUp)] == ["witness"]
+    w.tick(11)
+    w.beat("mayor", "1-a", standby=True)
+    w.beat("witness", "2-b")
+    (down,) = w.step()
+    assert isinstance(down, ServiceDown)
+    assert down.service == "mayor"
+
+
+def test_witness_scopes_are_down_as_a_family() -> None:
+    w = Watch()
+    w.beat("witness-east", "1-a")
+    w.beat("witness-west", "2-b")
+    w.step()
+    w.tick(4)
+    w.beat("witness-east", "1-a")
+    w.step()
+    assert family_down(w.projection.state, "witness") == ["witness-west"]
+    assert family_down(w.projection.state, "refinery") == []
 
 
 def test_a_service_that_never_reported_is_down_after_the_grace_and_escalated_once() -> None:

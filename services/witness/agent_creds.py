@@ -1,0 +1,28 @@
+"""Which NATS credentials a polecat session gets.
+
+With ``GT_AGENT_NATS_USER`` / ``GT_AGENT_NATS_PASSWORD`` / ``GT_AGENT_NATS_CREDS`` set on the witness, the
+session gets those as ``NATS_USER`` / ``NATS_PASSWORD`` / ``NATS_CREDS`` and never the witness's own: an agent
+runs arbitrary code, so on a secured server it holds the least-privileged ``agent`` user. Without them the
+session gets the witness's own (a laptop without auth needs none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+CREDENTIAL_VARS = ("NATS_USER", "NATS_PASSWORD", "NATS_CREDS")
+AGENT_PREFIX = "GT_AGENT_"
+AGENT_CREDENTIAL_VARS = tuple(AGENT_PREFIX + key for key in CREDENTIAL_VARS)
+
+
+def agent_nats_credentials(environ: Mapping[str, str]) -> dict[str, str]:
+    """The session's NATS_* credentials, from the witness's environment ``environ``."""
+    own = {key: environ[AGENT_PREFIX + key] for key in CREDENTIAL_VARS if environ.get(AGENT_PREFIX + key)}
+    if own:
+        return own
+    return {key: environ[key] for key in CREDENTIAL_VARS if environ.get(key)}
+
+
+def is_credential(key: str) -> bool:
+    """A variable only ``agent_nats_credentials`` decides about (never passed on by name)."""
+    return key in CREDENTIAL_VARS or key in AGENT_CREDENTIAL_VARS

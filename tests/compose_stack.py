@@ -1,0 +1,337 @@
+"""The docker-compose stack, run for a test: with Docker through testcontainers when an engine answers, else
+the same topology as local processes.
+
+The local run takes everything from ``docker-compose config`` (the classic parser resolves anchors, merges
+and ``${VAR}`` interpolation from an env file exactly as compose does): the three NATS nodes run
+``nats-server`` with the compose command, the compose environment and the shipped ops/nats configs; the
+four services run their compose commands with the compose environment and the real credentials. Only
+what a container provides differently is mapped: host names and container ports become loopback ports,
+container paths (bind mounts, named volumes) become host directories.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from shared.embedded import find_server_binary, free_port
+from tests.helpers import wait_until
+from tests.service_process import ManagedProcess
+
+USERS = ("route", "mayor", "witness", "refinery", "deacon", "operator", "agent", "plugin")
+CLIENT_PORT, ROUTE_PORT, HTTP_PORT = 4222, 6222, 8222
+
+
+def write_env_file(path: Path, passwords: dict[str, str]) -> Path:
+    """The stack's ``.env``: one password per user (as ops/gastown.env.example lists them)."""
+    path.write_text("".join(f"GT_NATS_{user.upper()}_PASSWORD={pw}\n" for user, pw in passwords.items()))
+    return path
+
+
+def compose_config(repo: Path, env_file: Path) -> dict[str, Any]:
+    """docker-compose.yml as compose itself resolves it (classic ``docker-compose config``)."""
+    compose = shutil.which("docker-compose")
+    assert compose, "docker-compose is needed (./dev installs it with apt-get)"
+    out = subprocess.run(
+        [compose, "--env-file", str(env_file), "-f", str(repo / "docker-compose.yml"), "config"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=repo,
+    ).stdout
+    model = yaml.safe_load(out)
+    assert isinstance(model, dict)
+    return model
+
+
+def nats_nodes(model: dict[str, Any]) -> list[str]:
+    return sorted(name for name, svc in model["services"].items() if str(svc.get("image", "")).startswith("nats"))
+
+
+def town_services(model: dict[str, Any]) -> list[str]:
+    nodes = set(nats_nodes(model))
+    return [name for name in model["services"] if name not in nodes]
+
+
+def docker_reachable() -> bool:
+    if not (os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists()):
+        return False
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        client = docker.from_env(timeout=3)
+    except Exception:  # no engine, no socket, no permission: all mean "run it locally"
+        return False
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+    finally:
+        client.close()
+
+
+class Stack(Protocol):
+    """What a test needs from the running stack, whichever way it runs."""
+
+    passwords: dict[str, str]
+
+    def urls(self) -> list[str]: ...
+    def monitor_url(self, node: str) -> str: ...
+    def node_names(self) -> list[str]: ...
+    def kill_node(self, node: str) -> None: ...
+    def start_node(self, node: str) -> None: ...
+    def healthy(self, service: str) -> bool: ...
+    def make_origin(self) -> str: ...
+    def origin_files(self, origin: str, branch: str) -> list[str]: ...
+    def log_tail(self, name: str, lines: int = 40) -> str: ...
+    def stop(self) -> None: ...
+
+
+class LocalStack:
+    """The compose topology as local processes on loopback."""
+
+    def __init__(self, repo: Path, root: Path, host_env: dict[str, str], passwords: dict[str, str]) -> None:
+        self.repo = repo
+        self.root = root
+        self.passwords = passwords
+        root.mkdir(parents=True, exist_ok=True)
+        self.model = compose_config(repo, write_env_file(root / "compose.env", passwords))
+        self.nodes = nats_nodes(self.model)
+        self.ports = {n: {p: free_port("127.0.0.1") for p in (CLIENT_PORT, ROUTE_PORT, HTTP_PORT)} for n in self.nodes}
+        self.tmux_socket = f"gt-topology-{uuid.uuid4().hex[:8]}"
+        # What a container would have of its own: a PATH with the project's tools, a HOME, a locale.
+        base = {k: v for k, v in host_env.items() if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")}
+        base["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"
+        self.base_env = base
+        self.procs: dict[str, ManagedProcess] = {}
+
+    # ---- mapping container things to local ones --------------------------------------------------
+
+    def _volume_dirs(self, service: str) -> list[tuple[str, Path]]:
+        out: list[tuple[str, Path]] = []
+        for volume in self.model["services"][service].get("volumes", []):
+            if isinstance(volume, str):
+                source, target = volume.split(":")[:2]
+            else:
+                source, target = str(volume.get("source", "")), str(volume["target"])
+            host = Path(source) if source.startswith("/") else self.root / "volumes" / source
+            host.mkdir(parents=True, exist_ok=True)
+            out.append((target, host))
+        return sorted(out, key=lambda pair: -len(pair[0]))
+
+    def _local(self, service: str, value: str) -> str:
+        for node in self.nodes:
+            for port, local in self.ports[node].items():
+                value = value.replace(f"{node}:{port}", f"127.0.0.1:{local}")
+        if service in self.ports:
+            for port, local in self.ports[service].items():
+                value = value.replace(f"0.0.0.0:{port}", f"127.0.0.1:{local}")
+        for target, host in self._volume_dirs(service):
+            if value == target or value.startswith(target + "/"):
+                return str(host) + value[len(target) :]
+        return value
+
+    def _env(self, service: str) -> dict[str, str]:
+        env = dict(self.base_env)
+        for key, value in (self.model["services"][service].get("environment") or {}).items():
+            env[key] = self._local(service, "" if value is None else str(value))
+        return env
+
+    def _argv(self, service: str) -> list[str]:
+        command = [self._local(service, str(part)) for part in self.model["services"][service]["command"]]
+        if service in self.nodes:
+            return [find_server_binary(), *command]
+        return [str(Path(sys.executable).parent / command[0]), *command[1:]]
+
+    # ---- running it ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for node in self.nodes:
+            self.procs[node] = ManagedProcess(self._argv(node), self._env(node), self.root / f"{node}.log")
+            self.procs[node].start()
+        for node in self.nodes:
+            wait_until(lambda node=node: self._node_healthy(node), timeout=60, message=f"{node} is not healthy")  # type: ignore[misc]
+        for service in town_services(self.model):
+            env = self._env(service)
+            env["GT_TMUX_SOCKET"] = self.tmux_socket  # one tmux server per test, removed with the stack
+            self.procs[service] = ManagedProcess(self._argv(service), env, self.root / f"{service}.log")
+            self.procs[service].start()
+        for service in town_services(self.model):
+            wait_until(lambda s=service: self.healthy(s), timeout=120, interval=0.5, message=f"{service} not healthy")  # type: ignore[misc]
+
+    def _node_healthy(self, node: str) -> bool:
+        test = self.model["services"][node]["healthcheck"]["test"]
+        url = next(part for part in test if str(part).startswith("http"))
+        url = url.replace(f"127.0.0.1:{HTTP_PORT}", f"127.0.0.1:{self.ports[node][HTTP_PORT]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+
+    def healthy(self, service: str) -> bool:
+        """The service's compose health check, run with the service's own environment."""
+        test = [str(part) for part in self.model["services"][service]["healthcheck"]["test"]]
+        assert test[0] == "CMD", test
+        argv = [str(Path(sys.executable).parent / test[1]), *test[2:]]
+        check = subprocess.run(argv, env=self._env(service), capture_output=True, timeout=30, check=False)
+        return check.returncode == 0
+
+    def urls(self) -> list[str]:
+        return [f"nats://127.0.0.1:{self.ports[n][CLIENT_PORT]}" for n in self.nodes]
+
+    def monitor_url(self, node: str) -> str:
+        return f"http://127.0.0.1:{self.ports[node][HTTP_PORT]}"
+
+    def node_names(self) -> list[str]:
+        return list(self.nodes)
+
+    def kill_node(self, node: str) -> None:
+        self.procs[node].kill()
+
+    def start_node(self, node: str) -> None:
+        self.procs[node].start()
+
+    def make_origin(self) -> str:
+        from tests.witness_town import make_origin
+
+        return str(make_origin(self.root / "project"))
+
+    def origin_files(self, origin: str, branch: str) -> list[str]:
+        out = subprocess.run(
+            ["git", "--git-dir", origin, "ls-tree", "-r", "--name-only", branch],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return out.splitlines()
+
+    def stop(self) -> None:
+        for service in reversed(town_services(self.model)):
+            if service in self.procs:
+                self.procs[service].stop()
+        for node in self.nodes:
+            if node in self.procs:
+                self.procs[node].kill()
+        with contextlib.suppress(OSError):
+            subprocess.run(["tmux", "-L", self.tmux_socket, "kill-server"], capture_output=True, check=False)
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        path = self.root / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+class DockerStack:
+    """The compose stack itself, in Docker (testcontainers), when an engine is reachable."""
+
+    def __init__(self, repo: Path, root: Path, passwords: dict[str, str]) -> None:
+        from testcontainers.compose import DockerCompose
+
+        root.mkdir(parents=True, exist_ok=True)
+        self.passwords = passwords
+        self.compose = DockerCompose(
+            repo,
+            compose_file_name="docker-compose.yml",
+            env_file=str(write_env_file(root / "compose.env", passwords)),
+            build=True,
+        )
+        self.model = compose_config(repo, root / "compose.env")
+        self.nodes = nats_nodes(self.model)
+
+    def start(self) -> None:
+        self.compose.start()
+        for service in town_services(self.model):
+            wait_until(lambda s=service: self.healthy(s), timeout=180, interval=1, message=f"{service} not healthy")  # type: ignore[misc]
+
+    def _container(self, service: str) -> str:
+        return str(self.compose.get_container(service, include_all=True).ID)
+
+    def healthy(self, service: str) -> bool:
+        state = subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.Health.Status}}", self._container(service)],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        return state == "healthy"
+
+    def urls(self) -> list[str]:
+        out = []
+        for node in self.nodes:
+            host, port = self.compose.get_service_host_and_port(node, CLIENT_PORT)
+            out.append(f"nats://{host}:{port}")
+        return out
+
+    def monitor_url(self, node: str) -> str:
+        host, port = self.compose.get_service_host_and_port(node, HTTP_PORT)
+        return f"http://{host}:{port}"
+
+    def node_names(self) -> list[str]:
+        return list(self.nodes)
+
+    def kill_node(self, node: str) -> None:
+        subprocess.run(["docker", "kill", "--signal", "KILL", self._container(node)], check=True, capture_output=True)
+
+    def start_node(self, node: str) -> None:
+        subprocess.run(["docker", "start", self._container(node)], check=True, capture_output=True)
+
+    def make_origin(self) -> str:
+        # The services see the gt-home volume; the origin lives there, made by the witness's container.
+        origin = "/var/lib/gastown/project/origin.git"
+        script = (
+            f"set -e; mkdir -p /tmp/src && cd /tmp/src && git init -q -b main && echo project > README.md && "
+            f"git add . && git -c user.name=t -c user.email=t@t commit -qm init && "
+            f"git clone -q --bare /tmp/src {origin}"
+        )
+        self.compose.exec_in_container(["sh", "-c", script], "witness")
+        return origin
+
+    def origin_files(self, origin: str, branch: str) -> list[str]:
+        out, _err, _code = self.compose.exec_in_container(
+            ["git", "--git-dir", origin, "ls-tree", "-r", "--name-only", branch], "witness"
+        )
+        return str(out).splitlines()
+
+    def stop(self) -> None:
+        self.compose.stop()
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        out, err = self.compose.get_logs(name)
+        return "\n".join((out + err).splitlines()[-lines:])
+
+
+def node_stream_state(monitor_url: str, stream: str) -> dict[str, Any] | None:
+    """The stream's state as this node stores it (its own replica), from its /jsz monitoring endpoint."""
+    try:
+        with urllib.request.urlopen(f"{monitor_url}/jsz?streams=true", timeout=3) as answer:
+            jsz = json.loads(answer.read())
+    except OSError:
+        return None
+    for account in jsz.get("account_details") or []:
+        for detail in account.get("stream_detail") or []:
+            if detail.get("name") == stream:
+                state = detail.get("state")
+                return state if isinstance(state, dict) else None
+    return None
+
+
+@contextlib.contextmanager
+def running_stack(repo: Path, root: Path, host_env: dict[str, str], passwords: dict[str, str]) -> Iterator[Stack]:
+    stack: LocalStack | DockerStack
+    stack = DockerStack(repo, root, passwords) if docker_reachable() else LocalStack(repo, root, host_env, passwords)
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()

@@ -1,0 +1,242 @@
+"""The docker-compose stack (three clustered NATS nodes, the four services with their own users) survives the
+kill -9 of a NATS node mid-workload: every bead finishes once, nothing is lost or duplicated, and the node
+rejoins and catches up. Runs in Docker through testcontainers when an engine answers, else as local
+processes from the same compose file and configs (tests/compose_stack.py)."""
+
+from __future__ import annotations
+
+import functools
+import secrets
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from shared.events import decode_envelope
+from tests.compose_stack import (
+    USERS,
+    Stack,
+    compose_config,
+    nats_nodes,
+    node_stream_state,
+    running_stack,
+    town_services,
+    write_env_file,
+)
+from tests.conftest import REPO_ROOT
+from tests.helpers import assert_eventually
+from tests.log_tools import outcomes, read_all
+
+BEADS = 6
+
+
+@pytest.fixture
+def stack(tmp_path: Path, gt_env: dict[str, str]) -> Iterator[Stack]:
+    passwords = {user: secrets.token_hex(12) for user in USERS}
+    with running_stack(REPO_ROOT, tmp_path / "stack", gt_env, passwords) as running:
+        yield running
+
+
+class Operator:
+    """``gt`` as an operator runs it against the stack: the operator user, every node's URL."""
+
+    def __init__(self, stack: Stack, gt_env: dict[str, str], home: Path) -> None:
+        self.env = {
+            **gt_env,
+            "NATS_URL": ",".join(stack.urls()),
+            "NATS_USER": "operator",
+            "NATS_PASSWORD": stack.passwords["operator"],
+            "GT_HOME": str(home),
+        }
+
+    def __call__(self, *args: str) -> str:
+        run = subprocess.run(
+            [sys.executable, "-m", "shared.cli.main", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert run.returncode == 0, f"gt {' '.join(args)}: {run.stdout}{run.stderr}"
+        return run.stdout.strip()
+
+
+@pytest.fixture
+async def reader(stack: Stack) -> AsyncIterator[Client]:
+    """The operator's own NATS connection, for reading the log."""
+    nc = await nats.connect(
+        servers=stack.urls(),
+        user="operator",
+        password=stack.passwords["operator"],
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.2,
+    )
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
+async def log_of(nc: Client) -> list[tuple[int, str, dict[str, Any]]]:
+    out = []
+    for seq, subject, data in await read_all(nc, "GT_EVT"):
+        env = decode_envelope(data)
+        out.append((seq, env.type, {"subject": subject, **_json(env.data)}))
+    return out
+
+
+def _json(raw: bytes) -> dict[str, Any]:
+    import msgspec
+
+    decoded = msgspec.json.decode(raw)
+    return decoded if isinstance(decoded, dict) else {}
+
+
+def closed_beads(log: list[tuple[int, str, dict[str, Any]]]) -> Counter[str]:
+    return Counter(data["subject"].rsplit(".", 1)[-1] for _, kind, data in log if kind == "bead.closed")
+
+
+async def stream_leader(nc: Client, stream: str) -> str:
+    info = await nc.jetstream().stream_info(stream)
+    assert info.cluster is not None
+    assert info.cluster.leader
+    return str(info.cluster.leader)
+
+
+async def replicas_current(nc: Client, stream: str, nodes: list[str]) -> bool:
+    info = await nc.jetstream().stream_info(stream)
+    cluster = info.cluster
+    if cluster is None or not cluster.leader:
+        return False
+    peers = {str(cluster.leader): True}
+    for replica in cluster.replicas or []:
+        peers[str(replica.name)] = bool(replica.current) and not replica.offline and int(replica.lag or 0) == 0
+    return sorted(peers) == sorted(nodes) and all(peers.values())
+
+
+@pytest.mark.timeout(900)
+async def test_a_nats_node_killed_mid_workload_loses_and_duplicates_nothing_and_catches_up(
+    stack: Stack, reader: Client, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    gt = Operator(stack, gt_env, tmp_path / "operator")
+    nodes = stack.node_names()
+    assert len(nodes) == 3
+
+    # The streams were provisioned by the services with three replicas, one on each node.
+    for stream in ("GT_EVT", "GT_CMD"):
+        info = await reader.jetstream().stream_info(stream)
+        assert info.config.num_replicas == 3, stream
+        current: bool = await assert_eventually(functools.partial(replicas_current, reader, stream, nodes), timeout=60)
+        assert current
+
+    origin = stack.make_origin()
+    gt("rig", "add", "demo", origin, "--test", "git log -1 --oneline", "--max-polecats", "3")
+    beads = [gt("bead", "create", f"Topology bead {i}") for i in range(BEADS)]
+    for bead in beads:
+        gt("sling", bead, "demo")
+
+    # Mid-workload: some work merged, the rest under way. Kill the node leading the event log.
+    started: bool = await assert_eventually(lambda: _some_closed(reader), timeout=240, interval=0.5)
+    assert started
+    victim = await stream_leader(reader, "GT_EVT")
+    stack.kill_node(victim)
+    closed_now: Counter[str] = await assert_eventually(lambda: _closed(reader), timeout=60)
+    closed_at_kill = sum(closed_now.values())
+    assert closed_at_kill < BEADS, "the workload finished before the kill: nothing was tested"
+
+    async def all_closed() -> bool:
+        return set(await _closed(reader)) >= set(beads)
+
+    try:
+        finished: bool = await assert_eventually(all_closed, timeout=420, interval=1)
+        assert finished
+    except AssertionError:
+        tails = "\n".join(f"--- {name}\n{stack.log_tail(name)}" for name in ("mayor", "witness", "refinery"))
+        raise AssertionError(f"not every bead closed after {victim} was killed\n{tails}") from None
+    # A new leader was elected among the two that were left.
+    assert await stream_leader(reader, "GT_EVT") != victim
+
+    # The node comes back and catches up: its own copy of the log has everything the others have.
+    stack.start_node(victim)
+    for stream in ("GT_EVT", "GT_CMD"):
+        caught_up: bool = await assert_eventually(
+            functools.partial(replicas_current, reader, stream, nodes), timeout=120, interval=0.5
+        )
+        assert caught_up
+    last_seq = int((await reader.jetstream().stream_info("GT_EVT")).state.last_seq)
+
+    def victim_has_it_all() -> bool:
+        state = node_stream_state(stack.monitor_url(victim), "GT_EVT")
+        return state is not None and int(state.get("last_seq", 0)) >= last_seq
+
+    await assert_eventually(victim_has_it_all, timeout=60, interval=0.5)
+
+    # Nothing lost or duplicated, read from the log alone.
+    log = await log_of(reader)
+    closed = closed_beads(log)
+    assert {b: closed[b] for b in beads} == dict.fromkeys(beads, 1)
+    merged_beads: Counter[str] = Counter()
+    bead_of_mr = {d["mr_id"]: d["bead"] for _, kind, d in log if kind == "mr.submitted"}
+    for _, kind, data in log:
+        if kind == "mr.merged" and not data.get("already"):
+            merged_beads[bead_of_mr[data["mr_id"]]] += 1
+    assert {b: merged_beads[b] for b in beads} == dict.fromkeys(beads, 1)
+    assert all(len(found) == 1 for found in (await outcomes(reader)).values())
+    _assert_one_live_session_per_bead(log)
+    files = stack.origin_files(origin, "main")
+    for bead in beads:
+        assert any(f.startswith(f".gastown-work/{bead}/") for f in files), bead
+
+
+async def _closed(nc: Client) -> Counter[str]:
+    try:
+        return closed_beads(await log_of(nc))
+    except (nats.errors.Error, TimeoutError) as exc:
+        # While a node is down the client reconnects and a new stream leader is elected: ask again.
+        raise AssertionError(f"the log cannot be read right now: {exc!r}") from exc
+
+
+async def _some_closed(nc: Client) -> bool:
+    return bool(await _closed(nc))
+
+
+def _assert_one_live_session_per_bead(log: list[tuple[int, str, dict[str, Any]]]) -> None:
+    bead_of: dict[str, str] = {}
+    live: dict[str, set[str]] = defaultdict(set)
+    for seq, kind, data in log:
+        if kind == "session.requested":
+            bead_of[data["session_id"]] = data["bead"]
+        elif kind == "session.started":
+            bead = bead_of[data["session_id"]]
+            live[bead].add(data["session_id"])
+            assert len(live[bead]) == 1, f"bead {bead} had two live sessions at seq {seq}: {sorted(live[bead])}"
+        elif kind == "session.ended":
+            live[bead_of[data["session_id"]]].discard(data["session_id"])
+
+
+def test_the_stack_runs_each_service_with_its_own_user_and_three_replicas(tmp_path: Path) -> None:
+    env_file = write_env_file(tmp_path / "compose.env", {user: f"pw-{user}" for user in USERS})
+    model = compose_config(REPO_ROOT, env_file)
+    assert nats_nodes(model) == ["nats-1", "nats-2", "nats-3"]
+    assert sorted(town_services(model)) == ["deacon", "mayor", "refinery", "witness"]
+    volumes = {node: model["services"][node]["volumes"] for node in nats_nodes(model)}
+    data_volumes = {str(v).split(":")[0] if isinstance(v, str) else v["source"] for vs in volumes.values() for v in vs}
+    assert {"nats-1-data", "nats-2-data", "nats-3-data"} <= {Path(v).name for v in data_volumes}
+    for service in town_services(model):
+        env = model["services"][service]["environment"]
+        assert env["NATS_USER"] == service
+        assert env["NATS_PASSWORD"] == f"pw-{service}"
+        assert env["GT_REPLICAS"] == "3"
+        assert env["NATS_URL"].count("nats://") == 3
+        assert model["services"][service]["restart"] == "unless-stopped"
+        assert model["services"][service]["healthcheck"]["test"][1:3] == ["gt", "health"]
+    witness = model["services"]["witness"]["environment"]
+    assert witness["GT_AGENT_NATS_USER"] == "agent"
+    assert witness["GT_AGENT_NATS_PASSWORD"] == "pw-agent"

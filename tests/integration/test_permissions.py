@@ -1,0 +1,382 @@
+"""The shipped accounts (ops/nats/accounts.conf) on a real nats-server: each role does its work with its own
+user, and nothing more. A refusal is visible (an error naming the user and the subject, the CLI's exit code 4,
+the server's log) and changes nothing: the log, GT_CMD and the projections stay as they were."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import structlog
+from nats.aio.client import Client
+
+from services.deacon.service import DeaconService
+from services.mayor.service import MayorService
+from services.plugins.archive_files import read_archive
+from services.plugins.archiver import ArchiverOptions, ArchiverPlugin
+from services.plugins.metrics import collect_live
+from services.refinery.service import RefineryService
+from services.witness.service import WitnessService
+from services.witness.settings import WitnessSettings
+from shared.bus.connection import close_quietly, connect
+from shared.bus.permissions import guarded
+from shared.cli.client import query
+from shared.config import TownConfig
+from shared.embedded import EmbeddedServer
+from shared.errors import PermissionDeniedError
+from shared.events import BeadClosed, Envelope, Event
+from shared.plugins import Plugin, PluginSettings
+from shared.service import Service
+from tests.conftest import REPO_ROOT
+from tests.helpers import assert_eventually
+from tests.witness_town import FAST, TEST_COMMAND, PolecatTown, make_origin, tmux_socket
+
+ACCOUNTS = REPO_ROOT / "ops" / "nats" / "accounts.conf"
+USERS = ("mayor", "witness", "refinery", "deacon", "operator", "agent", "plugin")
+EXIT_DENIED = 4
+FAIL_FAST_S = 4.0
+"""A refusal is reported well before the 5 s a JetStream publish waits for its acknowledgement."""
+
+
+@pytest.fixture
+def passwords() -> dict[str, str]:
+    # nats-server reads an environment variable like a value of its config: letters and digits, starting with
+    # a letter, always read as the same string (docs/deployment.md).
+    return {user: f"p{secrets.token_hex(16)}" for user in USERS}
+
+
+@pytest.fixture
+def secured(tmp_path: Path, passwords: dict[str, str]) -> Iterator[EmbeddedServer]:
+    """A nats-server with the shipped accounts.conf, included as it is; the passwords in its environment."""
+    env = {**os.environ, **{f"GT_NATS_{user.upper()}_PASSWORD": pw for user, pw in passwords.items()}}
+    server = EmbeddedServer(tmp_path / "nats", include=ACCOUNTS, env=env)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+class SecuredTown:
+    """The server, the passwords, and helpers to act as each user."""
+
+    def __init__(self, server: EmbeddedServer, passwords: dict[str, str], home: Path, gt_env: dict[str, str]) -> None:
+        self.server = server
+        self.passwords = passwords
+        self.home = home
+        self._gt_env = gt_env
+
+    def config(self, user: str) -> TownConfig:
+        return TownConfig(
+            nats_url=self.server.url, gt_home=self.home, nats_user=user, nats_password=self.passwords[user]
+        )
+
+    def cli_env(self, user: str) -> dict[str, str]:
+        env = {**self._gt_env, "NATS_URL": self.server.url, "GT_HOME": str(self.home), "NATS_USER": user}
+        env["NATS_PASSWORD"] = self.passwords[user]
+        env.pop("NATS_CREDS", None)
+        return env
+
+    async def gt(self, user: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """The real `gt` CLI as ``user``, without blocking the services on this event loop."""
+        command = [sys.executable, "-m", "shared.cli.main", *args]
+        env = self.cli_env(user)
+        return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
+
+    async def connect(self, user: str) -> Client:
+        return await connect(self.config(user), name=f"test-{user}")
+
+    def violations(self) -> list[str]:
+        """The refusals the server logged (one line each, naming the user and the subject)."""
+        return [line for line in self.server.log_file.read_text().splitlines() if "Violation" in line]
+
+
+@pytest.fixture
+def st(secured: EmbeddedServer, passwords: dict[str, str], tmp_path: Path, gt_env: dict[str, str]) -> SecuredTown:
+    return SecuredTown(secured, passwords, tmp_path / "home", gt_env)
+
+
+@contextlib.asynccontextmanager
+async def services_as_themselves(st: SecuredTown, root: Path, *names: str) -> AsyncIterator[PolecatTown]:
+    """The named services in this process, each connected as its own user; helpers read as the operator."""
+    nc = await st.connect("operator")
+    handle = PolecatTown(st.config("operator"), nc, make_origin(root), tmux_socket())
+    try:
+        for name in names:
+            service = build_service(name, st.config(name), handle.socket)
+            setattr(handle, name, service)
+            await handle.start(name, service)
+        yield handle
+    finally:
+        await handle.stop_all()
+        handle.tmux.kill_server()
+        await close_quietly(nc)
+
+
+def build_service(name: str, config: TownConfig, socket: str) -> Service[Any]:
+    if name == "mayor":
+        return MayorService(config, FAST)
+    if name == "witness":
+        return WitnessService(config, FAST, witness=WitnessSettings(kill_grace_s=1.0, tmux_socket=socket))
+    if name == "refinery":
+        return RefineryService(config, FAST)
+    assert name == "deacon"
+    return DeaconService(config, FAST)
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    """What a refused attempt must leave as it was."""
+
+    evt_last_seq: int
+    cmd_last_seq: int
+    cmd_messages: int
+    cmd_consumers: tuple[str, ...]
+    digests: tuple[tuple[str, str], ...]
+
+
+async def snapshot(nc: Client, *services: str) -> Snapshot:
+    js = nc.jetstream()
+    evt = await js.stream_info("GT_EVT")
+    cmd = await js.stream_info("GT_CMD")
+    consumers = tuple(sorted(str(c.name) for c in await js.consumers_info("GT_CMD")))
+    digests = []
+    for service in services:
+        found = await query(nc, service, "digest", {"min_seq": int(evt.state.last_seq)})
+        digests.append((service, str(found["sha256"])))
+    return Snapshot(
+        evt_last_seq=int(evt.state.last_seq),
+        cmd_last_seq=int(cmd.state.last_seq),
+        cmd_messages=int(cmd.state.messages),
+        cmd_consumers=consumers,
+        digests=tuple(digests),
+    )
+
+
+async def refused(nc: Client, op: Awaitable[Any], subject: str) -> PermissionDeniedError:
+    """Run ``op`` as the project's code does (``guarded``); it must be refused at once, for ``subject``."""
+    started = time.monotonic()
+    with pytest.raises(PermissionDeniedError) as caught:
+        await guarded(nc, op)
+    assert time.monotonic() - started < FAIL_FAST_S, "a refusal is reported at once, not after a timeout"
+    assert caught.value.subject == subject
+    return caught.value
+
+
+def denied_by_cli(done: subprocess.CompletedProcess[str], user: str, subject: str) -> None:
+    assert done.returncode == EXIT_DENIED, (done.returncode, done.stdout, done.stderr)
+    assert f"NATS user {user} may not publish to {subject}" in done.stderr
+    assert "nothing was sent" in done.stderr
+    assert done.stdout == ""
+
+
+# ---- each role can do its work -----------------------------------------------------------------
+
+
+async def test_every_role_does_its_work_with_its_own_user(
+    st: SecuredTown, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The witness's own credentials are in its environment too (as under docker-compose): no agent gets them.
+    monkeypatch.setenv("NATS_USER", "witness")
+    monkeypatch.setenv("NATS_PASSWORD", st.passwords["witness"])
+    monkeypatch.setenv("GT_AGENT_NATS_USER", "agent")
+    monkeypatch.setenv("GT_AGENT_NATS_PASSWORD", st.passwords["agent"])
+    closings: list[str] = []
+
+    async def on_event(seq: int, env: Envelope, payload: Event | None) -> None:
+        if isinstance(payload, BeadClosed):
+            async with counter.once(env.id) as claim:  # marks in GT_PLUGINS, as the plugin user
+                if claim.first:
+                    closings.append(payload.bead_id)
+
+    counter = Plugin(st.config("plugin"), PluginSettings(name="closings", subjects=("gt.evt.bead.>",)), on_event)
+    archive = tmp_path / "archive"
+    archiver = ArchiverPlugin(st.config("plugin"), ArchiverOptions(directory=archive, fsync_interval_s=0.1))
+    async with services_as_themselves(st, tmp_path, "mayor", "witness", "refinery", "deacon") as town:
+        plugins = [asyncio.create_task(p.run()) for p in (counter, archiver)]
+        try:
+            await assert_eventually(lambda: counter.ready.is_set() and archiver.ready.is_set(), timeout=30)
+            agent = 'env > "$GT_WORKTREE/../$GT_SESSION.env"; gt-agent'
+            added = await st.gt(
+                "operator", "rig", "add", "demo", str(town.origin), "--test", TEST_COMMAND, "--agent", agent
+            )
+            assert added.returncode == 0, added.stderr
+            created = await st.gt("operator", "bead", "create", "Secure the town")
+            assert created.returncode == 0, created.stderr
+            bead = created.stdout.strip()
+            slung = await st.gt("operator", "sling", bead, "demo")
+            assert slung.returncode == 0, slung.stderr
+
+            await town.wait_merge_requested(bead)
+            sessions = await town.wait_settled(bead, timeout=90)
+            assert [s.end_reason for s in sessions] == ["done"], "the agent finished with the agent user"
+
+            def closed() -> bool:
+                assert town.mayor is not None
+                return town.mayor.projection.state.beads[bead].status == "closed"
+
+            await assert_eventually(closed, timeout=60, interval=0.1)  # the refinery merged it and closed it
+            shown = await st.gt("operator", "bead", "show", bead, "--json")
+            assert shown.returncode == 0, shown.stderr
+            assert json.loads(shown.stdout)["status"] == "closed"
+            await assert_eventually(lambda: closings == [bead], timeout=30)
+
+            nc = town.nc
+            last = int((await nc.jetstream().stream_info("GT_EVT")).state.last_seq)
+
+            def archived() -> bool:
+                return [e.seq for e in read_archive(archive)] == list(range(1, last + 1))
+
+            await assert_eventually(archived, timeout=30, message="the archiver holds every event of the log")
+
+            # The metrics exporter's live facts, as the plugin user: stream info, service status, consumers.
+            plugin_nc = await st.connect("plugin")
+            try:
+                live = await collect_live(
+                    plugin_nc, plugin_nc.jetstream(), "GT_EVT", ("mayor", "witness", "refinery", "deacon"),
+                    timeout=2.0, skip_plugin="metrics",
+                )  # fmt: skip
+            finally:
+                await close_quietly(plugin_nc)
+            assert live.stream_last_seq is not None
+            assert live.stream_last_seq >= last
+            assert all(live.services.values()), live.services
+            assert {"archiver", "closings"} <= set(live.plugins)
+        finally:
+            for plugin in (counter, archiver):
+                await plugin.shutdown()
+            await asyncio.wait_for(asyncio.gather(*plugins), 30)
+
+    seen = agent_environment(sessions[0].worktree, sessions[0].id)
+    assert (seen.get("NATS_USER"), seen.get("NATS_PASSWORD")) == ("agent", st.passwords["agent"])
+    assert st.passwords["witness"] not in seen.values(), "the witness's own password never reaches an agent"
+    assert not any(key.startswith("GT_AGENT_NATS_") for key in seen)
+    assert seen.get("GT_LEASE_TOKEN"), "the agent held its hook lease, renewed in GT_LEASES with its own user"
+    assert st.violations() == [], "every role had every permission its work needs"
+
+
+def agent_environment(worktree: str, session: str) -> dict[str, str]:
+    dumped = Path(worktree).parent / f"{session}.env"
+    return dict(line.split("=", 1) for line in dumped.read_text().splitlines() if "=" in line)
+
+
+# ---- and nothing more ---------------------------------------------------------------------------
+
+
+async def test_a_plugin_can_neither_append_events_nor_send_commands(st: SecuredTown, tmp_path: Path) -> None:
+    async with services_as_themselves(st, tmp_path, "mayor") as town:
+        created = await st.gt("operator", "bead", "create", "Already here")
+        assert created.returncode == 0, created.stderr
+        before = await snapshot(town.nc, "mayor")
+
+        nc = await st.connect("plugin")
+        js = nc.jetstream()
+        try:
+            with structlog.testing.capture_logs() as logs:
+                evt = await refused(nc, js.publish("gt.evt.x", b"{}", stream="GT_EVT", timeout=5), "gt.evt.x")
+                cmd_body = b'{"title": "from a plugin"}'
+                await refused(nc, js.publish("gt.cmd.bead.create", cmd_body, timeout=5), "gt.cmd.bead.create")
+                await refused(nc, nc.publish("gt.evt.bead.forged", b"{}"), "gt.evt.bead.forged")  # core, no ack
+        finally:
+            await close_quietly(nc)
+        assert (evt.user, evt.operation) == ("plugin", "publish")
+        assert "NATS user plugin may not publish to gt.evt.x" in str(evt)
+        logged = [(e["subject"], e["user"]) for e in logs if e["event"] == "nats_permission_denied"]
+        assert logged == [("gt.evt.x", "plugin"), ("gt.cmd.bead.create", "plugin"), ("gt.evt.bead.forged", "plugin")]
+
+        by_cli = await st.gt("plugin", "bead", "create", "from a plugin, through gt")
+        denied_by_cli(by_cli, "plugin", "gt.cmd.bead.create")
+        assert await snapshot(town.nc, "mayor") == before, "nothing was stored, nothing changed"
+
+    lines = st.violations()
+    for subject in ("gt.evt.x", "gt.cmd.bead.create", "gt.evt.bead.forged"):
+        assert any('"GT/user:plugin"' in line and f'Subject "{subject}"' in line for line in lines), lines
+
+
+async def test_an_agent_can_neither_add_rigs_nor_close_beads(st: SecuredTown, tmp_path: Path) -> None:
+    async with services_as_themselves(st, tmp_path, "mayor", "witness") as town:
+        created = await st.gt("operator", "bead", "create", "The operator's bead")
+        assert created.returncode == 0, created.stderr
+        bead = created.stdout.strip()
+        before = await snapshot(town.nc, "mayor", "witness")
+
+        rig_add = await st.gt("agent", "rig", "add", "evil", str(town.origin))
+        denied_by_cli(rig_add, "agent", "gt.cmd.rig.add")
+        close = await st.gt("agent", "bead", "close", bead, "--reason", "not mine to close")
+        denied_by_cli(close, "agent", "gt.cmd.bead.close")
+        sling = await st.gt("agent", "sling", bead, "evil")
+        denied_by_cli(sling, "agent", "gt.cmd.bead.sling")
+
+        assert await snapshot(town.nc, "mayor", "witness") == before, "nothing was stored, nothing changed"
+        shown = await st.gt("operator", "bead", "show", bead, "--json")
+        assert json.loads(shown.stdout)["status"] == "open"
+        rigs = await st.gt("operator", "rig", "list", "--json")
+        assert json.loads(rigs.stdout) == []
+
+        # The same user may send what agents send: the refusals above are about the subjects, not the user.
+        mail = await st.gt("agent", "mail", "send", "operator", "--body", "I may not close your bead")
+        assert mail.returncode == 0, mail.stderr
+        assert (await snapshot(town.nc, "mayor")).evt_last_seq > before.evt_last_seq
+
+    lines = st.violations()
+    for subject in ("gt.cmd.rig.add", "gt.cmd.bead.close", "gt.cmd.bead.sling"):
+        assert any('"GT/user:agent"' in line and f'Subject "{subject}"' in line for line in lines), lines
+
+
+async def test_the_operator_can_neither_forge_events_nor_delete_or_purge(st: SecuredTown, tmp_path: Path) -> None:
+    # No refinery: a merge request command waits in GT_CMD, so there is something a purge would lose.
+    async with services_as_themselves(st, tmp_path, "mayor", "witness") as town:
+        created = await st.gt("operator", "bead", "create", "A bead with a history")
+        assert created.returncode == 0, created.stderr
+        bead = created.stdout.strip()
+        waiting = await st.gt("operator", "mq", "retry", "mr-0123456789")
+        assert waiting.returncode == 0, waiting.stderr
+        assert "refinery is not running" in waiting.stdout
+        before = await snapshot(town.nc, "mayor", "witness")
+        assert before.cmd_messages >= 1
+
+        nc = await st.connect("operator")
+        js = nc.jetstream()
+        forged = {"id": "forged-1", "type": "bead.closed", "ts": "2026-01-01T00:00:00Z", "actor": "mayor"}
+        forged_data = json.dumps({**forged, "data": {"bead_id": bead, "reason": "forged"}}).encode()
+        subject = f"gt.evt.bead.{bead}"
+        try:
+            denied = await refused(nc, js.publish(subject, forged_data, stream="GT_EVT", timeout=5), subject)
+            await refused(nc, nc.request(subject, forged_data, timeout=5), subject)  # as the services append
+            await refused(nc, js.delete_stream("GT_EVT"), "$JS.API.STREAM.DELETE.GT_EVT")
+            await refused(nc, js.delete_stream("GT_CMD"), "$JS.API.STREAM.DELETE.GT_CMD")
+            await refused(nc, js.purge_stream("GT_CMD"), "$JS.API.STREAM.PURGE.GT_CMD")
+            await refused(nc, js.delete_msg("GT_CMD", before.cmd_last_seq), "$JS.API.STREAM.MSG.DELETE.GT_CMD")
+            await refused(
+                nc, js.delete_consumer("GT_CMD", "refinery-cmd"), "$JS.API.CONSUMER.DELETE.GT_CMD.refinery-cmd"
+            )
+        finally:
+            await close_quietly(nc)
+        assert (denied.user, denied.operation) == ("operator", "publish")
+
+        assert await snapshot(town.nc, "mayor", "witness") == before, "nothing was stored, deleted or purged"
+        history = await st.gt("operator", "bead", "history", bead, "--json")
+        assert history.returncode == 0, history.stderr
+        assert [e["type"] for e in json.loads(history.stdout)] == ["bead.created"]
+
+    lines = st.violations()
+    for refused_subject in (subject, "$JS.API.STREAM.DELETE.GT_EVT", "$JS.API.STREAM.PURGE.GT_CMD"):
+        assert any('"GT/user:operator"' in line and f'Subject "{refused_subject}"' in line for line in lines), lines
+
+
+async def test_a_wrong_password_is_refused_and_said_so(st: SecuredTown) -> None:
+    env_user = "operator"
+    st.passwords[env_user] = "not-the-password"
+    listed = await st.gt(env_user, "bead", "list")
+    assert listed.returncode == 3, listed.stderr
+    assert "the server refused the credentials of user operator" in listed.stderr

@@ -1,0 +1,33 @@
+"""Which NATS credentials a polecat session gets from the witness's environment."""
+
+from __future__ import annotations
+
+from services.witness.agent_creds import agent_nats_credentials, is_credential
+
+WITNESS_OWN = {"NATS_USER": "witness", "NATS_PASSWORD": "witness-secret", "NATS_CREDS": "/run/witness.creds"}
+
+
+def test_without_agent_credentials_a_session_gets_the_witnesss_as_before() -> None:
+    assert agent_nats_credentials({**WITNESS_OWN, "HOME": "/root"}) == WITNESS_OWN
+    assert agent_nats_credentials({"HOME": "/root"}) == {}
+
+
+def test_agent_credentials_replace_every_one_of_the_witnesss() -> None:
+    env = {**WITNESS_OWN, "GT_AGENT_NATS_USER": "agent", "GT_AGENT_NATS_PASSWORD": "agent-secret"}
+    # Not the witness's creds file either: a session holds the agent user only.
+    assert agent_nats_credentials(env) == {"NATS_USER": "agent", "NATS_PASSWORD": "agent-secret"}
+
+
+def test_an_agent_creds_file_alone_is_enough() -> None:
+    env = {**WITNESS_OWN, "GT_AGENT_NATS_CREDS": "/run/agent.creds"}
+    assert agent_nats_credentials(env) == {"NATS_CREDS": "/run/agent.creds"}
+
+
+def test_empty_agent_variables_count_as_unset() -> None:
+    assert agent_nats_credentials({**WITNESS_OWN, "GT_AGENT_NATS_USER": ""}) == WITNESS_OWN
+
+
+def test_credential_variables_are_never_passed_on_by_name() -> None:
+    assert all(is_credential(k) for k in ("NATS_PASSWORD", "GT_AGENT_NATS_PASSWORD", "GT_AGENT_NATS_CREDS"))
+    assert not is_credential("GT_AGENT_FAULT")
+    assert not is_credential("ANTHROPIC_API_KEY")
