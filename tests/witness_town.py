@@ -149,10 +149,11 @@ class PolecatTown:
         return result
 
     def _ref(self, branch: str) -> str:
-        """The branch, or main once the refinery merged it and deleted the branch."""
+        """The branch's commit, or main once the refinery merged it and deleted the branch. A commit, not the
+        branch's name: the refinery may delete the branch right after this looked (the commit stays)."""
         ref = f"refs/heads/{branch}"
-        exists = git.git("rev-parse", "--verify", "--quiet", ref, cwd=self.origin, check=False).strip()
-        return ref if exists else "refs/heads/main"
+        head = git.git("rev-parse", "--verify", "--quiet", ref, cwd=self.origin, check=False).strip()
+        return head or "refs/heads/main"
 
     def branch_files(self, branch: str, bead: str) -> list[str]:
         out = git.git("ls-tree", "--name-only", self._ref(branch), f".gastown-work/{bead}/", cwd=self.origin)
