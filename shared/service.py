@@ -141,11 +141,12 @@ class Service(Generic[S]):
         """starting (replaying), standby, active, or lost (it must stop acting)."""
         return self.activity.role if self.activity is not None else "starting"
 
-    def check_active(self) -> None:
-        """Raise ``ActivityLostError`` unless this instance may act now: called before anything is written."""
+    async def wait_active(self) -> None:
+        """Return once this instance may act (at once, unless it is paused because its activity key could not
+        be renewed); raise ``ActivityLostError`` when it may not act again. Awaited before anything is written."""
         if self.activity is None:
             raise ActivityLostError(self.identity, "not connected yet")
-        self.activity.check()
+        await self.activity.wait_active()
 
     # ---- hooks --------------------------------------------------------------------------------
 
@@ -167,7 +168,7 @@ class Service(Generic[S]):
         data = _ENCODER.encode({**body, "cmd_id": cmd_id, "actor": body.get("actor", self.name)})
         while True:
             raise_if_cancelling()
-            self.check_active()
+            await self.wait_active()
             try:
                 # A refusal by the server's permissions (a deployment error) is raised, not retried forever.
                 publish = js.publish(
@@ -193,7 +194,7 @@ class Service(Generic[S]):
         were stored."""
         assert self.committer is not None
         assert self.reader is not None
-        self.check_active()
+        await self.wait_active()
         now = self.clock()
         appends = [
             self.committer.append(
@@ -285,7 +286,7 @@ class Service(Generic[S]):
             ttl_s=self.settings.active_ttl,
             clock=self.clock,
         )
-        self.appender = Appender(nc, js, self.config.evt_stream, guard=self.check_active)
+        self.appender = Appender(nc, js, self.config.evt_stream, guard=self.wait_active)
         self.committer = GroupCommitter(self.appender)
         try:
             async with asyncio.TaskGroup() as tg:
@@ -455,7 +456,7 @@ class Service(Generic[S]):
     async def _reconcile_loop(self) -> None:
         while True:
             raise_if_cancelling()
-            self.check_active()
+            await self.wait_active()
             try:
                 await self.reconcile()
             except ActivityLostError:

@@ -181,7 +181,7 @@ class DeaconService(Service[DeaconState]):
     async def _watch_loop(self) -> None:
         while True:
             state = self.projection.state
-            self.check_active()  # it marks leases expired in KV: never once another deacon acts
+            await self.wait_active()  # it marks leases expired in KV: never once another deacon acts
             try:
                 await self.supervision.check_services(state.liveness)
                 await self.supervision.expire_leases(state.leases)

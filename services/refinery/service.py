@@ -272,6 +272,9 @@ class RefineryService(Service[RefineryState]):
         def check() -> str | None:
             if lost:
                 return lost[0]
+            if self.activity is None or not self.activity.may_act():
+                # Paused (its activity key not renewed in time) or lost: a standby may be taking over.
+                return "this refinery may not act now: its activity key is not renewed"
             assert self.nc is not None
             future = asyncio.run_coroutine_threadsafe(
                 fence_error(self.nc.jetstream(), self.config.evt_stream, fence), loop

@@ -162,7 +162,7 @@ class WitnessService(Service[WitnessState]):
             raise_if_cancelling()  # an action's NATS call may have swallowed the cancel meant for this worker
             _, _, action = await self._queue.get()
             try:
-                self.check_active()  # an action touches tmux and git before it writes: never once standing down
+                await self.wait_active()  # an action touches tmux and git before it writes: never once standing down
                 await self.executor.run(action)
             except ActivityLostError:
                 raise

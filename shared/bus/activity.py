@@ -1,9 +1,15 @@
 """Holding a service scope's activity key in the ``GT_ACTIVE`` KV bucket: the adapter around ``shared.activity``.
 
 ``acquire`` returns once this instance is the active one (until then it is a standby, polling the key);
-``hold`` renews it and raises ``ActivityLostError`` the moment the instance must stop acting; ``check`` is the
-guard every write calls first, so an instance that was frozen (SIGSTOP, a long GC pause, a suspended VM) and
-wakes up after its deadline writes nothing, whichever of its tasks runs first.
+``hold`` renews it and raises ``ActivityLostError`` once another instance holds it; ``wait_active`` is the
+guard every write awaits first.
+
+A holder that could not renew within its deadline is *paused*, not lost: the key may be unreachable for
+everyone (a NATS leader election after a node died takes seconds), and nobody can take it over without
+writing it. A paused holder writes nothing and keeps renewing with compare-and-set on its own last revision;
+when one lands, nobody wrote the key in between, so nobody else acted, and it resumes. When the key changed,
+another instance took over and the holder is lost for good. So an instance that was frozen (SIGSTOP, a long
+GC pause, a suspended VM) and wakes up after its deadline writes nothing until it knows it is still the one.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from shared.errors import ActivityLostError
 
 log = structlog.get_logger(__name__)
 
-STARTING, STANDBY, ACTIVE, LOST = "starting", "standby", "active", "lost"
+STARTING, STANDBY, ACTIVE, PAUSED, LOST = "starting", "standby", "active", "paused", "lost"
 _KV_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, TimeoutError)
 _RUNNING: set[str] = set()
 """Instances of this process whose service still runs: a holder in this very process that is not among them has
@@ -36,7 +42,8 @@ ended (tests run several instances in one process, one after the other or side b
 
 
 class ActivityKeeper:
-    """One instance's side of its scope's key. Roles: starting -> standby -> active -> lost (or stopped)."""
+    """One instance's side of its scope's key. Roles: starting -> standby -> active <-> paused -> lost (or
+    stopped). Paused is active past its deadline: it holds the key but may not act until it renewed it."""
 
     def __init__(
         self,
@@ -82,20 +89,25 @@ class ActivityKeeper:
     @property
     def role(self) -> str:
         if self._role == ACTIVE and self._monotonic() >= self._deadline:
-            return LOST  # frozen past its deadline: not active any more, whatever the renewal loop knows yet
+            return PAUSED  # past its deadline (a KV outage, or frozen): may not act until renewed
         return self._role
 
     @property
     def active_since(self) -> datetime | None:
         return self._since if self._role == ACTIVE else None
 
-    def check(self) -> None:
-        """Raise ``ActivityLostError`` unless this instance may act right now. Called before every write."""
-        if self._role == ACTIVE and self._monotonic() < self._deadline:
-            return
-        if self._role == ACTIVE:
-            raise self._lose(f"its last renewal is older than {self.timing.stop_after:.1f}s")
-        raise ActivityLostError(self.identity, self._why or f"this instance is {self._role}, not the active one")
+    def may_act(self) -> bool:
+        return self._role == ACTIVE and self._monotonic() < self._deadline
+
+    async def wait_active(self) -> None:
+        """Return once this instance may act; raise ``ActivityLostError`` when it may not act again (a standby,
+        or another instance holds the key). Awaited before every write: while paused it waits for the
+        renewal loop to renew or lose the key."""
+        while not self.may_act():
+            if self._role != ACTIVE:
+                why = self._why or f"this instance is {self._role}, not the active one"
+                raise ActivityLostError(self.identity, why)
+            await wait_event(self._lost, self.timing.retry_every)
 
     # ---- standby -------------------------------------------------------------------------------
 
@@ -143,11 +155,15 @@ class ActivityKeeper:
 
     async def _take(self, decision: Take, holder: Holder | None) -> bool:
         sent = self._monotonic()
+        since_before = self._since
+        self._since = since_before or self._clock()  # the tenure's start, as written into the key
         try:
             revision = await self._write(decision.revision)
         except nats.js.errors.KeyWrongLastSequenceError:
+            self._since = since_before
             return False  # someone else wrote it first: read again
         except _KV_ERRORS as exc:
+            self._since = since_before
             log.warning("activity_take_failed", identity=self.identity, error=repr(exc))
             await pause(self.timing.poll_every)
             return False
@@ -155,28 +171,37 @@ class ActivityKeeper:
         self._revision = revision
         self._deadline = activity.deadline(sent, self.timing)
         self._role = ACTIVE
-        self._since = self._since or self._clock()
         self.holder = None
         return True
 
     # ---- active --------------------------------------------------------------------------------
 
     async def hold(self) -> None:
-        """Renew the key until cancelled; raises ``ActivityLostError`` when the instance must stop acting."""
+        """Renew the key until cancelled; raises ``ActivityLostError`` once another instance holds it. Past
+        its deadline the instance is paused (``wait_active`` blocks every write) until a renewal lands."""
         next_at = self._monotonic() + self.timing.renew_every
+        paused_at: float | None = None
         while True:
             now = self._monotonic()
             if self._lost.is_set():
                 raise ActivityLostError(self.identity, self._why)
-            if now >= self._deadline:
-                raise self._lose(f"not renewed within {self.timing.stop_after:.1f}s of its last renewal")
+            if now >= self._deadline and paused_at is None:
+                paused_at = now
+                log.warning(
+                    "activity_paused",
+                    identity=self.identity,
+                    why=f"not renewed within {self.timing.stop_after:.1f}s of its last renewal",
+                )
             if now < next_at:
-                await wait_event(self._lost, min(next_at, self._deadline) - now)
+                wake_at = next_at if paused_at is not None else min(next_at, self._deadline)
+                await wait_event(self._lost, wake_at - now)
                 continue
             sent = self._monotonic()
             try:
                 # Never past the deadline: a renewal still hanging then cannot make the instance act longer.
-                async with asyncio.timeout(max(0.01, self._deadline - sent)):
+                # Once paused, a renewal may take its time: the instance does not act until it lands.
+                limit = self._deadline - sent if paused_at is None else self.timing.renew_every
+                async with asyncio.timeout(max(0.01, limit)):
                     revision = await self._renew()
             except _KV_ERRORS as exc:
                 log.warning("activity_renewal_failed", identity=self.identity, error=repr(exc))
@@ -188,6 +213,9 @@ class ActivityKeeper:
             self._revision = revision
             self._deadline = activity.deadline(sent, self.timing)
             next_at = sent + self.timing.renew_every
+            if paused_at is not None:
+                log.info("activity_resumed", identity=self.identity, paused_s=round(self._monotonic() - paused_at, 3))
+                paused_at = None
 
     async def _renew(self) -> int | None:
         """The new revision; None when the key held our own write already (a lost reply). Raises

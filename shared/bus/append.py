@@ -13,7 +13,7 @@ import asyncio
 import re
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 import nats.errors
@@ -118,11 +118,12 @@ class Appender:
         *,
         attempt_timeout: float = 5.0,
         deadline: float = 60.0,
-        guard: Callable[[], None] | None = None,
+        guard: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._nc = nc
         self._guard = guard
-        """Called right before every attempt; raises to refuse it (a service that is not the active one)."""
+        """Awaited right before every attempt: waits while the service is paused, raises to refuse the attempt
+        (a service that is not the active one)."""
         self._js = js
         self._stream = stream
         self._attempt_timeout = attempt_timeout
@@ -152,7 +153,7 @@ class Appender:
         while True:
             raise_if_cancelling()
             if self._guard is not None:
-                self._guard()
+                await self._guard()
             attempt += 1
             try:
                 last_seq = await self._attempt(events)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats
 import nats.js.errors
 import psutil
 import pytest
@@ -30,7 +31,9 @@ from services.mayor.service import MayorService
 from services.witness.state import WitnessState
 from shared import activity, heartbeats
 from shared.activity import Holder, Timing
+from shared.bus.connection import close_quietly
 from shared.config import TownConfig
+from shared.embedded import EmbeddedServer
 from shared.errors import ActivityLostError
 from shared.events import Envelope, decode_envelope
 from shared.service import ServiceSettings
@@ -491,3 +494,46 @@ async def test_an_active_mayor_whose_key_another_took_stops_at_once_and_the_next
         record_property("takeover_of_foreign_key_s", round(waited, 3))
         assert waited >= ttl - 0.5, "it must not take a key it cannot judge dead before the TTL"
         assert (await outcome_of(nc, cmd_id))["type"] == "cmd.accepted"
+
+
+async def test_an_active_mayor_paused_while_nats_was_frozen_resumes_when_its_key_is_still_its_own(
+    own_nats_server: EmbeddedServer, tmp_path: Path, record_property: Any
+) -> None:
+    """A key nobody can reach (a NATS leader election after a node died takes 4 to 9 s) pauses the holder; it
+    must not stop the service: nobody can take the key over without writing it, so a renewal that lands on
+    the holder's own revision proves nobody acted meanwhile."""
+    ttl = 2.0
+    town = TownConfig(nats_url=own_nats_server.url, gt_home=tmp_path / "home")
+    server = own_nats_server.proc
+    assert server is not None
+    async with running_mayor(town, ttl) as (mayor, task), connected(town) as client:
+        await assert_eventually(mayor.ready.is_set, timeout=30)
+        assert (await create_bead(client, "before the freeze"))["type"] == "cmd.accepted"
+        holder = await holder_of(client, "mayor")
+        assert holder is not None
+
+        server.send_signal(signal.SIGSTOP)
+        try:
+            await assert_eventually(lambda: mayor.role == "paused", timeout=ttl * 3, interval=0.05)
+            # The outage outlasts the whole TTL: a standby could have taken over, had the key been writable.
+            await asyncio.sleep(ttl * 1.5)
+            assert mayor.role == "paused"
+            assert not task.done()
+        finally:
+            server.send_signal(signal.SIGCONT)
+
+        await assert_eventually(lambda: mayor.role == "active", timeout=ttl * 5, interval=0.05)
+        assert not task.done(), "the paused mayor stopped instead of resuming"
+        assert (await create_bead(client, "after the freeze"))["type"] == "cmd.accepted"
+        after = await holder_of(client, "mayor")
+        assert after is not None
+        assert (after.instance, after.since) == (holder.instance, holder.since), "it is the same tenure"
+
+
+@contextlib.asynccontextmanager
+async def connected(town: TownConfig) -> AsyncIterator[Client]:
+    client = await nats.connect(town.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    try:
+        yield client
+    finally:
+        await close_quietly(client)
