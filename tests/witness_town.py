@@ -161,14 +161,23 @@ class PolecatTown:
 
     def push_branch(self, branch: str, files: dict[str, str], *, base: str = "main") -> str:
         """Commit ``files`` on a new branch off ``base`` of origin and push it, as a polecat would; its head."""
+        return self.push_commits(branch, [dict[str, str | None](files)], base=base)
+
+    def push_commits(self, branch: str, commits: list[dict[str, str | None]], *, base: str = "main") -> str:
+        """One commit per dict of ``commits`` (a file's text, None to delete it) on a new branch off ``base``,
+        pushed to origin; its head."""
         clone = self.origin.parent / f"scratch-{uuid.uuid4().hex[:8]}"
         git.git("clone", "--quiet", "--branch", base, str(self.origin), str(clone))
         try:
             git.git("checkout", "--quiet", "-b", branch, cwd=clone)
-            for name, text in files.items():
-                (clone / name).write_text(text)
-            git.git("add", ".", cwd=clone)
-            git.git(*IDENTITY, "commit", "--quiet", "-m", f"{branch}: {', '.join(files)}", cwd=clone)
+            for files in commits:
+                for name, text in files.items():
+                    if text is None:
+                        git.git("rm", "--quiet", name, cwd=clone)
+                    else:
+                        (clone / name).write_text(text)
+                git.git("add", "-A", ".", cwd=clone)
+                git.git(*IDENTITY, "commit", "--quiet", "-m", f"{branch}: {', '.join(files)}", cwd=clone)
             git.git("push", "--quiet", "origin", f"HEAD:refs/heads/{branch}", cwd=clone)
             return git.git("rev-parse", "HEAD", cwd=clone).strip()
         finally:

@@ -296,9 +296,14 @@ def _stack(
 
 
 def _rebase(work: Path, head: str, onto: str) -> tuple[str | None, list[str]]:
-    """``head``'s own commits replayed onto ``onto``: (the new tip, []) or (None, conflicting files)."""
+    """``head``'s own commits replayed onto ``onto``: (the new tip, []) or (None, conflicting files).
+
+    Every commit is replayed, also one whose patch equals a commit on ``onto`` (git drops those by default):
+    a fix commit equal to another branch's fix (say, removing the same file) must not be dropped while the
+    commit it fixes is kept. A commit whose change ``onto`` holds already comes out empty and is dropped then,
+    so a branch merged before (a crash after the push) still rebases to ``onto`` itself."""
     _checkout(work, head)
-    git.git("rebase", "--quiet", onto, cwd=work, check=False, timeout=300)
+    git.git("rebase", "--quiet", "--reapply-cherry-picks", "--empty=drop", onto, cwd=work, check=False, timeout=300)
     if _rebase_in_progress(work):
         files = git.git("diff", "--name-only", "--diff-filter=U", cwd=work, check=False).split()
         git.git("rebase", "--abort", cwd=work, check=False)

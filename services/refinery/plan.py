@@ -42,13 +42,16 @@ def score(state: RefineryState, mr: MergeRequest, now: datetime, policy: Policy)
     return 1000 + 100 * (4 - mr.priority) + 10 * convoy_hours - min(50 * retries, 300) + hours
 
 
-def claimable(mr: MergeRequest, now: datetime, state: RefineryState | None = None) -> bool:
+def claimable(mr: MergeRequest, now: datetime, state: RefineryState | None = None, me: str | None = None) -> bool:
     """Queued, or claimed by a refinery whose claim ran out or that no longer holds the rig's merge lease (it
-    crashed or hangs, and the deacon expired its lease)."""
+    crashed or hangs, and the deacon expired its lease), or claimed by another refinery than ``me``, the one
+    asking: only the active refinery acts, so another claimant is a former instance that stopped acting."""
     if mr.status == "queued":
         return True
     if mr.status != "claimed":
         return False
+    if me is not None and mr.holder != me:
+        return True
     if mr.lease_until is not None and mr.lease_until <= now:
         return True
     lease = state.merge_leases.get(merge_lease_name(mr.rig)) if state is not None else None
@@ -56,13 +59,14 @@ def claimable(mr: MergeRequest, now: datetime, state: RefineryState | None = Non
 
 
 def ready_per_rig(
-    state: RefineryState, now: datetime, policy: Policy, busy: frozenset[str]
+    state: RefineryState, now: datetime, policy: Policy, busy: frozenset[str], me: str | None = None
 ) -> dict[str, list[MergeRequest]]:
-    """Each idle rig's claimable merge requests, best first (rigs in ``busy`` are being worked here)."""
-    held = {mr.rig for mr in state.mrs.values() if mr.status == "claimed" and not claimable(mr, now, state)}
+    """Each idle rig's claimable merge requests, best first (rigs in ``busy`` are being worked here; ``me``:
+    the refinery asking, see ``claimable``)."""
+    held = {mr.rig for mr in state.mrs.values() if mr.status == "claimed" and not claimable(mr, now, state, me)}
     ready: dict[str, list[MergeRequest]] = {}
     for mr in state.mrs.values():
-        if mr.rig in busy or mr.rig in held or mr.rig not in state.rigs or not claimable(mr, now, state):
+        if mr.rig in busy or mr.rig in held or mr.rig not in state.rigs or not claimable(mr, now, state, me):
             continue
         bead = state.beads.get(mr.bead)
         if bead is not None and bead.status == "closed":
@@ -73,9 +77,11 @@ def ready_per_rig(
     return ready
 
 
-def next_per_rig(state: RefineryState, now: datetime, policy: Policy, busy: frozenset[str]) -> list[MergeRequest]:
+def next_per_rig(
+    state: RefineryState, now: datetime, policy: Policy, busy: frozenset[str], me: str | None = None
+) -> list[MergeRequest]:
     """The merge request each idle rig should process now (serial mode)."""
-    return [mrs[0] for _, mrs in sorted(ready_per_rig(state, now, policy, busy).items())]
+    return [mrs[0] for _, mrs in sorted(ready_per_rig(state, now, policy, busy, me).items())]
 
 
 class Batches(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,12 +91,14 @@ class Batches(msgspec.Struct, frozen=True, kw_only=True):
     """When a rig held back to fill its batch must be looked at again."""
 
 
-def next_batches(state: RefineryState, now: datetime, policy: Policy, busy: frozenset[str]) -> Batches:
+def next_batches(
+    state: RefineryState, now: datetime, policy: Policy, busy: frozenset[str], me: str | None = None
+) -> Batches:
     """Up to ``policy.batch`` merge requests per idle rig and target. A rig with fewer ready than that waits
     until its oldest ready one has waited ``policy.batch_wait_s``, so a burst of submissions lands together."""
     out: list[list[MergeRequest]] = []
     wake_at: datetime | None = None
-    for _, mrs in sorted(ready_per_rig(state, now, policy, busy).items()):
+    for _, mrs in sorted(ready_per_rig(state, now, policy, busy, me).items()):
         # One push lands a batch, so a batch has one target: the best merge request's.
         same_target = [mr for mr in mrs if mr.target == mrs[0].target][: policy.batch]
         if len(same_target) < policy.batch and policy.batch_wait_s > 0:

@@ -167,7 +167,7 @@ class RefineryService(Service[RefineryState]):
                 self._closing.add(mr.id)
                 await self._close_bead(mr)
         now = self.clock()
-        planned = plan.next_batches(state, now, self.policy, frozenset(self._busy))
+        planned = plan.next_batches(state, now, self.policy, frozenset(self._busy), self.holder)
         if planned.wake_at is not None:
             self._wake_at(planned.wake_at, now)
         for batch in planned.batches:
@@ -213,8 +213,12 @@ class RefineryService(Service[RefineryState]):
         return await self.nc.jetstream().key_value(self.config.lease_bucket)
 
     async def _take_merge_lease(self, rig: str, now: datetime) -> int | None:
-        """The rig's merge lease for this refinery (its token), taken over from a holder that let it lapse;
-        None while another refinery holds it."""
+        """The rig's merge lease for this refinery (its token), taken over from any other holder; None when
+        that failed (the lease moved meanwhile: the next reconcile looks again).
+
+        Another holder is a former instance of this refinery: only the instance holding the activity key acts,
+        and this one got the key only once the other had stopped acting (died, released it, or lost it). So its
+        lease is taken over at once, not after its TTL, and the new token fences out whatever it left running."""
         name = merge_lease_name(rig)
         lease = self.projection.state.merge_leases.get(name)
         if lease is not None and lease.status == "held":
@@ -222,13 +226,14 @@ class RefineryService(Service[RefineryState]):
                 return lease.token
             kv = await self._lease_kv()
             renewal, revision = await lease_kv.read(kv, name)
-            if not lease_rules.due_to_expire(lease, renewal, now):
-                return None
-            # Marked first, so the lapsed holder's renewals fail from now on (its pushes are checked too).
+            # Marked first, so the former holder's renewals fail from now on (its pushes are checked too).
             last = lease_rules.last_renewed(lease, renewal)
             if not await lease_kv.mark_expired(kv, name, lease.holder, lease.token, last, seen_revision=revision):
                 return None
-            log.warning("merge_lease_taken_over", rig=rig, lease=name, previous=lease.holder, token=lease.token)
+            lapsed = lease_rules.due_to_expire(lease, renewal, now)
+            log.warning(
+                "merge_lease_taken_over", rig=rig, lease=name, previous=lease.holder, token=lease.token, lapsed=lapsed
+            )
         ttl = self._merge_lease_ttl()
         acquired = LeaseAcquired(
             lease=name,

@@ -18,7 +18,7 @@ from shared import git
 from shared.bus.append import Appender
 from shared.config import TownConfig
 from shared.decision import NewEvent
-from shared.events import Event, LeaseAcquired, LeaseExpired, LeaseReleased
+from shared.events import Event, LeaseAcquired, LeaseExpired
 from shared.ids import merge_lease_name
 from shared.intake import to_pending
 from tests.helpers import assert_eventually
@@ -69,14 +69,17 @@ async def test_a_refinery_that_lost_the_merge_lease_during_its_gates_pushes_noth
     finally:
         go.touch()  # never leave the gate (and the refinery's shutdown) waiting
     await assert_eventually(lambda: refinery.fenced == 1, timeout=60)
-    assert main_head(pt) == before, "the fenced refinery pushed nothing"
-    assert [kind for kind, _ in await mr_events(pt, mr_id)] == ["mr.submitted", "mr.claimed"], "and wrote nothing"
+    # The fenced batch wrote no outcome: what follows its claim is the claim under the next token, if anything.
+    so_far = [kind for kind, _ in await mr_events(pt, mr_id)]
+    assert so_far == ["mr.submitted", "mr.claimed", "mr.claimed", "mr.merged"][: len(so_far)], so_far
 
-    # The other holder lets go: the merge request, still claimed by the fenced holder, is claimed again (token 3).
-    await append(pt, LeaseReleased(lease=lease, holder="refinery-other", token=2), "refinery")
+    # The other holder is not the active refinery (only this one holds the activity key), so it is a former
+    # instance: the lease is taken over at once with token 3, and the merge request claimed again under it.
     mrs = await settled(pt, [mr_id])
     assert mrs[mr_id].status == "merged"
-    assert [kind for kind, _ in await mr_events(pt, mr_id)] == ["mr.submitted", "mr.claimed", "mr.claimed", "mr.merged"]
+    events = await mr_events(pt, mr_id)
+    assert [kind for kind, _ in events] == ["mr.submitted", "mr.claimed", "mr.claimed", "mr.merged"]
+    assert not events[-1][1].get("already"), "the fenced batch had pushed it: the second found it merged already"
     assert main_tree(pt) == ["README.md", "leased.txt"]
     subjects = git.git("log", "--format=%s", f"{before}..refs/heads/main", cwd=pt.origin).splitlines()
     assert len(subjects) == 1, "landed exactly once"
@@ -86,18 +89,17 @@ async def test_a_refinery_that_lost_the_merge_lease_during_its_gates_pushes_noth
         ("lease.acquired", refinery.holder, 1),
         ("lease.expired", refinery.holder, 1),
         ("lease.acquired", "refinery-other", 2),
-        ("lease.released", "refinery-other", 2),
         ("lease.acquired", refinery.holder, 3),
         ("lease.released", refinery.holder, 3),
     ]
 
 
-async def test_a_lapsed_merge_lease_of_a_dead_refinery_is_taken_over_without_a_deacon(pt: PolecatTown) -> None:
-    """A refinery that died holding the lease (no deacon running to expire it) does not block the rig: once
-    its TTL passed without renewals the next refinery takes it over with the next token."""
+async def test_the_merge_lease_of_a_dead_refinery_is_taken_over_at_once_without_a_deacon(pt: PolecatTown) -> None:
+    """A refinery that died holding the lease (no deacon running to expire it) does not block the rig, not even
+    for the lease's TTL: the next active refinery takes it over at once with the next token."""
     lease = merge_lease_name("demo")
     now = datetime.now(UTC)
-    dead = LeaseAcquired(lease=lease, holder="refinery-dead", token=1, ttl_s=0.5, expires_at=now)
+    dead = LeaseAcquired(lease=lease, holder="refinery-dead", token=1, ttl_s=3600, expires_at=now)
     await append(pt, dead, "refinery")
     await pt.add_rig(test_command="true")
     bead = await pt.new_bead("Not blocked by the dead", prefix="demo")

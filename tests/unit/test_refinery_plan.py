@@ -131,6 +131,21 @@ def test_fifo_orders_by_queue_time_alone(q: Queue) -> None:
 # ---- claims ---------------------------------------------------------------------------------------
 
 
+def test_a_claim_of_a_former_refinery_instance_is_claimable_at_once_by_the_active_one(q: Queue) -> None:
+    a = q.submit("de-a")
+    q.claim(a, lease_s=900)  # by r-1, which died: its claim would last 15 minutes
+    b = q.submit("de-b")
+    assert [m.id for m in plan.next_per_rig(q.state, q.clock, POLICY, frozenset(), "r-1")] == [], "r-1's own claim"
+    assert q.next() == [], "without knowing who asks, the claim holds until its lease runs out"
+    # The refinery asking now is another instance: only the active one acts, so r-1 stopped acting.
+    ready = plan.ready_per_rig(q.state, q.clock, POLICY, frozenset(), "r-2")["demo"]
+    assert [m.id for m in ready] == [b, a]
+    assert [m.id for m in plan.next_batches(q.state, q.clock, plan.Policy(batch=4), frozenset(), "r-2").batches[0]] == [
+        b,
+        a,
+    ]
+
+
 def test_one_merge_request_per_rig_at_a_time_until_its_lease_runs_out(q: Queue) -> None:
     q.rig("other")
     a = q.submit("de-a")

@@ -1,0 +1,27 @@
+"""The town chaos run, short variant for every test run: 60 beads in 6 convoys, the whole town as processes,
+agents failing at the default rates, a service killed with SIGKILL every few seconds, NATS restarted once.
+The long run (1,000 beads) is ``python -m tests.chaos.town``; see docs/chaos.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.town import ChaosSettings, run_chaos
+
+pytestmark = pytest.mark.chaos
+
+
+@pytest.mark.timeout(1200)
+async def test_sixty_beads_survive_agent_faults_service_kills_and_a_nats_restart(tmp_path: Path) -> None:
+    settings = ChaosSettings(beads=60, convoy_size=10, deadline_s=900)
+    report = await run_chaos(settings, tmp_path / "town")
+    print(report.render())
+    assert report.ok, report.render()
+    # The chaos happened: services were killed, NATS restarted, agents failed (about 20 faults are drawn for 60
+    # beads; which kinds depends on the bead ids) and the witness warranted dead or hung ones.
+    assert sum(report.kills.values()) >= 3, report.render()
+    assert report.nats_restarts == 1
+    assert sum(report.faults.values()) >= 5, report.render()
+    assert report.warrants >= 1, report.render()
