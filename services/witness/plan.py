@@ -267,7 +267,10 @@ def _spawns(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Acti
             waiting.append(bead)
     if not waiting:
         return
-    waiting.sort(key=lambda b: b.slung_seq)
+    # Work under way first (a bead that had a session: re-slung after a death, or sent back by the merge queue),
+    # then in sling order. A re-sling is the bead's newest sling: by that alone it would wait behind every bead
+    # never started, while its hook lapses and the deacon takes it for stale.
+    waiting.sort(key=lambda b: (not b.sessions, b.slung_seq))
     held = _held_names(state, obs)
     in_use: dict[str, int] = {}
     for session in state.sessions.values():

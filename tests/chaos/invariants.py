@@ -43,11 +43,11 @@ SESSION_RANK = {
     "session.started": 1,
     "session.done_intent": 2,
     "session.warranted": 2,
-    "session.escalated": 3,
-    "session.ended": 4,
-    "session.cleaned": 5,
+    "session.ended": 3,
+    "session.cleaned": 4,
 }
-"""A session's events in the order its life allows; one of a lower rank after a higher one is backward."""
+"""A session's life in the order it allows; one of a lower rank after a higher one is backward. An escalation or a
+hook recovery is a note about a session (the deacon writes them after it ended), not a step of its life."""
 MR_FINAL = ("mr.merged", "mr.rejected")
 
 

@@ -102,6 +102,8 @@ class ChaosSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds a killed service stays down."""
     nats_restart: bool = True
     max_polecats: int = 6
+    mq_batch: int = 1
+    """Merge requests the refinery stacks and gates together (``GT_MQ_BATCH``; 1: one at a time)."""
     stall_after: float = 12.0
     """The rig's stall threshold: a hung agent is warranted after this long without heartbeat or progress."""
     deadline_s: float = 1500.0
@@ -138,7 +140,8 @@ class Report(msgspec.Struct, kw_only=True):
         lines = [
             "town chaos run: " + ("PASSED" if self.ok else "FAILED"),
             f"  seed {s.seed}, {self.beads} beads in {self.convoys} convoys, rates {s.rates}, "
-            f"max {s.max_polecats} polecats, kill every {s.kill_every[0]:g}-{s.kill_every[1]:g} s",
+            f"max {s.max_polecats} polecats, merge batch {s.mq_batch}, "
+            f"kill every {s.kill_every[0]:g}-{s.kill_every[1]:g} s",
             f"  {self.seconds:.0f} s, {self.events} events, {self.commands} commands sent by the run",
             f"  kills: {dict(sorted(self.kills.items())) or 'none'}; NATS restarts: {self.nats_restarts}",
             f"  agent faults drawn: {dict(sorted(self.faults.items())) or 'none'}",
@@ -266,6 +269,7 @@ class Town:
             "GT_TMUX_SOCKET": self.socket,
             "GT_KILL_GRACE": "1",
             "GT_WATCHED_SERVICES": ",".join(SERVICES),
+            "GT_MQ_BATCH": str(self.settings.mq_batch),
             "GT_AGENT_CHAOS_SEED": str(self.settings.seed),
             "GT_AGENT_CHAOS_RATES": self.settings.rates,
             "GT_AGENT_CHAOS_AGENT": str(Path(bin_dir) / "gt-agent"),
@@ -591,13 +595,16 @@ def parse_args(argv: Sequence[str]) -> tuple[ChaosSettings, argparse.Namespace]:
     parser.add_argument("--no-nats-restart", action="store_true")
     parser.add_argument("--max-polecats", type=int, default=default.max_polecats)
     parser.add_argument("--stall-after", type=float, default=default.stall_after)
+    parser.add_argument(
+        "--mq-batch", type=int, default=4, help="merge requests gated together (default 4; the suite's run uses 1)"
+    )
     parser.add_argument("--deadline", type=float, default=None, help="seconds for the whole run")
     parser.add_argument("--runs", type=int, default=1, help="run this many times in a row, seeds counting up")
     parser.add_argument("--workdir", type=Path, default=None, help="kept after the run (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
-    if args.beads < 1 or args.convoy_size < 1 or args.max_polecats < 1 or args.runs < 1:
-        parser.error("--beads, --convoy-size, --max-polecats and --runs must be at least 1")
+    if min(args.beads, args.convoy_size, args.max_polecats, args.runs, args.mq_batch) < 1:
+        parser.error("--beads, --convoy-size, --max-polecats, --mq-batch and --runs must be at least 1")
     try:
         chaos_agent.parse_rates(args.rates)
     except ValueError as exc:
@@ -611,6 +618,7 @@ def parse_args(argv: Sequence[str]) -> tuple[ChaosSettings, argparse.Namespace]:
         kill_every=args.kill_every,
         nats_restart=not args.no_nats_restart,
         max_polecats=args.max_polecats,
+        mq_batch=args.mq_batch,
         stall_after=args.stall_after,
         deadline_s=deadline,
     )

@@ -117,6 +117,12 @@ def test_a_session_started_after_it_ended_is_backward() -> None:
     assert any("session b1-1: session.started after session.cleaned" in v for v in violations(log, ["b1"]))
 
 
+def test_an_escalation_about_an_ended_session_is_not_backward() -> None:
+    log = LogBuilder().bead_done("b1").add("session.hook_recovered", session_id="b1-1", bead="b1")
+    log.add("session.escalated", session_id="b1-1", reason="stale_hook")
+    assert not [v for v in violations(log, ["b1"]) if "backward" in v]
+
+
 def test_a_change_merged_twice_or_never_is_named() -> None:
     twice = LogBuilder().bead_done("b1").add("mr.submitted", mr_id="mr-2", bead="b1")
     twice.add("mr.merged", mr_id="mr-2", already=False)

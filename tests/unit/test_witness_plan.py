@@ -183,6 +183,22 @@ def test_max_polecats_queues_the_rest_in_sling_order_and_recycles_names() -> Non
     assert (spawn.bead, spawn.polecat) == ("gt-3", "ace"), "ace's worktree was removed: the name is free again"
 
 
+def test_a_bead_whose_session_died_gets_the_next_free_polecat_before_beads_never_started() -> None:
+    """Found by the town chaos run: a bead re-slung after a death went to the back of the queue (its sling is the
+    newest), waited behind hundreds of new beads, and the deacon took its hook for stale meanwhile."""
+    w = World()
+    w.rig(max_polecats=1)
+    w.bead("gt-1")
+    first = w.running("gt-1")
+    w.bead("gt-2")
+    w.bead("gt-3")
+    w.end(first, "dead", cleaned=False)
+    w.bead("gt-1", forced=True)  # the witness's re-sling after the death: now the newest sling of the three
+    w.bead("gt-4")
+    spawn = only(w.plan(), Spawn)
+    assert (spawn.bead, spawn.resling) == ("gt-1", True), "work under way resumes before new work starts"
+
+
 def test_a_name_whose_worktree_was_kept_is_not_given_to_another_bead() -> None:
     w = World()
     w.rig(max_polecats=2, max_respawns=0)
