@@ -36,6 +36,7 @@ from shared.subjects import (
     DEFAULT_SERVICE_BUCKET,
     DEFAULT_SNAPSHOT_BUCKET,
 )
+from tests.helpers import connected
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -152,11 +153,8 @@ def town(nats_server: NatsServer, tmp_path: Path) -> TownConfig:
 
 @pytest_asyncio.fixture
 async def nc(town: TownConfig) -> AsyncIterator[Client]:
-    client = await nats.connect(town.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
-    try:
+    async with connected(town.nats_url) as client:
         yield client
-    finally:
-        await close_quietly(client)
 
 
 @pytest.fixture(autouse=True)

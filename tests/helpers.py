@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
+
+import nats
+from nats.aio.client import Client
+
+from shared.bus.connection import close_quietly
 
 T = TypeVar("T")
 
@@ -61,3 +67,13 @@ def wait_until(
                 raise last_error
             raise AssertionError(message or f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def connected(url: str) -> AsyncIterator[Client]:
+    """A test's own client of the server at ``url``: reconnects forever, closed with a bound at the end."""
+    client = await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    try:
+        yield client
+    finally:
+        await close_quietly(client)

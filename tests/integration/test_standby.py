@@ -31,7 +31,6 @@ from services.mayor.service import MayorService
 from services.witness.state import WitnessState
 from shared import activity, heartbeats
 from shared.activity import Holder, Timing
-from shared.bus.connection import close_quietly
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.errors import ActivityLostError
@@ -40,7 +39,7 @@ from shared.service import ServiceSettings
 from shared.subjects import DEFAULT_ACTIVE_BUCKET, DEFAULT_SERVICE_BUCKET
 from tests.chaos.test_witness_chaos import replayed, sessions_of, wait_converged
 from tests.drivers import send_and_wait
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, connected
 from tests.log_tools import events_of, outcome_of, outcomes, read_all
 from tests.service_process import ServiceProcess
 from tests.witness_town import FAST, TEST_COMMAND, PolecatTown, make_origin, polecat_town
@@ -506,7 +505,7 @@ async def test_an_active_mayor_paused_while_nats_was_frozen_resumes_when_its_key
     town = TownConfig(nats_url=own_nats_server.url, gt_home=tmp_path / "home")
     server = own_nats_server.proc
     assert server is not None
-    async with running_mayor(town, ttl) as (mayor, task), connected(town) as client:
+    async with running_mayor(town, ttl) as (mayor, task), connected(town.nats_url) as client:
         await assert_eventually(mayor.ready.is_set, timeout=30)
         assert (await create_bead(client, "before the freeze"))["type"] == "cmd.accepted"
         holder = await holder_of(client, "mayor")
@@ -528,12 +527,3 @@ async def test_an_active_mayor_paused_while_nats_was_frozen_resumes_when_its_key
         after = await holder_of(client, "mayor")
         assert after is not None
         assert (after.instance, after.since) == (holder.instance, holder.since), "it is the same tenure"
-
-
-@contextlib.asynccontextmanager
-async def connected(town: TownConfig) -> AsyncIterator[Client]:
-    client = await nats.connect(town.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
-    try:
-        yield client
-    finally:
-        await close_quietly(client)
