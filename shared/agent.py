@@ -169,6 +169,13 @@ def run_tests(worktree: Path, rig: dict[str, Any], faults: list[Fault], attempt:
     if active(faults, attempt, "fail-tests"):
         say("tests fail (fault injection); submitting anyway")
         return
+    if (worktree / "FAIL_TESTS").exists():
+        # An earlier attempt's injected failure, left behind when that session died before the merge queue
+        # could send it back: this agent knows its only cause, so it fixes it as it would a returned one.
+        (worktree / "FAIL_TESTS").unlink()  # the step's commit records the removal
+        say("fixed: removed the FAIL_TESTS an earlier attempt left")
+        run_tests(worktree, rig, faults, attempt)
+        return
     raise RuntimeError(f"tests fail ({done.returncode}): {(done.stdout + done.stderr)[-500:]}")
 
 

@@ -95,10 +95,13 @@ class EmbeddedServer:
         log_file: Path | None = None,
         include: Path | None = None,
         env: Mapping[str, str] | None = None,
+        name: str = "gt",
     ) -> None:
-        """``include``: a config file added to the generated one (accounts and users); ``env``: the server's
-        environment (the passwords such a file names), else this process's."""
+        """``include``: a config file added to the generated one (accounts and users, a cluster block); ``env``:
+        the server's environment (the passwords such a file names), else this process's; ``name``: the server
+        name, unique within a cluster."""
         self.root = root
+        self.name = name
         self.include = include
         self.env = dict(env) if env is not None else None
         self.host = host
@@ -122,6 +125,7 @@ class EmbeddedServer:
                 port=self.port,
                 http_port=self.http_port,
                 host=self.host,
+                name=self.name,
                 include=self.include,
             )
             log = self.log_file.open("ab")

@@ -101,7 +101,9 @@ def evt_stream_config(config: TownConfig) -> StreamConfig:
 
 def cmd_stream_config(config: TownConfig) -> StreamConfig:
     # Interest retention: a command stays stored until every consumer interested in its subject has acked
-    # it, i.e. until its owning service has processed it. Consumers are created here, before any command.
+    # it, i.e. until its owning service has processed it. A message stored while no consumer exists is
+    # dropped at once, acknowledged all the same: ``ensure_command_intake`` therefore creates the stream
+    # capturing nothing, then the consumers, and only then opens the command subjects.
     return StreamConfig(
         name=config.cmd_stream,
         subjects=[f"{CMD_PREFIX}.>"],
@@ -185,8 +187,11 @@ class ProvisionReport:
     existing: list[str]
 
 
-async def ensure_stream(js: JetStreamContext, wanted: StreamConfig) -> bool:
-    """Create ``wanted`` if absent; return True when created. Raise on an incompatible existing stream."""
+async def ensure_stream(js: JetStreamContext, wanted: StreamConfig, *, opening: StreamConfig | None = None) -> bool:
+    """Create ``wanted`` if absent; return True when created. Raise on an incompatible existing stream.
+
+    ``opening``: the configuration ``wanted`` becomes once opened (the command intake); an existing stream
+    may be in either."""
     assert wanted.name
     try:
         info = await js.stream_info(wanted.name)
@@ -202,6 +207,8 @@ async def ensure_stream(js: JetStreamContext, wanted: StreamConfig) -> bool:
             return True
         info = await js.stream_info(wanted.name)
     diffs = compare(info.config, wanted)
+    if diffs and opening is not None and not compare(info.config, opening):
+        return False
     if diffs:
         raise StreamConfigMismatchError(wanted.name, diffs)
     return False
@@ -234,17 +241,46 @@ async def ensure_consumer(js: JetStreamContext, stream: str, wanted: ConsumerCon
     return False
 
 
-async def provision(js: JetStreamContext, config: TownConfig) -> ProvisionReport:
-    """Idempotently create the event log, the command intake and the command consumers."""
+def closed_intake_subject(config: TownConfig) -> str:
+    """What GT_CMD captures until its consumers exist: a subject nobody publishes to."""
+    return f"{config.cmd_stream}.opening"
+
+
+async def ensure_command_intake(js: JetStreamContext, config: TownConfig) -> tuple[list[str], list[str]]:
+    """GT_CMD and its consumers, created so that no command is ever stored while nobody would keep it.
+
+    Interest retention drops a message that arrives while the stream has no consumer, yet acknowledges it.
+    So a new GT_CMD first captures only ``closed_intake_subject``: a command published then gets "no
+    stream" (nothing stored, the sender is told). The consumers are created next, and only then does the
+    stream capture ``gt.cmd.>``. A provisioner that died half-way leaves a closed intake; the next one
+    finishes it. Returns the names created and those that were there."""
+    wanted = cmd_stream_config(config)
+    assert wanted.name
+    closed = dataclasses.replace(wanted, subjects=[closed_intake_subject(config)])
     created: list[str] = []
     existing: list[str] = []
-    for wanted in (evt_stream_config(config), cmd_stream_config(config)):
-        assert wanted.name
-        (created if await ensure_stream(js, wanted) else existing).append(wanted.name)
+    (created if await ensure_stream(js, closed, opening=wanted) else existing).append(wanted.name)
     for service in sorted({CATCH_ALL_SERVICE, *COMMAND_OWNERS.values()}):
         name = f"{config.cmd_stream}/{command_consumer_name(service)}"
         made = await ensure_consumer(js, config.cmd_stream, command_consumer_config(service))
         (created if made else existing).append(name)
+    info = await js.stream_info(wanted.name)
+    if sorted(info.config.subjects or []) != sorted(wanted.subjects or []):
+        await js.update_stream(wanted)
+        log.info("command_intake_opened", stream=wanted.name, subjects=wanted.subjects)
+    return created, existing
+
+
+async def provision(js: JetStreamContext, config: TownConfig) -> ProvisionReport:
+    """Idempotently create the event log, the command intake and the command consumers."""
+    created: list[str] = []
+    existing: list[str] = []
+    evt = evt_stream_config(config)
+    assert evt.name
+    (created if await ensure_stream(js, evt) else existing).append(evt.name)
+    made_intake, had_intake = await ensure_command_intake(js, config)
+    created += made_intake
+    existing += had_intake
     made = await ensure_heartbeat_bucket(js, config)
     (created if made else existing).append(f"KV {config.heartbeat_bucket}")
     made = await ensure_kv(js, config.service_bucket, ttl=SERVICE_HEARTBEAT_TTL_S, replicas=config.replicas)

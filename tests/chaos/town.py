@@ -6,7 +6,8 @@ policy would), a rig on a real git origin whose tests really run (a unittest sui
 write) and files N beads in convoys. Each bead is worked in real tmux and git worktrees by ``gt-agent`` with
 faults drawn per bead and attempt (``chaos_agent.py``): crashes at random steps, hangs, dirty worktrees,
 failing tests. Meanwhile a random service is killed with SIGKILL every few seconds, and NATS is killed and
-started again once.
+started again once. With ``--cluster`` NATS is three clustered nodes (streams with three replicas): the whole
+cluster is killed and started again once, and later the node leading GT_EVT is killed alone and rejoins.
 
 At the end it checks, from the log alone (``invariants.py``): every bead closed exactly once with its change on
 ``main``; no backward transition; no done step redone; no bead with two live sessions; every convoy closed
@@ -47,14 +48,16 @@ from services.mayor.projection import new_projection as mayor_projection
 from services.refinery.projection import new_projection as refinery_projection
 from services.witness.projection import new_projection as witness_projection
 from shared import git
-from shared.embedded import EmbeddedServer
 from shared.events import decode_envelope
 from shared.projection import Projection
 from shared.subjects import parse_js_reply
 from shared.tmux import Tmux
 from tests.chaos import chaos_agent
 from tests.chaos.invariants import Logged, Violation, check_all
+from tests.chaos.nats_nodes import NatsNodes
 from tests.service_process import ServiceProcess
+
+EVENT_STREAM = "GT_EVT"
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
 PROJECTIONS: dict[str, Callable[[], Projection[Any]]] = {
@@ -101,6 +104,10 @@ class ChaosSettings(msgspec.Struct, frozen=True, kw_only=True):
     restart_after: tuple[float, float] = (0.2, 1.5)
     """Seconds a killed service stays down."""
     nats_restart: bool = True
+    cluster: bool = False
+    """Three clustered NATS nodes instead of one server; one node (the GT_EVT leader) is killed mid-run."""
+    node_down_s: float = 5.0
+    """Seconds the killed node stays down."""
     max_polecats: int = 6
     mq_batch: int = 1
     """Merge requests the refinery stacks and gates together (``GT_MQ_BATCH``; 1: one at a time)."""
@@ -121,6 +128,8 @@ class Report(msgspec.Struct, kw_only=True):
     events: int = 0
     kills: Counter[str] = msgspec.field(default_factory=Counter)
     nats_restarts: int = 0
+    node_kills: list[str] = []
+    """The cluster nodes killed alone, each with the GT_EVT sequence it had to catch up to."""
     faults: Counter[str] = msgspec.field(default_factory=Counter)
     sessions: int = 0
     warrants: int = 0
@@ -141,9 +150,11 @@ class Report(msgspec.Struct, kw_only=True):
             "town chaos run: " + ("PASSED" if self.ok else "FAILED"),
             f"  seed {s.seed}, {self.beads} beads in {self.convoys} convoys, rates {s.rates}, "
             f"max {s.max_polecats} polecats, merge batch {s.mq_batch}, "
-            f"kill every {s.kill_every[0]:g}-{s.kill_every[1]:g} s",
+            + ("NATS: three clustered nodes, " if s.cluster else "NATS: one server, ")
+            + f"kill every {s.kill_every[0]:g}-{s.kill_every[1]:g} s",
             f"  {self.seconds:.0f} s, {self.events} events, {self.commands} commands sent by the run",
-            f"  kills: {dict(sorted(self.kills.items())) or 'none'}; NATS restarts: {self.nats_restarts}",
+            f"  kills: {dict(sorted(self.kills.items())) or 'none'}; NATS restarts: {self.nats_restarts}"
+            + (f"; node kills: {', '.join(self.node_kills)}" if s.cluster else ""),
             f"  agent faults drawn: {dict(sorted(self.faults.items())) or 'none'}",
             f"  sessions {self.sessions}, warrants {self.warrants}, merges {self.merges}, "
             f"gate failures {self.gate_failures}, escalations {self.escalations}",
@@ -156,6 +167,8 @@ class Report(msgspec.Struct, kw_only=True):
             "every convoy closed exactly once; every command with exactly one outcome",
             "each service's projection equals a fresh replay; no orphan tmux session or process",
         ]
+        if s.cluster:
+            checks.append("the killed node rejoined and holds every event of the log")
         if self.ok:
             lines += [f"  ok  {c}" for c in checks]
         else:
@@ -207,7 +220,7 @@ class LogFollower:
 
     async def catch_up(self) -> None:
         js = self.nc.jetstream()
-        last = int((await js.stream_info("GT_EVT")).state.last_seq)
+        last = int((await js.stream_info(EVENT_STREAM)).state.last_seq)
         if last <= self.last_seq:
             return
         batch: list[Logged] = []
@@ -227,7 +240,7 @@ class LogFollower:
 
         sub = await js.subscribe(
             "gt.evt.>",
-            stream="GT_EVT",
+            stream=EVENT_STREAM,
             cb=on_msg,
             ordered_consumer=True,
             config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start),
@@ -249,7 +262,7 @@ class Town:
         self.settings = settings
         self.workdir = workdir
         self.rng = random.Random(settings.seed)
-        self.server = EmbeddedServer(workdir / "nats")
+        self.nats = NatsNodes(workdir, cluster=settings.cluster)
         self.socket = f"gt-chaos-{uuid.uuid4().hex[:10]}"
         self.tmux = Tmux(self.socket)
         self.home = workdir / "home"
@@ -264,7 +277,8 @@ class Town:
         return {
             **base,
             "PATH": f"{bin_dir}:{base.get('PATH', '/usr/bin:/bin')}",
-            "NATS_URL": self.server.url,
+            "NATS_URL": self.nats.url,
+            "GT_REPLICAS": str(self.nats.replicas),
             "GT_HOME": str(self.home),
             "GT_TMUX_SOCKET": self.socket,
             "GT_KILL_GRACE": "1",
@@ -287,7 +301,7 @@ class Town:
             proc.stop()
         with contextlib.suppress(Exception):
             self.tmux.kill_server()
-        self.server.stop()
+        self.nats.stop()
 
     # ---- commands, as the nats CLI would send them ----------------------------------------------
 
@@ -306,7 +320,7 @@ class Town:
                 await asyncio.sleep(0.5)
         while True:
             try:
-                msg = await js.get_last_msg("GT_EVT", f"gt.evt.cmd.{cmd_id}")
+                msg = await js.get_last_msg(EVENT_STREAM, f"gt.evt.cmd.{cmd_id}")
             except nats.js.errors.NotFoundError:
                 await asyncio.sleep(0.25)
                 continue
@@ -375,14 +389,28 @@ class Town:
             self.services[name].start()
 
     def restart_nats(self) -> None:
-        proc = self.server.proc
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-        self.server.proc = None
-        time.sleep(1.0)
-        self.server.start()
+        """SIGKILL of every NATS node at once, started again a second later."""
+        self.nats.kill_all_and_restart(down_s=1.0)
         self.report.nats_restarts += 1
+
+    async def kill_a_node(self, min_seq: int) -> str:
+        """SIGKILL of the node leading GT_EVT (the hard case: an election, and the most to catch up), started
+        again after ``node_down_s``; returns its name."""
+        assert self.nc is not None
+        victim = "nats-1"
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            info = await self.nc.jetstream().stream_info(EVENT_STREAM)
+            if info.cluster is not None and info.cluster.leader in self.nats.nodes:
+                victim = str(info.cluster.leader)
+        await asyncio.to_thread(self.nats.kill, victim)
+        await asyncio.sleep(self.settings.node_down_s)
+        await asyncio.to_thread(self.nats.start_node, victim)
+        self.report.node_kills.append(f"{victim} (at seq {min_seq})")
+        return victim
+
+    async def node_caught_up(self, name: str, last_seq: int) -> bool:
+        state = await asyncio.to_thread(self.nats.stream_state, name, EVENT_STREAM)
+        return state is not None and int(state.get("last_seq", 0)) >= last_seq
 
     def restart_dead_services(self) -> None:
         for proc in self.services.values():
@@ -458,11 +486,11 @@ async def wait_until(predicate: Callable[[], Any], deadline: float, interval: fl
 @contextlib.asynccontextmanager
 async def running_town(settings: ChaosSettings, workdir: Path) -> AsyncIterator[Town]:
     town = Town(settings, workdir)
-    town.server.start()
+    await asyncio.to_thread(town.nats.start)
     try:
         town.start_services()
         town.nc = await nats.connect(
-            town.server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2, error_cb=_quiet
+            servers=town.nats.urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2, error_cb=_quiet
         )
         try:
             yield town
@@ -483,21 +511,27 @@ async def run_chaos(settings: ChaosSettings, workdir: Path, progress: Callable[[
         log = LogFollower(town.nc)
         stop = asyncio.Event()
         killer = asyncio.create_task(town.kill_services(stop), name="kill-services")
+        victim: str | None = None
         try:
             beads, convoys = await asyncio.wait_for(town.file_work(origin), settings.deadline_s)
             report.beads, report.convoys = len(beads), len(convoys)
             progress(f"filed {len(beads)} beads in {len(convoys)} convoys after {time.monotonic() - started:.0f}s")
             restart_nats_at = len(beads) // 3 if settings.nats_restart else None
+            kill_node_at = 2 * len(beads) // 3 if settings.cluster else None
             last_said = -1
 
             async def all_closed() -> bool:
-                nonlocal restart_nats_at, last_said
+                nonlocal restart_nats_at, kill_node_at, last_said, victim
                 await log.catch_up()
                 closed = len(log.closed & set(beads))
                 if restart_nats_at is not None and closed >= restart_nats_at:
                     restart_nats_at = None
                     progress(f"restarting NATS with {closed} beads closed")
                     await asyncio.to_thread(town.restart_nats)
+                if kill_node_at is not None and closed >= kill_node_at:
+                    kill_node_at = None
+                    victim = await town.kill_a_node(log.last_seq)
+                    progress(f"killed NATS node {victim} with {closed} beads closed, started it again")
                 if closed // 10 != last_said // 10:
                     last_said = closed
                     progress(f"{closed}/{len(beads)} beads closed after {time.monotonic() - started:.0f}s")
@@ -529,6 +563,17 @@ async def run_chaos(settings: ChaosSettings, workdir: Path, progress: Callable[[
         report.violations += [str(v) for v in changes_on_main(origin, beads)]
         report.problems += await town.projection_problems(log)
         report.problems += orphans(town)
+        if victim is not None:
+
+            async def victim_caught_up() -> bool:
+                assert victim is not None
+                return await town.node_caught_up(victim, log.last_seq)
+
+            if not await wait_until(victim_caught_up, time.monotonic() + 60, interval=1.0):
+                state = town.nats.stream_state(victim, EVENT_STREAM) or {}
+                report.problems.append(
+                    f"cluster: node {victim} holds GT_EVT up to seq {state.get('last_seq')}, the log has {log.last_seq}"
+                )
         _count_what_happened(report, log.events, beads, settings)
         report.seconds = time.monotonic() - started
     return report
@@ -593,6 +638,9 @@ def parse_args(argv: Sequence[str]) -> tuple[ChaosSettings, argparse.Namespace]:
     parser.add_argument("--rates", default=default.rates, help=f"agent fault rates (default {default.rates})")
     parser.add_argument("--kill-every", type=_pair, default=default.kill_every, help="seconds, like 3-6")
     parser.add_argument("--no-nats-restart", action="store_true")
+    parser.add_argument(
+        "--cluster", action="store_true", help="three clustered NATS nodes; kills the GT_EVT leader once mid-run"
+    )
     parser.add_argument("--max-polecats", type=int, default=default.max_polecats)
     parser.add_argument("--stall-after", type=float, default=default.stall_after)
     parser.add_argument(
@@ -617,6 +665,7 @@ def parse_args(argv: Sequence[str]) -> tuple[ChaosSettings, argparse.Namespace]:
         rates=args.rates,
         kill_every=args.kill_every,
         nats_restart=not args.no_nats_restart,
+        cluster=args.cluster,
         max_polecats=args.max_polecats,
         mq_batch=args.mq_batch,
         stall_after=args.stall_after,

@@ -195,3 +195,20 @@ async def test_bad_merge_requests_get_clear_outcomes_and_change_nothing(
     assert "no merge request 'mr-nosuch'" in retried.stdout + retried.stderr
     again = await pt.command("gt.cmd.mr.reject", id="mr-nosuch")
     assert (again["type"], again["code"]) == ("cmd.rejected", "not_found")
+
+
+async def test_a_test_failure_left_by_a_session_that_died_before_the_merge_queue_is_fixed_by_the_next(
+    pt: PolecatTown,
+) -> None:
+    """Found by the cluster chaos run: the first session made the tests fail, committed that, and was killed
+    before `gt step done`. The next sessions met the failing tests at the same step and gave up, one after
+    the other, until the witness escalated the bead. The reference agent fixes what it knows it broke."""
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=fail-tests@1,crash-at-step=5@1 gt-agent", max_respawns=3)
+    bead = await pt.new_bead("Fail, die, then pass")
+    await pt.sling(bead)
+    await merged_mr(pt, bead, timeout=180)
+    sessions = await pt.wait_settled(bead)
+    assert sessions[0].end_reason != "done", "the first session died"
+    assert sessions[-1].end_reason == "done"
+    tree = git.git("ls-tree", "--name-only", "refs/heads/main", cwd=pt.origin).split()
+    assert "FAIL_TESTS" not in tree

@@ -8,10 +8,12 @@ import json
 import urllib.request
 from typing import Any
 
+import nats.errors
 import pytest
 from nats.aio.client import Client
 from nats.js.api import RetentionPolicy
 
+from shared.bus import topology
 from shared.bus.topology import (
     cmd_stream_config,
     command_consumer_config,
@@ -138,3 +140,54 @@ async def test_a_command_consumer_reading_other_subjects_is_refused(nc: Client, 
     with pytest.raises(StreamConfigMismatchError) as refused:
         await provision(js, town)
     assert "filter_subjects" in str(refused.value)
+
+
+async def test_a_command_sent_while_the_intake_is_being_provisioned_is_refused_or_kept_never_dropped(
+    nc: Client, town: TownConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GT_CMD keeps a command only while a consumer is interested in it: one stored after the stream exists
+    but before its consumers do would be acknowledged and dropped at once (seen in the cluster chaos run, where
+    provisioning takes long enough for the first command to land in that window). A command sent in that
+    window must be refused, so its sender knows to send it again, or kept and delivered."""
+    js = nc.jetstream()
+    sent: list[str] = []
+    real = topology.ensure_consumer
+
+    async def command_arrives_first(js_: Any, stream: str, wanted: Any) -> bool:
+        if not sent:
+            try:
+                await nc.jetstream().publish("gt.cmd.bead.create", b'{"title": "early"}', timeout=2)
+                sent.append("stored")
+            except (nats.errors.Error, TimeoutError) as exc:
+                sent.append(f"refused: {type(exc).__name__}")
+        return await real(js_, stream, wanted)
+
+    monkeypatch.setattr(topology, "ensure_consumer", command_arrives_first)
+    await provision(js, town)
+    assert sent, "the command was not sent in the window"
+    info = await js.stream_info(town.cmd_stream)
+    if sent[0] == "stored":
+        assert info.state.messages == 1, f"the command was acknowledged and dropped: {info.state}"
+    else:
+        assert info.state.last_seq == 0, "a refused command must not be stored"
+    # Once provisioned, the intake takes commands and keeps them for their service.
+    assert sorted(info.config.subjects or []) == ["gt.cmd.>"]
+    await js.publish("gt.cmd.bead.create", b'{"title": "later"}', stream=town.cmd_stream)
+    mayor = await js.consumer_info(town.cmd_stream, command_consumer_name("mayor"))
+    assert mayor.num_pending >= 1
+
+
+async def test_a_half_provisioned_command_intake_is_finished_by_the_next_provisioner(
+    nc: Client, town: TownConfig
+) -> None:
+    """A provisioner that died after creating GT_CMD (still closed) but before its consumers: the next one
+    creates them and opens the intake, instead of refusing the stream as misconfigured."""
+    js = nc.jetstream()
+    closed = dataclasses.replace(cmd_stream_config(town), subjects=[topology.closed_intake_subject(town)])
+    await js.add_stream(closed)
+    report = await provision(js, town)
+    assert "GT_CMD" in report.existing
+    assert "GT_CMD/mayor-cmd" in report.created
+    assert sorted((await js.stream_info(town.cmd_stream)).config.subjects or []) == ["gt.cmd.>"]
+    again = await provision(js, town)
+    assert not again.created
