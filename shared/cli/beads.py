@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from nats.aio.client import Client
 
-from shared.cli import render
-from shared.cli.client import history
+from shared.cli import feed, render
 from shared.cli.common import (
-    EXIT_REJECTED,
     Subcommands,
     command_options,
     drop_empty,
@@ -91,10 +88,7 @@ def register(sub: Subcommands) -> None:
     read_options(d)
     d.set_defaults(handler=_deps)
 
-    h = bead.add_parser("history", help="the bead's events, from the log")
-    h.add_argument("id")
-    read_options(h)
-    h.set_defaults(handler=_history)
+    feed.register_history(bead)
 
     r = sub.add_parser("ready", help="open beads with no open blocker")
     r.add_argument("--limit", type=int, default=1000, help="at most this many (0: all)")
@@ -178,11 +172,3 @@ async def _ready(nc: Client, args: argparse.Namespace, config: TownConfig) -> in
 async def _deps(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     found = await read(nc, config, "deps", {"id": args.id, "direction": "up" if args.up else "down"})
     return show(args, found, render.deps_lines)
-
-
-async def _history(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    entries = await history(nc, config, "bead", args.id)
-    if not entries:
-        print(f"gt: no events for bead {args.id!r}", file=sys.stderr)
-        return EXIT_REJECTED
-    return show(args, entries, render.history_lines)

@@ -194,7 +194,7 @@ async def history(nc: Client, config: TownConfig, aggregate: str, aggregate_id: 
         seq = subjects.parse_js_reply(msg.reply).stream_seq
         if seq > last_seq:
             return
-        entries.append(_history_entry(seq, msg.data))
+        entries.append(history_entry(seq, msg.data))
         if seq >= last_seq:
             done.set()
 
@@ -214,7 +214,7 @@ async def history(nc: Client, config: TownConfig, aggregate: str, aggregate_id: 
     return entries
 
 
-def _history_entry(seq: int, raw: bytes) -> HistoryEntry:
+def history_entry(seq: int, raw: bytes) -> HistoryEntry:
     try:
         env = decode_envelope(raw)
     except EventDecodeError:

@@ -23,7 +23,7 @@ from shared import logging as gt_logging
 from shared.bus.connection import connect
 from shared.bus.permissions import guarded
 from shared.bus.topology import provision
-from shared.cli import automations, beads, convoys, gc, mail, polecats, render, work
+from shared.cli import automations, beads, convoys, feed, gc, mail, polecats, render, status, work
 from shared.cli.client import query, stream_last_seq
 from shared.cli.common import (
     EXIT_DENIED,
@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     polecats.register(sub)
     automations.register(sub)
     gc.register(sub)
+    status.register(sub)
+    feed.register(sub)
 
     sub.add_parser("schema", help="JSON Schema of every command and event")
     st = sub.add_parser("health", help="exit 0 when the service is connected and caught up with the log")
@@ -189,6 +191,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_REJECTED
     except (nats.errors.NoRespondersError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
         print(f"gt: NATS did not answer ({type(exc).__name__}); is JetStream enabled and the town up?", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except nats.js.errors.NoStreamResponseError:
+        # No stream captures the subject: the town is not provisioned yet, or its intake is still opening.
+        print(
+            "gt: no stream takes commands yet (nothing was stored); run `gt init` or `gt up`, then retry",
+            file=sys.stderr,
+        )
         return EXIT_UNREACHABLE
     except nats.js.errors.NotFoundError as exc:
         print(f"gt: not found: {exc.description}; run `gt init` (or `gt up`) first", file=sys.stderr)

@@ -1,0 +1,221 @@
+"""``gt feed`` (a live, filtered tail of the log) and ``gt bead history`` (one bead's whole story).
+
+The feed reads GT_EVT with an ordered consumer from ``--since``: it prints the backlog, says on stderr when
+it is caught up, then follows until Ctrl-C (or stops there with ``--no-follow``). A bead's history gathers
+the events of the bead, its molecule, its hook lease, and every session, merge request and escalation the
+services know for it, merged in log order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import nats.errors
+from nats.aio.client import Client
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from shared import subjects
+from shared.cli import render
+from shared.cli.client import HistoryEntry, history, history_entry, query
+from shared.cli.colour import COLOR_CHOICES, Palette, wanted
+from shared.cli.common import EXIT_OK, EXIT_REJECTED, Subcommands, UsageError
+from shared.cli.feed_view import Filters, Since, feed_line, merge_by_seq, parse_since, timeline
+from shared.config import TownConfig
+from shared.errors import QueryError
+
+DEFAULT_SINCE = "10m"
+QUERY_TIMEOUT_S = 3.0
+
+
+def register(sub: Subcommands) -> None:
+    f = sub.add_parser("feed", help="a live tail of the log: the backlog since --since, then every new event")
+    f.add_argument("--rig", action="append", default=[], help="only events of this rig (repeatable)")
+    f.add_argument("--bead", action="append", default=[], help="only events about this bead (repeatable)")
+    f.add_argument("--type", action="append", default=[], help="event type, or a family like `session` (repeatable)")
+    f.add_argument("--actor", action="append", default=[], help="only events by this actor (repeatable)")
+    f.add_argument(
+        "--since",
+        default=DEFAULT_SINCE,
+        help=f"all, #SEQ, a duration (90s, 10m, 2h, 1d) or an ISO time (default {DEFAULT_SINCE})",
+    )
+    f.add_argument("--no-follow", action="store_true", help="stop after the backlog")
+    f.add_argument("--json", action="store_true", help="one JSON object per event")
+    f.add_argument("--color", choices=COLOR_CHOICES, default="auto")
+    f.set_defaults(handler=_feed, precheck=_check_since)
+
+
+def register_history(bead: Subcommands) -> None:
+    h = bead.add_parser("history", help="the bead's story: its events and those of its sessions and merges")
+    h.add_argument("id")
+    h.add_argument("--raw", action="store_true", help="every event with its fields, as stored")
+    h.add_argument("--json", action="store_true", help="print JSON")
+    h.add_argument("--color", choices=COLOR_CHOICES, default="auto")
+    h.set_defaults(handler=_history)
+
+
+def _check_since(args: argparse.Namespace) -> None:
+    try:
+        args.since_parsed = parse_since(args.since, datetime.now(UTC))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# ---- the feed -------------------------------------------------------------------------------------
+
+
+def _consumer(since: Since) -> ConsumerConfig:
+    if since.seq is not None:
+        return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=since.seq)
+    if since.time is not None:
+        return ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_TIME,
+            opt_start_time=since.time.astimezone(UTC),
+        )
+    return ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+
+
+async def follow_log(
+    nc: Client,
+    config: TownConfig,
+    since: Since,
+    *,
+    follow: bool,
+    on_caught_up: Callable[[], None] | None = None,
+) -> AsyncIterator[HistoryEntry]:
+    """Every event from ``since``, in order; with ``follow`` it goes on with new ones. ``on_caught_up`` is
+    called once the backlog (what the log held when this began) has been yielded."""
+    js = nc.jetstream()
+    queue: asyncio.Queue[tuple[int, bytes, int]] = asyncio.Queue()
+
+    async def on_msg(msg: Any) -> None:
+        meta = msg.metadata
+        queue.put_nowait((int(meta.sequence.stream), msg.data, int(meta.num_pending)))
+
+    sub = await js.subscribe(
+        f"{subjects.EVT_PREFIX}.>",
+        stream=config.evt_stream,
+        cb=on_msg,
+        ordered_consumer=True,
+        config=_consumer(since),
+    )
+    backlog = True
+    try:
+        info = await sub.consumer_info()
+        if (info.num_pending or 0) == 0 and queue.empty():
+            backlog = False
+            if on_caught_up is not None:
+                on_caught_up()
+            if not follow:
+                return
+        while True:
+            seq, raw, pending = await queue.get()
+            yield history_entry(seq, raw)
+            if backlog and pending == 0:
+                backlog = False
+                if on_caught_up is not None:
+                    on_caught_up()
+                if not follow:
+                    return
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+
+
+async def _seed(nc: Client, filters: Filters) -> None:
+    """Sessions and merge requests begun before ``--since``: their rig and bead, from the services."""
+    if not (filters.rigs or filters.beads):
+        return
+    with contextlib.suppress(QueryError):
+        for s in await query(nc, "witness", "sessions", {"all": True}, timeout=QUERY_TIMEOUT_S):
+            filters.known[str(s["id"])] = (s.get("rig"), s.get("bead"))
+    with contextlib.suppress(QueryError):
+        for m in await query(nc, "refinery", "mrs", {}, timeout=QUERY_TIMEOUT_S):
+            filters.known[str(m["id"])] = (m.get("rig"), m.get("bead"))
+
+
+async def _feed(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    filters = Filters(rigs=set(args.rig), beads=set(args.bead), types=list(args.type), actors=set(args.actor))
+    await _seed(nc, filters)
+    palette = Palette(wanted(args.color, sys.stdout))
+
+    def say_caught_up() -> None:
+        if not args.no_follow:
+            print("-- caught up; following the log (Ctrl-C to stop) --", file=sys.stderr, flush=True)
+
+    async for entry in follow_log(nc, config, args.since_parsed, follow=not args.no_follow, on_caught_up=say_caught_up):
+        if filters.matches(entry):
+            if args.json:
+                sys.stdout.write(msgspec.json.encode(entry).decode() + "\n")
+            else:
+                sys.stdout.write(feed_line(entry, palette) + "\n")
+            sys.stdout.flush()
+    return EXIT_OK
+
+
+# ---- a bead's history -----------------------------------------------------------------------------
+
+
+async def _ids_for(nc: Client, bead: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """Subjects (aggregate, id) of the sessions, merge requests and escalations of the bead, and which
+    services did not answer (their part is missing from the story)."""
+    found: list[tuple[str, str]] = []
+    missing: list[str] = []
+    asks: dict[str, tuple[str, dict[str, Any]]] = {
+        "witness": ("sessions", {"bead": bead, "all": True}),
+        "refinery": ("mrs", {}),
+        "mayor": ("escalations", {"include_closed": True, "limit": 0}),
+    }
+    answers = await asyncio.gather(
+        *(query(nc, service, what, body, timeout=QUERY_TIMEOUT_S) for service, (what, body) in asks.items()),
+        return_exceptions=True,
+    )
+    for (service, _), answer in zip(asks.items(), answers, strict=True):
+        if isinstance(answer, QueryError):
+            missing.append(service)
+            continue
+        if isinstance(answer, BaseException):
+            raise answer
+        if service == "witness":
+            found += [("session", str(s["id"])) for s in answer]
+        elif service == "refinery":
+            found += [("mr", str(m["id"])) for m in answer if m.get("bead") == bead]
+        else:
+            found += [("escalation", str(e["id"])) for e in answer if e.get("bead") == bead]
+    return found, missing
+
+
+async def bead_story(nc: Client, config: TownConfig, bead: str) -> tuple[list[HistoryEntry], list[str]]:
+    """The bead's events and those of everything that worked on it, in log order; and the services that did
+    not answer (so the story may lack their parts)."""
+    others, missing = await _ids_for(nc, bead)
+    aggregates = [("bead", bead), ("mol", bead), ("lease", f"hook-{bead}"), *others]
+    groups = await asyncio.gather(*(history(nc, config, agg, agg_id) for agg, agg_id in aggregates))
+    entries: list[HistoryEntry] = merge_by_seq(groups)  # type: ignore[assignment]
+    return entries, missing
+
+
+async def _history(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    own = await history(nc, config, "bead", args.id)
+    if not own:
+        print(f"gt: no events for bead {args.id!r}", file=sys.stderr)
+        return EXIT_REJECTED
+    entries, missing = await bead_story(nc, config, args.id)
+    if missing:
+        print(
+            f"gt: {', '.join(missing)} did not answer: the story lacks the sessions, merges or escalations they know",
+            file=sys.stderr,
+        )
+    if args.json:
+        render.print_json(entries)
+    elif args.raw:
+        print(render.history_lines(entries))
+    else:
+        print(timeline(entries, Palette(wanted(args.color, sys.stdout))))
+    return EXIT_OK

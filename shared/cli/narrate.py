@@ -1,0 +1,236 @@
+"""Events told as short sentences, for ``gt feed``, ``gt bead history`` and the dashboard. Pure.
+
+``describe`` knows every event type of the log; a type it does not know (a newer version's) is told as
+its fields, never dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Described = tuple[str, str]
+"""(sentence, kind): kind picks the colour: ``good``, ``bad``, ``warn``, ``work``, ``info``, ``quiet``."""
+
+
+def _s(value: Any, limit: int = 80) -> str:
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _fields(data: dict[str, Any]) -> str:
+    shown = {k: v for k, v in data.items() if v not in ([], {}, None, "", False)}
+    return " ".join(f"{k}={_s(v, 40)}" for k, v in shown.items())
+
+
+def _bead_created(d: dict[str, Any]) -> Described:
+    # Fields at their default are not stored: only what was given is told.
+    extras = [str(d["type"])] if d.get("type") else []
+    extras += [f"P{d['priority']}"] if d.get("priority") is not None else []
+    tail = f" ({', '.join(extras)})" if extras else ""
+    return f'bead {d["bead_id"]} created: "{_s(d.get("title", ""))}"{tail}', "info"
+
+
+def _bead_updated(d: dict[str, Any]) -> Described:
+    changed = sorted(k for k, v in d.items() if k != "bead_id" and v not in (None, [], {}))
+    return f"bead {d['bead_id']} updated: {', '.join(changed) or 'nothing'}", "info"
+
+
+def _bead_slung(d: dict[str, Any]) -> Described:
+    convoy = f" (convoy {d['convoy_id']})" if d.get("convoy_id") else ""
+    forced = " (forced)" if d.get("forced") else ""
+    return f"bead {d['bead_id']} slung to rig {d.get('rig')}{convoy}{forced}", "work"
+
+
+def _bead_closed(d: dict[str, Any]) -> Described:
+    reason = f": {_s(d['reason'])}" if d.get("reason") else ""
+    return f"bead {d['bead_id']} closed{reason}", "good"
+
+
+def _session_requested(d: dict[str, Any]) -> Described:
+    again = f", attempt {d['attempt']}" if int(d.get("attempt") or 1) > 1 else ""
+    handoff = f", handoff of {d['handoff_of']}" if d.get("handoff_of") else ""
+    return (
+        f"session {d['session_id']} requested for bead {d.get('bead')}: polecat {d.get('rig')}/{d.get('polecat')}"
+        f"{again}{handoff}",
+        "work",
+    )
+
+
+def _session_started(d: dict[str, Any]) -> Described:
+    adopted = " (adopted after a restart)" if d.get("adopted") else ""
+    return f"session {d['session_id']} started, pid {d.get('pane_pid')}{adopted}", "work"
+
+
+def _session_warranted(d: dict[str, Any]) -> Described:
+    detail = f" ({_s(d['detail'])})" if d.get("detail") else ""
+    return f"session {d['session_id']} WARRANTED: {d.get('reason')}{detail}", "bad"
+
+
+def _session_ended(d: dict[str, Any]) -> Described:
+    reason = d.get("reason") or "?"
+    detail = f" ({_s(d['detail'])})" if d.get("detail") else ""
+    return f"session {d['session_id']} ended: {reason}{detail}", "good" if reason == "done" else "warn"
+
+
+def _session_hook_recovered(d: dict[str, Any]) -> Described:
+    what = "re-slung" if d.get("resolution") == "resling" else str(d.get("resolution"))
+    detail = f" ({_s(d['detail'])})" if d.get("detail") else ""
+    return f"bead {d.get('bead')} {what} after its hook went stale in session {d['session_id']}{detail}", "warn"
+
+
+def _mr_submitted(d: dict[str, Any]) -> Described:
+    return (
+        f"merge request {d['mr_id']} queued for bead {d.get('bead')}: {d.get('branch')} -> {d.get('target')}",
+        "work",
+    )
+
+
+def _mr_claimed(d: dict[str, Any]) -> Described:
+    batch = f" in a batch of {len(d['batch'])}" if d.get("batch") and len(d["batch"]) > 1 else ""
+    return f"merge request {d['mr_id']} taken by the refinery, attempt {d.get('attempt')}{batch}", "work"
+
+
+def _mr_merged(d: dict[str, Any]) -> Described:
+    commit = str(d.get("merged_commit") or "")[:10]
+    already = " (already on the target)" if d.get("already") else ""
+    batch = f" in a batch of {len(d['batch'])}" if isinstance(d.get("batch"), list) and len(d["batch"]) > 1 else ""
+    return f"merge request {d['mr_id']} MERGED at {commit}{already}{batch}", "good"
+
+
+def _mr_failed(d: dict[str, Any]) -> Described:
+    escalated = ", escalated" if d.get("escalated") else ""
+    return f"merge request {d['mr_id']} failed gate {d.get('gate')} (exit {d.get('exit_code')}){escalated}", "bad"
+
+
+def _mr_conflicted(d: dict[str, Any]) -> Described:
+    files = ", ".join(d.get("files") or [])
+    return f"merge request {d['mr_id']} conflicts with the target: {_s(files) or 'files unknown'}", "bad"
+
+
+def _escalation_raised(d: dict[str, Any]) -> Described:
+    bead = f" about bead {d['bead']}" if d.get("bead") else ""
+    return (
+        f"escalation {d['escalation_id']} raised ({d.get('severity')}) by {d.get('source')}{bead}: "
+        f"{_s(d.get('message', ''))}",
+        "bad",
+    )
+
+
+def _convoy_created(d: dict[str, Any]) -> Described:
+    return f'convoy {d["convoy_id"]} created: "{_s(d.get("title", ""))}" with {len(d.get("beads") or [])} beads', "info"
+
+
+def _convoy_closed(d: dict[str, Any]) -> Described:
+    landed = "landed" if d.get("landed") else "closed"
+    return f"convoy {d['convoy_id']} {landed}: {d.get('closed_beads')}/{d.get('total_beads')} beads closed", "good"
+
+
+def _cmd_rejected(d: dict[str, Any]) -> Described:
+    return f"command {d.get('command')} rejected: {d.get('code')}: {_s(d.get('message', ''))}", "warn"
+
+
+def _cmd_accepted(d: dict[str, Any]) -> Described:
+    return f"command {d.get('command')} accepted", "quiet"
+
+
+def _plain(template: str, kind: str) -> Callable[[dict[str, Any]], Described]:
+    def describe(d: dict[str, Any]) -> Described:
+        return template.format_map(_Missing(d)), kind
+
+    return describe
+
+
+class _Missing(dict[str, Any]):
+    """``str.format_map`` that shows ``?`` for a field an older or newer event lacks."""
+
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
+    "bead.created": _bead_created,
+    "bead.updated": _bead_updated,
+    "bead.claimed": _plain("bead {bead_id} claimed by {assignee}", "info"),
+    "bead.slung": _bead_slung,
+    "bead.closed": _bead_closed,
+    "molecule.attached": lambda d: (
+        f"molecule {d.get('formula')} attached to bead {d['bead_id']}: {len(d.get('steps') or [])} steps",
+        "info",
+    ),
+    "step.started": _plain("bead {bead_id}: step {step} started", "work"),
+    "step.done": _plain("bead {bead_id}: step {step} done", "good"),
+    "molecule.completed": _plain("bead {bead_id}: every step done", "good"),
+    "session.requested": _session_requested,
+    "session.started": _session_started,
+    "session.done_intent": _plain("session {session_id} says it is done", "work"),
+    "session.warranted": _session_warranted,
+    "session.ended": _session_ended,
+    "session.cleaned": _plain("session {session_id} cleaned up", "quiet"),
+    "session.escalated": _plain("session {session_id} escalated: {reason}", "bad"),
+    "session.hook_recovered": _session_hook_recovered,
+    "mr.submitted": _mr_submitted,
+    "mr.claimed": _mr_claimed,
+    "mr.merged": _mr_merged,
+    "mr.failed": _mr_failed,
+    "mr.conflicted": _mr_conflicted,
+    "mr.requeued": _plain("merge request {mr_id} requeued: {reason}", "warn"),
+    "mr.rejected": _plain("merge request {mr_id} rejected: {reason}", "warn"),
+    "convoy.created": _convoy_created,
+    "convoy.beads_added": lambda d: (f"convoy {d['convoy_id']}: {len(d.get('beads') or [])} beads added", "info"),
+    "convoy.closed": _convoy_closed,
+    "escalation.raised": _escalation_raised,
+    "escalation.acked": _plain("escalation {escalation_id} acknowledged by {by}", "info"),
+    "escalation.reescalated": _plain("escalation {escalation_id} re-escalated {from_severity} -> {to_severity}", "bad"),
+    "escalation.closed": _plain("escalation {escalation_id} closed by {by}: {reason}", "good"),
+    "rig.added": _plain("rig {rig} added: {repo}, at most {max_polecats} polecats", "info"),
+    "rig.mass_death": lambda d: (
+        f"rig {d['rig']}: {len(d.get('sessions') or [])} sessions died within {d.get('window_s')}s",
+        "bad",
+    ),
+    "lease.acquired": _plain("lease {lease} acquired by {holder} (token {token})", "quiet"),
+    "lease.released": _plain("lease {lease} released by {holder}", "quiet"),
+    "lease.expired": _plain("lease {lease} of {holder} expired", "warn"),
+    "nudge.queued": _plain("nudge {nudge_id} queued for {rig}/{polecat}: {message}", "info"),
+    "nudge.delivered": _plain("nudge {nudge_id} delivered to session {session}", "info"),
+    "nudge.expired": _plain("nudge {nudge_id} expired: {reason}", "warn"),
+    "service.up": _plain("service {service} up: instance {instance} on {host}", "quiet"),
+    "service.down": _plain("service {service} DOWN: {reason}", "bad"),
+    "service.stopped": _plain("service {service} stopped", "quiet"),
+    "automation.fired": _plain("automation {automation} fired: {action} ({reason})", "info"),
+    "automation.completed": _plain("automation {automation} completed", "good"),
+    "automation.failed": _plain("automation {automation} failed: {error}", "bad"),
+    "gc.swept": _plain("garbage collected everything closed before {cutoff}", "quiet"),
+    "cmd.accepted": _cmd_accepted,
+    "cmd.rejected": _cmd_rejected,
+}
+
+
+def describe(event_type: str, data: dict[str, Any]) -> Described:
+    """The event as a sentence and its kind; an unknown type, or fields that do not fit, as its fields."""
+    describer = DESCRIBERS.get(event_type)
+    if describer is not None:
+        try:
+            return describer(data)
+        except (KeyError, TypeError, ValueError):
+            pass  # an event of another version: its fields still say what happened
+    return f"{event_type} {_fields(data)}".rstrip(), "info"
+
+
+KIND_STYLES: dict[str, tuple[str, ...]] = {
+    "good": ("green",),
+    "bad": ("red",),
+    "warn": ("yellow",),
+    "work": ("cyan",),
+    "info": (),
+    "quiet": ("dim",),
+}
+
+
+def bead_of(event_type: str, data: dict[str, Any]) -> str | None:
+    """The bead an event is about, when its fields say (for filters and timelines)."""
+    for key in ("bead_id", "bead"):
+        value = data.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
