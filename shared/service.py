@@ -128,6 +128,10 @@ class Service(Generic[S]):
         self._services_kv: KeyValue | None = None
         self.reconcile_errors = 0
         self.reconciles = 0
+        self.patrol_last_s = 0.0
+        self.patrol_max_s = 0.0
+        self.patrol_total_s = 0.0
+        """How long ``reconcile`` took: the last patrol, the longest, and all of them (for the metrics plugin)."""
         """Reconcile passes finished (tests wait for "at least one more pass" with it)."""
 
     @property
@@ -457,6 +461,7 @@ class Service(Generic[S]):
         while True:
             raise_if_cancelling()
             await self.wait_active()
+            started = time.monotonic()
             try:
                 await self.reconcile()
             except ActivityLostError:
@@ -464,6 +469,9 @@ class Service(Generic[S]):
             except Exception:
                 self.reconcile_errors += 1
                 log.exception("reconcile_failed")
+            took = time.monotonic() - started
+            self.patrol_last_s, self.patrol_total_s = took, self.patrol_total_s + took
+            self.patrol_max_s = max(self.patrol_max_s, took)
             self.reconciles += 1
             await wait_event(self._dirty, self.settings.patrol_interval)
             self._dirty.clear()
@@ -523,6 +531,9 @@ class Service(Generic[S]):
             "fold_errors": self.projection.fold_errors,
             "reconcile_errors": self.reconcile_errors,
             "reconciles": self.reconciles,
+            "patrol_last_s": round(self.patrol_last_s, 6),
+            "patrol_max_s": round(self.patrol_max_s, 6),
+            "patrol_total_s": round(self.patrol_total_s, 6),
             "resyncs": reader.resyncs if reader else 0,
             "gaps": reader.gaps if reader else 0,
             "commands_processed": intake.processed if intake else 0,

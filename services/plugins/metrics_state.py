@@ -67,6 +67,18 @@ class ServiceFacts(msgspec.Struct, frozen=True, kw_only=True):
 
     last_seq: int
     caught_up: bool
+    applied: int = 0
+    """Events folded into its projection since it started."""
+    commands_processed: int = 0
+    commands_rejected: int = 0
+    fold_errors: int = 0
+    reconcile_errors: int = 0
+    reconciles: int = 0
+    """Patrols (reconcile passes) since it started."""
+    patrol_last_s: float = 0.0
+    patrol_max_s: float = 0.0
+    patrol_total_s: float = 0.0
+    uptime_s: float = 0.0
 
 
 class LiveFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -268,6 +280,8 @@ def render(state: MetricsState, live: LiveFacts, *, plugin: str) -> str:
         if facts is not None:
             out.sample("gt_service_caught_up", int(facts.caught_up), service=service)
 
+    _service_figures(out, live)
+
     out.family(
         "gt_plugin_last_seq",
         "gauge",
@@ -276,3 +290,30 @@ def render(state: MetricsState, live: LiveFacts, *, plugin: str) -> str:
     plugins = {**live.plugins, plugin: state.last_seq}
     out.by_label("gt_plugin_last_seq", "plugin", sorted(plugins.items()))
     return "\n".join(out.lines) + "\n"
+
+
+_SERVICE_COUNTERS = (
+    ("gt_service_events_applied_total", "applied", "Events the service folded into its projection since it started."),
+    ("gt_service_commands_total", "commands_processed", "Commands the service settled since it started."),
+    ("gt_service_commands_rejected_total", "commands_rejected", "Commands it rejected since it started."),
+    ("gt_service_fold_errors_total", "fold_errors", "Events its projection failed to fold since it started."),
+    ("gt_service_patrol_errors_total", "reconcile_errors", "Patrols that failed since it started."),
+    ("gt_service_patrols_total", "reconciles", "Patrols (reconcile passes) since it started."),
+    ("gt_service_patrol_seconds_total", "patrol_total_s", "Seconds spent patrolling since it started."),
+)
+_SERVICE_GAUGES = (
+    ("gt_service_patrol_last_seconds", "patrol_last_s", "How long its last patrol took."),
+    ("gt_service_patrol_max_seconds", "patrol_max_s", "Its longest patrol since it started."),
+    ("gt_service_uptime_seconds", "uptime_s", "Seconds since the service process started."),
+)
+
+
+def _service_figures(out: _Text, live: LiveFacts) -> None:
+    """What each service says of itself at the scrape (its status query): counters restart from 0 with the
+    process, as Prometheus counters do."""
+    answered = sorted((name, facts) for name, facts in live.services.items() if facts is not None)
+    for families, kind in ((_SERVICE_COUNTERS, "counter"), (_SERVICE_GAUGES, "gauge")):
+        for family, attr, help_text in families:
+            out.family(family, kind, help_text)
+            for service, facts in answered:
+                out.sample(family, getattr(facts, attr), service=service)

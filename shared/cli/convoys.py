@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 from typing import Any
 
 from nats.aio.client import Client
 
 from shared.cli import render
-from shared.cli.common import Subcommands, command_options, read, read_options, send, show
+from shared.cli.client import send_command
+from shared.cli.common import (
+    EXIT_OK,
+    EXIT_REJECTED,
+    Subcommands,
+    command_options,
+    key_values,
+    read,
+    read_options,
+    send,
+    show,
+)
+from shared.cli.progress import Progress
 from shared.config import TownConfig
+
+SLING_CONCURRENCY = 16
 
 
 def register(sub: Subcommands) -> None:
-    convoy = sub.group("convoy", "convoys: create, add, status, list, land", "convoy_cmd")
+    convoy = sub.group("convoy", "convoys: create, add, status, list, land, sling", "convoy_cmd")
 
     c = convoy.add_parser("create", help="track beads together")
     c.add_argument("title")
@@ -44,6 +59,15 @@ def register(sub: Subcommands) -> None:
     command_options(la)
     la.set_defaults(handler=_land)
 
+    sl = convoy.add_parser("sling", help="sling every open bead of a convoy to a rig, cooking each one's molecule")
+    sl.add_argument("convoy")
+    sl.add_argument("rig")
+    sl.add_argument("--formula", help="formula to cook (default: the rig's)")
+    sl.add_argument("--var", action="append", metavar="KEY=VALUE", help="formula var (repeatable)")
+    sl.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for each bead's outcome")
+    sl.add_argument("--json", action="store_true", help="print what became of each bead as JSON")
+    sl.set_defaults(handler=_sling)
+
 
 def _progress_line(result: dict[str, Any]) -> str:
     changed = "" if result.get("changed", True) else " (unchanged)"
@@ -71,3 +95,46 @@ async def _status(nc: Client, args: argparse.Namespace, config: TownConfig) -> i
 async def _list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     found = await read(nc, config, "convoys", {"include_closed": True} if args.all else {})
     return show(args, found, render.convoy_table)
+
+
+async def _sling(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    """One ``bead.sling`` per open bead of the convoy (closed and already slung ones are left as they are),
+    several at a time, with a progress bar: a convoy of a thousand beads is a thousand molecules to cook."""
+    convoy = await read(nc, config, "convoy", {"id": args.convoy})
+    todo = [b["id"] for b in convoy.get("bead_details", []) if b["status"] == "open"]
+    skipped = len(convoy.get("bead_details", [])) - len(todo)
+    vars_ = key_values(args.var, "--var")
+    limit = asyncio.Semaphore(SLING_CONCURRENCY)
+    bar = Progress(f"slinging {args.convoy} to {args.rig}", len(todo))
+    results: dict[str, dict[str, Any]] = {}
+
+    async def sling(bead: str) -> None:
+        body = {"id": bead, "rig": args.rig, "formula": args.formula, "vars": vars_ or None, "no_convoy": True}
+        async with limit:
+            outcome = await send_command(
+                nc, config, "gt.cmd.bead.sling", {k: v for k, v in body.items() if v is not None}, timeout=args.timeout
+            )
+        if outcome.type == "cmd.accepted":
+            results[bead] = {"status": "slung", "result": outcome.data.get("result", {})}
+        elif outcome.type == "cmd.rejected":
+            results[bead] = {
+                "status": "rejected",
+                "code": outcome.data.get("code"),
+                "message": outcome.data.get("message"),
+            }
+        else:
+            results[bead] = {"status": "pending", "message": "stored; the mayor has not answered yet"}
+        bar.advance()
+
+    await asyncio.gather(*(sling(b) for b in todo))
+    bar.finish()
+    slung = [b for b in todo if results[b]["status"] == "slung"]
+    failed = [b for b in todo if results[b]["status"] != "slung"]
+    if args.json:
+        render.print_json({"convoy": args.convoy, "rig": args.rig, "skipped": skipped, "beads": results})
+    else:
+        print(f"{args.convoy}: {len(slung)} slung to {args.rig}, {skipped} not open (left as they were)")
+        for bead in failed:
+            r = results[bead]
+            print(f"  {bead}: {r['status']}: {r.get('code') or ''} {r.get('message') or ''}".rstrip())
+    return EXIT_REJECTED if failed else EXIT_OK

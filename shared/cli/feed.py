@@ -20,8 +20,10 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
 
 from shared import subjects
+from shared.bus.reader import EventReader
 from shared.cli import render
 from shared.cli.client import HistoryEntry, history, history_entry, query
 from shared.cli.colour import COLOR_CHOICES, Palette, wanted
@@ -70,15 +72,34 @@ def _check_since(args: argparse.Namespace) -> None:
 # ---- the feed -------------------------------------------------------------------------------------
 
 
-def _consumer(since: Since) -> ConsumerConfig:
+async def start_after(js: JetStreamContext, stream: str, since: Since) -> int:
+    """The sequence just before the first event ``since`` asks for (the log has no holes: GT_EVT denies
+    deletes, so sequences are contiguous)."""
     if since.seq is not None:
-        return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=since.seq)
-    if since.time is not None:
-        return ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_TIME,
-            opt_start_time=since.time.astimezone(UTC),
-        )
-    return ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+        return since.seq - 1
+    if since.time is None:
+        return 0
+    found: asyncio.Queue[int] = asyncio.Queue()
+
+    async def on_msg(msg: Any) -> None:
+        found.put_nowait(int(msg.metadata.sequence.stream))
+
+    probe = await js.subscribe(
+        f"{subjects.EVT_PREFIX}.>",
+        stream=stream,
+        cb=on_msg,
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since.time.astimezone(UTC)),
+    )
+    try:
+        info = await probe.consumer_info()
+        if (info.num_pending or 0) == 0 and found.empty():
+            return int((await js.stream_info(stream)).state.last_seq)  # nothing since then: only new events
+        async with asyncio.timeout(30):
+            return await found.get() - 1
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await probe.unsubscribe()
 
 
 async def follow_log(
@@ -90,42 +111,43 @@ async def follow_log(
     on_caught_up: Callable[[], None] | None = None,
 ) -> AsyncIterator[HistoryEntry]:
     """Every event from ``since``, in order; with ``follow`` it goes on with new ones. ``on_caught_up`` is
-    called once the backlog (what the log held when this began) has been yielded."""
+    called once the backlog (what the log held when this began) has been yielded. Read with the services'
+    ``EventReader``: no gap, no repeat, and it resubscribes from where it was after a NATS restart."""
     js = nc.jetstream()
-    queue: asyncio.Queue[tuple[int, bytes, int]] = asyncio.Queue()
-
-    async def on_msg(msg: Any) -> None:
-        meta = msg.metadata
-        queue.put_nowait((int(meta.sequence.stream), msg.data, int(meta.num_pending)))
-
-    sub = await js.subscribe(
-        f"{subjects.EVT_PREFIX}.>",
-        stream=config.evt_stream,
-        cb=on_msg,
-        ordered_consumer=True,
-        config=_consumer(since),
+    queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+    first = await start_after(js, config.evt_stream, since)
+    reader = EventReader(
+        js, config.evt_stream, lambda seq, _subject, data: queue.put_nowait((seq, data)), start_after=first
     )
+    target = await reader.stream_last_seq()
+    reading = asyncio.create_task(reader.run(), name="feed-reader")
     backlog = True
     try:
-        info = await sub.consumer_info()
-        if (info.num_pending or 0) == 0 and queue.empty():
+        if target <= first:
             backlog = False
             if on_caught_up is not None:
                 on_caught_up()
             if not follow:
                 return
         while True:
-            seq, raw, pending = await queue.get()
+            getting = asyncio.ensure_future(queue.get())
+            await asyncio.wait({getting, reading}, return_when=asyncio.FIRST_COMPLETED)
+            if not getting.done():
+                getting.cancel()
+                reading.result()  # the reader stopped: say why
+                return
+            seq, raw = getting.result()
             yield history_entry(seq, raw)
-            if backlog and pending == 0:
+            if backlog and seq >= target:
                 backlog = False
                 if on_caught_up is not None:
                     on_caught_up()
                 if not follow:
                     return
     finally:
-        with contextlib.suppress(nats.errors.Error):
-            await sub.unsubscribe()
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
 
 
 async def _seed(nc: Client, filters: Filters) -> None:

@@ -23,7 +23,7 @@ from shared import logging as gt_logging
 from shared.bus.connection import connect
 from shared.bus.permissions import guarded
 from shared.bus.topology import provision
-from shared.cli import automations, beads, convoys, feed, gc, mail, polecats, render, status, work
+from shared.cli import automations, beads, convoys, dashboard, feed, gc, mail, polecats, render, status, work
 from shared.cli.client import query, stream_last_seq
 from shared.cli.common import (
     EXIT_DENIED,
@@ -77,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc.register(sub)
     status.register(sub)
     feed.register(sub)
+    dashboard.register(sub)
 
     sub.add_parser("schema", help="JSON Schema of every command and event")
     st = sub.add_parser("health", help="exit 0 when the service is connected and caught up with the log")

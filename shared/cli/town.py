@@ -33,6 +33,7 @@ from shared.bus.connection import connect
 from shared.bus.permissions import guarded
 from shared.bus.topology import provision
 from shared.cli.client import query
+from shared.cli.progress import Progress
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.errors import GastownError, PermissionDeniedError, QueryError
@@ -64,6 +65,9 @@ class TownState(msgspec.Struct, kw_only=True):
     gave_up: list[str] = []
     """Services left down after a crash loop."""
     ready: bool = False
+    replay: dict[str, tuple[int, int]] = {}
+    """While starting: per service, the last sequence it has applied and the log's last sequence when the
+    services started (what ``gt up -d`` draws its progress bar from)."""
 
 
 def state_path(config: TownConfig) -> Path:
@@ -185,6 +189,7 @@ class Supervisor:
         self.children: list[ChildService] = []
         self.nats_url = config.nats_url
         self.ready = False
+        self.replay: dict[str, tuple[int, int]] = {}
         self._stop = asyncio.Event()
         self._me = processes.ref_of(os.getpid())
 
@@ -202,6 +207,7 @@ class Supervisor:
                 services={c.name: c.ref for c in self.children},
                 gave_up=[c.name for c in self.children if c.gave_up],
                 ready=self.ready,
+                replay=self.replay,
             ),
         )
 
@@ -302,12 +308,17 @@ class Supervisor:
     async def _wait_ready(self, nc: Any) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         pending = {c.name for c in self.children}
+        target = int((await nc.jetstream().stream_info(self.config.evt_stream)).state.last_seq)
+        self.replay = dict.fromkeys(sorted(pending), (0, target))
         while pending and time.monotonic() < deadline and not self._stop.is_set():
             for name in sorted(pending):
                 with contextlib.suppress(QueryError):
                     status = await query(nc, name, "status", {}, timeout=1)
+                    applied = int(status.get("last_seq") or 0)
+                    self.replay[name] = (applied, max(target, applied))
                     if status.get("caught_up"):
                         pending.discard(name)
+            self.write_state()
             for child in self.children:
                 child.check(time.monotonic())
                 if child.gave_up:
@@ -384,12 +395,18 @@ def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> 
             cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
         )
     deadline = time.monotonic() + READY_TIMEOUT_S
+    bar = Progress("replaying the log", 0)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             print(f"gt: the town failed to start (exit {proc.returncode}); see {logs / 'town.log'}", file=sys.stderr)
             return 3
         state = read_state(config)
+        if state is not None and state.replay and state.supervisor.pid == proc.pid:
+            bar.update(sum(a for a, _ in state.replay.values()), sum(t for _, t in state.replay.values()))
         if state is not None and state.ready and state.supervisor.pid == proc.pid:
+            if state.replay:
+                bar.update(sum(t for _, t in state.replay.values()))
+                bar.finish()
             names = ", ".join(s for s in state.services if s not in state.gave_up)
             print(f"town up: NATS {state.nats_url}, services {names} (GT_HOME {config.gt_home}, logs in {logs})")
             if state.gave_up:

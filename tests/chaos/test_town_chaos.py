@@ -1,6 +1,7 @@
-"""The town chaos run, short variant for every test run: 60 beads in 6 convoys, the whole town as processes,
-agents failing at the default rates, a service killed with SIGKILL every few seconds, NATS restarted once.
-The long run (1,000 beads) is ``python -m tests.chaos.town``; see docs/chaos.md."""
+"""The town chaos run, short variants for every test run: 60 beads in 6 convoys, the whole town as processes,
+agents failing at the default rates, a service killed with SIGKILL every few seconds, NATS restarted once;
+and 20 beads on three clustered NATS nodes, one of them also killed alone. The long run (1,000 beads) is
+``python -m tests.chaos.town``; see docs/chaos.md."""
 
 from __future__ import annotations
 
@@ -25,3 +26,16 @@ async def test_sixty_beads_survive_agent_faults_service_kills_and_a_nats_restart
     assert report.nats_restarts == 1
     assert sum(report.faults.values()) >= 5, report.render()
     assert report.warrants >= 1, report.render()
+
+
+@pytest.mark.timeout(1200)
+async def test_twenty_beads_survive_the_same_on_a_three_node_cluster_that_loses_its_leader(tmp_path: Path) -> None:
+    """The cluster topology: streams with three replicas; the whole cluster is restarted once, and later the
+    node leading GT_EVT is killed alone, comes back and catches up with the log."""
+    settings = ChaosSettings(beads=20, convoy_size=10, cluster=True, mq_batch=4, deadline_s=900)
+    report = await run_chaos(settings, tmp_path / "town")
+    print(report.render())
+    assert report.ok, report.render()
+    assert report.nats_restarts == 1
+    assert len(report.node_kills) == 1, report.render()
+    assert sum(report.kills.values()) >= 3, report.render()

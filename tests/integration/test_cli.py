@@ -84,7 +84,7 @@ async def test_the_bead_lifecycle_through_the_cli(gt: Gt, mayor: MayorService) -
     bead = (await gt("bead", "show", bead_id, "--json")).json()
     assert (bead["status"], bead["labels"], bead["close_reason"]) == ("closed", ["urgent"], "merged")
 
-    history = await gt("bead", "history", bead_id)
+    history = await gt("bead", "history", bead_id, "--raw")
     assert history.code == 0
     lines = history.out.strip().splitlines()
     assert [line.split()[3] for line in lines] == ["bead.created", "bead.updated", "bead.claimed", "bead.closed"]

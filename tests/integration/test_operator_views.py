@@ -14,16 +14,20 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
 
 from shared.config import TownConfig
-from tests.helpers import assert_eventually
+from shared.embedded import EmbeddedServer
+from tests.drivers import send_and_wait
+from tests.helpers import assert_eventually, connected
+from tests.integration.test_mayor_service import run_mayor
 from tests.witness_town import PolecatTown, polecat_town
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -221,3 +225,77 @@ async def test_bead_history_tells_the_story_of_a_merged_and_a_worked_bead(script
     missing = await scripted.agt("bead", "history", "gt-nosuchbead")
     assert missing.returncode == 1
     assert "no events for bead" in missing.stderr
+
+
+async def test_convoy_sling_cooks_every_open_bead_with_a_progress_bar_and_names_each_refusal(
+    scripted: Scripted,
+) -> None:
+    pt = scripted.pt
+    beads = [await pt.new_bead(f"Bulk bead {i}") for i in range(40)]
+    convoy = str((await pt.ok("gt.cmd.convoy.create", title="Bulk", beads=beads))["id"])
+    await pt.ok("gt.cmd.bead.close", id=beads[0], reason="not needed")
+    await pt.sling(beads[1], no_convoy=True)
+    scripted.env["GT_PROGRESS"] = "always"
+    run = await scripted.agt("convoy", "sling", convoy, "demo")
+    assert run.returncode == 0, run.stdout
+    assert run.stdout.strip() == f"{convoy}: 38 slung to demo, 2 not open (left as they were)"
+    bars = [line for line in run.stderr.splitlines() if line.startswith(f"slinging {convoy} to demo [")]
+    assert bars, run.stderr
+    assert bars[-1].endswith("38/38 100%")
+    assert pt.mayor is not None
+    state = pt.mayor.projection.state
+    assert all(state.beads[b].status != "open" for b in beads)
+    assert all(state.molecules.get(b) is not None for b in beads[1:]), "each slung bead has its molecule cooked"
+
+    again = await scripted.agt("convoy", "sling", convoy, "demo", "--json")
+    assert json.loads(again.stdout)["skipped"] == 40
+
+    late = await pt.new_bead("Late to the party")
+    await pt.ok("gt.cmd.convoy.add", id=convoy, beads=[late])
+    refused = await scripted.agt("convoy", "sling", convoy, "demo", "--formula", "no-such-formula")
+    assert refused.returncode == 1
+    assert f"{late}: rejected:" in refused.stdout
+
+
+async def test_feed_follows_through_a_nats_restart_and_starts_at_a_time(
+    own_nats_server: EmbeddedServer, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    town = TownConfig(nats_url=own_nats_server.url, gt_home=tmp_path / "home")
+    env = {**gt_env, "NATS_URL": town.nats_url, "GT_HOME": str(town.gt_home), "GT_LOG_LEVEL": "ERROR"}
+
+    async def create(nc: Client, title: str) -> None:
+        cmd_id = f"t-{uuid.uuid4().hex[:10]}"
+        body = json.dumps({"title": title, "cmd_id": cmd_id}).encode()
+        outcome = await send_and_wait(nc, "gt.cmd.bead.create", body, cmd_id, timeout=60)
+        assert outcome["type"] == "cmd.accepted", outcome
+
+    async with connected(town.nats_url) as nc, run_mayor(town):
+        await create(nc, "Before the feed")
+        later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+        nothing = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "shared.cli.main", "feed", "--since", later, "--no-follow"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (nothing.returncode, nothing.stdout) == (0, ""), nothing.stderr
+
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "shared.cli.main", "feed", "--since", "1h", "--type", "bead.created",
+            env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            assert proc.stderr is not None
+            assert b"caught up" in await asyncio.wait_for(proc.stderr.readline(), 60)
+            assert b'"Before the feed"' in await asyncio.wait_for(proc.stdout.readline(), 10)
+            await asyncio.to_thread(own_nats_server.restart)
+            await create(nc, "After NATS came back")
+            line = await asyncio.wait_for(proc.stdout.readline(), 90)
+            assert b'"After NATS came back"' in line, line
+        finally:
+            proc.terminate()
+            rest, _ = await proc.communicate()
+        assert b"Before the feed" not in rest, "nothing printed twice"

@@ -728,6 +728,14 @@ class TestMetricsExporter:
         assert got['gt_service_up{service="mayor"}'] == 1
         assert got['gt_service_up{service="witness"}'] == 0  # not running
         assert 'gt_projection_lag{service="witness"}' not in got
+        # The mayor's own figures, from its status: what it applied and how its patrols went.
+        assert got['gt_service_events_applied_total{service="mayor"}'] >= last
+        assert got['gt_service_patrols_total{service="mayor"}'] >= 1
+        assert (
+            got['gt_service_patrol_seconds_total{service="mayor"}']
+            >= got['gt_service_patrol_max_seconds{service="mayor"}']
+        )
+        assert 'gt_service_patrols_total{service="witness"}' not in got
 
     async def test_the_exporter_process_logs_its_port_serves_and_stops_on_sigterm(
         self, nc: Client, town: TownConfig, log: Appender, gt_env: dict[str, str], tmp_path: Path

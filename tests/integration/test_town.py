@@ -101,6 +101,15 @@ def test_up_runs_the_town_and_down_stops_refinery_witness_mayor_deacon_then_nats
         events = [e["event"] for e in _log_events(gt_town.home / "logs" / f"{service}.log")]
         assert "service_stopped" in events  # each one shut down cleanly on SIGTERM
 
+    # Up again: the services replay the log, and `gt up -d` shows that as a progress bar (asked for, as the
+    # output is piped here).
+    gt_town.env["GT_PROGRESS"] = "always"
+    again = gt_town("up", "-d", "--port", "0")
+    assert again.returncode == 0, again.stderr
+    bars = [line for line in again.stderr.splitlines() if line.startswith("replaying the log [")]
+    assert bars, again.stderr
+    assert bars[-1].endswith("100%")
+
 
 def test_a_killed_service_is_restarted_by_the_supervisor(gt_town: TownCli) -> None:
     assert gt_town("up", "-d", "--port", "0", "--services", "mayor").returncode == 0

@@ -372,6 +372,35 @@ class TestMetricsText:
         assert "# TYPE gt_merge_queue_depth gauge" in text
         assert text.endswith("\n")
 
+    def test_each_service_figures_come_from_its_own_status(self) -> None:
+        mayor = ServiceFacts(
+            last_seq=10,
+            caught_up=True,
+            applied=10,
+            commands_processed=7,
+            commands_rejected=2,
+            reconciles=4,
+            patrol_last_s=0.25,
+            patrol_max_s=0.5,
+            patrol_total_s=1.0,
+            uptime_s=30.0,
+        )
+        text = render(
+            MetricsState(), LiveFacts(stream_last_seq=10, services={"mayor": mayor, "witness": None}), plugin="m"
+        )
+        got = samples(text)
+        assert got['gt_service_events_applied_total{service="mayor"}'] == 10
+        assert got['gt_service_commands_total{service="mayor"}'] == 7
+        assert got['gt_service_commands_rejected_total{service="mayor"}'] == 2
+        assert got['gt_service_patrols_total{service="mayor"}'] == 4
+        assert got['gt_service_patrol_seconds_total{service="mayor"}'] == 1.0
+        assert got['gt_service_patrol_last_seconds{service="mayor"}'] == 0.25
+        assert got['gt_service_patrol_max_seconds{service="mayor"}'] == 0.5
+        assert got['gt_service_uptime_seconds{service="mayor"}'] == 30.0
+        assert not any('service="witness"' in name and name.startswith("gt_service_patrol") for name in got)
+        assert "# TYPE gt_service_patrols_total counter" in text
+        assert "# TYPE gt_service_patrol_last_seconds gauge" in text
+
     def test_without_the_stream_there_is_no_lag_but_still_liveness(self) -> None:
         live = LiveFacts(stream_last_seq=None, services={"mayor": ServiceFacts(last_seq=5, caught_up=False)})
         got = samples(render(MetricsState(), live, plugin="metrics"))
