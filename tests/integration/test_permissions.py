@@ -368,6 +368,13 @@ async def test_the_operator_can_neither_forge_events_nor_delete_or_purge(st: Sec
         history = await st.gt("operator", "bead", "history", bead, "--json")
         assert history.returncode == 0, history.stderr
         assert [e["type"] for e in json.loads(history.stdout)] == ["bead.created"]
+        # Looking is all the operator needs for the town's picture: status, the feed.
+        status = await st.gt("operator", "status", "--json")
+        assert status.returncode in (0, 1), status.stderr  # 1: not every service of this town runs
+        assert json.loads(status.stdout)["services"]["mayor"]["state"] == "healthy"
+        feed = await st.gt("operator", "feed", "--since", "all", "--no-follow", "--type", "bead.created")
+        assert feed.returncode == 0, feed.stderr
+        assert bead in feed.stdout
 
     lines = st.violations()
     for refused_subject in (subject, "$JS.API.STREAM.DELETE.GT_EVT", "$JS.API.STREAM.PURGE.GT_CMD"):
