@@ -2,7 +2,7 @@
 
 Exit codes: 0 done (command accepted, or durably stored while its service is down), 1 rejected or not
 found, 2 usage error, 3 NATS unreachable (or the answering service is not running), 4 not permitted (the
-NATS server refused this user a subject; nothing was sent).
+NATS server refused this user a subject; nothing was sent), 130 stopped with Ctrl-C.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ from shared.errors import (
 )
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
+EXIT_INTERRUPTED = 130
+"""Ctrl-C, as shells report a SIGINT."""
 LOCAL_COMMANDS = ("up", "down", "schema")
 """Commands that do not talk to a running town through NATS."""
 
@@ -171,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if precheck is not None:
             precheck(args)  # e.g. `gt done` outside a session: said before trying to reach NATS
         return asyncio.run(run_async(args.handler, args, config))
+    except KeyboardInterrupt:
+        # Ctrl-C ends `gt feed` and `gt dashboard` (and any wait): a stop asked for, not a crash.
+        return EXIT_INTERRUPTED
     except UsageError as exc:
         print(f"gt: {exc}", file=sys.stderr)
         return EXIT_USAGE
