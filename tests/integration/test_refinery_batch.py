@@ -141,7 +141,8 @@ async def test_a_member_that_only_clashes_with_another_is_deferred_not_blamed(pt
     mr_b = await pt.submit(second, "polecat/b/x", head_b)
 
     def blocked() -> MergeRequest:
-        mr = mrs_of(pt)[mr_b]
+        mr = mrs_of(pt).get(mr_b)
+        assert mr is not None, "the refinery has not applied the submission yet"
         assert mr.status == "blocked", mr.status
         assert mr.blocked_by
         return mr
