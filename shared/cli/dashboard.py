@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from typing import TYPE_CHECKING
 
 from nats.aio.client import Client
 
@@ -12,7 +13,9 @@ from shared.aio import wait_event
 from shared.cli.common import EXIT_OK, Subcommands
 from shared.cli.progress import Progress
 from shared.config import TownConfig
-from shared.dashboard.server import Dashboard, serve
+
+if TYPE_CHECKING:
+    from shared.dashboard.server import Dashboard
 
 DEFAULT_PORT = 8765
 
@@ -25,6 +28,9 @@ def register(sub: Subcommands) -> None:
 
 
 async def _dashboard(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    # Imported here: the server and its page are loaded only by `gt dashboard`, not by every `gt` an agent runs.
+    from shared.dashboard.server import Dashboard, serve
+
     dashboard = Dashboard(nc, config, host=args.host, port=args.port)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"gt: the dashboard on {args.host} shows the town to anyone who can reach it", file=sys.stderr)

@@ -6,13 +6,13 @@ Each node is a real ``nats-server`` with its own store directory (``EmbeddedServ
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from shared.embedded import EmbeddedServer, free_port
+from tests.compose_stack import node_stream_state
 
 CLUSTER_NAME = "gt-chaos"
 
@@ -93,14 +93,4 @@ class NatsNodes:
     def stream_state(self, name: str, stream: str) -> dict[str, Any] | None:
         """The stream as this node stores it (its own replica), from its /jsz monitoring endpoint."""
         node = self.nodes[name]
-        try:
-            with urllib.request.urlopen(f"http://{node.host}:{node.http_port}/jsz?streams=true", timeout=3) as answer:
-                jsz = json.loads(answer.read())
-        except OSError:
-            return None
-        for account in jsz.get("account_details") or []:
-            for detail in account.get("stream_detail") or []:
-                if detail.get("name") == stream:
-                    state = detail.get("state")
-                    return state if isinstance(state, dict) else None
-        return None
+        return node_stream_state(f"http://{node.host}:{node.http_port}", stream)
