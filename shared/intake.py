@@ -5,6 +5,10 @@ atomically, so a command redelivered after a crash can neither produce a second 
 effect: the append fails on the outcome's concurrency check and the intake finds the outcome stored.
 Commands on different aggregates are decided concurrently and their appends share group commits;
 commands on the same aggregate are decided in order, each on a projection that holds its predecessor.
+
+That order holds across a restart too. JetStream hands a command an instance took and never acknowledged (it
+died holding it) to the next one only after the ack wait, long after the commands stored behind it; so a new
+instance first settles what its predecessor held, read from the stream in stream order, and only then fetches.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import nats.errors
 import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
+from nats.js.api import RawStreamMsg
 from nats.js.client import JetStreamContext
 
 from shared import ids, subjects
@@ -43,22 +48,49 @@ PASS_DELAY_S = 0.2
 MAX_PASS_DELAY_S = 5.0
 """A command for another scope goes back to the shared consumer after a delay that grows with its deliveries,
 so one for a rig no running witness serves waits in GT_CMD, looked at less and less often, until one does."""
+MAX_HELD_SCAN = 50_000
+"""Most stored commands read per filter subject when looking for those a predecessor held."""
 UNSERVED_AFTER_DELIVERIES = 10
 """Deliveries after which a command nobody settled is logged as waiting for an instance of its scope."""
 
 
 class Delivery:
-    """One delivery of a stored command, as read from its JetStream reply subject."""
+    """One delivery of a stored command: fetched from the consumer (``msg`` set, acked once settled), or read
+    from the stream because a dead predecessor held it (``msg`` None: its redelivery is acked later)."""
 
-    __slots__ = ("actor", "body", "command_id", "correlation_id", "delivered", "msg", "name", "stream_seq", "subject")
+    __slots__ = (
+        "actor",
+        "body",
+        "command_id",
+        "correlation_id",
+        "delivered",
+        "held",
+        "msg",
+        "name",
+        "stored_at",
+        "stream_seq",
+        "subject",
+    )
 
-    def __init__(self, msg: Msg, max_bytes: int) -> None:
+    def __init__(
+        self,
+        *,
+        subject: str,
+        body: bytes,
+        headers: dict[str, str] | None,
+        stream_seq: int,
+        delivered: int,
+        max_bytes: int,
+        msg: Msg | None = None,
+        stored_at: datetime | None = None,
+    ) -> None:
         self.msg = msg
-        self.subject = msg.subject
-        info = subjects.parse_js_reply(msg.reply)
-        self.stream_seq, self.delivered = info.stream_seq, info.delivered
-        self.body = msg.data
-        header_id = (msg.headers or {}).get("Nats-Msg-Id")
+        self.subject = subject
+        self.stream_seq, self.delivered = stream_seq, delivered
+        self.held = msg is None
+        self.stored_at = stored_at
+        self.body = body
+        header_id = (headers or {}).get("Nats-Msg-Id")
         if len(self.body) <= max_bytes:
             body_id, actor, correlation = peek_body_fields(self.body)
         else:
@@ -67,6 +99,39 @@ class Delivery:
         self.actor = actor or "operator"
         self.correlation_id = correlation or self.command_id
         self.name = self.subject.removeprefix(subjects.CMD_PREFIX + ".")
+
+    @classmethod
+    def fetched(cls, msg: Msg, max_bytes: int) -> Delivery:
+        info = subjects.parse_js_reply(msg.reply)
+        return cls(
+            subject=msg.subject,
+            body=msg.data,
+            headers=msg.headers,
+            stream_seq=info.stream_seq,
+            delivered=info.delivered,
+            max_bytes=max_bytes,
+            msg=msg,
+        )
+
+    @classmethod
+    def held_by_predecessor(cls, raw: RawStreamMsg, max_bytes: int) -> Delivery:
+        assert raw.subject is not None
+        assert raw.seq is not None
+        return cls(
+            subject=raw.subject,
+            body=raw.data or b"",
+            headers=raw.headers,
+            stream_seq=raw.seq,
+            delivered=0,
+            max_bytes=max_bytes,
+            stored_at=raw.time,
+        )
+
+    def stored_time(self) -> datetime:
+        if self.stored_at is not None:
+            return self.stored_at
+        assert self.msg is not None
+        return self.msg.metadata.timestamp
 
 
 class CommandIntake:
@@ -116,6 +181,8 @@ class CommandIntake:
         self._in_flight: set[int] = set()
         self._acks: set[asyncio.Task[None]] = set()
         self._committed_high = 0
+        self.held_settled = 0
+        """Commands a dead predecessor held, settled from the stream before this instance fetched anything."""
         self.processed = 0
         self.rejected = 0
         self.duplicates = 0
@@ -127,6 +194,7 @@ class CommandIntake:
     async def run(self) -> None:
         sub = await self._bind()
         try:
+            await self._settle_held_first()
             while True:
                 raise_if_cancelling()
                 await self._slots.acquire()
@@ -143,7 +211,7 @@ class CommandIntake:
                 for _ in range(free - len(msgs)):
                     self._slots.release()
                 for msg in msgs:
-                    self._dispatch(msg)
+                    self._dispatch(Delivery.fetched(msg, self._max_bytes))
         finally:
             for task in list(self._tasks):
                 task.cancel()
@@ -172,13 +240,62 @@ class CommandIntake:
             return []
         return msgs
 
+    # ---- commands a predecessor held ----------------------------------------------------------
+
+    async def _settle_held_first(self) -> None:
+        """Dispatch, in stream order, every command the consumer delivered and nobody acked yet; fetches that
+        follow queue behind them per aggregate, so a later command never overtakes one a dead instance held.
+        Settling one that is in fact still held by a live instance is harmless: its outcome is stored once."""
+        held = await self._held_commands()
+        for raw in held:
+            await self._slots.acquire()
+            self._dispatch(Delivery.held_by_predecessor(raw, self._max_bytes))
+        if held:
+            log.info("held_commands_dispatched", count=len(held), first=held[0].seq, last=held[-1].seq)
+
+    async def _held_commands(self) -> list[RawStreamMsg]:
+        while True:
+            raise_if_cancelling()
+            try:
+                info = await self._js.consumer_info(self._stream, self._durable)
+                if not info.num_ack_pending or info.delivered is None:
+                    return []
+                first = (info.ack_floor.stream_seq or 0) + 1 if info.ack_floor is not None else 1
+                last = info.delivered.stream_seq or 0
+                patterns = info.config.filter_subjects or [info.config.filter_subject or f"{subjects.CMD_PREFIX}.>"]
+                found: dict[int, RawStreamMsg] = {}
+                for pattern in patterns:
+                    for raw in await self._stored_between(pattern, first, last):
+                        found[raw.seq or 0] = raw
+                return [found[seq] for seq in sorted(found)]
+            except (TimeoutError, nats.errors.Error) as exc:
+                log.warning("held_commands_read_failed", consumer=self._durable, error=repr(exc))
+                await pause(0.5)
+
+    async def _stored_between(self, pattern: str, first: int, last: int) -> list[RawStreamMsg]:
+        """The commands on ``pattern`` still stored with sequences first..last (acked ones are gone)."""
+        found: list[RawStreamMsg] = []
+        seq = first
+        while seq <= last and len(found) < MAX_HELD_SCAN:
+            try:
+                raw = await self._js.get_msg(self._stream, seq, subject=pattern, next=True)
+            except nats.js.errors.NotFoundError:
+                break
+            if raw.seq is None or raw.seq > last:
+                break
+            found.append(raw)
+            seq = raw.seq + 1
+        if len(found) >= MAX_HELD_SCAN:
+            log.warning("held_commands_scan_truncated", pattern=pattern, first=first, last=last, limit=MAX_HELD_SCAN)
+        return found
+
     # ---- dispatch -----------------------------------------------------------------------------
 
-    def _dispatch(self, msg: Msg) -> None:
-        delivery = Delivery(msg, self._max_bytes)
+    def _dispatch(self, delivery: Delivery) -> None:
         if not self._owns(delivery.subject):
             # Another service's consumer answers it; this one only makes sure nothing is left unanswered.
-            self._spawn_ack(msg)
+            if delivery.msg is not None:
+                self._spawn_ack(delivery.msg)
             self._slots.release()
             return
         if delivery.stream_seq in self._in_flight:
@@ -235,6 +352,8 @@ class CommandIntake:
             # Read-your-writes for deciding: every outcome this service already reported is applied.
             await self._reader.wait_for_seq(barrier)
         if isinstance(parsed, Command) and not await self._settles_here(parsed):
+            if delivery.msg is None:
+                return 0  # another scope's, held by its own instance: that one (or its successor) settles it
             log.debug("command_passed", command_id=delivery.command_id, delivered=delivery.delivered)
             if delivery.delivered == UNSERVED_AFTER_DELIVERIES:
                 log.warning(
@@ -255,7 +374,11 @@ class CommandIntake:
             except AppendTimeoutError as exc:
                 log.warning("command_outcome_unstored", error=str(exc))
                 return 0  # not acked: redelivered after the ack wait
-        await _ack(delivery.msg)
+        if delivery.msg is not None:
+            await _ack(delivery.msg)
+        else:
+            # Its redelivery, after the ack wait, finds the outcome stored and acks it.
+            self.held_settled += 1
         self.processed += 1
         return seq
 
@@ -272,16 +395,14 @@ class CommandIntake:
 
     async def _settle(self, delivery: Delivery, parsed: Command | CommandError) -> int:
         outcome_subject = subjects.outcome_subject(delivery.command_id)
-        if delivery.delivered > 1:
+        if delivery.delivered > 1 or delivery.held:
             stored = await self._appender.last_on_subject(outcome_subject)
             if stored is not None:
                 self.duplicates += 1
                 log.info("command_already_settled", outcome_seq=stored[0])
                 return stored[0]
         if isinstance(parsed, Command) and parsed.fence is not None:
-            fenced = await fence_error(
-                self._js, self._reader.stream, parsed.fence, stored_at=delivery.msg.metadata.timestamp
-            )
+            fenced = await fence_error(self._js, self._reader.stream, parsed.fence, stored_at=delivery.stored_time())
             if fenced is not None:
                 parsed = fenced
         facts = await self._prepare(parsed) if self._prepare is not None and isinstance(parsed, Command) else None

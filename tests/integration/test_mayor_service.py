@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
+import nats.js.errors
 import pytest
 from nats.aio.client import Client
 
@@ -282,6 +283,92 @@ class TestIntakeRobustness:
         finally:
             await service.shutdown()
             await task
+
+
+class TestCommandsHeldByADeadInstance:
+    """A mayor killed while it holds a command (delivered, not acked) leaves it to JetStream, which hands it out
+    again only after the ack wait. The 1,000-bead chaos run caught the next mayor settling the agent's next
+    `step.done` first: rejected ("needs run-tests done first"), and the bead merged without its last step."""
+
+    STEPS = ("load-context", "implement", "commit", "self-review")
+
+    async def _held_by_a_dead_mayor(self, nc: Client, subject: str, body: dict[str, Any], msg_id: str) -> int:
+        """Store the command and take it the way a mayor does, then vanish without acking it."""
+        await pub(nc, subject, body, msg_id=msg_id)
+        sub = await nc.jetstream().pull_subscribe_bind("mayor-cmd", "GT_CMD")
+        [msg] = await sub.fetch(1, timeout=10)
+        assert msg.subject == subject
+        await sub.unsubscribe()
+        return int(msg.metadata.sequence.stream)
+
+    async def test_the_next_mayor_settles_the_held_command_before_the_newer_one_of_the_same_bead(
+        self, nc: Client, town: TownConfig
+    ) -> None:
+        async with run_mayor(town):
+            await pub(nc, "gt.cmd.bead.create", {"title": "held step"}, msg_id="held-bead")
+            bead = (await outcome_of(nc, "held-bead"))["result"]["id"]
+            await pub(nc, "gt.cmd.bead.sling", {"id": bead, "rig": "demo"}, msg_id="held-sling")
+            assert (await outcome_of(nc, "held-sling"))["type"] == "cmd.accepted"
+            for step in self.STEPS:
+                await pub(nc, "gt.cmd.step.done", {"bead": bead, "step": step}, msg_id=f"held-{step}")
+                assert (await outcome_of(nc, f"held-{step}"))["type"] == "cmd.accepted"
+        # The mayor is gone. The agent's `gt step done run-tests` is stored, and a mayor takes it and dies.
+        held_seq = await self._held_by_a_dead_mayor(
+            nc, "gt.cmd.step.done", {"bead": bead, "step": "run-tests"}, "held-run-tests"
+        )
+        # `gt step done` said "durably queued", so the agent went on with its next step.
+        await pub(nc, "gt.cmd.step.done", {"bead": bead, "step": "submit"}, msg_id="held-submit")
+        info = await nc.jetstream().consumer_info("GT_CMD", "mayor-cmd")
+        assert info.num_ack_pending == 1
+
+        async with run_mayor(town) as mayor:
+            run_tests = await outcome_of(nc, "held-run-tests")
+            submit = await outcome_of(nc, "held-submit")
+            assert run_tests["type"] == "cmd.accepted", run_tests
+            assert submit["type"] == "cmd.accepted", submit
+            assert run_tests["seq"] < submit["seq"], "settled in the order they were stored"
+            assert submit["result"]["complete"] is True
+            molecule = (await ask(nc, "molecule", {"bead": bead, "min_seq": submit["seq"]}))["result"]
+            assert (molecule["done"], molecule["total"]) == (6, 6)
+            assert mayor.intake is not None
+            assert mayor.intake.held_settled == 1
+            # The held delivery comes back after its ack wait; its outcome is found stored and it is acked.
+            intake = mayor.intake
+            await assert_eventually(lambda: intake.duplicates >= 1, timeout=60)
+
+            async def nothing_pending() -> bool:
+                state = await nc.jetstream().consumer_info("GT_CMD", "mayor-cmd")
+                return (state.num_ack_pending, state.num_pending) == (0, 0)
+
+            drained: bool = await assert_eventually(nothing_pending, timeout=60)
+            assert drained
+        assert len((await outcomes(nc))["held-run-tests"]) == 1
+        assert len((await outcomes(nc))["held-submit"]) == 1
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await nc.jetstream().get_msg("GT_CMD", held_seq)
+            raise AssertionError("the held command is still stored in GT_CMD")
+
+    async def test_a_held_command_whose_outcome_was_stored_is_not_carried_out_again(
+        self, nc: Client, town: TownConfig
+    ) -> None:
+        """A mayor settles a held command (outcome and effects stored) and dies before the redelivery it acks;
+        the next mayor finds it held still, and its stored outcome. A create would make a second bead."""
+        async with run_mayor(town):
+            pass  # provisions the command consumer
+        await self._held_by_a_dead_mayor(nc, "gt.cmd.bead.create", {"title": "exactly once"}, "once-create")
+        async with run_mayor(town) as first:
+            assert (await outcome_of(nc, "once-create"))["type"] == "cmd.accepted"
+            assert first.intake is not None
+            assert first.intake.held_settled == 1
+        async with run_mayor(town) as second:
+            await pub(nc, "gt.cmd.bead.create", {"title": "marker"}, msg_id="once-marker")
+            marker = await outcome_of(nc, "once-marker")
+            assert second.intake is not None
+            assert second.intake.held_settled == 1, "the command was still held when this mayor started"
+            assert second.intake.duplicates == 1
+            assert len((await outcomes(nc))["once-create"]) == 1
+            beads = (await ask(nc, "list", {"min_seq": marker["seq"]}))["result"]
+            assert [b["title"] for b in beads].count("exactly once") == 1
 
 
 class TestQueries:
