@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -246,12 +247,19 @@ class CommandIntake:
         """Dispatch, in stream order, every command the consumer delivered and nobody acked yet; fetches that
         follow queue behind them per aggregate, so a later command never overtakes one a dead instance held.
         Settling one that is in fact still held by a live instance is harmless: its outcome is stored once."""
+        started = time.monotonic()
         held = await self._held_commands()
         for raw in held:
             await self._slots.acquire()
             self._dispatch(Delivery.held_by_predecessor(raw, self._max_bytes))
         if held:
-            log.info("held_commands_dispatched", count=len(held), first=held[0].seq, last=held[-1].seq)
+            log.info(
+                "held_commands_dispatched",
+                count=len(held),
+                first=held[0].seq,
+                last=held[-1].seq,
+                read_s=round(time.monotonic() - started, 3),
+            )
 
     async def _held_commands(self) -> list[RawStreamMsg]:
         while True:
@@ -263,10 +271,8 @@ class CommandIntake:
                 first = (info.ack_floor.stream_seq or 0) + 1 if info.ack_floor is not None else 1
                 last = info.delivered.stream_seq or 0
                 patterns = info.config.filter_subjects or [info.config.filter_subject or f"{subjects.CMD_PREFIX}.>"]
-                found: dict[int, RawStreamMsg] = {}
-                for pattern in patterns:
-                    for raw in await self._stored_between(pattern, first, last):
-                        found[raw.seq or 0] = raw
+                scans = await asyncio.gather(*(self._stored_between(p, first, last) for p in patterns))
+                found = {raw.seq or 0: raw for scan in scans for raw in scan}
                 return [found[seq] for seq in sorted(found)]
             except (TimeoutError, nats.errors.Error) as exc:
                 log.warning("held_commands_read_failed", consumer=self._durable, error=repr(exc))

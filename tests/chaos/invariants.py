@@ -59,6 +59,7 @@ def check_all(
         *beads_closed_once(log, beads),
         *no_backward_bead_transition(log),
         *steps_done_once(log, beads),
+        *steps_settled_in_order(log),
         *sessions_forward_and_single(log),
         *merge_requests_settled_once(log, beads),
         *convoys_closed_once(log, convoys),
@@ -175,6 +176,28 @@ def steps_done_once(log: list[Logged], beads: Iterable[str]) -> list[Violation]:
                 Violation(invariant="molecule completion", subject=bead, detail=f"completed {n} times", events=refs)
             )
     return out
+
+
+STEP_COMMANDS = ("step.start", "step.done")
+OUT_OF_ORDER = " done first"
+"""How the mayor words the refusal of a step whose needs are not done (services/mayor/decide_work.py)."""
+
+
+def steps_settled_in_order(log: list[Logged]) -> list[Violation]:
+    """Agents send a molecule's step commands in order, each once the previous one is stored, so a step refused
+    because an earlier one is not done means a later command overtook an earlier one on its way to the mayor."""
+    return [
+        Violation(
+            invariant="step command overtaken",
+            subject=str(event.data.get("command_id")),
+            detail=f"{event.data.get('command')} refused: {event.data.get('message')}",
+            events=[event.ref()],
+        )
+        for event in log
+        if event.type == "cmd.rejected"
+        and event.data.get("command") in STEP_COMMANDS
+        and OUT_OF_ORDER in str(event.data.get("message", ""))
+    ]
 
 
 def sessions_forward_and_single(log: list[Logged]) -> list[Violation]:

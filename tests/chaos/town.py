@@ -163,7 +163,7 @@ class Report(msgspec.Struct, kw_only=True):
         ]
         checks = [
             "every bead closed exactly once, its change on main",
-            "no backward transition; no done step redone; no bead with two live sessions",
+            "no backward transition; no done step redone; no step command overtaken; no bead with two live sessions",
             "every convoy closed exactly once; every command with exactly one outcome",
             "each service's projection equals a fresh replay; no orphan tmux session or process",
         ]

@@ -100,6 +100,15 @@ def test_a_step_never_done_is_named() -> None:
     assert any("steps never done: ['b']" in v for v in violations(log, ["b1"]))
 
 
+def test_a_step_command_refused_as_out_of_order_is_named() -> None:
+    """What the 1,000-bead run saw when a killed mayor's held `run-tests` was overtaken by `submit`."""
+    log = LogBuilder().bead_done("b1")
+    log.add("cmd.rejected", command_id="k9", command="step.done", code="invalid", message="step 'b' needs a done first")
+    log.add("cmd.rejected", command_id="k10", command="step.done", code="not_found", message="no step 'z'")
+    found = [v for v in violations(log, ["b1"]) if v.startswith("step command overtaken")]
+    assert found == ["step command overtaken: k9: step.done refused: step 'b' needs a done first [#19 cmd.rejected]"]
+
+
 def test_two_live_sessions_of_one_bead_are_named_with_both_events() -> None:
     log = LogBuilder().bead_done("b1")
     log.events.insert(
