@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,7 +25,7 @@ import nats.errors
 import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
-from nats.js.api import RawStreamMsg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
 from shared import ids, subjects
@@ -49,8 +50,10 @@ PASS_DELAY_S = 0.2
 MAX_PASS_DELAY_S = 5.0
 """A command for another scope goes back to the shared consumer after a delay that grows with its deliveries,
 so one for a rig no running witness serves waits in GT_CMD, looked at less and less often, until one does."""
-MAX_HELD_SCAN = 50_000
-"""Most stored commands read per filter subject when looking for those a predecessor held."""
+HELD_READ_BATCH = 1_024
+HELD_READ_WAIT_S = 1.0
+HELD_READER_INACTIVE_S = 30.0
+"""The server removes the reader of held commands by itself this long after an instance died reading."""
 UNSERVED_AFTER_DELIVERIES = 10
 """Deliveries after which a command nobody settled is logged as waiting for an instance of its scope."""
 
@@ -115,17 +118,17 @@ class Delivery:
         )
 
     @classmethod
-    def held_by_predecessor(cls, raw: RawStreamMsg, max_bytes: int) -> Delivery:
-        assert raw.subject is not None
-        assert raw.seq is not None
+    def held_by_predecessor(cls, msg: Msg, max_bytes: int) -> Delivery:
+        """A command read from the stream (not delivered by the durable consumer): nothing to ack."""
+        meta = msg.metadata
         return cls(
-            subject=raw.subject,
-            body=raw.data or b"",
-            headers=raw.headers,
-            stream_seq=raw.seq,
+            subject=msg.subject,
+            body=msg.data,
+            headers=msg.headers,
+            stream_seq=meta.sequence.stream,
             delivered=0,
             max_bytes=max_bytes,
-            stored_at=raw.time,
+            stored_at=meta.timestamp,
         )
 
     def stored_time(self) -> datetime:
@@ -248,52 +251,78 @@ class CommandIntake:
         follow queue behind them per aggregate, so a later command never overtakes one a dead instance held.
         Settling one that is in fact still held by a live instance is harmless: its outcome is stored once."""
         started = time.monotonic()
-        held = await self._held_commands()
-        for raw in held:
-            await self._slots.acquire()
-            self._dispatch(Delivery.held_by_predecessor(raw, self._max_bytes))
-        if held:
-            log.info(
-                "held_commands_dispatched",
-                count=len(held),
-                first=held[0].seq,
-                last=held[-1].seq,
-                read_s=round(time.monotonic() - started, 3),
-            )
+        span = await self._held_span()
+        if span is None:
+            return
+        patterns, next_seq, last = span
+        count = 0
+        while next_seq <= last:
+            try:
+                async with contextlib.aclosing(self._stored_from(patterns, next_seq, last)) as stored:
+                    async for msg in stored:
+                        await self._slots.acquire()
+                        self._dispatch(Delivery.held_by_predecessor(msg, self._max_bytes))
+                        next_seq = msg.metadata.sequence.stream + 1
+                        count += 1
+                break
+            except (TimeoutError, nats.errors.Error) as exc:
+                log.warning("held_commands_read_failed", consumer=self._durable, at=next_seq, error=repr(exc))
+                await pause(0.5)
+        log.info("held_commands_dispatched", count=count, upto=last, seconds=round(time.monotonic() - started, 3))
 
-    async def _held_commands(self) -> list[RawStreamMsg]:
+    async def _held_span(self) -> tuple[list[str], int, int] | None:
+        """The consumer's subjects and the stream sequences between its ack floor and its last delivery, or
+        None when it holds nothing unacked."""
         while True:
             raise_if_cancelling()
             try:
                 info = await self._js.consumer_info(self._stream, self._durable)
-                if not info.num_ack_pending or info.delivered is None:
-                    return []
-                first = (info.ack_floor.stream_seq or 0) + 1 if info.ack_floor is not None else 1
-                last = info.delivered.stream_seq or 0
-                patterns = info.config.filter_subjects or [info.config.filter_subject or f"{subjects.CMD_PREFIX}.>"]
-                scans = await asyncio.gather(*(self._stored_between(p, first, last) for p in patterns))
-                found = {raw.seq or 0: raw for scan in scans for raw in scan}
-                return [found[seq] for seq in sorted(found)]
             except (TimeoutError, nats.errors.Error) as exc:
                 log.warning("held_commands_read_failed", consumer=self._durable, error=repr(exc))
                 await pause(0.5)
+                continue
+            if not info.num_ack_pending or info.delivered is None:
+                return None
+            first = (info.ack_floor.stream_seq or 0) + 1 if info.ack_floor is not None else 1
+            patterns = info.config.filter_subjects or [info.config.filter_subject or f"{subjects.CMD_PREFIX}.>"]
+            return patterns, first, info.delivered.stream_seq or 0
 
-    async def _stored_between(self, pattern: str, first: int, last: int) -> list[RawStreamMsg]:
-        """The commands on ``pattern`` still stored with sequences first..last (acked ones are gone)."""
-        found: list[RawStreamMsg] = []
-        seq = first
-        while seq <= last and len(found) < MAX_HELD_SCAN:
-            try:
-                raw = await self._js.get_msg(self._stream, seq, subject=pattern, next=True)
-            except nats.js.errors.NotFoundError:
-                break
-            if raw.seq is None or raw.seq > last:
-                break
-            found.append(raw)
-            seq = raw.seq + 1
-        if len(found) >= MAX_HELD_SCAN:
-            log.warning("held_commands_scan_truncated", pattern=pattern, first=first, last=last, limit=MAX_HELD_SCAN)
-        return found
+    async def _stored_from(self, patterns: list[str], first: int, last: int) -> AsyncGenerator[Msg]:
+        """The commands on ``patterns`` still stored with sequences first..last (acked ones are gone), in
+        stream order. A throwaway consumer streams them in batches: one request each would take seconds for
+        the thousands a busy instance holds. It acks nothing and only adds interest while it lives, so the
+        durable consumer's commands stay stored."""
+        name = f"{self._durable}-held-{uuid.uuid4().hex[:8]}"
+        await self._js.add_consumer(
+            self._stream,
+            ConsumerConfig(
+                name=name,
+                filter_subject=patterns[0] if len(patterns) == 1 else None,
+                filter_subjects=patterns if len(patterns) > 1 else None,
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=first,
+                ack_policy=AckPolicy.NONE,
+                inactive_threshold=HELD_READER_INACTIVE_S,
+                # Replicas left to the stream's: an interest stream refuses a consumer with fewer.
+            ),
+        )
+        try:
+            sub = await self._js.pull_subscribe_bind(name, self._stream)
+            while True:
+                try:
+                    msgs: list[Msg] = await sub.fetch(HELD_READ_BATCH, timeout=HELD_READ_WAIT_S)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    return  # nothing more is stored on these subjects
+                for msg in msgs:
+                    meta = msg.metadata
+                    if meta.sequence.stream > last:
+                        return
+                    yield msg
+                    if meta.num_pending == 0:
+                        return
+        finally:
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                await self._js.delete_consumer(self._stream, name)
 
     # ---- dispatch -----------------------------------------------------------------------------
 
