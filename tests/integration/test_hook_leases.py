@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,13 +24,16 @@ from tests.helpers import assert_eventually
 from tests.log_tools import events_of
 from tests.witness_town import FAST, PolecatTown, polecat_town
 
+HOOK_TTL_S = 4.0
+"""Short, so a quiet agent loses its hook quickly; long enough for a `gt heartbeat` process to start and renew
+it on a loaded machine (2 s was not, beside a 1,000-bead chaos run)."""
 WATCH = DeaconSettings(stale_after_s=5.0, startup_grace_s=60.0, escalate_after_s=600.0, watched=(), tick_s=0.1)
 
 
 @pytest.fixture
 async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
     # The rig's stall limit stays at its default (10 minutes): only the lapsed hook lease can catch the hang.
-    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, hook_lease_ttl_s=2.0)
+    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, hook_lease_ttl_s=HOOK_TTL_S)
     async with polecat_town(town, nc, tmp_path, settings) as handle:
         handle.deacon = DeaconService(town, FAST, deacon=WATCH)
         await handle.start("deacon", handle.deacon)
@@ -109,7 +113,8 @@ async def test_a_lost_hook_warrants_a_live_session_and_the_next_one_starts_with_
     first: Session = await assert_eventually(lambda: _started(pt, bead), timeout=60)
     env = session_env(pt, gt_env, first, token=first.lease_token or 0)
     # Renewing through `gt heartbeat` for more than twice the TTL keeps the hook held and the session alive.
-    for _ in range(6):
+    renew_until = time.monotonic() + 2.5 * HOOK_TTL_S
+    while time.monotonic() < renew_until:
         beat = await run_gt(env, "heartbeat", "--note", "thinking")
         assert beat.returncode == 0, beat.stderr
     assert pt.sessions_of(bead)[0].warrant_reason is None

@@ -191,7 +191,7 @@ async def test_feed_follows_new_events_after_the_backlog(scripted: Scripted) -> 
         "#1",
         "--type",
         "bead.created",
-        env=scripted.env,
+        env={**scripted.env, "PYTHONFAULTHANDLER": "1"},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -208,10 +208,22 @@ async def test_feed_follows_new_events_after_the_backlog(scripted: Scripted) -> 
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGINT)
-        _, rest = await asyncio.wait_for(proc.communicate(), 30)
+        rest = await _exit_output(proc)
     # Ctrl-C is how a feed ends: no traceback, the shell's code for it.
     assert proc.returncode == 130, rest
     assert b"Traceback" not in rest
+
+
+async def _exit_output(proc: asyncio.subprocess.Process, deadline: float = 60.0) -> bytes:
+    """The stderr of a process told to stop. One that has not exited by the deadline is made to dump every
+    thread's stack (faulthandler, on SIGABRT) and the test fails with that dump: where it hung."""
+    try:
+        _, rest = await asyncio.wait_for(proc.communicate(), deadline)
+    except TimeoutError:
+        proc.send_signal(signal.SIGABRT)
+        _, dump = await asyncio.wait_for(proc.communicate(), 30)
+        raise AssertionError(f"gt feed did not exit within {deadline:g}s of Ctrl-C:\n{dump.decode()[-4000:]}") from None
+    return rest
 
 
 async def test_bead_history_tells_the_story_of_a_merged_and_a_worked_bead(scripted: Scripted) -> None:
