@@ -10,6 +10,7 @@ top, because libraries it calls (nats-py's request, for one) still use ``wait_fo
 from __future__ import annotations
 
 import asyncio
+import io
 
 
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
@@ -38,3 +39,13 @@ async def pause(seconds: float) -> None:
     swallowed during the round, so a loop never outlives the cancel meant to end it."""
     raise_if_cancelling()
     await asyncio.sleep(seconds)
+
+
+def task_stacks(limit: int = 12) -> list[str]:
+    """The stack of every task of the running loop: what a process that does not stop is waiting for."""
+    dumps = []
+    for task in asyncio.all_tasks():
+        out = io.StringIO()
+        task.print_stack(limit=limit, file=out)
+        dumps.append(out.getvalue())
+    return dumps

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
-import io
 import os
 import signal
 import sys
@@ -18,6 +17,7 @@ from shared import config as town_config
 from shared import logging as gt_logging
 from shared import runtime
 from shared.activity import MIN_TTL_S
+from shared.aio import task_stacks
 from shared.errors import ActivityLostError
 from shared.service import Service, ServiceSettings
 
@@ -66,15 +66,6 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default=os.environ.get("GT_LOG_LEVEL", "INFO"))
     parser.add_argument("--log-json", action="store_true", default=None, help="JSON logs even on a TTY")
     return parser
-
-
-def _task_stacks() -> list[str]:
-    dumps = []
-    for task in asyncio.all_tasks():
-        out = io.StringIO()
-        task.print_stack(limit=8, file=out)
-        dumps.append(out.getvalue())
-    return dumps
 
 
 def _active_ttl(flag: float | None, env: dict[str, str], service: str) -> float:
@@ -131,7 +122,7 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
         # `kill -USR2 <pid>` logs what every task is waiting on: for a service that seems stuck.
-        loop.add_signal_handler(signal.SIGUSR2, lambda: log.warning("task_dump", tasks=_task_stacks()))
+        loop.add_signal_handler(signal.SIGUSR2, lambda: log.warning("task_dump", tasks=task_stacks()))
         log.info("service_starting", nats_url=cfg.nats_url, pid=os.getpid())
         try:
             await service.run()

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -20,6 +22,7 @@ from nats.aio.client import Client
 
 from shared import config as town_config
 from shared import logging as gt_logging
+from shared.aio import task_stacks
 from shared.bus.connection import connect
 from shared.bus.permissions import guarded
 from shared.bus.topology import provision
@@ -115,6 +118,9 @@ async def _health(nc: Client, args: argparse.Namespace, config: TownConfig) -> i
 
 
 async def run_async(handler: Handler, args: argparse.Namespace, config: TownConfig) -> int:
+    # `kill -USR2 <pid>` of a gt that does not finish prints what each of its tasks waits for.
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _print_task_stacks)
     nc = await connect(config, name="gt-cli", connect_attempts=2)
     try:
         # Any subject this user may not use (a query, the KV, the JetStream API) ends the command at once
@@ -126,6 +132,10 @@ async def run_async(handler: Handler, args: argparse.Namespace, config: TownConf
                 await nc.drain()
         except (TimeoutError, nats.errors.Error):
             await nc.close()
+
+
+def _print_task_stacks() -> None:
+    print("gt: task stacks\n" + "\n".join(task_stacks()), file=sys.stderr, flush=True)
 
 
 def _town_nats(config: TownConfig) -> TownConfig:

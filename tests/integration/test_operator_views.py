@@ -9,6 +9,7 @@ and read the diff before committing it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
@@ -194,6 +195,9 @@ async def test_feed_follows_new_events_after_the_backlog(scripted: Scripted) -> 
         env={**scripted.env, "PYTHONFAULTHANDLER": "1"},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        # As typed in a terminal. A suite started in the background (`./dev test &`, nohup) hands its children
+        # SIGINT ignored, and a gt started so rightly ignores Ctrl-C, as a shell's background job does.
+        preexec_fn=functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stderr is not None
@@ -215,14 +219,17 @@ async def test_feed_follows_new_events_after_the_backlog(scripted: Scripted) -> 
 
 
 async def _exit_output(proc: asyncio.subprocess.Process, deadline: float = 60.0) -> bytes:
-    """The stderr of a process told to stop. One that has not exited by the deadline is made to dump every
-    thread's stack (faulthandler, on SIGABRT) and the test fails with that dump: where it hung."""
+    """The stderr of a process told to stop. One that has not exited by the deadline prints its asyncio tasks'
+    stacks (SIGUSR2) and its threads' (faulthandler, on SIGABRT), and the test fails with them: where it hung."""
     try:
         _, rest = await asyncio.wait_for(proc.communicate(), deadline)
     except TimeoutError:
+        proc.send_signal(signal.SIGUSR2)  # gt prints its asyncio tasks' stacks
+        await asyncio.sleep(2)  # a moment to print them before the abort
         proc.send_signal(signal.SIGABRT)
         _, dump = await asyncio.wait_for(proc.communicate(), 30)
-        raise AssertionError(f"gt feed did not exit within {deadline:g}s of Ctrl-C:\n{dump.decode()[-4000:]}") from None
+        said = dump.decode()[-12000:]
+        raise AssertionError(f"gt feed did not exit within {deadline:g}s of Ctrl-C:\n{said}") from None
     return rest
 
 

@@ -45,7 +45,11 @@ def mrs_of(pt: PolecatTown) -> dict[str, MergeRequest]:
 async def settled(pt: PolecatTown, ids: list[str], timeout: float = 120) -> dict[str, MergeRequest]:
     def done() -> dict[str, MergeRequest]:
         mrs = mrs_of(pt)
-        pending = [(i, mrs[i].status) for i in ids if i not in mrs or mrs[i].status not in ("merged", "failed")]
+        pending = [
+            (i, mrs[i].status if i in mrs else "not applied yet")
+            for i in ids
+            if i not in mrs or mrs[i].status not in ("merged", "failed")
+        ]
         assert not pending, pending
         return {i: mrs[i] for i in ids}
 
