@@ -306,6 +306,7 @@ class CommandIntake:
                 # Replicas left to the stream's: an interest stream refuses a consumer with fewer.
             ),
         )
+        sub = None
         try:
             sub = await self._js.pull_subscribe_bind(name, self._stream)
             while True:
@@ -322,6 +323,8 @@ class CommandIntake:
                         return
         finally:
             with contextlib.suppress(nats.errors.Error, TimeoutError):
+                if sub is not None:
+                    await sub.unsubscribe()  # its inbox would stay subscribed for the life of the connection
                 await self._js.delete_consumer(self._stream, name)
 
     # ---- dispatch -----------------------------------------------------------------------------
