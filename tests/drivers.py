@@ -27,6 +27,7 @@ from shared.config import TownConfig
 from shared.errors import CommandError, QueryError
 from shared.events import decode_envelope
 from shared.service import ServiceSettings
+from tests.log_tools import read_all
 from tests.mayor_town import mayor_town
 from tests.memory_log import MemoryTown
 
@@ -158,3 +159,14 @@ async def nats_driver(town: TownConfig, nc: Client) -> AsyncIterator[NatsDriver]
     finally:
         await service.shutdown()
         await asyncio.wait_for(task, 30)
+
+
+async def events_on(driver: Driver, subject: str) -> list[tuple[str, dict[str, Any]]]:
+    """(type, data) of every event the log holds on ``subject``, oldest first, from either driver."""
+    if isinstance(driver, MemoryDriver):
+        messages = [data for _, subj, data in driver.town.log.messages if subj == subject]
+    else:
+        assert isinstance(driver, NatsDriver)
+        messages = [data for _, _, data in await read_all(driver.nc, "GT_EVT", subject)]
+    envelopes = [decode_envelope(data) for data in messages]
+    return [(env.type, json.loads(bytes(env.data))) for env in envelopes]

@@ -5,12 +5,21 @@ from __future__ import annotations
 from typing import Protocol
 
 from services.mayor.decide_beads import fresh_id, get_bead, result
-from services.mayor.reads import is_complete, unmet_needs
+from services.mayor.reads import is_complete, open_blockers, unmet_needs
 from services.mayor.state import INFRA_TYPES, MayorState, Molecule, Step
 from shared.commands import BeadSling, StepDone, StepStart
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
-from shared.events import BeadSlung, ConvoyCreated, MoleculeAttached, MoleculeCompleted, StepCompleted, StepStarted
+from shared.events import (
+    BeadHeld,
+    BeadSlung,
+    ConvoyCreated,
+    Event,
+    MoleculeAttached,
+    MoleculeCompleted,
+    StepCompleted,
+    StepStarted,
+)
 from shared.formulas import Formula, FormulaError, cook
 
 DEFAULT_FORMULA = "polecat-work"
@@ -35,18 +44,18 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext, formulas: Formu
             "conflict",
             f"bead {bead.id} is already {bead.status} on rig {bead.rig}; only a forced re-sling moves the hook",
         )
+    # A hooked bead's blockers were settled when it was first slung: a re-sling only moves the hook.
+    blockers = [] if rehook else open_blockers(state, bead)
+    if blockers and not (cmd.force or cmd.hold):
+        raise CommandError("blocked", _blocked_message(state, bead.id, blockers))
+    held = bool(blockers) and cmd.hold
+    if held and (hold := state.holds.get(bead.id)) is not None and hold.rig == cmd.rig:
+        return Accepted(result=result(bead.id, "held", changed=False, rig=cmd.rig, waiting_for=blockers))
     events: list[NewEvent] = []
     convoy_id = None
     if not rehook and not cmd.no_convoy:
         convoy_id = fresh_id(ctx, CONVOY_PREFIX, state.convoys)
-    events.append(
-        NewEvent(
-            payload=BeadSlung(
-                bead_id=bead.id, rig=cmd.rig, session=cmd.session, forced=cmd.force and rehook, convoy_id=convoy_id
-            ),
-            expected_seq=bead.version,
-        )
-    )
+    events.append(NewEvent(payload=_hook(bead.id, cmd, rehook, blockers, convoy_id), expected_seq=bead.version))
     molecule = state.molecules.get(bead.id)
     if molecule is None and not cmd.no_formula:
         events.append(_attach(bead.id, bead.title, cmd, formulas))
@@ -59,10 +68,42 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext, formulas: Formu
             convoy_id=convoy_id, title=f"Work: {bead.title}", beads=[bead.id], owned=cmd.owned, auto=True
         )
         events.append(NewEvent(payload=convoy, expected_seq=0))
-    status = bead.status if rehook else "hooked"
+    status = "held" if held else bead.status if rehook else "hooked"
+    extra = {"waiting_for" if held else "ignored_blockers": blockers} if blockers else {}
     return Accepted(
         events=events,
-        result=result(bead.id, status, changed=True, rig=cmd.rig, convoy=convoy_id, formula=_formula_name(events)),
+        result=result(
+            bead.id, status, changed=True, rig=cmd.rig, convoy=convoy_id, formula=_formula_name(events), **extra
+        ),
+    )
+
+
+def _hook(bead_id: str, cmd: BeadSling, rehook: bool, blockers: list[str], convoy_id: str | None) -> Event:
+    """``bead.held`` when the sling waits for the blockers, else ``bead.slung`` (forced past them, if any)."""
+    if blockers and cmd.hold:
+        return BeadHeld(bead_id=bead_id, rig=cmd.rig, blockers=blockers)
+    forced = cmd.force and (rehook or bool(blockers))
+    return BeadSlung(
+        bead_id=bead_id,
+        rig=cmd.rig,
+        session=cmd.session,
+        forced=forced,
+        convoy_id=convoy_id,
+        ignored_blockers=blockers,
+    )
+
+
+def _blocked_message(state: MayorState, bead_id: str, blockers: list[str]) -> str:
+    def told(blocker: str) -> str:
+        found = state.beads.get(blocker)
+        return f"{blocker} ({found.status if found is not None else 'does not exist'})"
+
+    hold = state.holds.get(bead_id)
+    held = f" (it is held for rig {hold.rig} already)" if hold is not None else ""
+    return (
+        f"bead {bead_id} is blocked by {', '.join(told(b) for b in blockers)}: it can be slung once they are "
+        f"closed{held} (`gt ready` lists the beads that can go; `--hold` holds it until then); "
+        "`--force` (`force`) slings it anyway, and the sling records the blockers it went past"
     )
 
 

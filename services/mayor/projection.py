@@ -7,11 +7,12 @@ from datetime import datetime
 
 import msgspec
 
-from services.mayor.state import STATUS_RANK, WISP_TYPE, Bead, Convoy, Escalation, MayorState, Molecule, Step
+from services.mayor.state import STATUS_RANK, WISP_TYPE, Bead, Convoy, Escalation, Hold, MayorState, Molecule, Step
 from shared.events import (
     BeadClaimed,
     BeadClosed,
     BeadCreated,
+    BeadHeld,
     BeadSlung,
     BeadUpdated,
     CommandAccepted,
@@ -116,6 +117,7 @@ def _claimed(payload: BeadClaimed, state: MayorState, env: Envelope, seq: int) -
         return
     if STATUS_RANK[bead.status] < STATUS_RANK["in_progress"]:
         bead.status = "in_progress"
+    state.holds.pop(bead.id, None)  # only open beads are held
     bead.assignee = payload.assignee
     bead.updated_at = env.ts
     bead.version = seq
@@ -130,6 +132,7 @@ def _closed(payload: BeadClosed, state: MayorState, env: Envelope, seq: int) -> 
         bead.status = "closed"
         bead.closed_at = env.ts
         bead.close_reason = payload.reason
+    state.holds.pop(bead.id, None)
     bead.updated_at = env.ts
     bead.version = seq
 
@@ -144,6 +147,18 @@ def _slung(payload: BeadSlung, state: MayorState, env: Envelope, seq: int) -> No
     bead.rig = payload.rig
     bead.hook_session = payload.session
     bead.slings += 1
+    state.holds.pop(bead.id, None)  # slung: by the hold's release, or by hand (forced) before it
+    bead.updated_at = env.ts
+    bead.version = seq
+
+
+@fold.register
+def _held(payload: BeadHeld, state: MayorState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(payload.bead_id)
+    if bead is None:
+        return
+    if bead.status == "open":
+        state.holds[bead.id] = Hold(rig=payload.rig, blockers=list(payload.blockers), since=env.ts)
     bead.updated_at = env.ts
     bead.version = seq
 

@@ -7,7 +7,17 @@ from typing import Any
 
 import msgspec
 
-from services.mayor.reads import convoy_progress, current_step, dependents, is_complete, is_message, is_read, is_ready
+from services.mayor.reads import (
+    convoy_progress,
+    convoy_waves,
+    current_step,
+    dependents,
+    is_complete,
+    is_message,
+    is_read,
+    is_ready,
+    open_blockers,
+)
 from services.mayor.state import STATUS_RANK, STATUSES, Bead, Convoy, Escalation, MayorState, Molecule
 from shared.commands import SEVERITIES
 from shared.errors import QueryError
@@ -36,12 +46,26 @@ def convoy_view(state: MayorState, convoy: Convoy, *, with_beads: bool = False) 
     closed, total = convoy_progress(state, convoy)
     view.update(closed=closed, total=total)
     if with_beads:
+        waves = convoy_waves(state, convoy)
         view["bead_details"] = [
-            {"id": b.id, "title": b.title, "status": b.status, "rig": b.rig}
-            for bead_id in convoy.beads
-            if (b := state.beads.get(bead_id)) is not None
+            _dispatch_view(state, b, waves[bead_id]) for bead_id in convoy.beads if (b := state.beads.get(bead_id))
         ]
+        view["held"] = sum(1 for bead_id in convoy.beads if bead_id in state.holds)
     return view
+
+
+def _dispatch_view(state: MayorState, bead: Bead, wave: int) -> dict[str, Any]:
+    """A convoy's bead: where it is, its wave, and (while open) what it waits for and the rig it is held for."""
+    hold = state.holds.get(bead.id)
+    return {
+        "id": bead.id,
+        "title": bead.title,
+        "status": bead.status,
+        "rig": bead.rig,
+        "wave": wave,
+        "waiting_for": open_blockers(state, bead) if bead.status == "open" else [],
+        "held_for": hold.rig if hold is not None else None,
+    }
 
 
 def escalation_view(escalation: Escalation) -> dict[str, Any]:
@@ -91,7 +115,11 @@ def _bead(state: MayorState, body: dict[str, Any], key: str = "id") -> Bead:
 
 
 def _get(state: MayorState, body: dict[str, Any]) -> Any:
-    return bead_view(_bead(state, body))
+    bead = _bead(state, body)
+    view = bead_view(bead)
+    if (hold := state.holds.get(bead.id)) is not None:
+        view["hold"] = {**msgspec.to_builtins(hold), "waiting_for": open_blockers(state, bead)}
+    return view
 
 
 def _list(state: MayorState, body: dict[str, Any]) -> Any:

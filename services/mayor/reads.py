@@ -5,15 +5,15 @@ from __future__ import annotations
 from services.mayor.state import INFRA_TYPES, MESSAGE_TYPE, READ_LABEL, Bead, Convoy, MayorState, Molecule, Step
 
 
+def open_blockers(state: MayorState, bead: Bead) -> list[str]:
+    """The beads ``bead`` needs that are not closed, however they closed (a blocker that does not exist
+    blocks). The one rule for both `gt ready` and dispatch: a bead is worked only once this is empty."""
+    return [need for need in bead.needs if (blocker := state.beads.get(need)) is None or blocker.status != "closed"]
+
+
 def is_ready(state: MayorState, bead: Bead) -> bool:
-    """Open, real work, and every blocker closed (a blocker that does not exist blocks)."""
-    if bead.status != "open" or bead.type in INFRA_TYPES:
-        return False
-    for need in bead.needs:
-        blocker = state.beads.get(need)
-        if blocker is None or blocker.status != "closed":
-            return False
-    return True
+    """Open, real work, and every blocker closed."""
+    return bead.status == "open" and bead.type not in INFRA_TYPES and not open_blockers(state, bead)
 
 
 def depends_on(state: MayorState, start: str, target: str) -> bool:
@@ -73,6 +73,32 @@ def convoy_progress(state: MayorState, convoy: Convoy) -> tuple[int, int]:
     """(closed, total) beads; a bead that no longer exists counts as open."""
     closed = sum(1 for b in convoy.beads if (bead := state.beads.get(b)) is not None and bead.status == "closed")
     return closed, len(convoy.beads)
+
+
+def convoy_waves(state: MayorState, convoy: Convoy) -> dict[str, int]:
+    """Bead id -> its wave in the convoy: 1 for a bead that needs no bead the convoy tracks, else one more than
+    the latest wave among those it needs. A blocker outside the convoy holds a bead back but makes no wave."""
+    tracked = set(convoy.beads)
+    waves: dict[str, int] = {}
+    visiting: set[str] = set()  # on the way down: guards against a cycle (refused by update, never trusted)
+    for start in convoy.beads:
+        stack = [start]
+        while stack:  # depth-first without recursion: a chain may be as long as the convoy
+            current = stack[-1]
+            if current in waves:
+                stack.pop()
+                continue
+            visiting.add(current)
+            bead = state.beads.get(current)
+            needs = [need for need in bead.needs if need in tracked] if bead is not None else []
+            pending = [need for need in needs if need not in waves and need not in visiting]
+            if pending:
+                stack.extend(pending)
+                continue
+            waves[current] = 1 + max((waves.get(need, 0) for need in needs), default=0)
+            visiting.discard(current)
+            stack.pop()
+    return waves
 
 
 def is_message(bead: Bead) -> bool:

@@ -1,4 +1,5 @@
-"""What the mayor owes without being asked: closing finished convoys, re-escalating ignored escalations.
+"""What the mayor owes without being asked: slinging held beads whose blockers closed, closing finished convoys,
+re-escalating ignored escalations.
 
 Level-triggered and pure: from the state (and the time, passed in) to the events still owed. Each event
 carries its aggregate's expected sequence, so a decision taken twice (two ticks, or before and after a
@@ -9,13 +10,27 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from services.mayor.reads import convoy_progress
+from services.mayor.reads import convoy_progress, open_blockers
 from services.mayor.state import MayorState
 from shared.commands import SEVERITIES
 from shared.decision import NewEvent
-from shared.events import ConvoyClosed, EscalationReescalated
+from shared.events import BeadSlung, ConvoyClosed, EscalationReescalated
 
 MAX_REESCALATIONS = 2
+
+
+def released_holds(state: MayorState) -> list[NewEvent]:
+    """A held bead, still open, whose blockers are all closed (however they closed: closed is closed) is slung
+    to the rig it was held for. Its molecule was cooked when it was held. The bead's expected sequence makes
+    the sling single even when two reconciles (or one before and one after a restart) both see it owed."""
+    owed = []
+    for bead_id, hold in state.holds.items():
+        bead = state.beads.get(bead_id)
+        if bead is None or bead.status != "open" or open_blockers(state, bead):
+            continue
+        event = BeadSlung(bead_id=bead_id, rig=hold.rig, held_for=list(hold.blockers))
+        owed.append(NewEvent(payload=event, expected_seq=bead.version))
+    return owed
 
 
 def convoy_closures(state: MayorState) -> list[NewEvent]:
@@ -53,4 +68,4 @@ def reescalations(state: MayorState, now: datetime, stale_after: timedelta) -> l
 
 
 def owed(state: MayorState, now: datetime, stale_after: timedelta) -> list[NewEvent]:
-    return convoy_closures(state) + reescalations(state, now, stale_after)
+    return released_holds(state) + convoy_closures(state) + reescalations(state, now, stale_after)

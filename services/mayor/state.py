@@ -54,6 +54,15 @@ class Bead(msgspec.Struct, kw_only=True, gc=False):
     keeps its steps)."""
 
 
+class Hold(msgspec.Struct, kw_only=True, gc=False):
+    """A sling waiting for the bead's blockers to close (``bead.held``); the mayor carries it out then."""
+
+    rig: str
+    blockers: list[str] = []
+    """The blockers that were open when it was held."""
+    since: datetime
+
+
 class Step(msgspec.Struct, kw_only=True, gc=False):
     id: str
     title: str
@@ -127,5 +136,7 @@ class MayorState(msgspec.Struct, kw_only=True):
     open_convoys: list[str] = []
     """Ids of the convoys still open, so reconcile looks at those only."""
     escalations: dict[str, Escalation] = {}
+    holds: dict[str, Hold] = {}
+    """Bead id -> its held sling, for open beads only (a sling or a close ends it), so reconcile looks at those."""
     commands_accepted: int = 0
     commands_rejected: int = 0

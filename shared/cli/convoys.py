@@ -59,7 +59,11 @@ def register(sub: Subcommands) -> None:
     command_options(la)
     la.set_defaults(handler=_land)
 
-    sl = convoy.add_parser("sling", help="sling every open bead of a convoy to a rig, cooking each one's molecule")
+    sl = convoy.add_parser(
+        "sling",
+        help="sling every open bead of a convoy to a rig, cooking each one's molecule; a bead with open blockers "
+        "is held, and the mayor slings it once they are closed (in waves)",
+    )
     sl.add_argument("convoy")
     sl.add_argument("rig")
     sl.add_argument("--formula", help="formula to cook (default: the rig's)")
@@ -99,7 +103,11 @@ async def _list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
 
 async def _sling(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     """One ``bead.sling`` per open bead of the convoy (closed and already slung ones are left as they are),
-    several at a time, with a progress bar: a convoy of a thousand beads is a thousand molecules to cook."""
+    several at a time, with a progress bar: a convoy of a thousand beads is a thousand molecules to cook.
+
+    Each is sent with ``hold``: a bead whose blockers (in the convoy or not) are not all closed is held, and
+    the mayor slings it once they are, so the convoy goes out in waves in dependency order. The order these
+    commands arrive in does not matter: a blocker being slung right now is still open."""
     convoy = await read(nc, config, "convoy", {"id": args.convoy})
     todo = [b["id"] for b in convoy.get("bead_details", []) if b["status"] == "open"]
     skipped = len(convoy.get("bead_details", [])) - len(todo)
@@ -109,13 +117,21 @@ async def _sling(nc: Client, args: argparse.Namespace, config: TownConfig) -> in
     results: dict[str, dict[str, Any]] = {}
 
     async def sling(bead: str) -> None:
-        body = {"id": bead, "rig": args.rig, "formula": args.formula, "vars": vars_ or None, "no_convoy": True}
+        body = {
+            "id": bead,
+            "rig": args.rig,
+            "formula": args.formula,
+            "vars": vars_ or None,
+            "no_convoy": True,
+            "hold": True,
+        }
         async with limit:
             outcome = await send_command(
                 nc, config, "gt.cmd.bead.sling", {k: v for k, v in body.items() if v is not None}, timeout=args.timeout
             )
+        result = outcome.data.get("result", {})
         if outcome.type == "cmd.accepted":
-            results[bead] = {"status": "slung", "result": outcome.data.get("result", {})}
+            results[bead] = {"status": "held" if result.get("status") == "held" else "slung", "result": result}
         elif outcome.type == "cmd.rejected":
             results[bead] = {
                 "status": "rejected",
@@ -129,11 +145,15 @@ async def _sling(nc: Client, args: argparse.Namespace, config: TownConfig) -> in
     await asyncio.gather(*(sling(b) for b in todo))
     bar.finish()
     slung = [b for b in todo if results[b]["status"] == "slung"]
-    failed = [b for b in todo if results[b]["status"] != "slung"]
+    held = [b for b in todo if results[b]["status"] == "held"]
+    failed = [b for b in todo if results[b]["status"] not in ("slung", "held")]
     if args.json:
         render.print_json({"convoy": args.convoy, "rig": args.rig, "skipped": skipped, "beads": results})
     else:
-        print(f"{args.convoy}: {len(slung)} slung to {args.rig}, {skipped} not open (left as they were)")
+        waiting = f", {len(held)} held until their blockers close" if held else ""
+        print(f"{args.convoy}: {len(slung)} slung to {args.rig}{waiting}, {skipped} not open (left as they were)")
+        for bead in held:
+            print(f"  {bead}: held: waiting for {', '.join(results[bead]['result'].get('waiting_for') or [])}")
         for bead in failed:
             r = results[bead]
             print(f"  {bead}: {r['status']}: {r.get('code') or ''} {r.get('message') or ''}".rstrip())

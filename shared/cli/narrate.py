@@ -38,8 +38,17 @@ def _bead_updated(d: dict[str, Any]) -> Described:
 
 def _bead_slung(d: dict[str, Any]) -> Described:
     convoy = f" (convoy {d['convoy_id']})" if d.get("convoy_id") else ""
-    forced = " (forced)" if d.get("forced") else ""
-    return f"bead {d['bead_id']} slung to rig {d.get('rig')}{convoy}{forced}", "work"
+    ignored = d.get("ignored_blockers") or []
+    blockers = "s" if len(ignored) > 1 else ""
+    forced = f" (forced past open blocker{blockers} {', '.join(ignored)})" if ignored else ""
+    forced = forced or (" (forced)" if d.get("forced") else "")
+    held = f" (held until {', '.join(d['held_for'])} closed)" if d.get("held_for") else ""
+    return f"bead {d['bead_id']} slung to rig {d.get('rig')}{convoy}{forced}{held}", "work"
+
+
+def _bead_held(d: dict[str, Any]) -> Described:
+    waiting = ", ".join(d.get("blockers") or []) or "?"
+    return f"bead {d['bead_id']} held for rig {d.get('rig')}: slung once {waiting} closed", "info"
 
 
 def _bead_closed(d: dict[str, Any]) -> Described:
@@ -153,6 +162,7 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     "bead.updated": _bead_updated,
     "bead.claimed": _plain("bead {bead_id} claimed by {assignee}", "info"),
     "bead.slung": _bead_slung,
+    "bead.held": _bead_held,
     "bead.closed": _bead_closed,
     "molecule.attached": lambda d: (
         f"molecule {d.get('formula')} attached to bead {d['bead_id']}: {len(d.get('steps') or [])} steps",

@@ -56,6 +56,9 @@ def bead_detail(bead: dict[str, Any]) -> str:
     for label, key in (("needs", "needs"), ("labels", "labels"), ("convoys", "convoys")):
         if bead.get(key):
             lines.append(f"  {label + ':':<10} {', '.join(bead[key])}")
+    if hold := bead.get("hold"):
+        waiting = ", ".join(hold.get("waiting_for") or []) or "nothing (the mayor slings it now)"
+        lines.append(f"  held:      for rig {hold['rig']}, waiting for {waiting}")
     for key, value in sorted((bead.get("metadata") or {}).items()):
         lines.append(f"  meta:      {key}={value}")
     lines.append(f"  created:   {_short_ts(bead.get('created_at'))} by {bead.get('created_by') or '-'}")
@@ -153,13 +156,27 @@ def convoy_table(convoys: list[dict[str, Any]]) -> str:
 def convoy_detail(convoy: dict[str, Any]) -> str:
     owned = ", owned" if convoy.get("owned") else ""
     landed = ", landed" if convoy.get("landed") else ""
+    held = f", {convoy['held']} held" if convoy.get("held") else ""
     lines = [
         f"{convoy['id']}  {convoy['title']}",
-        f"  {convoy['status']}{owned}{landed}  {bar(convoy['closed'], convoy['total'])}",
+        f"  {convoy['status']}{owned}{landed}  {bar(convoy['closed'], convoy['total'])}{held}",
     ]
-    rows = [(b["id"], b["status"], b.get("rig") or "-", b["title"]) for b in convoy.get("bead_details", [])]
-    lines.append(table(("  BEAD", "STATUS", "RIG", "TITLE"), [(f"  {r[0]}", *r[1:]) for r in rows], "  (no beads)"))
+    rows = [
+        (str(b.get("wave", "-")), b["id"], _dispatch_state(b), b.get("rig") or b.get("held_for") or "-", b["title"])
+        for b in convoy.get("bead_details", [])
+    ]
+    header = ("  WAVE", "BEAD", "STATUS", "RIG", "TITLE")
+    lines.append(table(header, [(f"  {r[0]}", *r[1:]) for r in rows], "  (no beads)"))
     return "\n".join(lines)
+
+
+def _dispatch_state(bead: dict[str, Any]) -> str:
+    """A convoy bead's status, and for an open one what it waits for: ``held: waiting for X, Y`` when a
+    convoy sling holds it (the mayor slings it once they close), ``blocked: ...`` when nothing does."""
+    waiting = ", ".join(bead.get("waiting_for") or [])
+    if bead.get("held_for"):
+        return f"held: waiting for {waiting}" if waiting else "held: slinging now"
+    return f"blocked: waiting for {waiting}" if waiting else str(bead["status"])
 
 
 # ---- mail and escalations ----------------------------------------------------------------------

@@ -31,10 +31,19 @@ def register(sub: Subcommands) -> None:
     sl.add_argument("rig")
     sl.add_argument("--formula", "-f", help="default: polecat-work")
     sl.add_argument("--var", action="append", metavar="KEY=VALUE", help="a formula var (repeatable)")
+    sl.add_argument(
+        "--hold",
+        action="store_true",
+        help="a bead with open blockers is held, and the mayor slings it once they are closed (else refused)",
+    )
     sl.add_argument("--no-formula", action="store_true", help="hook the bead without a molecule")
     sl.add_argument("--no-convoy", action="store_true", help="do not create the auto-convoy")
     sl.add_argument("--owned", action="store_true", help="the auto-convoy closes only when landed")
-    sl.add_argument("--force", action="store_true", help="re-sling a hooked bead (keeps its done steps)")
+    sl.add_argument(
+        "--force",
+        action="store_true",
+        help="re-sling a hooked bead (keeps its done steps), or sling a bead past its open blockers (recorded)",
+    )
     command_options(sl)
     sl.set_defaults(handler=_sling)
 
@@ -65,11 +74,17 @@ async def _formula_show(nc: Client, args: argparse.Namespace, config: TownConfig
 
 
 def _sling_line(result: dict[str, Any]) -> str:
-    parts = [f"{result.get('id')}: {result.get('status')} on {result.get('rig')}"]
+    where = "for" if result.get("status") == "held" else "on"
+    changed = "" if result.get("changed", True) else " (unchanged)"
+    parts = [f"{result.get('id')}: {result.get('status')}{changed} {where} {result.get('rig')}"]
     if result.get("formula"):
         parts.append(f"molecule {result['formula']}")
     if result.get("convoy"):
         parts.append(f"convoy {result['convoy']}")
+    if result.get("ignored_blockers"):
+        parts.append(f"forced past open blockers: {', '.join(result['ignored_blockers'])}")
+    if result.get("waiting_for"):
+        parts.append(f"waiting for {', '.join(result['waiting_for'])}")
     return ", ".join(parts)
 
 
@@ -83,6 +98,7 @@ async def _sling(nc: Client, args: argparse.Namespace, config: TownConfig) -> in
         "no_convoy": args.no_convoy or None,
         "owned": args.owned or None,
         "force": args.force or None,
+        "hold": args.hold or None,
     }
     return await send(nc, args, config, "gt.cmd.bead.sling", body, _sling_line)
 

@@ -139,9 +139,13 @@ class BeadSling(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     owned: bool = False
     """Make the auto-convoy owned: it closes only when landed."""
     force: bool = False
-    """Re-sling a hooked or in-progress bead (the witness does, after its session died)."""
+    """Re-sling a hooked or in-progress bead (the witness does, after its session died), or sling an open bead
+    past its open blockers (refused ``blocked`` otherwise); the event records the blockers it went past."""
     session: str | None = None
     """The session the hook moves to, when the witness knows it already."""
+    hold: bool = False
+    """An open bead with open blockers is held instead of refused: its molecule is cooked now, and the mayor
+    slings it once every blocker is closed (what `gt convoy sling` sends)."""
 
     def validate(self) -> None:
         super().validate()
@@ -152,6 +156,8 @@ class BeadSling(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         check_id("session", self.session)
         if self.no_formula and (self.formula or self.vars):
             raise invalid("`no_formula` cannot go with `formula` or `vars`")
+        if self.hold and self.force:
+            raise invalid("`hold` waits for the blockers and `force` goes past them: give one of them")
 
 
 BEAD_COMMANDS: tuple[type[Command], ...] = (BeadCreate, BeadUpdate, BeadClaim, BeadClose, BeadSling)

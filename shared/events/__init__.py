@@ -9,7 +9,16 @@ from shared.events.base import (
     decode_envelope,
     encode_event,
 )
-from shared.events.beads import BEAD_EVENTS, BeadClaimed, BeadClosed, BeadCreated, BeadEvent, BeadSlung, BeadUpdated
+from shared.events.beads import (
+    BEAD_EVENTS,
+    BeadClaimed,
+    BeadClosed,
+    BeadCreated,
+    BeadEvent,
+    BeadHeld,
+    BeadSlung,
+    BeadUpdated,
+)
 from shared.events.convoys import CONVOY_EVENTS, ConvoyBeadsAdded, ConvoyClosed, ConvoyCreated
 from shared.events.escalations import (
     ESCALATION_EVENTS,
@@ -91,6 +100,7 @@ __all__ = [
     "BeadClosed",
     "BeadCreated",
     "BeadEvent",
+    "BeadHeld",
     "BeadSlung",
     "BeadUpdated",
     "CommandAccepted",

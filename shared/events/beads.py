@@ -70,8 +70,23 @@ class BeadSlung(BeadEvent, frozen=True, kw_only=True):
     rig: str
     session: str | None = None
     forced: bool = False
+    """A forced sling: a re-sling that moves the hook, or a sling past open blockers (``ignored_blockers``)."""
     convoy_id: str | None = None
     """The auto-convoy created with it, if any."""
+    ignored_blockers: list[str] = []
+    """The open blockers a forced sling went past (the bead was not ready)."""
+    held_for: list[str] = []
+    """Set when the mayor slung a held bead once its blockers closed: the blockers it was held for."""
 
 
-BEAD_EVENTS: tuple[type[Event], ...] = (BeadCreated, BeadUpdated, BeadClaimed, BeadClosed, BeadSlung)
+class BeadHeld(BeadEvent, frozen=True, kw_only=True):
+    """A sling with ``hold`` met open blockers: the bead stays open, and the mayor slings it to ``rig``
+    (``bead.slung`` with ``held_for``) once every bead it needs is closed. A sling or a close ends the hold."""
+
+    TYPE: ClassVar[str] = "bead.held"
+    rig: str
+    blockers: list[str] = []
+    """The blockers that were open when it was held."""
+
+
+BEAD_EVENTS: tuple[type[Event], ...] = (BeadCreated, BeadUpdated, BeadClaimed, BeadClosed, BeadSlung, BeadHeld)

@@ -42,6 +42,7 @@ REJECTION_CODES = (
     "not_found",
     "backward_transition",
     "conflict",
+    "blocked",
     "too_large",
     "unauthorized",
 )

@@ -130,6 +130,53 @@ class TestOwned:
         assert await code(driver, LAND, {"id": convoy_id}) == "invalid"
 
 
+class TestDispatchInWaves:
+    """A convoy slung with ``hold`` (what `gt convoy sling` sends) dispatches its beads as their blockers close."""
+
+    async def test_blocked_beads_are_held_and_slung_wave_by_wave_and_status_says_which(self, driver: Driver) -> None:
+        [outside] = await beads(driver, 1)  # a blocker the convoy does not track still blocks
+        first = (await driver.send(CREATE, {"title": "first"}))["id"]
+        second = (await driver.send(CREATE, {"title": "second", "needs": [first]}))["id"]
+        third = (await driver.send(CREATE, {"title": "third", "needs": [second]}))["id"]
+        external = (await driver.send(CREATE, {"title": "external", "needs": [outside]}))["id"]
+        convoy_id = await convoy(driver, [first, second, third, external])
+        outcomes = {}
+        for bead_id in (first, second, third, external):
+            sling = {"id": bead_id, "rig": "demo", "hold": True, "no_convoy": True}
+            outcomes[bead_id] = (await driver.send("gt.cmd.bead.sling", sling))["status"]
+        assert outcomes == {first: "hooked", second: "held", third: "held", external: "held"}
+
+        def dispatch(found: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+            return {b["id"]: (b["wave"], b["status"], b["held_for"], b["waiting_for"]) for b in found["bead_details"]}
+
+        found = await status(driver, convoy_id)
+        assert dispatch(found) == {
+            first: (1, "hooked", None, []),
+            second: (2, "open", "demo", [first]),
+            third: (3, "open", "demo", [second]),
+            external: (1, "open", "demo", [outside]),
+        }
+        assert found["held"] == 3
+
+        await driver.send(CLOSE, {"id": first})
+        await driver.advance(0)
+        found = await status(driver, convoy_id)
+        assert dispatch(found)[second] == (2, "hooked", None, [])
+        assert dispatch(found)[third] == (3, "open", "demo", [second])
+
+        await driver.send(CLOSE, {"id": outside, "reason": "won't do"})
+        await driver.send(CLOSE, {"id": second})
+        await driver.advance(0)
+        found = await status(driver, convoy_id)
+        assert {b["id"]: b["status"] for b in found["bead_details"]} == {
+            first: "closed",
+            second: "closed",
+            third: "hooked",
+            external: "hooked",
+        }
+        assert found["held"] == 0
+
+
 class TestBadInput:
     @pytest.mark.parametrize(
         ("subject", "body", "expected"),

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from shared.errors import CommandError, QueryError
-from tests.drivers import Driver
+from tests.drivers import Driver, events_on
 
 CREATE, CLOSE, CLAIM, SLING = "gt.cmd.bead.create", "gt.cmd.bead.close", "gt.cmd.bead.claim", "gt.cmd.bead.sling"
 START, DONE = "gt.cmd.step.start", "gt.cmd.step.done"
@@ -139,6 +139,88 @@ class TestSling:
     async def test_infrastructure_beads_are_not_slung(self, driver: Driver) -> None:
         message = await bead(driver, "a note", type="message")
         assert await code(driver, SLING, {"id": message, "rig": "demo"}) == "invalid"
+
+
+class TestBlockers:
+    """A bead is dispatched only once every bead it needs is closed (what `gt ready` says), unless forced."""
+
+    async def test_a_bead_with_an_open_blocker_is_refused_naming_it_and_the_override(self, driver: Driver) -> None:
+        blocker = await bead(driver, "Lay the foundation")
+        hooked_blocker = await slung(driver)  # hooked is not closed: it still blocks
+        blocked = await bead(driver, "Build the walls", needs=[blocker, hooked_blocker])
+        with pytest.raises(CommandError) as info:
+            await driver.send(SLING, {"id": blocked, "rig": "demo"})
+        assert info.value.code == "blocked"
+        assert f"{blocker} (open)" in str(info.value)
+        assert f"{hooked_blocker} (hooked)" in str(info.value)
+        assert "--force" in str(info.value)
+        got = await driver.ask("get", id=blocked)
+        assert (got["status"], got["rig"], got["slings"]) == ("open", None, 0)
+        with pytest.raises(QueryError):
+            await driver.ask("molecule", bead=blocked)
+
+    async def test_once_every_blocker_is_closed_the_bead_is_slung_whatever_the_close_reason(
+        self, driver: Driver
+    ) -> None:
+        merged, abandoned = await bead(driver), await bead(driver)
+        blocked = await bead(driver, needs=[merged, abandoned])
+        await driver.send(CLOSE, {"id": merged, "reason": "merged"})
+        assert await code(driver, SLING, {"id": blocked, "rig": "demo"}) == "blocked"
+        await driver.send(CLOSE, {"id": abandoned, "reason": "won't do"})  # closed is closed
+        assert (await driver.send(SLING, {"id": blocked, "rig": "demo"}))["status"] == "hooked"
+
+    async def test_force_slings_past_open_blockers_and_the_event_records_them(self, driver: Driver) -> None:
+        blocker = await bead(driver)
+        blocked = await bead(driver, needs=[blocker])
+        result = await driver.send(SLING, {"id": blocked, "rig": "demo", "force": True})
+        assert (result["status"], result["ignored_blockers"]) == ("hooked", [blocker])
+        [slung_event] = [d for t, d in await events_on(driver, f"gt.evt.bead.{blocked}") if t == "bead.slung"]
+        assert (slung_event["forced"], slung_event["ignored_blockers"]) == (True, [blocker])
+
+    async def test_a_held_sling_waits_for_its_blockers_and_the_mayor_slings_it_once_they_close(
+        self, driver: Driver
+    ) -> None:
+        blocker = await bead(driver)
+        blocked = await bead(driver, needs=[blocker])
+        held = await driver.send(SLING, {"id": blocked, "rig": "demo", "hold": True, "no_convoy": True})
+        assert (held["status"], held["waiting_for"], held["formula"]) == ("held", [blocker], "polecat-work")
+        again = await driver.send(SLING, {"id": blocked, "rig": "demo", "hold": True, "no_convoy": True})
+        assert (again["status"], again["changed"]) == ("held", False)
+        got = await driver.ask("get", id=blocked)
+        assert (got["status"], got["hold"]["rig"], got["hold"]["blockers"]) == ("open", "demo", [blocker])
+        assert [b["id"] for b in await driver.ask("ready")] == [blocker]
+        await driver.advance(60)
+        assert (await driver.ask("get", id=blocked))["status"] == "open"  # still waiting
+
+        await driver.send(CLOSE, {"id": blocker})
+        await driver.advance(0)
+        got = await driver.ask("get", id=blocked)
+        assert (got["status"], got["rig"], got["slings"], got.get("hold")) == ("hooked", "demo", 1, None)
+        assert (await driver.ask("molecule", bead=blocked))["formula"] == "polecat-work"
+        await driver.advance(60)
+        slings = [d for t, d in await events_on(driver, f"gt.evt.bead.{blocked}") if t == "bead.slung"]
+        assert len(slings) == 1
+        assert (slings[0]["rig"], slings[0]["held_for"]) == ("demo", [blocker])
+
+    async def test_a_held_bead_closed_or_slung_by_hand_is_no_longer_held(self, driver: Driver) -> None:
+        blocker = await bead(driver)
+        closed, forced = await bead(driver, needs=[blocker]), await bead(driver, needs=[blocker])
+        for held in (closed, forced):
+            await driver.send(SLING, {"id": held, "rig": "demo", "hold": True, "no_convoy": True})
+        await driver.send(CLOSE, {"id": closed})
+        await driver.send(SLING, {"id": forced, "rig": "other", "force": True})
+        await driver.send(CLOSE, {"id": blocker})
+        await driver.advance(0)
+        assert (await driver.ask("get", id=closed))["status"] == "closed"
+        got = await driver.ask("get", id=forced)
+        assert (got["rig"], got["slings"], got.get("hold")) == ("other", 1, None)
+
+    async def test_a_forced_re_sling_of_a_bead_forced_past_its_blocker_is_not_blocked(self, driver: Driver) -> None:
+        blocker = await bead(driver)
+        blocked = await bead(driver, needs=[blocker])
+        await driver.send(SLING, {"id": blocked, "rig": "demo", "force": True})
+        again = await driver.send(SLING, {"id": blocked, "rig": "demo", "force": True, "session": "demo-bob"})
+        assert (again["status"], again.get("ignored_blockers", [])) == ("hooked", [])
 
 
 class TestSteps:

@@ -17,6 +17,7 @@ from shared.events import (
     BeadClaimed,
     BeadClosed,
     BeadCreated,
+    BeadHeld,
     BeadSlung,
     BeadUpdated,
     CommandAccepted,
@@ -79,6 +80,9 @@ SAMPLES: list[Event] = [
     ),
     CommandRejected(command_id="c2", command="bead.close", code="not_found", message="no bead"),
     BeadSlung(bead_id="hq-1", rig="demo", session="demo-ace", forced=True, convoy_id="cv-1"),
+    BeadSlung(bead_id="hq-2", rig="demo", forced=True, ignored_blockers=["hq-1"]),
+    BeadSlung(bead_id="hq-3", rig="demo", held_for=["hq-1", "hq-2"]),
+    BeadHeld(bead_id="hq-3", rig="demo", blockers=["hq-1", "hq-2"]),
     MoleculeAttached(
         bead_id="hq-1",
         formula="polecat-work",
