@@ -163,7 +163,7 @@ def convoy_detail(convoy: dict[str, Any]) -> str:
     ]
     rows = [
         (str(b.get("wave", "-")), b["id"], _dispatch_state(b), b.get("rig") or b.get("held_for") or "-", b["title"])
-        for b in convoy.get("bead_details", [])
+        for b in sorted(convoy.get("bead_details", []), key=lambda b: int(b.get("wave") or 0))  # wave by wave
     ]
     header = ("  WAVE", "BEAD", "STATUS", "RIG", "TITLE")
     lines.append(table(header, [(f"  {r[0]}", *r[1:]) for r in rows], "  (no beads)"))

@@ -74,7 +74,7 @@ def test_slings_and_holds_are_told_with_their_blockers() -> None:
     assert held == "bead b held for rig r: slung once a closed"
 
 
-def test_convoy_status_shows_waves_and_what_held_and_blocked_beads_wait_for() -> None:
+def test_convoy_status_lists_beads_wave_by_wave_with_what_held_and_blocked_ones_wait_for() -> None:
     beads = [
         {"id": "a", "title": "A", "status": "hooked", "rig": "demo", "wave": 1, "waiting_for": [], "held_for": None},
         {"id": "b", "title": "B", "status": "open", "rig": None, "wave": 2, "waiting_for": ["a"], "held_for": "demo"},
@@ -87,5 +87,5 @@ def test_convoy_status_shows_waves_and_what_held_and_blocked_beads_wait_for() ->
     assert "0/3," in lines[1]
     assert lines[2] == ["WAVE", "BEAD", "STATUS", "RIG", "TITLE"]
     assert lines[3] == ["1", "a", "hooked", "demo", "A"]
-    assert lines[4] == ["2", "b", "held:", "waiting", "for", "a", "demo", "B"]
-    assert lines[5] == ["1", "c", "blocked:", "waiting", "for", "x", "-", "C"]
+    assert lines[4] == ["1", "c", "blocked:", "waiting", "for", "x", "-", "C"]  # wave by wave
+    assert lines[5] == ["2", "b", "held:", "waiting", "for", "a", "demo", "B"]
