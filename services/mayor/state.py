@@ -116,6 +116,15 @@ class Escalation(msgspec.Struct, kw_only=True, gc=False):
     version: int = 0
 
 
+class MailRig(msgspec.Struct, kw_only=True, gc=False):
+    """A rig as mail addresses see it (the witness's rig and session events): which polecats it has had, and
+    the session each holds now."""
+
+    name: str
+    polecats: dict[str, str | None] = {}
+    """Polecat name -> the session it holds now (None: none now)."""
+
+
 class MayorState(msgspec.Struct, kw_only=True):
     beads: dict[str, Bead] = {}
     """Every bead, in creation order."""
@@ -127,5 +136,7 @@ class MayorState(msgspec.Struct, kw_only=True):
     open_convoys: list[str] = []
     """Ids of the convoys still open, so reconcile looks at those only."""
     escalations: dict[str, Escalation] = {}
+    rigs: dict[str, MailRig] = {}
+    """Rigs and their polecats, by rig name: what ``polecat:<rig>/<name>`` and ``rig:<rig>`` may address."""
     commands_accepted: int = 0
     commands_rejected: int = 0
