@@ -16,6 +16,7 @@ from services.witness.state import (
     Session,
     WitnessState,
     WorkBead,
+    mail_nudge_id,
 )
 from shared.commands.mail import polecat_of
 from shared.events import (
@@ -423,7 +424,8 @@ def collectable(state: WitnessState, bead: WorkBead, cutoff: datetime, latest: d
 @fold.register
 def _gc_swept(payload: GcSwept, state: WitnessState, env: Envelope, seq: int) -> None:
     """Closed beads that are done with (see ``collectable``) leave with their sessions, merge request links,
-    hook lease and mass-death marks; nudges delivered or expired before the cutoff leave too."""
+    hook lease and mass-death marks; nudges delivered or expired before the cutoff leave too, and so does the
+    record of unread mail whose announcement left."""
     cutoff = payload.cutoff
     latest = {(s.rig, s.polecat): s.id for s in state.sessions.values()}
     gone = [b for b in state.beads.values() if collectable(state, b, cutoff, latest)]
@@ -447,6 +449,9 @@ def _gc_swept(payload: GcSwept, state: WitnessState, env: Envelope, seq: int) ->
                 state.mass_deaths[rig] = kept
     for nudge_id in [n.id for n in state.nudges.values() if n.status != "queued" and n.expires_at < cutoff]:
         del state.nudges[nudge_id]
+    # Unread mail announced long ago: nothing more is owed for it (`gt prime` lists it from the mayor's state).
+    for message_id in [m.id for m in state.mail.values() if m.nudged and mail_nudge_id(m.id) not in state.nudges]:
+        del state.mail[message_id]
 
 
 def new_projection() -> Projection[WitnessState]:

@@ -3,7 +3,7 @@ sessions and of unread mail (announced once per message), the mayor's address ch
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -22,6 +22,8 @@ from shared.events import (
     BeadCreated,
     BeadUpdated,
     Event,
+    GcSwept,
+    NudgeExpired,
     NudgeQueued,
     RigAdded,
     SessionEnded,
@@ -208,3 +210,17 @@ def test_prime_lists_unread_mail() -> None:
     assert "Mail (1 unread)" in text
     assert "- hq-m1 from operator:ann: Use v2" in text
     assert mail_lines([]) == []
+
+
+def test_announced_mail_leaves_the_witness_with_its_nudge_at_gc() -> None:
+    w = World()
+    w.rig()
+    w.add(message("hq-m1", "polecat:demo/ace"), message("hq-m2", "polecat:demo/ace"))
+    w.add(
+        NudgeQueued(
+            nudge_id=mail_nudge_id("hq-m1"), rig="demo", polecat="ace", message="You have mail", expires_at=w.clock
+        ),
+        NudgeExpired(nudge_id=mail_nudge_id("hq-m1")),
+    )
+    w.add(GcSwept(cutoff=w.clock + timedelta(seconds=1), ttl_s=1.0))
+    assert list(w.state.mail) == ["hq-m2"], "the one never announced stays owed"
