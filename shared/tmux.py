@@ -7,6 +7,7 @@ them in a thread. Panes keep ``remain-on-exit``: when an agent dies its pane sta
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping
 
@@ -22,6 +23,11 @@ _FORMAT = (
     "#{session_name}\t#{pane_id}\t#{pane_pid}\t#{pane_dead}\t#{session_created}\t#{session_activity}"
     f"\t#{{{LABEL_OPTION}}}"
 )
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+TAIL_LINES = 20
+TAIL_LINE_CHARS = 300
+TAIL_CHARS = 2000
 _NO_SERVER = ("no server running", "error connecting to", "No such file or directory")
 _SERVER_LOST = "server exited unexpectedly"
 
@@ -156,6 +162,10 @@ class Tmux:
         """The last ``lines`` lines of the pane, as shown."""
         return "\n".join(self._run("capture-pane", "-p", "-J", "-t", f"={name}:", "-S", f"-{lines}"))
 
+    def tail(self, name: str, lines: int = TAIL_LINES) -> str:
+        """The pane's last ``lines`` non-blank lines, cleaned and bounded (``clean_tail``)."""
+        return clean_tail(self.capture(name, lines=lines * 4), lines)
+
     def kill_server(self) -> None:
         """Stop this socket's tmux server (tests and `gt down --clean`)."""
         try:
@@ -163,6 +173,18 @@ class Tmux:
         except TmuxError as exc:
             if not any(marker in exc.detail for marker in _NO_SERVER):
                 raise
+
+
+def clean_tail(text: str, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` non-blank lines of ``text`` without escape sequences or control characters, each line
+    and the whole cut to a bound: safe to store in an event and to print in another agent's prompt."""
+    kept = []
+    for line in _ANSI.sub("", text).splitlines():
+        line = _CONTROL.sub("", line).rstrip()
+        if line:
+            kept.append(line[:TAIL_LINE_CHARS])
+    tail = "\n".join(kept[-lines:])
+    return tail[-TAIL_CHARS:]
 
 
 def shell_join(argv: list[str]) -> str:

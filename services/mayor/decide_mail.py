@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Any
+
 from services.mayor.decide_beads import fresh_id, get_bead
 from services.mayor.reads import is_message, is_read
 from services.mayor.state import MESSAGE_TYPE, READ_LABEL, Bead, MayorState
 from shared.commands import MailArchive, MailRead, MailReply, MailSend
+from shared.commands.mail import (
+    ACCEPTED_ADDRESSES,
+    OPERATOR_ADDRESS,
+    POLECAT_ADDRESS,
+    RIG_ADDRESS,
+    normalise_address,
+    polecat_address,
+)
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import BeadClosed, BeadCreated, BeadUpdated
@@ -39,8 +50,9 @@ def _message(
     thread: str | None,
     reply_to: str | None,
     priority: int,
+    taken: Collection[str] | None = None,
 ) -> tuple[str, NewEvent]:
-    message_id = fresh_id(ctx, MAIL_PREFIX, state.beads)
+    message_id = fresh_id(ctx, MAIL_PREFIX, state.beads if taken is None else taken)
     thread_id = thread or message_id
     metadata = {"from": ctx.actor, "thread": thread_id}
     if reply_to:
@@ -58,19 +70,75 @@ def _message(
     return message_id, NewEvent(payload=event, expected_seq=0)
 
 
-def send(state: MayorState, cmd: MailSend, ctx: DecideContext) -> Accepted:
-    message_id, event = _message(
-        state,
-        ctx,
-        to=cmd.to,
-        body=cmd.body,
-        subject=cmd.subject,
-        thread=cmd.thread,
-        reply_to=None,
-        priority=cmd.priority,
+def _no_rig(rig: str) -> CommandError:
+    return CommandError(
+        "not_found", f"no rig {rig!r} (`gt rig list` shows them); accepted addresses: {ACCEPTED_ADDRESSES}"
     )
-    thread = cmd.thread or message_id
-    return Accepted(events=[event], result={"id": message_id, "to": cmd.to, "thread": thread, "changed": True})
+
+
+def recipients(state: MayorState, to: str) -> tuple[str, list[str]]:
+    """The address in its canonical form, and the inboxes a message to it goes to (a rig's: each polecat at
+    work on it now).
+
+    Raises:
+        CommandError: ``invalid`` for what is no address, ``not_found`` for a rig or polecat the log does not know
+            (or a rig with nobody at work to read it).
+    """
+    address = normalise_address(to)
+    if address == "mayor" or OPERATOR_ADDRESS.fullmatch(address):
+        return address, [address]
+    if (polecat := POLECAT_ADDRESS.fullmatch(address)) is not None:
+        rig = state.rigs.get(polecat["rig"])
+        if rig is None:
+            raise _no_rig(polecat["rig"])
+        if polecat["polecat"] not in rig.polecats:
+            known = ", ".join(sorted(rig.polecats)) or "none yet"
+            raise CommandError(
+                "not_found", f"rig {rig.name} has no polecat {polecat['polecat']!r} (its polecats: {known})"
+            )
+        return address, [address]
+    if (named := RIG_ADDRESS.fullmatch(address)) is not None:
+        rig = state.rigs.get(named["rig"])
+        if rig is None:
+            raise _no_rig(named["rig"])
+        at_work = sorted(name for name, session in rig.polecats.items() if session is not None)
+        if not at_work:
+            raise CommandError(
+                "not_found",
+                f"no polecat is at work on rig {rig.name} now, so nobody would read it; write to one by name "
+                f"(polecat:{rig.name}/<name>) or later",
+            )
+        return f"rig:{rig.name}", [polecat_address(rig.name, name) for name in at_work]
+    raise CommandError("invalid", f"`to` {to[:80]!r} is no address; accepted addresses: {ACCEPTED_ADDRESSES}")
+
+
+def send(state: MayorState, cmd: MailSend, ctx: DecideContext) -> Accepted:
+    address, inboxes = recipients(state, cmd.to)
+    events: list[NewEvent] = []
+    ids: list[str] = []
+    thread = cmd.thread
+    taken = dict.fromkeys(state.beads)
+    for inbox in inboxes:
+        message_id, event = _message(
+            state,
+            ctx,
+            to=inbox,
+            body=cmd.body,
+            subject=cmd.subject,
+            thread=thread,
+            reply_to=None,
+            priority=cmd.priority,
+            taken=taken,
+        )
+        thread = thread or message_id  # a rig's copies share the first one's thread
+        taken[message_id] = None
+        events.append(event)
+        ids.append(message_id)
+    result: dict[str, Any] = {"id": ids[0], "to": address, "thread": thread, "changed": True}
+    if len(ids) > 1 or address.startswith("rig:"):
+        result["ids"] = ids
+        result["recipients"] = inboxes
+    return Accepted(events=events, result=result)
 
 
 def reply(state: MayorState, cmd: MailReply, ctx: DecideContext) -> Accepted:

@@ -7,7 +7,18 @@ from datetime import datetime
 
 import msgspec
 
-from services.mayor.state import STATUS_RANK, WISP_TYPE, Bead, Convoy, Escalation, Hold, MayorState, Molecule, Step
+from services.mayor.state import (
+    STATUS_RANK,
+    WISP_TYPE,
+    Bead,
+    Convoy,
+    Escalation,
+    Hold,
+    MailRig,
+    MayorState,
+    Molecule,
+    Step,
+)
 from shared.events import (
     BeadClaimed,
     BeadClosed,
@@ -29,12 +40,15 @@ from shared.events import (
     GcSwept,
     MoleculeAttached,
     MoleculeCompleted,
+    RigAdded,
+    SessionEnded,
+    SessionRequested,
     StepCompleted,
     StepStarted,
 )
 from shared.projection import Projection
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @functools.singledispatch
@@ -385,6 +399,30 @@ def _accepted(payload: CommandAccepted, state: MayorState, env: Envelope, seq: i
 @fold.register
 def _rejected(payload: CommandRejected, state: MayorState, env: Envelope, seq: int) -> None:
     state.commands_rejected += 1
+
+
+# ---- rigs and polecats (the witness's events), for mail addresses --------------------------------
+
+
+@fold.register
+def _rig_added(payload: RigAdded, state: MayorState, env: Envelope, seq: int) -> None:
+    state.rigs.setdefault(payload.rig, MailRig(name=payload.rig))
+
+
+@fold.register
+def _session_requested(payload: SessionRequested, state: MayorState, env: Envelope, seq: int) -> None:
+    rig = state.rigs.setdefault(payload.rig, MailRig(name=payload.rig))
+    rig.polecats[payload.polecat] = payload.session_id
+
+
+@fold.register
+def _session_ended(payload: SessionEnded, state: MayorState, env: Envelope, seq: int) -> None:
+    # A rig has a few polecats at a time (its max_polecats): looking through them beats keeping every session.
+    for rig in state.rigs.values():
+        for polecat, session in rig.polecats.items():
+            if session == payload.session_id:
+                rig.polecats[polecat] = None
+                return
 
 
 def new_projection() -> Projection[MayorState]:

@@ -125,6 +125,15 @@ class Escalation(msgspec.Struct, kw_only=True, gc=False):
     version: int = 0
 
 
+class MailRig(msgspec.Struct, kw_only=True, gc=False):
+    """A rig as mail addresses see it (the witness's rig and session events): which polecats it has had, and
+    the session each holds now."""
+
+    name: str
+    polecats: dict[str, str | None] = {}
+    """Polecat name -> the session it holds now (None: none now)."""
+
+
 class MayorState(msgspec.Struct, kw_only=True):
     beads: dict[str, Bead] = {}
     """Every bead, in creation order."""
@@ -138,5 +147,7 @@ class MayorState(msgspec.Struct, kw_only=True):
     escalations: dict[str, Escalation] = {}
     holds: dict[str, Hold] = {}
     """Bead id -> its held sling, for open beads only (a sling or a close ends it), so reconcile looks at those."""
+    rigs: dict[str, MailRig] = {}
+    """Rigs and their polecats, by rig name: what ``polecat:<rig>/<name>`` and ``rig:<rig>`` may address."""
     commands_accepted: int = 0
     commands_rejected: int = 0

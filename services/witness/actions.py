@@ -133,6 +133,17 @@ class DeliverNudge(Action, frozen=True, kw_only=True):
         return f"nudge:{self.nudge}"
 
 
+class NudgeMail(Action, frozen=True, kw_only=True):
+    """Unread mail for a polecat whose session is live: queue the one nudge that tells it (once per message)."""
+
+    PRIORITY: ClassVar[int] = 2
+    message: str
+
+    @property
+    def key(self) -> str:
+        return f"mail:{self.message}"
+
+
 class ExpireNudge(Action, frozen=True, kw_only=True):
     PRIORITY: ClassVar[int] = 4
     nudge: str

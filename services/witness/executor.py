@@ -32,6 +32,7 @@ from services.witness.actions import (
     Kill,
     KillOrphan,
     MassDeath,
+    NudgeMail,
     ReapPane,
     ReleaseHook,
     Resling,
@@ -41,7 +42,7 @@ from services.witness.actions import (
 )
 from services.witness.agent_creds import agent_nats_credentials, is_credential
 from services.witness.settings import WitnessSettings
-from services.witness.state import Rig, Session, WitnessState
+from services.witness.state import Rig, Session, WitnessState, mail_nudge_id
 from shared import git, processes
 from shared.config import TownConfig
 from shared.decision import NewEvent
@@ -51,6 +52,7 @@ from shared.events import (
     LeaseReleased,
     NudgeDelivered,
     NudgeExpired,
+    NudgeQueued,
     RigMassDeath,
     SessionCleaned,
     SessionEnded,
@@ -79,6 +81,10 @@ AGENT_ENV_PASSTHROUGH = (
 """What an agent gets of the witness's environment besides its own settings (plus ``GT_AGENT_ENV``); NATS
 credentials are chosen by ``agent_nats_credentials``."""
 AGENT_TERM = "screen-256color"
+MAIL_SUBJECT_SHOWN = 120
+"""Characters of a message's subject typed into the pane when announcing it."""
+MAIL_NUDGE_TTL_S = 1800.0
+"""How long a mail announcement waits for the polecat's session (its `gt prime` lists the mail anyway)."""
 """The pane is a tmux terminal, whatever terminal the witness was started from."""
 
 
@@ -126,6 +132,7 @@ class Executor:
             KillOrphan: self.kill_orphan,
             MassDeath: self.mass_death,
             DeliverNudge: self.deliver_nudge,
+            NudgeMail: self.nudge_mail,
             ExpireNudge: self.expire_nudge,
         }
 
@@ -382,7 +389,8 @@ class Executor:
         session = self._session(action.session)
         if session is None or session.status == "ended" or session.warrant_reason is not None:
             return
-        event = SessionWarranted(session_id=session.id, reason=action.reason, detail=action.detail)
+        tail = await asyncio.to_thread(self._pane_tail, session)
+        event = SessionWarranted(session_id=session.id, reason=action.reason, detail=action.detail, pane_tail=tail)
         if not await self._append(NewEvent(payload=event, expected_seq=session.version)):
             return
         log.info("session_warranted", session=session.id, reason=action.reason, detail=action.detail)
@@ -403,6 +411,18 @@ class Executor:
             await self._end(session, "bead_closed", "its bead was closed")
         else:
             await self._end(session, reason, "killed after warrant")
+
+    def _pane_tail(self, session: Session) -> str:
+        """The last lines the session's pane shows (a dead pane stays, so a zombie's last words are there): put in
+        the warrant, so the log tells a later session what its predecessor was doing. Empty when there is none."""
+        try:
+            pane = self.tmux.snapshot().get(session.tmux_name)
+            if pane is None or pane.label != session.id:
+                return ""
+            return self.tmux.tail(session.tmux_name)
+        except TmuxError as exc:
+            log.warning("pane_tail_failed", session=session.id, error=str(exc))
+            return ""
 
     def _verify_and_kill(self, session: Session) -> None:
         """Kill the session's agent and tmux session, each only if it is still the one we recorded."""
@@ -584,6 +604,24 @@ class Executor:
 
     def _changed(self, name: str, screen: str) -> bool:
         return self.tmux.capture(name) != screen
+
+    async def nudge_mail(self, action: NudgeMail) -> None:
+        """Queue the nudge announcing a message; its id comes from the message's, so it is queued once whoever
+        tries (a restart, a second witness); delivery is then the nudge's (``deliver_nudge``)."""
+        notice = self.host.state.mail.get(action.message)
+        if notice is None or notice.nudged:
+            return
+        subject = " ".join(notice.subject.split())[:MAIL_SUBJECT_SHOWN]
+        text = f"You have mail from {notice.sender}: {subject} - run `gt mail read {notice.id}`"
+        event = NudgeQueued(
+            nudge_id=mail_nudge_id(notice.id),
+            rig=notice.rig,
+            polecat=notice.polecat,
+            message=text,
+            expires_at=self.host.clock() + timedelta(seconds=MAIL_NUDGE_TTL_S),
+        )
+        if await self._append(NewEvent(payload=event, expected_seq=0)):
+            log.info("mail_nudge_queued", message=notice.id, rig=notice.rig, polecat=notice.polecat)
 
     async def expire_nudge(self, action: ExpireNudge) -> None:
         nudge = self.host.state.nudges.get(action.nudge)

@@ -22,6 +22,7 @@ from services.witness.actions import (
     Kill,
     KillOrphan,
     MassDeath,
+    NudgeMail,
     ReapPane,
     ReleaseHook,
     Resling,
@@ -101,6 +102,7 @@ def plan(state: WitnessState, obs: Observed, policy: Policy) -> list[Action]:
     out.extend(_mass_deaths(state, obs, policy))
     out.extend(_orphans(state, obs, policy))
     out.extend(_nudges(state, obs))
+    out.extend(_mail(state, obs))
     seen: set[str] = set(obs.busy)
     owed: list[Action] = []
     for action in out:
@@ -399,6 +401,17 @@ def _nudges(state: WitnessState, obs: Observed) -> Iterator[Action]:
             pane = pane_of(target, obs)
             if pane is not None and not pane.dead:
                 yield DeliverNudge(nudge=nudge.id, session=target.id)
+
+
+def _mail(state: WitnessState, obs: Observed) -> Iterator[Action]:
+    """Unread mail not yet announced, to a polecat with a live session: announce it (a polecat with none now is
+    told when it next has one; its `gt prime` lists the mail in any case)."""
+    for notice in state.mail.values():
+        if notice.nudged:
+            continue
+        target = _nudge_target(state, notice.rig, notice.polecat, None)
+        if target is not None and target.status == "started" and pane_of(target, obs) is not None:
+            yield NudgeMail(message=notice.id)
 
 
 def _nudge_target(state: WitnessState, rig: str, polecat: str, session_id: str | None) -> Session | None:

@@ -6,13 +6,26 @@ from __future__ import annotations
 import functools
 from datetime import datetime
 
-from services.witness.state import HookLease, MergeFailure, Nudge, Rig, Session, WitnessState, WorkBead
+from services.witness.state import (
+    MAIL_NUDGE_PREFIX,
+    HookLease,
+    MailNotice,
+    MergeFailure,
+    Nudge,
+    Rig,
+    Session,
+    WitnessState,
+    WorkBead,
+    mail_nudge_id,
+)
+from shared.commands.mail import polecat_of
 from shared.events import (
     DEATHS,
     BeadClaimed,
     BeadClosed,
     BeadCreated,
     BeadSlung,
+    BeadUpdated,
     Envelope,
     Event,
     GcSwept,
@@ -43,8 +56,10 @@ from shared.ids import HOOK_LEASE_PREFIX, hook_lease_name
 from shared.lease_rules import record_end
 from shared.projection import Projection
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
+MESSAGE_TYPE = "message"
+READ_LABEL = "read"
 
 
 @functools.singledispatch
@@ -90,8 +105,30 @@ def _mass_death(payload: RigMassDeath, state: WitnessState, env: Envelope, seq: 
 
 @fold.register
 def _bead_created(payload: BeadCreated, state: WitnessState, env: Envelope, seq: int) -> None:
-    if payload.type not in SKIPPED_TYPES and payload.bead_id not in state.beads:
+    if payload.type == MESSAGE_TYPE:
+        _mail_created(payload, state)
+    elif payload.type not in SKIPPED_TYPES and payload.bead_id not in state.beads:
         state.beads[payload.bead_id] = WorkBead(id=payload.bead_id, title=payload.title)
+
+
+def _mail_created(payload: BeadCreated, state: WitnessState) -> None:
+    """A message to a polecat: its live session is to be told (``plan._mail``)."""
+    addressed = polecat_of(payload.assignee or "")
+    if addressed is None or payload.bead_id in state.mail:
+        return
+    state.mail[payload.bead_id] = MailNotice(
+        id=payload.bead_id,
+        rig=addressed[0],
+        polecat=addressed[1],
+        sender=payload.metadata.get("from", "someone"),
+        subject=payload.title,
+    )
+
+
+@fold.register
+def _bead_updated(payload: BeadUpdated, state: WitnessState, env: Envelope, seq: int) -> None:
+    if payload.bead_id in state.mail and READ_LABEL in (payload.add_labels or ()):
+        del state.mail[payload.bead_id]  # read: nothing more to tell
 
 
 @fold.register
@@ -131,6 +168,7 @@ def _bead_claimed(payload: BeadClaimed, state: WitnessState, env: Envelope, seq:
 
 @fold.register
 def _bead_closed(payload: BeadClosed, state: WitnessState, env: Envelope, seq: int) -> None:
+    state.mail.pop(payload.bead_id, None)  # an archived message
     bead = state.beads.get(payload.bead_id)
     if bead is not None:
         bead.status = "closed"
@@ -253,6 +291,8 @@ def _warranted(payload: SessionWarranted, state: WitnessState, env: Envelope, se
     session = _session(state, payload.session_id, seq)
     if session is not None and session.warrant_reason is None:
         session.warrant_reason = payload.reason
+        session.warrant_detail = payload.detail
+        session.pane_tail = payload.pane_tail
         session.warranted_at = env.ts
 
 
@@ -263,6 +303,7 @@ def _ended(payload: SessionEnded, state: WitnessState, env: Envelope, seq: int) 
         session.status = "ended"
         session.ended_at = env.ts
         session.end_reason = payload.reason
+        session.end_detail = payload.detail
 
 
 @fold.register
@@ -334,6 +375,10 @@ def _nudge_queued(payload: NudgeQueued, state: WitnessState, env: Envelope, seq:
             expires_at=payload.expires_at,
             version=seq,
         )
+    if payload.nudge_id.startswith(MAIL_NUDGE_PREFIX):
+        notice = state.mail.get(payload.nudge_id.removeprefix(MAIL_NUDGE_PREFIX))
+        if notice is not None:
+            notice.nudged = True
 
 
 @fold.register
@@ -379,7 +424,8 @@ def collectable(state: WitnessState, bead: WorkBead, cutoff: datetime, latest: d
 @fold.register
 def _gc_swept(payload: GcSwept, state: WitnessState, env: Envelope, seq: int) -> None:
     """Closed beads that are done with (see ``collectable``) leave with their sessions, merge request links,
-    hook lease and mass-death marks; nudges delivered or expired before the cutoff leave too."""
+    hook lease and mass-death marks; nudges delivered or expired before the cutoff leave too, and so does the
+    record of unread mail whose announcement left."""
     cutoff = payload.cutoff
     latest = {(s.rig, s.polecat): s.id for s in state.sessions.values()}
     gone = [b for b in state.beads.values() if collectable(state, b, cutoff, latest)]
@@ -403,6 +449,9 @@ def _gc_swept(payload: GcSwept, state: WitnessState, env: Envelope, seq: int) ->
                 state.mass_deaths[rig] = kept
     for nudge_id in [n.id for n in state.nudges.values() if n.status != "queued" and n.expires_at < cutoff]:
         del state.nudges[nudge_id]
+    # Unread mail announced long ago: nothing more is owed for it (`gt prime` lists it from the mayor's state).
+    for message_id in [m.id for m in state.mail.values() if m.nudged and mail_nudge_id(m.id) not in state.nudges]:
+        del state.mail[message_id]
 
 
 def new_projection() -> Projection[WitnessState]:

@@ -10,6 +10,9 @@ import msgspec
 from services.witness.state import ACTIVE, Session, WitnessState
 from shared.errors import QueryError
 
+EARLIER_SESSIONS_SHOWN = 3
+"""How many of a bead's earlier sessions ``gt prime`` tells a fresh session about (newest first)."""
+
 
 def _opt_str(body: dict[str, Any], key: str) -> str | None:
     value = body.get(key)
@@ -84,6 +87,7 @@ def _session(state: WitnessState, body: dict[str, Any]) -> Any:
     bead = state.beads.get(session.bead)
     siblings = bead.sessions if bead is not None else []
     view["later_sessions"] = siblings[siblings.index(session.id) + 1 :] if session.id in siblings else []
+    view["earlier_sessions"] = earlier_sessions(state, session, siblings)
     view["nudges"] = [
         msgspec.to_builtins(n)
         for n in state.nudges.values()
@@ -91,6 +95,32 @@ def _session(state: WitnessState, body: dict[str, Any]) -> Any:
         or (n.status == "queued" and n.rig == session.rig and n.polecat == session.polecat)
     ]
     return view
+
+
+def earlier_sessions(state: WitnessState, session: Session, siblings: list[str]) -> list[dict[str, Any]]:
+    """How the bead's sessions before ``session`` ended, newest first (a few): a handoff's note, a warrant's
+    reason and the pane's last lines, as the log recorded them."""
+    before = siblings[: siblings.index(session.id)] if session.id in siblings else []
+    out = []
+    for session_id in reversed(before[-EARLIER_SESSIONS_SHOWN:]):
+        earlier = state.sessions.get(session_id)
+        if earlier is None:
+            continue
+        out.append(
+            {
+                "id": earlier.id,
+                "attempt": earlier.attempt,
+                "polecat": earlier.polecat,
+                "status": earlier.status,
+                "end_reason": earlier.end_reason,
+                "end_detail": earlier.end_detail,
+                "warrant_reason": earlier.warrant_reason,
+                "warrant_detail": earlier.warrant_detail,
+                "pane_tail": earlier.pane_tail,
+                "ended_at": earlier.ended_at.isoformat() if earlier.ended_at else None,
+            }
+        )
+    return out
 
 
 def _nudges(state: WitnessState, body: dict[str, Any]) -> Any:

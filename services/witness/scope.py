@@ -22,6 +22,7 @@ from services.witness.actions import (
     ExpireNudge,
     KillOrphan,
     MassDeath,
+    NudgeMail,
     Resling,
     SessionAction,
     Spawn,
@@ -138,6 +139,9 @@ def rig_of_action(state: WitnessState, action: Action) -> str | None:
     if isinstance(action, DeliverNudge | ExpireNudge):
         nudge = state.nudges.get(action.nudge)
         return nudge.rig if nudge is not None else None
+    if isinstance(action, NudgeMail):
+        notice = state.mail.get(action.message)
+        return notice.rig if notice is not None else None
     if isinstance(action, KillOrphan):
         return rig_of_tmux_name(action.tmux_name, list(state.rigs))
     return None

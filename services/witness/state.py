@@ -45,9 +45,14 @@ class Session(msgspec.Struct, kw_only=True, gc=False):
     adopted: bool = False
     done_intent_at: datetime | None = None
     warrant_reason: str | None = None
+    warrant_detail: str = ""
+    pane_tail: str = ""
+    """Its pane's last lines when it was warranted (``session.warranted``)."""
     warranted_at: datetime | None = None
     ended_at: datetime | None = None
     end_reason: str | None = None
+    end_detail: str = ""
+    """How it ended, in words; a handoff's note."""
     cleaned: bool = False
     worktree_removed: bool = False
     escalated: str | None = None
@@ -129,6 +134,18 @@ class Nudge(msgspec.Struct, kw_only=True, gc=False):
     version: int = 0
 
 
+class MailNotice(msgspec.Struct, kw_only=True, gc=False):
+    """An unread message to a polecat (the mayor's ``message`` beads): its live session is nudged once."""
+
+    id: str
+    rig: str
+    polecat: str
+    sender: str
+    subject: str
+    nudged: bool = False
+    """The nudge telling of it is queued (``nudge.queued`` with the id ``mail_nudge_id(id)``)."""
+
+
 class WitnessState(msgspec.Struct, kw_only=True):
     rigs: dict[str, Rig] = {}
     sessions: dict[str, Session] = {}
@@ -140,3 +157,13 @@ class WitnessState(msgspec.Struct, kw_only=True):
     """Rig -> sessions already covered by a mass-death escalation."""
     hooks: dict[str, HookLease] = {}
     """Hook leases by lease name."""
+    mail: dict[str, MailNotice] = {}
+    """Unread, open messages to polecats, by message id."""
+
+
+MAIL_NUDGE_PREFIX = "mail-"
+
+
+def mail_nudge_id(message_id: str) -> str:
+    """The nudge that tells a polecat of a message: one per message, so queuing it twice stores it once."""
+    return f"{MAIL_NUDGE_PREFIX}{message_id}"

@@ -24,6 +24,7 @@ from shared.cli.common import (
     show,
 )
 from shared.commands import SEVERITIES
+from shared.commands.mail import ACCEPTED_ADDRESSES, normalise_address, polecat_address
 from shared.config import TownConfig
 
 
@@ -31,7 +32,7 @@ def register(sub: Subcommands) -> None:
     mail = sub.group("mail", "mail: send, inbox, read, reply, archive, thread", "mail_cmd")
 
     s = mail.add_parser("send", help="send a message (body from --body, or standard input)")
-    s.add_argument("to", help="address: mayor, operator:<name>, polecat:<rig>/<name>, ...")
+    s.add_argument("to", help=f"address: {ACCEPTED_ADDRESSES}")
     s.add_argument("--subject", "-s", default="")
     s.add_argument("--body", "-b", help="default: read from standard input")
     s.add_argument("--thread")
@@ -92,8 +93,21 @@ def register(sub: Subcommands) -> None:
     close.set_defaults(handler=_close)
 
 
+def session_identity() -> str | None:
+    """Inside a polecat session (the witness sets GT_RIG and GT_POLECAT): its mail address."""
+    rig, polecat = os.environ.get("GT_RIG"), os.environ.get("GT_POLECAT")
+    return polecat_address(rig, polecat) if rig and polecat else None
+
+
 def _me(args: argparse.Namespace) -> str:
-    return getattr(args, "actor", None) or os.environ.get("GT_ACTOR") or "operator"
+    return getattr(args, "actor", None) or os.environ.get("GT_ACTOR") or session_identity() or "operator"
+
+
+def _as_me(args: argparse.Namespace) -> argparse.Namespace:
+    """A command sent from a polecat's session is the polecat's (its replies come back to its inbox)."""
+    if not getattr(args, "actor", None):
+        args.actor = session_identity()
+    return args
 
 
 def _body(args: argparse.Namespace) -> str:
@@ -109,21 +123,21 @@ def _sent_line(result: dict[str, Any]) -> str:
 
 
 async def _send(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {"to": args.to, "subject": args.subject, "body": _body(args), "thread": args.thread}
-    return await send(nc, args, config, "gt.cmd.mail.send", body, _sent_line)
+    body = {"to": normalise_address(args.to), "subject": args.subject, "body": _body(args), "thread": args.thread}
+    return await send(nc, _as_me(args), config, "gt.cmd.mail.send", body, _sent_line)
 
 
 async def _reply(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     body = {"id": args.id, "subject": args.subject, "body": _body(args)}
-    return await send(nc, args, config, "gt.cmd.mail.reply", body, _sent_line)
+    return await send(nc, _as_me(args), config, "gt.cmd.mail.reply", body, _sent_line)
 
 
 async def _archive(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, "gt.cmd.mail.archive", {"id": args.id})
+    return await send(nc, _as_me(args), config, "gt.cmd.mail.archive", {"id": args.id})
 
 
 async def _inbox(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body: dict[str, Any] = {"to": args.address or _me(args)}
+    body: dict[str, Any] = {"to": normalise_address(args.address) if args.address else _me(args)}
     if args.all:
         body["include_read"] = True
     return show(args, await read(nc, config, "inbox", body), render.message_table)
@@ -134,7 +148,7 @@ async def _read(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
     if message.get("type") != "message":
         print(f"gt: {args.id} is a {message.get('type')}, not a message", file=sys.stderr)
         return EXIT_REJECTED
-    body = drop_empty({"id": args.id, "actor": args.actor})
+    body = drop_empty({"id": args.id, "actor": _as_me(args).actor})
     outcome = await send_command(nc, config, "gt.cmd.mail.read", body, timeout=DEFAULT_COMMAND_TIMEOUT_S)
     if outcome.type == "cmd.rejected":
         print(f"rejected ({outcome.data.get('code')}): {outcome.data.get('message')}", file=sys.stderr)

@@ -30,9 +30,12 @@ from shared.cli.common import (
     send,
     show,
 )
+from shared.commands.mail import polecat_address
 from shared.config import TownConfig
 from shared.faults import crash_point
 
+NOTE_SHOWN = 1500
+"""Characters of a predecessor's handoff note (or end detail) that `gt prime` shows."""
 SESSION_ENV = ("GT_SESSION", "GT_BEAD", "GT_RIG", "GT_WORKTREE", "GT_BRANCH")
 INSTRUCTIONS = (
     "Work the current step in your worktree. When a step is finished, commit and run `gt step done <step>`: "
@@ -40,7 +43,9 @@ INSTRUCTIONS = (
     "Commit early (uncommitted work survives in the worktree, but only commits are pushed). Run "
     "`gt heartbeat` every few minutes while a step takes long, or the witness takes you for stalled. "
     "When every step is done, run `gt done`: it pushes your branch and submits it to the merge queue. "
-    "If your context is full, run `gt handoff`: a fresh session continues on the same hook."
+    "If your context is full, run `gt handoff --note TEXT`: a fresh session continues on the same hook, and its "
+    "`gt prime` shows your note. Mail for you is listed here and announced in your pane: `gt mail inbox`, "
+    "`gt mail read ID`, `gt mail reply ID --body TEXT`."
 )
 
 
@@ -114,7 +119,7 @@ def register(sub: Subcommands) -> None:
     hb.add_argument("--note", default="")
     hb.set_defaults(handler=_heartbeat, precheck=_needs_session_env)
     ho = sub.add_parser("handoff", help="(agent) end this session; a fresh one continues on the same hook")
-    ho.add_argument("--note", default="", help="what the next session should know")
+    ho.add_argument("--note", default="", help="what the next session should know (its `gt prime` shows it)")
     command_options(ho)
     ho.set_defaults(handler=_handoff, precheck=_needs_session_env)
     done = sub.add_parser("done", help="(agent) push the branch, submit a merge request, end the session")
@@ -287,8 +292,52 @@ async def prime_data(nc: Client, config: TownConfig, session_id: str) -> dict[st
         "done_intent": session.get("done_intent_at") is not None,
         "merge_failure": session.get("merge_failure"),
         "nudges": [n["message"] for n in session.get("nudges", []) if n.get("delivered_to") == session["id"]],
+        "before_you": session.get("earlier_sessions", []),
+        "mail": await read(nc, config, "inbox", {"to": polecat_address(session["rig"], session["polecat"])}),
         "instructions": INSTRUCTIONS,
     }
+
+
+def _ended_how(earlier: dict[str, Any]) -> str:
+    """One line on how an earlier session ended, from the witness's record of it."""
+    reason, detail = earlier.get("end_reason"), earlier.get("end_detail") or ""
+    if earlier.get("warrant_reason"):
+        how = f"warranted ({earlier['warrant_reason']})"
+        if earlier.get("warrant_detail"):
+            how += f": {earlier['warrant_detail']}"
+        if reason and reason != earlier["warrant_reason"]:
+            how += f"; ended {reason}"
+        return how
+    if reason == "handoff":
+        return f"handed off; its note: {detail[:NOTE_SHOWN]}" if detail else "handed off (no note)"
+    if reason == "done":
+        return "finished (`gt done`)" + (f": {detail}" if detail else "")
+    if reason is None:
+        return f"still {earlier.get('status')}"
+    return f"ended ({reason})" + (f": {detail[:NOTE_SHOWN]}" if detail else "")
+
+
+def before_you_lines(earlier_sessions: list[dict[str, Any]]) -> list[str]:
+    """The "Before you" section: how the bead's earlier sessions ended, newest first."""
+    if not earlier_sessions:
+        return []
+    lines = ["", "Before you (earlier sessions on this bead, newest first):"]
+    for earlier in earlier_sessions:
+        lines.append(f"- {earlier['id']} (attempt {earlier['attempt']}): {_ended_how(earlier)}")
+        if earlier.get("pane_tail"):
+            lines.append("  last lines of its pane:")
+            lines += [f"  | {line}" for line in str(earlier["pane_tail"]).splitlines()]
+    return lines
+
+
+def mail_lines(messages: list[dict[str, Any]]) -> list[str]:
+    if not messages:
+        return []
+    lines = ["", f"Mail ({len(messages)} unread): read one with `gt mail read ID`, answer with `gt mail reply ID`"]
+    for message in messages:
+        sender = message.get("metadata", {}).get("from", "-")
+        lines.append(f"- {message['id']} from {sender}: {message['title']}")
+    return lines
 
 
 def prime_text(data: dict[str, Any]) -> str:
@@ -330,6 +379,8 @@ def prime_text(data: dict[str, Any]) -> str:
         ]
     if data["done_intent"]:
         lines.append("`gt done` already began for this session: run it again to finish it.")
+    lines += before_you_lines(data.get("before_you") or [])
+    lines += mail_lines(data.get("mail") or [])
     lines += ["", data["instructions"]]
     return "\n".join(lines)
 

@@ -2,13 +2,43 @@
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 from shared.commands.base import MAX_ACTOR, MAX_DESCRIPTION, MAX_TITLE, Command, check_id, check_priority, check_text
 
+_NAME = r"[a-z0-9][a-z0-9_-]{0,63}"
+POLECAT_ADDRESS = re.compile(rf"^polecat:(?P<rig>{_NAME})/(?P<polecat>{_NAME})$")
+SHORT_POLECAT_ADDRESS = re.compile(rf"^(?P<rig>{_NAME})/(?P<polecat>{_NAME})$")
+RIG_ADDRESS = re.compile(rf"^(?:rig:)?(?P<rig>{_NAME})$")
+OPERATOR_ADDRESS = re.compile(r"^operator(?::[A-Za-z0-9][A-Za-z0-9._@-]{0,63})?$")
+ACCEPTED_ADDRESSES = (
+    "mayor, operator or operator:<name>, polecat:<rig>/<name> (or <rig>/<name>), "
+    "rig:<rig> (or <rig>) for every polecat at work on the rig"
+)
+
+
+def polecat_address(rig: str, polecat: str) -> str:
+    return f"polecat:{rig}/{polecat}"
+
+
+def normalise_address(address: str) -> str:
+    """The canonical form of an address: ``<rig>/<name>`` is ``polecat:<rig>/<name>``; others as given."""
+    address = address.strip()
+    short = SHORT_POLECAT_ADDRESS.fullmatch(address)
+    return polecat_address(short["rig"], short["polecat"]) if short else address
+
+
+def polecat_of(address: str) -> tuple[str, str] | None:
+    """(rig, polecat) of a ``polecat:<rig>/<name>`` address; None for any other."""
+    match = POLECAT_ADDRESS.fullmatch(address)
+    return (match["rig"], match["polecat"]) if match else None
+
 
 class MailSend(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Send a message to an address (``mayor``, ``operator:ann``, ``polecat:rig/ace``, ...)."""
+    """Send a message to an address: ``mayor``, ``operator`` or ``operator:<name>``, ``polecat:<rig>/<name>`` (or
+    ``<rig>/<name>``), ``rig:<rig>`` (or ``<rig>``: one message to each polecat at work on the rig). The mayor
+    refuses a rig or polecat the log does not know."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.send"
     to: str

@@ -59,6 +59,9 @@ class SessionWarranted(SessionEvent, frozen=True, kw_only=True):
     TYPE: ClassVar[str] = "session.warranted"
     reason: str
     detail: str = ""
+    pane_tail: str = ""
+    """The last lines its pane showed when it was warranted (bounded, control characters removed; empty when
+    the pane was gone): what a later session's ``gt prime`` shows of it."""
 
 
 class SessionEnded(SessionEvent, frozen=True, kw_only=True):
