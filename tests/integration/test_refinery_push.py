@@ -217,14 +217,16 @@ async def test_a_target_that_moves_at_every_attempt_is_retried_with_backoff_then
     seen = await requeues(pt, mr_id)
     assert [r["retries"] for r in seen] == [1, 2], "two retries, then the cap"
     assert all(r["reason"] == "the target moved during the merge" for r in seen)
-    # Each retry waits longer than the one before (0.5 s, then 1 s) from when it was requeued, and the next claim
-    # comes no earlier than that.
+    # Each requeue asks for a wait (its exact length is the plan's, tested in tests/unit/test_push_refusals.py),
+    # and the next claim comes no earlier than that.
     stored = [decode_envelope(data) for _, _, data in await read_all(pt.nc, "GT_EVT", f"gt.evt.mr.{mr_id}")]
     waits = [
         (datetime.fromisoformat(r["not_before"]) - env.ts).total_seconds()
         for env, r in ((e, msgspec.json.decode(e.data)) for e in stored if e.type == "mr.requeued")
     ]
-    assert waits == [pytest.approx(0.5, abs=0.2), pytest.approx(1.0, abs=0.2)]
+    assert len(waits) == 2
+    assert 0 < waits[0] <= 0.5
+    assert 0 < waits[1] <= 1.0
     claims = [e.ts for e in stored if e.type == "mr.claimed"]
     assert len(claims) == 3
     for claim, requeued in zip(claims[1:], seen, strict=True):
@@ -263,7 +265,7 @@ async def test_an_unreachable_repository_is_retried_after_a_backoff_and_the_merg
     assert first["retries"] == 1
     mr = await ended(pt, mr_id)
     assert mr.status == "merged", (mr.status, mr.gate, mr.tail)
-    assert len(await requeues(pt, mr_id)) <= 2
+    assert len(await requeues(pt, mr_id)) <= 3, "once, or again if the repository came back late"
     assert "back.txt" in git.git("ls-tree", "--name-only", "refs/heads/main", cwd=pt.origin).split()
 
 
