@@ -1,4 +1,5 @@
-"""Telling the refinery's push refusals apart, and the backoff and cap of the ones retried. Pure.
+"""Telling the refinery's push refusals apart, and the backoff and cap of the ones retried; and `gt rig add`'s
+empty repository refused by the command's validation. Pure.
 
 The stderr texts are git 2.39's own (``LC_ALL=C git push --quiet ...``), captured from real pushes: into a
 non-bare repository with the branch checked out (plain, and with receive.denyCurrentBranch=updateInstead over
@@ -9,12 +10,15 @@ GitHub and GitLab print (their servers, not reproducible here).
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
 
 from services.refinery import plan, refusals
 from services.refinery.settings import load
+from shared.commands import parse_command
+from shared.errors import CommandError
 from shared.events import MergeRequestRequeued
 from tests.unit.test_refinery_plan import Queue
 
@@ -244,3 +248,14 @@ def test_the_push_retry_settings_are_read_from_the_environment() -> None:
     assert load({}).push_retries == 8
     with pytest.raises(ValueError, match="GT_MQ_PUSH_RETRIES"):
         load({"GT_MQ_PUSH_RETRIES": "-1"})
+
+
+# ---- gt rig add: an empty repository is never "here" ----------------------------------------------
+
+
+@pytest.mark.parametrize("repo", ["", "   ", "\t"])
+def test_a_rig_add_with_an_empty_or_blank_repository_is_invalid(repo: str) -> None:
+    body = json.dumps({"name": "x", "repo": repo}).encode()
+    with pytest.raises(CommandError) as info:
+        parse_command("gt.cmd.rig.add", body)
+    assert (info.value.code, info.value.message) == ("invalid", "`repo` must not be empty")
