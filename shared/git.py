@@ -61,6 +61,18 @@ GIT_ENV = {
 }
 
 
+class PushResult(msgspec.Struct, frozen=True, kw_only=True):
+    exit_code: int
+    """0 when the ref was updated; -1 when git did not finish in time."""
+    stderr: str = ""
+    """What git said, in English (the push runs with ``LC_ALL=C``), to be told apart by cause."""
+
+
+UPDATE_INSTEAD_RECEIVE_PACK = "git -c receive.denyCurrentBranch=updateInstead receive-pack"
+"""The receiving side of a push into a local non-bare repository: the checked-out branch is updated together
+with its work tree when that is clean, and the push is refused with git's reason when it is not."""
+
+
 def git(*args: str, cwd: Path | None = None, timeout: float = GIT_TIMEOUT_S, check: bool = True) -> str:
     """Run git; its stdout.
 
@@ -77,6 +89,54 @@ def git(*args: str, cwd: Path | None = None, timeout: float = GIT_TIMEOUT_S, che
     if check and done.returncode != 0:
         raise GitError(list(args), done.returncode, done.stderr)
     return done.stdout
+
+
+def push_commit(work: Path, commit: str, branch: str, *, receive_pack: str | None = None) -> PushResult:
+    """Push ``commit`` to ``branch`` of origin as a fast-forward; git's exit code and English stderr (never raises
+    for a refusal: the caller tells the causes apart)."""
+    args = ["push", "--quiet"]
+    if receive_pack:
+        args.append(f"--receive-pack={receive_pack}")
+    args += ["origin", f"{commit}:refs/heads/{branch}"]
+    env = {**os.environ, **GIT_ENV, "LC_ALL": "C", "LANGUAGE": ""}
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=work, env=env, capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return PushResult(exit_code=-1, stderr=f"git push timed out after {GIT_TIMEOUT_S:g}s")
+    return PushResult(exit_code=done.returncode, stderr=done.stderr)
+
+
+def local_repository(repo: str) -> Path | None:
+    """The directory of ``repo`` when it is a repository on this machine (a path or a file:// URL), else None."""
+    if repo.startswith("file://"):
+        path = Path(repo.removeprefix("file://"))
+    elif "://" in repo or ":" in repo.split("/", 1)[0]:
+        return None  # a URL or scp-like host:path
+    else:
+        path = Path(repo)
+    return path if path.is_dir() else None
+
+
+def is_checkout(repo: str) -> bool:
+    """``repo`` is a local repository with a work tree (not bare): pushing to its checked-out branch needs care."""
+    path = local_repository(repo)
+    if path is None:
+        return False
+    return git("rev-parse", "--is-bare-repository", cwd=path, check=False).strip() == "false"
+
+
+def checkout_receive_pack(repo: str) -> str | None:
+    """The receive-pack a push into ``repo`` should run: for a local checkout whose owner set no
+    ``receive.denyCurrentBranch``, one that updates the checked-out branch's clean work tree instead of refusing
+    (see ``UPDATE_INSTEAD_RECEIVE_PACK``); None (git's default) otherwise, an owner's own setting included."""
+    path = local_repository(repo)
+    if path is None or not is_checkout(repo):
+        return None
+    if git("config", "--get", "receive.denyCurrentBranch", cwd=path, check=False).strip():
+        return None
+    return UPDATE_INSTEAD_RECEIVE_PACK
 
 
 def probe_repository(repo: str, branch: str) -> str | None:

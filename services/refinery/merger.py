@@ -20,6 +20,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from services.refinery import refusals
 from services.refinery.state import MergeRequest, RigInfo
 from shared import git
 from shared.faults import crash_point
@@ -42,13 +43,15 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     """What became of one merge request of a batch."""
 
     kind: str
-    """merged, already_merged, conflict, failed, target_moved, deferred, branch_missing."""
+    """merged, already_merged, conflict, failed, push_refused, deferred, branch_missing."""
     target_before: str = ""
     merged_commit: str = ""
     files: list[str] = []
     failure: GateResult | None = None
     reason: str = ""
     """Why a deferred one goes back into the queue."""
+    refusal: str = ""
+    """push_refused: why git refused the push (a class of ``refusals``); ``failure`` holds git's message."""
 
 
 class BatchResult(msgspec.Struct, kw_only=True):
@@ -193,12 +196,18 @@ def process(
         result.fenced = lost_lease() or ""
         if result.fenced:
             return result
-        # A plain push only fast-forwards: if the target moved meanwhile it is refused and nothing is lost.
-        git.git("push", "--quiet", "origin", f"{tip}:refs/heads/{target}", cwd=work, check=False)
-        remote = git.git("ls-remote", "origin", f"refs/heads/{target}", cwd=work).split()
-        if not remote or remote[0] != tip:
+        # A plain push only fast-forwards: if the target moved meanwhile it is refused and nothing is lost. Into a
+        # local checkout it updates the checked-out branch's work tree when clean (see git.checkout_receive_pack).
+        pushed = git.push_commit(work, tip, target, receive_pack=git.checkout_receive_pack(rig.repo))
+        if pushed.exit_code != 0:
+            refusal = refusals.classify(pushed.exit_code, pushed.stderr)
+            said = refusals.message(pushed.stderr) or f"git push exited {pushed.exit_code} and said nothing"
+            failure = _note("push", said, pushed.exit_code)
+            log.info("push_refused", target=target, refusal=refusal, exit_code=pushed.exit_code)
             for mr, _ in good:
-                result.outcomes[mr.id] = Outcome(kind="target_moved", target_before=target_before)
+                result.outcomes[mr.id] = Outcome(
+                    kind="push_refused", target_before=target_before, refusal=refusal, failure=failure
+                )
             return result
         crash_point("refinery.after_push")
         for mr, _ in good:
@@ -344,8 +353,8 @@ def _rebase_in_progress(work: Path) -> bool:
     return (git_dir / "rebase-merge").exists() or (git_dir / "rebase-apply").exists()
 
 
-def _note(gate: str, text: str) -> GateResult:
-    return GateResult(gate=gate, exit_code=1, seconds=0.0, tail=text, log_path="")
+def _note(gate: str, text: str, exit_code: int = 1) -> GateResult:
+    return GateResult(gate=gate, exit_code=exit_code, seconds=0.0, tail=text, log_path="")
 
 
 def delete_branch(paths: Paths, branch: str) -> None:

@@ -4,7 +4,8 @@ Score (Gas Town's): ``1000 + 100 * (4 - priority) + 10 * convoy hours - min(50 *
 queued``, where convoy hours is the age of the oldest convoy tracking the bead and retries counts the merge
 request's attempts and its bead's failed merge requests; the highest goes first, ties by age. ``fifo`` orders
 by queue time alone. One merge request per rig at a time (or one batch of up to ``batch`` of them): a rig whose
-merge request is claimed under a live lease waits.
+merge request is claimed under a live lease waits. A merge request requeued with a ``not_before`` (a push that
+did not land, retried with backoff) is not taken before that time.
 """
 
 from __future__ import annotations
@@ -24,6 +25,20 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     batch: int = 1
     """Merge requests stacked and gated together (1: serial)."""
     batch_wait_s: float = 0.0
+    push_retries: int = 8
+    """Requeues in a row after a push that did not land (or a processing error) before failing and escalating."""
+    push_backoff_s: float = 1.0
+    push_backoff_max_s: float = 60.0
+
+
+def retry_at(retries: int, now: datetime, policy: Policy) -> datetime | None:
+    """When a merge request that did not land for the ``retries + 1``-th time in a row (its push was refused as
+    retryable, or its processing failed) may be taken again: after an exponential backoff; None once it has been
+    retried ``policy.push_retries`` times already (it is failed and escalated then, never looped)."""
+    if retries >= policy.push_retries:
+        return None
+    delay = min(policy.push_backoff_s * 2**retries, policy.push_backoff_max_s)
+    return now + timedelta(seconds=delay)
 
 
 def failures_of(state: RefineryState, bead: str) -> int:
@@ -47,7 +62,7 @@ def claimable(mr: MergeRequest, now: datetime, state: RefineryState | None = Non
     crashed or hangs, and the deacon expired its lease), or claimed by another refinery than ``me``, the one
     asking: only the active refinery acts, so another claimant is a former instance that stopped acting."""
     if mr.status == "queued":
-        return True
+        return mr.not_before is None or mr.not_before <= now
     if mr.status != "claimed":
         return False
     if me is not None and mr.holder != me:
@@ -97,7 +112,10 @@ def next_batches(
     """Up to ``policy.batch`` merge requests per idle rig and target. A rig with fewer ready than that waits
     until its oldest ready one has waited ``policy.batch_wait_s``, so a burst of submissions lands together."""
     out: list[list[MergeRequest]] = []
-    wake_at: datetime | None = None
+    # A merge request waiting out its backoff is looked at again when the wait ends (the time is in the log, so
+    # a restarted refinery waits the same).
+    waits = [mr.not_before for mr in state.mrs.values() if mr.status == "queued" and mr.not_before is not None]
+    wake_at: datetime | None = min((w for w in waits if w > now), default=None)
     for _, mrs in sorted(ready_per_rig(state, now, policy, busy, me).items()):
         # One push lands a batch, so a batch has one target: the best merge request's.
         same_target = [mr for mr in mrs if mr.target == mrs[0].target][: policy.batch]

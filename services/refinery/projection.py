@@ -33,7 +33,7 @@ from shared.ids import MERGE_LEASE_PREFIX
 from shared.lease_rules import record_end
 from shared.projection import Projection
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 CONFLICT_PREFIX = "conflict-"
 """Command ids of conflict bead creates (the refinery's own): their outcomes name the bead."""
 NOT_WORK = frozenset({"message", "convoy", "escalation"})
@@ -186,6 +186,7 @@ def _merged(payload: MergeRequestMerged, state: RefineryState, env: Envelope, se
 def _requeued(payload: MergeRequestRequeued, state: RefineryState, env: Envelope, seq: int) -> None:
     if (mr := _mr(state, payload.mr_id, seq)) is not None:
         mr.status, mr.queued_at, mr.reason = "queued", env.ts, payload.reason
+        mr.retries, mr.not_before = payload.retries, payload.not_before
         mr.holder = mr.lease_until = None
         mr.blocked_by = mr.conflict_command = None
         mr.ended_at = None

@@ -18,7 +18,7 @@ import structlog
 from nats.js.kv import KeyValue
 
 from services.refinery import decide as refinery_decide
-from services.refinery import merger, plan
+from services.refinery import merger, plan, refusals
 from services.refinery import settings as refinery_settings
 from services.refinery.decide import mr_view
 from services.refinery.projection import new_projection
@@ -69,6 +69,9 @@ class RefineryService(Service[RefineryState]):
             fifo=self.mq.fifo,
             batch=self.mq.batch,
             batch_wait_s=self.mq.batch_wait_s,
+            push_retries=self.mq.push_retries,
+            push_backoff_s=self.mq.push_backoff_s,
+            push_backoff_max_s=self.mq.push_backoff_max_s,
         )
         self.holder = f"refinery-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.rigs_root = config.gt_home / "rigs"
@@ -339,12 +342,15 @@ class RefineryService(Service[RefineryState]):
         except Exception as exc:
             # Any failure of one batch (git, a bug) must not stop the queue: it is logged with its traceback and
             # its merge requests are queued again after a pause. Cancellation is not caught.
+            # Each such requeue backs off longer, and after too many in a row the merge request is escalated.
             log.exception("mr_processing_failed")
             await pause(ERROR_BACKOFF_S)
+            error = merger.GateResult(gate="error", exit_code=1, seconds=0.0, tail=f"{exc}"[-2000:], log_path="")
             for mr_id in mr_ids:
                 current = self.projection.state.mrs.get(mr_id)
                 if current is not None and current.status == "claimed" and current.holder == self.holder:
-                    await self._store(current, MergeRequestRequeued(mr_id=mr_id, reason=f"error: {exc}"[:500]))
+                    why = "its processing kept failing"
+                    await self._retry_later(current, f"error: {exc}"[:500], error, why)
         finally:
             structlog.contextvars.unbind_contextvars("mr", "bead", "batch")
 
@@ -403,9 +409,59 @@ class RefineryService(Service[RefineryState]):
             self.failed += 1
             log.info("mr_failed", gate=outcome.failure.gate, exit_code=outcome.failure.exit_code, escalated=escalate)
         elif outcome.kind == "deferred":
-            await self._store(mr, MergeRequestRequeued(mr_id=mr.id, reason=outcome.reason))
-        else:  # target_moved
-            await self._store(mr, MergeRequestRequeued(mr_id=mr.id, reason="the target moved during the merge"))
+            # Not a failure of its own: the count of retries in a row is carried, not reset.
+            current = state.mrs.get(mr.id, mr)
+            await self._store(mr, MergeRequestRequeued(mr_id=mr.id, reason=outcome.reason, retries=current.retries))
+        else:  # push_refused
+            await self._push_refused(mr, outcome)
+
+    async def _push_refused(self, mr: MergeRequest, outcome: merger.Outcome) -> None:
+        """A target that moved or a repository out of reach: tried again later, a bounded number of times. A
+        refusal that would come back every time (a checked-out branch, a hook, a permission) fails the merge
+        request at once with git's message, escalated: nothing the polecat could change."""
+        assert outcome.failure is not None
+        rig = self.projection.state.rigs.get(mr.rig)
+        why = refusals.why(outcome.refusal, mr.target, rig.repo if rig is not None else mr.rig)
+        if outcome.refusal in refusals.RETRYABLE:
+            reason = (
+                "the target moved during the merge"
+                if outcome.refusal == refusals.MOVED
+                else f"the repository could not be reached: {outcome.failure.tail}"[:500]
+            )
+            await self._retry_later(mr, reason, outcome.failure, why)
+        else:
+            await self._fail_and_escalate(mr, outcome.failure, why)
+
+    async def _retry_later(self, mr: MergeRequest, reason: str, failure: merger.GateResult, why: str) -> None:
+        """Back into the queue not before a backoff recorded in the log (a restart waits the same), or failed
+        and escalated once it went back too often in a row."""
+        current = self.projection.state.mrs.get(mr.id, mr)
+        not_before = plan.retry_at(current.retries, self.clock(), self.policy)
+        if not_before is None:
+            tries = current.retries + 1
+            await self._fail_and_escalate(mr, failure, f"{why}; given up after {tries} attempts in a row")
+            return
+        requeued = MergeRequestRequeued(mr_id=mr.id, reason=reason, retries=current.retries + 1, not_before=not_before)
+        await self._store(mr, requeued)
+        log.info("mr_retry_later", reason=reason, retries=requeued.retries, not_before=not_before.isoformat())
+
+    async def _fail_and_escalate(self, mr: MergeRequest, failure: merger.GateResult, why: str) -> None:
+        current = self.projection.state.mrs.get(mr.id, mr)
+        said = "git said" if failure.gate == "push" else "the last error"
+        message = (
+            f"merge request {mr.id} (bead {mr.bead}) of rig {mr.rig} was not merged into {mr.target}: {why}. "
+            f"{said}:\n{failure.tail}\nOnce fixed, `gt mq retry {mr.id}` puts it back into the queue."
+        )
+        body = {"severity": "high", "message": message, "source": f"refinery/{mr.rig}", "bead": mr.bead}
+        await self.send_command(
+            "gt.cmd.escalation.raise", body, cmd_id=f"esc-{failure.gate}-{mr.id}-{current.attempts}"
+        )
+        event = MergeRequestFailed(
+            mr_id=mr.id, gate=failure.gate, exit_code=failure.exit_code, tail=failure.tail, escalated=True
+        )
+        await self._store(mr, event)
+        self.failed += 1
+        log.warning("mr_escalated", gate=failure.gate, exit_code=failure.exit_code, why=why)
 
     # ---- commands to the mayor (idempotent by their ids) ---------------------------------------
 

@@ -27,6 +27,14 @@ class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):
     """``GT_MQ_BATCH``: merge requests of a rig stacked and gated together, bisected when red (1: serial)."""
     batch_wait_s: float = 0.0
     """``GT_MQ_BATCH_WAIT``: seconds a rig with fewer than ``batch`` ready merge requests waits for more."""
+    push_retries: int = 8
+    """``GT_MQ_PUSH_RETRIES``: times one merge request goes back into the queue in a row because its push did not
+    land (the target moved, the repository could not be reached) or its processing failed, before it is failed
+    and escalated instead."""
+    push_backoff_s: float = 1.0
+    """``GT_MQ_PUSH_BACKOFF``: the wait before the first such retry; it doubles with each one after."""
+    push_backoff_max_s: float = 60.0
+    """``GT_MQ_PUSH_BACKOFF_MAX``: the longest wait between two such retries."""
 
 
 def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
@@ -43,4 +51,7 @@ def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
         fifo=order == "fifo",
         batch=int(env_number(env, "GT_MQ_BATCH", 1, minimum=1, whole=True)),
         batch_wait_s=env_number(env, "GT_MQ_BATCH_WAIT", 0.0, minimum=0.0),
+        push_retries=int(env_number(env, "GT_MQ_PUSH_RETRIES", 8, minimum=0, whole=True)),
+        push_backoff_s=env_number(env, "GT_MQ_PUSH_BACKOFF", 1.0, minimum=0.0),
+        push_backoff_max_s=env_number(env, "GT_MQ_PUSH_BACKOFF_MAX", 60.0, minimum=0.0),
     )

@@ -43,6 +43,10 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     """The merge requests it was last claimed (then merged) together with, in stack order."""
     bug_bead_command: str | None = None
     reason: str = ""
+    retries: int = 0
+    """Requeues in a row after a push that did not land or a processing error (reset when retried by hand)."""
+    not_before: datetime | None = None
+    """Not taken from the queue before this time (the backoff of its last such requeue)."""
     ended_at: datetime | None = None
     """When it was last merged, failed or rejected (None while queued, claimed or blocked)."""
     version: int = 0

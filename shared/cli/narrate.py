@@ -112,6 +112,11 @@ def _mr_failed(d: dict[str, Any]) -> Described:
     return f"merge request {d['mr_id']} failed gate {d.get('gate')} (exit {d.get('exit_code')}){escalated}", "bad"
 
 
+def _mr_requeued(d: dict[str, Any]) -> Described:
+    retry = f" (retry {d['retries']}, not before {d.get('not_before')})" if d.get("retries") else ""
+    return f"merge request {d['mr_id']} requeued: {d.get('reason', '?')}{retry}", "warn"
+
+
 def _mr_conflicted(d: dict[str, Any]) -> Described:
     files = ", ".join(d.get("files") or [])
     return f"merge request {d['mr_id']} conflicts with the target: {_s(files) or 'files unknown'}", "bad"
@@ -184,7 +189,7 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     "mr.merged": _mr_merged,
     "mr.failed": _mr_failed,
     "mr.conflicted": _mr_conflicted,
-    "mr.requeued": _plain("merge request {mr_id} requeued: {reason}", "warn"),
+    "mr.requeued": _mr_requeued,
     "mr.rejected": _plain("merge request {mr_id} rejected: {reason}", "warn"),
     "convoy.created": _convoy_created,
     "convoy.beads_added": lambda d: (f"convoy {d['convoy_id']}: {len(d.get('beads') or [])} beads added", "info"),

@@ -131,8 +131,13 @@ def register(sub: Subcommands) -> None:
 
 
 def _absolute_repo(args: argparse.Namespace) -> None:
-    """A local repository is named by its absolute path: the witness resolves nothing against our cwd."""
+    """A local repository is named by its absolute path: the witness resolves nothing against our cwd. An empty
+    argument is refused, not taken for the current directory (``Path("")`` is ``.``)."""
     repo = args.repo
+    if not repo.strip():
+        raise UsageError(
+            "the repository argument is empty: name a path or URL git can clone (`.` for the current directory)"
+        )
     if "://" not in repo and not repo.startswith("git@") and Path(repo).exists():
         args.repo = str(Path(repo).resolve())
 
@@ -151,7 +156,19 @@ async def _rig_add(nc: Client, args: argparse.Namespace, config: TownConfig) -> 
         "max_respawns": args.max_respawns,
         "stall_after_s": args.stall_after,
     }
-    return await send(nc, args, config, "gt.cmd.rig.add", body, _rig_line)
+    return await send(nc, args, config, "gt.cmd.rig.add", body, _rig_added_line)
+
+
+def _rig_added_line(result: dict[str, Any]) -> str:
+    line = _rig_line(result)
+    repo, base = str(result.get("repo") or ""), result.get("base_branch")
+    if git.is_checkout(repo):
+        # What merges do to a laptop checkout (docs/operating.md): said once, where the rig is added.
+        line += (
+            f"\nnote: {repo} is a checkout (not bare): a merge into {base} updates its work tree when {base} is "
+            "checked out there and clean, and is refused and escalated while it has uncommitted changes"
+        )
+    return line
 
 
 def _rig_line(result: dict[str, Any]) -> str:
@@ -220,7 +237,7 @@ async def _mq_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> 
     mr = await read(nc, config, "mr", {"id": args.id}, service="refinery")
     keys = (
         "id", "rig", "bead", "branch", "target", "head", "status", "attempts", "gate", "exit_code",
-        "blocked_by", "merged_commit", "reason",
+        "blocked_by", "merged_commit", "reason", "retries", "not_before",
     )  # fmt: skip
 
     def text(m: dict[str, Any]) -> str:

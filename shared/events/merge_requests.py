@@ -58,7 +58,8 @@ class MergeRequestFailed(MergeRequestEvent, frozen=True, kw_only=True):
 
     TYPE: ClassVar[str] = "mr.failed"
     gate: str
-    """setup, lint, test, or branch (the branch or commit is gone)."""
+    """setup, lint, test, branch (the branch or commit is gone), push (git refused the push to the target; ``tail``
+    holds git's message) or error (processing kept failing)."""
     exit_code: int
     tail: str = ""
     escalated: bool = False
@@ -84,6 +85,11 @@ class MergeRequestMerged(MergeRequestEvent, frozen=True, kw_only=True):
 class MergeRequestRequeued(MergeRequestEvent, frozen=True, kw_only=True):
     TYPE: ClassVar[str] = "mr.requeued"
     reason: str
+    retries: int = 0
+    """Requeues in a row after a push that did not land (the target moved, the repository was unreachable) or a
+    processing error, this one included; 0 for any other requeue (a retry by hand starts the count again)."""
+    not_before: datetime | None = None
+    """The refinery does not take it again before this time (backoff; None: at once)."""
 
 
 class MergeRequestRejected(MergeRequestEvent, frozen=True, kw_only=True):

@@ -1,0 +1,306 @@
+"""The refinery's push to the target, told apart by why git refused it: a plain repository with the target
+checked out (what most people have on a laptop), a hook that refuses, a target that keeps moving. Real git,
+real nats-server; branches are pushed and submitted the way `gt done` does it."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from nats.aio.client import Client
+
+from services.refinery.settings import RefinerySettings
+from services.refinery.state import MergeRequest
+from shared import git
+from shared.config import TownConfig
+from shared.events import decode_envelope
+from tests.helpers import assert_eventually
+from tests.integration.test_refinery import STEPS
+from tests.log_tools import events_of, read_all
+from tests.witness_town import IDENTITY, TEST_COMMAND, PolecatTown, polecat_town
+
+ENDED = ("merged", "failed", "escalated")
+MAX_REQUEUES_SEEN = 6
+"""More requeues than this of one merge request in one test is the loop this file guards against."""
+
+
+@pytest.fixture
+def refinery_settings() -> RefinerySettings:
+    return RefinerySettings()
+
+
+@pytest.fixture
+async def pt(
+    town: TownConfig, nc: Client, tmp_path: Path, refinery_settings: RefinerySettings
+) -> AsyncIterator[PolecatTown]:
+    async with polecat_town(town, nc, tmp_path, refinery=refinery_settings) as handle:
+        yield handle
+
+
+def make_plain_repo(path: Path) -> Path:
+    """An ordinary clone-like repository: a work tree, ``main`` checked out, one commit. Not bare."""
+    path.mkdir(parents=True)
+    git.git("init", "--quiet", "-b", "main", str(path))
+    (path / "README.md").write_text("a project on a laptop\n")
+    git.git("add", ".", cwd=path)
+    git.git(*IDENTITY, "commit", "--quiet", "-m", "init", cwd=path)
+    return path
+
+
+def push_branch(repo: Path, branch: str, files: dict[str, str]) -> str:
+    """Commit ``files`` on ``branch`` off main in a scratch clone and push it to ``repo``, as a polecat would."""
+    clone = repo.parent / f"scratch-{uuid.uuid4().hex[:8]}"
+    git.git("clone", "--quiet", "--branch", "main", str(repo), str(clone))
+    try:
+        git.git("checkout", "--quiet", "-b", branch, cwd=clone)
+        for name, text in files.items():
+            (clone / name).write_text(text)
+        git.git("add", "-A", ".", cwd=clone)
+        git.git(*IDENTITY, "commit", "--quiet", "-m", f"{branch}: {', '.join(files)}", cwd=clone)
+        git.git("push", "--quiet", "origin", f"HEAD:refs/heads/{branch}", cwd=clone)
+        return git.git("rev-parse", "HEAD", cwd=clone).strip()
+    finally:
+        git.force_remove(clone)
+
+
+async def requeues(pt: PolecatTown, mr_id: str) -> list[dict[str, Any]]:
+    return [data for kind, data in await events_of(pt.nc, f"gt.evt.mr.{mr_id}") if kind == "mr.requeued"]
+
+
+async def ended(pt: PolecatTown, mr_id: str, timeout: float = 120) -> MergeRequest:
+    """The merge request once it merged, failed or was escalated; fails at once when it loops instead."""
+
+    async def done() -> MergeRequest:
+        assert pt.refinery is not None
+        mr = pt.refinery.projection.state.mrs.get(mr_id)
+        seen = await requeues(pt, mr_id)
+        if len(seen) > MAX_REQUEUES_SEEN:
+            pytest.fail(f"merge request {mr_id} requeued {len(seen)} times (the loop): {seen[-1]['reason']!r}")
+        assert mr is not None, "not applied yet"
+        assert mr.status in ENDED, (mr.status, len(seen))
+        return mr
+
+    result: MergeRequest = await assert_eventually(done, timeout=timeout, interval=0.2)
+    return result
+
+
+async def escalations_about(pt: PolecatTown, bead: str) -> list[Any]:
+    def found() -> list[Any]:
+        assert pt.mayor is not None
+        raised = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
+        assert raised, "no escalation about the bead"
+        return raised
+
+    result: list[Any] = await assert_eventually(found, timeout=30)
+    return result
+
+
+async def submit_change(pt: PolecatTown, rig: str, repo: Path, name: str) -> tuple[str, str]:
+    """A bead of ``rig`` with a pushed branch adding ``name``, submitted; (bead, merge request id)."""
+    bead = await pt.new_bead(f"Add {name}", prefix=rig)
+    branch = f"polecat/p1/{bead}"
+    head = push_branch(repo, branch, {name: f"{name} from a polecat\n"})
+    return bead, await pt.submit(bead, branch, head, rig=rig)
+
+
+async def test_a_plain_repository_with_main_checked_out_gets_the_merge_in_its_clean_checkout(
+    pt: PolecatTown, tmp_path: Path, gt_env: dict[str, str]
+) -> None:
+    calc = make_plain_repo(tmp_path / "src" / "calc")
+    # Added the way a user does it, from inside the checkout.
+    added = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "shared.cli.main", "rig", "add", "calc", ".", "--test", TEST_COMMAND],
+        cwd=calc,
+        env={**gt_env, "NATS_URL": pt.config.nats_url},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert added.returncode == 0, (added.stdout, added.stderr)
+    assert f"rig calc: {calc} (main)" in added.stdout
+    assert "is a checkout (not bare)" in added.stdout, added.stdout
+    # A polecat (the reference agent) works a bead, pushes its branch into the checkout and submits it.
+    bead = await pt.new_bead("Add a feature", prefix="calc")
+    await pt.sling(bead, rig="calc")
+    submitted = await pt.wait_merge_requested(bead)
+
+    mr = await ended(pt, submitted["id"])
+    assert mr.status == "merged", (mr.status, mr.gate, mr.tail)
+    assert await requeues(pt, mr.id) == []
+    # The checkout follows: main moved, and its work tree and index show the merged commit, nothing dirty.
+    assert git.git("rev-parse", "HEAD", cwd=calc).strip() == mr.merged_commit
+    assert git.git("rev-parse", "--abbrev-ref", "HEAD", cwd=calc).strip() == "main"
+    work = sorted(p.name for p in (calc / ".gastown-work" / bead).iterdir())
+    assert work == [f"{i:02d}-{step}.txt" for i, step in enumerate(STEPS, 1)]
+    assert git.git("status", "--porcelain", cwd=calc).strip() == ""
+
+
+async def test_a_dirty_checkout_of_the_target_fails_the_merge_with_gits_message_and_escalates(
+    pt: PolecatTown, tmp_path: Path
+) -> None:
+    calc = make_plain_repo(tmp_path / "src" / "calc")
+    await pt.ok("gt.cmd.rig.add", name="calc", repo=str(calc), test_command=TEST_COMMAND)
+    (calc / "README.md").write_text("someone is editing this on main\n")
+    bead, mr_id = await submit_change(pt, "calc", calc, "feature.txt")
+
+    mr = await ended(pt, mr_id)
+    assert mr.status == "escalated", (mr.status, mr.tail)
+    assert mr.gate == "push"
+    assert "Working directory has unstaged changes" in mr.tail
+    assert await requeues(pt, mr_id) == []
+    raised = await escalations_about(pt, bead)
+    assert "checked out" in raised[0].message
+    assert (calc / "README.md").read_text() == "someone is editing this on main\n", "the user's edit is untouched"
+    assert not (calc / "feature.txt").exists()
+
+
+async def test_a_push_a_hook_refuses_fails_the_merge_with_gits_message_and_escalates_without_requeues(
+    pt: PolecatTown,
+) -> None:
+    hook = pt.origin / "hooks" / "pre-receive"
+    # Branches may come in (the polecat's push); main may not.
+    hook.write_text(
+        '#!/bin/sh\nwhile read old new ref; do\n  if [ "$ref" = refs/heads/main ]; then\n'
+        "    echo 'policy: main is frozen for the release' >&2\n    exit 1\n  fi\ndone\n"
+    )
+    hook.chmod(0o755)
+    await pt.add_rig()
+    before = git.git("rev-parse", "refs/heads/main", cwd=pt.origin).strip()
+    bead = await pt.new_bead("Refused by policy", prefix="demo")
+    head = pt.push_branch("polecat/p1/frozen", {"frozen.txt": "not landing\n"})
+    mr_id = await pt.submit(bead, "polecat/p1/frozen", head)
+
+    mr = await ended(pt, mr_id)
+    assert mr.status == "escalated", (mr.status, mr.tail)
+    assert (mr.gate, mr.exit_code) == ("push", 1)
+    assert "policy: main is frozen for the release" in mr.tail
+    assert "pre-receive hook declined" in mr.tail
+    assert await requeues(pt, mr_id) == []
+    raised = await escalations_about(pt, bead)
+    assert mr_id in raised[0].message
+    assert "pre-receive hook declined" in raised[0].message
+    assert git.git("rev-parse", "refs/heads/main", cwd=pt.origin).strip() == before
+
+
+@pytest.mark.parametrize(
+    "refinery_settings", [RefinerySettings(push_retries=2, push_backoff_s=0.5, push_backoff_max_s=1.0)]
+)
+async def test_a_target_that_moves_at_every_attempt_is_retried_with_backoff_then_escalated(
+    pt: PolecatTown, tmp_path: Path
+) -> None:
+    # Someone pushes to main during every gate run: each fast-forward is refused as non-fast-forward.
+    mover = tmp_path / "mover"
+    git.git("clone", "--quiet", str(pt.origin), str(mover))
+    gate = (
+        f"cd {mover} && date +%s%N > moved-$$.txt && git add -A && "
+        f"git {shlex.join(IDENTITY)} commit -qm moved && git push -q origin HEAD:main"
+    )
+    await pt.add_rig(test_command=f"({gate}) >/dev/null 2>&1; true")
+    bead = await pt.new_bead("Never lands", prefix="demo")
+    head = pt.push_branch("polecat/p1/busy", {"busy.txt": "mine\n"})
+    mr_id = await pt.submit(bead, "polecat/p1/busy", head)
+
+    mr = await ended(pt, mr_id)
+    assert mr.status == "escalated", (mr.status, mr.tail)
+    assert mr.gate == "push"
+    assert "non-fast-forward" in mr.tail or "fetch first" in mr.tail
+    seen = await requeues(pt, mr_id)
+    assert [r["retries"] for r in seen] == [1, 2], "two retries, then the cap"
+    assert all(r["reason"] == "the target moved during the merge" for r in seen)
+    # Each requeue asks for a wait (its exact length is the plan's, tested in tests/unit/test_push_refusals.py),
+    # and the next claim comes no earlier than that.
+    stored = [decode_envelope(data) for _, _, data in await read_all(pt.nc, "GT_EVT", f"gt.evt.mr.{mr_id}")]
+    waits = [
+        (datetime.fromisoformat(r["not_before"]) - env.ts).total_seconds()
+        for env, r in ((e, msgspec.json.decode(e.data)) for e in stored if e.type == "mr.requeued")
+    ]
+    assert len(waits) == 2
+    assert 0 < waits[0] <= 0.5
+    assert 0 < waits[1] <= 1.0
+    claims = [e.ts for e in stored if e.type == "mr.claimed"]
+    assert len(claims) == 3
+    for claim, requeued in zip(claims[1:], seen, strict=True):
+        assert claim >= datetime.fromisoformat(requeued["not_before"])
+    raised = await escalations_about(pt, bead)
+    assert "moved" in raised[0].message
+
+
+def vanishing_gate(pt: PolecatTown, tmp_path: Path) -> tuple[str, Path]:
+    """A test gate that moves the rig's repository away the first time it runs (the repository becomes
+    unreachable between the fetch and the push); (the gate, where the repository went)."""
+    away = pt.origin.with_name("origin.away")
+    flag = tmp_path / "vanished-once"
+    return f"if [ ! -e {flag} ]; then touch {flag} && mv {pt.origin} {away}; fi; true", away
+
+
+@pytest.mark.parametrize("refinery_settings", [RefinerySettings(push_backoff_s=3.0)])
+async def test_an_unreachable_repository_is_retried_after_a_backoff_and_the_merge_lands_when_it_is_back(
+    pt: PolecatTown, tmp_path: Path
+) -> None:
+    gate, away = vanishing_gate(pt, tmp_path)
+    await pt.add_rig(test_command=gate)
+    bead = await pt.new_bead("Land once it is back", prefix="demo")
+    head = pt.push_branch("polecat/p1/back", {"back.txt": "mine\n"})
+    mr_id = await pt.submit(bead, "polecat/p1/back", head)
+
+    async def requeued() -> dict[str, Any]:
+        seen = await requeues(pt, mr_id)
+        assert seen, "not requeued yet"
+        return seen[0]
+
+    first: dict[str, Any] = await assert_eventually(requeued, timeout=120, interval=0.1)
+    away.rename(pt.origin)
+    assert first["reason"].startswith("the repository could not be reached"), first["reason"]
+    assert "does not appear to be a git repository" in first["reason"]
+    assert first["retries"] == 1
+    mr = await ended(pt, mr_id)
+    assert mr.status == "merged", (mr.status, mr.gate, mr.tail)
+    assert len(await requeues(pt, mr_id)) <= 3, "once, or again if the repository came back late"
+    assert "back.txt" in git.git("ls-tree", "--name-only", "refs/heads/main", cwd=pt.origin).split()
+
+
+@pytest.mark.parametrize("refinery_settings", [RefinerySettings(push_retries=1, push_backoff_s=0.2)])
+async def test_a_repository_that_stays_unreachable_is_escalated_after_the_retries_not_looped(
+    pt: PolecatTown, tmp_path: Path
+) -> None:
+    gate, _ = vanishing_gate(pt, tmp_path)
+    await pt.add_rig(test_command=gate)
+    bead = await pt.new_bead("Its repository is gone", prefix="demo")
+    head = pt.push_branch("polecat/p1/gone", {"gone.txt": "mine\n"})
+    mr_id = await pt.submit(bead, "polecat/p1/gone", head)
+
+    # The push finds it gone (retried once); the next attempt's fetch fails too: the cap is reached.
+    mr = await ended(pt, mr_id)
+    assert mr.status == "escalated", (mr.status, mr.tail)
+    assert "does not appear to be a git repository" in mr.tail
+    assert [r["retries"] for r in await requeues(pt, mr_id)] == [1]
+    raised = await escalations_about(pt, bead)
+    assert "given up after 2 attempts in a row" in raised[0].message
+
+
+def test_gt_rig_add_refuses_an_empty_repository_argument(gt_env: dict[str, str], tmp_path: Path) -> None:
+    # Run from a directory that is a git repository: an empty argument must not mean "here".
+    here = make_plain_repo(tmp_path / "cwd")
+    env = {**gt_env, "NATS_URL": "nats://127.0.0.1:1"}  # never reached: refused before connecting
+    for repo in ("", "   "):
+        done = subprocess.run(
+            [sys.executable, "-m", "shared.cli.main", "rig", "add", "x", repo],
+            cwd=here,
+            env={**env, "PWD": str(here)},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert done.returncode == 2, (repo, done.returncode, done.stdout, done.stderr)
+        assert "repository argument is empty" in done.stderr, done.stderr
