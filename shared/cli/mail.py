@@ -9,7 +9,7 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from shared.cli import render
+from shared.cli import identity, render
 from shared.cli.client import send_command
 from shared.cli.common import (
     DEFAULT_COMMAND_TIMEOUT_S,
@@ -93,7 +93,9 @@ def register(sub: Subcommands) -> None:
 
 
 def _me(args: argparse.Namespace) -> str:
-    return getattr(args, "actor", None) or os.environ.get("GT_ACTOR") or "operator"
+    # Inside a polecat session its inbox is the polecat's: the address its mail is sent from.
+    explicit = getattr(args, "actor", None)
+    return identity.default_actor(explicit) or os.environ.get("GT_ACTOR") or identity.OPERATOR
 
 
 def _body(args: argparse.Namespace) -> str:
