@@ -109,15 +109,8 @@ def gt(*args: str, check: bool = True, extra_env: dict[str, str] | None = None) 
 
 
 def git(*args: str, cwd: Path) -> str:
-    # Commits carry the polecat's name, and work on a machine with no git identity configured.
-    polecat = os.environ.get("GT_POLECAT", "agent")
-    identity = {
-        "GIT_AUTHOR_NAME": f"gt-agent {polecat}",
-        "GIT_AUTHOR_EMAIL": f"{polecat}@gastown.invalid",
-        "GIT_COMMITTER_NAME": f"gt-agent {polecat}",
-        "GIT_COMMITTER_EMAIL": f"{polecat}@gastown.invalid",
-    }
-    env = {**identity, **os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    # Plain git, as any agent runs it: the witness gives the session its polecat's git identity.
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
     return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout
 
 

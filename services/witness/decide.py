@@ -85,6 +85,8 @@ def _rig_from(cmd: RigAdd) -> RigAdded:
         max_polecats=cmd.max_polecats,
         max_respawns=cmd.max_respawns,
         stall_after_s=cmd.stall_after_s,
+        git_name=cmd.git_name,
+        git_email=cmd.git_email,
     )
 
 
@@ -106,6 +108,8 @@ def _same_config(rig: Rig, wanted: RigAdded) -> bool:
             "max_polecats",
             "max_respawns",
             "stall_after_s",
+            "git_name",
+            "git_email",
         )
     )
 

@@ -44,6 +44,7 @@ from services.witness.agent_creds import agent_nats_credentials, is_credential
 from services.witness.settings import WitnessSettings
 from services.witness.state import Rig, Session, WitnessState, mail_nudge_id
 from shared import git, processes
+from shared.commands.rigs import git_identity
 from shared.config import TownConfig
 from shared.decision import NewEvent
 from shared.errors import GastownError
@@ -353,6 +354,7 @@ class Executor:
             "NATS_URL": config.nats_url,
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
             "TERM": AGENT_TERM,
+            **polecat_git_env(rig, session.polecat),
         }
         if session.lease_token is not None:
             env["GT_LEASE"] = hook_lease_name(session.bead)
@@ -627,6 +629,18 @@ class Executor:
         nudge = self.host.state.nudges.get(action.nudge)
         if nudge is not None and nudge.status == "queued":
             await self._append(NewEvent(payload=NudgeExpired(nudge_id=nudge.id), expected_seq=nudge.version))
+
+
+def polecat_git_env(rig: Rig, polecat: str) -> dict[str, str]:
+    """Who the polecat's commits are by, whatever its HOME's git configuration holds (often none: a container,
+    a service user, a per-agent config home): the rig's identity, or ``<rig>/<polecat>`` by default."""
+    name, email = git_identity(rig.git_name, rig.git_email, rig=rig.name, polecat=polecat)
+    return {
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_COMMITTER_NAME": name,
+        "GIT_COMMITTER_EMAIL": email,
+    }
 
 
 def _shows(screen: str, text: str) -> bool:

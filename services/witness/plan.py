@@ -73,6 +73,8 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     """Directory holding one directory per rig (GT_HOME/rigs)."""
     min_orphan_age_s: float = 60.0
     done_stuck_after_s: float = 60.0
+    done_exit_grace_s: float = 10.0
+    """An agent still running after `gt done` ended its session is left this long to see the result."""
     mass_death_count: int = 3
     mass_death_window_s: float = 30.0
     max_start_failures: int = 3
@@ -98,7 +100,7 @@ def plan(state: WitnessState, obs: Observed, policy: Policy) -> list[Action]:
     out: list[Action] = []
     out.extend(_active_sessions(state, obs, policy))
     out.extend(_spawns(state, obs, policy))
-    out.extend(_ended_sessions(state, obs))
+    out.extend(_ended_sessions(state, obs, policy))
     out.extend(_mass_deaths(state, obs, policy))
     out.extend(_orphans(state, obs, policy))
     out.extend(_nudges(state, obs))
@@ -334,7 +336,7 @@ def _successor(state: WitnessState, session: Session) -> Session | None:
     return None
 
 
-def _ended_sessions(state: WitnessState, obs: Observed) -> Iterator[Action]:
+def _ended_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Action]:
     for session in state.sessions.values():
         if session.status != "ended":
             continue
@@ -349,11 +351,29 @@ def _ended_sessions(state: WitnessState, obs: Observed) -> Iterator[Action]:
         if successor is not None:
             yield Clean(session=session.id, remove_worktree=False, detail=f"worktree carried on by {successor.id}")
         elif session.end_reason == "done" or bead is None or bead.status == "closed":
-            yield Clean(session=session.id, remove_worktree=True)
+            if not _reporting_done(session, obs, policy):
+                yield Clean(session=session.id, remove_worktree=True)
         elif _is_last_escalated(state, session):
             yield Clean(session=session.id, remove_worktree=False, detail="kept for manual recovery (escalated)")
         elif pane_of(session, obs) is not None and session.version <= obs.as_of_seq:
             yield ReapPane(session=session.id)
+
+
+def may_linger(session: Session) -> bool:
+    """Ended by `gt done` and not cleaned up yet: its agent may still be running, reading what `gt done` said."""
+    return session.status == "ended" and session.end_reason == "done" and not session.cleaned
+
+
+def _reporting_done(session: Session, obs: Observed, policy: Policy) -> bool:
+    """The session ended by `gt done` (run by its agent), and its agent still runs, within the grace: it is left
+    alone, so `gt done` prints its result and exits, and the agent sees it, before the witness ends the session.
+    (Ending the session kills its process tree, `gt done` and its caller with it.)"""
+    if not may_linger(session) or session.ended_at is None:
+        return False
+    pane = pane_of(session, obs)
+    if pane is None or pane.dead or not obs.alive.get(session.id, True):
+        return False  # the agent exited (or is gone): nothing to wait for
+    return (obs.now - session.ended_at).total_seconds() < policy.done_exit_grace_s
 
 
 def _is_last_escalated(state: WitnessState, session: Session) -> bool:

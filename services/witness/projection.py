@@ -86,6 +86,8 @@ def _rig_added(payload: RigAdded, state: WitnessState, env: Envelope, seq: int) 
         max_polecats=payload.max_polecats,
         max_respawns=payload.max_respawns,
         stall_after_s=payload.stall_after_s,
+        git_name=payload.git_name,
+        git_email=payload.git_email,
         added_at=env.ts,
         version=seq,
     )

@@ -29,7 +29,7 @@ from services.witness import settings as witness_settings
 from services.witness.actions import Action, Spawn
 from services.witness.executor import Executor, StartBlockedError
 from services.witness.pidwatch import ExitWatcher
-from services.witness.plan import Observed, PaneSeen, Policy, plan
+from services.witness.plan import Observed, PaneSeen, Policy, may_linger, plan
 from services.witness.projection import new_projection
 from services.witness.state import WitnessState
 from shared import git, processes
@@ -66,6 +66,7 @@ class WitnessService(Service[WitnessState]):
             rigs_root=str(config.gt_home / "rigs"),
             min_orphan_age_s=ws.min_orphan_age_s,
             done_stuck_after_s=ws.done_stuck_after_s,
+            done_exit_grace_s=ws.done_exit_grace_s,
             mass_death_count=ws.mass_death_count,
             mass_death_window_s=ws.mass_death_window_s,
             max_start_failures=ws.max_start_failures,
@@ -194,8 +195,11 @@ class WitnessService(Service[WitnessState]):
         as_of = self.projection.last_seq
         # Processes first, tmux second: a tmux session killed in between then reads as gone (dead), and an
         # agent that died in between as a dead pane in a live session (zombie); both are right.
+        # Also agents running on after `gt done` ended their session: their exit lets the cleanup go ahead.
         started = [
-            s for s in self.state.sessions.values() if s.status == "started" and s.pane_pid and self._serves(s.rig)
+            s
+            for s in self.state.sessions.values()
+            if (s.status == "started" or may_linger(s)) and s.pane_pid and self._serves(s.rig)
         ]
         refs = {s.id: processes.ProcessRef(pid=s.pane_pid or 0, started=s.pid_started or 0.0) for s in started}
         alive = await asyncio.to_thread(lambda: {sid: processes.is_alive(ref) for sid, ref in refs.items()})

@@ -22,6 +22,10 @@ class Rig(msgspec.Struct, kw_only=True, gc=False):
     max_polecats: int = 4
     max_respawns: int = 3
     stall_after_s: float = 600.0
+    git_name: str = ""
+    """Template of the git name its polecats commit with (empty: the default, ``{rig}/{polecat}``)."""
+    git_email: str = ""
+    """Template of their git email (empty: the default, ``{polecat}.{rig}@gastown.invalid``)."""
     added_at: datetime
     version: int = 0
 

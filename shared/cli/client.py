@@ -23,7 +23,7 @@ from shared.aio import pause
 from shared.bus.append import RETRYABLE_ERRORS, still_in_flight
 from shared.bus.permissions import guarded
 from shared.bus.topology import owner_of
-from shared.cli import hook_lease
+from shared.cli import hook_lease, identity
 from shared.config import TownConfig
 from shared.errors import AppendFailedError, EventDecodeError, QueryError, UnknownEventTypeError
 from shared.events import REGISTRY, decode_envelope
@@ -64,7 +64,7 @@ async def send_command(
     """Store a command in GT_CMD and wait up to ``timeout`` (None: forever) for its outcome.
 
     When the owning service does not answer queries, return right after storing (``service_down``)
-    unless ``wait_if_down``.
+    unless ``wait_if_down``. A body without an ``actor`` gets the polecat's when sent from inside a session.
 
     Raises:
         AppendFailedError: GT_CMD refused the command (too large, stream missing).
@@ -72,6 +72,9 @@ async def send_command(
     """
     cmd_id = body.get("cmd_id") or f"cli-{secrets.token_hex(8)}"
     body = {**body, "cmd_id": cmd_id}
+    actor = identity.default_actor(body.get("actor"))
+    if actor is not None:
+        body["actor"] = actor  # sent from a polecat session: the command is its polecat's
     fence = hook_lease.session_fence()
     if fence is not None and "fence" not in body:
         # Sent from inside a polecat session: carried out only while the session holds its bead's hook.

@@ -53,7 +53,7 @@ def command_options(parser: argparse.ArgumentParser) -> None:
         help=f"seconds to wait for the outcome (default {DEFAULT_COMMAND_TIMEOUT_S:g}; with --wait: forever)",
     )
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    parser.add_argument("--actor", help="who is acting (default: operator)")
+    parser.add_argument("--actor", help="who is acting (default: the polecat inside a polecat session, else operator)")
     parser.add_argument("--id", dest="cmd_id", metavar="CMD_ID", help="command id (resending the same id is harmless)")
 
 

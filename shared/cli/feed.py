@@ -28,7 +28,16 @@ from shared.cli import render
 from shared.cli.client import HistoryEntry, history, history_entry, query
 from shared.cli.colour import COLOR_CHOICES, Palette, wanted
 from shared.cli.common import EXIT_OK, EXIT_REJECTED, Subcommands, UsageError
-from shared.cli.feed_view import Filters, Since, feed_line, merge_by_seq, parse_since, timeline
+from shared.cli.feed_view import (
+    ACTOR_WIDTH,
+    Filters,
+    Since,
+    actor_width,
+    feed_line,
+    merge_by_seq,
+    parse_since,
+    timeline,
+)
 from shared.config import TownConfig
 from shared.errors import QueryError
 
@@ -171,12 +180,14 @@ async def _feed(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
         if not args.no_follow:
             print("-- caught up; following the log (Ctrl-C to stop) --", file=sys.stderr, flush=True)
 
+    width = ACTOR_WIDTH  # grows with the longest actor shown so far: an actor is never cut
     async for entry in follow_log(nc, config, args.since_parsed, follow=not args.no_follow, on_caught_up=say_caught_up):
         if filters.matches(entry):
             if args.json:
                 sys.stdout.write(msgspec.json.encode(entry).decode() + "\n")
             else:
-                sys.stdout.write(feed_line(entry, palette) + "\n")
+                width = actor_width([entry], width)
+                sys.stdout.write(feed_line(entry, palette, width) + "\n")
             sys.stdout.flush()
     return EXIT_OK
 

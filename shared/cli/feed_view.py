@@ -118,13 +118,23 @@ def _clock(ts: str) -> str:
     return ts.replace("T", " ")[:19] if ts else "-"
 
 
-def feed_line(entry: Entry, palette: Palette = PLAIN) -> str:
-    """``2026-11-23 21:10:01  #123  witness   session s-1 started, pid 4242``."""
+ACTOR_WIDTH = 12
+"""The actor column's width at least; a longer actor (``polecat:<rig>/<name>``) widens it, never is cut."""
+
+
+def actor_width(entries: Iterable[Entry], at_least: int = ACTOR_WIDTH) -> int:
+    """The actor column's width for these entries: the longest actor's, at least ``at_least``."""
+    return max([at_least, *(len(e.actor) for e in entries)])
+
+
+def feed_line(entry: Entry, palette: Palette = PLAIN, width: int = ACTOR_WIDTH) -> str:
+    """``2026-11-23 21:10:01  #123  witness   session s-1 started, pid 4242``; the actor in full, padded to
+    ``width``."""
     sentence, kind = describe(entry.type, entry.data)
     seq = f"#{entry.seq}"
     return (
         f"{palette(_clock(entry.ts), 'dim')}  {palette(seq, 'dim')}{' ' * max(0, 8 - len(seq))}  "
-        f"{entry.actor[:12]:<12}  {palette(sentence, *KIND_STYLES[kind])}"
+        f"{entry.actor:<{width}}  {palette(sentence, *KIND_STYLES[kind])}"
     )
 
 
@@ -134,6 +144,7 @@ def timeline(entries: Sequence[Entry], palette: Palette = PLAIN) -> str:
         return "(no events)"
     lines = []
     previous: datetime | None = None
+    width = actor_width(entries)
     for entry in entries:
         sentence, kind = describe(entry.type, entry.data)
         when = _parse(entry.ts)
@@ -142,7 +153,7 @@ def timeline(entries: Sequence[Entry], palette: Palette = PLAIN) -> str:
         else:
             stamp = f"{'':>11}{entry.ts[11:19]}"
         previous = when or previous
-        lines.append(f"{palette(stamp, 'dim')}  {entry.actor[:12]:<12}  {palette(sentence, *KIND_STYLES[kind])}")
+        lines.append(f"{palette(stamp, 'dim')}  {entry.actor:<{width}}  {palette(sentence, *KIND_STYLES[kind])}")
     return "\n".join(lines)
 
 

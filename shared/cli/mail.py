@@ -9,7 +9,7 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from shared.cli import render
+from shared.cli import identity, render
 from shared.cli.client import send_command
 from shared.cli.common import (
     DEFAULT_COMMAND_TIMEOUT_S,
@@ -24,7 +24,7 @@ from shared.cli.common import (
     show,
 )
 from shared.commands import SEVERITIES
-from shared.commands.mail import ACCEPTED_ADDRESSES, normalise_address, polecat_address
+from shared.commands.mail import ACCEPTED_ADDRESSES, normalise_address
 from shared.config import TownConfig
 
 
@@ -93,21 +93,10 @@ def register(sub: Subcommands) -> None:
     close.set_defaults(handler=_close)
 
 
-def session_identity() -> str | None:
-    """Inside a polecat session (the witness sets GT_RIG and GT_POLECAT): its mail address."""
-    rig, polecat = os.environ.get("GT_RIG"), os.environ.get("GT_POLECAT")
-    return polecat_address(rig, polecat) if rig and polecat else None
-
-
 def _me(args: argparse.Namespace) -> str:
-    return getattr(args, "actor", None) or os.environ.get("GT_ACTOR") or session_identity() or "operator"
-
-
-def _as_me(args: argparse.Namespace) -> argparse.Namespace:
-    """A command sent from a polecat's session is the polecat's (its replies come back to its inbox)."""
-    if not getattr(args, "actor", None):
-        args.actor = session_identity()
-    return args
+    # Inside a polecat session its inbox is the polecat's: the address its mail is sent from.
+    explicit = getattr(args, "actor", None)
+    return identity.default_actor(explicit) or os.environ.get("GT_ACTOR") or identity.OPERATOR
 
 
 def _body(args: argparse.Namespace) -> str:
@@ -124,16 +113,16 @@ def _sent_line(result: dict[str, Any]) -> str:
 
 async def _send(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     body = {"to": normalise_address(args.to), "subject": args.subject, "body": _body(args), "thread": args.thread}
-    return await send(nc, _as_me(args), config, "gt.cmd.mail.send", body, _sent_line)
+    return await send(nc, args, config, "gt.cmd.mail.send", body, _sent_line)
 
 
 async def _reply(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     body = {"id": args.id, "subject": args.subject, "body": _body(args)}
-    return await send(nc, _as_me(args), config, "gt.cmd.mail.reply", body, _sent_line)
+    return await send(nc, args, config, "gt.cmd.mail.reply", body, _sent_line)
 
 
 async def _archive(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, _as_me(args), config, "gt.cmd.mail.archive", {"id": args.id})
+    return await send(nc, args, config, "gt.cmd.mail.archive", {"id": args.id})
 
 
 async def _inbox(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
@@ -148,7 +137,7 @@ async def _read(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
     if message.get("type") != "message":
         print(f"gt: {args.id} is a {message.get('type')}, not a message", file=sys.stderr)
         return EXIT_REJECTED
-    body = drop_empty({"id": args.id, "actor": _as_me(args).actor})
+    body = drop_empty({"id": args.id, "actor": args.actor})
     outcome = await send_command(nc, config, "gt.cmd.mail.read", body, timeout=DEFAULT_COMMAND_TIMEOUT_S)
     if outcome.type == "cmd.rejected":
         print(f"rejected ({outcome.data.get('code')}): {outcome.data.get('message')}", file=sys.stderr)

@@ -63,6 +63,16 @@ def register(sub: Subcommands) -> None:
     ra.add_argument("--max-polecats", type=int, default=None)
     ra.add_argument("--max-respawns", type=int, default=None)
     ra.add_argument("--stall-after", type=float, default=None, help="seconds without heartbeat or progress")
+    ra.add_argument(
+        "--git-name",
+        default=None,
+        help="git name its polecats commit with; {rig} and {polecat} are filled in (default {rig}/{polecat})",
+    )
+    ra.add_argument(
+        "--git-email",
+        default=None,
+        help="git email its polecats commit with, a template like --git-name (default {polecat}.{rig}@gastown.invalid)",
+    )
     command_options(ra)
     ra.set_defaults(handler=_rig_add, precheck=_absolute_repo)
     rl = rig.add_parser("list", help="rigs with their active sessions and waiting beads")
@@ -155,6 +165,8 @@ async def _rig_add(nc: Client, args: argparse.Namespace, config: TownConfig) -> 
         "max_polecats": args.max_polecats,
         "max_respawns": args.max_respawns,
         "stall_after_s": args.stall_after,
+        "git_name": args.git_name,
+        "git_email": args.git_email,
     }
     return await send(nc, args, config, "gt.cmd.rig.add", body, _rig_added_line)
 
@@ -432,7 +444,7 @@ async def _heartbeat(nc: Client, args: argparse.Namespace, config: TownConfig) -
 
 async def _handoff(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     session = os.environ["GT_SESSION"]
-    body = {"session": session, "note": args.note, "actor": f"polecat:{os.environ['GT_RIG']}/{session}"}
+    body = {"session": session, "note": args.note}
 
     def line(result: dict[str, Any]) -> str:
         return f"session {result.get('id')} handed off: a fresh session continues bead {result.get('bead')}"
@@ -464,7 +476,6 @@ async def _done(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
     session, bead, rig = os.environ["GT_SESSION"], os.environ["GT_BEAD"], os.environ["GT_RIG"]
     worktree, branch = Path(os.environ["GT_WORKTREE"]), os.environ["GT_BRANCH"]
     base = os.environ.get("GT_BASE_BRANCH", "main")
-    actor = f"polecat:{rig}/{session}"
     state = git.worktree_state(worktree, base)
     if not state.exists:
         raise UsageError(f"the worktree {worktree} is not there; nothing to submit")
@@ -478,8 +489,7 @@ async def _done(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
         )
         return EXIT_REJECTED
     try:
-        intent = {"session": session, "actor": actor}
-        await _command(nc, config, "gt.cmd.session.done_intent", intent, f"done-intent-{session}")
+        await _command(nc, config, "gt.cmd.session.done_intent", {"session": session}, f"done-intent-{session}")
         crash_point("gt_done.after_intent")
         head = git.push(worktree, branch)
         crash_point("gt_done.after_push")
@@ -487,11 +497,11 @@ async def _done(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
             nc,
             config,
             "gt.cmd.mr.submit",
-            {"bead": bead, "rig": rig, "branch": branch, "head": head, "session": session, "actor": actor},
+            {"bead": bead, "rig": rig, "branch": branch, "head": head, "session": session},
             f"mr-{session}",
         )
         crash_point("gt_done.after_mr")
-        await _command(nc, config, "gt.cmd.session.finish", {"session": session, "actor": actor}, f"finish-{session}")
+        await _command(nc, config, "gt.cmd.session.finish", {"session": session}, f"finish-{session}")
     except DoneError as exc:
         print(f"gt done: {exc}", file=sys.stderr)
         return EXIT_REJECTED

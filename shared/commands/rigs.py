@@ -14,6 +14,38 @@ MAX_RESPAWNS = 100
 HEX_COMMIT = re.compile(r"^[0-9a-f]{7,64}$")
 POLECAT_TARGET = re.compile(r"^(?P<rig>[a-z0-9][a-z0-9_-]{0,63})/(?P<polecat>[a-z0-9][a-z0-9_-]{0,63})$")
 DEFAULT_AGENT_COMMAND = "gt-agent"
+DEFAULT_GIT_NAME = "{rig}/{polecat}"
+"""A polecat's git author and committer name when its rig sets none (``demo/ace``)."""
+DEFAULT_GIT_EMAIL = "{polecat}.{rig}@gastown.invalid"
+"""A polecat's git email when its rig sets none (``ace.demo@gastown.invalid``; ``.invalid`` is never delivered)."""
+MAX_GIT_IDENTITY = 200
+_PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+_GIT_PLACEHOLDERS = frozenset({"{rig}", "{polecat}"})
+
+
+def git_identity(name_template: str, email_template: str, *, rig: str, polecat: str) -> tuple[str, str]:
+    """The git name and email a polecat of ``rig`` commits with: the rig's templates (empty: the defaults)
+    with ``{rig}`` and ``{polecat}`` filled in."""
+
+    def fill(template: str) -> str:
+        return template.replace("{rig}", rig).replace("{polecat}", polecat)
+
+    return fill(name_template or DEFAULT_GIT_NAME), fill(email_template or DEFAULT_GIT_EMAIL)
+
+
+def check_git_template(field: str, template: str) -> None:
+    """A template git can use as a name or an email: one line, no ``<`` or ``>`` (git's own delimiters), only
+    the placeholders ``{rig}`` and ``{polecat}``."""
+    check_text(field, template, MAX_GIT_IDENTITY)
+    if any(c in template for c in "\n\r\0"):
+        raise invalid(f"`{field}` must be one line")
+    if "<" in template or ">" in template:
+        raise invalid(f"`{field}` {template[:80]!r} must not contain < or > (git puts the email between them)")
+    unknown = sorted(set(_PLACEHOLDER.findall(template)) - _GIT_PLACEHOLDERS)
+    if unknown:
+        raise invalid(
+            f"`{field}` {template[:80]!r} names {', '.join(unknown)}: only {{rig}} and {{polecat}} are filled in"
+        )
 
 
 class RigAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -36,6 +68,12 @@ class RigAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A bead whose sessions died more often than this is escalated instead of respawned."""
     stall_after_s: float = 600.0
     """A session with no heartbeat and no step progress for this long is stalled."""
+    git_name: str = ""
+    """Git author and committer name of the rig's polecats; ``{rig}`` and ``{polecat}`` are filled in.
+    Empty: ``{rig}/{polecat}``."""
+    git_email: str = ""
+    """Git author and committer email of the rig's polecats, a template like ``git_name``.
+    Empty: ``{polecat}.{rig}@gastown.invalid``."""
 
     def validate(self) -> None:
         super().validate()
@@ -54,6 +92,8 @@ class RigAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
             raise invalid(f"`max_respawns` must be 0-{MAX_RESPAWNS}, got {self.max_respawns}")
         if not self.stall_after_s > 0:
             raise invalid(f"`stall_after_s` must be positive, got {self.stall_after_s}")
+        check_git_template("git_name", self.git_name)
+        check_git_template("git_email", self.git_email)
 
     def rig_prefix(self) -> str:
         return self.prefix or re.sub(r"[^a-z0-9_]", "", self.name)[:16] or "rig"

@@ -31,6 +31,10 @@ class RigAdded(RigEvent, frozen=True, kw_only=True):
     max_respawns: int = 3
     """A bead whose sessions died more often than this is escalated instead of respawned."""
     stall_after_s: float = 600.0
+    git_name: str = ""
+    """Template of the git name the rig's polecats commit with (empty: ``{rig}/{polecat}``)."""
+    git_email: str = ""
+    """Template of their git email (empty: ``{polecat}.{rig}@gastown.invalid``)."""
 
 
 class RigMassDeath(RigEvent, frozen=True, kw_only=True):

@@ -11,7 +11,7 @@ import pytest
 
 from shared.cli import narrate, town_view
 from shared.cli.colour import Palette, wanted
-from shared.cli.feed_view import Filters, Since, merge_by_seq, parse_since, timeline
+from shared.cli.feed_view import Filters, Since, feed_line, merge_by_seq, parse_since, timeline
 from shared.events import REGISTRY
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
@@ -106,6 +106,17 @@ def test_a_timeline_shows_the_full_time_at_the_start_and_after_a_gap() -> None:
     assert lines[1].startswith("           12:00:05")
     assert lines[2].startswith("2026-11-23 12:05:00")
     assert timeline([]) == "(no events)"
+
+
+def test_a_long_actor_is_shown_in_full_and_widens_its_column() -> None:
+    long = "polecat:a-rig-with-a-long-name/ace"
+    entries = [E(1, "bead.created", {"bead_id": "b", "title": "t"}, actor="operator"), E(2, "step.done", actor=long)]
+    lines = timeline(entries).splitlines()
+    assert f"  {long}  " in lines[1]
+    assert lines[0].index("bead b created") == lines[1].index(long) + len(long) + 2, "the sentences line up"
+    line = feed_line(entries[1], width=len(long))
+    assert f"  {long}  " in line
+    assert f"  {long}  " in feed_line(entries[1]), "narrower than the actor: the column grows, the actor stays whole"
 
 
 def test_entries_of_several_subjects_merge_in_log_order_once_each() -> None:

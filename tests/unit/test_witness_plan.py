@@ -369,6 +369,34 @@ def test_a_finished_session_is_cleaned_with_its_worktree_and_the_bead_gets_no_ne
     assert w.plan() == [Clean(session=session, remove_worktree=True)]
 
 
+def test_an_agent_running_on_after_gt_done_has_a_grace_to_see_the_result_before_it_is_cleaned() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    w.add(SessionDoneIntent(session_id=session))
+    w.end(session, "done", cleaned=False)
+    # Cleaning kills the session's process tree: `gt done` (which just ended it) and the agent that ran it.
+    assert w.plan(w.observe(w.pane(session))) == [], "the agent is still reading what `gt done` said"
+    w.tick(POLICY.done_exit_grace_s - 1)
+    assert w.plan(w.observe(w.pane(session))) == []
+    w.tick(2)
+    assert w.plan(w.observe(w.pane(session))) == [Clean(session=session, remove_worktree=True)], "grace over"
+
+
+def test_an_agent_that_exits_after_gt_done_is_cleaned_up_at_once() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    w.add(SessionDoneIntent(session_id=session))
+    w.end(session, "done", cleaned=False)
+    clean = [Clean(session=session, remove_worktree=True)]
+    assert w.plan(w.observe(w.pane(session, dead=True))) == clean, "its pane is dead: the agent exited"
+    assert w.plan(w.observe(w.pane(session), alive={session: False})) == clean, "its process is gone"
+    assert w.plan(w.observe()) == clean, "its tmux session is gone"
+
+
 def test_the_pane_of_an_ended_session_that_lingers_is_reaped() -> None:
     w = World()
     w.rig(max_respawns=0)
