@@ -175,7 +175,7 @@ def _failed(payload: MergeRequestFailed, state: RefineryState, env: Envelope, se
 @fold.register
 def _merged(payload: MergeRequestMerged, state: RefineryState, env: Envelope, seq: int) -> None:
     if (mr := _mr(state, payload.mr_id, seq)) is not None:
-        mr.status, mr.merged_commit = "merged", payload.merged_commit
+        mr.status, mr.merged_commit, mr.already = "merged", payload.merged_commit, payload.already
         mr.batch = list(payload.batch)
         mr.bug_bead_command = payload.bug_bead_command
         mr.holder = mr.lease_until = None

@@ -39,6 +39,8 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     exit_code: int | None = None
     tail: str = ""
     merged_commit: str | None = None
+    already: bool = False
+    """Merged, and every commit of it was on the target already (nothing was pushed for it)."""
     batch: list[str] = []
     """The merge requests it was last claimed (then merged) together with, in stack order."""
     bug_bead_command: str | None = None
