@@ -27,8 +27,11 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def failures_of(state: RefineryState, bead: str) -> int:
-    """Merge requests of the bead that failed their gates (each is one attempt of the polecat's)."""
-    return sum(1 for mr in state.mrs.values() if mr.bead == bead and mr.status in ("failed", "escalated"))
+    """Failed gate runs of the bead's merge requests (each is one attempt of the polecat's): a merge request its
+    bead resubmitted unchanged counts each time it failed. One that failed counts at least once (a snapshot
+    written before ``failures`` was kept has 0 there)."""
+    failed = ("failed", "escalated")
+    return sum(max(mr.failures, mr.status in failed) for mr in state.mrs.values() if mr.bead == bead)
 
 
 def score(state: RefineryState, mr: MergeRequest, now: datetime, policy: Policy) -> float:

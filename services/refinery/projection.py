@@ -167,6 +167,7 @@ def _conflicted(payload: MergeRequestConflicted, state: RefineryState, env: Enve
 def _failed(payload: MergeRequestFailed, state: RefineryState, env: Envelope, seq: int) -> None:
     if (mr := _mr(state, payload.mr_id, seq)) is not None:
         mr.status = "escalated" if payload.escalated else "failed"
+        mr.failures += 1
         mr.gate, mr.exit_code, mr.tail = payload.gate, payload.exit_code, payload.tail
         mr.holder = mr.lease_until = None
         mr.ended_at = env.ts

@@ -30,6 +30,8 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     queued_at: datetime
     """When it last entered the queue (submitted, requeued or retried): the age in its score."""
     attempts: int = 0
+    failures: int = 0
+    """Times its gates failed (it is gated again when its bead resubmits the same commit)."""
     holder: str | None = None
     lease_until: datetime | None = None
     conflict_command: str | None = None

@@ -21,6 +21,7 @@ from shared.events import (
     LeaseReleased,
     MergeRequestFailed,
     MergeRequestRejected,
+    MergeRequestRequeued,
     MergeRequestSubmitted,
     MoleculeAttached,
     NudgeDelivered,
@@ -174,6 +175,17 @@ def _merge_requested(payload: MergeRequestSubmitted, state: WitnessState, env: E
     if bead is not None:
         bead.merge_requested = True
         bead.merge_rejected = False
+
+
+@fold.register
+def _merge_requeued(payload: MergeRequestRequeued, state: WitnessState, env: Envelope, seq: int) -> None:
+    """Back in the queue (retried, or its bead resubmitted the same commit): the bead waits for the merge queue
+    again, not for a session."""
+    bead = state.beads.get(state.mr_beads.get(payload.mr_id, ""))
+    if bead is not None and bead.status != "closed":
+        bead.merge_requested = True
+        bead.merge_rejected = False
+        bead.returned = False
 
 
 @fold.register

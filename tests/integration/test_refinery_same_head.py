@@ -134,3 +134,31 @@ async def test_beads_whose_heads_are_already_on_the_target_close_at_once_as_alre
         merged = [d for k, d in await events_of(pt.nc, f"gt.evt.mr.{ids[bead]}") if k == "mr.merged"]
         assert [m["already"] for m in merged] == [True]
     assert main_head(pt) == target, "nothing was pushed"
+
+
+async def test_a_bead_resubmitting_the_commit_that_failed_is_gated_again_and_escalated_after_the_limit(
+    pt: PolecatTown,
+) -> None:
+    # The agent never fixes its failing test: every session after the first submits the same head again.
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=fail-tests gt-agent")
+    bead = await pt.new_bead("Never fixed", prefix="demo")
+    await pt.sling(bead)
+
+    def escalated() -> list[Any]:
+        assert pt.mayor is not None
+        found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
+        assert found, [(s.id, s.end_reason) for s in pt.sessions_of(bead)]
+        return found
+
+    escalations = await assert_eventually(escalated, timeout=240, interval=0.5)
+    assert "failed its test gate 3 times" in escalations[0].message
+    by_bead = mrs_by_bead(await submitted(pt))
+    assert [m["bead"] for m in by_bead[bead]] == [bead], "one commit, one merge request"
+    mr_id = by_bead[bead][0]["mr_id"]
+    kinds = [kind for kind, _ in await events_of(pt.nc, f"gt.evt.mr.{mr_id}")]
+    assert kinds.count("mr.failed") == 3, kinds
+    assert kinds.count("mr.requeued") == 2, "each unchanged resubmission went back into the queue"
+    failed = [d for k, d in await events_of(pt.nc, f"gt.evt.mr.{mr_id}") if k == "mr.failed"]
+    assert [f.get("escalated", False) for f in failed] == [False, False, True]
+    sessions = await pt.wait_settled(bead)
+    assert [s.end_reason for s in sessions] == ["done", "done", "done"], "sent back twice, then escalated"

@@ -320,6 +320,30 @@ def test_a_merge_request_keyed_the_old_way_still_folds_and_answers_its_own_beads
     assert q.mr(other["id"]).bead == "de-b"
 
 
+def test_a_bead_resubmitting_the_commit_that_failed_puts_its_merge_request_back_and_failures_add_up(
+    q: Queue,
+) -> None:
+    a = q.submit("de-a")
+    body = {"bead": "de-a", "rig": "demo", "branch": "polecat/x/de-a", "head": q.mr(a).head, "session": "de-a-2"}
+    q.claim(a)
+    q.fail(a)
+    assert plan.failures_of(q.state, "de-a") == 1
+    again = q.send("gt.cmd.mr.submit", body)
+    assert (again["id"], again["status"], again["changed"]) == (a, "queued", True)
+    assert q.mr(a).reason == "resubmitted unchanged by session de-a-2 after its test gate failed"
+    assert q.next() == [a]
+    assert q.send("gt.cmd.mr.submit", body)["changed"] is False, "queued already"
+    q.claim(a)
+    q.fail(a)
+    assert (q.mr(a).failures, plan.failures_of(q.state, "de-a")) == (2, 2), "each failed gate run counts"
+    q.claim(a)
+    q.add(MergeRequestFailed(mr_id=a, gate="test", exit_code=1, escalated=True))
+    escalated = q.send("gt.cmd.mr.submit", body)
+    assert (escalated["id"], escalated["status"], escalated["changed"]) == (a, "escalated", False), (
+        "an escalated one waits for a person"
+    )
+
+
 def test_retry_puts_failed_blocked_and_rejected_back_and_refuses_merged(q: Queue) -> None:
     a = q.submit("de-a")
     assert q.send("gt.cmd.mr.retry", {"id": a}) == {"id": a, "status": "queued", "changed": False}

@@ -38,6 +38,8 @@ from shared.events import (
     LeaseAcquired,
     LeaseExpired,
     LeaseReleased,
+    MergeRequestFailed,
+    MergeRequestRequeued,
     MergeRequestSubmitted,
     NudgeQueued,
     RigAdded,
@@ -367,6 +369,25 @@ def test_a_finished_session_is_cleaned_with_its_worktree_and_the_bead_gets_no_ne
     )
     w.end(session, "done", cleaned=False)
     assert w.plan() == [Clean(session=session, remove_worktree=True)]
+
+
+def test_a_merge_request_sent_back_then_put_back_in_the_queue_leaves_the_bead_waiting_for_the_queue() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    w.add(
+        MergeRequestSubmitted(
+            mr_id="mr-1", bead="gt-abc", rig="demo", branch="polecat/ace/gt-abc", target="main", head="abc"
+        )
+    )
+    w.end(session, "done", cleaned=True, removed=True)
+    w.add(MergeRequestFailed(mr_id="mr-1", gate="test", exit_code=1))
+    assert only(w.plan(), Spawn).bead == "gt-abc", "sent back: a fresh session"
+    # Its bead resubmitted the same commit (or an operator retried it): the queue has it again.
+    w.add(MergeRequestRequeued(mr_id="mr-1", reason="resubmitted unchanged after its test gate failed"))
+    assert not [a for a in w.plan() if isinstance(a, Spawn)]
+    assert w.state.beads["gt-abc"].merge_requested
 
 
 def test_the_pane_of_an_ended_session_that_lingers_is_reaped() -> None:
