@@ -13,14 +13,30 @@ from shared.errors import CommandError
 from shared.events import MergeRequestRejected, MergeRequestRequeued, MergeRequestSubmitted
 
 
-def mr_id_for(rig: str, head: str) -> str:
-    """The same commit submitted twice to one rig is one merge request."""
+def mr_id_for(rig: str, bead: str, head: str) -> str:
+    """A merge request belongs to its bead: the same commit submitted twice for one bead is one merge request,
+    the same commit submitted for two beads is two (each bead is settled by its own)."""
+    return "mr-" + hashlib.blake2b(f"{rig}:{bead}:{head}".encode()).hexdigest()[:12]
+
+
+def legacy_mr_id(rig: str, head: str) -> str:
+    """How merge requests were keyed before they belonged to their bead (rig and head only): a log written then
+    holds them under these ids, and a resubmission of the same bead and head still finds its own there."""
     return "mr-" + hashlib.blake2b(f"{rig}:{head}".encode()).hexdigest()[:12]
+
+
+def existing_mr(state: RefineryState, rig: str, bead: str, head: str) -> MergeRequest | None:
+    """The bead's merge request for this head, if it was submitted already (under either key)."""
+    mr = state.mrs.get(mr_id_for(rig, bead, head))
+    if mr is not None:
+        return mr
+    legacy = state.mrs.get(legacy_mr_id(rig, head))
+    return legacy if legacy is not None and legacy.bead == bead else None
 
 
 def aggregate_key(cmd: Command) -> str | None:
     if isinstance(cmd, MergeRequestSubmit):
-        return f"mr:{mr_id_for(cmd.rig, cmd.head)}"
+        return f"mr:{mr_id_for(cmd.rig, cmd.bead, cmd.head)}"
     if isinstance(cmd, MergeRequestRetry | MergeRequestReject):
         return f"mr:{cmd.id}"
     return None
@@ -52,10 +68,12 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit) -> Accepted:
     slung_to = bead.rig
     if slung_to is not None and slung_to != cmd.rig:
         raise CommandError("invalid", f"bead {cmd.bead} is slung to rig {slung_to}, not {cmd.rig}")
-    mr_id = mr_id_for(cmd.rig, cmd.head)
-    existing = state.mrs.get(mr_id)
+    existing = existing_mr(state, cmd.rig, cmd.bead, cmd.head)
+    if existing is not None and existing.status == "failed":
+        return resubmit_failed(existing, cmd)
     if existing is not None:
         return Accepted(result={**mr_view(existing), "changed": False})
+    mr_id = mr_id_for(cmd.rig, cmd.bead, cmd.head)
     event = MergeRequestSubmitted(
         mr_id=mr_id,
         bead=cmd.bead,
@@ -69,6 +87,19 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit) -> Accepted:
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=0)],
         result={"id": mr_id, "status": "queued", "changed": True, "bead": cmd.bead, "rig": cmd.rig, "head": cmd.head},
+    )
+
+
+def resubmit_failed(mr: MergeRequest, cmd: MergeRequestSubmit) -> Accepted:
+    """The bead submits again the commit whose gates failed (its polecat changed nothing): the merge request is
+    its bead's and goes back into the queue, so the bead is never left without one. Gated again, it merges (the
+    failure was the target's or flaky) or fails again and goes back to the polecat, until the bead's failures
+    reach the limit and it is escalated. A retried command is answered from its stored outcome, not here."""
+    by = f" by session {cmd.session}" if cmd.session else ""
+    event = MergeRequestRequeued(mr_id=mr.id, reason=f"resubmitted unchanged{by} after its {mr.gate} gate failed")
+    return Accepted(
+        events=[NewEvent(payload=event, expected_seq=mr.version)],
+        result={"id": mr.id, "status": "queued", "changed": True, "bead": mr.bead, "rig": mr.rig, "head": mr.head},
     )
 
 

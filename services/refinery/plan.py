@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from services.refinery.state import MergeRequest, RefineryState
+from services.refinery.state import OPEN, MergeRequest, RefineryState
 from shared.ids import merge_lease_name
 
 
@@ -42,8 +42,11 @@ def retry_at(retries: int, now: datetime, policy: Policy) -> datetime | None:
 
 
 def failures_of(state: RefineryState, bead: str) -> int:
-    """Merge requests of the bead that failed their gates (each is one attempt of the polecat's)."""
-    return sum(1 for mr in state.mrs.values() if mr.bead == bead and mr.status in ("failed", "escalated"))
+    """Failed gate runs of the bead's merge requests (each is one attempt of the polecat's): a merge request its
+    bead resubmitted unchanged counts each time it failed. One that failed counts at least once (a snapshot
+    written before ``failures`` was kept has 0 there)."""
+    failed = ("failed", "escalated")
+    return sum(max(mr.failures, mr.status in failed) for mr in state.mrs.values() if mr.bead == bead)
 
 
 def score(state: RefineryState, mr: MergeRequest, now: datetime, policy: Policy) -> float:
@@ -79,10 +82,13 @@ def ready_per_rig(
     """Each idle rig's claimable merge requests, best first (rigs in ``busy`` are being worked here; ``me``:
     the refinery asking, see ``claimable``)."""
     held = {mr.rig for mr in state.mrs.values() if mr.status == "claimed" and not claimable(mr, now, state, me)}
+    behind = waiting_behind(state)
     ready: dict[str, list[MergeRequest]] = {}
     for mr in state.mrs.values():
         if mr.rig in busy or mr.rig in held or mr.rig not in state.rigs or not claimable(mr, now, state, me):
             continue
+        if mr.id in behind:
+            continue  # another bead's merge request carries the same commit: settled after it
         bead = state.beads.get(mr.bead)
         if bead is not None and bead.status == "closed":
             continue  # owed: rejected as stale (see ``stale``)
@@ -90,6 +96,67 @@ def ready_per_rig(
     for mrs in ready.values():
         mrs.sort(key=lambda m: (score(state, m, now, policy), -m.queued_at.timestamp()), reverse=True)
     return ready
+
+
+def _submitted_order(mr: MergeRequest) -> tuple[datetime, str]:
+    return (mr.submitted_at, mr.id)
+
+
+def waiting_behind(state: RefineryState) -> dict[str, MergeRequest]:
+    """Merge requests in the queue whose head commit an earlier merge request of another bead, also still in the
+    queue (queued or claimed), carries to the same rig and target: merge request id -> that earlier one.
+
+    Each bead has a merge request of its own, but one commit is landed once: the later one waits until the
+    earlier is settled, then is processed as any other. If the commit landed, it finds every commit on the target
+    already and is merged ``already`` (its bead closes, naming the one that landed it, see ``close_reason``); if
+    not, it is gated on its own and merges or goes back to its polecat. The earliest one never waits, so nothing
+    waits forever."""
+    first: dict[tuple[str, str, str], MergeRequest] = {}
+    for mr in state.mrs.values():
+        if mr.status not in OPEN or _bead_closed(state, mr):
+            continue  # a queued one whose bead closed is rejected as stale, not processed: nothing to wait for
+        key = (mr.rig, mr.target, mr.head)
+        known = first.get(key)
+        if known is None or _submitted_order(mr) < _submitted_order(known):
+            first[key] = mr
+    out: dict[str, MergeRequest] = {}
+    for mr in state.mrs.values():
+        leader = first.get((mr.rig, mr.target, mr.head))
+        if mr.status in OPEN and leader is not None and leader.id != mr.id and leader.bead != mr.bead:
+            out[mr.id] = leader
+    return out
+
+
+def _bead_closed(state: RefineryState, mr: MergeRequest) -> bool:
+    bead = state.beads.get(mr.bead)
+    return bead is not None and bead.status == "closed"
+
+
+def landed_with(state: RefineryState, mr: MergeRequest) -> MergeRequest | None:
+    """The merge request of another bead that landed the same head commit on the same rig and target, if one
+    is known."""
+    found = [
+        other
+        for other in state.mrs.values()
+        if other.bead != mr.bead
+        and (other.rig, other.target, other.head) == (mr.rig, mr.target, mr.head)
+        and other.status == "merged"
+        and not other.already
+    ]
+    return min(found, key=_submitted_order, default=None)
+
+
+def close_reason(state: RefineryState, mr: MergeRequest) -> str:
+    """Why a merged merge request's bead closes. One whose every commit was on the target already says so, and
+    names the other bead's merge request that landed the same commit when there is one."""
+    reason = f"merged in {mr.id}"
+    if not mr.already:
+        return reason
+    reason += f": its work was already on {mr.target}"
+    other = landed_with(state, mr)
+    if other is not None:
+        reason += f"; commit {mr.head[:10]} landed with {other.id} (bead {other.bead})"
+    return reason
 
 
 def next_per_rig(

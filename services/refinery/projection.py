@@ -167,6 +167,7 @@ def _conflicted(payload: MergeRequestConflicted, state: RefineryState, env: Enve
 def _failed(payload: MergeRequestFailed, state: RefineryState, env: Envelope, seq: int) -> None:
     if (mr := _mr(state, payload.mr_id, seq)) is not None:
         mr.status = "escalated" if payload.escalated else "failed"
+        mr.failures += 1
         mr.gate, mr.exit_code, mr.tail = payload.gate, payload.exit_code, payload.tail
         mr.holder = mr.lease_until = None
         mr.ended_at = env.ts
@@ -175,7 +176,7 @@ def _failed(payload: MergeRequestFailed, state: RefineryState, env: Envelope, se
 @fold.register
 def _merged(payload: MergeRequestMerged, state: RefineryState, env: Envelope, seq: int) -> None:
     if (mr := _mr(state, payload.mr_id, seq)) is not None:
-        mr.status, mr.merged_commit = "merged", payload.merged_commit
+        mr.status, mr.merged_commit, mr.already = "merged", payload.merged_commit, payload.already
         mr.batch = list(payload.batch)
         mr.bug_bead_command = payload.bug_bead_command
         mr.holder = mr.lease_until = None

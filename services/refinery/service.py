@@ -466,7 +466,8 @@ class RefineryService(Service[RefineryState]):
     # ---- commands to the mayor (idempotent by their ids) ---------------------------------------
 
     async def _close_bead(self, mr: MergeRequest) -> None:
-        body = {"id": mr.bead, "reason": f"merged in {mr.id}"}
+        state = self.projection.state
+        body = {"id": mr.bead, "reason": plan.close_reason(state, state.mrs.get(mr.id, mr))}
         try:
             await self.send_command("gt.cmd.bead.close", body, cmd_id=f"close-{mr.id}")
         except BaseException:

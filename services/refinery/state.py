@@ -30,6 +30,8 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     queued_at: datetime
     """When it last entered the queue (submitted, requeued or retried): the age in its score."""
     attempts: int = 0
+    failures: int = 0
+    """Times its gates failed (it is gated again when its bead resubmits the same commit)."""
     holder: str | None = None
     lease_until: datetime | None = None
     conflict_command: str | None = None
@@ -39,6 +41,8 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     exit_code: int | None = None
     tail: str = ""
     merged_commit: str | None = None
+    already: bool = False
+    """Merged, and every commit of it was on the target already (nothing was pushed for it)."""
     batch: list[str] = []
     """The merge requests it was last claimed (then merged) together with, in stack order."""
     bug_bead_command: str | None = None

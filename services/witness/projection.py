@@ -34,6 +34,7 @@ from shared.events import (
     LeaseReleased,
     MergeRequestFailed,
     MergeRequestRejected,
+    MergeRequestRequeued,
     MergeRequestSubmitted,
     MoleculeAttached,
     NudgeDelivered,
@@ -214,6 +215,20 @@ def _merge_requested(payload: MergeRequestSubmitted, state: WitnessState, env: E
     if bead is not None:
         bead.merge_requested = True
         bead.merge_rejected = False
+
+
+@fold.register
+def _merge_requeued(payload: MergeRequestRequeued, state: WitnessState, env: Envelope, seq: int) -> None:
+    """The merge request that sent the bead back is in the queue again (its bead resubmitted the same commit, or
+    an operator retried it): the bead waits for the merge queue again, not for a session. Other requeues (a
+    conflict resolved, the target moved) change nothing here: their bead waits for the queue already, or was
+    slung again for rework and needs its session."""
+    bead = state.beads.get(state.mr_beads.get(payload.mr_id, ""))
+    sent_back_by = bead.merge_failure.mr if bead is not None and bead.merge_failure is not None else None
+    if bead is not None and bead.status != "closed" and sent_back_by == payload.mr_id:
+        bead.merge_requested = True
+        bead.merge_rejected = False
+        bead.returned = False
 
 
 @fold.register

@@ -17,8 +17,9 @@ class MergeRequestEvent(Event, frozen=True, kw_only=True):
 
 
 class MergeRequestSubmitted(MergeRequestEvent, frozen=True, kw_only=True):
-    """A branch waits in its rig's merge queue. The id derives from the head commit: the same commit
-    submitted twice is one merge request."""
+    """A branch waits in its rig's merge queue. The id derives from the rig, the bead and the head commit: the
+    same bead and commit submitted twice is one merge request, two beads at one commit have one each (merge
+    requests of logs written before were keyed on rig and head; their ids are kept as they are)."""
 
     TYPE: ClassVar[str] = "mr.submitted"
     bead: str

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from services.refinery import plan
-from services.refinery.decide import decide, mr_id_for
+from services.refinery.decide import decide, legacy_mr_id, mr_id_for
 from services.refinery.projection import new_projection
 from services.refinery.settings import load
 from services.refinery.state import MergeRequest, RefineryState
@@ -27,6 +27,7 @@ from shared.events import (
     MergeRequestConflicted,
     MergeRequestFailed,
     MergeRequestMerged,
+    MergeRequestSubmitted,
     RigAdded,
 )
 from tests.memory_log import MemoryTown
@@ -108,7 +109,7 @@ def test_failures_cost_50_each_up_to_300_and_an_old_convoy_raises_its_beads(q: Q
     base = plan.score(q.state, q.mr(mr), q.clock, POLICY)
     for n in range(1, 9):
         q.submit("de-a", head=f"{n:040d}")
-        failed = mr_id_for("demo", f"{n:040d}")
+        failed = mr_id_for("demo", "de-a", f"{n:040d}")
         q.fail(failed)
         penalty = base - plan.score(q.state, q.mr(mr), q.clock, POLICY)
         assert penalty == pytest.approx(min(50 * n, 300))
@@ -249,6 +250,97 @@ def test_the_same_commit_submitted_twice_is_one_merge_request_and_bad_submits_ar
     q.add(BeadClosed(bead_id="de-a", reason="gone"))
     assert q.reject_code("gt.cmd.mr.submit", {"bead": "de-a", "rig": "demo", "branch": "b", "head": "c" * 40}) == (
         "backward_transition"
+    )
+
+
+def test_two_beads_with_the_same_head_get_a_merge_request_each_the_later_waiting_for_the_earlier(q: Queue) -> None:
+    head = "ab" * 20
+    a = q.submit("de-a", head=head)
+    q.tick(1)
+    b = q.submit("de-b", head=head)
+    assert a != b, "a merge request belongs to its bead"
+    assert (q.mr(a).bead, q.mr(b).bead) == ("de-a", "de-b")
+    again = q.send("gt.cmd.mr.submit", {"bead": "de-b", "rig": "demo", "branch": "polecat/x/de-b", "head": head})
+    assert (again["id"], again["changed"]) == (b, False), "the same bead and head stay one merge request"
+    other = q.submit("de-c")
+    assert plan.waiting_behind(q.state) == {b: q.mr(a)}
+    assert [m.id for m in plan.ready_per_rig(q.state, q.clock, POLICY, frozenset())["demo"]] == [a, other]
+    batch = plan.next_batches(q.state, q.clock, plan.Policy(batch=4), frozenset())
+    assert [[m.id for m in found] for found in batch.batches] == [[a, other]], "never in the same batch"
+    q.claim(a)
+    assert plan.waiting_behind(q.state) == {b: q.mr(a)}, "it waits while the earlier one is processed"
+    q.add(MergeRequestMerged(mr_id=a, merged_commit="f" * 40, target_before="e" * 40))
+    assert plan.waiting_behind(q.state) == {}
+    assert [m.id for m in plan.ready_per_rig(q.state, q.clock, POLICY, frozenset())["demo"]] == [b, other]
+    q.claim(b)
+    q.add(MergeRequestMerged(mr_id=b, merged_commit="f" * 40, target_before="f" * 40, already=True))
+    assert plan.close_reason(q.state, q.mr(a)) == f"merged in {a}"
+    assert plan.close_reason(q.state, q.mr(b)) == (
+        f"merged in {b}: its work was already on main; commit {head[:10]} landed with {a} (bead de-a)"
+    )
+
+
+def test_the_earlier_one_failing_or_its_bead_closing_lets_the_later_one_be_processed_on_its_own(q: Queue) -> None:
+    head = "cd" * 20
+    a = q.submit("de-a", head=head)
+    q.tick(1)
+    b = q.submit("de-b", head=head)
+    q.claim(a)
+    q.fail(a)
+    assert q.next() == [b], "gated on its own: it merges or goes back to its own polecat"
+    c = q.submit("de-c", head="ef" * 20)
+    q.tick(1)
+    d = q.submit("de-d", head="ef" * 20)
+    q.add(BeadClosed(bead_id="de-c", reason="done by hand"))
+    assert d not in plan.waiting_behind(q.state), "a stale one is rejected, not waited for"
+    assert c in [m.id for m in plan.stale(q.state)]
+
+
+def test_a_head_already_on_the_target_closes_its_bead_saying_so(q: Queue) -> None:
+    a = q.submit("de-a")
+    q.claim(a)
+    q.add(MergeRequestMerged(mr_id=a, merged_commit="e" * 40, target_before="e" * 40, already=True))
+    assert [m.id for m in plan.beads_to_close(q.state)] == [a]
+    assert plan.close_reason(q.state, q.mr(a)) == f"merged in {a}: its work was already on main"
+
+
+def test_a_merge_request_keyed_the_old_way_still_folds_and_answers_its_own_beads_resubmission(q: Queue) -> None:
+    head = "12" * 20
+    q.add(BeadCreated(bead_id="de-a", title="old"), BeadSlung(bead_id="de-a", rig="demo"))
+    q.add(BeadCreated(bead_id="de-b", title="old too"), BeadSlung(bead_id="de-b", rig="demo"))
+    old = legacy_mr_id("demo", head)
+    q.add(MergeRequestSubmitted(mr_id=old, bead="de-a", rig="demo", branch="polecat/x/de-a", target="main", head=head))
+    assert q.mr(old).bead == "de-a"
+    body = {"rig": "demo", "branch": "polecat/x/b", "head": head}
+    same = q.send("gt.cmd.mr.submit", {**body, "bead": "de-a"})
+    assert (same["id"], same["changed"]) == (old, False)
+    other = q.send("gt.cmd.mr.submit", {**body, "bead": "de-b"})
+    assert other["changed"] is True
+    assert other["id"] == mr_id_for("demo", "de-b", head) != old
+    assert q.mr(other["id"]).bead == "de-b"
+
+
+def test_a_bead_resubmitting_the_commit_that_failed_puts_its_merge_request_back_and_failures_add_up(
+    q: Queue,
+) -> None:
+    a = q.submit("de-a")
+    body = {"bead": "de-a", "rig": "demo", "branch": "polecat/x/de-a", "head": q.mr(a).head, "session": "de-a-2"}
+    q.claim(a)
+    q.fail(a)
+    assert plan.failures_of(q.state, "de-a") == 1
+    again = q.send("gt.cmd.mr.submit", body)
+    assert (again["id"], again["status"], again["changed"]) == (a, "queued", True)
+    assert q.mr(a).reason == "resubmitted unchanged by session de-a-2 after its test gate failed"
+    assert q.next() == [a]
+    assert q.send("gt.cmd.mr.submit", body)["changed"] is False, "queued already"
+    q.claim(a)
+    q.fail(a)
+    assert (q.mr(a).failures, plan.failures_of(q.state, "de-a")) == (2, 2), "each failed gate run counts"
+    q.claim(a)
+    q.add(MergeRequestFailed(mr_id=a, gate="test", exit_code=1, escalated=True))
+    escalated = q.send("gt.cmd.mr.submit", body)
+    assert (escalated["id"], escalated["status"], escalated["changed"]) == (a, "escalated", False), (
+        "an escalated one waits for a person"
     )
 
 

@@ -210,7 +210,7 @@ def test_a_merge_request_is_queued_once_per_head_commit() -> None:
     fed = refinery()
     body = {"bead": "demo-1", "rig": "demo", "branch": "polecat/ace/demo-1", "head": HEAD}
     first = fed.send("gt.cmd.mr.submit", **body)
-    assert first["id"] == refinery_decide.mr_id_for("demo", HEAD)
+    assert first["id"] == refinery_decide.mr_id_for("demo", "demo-1", HEAD)
     assert first["changed"] is True
     assert fed.send("gt.cmd.mr.submit", **body)["changed"] is False
     assert len(fed.log.messages) == 4

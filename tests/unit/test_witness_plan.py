@@ -38,6 +38,8 @@ from shared.events import (
     LeaseAcquired,
     LeaseExpired,
     LeaseReleased,
+    MergeRequestFailed,
+    MergeRequestRequeued,
     MergeRequestSubmitted,
     NudgeQueued,
     RigAdded,
@@ -595,3 +597,22 @@ def test_hook_lease_names_fit_the_id_pattern_even_for_long_beads() -> None:
     assert name.startswith("hook-")
     assert name != hook_lease_name("x" * 63 + "y"), "a digest keeps long names apart"
     assert hook_lease_name("gt-abc") == "hook-gt-abc"
+
+
+def test_a_merge_request_sent_back_then_put_back_in_the_queue_leaves_the_bead_waiting_for_the_queue() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    w.add(
+        MergeRequestSubmitted(
+            mr_id="mr-1", bead="gt-abc", rig="demo", branch="polecat/ace/gt-abc", target="main", head="abc"
+        )
+    )
+    w.end(session, "done", cleaned=True, removed=True)
+    w.add(MergeRequestFailed(mr_id="mr-1", gate="test", exit_code=1))
+    assert only(w.plan(), Spawn).bead == "gt-abc", "sent back: a fresh session"
+    # Its bead resubmitted the same commit (or an operator retried it): the queue has it again.
+    w.add(MergeRequestRequeued(mr_id="mr-1", reason="resubmitted unchanged after its test gate failed"))
+    assert not [a for a in w.plan() if isinstance(a, Spawn)]
+    assert w.state.beads["gt-abc"].merge_requested
