@@ -321,7 +321,9 @@ def prime_text(data: dict[str, Any]) -> str:
     if gates:
         lines.append(f"Gates:    {', '.join(gates)}")
     failure = data.get("merge_failure")
-    if failure:
+    if failure and failure["gate"] == "conflict":
+        lines += ["", conflict_text(failure, data["branch"])]
+    elif failure:
         lines += [
             "",
             f"The merge queue sent this work back: the {failure['gate']} gate failed (exit {failure['exit_code']}) "
@@ -332,6 +334,17 @@ def prime_text(data: dict[str, Any]) -> str:
         lines.append("`gt done` already began for this session: run it again to finish it.")
     lines += ["", data["instructions"]]
     return "\n".join(lines)
+
+
+def conflict_text(failure: dict[str, Any], branch: str) -> str:
+    target = failure.get("target_commit") or "the target"
+    files = ", ".join(failure.get("files") or []) or "files git did not name"
+    return (
+        f"The merge queue sent this work back: merge request {failure['mr']} conflicted with the target at "
+        f"{target} in {files}. Rebase your branch onto it (`git fetch origin && git rebase {target}`), resolve "
+        f"the conflicts keeping both changes, run the tests, push the rebased branch (`git push "
+        f"--force-with-lease origin {branch}`) and run `gt done` again."
+    )
 
 
 async def _prime(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
