@@ -240,8 +240,16 @@ def nudge(state: WitnessState, cmd: NudgeSend, ctx: DecideContext) -> Accepted:
             "polecat": polecat,
             "session": session_id,
             "expires_at": expires_at.isoformat(),
+            "live": _running(state, rig, polecat, session_id),
         },
     )
+
+
+def _running(state: WitnessState, rig: str, polecat: str, session_id: str | None) -> bool:
+    """Whether the nudge's target runs now, so the witness types it in at once (else it waits in the queue)."""
+    if session_id is not None:
+        return state.sessions[session_id].status == "started"
+    return any(s.status == "started" for s in state.sessions.values() if (s.rig, s.polecat) == (rig, polecat))
 
 
 # ---- stale hooks (from the deacon) -------------------------------------------------------------

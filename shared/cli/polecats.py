@@ -17,7 +17,7 @@ from nats.aio.client import Client
 from shared import git
 from shared.bus.topology import ensure_heartbeat_bucket
 from shared.cli import hook_lease, render
-from shared.cli.client import send_command
+from shared.cli.client import first_event_of, send_command
 from shared.cli.common import (
     DEFAULT_COMMAND_TIMEOUT_S,
     EXIT_OK,
@@ -33,6 +33,9 @@ from shared.cli.common import (
 from shared.config import TownConfig
 from shared.faults import crash_point
 
+NUDGE_ENDS = frozenset({"nudge.delivered", "nudge.expired"})
+NUDGE_DELIVERY_WAIT_S = 20.0
+"""How long `gt nudge` waits for the witness to type a nudge into a running session (it checks the text shows)."""
 SESSION_ENV = ("GT_SESSION", "GT_BEAD", "GT_RIG", "GT_WORKTREE", "GT_BRANCH")
 INSTRUCTIONS = (
     "Work the current step in your worktree. When a step is finished, commit and run `gt step done <step>`: "
@@ -198,15 +201,28 @@ async def _nudge(nc: Client, args: argparse.Namespace, config: TownConfig) -> in
     body = {"target": args.target, "message": args.message, "ttl_s": args.ttl}
 
     def line(result: dict[str, Any]) -> str:
+        if result.get("status") == "delivered":
+            return f"nudge {result.get('id')}: delivered to {result.get('delivered_to')}"
         where = result.get("session") or f"{result.get('rig')}/{result.get('polecat')}"
         return f"nudge {result.get('id')}: queued for {where} (until {result.get('expires_at')})"
 
-    return await send(nc, args, config, "gt.cmd.nudge.send", body, line)
+    async def delivered(result: dict[str, Any]) -> None:
+        """A running target gets it at once: wait for that (briefly), so the answer says what happened."""
+        if result.get("live"):
+            event = await first_event_of(nc, config, "nudge", str(result["id"]), NUDGE_ENDS, NUDGE_DELIVERY_WAIT_S)
+            if event is not None and event.type == "nudge.delivered":
+                result.update(status="delivered", delivered_to=event.data.get("session"))
+
+    return await send(nc, args, config, "gt.cmd.nudge.send", body, line, before_report=delivered)
 
 
 async def _mq_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     mrs = await read(nc, config, "mrs", {"rig": args.rig} if args.rig else {}, service="refinery")
-    rows = [[m["id"], m["rig"], m["bead"], m["branch"], m["head"][:10], m["status"]] for m in mrs]
+    # A merged one shows the commit that landed (its branch rebased onto the target), not the one submitted.
+    rows = [
+        [m["id"], m["rig"], m["bead"], m["branch"], (m.get("merged_commit") or m["head"])[:10], m["status"]]
+        for m in mrs
+    ]
     table = render.table(("MR", "RIG", "BEAD", "BRANCH", "HEAD", "STATUS"), rows, "the merge queue is empty")
     return show(args, mrs, lambda _: table)
 
