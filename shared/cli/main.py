@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="then remove polecat worktrees that are clean and pushed; list the others, which are kept",
     )
+    down.add_argument(
+        "--sessions",
+        action="store_true",
+        help="first have the witness stop every polecat session (recorded; the next `gt up` respawns them); "
+        "without it they keep running, and are counted",
+    )
 
     beads.register(sub)
     work.register(sub)
@@ -216,7 +222,7 @@ def _main(argv: Sequence[str] | None) -> int:
             return (
                 town.up(args, config, embedded=not nats_given)
                 if args.cmd == "up"
-                else town.down(config, clean=args.clean)
+                else town.down(config, clean=args.clean, sessions=args.sessions)
             )
         precheck = getattr(args, "precheck", None)
         if precheck is not None:

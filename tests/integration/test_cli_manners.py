@@ -1,14 +1,16 @@
 """How the real `gt` behaves as a Unix command: piped into a reader that stops early, an unknown flag, help
-text, what a nudge says it did, the head `gt mq list` shows."""
+text, what a nudge says it did, the head `gt mq list` shows, what `gt down` leaves running."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,9 +18,11 @@ from nats.aio.client import Client
 
 from shared import git
 from shared.config import TownConfig
-from tests.helpers import assert_eventually
+from shared.tmux import Tmux
+from tests.helpers import assert_eventually, wait_until
+from tests.integration.test_town import TownCli
 from tests.integration.test_witness import run_gt, started_session
-from tests.witness_town import PolecatTown, polecat_town
+from tests.witness_town import PolecatTown, make_origin, polecat_town
 
 EXIT_SIGPIPE = 141
 """What a shell reports for a command a closed pipe stopped (128 + SIGPIPE), like `yes | head -1`."""
@@ -140,3 +144,54 @@ async def test_mq_list_shows_the_head_that_landed_after_the_rebase(pt: PolecatTo
     row = next(line for line in listed.stdout.splitlines() if line.startswith(mr_b))
     assert landed[:10] in row, listed.stdout
     assert head_b[:10] not in row, listed.stdout
+
+
+@pytest.fixture
+def gt_town(gt_env: dict[str, str], tmp_path: Path) -> Iterator[TownCli]:
+    cli = TownCli(gt_env, tmp_path / "town")
+    cli.env["GT_TMUX_SOCKET"] = f"gt-test-{uuid.uuid4().hex[:10]}"
+    try:
+        yield cli
+    finally:
+        cli("down")
+        Tmux(cli.env["GT_TMUX_SOCKET"]).kill_server()
+
+
+def test_down_counts_the_sessions_left_running_and_down_sessions_stops_them_through_the_witness(
+    gt_town: TownCli, tmp_path: Path
+) -> None:
+    tmux = Tmux(gt_town.env["GT_TMUX_SOCKET"])
+    origin = make_origin(tmp_path / "project")
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+    added = gt_town("rig", "add", "demo", str(origin), "--agent", "GT_AGENT_FAULT=hang gt-agent", "--wait")
+    assert added.returncode == 0, added.stderr
+    bead = gt_town("bead", "create", "Keep working", "--prefix", "demo", "--wait").stdout.strip()
+    assert gt_town("sling", bead, "demo", "--wait").returncode == 0
+
+    def polecat_panes() -> list[str]:
+        return sorted(name for name in tmux.snapshot() if name.startswith("gt-demo-"))
+
+    first = wait_until(polecat_panes, timeout=60)
+    down = gt_town("down")
+    assert down.returncode == 0, down.stderr
+    assert "town down" in down.stdout
+    assert "1 polecat session keeps running" in down.stdout, down.stdout
+    assert "gt down --sessions" in down.stdout
+    assert polecat_panes() == first, "plain `gt down` leaves sessions alone"
+
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+    stopped = gt_town("down", "--sessions")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped 1 polecat session" in stopped.stdout, stopped.stdout
+    assert "keeps running" not in stopped.stdout
+    assert polecat_panes() == [], "stopped before the services went down, not respawned"
+
+    # The log has it, and the next town gives the bead a fresh session.
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+    history = gt_town("bead", "history", bead, "--json")
+    assert history.returncode == 0, history.stderr
+    ended = [e for e in json.loads(history.stdout) if e["type"] == "session.ended"]
+    assert [e["data"]["reason"] for e in ended] == ["stopped"], ended
+    wait_until(polecat_panes, timeout=60)
+    sessions = json.loads(gt_town("session", "list", "--json").stdout)
+    assert [s["attempt"] for s in sessions] == [2], sessions
