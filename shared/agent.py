@@ -274,7 +274,8 @@ def fix_returned_work(data: dict[str, Any], faults: list[Fault], attempt: int) -
 def resolve_conflict(data: dict[str, Any], failure: dict[str, Any]) -> None:
     """Rebase the branch onto the commit it conflicted with, keeping both sides of each conflicting hunk (git's
     union merge), and force-push it: the merge queue takes the branch as it is on the remote. A conflict
-    the union cannot settle (a file deleted on one side) is given up on: the merge queue then tells a person."""
+    the union cannot settle (a file deleted on one side) is given up on: the session ends without `gt done`,
+    and past the rig's respawn limit the witness escalates the bead to a person."""
     worktree, branch, target = Path(data["worktree"]), data["branch"], failure["target_commit"]
     files = ", ".join(failure.get("files") or []) or "unknown files"
     say(f"the merge queue sent this back: it conflicts with {target[:10]} in {files}")
