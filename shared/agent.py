@@ -5,6 +5,13 @@ its hook, then for each step not yet done a deterministic edit (one file per ste
 done``; at a step whose id mentions "test" it runs the rig's test command; finally ``gt done``. A fresh
 session after a crash resumes at the first step not done, and uncommitted work it finds is committed.
 
+It commits only the files it writes (named paths, never ``git add -A``), and keeps common build output (Python
+bytecode, test and type-checker caches, ``node_modules``) out of ``git status`` through the clone's
+``info/exclude``, so a project without a ``.gitignore`` for it gets no ``__pycache__`` merged and ``gt done``
+finds the worktree clean. Work the merge queue sends back is fixed: a failed gate it caused (``FAIL_TESTS``),
+or a merge conflict, resolved by rebasing onto the target commit keeping both sides of each conflicting hunk
+and force-pushing the branch before ``gt done``.
+
 Failure injection (``GT_AGENT_FAULT``, comma-separated, each ``<fault>[=<step>][@<attempts>]`` where
 attempts is ``N`` or ``N-M`` and defaults to every attempt):
 
@@ -23,6 +30,7 @@ attempts is ``N`` or ``N-M`` and defaults to every attempt):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,6 +38,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -52,6 +61,13 @@ KINDS = frozenset(
 NEEDS_STEP = frozenset({"crash-at-step", "crash-before-commit"})
 EXIT_USAGE = 2
 WORK_DIR = ".gastown-work"
+BUILD_OUTPUT = (
+    "__pycache__/", "*.py[cod]", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/", ".tox/", "*.egg-info/",
+    ".coverage", "node_modules/",
+)  # fmt: skip
+"""Untracked output of builds and test runs: never the agent's work, kept out of its commits and of git status."""
+UNION_MERGE = "* merge=union\n"
+"""Git attributes that resolve a conflicting hunk by keeping both sides (this agent's only way to resolve)."""
 
 
 class Fault(msgspec.Struct, frozen=True, kw_only=True):
@@ -136,12 +152,35 @@ def prime() -> dict[str, Any]:
     raise RuntimeError("gt prime kept failing")
 
 
-def commit_all(worktree: Path, message: str) -> bool:
-    git("add", "-A", cwd=worktree)
-    if not git("status", "--porcelain", cwd=worktree).strip():
+def own_paths(bead: str) -> list[str]:
+    """Everything this agent ever writes in a worktree: its step files and the files of its faults."""
+    return [f"{WORK_DIR}/{bead}", "CONFLICT.txt", "FAIL_TESTS"]
+
+
+def commit_own(worktree: Path, bead: str, message: str) -> bool:
+    """Commit the changes to the paths this agent writes, by name: whatever else is in the worktree (build
+    output of the tests, an editor's files) is not its work and is never committed."""
+    changed = [p for p in own_paths(bead) if git("status", "--porcelain", "--", p, cwd=worktree).strip()]
+    if not changed:
         return False
+    git("add", "-A", "--", *changed, cwd=worktree)
     git("commit", "--quiet", "-m", message, cwd=worktree)
     return True
+
+
+def ignore_build_output(worktree: Path) -> None:
+    """List common build output in the clone's ``info/exclude`` (local, never committed): a project without a
+    ``.gitignore`` for it keeps a clean ``git status`` after its tests ran, so ``gt done`` and the clean-up
+    of the worktree are not held up by bytecode."""
+    exclude = Path(git("rev-parse", "--git-path", "info/exclude", cwd=worktree).strip())
+    if not exclude.is_absolute():
+        exclude = worktree / exclude
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    present = exclude.read_text().splitlines() if exclude.exists() else []
+    missing = [pattern for pattern in BUILD_OUTPUT if pattern not in present]
+    if missing:
+        with exclude.open("a") as out:
+            out.write("".join(f"{pattern}\n" for pattern in missing))
 
 
 def edit_for(worktree: Path, bead: str, index: int, step: dict[str, Any]) -> None:
@@ -175,8 +214,8 @@ def run_tests(worktree: Path, rig: dict[str, Any], faults: list[Fault], attempt:
 def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) -> None:
     bead = data["bead"]["id"]
     worktree = Path(data["worktree"])
-    if git("status", "--porcelain", cwd=worktree).strip():
-        commit_all(worktree, f"{bead}: work an earlier session left uncommitted")
+    ignore_build_output(worktree)
+    if commit_own(worktree, bead, f"{bead}: work an earlier session left uncommitted"):
         say("committed the uncommitted work an earlier session left")
     if data["bead"]["status"] == "hooked":
         gt("bead", "claim", bead, "--assignee", f"{data['rig']['name']}/{data['polecat']}", check=False)
@@ -197,7 +236,7 @@ def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) 
             run_tests(worktree, data["rig"], faults, attempt)
         if active(faults, attempt, "conflict"):
             (worktree / "CONFLICT.txt").write_text(f"{bead} was here\n")
-        commit_all(worktree, f"{bead}: {step['id']}")
+        commit_own(worktree, bead, f"{bead}: {step['id']}")
         if active(faults, attempt, "crash-at-step", index):
             die_hard()
         gt("step", "done", step["id"])
@@ -207,17 +246,44 @@ def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) 
 
 
 def fix_returned_work(data: dict[str, Any], faults: list[Fault], attempt: int) -> None:
-    """The merge queue sent the work back: undo what made the gate fail (the only failure this agent makes)."""
+    """The merge queue sent the work back: undo what made the gate fail (the only failure this agent makes),
+    or resolve the merge conflict."""
     failure = data.get("merge_failure")
     if not failure:
         return
     worktree = Path(data["worktree"])
+    if failure["gate"] == "conflict":
+        resolve_conflict(data, failure)
+        run_tests(worktree, data["rig"], faults, attempt)
+        return
     say(f"the merge queue sent this back: {failure['gate']} failed (exit {failure['exit_code']})")
     if (worktree / "FAIL_TESTS").exists() and not active(faults, attempt, "fail-tests"):
-        git("rm", "--quiet", "FAIL_TESTS", cwd=worktree)
-        commit_all(worktree, f"{data['bead']['id']}: fix the {failure['gate']} failure from the merge queue")
+        (worktree / "FAIL_TESTS").unlink()
+        commit_own(worktree, data["bead"]["id"], f"{data['bead']['id']}: fix the {failure['gate']} failure")
         say("fixed: removed FAIL_TESTS")
     run_tests(worktree, data["rig"], faults, attempt)
+
+
+def resolve_conflict(data: dict[str, Any], failure: dict[str, Any]) -> None:
+    """Rebase the branch onto the commit it conflicted with, keeping both sides of each conflicting hunk (git's
+    union merge), and force-push it: the merge queue takes the branch as it is on the remote. A conflict
+    the union cannot settle (a file deleted on one side) is given up on: the session ends without `gt done`,
+    and past the rig's respawn limit the witness escalates the bead to a person."""
+    worktree, branch, target = Path(data["worktree"]), data["branch"], failure["target_commit"]
+    files = ", ".join(failure.get("files") or []) or "unknown files"
+    say(f"the merge queue sent this back: it conflicts with {target[:10]} in {files}")
+    git("fetch", "--quiet", "origin", cwd=worktree)
+    with tempfile.NamedTemporaryFile("w", suffix=".gitattributes") as attributes:
+        attributes.write(UNION_MERGE)
+        attributes.flush()
+        try:
+            git("-c", f"core.attributesFile={attributes.name}", "rebase", "--quiet", target, cwd=worktree)
+        except subprocess.CalledProcessError as exc:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                git("rebase", "--abort", cwd=worktree)
+            raise RuntimeError(f"cannot resolve the conflict with {target[:10]}: {exc.stderr.strip()}") from exc
+    git("push", "--quiet", "--force-with-lease", "origin", f"{branch}:refs/heads/{branch}", cwd=worktree)
+    say(f"resolved: rebased onto {target[:10]} keeping both sides, and pushed {branch}")
 
 
 def finish(data: dict[str, Any], faults: list[Fault], attempt: int) -> int:

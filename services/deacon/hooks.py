@@ -16,6 +16,7 @@ from shared.events import (
     BeadSlung,
     Envelope,
     Event,
+    MergeRequestConflicted,
     MergeRequestFailed,
     MergeRequestRejected,
     MergeRequestSubmitted,
@@ -89,6 +90,12 @@ def _mr_ended(state: HookState, mr_id: str) -> None:
 @fold.register
 def _mr_failed(payload: MergeRequestFailed, state: HookState, env: Envelope, seq: int) -> None:
     _mr_ended(state, payload.mr_id)
+
+
+@fold.register
+def _mr_conflicted(payload: MergeRequestConflicted, state: HookState, env: Envelope, seq: int) -> None:
+    if payload.sent_back:  # finished: the agent resolves it in a fresh session (a blocked one still waits)
+        _mr_ended(state, payload.mr_id)
 
 
 @fold.register

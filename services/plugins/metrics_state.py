@@ -34,7 +34,7 @@ from shared.events import (
 BEAD_STATUSES = ("open", "hooked", "in_progress", "closed")
 BEAD_RANK = {status: rank for rank, status in enumerate(BEAD_STATUSES)}
 SESSION_STATES = ("requested", "started", "ended")
-MR_STATUSES = ("queued", "claimed", "blocked", "failed", "escalated", "rejected", "merged")
+MR_STATUSES = ("queued", "claimed", "blocked", "conflicted", "failed", "escalated", "rejected", "merged")
 IN_QUEUE = frozenset({"queued", "claimed"})
 """Merge request statuses counted as the queue's depth: waiting, or being rebased, gated and merged."""
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -179,7 +179,7 @@ def _mr_claimed(payload: MergeRequestClaimed, state: MetricsState) -> None:
 
 @fold.register
 def _mr_conflicted(payload: MergeRequestConflicted, state: MetricsState) -> None:
-    _mr_status(state, payload.mr_id, "blocked")
+    _mr_status(state, payload.mr_id, "conflicted" if payload.sent_back else "blocked")
 
 
 @fold.register

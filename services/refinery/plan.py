@@ -21,6 +21,7 @@ from shared.ids import merge_lease_name
 class Policy(msgspec.Struct, frozen=True, kw_only=True):
     lease_s: float = 900.0
     max_failures: int = 3
+    max_conflict_returns: int = 2
     fifo: bool = False
     batch: int = 1
     """Merge requests stacked and gated together (1: serial)."""
@@ -47,6 +48,14 @@ def failures_of(state: RefineryState, bead: str) -> int:
     written before ``failures`` was kept has 0 there)."""
     failed = ("failed", "escalated")
     return sum(max(mr.failures, mr.status in failed) for mr in state.mrs.values() if mr.bead == bead)
+
+
+def send_conflict_back(state: RefineryState, mr: MergeRequest, policy: Policy) -> bool:
+    """Whether a conflict of ``mr`` goes back to its bead's agent (a fresh session resolves it) rather than to
+    the operator: it came from an agent's session (``gt done``), and fewer than ``max_conflict_returns`` of the
+    bead's conflicts went back already (an agent that keeps conflicting needs a person)."""
+    bead = state.beads.get(mr.bead)
+    return mr.session is not None and bead is not None and bead.conflicts_sent_back < policy.max_conflict_returns
 
 
 def score(state: RefineryState, mr: MergeRequest, now: datetime, policy: Policy) -> float:

@@ -155,7 +155,12 @@ def _claimed(payload: MergeRequestClaimed, state: RefineryState, env: Envelope, 
 
 @fold.register
 def _conflicted(payload: MergeRequestConflicted, state: RefineryState, env: Envelope, seq: int) -> None:
-    if (mr := _mr(state, payload.mr_id, seq)) is not None:
+    if (mr := _mr(state, payload.mr_id, seq)) is not None and payload.sent_back:
+        # The agent resolves it and submits the resolved branch as a new merge request: this one is finished.
+        mr.status, mr.holder, mr.lease_until, mr.ended_at = "conflicted", None, None, env.ts
+        if (bead := state.beads.get(mr.bead)) is not None:
+            bead.conflicts_sent_back += 1
+    elif mr is not None:
         mr.status, mr.conflict_command = "blocked", payload.conflict_command
         mr.blocked_by = state.created.get(payload.conflict_command)  # its outcome may be in the log already
         mr.holder = mr.lease_until = None

@@ -66,6 +66,7 @@ class RefineryService(Service[RefineryState]):
         self.policy = plan.Policy(
             lease_s=self.mq.lease_s,
             max_failures=self.mq.max_failures,
+            max_conflict_returns=self.mq.max_conflict_returns,
             fifo=self.mq.fifo,
             batch=self.mq.batch,
             batch_wait_s=self.mq.batch_wait_s,
@@ -385,13 +386,20 @@ class RefineryService(Service[RefineryState]):
             crash_point("refinery.after_bead_close")
             await asyncio.to_thread(merger.delete_branch, paths, mr.branch)
         elif outcome.kind == "conflict":
-            command = await self._conflict_bead(mr, outcome)
+            # An agent first: the witness gives the bead a fresh session told to rebase and resolve; a person
+            # only once agents did not manage (or there is no agent's session to send it back to).
+            sent_back = plan.send_conflict_back(state, mr, self.policy)
+            command = "" if sent_back else await self._conflict_bead(mr, outcome)
             event_c = MergeRequestConflicted(
-                mr_id=mr.id, target_commit=outcome.target_before, conflict_command=command, files=outcome.files
+                mr_id=mr.id,
+                target_commit=outcome.target_before,
+                conflict_command=command,
+                files=outcome.files,
+                sent_back=sent_back,
             )
             await self._store(mr, event_c)
             self.conflicted += 1
-            log.info("mr_conflicted", files=outcome.files)
+            log.info("mr_conflicted", files=outcome.files, sent_back=sent_back)
         elif outcome.kind in ("failed", "branch_missing"):
             assert outcome.failure is not None
             failures = plan.failures_of(state, mr.bead) + 1
@@ -480,8 +488,10 @@ class RefineryService(Service[RefineryState]):
         bead = state.beads.get(mr.bead)
         title = bead.title if bead else mr.bead
         command = f"conflict-{mr.id}-{mr.attempts}"
+        returns = bead.conflicts_sent_back if bead else 0
+        tried = f"Its agent was sent {returns} conflict(s) of this bead to resolve already.\n" if returns else ""
         description = (
-            f"Merge request {mr.id} (bead {mr.bead}) does not rebase onto {mr.target}.\n"
+            f"Merge request {mr.id} (bead {mr.bead}) does not rebase onto {mr.target}.\n{tried}"
             f"Branch: {mr.branch} at {mr.head}\nTarget: {mr.target} at {outcome.target_before}\n"
             f"Conflicting files: {', '.join(outcome.files) or 'unknown'}\n"
             f"Rebase the branch onto {mr.target}, push it, and close this bead: the merge request goes back "

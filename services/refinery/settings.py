@@ -21,6 +21,9 @@ class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):
     """Each gate command's time limit (``GT_MQ_GATE_TIMEOUT``)."""
     max_failures: int = 3
     """Failed gate runs of one bead before it is escalated instead of sent back (``GT_MQ_MAX_FAILURES``)."""
+    max_conflict_returns: int = 2
+    """Merge conflicts of one bead sent back to its agent to resolve; the next one is the operator's, as a
+    conflict bead (``GT_MQ_MAX_CONFLICT_RETURNS``; 0: every conflict is the operator's)."""
     fifo: bool = False
     """``GT_MQ_ORDER=fifo``: oldest first instead of by score."""
     batch: int = 1
@@ -48,6 +51,7 @@ def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
         merge_lease_ttl_s=env_number(env, "GT_MQ_MERGE_LEASE_TTL", 60.0, minimum=0.3),
         gate_timeout_s=env_number(env, "GT_MQ_GATE_TIMEOUT", 600.0, minimum=1.0),
         max_failures=int(env_number(env, "GT_MQ_MAX_FAILURES", 3, minimum=1, whole=True)),
+        max_conflict_returns=int(env_number(env, "GT_MQ_MAX_CONFLICT_RETURNS", 2, minimum=0, whole=True)),
         fifo=order == "fifo",
         batch=int(env_number(env, "GT_MQ_BATCH", 1, minimum=1, whole=True)),
         batch_wait_s=env_number(env, "GT_MQ_BATCH_WAIT", 0.0, minimum=0.0),

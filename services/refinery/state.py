@@ -8,7 +8,7 @@ import msgspec
 
 OPEN = ("queued", "claimed")
 """Merge request statuses still in the queue."""
-FINISHED = ("merged", "failed", "escalated", "rejected")
+FINISHED = ("merged", "failed", "escalated", "rejected", "conflicted")
 """Statuses a merge request stays in unless someone retries it; once its bead is closed nothing moves it any more
 (a closed bead takes no new submissions, and a retried one is rejected again as stale), so garbage collection
 may drop it."""
@@ -24,8 +24,9 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     priority: int = 2
     session: str | None = None
     status: str = "queued"
-    """queued -> claimed -> merged; or blocked (conflict), failed (gates; back to the polecat), escalated
-    (failed too often), rejected (by an operator). Blocked, failed and rejected ones can be retried."""
+    """queued -> claimed -> merged; or conflicted (a conflict sent back to the polecat), blocked (a conflict
+    for the operator), failed (gates; back to the polecat), escalated (failed too often), rejected (by an
+    operator). Conflicted, blocked, failed and rejected ones can be retried."""
     submitted_at: datetime
     queued_at: datetime
     """When it last entered the queue (submitted, requeued or retried): the age in its score."""
@@ -74,6 +75,8 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     priority: int = 2
     convoy_since: datetime | None = None
     """When the oldest convoy tracking it was created: its age raises the bead's merge requests in the queue."""
+    conflicts_sent_back: int = 0
+    """Merge conflicts of its merge requests sent back to its agent (``mr.conflicted`` with ``sent_back``)."""
 
 
 class MergeLease(msgspec.Struct, kw_only=True, gc=False):

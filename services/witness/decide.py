@@ -14,10 +14,18 @@ from shared.commands import (
     SessionFinish,
     SessionHandoff,
     SessionRecoverHook,
+    SessionStop,
 )
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
-from shared.events import NudgeQueued, RigAdded, SessionDoneIntent, SessionEnded, SessionHookRecovered
+from shared.events import (
+    NudgeQueued,
+    RigAdded,
+    SessionDoneIntent,
+    SessionEnded,
+    SessionHookRecovered,
+    SessionWarranted,
+)
 from shared.ids import hook_lease_name
 
 NUDGE_PREFIX = "nd"
@@ -48,7 +56,7 @@ def aggregate_key(cmd: Command) -> str | None:
         return f"hook:{cmd.bead}"
     if isinstance(cmd, RigAdd):
         return f"rig:{cmd.name}"
-    if isinstance(cmd, SessionDoneIntentCmd | SessionFinish | SessionHandoff):
+    if isinstance(cmd, SessionDoneIntentCmd | SessionFinish | SessionHandoff | SessionStop):
         return f"session:{cmd.session}"
     return None
 
@@ -62,6 +70,8 @@ def decide(state: WitnessState, cmd: Command, ctx: DecideContext) -> Accepted:
         return finish(state, cmd)
     if isinstance(cmd, SessionHandoff):
         return handoff(state, cmd)
+    if isinstance(cmd, SessionStop):
+        return stop(state, cmd)
     if isinstance(cmd, NudgeSend):
         return nudge(state, cmd, ctx)
     if isinstance(cmd, SessionRecoverHook):
@@ -203,6 +213,20 @@ def handoff(state: WitnessState, cmd: SessionHandoff) -> Accepted:
     return Accepted(events=[event], result=_result(session, "ended", changed=True))
 
 
+def stop(state: WitnessState, cmd: SessionStop) -> Accepted:
+    """A warrant with reason ``stopped``: the witness kills the agent (re-verified) and records the end."""
+    session = _session(state, cmd.session)
+    if session.status not in ACTIVE:
+        return Accepted(result=_result(session, "ended", changed=False))
+    if session.warrant_reason is not None:
+        return Accepted(result=_result(session, "stopping", changed=False))
+    event = SessionWarranted(session_id=session.id, reason="stopped", detail="stopped by the operator")
+    return Accepted(
+        events=[NewEvent(payload=event, expected_seq=session.version)],
+        result=_result(session, "stopping", changed=True),
+    )
+
+
 # ---- nudges ------------------------------------------------------------------------------------
 
 
@@ -244,8 +268,16 @@ def nudge(state: WitnessState, cmd: NudgeSend, ctx: DecideContext) -> Accepted:
             "polecat": polecat,
             "session": session_id,
             "expires_at": expires_at.isoformat(),
+            "live": _running(state, rig, polecat, session_id),
         },
     )
+
+
+def _running(state: WitnessState, rig: str, polecat: str, session_id: str | None) -> bool:
+    """Whether the nudge's target runs now, so the witness types it in at once (else it waits in the queue)."""
+    if session_id is not None:
+        return state.sessions[session_id].status == "started"
+    return any(s.status == "started" for s in state.sessions.values() if (s.rig, s.polecat) == (rig, polecat))
 
 
 # ---- stale hooks (from the deacon) -------------------------------------------------------------

@@ -102,6 +102,7 @@ class Host(Protocol):
 
     config: TownConfig
     clock: Callable[[], datetime]
+    acting_since: datetime | None
 
     @property
     def state(self) -> WitnessState: ...
@@ -175,7 +176,7 @@ class Executor:
         rig = state.rigs.get(action.rig)
         if bead is None or rig is None or len(bead.sessions) + 1 != action.attempt:
             return
-        if not planning.needs_session(state, bead, rig)[0]:
+        if not planning.needs_session(state, bead, rig, self.host.acting_since)[0]:
             return
         if action.resling:
             # The hook moves to the new session (the mayor records it); the command is durable in GT_CMD

@@ -66,6 +66,9 @@ class Observed(msgspec.Struct, frozen=True, kw_only=True):
     """Keys of actions still running."""
     reserved: frozenset[tuple[str, str]] = frozenset()
     """(rig, polecat) names taken by spawns still running."""
+    acting_since: datetime | None = None
+    """When this witness process began acting: a session the operator stopped since then is not respawned by
+    it (the town is going down); the next witness respawns it."""
 
 
 class Policy(msgspec.Struct, frozen=True, kw_only=True):
@@ -208,8 +211,11 @@ def _last_sign_of_life(session: Session, bead: WorkBead, obs: Observed) -> datet
 # ---- beads that need a session -----------------------------------------------------------------
 
 
-def needs_session(state: WitnessState, bead: WorkBead, rig: Rig) -> tuple[bool, Escalate | None]:
-    """Whether the bead should get a (fresh) session now; or the escalation owed instead of one."""
+def needs_session(
+    state: WitnessState, bead: WorkBead, rig: Rig, acting_since: datetime | None = None
+) -> tuple[bool, Escalate | None]:
+    """Whether the bead should get a (fresh) session now; or the escalation owed instead of one.
+    ``acting_since``: see ``Observed``."""
     if bead.status not in WORKING or bead.merge_requested or bead.resling_owed:
         return False, None
     sessions = [state.sessions[s] for s in bead.sessions if s in state.sessions]
@@ -223,6 +229,9 @@ def needs_session(state: WitnessState, bead: WorkBead, rig: Rig) -> tuple[bool, 
         return False, Escalate(session=last.id, reason="stale_hook", message=last.hook_recovery_detail)
     if last.end_reason == "done" and bead.returned:
         return True, None  # the refinery sent the work back
+    if last.end_reason == "stopped":
+        stopped_here = acting_since is not None and last.ended_at is not None and last.ended_at >= acting_since
+        return not stopped_here, None
     if last.escalated is not None or last.end_reason in ("done", "bead_closed"):
         return False, None
     if last.end_reason in DEATHS and deaths(state, bead) - bead.deaths_at_sling > rig.max_respawns:
@@ -264,7 +273,7 @@ def _spawns(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Acti
         if bead.resling_owed and bead.status in WORKING and bead.sessions:
             yield Resling(bead=bead.id, rig=rig.name, after=bead.sessions[-1])
             continue
-        needed, escalation = needs_session(state, bead, rig)
+        needed, escalation = needs_session(state, bead, rig, obs.acting_since)
         if escalation is not None:
             yield escalation
         elif needed:

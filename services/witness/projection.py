@@ -32,6 +32,7 @@ from shared.events import (
     LeaseAcquired,
     LeaseExpired,
     LeaseReleased,
+    MergeRequestConflicted,
     MergeRequestFailed,
     MergeRequestRejected,
     MergeRequestRequeued,
@@ -249,6 +250,24 @@ def _merge_failed(payload: MergeRequestFailed, state: WitnessState, env: Envelop
     bead.returned = True
     bead.merge_failure = MergeFailure(
         mr=payload.mr_id, gate=payload.gate, exit_code=payload.exit_code, tail=payload.tail
+    )
+
+
+@fold.register
+def _merge_conflicted(payload: MergeRequestConflicted, state: WitnessState, env: Envelope, seq: int) -> None:
+    """A conflict sent back to the agent: the bead needs a session again, told to rebase and resolve (one for
+    the operator blocks the merge request on a conflict bead instead, and the bead waits)."""
+    bead = state.beads.get(state.mr_beads.get(payload.mr_id, ""))
+    if bead is None or not payload.sent_back:
+        return
+    bead.merge_requested = False
+    bead.returned = True
+    bead.merge_failure = MergeFailure(
+        mr=payload.mr_id,
+        gate="conflict",
+        exit_code=0,
+        files=list(payload.files),
+        target_commit=payload.target_commit,
     )
 
 

@@ -37,6 +37,7 @@ from shared.commands import (
     SessionFinish,
     SessionHandoff,
     SessionRecoverHook,
+    SessionStop,
 )
 from shared.decision import Route
 from shared.ids import is_valid_id
@@ -94,7 +95,7 @@ def rig_of_command(state: WitnessState, cmd: Command) -> str | None:
     """The rig a witness command is about, as far as the log knows it (None: it names nothing known)."""
     if isinstance(cmd, RigAdd):
         return cmd.name  # the rig it names, added or not yet
-    if isinstance(cmd, SessionDoneIntentCmd | SessionFinish | SessionHandoff):
+    if isinstance(cmd, SessionDoneIntentCmd | SessionFinish | SessionHandoff | SessionStop):
         session = state.sessions.get(cmd.session)
         return session.rig if session is not None else None
     if isinstance(cmd, NudgeSend):

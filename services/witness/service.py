@@ -59,6 +59,8 @@ class WitnessService(Service[WitnessState]):
         witness: witness_settings.WitnessSettings | None = None,
     ) -> None:
         super().__init__(config, new_projection(), settings, clock=clock)
+        self.acting_since: datetime | None = clock()
+        """Sessions the operator stopped from now on are left for the next witness to respawn (see plan)."""
         self.witness_settings = witness or witness_settings.load()
         ws = self.witness_settings
         self.tmux = Tmux(ws.tmux_socket)
@@ -227,6 +229,7 @@ class WitnessService(Service[WitnessState]):
             start_failures=dict(self.executor.start_failures),
             busy=frozenset(self._pending) | {k for k, t in self._retry_at.items() if t > time.monotonic()},
             reserved=frozenset((a.rig, a.polecat) for a in self._pending.values() if isinstance(a, Spawn)),
+            acting_since=self.acting_since,
         )
 
     async def _heartbeats_of_quiet_sessions(self, now: datetime) -> dict[str, datetime]:

@@ -85,8 +85,13 @@ class HookLease(msgspec.Struct, kw_only=True, gc=False):
 class MergeFailure(msgspec.Struct, kw_only=True, gc=False):
     mr: str
     gate: str
+    """A gate (setup, lint, test, branch), or ``conflict``: the branch does not rebase onto the target."""
     exit_code: int
     tail: str = ""
+    files: list[str] = []
+    """A conflict's conflicting files."""
+    target_commit: str = ""
+    """The target commit a conflict was met on: the one to rebase onto."""
 
 
 class WorkBead(msgspec.Struct, kw_only=True, gc=False):
@@ -112,7 +117,7 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     """Last step event or sling: with heartbeats, what stall detection looks at."""
     merge_requested: bool = False
     returned: bool = False
-    """The refinery sent its work back (gates failed) since its last session was requested."""
+    """The refinery sent its work back (gates failed, or a merge conflict) since its last session was requested."""
     merge_failure: MergeFailure | None = None
     """The last failure the refinery reported (mr, gate, exit_code, tail): shown by ``gt prime``."""
     sessions: list[str] = []

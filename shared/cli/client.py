@@ -234,3 +234,32 @@ def history_entry(seq: int, raw: bytes) -> HistoryEntry:
 
 def _text(raw: bytes) -> str:
     return raw[:200].decode("utf-8", "replace")
+
+
+async def first_event_of(
+    nc: Client, config: TownConfig, aggregate: str, aggregate_id: str, types: frozenset[str], timeout: float
+) -> HistoryEntry | None:
+    """The aggregate's first event of one of ``types``, stored already or within ``timeout`` seconds (read from
+    the log, like outcomes); None when none came in time."""
+    found: asyncio.Future[HistoryEntry] = asyncio.get_running_loop().create_future()
+
+    async def on_msg(msg: Any) -> None:
+        entry = history_entry(subjects.parse_js_reply(msg.reply).stream_seq, msg.data)
+        if entry.type in types and not found.done():
+            found.set_result(entry)
+
+    sub = await nc.jetstream().subscribe(
+        subjects.event_subject(aggregate, aggregate_id),
+        stream=config.evt_stream,
+        cb=on_msg,
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            return await found
+    except TimeoutError:
+        return None
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()

@@ -61,6 +61,7 @@ STATE_STYLES = {
     "merged": ("green",),
     "failed": ("red",),
     "blocked": ("yellow",),
+    "conflicted": ("yellow",),
     "escalated": ("red", "bold"),
     "rejected": ("dim",),
     # escalations

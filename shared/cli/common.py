@@ -110,11 +110,16 @@ async def send(
     subject: str,
     body: dict[str, Any],
     printer: ResultPrinter = status_line,
+    *,
+    before_report: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
 ) -> int:
-    """Send a command built from the command line and report its outcome."""
+    """Send a command built from the command line and report its outcome; ``before_report`` may add to an
+    accepted command's result what followed from it (e.g. a nudge delivered)."""
     body = drop_empty({**body, "actor": getattr(args, "actor", None), "cmd_id": getattr(args, "cmd_id", None)})
     timeout = args.timeout if args.timeout is not None else (None if args.wait else DEFAULT_COMMAND_TIMEOUT_S)
     outcome = await send_command(nc, config, subject, body, timeout=timeout, wait_if_down=args.wait)
+    if before_report is not None and outcome.type == "cmd.accepted":
+        await before_report(outcome.data.setdefault("result", {}))
     return report(outcome, subject, as_json=args.json, printer=printer)
 
 

@@ -2,7 +2,8 @@
 
 Exit codes: 0 done (command accepted, or durably stored while its service is down), 1 rejected or not
 found, 2 usage error, 3 NATS unreachable (or the answering service is not running), 4 not permitted (the
-NATS server refused this user a subject; nothing was sent), 130 stopped with Ctrl-C.
+NATS server refused this user a subject; nothing was sent), 130 stopped with Ctrl-C, 141 its output pipe was
+closed (``gt feed | head -1``: the reader had enough; nothing is printed about it).
 """
 
 from __future__ import annotations
@@ -49,8 +50,25 @@ from shared.errors import (
 )
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
+
+
+class StrictParser(argparse.ArgumentParser):
+    """A subcommand's parser that refuses what it does not know itself, so the error comes with the
+    subcommand's usage (``usage: gt bead create ...``), not the top-level one argparse would print."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 EXIT_INTERRUPTED = 130
 """Ctrl-C, as shells report a SIGINT."""
+EXIT_BROKEN_PIPE = 141
+"""The reader of the output went away, as shells report a SIGPIPE."""
 LOCAL_COMMANDS = ("up", "down", "schema")
 """Commands that do not talk to a running town through NATS."""
 
@@ -59,18 +77,31 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--nats-url", default=argparse.SUPPRESS, help="NATS server URL(s) (env NATS_URL)")
     p = argparse.ArgumentParser(prog="gt", description="Operate a gastown-nats town.", parents=[common])
-    sub = Subcommands(p.add_subparsers(dest="cmd", required=True, metavar="COMMAND"), common)
+    commands = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=StrictParser)
+    sub = Subcommands(commands, common)
 
     sub.add_parser("init", help="create the streams and consumers (idempotent)").set_defaults(handler=_init)
     up = sub.add_parser("up", help="start an embedded NATS server (unless NATS_URL is set) and the services")
     up.add_argument("--detach", "-d", action="store_true", help="run in the background and return once ready")
-    up.add_argument("--port", type=int, default=int(os.environ.get("GT_NATS_PORT", "4222")))
+    up.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("GT_NATS_PORT", "4222")),
+        help="client port of the embedded NATS server (env GT_NATS_PORT, default 4222; 0: any free port); "
+        "not used when NATS_URL names a server",
+    )
     up.add_argument("--services", default=",".join(SERVICES), help="comma-separated services to run")
     down = sub.add_parser("down", help="stop what `gt up` started (refinery, witness, mayor, deacon, then NATS)")
     down.add_argument(
         "--clean",
         action="store_true",
         help="then remove polecat worktrees that are clean and pushed; list the others, which are kept",
+    )
+    down.add_argument(
+        "--sessions",
+        action="store_true",
+        help="first have the witness stop every polecat session (recorded; the next `gt up` respawns them); "
+        "without it they keep running, and are counted",
     )
 
     beads.register(sub)
@@ -149,6 +180,20 @@ def _town_nats(config: TownConfig) -> TownConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe then still ends quietly
+    except BrokenPipeError:
+        # `gt feed | head -1`: the reader had enough. Quiet, as Unix tools are; stdout goes nowhere from now on,
+        # so the interpreter's own flush at exit does not complain either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     env = dict(os.environ)
@@ -177,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return (
                 town.up(args, config, embedded=not nats_given)
                 if args.cmd == "up"
-                else town.down(config, clean=args.clean)
+                else town.down(config, clean=args.clean, sessions=args.sessions)
             )
         precheck = getattr(args, "precheck", None)
         if precheck is not None:

@@ -119,7 +119,8 @@ def _mr_requeued(d: dict[str, Any]) -> Described:
 
 def _mr_conflicted(d: dict[str, Any]) -> Described:
     files = ", ".join(d.get("files") or [])
-    return f"merge request {d['mr_id']} conflicts with the target: {_s(files) or 'files unknown'}", "bad"
+    to = "sent back to its agent" if d.get("sent_back") else "a conflict bead for the operator"
+    return f"merge request {d['mr_id']} conflicts with the target: {_s(files) or 'files unknown'}; {to}", "bad"
 
 
 def _escalation_raised(d: dict[str, Any]) -> Described:

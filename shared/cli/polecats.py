@@ -17,7 +17,7 @@ from nats.aio.client import Client
 from shared import git
 from shared.bus.topology import ensure_heartbeat_bucket
 from shared.cli import hook_lease, render
-from shared.cli.client import send_command
+from shared.cli.client import first_event_of, send_command
 from shared.cli.common import (
     DEFAULT_COMMAND_TIMEOUT_S,
     EXIT_OK,
@@ -36,6 +36,9 @@ from shared.faults import crash_point
 
 NOTE_SHOWN = 1500
 """Characters of a predecessor's handoff note (or end detail) that `gt prime` shows."""
+NUDGE_ENDS = frozenset({"nudge.delivered", "nudge.expired"})
+NUDGE_DELIVERY_WAIT_S = 20.0
+"""How long `gt nudge` waits for the witness to type a nudge into a running session (it checks the text shows)."""
 SESSION_ENV = ("GT_SESSION", "GT_BEAD", "GT_RIG", "GT_WORKTREE", "GT_BRANCH")
 INSTRUCTIONS = (
     "Work the current step in your worktree. When a step is finished, commit and run `gt step done <step>`: "
@@ -232,15 +235,28 @@ async def _nudge(nc: Client, args: argparse.Namespace, config: TownConfig) -> in
     body = {"target": args.target, "message": args.message, "ttl_s": args.ttl}
 
     def line(result: dict[str, Any]) -> str:
+        if result.get("status") == "delivered":
+            return f"nudge {result.get('id')}: delivered to {result.get('delivered_to')}"
         where = result.get("session") or f"{result.get('rig')}/{result.get('polecat')}"
         return f"nudge {result.get('id')}: queued for {where} (until {result.get('expires_at')})"
 
-    return await send(nc, args, config, "gt.cmd.nudge.send", body, line)
+    async def delivered(result: dict[str, Any]) -> None:
+        """A running target gets it at once: wait for that (briefly), so the answer says what happened."""
+        if result.get("live"):
+            event = await first_event_of(nc, config, "nudge", str(result["id"]), NUDGE_ENDS, NUDGE_DELIVERY_WAIT_S)
+            if event is not None and event.type == "nudge.delivered":
+                result.update(status="delivered", delivered_to=event.data.get("session"))
+
+    return await send(nc, args, config, "gt.cmd.nudge.send", body, line, before_report=delivered)
 
 
 async def _mq_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     mrs = await read(nc, config, "mrs", {"rig": args.rig} if args.rig else {}, service="refinery")
-    rows = [[m["id"], m["rig"], m["bead"], m["branch"], m["head"][:10], m["status"]] for m in mrs]
+    # A merged one shows the commit that landed (its branch rebased onto the target), not the one submitted.
+    rows = [
+        [m["id"], m["rig"], m["bead"], m["branch"], (m.get("merged_commit") or m["head"])[:10], m["status"]]
+        for m in mrs
+    ]
     table = render.table(("MR", "RIG", "BEAD", "BRANCH", "HEAD", "STATUS"), rows, "the merge queue is empty")
     return show(args, mrs, lambda _: table)
 
@@ -399,7 +415,9 @@ def prime_text(data: dict[str, Any]) -> str:
     if gates:
         lines.append(f"Gates:    {', '.join(gates)}")
     failure = data.get("merge_failure")
-    if failure:
+    if failure and failure["gate"] == "conflict":
+        lines += ["", conflict_text(failure, data["branch"])]
+    elif failure:
         lines += [
             "",
             f"The merge queue sent this work back: the {failure['gate']} gate failed (exit {failure['exit_code']}) "
@@ -412,6 +430,17 @@ def prime_text(data: dict[str, Any]) -> str:
     lines += mail_lines(data.get("mail") or [])
     lines += ["", data["instructions"]]
     return "\n".join(lines)
+
+
+def conflict_text(failure: dict[str, Any], branch: str) -> str:
+    target = failure.get("target_commit") or "the target"
+    files = ", ".join(failure.get("files") or []) or "files git did not name"
+    return (
+        f"The merge queue sent this work back: merge request {failure['mr']} conflicted with the target at "
+        f"{target} in {files}. Rebase your branch onto it (`git fetch origin && git rebase {target}`), resolve "
+        f"the conflicts keeping both changes, run the tests, push the rebased branch (`git push "
+        f"--force-with-lease origin {branch}`) and run `gt done` again."
+    )
 
 
 async def _prime(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:

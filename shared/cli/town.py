@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -32,13 +33,14 @@ from shared.aio import wait_event
 from shared.bus.connection import connect
 from shared.bus.permissions import guarded
 from shared.bus.topology import provision
-from shared.cli.client import query
+from shared.cli.client import query, send_command
 from shared.cli.progress import Progress
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.errors import GastownError, PermissionDeniedError, QueryError
 from shared.events import ServiceDown, decode_envelope
 from shared.processes import ProcessRef
+from shared.tmux import Tmux, TmuxError
 
 log = structlog.get_logger("gt.up")
 
@@ -52,6 +54,10 @@ CRASH_LOOP_WINDOW_S = 15 * 60
 MAX_BACKOFF_S = 30.0
 READY_TIMEOUT_S = 120.0
 DOWN_TIMEOUT_S = 90.0
+DEFAULT_TMUX_SOCKET = "gastown"
+"""As the witness's (services.witness.settings): the CLI does not import a service."""
+POLECAT_TMUX_PREFIX = "gt-"
+"""Polecat tmux sessions are named ``gt-<rig>-<polecat>`` (services.witness.scope)."""
 
 
 class TownState(msgspec.Struct, kw_only=True):
@@ -421,21 +427,79 @@ def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> 
     return 3
 
 
-def down(config: TownConfig, *, clean: bool = False) -> int:
-    """``gt down``: ask the supervisor to stop the town and wait until it has; ``clean`` then removes the
-    polecat worktrees that hold nothing unsaved."""
+def down(config: TownConfig, *, clean: bool = False, sessions: bool = False) -> int:
+    """``gt down``: ask the supervisor to stop the town and wait until it has; ``sessions`` first has the
+    witness stop every polecat session (recorded, and respawned by the next ``gt up``), else the sessions
+    still running are counted; ``clean`` then removes the polecat worktrees that hold nothing unsaved."""
     state = running_town(config)
     if state is None:
         reaped = reap_leftovers(config)
         print("no town is running" + (f" (stopped leftovers: {', '.join(reaped)})" if reaped else ""))
-    elif not processes.stop(state.supervisor, timeout=DOWN_TIMEOUT_S):
-        print(f"gt: the supervisor (pid {state.supervisor.pid}) did not stop", file=sys.stderr)
-        return 1
     else:
+        if sessions:
+            town = msgspec.structs.replace(config, nats_url=state.nats_url)
+            try:
+                stopped = asyncio.run(stop_sessions(town))
+            except (GastownError, nats.errors.Error, OSError, TimeoutError) as exc:
+                print(
+                    f"gt: could not stop the polecat sessions through the witness ({exc}); the town stays up",
+                    file=sys.stderr,
+                )
+                return 1
+            print(f"stopped {stopped} polecat session{'s' if stopped != 1 else ''}")
+        if not processes.stop(state.supervisor, timeout=DOWN_TIMEOUT_S):
+            print(f"gt: the supervisor (pid {state.supervisor.pid}) did not stop", file=sys.stderr)
+            return 1
         print("town down")
+    running = polecat_tmux_sessions()
+    if running:
+        print(
+            f"{len(running)} polecat session{'s keep' if len(running) != 1 else ' keeps'} running in tmux "
+            f"(`tmux -L {tmux_socket()} ls`); they go on working and report in when the town is up again. "
+            "`gt down --sessions` stops them with the town."
+        )
     if clean:
         return clean_worktrees(config)
     return 0
+
+
+def tmux_socket() -> str:
+    """The tmux server polecat sessions run on (the witness's ``GT_TMUX_SOCKET``)."""
+    return os.environ.get("GT_TMUX_SOCKET") or DEFAULT_TMUX_SOCKET
+
+
+def polecat_tmux_sessions() -> list[str]:
+    """Names of the polecat tmux sessions running now (none when tmux is not there)."""
+    try:
+        panes = Tmux(tmux_socket()).snapshot()
+    except (TmuxError, OSError):
+        return []
+    return sorted(name for name, pane in panes.items() if name.startswith(POLECAT_TMUX_PREFIX) and not pane.dead)
+
+
+async def stop_sessions(config: TownConfig) -> int:
+    """Have the witness stop every active polecat session (``gt.cmd.session.stop``: a warrant, a kill re-verified
+    against the recorded process, ``session.ended`` with reason ``stopped``) and wait until each has ended;
+    how many there were."""
+    nc = await connect(config, name="gt-down", connect_attempts=2)
+    try:
+        active = await query(nc, "witness", "sessions", {}, timeout=10)
+        ids = [str(s["id"]) for s in active]
+        for session_id in ids:
+            body = {"session": session_id, "cmd_id": f"stop-{session_id}-{secrets.token_hex(4)}"}
+            outcome = await send_command(nc, config, "gt.cmd.session.stop", body, timeout=30)
+            if outcome.type == "cmd.rejected":
+                raise GastownError(f"session {session_id}: {outcome.data.get('message')}")
+        deadline = time.monotonic() + DOWN_TIMEOUT_S
+        while True:
+            left = {str(s["id"]) for s in await query(nc, "witness", "sessions", {}, timeout=10)} & set(ids)
+            if not left:
+                return len(ids)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"sessions still running after {DOWN_TIMEOUT_S:g}s: {', '.join(sorted(left))}")
+            await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
 
 
 def clean_worktrees(config: TownConfig) -> int:

@@ -16,7 +16,7 @@ from shared.cli.colour import PLAIN, STATE_STYLES, Palette, styled
 
 BAR_WIDTH = 20
 SERVICES = ("mayor", "witness", "refinery", "deacon")
-OPEN_MRS = ("queued", "claimed", "blocked", "failed", "escalated")
+OPEN_MRS = ("queued", "claimed", "blocked", "conflicted", "failed", "escalated")
 
 
 def _parse(ts: str | None) -> datetime | None:

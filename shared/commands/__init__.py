@@ -32,6 +32,7 @@ from shared.commands.rigs import (
     SessionFinish,
     SessionHandoff,
     SessionRecoverHook,
+    SessionStop,
 )
 from shared.commands.work import STEP_COMMANDS, StepDone, StepStart
 from shared.errors import CommandError
@@ -136,6 +137,7 @@ __all__ = [
     "SessionFinish",
     "SessionHandoff",
     "SessionRecoverHook",
+    "SessionStop",
     "StepDone",
     "StepStart",
     "parse_command",

@@ -130,6 +130,13 @@ class SessionHandoff(_SessionCommand, frozen=True, kw_only=True, forbid_unknown_
         check_text("note", self.note, MAX_DESCRIPTION)
 
 
+class SessionStop(_SessionCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """(the operator) Stop a running session cleanly: the witness warrants it (``stopped``), kills its agent
+    and records it ended; no death, the bead keeps its hook and progress (``gt down --sessions``)."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.session.stop"
+
+
 class SessionRecoverHook(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """(the deacon) A working bead's hook lease lapsed ``token`` and nothing took it since: the witness re-slings
     the bead (its last worktree is clean) or escalates it (dirty or unpushed work, a rejected merge request, or
@@ -219,6 +226,7 @@ RIG_COMMANDS: tuple[type[Command], ...] = (
     SessionDoneIntentCmd,
     SessionFinish,
     SessionHandoff,
+    SessionStop,
     SessionRecoverHook,
     NudgeSend,
     MergeRequestSubmit,

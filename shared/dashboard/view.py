@@ -20,7 +20,7 @@ from shared.events import decode_envelope
 RECENT_EVENTS = 300
 RECENT_SESSIONS = 30
 ACTIVE_SESSION = ("requested", "started", "warranted")
-OPEN_MRS = ("queued", "claimed", "blocked", "failed", "escalated")
+OPEN_MRS = ("queued", "claimed", "blocked", "conflicted", "failed", "escalated")
 _DATA = msgspec.json.Decoder(dict[str, Any])
 
 
@@ -165,7 +165,7 @@ def _fold_mr(state: DashboardState, t: str, d: dict[str, Any]) -> None:
         "mr.claimed": "claimed",
         "mr.merged": "merged",
         "mr.failed": "escalated" if d.get("escalated") else "failed",
-        "mr.conflicted": "blocked",
+        "mr.conflicted": "conflicted" if d.get("sent_back") else "blocked",
         "mr.requeued": "queued",
         "mr.rejected": "rejected",
     }.get(t)

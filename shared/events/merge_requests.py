@@ -44,13 +44,17 @@ class MergeRequestClaimed(MergeRequestEvent, frozen=True, kw_only=True):
 
 
 class MergeRequestConflicted(MergeRequestEvent, frozen=True, kw_only=True):
-    """The branch does not rebase cleanly onto the target: a conflict bead (created by ``conflict_command``)
-    blocks it until closed."""
+    """The branch does not rebase cleanly onto the target. Sent back (``sent_back``): the bead's agent gets a
+    fresh session told to rebase onto ``target_commit`` and resolve, and submits again (a new merge request);
+    this one is finished (``conflicted``). Otherwise (too many conflicts sent back already, or no agent to send
+    it to): a conflict bead for the operator (created by ``conflict_command``) blocks it until closed."""
 
     TYPE: ClassVar[str] = "mr.conflicted"
     target_commit: str
     conflict_command: str
+    """Empty when sent back."""
     files: list[str] = []
+    sent_back: bool = False
 
 
 class MergeRequestFailed(MergeRequestEvent, frozen=True, kw_only=True):

@@ -10,10 +10,10 @@ from typing import ClassVar
 
 from shared.events.base import Event
 
-END_REASONS = ("done", "handoff", "dead", "zombie", "stalled", "failed_to_start", "bead_closed")
+END_REASONS = ("done", "handoff", "dead", "zombie", "stalled", "failed_to_start", "bead_closed", "stopped")
 DEATHS = frozenset({"dead", "zombie", "stalled", "failed_to_start"})
-"""End reasons that count against a bead's respawn limit (a done or a handoff is no death)."""
-WARRANT_REASONS = ("dead", "zombie", "stalled", "stuck_in_done", "bead_closed")
+"""End reasons that count against a bead's respawn limit (a done, a handoff or a stop is no death)."""
+WARRANT_REASONS = ("dead", "zombie", "stalled", "stuck_in_done", "bead_closed", "stopped")
 """Why the witness files a warrant. ``stuck_in_done`` ends as ``done``: the witness finishes the done flow."""
 
 
@@ -67,6 +67,8 @@ class SessionWarranted(SessionEvent, frozen=True, kw_only=True):
 class SessionEnded(SessionEvent, frozen=True, kw_only=True):
     TYPE: ClassVar[str] = "session.ended"
     reason: str
+    """One of ``END_REASONS``. ``stopped``: the operator stopped it (``gt down --sessions``); its bead gets a
+    fresh session from the next witness (the next ``gt up``), not from the one that stopped it."""
     detail: str = ""
 
 

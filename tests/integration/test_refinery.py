@@ -120,6 +120,8 @@ async def test_a_failure_the_target_has_too_files_a_bug_and_merges_anyway(pt: Po
 
 
 async def test_a_conflict_blocks_the_mr_on_a_conflict_bead_and_closing_it_requeues(pt: PolecatTown) -> None:
+    assert pt.refinery is not None  # conflicts are the operator's at once (none goes back to an agent first)
+    pt.refinery.policy = msgspec.structs.replace(pt.refinery.policy, max_conflict_returns=0)
     await pt.add_rig(agent_command="GT_AGENT_FAULT=conflict gt-agent", max_polecats=2)
     # Both branch off the same main and both write CONFLICT.txt: whichever merges second conflicts.
     beads = [await pt.new_bead("Write CONFLICT.txt"), await pt.new_bead("Also write CONFLICT.txt")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.refinery import plan
@@ -188,6 +189,25 @@ def test_merged_with_an_open_bead_is_owed_a_close_and_a_closed_conflict_bead_unb
     assert plan.unblocked(q.state) == []
     q.add(BeadClosed(bead_id="de-fix", reason="resolved"))
     assert [m.id for m in plan.unblocked(q.state)] == [b]
+
+
+def test_a_conflict_goes_back_to_the_agent_until_the_cap_then_to_the_operator(q: Queue) -> None:
+    policy = plan.Policy(lease_s=900, max_conflict_returns=2)
+    heads = [str(n) * 40 for n in range(1, 4)]
+    for n, head in enumerate(heads):  # three merge requests of one bead, each conflicting
+        mr_id = q.submit("de-a", head=head)
+        q.claim(mr_id)
+        assert plan.send_conflict_back(q.state, q.mr(mr_id), policy) is False, "submitted by hand: no agent"
+        with_session = msgspec.structs.replace(q.mr(mr_id), session="de-a-1")
+        assert plan.send_conflict_back(q.state, with_session, policy) is (n < 2)
+        q.add(MergeRequestConflicted(mr_id=mr_id, target_commit="e" * 40, conflict_command="", sent_back=n < 2))
+        if n < 2:
+            assert q.mr(mr_id).status == "conflicted"  # finished: the resolved branch comes as a new one
+            assert q.mr(mr_id).ended_at is not None
+        else:
+            assert q.mr(mr_id).status == "blocked"
+    assert q.state.beads["de-a"].conflicts_sent_back == 2
+    assert plan.unblocked(q.state) == []
 
 
 # ---- batches --------------------------------------------------------------------------------------

@@ -162,6 +162,21 @@ def test_a_finishing_session_cannot_hand_off_and_an_unknown_session_is_not_found
     assert "gt session list" in missing.message
 
 
+def test_a_stop_warrants_the_session_once_and_an_ended_one_is_left_alone() -> None:
+    fed = with_session(witness())
+    stopping = fed.send("gt.cmd.session.stop", session="demo-1-1")
+    assert (stopping["status"], stopping["changed"]) == ("stopping", True)
+    session = fed.projection.state.sessions["demo-1-1"]
+    assert session.warrant_reason == "stopped"
+    assert fed.send("gt.cmd.session.stop", session="demo-1-1")["changed"] is False
+    assert fed.reject("gt.cmd.session.stop", session="demo-9-9").code == "not_found"
+
+
+def test_a_nudge_result_says_whether_its_target_runs_now() -> None:
+    fed = with_session(witness())
+    assert fed.send("gt.cmd.nudge.send", target="demo/ace", message="hello")["live"] is True
+
+
 # ---- nudges ------------------------------------------------------------------------------------
 
 

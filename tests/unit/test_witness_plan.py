@@ -337,6 +337,21 @@ def test_a_handoff_gets_a_fresh_session_without_moving_the_hook() -> None:
     assert (spawn.handoff_of, spawn.resling, spawn.polecat) == (first, False, "ace")
 
 
+def test_a_session_the_operator_stopped_is_respawned_by_the_next_witness_not_by_this_one() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    first = w.running("gt-abc")
+    acting_since = w.clock
+    w.tick(5)
+    w.add(SessionWarranted(session_id=first, reason="stopped", detail="stopped by the operator"))
+    assert kinds(w.plan()) == ["Kill"]
+    w.end(first, "stopped", cleaned=False)
+    assert "Spawn" not in kinds(w.plan(w.observe(acting_since=acting_since))), "the town is going down"
+    spawn = only(w.plan(w.observe(acting_since=w.clock + timedelta(seconds=1))), Spawn)  # the next witness
+    assert (spawn.attempt, spawn.polecat, spawn.resling) == (2, "ace", False)  # keeps its hook, like a handoff
+
+
 def test_a_bead_resung_max_respawns_times_is_escalated_on_its_next_death() -> None:
     w = World()
     w.rig(max_respawns=3)

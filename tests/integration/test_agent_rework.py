@@ -1,0 +1,129 @@
+"""The reference agent and the merge queue together: what the agent commits (only what it wrote, never build
+output), and a merge conflict going back to an agent before it reaches the operator."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from services.refinery.settings import RefinerySettings
+from shared import git
+from shared.config import TownConfig
+from tests.helpers import assert_eventually
+from tests.integration.test_refinery import merged_mr
+from tests.integration.test_witness import run_gt
+from tests.log_tools import events_of
+from tests.witness_town import IDENTITY, PolecatTown, polecat_town
+
+BUILD_OUTPUT = ("__pycache__", ".pyc", ".pytest_cache", "node_modules")
+
+
+@pytest.fixture
+async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
+    async with polecat_town(town, nc, tmp_path) as handle:
+        yield handle
+
+
+def commit_to_main(pt: PolecatTown, files: dict[str, str]) -> None:
+    clone = pt.origin.parent / "main-writer"
+    git.git("clone", "--quiet", str(pt.origin), str(clone))
+    for name, text in files.items():
+        (clone / name).write_text(text)
+    git.git("add", *files, cwd=clone)
+    git.git(*IDENTITY, "commit", "--quiet", "-m", "add a module", cwd=clone)
+    git.git("push", "--quiet", "origin", "HEAD:main", cwd=clone)
+    git.force_remove(clone)
+
+
+async def test_the_agent_commits_only_what_it_wrote_never_python_bytecode(pt: PolecatTown) -> None:
+    # A Python project with no .gitignore: its test command leaves __pycache__/mod.*.pyc in the worktree.
+    commit_to_main(pt, {"mod.py": "VALUE = 1\n"})
+    await pt.add_rig(test_command="python3 -c 'import mod' && test ! -e FAIL_TESTS")
+    bead = await pt.new_bead("Work on a Python project")
+    await pt.sling(bead)
+    mr = await merged_mr(pt, bead, timeout=180)
+    tree = git.git("ls-tree", "-r", "--name-only", "refs/heads/main", cwd=pt.origin).split()
+    assert [p for p in tree if any(b in p for b in BUILD_OUTPUT)] == [], tree
+    assert f".gastown-work/{bead}/05-run-tests.txt" in tree
+    assert mr["head"]
+    sessions = await pt.wait_settled(bead)
+    assert [s.end_reason for s in sessions] == ["done"], "gt done took the worktree as clean"
+
+
+async def test_a_conflict_goes_back_to_the_agent_which_resolves_it_and_it_merges(
+    pt: PolecatTown, gt_env: dict[str, str]
+) -> None:
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=conflict gt-agent", max_polecats=2)
+    # Both branch off the same main and both write CONFLICT.txt: whichever merges second conflicts.
+    beads = [await pt.new_bead("Write CONFLICT.txt"), await pt.new_bead("Also write CONFLICT.txt")]
+    for bead in beads:
+        await pt.sling(bead)
+
+    async def conflicted() -> tuple[str, dict[str, Any]]:
+        for bead in beads:
+            assert pt.refinery is not None
+            for mr in [m for m in pt.refinery.projection.state.mrs.values() if m.bead == bead]:
+                for kind, data in await events_of(pt.nc, f"gt.evt.mr.{mr.id}"):
+                    if kind == "mr.conflicted":
+                        return bead, data
+        raise AssertionError("no merge request conflicted yet")
+
+    found: tuple[str, dict[str, Any]] = await assert_eventually(conflicted, timeout=180, interval=0.2)
+    second, conflict = found
+    first = next(b for b in beads if b != second)
+    assert conflict["sent_back"] is True
+    assert conflict["files"] == ["CONFLICT.txt"]
+
+    # The bead merges without anyone else: a fresh session on it rebased, resolved and submitted again.
+    await merged_mr(pt, first, timeout=180)
+    await merged_mr(pt, second, timeout=240)
+    content = git.git("show", "refs/heads/main:CONFLICT.txt", cwd=pt.origin)
+    assert f"{first} was here" in content
+    assert f"{second} was here" in content
+    sessions = await pt.wait_settled(second)
+    # The first submitted; a later one (the next, unless the machine's load made one die on the way) resolved.
+    assert len(sessions) >= 2, [(s.id, s.end_reason) for s in sessions]
+    assert (sessions[0].end_reason, sessions[-1].end_reason) == ("done", "done")
+    assert {s.branch for s in sessions} == {sessions[0].branch}, "the same branch, reworked"
+    assert pt.mayor is not None
+    labelled = [b for b in pt.mayor.projection.state.beads.values() if "merge-conflict" in b.labels]
+    assert labelled == [], "no conflict bead for the operator"
+
+    # What the fresh session was told: `gt prime` of it names the conflict, its files and the target commit.
+    env = {**gt_env, "NATS_URL": pt.config.nats_url, "GT_SESSION": sessions[-1].id}
+    primed = await run_gt(env, "prime")
+    assert primed.returncode == 0, primed.stderr
+    assert "conflicted" in primed.stdout
+    assert "CONFLICT.txt" in primed.stdout
+    assert conflict["target_commit"] in primed.stdout
+    data = json.loads((await run_gt(env, "prime", "--json")).stdout)
+    assert data["merge_failure"]["gate"] == "conflict"
+    assert data["merge_failure"]["files"] == ["CONFLICT.txt"]
+
+
+async def test_a_conflict_the_agents_do_not_resolve_reaches_the_operator_after_the_cap(
+    town: TownConfig, nc: Client, tmp_path: Path
+) -> None:
+    # No conflict goes back to an agent (cap 0): the first one is the operator's, as a conflict bead.
+    async with polecat_town(town, nc, tmp_path, refinery=RefinerySettings(max_conflict_returns=0)) as pt:
+        await pt.add_rig(agent_command="GT_AGENT_FAULT=conflict gt-agent", max_polecats=2)
+        beads = [await pt.new_bead("Write CONFLICT.txt"), await pt.new_bead("Also write CONFLICT.txt")]
+        for bead in beads:
+            await pt.sling(bead)
+
+        def blocked() -> Any:
+            assert pt.refinery is not None
+            found = [m for m in pt.refinery.projection.state.mrs.values() if m.status == "blocked" and m.blocked_by]
+            assert found, [(m.bead, m.status) for m in pt.refinery.projection.state.mrs.values()]
+            return found[0]
+
+        mr = await assert_eventually(blocked, timeout=180, interval=0.1)
+        assert pt.mayor is not None
+        conflict_bead = pt.mayor.projection.state.beads[mr.blocked_by]
+        assert "merge-conflict" in conflict_bead.labels
+        assert len(pt.sessions_of(mr.bead)) == 1, "no session was sent the conflict"

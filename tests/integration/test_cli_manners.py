@@ -1,0 +1,197 @@
+"""How the real `gt` behaves as a Unix command: piped into a reader that stops early, an unknown flag, help
+text, what a nudge says it did, the head `gt mq list` shows, what `gt down` leaves running."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+
+from shared import git
+from shared.config import TownConfig
+from shared.tmux import Tmux
+from tests.helpers import assert_eventually, wait_until
+from tests.integration.test_town import TownCli
+from tests.integration.test_witness import run_gt, started_session
+from tests.witness_town import PolecatTown, make_origin, polecat_town
+
+EXIT_SIGPIPE = 141
+"""What a shell reports for a command a closed pipe stopped (128 + SIGPIPE), like `yes | head -1`."""
+
+
+@pytest.fixture
+async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
+    async with polecat_town(town, nc, tmp_path) as handle:
+        yield handle
+
+
+def gt_into_closed_pipe(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`gt ...` whose stdout is a pipe nobody reads any more (as `gt ... | head -1` after head has its line):
+    every write meets a broken pipe, so the outcome does not depend on timing."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "shared.cli.main", *args],
+            env=env,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+
+
+async def test_output_into_a_closed_pipe_ends_quietly(pt: PolecatTown, gt_env: dict[str, str]) -> None:
+    await pt.add_rig()
+    for title in ("one", "two", "three"):
+        await pt.new_bead(title)
+    env = {**gt_env, "NATS_URL": pt.config.nats_url}
+    for args in (("status",), ("feed", "--no-follow", "--since", "all"), ("bead", "list")):
+        done = await asyncio.to_thread(gt_into_closed_pipe, env, *args)
+        assert "Traceback" not in done.stderr, (args, done.stderr)
+        assert "BrokenPipeError" not in done.stderr, (args, done.stderr)
+        assert done.returncode in (0, EXIT_SIGPIPE), (args, done.returncode, done.stderr)
+    # And through a real shell pipeline, as typed.
+    shell = await asyncio.to_thread(
+        subprocess.run,
+        ["sh", "-c", f"{sys.executable} -m shared.cli.main feed --no-follow --since all | head -1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert shell.returncode == 0
+    assert shell.stdout.count("\n") == 1
+    assert "Traceback" not in shell.stderr, shell.stderr
+
+
+async def test_an_unknown_flag_prints_the_subcommands_usage(gt_env: dict[str, str]) -> None:
+    for args, usage in (
+        (("bead", "create", "x", "--nosuchflag"), "usage: gt bead create"),
+        (("status", "--nosuchflag"), "usage: gt status"),
+        (("mq", "list", "--nosuchflag"), "usage: gt mq list"),
+        (("down", "--nosuchflag"), "usage: gt down"),
+    ):
+        done = await run_gt(gt_env, *args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr.startswith(usage), (args, done.stderr)
+        assert "unrecognized arguments: --nosuchflag" in done.stderr
+
+
+async def test_up_help_documents_every_option(gt_env: dict[str, str]) -> None:
+    done = await run_gt(gt_env, "up", "--help")
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert re.search(r"--port PORT \w", text), done.stdout
+    assert "GT_NATS_PORT" in text
+
+
+async def test_a_nudge_says_delivered_when_it_was_and_queued_when_it_waits(
+    pt: PolecatTown, gt_env: dict[str, str]
+) -> None:
+    # An agent that reads what is typed into its pane and answers it, and never finishes on its own.
+    await pt.add_rig(agent_command="sh -c 'while read line; do echo \"heard: $line\"; done'")
+    bead = await pt.new_bead("Listen")
+    await pt.sling(bead)
+    session_id, _, _ = await started_session(pt, bead, 1)
+    env = {**gt_env, "NATS_URL": pt.config.nats_url}
+    live = await run_gt(env, "nudge", "demo/ace", "please also update the docs")
+    assert live.returncode == 0, live.stderr
+    assert f"delivered to {session_id}" in live.stdout, live.stdout
+    assert "queued" not in live.stdout
+
+    # Nobody runs in the rig's other name: the nudge waits for a session.
+    await pt.ok("gt.cmd.bead.close", id=bead, reason="done by hand")
+    await pt.wait_settled(bead)
+    later = await run_gt(env, "nudge", "demo/ace", "anyone there?", "--ttl", "60")
+    assert later.returncode == 0, later.stderr
+    assert "queued for demo/ace" in later.stdout, later.stdout
+
+
+async def test_mq_list_shows_the_head_that_landed_after_the_rebase(pt: PolecatTown, gt_env: dict[str, str]) -> None:
+    await pt.add_rig()
+    first, second = await pt.new_bead("A"), await pt.new_bead("B")
+    head_a = pt.push_branch("polecat/a/x", {"A.txt": "a\n"})
+    head_b = pt.push_branch("polecat/b/x", {"B.txt": "b\n"})
+    mr_a = await pt.submit(first, "polecat/a/x", head_a)
+
+    def merged(mr_id: str) -> bool:
+        assert pt.refinery is not None
+        mr = pt.refinery.projection.state.mrs.get(mr_id)
+        return mr is not None and mr.status == "merged"
+
+    await assert_eventually(lambda: merged(mr_a), timeout=90, interval=0.1)
+    mr_b = await pt.submit(second, "polecat/b/x", head_b)  # off the old main: rebased onto A's merge
+    await assert_eventually(lambda: merged(mr_b), timeout=90, interval=0.1)
+    landed = git.git("rev-parse", "refs/heads/main", cwd=pt.origin).strip()
+    assert landed != head_b
+    env = {**gt_env, "NATS_URL": pt.config.nats_url}
+    listed = await run_gt(env, "mq", "list")
+    assert listed.returncode == 0, listed.stderr
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(mr_b))
+    assert landed[:10] in row, listed.stdout
+    assert head_b[:10] not in row, listed.stdout
+
+
+@pytest.fixture
+def gt_town(gt_env: dict[str, str], tmp_path: Path) -> Iterator[TownCli]:
+    cli = TownCli(gt_env, tmp_path / "town")
+    cli.env["GT_TMUX_SOCKET"] = f"gt-test-{uuid.uuid4().hex[:10]}"
+    try:
+        yield cli
+    finally:
+        cli("down")
+        Tmux(cli.env["GT_TMUX_SOCKET"]).kill_server()
+
+
+def test_down_counts_the_sessions_left_running_and_down_sessions_stops_them_through_the_witness(
+    gt_town: TownCli, tmp_path: Path
+) -> None:
+    tmux = Tmux(gt_town.env["GT_TMUX_SOCKET"])
+    origin = make_origin(tmp_path / "project")
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+    added = gt_town("rig", "add", "demo", str(origin), "--agent", "GT_AGENT_FAULT=hang gt-agent", "--wait")
+    assert added.returncode == 0, added.stderr
+    bead = gt_town("bead", "create", "Keep working", "--prefix", "demo", "--wait").stdout.strip()
+    assert gt_town("sling", bead, "demo", "--wait").returncode == 0
+
+    def polecat_panes() -> list[str]:
+        return sorted(name for name in tmux.snapshot() if name.startswith("gt-demo-"))
+
+    first = wait_until(polecat_panes, timeout=60)
+    down = gt_town("down")
+    assert down.returncode == 0, down.stderr
+    assert "town down" in down.stdout
+    assert "1 polecat session keeps running" in down.stdout, down.stdout
+    assert "gt down --sessions" in down.stdout
+    assert polecat_panes() == first, "plain `gt down` leaves sessions alone"
+
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+    stopped = gt_town("down", "--sessions")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped 1 polecat session" in stopped.stdout, stopped.stdout
+    assert "keeps running" not in stopped.stdout
+    assert polecat_panes() == [], "stopped before the services went down, not respawned"
+
+    # The log has it, and the next town gives the bead a fresh session.
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+    history = gt_town("bead", "history", bead, "--json")
+    assert history.returncode == 0, history.stderr
+    ended = [e for e in json.loads(history.stdout) if e["type"] == "session.ended"]
+    assert [e["data"]["reason"] for e in ended] == ["stopped"], ended
+    wait_until(polecat_panes, timeout=60)
+    sessions = json.loads(gt_town("session", "list", "--json").stdout)
+    assert [s["attempt"] for s in sessions] == [2], sessions
