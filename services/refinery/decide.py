@@ -69,7 +69,7 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit) -> Accepted:
     if slung_to is not None and slung_to != cmd.rig:
         raise CommandError("invalid", f"bead {cmd.bead} is slung to rig {slung_to}, not {cmd.rig}")
     existing = existing_mr(state, cmd.rig, cmd.bead, cmd.head)
-    if existing is not None and existing.status == "failed":
+    if existing is not None and existing.status in SENT_BACK:
         return resubmit_failed(existing, cmd)
     if existing is not None:
         return Accepted(result={**mr_view(existing), "changed": False})
@@ -90,13 +90,19 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit) -> Accepted:
     )
 
 
+SENT_BACK = ("failed", "conflicted")
+"""A merge request that went back to its bead's polecat: failed gates, or a conflict sent back to resolve."""
+
+
 def resubmit_failed(mr: MergeRequest, cmd: MergeRequestSubmit) -> Accepted:
-    """The bead submits again the commit whose gates failed (its polecat changed nothing): the merge request is
+    """The bead submits again the commit that was sent back (its polecat changed nothing): the merge request is
     its bead's and goes back into the queue, so the bead is never left without one. Gated again, it merges (the
-    failure was the target's or flaky) or fails again and goes back to the polecat, until the bead's failures
-    reach the limit and it is escalated. A retried command is answered from its stored outcome, not here."""
+    failure was the target's or flaky) or fails (conflicts) again and goes back to the polecat, until the bead's
+    failures (conflicts sent back) reach the limit and it is escalated (goes to the operator). A retried command
+    is answered from its stored outcome, not here."""
     by = f" by session {cmd.session}" if cmd.session else ""
-    event = MergeRequestRequeued(mr_id=mr.id, reason=f"resubmitted unchanged{by} after its {mr.gate} gate failed")
+    why = "its merge conflicted" if mr.status == "conflicted" else f"its {mr.gate} gate failed"
+    event = MergeRequestRequeued(mr_id=mr.id, reason=f"resubmitted unchanged{by} after {why}")
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=mr.version)],
         result={"id": mr.id, "status": "queued", "changed": True, "bead": mr.bead, "rig": mr.rig, "head": mr.head},

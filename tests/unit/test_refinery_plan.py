@@ -418,3 +418,20 @@ def test_time_only_comes_from_the_caller(q: Queue) -> None:
     assert plan.score(q.state, q.mr(a), later, POLICY) - plan.score(q.state, q.mr(a), q.clock, POLICY) == (
         pytest.approx(2)
     )
+
+
+def test_a_bead_resubmitting_the_commit_whose_conflict_was_sent_back_puts_its_merge_request_back(q: Queue) -> None:
+    """The agent a conflict went back to ran `gt done` without resolving it (same head): its merge request goes
+    back into the queue (it conflicts again and counts towards the cap), never left finished with the bead
+    hooked and nothing queued."""
+    a = q.submit("de-a")
+    body = {"bead": "de-a", "rig": "demo", "branch": "polecat/x/de-a", "head": q.mr(a).head, "session": "de-a-2"}
+    q.claim(a)
+    q.add(
+        MergeRequestConflicted(mr_id=a, target_commit="e" * 40, conflict_command="", files=["calc.py"], sent_back=True)
+    )
+    assert q.mr(a).status == "conflicted"
+    again = q.send("gt.cmd.mr.submit", body)
+    assert (again["id"], again["status"], again["changed"]) == (a, "queued", True)
+    assert q.mr(a).reason == "resubmitted unchanged by session de-a-2 after its merge conflicted"
+    assert q.next() == [a]
