@@ -6,11 +6,19 @@ from typing import Protocol
 
 from services.mayor.decide_beads import fresh_id, get_bead, result
 from services.mayor.reads import is_complete, unmet_needs
-from services.mayor.state import INFRA_TYPES, MayorState, Molecule, Step
-from shared.commands import BeadSling, StepDone, StepStart
+from services.mayor.state import INFRA_TYPES, KnownRig, MayorState, Molecule, Step
+from shared.commands import BeadSling, BeadUnsling, StepDone, StepStart
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
-from shared.events import BeadSlung, ConvoyCreated, MoleculeAttached, MoleculeCompleted, StepCompleted, StepStarted
+from shared.events import (
+    BeadSlung,
+    BeadUnslung,
+    ConvoyCreated,
+    MoleculeAttached,
+    MoleculeCompleted,
+    StepCompleted,
+    StepStarted,
+)
 from shared.formulas import Formula, FormulaError, cook
 
 DEFAULT_FORMULA = "polecat-work"
@@ -33,11 +41,14 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext, formulas: Formu
     if rehook and not cmd.force:
         raise CommandError(
             "conflict",
-            f"bead {bead.id} is already {bead.status} on rig {bead.rig}; only a forced re-sling moves the hook",
+            f"bead {bead.id} is already {bead.status} on rig {bead.rig}; only a forced re-sling moves the hook "
+            f"(`gt unsling {bead.id}` gives it back)",
         )
+    rig = _rig_taking_work(state, cmd.rig)
     events: list[NewEvent] = []
     convoy_id = None
-    if not rehook and not cmd.no_convoy:
+    # Slung again after an unsling: the convoy that tracked it still does.
+    if not rehook and not cmd.no_convoy and not bead.convoys:
         convoy_id = fresh_id(ctx, CONVOY_PREFIX, state.convoys)
     events.append(
         NewEvent(
@@ -60,9 +71,36 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext, formulas: Formu
         )
         events.append(NewEvent(payload=convoy, expected_seq=0))
     status = bead.status if rehook else "hooked"
+    out = result(bead.id, status, changed=True, rig=cmd.rig, convoy=convoy_id, formula=_formula_name(events))
+    if rig.parked:
+        out["parked"] = True
+    return Accepted(events=events, result=out)
+
+
+def _rig_taking_work(state: MayorState, name: str) -> KnownRig:
+    """The rig a sling names; a rig nobody added, or one removed, takes nothing (a parked one takes work that
+    waits)."""
+    rig = state.rigs.get(name)
+    if rig is not None and not rig.removed:
+        return rig
+    live = sorted(r.name for r in state.rigs.values() if not r.removed)
+    rigs = f"rigs: {', '.join(live)}" if live else "no rigs yet; add one with gt rig add"
+    if rig is not None:
+        raise CommandError("not_found", f"rig {name!r} was removed; {rigs}")
+    raise CommandError("not_found", f"no rig {name!r}; {rigs}")
+
+
+def unsling(state: MayorState, cmd: BeadUnsling) -> Accepted:
+    """hooked or in_progress -> open, off its rig; the molecule keeps its done steps (see ``bead.unslung``)."""
+    bead = get_bead(state, cmd.id)
+    if bead.status == "closed":
+        raise CommandError("backward_transition", f"bead {bead.id} is closed; a closed bead has no hook to release")
+    if bead.status not in ("hooked", "in_progress"):
+        raise CommandError("conflict", f"bead {bead.id} is not hooked (it is {bead.status}); nothing to unsling")
+    event = BeadUnslung(bead_id=bead.id, rig=bead.rig or "", reason=cmd.reason, remove_worktree=cmd.remove_worktree)
     return Accepted(
-        events=events,
-        result=result(bead.id, status, changed=True, rig=cmd.rig, convoy=convoy_id, formula=_formula_name(events)),
+        events=[NewEvent(payload=event, expected_seq=bead.version)],
+        result=result(bead.id, "open", changed=True, rig=bead.rig, was=bead.status),
     )
 
 

@@ -7,12 +7,23 @@ from datetime import datetime
 
 import msgspec
 
-from services.mayor.state import STATUS_RANK, WISP_TYPE, Bead, Convoy, Escalation, MayorState, Molecule, Step
+from services.mayor.state import (
+    STATUS_RANK,
+    WISP_TYPE,
+    Bead,
+    Convoy,
+    Escalation,
+    KnownRig,
+    MayorState,
+    Molecule,
+    Step,
+)
 from shared.events import (
     BeadClaimed,
     BeadClosed,
     BeadCreated,
     BeadSlung,
+    BeadUnslung,
     BeadUpdated,
     CommandAccepted,
     CommandRejected,
@@ -28,12 +39,17 @@ from shared.events import (
     GcSwept,
     MoleculeAttached,
     MoleculeCompleted,
+    RigAdded,
+    RigParked,
+    RigRemoved,
+    RigUnparked,
     StepCompleted,
     StepStarted,
 )
 from shared.projection import Projection
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+"""3: rigs (a snapshot from before knows none, so it is not trusted)."""
 
 
 @functools.singledispatch
@@ -146,6 +162,46 @@ def _slung(payload: BeadSlung, state: MayorState, env: Envelope, seq: int) -> No
     bead.slings += 1
     bead.updated_at = env.ts
     bead.version = seq
+
+
+@fold.register
+def _unslung(payload: BeadUnslung, state: MayorState, env: Envelope, seq: int) -> None:
+    """The hook is given back: open again, on no rig. The molecule and its done steps stay as they are."""
+    bead = state.beads.get(payload.bead_id)
+    if bead is None:
+        return
+    if bead.status in ("hooked", "in_progress"):
+        bead.status = "open"
+        bead.rig = None
+        bead.hook_session = None
+    bead.updated_at = env.ts
+    bead.version = seq
+
+
+# ---- rigs (the witness's events) ---------------------------------------------------------------
+
+
+@fold.register
+def _rig_added(payload: RigAdded, state: MayorState, env: Envelope, seq: int) -> None:
+    state.rigs.setdefault(payload.rig, KnownRig(name=payload.rig))
+
+
+@fold.register
+def _rig_parked(payload: RigParked, state: MayorState, env: Envelope, seq: int) -> None:
+    if (rig := state.rigs.get(payload.rig)) is not None:
+        rig.parked = True
+
+
+@fold.register
+def _rig_unparked(payload: RigUnparked, state: MayorState, env: Envelope, seq: int) -> None:
+    if (rig := state.rigs.get(payload.rig)) is not None and not rig.removed:
+        rig.parked = False
+
+
+@fold.register
+def _rig_removed(payload: RigRemoved, state: MayorState, env: Envelope, seq: int) -> None:
+    if (rig := state.rigs.get(payload.rig)) is not None:
+        rig.parked = rig.removed = True
 
 
 # ---- molecules ---------------------------------------------------------------------------------

@@ -116,6 +116,16 @@ class Escalation(msgspec.Struct, kw_only=True, gc=False):
     version: int = 0
 
 
+class KnownRig(msgspec.Struct, kw_only=True, gc=False):
+    """A rig as the mayor needs it to sling (the witness's ``rig.*`` events): whether it exists and takes work."""
+
+    name: str
+    parked: bool = False
+    """Slings to it are accepted and wait: the witness starts no session there."""
+    removed: bool = False
+    """Slings to it are refused."""
+
+
 class MayorState(msgspec.Struct, kw_only=True):
     beads: dict[str, Bead] = {}
     """Every bead, in creation order."""
@@ -127,5 +137,7 @@ class MayorState(msgspec.Struct, kw_only=True):
     open_convoys: list[str] = []
     """Ids of the convoys still open, so reconcile looks at those only."""
     escalations: dict[str, Escalation] = {}
+    rigs: dict[str, KnownRig] = {}
+    """Every rig added, by name (removed ones too: their names stay taken)."""
     commands_accepted: int = 0
     commands_rejected: int = 0

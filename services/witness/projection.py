@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 from datetime import datetime
 
+import msgspec
+
 from services.witness.state import HookLease, MergeFailure, Nudge, Rig, Session, WitnessState, WorkBead
 from shared.events import (
     DEATHS,
@@ -13,6 +15,7 @@ from shared.events import (
     BeadClosed,
     BeadCreated,
     BeadSlung,
+    BeadUnslung,
     Envelope,
     Event,
     GcSwept,
@@ -28,6 +31,10 @@ from shared.events import (
     NudgeQueued,
     RigAdded,
     RigMassDeath,
+    RigParked,
+    RigRemoved,
+    RigUnparked,
+    RigUpdated,
     SessionCleaned,
     SessionDoneIntent,
     SessionEnded,
@@ -44,6 +51,16 @@ from shared.lease_rules import record_end
 from shared.projection import Projection
 
 SCHEMA_VERSION = 3
+RIG_SETTINGS = (
+    "setup_command",
+    "lint_command",
+    "test_command",
+    "agent_command",
+    "max_polecats",
+    "max_respawns",
+    "stall_after_s",
+)
+"""What ``rig.updated`` may change."""
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 
 
@@ -77,6 +94,39 @@ def _rig_added(payload: RigAdded, state: WitnessState, env: Envelope, seq: int) 
 
 
 @fold.register
+def _rig_updated(payload: RigUpdated, state: WitnessState, env: Envelope, seq: int) -> None:
+    rig = state.rigs.get(payload.rig)
+    if rig is None:
+        return
+    for field in RIG_SETTINGS:
+        value = getattr(payload, field)
+        if value is not msgspec.UNSET:
+            setattr(rig, field, value)
+    rig.version = seq
+
+
+@fold.register
+def _rig_parked(payload: RigParked, state: WitnessState, env: Envelope, seq: int) -> None:
+    if (rig := state.rigs.get(payload.rig)) is not None:
+        rig.parked, rig.parked_reason, rig.version = True, payload.reason, seq
+
+
+@fold.register
+def _rig_unparked(payload: RigUnparked, state: WitnessState, env: Envelope, seq: int) -> None:
+    if (rig := state.rigs.get(payload.rig)) is not None:
+        if not rig.removed:
+            rig.parked, rig.parked_reason = False, ""
+        rig.version = seq
+
+
+@fold.register
+def _rig_removed(payload: RigRemoved, state: WitnessState, env: Envelope, seq: int) -> None:
+    if (rig := state.rigs.get(payload.rig)) is not None:
+        rig.parked = rig.removed = True
+        rig.version = seq
+
+
+@fold.register
 def _mass_death(payload: RigMassDeath, state: WitnessState, env: Envelope, seq: int) -> None:
     covered = state.mass_deaths.setdefault(payload.rig, [])
     covered.extend(s for s in payload.sessions if s not in covered)
@@ -107,6 +157,7 @@ def _bead_slung(payload: BeadSlung, state: WitnessState, env: Envelope, seq: int
     bead.merge_requested = False  # a new sling (rework) needs a new session and a new merge request
     bead.merge_rejected = False
     bead.resling_owed = False
+    bead.unslung = bead.unsling_remove_worktree = False
     bead.last_progress_at = env.ts
     if payload.session is not None and payload.session in bead.sessions:
         # The witness's re-sling names the session it already requested: that one serves this sling.
@@ -115,6 +166,17 @@ def _bead_slung(payload: BeadSlung, state: WitnessState, env: Envelope, seq: int
         bead.sessions_at_sling = len(bead.sessions)
     if payload.session is None:
         bead.deaths_at_sling = deaths(state, bead)
+
+
+@fold.register
+def _bead_unslung(payload: BeadUnslung, state: WitnessState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(payload.bead_id)
+    if bead is None or bead.status not in ("hooked", "in_progress"):
+        return
+    bead.status = "open"
+    bead.unslung = True
+    bead.unsling_remove_worktree = payload.remove_worktree
+    bead.resling_owed = False
 
 
 def deaths(state: WitnessState, bead: WorkBead) -> int:

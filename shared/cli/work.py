@@ -8,7 +8,7 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from shared.cli import render
+from shared.cli import render, rigs
 from shared.cli.common import Subcommands, UsageError, command_options, key_values, read, read_options, send, show
 from shared.config import TownConfig
 
@@ -37,6 +37,7 @@ def register(sub: Subcommands) -> None:
     sl.add_argument("--force", action="store_true", help="re-sling a hooked bead (keeps its done steps)")
     command_options(sl)
     sl.set_defaults(handler=_sling)
+    rigs.register_unsling(sub)
 
     mol = sub.group("mol", "molecules: status", "mol_cmd")
     ms = mol.add_parser("status", help="a bead's steps, which are done and which is current")
@@ -70,6 +71,8 @@ def _sling_line(result: dict[str, Any]) -> str:
         parts.append(f"molecule {result['formula']}")
     if result.get("convoy"):
         parts.append(f"convoy {result['convoy']}")
+    if result.get("parked"):
+        parts.append(f"rig parked: it waits for `gt rig unpark {result.get('rig')}`")
     return ", ".join(parts)
 
 

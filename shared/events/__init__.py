@@ -9,7 +9,16 @@ from shared.events.base import (
     decode_envelope,
     encode_event,
 )
-from shared.events.beads import BEAD_EVENTS, BeadClaimed, BeadClosed, BeadCreated, BeadEvent, BeadSlung, BeadUpdated
+from shared.events.beads import (
+    BEAD_EVENTS,
+    BeadClaimed,
+    BeadClosed,
+    BeadCreated,
+    BeadEvent,
+    BeadSlung,
+    BeadUnslung,
+    BeadUpdated,
+)
 from shared.events.convoys import CONVOY_EVENTS, ConvoyBeadsAdded, ConvoyClosed, ConvoyCreated
 from shared.events.escalations import (
     ESCALATION_EVENTS,
@@ -46,7 +55,7 @@ from shared.events.outcomes import (
     CommandOutcome,
     CommandRejected,
 )
-from shared.events.rigs import RIG_EVENTS, RigAdded, RigMassDeath
+from shared.events.rigs import RIG_EVENTS, RigAdded, RigMassDeath, RigParked, RigRemoved, RigUnparked, RigUpdated
 from shared.events.services import SERVICE_EVENTS, ServiceDown, ServiceStopped, ServiceUp
 from shared.events.sessions import (
     DEATHS,
@@ -92,6 +101,7 @@ __all__ = [
     "BeadCreated",
     "BeadEvent",
     "BeadSlung",
+    "BeadUnslung",
     "BeadUpdated",
     "CommandAccepted",
     "CommandOutcome",
@@ -125,6 +135,10 @@ __all__ = [
     "NudgeQueued",
     "RigAdded",
     "RigMassDeath",
+    "RigParked",
+    "RigRemoved",
+    "RigUnparked",
+    "RigUpdated",
     "ServiceDown",
     "ServiceStopped",
     "ServiceUp",
