@@ -47,8 +47,7 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext, formulas: Formu
     rig = _rig_taking_work(state, cmd.rig)
     events: list[NewEvent] = []
     convoy_id = None
-    # Slung again after an unsling: the convoy that tracked it still does.
-    if not rehook and not cmd.no_convoy and not bead.convoys:
+    if not rehook and not cmd.no_convoy and not _auto_convoy_open(state, bead.convoys):
         convoy_id = fresh_id(ctx, CONVOY_PREFIX, state.convoys)
     events.append(
         NewEvent(
@@ -75,6 +74,11 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext, formulas: Formu
     if rig.parked:
         out["parked"] = True
     return Accepted(events=events, result=out)
+
+
+def _auto_convoy_open(state: MayorState, convoys: list[str]) -> bool:
+    """Slung again after an unsling: the auto-convoy of its first sling still tracks it; no second one."""
+    return any((c := state.convoys.get(cid)) is not None and c.auto and c.status == "open" for cid in convoys)
 
 
 def _rig_taking_work(state: MayorState, name: str) -> KnownRig:

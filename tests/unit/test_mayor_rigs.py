@@ -46,7 +46,9 @@ def test_a_removed_rig_takes_no_sling_and_a_parked_one_takes_it_waiting() -> Non
 def test_unsling_gives_the_hook_back_and_keeps_the_molecule_and_convoy() -> None:
     town = mayor_town()
     bead = town.send("gt.cmd.bead.create", {"title": "t"})["id"]
+    release = town.send("gt.cmd.convoy.create", {"title": "Release", "beads": [bead]})["id"]
     first = town.send(SLING, {"id": bead, "rig": "demo"})
+    assert first["convoy"] is not None, "a convoy of the operator's does not stand for the auto-convoy"
     town.send("gt.cmd.step.done", {"bead": bead, "step": "load-context"})
     town.send("gt.cmd.bead.claim", {"id": bead, "assignee": "polecat:demo/ace"})
     out = town.send(UNSLING, {"id": bead, "reason": "wrong rig"})
@@ -56,7 +58,7 @@ def test_unsling_gives_the_hook_back_and_keeps_the_molecule_and_convoy() -> None
     assert [s.status for s in town.state.molecules[bead].steps][:2] == ["done", "pending"], "done stays done"
     again = town.send(SLING, {"id": bead, "rig": "web"})
     assert (again["status"], again["convoy"], again["formula"]) == ("hooked", None, None)
-    assert town.state.beads[bead].convoys == [first["convoy"]], "the convoy that tracked it still does"
+    assert town.state.beads[bead].convoys == [release, first["convoy"]], "the auto-convoy still tracks it"
     assert town.state.molecules[bead].steps[0].status == "done"
 
 
