@@ -48,6 +48,12 @@ def _bead_unslung(d: dict[str, Any]) -> Described:
     return f"bead {d['bead_id']} unslung from rig {d.get('rig')}, open again{reason}{worktree}", "warn"
 
 
+def _session_cleaned(d: dict[str, Any]) -> Described:
+    # A worktree left in place says why (unsaved work is never removed silently).
+    why = f": {_s(d['detail'], 160)}" if d.get("detail") else ""
+    return f"session {d['session_id']} cleaned up{why}", "quiet"
+
+
 def _rig_updated(d: dict[str, Any]) -> Described:
     changed = ", ".join(f"{k}={_s(v, 40)}" for k, v in sorted(d.items()) if k != "rig")
     return f"rig {d['rig']} updated: {changed or 'nothing'}", "info"
@@ -178,7 +184,7 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     "session.done_intent": _plain("session {session_id} says it is done", "work"),
     "session.warranted": _session_warranted,
     "session.ended": _session_ended,
-    "session.cleaned": _plain("session {session_id} cleaned up", "quiet"),
+    "session.cleaned": _session_cleaned,
     "session.escalated": _plain("session {session_id} escalated: {reason}", "bad"),
     "session.hook_recovered": _session_hook_recovered,
     "mr.submitted": _mr_submitted,

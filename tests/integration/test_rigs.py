@@ -64,6 +64,12 @@ async def started(pt: PolecatTown, bead: str, attempt: int = 1) -> str:
     return found
 
 
+def cleaned(pt: PolecatTown, bead: str, attempt: int) -> bool:
+    s = pt.sessions_of(bead)[attempt - 1]
+    assert (s.status, s.end_reason, s.cleaned) == ("ended", "unslung", True), (s.status, s.end_reason, s.cleaned)
+    return True
+
+
 async def patrols_pass(pt: PolecatTown, passes: int = 3) -> None:
     """Until the witness finished ``passes`` more patrols: whatever it owed by now, it has done."""
     assert pt.witness is not None
@@ -118,20 +124,30 @@ async def test_unsling_ends_the_live_session_and_the_bead_can_be_slung_again(pt:
     assert [(u["rig"], u["reason"]) for u in unslung] == [("demo", "wrong rig")]
     assert "not hooked" in (await gt("unsling", bead)).err
 
-    # Slung again: a fresh session in the same worktree, on the same branch.
+    # Slung again: a fresh session in the same worktree, on the same branch. Asked to remove a worktree that
+    # holds uncommitted work, the witness keeps it and says so.
     ok(await gt("sling", bead, "demo"))
-    second = await started(pt, bead, 2)
+    await started(pt, bead, 2)
     again = pt.sessions_of(bead)[1]
     assert (again.worktree, again.branch) == (session.worktree, session.branch)
+    unsaved = Path(session.worktree) / "notes.txt"
+    unsaved.write_text("not committed yet\n")
     ok(await gt("unsling", bead, "--remove-worktree"))
+    await assert_eventually(lambda: cleaned(pt, bead, 2), timeout=60)
+    assert not pt.sessions_of(bead)[1].worktree_removed
+    assert unsaved.exists(), "uncommitted work is never removed"
+    history = ok(await gt("bead", "history", bead))
+    assert "uncommitted changes; it is kept" in history
 
-    def removed() -> bool:
-        s = pt.sessions_of(bead)[1]
-        assert (s.id, s.end_reason, s.cleaned, s.worktree_removed) == (second, "unslung", True, True)
-        return True
-
-    await assert_eventually(removed, timeout=60)
+    # Once nothing is unsaved there, the worktree goes when asked.
+    unsaved.unlink()
+    ok(await gt("sling", bead, "demo"))
+    await started(pt, bead, 3)
+    ok(await gt("unsling", bead, "--remove-worktree"))
+    await assert_eventually(lambda: cleaned(pt, bead, 3), timeout=60)
+    assert pt.sessions_of(bead)[2].worktree_removed
     assert not Path(session.worktree).exists()
+    assert [s.end_reason for s in pt.sessions_of(bead)] == ["unslung"] * 3
 
 
 # ---- 6: rig update, remove, park, unpark --------------------------------------------------------
