@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import UTC, datetime
 
 from nats.aio.client import Client
 
@@ -30,8 +31,21 @@ from bench.common import (
 )
 from bench.replay import _ceiling_replay, _projection_replay
 from shared import runtime
+from shared.events import RigAdded, encode_event
 
 STEPS = ["load-context", "implement", "commit", "self-review", "run-tests", "submit"]
+RIGS = [f"rig{i}" for i in range(4)]
+
+
+async def _add_rigs(nc: Client) -> None:
+    """The rigs the beads are slung to, stored as the witness stores them (no witness runs here): the mayor
+    refuses slings to rigs it does not know."""
+    js = nc.jetstream()
+    for rig in RIGS:
+        event = RigAdded(rig=rig, repo=f"/bench/{rig}.git", prefix=rig, agent_command="gt-agent")
+        await js.publish(
+            f"gt.evt.rig.{rig}", encode_event(event, event_id=f"bench-{rig}", ts=datetime.now(UTC), actor="witness")
+        )
 
 
 async def _round(nc: Client, beads: int) -> tuple[float, float, float, float]:
@@ -40,7 +54,7 @@ async def _round(nc: Client, beads: int) -> tuple[float, float, float, float]:
     _, _, outcomes = await run_commands(nc, "gt.cmd.bead.create", creates)
     ids = [o["result"]["id"] for o in outcomes]
 
-    slings = [json.dumps({"id": bead_id, "rig": f"rig{i % 4}"}).encode() for i, bead_id in enumerate(ids)]
+    slings = [json.dumps({"id": bead_id, "rig": RIGS[i % len(RIGS)]}).encode() for i, bead_id in enumerate(ids)]
     sling_ceiling = await raw_publish_ceiling(nc, slings)
     sling_s, _, sling_outcomes = await run_commands(nc, "gt.cmd.bead.sling", slings)
     assert all(o["type"] == "cmd.accepted" for o in sling_outcomes), "a sling was rejected"
@@ -63,6 +77,7 @@ async def run(beads: int = 1_000, rounds: int = 2) -> list[Figure]:
     figures: list[Figure] = []
     with server() as srv:
         nc, town = await provisioned(srv.url)
+        await _add_rigs(nc)
         mayor = start_service("mayor", srv.url)
         try:
             await wait_ready(nc, "mayor")

@@ -25,6 +25,21 @@ echo "$docs"
 step "what is ready to work on (only the design: the others are blocked)"
 run gt ready
 
+step "a project for polecats: a git repository whose tests pass unless FAIL_TESTS exists"
+origin="$(dirname "$GT_HOME")/frobulator.git"
+src="$(dirname "$GT_HOME")/frobulator-src"
+git init --quiet -b main "$src"
+echo "the frobulator" > "$src/README.md"
+git -C "$src" add README.md
+git -C "$src" -c user.name=demo -c user.email=demo@localhost commit --quiet -m "init"
+git clone --quiet --bare "$src" "$origin"
+
+step "rig demo: the reference agent, told to crash (kill -9 itself) at step 3 of its first attempt"
+run gt rig add demo "$origin" --test "test ! -e FAIL_TESTS" --agent "GT_AGENT_FAULT=crash-at-step=3@1 gt-agent"
+
+step "park the rig: slings to it wait, no polecat starts (we work the design by hand)"
+run gt rig park demo --reason "the design is done by hand"
+
 step "sling the design to rig demo: it gets the polecat-work molecule and an auto-convoy"
 run gt sling "$design" demo
 run gt mol status "$design"
@@ -44,19 +59,8 @@ run gt convoy list --all
 step "the build is ready now"
 run gt ready
 
-step "a project for polecats: a git repository whose tests pass unless FAIL_TESTS exists"
-origin="$(dirname "$GT_HOME")/frobulator.git"
-src="$(dirname "$GT_HOME")/frobulator-src"
-git init --quiet -b main "$src"
-echo "the frobulator" > "$src/README.md"
-git -C "$src" add README.md
-git -C "$src" -c user.name=demo -c user.email=demo@localhost commit --quiet -m "init"
-git clone --quiet --bare "$src" "$origin"
-
-step "rig demo: the reference agent, told to crash (kill -9 itself) at step 3 of its first attempt"
-run gt rig add demo "$origin" --test "test ! -e FAIL_TESTS" --agent "GT_AGENT_FAULT=crash-at-step=3@1 gt-agent"
-
-step "sling the build to it: the witness starts a polecat in tmux and a git worktree"
+step "unpark the rig and sling the build to it: the witness starts a polecat in tmux and a git worktree"
+run gt rig unpark demo
 run gt sling "$build" demo
 for _ in $(seq 1 240); do
   if gt bead show "$build" --json | grep -q '"status": *"closed"'; then break; fi

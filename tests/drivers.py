@@ -27,7 +27,7 @@ from shared.config import TownConfig
 from shared.errors import CommandError, QueryError
 from shared.events import decode_envelope
 from shared.service import ServiceSettings
-from tests.log_tools import read_all
+from tests.log_tools import SEEDED_RIGS, read_all, seed_rigs
 from tests.mayor_town import mayor_town
 from tests.memory_log import MemoryTown
 
@@ -155,6 +155,8 @@ async def nats_driver(town: TownConfig, nc: Client) -> AsyncIterator[NatsDriver]
         if task.done():
             task.result()
         assert service.ready.is_set(), "the mayor did not become ready"
+        assert service.reader is not None
+        await service.reader.wait_for_seq(await seed_rigs(nc, *SEEDED_RIGS), timeout=30)  # as mayor_town() has
         yield NatsDriver(nc, service, clock)
     finally:
         await service.shutdown()

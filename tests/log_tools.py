@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -13,7 +14,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from shared.events import Envelope, decode_envelope
+from shared.events import Envelope, RigAdded, decode_envelope, encode_event
 from shared.projection import Projection
 from shared.subjects import parse_js_reply
 
@@ -100,3 +101,21 @@ async def events_of(nc: Client, subject: str) -> list[tuple[str, dict[str, Any]]
         env = decode_envelope(data)
         out.append((env.type, msgspec.json.decode(env.data)))
     return out
+
+
+SEEDED_RIGS = ("demo", "web")
+"""Rigs a mayor-only test town starts with (no witness adds them there): slings to them are accepted."""
+
+
+async def seed_rigs(nc: Client, *names: str) -> int:
+    """Store ``rig.added`` for each of ``names`` as the witness would (once: a rig already there is left as it
+    is); the last sequence stored."""
+    js = nc.jetstream()
+    last = 0
+    for name in names:
+        event = RigAdded(rig=name, repo=f"/repos/{name}.git", prefix=name[:16], agent_command="gt-agent")
+        data = encode_event(event, event_id=f"seed-rig-{name}", ts=datetime.now(UTC), actor=f"witness/{name}")
+        with contextlib.suppress(nats.js.errors.APIError):  # wrong last sequence: it is there already
+            ack = await js.publish(f"gt.evt.rig.{name}", data, headers={"Nats-Expected-Last-Subject-Sequence": "0"})
+            last = max(last, ack.seq)
+    return last

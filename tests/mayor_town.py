@@ -11,15 +11,25 @@ from services.mayor.projection import new_projection
 from services.mayor.state import MayorState
 from shared.commands import Command
 from shared.decision import Accepted, DecideContext, NewEvent
+from shared.events import RigAdded
 from shared.formulas.catalog import FormulaCatalog
 from tests.memory_log import MemoryTown
 
 BUILTIN_FORMULAS = FormulaCatalog(Path("/nonexistent/formulas"), Path("/nonexistent/rigs"))
 STALE_AFTER = timedelta(hours=4)
+RIGS = ("demo", "web")
+"""Rigs the witness added before the test (``rig.added`` in the log): slings to them are accepted."""
+
+
+def add_rigs(town: MemoryTown[MayorState], *names: str) -> None:
+    """Store ``rig.added`` for each of ``names`` as the witness would, and fold it."""
+    rigs = [RigAdded(rig=name, repo=f"/repos/{name}.git", prefix=name[:16], agent_command="gt-agent") for name in names]
+    town.log.record(rigs, ts=town.clock, actor="witness")
+    town.log.replay(town.projection, after=town.projection.last_seq)
 
 
 def mayor_town(
-    formulas: FormulaCatalog = BUILTIN_FORMULAS, stale_after: timedelta = STALE_AFTER
+    formulas: FormulaCatalog = BUILTIN_FORMULAS, stale_after: timedelta = STALE_AFTER, rigs: tuple[str, ...] = RIGS
 ) -> MemoryTown[MayorState]:
     def decide_with_formulas(state: MayorState, cmd: Command, ctx: DecideContext) -> Accepted:
         return decide(state, cmd, ctx, formulas)
@@ -27,4 +37,6 @@ def mayor_town(
     def owed(state: MayorState, now: datetime) -> list[NewEvent]:
         return reconcile.owed(state, now, stale_after)
 
-    return MemoryTown(new_projection(), decide_with_formulas, reconcile=owed)
+    town = MemoryTown(new_projection(), decide_with_formulas, reconcile=owed)
+    add_rigs(town, *rigs)
+    return town

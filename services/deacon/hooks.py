@@ -14,6 +14,7 @@ from shared.events import (
     BeadClaimed,
     BeadClosed,
     BeadSlung,
+    BeadUnslung,
     Envelope,
     Event,
     MergeRequestConflicted,
@@ -64,6 +65,16 @@ def _claimed(payload: BeadClaimed, state: HookState, env: Envelope, seq: int) ->
 
 @fold.register
 def _closed(payload: BeadClosed, state: HookState, env: Envelope, seq: int) -> None:
+    bead = state.beads.pop(payload.bead_id, None)
+    if bead is not None:
+        state.by_lease.pop(hook_lease_name(bead.id), None)
+        if bead.merge_pending is not None:
+            state.mr_beads.pop(bead.merge_pending, None)
+
+
+@fold.register
+def _unslung(payload: BeadUnslung, state: HookState, env: Envelope, seq: int) -> None:
+    """An operator gave the hook back: its lease is released on purpose, never a stale hook (until slung again)."""
     bead = state.beads.pop(payload.bead_id, None)
     if bead is not None:
         state.by_lease.pop(hook_lease_name(bead.id), None)

@@ -14,6 +14,7 @@ from shared.commands import (
     BeadClose,
     BeadCreate,
     BeadSling,
+    BeadUnsling,
     BeadUpdate,
     Command,
     ConvoyAdd,
@@ -37,7 +38,7 @@ __all__ = ["Formulas", "aggregate_key", "decide"]
 
 def aggregate_key(cmd: Command) -> str | None:
     """Commands with the same key are decided in order; a create names something nobody can know yet."""
-    if isinstance(cmd, BeadUpdate | BeadClaim | BeadClose | BeadSling | MailRead | MailArchive):
+    if isinstance(cmd, BeadUpdate | BeadClaim | BeadClose | BeadSling | BeadUnsling | MailRead | MailArchive):
         return f"bead:{cmd.id}"
     if isinstance(cmd, StepStart | StepDone):
         return f"bead:{cmd.bead}"  # a step and a sling of the same bead touch the same molecule
@@ -65,6 +66,8 @@ def decide(state: MayorState, cmd: Command, ctx: DecideContext, formulas: Formul
             return decide_beads.close(state, decide_beads.get_bead(state, cmd.id), cmd.reason)
         case BeadSling():
             return decide_work.sling(state, cmd, ctx, formulas)
+        case BeadUnsling():
+            return decide_work.unsling(state, cmd)
         case StepStart():
             return decide_work.step_start(state, cmd)
         case StepDone():

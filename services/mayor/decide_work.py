@@ -6,13 +6,14 @@ from typing import Protocol
 
 from services.mayor.decide_beads import fresh_id, get_bead, result
 from services.mayor.reads import is_complete, open_blockers, unmet_needs
-from services.mayor.state import INFRA_TYPES, MayorState, Molecule, Step
-from shared.commands import BeadSling, StepDone, StepStart
+from services.mayor.state import INFRA_TYPES, KnownRig, MayorState, Molecule, Step
+from shared.commands import BeadSling, BeadUnsling, StepDone, StepStart
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import (
     BeadHeld,
     BeadSlung,
+    BeadUnslung,
     ConvoyCreated,
     Event,
     MoleculeAttached,
@@ -42,8 +43,10 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext, formulas: Formu
     if rehook and not cmd.force:
         raise CommandError(
             "conflict",
-            f"bead {bead.id} is already {bead.status} on rig {bead.rig}; only a forced re-sling moves the hook",
+            f"bead {bead.id} is already {bead.status} on rig {bead.rig}; only a forced re-sling moves the hook "
+            f"(`gt unsling {bead.id}` gives it back)",
         )
+    rig = _rig_taking_work(state, cmd.rig)
     # A hooked bead's blockers were settled when it was first slung: a re-sling only moves the hook.
     blockers = [] if rehook else open_blockers(state, bead)
     if blockers and not (cmd.force or cmd.hold):
@@ -53,7 +56,7 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext, formulas: Formu
         return Accepted(result=result(bead.id, "held", changed=False, rig=cmd.rig, waiting_for=blockers))
     events: list[NewEvent] = []
     convoy_id = None
-    if not rehook and not cmd.no_convoy:
+    if not rehook and not cmd.no_convoy and not _auto_convoy_open(state, bead.convoys):
         convoy_id = fresh_id(ctx, CONVOY_PREFIX, state.convoys)
     events.append(NewEvent(payload=_hook(bead.id, cmd, rehook, blockers, convoy_id), expected_seq=bead.version))
     molecule = state.molecules.get(bead.id)
@@ -70,12 +73,10 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext, formulas: Formu
         events.append(NewEvent(payload=convoy, expected_seq=0))
     status = "held" if held else bead.status if rehook else "hooked"
     extra = {"waiting_for" if held else "ignored_blockers": blockers} if blockers else {}
-    return Accepted(
-        events=events,
-        result=result(
-            bead.id, status, changed=True, rig=cmd.rig, convoy=convoy_id, formula=_formula_name(events), **extra
-        ),
-    )
+    out = result(bead.id, status, changed=True, rig=cmd.rig, convoy=convoy_id, formula=_formula_name(events), **extra)
+    if rig.parked:
+        out["parked"] = True
+    return Accepted(events=events, result=out)
 
 
 def _hook(bead_id: str, cmd: BeadSling, rehook: bool, blockers: list[str], convoy_id: str | None) -> Event:
@@ -104,6 +105,38 @@ def _blocked_message(state: MayorState, bead_id: str, blockers: list[str]) -> st
         f"bead {bead_id} is blocked by {', '.join(told(b) for b in blockers)}: it can be slung once they are "
         f"closed{held} (`gt ready` lists the beads that can go; `--hold` holds it until then); "
         "`--force` (`force`) slings it anyway, and the sling records the blockers it went past"
+    )
+
+
+def _auto_convoy_open(state: MayorState, convoys: list[str]) -> bool:
+    """Slung again after an unsling: the auto-convoy of its first sling still tracks it; no second one."""
+    return any((c := state.convoys.get(cid)) is not None and c.auto and c.status == "open" for cid in convoys)
+
+
+def _rig_taking_work(state: MayorState, name: str) -> KnownRig:
+    """The rig a sling names; a rig nobody added, or one removed, takes nothing (a parked one takes work that
+    waits)."""
+    rig = state.rigs.get(name)
+    if rig is not None and not rig.removed:
+        return rig
+    live = sorted(r.name for r in state.rigs.values() if not r.removed)
+    rigs = f"rigs: {', '.join(live)}" if live else "no rigs yet; add one with gt rig add"
+    if rig is not None:
+        raise CommandError("not_found", f"rig {name!r} was removed; {rigs}")
+    raise CommandError("not_found", f"no rig {name!r}; {rigs}")
+
+
+def unsling(state: MayorState, cmd: BeadUnsling) -> Accepted:
+    """hooked or in_progress -> open, off its rig; the molecule keeps its done steps (see ``bead.unslung``)."""
+    bead = get_bead(state, cmd.id)
+    if bead.status == "closed":
+        raise CommandError("backward_transition", f"bead {bead.id} is closed; a closed bead has no hook to release")
+    if bead.status not in ("hooked", "in_progress"):
+        raise CommandError("conflict", f"bead {bead.id} is not hooked (it is {bead.status}); nothing to unsling")
+    event = BeadUnslung(bead_id=bead.id, rig=bead.rig or "", reason=cmd.reason, remove_worktree=cmd.remove_worktree)
+    return Accepted(
+        events=[NewEvent(payload=event, expected_seq=bead.version)],
+        result=result(bead.id, "open", changed=True, rig=bead.rig, was=bead.status),
     )
 
 

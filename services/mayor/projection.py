@@ -14,7 +14,7 @@ from services.mayor.state import (
     Convoy,
     Escalation,
     Hold,
-    MailRig,
+    KnownRig,
     MayorState,
     Molecule,
     Step,
@@ -25,6 +25,7 @@ from shared.events import (
     BeadCreated,
     BeadHeld,
     BeadSlung,
+    BeadUnslung,
     BeadUpdated,
     CommandAccepted,
     CommandRejected,
@@ -41,6 +42,9 @@ from shared.events import (
     MoleculeAttached,
     MoleculeCompleted,
     RigAdded,
+    RigParked,
+    RigRemoved,
+    RigUnparked,
     SessionEnded,
     SessionRequested,
     StepCompleted,
@@ -49,6 +53,7 @@ from shared.events import (
 from shared.projection import Projection
 
 SCHEMA_VERSION = 3
+"""3: rigs and their polecats, held slings (a snapshot from before knows none, so it is not trusted)."""
 
 
 @functools.singledispatch
@@ -175,6 +180,46 @@ def _held(payload: BeadHeld, state: MayorState, env: Envelope, seq: int) -> None
         state.holds[bead.id] = Hold(rig=payload.rig, blockers=list(payload.blockers), since=env.ts)
     bead.updated_at = env.ts
     bead.version = seq
+
+
+@fold.register
+def _unslung(payload: BeadUnslung, state: MayorState, env: Envelope, seq: int) -> None:
+    """The hook is given back: open again, on no rig. The molecule and its done steps stay as they are."""
+    bead = state.beads.get(payload.bead_id)
+    if bead is None:
+        return
+    if bead.status in ("hooked", "in_progress"):
+        bead.status = "open"
+        bead.rig = None
+        bead.hook_session = None
+    bead.updated_at = env.ts
+    bead.version = seq
+
+
+# ---- rigs (the witness's events) ---------------------------------------------------------------
+
+
+@fold.register
+def _rig_added(payload: RigAdded, state: MayorState, env: Envelope, seq: int) -> None:
+    state.rigs.setdefault(payload.rig, KnownRig(name=payload.rig))
+
+
+@fold.register
+def _rig_parked(payload: RigParked, state: MayorState, env: Envelope, seq: int) -> None:
+    if (rig := state.rigs.get(payload.rig)) is not None:
+        rig.parked = True
+
+
+@fold.register
+def _rig_unparked(payload: RigUnparked, state: MayorState, env: Envelope, seq: int) -> None:
+    if (rig := state.rigs.get(payload.rig)) is not None and not rig.removed:
+        rig.parked = False
+
+
+@fold.register
+def _rig_removed(payload: RigRemoved, state: MayorState, env: Envelope, seq: int) -> None:
+    if (rig := state.rigs.get(payload.rig)) is not None:
+        rig.parked = rig.removed = True
 
 
 # ---- molecules ---------------------------------------------------------------------------------
@@ -401,18 +446,13 @@ def _rejected(payload: CommandRejected, state: MayorState, env: Envelope, seq: i
     state.commands_rejected += 1
 
 
-# ---- rigs and polecats (the witness's events), for mail addresses --------------------------------
-
-
-@fold.register
-def _rig_added(payload: RigAdded, state: MayorState, env: Envelope, seq: int) -> None:
-    state.rigs.setdefault(payload.rig, MailRig(name=payload.rig))
+# ---- polecats (the witness's events), for mail addresses -----------------------------------------
 
 
 @fold.register
 def _session_requested(payload: SessionRequested, state: MayorState, env: Envelope, seq: int) -> None:
-    rig = state.rigs.setdefault(payload.rig, MailRig(name=payload.rig))
-    rig.polecats[payload.polecat] = payload.session_id
+    if (rig := state.rigs.get(payload.rig)) is not None:
+        rig.polecats[payload.polecat] = payload.session_id
 
 
 @fold.register

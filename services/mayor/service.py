@@ -7,18 +7,22 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 import msgspec
+import structlog
 
 from services.mayor import decide as mayor_decide
 from services.mayor import queries, reconcile
 from services.mayor.projection import new_projection
 from services.mayor.state import MayorState
-from shared.commands import Command
+from shared.commands import BeadSling, Command
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
 from shared.errors import QueryError
 from shared.formulas import FormulaError, cook
 from shared.formulas.catalog import FormulaCatalog
 from shared.service import Service, ServiceSettings
+
+log = structlog.get_logger(__name__)
+RIG_CATCH_UP_S = 5.0
 
 
 class MayorService(Service[MayorState]):
@@ -40,6 +44,22 @@ class MayorService(Service[MayorState]):
 
     def aggregate_key(self, cmd: Command) -> str | None:
         return mayor_decide.aggregate_key(cmd)
+
+    async def prepare(self, cmd: Command) -> object:
+        if isinstance(cmd, BeadSling) and cmd.rig not in self.projection.state.rigs:
+            await self._catch_up_for(cmd.rig)
+        return None
+
+    async def _catch_up_for(self, rig: str) -> None:
+        """The witness may have added the rig a moment ago: judge a sling to it on the log as it is now, not
+        on a projection a few events behind (a miss here refuses the sling)."""
+        if self.nc is None or self.reader is None:
+            return
+        try:
+            info = await self._log_info(self.nc.jetstream())
+            await self.reader.wait_for_seq(int(info.state.last_seq), timeout=RIG_CATCH_UP_S)
+        except TimeoutError:
+            log.warning("rig_catch_up_timed_out", rig=rig)
 
     async def reconcile(self) -> None:
         owed = reconcile.owed(self.projection.state, self.clock(), self._stale_after)

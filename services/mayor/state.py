@@ -125,11 +125,15 @@ class Escalation(msgspec.Struct, kw_only=True, gc=False):
     version: int = 0
 
 
-class MailRig(msgspec.Struct, kw_only=True, gc=False):
-    """A rig as mail addresses see it (the witness's rig and session events): which polecats it has had, and
-    the session each holds now."""
+class KnownRig(msgspec.Struct, kw_only=True, gc=False):
+    """A rig as the mayor needs it (the witness's ``rig.*`` and session events): whether it exists and takes work
+    (sling), and which polecats it has had and the session each holds now (mail addresses)."""
 
     name: str
+    parked: bool = False
+    """Slings to it are accepted and wait: the witness starts no session there."""
+    removed: bool = False
+    """Slings to it are refused."""
     polecats: dict[str, str | None] = {}
     """Polecat name -> the session it holds now (None: none now)."""
 
@@ -147,7 +151,8 @@ class MayorState(msgspec.Struct, kw_only=True):
     escalations: dict[str, Escalation] = {}
     holds: dict[str, Hold] = {}
     """Bead id -> its held sling, for open beads only (a sling or a close ends it), so reconcile looks at those."""
-    rigs: dict[str, MailRig] = {}
-    """Rigs and their polecats, by rig name: what ``polecat:<rig>/<name>`` and ``rig:<rig>`` may address."""
+    rigs: dict[str, KnownRig] = {}
+    """Every rig added, by name (removed ones too: their names stay taken), with its polecats: what a sling may
+    name, and what ``polecat:<rig>/<name>`` and ``rig:<rig>`` may address."""
     commands_accepted: int = 0
     commands_rejected: int = 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from datetime import datetime
 
+import msgspec
+
 from services.refinery.state import FINISHED, MergeLease, MergeRequest, RefineryState, RigInfo, WorkBead
 from shared.events import (
     BeadClaimed,
@@ -28,6 +30,7 @@ from shared.events import (
     MergeRequestRequeued,
     MergeRequestSubmitted,
     RigAdded,
+    RigUpdated,
 )
 from shared.ids import MERGE_LEASE_PREFIX
 from shared.lease_rules import record_end
@@ -107,6 +110,18 @@ def _rig_added(payload: RigAdded, state: RefineryState, env: Envelope, seq: int)
             test_command=payload.test_command,
         ),
     )
+
+
+@fold.register
+def _rig_updated(payload: RigUpdated, state: RefineryState, env: Envelope, seq: int) -> None:
+    """New gates apply to the next merge request the refinery takes; one under way keeps what it started with."""
+    rig = state.rigs.get(payload.rig)
+    if rig is None:
+        return
+    for field in ("setup_command", "lint_command", "test_command"):
+        value = getattr(payload, field)
+        if value is not msgspec.UNSET:
+            setattr(rig, field, value)
 
 
 @fold.register

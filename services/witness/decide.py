@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
+
+import msgspec
 
 from services.witness.state import ACTIVE, Rig, Session, WitnessState
 from shared.commands import (
@@ -10,6 +13,10 @@ from shared.commands import (
     Command,
     NudgeSend,
     RigAdd,
+    RigPark,
+    RigRemove,
+    RigUnpark,
+    RigUpdate,
     SessionDoneIntentCmd,
     SessionFinish,
     SessionHandoff,
@@ -21,6 +28,10 @@ from shared.errors import CommandError
 from shared.events import (
     NudgeQueued,
     RigAdded,
+    RigParked,
+    RigRemoved,
+    RigUnparked,
+    RigUpdated,
     SessionDoneIntent,
     SessionEnded,
     SessionHookRecovered,
@@ -54,7 +65,7 @@ class WorktreeFacts:
 def aggregate_key(cmd: Command) -> str | None:
     if isinstance(cmd, SessionRecoverHook):
         return f"hook:{cmd.bead}"
-    if isinstance(cmd, RigAdd):
+    if isinstance(cmd, RigAdd | RigUpdate | RigPark | RigUnpark | RigRemove):
         return f"rig:{cmd.name}"
     if isinstance(cmd, SessionDoneIntentCmd | SessionFinish | SessionHandoff | SessionStop):
         return f"session:{cmd.session}"
@@ -64,6 +75,14 @@ def aggregate_key(cmd: Command) -> str | None:
 def decide(state: WitnessState, cmd: Command, ctx: DecideContext) -> Accepted:
     if isinstance(cmd, RigAdd):
         return rig_add(state, cmd, ctx)
+    if isinstance(cmd, RigUpdate):
+        return rig_update(state, cmd)
+    if isinstance(cmd, RigPark):
+        return rig_park(state, cmd)
+    if isinstance(cmd, RigUnpark):
+        return rig_unpark(state, cmd)
+    if isinstance(cmd, RigRemove):
+        return rig_remove(state, cmd)
     if isinstance(cmd, SessionDoneIntentCmd):
         return done_intent(state, cmd)
     if isinstance(cmd, SessionFinish):
@@ -128,12 +147,17 @@ def rig_add(state: WitnessState, cmd: RigAdd, ctx: DecideContext) -> Accepted:
     wanted = _rig_from(cmd)
     existing = state.rigs.get(cmd.name)
     if existing is not None:
+        if existing.removed:
+            raise CommandError(
+                "conflict", f"rig {cmd.name} was removed; its name and prefix stay taken: add it under a new name"
+            )
         if _same_config(existing, wanted):
             return Accepted(result={**rig_view(existing), "id": cmd.name, "status": "added", "changed": False})
         raise CommandError(
             "conflict",
             f"rig {cmd.name} exists with a different configuration (repo {existing.repo}, base "
-            f"{existing.base_branch}); a rig is not changed in place: add one under a new name",
+            f"{existing.base_branch}); change its agent, gates and limits with `gt rig update {cmd.name}`, or add "
+            "a rig under a new name for another repository, base branch or prefix",
         )
     if not (cmd.repo.startswith("/") or "://" in cmd.repo or cmd.repo.startswith("git@")):
         raise CommandError(
@@ -153,6 +177,96 @@ def rig_add(state: WitnessState, cmd: RigAdd, ctx: DecideContext) -> Accepted:
 
 def rig_view_from_event(event: RigAdded) -> dict[str, object]:
     return {"rig": event.rig, "repo": event.repo, "base_branch": event.base_branch, "prefix": event.prefix}
+
+
+def _live_rig(state: WitnessState, name: str) -> Rig:
+    rig = state.rigs.get(name)
+    if rig is None:
+        known = ", ".join(sorted(r.name for r in state.rigs.values() if not r.removed)) or "none yet"
+        raise CommandError("not_found", f"no rig {name!r} (rigs: {known})")
+    if rig.removed:
+        raise CommandError("not_found", f"rig {name!r} was removed")
+    return rig
+
+
+def _rig_result(rig: Rig, status: str, *, changed: bool, **extra: object) -> dict[str, object]:
+    return {"id": rig.name, "rig": rig.name, "status": status, "changed": changed, **extra}
+
+
+def _changed(rig: Rig, cmd: RigUpdate, field: str) -> Any:
+    """The command's new value of ``field``, or UNSET when it is not given or already the rig's."""
+    value = getattr(cmd, field)
+    return msgspec.UNSET if value is None or value == getattr(rig, field) else value
+
+
+def rig_update(state: WitnessState, cmd: RigUpdate) -> Accepted:
+    """Only what changes goes in ``rig.updated``: the same update twice changes nothing the second time."""
+    rig = _live_rig(state, cmd.name)
+    event = RigUpdated(rig=rig.name, **{field: _changed(rig, cmd, field) for field in RigUpdate.SETTINGS})
+    changed = {f: v for f in RigUpdate.SETTINGS if (v := getattr(event, f)) is not msgspec.UNSET}
+    if not changed:
+        return Accepted(result=_rig_result(rig, "unchanged", changed=False, fields=[]))
+    return Accepted(
+        events=[NewEvent(payload=event, expected_seq=rig.version)],
+        result=_rig_result(rig, "updated", changed=True, fields=sorted(changed), **changed),
+    )
+
+
+def rig_park(state: WitnessState, cmd: RigPark) -> Accepted:
+    rig = _live_rig(state, cmd.name)
+    if rig.parked:
+        return Accepted(result=_rig_result(rig, "parked", changed=False, waiting=waiting_beads(state, rig.name)))
+    event = NewEvent(payload=RigParked(rig=rig.name, reason=cmd.reason), expected_seq=rig.version)
+    return Accepted(
+        events=[event], result=_rig_result(rig, "parked", changed=True, waiting=waiting_beads(state, rig.name))
+    )
+
+
+def rig_unpark(state: WitnessState, cmd: RigUnpark) -> Accepted:
+    rig = _live_rig(state, cmd.name)
+    waiting = waiting_beads(state, rig.name)
+    if not rig.parked:
+        return Accepted(result=_rig_result(rig, "active", changed=False, waiting=waiting))
+    event = NewEvent(payload=RigUnparked(rig=rig.name), expected_seq=rig.version)
+    return Accepted(events=[event], result=_rig_result(rig, "active", changed=True, waiting=waiting))
+
+
+def hooked_beads(state: WitnessState, rig: str) -> list[str]:
+    """The beads hooked (or in progress) on ``rig``, in the order they were slung."""
+    found = [b for b in state.beads.values() if b.rig == rig and b.status in WORKING]
+    return [b.id for b in sorted(found, key=lambda b: b.slung_seq)]
+
+
+def waiting_beads(state: WitnessState, rig: str) -> int:
+    """Beads hooked on ``rig`` that no session works and no merge request carries: they wait for a polecat."""
+    return sum(
+        1
+        for b in state.beads.values()
+        if b.rig == rig
+        and b.status in WORKING
+        and not b.merge_requested
+        and not any(state.sessions[s].status in ACTIVE for s in b.sessions if s in state.sessions)
+    )
+
+
+def rig_remove(state: WitnessState, cmd: RigRemove) -> Accepted:
+    """Refused while beads are hooked on the rig, unless forced: then it is parked for good (running sessions
+    finish, the refinery still merges what is queued) and hidden; the hooked beads stay hooked until unslung."""
+    rig = state.rigs.get(cmd.name)
+    if rig is not None and rig.removed:
+        return Accepted(result=_rig_result(rig, "removed", changed=False, hooked=[]))
+    rig = _live_rig(state, cmd.name)
+    hooked = hooked_beads(state, rig.name)
+    if hooked and not cmd.force:
+        shown = ", ".join(hooked[:20]) + (f" and {len(hooked) - 20} more" if len(hooked) > 20 else "")
+        raise CommandError(
+            "conflict",
+            f"rig {rig.name} has work hooked: {shown}; unsling it (`gt unsling BEAD`) or re-sling it to another "
+            f"rig (`gt sling BEAD RIG --force`) first, or remove the rig with --force (then it is parked for good: "
+            "running sessions finish, the other beads stay hooked until unslung)",
+        )
+    event = NewEvent(payload=RigRemoved(rig=rig.name, hooked=hooked), expected_seq=rig.version)
+    return Accepted(events=[event], result=_rig_result(rig, "removed", changed=True, hooked=hooked))
 
 
 # ---- sessions (the agent's side) ---------------------------------------------------------------
@@ -308,6 +422,9 @@ def recover_hook(state: WitnessState, cmd: SessionRecoverHook, ctx: DecideContex
     active = next((s for s in sessions if s.status in ACTIVE), None)
     if active is not None:
         return _not_stale(bead.id, f"session {active.id} works it")
+    rig = state.rigs.get(bead.rig or "")
+    if rig is not None and rig.parked:
+        return _not_stale(bead.id, f"its rig {rig.name} is parked: it waits for `gt rig unpark {rig.name}`")
     hook = state.hooks.get(hook_lease_name(bead.id))
     if hook is not None and (hook.token > cmd.token or hook.status == "held"):
         return _not_stale(bead.id, f"its hook lease is at token {hook.token} ({hook.status})")

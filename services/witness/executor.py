@@ -412,6 +412,8 @@ class Executor:
             await self._finish_done(session, reason)
         elif reason == "bead_closed":
             await self._end(session, "bead_closed", "its bead was closed")
+        elif reason == "unslung":
+            await self._end(session, "unslung", "its bead was unslung by an operator")
         else:
             await self._end(session, reason, "killed after warrant")
 

@@ -141,6 +141,12 @@ def _active_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Iter
             # A session in `gt done` is left to finish: the refinery may merge and close its bead first.
             yield Warrant(session=session.id, reason="bead_closed", detail="its bead was closed")
             continue
+        if bead.unslung and session.done_intent_at is None:
+            # The operator took the hook back: the session ends cleanly (no death, no respawn); one still being
+            # started is ended once its spawn is through, so no tmux session comes up after it ended.
+            if session.status != "requested" or f"bead:{session.bead}" not in obs.busy:
+                yield Warrant(session=session.id, reason="unslung", detail="its bead was unslung")
+            continue
         if session.status == "requested":
             if f"bead:{session.bead}" in obs.busy:
                 continue  # its spawn is still starting it
@@ -271,12 +277,13 @@ def _spawns(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Acti
         if rig is None:
             continue
         if bead.resling_owed and bead.status in WORKING and bead.sessions:
-            yield Resling(bead=bead.id, rig=rig.name, after=bead.sessions[-1])
+            if not rig.removed:  # the mayor refuses slings to a removed rig: the bead waits for an operator
+                yield Resling(bead=bead.id, rig=rig.name, after=bead.sessions[-1])
             continue
         needed, escalation = needs_session(state, bead, rig, obs.acting_since)
         if escalation is not None:
             yield escalation
-        elif needed:
+        elif needed and not rig.parked:  # a parked rig's beads wait for `gt rig unpark`
             waiting.append(bead)
     if not waiting:
         return
@@ -362,6 +369,11 @@ def _ended_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Itera
         elif session.end_reason == "done" or bead is None or bead.status == "closed":
             if not _reporting_done(session, obs, policy):
                 yield Clean(session=session.id, remove_worktree=True)
+        elif session.end_reason == "unslung":
+            # Kept for the bead's next sling (same polecat, worktree and branch) unless the unsling asked
+            # otherwise and the bead was not slung again since; the executor keeps it anyway if work is unsaved.
+            remove = bead.unslung and bead.unsling_remove_worktree
+            yield Clean(session=session.id, remove_worktree=remove, detail="" if remove else "kept: bead unslung")
         elif _is_last_escalated(state, session):
             yield Clean(session=session.id, remove_worktree=False, detail="kept for manual recovery (escalated)")
         elif pane_of(session, obs) is not None and session.version <= obs.as_of_seq:

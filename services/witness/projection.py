@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 from datetime import datetime
 
+import msgspec
+
 from services.witness.state import (
     MAIL_NUDGE_PREFIX,
     HookLease,
@@ -18,6 +20,7 @@ from services.witness.state import (
     WorkBead,
     mail_nudge_id,
 )
+from shared.commands import RigUpdate
 from shared.commands.mail import polecat_of
 from shared.events import (
     DEATHS,
@@ -25,6 +28,7 @@ from shared.events import (
     BeadClosed,
     BeadCreated,
     BeadSlung,
+    BeadUnslung,
     BeadUpdated,
     Envelope,
     Event,
@@ -43,6 +47,10 @@ from shared.events import (
     NudgeQueued,
     RigAdded,
     RigMassDeath,
+    RigParked,
+    RigRemoved,
+    RigUnparked,
+    RigUpdated,
     SessionCleaned,
     SessionDoneIntent,
     SessionEnded,
@@ -58,7 +66,7 @@ from shared.ids import HOOK_LEASE_PREFIX, hook_lease_name
 from shared.lease_rules import record_end
 from shared.projection import Projection
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 MESSAGE_TYPE = "message"
 READ_LABEL = "read"
@@ -93,6 +101,39 @@ def _rig_added(payload: RigAdded, state: WitnessState, env: Envelope, seq: int) 
         added_at=env.ts,
         version=seq,
     )
+
+
+@fold.register
+def _rig_updated(payload: RigUpdated, state: WitnessState, env: Envelope, seq: int) -> None:
+    rig = state.rigs.get(payload.rig)
+    if rig is None:
+        return
+    for field in RigUpdate.SETTINGS:
+        value = getattr(payload, field)
+        if value is not msgspec.UNSET:
+            setattr(rig, field, value)
+    rig.version = seq
+
+
+@fold.register
+def _rig_parked(payload: RigParked, state: WitnessState, env: Envelope, seq: int) -> None:
+    if (rig := state.rigs.get(payload.rig)) is not None:
+        rig.parked, rig.parked_reason, rig.version = True, payload.reason, seq
+
+
+@fold.register
+def _rig_unparked(payload: RigUnparked, state: WitnessState, env: Envelope, seq: int) -> None:
+    if (rig := state.rigs.get(payload.rig)) is not None:
+        if not rig.removed:
+            rig.parked, rig.parked_reason = False, ""
+        rig.version = seq
+
+
+@fold.register
+def _rig_removed(payload: RigRemoved, state: WitnessState, env: Envelope, seq: int) -> None:
+    if (rig := state.rigs.get(payload.rig)) is not None:
+        rig.parked = rig.removed = True
+        rig.version = seq
 
 
 @fold.register
@@ -148,6 +189,7 @@ def _bead_slung(payload: BeadSlung, state: WitnessState, env: Envelope, seq: int
     bead.merge_requested = False  # a new sling (rework) needs a new session and a new merge request
     bead.merge_rejected = False
     bead.resling_owed = False
+    bead.unslung = bead.unsling_remove_worktree = False
     bead.last_progress_at = env.ts
     if payload.session is not None and payload.session in bead.sessions:
         # The witness's re-sling names the session it already requested: that one serves this sling.
@@ -156,6 +198,17 @@ def _bead_slung(payload: BeadSlung, state: WitnessState, env: Envelope, seq: int
         bead.sessions_at_sling = len(bead.sessions)
     if payload.session is None:
         bead.deaths_at_sling = deaths(state, bead)
+
+
+@fold.register
+def _bead_unslung(payload: BeadUnslung, state: WitnessState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(payload.bead_id)
+    if bead is None or bead.status not in ("hooked", "in_progress"):
+        return
+    bead.status = "open"
+    bead.unslung = True
+    bead.unsling_remove_worktree = payload.remove_worktree
+    bead.resling_owed = False
 
 
 def deaths(state: WitnessState, bead: WorkBead) -> int:

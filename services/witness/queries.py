@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from services.witness.decide import waiting_beads
 from services.witness.state import ACTIVE, Session, WitnessState
 from shared.errors import QueryError
 
@@ -31,18 +32,15 @@ def session_view(state: WitnessState, session: Session) -> dict[str, Any]:
 
 
 def _rigs(state: WitnessState, body: dict[str, Any]) -> Any:
+    """Rigs in service (every one, removed too, with ``all``)."""
+    everything = bool(body.get("all"))
     out = []
     for rig in state.rigs.values():
+        if rig.removed and not everything:
+            continue
         view: dict[str, Any] = msgspec.to_builtins(rig)
         view["active_sessions"] = sum(1 for s in state.sessions.values() if s.rig == rig.name and s.status in ACTIVE)
-        view["waiting_beads"] = sum(
-            1
-            for b in state.beads.values()
-            if b.rig == rig.name
-            and b.status in ("hooked", "in_progress")
-            and not b.merge_requested
-            and not any(state.sessions[s].status in ACTIVE for s in b.sessions if s in state.sessions)
-        )
+        view["waiting_beads"] = waiting_beads(state, rig.name)
         out.append(view)
     return out
 
@@ -51,7 +49,7 @@ def _rig(state: WitnessState, body: dict[str, Any]) -> Any:
     name = _opt_str(body, "name")
     if not name:
         raise QueryError("invalid", "`name` is required")
-    for view in _rigs(state, body):
+    for view in _rigs(state, {"all": True}):
         if view["name"] == name:
             return view
     raise QueryError("not_found", f"no rig {name!r} (`gt rig list` shows them)")

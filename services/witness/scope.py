@@ -33,6 +33,10 @@ from shared.commands import (
     Command,
     NudgeSend,
     RigAdd,
+    RigPark,
+    RigRemove,
+    RigUnpark,
+    RigUpdate,
     SessionDoneIntentCmd,
     SessionFinish,
     SessionHandoff,
@@ -93,7 +97,7 @@ def serves(rigs: Rigs, rig: str | None) -> bool:
 
 def rig_of_command(state: WitnessState, cmd: Command) -> str | None:
     """The rig a witness command is about, as far as the log knows it (None: it names nothing known)."""
-    if isinstance(cmd, RigAdd):
+    if isinstance(cmd, RigAdd | RigUpdate | RigPark | RigUnpark | RigRemove):
         return cmd.name  # the rig it names, added or not yet
     if isinstance(cmd, SessionDoneIntentCmd | SessionFinish | SessionHandoff | SessionStop):
         session = state.sessions.get(cmd.session)

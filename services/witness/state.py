@@ -27,6 +27,11 @@ class Rig(msgspec.Struct, kw_only=True, gc=False):
     git_email: str = ""
     """Template of their git email (empty: the default, ``{polecat}.{rig}@gastown.invalid``)."""
     added_at: datetime
+    parked: bool = False
+    """No new sessions start (``gt rig park``, or removed): beads slung to it wait, running sessions finish."""
+    parked_reason: str = ""
+    removed: bool = False
+    """Out of service for good (``gt rig remove``): parked, not listed, slings to it refused by the mayor."""
     version: int = 0
 
 
@@ -128,6 +133,10 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     """Times its stale hook was re-slung by the witness (a second stale hook is escalated)."""
     resling_owed: bool = False
     """A stale-hook recovery decided to re-sling it and the sling is not in the log yet."""
+    unslung: bool = False
+    """An operator released its hook (``bead.unslung``) and it was not slung since: a session on it is ended."""
+    unsling_remove_worktree: bool = False
+    """The unsling asked for the worktree to go (it stays anyway when it holds unsaved work)."""
 
 
 class Nudge(msgspec.Struct, kw_only=True, gc=False):

@@ -51,6 +51,23 @@ def _bead_held(d: dict[str, Any]) -> Described:
     return f"bead {d['bead_id']} held for rig {d.get('rig')}: slung once {waiting} closed", "info"
 
 
+def _bead_unslung(d: dict[str, Any]) -> Described:
+    reason = f": {_s(d['reason'])}" if d.get("reason") else ""
+    worktree = " (worktree to be removed)" if d.get("remove_worktree") else ""
+    return f"bead {d['bead_id']} unslung from rig {d.get('rig')}, open again{reason}{worktree}", "warn"
+
+
+def _session_cleaned(d: dict[str, Any]) -> Described:
+    # A worktree left in place says why (unsaved work is never removed silently).
+    why = f": {_s(d['detail'], 160)}" if d.get("detail") else ""
+    return f"session {d['session_id']} cleaned up{why}", "quiet"
+
+
+def _rig_updated(d: dict[str, Any]) -> Described:
+    changed = ", ".join(f"{k}={_s(v, 40)}" for k, v in sorted(d.items()) if k != "rig")
+    return f"rig {d['rig']} updated: {changed or 'nothing'}", "info"
+
+
 def _bead_closed(d: dict[str, Any]) -> Described:
     reason = f": {_s(d['reason'])}" if d.get("reason") else ""
     return f"bead {d['bead_id']} closed{reason}", "good"
@@ -170,6 +187,7 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     "bead.slung": _bead_slung,
     "bead.held": _bead_held,
     "bead.closed": _bead_closed,
+    "bead.unslung": _bead_unslung,
     "molecule.attached": lambda d: (
         f"molecule {d.get('formula')} attached to bead {d['bead_id']}: {len(d.get('steps') or [])} steps",
         "info",
@@ -182,7 +200,7 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     "session.done_intent": _plain("session {session_id} says it is done", "work"),
     "session.warranted": _session_warranted,
     "session.ended": _session_ended,
-    "session.cleaned": _plain("session {session_id} cleaned up", "quiet"),
+    "session.cleaned": _session_cleaned,
     "session.escalated": _plain("session {session_id} escalated: {reason}", "bad"),
     "session.hook_recovered": _session_hook_recovered,
     "mr.submitted": _mr_submitted,
@@ -203,6 +221,16 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     "rig.mass_death": lambda d: (
         f"rig {d['rig']}: {len(d.get('sessions') or [])} sessions died within {d.get('window_s')}s",
         "bad",
+    ),
+    "rig.updated": _rig_updated,
+    "rig.parked": lambda d: (
+        f"rig {d['rig']} parked: no new sessions" + (f" ({_s(d['reason'])})" if d.get("reason") else ""),
+        "warn",
+    ),
+    "rig.unparked": _plain("rig {rig} unparked: sessions start again", "info"),
+    "rig.removed": lambda d: (
+        f"rig {d['rig']} removed" + (f" with {len(d['hooked'])} beads still hooked" if d.get("hooked") else ""),
+        "warn",
     ),
     "lease.acquired": _plain("lease {lease} acquired by {holder} (token {token})", "quiet"),
     "lease.released": _plain("lease {lease} released by {holder}", "quiet"),

@@ -16,7 +16,7 @@ from nats.aio.client import Client
 
 from shared import git
 from shared.bus.topology import ensure_heartbeat_bucket
-from shared.cli import hook_lease, render
+from shared.cli import hook_lease, render, rigs
 from shared.cli.client import first_event_of, send_command
 from shared.cli.common import (
     DEFAULT_COMMAND_TIMEOUT_S,
@@ -53,7 +53,7 @@ INSTRUCTIONS = (
 
 
 def register(sub: Subcommands) -> None:
-    rig = sub.group("rig", "rigs (projects): add, list, show", "rig_cmd")
+    rig = sub.group("rig", "rigs (projects): add, list, show, update, remove, park, unpark", "rig_cmd")
     ra = rig.add_parser("add", help="add a project: the witness clones it and runs polecats in worktrees of it")
     ra.add_argument("name")
     ra.add_argument("repo", help="path or URL git can clone (a path is made absolute)")
@@ -85,6 +85,7 @@ def register(sub: Subcommands) -> None:
     rs.add_argument("name")
     read_options(rs)
     rs.set_defaults(handler=_rig_show)
+    rigs.register_rig_verbs(rig)
 
     session = sub.group("session", "polecat sessions: list, show", "session_cmd")
     sl = session.add_parser("list", help="active sessions (--all: every one)")
@@ -193,13 +194,21 @@ def _rig_line(result: dict[str, Any]) -> str:
 
 
 async def _rig_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    rigs = await read(nc, config, "rigs", {}, service="witness")
+    listed = await read(nc, config, "rigs", {}, service="witness")
     rows = [
-        [r["name"], r["repo"], r["base_branch"], f"{r['active_sessions']}/{r['max_polecats']}", str(r["waiting_beads"])]
-        for r in rigs
+        [
+            r["name"],
+            r["repo"],
+            r["base_branch"],
+            "parked" if r.get("parked") else "active",
+            f"{r['active_sessions']}/{r['max_polecats']}",
+            str(r["waiting_beads"]),
+        ]
+        for r in listed
     ]
-    table = render.table(("RIG", "REPO", "BASE", "SESSIONS", "WAITING"), rows, "no rigs (gt rig add NAME REPO)")
-    return show(args, rigs, lambda _: table)
+    headers = ("RIG", "REPO", "BASE", "STATE", "SESSIONS", "WAITING")
+    table = render.table(headers, rows, "no rigs (gt rig add NAME REPO)")
+    return show(args, listed, lambda _: table)
 
 
 async def _rig_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:

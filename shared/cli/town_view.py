@@ -135,6 +135,7 @@ def snapshot(
                 "max_polecats": r.get("max_polecats"),
                 "active_sessions": r.get("active_sessions", 0),
                 "waiting_beads": r.get("waiting_beads", 0),
+                "parked": bool(r.get("parked")),
             }
             for r in sorted(rigs, key=lambda r: str(r["name"]))
         ],
@@ -214,7 +215,12 @@ def render(snap: dict[str, Any], palette: Palette = PLAIN) -> str:
         out.append("  (no rigs: `gt rig add` adds one)")
     else:
         rows = [
-            [r["name"], f"{r['active_sessions']}/{r['max_polecats']}", str(r["waiting_beads"])] for r in snap["rigs"]
+            [
+                r["name"] + (" (parked)" if r.get("parked") else ""),
+                f"{r['active_sessions']}/{r['max_polecats']}",
+                str(r["waiting_beads"]),
+            ]
+            for r in snap["rigs"]
         ]
         out += _table(("RIG", "POLECATS", "WAITING"), rows, palette)
 

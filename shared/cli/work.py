@@ -8,7 +8,7 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from shared.cli import render
+from shared.cli import render, rigs
 from shared.cli.common import Subcommands, UsageError, command_options, key_values, read, read_options, send, show
 from shared.config import TownConfig
 
@@ -46,6 +46,7 @@ def register(sub: Subcommands) -> None:
     )
     command_options(sl)
     sl.set_defaults(handler=_sling)
+    rigs.register_unsling(sub)
 
     mol = sub.group("mol", "molecules: status", "mol_cmd")
     ms = mol.add_parser("status", help="a bead's steps, which are done and which is current")
@@ -85,6 +86,8 @@ def _sling_line(result: dict[str, Any]) -> str:
         parts.append(f"forced past open blockers: {', '.join(result['ignored_blockers'])}")
     if result.get("waiting_for"):
         parts.append(f"waiting for {', '.join(result['waiting_for'])}")
+    if result.get("parked"):
+        parts.append(f"rig parked: it waits for `gt rig unpark {result.get('rig')}`")
     return ", ".join(parts)
 
 

@@ -8,7 +8,15 @@ import msgspec
 
 from shared.commands.automations import AUTOMATION_COMMANDS, AutomationRun
 from shared.commands.base import DEFAULT_MAX_COMMAND_BYTES, MAX_ACTOR, Command, Fence
-from shared.commands.beads import BEAD_COMMANDS, BeadClaim, BeadClose, BeadCreate, BeadSling, BeadUpdate
+from shared.commands.beads import (
+    BEAD_COMMANDS,
+    BeadClaim,
+    BeadClose,
+    BeadCreate,
+    BeadSling,
+    BeadUnsling,
+    BeadUpdate,
+)
 from shared.commands.convoys import CONVOY_COMMANDS, ConvoyAdd, ConvoyCreate, ConvoyLand
 from shared.commands.escalations import (
     ESCALATION_COMMANDS,
@@ -28,6 +36,10 @@ from shared.commands.rigs import (
     MergeRequestSubmit,
     NudgeSend,
     RigAdd,
+    RigPark,
+    RigRemove,
+    RigUnpark,
+    RigUpdate,
     SessionDoneIntentCmd,
     SessionFinish,
     SessionHandoff,
@@ -112,6 +124,7 @@ __all__ = [
     "BeadClose",
     "BeadCreate",
     "BeadSling",
+    "BeadUnsling",
     "BeadUpdate",
     "Command",
     "ConvoyAdd",
@@ -133,6 +146,10 @@ __all__ = [
     "MergeRequestSubmit",
     "NudgeSend",
     "RigAdd",
+    "RigPark",
+    "RigRemove",
+    "RigUnpark",
+    "RigUpdate",
     "SessionDoneIntentCmd",
     "SessionFinish",
     "SessionHandoff",

@@ -160,4 +160,20 @@ class BeadSling(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
             raise invalid("`hold` waits for the blockers and `force` goes past them: give one of them")
 
 
-BEAD_COMMANDS: tuple[type[Command], ...] = (BeadCreate, BeadUpdate, BeadClaim, BeadClose, BeadSling)
+class BeadUnsling(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Release a hooked or in-progress bead's hook: it is open again, its molecule keeps every done step, and
+    the witness ends a session working it (as ``unslung``, no death). The worktree and branch stay for the next
+    sling unless ``remove_worktree`` (a worktree holding unsaved work is kept anyway, and says so)."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.bead.unsling"
+    id: str
+    reason: str = ""
+    remove_worktree: bool = False
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("id", self.id, required=True)
+        check_text("reason", self.reason, MAX_REASON)
+
+
+BEAD_COMMANDS: tuple[type[Command], ...] = (BeadCreate, BeadUpdate, BeadClaim, BeadClose, BeadSling, BeadUnsling)

@@ -99,6 +99,93 @@ class RigAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         return self.prefix or re.sub(r"[^a-z0-9_]", "", self.name)[:16] or "rig"
 
 
+class RigUpdate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Change some of a rig's settings (the fields given); its name, repository, base branch and prefix stay.
+    Sessions already running keep what they started with; new sessions and merges take the new values."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.rig.update"
+    name: str
+    setup_command: str | None = None
+    lint_command: str | None = None
+    test_command: str | None = None
+    agent_command: str | None = None
+    max_polecats: int | None = None
+    max_respawns: int | None = None
+    stall_after_s: float | None = None
+    git_name: str | None = None
+    git_email: str | None = None
+
+    SETTINGS: ClassVar[tuple[str, ...]] = (
+        "setup_command",
+        "lint_command",
+        "test_command",
+        "agent_command",
+        "max_polecats",
+        "max_respawns",
+        "stall_after_s",
+        "git_name",
+        "git_email",
+    )
+    """What ``rig.update`` may change (``rig.updated`` carries these, the witness's rig folds them)."""
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("name", self.name, required=True)
+        for field in ("setup_command", "lint_command", "test_command"):
+            check_text(field, getattr(self, field), MAX_COMMAND_LINE)
+        check_text("agent_command", self.agent_command, MAX_COMMAND_LINE, nonblank=True)
+        if self.max_polecats is not None and not 1 <= self.max_polecats <= MAX_POLECATS:
+            raise invalid(f"`max_polecats` must be 1-{MAX_POLECATS}, got {self.max_polecats}")
+        if self.max_respawns is not None and not 0 <= self.max_respawns <= MAX_RESPAWNS:
+            raise invalid(f"`max_respawns` must be 0-{MAX_RESPAWNS}, got {self.max_respawns}")
+        if self.stall_after_s is not None and not self.stall_after_s > 0:
+            raise invalid(f"`stall_after_s` must be positive, got {self.stall_after_s}")
+        if self.git_name is not None:
+            check_git_template("git_name", self.git_name)
+        if self.git_email is not None:
+            check_git_template("git_email", self.git_email)
+        if all(getattr(self, field) is None for field in self.SETTINGS):
+            raise invalid(f"name at least one setting to change ({', '.join(self.SETTINGS)})")
+
+    def given(self) -> dict[str, str | int | float]:
+        """The settings the command changes, by field name."""
+        return {field: value for field in self.SETTINGS if (value := getattr(self, field)) is not None}
+
+
+class _RigCommand(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("name", self.name, required=True)
+
+
+class RigPark(_RigCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Start no new sessions on the rig: running ones finish, slings to it are accepted and wait, its merge
+    queue goes on."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.rig.park"
+    reason: str = ""
+
+    def validate(self) -> None:
+        super().validate()
+        check_text("reason", self.reason, MAX_DESCRIPTION)
+
+
+class RigUnpark(_RigCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Start sessions on a parked rig again."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.rig.unpark"
+
+
+class RigRemove(_RigCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Take the rig out of service for good: refused while beads are hooked to it unless ``force``; then it is
+    parked for good (running sessions finish), hidden from ``gt rig list``, and slings to it are refused."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.rig.remove"
+    force: bool = False
+
+
 class _SessionCommand(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     session: str
 
@@ -223,6 +310,10 @@ class MergeRequestReject(Command, frozen=True, kw_only=True, forbid_unknown_fiel
 
 RIG_COMMANDS: tuple[type[Command], ...] = (
     RigAdd,
+    RigUpdate,
+    RigPark,
+    RigUnpark,
+    RigRemove,
     SessionDoneIntentCmd,
     SessionFinish,
     SessionHandoff,

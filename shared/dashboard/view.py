@@ -98,6 +98,8 @@ def _fold(state: DashboardState, t: str, d: dict[str, Any], ts: str) -> None:
         state.beads[d["bead_id"]] = {"id": d["bead_id"], "title": d.get("title", ""), "status": "open", "rig": None}
     elif t == "bead.slung" and d.get("bead_id") in state.beads:
         state.beads[d["bead_id"]].update(status="hooked", rig=d.get("rig"))
+    elif t == "bead.unslung" and d.get("bead_id") in state.beads:
+        state.beads[d["bead_id"]].update(status="open", rig=None)
     elif t == "bead.claimed" and d.get("bead_id") in state.beads:
         state.beads[d["bead_id"]]["status"] = "in_progress"
     elif t == "bead.closed" and d.get("bead_id") in state.beads:

@@ -17,6 +17,7 @@ from shared.events.beads import (
     BeadEvent,
     BeadHeld,
     BeadSlung,
+    BeadUnslung,
     BeadUpdated,
 )
 from shared.events.convoys import CONVOY_EVENTS, ConvoyBeadsAdded, ConvoyClosed, ConvoyCreated
@@ -55,7 +56,7 @@ from shared.events.outcomes import (
     CommandOutcome,
     CommandRejected,
 )
-from shared.events.rigs import RIG_EVENTS, RigAdded, RigMassDeath
+from shared.events.rigs import RIG_EVENTS, RigAdded, RigMassDeath, RigParked, RigRemoved, RigUnparked, RigUpdated
 from shared.events.services import SERVICE_EVENTS, ServiceDown, ServiceStopped, ServiceUp
 from shared.events.sessions import (
     DEATHS,
@@ -102,6 +103,7 @@ __all__ = [
     "BeadEvent",
     "BeadHeld",
     "BeadSlung",
+    "BeadUnslung",
     "BeadUpdated",
     "CommandAccepted",
     "CommandOutcome",
@@ -135,6 +137,10 @@ __all__ = [
     "NudgeQueued",
     "RigAdded",
     "RigMassDeath",
+    "RigParked",
+    "RigRemoved",
+    "RigUnparked",
+    "RigUpdated",
     "ServiceDown",
     "ServiceStopped",
     "ServiceUp",

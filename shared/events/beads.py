@@ -89,4 +89,26 @@ class BeadHeld(BeadEvent, frozen=True, kw_only=True):
     """The blockers that were open when it was held."""
 
 
-BEAD_EVENTS: tuple[type[Event], ...] = (BeadCreated, BeadUpdated, BeadClaimed, BeadClosed, BeadSlung, BeadHeld)
+class BeadUnslung(BeadEvent, frozen=True, kw_only=True):
+    """An operator released the bead's hook (``gt unsling``): hooked or in_progress -> open, off ``rig``.
+
+    Not a step back in the work: the molecule keeps every done step (a later sling resumes at the first step
+    not done) and the session on the hook ends as ``unslung``, which is no death. Only the hook is given back."""
+
+    TYPE: ClassVar[str] = "bead.unslung"
+    rig: str
+    """The rig it was hooked to."""
+    reason: str = ""
+    remove_worktree: bool = False
+    """The operator asked for the last session's worktree to go (kept anyway when it holds unsaved work)."""
+
+
+BEAD_EVENTS: tuple[type[Event], ...] = (
+    BeadCreated,
+    BeadUpdated,
+    BeadClaimed,
+    BeadClosed,
+    BeadSlung,
+    BeadHeld,
+    BeadUnslung,
+)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import msgspec
+
 from shared.events.base import Event
 
 
@@ -45,4 +47,41 @@ class RigMassDeath(RigEvent, frozen=True, kw_only=True):
     window_s: float
 
 
-RIG_EVENTS: tuple[type[Event], ...] = (RigAdded, RigMassDeath)
+class RigUpdated(RigEvent, frozen=True, kw_only=True):
+    """Some of the rig's settings changed; only the fields present did. A session already running keeps what it
+    started with (its agent command, set-up); the next sessions and the next merges take the new values."""
+
+    TYPE: ClassVar[str] = "rig.updated"
+    setup_command: str | msgspec.UnsetType = msgspec.UNSET
+    lint_command: str | msgspec.UnsetType = msgspec.UNSET
+    test_command: str | msgspec.UnsetType = msgspec.UNSET
+    agent_command: str | msgspec.UnsetType = msgspec.UNSET
+    max_polecats: int | msgspec.UnsetType = msgspec.UNSET
+    max_respawns: int | msgspec.UnsetType = msgspec.UNSET
+    stall_after_s: float | msgspec.UnsetType = msgspec.UNSET
+    git_name: str | msgspec.UnsetType = msgspec.UNSET
+    git_email: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class RigParked(RigEvent, frozen=True, kw_only=True):
+    """The rig starts no new sessions; running ones finish, slings to it wait, its merge queue goes on."""
+
+    TYPE: ClassVar[str] = "rig.parked"
+    reason: str = ""
+
+
+class RigUnparked(RigEvent, frozen=True, kw_only=True):
+    """The rig starts sessions again: the beads that waited get theirs."""
+
+    TYPE: ClassVar[str] = "rig.unparked"
+
+
+class RigRemoved(RigEvent, frozen=True, kw_only=True):
+    """The rig is gone for new work: parked for good, no longer listed, slings to it refused. Sessions still
+    running finish; ``hooked`` names the beads that were hooked to it (a forced remove)."""
+
+    TYPE: ClassVar[str] = "rig.removed"
+    hooked: list[str] = []
+
+
+RIG_EVENTS: tuple[type[Event], ...] = (RigAdded, RigMassDeath, RigUpdated, RigParked, RigUnparked, RigRemoved)

@@ -10,11 +10,23 @@ from typing import ClassVar
 
 from shared.events.base import Event
 
-END_REASONS = ("done", "handoff", "dead", "zombie", "stalled", "failed_to_start", "bead_closed", "stopped")
+END_REASONS = (
+    "done",
+    "handoff",
+    "dead",
+    "zombie",
+    "stalled",
+    "failed_to_start",
+    "bead_closed",
+    "stopped",
+    "unslung",
+)
 DEATHS = frozenset({"dead", "zombie", "stalled", "failed_to_start"})
-"""End reasons that count against a bead's respawn limit (a done, a handoff or a stop is no death)."""
-WARRANT_REASONS = ("dead", "zombie", "stalled", "stuck_in_done", "bead_closed", "stopped")
-"""Why the witness files a warrant. ``stuck_in_done`` ends as ``done``: the witness finishes the done flow."""
+"""End reasons that count against a bead's respawn limit (a done, a handoff, a stop or an unsling is no death)."""
+WARRANT_REASONS = ("dead", "zombie", "stalled", "stuck_in_done", "bead_closed", "stopped", "unslung")
+"""Why the witness files a warrant. ``stuck_in_done`` ends as ``done``: the witness finishes the done flow;
+``unslung`` (an operator released the bead's hook) ends as ``unslung``, which like ``bead_closed`` and
+``stopped`` is no death."""
 
 
 class SessionEvent(Event, frozen=True, kw_only=True):

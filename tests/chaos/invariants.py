@@ -93,8 +93,9 @@ def beads_closed_once(log: list[Logged], beads: Iterable[str]) -> list[Violation
 
 
 def no_backward_bead_transition(log: list[Logged]) -> list[Violation]:
-    """A bead's status only moves forward: open, hooked, in progress, closed. A re-sling keeps the status; nothing
-    but an update follows a close; nothing comes before the bead's creation."""
+    """A bead's status only moves forward: open, hooked, in progress, closed. A re-sling keeps the status; an
+    unsling (an operator's) gives a hooked bead back to open; nothing but an update follows a close; nothing comes
+    before the bead's creation."""
     status: dict[str, str] = {}
     out = []
     for event in log:
@@ -112,6 +113,12 @@ def no_backward_bead_transition(log: list[Logged]) -> list[Violation]:
             continue
         if before == "closed" and event.type != "bead.updated":
             out.append(_backward(bead, "changed after it was closed", event))
+            continue
+        if event.type == "bead.unslung":
+            # An operator giving the hook back (`gt unsling`): the one way back to open, from a hook only.
+            if before not in ("hooked", "in_progress"):
+                out.append(_backward(bead, f"unslung while {before}", event))
+            status[bead] = "open"
             continue
         after = {
             "bead.slung": "hooked" if before == "open" else before,

@@ -27,7 +27,7 @@ from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.events import decode_envelope
 from tests.chaos.test_mayor_chaos import MayorProcess, publish
-from tests.log_tools import digest, fresh_replay, read_all
+from tests.log_tools import digest, fresh_replay, read_all, seed_rigs
 
 pytestmark = pytest.mark.chaos
 
@@ -106,6 +106,7 @@ async def test_kill_9_the_mayor_while_molecules_are_stepped_and_convoys_fill(
     sent: Counter[str] = Counter()
     try:
         await provision(nc.jetstream(), town)
+        await seed_rigs(nc, *(f"rig{i}" for i in range(3)))  # the rigs the workers sling to
         mayor.start()
         workers = [asyncio.create_task(Worker(nc, i, sent, random.Random(SEED + i)).run()) for i in range(CONVOYS)]
         serving_kills = 0

@@ -35,7 +35,7 @@ from shared.service import Service, ServiceSettings
 from tests.chaos.test_witness_chaos import wait_for_crash
 from tests.drivers import send_and_wait
 from tests.helpers import assert_eventually
-from tests.log_tools import events_of, outcomes, read_all
+from tests.log_tools import SEEDED_RIGS, events_of, outcomes, read_all, seed_rigs
 from tests.service_process import ServiceProcess
 
 FAST = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5, snapshot_check_interval=0.2)
@@ -90,6 +90,8 @@ class AutoTown:
     async def start_mayor(self) -> MayorService:
         self.mayor = MayorService(self.config, FAST)
         await self.start(self.mayor)
+        assert self.mayor.reader is not None
+        await self.mayor.reader.wait_for_seq(await seed_rigs(self.nc, *SEEDED_RIGS), timeout=30)
         return self.mayor
 
     async def start_deacon(self) -> DeaconService:

@@ -24,17 +24,25 @@ from shared.config import TownConfig
 from shared.events import CommandAccepted, encode_event
 from shared.service import ServiceSettings
 from tests.helpers import assert_eventually
-from tests.log_tools import digest, fresh_replay, outcome_of, outcomes, read_all
+from tests.log_tools import SEEDED_RIGS, digest, fresh_replay, outcome_of, outcomes, read_all, seed_rigs
 
 FAST = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5, snapshot_check_interval=0.2)
 
 
 @contextlib.asynccontextmanager
-async def run_mayor(town: TownConfig, settings: ServiceSettings = FAST) -> AsyncIterator[MayorService]:
+async def run_mayor(
+    town: TownConfig, settings: ServiceSettings = FAST, rigs: tuple[str, ...] = SEEDED_RIGS
+) -> AsyncIterator[MayorService]:
+    """A mayor on the town's server; ``rigs`` are in the log (as a witness would have added them) once it is
+    ready, so slings to them are accepted."""
     service = MayorService(town, settings)
     task = asyncio.create_task(service.run())
     try:
         await asyncio.wait_for(_ready_or_failed(service, task), 30)
+        if rigs:
+            assert service.nc is not None
+            assert service.reader is not None
+            await service.reader.wait_for_seq(await seed_rigs(service.nc, *rigs), timeout=30)
         yield service
     finally:
         await service.shutdown()
@@ -384,11 +392,12 @@ class TestQueries:
         assert json.loads(reply.data)["code"] == "malformed"
 
     async def test_a_query_waits_for_min_seq_and_says_when_it_cannot(self, nc: Client, mayor: MayorService) -> None:
-        waiting = asyncio.ensure_future(ask(nc, "list", {"min_seq": 2}))
+        start = await latest_seq(nc)  # the seeded rigs
+        waiting = asyncio.ensure_future(ask(nc, "list", {"min_seq": start + 2}))
         await pub(nc, "gt.cmd.bead.create", {"title": "t"}, msg_id="w-1")
         answer = await waiting
         assert answer["ok"]
-        assert answer["seq"] >= 2
+        assert answer["seq"] >= start + 2
         assert [b["title"] for b in answer["result"]] == ["t"]
 
 
@@ -420,7 +429,7 @@ class TestSnapshots:
     async def test_a_damaged_snapshot_is_ignored_and_the_log_rebuilds_the_state(
         self, nc: Client, town: TownConfig, damage: str
     ) -> None:
-        async with run_mayor(town):
+        async with run_mayor(town, rigs=()):
             for i in range(20):
                 await pub(nc, "gt.cmd.bead.create", {"title": f"b{i}"}, msg_id=f"d-{i}")
             await outcome_of(nc, "d-19")
@@ -433,7 +442,7 @@ class TestSnapshots:
             snap = msgspec.msgpack.decode(good)
             snap[0] = "0" * 32
             await store.save("mayor", msgspec.msgpack.encode(snap))
-        async with run_mayor(town) as rebuilt:
+        async with run_mayor(town, rigs=()) as rebuilt:
             await assert_eventually(lambda: rebuilt.projection.last_seq == 40)
             assert rebuilt.projection.applied == 40  # everything came from the log
             replayed = await fresh_replay(nc, new_projection())

@@ -226,3 +226,12 @@ def test_every_drawn_fault_is_one_gt_agent_reads() -> None:
 def test_bad_rates_are_refused_with_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         chaos_agent.parse_rates(text)
+
+
+def test_an_unsling_returns_a_hooked_bead_to_open_and_an_unsling_of_an_open_one_is_backward() -> None:
+    log = LogBuilder().add("bead.created", bead_id="b1", title="b1").add("bead.slung", bead_id="b1", rig="r")
+    log.add("bead.claimed", bead_id="b1", assignee="r/p").add("bead.unslung", bead_id="b1", rig="r")
+    log.add("bead.slung", bead_id="b1", rig="r").add("bead.closed", bead_id="b1")
+    assert not [v for v in violations(log, ["b1"]) if v.startswith("backward")]
+    log = LogBuilder().add("bead.created", bead_id="b2", title="b2").add("bead.unslung", bead_id="b2", rig="r")
+    assert any("backward transition: b2: unslung while open" in v for v in violations(log, ["b2"]))

@@ -23,6 +23,7 @@ from shared.events import (
     BeadSlung,
     Event,
     RigAdded,
+    SessionEnded,
     SessionRequested,
     SessionStarted,
 )
@@ -134,6 +135,77 @@ def test_rig_add_refuses_a_changed_configuration_and_a_taken_prefix() -> None:
     clash = fed.reject("gt.cmd.rig.add", name="demo2", repo="/repos/x.git", prefix="demo")
     assert clash.code == "conflict"
     assert "prefix 'demo'" in clash.message
+
+
+def test_rig_update_records_only_what_changes() -> None:
+    fed = witness()
+    fed.send("gt.cmd.rig.add", name="demo", repo="/repos/demo.git", test_command="make test")
+    result = fed.send("gt.cmd.rig.update", name="demo", agent_command="claude", test_command="make test")
+    assert (result["changed"], result["fields"]) == (True, ["agent_command"])
+    _seq, subject, data = fed.log.messages[-1]
+    assert subject == "gt.evt.rig.demo"
+    envelope = msgspec.json.decode(data)
+    assert envelope["type"] == "rig.updated"
+    assert sorted(envelope["data"]) == ["agent_command", "rig"], "only the changed field is stored"
+    again = fed.send("gt.cmd.rig.update", name="demo", agent_command="claude")
+    assert (again["changed"], len(fed.log.messages)) == (False, 2)
+    assert fed.projection.state.rigs["demo"].agent_command == "claude"
+
+
+def test_rig_update_changes_the_git_identity_of_new_sessions() -> None:
+    fed = witness()
+    fed.send("gt.cmd.rig.add", name="demo", repo="/repos/demo.git")
+    result = fed.send("gt.cmd.rig.update", name="demo", git_name="Bot {polecat}", git_email="bots+{polecat}@x.org")
+    assert (result["changed"], sorted(result["fields"])) == (True, ["git_email", "git_name"])
+    rig = fed.projection.state.rigs["demo"]
+    assert (rig.git_name, rig.git_email) == ("Bot {polecat}", "bots+{polecat}@x.org")
+    fed.send("gt.cmd.rig.update", name="demo", git_name="")
+    assert fed.projection.state.rigs["demo"].git_name == "", "empty: back to the default {rig}/{polecat}"
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "fragment"),
+    [
+        ({"name": "nosuch", "agent_command": "x"}, "not_found", "no rig 'nosuch'"),
+        ({"name": "demo"}, "invalid", "at least one setting"),
+        ({"name": "demo", "max_polecats": 0}, "invalid", "max_polecats"),
+        ({"name": "demo", "agent_command": " "}, "invalid", "agent_command"),
+        ({"name": "demo", "repo": "/elsewhere"}, "invalid", "repo"),
+        ({"name": "demo", "git_email": "<{polecat}@x>"}, "invalid", "git_email"),
+    ],
+)
+def test_rig_update_rejects_bad_input_with_a_clear_error(body: dict[str, Any], code: str, fragment: str) -> None:
+    fed = witness()
+    fed.send("gt.cmd.rig.add", name="demo", repo="/repos/demo.git")
+    error = fed.reject("gt.cmd.rig.update", **body)
+    assert error.code == code
+    assert fragment in error.message
+
+
+def test_rig_remove_is_refused_while_beads_are_hooked_unless_forced() -> None:
+    fed = with_session(witness())
+    refused = fed.reject("gt.cmd.rig.remove", name="demo")
+    assert refused.code == "conflict"
+    assert "rig demo has work hooked: demo-1" in refused.message
+    removed = fed.send("gt.cmd.rig.remove", name="demo", force=True)
+    assert (removed["changed"], removed["hooked"]) == (True, ["demo-1"])
+    rig = fed.projection.state.rigs["demo"]
+    assert (rig.parked, rig.removed) == (True, True)
+    assert fed.send("gt.cmd.rig.remove", name="demo")["changed"] is False
+    assert fed.reject("gt.cmd.rig.unpark", name="demo").code == "not_found"
+    assert fed.reject("gt.cmd.rig.add", name="demo", repo="/repos/demo.git").code == "conflict"
+
+
+def test_park_and_unpark_are_idempotent_and_a_parked_rigs_hook_is_not_stale() -> None:
+    fed = with_session(witness())
+    assert fed.send("gt.cmd.rig.park", name="demo", reason="CI down")["changed"] is True
+    assert fed.send("gt.cmd.rig.park", name="demo")["changed"] is False
+    fed.add(SessionEnded(session_id="demo-1-1", reason="dead"))
+    answer = fed.send("gt.cmd.session.recover_hook", bead="demo-1", token=1)
+    assert answer["status"] == "not_stale"
+    assert "parked" in answer["why"]
+    assert fed.send("gt.cmd.rig.unpark", name="demo")["changed"] is True
+    assert fed.send("gt.cmd.rig.unpark", name="demo")["changed"] is False
 
 
 # ---- the agent's side of a session -------------------------------------------------------------

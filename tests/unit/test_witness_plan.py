@@ -34,6 +34,7 @@ from shared.events import (
     BeadClosed,
     BeadCreated,
     BeadSlung,
+    BeadUnslung,
     Event,
     LeaseAcquired,
     LeaseExpired,
@@ -44,6 +45,9 @@ from shared.events import (
     NudgeQueued,
     RigAdded,
     RigMassDeath,
+    RigParked,
+    RigUnparked,
+    RigUpdated,
     SessionCleaned,
     SessionDoneIntent,
     SessionEnded,
@@ -631,3 +635,66 @@ def test_a_merge_request_sent_back_then_put_back_in_the_queue_leaves_the_bead_wa
     w.add(MergeRequestRequeued(mr_id="mr-1", reason="resubmitted unchanged after its test gate failed"))
     assert not [a for a in w.plan() if isinstance(a, Spawn)]
     assert w.state.beads["gt-abc"].merge_requested
+
+
+# ---- unsling and parked rigs -------------------------------------------------------------------
+
+
+def test_an_unslung_beads_session_is_warranted_then_cleaned_keeping_its_worktree() -> None:
+    w = World()
+    w.rig()
+    w.bead("b1")
+    session = w.running("b1")
+    w.add(BeadUnslung(bead_id="b1", rig="demo", reason="wrong rig"))
+    warrant = only(w.plan(), Warrant)
+    assert (warrant.session, warrant.reason) == (session, "unslung")
+    w.add(SessionWarranted(session_id=session, reason="unslung"), SessionEnded(session_id=session, reason="unslung"))
+    actions = w.plan(w.observe())
+    clean = only(actions, Clean)
+    assert (clean.session, clean.remove_worktree) == (session, False)
+    assert not [a for a in actions if isinstance(a, Spawn | Escalate)], "no respawn, no escalation: no death"
+
+
+def test_an_unsling_that_asks_for_it_removes_the_worktree_unless_slung_again() -> None:
+    w = World()
+    w.rig()
+    w.bead("b1")
+    session = w.running("b1")
+    w.add(BeadUnslung(bead_id="b1", rig="demo", remove_worktree=True))
+    w.add(SessionWarranted(session_id=session, reason="unslung"), SessionEnded(session_id=session, reason="unslung"))
+    assert only(w.plan(w.observe()), Clean).remove_worktree
+    w.bead("b1")  # slung again before the clean-up: the next session continues in the worktree
+    assert not only(w.plan(w.observe()), Clean).remove_worktree
+
+
+def test_a_parked_rig_starts_no_session_and_an_unparked_one_does() -> None:
+    w = World()
+    w.rig()
+    w.add(RigParked(rig="demo"))
+    w.bead("b1")
+    assert not [a for a in w.plan() if isinstance(a, Spawn)]
+    w.add(RigUnparked(rig="demo"))
+    assert only(w.plan(), Spawn).bead == "b1"
+
+
+def test_parking_lets_a_running_session_finish_and_holds_back_its_respawn() -> None:
+    w = World()
+    w.rig()
+    w.bead("b1")
+    session = w.running("b1")
+    w.add(RigParked(rig="demo"))
+    assert not [a for a in w.plan() if isinstance(a, Warrant | Kill)], "a running session is left alone"
+    w.end(session, "dead")
+    assert not [a for a in w.plan(w.observe()) if isinstance(a, Spawn)], "its respawn waits for the unpark"
+
+
+def test_a_rig_update_applies_to_the_next_plan() -> None:
+    w = World()
+    w.rig(max_polecats=1)
+    w.bead("b1")
+    w.bead("b2")
+    w.running("b1")
+    assert not [a for a in w.plan() if isinstance(a, Spawn)], "one polecat at most"
+    w.add(RigUpdated(rig="demo", max_polecats=2, agent_command="claude"))
+    assert only(w.plan(), Spawn).bead == "b2"
+    assert (w.state.rigs["demo"].agent_command, w.state.rigs["demo"].test_command) == ("claude", "")

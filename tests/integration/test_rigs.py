@@ -1,0 +1,226 @@
+"""Rigs change and go, and hooks come back, through the `gt` command against a real town (nats-server, mayor,
+witness and refinery, agents in real tmux, real git): slings to unknown rigs are refused, `gt unsling` gives a
+bead back, `gt rig update|remove|park|unpark` change a rig without renaming it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import pytest
+from nats.aio.client import Client
+
+from shared.config import TownConfig
+from shared.events import decode_envelope
+from shared.ids import hook_lease_name
+from tests.helpers import assert_eventually
+from tests.integration.test_cli import Gt, Run
+from tests.log_tools import read_all
+from tests.witness_town import PolecatTown, polecat_town
+
+HANG = "GT_AGENT_FAULT=hang@1 gt-agent"
+
+
+@pytest.fixture
+async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
+    async with polecat_town(town, nc, tmp_path) as handle:
+        yield handle
+
+
+@pytest.fixture
+def gt(gt_env: dict[str, str], town: TownConfig) -> Gt:
+    return Gt(gt_env, town)
+
+
+def ok(run: Run) -> str:
+    assert run.code == 0, (run.code, run.out, run.err)
+    return run.out
+
+
+async def event_types(pt: PolecatTown, subject: str) -> list[str]:
+    return [decode_envelope(data).type for _seq, _subject, data in await read_all(pt.nc, "GT_EVT", subject)]
+
+
+async def event_data(pt: PolecatTown, subject: str, type_: str) -> list[dict[str, object]]:
+    out = []
+    for _seq, _subject, data in await read_all(pt.nc, "GT_EVT", subject):
+        env = decode_envelope(data)
+        if env.type == type_:
+            out.append(msgspec.json.decode(env.data))
+    return out
+
+
+async def started(pt: PolecatTown, bead: str, attempt: int = 1) -> str:
+    """The id of the bead's session ``attempt`` once it is started."""
+
+    def check() -> str:
+        sessions = pt.sessions_of(bead)
+        assert len(sessions) >= attempt, f"no session {attempt} of {bead} yet"
+        assert sessions[attempt - 1].status == "started", sessions[attempt - 1].status
+        return sessions[attempt - 1].id
+
+    found: str = await assert_eventually(check, timeout=60, interval=0.05)
+    return found
+
+
+def cleaned(pt: PolecatTown, bead: str, attempt: int) -> bool:
+    s = pt.sessions_of(bead)[attempt - 1]
+    assert (s.status, s.end_reason, s.cleaned) == ("ended", "unslung", True), (s.status, s.end_reason, s.cleaned)
+    return True
+
+
+async def patrols_pass(pt: PolecatTown, passes: int = 3) -> None:
+    """Until the witness finished ``passes`` more patrols: whatever it owed by now, it has done."""
+    assert pt.witness is not None
+    target = pt.witness.reconciles + passes
+    await assert_eventually(lambda: pt.witness is not None and pt.witness.reconciles >= target, timeout=60)
+
+
+# ---- 5: slings to unknown rigs, and unsling -----------------------------------------------------
+
+
+async def test_a_sling_to_an_unknown_rig_is_refused_naming_the_rigs(pt: PolecatTown, gt: Gt) -> None:
+    bead = await pt.new_bead("Goes nowhere")
+    none_yet = await gt("sling", bead, "nosuchrig")
+    assert none_yet.code == 1, none_yet.out
+    assert "not_found" in none_yet.err
+    assert "no rigs yet; add one with gt rig add" in none_yet.err
+    await pt.add_rig("demo")
+    await pt.add_rig("other", agent_command=HANG)
+    refused = await gt("sling", bead, "nosuchrig")
+    assert refused.code == 1, refused.out
+    assert "no rig 'nosuchrig'; rigs: demo, other" in refused.err
+    assert await event_types(pt, f"gt.evt.bead.{bead}") == ["bead.created"], "nothing recorded on the bead"
+    assert "hooked on other" in ok(await gt("sling", bead, "other"))
+
+
+async def test_unsling_ends_the_live_session_and_the_bead_can_be_slung_again(pt: PolecatTown, gt: Gt) -> None:
+    await pt.add_rig(agent_command=HANG)
+    bead = await pt.new_bead("Slung by mistake")
+    await pt.sling(bead)
+    first = await started(pt, bead)
+    session = pt.sessions_of(bead)[0]
+    out = ok(await gt("unsling", bead, "--reason", "wrong rig"))
+    assert f"{bead}: open" in out
+    assert first in out, "it says which session the witness ends"
+
+    def ended() -> bool:
+        s = pt.sessions_of(bead)[0]
+        assert (s.status, s.end_reason, s.cleaned) == ("ended", "unslung", True), (s.status, s.end_reason)
+        assert session.tmux_name not in pt.tmux.snapshot(), "its tmux session is gone"
+        return True
+
+    await assert_eventually(ended, timeout=60)
+    assert pt.mayor is not None
+    assert pt.witness is not None
+    assert pt.mayor.projection.state.beads[bead].status == "open"
+    assert pt.witness.state.hooks[hook_lease_name(bead)].status == "released"
+    assert Path(session.worktree).exists(), "the worktree is kept"
+    assert not pt.witness.state.sessions[first].worktree_removed
+    assert pt.mayor.projection.state.beads[bead].slings == 1, "no re-sling: unslung is no death"
+    assert not pt.mayor.projection.state.escalations
+    unslung = await event_data(pt, f"gt.evt.bead.{bead}", "bead.unslung")
+    assert [(u["rig"], u["reason"]) for u in unslung] == [("demo", "wrong rig")]
+    assert "not hooked" in (await gt("unsling", bead)).err
+
+    # Slung again: a fresh session in the same worktree, on the same branch. Asked to remove a worktree that
+    # holds uncommitted work, the witness keeps it and says so.
+    ok(await gt("sling", bead, "demo"))
+    await started(pt, bead, 2)
+    again = pt.sessions_of(bead)[1]
+    assert (again.worktree, again.branch) == (session.worktree, session.branch)
+    unsaved = Path(session.worktree) / "notes.txt"
+    unsaved.write_text("not committed yet\n")
+    ok(await gt("unsling", bead, "--remove-worktree"))
+    await assert_eventually(lambda: cleaned(pt, bead, 2), timeout=60)
+    assert not pt.sessions_of(bead)[1].worktree_removed
+    assert unsaved.exists(), "uncommitted work is never removed"
+    history = ok(await gt("bead", "history", bead))
+    assert "uncommitted changes; it is kept" in history
+
+    # Once nothing is unsaved there, the worktree goes when asked.
+    unsaved.unlink()
+    ok(await gt("sling", bead, "demo"))
+    await started(pt, bead, 3)
+    ok(await gt("unsling", bead, "--remove-worktree"))
+    await assert_eventually(lambda: cleaned(pt, bead, 3), timeout=60)
+    assert pt.sessions_of(bead)[2].worktree_removed
+    assert not Path(session.worktree).exists()
+    assert [s.end_reason for s in pt.sessions_of(bead)] == ["unslung"] * 3
+
+
+# ---- 6: rig update, remove, park, unpark --------------------------------------------------------
+
+
+async def test_rig_update_changes_the_agent_for_new_sessions_only(pt: PolecatTown, gt: Gt) -> None:
+    await pt.add_rig(agent_command=HANG)
+    old = await pt.new_bead("Started before the update")
+    await pt.sling(old)
+    running = await started(pt, old)
+    out = ok(await gt("rig", "update", "demo", "--agent", "gt-agent", "--stall-after", "900"))
+    assert "agent_command='gt-agent'" in out
+    assert "stall_after_s=900" in out
+    updated = await event_data(pt, "gt.evt.rig.demo", "rig.updated")
+    assert len(updated) == 1
+    assert {k for k in updated[0] if k != "rig"} == {"agent_command", "stall_after_s"}, "only the changed fields"
+    unchanged = await gt("rig", "update", "demo", "--agent", "gt-agent")
+    assert "unchanged" in ok(unchanged)
+    assert len(await event_data(pt, "gt.evt.rig.demo", "rig.updated")) == 1
+
+    new = await pt.new_bead("Started after the update")
+    await pt.sling(new)
+    await pt.wait_merge_requested(new)  # the new agent works it through
+    assert pt.witness is not None
+    assert pt.witness.state.sessions[running].status == "started", "the running session keeps its agent"
+    shown = (await gt("rig", "show", "demo", "--json")).json()
+    assert (shown["agent_command"], shown["stall_after_s"]) == ("gt-agent", 900.0)
+    bad = await gt("rig", "update", "demo", "--max-polecats", "0")
+    assert bad.code == 1
+    assert "max_polecats" in bad.err
+    missing = await gt("rig", "update", "nosuchrig", "--agent", "x")
+    assert missing.code == 1
+    assert "not_found" in missing.err
+
+
+async def test_rig_remove_is_refused_while_work_is_hooked_and_force_parks_it(pt: PolecatTown, gt: Gt) -> None:
+    await pt.add_rig(agent_command=HANG)
+    bead = await pt.new_bead("Still working")
+    await pt.sling(bead)
+    running = await started(pt, bead)
+    refused = await gt("rig", "remove", "demo")
+    assert refused.code == 1
+    assert "conflict" in refused.err
+    assert f"rig demo has work hooked: {bead}" in refused.err
+    assert "--force" in refused.err
+    assert "rig.removed" not in await event_types(pt, "gt.evt.rig.demo")
+    ok(await gt("rig", "remove", "demo", "--force"))
+    await patrols_pass(pt)
+    assert pt.witness is not None
+    assert pt.witness.state.sessions[running].status == "started", "a running session finishes its work"
+    listed = (await gt("rig", "list", "--json")).json()
+    assert [r["name"] for r in listed] == []
+    other = await pt.new_bead("After the removal")
+    gone = await gt("sling", other, "demo")
+    assert gone.code == 1
+    assert "rejected (not_found): rig 'demo' was removed; no rigs yet" in gone.err
+
+
+async def test_park_stops_new_sessions_and_unpark_resumes(pt: PolecatTown, gt: Gt) -> None:
+    await pt.add_rig()
+    ok(await gt("rig", "park", "demo"))
+    bead = await pt.new_bead("Waits for the unpark")
+    slung = ok(await gt("sling", bead, "demo"))
+    assert "parked" in slung
+    await patrols_pass(pt)
+    assert pt.sessions_of(bead) == [], "a parked rig starts no session"
+    listed = (await gt("rig", "list", "--json")).json()
+    assert [(r["name"], r["parked"], r["waiting_beads"]) for r in listed] == [("demo", True, 1)]
+    assert "parked" in ok(await gt("rig", "list"))
+    status = await gt("status")  # exit 1: no deacon runs in this town; the rigs are shown all the same
+    assert [line.split() for line in status.out.splitlines() if "(parked)" in line] == [
+        ["demo", "(parked)", "0/4", "1"]
+    ]
+    ok(await gt("rig", "unpark", "demo"))
+    await pt.wait_merge_requested(bead)
+    assert await event_types(pt, "gt.evt.rig.demo") == ["rig.added", "rig.parked", "rig.unparked"]
