@@ -126,20 +126,7 @@ def rig_view(rig: Rig) -> dict[str, object]:
 def _same_config(rig: Rig, wanted: RigAdded) -> bool:
     return all(
         getattr(rig, field) == getattr(wanted, field)
-        for field in (
-            "repo",
-            "base_branch",
-            "prefix",
-            "setup_command",
-            "lint_command",
-            "test_command",
-            "agent_command",
-            "max_polecats",
-            "max_respawns",
-            "stall_after_s",
-            "git_name",
-            "git_email",
-        )
+        for field in ("repo", "base_branch", "prefix", *RigUpdate.SETTINGS)
     )
 
 

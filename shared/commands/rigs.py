@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from shared.commands.base import MAX_DESCRIPTION, MAX_TITLE, Command, check_id, check_priority, check_text, invalid
 from shared.ids import PREFIX_PATTERN
@@ -48,6 +48,40 @@ def check_git_template(field: str, template: str) -> None:
         )
 
 
+RIG_SETTINGS = (
+    "setup_command",
+    "lint_command",
+    "test_command",
+    "agent_command",
+    "max_polecats",
+    "max_respawns",
+    "stall_after_s",
+    "git_name",
+    "git_email",
+)
+"""A rig's settings: given by ``rig.add``, changed in place by ``rig.update`` (``rig.updated`` carries them)."""
+
+
+def check_rig_settings(cmd: object) -> None:
+    """The rig settings ``cmd`` gives (None: not given), each in its range: one rule for add and update."""
+
+    def given(field: str) -> Any:
+        return getattr(cmd, field)
+
+    for field in ("setup_command", "lint_command", "test_command"):
+        check_text(field, given(field), MAX_COMMAND_LINE)
+    check_text("agent_command", given("agent_command"), MAX_COMMAND_LINE, nonblank=True)
+    if (polecats := given("max_polecats")) is not None and not 1 <= polecats <= MAX_POLECATS:
+        raise invalid(f"`max_polecats` must be 1-{MAX_POLECATS}, got {polecats}")
+    if (respawns := given("max_respawns")) is not None and not 0 <= respawns <= MAX_RESPAWNS:
+        raise invalid(f"`max_respawns` must be 0-{MAX_RESPAWNS}, got {respawns}")
+    if (stall := given("stall_after_s")) is not None and not stall > 0:
+        raise invalid(f"`stall_after_s` must be positive, got {stall}")
+    for field in ("git_name", "git_email"):
+        if (template := given(field)) is not None:
+            check_git_template(field, template)
+
+
 class RigAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Add a project: the witness clones ``repo`` under GT_HOME and runs polecats in worktrees of it."""
 
@@ -83,17 +117,7 @@ class RigAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
             raise invalid(f"`base_branch` {self.base_branch[:80]!r} is not a branch name")
         if self.prefix is not None and not PREFIX_PATTERN.fullmatch(self.prefix):
             raise invalid(f"`prefix` {self.prefix!r} must match {PREFIX_PATTERN.pattern}")
-        for field in ("setup_command", "lint_command", "test_command"):
-            check_text(field, getattr(self, field), MAX_COMMAND_LINE)
-        check_text("agent_command", self.agent_command, MAX_COMMAND_LINE, nonblank=True)
-        if not 1 <= self.max_polecats <= MAX_POLECATS:
-            raise invalid(f"`max_polecats` must be 1-{MAX_POLECATS}, got {self.max_polecats}")
-        if not 0 <= self.max_respawns <= MAX_RESPAWNS:
-            raise invalid(f"`max_respawns` must be 0-{MAX_RESPAWNS}, got {self.max_respawns}")
-        if not self.stall_after_s > 0:
-            raise invalid(f"`stall_after_s` must be positive, got {self.stall_after_s}")
-        check_git_template("git_name", self.git_name)
-        check_git_template("git_email", self.git_email)
+        check_rig_settings(self)
 
     def rig_prefix(self) -> str:
         return self.prefix or re.sub(r"[^a-z0-9_]", "", self.name)[:16] or "rig"
@@ -115,35 +139,12 @@ class RigUpdate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     git_name: str | None = None
     git_email: str | None = None
 
-    SETTINGS: ClassVar[tuple[str, ...]] = (
-        "setup_command",
-        "lint_command",
-        "test_command",
-        "agent_command",
-        "max_polecats",
-        "max_respawns",
-        "stall_after_s",
-        "git_name",
-        "git_email",
-    )
-    """What ``rig.update`` may change (``rig.updated`` carries these, the witness's rig folds them)."""
+    SETTINGS: ClassVar[tuple[str, ...]] = RIG_SETTINGS
 
     def validate(self) -> None:
         super().validate()
         check_id("name", self.name, required=True)
-        for field in ("setup_command", "lint_command", "test_command"):
-            check_text(field, getattr(self, field), MAX_COMMAND_LINE)
-        check_text("agent_command", self.agent_command, MAX_COMMAND_LINE, nonblank=True)
-        if self.max_polecats is not None and not 1 <= self.max_polecats <= MAX_POLECATS:
-            raise invalid(f"`max_polecats` must be 1-{MAX_POLECATS}, got {self.max_polecats}")
-        if self.max_respawns is not None and not 0 <= self.max_respawns <= MAX_RESPAWNS:
-            raise invalid(f"`max_respawns` must be 0-{MAX_RESPAWNS}, got {self.max_respawns}")
-        if self.stall_after_s is not None and not self.stall_after_s > 0:
-            raise invalid(f"`stall_after_s` must be positive, got {self.stall_after_s}")
-        if self.git_name is not None:
-            check_git_template("git_name", self.git_name)
-        if self.git_email is not None:
-            check_git_template("git_email", self.git_email)
+        check_rig_settings(self)
         if all(getattr(self, field) is None for field in self.SETTINGS):
             raise invalid(f"name at least one setting to change ({', '.join(self.SETTINGS)})")
 
