@@ -131,12 +131,15 @@ def unsling(state: MayorState, cmd: BeadUnsling) -> Accepted:
     bead = get_bead(state, cmd.id)
     if bead.status == "closed":
         raise CommandError("backward_transition", f"bead {bead.id} is closed; a closed bead has no hook to release")
-    if bead.status not in ("hooked", "in_progress"):
+    hold = state.holds.get(bead.id)
+    if bead.status not in ("hooked", "in_progress") and hold is None:
         raise CommandError("conflict", f"bead {bead.id} is not hooked (it is {bead.status}); nothing to unsling")
-    event = BeadUnslung(bead_id=bead.id, rig=bead.rig or "", reason=cmd.reason, remove_worktree=cmd.remove_worktree)
+    # A held bead (open, waiting for its blockers) gives its hold back: the mayor will not sling it.
+    rig, was = (hold.rig, "held") if hold is not None else (bead.rig or "", bead.status)
+    event = BeadUnslung(bead_id=bead.id, rig=rig, reason=cmd.reason, remove_worktree=cmd.remove_worktree)
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=bead.version)],
-        result=result(bead.id, "open", changed=True, rig=bead.rig, was=bead.status),
+        result=result(bead.id, "open", changed=True, rig=rig, was=was),
     )
 
 

@@ -184,7 +184,8 @@ def _held(payload: BeadHeld, state: MayorState, env: Envelope, seq: int) -> None
 
 @fold.register
 def _unslung(payload: BeadUnslung, state: MayorState, env: Envelope, seq: int) -> None:
-    """The hook is given back: open again, on no rig. The molecule and its done steps stay as they are."""
+    """The hook (or a held bead's hold) is given back: open again, on no rig. The molecule and its done steps
+    stay as they are."""
     bead = state.beads.get(payload.bead_id)
     if bead is None:
         return
@@ -192,6 +193,7 @@ def _unslung(payload: BeadUnslung, state: MayorState, env: Envelope, seq: int) -
         bead.status = "open"
         bead.rig = None
         bead.hook_session = None
+    state.holds.pop(bead.id, None)  # a held bead gives its hold back
     bead.updated_at = env.ts
     bead.version = seq
 

@@ -94,9 +94,10 @@ def beads_closed_once(log: list[Logged], beads: Iterable[str]) -> list[Violation
 
 def no_backward_bead_transition(log: list[Logged]) -> list[Violation]:
     """A bead's status only moves forward: open, hooked, in progress, closed. A re-sling keeps the status; an
-    unsling (an operator's) gives a hooked bead back to open; nothing but an update follows a close; nothing comes
-    before the bead's creation."""
+    unsling (an operator's) gives a hooked bead back to open, or a held one its hold; nothing but an update
+    follows a close; nothing comes before the bead's creation."""
     status: dict[str, str] = {}
+    held: set[str] = set()
     out = []
     for event in log:
         if not event.type.startswith("bead."):
@@ -114,12 +115,18 @@ def no_backward_bead_transition(log: list[Logged]) -> list[Violation]:
         if before == "closed" and event.type != "bead.updated":
             out.append(_backward(bead, "changed after it was closed", event))
             continue
+        if event.type == "bead.held":
+            held.add(bead)
         if event.type == "bead.unslung":
-            # An operator giving the hook back (`gt unsling`): the one way back to open, from a hook only.
-            if before not in ("hooked", "in_progress"):
+            # An operator giving the hook back (`gt unsling`): the one way back to open, from a hook only (or a
+            # held bead's hold, which leaves it open).
+            if before not in ("hooked", "in_progress") and not (before == "open" and bead in held):
                 out.append(_backward(bead, f"unslung while {before}", event))
             status[bead] = "open"
+            held.discard(bead)
             continue
+        if event.type in ("bead.slung", "bead.claimed", "bead.closed"):
+            held.discard(bead)
         after = {
             "bead.slung": "hooked" if before == "open" else before,
             "bead.claimed": "in_progress",

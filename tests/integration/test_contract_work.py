@@ -202,18 +202,31 @@ class TestBlockers:
         assert len(slings) == 1
         assert (slings[0]["rig"], slings[0]["held_for"]) == ("demo", [blocker])
 
+    async def test_unsling_of_a_held_bead_ends_its_hold_and_the_mayor_does_not_sling_it(self, driver: Driver) -> None:
+        blocker = await bead(driver)
+        blocked = await bead(driver, needs=[blocker])
+        await driver.send(SLING, {"id": blocked, "rig": "demo", "hold": True, "no_convoy": True})
+        released = await driver.send("gt.cmd.bead.unsling", {"id": blocked, "reason": "not this sprint"})
+        assert (released["status"], released["changed"], released["was"]) == ("open", True, "held")
+        assert (await driver.ask("get", id=blocked)).get("hold") is None
+        await driver.send(CLOSE, {"id": blocker})
+        await driver.advance(60)
+        got = await driver.ask("get", id=blocked)
+        assert (got["status"], got["slings"]) == ("open", 0), "its hold was given back: nobody slings it"
+        assert await code(driver, "gt.cmd.bead.unsling", {"id": blocked}) == "conflict", "nothing left to give back"
+
     async def test_a_held_bead_closed_or_slung_by_hand_is_no_longer_held(self, driver: Driver) -> None:
         blocker = await bead(driver)
         closed, forced = await bead(driver, needs=[blocker]), await bead(driver, needs=[blocker])
         for held in (closed, forced):
             await driver.send(SLING, {"id": held, "rig": "demo", "hold": True, "no_convoy": True})
         await driver.send(CLOSE, {"id": closed})
-        await driver.send(SLING, {"id": forced, "rig": "other", "force": True})
+        await driver.send(SLING, {"id": forced, "rig": "web", "force": True})
         await driver.send(CLOSE, {"id": blocker})
         await driver.advance(0)
         assert (await driver.ask("get", id=closed))["status"] == "closed"
         got = await driver.ask("get", id=forced)
-        assert (got["rig"], got["slings"], got.get("hold")) == ("other", 1, None)
+        assert (got["rig"], got["slings"], got.get("hold")) == ("web", 1, None)
 
     async def test_a_forced_re_sling_of_a_bead_forced_past_its_blocker_is_not_blocked(self, driver: Driver) -> None:
         blocker = await bead(driver)

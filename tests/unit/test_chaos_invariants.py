@@ -235,3 +235,11 @@ def test_an_unsling_returns_a_hooked_bead_to_open_and_an_unsling_of_an_open_one_
     assert not [v for v in violations(log, ["b1"]) if v.startswith("backward")]
     log = LogBuilder().add("bead.created", bead_id="b2", title="b2").add("bead.unslung", bead_id="b2", rig="r")
     assert any("backward transition: b2: unslung while open" in v for v in violations(log, ["b2"]))
+
+
+def test_an_unsling_of_a_held_bead_gives_its_hold_back_and_is_not_backward() -> None:
+    log = LogBuilder().add("bead.created", bead_id="b1", title="b1").add("bead.held", bead_id="b1", rig="r")
+    log.add("bead.unslung", bead_id="b1", rig="r")
+    assert not [v for v in violations(log, ["b1"]) if v.startswith("backward")]
+    log.add("bead.unslung", bead_id="b1", rig="r")  # the hold was given back already
+    assert any("backward transition: b1: unslung while open" in v for v in violations(log, ["b1"]))
