@@ -28,6 +28,8 @@ def released_holds(state: MayorState) -> list[NewEvent]:
         bead = state.beads.get(bead_id)
         if bead is None or bead.status != "open" or open_blockers(state, bead):
             continue
+        if (rig := state.rigs.get(hold.rig)) is None or rig.removed:
+            continue  # never to a rig taken out of service: it stays held until slung elsewhere or unslung
         event = BeadSlung(bead_id=bead_id, rig=hold.rig, held_for=list(hold.blockers))
         owed.append(NewEvent(payload=event, expected_seq=bead.version))
     return owed

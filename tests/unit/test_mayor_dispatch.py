@@ -5,7 +5,7 @@ from __future__ import annotations
 from services.mayor import reconcile
 from services.mayor.reads import convoy_waves
 from shared.cli import narrate, render
-from shared.events import REGISTRY, BeadSlung, decode_envelope
+from shared.events import REGISTRY, BeadSlung, RigRemoved, decode_envelope
 from tests.mayor_town import mayor_town
 
 CREATE, UPDATE, CLOSE, SLING = "gt.cmd.bead.create", "gt.cmd.bead.update", "gt.cmd.bead.close", "gt.cmd.bead.sling"
@@ -89,3 +89,16 @@ def test_convoy_status_lists_beads_wave_by_wave_with_what_held_and_blocked_ones_
     assert lines[3] == ["1", "a", "hooked", "demo", "A"]
     assert lines[4] == ["1", "c", "blocked:", "waiting", "for", "x", "-", "C"]  # wave by wave
     assert lines[5] == ["2", "b", "held:", "waiting", "for", "a", "demo", "B"]
+
+
+def test_a_bead_held_for_a_rig_removed_since_stays_held_instead_of_being_slung_there() -> None:
+    town = mayor_town()
+    blocker = town.send(CREATE, {"title": "blocker"})["id"]
+    held = town.send(CREATE, {"title": "held", "needs": [blocker]})["id"]
+    town.send(SLING, {"id": held, "rig": "web", "hold": True, "no_convoy": True})
+    town.log.record([RigRemoved(rig="web")], ts=town.clock, actor="witness")
+    town.log.replay(town.projection, after=town.projection.last_seq)
+    town.send(CLOSE, {"id": blocker})
+    assert (town.state.beads[held].status, list(town.state.holds)) == ("open", [held]), "never slung to a removed rig"
+    moved = town.send(SLING, {"id": held, "rig": "demo", "hold": True, "no_convoy": True})
+    assert (moved["status"], town.state.beads[held].rig) == ("hooked", "demo"), "a sling elsewhere takes it"
