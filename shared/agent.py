@@ -20,7 +20,7 @@ attempts is ``N`` or ``N-M`` and defaults to every attempt):
 - ``hang`` / ``hang=K``: stop (at once, or at step K) and sleep forever, no heartbeats
 - ``exit-before-done``: exit after the last step without ``gt done``
 - ``crash-after-done-intent``: SIGKILL itself once ``gt done`` has recorded the done-intent
-- ``dirty``: leave an uncommitted file behind (``gt done`` then refuses)
+- ``dirty``: leave an uncommitted file behind (``gt done`` then refuses; the next session commits it)
 - ``conflict``: also write ``CONFLICT.txt``, which every bead writes differently (a merge conflict)
 - ``fail-tests``: create ``FAIL_TESTS`` at the top of the worktree (a rig test like ``test ! -e FAIL_TESTS``
   fails) and submit anyway
@@ -152,9 +152,13 @@ def prime() -> dict[str, Any]:
     raise RuntimeError("gt prime kept failing")
 
 
+DIRTY_FILE = "scratch.txt"
+"""What the ``dirty`` fault leaves uncommitted: the agent's own file, so the next session commits it."""
+
+
 def own_paths(bead: str) -> list[str]:
     """Everything this agent ever writes in a worktree: its step files and the files of its faults."""
-    return [f"{WORK_DIR}/{bead}", "CONFLICT.txt", "FAIL_TESTS"]
+    return [f"{WORK_DIR}/{bead}", "CONFLICT.txt", "FAIL_TESTS", DIRTY_FILE]
 
 
 def commit_own(worktree: Path, bead: str, message: str) -> bool:
@@ -289,7 +293,7 @@ def resolve_conflict(data: dict[str, Any], failure: dict[str, Any]) -> None:
 def finish(data: dict[str, Any], faults: list[Fault], attempt: int) -> int:
     worktree = Path(data["worktree"])
     if active(faults, attempt, "dirty"):
-        (worktree / "scratch.txt").write_text("left uncommitted (fault injection)\n")
+        (worktree / DIRTY_FILE).write_text("left uncommitted (fault injection)\n")
     if active(faults, attempt, "exit-before-done"):
         say("exiting before gt done (fault injection)")
         return 0

@@ -55,6 +55,22 @@ async def test_the_agent_commits_only_what_it_wrote_never_python_bytecode(pt: Po
     assert [s.end_reason for s in sessions] == ["done"], "gt done took the worktree as clean"
 
 
+async def test_a_file_the_agent_left_uncommitted_is_committed_by_the_next_session_and_the_bead_merges(
+    pt: PolecatTown,
+) -> None:
+    """The `dirty` fault: attempt 1 leaves its own file uncommitted and `gt done` refuses the worktree. The next
+    session commits what its predecessor left of the agent's own files (found by the 60-bead chaos run: a
+    session that committed only its step files left it there, and every later session failed `gt done`)."""
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=dirty@1 gt-agent", max_respawns=2)
+    bead = await pt.new_bead("Leave a file behind once")
+    await pt.sling(bead)
+    await merged_mr(pt, bead, timeout=180)
+    tree = git.git("ls-tree", "-r", "--name-only", "refs/heads/main", cwd=pt.origin).split()
+    assert "scratch.txt" in tree
+    sessions = await pt.wait_settled(bead)
+    assert [s.end_reason for s in sessions][-1] == "done"
+    assert len(sessions) == 2, [(s.id, s.end_reason) for s in sessions]
+
 async def test_a_conflict_goes_back_to_the_agent_which_resolves_it_and_it_merges(
     pt: PolecatTown, gt_env: dict[str, str]
 ) -> None:
