@@ -71,6 +71,7 @@ async def test_a_file_the_agent_left_uncommitted_is_committed_by_the_next_sessio
     assert [s.end_reason for s in sessions][-1] == "done"
     assert len(sessions) == 2, [(s.id, s.end_reason) for s in sessions]
 
+
 async def test_a_conflict_goes_back_to_the_agent_which_resolves_it_and_it_merges(
     pt: PolecatTown, gt_env: dict[str, str]
 ) -> None:
