@@ -100,10 +100,11 @@ async def _rig_remove(nc: Client, args: argparse.Namespace, config: TownConfig) 
 
 def _park_line(result: dict[str, Any]) -> str:
     unchanged = "" if result.get("changed", True) else " (unchanged)"
-    waiting = int(result.get("waiting") or 0)
+    count = int(result.get("waiting") or 0)
+    beads = "1 bead" if count == 1 else f"{count} beads"
     if result.get("status") == "parked":
-        return f"rig {result.get('rig')}: parked{unchanged}; no new sessions, {waiting} beads waiting"
-    return f"rig {result.get('rig')}: active{unchanged}; {waiting} waiting beads get sessions"
+        return f"rig {result.get('rig')}: parked{unchanged}; no new sessions, {beads} waiting"
+    return f"rig {result.get('rig')}: active{unchanged}; {beads} waiting get sessions now"
 
 
 async def _rig_park(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
