@@ -1,0 +1,139 @@
+"""Poison commands on a real server: no body ever ends an intake loop. Bodies that break the JSON decoder in
+ways other than a plain syntax error (invalid UTF-8 inside a string, nesting 100,000 deep, numbers out of
+range, lone surrogate escapes) are each answered by one rejection; a command whose processing keeps failing
+is set aside after a few deliveries (rejected with ``set_aside``, escalated), never retried forever."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from services.mayor.service import MayorService
+from shared.commands import BeadCreate, Command
+from shared.config import TownConfig
+from shared.service import ServiceSettings
+from tests.helpers import assert_eventually
+from tests.integration.test_mayor_service import ask, pub, run_mayor
+from tests.log_tools import outcome_of
+from tests.service_process import ServiceProcess
+
+DEEP = 100_000
+POISON: list[tuple[str, bytes, str | None]] = [
+    ("poison-utf8", b'{"title": "\xff\xfe"}', "malformed"),
+    ("poison-utf8-key", b'{"\xff": 1, "title": "x"}', "malformed"),
+    ("poison-deep-array", b'{"title": "x", "labels": ' + b"[" * DEEP + b"]" * DEEP + b"}", "malformed"),
+    ("poison-deep-object", b'{"a":' * DEEP + b"1" + b"}" * DEEP, "malformed"),
+    ("poison-huge-float", b'{"title": "x", "priority": 1e400}', "malformed"),
+    ("poison-huge-int", b'{"title": "x", "priority": ' + str(10**400).encode() + b"}", "invalid"),
+    ("poison-enormous-int", b'{"title": "x", "priority": 1' + b"0" * 5_000 + b"}", "malformed"),
+    ("poison-surrogate", b'{"title": "\\ud800"}', "malformed"),
+    ("poison-surrogate-pair", b'{"title": "\\udfff\\ud800"}', "malformed"),
+    ("poison-raw-nul", b'{"title": "a\x00b"}', "malformed"),
+    ("poison-nul-escape", b'{"title": "a\\u0000b"}', None),  # a title may hold any character: one outcome
+]
+
+
+def mayor_process(gt_env: dict[str, str], town: TownConfig, log: Path, **extra: str) -> ServiceProcess:
+    env = {**gt_env, "NATS_URL": town.nats_url, "GT_HOME": str(town.gt_home), **extra}
+    return ServiceProcess("mayor", env, log)
+
+
+@contextlib.contextmanager
+def stopped_at_exit(proc: ServiceProcess) -> Iterator[ServiceProcess]:
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+async def outcome_while_alive(
+    nc: Client, proc: ServiceProcess, command_id: str, *, resend: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The command's stored outcome; fails at once when the service process exits first. ``resend``: publish
+    this body under ``command_id`` at each try (a command sent before the service opened GT_CMD is lost)."""
+
+    async def answered() -> dict[str, Any]:
+        if proc.returncode() is not None:
+            pytest.fail(f"the {proc.service} exited:\n{proc.log_text()[-4000:]}")
+        if resend is not None:
+            await pub(nc, "gt.cmd.bead.create", resend, msg_id=command_id)
+        return await outcome_of(nc, command_id, timeout=0.5)
+
+    result: dict[str, Any] = await assert_eventually(answered, timeout=90, interval=0.1)
+    return result
+
+
+async def test_each_poison_body_gets_one_rejection_and_the_mayor_keeps_serving(nc: Client, town: TownConfig) -> None:
+    async with run_mayor(town) as mayor:
+        for cmd_id, body, _ in POISON:
+            await pub(nc, "gt.cmd.bead.create", body, msg_id=cmd_id)
+        await pub(nc, "gt.cmd.bead.create", {"title": "after the poison"}, msg_id="good-after")
+        for cmd_id, _, code in POISON:
+            outcome = await outcome_of(nc, cmd_id)
+            if code is not None:
+                assert (outcome["type"], outcome["code"]) == ("cmd.rejected", code), (cmd_id, outcome)
+                assert outcome["message"]
+        assert (await outcome_of(nc, "good-after"))["type"] == "cmd.accepted"
+        assert mayor.intake is not None
+
+
+async def test_a_poison_command_does_not_crash_loop_the_mayor_process(
+    nc: Client, town: TownConfig, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Before the fix the mayor died on the command and again on every restart (it stayed in GT_CMD)."""
+    with stopped_at_exit(mayor_process(gt_env, town, tmp_path / "mayor.log").start()) as mayor:
+        await outcome_while_alive(nc, mayor, "warm-up", resend={"title": "warm up"})
+        await pub(nc, "gt.cmd.bead.create", b'{"title": "\xff\xfe"}', msg_id="poison-live")
+        outcome = await outcome_while_alive(nc, mayor, "poison-live")
+        assert (outcome["type"], outcome["code"]) == ("cmd.rejected", "malformed"), outcome
+
+        # Stored while the mayor is down: the restarted mayor meets it first thing, and answers it.
+        mayor.kill()
+        await pub(nc, "gt.cmd.bead.create", b'{"title": ' + b"[" * DEEP + b"]" * DEEP + b"}", msg_id="poison-down")
+        await pub(nc, "gt.cmd.bead.create", {"title": "behind the poison"}, msg_id="good-down")
+        mayor.start()
+        outcome = await outcome_while_alive(nc, mayor, "poison-down")
+        assert (outcome["type"], outcome["code"]) == ("cmd.rejected", "malformed"), outcome
+        assert (await outcome_while_alive(nc, mayor, "good-down"))["type"] == "cmd.accepted"
+        assert mayor.returncode() is None
+
+
+class PreparingFails(MayorService):
+    """A mayor with a bug a command's content triggers while it is processed (after decoding)."""
+
+    async def prepare(self, cmd: Command) -> object:
+        if isinstance(cmd, BeadCreate) and cmd.title == "trigger the bug":
+            raise ZeroDivisionError("division by zero")
+        return await super().prepare(cmd)
+
+
+async def test_a_command_whose_processing_keeps_failing_is_set_aside_and_escalated(
+    nc: Client, town: TownConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GT_CMD_MAX_DELIVER_CRASHES", "3")
+    settings = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5)
+    async with run_mayor(town, settings, service_class=PreparingFails) as mayor:
+        await pub(nc, "gt.cmd.bead.create", {"title": "trigger the bug"}, msg_id="buggy")
+        await pub(nc, "gt.cmd.bead.create", {"title": "unaffected"}, msg_id="fine")
+        assert (await outcome_of(nc, "fine"))["type"] == "cmd.accepted"
+        outcome = await outcome_of(nc, "buggy", timeout=90)
+        assert (outcome["type"], outcome["code"]) == ("cmd.rejected", "set_aside"), outcome
+        assert "ZeroDivisionError" in outcome["message"]
+        assert mayor.intake is not None
+        assert mayor.intake.set_aside == 1
+
+        async def escalated() -> dict[str, Any]:
+            found: list[dict[str, Any]] = (await ask(nc, "escalations"))["result"]
+            about = [e for e in found if "buggy" in e["message"]]
+            assert about, found
+            return about[0]
+
+        escalation: dict[str, Any] = await assert_eventually(escalated, timeout=30)
+        assert escalation["severity"] == "high"
+        assert json.dumps(escalation)
