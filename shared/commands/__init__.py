@@ -47,6 +47,7 @@ from shared.commands.rigs import (
     SessionStop,
 )
 from shared.commands.work import STEP_COMMANDS, StepDone, StepStart
+from shared.decoding import UNDECODABLE
 from shared.errors import CommandError
 
 COMMANDS: dict[str, type[Command]] = {
@@ -120,11 +121,6 @@ def parse_command(subject: str, body: bytes, *, max_bytes: int = DEFAULT_MAX_COM
         raise undecodable(exc) from exc
     cmd.validate()
     return cmd
-
-
-UNDECODABLE = (msgspec.DecodeError, UnicodeDecodeError, RecursionError, ValueError)
-"""What decoding JSON bytes raises besides a plain syntax error: invalid UTF-8 inside a string (msgspec checks it
-only when it builds the string), nesting past Python's recursion limit, integers too long to convert."""
 
 
 def undecodable(exc: Exception) -> CommandError:

@@ -8,19 +8,24 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from nats.aio.client import Client
 
+from services.deacon.service import DeaconService
 from services.mayor.service import MayorService
 from shared.commands import BeadCreate, Command
 from shared.config import TownConfig
+from shared.events import BeadCreated, encode_event
 from shared.service import ServiceSettings
 from tests.helpers import assert_eventually
-from tests.integration.test_mayor_service import ask, pub, run_mayor
-from tests.log_tools import outcome_of
+from tests.integration.test_deacon import FAST as DEACON_FAST
+from tests.integration.test_deacon import WATCH, Town
+from tests.integration.test_mayor_service import ask, latest_seq, pub, run_mayor
+from tests.log_tools import events_of, outcome_of
 from tests.service_process import ServiceProcess
 
 DEEP = 100_000
@@ -137,3 +142,90 @@ async def test_a_command_whose_processing_keeps_failing_is_set_aside_and_escalat
         escalation: dict[str, Any] = await assert_eventually(escalated, timeout=30)
         assert escalation["severity"] == "high"
         assert json.dumps(escalation)
+
+
+def poisoned_events() -> list[tuple[str, bytes]]:
+    """(subject, stored bytes): events of a registered type whose payload (or envelope) cannot be decoded, as a
+    buggy or hostile writer with rights on gt.evt could store them."""
+
+    def bead_created(bead: str, title: str, actor: str = "mayor") -> bytes:
+        event = BeadCreated(bead_id=bead, title=title)
+        return encode_event(event, event_id=f"ev-{bead}", ts=datetime.now(UTC), actor=actor)
+
+    return [
+        ("gt.evt.bead.hq-bad1", bead_created("hq-bad1", "TITLE").replace(b'"TITLE"', b'"\xff\xfe"')),
+        ("gt.evt.bead.hq-bad2", bead_created("hq-bad2", "TITLE").replace(b'"TITLE"', b"[" * DEEP + b"]" * DEEP)),
+        ("gt.evt.bead.hq-bad3", bead_created("hq-bad3", "x", actor="ACTOR").replace(b'"ACTOR"', b'"\xff"')),
+        ("gt.evt.bead.hq-bad4", bead_created("hq-bad4", "TITLE").replace(b'"TITLE"', b'"\\ud800"')),
+        ("gt.evt.bead.hq-bad5", b'{"a":' * DEEP + b"1" + b"}" * DEEP),
+    ]
+
+
+async def test_an_undecodable_event_is_skipped_live_and_on_replay(nc: Client, town: TownConfig) -> None:
+    """Before the fix the mayor's fold raised on such an event and the mayor stopped, at once and again on every
+    replay: the event stays in the log forever."""
+    js = nc.jetstream()
+    async with run_mayor(town) as mayor:
+        for subject, data in poisoned_events():
+            await js.publish(subject, data)  # the test's own connection: services alone may write gt.evt
+        await pub(nc, "gt.cmd.bead.create", {"title": "after the bad events"}, msg_id="good-live")
+        created = await outcome_of(nc, "good-live")
+        assert created["type"] == "cmd.accepted"
+        # Read-your-writes: answered once the fold has applied everything stored, the bad events included.
+        bead = await ask(nc, "get", {"id": created["result"]["id"], "min_seq": await latest_seq(nc)})
+        assert "result" in bead, bead
+        assert bead["result"]["title"] == "after the bad events"
+        assert mayor.projection.skipped >= len(poisoned_events())
+    replay = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5, use_snapshots=False)
+    async with run_mayor(town, replay, rigs=()) as mayor:
+        await pub(nc, "gt.cmd.bead.create", {"title": "after the replay"}, msg_id="good-replay")
+        assert (await outcome_of(nc, "good-replay"))["type"] == "cmd.accepted"
+        assert mayor.projection.skipped >= len(poisoned_events())
+        assert "hq-bad1" not in mayor.projection.state.beads
+
+
+GARBAGE = (
+    b'{"holder": "\xff"}',  # invalid UTF-8 in a string field
+    b'{"service": "\xff"}',
+    b'{"ts": "\xff"}',
+    b'{"zzz": ' + b"[" * DEEP + b"]" * DEEP + b"}",  # nested past the recursion limit under an unknown key
+    b'{"service": "\\ud800"}',
+    b"\x00\xff",
+)
+
+
+async def test_garbage_kv_values_do_not_stop_the_deacon(nc: Client, town: TownConfig) -> None:
+    """Heartbeats, service heartbeats and lease renewals are written by others (agents write theirs): a value
+    nobody can read is passed over, and the deacon goes on supervising (here: it expires a lease whose renewal
+    entry is garbage). Before the fix its patrol failed on every tick."""
+    handle = Town(town, nc)
+    await handle.start("mayor", MayorService(town, DEACON_FAST))
+    await handle.start("deacon", DeaconService(town, DEACON_FAST, deacon=WATCH))
+    try:
+        js = nc.jetstream()
+        got = await handle.command("gt.cmd.lease.acquire", lease="res-g", holder="alice", ttl_s=1.0)
+        assert got["type"] == "cmd.accepted", got
+        services_kv = await js.key_value(town.service_bucket)
+        agents_kv = await js.key_value(town.heartbeat_bucket)
+        leases_kv = await js.key_value(town.lease_bucket)
+        for i, value in enumerate(GARBAGE):
+            await services_kv.put(f"mayor.garbage{i}", value)
+            await agents_kv.put(f"garbage-{i}", value)
+        await leases_kv.put("res-g", GARBAGE[0])
+        deacon = handle.deacon()
+        errors_before = deacon.watch_errors
+
+        async def expired() -> list[str]:
+            assert not handle.tasks["deacon"][1].done()
+            kinds = [kind for kind, _ in await events_of(nc, "gt.evt.lease.res-g")]
+            assert kinds == ["lease.acquired", "lease.expired"]
+            return kinds
+
+        kinds: list[str] = await assert_eventually(expired, timeout=30)
+        assert kinds[-1] == "lease.expired"
+        checks = deacon.gc_checks
+        await assert_eventually(lambda: deacon.gc_checks >= checks + 3, timeout=30)  # whole watch ticks
+        assert deacon.watch_errors == errors_before
+    finally:
+        for name in list(handle.tasks):
+            await handle.stop(name)
