@@ -40,6 +40,8 @@ from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, EscalationRaise,
 from shared.decision import Accepted, DecideContext, NewEvent, Route
 from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, CommandError
 from shared.events import CommandAccepted, CommandRejected, EventRef, encode_event
+from shared.faults import crash_point
+from shared.held_attempts import HeldAttempts, HeldRecord
 
 log = structlog.get_logger(__name__)
 
@@ -175,6 +177,7 @@ class CommandIntake:
         fetch_batch: int = 512,
         max_command_bytes: int = DEFAULT_MAX_COMMAND_BYTES,
         max_failures: int | None = None,
+        held_record: tuple[str, str] | None = None,
         new_id: Callable[[str], str] = ids.random_bead_id,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -194,6 +197,8 @@ class CommandIntake:
         self._fetch_batch = fetch_batch
         self._max_bytes = max_command_bytes
         self._max_failures = max_failures if max_failures is not None else max_failures_from_env()
+        self._held_record = held_record
+        """(KV bucket, key) of the record that pins a command instances died on in their held phase."""
         self._failures: dict[int, int] = {}
         """Stream sequence -> attempts at settling it that raised in this instance."""
         self._infra_failures: dict[int, int] = {}
@@ -276,16 +281,29 @@ class CommandIntake:
         Settling one that is in fact still held by a live instance is harmless: its outcome is stored once."""
         started = time.monotonic()
         span = await self._held_span()
+        tracker = HeldAttempts(self._js, *self._held_record) if self._held_record is not None else None
+        record = await tracker.load() if tracker is not None else None
         if span is None:
+            if tracker is not None and record is not None:
+                await tracker.clear()
             return
+        if tracker is not None:
+            await tracker.save(record or HeldRecord())
         patterns, next_seq, last = span
         count = 0
+        held: list[asyncio.Task[int]] = []
         while next_seq <= last:
             try:
                 async with contextlib.aclosing(self._stored_from(patterns, next_seq, last)) as stored:
                     async for msg in stored:
                         await self._slots.acquire()
-                        self._dispatch(Delivery.held_by_predecessor(msg, self._max_bytes))
+                        delivery = Delivery.held_by_predecessor(msg, self._max_bytes)
+                        if tracker is not None and record is not None:
+                            task = await self._settle_held_carefully(delivery, tracker, record)
+                        else:
+                            task = self._dispatch(delivery)
+                        if task is not None:
+                            held.append(task)
                         next_seq = msg.metadata.sequence.stream + 1
                         count += 1
                 break
@@ -293,6 +311,30 @@ class CommandIntake:
                 log.warning("held_commands_read_failed", consumer=self._durable, at=next_seq, error=repr(exc))
                 await pause(0.5)
         log.info("held_commands_dispatched", count=count, upto=last, seconds=round(time.monotonic() - started, 3))
+        if tracker is not None:
+            forget = asyncio.create_task(_clear_once_settled(held, tracker), name="held-record")
+            self._acks.add(forget)
+            forget.add_done_callback(self._acks.discard)
+
+    async def _settle_held_carefully(
+        self, delivery: Delivery, tracker: HeldAttempts, record: HeldRecord
+    ) -> asyncio.Task[int] | None:
+        """The previous instance died in its held phase: settle one held command at a time, the record naming
+        it first, so that a command instances keep dying on is known, and set aside once named too often."""
+        if not self._owns(delivery.subject) or await self._settled_before(delivery):
+            return self._dispatch(delivery)  # another's, or its outcome is stored: settling it cannot fail
+        deaths = record.deaths.get(delivery.stream_seq, 0)
+        if deaths >= self._max_failures:
+            await self._escalate_set_aside(delivery, None)
+            why = f"{deaths} instances of the {self._service} stopped while settling it"
+            return self._dispatch(delivery, override=self._set_aside_error(why))
+        record.current = delivery.stream_seq
+        await tracker.save(record)
+        task = self._dispatch(delivery)
+        if task is not None:
+            await asyncio.wait({task})
+        record.current = None
+        return task
 
     async def _held_span(self) -> tuple[list[str], int, int] | None:
         """The consumer's subjects and the stream sequences between its ack floor and its last delivery, or
@@ -353,19 +395,19 @@ class CommandIntake:
 
     # ---- dispatch -----------------------------------------------------------------------------
 
-    def _dispatch(self, delivery: Delivery) -> None:
+    def _dispatch(self, delivery: Delivery, *, override: CommandError | None = None) -> asyncio.Task[int] | None:
         if not self._owns(delivery.subject):
             # Another service's consumer answers it; this one only makes sure nothing is left unanswered.
             if delivery.msg is not None:
                 self._spawn_ack(delivery.msg)
             self._slots.release()
-            return
+            return None
         if delivery.stream_seq in self._in_flight:
             # Redelivered while the first delivery is still being settled; that one will ack.
             self._slots.release()
-            return
+            return None
         self._in_flight.add(delivery.stream_seq)
-        parsed, key = self._read_safely(delivery)
+        parsed, key = (override, None) if override is not None else self._read_safely(delivery)
         prev = self._tails.get(key) if key else None
         barrier = self._committed_high
         task = asyncio.create_task(
@@ -375,6 +417,7 @@ class CommandIntake:
         if key:
             self._tails[key] = task
         task.add_done_callback(lambda t: self._done(t, key, delivery.stream_seq))
+        return task
 
     def _read_safely(self, delivery: Delivery) -> tuple[Command | CommandError, str | None]:
         """The command a delivery carries and the aggregate it is decided on, or the rejection that answers it.
@@ -444,7 +487,12 @@ class CommandIntake:
             try:
                 if self._crashes(delivery) >= self._max_failures and not await self._settled_before(delivery):
                     await self._escalate_set_aside(delivery, None)
-                    parsed = self._set_aside_error(delivery, None)
+                    why = (
+                        f"it was delivered {delivery.delivered} times, never settled: the {self._service} stopped on it"
+                    )
+                    parsed = self._set_aside_error(why)
+                if isinstance(parsed, Command):
+                    crash_point(f"intake.settle.{delivery.command_id}")  # tests: a service that dies on a command
                 seq = await self._settle(delivery, parsed)
             except AppendTimeoutError as exc:
                 log.warning("command_outcome_unstored", error=str(exc))
@@ -484,13 +532,8 @@ class CommandIntake:
     def _count_infra_failure(self, delivery: Delivery) -> None:
         self._infra_failures[delivery.stream_seq] = self._infra_failures.get(delivery.stream_seq, 0) + 1
 
-    def _set_aside_error(self, delivery: Delivery, exc: Exception | None) -> CommandError:
-        why = (
-            f"settling it failed {self._max_failures} times ({type(exc).__name__}: {exc!s:.200})"
-            if exc is not None
-            else f"it was delivered {delivery.delivered} times and never settled (the {self._service} stopped on it)"
-        )
-        log.error("command_set_aside", delivered=delivery.delivered, why=why)
+    def _set_aside_error(self, why: str) -> CommandError:
+        log.error("command_set_aside", why=why)
         self.set_aside += 1
         return CommandError(
             "set_aside",
@@ -509,7 +552,8 @@ class CommandIntake:
                 await _nak(delivery.msg, RETRY_FAILED_AFTER_S * failures)
             return 0  # held from a predecessor: its redelivery by the consumer comes after the ack wait
         await self._escalate_set_aside(delivery, exc)
-        return await self._settle(delivery, self._set_aside_error(delivery, exc))
+        why = f"settling it failed {failures} times ({type(exc).__name__}: {exc!s:.200})"
+        return await self._settle(delivery, self._set_aside_error(why))
 
     async def _escalate_set_aside(self, delivery: Delivery, exc: Exception | None) -> None:
         """Tell a person (an escalation to the mayor) before the rejection is stored: its id makes a repeat
@@ -649,6 +693,13 @@ class CommandIntake:
             )
         )
         return pending, accepted is None
+
+
+async def _clear_once_settled(held: list[asyncio.Task[int]], tracker: HeldAttempts) -> None:
+    """The held phase ended without this instance dying: the next start needs no care."""
+    if held:
+        await asyncio.wait(held)
+    await tracker.clear()
 
 
 def to_pending(

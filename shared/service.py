@@ -440,8 +440,11 @@ class Service(Generic[S]):
                 decide=self.decide,
                 key_of=self.aggregate_key,
                 owns=lambda subject: owner_of(subject) == self.name,
-                route=self.route,
+                # Only a service whose instances hand each other commands routes them (the witness); the others'
+                # deliveries all count towards setting aside a command a service keeps dying on.
+                route=self.route if type(self).route is not Service.route else None,
                 prepare=self.prepare,
+                held_record=(self.config.active_bucket, f"held-{self.identity}"),
                 max_in_flight=self.settings.max_in_flight,
                 clock=self.clock,
             )

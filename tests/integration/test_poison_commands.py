@@ -229,3 +229,41 @@ async def test_garbage_kv_values_do_not_stop_the_deacon(nc: Client, town: TownCo
     finally:
         for name in list(handle.tasks):
             await handle.stop(name)
+
+
+async def test_a_command_the_mayor_process_dies_on_is_set_aside_after_a_few_restarts(
+    nc: Client, town: TownConfig, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The mayor process dies (SIGKILL, as a segfault would) each time it settles one command. A restarted
+    instance settles first what its predecessor held, read from the stream where no delivery count exists; the
+    record of its held phase names the command it died on, and after GT_CMD_MAX_DELIVER_CRASHES deaths the
+    command is set aside and escalated, and the commands behind it are settled. Before, every restart died on
+    it again."""
+    extra = {"GT_CRASH_AT": "intake.settle.crashy", "GT_CMD_MAX_DELIVER_CRASHES": "2"}
+    proc = mayor_process(gt_env, town, tmp_path / "mayor.log", **extra)
+    with stopped_at_exit(proc.start()) as mayor:
+        await outcome_while_alive(nc, mayor, "warm-up", resend={"title": "warm up"})
+        await pub(nc, "gt.cmd.bead.create", {"title": "kills the mayor"}, msg_id="crashy")
+        await pub(nc, "gt.cmd.bead.create", {"title": "stored behind it"}, msg_id="behind")
+
+        async def set_aside() -> dict[str, Any]:
+            if mayor.returncode() is not None:  # the test is the supervisor: restart it at once
+                assert mayor.starts < 12, f"still dying after {mayor.starts} starts:\n{mayor.log_text()[-3000:]}"
+                mayor.start()
+            return await outcome_of(nc, "crashy", timeout=0.5)
+
+        outcome: dict[str, Any] = await assert_eventually(set_aside, timeout=180, interval=0.2)
+        assert (outcome["type"], outcome["code"]) == ("cmd.rejected", "set_aside"), outcome
+        assert "stopped while settling it" in outcome["message"]
+        assert mayor.starts >= 3
+        assert (await outcome_while_alive(nc, mayor, "behind"))["type"] == "cmd.accepted"
+
+        async def escalated() -> list[dict[str, Any]]:
+            found: list[dict[str, Any]] = (await ask(nc, "escalations"))["result"]
+            about = [e for e in found if "crashy" in e["message"]]
+            assert about, found
+            return about
+
+        about: list[dict[str, Any]] = await assert_eventually(escalated, timeout=30)
+        assert about[0]["severity"] == "high"
+        assert mayor.returncode() is None
