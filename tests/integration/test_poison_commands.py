@@ -86,6 +86,9 @@ async def test_each_poison_body_gets_one_rejection_and_the_mayor_keeps_serving(n
                 assert outcome["message"]
         assert (await outcome_of(nc, "good-after"))["type"] == "cmd.accepted"
         assert mayor.intake is not None
+        for body in (b'{"id": "\xff"}', b"[" * DEEP + b"]" * DEEP):
+            reply = json.loads((await nc.request("gt.q.mayor.get", body, timeout=15)).data)
+            assert (reply["ok"], reply["code"]) == (False, "malformed"), reply
 
 
 async def test_a_poison_command_does_not_crash_loop_the_mayor_process(

@@ -11,6 +11,7 @@ import pytest
 
 from services.mayor.projection import new_projection
 from shared.config import TownConfig
+from shared.dashboard import view
 from shared.errors import EventDecodeError
 from shared.events import REGISTRY, BeadCreated, Envelope, Event, decode_envelope, encode_event
 from shared.plugins import Plugin, PluginSettings
@@ -66,3 +67,10 @@ async def test_the_plugin_sdk_passes_undecodable_events_over(tmp_path: Path) -> 
     # An envelope that decodes reaches the handler with no payload; one that does not is passed over.
     assert all(payload is None for _, payload in seen)
     assert plugin.undecodable + plugin.unknown == len(POISONED)
+
+
+def test_the_dashboard_feed_skips_undecodable_events() -> None:
+    state = view.DashboardState()
+    entries = [view.apply(state, seq, data) for seq, data in enumerate(POISONED, start=1)]
+    assert entries == [None] * len(POISONED)
+    assert state.undecodable == len(POISONED)
