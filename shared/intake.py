@@ -38,7 +38,16 @@ from shared.bus.fencing import fence_error
 from shared.bus.reader import EventReader
 from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, EscalationRaise, peek_body_fields, read_command
 from shared.decision import Accepted, DecideContext, NewEvent, Route
-from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, CommandError
+from shared.errors import (
+    ActivityLostError,
+    AppendConflictError,
+    AppendFailedError,
+    AppendTimeoutError,
+    CommandError,
+    NatsUnavailableError,
+    PermissionDeniedError,
+    StreamGapError,
+)
 from shared.events import CommandAccepted, CommandRejected, EventRef, encode_event
 from shared.faults import crash_point
 from shared.held_attempts import HeldAttempts, HeldRecord
@@ -65,8 +74,17 @@ DEFAULT_MAX_FAILURES = 5
 """Attempts at settling one command that failed (its processing raised, or the service died on it) after which
 it is set aside: rejected with ``set_aside``, escalated, acknowledged; never retried forever."""
 RETRY_FAILED_AFTER_S = 1.0
-INFRASTRUCTURE_ERRORS = (nats.errors.Error, TimeoutError, AppendFailedError)
-"""Failures of the server or the connection, not of the command: it is left for redelivery, never set aside."""
+INFRASTRUCTURE_ERRORS = (
+    nats.errors.Error,
+    TimeoutError,
+    AppendFailedError,
+    ActivityLostError,
+    NatsUnavailableError,
+    PermissionDeniedError,
+    StreamGapError,
+)
+"""Failures of the server, the connection or the deployment, or this instance no longer active: not the
+command's. It is left for redelivery, never set aside."""
 
 
 def max_failures_from_env() -> int:
@@ -579,11 +597,15 @@ class CommandIntake:
         """False for a command another scope of this service settles (it goes back to the shared consumer)."""
         if self._route is None:
             return True
-        where = self._route(cmd)
-        if where == "unknown":
-            # It may name something another instance created a moment ago: judge it on the log as it is now.
-            await self._catch_up_with_stream()
+        try:
             where = self._route(cmd)
+            if where == "unknown":
+                # It may name something another instance created a moment ago: judge it on the log as it is now.
+                await self._catch_up_with_stream()
+                where = self._route(cmd)
+        except Exception as exc:  # a bug the command triggers: settled (answered) here, not looped
+            log.exception("command_route_failed", error=repr(exc))
+            return True
         return where != "elsewhere"
 
     async def _settle(self, delivery: Delivery, parsed: Command | CommandError) -> int:
