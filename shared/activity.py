@@ -24,6 +24,8 @@ from datetime import datetime
 
 import msgspec
 
+from shared.decoding import UNDECODABLE
+
 STOP_FRACTION = 2 / 3
 """The holder stops acting this share of a TTL after sending its last successful renewal."""
 RENEW_FRACTION = 1 / 3
@@ -147,5 +149,5 @@ def decode(data: bytes | None) -> Holder | None:
         return None
     try:
         return _DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except UNDECODABLE:
         return None

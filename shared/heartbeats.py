@@ -10,6 +10,8 @@ from datetime import datetime
 
 import msgspec
 
+from shared.decoding import UNDECODABLE
+
 
 class ServiceHeartbeat(msgspec.Struct, frozen=True, kw_only=True):
     service: str
@@ -45,5 +47,5 @@ def decode(data: bytes) -> ServiceHeartbeat | None:
     """None for a value that is not a heartbeat (logged by the caller, never fatal)."""
     try:
         return _DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except UNDECODABLE:
         return None

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
@@ -34,10 +36,21 @@ from shared.bus.append import ERR_MAX_PAYLOAD, Appender, PendingEvent
 from shared.bus.commit import GroupCommitter
 from shared.bus.fencing import fence_error
 from shared.bus.reader import EventReader
-from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, parse_command, peek_body_fields
+from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, EscalationRaise, peek_body_fields, read_command
 from shared.decision import Accepted, DecideContext, NewEvent, Route
-from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, CommandError
+from shared.errors import (
+    ActivityLostError,
+    AppendConflictError,
+    AppendFailedError,
+    AppendTimeoutError,
+    CommandError,
+    NatsUnavailableError,
+    PermissionDeniedError,
+    StreamGapError,
+)
 from shared.events import CommandAccepted, CommandRejected, EventRef, encode_event
+from shared.faults import crash_point
+from shared.held_attempts import HeldAttempts, HeldRecord
 
 log = structlog.get_logger(__name__)
 
@@ -56,6 +69,28 @@ HELD_READER_INACTIVE_S = 30.0
 """The server removes the reader of held commands by itself this long after an instance died reading."""
 UNSERVED_AFTER_DELIVERIES = 10
 """Deliveries after which a command nobody settled is logged as waiting for an instance of its scope."""
+MAX_FAILURES_ENV = "GT_CMD_MAX_DELIVER_CRASHES"
+DEFAULT_MAX_FAILURES = 5
+"""Attempts at settling one command that failed (its processing raised, or the service died on it) after which
+it is set aside: rejected with ``set_aside``, escalated, acknowledged; never retried forever."""
+RETRY_FAILED_AFTER_S = 1.0
+INFRASTRUCTURE_ERRORS = (
+    nats.errors.Error,
+    TimeoutError,
+    AppendFailedError,
+    ActivityLostError,
+    NatsUnavailableError,
+    PermissionDeniedError,
+    StreamGapError,
+)
+"""Failures of the server, the connection or the deployment, or this instance no longer active: not the
+command's. It is left for redelivery, never set aside."""
+
+
+def max_failures_from_env() -> int:
+    """``GT_CMD_MAX_DELIVER_CRASHES`` (at least 1; default ``DEFAULT_MAX_FAILURES``)."""
+    raw = os.environ.get(MAX_FAILURES_ENV, "")
+    return max(1, int(raw)) if raw.strip().isdigit() else DEFAULT_MAX_FAILURES
 
 
 class Delivery:
@@ -159,6 +194,8 @@ class CommandIntake:
         max_in_flight: int = 4_096,
         fetch_batch: int = 512,
         max_command_bytes: int = DEFAULT_MAX_COMMAND_BYTES,
+        max_failures: int | None = None,
+        held_record: tuple[str, str] | None = None,
         new_id: Callable[[str], str] = ids.random_bead_id,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -177,6 +214,14 @@ class CommandIntake:
         self._max_in_flight = max_in_flight
         self._fetch_batch = fetch_batch
         self._max_bytes = max_command_bytes
+        self._max_failures = max_failures if max_failures is not None else max_failures_from_env()
+        self._held_record = held_record
+        """(KV bucket, key) of the record that pins a command instances died on in their held phase."""
+        self._failures: dict[int, int] = {}
+        """Stream sequence -> attempts at settling it that raised in this instance."""
+        self._infra_failures: dict[int, int] = {}
+        """Stream sequence -> deliveries this instance left unsettled because the server failed (not counted
+        as the command's failures)."""
         self._new_id = new_id
         self._clock = clock
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -192,6 +237,8 @@ class CommandIntake:
         self.duplicates = 0
         self.passed = 0
         """Deliveries handed back for another scope to settle."""
+        self.set_aside = 0
+        """Commands set aside after failing ``max_failures`` times (rejected ``set_aside`` and escalated)."""
 
     # ---- fetching -----------------------------------------------------------------------------
 
@@ -252,16 +299,29 @@ class CommandIntake:
         Settling one that is in fact still held by a live instance is harmless: its outcome is stored once."""
         started = time.monotonic()
         span = await self._held_span()
+        tracker = HeldAttempts(self._js, *self._held_record) if self._held_record is not None else None
+        record = await tracker.load() if tracker is not None else None
         if span is None:
+            if tracker is not None and record is not None:
+                await tracker.clear()
             return
+        if tracker is not None:
+            await tracker.save(record or HeldRecord())
         patterns, next_seq, last = span
         count = 0
+        held: list[asyncio.Task[int]] = []
         while next_seq <= last:
             try:
                 async with contextlib.aclosing(self._stored_from(patterns, next_seq, last)) as stored:
                     async for msg in stored:
                         await self._slots.acquire()
-                        self._dispatch(Delivery.held_by_predecessor(msg, self._max_bytes))
+                        delivery = Delivery.held_by_predecessor(msg, self._max_bytes)
+                        if tracker is not None and record is not None:
+                            task = await self._settle_held_carefully(delivery, tracker, record)
+                        else:
+                            task = self._dispatch(delivery)
+                        if task is not None:
+                            held.append(task)
                         next_seq = msg.metadata.sequence.stream + 1
                         count += 1
                 break
@@ -269,6 +329,30 @@ class CommandIntake:
                 log.warning("held_commands_read_failed", consumer=self._durable, at=next_seq, error=repr(exc))
                 await pause(0.5)
         log.info("held_commands_dispatched", count=count, upto=last, seconds=round(time.monotonic() - started, 3))
+        if tracker is not None:
+            forget = asyncio.create_task(_clear_once_settled(held, tracker), name="held-record")
+            self._acks.add(forget)
+            forget.add_done_callback(self._acks.discard)
+
+    async def _settle_held_carefully(
+        self, delivery: Delivery, tracker: HeldAttempts, record: HeldRecord
+    ) -> asyncio.Task[int] | None:
+        """The previous instance died in its held phase: settle one held command at a time, the record naming
+        it first, so that a command instances keep dying on is known, and set aside once named too often."""
+        if not self._owns(delivery.subject) or await self._settled_before(delivery):
+            return self._dispatch(delivery)  # another's, or its outcome is stored: settling it cannot fail
+        deaths = record.deaths.get(delivery.stream_seq, 0)
+        if deaths >= self._max_failures:
+            await self._escalate_set_aside(delivery, None)
+            why = f"{deaths} instances of the {self._service} stopped while settling it"
+            return self._dispatch(delivery, override=self._set_aside_error(why))
+        record.current = delivery.stream_seq
+        await tracker.save(record)
+        task = self._dispatch(delivery)
+        if task is not None:
+            await asyncio.wait({task})
+        record.current = None
+        return task
 
     async def _held_span(self) -> tuple[list[str], int, int] | None:
         """The consumer's subjects and the stream sequences between its ack floor and its last delivery, or
@@ -329,24 +413,19 @@ class CommandIntake:
 
     # ---- dispatch -----------------------------------------------------------------------------
 
-    def _dispatch(self, delivery: Delivery) -> None:
+    def _dispatch(self, delivery: Delivery, *, override: CommandError | None = None) -> asyncio.Task[int] | None:
         if not self._owns(delivery.subject):
             # Another service's consumer answers it; this one only makes sure nothing is left unanswered.
             if delivery.msg is not None:
                 self._spawn_ack(delivery.msg)
             self._slots.release()
-            return
+            return None
         if delivery.stream_seq in self._in_flight:
             # Redelivered while the first delivery is still being settled; that one will ack.
             self._slots.release()
-            return
+            return None
         self._in_flight.add(delivery.stream_seq)
-        parsed: Command | CommandError
-        try:
-            parsed = parse_command(delivery.subject, delivery.body, max_bytes=self._max_bytes)
-        except CommandError as exc:
-            parsed = exc
-        key = self._key_of(parsed) if isinstance(parsed, Command) else None
+        parsed, key = (override, None) if override is not None else self._read_safely(delivery)
         prev = self._tails.get(key) if key else None
         barrier = self._committed_high
         task = asyncio.create_task(
@@ -356,6 +435,22 @@ class CommandIntake:
         if key:
             self._tails[key] = task
         task.add_done_callback(lambda t: self._done(t, key, delivery.stream_seq))
+        return task
+
+    def _read_safely(self, delivery: Delivery) -> tuple[Command | CommandError, str | None]:
+        """The command a delivery carries and the aggregate it is decided on, or the rejection that answers it.
+        Nothing a body holds may raise out of here: an exception would end the intake loop, the command would
+        stay in GT_CMD, and the service would die on it again at every restart."""
+        parsed = read_command(delivery.subject, delivery.body, max_bytes=self._max_bytes)
+        if isinstance(parsed, CommandError):
+            return parsed, None
+        try:
+            return parsed, self._key_of(parsed)
+        except Exception as exc:
+            log.exception("command_key_failed", command_id=delivery.command_id, error=repr(exc))
+            return CommandError(
+                "invalid", f"the {self._service} could not tell what this command concerns ({exc!r:.200})"
+            ), None
 
     def _done(self, task: asyncio.Task[int], key: str | None, stream_seq: int) -> None:
         self._tasks.discard(task)
@@ -408,10 +503,28 @@ class CommandIntake:
             command_id=delivery.command_id, command=delivery.name, aggregate=key, cmd_seq=delivery.stream_seq
         ):
             try:
+                if self._crashes(delivery) >= self._max_failures and not await self._settled_before(delivery):
+                    await self._escalate_set_aside(delivery, None)
+                    why = (
+                        f"it was delivered {delivery.delivered} times, never settled: the {self._service} stopped on it"
+                    )
+                    parsed = self._set_aside_error(why)
+                if isinstance(parsed, Command):
+                    crash_point(f"intake.settle.{delivery.command_id}")  # tests: a service that dies on a command
                 seq = await self._settle(delivery, parsed)
             except AppendTimeoutError as exc:
                 log.warning("command_outcome_unstored", error=str(exc))
+                self._count_infra_failure(delivery)
                 return 0  # not acked: redelivered after the ack wait
+            except INFRASTRUCTURE_ERRORS:
+                self._count_infra_failure(delivery)
+                raise
+            except Exception as exc:  # noqa: BLE001 - a bug the command triggers: retried a few times, then set aside
+                seq = await self._after_failure(delivery, exc)
+                if not seq:
+                    return 0
+        self._failures.pop(delivery.stream_seq, None)
+        self._infra_failures.pop(delivery.stream_seq, None)
         if delivery.msg is not None:
             await _ack(delivery.msg)
         else:
@@ -420,15 +533,79 @@ class CommandIntake:
         self.processed += 1
         return seq
 
+    # ---- commands that keep failing --------------------------------------------------------------
+
+    def _crashes(self, delivery: Delivery) -> int:
+        """Earlier deliveries of the command that settled nothing and that this instance did not see fail on the
+        server: the instances it went to died on it (a crash loop). Not counted where instances hand each
+        other's commands back (a routed service: each pass is a delivery too), nor for a command read from the
+        stream (its deliveries are unknown there): only failures seen in the process count then."""
+        if delivery.msg is None or self._route is not None:
+            return 0
+        return max(0, delivery.delivered - 1 - self._infra_failures.get(delivery.stream_seq, 0))
+
+    async def _settled_before(self, delivery: Delivery) -> bool:
+        return await self._appender.last_on_subject(subjects.outcome_subject(delivery.command_id)) is not None
+
+    def _count_infra_failure(self, delivery: Delivery) -> None:
+        self._infra_failures[delivery.stream_seq] = self._infra_failures.get(delivery.stream_seq, 0) + 1
+
+    def _set_aside_error(self, why: str) -> CommandError:
+        log.error("command_set_aside", why=why)
+        self.set_aside += 1
+        return CommandError(
+            "set_aside",
+            f"the {self._service} set this command aside: {why}. It was not carried out; an escalation was raised. "
+            "Fix the command (or report the bug) and send it again under a new id",
+        )
+
+    async def _after_failure(self, delivery: Delivery, exc: Exception) -> int:
+        """A bug the command triggered while it was processed: retried a few times (the next delivery, soon),
+        then set aside. Returns the outcome's sequence once set aside, else 0."""
+        failures = self._failures.get(delivery.stream_seq, 0) + 1
+        self._failures[delivery.stream_seq] = failures
+        log.error("command_failed", error=repr(exc), failures=failures, delivered=delivery.delivered, exc_info=exc)
+        if max(failures, self._crashes(delivery) + 1) < self._max_failures:
+            if delivery.msg is not None:
+                await _nak(delivery.msg, RETRY_FAILED_AFTER_S * failures)
+            return 0  # held from a predecessor: its redelivery by the consumer comes after the ack wait
+        await self._escalate_set_aside(delivery, exc)
+        why = f"settling it failed {failures} times ({type(exc).__name__}: {exc!s:.200})"
+        return await self._settle(delivery, self._set_aside_error(why))
+
+    async def _escalate_set_aside(self, delivery: Delivery, exc: Exception | None) -> None:
+        """Tell a person (an escalation to the mayor) before the rejection is stored: its id makes a repeat
+        harmless, and a rejection stored first could leave the escalation unsent after a crash."""
+        what = f"{type(exc).__name__}: {exc!s:.200}" if exc is not None else "the service stopped on it"
+        cmd_id = ids.command_id(f"set-aside-{delivery.command_id}", None, 0)
+        raise_cmd = EscalationRaise(
+            cmd_id=cmd_id,
+            actor=self._service,
+            severity="high",
+            message=f"the {self._service} set command {delivery.command_id} ({delivery.name}) aside: {what}",
+            source=self._service,
+        )
+        body = msgspec.json.encode(raise_cmd)
+        try:
+            await self._js.publish(
+                raise_cmd.SUBJECT, body, stream=self._stream, headers={"Nats-Msg-Id": cmd_id}, timeout=5
+            )
+        except (TimeoutError, nats.errors.Error) as exc_pub:
+            log.warning("set_aside_escalation_failed", error=repr(exc_pub))
+
     async def _settles_here(self, cmd: Command) -> bool:
         """False for a command another scope of this service settles (it goes back to the shared consumer)."""
         if self._route is None:
             return True
-        where = self._route(cmd)
-        if where == "unknown":
-            # It may name something another instance created a moment ago: judge it on the log as it is now.
-            await self._catch_up_with_stream()
+        try:
             where = self._route(cmd)
+            if where == "unknown":
+                # It may name something another instance created a moment ago: judge it on the log as it is now.
+                await self._catch_up_with_stream()
+                where = self._route(cmd)
+        except Exception as exc:  # a bug the command triggers: settled (answered) here, not looped
+            log.exception("command_route_failed", error=repr(exc))
+            return True
         return where != "elsewhere"
 
     async def _settle(self, delivery: Delivery, parsed: Command | CommandError) -> int:
@@ -538,6 +715,13 @@ class CommandIntake:
             )
         )
         return pending, accepted is None
+
+
+async def _clear_once_settled(held: list[asyncio.Task[int]], tracker: HeldAttempts) -> None:
+    """The held phase ended without this instance dying: the next start needs no care."""
+    if held:
+        await asyncio.wait(held)
+    await tracker.clear()
 
 
 def to_pending(

@@ -14,6 +14,7 @@ import msgspec
 import nats.js.errors
 from nats.js.kv import KeyValue
 
+from shared.decoding import UNDECODABLE
 from shared.errors import GastownError
 
 CAS_ATTEMPTS = 5
@@ -45,7 +46,7 @@ def decode_renewal(data: bytes | None) -> Renewal | None:
         return None
     try:
         return _DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except UNDECODABLE:
         return None
 
 

@@ -45,6 +45,7 @@ from shared.bus.topology import command_consumer_name, has_command_consumer, own
 from shared.commands import Command
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, NewEvent, Route
+from shared.decoding import UNDECODABLE
 from shared.errors import ActivityLostError, AppendConflictError, QueryError
 from shared.intake import CommandIntake, to_pending
 from shared.projection import Projection
@@ -440,8 +441,11 @@ class Service(Generic[S]):
                 decide=self.decide,
                 key_of=self.aggregate_key,
                 owns=lambda subject: owner_of(subject) == self.name,
-                route=self.route,
+                # Only a service whose instances hand each other commands routes them (the witness); the others'
+                # deliveries all count towards setting aside a command a service keeps dying on.
+                route=self.route if type(self).route is not Service.route else None,
                 prepare=self.prepare,
+                held_record=(self.config.active_bucket, f"held-{self.identity}"),
                 max_in_flight=self.settings.max_in_flight,
                 clock=self.clock,
             )
@@ -563,8 +567,8 @@ class Service(Generic[S]):
     async def _answer_query(self, what: str, data: bytes) -> dict[str, Any]:
         try:
             body: Any = _QUERY_DECODER.decode(data) if data.strip() else {}
-        except msgspec.DecodeError as exc:
-            raise QueryError("malformed", f"query body is not JSON: {exc}") from None
+        except UNDECODABLE as exc:
+            raise QueryError("malformed", f"query body is not JSON: {exc!r:.300}") from None
         if not isinstance(body, dict):
             raise QueryError("malformed", "a query body must be a JSON object")
         if what == "status":

@@ -110,7 +110,7 @@ def heartbeat_time(value: bytes) -> datetime | None:
     try:
         body = _JSON.decode(value)
         return _aware(datetime.fromisoformat(str(body["ts"])))
-    except (msgspec.DecodeError, KeyError, TypeError, ValueError):
+    except (msgspec.DecodeError, ValueError, RecursionError, KeyError, TypeError):  # see shared.decoding
         return None
 
 

@@ -275,7 +275,7 @@ def _heartbeat_time(value: bytes | None) -> datetime | None:
     try:
         body = _HEARTBEAT.decode(value)
         return datetime.fromisoformat(str(body["ts"]))
-    except (msgspec.DecodeError, KeyError, ValueError):
+    except (msgspec.DecodeError, ValueError, RecursionError, KeyError, TypeError):  # see shared.decoding
         return None
 
 

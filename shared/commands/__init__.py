@@ -47,6 +47,7 @@ from shared.commands.rigs import (
     SessionStop,
 )
 from shared.commands.work import STEP_COMMANDS, StepDone, StepStart
+from shared.decoding import UNDECODABLE
 from shared.errors import CommandError
 
 COMMANDS: dict[str, type[Command]] = {
@@ -71,7 +72,7 @@ def peek_body_fields(body: bytes) -> tuple[str | None, str | None, str | None]:
     """Best effort ``(cmd_id, actor, correlation_id)`` from a body that may be invalid, for the outcome."""
     try:
         obj = _ANY_DECODER.decode(body)
-    except msgspec.DecodeError:
+    except Exception:  # noqa: BLE001 - any body at all: invalid UTF-8, nesting past the recursion limit, ...
         return None, None, None
     if not isinstance(obj, dict):
         return None, None, None
@@ -81,6 +82,17 @@ def peek_body_fields(body: bytes) -> tuple[str | None, str | None, str | None]:
         return value if isinstance(value, str) and value.strip() and len(value) <= limit else None
 
     return text("cmd_id", 10_000), text("actor", MAX_ACTOR), text("correlation_id", 128)
+
+
+def read_command(subject: str, body: bytes, *, max_bytes: int = DEFAULT_MAX_COMMAND_BYTES) -> Command | CommandError:
+    """``parse_command`` for bodies anyone may have written: whatever goes wrong reading them is returned as the
+    command's rejection, never raised, so no body can end the loop that reads it."""
+    try:
+        return parse_command(subject, body, max_bytes=max_bytes)
+    except CommandError as exc:
+        return exc
+    except Exception as exc:  # noqa: BLE001 - a check that failed on a strange value: still the sender's answer
+        return CommandError("invalid", f"the command could not be checked ({type(exc).__name__}: {exc!s:.200})")
 
 
 def parse_command(subject: str, body: bytes, *, max_bytes: int = DEFAULT_MAX_COMMAND_BYTES) -> Command:
@@ -93,8 +105,8 @@ def parse_command(subject: str, body: bytes, *, max_bytes: int = DEFAULT_MAX_COM
         raise CommandError("too_large", f"the command body is {len(body)} bytes; the limit is {max_bytes}")
     try:
         obj = _ANY_DECODER.decode(body)
-    except msgspec.DecodeError as exc:
-        raise CommandError("malformed", f"the body is not valid JSON ({exc}); send a JSON object") from exc
+    except UNDECODABLE as exc:
+        raise undecodable(exc) from exc
     if not isinstance(obj, dict):
         raise CommandError("malformed", f"the body must be a JSON object, got a JSON {_json_kind(obj)}")
     decoder = _DECODERS.get(subject)
@@ -105,8 +117,21 @@ def parse_command(subject: str, body: bytes, *, max_bytes: int = DEFAULT_MAX_COM
         cmd: Command = decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise CommandError("invalid", str(exc)) from exc
+    except UNDECODABLE as exc:
+        raise undecodable(exc) from exc
     cmd.validate()
     return cmd
+
+
+def undecodable(exc: Exception) -> CommandError:
+    """The ``malformed`` rejection of a body the JSON decoder could not read, saying why in a person's words."""
+    if isinstance(exc, UnicodeDecodeError):
+        why = f"it is not valid UTF-8 (byte {exc.object[exc.start : exc.start + 1]!r} inside a string)"
+    elif isinstance(exc, RecursionError):
+        why = "it is nested too deeply"
+    else:
+        why = f"{exc!s:.300}"
+    return CommandError("malformed", f"the body is not valid JSON ({why}); send a JSON object")
 
 
 def _json_kind(value: object) -> str:
@@ -159,4 +184,5 @@ __all__ = [
     "StepStart",
     "parse_command",
     "peek_body_fields",
+    "read_command",
 ]

@@ -59,7 +59,7 @@ def apply(state: DashboardState, seq: int, raw: bytes) -> dict[str, Any] | None:
     try:
         env = decode_envelope(raw)
         data = _DATA.decode(env.data)
-    except (EventDecodeError, msgspec.DecodeError, msgspec.ValidationError):
+    except (EventDecodeError, msgspec.DecodeError, ValueError, RecursionError):  # see shared.decoding
         state.undecodable += 1
         return None
     _fold(state, env.type, data, env.ts.isoformat())

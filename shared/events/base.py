@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from shared.decoding import UNDECODABLE
 from shared.errors import EventDecodeError, UnknownEventTypeError
 
 
@@ -107,8 +108,8 @@ class EventRegistry:
                     raise EventDecodeError(f"no upcaster for {env.type} v{version}")
                 data = upcast(data)
             converted: Event = msgspec.convert(data, cls)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise EventDecodeError(f"{env.type} v{env.v}: {exc}") from exc
+        except UNDECODABLE as exc:
+            raise EventDecodeError(f"{env.type} v{env.v}: {exc!r:.300}") from exc
         return converted
 
 
@@ -120,8 +121,8 @@ def decode_envelope(raw: bytes | memoryview) -> Envelope:
     """Step one of decoding: the envelope, with the payload left raw."""
     try:
         return _ENVELOPE_DECODER.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise EventDecodeError(str(exc)) from exc
+    except UNDECODABLE as exc:
+        raise EventDecodeError(f"{exc!r:.300}") from exc
 
 
 def encode_event(

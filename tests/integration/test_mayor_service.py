@@ -31,11 +31,15 @@ FAST = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5, snapshot_check_i
 
 @contextlib.asynccontextmanager
 async def run_mayor(
-    town: TownConfig, settings: ServiceSettings = FAST, rigs: tuple[str, ...] = SEEDED_RIGS
+    town: TownConfig,
+    settings: ServiceSettings = FAST,
+    rigs: tuple[str, ...] = SEEDED_RIGS,
+    *,
+    service_class: type[MayorService] = MayorService,
 ) -> AsyncIterator[MayorService]:
     """A mayor on the town's server; ``rigs`` are in the log (as a witness would have added them) once it is
     ready, so slings to them are accepted."""
-    service = MayorService(town, settings)
+    service = service_class(town, settings)
     task = asyncio.create_task(service.run())
     try:
         await asyncio.wait_for(_ready_or_failed(service, task), 30)

@@ -1,0 +1,79 @@
+"""Which command a service instance died on while it settled the commands its predecessor held.
+
+A starting instance settles first the commands a dead predecessor held, read from the stream (see
+``shared.intake``). Read that way, a command carries no delivery count: a command the service *process* dies on
+(not an exception: the process itself) would be read and settled again at every restart, before the consumer
+could ever deliver it again and count it. So the held phase keeps a small record in the activity bucket (a
+cache of no authority, like every KV value; one per service scope): written when the phase starts, removed
+once every held command is settled. Finding it at start means the previous instance died during its held
+phase: this one settles the held commands one at a time, naming in the record the one it is on, so the next
+instance knows which command it died on and how often. One named that many times is set aside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import msgspec
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.js.client import JetStreamContext
+from nats.js.kv import KeyValue
+
+from shared.decoding import UNDECODABLE
+
+log = structlog.get_logger(__name__)
+
+
+class HeldRecord(msgspec.Struct, kw_only=True):
+    current: int | None = None
+    """The stream sequence of the held command being settled (one at a time) when the record was written."""
+    deaths: dict[int, int] = {}
+    """Stream sequence -> instances that died settling it."""
+
+
+class HeldAttempts:
+    """The record of one scope's held phases in KV; every failure to reach KV only costs precision."""
+
+    def __init__(self, js: JetStreamContext, bucket: str, key: str) -> None:
+        self._js = js
+        self._bucket = bucket
+        self._key = key
+        self._kv: KeyValue | None = None
+        self.record: HeldRecord | None = None
+        """What the previous instance left (None: its held phase ended, or there was none)."""
+
+    async def load(self) -> HeldRecord | None:
+        """The record left by an instance that died in its held phase, the command it was on counted."""
+        try:
+            self._kv = await self._js.key_value(self._bucket)
+            entry = await self._kv.get(self._key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("held_record_unreadable", key=self._key, error=repr(exc))
+            return None
+        try:
+            record = msgspec.json.decode(entry.value or b"", type=HeldRecord)
+        except UNDECODABLE:
+            return HeldRecord()
+        if record.current is not None:
+            record.deaths[record.current] = record.deaths.get(record.current, 0) + 1
+            record.current = None
+        self.record = record
+        return record
+
+    async def save(self, record: HeldRecord) -> None:
+        if self._kv is None:
+            return
+        try:
+            await self._kv.put(self._key, msgspec.json.encode(record))
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("held_record_unsaved", key=self._key, error=repr(exc))
+
+    async def clear(self) -> None:
+        if self._kv is None:
+            return
+        with contextlib.suppress(TimeoutError, nats.errors.Error):
+            await self._kv.delete(self._key)
