@@ -97,7 +97,7 @@ def push_commit(work: Path, commit: str, branch: str, *, receive_pack: str | Non
     args = ["push", "--quiet"]
     if receive_pack:
         args.append(f"--receive-pack={receive_pack}")
-    args += ["origin", f"{commit}:refs/heads/{branch}"]
+    args += ["--", "origin", f"{commit}:refs/heads/{branch}"]
     env = {**os.environ, **GIT_ENV, "LC_ALL": "C", "LANGUAGE": ""}
     try:
         done = subprocess.run(
@@ -142,7 +142,7 @@ def checkout_receive_pack(repo: str) -> str | None:
 def probe_repository(repo: str, branch: str) -> str | None:
     """Why ``repo`` cannot serve as a rig's origin with base ``branch``, or None when it can."""
     try:
-        heads = git("ls-remote", "--heads", repo, timeout=PROBE_TIMEOUT_S)
+        heads = git("ls-remote", "--heads", "--", repo, timeout=PROBE_TIMEOUT_S)
     except GitError as exc:
         return f"cannot read repository {repo!r}: {exc.stderr or exc}"
     if f"refs/heads/{branch}" not in {line.split("\t")[-1] for line in heads.splitlines()}:
@@ -161,7 +161,7 @@ def ensure_bare_clone(repo: str, path: Path) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        git("clone", "--bare", "--quiet", repo, str(temp))
+        git("clone", "--bare", "--quiet", "--", repo, str(temp))
         # Remote-tracking refs, so a push records what origin has and unpushed work can be counted.
         git("config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*", cwd=temp)
         git("fetch", "--quiet", "origin", cwd=temp)
@@ -193,10 +193,10 @@ def ensure_worktree(bare: Path, path: Path, branch: str, base: str) -> bool:
         return False
     git("worktree", "prune", cwd=bare)  # a registration whose directory is gone would block the add
     if branch_exists(bare, branch):
-        git("worktree", "add", "--quiet", str(path), branch, cwd=bare)
+        git("worktree", "add", "--quiet", "--", str(path), branch, cwd=bare)
     else:
         start = f"refs/remotes/origin/{base}" if _ref_exists(bare, f"refs/remotes/origin/{base}") else base
-        git("worktree", "add", "--quiet", "-b", branch, str(path), start, cwd=bare)
+        git("worktree", "add", "--quiet", "-b", branch, "--", str(path), start, cwd=bare)
     return True
 
 
@@ -221,7 +221,7 @@ def worktree_state(path: Path, base: str) -> WorktreeState:
 
 def push(path: Path, branch: str) -> str:
     """Push ``branch`` to origin; the pushed commit."""
-    git("push", "--quiet", "origin", f"{branch}:refs/heads/{branch}", cwd=path)
+    git("push", "--quiet", "--", "origin", f"refs/heads/{branch}:refs/heads/{branch}", cwd=path)
     return git("rev-parse", "HEAD", cwd=path).strip()
 
 

@@ -28,6 +28,15 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 TAIL_LINES = 20
 TAIL_LINE_CHARS = 300
 TAIL_CHARS = 2000
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def typeable(text: str) -> str:
+    """``text`` without control characters (a tab becomes a space, as the pane shows it): typed into a pane,
+    ``\x03`` would interrupt the agent, ``\x1b`` start an escape sequence, a newline press Enter."""
+    return _CONTROL.sub("", text.replace("\t", " "))
+
+
 _NO_SERVER = ("no server running", "error connecting to", "No such file or directory")
 _SERVER_LOST = "server exited unexpectedly"
 
@@ -152,8 +161,8 @@ class Tmux:
         return True
 
     def send_text(self, name: str, text: str) -> None:
-        """Type ``text`` into the session's pane (literally, no key names), without Enter."""
-        self._run("send-keys", "-t", f"={name}:", "-l", text)
+        """Type ``text`` into the session's pane (literally, no key names, no control characters), without Enter."""
+        self._run("send-keys", "-t", f"={name}:", "-l", "--", typeable(text))
 
     def send_enter(self, name: str) -> None:
         self._run("send-keys", "-t", f"={name}:", "Enter")

@@ -7,10 +7,15 @@ import hashlib
 import msgspec
 
 from services.refinery.state import OPEN, MergeRequest, RefineryState
-from shared.commands import Command, MergeRequestReject, MergeRequestRetry, MergeRequestSubmit
+from shared.commands import Command, MergeRequestDone, MergeRequestReject, MergeRequestRetry, MergeRequestSubmit
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import MergeRequestRejected, MergeRequestRequeued, MergeRequestSubmitted
+from shared.ids import hook_lease_name
+
+PROTECTED_BRANCHES = frozenset({"HEAD", "main", "master", "trunk", "develop", "release", "production", "stable"})
+"""Branches a merge request submitted by hand may not name (nor ``release/...``, the rig's base branch, its
+target): merging one would move, and its clean-up delete, a branch people keep."""
 
 
 def mr_id_for(rig: str, bead: str, head: str) -> str:
@@ -49,7 +54,7 @@ def mr_view(mr: MergeRequest) -> dict[str, object]:
 
 def decide(state: RefineryState, cmd: Command, ctx: DecideContext) -> Accepted:
     if isinstance(cmd, MergeRequestSubmit):
-        return submit(state, cmd)
+        return submit(state, cmd, ctx.actor)
     if isinstance(cmd, MergeRequestRetry):
         return retry(state, cmd)
     if isinstance(cmd, MergeRequestReject):
@@ -57,7 +62,65 @@ def decide(state: RefineryState, cmd: Command, ctx: DecideContext) -> Accepted:
     raise CommandError("unknown_command", f"the refinery does not handle {cmd.SUBJECT}")
 
 
-def submit(state: RefineryState, cmd: MergeRequestSubmit) -> Accepted:
+def from_session(cmd: MergeRequestSubmit, actor: str) -> bool:
+    """Sent by (or for) a polecat session: it names one, carries a lease, comes from a polecat, or came on the
+    agents' subject. Everything else was submitted by hand."""
+    return isinstance(cmd, MergeRequestDone) or bool(cmd.session or cmd.fence) or actor.startswith("polecat:")
+
+
+def check_session_submit(state: RefineryState, cmd: MergeRequestSubmit, base: str) -> None:
+    """Only the session holding the bead's hook lease, with its token, submits the bead's work: its own branch,
+    into the rig's base branch. (The intake refused a token that was not live already: ``conflict``.)"""
+    lease = hook_lease_name(cmd.bead)
+    if cmd.session is None:
+        raise CommandError("unauthorized", "a polecat's merge request names its `session` (gt done sends it)")
+    if cmd.fence is None or cmd.fence.lease != lease:
+        raise CommandError(
+            "unauthorized",
+            f"a polecat's merge request carries the bead's hook lease as its `fence` ({lease} and the session's "
+            "token, GT_LEASE and GT_LEASE_TOKEN; gt done sends them)",
+        )
+    hook = state.hooks.get(lease)
+    if hook is None or hook.holder != cmd.session or hook.token != cmd.fence.token:
+        now = f"held by {hook.holder} with token {hook.token}" if hook is not None else "never taken"
+        raise CommandError(
+            "unauthorized",
+            f"session {cmd.session} with token {cmd.fence.token} does not hold {lease} ({now}): only the session "
+            f"working bead {cmd.bead} submits its work",
+        )
+    session = state.sessions.get(cmd.session)
+    if session is None or session.bead != cmd.bead:
+        raise CommandError("unauthorized", f"session {cmd.session} is not a session of bead {cmd.bead}")
+    if cmd.branch != session.branch:
+        raise CommandError(
+            "unauthorized", f"session {cmd.session} submits its own branch {session.branch}, not {cmd.branch!r}"
+        )
+    if cmd.target is not None and cmd.target != base:
+        raise CommandError(
+            "unauthorized", f"a polecat's work merges into the rig's base branch {base}, not {cmd.target!r}"
+        )
+
+
+def check_hand_submit(state: RefineryState, cmd: MergeRequestSubmit, target: str, base: str) -> None:
+    """A merge request submitted by hand (the operator): any branch but the target and the branches people keep;
+    not for a bead a session works (its merge request comes from that session)."""
+    if cmd.branch == target:
+        raise CommandError("invalid", f"`branch` {cmd.branch!r} is the target: nothing to merge")
+    if cmd.branch in PROTECTED_BRANCHES or cmd.branch == base or cmd.branch.startswith("release/"):
+        raise CommandError(
+            "invalid",
+            f"`branch` {cmd.branch!r} is a protected branch ({', '.join(sorted(PROTECTED_BRANCHES))}, release/..., "
+            f"the rig's base branch {base}): it is not merged and deleted through the merge queue",
+        )
+    hook = state.hooks.get(hook_lease_name(cmd.bead))
+    if hook is not None and hook.status == "held":
+        raise CommandError(
+            "conflict",
+            f"bead {cmd.bead} is worked by session {hook.holder}: its merge request comes from that session (gt done)",
+        )
+
+
+def submit(state: RefineryState, cmd: MergeRequestSubmit, actor: str = "operator") -> Accepted:
     if cmd.rig not in state.rigs:
         raise CommandError("not_found", f"no rig {cmd.rig!r} (`gt rig list` shows them)")
     bead = state.beads.get(cmd.bead)
@@ -68,6 +131,11 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit) -> Accepted:
     slung_to = bead.rig
     if slung_to is not None and slung_to != cmd.rig:
         raise CommandError("invalid", f"bead {cmd.bead} is slung to rig {slung_to}, not {cmd.rig}")
+    base = state.rigs[cmd.rig].base_branch
+    if from_session(cmd, actor):
+        check_session_submit(state, cmd, base)
+    else:
+        check_hand_submit(state, cmd, cmd.target or base, base)
     existing = existing_mr(state, cmd.rig, cmd.bead, cmd.head)
     if existing is not None and existing.status in SENT_BACK:
         return resubmit_failed(existing, cmd)
@@ -79,7 +147,7 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit) -> Accepted:
         bead=cmd.bead,
         rig=cmd.rig,
         branch=cmd.branch,
-        target=cmd.target or state.rigs[cmd.rig].base_branch,
+        target=cmd.target or base,
         head=cmd.head,
         priority=cmd.priority,
         session=cmd.session,

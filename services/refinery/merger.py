@@ -357,6 +357,12 @@ def _note(gate: str, text: str, exit_code: int = 1) -> GateResult:
     return GateResult(gate=gate, exit_code=exit_code, seconds=0.0, tail=text, log_path="")
 
 
+POLECAT_BRANCHES = "polecat/"
+
+
 def delete_branch(paths: Paths, branch: str) -> None:
-    """Delete the polecat branch on origin once merged (gone already is fine)."""
-    git.git("push", "--quiet", "origin", "--delete", branch, cwd=paths.bare, check=False)
+    """Delete the polecat branch on origin once merged (gone already is fine). Only a polecat's branch: one
+    submitted by hand under another name is the operator's to keep or delete. The ref is named in full, after
+    ``--``, so no name is ever read as an option."""
+    if branch.startswith(POLECAT_BRANCHES):
+        git.git("push", "--quiet", "--delete", "--", "origin", f"refs/heads/{branch}", cwd=paths.bare, check=False)

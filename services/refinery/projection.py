@@ -7,7 +7,16 @@ from datetime import datetime
 
 import msgspec
 
-from services.refinery.state import FINISHED, MergeLease, MergeRequest, RefineryState, RigInfo, WorkBead
+from services.refinery.state import (
+    FINISHED,
+    HookHold,
+    MergeLease,
+    MergeRequest,
+    RefineryState,
+    RigInfo,
+    SessionRef,
+    WorkBead,
+)
 from shared.events import (
     BeadClaimed,
     BeadClosed,
@@ -31,12 +40,13 @@ from shared.events import (
     MergeRequestSubmitted,
     RigAdded,
     RigUpdated,
+    SessionRequested,
 )
-from shared.ids import MERGE_LEASE_PREFIX
+from shared.ids import HOOK_LEASE_PREFIX, MERGE_LEASE_PREFIX, hook_lease_name
 from shared.lease_rules import record_end
 from shared.projection import Projection
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 CONFLICT_PREFIX = "conflict-"
 """Command ids of conflict bead creates (the refinery's own): their outcomes name the bead."""
 NOT_WORK = frozenset({"message", "convoy", "escalation"})
@@ -76,6 +86,17 @@ def _bead_closed(payload: BeadClosed, state: RefineryState, env: Envelope, seq: 
     bead = state.beads.get(payload.bead_id)
     if bead is not None:
         bead.status = "closed"
+    # A closed bead takes no submissions: who held its hook matters no more.
+    state.hooks.pop(hook_lease_name(payload.bead_id), None)
+    for session in [s for s, ref in state.sessions.items() if ref.bead == payload.bead_id]:
+        del state.sessions[session]
+
+
+@fold.register
+def _session_requested(payload: SessionRequested, state: RefineryState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(payload.bead)
+    if bead is not None and bead.status != "closed":
+        state.sessions[payload.session_id] = SessionRef(bead=payload.bead, branch=payload.branch)
 
 
 def _track(state: RefineryState, beads: list[str], since: datetime) -> None:
@@ -232,16 +253,18 @@ def _lease_acquired(payload: LeaseAcquired, state: RefineryState, env: Envelope,
             acquired_at=env.ts,
             version=seq,
         )
+    elif payload.lease.startswith(HOOK_LEASE_PREFIX):
+        state.hooks[payload.lease] = HookHold(holder=payload.holder, token=payload.token, version=seq)
 
 
 @fold.register
 def _lease_released(payload: LeaseReleased, state: RefineryState, env: Envelope, seq: int) -> None:
-    record_end(state.merge_leases.get(payload.lease), payload.token, "released", seq)
+    record_end(state.merge_leases.get(payload.lease) or state.hooks.get(payload.lease), payload.token, "released", seq)
 
 
 @fold.register
 def _lease_expired(payload: LeaseExpired, state: RefineryState, env: Envelope, seq: int) -> None:
-    record_end(state.merge_leases.get(payload.lease), payload.token, "expired", seq)
+    record_end(state.merge_leases.get(payload.lease) or state.hooks.get(payload.lease), payload.token, "expired", seq)
 
 
 @fold.register

@@ -6,6 +6,7 @@ target. Each step is recorded; a crash anywhere is made good by the next claim (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import uuid
@@ -27,7 +28,7 @@ from shared import git, lease_rules
 from shared import leases as lease_kv
 from shared.aio import pause
 from shared.bus.fencing import fence_error
-from shared.commands import Command, Fence
+from shared.commands import Command, Fence, MergeRequestSubmit
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import ActivityLostError, QueryError
@@ -48,6 +49,7 @@ from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)
 ERROR_BACKOFF_S = 5.0
+SESSION_CATCH_UP_S = 5.0
 
 
 class RefineryService(Service[RefineryState]):
@@ -89,6 +91,17 @@ class RefineryService(Service[RefineryState]):
 
     def aggregate_key(self, cmd: Command) -> str | None:
         return refinery_decide.aggregate_key(cmd)
+
+    async def prepare(self, cmd: Command) -> object:
+        state = self.projection.state
+        unknown = isinstance(cmd, MergeRequestSubmit) and cmd.session and cmd.session not in state.sessions
+        if unknown and self.nc is not None and self.reader is not None:
+            # The session and its hook lease may be a few events ahead of this projection: judge its merge
+            # request on the log as it is now (a miss here refuses it).
+            info = await self._log_info(self.nc.jetstream())
+            with contextlib.suppress(TimeoutError):
+                await self.reader.wait_for_seq(int(info.state.last_seq), timeout=SESSION_CATCH_UP_S)
+        return None
 
     def query(self, what: str, body: dict[str, Any]) -> Any:
         state = self.projection.state

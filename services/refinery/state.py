@@ -93,6 +93,23 @@ class MergeLease(msgspec.Struct, kw_only=True, gc=False):
     version: int = 0
 
 
+class HookHold(msgspec.Struct, kw_only=True, gc=False):
+    """A bead's hook lease (``hook-<bead>``) as its newest acquisition left it: only its holder, with this
+    token, may submit the bead's work."""
+
+    holder: str
+    token: int
+    status: str = "held"
+    version: int = 0
+
+
+class SessionRef(msgspec.Struct, kw_only=True, gc=False):
+    """A polecat session as the witness requested it: the bead it works and the branch it pushes."""
+
+    bead: str
+    branch: str
+
+
 class RefineryState(msgspec.Struct, kw_only=True):
     mrs: dict[str, MergeRequest] = {}
     beads: dict[str, WorkBead] = {}
@@ -106,3 +123,7 @@ class RefineryState(msgspec.Struct, kw_only=True):
     """Convoy id -> when it was created."""
     merge_leases: dict[str, MergeLease] = {}
     """Rig merge leases by lease name."""
+    hooks: dict[str, HookHold] = {}
+    """Hook leases of beads not closed, by lease name."""
+    sessions: dict[str, SessionRef] = {}
+    """Sessions of beads not closed, by id."""

@@ -64,7 +64,7 @@ from shared.events import (
 )
 from shared.faults import crash_point
 from shared.ids import hook_lease_name
-from shared.tmux import PaneInfo, Tmux, TmuxError
+from shared.tmux import PaneInfo, Tmux, TmuxError, typeable
 
 log = structlog.get_logger(__name__)
 
@@ -458,11 +458,13 @@ class Executor:
             await self._end(session, death, f"the done flow could not finish: {exc}"[:2000])
             return
         crash_point("witness.after_done_push")
-        await self.host.send_command(
-            "gt.cmd.mr.submit",
-            {"bead": session.bead, "rig": session.rig, "branch": session.branch, "head": head, "session": session.id},
-            cmd_id=f"mr-{session.id}",
-        )
+        body: dict[str, Any] = {
+            "bead": session.bead, "rig": session.rig, "branch": session.branch, "head": head, "session": session.id
+        }  # fmt: skip
+        if session.lease_token is not None:
+            # On the session's behalf, with its hook lease: the refinery takes the bead's work from its holder only.
+            body["fence"] = {"lease": hook_lease_name(session.bead), "token": session.lease_token}
+        await self.host.send_command("gt.cmd.mr.done", body, cmd_id=f"mr-{session.id}")
         crash_point("witness.after_mr_submit")
         await self._end(session, "done", f"done flow finished by the witness after {after}")
         log.info("done_flow_finished_by_witness", session=session.id, head=head)
@@ -582,7 +584,7 @@ class Executor:
         session = self._session(action.session)
         if nudge is None or nudge.status != "queued" or session is None or session.status != "started":
             return
-        attempts = await asyncio.to_thread(self._type_into, session, nudge.message)
+        attempts = await asyncio.to_thread(self._type_into, session, typeable(nudge.message))
         if attempts:
             event = NudgeDelivered(nudge_id=nudge.id, session=session.id, attempts=attempts)
             await self._append(NewEvent(payload=event, expected_seq=nudge.version))
@@ -617,7 +619,7 @@ class Executor:
         if notice is None or notice.nudged:
             return
         subject = " ".join(notice.subject.split())[:MAIL_SUBJECT_SHOWN]
-        text = f"You have mail from {notice.sender}: {subject} - run `gt mail read {notice.id}`"
+        text = typeable(f"You have mail from {notice.sender}: {subject} - run `gt mail read {notice.id}`")
         event = NudgeQueued(
             nudge_id=mail_nudge_id(notice.id),
             rig=notice.rig,

@@ -534,7 +534,7 @@ async def _done(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
         mr = await _command(
             nc,
             config,
-            "gt.cmd.mr.submit",
+            "gt.cmd.mr.done",  # carries the hook lease as its fence (send_command adds it inside a session)
             {"bead": bead, "rig": rig, "branch": branch, "head": head, "session": session},
             f"mr-{session}",
         )

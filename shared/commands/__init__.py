@@ -31,6 +31,7 @@ from shared.commands.mail import MAIL_COMMANDS, MailArchive, MailRead, MailReply
 from shared.commands.rigs import (
     POLECAT_TARGET,
     RIG_COMMANDS,
+    MergeRequestDone,
     MergeRequestReject,
     MergeRequestRetry,
     MergeRequestSubmit,
@@ -166,6 +167,7 @@ __all__ = [
     "MailRead",
     "MailReply",
     "MailSend",
+    "MergeRequestDone",
     "MergeRequestReject",
     "MergeRequestRetry",
     "MergeRequestSubmit",

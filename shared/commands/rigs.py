@@ -20,6 +20,27 @@ DEFAULT_GIT_EMAIL = "{polecat}.{rig}@gastown.invalid"
 """A polecat's git email when its rig sets none (``ace.demo@gastown.invalid``; ``.invalid`` is never delivered)."""
 MAX_GIT_IDENTITY = 200
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+_BRANCH = re.compile(r"[A-Za-z0-9._/-]{1,200}")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+"""Control characters but tab: typed into a pane, ``\x03`` interrupts the agent and ``\x1b`` starts a key."""
+
+
+def check_branch(field: str, value: str | None) -> None:
+    """A branch name git takes as one, and never as an option: no leading ``-`` (``--upload-pack=...``)."""
+    if value is None:
+        return
+    if (
+        not _BRANCH.fullmatch(value)
+        or value.startswith(("-", "/", "."))
+        or value.endswith(("/", ".", ".lock"))
+        or any(bad in value for bad in ("..", "//", "/.", "@{"))
+    ):
+        raise invalid(
+            f"`{field}` {value[:80]!r} is not a branch name (letters, digits, '.', '_', '-' and '/'; "
+            "not starting with '-', '/' or '.', no '..')"
+        )
+
+
 _GIT_PLACEHOLDERS = frozenset({"{rig}", "{polecat}"})
 
 
@@ -113,8 +134,9 @@ class RigAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         super().validate()
         check_id("name", self.name, required=True)
         check_text("repo", self.repo, MAX_COMMAND_LINE, nonblank=True)
-        if not re.fullmatch(r"[A-Za-z0-9._/-]{1,200}", self.base_branch) or ".." in self.base_branch:
-            raise invalid(f"`base_branch` {self.base_branch[:80]!r} is not a branch name")
+        if self.repo.startswith("-"):
+            raise invalid(f"`repo` {self.repo[:80]!r} must not start with '-' (git would take it for an option)")
+        check_branch("base_branch", self.base_branch)
         if self.prefix is not None and not PREFIX_PATTERN.fullmatch(self.prefix):
             raise invalid(f"`prefix` {self.prefix!r} must match {PREFIX_PATTERN.pattern}")
         check_rig_settings(self)
@@ -256,12 +278,19 @@ class NudgeSend(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         check_text("message", self.message, MAX_TITLE * 8, nonblank=True)
         if "\n" in self.message or "\r" in self.message:
             raise invalid("`message` must be one line (it is typed into the pane and sent with Enter)")
+        if _CONTROL.search(self.message):
+            raise invalid("`message` must not hold control characters (typed into the pane, they act as keys)")
         if not 0 < self.ttl_s <= 7 * 24 * 3600:
             raise invalid(f"`ttl_s` must be more than 0 and at most a week, got {self.ttl_s}")
 
 
 class MergeRequestSubmit(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Queue a pushed branch for the rig's refinery; the same head commit twice is one merge request."""
+    """Queue a pushed branch for the rig's refinery; the same head commit twice is one merge request.
+
+    Sent by a polecat session (``session`` given, or a ``polecat:`` actor, or a ``fence``): it must carry the
+    bead's hook lease as its ``fence``, its session must hold it, its branch be the session's and its target the
+    rig's base branch. Sent by hand (none of these): its branch must not be the target or a protected name.
+    Agents send ``gt.cmd.mr.done`` (``MergeRequestDone``); this subject is the operator's."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mr.submit"
     bead: str
@@ -277,12 +306,23 @@ class MergeRequestSubmit(Command, frozen=True, kw_only=True, forbid_unknown_fiel
         super().validate()
         check_id("bead", self.bead, required=True)
         check_id("rig", self.rig, required=True)
-        check_text("branch", self.branch, 255, nonblank=True)
+        check_branch("branch", self.branch)
         if not HEX_COMMIT.fullmatch(self.head):
             raise invalid(f"`head` {self.head[:80]!r} is not a commit id (hex)")
-        check_text("target", self.target, 255, nonblank=True)
+        check_branch("target", self.target)
         check_priority(self.priority)
         check_id("session", self.session)
+
+
+class MergeRequestDone(MergeRequestSubmit, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A polecat session's merge request (``gt done``, or the witness finishing it): ``session`` and the hook
+    lease ``fence`` are required. The only merge request subject the agent NATS user may publish."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.mr.done"
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("session", self.session, required=True)
 
 
 class MergeRequestRetry(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -322,6 +362,7 @@ RIG_COMMANDS: tuple[type[Command], ...] = (
     SessionRecoverHook,
     NudgeSend,
     MergeRequestSubmit,
+    MergeRequestDone,
     MergeRequestRetry,
     MergeRequestReject,
 )

@@ -29,17 +29,20 @@ from services.plugins.metrics import collect_live
 from services.refinery.service import RefineryService
 from services.witness.service import WitnessService
 from services.witness.settings import WitnessSettings
+from shared import git
 from shared.bus.connection import close_quietly, connect
 from shared.bus.permissions import guarded
-from shared.cli.client import query
+from shared.cli.client import query, send_command
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.errors import PermissionDeniedError
 from shared.events import BeadClosed, Envelope, Event
+from shared.ids import hook_lease_name
 from shared.plugins import Plugin, PluginSettings
 from shared.service import Service
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually
+from tests.log_tools import events_of
 from tests.witness_town import FAST, TEST_COMMAND, PolecatTown, make_origin, tmux_socket
 
 ACCOUNTS = REPO_ROOT / "ops" / "nats" / "accounts.conf"
@@ -387,3 +390,63 @@ async def test_a_wrong_password_is_refused_and_said_so(st: SecuredTown) -> None:
     listed = await st.gt(env_user, "bead", "list")
     assert listed.returncode == 3, listed.stderr
     assert "the server refused the credentials of user operator" in listed.stderr
+
+
+# ---- merge requests: only a session's own work, never by the agent user's hand (issue 20) --------------
+
+
+async def test_the_agent_user_can_neither_merge_an_operators_bead_nor_delete_a_branch(
+    st: SecuredTown, tmp_path: Path
+) -> None:
+    async with services_as_themselves(st, tmp_path, "mayor", "witness", "refinery") as town:
+        added = await st.gt("operator", "rig", "add", "demo", str(town.origin))
+        assert added.returncode == 0, added.stderr
+        release = town.push_branch("release", {"RELEASE.txt": "the release line\n"})
+        main_before = ref(town.origin, "main")
+        created = await st.gt("operator", "bead", "create", "The operator's bead, never slung")
+        assert created.returncode == 0, created.stderr
+        bead = created.stdout.strip()
+
+        agent = await st.connect("agent")
+        config = st.config("agent")
+        try:
+            # The attack of the issue: a merge request for the operator's bead, of the branch `release`.
+            attack = json.dumps({"bead": bead, "rig": "demo", "branch": "release", "head": release}).encode()
+            await refused(agent, agent.jetstream().publish("gt.cmd.mr.submit", attack, timeout=5), "gt.cmd.mr.submit")
+            # The agents' own subject takes a session's merge request only: no session, no lease, a forged one.
+            cases: list[tuple[dict[str, Any], str, str]] = [
+                ({"branch": "release"}, "invalid", "`session` is required"),
+                ({"branch": "release", "session": "hq-forged-1"}, "unauthorized", "hook lease as its `fence`"),
+                (
+                    {"branch": f"polecat/ace/{bead}", "session": "hq-forged-1",
+                     "fence": {"lease": hook_lease_name(bead), "token": 1}},
+                    "conflict", "was never acquired",
+                ),
+                (
+                    {"branch": "release", "session": "hq-forged-1", "actor": "operator",
+                     "fence": {"lease": "hook-other", "token": 1}},
+                    "conflict", "fenced",
+                ),
+            ]  # fmt: skip
+            for extra, code, said in cases:
+                body = {"bead": bead, "rig": "demo", "head": release, **extra}
+                outcome = await send_command(agent, config, "gt.cmd.mr.done", body, timeout=60, wait_if_down=True)
+                assert outcome.type == "cmd.rejected", (extra, outcome)
+                assert outcome.data["code"] == code, (extra, outcome.data)
+                assert said in outcome.data["message"], (extra, outcome.data)
+        finally:
+            await close_quietly(agent)
+
+        assert await submitted_mrs(town.nc) == [], "nothing entered the merge queue"
+        assert ref(town.origin, "release") == release, "the branch release is still there"
+        assert ref(town.origin, "main") == main_before, "nothing was merged"
+        shown = await st.gt("operator", "bead", "show", bead, "--json")
+        assert json.loads(shown.stdout)["status"] == "open"
+
+
+def ref(origin: Path, branch: str) -> str:
+    return git.git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", cwd=origin, check=False).strip()
+
+
+async def submitted_mrs(nc: Client) -> list[dict[str, Any]]:
+    return [data for kind, data in await events_of(nc, "gt.evt.mr.>") if kind == "mr.submitted"]

@@ -24,12 +24,14 @@ from shared.events import (
     CommandAccepted,
     ConvoyCreated,
     Event,
+    LeaseAcquired,
     MergeRequestClaimed,
     MergeRequestConflicted,
     MergeRequestFailed,
     MergeRequestMerged,
     MergeRequestSubmitted,
     RigAdded,
+    SessionRequested,
 )
 from tests.memory_log import MemoryTown
 
@@ -344,7 +346,16 @@ def test_a_bead_resubmitting_the_commit_that_failed_puts_its_merge_request_back_
     q: Queue,
 ) -> None:
     a = q.submit("de-a")
-    body = {"bead": "de-a", "rig": "demo", "branch": "polecat/x/de-a", "head": q.mr(a).head, "session": "de-a-2"}
+    # A fresh session of the bead, holding its hook lease, submits the same commit (as `gt done` does).
+    session = SessionRequested(
+        session_id="de-a-2", rig="demo", polecat="x", bead="de-a", worktree="/w/x", branch="polecat/x/de-a",
+        tmux_name="gt-demo-x", attempt=2,
+    )  # fmt: skip
+    q.add(session, LeaseAcquired(lease="hook-de-a", holder="de-a-2", token=2, ttl_s=600, expires_at=q.clock))
+    body = {
+        "bead": "de-a", "rig": "demo", "branch": "polecat/x/de-a", "head": q.mr(a).head, "session": "de-a-2",
+        "fence": {"lease": "hook-de-a", "token": 2},
+    }  # fmt: skip
     q.claim(a)
     q.fail(a)
     assert plan.failures_of(q.state, "de-a") == 1
@@ -425,7 +436,16 @@ def test_a_bead_resubmitting_the_commit_whose_conflict_was_sent_back_puts_its_me
     back into the queue (it conflicts again and counts towards the cap), never left finished with the bead
     hooked and nothing queued."""
     a = q.submit("de-a")
-    body = {"bead": "de-a", "rig": "demo", "branch": "polecat/x/de-a", "head": q.mr(a).head, "session": "de-a-2"}
+    # A fresh session of the bead, holding its hook lease, submits the same commit (as `gt done` does).
+    session = SessionRequested(
+        session_id="de-a-2", rig="demo", polecat="x", bead="de-a", worktree="/w/x", branch="polecat/x/de-a",
+        tmux_name="gt-demo-x", attempt=2,
+    )  # fmt: skip
+    q.add(session, LeaseAcquired(lease="hook-de-a", holder="de-a-2", token=2, ttl_s=600, expires_at=q.clock))
+    body = {
+        "bead": "de-a", "rig": "demo", "branch": "polecat/x/de-a", "head": q.mr(a).head, "session": "de-a-2",
+        "fence": {"lease": "hook-de-a", "token": 2},
+    }  # fmt: skip
     q.claim(a)
     q.add(
         MergeRequestConflicted(mr_id=a, target_commit="e" * 40, conflict_command="", files=["calc.py"], sent_back=True)
