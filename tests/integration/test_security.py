@@ -17,6 +17,7 @@ from nats.aio.client import Client
 from services.refinery.state import MergeRequest
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer, free_port
+from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually, wait_until
 from tests.integration.test_town import TownCli
 from tests.integration.test_witness import run_gt
@@ -47,7 +48,8 @@ async def gate_environment(pt: PolecatTown, seen: Path, name: str) -> dict[str, 
 
     def merged() -> MergeRequest:
         assert pt.refinery is not None
-        mr = pt.refinery.projection.state.mrs[mr_id]
+        mr = pt.refinery.projection.state.mrs.get(mr_id)
+        assert mr is not None, "not applied yet"
         assert mr.status == "merged", (mr.status, mr.tail)
         return mr
 
@@ -187,3 +189,37 @@ def test_up_creates_gt_home_logs_and_run_files_private(gt_env: dict[str, str], t
         os.umask(old)
     assert down.returncode == 0, down.stderr
     assert loose_modes(town.home) == []
+
+
+# ---- a service's environment is not readable through /proc ---------------------------------------------
+
+SERVICE = """\
+import subprocess
+from shared.privacy import hide_environment
+hidden = hide_environment()
+# A gate or an agent: a child of the service (a grandchild reads it the same way), the same OS user.
+read = subprocess.run(["sh", "-c", "cat /proc/$PPID/environ"], capture_output=True)
+print(hidden, b"s3cret-service-password" in read.stdout, read.returncode)
+"""
+
+
+def as_plain_user() -> None:
+    """Root reads every process's /proc entries: the check runs as nobody (as services do, unprivileged)."""
+    if os.getuid() == 0:
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+
+
+def test_a_services_environment_is_not_readable_by_what_it_starts(tmp_path: Path) -> None:
+    # A Python an unprivileged user may run (a root-only venv is not), importing shared.privacy from this tree.
+    python = "/usr/bin/python3" if os.getuid() == 0 and Path("/usr/bin/python3").exists() else sys.executable
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT), "NATS_PASSWORD": "s3cret-service-password"}
+    done = subprocess.run(
+        [python, "-c", SERVICE], env=env, capture_output=True, text=True, check=False, cwd="/",
+        preexec_fn=as_plain_user,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    hidden, leaked, _code = done.stdout.split()
+    assert hidden == "True"
+    assert leaked == "False", "a child of the service read its password from /proc/<pid>/environ"
