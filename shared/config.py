@@ -43,7 +43,8 @@ class TownConfig(msgspec.Struct, frozen=True, kw_only=True):
     nats_user: str | None = None
     nats_password: str | None = None
     nats_creds: str | None = None
-    """Credentials: ``NATS_USER``/``NATS_PASSWORD`` or a creds file (``NATS_CREDS``)."""
+    """Credentials: ``NATS_USER``/``NATS_PASSWORD`` (or the password in the file ``NATS_PASSWORD_FILE`` names: kept
+    off command lines, how a polecat session gets its password) or a creds file (``NATS_CREDS``)."""
 
     @property
     def servers(self) -> list[str]:
@@ -90,9 +91,20 @@ def load(env: Mapping[str, str] | None = None, *, service: str | None = None) ->
         replicas=int(replicas_text),
         escalation_stale_after_s=stale_after,
         nats_user=get("NATS_USER"),
-        nats_password=get("NATS_PASSWORD"),
+        nats_password=get("NATS_PASSWORD") or _password_from_file(get("NATS_PASSWORD_FILE")),
         nats_creds=get("NATS_CREDS"),
     )
+
+
+def _password_from_file(path: str | None) -> str | None:
+    """The password in the file ``NATS_PASSWORD_FILE`` names (its first line), None when it names none."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.readline().rstrip("\r\n") or None
+    except OSError as exc:
+        raise ValueError(f"NATS_PASSWORD_FILE {path!r} cannot be read: {exc.strerror}") from exc
 
 
 def env_number(env: Mapping[str, str], key: str, default: float, *, minimum: float, whole: bool = False) -> float:

@@ -16,7 +16,7 @@ from shared.errors import GastownError
 SERVER_CONFIG = """\
 # Written by gastown-nats. Acknowledged means on disk: sync_interval always.
 listen: {host}:{port}
-http: {host}:{http_port}
+http: 127.0.0.1:{http_port}
 server_name: {name}
 max_payload: 4MB
 jetstream {{
@@ -59,7 +59,8 @@ def write_config(
     name: str = "gt",
     include: Path | None = None,
 ) -> Path:
-    """The server's config; ``include`` adds a config file of ours (accounts.conf) as it is."""
+    """The server's config; ``include`` adds a config file of ours (accounts.conf) as it is. Monitoring has no
+    authentication: it listens on loopback whatever ``host`` clients connect to."""
     path.parent.mkdir(parents=True, exist_ok=True)
     store_dir.mkdir(parents=True, exist_ok=True)
     text = SERVER_CONFIG.format(host=host, port=port, http_port=http_port, store_dir=store_dir, name=name)
@@ -107,7 +108,7 @@ class EmbeddedServer:
         self.host = host
         self._fixed_port = bool(port)
         self.port = port or free_port(host)
-        self.http_port = free_port(host)
+        self.http_port = free_port()
         self.store_dir = root / "jetstream"
         self.config_path = root / "nats-server.conf"
         self.log_file = log_file or root / "nats-server.log"
@@ -143,7 +144,7 @@ class EmbeddedServer:
                 # A port picked free was taken before the server bound it: pick others (unless fixed).
                 if self._fixed_port or attempt == 2 or self.proc.poll() is None:
                     raise
-                self.port, self.http_port = free_port(self.host), free_port(self.host)
+                self.port, self.http_port = free_port(self.host), free_port()
             else:
                 self._fixed_port = True  # a restart must come back where clients look for it
                 return

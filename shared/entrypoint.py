@@ -19,6 +19,7 @@ from shared import runtime
 from shared.activity import MIN_TTL_S
 from shared.aio import task_stacks
 from shared.errors import ActivityLostError
+from shared.privacy import hide_environment
 from shared.service import Service, ServiceSettings
 
 ServiceFactory = Callable[[town_config.TownConfig, ServiceSettings], Service[Any]]
@@ -83,6 +84,7 @@ def _active_ttl(flag: float | None, env: dict[str, str], service: str) -> float:
 
 def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) -> int:
     """Run service ``name`` until SIGTERM/SIGINT; returns the process exit code."""
+    hide_environment()  # its NATS password, from the gates and agents it starts (the same OS user)
     args = build_parser(name).parse_args(argv)
     env = dict(os.environ)
     if args.nats_url:

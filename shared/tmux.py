@@ -7,8 +7,11 @@ them in a thread. Panes keep ``remain-on-exit``: when an agent dies its pane sta
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Mapping
 
 import msgspec
@@ -39,6 +42,10 @@ def typeable(text: str) -> str:
 
 _NO_SERVER = ("no server running", "error connecting to", "No such file or directory")
 _SERVER_LOST = "server exited unexpectedly"
+SERVER_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMUX_TMPDIR")
+"""All of our environment the tmux client that starts sessions gets: the client that starts the server gives it
+its global environment (``show-environment -g``), which every process on the socket can read; the witness's
+holds service passwords. TMUX_TMPDIR: where the socket is, as every other tmux call of ours finds it."""
 
 
 class TmuxError(GastownError):
@@ -135,9 +142,7 @@ class Tmux:
         )
         for attempt in (1, 2):
             try:
-                self._run(*args, *options)
-            except LibTmuxException as exc:
-                raise TmuxError("new-session", str(exc)) from exc
+                self._run_clean(*args, *options)
             except TmuxError as exc:
                 # The first command on a socket starts its server; tmux 3.3 can lose that race to a server of the
                 # same socket shutting down ("server exited unexpectedly"). Nothing was started: start again.
@@ -149,6 +154,21 @@ class Tmux:
         if info is None:
             raise TmuxError("new-session", f"session {name} is not there after starting it")
         return info
+
+    def _run_clean(self, *args: str) -> list[str]:
+        """As ``_run``, the tmux client with only ``SERVER_ENV`` of our environment (see there)."""
+        binary = shutil.which("tmux")
+        if binary is None:
+            raise TmuxError(args[0], "tmux is not installed (not on PATH)")
+        env = {key: os.environ[key] for key in SERVER_ENV if key in os.environ}
+        done = subprocess.run(
+            [binary, "-L", self.socket_name, *args], env=env, capture_output=True, text=True, check=False
+        )
+        if done.stderr.strip():
+            raise TmuxError(args[0], " ".join(line for line in done.stderr.splitlines() if line))
+        if done.returncode != 0:
+            raise TmuxError(args[0], f"exited {done.returncode}")
+        return done.stdout.splitlines()
 
     def kill(self, name: str) -> bool:
         """Kill session ``name``; False when there was none."""

@@ -87,7 +87,8 @@ class Stack(Protocol):
     passwords: dict[str, str]
 
     def urls(self) -> list[str]: ...
-    def monitor_url(self, node: str) -> str: ...
+    # The stream's state as this node stores it (its own replica), from its /jsz monitoring endpoint.
+    def node_stream_state(self, node: str, stream: str) -> dict[str, Any] | None: ...
     def node_names(self) -> list[str]: ...
     def kill_node(self, node: str) -> None: ...
     def start_node(self, node: str) -> None: ...
@@ -136,7 +137,8 @@ class LocalStack:
                 value = value.replace(f"{node}:{port}", f"127.0.0.1:{local}")
         if service in self.ports:
             for port, local in self.ports[service].items():
-                value = value.replace(f"0.0.0.0:{port}", f"127.0.0.1:{local}")
+                for bound in ("0.0.0.0", "127.0.0.1"):  # all interfaces, or the container's loopback (monitoring)
+                    value = value.replace(f"{bound}:{port}", f"127.0.0.1:{local}")
         for target, host in self._volume_dirs(service):
             if value == target or value.startswith(target + "/"):
                 return str(host) + value[len(target) :]
@@ -191,8 +193,8 @@ class LocalStack:
     def urls(self) -> list[str]:
         return [f"nats://127.0.0.1:{self.ports[n][CLIENT_PORT]}" for n in self.nodes]
 
-    def monitor_url(self, node: str) -> str:
-        return f"http://127.0.0.1:{self.ports[node][HTTP_PORT]}"
+    def node_stream_state(self, node: str, stream: str) -> dict[str, Any] | None:
+        return node_stream_state(f"http://127.0.0.1:{self.ports[node][HTTP_PORT]}", stream)
 
     def node_names(self) -> list[str]:
         return list(self.nodes)
@@ -273,9 +275,16 @@ class DockerStack:
             out.append(f"nats://{host}:{port}")
         return out
 
-    def monitor_url(self, node: str) -> str:
-        host, port = self.compose.get_service_host_and_port(node, HTTP_PORT)
-        return f"http://{host}:{port}"
+    def node_stream_state(self, node: str, stream: str) -> dict[str, Any] | None:
+        # Monitoring listens on the node container's loopback only (docker-compose.yml): asked from inside it.
+        url = f"http://127.0.0.1:{HTTP_PORT}/jsz?streams=true"
+        read = subprocess.run(
+            ["docker", "exec", self._container(node), "wget", "-q", "-O", "-", url],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return stream_state_in(json.loads(read.stdout), stream) if read.returncode == 0 else None
 
     def node_names(self) -> list[str]:
         return list(self.nodes)
@@ -315,9 +324,13 @@ def node_stream_state(monitor_url: str, stream: str) -> dict[str, Any] | None:
     """The stream's state as this node stores it (its own replica), from its /jsz monitoring endpoint."""
     try:
         with urllib.request.urlopen(f"{monitor_url}/jsz?streams=true", timeout=3) as answer:
-            jsz = json.loads(answer.read())
+            return stream_state_in(json.loads(answer.read()), stream)
     except OSError:
         return None
+
+
+def stream_state_in(jsz: dict[str, Any], stream: str) -> dict[str, Any] | None:
+    """The stream's state in a node's /jsz answer: its own replica."""
     for account in jsz.get("account_details") or []:
         for detail in account.get("stream_detail") or []:
             if detail.get("name") == stream:

@@ -12,9 +12,10 @@ witness's git); temporary worktrees in ``.../refinery/work/<name>``, removed whe
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -29,6 +30,9 @@ log = structlog.get_logger(__name__)
 
 TAIL_CHARS = 2000
 GATES = ("setup", "lint", "test")
+GATE_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME")
+"""What a gate gets of the refinery's environment, besides the names its rig lists (``gate_env``): gates run code
+an agent wrote, so never the refinery's NATS credentials, the town's settings or whatever else the host holds."""
 
 
 class GateResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -97,13 +101,25 @@ def clean_worktrees(paths: Paths) -> list[str]:
     return removed
 
 
-def run_gate(gate: str, command: str, cwd: Path, log_path: Path, timeout: float) -> GateResult:
+def gate_environment(names: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The allowlisted variables of ``environ`` (``GATE_BASE_ENV`` and the rig's ``names``) that are set."""
+    return {key: environ[key] for key in (*GATE_BASE_ENV, *names) if key in environ}
+
+
+def run_gate(gate: str, command: str, cwd: Path, log_path: Path, timeout: float, env: Mapping[str, str]) -> GateResult:
+    """Run ``command`` through ``sh -c`` in ``cwd`` with exactly ``env``, its output in ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     with log_path.open("wb") as out:
         try:
             done = subprocess.run(
-                ["sh", "-c", command], cwd=cwd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False
+                ["sh", "-c", command],
+                cwd=cwd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                check=False,
             )
             code = done.returncode
         except subprocess.TimeoutExpired:
@@ -121,6 +137,7 @@ class Gates:
 
     def __init__(self, paths: Paths, rig: RigInfo, target: str, name: str, timeout: float) -> None:
         self.paths, self.rig, self.target, self.name, self.timeout = paths, rig, target, name, timeout
+        self.env = gate_environment(rig.gate_env, os.environ)
         self.runs = 0
         self.seconds = 0.0
         self.broken: dict[str, GateResult] = {}
@@ -141,7 +158,7 @@ class Gates:
         return None
 
     def _run(self, gate: str, command: str, work: Path, log_name: str) -> GateResult:
-        result = run_gate(gate, command, work, self.paths.logs / log_name, self.timeout)
+        result = run_gate(gate, command, work, self.paths.logs / log_name, self.timeout, self.env)
         self.runs += 1
         self.seconds += result.seconds
         if self.runs == 1:

@@ -129,6 +129,7 @@ def _rig_added(payload: RigAdded, state: RefineryState, env: Envelope, seq: int)
             setup_command=payload.setup_command,
             lint_command=payload.lint_command,
             test_command=payload.test_command,
+            gate_env=payload.gate_env,
         ),
     )
 
@@ -139,7 +140,7 @@ def _rig_updated(payload: RigUpdated, state: RefineryState, env: Envelope, seq: 
     rig = state.rigs.get(payload.rig)
     if rig is None:
         return
-    for field in ("setup_command", "lint_command", "test_command"):
+    for field in ("setup_command", "lint_command", "test_command", "gate_env"):
         value = getattr(payload, field)
         if value is not msgspec.UNSET:
             setattr(rig, field, value)

@@ -65,6 +65,8 @@ class RigInfo(msgspec.Struct, kw_only=True, gc=False):
     setup_command: str = ""
     lint_command: str = ""
     test_command: str = ""
+    gate_env: list[str] = []
+    """Names of the refinery's environment variables its gates see besides the allowlist (``merger.GATE_BASE_ENV``)."""
 
 
 class WorkBead(msgspec.Struct, kw_only=True, gc=False):

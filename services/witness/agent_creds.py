@@ -3,14 +3,16 @@
 With ``GT_AGENT_NATS_USER`` / ``GT_AGENT_NATS_PASSWORD`` / ``GT_AGENT_NATS_CREDS`` set on the witness, the
 session gets those as ``NATS_USER`` / ``NATS_PASSWORD`` / ``NATS_CREDS`` and never the witness's own: an agent
 runs arbitrary code, so on a secured server it holds the least-privileged ``agent`` user. Without them the
-session gets the witness's own (a laptop without auth needs none).
+session gets the witness's own (a laptop without auth needs none). A password never goes into the session's
+environment as it is: the executor writes it to a private file the session's ``NATS_PASSWORD_FILE`` names
+(``GT_AGENT_NATS_PASSWORD_FILE`` / ``NATS_PASSWORD_FILE`` name such a file of the operator's, passed on as is).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-CREDENTIAL_VARS = ("NATS_USER", "NATS_PASSWORD", "NATS_CREDS")
+CREDENTIAL_VARS = ("NATS_USER", "NATS_PASSWORD", "NATS_PASSWORD_FILE", "NATS_CREDS")
 AGENT_PREFIX = "GT_AGENT_"
 AGENT_CREDENTIAL_VARS = tuple(AGENT_PREFIX + key for key in CREDENTIAL_VARS)
 

@@ -116,6 +116,7 @@ def _rig_from(cmd: RigAdd) -> RigAdded:
         stall_after_s=cmd.stall_after_s,
         git_name=cmd.git_name,
         git_email=cmd.git_email,
+        gate_env=cmd.gate_env,
     )
 
 

@@ -150,6 +150,21 @@ class Executor:
     def bare_repo(self, rig: str) -> Path:
         return self.rig_dir(rig) / "repo.git"
 
+    def password_file(self, session: Session) -> Path:
+        """Where the session's NATS password is (``NATS_PASSWORD_FILE``): not on the tmux command line that
+        starts the agent, where ``ps`` and every process on the tmux socket could read it."""
+        return self.rig_dir(session.rig) / "secrets" / f"{session.id}.nats-password"
+
+    def _write_password(self, session: Session, password: str) -> Path:
+        path = self.password_file(session)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.chmod(0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            os.fchmod(fd, 0o600)  # made before, under another umask
+            out.write(password + "\n")
+        return path
+
     def _lock(self, rig: str) -> asyncio.Lock:
         # One git operation per rig at a time: concurrent `worktree add` on one repository trip on its locks.
         return self._rig_locks.setdefault(rig, asyncio.Lock())
@@ -361,6 +376,8 @@ class Executor:
             env["GT_LEASE"] = hook_lease_name(session.bead)
             env["GT_LEASE_TOKEN"] = str(session.lease_token)
         env.update(agent_nats_credentials(os.environ))
+        if (password := env.pop("NATS_PASSWORD", None)) is not None:
+            env["NATS_PASSWORD_FILE"] = str(self._write_password(session, password))
         for key in (*AGENT_ENV_PASSTHROUGH, *self.settings.agent_env):
             if key in os.environ and key not in env and not is_credential(key):
                 env[key] = os.environ[key]
@@ -519,6 +536,7 @@ class Executor:
     # ---- cleanup -------------------------------------------------------------------------------
 
     def _reap(self, session: Session) -> None:
+        self.password_file(session).unlink(missing_ok=True)  # the session has ended: nobody needs it any more
         pane = self.tmux.snapshot().get(session.tmux_name)
         if pane is None or pane.label != session.id:
             return

@@ -98,6 +98,7 @@ def _rig_added(payload: RigAdded, state: WitnessState, env: Envelope, seq: int) 
         stall_after_s=payload.stall_after_s,
         git_name=payload.git_name,
         git_email=payload.git_email,
+        gate_env=payload.gate_env,
         added_at=env.ts,
         version=seq,
     )

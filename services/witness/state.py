@@ -26,6 +26,8 @@ class Rig(msgspec.Struct, kw_only=True, gc=False):
     """Template of the git name its polecats commit with (empty: the default, ``{rig}/{polecat}``)."""
     git_email: str = ""
     """Template of their git email (empty: the default, ``{polecat}.{rig}@gastown.invalid``)."""
+    gate_env: list[str] = []
+    """Names of environment variables its gates see (the refinery's; kept here with the rig's settings)."""
     added_at: datetime
     parked: bool = False
     """No new sessions start (``gt rig park``, or removed): beads slung to it wait, running sessions finish."""

@@ -24,6 +24,14 @@ def register(sub: Subcommands) -> None:
     d = sub.add_parser("dashboard", help="a live web page of the town (convoys, polecats, merge queue, events)")
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     d.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)")
+    d.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a DNS name browsers may reach it by (requests naming another host are refused; IPs and localhost "
+        "always work)",
+    )
     d.set_defaults(handler=_dashboard)
 
 
@@ -31,7 +39,7 @@ async def _dashboard(nc: Client, args: argparse.Namespace, config: TownConfig) -
     # Imported here: the server and its page are loaded only by `gt dashboard`, not by every `gt` an agent runs.
     from shared.dashboard.server import Dashboard, serve
 
-    dashboard = Dashboard(nc, config, host=args.host, port=args.port)
+    dashboard = Dashboard(nc, config, host=args.host, port=args.port, allowed_hosts=tuple(args.allow_host))
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"gt: the dashboard on {args.host} shows the town to anyone who can reach it", file=sys.stderr)
     shown = asyncio.create_task(_show_replay(dashboard), name="replay-progress")

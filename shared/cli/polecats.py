@@ -76,6 +76,7 @@ def register(sub: Subcommands) -> None:
         default=None,
         help="git email its polecats commit with, a template like --git-name (default {polecat}.{rig}@gastown.invalid)",
     )
+    ra.add_argument("--gate-env", type=rigs.env_names, default=None, metavar="NAMES", help=rigs.GATE_ENV_HELP)
     command_options(ra)
     ra.set_defaults(handler=_rig_add, precheck=_absolute_repo)
     rl = rig.add_parser("list", help="rigs with their active sessions and waiting beads")
@@ -171,6 +172,7 @@ async def _rig_add(nc: Client, args: argparse.Namespace, config: TownConfig) -> 
         "stall_after_s": args.stall_after,
         "git_name": args.git_name,
         "git_email": args.git_email,
+        "gate_env": args.gate_env,
     }
     return await send(nc, args, config, "gt.cmd.rig.add", body, _rig_added_line)
 

@@ -13,6 +13,14 @@ from shared.cli.common import Subcommands, command_options, send
 from shared.config import TownConfig
 from shared.errors import QueryError
 
+
+def env_names(text: str) -> list[str]:
+    """``--gate-env CI_CACHE,PIP_INDEX_URL``: the names, comma-separated ("" for none)."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+GATE_ENV_HELP = "environment variables of the refinery its gates see besides PATH, HOME, LANG... (comma-separated)"
+
 SETTING_OPTIONS = (
     ("--setup", "setup_command", str, 'gate: set-up command ("" for none)'),
     ("--lint", "lint_command", str, 'gate: lint command ("" for none)'),
@@ -28,6 +36,7 @@ SETTING_OPTIONS = (
         'git name template of new sessions ({rig}, {polecat}; "": default)',
     ),
     ("--git-email", "git_email", str, 'git email template of new sessions ({rig}, {polecat}; "": default)'),
+    ("--gate-env", "gate_env", env_names, GATE_ENV_HELP + ' ("" for none)'),
 )
 """(option, command field, type, help) of `gt rig update`."""
 

@@ -41,6 +41,10 @@ def check_branch(field: str, value: str | None) -> None:
         )
 
 
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+MAX_GATE_ENV = 64
+TOWN_ENV = re.compile(r"^GT_|NATS_")
+"""The town's settings and credentials (``GT_*``, ``NATS_*``, ``REFINERY_NATS_PASSWORD``): never a gate's."""
 _GIT_PLACEHOLDERS = frozenset({"{rig}", "{polecat}"})
 
 
@@ -79,6 +83,7 @@ RIG_SETTINGS = (
     "stall_after_s",
     "git_name",
     "git_email",
+    "gate_env",
 )
 """A rig's settings: given by ``rig.add``, changed in place by ``rig.update`` (``rig.updated`` carries them)."""
 
@@ -101,6 +106,24 @@ def check_rig_settings(cmd: object) -> None:
     for field in ("git_name", "git_email"):
         if (template := given(field)) is not None:
             check_git_template(field, template)
+    check_gate_env(given("gate_env"))
+
+
+def check_gate_env(names: list[str] | None) -> None:
+    """Names of the refinery's environment variables a rig's gates may see besides the allowlist: variable names,
+    never the town's own settings or credentials."""
+    if names is None:
+        return
+    if len(names) > MAX_GATE_ENV:
+        raise invalid(f"`gate_env` names at most {MAX_GATE_ENV} variables, got {len(names)}")
+    for name in names:
+        if not ENV_NAME.fullmatch(name):
+            raise invalid(f"`gate_env` {name[:80]!r} is not an environment variable name")
+        if TOWN_ENV.search(name.upper()):
+            raise invalid(
+                f"`gate_env` may not name {name}: the town's settings and NATS credentials never reach a gate "
+                "(it runs code an agent wrote)"
+            )
 
 
 class RigAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -129,6 +152,9 @@ class RigAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     git_email: str = ""
     """Git author and committer email of the rig's polecats, a template like ``git_name``.
     Empty: ``{polecat}.{rig}@gastown.invalid``."""
+    gate_env: list[str] = []
+    """Names of the refinery's environment variables its gates see besides PATH, HOME, LANG, LC_ALL, TMPDIR,
+    USER and LOGNAME (``GATE_BASE_ENV``): gates run code an agent wrote and get nothing else of it."""
 
     def validate(self) -> None:
         super().validate()
@@ -160,6 +186,7 @@ class RigUpdate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     stall_after_s: float | None = None
     git_name: str | None = None
     git_email: str | None = None
+    gate_env: list[str] | None = None
 
     SETTINGS: ClassVar[tuple[str, ...]] = RIG_SETTINGS
 
@@ -170,7 +197,7 @@ class RigUpdate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         if all(getattr(self, field) is None for field in self.SETTINGS):
             raise invalid(f"name at least one setting to change ({', '.join(self.SETTINGS)})")
 
-    def given(self) -> dict[str, str | int | float]:
+    def given(self) -> dict[str, str | int | float | list[str]]:
         """The settings the command changes, by field name."""
         return {field: value for field in self.SETTINGS if (value := getattr(self, field)) is not None}
 

@@ -1,6 +1,8 @@
 """``gt dashboard``: a web page that follows the log live, served over HTTP with server-sent events.
 
-Routes (GET only; anything else is 404 or 405):
+Routes (GET only; anything else is 404 or 405). A request whose ``Host`` is not an IP address, ``localhost`` or
+the address the dashboard is bound to (with its port) is answered 421 and nothing else: a web page whose DNS name
+was re-bound to this machine cannot read the town.
 
 - ``/``: the page (``page.py``); it opens ``/events`` and redraws on every message.
 - ``/events``: ``text/event-stream``. Each message is ``event: state`` with the whole view as JSON (convoys,
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import urllib.parse
 
@@ -47,11 +50,22 @@ class Dashboard:
     """Replays and follows the log into a ``DashboardState`` and serves it. ``run()`` blocks until
     ``shutdown()``; it re-raises what stopped it."""
 
-    def __init__(self, nc: Client, config: TownConfig, *, host: str = "127.0.0.1", port: int = 8765) -> None:
+    def __init__(
+        self,
+        nc: Client,
+        config: TownConfig,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        allowed_hosts: tuple[str, ...] = (),
+    ) -> None:
+        """``allowed_hosts``: names besides IP addresses, ``localhost`` and ``host`` that browsers may reach it
+        by (the machine's DNS name when bound to all interfaces, a reverse proxy's)."""
         self.nc = nc
         self.config = config
         self.host = host
         self.port = port
+        self.allowed_hosts = frozenset(name.lower() for name in allowed_hosts)
         self.state = view.DashboardState()
         self.replayed = asyncio.Event()
         self.listening = asyncio.Event()
@@ -122,16 +136,38 @@ class Dashboard:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            host = None
             async with asyncio.timeout(READ_TIMEOUT_S):
                 line = await reader.readline()
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass  # headers: nothing here depends on them
+                while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = header.decode("latin-1").partition(":")
+                    if name.strip().lower() == "host":
+                        host = value.strip()
+            if not self.host_allowed(host):
+                # DNS rebinding: a page of evil.example whose name now resolves to this machine sends its own name.
+                await _send(writer, 421, "text/plain", b"unknown host: open the dashboard at the address it prints\n")
+                return
             await self._route(line, writer)
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 writer.close()
+
+    def host_allowed(self, host: str | None) -> bool:
+        """A ``Host`` header naming this dashboard: an IP address, ``localhost``, the address it was bound to or
+        a name allowed with ``--allow-host`` (never a DNS name of someone else's), with its port if one is given
+        (any port for an allowed name: a reverse proxy's)."""
+        try:
+            parsed = urllib.parse.urlsplit(f"//{host}")
+            name, port = (parsed.hostname or ""), parsed.port
+        except ValueError:
+            return False
+        if not host:
+            return False
+        if name in self.allowed_hosts:
+            return True
+        return port in (None, self.port) and (_is_ip(name) or name in ("localhost", self.host.lower()))
 
     async def _route(self, line: bytes, writer: asyncio.StreamWriter) -> None:
         parts = line.decode("latin-1").split()
@@ -208,8 +244,23 @@ async def serve(dashboard: Dashboard) -> None:
         pass
 
 
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 async def _send(writer: asyncio.StreamWriter, status: int, content_type: str, body: bytes) -> None:
-    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Unavailable"}
+    reason = {
+        200: "OK",
+        400: "Bad Request",
+        404: "Not Found",
+        405: "Method Not Allowed",
+        421: "Misdirected Request",
+        503: "Unavailable",
+    }
     head = (
         f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\nContent-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n"

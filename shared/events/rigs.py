@@ -37,6 +37,8 @@ class RigAdded(RigEvent, frozen=True, kw_only=True):
     """Template of the git name the rig's polecats commit with (empty: ``{rig}/{polecat}``)."""
     git_email: str = ""
     """Template of their git email (empty: ``{polecat}.{rig}@gastown.invalid``)."""
+    gate_env: list[str] = []
+    """Names of the refinery's environment variables its gates see besides the allowlist."""
 
 
 class RigMassDeath(RigEvent, frozen=True, kw_only=True):
@@ -61,6 +63,7 @@ class RigUpdated(RigEvent, frozen=True, kw_only=True):
     stall_after_s: float | msgspec.UnsetType = msgspec.UNSET
     git_name: str | msgspec.UnsetType = msgspec.UNSET
     git_email: str | msgspec.UnsetType = msgspec.UNSET
+    gate_env: list[str] | msgspec.UnsetType = msgspec.UNSET
 
 
 class RigParked(RigEvent, frozen=True, kw_only=True):

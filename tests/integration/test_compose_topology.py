@@ -25,7 +25,6 @@ from tests.compose_stack import (
     Stack,
     compose_config,
     nats_nodes,
-    node_stream_state,
     running_stack,
     town_services,
     write_env_file,
@@ -200,7 +199,7 @@ async def test_a_nats_node_killed_mid_workload_loses_and_duplicates_nothing_and_
     last_seq = int((await reader.jetstream().stream_info("GT_EVT")).state.last_seq)
 
     def victim_has_it_all() -> bool:
-        state = node_stream_state(stack.monitor_url(victim), "GT_EVT")
+        state = stack.node_stream_state(victim, "GT_EVT")
         return state is not None and int(state.get("last_seq", 0)) >= last_seq
 
     await assert_eventually(victim_has_it_all, timeout=60, interval=0.5)

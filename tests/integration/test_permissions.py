@@ -261,11 +261,62 @@ async def test_every_role_does_its_work_with_its_own_user(
             await asyncio.wait_for(asyncio.gather(*plugins), 30)
 
     seen = agent_environment(sessions[0].worktree, sessions[0].id)
-    assert (seen.get("NATS_USER"), seen.get("NATS_PASSWORD")) == ("agent", st.passwords["agent"])
+    assert seen.get("NATS_USER") == "agent"
+    assert "NATS_PASSWORD" not in seen
+    assert seen.get("NATS_PASSWORD_FILE"), "its password came in a file"
+    assert st.passwords["agent"] not in seen.values()
     assert st.passwords["witness"] not in seen.values(), "the witness's own password never reaches an agent"
     assert not any(key.startswith("GT_AGENT_NATS_") for key in seen)
     assert seen.get("GT_LEASE_TOKEN"), "the agent held its hook lease, renewed in GT_LEASES with its own user"
     assert st.violations() == [], "every role had every permission its work needs"
+
+
+SPY = """\
+out="$GT_WORKTREE/../$GT_SESSION.spy"
+mkdir -p "$out"
+tmux -L "$GT_TMUX_SOCKET" show-environment -g > "$out/global-env" 2>&1
+tmux -L "$GT_TMUX_SOCKET" list-panes -a -F '#{pane_start_command}' > "$out/start-commands" 2>&1
+for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < "$f" 2>/dev/null; echo; done > "$out/cmdlines"
+env > "$out/env"
+stat -c %a "$NATS_PASSWORD_FILE" > "$out/mode" 2>&1
+"""
+"""What an agent (any process of the OS user the agents run as) can find out before it starts working: the tmux
+server's global environment, the command lines tmux started panes with, every process's command line."""
+
+
+async def test_an_agents_password_reaches_it_in_a_private_file_never_on_a_command_line_or_in_tmux(
+    st: SecuredTown, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The witness holds its own password and the agents' (as under docker-compose); it starts the tmux server.
+    monkeypatch.setenv("NATS_USER", "witness")
+    monkeypatch.setenv("NATS_PASSWORD", st.passwords["witness"])
+    monkeypatch.setenv("GT_AGENT_NATS_USER", "agent")
+    monkeypatch.setenv("GT_AGENT_NATS_PASSWORD", st.passwords["agent"])
+    spy = tmp_path / "spy.sh"
+    spy.write_text(SPY)
+    async with services_as_themselves(st, tmp_path, "mayor", "witness", "refinery") as town:
+        added = await st.gt("operator", "rig", "add", "demo", str(town.origin), "--agent", f"sh {spy}; gt-agent")
+        assert added.returncode == 0, added.stderr
+        created = await st.gt("operator", "bead", "create", "Keep secrets")
+        assert created.returncode == 0, created.stderr
+        bead = created.stdout.strip()
+        assert (await st.gt("operator", "sling", bead, "demo")).returncode == 0
+        sessions = await town.wait_settled(bead, timeout=120)
+        # It finished as the agent user: its `gt` read the password from the file (the server requires it).
+        assert [s.end_reason for s in sessions] == ["done"]
+        spied = Path(sessions[0].worktree).parent / f"{sessions[0].id}.spy"
+        seen = {name: (spied / name).read_text() for name in ("global-env", "start-commands", "cmdlines", "env")}
+        assert "NATS_PASSWORD" not in seen["global-env"], seen["global-env"]
+        for user in ("witness", "agent"):
+            for what, text in seen.items():
+                assert st.passwords[user] not in text, f"the {user}'s password is in what an agent sees: {what}"
+        env = dict(line.split("=", 1) for line in seen["env"].splitlines() if "=" in line)
+        password_file = Path(env["NATS_PASSWORD_FILE"])
+        assert (spied / "mode").read_text().strip() == "600"
+        await assert_eventually(
+            lambda: not password_file.exists(), timeout=60, message="the file goes when the session is cleaned"
+        )
+    assert st.violations() == []
 
 
 def agent_environment(worktree: str, session: str) -> dict[str, str]:

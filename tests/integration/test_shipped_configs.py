@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from shared.embedded import SERVER_CONFIG, find_server_binary
+from shared.embedded import SERVER_CONFIG, EmbeddedServer, find_server_binary, free_port, write_config
+from tests.compose_stack import compose_config, nats_nodes
 from tests.conftest import REPO_ROOT
+from tests.helpers import wait_until
 
 NATS_DIR = REPO_ROOT / "ops" / "nats"
 SERVER_CONFIGS = sorted(p for p in NATS_DIR.glob("*.conf") if "store_dir" in p.read_text())
@@ -101,3 +105,57 @@ def test_compose_refuses_to_run_without_the_passwords_and_says_which(tmp_path: P
     check = compose("config", "-q", env_file=empty)
     assert check.returncode != 0
     assert "set GT_NATS_" in check.stderr
+
+
+# ---- the monitoring port is this machine's only ------------------------------------------------------
+
+
+def monitoring_host(argv: list[str], env: dict[str, str] | None, http_port: int, log: Path) -> str:
+    """Run nats-server with ``argv``; the address its monitoring endpoint says it listens on (``/varz``)."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_until(lambda: proc.poll() is not None or _answers(http_port), timeout=30)
+        assert proc.poll() is None, log.read_text()
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/varz", timeout=5) as answer:
+            return str(json.loads(answer.read())["http_host"])
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("name", ["nats-single.conf", "nats-single-auth.conf"])
+def test_the_single_node_configs_serve_monitoring_on_loopback_only(name: str, tmp_path: Path) -> None:
+    # As shipped, but for the store directory (the container's /data); its includes beside it.
+    shutil.copytree(NATS_DIR, tmp_path / "nats")
+    conf = tmp_path / "nats" / name
+    conf.write_text(conf.read_text().replace('store_dir: "/data"', f'store_dir: "{tmp_path / "store"}"'))
+    port, http_port = free_port(), free_port()
+    argv = [find_server_binary(), "-c", str(conf), "-p", str(port), "-m", str(http_port)]
+    assert monitoring_host(argv, example_env(), http_port, tmp_path / "nats.log") == "127.0.0.1"
+
+
+def test_the_embedded_server_serves_monitoring_on_loopback_whatever_its_client_address(tmp_path: Path) -> None:
+    server = EmbeddedServer(tmp_path / "nats", host="0.0.0.0")
+    write_config(
+        server.config_path, store_dir=server.store_dir, port=free_port(), http_port=server.http_port, host="0.0.0.0"
+    )
+    argv = [find_server_binary(), "-c", str(server.config_path)]
+    assert monitoring_host(argv, None, server.http_port, tmp_path / "nats.log") == "127.0.0.1"
+
+
+def test_compose_nodes_serve_monitoring_inside_their_container_only(tmp_path: Path) -> None:
+    model = compose_config(REPO_ROOT, ENV_EXAMPLE)
+    for node in nats_nodes(model):
+        service = model["services"][node]
+        assert service["environment"]["GT_NATS_HTTP"].startswith("127.0.0.1:"), node
+        published = [str(p.get("target") if isinstance(p, dict) else p) for p in service.get("ports") or []]
+        assert not [p for p in published if p.endswith("8222")], f"{node} publishes its monitoring port: {published}"

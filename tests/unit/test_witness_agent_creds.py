@@ -27,7 +27,13 @@ def test_empty_agent_variables_count_as_unset() -> None:
     assert agent_nats_credentials({**WITNESS_OWN, "GT_AGENT_NATS_USER": ""}) == WITNESS_OWN
 
 
+def test_an_agent_password_file_is_passed_on_as_a_credential() -> None:
+    env = {**WITNESS_OWN, "GT_AGENT_NATS_USER": "agent", "GT_AGENT_NATS_PASSWORD_FILE": "/run/agent.pw"}
+    assert agent_nats_credentials(env) == {"NATS_USER": "agent", "NATS_PASSWORD_FILE": "/run/agent.pw"}
+
+
 def test_credential_variables_are_never_passed_on_by_name() -> None:
-    assert all(is_credential(k) for k in ("NATS_PASSWORD", "GT_AGENT_NATS_PASSWORD", "GT_AGENT_NATS_CREDS"))
+    names = ("NATS_PASSWORD", "NATS_PASSWORD_FILE", "GT_AGENT_NATS_PASSWORD", "GT_AGENT_NATS_CREDS")
+    assert all(is_credential(k) for k in names)
     assert not is_credential("GT_AGENT_FAULT")
     assert not is_credential("ANTHROPIC_API_KEY")
