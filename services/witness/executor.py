@@ -409,9 +409,12 @@ class Executor:
         session = self._session(action.session)
         if session is None or session.status == "ended" or session.warrant_reason is not None:
             return
+        # The version the warrant is decided on, read before any await: ``session`` is the projection's live
+        # record, and a session.ended applied while the pane is read must make this append conflict.
+        decided_on = session.version
         tail = await asyncio.to_thread(self._pane_tail, session)
         event = SessionWarranted(session_id=session.id, reason=action.reason, detail=action.detail, pane_tail=tail)
-        if not await self._append(NewEvent(payload=event, expected_seq=session.version)):
+        if not await self._append(NewEvent(payload=event, expected_seq=decided_on)):
             return
         log.info("session_warranted", session=session.id, reason=action.reason, detail=action.detail)
         crash_point("witness.after_warrant")
@@ -602,10 +605,11 @@ class Executor:
         session = self._session(action.session)
         if nudge is None or nudge.status != "queued" or session is None or session.status != "started":
             return
+        decided_on = nudge.version  # before the await: an expiry applied meanwhile makes the append conflict
         attempts = await asyncio.to_thread(self._type_into, session, typeable(nudge.message))
         if attempts:
             event = NudgeDelivered(nudge_id=nudge.id, session=session.id, attempts=attempts)
-            await self._append(NewEvent(payload=event, expected_seq=nudge.version))
+            await self._append(NewEvent(payload=event, expected_seq=decided_on))
             log.info("nudge_delivered", nudge=nudge.id, session=session.id, attempts=attempts)
 
     def _type_into(self, session: Session, message: str) -> int:
