@@ -38,6 +38,7 @@ from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, parse_command, p
 from shared.decision import Accepted, DecideContext, NewEvent, Route
 from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, CommandError
 from shared.events import CommandAccepted, CommandRejected, EventRef, encode_event
+from shared.rate_limit import RateLimiter
 
 log = structlog.get_logger(__name__)
 
@@ -56,6 +57,12 @@ HELD_READER_INACTIVE_S = 30.0
 """The server removes the reader of held commands by itself this long after an instance died reading."""
 UNSERVED_AFTER_DELIVERIES = 10
 """Deliveries after which a command nobody settled is logged as waiting for an instance of its scope."""
+
+
+def command_actor(body_actor: str | None) -> str:
+    """Who a command is from, as the intake records it and the rate limiter counts it: the body's ``actor``,
+    else ``operator``."""
+    return body_actor or "operator"
 
 
 class Delivery:
@@ -100,7 +107,7 @@ class Delivery:
         else:
             body_id = actor = correlation = None
         self.command_id = ids.command_id(header_id, body_id, self.stream_seq)
-        self.actor = actor or "operator"
+        self.actor = command_actor(actor)
         self.correlation_id = correlation or self.command_id
         self.name = self.subject.removeprefix(subjects.CMD_PREFIX + ".")
 
@@ -159,6 +166,7 @@ class CommandIntake:
         max_in_flight: int = 4_096,
         fetch_batch: int = 512,
         max_command_bytes: int = DEFAULT_MAX_COMMAND_BYTES,
+        limiter: RateLimiter | None = None,
         new_id: Callable[[str], str] = ids.random_bead_id,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -177,6 +185,7 @@ class CommandIntake:
         self._max_in_flight = max_in_flight
         self._fetch_batch = fetch_batch
         self._max_bytes = max_command_bytes
+        self._limiter = limiter
         self._new_id = new_id
         self._clock = clock
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -192,6 +201,8 @@ class CommandIntake:
         self.duplicates = 0
         self.passed = 0
         """Deliveries handed back for another scope to settle."""
+        self.dropped = 0
+        """Commands acknowledged without an outcome: their actor sent them far over its rate limit."""
 
     # ---- fetching -----------------------------------------------------------------------------
 
@@ -404,6 +415,11 @@ class CommandIntake:
             await _nak(delivery.msg, min(MAX_PASS_DELAY_S, PASS_DELAY_S * delivery.delivered))
             self.passed += 1
             return 0
+        limited = self._rate_limited(delivery, parsed)
+        if limited is None:
+            await self._drop(delivery)
+            return 0
+        parsed = limited
         with structlog.contextvars.bound_contextvars(
             command_id=delivery.command_id, command=delivery.name, aggregate=key, cmd_seq=delivery.stream_seq
         ):
@@ -419,6 +435,33 @@ class CommandIntake:
             self.held_settled += 1
         self.processed += 1
         return seq
+
+    def _rate_limited(self, delivery: Delivery, parsed: Command | CommandError) -> Command | CommandError | None:
+        """The rate-limit step, before deciding: the command as it was, a refusal (``rate_limited``,
+        ``too_large``) in its place, or None to drop it without an outcome (docs/operating.md, "Rate limits").
+        Only a first delivery is charged: a redelivery or a command a dead predecessor held was charged when
+        first delivered, and its stored outcome (if any) must answer it again."""
+        if self._limiter is None or delivery.delivered != 1:
+            return parsed
+        verdict = self._limiter.check(delivery.actor, len(delivery.body), time.monotonic())
+        if verdict.admit:
+            return parsed
+        if verdict.drop:
+            return None
+        return CommandError(verdict.code, verdict.message)
+
+    async def _drop(self, delivery: Delivery) -> None:
+        if delivery.msg is not None:
+            await _ack(delivery.msg)
+        self.dropped += 1
+        if self.dropped % 1_000 == 1:
+            log.warning(
+                "commands_dropped_over_rate_limit",
+                actor=delivery.actor,
+                command=delivery.name,
+                command_id=delivery.command_id,
+                dropped=self.dropped,
+            )
 
     async def _settles_here(self, cmd: Command) -> bool:
         """False for a command another scope of this service settles (it goes back to the shared consumer)."""
