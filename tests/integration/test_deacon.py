@@ -15,14 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats
 import pytest
 from nats.aio.client import Client
 
+from services.deacon import disk, disk_watch
 from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
 from services.mayor.service import MayorService
 from shared import leases
 from shared.config import TownConfig
+from shared.embedded import EmbeddedServer
 from shared.leases import LeaseLostError
 from shared.service import Service, ServiceSettings
 from tests.drivers import send_and_wait
@@ -265,3 +268,29 @@ async def test_low_disk_space_raises_one_escalation_and_closes_it_once_space_is_
     finally:
         for name in list(handle.tasks):
             await handle.stop(name)
+
+
+async def test_the_disk_alarm_reads_what_is_left_of_the_accounts_jetstream_storage_limit(tmp_path: Path) -> None:
+    accounts = tmp_path / "limited.conf"
+    accounts.write_text(
+        "accounts { GT { jetstream { max_file: 1M, max_mem: 1M }\n users: [ { user: deacon, password: pw } ] } }\n"
+    )
+    server = EmbeddedServer(tmp_path / "nats", include=accounts)
+    server.start()
+    try:
+        nc = await nats.connect(server.url, user="deacon", password="pw")
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="FILL", subjects=["fill.>"])
+            for i in range(6):
+                await js.publish(f"fill.{i}", b"x" * 100_000)
+            seen = await disk_watch.measure(js, (str(tmp_path),))
+        finally:
+            await nc.close()
+    finally:
+        server.kill()
+    by_what = {m.what: m for m in seen}
+    assert set(by_what) == {f"the volume of {tmp_path}", "the NATS account's JetStream storage"}
+    account = by_what["the NATS account's JetStream storage"]
+    assert 30.0 < account.free_percent < 50.0, account  # 600 kB of 1 MiB used
+    assert disk.plan(disk.DiskAlarmState(), seen, 50.0) is not None, "under 50% free: an alarm"
