@@ -439,9 +439,10 @@ class CommandIntake:
     def _rate_limited(self, delivery: Delivery, parsed: Command | CommandError) -> Command | CommandError | None:
         """The rate-limit step, before deciding: the command as it was, a refusal (``rate_limited``,
         ``too_large``) in its place, or None to drop it without an outcome (docs/operating.md, "Rate limits").
-        Only a first delivery is charged: a redelivery or a command a dead predecessor held was charged when
-        first delivered, and its stored outcome (if any) must answer it again."""
-        if self._limiter is None or delivery.delivered != 1:
+        Charged where it is settled (a command passed on to another scope is not charged by this one), and not
+        when a dead predecessor held it: that one charged it. A redelivery whose outcome is stored is answered
+        by that outcome all the same (``_settle`` looks for it first)."""
+        if self._limiter is None or delivery.held:
             return parsed
         verdict = self._limiter.check(delivery.actor, len(delivery.body), time.monotonic())
         if verdict.admit:

@@ -70,7 +70,7 @@ class ClassLimits(msgspec.Struct, frozen=True, kw_only=True):
 class RateSettings(msgspec.Struct, frozen=True, kw_only=True):
     agent: ClassLimits = ClassLimits(
         commands=Limit(rate=20, burst=100),
-        volume=Limit(rate=64 * 1024, burst=1024 * 1024),
+        volume=Limit(rate=16 * 1024, burst=1024 * 1024),
         max_command_bytes=32 * 1024,
     )
     operator: ClassLimits = ClassLimits(commands=Limit(rate=1_000, burst=20_000))

@@ -542,6 +542,7 @@ class Service(Generic[S]):
             "gaps": reader.gaps if reader else 0,
             "commands_processed": intake.processed if intake else 0,
             "commands_rejected": intake.rejected if intake else 0,
+            "commands_dropped": intake.dropped if intake else 0,
             "snapshot_seq": self._snapshot_seq,
             "uptime_s": round(time.monotonic() - self._started_at, 1),
         }
