@@ -227,10 +227,14 @@ class RateLimiter:
             what.append(f"{limits.commands.rate:g} commands/s, bursts of {limits.commands.burst:g}")
         if not limits.volume.unlimited:
             what.append(f"{limits.volume.rate:g} bytes/s, bursts of {limits.volume.burst:g}")
-        retry = "never: the command is larger than the burst" if math.isinf(wait) else f"in {wait:.2f} s"
+        retry = (
+            f"the command ({size} bytes) is larger than the burst: send less"
+            if math.isinf(wait)
+            else f"send it again in {wait:.2f} s"
+        )
         return (
             f"{actor} sends commands faster than an {cls} may ({'; '.join(what)}; GT_RATE_{cls.upper()}*): "
-            f"nothing was done; send it again {retry}"
+            f"nothing was done; {retry}"
         )
 
     @staticmethod

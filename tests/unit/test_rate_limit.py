@@ -78,6 +78,8 @@ def test_volume_quota_counts_bytes() -> None:
     assert refused.code == "rate_limited"
     assert "bytes/s" in refused.message
     assert limiter.check(AGENT, 450, 3.5).admit  # 350 bytes more
+    never = RateLimiter(RateSettings(agent=ClassLimits(volume=Limit(rate=10, burst=100)))).check(AGENT, 101, 0.0)
+    assert "is larger than the burst: send less" in never.message
 
 
 def test_an_agents_command_has_a_smaller_size_limit() -> None:
