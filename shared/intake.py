@@ -51,6 +51,7 @@ from shared.errors import (
 from shared.events import CommandAccepted, CommandRejected, EventRef, encode_event
 from shared.faults import crash_point
 from shared.held_attempts import HeldAttempts, HeldRecord
+from shared.rate_limit import RateLimiter
 
 log = structlog.get_logger(__name__)
 
@@ -91,6 +92,12 @@ def max_failures_from_env() -> int:
     """``GT_CMD_MAX_DELIVER_CRASHES`` (at least 1; default ``DEFAULT_MAX_FAILURES``)."""
     raw = os.environ.get(MAX_FAILURES_ENV, "")
     return max(1, int(raw)) if raw.strip().isdigit() else DEFAULT_MAX_FAILURES
+
+
+def command_actor(body_actor: str | None) -> str:
+    """Who a command is from, as the intake records it and the rate limiter counts it: the body's ``actor``,
+    else ``operator``."""
+    return body_actor or "operator"
 
 
 class Delivery:
@@ -135,7 +142,7 @@ class Delivery:
         else:
             body_id = actor = correlation = None
         self.command_id = ids.command_id(header_id, body_id, self.stream_seq)
-        self.actor = actor or "operator"
+        self.actor = command_actor(actor)
         self.correlation_id = correlation or self.command_id
         self.name = self.subject.removeprefix(subjects.CMD_PREFIX + ".")
 
@@ -196,6 +203,7 @@ class CommandIntake:
         max_command_bytes: int = DEFAULT_MAX_COMMAND_BYTES,
         max_failures: int | None = None,
         held_record: tuple[str, str] | None = None,
+        limiter: RateLimiter | None = None,
         new_id: Callable[[str], str] = ids.random_bead_id,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -222,6 +230,7 @@ class CommandIntake:
         self._infra_failures: dict[int, int] = {}
         """Stream sequence -> deliveries this instance left unsettled because the server failed (not counted
         as the command's failures)."""
+        self._limiter = limiter
         self._new_id = new_id
         self._clock = clock
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -239,6 +248,8 @@ class CommandIntake:
         """Deliveries handed back for another scope to settle."""
         self.set_aside = 0
         """Commands set aside after failing ``max_failures`` times (rejected ``set_aside`` and escalated)."""
+        self.dropped = 0
+        """Commands acknowledged without an outcome: their actor sent them far over its rate limit."""
 
     # ---- fetching -----------------------------------------------------------------------------
 
@@ -499,6 +510,11 @@ class CommandIntake:
             await _nak(delivery.msg, min(MAX_PASS_DELAY_S, PASS_DELAY_S * delivery.delivered))
             self.passed += 1
             return 0
+        limited = self._rate_limited(delivery, parsed)
+        if limited is None:
+            await self._drop(delivery)
+            return 0
+        parsed = limited
         with structlog.contextvars.bound_contextvars(
             command_id=delivery.command_id, command=delivery.name, aggregate=key, cmd_seq=delivery.stream_seq
         ):
@@ -592,6 +608,34 @@ class CommandIntake:
             )
         except (TimeoutError, nats.errors.Error) as exc_pub:
             log.warning("set_aside_escalation_failed", error=repr(exc_pub))
+
+    def _rate_limited(self, delivery: Delivery, parsed: Command | CommandError) -> Command | CommandError | None:
+        """The rate-limit step, before deciding: the command as it was, a refusal (``rate_limited``,
+        ``too_large``) in its place, or None to drop it without an outcome (docs/operating.md, "Rate limits").
+        Charged where it is settled (a command passed on to another scope is not charged by this one), and not
+        when a dead predecessor held it: that one charged it. A redelivery whose outcome is stored is answered
+        by that outcome all the same (``_settle`` looks for it first)."""
+        if self._limiter is None or delivery.held:
+            return parsed
+        verdict = self._limiter.check(delivery.actor, len(delivery.body), time.monotonic())
+        if verdict.admit:
+            return parsed
+        if verdict.drop:
+            return None
+        return CommandError(verdict.code, verdict.message)
+
+    async def _drop(self, delivery: Delivery) -> None:
+        if delivery.msg is not None:
+            await _ack(delivery.msg)
+        self.dropped += 1
+        if self.dropped % 1_000 == 1:
+            log.warning(
+                "commands_dropped_over_rate_limit",
+                actor=delivery.actor,
+                command=delivery.name,
+                command_id=delivery.command_id,
+                dropped=self.dropped,
+            )
 
     async def _settles_here(self, cmd: Command) -> bool:
         """False for a command another scope of this service settles (it goes back to the shared consumer)."""

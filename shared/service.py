@@ -32,7 +32,7 @@ from nats.js.api import StreamInfo
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared import heartbeats, runtime
+from shared import heartbeats, rate_limit, runtime
 from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus.activity import ActivityKeeper
 from shared.bus.append import RETRYABLE_ERRORS, Appender, still_in_flight
@@ -49,6 +49,7 @@ from shared.decoding import UNDECODABLE
 from shared.errors import ActivityLostError, AppendConflictError, QueryError
 from shared.intake import CommandIntake, to_pending
 from shared.projection import Projection
+from shared.rate_limit import RateLimiter
 
 log = structlog.get_logger(__name__)
 
@@ -103,6 +104,8 @@ class Service(Generic[S]):
         """Where the service reads the time: decisions and the events it stores are stamped with it."""
         self.projection = projection
         self.settings = settings or ServiceSettings()
+        self.limiter = RateLimiter(rate_limit.load())
+        """Per-actor rate limits of the command intake (``GT_RATE_*``), read once at start."""
         self.nc: Client | None = None
         self.reader: EventReader | None = None
         self.appender: Appender | None = None
@@ -447,6 +450,7 @@ class Service(Generic[S]):
                 prepare=self.prepare,
                 held_record=(self.config.active_bucket, f"held-{self.identity}"),
                 max_in_flight=self.settings.max_in_flight,
+                limiter=self.limiter,
                 clock=self.clock,
             )
             tg.create_task(self.intake.run(), name="intake")
@@ -542,6 +546,7 @@ class Service(Generic[S]):
             "gaps": reader.gaps if reader else 0,
             "commands_processed": intake.processed if intake else 0,
             "commands_rejected": intake.rejected if intake else 0,
+            "commands_dropped": intake.dropped if intake else 0,
             "snapshot_seq": self._snapshot_seq,
             "uptime_s": round(time.monotonic() - self._started_at, 1),
         }

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from services.deacon import automation_state, gc, hooks, leases, liveness
+from services.deacon import automation_state, disk, gc, hooks, leases, liveness
 from services.deacon.state import DeaconState
 from shared.events import Envelope, Event, GcSwept
 from shared.projection import Projection
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def fold(payload: Event, state: DeaconState, env: Envelope, seq: int) -> None:
@@ -16,6 +16,7 @@ def fold(payload: Event, state: DeaconState, env: Envelope, seq: int) -> None:
     automation_state.fold(payload, state.automations, env, seq)
     gc.fold(payload, state.gc, env, seq)
     hooks.fold(payload, state.hooks, env, seq)
+    disk.fold(payload, state.disk, env, seq)
 
 
 def new_projection() -> Projection[DeaconState]:

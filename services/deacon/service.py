@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -13,7 +14,7 @@ from typing import Any, ClassVar
 import msgspec
 import structlog
 
-from services.deacon import gc, gc_kv, hooks, leases, liveness
+from services.deacon import disk, disk_watch, gc, gc_kv, hooks, leases, liveness
 from services.deacon import settings as deacon_settings
 from services.deacon.automation_runner import AutomationRunner
 from services.deacon.automations import AutomationSettings, load_settings
@@ -71,6 +72,8 @@ class DeaconService(Service[DeaconState]):
         """The sweep whose KV purge this process carried out (a restart purges once more for the last one)."""
         self.kv_purged = gc_kv.Purged()
         """KV entries this process purged, in total."""
+        self.disk_checks = 0
+        self._disk_checked_at: float | None = None
         self.automations = AutomationRunner(
             config=config,
             settings=automations or load_settings(os.environ, config.gt_home),
@@ -187,6 +190,7 @@ class DeaconService(Service[DeaconState]):
                 await self.supervision.expire_leases(state.leases)
                 await self._hand_over_stale_hooks()
                 await self._collect()
+                await self._watch_disk()
             except ActivityLostError:
                 raise
             except Exception:
@@ -209,6 +213,32 @@ class DeaconService(Service[DeaconState]):
             self._hooks_handed_over.add(hook.command_id)
             self.stale_hooks += 1
             log.warning("stale_hook_handed_over", bead=hook.bead, token=hook.token, after=hook.holder)
+
+    def disk_paths(self) -> tuple[str, ...]:
+        if self.watch.disk_paths is not None:
+            return self.watch.disk_paths
+        store = self.config.gt_home / "nats"
+        return (str(store),) if store.is_dir() else ()
+
+    async def _watch_disk(self) -> None:
+        """Raise the disk alarm while the log's storage runs low, close it once space is back (``disk.plan``)."""
+        assert self.nc is not None
+        now = time.monotonic()
+        if self._disk_checked_at is not None and now - self._disk_checked_at < self.watch.disk_check_s:
+            return
+        self._disk_checked_at = now
+        if self.watch.disk_low_percent <= 0:
+            return
+        seen = await disk_watch.measure(self.nc.jetstream(), self.disk_paths())
+        self.disk_checks += 1
+        owed = disk.plan(self.projection.state.disk, seen, self.watch.disk_low_percent)
+        if isinstance(owed, disk.RaiseAlarm):
+            log.warning("disk_space_low", command_id=owed.command_id, message=owed.message)
+            body: dict[str, object] = {"severity": "high", "message": owed.message, "source": disk.SOURCE}
+            await self._send("gt.cmd.escalation.raise", body, owed.command_id)
+        elif isinstance(owed, disk.CloseAlarm):
+            log.info("disk_space_back", escalation=owed.escalation, reason=owed.reason)
+            await self._send("gt.cmd.escalation.close", {"id": owed.escalation, "reason": owed.reason}, owed.command_id)
 
     async def _collect(self) -> None:
         """Sweep when one is due (every ``GT_GC_INTERVAL``), then purge the KV entries of dead things once per

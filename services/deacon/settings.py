@@ -29,12 +29,21 @@ class DeaconSettings(msgspec.Struct, frozen=True, kw_only=True):
     stale_hook_after_s: float = 600.0
     """A working bead whose hook lease lapsed this long ago, nobody taking it since and no merge request
     waiting, is handed to the witness to re-sling or escalate (``GT_STALE_HOOK_AFTER``)."""
+    disk_low_percent: float = 10.0
+    """Escalate while a watched volume, or the NATS account's JetStream storage limit, has less than this percent
+    free (``GT_DISK_LOW_PERCENT``; 0: no alarm)."""
+    disk_paths: tuple[str, ...] | None = None
+    """Paths whose volumes are watched (``GT_DISK_WATCH``, comma-separated; default: ``$GT_HOME/nats``, where
+    `gt up` keeps the JetStream store, when it exists)."""
+    disk_check_s: float = 30.0
+    """Seconds between disk-space checks (``GT_DISK_CHECK_INTERVAL``)."""
 
 
 def load(env: Mapping[str, str] | None = None) -> DeaconSettings:
     """Raises ValueError naming a setting whose value cannot be used."""
     env = os.environ if env is None else env
     watched = env.get("GT_WATCHED_SERVICES")
+    disk = env.get("GT_DISK_WATCH")
     return DeaconSettings(
         stale_after_s=env_number(env, "GT_SERVICE_STALE_AFTER", 3.0, minimum=0.5),
         startup_grace_s=env_number(env, "GT_SERVICE_STARTUP_GRACE", 15.0, minimum=0.0),
@@ -44,4 +53,7 @@ def load(env: Mapping[str, str] | None = None) -> DeaconSettings:
         gc_ttl_s=env_number(env, "GT_GC_TTL", 604_800.0, minimum=0.0),
         gc_interval_s=env_number(env, "GT_GC_INTERVAL", 3600.0, minimum=0.0),
         stale_hook_after_s=env_number(env, "GT_STALE_HOOK_AFTER", 600.0, minimum=0.0),
+        disk_low_percent=env_number(env, "GT_DISK_LOW_PERCENT", 10.0, minimum=0.0),
+        disk_paths=None if disk is None else tuple(p.strip() for p in disk.split(",") if p.strip()),
+        disk_check_s=env_number(env, "GT_DISK_CHECK_INTERVAL", 30.0, minimum=0.05),
     )

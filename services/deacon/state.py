@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from services.deacon.automation_state import AutomationState
+from services.deacon.disk import DiskAlarmState
 from services.deacon.gc import GcState
 from services.deacon.hooks import HookState
 from services.deacon.leases import LeaseState
@@ -18,4 +19,6 @@ class DeaconState(msgspec.Struct, kw_only=True):
     gc: GcState = msgspec.field(default_factory=GcState)
     hooks: HookState = msgspec.field(default_factory=HookState)
     """Slung beads not closed yet, for stale-hook detection."""
+    disk: DiskAlarmState = msgspec.field(default_factory=DiskAlarmState)
+    """The disk-space alarm's open escalation."""
     """The last garbage collection sweep."""

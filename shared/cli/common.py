@@ -85,7 +85,9 @@ def report(outcome: Outcome, subject: str, *, as_json: bool, printer: ResultPrin
             why = "is not running" if outcome.service_down else "has not answered yet"
             print(
                 f"stored: command {outcome.command_id} is durably queued (GT_CMD #{outcome.stored_seq}); "
-                f"the {owner_of(subject)} {why} and will answer it when it can. `--wait` waits for the outcome."
+                f"the {owner_of(subject)} {why} and will answer it when it can. `--wait` waits for the outcome. "
+                "(A command sent far over its actor's rate limit is dropped and never answered: see "
+                "`rate_limited` in docs/operating.md.)"
             )
         return EXIT_OK
     if outcome.type == "cmd.rejected":

@@ -14,14 +14,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
+import nats
 import pytest
 from nats.aio.client import Client
 
+from services.deacon import disk, disk_watch
 from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
 from services.mayor.service import MayorService
 from shared import leases
 from shared.config import TownConfig
+from shared.embedded import EmbeddedServer
 from shared.leases import LeaseLostError
 from shared.service import Service, ServiceSettings
 from tests.drivers import send_and_wait
@@ -211,3 +215,82 @@ async def test_a_killed_service_is_down_a_restarted_one_up_and_a_clean_stop_stop
     finally:
         with contextlib.suppress(Exception):
             witness.kill()
+
+
+async def test_low_disk_space_raises_one_escalation_and_closes_it_once_space_is_back(
+    town: TownConfig, nc: Client, tmp_path: Path
+) -> None:
+    # No disk to fill: an alarm threshold of 100% free makes the test's own volume "low".
+    low = msgspec.structs.replace(WATCH, disk_low_percent=100.0, disk_paths=(str(tmp_path),), disk_check_s=0.1)
+    handle = Town(town, nc)
+    await handle.start("mayor", MayorService(town, FAST))
+    await handle.start("deacon", DeaconService(town, FAST, deacon=low))
+    try:
+
+        async def disk_escalations() -> list[tuple[str, dict[str, Any]]]:
+            found = await events_of(nc, "gt.evt.escalation.>")
+            raised = {
+                d["escalation_id"] for kind, d in found if kind == "escalation.raised" and d["source"] == "deacon/disk"
+            }
+            return [(kind, d) for kind, d in found if d["escalation_id"] in raised]
+
+        async def raised() -> list[tuple[str, dict[str, Any]]]:
+            return [(kind, d) for kind, d in await disk_escalations() if kind == "escalation.raised"]
+
+        first: list[tuple[str, dict[str, Any]]] = await assert_eventually(
+            raised, timeout=30, message="a low disk is escalated"
+        )
+        assert first[0][1]["severity"] == "high"
+        assert f"the volume of {tmp_path}" in first[0][1]["message"]
+        assert "GT_DISK_LOW_PERCENT" in first[0][1]["message"]
+        # Checked again and again, by this deacon and by a restarted one: still the one escalation.
+        checks = handle.deacon().disk_checks
+        await assert_eventually(lambda: handle.deacon().disk_checks >= checks + 5, timeout=30)
+        await handle.stop("deacon")
+        await handle.start("deacon", DeaconService(town, FAST, deacon=low))
+        await assert_eventually(lambda: handle.deacon().disk_checks >= 5, timeout=30)
+        assert len(await raised()) == 1
+
+        # Space is back (here: the alarm's threshold lowered under what is free): the escalation is closed.
+        deacon = handle.deacon()
+        deacon.watch = msgspec.structs.replace(low, disk_low_percent=0.001)
+
+        async def closed() -> bool:
+            return any(kind == "escalation.closed" for kind, _ in await disk_escalations())
+
+        done: bool = await assert_eventually(
+            closed, timeout=30, message="the disk escalation is closed once space is back"
+        )
+        assert done
+        kinds = [kind for kind, _ in await disk_escalations()]
+        assert kinds == ["escalation.raised", "escalation.closed"]
+        assert deacon.projection.state.disk.open is None
+    finally:
+        for name in list(handle.tasks):
+            await handle.stop(name)
+
+
+async def test_the_disk_alarm_reads_what_is_left_of_the_accounts_jetstream_storage_limit(tmp_path: Path) -> None:
+    accounts = tmp_path / "limited.conf"
+    accounts.write_text(
+        "accounts { GT { jetstream { max_file: 1M, max_mem: 1M }\n users: [ { user: deacon, password: pw } ] } }\n"
+    )
+    server = EmbeddedServer(tmp_path / "nats", include=accounts)
+    server.start()
+    try:
+        nc = await nats.connect(server.url, user="deacon", password="pw")
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="FILL", subjects=["fill.>"])
+            for i in range(6):
+                await js.publish(f"fill.{i}", b"x" * 100_000)
+            seen = await disk_watch.measure(js, (str(tmp_path),))
+        finally:
+            await nc.close()
+    finally:
+        server.kill()
+    by_what = {m.what: m for m in seen}
+    assert set(by_what) == {f"the volume of {tmp_path}", "the NATS account's JetStream storage"}
+    account = by_what["the NATS account's JetStream storage"]
+    assert 30.0 < account.free_percent < 50.0, account  # 600 kB of 1 MiB used
+    assert disk.plan(disk.DiskAlarmState(), seen, 50.0) is not None, "under 50% free: an alarm"

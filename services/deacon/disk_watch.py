@@ -1,0 +1,40 @@
+"""The disk-space alarm's measurements (adapter): free space of the watched paths, and what is left of the NATS
+account's JetStream storage limit when it has one."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import nats.errors
+import structlog
+from nats.js.client import JetStreamContext
+
+from services.deacon.disk import Measurement
+
+log = structlog.get_logger(__name__)
+
+
+async def measure(js: JetStreamContext, paths: tuple[str, ...]) -> list[Measurement]:
+    out: list[Measurement] = []
+    for path in paths:
+        try:
+            usage = await asyncio.to_thread(shutil.disk_usage, path)
+        except OSError as exc:
+            log.warning("disk_watch_unreadable", path=path, error=repr(exc))
+            continue
+        if usage.total > 0:
+            free = 100.0 * usage.free / usage.total
+            out.append(Measurement(what=f"the volume of {path}", free_percent=free, free_bytes=usage.free))
+    try:
+        info = await js.account_info()
+    except (TimeoutError, nats.errors.Error) as exc:
+        log.warning("disk_watch_account_unreadable", error=repr(exc))
+        return out
+    limit = info.limits.max_storage
+    if limit and limit > 0:  # -1: the account has no JetStream storage limit
+        left = max(0, limit - info.storage)
+        out.append(
+            Measurement(what="the NATS account's JetStream storage", free_percent=100.0 * left / limit, free_bytes=left)
+        )
+    return out
