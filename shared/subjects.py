@@ -29,6 +29,48 @@ def command_subject(aggregate: str, verb: str) -> str:
     return f"{CMD_PREFIX}.{aggregate}.{verb}"
 
 
+class SessionOrigin(NamedTuple):
+    """Who sent a command on a session's own subject: the NATS permissions of a polecat session allow it to
+    publish only on subjects that end in its rig, polecat and session (docs/architecture.md, "Identity")."""
+
+    rig: str
+    polecat: str
+    session: str
+
+    @property
+    def actor(self) -> str:
+        return f"polecat:{self.rig}/{self.polecat}"
+
+
+def session_command_subject(aggregate: str, verb: str, origin: SessionOrigin) -> str:
+    """``gt.cmd.step.done.<rig>.<polecat>.<session>``: a command as a polecat session sends it."""
+    return f"{CMD_PREFIX}.{aggregate}.{verb}.{origin.rig}.{origin.polecat}.{origin.session}"
+
+
+def split_session_subject(subject: str) -> tuple[str, SessionOrigin | None]:
+    """The command's own subject and, when it was sent on a session's subject, who sent it:
+    ``gt.cmd.step.done.r.p.s`` -> ("gt.cmd.step.done", SessionOrigin("r", "p", "s")); a four-token command
+    subject -> (itself, None). Any other shape is returned as it is (the intake answers ``unknown_command``)."""
+    parts = subject.split(".")
+    if len(parts) == 7 and parts[0] == "gt" and parts[1] == "cmd" and all(parts[4:]):
+        return ".".join(parts[:4]), SessionOrigin(parts[4], parts[5], parts[6])
+    return subject, None
+
+
+def session_inbox_prefix(session: str) -> str:
+    """The only inbox a polecat session may subscribe to (its replies and deliveries): ``_INBOX_s-<session>``."""
+    return f"_INBOX_s-{session}"
+
+
+def session_of_inbox(reply: str) -> str | None:
+    """The session whose private inbox ``reply`` is in (so a query answers it only about itself); None for
+    any other inbox."""
+    head = reply.split(".", 1)[0]
+    if head.startswith("_INBOX_s-") and len(head) > len("_INBOX_s-"):
+        return head[len("_INBOX_s-") :]
+    return None
+
+
 def query_subject(service: str, what: str) -> str:
     return f"{QUERY_PREFIX}.{service}.{what}"
 
