@@ -29,7 +29,7 @@ from services.plugins.metrics import collect_live
 from services.refinery.service import RefineryService
 from services.witness.service import WitnessService
 from services.witness.settings import WitnessSettings
-from shared import git
+from shared import git, subjects
 from shared.bus.connection import close_quietly, connect
 from shared.bus.permissions import guarded
 from shared.cli.client import query, send_command
@@ -91,10 +91,13 @@ class SecuredTown:
         env.pop("NATS_CREDS", None)
         return env
 
-    async def gt(self, user: str, *args: str) -> subprocess.CompletedProcess[str]:
-        """The real `gt` CLI as ``user``, without blocking the services on this event loop."""
+    async def gt(self, user: str, *args: str, in_session: bool = False) -> subprocess.CompletedProcess[str]:
+        """The real `gt` CLI as ``user`` (``in_session``: inside a polecat session, which sends on the session's
+        own subjects), without blocking the services on this event loop."""
         command = [sys.executable, "-m", "shared.cli.main", *args]
         env = self.cli_env(user)
+        if in_session:
+            env.update(GT_RIG="demo", GT_POLECAT="ace", GT_SESSION="hq-some-1")
         return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
 
     async def connect(self, user: str) -> Client:
@@ -378,7 +381,7 @@ async def test_an_agent_can_neither_add_rigs_nor_close_beads(st: SecuredTown, tm
         assert json.loads(rigs.stdout) == []
 
         # The same user may send what agents send: the refusals above are about the subjects, not the user.
-        mail = await st.gt("agent", "mail", "send", "operator", "--body", "I may not close your bead")
+        mail = await st.gt("agent", "mail", "send", "operator", "--body", "I may not close your bead", in_session=True)
         assert mail.returncode == 0, mail.stderr
         assert (await snapshot(town.nc, "mayor")).evt_last_seq > before.evt_last_seq
 
@@ -481,7 +484,9 @@ async def test_the_agent_user_can_neither_merge_an_operators_bead_nor_delete_a_b
             ]  # fmt: skip
             for extra, code, said in cases:
                 body = {"bead": bead, "rig": "demo", "head": release, **extra}
-                outcome = await send_command(agent, config, "gt.cmd.mr.done", body, timeout=60, wait_if_down=True)
+                origin = subjects.SessionOrigin("demo", "ace", str(extra.get("session", "hq-forged-1")))
+                on_own_subject = subjects.session_command_subject("mr", "done", origin)
+                outcome = await send_command(agent, config, on_own_subject, body, timeout=60, wait_if_down=True)
                 assert outcome.type == "cmd.rejected", (extra, outcome)
                 assert outcome.data["code"] == code, (extra, outcome.data)
                 assert said in outcome.data["message"], (extra, outcome.data)
