@@ -96,7 +96,7 @@ class StreamGapError(GastownError):
 
 
 class CommandError(GastownError):
-    """A command cannot be carried out; ``code`` is one of DESIGN.md's reason codes."""
+    """A command cannot be carried out; ``code`` is one of the reason codes (docs/architecture.md, "Commands")."""
 
     def __init__(self, code: str, message: str) -> None:
         self.code = code

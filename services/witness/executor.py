@@ -1,7 +1,7 @@
 """Carries out the witness's actions with tmux, git and processes; records each step as an event.
 
 Every step that touches the world is preceded or followed by an event so that a crash between any two
-leaves a state the planner recognises (DESIGN.md, failure windows): ``session.requested`` before tmux is
+leaves a state the planner recognises (docs/architecture.md, "Failure windows"): ``session.requested`` before tmux is
 asked, ``session.started`` after the pane's process is there, ``session.warranted`` before a kill and
 ``session.ended`` after it. Anything killed is re-verified right before the signal.
 """

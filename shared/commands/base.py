@@ -1,6 +1,6 @@
 """The command base class and the field checks every command shares.
 
-Parsing never raises anything but ``CommandError`` with one of DESIGN.md's reason codes, so every bad
+Parsing never raises anything but ``CommandError`` with one of the reason codes (docs/architecture.md), so every bad
 input ends in a ``cmd.rejected`` a person can act on.
 """
 

@@ -45,4 +45,6 @@ REJECTION_CODES = (
     "blocked",
     "too_large",
     "unauthorized",
+    "rate_limited",
+    "set_aside",
 )

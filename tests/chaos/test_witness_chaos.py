@@ -1,4 +1,4 @@
-"""Chaos: kill -9 the witness inside each failure window of DESIGN.md, and kill -9 agents from outside.
+"""Chaos: kill -9 the witness inside each failure window (docs/failure-behaviour.md), and kill -9 agents from outside.
 
 The witness runs as a real process (``python -m services.witness``) that kills itself with SIGKILL at a named
 crash point once (``GT_CRASH_AT`` with a marker file) and is then started again with the same environment.
@@ -188,7 +188,7 @@ async def test_witness_killed_in_a_failure_window_converges(
         await pt.sling(bead)
         await wait_for_crash(witness, marker)
 
-        # What the restarted witness will find, as the failure window in DESIGN.md describes it.
+        # What the restarted witness will find, as docs/failure-behaviour.md describes the failure window.
         state = await replayed(pt.nc)
         sessions = sessions_of(state, bead)
         if crash_at == "witness.after_requested":
