@@ -5,15 +5,15 @@ The refinery must run as root to start processes as another user; it starts only
 never runs in the refinery's worktree (inside GT_HOME, private): each probe gets a scratch directory of the
 gate user's, outside GT_HOME, holding
 
-- ``work/``: a copy of the worktree's files (no ``.git``: neither the refinery's repository nor its remotes),
-  unpacked *by the gate user* from a tar stream the refinery writes, so the refinery never changes the
-  ownership of anything an agent committed (a symlink to a secret stays a symlink the gate cannot follow to
-  anything it could not read anyway);
+- ``work/``: a shallow clone of the commit the worktree has checked out (the same commit, so ``git log`` and
+  version tools work; none of the refinery's repository: no other history, branches, remotes or their URLs),
+  built while only root can enter the scratch directory and then handed over with ``lchown`` (a symlink an
+  agent committed is never followed, so it cannot make a secret the gate user's);
 - ``home/`` and ``tmp/``: the gate's ``HOME`` and ``TMPDIR``, fresh each time, so one merge request's gate
   leaves nothing (a shell profile, a poisoned cache) for the next.
 
 The copy is thrown away after the probe: the refinery's own worktree, which it rebases and pushes from, is
-never touched by a gate. Adapter: reads the user database, runs tar.
+never touched by a gate. Adapter: reads the user database, runs git, changes owners.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ import contextlib
 import os
 import pwd
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from shared import git
 
 COPY_TIMEOUT_S = 600.0
 
@@ -87,45 +88,37 @@ def resolve(name: str, *, euid: int | None = None) -> GateUser | None:
 
 @contextlib.contextmanager
 def workspace(user: GateUser, work: Path) -> Iterator[Path]:
-    """A scratch directory of ``user`` holding a copy of ``work``'s files (``work/``), ``home/`` and ``tmp/``;
-    removed afterwards. Yields the scratch directory."""
+    """A scratch directory of ``user`` holding a clone of what ``work`` has checked out (``work/``), ``home/`` and
+    ``tmp/``; removed afterwards. Yields the scratch directory."""
     # In the system's temporary directory: one the gate user can reach (GT_HOME is private). mkdtemp makes it
-    # 0700 and root's: nobody else can swap it for a symlink before it is handed over.
+    # 0700 and root's: the gate user cannot touch anything in it until it is complete and handed over.
     scratch = Path(tempfile.mkdtemp(prefix=f"gt-gate-{user.name}-"))
     try:
-        os.chmod(scratch, 0o700)
+        _clone(work, scratch / "work")
+        for name in ("home", "tmp"):
+            (scratch / name).mkdir(mode=0o700)
         if user.switch:
-            os.chown(scratch, user.uid, user.gid, follow_symlinks=False)
-        _copy_tree(user, work, scratch)
+            _hand_over(scratch, user)
         yield scratch
     finally:
         _remove(scratch)
 
 
-def _copy_tree(user: GateUser, work: Path, scratch: Path) -> None:
-    """``work``'s files (not ``.git``), written into ``scratch/work`` by the gate user itself."""
-    plain = {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C"}
-    pack = ["tar", "-c", "-f", "-", "--exclude=./.git", "-C", str(work), "."]
-    unpack = ["sh", "-c", "mkdir -m 700 work home tmp && exec tar -x -f - -C work --no-same-owner"]
-    with subprocess.Popen(pack, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=plain) as reader:
-        assert reader.stdout is not None
-        assert reader.stderr is not None
-        unpacked = subprocess.run(
-            unpack,
-            cwd=scratch,
-            stdin=reader.stdout,
-            capture_output=True,
-            env=plain,
-            timeout=COPY_TIMEOUT_S,
-            check=False,
-            **user.process_options(),
-        )
-        reader.stdout.close()
-        packed_err = reader.stderr.read()
-        packed = reader.wait(timeout=COPY_TIMEOUT_S)
-    if packed != 0 or unpacked.returncode != 0:
-        said = (packed_err + unpacked.stderr).decode(errors="replace").strip()
-        raise RuntimeError(f"could not copy the worktree for the gate user {user.name}: {said}")
+def _clone(work: Path, dest: Path) -> None:
+    """A shallow clone of ``work``'s checked-out commit: the same commit (``git log``, version tools work) and
+    files, none of the refinery's repository (its history, other branches, remotes and their URLs)."""
+    git.git("clone", "--quiet", "--depth", "1", "--", f"file://{work}", str(dest), timeout=COPY_TIMEOUT_S)
+    git.git("remote", "remove", "origin", cwd=dest)
+
+
+def _hand_over(scratch: Path, user: GateUser) -> None:
+    """Give the gate user everything under ``scratch``, then ``scratch`` itself. Links are changed themselves,
+    never followed (a symlink an agent committed may point at a secret), and nothing is hard-linked (a fresh
+    clone's files are its own)."""
+    for root, dirs, files in os.walk(scratch):  # does not enter a symlink to a directory
+        for name in (*dirs, *files):
+            os.chown(os.path.join(root, name), user.uid, user.gid, follow_symlinks=False)
+    os.chown(scratch, user.uid, user.gid, follow_symlinks=False)
 
 
 def _remove(scratch: Path) -> None:

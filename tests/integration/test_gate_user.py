@@ -83,6 +83,8 @@ def gate_script(user: str, credentials: Path) -> str:
             'test "$(cat build.out)" = built || exit 14',
             "echo tested > test.out && test -s test.out && echo WROTE-IN-WORKSPACE",
             'touch "$HOME/h" "$TMPDIR/t" && echo HOME-AND-TMP-WRITABLE',
+            'git log -1 --format="GIT-WORKS %s"',
+            'test -z "$(git remote)" || exit 15',
             "test ! -e FAIL_TESTS",
         ]
     )
@@ -135,6 +137,7 @@ async def test_a_gate_as_the_gate_user_cannot_read_the_refinerys_credentials_and
         for seen in (f"gate user: {gate_user}", "CREDENTIALS-REFUSED", "LEAK-REFUSED", "WROTE-IN-WORKSPACE"):
             assert seen in said, f"{seen!r} missing from the gate's output:\n{said}"
         assert "HOME-AND-TMP-WRITABLE" in said, said
+        assert f"GIT-WORKS {branch}: feature and a symlink" in said, said
         assert mr.status == "merged", (mr.status, mr.tail)
         assert not list(logs.glob("*on-target*")), "the gate failed on the branch (it ran again on the target)"
         assert git.git("show", "main:feature.txt", cwd=pt.origin) == "new\n"
