@@ -19,5 +19,12 @@ RUN useradd --create-home --uid 10001 gastown \
     && chown gastown:gastown /var/lib/gastown
 ENV GT_HOME=/var/lib/gastown
 VOLUME ["/var/lib/gastown"]
+
+# Merge gates (code an agent wrote) run as `gate`, a user with no home, no password and no shell, that owns
+# nothing of the town: the refinery container runs as root to start them as it (GT_GATE_USER=gate) and does
+# nothing else as another user. Root's git may use repositories on the gt-home volume that `gastown` owns
+# (git refuses another user's repository otherwise; see docs/deployment.md, "Gates").
+RUN useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10002 gate \
+    && git config --global --add safe.directory '*'
 USER gastown
 CMD ["gt", "--help"]

@@ -110,7 +110,11 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
         heartbeat_interval=args.heartbeat_interval,
         active_ttl=active_ttl,
     )
-    service = factory(cfg, settings)
+    try:
+        service = factory(cfg, settings)
+    except ValueError as exc:  # a service's own setting (GT_GATE_USER, ...) that cannot be used
+        log.error("bad_configuration", error=str(exc))
+        return EXIT_FAILED
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -116,6 +117,9 @@ class LocalStack:
         base["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{base.get('PATH', '')}"
         self.base_env = base
         self.procs: dict[str, ManagedProcess] = {}
+        self.gate_user = ""
+        """The image's user ``gate`` here (see ``_make_gate_user``)."""
+        self._made_gate_user = False
 
     # ---- mapping container things to local ones --------------------------------------------------
 
@@ -148,7 +152,24 @@ class LocalStack:
         env = dict(self.base_env)
         for key, value in (self.model["services"][service].get("environment") or {}).items():
             env[key] = self._local(service, "" if value is None else str(value))
+        if env.get("GT_GATE_USER"):
+            env["GT_GATE_USER"] = self.gate_user
         return env
+
+    def _make_gate_user(self) -> str:
+        """The image's user ``gate``, the one gates run as: a throwaway user of this host when the tests run as
+        root (the CI does; removed with the stack), else the current user (a refinery that is not root may name
+        its own user, and then runs gates as itself, in their copy of the merge)."""
+        if os.geteuid() != 0:
+            return pwd.getpwuid(os.geteuid()).pw_name
+        name = f"gtgate{uuid.uuid4().hex[:8]}"
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            check=True,
+            capture_output=True,
+        )
+        self._made_gate_user = True
+        return name
 
     def _argv(self, service: str) -> list[str]:
         command = [self._local(service, str(part)) for part in self.model["services"][service]["command"]]
@@ -159,6 +180,7 @@ class LocalStack:
     # ---- running it ------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.gate_user = self._make_gate_user()
         for node in self.nodes:
             self.procs[node] = ManagedProcess(self._argv(node), self._env(node), self.root / f"{node}.log")
             self.procs[node].start()
@@ -228,6 +250,9 @@ class LocalStack:
                 self.procs[node].kill()
         with contextlib.suppress(OSError):
             subprocess.run(["tmux", "-L", self.tmux_socket, "kill-server"], capture_output=True, check=False)
+        if self._made_gate_user:
+            subprocess.run(["pkill", "-KILL", "-u", self.gate_user], capture_output=True, check=False)
+            subprocess.run(["userdel", "--force", self.gate_user], capture_output=True, check=False)
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         path = self.root / f"{name}.log"
@@ -297,11 +322,12 @@ class DockerStack:
 
     def make_origin(self) -> str:
         # The services see the gt-home volume; the origin lives there, made by the witness's container.
+        # Group-shared: the refinery (root) pushes into it, the witness's agents (gastown) too.
         origin = "/var/lib/gastown/project/origin.git"
         script = (
             f"set -e; mkdir -p /tmp/src && cd /tmp/src && git init -q -b main && echo project > README.md && "
             f"git add . && git -c user.name=t -c user.email=t@t commit -qm init && "
-            f"git clone -q --bare /tmp/src {origin}"
+            f"git init -q --bare --shared=group -b main {origin} && git push -q {origin} main"
         )
         self.compose.exec_in_container(["sh", "-c", script], "witness")
         return origin

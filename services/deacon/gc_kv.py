@@ -2,7 +2,8 @@
 leases, old agent heartbeats, stopped service processes). KV entries are caches; the log keeps the record.
 
 Each purge is a compare-and-set on the revision read: an entry written since (a renewal, a fresh heartbeat)
-is left for the next sweep.
+is left for the next sweep. No rollup: the buckets refuse them (anyone who may write one key could otherwise
+wipe the bucket), so a compare-and-set delete, then a purge of that key's subject up to the delete marker.
 """
 
 from __future__ import annotations
@@ -54,19 +55,30 @@ async def read_entries(js: JetStreamContext, bucket: str) -> gc.KvEntries:
 
 
 async def purge(js: JetStreamContext, bucket: str, key: str, revision: int) -> bool:
-    """Purge ``key`` (all its revisions) unless it was written after ``revision``; True when purged."""
-    headers = {
-        "KV-Operation": "PURGE",
-        "Nats-Rollup": "sub",
-        "Nats-Expected-Last-Subject-Sequence": str(revision),
-    }
+    """Purge ``key`` (all its revisions) unless it was written after ``revision``; True when purged.
+
+    The buckets refuse rollups (``shared.bus.topology.rollup_free_buckets``), so no purge marker: a delete
+    marker written only while ``revision`` is still the key's last (compare-and-set), then a purge of the
+    key's subject up to and including that marker. A value written in between has a higher sequence and
+    stays. Dying between the two steps leaves only the delete marker: the key reads as absent, and the marker
+    ages out with the bucket's TTL."""
+    marker = await delete_unless_written_since(js, bucket, key, revision)
+    if marker is None:
+        return False
+    await js.purge_stream(f"KV_{bucket}", subject=f"$KV.{bucket}.{key}", seq=marker + 1)
+    return True
+
+
+async def delete_unless_written_since(js: JetStreamContext, bucket: str, key: str, revision: int) -> int | None:
+    """Write a delete marker for ``key`` if ``revision`` is still its last; the marker's sequence, or None."""
+    headers = {"KV-Operation": "DEL", "Nats-Expected-Last-Subject-Sequence": str(revision)}
     try:
-        await js.publish(f"$KV.{bucket}.{key}", b"", headers=headers, stream=f"KV_{bucket}")
+        ack = await js.publish(f"$KV.{bucket}.{key}", b"", headers=headers, stream=f"KV_{bucket}")
     except nats.js.errors.APIError as exc:
         if exc.err_code == ERR_WRONG_LAST_SEQUENCE:
-            return False
+            return None
         raise
-    return True
+    return int(ack.seq)
 
 
 async def _purge_all(js: JetStreamContext, bucket: str, found: list[tuple[str, int]]) -> int:

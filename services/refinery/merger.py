@@ -12,16 +12,18 @@ witness's git); temporary worktrees in ``.../refinery/work/<name>``, removed whe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
 import structlog
 
 from services.refinery import refusals
+from services.refinery.gate_user import GateUser, workspace
 from services.refinery.state import MergeRequest, RigInfo
 from shared import git
 from shared.faults import crash_point
@@ -106,8 +108,17 @@ def gate_environment(names: Sequence[str], environ: Mapping[str, str]) -> dict[s
     return {key: environ[key] for key in (*GATE_BASE_ENV, *names) if key in environ}
 
 
-def run_gate(gate: str, command: str, cwd: Path, log_path: Path, timeout: float, env: Mapping[str, str]) -> GateResult:
-    """Run ``command`` through ``sh -c`` in ``cwd`` with exactly ``env``, its output in ``log_path``."""
+def run_gate(
+    gate: str,
+    command: str,
+    cwd: Path,
+    log_path: Path,
+    timeout: float,
+    env: Mapping[str, str],
+    as_user: GateUser | None = None,
+) -> GateResult:
+    """Run ``command`` through ``sh -c`` in ``cwd`` with exactly ``env`` (as ``as_user`` when given), its output
+    in ``log_path`` (written by the refinery: the gate gets only the open file)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     with log_path.open("wb") as out:
@@ -120,6 +131,7 @@ def run_gate(gate: str, command: str, cwd: Path, log_path: Path, timeout: float,
                 stderr=subprocess.STDOUT,
                 timeout=timeout,
                 check=False,
+                **(as_user.process_options() if as_user is not None else {}),
             )
             code = done.returncode
         except subprocess.TimeoutExpired:
@@ -135,9 +147,12 @@ class Gates:
     """Runs the rig's gates on commits and keeps count. A gate that fails is run once on the target too: if the
     target fails it as well, the gate is broken there, blames nobody and is skipped from then on."""
 
-    def __init__(self, paths: Paths, rig: RigInfo, target: str, name: str, timeout: float) -> None:
+    def __init__(
+        self, paths: Paths, rig: RigInfo, target: str, name: str, timeout: float, user: GateUser | None = None
+    ) -> None:
         self.paths, self.rig, self.target, self.name, self.timeout = paths, rig, target, name, timeout
         self.env = gate_environment(rig.gate_env, os.environ)
+        self.user = user
         self.runs = 0
         self.seconds = 0.0
         self.broken: dict[str, GateResult] = {}
@@ -146,19 +161,30 @@ class Gates:
     def failure(self, work: Path) -> GateResult | None:
         """The first gate that fails on what ``work`` has checked out (and not on the target), or None."""
         probe = self.runs
-        for gate, command in gate_commands(self.rig):
-            if gate in self.broken:
-                continue
-            result = self._run(gate, command, work, f"{self.name}-p{probe}-{gate}.log")
-            if result.exit_code == 0:
-                continue
-            if gate not in self.passes_on_target and self._fails_on_target(gate, command):
-                continue
-            return result
+        with self._workspace(work) as (where, env):
+            for gate, command in gate_commands(self.rig):
+                if gate in self.broken:
+                    continue
+                result = self._run(gate, command, where, env, f"{self.name}-p{probe}-{gate}.log")
+                if result.exit_code == 0:
+                    continue
+                if gate not in self.passes_on_target and self._fails_on_target(gate, command):
+                    continue
+                return result
         return None
 
-    def _run(self, gate: str, command: str, work: Path, log_name: str) -> GateResult:
-        result = run_gate(gate, command, work, self.paths.logs / log_name, self.timeout, self.env)
+    @contextlib.contextmanager
+    def _workspace(self, work: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+        """Where the gates of one probe run, and with what environment: ``work`` itself, or with a gate user a
+        copy of it that user owns (``gate_user.workspace``), which the probe's gates share (set-up output)."""
+        if self.user is None:
+            yield work, self.env
+            return
+        with workspace(self.user, work) as scratch:
+            yield scratch / "work", self.user.environment(self.env, scratch)
+
+    def _run(self, gate: str, command: str, work: Path, env: dict[str, str], log_name: str) -> GateResult:
+        result = run_gate(gate, command, work, self.paths.logs / log_name, self.timeout, env, self.user)
         self.runs += 1
         self.seconds += result.seconds
         if self.runs == 1:
@@ -168,7 +194,8 @@ class Gates:
     def _fails_on_target(self, gate: str, command: str) -> bool:
         work = _add_detached(self.paths, f"{self.name}-target", self.target)
         try:
-            result = self._run(gate, command, work, f"{self.name}-{gate}-on-target.log")
+            with self._workspace(work) as (where, env):
+                result = self._run(gate, command, where, env, f"{self.name}-{gate}-on-target.log")
         finally:
             _remove(self.paths, work)
         if result.exit_code == 0:
@@ -186,10 +213,12 @@ def process(
     name: str,
     gate_timeout: float,
     lost_lease: Callable[[], str | None] = lambda: None,
+    gate_user: GateUser | None = None,
 ) -> BatchResult:
     """Land what can be landed of ``mrs`` (in this order) on their target with one fast-forward push.
 
     ``lost_lease`` is asked right before the push: a refinery that lost the rig's merge lease pushes nothing.
+    ``gate_user``: the OS user the gates run as (in a copy of the worktree), None for the refinery's own.
     """
     target = mrs[0].target
     git.ensure_bare_clone(rig.repo, paths.bare)
@@ -201,7 +230,7 @@ def process(
             failure = _note("branch", f"the target branch {target} does not exist")
             result.outcomes[mr.id] = Outcome(kind="branch_missing", failure=failure)
         return result
-    gates = Gates(paths, rig, target_before, name, gate_timeout)
+    gates = Gates(paths, rig, target_before, name, gate_timeout, gate_user)
     work = _add_detached(paths, name, target_before)
     try:
         good = _land_in_rounds(paths, work, mrs, target_before, gates, result)

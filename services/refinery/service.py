@@ -22,6 +22,7 @@ from services.refinery import decide as refinery_decide
 from services.refinery import merger, plan, refusals
 from services.refinery import settings as refinery_settings
 from services.refinery.decide import mr_view
+from services.refinery.gate_user import resolve as resolve_gate_user
 from services.refinery.projection import new_projection
 from services.refinery.state import MergeRequest, RefineryState
 from shared import git, lease_rules
@@ -65,6 +66,8 @@ class RefineryService(Service[RefineryState]):
     ) -> None:
         super().__init__(config, new_projection(), settings, clock=clock)
         self.mq = refinery or refinery_settings.load()
+        # Checked before anything connects: a gate user that cannot be used stops the refinery at start-up.
+        self.gate_user = resolve_gate_user(self.mq.gate_user)
         self.policy = plan.Policy(
             lease_s=self.mq.lease_s,
             max_failures=self.mq.max_failures,
@@ -335,7 +338,14 @@ class RefineryService(Service[RefineryState]):
         try:
             log.info("mr_processing", attempt=first.attempts, mrs=mr_ids, target=first.target)
             result = await asyncio.to_thread(
-                merger.process, paths, rig, mrs, name=name, gate_timeout=self.mq.gate_timeout_s, lost_lease=lost_lease
+                merger.process,
+                paths,
+                rig,
+                mrs,
+                name=name,
+                gate_timeout=self.mq.gate_timeout_s,
+                lost_lease=lost_lease,
+                gate_user=self.gate_user,
             )
             if result.fenced:
                 # Another refinery holds the rig now and claims these merge requests again: nothing of ours

@@ -38,6 +38,9 @@ class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):
     """``GT_MQ_PUSH_BACKOFF``: the wait before the first such retry; it doubles with each one after."""
     push_backoff_max_s: float = 60.0
     """``GT_MQ_PUSH_BACKOFF_MAX``: the longest wait between two such retries."""
+    gate_user: str = ""
+    """``GT_GATE_USER``: the OS user the gates run as, in a copy of the worktree (the refinery must run as root;
+    see ``gate_user``). Empty: the refinery's own user, in its worktree."""
 
 
 def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
@@ -58,4 +61,5 @@ def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
         push_retries=int(env_number(env, "GT_MQ_PUSH_RETRIES", 8, minimum=0, whole=True)),
         push_backoff_s=env_number(env, "GT_MQ_PUSH_BACKOFF", 1.0, minimum=0.0),
         push_backoff_max_s=env_number(env, "GT_MQ_PUSH_BACKOFF_MAX", 60.0, minimum=0.0),
+        gate_user=env.get("GT_GATE_USER", "").strip(),
     )

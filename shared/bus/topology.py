@@ -19,10 +19,11 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.client import JetStreamContext
+from nats.js.kv import KeyValue
 
 from shared.config import TownConfig
 from shared.errors import StreamConfigMismatchError
-from shared.subjects import CMD_PREFIX, EVT_PREFIX
+from shared.subjects import CMD_PREFIX, DEFAULT_PLUGIN_BUCKET, EVT_PREFIX
 
 log = structlog.get_logger(__name__)
 
@@ -289,6 +290,8 @@ async def provision(js: JetStreamContext, config: TownConfig) -> ProvisionReport
     (created if made else existing).append(f"KV {config.lease_bucket}")
     made = await ensure_kv(js, config.active_bucket, ttl=ACTIVE_KEY_TTL_S, replicas=config.replicas)
     (created if made else existing).append(f"KV {config.active_bucket}")
+    for bucket in rollup_free_buckets(config):
+        await deny_rollups(js, bucket)
     return ProvisionReport(created=created, existing=existing)
 
 
@@ -315,9 +318,8 @@ async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl: float, replicas: 
     try:
         await js.key_value(bucket)
     except nats.js.errors.BucketNotFoundError:
-        kv_config = KeyValueConfig(bucket=bucket, history=1, ttl=ttl, replicas=replicas)
         try:
-            await js.create_key_value(kv_config)
+            await create_kv(js, bucket, ttl=ttl, replicas=replicas)
         except nats.js.errors.BadRequestError as exc:
             if exc.err_code != ERR_STREAM_NAME_IN_USE:
                 raise
@@ -325,3 +327,65 @@ async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl: float, replicas: 
         log.info("bucket_created", bucket=bucket)
         return True
     return False
+
+
+def rollup_free_buckets(config: TownConfig) -> tuple[str, ...]:
+    """The buckets whose streams refuse rollup headers: every KV bucket of the town. What matters are those
+    clients other than the services write (agents their hook lease and heartbeat, plugins their marks).
+
+    A message with ``Nats-Rollup: all`` (``KV-Operation: PURGE``) published to any key a client may write
+    replaced a whole bucket by that one marker, and publish permissions cannot look at headers. Nothing of the
+    town needs a rollup on these: the deacon's sweep deletes with a compare-and-set and then purges the
+    subject through the stream API (``services/deacon/gc_kv.py``), a plugin forgets its marks by a filtered
+    stream purge. (The others are written by the services alone, which may purge any stream anyway.)"""
+    return (
+        config.lease_bucket,
+        config.heartbeat_bucket,
+        config.service_bucket,
+        config.active_bucket,
+        DEFAULT_PLUGIN_BUCKET,
+    )
+
+
+def kv_stream_config(bucket: str, *, ttl: float, replicas: int, history: int = 1) -> StreamConfig:
+    """The stream of a KV bucket as nats-py's ``create_key_value`` makes it, except that it refuses rollups
+    (see ``rollup_free_buckets``): made in one step, so no client ever sees the bucket allowing them."""
+    kv = KeyValueConfig(bucket=bucket, history=history, ttl=ttl, replicas=replicas)
+    return StreamConfig(
+        name=f"KV_{bucket}",
+        subjects=[f"$KV.{bucket}.>"],
+        allow_direct=kv.direct,
+        allow_rollup_hdrs=False,
+        allow_msg_ttl=True,
+        deny_delete=True,
+        discard=DiscardPolicy.NEW,
+        duplicate_window=min(DUPLICATE_WINDOW_S, ttl) if ttl else DUPLICATE_WINDOW_S,
+        max_age=ttl,
+        max_bytes=kv.max_bytes,
+        max_consumers=-1,
+        max_msg_size=kv.max_value_size,
+        max_msgs=-1,
+        max_msgs_per_subject=history,
+        num_replicas=replicas,
+        storage=kv.storage,
+    )
+
+
+async def create_kv(js: JetStreamContext, bucket: str, *, ttl: float, replicas: int) -> KeyValue:
+    """Create the bucket (raises BadRequestError ``ERR_STREAM_NAME_IN_USE`` when another one did first)."""
+    await js.add_stream(kv_stream_config(bucket, ttl=ttl, replicas=replicas))
+    return await js.key_value(bucket)
+
+
+async def deny_rollups(js: JetStreamContext, bucket: str) -> bool:
+    """Make an existing bucket's stream refuse rollups (one made by an older version, or by nats-py's
+    defaults); True when it was changed. A bucket that is not there is left to whoever creates it."""
+    try:
+        info = await js.stream_info(f"KV_{bucket}")
+    except nats.js.errors.NotFoundError:
+        return False
+    if not info.config.allow_rollup_hdrs:
+        return False
+    await js.update_stream(dataclasses.replace(info.config, allow_rollup_hdrs=False))
+    log.info("bucket_rollups_denied", bucket=bucket)
+    return True

@@ -22,13 +22,13 @@ from typing import NamedTuple, TypeVar
 
 import nats.js.errors
 import structlog
-from nats.js.api import KeyValueConfig
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from shared import ids
 from shared.aio import pause, raise_if_cancelling
 from shared.bus.append import RETRYABLE_ERRORS
+from shared.bus.topology import create_kv
 from shared.faults import crash_point
 
 log = structlog.get_logger(__name__)
@@ -62,13 +62,14 @@ def dead_key(plugin: str, seq: int) -> str:
 
 
 async def ensure_bucket(js: JetStreamContext, bucket: str, *, ttl_s: float, replicas: int) -> KeyValue:
-    """The marks bucket, created when missing (an existing one keeps its configuration)."""
+    """The marks bucket, created when missing, refusing rollups: plugins share one user, and a rollup to any
+    key would wipe every plugin's marks (an existing one is updated by the town's provisioning)."""
     try:
         return await js.key_value(bucket)
     except nats.js.errors.BucketNotFoundError:
         pass
     try:
-        kv = await js.create_key_value(KeyValueConfig(bucket=bucket, history=1, ttl=ttl_s, replicas=replicas))
+        kv = await create_kv(js, bucket, ttl=ttl_s, replicas=replicas)
     except nats.js.errors.BadRequestError as exc:
         if exc.err_code != ERR_STREAM_NAME_IN_USE:
             raise

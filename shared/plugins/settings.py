@@ -8,9 +8,9 @@ from typing import Literal
 import msgspec
 
 from shared import ids
-from shared.subjects import EVT_PREFIX
+from shared.subjects import DEFAULT_PLUGIN_BUCKET, EVT_PREFIX
 
-PLUGIN_BUCKET = "GT_PLUGINS"
+PLUGIN_BUCKET = DEFAULT_PLUGIN_BUCKET
 """KV bucket of idempotence marks (``<plugin>.<event id>``) and abandoned events (``<plugin>.dead.<seq>``)."""
 CONSUMER_PREFIX = "plugin-"
 ALL_EVENTS = EVT_PREFIX + ".>"

@@ -266,3 +266,12 @@ def test_the_stack_runs_each_service_with_its_own_user_and_three_replicas(tmp_pa
     witness = model["services"]["witness"]["environment"]
     assert witness["GT_AGENT_NATS_USER"] == "agent"
     assert witness["GT_AGENT_NATS_PASSWORD"] == "pw-agent"
+    # Gates run as the image's user `gate`: the refinery runs as root for that, on a GT_HOME volume of its own.
+    refinery = model["services"]["refinery"]
+    assert refinery["environment"]["GT_GATE_USER"] == "gate"
+    assert str(refinery["user"]).split(":")[0] == "0"
+    assert refinery["environment"]["GT_HOME"] == "/var/lib/gastown-refinery"
+    mounts = {str(v).split(":")[1] if isinstance(v, str) else v["target"] for v in refinery["volumes"]}
+    assert {"/var/lib/gastown", "/var/lib/gastown-refinery"} <= mounts
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    assert "useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10002 gate" in dockerfile
