@@ -691,10 +691,17 @@ class CommandIntake:
             if fenced is not None:
                 parsed = fenced
         facts = await self._prepare(parsed) if self._prepare is not None and isinstance(parsed, Command) else None
+        caught_up = False
         for attempt in range(MAX_DECIDE_ATTEMPTS + 1):
             if attempt == MAX_DECIDE_ATTEMPTS:
                 parsed = CommandError("conflict", "the aggregate kept changing under the command; send it again")
             pending, rejected = self._events_for(delivery, parsed, facts)
+            if rejected == "not_found" and not caught_up and isinstance(parsed, Command):
+                # It may name what this service created a moment ago, whose outcome its sender has already
+                # read while this projection has not applied it yet: judge it on the log as it is now.
+                caught_up = True
+                await self._catch_up_with_stream()
+                continue
             try:
                 seqs = await self._committer.append(pending)
             except ValueError as exc:
@@ -734,8 +741,9 @@ class CommandIntake:
 
     def _events_for(
         self, delivery: Delivery, parsed: Command | CommandError, facts: object = None
-    ) -> tuple[list[PendingEvent], bool]:
-        """Decide (again) and encode the command's events followed by its outcome; True when rejected."""
+    ) -> tuple[list[PendingEvent], str | None]:
+        """Decide (again) and encode the command's events followed by its outcome, and the rejection's reason
+        code (None when accepted)."""
         now = self._clock()
         accepted: Accepted | None = None
         rejection = parsed if isinstance(parsed, CommandError) else None
@@ -784,7 +792,7 @@ class CommandIntake:
                 correlation_id=delivery.correlation_id,
             )
         )
-        return pending, accepted is None
+        return pending, rejection.code if accepted is None and rejection is not None else None
 
 
 async def _clear_once_settled(held: list[asyncio.Task[int]], tracker: HeldAttempts) -> None:
