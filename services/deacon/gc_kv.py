@@ -54,10 +54,11 @@ async def read_entries(js: JetStreamContext, bucket: str) -> gc.KvEntries:
 
 
 async def purge(js: JetStreamContext, bucket: str, key: str, revision: int) -> bool:
-    """Purge ``key`` (all its revisions) unless it was written after ``revision``; True when purged."""
+    """Delete ``key`` unless it was written after ``revision``; True when deleted. A delete marker, not a
+    rollup purge: the buckets sessions write refuse rollup headers (``topology.ensure_kv``), and with one
+    entry per key the marker replaces the value all the same (it ages out with the bucket's TTL)."""
     headers = {
-        "KV-Operation": "PURGE",
-        "Nats-Rollup": "sub",
+        "KV-Operation": "DEL",
         "Nats-Expected-Last-Subject-Sequence": str(revision),
     }
     try:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import msgspec
 import nats.errors
@@ -34,11 +34,14 @@ from services.witness.projection import new_projection
 from services.witness.state import WitnessState
 from shared import git, processes
 from shared.aio import raise_if_cancelling
+from shared.bus import auth_callout
+from shared.bus.connection import close_quietly, connect
 from shared.commands import Command, RigAdd, SessionRecoverHook
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, Route
 from shared.errors import ActivityLostError
 from shared.service import Service, ServiceSettings
+from shared.session_identity import SessionBuckets
 from shared.tmux import Tmux, TmuxError
 
 log = structlog.get_logger(__name__)
@@ -57,11 +60,17 @@ class WitnessService(Service[WitnessState]):
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         witness: witness_settings.WitnessSettings | None = None,
+        callout: auth_callout.CalloutSettings | Literal[False] | None = None,
     ) -> None:
+        """``callout``: None reads it from the environment; False: none, whatever the environment says."""
         super().__init__(config, new_projection(), settings, clock=clock)
         self.acting_since: datetime | None = clock()
         """Sessions the operator stopped from now on are left for the next witness to respawn (see plan)."""
         self.witness_settings = witness or witness_settings.load()
+        self.callout = auth_callout.load_settings() if callout is None else callout or None
+        """Per-session NATS identities (``GT_AUTH_ISSUER_SEED``, ...): the witness mints each session's credential
+        and answers the server's auth callout; None: sessions get ``GT_AGENT_NATS_*`` (or the witness's own)."""
+        self.responder: auth_callout.Responder | None = None
         ws = self.witness_settings
         self.tmux = Tmux(ws.tmux_socket)
         self.policy = Policy(
@@ -135,6 +144,8 @@ class WitnessService(Service[WitnessState]):
             tmux_socket=self.witness_settings.tmux_socket,
             rigs=sorted(self.witness_settings.rigs) if self.witness_settings.rigs is not None else None,
             commands_passed=self.intake.passed if self.intake else 0,
+            session_logins_granted=self.responder.granted if self.responder else None,
+            session_logins_refused=self.responder.refused if self.responder else None,
         )
         return out
 
@@ -144,6 +155,31 @@ class WitnessService(Service[WitnessState]):
         self._queue = asyncio.PriorityQueue()
         for n in range(self.witness_settings.workers):
             tg.create_task(self._worker(), name=f"witness-worker-{n}")
+        if self.callout is not None:
+            tg.create_task(self._answer_auth_callout(self.callout), name="auth-callout")
+
+    def session_live(self, session_id: str) -> bool:
+        """May this session log in: the witness knows it and it has not ended (then its credential is dead)."""
+        session = self.state.sessions.get(session_id)
+        return session is not None and session.status != "ended"
+
+    async def _answer_auth_callout(self, settings: auth_callout.CalloutSettings) -> None:
+        """The auth callout responder, on its own connection as the ``auth`` user. A bad request is answered and
+        logged (``Responder``); anything else ends the witness's task group, as any of its loops would."""
+        config = msgspec.structs.replace(
+            self.config,
+            nats_user=auth_callout.AUTH_USER,
+            nats_password=settings.auth_password,
+            nats_creds=None,
+            nats_inbox_prefix=None,
+        )
+        buckets = SessionBuckets(self.config.evt_stream, self.config.heartbeat_bucket, self.config.lease_bucket)
+        self.responder = auth_callout.Responder(settings, buckets, self.session_live)
+        nc = await connect(config, name=f"{self.identity}-auth-callout", connect_attempts=-1)
+        try:
+            await self.responder.serve(nc)
+        finally:
+            await close_quietly(nc)
 
     async def reconcile(self) -> None:
         if self._queue is None:

@@ -285,7 +285,9 @@ async def provision(js: JetStreamContext, config: TownConfig) -> ProvisionReport
     (created if made else existing).append(f"KV {config.heartbeat_bucket}")
     made = await ensure_kv(js, config.service_bucket, ttl=SERVICE_HEARTBEAT_TTL_S, replicas=config.replicas)
     (created if made else existing).append(f"KV {config.service_bucket}")
-    made = await ensure_kv(js, config.lease_bucket, ttl=LEASE_RENEWAL_TTL_S, replicas=config.replicas)
+    made = await ensure_kv(
+        js, config.lease_bucket, ttl=LEASE_RENEWAL_TTL_S, replicas=config.replicas, written_by_sessions=True
+    )
     (created if made else existing).append(f"KV {config.lease_bucket}")
     made = await ensure_kv(js, config.active_bucket, ttl=ACTIVE_KEY_TTL_S, replicas=config.replicas)
     (created if made else existing).append(f"KV {config.active_bucket}")
@@ -307,15 +309,26 @@ leaves the bucket after an hour (a lapsed key is taken over long before, by its 
 
 async def ensure_heartbeat_bucket(js: JetStreamContext, config: TownConfig) -> bool:
     """The KV bucket of agent heartbeats (a cache of liveness, never truth); True when created."""
-    return await ensure_kv(js, config.heartbeat_bucket, ttl=HEARTBEAT_TTL_S, replicas=config.replicas)
+    return await ensure_kv(
+        js, config.heartbeat_bucket, ttl=HEARTBEAT_TTL_S, replicas=config.replicas, written_by_sessions=True
+    )
 
 
-async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl: float, replicas: int) -> bool:
-    """A KV bucket keeping the latest value per key; True when this call created it."""
+async def ensure_kv(
+    js: JetStreamContext, bucket: str, *, ttl: float, replicas: int, written_by_sessions: bool = False
+) -> bool:
+    """A KV bucket keeping the latest value per key; True when this call created it.
+
+    ``written_by_sessions``: polecat sessions write their own keys (heartbeats, hook leases), each allowed only
+    its key's subjects (shared/session_identity.py). Such a bucket answers direct gets (the only read that names
+    one key in its subject, so a permission can scope it) and refuses rollup headers: permissions cannot look
+    at headers, and a ``Nats-Rollup: all`` published on a session's own key would wipe every key. An existing
+    bucket is brought to that (the deacon deletes stale keys with a compare-and-set, never a rollup).
+    """
     try:
         await js.key_value(bucket)
     except nats.js.errors.BucketNotFoundError:
-        kv_config = KeyValueConfig(bucket=bucket, history=1, ttl=ttl, replicas=replicas)
+        kv_config = KeyValueConfig(bucket=bucket, history=1, ttl=ttl, replicas=replicas, direct=True)
         try:
             await js.create_key_value(kv_config)
         except nats.js.errors.BadRequestError as exc:
@@ -323,5 +336,18 @@ async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl: float, replicas: 
                 raise
             return False
         log.info("bucket_created", bucket=bucket)
+        if written_by_sessions:
+            await _close_to_sessions(js, bucket)
         return True
+    if written_by_sessions:
+        await _close_to_sessions(js, bucket)
     return False
+
+
+async def _close_to_sessions(js: JetStreamContext, bucket: str) -> None:
+    """Direct gets on, rollups off, for the bucket's stream (nats-py creates buckets with rollups allowed)."""
+    info = await js.stream_info(f"KV_{bucket}")
+    if info.config.allow_direct and not info.config.allow_rollup_hdrs:
+        return
+    await js.update_stream(dataclasses.replace(info.config, allow_direct=True, allow_rollup_hdrs=False))
+    log.info("bucket_closed_to_rollups", bucket=bucket)

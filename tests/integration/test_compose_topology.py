@@ -264,5 +264,12 @@ def test_the_stack_runs_each_service_with_its_own_user_and_three_replicas(tmp_pa
         assert model["services"][service]["restart"] == "unless-stopped"
         assert model["services"][service]["healthcheck"]["test"][1:3] == ["gt", "health"]
     witness = model["services"]["witness"]["environment"]
-    assert witness["GT_AGENT_NATS_USER"] == "agent"
-    assert witness["GT_AGENT_NATS_PASSWORD"] == "pw-agent"
+    # Sessions get their own identities: the witness mints them and answers the auth callout as the auth user.
+    assert not [key for key in witness if key.startswith("GT_AGENT_NATS_")]
+    assert witness["GT_NATS_AUTH_PASSWORD"] == "pw-auth"
+    assert witness["GT_AUTH_ISSUER_SEED"].startswith("SA")
+    assert len(witness["GT_SESSION_KEY"]) >= 16
+    for node in nats_nodes(model):
+        node_env = model["services"][node]["environment"]
+        assert node_env["GT_AUTH_ISSUER"].startswith("A")
+        assert "GT_AUTH_ISSUER_SEED" not in node_env, "the seed stays with the witness"

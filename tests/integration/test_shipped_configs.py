@@ -56,7 +56,7 @@ def test_every_shipped_nats_config_is_valid_and_syncs_always(path: Path) -> None
 
 def test_a_cluster_node_without_a_password_refuses_to_start_and_names_it() -> None:
     env = example_env()
-    del env["GT_NATS_AGENT_PASSWORD"]
+    del env["GT_NATS_AUTH_PASSWORD"]
     check = subprocess.run(
         [find_server_binary(), "-c", str(NATS_DIR / "cluster-node.conf"), "-t"],
         capture_output=True,
@@ -65,7 +65,7 @@ def test_a_cluster_node_without_a_password_refuses_to_start_and_names_it() -> No
         env=env,
     )
     assert check.returncode != 0
-    assert "GT_NATS_AGENT_PASSWORD" in check.stdout + check.stderr
+    assert "GT_NATS_AUTH_PASSWORD" in check.stdout + check.stderr
 
 
 def test_the_embedded_servers_config_syncs_always_and_is_valid(tmp_path: Path) -> None:
