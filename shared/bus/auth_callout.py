@@ -12,6 +12,7 @@ logged; none ends the loop.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -84,7 +85,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> CalloutSettings | Non
     try:
         issuer_public(seed.encode())
     except (nkeys.NkeysError, ValueError, binascii.Error) as exc:
-        raise ValueError("GT_AUTH_ISSUER_SEED is not an account nkey seed (SA...; `python -m shared.bus.auth_callout keygen` makes one)") from exc
+        raise ValueError(
+            "GT_AUTH_ISSUER_SEED is not an account nkey seed (SA...; `python -m shared.bus.auth_callout keygen` makes one)"
+        ) from exc
     key = _secret(env, "GT_SESSION_KEY")
     if not key or len(key) < 16:
         raise ValueError("GT_SESSION_KEY (or GT_SESSION_KEY_FILE) must be set: at least 16 characters, random")
@@ -196,6 +199,8 @@ class Responder:
         self.issuer = issuer_public(settings.issuer_seed)
         self.granted = 0
         self.refused = 0
+        self.serving = asyncio.Event()
+        """Set once the responder's subscription is made (logins are answered from then on)."""
 
     def answer(self, request: bytes) -> bytes | None:
         """The response JWT to one request (None: not even whom to answer could be read: it is dropped, and the
@@ -265,6 +270,8 @@ class Responder:
         """Answer requests on ``nc`` (logged in as the ``auth`` user) until cancelled."""
         # A queue group: with several witnesses (one per set of rigs) one answers each login.
         sub = await nc.subscribe(AUTH_SUBJECT, queue=RESPONDERS)
+        await nc.flush()
+        self.serving.set()
         log.info("auth_callout_serving", issuer=self.issuer)
         try:
             async for msg in sub.messages:

@@ -12,7 +12,7 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from services.refinery.service import RefineryService
 from services.witness.service import WitnessService
 from services.witness.settings import WitnessSettings
 from shared import git
+from shared.bus.auth_callout import CalloutSettings, Responder, issuer_public, new_issuer_seed
 from shared.bus.connection import close_quietly, connect
 from shared.bus.permissions import guarded
 from shared.cli.client import query, send_command
@@ -40,13 +41,15 @@ from shared.events import BeadClosed, Envelope, Event
 from shared.ids import hook_lease_name
 from shared.plugins import Plugin, PluginSettings
 from shared.service import Service
+from shared.session_identity import SessionBuckets, mint
+from shared.subjects import SessionOrigin, session_inbox_prefix
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of
 from tests.witness_town import FAST, TEST_COMMAND, PolecatTown, make_origin, tmux_socket
 
 ACCOUNTS = REPO_ROOT / "ops" / "nats" / "accounts.conf"
-USERS = ("mayor", "witness", "refinery", "deacon", "operator", "agent", "plugin")
+USERS = ("mayor", "witness", "refinery", "deacon", "operator", "plugin", "auth")
 EXIT_DENIED = 4
 FAIL_FAST_S = 4.0
 """A refusal is reported well before the 5 s a JetStream publish waits for its acknowledgement."""
@@ -60,9 +63,21 @@ def passwords() -> dict[str, str]:
 
 
 @pytest.fixture
-def secured(tmp_path: Path, passwords: dict[str, str]) -> Iterator[EmbeddedServer]:
-    """A nats-server with the shipped accounts.conf, included as it is; the passwords in its environment."""
+def callout(passwords: dict[str, str]) -> CalloutSettings:
+    """The witness's side of per-session identities: a fresh issuer key, session key, the auth user's password."""
+    return CalloutSettings(
+        issuer_seed=new_issuer_seed().encode(),
+        session_key=secrets.token_hex(32).encode(),
+        auth_password=passwords["auth"],
+    )
+
+
+@pytest.fixture
+def secured(tmp_path: Path, passwords: dict[str, str], callout: CalloutSettings) -> Iterator[EmbeddedServer]:
+    """A nats-server with the shipped accounts.conf, included as it is; the passwords and the auth callout's
+    issuer in its environment."""
     env = {**os.environ, **{f"GT_NATS_{user.upper()}_PASSWORD": pw for user, pw in passwords.items()}}
+    env["GT_AUTH_ISSUER"] = issuer_public(callout.issuer_seed)
     server = EmbeddedServer(tmp_path / "nats", include=ACCOUNTS, env=env)
     server.start()
     try:
@@ -74,11 +89,45 @@ def secured(tmp_path: Path, passwords: dict[str, str]) -> Iterator[EmbeddedServe
 class SecuredTown:
     """The server, the passwords, and helpers to act as each user."""
 
-    def __init__(self, server: EmbeddedServer, passwords: dict[str, str], home: Path, gt_env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        server: EmbeddedServer,
+        passwords: dict[str, str],
+        home: Path,
+        gt_env: dict[str, str],
+        callout: CalloutSettings,
+    ) -> None:
         self.server = server
         self.passwords = passwords
         self.home = home
         self._gt_env = gt_env
+        self.callout = callout
+
+    def callout_env(self) -> dict[str, str]:
+        """What the witness's environment holds to give sessions their own identities (as under compose)."""
+        return {
+            "GT_AUTH_ISSUER_SEED": self.callout.issuer_seed.decode(),
+            "GT_SESSION_KEY": self.callout.session_key.decode(),
+            "GT_NATS_AUTH_PASSWORD": self.callout.auth_password,
+        }
+
+    def session_config(self, origin: SessionOrigin, bead: str, *, expires_in_s: float = 3600.0) -> TownConfig:
+        """A polecat session's own login, as the witness mints it: user = session id, its own inbox prefix."""
+        password = mint(
+            self.callout.session_key,
+            session=origin.session,
+            rig=origin.rig,
+            polecat=origin.polecat,
+            bead=bead,
+            expires_at=int(time.time() + expires_in_s),
+        )
+        return TownConfig(
+            nats_url=self.server.url,
+            gt_home=self.home,
+            nats_user=origin.session,
+            nats_password=password,
+            nats_inbox_prefix=session_inbox_prefix(origin.session),
+        )
 
     def config(self, user: str) -> TownConfig:
         return TownConfig(
@@ -106,8 +155,28 @@ class SecuredTown:
 
 
 @pytest.fixture
-def st(secured: EmbeddedServer, passwords: dict[str, str], tmp_path: Path, gt_env: dict[str, str]) -> SecuredTown:
-    return SecuredTown(secured, passwords, tmp_path / "home", gt_env)
+def st(
+    secured: EmbeddedServer, passwords: dict[str, str], tmp_path: Path, gt_env: dict[str, str], callout: CalloutSettings
+) -> SecuredTown:
+    return SecuredTown(secured, passwords, tmp_path / "home", gt_env, callout)
+
+
+@contextlib.asynccontextmanager
+async def responder_for(st: SecuredTown, live: Callable[[str], bool]) -> AsyncIterator[Responder]:
+    """The auth callout responder on its own (no witness): ``live`` says which sessions may log in."""
+    buckets = SessionBuckets("GT_EVT", "GT_HEARTBEATS", "GT_LEASES")
+    responder = Responder(st.callout, buckets, live)
+    config = TownConfig(nats_url=st.server.url, nats_user="auth", nats_password=st.passwords["auth"])
+    nc = await connect(config, name="test-auth-callout")
+    serving = asyncio.create_task(responder.serve(nc))
+    try:
+        await asyncio.wait_for(responder.serving.wait(), 30)
+        yield responder
+    finally:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        await close_quietly(nc)
 
 
 @contextlib.asynccontextmanager
