@@ -94,10 +94,27 @@ def max_failures_from_env() -> int:
     return max(1, int(raw)) if raw.strip().isdigit() else DEFAULT_MAX_FAILURES
 
 
-def command_actor(body_actor: str | None) -> str:
-    """Who a command is from, as the intake records it and the rate limiter counts it: the body's ``actor``,
-    else ``operator``."""
+def command_actor(body_actor: str | None, origin: subjects.SessionOrigin | None = None) -> str:
+    """Who a command is from, as the intake records it and the rate limiter counts it. A command sent on a
+    polecat session's own subject is its polecat's, whatever its body says (only that session may publish
+    there, docs/architecture.md "Identity"); any other is from the body's ``actor``, else ``operator`` (only
+    operators and services may publish on the plain subjects)."""
+    if origin is not None:
+        return origin.actor
     return body_actor or "operator"
+
+
+def impersonation(cmd: Command, origin: subjects.SessionOrigin) -> CommandError | None:
+    """The rejection of a command a polecat session sent in another session's name: a session acts only as
+    itself (its ``session`` field, when the command has one, must be the session that sent it)."""
+    named = getattr(cmd, "session", None)
+    if named is not None and named != origin.session:
+        return CommandError(
+            "unauthorized",
+            f"session {origin.session} (polecat {origin.rig}/{origin.polecat}) may act only as itself, "
+            f"not as session {str(named)[:80]!r}",
+        )
+    return None
 
 
 class Delivery:
@@ -108,11 +125,13 @@ class Delivery:
         "actor",
         "body",
         "command_id",
+        "command_subject",
         "correlation_id",
         "delivered",
         "held",
         "msg",
         "name",
+        "origin",
         "stored_at",
         "stream_seq",
         "subject",
@@ -142,9 +161,11 @@ class Delivery:
         else:
             body_id = actor = correlation = None
         self.command_id = ids.command_id(header_id, body_id, self.stream_seq)
-        self.actor = command_actor(actor)
+        self.command_subject, self.origin = subjects.split_session_subject(subject)
+        """The command's own subject (``gt.cmd.step.done``), and who sent it when it came on a session's subject."""
+        self.actor = command_actor(actor, self.origin)
         self.correlation_id = correlation or self.command_id
-        self.name = self.subject.removeprefix(subjects.CMD_PREFIX + ".")
+        self.name = self.command_subject.removeprefix(subjects.CMD_PREFIX + ".")
 
     @classmethod
     def fetched(cls, msg: Msg, max_bytes: int) -> Delivery:
@@ -452,9 +473,11 @@ class CommandIntake:
         """The command a delivery carries and the aggregate it is decided on, or the rejection that answers it.
         Nothing a body holds may raise out of here: an exception would end the intake loop, the command would
         stay in GT_CMD, and the service would die on it again at every restart."""
-        parsed = read_command(delivery.subject, delivery.body, max_bytes=self._max_bytes)
+        parsed = read_command(delivery.command_subject, delivery.body, max_bytes=self._max_bytes)
         if isinstance(parsed, CommandError):
             return parsed, None
+        if delivery.origin is not None and (refused := impersonation(parsed, delivery.origin)) is not None:
+            return refused, None
         try:
             return parsed, self._key_of(parsed)
         except Exception as exc:
@@ -661,7 +684,10 @@ class CommandIntake:
                 log.info("command_already_settled", outcome_seq=stored[0])
                 return stored[0]
         if isinstance(parsed, Command) and parsed.fence is not None:
-            fenced = await fence_error(self._js, self._reader.stream, parsed.fence, stored_at=delivery.stored_time())
+            holder = delivery.origin.session if delivery.origin is not None else None
+            fenced = await fence_error(
+                self._js, self._reader.stream, parsed.fence, stored_at=delivery.stored_time(), holder=holder
+            )
             if fenced is not None:
                 parsed = fenced
         facts = await self._prepare(parsed) if self._prepare is not None and isinstance(parsed, Command) else None

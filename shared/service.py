@@ -32,7 +32,7 @@ from nats.js.api import StreamInfo
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared import heartbeats, rate_limit, runtime
+from shared import heartbeats, rate_limit, runtime, subjects
 from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus.activity import ActivityKeeper
 from shared.bus.append import RETRYABLE_ERRORS, Appender, still_in_flight
@@ -242,6 +242,12 @@ class Service(Generic[S]):
     def query(self, what: str, body: dict[str, Any]) -> Any:
         """Answer ``gt.q.<name>.<what>`` from the projection."""
         raise QueryError("unknown_query", f"{self.name} has no query {what!r}")
+
+    def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None:
+        """Refuse (``QueryError`` ``unauthorized``) what polecat session ``session`` may not ask about: called for
+        a query whose reply goes to a session's private inbox, which only that session may read (its NATS
+        identity subscribes nowhere else). A service whose answers hold one session's or polecat's own things
+        (mail, nudges) overrides it; everything else is the town's, readable by every session."""
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -559,7 +565,7 @@ class Service(Generic[S]):
     async def _answer(self, msg: Msg) -> None:
         what = msg.subject.rsplit(".", 1)[-1]
         try:
-            reply = await self._answer_query(what, msg.data)
+            reply = await self._answer_query(what, msg.data, subjects.session_of_inbox(msg.reply or ""))
         except QueryError as exc:
             reply = {"ok": False, "code": exc.code, "message": exc.message}
         except Exception as exc:
@@ -569,13 +575,15 @@ class Service(Generic[S]):
             with contextlib.suppress(nats.errors.Error):
                 await msg.respond(_ENCODER.encode(reply))
 
-    async def _answer_query(self, what: str, data: bytes) -> dict[str, Any]:
+    async def _answer_query(self, what: str, data: bytes, session: str | None = None) -> dict[str, Any]:
         try:
             body: Any = _QUERY_DECODER.decode(data) if data.strip() else {}
         except UNDECODABLE as exc:
             raise QueryError("malformed", f"query body is not JSON: {exc!r:.300}") from None
         if not isinstance(body, dict):
             raise QueryError("malformed", "a query body must be a JSON object")
+        if session is not None:
+            self.check_session_query(what, body, session)
         if what == "status":
             return {"ok": True, "seq": self.projection.last_seq, "result": self.status()}
         min_seq = body.get("min_seq", 0)

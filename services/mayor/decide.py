@@ -83,9 +83,9 @@ def decide(state: MayorState, cmd: Command, ctx: DecideContext, formulas: Formul
         case MailReply():
             return decide_mail.reply(state, cmd, ctx)
         case MailRead():
-            return decide_mail.read(state, cmd)
+            return decide_mail.read(state, cmd, ctx)
         case MailArchive():
-            return decide_mail.archive(state, cmd)
+            return decide_mail.archive(state, cmd, ctx)
         case EscalationRaise():
             return decide_escalations.raise_(state, cmd, ctx)
         case EscalationAck():

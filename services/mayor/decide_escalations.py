@@ -26,7 +26,8 @@ def raise_(state: MayorState, cmd: EscalationRaise, ctx: DecideContext) -> Accep
     event = EscalationRaised(
         escalation_id=escalation_id,
         severity=cmd.severity,
-        source=cmd.source or ctx.actor,
+        # A polecat raises as itself: its actor comes from the subject it may publish on, its body is its own.
+        source=ctx.actor if ctx.actor.startswith("polecat:") else (cmd.source or ctx.actor),
         message=cmd.message,
         bead=cmd.bead,
     )

@@ -33,6 +33,15 @@ def get_message(state: MayorState, message_id: str) -> Bead:
     return bead
 
 
+def own_message(state: MayorState, message_id: str, actor: str) -> Bead:
+    """The message, when ``actor`` may act on it: a polecat only on mail in its own inbox (it cannot read, archive
+    or answer another polecat's); operators and services on any."""
+    message = get_message(state, message_id)
+    if POLECAT_ADDRESS.fullmatch(actor) and message.assignee != actor:
+        raise CommandError("unauthorized", f"message {message.id} is not in the inbox of {actor}")
+    return message
+
+
 def _subject(subject: str, body: str) -> str:
     if subject.strip():
         return subject
@@ -142,7 +151,7 @@ def send(state: MayorState, cmd: MailSend, ctx: DecideContext) -> Accepted:
 
 
 def reply(state: MayorState, cmd: MailReply, ctx: DecideContext) -> Accepted:
-    original = get_message(state, cmd.id)
+    original = own_message(state, cmd.id, ctx.actor)
     sender = original.metadata.get("from")
     if not sender:
         raise CommandError("invalid", f"message {original.id} has no sender to reply to")
@@ -161,8 +170,8 @@ def reply(state: MayorState, cmd: MailReply, ctx: DecideContext) -> Accepted:
     return Accepted(events=[event], result={"id": message_id, "to": sender, "thread": thread, "changed": True})
 
 
-def read(state: MayorState, cmd: MailRead) -> Accepted:
-    message = get_message(state, cmd.id)
+def read(state: MayorState, cmd: MailRead, ctx: DecideContext) -> Accepted:
+    message = own_message(state, cmd.id, ctx.actor)
     if is_read(message):
         return Accepted(result={"id": message.id, "read": True, "changed": False})
     event = BeadUpdated(bead_id=message.id, add_labels=[READ_LABEL])
@@ -172,8 +181,8 @@ def read(state: MayorState, cmd: MailRead) -> Accepted:
     )
 
 
-def archive(state: MayorState, cmd: MailArchive) -> Accepted:
-    message = get_message(state, cmd.id)
+def archive(state: MayorState, cmd: MailArchive, ctx: DecideContext) -> Accepted:
+    message = own_message(state, cmd.id, ctx.actor)
     if message.status == "closed":
         return Accepted(result={"id": message.id, "status": "closed", "changed": False})
     event = BeadClosed(bead_id=message.id, reason="archived")

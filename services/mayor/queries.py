@@ -20,6 +20,7 @@ from services.mayor.reads import (
 )
 from services.mayor.state import STATUS_RANK, STATUSES, Bead, Convoy, Escalation, MayorState, Molecule
 from shared.commands import SEVERITIES
+from shared.commands.mail import normalise_address, polecat_address
 from shared.errors import QueryError
 
 DEFAULT_LIST_LIMIT = 1000
@@ -258,6 +259,40 @@ QUERIES: dict[str, Callable[[MayorState, dict[str, Any]], Any]] = {
     "thread": _thread,
     "escalations": _escalations,
 }
+
+
+def check_session_query(state: MayorState, what: str, body: dict[str, Any], session: str) -> None:
+    """A polecat session reads only its own polecat's mail: ``inbox`` of its own address, ``thread`` of
+    messages it sent or received. Raises ``QueryError`` ``unauthorized`` otherwise."""
+    if what not in ("inbox", "thread"):
+        return
+    own = session_address(state, session)
+    if own is None:
+        raise QueryError("unauthorized", f"session {session} is no live polecat session; it reads no mail")
+    if what == "inbox" and normalise_address(str(body.get("to") or "")) != own:
+        raise QueryError("unauthorized", f"session {session} reads only its own inbox ({own})")
+    if what == "thread":
+        thread = body.get("thread")
+        for bead in state.beads.values():
+            if (
+                is_message(bead)
+                and bead.metadata.get("thread") == thread
+                and own
+                not in (
+                    bead.assignee,
+                    bead.metadata.get("from"),
+                )
+            ):
+                raise QueryError("unauthorized", f"thread {thread} holds mail {own} neither sent nor received")
+
+
+def session_address(state: MayorState, session: str) -> str | None:
+    """The mail address of the polecat a live session works as."""
+    for rig in state.rigs.values():
+        for polecat, current in rig.polecats.items():
+            if current == session:
+                return polecat_address(rig.name, polecat)
+    return None
 
 
 def answer(state: MayorState, what: str, body: dict[str, Any]) -> Any:

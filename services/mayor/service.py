@@ -73,6 +73,9 @@ class MayorService(Service[MayorState]):
             return self._formula(body)
         return queries.answer(self.projection.state, what, body)
 
+    def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None:
+        queries.check_session_query(self.projection.state, what, body, session)
+
     def _formulas(self, body: dict[str, Any]) -> Any:
         rig = body.get("rig")
         if rig is not None and not isinstance(rig, str):

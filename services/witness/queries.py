@@ -72,6 +72,13 @@ def _sessions(state: WitnessState, body: dict[str, Any]) -> Any:
     return out
 
 
+def check_session_query(what: str, body: dict[str, Any], session: str) -> None:
+    """A polecat session reads only its own session's record (its nudges, its handoff notes). Raises
+    ``QueryError`` ``unauthorized`` otherwise."""
+    if what == "session" and body.get("id") != session:
+        raise QueryError("unauthorized", f"session {session} reads only its own session record")
+
+
 def _session(state: WitnessState, body: dict[str, Any]) -> Any:
     session_id = _opt_str(body, "id")
     if not session_id:

@@ -134,6 +134,9 @@ class WitnessService(Service[WitnessState]):
     def query(self, what: str, body: dict[str, Any]) -> Any:
         return queries.answer(self.projection.state, what, body)
 
+    def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None:
+        queries.check_session_query(what, body, session)
+
     def status(self) -> dict[str, Any]:
         out = super().status()
         out.update(

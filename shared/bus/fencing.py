@@ -26,10 +26,16 @@ READ_ATTEMPTS = 3
 
 
 async def fence_error(
-    js: JetStreamContext, stream: str, fence: Fence, *, stored_at: datetime | None = None
+    js: JetStreamContext,
+    stream: str,
+    fence: Fence,
+    *,
+    stored_at: datetime | None = None,
+    holder: str | None = None,
 ) -> CommandError | None:
     """None when ``fence.token`` holds ``fence.lease`` now (or held it at ``stored_at``, when given); else the
-    rejection that says why not."""
+    rejection that says why not. With ``holder`` (the session a command came from), the token must also be that
+    holder's: a session cannot borrow another's fence by guessing its token."""
     subject = f"gt.evt.lease.{fence.lease}"
     for attempt in range(READ_ATTEMPTS):
         try:
@@ -48,11 +54,11 @@ async def fence_error(
     except GastownError as exc:
         return CommandError("conflict", f"fenced: the newest event of lease {fence.lease} cannot be read: {exc}")
     if isinstance(latest, LeaseAcquired) and latest.token == fence.token:
-        return None
+        return _not_held_by(fence, latest.holder, holder)
     if stored_at is not None:
-        ended = await _token_ended_at(js, stream, subject, fence.token)
+        ended, held_by = await _token_ended_at(js, stream, subject, fence.token)
         if ended is not None and ended > stored_at:
-            return None  # stored while the token was live: sent by the live holder
+            return _not_held_by(fence, held_by, holder)  # stored while the token was live
     if isinstance(latest, LeaseAcquired):
         why = f"it is held with token {latest.token} by {latest.holder}"
     elif isinstance(latest, LeaseExpired) and latest.token == fence.token:
@@ -67,17 +73,27 @@ async def fence_error(
     return CommandError("conflict", f"fenced: token {fence.token} of lease {fence.lease} is not live: {why}")
 
 
-async def _token_ended_at(js: JetStreamContext, stream: str, subject: str, token: int) -> datetime | None:
-    """When ``token`` stopped holding the lease (its release or expiry, or the next acquisition), from the
-    lease's history; None if it never held it or the history cannot be read."""
-    seq, held = 0, False
+def _not_held_by(fence: Fence, token_holder: str | None, sender: str | None) -> CommandError | None:
+    if sender is None or token_holder == sender:
+        return None
+    return CommandError(
+        "unauthorized", f"fenced: token {fence.token} of lease {fence.lease} is not held by session {sender}"
+    )
+
+
+async def _token_ended_at(
+    js: JetStreamContext, stream: str, subject: str, token: int
+) -> tuple[datetime | None, str | None]:
+    """When ``token`` stopped holding the lease (its release or expiry, or the next acquisition), and who held
+    it, from the lease's history; (None, ...) if it never held it or the history cannot be read."""
+    seq, held, held_by = 0, False, None
     while True:
         try:
             msg = await js.get_msg(stream, seq=seq + 1, subject=subject, next=True)
         except nats.js.errors.NotFoundError:
-            return None
+            return None, held_by
         except (nats.errors.Error, TimeoutError):
-            return None
+            return None, held_by
         seq = int(msg.seq or 0)
         try:
             env: Envelope = decode_envelope(msg.data or b"")
@@ -86,7 +102,8 @@ async def _token_ended_at(js: JetStreamContext, stream: str, subject: str, token
             continue
         if isinstance(event, LeaseAcquired):
             if held and event.token != token:
-                return env.ts
-            held = held or event.token == token
+                return env.ts, held_by
+            if event.token == token:
+                held, held_by = True, event.holder
         elif isinstance(event, LeaseReleased | LeaseExpired) and event.token == token and held:
-            return env.ts
+            return env.ts, held_by

@@ -72,6 +72,7 @@ async def send_command(
     """
     cmd_id = body.get("cmd_id") or f"cli-{secrets.token_hex(8)}"
     body = {**body, "cmd_id": cmd_id}
+    subject = identity.command_subject(subject)
     actor = identity.default_actor(body.get("actor"))
     if actor is not None:
         body["actor"] = actor  # sent from a polecat session: the command is its polecat's

@@ -1,17 +1,18 @@
 """Who this ``gt`` process acts as: the one place the CLI decides it.
 
-Inside a polecat session (the witness sets ``GT_RIG`` and ``GT_POLECAT``) every command the CLI sends carries
-the actor ``polecat:<rig>/<polecat>``; elsewhere it carries none, and the owning service records ``operator``.
-An explicit ``--actor`` (a command body's ``actor``) still wins.
-
-For now the session's environment says who it is; once each session has a NATS identity of its own, the
-actor comes from who may publish, and this module is what changes.
+Inside a polecat session (the witness sets ``GT_RIG``, ``GT_POLECAT`` and ``GT_SESSION``) every command goes
+to the session's own subject (``gt.cmd.step.done.<rig>.<polecat>.<session>``): the services record its actor as
+``polecat:<rig>/<polecat>`` from that subject, whatever the body says, and under the shipped NATS accounts the
+session's own identity may publish nowhere else (docs/architecture.md, "Identity"). Elsewhere a command goes to
+its plain subject and carries the body's ``actor`` (``--actor``), or none: the service then records ``operator``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+
+from shared import subjects
 
 OPERATOR = "operator"
 """What the services record when a command names no actor."""
@@ -24,6 +25,25 @@ def session_actor(env: Mapping[str, str] | None = None) -> str | None:
     if not rig or not polecat:
         return None
     return f"polecat:{rig}/{polecat}"
+
+
+def session_origin(env: Mapping[str, str] | None = None) -> subjects.SessionOrigin | None:
+    """The polecat session this process runs in, as its command subjects name it; None outside one."""
+    env = os.environ if env is None else env
+    rig, polecat = env.get("GT_RIG", "").strip(), env.get("GT_POLECAT", "").strip()
+    session = env.get("GT_SESSION", "").strip()
+    if not rig or not polecat or not session:
+        return None
+    return subjects.SessionOrigin(rig, polecat, session)
+
+
+def command_subject(subject: str, env: Mapping[str, str] | None = None) -> str:
+    """Where this process sends a command: its session's own subject inside a polecat session, else ``subject``."""
+    origin = session_origin(env)
+    split = subjects.split_command_subject(subject)
+    if origin is None or split is None:
+        return subject
+    return subjects.session_command_subject(split[0], split[1], origin)
 
 
 def default_actor(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str | None:

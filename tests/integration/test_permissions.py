@@ -29,7 +29,7 @@ from services.plugins.metrics import collect_live
 from services.refinery.service import RefineryService
 from services.witness.service import WitnessService
 from services.witness.settings import WitnessSettings
-from shared import git
+from shared import git, subjects
 from shared.bus.auth_callout import CalloutSettings, Responder, issuer_public, new_issuer_seed
 from shared.bus.connection import close_quietly, connect
 from shared.bus.permissions import guarded
@@ -142,8 +142,24 @@ class SecuredTown:
 
     async def gt(self, user: str, *args: str) -> subprocess.CompletedProcess[str]:
         """The real `gt` CLI as ``user``, without blocking the services on this event loop."""
+        return await self._run_gt(self.cli_env(user), args)
+
+    async def gt_in_session(self, origin: SessionOrigin, bead: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """The real `gt` CLI inside polecat session ``origin`` working on ``bead``, logged in as the session
+        itself (as the witness sets it up: its own user, credential and inbox); it sends on its own subjects."""
+        config = self.session_config(origin, bead)
+        env = {**self.cli_env("operator"), "NATS_USER": origin.session, "NATS_PASSWORD": config.nats_password or ""}
+        env.update(
+            NATS_INBOX_PREFIX=config.nats_inbox_prefix or "",
+            GT_RIG=origin.rig,
+            GT_POLECAT=origin.polecat,
+            GT_SESSION=origin.session,
+            GT_BEAD=bead,
+        )
+        return await self._run_gt(env, args)
+
+    async def _run_gt(self, env: dict[str, str], args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "shared.cli.main", *args]
-        env = self.cli_env(user)
         return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
 
     async def connect(self, user: str) -> Client:
@@ -259,10 +275,11 @@ async def test_every_role_does_its_work_with_its_own_user(
     st: SecuredTown, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The witness's own credentials are in its environment too (as under docker-compose): no agent gets them.
+    # It gives each session its own identity and answers the server's auth callout for it.
     monkeypatch.setenv("NATS_USER", "witness")
     monkeypatch.setenv("NATS_PASSWORD", st.passwords["witness"])
-    monkeypatch.setenv("GT_AGENT_NATS_USER", "agent")
-    monkeypatch.setenv("GT_AGENT_NATS_PASSWORD", st.passwords["agent"])
+    for key, value in st.callout_env().items():
+        monkeypatch.setenv(key, value)
     closings: list[str] = []
 
     async def on_event(seq: int, env: Envelope, payload: Event | None) -> None:
@@ -291,7 +308,7 @@ async def test_every_role_does_its_work_with_its_own_user(
 
             await town.wait_merge_requested(bead)
             sessions = await town.wait_settled(bead, timeout=90)
-            assert [s.end_reason for s in sessions] == ["done"], "the agent finished with the agent user"
+            assert [s.end_reason for s in sessions] == ["done"], "the agent finished as its own session identity"
 
             def closed() -> bool:
                 assert town.mayor is not None
@@ -330,11 +347,13 @@ async def test_every_role_does_its_work_with_its_own_user(
             await asyncio.wait_for(asyncio.gather(*plugins), 30)
 
     seen = agent_environment(sessions[0].worktree, sessions[0].id)
-    assert seen.get("NATS_USER") == "agent"
+    assert seen.get("NATS_USER") == sessions[0].id, "the session logged in as itself"
+    assert seen.get("NATS_INBOX_PREFIX") == f"_INBOX_s-{sessions[0].id}"
     assert "NATS_PASSWORD" not in seen
     assert seen.get("NATS_PASSWORD_FILE"), "its password came in a file"
-    assert st.passwords["agent"] not in seen.values()
     assert st.passwords["witness"] not in seen.values(), "the witness's own password never reaches an agent"
+    for secret in (*st.callout_env().values(), st.passwords["auth"]):
+        assert secret not in seen.values(), "nor the keys the witness mints and vouches with"
     assert not any(key.startswith("GT_AGENT_NATS_") for key in seen)
     assert seen.get("GT_LEASE_TOKEN"), "the agent held its hook lease, renewed in GT_LEASES with its own user"
     assert st.violations() == [], "every role had every permission its work needs"
@@ -356,11 +375,11 @@ server's global environment, the command lines tmux started panes with, every pr
 async def test_an_agents_password_reaches_it_in_a_private_file_never_on_a_command_line_or_in_tmux(
     st: SecuredTown, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The witness holds its own password and the agents' (as under docker-compose); it starts the tmux server.
+    # The witness holds its own password and the session keys (as under docker-compose); it starts the tmux server.
     monkeypatch.setenv("NATS_USER", "witness")
     monkeypatch.setenv("NATS_PASSWORD", st.passwords["witness"])
-    monkeypatch.setenv("GT_AGENT_NATS_USER", "agent")
-    monkeypatch.setenv("GT_AGENT_NATS_PASSWORD", st.passwords["agent"])
+    for key, value in st.callout_env().items():
+        monkeypatch.setenv(key, value)
     spy = tmp_path / "spy.sh"
     spy.write_text(SPY)
     async with services_as_themselves(st, tmp_path, "mayor", "witness", "refinery") as town:
@@ -371,14 +390,14 @@ async def test_an_agents_password_reaches_it_in_a_private_file_never_on_a_comman
         bead = created.stdout.strip()
         assert (await st.gt("operator", "sling", bead, "demo")).returncode == 0
         sessions = await town.wait_settled(bead, timeout=120)
-        # It finished as the agent user: its `gt` read the password from the file (the server requires it).
+        # It finished as its own session identity: its `gt` read the password from the file (the server requires it).
         assert [s.end_reason for s in sessions] == ["done"]
         spied = Path(sessions[0].worktree).parent / f"{sessions[0].id}.spy"
         seen = {name: (spied / name).read_text() for name in ("global-env", "start-commands", "cmdlines", "env")}
         assert "NATS_PASSWORD" not in seen["global-env"], seen["global-env"]
-        for user in ("witness", "agent"):
+        for name, secret in (("witness", st.passwords["witness"]), *st.callout_env().items()):
             for what, text in seen.items():
-                assert st.passwords[user] not in text, f"the {user}'s password is in what an agent sees: {what}"
+                assert secret not in text, f"the {name}'s secret is in what an agent sees: {what}"
         env = dict(line.split("=", 1) for line in seen["env"].splitlines() if "=" in line)
         password_file = Path(env["NATS_PASSWORD_FILE"])
         assert (spied / "mode").read_text().strip() == "600"
@@ -433,27 +452,31 @@ async def test_an_agent_can_neither_add_rigs_nor_close_beads(st: SecuredTown, tm
         bead = created.stdout.strip()
         before = await snapshot(town.nc, "mayor", "witness")
 
-        rig_add = await st.gt("agent", "rig", "add", "evil", str(town.origin))
-        denied_by_cli(rig_add, "agent", "gt.cmd.rig.add")
-        close = await st.gt("agent", "bead", "close", bead, "--reason", "not mine to close")
-        denied_by_cli(close, "agent", "gt.cmd.bead.close")
-        sling = await st.gt("agent", "sling", bead, "evil")
-        denied_by_cli(sling, "agent", "gt.cmd.bead.sling")
+        session = SessionOrigin("demo", "ace", "hq-some-1")
+        async with responder_for(st, lambda s: s == session.session):
+            rig_add = await st.gt_in_session(session, "hq-some", "rig", "add", "evil", str(town.origin))
+            denied_by_cli(rig_add, session.session, "gt.cmd.rig.add")
+            close = await st.gt_in_session(session, "hq-some", "bead", "close", bead, "--reason", "not mine to close")
+            denied_by_cli(close, session.session, "gt.cmd.bead.close")
+            sling = await st.gt_in_session(session, "hq-some", "sling", bead, "evil")
+            denied_by_cli(sling, session.session, "gt.cmd.bead.sling")
 
-        assert await snapshot(town.nc, "mayor", "witness") == before, "nothing was stored, nothing changed"
-        shown = await st.gt("operator", "bead", "show", bead, "--json")
-        assert json.loads(shown.stdout)["status"] == "open"
-        rigs = await st.gt("operator", "rig", "list", "--json")
-        assert json.loads(rigs.stdout) == []
+            assert await snapshot(town.nc, "mayor", "witness") == before, "nothing was stored, nothing changed"
+            shown = await st.gt("operator", "bead", "show", bead, "--json")
+            assert json.loads(shown.stdout)["status"] == "open"
+            rigs = await st.gt("operator", "rig", "list", "--json")
+            assert json.loads(rigs.stdout) == []
 
-        # The same user may send what agents send: the refusals above are about the subjects, not the user.
-        mail = await st.gt("agent", "mail", "send", "operator", "--body", "I may not close your bead")
-        assert mail.returncode == 0, mail.stderr
+            # The same session may send what agents send: the refusals above are about the subjects.
+            mail = await st.gt_in_session(
+                session, "hq-some", "mail", "send", "operator", "--body", "I may not close it"
+            )
+            assert mail.returncode == 0, mail.stderr
         assert (await snapshot(town.nc, "mayor")).evt_last_seq > before.evt_last_seq
 
     lines = st.violations()
     for subject in ("gt.cmd.rig.add", "gt.cmd.bead.close", "gt.cmd.bead.sling"):
-        assert any('"GT/user:agent"' in line and f'Subject "{subject}"' in line for line in lines), lines
+        assert any('"GT/user:hq-some-1"' in line and f'Subject "{subject}"' in line for line in lines), lines
 
 
 async def test_the_operator_can_neither_forge_events_nor_delete_or_purge(st: SecuredTown, tmp_path: Path) -> None:
@@ -527,41 +550,50 @@ async def test_the_agent_user_can_neither_merge_an_operators_bead_nor_delete_a_b
         assert created.returncode == 0, created.stderr
         bead = created.stdout.strip()
 
-        agent = await st.connect("agent")
-        config = st.config("agent")
-        try:
-            # The attack of the issue: a merge request for the operator's bead, of the branch `release`.
-            attack = json.dumps({"bead": bead, "rig": "demo", "branch": "release", "head": release}).encode()
-            await refused(agent, agent.jetstream().publish("gt.cmd.mr.submit", attack, timeout=5), "gt.cmd.mr.submit")
-            # The agents' own subject takes a session's merge request only: no session, no lease, a forged one.
-            cases: list[tuple[dict[str, Any], str, str]] = [
-                ({"branch": "release"}, "invalid", "`session` is required"),
-                ({"branch": "release", "session": "hq-forged-1"}, "unauthorized", "hook lease as its `fence`"),
-                (
-                    {"branch": f"polecat/ace/{bead}", "session": "hq-forged-1",
-                     "fence": {"lease": hook_lease_name(bead), "token": 1}},
-                    "conflict", "was never acquired",
-                ),
-                (
-                    {"branch": "release", "session": "hq-forged-1", "actor": "operator",
-                     "fence": {"lease": "hook-other", "token": 1}},
-                    "conflict", "fenced",
-                ),
-            ]  # fmt: skip
-            for extra, code, said in cases:
-                body = {"bead": bead, "rig": "demo", "head": release, **extra}
-                outcome = await send_command(agent, config, "gt.cmd.mr.done", body, timeout=60, wait_if_down=True)
-                assert outcome.type == "cmd.rejected", (extra, outcome)
-                assert outcome.data["code"] == code, (extra, outcome.data)
-                assert said in outcome.data["message"], (extra, outcome.data)
-        finally:
-            await close_quietly(agent)
+        forger = subjects.SessionOrigin("demo", "ace", "hq-forged-1")
+        async with responder_for(st, lambda s: s == forger.session):
+            config = st.session_config(forger, bead)
+            agent = await connect(config, name="test-forger")
+            await _forge_merge_requests(agent, config, bead, release)
 
         assert await submitted_mrs(town.nc) == [], "nothing entered the merge queue"
         assert ref(town.origin, "release") == release, "the branch release is still there"
         assert ref(town.origin, "main") == main_before, "nothing was merged"
         shown = await st.gt("operator", "bead", "show", bead, "--json")
         assert json.loads(shown.stdout)["status"] == "open"
+
+
+async def _forge_merge_requests(agent: Client, config: TownConfig, bead: str, release: str) -> None:
+    """A session (its own identity) trying to merge the operator's bead and another branch: every way refused."""
+    try:
+        # The attack of the issue: a merge request for the operator's bead, of the branch `release`.
+        attack = json.dumps({"bead": bead, "rig": "demo", "branch": "release", "head": release}).encode()
+        await refused(agent, agent.jetstream().publish("gt.cmd.mr.submit", attack, timeout=5), "gt.cmd.mr.submit")
+        # The agents' own subject takes a session's merge request only: no session, no lease, a forged one.
+        cases: list[tuple[dict[str, Any], str, str]] = [
+            ({"branch": "release"}, "invalid", "`session` is required"),
+            ({"branch": "release", "session": "hq-forged-1"}, "unauthorized", "hook lease as its `fence`"),
+            (
+                {"branch": f"polecat/ace/{bead}", "session": "hq-forged-1",
+                 "fence": {"lease": hook_lease_name(bead), "token": 1}},
+                "conflict", "was never acquired",
+            ),
+            (
+                {"branch": "release", "session": "hq-forged-1", "actor": "operator",
+                 "fence": {"lease": "hook-other", "token": 1}},
+                "conflict", "fenced",
+            ),
+        ]  # fmt: skip
+        for extra, code, said in cases:
+            body = {"bead": bead, "rig": "demo", "head": release, **extra}
+            origin = subjects.SessionOrigin("demo", "ace", str(extra.get("session", "hq-forged-1")))
+            on_own_subject = subjects.session_command_subject("mr", "done", origin)
+            outcome = await send_command(agent, config, on_own_subject, body, timeout=60, wait_if_down=True)
+            assert outcome.type == "cmd.rejected", (extra, outcome)
+            assert outcome.data["code"] == code, (extra, outcome.data)
+            assert said in outcome.data["message"], (extra, outcome.data)
+    finally:
+        await close_quietly(agent)
 
 
 def ref(origin: Path, branch: str) -> str:

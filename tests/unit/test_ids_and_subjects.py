@@ -82,3 +82,21 @@ class TestCommandOwnership:
 
     def test_the_catch_all_service_reads_every_command(self) -> None:
         assert command_filters(CATCH_ALL_SERVICE) == ["gt.cmd.>"]
+
+
+def test_a_session_subject_names_who_sent_the_command() -> None:
+    origin = subjects.SessionOrigin("demo", "ace", "hq-abc-1")
+    sent = subjects.session_command_subject("mr", "done", origin)
+    assert sent == "gt.cmd.mr.done.demo.ace.hq-abc-1"
+    assert subjects.split_session_subject(sent) == ("gt.cmd.mr.done", origin)
+    assert origin.actor == "polecat:demo/ace"
+    assert owner_of(sent) == owner_of("gt.cmd.mr.done"), "the same service owns both forms"
+    for other in ("gt.cmd.mr.done", "gt.cmd.mr.done.demo.ace", "gt.cmd.mr.done.demo..s", "gt.evt.mr.x.a.b.c"):
+        assert subjects.split_session_subject(other) == (other, None), other
+
+
+def test_only_a_sessions_own_inbox_names_it() -> None:
+    inbox = subjects.session_inbox_prefix("hq-abc-1")
+    assert subjects.session_of_inbox(f"{inbox}.nuid.1") == "hq-abc-1"
+    for other in ("_INBOX.abc.1", "_INBOX_operator.x", "_INBOX_s-", "", "gt.q.mayor.x"):
+        assert subjects.session_of_inbox(other) is None, other

@@ -9,7 +9,8 @@ import pytest
 
 from services.witness.executor import polecat_git_env
 from services.witness.state import Rig
-from shared.cli.identity import default_actor, session_actor
+from shared import subjects
+from shared.cli.identity import command_subject, default_actor, session_actor
 from shared.commands import RigAdd
 from shared.errors import CommandError
 
@@ -23,6 +24,17 @@ def test_a_session_acts_as_its_polecat_and_anything_else_as_the_operator() -> No
     assert session_actor({}) is None, "outside a session: the service records `operator`"
     assert session_actor({"GT_RIG": "demo"}) is None
     assert default_actor(None, {}) is None
+
+
+def test_inside_a_session_commands_go_to_the_sessions_own_subject() -> None:
+    assert command_subject("gt.cmd.step.done", SESSION) == "gt.cmd.step.done.demo.ace.gt-abc-2"
+    assert command_subject("gt.cmd.step.done", {}) == "gt.cmd.step.done", "an operator's go to the plain subject"
+    assert command_subject("gt.cmd.step.done", {"GT_RIG": "demo", "GT_POLECAT": "ace"}) == "gt.cmd.step.done"
+    sent = command_subject("gt.cmd.mail.send", SESSION)
+    assert subjects.split_session_subject(sent) == (
+        "gt.cmd.mail.send",
+        subjects.SessionOrigin("demo", "ace", "gt-abc-2"),
+    )
 
 
 def rig(git_name: str = "", git_email: str = "") -> Rig:

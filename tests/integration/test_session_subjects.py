@@ -1,0 +1,155 @@
+"""A polecat session acts only as itself: a command it sends on its own subject
+(``gt.cmd.<aggregate>.<verb>.<rig>.<polecat>.<session>``, the only command subjects its NATS identity may publish
+on under the shipped accounts) is its polecat's whatever its body claims, cannot name another session, cannot use
+another session's fencing token, and cannot touch another polecat's mail; a query asked from a session's private
+inbox cannot read another polecat's mail or session record.
+
+Real nats-server, mayor, witness and refinery, two live sessions in real tmux, real git.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from services.witness.state import Session
+from shared import subjects
+from shared.config import TownConfig
+from shared.events import decode_envelope
+from tests.drivers import send_and_wait
+from tests.helpers import assert_eventually
+from tests.log_tools import read_all
+from tests.witness_town import PolecatTown, polecat_town
+
+
+@pytest.fixture
+async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
+    async with polecat_town(town, nc, tmp_path) as handle:
+        yield handle
+
+
+async def as_session(pt: PolecatTown, sender: Session, aggregate: str, verb: str, **body: Any) -> dict[str, Any]:
+    """Send a command the way a session's `gt` does: on the session's own subject."""
+    origin = subjects.SessionOrigin(sender.rig, sender.polecat, sender.id)
+    cmd_id = f"t-{uuid.uuid4().hex[:12]}"
+    raw = json.dumps({**body, "cmd_id": cmd_id}).encode()
+    return await send_and_wait(pt.nc, subjects.session_command_subject(aggregate, verb, origin), raw, cmd_id)
+
+
+async def operator_mail(pt: PolecatTown, to: str, body: str) -> str:
+    cmd_id = f"t-{uuid.uuid4().hex[:12]}"
+    raw = json.dumps({"to": to, "subject": "from the operator", "body": body, "cmd_id": cmd_id}).encode()
+    outcome = await send_and_wait(pt.nc, "gt.cmd.mail.send", raw, cmd_id)
+    assert outcome["type"] == "cmd.accepted", outcome
+    return str(outcome["result"]["id"])
+
+
+async def two_live_sessions(pt: PolecatTown) -> tuple[Session, Session]:
+    await pt.add_rig(agent_command="sleep 600", max_polecats=2)
+    beads = [await pt.new_bead("First"), await pt.new_bead("Second")]
+    for bead in beads:
+        await pt.sling(bead)
+
+    def started() -> tuple[Session, Session]:
+        found = [pt.sessions_of(bead) for bead in beads]
+        for sessions in found:
+            assert sessions, found
+            assert sessions[-1].status == "started", found
+            assert sessions[-1].lease_token is not None, found
+        return found[0][-1], found[1][-1]
+
+    result: tuple[Session, Session] = await assert_eventually(started, timeout=60, interval=0.1)
+    return result
+
+
+async def event_actor(pt: PolecatTown, aggregate: str, aggregate_id: str, kind: str) -> str:
+    for _seq, _subject, data in await read_all(pt.nc, "GT_EVT", f"gt.evt.{aggregate}.{aggregate_id}"):
+        env = decode_envelope(data)
+        if env.type == kind:
+            return env.actor
+    raise AssertionError(f"no {kind} on {aggregate}.{aggregate_id}")
+
+
+async def test_a_sessions_command_is_its_polecats_whatever_its_body_says(pt: PolecatTown) -> None:
+    a, b = await two_live_sessions(pt)
+    me = f"polecat:demo/{a.polecat}"
+
+    sent = await as_session(pt, a, "mail", "send", to="mayor", subject="hi", body="it is me", actor="mayor")
+    assert sent["type"] == "cmd.accepted", sent
+    message = sent["result"]["id"]
+    assert await event_actor(pt, "bead", message, "bead.created") == me, "the body's actor is not believed"
+    raised = await as_session(pt, a, "escalation", "raise", severity="low", message="help", source="deacon")
+    assert raised["type"] == "cmd.accepted", raised
+    assert await event_actor(pt, "escalation", raised["result"]["id"], "escalation.raised") == me
+
+    # Another session's name in the body is refused.
+    handoff = await as_session(pt, a, "session", "handoff", session=b.id, note="bye")
+    assert handoff["type"] == "cmd.rejected", handoff
+    assert handoff["code"] == "unauthorized", handoff
+    assert b.id in handoff["message"], handoff
+    assert pt.sessions_of(b.bead)[-1].status == "started", "the other session was not ended"
+
+
+async def test_a_session_cannot_use_another_sessions_fence(pt: PolecatTown) -> None:
+    a, b = await two_live_sessions(pt)
+    assert b.lease_token is not None
+    fence = {"lease": f"hook-{b.bead}", "token": b.lease_token}
+    molecule = await pt.nc.request("gt.q.mayor.molecule", json.dumps({"bead": b.bead}).encode(), timeout=10)
+    step = json.loads(molecule.data)["result"]["steps"][0]["id"]
+
+    stolen = await as_session(pt, a, "step", "start", bead=b.bead, step=step, fence=fence)
+    assert stolen["type"] == "cmd.rejected", stolen
+    assert stolen["code"] == "unauthorized", stolen
+    assert f"not held by session {a.id}" in stolen["message"], stolen
+
+    own = await as_session(pt, b, "step", "start", bead=b.bead, step=step, fence=fence)
+    assert own["type"] == "cmd.accepted", own
+
+
+async def test_a_session_touches_only_its_own_mail(pt: PolecatTown) -> None:
+    a, b = await two_live_sessions(pt)
+    to_b = await operator_mail(pt, f"polecat:demo/{b.polecat}", "secret")
+
+    for verb, extra in (("read", {}), ("archive", {}), ("reply", {"body": "ha"})):
+        refused = await as_session(pt, a, "mail", verb, id=to_b, **extra)
+        assert refused["type"] == "cmd.rejected", (verb, refused)
+        assert refused["code"] == "unauthorized", (verb, refused)
+    archived = await as_session(pt, b, "mail", "archive", id=to_b)
+    assert archived["type"] == "cmd.accepted", archived
+
+
+async def test_a_query_from_a_sessions_inbox_reads_only_its_own_mail_and_record(pt: PolecatTown) -> None:
+    a, b = await two_live_sessions(pt)
+    await operator_mail(pt, f"polecat:demo/{b.polecat}", "secret")
+    asker = await nats.connect(pt.config.nats_url, inbox_prefix=subjects.session_inbox_prefix(a.id))
+    try:
+
+        async def ask(subject: str, **body: Any) -> dict[str, Any]:
+            reply = await asker.request(subject, json.dumps(body).encode(), timeout=10)
+            answer: dict[str, Any] = json.loads(reply.data)
+            return answer
+
+        others = await ask("gt.q.mayor.inbox", to=f"polecat:demo/{b.polecat}")
+        assert others["ok"] is False, others
+        assert others["code"] == "unauthorized", others
+        own = await ask("gt.q.mayor.inbox", to=f"polecat:demo/{a.polecat}")
+        assert own["ok"] is True, own
+        assert own["result"] == [], own
+        record = await ask("gt.q.witness.session", id=b.id)
+        assert record["ok"] is False, record
+        assert record["code"] == "unauthorized", record
+        mine = await ask("gt.q.witness.session", id=a.id)
+        assert mine["ok"] is True, mine
+        assert mine["result"]["id"] == a.id, mine
+    finally:
+        await asker.close()
+    # An operator (any other inbox) still reads every inbox.
+    reply = await pt.nc.request("gt.q.mayor.inbox", json.dumps({"to": f"polecat:demo/{b.polecat}"}).encode(), 10)
+    assert len(json.loads(reply.data)["result"]) == 1

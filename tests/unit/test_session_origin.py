@@ -1,0 +1,79 @@
+"""A command's actor comes from the subject a polecat session may publish on, never from its body. Pure."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from services.mayor import queries
+from services.mayor.decide_mail import own_message
+from services.mayor.state import MESSAGE_TYPE, Bead, KnownRig, MayorState
+from services.witness.queries import check_session_query
+from shared.commands import MailArchive, SessionHandoff, StepDone
+from shared.errors import CommandError, QueryError
+from shared.intake import command_actor, impersonation
+from shared.subjects import SessionOrigin
+
+ACE = SessionOrigin("demo", "ace", "hq-a-1")
+
+
+def test_the_subject_names_the_actor_whatever_the_body_says() -> None:
+    assert command_actor("mayor", ACE) == "polecat:demo/ace"
+    assert command_actor(None, ACE) == "polecat:demo/ace"
+    assert command_actor("operator:ann", None) == "operator:ann", "plain subjects: operators and services"
+    assert command_actor(None, None) == "operator"
+
+
+def test_a_session_names_only_itself() -> None:
+    assert impersonation(SessionHandoff(session="hq-a-1", note=""), ACE) is None
+    refused = impersonation(SessionHandoff(session="hq-b-1", note=""), ACE)
+    assert refused is not None
+    assert refused.code == "unauthorized"
+    assert "hq-b-1" in refused.message
+    assert impersonation(StepDone(bead="hq-b", step="s1"), ACE) is None, "no session field: nothing to check"
+    assert impersonation(MailArchive(id="hq-m"), ACE) is None
+
+
+def mailbox_state() -> MayorState:
+    state = MayorState()
+    now = datetime.now(UTC)
+    state.beads["hq-m"] = Bead(
+        id="hq-m",
+        title="hi",
+        type=MESSAGE_TYPE,
+        assignee="polecat:demo/bob",
+        metadata={"thread": "hq-m", "from": "operator"},
+        created_at=now,
+        updated_at=now,
+    )
+    return state
+
+
+def test_a_polecat_acts_only_on_mail_in_its_own_inbox() -> None:
+    state = mailbox_state()
+    assert own_message(state, "hq-m", "polecat:demo/bob").id == "hq-m"
+    assert own_message(state, "hq-m", "operator").id == "hq-m", "operators and services act on any mail"
+    assert own_message(state, "hq-m", "mayor").id == "hq-m"
+    with pytest.raises(CommandError) as refused:
+        own_message(state, "hq-m", "polecat:demo/ace")
+    assert refused.value.code == "unauthorized"
+
+
+def test_a_session_asks_only_about_its_own_mail_and_record() -> None:
+    state = mailbox_state()
+    state.rigs["demo"] = KnownRig(name="demo", polecats={"ace": "hq-a-1", "bob": None})
+    check_session_query("session", {"id": "hq-a-1"}, "hq-a-1")
+    check_session_query("sessions", {}, "hq-a-1")
+    with pytest.raises(QueryError) as refused:
+        check_session_query("session", {"id": "hq-b-1"}, "hq-a-1")
+    assert refused.value.code == "unauthorized"
+    with pytest.raises(QueryError) as other:
+        queries.check_session_query(state, "inbox", {"to": "polecat:demo/bob"}, "hq-a-1")
+    assert other.value.code == "unauthorized"
+    queries.check_session_query(state, "inbox", {"to": "demo/ace"}, "hq-a-1")
+    with pytest.raises(QueryError, match="holds mail"):
+        queries.check_session_query(state, "thread", {"thread": "hq-m"}, "hq-a-1")
+    with pytest.raises(QueryError, match="no live polecat session"):
+        queries.check_session_query(state, "inbox", {"to": "polecat:demo/bob"}, "hq-gone-1")
+    queries.check_session_query(state, "ready", {}, "hq-a-1")
