@@ -455,11 +455,12 @@ async def test_an_agent_can_neither_add_rigs_nor_close_beads(st: SecuredTown, tm
         session = SessionOrigin("demo", "ace", "hq-some-1")
         async with responder_for(st, lambda s: s == session.session):
             rig_add = await st.gt_in_session(session, "hq-some", "rig", "add", "evil", str(town.origin))
-            denied_by_cli(rig_add, session.session, "gt.cmd.rig.add")
+            # Inside a session the CLI sends on the session's own subjects: of those, only the agent's commands.
+            denied_by_cli(rig_add, session.session, subjects.session_command_subject("rig", "add", session))
             close = await st.gt_in_session(session, "hq-some", "bead", "close", bead, "--reason", "not mine to close")
-            denied_by_cli(close, session.session, "gt.cmd.bead.close")
+            denied_by_cli(close, session.session, subjects.session_command_subject("bead", "close", session))
             sling = await st.gt_in_session(session, "hq-some", "sling", bead, "evil")
-            denied_by_cli(sling, session.session, "gt.cmd.bead.sling")
+            denied_by_cli(sling, session.session, subjects.session_command_subject("bead", "sling", session))
 
             assert await snapshot(town.nc, "mayor", "witness") == before, "nothing was stored, nothing changed"
             shown = await st.gt("operator", "bead", "show", bead, "--json")
@@ -476,7 +477,8 @@ async def test_an_agent_can_neither_add_rigs_nor_close_beads(st: SecuredTown, tm
 
     lines = st.violations()
     for subject in ("gt.cmd.rig.add", "gt.cmd.bead.close", "gt.cmd.bead.sling"):
-        assert any('"GT/user:hq-some-1"' in line and f'Subject "{subject}"' in line for line in lines), lines
+        on_its_own = f'Subject "{subject}.demo.ace.hq-some-1"'
+        assert any('"GT/user:hq-some-1"' in line and on_its_own in line for line in lines), lines
 
 
 async def test_the_operator_can_neither_forge_events_nor_delete_or_purge(st: SecuredTown, tmp_path: Path) -> None:
