@@ -75,6 +75,7 @@ async def reader(stack: Stack) -> AsyncIterator[Client]:
         servers=stack.urls(),
         user="operator",
         password=stack.passwords["operator"],
+        inbox_prefix="_INBOX_operator",  # the only inbox the operator may read
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.2,
     )
@@ -116,7 +117,9 @@ LED_BY_VICTIM = ("GT_CMD", "KV_GT_ACTIVE")
 async def move_leader(stack: Stack, stream: str, to: str) -> None:
     """Ask ``stream``'s leader to step down in favour of node ``to`` until ``to`` leads it. Sent as the
     deacon: the stream leader API is the services' (the operator may not move leaders)."""
-    nc = await nats.connect(servers=stack.urls(), user="deacon", password=stack.passwords["deacon"])
+    nc = await nats.connect(
+        servers=stack.urls(), user="deacon", password=stack.passwords["deacon"], inbox_prefix="_INBOX_deacon"
+    )
     try:
 
         async def leads() -> bool:
