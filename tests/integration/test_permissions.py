@@ -155,6 +155,8 @@ class SecuredTown:
             GT_POLECAT=origin.polecat,
             GT_SESSION=origin.session,
             GT_BEAD=bead,
+            GT_WORKTREE=str(self.home / "worktree"),
+            GT_BRANCH=f"polecat/{origin.polecat}/{bead}",
         )
         return await self._run_gt(env, args)
 

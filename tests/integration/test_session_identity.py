@@ -299,3 +299,22 @@ async def test_the_witness_gives_each_session_its_own_identity_and_refuses_it_on
             await connect(own, name="after-the-end")
         assert caught.value.refused
     assert f"session {session} unknown, ended or expired" in st.server.log_file.read_text()
+
+
+async def test_a_sessions_gt_waits_out_a_witness_restart_rather_than_failing(st: SecuredTown) -> None:
+    # No responder yet (the witness is restarting): the session's logins are refused until it is back.
+    async with provisioned_town(st) as mayor:
+        beating = asyncio.ensure_future(st.gt_in_session(A, BEAD_A, "heartbeat", "--note", "patient"))
+
+        def refused_a_few_times() -> bool:
+            assert not beating.done(), f"it gave up: {beating.result()}"
+            return st.server.log_file.read_text().count(f'authentication error - User "{A.session}"') >= 5
+
+        # More refusals than a plain `gt` tries (2 connects, each trying the server twice), each after the
+        # server's 2 s wait for an answer: its session's `gt` is still trying.
+        await assert_eventually(refused_a_few_times, timeout=28, interval=0.1, message="refused, still trying")
+        async with responder_for(st, lambda s: s == A.session):
+            done = await asyncio.wait_for(beating, 60)
+        assert done.returncode == 0, done.stderr
+        beat = await session_bucket(mayor.jetstream(), "GT_HEARTBEATS").get(A.session)
+        assert json.loads(beat.value or b"{}")["note"] == "patient"

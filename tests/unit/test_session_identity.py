@@ -8,6 +8,7 @@ import secrets
 from typing import Any
 
 import nkeys
+import pytest
 from hypothesis import given
 from hypothesis import strategies as hs
 
@@ -189,3 +190,16 @@ def test_keygen_makes_a_pair_the_witness_reads() -> None:
     assert settings is not None
     assert settings.credential_ttl_s == 7 * 24 * 3600
     assert load_settings({}) is None, "not configured: sessions get the shared credentials"
+
+
+def test_every_client_has_its_own_inbox_prefix_by_default() -> None:
+    from shared.config import load
+
+    assert load({"NATS_USER": "operator"}).inbox_prefix == "_INBOX_operator"
+    assert load({}).inbox_prefix is None, "no user (gt up): nats-py's own"
+    assert load({"NATS_USER": "hq-abc123-1", "NATS_INBOX_PREFIX": "_INBOX_s-hq-abc123-1"}).inbox_prefix == (
+        "_INBOX_s-hq-abc123-1"
+    )
+    assert load({"NATS_USER": "ops.alice"}).inbox_prefix is None, "a user that is no subject token: the default"
+    with pytest.raises(ValueError, match="NATS_INBOX_PREFIX"):
+        load({"NATS_INBOX_PREFIX": "_INBOX.>"})
