@@ -86,7 +86,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> CalloutSettings | Non
         issuer_public(seed.encode())
     except (nkeys.NkeysError, ValueError, binascii.Error) as exc:
         raise ValueError(
-            "GT_AUTH_ISSUER_SEED is not an account nkey seed (SA...; `python -m shared.bus.auth_callout keygen` makes one)"
+            "GT_AUTH_ISSUER_SEED is not an account nkey seed (SA...; "
+            "`python -m shared.bus.auth_callout keygen` makes one)"
         ) from exc
     key = _secret(env, "GT_SESSION_KEY")
     if not key or len(key) < 16:
