@@ -17,7 +17,7 @@ AGENT_PREFIX = "GT_AGENT_"
 AGENT_CREDENTIAL_VARS = tuple(AGENT_PREFIX + key for key in CREDENTIAL_VARS)
 WITNESS_SECRETS = tuple(
     name + suffix
-    for name in ("GT_AUTH_ISSUER_SEED", "GT_SESSION_KEY", "GT_NATS_AUTH_PASSWORD")
+    for name in ("GT_AUTH_ISSUER_SEED", "GT_SESSION_KEY", "GT_NATS_AUTH_PASSWORD", "GT_NATS_SYS_PASSWORD")
     for suffix in ("", "_FILE")
 )
 """What the witness mints session credentials and answers the auth callout with: no session ever gets them."""

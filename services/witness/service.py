@@ -22,6 +22,7 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
+from nats.aio.client import Client
 
 from services.witness import decide as witness_decide
 from services.witness import queries, scope
@@ -71,6 +72,8 @@ class WitnessService(Service[WitnessState]):
         """Per-session NATS identities (``GT_AUTH_ISSUER_SEED``, ...): the witness mints each session's credential
         and answers the server's auth callout; None: sessions get ``GT_AGENT_NATS_*`` (or the witness's own)."""
         self.responder: auth_callout.Responder | None = None
+        self._kicker: Client | None = None
+        """The ``sys`` user's connection, when ``GT_NATS_SYS_PASSWORD`` is set: disconnects ended sessions."""
         ws = self.witness_settings
         self.tmux = Tmux(ws.tmux_socket)
         self.policy = Policy(
@@ -149,6 +152,7 @@ class WitnessService(Service[WitnessState]):
             commands_passed=self.intake.passed if self.intake else 0,
             session_logins_granted=self.responder.granted if self.responder else None,
             session_logins_refused=self.responder.refused if self.responder else None,
+            session_connections_kicked=self.responder.kicked if self.responder else None,
         )
         return out
 
@@ -180,9 +184,24 @@ class WitnessService(Service[WitnessState]):
         self.responder = auth_callout.Responder(settings, buckets, self.session_live)
         nc = await connect(config, name=f"{self.identity}-auth-callout", connect_attempts=-1)
         try:
+            if settings.sys_password:
+                sys_config = msgspec.structs.replace(
+                    config, nats_user=auth_callout.SYS_USER, nats_password=settings.sys_password
+                )
+                self._kicker = await connect(sys_config, name=f"{self.identity}-kicker", connect_attempts=-1)
             await self.responder.serve(nc)
         finally:
             await close_quietly(nc)
+            if self._kicker is not None:
+                await close_quietly(self._kicker)
+                self._kicker = None
+
+    async def _kick_ended_sessions(self) -> None:
+        """Level-triggered: every connection this witness granted to a session that has ended since is cut."""
+        if self.responder is None or self._kicker is None:
+            return
+        for session in [s for s in self.responder.connections if not self.session_live(s)]:
+            await self.responder.kick(self._kicker, session)
 
     async def reconcile(self) -> None:
         if self._queue is None:
@@ -190,6 +209,7 @@ class WitnessService(Service[WitnessState]):
         observed = await self._observe()
         for action in plan(self.state, observed, self.policy):
             self._queue_action(action)
+        await self._kick_ended_sessions()
 
     def _queue_action(self, action: Action) -> None:
         assert self._queue is not None

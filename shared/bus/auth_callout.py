@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import nacl.exceptions
 import nacl.signing
+import nats.errors
 import nkeys
 import structlog
 from nats.aio.client import Client
@@ -35,6 +36,9 @@ log = structlog.get_logger(__name__)
 
 AUTH_SUBJECT = "$SYS.REQ.USER.AUTH"
 AUTH_USER = "auth"
+SYS_USER = "sys"
+"""The system account's user (accounts.conf): it may only ask a server to disconnect a client (KICK)."""
+KICK_TIMEOUT_S = 2.0
 """The responder's login (account AUTH in ops/nats/accounts.conf; it bypasses the callout)."""
 SESSION_ACCOUNT = "GT"
 RESPONDERS = "gt-auth-callout"
@@ -55,6 +59,9 @@ class CalloutSettings(NamedTuple):
     """The ``auth`` user's password, the responder's login (``GT_NATS_AUTH_PASSWORD``)."""
     credential_ttl_s: float = DEFAULT_CREDENTIAL_TTL_S
     """How long a session's credential is good (``GT_SESSION_CREDENTIAL_TTL``, seconds)."""
+    sys_password: str | None = None
+    """The ``sys`` user's password (``GT_NATS_SYS_PASSWORD``): the witness disconnects an ended session's
+    connections with it (``$SYS.REQ.SERVER.<id>.KICK``). None: they last until the credential expires."""
 
 
 def _secret(env: Mapping[str, str], name: str) -> str | None:
@@ -103,7 +110,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> CalloutSettings | Non
     if ttl < 60:
         raise ValueError(f"GT_SESSION_CREDENTIAL_TTL must be a number of seconds of at least 60, got {ttl_text!r}")
     return CalloutSettings(
-        issuer_seed=seed.encode(), session_key=key.encode(), auth_password=password, credential_ttl_s=ttl
+        issuer_seed=seed.encode(),
+        session_key=key.encode(),
+        auth_password=password,
+        credential_ttl_s=ttl,
+        sys_password=_secret(env, "GT_NATS_SYS_PASSWORD"),
     )
 
 
@@ -200,6 +211,10 @@ class Responder:
         self.issuer = issuer_public(settings.issuer_seed)
         self.granted = 0
         self.refused = 0
+        self.kicked = 0
+        self.connections: dict[str, set[tuple[str, int]]] = {}
+        """The (server id, client id) of each connection granted to a session (this process's: a restarted
+        witness knows none, and their credential's expiry ends them)."""
         self.serving = asyncio.Event()
         """Set once the responder's subscription is made (logins are answered from then on)."""
 
@@ -224,6 +239,10 @@ class Responder:
         if not self.live(checked.session):
             return self._refuse(user_nkey, server_id, f"session {checked.session} unknown, ended or expired")
         self.granted += 1
+        client = nats_claims.get("client_info") or {}
+        client_id = client.get("id") if isinstance(client, dict) else None
+        if isinstance(client_id, int):
+            self.connections.setdefault(checked.session, set()).add((server_id, client_id))
         log.info("session_login_granted", session=checked.session, rig=checked.rig, polecat=checked.polecat)
         return self._response(user_nkey, server_id, now, user_jwt=self._user_jwt(user_nkey, checked, now))
 
@@ -279,6 +298,24 @@ class Responder:
                 await self._handle(nc, msg)
         finally:
             await sub.unsubscribe()
+
+    async def kick(self, sys_nc: Client, session: str) -> int:
+        """Disconnect the connections granted to ``session`` (logged in as the ``sys`` user); how many the
+        servers acknowledged. Its next login is refused by the live check, not by this."""
+        done = 0
+        for server_id, client_id in sorted(self.connections.pop(session, set())):
+            subject = f"$SYS.REQ.SERVER.{server_id}.KICK"
+            try:
+                await sys_nc.request(subject, json.dumps({"cid": client_id}).encode(), timeout=KICK_TIMEOUT_S)
+            except (nats.errors.Error, TimeoutError) as exc:
+                # Gone already, or its server is away: its credential's expiry is the backstop.
+                log.warning("session_kick_failed", session=session, server=server_id, cid=client_id, error=repr(exc))
+                continue
+            done += 1
+        if done:
+            self.kicked += done
+            log.info("session_kicked", session=session, connections=done)
+        return done
 
     async def _handle(self, nc: Client, msg: Msg) -> None:
         try:

@@ -270,6 +270,7 @@ def test_the_stack_runs_each_service_with_its_own_user_and_three_replicas(tmp_pa
     # Sessions get their own identities: the witness mints them and answers the auth callout as the auth user.
     assert not [key for key in witness if key.startswith("GT_AGENT_NATS_")]
     assert witness["GT_NATS_AUTH_PASSWORD"] == "pw-auth"
+    assert witness["GT_NATS_SYS_PASSWORD"] == "pw-sys"
     assert witness["GT_AUTH_ISSUER_SEED"].startswith("SA")
     assert len(witness["GT_SESSION_KEY"]) >= 16
     for node in nats_nodes(model):

@@ -49,7 +49,7 @@ from tests.log_tools import events_of
 from tests.witness_town import FAST, TEST_COMMAND, PolecatTown, make_origin, tmux_socket
 
 ACCOUNTS = REPO_ROOT / "ops" / "nats" / "accounts.conf"
-USERS = ("mayor", "witness", "refinery", "deacon", "operator", "plugin", "auth")
+USERS = ("mayor", "witness", "refinery", "deacon", "operator", "plugin", "auth", "sys")
 EXIT_DENIED = 4
 FAIL_FAST_S = 4.0
 """A refusal is reported well before the 5 s a JetStream publish waits for its acknowledgement."""
@@ -69,6 +69,7 @@ def callout(passwords: dict[str, str]) -> CalloutSettings:
         issuer_seed=new_issuer_seed().encode(),
         session_key=secrets.token_hex(32).encode(),
         auth_password=passwords["auth"],
+        sys_password=passwords["sys"],
     )
 
 
@@ -109,6 +110,7 @@ class SecuredTown:
             "GT_AUTH_ISSUER_SEED": self.callout.issuer_seed.decode(),
             "GT_SESSION_KEY": self.callout.session_key.decode(),
             "GT_NATS_AUTH_PASSWORD": self.callout.auth_password,
+            "GT_NATS_SYS_PASSWORD": self.callout.sys_password or "",
         }
 
     def session_config(self, origin: SessionOrigin, bead: str, *, expires_in_s: float = 3600.0) -> TownConfig:

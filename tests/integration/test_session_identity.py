@@ -289,15 +289,19 @@ async def test_the_witness_gives_each_session_its_own_identity_and_refuses_it_on
 
         own = st.session_config(SessionOrigin("demo", "ace", session), bead)
         own = msgspec.structs.replace(own, nats_password=password)
-        nc = await connect(own, name="while-live")  # the session's credential, while it lives
-        await close_quietly(nc)
-
-        closed = await st.gt("operator", "bead", "close", bead, "--reason", "enough")
-        assert closed.returncode == 0, closed.stderr
-        await town.wait_settled(bead, timeout=90)
-        with pytest.raises(NatsUnavailableError) as caught:
-            await connect(own, name="after-the-end")
-        assert caught.value.refused
+        survivor = await connect(own, name="while-live")  # the session's credential, while it lives
+        try:
+            closed = await st.gt("operator", "bead", "close", bead, "--reason", "enough")
+            assert closed.returncode == 0, closed.stderr
+            await town.wait_settled(bead, timeout=90)
+            with pytest.raises(NatsUnavailableError) as caught:
+                await connect(own, name="after-the-end")
+            assert caught.value.refused
+            # A connection of the session still open when it ended (a process that outlived its pane): cut.
+            await assert_eventually(lambda: not survivor.is_connected, timeout=30, message="the survivor is cut")
+            assert witness.responder.kicked >= 1
+        finally:
+            await close_quietly(survivor)
     assert f"session {session} unknown, ended or expired" in st.server.log_file.read_text()
 
 

@@ -203,3 +203,11 @@ def test_every_client_has_its_own_inbox_prefix_by_default() -> None:
     assert load({"NATS_USER": "ops.alice"}).inbox_prefix is None, "a user that is no subject token: the default"
     with pytest.raises(ValueError, match="NATS_INBOX_PREFIX"):
         load({"NATS_INBOX_PREFIX": "_INBOX.>"})
+
+
+def test_the_responder_remembers_which_connections_it_granted_to_cut_them_when_the_session_ends() -> None:
+    answering = responder({"hq-abc123-1"})
+    request = claims_of(server_request("hq-abc123-1", token()))
+    request["nats"]["client_info"] = {"id": 42}
+    answering.answer(encode_jwt(request, SERVER_SEED).encode())
+    assert answering.connections == {"hq-abc123-1": {(request["nats"]["server_id"]["id"], 42)}}
