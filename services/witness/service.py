@@ -74,6 +74,7 @@ class WitnessService(Service[WitnessState]):
         self.responder: auth_callout.Responder | None = None
         self._kicker: Client | None = None
         """The ``sys`` user's connection, when ``GT_NATS_SYS_PASSWORD`` is set: disconnects ended sessions."""
+        self._kicking: dict[str, asyncio.Task[int]] = {}
         ws = self.witness_settings
         self.tmux = Tmux(ws.tmux_socket)
         self.policy = Policy(
@@ -201,7 +202,12 @@ class WitnessService(Service[WitnessState]):
         if self.responder is None or self._kicker is None:
             return
         for session in [s for s in self.responder.connections if not self.session_live(s)]:
-            await self.responder.kick(self._kicker, session)
+            if session in self._kicking:
+                continue
+            # In the background: a session may have logged in many times, and the reconcile must not wait.
+            task = asyncio.create_task(self.responder.kick(self._kicker, session), name=f"kick-{session}")
+            self._kicking[session] = task
+            task.add_done_callback(lambda _, s=session: self._kicking.pop(s, None))  # type: ignore[misc]
 
     async def reconcile(self) -> None:
         if self._queue is None:
