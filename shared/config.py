@@ -45,6 +45,19 @@ class TownConfig(msgspec.Struct, frozen=True, kw_only=True):
     nats_creds: str | None = None
     """Credentials: ``NATS_USER``/``NATS_PASSWORD`` (or the password in the file ``NATS_PASSWORD_FILE`` names: kept
     off command lines, how a polecat session gets its password) or a creds file (``NATS_CREDS``)."""
+    nats_inbox_prefix: str | None = None
+    """Where this client's replies, JetStream deliveries and KV watches arrive (``NATS_INBOX_PREFIX``); see
+    ``inbox_prefix``."""
+
+    @property
+    def inbox_prefix(self) -> str | None:
+        """``NATS_INBOX_PREFIX``, else ``_INBOX_<user>`` when a NATS user is set (the only inbox the shipped
+        accounts let each user subscribe to: nobody reads another's replies), else None (nats-py's ``_INBOX``)."""
+        if self.nats_inbox_prefix:
+            return self.nats_inbox_prefix
+        if self.nats_user and self.nats_user.replace("_", "").replace("-", "").isalnum():
+            return f"_INBOX_{self.nats_user}"
+        return None
 
     @property
     def servers(self) -> list[str]:
@@ -93,7 +106,16 @@ def load(env: Mapping[str, str] | None = None, *, service: str | None = None) ->
         nats_user=get("NATS_USER"),
         nats_password=get("NATS_PASSWORD") or _password_from_file(get("NATS_PASSWORD_FILE")),
         nats_creds=get("NATS_CREDS"),
+        nats_inbox_prefix=_inbox_prefix(get("NATS_INBOX_PREFIX")),
     )
+
+
+def _inbox_prefix(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not value.replace("_", "").replace("-", "").isalnum():
+        raise ValueError(f"NATS_INBOX_PREFIX must be one subject token (letters, digits, _ and -), got {value!r}")
+    return value
 
 
 def _password_from_file(path: str | None) -> str | None:

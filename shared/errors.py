@@ -14,9 +14,11 @@ class NatsUnavailableError(GastownError):
 
     retryable = True
 
-    def __init__(self, url: str, detail: str) -> None:
+    def __init__(self, url: str, detail: str, *, refused: bool = False) -> None:
         self.url = url
         self.detail = detail
+        self.refused = refused
+        """The server answered and refused the credentials."""
         super().__init__(f"NATS is unreachable at {url}: {detail}")
 
 

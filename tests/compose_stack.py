@@ -26,17 +26,20 @@ from typing import Any, Protocol
 
 import yaml
 
+from shared.bus.auth_callout import keygen_lines
 from shared.embedded import find_server_binary, free_port
 from tests.helpers import wait_until
 from tests.service_process import ManagedProcess
 
-USERS = ("route", "mayor", "witness", "refinery", "deacon", "operator", "agent", "plugin")
+USERS = ("route", "mayor", "witness", "refinery", "deacon", "operator", "plugin", "auth", "sys")
 CLIENT_PORT, ROUTE_PORT, HTTP_PORT = 4222, 6222, 8222
 
 
 def write_env_file(path: Path, passwords: dict[str, str]) -> Path:
-    """The stack's ``.env``: one password per user (as ops/gastown.env.example lists them)."""
-    path.write_text("".join(f"GT_NATS_{user.upper()}_PASSWORD={pw}\n" for user, pw in passwords.items()))
+    """The stack's ``.env``: one password per user and a fresh auth callout issuer and session key (as
+    ops/gastown.env.example lists them)."""
+    lines = [f"GT_NATS_{user.upper()}_PASSWORD={pw}" for user, pw in passwords.items()]
+    path.write_text("\n".join([*lines, *keygen_lines()]) + "\n")
     return path
 
 

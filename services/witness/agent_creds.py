@@ -12,9 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-CREDENTIAL_VARS = ("NATS_USER", "NATS_PASSWORD", "NATS_PASSWORD_FILE", "NATS_CREDS")
+CREDENTIAL_VARS = ("NATS_USER", "NATS_PASSWORD", "NATS_PASSWORD_FILE", "NATS_CREDS", "NATS_INBOX_PREFIX")
 AGENT_PREFIX = "GT_AGENT_"
 AGENT_CREDENTIAL_VARS = tuple(AGENT_PREFIX + key for key in CREDENTIAL_VARS)
+WITNESS_SECRETS = tuple(
+    name + suffix
+    for name in ("GT_AUTH_ISSUER_SEED", "GT_SESSION_KEY", "GT_NATS_AUTH_PASSWORD", "GT_NATS_SYS_PASSWORD")
+    for suffix in ("", "_FILE")
+)
+"""What the witness mints session credentials and answers the auth callout with: no session ever gets them."""
 
 
 def agent_nats_credentials(environ: Mapping[str, str]) -> dict[str, str]:
@@ -27,4 +33,4 @@ def agent_nats_credentials(environ: Mapping[str, str]) -> dict[str, str]:
 
 def is_credential(key: str) -> bool:
     """A variable only ``agent_nats_credentials`` decides about (never passed on by name)."""
-    return key in CREDENTIAL_VARS or key in AGENT_CREDENTIAL_VARS
+    return key in CREDENTIAL_VARS or key in AGENT_CREDENTIAL_VARS or key in WITNESS_SECRETS

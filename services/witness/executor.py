@@ -43,7 +43,8 @@ from services.witness.actions import (
 from services.witness.agent_creds import agent_nats_credentials, is_credential
 from services.witness.settings import WitnessSettings
 from services.witness.state import Rig, Session, WitnessState, mail_nudge_id
-from shared import git, processes
+from shared import git, processes, session_identity, subjects
+from shared.bus.auth_callout import CalloutSettings
 from shared.commands.rigs import git_identity
 from shared.config import TownConfig
 from shared.decision import NewEvent
@@ -110,6 +111,9 @@ class Host(Protocol):
     async def append_owed(self, owed: list[NewEvent], *, causation_id: str | None = None) -> int: ...
 
     async def send_command(self, subject: str, body: dict[str, Any], *, cmd_id: str) -> int: ...
+
+    @property
+    def callout(self) -> CalloutSettings | None: ...
 
 
 class Executor:
@@ -375,7 +379,7 @@ class Executor:
         if session.lease_token is not None:
             env["GT_LEASE"] = hook_lease_name(session.bead)
             env["GT_LEASE_TOKEN"] = str(session.lease_token)
-        env.update(agent_nats_credentials(os.environ))
+        env.update(self._session_credentials(session))
         if (password := env.pop("NATS_PASSWORD", None)) is not None:
             env["NATS_PASSWORD_FILE"] = str(self._write_password(session, password))
         for key in (*AGENT_ENV_PASSTHROUGH, *self.settings.agent_env):
@@ -385,6 +389,28 @@ class Executor:
             if key.startswith("GT_AGENT_") and not is_credential(key):
                 env.setdefault(key, value)  # the reference agent's settings and fault injection
         return env
+
+    def _session_credentials(self, session: Session) -> dict[str, str]:
+        """The session's own NATS identity when the witness answers the auth callout: user = its session id,
+        a password minted for it (good for ``GT_SESSION_CREDENTIAL_TTL``; a session that outlives it must hand
+        off), its private inbox prefix. Else the agents' shared credentials (``agent_creds``)."""
+        callout = self.host.callout
+        if callout is None:
+            return agent_nats_credentials(os.environ)
+        expires_at = int(self.host.clock().timestamp() + callout.credential_ttl_s)
+        password = session_identity.mint(
+            callout.session_key,
+            session=session.id,
+            rig=session.rig,
+            polecat=session.polecat,
+            bead=session.bead,
+            expires_at=expires_at,
+        )
+        return {
+            "NATS_USER": session.id,
+            "NATS_PASSWORD": password,
+            "NATS_INBOX_PREFIX": subjects.session_inbox_prefix(session.id),
+        }
 
     async def _unusable_worktree(self, session: Session, detail: str) -> None:
         message = (

@@ -16,12 +16,13 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
+from nats.aio.client import Client
 
 from services.witness import decide as witness_decide
 from services.witness import queries, scope
@@ -34,11 +35,14 @@ from services.witness.projection import new_projection
 from services.witness.state import WitnessState
 from shared import git, processes
 from shared.aio import raise_if_cancelling
+from shared.bus import auth_callout
+from shared.bus.connection import close_quietly, connect
 from shared.commands import Command, RigAdd, SessionRecoverHook
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, Route
 from shared.errors import ActivityLostError
 from shared.service import Service, ServiceSettings
+from shared.session_identity import SessionBuckets
 from shared.tmux import Tmux, TmuxError
 
 log = structlog.get_logger(__name__)
@@ -57,11 +61,20 @@ class WitnessService(Service[WitnessState]):
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         witness: witness_settings.WitnessSettings | None = None,
+        callout: auth_callout.CalloutSettings | Literal[False] | None = None,
     ) -> None:
+        """``callout``: None reads it from the environment; False: none, whatever the environment says."""
         super().__init__(config, new_projection(), settings, clock=clock)
         self.acting_since: datetime | None = clock()
         """Sessions the operator stopped from now on are left for the next witness to respawn (see plan)."""
         self.witness_settings = witness or witness_settings.load()
+        self.callout = auth_callout.load_settings() if callout is None else callout or None
+        """Per-session NATS identities (``GT_AUTH_ISSUER_SEED``, ...): the witness mints each session's credential
+        and answers the server's auth callout; None: sessions get ``GT_AGENT_NATS_*`` (or the witness's own)."""
+        self.responder: auth_callout.Responder | None = None
+        self._kicker: Client | None = None
+        """The ``sys`` user's connection, when ``GT_NATS_SYS_PASSWORD`` is set: disconnects ended sessions."""
+        self._kicking: dict[str, asyncio.Task[int]] = {}
         ws = self.witness_settings
         self.tmux = Tmux(ws.tmux_socket)
         self.policy = Policy(
@@ -138,6 +151,9 @@ class WitnessService(Service[WitnessState]):
             tmux_socket=self.witness_settings.tmux_socket,
             rigs=sorted(self.witness_settings.rigs) if self.witness_settings.rigs is not None else None,
             commands_passed=self.intake.passed if self.intake else 0,
+            session_logins_granted=self.responder.granted if self.responder else None,
+            session_logins_refused=self.responder.refused if self.responder else None,
+            session_connections_kicked=self.responder.kicked if self.responder else None,
         )
         return out
 
@@ -147,6 +163,51 @@ class WitnessService(Service[WitnessState]):
         self._queue = asyncio.PriorityQueue()
         for n in range(self.witness_settings.workers):
             tg.create_task(self._worker(), name=f"witness-worker-{n}")
+        if self.callout is not None:
+            tg.create_task(self._answer_auth_callout(self.callout), name="auth-callout")
+
+    def session_live(self, session_id: str) -> bool:
+        """May this session log in: the witness knows it and it has not ended (then its credential is dead)."""
+        session = self.state.sessions.get(session_id)
+        return session is not None and session.status != "ended"
+
+    async def _answer_auth_callout(self, settings: auth_callout.CalloutSettings) -> None:
+        """The auth callout responder, on its own connection as the ``auth`` user. A bad request is answered and
+        logged (``Responder``); anything else ends the witness's task group, as any of its loops would."""
+        config = msgspec.structs.replace(
+            self.config,
+            nats_user=auth_callout.AUTH_USER,
+            nats_password=settings.auth_password,
+            nats_creds=None,
+            nats_inbox_prefix=None,
+        )
+        buckets = SessionBuckets(self.config.evt_stream, self.config.heartbeat_bucket, self.config.lease_bucket)
+        self.responder = auth_callout.Responder(settings, buckets, self.session_live)
+        nc = await connect(config, name=f"{self.identity}-auth-callout", connect_attempts=-1)
+        try:
+            if settings.sys_password:
+                sys_config = msgspec.structs.replace(
+                    config, nats_user=auth_callout.SYS_USER, nats_password=settings.sys_password
+                )
+                self._kicker = await connect(sys_config, name=f"{self.identity}-kicker", connect_attempts=-1)
+            await self.responder.serve(nc)
+        finally:
+            await close_quietly(nc)
+            if self._kicker is not None:
+                await close_quietly(self._kicker)
+                self._kicker = None
+
+    async def _kick_ended_sessions(self) -> None:
+        """Level-triggered: every connection this witness granted to a session that has ended since is cut."""
+        if self.responder is None or self._kicker is None:
+            return
+        for session in [s for s in self.responder.connections if not self.session_live(s)]:
+            if session in self._kicking:
+                continue
+            # In the background: a session may have logged in many times, and the reconcile must not wait.
+            task = asyncio.create_task(self.responder.kick(self._kicker, session), name=f"kick-{session}")
+            self._kicking[session] = task
+            task.add_done_callback(lambda _, s=session: self._kicking.pop(s, None))  # type: ignore[misc]
 
     async def reconcile(self) -> None:
         if self._queue is None:
@@ -154,6 +215,7 @@ class WitnessService(Service[WitnessState]):
         observed = await self._observe()
         for action in plan(self.state, observed, self.policy):
             self._queue_action(action)
+        await self._kick_ended_sessions()
 
     def _queue_action(self, action: Action) -> None:
         assert self._queue is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import nats
@@ -62,6 +63,9 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
         "reconnected_cb": on_reconnect,
         "pending_size": 64 * 1024 * 1024,
     }
+    if config.inbox_prefix:
+        # Requests, JetStream pull and ordered consumers and KV watches all take their inboxes from it.
+        options["inbox_prefix"] = config.inbox_prefix
     if config.nats_creds:
         options["user_credentials"] = config.nats_creds
     elif config.nats_user:
@@ -85,7 +89,34 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
         nc.options["max_reconnect_attempts"] = -1  # once connected, reconnect forever
         register(nc, watch)
         return nc
-    raise NatsUnavailableError(config.nats_url, _describe(refused[-1] if refused else last_error, watch.user))
+    failure = refused[-1] if refused else last_error
+    raise NatsUnavailableError(
+        config.nats_url, _describe(failure, watch.user), refused=failure is not None and _refused_credentials(failure)
+    )
+
+
+SESSION_LOGIN_PATIENCE_S = 30.0
+"""How long a polecat session's ``gt`` keeps trying when its login is refused: its credential is checked by the
+witness's auth callout responder, and while the witness restarts there is none for a few seconds."""
+
+
+async def connect_as_session_or_user(
+    config: TownConfig, *, name: str, in_session: bool, connect_attempts: int
+) -> Client:
+    """``connect``; inside a polecat session a refused login is tried again for ``SESSION_LOGIN_PATIENCE_S``.
+
+    Raises:
+        NatsUnavailableError: every attempt failed (a refused login: once the patience is spent).
+    """
+    deadline = time.monotonic() + (SESSION_LOGIN_PATIENCE_S if in_session else 0.0)
+    while True:
+        try:
+            return await connect(config, name=name, connect_attempts=connect_attempts)
+        except NatsUnavailableError as exc:
+            if not exc.refused or time.monotonic() >= deadline:
+                raise
+            log.info("session_login_refused_retrying", user=describe_user(config))
+            await pause(1.0)
 
 
 def describe_user(config: TownConfig) -> str:

@@ -286,7 +286,9 @@ async def provision(js: JetStreamContext, config: TownConfig) -> ProvisionReport
     (created if made else existing).append(f"KV {config.heartbeat_bucket}")
     made = await ensure_kv(js, config.service_bucket, ttl=SERVICE_HEARTBEAT_TTL_S, replicas=config.replicas)
     (created if made else existing).append(f"KV {config.service_bucket}")
-    made = await ensure_kv(js, config.lease_bucket, ttl=LEASE_RENEWAL_TTL_S, replicas=config.replicas)
+    made = await ensure_kv(
+        js, config.lease_bucket, ttl=LEASE_RENEWAL_TTL_S, replicas=config.replicas, written_by_sessions=True
+    )
     (created if made else existing).append(f"KV {config.lease_bucket}")
     made = await ensure_kv(js, config.active_bucket, ttl=ACTIVE_KEY_TTL_S, replicas=config.replicas)
     (created if made else existing).append(f"KV {config.active_bucket}")
@@ -310,11 +312,22 @@ leaves the bucket after an hour (a lapsed key is taken over long before, by its 
 
 async def ensure_heartbeat_bucket(js: JetStreamContext, config: TownConfig) -> bool:
     """The KV bucket of agent heartbeats (a cache of liveness, never truth); True when created."""
-    return await ensure_kv(js, config.heartbeat_bucket, ttl=HEARTBEAT_TTL_S, replicas=config.replicas)
+    return await ensure_kv(
+        js, config.heartbeat_bucket, ttl=HEARTBEAT_TTL_S, replicas=config.replicas, written_by_sessions=True
+    )
 
 
-async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl: float, replicas: int) -> bool:
-    """A KV bucket keeping the latest value per key; True when this call created it."""
+async def ensure_kv(
+    js: JetStreamContext, bucket: str, *, ttl: float, replicas: int, written_by_sessions: bool = False
+) -> bool:
+    """A KV bucket keeping the latest value per key; True when this call created it.
+
+    ``written_by_sessions``: polecat sessions write their own keys (heartbeats, hook leases), each allowed only
+    its key's subjects (shared/session_identity.py). Such a bucket answers direct gets (the only read that names
+    one key in its subject, so a permission can scope it) and refuses rollup headers: permissions cannot look
+    at headers, and a ``Nats-Rollup: all`` published on a session's own key would wipe every key. An existing
+    bucket is brought to that (the deacon deletes stale keys with a compare-and-set, never a rollup).
+    """
     try:
         await js.key_value(bucket)
     except nats.js.errors.BucketNotFoundError:
@@ -326,6 +339,8 @@ async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl: float, replicas: 
             return False
         log.info("bucket_created", bucket=bucket)
         return True
+    if written_by_sessions:
+        await deny_rollups(js, bucket)
     return False
 
 
@@ -354,7 +369,8 @@ def kv_stream_config(bucket: str, *, ttl: float, replicas: int, history: int = 1
     return StreamConfig(
         name=f"KV_{bucket}",
         subjects=[f"$KV.{bucket}.>"],
-        allow_direct=kv.direct,
+        # Direct gets name the key in their subject, so a session's permission can allow its own key only.
+        allow_direct=True,
         allow_rollup_hdrs=False,
         allow_msg_ttl=True,
         deny_delete=True,
@@ -378,14 +394,14 @@ async def create_kv(js: JetStreamContext, bucket: str, *, ttl: float, replicas: 
 
 
 async def deny_rollups(js: JetStreamContext, bucket: str) -> bool:
-    """Make an existing bucket's stream refuse rollups (one made by an older version, or by nats-py's
-    defaults); True when it was changed. A bucket that is not there is left to whoever creates it."""
+    """Make an existing bucket's stream refuse rollups and answer direct gets (one made by an older version, or
+    by nats-py's defaults); True when it was changed. A bucket that is not there is left to whoever creates it."""
     try:
         info = await js.stream_info(f"KV_{bucket}")
     except nats.js.errors.NotFoundError:
         return False
-    if not info.config.allow_rollup_hdrs:
+    if info.config.allow_direct and not info.config.allow_rollup_hdrs:
         return False
-    await js.update_stream(dataclasses.replace(info.config, allow_rollup_hdrs=False))
+    await js.update_stream(dataclasses.replace(info.config, allow_direct=True, allow_rollup_hdrs=False))
     log.info("bucket_rollups_denied", bucket=bucket)
     return True

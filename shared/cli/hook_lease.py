@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 import nats.errors
 import structlog
 from nats.aio.client import Client
+from nats.js.client import JetStreamContext
+from nats.js.kv import KeyValue
 
 from shared import leases
 from shared.bus.fencing import fence_error
@@ -21,6 +23,13 @@ from shared.commands import Fence
 from shared.config import TownConfig
 
 log = structlog.get_logger(__name__)
+
+
+def session_bucket(js: JetStreamContext, bucket: str) -> KeyValue:
+    """A KV bucket opened without asking for its stream's info: a polecat session may not (``STREAM.INFO`` of a
+    bucket lists every key), only put and direct-get its own keys (shared/session_identity.py); the buckets
+    answer direct gets (``topology.ensure_kv``)."""
+    return KeyValue(name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.", js=js, direct=True)
 
 
 def session_fence(env: Mapping[str, str] | None = None) -> Fence | None:
@@ -45,7 +54,7 @@ async def renew(nc: Client, config: TownConfig, fence: Fence, *, check_log: bool
         if fenced is not None:
             return fenced.message
     try:
-        kv = await js.key_value(config.lease_bucket)
+        kv = session_bucket(js, config.lease_bucket)
         await leases.renew(kv, fence.lease, holder, fence.token, datetime.now(UTC))
     except leases.LeaseLostError as exc:
         return exc.why

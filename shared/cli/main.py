@@ -24,7 +24,7 @@ from nats.aio.client import Client
 from shared import config as town_config
 from shared import logging as gt_logging
 from shared.aio import task_stacks
-from shared.bus.connection import connect
+from shared.bus.connection import connect_as_session_or_user
 from shared.bus.permissions import guarded
 from shared.bus.topology import provision
 from shared.cli import automations, beads, convoys, dashboard, feed, gc, mail, polecats, render, status, work
@@ -152,7 +152,8 @@ async def run_async(handler: Handler, args: argparse.Namespace, config: TownConf
     # `kill -USR2 <pid>` of a gt that does not finish prints what each of its tasks waits for.
     with contextlib.suppress(NotImplementedError, RuntimeError):
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _print_task_stacks)
-    nc = await connect(config, name="gt-cli", connect_attempts=2)
+    in_session = bool(os.environ.get("GT_SESSION")) and config.nats_user == os.environ.get("GT_SESSION")
+    nc = await connect_as_session_or_user(config, name="gt-cli", in_session=in_session, connect_attempts=2)
     try:
         # Any subject this user may not use (a query, the KV, the JetStream API) ends the command at once
         # with the subject named, rather than with a timeout.

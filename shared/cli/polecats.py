@@ -461,14 +461,15 @@ async def _prime(nc: Client, args: argparse.Namespace, config: TownConfig) -> in
 
 async def _heartbeat(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     js = nc.jetstream()
-    try:
-        kv = await js.key_value(config.heartbeat_bucket)
-    except nats.js.errors.BucketNotFoundError:
-        await ensure_heartbeat_bucket(js, config)
-        kv = await js.key_value(config.heartbeat_bucket)
+    kv = hook_lease.session_bucket(js, config.heartbeat_bucket)
     session = os.environ["GT_SESSION"]
     beat = {"ts": datetime.now(UTC).isoformat(), "session": session, "note": args.note[:500]}
-    await kv.put(session, json.dumps(beat).encode())
+    try:
+        await kv.put(session, json.dumps(beat).encode())
+    except nats.js.errors.NoStreamResponseError:
+        # No bucket yet (a town whose services have not provisioned it): only a user who may create it can.
+        await ensure_heartbeat_bucket(js, config)
+        await kv.put(session, json.dumps(beat).encode())
     fence = hook_lease.session_fence()
     if fence is not None:
         lost = await hook_lease.renew(nc, config, fence, check_log=True)

@@ -75,6 +75,7 @@ async def reader(stack: Stack) -> AsyncIterator[Client]:
         servers=stack.urls(),
         user="operator",
         password=stack.passwords["operator"],
+        inbox_prefix="_INBOX_operator",  # the only inbox the operator may read
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.2,
     )
@@ -116,7 +117,9 @@ LED_BY_VICTIM = ("GT_CMD", "KV_GT_ACTIVE")
 async def move_leader(stack: Stack, stream: str, to: str) -> None:
     """Ask ``stream``'s leader to step down in favour of node ``to`` until ``to`` leads it. Sent as the
     deacon: the stream leader API is the services' (the operator may not move leaders)."""
-    nc = await nats.connect(servers=stack.urls(), user="deacon", password=stack.passwords["deacon"])
+    nc = await nats.connect(
+        servers=stack.urls(), user="deacon", password=stack.passwords["deacon"], inbox_prefix="_INBOX_deacon"
+    )
     try:
 
         async def leads() -> bool:
@@ -264,8 +267,6 @@ def test_the_stack_runs_each_service_with_its_own_user_and_three_replicas(tmp_pa
         assert model["services"][service]["restart"] == "unless-stopped"
         assert model["services"][service]["healthcheck"]["test"][1:3] == ["gt", "health"]
     witness = model["services"]["witness"]["environment"]
-    assert witness["GT_AGENT_NATS_USER"] == "agent"
-    assert witness["GT_AGENT_NATS_PASSWORD"] == "pw-agent"
     # Gates run as the image's user `gate`: the refinery runs as root for that, on a GT_HOME volume of its own.
     refinery = model["services"]["refinery"]
     assert refinery["environment"]["GT_GATE_USER"] == "gate"
@@ -275,3 +276,13 @@ def test_the_stack_runs_each_service_with_its_own_user_and_three_replicas(tmp_pa
     assert {"/var/lib/gastown", "/var/lib/gastown-refinery"} <= mounts
     dockerfile = (REPO_ROOT / "Dockerfile").read_text()
     assert "useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10002 gate" in dockerfile
+    # Sessions get their own identities: the witness mints them and answers the auth callout as the auth user.
+    assert not [key for key in witness if key.startswith("GT_AGENT_NATS_")]
+    assert witness["GT_NATS_AUTH_PASSWORD"] == "pw-auth"
+    assert witness["GT_NATS_SYS_PASSWORD"] == "pw-sys"
+    assert witness["GT_AUTH_ISSUER_SEED"].startswith("SA")
+    assert len(witness["GT_SESSION_KEY"]) >= 16
+    for node in nats_nodes(model):
+        node_env = model["services"][node]["environment"]
+        assert node_env["GT_AUTH_ISSUER"].startswith("A")
+        assert "GT_AUTH_ISSUER_SEED" not in node_env, "the seed stays with the witness"

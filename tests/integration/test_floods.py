@@ -1,5 +1,6 @@
 """Floods: one agent sending commands as fast as it can cannot fill the log, and the town keeps answering
-everyone else. Real nats-server with the shipped accounts (the flood comes from the agent user)."""
+everyone else. Real nats-server with the shipped accounts (the flood comes from a polecat session's own
+identity, on its own subject)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import msgspec
 import pytest
 from nats.js.client import JetStreamContext
 
-from shared.bus.connection import close_quietly
+from shared.bus.connection import close_quietly, connect
 from shared.events import decode_envelope
+from shared.subjects import SessionOrigin, session_command_subject
 from tests.helpers import assert_eventually
 from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
     SecuredTown,
+    callout,
     passwords,
+    responder_for,
     secured,
     services_as_themselves,
     st,
@@ -24,7 +28,8 @@ from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
 
 FLOOD = 2_000
 RATE, BURST = 5.0, 20.0
-FLOODER = "polecat:demo/flooder"
+FLOODER = SessionOrigin("demo", "flooder", "hq-flood-1")
+WRITER = SessionOrigin("demo", "writer", "hq-write-1")
 
 
 async def outcomes_of(js: JetStreamContext, prefix: str) -> list[dict[str, object]]:
@@ -48,14 +53,16 @@ async def test_an_agent_flooding_mail_send_is_rate_limited_and_the_log_stays_bou
     async with services_as_themselves(st, tmp_path, "mayor") as town:
         js = town.nc.jetstream()
         before = int((await js.stream_info("GT_EVT")).state.last_seq)
-        agent = await st.connect("agent")
+        async with responder_for(st, lambda s: s == FLOODER.session):
+            agent = await connect(st.session_config(FLOODER, "hq-flood"), name="flooder")
+        subject = session_command_subject("mail", "send", FLOODER)
         try:
             agent_js = agent.jetstream()
             started = time.monotonic()
 
             async def send(i: int) -> None:
-                body = {"to": "mayor", "body": f"flood {i}", "actor": FLOODER, "cmd_id": f"flood-{i}"}
-                await agent_js.publish("gt.cmd.mail.send", msgspec.json.encode(body), stream="GT_CMD", timeout=30)
+                body = {"to": "mayor", "body": f"flood {i}", "cmd_id": f"flood-{i}"}
+                await agent_js.publish(subject, msgspec.json.encode(body), stream="GT_CMD", timeout=30)
 
             flood = asyncio.gather(*(send(i) for i in range(FLOOD)))
             # Meanwhile the operator's commands are answered as usual.
@@ -98,7 +105,8 @@ async def test_an_agent_writes_less_text_in_one_command_than_an_operator(
     async with services_as_themselves(st, tmp_path, "mayor") as town:
         js = town.nc.jetstream()
         before = int((await js.stream_info("GT_EVT")).state.last_seq)
-        by_agent = await st.gt("agent", "mail", "send", "mayor", "--body", long_text, "--actor", "polecat:demo/writer")
+        async with responder_for(st, lambda s: s == WRITER.session):
+            by_agent = await st.gt_in_session(WRITER, "hq-write", "mail", "send", "mayor", "--body", long_text)
         assert by_agent.returncode == 1, (by_agent.returncode, by_agent.stdout, by_agent.stderr)
         assert "rejected (too_large)" in by_agent.stderr
         assert "GT_RATE_AGENT_MAX_COMMAND" in by_agent.stderr

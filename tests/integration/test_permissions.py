@@ -12,7 +12,7 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from services.refinery.service import RefineryService
 from services.witness.service import WitnessService
 from services.witness.settings import WitnessSettings
 from shared import git, subjects
+from shared.bus.auth_callout import CalloutSettings, Responder, issuer_public, new_issuer_seed
 from shared.bus.connection import close_quietly, connect
 from shared.bus.permissions import guarded
 from shared.cli.client import query, send_command
@@ -40,13 +41,15 @@ from shared.events import BeadClosed, Envelope, Event
 from shared.ids import hook_lease_name
 from shared.plugins import Plugin, PluginSettings
 from shared.service import Service
+from shared.session_identity import SessionBuckets, mint
+from shared.subjects import SessionOrigin, session_inbox_prefix
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of
 from tests.witness_town import FAST, TEST_COMMAND, PolecatTown, make_origin, tmux_socket
 
 ACCOUNTS = REPO_ROOT / "ops" / "nats" / "accounts.conf"
-USERS = ("mayor", "witness", "refinery", "deacon", "operator", "agent", "plugin")
+USERS = ("mayor", "witness", "refinery", "deacon", "operator", "plugin", "auth", "sys")
 EXIT_DENIED = 4
 FAIL_FAST_S = 4.0
 """A refusal is reported well before the 5 s a JetStream publish waits for its acknowledgement."""
@@ -60,9 +63,22 @@ def passwords() -> dict[str, str]:
 
 
 @pytest.fixture
-def secured(tmp_path: Path, passwords: dict[str, str]) -> Iterator[EmbeddedServer]:
-    """A nats-server with the shipped accounts.conf, included as it is; the passwords in its environment."""
+def callout(passwords: dict[str, str]) -> CalloutSettings:
+    """The witness's side of per-session identities: a fresh issuer key, session key, the auth user's password."""
+    return CalloutSettings(
+        issuer_seed=new_issuer_seed().encode(),
+        session_key=secrets.token_hex(32).encode(),
+        auth_password=passwords["auth"],
+        sys_password=passwords["sys"],
+    )
+
+
+@pytest.fixture
+def secured(tmp_path: Path, passwords: dict[str, str], callout: CalloutSettings) -> Iterator[EmbeddedServer]:
+    """A nats-server with the shipped accounts.conf, included as it is; the passwords and the auth callout's
+    issuer in its environment."""
     env = {**os.environ, **{f"GT_NATS_{user.upper()}_PASSWORD": pw for user, pw in passwords.items()}}
+    env["GT_AUTH_ISSUER"] = issuer_public(callout.issuer_seed)
     server = EmbeddedServer(tmp_path / "nats", include=ACCOUNTS, env=env)
     server.start()
     try:
@@ -74,11 +90,46 @@ def secured(tmp_path: Path, passwords: dict[str, str]) -> Iterator[EmbeddedServe
 class SecuredTown:
     """The server, the passwords, and helpers to act as each user."""
 
-    def __init__(self, server: EmbeddedServer, passwords: dict[str, str], home: Path, gt_env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        server: EmbeddedServer,
+        passwords: dict[str, str],
+        home: Path,
+        gt_env: dict[str, str],
+        callout: CalloutSettings,
+    ) -> None:
         self.server = server
         self.passwords = passwords
         self.home = home
         self._gt_env = gt_env
+        self.callout = callout
+
+    def callout_env(self) -> dict[str, str]:
+        """What the witness's environment holds to give sessions their own identities (as under compose)."""
+        return {
+            "GT_AUTH_ISSUER_SEED": self.callout.issuer_seed.decode(),
+            "GT_SESSION_KEY": self.callout.session_key.decode(),
+            "GT_NATS_AUTH_PASSWORD": self.callout.auth_password,
+            "GT_NATS_SYS_PASSWORD": self.callout.sys_password or "",
+        }
+
+    def session_config(self, origin: SessionOrigin, bead: str, *, expires_in_s: float = 3600.0) -> TownConfig:
+        """A polecat session's own login, as the witness mints it: user = session id, its own inbox prefix."""
+        password = mint(
+            self.callout.session_key,
+            session=origin.session,
+            rig=origin.rig,
+            polecat=origin.polecat,
+            bead=bead,
+            expires_at=int(time.time() + expires_in_s),
+        )
+        return TownConfig(
+            nats_url=self.server.url,
+            gt_home=self.home,
+            nats_user=origin.session,
+            nats_password=password,
+            nats_inbox_prefix=session_inbox_prefix(origin.session),
+        )
 
     def config(self, user: str) -> TownConfig:
         return TownConfig(
@@ -91,13 +142,28 @@ class SecuredTown:
         env.pop("NATS_CREDS", None)
         return env
 
-    async def gt(self, user: str, *args: str, in_session: bool = False) -> subprocess.CompletedProcess[str]:
-        """The real `gt` CLI as ``user`` (``in_session``: inside a polecat session, which sends on the session's
-        own subjects), without blocking the services on this event loop."""
+    async def gt(self, user: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """The real `gt` CLI as ``user``, without blocking the services on this event loop."""
+        return await self._run_gt(self.cli_env(user), args)
+
+    async def gt_in_session(self, origin: SessionOrigin, bead: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """The real `gt` CLI inside polecat session ``origin`` working on ``bead``, logged in as the session
+        itself (as the witness sets it up: its own user, credential and inbox); it sends on its own subjects."""
+        config = self.session_config(origin, bead)
+        env = {**self.cli_env("operator"), "NATS_USER": origin.session, "NATS_PASSWORD": config.nats_password or ""}
+        env.update(
+            NATS_INBOX_PREFIX=config.nats_inbox_prefix or "",
+            GT_RIG=origin.rig,
+            GT_POLECAT=origin.polecat,
+            GT_SESSION=origin.session,
+            GT_BEAD=bead,
+            GT_WORKTREE=str(self.home / "worktree"),
+            GT_BRANCH=f"polecat/{origin.polecat}/{bead}",
+        )
+        return await self._run_gt(env, args)
+
+    async def _run_gt(self, env: dict[str, str], args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "shared.cli.main", *args]
-        env = self.cli_env(user)
-        if in_session:
-            env.update(GT_RIG="demo", GT_POLECAT="ace", GT_SESSION="hq-some-1")
         return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
 
     async def connect(self, user: str) -> Client:
@@ -109,8 +175,28 @@ class SecuredTown:
 
 
 @pytest.fixture
-def st(secured: EmbeddedServer, passwords: dict[str, str], tmp_path: Path, gt_env: dict[str, str]) -> SecuredTown:
-    return SecuredTown(secured, passwords, tmp_path / "home", gt_env)
+def st(
+    secured: EmbeddedServer, passwords: dict[str, str], tmp_path: Path, gt_env: dict[str, str], callout: CalloutSettings
+) -> SecuredTown:
+    return SecuredTown(secured, passwords, tmp_path / "home", gt_env, callout)
+
+
+@contextlib.asynccontextmanager
+async def responder_for(st: SecuredTown, live: Callable[[str], bool]) -> AsyncIterator[Responder]:
+    """The auth callout responder on its own (no witness): ``live`` says which sessions may log in."""
+    buckets = SessionBuckets("GT_EVT", "GT_HEARTBEATS", "GT_LEASES")
+    responder = Responder(st.callout, buckets, live)
+    config = TownConfig(nats_url=st.server.url, nats_user="auth", nats_password=st.passwords["auth"])
+    nc = await connect(config, name="test-auth-callout")
+    serving = asyncio.create_task(responder.serve(nc))
+    try:
+        await asyncio.wait_for(responder.serving.wait(), 30)
+        yield responder
+    finally:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        await close_quietly(nc)
 
 
 @contextlib.asynccontextmanager
@@ -193,10 +279,11 @@ async def test_every_role_does_its_work_with_its_own_user(
     st: SecuredTown, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The witness's own credentials are in its environment too (as under docker-compose): no agent gets them.
+    # It gives each session its own identity and answers the server's auth callout for it.
     monkeypatch.setenv("NATS_USER", "witness")
     monkeypatch.setenv("NATS_PASSWORD", st.passwords["witness"])
-    monkeypatch.setenv("GT_AGENT_NATS_USER", "agent")
-    monkeypatch.setenv("GT_AGENT_NATS_PASSWORD", st.passwords["agent"])
+    for key, value in st.callout_env().items():
+        monkeypatch.setenv(key, value)
     closings: list[str] = []
 
     async def on_event(seq: int, env: Envelope, payload: Event | None) -> None:
@@ -225,7 +312,7 @@ async def test_every_role_does_its_work_with_its_own_user(
 
             await town.wait_merge_requested(bead)
             sessions = await town.wait_settled(bead, timeout=90)
-            assert [s.end_reason for s in sessions] == ["done"], "the agent finished with the agent user"
+            assert [s.end_reason for s in sessions] == ["done"], "the agent finished as its own session identity"
 
             def closed() -> bool:
                 assert town.mayor is not None
@@ -264,11 +351,13 @@ async def test_every_role_does_its_work_with_its_own_user(
             await asyncio.wait_for(asyncio.gather(*plugins), 30)
 
     seen = agent_environment(sessions[0].worktree, sessions[0].id)
-    assert seen.get("NATS_USER") == "agent"
+    assert seen.get("NATS_USER") == sessions[0].id, "the session logged in as itself"
+    assert seen.get("NATS_INBOX_PREFIX") == f"_INBOX_s-{sessions[0].id}"
     assert "NATS_PASSWORD" not in seen
     assert seen.get("NATS_PASSWORD_FILE"), "its password came in a file"
-    assert st.passwords["agent"] not in seen.values()
     assert st.passwords["witness"] not in seen.values(), "the witness's own password never reaches an agent"
+    for secret in (*st.callout_env().values(), st.passwords["auth"]):
+        assert secret not in seen.values(), "nor the keys the witness mints and vouches with"
     assert not any(key.startswith("GT_AGENT_NATS_") for key in seen)
     assert seen.get("GT_LEASE_TOKEN"), "the agent held its hook lease, renewed in GT_LEASES with its own user"
     assert st.violations() == [], "every role had every permission its work needs"
@@ -290,11 +379,11 @@ server's global environment, the command lines tmux started panes with, every pr
 async def test_an_agents_password_reaches_it_in_a_private_file_never_on_a_command_line_or_in_tmux(
     st: SecuredTown, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The witness holds its own password and the agents' (as under docker-compose); it starts the tmux server.
+    # The witness holds its own password and the session keys (as under docker-compose); it starts the tmux server.
     monkeypatch.setenv("NATS_USER", "witness")
     monkeypatch.setenv("NATS_PASSWORD", st.passwords["witness"])
-    monkeypatch.setenv("GT_AGENT_NATS_USER", "agent")
-    monkeypatch.setenv("GT_AGENT_NATS_PASSWORD", st.passwords["agent"])
+    for key, value in st.callout_env().items():
+        monkeypatch.setenv(key, value)
     spy = tmp_path / "spy.sh"
     spy.write_text(SPY)
     async with services_as_themselves(st, tmp_path, "mayor", "witness", "refinery") as town:
@@ -305,14 +394,14 @@ async def test_an_agents_password_reaches_it_in_a_private_file_never_on_a_comman
         bead = created.stdout.strip()
         assert (await st.gt("operator", "sling", bead, "demo")).returncode == 0
         sessions = await town.wait_settled(bead, timeout=120)
-        # It finished as the agent user: its `gt` read the password from the file (the server requires it).
+        # It finished as its own session identity: its `gt` read the password from the file (the server requires it).
         assert [s.end_reason for s in sessions] == ["done"]
         spied = Path(sessions[0].worktree).parent / f"{sessions[0].id}.spy"
         seen = {name: (spied / name).read_text() for name in ("global-env", "start-commands", "cmdlines", "env")}
         assert "NATS_PASSWORD" not in seen["global-env"], seen["global-env"]
-        for user in ("witness", "agent"):
+        for name, secret in (("witness", st.passwords["witness"]), *st.callout_env().items()):
             for what, text in seen.items():
-                assert st.passwords[user] not in text, f"the {user}'s password is in what an agent sees: {what}"
+                assert secret not in text, f"the {name}'s secret is in what an agent sees: {what}"
         env = dict(line.split("=", 1) for line in seen["env"].splitlines() if "=" in line)
         password_file = Path(env["NATS_PASSWORD_FILE"])
         assert (spied / "mode").read_text().strip() == "600"
@@ -367,27 +456,33 @@ async def test_an_agent_can_neither_add_rigs_nor_close_beads(st: SecuredTown, tm
         bead = created.stdout.strip()
         before = await snapshot(town.nc, "mayor", "witness")
 
-        rig_add = await st.gt("agent", "rig", "add", "evil", str(town.origin))
-        denied_by_cli(rig_add, "agent", "gt.cmd.rig.add")
-        close = await st.gt("agent", "bead", "close", bead, "--reason", "not mine to close")
-        denied_by_cli(close, "agent", "gt.cmd.bead.close")
-        sling = await st.gt("agent", "sling", bead, "evil")
-        denied_by_cli(sling, "agent", "gt.cmd.bead.sling")
+        session = SessionOrigin("demo", "ace", "hq-some-1")
+        async with responder_for(st, lambda s: s == session.session):
+            rig_add = await st.gt_in_session(session, "hq-some", "rig", "add", "evil", str(town.origin))
+            # Inside a session the CLI sends on the session's own subjects: of those, only the agent's commands.
+            denied_by_cli(rig_add, session.session, subjects.session_command_subject("rig", "add", session))
+            close = await st.gt_in_session(session, "hq-some", "bead", "close", bead, "--reason", "not mine to close")
+            denied_by_cli(close, session.session, subjects.session_command_subject("bead", "close", session))
+            sling = await st.gt_in_session(session, "hq-some", "sling", bead, "evil")
+            denied_by_cli(sling, session.session, subjects.session_command_subject("bead", "sling", session))
 
-        assert await snapshot(town.nc, "mayor", "witness") == before, "nothing was stored, nothing changed"
-        shown = await st.gt("operator", "bead", "show", bead, "--json")
-        assert json.loads(shown.stdout)["status"] == "open"
-        rigs = await st.gt("operator", "rig", "list", "--json")
-        assert json.loads(rigs.stdout) == []
+            assert await snapshot(town.nc, "mayor", "witness") == before, "nothing was stored, nothing changed"
+            shown = await st.gt("operator", "bead", "show", bead, "--json")
+            assert json.loads(shown.stdout)["status"] == "open"
+            rigs = await st.gt("operator", "rig", "list", "--json")
+            assert json.loads(rigs.stdout) == []
 
-        # The same user may send what agents send: the refusals above are about the subjects, not the user.
-        mail = await st.gt("agent", "mail", "send", "operator", "--body", "I may not close your bead", in_session=True)
-        assert mail.returncode == 0, mail.stderr
+            # The same session may send what agents send: the refusals above are about the subjects.
+            mail = await st.gt_in_session(
+                session, "hq-some", "mail", "send", "operator", "--body", "I may not close it"
+            )
+            assert mail.returncode == 0, mail.stderr
         assert (await snapshot(town.nc, "mayor")).evt_last_seq > before.evt_last_seq
 
     lines = st.violations()
     for subject in ("gt.cmd.rig.add", "gt.cmd.bead.close", "gt.cmd.bead.sling"):
-        assert any('"GT/user:agent"' in line and f'Subject "{subject}"' in line for line in lines), lines
+        on_its_own = f'Subject "{subject}.demo.ace.hq-some-1"'
+        assert any('"GT/user:hq-some-1"' in line and on_its_own in line for line in lines), lines
 
 
 async def test_the_operator_can_neither_forge_events_nor_delete_or_purge(st: SecuredTown, tmp_path: Path) -> None:
@@ -461,43 +556,50 @@ async def test_the_agent_user_can_neither_merge_an_operators_bead_nor_delete_a_b
         assert created.returncode == 0, created.stderr
         bead = created.stdout.strip()
 
-        agent = await st.connect("agent")
-        config = st.config("agent")
-        try:
-            # The attack of the issue: a merge request for the operator's bead, of the branch `release`.
-            attack = json.dumps({"bead": bead, "rig": "demo", "branch": "release", "head": release}).encode()
-            await refused(agent, agent.jetstream().publish("gt.cmd.mr.submit", attack, timeout=5), "gt.cmd.mr.submit")
-            # The agents' own subject takes a session's merge request only: no session, no lease, a forged one.
-            cases: list[tuple[dict[str, Any], str, str]] = [
-                ({"branch": "release"}, "invalid", "`session` is required"),
-                ({"branch": "release", "session": "hq-forged-1"}, "unauthorized", "hook lease as its `fence`"),
-                (
-                    {"branch": f"polecat/ace/{bead}", "session": "hq-forged-1",
-                     "fence": {"lease": hook_lease_name(bead), "token": 1}},
-                    "conflict", "was never acquired",
-                ),
-                (
-                    {"branch": "release", "session": "hq-forged-1", "actor": "operator",
-                     "fence": {"lease": "hook-other", "token": 1}},
-                    "conflict", "fenced",
-                ),
-            ]  # fmt: skip
-            for extra, code, said in cases:
-                body = {"bead": bead, "rig": "demo", "head": release, **extra}
-                origin = subjects.SessionOrigin("demo", "ace", str(extra.get("session", "hq-forged-1")))
-                on_own_subject = subjects.session_command_subject("mr", "done", origin)
-                outcome = await send_command(agent, config, on_own_subject, body, timeout=60, wait_if_down=True)
-                assert outcome.type == "cmd.rejected", (extra, outcome)
-                assert outcome.data["code"] == code, (extra, outcome.data)
-                assert said in outcome.data["message"], (extra, outcome.data)
-        finally:
-            await close_quietly(agent)
+        forger = subjects.SessionOrigin("demo", "ace", "hq-forged-1")
+        async with responder_for(st, lambda s: s == forger.session):
+            config = st.session_config(forger, bead)
+            agent = await connect(config, name="test-forger")
+            await _forge_merge_requests(agent, config, bead, release)
 
         assert await submitted_mrs(town.nc) == [], "nothing entered the merge queue"
         assert ref(town.origin, "release") == release, "the branch release is still there"
         assert ref(town.origin, "main") == main_before, "nothing was merged"
         shown = await st.gt("operator", "bead", "show", bead, "--json")
         assert json.loads(shown.stdout)["status"] == "open"
+
+
+async def _forge_merge_requests(agent: Client, config: TownConfig, bead: str, release: str) -> None:
+    """A session (its own identity) trying to merge the operator's bead and another branch: every way refused."""
+    try:
+        # The attack of the issue: a merge request for the operator's bead, of the branch `release`.
+        attack = json.dumps({"bead": bead, "rig": "demo", "branch": "release", "head": release}).encode()
+        await refused(agent, agent.jetstream().publish("gt.cmd.mr.submit", attack, timeout=5), "gt.cmd.mr.submit")
+        # The agents' own subject takes a session's merge request only: no session, no lease, a forged one.
+        cases: list[tuple[dict[str, Any], str, str]] = [
+            ({"branch": "release"}, "invalid", "`session` is required"),
+            ({"branch": "release", "session": "hq-forged-1"}, "unauthorized", "hook lease as its `fence`"),
+            (
+                {"branch": f"polecat/ace/{bead}", "session": "hq-forged-1",
+                 "fence": {"lease": hook_lease_name(bead), "token": 1}},
+                "conflict", "was never acquired",
+            ),
+            (
+                {"branch": "release", "session": "hq-forged-1", "actor": "operator",
+                 "fence": {"lease": "hook-other", "token": 1}},
+                "conflict", "fenced",
+            ),
+        ]  # fmt: skip
+        for extra, code, said in cases:
+            body = {"bead": bead, "rig": "demo", "head": release, **extra}
+            origin = subjects.SessionOrigin("demo", "ace", str(extra.get("session", "hq-forged-1")))
+            on_own_subject = subjects.session_command_subject("mr", "done", origin)
+            outcome = await send_command(agent, config, on_own_subject, body, timeout=60, wait_if_down=True)
+            assert outcome.type == "cmd.rejected", (extra, outcome)
+            assert outcome.data["code"] == code, (extra, outcome.data)
+            assert said in outcome.data["message"], (extra, outcome.data)
+    finally:
+        await close_quietly(agent)
 
 
 def ref(origin: Path, branch: str) -> str:

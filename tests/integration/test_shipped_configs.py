@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.bus.auth_callout import issuer_public, load_settings
 from shared.embedded import SERVER_CONFIG, EmbeddedServer, find_server_binary, free_port, write_config
 from tests.compose_stack import compose_config, nats_nodes
 from tests.conftest import REPO_ROOT
@@ -56,7 +57,7 @@ def test_every_shipped_nats_config_is_valid_and_syncs_always(path: Path) -> None
 
 def test_a_cluster_node_without_a_password_refuses_to_start_and_names_it() -> None:
     env = example_env()
-    del env["GT_NATS_AGENT_PASSWORD"]
+    del env["GT_NATS_AUTH_PASSWORD"]
     check = subprocess.run(
         [find_server_binary(), "-c", str(NATS_DIR / "cluster-node.conf"), "-t"],
         capture_output=True,
@@ -65,7 +66,31 @@ def test_a_cluster_node_without_a_password_refuses_to_start_and_names_it() -> No
         env=env,
     )
     assert check.returncode != 0
-    assert "GT_NATS_AGENT_PASSWORD" in check.stdout + check.stderr
+    assert "GT_NATS_AUTH_PASSWORD" in check.stdout + check.stderr
+
+
+@pytest.mark.parametrize("name", ["nats-single-auth.conf", "cluster-node.conf"])
+def test_a_secured_node_without_the_auth_callouts_issuer_refuses_to_start_and_names_it(name: str) -> None:
+    env = example_env()
+    del env["GT_AUTH_ISSUER"]
+    check = subprocess.run(
+        [find_server_binary(), "-c", str(NATS_DIR / name), "-t"], capture_output=True, text=True, check=False, env=env
+    )
+    assert check.returncode != 0
+    assert "GT_AUTH_ISSUER" in check.stdout + check.stderr
+
+
+def test_the_shipped_accounts_have_no_shared_agent_user_and_only_private_inboxes() -> None:
+    accounts = (NATS_DIR / "accounts.conf").read_text()
+    assert "user: agent" not in accounts
+    assert '"_INBOX.>"' not in accounts, "nobody subscribes to everyone's inboxes"
+    assert "auth_callout" in accounts
+
+
+def test_the_example_env_holds_a_matching_issuer_pair() -> None:
+    env = example_env()
+    assert issuer_public(env["GT_AUTH_ISSUER_SEED"].encode()) == env["GT_AUTH_ISSUER"]
+    assert load_settings(env) is not None, "the witness can answer the callout with the example values"
 
 
 def test_the_embedded_servers_config_syncs_always_and_is_valid(tmp_path: Path) -> None:

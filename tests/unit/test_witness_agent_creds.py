@@ -37,3 +37,8 @@ def test_credential_variables_are_never_passed_on_by_name() -> None:
     assert all(is_credential(k) for k in names)
     assert not is_credential("GT_AGENT_FAULT")
     assert not is_credential("ANTHROPIC_API_KEY")
+
+
+def test_the_keys_the_witness_mints_and_vouches_with_are_never_passed_on_even_when_named() -> None:
+    for key in ("GT_AUTH_ISSUER_SEED", "GT_SESSION_KEY_FILE", "GT_NATS_AUTH_PASSWORD", "NATS_INBOX_PREFIX"):
+        assert is_credential(key), key
