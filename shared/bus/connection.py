@@ -74,9 +74,13 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
     last_error: Exception | None = None
     attempt = 0
     while connect_attempts < 0 or attempt < max(1, connect_attempts):
+        nc = Client()
         try:
-            nc = await nats.connect(**options)
+            await nc.connect(**options)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
+            # A refused login leaves the attempt's socket open in nats-py: close it, or a process that retries
+            # (a session's `gt` waiting out a witness restart) collects one per try.
+            await _discard(nc)
             last_error = exc
             attempt += 1
             if connect_attempts >= 0 and attempt >= connect_attempts:
@@ -117,6 +121,12 @@ async def connect_as_session_or_user(
                 raise
             log.info("session_login_refused_retrying", user=describe_user(config))
             await pause(1.0)
+
+
+async def _discard(nc: Client) -> None:
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(2):
+            await nc.close()
 
 
 def describe_user(config: TownConfig) -> str:
