@@ -8,8 +8,10 @@ import http.client
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from shared.model_server import Fault, ModelServer, Script, bash, say, use
@@ -189,3 +191,23 @@ async def test_a_stalled_request_is_held_until_released_then_dropped() -> None:
         # The fault was for one request: the retry is answered.
         _, _, answer = await post(server, "/v1/messages", _ask({"role": "user", "content": "go"}))
         assert answer["content"][0]["text"] == "late"
+
+
+async def test_the_module_serves_scripts_from_a_json_file(tmp_path: Path, python: str) -> None:
+    scripts = tmp_path / "scripts.json"
+    scripts.write_bytes(msgspec.json.encode([STORY]))
+    process = await asyncio.create_subprocess_exec(
+        python, "-m", "shared.model_server", str(scripts), stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 30)
+        base_url = json.loads(line)["base_url"]
+        status, _, data = await asyncio.to_thread(
+            _post, base_url + "/v1/messages", _ask({"role": "user", "content": "go"})
+        )
+        assert status == 200
+        assert json.loads(data)["content"][0]["input"] == {"command": "git status"}
+    finally:
+        process.terminate()
+        await process.wait()
