@@ -70,9 +70,15 @@ def claude_home(root: Path, projects: list[Path], *, key: str = TEST_KEY) -> Pat
     return home
 
 
-def claude_env(home: Path, base_url: str, *, script: str, key: str = TEST_KEY) -> dict[str, str]:
-    """The environment ``claude`` runs in: only what it needs, nothing of the operator's own."""
-    return {
+def claude_env(
+    home: Path, base_url: str, *, script: str, key: str = TEST_KEY, nonessential_traffic: bool = False
+) -> dict[str, str]:
+    """The environment ``claude`` runs in: only what it needs, nothing of the operator's own.
+
+    ``nonessential_traffic``: leave Claude Code's non-essential requests on, as an operator's default is: a
+    connectivity check (``HEAD /api/hello``) and session-title requests to a small model reach the model server.
+    """
+    env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
         "CLAUDE_CONFIG_DIR": str(home / ".claude"),
@@ -87,3 +93,6 @@ def claude_env(home: Path, base_url: str, *, script: str, key: str = TEST_KEY) -
         "DISABLE_TELEMETRY": "1",
         "DISABLE_ERROR_REPORTING": "1",
     }
+    if nonessential_traffic:
+        del env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"]
+    return env

@@ -22,6 +22,7 @@ replace_all?}``, ``FileWriteInput{file_path, content}``.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -200,6 +201,41 @@ def script_name(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | No
             if end > start:
                 return text[start + len(SCRIPT_MARKER) : end].strip()
     return None
+
+
+SIDE_ANSWER = "Scripted session"
+"""What a side request (a title, a summary, a quota check) is answered with."""
+
+
+def side_answer(body: Mapping[str, Any]) -> str:
+    """The answer to a side request: text, or when it asks for JSON output (Claude Code's session title asks
+    ``output_config.format`` = ``{"type": "json_schema", "schema": {... "title": string}}``) the smallest JSON
+    value its schema allows, strings filled with SIDE_ANSWER."""
+    output = body.get("output_config")
+    fmt = output.get("format") if isinstance(output, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
+        return json.dumps(_instance(fmt["schema"]))
+    return SIDE_ANSWER
+
+
+def _instance(schema: Mapping[str, Any]) -> Any:
+    kind = schema.get("type")
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        return {
+            name: _instance(properties.get(name) or {})
+            for name in schema.get("required") or list(properties)
+            if isinstance(name, str)
+        }
+    if kind == "array":
+        return []
+    if kind in ("integer", "number"):
+        return 0
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    return SIDE_ANSWER
 
 
 def tool_use_id(script: str, turn: int, position: int) -> str:

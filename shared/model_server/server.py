@@ -32,6 +32,7 @@ from shared.model_server.script import (
     fault_for,
     is_side_request,
     script_name,
+    side_answer,
     turn_index,
 )
 
@@ -39,8 +40,8 @@ log = structlog.get_logger(__name__)
 
 SECRET_HEADERS = frozenset({"x-api-key", "authorization"})
 MAX_HEADER_BYTES = 64 * 1024
-SIDE_ANSWER = "Scripted session"
-"""What a side request (a title, a summary, a quota check) is answered with."""
+HEALTH_PATHS = frozenset({"/", "/api/hello"})
+"""Answered 200: Claude Code's connectivity check (``HEAD /api/hello``) when non-essential traffic is on."""
 _STATUS_TEXT = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests"}
 _FAULT_STATUS = {"rate_limited": 429, "overloaded": 529, "unauthorized": 401}
 
@@ -203,8 +204,13 @@ class ModelServer:
         )
         self.requests.append(recorded)
         path = http.path.split("?", 1)[0]
+        if http.method in ("GET", "HEAD") and path in HEALTH_PATHS:
+            await _send_json(writer, 200, {}, head_only=http.method == "HEAD")
+            return True
         if http.method != "POST" or path not in ("/v1/messages", "/v1/messages/count_tokens"):
-            await _send_json(writer, 404, wire.error_body(404, f"no route {http.method} {path}"))
+            await _send_json(
+                writer, 404, wire.error_body(404, f"no route {http.method} {path}"), head_only=http.method == "HEAD"
+            )
             return True
         script = self._script_for(http.headers, body)
         recorded.script = script.name if script else None
@@ -281,7 +287,7 @@ class ModelServer:
     ) -> tuple[list[dict[str, Any]], str | None]:
         """The content blocks answering a request, or a text replacing them (a side answer, a script failure)."""
         if recorded.kind == "side":
-            return [], SIDE_ANSWER
+            return [], side_answer(body)
         if script is None:
             return [], "SCRIPT FAILURE: this request names no script (x-gt-model-script header, key, or marker)"
         index = recorded.turn or 0
@@ -350,11 +356,17 @@ def _head(status: int, headers: Mapping[str, str]) -> bytes:
 
 
 async def _send_json(
-    writer: asyncio.StreamWriter, status: int, payload: Any, extra: Mapping[str, str] | None = None
+    writer: asyncio.StreamWriter,
+    status: int,
+    payload: Any,
+    extra: Mapping[str, str] | None = None,
+    *,
+    head_only: bool = False,
 ) -> None:
+    """A JSON answer (``head_only``: its head alone, as a HEAD request is answered)."""
     data = json.dumps(payload).encode()
     headers = {"content-type": "application/json", "content-length": str(len(data)), "request-id": "req_scripted"}
-    writer.write(_head(status, {**headers, **(extra or {})}) + data)
+    writer.write(_head(status, {**headers, **(extra or {})}) + (b"" if head_only else data))
     await writer.drain()
 
 

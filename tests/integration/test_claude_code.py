@@ -112,7 +112,8 @@ async def test_the_interactive_tui_in_tmux_shows_no_first_run_screen_and_acts_on
     )
     socket = f"gt-claude-{uuid.uuid4().hex[:8]}"
     async with ModelServer([script]) as server:
-        env = claude_env(claude_home(tmp_path, [repo]), server.base_url, script=script.name)
+        # Non-essential traffic on, as an operator's default: its side requests must not disturb the script.
+        env = claude_env(claude_home(tmp_path, [repo]), server.base_url, script=script.name, nonessential_traffic=True)
         command = "env -i " + " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
         command += f" {shlex.quote(str(binary))} --dangerously-skip-permissions"
         _tmux(socket, "new-session", "-d", "-s", "claude", "-x", "160", "-y", "50", "-c", str(repo), command)
@@ -144,6 +145,11 @@ async def test_the_interactive_tui_in_tmux_shows_no_first_run_screen_and_acts_on
     for screen in FIRST_RUN_SCREENS:
         assert screen not in final.lower()
     assert [request.turn for request in server.turns(script.name)] == [0, 1]
+    # Claude Code named the session with a small model (JSON {"title": ...}); that consumed no turn.
+    titles = [request for request in server.requests if request.kind == "side"]
+    assert titles, [(request.method, request.path, request.kind) for request in server.requests]
+    assert all("haiku" in request.body["model"] for request in titles)
+    assert all(request.body["output_config"]["format"]["type"] == "json_schema" for request in titles)
 
 
 async def test_claude_retries_rate_limits_overloads_and_a_dropped_stream_then_finishes(tmp_path: Path) -> None:

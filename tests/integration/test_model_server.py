@@ -140,6 +140,38 @@ async def test_count_tokens_side_requests_and_unknown_routes_consume_no_turn() -
         assert server.failures == []
 
 
+async def test_a_title_request_gets_json_and_a_connectivity_check_is_answered_on_a_kept_alive_connection() -> None:
+    title = _ask({"role": "user", "content": "<session>fix it</session>"}, tools=[])
+    title["model"] = "claude-haiku-test"
+    title["output_config"] = {
+        "format": {
+            "type": "json_schema",
+            "schema": {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]},
+        }
+    }
+
+    def exchange(port: int) -> tuple[int, int, dict[str, Any]]:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            connection.request("HEAD", "/api/hello")
+            hello = connection.getresponse()
+            hello.read()
+            connection.request("POST", "/v1/messages", json.dumps(title), {"content-type": "application/json"})
+            answer = connection.getresponse()
+            return hello.status, answer.status, json.loads(answer.read())
+        finally:
+            connection.close()
+
+    async with ModelServer([STORY], default="story") as server:
+        hello_status, status, answer = await asyncio.to_thread(exchange, server.port)
+        assert hello_status == 200
+        assert status == 200
+        assert answer["model"] == "claude-haiku-test"
+        assert json.loads(answer["content"][0]["text"]) == {"title": "Scripted session"}
+        assert [request.kind for request in server.requests] == ["other", "side"]
+        assert server.turns("story") == []
+
+
 async def test_a_wrong_tool_result_is_a_recorded_script_failure_answered_readably() -> None:
     async with ModelServer([STORY], default="story") as server:
         _, _, answer = await post(server, "/v1/messages", _ask({"role": "user", "content": "go"}))

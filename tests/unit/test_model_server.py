@@ -13,6 +13,7 @@ from shared.model_server.script import (
     fault_for,
     is_side_request,
     script_name,
+    side_answer,
     tool_use_id,
     turn_index,
 )
@@ -167,3 +168,15 @@ def test_usage_reads_from_the_cache_what_the_session_sent_before() -> None:
     assert later["cache_creation_input_tokens"] == 100
     assert usage(total, total, 5, cache=False)["input_tokens"] == total
     assert prompt_tokens(body) == total  # deterministic
+
+
+def test_a_side_request_asking_for_json_gets_the_smallest_value_its_schema_allows() -> None:
+    title_schema = {
+        "type": "object",
+        "properties": {"title": {"type": "string"}, "tags": {"type": "array"}, "n": {"type": "integer"}},
+        "required": ["title", "n"],
+        "additionalProperties": False,
+    }
+    asking = {"output_config": {"effort": "medium", "format": {"type": "json_schema", "schema": title_schema}}}
+    assert json.loads(side_answer(asking)) == {"title": "Scripted session", "n": 0}
+    assert side_answer({"messages": []}) == "Scripted session"
