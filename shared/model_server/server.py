@@ -99,7 +99,7 @@ class ModelServer:
         """Script failures: a tool result or prompt that did not match, an unknown script, a script run out."""
         self.stalled = 0
         """Requests held unanswered right now (a ``stall`` fault)."""
-        self._attempts: dict[tuple[str | None, str, int | None], int] = {}
+        self._attempts: dict[tuple[object, ...], int] = {}
         self._cached: dict[str, int] = {}
         self._release = asyncio.Event()
         self._server: asyncio.Server | None = None
@@ -239,6 +239,12 @@ class ModelServer:
             self._fail(f"no script named {name!r} (known: {sorted(self.scripts)})")
         return script
 
+    def _count(self, key: tuple[object, ...]) -> int:
+        """How many requests counted under ``key`` came before this one (and count this one)."""
+        seen = self._attempts.get(key, 0)
+        self._attempts[key] = seen + 1
+        return seen
+
     def _fail(self, failure: str) -> None:
         log.warning("model_server_script_failure", failure=failure)
         self.failures.append(failure)
@@ -248,14 +254,15 @@ class ModelServer:
     ) -> bool:
         model = str(body.get("model") or (script.model if script else None) or "claude-scripted")
         stream = bool(body.get("stream"))
-        key = (recorded.script, recorded.kind, recorded.turn)
-        attempt = self._attempts.get(key, 0)
-        self._attempts[key] = attempt + 1
         turn: Turn | None = None
         if script is not None and recorded.kind == "turn" and recorded.turn is not None:
             turn = script.turns[recorded.turn] if recorded.turn < len(script.turns) else None
-        faults: tuple[Fault, ...] = (script.faults if script else ()) + (turn.faults if turn else ())
-        fault = fault_for(faults, attempt)
+        # A session's faults count all its requests; a turn's count the requests for that turn they let through.
+        fault = fault_for(script.faults, self._count((recorded.script,))) if script else None
+        key = (recorded.script, recorded.kind, recorded.turn)
+        attempt = self._count(key) if fault is None else self._attempts.get(key, 0)
+        if fault is None and turn is not None:
+            fault = fault_for(turn.faults, attempt)
         answer = SentAnswer(
             script=recorded.script, kind=recorded.kind, turn=recorded.turn, status=200, stream=stream, model=model
         )

@@ -243,3 +243,27 @@ async def test_the_module_serves_scripts_from_a_json_file(tmp_path: Path, python
     finally:
         process.terminate()
         await process.wait()
+
+
+async def test_a_session_fault_counts_the_session_s_requests_not_each_turn_s() -> None:
+    script = Script(
+        name="once",
+        turns=(use(bash("true")), say("done")),
+        faults=(Fault(kind="overloaded", times=1),),
+    )
+    async with ModelServer([script], default="once") as server:
+        first = _ask({"role": "user", "content": "go"})
+        statuses = [(await post(server, "/v1/messages", first))[0] for _ in range(2)]
+        _, _, answer = await post(server, "/v1/messages", first)
+        second = _ask(
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": answer["content"]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": answer["content"][0]["id"], "content": ""}],
+            },
+        )
+        status, _, done = await post(server, "/v1/messages", second)
+        assert statuses == [529, 200]
+        assert status == 200
+        assert done["content"][0]["text"] == "done"
