@@ -1,0 +1,182 @@
+"""The scripted model server's pure parts: which turn a request asks for, which script it names, the checks on
+tool results, the server-sent events a message streams as, and the usage it reports."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from shared.model_server import Fault, Script, Turn, bash, edit, say, use, write
+from shared.model_server.script import (
+    check_prompt,
+    check_results,
+    fault_for,
+    is_side_request,
+    script_name,
+    side_answer,
+    tool_use_id,
+    turn_index,
+)
+from shared.model_server.wire import (
+    content_blocks,
+    encode_event,
+    estimate_tokens,
+    message,
+    prompt_tokens,
+    stream_events,
+    usage,
+)
+
+STORY = Script(
+    name="story",
+    turns=(
+        use(bash("git status", expect="On branch main")),
+        use(write("/r/a.txt", "one\n"), edit("/r/a.txt", "one", "two", expect="updated")),
+        say("done"),
+    ),
+)
+TOOLS = [{"name": "Bash", "input_schema": {}}]
+
+
+def _result(tool_id: str, text: str) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": tool_id, "content": text}
+
+
+def _request(*messages: dict[str, Any], system: Any = "", tools: Any = TOOLS) -> dict[str, Any]:
+    return {"model": "m", "system": system, "tools": tools, "messages": list(messages)}
+
+
+def test_the_turn_asked_for_is_the_number_of_assistant_messages_so_a_retry_gets_the_same_turn() -> None:
+    first = _request({"role": "user", "content": "go"})
+    second = _request(
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": content_blocks(STORY.turns[0], "story", 0)},
+        {"role": "user", "content": [_result(tool_use_id("story", 0, 0), "On branch main")]},
+    )
+    assert turn_index(first) == 0
+    assert turn_index(second) == 1
+    assert turn_index(second) == turn_index(dict(second))  # the same request again: the same turn
+
+
+def test_a_script_is_named_by_header_then_by_marker_in_the_system_prompt_or_first_message() -> None:
+    marked_system = _request({"role": "user", "content": "hi"}, system=[{"type": "text", "text": "[model-script:s2]"}])
+    marked_prompt = _request({"role": "user", "content": [{"type": "text", "text": "bead [model-script: s3 ] go"}]})
+    assert script_name({"x-gt-model-script": "s1"}, marked_system) == "s1"
+    assert script_name({}, marked_system) == "s2"
+    assert script_name({}, marked_prompt) == "s3"
+    assert script_name({}, _request({"role": "user", "content": "nothing"})) is None
+
+
+def test_requests_without_tools_are_side_requests() -> None:
+    assert is_side_request(_request({"role": "user", "content": "title?"}, tools=[]))
+    assert is_side_request({"messages": []})
+    assert not is_side_request(_request({"role": "user", "content": "go"}))
+
+
+def test_tool_results_are_checked_against_what_the_turn_expects() -> None:
+    good = _request(
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": []},
+        {"role": "user", "content": [_result(tool_use_id("story", 0, 0), "On branch main\nnothing to commit")]},
+    )
+    wrong = _request(
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": []},
+        {"role": "user", "content": [_result(tool_use_id("story", 0, 0), "fatal: not a git repository")]},
+    )
+    missing = _request({"role": "user", "content": "go"}, {"role": "assistant", "content": []})
+    assert check_results(STORY, 1, good) == []
+    assert check_results(STORY, 0, good) == []  # the first turn follows no tool use
+    (failure,) = check_results(STORY, 1, wrong)
+    assert "does not contain 'On branch main'" in failure
+    assert "fatal: not a git repository" in failure
+    assert "no tool_result came back for Bash" in check_results(STORY, 1, missing)[0]
+
+
+def test_a_turn_may_require_text_in_the_newest_prompt() -> None:
+    typed = _request({"role": "user", "content": [{"type": "text", "text": "please write the file"}]})
+    assert check_prompt(Turn(prompt="write the file"), typed, 0) == []
+    assert "does not contain 'commit'" in check_prompt(Turn(prompt="commit"), typed, 0)[0]
+    # Claude Code's interactive requests end with a system-role message after the typed prompt.
+    with_system = _request(
+        {"role": "user", "content": [{"type": "text", "text": "please write the file"}]},
+        {"role": "system", "content": [{"type": "text", "text": "Today's date is ..."}]},
+    )
+    assert check_prompt(Turn(prompt="write the file"), with_system, 0) == []
+
+
+def test_faults_are_answered_in_order_then_the_turn() -> None:
+    faults = (Fault(kind="rate_limited", times=2), Fault(kind="overloaded"))
+    assert [fault.kind if fault else None for fault in (fault_for(faults, n) for n in range(4))] == [
+        "rate_limited",
+        "rate_limited",
+        "overloaded",
+        None,
+    ]
+    forever = (Fault(kind="unauthorized", times=None),)
+    assert fault_for(forever, 99) == forever[0]
+
+
+def test_a_streamed_message_reassembles_into_the_non_streamed_one() -> None:
+    turn = use(write("/r/a.txt", "x" * 100), text="Writing the file now, as asked.")
+    blocks = content_blocks(turn, "story", 1)
+    full = message("msg_1", "claude-x", blocks, usage(1000, 0, 50, cache=False))
+    events = stream_events(full)
+    names = [name for name, _ in events]
+    assert names[:2] == ["message_start", "ping"]
+    assert names[-2:] == ["message_delta", "message_stop"]
+    assert names.count("content_block_start") == names.count("content_block_stop") == 2
+    assert all(data["type"] == name for name, data in events)
+    start = events[0][1]["message"]
+    assert start["content"] == []
+    assert start["stop_reason"] is None
+    rebuilt: list[dict[str, Any]] = []
+    partial: dict[int, str] = {}
+    for name, data in events:
+        if name == "content_block_start":
+            rebuilt.append(dict(data["content_block"]))
+        elif name == "content_block_delta" and data["delta"]["type"] == "text_delta":
+            rebuilt[data["index"]]["text"] += data["delta"]["text"]
+        elif name == "content_block_delta":
+            partial[data["index"]] = partial.get(data["index"], "") + data["delta"]["partial_json"]
+        elif name == "content_block_stop" and data["index"] in partial:
+            rebuilt[data["index"]]["input"] = json.loads(partial[data["index"]])
+    assert rebuilt == blocks
+    assert next(data for name, data in events if name == "message_delta")["delta"]["stop_reason"] == "tool_use"
+    assert full["stop_reason"] == "tool_use"
+    assert message("m", "x", content_blocks(say("hi"), "s", 0), {})["stop_reason"] == "end_turn"
+
+
+def test_an_event_is_encoded_as_one_sse_record() -> None:
+    assert encode_event("ping", {"type": "ping"}) == b'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+def test_usage_reads_from_the_cache_what_the_session_sent_before() -> None:
+    body = _request({"role": "user", "content": "x" * 4000})
+    total = prompt_tokens(body)
+    assert total == estimate_tokens({key: body[key] for key in ("system", "tools", "messages")})
+    assert total > 1000
+    first = usage(total, 0, 20, cache=True)
+    later = usage(total + 100, total, 20, cache=True)
+    assert first == {
+        "input_tokens": 3,
+        "cache_creation_input_tokens": total,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 20,
+    }
+    assert later["cache_read_input_tokens"] == total
+    assert later["cache_creation_input_tokens"] == 100
+    assert usage(total, total, 5, cache=False)["input_tokens"] == total
+    assert prompt_tokens(body) == total  # deterministic
+
+
+def test_a_side_request_asking_for_json_gets_the_smallest_value_its_schema_allows() -> None:
+    title_schema = {
+        "type": "object",
+        "properties": {"title": {"type": "string"}, "tags": {"type": "array"}, "n": {"type": "integer"}},
+        "required": ["title", "n"],
+        "additionalProperties": False,
+    }
+    asking = {"output_config": {"effort": "medium", "format": {"type": "json_schema", "schema": title_schema}}}
+    assert json.loads(side_answer(asking)) == {"title": "Scripted session", "n": 0}
+    assert side_answer({"messages": []}) == "Scripted session"
