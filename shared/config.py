@@ -113,8 +113,12 @@ def load(env: Mapping[str, str] | None = None, *, service: str | None = None) ->
 def _inbox_prefix(value: str | None) -> str | None:
     if value is None:
         return None
-    if not value.replace("_", "").replace("-", "").isalnum():
-        raise ValueError(f"NATS_INBOX_PREFIX must be one subject token (letters, digits, _ and -), got {value!r}")
+    if not value.replace("_", "").replace("-", "").isalnum() or not value.startswith("_INBOX"):
+        # The services answer queries only to inboxes (shared.subjects.is_inbox).
+        raise ValueError(
+            f"NATS_INBOX_PREFIX must be one subject token (letters, digits, _ and -) starting with _INBOX "
+            f"(e.g. _INBOX_ann), got {value!r}"
+        )
     return value
 
 

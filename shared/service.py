@@ -122,6 +122,8 @@ class Service(Generic[S]):
         self._stream_id = ""
         self._started_at = time.monotonic()
         self._query_tasks: set[asyncio.Task[None]] = set()
+        self.queries_refused = 0
+        """Queries not answered: their reply subject was no inbox (``subjects.is_inbox``)."""
         self.instance = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         """This process of the service, as its heartbeats name it."""
         self.activity: ActivityKeeper | None = None
@@ -553,11 +555,24 @@ class Service(Generic[S]):
             "commands_processed": intake.processed if intake else 0,
             "commands_rejected": intake.rejected if intake else 0,
             "commands_dropped": intake.dropped if intake else 0,
+            "queries_refused": self.queries_refused,
             "snapshot_seq": self._snapshot_seq,
             "uptime_s": round(time.monotonic() - self._started_at, 1),
         }
 
     async def _on_query(self, msg: Msg) -> None:
+        if not subjects.is_inbox(msg.reply or ""):
+            # The answer would be published with this service's rights (the log, KV, commands) on a subject the
+            # asker chose: a forged event, an overwritten key. Only an inbox gets an answer.
+            self.queries_refused += 1
+            if self.queries_refused % 1000 == 1:
+                log.warning(
+                    "query_reply_refused",
+                    reply=(msg.reply or "")[:120],
+                    subject=msg.subject,
+                    refused=self.queries_refused,
+                )
+            return
         task = asyncio.create_task(self._answer(msg))
         self._query_tasks.add(task)
         task.add_done_callback(self._query_tasks.discard)

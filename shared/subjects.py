@@ -63,6 +63,16 @@ def session_inbox_prefix(session: str) -> str:
     return f"_INBOX_s-{session}"
 
 
+def is_inbox(reply: str) -> bool:
+    """Whether ``reply`` is in an inbox (``_INBOX.<...>`` or a private ``_INBOX_<owner>.<...>``), the only
+    reply subjects a service answers: an answer published on any other subject would carry the service's own
+    rights (a forged event, an overwritten key)."""
+    head, _, rest = reply.partition(".")
+    if not rest or "*" in reply or ">" in reply or " " in reply:
+        return False
+    return head == "_INBOX" or (head.startswith("_INBOX_") and len(head) > len("_INBOX_"))
+
+
 def session_of_inbox(reply: str) -> str | None:
     """The session whose private inbox ``reply`` is in (so a query answers it only about itself); None for
     any other inbox."""

@@ -13,7 +13,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from shared.cli import render, town_view
+from shared.cli import identity, render, town_view
 from shared.cli.client import query, stream_last_seq
 from shared.cli.colour import COLOR_CHOICES, Palette, wanted
 from shared.cli.common import EXIT_OK, EXIT_REJECTED, Subcommands
@@ -40,6 +40,8 @@ async def _answer(nc: Client, service: str, what: str, body: dict[str, Any] | No
 
 
 async def _heartbeats(nc: Client, config: TownConfig, sessions: list[str]) -> dict[str, str]:
+    if identity.session_origin() is not None:
+        return {}  # a polecat session may read its own heartbeat only, not the town's
     try:
         kv = await nc.jetstream().key_value(config.heartbeat_bucket)
     except (nats.js.errors.BucketNotFoundError, nats.errors.Error):

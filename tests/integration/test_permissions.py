@@ -587,7 +587,7 @@ async def _forge_merge_requests(agent: Client, config: TownConfig, bead: str, re
             (
                 {"branch": "release", "session": "hq-forged-1", "actor": "operator",
                  "fence": {"lease": "hook-other", "token": 1}},
-                "conflict", "fenced",
+                "unauthorized", "only the bead it holds",
             ),
         ]  # fmt: skip
         for extra, code, said in cases:

@@ -112,6 +112,42 @@ async def test_a_session_cannot_use_another_sessions_fence(pt: PolecatTown) -> N
     own = await as_session(pt, b, "step", "start", bead=b.bead, step=step, fence=fence)
     assert own["type"] == "cmd.accepted", own
 
+    # Without a fence at all: a session works only the bead it holds (its hook lease is its fence).
+    for verb in ("start", "done"):
+        unfenced = await as_session(pt, a, "step", verb, bead=b.bead, step=step)
+        assert unfenced["type"] == "cmd.rejected", unfenced
+        assert unfenced["code"] == "unauthorized", unfenced
+        assert "only the bead it holds" in unfenced["message"], unfenced
+    claimed = await as_session(pt, a, "bead", "claim", id=b.bead, assignee="me")
+    assert claimed["type"] == "cmd.rejected", claimed
+    assert claimed["code"] == "unauthorized", claimed
+
+
+async def test_a_service_answers_a_query_only_to_an_inbox(pt: PolecatTown) -> None:
+    """Answered on a subject the asker chose, the answer would carry the service's own rights: a forged event
+    in the log, an overwritten key, a service told it lost its activity key."""
+    js = pt.nc.jetstream()
+    before = (await js.stream_info("GT_EVT")).state.last_seq
+    for reply in ("gt.evt.bead.hq-forged", "$KV.GT_ACTIVE.mayor", "gt.cmd.bead.close", "_INBOX", "_INBOX.>"):
+        await pt.nc.publish("gt.q.mayor.status", b"{}", reply=reply)
+        await pt.nc.publish("gt.q.witness.status", b"{}", reply=reply)
+    # A query through an inbox is still answered, and by then the ones above have been handled.
+    for service in ("mayor", "witness"):
+        answered = await pt.nc.request(f"gt.q.{service}.status", b"{}", timeout=10)
+        assert json.loads(answered.data)["ok"] is True
+
+    def refused() -> bool:
+        assert pt.mayor is not None
+        assert pt.witness is not None
+        assert pt.mayor.queries_refused == 5, pt.mayor.queries_refused
+        assert pt.witness.queries_refused == 5, pt.witness.queries_refused
+        return True
+
+    assert (await js.stream_info("GT_EVT")).state.last_seq == before, "nothing reached the log"
+    await assert_eventually(refused, timeout=10)
+    # The mayor still acts (no answer told it that it lost its activity key).
+    assert await pt.new_bead("Still here")
+
 
 async def test_a_session_touches_only_its_own_mail(pt: PolecatTown) -> None:
     a, b = await two_live_sessions(pt)

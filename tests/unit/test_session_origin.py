@@ -10,7 +10,7 @@ from services.mayor import queries
 from services.mayor.decide_mail import own_message
 from services.mayor.state import MESSAGE_TYPE, Bead, KnownRig, MayorState
 from services.witness.queries import check_session_query
-from shared.commands import MailArchive, SessionHandoff, StepDone
+from shared.commands import BeadClaim, Fence, MailArchive, SessionHandoff, StepDone
 from shared.errors import CommandError, QueryError
 from shared.intake import command_actor, impersonation
 from shared.subjects import SessionOrigin
@@ -31,8 +31,21 @@ def test_a_session_names_only_itself() -> None:
     assert refused is not None
     assert refused.code == "unauthorized"
     assert "hq-b-1" in refused.message
-    assert impersonation(StepDone(bead="hq-b", step="s1"), ACE) is None, "no session field: nothing to check"
-    assert impersonation(MailArchive(id="hq-m"), ACE) is None
+    assert impersonation(MailArchive(id="hq-m"), ACE) is None, "no session field, no bead: nothing to check"
+
+
+def test_a_session_works_only_the_bead_whose_hook_it_holds() -> None:
+    own = Fence(lease="hook-hq-b", token=3)
+    assert impersonation(StepDone(bead="hq-b", step="s1", fence=own), ACE) is None, "holder checked by the fence"
+    for cmd in (
+        StepDone(bead="hq-b", step="s1"),
+        StepDone(bead="hq-b", step="s1", fence=Fence(lease="hook-hq-c", token=1)),
+        BeadClaim(id="hq-b", assignee="me"),
+    ):
+        refused = impersonation(cmd, ACE)
+        assert refused is not None, cmd
+        assert refused.code == "unauthorized", cmd
+        assert "hook-hq-b" in refused.message, cmd
 
 
 def mailbox_state() -> MayorState:
