@@ -135,6 +135,7 @@ async def test_a_missing_claude_binary_is_escalated_naming_the_rig_and_the_sessi
         assert pt.mayor is not None
         found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
         assert found, "no escalation yet"
+        assert [s.escalated for s in pt.sessions_of(bead)] == ["agent_unavailable"]
         return found[0].message
 
     message = await assert_eventually(escalated, timeout=30)
@@ -162,6 +163,7 @@ async def test_missing_claude_credentials_are_escalated_naming_the_rig_and_the_s
         assert pt.mayor is not None
         found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
         assert found, "no escalation yet"
+        assert [s.escalated for s in pt.sessions_of(bead)] == ["agent_unavailable"]
         return found[0].message
 
     message = await assert_eventually(escalated, timeout=30)
