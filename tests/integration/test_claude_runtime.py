@@ -79,6 +79,11 @@ async def test_claude_sessions_work_beads_end_to_end_through_the_refinery(
     worktrees = [str(town.gt_home / "rigs" / "demo" / "polecats" / names[n]) for n in range(BEADS)]
     scripts = [polecat_story(f"story-{n}", beads[n], worktrees[n], n) for n in range(BEADS)]
     panes: dict[str, str] = {}
+    operator_home = town.gt_home.parent / "operator-home"
+    (operator_home / ".claude").mkdir(parents=True)
+    (operator_home / ".claude.json").write_text('{"the": "operator\'s own"}')
+    monkeypatch.setenv("HOME", str(operator_home))  # the witness's HOME: never the agent's
+    monkeypatch.setenv("ANTHROPIC_MODEL", "claude-scripted-model")  # passed on without GT_AGENT_ENV
     async with ModelServer(scripts) as server:
         monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
         for n, bead in enumerate(beads):
@@ -117,6 +122,11 @@ async def test_claude_sessions_work_beads_end_to_end_through_the_refinery(
         hook_log = (town.gt_home / "rigs" / "demo" / "sessions" / sessions[0].id / "hooks.log").read_text()
         assert "session-start" in hook_log
         assert "stop" in hook_log
+    assert {request.body.get("model") for request in server.requests if request.kind == "turn"} == {
+        "claude-scripted-model"
+    }
+    assert sorted(p.name for p in operator_home.rglob("*")) == [".claude", ".claude.json"], "nothing of the operator's"
+    assert (operator_home / ".claude.json").read_text() == '{"the": "operator\'s own"}'
     assert panes, "the panes were seen while the sessions ran"
     for text in panes.values():
         for screen in FIRST_RUN_SCREENS:
