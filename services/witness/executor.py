@@ -440,10 +440,10 @@ class Executor:
         )
         log.warning("agent_unavailable", session=session.id, rig=rig.name, detail=detail)
         await self._raise_escalation(session, message)
-        await self._end(session, "failed_to_start", message[:2000])
-        ended = self._session(session.id) or session
+        # Escalated before it ends: a plan made in between must not take the ended session for a death to respawn.
         escalated = SessionEscalated(session_id=session.id, reason="agent_unavailable")
-        await self._append(NewEvent(payload=escalated, expected_seq=ended.version))
+        await self._append(NewEvent(payload=escalated, expected_seq=session.version))
+        await self._end(session, "failed_to_start", message[:2000])
 
     async def _unusable_worktree(self, session: Session, detail: str) -> None:
         message = (
