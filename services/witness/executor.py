@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import shlex
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -22,6 +21,7 @@ from typing import Any, Protocol
 import structlog
 
 from services.witness import plan as planning
+from services.witness import runtime_setup
 from services.witness.actions import (
     Action,
     Clean,
@@ -43,7 +43,7 @@ from services.witness.actions import (
 from services.witness.agent_creds import agent_nats_credentials, is_credential
 from services.witness.settings import WitnessSettings
 from services.witness.state import Rig, Session, WitnessState, mail_nudge_id
-from shared import git, processes, session_identity, subjects
+from shared import git, processes, runtimes, session_identity, subjects
 from shared.bus.auth_callout import CalloutSettings
 from shared.commands.rigs import git_identity
 from shared.config import TownConfig
@@ -159,6 +159,10 @@ class Executor:
         starts the agent, where ``ps`` and every process on the tmux socket could read it."""
         return self.rig_dir(session.rig) / "secrets" / f"{session.id}.nats-password"
 
+    def session_dir(self, session: Session) -> Path:
+        """The session's runtime dir: an agent runtime's config home and hook marks (``GT_SESSION_DIR``)."""
+        return self.rig_dir(session.rig) / "sessions" / session.id
+
     def _write_password(self, session: Session, password: str) -> Path:
         path = self.password_file(session)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -228,6 +232,12 @@ class Executor:
             return
         rig = self.host.state.rigs.get(session.rig)
         if rig is None:
+            return
+        try:
+            runtime_setup.check(runtimes.runtime_for(rig.agent_command), os.environ)
+        except runtime_setup.RuntimeUnavailableError as exc:
+            # Retrying changes nothing: an operator must install or configure the agent. Escalated, not respawned.
+            await self._agent_unavailable(session, rig, str(exc))
             return
         try:
             async with self._lock(rig.name):
@@ -316,11 +326,21 @@ class Executor:
             if existing.label == session.id and not existing.dead and processes.ref_of(existing.pane_pid):
                 return existing, True  # started before a crash, never recorded: adopt it
             self._clear_tmux_name(session, existing)
-        command = rig.agent_command.replace("{beacon}", shlex.quote(self.beacon(session)))
-        pane = self.tmux.start(
-            session.tmux_name, command, cwd=session.worktree, env=self.agent_env(session, rig), label=session.id
-        )
+        command, env = self._agent_command(session, rig)
+        pane = self.tmux.start(session.tmux_name, command, cwd=session.worktree, env=env, label=session.id)
         return pane, False
+
+    def _agent_command(self, session: Session, rig: Rig) -> tuple[str, dict[str, str]]:
+        """The pane's command line and environment, from the rig's runtime (its files written first)."""
+        runtime = runtimes.runtime_for(rig.agent_command)
+        env = self.agent_env(session, rig)
+        binary = ""
+        if isinstance(runtime, runtimes.ClaudeRuntime):
+            binary, added = runtime_setup.prepare_claude(
+                runtime, worktree=Path(session.worktree), session_dir=self.session_dir(session), env=os.environ
+            )
+            env.update(added)  # its own HOME and config home win over the witness's
+        return runtime.command(self.beacon(session), binary), env
 
     def _clear_tmux_name(self, session: Session, existing: PaneInfo) -> None:
         owner = self._session(existing.label) if existing.label else None
@@ -411,6 +431,19 @@ class Executor:
             "NATS_PASSWORD": password,
             "NATS_INBOX_PREFIX": subjects.session_inbox_prefix(session.id),
         }
+
+    async def _agent_unavailable(self, session: Session, rig: Rig, detail: str) -> None:
+        message = (
+            f"rig {rig.name}: session {session.id} (bead {session.bead}, polecat {session.polecat}) cannot start "
+            f"its agent {rig.agent_command!r}: {detail}. The bead waits on its hook: fix it, then re-sling it "
+            f"with `gt sling {session.bead} {rig.name} --force`."
+        )
+        log.warning("agent_unavailable", session=session.id, rig=rig.name, detail=detail)
+        await self._raise_escalation(session, message)
+        # Escalated before it ends: a plan made in between must not take the ended session for a death to respawn.
+        escalated = SessionEscalated(session_id=session.id, reason="agent_unavailable")
+        await self._append(NewEvent(payload=escalated, expected_seq=session.version))
+        await self._end(session, "failed_to_start", message[:2000])
 
     async def _unusable_worktree(self, session: Session, detail: str) -> None:
         message = (

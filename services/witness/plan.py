@@ -36,6 +36,7 @@ from services.witness.scope import TMUX_PREFIX, in_scope
 from services.witness.state import ACTIVE, Rig, Session, WitnessState, WorkBead
 from shared.events import DEATHS
 from shared.ids import hook_lease_name
+from shared.runtimes import confirms_start
 
 WORKING = ("hooked", "in_progress")
 
@@ -61,6 +62,8 @@ class Observed(msgspec.Struct, frozen=True, kw_only=True):
     alive: dict[str, bool] = {}
     """Session id -> its recorded pane process (pid and start time) still runs."""
     heartbeats: dict[str, datetime] = {}
+    start_confirmed: frozenset[str] = frozenset()
+    """Started sessions whose agent runtime confirmed its start (Claude Code's SessionStart hook ran)."""
     start_failures: dict[str, int] = {}
     busy: frozenset[str] = frozenset()
     """Keys of actions still running."""
@@ -81,6 +84,9 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     mass_death_count: int = 3
     mass_death_window_s: float = 30.0
     max_start_failures: int = 3
+    start_confirm_s: float = 120.0
+    """A runtime that confirms its start (a hook) and did not within this long after its pane started has failed
+    to start (``GT_AGENT_START_TIMEOUT``)."""
     rigs: frozenset[str] | None = None
     """The witness's scope (``GT_WITNESS_RIGS``): it acts only for these rigs; None: for all."""
 
@@ -190,6 +196,9 @@ def _judge(session: Session, bead: WorkBead, rig: Rig | None, obs: Observed, pol
             reason="zombie",
             detail=f"tmux session {session.tmux_name} is there but its agent (pid {session.pane_pid}) is not",
         )
+    unconfirmed = _unconfirmed_start(session, rig, obs, policy)
+    if unconfirmed is not None:
+        return unconfirmed
     if session.done_intent_at is not None:
         waited = (obs.now - session.done_intent_at).total_seconds()
         if waited > policy.done_stuck_after_s:
@@ -205,6 +214,26 @@ def _judge(session: Session, bead: WorkBead, rig: Rig | None, obs: Observed, pol
                 detail=f"no heartbeat or step progress for {quiet:.0f}s (limit {rig.stall_after_s:g}s)",
             )
     return None
+
+
+def _unconfirmed_start(session: Session, rig: Rig | None, obs: Observed, policy: Policy) -> Warrant | None:
+    """A session whose runtime confirms its start (a hook) and has not, past the deadline: its pane is up but the
+    agent never got going (a dialog nobody answers, a crash before its first turn, a broken install)."""
+    if rig is None or session.started_at is None or session.done_intent_at is not None:
+        return None
+    if session.id in obs.start_confirmed or not confirms_start(rig.agent_command):
+        return None
+    waited = (obs.now - session.started_at).total_seconds()
+    if waited <= policy.start_confirm_s:
+        return None
+    return Warrant(
+        session=session.id,
+        reason="failed_to_start",
+        detail=(
+            f"rig {rig.name}: session {session.id} ({rig.agent_command} in tmux session {session.tmux_name}) showed "
+            f"no SessionStart hook {waited:.0f}s after its pane started (limit {policy.start_confirm_s:g}s)"
+        ),
+    )
 
 
 def _last_sign_of_life(session: Session, bead: WorkBead, obs: Observed) -> datetime:

@@ -25,14 +25,14 @@ import structlog
 from nats.aio.client import Client
 
 from services.witness import decide as witness_decide
-from services.witness import queries, scope
+from services.witness import queries, runtime_setup, scope
 from services.witness import settings as witness_settings
 from services.witness.actions import Action, Spawn
 from services.witness.executor import Executor, StartBlockedError
 from services.witness.pidwatch import ExitWatcher
 from services.witness.plan import Observed, PaneSeen, Policy, may_linger, plan
 from services.witness.projection import new_projection
-from services.witness.state import WitnessState
+from services.witness.state import Session, WitnessState
 from shared import git, processes
 from shared.aio import raise_if_cancelling
 from shared.bus import auth_callout
@@ -41,6 +41,7 @@ from shared.commands import Command, RigAdd, SessionRecoverHook
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, Route
 from shared.errors import ActivityLostError
+from shared.runtimes import confirms_start
 from shared.service import Service, ServiceSettings
 from shared.session_identity import SessionBuckets
 from shared.tmux import Tmux, TmuxError
@@ -85,6 +86,7 @@ class WitnessService(Service[WitnessState]):
             mass_death_count=ws.mass_death_count,
             mass_death_window_s=ws.mass_death_window_s,
             max_start_failures=ws.max_start_failures,
+            start_confirm_s=ws.start_confirm_s,
             rigs=ws.rigs,
         )
         self.executor = Executor(self, self.tmux, ws, self.policy)
@@ -291,11 +293,19 @@ class WitnessService(Service[WitnessState]):
             panes=panes,
             alive=alive,
             heartbeats=await self._heartbeats_of_quiet_sessions(now),
+            start_confirmed=await asyncio.to_thread(self._start_confirmed, started),
             start_failures=dict(self.executor.start_failures),
             busy=frozenset(self._pending) | {k for k, t in self._retry_at.items() if t > time.monotonic()},
             reserved=frozenset((a.rig, a.polecat) for a in self._pending.values() if isinstance(a, Spawn)),
             acting_since=self.acting_since,
         )
+
+    def _start_confirmed(self, started: list[Session]) -> frozenset[str]:
+        """Of the started sessions whose runtime confirms its start, those whose start hook left its mark."""
+        confirming = [
+            s for s in started if (rig := self.state.rigs.get(s.rig)) is not None and confirms_start(rig.agent_command)
+        ]
+        return frozenset(s.id for s in confirming if runtime_setup.started(self.executor.session_dir(s)))
 
     async def _heartbeats_of_quiet_sessions(self, now: datetime) -> dict[str, datetime]:
         """Heartbeats are read only for sessions whose events alone would make them stalled."""

@@ -30,6 +30,9 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     mass_death_count: int = 3
     mass_death_window_s: float = 30.0
     max_start_failures: int = 3
+    start_confirm_s: float = 120.0
+    """How long an agent runtime that confirms its start (Claude Code's SessionStart hook) may take to do so
+    before its session is a failed start (``GT_AGENT_START_TIMEOUT``)."""
     workers: int = 8
     """Actions carried out at once (git and tmux run in threads)."""
     nudge_verify_s: float = 3.0
@@ -62,6 +65,7 @@ def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
         kill_grace_s=env_number(env, "GT_KILL_GRACE", 3.0, minimum=0.0),
         done_exit_grace_s=env_number(env, "GT_DONE_EXIT_GRACE", 10.0, minimum=0.0),
         hook_lease_ttl_s=env_number(env, "GT_HOOK_LEASE_TTL", 0.0, minimum=0.0),
+        start_confirm_s=env_number(env, "GT_AGENT_START_TIMEOUT", 120.0, minimum=1.0),
         agent_env=agent_env,
         rigs=parse_rigs(env.get("GT_WITNESS_RIGS")),
     )

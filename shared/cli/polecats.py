@@ -14,7 +14,7 @@ from typing import Any
 import nats.js.errors
 from nats.aio.client import Client
 
-from shared import git
+from shared import git, runtimes
 from shared.bus.topology import ensure_heartbeat_bucket
 from shared.cli import hook_lease, render, rigs
 from shared.cli.client import first_event_of, send_command
@@ -130,6 +130,9 @@ def register(sub: Subcommands) -> None:
     prime.add_argument("--session", help="default: GT_SESSION")
     read_options(prime)
     prime.set_defaults(handler=_prime, precheck=_needs_session_id)
+    ah = sub.add_parser("agent-hook", help="(agent runtime) run by an agent's hooks: session-start, stop")
+    ah.add_argument("event", choices=AGENT_HOOK_EVENTS)
+    ah.set_defaults(handler=_agent_hook, precheck=_record_agent_hook)
     hb = sub.add_parser("heartbeat", help="(agent) I am alive and working; keeps a long step from looking stalled")
     hb.add_argument("--note", default="")
     hb.set_defaults(handler=_heartbeat, precheck=_needs_session_env)
@@ -452,6 +455,71 @@ def conflict_text(failure: dict[str, Any], branch: str) -> str:
         f"the conflicts keeping both changes, run the tests, push the rebased branch (`git push "
         f"--force-with-lease origin {branch}`) and run `gt done` again."
     )
+
+
+AGENT_HOOK_EVENTS = ("session-start", "stop")
+
+
+def _record_agent_hook(args: argparse.Namespace) -> None:
+    """Record the hook in the session's runtime dir before anything can fail (NATS down, a bad session): the
+    SessionStart mark is the witness's sign that the agent started, whatever the town answers."""
+    _needs_session_id(args)
+    session_dir = os.environ.get(runtimes.SESSION_DIR_ENV)
+    if not session_dir:
+        return
+    folder = Path(session_dir)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    with (folder / runtimes.HOOK_LOG).open("a") as out:
+        out.write(f"{stamp} {args.event}\n")
+    if args.event == "session-start":
+        (folder / runtimes.HOOK_MARK_SESSION_START).write_text(stamp + "\n")
+
+
+async def _agent_hook(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    """session-start: print `gt prime` (the agent adds a SessionStart hook's output to its context). stop: block
+    the agent's stop while its session's steps are open (Claude Code's Stop hook decision,
+    code.claude.com/docs/en/hooks). Never fails the agent: an error prints a hint (start) or nothing (stop)."""
+    session = os.environ["GT_SESSION"]
+    if args.event == "session-start":
+        try:
+            print(prime_text(await prime_data(nc, config, session)))
+        except Exception as exc:  # noqa: BLE001 - the agent starts anyway and is told to try itself
+            print(f"[gastown] `gt prime` failed in the SessionStart hook ({exc}); run `gt prime` yourself.")
+        return EXIT_OK
+    hook_input = _hook_input()
+    if hook_input.get("stop_hook_active"):
+        return EXIT_OK  # already going on because of this hook: never a loop
+    try:
+        reason = stop_reason(await prime_data(nc, config, session))
+    except Exception:  # noqa: BLE001 - fail open: an agent is never kept going on a guess
+        return EXIT_OK
+    if reason is not None:
+        print(json.dumps({"decision": "block", "reason": reason}))
+    return EXIT_OK
+
+
+def _hook_input() -> dict[str, Any]:
+    try:
+        data = json.loads(sys.stdin.read() or "{}") if not sys.stdin.isatty() else {}
+    except (ValueError, OSError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def stop_reason(data: dict[str, Any]) -> str | None:
+    """Why a session must not stop yet (its work is not handed in), or None: it may stop."""
+    if data.get("status") != "started" or data.get("done_intent"):
+        return None
+    molecule, step = data.get("molecule"), data.get("current_step")
+    if molecule is None:
+        return None
+    if step is not None:
+        return (
+            f"[gastown] Not done yet: step {step['id']} ({step['title']}) of bead {data['bead']['id']} is still "
+            f"open ({molecule['done']}/{molecule['total']} steps done). Work it, commit, run `gt step done "
+            f"{step['id']}`, and go on until `gt done`. `gt prime` shows everything."
+        )
+    return f"[gastown] Every step of bead {data['bead']['id']} is done: run `gt done` to hand in your work."
 
 
 async def _prime(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:

@@ -25,7 +25,7 @@ SETTING_OPTIONS = (
     ("--setup", "setup_command", str, 'gate: set-up command ("" for none)'),
     ("--lint", "lint_command", str, 'gate: lint command ("" for none)'),
     ("--test", "test_command", str, 'gate: test command ("" for none)'),
-    ("--agent", "agent_command", str, "agent command run in each new polecat's worktree"),
+    ("--agent", "agent_command", str, "agent runtime (claude, gt-agent) or a command run in each polecat's worktree"),
     ("--max-polecats", "max_polecats", int, "sessions the rig runs at once"),
     ("--max-respawns", "max_respawns", int, "deaths of a bead before it is escalated instead of respawned"),
     ("--stall-after", "stall_after_s", float, "seconds without heartbeat or progress before a session is stalled"),

@@ -1,0 +1,126 @@
+"""Readies an agent runtime for one session: finds its binary, writes its config home and first-run state, its
+hooks in the worktree (kept out of git), and says what is missing when it cannot run. The I/O half of
+``shared.runtimes`` (which decides what is written); called by the executor before the tmux pane starts."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from shared import git
+from shared.runtimes import (
+    CLAUDE_CREDENTIALS_FILE,
+    CLAUDE_LOGIN_DIR_ENV,
+    HOOK_MARK_SESSION_START,
+    SETTINGS_LOCAL,
+    ClaudeRuntime,
+    Runtime,
+)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+"""The checkout the witness runs from (its ``.tools/npm`` holds the Claude Code ``./dev setup`` installed)."""
+VERSION_TIMEOUT_S = 30.0
+
+
+class RuntimeUnavailableError(Exception):
+    """The runtime cannot start here (no binary, no credentials): a person must act, retrying changes nothing."""
+
+
+def claude_binary(runtime: ClaudeRuntime, env: Mapping[str, str]) -> str:
+    """The ``claude`` to run, or RuntimeUnavailableError naming where it was looked for."""
+    found, places = runtime.find_binary(env, shutil.which, PROJECT_ROOT)
+    if found is None:
+        raise RuntimeUnavailableError(
+            f"the claude binary was not found (looked at {places}); install Claude Code "
+            "(`npm install -g @anthropic-ai/claude-code`, or `./dev setup` in a checkout) or set GT_CLAUDE_BIN"
+        )
+    return found
+
+
+def check(runtime: Runtime, env: Mapping[str, str]) -> None:
+    """Raises RuntimeUnavailableError when ``runtime`` cannot run with the witness's environment ``env``."""
+    if isinstance(runtime, ClaudeRuntime):
+        claude_binary(runtime, env)
+        problem = runtime.unavailable(env, login_dir_has_credentials=_login_credentials(env) is not None)
+        if problem is not None:
+            raise RuntimeUnavailableError(problem)
+
+
+@functools.cache
+def binary_version(binary: str) -> str:
+    """``claude --version``'s version (``2.1.332 (Claude Code)`` gives ``2.1.332``), once per binary; empty when
+    it cannot tell (the first-run state then leaves the version out)."""
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    words = out.split()
+    return words[0] if words else ""
+
+
+def _login_credentials(env: Mapping[str, str]) -> Path | None:
+    login_dir = env.get(CLAUDE_LOGIN_DIR_ENV, "").strip()
+    if not login_dir:
+        return None
+    credentials = Path(login_dir).expanduser() / CLAUDE_CREDENTIALS_FILE
+    return credentials if credentials.is_file() else None
+
+
+def prepare_claude(
+    runtime: ClaudeRuntime, *, worktree: Path, session_dir: Path, env: Mapping[str, str]
+) -> tuple[str, dict[str, str]]:
+    """Ready Claude Code for a session in ``worktree``: its config home under ``session_dir`` with the first-run
+    state, the worktree's hooks (excluded from git); returns the binary and the environment it adds."""
+    binary = claude_binary(runtime, env)
+    session_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (session_dir / HOOK_MARK_SESSION_START).unlink(missing_ok=True)  # only this start's hook counts
+    added = runtime.env(env, session_dir=str(session_dir), root=os.geteuid() == 0)
+    config = Path(added["CLAUDE_CONFIG_DIR"])
+    config.mkdir(mode=0o700, parents=True, exist_ok=True)
+    state = json.dumps(runtime.first_run_state(str(worktree), env, binary_version(binary)), indent=2)
+    # Where the version at hand reads it with CLAUDE_CONFIG_DIR set (inside it), and HOME's for older ones.
+    _write_private(config / ".claude.json", state)
+    _write_private(Path(added["HOME"]) / ".claude.json", state)
+    if (credentials := _login_credentials(env)) is not None:
+        _write_private(config / CLAUDE_CREDENTIALS_FILE, credentials.read_text())
+    gt = str(Path(sys.executable).parent / "gt")
+    settings = worktree / SETTINGS_LOCAL
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps(runtime.settings_local(gt), indent=2) + "\n")
+    exclude_from_git(worktree, runtime.git_excludes())
+    return binary, added
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+
+
+def exclude_from_git(worktree: Path, patterns: tuple[str, ...]) -> None:
+    """List ``patterns`` in the clone's ``info/exclude`` (local, shared by its worktrees, never committed): git
+    status stays clean, so ``gt done`` and the worktree's clean-up do not take them for unsaved work."""
+    if not patterns:
+        return
+    exclude = Path(git.git("rev-parse", "--git-path", "info/exclude", cwd=worktree).strip())
+    if not exclude.is_absolute():
+        exclude = worktree / exclude
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    present = exclude.read_text().splitlines() if exclude.exists() else []
+    missing = [pattern for pattern in patterns if pattern not in present]
+    if missing:
+        with exclude.open("a") as out:
+            out.write("".join(f"{pattern}\n" for pattern in missing))
+
+
+def started(session_dir: Path) -> bool:
+    """The session's SessionStart hook ran (it leaves its mark in the session's runtime dir)."""
+    return (session_dir / HOOK_MARK_SESSION_START).exists()

@@ -1,0 +1,216 @@
+"""Rigs with ``--agent claude``: the real Claude Code CLI in real tmux, driven by the scripted model server, works
+beads end to end through a real town (mayor, witness, refinery, real git); a missing binary is escalated naming
+the rig and the session. The model server is the only fake."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+
+from services.witness.settings import WitnessSettings
+from shared import git
+from shared.config import TownConfig
+from shared.model_server import ModelServer, Script, bash, edit, say, use, write
+from tests.claude_code import TEST_KEY, claude_binary
+from tests.helpers import assert_eventually
+from tests.witness_town import PolecatTown, polecat_town
+
+FIRST_RUN_SCREENS = ("trust this folder", "do you want to use this api key", "choose the text style", "select login")
+"""Text of Claude Code's first-run screens (folder trust, custom key approval, onboarding): none may ever show."""
+BEADS = int(os.environ.get("GT_TEST_CLAUDE_BEADS", "3"))
+RUN_DEADLINE_S = 240.0
+
+
+@pytest.fixture
+def claude_witness_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The witness's environment as an operator's would be: Claude Code's settings, no GT_AGENT_ENV."""
+    monkeypatch.setenv("GT_CLAUDE_BIN", str(claude_binary()))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", TEST_KEY)
+    for name in ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_AUTOUPDATER", "DISABLE_TELEMETRY"):
+        monkeypatch.setenv(name, "1")
+    monkeypatch.delenv("GT_AGENT_ENV", raising=False)
+    monkeypatch.delenv("ANTHROPIC_CUSTOM_HEADERS", raising=False)
+
+
+@pytest.fixture
+async def pt(town: TownConfig, nc: Client, tmp_path: Path, claude_witness_env: None) -> AsyncIterator[PolecatTown]:
+    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, done_exit_grace_s=1.0)
+    async with polecat_town(town, nc, tmp_path, settings) as handle:
+        yield handle
+
+
+def polecat_story(name: str, bead: str, worktree: str, n: int) -> Script:
+    """One polecat's session: prime, write and edit a file with Claude Code's own tools, commit, every step done
+    (one stop half-way, which the Stop hook refuses), `gt done`."""
+    feature = f"{worktree}/feature-{n}.txt"
+    return Script(
+        name=name,
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context"), text="Let me see my hook."),
+            use(bash("gt step done load-context", expect="load-context: done")),
+            use(write(feature, f"feature {n}: draft\n"), text="Writing the feature."),
+            use(edit(feature, "draft", "final", expect="updated successfully")),
+            use(bash("gt step done implement", expect="implement: done")),
+            use(bash(f"git add feature-{n}.txt && git commit -q -m '{bead}: feature {n}' && git log --oneline -1")),
+            use(bash("gt step done commit", expect="commit: done")),
+            say("I have committed the feature; that should be all."),
+            use(
+                bash("gt step done self-review && gt step done run-tests", expect="run-tests: done"),
+                prompt="self-review",  # the Stop hook's reason: step self-review is still open
+            ),
+            use(bash("gt step done submit && gt done", expect="merge request")),
+            say("Submitted to the merge queue."),
+        ),
+    )
+
+
+async def test_claude_sessions_work_beads_end_to_end_through_the_refinery(
+    pt: PolecatTown, town: TownConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await pt.add_rig(agent_command="claude", max_polecats=BEADS, stall_after_s=600.0)
+    beads = [await pt.new_bead(f"Feature {n} [model-script:story-{n}]") for n in range(BEADS)]
+    names = ["ace", "bob", "cat"]
+    worktrees = [str(town.gt_home / "rigs" / "demo" / "polecats" / names[n]) for n in range(BEADS)]
+    scripts = [polecat_story(f"story-{n}", beads[n], worktrees[n], n) for n in range(BEADS)]
+    panes: dict[str, str] = {}
+    operator_home = town.gt_home.parent / "operator-home"
+    (operator_home / ".claude").mkdir(parents=True)
+    (operator_home / ".claude.json").write_text('{"the": "operator\'s own"}')
+    monkeypatch.setenv("HOME", str(operator_home))  # the witness's HOME: never the agent's
+    monkeypatch.setenv("ANTHROPIC_MODEL", "claude-scripted-model")  # passed on without GT_AGENT_ENV
+    async with ModelServer(scripts) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        for n, bead in enumerate(beads):
+            await pt.sling(bead)
+            [session] = await assert_eventually(functools.partial(pt.sessions_of, bead), timeout=30)
+            assert session.polecat == names[n], "the scripts name each polecat's worktree"
+
+        def merged_while_watching() -> bool:
+            for bead in beads:
+                for session in pt.sessions_of(bead):
+                    if session.status == "started":
+                        text = pt.tmux.capture(session.tmux_name) if session.tmux_name in pt.tmux.snapshot() else ""
+                        panes[session.id] = text or panes.get(session.id, "")
+            assert pt.refinery is not None
+            merged = {m.bead for m in pt.refinery.projection.state.mrs.values() if m.status == "merged"}
+            assert server.failures == [], server.failures
+            assert set(beads) <= merged, (merged, [(s.id, s.status) for b in beads for s in pt.sessions_of(b)])
+            return True
+
+        await assert_eventually(merged_while_watching, timeout=RUN_DEADLINE_S, interval=0.5)
+
+    assert server.failures == []
+    for n, bead in enumerate(beads):
+        sessions = await pt.wait_settled(bead)
+        assert [s.end_reason for s in sessions] == ["done"], "one session per bead, no failed start, no stall"
+        shown = git.git("show", f"main:feature-{n}.txt", cwd=pt.origin)
+        assert shown == f"feature {n}: final\n", "Claude Code's own Write then Edit made the file"
+        merged_files = git.git("ls-tree", "-r", "--name-only", "main", cwd=pt.origin).split()
+        assert not any(".claude" in path for path in merged_files), "the hooks never reach the branch"
+        # SessionStart ran `gt prime`: its text reached the model in the session's first request.
+        first = server.turns(f"story-{n}")[0]
+        assert "Current step: load-context" in json.dumps(first.body), "the SessionStart hook primed the session"
+        # The Stop hook refused the stop half-way, naming the open step.
+        after_stop = server.turns(f"story-{n}")[8]
+        assert "self-review" in json.dumps(after_stop.body["messages"][-1])
+        hook_log = (town.gt_home / "rigs" / "demo" / "sessions" / sessions[0].id / "hooks.log").read_text()
+        assert "session-start" in hook_log
+        assert "stop" in hook_log
+    assert {request.body.get("model") for request in server.requests if request.kind == "turn"} == {
+        "claude-scripted-model"
+    }
+    assert sorted(p.name for p in operator_home.rglob("*")) == [".claude", ".claude.json"], "nothing of the operator's"
+    assert (operator_home / ".claude.json").read_text() == '{"the": "operator\'s own"}'
+    assert panes, "the panes were seen while the sessions ran"
+    for text in panes.values():
+        for screen in FIRST_RUN_SCREENS:
+            assert screen not in text.lower(), f"a first-run screen ({screen!r}) shows:\n{text}"
+
+
+async def test_a_missing_claude_binary_is_escalated_naming_the_rig_and_the_session(
+    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("GT_CLAUDE_BIN", str(tmp_path / "no-such-claude"))
+    await pt.add_rig(agent_command="claude")
+    bead = await pt.new_bead("Needs an agent")
+    await pt.sling(bead)
+
+    def escalated() -> str:
+        assert pt.mayor is not None
+        found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
+        assert found, "no escalation yet"
+        assert [s.escalated for s in pt.sessions_of(bead)] == ["agent_unavailable"]
+        return found[0].message
+
+    message = await assert_eventually(escalated, timeout=30)
+    [session] = pt.sessions_of(bead)
+    assert "rig demo" in message
+    assert session.id in message
+    assert "claude binary was not found" in message
+    assert "no-such-claude" in message
+    assert session.status == "ended"
+    assert session.end_reason == "failed_to_start"
+    assert session.escalated == "agent_unavailable"
+    assert pt.tmux.snapshot().get(session.tmux_name) is None, "no silent pane"
+    assert len(pt.sessions_of(bead)) == 1, "not respawned: retrying changes nothing"
+
+
+async def test_missing_claude_credentials_are_escalated_naming_the_rig_and_the_session(
+    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY")
+    await pt.add_rig(agent_command="claude")
+    bead = await pt.new_bead("Needs a key")
+    await pt.sling(bead)
+
+    def escalated() -> str:
+        assert pt.mayor is not None
+        found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
+        assert found, "no escalation yet"
+        assert [s.escalated for s in pt.sessions_of(bead)] == ["agent_unavailable"]
+        return found[0].message
+
+    message = await assert_eventually(escalated, timeout=30)
+    [session] = pt.sessions_of(bead)
+    assert "rig demo" in message
+    assert session.id in message
+    assert "ANTHROPIC_API_KEY" in message
+    assert session.escalated == "agent_unavailable"
+
+
+async def test_a_claude_pane_that_never_fires_its_start_hook_is_a_failed_start_naming_rig_and_session(
+    town: TownConfig, nc: Client, tmp_path: Path, claude_witness_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A "claude" that comes up and then waits for ever, as one stuck at a screen nobody answers would.
+    stuck = tmp_path / "stuck-claude"
+    stuck.write_text("#!/bin/sh\necho 'Do you want to use this API key?'\nexec sleep 600\n")
+    stuck.chmod(0o755)
+    monkeypatch.setenv("GT_CLAUDE_BIN", str(stuck))
+    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, start_confirm_s=2.0)
+    async with polecat_town(town, nc, tmp_path, settings) as pt:
+        await pt.add_rig(agent_command="claude", max_respawns=0)
+        bead = await pt.new_bead("Never starts")
+        await pt.sling(bead)
+
+        def escalated() -> str:
+            assert pt.mayor is not None
+            found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
+            assert found, "no escalation yet"
+            return found[0].message
+
+        message = await assert_eventually(escalated, timeout=60)
+        [session] = pt.sessions_of(bead)
+    assert session.warrant_reason == "failed_to_start"
+    assert "rig demo" in session.warrant_detail
+    assert session.id in session.warrant_detail
+    assert "no SessionStart hook" in session.warrant_detail
+    assert "API key" in session.pane_tail, "the warrant keeps what the pane showed"
+    assert session.end_reason == "failed_to_start"
+    assert "rig demo" in message
+    assert "failed_to_start" in message

@@ -1,0 +1,207 @@
+"""Agent runtimes' pure parts: which runtime a rig's --agent names, Claude Code's command line, environment,
+first-run state and hooks, and the plan's failed start for a runtime that never confirmed its start."""
+
+from __future__ import annotations
+
+import shlex
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from services.witness.plan import Observed, PaneSeen, Policy, plan
+from services.witness.state import Rig, Session, WitnessState, WorkBead
+from shared.cli.polecats import stop_reason
+from shared.runtimes import (
+    CLAUDE,
+    COMMAND,
+    GT_AGENT,
+    SETTINGS_LOCAL,
+    ClaudeRuntime,
+    CommandRuntime,
+    runtime_for,
+)
+
+KEY = "sk-ant-api03-0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def test_a_runtime_name_names_its_runtime_and_anything_else_is_a_command_of_its_own() -> None:
+    assert runtime_for("claude").name == CLAUDE
+    assert runtime_for(" claude ").name == CLAUDE
+    assert runtime_for("gt-agent").name == GT_AGENT
+    custom = runtime_for("claude -p {beacon}")
+    assert custom.name == COMMAND
+    assert custom.command("hi there", "") == "claude -p 'hi there'"
+    assert runtime_for("gt-agent").command("beacon", "") == "gt-agent"
+    assert runtime_for(CLAUDE).confirms_start
+    assert not runtime_for("gt-agent").confirms_start
+
+
+def test_claude_starts_interactive_with_the_beacon_as_its_prompt() -> None:
+    line = ClaudeRuntime().command("[gastown] You are polecat ace; it's `gt prime`", "/opt/claude code/claude")
+    assert shlex.split(line) == [
+        "exec",
+        "/opt/claude code/claude",
+        "--dangerously-skip-permissions",
+        "[gastown] You are polecat ace; it's `gt prime`",
+    ]
+    assert " -p" not in line  # interactive: an operator can attach, nudges arrive as prompts
+
+
+def test_claude_gets_a_home_and_config_of_its_own_and_its_settings_from_the_witness() -> None:
+    witness = {
+        "ANTHROPIC_API_KEY": KEY,
+        "ANTHROPIC_BASE_URL": "http://127.0.0.1:9",
+        "ANTHROPIC_MODEL": "claude-sonnet-5",
+        "ANTHROPIC_CUSTOM_HEADERS": "x-a: b",
+        "CLAUDE_CODE_MAX_RETRIES": "2",
+        "DISABLE_TELEMETRY": "1",
+        "OPENAI_API_KEY": "not claude's",
+        "HOME": "/root",
+        "NATS_PASSWORD": "never",
+    }
+    env = ClaudeRuntime().env(witness, session_dir="/gt/rigs/demo/sessions/s-1", root=True)
+    assert env["HOME"] == "/gt/rigs/demo/sessions/s-1/home"
+    assert env["CLAUDE_CONFIG_DIR"] == "/gt/rigs/demo/sessions/s-1/home/.claude"
+    assert env["GT_SESSION_DIR"] == "/gt/rigs/demo/sessions/s-1"
+    assert env["IS_SANDBOX"] == "1"
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_MODEL", "ANTHROPIC_CUSTOM_HEADERS"):
+        assert env[name] == witness[name]
+    assert env["CLAUDE_CODE_MAX_RETRIES"] == "2"
+    assert env["DISABLE_TELEMETRY"] == "1"
+    assert "OPENAI_API_KEY" not in env
+    assert "NATS_PASSWORD" not in env
+    as_user = ClaudeRuntime().env(witness, session_dir="/s", root=False)
+    assert "IS_SANDBOX" not in as_user
+
+
+def test_claude_first_run_state_answers_every_screen_for_the_worktree_and_key() -> None:
+    state = ClaudeRuntime().first_run_state("/gt/rigs/demo/polecats/ace", {"ANTHROPIC_API_KEY": KEY}, "2.1.332")
+    assert state["hasCompletedOnboarding"] is True
+    assert state["bypassPermissionsModeAccepted"] is True
+    assert state["customApiKeyResponses"] == {"approved": [KEY[-20:]], "rejected": []}
+    assert state["projects"]["/gt/rigs/demo/polecats/ace"]["hasTrustDialogAccepted"] is True
+    assert state["lastOnboardingVersion"] == "2.1.332"
+    without_key = ClaudeRuntime().first_run_state("/w", {}, "")
+    assert without_key["customApiKeyResponses"]["approved"] == []
+    assert "lastOnboardingVersion" not in without_key
+
+
+def test_claude_hooks_prime_the_session_keep_it_going_and_record_compaction_and_end() -> None:
+    settings = ClaudeRuntime().settings_local("/venv/bin/gt")
+    hooks = settings["hooks"]
+    assert set(hooks) == {"SessionStart", "Stop", "PreCompact", "SessionEnd"}
+
+    def command(event: str) -> str:
+        [group] = hooks[event]
+        [hook] = group["hooks"]
+        assert hook["type"] == "command"
+        return str(hook["command"])
+
+    assert command("SessionStart") == "/venv/bin/gt agent-hook session-start"
+    assert command("Stop") == "/venv/bin/gt agent-hook stop"
+    assert "PreCompact" in command("PreCompact")
+    assert "$GT_SESSION_DIR/hooks.log" in command("PreCompact")
+    assert "SessionEnd" in command("SessionEnd")
+    assert "gt " not in command("SessionEnd")
+    assert ClaudeRuntime().git_excludes() == (f"/{SETTINGS_LOCAL}",)
+
+
+def test_the_claude_binary_is_the_configured_one_then_path_then_the_project_local_install(tmp_path: Path) -> None:
+    runtime = ClaudeRuntime()
+    local = tmp_path / runtime.local_binary
+    local.parent.mkdir(parents=True)
+    local.write_text("#!/bin/sh\n")
+    configured = tmp_path / "my-claude"
+    configured.write_text("#!/bin/sh\n")
+
+    def nowhere(_name: str) -> None:
+        return None
+
+    assert runtime.find_binary({"GT_CLAUDE_BIN": str(configured)}, nowhere, tmp_path)[0] == str(configured)
+    missing, places = runtime.find_binary({"GT_CLAUDE_BIN": "/no/such/claude"}, nowhere, tmp_path)
+    assert missing is None
+    assert "GT_CLAUDE_BIN=/no/such/claude" in places
+    assert runtime.find_binary({}, lambda _n: "/usr/bin/claude", tmp_path)[0] == "/usr/bin/claude"
+    assert runtime.find_binary({}, nowhere, tmp_path)[0] == str(local)
+    gone, places = runtime.find_binary({}, nowhere, tmp_path / "elsewhere")
+    assert gone is None
+    assert "PATH" in places
+
+
+def test_claude_needs_a_credential_or_a_logged_in_config_home() -> None:
+    runtime = ClaudeRuntime()
+    problem = runtime.unavailable({}, login_dir_has_credentials=False)
+    assert problem is not None
+    assert "ANTHROPIC_API_KEY" in problem
+    assert "GT_CLAUDE_CONFIG_DIR" in problem
+    assert runtime.unavailable({"ANTHROPIC_API_KEY": KEY}, login_dir_has_credentials=False) is None
+    assert runtime.unavailable({"CLAUDE_CODE_OAUTH_TOKEN": "t"}, login_dir_has_credentials=False) is None
+    assert runtime.unavailable({}, login_dir_has_credentials=True) is None
+
+
+def test_the_stop_hook_keeps_a_session_going_while_its_steps_are_open() -> None:
+    molecule = {"done": 2, "total": 6, "steps": []}
+    step = {"id": "self-review", "title": "Review your own change"}
+    data = {"status": "started", "done_intent": False, "molecule": molecule, "current_step": step, "bead": {"id": "b1"}}
+    reason = stop_reason(data)
+    assert reason is not None
+    assert "self-review" in reason
+    assert "gt step done self-review" in reason
+    all_done = stop_reason({**data, "current_step": None})
+    assert all_done is not None
+    assert "gt done" in all_done
+    assert stop_reason({**data, "status": "ended"}) is None
+    assert stop_reason({**data, "done_intent": True}) is None
+    assert stop_reason({**data, "molecule": None}) is None
+
+
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+
+
+def _town(agent: str) -> WitnessState:
+    rig = Rig(name="demo", repo="/r.git", prefix="demo", agent_command=agent, added_at=NOW)
+    session = Session(
+        id="b1-1",
+        rig="demo",
+        polecat="ace",
+        bead="b1",
+        worktree="/w",
+        branch="polecat/ace/b1",
+        tmux_name="gt-demo-ace",
+        attempt=1,
+        status="started",
+        requested_at=NOW,
+        started_at=NOW,
+        pane_pid=10,
+        pid_started=1.0,
+    )
+    bead = WorkBead(id="b1", title="t", status="hooked", rig="demo", sessions=["b1-1"])
+    return WitnessState(rigs={"demo": rig}, sessions={"b1-1": session}, beads={"b1": bead})
+
+
+def _observe(after_s: float, confirmed: frozenset[str] = frozenset()) -> Observed:
+    pane = PaneSeen(name="gt-demo-ace", pane_pid=10, dead=False, created=0, label="b1-1")
+    return Observed(
+        now=NOW + timedelta(seconds=after_s),
+        as_of_seq=100,
+        panes={"gt-demo-ace": pane},
+        alive={"b1-1": True},
+        start_confirmed=confirmed,
+    )
+
+
+def test_a_claude_pane_with_no_start_hook_past_the_deadline_is_a_failed_start_naming_rig_and_session() -> None:
+    policy = Policy(rigs_root="/gt/rigs", start_confirm_s=60.0)
+    state = _town(CLAUDE)
+    assert plan(state, _observe(59), policy) == []
+    [warrant] = plan(state, _observe(61), policy)
+    assert warrant.reason == "failed_to_start"  # type: ignore[attr-defined]
+    detail = warrant.detail  # type: ignore[attr-defined]
+    assert "rig demo" in detail
+    assert "b1-1" in detail
+    assert "SessionStart" in detail
+    assert plan(state, _observe(61, frozenset({"b1-1"})), policy) == []
+    assert plan(_town("gt-agent"), _observe(61), policy) == [], "gt-agent confirms nothing: its pane is enough"
+    assert plan(_town(CustomCommand), _observe(61), policy) == []
+
+
+CustomCommand = CommandRuntime("claude -p {beacon}").template
