@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# A demo town: an embedded NATS server and the four services, some beads filed, worked and closed.
-# Everything happens through the `gt` CLI an operator uses; the town is stopped at the end.
+# A demo town: an embedded NATS server and the four services, some beads filed, worked and closed: one by the
+# reference agent (gt-agent, which crashes once and recovers), one by the real Claude Code CLI driven by a scripted
+# model server on a loopback port (no vendor API is called). Everything happens through the `gt` CLI an operator
+# uses; the town and the model server are stopped at the end.
 set -euo pipefail
 
 export GT_HOME="${GT_HOME:-$(mktemp -d -t gastown-demo-XXXXXX)/town}"
@@ -9,17 +11,48 @@ unset NATS_URL  # the demo runs its own embedded NATS server
 export GT_TMUX_SOCKET="${GT_TMUX_SOCKET:-gastown-demo-$$}"
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 run() { printf '$'; printf ' %q' "$@"; printf '\n'; "$@"; }
+demo_dir="$(dirname "$GT_HOME")"
+mkdir -p "$demo_dir"
+
+# Claude Code's rig and the polecat the witness names first in it (ace): the scripted model's story writes files
+# in that worktree by absolute path, as Claude Code's Write and Edit tools take them.
+claude_rig=docs
+claude_worktree="$GT_HOME/rigs/$claude_rig/polecats/ace"
+step "a scripted model server on a loopback port: the Anthropic Messages API, answering from a script"
+python -m shared.model_server.demo_story "$claude_worktree" > "$demo_dir/model-scripts.json"
+python -m shared.model_server "$demo_dir/model-scripts.json" > "$demo_dir/model-server.out" \
+  2> "$demo_dir/model-server.log" &
+model_server=$!
+stop_all() {
+  step "gt down"
+  gt down || true
+  tmux -L "$GT_TMUX_SOCKET" kill-server 2>/dev/null || true
+  kill "$model_server" 2>/dev/null || true
+  wait "$model_server" 2>/dev/null || true
+}
+trap stop_all EXIT
+for _ in $(seq 1 100); do [ -s "$demo_dir/model-server.out" ] && break; sleep 0.1; done
+base_url="$(python -c 'import json, sys; print(json.loads(sys.stdin.readline())["base_url"])' \
+  < "$demo_dir/model-server.out")"
+echo "serving at $base_url (its script: $demo_dir/model-scripts.json)"
+# The witness passes Claude Code's settings from its environment to every claude session: gt up starts the
+# services with this shell's environment. The key is a dummy the model server accepts; nothing reaches a vendor.
+export ANTHROPIC_BASE_URL="$base_url"
+export ANTHROPIC_API_KEY="sk-ant-demo-scripted-model-server-not-a-real-key-0123456789"
+export ANTHROPIC_MODEL="claude-scripted-demo"
+export CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1
+# The pinned Claude Code `./dev setup` installed (not whatever `claude` may be on PATH).
+export GT_CLAUDE_BIN="${GT_CLAUDE_BIN:-$PWD/.tools/npm/node_modules/.bin/claude}"
 
 step "gt up: embedded NATS (JetStream, fsync on every write) + mayor, witness, refinery, deacon"
 run gt up -d --port 0
-trap 'step "gt down"; gt down; tmux -L "$GT_TMUX_SOCKET" kill-server 2>/dev/null || true' EXIT
 
-step "file beads: one depends on another"
+step "file beads: the build and the docs depend on the design"
 design=$(gt bead create "Design the frobulator" -p 1 -l demo -d "Sketch the API first")
 echo "$design"
 build=$(gt bead create "Build the frobulator" -l demo --needs "$design")
 echo "$build"
-docs=$(gt bead create "Document the frobulator" -t docs -l demo --needs "$build")
+docs=$(gt bead create "Document the frobulator" -t docs -l demo --needs "$design")
 echo "$docs"
 
 step "what is ready to work on (only the design: the others are blocked)"
@@ -36,6 +69,9 @@ git clone --quiet --bare "$src" "$origin"
 
 step "rig demo: the reference agent, told to crash (kill -9 itself) at step 3 of its first attempt"
 run gt rig add demo "$origin" --test "test ! -e FAIL_TESTS" --agent "GT_AGENT_FAULT=crash-at-step=3@1 gt-agent"
+
+step "rig $claude_rig, the same project: Claude Code polecats (the witness writes each one's config home and hooks)"
+run gt rig add "$claude_rig" "$origin" --test "test ! -e FAIL_TESTS" --agent claude --stall-after 3600
 
 step "park the rig: slings to it wait, no polecat starts (we work the design by hand)"
 run gt rig park demo --reason "the design is done by hand"
@@ -56,14 +92,25 @@ for s in self-review run-tests submit; do gt step done "$design" "$s" > /dev/nul
 run gt bead close "$design" --reason "API agreed"
 run gt convoy list --all
 
-step "the build is ready now"
+step "the build and the docs are ready now"
 run gt ready
 
-step "unpark the rig and sling the build to it: the witness starts a polecat in tmux and a git worktree"
+step "sling the docs to rig $claude_rig: Claude Code starts in tmux, driven by the scripted model"
+run gt sling "$docs" "$claude_rig"
+
+step "unpark rig demo and sling the build to it: the witness starts a gt-agent polecat in tmux and a git worktree"
 run gt rig unpark demo
 run gt sling "$build" demo
-for _ in $(seq 1 240); do
-  if gt bead show "$build" --json | grep -q '"status": *"closed"'; then break; fi
+closed() { gt bead show "$1" --json | grep -q '"status": *"closed"'; }
+claude_pane=""
+for _ in $(seq 1 400); do
+  # Keep the Claude Code pane's last screen: the witness ends the pane once the session is done.
+  if screen="$(tmux -L "$GT_TMUX_SOCKET" capture-pane -p -t "gt-$claude_rig-ace" 2>/dev/null)" && [ -n "$screen" ]; then
+    claude_pane="$screen"
+  fi
+  # Claude Code stays at its prompt after `gt done`: the witness ends its pane (GT_DONE_EXIT_GRACE, 10 s).
+  if closed "$build" && closed "$docs" && ! tmux -L "$GT_TMUX_SOCKET" has-session -t "=gt-$claude_rig-ace" 2>/dev/null
+  then break; fi
   sleep 0.5
 done
 
@@ -73,6 +120,25 @@ run gt mol status "$build"
 run gt mq list --rig demo
 run git --git-dir "$origin" log --format='%h %s' main
 run gt bead show "$build"
+
+step "Claude Code's session: primed by its SessionStart hook, it wrote and edited USAGE.md, committed, did every step"
+run gt session list --bead "$docs" --all
+run gt mol status "$docs"
+run git --git-dir "$origin" show main:USAGE.md
+echo "the last lines of its tmux pane, gt-$claude_rig-ace:"
+# Its non-empty lines, right borders and padding trimmed, at most 100 characters wide (UTF-8: not cut's bytes).
+printf '%s\n' "$claude_pane" | python -c '
+import sys
+lines = [line.rstrip().rstrip("\u2502").rstrip()[:100] for line in sys.stdin.buffer.read().decode(errors="replace").splitlines()]
+print("\n".join("  | " + line for line in [line for line in lines if line][-24:]))'
+if grep -q model_server_script_failure "$demo_dir/model-server.log"; then
+  echo "the session strayed from the model's script:" >&2; grep model_server_script_failure "$demo_dir/model-server.log" >&2
+fi
+run gt bead show "$docs"
+if ! closed "$docs" || ! closed "$build"; then
+  echo "demo: a bead did not merge in time (logs in $GT_HOME/logs, the model server's in $demo_dir)" >&2
+  exit 1
+fi
 
 step "forward only: a closed bead cannot be claimed again (exit code 1)"
 run gt bead claim "$design" --assignee polecat:demo/bob || echo "(exit $?)"

@@ -1,0 +1,48 @@
+"""``./dev demo``'s script, run as a user runs it: it exits 0 having shown a gt-agent polecat crash and recover and
+a Claude Code polecat, driven by the scripted model server, merge a real change; no vendor API is called (the
+model server is the only model)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from tests.claude_code import REPO, claude_binary
+
+DEMO_TIMEOUT_S = 300.0
+
+
+def test_the_demo_shows_a_claude_code_polecat_beside_gt_agent(tmp_path: Path) -> None:
+    claude_binary()  # fails (never skips) naming ./dev setup when the pinned Claude Code is missing
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_", "GT_"))},
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "GT_HOME": str(tmp_path / "demo" / "town"),
+        "GT_TMUX_SOCKET": f"gt-test-demo-{uuid.uuid4().hex[:8]}",
+    }
+    done = subprocess.run(
+        ["ops/demo.sh"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=DEMO_TIMEOUT_S,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, f"the demo exited {done.returncode}:\n{out[-6000:]}\n{done.stderr[-4000:]}"
+    assert "serving at http://127.0.0.1:" in out, "the scripted model server, on loopback"
+    assert "--agent claude" in out
+    claude_part = out[out.index("Claude Code's session") :]
+    assert "ended (done)" in claude_part, "one Claude Code session, done"
+    assert "6/6  complete" in claude_part, "every step of its molecule done"
+    assert "Run `frobulate --help` for its options." in claude_part, "its Write then Edit, merged to main"
+    assert "the last lines of its tmux pane" in claude_part
+    assert "bypass permissions on" in claude_part, "the pane shows Claude Code's own screen"
+    assert "The user guide is in the merge queue. Done." in claude_part, "the model's last words, on screen"
+    assert "strayed from the model's script" not in done.stdout + done.stderr
+    assert "a fresh one resumed at step 3" in out, "gt-agent's part is still there"
