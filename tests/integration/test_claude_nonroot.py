@@ -234,13 +234,14 @@ def _make_origin(root: Path) -> None:
 
 @contextlib.asynccontextmanager
 async def town_of(user: TownUser, env: dict[str, str]) -> AsyncIterator[None]:
-    """``gt up -d`` as the user; ``gt down --sessions`` and its tmux server ended afterwards."""
+    """``gt up -d`` as the user; ``gt down --sessions`` and its tmux server ended afterwards (after a failed start
+    too: a part of the town may be up)."""
     try:
-        await asyncio.to_thread(user.run, "gt", "up", "-d", "--port", "0", env=env)
-    except AssertionError as exc:
-        logs = "".join(f"\n--- {log}:\n{log.read_text()[-3000:]}" for log in (user.gt_home / "logs").glob("*.log"))
-        raise AssertionError(f"{exc}{logs}") from None
-    try:
+        try:
+            await asyncio.to_thread(user.run, "gt", "up", "-d", "--port", "0", env=env)
+        except AssertionError as exc:
+            logs = "".join(f"\n--- {log}:\n{log.read_text()[-3000:]}" for log in (user.gt_home / "logs").glob("*.log"))
+            raise AssertionError(f"{exc}{logs}") from None
         yield
     finally:
         await asyncio.to_thread(user.run, "gt", "down", "--sessions", env=env, check=False)
