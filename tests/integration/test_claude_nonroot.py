@@ -8,8 +8,10 @@ throwaway user (CI runs as root); it fails, never skips, when it is not root.
 
 The project's Python is often not reachable by another user (a pyenv interpreter under root's 0700 home): then
 the user runs a virtualenv of a system Python of the same version that adds this one's site-packages (the
-project is installed editable there, so it is this checkout's code). ``claude`` is linked or copied somewhere the
-user can run it when the checkout is not.
+project is installed editable there, so it is this checkout's code); when the checkout itself is out of the
+user's reach (a 0700 temporary directory), a linked copy of the site-packages and the project's packages.
+``claude`` and ``nats-server`` are linked or copied somewhere the user can run them when the checkout is not
+reachable.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import msgspec
 import pytest
 
 from shared.model_server import ModelServer, Script, bash, edit, say, use, write
-from tests.claude_code import TEST_KEY, claude_binary
+from tests.claude_code import REPO, TEST_KEY, claude_binary
 
 DEADLINE_S = 180.0
 CLI_TIMEOUT_S = 120.0
@@ -141,7 +143,17 @@ def _user_bin_dir(uid: int, gid: int, root: Path) -> Path:
     ).stdout.strip()
     # addsitedir (not a bare path) so the editable install's own .pth finder there is processed too.
     ours = sysconfig.get_paths()["purelib"]
-    (Path(own_site) / "gt_project.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    pth = Path(own_site) / "gt_project.pth"
+    pth.write_text(f"import site; site.addsitedir({ours!r})\n")
+    if _as(uid, gid, str(venv / "bin" / "python"), "-c", imports).returncode != 0:
+        # The checkout itself is out of the user's reach (in a 0700 temporary directory, say): the user gets a
+        # linked copy of the site-packages and of the project's packages (found before the editable install's
+        # finder, which would point into the checkout).
+        site = root / "site"
+        _link_tree(Path(ours), site)
+        for package in ("shared", "services"):
+            _link_tree(REPO / package, site / package)
+        pth.write_text(f"import site; site.addsitedir({str(site)!r})\n")
     for script, target in (("gt", "shared.cli.main"), ("gt-agent", "shared.agent")):
         path = venv / "bin" / script
         path.write_text(f"#!{venv}/bin/python\nimport sys\nfrom {target} import main\nsys.exit(main())\n")
@@ -155,6 +167,19 @@ def _user_bin_dir(uid: int, gid: int, root: Path) -> Path:
             f"others?):\n{probe.stderr}"
         )
     return venv / "bin"
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """A copy of the tree ``source`` at ``target``, of hard links where it can be (cheap, and the files keep their
+    modes: readable by anyone), of copies where not."""
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, target, symlinks=True, copy_function=link, ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
