@@ -31,7 +31,10 @@ stop_all() {
   wait "$model_server" 2>/dev/null || true
 }
 trap stop_all EXIT
-for _ in $(seq 1 100); do [ -s "$demo_dir/model-server.out" ] && break; sleep 0.1; done
+for _ in $(seq 1 300); do [ -s "$demo_dir/model-server.out" ] && break; sleep 0.1; done
+if [ ! -s "$demo_dir/model-server.out" ]; then
+  echo "demo: the model server did not start:" >&2; cat "$demo_dir/model-server.log" >&2; exit 1
+fi
 base_url="$(python -c 'import json, sys; print(json.loads(sys.stdin.readline())["base_url"])' \
   < "$demo_dir/model-server.out")"
 echo "serving at $base_url (its script: $demo_dir/model-scripts.json)"

@@ -1,0 +1,36 @@
+"""The script ``./dev demo`` serves (``python -m shared.model_server.demo_story WORKTREE``): it loads as the model
+server's command line loads scripts, and its story is the polecat-work molecule done with Claude Code's own tools
+in the polecat's worktree."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stdout
+
+import msgspec
+
+from shared.model_server.demo_story import main
+from shared.model_server.script import Script
+
+WORKTREE = "/town/rigs/docs/polecats/ace"
+
+
+def test_the_demo_story_prints_scripts_the_model_server_loads() -> None:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main([WORKTREE]) == 0
+    [script] = msgspec.json.decode(out.getvalue(), type=list[Script])
+    tools = [tool for turn in script.turns for tool in turn.tool_uses]
+    assert [tool.name for tool in tools if tool.name != "Bash"] == ["Write", "Edit"], "Claude Code's own tools"
+    assert {tool.input["file_path"] for tool in tools if tool.name != "Bash"} == {f"{WORKTREE}/USAGE.md"}
+    commands = " && ".join(str(tool.input["command"]) for tool in tools if tool.name == "Bash")
+    assert commands.startswith("gt prime")
+    for step in ("load-context", "implement", "commit", "self-review", "run-tests", "submit"):
+        assert f"gt step done {step}" in commands
+    assert commands.endswith("gt done")
+    assert "git commit" in commands
+    assert script.turns[-1].tool_uses == (), "it ends by saying so, not with a tool call"
+
+
+def test_the_demo_story_needs_the_worktree() -> None:
+    assert main([]) == 2
