@@ -54,9 +54,9 @@ from shared.events import (
 )
 from shared.projection import Projection
 
-SCHEMA_VERSION = 4
-"""3: rigs and their polecats, held slings (a snapshot from before knows none, so it is not trusted).
-4: sessions' token usage."""
+SCHEMA_VERSION = 3
+"""3: rigs and their polecats, held slings (a snapshot from before knows none, so it is not trusted). Sessions'
+token usage needs no new version: a snapshot from before it cannot have skipped a ``session.usage``."""
 
 
 @functools.singledispatch
