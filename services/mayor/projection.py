@@ -7,6 +7,7 @@ from datetime import datetime
 
 import msgspec
 
+from services.mayor.costs import fold_usage
 from services.mayor.state import (
     STATUS_RANK,
     WISP_TYPE,
@@ -47,13 +48,15 @@ from shared.events import (
     RigUnparked,
     SessionEnded,
     SessionRequested,
+    SessionUsage,
     StepCompleted,
     StepStarted,
 )
 from shared.projection import Projection
 
 SCHEMA_VERSION = 3
-"""3: rigs and their polecats, held slings (a snapshot from before knows none, so it is not trusted)."""
+"""3: rigs and their polecats, held slings (a snapshot from before knows none, so it is not trusted). Sessions'
+token usage needs no new version: a snapshot from before it cannot have skipped a ``session.usage``."""
 
 
 @functools.singledispatch
@@ -465,6 +468,11 @@ def _session_ended(payload: SessionEnded, state: MayorState, env: Envelope, seq:
             if session == payload.session_id:
                 rig.polecats[polecat] = None
                 return
+
+
+@fold.register
+def _session_usage(payload: SessionUsage, state: MayorState, env: Envelope, seq: int) -> None:
+    fold_usage(state.usage, payload, env.ts)
 
 
 def new_projection() -> Projection[MayorState]:

@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from services.mayor.costs import costs
 from services.mayor.reads import (
     convoy_progress,
     convoy_waves,
@@ -246,6 +247,15 @@ def _escalations(state: MayorState, body: dict[str, Any]) -> Any:
     return _take(found, _limit(body), escalation_view)
 
 
+def _costs(state: MayorState, body: dict[str, Any]) -> Any:
+    """Token usage grouped ``by`` bead, rig, convoy, day or session (``services.mayor.costs``)."""
+    convoys_of_bead: dict[str, list[str]] = {}
+    for convoy in state.convoys.values():
+        for bead_id in convoy.beads:
+            convoys_of_bead.setdefault(bead_id, []).append(convoy.id)
+    return costs(state.usage, _opt_str(body, "by") or "bead", convoys_of_bead)
+
+
 QUERIES: dict[str, Callable[[MayorState, dict[str, Any]], Any]] = {
     "get": _get,
     "list": _list,
@@ -258,6 +268,7 @@ QUERIES: dict[str, Callable[[MayorState, dict[str, Any]], Any]] = {
     "inbox": _inbox,
     "thread": _thread,
     "escalations": _escalations,
+    "costs": _costs,
 }
 
 

@@ -6,6 +6,8 @@ from datetime import datetime
 
 import msgspec
 
+from services.mayor.costs import UsageBook
+
 STATUSES = ("open", "hooked", "in_progress", "closed")
 STATUS_RANK = {status: rank for rank, status in enumerate(STATUSES)}
 STEP_STATUSES = ("pending", "in_progress", "done")
@@ -154,5 +156,7 @@ class MayorState(msgspec.Struct, kw_only=True):
     rigs: dict[str, KnownRig] = {}
     """Every rig added, by name (removed ones too: their names stay taken), with its polecats: what a sling may
     name, and what ``polecat:<rig>/<name>`` and ``rig:<rig>`` may address."""
+    usage: UsageBook = msgspec.field(default_factory=UsageBook)
+    """Token usage of polecat sessions (``session.usage``), for ``gt costs``."""
     commands_accepted: int = 0
     commands_rejected: int = 0

@@ -16,6 +16,7 @@ from services.witness.state import (
     Nudge,
     Rig,
     Session,
+    UsageMark,
     WitnessState,
     WorkBead,
     mail_nudge_id,
@@ -58,6 +59,7 @@ from shared.events import (
     SessionHookRecovered,
     SessionRequested,
     SessionStarted,
+    SessionUsage,
     SessionWarranted,
     StepCompleted,
     StepStarted,
@@ -542,6 +544,11 @@ def _gc_swept(payload: GcSwept, state: WitnessState, env: Envelope, seq: int) ->
     # Unread mail announced long ago: nothing more is owed for it (`gt prime` lists it from the mayor's state).
     for message_id in [m.id for m in state.mail.values() if m.nudged and mail_nudge_id(m.id) not in state.nudges]:
         del state.mail[message_id]
+
+
+@fold.register
+def _session_usage(payload: SessionUsage, state: WitnessState, env: Envelope, seq: int) -> None:
+    state.usage[payload.session_id] = UsageMark(version=seq, models=payload.models, final=payload.final)
 
 
 def new_projection() -> Projection[WitnessState]:

@@ -33,6 +33,7 @@ from services.witness.pidwatch import ExitWatcher
 from services.witness.plan import Observed, PaneSeen, Policy, may_linger, plan
 from services.witness.projection import new_projection
 from services.witness.state import Session, WitnessState
+from services.witness.usage_watch import UsageWatch
 from shared import git, processes
 from shared.aio import raise_if_cancelling
 from shared.bus import auth_callout
@@ -165,6 +166,14 @@ class WitnessService(Service[WitnessState]):
         self._queue = asyncio.PriorityQueue()
         for n in range(self.witness_settings.workers):
             tg.create_task(self._worker(), name=f"witness-worker-{n}")
+        usage = UsageWatch(
+            self,
+            self.executor.session_dir,
+            self._serves,
+            interval_s=self.witness_settings.usage_interval_s,
+            clock=self.clock,
+        )
+        tg.create_task(usage.run(poll_s=min(1.0, self.witness_settings.usage_interval_s or 1.0)), name="usage-watch")
         if self.callout is not None:
             tg.create_task(self._answer_auth_callout(self.callout), name="auth-callout")
 

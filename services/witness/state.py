@@ -6,6 +6,8 @@ from datetime import datetime
 
 import msgspec
 
+from shared.usage import ModelUsage
+
 ACTIVE = ("requested", "started")
 """Session statuses that hold a polecat, a worktree and a bead's hook."""
 
@@ -166,6 +168,13 @@ class MailNotice(msgspec.Struct, kw_only=True, gc=False):
     """The nudge telling of it is queued (``nudge.queued`` with the id ``mail_nudge_id(id)``)."""
 
 
+class UsageMark(msgspec.Struct, kw_only=True, gc=False):
+    version: int
+    """The usage aggregate's last subject sequence (the expected sequence of the next ``session.usage``)."""
+    models: tuple[ModelUsage, ...] = ()
+    final: bool = False
+
+
 class WitnessState(msgspec.Struct, kw_only=True):
     rigs: dict[str, Rig] = {}
     sessions: dict[str, Session] = {}
@@ -179,6 +188,8 @@ class WitnessState(msgspec.Struct, kw_only=True):
     """Hook leases by lease name."""
     mail: dict[str, MailNotice] = {}
     """Unread, open messages to polecats, by message id."""
+    usage: dict[str, UsageMark] = {}
+    """Session id -> its usage as last recorded (``session.usage``), so a restarted witness records only change."""
 
 
 MAIL_NUDGE_PREFIX = "mail-"

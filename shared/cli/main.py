@@ -27,7 +27,7 @@ from shared.aio import task_stacks
 from shared.bus.connection import connect_as_session_or_user
 from shared.bus.permissions import guarded
 from shared.bus.topology import provision
-from shared.cli import automations, beads, convoys, dashboard, feed, gc, mail, polecats, render, status, work
+from shared.cli import automations, beads, convoys, costs, dashboard, feed, gc, mail, polecats, render, status, work
 from shared.cli.client import query, stream_last_seq
 from shared.cli.common import (
     EXIT_DENIED,
@@ -111,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     polecats.register(sub)
     automations.register(sub)
     gc.register(sub)
+    costs.register(sub)
     status.register(sub)
     feed.register(sub)
     dashboard.register(sub)

@@ -158,6 +158,18 @@ def _convoy_closed(d: dict[str, Any]) -> Described:
     return f"convoy {d['convoy_id']} {landed}: {d.get('closed_beads')}/{d.get('total_beads')} beads closed", "good"
 
 
+def _session_usage(d: dict[str, Any]) -> Described:
+    models = [m for m in d.get("models") or [] if isinstance(m, dict)]
+    tokens = sum(
+        int(m.get(f) or 0)
+        for m in models
+        for f in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    )
+    names = ", ".join(str(m.get("model")) for m in models) or "no model"
+    final = " (final)" if d.get("final") else ""
+    return f"session {d.get('session_id')} has used {tokens} tokens of {names} on bead {d.get('bead')}{final}", "quiet"
+
+
 def _cmd_rejected(d: dict[str, Any]) -> Described:
     return f"command {d.get('command')} rejected: {d.get('code')}: {_s(d.get('message', ''))}", "warn"
 
@@ -203,6 +215,7 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     "session.cleaned": _session_cleaned,
     "session.escalated": _plain("session {session_id} escalated: {reason}", "bad"),
     "session.hook_recovered": _session_hook_recovered,
+    "session.usage": _session_usage,
     "mr.submitted": _mr_submitted,
     "mr.claimed": _mr_claimed,
     "mr.merged": _mr_merged,

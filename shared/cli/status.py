@@ -13,10 +13,10 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from shared.cli import identity, render, town_view
+from shared.cli import costs, identity, render, town_view
 from shared.cli.client import query, stream_last_seq
 from shared.cli.colour import COLOR_CHOICES, Palette, wanted
-from shared.cli.common import EXIT_OK, EXIT_REJECTED, Subcommands
+from shared.cli.common import EXIT_OK, EXIT_REJECTED, Subcommands, UsageError
 from shared.config import TownConfig
 from shared.errors import QueryError
 
@@ -81,13 +81,14 @@ async def gather(nc: Client, config: TownConfig, now: datetime | None = None) ->
     except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
         last = None
     names = town_view.SERVICES
-    statuses, rigs, sessions, mrs, convoys, escalations = await asyncio.gather(
+    statuses, rigs, sessions, mrs, convoys, escalations, rig_costs = await asyncio.gather(
         asyncio.gather(*(_answer(nc, name, "status") for name in names)),
         _answer(nc, "witness", "rigs"),
         _answer(nc, "witness", "sessions"),
         _answer(nc, "refinery", "mrs"),
         _answer(nc, "mayor", "convoys"),
         _answer(nc, "mayor", "escalations"),
+        _answer(nc, "mayor", "costs", {"by": "rig"}),
     )
     session_ids = [s["id"] for s in sessions or []]
     beads = sorted({s["bead"] for s in sessions or []})
@@ -103,7 +104,20 @@ async def gather(nc: Client, config: TownConfig, now: datetime | None = None) ->
         mrs=mrs,
         convoys=convoys,
         escalations=escalations,
+        costs=rig_costs_priced(rig_costs),
     )
+
+
+def rig_costs_priced(rows: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+    """Rig -> its tokens and cost (``gt costs --by rig``); None when the mayor did not answer. A price table that
+    does not parse prices nothing here (``gt costs`` says what is wrong with it)."""
+    if rows is None:
+        return None
+    try:
+        prices = costs.load_prices()
+    except UsageError:
+        prices = {}
+    return {str(row["key"]): row for row in costs.priced(rows, prices)["rows"]}
 
 
 async def _status(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:

@@ -90,9 +90,12 @@ def snapshot(
     mrs: list[dict[str, Any]] | None,
     convoys: list[dict[str, Any]] | None,
     escalations: list[dict[str, Any]] | None,
+    costs: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The town as ``gt status --json`` prints it. ``heartbeats``: session id -> time of its last agent
-    heartbeat; ``steps``: bead id -> its molecule's current step."""
+    heartbeat; ``steps``: bead id -> its molecule's current step; ``costs``: rig -> its tokens and ``cost_usd``
+    (``gt costs --by rig``)."""
+    costs = costs or {}
     polecats = None
     if sessions is not None:
         polecats = [
@@ -136,6 +139,8 @@ def snapshot(
                 "active_sessions": r.get("active_sessions", 0),
                 "waiting_beads": r.get("waiting_beads", 0),
                 "parked": bool(r.get("parked")),
+                "tokens": costs.get(str(r["name"]), {}).get("tokens", 0),
+                "cost_usd": costs.get(str(r["name"]), {}).get("cost_usd"),
             }
             for r in sorted(rigs, key=lambda r: str(r["name"]))
         ],
@@ -219,10 +224,12 @@ def render(snap: dict[str, Any], palette: Palette = PLAIN) -> str:
                 r["name"] + (" (parked)" if r.get("parked") else ""),
                 f"{r['active_sessions']}/{r['max_polecats']}",
                 str(r["waiting_beads"]),
+                str(r.get("tokens", 0)),
+                "-" if r.get("cost_usd") is None else f"${r['cost_usd']:.2f}",
             ]
             for r in snap["rigs"]
         ]
-        out += _table(("RIG", "POLECATS", "WAITING"), rows, palette)
+        out += _table(("RIG", "POLECATS", "WAITING", "TOKENS", "COST"), rows, palette)
 
     out += ["", head("Polecats", "bold")]
     if snap["polecats"] is None:

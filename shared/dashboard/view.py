@@ -36,6 +36,8 @@ class Session:
     warrant: str | None = None
     end_reason: str | None = None
     since: str = ""
+    tokens: int = 0
+    """Tokens used so far (``session.usage``: running totals, so the newest replaces what was there)."""
 
 
 @dataclass
@@ -140,7 +142,9 @@ def _fold_session(state: DashboardState, t: str, d: dict[str, Any], ts: str) -> 
     session = state.sessions.get(sid)
     if session is None:
         return
-    if t == "session.started" and session.state == "requested":
+    if t == "session.usage":
+        session.tokens = _usage_tokens(d)
+    elif t == "session.started" and session.state == "requested":
         session.state, session.since = "started", ts
     elif t == "session.done_intent" and session.state == "started":
         session.state, session.since = "finishing", ts
@@ -153,6 +157,12 @@ def _fold_session(state: DashboardState, t: str, d: dict[str, Any], ts: str) -> 
         keep = set(state.ended)
         for old in [s for s, v in state.sessions.items() if v.state == "ended" and s not in keep]:
             del state.sessions[old]
+
+
+def _usage_tokens(d: dict[str, Any]) -> int:
+    fields = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    models = [m for m in d.get("models") or [] if isinstance(m, dict)]
+    return sum(int(m.get(f) or 0) for m in models for f in fields)
 
 
 def _fold_mr(state: DashboardState, t: str, d: dict[str, Any]) -> None:
@@ -241,4 +251,5 @@ def _session_view(s: Session) -> dict[str, Any]:
         "warrant": s.warrant,
         "end_reason": s.end_reason,
         "since": s.since,
+        "tokens": s.tokens,
     }

@@ -70,6 +70,7 @@ from shared.events.sessions import (
     SessionStarted,
     SessionWarranted,
 )
+from shared.events.usage import USAGE_EVENTS, SessionUsage
 
 REGISTRY = EventRegistry(
     (
@@ -86,6 +87,7 @@ REGISTRY = EventRegistry(
         *SERVICE_EVENTS,
         *LEASE_EVENTS,
         *GC_EVENTS,
+        *USAGE_EVENTS,
     )
 )
 """The registry services decode with."""
@@ -151,6 +153,7 @@ __all__ = [
     "SessionHookRecovered",
     "SessionRequested",
     "SessionStarted",
+    "SessionUsage",
     "SessionWarranted",
     "StepCompleted",
     "StepSpec",

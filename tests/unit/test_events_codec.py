@@ -65,6 +65,7 @@ from shared.events import (
     SessionHookRecovered,
     SessionRequested,
     SessionStarted,
+    SessionUsage,
     SessionWarranted,
     StepCompleted,
     StepSpec,
@@ -72,6 +73,7 @@ from shared.events import (
     decode_envelope,
     encode_event,
 )
+from shared.usage import ModelUsage
 
 TS = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 
@@ -140,6 +142,13 @@ SAMPLES: list[Event] = [
     SessionCleaned(session_id="demo-1-2", worktree_removed=False, detail="kept"),
     SessionEscalated(session_id="demo-1-2", reason="respawn_limit"),
     SessionHookRecovered(session_id="demo-1-2", bead="demo-1", token=2, resolution="resling", detail="clean"),
+    SessionUsage(
+        session_id="demo-1-2",
+        rig="demo",
+        bead="demo-1",
+        models=(ModelUsage(model="claude-opus-4-5", input_tokens=3, output_tokens=40, messages=1),),
+        final=True,
+    ),
     NudgeQueued(nudge_id="nd-1", rig="demo", polecat="ace", session="demo-1-2", message="hi", expires_at=TS),
     NudgeDelivered(nudge_id="nd-1", session="demo-1-2", attempts=2),
     NudgeExpired(nudge_id="nd-1", reason="ttl"),

@@ -1,0 +1,71 @@
+"""Token usage folded per session, and grouped per bead, rig, convoy or day for ``gt.q.mayor.costs``. Pure.
+
+A ``session.usage`` event holds the session's running totals, so the fold keeps the newest per session; what a
+session used between two of its events (the difference) is what the day of the later event used."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from shared.errors import QueryError
+from shared.events.usage import SessionUsage
+from shared.usage import COST_GROUPINGS, ModelUsage, difference, merge
+
+GROUPINGS = COST_GROUPINGS
+
+
+class SessionCost(msgspec.Struct, kw_only=True):
+    rig: str
+    bead: str
+    models: tuple[ModelUsage, ...] = ()
+    final: bool = False
+
+
+class UsageBook(msgspec.Struct, kw_only=True):
+    sessions: dict[str, SessionCost] = {}
+    days: dict[str, dict[str, ModelUsage]] = {}
+    """``YYYY-MM-DD`` (UTC) -> model -> what was used that day."""
+
+
+def fold_usage(book: UsageBook, event: SessionUsage, ts: datetime) -> None:
+    before = book.sessions.get(event.session_id)
+    used = difference(event.models, before.models if before else ())
+    merge(book.days.setdefault(ts.date().isoformat(), {}), [u for u in used if u.messages or u.tokens])
+    book.sessions[event.session_id] = SessionCost(
+        rig=event.rig, bead=event.bead, models=event.models, final=event.final
+    )
+
+
+def _row(key: str, usages: Iterable[ModelUsage], sessions: int) -> dict[str, Any]:
+    models = merge({}, usages)
+    return {
+        "key": key,
+        "sessions": sessions,
+        "models": [msgspec.to_builtins(models[m]) for m in sorted(models)],
+    }
+
+
+def costs(book: UsageBook, by: str, convoys_of_bead: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """Rows ``{key, sessions, models: [ModelUsage...]}`` sorted by key. ``convoys_of_bead``: bead -> the convoys
+    tracking it (a bead in two convoys counts in both)."""
+    if by not in GROUPINGS:
+        raise QueryError("invalid", f"`by` must be one of {', '.join(GROUPINGS)}, got {by!r}")
+    if by == "day":
+        return [_row(day, models.values(), 0) for day, models in sorted(book.days.items())]
+    groups: dict[str, list[SessionCost]] = {}
+    for session_id, cost in book.sessions.items():
+        if by == "session":
+            keys = [session_id]
+        elif by == "bead":
+            keys = [cost.bead]
+        elif by == "rig":
+            keys = [cost.rig]
+        else:
+            keys = convoys_of_bead.get(cost.bead) or ["(none)"]
+        for key in keys:
+            groups.setdefault(key, []).append(cost)
+    return [_row(key, (u for c in found for u in c.models), len(found)) for key, found in sorted(groups.items())]

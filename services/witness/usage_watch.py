@@ -1,0 +1,135 @@
+"""Token usage of Claude Code sessions, read from their transcripts and recorded as ``session.usage`` events.
+
+For each session of a rig whose runtime writes a transcript (Claude Code: ``<session dir>/home/.claude/projects/
+**/*.jsonl``), the witness reads the new lines of the transcript files (``shared.usage.Transcript``; the offsets
+are a cache kept in memory) and, when the totals differ from the last recorded ones, appends the session's running
+totals: at most every ``interval_s`` while the session runs, and once more, ``final``, after it ended and its
+agent's process is gone (Claude Code writes its last message after ``gt done``). A restarted witness reads the
+transcripts from the start, reaches the same totals and records nothing new: the event holds totals, not a
+delta, so nothing counts twice. Runtimes without a transcript (``gt-agent``, a command line) record nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+import structlog
+
+from services.witness.state import Session, WitnessState
+from shared import processes
+from shared.decision import NewEvent
+from shared.events.usage import SessionUsage
+from shared.runtimes import CLAUDE, runtime_for
+from shared.usage import Transcript
+
+log = structlog.get_logger(__name__)
+
+FINAL_AFTER_S = 60.0
+"""An ended session whose agent process still runs this long after its end is read for the last time anyway."""
+
+
+class Host(Protocol):
+    @property
+    def state(self) -> WitnessState: ...
+
+    async def append_owed(self, owed: list[NewEvent], *, causation_id: str | None = None) -> int: ...
+
+
+def transcript_files(session_dir: Path) -> list[Path]:
+    """Claude Code's transcripts of the session (one per conversation: a ``/clear`` starts another)."""
+    return sorted((session_dir / "home" / ".claude" / "projects").glob("*/*.jsonl"))
+
+
+def read_new(transcript: Transcript, session_dir: Path) -> None:
+    """Feeds what the transcript files gained since the last read. I/O: call it in a thread."""
+    for path in transcript_files(session_dir):
+        key = str(path)
+        offset = transcript.offsets.get(key, 0)
+        try:
+            with path.open("rb") as file:
+                file.seek(offset)
+                data = file.read()
+        except OSError:
+            continue
+        if data:
+            transcript.feed(key, data)
+
+
+class UsageWatch:
+    def __init__(
+        self,
+        host: Host,
+        session_dir: Callable[[Session], Path],
+        serves: Callable[[str], bool],
+        *,
+        interval_s: float,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.host = host
+        self.session_dir = session_dir
+        self.serves = serves
+        self.interval_s = interval_s
+        self.clock = clock
+        self.transcripts: dict[str, Transcript] = {}
+        self._read_at: dict[str, float] = {}
+
+    def _watched(self, session: Session) -> bool:
+        rig = self.host.state.rigs.get(session.rig)
+        mark = self.host.state.usage.get(session.id)
+        return (
+            rig is not None
+            and runtime_for(rig.agent_command).name == CLAUDE
+            and self.serves(session.rig)
+            and session.status in ("started", "ended")
+            and session.started_at is not None
+            and not (mark is not None and mark.final)
+        )
+
+    def _agent_gone(self, session: Session) -> bool:
+        if session.ended_at is not None and (self.clock() - session.ended_at).total_seconds() > FINAL_AFTER_S:
+            return True
+        if not session.pane_pid:
+            return True
+        ref = processes.ProcessRef(pid=session.pane_pid, started=session.pid_started or 0.0)
+        return not processes.is_alive(ref)
+
+    async def tick(self) -> int:
+        """Records what is owed; returns how many events were stored."""
+        stored = 0
+        for session in list(self.host.state.sessions.values()):
+            if not self._watched(session):
+                self.transcripts.pop(session.id, None)
+                continue
+            ended = session.status == "ended"
+            final = ended and await asyncio.to_thread(self._agent_gone, session)
+            now = time.monotonic()
+            if not final and now - self._read_at.get(session.id, float("-inf")) < self.interval_s:
+                continue
+            self._read_at[session.id] = now
+            transcript = self.transcripts.setdefault(session.id, Transcript())
+            await asyncio.to_thread(read_new, transcript, self.session_dir(session))
+            models = transcript.snapshot()
+            mark = self.host.state.usage.get(session.id)
+            if mark is not None and mark.models == models and not final:
+                continue
+            if mark is None and not models and not final:
+                continue
+            event = SessionUsage(session_id=session.id, rig=session.rig, bead=session.bead, models=models, final=final)
+            stored += await self.host.append_owed([NewEvent(payload=event, expected_seq=mark.version if mark else 0)])
+            if final:
+                self.transcripts.pop(session.id, None)
+                self._read_at.pop(session.id, None)
+        return stored
+
+    async def run(self, poll_s: float) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:
+                # A transcript or an append that failed is read again next time: usage is never lost, only late.
+                log.exception("usage_watch_failed")
+            await asyncio.sleep(poll_s)
