@@ -74,7 +74,11 @@ async def _start(sessions: int) -> list[Figure]:
                 for name in procs:
                     await wait_ready(nc, name)
                 origin = make_origin(root)
-                await command(nc, "gt.cmd.rig.add", {"name": "bench", "repo": str(origin), "agent_command": "claude"})
+                await command(
+                    nc,
+                    "gt.cmd.rig.add",
+                    {"name": "bench", "repo": str(origin), "agent_command": "claude", "max_polecats": sessions},
+                )
                 hooked = [await _sling_to_hook(nc, root / "home", n) for n in range(sessions)]
             finally:
                 model.release()
