@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from bench import commands, deacon, queries, refinery, replay, witness, work
+from bench import agents, commands, deacon, queries, refinery, replay, witness, work
 from bench.common import REPO_ROOT, Figure, machine
 
 FULL = {
@@ -34,6 +34,8 @@ FULL = {
     "leases": 1000,
     "fast_leases": 200,
     "lease_quiet_s": 30,
+    "claude_sessions": 5,
+    "tool_calls": 1000,
 }
 QUICK = {
     "events": 20_000,
@@ -52,6 +54,8 @@ QUICK = {
     "leases": 100,
     "fast_leases": 20,
     "lease_quiet_s": 5,
+    "claude_sessions": 2,
+    "tool_calls": 100,
 }
 
 
@@ -63,6 +67,7 @@ async def run_all(sizes: dict[str, int]) -> list[Figure]:
     figures += await witness.run(sizes["kills"], sizes["sessions"], sizes["quiet_s"])
     figures += await refinery.run(sizes["mrs"], sizes["done_runs"], sizes["gate_ms"] / 1000)
     figures += await deacon.run(sizes["service_kills"], sizes["leases"], sizes["fast_leases"], sizes["lease_quiet_s"])
+    figures += await agents.run(sizes["claude_sessions"], sizes["tool_calls"])
     return figures
 
 
@@ -129,6 +134,11 @@ def render(figures: list[Figure], facts: dict[str, str], *, quick: bool) -> str:
         "  wait to avoid false alarms. **(o)** N leases acquired and S polecat sessions written to the log (bead",
         "  slung and claimed, session started, hook lease taken); the S hooks renewed every second as agents do,",
         "  the N leases every 10 s; the deacon's CPU against a bare process following the same bucket with a KV watch.",
+        "- **(p) Claude Code start**: mayor and witness as processes, a rig with `--agent claude` (the real binary),",
+        "  the scripted model server; from a bead's sling to its session's SessionStart hook mark, sessions one at a",
+        "  time, against the bare `claude -p` (same config home set-up, same model server) until its first request.",
+        "- **(q) activity path**: per tool call, the CPU of the PostToolUse hook (`sh -c` of one redirection) plus",
+        "  one observation of the session's activity files by the witness, against a bare `sh -c true` hook.",
         "",
     ]
     return "\n".join(lines)

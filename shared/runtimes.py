@@ -29,6 +29,9 @@ COMMAND = "command"
 
 HOOK_MARK_SESSION_START = "session-start"
 """The file (in the session's runtime dir) the SessionStart hook leaves: the witness's sign the agent started."""
+HOOK_MARK_ACTIVITY = "activity"
+"""The file (in the session's runtime dir) the PostToolUse hook truncates after every tool call: its mtime is the
+agent's last tool call, read by the witness (a shell redirection, no process started: docs/agents.md, Liveness)."""
 HOOK_LOG = "hooks.log"
 """One line per hook the runtime fired (``<iso time> <event>``), in the session's runtime dir."""
 SESSION_DIR_ENV = "GT_SESSION_DIR"
@@ -40,6 +43,11 @@ class Runtime(Protocol):
     confirms_start: bool
     """True: the agent tells the witness it started (a hook); a pane that stays silent past the start deadline is
     a failed start. False: a live pane process is all the witness knows."""
+    pane_activity: bool
+    """True: output in its tmux pane counts as a sign of life (the runtime shows no other). False for runtimes
+    with better signs: Claude Code's spinner redraws the pane while it waits for a model that never answers."""
+    activity_files: tuple[str, ...]
+    """Globs, relative to the session's runtime dir, of files whose mtime is the agent's last activity."""
 
     def command(self, beacon: str, binary: str) -> str:
         """The shell command line the tmux pane runs (``binary`` as found by the witness)."""
@@ -51,6 +59,8 @@ class CommandRuntime:
 
     name = COMMAND
     confirms_start = False
+    pane_activity = True
+    activity_files: tuple[str, ...] = ()
 
     def __init__(self, template: str) -> None:
         self.template = template
@@ -63,6 +73,7 @@ class GtAgentRuntime(CommandRuntime):
     """The bundled scripted agent (``gt-agent``, on the witness's PATH): it reads its beacon from ``GT_BEACON``."""
 
     name = GT_AGENT
+    pane_activity = False  # it calls `gt` itself: heartbeats and step progress
 
     def __init__(self) -> None:
         super().__init__(GT_AGENT)
@@ -104,10 +115,15 @@ class ClaudeRuntime:
     Hooks (code.claude.com/docs/en/hooks) in the worktree's ``.claude/settings.local.json``: SessionStart runs
     ``gt agent-hook session-start`` (marks the start for the witness; prints ``gt prime``, which Claude Code adds
     to the session's context), Stop runs ``gt agent-hook stop`` (blocks the stop while the session's steps are
-    open), PreCompact and SessionEnd append to the session's hook log."""
+    open), PostToolUse marks the agent's activity (every tool call), PreCompact and SessionEnd append to the
+    session's hook log."""
 
     name = CLAUDE
     confirms_start = True
+    pane_activity = False
+    activity_files: tuple[str, ...] = (HOOK_MARK_ACTIVITY, HOOK_MARK_SESSION_START, "home/.claude/projects/*/*.jsonl")
+    """The PostToolUse hook's mark, the SessionStart mark, and the transcripts Claude Code appends to with every
+    message (``$CLAUDE_CONFIG_DIR/projects/<worktree slug>/<session uuid>.jsonl``)."""
     binary_name: ClassVar[str] = "claude"
     binary_setting: ClassVar[str] = "GT_CLAUDE_BIN"
     local_binary: ClassVar[str] = ".tools/npm/node_modules/.bin/claude"
@@ -188,6 +204,7 @@ class ClaudeRuntime:
         return {
             "hooks": {
                 "SessionStart": hook(f"{gt_q} agent-hook session-start", 120),
+                "PostToolUse": [{"matcher": "*", "hooks": [{"type": "command", "command": ACTIVITY_HOOK}]}],
                 "Stop": hook(f"{gt_q} agent-hook stop", 60),
                 "PreCompact": hook(_log_line("PreCompact"), 10),
                 "SessionEnd": hook(_log_line("SessionEnd"), 10),
@@ -197,6 +214,11 @@ class ClaudeRuntime:
     def git_excludes(self) -> tuple[str, ...]:
         """Worktree files the runtime adds that must never be committed (listed in the clone's ``info/exclude``)."""
         return (f"/{SETTINGS_LOCAL}",)
+
+
+ACTIVITY_HOOK = f': > "${SESSION_DIR_ENV}/{HOOK_MARK_ACTIVITY}"'
+"""The PostToolUse hook: one shell redirection (truncating an empty file sets its mtime), no Python, no fork
+beyond the ``sh -c`` Claude Code runs it in; it fires after every tool call."""
 
 
 def _log_line(event: str) -> str:
@@ -216,3 +238,7 @@ def runtime_for(agent_command: str) -> Runtime:
 
 def confirms_start(agent_command: str) -> bool:
     return runtime_for(agent_command).confirms_start
+
+
+def pane_activity_counts(agent_command: str) -> bool:
+    return runtime_for(agent_command).pane_activity

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 
@@ -36,7 +36,7 @@ from services.witness.scope import TMUX_PREFIX, in_scope
 from services.witness.state import ACTIVE, Rig, Session, WitnessState, WorkBead
 from shared.events import DEATHS
 from shared.ids import hook_lease_name
-from shared.runtimes import confirms_start
+from shared.runtimes import confirms_start, pane_activity_counts
 
 WORKING = ("hooked", "in_progress")
 
@@ -51,6 +51,8 @@ class PaneSeen(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds since the epoch."""
     label: str = ""
     """The session id it was started for (empty: not started by a witness)."""
+    activity: int = 0
+    """tmux's last output or input in the session (seconds since the epoch; 0: unknown)."""
 
 
 class Observed(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,6 +64,8 @@ class Observed(msgspec.Struct, frozen=True, kw_only=True):
     alive: dict[str, bool] = {}
     """Session id -> its recorded pane process (pid and start time) still runs."""
     heartbeats: dict[str, datetime] = {}
+    activity: dict[str, datetime] = {}
+    """Session id -> its agent runtime's last activity seen in files (a tool-call hook's mark, its transcript)."""
     start_confirmed: frozenset[str] = frozenset()
     """Started sessions whose agent runtime confirmed its start (Claude Code's SessionStart hook ran)."""
     start_failures: dict[str, int] = {}
@@ -204,14 +208,17 @@ def _judge(session: Session, bead: WorkBead, rig: Rig | None, obs: Observed, pol
         if waited > policy.done_stuck_after_s:
             return Warrant(session=session.id, reason="stuck_in_done", detail=f"done-intent {waited:.0f}s ago")
         return None
-    if rig is not None:
-        last = _last_sign_of_life(session, bead, obs)
+    if rig is not None and (session.id in obs.start_confirmed or not confirms_start(rig.agent_command)):
+        # A runtime that confirms its start is judged by the start deadline until it has: its boot is no stall.
+        last = last_sign_of_life(session, bead, obs, pane_counts=pane_activity_counts(rig.agent_command))
         quiet = (obs.now - last).total_seconds()
         if quiet > rig.stall_after_s:
             return Warrant(
                 session=session.id,
                 reason="stalled",
-                detail=f"no heartbeat or step progress for {quiet:.0f}s (limit {rig.stall_after_s:g}s)",
+                detail=(
+                    f"no heartbeat, step progress or agent activity for {quiet:.0f}s (limit {rig.stall_after_s:g}s)"
+                ),
             )
     return None
 
@@ -236,10 +243,23 @@ def _unconfirmed_start(session: Session, rig: Rig | None, obs: Observed, policy:
     )
 
 
-def _last_sign_of_life(session: Session, bead: WorkBead, obs: Observed) -> datetime:
-    moments = [m for m in (session.started_at, session.requested_at, obs.heartbeats.get(session.id)) if m]
-    if bead.last_progress_at is not None:
-        moments.append(bead.last_progress_at)
+def last_sign_of_life(session: Session, bead: WorkBead, obs: Observed, *, pane_counts: bool = False) -> datetime:
+    """The newest of: the session's start, its step progress, its agent's `gt heartbeat`, its runtime's activity
+    (hooks, transcript) and, for runtimes that show nothing else (``pane_counts``), output in its tmux pane."""
+    moments = [
+        m
+        for m in (
+            session.started_at,
+            session.requested_at,
+            obs.heartbeats.get(session.id),
+            obs.activity.get(session.id),
+            bead.last_progress_at,
+        )
+        if m
+    ]
+    pane = pane_of(session, obs) if pane_counts else None
+    if pane is not None and pane.activity > 0:
+        moments.append(datetime.fromtimestamp(pane.activity, UTC))
     return max(moments)
 
 

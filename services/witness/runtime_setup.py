@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 
 from shared import git
@@ -124,3 +125,16 @@ def exclude_from_git(worktree: Path, patterns: tuple[str, ...]) -> None:
 def started(session_dir: Path) -> bool:
     """The session's SessionStart hook ran (it leaves its mark in the session's runtime dir)."""
     return (session_dir / HOOK_MARK_SESSION_START).exists()
+
+
+def last_activity(session_dir: Path, patterns: tuple[str, ...]) -> datetime | None:
+    """The newest mtime of the files matching ``patterns`` (globs relative to ``session_dir``): the agent's last
+    activity its runtime left on disk (a tool-call hook's mark, a transcript); None when there is none."""
+    newest = 0.0
+    for pattern in patterns:
+        for path in session_dir.glob(pattern):
+            try:
+                newest = max(newest, path.stat().st_mtime)
+            except OSError:
+                continue  # gone in between
+    return datetime.fromtimestamp(newest, UTC) if newest > 0 else None

@@ -25,7 +25,7 @@ import structlog
 from nats.aio.client import Client
 
 from services.witness import decide as witness_decide
-from services.witness import queries, runtime_setup, scope
+from services.witness import liveness, queries, runtime_setup, scope
 from services.witness import settings as witness_settings
 from services.witness.actions import Action, Spawn
 from services.witness.executor import Executor, StartBlockedError
@@ -34,7 +34,7 @@ from services.witness.plan import Observed, PaneSeen, Policy, may_linger, plan
 from services.witness.projection import new_projection
 from services.witness.state import Session, WitnessState
 from services.witness.usage_watch import UsageWatch
-from shared import git, processes
+from shared import git, leases, processes
 from shared.aio import raise_if_cancelling
 from shared.bus import auth_callout
 from shared.bus.connection import close_quietly, connect
@@ -42,7 +42,8 @@ from shared.commands import Command, RigAdd, SessionRecoverHook
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, Route
 from shared.errors import ActivityLostError
-from shared.runtimes import confirms_start
+from shared.ids import hook_lease_name
+from shared.runtimes import confirms_start, runtime_for
 from shared.service import Service, ServiceSettings
 from shared.session_identity import SessionBuckets
 from shared.tmux import Tmux, TmuxError
@@ -98,6 +99,8 @@ class WitnessService(Service[WitnessState]):
         """Actions queued or running, by key."""
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
+        self._lease_renewed: dict[str, datetime] = {}
+        """Session -> when this witness last renewed its hook lease on its busy agent's behalf (liveness.py)."""
         self.actions_done = 0
         self.action_errors = 0
 
@@ -285,7 +288,9 @@ class WitnessService(Service[WitnessState]):
         try:
             snapshot = await asyncio.to_thread(self.tmux.snapshot)
             panes = {
-                name: PaneSeen(name=name, pane_pid=p.pane_pid, dead=p.dead, created=p.created, label=p.label)
+                name: PaneSeen(
+                    name=name, pane_pid=p.pane_pid, dead=p.dead, created=p.created, label=p.label, activity=p.activity
+                )
                 for name, p in snapshot.items()
             }
         except TmuxError as exc:
@@ -296,12 +301,16 @@ class WitnessService(Service[WitnessState]):
                 self.exits.watch(sid, ref)
         self.exits.keep_only({sid for sid, ok in alive.items() if ok})
         now = self.clock()
+        quiet = self._quiet_sessions(now)
+        activity = await asyncio.to_thread(self._runtime_activity, quiet)
+        await self._renew_hooks_of_busy_agents(activity, now)
         return Observed(
             now=now,
             as_of_seq=as_of,
             panes=panes,
             alive=alive,
-            heartbeats=await self._heartbeats_of_quiet_sessions(now),
+            heartbeats=await self._heartbeats_of(quiet, now),
+            activity=activity,
             start_confirmed=await asyncio.to_thread(self._start_confirmed, started),
             start_failures=dict(self.executor.start_failures),
             busy=frozenset(self._pending) | {k for k, t in self._retry_at.items() if t > time.monotonic()},
@@ -316,17 +325,60 @@ class WitnessService(Service[WitnessState]):
         ]
         return frozenset(s.id for s in confirming if runtime_setup.started(self.executor.session_dir(s)))
 
-    async def _heartbeats_of_quiet_sessions(self, now: datetime) -> dict[str, datetime]:
-        """Heartbeats are read only for sessions whose events alone would make them stalled."""
+    def _quiet_sessions(self, now: datetime) -> list[Session]:
+        """Started sessions whose events alone (start, step progress) are older than half their stall limit or
+        half their hook lease's TTL: only for these are heartbeats and activity read (a few stats each)."""
         quiet = []
         for session in self.state.sessions.values():
             rig = self.state.rigs.get(session.rig)
             bead = self.state.beads.get(session.bead)
             if session.status != "started" or rig is None or bead is None or not self._serves(session.rig):
                 continue
+            limit = rig.stall_after_s
+            if (hook := self.state.hooks.get(hook_lease_name(session.bead))) is not None:
+                limit = min(limit, hook.ttl_s)
             last = max(m for m in (session.started_at, bead.last_progress_at, session.requested_at) if m)
-            if (now - last).total_seconds() > rig.stall_after_s:
-                quiet.append(session.id)
+            if (now - last).total_seconds() > limit / 2:
+                quiet.append(session)
+        return quiet
+
+    def _runtime_activity(self, sessions: list[Session]) -> dict[str, datetime]:
+        """The newest mtime of each session's runtime activity files (hook marks, transcripts)."""
+        out: dict[str, datetime] = {}
+        for session in sessions:
+            rig = self.state.rigs.get(session.rig)
+            if rig is None:
+                continue
+            newest = runtime_setup.last_activity(
+                self.executor.session_dir(session), runtime_for(rig.agent_command).activity_files
+            )
+            if newest is not None:
+                out[session.id] = newest
+        return out
+
+    async def _renew_hooks_of_busy_agents(self, activity: dict[str, datetime], now: datetime) -> None:
+        """Renew the hook lease of sessions whose agent is busy with its own tools (see ``liveness``)."""
+        self._lease_renewed = {sid: at for sid, at in self._lease_renewed.items() if sid in self.state.sessions}
+        owed = liveness.renewals_owed(self.state, activity, self._lease_renewed, now)
+        if not owed or self.nc is None:
+            return
+        try:
+            kv = await self.nc.jetstream().key_value(self.config.lease_bucket)
+            for renewal in owed:
+                try:
+                    await leases.renew(kv, renewal.lease, renewal.session, renewal.token, now)
+                except leases.LeaseLostError as exc:
+                    # Fenced out already (expired, or a newer session holds it): the plan warrants the session.
+                    log.info("hook_lease_not_renewed_for_agent", session=renewal.session, why=exc.why)
+                    continue
+                self._lease_renewed[renewal.session] = now
+                log.debug("hook_lease_renewed_for_agent", session=renewal.session, lease=renewal.lease)
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("hook_lease_renewal_failed", error=repr(exc))
+
+    async def _heartbeats_of(self, sessions: list[Session], now: datetime) -> dict[str, datetime]:
+        """The `gt heartbeat` of each of ``sessions`` (the quiet ones)."""
+        quiet = [s.id for s in sessions]
         if not quiet or self.nc is None:
             return {}
         out: dict[str, datetime] = {}

@@ -40,7 +40,8 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     nudge_verify_s: float = 3.0
     """How long a nudge's text may take to show in the pane before it is typed again."""
     hook_lease_ttl_s: float = 0.0
-    """TTL of a session's hook lease, renewed by every ``gt`` call of its agent (``GT_HOOK_LEASE_TTL``); 0: the
+    """TTL of a session's hook lease, renewed by every ``gt`` call of its agent and by the witness while the agent
+    shows activity (``liveness.py``) (``GT_HOOK_LEASE_TTL``); 0: the
     rig's ``stall_after_s``. An agent that lets it lapse is fenced out and its bead goes to a fresh session."""
     agent_env: tuple[str, ...] = ()
     """Names of more of the witness's environment variables an agent gets (``GT_AGENT_ENV``, comma-separated),

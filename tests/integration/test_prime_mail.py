@@ -98,7 +98,7 @@ async def test_a_warranted_predecessor_is_shown_with_its_reason_and_last_pane_li
     assert (first.warrant_reason, first.end_reason) == ("stalled", "stalled")
     text = await prime_of(gt_env | {"NATS_URL": pt.config.nats_url}, second)
     assert f"{first.id} (attempt 1): warranted (stalled)" in text, text
-    assert "no heartbeat or step progress" in text, text
+    assert "no heartbeat, step progress or agent activity" in text, text
     assert "last words: I was editing parse.py" in text, "the pane's last lines, from the warrant in the log"
     assert "hanging (fault injection)" in text, text
 

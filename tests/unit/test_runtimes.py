@@ -88,7 +88,7 @@ def test_claude_first_run_state_answers_every_screen_for_the_worktree_and_key() 
 def test_claude_hooks_prime_the_session_keep_it_going_and_record_compaction_and_end() -> None:
     settings = ClaudeRuntime().settings_local("/venv/bin/gt")
     hooks = settings["hooks"]
-    assert set(hooks) == {"SessionStart", "Stop", "PreCompact", "SessionEnd"}
+    assert set(hooks) == {"SessionStart", "PostToolUse", "Stop", "PreCompact", "SessionEnd"}
 
     def command(event: str) -> str:
         [group] = hooks[event]
@@ -102,6 +102,7 @@ def test_claude_hooks_prime_the_session_keep_it_going_and_record_compaction_and_
     assert "$GT_SESSION_DIR/hooks.log" in command("PreCompact")
     assert "SessionEnd" in command("SessionEnd")
     assert "gt " not in command("SessionEnd")
+    assert command("PostToolUse") == ': > "$GT_SESSION_DIR/activity"', "every tool call: no Python"
     assert ClaudeRuntime().git_excludes() == (f"/{SETTINGS_LOCAL}",)
 
 

@@ -1,0 +1,114 @@
+"""Liveness of agents that never call `gt` (issue 21, point 4), with the real Claude Code CLI in real tmux and the
+scripted model server: a session busy with its own tools for several stall limits is neither warranted nor loses
+its hook lease; a session whose model stops answering is warranted after the stall limit, and its bead finishes
+in the next session."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+
+from services.deacon.service import DeaconService
+from services.deacon.settings import DeaconSettings
+from services.witness.settings import WitnessSettings
+from shared.config import TownConfig
+from shared.ids import hook_lease_name
+from shared.model_server import Fault, ModelServer, Script, bash, say, use
+from tests.integration.test_claude_runtime import claude_witness_env  # noqa: F401 (a fixture)
+from tests.log_tools import events_of
+from tests.witness_town import FAST, PolecatTown, polecat_town
+
+STALL_S = 6.0
+"""The rig's stall limit and the hook lease's TTL: short, so three of them pass in a test."""
+BUSY_TURNS = 10
+BUSY_SLEEP_S = 2
+"""The busy step: BUSY_TURNS Bash calls of ``sleep BUSY_SLEEP_S``, at least 3 x STALL_S without a `gt` call."""
+WATCH = DeaconSettings(stale_after_s=5.0, startup_grace_s=60.0, escalate_after_s=600.0, watched=(), tick_s=0.1)
+FINISH = (
+    "echo done > result.txt && git add result.txt && git commit -q -m result"
+    " && gt step done implement && gt step done commit && gt step done self-review && gt step done run-tests"
+    " && gt step done submit && gt done"
+)
+
+
+@pytest.fixture
+async def pt(
+    town: TownConfig,
+    nc: Client,
+    tmp_path: Path,
+    claude_witness_env: None,  # noqa: F811
+) -> AsyncIterator[PolecatTown]:
+    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, done_exit_grace_s=1.0, hook_lease_ttl_s=STALL_S)
+    async with polecat_town(town, nc, tmp_path, settings) as handle:
+        handle.deacon = DeaconService(town, FAST, deacon=WATCH)
+        await handle.start("deacon", handle.deacon)
+        yield handle
+
+
+def busy_story() -> Script:
+    """Prime, then a long step of the agent's own tools only (no `gt`), then every step done and `gt done`."""
+    sleeps = tuple(use(bash(f"sleep {BUSY_SLEEP_S} && echo slept-{n}", expect=f"slept-{n}")) for n in range(BUSY_TURNS))
+    return Script(
+        name="busy",
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context")),
+            use(bash("gt step done load-context", expect="load-context: done")),
+            *sleeps,
+            use(bash(FINISH, expect="merge request")),
+            say("Submitted."),
+        ),
+    )
+
+
+def stuck_story() -> Script:
+    """The model stops answering at turn 2 once (the first session hangs there); the next session's turn 2 is
+    answered and finishes the bead (turns 0 and 1 run again in it; step load-context is done by then)."""
+    return Script(
+        name="stuck",
+        turns=(
+            use(bash("gt prime")),
+            use(bash("gt step done load-context || true")),
+            use(bash(FINISH, expect="merge request"), faults=[Fault(kind="stall", times=1)]),
+            say("Submitted."),
+        ),
+    )
+
+
+async def test_a_claude_session_busy_with_its_own_tools_for_three_stall_limits_is_not_warranted(
+    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await pt.add_rig(agent_command="claude", stall_after_s=STALL_S)
+    bead = await pt.new_bead("Long step [model-script:busy]")
+    async with ModelServer([busy_story()]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        await pt.sling(bead)
+        await pt.wait_merge_requested(bead, timeout=240)
+        assert server.failures == []
+    sessions = await pt.wait_settled(bead, timeout=120)
+    assert [(s.warrant_reason, s.end_reason) for s in sessions] == [(None, "done")], [
+        (s.warrant_reason, s.warrant_detail) for s in sessions
+    ]
+    # The busy step ran (every sleep's result reached the model) and lasted at least its sleeps: 3 stall limits.
+    assert BUSY_TURNS * BUSY_SLEEP_S >= 3 * STALL_S
+    history = await events_of(pt.nc, f"gt.evt.lease.{hook_lease_name(bead)}")
+    assert [t for t, _ in history] == ["lease.acquired", "lease.released"], "the hook lease never lapsed"
+
+
+async def test_a_claude_session_whose_model_stops_answering_is_warranted_and_the_next_session_finishes(
+    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("API_TIMEOUT_MS", "600000")  # claude itself would wait 10 minutes for the answer
+    await pt.add_rig(agent_command="claude", stall_after_s=STALL_S)
+    bead = await pt.new_bead("Model hangs [model-script:stuck]")
+    async with ModelServer([stuck_story()]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        await pt.sling(bead)
+        await pt.wait_merge_requested(bead, timeout=240)
+        assert server.failures == []
+        server.release()
+    sessions = await pt.wait_settled(bead, timeout=120)
+    assert [(s.warrant_reason, s.end_reason) for s in sessions] == [("stalled", "stalled"), (None, "done")]
+    assert "activity" in (sessions[0].warrant_detail or "")
