@@ -27,6 +27,7 @@ from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.events import decode_envelope
 from tests.chaos.test_mayor_chaos import MayorProcess, publish
+from tests.helpers import assert_eventually
 from tests.log_tools import digest, fresh_replay, read_all, seed_rigs
 
 pytestmark = pytest.mark.chaos
@@ -137,7 +138,17 @@ async def test_kill_9_the_mayor_while_molecules_are_stepped_and_convoys_fill(
         mayor.kill()
         mayor.start()  # one more restart: it must find nothing left to do twice
 
-        log = await read_all(nc, town.evt_stream)
+        # Convoys close by the mayor's reconcile once their last bead closed: a kill just after the last close
+        # leaves that to the restarted mayor's first patrols.
+        async def every_convoy_closed() -> list[tuple[int, str, bytes]]:
+            log = await read_all(nc, town.evt_stream)
+            kinds = [(subject, decode_envelope(data).type) for _, subject, data in log]
+            created = {s for s, t in kinds if t == "convoy.created"}
+            closed = {s for s, t in kinds if t == "convoy.closed"}
+            assert created == closed, f"{len(created - closed)} convoys not closed yet"
+            return log
+
+        log: list[tuple[int, str, bytes]] = await assert_eventually(every_convoy_closed, timeout=60, interval=0.5)
         await _check(nc, log, sent)
     finally:
         mayor.stop()

@@ -176,7 +176,8 @@ async def test_bad_merge_requests_get_clear_outcomes_and_change_nothing(
 
     def failed() -> Any:
         assert pt.refinery is not None
-        mr = pt.refinery.projection.state.mrs[submitted["id"]]
+        mr = pt.refinery.projection.state.mrs.get(submitted["id"])
+        assert mr is not None, "the refinery has not applied the merge request yet"
         assert mr.status == "failed", mr.status
         return mr
 
