@@ -17,6 +17,7 @@ OpenCode are added the same way: a class with these methods and an entry in ``RU
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,6 +35,9 @@ HOOK_MARK_ACTIVITY = "activity"
 agent's last tool call, read by the witness (a shell redirection, no process started: docs/agents.md, Liveness)."""
 HOOK_LOG = "hooks.log"
 """One line per hook the runtime fired (``<iso time> <event>``), in the session's runtime dir."""
+AGENT_FAILURE = "agent-failure"
+"""The file (in the session's runtime dir) the agent's turn-failure hook leaves: JSON ``{"error", "details", "at"}``
+of the newest turn that ended on an API error (Claude Code's StopFailure hook)."""
 SESSION_DIR_ENV = "GT_SESSION_DIR"
 """Names the session's runtime dir (its config home, hook marks) in the agent's environment and its hooks'."""
 
@@ -105,6 +109,15 @@ CLAUDE_LOGIN_DIR_ENV = "GT_CLAUDE_CONFIG_DIR"
 """A logged-in Claude Code config dir (``claude /login`` ran with it): its ``.credentials.json`` is copied into
 each session's config home. Never written to."""
 CLAUDE_CREDENTIALS_FILE = ".credentials.json"
+CLAUDE_REFUSALS = ("authentication_failed", "oauth_org_not_allowed", "account_on_hold", "billing_error")
+"""StopFailure ``error`` values (code.claude.com/docs/en/hooks) that a fresh session would meet again: the rig is
+parked and the operator told, instead of sessions started and refused in a loop."""
+CLAUDE_REFUSAL_SCREENS = (
+    re.compile(r"\b401\b[^\n]*· retrying in \d+s · attempt \d+/\d+"),
+    re.compile(r"Please run /login · API Error: 401[^\n]*"),
+)
+"""What Claude Code's TUI shows for a refused key (observed with 2.1.332): while it retries, a status line
+``401 <message> · retrying in 3s · attempt 3/10``; when it gave up, ``Please run /login · API Error: 401 ...``."""
 SETTINGS_LOCAL = ".claude/settings.local.json"
 """Where in the worktree the session's hooks go: Claude Code's local project settings (never committed)."""
 
@@ -115,7 +128,8 @@ class ClaudeRuntime:
     Hooks (code.claude.com/docs/en/hooks) in the worktree's ``.claude/settings.local.json``: SessionStart runs
     ``gt agent-hook session-start`` (marks the start for the witness; prints ``gt prime``, which Claude Code adds
     to the session's context), Stop runs ``gt agent-hook stop`` (blocks the stop while the session's steps are
-    open), PostToolUse marks the agent's activity (every tool call), PreCompact and SessionEnd append to the
+    open), PostToolUse marks the agent's activity (every tool call), StopFailure runs ``gt agent-hook
+    stop-failure`` (leaves the turn's API error for the witness), PreCompact and SessionEnd append to the
     session's hook log."""
 
     name = CLAUDE
@@ -206,10 +220,31 @@ class ClaudeRuntime:
                 "SessionStart": hook(f"{gt_q} agent-hook session-start", 120),
                 "PostToolUse": [{"matcher": "*", "hooks": [{"type": "command", "command": ACTIVITY_HOOK}]}],
                 "Stop": hook(f"{gt_q} agent-hook stop", 60),
+                "StopFailure": hook(f"{gt_q} agent-hook stop-failure", 30),
                 "PreCompact": hook(_log_line("PreCompact"), 10),
                 "SessionEnd": hook(_log_line("SessionEnd"), 10),
             }
         }
+
+    def refusal(self, failure: Mapping[str, Any]) -> str | None:
+        """What a turn failure (``AGENT_FAILURE``'s content) says when no new session of the rig can work either
+        (the credentials were refused), or None: Claude Code retries everything else itself (429, 529, a dropped
+        connection) and a turn that still failed is the liveness checks' to judge."""
+        error = str(failure.get("error", ""))
+        if error not in CLAUDE_REFUSALS:
+            return None
+        details = " ".join(str(failure.get("details", "")).split())[:300]
+        return f"the model API refused its credentials ({error}{': ' + details if details else ''})"
+
+    def refusal_on_screen(self, screen: str) -> str | None:
+        """The same, read from the pane while Claude Code is still retrying the refused request (it retries a 401
+        ``CLAUDE_CODE_MAX_RETRIES`` times, minutes in all, before the StopFailure hook fires), or once it gave
+        up: the refusal is known at the first retry shown."""
+        for pattern in CLAUDE_REFUSAL_SCREENS:
+            found = pattern.search(screen)
+            if found is not None:
+                return f"the model API refused its credentials ({' '.join(found.group(0).split())[:300]})"
+        return None
 
     def git_excludes(self) -> tuple[str, ...]:
         """Worktree files the runtime adds that must never be committed (listed in the clone's ``info/exclude``)."""
@@ -242,3 +277,13 @@ def confirms_start(agent_command: str) -> bool:
 
 def pane_activity_counts(agent_command: str) -> bool:
     return runtime_for(agent_command).pane_activity
+
+
+def refusal(agent_command: str, failure: Mapping[str, Any] | None, screen: str = "") -> str | None:
+    """Why the rig's agent cannot work at all, from its runtime's turn-failure record or what its pane shows
+    (None: it can, or the runtime records and shows nothing the witness knows)."""
+    runtime = runtime_for(agent_command)
+    if not isinstance(runtime, ClaudeRuntime):
+        return None
+    why = runtime.refusal(failure) if failure is not None else None
+    return why or (runtime.refusal_on_screen(screen) if screen else None)

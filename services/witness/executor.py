@@ -56,6 +56,7 @@ from shared.events import (
     NudgeExpired,
     NudgeQueued,
     RigMassDeath,
+    RigParked,
     SessionCleaned,
     SessionEnded,
     SessionEscalated,
@@ -471,6 +472,10 @@ class Executor:
         # The version the warrant is decided on, read before any await: ``session`` is the projection's live
         # record, and a session.ended applied while the pane is read must make this append conflict.
         decided_on = session.version
+        if action.reason == planning.AGENT_UNAUTHORIZED:
+            await self._park_refused(session, action.detail)
+            session = self._session(action.session) or session
+            decided_on = session.version
         tail = await asyncio.to_thread(self._pane_tail, session)
         event = SessionWarranted(session_id=session.id, reason=action.reason, detail=action.detail, pane_tail=tail)
         if not await self._append(NewEvent(payload=event, expected_seq=decided_on)):
@@ -478,6 +483,24 @@ class Executor:
         log.info("session_warranted", session=session.id, reason=action.reason, detail=action.detail)
         crash_point("witness.after_warrant")
         await self.kill(Kill(session=session.id))
+
+    async def _park_refused(self, session: Session, detail: str) -> None:
+        """The model API refused the agent's credentials: every new session of the rig would be refused too. Park
+        the rig first (so no plan made after this session ends starts another), then tell the operator."""
+        rig = self.host.state.rigs.get(session.rig)
+        if rig is None:
+            return
+        if not rig.parked:
+            parked = RigParked(rig=rig.name, reason=f"agent credentials refused (session {session.id})")
+            await self._append(NewEvent(payload=parked, expected_seq=rig.version))
+        message = (
+            f"{detail}. Session {session.id} (bead {session.bead}, polecat {session.polecat}) is ended and rig "
+            f"{rig.name} is parked: no new sessions until the credentials are fixed (the witness's "
+            f"ANTHROPIC_API_KEY or the other settings of docs/agents.md), then `gt rig unpark {rig.name}`; the "
+            "bead waits on its hook and goes on then."
+        )
+        log.warning("agent_unauthorized", session=session.id, rig=rig.name, detail=detail)
+        await self._raise_escalation(session, message)
 
     async def kill(self, action: Kill) -> None:
         session = self._session(action.session)

@@ -68,6 +68,8 @@ class Observed(msgspec.Struct, frozen=True, kw_only=True):
     """Session id -> its agent runtime's last activity seen in files (a tool-call hook's mark, its transcript)."""
     start_confirmed: frozenset[str] = frozenset()
     """Started sessions whose agent runtime confirmed its start (Claude Code's SessionStart hook ran)."""
+    refused: dict[str, str] = {}
+    """Started sessions whose agent recorded that the model API refused its credentials: why."""
     start_failures: dict[str, int] = {}
     busy: frozenset[str] = frozenset()
     """Keys of actions still running."""
@@ -93,6 +95,11 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     to start (``GT_AGENT_START_TIMEOUT``)."""
     rigs: frozenset[str] | None = None
     """The witness's scope (``GT_WITNESS_RIGS``): it acts only for these rigs; None: for all."""
+
+
+AGENT_UNAUTHORIZED = "agent_unauthorized"
+"""The warrant (and end reason) of a session whose agent's credentials were refused: its rig is parked and the
+operator told, as every new session would be refused too."""
 
 
 def session_id_for(bead: str, attempt: int) -> str:
@@ -200,6 +207,9 @@ def _judge(session: Session, bead: WorkBead, rig: Rig | None, obs: Observed, pol
             reason="zombie",
             detail=f"tmux session {session.tmux_name} is there but its agent (pid {session.pane_pid}) is not",
         )
+    refused = obs.refused.get(session.id)
+    if refused is not None and rig is not None:
+        return Warrant(session=session.id, reason=AGENT_UNAUTHORIZED, detail=f"rig {rig.name}: {refused}")
     unconfirmed = _unconfirmed_start(session, rig, obs, policy)
     if unconfirmed is not None:
         return unconfirmed
@@ -382,7 +392,7 @@ def _spawn_for(
         tmux_name=tmux_name_for(rig.name, polecat),
         attempt=attempt,
         handoff_of=handoff_of,
-        resling=last is not None and last.end_reason in DEATHS,
+        resling=last is not None and (last.end_reason in DEATHS or last.end_reason == AGENT_UNAUTHORIZED),
     )
 
 

@@ -13,9 +13,11 @@ import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from shared import git
 from shared.runtimes import (
+    AGENT_FAILURE,
     CLAUDE_CREDENTIALS_FILE,
     CLAUDE_LOGIN_DIR_ENV,
     HOOK_MARK_SESSION_START,
@@ -83,6 +85,7 @@ def prepare_claude(
     binary = claude_binary(runtime, env)
     session_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (session_dir / HOOK_MARK_SESSION_START).unlink(missing_ok=True)  # only this start's hook counts
+    (session_dir / AGENT_FAILURE).unlink(missing_ok=True)  # and only this start's failures
     added = runtime.env(env, session_dir=str(session_dir), root=os.geteuid() == 0)
     config = Path(added["CLAUDE_CONFIG_DIR"])
     config.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -138,3 +141,12 @@ def last_activity(session_dir: Path, patterns: tuple[str, ...]) -> datetime | No
             except OSError:
                 continue  # gone in between
     return datetime.fromtimestamp(newest, UTC) if newest > 0 else None
+
+
+def agent_failure(session_dir: Path) -> dict[str, Any] | None:
+    """The newest turn failure the session's agent recorded (its StopFailure hook), or None."""
+    try:
+        data = json.loads((session_dir / AGENT_FAILURE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

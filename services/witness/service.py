@@ -43,7 +43,7 @@ from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, Route
 from shared.errors import ActivityLostError
 from shared.ids import hook_lease_name
-from shared.runtimes import confirms_start, runtime_for
+from shared.runtimes import confirms_start, refusal, runtime_for
 from shared.service import Service, ServiceSettings
 from shared.session_identity import SessionBuckets
 from shared.tmux import Tmux, TmuxError
@@ -52,6 +52,8 @@ log = structlog.get_logger(__name__)
 
 _HEARTBEAT = msgspec.json.Decoder(dict[str, Any])
 MAX_RETRY_DELAY_S = 30.0
+REFUSAL_SCREEN_LINES = 30
+"""How much of the bottom of a Claude Code pane is read for a refused key (older lines are history)."""
 
 
 class WitnessService(Service[WitnessState]):
@@ -312,6 +314,7 @@ class WitnessService(Service[WitnessState]):
             heartbeats=await self._heartbeats_of(quiet, now),
             activity=activity,
             start_confirmed=await asyncio.to_thread(self._start_confirmed, started),
+            refused=await asyncio.to_thread(self._refused, started),
             start_failures=dict(self.executor.start_failures),
             busy=frozenset(self._pending) | {k for k, t in self._retry_at.items() if t > time.monotonic()},
             reserved=frozenset((a.rig, a.polecat) for a in self._pending.values() if isinstance(a, Spawn)),
@@ -324,6 +327,27 @@ class WitnessService(Service[WitnessState]):
             s for s in started if (rig := self.state.rigs.get(s.rig)) is not None and confirms_start(rig.agent_command)
         ]
         return frozenset(s.id for s in confirming if runtime_setup.started(self.executor.session_dir(s)))
+
+    def _refused(self, started: list[Session]) -> dict[str, str]:
+        """Of the started sessions, those whose agent recorded (its StopFailure hook) or shows (its pane) that the
+        model API refused its credentials. One pane capture per such session and patrol."""
+        out: dict[str, str] = {}
+        for s in started:
+            rig = self.state.rigs.get(s.rig)
+            if rig is None or not confirms_start(rig.agent_command):
+                continue  # a runtime without hooks records no failures
+            failure = runtime_setup.agent_failure(self.executor.session_dir(s))
+            why = refusal(rig.agent_command, failure) or refusal(rig.agent_command, None, self._screen(s))
+            if why is not None:
+                out[s.id] = why
+        return out
+
+    def _screen(self, session: Session) -> str:
+        """The bottom of the session's pane (where Claude Code shows a request it is retrying), or ''."""
+        try:
+            return self.tmux.capture(session.tmux_name, lines=REFUSAL_SCREEN_LINES)
+        except TmuxError:
+            return ""
 
     def _quiet_sessions(self, now: datetime) -> list[Session]:
         """Started sessions whose events alone (start, step progress) are older than half their stall limit or

@@ -130,7 +130,7 @@ def register(sub: Subcommands) -> None:
     prime.add_argument("--session", help="default: GT_SESSION")
     read_options(prime)
     prime.set_defaults(handler=_prime, precheck=_needs_session_id)
-    ah = sub.add_parser("agent-hook", help="(agent runtime) run by an agent's hooks: session-start, stop")
+    ah = sub.add_parser("agent-hook", help="(agent runtime) run by an agent's hooks: session-start, stop, stop-failure")
     ah.add_argument("event", choices=AGENT_HOOK_EVENTS)
     ah.set_defaults(handler=_agent_hook, precheck=_record_agent_hook)
     hb = sub.add_parser("heartbeat", help="(agent) I am alive and working; keeps a long step from looking stalled")
@@ -457,7 +457,7 @@ def conflict_text(failure: dict[str, Any], branch: str) -> str:
     )
 
 
-AGENT_HOOK_EVENTS = ("session-start", "stop")
+AGENT_HOOK_EVENTS = ("session-start", "stop", "stop-failure")
 
 
 def _record_agent_hook(args: argparse.Namespace) -> None:
@@ -469,10 +469,17 @@ def _record_agent_hook(args: argparse.Namespace) -> None:
         return
     folder = Path(session_dir)
     stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # The stop hook's input is read by its handler; the others' only here (a start's source: startup, resume,
+    # clear or compact; a failure's API error).
+    hook_input = {} if args.event == "stop" else _hook_input()
+    what = str(hook_input.get("source") or hook_input.get("error") or "")
     with (folder / runtimes.HOOK_LOG).open("a") as out:
-        out.write(f"{stamp} {args.event}\n")
+        out.write(f"{stamp} {args.event}{' ' + what if what else ''}\n")
     if args.event == "session-start":
         (folder / runtimes.HOOK_MARK_SESSION_START).write_text(stamp + "\n")
+    if args.event == "stop-failure":
+        failure = {"error": what, "details": str(hook_input.get("error_details") or ""), "at": stamp}
+        (folder / runtimes.AGENT_FAILURE).write_text(json.dumps(failure) + "\n")
 
 
 async def _agent_hook(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
@@ -480,6 +487,8 @@ async def _agent_hook(nc: Client, args: argparse.Namespace, config: TownConfig) 
     the agent's stop while its session's steps are open (Claude Code's Stop hook decision,
     code.claude.com/docs/en/hooks). Never fails the agent: an error prints a hint (start) or nothing (stop)."""
     session = os.environ["GT_SESSION"]
+    if args.event == "stop-failure":
+        return EXIT_OK  # recorded for the witness by the precheck; the turn is over either way
     if args.event == "session-start":
         try:
             print(prime_text(await prime_data(nc, config, session)))

@@ -17,6 +17,7 @@ from shared.runtimes import (
     SETTINGS_LOCAL,
     ClaudeRuntime,
     CommandRuntime,
+    refusal,
     runtime_for,
 )
 
@@ -88,7 +89,7 @@ def test_claude_first_run_state_answers_every_screen_for_the_worktree_and_key() 
 def test_claude_hooks_prime_the_session_keep_it_going_and_record_compaction_and_end() -> None:
     settings = ClaudeRuntime().settings_local("/venv/bin/gt")
     hooks = settings["hooks"]
-    assert set(hooks) == {"SessionStart", "PostToolUse", "Stop", "PreCompact", "SessionEnd"}
+    assert set(hooks) == {"SessionStart", "PostToolUse", "Stop", "StopFailure", "PreCompact", "SessionEnd"}
 
     def command(event: str) -> str:
         [group] = hooks[event]
@@ -98,6 +99,7 @@ def test_claude_hooks_prime_the_session_keep_it_going_and_record_compaction_and_
 
     assert command("SessionStart") == "/venv/bin/gt agent-hook session-start"
     assert command("Stop") == "/venv/bin/gt agent-hook stop"
+    assert command("StopFailure") == "/venv/bin/gt agent-hook stop-failure"
     assert "PreCompact" in command("PreCompact")
     assert "$GT_SESSION_DIR/hooks.log" in command("PreCompact")
     assert "SessionEnd" in command("SessionEnd")
@@ -206,3 +208,26 @@ def test_a_claude_pane_with_no_start_hook_past_the_deadline_is_a_failed_start_na
 
 
 CustomCommand = CommandRuntime("claude -p {beacon}").template
+
+
+def test_refused_credentials_are_a_refusal_and_other_turn_failures_are_not() -> None:
+    failure = {"error": "authentication_failed", "details": "API Error: 401  invalid x-api-key"}
+    why = refusal("claude", failure)
+    assert why is not None
+    assert "authentication_failed" in why
+    assert "API Error: 401 invalid x-api-key" in why
+    for retried in ("rate_limit", "overloaded", "server_error", "unknown", ""):
+        assert refusal("claude", {"error": retried}) is None, "Claude Code retries these itself"
+    assert refusal("gt-agent", failure) is None, "a runtime without the hook records no failures"
+
+
+def test_a_refused_key_is_read_from_the_pane_while_claude_still_retries_and_once_it_gave_up() -> None:
+    retrying = "✻ 401 scripted unauthorized · retrying in 3s · attempt 3/10\n\u276f \n"
+    why = refusal("claude", None, retrying)
+    assert why is not None
+    assert "401 scripted unauthorized" in why
+    gave_up = "● Please run /login · API Error: 401 invalid x-api-key\n"
+    assert "API Error: 401" in (refusal("claude", None, gave_up) or "")
+    assert refusal("claude", None, "✻ 529 Overloaded · retrying in 3s · attempt 2/10") is None, "retried: fine"
+    assert refusal("claude", None, "the server answers 401 when the token is missing") is None, "the agent's work"
+    assert refusal("gt-agent", None, retrying) is None

@@ -266,6 +266,27 @@ def test_a_live_tmux_session_without_its_agent_is_a_zombie(pane_dead: bool, agen
     assert only(w.plan(obs), Warrant).reason == "zombie"
 
 
+def test_an_agent_whose_credentials_were_refused_is_warranted_and_after_the_unpark_resumed_on_its_hook() -> None:
+    w = World()
+    w.add(RigAdded(rig="demo", repo="/repos/demo.git", prefix="de", agent_command="claude"))
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    refused = w.observe(w.pane(session), start_confirmed=frozenset({session}), refused={session: "401"})
+    warrant = only(w.plan(refused), Warrant)
+    assert warrant.reason == "agent_unauthorized"
+    assert warrant.detail == "rig demo: 401"
+    w.add(RigParked(rig="demo", reason="refused"))
+    w.add(SessionWarranted(session_id=session, reason="agent_unauthorized"))
+    w.end(session, "agent_unauthorized", cleaned=False)
+    assert not [a for a in w.plan() if isinstance(a, Spawn)], "parked: no new session, no loop"
+    w.add(RigUnparked(rig="demo"))
+    spawn = only(w.plan(), Spawn)
+    assert (spawn.attempt, spawn.resling) == (2, True), "the hook moves to the new session"
+    for _ in range(5):
+        w.end(w.running("gt-abc"), "agent_unauthorized", cleaned=False)
+    assert only(w.plan(), Spawn).attempt == 7, "not a death: never the respawn limit, the bead is not at fault"
+
+
 def test_nothing_is_judged_dead_when_tmux_could_not_be_asked_or_the_session_changed_meanwhile() -> None:
     w = World()
     w.rig()

@@ -1,0 +1,314 @@
+"""How a ``--agent claude`` rig lives through agent failures (docs/agents.md, "Claude Code failures"): the real
+Claude Code CLI in real tmux, a real town, the scripted model server as the only fake. Each test is one scenario:
+the agent killed mid-step, a 429/529 storm, a 401, a nudge typed while it generates, a ``/clear``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from services.witness.settings import WitnessSettings
+from services.witness.state import Session
+from shared.config import TownConfig
+from shared.model_server import Fault, ModelServer, Script, bash, say, use
+from shared.model_server.server import RecordedRequest
+from tests.claude_code import TEST_KEY, claude_binary
+from tests.helpers import assert_eventually
+from tests.log_tools import events_of
+from tests.witness_town import PolecatTown, polecat_town
+
+STEPS = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
+
+
+@pytest.fixture
+def claude_witness_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GT_CLAUDE_BIN", str(claude_binary()))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", TEST_KEY)
+    for name in ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_AUTOUPDATER", "DISABLE_TELEMETRY"):
+        monkeypatch.setenv(name, "1")
+    monkeypatch.delenv("GT_AGENT_ENV", raising=False)
+    monkeypatch.delenv("ANTHROPIC_CUSTOM_HEADERS", raising=False)
+
+
+@pytest.fixture
+async def pt(town: TownConfig, nc: Client, tmp_path: Path, claude_witness_env: None) -> AsyncIterator[PolecatTown]:
+    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, done_exit_grace_s=1.0)
+    async with polecat_town(town, nc, tmp_path, settings) as handle:
+        yield handle
+
+
+def finish(*, first: str = "commit") -> tuple[Any, ...]:
+    """The turns that take a session from step ``first`` (its prime says so) to `gt done`."""
+    rest = STEPS[STEPS.index(first) :]
+    return (
+        use(bash(" && ".join(f"gt step done {s}" for s in rest[:-1]), expect=f"{rest[-2]}: done")),
+        use(bash("gt step done submit && gt done", expect="merge request")),
+        say("Submitted to the merge queue."),
+    )
+
+
+def session_requests(server: ModelServer, script: str) -> dict[str, list[RecordedRequest]]:
+    """A script's turn requests by Claude Code process (``x-claude-code-session-id``), in order of arrival."""
+    out: dict[str, list[RecordedRequest]] = {}
+    for request in server.turns(script):
+        out.setdefault(request.headers.get("x-claude-code-session-id", ""), []).append(request)
+    return out
+
+
+async def merged(pt: PolecatTown, server: ModelServer, bead: str, timeout: float = 180) -> None:
+    def check() -> bool:
+        assert server.failures == [], server.failures
+        assert pt.refinery is not None
+        done = {m.bead for m in pt.refinery.projection.state.mrs.values() if m.status == "merged"}
+        sessions = pt.sessions_of(bead)
+        live = pt.tmux.snapshot()
+        panes = {s.id: pt.tmux.capture(s.tmux_name) for s in sessions if s.status == "started" and s.tmux_name in live}
+        assert bead in done, ([(s.id, s.status, s.end_reason) for s in sessions], panes, server.answers[-3:])
+        return True
+
+    await assert_eventually(check, timeout=timeout, interval=1.0)
+
+
+async def steps_done(nc: Client, bead: str) -> list[str]:
+    return [e["step"] for kind, e in await events_of(nc, f"gt.evt.mol.{bead}") if kind == "step.done"]
+
+
+async def started_session(pt: PolecatTown, bead: str, attempt: int = 1) -> Session:
+    def started() -> Session:
+        sessions = pt.sessions_of(bead)
+        assert len(sessions) >= attempt, sessions
+        assert sessions[attempt - 1].status == "started", sessions
+        assert sessions[attempt - 1].pane_pid
+        return sessions[attempt - 1]
+
+    return await assert_eventually(started, timeout=60)
+
+
+# ---- 1. the agent killed mid-step --------------------------------------------------------------------------------
+
+
+async def test_claude_killed_mid_step_is_resumed_at_the_current_step_by_a_fresh_session(
+    pt: PolecatTown, nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await pt.add_rig(agent_command="claude", stall_after_s=600.0)
+    bead = await pt.new_bead("Crash me [model-script:crash]")
+    before_kill = Script(
+        name="crash",
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context")),
+            use(bash("gt step done load-context && gt step done implement", expect="implement: done")),
+            # Working on step commit when the process dies: this request is held until the kill.
+            use(bash("gt step done commit"), faults=(Fault(kind="stall", times=None),)),
+        ),
+    )
+    after_kill = Script(name="crash", turns=(use(bash("gt prime", expect="Current step: commit")), *finish()))
+    async with ModelServer([before_kill]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        try:
+            await pt.sling(bead)
+            first = await started_session(pt, bead)
+            await assert_eventually(lambda: server.stalled >= 1, timeout=120)
+            assert await steps_done(nc, bead) == ["load-context", "implement"]
+            server.add(after_kill)  # what a fresh Claude Code conversation (turn 0 again) is answered
+            os.kill(first.pane_pid or 0, signal.SIGKILL)
+            await merged(pt, server, bead)
+        finally:
+            server.release()
+        sessions = await pt.wait_settled(bead)
+        # The pane stays with its process gone (tmux's remain-on-exit): a zombie, a death like "dead".
+        assert [s.end_reason for s in sessions] == ["zombie", "done"], "seen dead, re-slung once, the fresh one done"
+        conversations = list(session_requests(server, "crash").values())
+        assert len(conversations) == 2
+        resumed = conversations[1][0]
+        # The fresh session's SessionStart hook ran `gt prime`: it started knowing the current step.
+        assert "Current step: commit" in json.dumps(resumed.body)
+        assert "Current step: load-context" not in json.dumps(resumed.body)
+    assert sorted(await steps_done(nc, bead)) == sorted(STEPS), "each step done once: none redone"
+    assert len(await steps_done(nc, bead)) == len(STEPS)
+
+
+# ---- 2. a 429/529 storm ------------------------------------------------------------------------------------------
+
+
+async def test_a_429_and_529_storm_is_retried_by_claude_and_the_session_is_not_warranted(
+    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await pt.add_rig(agent_command="claude", stall_after_s=300.0)
+    bead = await pt.new_bead("Storm [model-script:storm]")
+    storm = (
+        Fault(kind="rate_limited", times=3, retry_after_s=1),
+        Fault(kind="overloaded", times=3),
+    )
+    script = Script(
+        name="storm",
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context"), faults=storm),
+            use(bash("gt step done load-context && gt step done implement", expect="implement: done"), faults=storm),
+            *finish(),
+        ),
+    )
+    async with ModelServer([script]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        await pt.sling(bead)
+        await merged(pt, server, bead)
+    statuses = [a.status for a in server.answers]
+    assert statuses.count(429) == 6, statuses
+    assert statuses.count(529) == 6, statuses
+    [session] = await pt.wait_settled(bead)
+    assert session.warrant_reason is None, "retrying is not stalling"
+    assert session.end_reason == "done"
+    assert session.escalated is None
+
+
+# ---- 3. a 401 ----------------------------------------------------------------------------------------------------
+
+
+async def test_a_401_is_escalated_at_once_naming_rig_and_session_and_the_rig_is_parked(
+    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Claude Code's default: a 401 is retried 10 times, minutes in all; the witness must not wait for that.
+    await pt.add_rig(agent_command="claude", stall_after_s=600.0)
+    bead = await pt.new_bead("Bad key [model-script:refused]")
+    refused = Script(name="refused", turns=(say("never"),), faults=(Fault(kind="unauthorized", times=None),))
+    async with ModelServer([refused]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        await pt.sling(bead)
+
+        def escalated() -> str:
+            assert pt.mayor is not None
+            found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
+            assert found, "no escalation yet"
+            assert [s.warrant_reason for s in pt.sessions_of(bead)] == ["agent_unauthorized"]
+            return found[0].message
+
+        message = await assert_eventually(escalated, timeout=60)
+        assert len([a for a in server.answers if a.status == 401]) < 10, "escalated while Claude Code still retried"
+        [session] = pt.sessions_of(bead)
+        assert "rig demo" in message
+        assert session.id in message
+        assert "401" in message or "authenticat" in message.lower()
+        assert "gt rig unpark demo" in message, "it says what the operator does"
+        assert pt.witness is not None
+        assert pt.witness.state.rigs["demo"].parked, "no new sessions: not a crash loop"
+
+        def ended() -> bool:
+            assert [s.end_reason for s in pt.sessions_of(bead)] == ["agent_unauthorized"]
+            return True
+
+        await assert_eventually(ended, timeout=30)  # its worktree is kept for the session that goes on
+        assert pt.tmux.snapshot().get(session.tmux_name) is None, "its pane is gone"
+        # The operator fixes the key and unparks: a fresh session takes the bead.
+        fixed = (use(bash("gt prime", expect="load-context")), *finish(first="load-context"))
+        server.add(Script(name="refused", turns=fixed))
+        await pt.ok("gt.cmd.rig.unpark", name="demo")
+        await merged(pt, server, bead)
+    assert [s.end_reason for s in await pt.wait_settled(bead)] == ["agent_unauthorized", "done"]
+
+
+# ---- 4. a nudge typed while Claude Code generates ----------------------------------------------------------------
+
+
+NUDGE = "please also update the changelog (nudge 4711)"
+
+
+async def test_a_nudge_typed_while_claude_generates_arrives_once_intact_at_the_next_turn(
+    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await pt.add_rig(agent_command="claude", stall_after_s=600.0)
+    bead = await pt.new_bead("Busy [model-script:busy]")
+    script = Script(
+        name="busy",
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context")),
+            # Generating: this request is held while the nudge is typed.
+            use(bash("gt step done load-context", expect="load-context: done"), faults=(Fault(kind="stall"),)),
+            use(bash("gt step done implement", expect="implement: done")),
+            *finish(),
+        ),
+    )
+    async with ModelServer([script]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        try:
+            await pt.sling(bead)
+            await assert_eventually(lambda: server.stalled >= 1, timeout=120)
+            outcome = await pt.command("gt.cmd.nudge.send", target="demo/ace", message=NUDGE)
+            assert outcome["type"] == "cmd.accepted", outcome
+            assert pt.witness is not None
+
+            def delivered() -> bool:
+                assert pt.witness is not None
+                assert [n.status for n in pt.witness.state.nudges.values()] == ["delivered"]
+                return True
+
+            await assert_eventually(delivered, timeout=60)
+            server.release()
+            await merged(pt, server, bead)
+        finally:
+            server.release()
+    turns = server.turns("busy")
+    carrying = [r for r in turns if NUDGE in json.dumps(r.body)]
+    assert carrying, "the nudge never reached the model"
+    first = carrying[0]
+    assert json.dumps(first.body).count(NUDGE) == 1, "arrived once, not twice"
+    assert first.turn is not None
+    assert first.turn <= 3, f"acted on at the next turn, not later (turn {first.turn})"
+    assert all(json.dumps(r.body).count(NUDGE) == 1 for r in carrying), "never duplicated later"
+
+
+# ---- 5. /clear -------------------------------------------------------------------------------------------------
+
+
+async def test_clear_re_primes_the_session_with_the_current_step_and_the_work_continues(
+    pt: PolecatTown, town: TownConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await pt.add_rig(agent_command="claude", stall_after_s=600.0)
+    bead = await pt.new_bead("Clear me [model-script:clear]")
+    before = Script(
+        name="clear",
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context")),
+            use(bash("gt step done load-context", expect="load-context: done")),
+            say("Let me pause here."),  # the Stop hook sends it on (step implement is open) ...
+            say("Pausing anyway.", prompt="implement"),  # ... once: then it is idle at its prompt
+        ),
+    )
+    after = Script(
+        name="clear",
+        turns=(
+            use(bash("gt step done implement", expect="implement: done"), prompt="go on"),
+            *finish(),
+        ),
+    )
+    # The header names the script: after /clear the conversation starts again without the beacon's marker.
+    monkeypatch.setenv("ANTHROPIC_CUSTOM_HEADERS", "x-gt-model-script: clear")
+    async with ModelServer([before]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        await pt.sling(bead)
+        session = await started_session(pt, bead)
+        await assert_eventually(lambda: len(server.turns("clear")) >= 4, timeout=120)
+        hooks = town.gt_home / "rigs" / "demo" / "sessions" / session.id / "hooks.log"
+
+        def idle() -> bool:
+            assert hooks.read_text().count("stop") >= 2
+            assert "\u276f" in pt.tmux.capture(session.tmux_name)  # the prompt
+            return True
+
+        await assert_eventually(idle, timeout=60)
+        server.add(after)
+        pt.tmux.send_text(session.tmux_name, "/clear")
+        pt.tmux.send_enter(session.tmux_name)
+        await assert_eventually(lambda: "session-start clear" in hooks.read_text(), timeout=60)
+        outcome = await pt.command("gt.cmd.nudge.send", target="demo/ace", message="go on")
+        assert outcome["type"] == "cmd.accepted", outcome
+        await merged(pt, server, bead, timeout=60)
+    [done] = await pt.wait_settled(bead)
+    assert done.end_reason == "done", "the same session went on after /clear"
+    cleared = [r for r in server.turns("clear") if r.turn == 0][-1]
+    assert "Current step: implement" in json.dumps(cleared.body), "re-primed with the current step after /clear"
