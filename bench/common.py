@@ -7,6 +7,7 @@ ratio; nothing here asserts a time.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import platform
 import secrets
@@ -52,8 +53,11 @@ class Figure:
 
     @property
     def ratio(self) -> float | None:
-        if self.ceiling is None or self.ceiling == 0 or self.value == 0:
+        if self.ceiling is None or self.ceiling == 0:
             return None
+        if self.value == 0:
+            # Nothing measurable (no CPU time in the window): as good as it gets against a cost, none of a rate.
+            return 0.0 if self.higher_is_better else math.inf
         return self.value / self.ceiling if self.higher_is_better else self.ceiling / self.value
 
     def line(self) -> str:
