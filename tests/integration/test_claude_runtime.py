@@ -146,6 +146,8 @@ async def test_a_missing_claude_binary_is_escalated_naming_the_rig_and_the_sessi
         found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
         assert found, "no escalation yet"
         assert [s.escalated for s in pt.sessions_of(bead)] == ["agent_unavailable"]
+        # Escalated first, then ended (so no plan in between takes it for a death): wait for both.
+        assert [s.status for s in pt.sessions_of(bead)] == ["ended"], "not ended yet"
         return found[0].message
 
     message = await assert_eventually(escalated, timeout=30)
@@ -174,6 +176,8 @@ async def test_missing_claude_credentials_are_escalated_naming_the_rig_and_the_s
         found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
         assert found, "no escalation yet"
         assert [s.escalated for s in pt.sessions_of(bead)] == ["agent_unavailable"]
+        # Escalated first, then ended (so no plan in between takes it for a death): wait for both.
+        assert [s.status for s in pt.sessions_of(bead)] == ["ended"], "not ended yet"
         return found[0].message
 
     message = await assert_eventually(escalated, timeout=30)
