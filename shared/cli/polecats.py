@@ -30,6 +30,7 @@ from shared.cli.common import (
     send,
     show,
 )
+from shared.commands import BeadClaim
 from shared.commands.mail import polecat_address
 from shared.config import TownConfig
 from shared.faults import crash_point
@@ -38,6 +39,8 @@ NOTE_SHOWN = 1500
 """Characters of a predecessor's handoff note (or end detail) that `gt prime` shows."""
 NUDGE_ENDS = frozenset({"nudge.delivered", "nudge.expired"})
 NUDGE_DELIVERY_WAIT_S = 20.0
+CLAIM_TIMEOUT_S = 10.0
+"""How long the SessionStart hook waits for its bead's claim to be answered."""
 """How long `gt nudge` waits for the witness to type a nudge into a running session (it checks the text shows)."""
 SESSION_ENV = ("GT_SESSION", "GT_BEAD", "GT_RIG", "GT_WORKTREE", "GT_BRANCH")
 INSTRUCTIONS = (
@@ -490,6 +493,7 @@ async def _agent_hook(nc: Client, args: argparse.Namespace, config: TownConfig) 
     if args.event == "stop-failure":
         return EXIT_OK  # recorded for the witness by the precheck; the turn is over either way
     if args.event == "session-start":
+        await _claim_hooked_bead(nc, config)
         try:
             print(prime_text(await prime_data(nc, config, session)))
         except Exception as exc:  # noqa: BLE001 - the agent starts anyway and is told to try itself
@@ -505,6 +509,21 @@ async def _agent_hook(nc: Client, args: argparse.Namespace, config: TownConfig) 
     if reason is not None:
         print(json.dumps({"decision": "block", "reason": reason}))
     return EXIT_OK
+
+
+async def _claim_hooked_bead(nc: Client, config: TownConfig) -> None:
+    """Claim the session's bead for its polecat (``in_progress``, assignee ``<rig>/<polecat>``), as gt-agent does
+    first thing: an agent that never runs `gt bead claim` still shows who works its bead. Fenced by the hook lease
+    like every command of the session; claiming it again (a resumed or cleared session) changes nothing."""
+    bead, rig, polecat = (os.environ.get(k, "") for k in ("GT_BEAD", "GT_RIG", "GT_POLECAT"))
+    if not (bead and rig and polecat):
+        return
+    try:
+        await send_command(
+            nc, config, BeadClaim.SUBJECT, {"id": bead, "assignee": f"{rig}/{polecat}"}, timeout=CLAIM_TIMEOUT_S
+        )
+    except Exception as exc:  # noqa: BLE001 - the agent starts anyway; its steps do not need the claim
+        print(f"gt agent-hook: claiming bead {bead} failed ({exc!r})", file=sys.stderr)
 
 
 def _hook_input() -> dict[str, Any]:

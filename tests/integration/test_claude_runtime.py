@@ -122,6 +122,9 @@ async def test_claude_sessions_work_beads_end_to_end_through_the_refinery(
         hook_log = (town.gt_home / "rigs" / "demo" / "sessions" / sessions[0].id / "hooks.log").read_text()
         assert "session-start" in hook_log
         assert "stop" in hook_log
+        # The SessionStart hook claimed the bead for its polecat (Claude Code never runs `gt bead claim`).
+        assert pt.mayor is not None
+        assert pt.mayor.projection.state.beads[bead].assignee == f"demo/{sessions[0].polecat}"
     assert {request.body.get("model") for request in server.requests if request.kind == "turn"} == {
         "claude-scripted-model"
     }
