@@ -18,6 +18,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 VERSION_FILE = REPO / "ops" / "claude-code.version"
 LOCAL_BINARY = REPO / ".tools" / "npm" / "node_modules" / ".bin" / "claude"
@@ -96,3 +98,14 @@ def claude_env(
     if nonessential_traffic:
         del env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"]
     return env
+
+
+@pytest.fixture
+def claude_witness_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The witness's environment as an operator's would be: Claude Code's settings, no GT_AGENT_ENV."""
+    monkeypatch.setenv("GT_CLAUDE_BIN", str(claude_binary()))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", TEST_KEY)
+    for name in ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_AUTOUPDATER", "DISABLE_TELEMETRY"):
+        monkeypatch.setenv(name, "1")
+    monkeypatch.delenv("GT_AGENT_ENV", raising=False)
+    monkeypatch.delenv("ANTHROPIC_CUSTOM_HEADERS", raising=False)

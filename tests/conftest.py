@@ -36,6 +36,7 @@ from shared.subjects import (
     DEFAULT_SERVICE_BUCKET,
     DEFAULT_SNAPSHOT_BUCKET,
 )
+from tests.claude_code import claude_witness_env  # noqa: F401 (a fixture for the tests that run Claude Code)
 from tests.helpers import connected
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

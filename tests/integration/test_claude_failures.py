@@ -19,22 +19,11 @@ from services.witness.state import Session
 from shared.config import TownConfig
 from shared.model_server import Fault, ModelServer, Script, bash, say, use
 from shared.model_server.server import RecordedRequest
-from tests.claude_code import TEST_KEY, claude_binary
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of
 from tests.witness_town import PolecatTown, polecat_town
 
 STEPS = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
-
-
-@pytest.fixture
-def claude_witness_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GT_CLAUDE_BIN", str(claude_binary()))
-    monkeypatch.setenv("ANTHROPIC_API_KEY", TEST_KEY)
-    for name in ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_AUTOUPDATER", "DISABLE_TELEMETRY"):
-        monkeypatch.setenv(name, "1")
-    monkeypatch.delenv("GT_AGENT_ENV", raising=False)
-    monkeypatch.delenv("ANTHROPIC_CUSTOM_HEADERS", raising=False)
 
 
 @pytest.fixture

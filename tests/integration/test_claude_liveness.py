@@ -17,7 +17,6 @@ from services.witness.settings import WitnessSettings
 from shared.config import TownConfig
 from shared.ids import hook_lease_name
 from shared.model_server import Fault, ModelServer, Script, bash, say, use
-from tests.integration.test_claude_runtime import claude_witness_env  # noqa: F401 (a fixture)
 from tests.log_tools import events_of
 from tests.witness_town import FAST, PolecatTown, polecat_town
 
@@ -39,7 +38,7 @@ async def pt(
     town: TownConfig,
     nc: Client,
     tmp_path: Path,
-    claude_witness_env: None,  # noqa: F811
+    claude_witness_env: None,
 ) -> AsyncIterator[PolecatTown]:
     settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, done_exit_grace_s=1.0, hook_lease_ttl_s=STALL_S)
     async with polecat_town(town, nc, tmp_path, settings) as handle:

@@ -17,7 +17,6 @@ from services.witness.settings import WitnessSettings
 from shared import git
 from shared.config import TownConfig
 from shared.model_server import ModelServer, Script, bash, edit, say, use, write
-from tests.claude_code import TEST_KEY, claude_binary
 from tests.helpers import assert_eventually
 from tests.witness_town import PolecatTown, polecat_town
 
@@ -25,17 +24,6 @@ FIRST_RUN_SCREENS = ("trust this folder", "do you want to use this api key", "ch
 """Text of Claude Code's first-run screens (folder trust, custom key approval, onboarding): none may ever show."""
 BEADS = int(os.environ.get("GT_TEST_CLAUDE_BEADS", "3"))
 RUN_DEADLINE_S = 240.0
-
-
-@pytest.fixture
-def claude_witness_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The witness's environment as an operator's would be: Claude Code's settings, no GT_AGENT_ENV."""
-    monkeypatch.setenv("GT_CLAUDE_BIN", str(claude_binary()))
-    monkeypatch.setenv("ANTHROPIC_API_KEY", TEST_KEY)
-    for name in ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_AUTOUPDATER", "DISABLE_TELEMETRY"):
-        monkeypatch.setenv(name, "1")
-    monkeypatch.delenv("GT_AGENT_ENV", raising=False)
-    monkeypatch.delenv("ANTHROPIC_CUSTOM_HEADERS", raising=False)
 
 
 @pytest.fixture
@@ -136,13 +124,8 @@ async def test_claude_sessions_work_beads_end_to_end_through_the_refinery(
             assert screen not in text.lower(), f"a first-run screen ({screen!r}) shows:\n{text}"
 
 
-async def test_a_missing_claude_binary_is_escalated_naming_the_rig_and_the_session(
-    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setenv("GT_CLAUDE_BIN", str(tmp_path / "no-such-claude"))
-    await pt.add_rig(agent_command="claude")
-    bead = await pt.new_bead("Needs an agent")
-    await pt.sling(bead)
+async def unavailable_escalation(pt: PolecatTown, bead: str) -> str:
+    """The message of the escalation a session that could not start its agent raised, once it also ended."""
 
     def escalated() -> str:
         assert pt.mayor is not None
@@ -153,7 +136,19 @@ async def test_a_missing_claude_binary_is_escalated_naming_the_rig_and_the_sessi
         assert [s.status for s in pt.sessions_of(bead)] == ["ended"], "not ended yet"
         return found[0].message
 
-    message = await assert_eventually(escalated, timeout=30)
+    message: str = await assert_eventually(escalated, timeout=30)
+    return message
+
+
+async def test_a_missing_claude_binary_is_escalated_naming_the_rig_and_the_session(
+    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("GT_CLAUDE_BIN", str(tmp_path / "no-such-claude"))
+    await pt.add_rig(agent_command="claude")
+    bead = await pt.new_bead("Needs an agent")
+    await pt.sling(bead)
+
+    message = await unavailable_escalation(pt, bead)
     [session] = pt.sessions_of(bead)
     assert "rig demo" in message
     assert session.id in message
@@ -174,16 +169,7 @@ async def test_missing_claude_credentials_are_escalated_naming_the_rig_and_the_s
     bead = await pt.new_bead("Needs a key")
     await pt.sling(bead)
 
-    def escalated() -> str:
-        assert pt.mayor is not None
-        found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
-        assert found, "no escalation yet"
-        assert [s.escalated for s in pt.sessions_of(bead)] == ["agent_unavailable"]
-        # Escalated first, then ended (so no plan in between takes it for a death): wait for both.
-        assert [s.status for s in pt.sessions_of(bead)] == ["ended"], "not ended yet"
-        return found[0].message
-
-    message = await assert_eventually(escalated, timeout=30)
+    message = await unavailable_escalation(pt, bead)
     [session] = pt.sessions_of(bead)
     assert "rig demo" in message
     assert session.id in message

@@ -19,16 +19,13 @@ from shared.config import TownConfig
 from shared.model_server import ModelServer
 from shared.usage import TOKEN_FIELDS
 from tests.helpers import assert_eventually
-from tests.integration.test_claude_runtime import RUN_DEADLINE_S, claude_witness_env, polecat_story
+from tests.integration.test_claude_runtime import RUN_DEADLINE_S, polecat_story
 from tests.integration.test_cli import Gt
 from tests.log_tools import events_of
 from tests.witness_town import PolecatTown, polecat_town
 
 SETTINGS = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, done_exit_grace_s=1.0, usage_interval_s=0.2)
 PRICES = '{"claude-opus-5-5": {"input": 5, "output": 25}}'
-
-
-__all__ = ["claude_witness_env"]  # the fixture, used by ``pt``
 
 
 @pytest.fixture
