@@ -100,26 +100,29 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
 
 
 SESSION_LOGIN_PATIENCE_S = 30.0
-"""How long a polecat session's ``gt`` keeps trying when its login is refused: its credential is checked by the
-witness's auth callout responder, and while the witness restarts there is none for a few seconds."""
+"""How long a polecat session's ``gt`` keeps trying when its login fails: its credential is checked by the
+witness's auth callout responder, and while the witness restarts there is none for a few seconds. The server
+then refuses the login after its own wait for an answer (2 s), which on a loaded machine can come after the
+client's connect timeout: a login that got no answer is retried like a refused one."""
 
 
 async def connect_as_session_or_user(
     config: TownConfig, *, name: str, in_session: bool, connect_attempts: int
 ) -> Client:
-    """``connect``; inside a polecat session a refused login is tried again for ``SESSION_LOGIN_PATIENCE_S``.
+    """``connect``; inside a polecat session a failed login (refused, or not answered) is tried again for
+    ``SESSION_LOGIN_PATIENCE_S``: an agent's ``gt done`` outlasts a witness restart or a NATS node's restart.
 
     Raises:
-        NatsUnavailableError: every attempt failed (a refused login: once the patience is spent).
+        NatsUnavailableError: every attempt failed (inside a session: once the patience is spent).
     """
     deadline = time.monotonic() + (SESSION_LOGIN_PATIENCE_S if in_session else 0.0)
     while True:
         try:
             return await connect(config, name=name, connect_attempts=connect_attempts)
         except NatsUnavailableError as exc:
-            if not exc.refused or time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
                 raise
-            log.info("session_login_refused_retrying", user=describe_user(config))
+            log.info("session_login_retrying", user=describe_user(config), refused=exc.refused)
             await pause(1.0)
 
 

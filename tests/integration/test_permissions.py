@@ -149,6 +149,10 @@ class SecuredTown:
     async def gt_in_session(self, origin: SessionOrigin, bead: str, *args: str) -> subprocess.CompletedProcess[str]:
         """The real `gt` CLI inside polecat session ``origin`` working on ``bead``, logged in as the session
         itself (as the witness sets it up: its own user, credential and inbox); it sends on its own subjects."""
+        return await self._run_gt(self.session_env(origin, bead), args)
+
+    def session_env(self, origin: SessionOrigin, bead: str) -> dict[str, str]:
+        """The environment of a `gt` inside polecat session ``origin`` working on ``bead``."""
         config = self.session_config(origin, bead)
         env = {**self.cli_env("operator"), "NATS_USER": origin.session, "NATS_PASSWORD": config.nats_password or ""}
         env.update(
@@ -160,7 +164,7 @@ class SecuredTown:
             GT_WORKTREE=str(self.home / "worktree"),
             GT_BRANCH=f"polecat/{origin.polecat}/{bead}",
         )
-        return await self._run_gt(env, args)
+        return env
 
     async def _run_gt(self, env: dict[str, str], args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "shared.cli.main", *args]

@@ -9,6 +9,8 @@ import asyncio
 import contextlib
 import gc
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -328,3 +330,36 @@ async def test_a_sessions_gt_waits_out_a_witness_restart_rather_than_failing(st:
         assert done.returncode == 0, done.stderr
         beat = await session_bucket(mayor.jetstream(), "GT_HEARTBEATS").get(A.session)
         assert json.loads(beat.value or b"{}")["note"] == "patient"
+
+
+async def test_a_sessions_gt_waits_out_its_nats_server_restarting(st: SecuredTown, tmp_path: Path) -> None:
+    # Its login gets no answer at all (the server is down; or, on a loaded machine, the server's 2 s wait for the
+    # auth callout outlasts the client's connect timeout): a session's `gt` keeps trying, as for a refusal.
+    async with provisioned_town(st), responder_for(st, lambda s: s == A.session):
+        pass
+    st.server.stop()
+    stderr = tmp_path / "gt.stderr"
+    with stderr.open("w") as err:
+        beating = subprocess.Popen(
+            [sys.executable, "-m", "shared.cli.main", "heartbeat", "--note", "after the restart"],
+            env=st.session_env(A, BEAD_A),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+
+        def tried_twice() -> bool:
+            assert beating.poll() is None, f"it gave up: {stderr.read_text()}"
+            return stderr.read_text().count("nats_connect_retry") >= 2  # one per login attempt it made
+
+        await assert_eventually(tried_twice, timeout=25, interval=0.1, message="still trying while the server is down")
+        st.server.start()
+        async with provisioned_town(st) as mayor, responder_for(st, lambda s: s == A.session):
+            code = await asyncio.to_thread(beating.wait, 60)
+            assert code == 0, stderr.read_text()
+            beat = await session_bucket(mayor.jetstream(), "GT_HEARTBEATS").get(A.session)
+            assert json.loads(beat.value or b"{}")["note"] == "after the restart"
+    finally:
+        if beating.poll() is None:
+            beating.kill()
+            beating.wait()
