@@ -10,6 +10,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
+COPY gt ./gt
 RUN pip install --no-cache-dir .
 
 # An unprivileged user owns GT_HOME (rigs, worktrees, run files); a named volume mounted there starts as a

@@ -19,8 +19,8 @@ mkdir -p "$demo_dir"
 claude_rig=docs
 claude_worktree="$GT_HOME/rigs/$claude_rig/polecats/ace"
 step "a scripted model server on a loopback port: the Anthropic Messages API, answering from a script"
-python -m shared.model_server.demo_story "$claude_worktree" > "$demo_dir/model-scripts.json"
-python -m shared.model_server "$demo_dir/model-scripts.json" > "$demo_dir/model-server.out" \
+python -m gt.model_server.demo_story "$claude_worktree" > "$demo_dir/model-scripts.json"
+python -m gt.model_server "$demo_dir/model-scripts.json" > "$demo_dir/model-server.out" \
   2> "$demo_dir/model-server.log" &
 model_server=$!
 stop_all() {

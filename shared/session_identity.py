@@ -137,7 +137,7 @@ def session_permissions(claim: SessionClaim, buckets: SessionBuckets) -> dict[st
     - its heartbeat key and its bead's hook lease key: put (also create, update, delete, all plain publishes to
       the key's subject) and direct get of exactly that key. Never the bare ``DIRECT.GET.KV_<bucket>`` or
       ``STREAM.MSG.GET.KV_<bucket>``, whose body can name any key, nor ``STREAM.INFO`` of a bucket (it lists
-      every key); the CLI opens the buckets without asking for their info (``shared.cli.session_kv``).
+      every key); the CLI opens the buckets without asking for their info (``gt.cli.session_kv``).
     - subscribe only to its own inbox prefix (``subjects.session_inbox_prefix``).
     """
     evt = buckets.evt_stream

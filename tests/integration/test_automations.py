@@ -373,7 +373,7 @@ async def _gt(env: dict[str, str], *args: str) -> str:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "shared.cli.main",
+        "gt.cli.main",
         *args,
         env=env,
         stdout=asyncio.subprocess.PIPE,

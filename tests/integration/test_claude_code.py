@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.model_server import Fault, ModelServer, Script, bash, edit, say, use, write
+from gt.model_server import Fault, ModelServer, Script, bash, edit, say, use, write
 from tests.claude_code import claude_binary, claude_env, claude_home
 from tests.helpers import assert_eventually
 

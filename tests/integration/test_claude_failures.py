@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
+from gt.model_server import Fault, ModelServer, Script, bash, say, use
+from gt.model_server.server import RecordedRequest
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session
 from shared.config import TownConfig
-from shared.model_server import Fault, ModelServer, Script, bash, say, use
-from shared.model_server.server import RecordedRequest
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of
 from tests.witness_town import PolecatTown, polecat_town

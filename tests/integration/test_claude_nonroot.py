@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.model_server import ModelServer, Script, bash, edit, say, use, write
+from gt.model_server import ModelServer, Script, bash, edit, say, use, write
 from tests.claude_code import REPO, TEST_KEY, claude_binary
 
 DEADLINE_S = 180.0
@@ -115,7 +115,7 @@ def _as(uid: int, gid: int, *args: str) -> subprocess.CompletedProcess[str]:
 
 def _user_bin_dir(uid: int, gid: int, root: Path) -> Path:
     """A bin dir whose ``python`` and ``gt`` the user can run, with this checkout's project and dependencies."""
-    imports = "import shared.cli.main, services.witness, nats, msgspec, libtmux, psutil, structlog"
+    imports = "import gt.cli.main, services.witness, nats, msgspec, libtmux, psutil, structlog"
     if _as(uid, gid, sys.executable, "-c", imports).returncode == 0:
         return Path(sys.executable).parent
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -154,7 +154,7 @@ def _user_bin_dir(uid: int, gid: int, root: Path) -> Path:
         for package in ("shared", "services"):
             _link_tree(REPO / package, site / package)
         pth.write_text(f"import site; site.addsitedir({str(site)!r})\n")
-    for script, target in (("gt", "shared.cli.main"), ("gt-agent", "shared.agent")):
+    for script, target in (("gt", "gt.cli.main"), ("gt-agent", "gt.agent")):
         path = venv / "bin" / script
         path.write_text(f"#!{venv}/bin/python\nimport sys\nfrom {target} import main\nsys.exit(main())\n")
         path.chmod(0o755)

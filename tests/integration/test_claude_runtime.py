@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
+from gt.model_server import ModelServer, Script, bash, edit, say, use, write
 from services.witness.settings import WitnessSettings
 from shared import git
 from shared.config import TownConfig
-from shared.model_server import ModelServer, Script, bash, edit, say, use, write
 from tests.helpers import assert_eventually
 from tests.witness_town import PolecatTown, polecat_town
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
+from gt.model_server import ModelServer
 from services.witness.settings import WitnessSettings
 from services.witness.state import UsageMark
 from shared.config import TownConfig
-from shared.model_server import ModelServer
 from shared.usage import TOKEN_FIELDS
 from tests.helpers import assert_eventually
 from tests.integration.test_claude_runtime import RUN_DEADLINE_S, polecat_story

@@ -39,7 +39,7 @@ class Gt:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "shared.cli.main",
+            "gt.cli.main",
             *args,
             env=self.env,
             stdout=asyncio.subprocess.PIPE,

@@ -41,7 +41,7 @@ def gt_into_closed_pipe(env: dict[str, str], *args: str) -> subprocess.Completed
     os.close(read_end)
     try:
         return subprocess.run(
-            [sys.executable, "-m", "shared.cli.main", *args],
+            [sys.executable, "-m", "gt.cli.main", *args],
             env=env,
             stdout=write_end,
             stderr=subprocess.PIPE,
@@ -66,7 +66,7 @@ async def test_output_into_a_closed_pipe_ends_quietly(pt: PolecatTown, gt_env: d
     # And through a real shell pipeline, as typed.
     shell = await asyncio.to_thread(
         subprocess.run,
-        ["sh", "-c", f"{sys.executable} -m shared.cli.main feed --no-follow --since all | head -1"],
+        ["sh", "-c", f"{sys.executable} -m gt.cli.main feed --no-follow --since all | head -1"],
         env=env,
         capture_output=True,
         text=True,

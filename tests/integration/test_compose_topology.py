@@ -57,7 +57,7 @@ class Operator:
 
     def __call__(self, *args: str) -> str:
         run = subprocess.run(
-            [sys.executable, "-m", "shared.cli.main", *args],
+            [sys.executable, "-m", "gt.cli.main", *args],
             env=self.env,
             capture_output=True,
             text=True,

@@ -57,7 +57,7 @@ class DashboardProcess:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "shared.cli.main", "dashboard", "--port", str(self.port)],
+                [sys.executable, "-m", "gt.cli.main", "dashboard", "--port", str(self.port)],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -90,7 +90,7 @@ async def kv_keys(js: JetStreamContext, bucket: str) -> set[str]:
 
 
 def run_gt(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "shared.cli.main", *args]
+    command = [sys.executable, "-m", "gt.cli.main", *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=60)
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.model_server import Fault, ModelServer, Script, bash, say, use
-from shared.model_server.script import tool_use_id
+from gt.model_server import Fault, ModelServer, Script, bash, say, use
+from gt.model_server.script import tool_use_id
 from tests.helpers import assert_eventually
 
 KEY = "sk-test-key-never-recorded"
@@ -229,7 +229,7 @@ async def test_the_module_serves_scripts_from_a_json_file(tmp_path: Path, python
     scripts = tmp_path / "scripts.json"
     scripts.write_bytes(msgspec.json.encode([STORY]))
     process = await asyncio.create_subprocess_exec(
-        python, "-m", "shared.model_server", str(scripts), stdout=asyncio.subprocess.PIPE
+        python, "-m", "gt.model_server", str(scripts), stdout=asyncio.subprocess.PIPE
     )
     try:
         assert process.stdout is not None

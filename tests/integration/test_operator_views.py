@@ -48,7 +48,7 @@ class Scripted:
     """Volatile id -> the name the golden files use."""
 
     def gt(self, *args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "shared.cli.main", *args]
+        command = [sys.executable, "-m", "gt.cli.main", *args]
         return subprocess.run(command, env=self.env, capture_output=True, text=True, check=False, timeout=60)
 
     async def agt(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -186,7 +186,7 @@ async def test_feed_follows_new_events_after_the_backlog(scripted: Scripted) -> 
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "shared.cli.main",
+        "gt.cli.main",
         "feed",
         "--since",
         "#1",
@@ -298,7 +298,7 @@ async def test_feed_follows_through_a_nats_restart_and_starts_at_a_time(
         later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
         nothing = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "shared.cli.main", "feed", "--since", later, "--no-follow"],
+            [sys.executable, "-m", "gt.cli.main", "feed", "--since", later, "--no-follow"],
             env=env,
             capture_output=True,
             text=True,
@@ -307,7 +307,7 @@ async def test_feed_follows_through_a_nats_restart_and_starts_at_a_time(
         assert (nothing.returncode, nothing.stdout) == (0, ""), nothing.stderr
 
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shared.cli.main", "feed", "--since", "1h", "--type", "bead.created",
+            sys.executable, "-m", "gt.cli.main", "feed", "--since", "1h", "--type", "bead.created",
             env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         try:

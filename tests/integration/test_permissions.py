@@ -21,6 +21,7 @@ import pytest
 import structlog
 from nats.aio.client import Client
 
+from gt.cli.client import send_command
 from services.deacon.service import DeaconService
 from services.mayor.service import MayorService
 from services.plugins.archive_files import read_archive
@@ -33,7 +34,7 @@ from shared import git, subjects
 from shared.bus.auth_callout import CalloutSettings, Responder, issuer_public, new_issuer_seed
 from shared.bus.connection import close_quietly, connect
 from shared.bus.permissions import guarded
-from shared.cli.client import query, send_command
+from shared.bus.query import query
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.errors import PermissionDeniedError
@@ -167,7 +168,7 @@ class SecuredTown:
         return env
 
     async def _run_gt(self, env: dict[str, str], args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "shared.cli.main", *args]
+        command = [sys.executable, "-m", "gt.cli.main", *args]
         return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
 
     async def connect(self, user: str) -> Client:

@@ -847,7 +847,7 @@ class TestOtherLanguages:
         self, nc: Client, town: TownConfig, gt_env: dict[str, str], tmp_path: Path
     ) -> None:
         printed = subprocess.run(
-            [sys.executable, "-m", "shared.cli.main", "schema"], cwd=REPO_ROOT, env=gt_env, capture_output=True
+            [sys.executable, "-m", "gt.cli.main", "schema"], cwd=REPO_ROOT, env=gt_env, capture_output=True
         )
         assert printed.returncode == 0, printed.stderr
         schema = json.loads(printed.stdout)

@@ -28,7 +28,7 @@ async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[Pole
 
 async def run_gt(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """Run the gt CLI as an agent would, without blocking the services running on this event loop."""
-    command = [sys.executable, "-m", "shared.cli.main", *args]
+    command = [sys.executable, "-m", "gt.cli.main", *args]
     return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
 
 

@@ -119,7 +119,7 @@ async def test_a_plain_repository_with_main_checked_out_gets_the_merge_in_its_cl
     # Added the way a user does it, from inside the checkout.
     added = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "shared.cli.main", "rig", "add", "calc", ".", "--test", TEST_COMMAND],
+        [sys.executable, "-m", "gt.cli.main", "rig", "add", "calc", ".", "--test", TEST_COMMAND],
         cwd=calc,
         env={**gt_env, "NATS_URL": pt.config.nats_url},
         capture_output=True,
@@ -294,7 +294,7 @@ def test_gt_rig_add_refuses_an_empty_repository_argument(gt_env: dict[str, str],
     env = {**gt_env, "NATS_URL": "nats://127.0.0.1:1"}  # never reached: refused before connecting
     for repo in ("", "   "):
         done = subprocess.run(
-            [sys.executable, "-m", "shared.cli.main", "rig", "add", "x", repo],
+            [sys.executable, "-m", "gt.cli.main", "rig", "add", "x", repo],
             cwd=here,
             env={**env, "PWD": str(here)},
             capture_output=True,

@@ -108,12 +108,12 @@ def dashboard(own_nats_server: EmbeddedServer, gt_env: dict[str, str], tmp_path:
     port = free_port()
     env = {**gt_env, "NATS_URL": own_nats_server.url, "GT_HOME": str(tmp_path / "home")}
     provision = subprocess.run(
-        [sys.executable, "-m", "shared.cli.main", "init"], env=env, capture_output=True, text=True, check=False
+        [sys.executable, "-m", "gt.cli.main", "init"], env=env, capture_output=True, text=True, check=False
     )
     assert provision.returncode == 0, provision.stderr
     log = (tmp_path / "dashboard.log").open("ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shared.cli.main", "dashboard", "--port", str(port)],
+        [sys.executable, "-m", "gt.cli.main", "dashboard", "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

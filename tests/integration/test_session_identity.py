@@ -21,12 +21,12 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from gt.cli.hook_lease import session_bucket
 from services.witness.service import WitnessService
 from shared.bus.auth_callout import AUTH_SUBJECT
 from shared.bus.connection import close_quietly, connect
 from shared.bus.permissions import guarded
 from shared.bus.topology import provision
-from shared.cli.hook_lease import session_bucket
 from shared.errors import NatsUnavailableError, PermissionDeniedError
 from shared.ids import hook_lease_name
 from shared.session_identity import AGENT_COMMANDS
@@ -341,7 +341,7 @@ async def test_a_sessions_gt_waits_out_its_nats_server_restarting(st: SecuredTow
     stderr = tmp_path / "gt.stderr"
     with stderr.open("w") as err:
         beating = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli.main", "heartbeat", "--note", "after the restart"],
+            [sys.executable, "-m", "gt.cli.main", "heartbeat", "--note", "after the restart"],
             env=st.session_env(A, BEAD_A),
             stdout=subprocess.DEVNULL,
             stderr=err,

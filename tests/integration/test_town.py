@@ -17,8 +17,8 @@ from typing import Any
 import nats
 import pytest
 
+from gt.supervisor import read_state
 from shared import processes
-from shared.cli.town import read_state
 from shared.config import TownConfig
 from shared.tmux import Tmux
 from tests.helpers import wait_until
@@ -34,7 +34,7 @@ class TownCli:
 
     def __call__(self, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "shared.cli.main", *args],
+            [sys.executable, "-m", "gt.cli.main", *args],
             env=self.env,
             capture_output=True,
             text=True,

@@ -9,9 +9,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.cli import narrate, town_view
-from shared.cli.colour import Palette, wanted
-from shared.cli.feed_view import Filters, Since, feed_line, merge_by_seq, parse_since, timeline
+from gt.cli import town_view
+from gt.cli.colour import Palette, wanted
+from gt.cli.feed_view import Filters, Since, feed_line, parse_since, timeline
+from gt.story import merge_by_seq
+from shared import narration as narrate
 from shared.events import REGISTRY
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)

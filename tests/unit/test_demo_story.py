@@ -1,4 +1,4 @@
-"""The script ``./dev demo`` serves (``python -m shared.model_server.demo_story WORKTREE``): it loads as the model
+"""The script ``./dev demo`` serves (``python -m gt.model_server.demo_story WORKTREE``): it loads as the model
 server's command line loads scripts, and its story is the polecat-work molecule done with Claude Code's own tools
 in the polecat's worktree."""
 
@@ -9,8 +9,8 @@ from contextlib import redirect_stdout
 
 import msgspec
 
-from shared.model_server.demo_story import main
-from shared.model_server.script import Script
+from gt.model_server.demo_story import main
+from gt.model_server.script import Script
 
 WORKTREE = "/town/rigs/docs/polecats/ace"
 

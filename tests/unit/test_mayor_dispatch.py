@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from gt.cli import render
 from services.mayor import reconcile
 from services.mayor.reads import convoy_waves
-from shared.cli import narrate, render
+from shared import narration as narrate
 from shared.events import REGISTRY, BeadSlung, RigRemoved, decode_envelope
 from tests.mayor_town import mayor_town
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shared.model_server import Fault, Script, Turn, bash, edit, say, use, write
-from shared.model_server.script import (
+from gt.model_server import Fault, Script, Turn, bash, edit, say, use, write
+from gt.model_server.script import (
     check_prompt,
     check_results,
     fault_for,
@@ -17,7 +17,7 @@ from shared.model_server.script import (
     tool_use_id,
     turn_index,
 )
-from shared.model_server.wire import (
+from gt.model_server.wire import (
     content_blocks,
     encode_event,
     estimate_tokens,

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
+from gt.cli.identity import command_subject, default_actor, session_actor
 from services.witness.executor import polecat_git_env
 from services.witness.state import Rig
 from shared import subjects
-from shared.cli.identity import command_subject, default_actor, session_actor
 from shared.commands import RigAdd
 from shared.errors import CommandError
 

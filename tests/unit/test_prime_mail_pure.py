@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
+from gt.cli.polecats import before_you_lines, mail_lines
 from services.mayor import decide_mail
 from services.mayor.projection import new_projection as new_mayor_projection
 from services.mayor.state import MayorState
 from services.witness.actions import NudgeMail, Spawn
 from services.witness.queries import answer
 from services.witness.state import mail_nudge_id
-from shared.cli.polecats import before_you_lines, mail_lines
 from shared.commands.mail import normalise_address
 from shared.errors import CommandError
 from shared.events import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from shared.cli.progress import Progress, bar_line, wanted
+from gt.cli.progress import Progress, bar_line, wanted
 
 
 def test_a_bar_shows_done_total_and_percent() -> None:

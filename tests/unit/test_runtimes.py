@@ -7,9 +7,9 @@ import shlex
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from gt.cli.polecats import stop_reason
 from services.witness.plan import Observed, PaneSeen, Policy, plan
 from services.witness.state import Rig, Session, WitnessState, WorkBead
-from shared.cli.polecats import stop_reason
 from shared.runtimes import (
     CLAUDE,
     COMMAND,

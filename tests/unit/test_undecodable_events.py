@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from gt.dashboard import view
 from services.mayor.projection import new_projection
 from shared.config import TownConfig
-from shared.dashboard import view
 from shared.errors import EventDecodeError
 from shared.events import REGISTRY, BeadCreated, Envelope, Event, decode_envelope, encode_event
 from shared.plugins import Plugin, PluginSettings

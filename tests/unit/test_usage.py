@@ -11,14 +11,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from gt.cli import town_view
+from gt.cli.costs import load_prices, priced
+from gt.dashboard import view
 from services.mayor.costs import UsageBook, costs, fold_usage
-from shared.cli import town_view
-from shared.cli.costs import load_prices, priced
-from shared.cli.narrate import describe
-from shared.dashboard import view
 from shared.errors import QueryError
 from shared.events import SessionRequested, encode_event
 from shared.events.usage import SessionUsage
+from shared.narration import describe
 from shared.usage import ModelPrice, ModelUsage, Transcript, cost, parse_line, parse_prices, price_of
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "claude_transcript.jsonl"

@@ -10,11 +10,11 @@ from typing import Any
 import msgspec
 import pytest
 
+from gt.agent import Fault, active, parse_faults
 from services.refinery import decide as refinery_decide
 from services.refinery.projection import new_projection as new_refinery_projection
 from services.witness import decide as witness_decide
 from services.witness.projection import new_projection as new_witness_projection
-from shared.agent import Fault, active, parse_faults
 from shared.commands import parse_command
 from shared.decision import Accepted, DecideContext
 from shared.errors import CommandError

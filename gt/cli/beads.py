@@ -1,0 +1,174 @@
+"""`gt bead ...` and `gt ready`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nats.aio.client import Client
+
+from gt.cli import feed, render
+from gt.cli.common import (
+    Subcommands,
+    command_options,
+    drop_empty,
+    key_values,
+    read,
+    read_options,
+    send,
+    show,
+)
+from shared.config import TownConfig
+
+
+def register(sub: Subcommands) -> None:
+    bead = sub.group("bead", "beads: create, show, list, update, claim, close, deps, history", "bead_cmd")
+
+    c = bead.add_parser("create", help="file a new bead")
+    c.add_argument("title")
+    c.add_argument("--type", "-t")
+    c.add_argument("--priority", "-p", type=int)
+    c.add_argument("--description", "-d")
+    c.add_argument("--label", "-l", action="append", dest="labels")
+    c.add_argument("--meta", action="append", metavar="KEY=VALUE")
+    c.add_argument("--parent")
+    c.add_argument("--needs", action="append", help="a blocking dependency (repeatable)")
+    c.add_argument("--assignee")
+    c.add_argument("--prefix", help="id prefix (default hq)")
+    command_options(c)
+    c.set_defaults(handler=_create)
+
+    s = bead.add_parser("show", help="one bead")
+    s.add_argument("id")
+    read_options(s)
+    s.set_defaults(handler=_show)
+
+    ls = bead.add_parser("list", help="beads in creation order (closed ones only with --all or --status closed)")
+    for flag in ("--status", "--type", "--label", "--assignee", "--parent", "--rig"):
+        ls.add_argument(flag)
+    ls.add_argument("--meta", action="append", metavar="KEY=VALUE", help="metadata that must match (repeatable)")
+    ls.add_argument("--all", action="store_true", help="include closed beads")
+    ls.add_argument("--limit", type=int, default=1000, help="at most this many (0: all)")
+    read_options(ls)
+    ls.set_defaults(handler=_list)
+
+    u = bead.add_parser("update", help="change a bead's fields and dependencies")
+    u.add_argument("id")
+    u.add_argument("--title")
+    u.add_argument("--type", "-t")
+    u.add_argument("--priority", "-p", type=int)
+    u.add_argument("--description", "-d")
+    u.add_argument("--assignee", help='"" clears it')
+    u.add_argument("--parent", help='"" clears it')
+    u.add_argument("--label", "-l", action="append", dest="labels", help="add a label")
+    u.add_argument("--remove-label", action="append", dest="remove_labels")
+    u.add_argument("--meta", action="append", metavar="KEY=VALUE", help="set metadata (merged)")
+    u.add_argument("--needs", action="append", help="add a blocking dependency")
+    u.add_argument("--remove-needs", action="append", dest="remove_needs", help="drop a dependency")
+    u.add_argument("--blocks", action="append", help="make that bead need this one")
+    u.add_argument("--status", help="move the status forward (moving backward is refused)")
+    command_options(u)
+    u.set_defaults(handler=_update)
+
+    cl = bead.add_parser("claim", help="take a bead: open/hooked -> in_progress")
+    cl.add_argument("id")
+    cl.add_argument("--assignee", "-a", required=True)
+    command_options(cl)
+    cl.set_defaults(handler=_claim)
+
+    x = bead.add_parser("close", help="close a bead (closing a closed bead changes nothing)")
+    x.add_argument("id")
+    x.add_argument("--reason", "-r", default="")
+    command_options(x)
+    x.set_defaults(handler=_close)
+
+    d = bead.add_parser("deps", help="what the bead needs (or, with --up, what needs it)")
+    d.add_argument("id")
+    d.add_argument("--up", action="store_true")
+    read_options(d)
+    d.set_defaults(handler=_deps)
+
+    feed.register_history(bead)
+
+    r = sub.add_parser("ready", help="open beads with no open blocker")
+    r.add_argument("--limit", type=int, default=1000, help="at most this many (0: all)")
+    read_options(r)
+    r.set_defaults(handler=_ready)
+
+
+def _print_id(result: dict[str, Any]) -> str:
+    return str(result.get("id"))
+
+
+async def _create(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {
+        "title": args.title,
+        "type": args.type,
+        "priority": args.priority,
+        "description": args.description,
+        "labels": args.labels,
+        "metadata": key_values(args.meta, "--meta"),
+        "parent": args.parent,
+        "needs": args.needs,
+        "assignee": args.assignee,
+        "prefix": args.prefix,
+    }
+    return await send(nc, args, config, "gt.cmd.bead.create", body, _print_id)
+
+
+async def _update(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {
+        "id": args.id,
+        "title": args.title,
+        "type": args.type,
+        "priority": args.priority,
+        "description": args.description,
+        "assignee": args.assignee,
+        "parent": args.parent,
+        "labels": args.labels,
+        "remove_labels": args.remove_labels,
+        "metadata": key_values(args.meta, "--meta"),
+        "needs": args.needs,
+        "remove_needs": args.remove_needs,
+        "blocks": args.blocks,
+        "status": args.status,
+    }
+    return await send(nc, args, config, "gt.cmd.bead.update", body)
+
+
+async def _claim(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return await send(nc, args, config, "gt.cmd.bead.claim", {"id": args.id, "assignee": args.assignee})
+
+
+async def _close(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return await send(nc, args, config, "gt.cmd.bead.close", {"id": args.id, "reason": args.reason})
+
+
+async def _show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return show(args, await read(nc, config, "get", {"id": args.id}), render.bead_detail)
+
+
+async def _list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = drop_empty(
+        {
+            "status": args.status,
+            "type": args.type,
+            "label": args.label,
+            "assignee": args.assignee,
+            "parent": args.parent,
+            "rig": args.rig,
+            "metadata": key_values(args.meta, "--meta"),
+            "include_closed": args.all or None,
+            "limit": args.limit,
+        }
+    )
+    return show(args, await read(nc, config, "list", body), render.bead_table)
+
+
+async def _ready(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return show(args, await read(nc, config, "ready", {"limit": args.limit}), render.bead_table)
+
+
+async def _deps(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    found = await read(nc, config, "deps", {"id": args.id, "direction": "up" if args.up else "down"})
+    return show(args, found, render.deps_lines)

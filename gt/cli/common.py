@@ -1,0 +1,141 @@
+"""What every `gt` subcommand shares: options, sending a command, reading a query, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from nats.aio.client import Client
+
+from gt.cli import render
+from gt.cli.client import Outcome, send_command, stream_last_seq
+from shared.bus.query import query
+from shared.bus.topology import owner_of
+from shared.config import TownConfig
+from shared.errors import GastownError
+
+EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DENIED = 0, 1, 2, 3, 4
+DEFAULT_COMMAND_TIMEOUT_S = 10.0
+
+Handler = Callable[[Client, argparse.Namespace, TownConfig], Awaitable[int]]
+ResultPrinter = Callable[[dict[str, Any]], str]
+
+
+class UsageError(GastownError):
+    """The command line asks for something that cannot be done as written."""
+
+
+class Subcommands:
+    """Adds the common options (``--nats-url``) to every subcommand, so they work before or after it."""
+
+    def __init__(self, action: Any, common: argparse.ArgumentParser) -> None:
+        self._action = action
+        self.common = common
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = self._action.add_parser(name, parents=[self.common], **kwargs)
+        return parser
+
+    def group(self, name: str, help_text: str, dest: str) -> Subcommands:
+        """A subcommand with subcommands of its own (``gt bead create``)."""
+        parser = self.add_parser(name, help=help_text)
+        return Subcommands(parser.add_subparsers(dest=dest, required=True, metavar="VERB"), self.common)
+
+
+def command_options(parser: argparse.ArgumentParser) -> None:
+    """Options of every subcommand that sends a command."""
+    parser.add_argument("--wait", action="store_true", help="wait for the outcome, also while the service is down")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds to wait for the outcome (default {DEFAULT_COMMAND_TIMEOUT_S:g}; with --wait: forever)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    parser.add_argument("--actor", help="who is acting (default: the polecat inside a polecat session, else operator)")
+    parser.add_argument("--id", dest="cmd_id", metavar="CMD_ID", help="command id (resending the same id is harmless)")
+
+
+def read_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def key_values(pairs: list[str] | None, option: str) -> dict[str, str]:
+    """``KEY=VALUE`` arguments as a dict."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{option} takes KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def drop_empty(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if v is not None and v != [] and v != {}}
+
+
+def report(outcome: Outcome, subject: str, *, as_json: bool, printer: ResultPrinter) -> int:
+    """Print what became of a command and return the exit code."""
+    if as_json:
+        render.print_json(outcome)
+    if outcome.type is None:
+        if not as_json:
+            why = "is not running" if outcome.service_down else "has not answered yet"
+            print(
+                f"stored: command {outcome.command_id} is durably queued (GT_CMD #{outcome.stored_seq}); "
+                f"the {owner_of(subject)} {why} and will answer it when it can. `--wait` waits for the outcome. "
+                "(A command sent far over its actor's rate limit is dropped and never answered: see "
+                "`rate_limited` in docs/operating.md.)"
+            )
+        return EXIT_OK
+    if outcome.type == "cmd.rejected":
+        if not as_json:
+            print(f"rejected ({outcome.data.get('code')}): {outcome.data.get('message')}", file=sys.stderr)
+        return EXIT_REJECTED
+    if not as_json:
+        print(printer(outcome.data.get("result", {})))
+    return EXIT_OK
+
+
+def status_line(result: dict[str, Any]) -> str:
+    """The default rendering of a result: ``<id>: <status>`` and ``(unchanged)`` when nothing changed."""
+    changed = "" if result.get("changed", True) else " (unchanged)"
+    return f"{result.get('id')}: {result.get('status')}{changed}"
+
+
+async def send(
+    nc: Client,
+    args: argparse.Namespace,
+    config: TownConfig,
+    subject: str,
+    body: dict[str, Any],
+    printer: ResultPrinter = status_line,
+    *,
+    before_report: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+) -> int:
+    """Send a command built from the command line and report its outcome; ``before_report`` may add to an
+    accepted command's result what followed from it (e.g. a nudge delivered)."""
+    body = drop_empty({**body, "actor": getattr(args, "actor", None), "cmd_id": getattr(args, "cmd_id", None)})
+    timeout = args.timeout if args.timeout is not None else (None if args.wait else DEFAULT_COMMAND_TIMEOUT_S)
+    outcome = await send_command(nc, config, subject, body, timeout=timeout, wait_if_down=args.wait)
+    if before_report is not None and outcome.type == "cmd.accepted":
+        await before_report(outcome.data.setdefault("result", {}))
+    return report(outcome, subject, as_json=args.json, printer=printer)
+
+
+async def read(nc: Client, config: TownConfig, what: str, body: dict[str, Any], service: str = "mayor") -> Any:
+    """Ask a query once the service has applied everything stored so far (read-your-writes)."""
+    body = {**body, "min_seq": await stream_last_seq(nc, config)}
+    return await query(nc, service, what, body)
+
+
+def show(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> int:
+    """Print ``data`` as JSON with ``--json``, else as ``text(data)``."""
+    if args.json:
+        render.print_json(data)
+    else:
+        print(text(data))
+    return EXIT_OK

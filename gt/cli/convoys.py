@@ -1,0 +1,160 @@
+"""`gt convoy create|add|status|list|land`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from nats.aio.client import Client
+
+from gt.cli import render
+from gt.cli.client import send_command
+from gt.cli.common import (
+    EXIT_OK,
+    EXIT_REJECTED,
+    Subcommands,
+    command_options,
+    key_values,
+    read,
+    read_options,
+    send,
+    show,
+)
+from gt.cli.progress import Progress
+from shared.config import TownConfig
+
+SLING_CONCURRENCY = 16
+
+
+def register(sub: Subcommands) -> None:
+    convoy = sub.group("convoy", "convoys: create, add, status, list, land, sling", "convoy_cmd")
+
+    c = convoy.add_parser("create", help="track beads together")
+    c.add_argument("title")
+    c.add_argument("beads", nargs="*")
+    c.add_argument("--owned", action="store_true", help="closes only when landed, not by itself")
+    command_options(c)
+    c.set_defaults(handler=_create)
+
+    a = convoy.add_parser("add", help="track more beads")
+    a.add_argument("convoy")
+    a.add_argument("beads", nargs="+")
+    command_options(a)
+    a.set_defaults(handler=_add)
+
+    s = convoy.add_parser("status", help="a convoy's progress and beads")
+    s.add_argument("convoy")
+    read_options(s)
+    s.set_defaults(handler=_status)
+
+    ls = convoy.add_parser("list", help="open convoys with their progress")
+    ls.add_argument("--all", action="store_true", help="closed ones too")
+    read_options(ls)
+    ls.set_defaults(handler=_list)
+
+    la = convoy.add_parser("land", help="close an owned convoy")
+    la.add_argument("convoy")
+    la.add_argument("--force", action="store_true", help="even while it tracks open beads")
+    command_options(la)
+    la.set_defaults(handler=_land)
+
+    sl = convoy.add_parser(
+        "sling",
+        help="sling every open bead of a convoy to a rig, cooking each one's molecule; a bead with open blockers "
+        "is held, and the mayor slings it once they are closed (in waves)",
+    )
+    sl.add_argument("convoy")
+    sl.add_argument("rig")
+    sl.add_argument("--formula", help="formula to cook (default: the rig's)")
+    sl.add_argument("--var", action="append", metavar="KEY=VALUE", help="formula var (repeatable)")
+    sl.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for each bead's outcome")
+    sl.add_argument("--json", action="store_true", help="print what became of each bead as JSON")
+    sl.set_defaults(handler=_sling)
+
+
+def _progress_line(result: dict[str, Any]) -> str:
+    changed = "" if result.get("changed", True) else " (unchanged)"
+    return f"{result.get('id')}: {result.get('status')}{changed}, {result.get('closed')}/{result.get('total')} closed"
+
+
+async def _create(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"title": args.title, "beads": args.beads, "owned": args.owned or None}
+    return await send(nc, args, config, "gt.cmd.convoy.create", body, _progress_line)
+
+
+async def _add(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return await send(nc, args, config, "gt.cmd.convoy.add", {"id": args.convoy, "beads": args.beads}, _progress_line)
+
+
+async def _land(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"id": args.convoy, "force": args.force or None}
+    return await send(nc, args, config, "gt.cmd.convoy.land", body, _progress_line)
+
+
+async def _status(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return show(args, await read(nc, config, "convoy", {"id": args.convoy}), render.convoy_detail)
+
+
+async def _list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    found = await read(nc, config, "convoys", {"include_closed": True} if args.all else {})
+    return show(args, found, render.convoy_table)
+
+
+async def _sling(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    """One ``bead.sling`` per open bead of the convoy (closed and already slung ones are left as they are),
+    several at a time, with a progress bar: a convoy of a thousand beads is a thousand molecules to cook.
+
+    Each is sent with ``hold``: a bead whose blockers (in the convoy or not) are not all closed is held, and
+    the mayor slings it once they are, so the convoy goes out in waves in dependency order. The order these
+    commands arrive in does not matter: a blocker being slung right now is still open."""
+    convoy = await read(nc, config, "convoy", {"id": args.convoy})
+    todo = [b["id"] for b in convoy.get("bead_details", []) if b["status"] == "open"]
+    skipped = len(convoy.get("bead_details", [])) - len(todo)
+    vars_ = key_values(args.var, "--var")
+    limit = asyncio.Semaphore(SLING_CONCURRENCY)
+    bar = Progress(f"slinging {args.convoy} to {args.rig}", len(todo))
+    results: dict[str, dict[str, Any]] = {}
+
+    async def sling(bead: str) -> None:
+        body = {
+            "id": bead,
+            "rig": args.rig,
+            "formula": args.formula,
+            "vars": vars_ or None,
+            "no_convoy": True,
+            "hold": True,
+        }
+        async with limit:
+            outcome = await send_command(
+                nc, config, "gt.cmd.bead.sling", {k: v for k, v in body.items() if v is not None}, timeout=args.timeout
+            )
+        result = outcome.data.get("result", {})
+        if outcome.type == "cmd.accepted":
+            results[bead] = {"status": "held" if result.get("status") == "held" else "slung", "result": result}
+        elif outcome.type == "cmd.rejected":
+            results[bead] = {
+                "status": "rejected",
+                "code": outcome.data.get("code"),
+                "message": outcome.data.get("message"),
+            }
+        else:
+            results[bead] = {"status": "pending", "message": "stored; the mayor has not answered yet"}
+        bar.advance()
+
+    await asyncio.gather(*(sling(b) for b in todo))
+    bar.finish()
+    slung = [b for b in todo if results[b]["status"] == "slung"]
+    held = [b for b in todo if results[b]["status"] == "held"]
+    failed = [b for b in todo if results[b]["status"] not in ("slung", "held")]
+    if args.json:
+        render.print_json({"convoy": args.convoy, "rig": args.rig, "skipped": skipped, "beads": results})
+    else:
+        waiting = f", {len(held)} held until their blockers close" if held else ""
+        print(f"{args.convoy}: {len(slung)} slung to {args.rig}{waiting}, {skipped} not open (left as they were)")
+        for bead in held:
+            print(f"  {bead}: held: waiting for {', '.join(results[bead]['result'].get('waiting_for') or [])}")
+        for bead in failed:
+            r = results[bead]
+            print(f"  {bead}: {r['status']}: {r.get('code') or ''} {r.get('message') or ''}".rstrip())
+    return EXIT_REJECTED if failed else EXIT_OK

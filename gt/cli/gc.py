@@ -1,0 +1,42 @@
+"""`gt gc [--ttl SECONDS]`: ask the deacon for a garbage collection sweep now."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nats.aio.client import Client
+
+from gt.cli.common import Subcommands, UsageError, command_options, send
+from shared.config import TownConfig
+
+
+def register(sub: Subcommands) -> None:
+    gc = sub.add_parser(
+        "gc",
+        help="sweep the projections now: closed molecules, wisps, sessions and finished merge requests older "
+        "than the TTL leave them (the log is never edited)",
+    )
+    gc.add_argument(
+        "--ttl",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="collect what finished more than this long ago (default: the deacon's GT_GC_TTL, a week)",
+    )
+    command_options(gc)
+    gc.set_defaults(handler=_gc)
+
+
+def _swept(result: dict[str, Any]) -> str:
+    return (
+        f"swept: what finished before {str(result.get('cutoff', '-')).replace('T', ' ')[:19]} "
+        f"(TTL {float(result.get('ttl_s', 0)):g} s) leaves the projections; the log keeps it"
+    )
+
+
+async def _gc(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    if args.ttl is not None and args.ttl < 0:
+        raise UsageError(f"--ttl must be 0 or more seconds, got {args.ttl:g}")
+    body: dict[str, Any] = {} if args.ttl is None else {"ttl_s": args.ttl}
+    return await send(nc, args, config, "gt.cmd.gc.sweep", body, _swept)

@@ -1,0 +1,169 @@
+"""`gt mail ...`, `gt escalate`, `gt escalations`, `gt escalation ack|close`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from nats.aio.client import Client
+
+from gt.cli import identity, render
+from gt.cli.client import send_command
+from gt.cli.common import (
+    DEFAULT_COMMAND_TIMEOUT_S,
+    EXIT_REJECTED,
+    Subcommands,
+    UsageError,
+    command_options,
+    drop_empty,
+    read,
+    read_options,
+    send,
+    show,
+)
+from shared.commands import SEVERITIES
+from shared.commands.mail import ACCEPTED_ADDRESSES, normalise_address
+from shared.config import TownConfig
+
+
+def register(sub: Subcommands) -> None:
+    mail = sub.group("mail", "mail: send, inbox, read, reply, archive, thread", "mail_cmd")
+
+    s = mail.add_parser("send", help="send a message (body from --body, or standard input)")
+    s.add_argument("to", help=f"address: {ACCEPTED_ADDRESSES}")
+    s.add_argument("--subject", "-s", default="")
+    s.add_argument("--body", "-b", help="default: read from standard input")
+    s.add_argument("--thread")
+    command_options(s)
+    s.set_defaults(handler=_send)
+
+    i = mail.add_parser("inbox", help="open, unread messages to an address (default: you)")
+    i.add_argument("address", nargs="?")
+    i.add_argument("--all", action="store_true", help="read ones too")
+    read_options(i)
+    i.set_defaults(handler=_inbox)
+
+    r = mail.add_parser("read", help="show a message and mark it read")
+    r.add_argument("id")
+    read_options(r)
+    r.add_argument("--actor")
+    r.set_defaults(handler=_read)
+
+    rp = mail.add_parser("reply", help="answer a message: to its sender, in its thread")
+    rp.add_argument("id")
+    rp.add_argument("--body", "-b", help="default: read from standard input")
+    rp.add_argument("--subject", "-s", default="")
+    command_options(rp)
+    rp.set_defaults(handler=_reply)
+
+    a = mail.add_parser("archive", help="close a message")
+    a.add_argument("id")
+    command_options(a)
+    a.set_defaults(handler=_archive)
+
+    t = mail.add_parser("thread", help="a thread's messages in order")
+    t.add_argument("thread")
+    read_options(t)
+    t.set_defaults(handler=_thread)
+
+    e = sub.add_parser("escalate", help="put a problem before the operator")
+    e.add_argument("message")
+    e.add_argument("--severity", "-s", choices=SEVERITIES, default="medium")
+    e.add_argument("--source", help="who or what is raising it (default: the actor)")
+    e.add_argument("--bead", help="the bead it is about")
+    command_options(e)
+    e.set_defaults(handler=_escalate)
+
+    ls = sub.add_parser("escalations", help="open escalations, most severe first")
+    ls.add_argument("--all", action="store_true", help="closed ones too")
+    read_options(ls)
+    ls.set_defaults(handler=_escalations)
+
+    esc = sub.group("escalation", "escalations: ack, close", "escalation_cmd")
+    ack = esc.add_parser("ack", help="someone is on it: it is not raised further")
+    ack.add_argument("id")
+    command_options(ack)
+    ack.set_defaults(handler=_ack)
+    close = esc.add_parser("close", help="resolved")
+    close.add_argument("id")
+    close.add_argument("--reason", "-r", default="")
+    command_options(close)
+    close.set_defaults(handler=_close)
+
+
+def _me(args: argparse.Namespace) -> str:
+    # Inside a polecat session its inbox is the polecat's: the address its mail is sent from.
+    explicit = getattr(args, "actor", None)
+    return identity.default_actor(explicit) or os.environ.get("GT_ACTOR") or identity.OPERATOR
+
+
+def _body(args: argparse.Namespace) -> str:
+    if args.body is not None:
+        return str(args.body)
+    if sys.stdin.isatty():
+        raise UsageError("give the message with --body, or pipe it in")
+    return sys.stdin.read()
+
+
+def _sent_line(result: dict[str, Any]) -> str:
+    return f"{result.get('id')}: sent to {result.get('to')} (thread {result.get('thread')})"
+
+
+async def _send(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"to": normalise_address(args.to), "subject": args.subject, "body": _body(args), "thread": args.thread}
+    return await send(nc, args, config, "gt.cmd.mail.send", body, _sent_line)
+
+
+async def _reply(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"id": args.id, "subject": args.subject, "body": _body(args)}
+    return await send(nc, args, config, "gt.cmd.mail.reply", body, _sent_line)
+
+
+async def _archive(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return await send(nc, args, config, "gt.cmd.mail.archive", {"id": args.id})
+
+
+async def _inbox(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body: dict[str, Any] = {"to": normalise_address(args.address) if args.address else _me(args)}
+    if args.all:
+        body["include_read"] = True
+    return show(args, await read(nc, config, "inbox", body), render.message_table)
+
+
+async def _read(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    message = await read(nc, config, "get", {"id": args.id})
+    if message.get("type") != "message":
+        print(f"gt: {args.id} is a {message.get('type')}, not a message", file=sys.stderr)
+        return EXIT_REJECTED
+    body = drop_empty({"id": args.id, "actor": args.actor})
+    outcome = await send_command(nc, config, "gt.cmd.mail.read", body, timeout=DEFAULT_COMMAND_TIMEOUT_S)
+    if outcome.type == "cmd.rejected":
+        print(f"rejected ({outcome.data.get('code')}): {outcome.data.get('message')}", file=sys.stderr)
+        return EXIT_REJECTED
+    return show(args, message, render.message_detail)
+
+
+async def _thread(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return show(args, await read(nc, config, "thread", {"thread": args.thread}), render.thread_lines)
+
+
+async def _escalate(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"severity": args.severity, "message": args.message, "source": args.source, "bead": args.bead}
+    return await send(
+        nc, args, config, "gt.cmd.escalation.raise", body, lambda r: f"{r.get('id')}: raised ({r.get('severity')})"
+    )
+
+
+async def _escalations(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    found = await read(nc, config, "escalations", {"include_closed": True} if args.all else {})
+    return show(args, found, render.escalation_table)
+
+
+async def _ack(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return await send(nc, args, config, "gt.cmd.escalation.ack", {"id": args.id})
+
+
+async def _close(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return await send(nc, args, config, "gt.cmd.escalation.close", {"id": args.id, "reason": args.reason})

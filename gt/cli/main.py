@@ -1,0 +1,275 @@
+"""The ``gt`` command.
+
+Exit codes: 0 done (command accepted, or durably stored while its service is down), 1 rejected or not
+found, 2 usage error, 3 NATS unreachable (or the answering service is not running), 4 not permitted (the
+NATS server refused this user a subject; nothing was sent), 130 stopped with Ctrl-C, 141 its output pipe was
+closed (``gt feed | head -1``: the reader had enough; nothing is printed about it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+
+from gt.cli import automations, beads, convoys, costs, dashboard, feed, gc, mail, polecats, render, status, work
+from gt.cli.client import stream_last_seq
+from gt.cli.common import (
+    EXIT_DENIED,
+    EXIT_OK,
+    EXIT_REJECTED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    Handler,
+    Subcommands,
+    UsageError,
+    read_options,
+)
+from shared import config as town_config
+from shared import logging as gt_logging
+from shared.aio import task_stacks
+from shared.bus.connection import connect_as_session_or_user
+from shared.bus.permissions import guarded
+from shared.bus.query import query
+from shared.bus.topology import provision
+from shared.config import TownConfig
+from shared.errors import (
+    AppendFailedError,
+    NatsUnavailableError,
+    PermissionDeniedError,
+    QueryError,
+    StreamConfigMismatchError,
+)
+
+SERVICES = ("mayor", "witness", "refinery", "deacon")
+
+
+class StrictParser(argparse.ArgumentParser):
+    """A subcommand's parser that refuses what it does not know itself, so the error comes with the
+    subcommand's usage (``usage: gt bead create ...``), not the top-level one argparse would print."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
+EXIT_INTERRUPTED = 130
+"""Ctrl-C, as shells report a SIGINT."""
+EXIT_BROKEN_PIPE = 141
+"""The reader of the output went away, as shells report a SIGPIPE."""
+LOCAL_COMMANDS = ("up", "down", "schema")
+"""Commands that do not talk to a running town through NATS."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--nats-url", default=argparse.SUPPRESS, help="NATS server URL(s) (env NATS_URL)")
+    p = argparse.ArgumentParser(prog="gt", description="Operate a gastown-nats town.", parents=[common])
+    commands = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=StrictParser)
+    sub = Subcommands(commands, common)
+
+    sub.add_parser("init", help="create the streams and consumers (idempotent)").set_defaults(handler=_init)
+    up = sub.add_parser("up", help="start an embedded NATS server (unless NATS_URL is set) and the services")
+    up.add_argument("--detach", "-d", action="store_true", help="run in the background and return once ready")
+    up.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("GT_NATS_PORT", "4222")),
+        help="client port of the embedded NATS server (env GT_NATS_PORT, default 4222; 0: any free port); "
+        "not used when NATS_URL names a server",
+    )
+    up.add_argument("--services", default=",".join(SERVICES), help="comma-separated services to run")
+    down = sub.add_parser("down", help="stop what `gt up` started (refinery, witness, mayor, deacon, then NATS)")
+    down.add_argument(
+        "--clean",
+        action="store_true",
+        help="then remove polecat worktrees that are clean and pushed; list the others, which are kept",
+    )
+    down.add_argument(
+        "--sessions",
+        action="store_true",
+        help="first have the witness stop every polecat session (recorded; the next `gt up` respawns them); "
+        "without it they keep running, and are counted",
+    )
+
+    beads.register(sub)
+    work.register(sub)
+    convoys.register(sub)
+    mail.register(sub)
+    polecats.register(sub)
+    automations.register(sub)
+    gc.register(sub)
+    costs.register(sub)
+    status.register(sub)
+    feed.register(sub)
+    dashboard.register(sub)
+
+    sub.add_parser("schema", help="JSON Schema of every command and event")
+    st = sub.add_parser("health", help="exit 0 when the service is connected and caught up with the log")
+    st.add_argument("service", nargs="?", default="mayor", choices=SERVICES)
+    read_options(st)
+    st.set_defaults(handler=_health)
+    return p
+
+
+async def _init(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    report = await provision(nc.jetstream(), config)
+    for name in report.created:
+        print(f"created  {name}")
+    for name in report.existing:
+        print(f"exists   {name}")
+    return EXIT_OK
+
+
+async def _health(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    status = await query(nc, args.service, "status", {}, timeout=3)
+    last = await stream_last_seq(nc, config)
+    status["stream_last_seq"] = last
+    status["lag"] = max(0, last - int(status.get("last_seq", 0)))
+    healthy = bool(status.get("caught_up")) and bool(status.get("connected"))
+    if args.json:
+        render.print_json(status)
+    else:
+        state = "healthy" if healthy else ("catching up" if status.get("connected") else "disconnected")
+        # Any instance of the service may answer: an active one, or a standby following the log.
+        role = f" ({status['role']} {status.get('identity', args.service)})" if status.get("role") else ""
+        print(f"{args.service}: {state}{role}, last_seq {status.get('last_seq')}, lag {status['lag']}")
+    return EXIT_OK if healthy else EXIT_REJECTED
+
+
+async def run_async(handler: Handler, args: argparse.Namespace, config: TownConfig) -> int:
+    # `kill -USR2 <pid>` of a gt that does not finish prints what each of its tasks waits for.
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _print_task_stacks)
+    in_session = bool(os.environ.get("GT_SESSION")) and config.nats_user == os.environ.get("GT_SESSION")
+    nc = await connect_as_session_or_user(config, name="gt-cli", in_session=in_session, connect_attempts=2)
+    try:
+        # Any subject this user may not use (a query, the KV, the JetStream API) ends the command at once
+        # with the subject named, rather than with a timeout.
+        return await guarded(nc, handler(nc, args, config))
+    finally:
+        try:
+            async with asyncio.timeout(5):
+                await nc.drain()
+        except (TimeoutError, nats.errors.Error):
+            await nc.close()
+
+
+def _print_task_stacks() -> None:
+    print("gt: task stacks\n" + "\n".join(task_stacks()), file=sys.stderr, flush=True)
+
+
+def _town_nats(config: TownConfig) -> TownConfig:
+    """Without NATS_URL, talk to the town `gt up` runs in GT_HOME (its NATS may be on any port)."""
+    from gt import supervisor as town
+
+    state = town.running_town(config)
+    if state is None:
+        return config
+    return msgspec.structs.replace(config, nats_url=state.nats_url)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe then still ends quietly
+    except BrokenPipeError:
+        # `gt feed | head -1`: the reader had enough. Quiet, as Unix tools are; stdout goes nowhere from now on,
+        # so the interpreter's own flush at exit does not complain either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    env = dict(os.environ)
+    if getattr(args, "nats_url", None):
+        env["NATS_URL"] = args.nats_url
+    nats_given = bool(env.get("NATS_URL"))
+    try:
+        config = town_config.load(env)
+    except ValueError as exc:
+        print(f"gt: bad configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not nats_given and args.cmd not in LOCAL_COMMANDS:
+        config = _town_nats(config)
+    if args.cmd != "up":
+        # The CLI's own output is its answer; library chatter (reconnects while closing) stays out of it.
+        gt_logging.configure("gt", json=False, level=os.environ.get("GT_LOG_LEVEL", "ERROR"))
+    try:
+        if args.cmd == "schema":
+            from shared.schema import all_schemas
+
+            render.print_json(all_schemas())
+            return EXIT_OK
+        if args.cmd in ("up", "down"):
+            from gt import supervisor as town
+
+            return (
+                town.up(args, config, embedded=not nats_given)
+                if args.cmd == "up"
+                else town.down(config, clean=args.clean, sessions=args.sessions)
+            )
+        precheck = getattr(args, "precheck", None)
+        if precheck is not None:
+            precheck(args)  # e.g. `gt done` outside a session: said before trying to reach NATS
+        return asyncio.run(run_async(args.handler, args, config))
+    except KeyboardInterrupt:
+        # Ctrl-C ends `gt feed` and `gt dashboard` (and any wait): a stop asked for, not a crash.
+        return EXIT_INTERRUPTED
+    except UsageError as exc:
+        print(f"gt: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except NatsUnavailableError as exc:
+        print(f"gt: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except PermissionDeniedError as exc:
+        print(
+            f"gt: {exc}: the NATS server refused it and nothing was sent. Use the credentials of a user allowed "
+            "to (NATS_USER, NATS_PASSWORD or NATS_CREDS; see docs/deployment.md)",
+            file=sys.stderr,
+        )
+        return EXIT_DENIED
+    except QueryError as exc:
+        print(f"gt: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_UNREACHABLE if exc.code in ("unavailable", "timeout") else EXIT_REJECTED
+    except (StreamConfigMismatchError, AppendFailedError) as exc:
+        print(f"gt: {exc}", file=sys.stderr)
+        return EXIT_REJECTED
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
+        print(f"gt: NATS did not answer ({type(exc).__name__}); is JetStream enabled and the town up?", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except nats.js.errors.NoStreamResponseError:
+        # No stream captures the subject: the town is not provisioned yet, or its intake is still opening.
+        print(
+            "gt: no stream takes commands yet (nothing was stored); run `gt init` or `gt up`, then retry",
+            file=sys.stderr,
+        )
+        return EXIT_UNREACHABLE
+    except nats.js.errors.NotFoundError as exc:
+        print(f"gt: not found: {exc.description}; run `gt init` (or `gt up`) first", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except msgspec.DecodeError as exc:
+        print(f"gt: unreadable answer: {exc}", file=sys.stderr)
+        return EXIT_REJECTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

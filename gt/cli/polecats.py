@@ -1,0 +1,654 @@
+"""`gt rig ...`, `gt session ...`, `gt nudge`, `gt mq list`, and the agent's side: `gt prime`, `gt heartbeat`,
+`gt handoff`, `gt done` (these read GT_SESSION and the rest of the session's environment)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats.js.errors
+from nats.aio.client import Client
+
+from gt.cli import hook_lease, render, rigs
+from gt.cli.client import first_event_of, send_command
+from gt.cli.common import (
+    DEFAULT_COMMAND_TIMEOUT_S,
+    EXIT_OK,
+    EXIT_REJECTED,
+    Subcommands,
+    UsageError,
+    command_options,
+    read,
+    read_options,
+    send,
+    show,
+)
+from shared import git, runtimes
+from shared.bus.topology import ensure_heartbeat_bucket
+from shared.commands import BeadClaim
+from shared.commands.mail import polecat_address
+from shared.config import TownConfig
+from shared.faults import crash_point
+
+NOTE_SHOWN = 1500
+"""Characters of a predecessor's handoff note (or end detail) that `gt prime` shows."""
+NUDGE_ENDS = frozenset({"nudge.delivered", "nudge.expired"})
+NUDGE_DELIVERY_WAIT_S = 20.0
+CLAIM_TIMEOUT_S = 10.0
+"""How long the SessionStart hook waits for its bead's claim to be answered."""
+"""How long `gt nudge` waits for the witness to type a nudge into a running session (it checks the text shows)."""
+SESSION_ENV = ("GT_SESSION", "GT_BEAD", "GT_RIG", "GT_WORKTREE", "GT_BRANCH")
+INSTRUCTIONS = (
+    "Work the current step in your worktree. When a step is finished, commit and run `gt step done <step>`: "
+    "done steps are never redone, so a fresh session after a crash resumes at the first step not done. "
+    "Commit early (uncommitted work survives in the worktree, but only commits are pushed). Run "
+    "`gt heartbeat` every few minutes while a step takes long, or the witness takes you for stalled. "
+    "When every step is done, run `gt done`: it pushes your branch and submits it to the merge queue. "
+    "If your context is full, run `gt handoff --note TEXT`: a fresh session continues on the same hook, and its "
+    "`gt prime` shows your note. Mail for you is listed here and announced in your pane: `gt mail inbox`, "
+    "`gt mail read ID`, `gt mail reply ID --body TEXT`."
+)
+
+
+def register(sub: Subcommands) -> None:
+    rig = sub.group("rig", "rigs (projects): add, list, show, update, remove, park, unpark", "rig_cmd")
+    ra = rig.add_parser("add", help="add a project: the witness clones it and runs polecats in worktrees of it")
+    ra.add_argument("name")
+    ra.add_argument("repo", help="path or URL git can clone (a path is made absolute)")
+    ra.add_argument("--base-branch", default="main")
+    ra.add_argument("--prefix", help="bead id prefix for the rig's beads (default: the name)")
+    ra.add_argument("--setup", default="", help="gate: set-up command")
+    ra.add_argument("--lint", default="", help="gate: lint command")
+    ra.add_argument("--test", default="", help="gate: test command")
+    ra.add_argument("--agent", default=None, help="agent command run in each polecat's worktree (default gt-agent)")
+    ra.add_argument("--max-polecats", type=int, default=None)
+    ra.add_argument("--max-respawns", type=int, default=None)
+    ra.add_argument("--stall-after", type=float, default=None, help="seconds without heartbeat or progress")
+    ra.add_argument(
+        "--git-name",
+        default=None,
+        help="git name its polecats commit with; {rig} and {polecat} are filled in (default {rig}/{polecat})",
+    )
+    ra.add_argument(
+        "--git-email",
+        default=None,
+        help="git email its polecats commit with, a template like --git-name (default {polecat}.{rig}@gastown.invalid)",
+    )
+    ra.add_argument("--gate-env", type=rigs.env_names, default=None, metavar="NAMES", help=rigs.GATE_ENV_HELP)
+    command_options(ra)
+    ra.set_defaults(handler=_rig_add, precheck=_absolute_repo)
+    rl = rig.add_parser("list", help="rigs with their active sessions and waiting beads")
+    read_options(rl)
+    rl.set_defaults(handler=_rig_list)
+    rs = rig.add_parser("show", help="one rig's configuration")
+    rs.add_argument("name")
+    read_options(rs)
+    rs.set_defaults(handler=_rig_show)
+    rigs.register_rig_verbs(rig)
+
+    session = sub.group("session", "polecat sessions: list, show", "session_cmd")
+    sl = session.add_parser("list", help="active sessions (--all: every one)")
+    sl.add_argument("--rig")
+    sl.add_argument("--bead")
+    sl.add_argument("--all", action="store_true")
+    read_options(sl)
+    sl.set_defaults(handler=_session_list)
+    ss = session.add_parser("show", help="one session")
+    ss.add_argument("id")
+    read_options(ss)
+    ss.set_defaults(handler=_session_show)
+
+    nudge = sub.add_parser("nudge", help="type a message into a polecat's pane (queued while it is not running)")
+    nudge.add_argument("target", help="a session id or <rig>/<polecat>")
+    nudge.add_argument("message")
+    nudge.add_argument("--ttl", type=float, default=None, help="seconds it may wait for the session (default 1800)")
+    command_options(nudge)
+    nudge.set_defaults(handler=_nudge)
+
+    mq = sub.group("mq", "the merge queue: list, show, retry, reject", "mq_cmd")
+    ml = mq.add_parser("list", help="merge requests in queue order (of one rig with --rig)")
+    ml.add_argument("--rig")
+    read_options(ml)
+    ml.set_defaults(handler=_mq_list)
+    ms = mq.add_parser("show", help="one merge request, with the tail of a failed gate's output")
+    ms.add_argument("id")
+    read_options(ms)
+    ms.set_defaults(handler=_mq_show)
+    mr_retry = mq.add_parser("retry", help="put a failed, blocked or rejected merge request back in the queue")
+    mr_retry.add_argument("id")
+    command_options(mr_retry)
+    mr_retry.set_defaults(handler=_mq_retry)
+    mr_reject = mq.add_parser("reject", help="take a merge request out of the queue for good")
+    mr_reject.add_argument("id")
+    mr_reject.add_argument("--reason", default="")
+    command_options(mr_reject)
+    mr_reject.set_defaults(handler=_mq_reject)
+
+    prime = sub.add_parser("prime", help="(agent) everything needed to resume: bead, steps, worktree, instructions")
+    prime.add_argument("--session", help="default: GT_SESSION")
+    read_options(prime)
+    prime.set_defaults(handler=_prime, precheck=_needs_session_id)
+    ah = sub.add_parser("agent-hook", help="(agent runtime) run by an agent's hooks: session-start, stop, stop-failure")
+    ah.add_argument("event", choices=AGENT_HOOK_EVENTS)
+    ah.set_defaults(handler=_agent_hook, precheck=_record_agent_hook)
+    hb = sub.add_parser("heartbeat", help="(agent) I am alive and working; keeps a long step from looking stalled")
+    hb.add_argument("--note", default="")
+    hb.set_defaults(handler=_heartbeat, precheck=_needs_session_env)
+    ho = sub.add_parser("handoff", help="(agent) end this session; a fresh one continues on the same hook")
+    ho.add_argument("--note", default="", help="what the next session should know (its `gt prime` shows it)")
+    command_options(ho)
+    ho.set_defaults(handler=_handoff, precheck=_needs_session_env)
+    done = sub.add_parser("done", help="(agent) push the branch, submit a merge request, end the session")
+    done.add_argument("--json", action="store_true")
+    done.set_defaults(handler=_done, precheck=_needs_session_env)
+
+
+# ---- operator commands -------------------------------------------------------------------------
+
+
+def _absolute_repo(args: argparse.Namespace) -> None:
+    """A local repository is named by its absolute path: the witness resolves nothing against our cwd. An empty
+    argument is refused, not taken for the current directory (``Path("")`` is ``.``)."""
+    repo = args.repo
+    if not repo.strip():
+        raise UsageError(
+            "the repository argument is empty: name a path or URL git can clone (`.` for the current directory)"
+        )
+    if "://" not in repo and not repo.startswith("git@") and Path(repo).exists():
+        args.repo = str(Path(repo).resolve())
+
+
+async def _rig_add(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {
+        "name": args.name,
+        "repo": args.repo,
+        "base_branch": args.base_branch,
+        "prefix": args.prefix,
+        "setup_command": args.setup,
+        "lint_command": args.lint,
+        "test_command": args.test,
+        "agent_command": args.agent,
+        "max_polecats": args.max_polecats,
+        "max_respawns": args.max_respawns,
+        "stall_after_s": args.stall_after,
+        "git_name": args.git_name,
+        "git_email": args.git_email,
+        "gate_env": args.gate_env,
+    }
+    return await send(nc, args, config, "gt.cmd.rig.add", body, _rig_added_line)
+
+
+def _rig_added_line(result: dict[str, Any]) -> str:
+    line = _rig_line(result)
+    repo, base = str(result.get("repo") or ""), result.get("base_branch")
+    if git.is_checkout(repo):
+        # What merges do to a laptop checkout (docs/operating.md): said once, where the rig is added.
+        line += (
+            f"\nnote: {repo} is a checkout (not bare): a merge into {base} updates its work tree when {base} is "
+            "checked out there and clean, and is refused and escalated while it has uncommitted changes"
+        )
+    return line
+
+
+def _rig_line(result: dict[str, Any]) -> str:
+    changed = "" if result.get("changed", True) else " (unchanged)"
+    where = f"{result.get('repo')} ({result.get('base_branch')})"
+    return f"rig {result.get('rig')}: {where}, prefix {result.get('prefix')}{changed}"
+
+
+async def _rig_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    listed = await read(nc, config, "rigs", {}, service="witness")
+    rows = [
+        [
+            r["name"],
+            r["repo"],
+            r["base_branch"],
+            "parked" if r.get("parked") else "active",
+            f"{r['active_sessions']}/{r['max_polecats']}",
+            str(r["waiting_beads"]),
+        ]
+        for r in listed
+    ]
+    headers = ("RIG", "REPO", "BASE", "STATE", "SESSIONS", "WAITING")
+    table = render.table(headers, rows, "no rigs (gt rig add NAME REPO)")
+    return show(args, listed, lambda _: table)
+
+
+async def _rig_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    rig = await read(nc, config, "rig", {"name": args.name}, service="witness")
+    return show(args, rig, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
+
+
+async def _session_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"rig": args.rig, "bead": args.bead, "all": args.all or None}
+    sessions = await read(nc, config, "sessions", {k: v for k, v in body.items() if v}, service="witness")
+    rows = [
+        [
+            s["id"],
+            f"{s['rig']}/{s['polecat']}",
+            s["bead"],
+            s["status"] + (f" ({s['end_reason']})" if s.get("end_reason") else ""),
+            str(s.get("pane_pid") or "-"),
+            s["tmux_name"],
+        ]
+        for s in sessions
+    ]
+    table = render.table(("SESSION", "POLECAT", "BEAD", "STATUS", "PID", "TMUX"), rows, "no sessions")
+    return show(args, sessions, lambda _: table)
+
+
+async def _session_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    session = await read(nc, config, "session", {"id": args.id}, service="witness")
+    keys = ("id", "rig", "polecat", "bead", "status", "end_reason", "attempt", "worktree", "branch", "tmux_name")
+    return show(args, session, lambda s: "\n".join(f"{k}: {s.get(k)}" for k in keys if s.get(k) is not None))
+
+
+async def _nudge(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"target": args.target, "message": args.message, "ttl_s": args.ttl}
+
+    def line(result: dict[str, Any]) -> str:
+        if result.get("status") == "delivered":
+            return f"nudge {result.get('id')}: delivered to {result.get('delivered_to')}"
+        where = result.get("session") or f"{result.get('rig')}/{result.get('polecat')}"
+        return f"nudge {result.get('id')}: queued for {where} (until {result.get('expires_at')})"
+
+    async def delivered(result: dict[str, Any]) -> None:
+        """A running target gets it at once: wait for that (briefly), so the answer says what happened."""
+        if result.get("live"):
+            event = await first_event_of(nc, config, "nudge", str(result["id"]), NUDGE_ENDS, NUDGE_DELIVERY_WAIT_S)
+            if event is not None and event.type == "nudge.delivered":
+                result.update(status="delivered", delivered_to=event.data.get("session"))
+
+    return await send(nc, args, config, "gt.cmd.nudge.send", body, line, before_report=delivered)
+
+
+async def _mq_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    mrs = await read(nc, config, "mrs", {"rig": args.rig} if args.rig else {}, service="refinery")
+    # A merged one shows the commit that landed (its branch rebased onto the target), not the one submitted.
+    rows = [
+        [m["id"], m["rig"], m["bead"], m["branch"], (m.get("merged_commit") or m["head"])[:10], m["status"]]
+        for m in mrs
+    ]
+    table = render.table(("MR", "RIG", "BEAD", "BRANCH", "HEAD", "STATUS"), rows, "the merge queue is empty")
+    return show(args, mrs, lambda _: table)
+
+
+async def _mq_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    mr = await read(nc, config, "mr", {"id": args.id}, service="refinery")
+    keys = (
+        "id", "rig", "bead", "branch", "target", "head", "status", "attempts", "gate", "exit_code",
+        "blocked_by", "merged_commit", "reason", "retries", "not_before",
+    )  # fmt: skip
+
+    def text(m: dict[str, Any]) -> str:
+        lines = [f"{k}: {m.get(k)}" for k in keys if m.get(k) not in (None, "")]
+        if m.get("batch"):
+            lines.append(f"batch: {', '.join(m['batch'])}")
+        if m.get("tail"):
+            lines += ["", "last output:", m["tail"]]
+        return "\n".join(lines)
+
+    return show(args, mr, text)
+
+
+async def _mq_retry(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return await send(
+        nc, args, config, "gt.cmd.mr.retry", {"id": args.id}, lambda r: f"{r.get('id')}: {r.get('status')}"
+    )
+
+
+async def _mq_reject(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"id": args.id, "reason": args.reason}
+    return await send(nc, args, config, "gt.cmd.mr.reject", body, lambda r: f"{r.get('id')}: {r.get('status')}")
+
+
+# ---- the agent's side --------------------------------------------------------------------------
+
+
+def _needs_session_id(args: argparse.Namespace) -> None:
+    if not (getattr(args, "session", None) or os.environ.get("GT_SESSION")):
+        raise UsageError(
+            f"`gt {args.cmd}` runs inside a polecat session: GT_SESSION is not set (the witness sets it); "
+            "outside one, name it with --session"
+        )
+
+
+def _needs_session_env(args: argparse.Namespace) -> None:
+    missing = [k for k in SESSION_ENV if not os.environ.get(k)]
+    if missing:
+        raise UsageError(
+            f"`gt {args.cmd}` runs inside a polecat session, and {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set (the witness sets them when it starts the session)"
+        )
+
+
+async def prime_data(nc: Client, config: TownConfig, session_id: str) -> dict[str, Any]:
+    session = await read(nc, config, "session", {"id": session_id}, service="witness")
+    bead = await read(nc, config, "get", {"id": session["bead"]})
+    molecule: dict[str, Any] | None
+    try:
+        molecule = await read(nc, config, "molecule", {"bead": session["bead"]})
+    except Exception as exc:  # a bead without a molecule is worked as one step
+        if getattr(exc, "code", None) != "not_found":
+            raise
+        molecule = None
+    current = None
+    if molecule is not None:
+        current = next((s for s in molecule["steps"] if s["id"] == molecule.get("current_step")), None)
+    return {
+        "session": session["id"],
+        "status": session["status"],
+        "attempt": session["attempt"],
+        "polecat": session["polecat"],
+        "rig": session["rig_config"],
+        "worktree": session["worktree"],
+        "branch": session["branch"],
+        "bead": bead,
+        "molecule": molecule,
+        "current_step": current,
+        "done_intent": session.get("done_intent_at") is not None,
+        "merge_failure": session.get("merge_failure"),
+        "nudges": [n["message"] for n in session.get("nudges", []) if n.get("delivered_to") == session["id"]],
+        "before_you": session.get("earlier_sessions", []),
+        "mail": await read(nc, config, "inbox", {"to": polecat_address(session["rig"], session["polecat"])}),
+        "instructions": INSTRUCTIONS,
+    }
+
+
+def _ended_how(earlier: dict[str, Any]) -> str:
+    """One line on how an earlier session ended, from the witness's record of it."""
+    reason, detail = earlier.get("end_reason"), earlier.get("end_detail") or ""
+    if earlier.get("warrant_reason"):
+        how = f"warranted ({earlier['warrant_reason']})"
+        if earlier.get("warrant_detail"):
+            how += f": {earlier['warrant_detail']}"
+        if reason and reason != earlier["warrant_reason"]:
+            how += f"; ended {reason}"
+        return how
+    if reason == "handoff":
+        return f"handed off; its note: {detail[:NOTE_SHOWN]}" if detail else "handed off (no note)"
+    if reason == "done":
+        return "finished (`gt done`)" + (f": {detail}" if detail else "")
+    if reason is None:
+        return f"still {earlier.get('status')}"
+    return f"ended ({reason})" + (f": {detail[:NOTE_SHOWN]}" if detail else "")
+
+
+def before_you_lines(earlier_sessions: list[dict[str, Any]]) -> list[str]:
+    """The "Before you" section: how the bead's earlier sessions ended, newest first."""
+    if not earlier_sessions:
+        return []
+    lines = ["", "Before you (earlier sessions on this bead, newest first):"]
+    for earlier in earlier_sessions:
+        lines.append(f"- {earlier['id']} (attempt {earlier['attempt']}): {_ended_how(earlier)}")
+        if earlier.get("pane_tail"):
+            lines.append("  last lines of its pane:")
+            lines += [f"  | {line}" for line in str(earlier["pane_tail"]).splitlines()]
+    return lines
+
+
+def mail_lines(messages: list[dict[str, Any]]) -> list[str]:
+    if not messages:
+        return []
+    lines = ["", f"Mail ({len(messages)} unread): read one with `gt mail read ID`, answer with `gt mail reply ID`"]
+    for message in messages:
+        sender = message.get("metadata", {}).get("from", "-")
+        lines.append(f"- {message['id']} from {sender}: {message['title']}")
+    return lines
+
+
+def prime_text(data: dict[str, Any]) -> str:
+    bead, molecule, rig = data["bead"], data["molecule"], data["rig"] or {}
+    lines = [
+        f"# gastown: you are polecat {data['polecat']} of rig {rig.get('name')} "
+        f"(session {data['session']}, attempt {data['attempt']})",
+        "",
+        f"Hook: bead {bead['id']} [{bead['status']}]: {bead['title']}",
+    ]
+    if bead.get("description"):
+        lines += ["", bead["description"]]
+    if molecule is not None:
+        lines += ["", f"Molecule {molecule['formula']}: {molecule['done']}/{molecule['total']} steps done"]
+        for step in molecule["steps"]:
+            mark = ">" if step["id"] == molecule.get("current_step") else " "
+            lines.append(f" {mark} [{step['status']:<11}] {step['id']}: {step['title']}")
+        step = data["current_step"]
+        if step is not None:
+            lines += ["", f"Current step: {step['id']}: {step['title']}"]
+            if step.get("description"):
+                lines.append(step["description"])
+            if step.get("acceptance"):
+                lines.append(f"Acceptance: {step['acceptance']}")
+        else:
+            lines += ["", "Every step is done: run `gt done`."]
+    lines += ["", f"Worktree: {data['worktree']}", f"Branch:   {data['branch']} (base {rig.get('base_branch')})"]
+    named = (("setup", "setup_command"), ("lint", "lint_command"), ("test", "test_command"))
+    gates = [f"{name} `{rig[key]}`" for name, key in named if rig.get(key)]
+    if gates:
+        lines.append(f"Gates:    {', '.join(gates)}")
+    failure = data.get("merge_failure")
+    if failure and failure["gate"] == "conflict":
+        lines += ["", conflict_text(failure, data["branch"])]
+    elif failure:
+        lines += [
+            "",
+            f"The merge queue sent this work back: the {failure['gate']} gate failed (exit {failure['exit_code']}) "
+            f"on merge request {failure['mr']}. Fix it, commit, and run `gt done` again. Last output:",
+            str(failure.get("tail", ""))[-1500:],
+        ]
+    if data["done_intent"]:
+        lines.append("`gt done` already began for this session: run it again to finish it.")
+    lines += before_you_lines(data.get("before_you") or [])
+    lines += mail_lines(data.get("mail") or [])
+    lines += ["", data["instructions"]]
+    return "\n".join(lines)
+
+
+def conflict_text(failure: dict[str, Any], branch: str) -> str:
+    target = failure.get("target_commit") or "the target"
+    files = ", ".join(failure.get("files") or []) or "files git did not name"
+    return (
+        f"The merge queue sent this work back: merge request {failure['mr']} conflicted with the target at "
+        f"{target} in {files}. Rebase your branch onto it (`git fetch origin && git rebase {target}`), resolve "
+        f"the conflicts keeping both changes, run the tests, push the rebased branch (`git push "
+        f"--force-with-lease origin {branch}`) and run `gt done` again."
+    )
+
+
+AGENT_HOOK_EVENTS = ("session-start", "stop", "stop-failure")
+
+
+def _record_agent_hook(args: argparse.Namespace) -> None:
+    """Record the hook in the session's runtime dir before anything can fail (NATS down, a bad session): the
+    SessionStart mark is the witness's sign that the agent started, whatever the town answers."""
+    _needs_session_id(args)
+    session_dir = os.environ.get(runtimes.SESSION_DIR_ENV)
+    if not session_dir:
+        return
+    folder = Path(session_dir)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # The stop hook's input is read by its handler; the others' only here (a start's source: startup, resume,
+    # clear or compact; a failure's API error).
+    hook_input = {} if args.event == "stop" else _hook_input()
+    what = str(hook_input.get("source") or hook_input.get("error") or "")
+    with (folder / runtimes.HOOK_LOG).open("a") as out:
+        out.write(f"{stamp} {args.event}{' ' + what if what else ''}\n")
+    if args.event == "session-start":
+        (folder / runtimes.HOOK_MARK_SESSION_START).write_text(stamp + "\n")
+    if args.event == "stop-failure":
+        failure = {"error": what, "details": str(hook_input.get("error_details") or ""), "at": stamp}
+        (folder / runtimes.AGENT_FAILURE).write_text(json.dumps(failure) + "\n")
+
+
+async def _agent_hook(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    """session-start: print `gt prime` (the agent adds a SessionStart hook's output to its context). stop: block
+    the agent's stop while its session's steps are open (Claude Code's Stop hook decision,
+    code.claude.com/docs/en/hooks). Never fails the agent: an error prints a hint (start) or nothing (stop)."""
+    session = os.environ["GT_SESSION"]
+    if args.event == "stop-failure":
+        return EXIT_OK  # recorded for the witness by the precheck; the turn is over either way
+    if args.event == "session-start":
+        await _claim_hooked_bead(nc, config)
+        try:
+            print(prime_text(await prime_data(nc, config, session)))
+        except Exception as exc:  # noqa: BLE001 - the agent starts anyway and is told to try itself
+            print(f"[gastown] `gt prime` failed in the SessionStart hook ({exc}); run `gt prime` yourself.")
+        return EXIT_OK
+    hook_input = _hook_input()
+    if hook_input.get("stop_hook_active"):
+        return EXIT_OK  # already going on because of this hook: never a loop
+    try:
+        reason = stop_reason(await prime_data(nc, config, session))
+    except Exception:  # noqa: BLE001 - fail open: an agent is never kept going on a guess
+        return EXIT_OK
+    if reason is not None:
+        print(json.dumps({"decision": "block", "reason": reason}))
+    return EXIT_OK
+
+
+async def _claim_hooked_bead(nc: Client, config: TownConfig) -> None:
+    """Claim the session's bead for its polecat (``in_progress``, assignee ``<rig>/<polecat>``), as gt-agent does
+    first thing: an agent that never runs `gt bead claim` still shows who works its bead. Fenced by the hook lease
+    like every command of the session; claiming it again (a resumed or cleared session) changes nothing."""
+    bead, rig, polecat = (os.environ.get(k, "") for k in ("GT_BEAD", "GT_RIG", "GT_POLECAT"))
+    if not (bead and rig and polecat):
+        return
+    try:
+        await send_command(
+            nc, config, BeadClaim.SUBJECT, {"id": bead, "assignee": f"{rig}/{polecat}"}, timeout=CLAIM_TIMEOUT_S
+        )
+    except Exception as exc:  # noqa: BLE001 - the agent starts anyway; its steps do not need the claim
+        print(f"gt agent-hook: claiming bead {bead} failed ({exc!r})", file=sys.stderr)
+
+
+def _hook_input() -> dict[str, Any]:
+    try:
+        data = json.loads(sys.stdin.read() or "{}") if not sys.stdin.isatty() else {}
+    except (ValueError, OSError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def stop_reason(data: dict[str, Any]) -> str | None:
+    """Why a session must not stop yet (its work is not handed in), or None: it may stop."""
+    if data.get("status") != "started" or data.get("done_intent"):
+        return None
+    molecule, step = data.get("molecule"), data.get("current_step")
+    if molecule is None:
+        return None
+    if step is not None:
+        return (
+            f"[gastown] Not done yet: step {step['id']} ({step['title']}) of bead {data['bead']['id']} is still "
+            f"open ({molecule['done']}/{molecule['total']} steps done). Work it, commit, run `gt step done "
+            f"{step['id']}`, and go on until `gt done`. `gt prime` shows everything."
+        )
+    return f"[gastown] Every step of bead {data['bead']['id']} is done: run `gt done` to hand in your work."
+
+
+async def _prime(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    data = await prime_data(nc, config, args.session or os.environ["GT_SESSION"])
+    return show(args, data, prime_text)
+
+
+async def _heartbeat(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    js = nc.jetstream()
+    kv = hook_lease.session_bucket(js, config.heartbeat_bucket)
+    session = os.environ["GT_SESSION"]
+    beat = {"ts": datetime.now(UTC).isoformat(), "session": session, "note": args.note[:500]}
+    try:
+        await kv.put(session, json.dumps(beat).encode())
+    except nats.js.errors.NoStreamResponseError:
+        # No bucket yet (a town whose services have not provisioned it): only a user who may create it can.
+        await ensure_heartbeat_bucket(js, config)
+        await kv.put(session, json.dumps(beat).encode())
+    fence = hook_lease.session_fence()
+    if fence is not None:
+        lost = await hook_lease.renew(nc, config, fence, check_log=True)
+        if lost is not None:
+            print(
+                f"gt heartbeat: session {session} no longer holds its hook ({lost}); stop working: the witness "
+                "hands the bead to a fresh session and refuses this one's commands",
+                file=sys.stderr,
+            )
+            return EXIT_REJECTED
+    return EXIT_OK
+
+
+async def _handoff(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    session = os.environ["GT_SESSION"]
+    body = {"session": session, "note": args.note}
+
+    def line(result: dict[str, Any]) -> str:
+        return f"session {result.get('id')} handed off: a fresh session continues bead {result.get('bead')}"
+
+    return await send(nc, args, config, "gt.cmd.session.handoff", body, line)
+
+
+async def _command(nc: Client, config: TownConfig, subject: str, body: dict[str, Any], cmd_id: str) -> dict[str, Any]:
+    """Send one step of `gt done` and wait for its outcome; raise with the reason when it is rejected."""
+    outcome = await send_command(
+        nc, config, subject, {**body, "cmd_id": cmd_id}, timeout=DEFAULT_COMMAND_TIMEOUT_S * 3, wait_if_down=False
+    )
+    if outcome.type == "cmd.rejected":
+        raise DoneError(f"{subject} rejected ({outcome.data.get('code')}): {outcome.data.get('message')}")
+    if outcome.type is None:
+        # Stored durably in GT_CMD: the owning service answers it when it is back; `gt done` goes on.
+        return {"stored": True, "command": cmd_id}
+    result: dict[str, Any] = outcome.data.get("result", {})
+    return result
+
+
+class DoneError(Exception):
+    pass
+
+
+async def _done(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    """Each step is idempotent (fixed command ids, push of the same commit), so running it again after a
+    crash picks up where it stopped; the witness finishes it if the agent cannot."""
+    session, bead, rig = os.environ["GT_SESSION"], os.environ["GT_BEAD"], os.environ["GT_RIG"]
+    worktree, branch = Path(os.environ["GT_WORKTREE"]), os.environ["GT_BRANCH"]
+    base = os.environ.get("GT_BASE_BRANCH", "main")
+    state = git.worktree_state(worktree, base)
+    if not state.exists:
+        raise UsageError(f"the worktree {worktree} is not there; nothing to submit")
+    if state.branch != branch:
+        raise UsageError(f"the worktree is on {state.branch!r}, not the session's branch {branch!r}; check it out")
+    if state.dirty:
+        print(
+            f"gt done: the worktree {worktree} has uncommitted changes; commit them (or remove them) first: "
+            "`gt done` submits commits only and leaves nothing behind",
+            file=sys.stderr,
+        )
+        return EXIT_REJECTED
+    try:
+        await _command(nc, config, "gt.cmd.session.done_intent", {"session": session}, f"done-intent-{session}")
+        crash_point("gt_done.after_intent")
+        head = git.push(worktree, branch)
+        crash_point("gt_done.after_push")
+        mr = await _command(
+            nc,
+            config,
+            "gt.cmd.mr.done",  # carries the hook lease as its fence (send_command adds it inside a session)
+            {"bead": bead, "rig": rig, "branch": branch, "head": head, "session": session},
+            f"mr-{session}",
+        )
+        crash_point("gt_done.after_mr")
+        await _command(nc, config, "gt.cmd.session.finish", {"session": session}, f"finish-{session}")
+    except DoneError as exc:
+        print(f"gt done: {exc}", file=sys.stderr)
+        return EXIT_REJECTED
+    except git.GitError as exc:
+        print(f"gt done: could not push {branch}: {exc}", file=sys.stderr)
+        return EXIT_REJECTED
+    summary = {"session": session, "bead": bead, "branch": branch, "head": head, "merge_request": mr.get("id")}
+    if args.json:
+        render.print_json(summary)
+    else:
+        queued = f"merge request {mr['id']}" if mr.get("id") else "merge request (stored; the refinery is down)"
+        print(f"done: {branch} pushed at {head[:10]}, {queued} queued; session {session} ends")
+    return EXIT_OK

@@ -1,0 +1,149 @@
+"""`gt rig update|remove|park|unpark` (the witness's) and `gt unsling` (the mayor's): change a rig in place, take
+it out of service, and give a bead's hook back."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from nats.aio.client import Client
+
+from gt.cli.common import Subcommands, command_options, send
+from shared.bus.query import query
+from shared.config import TownConfig
+from shared.errors import QueryError
+
+
+def env_names(text: str) -> list[str]:
+    """``--gate-env CI_CACHE,PIP_INDEX_URL``: the names, comma-separated ("" for none)."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+GATE_ENV_HELP = "environment variables of the refinery its gates see besides PATH, HOME, LANG... (comma-separated)"
+
+SETTING_OPTIONS = (
+    ("--setup", "setup_command", str, 'gate: set-up command ("" for none)'),
+    ("--lint", "lint_command", str, 'gate: lint command ("" for none)'),
+    ("--test", "test_command", str, 'gate: test command ("" for none)'),
+    ("--agent", "agent_command", str, "agent runtime (claude, gt-agent) or a command run in each polecat's worktree"),
+    ("--max-polecats", "max_polecats", int, "sessions the rig runs at once"),
+    ("--max-respawns", "max_respawns", int, "deaths of a bead before it is escalated instead of respawned"),
+    ("--stall-after", "stall_after_s", float, "seconds without heartbeat or progress before a session is stalled"),
+    (
+        "--git-name",
+        "git_name",
+        str,
+        'git name template of new sessions ({rig}, {polecat}; "": default)',
+    ),
+    ("--git-email", "git_email", str, 'git email template of new sessions ({rig}, {polecat}; "": default)'),
+    ("--gate-env", "gate_env", env_names, GATE_ENV_HELP + ' ("" for none)'),
+)
+"""(option, command field, type, help) of `gt rig update`."""
+
+
+def register_rig_verbs(rig: Subcommands) -> None:
+    """`gt rig update|remove|park|unpark` beside `gt rig add|list|show`."""
+    ru = rig.add_parser("update", help="change a rig's agent, gates or limits (new sessions take them)")
+    ru.add_argument("name")
+    for option, field, kind, text in SETTING_OPTIONS:
+        ru.add_argument(option, dest=field, type=kind, default=None, help=text)
+    command_options(ru)
+    ru.set_defaults(handler=_rig_update)
+    rr = rig.add_parser("remove", help="take a rig out of service (refused while work is hooked, unless --force)")
+    rr.add_argument("name")
+    rr.add_argument("--force", action="store_true", help="remove it anyway: parked for good, running sessions finish")
+    command_options(rr)
+    rr.set_defaults(handler=_rig_remove)
+    rp = rig.add_parser("park", help="start no new sessions on a rig (slings wait, running sessions finish)")
+    rp.add_argument("name")
+    rp.add_argument("--reason", default="")
+    command_options(rp)
+    rp.set_defaults(handler=_rig_park)
+    rn = rig.add_parser("unpark", help="start sessions on a parked rig again")
+    rn.add_argument("name")
+    command_options(rn)
+    rn.set_defaults(handler=_rig_unpark)
+
+
+def register_unsling(sub: Subcommands) -> None:
+    un = sub.add_parser("unsling", help="give a bead's hook back: open again, its session ended, its steps kept")
+    un.add_argument("bead")
+    un.add_argument("--reason", default="")
+    un.add_argument(
+        "--remove-worktree",
+        action="store_true",
+        help="remove its worktree too (kept anyway if it holds uncommitted or unpushed work)",
+    )
+    command_options(un)
+    un.set_defaults(handler=_unsling)
+
+
+def _value(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _update_line(result: dict[str, Any]) -> str:
+    if not result.get("changed", True):
+        return f"rig {result.get('rig')}: unchanged"
+    changes = ", ".join(f"{field}={_value(result.get(field))}" for field in result.get("fields") or [])
+    return f"rig {result.get('rig')} updated: {changes} (sessions running keep theirs; new sessions take these)"
+
+
+async def _rig_update(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body: dict[str, Any] = {"name": args.name}
+    body.update({field: getattr(args, field) for _option, field, _kind, _text in SETTING_OPTIONS})
+    return await send(nc, args, config, "gt.cmd.rig.update", body, _update_line)
+
+
+def _remove_line(result: dict[str, Any]) -> str:
+    unchanged = "" if result.get("changed", True) else " (unchanged)"
+    hooked = result.get("hooked") or []
+    still = f"; still hooked, waiting for `gt unsling`: {', '.join(hooked)}" if hooked else ""
+    return f"rig {result.get('rig')}: removed{unchanged} (running sessions finish; no new ones){still}"
+
+
+async def _rig_remove(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"name": args.name, "force": args.force or None}
+    return await send(nc, args, config, "gt.cmd.rig.remove", body, _remove_line)
+
+
+def _park_line(result: dict[str, Any]) -> str:
+    unchanged = "" if result.get("changed", True) else " (unchanged)"
+    count = int(result.get("waiting") or 0)
+    beads = "1 bead" if count == 1 else f"{count} beads"
+    if result.get("status") == "parked":
+        return f"rig {result.get('rig')}: parked{unchanged}; no new sessions, {beads} waiting"
+    return f"rig {result.get('rig')}: active{unchanged}; {beads} waiting get sessions now"
+
+
+async def _rig_park(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {"name": args.name, "reason": args.reason or None}
+    return await send(nc, args, config, "gt.cmd.rig.park", body, _park_line)
+
+
+async def _rig_unpark(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return await send(nc, args, config, "gt.cmd.rig.unpark", {"name": args.name}, _park_line)
+
+
+async def _working_session(nc: Client, bead: str) -> str | None:
+    """The session working the bead now, as the witness knows it (None: none, or the witness is not there)."""
+    try:
+        sessions = await query(nc, "witness", "sessions", {"bead": bead}, timeout=5.0)
+    except QueryError:
+        return None
+    return str(sessions[-1]["id"]) if sessions else None
+
+
+async def _unsling(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    session = await _working_session(nc, args.bead)
+
+    def line(result: dict[str, Any]) -> str:
+        out = f"{result.get('id')}: open (unslung from {result.get('rig')}; its done steps are kept)"
+        if session is not None:
+            out += f"; the witness ends session {session}"
+        if args.remove_worktree:
+            out += " and removes its worktree unless it holds unsaved work"
+        return out
+
+    body = {"id": args.bead, "reason": args.reason or None, "remove_worktree": args.remove_worktree or None}
+    return await send(nc, args, config, "gt.cmd.bead.unsling", body, line)

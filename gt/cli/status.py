@@ -1,0 +1,132 @@
+"""``gt status``: asks every service at once and prints the town at a glance (``town_view``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+
+from gt.cli import costs, identity, render, town_view
+from gt.cli.client import stream_last_seq
+from gt.cli.colour import COLOR_CHOICES, Palette, wanted
+from gt.cli.common import EXIT_OK, EXIT_REJECTED, Subcommands, UsageError
+from shared.bus.query import query
+from shared.config import TownConfig
+from shared.errors import QueryError
+
+QUERY_TIMEOUT_S = 3.0
+MAX_CONCURRENT_QUERIES = 16
+
+
+def register(sub: Subcommands) -> None:
+    st = sub.add_parser("status", help="the town at a glance: services, rigs, polecats, merge queue, convoys")
+    st.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    st.add_argument("--color", choices=COLOR_CHOICES, default="auto", help="colour (default: on a terminal)")
+    st.set_defaults(handler=_status)
+
+
+async def _answer(nc: Client, service: str, what: str, body: dict[str, Any] | None = None) -> Any:
+    """The service's answer, or None when it is down, slow or refuses (the section says so)."""
+    try:
+        return await query(nc, service, what, body, timeout=QUERY_TIMEOUT_S)
+    except QueryError:
+        return None
+
+
+async def _heartbeats(nc: Client, config: TownConfig, sessions: list[str]) -> dict[str, str]:
+    if identity.session_origin() is not None:
+        return {}  # a polecat session may read its own heartbeat only, not the town's
+    try:
+        kv = await nc.jetstream().key_value(config.heartbeat_bucket)
+    except (nats.js.errors.BucketNotFoundError, nats.errors.Error):
+        return {}
+    found: dict[str, str] = {}
+    for session in sessions:
+        try:
+            entry = await kv.get(session)
+        except (nats.js.errors.KeyNotFoundError, nats.errors.Error):
+            continue
+        try:
+            beat = json.loads(entry.value or b"{}")
+        except ValueError:
+            continue
+        if isinstance(beat, dict) and isinstance(beat.get("ts"), str):
+            found[session] = beat["ts"]
+    return found
+
+
+async def _current_steps(nc: Client, beads: list[str]) -> dict[str, str | None]:
+    limit = asyncio.Semaphore(MAX_CONCURRENT_QUERIES)
+
+    async def one(bead: str) -> str | None:
+        async with limit:
+            molecule = await _answer(nc, "mayor", "molecule", {"bead": bead})
+        return molecule.get("current_step") if isinstance(molecule, dict) else None
+
+    steps = await asyncio.gather(*(one(b) for b in beads))
+    return dict(zip(beads, steps, strict=True))
+
+
+async def gather(nc: Client, config: TownConfig, now: datetime | None = None) -> dict[str, Any]:
+    """The snapshot ``gt status`` shows: every service asked at once, each part None when its service did not
+    answer."""
+    try:
+        last: int | None = await stream_last_seq(nc, config)
+    except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
+        last = None
+    names = town_view.SERVICES
+    statuses, rigs, sessions, mrs, convoys, escalations, rig_costs = await asyncio.gather(
+        asyncio.gather(*(_answer(nc, name, "status") for name in names)),
+        _answer(nc, "witness", "rigs"),
+        _answer(nc, "witness", "sessions"),
+        _answer(nc, "refinery", "mrs"),
+        _answer(nc, "mayor", "convoys"),
+        _answer(nc, "mayor", "escalations"),
+        _answer(nc, "mayor", "costs", {"by": "rig"}),
+    )
+    session_ids = [s["id"] for s in sessions or []]
+    beads = sorted({s["bead"] for s in sessions or []})
+    heartbeats, steps = await asyncio.gather(_heartbeats(nc, config, session_ids), _current_steps(nc, beads))
+    return town_view.snapshot(
+        now=now or datetime.now(UTC),
+        stream_last_seq=last,
+        statuses=dict(zip(names, statuses, strict=True)),
+        rigs=rigs,
+        sessions=sessions,
+        heartbeats=heartbeats,
+        steps=steps,
+        mrs=mrs,
+        convoys=convoys,
+        escalations=escalations,
+        costs=rig_costs_priced(rig_costs),
+    )
+
+
+def rig_costs_priced(rows: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+    """Rig -> its tokens and cost (``gt costs --by rig``); None when the mayor did not answer. A price table that
+    does not parse prices nothing here (``gt costs`` says what is wrong with it)."""
+    if rows is None:
+        return None
+    try:
+        prices = costs.load_prices()
+    except UsageError:
+        prices = {}
+    return {str(row["key"]): row for row in costs.priced(rows, prices)["rows"]}
+
+
+async def _status(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    snap = await gather(nc, config)
+    if args.json:
+        render.print_json(snap)
+    else:
+        print(town_view.render(snap, Palette(wanted(args.color, sys.stdout))))
+    # Exit 1 when a service does not answer: scripts can tell a healthy town from a degraded one.
+    degraded = any(s["state"] == "not answering" for s in snap["services"].values())
+    return EXIT_REJECTED if degraded else EXIT_OK

@@ -1,0 +1,287 @@
+"""``gt status``: the town at a glance, as a plain dict (``--json``) and as text. Pure: the snapshot is
+built from answers already fetched and the time is an argument.
+
+The snapshot's sections each say ``None`` when the service that knows them did not answer, so a town with
+a service down still shows everything else, and says which part is missing and why.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from gt.cli.colour import PLAIN, STATE_STYLES, Palette, styled
+
+BAR_WIDTH = 20
+SERVICES = ("mayor", "witness", "refinery", "deacon")
+OPEN_MRS = ("queued", "claimed", "blocked", "conflicted", "failed", "escalated")
+
+
+def _parse(ts: str | None) -> datetime | None:
+    if not ts:
+        return None
+    try:
+        return datetime.fromisoformat(ts)
+    except ValueError:
+        return None
+
+
+def age_s(ts: str | None, now: datetime) -> float | None:
+    when = _parse(ts)
+    return None if when is None else max(0.0, (now - when).total_seconds())
+
+
+def human_age(seconds: float | None) -> str:
+    """``4s``, ``3m12s``, ``2h05m``, ``3d04h``; ``-`` for never."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def polecat_state(session: dict[str, Any]) -> str:
+    if session.get("warranted_at"):
+        return "warranted"
+    if session.get("done_intent_at"):
+        return "finishing"
+    return "working" if session.get("status") == "started" else "starting"
+
+
+def service_state(status: dict[str, Any] | None, stream_last_seq: int | None) -> dict[str, Any]:
+    if status is None:
+        return {"state": "not answering", "role": None, "last_seq": None, "lag": None, "applied": None}
+    last = int(status.get("last_seq") or 0)
+    lag = max(0, stream_last_seq - last) if stream_last_seq is not None else None
+    if not status.get("connected"):
+        state = "not answering"
+    elif status.get("role") == "paused":
+        state = "paused"
+    elif not status.get("caught_up"):
+        state = "catching up"
+    else:
+        state = "healthy"
+    return {
+        "state": state,
+        "role": status.get("role"),
+        "last_seq": last,
+        "lag": lag,
+        "applied": status.get("applied"),
+        "uptime_s": status.get("uptime_s"),
+    }
+
+
+def snapshot(
+    *,
+    now: datetime,
+    stream_last_seq: int | None,
+    statuses: dict[str, dict[str, Any] | None],
+    rigs: list[dict[str, Any]] | None,
+    sessions: list[dict[str, Any]] | None,
+    heartbeats: dict[str, str],
+    steps: dict[str, str | None],
+    mrs: list[dict[str, Any]] | None,
+    convoys: list[dict[str, Any]] | None,
+    escalations: list[dict[str, Any]] | None,
+    costs: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The town as ``gt status --json`` prints it. ``heartbeats``: session id -> time of its last agent
+    heartbeat; ``steps``: bead id -> its molecule's current step; ``costs``: rig -> its tokens and ``cost_usd``
+    (``gt costs --by rig``)."""
+    costs = costs or {}
+    polecats = None
+    if sessions is not None:
+        polecats = [
+            {
+                "rig": s["rig"],
+                "polecat": s["polecat"],
+                "session": s["id"],
+                "bead": s["bead"],
+                "state": polecat_state(s),
+                "step": steps.get(s["bead"]),
+                "attempt": s.get("attempt"),
+                "heartbeat_age_s": age_s(heartbeats.get(s["id"]), now),
+                "started_age_s": age_s(s.get("started_at") or s.get("requested_at"), now),
+            }
+            for s in sorted(sessions, key=lambda s: (s["rig"], s["polecat"]))
+        ]
+    queue = None
+    if mrs is not None:
+        queue = {}
+        for rig in sorted({m["rig"] for m in mrs}):
+            mine = [m for m in mrs if m["rig"] == rig]
+            counts = Counter(m["status"] for m in mine)
+            queue[rig] = {
+                "counts": dict(sorted(counts.items())),
+                "open": [
+                    {"id": m["id"], "bead": m["bead"], "status": m["status"], "attempts": m.get("attempts", 0)}
+                    for m in mine
+                    if m["status"] in OPEN_MRS
+                ],
+            }
+    return {
+        "at": now.isoformat(),
+        "stream_last_seq": stream_last_seq,
+        "services": {name: service_state(statuses.get(name), stream_last_seq) for name in SERVICES},
+        "rigs": None
+        if rigs is None
+        else [
+            {
+                "name": r["name"],
+                "max_polecats": r.get("max_polecats"),
+                "active_sessions": r.get("active_sessions", 0),
+                "waiting_beads": r.get("waiting_beads", 0),
+                "parked": bool(r.get("parked")),
+                "tokens": costs.get(str(r["name"]), {}).get("tokens", 0),
+                "cost_usd": costs.get(str(r["name"]), {}).get("cost_usd"),
+            }
+            for r in sorted(rigs, key=lambda r: str(r["name"]))
+        ],
+        "polecats": polecats,
+        "merge_queue": queue,
+        "convoys": None
+        if convoys is None
+        else [
+            {"id": c["id"], "title": c.get("title", ""), "closed": c["closed"], "total": c["total"]} for c in convoys
+        ],
+        "escalations": None
+        if escalations is None
+        else [
+            {
+                "id": e["id"],
+                "severity": e["severity"],
+                "status": e["status"],
+                "bead": e.get("bead"),
+                "message": e["message"],
+                "age_s": age_s(e.get("last_raised_at") or e.get("raised_at"), now),
+            }
+            for e in escalations
+        ],
+    }
+
+
+# ---- text -----------------------------------------------------------------------------------------
+
+Cell = str | tuple[str, tuple[str, ...]]
+
+
+def progress_bar(done: int, total: int, palette: Palette = PLAIN, width: int = BAR_WIDTH) -> str:
+    """``[#########...........] 9/20``; the filled part green on a terminal."""
+    filled = min(width, round(width * done / total)) if total else 0
+    return f"[{palette('#' * filled, 'green')}{'.' * (width - filled)}] {done}/{total}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Cell]], palette: Palette, indent: str = "  ") -> list[str]:
+    """Columns padded on their plain text, then coloured, so colour never shifts a column."""
+    plain = [[c if isinstance(c, str) else c[0] for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in [list(header), *plain]) for i in range(len(header))]
+    lines = [indent + "  ".join(h.ljust(widths[i]) for i, h in enumerate(header)).rstrip()]
+    for row in rows:
+        cells = []
+        for i, cell in enumerate(row):
+            text, styles = (cell, ()) if isinstance(cell, str) else cell
+            padded = text.ljust(widths[i]) if i < len(row) - 1 else text
+            cells.append(palette(text, *styles) + padded[len(text) :] if styles else padded)
+        lines.append(indent + "  ".join(cells).rstrip())
+    return lines
+
+
+def _state_cell(state: str) -> Cell:
+    return (state, STATE_STYLES.get(state, ()))
+
+
+def _missing(service: str) -> str:
+    return f"  ({service} not answering: unknown)"
+
+
+def render(snap: dict[str, Any], palette: Palette = PLAIN) -> str:
+    head = palette
+    out = [head("Town", "bold") + f"  at {snap['at'][:19].replace('T', ' ')}, log at seq {snap['stream_last_seq']}"]
+
+    out += ["", head("Services", "bold")]
+    rows: list[list[Cell]] = []
+    for name, s in snap["services"].items():
+        lag = "-" if s["lag"] is None else str(s["lag"])
+        applied = "-" if s["last_seq"] is None else str(s["last_seq"])
+        rows.append([name, _state_cell(s["state"]), s["role"] or "-", applied, lag])
+    out += _table(("SERVICE", "STATE", "ROLE", "APPLIED TO", "LAG"), rows, palette)
+
+    out += ["", head("Rigs", "bold")]
+    if snap["rigs"] is None:
+        out.append(_missing("witness"))
+    elif not snap["rigs"]:
+        out.append("  (no rigs: `gt rig add` adds one)")
+    else:
+        rows = [
+            [
+                r["name"] + (" (parked)" if r.get("parked") else ""),
+                f"{r['active_sessions']}/{r['max_polecats']}",
+                str(r["waiting_beads"]),
+                str(r.get("tokens", 0)),
+                "-" if r.get("cost_usd") is None else f"${r['cost_usd']:.2f}",
+            ]
+            for r in snap["rigs"]
+        ]
+        out += _table(("RIG", "POLECATS", "WAITING", "TOKENS", "COST"), rows, palette)
+
+    out += ["", head("Polecats", "bold")]
+    if snap["polecats"] is None:
+        out.append(_missing("witness"))
+    elif not snap["polecats"]:
+        out.append("  (none working)")
+    else:
+        rows = [
+            [
+                f"{p['rig']}/{p['polecat']}",
+                _state_cell(p["state"]),
+                p["bead"],
+                p["step"] or "-",
+                human_age(p["heartbeat_age_s"]),
+                human_age(p["started_age_s"]),
+            ]
+            for p in snap["polecats"]
+        ]
+        out += _table(("POLECAT", "STATE", "BEAD", "STEP", "HEARTBEAT", "AGE"), rows, palette)
+
+    out += ["", head("Merge queue", "bold")]
+    if snap["merge_queue"] is None:
+        out.append(_missing("refinery"))
+    elif not snap["merge_queue"]:
+        out.append("  (empty)")
+    else:
+        for rig, q in snap["merge_queue"].items():
+            counts = ", ".join(f"{n} {styled(palette, status)}" for status, n in q["counts"].items())
+            out.append(f"  {rig}: {counts}")
+            for m in q["open"]:
+                tries = f" (attempt {m['attempts']})" if m.get("attempts") else ""
+                out.append(f"    {m['id']}  {styled(palette, m['status'])}  {m['bead']}{tries}")
+
+    out += ["", head("Convoys", "bold")]
+    if snap["convoys"] is None:
+        out.append(_missing("mayor"))
+    elif not snap["convoys"]:
+        out.append("  (no open convoys)")
+    else:
+        width = max(len(c["id"]) for c in snap["convoys"])
+        for c in snap["convoys"]:
+            out.append(f"  {c['id'].ljust(width)}  {progress_bar(c['closed'], c['total'], palette)}  {c['title']}")
+
+    out += ["", head("Escalations", "bold")]
+    if snap["escalations"] is None:
+        out.append(_missing("mayor"))
+    elif not snap["escalations"]:
+        out.append("  (none open)")
+    else:
+        rows = [
+            [e["id"], _state_cell(e["severity"]), e["status"], e["bead"] or "-", human_age(e["age_s"]), e["message"]]
+            for e in snap["escalations"]
+        ]
+        out += _table(("ID", "SEVERITY", "STATUS", "BEAD", "AGE", "MESSAGE"), rows, palette)
+    return "\n".join(out)

@@ -1,0 +1,134 @@
+"""`gt formula ...`, `gt sling`, `gt mol status`, `gt step ...`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from nats.aio.client import Client
+
+from gt.cli import render, rigs
+from gt.cli.common import Subcommands, UsageError, command_options, key_values, read, read_options, send, show
+from shared.config import TownConfig
+
+
+def register(sub: Subcommands) -> None:
+    formula = sub.group("formula", "formulas: list, show", "formula_cmd")
+    fl = formula.add_parser("list", help="the formulas the mayor finds (built-in, the town's, the rig's)")
+    fl.add_argument("--rig", help="include this rig's formulas")
+    read_options(fl)
+    fl.set_defaults(handler=_formula_list)
+    fs = formula.add_parser("show", help="a formula's vars and steps (cooked, with --var)")
+    fs.add_argument("name")
+    fs.add_argument("--rig")
+    fs.add_argument("--var", action="append", metavar="KEY=VALUE", help="cook with this var (repeatable)")
+    read_options(fs)
+    fs.set_defaults(handler=_formula_show)
+
+    sl = sub.add_parser("sling", help="hook a bead to a rig with a molecule cooked from a formula")
+    sl.add_argument("bead")
+    sl.add_argument("rig")
+    sl.add_argument("--formula", "-f", help="default: polecat-work")
+    sl.add_argument("--var", action="append", metavar="KEY=VALUE", help="a formula var (repeatable)")
+    sl.add_argument(
+        "--hold",
+        action="store_true",
+        help="a bead with open blockers is held, and the mayor slings it once they are closed (else refused)",
+    )
+    sl.add_argument("--no-formula", action="store_true", help="hook the bead without a molecule")
+    sl.add_argument("--no-convoy", action="store_true", help="do not create the auto-convoy")
+    sl.add_argument("--owned", action="store_true", help="the auto-convoy closes only when landed")
+    sl.add_argument(
+        "--force",
+        action="store_true",
+        help="re-sling a hooked bead (keeps its done steps), or sling a bead past its open blockers (recorded)",
+    )
+    command_options(sl)
+    sl.set_defaults(handler=_sling)
+    rigs.register_unsling(sub)
+
+    mol = sub.group("mol", "molecules: status", "mol_cmd")
+    ms = mol.add_parser("status", help="a bead's steps, which are done and which is current")
+    ms.add_argument("bead")
+    read_options(ms)
+    ms.set_defaults(handler=_mol_status)
+
+    step = sub.group("step", "molecule steps: start, done", "step_cmd")
+    for verb, text in (("start", "pending -> in_progress"), ("done", "-> done, for good")):
+        p = step.add_parser(verb, help=text)
+        p.add_argument("ids", nargs="+", metavar="[BEAD] STEP", help="the bead defaults to GT_BEAD (in a session)")
+        command_options(p)
+        p.set_defaults(handler=_step, step_verb=verb)
+
+
+async def _formula_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    found = await read(nc, config, "formulas", {"rig": args.rig} if args.rig else {})
+    return show(args, found, render.formula_table)
+
+
+async def _formula_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body: dict[str, Any] = {"name": args.name, "vars": key_values(args.var, "--var")}
+    if args.rig:
+        body["rig"] = args.rig
+    return show(args, await read(nc, config, "formula", body), render.formula_detail)
+
+
+def _sling_line(result: dict[str, Any]) -> str:
+    where = "for" if result.get("status") == "held" else "on"
+    changed = "" if result.get("changed", True) else " (unchanged)"
+    parts = [f"{result.get('id')}: {result.get('status')}{changed} {where} {result.get('rig')}"]
+    if result.get("formula"):
+        parts.append(f"molecule {result['formula']}")
+    if result.get("convoy"):
+        parts.append(f"convoy {result['convoy']}")
+    if result.get("ignored_blockers"):
+        parts.append(f"forced past open blockers: {', '.join(result['ignored_blockers'])}")
+    if result.get("waiting_for"):
+        parts.append(f"waiting for {', '.join(result['waiting_for'])}")
+    if result.get("parked"):
+        parts.append(f"rig parked: it waits for `gt rig unpark {result.get('rig')}`")
+    return ", ".join(parts)
+
+
+async def _sling(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    body = {
+        "id": args.bead,
+        "rig": args.rig,
+        "formula": args.formula,
+        "vars": key_values(args.var, "--var"),
+        "no_formula": args.no_formula or None,
+        "no_convoy": args.no_convoy or None,
+        "owned": args.owned or None,
+        "force": args.force or None,
+        "hold": args.hold or None,
+    }
+    return await send(nc, args, config, "gt.cmd.bead.sling", body, _sling_line)
+
+
+async def _mol_status(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    return show(args, await read(nc, config, "molecule", {"bead": args.bead}), render.molecule_status)
+
+
+def _step_line(result: dict[str, Any]) -> str:
+    changed = "" if result.get("changed", True) else " (unchanged)"
+    complete = ", molecule complete" if result.get("complete") else ""
+    progress = f"{result.get('done')}/{result.get('total')} done"
+    return f"{result.get('bead')} {result.get('step')}: {result.get('status')}{changed} ({progress}{complete})"
+
+
+def _bead_and_step(ids: list[str]) -> tuple[str, str]:
+    if len(ids) == 2:
+        return ids[0], ids[1]
+    if len(ids) == 1:
+        bead = os.environ.get("GT_BEAD")
+        if not bead:
+            raise UsageError("name the bead: `gt step done BEAD STEP` (GT_BEAD is set only inside a session)")
+        return bead, ids[0]
+    raise UsageError(f"`gt step` takes [BEAD] STEP, got {len(ids)} arguments")
+
+
+async def _step(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+    bead, step = _bead_and_step(args.ids)
+    body = {"bead": bead, "step": step}
+    return await send(nc, args, config, f"gt.cmd.step.{args.step_verb}", body, _step_line)

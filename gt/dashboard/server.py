@@ -1,0 +1,269 @@
+"""``gt dashboard``: a web page that follows the log live, served over HTTP with server-sent events.
+
+Routes (GET only; anything else is 404 or 405). A request whose ``Host`` is not an IP address, ``localhost`` or
+the address the dashboard is bound to (with its port) is answered 421 and nothing else: a web page whose DNS name
+was re-bound to this machine cannot read the town.
+
+- ``/``: the page (``page.py``); it opens ``/events`` and redraws on every message.
+- ``/events``: ``text/event-stream``. Each message is ``event: state`` with the whole view as JSON (convoys,
+  polecats, merge queue, escalations, the latest events), sent on connect and then at most every
+  ``PUSH_INTERVAL_S`` while the log moves; a comment every ``KEEPALIVE_S`` keeps proxies from closing it.
+  ``retry: 1000`` makes a browser reconnect within a second after the dashboard restarts.
+- ``/api/state``: the same view, once.
+- ``/api/bead/<id>``: the bead's timeline (its events and those of its sessions, merges and escalations).
+- ``/healthz``: 200 once the dashboard has replayed the log.
+
+The view is a fold of the log the dashboard replays itself on start (``view.py``), read with the services'
+``EventReader``, which resubscribes after a NATS restart from the last sequence it applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import urllib.parse
+
+import msgspec
+import nats.errors
+import structlog
+from nats.aio.client import Client
+
+from gt.dashboard import view
+from gt.dashboard.page import PAGE
+from gt.story import bead_story
+from shared.bus.reader import EventReader
+from shared.config import TownConfig
+from shared.narration import describe
+
+log = structlog.get_logger(__name__)
+
+PUSH_INTERVAL_S = 0.25
+KEEPALIVE_S = 15.0
+MAX_REQUEST_LINE = 8192
+READ_TIMEOUT_S = 10.0
+CLIENT_QUEUE = 4
+
+
+class Dashboard:
+    """Replays and follows the log into a ``DashboardState`` and serves it. ``run()`` blocks until
+    ``shutdown()``; it re-raises what stopped it."""
+
+    def __init__(
+        self,
+        nc: Client,
+        config: TownConfig,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        allowed_hosts: tuple[str, ...] = (),
+    ) -> None:
+        """``allowed_hosts``: names besides IP addresses, ``localhost`` and ``host`` that browsers may reach it
+        by (the machine's DNS name when bound to all interfaces, a reverse proxy's)."""
+        self.nc = nc
+        self.config = config
+        self.host = host
+        self.port = port
+        self.allowed_hosts = frozenset(name.lower() for name in allowed_hosts)
+        self.state = view.DashboardState()
+        self.replayed = asyncio.Event()
+        self.listening = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._clients: set[asyncio.Queue[bytes]] = set()
+        self._stop = asyncio.Event()
+        self._reader: EventReader | None = None
+        self.replay_target: int | None = None
+        """The log's last sequence when the dashboard started: replaying up to it comes before serving state."""
+
+    # ---- the log --------------------------------------------------------------------------------
+
+    def _apply(self, seq: int, subject: str, data: bytes) -> None:
+        view.apply(self.state, seq, data)
+        self._changed.set()
+
+    async def _follow(self) -> None:
+        js = self.nc.jetstream()
+        self._reader = EventReader(js, self.config.evt_stream, self._apply)
+        reading = asyncio.create_task(self._reader.run(), name="dashboard-reader")
+        try:
+            last = await self._reader.stream_last_seq()
+            self.replay_target = last
+            log.info("dashboard_replaying", last_seq=last)
+            await self._reader.wait_for_seq(last)
+            self.replayed.set()
+            log.info("dashboard_replayed", last_seq=self.state.last_seq)
+            await reading
+        finally:
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+
+    async def _push(self) -> None:
+        await self.replayed.wait()
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            message = self._state_message()
+            for queue in list(self._clients):
+                if queue.full():
+                    with contextlib.suppress(asyncio.QueueEmpty):
+                        queue.get_nowait()  # a slow page gets the newest view, not a backlog of old ones
+                queue.put_nowait(message)
+            await asyncio.sleep(PUSH_INTERVAL_S)
+
+    def _state_message(self) -> bytes:
+        body = msgspec.json.encode(view.render(self.state))
+        return b"event: state\ndata: " + body + b"\n\n"
+
+    # ---- HTTP -------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = server.sockets[0].getsockname()[1]
+        self.listening.set()
+        log.info("dashboard_listening", url=f"http://{self.host}:{self.port}/")
+        async with server, asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._follow(), name="dashboard-follow")
+            tasks.create_task(self._push(), name="dashboard-push")
+            stop = tasks.create_task(self._stop.wait(), name="dashboard-stop")
+            await stop
+            raise _Stopped
+
+    async def shutdown(self) -> None:
+        """Idempotent, and safe before ``run``."""
+        self._stop.set()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            host = None
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                line = await reader.readline()
+                while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = header.decode("latin-1").partition(":")
+                    if name.strip().lower() == "host":
+                        host = value.strip()
+            if not self.host_allowed(host):
+                # DNS rebinding: a page of evil.example whose name now resolves to this machine sends its own name.
+                await _send(writer, 421, "text/plain", b"unknown host: open the dashboard at the address it prints\n")
+                return
+            await self._route(line, writer)
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                writer.close()
+
+    def host_allowed(self, host: str | None) -> bool:
+        """A ``Host`` header naming this dashboard: an IP address, ``localhost``, the address it was bound to or
+        a name allowed with ``--allow-host`` (never a DNS name of someone else's), with its port if one is given
+        (any port for an allowed name: a reverse proxy's)."""
+        try:
+            parsed = urllib.parse.urlsplit(f"//{host}")
+            name, port = (parsed.hostname or ""), parsed.port
+        except ValueError:
+            return False
+        if not host:
+            return False
+        if name in self.allowed_hosts:
+            return True
+        return port in (None, self.port) and (_is_ip(name) or name in ("localhost", self.host.lower()))
+
+    async def _route(self, line: bytes, writer: asyncio.StreamWriter) -> None:
+        parts = line.decode("latin-1").split()
+        if len(parts) != 3 or len(line) > MAX_REQUEST_LINE or not parts[2].startswith("HTTP/1."):
+            await _send(writer, 400, "text/plain", b"bad request\n")
+            return
+        method, target = parts[0], urllib.parse.urlsplit(parts[1]).path
+        if method != "GET":
+            await _send(writer, 405, "text/plain", b"only GET\n")
+        elif target == "/":
+            await _send(writer, 200, "text/html; charset=utf-8", PAGE.encode())
+        elif target == "/healthz":
+            ok = self.replayed.is_set()
+            await _send(writer, 200 if ok else 503, "text/plain", b"ok\n" if ok else b"replaying\n")
+        elif target == "/api/state":
+            await _send(writer, 200, "application/json", msgspec.json.encode(view.render(self.state)))
+        elif target.startswith("/api/bead/"):
+            await self._bead(urllib.parse.unquote(target.removeprefix("/api/bead/")), writer)
+        elif target == "/events":
+            await self._events(writer)
+        else:
+            await _send(writer, 404, "text/plain", b"not found\n")
+
+    async def _bead(self, bead: str, writer: asyncio.StreamWriter) -> None:
+        if not bead or "/" in bead:
+            await _send(writer, 400, "application/json", b'{"error": "a bead id, like /api/bead/gt-abc123"}')
+            return
+        try:
+            entries, missing = await bead_story(self.nc, self.config, bead)
+        except (nats.errors.Error, TimeoutError) as exc:
+            body = json.dumps({"error": f"the log could not be read: {type(exc).__name__}"}).encode()
+            await _send(writer, 503, "application/json", body)
+            return
+        if not entries:
+            await _send(writer, 404, "application/json", json.dumps({"error": f"no events for bead {bead}"}).encode())
+            return
+        timeline = []
+        for e in entries:
+            text, kind = describe(e.type, e.data)
+            timeline.append({"seq": e.seq, "ts": e.ts, "type": e.type, "actor": e.actor, "text": text, "kind": kind})
+        body = msgspec.json.encode({"bead": bead, "events": timeline, "missing": missing})
+        await _send(writer, 200, "application/json", body)
+
+    async def _events(self, writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            b"Connection: keep-alive\r\nX-Accel-Buffering: no\r\n\r\nretry: 1000\n\n"
+        )
+        queue: asyncio.Queue[bytes] = asyncio.Queue(CLIENT_QUEUE)
+        await self.replayed.wait()
+        queue.put_nowait(self._state_message())
+        self._clients.add(queue)
+        try:
+            while True:
+                try:
+                    message = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    message = b": keep-alive\n\n"
+                writer.write(message)
+                await writer.drain()
+        finally:
+            self._clients.discard(queue)
+
+
+class _Stopped(Exception):
+    """Ends the task group on ``shutdown``."""
+
+
+async def serve(dashboard: Dashboard) -> None:
+    """Run until ``shutdown``; a stop asked for is not an error."""
+    try:
+        await dashboard.run()
+    except* _Stopped:
+        pass
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+async def _send(writer: asyncio.StreamWriter, status: int, content_type: str, body: bytes) -> None:
+    reason = {
+        200: "OK",
+        400: "Bad Request",
+        404: "Not Found",
+        405: "Method Not Allowed",
+        421: "Misdirected Request",
+        503: "Unavailable",
+    }
+    head = (
+        f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n"
+    )
+    writer.write(head.encode("latin-1") + body)
+    await writer.drain()

@@ -1,0 +1,149 @@
+"""A bead's story: its events and those of everything that worked on it (its molecule, hook lease, sessions,
+merge requests, escalations), read from the log in order. ``gt bead history`` prints it; the dashboard shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from shared import subjects
+from shared.bus.query import query
+from shared.config import TownConfig
+from shared.errors import EventDecodeError, QueryError, UnknownEventTypeError
+from shared.events import REGISTRY, decode_envelope
+
+QUERY_TIMEOUT_S = 3.0
+"""How long a story waits for each service's part (a service that is down leaves its part out, said so)."""
+
+_DECODE = msgspec.json.Decoder()
+
+
+class Sequenced(Protocol):
+    @property
+    def seq(self) -> int: ...
+
+
+S = TypeVar("S", bound=Sequenced)
+
+
+class HistoryEntry(msgspec.Struct, kw_only=True):
+    """One event of an aggregate, as ``gt bead history`` shows it."""
+
+    seq: int
+    ts: str
+    type: str
+    actor: str
+    causation_id: str | None
+    data: dict[str, Any]
+
+
+async def history(nc: Client, config: TownConfig, aggregate: str, aggregate_id: str) -> list[HistoryEntry]:
+    """Every event of one aggregate, straight from the log, in order."""
+    js = nc.jetstream()
+    subject = subjects.event_subject(aggregate, aggregate_id)
+    try:
+        last = await js.get_last_msg(config.evt_stream, subject)
+    except nats.js.errors.NotFoundError:
+        return []
+    last_seq = last.seq or 0
+    entries: list[HistoryEntry] = []
+    done = asyncio.Event()
+
+    async def on_msg(msg: Any) -> None:
+        seq = subjects.parse_js_reply(msg.reply).stream_seq
+        if seq > last_seq:
+            return
+        entries.append(history_entry(seq, msg.data))
+        if seq >= last_seq:
+            done.set()
+
+    sub = await js.subscribe(
+        subject,
+        stream=config.evt_stream,
+        cb=on_msg,
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+    )
+    try:
+        async with asyncio.timeout(60):
+            await done.wait()
+    finally:
+        with contextlib.suppress(nats.errors.Error):
+            await sub.unsubscribe()
+    return entries
+
+
+def history_entry(seq: int, raw: bytes) -> HistoryEntry:
+    try:
+        env = decode_envelope(raw)
+    except EventDecodeError:
+        return HistoryEntry(seq=seq, ts="", type="?", actor="?", causation_id=None, data={"undecodable": _text(raw)})
+    try:
+        REGISTRY.decode_payload(env)
+        data = _DECODE.decode(env.data)
+    except (EventDecodeError, UnknownEventTypeError):
+        data = {"undecodable": _text(bytes(env.data))}
+    return HistoryEntry(
+        seq=seq, ts=env.ts.isoformat(), type=env.type, actor=env.actor, causation_id=env.causation_id, data=data
+    )
+
+
+def _text(raw: bytes) -> str:
+    return raw[:200].decode("utf-8", "replace")
+
+
+async def _ids_for(nc: Client, bead: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """Subjects (aggregate, id) of the sessions, merge requests and escalations of the bead, and which
+    services did not answer (their part is missing from the story)."""
+    found: list[tuple[str, str]] = []
+    missing: list[str] = []
+    asks: dict[str, tuple[str, dict[str, Any]]] = {
+        "witness": ("sessions", {"bead": bead, "all": True}),
+        "refinery": ("mrs", {}),
+        "mayor": ("escalations", {"include_closed": True, "limit": 0}),
+    }
+    answers = await asyncio.gather(
+        *(query(nc, service, what, body, timeout=QUERY_TIMEOUT_S) for service, (what, body) in asks.items()),
+        return_exceptions=True,
+    )
+    for (service, _), answer in zip(asks.items(), answers, strict=True):
+        if isinstance(answer, QueryError):
+            missing.append(service)
+            continue
+        if isinstance(answer, BaseException):
+            raise answer
+        if service == "witness":
+            found += [("session", str(s["id"])) for s in answer]
+        elif service == "refinery":
+            found += [("mr", str(m["id"])) for m in answer if m.get("bead") == bead]
+        else:
+            found += [("escalation", str(e["id"])) for e in answer if e.get("bead") == bead]
+    return found, missing
+
+
+async def bead_story(nc: Client, config: TownConfig, bead: str) -> tuple[list[HistoryEntry], list[str]]:
+    """The bead's events and those of everything that worked on it, in log order; and the services that did
+    not answer (so the story may lack their parts)."""
+    others, missing = await _ids_for(nc, bead)
+    aggregates = [("bead", bead), ("mol", bead), ("lease", f"hook-{bead}"), *others]
+    groups = await asyncio.gather(*(history(nc, config, agg, agg_id) for agg, agg_id in aggregates))
+    entries: list[HistoryEntry] = merge_by_seq(groups)
+    return entries, missing
+
+
+def merge_by_seq(groups: Iterable[Iterable[S]]) -> list[S]:
+    """Entries of several subjects as one list in log order, each event once."""
+    seen: dict[int, S] = {}
+    for group in groups:
+        for entry in group:
+            seen.setdefault(entry.seq, entry)
+    return [seen[s] for s in sorted(seen)]
