@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from services.witness.executor import polecat_git_env
+from services.witness.effects.executor import polecat_git_env
 from services.witness.state import Rig
 from shared import subjects
 from shared.cli.identity import command_subject, default_actor, session_actor

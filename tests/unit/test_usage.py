@@ -11,7 +11,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.mayor.costs import UsageBook, costs, fold_usage
+from services.mayor.projection import fold_usage
+from services.mayor.queries.costs import costs
+from services.mayor.state import UsageBook
 from shared.cli import town_view
 from shared.cli.costs import load_prices, priced
 from shared.cli.narrate import describe
