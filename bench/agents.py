@@ -30,7 +30,7 @@ from nats.aio.client import Client
 from bench.common import Figure, percentile, provisioned, server, start_service, stop_service, wait_ready
 from bench.witness import command, make_origin
 from gt.model_server import Fault, ModelServer, Script, say
-from services.witness import runtime_setup
+from services.witness.effects import runtime_setup
 from shared.runtimes import ACTIVITY_HOOK, HOOK_MARK_SESSION_START, SESSION_DIR_ENV, ClaudeRuntime
 from shared.tmux import Tmux
 

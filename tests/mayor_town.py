@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from services.mayor import reconcile
+from services.mayor import plan
 from services.mayor.decide import decide
 from services.mayor.projection import new_projection
 from services.mayor.state import MayorState
@@ -35,7 +35,7 @@ def mayor_town(
         return decide(state, cmd, ctx, formulas)
 
     def owed(state: MayorState, now: datetime) -> list[NewEvent]:
-        return reconcile.owed(state, now, stale_after)
+        return plan.owed(state, now, stale_after)
 
     town = MemoryTown(new_projection(), decide_with_formulas, reconcile=owed)
     add_rigs(town, *rigs)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from services.deacon import automation_state, disk, gc, hooks, leases, liveness
+from services.deacon.automations import state as automation_state
+from services.deacon.plan import disk, gc, hooks, leases, liveness
 from services.deacon.state import DeaconState
 from shared.events import Envelope, Event, GcSwept
 from shared.projection import Projection

@@ -14,18 +14,21 @@ from typing import Any, ClassVar
 import msgspec
 import structlog
 
-from services.deacon import disk, disk_watch, gc, gc_kv, hooks, leases, liveness
+from services.deacon import decide as deacon_decide
+from services.deacon import queries
 from services.deacon import settings as deacon_settings
-from services.deacon.automation_runner import AutomationRunner
-from services.deacon.automations import AutomationSettings, load_settings
+from services.deacon.automations.definitions import AutomationSettings, load_settings
+from services.deacon.automations.runner import AutomationRunner
+from services.deacon.effects import disk_watch, gc_kv
+from services.deacon.effects.supervision import Supervision
+from services.deacon.plan import disk, gc, hooks, liveness
 from services.deacon.projection import new_projection
 from services.deacon.state import DeaconState
-from services.deacon.supervision import Supervision
 from shared.aio import pause
-from shared.commands import AutomationRun, Command, GcSweep, LeaseAcquire, LeaseRelease
+from shared.commands import AutomationRun, Command
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
-from shared.errors import ActivityLostError, CommandError, QueryError
+from shared.errors import ActivityLostError
 from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)
@@ -92,25 +95,17 @@ class DeaconService(Service[DeaconState]):
     # ---- commands and queries ------------------------------------------------------------------
 
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
-        state = self.projection.state
-        if isinstance(cmd, LeaseAcquire):
-            return leases.acquire(state.leases, cmd, ctx.now)
-        if isinstance(cmd, LeaseRelease):
-            return leases.release(state.leases, cmd)
-        if isinstance(cmd, AutomationRun):
-            return self.automations.decide(cmd, ctx)
-        if isinstance(cmd, GcSweep):
-            return gc.decide(state.gc, cmd, ctx.now, self.watch.gc_ttl_s)
-        raise CommandError("unknown_command", f"the deacon does not handle {cmd.SUBJECT}")
+        return deacon_decide.decide(
+            self.projection.state,
+            cmd,
+            ctx,
+            gc_ttl_s=self.watch.gc_ttl_s,
+            holder=self.automations.holder,
+            grace_s=self.automations.settings.grace_s,
+        )
 
     def aggregate_key(self, cmd: Command) -> str | None:
-        if isinstance(cmd, LeaseAcquire | LeaseRelease):
-            return f"lease:{cmd.lease}"
-        if isinstance(cmd, AutomationRun):
-            return f"automation:{cmd.name}"
-        if isinstance(cmd, GcSweep):
-            return "gc"
-        return None
+        return deacon_decide.aggregate_key(cmd)
 
     async def prepare(self, cmd: Command) -> object:
         if isinstance(cmd, AutomationRun):
@@ -118,40 +113,9 @@ class DeaconService(Service[DeaconState]):
         return None
 
     def query(self, what: str, body: dict[str, Any]) -> Any:
-        state = self.projection.state
-        if what == "services":
-            return [
-                {
-                    "service": life.name,
-                    "status": life.status,
-                    "instance": life.instance,
-                    "since": life.since.isoformat(),
-                    "reason": life.reason,
-                }
-                for life in sorted(state.liveness.services.values(), key=lambda x: x.name)
-            ]
-        if what == "leases":
-            held_only = bool(body.get("held", False))
-            return [
-                leases.view(lease)
-                for lease in sorted(state.leases.leases.values(), key=lambda x: x.name)
-                if not held_only or lease.status == "held"
-            ]
-        if what == "lease":
-            name = body.get("name")
-            if not isinstance(name, str) or not name:
-                raise QueryError("invalid", "`name` is required")
-            lease = state.leases.leases.get(name)
-            if lease is None:
-                raise QueryError("not_found", f"no lease {name!r}")
-            renewal, _ = self.supervision.renewal_of(name)
-            return {**leases.view(lease), "last_renewed": leases.last_renewed(lease, renewal).isoformat()}
         if what in ("automations", "automation"):
-            return self.automations.query(what, body)
-        raise QueryError(
-            "unknown_query",
-            f"the deacon has no query {what!r}; it answers services, leases, lease, automations, automation, status",
-        )
+            return self.automations.query(what, body)  # reads the files: the runner holds them
+        return queries.answer(self.projection.state, what, body, lambda name: self.supervision.renewal_of(name)[0])
 
     def status(self) -> dict[str, Any]:
         out = super().status()

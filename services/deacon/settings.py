@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from services.deacon.liveness import WATCHED
+from services.deacon.plan.liveness import WATCHED
 from shared.config import env_number
 
 

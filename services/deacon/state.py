@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import msgspec
 
-from services.deacon.automation_state import AutomationState
-from services.deacon.disk import DiskAlarmState
-from services.deacon.gc import GcState
-from services.deacon.hooks import HookState
-from services.deacon.leases import LeaseState
-from services.deacon.liveness import LivenessState
+from services.deacon.automations.state import AutomationState
+from services.deacon.plan.disk import DiskAlarmState
+from services.deacon.plan.gc import GcState
+from services.deacon.plan.hooks import HookState
+from services.deacon.plan.leases import LeaseState
+from services.deacon.plan.liveness import LivenessState
 
 
 class DeaconState(msgspec.Struct, kw_only=True):

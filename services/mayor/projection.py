@@ -7,7 +7,6 @@ from datetime import datetime
 
 import msgspec
 
-from services.mayor.costs import fold_usage
 from services.mayor.state import (
     STATUS_RANK,
     WISP_TYPE,
@@ -18,7 +17,9 @@ from services.mayor.state import (
     KnownRig,
     MayorState,
     Molecule,
+    SessionCost,
     Step,
+    UsageBook,
 )
 from shared.events import (
     BeadClaimed,
@@ -53,6 +54,7 @@ from shared.events import (
     StepStarted,
 )
 from shared.projection import Projection
+from shared.usage import difference, merge
 
 SCHEMA_VERSION = 3
 """3: rigs and their polecats, held slings (a snapshot from before knows none, so it is not trusted). Sessions'
@@ -473,6 +475,17 @@ def _session_ended(payload: SessionEnded, state: MayorState, env: Envelope, seq:
 @fold.register
 def _session_usage(payload: SessionUsage, state: MayorState, env: Envelope, seq: int) -> None:
     fold_usage(state.usage, payload, env.ts)
+
+
+def fold_usage(book: UsageBook, event: SessionUsage, ts: datetime) -> None:
+    """A ``session.usage`` event holds the session's running totals: the newest is kept per session, and what the
+    session used since its previous event (the difference) counts for the day of this one."""
+    before = book.sessions.get(event.session_id)
+    used = difference(event.models, before.models if before else ())
+    merge(book.days.setdefault(ts.date().isoformat(), {}), [u for u in used if u.messages or u.tokens])
+    book.sessions[event.session_id] = SessionCost(
+        rig=event.rig, bead=event.bead, models=event.models, final=event.final
+    )
 
 
 def new_projection() -> Projection[MayorState]:

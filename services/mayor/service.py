@@ -10,7 +10,7 @@ import msgspec
 import structlog
 
 from services.mayor import decide as mayor_decide
-from services.mayor import queries, reconcile
+from services.mayor import plan, queries
 from services.mayor.projection import new_projection
 from services.mayor.state import MayorState
 from shared.commands import BeadSling, Command
@@ -62,7 +62,7 @@ class MayorService(Service[MayorState]):
             log.warning("rig_catch_up_timed_out", rig=rig)
 
     async def reconcile(self) -> None:
-        owed = reconcile.owed(self.projection.state, self.clock(), self._stale_after)
+        owed = plan.owed(self.projection.state, self.clock(), self._stale_after)
         if owed:
             await self.append_owed(owed)
 

@@ -19,10 +19,10 @@ import structlog
 from nats.js.kv import KeyValue
 
 from services.refinery import decide as refinery_decide
-from services.refinery import merger, plan, refusals
+from services.refinery import plan, queries
 from services.refinery import settings as refinery_settings
-from services.refinery.decide import mr_view
-from services.refinery.gate_user import resolve as resolve_gate_user
+from services.refinery.effects import merger, refusals
+from services.refinery.effects.gate_user import resolve as resolve_gate_user
 from services.refinery.projection import new_projection
 from services.refinery.state import MergeRequest, RefineryState
 from shared import git, lease_rules
@@ -32,7 +32,7 @@ from shared.bus.fencing import fence_error
 from shared.commands import Command, Fence, MergeRequestSubmit
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, NewEvent
-from shared.errors import ActivityLostError, QueryError
+from shared.errors import ActivityLostError
 from shared.events import (
     Event,
     LeaseAcquired,
@@ -107,24 +107,7 @@ class RefineryService(Service[RefineryState]):
         return None
 
     def query(self, what: str, body: dict[str, Any]) -> Any:
-        state = self.projection.state
-        if what == "mrs":
-            rig = body.get("rig")
-            if rig is not None and not isinstance(rig, str):
-                raise QueryError("invalid", "`rig` must be a string")
-            now = self.clock()
-            found = [m for m in state.mrs.values() if rig is None or m.rig == rig]
-            found.sort(key=lambda m: (m.status not in ("queued", "claimed"), -plan.score(state, m, now, self.policy)))
-            return [mr_view(m) for m in found]
-        if what == "mr":
-            mr_id = body.get("id")
-            if not isinstance(mr_id, str) or not mr_id:
-                raise QueryError("invalid", "`id` is required")
-            mr = state.mrs.get(mr_id)
-            if mr is None:
-                raise QueryError("not_found", f"no merge request {mr_id!r} (`gt mq list` shows them)")
-            return mr_view(mr)
-        raise QueryError("unknown_query", f"the refinery has no query {what!r}; it answers mrs, mr, status, digest")
+        return queries.answer(self.projection.state, what, body, self.clock(), self.policy)
 
     def status(self) -> dict[str, Any]:
         out = super().status()

@@ -4,7 +4,7 @@ Each reconcile observes tmux, the agents' processes and (for quiet sessions) the
 pure planner what is owed, and queues those actions; a few workers carry them out. An agent's death wakes
 the witness at once through a pidfd; the patrol tick finds everything else.
 
-A witness may serve only some rigs (``GT_WITNESS_RIGS``, see ``scope.py``): it then observes, plans and acts
+A witness may serve only some rigs (``GT_WITNESS_RIGS``, see ``plan/scope.py``): it then observes, plans and acts
 for those alone and settles only their commands; its scope is its identity for activity and liveness.
 """
 
@@ -25,15 +25,16 @@ import structlog
 from nats.aio.client import Client
 
 from services.witness import decide as witness_decide
-from services.witness import liveness, queries, runtime_setup, scope
+from services.witness import queries
 from services.witness import settings as witness_settings
-from services.witness.actions import Action, Spawn
-from services.witness.executor import Executor, StartBlockedError
-from services.witness.pidwatch import ExitWatcher
-from services.witness.plan import Observed, PaneSeen, Policy, may_linger, plan
+from services.witness.effects import runtime_setup
+from services.witness.effects.executor import Executor, StartBlockedError
+from services.witness.effects.pidwatch import ExitWatcher
+from services.witness.effects.usage_watch import UsageWatch
+from services.witness.plan import Observed, PaneSeen, Policy, liveness, may_linger, plan, scope
+from services.witness.plan.actions import Action, Spawn
 from services.witness.projection import new_projection
 from services.witness.state import Session, WitnessState
-from services.witness.usage_watch import UsageWatch
 from shared import git, leases, processes
 from shared.aio import raise_if_cancelling
 from shared.bus import auth_callout
@@ -102,7 +103,7 @@ class WitnessService(Service[WitnessState]):
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._lease_renewed: dict[str, datetime] = {}
-        """Session -> when this witness last renewed its hook lease on its busy agent's behalf (liveness.py)."""
+        """Session -> when this witness last renewed its hook lease on its busy agent's behalf (plan/liveness.py)."""
         self.actions_done = 0
         self.action_errors = 0
 

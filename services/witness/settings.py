@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from services.witness.scope import parse_rigs
+from services.witness.plan.scope import parse_rigs
 from shared.config import env_number
 
 DEFAULT_TMUX_SOCKET = "gastown"
@@ -41,14 +41,14 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How long a nudge's text may take to show in the pane before it is typed again."""
     hook_lease_ttl_s: float = 0.0
     """TTL of a session's hook lease, renewed by every ``gt`` call of its agent and by the witness while the agent
-    shows activity (``liveness.py``) (``GT_HOOK_LEASE_TTL``); 0: the
+    shows activity (``plan/liveness.py``) (``GT_HOOK_LEASE_TTL``); 0: the
     rig's ``stall_after_s``. An agent that lets it lapse is fenced out and its bead goes to a fresh session."""
     agent_env: tuple[str, ...] = ()
     """Names of more of the witness's environment variables an agent gets (``GT_AGENT_ENV``, comma-separated),
     e.g. ``ANTHROPIC_API_KEY``; agents start with a clean environment otherwise."""
     rigs: frozenset[str] | None = None
     """The rigs this witness serves (``GT_WITNESS_RIGS``, comma-separated); None: all of them. Witnesses of
-    disjoint sets of rigs run side by side; see ``scope.py``."""
+    disjoint sets of rigs run side by side; see ``plan/scope.py``."""
 
 
 def load(env: Mapping[str, str] | None = None) -> WitnessSettings:

@@ -351,7 +351,7 @@ def rollup_free_buckets(config: TownConfig) -> tuple[str, ...]:
     A message with ``Nats-Rollup: all`` (``KV-Operation: PURGE``) published to any key a client may write
     replaced a whole bucket by that one marker, and publish permissions cannot look at headers. Nothing of the
     town needs a rollup on these: the deacon's sweep deletes with a compare-and-set and then purges the
-    subject through the stream API (``services/deacon/gc_kv.py``), a plugin forgets its marks by a filtered
+    subject through the stream API (``services/deacon/effects/gc_kv.py``), a plugin forgets its marks by a filtered
     stream purge. (The others are written by the services alone, which may purge any stream anyway.)"""
     return (
         config.lease_bucket,

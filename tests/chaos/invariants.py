@@ -194,7 +194,7 @@ def steps_done_once(log: list[Logged], beads: Iterable[str]) -> list[Violation]:
 
 STEP_COMMANDS = ("step.start", "step.done")
 OUT_OF_ORDER = " done first"
-"""How the mayor words the refusal of a step whose needs are not done (services/mayor/decide_work.py)."""
+"""How the mayor words the refusal of a step whose needs are not done (services/mayor/decide/work.py)."""
 
 
 def steps_settled_in_order(log: list[Logged]) -> list[Violation]:

@@ -25,8 +25,8 @@ import pytest
 import structlog
 from nats.aio.client import Client
 
-from services.deacon.automation_state import command_id
-from services.deacon.automations import AutomationSettings
+from services.deacon.automations.definitions import AutomationSettings
+from services.deacon.automations.state import command_id
 from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
 from services.mayor.service import MayorService

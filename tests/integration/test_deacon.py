@@ -19,7 +19,8 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from services.deacon import disk, disk_watch
+from services.deacon.effects import disk_watch
+from services.deacon.plan import disk
 from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
 from services.mayor.service import MayorService

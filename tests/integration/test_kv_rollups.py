@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from nats.js.api import KeyValueConfig
 from nats.js.client import JetStreamContext
 
-from services.deacon import gc_kv
+from services.deacon.effects import gc_kv
 from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
 from shared.bus.topology import provision

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.deacon.automations import (
+from services.deacon.automations.definitions import (
     Automation,
     AutomationCatalog,
     InvalidAutomation,

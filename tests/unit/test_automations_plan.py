@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.deacon import automation_plan as plan
-from services.deacon.automation_plan import CheckResult, SendCommand, Settle, StartExec
-from services.deacon.automation_state import HISTORY, AutomationState, command_id, fold
-from services.deacon.automations import Automation, InvalidAutomation, parse
+from services.deacon.automations import plan
+from services.deacon.automations.definitions import Automation, InvalidAutomation, parse
+from services.deacon.automations.plan import CheckResult, SendCommand, Settle, StartExec
+from services.deacon.automations.state import HISTORY, AutomationState, command_id, fold
 from shared.commands import AutomationRun
 from shared.decision import DecideContext
 from shared.errors import CommandError

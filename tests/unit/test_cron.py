@@ -6,7 +6,7 @@ from datetime import datetime
 
 import pytest
 
-from services.deacon.cron import CronError, matches, next_due, parse, previous_due
+from services.deacon.automations.cron import CronError, matches, next_due, parse, previous_due
 
 
 def at(text: str) -> datetime:

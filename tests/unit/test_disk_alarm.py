@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from services.deacon import settings as deacon_settings
-from services.deacon.disk import SOURCE, CloseAlarm, DiskAlarmState, Measurement, RaiseAlarm, fold, plan
+from services.deacon.plan.disk import SOURCE, CloseAlarm, DiskAlarmState, Measurement, RaiseAlarm, fold, plan
 from shared.events import Envelope, EscalationClosed, EscalationRaised
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

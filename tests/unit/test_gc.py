@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import pytest
 
-from services.deacon import gc
+from services.deacon.plan import gc
 from services.deacon.projection import new_projection as deacon_projection
 from services.deacon.settings import load as load_deacon_settings
 from services.deacon.state import DeaconState

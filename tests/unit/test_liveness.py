@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from services.deacon.liveness import LivenessState, Policy, family_down, fold, plan
+from services.deacon.plan.liveness import LivenessState, Policy, family_down, fold, plan
 from shared.events import Event, ServiceDown, ServiceStopped, ServiceUp, encode_event
 from shared.heartbeats import ServiceHeartbeat, decode, encode
 from shared.projection import Projection

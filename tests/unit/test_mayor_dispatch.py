@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gt.cli import render
-from services.mayor import reconcile
-from services.mayor.reads import convoy_waves
+from services.mayor import plan
+from services.mayor.state import convoy_waves
 from shared import narration as narrate
 from shared.events import REGISTRY, BeadSlung, RigRemoved, decode_envelope
 from tests.mayor_town import mayor_town
@@ -43,7 +43,7 @@ def test_a_hold_is_owed_its_sling_once_its_blockers_close_and_not_before() -> No
     blocker = town.send(CREATE, {"title": "blocker"})["id"]
     held = town.send(CREATE, {"title": "held", "needs": [blocker]})["id"]
     assert town.send(SLING, {"id": held, "rig": "demo", "hold": True, "no_convoy": True})["status"] == "held"
-    assert reconcile.released_holds(town.state) == []
+    assert plan.released_holds(town.state) == []
     assert (town.state.beads[held].status, list(town.state.holds)) == ("open", [held])
     town.send(CLOSE, {"id": blocker, "reason": "won't do"})  # closed is closed
     assert (town.state.beads[held].status, town.state.beads[held].rig, town.state.holds) == ("hooked", "demo", {})

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from gt.cli.identity import command_subject, default_actor, session_actor
-from services.witness.executor import polecat_git_env
+from services.witness.effects.executor import polecat_git_env
 from services.witness.state import Rig
 from shared import subjects
 from shared.commands import RigAdd

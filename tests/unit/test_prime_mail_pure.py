@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from gt.cli.polecats import before_you_lines, mail_lines
-from services.mayor import decide_mail
+from services.mayor.decide import mail as decide_mail
 from services.mayor.projection import new_projection as new_mayor_projection
 from services.mayor.state import MayorState
-from services.witness.actions import NudgeMail, Spawn
+from services.witness.plan.actions import NudgeMail, Spawn
 from services.witness.queries import answer
 from services.witness.state import mail_nudge_id
 from shared.commands.mail import normalise_address

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from services.mayor import queries
-from services.mayor.decide_mail import own_message
+from services.mayor.decide.mail import own_message
 from services.mayor.state import MESSAGE_TYPE, Bead, KnownRig, MayorState
 from services.witness.queries import check_session_query
 from shared.commands import BeadClaim, Fence, MailArchive, SessionHandoff, StepDone

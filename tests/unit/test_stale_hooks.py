@@ -1,4 +1,4 @@
-"""Stale hooks, pure: which beads the deacon hands over (services/deacon/hooks.py), and what the witness decides
+"""Stale hooks, pure: which beads the deacon hands over (services/deacon/plan/hooks.py), and what the witness decides
 for each (re-sling, escalate, or not stale after all)."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from services.deacon.hooks import StaleHook, stale
+from services.deacon.plan.hooks import StaleHook, stale
 from services.deacon.projection import new_projection as new_deacon_projection
 from services.deacon.state import DeaconState
 from services.witness import decide as witness_decide
-from services.witness.actions import Escalate, Resling
 from services.witness.plan import Observed, Policy, plan
+from services.witness.plan.actions import Escalate, Resling
 from services.witness.projection import new_projection as new_witness_projection
 from shared.errors import CommandError
 from shared.events import (

@@ -14,7 +14,9 @@ import pytest
 from gt.cli import town_view
 from gt.cli.costs import load_prices, priced
 from gt.dashboard import view
-from services.mayor.costs import UsageBook, costs, fold_usage
+from services.mayor.projection import fold_usage
+from services.mayor.queries.costs import costs
+from services.mayor.state import UsageBook
 from shared.errors import QueryError
 from shared.events import SessionRequested, encode_event
 from shared.events.usage import SessionUsage

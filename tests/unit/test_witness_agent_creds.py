@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.witness.agent_creds import agent_nats_credentials, is_credential
+from services.witness.effects.agent_creds import agent_nats_credentials, is_credential
 
 WITNESS_OWN = {"NATS_USER": "witness", "NATS_PASSWORD": "witness-secret", "NATS_CREDS": "/run/witness.creds"}
 

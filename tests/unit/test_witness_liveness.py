@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import msgspec
 
-from services.witness.actions import Warrant
-from services.witness.liveness import Renewal, renewals_owed
+from services.witness.plan.actions import Warrant
+from services.witness.plan.liveness import Renewal, renewals_owed
 from shared.events import LeaseAcquired, LeaseExpired, RigUpdated
 from shared.ids import hook_lease_name
 from shared.runtimes import ACTIVITY_HOOK, ClaudeRuntime, runtime_for

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from services.witness.actions import (
+from services.witness.plan import Observed, PaneSeen, Policy, plan, session_id_for
+from services.witness.plan.actions import (
     Action,
     Clean,
     DeliverNudge,
@@ -26,8 +27,7 @@ from services.witness.actions import (
     Start,
     Warrant,
 )
-from services.witness.names import POOL, polecat_name
-from services.witness.plan import Observed, PaneSeen, Policy, plan, session_id_for
+from services.witness.plan.names import POOL, polecat_name
 from services.witness.projection import new_projection
 from services.witness.state import WitnessState
 from shared.events import (

@@ -7,9 +7,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.witness import scope
-from services.witness.actions import Action, KillOrphan, Spawn, Warrant
-from services.witness.plan import PaneSeen, Policy
+from services.witness.plan import PaneSeen, Policy, scope
+from services.witness.plan.actions import Action, KillOrphan, Spawn, Warrant
 from services.witness.settings import load
 from shared.commands import Command, parse_command
 from shared.events import NudgeQueued

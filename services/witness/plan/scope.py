@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 
-from services.witness.actions import (
+from services.witness.plan.actions import (
     Action,
     DeliverNudge,
     ExpireNudge,

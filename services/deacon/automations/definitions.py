@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 
-from services.deacon import cron
+from services.deacon.automations import cron
 from shared.commands.base import MAX_TITLE, VAR_NAME_PATTERN
 from shared.events import REGISTRY
 from shared.ids import ID_PATTERN, is_valid_id

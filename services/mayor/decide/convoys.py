@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from services.mayor.decide_beads import fresh_id, get_bead
-from services.mayor.reads import convoy_progress
-from services.mayor.state import Convoy, MayorState
+from services.mayor.decide.beads import fresh_id, get_bead
+from services.mayor.state import Convoy, MayorState, convoy_progress
 from shared.commands import ConvoyAdd, ConvoyCreate, ConvoyLand
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError

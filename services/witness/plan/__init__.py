@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from services.witness.actions import (
+from services.witness.plan.actions import (
     Action,
     Clean,
     DeliverNudge,
@@ -30,9 +30,9 @@ from services.witness.actions import (
     Start,
     Warrant,
 )
-from services.witness.names import polecat_name
+from services.witness.plan.names import polecat_name
+from services.witness.plan.scope import TMUX_PREFIX, in_scope
 from services.witness.projection import deaths
-from services.witness.scope import TMUX_PREFIX, in_scope
 from services.witness.state import ACTIVE, Rig, Session, WitnessState, WorkBead
 from shared.events import DEATHS
 from shared.ids import hook_lease_name

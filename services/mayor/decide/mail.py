@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from services.mayor.decide_beads import fresh_id, get_bead
-from services.mayor.reads import is_message, is_read
-from services.mayor.state import MESSAGE_TYPE, READ_LABEL, Bead, MayorState
+from services.mayor.decide.beads import fresh_id, get_bead
+from services.mayor.state import MESSAGE_TYPE, READ_LABEL, Bead, MayorState, is_message, is_read
 from shared.commands import MailArchive, MailRead, MailReply, MailSend
 from shared.commands.mail import (
     ACCEPTED_ADDRESSES,

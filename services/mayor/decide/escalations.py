@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.mayor.decide_beads import fresh_id, get_bead
+from services.mayor.decide.beads import fresh_id, get_bead
 from services.mayor.state import Escalation, MayorState
 from shared.commands import EscalationAck, EscalationClose, EscalationRaise
 from shared.decision import Accepted, DecideContext, NewEvent

@@ -21,8 +21,9 @@ from typing import Any, Protocol
 import structlog
 
 from services.witness import plan as planning
-from services.witness import runtime_setup
-from services.witness.actions import (
+from services.witness.effects import runtime_setup
+from services.witness.effects.agent_creds import agent_nats_credentials, is_credential
+from services.witness.plan.actions import (
     Action,
     Clean,
     DeliverNudge,
@@ -40,7 +41,6 @@ from services.witness.actions import (
     Start,
     Warrant,
 )
-from services.witness.agent_creds import agent_nats_credentials, is_credential
 from services.witness.settings import WitnessSettings
 from services.witness.state import Rig, Session, WitnessState, mail_nudge_id
 from shared import git, processes, runtimes, session_identity, subjects

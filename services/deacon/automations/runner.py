@@ -22,10 +22,10 @@ import nats.errors
 import structlog
 from nats.js.client import JetStreamContext
 
-from services.deacon import automation_plan, automation_views, shell
-from services.deacon.automation_plan import CheckResult, Fire, Plan, SendCommand, Settle, StartExec, Step
-from services.deacon.automation_state import AutomationState, Run
-from services.deacon.automations import (
+from services.deacon.automations import plan as automation_plan
+from services.deacon.automations import queries as automation_views
+from services.deacon.automations import shell
+from services.deacon.automations.definitions import (
     DEFAULT_TIMEOUT_S,
     Automation,
     AutomationCatalog,
@@ -33,11 +33,12 @@ from services.deacon.automations import (
     Definitions,
     InvalidAutomation,
 )
-from services.deacon.event_scan import EventScanner
+from services.deacon.automations.plan import CheckResult, Fire, Plan, SendCommand, Settle, StartExec, Step
+from services.deacon.automations.state import AutomationState, Run
+from services.deacon.effects.event_scan import EventScanner
 from shared import ids
-from shared.commands import AutomationRun
 from shared.config import TownConfig
-from shared.decision import Accepted, DecideContext, NewEvent
+from shared.decision import NewEvent
 from shared.errors import QueryError
 from shared.events import AutomationCompleted, AutomationFailed
 from shared.faults import crash_point
@@ -120,13 +121,6 @@ class AutomationRunner:
             self._loaded = names
             log.info("automations_loaded", directory=str(self.catalog.directory), automations=sorted(names))
         return defs
-
-    def decide(self, cmd: AutomationRun, ctx: DecideContext) -> Accepted:
-        """``gt.cmd.automation.run``, decided on the file ``prepare`` read (``ctx.facts``)."""
-        found = ctx.facts if isinstance(ctx.facts, Automation | InvalidAutomation) else None
-        return automation_plan.decide_run(
-            self._state(), cmd, ctx, found, holder=self.holder, grace_s=self.settings.grace_s
-        )
 
     def query(self, what: str, body: dict[str, Any]) -> Any:
         """``gt.q.deacon.automations`` (every one) and ``gt.q.deacon.automation`` (``name``, with its history)."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from services.mayor.reads import depends_on, is_ancestor
-from services.mayor.state import STATUS_RANK, STATUSES, Bead, MayorState
+from services.mayor.state import STATUS_RANK, STATUSES, Bead, MayorState, depends_on, is_ancestor
 from shared.commands import BeadCreate, BeadUpdate
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError

@@ -9,7 +9,7 @@ from datetime import datetime
 
 import msgspec
 
-from services.deacon.leases import LeaseState
+from services.deacon.plan.leases import LeaseState
 from shared.events import (
     BeadClaimed,
     BeadClosed,

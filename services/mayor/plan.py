@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from services.mayor.reads import convoy_progress, open_blockers
-from services.mayor.state import MayorState
+from services.mayor.state import MayorState, convoy_progress, open_blockers
 from shared.commands import SEVERITIES
 from shared.decision import NewEvent
 from shared.events import BeadSlung, ConvoyClosed, EscalationReescalated

@@ -22,8 +22,8 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from services.refinery import refusals
-from services.refinery.gate_user import GateUser, workspace
+from services.refinery.effects import refusals
+from services.refinery.effects.gate_user import GateUser, workspace
 from services.refinery.state import MergeRequest, RigInfo
 from shared import git
 from shared.faults import crash_point

@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from services.deacon import automation_plan
-from services.deacon.automation_state import AutomationRecord, AutomationState, Run
-from services.deacon.automations import Automation, Definitions, InvalidAutomation
+from services.deacon.automations import plan as automation_plan
+from services.deacon.automations.definitions import Automation, Definitions, InvalidAutomation
+from services.deacon.automations.state import AutomationRecord, AutomationState, Run
 from shared.errors import QueryError
 
 

@@ -1,43 +1,21 @@
-"""Token usage folded per session, and grouped per bead, rig, convoy or day for ``gt.q.mayor.costs``. Pure.
+"""Token usage grouped per bead, rig, convoy, day or session for ``gt.q.mayor.costs``. Pure.
 
-A ``session.usage`` event holds the session's running totals, so the fold keeps the newest per session; what a
-session used between two of its events (the difference) is what the day of the later event used."""
+The usage book is folded by the projection (``fold_usage``): a ``session.usage`` event holds the session's running
+totals, so the fold keeps the newest per session, and what a session used between two of its events (the
+difference) is what the day of the later event used."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Any
 
 import msgspec
 
+from services.mayor.state import SessionCost, UsageBook
 from shared.errors import QueryError
-from shared.events.usage import SessionUsage
-from shared.usage import COST_GROUPINGS, ModelUsage, difference, merge
+from shared.usage import COST_GROUPINGS, ModelUsage, merge
 
 GROUPINGS = COST_GROUPINGS
-
-
-class SessionCost(msgspec.Struct, kw_only=True):
-    rig: str
-    bead: str
-    models: tuple[ModelUsage, ...] = ()
-    final: bool = False
-
-
-class UsageBook(msgspec.Struct, kw_only=True):
-    sessions: dict[str, SessionCost] = {}
-    days: dict[str, dict[str, ModelUsage]] = {}
-    """``YYYY-MM-DD`` (UTC) -> model -> what was used that day."""
-
-
-def fold_usage(book: UsageBook, event: SessionUsage, ts: datetime) -> None:
-    before = book.sessions.get(event.session_id)
-    used = difference(event.models, before.models if before else ())
-    merge(book.days.setdefault(ts.date().isoformat(), {}), [u for u in used if u.messages or u.tokens])
-    book.sessions[event.session_id] = SessionCost(
-        rig=event.rig, bead=event.bead, models=event.models, final=event.final
-    )
 
 
 def _row(key: str, usages: Iterable[ModelUsage], sessions: int) -> dict[str, Any]:

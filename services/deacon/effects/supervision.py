@@ -19,8 +19,8 @@ import structlog
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from services.deacon import leases as lease_rules
-from services.deacon import liveness
+from services.deacon.plan import leases as lease_rules
+from services.deacon.plan import liveness
 from shared import heartbeats
 from shared import leases as lease_kv
 from shared.aio import pause, raise_if_cancelling

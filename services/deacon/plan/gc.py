@@ -15,8 +15,8 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from services.deacon.leases import LeaseState
-from services.deacon.liveness import LivenessState
+from services.deacon.plan.leases import LeaseState
+from services.deacon.plan.liveness import LivenessState
 from shared import heartbeats
 from shared import leases as lease_kv
 from shared.commands import GcSweep

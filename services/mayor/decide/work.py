@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from services.mayor.decide_beads import fresh_id, get_bead, result
-from services.mayor.reads import is_complete, open_blockers, unmet_needs
-from services.mayor.state import INFRA_TYPES, KnownRig, MayorState, Molecule, Step
+from services.mayor.decide.beads import fresh_id, get_bead, result
+from services.mayor.state import (
+    INFRA_TYPES,
+    KnownRig,
+    MayorState,
+    Molecule,
+    Step,
+    is_complete,
+    open_blockers,
+    unmet_needs,
+)
 from shared.commands import BeadSling, BeadUnsling, StepDone, StepStart
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError

@@ -15,9 +15,9 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 
-from services.deacon import cron
-from services.deacon.automation_state import AutomationRecord, AutomationState, Run, command_id
-from services.deacon.automations import Automation, InvalidAutomation
+from services.deacon.automations import cron
+from services.deacon.automations.definitions import Automation, InvalidAutomation
+from services.deacon.automations.state import AutomationRecord, AutomationState, Run, command_id
 from shared.commands import AutomationRun
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError

@@ -18,7 +18,7 @@ import nats.js.errors
 import structlog
 from nats.js.client import JetStreamContext
 
-from services.deacon import gc
+from services.deacon.plan import gc
 from services.deacon.state import DeaconState
 from shared.config import TownConfig
 

@@ -7,8 +7,15 @@ from typing import Any
 
 import msgspec
 
-from services.mayor.costs import costs
-from services.mayor.reads import (
+from services.mayor.queries.costs import costs
+from services.mayor.state import (
+    STATUS_RANK,
+    STATUSES,
+    Bead,
+    Convoy,
+    Escalation,
+    MayorState,
+    Molecule,
     convoy_progress,
     convoy_waves,
     current_step,
@@ -19,7 +26,6 @@ from services.mayor.reads import (
     is_ready,
     open_blockers,
 )
-from services.mayor.state import STATUS_RANK, STATUSES, Bead, Convoy, Escalation, MayorState, Molecule
 from shared.commands import SEVERITIES
 from shared.commands.mail import normalise_address, polecat_address
 from shared.errors import QueryError
@@ -248,7 +254,7 @@ def _escalations(state: MayorState, body: dict[str, Any]) -> Any:
 
 
 def _costs(state: MayorState, body: dict[str, Any]) -> Any:
-    """Token usage grouped ``by`` bead, rig, convoy, day or session (``services.mayor.costs``)."""
+    """Token usage grouped ``by`` bead, rig, convoy, day or session (``services.mayor.queries.costs``)."""
     convoys_of_bead: dict[str, list[str]] = {}
     for convoy in state.convoys.values():
         for bead_id in convoy.beads:

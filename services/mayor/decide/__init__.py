@@ -6,8 +6,12 @@ after the other (those on the same aggregate).
 
 from __future__ import annotations
 
-from services.mayor import decide_beads, decide_convoys, decide_escalations, decide_mail, decide_work
-from services.mayor.decide_work import Formulas
+from services.mayor.decide import beads as decide_beads
+from services.mayor.decide import convoys as decide_convoys
+from services.mayor.decide import escalations as decide_escalations
+from services.mayor.decide import mail as decide_mail
+from services.mayor.decide import work as decide_work
+from services.mayor.decide.work import Formulas
 from services.mayor.state import MayorState
 from shared.commands import (
     BeadClaim,

@@ -10,7 +10,7 @@ import nats.errors
 import structlog
 from nats.js.client import JetStreamContext
 
-from services.deacon.disk import Measurement
+from services.deacon.plan.disk import Measurement
 
 log = structlog.get_logger(__name__)
 
