@@ -59,7 +59,7 @@ DOWN_TIMEOUT_S = 90.0
 DEFAULT_TMUX_SOCKET = "gastown"
 """As the witness's (services.witness.settings): the CLI does not import a service."""
 POLECAT_TMUX_PREFIX = "gt-"
-"""Polecat tmux sessions are named ``gt-<rig>-<polecat>`` (services.witness.scope)."""
+"""Polecat tmux sessions are named ``gt-<rig>-<polecat>`` (services.witness.plan.scope)."""
 
 
 class TownState(msgspec.Struct, kw_only=True):

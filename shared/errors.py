@@ -98,7 +98,8 @@ class StreamGapError(GastownError):
 
 
 class CommandError(GastownError):
-    """A command cannot be carried out; ``code`` is one of the reason codes (docs/architecture.md, "Commands")."""
+    """A command cannot be carried out; ``code`` is one of the reason codes (docs/architecture.md, "Commands: from a
+    body to events")."""
 
     def __init__(self, code: str, message: str) -> None:
         self.code = code

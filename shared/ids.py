@@ -24,8 +24,8 @@ def stable_digest_id(raw: str, *, prefix: str = "cmd") -> str:
 
 
 def command_id(header_id: str | None, body_id: str | None, cmd_seq: int) -> str:
-    """The command's id (docs/architecture.md, "Commands"): header, else body ``cmd_id``, else
-    ``cmd-<GT_CMD seq>``."""
+    """The command's id (docs/architecture.md, "Commands: from a body to events"): header, else body ``cmd_id``,
+    else ``cmd-<GT_CMD seq>``."""
     for candidate in (header_id, body_id):
         if candidate:
             return candidate if is_valid_id(candidate) else stable_digest_id(candidate)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from services.mayor import plan
+from services.mayor import effects, plan
 from services.mayor.decide import decide
 from services.mayor.projection import new_projection
 from services.mayor.state import MayorState
-from shared.commands import Command
+from shared.commands import BeadSling, Command
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.events import RigAdded
 from shared.formulas.catalog import FormulaCatalog
@@ -32,7 +33,9 @@ def mayor_town(
     formulas: FormulaCatalog = BUILTIN_FORMULAS, stale_after: timedelta = STALE_AFTER, rigs: tuple[str, ...] = RIGS
 ) -> MemoryTown[MayorState]:
     def decide_with_formulas(state: MayorState, cmd: Command, ctx: DecideContext) -> Accepted:
-        return decide(state, cmd, ctx, formulas)
+        # As the service's prepare(): the sling's formula is looked up before deciding.
+        facts = effects.sling_formula(formulas, cmd) if isinstance(cmd, BeadSling) else None
+        return decide(state, cmd, dataclasses.replace(ctx, facts=facts))
 
     def owed(state: MayorState, now: datetime) -> list[NewEvent]:
         return plan.owed(state, now, stale_after)

@@ -5,8 +5,8 @@ closed, closing finished convoys, re-escalating ignored escalations.
 
 Shape: ``state`` (the data, and pure reads of it shared by decide, plan and queries), ``projection`` (the fold),
 ``decide`` (one module per area: beads, convoys, escalations, mail, work), ``plan``, ``queries`` (with
-``queries.costs``), ``service`` (wiring). It has no ``settings`` module: its one knob, how long an escalation may
-go unacknowledged (``GT_ESCALATION_STALE_AFTER``), is town configuration (``shared.config``), and its formulas
-are read from ``GT_HOME/formulas`` and the rigs' own. It does no I/O of its own besides the bus and reading
-formula files, so it has no ``effects`` either.
+``queries.costs``), ``effects`` (reading formula files: a sling's formula is looked up in ``prepare()`` and
+handed to decide, which does no I/O; the formula queries), ``service`` (wiring). It has no ``settings`` module:
+its one knob, how long an escalation may go unacknowledged (``GT_ESCALATION_STALE_AFTER``), is town
+configuration (``shared.config``).
 """

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
-import msgspec
 import structlog
 
 from services.mayor import decide as mayor_decide
-from services.mayor import plan, queries
+from services.mayor import effects, plan, queries
 from services.mayor.projection import new_projection
 from services.mayor.state import MayorState
 from shared.commands import BeadSling, Command
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
-from shared.errors import QueryError
-from shared.formulas import FormulaError, cook
 from shared.formulas.catalog import FormulaCatalog
 from shared.service import Service, ServiceSettings
 
@@ -40,15 +38,18 @@ class MayorService(Service[MayorState]):
         self._stale_after = timedelta(seconds=config.escalation_stale_after_s)
 
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
-        return mayor_decide.decide(self.projection.state, cmd, ctx, self.formulas)
+        return mayor_decide.decide(self.projection.state, cmd, ctx)
 
     def aggregate_key(self, cmd: Command) -> str | None:
         return mayor_decide.aggregate_key(cmd)
 
     async def prepare(self, cmd: Command) -> object:
-        if isinstance(cmd, BeadSling) and cmd.rig not in self.projection.state.rigs:
+        """A sling's formula, read from its files here (in a thread, off the event loop) so deciding does no I/O."""
+        if not isinstance(cmd, BeadSling):
+            return None
+        if cmd.rig not in self.projection.state.rigs:
             await self._catch_up_for(cmd.rig)
-        return None
+        return await asyncio.to_thread(effects.sling_formula, self.formulas, cmd)
 
     async def _catch_up_for(self, rig: str) -> None:
         """The witness may have added the rig a moment ago: judge a sling to it on the log as it is now, not
@@ -68,48 +69,10 @@ class MayorService(Service[MayorState]):
 
     def query(self, what: str, body: dict[str, Any]) -> Any:
         if what == "formulas":
-            return self._formulas(body)
+            return effects.formula_list(self.formulas, body)
         if what == "formula":
-            return self._formula(body)
+            return effects.formula_view(self.formulas, body)
         return queries.answer(self.projection.state, what, body)
 
     def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None:
         queries.check_session_query(self.projection.state, what, body, session)
-
-    def _formulas(self, body: dict[str, Any]) -> Any:
-        rig = body.get("rig")
-        if rig is not None and not isinstance(rig, str):
-            raise QueryError("invalid", "`rig` must be a string")
-        out = []
-        for name, entry in sorted(self.formulas.entries(rig).items()):
-            item: dict[str, Any] = {"name": name, "layer": entry.layer, "path": str(entry.path)}
-            if entry.formula is not None:
-                item.update(
-                    description=entry.formula.description,
-                    version=entry.formula.version,
-                    steps=len(entry.formula.steps),
-                )
-            if entry.error is not None:
-                item["error"] = str(entry.error)
-            out.append(item)
-        return out
-
-    def _formula(self, body: dict[str, Any]) -> Any:
-        name, rig, given = body.get("name"), body.get("rig"), body.get("vars") or {}
-        if not isinstance(name, str) or not name:
-            raise QueryError("invalid", "`name` is required")
-        if rig is not None and not isinstance(rig, str):
-            raise QueryError("invalid", "`rig` must be a string")
-        if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
-            raise QueryError("invalid", "`vars` must be an object of strings")
-        try:
-            formula = self.formulas.get(name, rig)
-            builtins = {"bead": "<bead>", "bead_title": "<bead title>", "rig": rig or "<rig>"}
-            # Without vars the steps are shown as written, placeholders and all; with them, cooked.
-            steps, used = cook(formula, given, builtins) if given else (formula.steps, {})
-        except FormulaError as exc:
-            raise QueryError("invalid", str(exc)) from None
-        view: dict[str, Any] = msgspec.to_builtins(formula)
-        view["steps"] = msgspec.to_builtins(steps)
-        view["vars_used"] = used
-        return view

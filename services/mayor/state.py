@@ -162,10 +162,10 @@ class MayorState(msgspec.Struct, kw_only=True):
     """Bead id -> its molecule."""
     convoys: dict[str, Convoy] = {}
     open_convoys: list[str] = []
-    """Ids of the convoys still open, so reconcile looks at those only."""
+    """Ids of the convoys still open, so the plan looks at those only."""
     escalations: dict[str, Escalation] = {}
     holds: dict[str, Hold] = {}
-    """Bead id -> its held sling, for open beads only (a sling or a close ends it), so reconcile looks at those."""
+    """Bead id -> its held sling, for open beads only (a sling or a close ends it), so the plan looks at those."""
     rigs: dict[str, KnownRig] = {}
     """Every rig added, by name (removed ones too: their names stay taken), with its polecats: what a sling may
     name, and what ``polecat:<rig>/<name>`` and ``rig:<rig>`` may address."""

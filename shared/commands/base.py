@@ -1,7 +1,7 @@
 """The command base class and the field checks every command shares.
 
-Parsing never raises anything but ``CommandError`` with one of the reason codes (docs/architecture.md), so every bad
-input ends in a ``cmd.rejected`` a person can act on.
+Parsing never raises anything but ``CommandError`` with one of the reason codes (docs/architecture.md, "Commands:
+from a body to events"), so every bad input ends in a ``cmd.rejected`` a person can act on.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ SHAPE = frozenset(
 """What each name holds: ``state`` the projection's data, ``projection`` the pure folds, ``decide`` command ->
 events or a rejection (pure), ``plan`` state and time -> what is owed now (pure), ``effects`` the only I/O besides
 the bus, ``queries`` the answers to ``gt.q.<service>.*``, ``service`` the wiring."""
-CORE = SHAPE - {"settings", "effects"}
-"""What every service has (the mayor has no settings of its own and no effects besides the bus)."""
+CORE = SHAPE - {"settings"}
+"""What every service has (the mayor has no settings of its own: its one knob is town configuration)."""
 SUB_PACKAGES = {"deacon": frozenset({"automations"})}
 """Parts big enough to be laid out like a service of their own (the deacon's automations)."""
 

@@ -1,4 +1,4 @@
-"""Automations, run by the deacon: the adapter around the pure ``automation_plan``.
+"""Automations, run by the deacon: the adapter around the pure ``automations.plan``.
 
 Each reconcile reads the files (cached by modification time), records how finished commands ended, starts
 the condition checks that are due, and asks the plan which gates are open. A due automation gets

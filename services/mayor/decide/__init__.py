@@ -11,7 +11,6 @@ from services.mayor.decide import convoys as decide_convoys
 from services.mayor.decide import escalations as decide_escalations
 from services.mayor.decide import mail as decide_mail
 from services.mayor.decide import work as decide_work
-from services.mayor.decide.work import Formulas
 from services.mayor.state import MayorState
 from shared.commands import (
     BeadClaim,
@@ -37,7 +36,7 @@ from shared.commands import (
 from shared.decision import Accepted, DecideContext
 from shared.errors import CommandError
 
-__all__ = ["Formulas", "aggregate_key", "decide"]
+__all__ = ["aggregate_key", "decide"]
 
 
 def aggregate_key(cmd: Command) -> str | None:
@@ -53,7 +52,7 @@ def aggregate_key(cmd: Command) -> str | None:
     return None
 
 
-def decide(state: MayorState, cmd: Command, ctx: DecideContext, formulas: Formulas) -> Accepted:
+def decide(state: MayorState, cmd: Command, ctx: DecideContext) -> Accepted:
     """The events ``cmd`` produces on ``state``.
 
     Raises:
@@ -69,7 +68,7 @@ def decide(state: MayorState, cmd: Command, ctx: DecideContext, formulas: Formul
         case BeadClose():
             return decide_beads.close(state, decide_beads.get_bead(state, cmd.id), cmd.reason)
         case BeadSling():
-            return decide_work.sling(state, cmd, ctx, formulas)
+            return decide_work.sling(state, cmd, ctx)
         case BeadUnsling():
             return decide_work.unsling(state, cmd)
         case StepStart():

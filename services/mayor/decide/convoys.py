@@ -1,4 +1,4 @@
-"""Decisions on convoys: create, add beads, land. Auto-close happens in reconcile. Pure."""
+"""Decisions on convoys: create, add beads, land. Auto-close is owed by ``plan``. Pure."""
 
 from __future__ import annotations
 

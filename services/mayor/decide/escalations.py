@@ -1,4 +1,4 @@
-"""Decisions on escalations: raise, acknowledge, close. Re-escalation happens in reconcile. Pure."""
+"""Decisions on escalations: raise, acknowledge, close. Re-escalation is owed by ``plan``. Pure."""
 
 from __future__ import annotations
 

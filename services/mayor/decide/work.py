@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from services.mayor.decide.beads import fresh_id, get_bead, result
 from services.mayor.state import (
     INFRA_TYPES,
@@ -35,13 +33,9 @@ DEFAULT_FORMULA = "polecat-work"
 CONVOY_PREFIX = "cv"
 
 
-class Formulas(Protocol):
-    """Where decisions look formulas up (the service's catalog, or a dict in tests)."""
-
-    def get(self, name: str, rig: str | None = None) -> Formula: ...
-
-
-def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext, formulas: Formulas) -> Accepted:
+def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext) -> Accepted:
+    """``ctx.facts``: the formula the service looked up for this sling before deciding (``effects.sling_formula``),
+    or the ``FormulaError`` saying why there is none usable; cooked only if the bead gets a molecule."""
     bead = get_bead(state, cmd.id)
     if bead.status == "closed":
         raise CommandError("backward_transition", f"bead {bead.id} is closed; sling a new bead that references it")
@@ -69,7 +63,7 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext, formulas: Formu
     events.append(NewEvent(payload=_hook(bead.id, cmd, rehook, blockers, convoy_id), expected_seq=bead.version))
     molecule = state.molecules.get(bead.id)
     if molecule is None and not cmd.no_formula:
-        events.append(_attach(bead.id, bead.title, cmd, formulas))
+        events.append(_attach(bead.id, bead.title, cmd, ctx.facts))
     elif molecule is not None and cmd.formula and cmd.formula != molecule.formula:
         raise CommandError(
             "conflict", f"bead {bead.id} already carries a {molecule.formula} molecule; a re-sling keeps it"
@@ -151,10 +145,14 @@ def unsling(state: MayorState, cmd: BeadUnsling) -> Accepted:
     )
 
 
-def _attach(bead_id: str, bead_title: str, cmd: BeadSling, formulas: Formulas) -> NewEvent:
-    name = cmd.formula or DEFAULT_FORMULA
+def _attach(bead_id: str, bead_title: str, cmd: BeadSling, looked_up: object) -> NewEvent:
+    if isinstance(looked_up, FormulaError):
+        raise CommandError("invalid", str(looked_up)) from looked_up
+    if not isinstance(looked_up, Formula):
+        # A bug, not bad input: the intake runs prepare() before every decision.
+        raise TypeError(f"sling of {bead_id} decided without its formula: MayorService.prepare looks it up")
+    formula = looked_up
     try:
-        formula = formulas.get(name, cmd.rig)
         steps, used = cook(formula, cmd.vars, {"bead": bead_id, "bead_title": bead_title, "rig": cmd.rig})
     except FormulaError as exc:
         raise CommandError("invalid", str(exc)) from exc

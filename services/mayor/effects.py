@@ -1,0 +1,67 @@
+"""The mayor's effects: reading formula files (built-in, the town's ``GT_HOME/formulas``, a rig's own). Its only
+I/O besides the bus; done before deciding (``prepare()``, in a thread) so that decide stays pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from services.mayor.decide.work import DEFAULT_FORMULA
+from shared.commands import BeadSling
+from shared.errors import QueryError
+from shared.formulas import Formula, FormulaError, cook
+from shared.formulas.catalog import FormulaCatalog
+
+
+def sling_formula(catalog: FormulaCatalog, cmd: BeadSling) -> Formula | FormulaError | None:
+    """The formula a sling would cook onto its bead as the rig sees it now, or why there is none usable (decide
+    refuses the sling with it if the bead needs a molecule); None when the sling asks for no formula."""
+    if cmd.no_formula:
+        return None
+    try:
+        return catalog.get(cmd.formula or DEFAULT_FORMULA, cmd.rig)
+    except FormulaError as exc:
+        return exc
+
+
+def formula_list(catalog: FormulaCatalog, body: dict[str, Any]) -> Any:
+    """``gt.q.mayor.formulas``: every formula the town (or ``rig``) sees, broken ones with their error."""
+    rig = body.get("rig")
+    if rig is not None and not isinstance(rig, str):
+        raise QueryError("invalid", "`rig` must be a string")
+    out = []
+    for name, entry in sorted(catalog.entries(rig).items()):
+        item: dict[str, Any] = {"name": name, "layer": entry.layer, "path": str(entry.path)}
+        if entry.formula is not None:
+            item.update(
+                description=entry.formula.description,
+                version=entry.formula.version,
+                steps=len(entry.formula.steps),
+            )
+        if entry.error is not None:
+            item["error"] = str(entry.error)
+        out.append(item)
+    return out
+
+
+def formula_view(catalog: FormulaCatalog, body: dict[str, Any]) -> Any:
+    """``gt.q.mayor.formula``: one formula as written, or cooked with ``vars``."""
+    name, rig, given = body.get("name"), body.get("rig"), body.get("vars") or {}
+    if not isinstance(name, str) or not name:
+        raise QueryError("invalid", "`name` is required")
+    if rig is not None and not isinstance(rig, str):
+        raise QueryError("invalid", "`rig` must be a string")
+    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
+        raise QueryError("invalid", "`vars` must be an object of strings")
+    try:
+        formula = catalog.get(name, rig)
+        builtins = {"bead": "<bead>", "bead_title": "<bead title>", "rig": rig or "<rig>"}
+        # Without vars the steps are shown as written, placeholders and all; with them, cooked.
+        steps, used = cook(formula, given, builtins) if given else (formula.steps, {})
+    except FormulaError as exc:
+        raise QueryError("invalid", str(exc)) from None
+    view: dict[str, Any] = msgspec.to_builtins(formula)
+    view["steps"] = msgspec.to_builtins(steps)
+    view["vars_used"] = used
+    return view
