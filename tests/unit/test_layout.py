@@ -43,3 +43,10 @@ def test_every_service_names_its_modules_from_the_one_shape() -> None:
 def test_every_service_has_the_core_of_the_shape() -> None:
     missing = sorted(f"services/{name}/{module}" for name in SERVICES for module in CORE - top_level_names(ROOT / name))
     assert not missing, f"missing: {missing}"
+
+
+def test_the_witness_finds_the_checkout_it_runs_from() -> None:
+    # Its .tools/npm holds the Claude Code that ./dev setup installed; a module moved deeper must still find it.
+    from services.witness.effects import runtime_setup
+
+    assert (runtime_setup.PROJECT_ROOT / "pyproject.toml").is_file(), runtime_setup.PROJECT_ROOT

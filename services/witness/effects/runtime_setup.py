@@ -26,7 +26,7 @@ from shared.runtimes import (
     Runtime,
 )
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 """The checkout the witness runs from (its ``.tools/npm`` holds the Claude Code ``./dev setup`` installed)."""
 VERSION_TIMEOUT_S = 30.0
 
