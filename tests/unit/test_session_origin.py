@@ -12,17 +12,17 @@ from services.mayor.state import MESSAGE_TYPE, Bead, KnownRig, MayorState
 from services.witness.queries import check_session_query
 from shared.commands import BeadClaim, Fence, MailArchive, SessionHandoff, StepDone
 from shared.errors import CommandError, QueryError
-from shared.intake import command_actor, impersonation
+from shared.intake import Sender, command_actor, impersonation
 from shared.subjects import SessionOrigin
 
 ACE = SessionOrigin("demo", "ace", "hq-a-1")
 
 
 def test_the_subject_names_the_actor_whatever_the_body_says() -> None:
-    assert command_actor("mayor", ACE) == "polecat:demo/ace"
-    assert command_actor(None, ACE) == "polecat:demo/ace"
-    assert command_actor("operator:ann", None) == "operator:ann", "plain subjects: operators and services"
-    assert command_actor(None, None) == "operator"
+    assert command_actor("mayor", ACE) == Sender("polecat:demo/ace", "agent")
+    assert command_actor(None, ACE) == Sender("polecat:demo/ace", "agent")
+    assert command_actor("operator:ann", None) == Sender("operator:ann", "operator"), "plain subjects: operators"
+    assert command_actor(None, None) == Sender("operator", "operator")
 
 
 def test_a_session_names_only_itself() -> None:
