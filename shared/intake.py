@@ -107,6 +107,8 @@ def max_failures_from_env() -> int:
 
 OPERATOR = "operator"
 """The actor of a command on a plain subject whose body names none."""
+POLECAT_PREFIX = "polecat:"
+PLUGIN_PREFIX = "plugin:"
 SUB_ACTORS: dict[str, tuple[str, ...]] = {"deacon": ("automation:",)}
 """Whom a service may name as a command's actor in its body, besides itself: the deacon runs each automation as
 ``automation:<name>``. Any other actor in the body of a service's command is refused."""
@@ -131,8 +133,8 @@ def command_actor(
     - On a service's own subject (``gt.cmd.<aggregate>.<verb>.svc.<service>``): that service; its body may name
       only what the service acts for (``SUB_ACTORS``: the deacon's ``automation:<name>``).
     - On a plain subject: an operator. The body's ``actor`` labels the operator (``operator``, ``operator:ann``,
-      ``supervisor``, any free label), but never a service's or an agent's name: only operators may publish
-      plain subjects, and the services and sessions never send on them.
+      ``supervisor``, ``plugin:<name>``, any free label), but never a service's, an automation's or a polecat's
+      name: only operators may publish plain subjects, and the services and sessions never send on them.
 
     ``before_cutover``: a command on a plain subject stored before this town's services decided the actor by the
     subject (``topology.ORIGIN_CUTOVER_KEY``): settled by the rule it was sent under, its body's actor."""
@@ -145,13 +147,17 @@ def command_actor(
         return Sender(actor, actor_class(actor))
     if body_actor is None:
         return Sender(OPERATOR, "operator")
+    if body_actor.startswith(PLUGIN_PREFIX):
+        # A plugin sending commands with a user that may publish the plain subjects: an operator's label, held to
+        # an agent's (smaller) limits as plugins always were. A label can only make its sender more limited.
+        return Sender(body_actor, "agent")
     reserved = _reserved(body_actor)
     if reserved is not None:
         return CommandError(
             "unauthorized",
             f"`actor` {body_actor[:80]!r} is {reserved}, and a command on a plain subject "
             "(gt.cmd.<aggregate>.<verb>) is an operator's: its `actor` only labels the operator (operator, "
-            "operator:<name>, any name that is not a service's or an agent's). Who acted is decided by the subject "
+            "operator:<name>, any name that is not a service's or a polecat's). Who acted is decided by the subject "
             "a command came on, never by its body: a polecat session sends on its own subject, a service on "
             "its own (gt.cmd.<aggregate>.<verb>.svc.<service>), and operators may publish on neither",
         )
@@ -163,11 +169,10 @@ def _reserved(label: str) -> str | None:
     name = label.strip().casefold()
     if name.startswith("automation:"):
         return "an automation's name (the deacon runs automations)"
-    cls = actor_class(name)
-    if cls == "service":
+    if name.startswith(POLECAT_PREFIX):
+        return "a polecat's name (its sessions send on their own subjects)"
+    if actor_class(name) == "service":
         return "a service's name"
-    if cls == "agent":
-        return "an agent's name (polecat:..., plugin:...)"
     return None
 
 

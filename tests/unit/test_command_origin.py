@@ -29,6 +29,12 @@ def test_a_plain_subject_is_an_operators_whose_body_labels_it(label: str) -> Non
     assert command_actor(label, None) == Sender(label, "operator")
 
 
+def test_a_plugins_label_is_an_operators_held_to_an_agents_limits() -> None:
+    """A plugin with a user that may send commands labels itself; its label is no identity (anyone who may publish
+    the plain subjects may write it), and it only makes the sender more limited, never exempt."""
+    assert command_actor("plugin:notifier", None) == Sender("plugin:notifier", "agent")
+
+
 @pytest.mark.parametrize(
     ("label", "reserved_for"),
     [
@@ -39,8 +45,8 @@ def test_a_plain_subject_is_an_operators_whose_body_labels_it(label: str) -> Non
         ("witness-east", "a service's name"),
         ("refinery", "a service's name"),
         ("deacon", "a service's name"),
-        ("polecat:demo/ace", "an agent's name"),
-        ("plugin:archiver", "an agent's name"),
+        ("polecat:demo/ace", "a polecat's name"),
+        ("Polecat:demo/ace", "a polecat's name"),
         ("automation:nightly", "an automation's name"),
     ],
 )
