@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import nats.errors
@@ -36,6 +36,7 @@ from shared.bus.append import ERR_MAX_PAYLOAD, Appender, PendingEvent
 from shared.bus.commit import GroupCommitter
 from shared.bus.fencing import fence_error
 from shared.bus.reader import EventReader
+from shared.bus.topology import origin_cutover
 from shared.commands import (
     DEFAULT_MAX_COMMAND_BYTES,
     BeadClaim,
@@ -61,7 +62,7 @@ from shared.errors import (
 from shared.events import CommandAccepted, CommandRejected, EventRef, encode_event
 from shared.faults import crash_point
 from shared.held_attempts import HeldAttempts, HeldRecord
-from shared.rate_limit import RateLimiter
+from shared.rate_limit import SERVICE_ACTORS, ActorClass, RateLimiter, actor_class
 
 log = structlog.get_logger(__name__)
 
@@ -104,14 +105,101 @@ def max_failures_from_env() -> int:
     return max(1, int(raw)) if raw.strip().isdigit() else DEFAULT_MAX_FAILURES
 
 
-def command_actor(body_actor: str | None, origin: subjects.SessionOrigin | None = None) -> str:
-    """Who a command is from, as the intake records it and the rate limiter counts it. A command sent on a
-    polecat session's own subject is its polecat's, whatever its body says (only that session may publish
-    there, docs/architecture.md "Identity"); any other is from the body's ``actor``, else ``operator`` (only
-    operators and services may publish on the plain subjects)."""
-    if origin is not None:
-        return origin.actor
-    return body_actor or "operator"
+OPERATOR = "operator"
+"""The actor of a command on a plain subject whose body names none."""
+POLECAT_PREFIX = "polecat:"
+PLUGIN_PREFIX = "plugin:"
+SUB_ACTORS: dict[str, tuple[str, ...]] = {"deacon": ("automation:",)}
+"""Whom a service may name as a command's actor in its body, besides itself: the deacon runs each automation as
+``automation:<name>``. Any other actor in the body of a service's command is refused."""
+
+
+class Sender(NamedTuple):
+    """Who a command is from, as the intake records it, and the class whose rate limits it is charged under: both
+    decided by the subject it came on, which the NATS permissions decide who may publish on."""
+
+    actor: str
+    cls: ActorClass
+
+
+def command_actor(
+    body_actor: str | None, origin: subjects.Origin | None, *, before_cutover: bool = False
+) -> Sender | CommandError:
+    """Who a command is from (docs/architecture.md, "Identity"), or the ``unauthorized`` rejection of a body that
+    names someone its sender may not act as.
+
+    - On a polecat session's own subject: its polecat (``polecat:<rig>/<polecat>``), whatever its body says; only
+      that session may publish there.
+    - On a service's own subject (``gt.cmd.<aggregate>.<verb>.svc.<service>``): that service; its body may name
+      only what the service acts for (``SUB_ACTORS``: the deacon's ``automation:<name>``).
+    - On a plain subject: an operator. The body's ``actor`` labels the operator (``operator``, ``operator:ann``,
+      ``supervisor``, ``plugin:<name>``, any free label), but never a service's, an automation's or a polecat's
+      name: only operators may publish plain subjects, and the services and sessions never send on them.
+
+    ``before_cutover``: a command on a plain subject stored before this town's services decided the actor by the
+    subject (``topology.ORIGIN_CUTOVER_KEY``): settled by the rule it was sent under, its body's actor."""
+    if isinstance(origin, subjects.SessionOrigin):
+        return Sender(origin.actor, "agent")
+    if isinstance(origin, subjects.ServiceOrigin):
+        return _service_sender(body_actor, origin)
+    if before_cutover:
+        actor = body_actor or OPERATOR
+        return Sender(actor, actor_class(actor))
+    if body_actor is None:
+        return Sender(OPERATOR, "operator")
+    if body_actor.startswith(PLUGIN_PREFIX):
+        # A plugin sending commands with a user that may publish the plain subjects: an operator's label, held to
+        # an agent's (smaller) limits as plugins always were. A label can only make its sender more limited.
+        return Sender(body_actor, "agent")
+    reserved = _reserved(body_actor)
+    if reserved is not None:
+        return CommandError(
+            "unauthorized",
+            f"`actor` {body_actor[:80]!r} is {reserved}, and a command on a plain subject "
+            "(gt.cmd.<aggregate>.<verb>) is an operator's: its `actor` only labels the operator (operator, "
+            "operator:<name>, any name that is not a service's or a polecat's). Who acted is decided by the subject "
+            "a command came on, never by its body: a polecat session sends on its own subject, a service on "
+            "its own (gt.cmd.<aggregate>.<verb>.svc.<service>), and operators may publish on neither",
+        )
+    return Sender(body_actor, "operator")
+
+
+def _reserved(label: str) -> str | None:
+    """What ``label`` is reserved for, when it names anyone but an operator (in any case, spaces around it)."""
+    name = label.strip().casefold()
+    if name.startswith("automation:"):
+        return "an automation's name (the deacon runs automations)"
+    if name.startswith(POLECAT_PREFIX):
+        return "a polecat's name (its sessions send on their own subjects)"
+    if actor_class(name) == "service":
+        return "a service's name"
+    return None
+
+
+def is_service(name: str) -> bool:
+    """A service scope that sends commands: ``mayor``, ``witness`` or one of its scopes (``witness-<rigs>``),
+    ``refinery``, ``deacon``."""
+    return name in SERVICE_ACTORS or (name.startswith("witness-") and len(name) > len("witness-"))
+
+
+def _service_sender(body_actor: str | None, origin: subjects.ServiceOrigin) -> Sender | CommandError:
+    service = origin.service
+    if not is_service(service):
+        return CommandError(
+            "unauthorized",
+            f"{service[:80]!r} is no service of the town: nobody acts as it (its subject is a service's)",
+        )
+    if body_actor is None or body_actor == service:
+        return Sender(service, "service")
+    base = service.split("-", 1)[0]
+    if any(body_actor.startswith(p) and len(body_actor) > len(p) for p in SUB_ACTORS.get(base, ())):
+        return Sender(body_actor, "service")
+    allowed = ", ".join(f"{p}<name>" for p in SUB_ACTORS.get(base, ())) or "nobody else"
+    return CommandError(
+        "unauthorized",
+        f"a command on the {service}'s own subject is the {service}'s: its `actor` may name only the {service} "
+        f"or what it acts for ({allowed}), not {body_actor[:80]!r}",
+    )
 
 
 def impersonation(cmd: Command, origin: subjects.SessionOrigin) -> CommandError | None:
@@ -151,6 +239,7 @@ class Delivery:
 
     __slots__ = (
         "actor",
+        "actor_class",
         "body",
         "command_id",
         "command_subject",
@@ -160,6 +249,7 @@ class Delivery:
         "msg",
         "name",
         "origin",
+        "refusal",
         "stored_at",
         "stream_seq",
         "subject",
@@ -174,6 +264,7 @@ class Delivery:
         stream_seq: int,
         delivered: int,
         max_bytes: int,
+        origin_from: int = 0,
         msg: Msg | None = None,
         stored_at: datetime | None = None,
     ) -> None:
@@ -189,14 +280,23 @@ class Delivery:
         else:
             body_id = actor = correlation = None
         self.command_id = ids.command_id(header_id, body_id, self.stream_seq)
-        self.command_subject, self.origin = subjects.split_session_subject(subject)
-        """The command's own subject (``gt.cmd.step.done``), and who sent it when it came on a session's subject."""
-        self.actor = command_actor(actor, self.origin)
+        self.command_subject, self.origin = subjects.split_origin(subject)
+        """The command's own subject (``gt.cmd.step.done``), and who sent it when it came on a session's or a
+        service's own subject."""
+        before_cutover = self.origin is None and self.stream_seq < origin_from
+        sender = command_actor(actor, self.origin, before_cutover=before_cutover)
+        self.refusal: CommandError | None = None
+        """The ``unauthorized`` answer of a body naming someone its sender may not act as."""
+        if isinstance(sender, CommandError):
+            self.refusal = sender
+            # Charged as whom the subject says it is from: an operator cannot spend a service's limits.
+            sender = Sender(self.origin.actor, "service") if self.origin is not None else Sender(OPERATOR, "operator")
+        self.actor, self.actor_class = sender
         self.correlation_id = correlation or self.command_id
         self.name = self.command_subject.removeprefix(subjects.CMD_PREFIX + ".")
 
     @classmethod
-    def fetched(cls, msg: Msg, max_bytes: int) -> Delivery:
+    def fetched(cls, msg: Msg, max_bytes: int, origin_from: int) -> Delivery:
         info = subjects.parse_js_reply(msg.reply)
         return cls(
             subject=msg.subject,
@@ -205,11 +305,12 @@ class Delivery:
             stream_seq=info.stream_seq,
             delivered=info.delivered,
             max_bytes=max_bytes,
+            origin_from=origin_from,
             msg=msg,
         )
 
     @classmethod
-    def held_by_predecessor(cls, msg: Msg, max_bytes: int) -> Delivery:
+    def held_by_predecessor(cls, msg: Msg, max_bytes: int, origin_from: int) -> Delivery:
         """A command read from the stream (not delivered by the durable consumer): nothing to ack."""
         meta = msg.metadata
         return cls(
@@ -219,6 +320,7 @@ class Delivery:
             stream_seq=meta.sequence.stream,
             delivered=0,
             max_bytes=max_bytes,
+            origin_from=origin_from,
             stored_at=meta.timestamp,
         )
 
@@ -236,6 +338,7 @@ class CommandIntake:
         self,
         *,
         service: str,
+        identity: str | None = None,
         js: JetStreamContext,
         stream: str,
         durable: str,
@@ -257,6 +360,8 @@ class CommandIntake:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._service = service
+        self._identity = identity or service
+        """The service scope this instance serves (``witness-east``): the sender of what the intake itself sends."""
         self._js = js
         self._stream = stream
         self._durable = durable
@@ -280,6 +385,9 @@ class CommandIntake:
         """Stream sequence -> deliveries this instance left unsettled because the server failed (not counted
         as the command's failures)."""
         self._limiter = limiter
+        self._origin_from = 0
+        """The GT_CMD sequence from which commands on plain subjects are an operator's (``origin_cutover``); read
+        at start."""
         self._new_id = new_id
         self._clock = clock
         self._slots = asyncio.Semaphore(max_in_flight)
@@ -304,6 +412,7 @@ class CommandIntake:
 
     async def run(self) -> None:
         sub = await self._bind()
+        self._origin_from = await self._read_origin_cutover()
         try:
             await self._settle_held_first()
             while True:
@@ -322,7 +431,7 @@ class CommandIntake:
                 for _ in range(free - len(msgs)):
                     self._slots.release()
                 for msg in msgs:
-                    self._dispatch(Delivery.fetched(msg, self._max_bytes))
+                    self._dispatch(Delivery.fetched(msg, self._max_bytes, self._origin_from))
         finally:
             for task in list(self._tasks):
                 task.cancel()
@@ -337,6 +446,17 @@ class CommandIntake:
             except (TimeoutError, nats.errors.Error) as exc:
                 log.warning("command_consumer_bind_failed", consumer=self._durable, error=repr(exc))
                 await pause(0.5)
+
+    async def _read_origin_cutover(self) -> int:
+        while True:
+            raise_if_cancelling()
+            try:
+                info = await self._js.stream_info(self._stream)
+            except (TimeoutError, nats.errors.Error) as exc:
+                log.warning("command_stream_info_failed", stream=self._stream, error=repr(exc))
+                await pause(0.5)
+                continue
+            return origin_cutover(info.config.metadata)
 
     async def _fetch(self, sub: Any, n: int) -> list[Msg]:
         try:
@@ -375,7 +495,7 @@ class CommandIntake:
                 async with contextlib.aclosing(self._stored_from(patterns, next_seq, last)) as stored:
                     async for msg in stored:
                         await self._slots.acquire()
-                        delivery = Delivery.held_by_predecessor(msg, self._max_bytes)
+                        delivery = Delivery.held_by_predecessor(msg, self._max_bytes, self._origin_from)
                         if tracker is not None and record is not None:
                             task = await self._settle_held_carefully(delivery, tracker, record)
                         else:
@@ -501,10 +621,15 @@ class CommandIntake:
         """The command a delivery carries and the aggregate it is decided on, or the rejection that answers it.
         Nothing a body holds may raise out of here: an exception would end the intake loop, the command would
         stay in GT_CMD, and the service would die on it again at every restart."""
+        if delivery.refusal is not None:
+            return delivery.refusal, None  # who sent it is checked before what it says
         parsed = read_command(delivery.command_subject, delivery.body, max_bytes=self._max_bytes)
         if isinstance(parsed, CommandError):
             return parsed, None
-        if delivery.origin is not None and (refused := impersonation(parsed, delivery.origin)) is not None:
+        if (
+            isinstance(delivery.origin, subjects.SessionOrigin)
+            and (refused := impersonation(parsed, delivery.origin)) is not None
+        ):
             return refused, None
         try:
             return parsed, self._key_of(parsed)
@@ -647,16 +772,14 @@ class CommandIntake:
         cmd_id = ids.command_id(f"set-aside-{delivery.command_id}", None, 0)
         raise_cmd = EscalationRaise(
             cmd_id=cmd_id,
-            actor=self._service,
             severity="high",
             message=f"the {self._service} set command {delivery.command_id} ({delivery.name}) aside: {what}",
-            source=self._service,
+            source=self._identity,
         )
         body = msgspec.json.encode(raise_cmd)
+        subject = subjects.service_command_subject("escalation", "raise", subjects.ServiceOrigin(self._identity))
         try:
-            await self._js.publish(
-                raise_cmd.SUBJECT, body, stream=self._stream, headers={"Nats-Msg-Id": cmd_id}, timeout=5
-            )
+            await self._js.publish(subject, body, stream=self._stream, headers={"Nats-Msg-Id": cmd_id}, timeout=5)
         except (TimeoutError, nats.errors.Error) as exc_pub:
             log.warning("set_aside_escalation_failed", error=repr(exc_pub))
 
@@ -668,7 +791,7 @@ class CommandIntake:
         by that outcome all the same (``_settle`` looks for it first)."""
         if self._limiter is None or delivery.held:
             return parsed
-        verdict = self._limiter.check(delivery.actor, len(delivery.body), time.monotonic())
+        verdict = self._limiter.check(delivery.actor, len(delivery.body), time.monotonic(), cls=delivery.actor_class)
         if verdict.admit:
             return parsed
         if verdict.drop:
@@ -712,7 +835,7 @@ class CommandIntake:
                 log.info("command_already_settled", outcome_seq=stored[0])
                 return stored[0]
         if isinstance(parsed, Command) and parsed.fence is not None:
-            holder = delivery.origin.session if delivery.origin is not None else None
+            holder = delivery.origin.session if isinstance(delivery.origin, subjects.SessionOrigin) else None
             fenced = await fence_error(
                 self._js, self._reader.stream, parsed.fence, stored_at=delivery.stored_time(), holder=holder
             )

@@ -12,8 +12,10 @@ dropped without an outcome (acknowledged, counted, logged), and the next recorde
 dropped. Stored outcomes of one actor over ``t`` seconds are thus at most twice ``burst + rate * t``, however
 fast it sends.
 
-Services (``mayor``, ``witness``, ``refinery``, ``deacon`` and their scopes, ``supervisor``, ``automation:*``)
-are not limited: their commands are the town's own traffic.
+Services (``mayor``, ``witness``, ``refinery``, ``deacon`` and their scopes, and the deacon's ``automation:*``)
+are not limited: their commands are the town's own traffic. The intake says which class a command is charged
+under, from the subject it came on (a polecat session's, a service's, or a plain one: an operator's), never from
+what its body says.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ import msgspec
 from shared.config import env_number
 
 ActorClass = Literal["service", "operator", "agent"]
-SERVICE_ACTORS = ("mayor", "witness", "refinery", "deacon", "supervisor")
+SERVICE_ACTORS = ("mayor", "witness", "refinery", "deacon")
 AGENT_PREFIXES = ("polecat:", "plugin:")
 MAX_BUCKETS = 10_000
 """Buckets kept before full (idle) ones are forgotten: many actor names cannot grow the limiter's memory."""
 
 
 def actor_class(actor: str) -> ActorClass:
-    """Which limits apply to ``actor`` (the actor the intake decided the command is from)."""
+    """The class an actor's name belongs to: the names a command on a plain subject may not take (a service's, an
+    agent's), and the limits of one whose class no subject says."""
     if actor.startswith(AGENT_PREFIXES):
         return "agent"
     name = actor.split("/", 1)[0].split("-", 1)[0]  # witness/<rig>, witness-<scope>
@@ -127,9 +130,10 @@ class Bucket:
 
 
 class ActorBuckets:
-    __slots__ = ("commands", "dropped", "refusals", "volume")
+    __slots__ = ("cls", "commands", "dropped", "refusals", "volume")
 
-    def __init__(self, limits: ClassLimits, now: float) -> None:
+    def __init__(self, cls: ActorClass, limits: ClassLimits, now: float) -> None:
+        self.cls = cls
         self.commands = Bucket(limits.commands.burst, now)
         self.volume = Bucket(limits.volume.burst, now)
         self.refusals = Bucket(limits.commands.burst, now)
@@ -153,22 +157,23 @@ DROP = Verdict(admit=False, drop=True)
 class RateLimiter:
     def __init__(self, settings: RateSettings | None = None) -> None:
         self.settings = settings or RateSettings()
-        self._buckets: dict[str, ActorBuckets] = {}
+        self._buckets: dict[tuple[ActorClass, str], ActorBuckets] = {}
         self.dropped = 0
         """Commands dropped without an outcome, in total."""
 
-    def check(self, actor: str, size: int, now: float) -> Verdict:
-        """Charge ``actor`` for one command of ``size`` bytes at ``now`` and say what becomes of it."""
-        cls = actor_class(actor)
+    def check(self, actor: str, size: int, now: float, *, cls: ActorClass | None = None) -> Verdict:
+        """Charge ``actor`` of class ``cls`` (the intake's, from the command's subject; else its name's) for one
+        command of ``size`` bytes at ``now`` and say what becomes of it."""
+        cls = actor_class(actor) if cls is None else cls
         limits = self.settings.of(cls)
         if cls == "service":
             return ADMIT
         if limits.max_command_bytes and size > limits.max_command_bytes:
             # Not charged: it writes nothing. Refused like any refusal, so bounded like one.
-            return self._refuse(actor, limits, now, "too_large", self._too_large(cls, size, limits))
+            return self._refuse(actor, cls, limits, now, "too_large", self._too_large(cls, size, limits))
         if limits.commands.unlimited and limits.volume.unlimited:
             return ADMIT
-        buckets = self._of(actor, limits, now)
+        buckets = self._of(actor, cls, limits, now)
         wait = 0.0
         if not limits.commands.unlimited:
             buckets.commands.refill(limits.commands, now)
@@ -177,15 +182,15 @@ class RateLimiter:
             buckets.volume.refill(limits.volume, now)
             wait = max(wait, buckets.volume.wait_for(limits.volume, size))
         if wait > 0:
-            return self._refuse(actor, limits, now, "rate_limited", self._over(actor, cls, size, limits, wait))
+            return self._refuse(actor, cls, limits, now, "rate_limited", self._over(actor, cls, size, limits, wait))
         if not limits.commands.unlimited:
             buckets.commands.tokens -= 1
         if not limits.volume.unlimited:
             buckets.volume.tokens -= size
         return ADMIT
 
-    def _refuse(self, actor: str, limits: ClassLimits, now: float, code: str, message: str) -> Verdict:
-        buckets = self._of(actor, limits, now)
+    def _refuse(self, actor: str, cls: ActorClass, limits: ClassLimits, now: float, code: str, message: str) -> Verdict:
+        buckets = self._of(actor, cls, limits, now)
         if not limits.commands.unlimited:
             buckets.refusals.refill(limits.commands, now)
             if buckets.refusals.tokens < 1:
@@ -201,24 +206,25 @@ class RateLimiter:
             buckets.dropped = 0
         return Verdict(admit=False, code=code, message=message)
 
-    def _of(self, actor: str, limits: ClassLimits, now: float) -> ActorBuckets:
-        found = self._buckets.get(actor)
+    def _of(self, actor: str, cls: ActorClass, limits: ClassLimits, now: float) -> ActorBuckets:
+        # Keyed by class too: an operator labelled like an agent never shares (or spends) the agent's buckets.
+        found = self._buckets.get((cls, actor))
         if found is None:
             if len(self._buckets) >= MAX_BUCKETS:
                 self._forget_idle(now)
-            found = self._buckets[actor] = ActorBuckets(limits, now)
+            found = self._buckets[(cls, actor)] = ActorBuckets(cls, limits, now)
         return found
 
     def _forget_idle(self, now: float) -> None:
         """Forget actors whose buckets have refilled: a fresh bucket is full, so nothing changes for them."""
-        for actor, buckets in list(self._buckets.items()):
-            limits = self.settings.of(actor_class(actor))
+        for key, buckets in list(self._buckets.items()):
+            limits = self.settings.of(buckets.cls)
             idle_s = max(
                 limits.commands.burst / limits.commands.rate if not limits.commands.unlimited else 0.0,
                 limits.volume.burst / limits.volume.rate if not limits.volume.unlimited else 0.0,
             )
             if not buckets.dropped and now - max(buckets.commands.at, buckets.volume.at) >= idle_s:
-                del self._buckets[actor]
+                del self._buckets[key]
 
     @staticmethod
     def _over(actor: str, cls: ActorClass, size: int, limits: ClassLimits, wait: float) -> str:

@@ -172,10 +172,19 @@ class Service(Generic[S]):
 
     async def send_command(self, subject: str, body: dict[str, Any], *, cmd_id: str) -> int:
         """Store a command for another service in GT_CMD (its outcome comes later, in the log); returns
-        its GT_CMD sequence. ``cmd_id`` makes it idempotent: the same id is carried out once."""
+        its GT_CMD sequence. ``cmd_id`` makes it idempotent: the same id is carried out once.
+
+        ``subject`` is the command's own (``gt.cmd.bead.close``); it is sent on this service's own subject
+        (``gt.cmd.bead.close.svc.refinery``), which is what makes it this service's: the intake records its actor
+        from there, never from the body (whose ``actor`` may only name what the service acts for, the deacon's
+        ``automation:<name>``)."""
         assert self.nc is not None
         js = self.nc.jetstream()
-        data = _ENCODER.encode({**body, "cmd_id": cmd_id, "actor": body.get("actor", self.name)})
+        split = subjects.split_command_subject(subject)
+        if split is None:
+            raise ValueError(f"not a command subject: {subject!r}")
+        subject = subjects.service_command_subject(*split, subjects.ServiceOrigin(self.identity))
+        data = _ENCODER.encode({**body, "cmd_id": cmd_id})
         while True:
             raise_if_cancelling()
             await self.wait_active()
@@ -244,6 +253,12 @@ class Service(Generic[S]):
     def query(self, what: str, body: dict[str, Any]) -> Any:
         """Answer ``gt.q.<name>.<what>`` from the projection."""
         raise QueryError("unknown_query", f"{self.name} has no query {what!r}")
+
+    def query_for_session(self, what: str, body: dict[str, Any], session: str) -> Any:
+        """Answer ``gt.q.<name>.<what>`` asked from polecat session ``session``'s private inbox (after
+        ``check_session_query``): a service whose lists hold one session's or polecat's own things leaves out the
+        others' here. Everything else is answered as ``query`` answers it."""
+        return self.query(what, body)
 
     def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None:
         """Refuse (``QueryError`` ``unauthorized``) what polecat session ``session`` may not ask about: called for
@@ -443,6 +458,7 @@ class Service(Generic[S]):
         if has_command_consumer(self.name):
             self.intake = CommandIntake(
                 service=self.name,
+                identity=self.identity,
                 js=js,
                 stream=self.config.cmd_stream,
                 durable=command_consumer_name(self.name),
@@ -621,4 +637,5 @@ class Service(Generic[S]):
                 "seq": self.projection.last_seq,
                 "result": {"last_seq": self.projection.last_seq, "sha256": digest},
             }
-        return {"ok": True, "seq": self.projection.last_seq, "result": self.query(what, body)}
+        result = self.query(what, body) if session is None else self.query_for_session(what, body, session)
+        return {"ok": True, "seq": self.projection.last_seq, "result": result}

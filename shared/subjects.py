@@ -48,13 +48,45 @@ def session_command_subject(aggregate: str, verb: str, origin: SessionOrigin) ->
     return f"{CMD_PREFIX}.{aggregate}.{verb}.{origin.rig}.{origin.polecat}.{origin.session}"
 
 
-def split_session_subject(subject: str) -> tuple[str, SessionOrigin | None]:
-    """The command's own subject and, when it was sent on a session's subject, who sent it:
-    ``gt.cmd.step.done.r.p.s`` -> ("gt.cmd.step.done", SessionOrigin("r", "p", "s")); a four-token command
-    subject -> (itself, None). Any other shape is returned as it is (the intake answers ``unknown_command``)."""
+class ServiceOrigin(NamedTuple):
+    """Who sent a command on a service's own subject: a service scope (``mayor``, ``witness``, ``witness-east``,
+    ``refinery``, ``deacon``). Only the services' NATS users may publish there; operators may publish only the
+    plain subjects and a session only its own (docs/architecture.md, "Identity")."""
+
+    service: str
+
+    @property
+    def actor(self) -> str:
+        return self.service
+
+
+SERVICE_MARK = "svc"
+"""The token between a command's own subject and the service that sent it: ``gt.cmd.bead.close.svc.refinery``."""
+
+
+def service_command_subject(aggregate: str, verb: str, origin: ServiceOrigin) -> str:
+    """``gt.cmd.bead.close.svc.refinery``: a command as a service sends it."""
+    return f"{CMD_PREFIX}.{aggregate}.{verb}.{SERVICE_MARK}.{origin.service}"
+
+
+Origin = SessionOrigin | ServiceOrigin
+"""Who sent a command, as the subject it came on says; a plain subject says nothing (an operator sent it)."""
+
+
+def split_origin(subject: str) -> tuple[str, Origin | None]:
+    """The command's own subject and who sent it, as the subject says:
+    ``gt.cmd.step.done.r.p.s`` -> ("gt.cmd.step.done", SessionOrigin("r", "p", "s")),
+    ``gt.cmd.bead.close.svc.refinery`` -> ("gt.cmd.bead.close", ServiceOrigin("refinery")), a plain (four-token)
+    command subject -> (itself, None). Any other shape is returned as it is, with None (the intake answers
+    ``unknown_command``)."""
     parts = subject.split(".")
-    if len(parts) == 7 and parts[0] == "gt" and parts[1] == "cmd" and all(parts[4:]):
-        return ".".join(parts[:4]), SessionOrigin(parts[4], parts[5], parts[6])
+    if len(parts) < 6 or parts[0] != "gt" or parts[1] != "cmd" or not all(parts[2:]):
+        return subject, None
+    own = ".".join(parts[:4])
+    if len(parts) == 6 and parts[4] == SERVICE_MARK:
+        return own, ServiceOrigin(parts[5])
+    if len(parts) == 7:
+        return own, SessionOrigin(parts[4], parts[5], parts[6])
     return subject, None
 
 

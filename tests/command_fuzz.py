@@ -1,9 +1,14 @@
-"""Hostile command bodies for every command type: JSON-ish bytes built from a ``random.Random``, so hypothesis can
+"""Hostile command bodies and subjects for every command type: built from a ``random.Random``, so hypothesis can
 drive (and shrink) them in unit tests and a seeded generator can replay a bounded corpus against real services.
 
 Besides ordinary wrong values, a body may carry what breaks decoders in less usual ways: invalid UTF-8 inside
 a string or a key, nesting far past the recursion limit, numbers out of every range (``1e400``, ``10**400``,
-5,000 digits), lone and reversed surrogate escapes, raw and escaped NUL, truncation and stray bytes."""
+5,000 digits), lone and reversed surrogate escapes, raw and escaped NUL, truncation and stray bytes.
+
+A command's subject says who sent it (``shared/subjects.py``): besides the plain one, a polecat session's own
+(``gt.cmd.<aggregate>.<verb>.<rig>.<polecat>.<session>``) and a service's (``...svc.<service>``), valid or forged:
+another session's, a service nobody runs, too many or too few tokens, empty tokens, non-ASCII and very long
+tokens."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import random
 import msgspec
 
 from shared.commands import COMMANDS, Command
+from shared.subjects import ServiceOrigin, SessionOrigin, service_command_subject, session_command_subject
 
 SUBJECTS = sorted(COMMANDS)
 """Every command type the registries in ``shared/commands`` know."""
@@ -21,6 +27,11 @@ REASON_CODES = frozenset(
     {"malformed", "invalid", "unknown_command", "not_found", "backward_transition", "conflict", "too_large"}
 )
 """What parsing alone may answer (``unauthorized`` and ``set_aside`` come later, from the intake)."""
+SESSION = SessionOrigin("demo", "ace", "hq-fuzz-1")
+"""The session the fuzzer sends as (none such runs: its commands are judged on what the log knows)."""
+SERVICES = ("mayor", "witness", "witness-east", "refinery", "deacon")
+LONG_TOKEN = "x" * 1_000
+"""Long, yet well inside the server's 4 KiB control line (a longer subject ends the connection, not the service)."""
 
 PLAUSIBLE: tuple[bytes, ...] = (
     b'"hq-abc12"',
@@ -132,3 +143,31 @@ def mangle(body: bytes, rng: random.Random) -> bytes:
     if rng.random() < 0.5:
         return body[:at]
     return body[:at] + bytes([rng.choice((0x00, 0x22, 0x5C, 0x80, 0xC0, 0xFF))]) + body[at:]
+
+
+def subject_for(command: str, rng: random.Random) -> str:
+    """A subject for ``command`` (``gt.cmd.<aggregate>.<verb>``): plain, a session's or a service's, valid or
+    forged."""
+    aggregate, verb = command.split(".")[2:4]
+    forms = (
+        lambda: command,
+        lambda: session_command_subject(aggregate, verb, SESSION),
+        lambda: session_command_subject(aggregate, verb, SessionOrigin("demo", "bob", "hq-other-2")),  # another's
+        lambda: service_command_subject(aggregate, verb, ServiceOrigin(rng.choice(SERVICES))),
+        lambda: service_command_subject(aggregate, verb, ServiceOrigin(rng.choice(("bob", "operator", "witness-")))),
+        lambda: f"{command}.svc",  # too few
+        lambda: f"{command}.demo.ace",  # too few
+        lambda: f"{command}.demo.ace.hq-fuzz-1.extra",  # too many
+        lambda: f"{command}.svc.refinery.extra",  # too many
+        lambda: f"{command}.svc.refinery.x.y.z.w",
+        lambda: f"{command}.démo.äce.hq-ß-1",  # non-ASCII
+        lambda: f"{command}.svc.máyor",
+        lambda: f"{command}.{LONG_TOKEN}.ace.hq-fuzz-1",
+        lambda: f"{command}.svc.{LONG_TOKEN}",
+        lambda: f"{command}.demo.{LONG_TOKEN}.{LONG_TOKEN}",
+    )
+    return rng.choice(forms)()
+
+
+EMPTY_TOKEN_SUBJECTS = ("gt.cmd.mail.send..ace.hq-fuzz-1", "gt.cmd.mail.send.svc.", "gt.cmd.bead.close.demo..")
+"""Subjects with empty tokens: the server may refuse to store them; any it stores is answered like the others."""

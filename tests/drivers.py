@@ -23,9 +23,11 @@ from nats.aio.client import Client
 from services.mayor import queries
 from services.mayor.service import MayorService
 from services.mayor.state import MayorState
+from shared import subjects
 from shared.config import TownConfig
 from shared.errors import CommandError, QueryError
 from shared.events import decode_envelope
+from shared.intake import is_service
 from shared.service import ServiceSettings
 from tests.log_tools import SEEDED_RIGS, read_all, seed_rigs
 from tests.mayor_town import mayor_town
@@ -86,6 +88,10 @@ class NatsDriver:
         full = {**body, "cmd_id": cmd_id}
         if actor:
             full["actor"] = actor
+        split = subjects.split_command_subject(subject)
+        if actor and is_service(actor) and split is not None:
+            # A service's command comes on its own subject (a plain one is an operator's, who may not name it).
+            subject = subjects.service_command_subject(*split, subjects.ServiceOrigin(actor))
         outcome = await send_and_wait(self.nc, subject, json.dumps(full).encode(), cmd_id)
         if outcome["type"] == "cmd.rejected":
             raise CommandError(outcome["code"], outcome["message"])

@@ -4,7 +4,9 @@ Inside a polecat session (the witness sets ``GT_RIG``, ``GT_POLECAT`` and ``GT_S
 to the session's own subject (``gt.cmd.step.done.<rig>.<polecat>.<session>``): the services record its actor as
 ``polecat:<rig>/<polecat>`` from that subject, whatever the body says, and under the shipped NATS accounts the
 session's own identity may publish nowhere else (docs/architecture.md, "Identity"). Elsewhere a command goes to
-its plain subject and carries the body's ``actor`` (``--actor``), or none: the service then records ``operator``.
+its plain subject, an operator's: the body's ``actor`` (``--actor``) labels the operator (``operator:ann``; none:
+the service records ``operator``). A service's or an agent's name there is refused ``unauthorized``: the services
+send on their own subjects, which operators may not publish on.
 """
 
 from __future__ import annotations

@@ -74,5 +74,11 @@ class MayorService(Service[MayorState]):
             return effects.formula_view(self.formulas, body)
         return queries.answer(self.projection.state, what, body)
 
+    def query_for_session(self, what: str, body: dict[str, Any], session: str) -> Any:
+        if what in ("formulas", "formula"):
+            return self.query(what, body)
+        state = self.projection.state
+        return queries.answer(state, what, body, sees=queries.mail_visible_to(state, session))
+
     def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None:
         queries.check_session_query(self.projection.state, what, body, session)

@@ -242,6 +242,33 @@ async def ensure_consumer(js: JetStreamContext, stream: str, wanted: ConsumerCon
     return False
 
 
+ORIGIN_CUTOVER_KEY = "gt_origin_from_seq"
+"""GT_CMD's metadata entry holding the first sequence stored under the rule that a command on a plain subject is an
+operator's (docs/architecture.md, "Identity"). Earlier versions took the actor of such a command from its body, and
+their services sent their own commands there: a command stored before a town's upgrade (a service's, waiting for
+the service it is for) is settled by the rule it was sent under, so an upgrade refuses none of them."""
+
+
+def origin_cutover(metadata: dict[str, str] | None) -> int:
+    """The GT_CMD sequence from which commands on plain subjects are operators' (0, every one, when the stream does
+    not say: the strict reading)."""
+    raw = (metadata or {}).get(ORIGIN_CUTOVER_KEY, "")
+    return int(raw) if raw.isdigit() else 0
+
+
+async def ensure_origin_cutover(js: JetStreamContext, stream: str) -> int:
+    """Record in GT_CMD's metadata, once, the sequence from which plain subjects are operators' only: the next one
+    stored (1 for a new stream). Returns it."""
+    info = await js.stream_info(stream)
+    metadata = dict(info.config.metadata or {})
+    if ORIGIN_CUTOVER_KEY in metadata:
+        return origin_cutover(metadata)
+    metadata[ORIGIN_CUTOVER_KEY] = str(int(info.state.last_seq) + 1)
+    await js.update_stream(dataclasses.replace(info.config, metadata=metadata))
+    log.info("command_origin_cutover_recorded", stream=stream, from_seq=metadata[ORIGIN_CUTOVER_KEY])
+    return origin_cutover(metadata)
+
+
 def closed_intake_subject(config: TownConfig) -> str:
     """What GT_CMD captures until its consumers exist: a subject nobody publishes to."""
     return f"{config.cmd_stream}.opening"
@@ -254,20 +281,22 @@ async def ensure_command_intake(js: JetStreamContext, config: TownConfig) -> tup
     So a new GT_CMD first captures only ``closed_intake_subject``: a command published then gets "no
     stream" (nothing stored, the sender is told). The consumers are created next, and only then does the
     stream capture ``gt.cmd.>``. A provisioner that died half-way leaves a closed intake; the next one
-    finishes it. Returns the names created and those that were there."""
+    finishes it. It also records, once, where commands on plain subjects became operators' only
+    (``ORIGIN_CUTOVER_KEY``). Returns the names created and those that were there."""
     wanted = cmd_stream_config(config)
     assert wanted.name
-    closed = dataclasses.replace(wanted, subjects=[closed_intake_subject(config)])
+    closed = dataclasses.replace(wanted, subjects=[closed_intake_subject(config)], metadata={ORIGIN_CUTOVER_KEY: "1"})
     created: list[str] = []
     existing: list[str] = []
     (created if await ensure_stream(js, closed, opening=wanted) else existing).append(wanted.name)
+    await ensure_origin_cutover(js, wanted.name)
     for service in sorted({CATCH_ALL_SERVICE, *COMMAND_OWNERS.values()}):
         name = f"{config.cmd_stream}/{command_consumer_name(service)}"
         made = await ensure_consumer(js, config.cmd_stream, command_consumer_config(service))
         (created if made else existing).append(name)
     info = await js.stream_info(wanted.name)
     if sorted(info.config.subjects or []) != sorted(wanted.subjects or []):
-        await js.update_stream(wanted)
+        await js.update_stream(dataclasses.replace(wanted, metadata=info.config.metadata))
         log.info("command_intake_opened", stream=wanted.name, subjects=wanted.subjects)
     return created, existing
 

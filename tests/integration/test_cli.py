@@ -243,12 +243,16 @@ async def test_mail_and_escalations_through_the_cli(gt: Gt, mayor: MayorService)
     assert read.code == 0
     assert "Can we deploy today?" in read.out
     assert (await gt("mail", "inbox", "mayor")).out.strip() == "(no messages)"
-    replied = await gt("mail", "reply", message_id, "--body", "Yes", "--actor", "mayor")
+    # An operator labels itself, but never as a service: who acted is decided by the subject, not the body.
+    posing = await gt("mail", "reply", message_id, "--body", "Yes", "--actor", "mayor")
+    assert posing.code == 1, posing
+    assert "rejected (unauthorized)" in posing.err
+    replied = await gt("mail", "reply", message_id, "--body", "Yes", "--actor", "operator:max")
     assert replied.code == 0
     assert "sent to operator:ann" in replied.out
     thread = await gt("mail", "thread", message_id)
     assert "operator:ann -> mayor: Deploy?" in thread.out
-    assert "mayor -> operator:ann: Re: Deploy?" in thread.out
+    assert "operator:max -> operator:ann: Re: Deploy?" in thread.out
     assert (await gt("mail", "archive", message_id)).code == 0
 
     raised = await gt("escalate", "main is red", "--severity", "high", "--source", "refinery")

@@ -1,6 +1,7 @@
 """The command fuzzer on the decoding and validation path (pure, no server): for every command type and for
 subjects nobody owns, no body makes reading a command raise; each is a typed command or a rejection with a
-reason code and a message, and its id, actor and correlation can always be peeked (or are absent)."""
+reason code and a message, and its id, actor and correlation can always be peeked (or are absent). On any
+subject (a session's, a service's, forged ones), telling who sent a command never raises either."""
 
 from __future__ import annotations
 
@@ -15,7 +16,18 @@ from services.refinery.decide import aggregate_key as refinery_key
 from services.witness.decide import aggregate_key as witness_key
 from shared.commands import COMMANDS, Command, peek_body_fields, read_command
 from shared.errors import CommandError
-from tests.command_fuzz import REASON_CODES, STRANGE, SUBJECTS, UNKNOWN_SUBJECTS, body_for, deep, field_keys
+from shared.intake import Delivery
+from tests.command_fuzz import (
+    EMPTY_TOKEN_SUBJECTS,
+    REASON_CODES,
+    STRANGE,
+    SUBJECTS,
+    UNKNOWN_SUBJECTS,
+    body_for,
+    deep,
+    field_keys,
+    subject_for,
+)
 
 EXAMPLES_PER_SUBJECT = 60
 """Bounded so that the whole run (every command type) stays within a few seconds."""
@@ -76,3 +88,33 @@ def test_undecodable_bodies_are_malformed_with_a_reason(body: bytes, says: str) 
     assert out.code == "malformed"
     assert says in out.message
     assert peek_body_fields(body) == (None, None, None)
+
+
+def check_delivery(subject: str, body: bytes, origin_from: int) -> None:
+    delivery = Delivery(
+        subject=subject, body=body, headers=None, stream_seq=5, delivered=1, max_bytes=1 << 20, origin_from=origin_from
+    )
+    assert delivery.actor.strip(), delivery.actor
+    assert delivery.actor_class in ("agent", "service", "operator")
+    if delivery.refusal is not None:
+        assert delivery.refusal.code == "unauthorized", delivery.refusal
+        assert delivery.refusal.message.strip()
+    assert delivery.name == delivery.command_subject.removeprefix("gt.cmd.")
+    check_read(delivery.command_subject, body)
+
+
+@pytest.mark.parametrize("command", [*SUBJECTS, *UNKNOWN_SUBJECTS])
+@settings(
+    max_examples=EXAMPLES_PER_SUBJECT // 2,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(rng=st.randoms(use_true_random=False), origin_from=st.sampled_from((0, 1, 10)))
+def test_no_subject_makes_telling_the_sender_raise(command: str, rng: random.Random, origin_from: int) -> None:
+    check_delivery(subject_for(command, rng), body_for(command, rng), origin_from)
+
+
+@pytest.mark.parametrize("subject", EMPTY_TOKEN_SUBJECTS)
+def test_a_subject_with_empty_tokens_is_nobodys_command(subject: str) -> None:
+    check_delivery(subject, b'{"actor": "mayor"}', 1)
+    assert isinstance(read_command(subject, b"{}"), CommandError)

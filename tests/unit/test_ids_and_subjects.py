@@ -88,11 +88,39 @@ def test_a_session_subject_names_who_sent_the_command() -> None:
     origin = subjects.SessionOrigin("demo", "ace", "hq-abc-1")
     sent = subjects.session_command_subject("mr", "done", origin)
     assert sent == "gt.cmd.mr.done.demo.ace.hq-abc-1"
-    assert subjects.split_session_subject(sent) == ("gt.cmd.mr.done", origin)
+    assert subjects.split_origin(sent) == ("gt.cmd.mr.done", origin)
     assert origin.actor == "polecat:demo/ace"
     assert owner_of(sent) == owner_of("gt.cmd.mr.done"), "the same service owns both forms"
     for other in ("gt.cmd.mr.done", "gt.cmd.mr.done.demo.ace", "gt.cmd.mr.done.demo..s", "gt.evt.mr.x.a.b.c"):
-        assert subjects.split_session_subject(other) == (other, None), other
+        assert subjects.split_origin(other) == (other, None), other
+
+
+def test_a_service_subject_names_the_service_that_sent_the_command() -> None:
+    origin = subjects.ServiceOrigin("refinery")
+    sent = subjects.service_command_subject("bead", "close", origin)
+    assert sent == "gt.cmd.bead.close.svc.refinery"
+    assert subjects.split_origin(sent) == ("gt.cmd.bead.close", origin)
+    assert origin.actor == "refinery"
+    scoped = subjects.service_command_subject("bead", "sling", subjects.ServiceOrigin("witness-east"))
+    assert subjects.split_origin(scoped) == ("gt.cmd.bead.sling", subjects.ServiceOrigin("witness-east"))
+    for service_subject in (sent, scoped):
+        plain = subjects.split_origin(service_subject)[0]
+        assert owner_of(service_subject) == owner_of(plain), "the same service owns both forms"
+    assert subjects.split_origin("gt.cmd.bead.close") == ("gt.cmd.bead.close", None), "plain: an operator's"
+    for other in (
+        "gt.cmd.bead.close.svc",  # no service
+        "gt.cmd.bead.close.svc.",  # an empty one
+        "gt.cmd.bead.close.sv.refinery",  # not the service mark: a six-token subject of nobody
+        "gt.cmd.bead.close.svc.refinery.x.y",  # eight tokens
+        "gt.cmd..close.svc.refinery",
+        "gt.evt.bead.close.svc.refinery",
+    ):
+        assert subjects.split_origin(other) == (other, None), other
+    # Seven tokens are a session's, whatever its rig is called (a rig named "svc" included).
+    assert subjects.split_origin("gt.cmd.step.done.svc.ace.s-1") == (
+        "gt.cmd.step.done",
+        subjects.SessionOrigin("svc", "ace", "s-1"),
+    )
 
 
 def test_only_a_sessions_own_inbox_names_it() -> None:

@@ -31,7 +31,7 @@ def test_inside_a_session_commands_go_to_the_sessions_own_subject() -> None:
     assert command_subject("gt.cmd.step.done", {}) == "gt.cmd.step.done", "an operator's go to the plain subject"
     assert command_subject("gt.cmd.step.done", {"GT_RIG": "demo", "GT_POLECAT": "ace"}) == "gt.cmd.step.done"
     sent = command_subject("gt.cmd.mail.send", SESSION)
-    assert subjects.split_session_subject(sent) == (
+    assert subjects.split_origin(sent) == (
         "gt.cmd.mail.send",
         subjects.SessionOrigin("demo", "ace", "gt-abc-2"),
     )

@@ -24,7 +24,7 @@ SMALL = RateSettings(
         ("witness-east", "service"),
         ("refinery", "service"),
         ("deacon", "service"),
-        ("supervisor", "service"),
+        ("supervisor", "operator"),  # gt up's supervisor sends on the plain subjects: an operator's label
         ("automation:nightly", "service"),
         ("operator", "operator"),
         ("operator:alice", "operator"),

@@ -8,21 +8,21 @@ import pytest
 
 from services.mayor import queries
 from services.mayor.decide.mail import own_message
-from services.mayor.state import MESSAGE_TYPE, Bead, KnownRig, MayorState
+from services.mayor.state import MESSAGE_TYPE, Bead, Convoy, KnownRig, MayorState
 from services.witness.queries import check_session_query
 from shared.commands import BeadClaim, Fence, MailArchive, SessionHandoff, StepDone
 from shared.errors import CommandError, QueryError
-from shared.intake import command_actor, impersonation
+from shared.intake import Sender, command_actor, impersonation
 from shared.subjects import SessionOrigin
 
 ACE = SessionOrigin("demo", "ace", "hq-a-1")
 
 
 def test_the_subject_names_the_actor_whatever_the_body_says() -> None:
-    assert command_actor("mayor", ACE) == "polecat:demo/ace"
-    assert command_actor(None, ACE) == "polecat:demo/ace"
-    assert command_actor("operator:ann", None) == "operator:ann", "plain subjects: operators and services"
-    assert command_actor(None, None) == "operator"
+    assert command_actor("mayor", ACE) == Sender("polecat:demo/ace", "agent")
+    assert command_actor(None, ACE) == Sender("polecat:demo/ace", "agent")
+    assert command_actor("operator:ann", None) == Sender("operator:ann", "operator"), "plain subjects: operators"
+    assert command_actor(None, None) == Sender("operator", "operator")
 
 
 def test_a_session_names_only_itself() -> None:
@@ -90,3 +90,58 @@ def test_a_session_asks_only_about_its_own_mail_and_record() -> None:
     with pytest.raises(QueryError, match="no live polecat session"):
         queries.check_session_query(state, "inbox", {"to": "polecat:demo/bob"}, "hq-gone-1")
     queries.check_session_query(state, "ready", {}, "hq-a-1")
+
+
+def test_a_sessions_lists_leave_out_others_mail_and_a_message_of_others_is_refused() -> None:
+    """Issue 20: mail is private between polecats at the query level too (``get``, ``list`` and every list)."""
+    state = mailbox_state()  # hq-m: from the operator to bob
+    state.rigs["demo"] = KnownRig(name="demo", polecats={"ace": "hq-a-1", "bob": "hq-b-1"})
+    now = datetime.now(UTC)
+    state.beads["hq-own"] = Bead(
+        id="hq-own",
+        title="for ace",
+        type=MESSAGE_TYPE,
+        assignee="polecat:demo/ace",
+        metadata={"thread": "hq-own", "from": "operator"},
+        created_at=now,
+        updated_at=now,
+    )
+    state.beads["hq-sent"] = Bead(
+        id="hq-sent",
+        title="from ace",
+        type=MESSAGE_TYPE,
+        assignee="mayor",
+        metadata={"thread": "hq-sent", "from": "polecat:demo/ace"},
+        created_at=now,
+        updated_at=now,
+    )
+    state.beads["hq-work"] = Bead(id="hq-work", title="work", created_at=now, updated_at=now, needs=["hq-m"])
+    state.convoys["cv-1"] = Convoy(id="cv-1", title="c", beads=["hq-work", "hq-m", "hq-own"], created_at=now)
+    ace = queries.mail_visible_to(state, "hq-a-1")
+
+    def ids(found: list[dict[str, object]]) -> list[str]:
+        return sorted(str(b["id"]) for b in found)
+
+    assert ids(queries.answer(state, "list", {}, sees=ace)) == ["hq-own", "hq-sent", "hq-work"]
+    assert ids(queries.answer(state, "list", {"type": "message"}, sees=ace)) == ["hq-own", "hq-sent"]
+    assert ids(queries.answer(state, "list", {}, sees=queries.everything)) == ["hq-m", "hq-own", "hq-sent", "hq-work"]
+    assert ids(queries.answer(state, "list", {}, sees=queries.mail_visible_to(state, "hq-b-1"))) == ["hq-m", "hq-work"]
+    assert queries.answer(state, "get", {"id": "hq-own"}, sees=ace)["id"] == "hq-own"
+    assert queries.answer(state, "get", {"id": "hq-sent"}, sees=ace)["id"] == "hq-sent", "mail it sent"
+    for what, body in (
+        ("get", {"id": "hq-m"}),
+        ("molecule", {"bead": "hq-m"}),
+        ("deps", {"id": "hq-m"}),
+        ("children", {"id": "hq-m"}),
+    ):
+        with pytest.raises(QueryError) as refused:
+            queries.answer(state, what, body, sees=ace)
+        assert refused.value.code == "unauthorized", what
+        assert "hq-m" in refused.value.message
+    assert queries.answer(state, "deps", {"id": "hq-work"}, sees=ace) == [], "a message it may not see is left out"
+    details = queries.answer(state, "convoy", {"id": "cv-1"}, sees=ace)["bead_details"]
+    assert [d["id"] for d in details] == ["hq-work", "hq-own"]
+    assert queries.answer(state, "thread", {"thread": "hq-m"}, sees=ace) == []
+    # A session no longer live sees no mail at all.
+    gone = queries.mail_visible_to(state, "hq-gone-1")
+    assert ids(queries.answer(state, "list", {}, sees=gone)) == ["hq-work"]

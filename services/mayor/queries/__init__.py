@@ -31,6 +31,13 @@ from shared.commands.mail import normalise_address, polecat_address
 from shared.errors import QueryError
 
 DEFAULT_LIST_LIMIT = 1000
+Sees = Callable[[Bead], bool]
+"""Whether the asker may see a bead: every bead, except mail, which a polecat session sees only when it is to or
+from its own polecat (``mail_visible_to``)."""
+
+
+def everything(_bead: Bead) -> bool:
+    return True
 
 
 def bead_view(bead: Bead) -> dict[str, Any]:
@@ -49,14 +56,18 @@ def molecule_view(molecule: Molecule) -> dict[str, Any]:
     return view
 
 
-def convoy_view(state: MayorState, convoy: Convoy, *, with_beads: bool = False) -> dict[str, Any]:
+def convoy_view(
+    state: MayorState, convoy: Convoy, *, with_beads: bool = False, sees: Sees = everything
+) -> dict[str, Any]:
     view: dict[str, Any] = msgspec.to_builtins(convoy)
     closed, total = convoy_progress(state, convoy)
     view.update(closed=closed, total=total)
     if with_beads:
         waves = convoy_waves(state, convoy)
         view["bead_details"] = [
-            _dispatch_view(state, b, waves[bead_id]) for bead_id in convoy.beads if (b := state.beads.get(bead_id))
+            _dispatch_view(state, b, waves[bead_id])
+            for bead_id in convoy.beads
+            if (b := state.beads.get(bead_id)) and sees(b)
         ]
         view["held"] = sum(1 for bead_id in convoy.beads if bead_id in state.holds)
     return view
@@ -111,50 +122,59 @@ def _take(items: Iterable[Any], limit: int, view: Callable[[Any], dict[str, Any]
     return out
 
 
-def _bead(state: MayorState, body: dict[str, Any], key: str = "id") -> Bead:
+def _bead(state: MayorState, body: dict[str, Any], sees: Sees, key: str = "id") -> Bead:
     bead_id = _required(body, key)
     bead = state.beads.get(bead_id)
     if bead is None:
         raise QueryError("not_found", f"no bead {bead_id!r}")
+    if not sees(bead):
+        raise QueryError(
+            "unauthorized",
+            f"{bead.id} is mail neither to nor from the asking session's polecat: a session reads only its own mail",
+        )
     return bead
 
 
 # ---- beads -------------------------------------------------------------------------------------
 
 
-def _get(state: MayorState, body: dict[str, Any]) -> Any:
-    bead = _bead(state, body)
+def _get(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
+    bead = _bead(state, body, sees)
     view = bead_view(bead)
     if (hold := state.holds.get(bead.id)) is not None:
         view["hold"] = {**msgspec.to_builtins(hold), "waiting_for": open_blockers(state, bead)}
     return view
 
 
-def _list(state: MayorState, body: dict[str, Any]) -> Any:
-    return _take(_filtered(state, body), _limit(body), bead_view)
+def _list(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
+    return _take((b for b in _filtered(state, body) if sees(b)), _limit(body), bead_view)
 
 
-def _ready(state: MayorState, body: dict[str, Any]) -> Any:
-    return _take((b for b in state.beads.values() if is_ready(state, b)), _limit(body), bead_view)
+def _ready(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
+    return _take((b for b in state.beads.values() if is_ready(state, b) and sees(b)), _limit(body), bead_view)
 
 
-def _children(state: MayorState, body: dict[str, Any]) -> Any:
+def _children(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
     parent = _required(body)
+    if parent in state.beads:
+        _bead(state, body, sees)  # its children are not a way to learn of a message it may not see
     include_closed = bool(body.get("include_closed"))
     kids = (state.beads[c] for c in state.children.get(parent, ()) if c in state.beads)
-    return [bead_view(b) for b in kids if include_closed or b.status != "closed"]
+    return [bead_view(b) for b in kids if (include_closed or b.status != "closed") and sees(b)]
 
 
-def _deps(state: MayorState, body: dict[str, Any]) -> Any:
+def _deps(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
     """``down`` (default): what the bead needs; ``up``: what needs the bead."""
-    bead = _bead(state, body)
+    bead = _bead(state, body, sees)
     direction = body.get("direction", "down") or "down"
     if direction not in ("down", "up"):
         raise QueryError("invalid", "`direction` must be down (what it needs) or up (what needs it)")
     ids = bead.needs if direction == "down" else dependents(state, bead.id)
+    found = ((other, state.beads.get(other)) for other in ids)
     return [
-        {"id": other, "status": b.status if (b := state.beads.get(other)) else None, "exists": b is not None}
-        for other in ids
+        {"id": other, "status": b.status if b else None, "exists": b is not None}
+        for other, b in found
+        if b is None or sees(b)
     ]
 
 
@@ -194,8 +214,8 @@ def _filtered(state: MayorState, body: dict[str, Any]) -> Iterator[Bead]:
 # ---- molecules and convoys ---------------------------------------------------------------------
 
 
-def _molecule(state: MayorState, body: dict[str, Any]) -> Any:
-    bead = _bead(state, body, "bead")
+def _molecule(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
+    bead = _bead(state, body, sees, "bead")
     molecule = state.molecules.get(bead.id)
     if molecule is None and bead.collected_molecule is not None:
         raise QueryError(
@@ -211,15 +231,15 @@ def _molecule(state: MayorState, body: dict[str, Any]) -> Any:
     return view
 
 
-def _convoy(state: MayorState, body: dict[str, Any]) -> Any:
+def _convoy(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
     convoy_id = _required(body)
     convoy = state.convoys.get(convoy_id)
     if convoy is None:
         raise QueryError("not_found", f"no convoy {convoy_id!r}")
-    return convoy_view(state, convoy, with_beads=True)
+    return convoy_view(state, convoy, with_beads=True, sees=sees)
 
 
-def _convoys(state: MayorState, body: dict[str, Any]) -> Any:
+def _convoys(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
     include_closed = bool(body.get("include_closed"))
     convoys = (c for c in state.convoys.values() if include_closed or c.status == "open")
     return _take(convoys, _limit(body), lambda c: convoy_view(state, c))
@@ -228,24 +248,26 @@ def _convoys(state: MayorState, body: dict[str, Any]) -> Any:
 # ---- mail and escalations ----------------------------------------------------------------------
 
 
-def _inbox(state: MayorState, body: dict[str, Any]) -> Any:
+def _inbox(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
     """Open messages to ``to``; unread ones only unless ``include_read``."""
     to = _required(body, "to")
     include_read = bool(body.get("include_read"))
     messages = (
         b
         for b in state.beads.values()
-        if is_message(b) and b.assignee == to and b.status == "open" and (include_read or not is_read(b))
+        if is_message(b) and b.assignee == to and b.status == "open" and (include_read or not is_read(b)) and sees(b)
     )
     return _take(messages, _limit(body), bead_view)
 
 
-def _thread(state: MayorState, body: dict[str, Any]) -> Any:
+def _thread(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
     thread = _required(body, "thread")
-    return [bead_view(b) for b in state.beads.values() if is_message(b) and b.metadata.get("thread") == thread]
+    return [
+        bead_view(b) for b in state.beads.values() if is_message(b) and b.metadata.get("thread") == thread and sees(b)
+    ]
 
 
-def _escalations(state: MayorState, body: dict[str, Any]) -> Any:
+def _escalations(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
     """Open and acknowledged escalations, most severe first (closed ones too with ``include_closed``)."""
     include_closed = bool(body.get("include_closed"))
     found = [e for e in state.escalations.values() if include_closed or e.status != "closed"]
@@ -253,7 +275,7 @@ def _escalations(state: MayorState, body: dict[str, Any]) -> Any:
     return _take(found, _limit(body), escalation_view)
 
 
-def _costs(state: MayorState, body: dict[str, Any]) -> Any:
+def _costs(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
     """Token usage grouped ``by`` bead, rig, convoy, day or session (``services.mayor.queries.costs``)."""
     convoys_of_bead: dict[str, list[str]] = {}
     for convoy in state.convoys.values():
@@ -262,7 +284,7 @@ def _costs(state: MayorState, body: dict[str, Any]) -> Any:
     return costs(state.usage, _opt_str(body, "by") or "bead", convoys_of_bead)
 
 
-QUERIES: dict[str, Callable[[MayorState, dict[str, Any]], Any]] = {
+QUERIES: dict[str, Callable[[MayorState, dict[str, Any], Sees], Any]] = {
     "get": _get,
     "list": _list,
     "ready": _ready,
@@ -279,8 +301,9 @@ QUERIES: dict[str, Callable[[MayorState, dict[str, Any]], Any]] = {
 
 
 def check_session_query(state: MayorState, what: str, body: dict[str, Any], session: str) -> None:
-    """A polecat session reads only its own polecat's mail: ``inbox`` of its own address, ``thread`` of
-    messages it sent or received. Raises ``QueryError`` ``unauthorized`` otherwise."""
+    """A polecat session reads only its own polecat's mail: ``inbox`` of its own address, ``thread`` of messages
+    it sent or received. Raises ``QueryError`` ``unauthorized`` otherwise. (Answering with ``mail_visible_to``
+    then leaves others' mail out of every list and refuses a query about one message of others.)"""
     if what not in ("inbox", "thread"):
         return
     own = session_address(state, session)
@@ -291,16 +314,19 @@ def check_session_query(state: MayorState, what: str, body: dict[str, Any], sess
     if what == "thread":
         thread = body.get("thread")
         for bead in state.beads.values():
-            if (
-                is_message(bead)
-                and bead.metadata.get("thread") == thread
-                and own
-                not in (
-                    bead.assignee,
-                    bead.metadata.get("from"),
-                )
-            ):
+            if is_message(bead) and bead.metadata.get("thread") == thread and not _visible(bead, own):
                 raise QueryError("unauthorized", f"thread {thread} holds mail {own} neither sent nor received")
+
+
+def mail_visible_to(state: MayorState, session: str) -> Sees:
+    """What polecat session ``session`` may see: every bead but mail neither to nor from its polecat (no mail at
+    all once the session is no longer live)."""
+    own = session_address(state, session)
+    return lambda bead: _visible(bead, own)
+
+
+def _visible(bead: Bead, own: str | None) -> bool:
+    return not is_message(bead) or (own is not None and own in (bead.assignee, bead.metadata.get("from")))
 
 
 def session_address(state: MayorState, session: str) -> str | None:
@@ -312,10 +338,11 @@ def session_address(state: MayorState, session: str) -> str | None:
     return None
 
 
-def answer(state: MayorState, what: str, body: dict[str, Any]) -> Any:
-    """Answer one query; raises ``QueryError`` for a bad query or something missing."""
+def answer(state: MayorState, what: str, body: dict[str, Any], *, sees: Sees = everything) -> Any:
+    """Answer one query, leaving out what the asker may not ``sees``; raises ``QueryError`` for a bad query or
+    something missing."""
     handler = QUERIES.get(what)
     if handler is None:
         known = ", ".join([*QUERIES, "formulas", "formula", "status", "digest"])
         raise QueryError("unknown_query", f"the mayor has no query {what!r}; it answers {known}")
-    return handler(state, body)
+    return handler(state, body, sees)
