@@ -32,7 +32,9 @@ RUN_DEADLINE_S = 240.0
 
 @pytest.fixture
 async def pt(town: TownConfig, nc: Client, tmp_path: Path, claude_witness_env: None) -> AsyncIterator[PolecatTown]:
-    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, done_exit_grace_s=1.0)
+    # The default grace after `gt done` (10 s): Claude Code writes its last answer (and its usage) to its transcript
+    # after `gt done` returned; a shorter grace may end it first, and that answer's tokens would go unrecorded.
+    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0)
     async with polecat_town(town, nc, tmp_path, settings) as handle:
         yield handle
 

@@ -25,7 +25,9 @@ from tests.integration.test_cli import Gt
 from tests.log_tools import events_of
 from tests.witness_town import PolecatTown, polecat_town
 
-SETTINGS = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, done_exit_grace_s=1.0, usage_interval_s=0.2)
+SETTINGS = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, usage_interval_s=0.2)
+"""The default grace after `gt done` (10 s): Claude Code writes its last answer to its transcript after `gt done`
+returned, and a session ended before that would leave the answer's tokens unrecorded."""
 PRICES = '{"claude-opus-5-5": {"input": 5, "output": 25}}'
 
 
