@@ -229,6 +229,8 @@ its dialogs' common footer."""
 CLAUDE_BUSY = "esc to interrupt"
 """In Claude Code's footer while a turn runs (generating, running a tool, retrying); gone when it waits at its
 prompt (observed with 2.1.332)."""
+CLAUDE_FOOTER_LINES = 6
+"""The last non-blank lines of its pane that hold its input box and footer (and a dialog's options, when one is up)."""
 CLAUDE_PROMPT = re.compile("^\N{HEAVY RIGHT-POINTING ANGLE QUOTATION MARK ORNAMENT}", re.MULTILINE)
 """Its input prompt, at the start of a line (a dialog's selection marker is indented)."""
 CLAUDE_TRANSCRIPTS = "home/.claude/projects/*/*.jsonl"
@@ -377,12 +379,14 @@ class ClaudeRuntime(Runtime):
         return Transcript()
 
     def idle(self, screen: str) -> bool:
-        """At its prompt with no turn running: the prompt shows, the footer does not offer to interrupt a turn,
-        and no dialog is up. Claude Code's Stop hook records the end of each turn too (``restart`` reads it)."""
+        """At its prompt with no turn running: at the bottom of the pane (``CLAUDE_FOOTER_LINES``; what the agent
+        printed above does not count) the prompt shows, the footer does not offer to interrupt a turn, and no
+        dialog is up. Claude Code's Stop hook records the end of each turn too (``restart`` reads it)."""
+        bottom = "\n".join([line for line in screen.splitlines() if line.strip()][-CLAUDE_FOOTER_LINES:])
         return (
-            CLAUDE_PROMPT.search(screen) is not None
-            and CLAUDE_BUSY not in screen
-            and self.blocking_screen(screen) is None
+            CLAUDE_PROMPT.search(bottom) is not None
+            and CLAUDE_BUSY not in bottom
+            and self.blocking_screen(bottom) is None
         )
 
     def activity_on_screen(self, screen: str) -> str | None:

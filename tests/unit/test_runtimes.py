@@ -291,6 +291,8 @@ def test_claude_is_idle_at_its_prompt_with_no_turn_running_and_no_dialog() -> No
     assert runtime.idle(RETRYING_529 + " · esc to interrupt") is False
     assert runtime.idle(KEY_QUESTION) is False, "a dialog's selection marker is no prompt"
     assert runtime.idle("") is False
+    printed = "● the log said: press esc to interrupt the build\n" + "\n".join(f"line {n}" for n in range(10))
+    assert runtime.idle(printed + "\n" + IDLE) is True, "only the bottom of the pane counts"
     assert runtime_for("aider --yes {beacon}").idle(IDLE) is None, "a command line of its own cannot tell"
 
 
