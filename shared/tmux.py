@@ -185,7 +185,11 @@ class Tmux:
         self._run("send-keys", "-t", f"={name}:", "-l", "--", typeable(text))
 
     def send_enter(self, name: str) -> None:
-        self._run("send-keys", "-t", f"={name}:", "Enter")
+        self.send_key(name, "Enter")
+
+    def send_key(self, name: str, key: str) -> None:
+        """Press ``key`` (a tmux key name: ``Enter``, ``C-m``, ...) in the session's pane."""
+        self._run("send-keys", "-t", f"={name}:", key)
 
     def capture(self, name: str, lines: int = 200) -> str:
         """The last ``lines`` lines of the pane, as shown."""

@@ -20,6 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from gt.model_server import ModelServer
+from services.witness.state import UsageMark
+from shared.usage import TOKEN_FIELDS
+
 REPO = Path(__file__).resolve().parent.parent
 VERSION_FILE = REPO / "ops" / "claude-code.version"
 LOCAL_BINARY = REPO / ".tools" / "npm" / "node_modules" / ".bin" / "claude"
@@ -109,3 +113,14 @@ def claude_witness_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(name, "1")
     monkeypatch.delenv("GT_AGENT_ENV", raising=False)
     monkeypatch.delenv("ANTHROPIC_CUSTOM_HEADERS", raising=False)
+
+
+def usage_sent(server: ModelServer, script: str) -> dict[str, int]:
+    """What the model server told a script's session it used: the sum of its answers' usage blocks."""
+    return {name: sum(block[name] for block in server.usage(script)) for name in TOKEN_FIELDS}
+
+
+def usage_recorded(mark: UsageMark, model: str) -> dict[str, int]:
+    """What the witness recorded for a session (its ``session.usage`` totals), all of it for ``model``."""
+    assert [m.model for m in mark.models] == [model], mark.models
+    return {name: getattr(mark.models[0], name) for name in TOKEN_FIELDS}

@@ -477,7 +477,7 @@ def _record_agent_hook(args: argparse.Namespace) -> None:
     hook_input = {} if args.event == "stop" else _hook_input()
     what = str(hook_input.get("source") or hook_input.get("error") or "")
     with (folder / runtimes.HOOK_LOG).open("a") as out:
-        out.write(f"{stamp} {args.event}{' ' + what if what else ''}\n")
+        out.write(runtimes.hook_log_line(args.event, what, stamp))
     if args.event == "session-start":
         (folder / runtimes.HOOK_MARK_SESSION_START).write_text(stamp + "\n")
     if args.event == "stop-failure":

@@ -5,7 +5,7 @@ It lives in ``shared`` (not ``tests``) so that an installed checkout can run it:
 project's own dependencies. See docs/agents.md, "The scripted model server".
 """
 
-from gt.model_server.script import Fault, Script, ToolUse, Turn, bash, edit, read, say, use, write
+from gt.model_server.script import Fault, Script, ToolUse, Turn, bash, edit, exhaust_context, read, say, use, write
 from gt.model_server.server import ModelServer, RecordedRequest, SentAnswer
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Turn",
     "bash",
     "edit",
+    "exhaust_context",
     "read",
     "say",
     "use",

@@ -68,6 +68,10 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True):
     tool_uses: tuple[ToolUse, ...] = ()
     prompt: str | None = None
     faults: tuple[Fault, ...] = ()
+    context_tokens: int | None = None
+    """The size of the conversation this answer's ``usage`` reports (its input, cache reads and writes), instead of
+    the request's own: near the model's context window, it makes Claude Code compact the conversation before its
+    next request (``exhaust_context``)."""
 
 
 class Script(msgspec.Struct, frozen=True, kw_only=True):
@@ -109,8 +113,33 @@ def say(text: str, *, prompt: str | None = None) -> Turn:
     return Turn(text=text, prompt=prompt)
 
 
-def use(*tool_uses: ToolUse, text: str = "", prompt: str | None = None, faults: Sequence[Fault] = ()) -> Turn:
-    return Turn(text=text, tool_uses=tuple(tool_uses), prompt=prompt, faults=tuple(faults))
+def use(
+    *tool_uses: ToolUse,
+    text: str = "",
+    prompt: str | None = None,
+    faults: Sequence[Fault] = (),
+    context_tokens: int | None = None,
+) -> Turn:
+    return Turn(
+        text=text, tool_uses=tuple(tool_uses), prompt=prompt, faults=tuple(faults), context_tokens=context_tokens
+    )
+
+
+CONTEXT_WINDOW = 1_000_000
+"""The context window Claude Code counts with for its default model (``claude-opus-5-5``): 1M tokens. Claude Code
+compacts automatically when the conversation (the newest answer's ``usage``: input, cache reads and writes, output)
+nears its auto-compact window, by default the model's context window (code.claude.com/docs/en/env-vars,
+``CLAUDE_CODE_AUTO_COMPACT_WINDOW``, ``CLAUDE_AUTOCOMPACT_PCT_OVERRIDE``). Observed with 2.1.332 and no such
+setting: an answer reporting 960,000 tokens leaves it alone, one reporting 968,000 makes it compact before its next
+request (the window less 33,000 tokens kept for the summary and a margin)."""
+EXHAUSTED_CONTEXT = CONTEXT_WINDOW - 30_000
+"""A conversation past that threshold, below the window itself (where the API would refuse the request)."""
+
+
+def exhaust_context(turn: Turn, tokens: int = EXHAUSTED_CONTEXT) -> Turn:
+    """``turn`` answered with a usage saying the conversation fills the context window (``tokens``): Claude Code
+    compacts it (its summary request, answered by the server) before it asks for the next turn."""
+    return msgspec.structs.replace(turn, context_tokens=tokens)
 
 
 # --- reading a request -----------------------------------------------------------------------------------------
@@ -137,9 +166,68 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
 
 
+TURNS_MARKER = "[model-turns:"
+"""A marker in a compaction summary (``[model-turns:<n>]``): the conversation it replaces held ``n`` turns."""
+
+
+def _prompt_text(content: Any) -> str:
+    """The text blocks of a message's content (not its tool results)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(block.get("text", "")) for block in content if isinstance(block, dict) and block.get("type") == "text"
+        )
+    return ""
+
+
+def _turns_before(text: str) -> int | None:
+    start = text.rfind(TURNS_MARKER)
+    if start < 0:
+        return None
+    end = text.find("]", start)
+    digits = text[start + len(TURNS_MARKER) : end] if end > start else ""
+    return int(digits) if digits.isdigit() else None
+
+
 def turn_index(body: Mapping[str, Any]) -> int:
-    """Which turn of the script this request asks for: the assistant messages its conversation already holds."""
-    return sum(1 for message in _messages(body) if message.get("role") == "assistant")
+    """Which turn of the script this request asks for: the assistant messages its conversation already holds. After
+    a compaction the conversation starts with the summary, which says how many turns it replaced
+    (``TURNS_MARKER``); the assistant messages Claude Code kept after it count on from there."""
+    turns = 0
+    for message in _messages(body):
+        if message.get("role") == "assistant":
+            turns += 1
+        elif message.get("role") == "user":
+            summarised = _turns_before(_prompt_text(message.get("content")))
+            if summarised is not None:
+                turns = summarised
+    return turns
+
+
+COMPACTION_PROMPT = "create a detailed summary of the conversation so far"
+"""Text of the instruction Claude Code appends to its conversation's newest user message when it compacts the
+conversation (``/compact``, or automatically near the context window; observed with 2.1.332): the request carries
+the conversation and its tools like a turn, but asks for a text summary in ``<summary>`` tags."""
+
+
+def is_compaction_request(body: Mapping[str, Any]) -> bool:
+    """Claude Code asking for the summary that replaces its conversation (not a step of the conversation)."""
+    return COMPACTION_PROMPT in last_prompt(body)
+
+
+def compaction_summary(script: str, turns: int) -> str:
+    """The answer to a compaction request: a summary in the shape Claude Code asks for (an ``<analysis>`` block,
+    then a ``<summary>`` block, whose content Claude Code puts at the start of the compacted conversation). It
+    names the script (``SCRIPT_MARKER``: the beacon that named it is gone from the conversation) and how many turns
+    it replaces (``TURNS_MARKER``), so the requests after it are given the turns after those."""
+    return (
+        f"<analysis>Scripted conversation {script}, compacted after {turns} turns.</analysis>\n"
+        f"<summary>\n{SCRIPT_MARKER}{script}] {TURNS_MARKER}{turns}]\n"
+        f"1. Primary Request and Intent: the scripted work of {script}.\n"
+        f"8. Current Work: {turns} turns of script {script} were answered.\n"
+        "9. Optional Next Step: go on with the current step.\n</summary>"
+    )
 
 
 def is_side_request(body: Mapping[str, Any]) -> bool:
@@ -173,14 +261,7 @@ def tool_results(body: Mapping[str, Any]) -> dict[str, tuple[str, bool]]:
 
 def last_prompt(body: Mapping[str, Any]) -> str:
     """The text of the newest user message (its text blocks: what a person typed, plus Claude Code's reminders)."""
-    content = _newest_user_content(body)
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(block.get("text", "")) for block in content if isinstance(block, dict) and block.get("type") == "text"
-        )
-    return ""
+    return _prompt_text(_newest_user_content(body))
 
 
 def script_name(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -29,7 +30,9 @@ from gt.model_server.script import (
     Turn,
     check_prompt,
     check_results,
+    compaction_summary,
     fault_for,
+    is_compaction_request,
     is_side_request,
     script_name,
     side_answer,
@@ -57,6 +60,8 @@ class RecordedRequest(msgspec.Struct, kw_only=True):
     kind: str = "other"
     """turn, side, count_tokens or other."""
     turn: int | None = None
+    received_at: float = 0.0
+    """When it arrived (``time.time()``)."""
 
 
 class SentAnswer(msgspec.Struct, kw_only=True):
@@ -201,6 +206,7 @@ class ModelServer:
             path=http.path,
             headers={name: value for name, value in http.headers.items() if name not in SECRET_HEADERS},
             body=body,
+            received_at=time.time(),
         )
         self.requests.append(recorded)
         path = http.path.split("?", 1)[0]
@@ -223,8 +229,8 @@ class ModelServer:
             await _send_json(writer, 200, {"input_tokens": count})
             return True
         side = is_side_request(body)
-        recorded.kind = "side" if side else "turn"
-        recorded.turn = None if side else turn_index(body)
+        recorded.kind = "side" if side else "compact" if is_compaction_request(body) else "turn"
+        recorded.turn = turn_index(body) if recorded.kind == "turn" else None
         return await self._answer_messages(writer, body, script, recorded)
 
     def _script_for(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> Script | None:
@@ -274,10 +280,12 @@ class ModelServer:
         if text is not None:
             blocks = [{"type": "text", "text": text}]
         total = wire.prompt_tokens(body)
-        cache = wire.wants_cache(body) and recorded.kind == "turn"
+        cache = wire.wants_cache(body) and recorded.kind in ("turn", "compact")
         cached_before = self._cached.get(recorded.script or "", 0) if cache else 0
         if cache:
             self._cached[recorded.script or ""] = max(cached_before, total)
+        if turn is not None and turn.context_tokens is not None and text is None:
+            total = max(total, turn.context_tokens)  # as if the conversation were that long (not cached for later)
         usage = wire.usage(total, cached_before, wire.estimate_tokens(blocks), cache=cache)
         answer.usage = usage
         full = wire.message(
@@ -295,6 +303,8 @@ class ModelServer:
         """The content blocks answering a request, or a text replacing them (a side answer, a script failure)."""
         if recorded.kind == "side":
             return [], side_answer(body)
+        if recorded.kind == "compact":
+            return [], compaction_summary(script.name if script else "(none)", turn_index(body))
         if script is None:
             return [], "SCRIPT FAILURE: this request names no script (x-gt-model-script header, key, or marker)"
         index = recorded.turn or 0

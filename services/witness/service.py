@@ -44,7 +44,7 @@ from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, Route
 from shared.errors import ActivityLostError
 from shared.ids import hook_lease_name
-from shared.runtimes import confirms_start, refusal, runtime_for
+from shared.runtimes import Restart, confirms_start, runtime_for
 from shared.service import Service, ServiceSettings
 from shared.session_identity import SessionBuckets
 from shared.tmux import Tmux, TmuxError
@@ -53,8 +53,20 @@ log = structlog.get_logger(__name__)
 
 _HEARTBEAT = msgspec.json.Decoder(dict[str, Any])
 MAX_RETRY_DELAY_S = 30.0
-REFUSAL_SCREEN_LINES = 30
-"""How much of the bottom of a Claude Code pane is read for a refused key (older lines are history)."""
+SCREEN_LINES = 30
+"""How much of the bottom of a pane is read for what its runtime shows (older lines are history)."""
+
+
+class ScreenSeen(msgspec.Struct, frozen=True, kw_only=True):
+    """What one session's pane showed at a patrol, as its runtime reads it (``Runtime``'s screen methods)."""
+
+    refused: str | None = None
+    blocked: str | None = None
+    activity: str | None = None
+    idle: bool = False
+    restart: Restart | None = None
+    read: bool = True
+    """False: the pane could not be read this time (tmux busy, the pane just gone): nothing on it is judged."""
 
 
 class WitnessService(Service[WitnessState]):
@@ -102,6 +114,8 @@ class WitnessService(Service[WitnessState]):
         """Actions queued or running, by key."""
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
+        self._screen_seen: dict[str, tuple[str | None, datetime]] = {}
+        """Session -> the activity its screen showed last (a retry status) and when it last changed."""
         self._lease_renewed: dict[str, datetime] = {}
         """Session -> when this witness last renewed its hook lease on its busy agent's behalf (plan/liveness.py)."""
         self.actions_done = 0
@@ -306,6 +320,10 @@ class WitnessService(Service[WitnessState]):
         now = self.clock()
         quiet = self._quiet_sessions(now)
         activity = await asyncio.to_thread(self._runtime_activity, quiet)
+        confirmed = await asyncio.to_thread(self._start_confirmed, started)
+        screens = await asyncio.to_thread(self._read_screens, [s for s in started if s.status == "started"], confirmed)
+        for sid, at in self._screen_activity(screens, now).items():
+            activity[sid] = max(at, activity.get(sid, at))
         await self._renew_hooks_of_busy_agents(activity, now)
         return Observed(
             now=now,
@@ -314,8 +332,11 @@ class WitnessService(Service[WitnessState]):
             alive=alive,
             heartbeats=await self._heartbeats_of(quiet, now),
             activity=activity,
-            start_confirmed=await asyncio.to_thread(self._start_confirmed, started),
-            refused=await asyncio.to_thread(self._refused, started),
+            start_confirmed=confirmed,
+            refused={sid: seen.refused for sid, seen in screens.items() if seen.refused is not None},
+            blocked={sid: seen.blocked for sid, seen in screens.items() if seen.blocked is not None},
+            idle=frozenset(sid for sid, seen in screens.items() if seen.idle),
+            restarts={sid: seen.restart for sid, seen in screens.items() if seen.restart is not None},
             start_failures=dict(self.executor.start_failures),
             busy=frozenset(self._pending) | {k for k, t in self._retry_at.items() if t > time.monotonic()},
             reserved=frozenset((a.rig, a.polecat) for a in self._pending.values() if isinstance(a, Spawn)),
@@ -329,24 +350,54 @@ class WitnessService(Service[WitnessState]):
         ]
         return frozenset(s.id for s in confirming if runtime_setup.started(self.executor.session_dir(s)))
 
-    def _refused(self, started: list[Session]) -> dict[str, str]:
-        """Of the started sessions, those whose agent recorded (its StopFailure hook) or shows (its pane) that the
-        model API refused its credentials. One pane capture per such session and patrol."""
-        out: dict[str, str] = {}
+    def _read_screens(self, started: list[Session], confirmed: frozenset[str]) -> dict[str, ScreenSeen]:
+        """What the panes of started sessions whose runtime reads its screen show (one ``tmux capture-pane`` each per
+        patrol), as their runtime reads it: a refused key (or its StopFailure hook's record), a screen waiting for
+        input before the start was confirmed, activity only the screen shows, idle at its prompt, and (idle only:
+        its hook log is read then) a restart with a fresh context after which it waits."""
+        out: dict[str, ScreenSeen] = {}
         for s in started:
             rig = self.state.rigs.get(s.rig)
-            if rig is None or not confirms_start(rig.agent_command):
-                continue  # a runtime without hooks records no failures
-            failure = runtime_setup.agent_failure(self.executor.session_dir(s))
-            why = refusal(rig.agent_command, failure) or refusal(rig.agent_command, None, self._screen(s))
-            if why is not None:
-                out[s.id] = why
+            if rig is None:
+                continue
+            runtime = runtime_for(rig.agent_command)
+            if not runtime.reads_screen:
+                continue
+            session_dir = self.executor.session_dir(s)
+            screen = self._screen(s)
+            idle = bool(runtime.idle(screen))
+            out[s.id] = ScreenSeen(
+                refused=runtime.refusal(runtime_setup.agent_failure(session_dir), screen),
+                blocked=runtime.blocking_screen(screen) if s.id not in confirmed else None,
+                activity=runtime.activity_on_screen(screen),
+                idle=idle,
+                restart=runtime.restart(runtime_setup.hook_log(session_dir)) if idle else None,
+                read=bool(screen),
+            )
         return out
 
+    def _screen_activity(self, screens: dict[str, ScreenSeen], now: datetime) -> dict[str, datetime]:
+        """When each session's on-screen activity (a retry status) last changed: what the screen shows counts as a
+        sign of life only while it changes (a frozen agent shows a frozen status). Its going away is a change too
+        (the request was answered), and the moment stays a sign of life until the next one: the agent's own signs
+        (a tool call, its transcript) may show up a patrol later."""
+        for sid in [sid for sid in self._screen_seen if sid not in screens]:
+            del self._screen_seen[sid]  # no longer started
+        for sid, seen in screens.items():
+            if not seen.read:
+                continue
+            previous = self._screen_seen.get(sid)
+            if (previous is None and seen.activity is not None) or (
+                previous is not None and previous[0] != seen.activity
+            ):
+                self._screen_seen[sid] = (seen.activity, now)
+        return {sid: at for sid, (_, at) in self._screen_seen.items()}
+
     def _screen(self, session: Session) -> str:
-        """The bottom of the session's pane (where Claude Code shows a request it is retrying), or ''."""
+        """The bottom of the session's pane (where Claude Code shows a request it is retrying, its prompt, a
+        dialog), or ''."""
         try:
-            return self.tmux.capture(session.tmux_name, lines=REFUSAL_SCREEN_LINES)
+            return self.tmux.capture(session.tmux_name, lines=SCREEN_LINES)
         except TmuxError:
             return ""
 

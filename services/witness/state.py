@@ -198,3 +198,9 @@ MAIL_NUDGE_PREFIX = "mail-"
 def mail_nudge_id(message_id: str) -> str:
     """The nudge that tells a polecat of a message: one per message, so queuing it twice stores it once."""
     return f"{MAIL_NUDGE_PREFIX}{message_id}"
+
+
+def continue_nudge_id(session_id: str, start: int) -> str:
+    """The nudge that sends a session on after its agent's ``start``-th start (a ``/clear``, a compaction): one
+    per start, so a restarted witness that sees the same start queues nothing new."""
+    return f"continue-{session_id}-{start}"

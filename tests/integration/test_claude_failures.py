@@ -1,6 +1,7 @@
 """How a ``--agent claude`` rig lives through agent failures (docs/agents.md, "Claude Code failures"): the real
 Claude Code CLI in real tmux, a real town, the scripted model server as the only fake. Each test is one scenario:
-the agent killed mid-step, a 429/529 storm, a 401, a nudge typed while it generates, a ``/clear``."""
+the agent killed mid-step, a 429/529 storm, a 401, a nudge typed while it generates, a ``/clear``, the context
+exhausted (an automatic compaction)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from gt.model_server import Fault, ModelServer, Script, bash, say, use
+from gt.model_server import Fault, ModelServer, Script, bash, exhaust_context, say, use
 from gt.model_server.server import RecordedRequest
 from services.witness.settings import WitnessSettings
-from services.witness.state import Session
+from services.witness.state import Session, continue_nudge_id
 from shared.config import TownConfig
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of
@@ -271,7 +272,8 @@ async def test_clear_re_primes_the_session_with_the_current_step_and_the_work_co
     after = Script(
         name="clear",
         turns=(
-            use(bash("gt step done implement", expect="implement: done"), prompt="go on"),
+            # Nobody types anything after /clear: the witness's nudge sends the cleared session on.
+            use(bash("gt step done implement", expect="implement: done"), prompt="Go on with your current step"),
             *finish(),
         ),
     )
@@ -290,14 +292,72 @@ async def test_clear_re_primes_the_session_with_the_current_step_and_the_work_co
             return True
 
         await assert_eventually(idle, timeout=60)
+        assert pt.witness is not None
+        assert pt.witness.state.nudges == {}, "an agent idle after its own turns is not nudged"
         server.add(after)
         pt.tmux.send_text(session.tmux_name, "/clear")
         pt.tmux.send_enter(session.tmux_name)
         await assert_eventually(lambda: "session-start clear" in hooks.read_text(), timeout=60)
-        outcome = await pt.command("gt.cmd.nudge.send", target="demo/ace", message="go on")
-        assert outcome["type"] == "cmd.accepted", outcome
-        await merged(pt, server, bead, timeout=60)
+        await merged(pt, server, bead, timeout=90)
     [done] = await pt.wait_settled(bead)
     assert done.end_reason == "done", "the same session went on after /clear"
     cleared = [r for r in server.turns("clear") if r.turn == 0][-1]
     assert "Current step: implement" in json.dumps(cleared.body), "re-primed with the current step after /clear"
+    # One nudge, for the second start of the session (the /clear), delivered to it.
+    assert pt.witness is not None
+    nudges = pt.witness.state.nudges
+    assert list(nudges) == [continue_nudge_id(session.id, 2)], nudges
+    assert nudges[continue_nudge_id(session.id, 2)].status == "delivered"
+    assert json.dumps(cleared.body).count("Go on with your current step") == 1, "typed once"
+
+
+# ---- 6. the context exhausted: an automatic compaction ---------------------------------------------------------
+
+
+async def test_an_exhausted_context_is_compacted_and_the_same_session_goes_on_on_its_hook(
+    pt: PolecatTown, town: TownConfig, nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await pt.add_rig(agent_command="claude", stall_after_s=600.0)
+    bead = await pt.new_bead("Long conversation [model-script:full]")
+    script = Script(
+        name="full",
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context")),
+            use(bash("gt step done load-context && gt step done implement", expect="implement: done")),
+            # Its answer says the conversation fills the model's context window: Claude Code compacts it before it
+            # asks for the next turn (the summary request is answered by the server and consumes no turn).
+            exhaust_context(use(bash("gt step done commit", expect="commit: done"))),
+            use(bash("gt step done self-review && gt step done run-tests", expect="run-tests: done")),
+            use(bash("gt step done submit && gt done", expect="merge request")),
+            say("Submitted to the merge queue."),
+        ),
+    )
+    async with ModelServer([script]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        await pt.sling(bead)
+        session = await started_session(pt, bead)
+        await merged(pt, server, bead)
+    [done] = await pt.wait_settled(bead)
+    assert done.id == session.id
+    assert done.end_reason == "done", "the same session went on after the compaction"
+    assert done.warrant_reason is None
+    compactions = [r for r in server.requests if r.kind == "compact"]
+    assert len(compactions) == 1, [(r.kind, r.turn) for r in server.requests]
+    assert [a.status for a in server.answers if a.kind == "compact"] == [200], "the summary was answered"
+    # Every turn asked for once, in order: the summary consumed none and no step was asked for again.
+    assert [r.turn for r in server.turns("full")] == list(range(len(script.turns)))
+    compacted = server.turns("full")[3]
+    body = json.dumps(compacted.body)
+    assert "[model-turns:2]" in body, "the turn after the compaction carries the summary"
+    assert "Current step: self-review" in body, "re-primed by the SessionStart hook after the compaction"
+    assert "Current step: load-context" not in body, "the conversation before the compaction is gone"
+    hooks = (town.gt_home / "rigs" / "demo" / "sessions" / session.id / "hooks.log").read_text()
+    lines = [line.split(" ", 1)[1] for line in hooks.splitlines()]
+    assert "PreCompact" in lines
+    assert "session-start compact" in lines
+    assert lines.index("PreCompact") < lines.index("session-start compact"), lines
+    assert lines.count("session-start startup") == 1, "one process: started once, compacted once"
+    assert pt.witness is not None
+    assert pt.witness.state.nudges == {}, "it went on by itself: nobody nudged it"
+    assert sorted(await steps_done(nc, bead)) == sorted(STEPS), "each step done once: none redone"
+    assert len(await steps_done(nc, bead)) == len(STEPS)

@@ -1,7 +1,8 @@
 """Liveness of agents that never call `gt` (issue 21, point 4), with the real Claude Code CLI in real tmux and the
 scripted model server: a session busy with its own tools for several stall limits is neither warranted nor loses
-its hook lease; a session whose model stops answering is warranted after the stall limit, and its bead finishes
-in the next session."""
+its hook lease; nor is one whose model API refuses it (429, 529) for several stall limits while Claude Code retries;
+a session whose model stops answering is warranted after the stall limit, and its bead finishes in the next
+session."""
 
 from __future__ import annotations
 
@@ -62,6 +63,23 @@ def busy_story() -> Script:
     )
 
 
+STORM = (Fault(kind="rate_limited", times=2, retry_after_s=1), Fault(kind="overloaded", times=5))
+"""Seven refusals of one request: Claude Code backs off longer after each (observed: about 35 s in all)."""
+
+
+def storm_story() -> Script:
+    """Prime, a step done, then the model API refuses the next request seven times before it answers it."""
+    return Script(
+        name="storm",
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context")),
+            use(bash("gt step done load-context", expect="load-context: done")),
+            use(bash(FINISH, expect="merge request"), faults=STORM),
+            say("Submitted."),
+        ),
+    )
+
+
 def stuck_story() -> Script:
     """The model stops answering at turn 2 once (the first session hangs there); the next session's turn 2 is
     answered and finishes the bead (turns 0 and 1 run again in it; step load-context is done by then)."""
@@ -92,6 +110,38 @@ async def test_a_claude_session_busy_with_its_own_tools_for_three_stall_limits_i
     ]
     # The busy step ran (every sleep's result reached the model) and lasted at least its sleeps: 3 stall limits.
     assert BUSY_TURNS * BUSY_SLEEP_S >= 3 * STALL_S
+    history = await events_of(pt.nc, f"gt.evt.lease.{hook_lease_name(bead)}")
+    assert [t for t, _ in history] == ["lease.acquired", "lease.released"], "the hook lease never lapsed"
+
+
+async def test_a_429_and_529_storm_of_three_stall_limits_is_no_stall_while_claude_retries(
+    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await pt.add_rig(agent_command="claude", stall_after_s=STALL_S)
+    bead = await pt.new_bead("Storm [model-script:storm]")
+    async with ModelServer([storm_story()]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        await pt.sling(bead)
+        try:
+            await pt.wait_merge_requested(bead, timeout=240)
+        except AssertionError as exc:
+            raise AssertionError(
+                exc,
+                [(s.id, s.warrant_reason, s.warrant_detail, s.pane_tail) for s in pt.sessions_of(bead)],
+                [(r.turn, r.received_at) for r in server.requests],
+                [(a.turn, a.status) for a in server.answers],
+            ) from exc
+        assert server.failures == []
+    sessions = await pt.wait_settled(bead, timeout=120)
+    assert [(s.warrant_reason, s.end_reason) for s in sessions] == [(None, "done")], [
+        (s.warrant_reason, s.warrant_detail) for s in sessions
+    ]
+    asked = [r for r in server.turns("storm") if r.turn == 2]
+    assert [a.status for a in server.answers if a.turn == 2] == [429, 429, 529, 529, 529, 529, 529, 200]
+    # The storm (from its first refusal to the answer) outlasted three stall limits, nothing else moving: the
+    # session's last `gt` call came before it, and no tool ran while Claude Code retried.
+    assert len(asked) == 8
+    assert asked[-1].received_at - asked[0].received_at >= 3 * STALL_S
     history = await events_of(pt.nc, f"gt.evt.lease.{hook_lease_name(bead)}")
     assert [t for t, _ in history] == ["lease.acquired", "lease.released"], "the hook lease never lapsed"
 

@@ -1,6 +1,7 @@
 """Rigs with ``--agent claude``: the real Claude Code CLI in real tmux, driven by the scripted model server, works
-beads end to end through a real town (mayor, witness, refinery, real git); a missing binary is escalated naming
-the rig and the session. The model server is the only fake."""
+beads end to end through a real town (mayor, witness, refinery, real git), its usage recorded as the model server
+sent it; a missing binary, missing credentials or a screen nobody answers are escalated naming the rig and the
+session. The model server is the only fake."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ import pytest
 from nats.aio.client import Client
 
 from gt.model_server import ModelServer, Script, bash, edit, say, use, write
+from services.witness.plan import session_id_for
 from services.witness.settings import WitnessSettings
+from services.witness.state import Session, UsageMark
 from shared import git
 from shared.config import TownConfig
+from tests.claude_code import usage_recorded, usage_sent
 from tests.helpers import assert_eventually
 from tests.witness_town import PolecatTown, polecat_town
 
@@ -28,7 +32,9 @@ RUN_DEADLINE_S = 240.0
 
 @pytest.fixture
 async def pt(town: TownConfig, nc: Client, tmp_path: Path, claude_witness_env: None) -> AsyncIterator[PolecatTown]:
-    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, done_exit_grace_s=1.0)
+    # The default grace after `gt done` (10 s): Claude Code writes its last answer (and its usage) to its transcript
+    # after `gt done` returned; a shorter grace may end it first, and that answer's tokens would go unrecorded.
+    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0)
     async with polecat_town(town, nc, tmp_path, settings) as handle:
         yield handle
 
@@ -116,12 +122,28 @@ async def test_claude_sessions_work_beads_end_to_end_through_the_refinery(
     assert {request.body.get("model") for request in server.requests if request.kind == "turn"} == {
         "claude-scripted-model"
     }
+    # The usage the witness recorded for each session is what the model server sent it, once.
+    for n, bead in enumerate(beads):
+        [session] = pt.sessions_of(bead)
+        mark = await assert_eventually(functools.partial(final_usage, pt, session.id), timeout=RUN_DEADLINE_S)
+        assert len(server.usage(f"story-{n}")) == len(scripts[n].turns)
+        assert usage_recorded(mark, "claude-scripted-model") == usage_sent(server, f"story-{n}")
+        assert mark.models[0].messages == len(scripts[n].turns)
     assert sorted(p.name for p in operator_home.rglob("*")) == [".claude", ".claude.json"], "nothing of the operator's"
     assert (operator_home / ".claude.json").read_text() == '{"the": "operator\'s own"}'
     assert panes, "the panes were seen while the sessions ran"
     for text in panes.values():
         for screen in FIRST_RUN_SCREENS:
             assert screen not in text.lower(), f"a first-run screen ({screen!r}) shows:\n{text}"
+
+
+def final_usage(pt: PolecatTown, session: str) -> UsageMark:
+    """The session's last usage record (``final``: read after its agent's process was gone)."""
+    assert pt.witness is not None
+    mark = pt.witness.state.usage.get(session)
+    assert mark is not None, "no usage recorded yet"
+    assert mark.final, mark
+    return mark
 
 
 async def unavailable_escalation(pt: PolecatTown, bead: str) -> str:
@@ -195,6 +217,8 @@ async def test_a_claude_pane_that_never_fires_its_start_hook_is_a_failed_start_n
             assert pt.mayor is not None
             found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
             assert found, "no escalation yet"
+            # A screen it knows is escalated first, then the session ended (so no plan in between respawns it).
+            assert [s.status for s in pt.sessions_of(bead)][-1:] == ["ended"], "not ended yet"
             return found[0].message
 
         message = await assert_eventually(escalated, timeout=60)
@@ -207,3 +231,50 @@ async def test_a_claude_pane_that_never_fires_its_start_hook_is_a_failed_start_n
     assert session.end_reason == "failed_to_start"
     assert "rig demo" in message
     assert "failed_to_start" in message
+
+
+OTHER_KEY = "sk-ant-api03-a-key-the-witness-never-approved-0123456789"
+
+
+async def test_a_claude_stopped_at_a_screen_nobody_answers_is_escalated_at_once_with_what_it_shows(
+    pt: PolecatTown, town: TownConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await pt.add_rig(agent_command="claude", stall_after_s=600.0)  # start deadline 120 s, 3 respawns: the defaults
+    bead = await pt.new_bead("Meets a dialog")
+    # The session's config home holds user settings (as an operator's copied-in settings.json could) whose env names
+    # another API key than the one the witness approved in the first-run state: Claude Code asks whether to use it.
+    config = town.gt_home / "rigs" / "demo" / "sessions" / session_id_for(bead, 1) / "home" / ".claude"
+    config.mkdir(parents=True)
+    (config / "settings.json").write_text(json.dumps({"env": {"ANTHROPIC_API_KEY": OTHER_KEY}}))
+    async with ModelServer([]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        await pt.sling(bead)
+
+        def escalated() -> str:
+            assert pt.mayor is not None
+            found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
+            assert found, ("no escalation yet", [(s.id, s.status) for s in pt.sessions_of(bead)])
+            return found[0].message
+
+        # At once: well before the start deadline (120 s), let alone three respawns into the same screen.
+        message = await assert_eventually(escalated, timeout=60)
+
+        def ended_and_kept() -> Session:
+            [session] = pt.sessions_of(bead)
+            assert session.status == "ended", session
+            assert session.cleaned, session
+            return session
+
+        session = await assert_eventually(ended_and_kept, timeout=30)
+    assert "rig demo" in message
+    assert bead in message
+    assert session.id in message
+    assert "Do you want to use this API key?" in message, "the pane's text is in the escalation"
+    assert session.escalated == "agent_blocked"
+    assert session.warrant_reason == "failed_to_start"
+    assert session.end_reason == "failed_to_start"
+    assert "API key" in session.pane_tail
+    assert pt.tmux.snapshot().get(session.tmux_name) is None, "its pane is gone"
+    # Cleaned in the same patrol that would have respawned it: none was, nor will be.
+    assert len(pt.sessions_of(bead)) == 1, "not respawned into the same screen"
+    assert [r for r in server.requests if r.kind == "turn"] == [], "it never got to its first turn"

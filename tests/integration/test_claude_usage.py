@@ -18,13 +18,16 @@ from services.witness.settings import WitnessSettings
 from services.witness.state import UsageMark
 from shared.config import TownConfig
 from shared.usage import TOKEN_FIELDS
+from tests.claude_code import usage_recorded, usage_sent
 from tests.helpers import assert_eventually
 from tests.integration.test_claude_runtime import RUN_DEADLINE_S, polecat_story
 from tests.integration.test_cli import Gt
 from tests.log_tools import events_of
 from tests.witness_town import PolecatTown, polecat_town
 
-SETTINGS = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, done_exit_grace_s=1.0, usage_interval_s=0.2)
+SETTINGS = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, usage_interval_s=0.2)
+"""The default grace after `gt done` (10 s): Claude Code writes its last answer to its transcript after `gt done`
+returned, and a session ended before that would leave the answer's tokens unrecorded."""
 PRICES = '{"claude-opus-5-5": {"input": 5, "output": 25}}'
 
 
@@ -32,16 +35,6 @@ PRICES = '{"claude-opus-5-5": {"input": 5, "output": 25}}'
 async def pt(town: TownConfig, nc: Client, tmp_path: Path, claude_witness_env: None) -> AsyncIterator[PolecatTown]:
     async with polecat_town(town, nc, tmp_path, SETTINGS) as handle:
         yield handle
-
-
-def _sent(server: ModelServer, script: str) -> dict[str, int]:
-    """What the model server told the session it used: the sum of its answers' usage blocks."""
-    return {name: sum(block[name] for block in server.usage(script)) for name in TOKEN_FIELDS}
-
-
-def _recorded(mark: UsageMark) -> dict[str, int]:
-    assert [m.model for m in mark.models] == ["claude-opus-5-5"], mark.models
-    return {name: getattr(mark.models[0], name) for name in TOKEN_FIELDS}
 
 
 async def test_a_claude_sessions_usage_is_recorded_as_the_model_server_sent_it_across_a_witness_restart(
@@ -82,9 +75,9 @@ async def test_a_claude_sessions_usage_is_recorded_as_the_model_server_sent_it_a
 
     [ended] = await pt.wait_settled(bead)
     assert ended.end_reason == "done"
-    sent = _sent(server, "story-0")
+    sent = usage_sent(server, "story-0")
     assert len(server.usage("story-0")) == len(script.turns)
-    assert _recorded(mark) == sent, "the recorded totals are what the model server sent, once"
+    assert usage_recorded(mark, "claude-opus-5-5") == sent, "the recorded totals are what the model server sent, once"
     assert mark.models[0].messages == len(script.turns)
     usage_events = await events_of(nc, f"gt.evt.usage.{session.id}")
     assert [t for t, _ in usage_events] == ["session.usage"] * len(usage_events)

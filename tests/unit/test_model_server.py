@@ -1,16 +1,21 @@
-"""The scripted model server's pure parts: which turn a request asks for, which script it names, the checks on
-tool results, the server-sent events a message streams as, and the usage it reports."""
+"""The scripted model server's pure parts: which turn a request asks for (after a compaction too), which script it
+names, the checks on tool results, Claude Code's compaction request and its summary, the server-sent events a
+message streams as, and the usage it reports."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from gt.model_server import Fault, Script, Turn, bash, edit, say, use, write
+from gt.model_server import Fault, Script, Turn, bash, edit, exhaust_context, say, use, write
 from gt.model_server.script import (
+    COMPACTION_PROMPT,
+    EXHAUSTED_CONTEXT,
     check_prompt,
     check_results,
+    compaction_summary,
     fault_for,
+    is_compaction_request,
     is_side_request,
     script_name,
     side_answer,
@@ -180,3 +185,57 @@ def test_a_side_request_asking_for_json_gets_the_smallest_value_its_schema_allow
     asking = {"output_config": {"effort": "medium", "format": {"type": "json_schema", "schema": title_schema}}}
     assert json.loads(side_answer(asking)) == {"title": "Scripted session", "n": 0}
     assert side_answer({"messages": []}) == "Scripted session"
+
+
+def _compaction_request(*conversation: dict[str, Any]) -> dict[str, Any]:
+    """Claude Code's summary request (2.1.332): the conversation with its tools, the newest user message carrying
+    the summary instruction after its tool results."""
+    *earlier, newest = conversation
+    asking = {"type": "text", "text": f"CRITICAL: Respond with TEXT ONLY.\n\nYour task is to {COMPACTION_PROMPT}, ..."}
+    return _request(*earlier, {"role": "user", "content": [*newest["content"], asking]})
+
+
+def test_a_compaction_request_is_recognised_and_the_turns_after_it_count_on_from_its_summary() -> None:
+    before = (
+        {"role": "user", "content": [{"type": "text", "text": "bead [model-script:story] go"}]},
+        {"role": "assistant", "content": content_blocks(STORY.turns[0], "story", 0)},
+        {"role": "user", "content": [_result(tool_use_id("story", 0, 0), "On branch main")]},
+    )
+    compacting = _compaction_request(*before)
+    assert is_compaction_request(compacting)
+    assert not is_compaction_request(_request(*before))
+    assert not is_side_request(compacting), "it offers the tools like a turn"
+    summary = compaction_summary("story", turn_index(compacting))
+    assert "<summary>" in summary
+    assert "[model-turns:1]" in summary
+    # What Claude Code sends next: the summary's content first, then the newest exchange it kept verbatim.
+    after = _request(
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<system-reminder>git status</system-reminder>"},
+                {"type": "text", "text": f"This session is being continued ...\n{summary}"},
+            ],
+        },
+        {"role": "assistant", "content": content_blocks(STORY.turns[1], "story", 1)},
+        {
+            "role": "user",
+            "content": [_result(tool_use_id("story", 1, 0), "ok"), _result(tool_use_id("story", 1, 1), "updated")],
+        },
+    )
+    assert turn_index(after) == 2, "one turn summarised, one kept: the next is turn 2"
+    assert check_results(STORY, 2, after) == []
+    assert script_name({}, after) == "story", "the summary names the script the beacon named"
+    # Compacted again later: the newest summary counts.
+    again = _request(
+        {"role": "user", "content": [{"type": "text", "text": compaction_summary("story", 5)}]},
+        {"role": "assistant", "content": []},
+    )
+    assert turn_index(again) == 6
+
+
+def test_a_turn_can_report_a_conversation_that_fills_the_context_window() -> None:
+    turn = exhaust_context(use(bash("make")))
+    assert turn.context_tokens == EXHAUSTED_CONTEXT
+    assert turn.tool_uses == use(bash("make")).tool_uses
+    assert 967_000 < EXHAUSTED_CONTEXT < 1_000_000, "past Claude Code's auto-compact threshold, within the window"

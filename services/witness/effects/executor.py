@@ -26,6 +26,7 @@ from services.witness.effects.agent_creds import agent_nats_credentials, is_cred
 from services.witness.plan.actions import (
     Action,
     Clean,
+    ContinueSession,
     DeliverNudge,
     Escalate,
     ExpireNudge,
@@ -42,7 +43,7 @@ from services.witness.plan.actions import (
     Warrant,
 )
 from services.witness.settings import WitnessSettings
-from services.witness.state import Rig, Session, WitnessState, mail_nudge_id
+from services.witness.state import Rig, Session, WitnessState, continue_nudge_id, mail_nudge_id
 from shared import git, processes, runtimes, session_identity, subjects
 from shared.bus.auth_callout import CalloutSettings
 from shared.commands.rigs import git_identity
@@ -84,11 +85,15 @@ AGENT_ENV_PASSTHROUGH = (
 """What an agent gets of the witness's environment besides its own settings (plus ``GT_AGENT_ENV``); NATS
 credentials are chosen by ``agent_nats_credentials``."""
 AGENT_TERM = "screen-256color"
+"""The pane is a tmux terminal, whatever terminal the witness was started from."""
 MAIL_SUBJECT_SHOWN = 120
 """Characters of a message's subject typed into the pane when announcing it."""
 MAIL_NUDGE_TTL_S = 1800.0
 """How long a mail announcement waits for the polecat's session (its `gt prime` lists the mail anyway)."""
-"""The pane is a tmux terminal, whatever terminal the witness was started from."""
+CONTINUE_NUDGE_TTL_S = 600.0
+"""How long the nudge that sends a restarted session on waits to be delivered (it is for that session only)."""
+BLOCKED_SCREEN_CHARS = 1500
+"""How much of a blocked pane's text an escalation carries."""
 
 
 class WorktreeUnusableError(GastownError):
@@ -139,6 +144,7 @@ class Executor:
             KillOrphan: self.kill_orphan,
             MassDeath: self.mass_death,
             DeliverNudge: self.deliver_nudge,
+            ContinueSession: self.continue_session,
             NudgeMail: self.nudge_mail,
             ExpireNudge: self.expire_nudge,
         }
@@ -477,12 +483,33 @@ class Executor:
             session = self._session(action.session) or session
             decided_on = session.version
         tail = await asyncio.to_thread(self._pane_tail, session)
+        if action.escalate:
+            await self._escalate_blocked(session, action.detail, tail)
+            session = self._session(action.session) or session
+            decided_on = session.version
         event = SessionWarranted(session_id=session.id, reason=action.reason, detail=action.detail, pane_tail=tail)
         if not await self._append(NewEvent(payload=event, expected_seq=decided_on)):
             return
         log.info("session_warranted", session=session.id, reason=action.reason, detail=action.detail)
         crash_point("witness.after_warrant")
         await self.kill(Kill(session=session.id))
+
+    async def _escalate_blocked(self, session: Session, detail: str, tail: str) -> None:
+        """The agent waits at a screen before it started: tell the operator at once what the pane shows, and mark
+        the session escalated before it is ended, so no fresh session is started into the same screen."""
+        rig = self.host.state.rigs.get(session.rig)
+        shown = tail[-BLOCKED_SCREEN_CHARS:] or "(the pane showed nothing)"
+        message = (
+            f"{detail}. Nobody answers it there, so session {session.id} is ended (failed_to_start) and bead "
+            f"{session.bead} is not respawned into the same screen; it waits on its hook with its worktree. Its pane "
+            f"showed:\n{shown}\nAnswer it for the agent's config home (docs/agents.md, Claude Code), then "
+            f"`gt sling {session.bead} {rig.name if rig else session.rig} --force`."
+        )
+        log.warning("agent_blocked_at_screen", session=session.id, rig=session.rig, detail=detail)
+        await self._raise_escalation(session, message)
+        if session.escalated is None:
+            escalated = SessionEscalated(session_id=session.id, reason="agent_blocked")
+            await self._append(NewEvent(payload=escalated, expected_seq=session.version))
 
     async def _park_refused(self, session: Session, detail: str) -> None:
         """The model API refused the agent's credentials: every new session of the rig would be refused too. Park
@@ -688,14 +715,17 @@ class Executor:
         if nudge is None or nudge.status != "queued" or session is None or session.status != "started":
             return
         decided_on = nudge.version  # before the await: an expiry applied meanwhile makes the append conflict
-        attempts = await asyncio.to_thread(self._type_into, session, typeable(nudge.message))
+        rig = self.host.state.rigs.get(session.rig)
+        typing = runtimes.runtime_for(rig.agent_command if rig is not None else "").nudge(nudge.message)
+        attempts = await asyncio.to_thread(self._type_into, session, typeable(typing.text), typing.submit)
         if attempts:
             event = NudgeDelivered(nudge_id=nudge.id, session=session.id, attempts=attempts)
             await self._append(NewEvent(payload=event, expected_seq=decided_on))
             log.info("nudge_delivered", nudge=nudge.id, session=session.id, attempts=attempts)
 
-    def _type_into(self, session: Session, message: str) -> int:
-        """Type ``message`` and press Enter, retrying until the text shows and Enter took; attempts, 0 if not."""
+    def _type_into(self, session: Session, message: str, submit: str = "Enter") -> int:
+        """Type ``message`` and press ``submit``, retrying until the text shows and the key took; attempts, 0 if
+        not."""
         name = session.tmux_name
         probe = message[-60:]
         for attempt in range(1, 4):
@@ -708,7 +738,7 @@ class Executor:
             if not _wait_for(lambda: _shows(self.tmux.capture(name), probe), self.settings.nudge_verify_s):
                 continue
             typed = self.tmux.capture(name)
-            self.tmux.send_enter(name)
+            self.tmux.send_key(name, submit)
             if _wait_for(functools.partial(self._changed, name, typed), self.settings.nudge_verify_s):
                 return attempt
         return 0
@@ -733,6 +763,25 @@ class Executor:
         )
         if await self._append(NewEvent(payload=event, expected_seq=0)):
             log.info("mail_nudge_queued", message=notice.id, rig=notice.rig, polecat=notice.polecat)
+
+    async def continue_session(self, action: ContinueSession) -> None:
+        """Queue the nudge that sends a restarted session on (``ContinueSession``); its id comes from the session and
+        the start, so it is queued once whoever tries; delivery is then the nudge's (``deliver_nudge``)."""
+        session = self._session(action.session)
+        nudge_id = continue_nudge_id(action.session, action.number)
+        if session is None or session.status != "started" or nudge_id in self.host.state.nudges:
+            return
+        restart = runtimes.Restart(number=action.number, source=action.source, turn_ended_since=False)
+        event = NudgeQueued(
+            nudge_id=nudge_id,
+            rig=session.rig,
+            polecat=session.polecat,
+            session=session.id,
+            message=runtimes.continue_prompt(restart),
+            expires_at=self.host.clock() + timedelta(seconds=CONTINUE_NUDGE_TTL_S),
+        )
+        if await self._append(NewEvent(payload=event, expected_seq=0)):
+            log.info("continue_nudge_queued", session=session.id, start=action.number, source=action.source)
 
     async def expire_nudge(self, action: ExpireNudge) -> None:
         nudge = self.host.state.nudges.get(action.nudge)

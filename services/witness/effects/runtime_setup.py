@@ -20,6 +20,7 @@ from shared.runtimes import (
     AGENT_FAILURE,
     CLAUDE_CREDENTIALS_FILE,
     CLAUDE_LOGIN_DIR_ENV,
+    HOOK_LOG,
     HOOK_MARK_SESSION_START,
     SETTINGS_LOCAL,
     ClaudeRuntime,
@@ -150,3 +151,11 @@ def agent_failure(session_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def hook_log(session_dir: Path) -> str:
+    """The session's hook log (one line per hook its agent fired), or '' when there is none."""
+    try:
+        return (session_dir / HOOK_LOG).read_text(errors="replace")
+    except OSError:
+        return ""

@@ -1,12 +1,14 @@
-"""Token usage of Claude Code sessions, read from their transcripts and recorded as ``session.usage`` events.
+"""Token usage of agent sessions, read from the files their runtime writes it to and recorded as ``session.usage``
+events.
 
-For each session of a rig whose runtime writes a transcript (Claude Code: ``<session dir>/home/.claude/projects/
-**/*.jsonl``), the witness reads the new lines of the transcript files (``shared.usage.Transcript``; the offsets
-are a cache kept in memory) and, when the totals differ from the last recorded ones, appends the session's running
-totals: at most every ``interval_s`` while the session runs, and once more, ``final``, after it ended and its
-agent's process is gone (Claude Code writes its last message after ``gt done``). A restarted witness reads the
-transcripts from the start, reaches the same totals and records nothing new: the event holds totals, not a
-delta, so nothing counts twice. Runtimes without a transcript (``gt-agent``, a command line) record nothing."""
+For each session of a rig whose runtime writes its usage (``Runtime.usage_files``; Claude Code: its transcripts,
+``<session dir>/home/.claude/projects/*/*.jsonl``), the witness reads what the files gained (the runtime's
+``usage_reader``, ``shared.usage.Transcript`` for Claude Code; the offsets are a cache kept in memory) and, when
+the totals differ from the last recorded ones, appends the session's running totals: at most every
+``interval_s`` while the session runs, and once more, ``final``, after it ended and its agent's process is gone
+(Claude Code writes its last message after ``gt done``). A restarted witness reads the files from the start,
+reaches the same totals and records nothing new: the event holds totals, not a delta, so nothing counts twice.
+Runtimes that write no usage (``gt-agent``, a command line) record nothing."""
 
 from __future__ import annotations
 
@@ -23,8 +25,7 @@ from services.witness.state import Session, WitnessState
 from shared import processes
 from shared.decision import NewEvent
 from shared.events.usage import SessionUsage
-from shared.runtimes import CLAUDE, runtime_for
-from shared.usage import Transcript
+from shared.runtimes import UsageReader, runtime_for
 
 log = structlog.get_logger(__name__)
 
@@ -39,16 +40,16 @@ class Host(Protocol):
     async def append_owed(self, owed: list[NewEvent], *, causation_id: str | None = None) -> int: ...
 
 
-def transcript_files(session_dir: Path) -> list[Path]:
-    """Claude Code's transcripts of the session (one per conversation: a ``/clear`` starts another)."""
-    return sorted((session_dir / "home" / ".claude" / "projects").glob("*/*.jsonl"))
+def usage_files(session_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
+    """The files a session's runtime writes its usage to (``patterns``: globs relative to its runtime dir)."""
+    return sorted(path for pattern in patterns for path in session_dir.glob(pattern))
 
 
-def read_new(transcript: Transcript, session_dir: Path) -> None:
-    """Feeds what the transcript files gained since the last read. I/O: call it in a thread."""
-    for path in transcript_files(session_dir):
+def read_new(reader: UsageReader, session_dir: Path, patterns: tuple[str, ...]) -> None:
+    """Feeds what the usage files gained since the last read. I/O: call it in a thread."""
+    for path in usage_files(session_dir, patterns):
         key = str(path)
-        offset = transcript.offsets.get(key, 0)
+        offset = reader.offsets.get(key, 0)
         try:
             with path.open("rb") as file:
                 file.seek(offset)
@@ -56,7 +57,7 @@ def read_new(transcript: Transcript, session_dir: Path) -> None:
         except OSError:
             continue
         if data:
-            transcript.feed(key, data)
+            reader.feed(key, data)
 
 
 class UsageWatch:
@@ -74,15 +75,17 @@ class UsageWatch:
         self.serves = serves
         self.interval_s = interval_s
         self.clock = clock
-        self.transcripts: dict[str, Transcript] = {}
+        self.readers: dict[str, UsageReader] = {}
         self._read_at: dict[str, float] = {}
 
-    def _watched(self, session: Session) -> bool:
+    def _patterns(self, session: Session) -> tuple[str, ...]:
         rig = self.host.state.rigs.get(session.rig)
+        return runtime_for(rig.agent_command).usage_files if rig is not None else ()
+
+    def _watched(self, session: Session) -> bool:
         mark = self.host.state.usage.get(session.id)
         return (
-            rig is not None
-            and runtime_for(rig.agent_command).name == CLAUDE
+            bool(self._patterns(session))
             and self.serves(session.rig)
             and session.status in ("started", "ended")
             and session.started_at is not None
@@ -97,12 +100,16 @@ class UsageWatch:
         ref = processes.ProcessRef(pid=session.pane_pid, started=session.pid_started or 0.0)
         return not processes.is_alive(ref)
 
+    def _reader(self, session: Session) -> UsageReader | None:
+        rig = self.host.state.rigs.get(session.rig)
+        return runtime_for(rig.agent_command).usage_reader() if rig is not None else None
+
     async def tick(self) -> int:
         """Records what is owed; returns how many events were stored."""
         stored = 0
         for session in list(self.host.state.sessions.values()):
             if not self._watched(session):
-                self.transcripts.pop(session.id, None)
+                self.readers.pop(session.id, None)
                 continue
             ended = session.status == "ended"
             final = ended and await asyncio.to_thread(self._agent_gone, session)
@@ -110,9 +117,12 @@ class UsageWatch:
             if not final and now - self._read_at.get(session.id, float("-inf")) < self.interval_s:
                 continue
             self._read_at[session.id] = now
-            transcript = self.transcripts.setdefault(session.id, Transcript())
-            await asyncio.to_thread(read_new, transcript, self.session_dir(session))
-            models = transcript.snapshot()
+            reader = self.readers.get(session.id) or self._reader(session)
+            if reader is None:
+                continue
+            self.readers[session.id] = reader
+            await asyncio.to_thread(read_new, reader, self.session_dir(session), self._patterns(session))
+            models = reader.snapshot()
             mark = self.host.state.usage.get(session.id)
             if mark is not None and mark.models == models and not final:
                 continue
@@ -121,7 +131,7 @@ class UsageWatch:
             event = SessionUsage(session_id=session.id, rig=session.rig, bead=session.bead, models=models, final=final)
             stored += await self.host.append_owed([NewEvent(payload=event, expected_seq=mark.version if mark else 0)])
             if final:
-                self.transcripts.pop(session.id, None)
+                self.readers.pop(session.id, None)
                 self._read_at.pop(session.id, None)
         return stored
 

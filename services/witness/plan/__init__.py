@@ -15,6 +15,7 @@ import msgspec
 from services.witness.plan.actions import (
     Action,
     Clean,
+    ContinueSession,
     DeliverNudge,
     Escalate,
     ExpireNudge,
@@ -33,10 +34,10 @@ from services.witness.plan.actions import (
 from services.witness.plan.names import polecat_name
 from services.witness.plan.scope import TMUX_PREFIX, in_scope
 from services.witness.projection import deaths
-from services.witness.state import ACTIVE, Rig, Session, WitnessState, WorkBead
+from services.witness.state import ACTIVE, Rig, Session, WitnessState, WorkBead, continue_nudge_id
 from shared.events import DEATHS
 from shared.ids import hook_lease_name
-from shared.runtimes import confirms_start, pane_activity_counts
+from shared.runtimes import Restart, confirms_start, pane_activity_counts, runtime_for
 
 WORKING = ("hooked", "in_progress")
 
@@ -65,11 +66,19 @@ class Observed(msgspec.Struct, frozen=True, kw_only=True):
     """Session id -> its recorded pane process (pid and start time) still runs."""
     heartbeats: dict[str, datetime] = {}
     activity: dict[str, datetime] = {}
-    """Session id -> its agent runtime's last activity seen in files (a tool-call hook's mark, its transcript)."""
+    """Session id -> its agent runtime's last activity seen in files (a tool-call hook's mark, its transcript) or
+    on its screen (a retry status that changed since the last look: ``Runtime.activity_on_screen``)."""
     start_confirmed: frozenset[str] = frozenset()
     """Started sessions whose agent runtime confirmed its start (Claude Code's SessionStart hook ran)."""
     refused: dict[str, str] = {}
     """Started sessions whose agent recorded that the model API refused its credentials: why."""
+    blocked: dict[str, str] = {}
+    """Started sessions not confirmed yet whose pane shows a screen waiting for input (``Runtime.blocking_screen``):
+    what it is."""
+    idle: frozenset[str] = frozenset()
+    """Started sessions whose runtime says they wait for input (``Runtime.idle``)."""
+    restarts: dict[str, Restart] = {}
+    """Idle sessions whose agent's newest start was a restart with a fresh context (``Runtime.restart``)."""
     start_failures: dict[str, int] = {}
     busy: frozenset[str] = frozenset()
     """Keys of actions still running."""
@@ -124,6 +133,7 @@ def plan(state: WitnessState, obs: Observed, policy: Policy) -> list[Action]:
     out.extend(_mass_deaths(state, obs, policy))
     out.extend(_orphans(state, obs, policy))
     out.extend(_nudges(state, obs))
+    out.extend(_continuations(state, obs))
     out.extend(_mail(state, obs))
     seen: set[str] = set(obs.busy)
     owed: list[Action] = []
@@ -210,6 +220,20 @@ def _judge(session: Session, bead: WorkBead, rig: Rig | None, obs: Observed, pol
     refused = obs.refused.get(session.id)
     if refused is not None and rig is not None:
         return Warrant(session=session.id, reason=AGENT_UNAUTHORIZED, detail=f"rig {rig.name}: {refused}")
+    blocked = obs.blocked.get(session.id)
+    if blocked is not None and rig is not None and session.id not in obs.start_confirmed:
+        # Nobody answers it, and a fresh session would meet it again: escalated now, not after the start deadline
+        # and every respawn.
+        return Warrant(
+            session=session.id,
+            reason="failed_to_start",
+            detail=(
+                f"rig {rig.name}: session {session.id} (bead {session.bead}, polecat {session.polecat}, "
+                f"{rig.agent_command} in tmux session {session.tmux_name}) showed no SessionStart hook: its pane "
+                f"waits at {blocked}"
+            ),
+            escalate=True,
+        )
     unconfirmed = _unconfirmed_start(session, rig, obs, policy)
     if unconfirmed is not None:
         return unconfirmed
@@ -499,8 +523,33 @@ def _nudges(state: WitnessState, obs: Observed) -> Iterator[Action]:
         target = _nudge_target(state, nudge.rig, nudge.polecat, nudge.session)
         if target is not None and target.status == "started":
             pane = pane_of(target, obs)
-            if pane is not None and not pane.dead:
-                yield DeliverNudge(nudge=nudge.id, session=target.id)
+            if pane is None or pane.dead or not _takes_nudges_now(state, target, nudge.message, obs):
+                continue
+            yield DeliverNudge(nudge=nudge.id, session=target.id)
+
+
+def _takes_nudges_now(state: WitnessState, session: Session, message: str, obs: Observed) -> bool:
+    """A runtime that takes a nudge only when idle gets it then; one that queues input (or cannot tell) at once."""
+    rig = state.rigs.get(session.rig)
+    runtime = runtime_for(rig.agent_command if rig is not None else "")
+    if runtime.nudge(message).when_busy:
+        return True
+    return session.id in obs.idle or not runtime.reads_screen  # a runtime whose screen is not read cannot tell
+
+
+def _continuations(state: WitnessState, obs: Observed) -> Iterator[Action]:
+    """Sessions whose agent restarted with a fresh context (``/clear``, a compaction) and has waited at its prompt
+    since, no turn run: the nudge that sends them on with their current step (once per such start; an agent that
+    went on by itself, as after a compaction in the middle of a turn, gets none)."""
+    for session_id, restart in obs.restarts.items():
+        session = state.sessions.get(session_id)
+        if session is None or session.status != "started" or session.done_intent_at is not None:
+            continue
+        if restart.turn_ended_since or session_id not in obs.idle:
+            continue
+        if continue_nudge_id(session_id, restart.number) in state.nudges:
+            continue
+        yield ContinueSession(session=session_id, number=restart.number, source=restart.source)
 
 
 def _mail(state: WitnessState, obs: Observed) -> Iterator[Action]:

@@ -68,6 +68,9 @@ class Warrant(SessionAction, frozen=True, kw_only=True):
     PRIORITY: ClassVar[int] = 0
     reason: str
     detail: str = ""
+    escalate: bool = False
+    """Escalate first (naming rig, bead and session, with what the pane shows) and mark the session escalated, so
+    its bead is not respawned into what stopped it: its agent waits at a screen nobody will answer."""
 
 
 class Kill(SessionAction, frozen=True, kw_only=True):
@@ -131,6 +134,21 @@ class DeliverNudge(Action, frozen=True, kw_only=True):
     @property
     def key(self) -> str:
         return f"nudge:{self.nudge}"
+
+
+class ContinueSession(Action, frozen=True, kw_only=True):
+    """A session whose agent restarted with a fresh context (``/clear``, a compaction) and waits at its prompt:
+    queue the one nudge that sends it on with its current step (once per such start)."""
+
+    PRIORITY: ClassVar[int] = 2
+    session: str
+    number: int
+    """Which start of the session it was (its hook log), part of the nudge's id."""
+    source: str
+
+    @property
+    def key(self) -> str:
+        return f"continue:{self.session}"
 
 
 class NudgeMail(Action, frozen=True, kw_only=True):
