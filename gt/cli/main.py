@@ -43,6 +43,7 @@ from shared.bus.query import query
 from shared.bus.topology import provision
 from shared.config import TownConfig
 from shared.errors import (
+    STORAGE_FULL_HINT,
     AppendFailedError,
     NatsUnavailableError,
     PermissionDeniedError,
@@ -250,7 +251,11 @@ def _main(argv: Sequence[str] | None) -> int:
     except QueryError as exc:
         print(f"gt: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_UNREACHABLE if exc.code in ("unavailable", "timeout") else EXIT_REJECTED
-    except (StreamConfigMismatchError, AppendFailedError) as exc:
+    except AppendFailedError as exc:
+        hint = f": {STORAGE_FULL_HINT}" if exc.storage_full else ""
+        print(f"gt: {exc}{hint}", file=sys.stderr)
+        return EXIT_REJECTED
+    except StreamConfigMismatchError as exc:
         print(f"gt: {exc}", file=sys.stderr)
         return EXIT_REJECTED
     except (nats.errors.NoRespondersError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:

@@ -74,12 +74,33 @@ def callout(passwords: dict[str, str]) -> CalloutSettings:
     )
 
 
+def shipped_account_limits() -> dict[str, str]:
+    """The account's JetStream limits as the stack ships them (ops/gastown.env.example, docker-compose.yml's
+    defaults): GT_NATS_MAX_FILE and GT_NATS_MAX_MEM."""
+    limits = {}
+    for line in (REPO_ROOT / "ops" / "gastown.env.example").read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key in ("GT_NATS_MAX_FILE", "GT_NATS_MAX_MEM"):
+            limits[key] = value
+    assert set(limits) == {"GT_NATS_MAX_FILE", "GT_NATS_MAX_MEM"}, limits
+    return limits
+
+
 @pytest.fixture
-def secured(tmp_path: Path, passwords: dict[str, str], callout: CalloutSettings) -> Iterator[EmbeddedServer]:
-    """A nats-server with the shipped accounts.conf, included as it is; the passwords and the auth callout's
-    issuer in its environment."""
+def account_limits() -> dict[str, str]:
+    """The account limits the server starts with (a test module may override this fixture)."""
+    return shipped_account_limits()
+
+
+@pytest.fixture
+def secured(
+    tmp_path: Path, passwords: dict[str, str], callout: CalloutSettings, account_limits: dict[str, str]
+) -> Iterator[EmbeddedServer]:
+    """A nats-server with the shipped accounts.conf, included as it is; the passwords, the auth callout's
+    issuer and the account's JetStream limits in its environment."""
     env = {**os.environ, **{f"GT_NATS_{user.upper()}_PASSWORD": pw for user, pw in passwords.items()}}
     env["GT_AUTH_ISSUER"] = issuer_public(callout.issuer_seed)
+    env.update(account_limits)
     server = EmbeddedServer(tmp_path / "nats", include=ACCOUNTS, env=env)
     server.start()
     try:
