@@ -45,6 +45,8 @@ from typing import Any
 
 import msgspec
 
+from shared.privacy import private_files
+
 FAULT = re.compile(r"^(?P<kind>[a-z-]+)(?:=(?P<step>\d+))?(?:@(?P<lo>\d+)(?:-(?P<hi>\d+))?)?$")
 KINDS = frozenset(
     {
@@ -315,6 +317,7 @@ def main() -> int:
         print(f"gt-agent: runs inside a polecat session; {', '.join(missing)} not set", file=sys.stderr)
         return EXIT_USAGE
     try:
+        private_files()  # its work and notes under GT_HOME (the worktree), like the services'
         faults = parse_faults(os.environ.get("GT_AGENT_FAULT", ""))
         pause = float(os.environ.get("GT_AGENT_STEP_PAUSE", "0") or 0)
     except ValueError as exc:

@@ -50,6 +50,7 @@ from shared.errors import (
     QueryError,
     StreamConfigMismatchError,
 )
+from shared.privacy import private_files
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
 
@@ -205,6 +206,7 @@ def _main(argv: Sequence[str] | None) -> int:
         env["NATS_URL"] = args.nats_url
     nats_given = bool(env.get("NATS_URL"))
     try:
+        private_files(env)  # what `gt` (and `gt up`'s town) creates under GT_HOME
         config = town_config.load(env)
     except ValueError as exc:
         print(f"gt: bad configuration: {exc}", file=sys.stderr)
