@@ -283,12 +283,20 @@ def resolve_conflict(data: dict[str, Any], failure: dict[str, Any]) -> None:
         attributes.write(UNION_MERGE)
         attributes.flush()
         try:
-            git("-c", f"core.attributesFile={attributes.name}", "rebase", "--quiet", target, cwd=worktree)
+            git(
+                "-c",
+                f"core.attributesFile={attributes.name}",
+                "rebase",
+                "--quiet",
+                "--end-of-options",
+                target,
+                cwd=worktree,
+            )
         except subprocess.CalledProcessError as exc:
             with contextlib.suppress(subprocess.CalledProcessError):
                 git("rebase", "--abort", cwd=worktree)
             raise RuntimeError(f"cannot resolve the conflict with {target[:10]}: {exc.stderr.strip()}") from exc
-    git("push", "--quiet", "--force-with-lease", "origin", f"{branch}:refs/heads/{branch}", cwd=worktree)
+    git("push", "--quiet", "--force-with-lease", "--", "origin", f"{branch}:refs/heads/{branch}", cwd=worktree)
     say(f"resolved: rebased onto {target[:10]} keeping both sides, and pushed {branch}")
 
 
