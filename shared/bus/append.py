@@ -215,7 +215,7 @@ class Appender:
 
         A batch message that would cross the account's JetStream storage limit is dropped without an answer (it
         was published without a reply subject), so the commit reports the batch incomplete; a batch whose
-        messages each fit but not all together gets no answer to its commit at all (nats-server 2.12). Resending
+        messages each fit but not all together gets no answer to its commit at all (nats-server 2.15). Resending
         cannot help then: the account's own figures say so, and the append is refused like a single message
         would be (``ERR_ACCOUNT_RESOURCES``). None when they leave room (or cannot be read): resend as usual."""
         try:
