@@ -14,6 +14,8 @@ import pytest
 import structlog
 
 from gt.cli.common import EXIT_REJECTED
+from tests.compose_stack import shipped_account_limits
+from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually
 from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
     SecuredTown,
@@ -21,7 +23,6 @@ from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
     passwords,
     secured,
     services_as_themselves,
-    shipped_account_limits,
     st,
 )
 from tests.log_tools import events_of
@@ -36,7 +37,7 @@ def size(value: str) -> int:
 
 
 async def test_the_shipped_account_limits_are_in_force(st: SecuredTown, tmp_path: Path) -> None:  # noqa: F811
-    shipped = shipped_account_limits()
+    shipped = shipped_account_limits(REPO_ROOT)
     async with services_as_themselves(st, tmp_path, "mayor") as town:
         info = await town.nc.jetstream().account_info()  # $JS.API.INFO, as the operator
     assert info.limits.max_storage == size(shipped["GT_NATS_MAX_FILE"]) == 30 * GIB
@@ -78,7 +79,7 @@ SMALL_ACCOUNT = {"GT_NATS_MAX_FILE": "1MB", "GT_NATS_MAX_MEM": "1MB"}
 @pytest.fixture
 def account_limits(request: pytest.FixtureRequest) -> dict[str, str]:
     """The shipped limits, or a test's own (``indirect`` parametrization)."""
-    limits: dict[str, str] = getattr(request, "param", None) or shipped_account_limits()
+    limits: dict[str, str] = getattr(request, "param", None) or shipped_account_limits(REPO_ROOT)
     return limits
 
 

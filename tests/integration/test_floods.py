@@ -18,7 +18,6 @@ from shared.subjects import SessionOrigin, session_command_subject
 from tests.helpers import assert_eventually
 from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
     SecuredTown,
-    account_limits,
     callout,
     passwords,
     responder_for,

@@ -74,24 +74,6 @@ def callout(passwords: dict[str, str]) -> CalloutSettings:
     )
 
 
-def shipped_account_limits() -> dict[str, str]:
-    """The account's JetStream limits as the stack ships them (ops/gastown.env.example, docker-compose.yml's
-    defaults): GT_NATS_MAX_FILE and GT_NATS_MAX_MEM."""
-    limits = {}
-    for line in (REPO_ROOT / "ops" / "gastown.env.example").read_text().splitlines():
-        key, _, value = line.partition("=")
-        if key in ("GT_NATS_MAX_FILE", "GT_NATS_MAX_MEM"):
-            limits[key] = value
-    assert set(limits) == {"GT_NATS_MAX_FILE", "GT_NATS_MAX_MEM"}, limits
-    return limits
-
-
-@pytest.fixture
-def account_limits() -> dict[str, str]:
-    """The account limits the server starts with (a test module may override this fixture)."""
-    return shipped_account_limits()
-
-
 @pytest.fixture
 def secured(
     tmp_path: Path, passwords: dict[str, str], callout: CalloutSettings, account_limits: dict[str, str]
