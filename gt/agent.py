@@ -45,6 +45,8 @@ from typing import Any
 
 import msgspec
 
+from shared.privacy import private_files
+
 FAULT = re.compile(r"^(?P<kind>[a-z-]+)(?:=(?P<step>\d+))?(?:@(?P<lo>\d+)(?:-(?P<hi>\d+))?)?$")
 KINDS = frozenset(
     {
@@ -281,12 +283,20 @@ def resolve_conflict(data: dict[str, Any], failure: dict[str, Any]) -> None:
         attributes.write(UNION_MERGE)
         attributes.flush()
         try:
-            git("-c", f"core.attributesFile={attributes.name}", "rebase", "--quiet", target, cwd=worktree)
+            git(
+                "-c",
+                f"core.attributesFile={attributes.name}",
+                "rebase",
+                "--quiet",
+                "--end-of-options",
+                target,
+                cwd=worktree,
+            )
         except subprocess.CalledProcessError as exc:
             with contextlib.suppress(subprocess.CalledProcessError):
                 git("rebase", "--abort", cwd=worktree)
             raise RuntimeError(f"cannot resolve the conflict with {target[:10]}: {exc.stderr.strip()}") from exc
-    git("push", "--quiet", "--force-with-lease", "origin", f"{branch}:refs/heads/{branch}", cwd=worktree)
+    git("push", "--quiet", "--force-with-lease", "--", "origin", f"{branch}:refs/heads/{branch}", cwd=worktree)
     say(f"resolved: rebased onto {target[:10]} keeping both sides, and pushed {branch}")
 
 
@@ -315,6 +325,7 @@ def main() -> int:
         print(f"gt-agent: runs inside a polecat session; {', '.join(missing)} not set", file=sys.stderr)
         return EXIT_USAGE
     try:
+        private_files()  # its work and notes under GT_HOME (the worktree), like the services'
         faults = parse_faults(os.environ.get("GT_AGENT_FAULT", ""))
         pause = float(os.environ.get("GT_AGENT_STEP_PAUSE", "0") or 0)
     except ValueError as exc:

@@ -40,7 +40,7 @@ from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.errors import GastownError, PermissionDeniedError, QueryError
 from shared.events import ServiceDown, decode_envelope
-from shared.privacy import hide_environment
+from shared.privacy import hide_environment, private_files
 from shared.processes import ProcessRef
 from shared.tmux import Tmux, TmuxError
 
@@ -364,14 +364,9 @@ def reap_leftovers(config: TownConfig) -> list[str]:
     return reaped
 
 
-PRIVATE_UMASK = 0o077
-"""What ``gt up`` and the town it starts create under GT_HOME (logs, run file, NATS store, clones, worktrees)
-is its user's alone: logs and the run file tell a lot about the town, and nobody else on the machine needs it."""
-
-
 def up(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
     """``gt up``: run the town (in the foreground, or detached with ``-d``)."""
-    os.umask(PRIVATE_UMASK)  # inherited by the supervisor, the services and nats-server
+    private_files()  # inherited by the supervisor, the services and nats-server (`gt` checked GT_UMASK already)
     hide_environment()  # the supervisor's environment is the services' (passwords included)
     existing = running_town(config)
     if existing is not None:

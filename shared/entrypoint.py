@@ -19,7 +19,7 @@ from shared import runtime
 from shared.activity import MIN_TTL_S
 from shared.aio import task_stacks
 from shared.errors import ActivityLostError
-from shared.privacy import hide_environment
+from shared.privacy import hide_environment, private_files
 from shared.service import Service, ServiceSettings
 
 ServiceFactory = Callable[[town_config.TownConfig, ServiceSettings], Service[Any]]
@@ -96,6 +96,7 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: thread stacks to stderr
     log = structlog.get_logger(f"services.{name}")
     try:
+        private_files(env)  # what it creates under GT_HOME (clones, worktrees, logs), and what it starts
         cfg = town_config.load(env, service=name)
         active_ttl = _active_ttl(args.active_ttl, env, name)
     except ValueError as exc:

@@ -64,6 +64,18 @@ class AppendConflictError(GastownError):
         )
 
 
+STORAGE_FULL_CODES = frozenset({10002, 10023, 10028, 10047})
+"""nats-server's answers to a write that would cross a storage limit (server/errors.json): the account's JetStream
+limit (10002, "resource limits exceeded for account"), the server's own store (10023, "insufficient
+resources"), a reservation above what is left (10028 memory, 10047 storage)."""
+
+STORAGE_FULL_HINT = (
+    "the town's NATS account is out of JetStream storage: nothing more can be stored until space is freed or "
+    "the limit raised (GT_NATS_MAX_FILE, the account's max_file; docs/deployment.md, Limits: floods and storage). "
+    "Nothing already stored is lost"
+)
+
+
 class AppendFailedError(GastownError):
     """The server refused an append for a reason other than a concurrency conflict."""
 
@@ -73,6 +85,12 @@ class AppendFailedError(GastownError):
         self.err_code = err_code
         self.description = description
         super().__init__(f"append to {subject} refused: {description} (code {code}, err_code {err_code})")
+
+    @property
+    def storage_full(self) -> bool:
+        """Refused for want of storage (the account's limit or the server's store): the write is fine, the town
+        is full. Sending it again once space is back stores it."""
+        return self.err_code in STORAGE_FULL_CODES
 
 
 class AppendTimeoutError(GastownError):

@@ -195,13 +195,28 @@ def ensure_worktree(bare: Path, path: Path, branch: str, base: str) -> bool:
     if branch_exists(bare, branch):
         git("worktree", "add", "--quiet", "--", str(path), branch, cwd=bare)
     else:
-        start = f"refs/remotes/origin/{base}" if _ref_exists(bare, f"refs/remotes/origin/{base}") else base
+        tracked = f"refs/remotes/origin/{base}"
+        # Else the base's id: `worktree add -b` hands its start point on to `git branch` with no end of options.
+        start = tracked if _ref_exists(bare, tracked) else resolve_commit(bare, base)
         git("worktree", "add", "--quiet", "-b", branch, "--", str(path), start, cwd=bare)
     return True
 
 
 def _ref_exists(repo: Path, ref: str) -> bool:
-    return bool(git("rev-parse", "--verify", "--quiet", ref, cwd=repo, check=False).strip())
+    return bool(git("rev-parse", "--verify", "--quiet", "--end-of-options", ref, cwd=repo, check=False).strip())
+
+
+def resolve_commit(repo: Path, name: str) -> str:
+    """The full id of the commit ``name`` names (a branch, a tag, an id), read as a name even when it starts
+    with ``-``. For commands that cannot be told where options end (git 2.39's ``checkout``): give them the id.
+
+    Raises:
+        GitError: ``name`` names no commit.
+    """
+    found = git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{name}^{{commit}}", cwd=repo, check=False)
+    if not found.strip():
+        raise GitError(["rev-parse", "--verify", name], 1, f"{name!r} names no commit")
+    return found.strip()
 
 
 def worktree_state(path: Path, base: str) -> WorktreeState:
@@ -215,7 +230,7 @@ def worktree_state(path: Path, base: str) -> WorktreeState:
     upstream = tracked if _ref_exists(path, tracked) else f"refs/remotes/origin/{base}"
     if not _ref_exists(path, upstream):
         upstream = base
-    unpushed = int(git("rev-list", "--count", f"{upstream}..HEAD", cwd=path).strip() or 0)
+    unpushed = int(git("rev-list", "--count", "--end-of-options", f"{upstream}..HEAD", cwd=path).strip() or 0)
     return WorktreeState(exists=True, branch=branch, head=head, dirty=dirty, unpushed=unpushed)
 
 

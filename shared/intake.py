@@ -50,6 +50,7 @@ from shared.commands import (
 )
 from shared.decision import Accepted, DecideContext, NewEvent, Route
 from shared.errors import (
+    STORAGE_FULL_HINT,
     ActivityLostError,
     AppendConflictError,
     AppendFailedError,
@@ -870,6 +871,17 @@ class CommandIntake:
                 await self._catch_up_with_stream()
                 continue
             except AppendFailedError as exc:
+                if exc.storage_full:
+                    # Not the command's fault: the town is full. It waits in GT_CMD (redelivered, never set aside)
+                    # and is carried out once space is back; nothing stored is touched.
+                    log.error(
+                        "log_storage_full",
+                        subject=exc.subject,
+                        error=exc.description,
+                        err_code=exc.err_code,
+                        hint=STORAGE_FULL_HINT,
+                    )
+                    raise
                 if isinstance(parsed, CommandError):
                     raise  # not even the rejection can be stored: leave the command for redelivery
                 code = "too_large" if exc.err_code == ERR_MAX_PAYLOAD else "invalid"

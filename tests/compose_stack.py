@@ -43,6 +43,18 @@ def write_env_file(path: Path, passwords: dict[str, str]) -> Path:
     return path
 
 
+def shipped_account_limits(repo: Path) -> dict[str, str]:
+    """The NATS account's JetStream limits as the stack ships them (ops/gastown.env.example, docker-compose.yml's
+    defaults): GT_NATS_MAX_FILE and GT_NATS_MAX_MEM."""
+    limits = {}
+    for line in (repo / "ops" / "gastown.env.example").read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key in ("GT_NATS_MAX_FILE", "GT_NATS_MAX_MEM"):
+            limits[key] = value
+    assert set(limits) == {"GT_NATS_MAX_FILE", "GT_NATS_MAX_MEM"}, limits
+    return limits
+
+
 def compose_config(repo: Path, env_file: Path) -> dict[str, Any]:
     """docker-compose.yml as compose itself resolves it (classic ``docker-compose config``)."""
     compose = shutil.which("docker-compose")

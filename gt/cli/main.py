@@ -43,12 +43,14 @@ from shared.bus.query import query
 from shared.bus.topology import provision
 from shared.config import TownConfig
 from shared.errors import (
+    STORAGE_FULL_HINT,
     AppendFailedError,
     NatsUnavailableError,
     PermissionDeniedError,
     QueryError,
     StreamConfigMismatchError,
 )
+from shared.privacy import private_files
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
 
@@ -204,6 +206,7 @@ def _main(argv: Sequence[str] | None) -> int:
         env["NATS_URL"] = args.nats_url
     nats_given = bool(env.get("NATS_URL"))
     try:
+        private_files(env)  # what `gt` (and `gt up`'s town) creates under GT_HOME
         config = town_config.load(env)
     except ValueError as exc:
         print(f"gt: bad configuration: {exc}", file=sys.stderr)
@@ -250,7 +253,11 @@ def _main(argv: Sequence[str] | None) -> int:
     except QueryError as exc:
         print(f"gt: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_UNREACHABLE if exc.code in ("unavailable", "timeout") else EXIT_REJECTED
-    except (StreamConfigMismatchError, AppendFailedError) as exc:
+    except AppendFailedError as exc:
+        hint = f": {STORAGE_FULL_HINT}" if exc.storage_full else ""
+        print(f"gt: {exc}{hint}", file=sys.stderr)
+        return EXIT_REJECTED
+    except StreamConfigMismatchError as exc:
         print(f"gt: {exc}", file=sys.stderr)
         return EXIT_REJECTED
     except (nats.errors.NoRespondersError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:

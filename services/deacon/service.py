@@ -179,10 +179,14 @@ class DeaconService(Service[DeaconState]):
             log.warning("stale_hook_handed_over", bead=hook.bead, token=hook.token, after=hook.holder)
 
     def disk_paths(self) -> tuple[str, ...]:
+        """The paths whose volumes the disk alarm watches: ``GT_DISK_WATCH``, else what the town writes to here,
+        each while it exists: GT_HOME (logs, run files, clones, worktrees; under compose the ``gt-home`` volume)
+        and the JetStream store `gt up` keeps in it (``GT_HOME/nats/jetstream``: gt/supervisor.py). A store
+        elsewhere (another machine, a container) is watched through the account's storage limit."""
         if self.watch.disk_paths is not None:
             return self.watch.disk_paths
-        store = self.config.gt_home / "nats"
-        return (str(store),) if store.is_dir() else ()
+        home = self.config.gt_home
+        return tuple(str(path) for path in (home, home / "nats" / "jetstream") if path.is_dir())
 
     async def _watch_disk(self) -> None:
         """Raise the disk alarm while the log's storage runs low, close it once space is back (``disk.plan``)."""

@@ -33,8 +33,8 @@ class DeaconSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Escalate while a watched volume, or the NATS account's JetStream storage limit, has less than this percent
     free (``GT_DISK_LOW_PERCENT``; 0: no alarm)."""
     disk_paths: tuple[str, ...] | None = None
-    """Paths whose volumes are watched (``GT_DISK_WATCH``, comma-separated; default: ``$GT_HOME/nats``, where
-    `gt up` keeps the JetStream store, when it exists)."""
+    """Paths whose volumes are watched (``GT_DISK_WATCH``, comma-separated; default: ``$GT_HOME`` and
+    ``$GT_HOME/nats/jetstream``, where `gt up` keeps the JetStream store, each when it exists)."""
     disk_check_s: float = 30.0
     """Seconds between disk-space checks (``GT_DISK_CHECK_INTERVAL``)."""
 

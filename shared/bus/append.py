@@ -42,6 +42,9 @@ ERR_BATCH_WRONG_LAST_SEQUENCE = 10164  # a batch wrote one subject twice with an
 ERR_BATCH_INCOMPLETE = 10176  # batch messages lost on the way (reconnect) or abandoned: resend it
 ERR_MAX_PAYLOAD = 10054  # "message size exceeds maximum allowed" (also used for the client-side refusal)
 ERR_DUPLICATE_IN_PROCESS = 10158  # clustered: a resend while the first copy is still being replicated
+ERR_ACCOUNT_RESOURCES = 10002  # "resource limits exceeded for account": its JetStream storage limit (max_file)
+STORED_OVERHEAD = 64
+"""Bytes a stored message takes beyond its subject and data (headers, framing), about."""
 _CONFLICT_CODES = frozenset({ERR_WRONG_LAST_SEQUENCE, ERR_BATCH_WRONG_LAST_SEQUENCE})
 _LAST_SEQ_RE = re.compile(r"wrong last sequence: (\d+)")
 
@@ -128,6 +131,7 @@ class Appender:
         self._stream = stream
         self._attempt_timeout = attempt_timeout
         self._deadline = deadline
+        self._replicas: int | None = None
         self.retries = 0
 
     async def append(self, events: Sequence[PendingEvent]) -> list[int]:
@@ -165,6 +169,10 @@ class Appender:
             except _RESENDABLE as exc:
                 uncertain = True
                 self.retries += 1
+                if len(events) > 1:
+                    full = await self._storage_full(events)
+                    if full is not None:
+                        raise full from exc
                 if time.monotonic() >= give_up_at:
                     raise AppendTimeoutError(events[-1].subject, attempt) from exc
                 log.warning("append_retry", subject=events[-1].subject, attempt=attempt, error=type(exc).__name__)
@@ -201,6 +209,36 @@ class Appender:
                 reply = await self._nc.request(ev.subject, ev.data, timeout=self._attempt_timeout, headers=headers)
                 return self._check(reply.data, ev.subject, events[0].expected_seq)
         raise AssertionError("unreachable")
+
+    async def _storage_full(self, events: Sequence[PendingEvent]) -> AppendFailedError | None:
+        """Why a batch came back incomplete or unanswered, when it is that the account cannot hold it.
+
+        A batch message that would cross the account's JetStream storage limit is dropped without an answer (it
+        was published without a reply subject), so the commit reports the batch incomplete; a batch whose
+        messages each fit but not all together gets no answer to its commit at all (nats-server 2.15). Resending
+        cannot help then: the account's own figures say so, and the append is refused like a single message
+        would be (``ERR_ACCOUNT_RESOURCES``). None when they leave room (or cannot be read): resend as usual."""
+        try:
+            info = await self._js.account_info()
+            if self._replicas is None:
+                self._replicas = max(1, int((await self._js.stream_info(self._stream)).config.num_replicas or 1))
+        except (TimeoutError, nats.errors.Error):
+            return None
+        limit = info.limits.max_storage
+        if not limit or limit < 0:
+            return None  # no limit on the account (-1)
+        # Usage counts every replica (so does the limit); each message stores its subject and some framing.
+        needed = self._replicas * sum(len(ev.subject) + len(ev.data) + STORED_OVERHEAD for ev in events)
+        left = limit - int(info.storage)
+        if left >= needed:
+            return None
+        return AppendFailedError(
+            events[-1].subject,
+            400,
+            ERR_ACCOUNT_RESOURCES,
+            f"resource limits exceeded for account: the account's JetStream storage has {max(0, left)} of "
+            f"{limit} bytes left, the {len(events)} events need {needed}",
+        )
 
     def _check(self, data: bytes, subject: str, expected: int | None) -> int:
         try:

@@ -13,6 +13,7 @@ import structlog
 from shared import config as town_config
 from shared import logging as gt_logging
 from shared.plugins.sdk import Plugin
+from shared.privacy import private_files
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -61,6 +62,7 @@ def run_plugin(name: str, args: argparse.Namespace, build: Callable[[town_config
     gt_logging.configure(f"plugin-{name}", json=args.log_json, level=args.log_level)
     log = structlog.get_logger(f"services.plugins.{name}")
     try:
+        private_files(env)  # its archives, marks and files under GT_HOME
         cfg = town_config.load(env)
         plugin = build(cfg)
     except ValueError as exc:

@@ -10,6 +10,8 @@ import pytest
 import pytest_asyncio
 
 from shared.bus.connection import close_quietly
+from tests.compose_stack import shipped_account_limits
+from tests.conftest import REPO_ROOT
 from tests.drivers import Driver, MemoryDriver, nats_driver
 
 STALE_AFTER = timedelta(hours=4)
@@ -28,3 +30,10 @@ async def driver(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
             yield driver
     finally:
         await close_quietly(nc)
+
+
+@pytest.fixture
+def account_limits() -> dict[str, str]:
+    """The JetStream limits a server with the shipped accounts.conf starts with (test_permissions.py's ``secured``):
+    the shipped ones. A test module may override this fixture."""
+    return shipped_account_limits(REPO_ROOT)

@@ -295,3 +295,39 @@ async def test_the_disk_alarm_reads_what_is_left_of_the_accounts_jetstream_stora
     account = by_what["the NATS account's JetStream storage"]
     assert 30.0 < account.free_percent < 50.0, account  # 600 kB of 1 MiB used
     assert disk.plan(disk.DiskAlarmState(), seen, 50.0) is not None, "under 50% free: an alarm"
+
+
+async def test_by_default_the_disk_alarm_watches_gt_home_and_the_nats_store_gt_up_keeps_in_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    server = EmbeddedServer(home / "nats")  # where `gt up` runs its server (gt/supervisor.py): store nats/jetstream
+    server.start()
+    town = TownConfig(nats_url=server.url, gt_home=home)
+    # As `gt up` starts it: no GT_DISK_WATCH. No disk to fill: at 100% the test's own volume is "low".
+    low = msgspec.structs.replace(WATCH, disk_low_percent=100.0, disk_check_s=0.1)
+    assert low.disk_paths is None
+    try:
+        nc = await nats.connect(server.url)
+        handle = Town(town, nc)
+        try:
+            await handle.start("mayor", MayorService(town, FAST))
+            await handle.start("deacon", DeaconService(town, FAST, deacon=low))
+            deacon = handle.deacon()
+            assert deacon.disk_paths() == (str(home), str(server.store_dir))
+
+            async def raised() -> list[dict[str, Any]]:
+                found = await events_of(nc, "gt.evt.escalation.>")
+                return [d for kind, d in found if kind == "escalation.raised" and d["source"] == "deacon/disk"]
+
+            escalations: list[dict[str, Any]] = await assert_eventually(
+                raised, timeout=30, message="the volume of GT_HOME is watched by default"
+            )
+            assert f"the volume of {home} has" in escalations[0]["message"]
+            # GT_HOME and the store are one volume here: measured once, under GT_HOME's name.
+            seen = await disk_watch.measure(nc.jetstream(), deacon.disk_paths())
+            assert [m.what for m in seen] == [f"the volume of {home}"]
+        finally:
+            for name in list(handle.tasks):
+                await handle.stop(name)
+            await nc.close()
+    finally:
+        server.kill()

@@ -75,11 +75,14 @@ def callout(passwords: dict[str, str]) -> CalloutSettings:
 
 
 @pytest.fixture
-def secured(tmp_path: Path, passwords: dict[str, str], callout: CalloutSettings) -> Iterator[EmbeddedServer]:
-    """A nats-server with the shipped accounts.conf, included as it is; the passwords and the auth callout's
-    issuer in its environment."""
+def secured(
+    tmp_path: Path, passwords: dict[str, str], callout: CalloutSettings, account_limits: dict[str, str]
+) -> Iterator[EmbeddedServer]:
+    """A nats-server with the shipped accounts.conf, included as it is; the passwords, the auth callout's
+    issuer and the account's JetStream limits in its environment."""
     env = {**os.environ, **{f"GT_NATS_{user.upper()}_PASSWORD": pw for user, pw in passwords.items()}}
     env["GT_AUTH_ISSUER"] = issuer_public(callout.issuer_seed)
+    env.update(account_limits)
     server = EmbeddedServer(tmp_path / "nats", include=ACCOUNTS, env=env)
     server.start()
     try:

@@ -3,6 +3,7 @@ the names it is served under, and `gt up` keeps GT_HOME private. Real nats-serve
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import stat
@@ -21,6 +22,7 @@ from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually, wait_until
 from tests.integration.test_town import TownCli
 from tests.integration.test_witness import run_gt
+from tests.service_process import ServiceProcess
 from tests.witness_town import PolecatTown, polecat_town
 
 SECRETS = {
@@ -189,6 +191,54 @@ def test_up_creates_gt_home_logs_and_run_files_private(gt_env: dict[str, str], t
         os.umask(old)
     assert down.returncode == 0, down.stderr
     assert loose_modes(town.home) == []
+
+
+async def test_a_service_started_on_its_own_creates_gt_home_private(
+    town: TownConfig, nc: Client, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`gt-witness` started by hand (a unit file, a container), not by `gt up`, under the usual umask: the rig's
+    clone and the polecat's worktree it makes, and what its agent (`gt-agent`, `gt`) writes there, are private."""
+    async with polecat_town(town, nc, tmp_path, with_witness=False, with_refinery=False) as pt:
+        env = {
+            **gt_env,
+            "NATS_URL": town.nats_url,
+            "GT_HOME": str(town.gt_home),
+            "GT_TMUX_SOCKET": pt.socket,
+            "GT_KILL_GRACE": "1",
+        }
+        env.pop("GT_UMASK", None)
+        witness = ServiceProcess("witness", env, tmp_path / "witness.log")
+        old = os.umask(0o022)  # inherited by the witness: what it must not rely on
+        try:
+            witness.start()
+        finally:
+            os.umask(old)
+        try:
+            # The agent commits its first step's file and then hangs, so its worktree stays to be looked at.
+            await pt.add_rig(agent_command="GT_AGENT_FAULT=hang=2 gt-agent")
+            bead = await pt.new_bead("Keep it to ourselves")
+            await pt.sling(bead)
+            rigs = town.gt_home / "rigs"
+
+            def written() -> list[Path]:
+                return sorted(rigs.rglob("01-*.txt"))
+
+            files: list[Path] = await assert_eventually(
+                written, timeout=60, message="the agent wrote its first step in its worktree"
+            )
+            assert witness.returncode() is None, witness.log_text()[-3000:]
+            assert len(list(rigs.rglob("*"))) > 50, "a clone, a worktree and the agent's work are there"
+            # A local origin is cloned by hard-linking its objects: those files are the origin's, with its modes.
+            origin = {path.stat().st_ino for path in pt.origin.rglob("*") if path.is_file()}
+            created = []
+            for path in [rigs, *rigs.rglob("*")]:
+                with contextlib.suppress(FileNotFoundError):  # a lock file git just removed
+                    st = path.lstat()
+                    if not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o077 and st.st_ino not in origin:
+                        created.append(f"{path.relative_to(rigs)} {stat.filemode(st.st_mode)}")
+            assert created == [], (files, created[:20])
+        finally:
+            witness.stop()
 
 
 # ---- a service's environment is not readable through /proc ---------------------------------------------

@@ -200,7 +200,7 @@ async def test_the_responder_survives_garbage_logins_and_still_answers(st: Secur
         assert responder.refused >= len(GARBAGE_LOGINS)
 
 
-@pytest.mark.parametrize("user", ["operator", "plugin", "mayor", "witness"])
+@pytest.mark.parametrize("user", ["operator", "plugin", "mayor", "witness", "refinery", "deacon"])
 async def test_no_user_may_read_anothers_inbox(st: SecuredTown, user: str) -> None:
     nc = await st.connect(user)
     try:

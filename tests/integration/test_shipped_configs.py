@@ -80,6 +80,34 @@ def test_a_secured_node_without_the_auth_callouts_issuer_refuses_to_start_and_na
     assert "GT_AUTH_ISSUER" in check.stdout + check.stderr
 
 
+@pytest.mark.parametrize("name", ["nats-single-auth.conf", "cluster-node.conf"])
+@pytest.mark.parametrize("variable", ["GT_NATS_MAX_FILE", "GT_NATS_MAX_MEM"])
+def test_a_secured_node_without_the_accounts_jetstream_limits_refuses_to_start_and_names_them(
+    name: str, variable: str
+) -> None:
+    env = example_env()
+    del env[variable]
+    check = subprocess.run(
+        [find_server_binary(), "-c", str(NATS_DIR / name), "-t"], capture_output=True, text=True, check=False, env=env
+    )
+    assert check.returncode != 0
+    assert variable in check.stdout + check.stderr
+
+
+def test_the_compose_nodes_get_the_accounts_jetstream_limits_with_defaults(tmp_path: Path) -> None:
+    """Without them in .env the stack still runs, with the example's values (docker-compose.yml's defaults)."""
+    bare = tmp_path / "bare.env"
+    bare.write_text(
+        "".join(line + "\n" for line in ENV_EXAMPLE.read_text().splitlines() if not line.startswith("GT_NATS_MAX_"))
+    )
+    model = compose_config(REPO_ROOT, bare)
+    example = example_env()
+    for node in nats_nodes(model):
+        env = model["services"][node]["environment"]
+        assert env["GT_NATS_MAX_FILE"] == example["GT_NATS_MAX_FILE"] == "30GB"
+        assert env["GT_NATS_MAX_MEM"] == example["GT_NATS_MAX_MEM"] == "256MB"
+
+
 def test_the_shipped_accounts_have_no_shared_agent_user_and_only_private_inboxes() -> None:
     accounts = (NATS_DIR / "accounts.conf").read_text()
     assert "user: agent" not in accounts

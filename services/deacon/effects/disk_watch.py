@@ -4,6 +4,7 @@ account's JetStream storage limit when it has one."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 
 import nats.errors
@@ -16,13 +17,20 @@ log = structlog.get_logger(__name__)
 
 
 async def measure(js: JetStreamContext, paths: tuple[str, ...]) -> list[Measurement]:
+    """Each watched volume once (paths on the same device are one volume: the first path names it), then the
+    account's storage."""
     out: list[Measurement] = []
+    devices: set[int] = set()
     for path in paths:
         try:
+            device = (await asyncio.to_thread(os.stat, path)).st_dev
             usage = await asyncio.to_thread(shutil.disk_usage, path)
         except OSError as exc:
             log.warning("disk_watch_unreadable", path=path, error=repr(exc))
             continue
+        if device in devices:
+            continue
+        devices.add(device)
         if usage.total > 0:
             free = 100.0 * usage.free / usage.total
             out.append(Measurement(what=f"the volume of {path}", free_percent=free, free_bytes=usage.free))

@@ -358,7 +358,17 @@ def _rebase(work: Path, head: str, onto: str) -> tuple[str | None, list[str]]:
     commit it fixes is kept. A commit whose change ``onto`` holds already comes out empty and is dropped then,
     so a branch merged before (a crash after the push) still rebases to ``onto`` itself."""
     _checkout(work, head)
-    git.git("rebase", "--quiet", "--reapply-cherry-picks", "--empty=drop", onto, cwd=work, check=False, timeout=300)
+    git.git(
+        "rebase",
+        "--quiet",
+        "--reapply-cherry-picks",
+        "--empty=drop",
+        "--end-of-options",  # `onto` is a name, never an option (`--` would end the revisions instead)
+        onto,
+        cwd=work,
+        check=False,
+        timeout=300,
+    )
     if _rebase_in_progress(work):
         files = git.git("diff", "--name-only", "--diff-filter=U", cwd=work, check=False).split()
         git.git("rebase", "--abort", cwd=work, check=False)
@@ -367,10 +377,17 @@ def _rebase(work: Path, head: str, onto: str) -> tuple[str | None, list[str]]:
 
 
 def _checkout(work: Path, commit: str) -> None:
-    """Exactly ``commit``, with nothing a gate left behind (build output, caches)."""
+    """Exactly ``commit``, with nothing a gate left behind (build output, caches). ``commit`` is resolved to its
+    full id first: git 2.39's checkout takes no ``--end-of-options`` (and ``--`` would make it a path), so only
+    an id, which never starts with ``-``, reaches it.
+
+    Raises:
+        GitError: ``commit`` names no commit.
+    """
+    resolved = git.resolve_commit(work, commit)
     git.git("reset", "--quiet", "--hard", cwd=work)
     git.git("clean", "-ffdxq", cwd=work)
-    git.git("checkout", "--quiet", "--force", "--detach", commit, cwd=work)
+    git.git("checkout", "--quiet", "--force", "--detach", resolved, cwd=work)
 
 
 def _add_detached(paths: Paths, name: str, commit: str) -> Path:
@@ -379,7 +396,7 @@ def _add_detached(paths: Paths, name: str, commit: str) -> Path:
         git.force_remove(path)
     git.git("worktree", "prune", cwd=paths.bare)
     path.parent.mkdir(parents=True, exist_ok=True)
-    git.git("worktree", "add", "--quiet", "--detach", str(path), commit, cwd=paths.bare)
+    git.git("worktree", "add", "--quiet", "--detach", "--end-of-options", str(path), commit, cwd=paths.bare)
     return path
 
 
@@ -389,7 +406,7 @@ def _remove(paths: Paths, path: Path) -> None:
 
 
 def _rev(paths: Paths, ref: str) -> str:
-    return git.git("rev-parse", "--verify", "--quiet", ref, cwd=paths.bare, check=False).strip()
+    return git.git("rev-parse", "--verify", "--quiet", "--end-of-options", ref, cwd=paths.bare, check=False).strip()
 
 
 def _rebase_in_progress(work: Path) -> bool:

@@ -1,0 +1,113 @@
+"""Every ref, branch or commit name reaches git as a name, never as an option: the adapters are called directly
+(no validation in front of them, which refuses a leading ``-`` anyway) with names that are options of the git
+command they run, against real repositories holding refs by exactly those names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gt import agent
+from services.refinery.effects import merger
+from shared import git
+
+# Each is an option of the command it is given to: a worktree or branch made, a rebase onto something else.
+ORPHAN = "--orphan=pwned"
+"""checkout / worktree add: would start a branch ``pwned`` with no history."""
+ONTO = "--onto=main"
+"""rebase: would rebase onto ``main`` instead."""
+DASH = "-evil"
+
+
+def commit(repo: Path, name: str, text: str) -> str:
+    (repo / name).write_text(text)
+    git.git("add", "--", name, cwd=repo)
+    git.git("commit", "--quiet", "-m", f"add {name}", cwd=repo)
+    return git.git("rev-parse", "HEAD", cwd=repo).strip()
+
+
+class Repo:
+    """main: base -> ahead; side: base -> sideways; refs named like options point at base and sideways."""
+
+    def __init__(self, root: Path) -> None:
+        self.src = root / "src"
+        self.src.mkdir()
+        git.git("init", "--quiet", "-b", "main", str(self.src))
+        self.base = commit(self.src, "README", "base\n")
+        git.git("checkout", "--quiet", "-b", "side", cwd=self.src)
+        self.sideways = commit(self.src, "SIDE", "sideways\n")
+        git.git("checkout", "--quiet", "main", cwd=self.src)
+        self.ahead = commit(self.src, "AHEAD", "ahead\n")
+        for name, target in ((ORPHAN, self.base), (ONTO, self.sideways), (DASH, self.sideways)):
+            # update-ref takes a full ref name; `git tag` would refuse these names (validation, as ours does).
+            git.git("update-ref", f"refs/tags/{name}", target, cwd=self.src)
+        self.bare = root / "rigs" / "demo" / "refinery" / "repo.git"
+        git.git("clone", "--quiet", "--bare", "--", str(self.src), str(self.bare))
+        self.paths = merger.Paths(root / "rigs", "demo")
+
+    def branches(self, repo: Path) -> set[str]:
+        return set(git.git("for-each-ref", "--format=%(refname:short)", "refs/heads/", cwd=repo).split())
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Repo:
+    return Repo(tmp_path)
+
+
+def head(work: Path) -> str:
+    return git.git("rev-parse", "HEAD", cwd=work).strip()
+
+
+def test_the_refinery_reads_a_ref_named_like_an_option_as_a_name(repo: Repo) -> None:
+    assert merger._rev(repo.paths, ORPHAN) == repo.base
+    assert merger._rev(repo.paths, DASH) == repo.sideways
+    assert merger._rev(repo.paths, "--all") == "", "no such ref: nothing, not every ref"
+
+
+def test_the_refinery_adds_its_worktree_and_checks_out_at_a_ref_named_like_an_option(repo: Repo) -> None:
+    before = repo.branches(repo.bare)
+    work = merger._add_detached(repo.paths, "target", ORPHAN)
+    assert head(work) == repo.base
+    merger._checkout(work, repo.ahead)
+    merger._checkout(work, ORPHAN)
+    assert head(work) == repo.base
+    assert repo.branches(repo.bare) == before, "no branch was made by an option"
+    with pytest.raises(git.GitError, match="names no commit"):
+        merger._checkout(work, "--detach")
+
+
+def test_the_refinery_rebases_onto_a_ref_named_like_an_option(repo: Repo) -> None:
+    work = merger._add_detached(repo.paths, "merge", repo.ahead)
+    tip, conflicts = merger._rebase(work, repo.ahead, ONTO)
+    assert conflicts == []
+    assert tip is not None
+    # Onto the ref (side), not onto main as the option would have it.
+    assert git.git("rev-parse", f"{tip}^", cwd=work).strip() == repo.sideways
+
+
+def test_worktrees_and_their_state_take_a_base_named_like_an_option(repo: Repo, tmp_path: Path) -> None:
+    assert git._ref_exists(repo.bare, DASH)
+    assert git.resolve_commit(repo.bare, ORPHAN) == repo.base
+    path = tmp_path / "polecats" / "ace"
+    assert git.ensure_worktree(repo.bare, path, "polecat/ace/hq-1", DASH)
+    assert head(path) == repo.sideways
+    commit(path, "WORK", "work\n")
+    state = git.worktree_state(path, DASH)  # no origin/<branch>, no origin/<base>: counted against the base itself
+    assert state.unpushed == 1
+
+
+def test_the_reference_agent_rebases_onto_and_pushes_a_target_named_like_an_option(
+    repo: Repo, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    origin = tmp_path / "origin.git"
+    git.git("clone", "--quiet", "--bare", "--", str(repo.src), str(origin))
+    worktree = tmp_path / "clone"
+    git.git("clone", "--quiet", "--", str(origin), str(worktree))
+    git.git("checkout", "--quiet", "-b", "polecat/ace/hq-1", repo.ahead, cwd=worktree)
+    git.git("push", "--quiet", "--", "origin", "polecat/ace/hq-1", cwd=worktree)
+    data = {"worktree": str(worktree), "branch": "polecat/ace/hq-1"}
+    agent.resolve_conflict(data, {"target_commit": ONTO, "files": ["AHEAD"]})
+    pushed = git.git("rev-parse", "refs/heads/polecat/ace/hq-1", cwd=origin).strip()
+    assert git.git("rev-parse", f"{pushed}^", cwd=origin).strip() == repo.sideways
+    assert "resolved" in capsys.readouterr().out
