@@ -107,6 +107,8 @@ def max_failures_from_env() -> int:
 
 OPERATOR = "operator"
 """The actor of a command on a plain subject whose body names none."""
+_PLAIN = subjects.command_subject("<aggregate>", "<verb>")
+"""How a rejection names a plain command subject."""
 POLECAT_PREFIX = "polecat:"
 PLUGIN_PREFIX = "plugin:"
 SUB_ACTORS: dict[str, tuple[str, ...]] = {"deacon": ("automation:",)}
@@ -156,10 +158,10 @@ def command_actor(
         return CommandError(
             "unauthorized",
             f"`actor` {body_actor[:80]!r} is {reserved}, and a command on a plain subject "
-            "(gt.cmd.<aggregate>.<verb>) is an operator's: its `actor` only labels the operator (operator, "
+            f"({_PLAIN}) is an operator's: its `actor` only labels the operator (operator, "
             "operator:<name>, any name that is not a service's or a polecat's). Who acted is decided by the subject "
             "a command came on, never by its body: a polecat session sends on its own subject, a service on "
-            "its own (gt.cmd.<aggregate>.<verb>.svc.<service>), and operators may publish on neither",
+            f"its own ({_PLAIN}.{subjects.SERVICE_MARK}.<service>), and operators may publish on neither",
         )
     return Sender(body_actor, "operator")
 

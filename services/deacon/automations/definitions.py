@@ -22,7 +22,7 @@ from services.deacon.automations import cron
 from shared.commands.base import MAX_TITLE, VAR_NAME_PATTERN
 from shared.events import REGISTRY
 from shared.ids import ID_PATTERN, is_valid_id
-from shared.subjects import EVT_PREFIX
+from shared.subjects import EVT_PREFIX, event_subject
 
 SUFFIX = ".toml"
 GATES = ("cooldown", "cron", "event", "condition", "manual")
@@ -207,7 +207,8 @@ def _gate_fields(name: str, gate: str, table: dict[str, Any]) -> dict[str, Any]:
             if subject is None:
                 raise _Invalid(
                     "automation.subject",
-                    f"is required with on = {on!r}: name the automation to follow (gt.evt.automation.<name>)",
+                    f"is required with on = {on!r}: name the automation to follow "
+                    f"({event_subject('automation', '<name>')})",
                 )
             if subject_matches(subject, f"{EVT_PREFIX}.automation.{name}"):
                 problem = f"{subject!r} matches this automation's own events: it would fire itself"
