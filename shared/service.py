@@ -425,6 +425,7 @@ class Service(Generic[S]):
         assert self.reader is not None
         assert self.appender is not None
         assert self.committer is not None
+        assert self.nc is not None
         started = time.monotonic()
         await self.reader.caught_up.wait()
         log.info(
@@ -443,6 +444,7 @@ class Service(Generic[S]):
             self.intake = CommandIntake(
                 service=self.name,
                 identity=self.identity,
+                nc=self.nc,
                 js=js,
                 stream=self.config.cmd_stream,
                 durable=command_consumer_name(self.name),
