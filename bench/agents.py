@@ -31,6 +31,7 @@ from bench.common import Figure, percentile, provisioned, server, start_service,
 from bench.witness import command, make_origin
 from gt.model_server import Fault, ModelServer, Script, say
 from services.witness.effects import runtime_setup
+from shared.commands import BeadCreate, BeadSling, RigAdd
 from shared.runtimes import ACTIVITY_HOOK, HOOK_MARK_SESSION_START, SESSION_DIR_ENV, ClaudeRuntime
 from shared.tmux import Tmux
 
@@ -74,11 +75,7 @@ async def _start(sessions: int) -> list[Figure]:
                 for name in procs:
                     await wait_ready(nc, name)
                 origin = make_origin(root)
-                await command(
-                    nc,
-                    "gt.cmd.rig.add",
-                    {"name": "bench", "repo": str(origin), "agent_command": "claude", "max_polecats": sessions},
-                )
+                await command(nc, RigAdd(name="bench", repo=str(origin), agent_command="claude", max_polecats=sessions))
                 hooked = [await _sling_to_hook(nc, root / "home", n) for n in range(sessions)]
             finally:
                 model.release()
@@ -154,9 +151,9 @@ async def _time_first_request(
 
 async def _sling_to_hook(nc: Client, gt_home: Path, n: int) -> float:
     """Seconds from slinging a bead to its session's SessionStart hook mark."""
-    bead = (await command(nc, "gt.cmd.bead.create", {"title": f"Start {n} [model-script:start-{n}]"}))["id"]
+    bead = (await command(nc, BeadCreate(title=f"Start {n} [model-script:start-{n}]")))["id"]
     began = time.monotonic()
-    await command(nc, "gt.cmd.bead.sling", {"id": bead, "rig": "bench"})
+    await command(nc, BeadSling(id=bead, rig="bench"))
     sessions = gt_home / "rigs" / "bench" / "sessions"
     async with asyncio.timeout(180):
         while True:

@@ -9,10 +9,10 @@ commands / (first publish -> last outcome). Target: ratio >= 0.3.
 from __future__ import annotations
 
 import asyncio
-import json
 
 from bench.common import (
     Figure,
+    bodies_of,
     provisioned,
     raw_publish_ceiling,
     run_commands,
@@ -21,13 +21,12 @@ from bench.common import (
     stop_service,
     wait_ready,
 )
+from shared.commands import BeadCreate
 
 
 async def run(commands: int = 10_000, rounds: int = 2) -> list[Figure]:
-    bodies = [
-        json.dumps({"title": f"bench bead {i}", "labels": ["bench"], "priority": i % 5}).encode()
-        for i in range(commands)
-    ]
+    creates = [BeadCreate(title=f"bench bead {i}", labels=["bench"], priority=i % 5) for i in range(commands)]
+    bodies = bodies_of(creates)
     with server() as srv:
         nc, _town = await provisioned(srv.url)
         mayor = start_service("mayor", srv.url)
@@ -36,7 +35,7 @@ async def run(commands: int = 10_000, rounds: int = 2) -> list[Figure]:
             ceilings, measured, stored = [], [], []
             for _ in range(rounds):
                 ceilings.append(await raw_publish_ceiling(nc, bodies))
-                elapsed, stored_s, _ = await run_commands(nc, "gt.cmd.bead.create", bodies)
+                elapsed, stored_s, _ = await run_commands(nc, creates)
                 measured.append(elapsed)
                 stored.append(stored_s)
         finally:

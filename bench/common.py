@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,10 +29,16 @@ import psutil
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
 
+from shared import subjects
+from shared.bus.commands import encode, subject_of
+from shared.bus.query import ask
 from shared.bus.topology import provision
+from shared.commands import Command
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer, find_server_binary
+from shared.errors import QueryError
 from shared.events import BeadClosed, BeadCreated, BeadUpdated, Event, decode_envelope, encode_event
+from shared.queries import Status
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -111,7 +117,7 @@ def bead_history(beads: int, updates_per_bead: int, *, close: bool = True) -> It
             else:
                 payload = BeadUpdated(bead_id=bead_id, metadata={f"k{rnd}": str(b)}, add_labels=[f"r{rnd % 4}"])
             n += 1
-            yield f"gt.evt.bead.{bead_id}", event(payload, n)
+            yield subjects.event_subject("bead", bead_id), event(payload, n)
 
 
 async def bulk_load(nc: Client, messages: Iterator[tuple[str, bytes]], *, batch: int = 1000) -> int:
@@ -187,11 +193,11 @@ async def wait_ready(nc: Client, service: str, *, timeout: float = 600) -> float
     started = time.monotonic()
     while time.monotonic() - started < timeout:
         try:
-            reply = await nc.request(f"gt.q.{service}.status", b"{}", timeout=1)
-        except (TimeoutError, nats.errors.Error):
+            status = await ask(nc, Status(service=service), timeout=1)
+        except (QueryError, nats.errors.Error):
             await asyncio.sleep(0.02)
             continue
-        if b'"caught_up":true' in reply.data:
+        if status.caught_up:
             return time.monotonic() - started
         await asyncio.sleep(0.02)
     raise TimeoutError(f"{service} did not catch up within {timeout}s")
@@ -216,11 +222,22 @@ async def raw_publish_ceiling(nc: Client, bodies: list[bytes]) -> float:
         await js.delete_stream("BENCH_RAW")
 
 
-async def run_commands(nc: Client, subject: str, bodies: list[bytes]) -> tuple[float, float, list[dict[str, Any]]]:
-    """Store commands (all in flight) and wait for their outcomes in the log.
+def bodies_of(cmds: Sequence[Command]) -> list[bytes]:
+    """The commands' bodies, as ``shared.bus.commands`` encodes them (the ceilings publish as many of that size)."""
+    return [encode(cmd) for cmd in cmds]
+
+
+async def run_commands(nc: Client, cmds: Sequence[Command]) -> tuple[float, float, list[dict[str, Any]]]:
+    """Store commands of one type on their subject (all in flight: ``publish_async``, the path whose ceiling is
+    measured beside it, where a client's ``shared.bus.commands.send`` stores one at a time) and wait for their
+    outcomes in the log. The commands carry no id: the services give each ``cmd-<GT_CMD sequence>``.
 
     Returns (seconds from the first publish to the last outcome, seconds to store the commands, the
     outcomes' payloads)."""
+    subject = subject_of(cmds[0])
+    if any(type(cmd) is not type(cmds[0]) for cmd in cmds):
+        raise ValueError("run_commands stores commands of one type")
+    bodies = bodies_of(cmds)
     want = len(bodies)
     raw: list[bytes] = []
     done = asyncio.Event()
@@ -231,7 +248,10 @@ async def run_commands(nc: Client, subject: str, bodies: list[bytes]) -> tuple[f
             done.set()
 
     sub = await nc.jetstream().subscribe(
-        "gt.evt.cmd.>", cb=on_outcome, ordered_consumer=True, config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW)
+        subjects.outcome_subject(">"),
+        cb=on_outcome,
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
     )
     started = time.perf_counter()
     stored_s = await publish_all(nc, subject, bodies)

@@ -17,7 +17,6 @@ second, down after 3 s without one, a check every 0.5 s).
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 import tempfile
@@ -42,8 +41,10 @@ from bench.common import (
     stop_service,
     wait_ready,
 )
-from shared import leases
+from shared import leases, subjects
 from shared.bus.append import Appender
+from shared.bus.query import ask_json
+from shared.commands import LeaseAcquire
 from shared.decision import NewEvent
 from shared.events import (
     BeadClaimed,
@@ -57,6 +58,7 @@ from shared.events import (
 )
 from shared.ids import hook_lease_name
 from shared.intake import to_pending
+from shared.queries import Status
 from shared.tmux import Tmux
 
 STALE_AFTER_S = 3.0
@@ -88,7 +90,7 @@ class ServiceEvents:
             self.seen.append((time.monotonic(), env.type, str(data.get("instance", ""))))
             self.changed.set()
 
-        await nc.subscribe("gt.evt.service.witness", cb=on_msg)
+        await nc.subscribe(subjects.event_subject("service", "witness"), cb=on_msg)
 
     async def next_of(self, kind: str, after: float, timeout: float = 60) -> float:
         async with asyncio.timeout(timeout):
@@ -167,10 +169,8 @@ async def _sessions(nc: Client, count: int) -> list[tuple[str, str]]:
 
 
 async def _leases(nc: Client, url: str, deacon: psutil.Process, count: int, fast: int, quiet_s: float) -> Figure:
-    bodies = [
-        json.dumps({"lease": f"bench-{i}", "holder": f"holder-{i}", "ttl_s": 30.0}).encode() for i in range(count)
-    ]
-    _, _, outcomes = await run_commands(nc, "gt.cmd.lease.acquire", bodies)
+    acquires = [LeaseAcquire(lease=f"bench-{i}", holder=f"holder-{i}", ttl_s=30.0) for i in range(count)]
+    _, _, outcomes = await run_commands(nc, acquires)
     if any(o["type"] != "cmd.accepted" for o in outcomes):
         raise RuntimeError("a lease acquisition was rejected")
     hooks = await _sessions(nc, fast)
@@ -196,7 +196,7 @@ async def _leases(nc: Client, url: str, deacon: psutil.Process, count: int, fast
     finally:
         bare.terminate()
         bare.wait()
-    status = json.loads((await nc.request("gt.q.deacon.status", b"{}", timeout=10)).data)["result"]
+    status = await ask_json(nc, Status(service="deacon"), timeout=10)  # with the deacon's own counters
     if status["leases_held"] != count + fast or status["leases_expired"] != 0:
         raise RuntimeError(f"the deacon should hold {count + fast} live leases and expire none: {status}")
     if status["stale_hooks_handed_over"] != 0:

@@ -27,6 +27,7 @@ from bench.common import (
     stop_service,
     wait_ready,
 )
+from shared.queries import mayor as mayor_queries
 
 RESPONDER = """
 import asyncio, sys, nats
@@ -43,9 +44,18 @@ asyncio.run(main())
 """
 
 
-async def _latencies(nc: Client, subject: str, bodies: list[bytes]) -> list[float]:
+Request = tuple[str, bytes]
+"""(subject, body) of one request, built before the clock starts."""
+
+
+def requests(queries: list[mayor_queries.Get]) -> list[Request]:
+    """The queries as ``shared.bus.query.ask`` sends them (it also decodes the reply, which the ceiling does not)."""
+    return [(query.subject(), query.body()) for query in queries]
+
+
+async def _latencies(nc: Client, asked: list[Request]) -> list[float]:
     out = []
-    for body in bodies:
+    for subject, body in asked:
         started = time.perf_counter()
         reply = await nc.request(subject, body, timeout=10)
         out.append((time.perf_counter() - started) * 1000)
@@ -62,23 +72,22 @@ async def run(beads: int = 100_000, queries: int = 5_000) -> list[Figure]:
         try:
             replay_s = await wait_ready(nc, "mayor")
             ids = [f"hq-{rng.randrange(beads):06d}" for _ in range(queries)]
-            bodies = [json.dumps({"id": bead_id}).encode() for bead_id in ids]
-            sample = json.loads((await nc.request("gt.q.mayor.get", bodies[0], timeout=10)).data)
+            gets = requests([mayor_queries.Get(id=bead_id) for bead_id in ids])
+            sample = json.loads((await nc.request(*gets[0], timeout=10)).data)
             assert sample["ok"], sample
             reply_size = len(json.dumps(sample))
+            echoes = [("bench.echo", body) for _subject, body in gets]
             responder = subprocess.Popen(
                 [sys.executable, "-c", RESPONDER, srv.url, str(reply_size)], stdout=subprocess.PIPE, cwd=REPO_ROOT
             )
             try:
                 assert responder.stdout is not None
                 responder.stdout.readline()
-                await _latencies(nc, "bench.echo", bodies[:200])  # warm both paths
-                await _latencies(nc, "gt.q.mayor.get", bodies[:200])
-                ceiling = await _latencies(nc, "bench.echo", bodies)
-                measured = await _latencies(nc, "gt.q.mayor.get", bodies)
-                with_min_seq = await _latencies(
-                    nc, "gt.q.mayor.get", [json.dumps({"id": i, "min_seq": 1}).encode() for i in ids[:1000]]
-                )
+                await _latencies(nc, echoes[:200])  # warm both paths
+                await _latencies(nc, gets[:200])
+                ceiling = await _latencies(nc, echoes)
+                measured = await _latencies(nc, gets)
+                with_min_seq = await _latencies(nc, requests([mayor_queries.Get(id=i, min_seq=1) for i in ids[:1000]]))
             finally:
                 responder.terminate()
                 responder.wait(10)

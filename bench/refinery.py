@@ -18,7 +18,6 @@ command (``sleep`` 1 s in full runs, then a check that fails when the change add
 from __future__ import annotations
 
 import asyncio
-import json
 import tempfile
 import time
 import uuid
@@ -32,8 +31,11 @@ from nats.aio.client import Client
 
 from bench.common import Figure, percentile, provisioned, run_commands, server, start_service, stop_service, wait_ready
 from bench.witness import command, make_origin
-from shared import git
+from shared import git, subjects
+from shared.bus.query import ask_json
+from shared.commands import BeadCreate, BeadSling, MergeRequestSubmit, RigAdd
 from shared.events import decode_envelope
+from shared.queries import Status
 from shared.tmux import Tmux
 
 
@@ -71,8 +73,8 @@ class MergeEvents:
                 self.done_intent[data["session_id"]] = env.ts
             self.changed.set()
 
-        await nc.subscribe("gt.evt.mr.>", cb=on_msg)
-        await nc.subscribe("gt.evt.session.>", cb=on_msg)
+        await nc.subscribe(subjects.event_subject("mr", ">"), cb=on_msg)
+        await nc.subscribe(subjects.event_subject("session", ">"), cb=on_msg)
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float) -> None:
         async with asyncio.timeout(timeout):
@@ -100,8 +102,8 @@ def push_branches(root: Path, origin: Path, beads: list[str], failing: int) -> l
 
 
 async def status_of(nc: Client, service: str) -> dict[str, Any]:
-    reply = await nc.request(f"gt.q.{service}.status", b"{}", timeout=10)
-    result: dict[str, Any] = json.loads(reply.data)["result"]
+    """The service's status with its own counters (the refinery's gate runs and batches)."""
+    result: dict[str, Any] = await ask_json(nc, Status(service=service), timeout=10)
     return result
 
 
@@ -130,17 +132,16 @@ async def _queue(n: int, batch: int, gate_s: float) -> QueueRun:
             for name in procs:
                 await wait_ready(nc, name)
             await events.subscribe(nc)
-            await command(nc, "gt.cmd.rig.add", {"name": "mq", "repo": str(origin), "test_command": gate(gate_s)})
-            creates = [json.dumps({"title": f"change {i}", "prefix": "mq"}).encode() for i in range(n)]
-            _, _, outcomes = await run_commands(nc, "gt.cmd.bead.create", creates)
+            await command(nc, RigAdd(name="mq", repo=str(origin), test_command=gate(gate_s)))
+            _, _, outcomes = await run_commands(nc, [BeadCreate(title=f"change {i}", prefix="mq") for i in range(n)])
             beads = [str(o["result"]["id"]) for o in outcomes]
             branches = await asyncio.to_thread(push_branches, root, origin, beads, n // 2)
             submits = [
-                json.dumps({"bead": bead, "rig": "mq", "branch": branch, "head": head}).encode()
+                MergeRequestSubmit(bead=bead, rig="mq", branch=branch, head=head)
                 for bead, (branch, head) in zip(beads, branches, strict=True)
             ]
             began = time.monotonic()
-            _, _, outcomes = await run_commands(nc, "gt.cmd.mr.submit", submits)
+            _, _, outcomes = await run_commands(nc, submits)
             ids = [str(o["result"]["id"]) for o in outcomes]
             await events.wait_for(lambda: all(i in events.settled for i in ids), timeout=1800)
             wall = max(events.settled[i][0] for i in ids) - began
@@ -200,12 +201,13 @@ async def _done_to_merged(runs: int, gate_s: float) -> list[Figure]:
             for name in procs:
                 await wait_ready(nc, name)
             await events.subscribe(nc)
-            rig = {"name": "done", "repo": str(origin), "agent_command": "gt-agent", "test_command": gate(gate_s)}
-            await command(nc, "gt.cmd.rig.add", rig)
+            await command(
+                nc, RigAdd(name="done", repo=str(origin), agent_command="gt-agent", test_command=gate(gate_s))
+            )
             latencies = []
             for i in range(runs):
-                bead = str((await command(nc, "gt.cmd.bead.create", {"title": f"done {i}", "prefix": "done"}))["id"])
-                await command(nc, "gt.cmd.bead.sling", {"id": bead, "rig": "done"})
+                bead = str((await command(nc, BeadCreate(title=f"done {i}", prefix="done")))["id"])
+                await command(nc, BeadSling(id=bead, rig="done"))
                 await events.wait_for(merged_bead(events, bead), timeout=300)
                 merged = events.merged[bead]
                 began = min(ts for s, ts in events.done_intent.items() if s.startswith(f"{bead}-"))

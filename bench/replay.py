@@ -22,7 +22,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from bench.common import REPO_ROOT, Figure, bead_history, bulk_load, provisioned, server
 from services.mayor.projection import new_projection
-from shared import runtime
+from shared import runtime, subjects
 from shared.bus.reader import EventReader
 from shared.bus.snapshots import SnapshotStore
 from shared.config import TownConfig
@@ -45,7 +45,7 @@ async def _ceiling_replay(nc: Client, town: TownConfig, last: int) -> float:
 
     started = time.perf_counter()
     sub = await nc.jetstream().subscribe(
-        "gt.evt.>",
+        subjects.EVT_ALL,
         stream=town.evt_stream,
         cb=on_msg,
         ordered_consumer=True,

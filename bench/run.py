@@ -16,6 +16,7 @@ import structlog
 
 from bench import agents, commands, deacon, queries, refinery, replay, witness, work
 from bench.common import REPO_ROOT, Figure, machine
+from shared.subjects import query_subject
 
 FULL = {
     "events": 1_000_000,
@@ -108,7 +109,8 @@ def render(figures: list[Figure], facts: dict[str, str], *, quick: bool) -> str:
         "- **(c) commands**: the mayor runs as its own process; the benchmark stores `bead.create` commands with",
         "  `publish_async` (all in flight at once) and times until the last `cmd.accepted` is in the log. The",
         "  ceiling is `publish_async` of as many messages of the same size on the same server.",
-        "- **(d) queries**: sequential `gt.q.mayor.get` requests for random beads; the ceiling is a core NATS",
+        f"- **(d) queries**: sequential `{query_subject('mayor', 'get')}` requests for random beads; the ceiling "
+        "is a core NATS",
         "  request/reply to a trivial responder process returning a reply of the same size.",
         "- **(e), (f) work**: beads are slung with the 6-step `polecat-work` formula (each sling cooks the formula",
         "  and stores four events), then every step is done, all commands in flight at once; the ceiling is the",

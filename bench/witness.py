@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -34,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats.js.errors
 import psutil
 from nats.aio.client import Client
 
@@ -48,7 +46,10 @@ from bench.common import (
     stop_service,
     wait_ready,
 )
-from shared import git
+from shared import git, subjects
+from shared.bus import commands as bus_commands
+from shared.commands import BeadCreate, BeadSling, Command, RigAdd
+from shared.config import TownConfig
 from shared.events import decode_envelope
 from shared.tmux import Tmux
 
@@ -84,7 +85,7 @@ class SessionEvents:
                 self.started[data["session_id"]] = (time.monotonic(), int(data["pane_pid"]))
                 self.changed.set()
 
-        await nc.subscribe("gt.evt.session.>", cb=on_msg)
+        await nc.subscribe(subjects.event_subject("session", ">"), cb=on_msg)
 
     async def wait_started(self, session: str, timeout: float) -> float:
         """Until ``session`` started; its arrival time."""
@@ -98,34 +99,24 @@ class SessionEvents:
                 await self.changed.wait()
 
 
-async def command(nc: Client, subject: str, body: dict[str, Any], *, timeout: float = 60) -> dict[str, Any]:
-    """One command, answered by its own outcome (services store outcomes of their own commands meanwhile)."""
-    cmd_id = f"bench-{uuid.uuid4().hex[:12]}"
-    js = nc.jetstream()
-    await js.publish(subject, json.dumps({**body, "cmd_id": cmd_id}).encode())
-    async with asyncio.timeout(timeout):
-        while True:
-            try:
-                msg = await js.get_last_msg("GT_EVT", f"gt.evt.cmd.{cmd_id}")
-                break
-            except nats.js.errors.NotFoundError:
-                await asyncio.sleep(0.01)
-    env = decode_envelope(msg.data or b"")
-    outcome = msgspec.json.decode(env.data)
-    if env.type != "cmd.accepted":
-        raise RuntimeError(f"{subject} {body} was not accepted: {outcome}")
-    result: dict[str, Any] = outcome["result"]
+async def command(nc: Client, cmd: Command, *, timeout: float = 60) -> dict[str, Any]:
+    """One command sent as the CLI sends it (``shared.bus.commands.send``), answered by its own outcome (services
+    store outcomes of their own commands meanwhile); its result."""
+    cmd = msgspec.structs.replace(cmd, cmd_id=f"bench-{uuid.uuid4().hex[:12]}")
+    outcome = await bus_commands.send(nc, TownConfig(), cmd, timeout=timeout, wait_if_down=True)
+    if outcome.type != "cmd.accepted":
+        raise RuntimeError(f"{cmd} was not accepted: {outcome.data or 'no outcome within ' + str(timeout) + 's'}")
+    result: dict[str, Any] = outcome.data["result"]
     return result
 
 
 async def create_and_sling(nc: Client, rig: str, count: int) -> tuple[list[str], float]:
     """Create ``count`` beads, then sling them all at once; (ids, monotonic time the slings began)."""
-    creates = [json.dumps({"title": f"idle bead {i}"}).encode() for i in range(count)]
-    _, _, outcomes = await run_commands(nc, "gt.cmd.bead.create", creates)
+    _, _, outcomes = await run_commands(nc, [BeadCreate(title=f"idle bead {i}") for i in range(count)])
     ids = [str(o["result"]["id"]) for o in outcomes]
-    slings = [json.dumps({"id": bead, "rig": rig}).encode() for bead in ids]
+    slings = [BeadSling(id=bead, rig=rig) for bead in ids]
     began = time.monotonic()
-    _, _, outcomes = await run_commands(nc, "gt.cmd.bead.sling", slings)
+    _, _, outcomes = await run_commands(nc, slings)
     if any(o["type"] != "cmd.accepted" for o in outcomes):
         raise RuntimeError("a sling was rejected")
     return ids, began
@@ -226,9 +217,7 @@ async def run(kills: int = 50, idle_sessions: int = 200, quiet_s: float = 30.0) 
 async def _recovery(nc: Client, events: SessionEvents, origin: Path, kills: int, raw: list[float]) -> list[Figure]:
     beads_n = 5
     await command(
-        nc,
-        "gt.cmd.rig.add",
-        {"name": "kills", "repo": str(origin), "agent_command": AGENT, "max_polecats": beads_n, "max_respawns": 100},
+        nc, RigAdd(name="kills", repo=str(origin), agent_command=AGENT, max_polecats=beads_n, max_respawns=100)
     )
     beads, _ = await create_and_sling(nc, "kills", beads_n)
     current = {bead: f"{bead}-1" for bead in beads}
@@ -282,9 +271,7 @@ async def _idle(
     witness: subprocess.Popen[bytes],
     socket: str,
 ) -> list[Figure]:
-    await command(
-        nc, "gt.cmd.rig.add", {"name": "idle", "repo": str(origin), "agent_command": AGENT, "max_polecats": count}
-    )
+    await command(nc, RigAdd(name="idle", repo=str(origin), agent_command=AGENT, max_polecats=count))
     beads, began = await create_and_sling(nc, "idle", count)
     wanted = [f"{bead}-1" for bead in beads]
     await events.wait_for(lambda: all(s in events.started for s in wanted), timeout=900)

@@ -13,7 +13,6 @@ the resulting log.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from datetime import UTC, datetime
 
@@ -21,6 +20,7 @@ from nats.aio.client import Client
 
 from bench.common import (
     Figure,
+    bodies_of,
     provisioned,
     raw_publish_ceiling,
     run_commands,
@@ -30,7 +30,8 @@ from bench.common import (
     wait_ready,
 )
 from bench.replay import _ceiling_replay, _projection_replay
-from shared import runtime
+from shared import runtime, subjects
+from shared.commands import BeadClose, BeadCreate, BeadSling, StepDone
 from shared.events import RigAdded, encode_event
 
 STEPS = ["load-context", "implement", "commit", "self-review", "run-tests", "submit"]
@@ -44,31 +45,30 @@ async def _add_rigs(nc: Client) -> None:
     for rig in RIGS:
         event = RigAdded(rig=rig, repo=f"/bench/{rig}.git", prefix=rig, agent_command="gt-agent")
         await js.publish(
-            f"gt.evt.rig.{rig}", encode_event(event, event_id=f"bench-{rig}", ts=datetime.now(UTC), actor="witness")
+            subjects.event_subject("rig", rig),
+            encode_event(event, event_id=f"bench-{rig}", ts=datetime.now(UTC), actor="witness"),
         )
 
 
 async def _round(nc: Client, beads: int) -> tuple[float, float, float, float]:
     """One round over fresh beads: (sling seconds, its ceiling, step seconds, its ceiling)."""
-    creates = [json.dumps({"title": f"Widget {i}", "labels": ["bench"]}).encode() for i in range(beads)]
-    _, _, outcomes = await run_commands(nc, "gt.cmd.bead.create", creates)
+    _, _, outcomes = await run_commands(nc, [BeadCreate(title=f"Widget {i}", labels=["bench"]) for i in range(beads)])
     ids = [o["result"]["id"] for o in outcomes]
 
-    slings = [json.dumps({"id": bead_id, "rig": RIGS[i % len(RIGS)]}).encode() for i, bead_id in enumerate(ids)]
-    sling_ceiling = await raw_publish_ceiling(nc, slings)
-    sling_s, _, sling_outcomes = await run_commands(nc, "gt.cmd.bead.sling", slings)
+    slings = [BeadSling(id=bead_id, rig=RIGS[i % len(RIGS)]) for i, bead_id in enumerate(ids)]
+    sling_ceiling = await raw_publish_ceiling(nc, bodies_of(slings))
+    sling_s, _, sling_outcomes = await run_commands(nc, slings)
     assert all(o["type"] == "cmd.accepted" for o in sling_outcomes), "a sling was rejected"
 
     # Step k of every bead before step k+1 of any: each step's needs are done when it arrives.
-    steps = [json.dumps({"bead": bead_id, "step": step}).encode() for step in STEPS for bead_id in ids]
-    step_ceiling = await raw_publish_ceiling(nc, steps)
+    steps = [StepDone(bead=bead_id, step=step) for step in STEPS for bead_id in ids]
+    step_ceiling = await raw_publish_ceiling(nc, bodies_of(steps))
     steps_s = 0.0
     for k in range(len(STEPS)):
-        elapsed, _, step_outcomes = await run_commands(nc, "gt.cmd.step.done", steps[k * beads : (k + 1) * beads])
+        elapsed, _, step_outcomes = await run_commands(nc, steps[k * beads : (k + 1) * beads])
         assert all(o["type"] == "cmd.accepted" for o in step_outcomes), "a step was rejected"
         steps_s += elapsed
-    closes = [json.dumps({"id": bead_id, "reason": "merged"}).encode() for bead_id in ids]
-    await run_commands(nc, "gt.cmd.bead.close", closes)
+    await run_commands(nc, [BeadClose(id=bead_id, reason="merged") for bead_id in ids])
     return sling_s, sling_ceiling, steps_s, step_ceiling
 
 

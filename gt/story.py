@@ -16,10 +16,11 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from shared import subjects
-from shared.bus.query import query
+from shared.bus.query import ask
 from shared.config import TownConfig
 from shared.errors import EventDecodeError, QueryError, UnknownEventTypeError
 from shared.events import REGISTRY, decode_envelope
+from shared.queries import mayor, refinery, witness
 
 QUERY_TIMEOUT_S = 3.0
 """How long a story waits for each service's part (a service that is down leaves its part out, said so)."""
@@ -106,27 +107,23 @@ async def _ids_for(nc: Client, bead: str) -> tuple[list[tuple[str, str]], list[s
     services did not answer (their part is missing from the story)."""
     found: list[tuple[str, str]] = []
     missing: list[str] = []
-    asks: dict[str, tuple[str, dict[str, Any]]] = {
-        "witness": ("sessions", {"bead": bead, "all": True}),
-        "refinery": ("mrs", {}),
-        "mayor": ("escalations", {"include_closed": True, "limit": 0}),
-    }
-    answers = await asyncio.gather(
-        *(query(nc, service, what, body, timeout=QUERY_TIMEOUT_S) for service, (what, body) in asks.items()),
+    sessions, mrs, escalations = await asyncio.gather(
+        ask(nc, witness.Sessions(bead=bead, all=True), timeout=QUERY_TIMEOUT_S),
+        ask(nc, refinery.Mrs(), timeout=QUERY_TIMEOUT_S),
+        ask(nc, mayor.Escalations(include_closed=True, limit=0), timeout=QUERY_TIMEOUT_S),
         return_exceptions=True,
     )
-    for (service, _), answer in zip(asks.items(), answers, strict=True):
+    for service, answer in (("witness", sessions), ("refinery", mrs), ("mayor", escalations)):
         if isinstance(answer, QueryError):
             missing.append(service)
-            continue
-        if isinstance(answer, BaseException):
+        elif isinstance(answer, BaseException):
             raise answer
-        if service == "witness":
-            found += [("session", str(s["id"])) for s in answer]
-        elif service == "refinery":
-            found += [("mr", str(m["id"])) for m in answer if m.get("bead") == bead]
-        else:
-            found += [("escalation", str(e["id"])) for e in answer if e.get("bead") == bead]
+    if not isinstance(sessions, BaseException):
+        found += [("session", s.id) for s in sessions]
+    if not isinstance(mrs, BaseException):
+        found += [("mr", m.id) for m in mrs if m.bead == bead]
+    if not isinstance(escalations, BaseException):
+        found += [("escalation", e.id) for e in escalations if e.bead == bead]
     return found, missing
 
 

@@ -27,21 +27,23 @@ import msgspec
 import nats.errors
 import structlog
 
-from gt.cli.client import send_command
+from gt.cli import client
 from gt.cli.progress import Progress
-from shared import git, processes
+from shared import git, processes, subjects
 from shared import logging as gt_logging
 from shared.aio import wait_event
+from shared.bus import commands as bus_commands
 from shared.bus.connection import connect
-from shared.bus.permissions import guarded
-from shared.bus.query import query
+from shared.bus.query import ask
 from shared.bus.topology import provision
+from shared.commands import EscalationRaise, SessionStop
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
-from shared.errors import GastownError, PermissionDeniedError, QueryError
+from shared.errors import AppendFailedError, GastownError, PermissionDeniedError, QueryError
 from shared.events import ServiceDown, decode_envelope
 from shared.privacy import hide_environment, private_files
 from shared.processes import ProcessRef
+from shared.queries import Status, witness
 from shared.tmux import Tmux, TmuxError
 
 log = structlog.get_logger("gt.up")
@@ -249,7 +251,7 @@ class Supervisor:
                 self.ready = True
                 self.write_state()
                 log.info("town_ready", nats_url=self.nats_url, services=[c.name for c in self.children])
-                downs = await nc.subscribe("gt.evt.service.*", cb=self._on_service_event)
+                downs = await nc.subscribe(subjects.event_subject("service", "*"), cb=self._on_service_event)
                 try:
                     await self._supervise(nc)
                 finally:
@@ -293,21 +295,21 @@ class Supervisor:
             f"(last exit code {child.last_exit}); `gt up` stopped restarting it. See {child.log_path}, fix the cause, "
             "then restart the town."
         )
-        body = {
-            "severity": "critical",
-            "message": message,
-            "source": f"supervisor/{child.name}",
-            "cmd_id": f"crash-loop-{child.name}-{self._me.pid}-{int(self._me.started)}",
-            "actor": "supervisor",
-        }
-        publish = nc.jetstream().publish("gt.cmd.escalation.raise", msgspec.json.encode(body), timeout=5)
+        cmd = EscalationRaise(
+            severity="critical",
+            message=message,
+            source=f"supervisor/{child.name}",
+            cmd_id=f"crash-loop-{child.name}-{self._me.pid}-{int(self._me.started)}",
+            actor="supervisor",
+        )
         try:
-            await guarded(nc, publish, subject="gt.cmd.escalation.raise")
+            # One attempt: the supervise loop tries again on its next round.
+            await bus_commands.store(nc, self.config.cmd_stream, cmd, deadline_s=0)
         except PermissionDeniedError as exc:
             # Trying again cannot help: the supervisor's NATS user may not send it (logged as it happened).
             log.error("crash_loop_escalation_denied", name=child.name, user=exc.user)
             return True
-        except (nats.errors.Error, TimeoutError) as exc:
+        except (nats.errors.Error, TimeoutError, AppendFailedError) as exc:
             log.warning("crash_loop_escalation_failed", name=child.name, error=repr(exc))
             return False
         log.error("service_quarantined", name=child.name, restarts=len(child.restarts))
@@ -321,10 +323,10 @@ class Supervisor:
         while pending and time.monotonic() < deadline and not self._stop.is_set():
             for name in sorted(pending):
                 with contextlib.suppress(QueryError):
-                    status = await query(nc, name, "status", {}, timeout=1)
-                    applied = int(status.get("last_seq") or 0)
+                    status = await ask(nc, Status(service=name), timeout=1)
+                    applied = status.last_seq
                     self.replay[name] = (applied, max(target, applied))
-                    if status.get("caught_up"):
+                    if status.caught_up:
                         pending.discard(name)
             self.write_state()
             for child in self.children:
@@ -487,16 +489,16 @@ async def stop_sessions(config: TownConfig) -> int:
     how many there were."""
     nc = await connect(config, name="gt-down", connect_attempts=2)
     try:
-        active = await query(nc, "witness", "sessions", {}, timeout=10)
-        ids = [str(s["id"]) for s in active]
+        active = await ask(nc, witness.Sessions(), timeout=10)
+        ids = [s.id for s in active]
         for session_id in ids:
-            body = {"session": session_id, "cmd_id": f"stop-{session_id}-{secrets.token_hex(4)}"}
-            outcome = await send_command(nc, config, "gt.cmd.session.stop", body, timeout=30)
+            cmd = SessionStop(session=session_id, cmd_id=f"stop-{session_id}-{secrets.token_hex(4)}")
+            outcome = await client.send(nc, config, cmd, timeout=30)
             if outcome.type == "cmd.rejected":
                 raise GastownError(f"session {session_id}: {outcome.data.get('message')}")
         deadline = time.monotonic() + DOWN_TIMEOUT_S
         while True:
-            left = {str(s["id"]) for s in await query(nc, "witness", "sessions", {}, timeout=10)} & set(ids)
+            left = {s.id for s in await ask(nc, witness.Sessions(), timeout=10)} & set(ids)
             if not left:
                 return len(ids)
             if time.monotonic() >= deadline:

@@ -22,16 +22,17 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
 from shared import ids, subjects
 from shared.aio import pause, raise_if_cancelling
+from shared.bus import commands as bus_commands
 from shared.bus.append import ERR_MAX_PAYLOAD, Appender, PendingEvent
 from shared.bus.commit import GroupCommitter
 from shared.bus.fencing import fence_error
@@ -56,6 +57,7 @@ from shared.errors import (
     AppendFailedError,
     AppendTimeoutError,
     CommandError,
+    GastownError,
     NatsUnavailableError,
     PermissionDeniedError,
     StreamGapError,
@@ -108,6 +110,8 @@ def max_failures_from_env() -> int:
 
 OPERATOR = "operator"
 """The actor of a command on a plain subject whose body names none."""
+_PLAIN = subjects.command_subject("<aggregate>", "<verb>")
+"""How a rejection names a plain command subject."""
 POLECAT_PREFIX = "polecat:"
 PLUGIN_PREFIX = "plugin:"
 SUB_ACTORS: dict[str, tuple[str, ...]] = {"deacon": ("automation:",)}
@@ -157,10 +161,10 @@ def command_actor(
         return CommandError(
             "unauthorized",
             f"`actor` {body_actor[:80]!r} is {reserved}, and a command on a plain subject "
-            "(gt.cmd.<aggregate>.<verb>) is an operator's: its `actor` only labels the operator (operator, "
+            f"({_PLAIN}) is an operator's: its `actor` only labels the operator (operator, "
             "operator:<name>, any name that is not a service's or a polecat's). Who acted is decided by the subject "
             "a command came on, never by its body: a polecat session sends on its own subject, a service on "
-            "its own (gt.cmd.<aggregate>.<verb>.svc.<service>), and operators may publish on neither",
+            f"its own ({_PLAIN}.{subjects.SERVICE_MARK}.<service>), and operators may publish on neither",
         )
     return Sender(body_actor, "operator")
 
@@ -340,6 +344,7 @@ class CommandIntake:
         *,
         service: str,
         identity: str | None = None,
+        nc: Client,
         js: JetStreamContext,
         stream: str,
         durable: str,
@@ -363,6 +368,7 @@ class CommandIntake:
         self._service = service
         self._identity = identity or service
         """The service scope this instance serves (``witness-east``): the sender of what the intake itself sends."""
+        self._nc = nc
         self._js = js
         self._stream = stream
         self._durable = durable
@@ -777,11 +783,11 @@ class CommandIntake:
             message=f"the {self._service} set command {delivery.command_id} ({delivery.name}) aside: {what}",
             source=self._identity,
         )
-        body = msgspec.json.encode(raise_cmd)
-        subject = subjects.service_command_subject("escalation", "raise", subjects.ServiceOrigin(self._identity))
+        origin = subjects.ServiceOrigin(self._identity)
         try:
-            await self._js.publish(subject, body, stream=self._stream, headers={"Nats-Msg-Id": cmd_id}, timeout=5)
-        except (TimeoutError, nats.errors.Error) as exc_pub:
+            # One attempt: the rejection is stored next either way (a person learns of it there too).
+            await bus_commands.store(self._nc, self._stream, raise_cmd, origin=origin, deadline_s=0)
+        except (TimeoutError, nats.errors.Error, GastownError) as exc_pub:
             log.warning("set_aside_escalation_failed", error=repr(exc_pub))
 
     def _rate_limited(self, delivery: Delivery, parsed: Command | CommandError) -> Command | CommandError | None:

@@ -24,7 +24,6 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import msgspec
 import nats.errors
-import nats.js.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -34,11 +33,11 @@ from nats.js.kv import KeyValue
 
 from shared import heartbeats, rate_limit, runtime, subjects
 from shared.aio import pause, raise_if_cancelling, wait_event
+from shared.bus import commands as bus_commands
 from shared.bus.activity import ActivityKeeper
-from shared.bus.append import RETRYABLE_ERRORS, Appender, still_in_flight
+from shared.bus.append import RETRYABLE_ERRORS, Appender
 from shared.bus.commit import GroupCommitter
 from shared.bus.connection import close_quietly, connect_unless_stopped
-from shared.bus.permissions import guarded
 from shared.bus.reader import EventReader
 from shared.bus.snapshots import SnapshotStore
 from shared.bus.topology import command_consumer_name, has_command_consumer, owner_of, provision
@@ -170,41 +169,24 @@ class Service(Generic[S]):
         """Reconcile again soon (something observed changed, or an action finished)."""
         self._dirty.set()
 
-    async def send_command(self, subject: str, body: dict[str, Any], *, cmd_id: str) -> int:
-        """Store a command for another service in GT_CMD (its outcome comes later, in the log); returns
-        its GT_CMD sequence. ``cmd_id`` makes it idempotent: the same id is carried out once.
+    async def store(self, cmd: Command) -> int:
+        """Store a command for another service in GT_CMD (its outcome comes later, in the log), once this instance
+        may act; returns its GT_CMD sequence. Its ``cmd_id`` (required) makes it idempotent: the same id is carried
+        out once, so a resend after a crash is harmless.
 
-        ``subject`` is the command's own (``gt.cmd.bead.close``); it is sent on this service's own subject
-        (``gt.cmd.bead.close.svc.refinery``), which is what makes it this service's: the intake records its actor
-        from there, never from the body (whose ``actor`` may only name what the service acts for, the deacon's
-        ``automation:<name>``)."""
+        It is sent on this service's own subject (``gt.cmd.bead.close.svc.refinery``), which is what makes it this
+        service's: the intake records its actor from there, never from the body (whose ``actor`` may only name what
+        the service acts for, the deacon's ``automation:<name>``). Resent while the stream is unreachable, for as
+        long as it takes; a refusal by the server's permissions (a deployment error) is raised, not retried."""
         assert self.nc is not None
-        js = self.nc.jetstream()
-        split = subjects.split_command_subject(subject)
-        if split is None:
-            raise ValueError(f"not a command subject: {subject!r}")
-        subject = subjects.service_command_subject(*split, subjects.ServiceOrigin(self.identity))
-        data = _ENCODER.encode({**body, "cmd_id": cmd_id})
-        while True:
-            raise_if_cancelling()
-            await self.wait_active()
-            try:
-                # A refusal by the server's permissions (a deployment error) is raised, not retried forever.
-                publish = js.publish(
-                    subject, data, stream=self.config.cmd_stream, headers={"Nats-Msg-Id": cmd_id}, timeout=5
-                )
-                ack = await guarded(self.nc, publish, subject=subject)
-            except RETRYABLE_ERRORS as exc:
-                log.warning("send_command_retry", subject=subject, cmd_id=cmd_id, error=repr(exc))
-                await pause(0.5)
-                continue
-            except nats.js.errors.APIError as exc:
-                if not still_in_flight(exc):
-                    raise
-                log.info("send_command_in_flight", subject=subject, cmd_id=cmd_id)
-                await pause(0.5)
-                continue
-            return int(ack.seq)
+        return await bus_commands.store(
+            self.nc,
+            self.config.cmd_stream,
+            cmd,
+            origin=subjects.ServiceOrigin(self.identity),
+            deadline_s=None,
+            before_attempt=self.wait_active,
+        )
 
     async def append_owed(self, owed: list[NewEvent], *, causation_id: str | None = None) -> int:
         """Store events the service decided by itself (in ``reconcile``), each on its own, and wait until
@@ -298,7 +280,9 @@ class Service(Generic[S]):
     async def _run_connected(self, nc: Client) -> None:
         js = nc.jetstream()
         await self._provision(js)
-        query_sub = await nc.subscribe(f"gt.q.{self.name}.>", queue=f"{self.name}-q", cb=self._on_query)
+        query_sub = await nc.subscribe(
+            subjects.query_subject(self.name, ">"), queue=f"{self.name}-q", cb=self._on_query
+        )
         snapshots = SnapshotStore(js, self.config.snapshot_bucket, replicas=self.config.replicas)
         await self._restore_snapshot(js, snapshots)
         self._snapshot_seq = self.projection.last_seq
@@ -441,6 +425,7 @@ class Service(Generic[S]):
         assert self.reader is not None
         assert self.appender is not None
         assert self.committer is not None
+        assert self.nc is not None
         started = time.monotonic()
         await self.reader.caught_up.wait()
         log.info(
@@ -459,6 +444,7 @@ class Service(Generic[S]):
             self.intake = CommandIntake(
                 service=self.name,
                 identity=self.identity,
+                nc=self.nc,
                 js=js,
                 stream=self.config.cmd_stream,
                 durable=command_consumer_name(self.name),

@@ -8,6 +8,11 @@ EVT_PREFIX = "gt.evt"
 CMD_PREFIX = "gt.cmd"
 QUERY_PREFIX = "gt.q"
 
+EVT_ALL = f"{EVT_PREFIX}.>"
+"""Every event subject: what GT_EVT holds."""
+CMD_ALL = f"{CMD_PREFIX}.>"
+"""Every command subject: what GT_CMD holds."""
+
 DEFAULT_EVT_STREAM = "GT_EVT"
 DEFAULT_CMD_STREAM = "GT_CMD"
 DEFAULT_SNAPSHOT_BUCKET = "GT_SNAP"
@@ -71,6 +76,19 @@ def service_command_subject(aggregate: str, verb: str, origin: ServiceOrigin) ->
 
 Origin = SessionOrigin | ServiceOrigin
 """Who sent a command, as the subject it came on says; a plain subject says nothing (an operator sent it)."""
+
+
+def sent_subject(own: str, origin: Origin | None) -> str:
+    """The subject a command whose own subject is ``own`` (``gt.cmd.bead.close``) is sent on by ``origin``: a
+    session's or a service's own subject, or ``own`` itself (an operator's plain subject) when None."""
+    if origin is None:
+        return own
+    split = split_command_subject(own)
+    if split is None:
+        raise ValueError(f"not a command subject: {own!r}")
+    if isinstance(origin, SessionOrigin):
+        return session_command_subject(*split, origin)
+    return service_command_subject(*split, origin)
 
 
 def split_origin(subject: str) -> tuple[str, Origin | None]:

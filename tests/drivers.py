@@ -100,7 +100,8 @@ class NatsDriver:
 
     async def ask(self, what: str, **body: Any) -> Any:
         last = int((await self.nc.jetstream().stream_info("GT_EVT")).state.last_seq)
-        reply = await self.nc.request(f"gt.q.mayor.{what}", json.dumps({**body, "min_seq": last}).encode(), timeout=15)
+        subject = subjects.query_subject("mayor", what)
+        reply = await self.nc.request(subject, json.dumps({**body, "min_seq": last}).encode(), timeout=15)
         answer = json.loads(reply.data)
         if not answer["ok"]:
             raise QueryError(answer["code"], answer["message"])
@@ -122,7 +123,7 @@ class NatsDriver:
 async def send_and_wait(nc: Client, subject: str, body: bytes, cmd_id: str, *, timeout: float = 30) -> dict[str, Any]:
     """Publish a command as the nats CLI would and return its stored outcome ({"type": ..., **payload})."""
     js = nc.jetstream()
-    outcome_subject = f"gt.evt.cmd.{cmd_id}"
+    outcome_subject = subjects.outcome_subject(cmd_id)
     arrived = asyncio.Event()
 
     async def on_outcome(_msg: Any) -> None:

@@ -14,13 +14,14 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from shared import subjects
 from shared.events import Envelope, RigAdded, decode_envelope, encode_event
 from shared.projection import Projection
 from shared.subjects import parse_js_reply
 
 
 async def read_all(
-    nc: Client, stream: str, subject: str = "gt.evt.>", *, upto: int | None = None
+    nc: Client, stream: str, subject: str = subjects.EVT_ALL, *, upto: int | None = None
 ) -> list[tuple[int, str, bytes]]:
     """Every (seq, subject, data) of ``stream`` on ``subject``, up to the last one stored now (or ``upto``)."""
     js = nc.jetstream()
@@ -58,8 +59,9 @@ async def read_all(
 async def outcomes(nc: Client, stream: str = "GT_EVT") -> dict[str, list[Envelope]]:
     """Command id -> the outcome events stored for it (there must be exactly one each)."""
     found: dict[str, list[Envelope]] = {}
-    for _seq, subject, data in await read_all(nc, stream, "gt.evt.cmd.>"):
-        found.setdefault(subject.removeprefix("gt.evt.cmd."), []).append(decode_envelope(data))
+    prefix = subjects.outcome_subject("")
+    for _seq, subject, data in await read_all(nc, stream, subjects.outcome_subject(">")):
+        found.setdefault(subject.removeprefix(prefix), []).append(decode_envelope(data))
     return found
 
 
@@ -70,7 +72,7 @@ async def outcome_of(nc: Client, command_id: str, *, stream: str = "GT_EVT", tim
     deadline = loop.time() + timeout
     while True:
         try:
-            msg = await js.get_last_msg(stream, f"gt.evt.cmd.{command_id}")
+            msg = await js.get_last_msg(stream, subjects.outcome_subject(command_id))
         except nats.js.errors.NotFoundError:
             if loop.time() > deadline:
                 raise AssertionError(f"no outcome for command {command_id} within {timeout}s") from None
@@ -116,6 +118,7 @@ async def seed_rigs(nc: Client, *names: str) -> int:
         event = RigAdded(rig=name, repo=f"/repos/{name}.git", prefix=name[:16], agent_command="gt-agent")
         data = encode_event(event, event_id=f"seed-rig-{name}", ts=datetime.now(UTC), actor=f"witness/{name}")
         with contextlib.suppress(nats.js.errors.APIError):  # wrong last sequence: it is there already
-            ack = await js.publish(f"gt.evt.rig.{name}", data, headers={"Nats-Expected-Last-Subject-Sequence": "0"})
+            subject = subjects.event_subject("rig", name)
+            ack = await js.publish(subject, data, headers={"Nats-Expected-Last-Subject-Sequence": "0"})
             last = max(last, ack.seq)
     return last

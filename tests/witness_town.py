@@ -22,6 +22,8 @@ from services.witness.service import WitnessService
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session
 from shared import git
+from shared.bus import commands as bus_commands
+from shared.commands import BeadCreate, BeadSling, Command, MergeRequestSubmit, RigAdd
 from shared.config import TownConfig
 from shared.service import Service, ServiceSettings
 from shared.tmux import Tmux
@@ -67,6 +69,7 @@ class PolecatTown:
         self._count = 0
 
     async def command(self, subject: str, **body: Any) -> dict[str, Any]:
+        """Publish a body on ``subject`` as the nats CLI would (any body, valid or not); its outcome."""
         self._count += 1
         cmd_id = f"t-{uuid.uuid4().hex[:12]}"
         raw = json.dumps({**body, "cmd_id": cmd_id}).encode()
@@ -78,16 +81,25 @@ class PolecatTown:
         result: dict[str, Any] = outcome["result"]
         return result
 
+    async def send(self, cmd: Command) -> dict[str, Any]:
+        """Send a typed command as an operator does (``shared.bus.commands.send``); its result once accepted."""
+        self._count += 1
+        cmd = msgspec.structs.replace(cmd, cmd_id=f"t-{uuid.uuid4().hex[:12]}")
+        outcome = await bus_commands.send(self.nc, self.config, cmd, timeout=60, wait_if_down=True)
+        assert outcome.type == "cmd.accepted", outcome
+        result: dict[str, Any] = outcome.data["result"]
+        return result
+
     async def add_rig(self, name: str = "demo", **options: Any) -> dict[str, Any]:
         options.setdefault("test_command", TEST_COMMAND)
-        return await self.ok("gt.cmd.rig.add", name=name, repo=str(self.origin), **options)
+        return await self.send(RigAdd(name=name, repo=str(self.origin), **options))
 
     async def new_bead(self, title: str = "Make it better", **fields: Any) -> str:
-        result = await self.ok("gt.cmd.bead.create", title=title, **fields)
+        result = await self.send(BeadCreate(title=title, **fields))
         return str(result["id"])
 
     async def sling(self, bead: str, rig: str = "demo", **options: Any) -> None:
-        await self.ok("gt.cmd.bead.sling", id=bead, rig=rig, **options)
+        await self.send(BeadSling(id=bead, rig=rig, **options))
 
     # ---- services ------------------------------------------------------------------------------
 
@@ -185,7 +197,7 @@ class PolecatTown:
 
     async def submit(self, bead: str, branch: str, head: str, rig: str = "demo") -> str:
         """Queue a merge request the way `gt done` does; its id."""
-        result = await self.ok("gt.cmd.mr.submit", bead=bead, rig=rig, branch=branch, head=head)
+        result = await self.send(MergeRequestSubmit(bead=bead, rig=rig, branch=branch, head=head))
         return str(result["id"])
 
     def branch_log(self, branch: str) -> list[str]:

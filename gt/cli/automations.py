@@ -9,7 +9,9 @@ from nats.aio.client import Client
 
 from gt.cli import render
 from gt.cli.common import Subcommands, command_options, read, read_options, send, show
+from shared.commands import AutomationRun
 from shared.config import TownConfig
+from shared.queries import deacon
 
 
 def register(sub: Subcommands) -> None:
@@ -110,12 +112,12 @@ def _first_line(text: str) -> str:
 
 
 async def _list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, "automations", {}, service="deacon")
+    found = await read(nc, config, deacon.Automations())
     return show(args, found, table)
 
 
 async def _show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, "automation", {"name": args.name}, service="deacon")
+    found = await read(nc, config, deacon.Automation(name=args.name))
     return show(args, found, detail)
 
 
@@ -124,4 +126,4 @@ def _fired(result: dict[str, Any]) -> str:
 
 
 async def _run(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, "gt.cmd.automation.run", {"name": args.name}, _fired)
+    return await send(nc, args, config, AutomationRun(name=args.name), _fired)

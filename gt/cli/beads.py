@@ -11,14 +11,15 @@ from gt.cli import feed, render
 from gt.cli.common import (
     Subcommands,
     command_options,
-    drop_empty,
     key_values,
     read,
     read_options,
     send,
     show,
 )
+from shared.commands import BeadClaim, BeadClose, BeadCreate, BeadUpdate
 from shared.config import TownConfig
+from shared.queries import mayor
 
 
 def register(sub: Subcommands) -> None:
@@ -101,74 +102,72 @@ def _print_id(result: dict[str, Any]) -> str:
 
 
 async def _create(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {
-        "title": args.title,
-        "type": args.type,
-        "priority": args.priority,
-        "description": args.description,
-        "labels": args.labels,
-        "metadata": key_values(args.meta, "--meta"),
-        "parent": args.parent,
-        "needs": args.needs,
-        "assignee": args.assignee,
-        "prefix": args.prefix,
-    }
-    return await send(nc, args, config, "gt.cmd.bead.create", body, _print_id)
+    cmd = BeadCreate(
+        title=args.title,
+        type=args.type,
+        priority=args.priority,
+        description=args.description,
+        labels=args.labels,
+        metadata=key_values(args.meta, "--meta"),
+        parent=args.parent,
+        needs=args.needs,
+        assignee=args.assignee,
+        prefix=args.prefix,
+    )
+    return await send(nc, args, config, cmd, _print_id)
 
 
 async def _update(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {
-        "id": args.id,
-        "title": args.title,
-        "type": args.type,
-        "priority": args.priority,
-        "description": args.description,
-        "assignee": args.assignee,
-        "parent": args.parent,
-        "labels": args.labels,
-        "remove_labels": args.remove_labels,
-        "metadata": key_values(args.meta, "--meta"),
-        "needs": args.needs,
-        "remove_needs": args.remove_needs,
-        "blocks": args.blocks,
-        "status": args.status,
-    }
-    return await send(nc, args, config, "gt.cmd.bead.update", body)
+    cmd = BeadUpdate(
+        id=args.id,
+        title=args.title,
+        type=args.type,
+        priority=args.priority,
+        description=args.description,
+        assignee=args.assignee,
+        parent=args.parent,
+        labels=args.labels,
+        remove_labels=args.remove_labels,
+        metadata=key_values(args.meta, "--meta"),
+        needs=args.needs,
+        remove_needs=args.remove_needs,
+        blocks=args.blocks,
+        status=args.status,
+    )
+    return await send(nc, args, config, cmd)
 
 
 async def _claim(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, "gt.cmd.bead.claim", {"id": args.id, "assignee": args.assignee})
+    return await send(nc, args, config, BeadClaim(id=args.id, assignee=args.assignee))
 
 
 async def _close(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, "gt.cmd.bead.close", {"id": args.id, "reason": args.reason})
+    return await send(nc, args, config, BeadClose(id=args.id, reason=args.reason))
 
 
 async def _show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return show(args, await read(nc, config, "get", {"id": args.id}), render.bead_detail)
+    return show(args, await read(nc, config, mayor.Get(id=args.id)), render.bead_detail)
 
 
 async def _list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = drop_empty(
-        {
-            "status": args.status,
-            "type": args.type,
-            "label": args.label,
-            "assignee": args.assignee,
-            "parent": args.parent,
-            "rig": args.rig,
-            "metadata": key_values(args.meta, "--meta"),
-            "include_closed": args.all or None,
-            "limit": args.limit,
-        }
+    query = mayor.Beads(
+        status=args.status,
+        type=args.type,
+        label=args.label,
+        assignee=args.assignee,
+        parent=args.parent,
+        rig=args.rig,
+        metadata=key_values(args.meta, "--meta"),
+        include_closed=bool(args.all),
+        limit=args.limit,
     )
-    return show(args, await read(nc, config, "list", body), render.bead_table)
+    return show(args, await read(nc, config, query), render.bead_table)
 
 
 async def _ready(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return show(args, await read(nc, config, "ready", {"limit": args.limit}), render.bead_table)
+    return show(args, await read(nc, config, mayor.Ready(limit=args.limit)), render.bead_table)
 
 
 async def _deps(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, "deps", {"id": args.id, "direction": "up" if args.up else "down"})
+    found = await read(nc, config, mayor.Deps(id=args.id, direction="up" if args.up else "down"))
     return show(args, found, render.deps_lines)

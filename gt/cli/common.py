@@ -5,16 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
 from nats.aio.client import Client
 
-from gt.cli import render
-from gt.cli.client import Outcome, send_command, stream_last_seq
-from shared.bus.query import query
-from shared.bus.topology import owner_of
+from gt.cli import client, render
+from gt.cli.client import Outcome, stream_last_seq
+from shared.bus import commands as bus_commands
+from shared.bus.query import ask_json, reply_of
+from shared.commands import Command
 from shared.config import TownConfig
 from shared.errors import GastownError
+from shared.queries import Query
+
+C = TypeVar("C", bound=Command)
+R = TypeVar("R")
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DENIED = 0, 1, 2, 3, 4
 DEFAULT_COMMAND_TIMEOUT_S = 10.0
@@ -73,11 +79,20 @@ def key_values(pairs: list[str] | None, option: str) -> dict[str, str]:
     return out
 
 
-def drop_empty(body: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in body.items() if v is not None and v != [] and v != {}}
+def given(cmd: C) -> C:
+    """``cmd`` with every option the command line left out (None) at the field's default, so the body leaves
+    it out: an option not given is a field not sent, as the service then reads its default."""
+    defaults: dict[str, Any] = {}
+    for field in msgspec.structs.fields(cmd):
+        if getattr(cmd, field.name) is None:
+            if field.default_factory is not msgspec.NODEFAULT:
+                defaults[field.name] = field.default_factory()
+            elif field.default is not msgspec.NODEFAULT and field.default is not None:
+                defaults[field.name] = field.default
+    return msgspec.structs.replace(cmd, **defaults) if defaults else cmd
 
 
-def report(outcome: Outcome, subject: str, *, as_json: bool, printer: ResultPrinter) -> int:
+def report(outcome: Outcome, cmd: Command, *, as_json: bool, printer: ResultPrinter) -> int:
     """Print what became of a command and return the exit code."""
     if as_json:
         render.print_json(outcome)
@@ -86,7 +101,7 @@ def report(outcome: Outcome, subject: str, *, as_json: bool, printer: ResultPrin
             why = "is not running" if outcome.service_down else "has not answered yet"
             print(
                 f"stored: command {outcome.command_id} is durably queued (GT_CMD #{outcome.stored_seq}); "
-                f"the {owner_of(subject)} {why} and will answer it when it can. `--wait` waits for the outcome. "
+                f"the {bus_commands.owner(cmd)} {why} and will answer it when it can. `--wait` waits for the outcome. "
                 "(A command sent far over its actor's rate limit is dropped and never answered: see "
                 "`rate_limited` in docs/operating.md.)"
             )
@@ -110,26 +125,32 @@ async def send(
     nc: Client,
     args: argparse.Namespace,
     config: TownConfig,
-    subject: str,
-    body: dict[str, Any],
+    cmd: Command,
     printer: ResultPrinter = status_line,
     *,
     before_report: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
 ) -> int:
-    """Send a command built from the command line and report its outcome; ``before_report`` may add to an
-    accepted command's result what followed from it (e.g. a nudge delivered)."""
-    body = drop_empty({**body, "actor": getattr(args, "actor", None), "cmd_id": getattr(args, "cmd_id", None)})
+    """Send a command built from the command line (options left out at their defaults, ``--actor`` and ``--id``
+    added) and report its outcome; ``before_report`` may add to an accepted command's result what followed from
+    it (e.g. a nudge delivered)."""
+    cmd = given(msgspec.structs.replace(cmd, actor=getattr(args, "actor", None), cmd_id=getattr(args, "cmd_id", None)))
     timeout = args.timeout if args.timeout is not None else (None if args.wait else DEFAULT_COMMAND_TIMEOUT_S)
-    outcome = await send_command(nc, config, subject, body, timeout=timeout, wait_if_down=args.wait)
+    outcome = await client.send(nc, config, cmd, timeout=timeout, wait_if_down=args.wait)
     if before_report is not None and outcome.type == "cmd.accepted":
         await before_report(outcome.data.setdefault("result", {}))
-    return report(outcome, subject, as_json=args.json, printer=printer)
+    return report(outcome, cmd, as_json=args.json, printer=printer)
 
 
-async def read(nc: Client, config: TownConfig, what: str, body: dict[str, Any], service: str = "mayor") -> Any:
-    """Ask a query once the service has applied everything stored so far (read-your-writes)."""
-    body = {**body, "min_seq": await stream_last_seq(nc, config)}
-    return await query(nc, service, what, body)
+async def read(nc: Client, config: TownConfig, query: Query[Any]) -> Any:
+    """Ask a query once its service has applied everything stored so far (read-your-writes); the answer as it
+    came (JSON), to print with ``--json`` or render (``read_typed`` reads it into the query's reply type)."""
+    query = msgspec.structs.replace(query, min_seq=await stream_last_seq(nc, config))
+    return await ask_json(nc, query)
+
+
+async def read_typed(nc: Client, config: TownConfig, query: Query[R]) -> R:
+    """``read``, the answer read into the query's reply type."""
+    return reply_of(query, await read(nc, config, query))
 
 
 def show(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> int:

@@ -8,8 +8,7 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from gt.cli import render
-from gt.cli.client import send_command
+from gt.cli import client, render
 from gt.cli.common import (
     EXIT_OK,
     EXIT_REJECTED,
@@ -18,11 +17,14 @@ from gt.cli.common import (
     key_values,
     read,
     read_options,
+    read_typed,
     send,
     show,
 )
 from gt.cli.progress import Progress
+from shared.commands import BeadSling, ConvoyAdd, ConvoyCreate, ConvoyLand
 from shared.config import TownConfig
+from shared.queries import mayor
 
 SLING_CONCURRENCY = 16
 
@@ -79,25 +81,24 @@ def _progress_line(result: dict[str, Any]) -> str:
 
 
 async def _create(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {"title": args.title, "beads": args.beads, "owned": args.owned or None}
-    return await send(nc, args, config, "gt.cmd.convoy.create", body, _progress_line)
+    cmd = ConvoyCreate(title=args.title, beads=args.beads, owned=args.owned)
+    return await send(nc, args, config, cmd, _progress_line)
 
 
 async def _add(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, "gt.cmd.convoy.add", {"id": args.convoy, "beads": args.beads}, _progress_line)
+    return await send(nc, args, config, ConvoyAdd(id=args.convoy, beads=args.beads), _progress_line)
 
 
 async def _land(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {"id": args.convoy, "force": args.force or None}
-    return await send(nc, args, config, "gt.cmd.convoy.land", body, _progress_line)
+    return await send(nc, args, config, ConvoyLand(id=args.convoy, force=args.force), _progress_line)
 
 
 async def _status(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return show(args, await read(nc, config, "convoy", {"id": args.convoy}), render.convoy_detail)
+    return show(args, await read(nc, config, mayor.Convoy(id=args.convoy)), render.convoy_detail)
 
 
 async def _list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, "convoys", {"include_closed": True} if args.all else {})
+    found = await read(nc, config, mayor.Convoys(include_closed=args.all))
     return show(args, found, render.convoy_table)
 
 
@@ -108,27 +109,18 @@ async def _sling(nc: Client, args: argparse.Namespace, config: TownConfig) -> in
     Each is sent with ``hold``: a bead whose blockers (in the convoy or not) are not all closed is held, and
     the mayor slings it once they are, so the convoy goes out in waves in dependency order. The order these
     commands arrive in does not matter: a blocker being slung right now is still open."""
-    convoy = await read(nc, config, "convoy", {"id": args.convoy})
-    todo = [b["id"] for b in convoy.get("bead_details", []) if b["status"] == "open"]
-    skipped = len(convoy.get("bead_details", [])) - len(todo)
+    convoy = await read_typed(nc, config, mayor.Convoy(id=args.convoy))
+    todo = [b.id for b in convoy.bead_details if b.status == "open"]
+    skipped = len(convoy.bead_details) - len(todo)
     vars_ = key_values(args.var, "--var")
     limit = asyncio.Semaphore(SLING_CONCURRENCY)
     bar = Progress(f"slinging {args.convoy} to {args.rig}", len(todo))
     results: dict[str, dict[str, Any]] = {}
 
     async def sling(bead: str) -> None:
-        body = {
-            "id": bead,
-            "rig": args.rig,
-            "formula": args.formula,
-            "vars": vars_ or None,
-            "no_convoy": True,
-            "hold": True,
-        }
+        cmd = BeadSling(id=bead, rig=args.rig, formula=args.formula, vars=vars_, no_convoy=True, hold=True)
         async with limit:
-            outcome = await send_command(
-                nc, config, "gt.cmd.bead.sling", {k: v for k, v in body.items() if v is not None}, timeout=args.timeout
-            )
+            outcome = await client.send(nc, config, cmd, timeout=args.timeout)
         result = outcome.data.get("result", {})
         if outcome.type == "cmd.accepted":
             results[bead] = {"status": "held" if result.get("status") == "held" else "slung", "result": result}

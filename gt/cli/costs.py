@@ -16,6 +16,7 @@ from nats.aio.client import Client
 from gt.cli import render
 from gt.cli.common import Subcommands, UsageError, read, show
 from shared.config import TownConfig
+from shared.queries import mayor
 from shared.usage import (
     COST_GROUPINGS,
     PRICES_ENV,
@@ -103,5 +104,5 @@ def costs_table(data: dict[str, Any], by: str) -> str:
 
 async def _costs(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     prices = load_prices()
-    rows = await read(nc, config, "costs", {"by": args.by})
+    rows = await read(nc, config, mayor.Costs(by=args.by))
     return show(args, priced(rows, prices), lambda data: costs_table(data, args.by))

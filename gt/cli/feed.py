@@ -36,10 +36,11 @@ from gt.cli.feed_view import (
 )
 from gt.story import QUERY_TIMEOUT_S, HistoryEntry, bead_story, history, history_entry
 from shared import subjects
-from shared.bus.query import query
+from shared.bus.query import ask
 from shared.bus.reader import EventReader
 from shared.config import TownConfig
 from shared.errors import QueryError
+from shared.queries import refinery, witness
 
 DEFAULT_SINCE = "10m"
 
@@ -163,11 +164,11 @@ async def _seed(nc: Client, filters: Filters) -> None:
     if not (filters.rigs or filters.beads):
         return
     with contextlib.suppress(QueryError):
-        for s in await query(nc, "witness", "sessions", {"all": True}, timeout=QUERY_TIMEOUT_S):
-            filters.known[str(s["id"])] = (s.get("rig"), s.get("bead"))
+        for s in await ask(nc, witness.Sessions(all=True), timeout=QUERY_TIMEOUT_S):
+            filters.known[s.id] = (s.rig, s.bead)
     with contextlib.suppress(QueryError):
-        for m in await query(nc, "refinery", "mrs", {}, timeout=QUERY_TIMEOUT_S):
-            filters.known[str(m["id"])] = (m.get("rig"), m.get("bead"))
+        for m in await ask(nc, refinery.Mrs(), timeout=QUERY_TIMEOUT_S):
+            filters.known[m.id] = (m.rig, m.bead)
 
 
 async def _feed(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:

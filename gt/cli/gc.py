@@ -8,6 +8,7 @@ from typing import Any
 from nats.aio.client import Client
 
 from gt.cli.common import Subcommands, UsageError, command_options, send
+from shared.commands import GcSweep
 from shared.config import TownConfig
 
 
@@ -38,5 +39,4 @@ def _swept(result: dict[str, Any]) -> str:
 async def _gc(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     if args.ttl is not None and args.ttl < 0:
         raise UsageError(f"--ttl must be 0 or more seconds, got {args.ttl:g}")
-    body: dict[str, Any] = {} if args.ttl is None else {"ttl_s": args.ttl}
-    return await send(nc, args, config, "gt.cmd.gc.sweep", body, _swept)
+    return await send(nc, args, config, GcSweep(ttl_s=args.ttl), _swept)

@@ -39,15 +39,6 @@ def session_origin(env: Mapping[str, str] | None = None) -> subjects.SessionOrig
     return subjects.SessionOrigin(rig, polecat, session)
 
 
-def command_subject(subject: str, env: Mapping[str, str] | None = None) -> str:
-    """Where this process sends a command: its session's own subject inside a polecat session, else ``subject``."""
-    origin = session_origin(env)
-    split = subjects.split_command_subject(subject)
-    if origin is None or split is None:
-        return subject
-    return subjects.session_command_subject(split[0], split[1], origin)
-
-
 def default_actor(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
     """The actor a command carries: ``explicit`` when given, else the session's polecat, else None (the
     service then records ``operator``)."""

@@ -9,23 +9,31 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from gt.cli import identity, render
-from gt.cli.client import send_command
+from gt.cli import client, identity, render
 from gt.cli.common import (
     DEFAULT_COMMAND_TIMEOUT_S,
     EXIT_REJECTED,
     Subcommands,
     UsageError,
     command_options,
-    drop_empty,
     read,
     read_options,
     send,
     show,
 )
-from shared.commands import SEVERITIES
+from shared.commands import (
+    SEVERITIES,
+    EscalationAck,
+    EscalationClose,
+    EscalationRaise,
+    MailArchive,
+    MailRead,
+    MailReply,
+    MailSend,
+)
 from shared.commands.mail import ACCEPTED_ADDRESSES, normalise_address
 from shared.config import TownConfig
+from shared.queries import mayor
 
 
 def register(sub: Subcommands) -> None:
@@ -112,33 +120,30 @@ def _sent_line(result: dict[str, Any]) -> str:
 
 
 async def _send(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {"to": normalise_address(args.to), "subject": args.subject, "body": _body(args), "thread": args.thread}
-    return await send(nc, args, config, "gt.cmd.mail.send", body, _sent_line)
+    cmd = MailSend(to=normalise_address(args.to), subject=args.subject, body=_body(args), thread=args.thread)
+    return await send(nc, args, config, cmd, _sent_line)
 
 
 async def _reply(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {"id": args.id, "subject": args.subject, "body": _body(args)}
-    return await send(nc, args, config, "gt.cmd.mail.reply", body, _sent_line)
+    return await send(nc, args, config, MailReply(id=args.id, subject=args.subject, body=_body(args)), _sent_line)
 
 
 async def _archive(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, "gt.cmd.mail.archive", {"id": args.id})
+    return await send(nc, args, config, MailArchive(id=args.id))
 
 
 async def _inbox(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body: dict[str, Any] = {"to": normalise_address(args.address) if args.address else _me(args)}
-    if args.all:
-        body["include_read"] = True
-    return show(args, await read(nc, config, "inbox", body), render.message_table)
+    query = mayor.Inbox(to=normalise_address(args.address) if args.address else _me(args), include_read=args.all)
+    return show(args, await read(nc, config, query), render.message_table)
 
 
 async def _read(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    message = await read(nc, config, "get", {"id": args.id})
+    message = await read(nc, config, mayor.Get(id=args.id))
     if message.get("type") != "message":
         print(f"gt: {args.id} is a {message.get('type')}, not a message", file=sys.stderr)
         return EXIT_REJECTED
-    body = drop_empty({"id": args.id, "actor": args.actor})
-    outcome = await send_command(nc, config, "gt.cmd.mail.read", body, timeout=DEFAULT_COMMAND_TIMEOUT_S)
+    cmd = MailRead(id=args.id, actor=args.actor)
+    outcome = await client.send(nc, config, cmd, timeout=DEFAULT_COMMAND_TIMEOUT_S)
     if outcome.type == "cmd.rejected":
         print(f"rejected ({outcome.data.get('code')}): {outcome.data.get('message')}", file=sys.stderr)
         return EXIT_REJECTED
@@ -146,24 +151,22 @@ async def _read(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
 
 
 async def _thread(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return show(args, await read(nc, config, "thread", {"thread": args.thread}), render.thread_lines)
+    return show(args, await read(nc, config, mayor.Thread(thread=args.thread)), render.thread_lines)
 
 
 async def _escalate(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {"severity": args.severity, "message": args.message, "source": args.source, "bead": args.bead}
-    return await send(
-        nc, args, config, "gt.cmd.escalation.raise", body, lambda r: f"{r.get('id')}: raised ({r.get('severity')})"
-    )
+    cmd = EscalationRaise(severity=args.severity, message=args.message, source=args.source, bead=args.bead)
+    return await send(nc, args, config, cmd, lambda r: f"{r.get('id')}: raised ({r.get('severity')})")
 
 
 async def _escalations(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, "escalations", {"include_closed": True} if args.all else {})
+    found = await read(nc, config, mayor.Escalations(include_closed=args.all))
     return show(args, found, render.escalation_table)
 
 
 async def _ack(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, "gt.cmd.escalation.ack", {"id": args.id})
+    return await send(nc, args, config, EscalationAck(id=args.id))
 
 
 async def _close(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, "gt.cmd.escalation.close", {"id": args.id, "reason": args.reason})
+    return await send(nc, args, config, EscalationClose(id=args.id, reason=args.reason))

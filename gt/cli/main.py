@@ -39,7 +39,7 @@ from shared import logging as gt_logging
 from shared.aio import task_stacks
 from shared.bus.connection import connect_as_session_or_user
 from shared.bus.permissions import guarded
-from shared.bus.query import query
+from shared.bus.query import ask_json, reply_of
 from shared.bus.topology import provision
 from shared.config import TownConfig
 from shared.errors import (
@@ -51,6 +51,7 @@ from shared.errors import (
     StreamConfigMismatchError,
 )
 from shared.privacy import private_files
+from shared.queries import Status
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
 
@@ -137,18 +138,19 @@ async def _init(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
 
 
 async def _health(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    status = await query(nc, args.service, "status", {}, timeout=3)
+    query = Status(service=args.service)
+    answer = await ask_json(nc, query, timeout=3)  # printed as it came with --json: each service adds its own
+    status = reply_of(query, answer)
     last = await stream_last_seq(nc, config)
-    status["stream_last_seq"] = last
-    status["lag"] = max(0, last - int(status.get("last_seq", 0)))
-    healthy = bool(status.get("caught_up")) and bool(status.get("connected"))
+    lag = max(0, last - status.last_seq)
+    healthy = status.caught_up and status.connected
     if args.json:
-        render.print_json(status)
+        render.print_json({**answer, "stream_last_seq": last, "lag": lag})
     else:
-        state = "healthy" if healthy else ("catching up" if status.get("connected") else "disconnected")
+        state = "healthy" if healthy else ("catching up" if status.connected else "disconnected")
         # Any instance of the service may answer: an active one, or a standby following the log.
-        role = f" ({status['role']} {status.get('identity', args.service)})" if status.get("role") else ""
-        print(f"{args.service}: {state}{role}, last_seq {status.get('last_seq')}, lag {status['lag']}")
+        role = f" ({status.role} {status.identity or args.service})" if status.role else ""
+        print(f"{args.service}: {state}{role}, last_seq {status.last_seq}, lag {lag}")
     return EXIT_OK if healthy else EXIT_REJECTED
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import nats.js.errors
 from nats.aio.client import Client
 
-from gt.cli import hook_lease, render, rigs
-from gt.cli.client import first_event_of, send_command
+from gt.cli import client, hook_lease, render, rigs
+from gt.cli.client import first_event_of
 from gt.cli.common import (
     DEFAULT_COMMAND_TIMEOUT_S,
     EXIT_OK,
@@ -25,15 +25,28 @@ from gt.cli.common import (
     command_options,
     read,
     read_options,
+    read_typed,
     send,
     show,
 )
 from shared import git, runtimes
 from shared.bus.topology import ensure_heartbeat_bucket
-from shared.commands import BeadClaim
+from shared.commands import (
+    BeadClaim,
+    Command,
+    MergeRequestDone,
+    MergeRequestReject,
+    MergeRequestRetry,
+    NudgeSend,
+    RigAdd,
+    SessionDoneIntentCmd,
+    SessionFinish,
+    SessionHandoff,
+)
 from shared.commands.mail import polecat_address
 from shared.config import TownConfig
 from shared.faults import crash_point
+from shared.queries import mayor, refinery, witness
 
 NOTE_SHOWN = 1500
 """Characters of a predecessor's handoff note (or end detail) that `gt prime` shows."""
@@ -164,23 +177,23 @@ def _absolute_repo(args: argparse.Namespace) -> None:
 
 
 async def _rig_add(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {
-        "name": args.name,
-        "repo": args.repo,
-        "base_branch": args.base_branch,
-        "prefix": args.prefix,
-        "setup_command": args.setup,
-        "lint_command": args.lint,
-        "test_command": args.test,
-        "agent_command": args.agent,
-        "max_polecats": args.max_polecats,
-        "max_respawns": args.max_respawns,
-        "stall_after_s": args.stall_after,
-        "git_name": args.git_name,
-        "git_email": args.git_email,
-        "gate_env": args.gate_env,
-    }
-    return await send(nc, args, config, "gt.cmd.rig.add", body, _rig_added_line)
+    cmd = RigAdd(
+        name=args.name,
+        repo=args.repo,
+        base_branch=args.base_branch,
+        prefix=args.prefix,
+        setup_command=args.setup,
+        lint_command=args.lint,
+        test_command=args.test,
+        agent_command=args.agent,
+        max_polecats=args.max_polecats,
+        max_respawns=args.max_respawns,
+        stall_after_s=args.stall_after,
+        git_name=args.git_name,
+        git_email=args.git_email,
+        gate_env=args.gate_env,
+    )
+    return await send(nc, args, config, cmd, _rig_added_line)
 
 
 def _rig_added_line(result: dict[str, Any]) -> str:
@@ -202,7 +215,7 @@ def _rig_line(result: dict[str, Any]) -> str:
 
 
 async def _rig_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    listed = await read(nc, config, "rigs", {}, service="witness")
+    listed = await read(nc, config, witness.Rigs())
     rows = [
         [
             r["name"],
@@ -220,13 +233,13 @@ async def _rig_list(nc: Client, args: argparse.Namespace, config: TownConfig) ->
 
 
 async def _rig_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    rig = await read(nc, config, "rig", {"name": args.name}, service="witness")
+    rig = await read(nc, config, witness.Rig(name=args.name))
     return show(args, rig, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
 
 
 async def _session_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {"rig": args.rig, "bead": args.bead, "all": args.all or None}
-    sessions = await read(nc, config, "sessions", {k: v for k, v in body.items() if v}, service="witness")
+    query = witness.Sessions(rig=args.rig or None, bead=args.bead or None, all=args.all)
+    sessions = await read(nc, config, query)
     rows = [
         [
             s["id"],
@@ -243,13 +256,13 @@ async def _session_list(nc: Client, args: argparse.Namespace, config: TownConfig
 
 
 async def _session_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    session = await read(nc, config, "session", {"id": args.id}, service="witness")
+    session = await read(nc, config, witness.Session(id=args.id))
     keys = ("id", "rig", "polecat", "bead", "status", "end_reason", "attempt", "worktree", "branch", "tmux_name")
     return show(args, session, lambda s: "\n".join(f"{k}: {s.get(k)}" for k in keys if s.get(k) is not None))
 
 
 async def _nudge(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {"target": args.target, "message": args.message, "ttl_s": args.ttl}
+    cmd = NudgeSend(target=args.target, message=args.message, ttl_s=args.ttl)
 
     def line(result: dict[str, Any]) -> str:
         if result.get("status") == "delivered":
@@ -264,11 +277,11 @@ async def _nudge(nc: Client, args: argparse.Namespace, config: TownConfig) -> in
             if event is not None and event.type == "nudge.delivered":
                 result.update(status="delivered", delivered_to=event.data.get("session"))
 
-    return await send(nc, args, config, "gt.cmd.nudge.send", body, line, before_report=delivered)
+    return await send(nc, args, config, cmd, line, before_report=delivered)
 
 
 async def _mq_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    mrs = await read(nc, config, "mrs", {"rig": args.rig} if args.rig else {}, service="refinery")
+    mrs = await read(nc, config, refinery.Mrs(rig=args.rig or None))
     # A merged one shows the commit that landed (its branch rebased onto the target), not the one submitted.
     rows = [
         [m["id"], m["rig"], m["bead"], m["branch"], (m.get("merged_commit") or m["head"])[:10], m["status"]]
@@ -279,7 +292,7 @@ async def _mq_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> 
 
 
 async def _mq_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    mr = await read(nc, config, "mr", {"id": args.id}, service="refinery")
+    mr = await read(nc, config, refinery.Mr(id=args.id))
     keys = (
         "id", "rig", "bead", "branch", "target", "head", "status", "attempts", "gate", "exit_code",
         "blocked_by", "merged_commit", "reason", "retries", "not_before",
@@ -297,14 +310,12 @@ async def _mq_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> 
 
 
 async def _mq_retry(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(
-        nc, args, config, "gt.cmd.mr.retry", {"id": args.id}, lambda r: f"{r.get('id')}: {r.get('status')}"
-    )
+    return await send(nc, args, config, MergeRequestRetry(id=args.id), lambda r: f"{r.get('id')}: {r.get('status')}")
 
 
 async def _mq_reject(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {"id": args.id, "reason": args.reason}
-    return await send(nc, args, config, "gt.cmd.mr.reject", body, lambda r: f"{r.get('id')}: {r.get('status')}")
+    cmd = MergeRequestReject(id=args.id, reason=args.reason)
+    return await send(nc, args, config, cmd, lambda r: f"{r.get('id')}: {r.get('status')}")
 
 
 # ---- the agent's side --------------------------------------------------------------------------
@@ -328,11 +339,11 @@ def _needs_session_env(args: argparse.Namespace) -> None:
 
 
 async def prime_data(nc: Client, config: TownConfig, session_id: str) -> dict[str, Any]:
-    session = await read(nc, config, "session", {"id": session_id}, service="witness")
-    bead = await read(nc, config, "get", {"id": session["bead"]})
+    session = await read_typed(nc, config, witness.Session(id=session_id))
+    bead = await read(nc, config, mayor.Get(id=session.bead))
     molecule: dict[str, Any] | None
     try:
-        molecule = await read(nc, config, "molecule", {"bead": session["bead"]})
+        molecule = await read(nc, config, mayor.Molecule(bead=session.bead))
     except Exception as exc:  # a bead without a molecule is worked as one step
         if getattr(exc, "code", None) != "not_found":
             raise
@@ -341,21 +352,21 @@ async def prime_data(nc: Client, config: TownConfig, session_id: str) -> dict[st
     if molecule is not None:
         current = next((s for s in molecule["steps"] if s["id"] == molecule.get("current_step")), None)
     return {
-        "session": session["id"],
-        "status": session["status"],
-        "attempt": session["attempt"],
-        "polecat": session["polecat"],
-        "rig": session["rig_config"],
-        "worktree": session["worktree"],
-        "branch": session["branch"],
+        "session": session.id,
+        "status": session.status,
+        "attempt": session.attempt,
+        "polecat": session.polecat,
+        "rig": session.rig_config,
+        "worktree": session.worktree,
+        "branch": session.branch,
         "bead": bead,
         "molecule": molecule,
         "current_step": current,
-        "done_intent": session.get("done_intent_at") is not None,
-        "merge_failure": session.get("merge_failure"),
-        "nudges": [n["message"] for n in session.get("nudges", []) if n.get("delivered_to") == session["id"]],
-        "before_you": session.get("earlier_sessions", []),
-        "mail": await read(nc, config, "inbox", {"to": polecat_address(session["rig"], session["polecat"])}),
+        "done_intent": session.done_intent_at is not None,
+        "merge_failure": session.merge_failure,
+        "nudges": [n["message"] for n in session.nudges if n.get("delivered_to") == session.id],
+        "before_you": session.earlier_sessions,
+        "mail": await read(nc, config, mayor.Inbox(to=polecat_address(session.rig, session.polecat))),
         "instructions": INSTRUCTIONS,
     }
 
@@ -519,9 +530,7 @@ async def _claim_hooked_bead(nc: Client, config: TownConfig) -> None:
     if not (bead and rig and polecat):
         return
     try:
-        await send_command(
-            nc, config, BeadClaim.SUBJECT, {"id": bead, "assignee": f"{rig}/{polecat}"}, timeout=CLAIM_TIMEOUT_S
-        )
+        await client.send(nc, config, BeadClaim(id=bead, assignee=f"{rig}/{polecat}"), timeout=CLAIM_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - the agent starts anyway; its steps do not need the claim
         print(f"gt agent-hook: claiming bead {bead} failed ({exc!r})", file=sys.stderr)
 
@@ -581,24 +590,23 @@ async def _heartbeat(nc: Client, args: argparse.Namespace, config: TownConfig) -
 
 async def _handoff(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     session = os.environ["GT_SESSION"]
-    body = {"session": session, "note": args.note}
+    cmd = SessionHandoff(session=session, note=args.note)
 
     def line(result: dict[str, Any]) -> str:
         return f"session {result.get('id')} handed off: a fresh session continues bead {result.get('bead')}"
 
-    return await send(nc, args, config, "gt.cmd.session.handoff", body, line)
+    return await send(nc, args, config, cmd, line)
 
 
-async def _command(nc: Client, config: TownConfig, subject: str, body: dict[str, Any], cmd_id: str) -> dict[str, Any]:
-    """Send one step of `gt done` and wait for its outcome; raise with the reason when it is rejected."""
-    outcome = await send_command(
-        nc, config, subject, {**body, "cmd_id": cmd_id}, timeout=DEFAULT_COMMAND_TIMEOUT_S * 3, wait_if_down=False
-    )
+async def _command(nc: Client, config: TownConfig, cmd: Command) -> dict[str, Any]:
+    """Send one step of `gt done` (with its fixed ``cmd_id``) and wait for its outcome; raise with the reason when
+    it is rejected."""
+    outcome = await client.send(nc, config, cmd, timeout=DEFAULT_COMMAND_TIMEOUT_S * 3, wait_if_down=False)
     if outcome.type == "cmd.rejected":
-        raise DoneError(f"{subject} rejected ({outcome.data.get('code')}): {outcome.data.get('message')}")
+        raise DoneError(f"{cmd.SUBJECT} rejected ({outcome.data.get('code')}): {outcome.data.get('message')}")
     if outcome.type is None:
         # Stored durably in GT_CMD: the owning service answers it when it is back; `gt done` goes on.
-        return {"stored": True, "command": cmd_id}
+        return {"stored": True, "command": cmd.cmd_id}
     result: dict[str, Any] = outcome.data.get("result", {})
     return result
 
@@ -626,19 +634,15 @@ async def _done(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
         )
         return EXIT_REJECTED
     try:
-        await _command(nc, config, "gt.cmd.session.done_intent", {"session": session}, f"done-intent-{session}")
+        await _command(nc, config, SessionDoneIntentCmd(session=session, cmd_id=f"done-intent-{session}"))
         crash_point("gt_done.after_intent")
         head = git.push(worktree, branch)
         crash_point("gt_done.after_push")
-        mr = await _command(
-            nc,
-            config,
-            "gt.cmd.mr.done",  # carries the hook lease as its fence (send_command adds it inside a session)
-            {"bead": bead, "rig": rig, "branch": branch, "head": head, "session": session},
-            f"mr-{session}",
-        )
+        # It carries the hook lease as its fence (the CLI's send adds it inside a session).
+        done = MergeRequestDone(bead=bead, rig=rig, branch=branch, head=head, session=session, cmd_id=f"mr-{session}")
+        mr = await _command(nc, config, done)
         crash_point("gt_done.after_mr")
-        await _command(nc, config, "gt.cmd.session.finish", {"session": session}, f"finish-{session}")
+        await _command(nc, config, SessionFinish(session=session, cmd_id=f"finish-{session}"))
     except DoneError as exc:
         print(f"gt done: {exc}", file=sys.stderr)
         return EXIT_REJECTED

@@ -9,9 +9,11 @@ from typing import Any
 from nats.aio.client import Client
 
 from gt.cli.common import Subcommands, command_options, send
-from shared.bus.query import query
+from shared.bus.query import ask
+from shared.commands import BeadUnsling, RigPark, RigRemove, RigUnpark, RigUpdate
 from shared.config import TownConfig
 from shared.errors import QueryError
+from shared.queries import witness
 
 
 def env_names(text: str) -> list[str]:
@@ -90,9 +92,20 @@ def _update_line(result: dict[str, Any]) -> str:
 
 
 async def _rig_update(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body: dict[str, Any] = {"name": args.name}
-    body.update({field: getattr(args, field) for _option, field, _kind, _text in SETTING_OPTIONS})
-    return await send(nc, args, config, "gt.cmd.rig.update", body, _update_line)
+    cmd = RigUpdate(
+        name=args.name,
+        setup_command=args.setup_command,
+        lint_command=args.lint_command,
+        test_command=args.test_command,
+        agent_command=args.agent_command,
+        max_polecats=args.max_polecats,
+        max_respawns=args.max_respawns,
+        stall_after_s=args.stall_after_s,
+        git_name=args.git_name,
+        git_email=args.git_email,
+        gate_env=args.gate_env,
+    )
+    return await send(nc, args, config, cmd, _update_line)
 
 
 def _remove_line(result: dict[str, Any]) -> str:
@@ -103,8 +116,7 @@ def _remove_line(result: dict[str, Any]) -> str:
 
 
 async def _rig_remove(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {"name": args.name, "force": args.force or None}
-    return await send(nc, args, config, "gt.cmd.rig.remove", body, _remove_line)
+    return await send(nc, args, config, RigRemove(name=args.name, force=args.force), _remove_line)
 
 
 def _park_line(result: dict[str, Any]) -> str:
@@ -117,21 +129,20 @@ def _park_line(result: dict[str, Any]) -> str:
 
 
 async def _rig_park(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {"name": args.name, "reason": args.reason or None}
-    return await send(nc, args, config, "gt.cmd.rig.park", body, _park_line)
+    return await send(nc, args, config, RigPark(name=args.name, reason=args.reason), _park_line)
 
 
 async def _rig_unpark(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, "gt.cmd.rig.unpark", {"name": args.name}, _park_line)
+    return await send(nc, args, config, RigUnpark(name=args.name), _park_line)
 
 
 async def _working_session(nc: Client, bead: str) -> str | None:
     """The session working the bead now, as the witness knows it (None: none, or the witness is not there)."""
     try:
-        sessions = await query(nc, "witness", "sessions", {"bead": bead}, timeout=5.0)
+        sessions = await ask(nc, witness.Sessions(bead=bead), timeout=5.0)
     except QueryError:
         return None
-    return str(sessions[-1]["id"]) if sessions else None
+    return sessions[-1].id if sessions else None
 
 
 async def _unsling(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
@@ -145,5 +156,5 @@ async def _unsling(nc: Client, args: argparse.Namespace, config: TownConfig) -> 
             out += " and removes its worktree unless it holds unsaved work"
         return out
 
-    body = {"id": args.bead, "reason": args.reason or None, "remove_worktree": args.remove_worktree or None}
-    return await send(nc, args, config, "gt.cmd.bead.unsling", body, line)
+    cmd = BeadUnsling(id=args.bead, reason=args.reason, remove_worktree=args.remove_worktree)
+    return await send(nc, args, config, cmd, line)

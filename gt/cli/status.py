@@ -17,9 +17,10 @@ from gt.cli import costs, identity, render, town_view
 from gt.cli.client import stream_last_seq
 from gt.cli.colour import COLOR_CHOICES, Palette, wanted
 from gt.cli.common import EXIT_OK, EXIT_REJECTED, Subcommands, UsageError
-from shared.bus.query import query
+from shared.bus.query import ask_json
 from shared.config import TownConfig
 from shared.errors import QueryError
+from shared.queries import Query, Status, mayor, refinery, witness
 
 QUERY_TIMEOUT_S = 3.0
 MAX_CONCURRENT_QUERIES = 16
@@ -32,10 +33,11 @@ def register(sub: Subcommands) -> None:
     st.set_defaults(handler=_status)
 
 
-async def _answer(nc: Client, service: str, what: str, body: dict[str, Any] | None = None) -> Any:
-    """The service's answer, or None when it is down, slow or refuses (the section says so)."""
+async def _answer(nc: Client, query: Query[Any]) -> Any:
+    """The service's answer as it came (the snapshot is printed as it is with --json), or None when it is down,
+    slow or refuses (the section says so)."""
     try:
-        return await query(nc, service, what, body, timeout=QUERY_TIMEOUT_S)
+        return await ask_json(nc, query, timeout=QUERY_TIMEOUT_S)
     except QueryError:
         return None
 
@@ -67,7 +69,7 @@ async def _current_steps(nc: Client, beads: list[str]) -> dict[str, str | None]:
 
     async def one(bead: str) -> str | None:
         async with limit:
-            molecule = await _answer(nc, "mayor", "molecule", {"bead": bead})
+            molecule = await _answer(nc, mayor.Molecule(bead=bead))
         return molecule.get("current_step") if isinstance(molecule, dict) else None
 
     steps = await asyncio.gather(*(one(b) for b in beads))
@@ -83,13 +85,13 @@ async def gather(nc: Client, config: TownConfig, now: datetime | None = None) ->
         last = None
     names = town_view.SERVICES
     statuses, rigs, sessions, mrs, convoys, escalations, rig_costs = await asyncio.gather(
-        asyncio.gather(*(_answer(nc, name, "status") for name in names)),
-        _answer(nc, "witness", "rigs"),
-        _answer(nc, "witness", "sessions"),
-        _answer(nc, "refinery", "mrs"),
-        _answer(nc, "mayor", "convoys"),
-        _answer(nc, "mayor", "escalations"),
-        _answer(nc, "mayor", "costs", {"by": "rig"}),
+        asyncio.gather(*(_answer(nc, Status(service=name)) for name in names)),
+        _answer(nc, witness.Rigs()),
+        _answer(nc, witness.Sessions()),
+        _answer(nc, refinery.Mrs()),
+        _answer(nc, mayor.Convoys()),
+        _answer(nc, mayor.Escalations()),
+        _answer(nc, mayor.Costs(by="rig")),
     )
     session_ids = [s["id"] for s in sessions or []]
     beads = sorted({s["bead"] for s in sessions or []})

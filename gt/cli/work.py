@@ -10,7 +10,12 @@ from nats.aio.client import Client
 
 from gt.cli import render, rigs
 from gt.cli.common import Subcommands, UsageError, command_options, key_values, read, read_options, send, show
+from shared.commands import BeadSling, StepDone, StepStart
 from shared.config import TownConfig
+from shared.queries import mayor
+
+STEP_VERBS: dict[str, type[StepStart | StepDone]] = {"start": StepStart, "done": StepDone}
+"""`gt step <verb>` -> the command it sends."""
 
 
 def register(sub: Subcommands) -> None:
@@ -63,15 +68,13 @@ def register(sub: Subcommands) -> None:
 
 
 async def _formula_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, "formulas", {"rig": args.rig} if args.rig else {})
+    found = await read(nc, config, mayor.Formulas(rig=args.rig or None))
     return show(args, found, render.formula_table)
 
 
 async def _formula_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body: dict[str, Any] = {"name": args.name, "vars": key_values(args.var, "--var")}
-    if args.rig:
-        body["rig"] = args.rig
-    return show(args, await read(nc, config, "formula", body), render.formula_detail)
+    query = mayor.Formula(name=args.name, vars=key_values(args.var, "--var"), rig=args.rig or None)
+    return show(args, await read(nc, config, query), render.formula_detail)
 
 
 def _sling_line(result: dict[str, Any]) -> str:
@@ -92,22 +95,22 @@ def _sling_line(result: dict[str, Any]) -> str:
 
 
 async def _sling(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    body = {
-        "id": args.bead,
-        "rig": args.rig,
-        "formula": args.formula,
-        "vars": key_values(args.var, "--var"),
-        "no_formula": args.no_formula or None,
-        "no_convoy": args.no_convoy or None,
-        "owned": args.owned or None,
-        "force": args.force or None,
-        "hold": args.hold or None,
-    }
-    return await send(nc, args, config, "gt.cmd.bead.sling", body, _sling_line)
+    cmd = BeadSling(
+        id=args.bead,
+        rig=args.rig,
+        formula=args.formula,
+        vars=key_values(args.var, "--var"),
+        no_formula=args.no_formula,
+        no_convoy=args.no_convoy,
+        owned=args.owned,
+        force=args.force,
+        hold=args.hold,
+    )
+    return await send(nc, args, config, cmd, _sling_line)
 
 
 async def _mol_status(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    return show(args, await read(nc, config, "molecule", {"bead": args.bead}), render.molecule_status)
+    return show(args, await read(nc, config, mayor.Molecule(bead=args.bead)), render.molecule_status)
 
 
 def _step_line(result: dict[str, Any]) -> str:
@@ -130,5 +133,4 @@ def _bead_and_step(ids: list[str]) -> tuple[str, str]:
 
 async def _step(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     bead, step = _bead_and_step(args.ids)
-    body = {"bead": bead, "step": step}
-    return await send(nc, args, config, f"gt.cmd.step.{args.step_verb}", body, _step_line)
+    return await send(nc, args, config, STEP_VERBS[args.step_verb](bead=bead, step=step), _step_line)

@@ -25,7 +25,7 @@ from services.deacon.plan import disk, gc, hooks, liveness
 from services.deacon.projection import new_projection
 from services.deacon.state import DeaconState
 from shared.aio import pause
-from shared.commands import AutomationRun, Command
+from shared.commands import AutomationRun, Command, EscalationClose, EscalationRaise, SessionRecoverHook
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
 from shared.errors import ActivityLostError
@@ -61,7 +61,7 @@ class DeaconService(Service[DeaconState]):
             lease_bucket=config.lease_bucket,
             liveness_policy=policy,
             append_owed=self.append_owed,
-            send_command=self._send,
+            store=self.store,
             clock=clock,
         )
         self.watch_errors = 0
@@ -83,14 +83,11 @@ class DeaconService(Service[DeaconState]):
             state=lambda: self.projection.state.automations,
             last_seq=lambda: self.projection.last_seq,
             append_owed=self.append_owed,
-            send_command=self._send,
+            store=self.store,
             clock=clock,
             wake=self.wake,
             holder=f"deacon-{self.instance}",
         )
-
-    async def _send(self, subject: str, body: dict[str, object], cmd_id: str) -> int:
-        return await self.send_command(subject, dict(body), cmd_id=cmd_id)
 
     # ---- commands and queries ------------------------------------------------------------------
 
@@ -172,8 +169,8 @@ class DeaconService(Service[DeaconState]):
         for hook in hooks.stale(state.hooks, state.leases, self.clock(), self.watch.stale_hook_after_s):
             if hook.command_id in self._hooks_handed_over:
                 continue
-            body: dict[str, object] = {"bead": hook.bead, "token": hook.token, "actor": "deacon"}
-            await self._send("gt.cmd.session.recover_hook", body, hook.command_id)
+            recover = SessionRecoverHook(bead=hook.bead, token=hook.token, actor="deacon", cmd_id=hook.command_id)
+            await self.store(recover)
             self._hooks_handed_over.add(hook.command_id)
             self.stale_hooks += 1
             log.warning("stale_hook_handed_over", bead=hook.bead, token=hook.token, after=hook.holder)
@@ -202,11 +199,11 @@ class DeaconService(Service[DeaconState]):
         owed = disk.plan(self.projection.state.disk, seen, self.watch.disk_low_percent)
         if isinstance(owed, disk.RaiseAlarm):
             log.warning("disk_space_low", command_id=owed.command_id, message=owed.message)
-            body: dict[str, object] = {"severity": "high", "message": owed.message, "source": disk.SOURCE}
-            await self._send("gt.cmd.escalation.raise", body, owed.command_id)
+            alarm = EscalationRaise(severity="high", message=owed.message, source=disk.SOURCE, cmd_id=owed.command_id)
+            await self.store(alarm)
         elif isinstance(owed, disk.CloseAlarm):
             log.info("disk_space_back", escalation=owed.escalation, reason=owed.reason)
-            await self._send("gt.cmd.escalation.close", {"id": owed.escalation, "reason": owed.reason}, owed.command_id)
+            await self.store(EscalationClose(id=owed.escalation, reason=owed.reason, cmd_id=owed.command_id))
 
     async def _collect(self) -> None:
         """Sweep when one is due (every ``GT_GC_INTERVAL``), then purge the KV entries of dead things once per

@@ -21,26 +21,19 @@ from nats.js.client import JetStreamContext
 
 from services.plugins.http import PageServer
 from services.plugins.metrics_state import CONTENT_TYPE, LiveFacts, MetricsState, ServiceFacts, apply, render
+from shared.bus.query import ask_json
 from shared.config import TownConfig
-from shared.errors import EventDecodeError
+from shared.errors import EventDecodeError, QueryError
 from shared.events import decode_envelope
 from shared.plugins.process import plugin_parser, positive_float, run_plugin
 from shared.plugins.sdk import Delivery, Plugin
 from shared.plugins.settings import CONSUMER_PREFIX, PluginSettings
-from shared.subjects import query_subject
+from shared.queries import Status
 
 log = structlog.get_logger(__name__)
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
 DEFAULT_PORT = 9477
-
-
-class _StatusAnswer(msgspec.Struct, frozen=True):
-    ok: bool
-    result: ServiceFacts | None = None
-
-
-_STATUS = msgspec.json.Decoder(_StatusAnswer)
 
 
 class MetricsOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -126,11 +119,10 @@ async def collect_live(
 
     async def status(service: str) -> ServiceFacts | None:
         try:
-            reply = await nc.request(query_subject(service, "status"), b"{}", timeout=timeout)
-            answer = _STATUS.decode(reply.data)
-        except (nats.errors.Error, TimeoutError, msgspec.DecodeError, msgspec.ValidationError):
+            answer = await ask_json(nc, Status(service=service), timeout=timeout)
+            return msgspec.convert(answer, ServiceFacts)
+        except (QueryError, nats.errors.Error, TimeoutError, msgspec.ValidationError):
             return None
-        return answer.result if answer.ok else None
 
     async def plugins() -> dict[str, int]:
         try:

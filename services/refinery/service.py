@@ -29,7 +29,7 @@ from shared import git, lease_rules
 from shared import leases as lease_kv
 from shared.aio import pause
 from shared.bus.fencing import fence_error
-from shared.commands import Command, Fence, MergeRequestSubmit
+from shared.commands import BeadClose, BeadCreate, Command, EscalationRaise, Fence, MergeRequestSubmit
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import ActivityLostError
@@ -466,9 +466,14 @@ class RefineryService(Service[RefineryState]):
             f"merge request {mr.id} (bead {mr.bead}) of rig {mr.rig} was not merged into {mr.target}: {why}. "
             f"{said}:\n{failure.tail}\nOnce fixed, `gt mq retry {mr.id}` puts it back into the queue."
         )
-        body = {"severity": "high", "message": message, "source": f"refinery/{mr.rig}", "bead": mr.bead}
-        await self.send_command(
-            "gt.cmd.escalation.raise", body, cmd_id=f"esc-{failure.gate}-{mr.id}-{current.attempts}"
+        await self.store(
+            EscalationRaise(
+                severity="high",
+                message=message,
+                source=f"refinery/{mr.rig}",
+                bead=mr.bead,
+                cmd_id=f"esc-{failure.gate}-{mr.id}-{current.attempts}",
+            )
         )
         event = MergeRequestFailed(
             mr_id=mr.id, gate=failure.gate, exit_code=failure.exit_code, tail=failure.tail, escalated=True
@@ -481,9 +486,9 @@ class RefineryService(Service[RefineryState]):
 
     async def _close_bead(self, mr: MergeRequest) -> None:
         state = self.projection.state
-        body = {"id": mr.bead, "reason": plan.close_reason(state, state.mrs.get(mr.id, mr))}
+        reason = plan.close_reason(state, state.mrs.get(mr.id, mr))
         try:
-            await self.send_command("gt.cmd.bead.close", body, cmd_id=f"close-{mr.id}")
+            await self.store(BeadClose(id=mr.bead, reason=reason, cmd_id=f"close-{mr.id}"))
         except BaseException:
             # Not sent: the next reconcile sends it again (plan.beads_to_close), instead of taking it as on its way.
             self._closing.discard(mr.id)
@@ -503,33 +508,35 @@ class RefineryService(Service[RefineryState]):
             f"Rebase the branch onto {mr.target}, push it, and close this bead: the merge request goes back "
             "into the queue."
         )
-        body = {
-            "title": f"Resolve merge conflicts: {title}"[:200],
-            "priority": 1,
-            "description": description,
-            "labels": ["merge-conflict"],
-            "metadata": {"mr": mr.id, "bead": mr.bead, "head": mr.head, "target_commit": outcome.target_before},
-            "prefix": state.rigs[mr.rig].prefix,
-        }
-        await self.send_command("gt.cmd.bead.create", body, cmd_id=command)
+        create = BeadCreate(
+            title=f"Resolve merge conflicts: {title}"[:200],
+            priority=1,
+            description=description,
+            labels=["merge-conflict"],
+            metadata={"mr": mr.id, "bead": mr.bead, "head": mr.head, "target_commit": outcome.target_before},
+            prefix=state.rigs[mr.rig].prefix,
+            cmd_id=command,
+        )
+        await self.store(create)
         return command
 
     async def _file_bug(self, mr: MergeRequest, broken: merger.GateResult, result: merger.BatchResult) -> str:
         target_before = next(o.target_before for o in result.outcomes.values() if o.kind == "merged")
         command = f"bug-{mr.rig}-{broken.gate}-{target_before[:12]}"
-        body = {
-            "title": f"{broken.gate} fails on {mr.target} of rig {mr.rig}"[:200],
-            "type": "bug",
-            "priority": 1,
-            "description": (
+        create = BeadCreate(
+            title=f"{broken.gate} fails on {mr.target} of rig {mr.rig}"[:200],
+            type="bug",
+            priority=1,
+            description=(
                 f"The {broken.gate} gate fails on {mr.target} at {target_before} itself (exit "
                 f"{broken.exit_code}), so it blamed no merge request; merged anyway: "
                 f"{', '.join(result.merged)}.\n\n{broken.tail}"
             )[:9000],
-            "labels": ["target-broken"],
-            "prefix": self.projection.state.rigs[mr.rig].prefix,
-        }
-        await self.send_command("gt.cmd.bead.create", body, cmd_id=command)
+            labels=["target-broken"],
+            prefix=self.projection.state.rigs[mr.rig].prefix,
+            cmd_id=command,
+        )
+        await self.store(create)
         return command
 
     async def _escalate(self, mr: MergeRequest, failure: merger.GateResult, failures: int) -> None:
@@ -538,5 +545,7 @@ class RefineryService(Service[RefineryState]):
             f"(last: merge request {mr.id}, exit {failure.exit_code}); it is not sent back again. "
             f"`gt mq show {mr.id}` has the log tail."
         )
-        body = {"severity": "high", "message": message, "source": f"refinery/{mr.rig}", "bead": mr.bead}
-        await self.send_command("gt.cmd.escalation.raise", body, cmd_id=f"esc-{mr.id}")
+        source = f"refinery/{mr.rig}"
+        await self.store(
+            EscalationRaise(severity="high", message=message, source=source, bead=mr.bead, cmd_id=f"esc-{mr.id}")
+        )

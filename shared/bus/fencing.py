@@ -16,6 +16,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.client import JetStreamContext
 
+from shared import subjects
 from shared.aio import pause
 from shared.commands import Fence
 from shared.errors import CommandError, GastownError
@@ -36,7 +37,7 @@ async def fence_error(
     """None when ``fence.token`` holds ``fence.lease`` now (or held it at ``stored_at``, when given); else the
     rejection that says why not. With ``holder`` (the session a command came from), the token must also be that
     holder's: a session cannot borrow another's fence by guessing its token."""
-    subject = f"gt.evt.lease.{fence.lease}"
+    subject = subjects.event_subject("lease", fence.lease)
     for attempt in range(READ_ATTEMPTS):
         try:
             msg = await js.get_last_msg(stream, subject)

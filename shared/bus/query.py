@@ -1,38 +1,62 @@
-"""Ask a service a question: request/reply on ``gt.q.<service>.<what>``, answered from its projection.
+"""Ask a service a question: a typed query (``shared/queries``) as request/reply on ``gt.q.<service>.<name>``,
+answered from its projection (docs/architecture.md, "Sending a command and asking a query").
 
-The reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "code": ..., "message": ...}``.
+The reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "code": ..., "message": ...}``. ``ask`` reads the
+result into the query's reply type; ``ask_json`` gives it as it came, for printing it as it came (``--json``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import msgspec
 import nats.errors
 from nats.aio.client import Client
 
-from shared import subjects
 from shared.errors import QueryError
+from shared.queries import Query, reply_type
 
-_JSON = msgspec.json.Encoder()
+R = TypeVar("R")
 _DECODE = msgspec.json.Decoder()
+DEFAULT_TIMEOUT_S = 15.0
 
 
-async def query(
-    nc: Client, service: str, what: str, body: dict[str, Any] | None = None, *, timeout: float = 15.0
-) -> Any:
-    """Ask ``gt.q.<service>.<what>``.
+async def ask(nc: Client, query: Query[R], *, timeout: float = DEFAULT_TIMEOUT_S) -> R:
+    """Ask ``query`` and read the answer into its reply type.
 
     Raises:
-        QueryError: the service answered with an error, is not running (``unavailable``) or timed out.
+        QueryError: the service answered with an error, is not running (``unavailable``), timed out, or answered
+            with something its reply type cannot hold (``malformed``).
     """
+    return reply_of(query, await ask_json(nc, query, timeout=timeout))
+
+
+async def ask_json(nc: Client, query: Query[Any], *, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
+    """Ask ``query``; its answer's ``result`` as it came (JSON types). Raises like ``ask``."""
+    service = query.addressee()
     try:
-        reply = await nc.request(subjects.query_subject(service, what), _JSON.encode(body or {}), timeout=timeout)
+        reply = await nc.request(query.subject(), query.body(), timeout=timeout)
     except nats.errors.NoRespondersError:
         raise QueryError("unavailable", f"the {service} is not running (nobody answers {service} queries)") from None
     except (TimeoutError, nats.errors.TimeoutError):
         raise QueryError("timeout", f"the {service} did not answer within {timeout}s") from None
-    answer = _DECODE.decode(reply.data)
+    try:
+        answer = _DECODE.decode(reply.data)
+    except msgspec.DecodeError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise QueryError("malformed", f"the {service} answered {query.subject()} with something not a JSON object")
     if not answer.get("ok"):
         raise QueryError(answer.get("code", "error"), answer.get("message", "query failed"))
-    return answer["result"]
+    return answer.get("result")
+
+
+def reply_of(query: Query[R], result: Any) -> R:
+    """``result`` (as ``ask_json`` gave it) read into ``query``'s reply type."""
+    wanted = reply_type(type(query))
+    if wanted is Any:
+        return cast(R, result)
+    try:
+        return cast(R, msgspec.convert(result, wanted))
+    except msgspec.ValidationError as exc:
+        raise QueryError("malformed", f"the answer to {query.subject()} does not read as expected: {exc}") from None

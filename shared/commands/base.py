@@ -35,8 +35,11 @@ class Fence(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     token: int
 
 
-class Command(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Fields every command body may carry."""
+class Command(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Fields every command body may carry.
+
+    Encoded (``shared.bus.commands``), a command leaves out every field that holds its default: the service reads
+    an absent field as its default, so the body says only what the sender chose, as a hand-written one would."""
 
     SUBJECT: ClassVar[str] = ""
     cmd_id: str | None = None

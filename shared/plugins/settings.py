@@ -8,7 +8,7 @@ from typing import Literal
 import msgspec
 
 from shared import ids
-from shared.subjects import DEFAULT_PLUGIN_BUCKET, EVT_PREFIX
+from shared.subjects import DEFAULT_PLUGIN_BUCKET, EVT_PREFIX, event_subject
 
 PLUGIN_BUCKET = DEFAULT_PLUGIN_BUCKET
 """KV bucket of idempotence marks (``<plugin>.<event id>``) and abandoned events (``<plugin>.dead.<seq>``)."""
@@ -91,8 +91,9 @@ def validate(settings: PluginSettings) -> None:
 def check_subject(subject: str) -> None:
     """A filter subject must lie inside ``gt.evt.>``: the consumer is on GT_EVT, which holds nothing else."""
     tokens = subject.split(".")
-    if tokens[:2] != ["gt", "evt"] or len(tokens) < 3:
-        raise ValueError(f"subject {subject!r} must start with 'gt.evt.' (e.g. 'gt.evt.bead.>')")
+    if tokens[:2] != EVT_PREFIX.split(".") or len(tokens) < 3:
+        example = event_subject("bead", ">")
+        raise ValueError(f"subject {subject!r} must start with '{EVT_PREFIX}.' (e.g. '{example}')")
     rest = tokens[2:]
     for index, part in enumerate(rest):
         if not _TOKEN.fullmatch(part) or (part == ">" and index != len(rest) - 1):

@@ -21,7 +21,6 @@ import pytest
 import structlog
 from nats.aio.client import Client
 
-from gt.cli.client import send_command
 from services.deacon.service import DeaconService
 from services.mayor.service import MayorService
 from services.plugins.archive_files import read_archive
@@ -31,16 +30,19 @@ from services.refinery.service import RefineryService
 from services.witness.service import WitnessService
 from services.witness.settings import WitnessSettings
 from shared import git, subjects
+from shared.bus import commands as bus_commands
 from shared.bus.auth_callout import CalloutSettings, Responder, issuer_public, new_issuer_seed
 from shared.bus.connection import close_quietly, connect
 from shared.bus.permissions import guarded
-from shared.bus.query import query
+from shared.bus.query import ask
+from shared.commands import MergeRequestDone
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.errors import PermissionDeniedError
 from shared.events import BeadClosed, Envelope, Event
 from shared.ids import hook_lease_name
 from shared.plugins import Plugin, PluginSettings
+from shared.queries import Digest
 from shared.service import Service
 from shared.session_identity import SessionBuckets, mint
 from shared.subjects import SessionOrigin, session_inbox_prefix
@@ -252,8 +254,8 @@ async def snapshot(nc: Client, *services: str) -> Snapshot:
     consumers = tuple(sorted(str(c.name) for c in await js.consumers_info("GT_CMD")))
     digests = []
     for service in services:
-        found = await query(nc, service, "digest", {"min_seq": int(evt.state.last_seq)})
-        digests.append((service, str(found["sha256"])))
+        found = await ask(nc, Digest(service=service, min_seq=int(evt.state.last_seq)))
+        digests.append((service, found.sha256))
     return Snapshot(
         evt_last_seq=int(evt.state.last_seq),
         cmd_last_seq=int(cmd.state.last_seq),
@@ -599,10 +601,10 @@ async def _forge_merge_requests(agent: Client, config: TownConfig, bead: str, re
             ),
         ]  # fmt: skip
         for extra, code, said in cases:
-            body = {"bead": bead, "rig": "demo", "head": release, **extra}
+            body = {"bead": bead, "rig": "demo", "head": release, "cmd_id": f"t-{secrets.token_hex(6)}", **extra}
             origin = subjects.SessionOrigin("demo", "ace", str(extra.get("session", "hq-forged-1")))
-            on_own_subject = subjects.session_command_subject("mr", "done", origin)
-            outcome = await send_command(agent, config, on_own_subject, body, timeout=60, wait_if_down=True)
+            forged = msgspec.convert(body, MergeRequestDone)  # on the session's own subject: the origin's
+            outcome = await bus_commands.send(agent, config, forged, origin=origin, timeout=60, wait_if_down=True)
             assert outcome.type == "cmd.rejected", (extra, outcome)
             assert outcome.data["code"] == code, (extra, outcome.data)
             assert said in outcome.data["message"], (extra, outcome.data)

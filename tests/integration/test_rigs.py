@@ -185,6 +185,15 @@ async def test_rig_update_changes_the_agent_for_new_sessions_only(pt: PolecatTow
     assert "not_found" in missing.err
 
 
+async def test_rig_update_with_an_empty_gate_env_clears_it(pt: PolecatTown, gt: Gt) -> None:
+    # `--gate-env ""` names no variable, as its help says: the gates see the allowlist only again.
+    await pt.add_rig(gate_env=["CI_CACHE_URL"])
+    out = ok(await gt("rig", "update", "demo", "--gate-env", ""))
+    assert "gate_env=[]" in out
+    shown = (await gt("rig", "show", "demo", "--json")).json()
+    assert shown["gate_env"] == []
+
+
 async def test_rig_remove_is_refused_while_work_is_hooked_and_force_parks_it(pt: PolecatTown, gt: Gt) -> None:
     await pt.add_rig(agent_command=HANG)
     bead = await pt.new_bead("Still working")

@@ -130,6 +130,18 @@ class TestEveryGateAndAction:
         ("gate = 'manual'; formula = 'f'; rig = 'demo'; timeout = '1m'", "automation.timeout", "until the bead"),
         ("gate = 'manual'; formula = 'f'; rig = 'demo'; vars = { 1x = 'a' }", "automation.vars.1x", "not a var name"),
         ("gate = 'manual'; formula = 'f'; rig = 'demo'; vars = { n = 3 }", "automation.vars.n", "must be a string"),
+        (
+            "gate = 'manual'; formula = 'f'; rig = 'demo'; vars = { big = '" + "x" * 70_000 + "' }",
+            "automation.vars",
+            "value of 'big' is over 65536 characters",
+        ),
+        (
+            "gate = 'manual'; formula = 'f'; rig = 'demo'; vars = { "
+            + ", ".join(f"v{i} = 'x'" for i in range(300))
+            + " }",
+            "automation.vars",
+            "has 300 keys; the limit is 256",
+        ),
         ("gate = 'manual'; exec = 'x'; enabled = 'yes'", "automation.enabled", "true or false"),
     ],
 )

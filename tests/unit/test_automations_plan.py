@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 
 from services.deacon.automations import plan
 from services.deacon.automations.definitions import Automation, InvalidAutomation, parse
 from services.deacon.automations.plan import CheckResult, SendCommand, Settle, StartExec
 from services.deacon.automations.state import HISTORY, AutomationState, command_id, fold
-from shared.commands import AutomationRun
+from shared.commands import AutomationRun, BeadClose, BeadCreate
 from shared.decision import DecideContext
 from shared.errors import CommandError
 from shared.events import (
@@ -368,21 +369,28 @@ class TestFormulaRuns:
         run = log.fire(FORMULA)
         [create] = log.steps().steps
         assert isinstance(create, SendCommand)
-        assert (create.subject, create.cmd_id) == ("gt.cmd.bead.create", command_id("job", run, "create"))
-        assert create.body["prefix"] == "dm"
-        assert create.body["metadata"] == {"automation": "job", "automation_run": run}
-        assert (create.body["actor"], create.body["correlation_id"]) == ("automation:job", run)
+        assert isinstance(create.command, BeadCreate)
+        assert (create.command.SUBJECT, create.command.cmd_id) == (
+            "gt.cmd.bead.create",
+            command_id("job", run, "create"),
+        )
+        assert create.command.prefix == "dm"
+        assert create.command.metadata == {"automation": "job", "automation_run": run}
+        assert (create.command.actor, create.command.correlation_id) == ("automation:job", run)
         self.outcome(log, "create", run, id="dm-abc123")
         [sling] = log.steps().steps
         assert isinstance(sling, SendCommand)
-        assert sling.subject == "gt.cmd.bead.sling"
-        assert sling.body | {"actor": None, "correlation_id": None} == {
+        assert sling.command.SUBJECT == "gt.cmd.bead.sling"
+        body = msgspec.to_builtins(sling.command)
+        assert body["cmd_id"] == command_id("job", run, "sling")
+        assert body | {"actor": None, "correlation_id": None, "cmd_id": None} == {
             "id": "dm-abc123",
             "rig": "demo",
             "formula": "code-review",
             "vars": {"change": "abc"},
             "actor": None,
             "correlation_id": None,
+            "cmd_id": None,
         }
         self.outcome(log, "sling", run, id="dm-abc123")
         assert log.steps().steps == []  # the bead is being worked: the run stays open
@@ -415,7 +423,8 @@ class TestFormulaRuns:
         log.store(CommandRejected(command_id=cmd, command="bead.sling", code="invalid", message="no formula"))
         close, fail = log.steps().steps
         assert isinstance(close, SendCommand)
-        assert (close.subject, close.body["id"], close.cmd_id) == (
+        assert isinstance(close.command, BeadClose)
+        assert (close.command.SUBJECT, close.command.id, close.command.cmd_id) == (
             "gt.cmd.bead.close",
             "hq-1",
             command_id("job", run, "close"),
@@ -442,7 +451,7 @@ class TestFormulaRuns:
         for seq, (subject, data) in enumerate(log.raw, start=1):
             replayed.projection.apply(seq, subject, data)
         assert replayed.steps().steps == before
-        assert [s.cmd_id for s in before if isinstance(s, SendCommand)] == [command_id("job", run, "sling")]
+        assert [s.command.cmd_id for s in before if isinstance(s, SendCommand)] == [command_id("job", run, "sling")]
 
 
 # ---- the manual run command ----------------------------------------------------------------------

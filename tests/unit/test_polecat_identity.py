@@ -7,11 +7,12 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from gt.cli.identity import command_subject, default_actor, session_actor
+from gt.cli.identity import default_actor, session_actor, session_origin
 from services.witness.effects.executor import polecat_git_env
 from services.witness.state import Rig
 from shared import subjects
-from shared.commands import RigAdd
+from shared.bus.commands import subject_of
+from shared.commands import Command, MailSend, RigAdd, StepDone
 from shared.errors import CommandError
 
 SESSION = {"GT_SESSION": "gt-abc-2", "GT_RIG": "demo", "GT_POLECAT": "ace", "GT_BEAD": "gt-abc"}
@@ -26,11 +27,17 @@ def test_a_session_acts_as_its_polecat_and_anything_else_as_the_operator() -> No
     assert default_actor(None, {}) is None
 
 
+def command_subject(cmd: Command, env: dict[str, str]) -> str:
+    """Where the CLI sends ``cmd`` from a process with environment ``env`` (``gt.cli.client.send``)."""
+    return subject_of(cmd, session_origin(env))
+
+
 def test_inside_a_session_commands_go_to_the_sessions_own_subject() -> None:
-    assert command_subject("gt.cmd.step.done", SESSION) == "gt.cmd.step.done.demo.ace.gt-abc-2"
-    assert command_subject("gt.cmd.step.done", {}) == "gt.cmd.step.done", "an operator's go to the plain subject"
-    assert command_subject("gt.cmd.step.done", {"GT_RIG": "demo", "GT_POLECAT": "ace"}) == "gt.cmd.step.done"
-    sent = command_subject("gt.cmd.mail.send", SESSION)
+    done = StepDone(bead="gt-abc", step="implement")
+    assert command_subject(done, SESSION) == "gt.cmd.step.done.demo.ace.gt-abc-2"
+    assert command_subject(done, {}) == "gt.cmd.step.done", "an operator's go to the plain subject"
+    assert command_subject(done, {"GT_RIG": "demo", "GT_POLECAT": "ace"}) == "gt.cmd.step.done"
+    sent = command_subject(MailSend(to="mayor", body="hello"), SESSION)
     assert subjects.split_origin(sent) == (
         "gt.cmd.mail.send",
         subjects.SessionOrigin("demo", "ace", "gt-abc-2"),

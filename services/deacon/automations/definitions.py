@@ -19,10 +19,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import msgspec
 
 from services.deacon.automations import cron
-from shared.commands.base import MAX_TITLE, VAR_NAME_PATTERN
+from shared.commands.base import MAX_TITLE, VAR_NAME_PATTERN, check_vars
+from shared.errors import CommandError
 from shared.events import REGISTRY
 from shared.ids import ID_PATTERN, is_valid_id
-from shared.subjects import EVT_PREFIX
+from shared.subjects import EVT_PREFIX, event_subject
 
 SUFFIX = ".toml"
 GATES = ("cooldown", "cron", "event", "condition", "manual")
@@ -207,7 +208,8 @@ def _gate_fields(name: str, gate: str, table: dict[str, Any]) -> dict[str, Any]:
             if subject is None:
                 raise _Invalid(
                     "automation.subject",
-                    f"is required with on = {on!r}: name the automation to follow (gt.evt.automation.<name>)",
+                    f"is required with on = {on!r}: name the automation to follow "
+                    f"({event_subject('automation', '<name>')})",
                 )
             if subject_matches(subject, f"{EVT_PREFIX}.automation.{name}"):
                 problem = f"{subject!r} matches this automation's own events: it would fire itself"
@@ -262,6 +264,12 @@ def _action_fields(table: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(value, str):
             raise _Invalid(f"automation.vars.{key}", f"must be a string, got {value!r}")
         variables[key] = value
+    try:
+        # The rule the run's sling (BeadSling) is checked by: a file it would be refused for is refused here,
+        # when it is read, not at each fire.
+        check_vars("automation.vars", variables)
+    except CommandError as exc:
+        raise _Invalid("automation.vars", exc.message.removeprefix("`automation.vars` ")) from None
     return {"action": "formula", "formula": formula, "rig": rig, "title": title, "vars": variables}
 
 

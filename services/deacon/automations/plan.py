@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 from datetime import UTC, datetime, timedelta
-from typing import Any
 from zoneinfo import ZoneInfo
 
 import msgspec
@@ -18,7 +17,7 @@ import msgspec
 from services.deacon.automations import cron
 from services.deacon.automations.definitions import Automation, InvalidAutomation
 from services.deacon.automations.state import AutomationRecord, AutomationState, Run, command_id
-from shared.commands import AutomationRun
+from shared.commands import AutomationRun, BeadClose, BeadCreate, BeadSling
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import AutomationCompleted, AutomationFailed, AutomationFired
@@ -58,11 +57,12 @@ class StartExec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SendCommand(msgspec.Struct, frozen=True, kw_only=True):
+    """Store ``command`` for the mayor: a formula run's step, as ``automation:<name>``, correlated by the run's id,
+    under an id fixed by the run (``state.command_id``), so a resend after a crash is carried out once."""
+
     automation: str
     run_id: str
-    subject: str
-    body: dict[str, Any]
-    cmd_id: str
+    command: BeadCreate | BeadSling | BeadClose
 
 
 class Settle(msgspec.Struct, frozen=True, kw_only=True):
@@ -341,24 +341,40 @@ def _formula_steps(state: AutomationState, record: AutomationRecord, run: Run) -
     name = record.name
     if run.create == "rejected":
         return [_settle_failed(record, run, run.refusal)]
+    actor = f"automation:{name}"  # what the deacon acts for: its commands carry the run's id as correlation
     if run.create == "" or run.bead is None:
         rig = run.rig or ""
-        body: dict[str, Any] = {
-            "title": run.title,
-            "description": f"Filed by automation {name}, run {run.id} ({run.gate}: {run.reason}).",
-            "labels": ["automation"],
-            "metadata": {"automation": name, "automation_run": run.id},
-            "prefix": state.rig_prefixes.get(rig, "hq"),
-        }
-        return [_send(name, run, "gt.cmd.bead.create", "create", body)]
+        create = BeadCreate(
+            title=run.title,
+            description=f"Filed by automation {name}, run {run.id} ({run.gate}: {run.reason}).",
+            labels=["automation"],
+            metadata={"automation": name, "automation_run": run.id},
+            prefix=state.rig_prefixes.get(rig, "hq"),
+            cmd_id=command_id(name, run.id, "create"),
+            actor=actor,
+            correlation_id=run.id,
+        )
+        return [SendCommand(automation=name, run_id=run.id, command=create)]
     if run.sling == "":
-        body = {"id": run.bead, "rig": run.rig, "formula": run.formula}
-        if run.vars:
-            body["vars"] = dict(run.vars)
-        return [_send(name, run, "gt.cmd.bead.sling", "sling", body)]
+        sling = BeadSling(
+            id=run.bead,
+            rig=run.rig or "",
+            formula=run.formula,
+            vars=dict(run.vars),
+            cmd_id=command_id(name, run.id, "sling"),
+            actor=actor,
+            correlation_id=run.id,
+        )
+        return [SendCommand(automation=name, run_id=run.id, command=sling)]
     if run.sling == "rejected":
-        close = {"id": run.bead, "reason": f"automation {name} run {run.id}: {run.refusal}"[:4096]}
-        return [_send(name, run, "gt.cmd.bead.close", "close", close), _settle_failed(record, run, run.refusal)]
+        close = BeadClose(
+            id=run.bead,
+            reason=f"automation {name} run {run.id}: {run.refusal}"[:4096],
+            cmd_id=command_id(name, run.id, "close"),
+            actor=actor,
+            correlation_id=run.id,
+        )
+        return [SendCommand(automation=name, run_id=run.id, command=close), _settle_failed(record, run, run.refusal)]
     if run.bead_closed:
         why = f": {run.close_reason}" if run.close_reason else ""
         event = AutomationCompleted(
@@ -366,13 +382,6 @@ def _formula_steps(state: AutomationState, record: AutomationRecord, run: Run) -
         )
         return [Settle(event=event, expected_seq=record.version)]
     return []
-
-
-def _send(name: str, run: Run, subject: str, step: str, body: dict[str, Any]) -> SendCommand:
-    full = {**body, "actor": f"automation:{name}", "correlation_id": run.id}
-    return SendCommand(
-        automation=name, run_id=run.id, subject=subject, body=full, cmd_id=command_id(name, run.id, step)
-    )
 
 
 def _settle_failed(record: AutomationRecord, run: Run, error: str, exit_code: int | None = None) -> Settle:

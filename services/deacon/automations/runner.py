@@ -37,6 +37,7 @@ from services.deacon.automations.plan import CheckResult, Fire, Plan, SendComman
 from services.deacon.automations.state import AutomationState, Run
 from services.deacon.effects.event_scan import EventScanner
 from shared import ids
+from shared.commands import BeadCreate, BeadSling, Command
 from shared.config import TownConfig
 from shared.decision import NewEvent
 from shared.errors import QueryError
@@ -46,7 +47,7 @@ from shared.faults import crash_point
 log = structlog.get_logger(__name__)
 
 AppendOwed = Callable[[list[NewEvent]], Awaitable[int]]
-SendCommandFn = Callable[[str, dict[str, Any], str], Awaitable[int]]
+StoreCommand = Callable[[Command], Awaitable[int]]
 WAKE_SLACK_S = 0.05
 """Added to a timed wake so the clock has surely passed the moment when the reconcile reads it."""
 
@@ -60,7 +61,7 @@ class AutomationRunner:
         state: Callable[[], AutomationState],
         last_seq: Callable[[], int],
         append_owed: AppendOwed,
-        send_command: SendCommandFn,
+        store: StoreCommand,
         clock: Callable[[], datetime],
         wake: Callable[[], None],
         holder: str,
@@ -74,7 +75,7 @@ class AutomationRunner:
         self._state = state
         self._last_seq = last_seq
         self._append_owed = append_owed
-        self._send_command = send_command
+        self._store = store
         self._clock = clock
         self._wake = wake
         self._new_run_id = new_run_id
@@ -198,14 +199,16 @@ class AutomationRunner:
             self._running[step.run.id] = task
             task.add_done_callback(functools.partial(_forget, self._running, step.run.id))
         elif isinstance(step, SendCommand):
-            if step.cmd_id in self._sent:
+            cmd = step.command
+            assert cmd.cmd_id is not None
+            if cmd.cmd_id in self._sent:
                 return
-            if step.subject == "gt.cmd.bead.create":
+            if isinstance(cmd, BeadCreate):
                 crash_point("deacon.after_fired")
-            await self._send_command(step.subject, step.body, step.cmd_id)
-            self._sent.add(step.cmd_id)
-            log.info("automation_command_sent", automation=step.automation, run=step.run_id, command=step.subject)
-            if step.subject == "gt.cmd.bead.sling":
+            await self._store(cmd)
+            self._sent.add(cmd.cmd_id)
+            log.info("automation_command_sent", automation=step.automation, run=step.run_id, command=cmd.SUBJECT)
+            if isinstance(cmd, BeadSling):
                 crash_point("deacon.after_sling")
         else:
             await self._settle(step)

@@ -24,6 +24,7 @@ from services.deacon.plan import liveness
 from shared import heartbeats
 from shared import leases as lease_kv
 from shared.aio import pause, raise_if_cancelling
+from shared.commands import Command, EscalationRaise
 from shared.decision import NewEvent
 from shared.heartbeats import ServiceHeartbeat
 from shared.leases import Renewal
@@ -31,7 +32,8 @@ from shared.leases import Renewal
 log = structlog.get_logger(__name__)
 
 AppendOwed = Callable[[list[NewEvent]], Awaitable[int]]
-SendCommand = Callable[[str, dict[str, object], str], Awaitable[int]]
+StoreCommand = Callable[[Command], Awaitable[int]]
+"""Stores a command for another service (``Service.store``): its outcome comes later, in the log."""
 WATCH_RETRY_S = 1.0
 
 
@@ -78,14 +80,14 @@ class Supervision:
         lease_bucket: str,
         liveness_policy: liveness.Policy,
         append_owed: AppendOwed,
-        send_command: SendCommand,
+        store: StoreCommand,
         clock: Callable[[], datetime],
     ) -> None:
         self.services = BucketMirror(service_bucket)
         self.renewals = BucketMirror(lease_bucket)
         self.policy = liveness_policy
         self._append_owed = append_owed
-        self._send_command = send_command
+        self._store = store
         self._clock = clock
         self._lease_kv: KeyValue | None = None
         self._watching_since: datetime | None = None
@@ -116,8 +118,10 @@ class Supervision:
             for new in owed.events:
                 log.info(new.payload.TYPE.replace(".", "_"), service=new.payload.aggregate_id())
         for esc in owed.escalations:
-            body: dict[str, object] = {"severity": "high", "message": esc.message, "source": f"deacon/{esc.service}"}
-            await self._send_command("gt.cmd.escalation.raise", body, esc.command_id)
+            source = f"deacon/{esc.service}"
+            await self._store(
+                EscalationRaise(severity="high", message=esc.message, source=source, cmd_id=esc.command_id)
+            )
 
     def renewal_of(self, lease: str) -> tuple[Renewal | None, int]:
         found = self.renewals.entries.get(lease)

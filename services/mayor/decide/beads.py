@@ -6,7 +6,7 @@ from collections.abc import Collection
 from typing import Any
 
 from services.mayor.state import STATUS_RANK, STATUSES, Bead, MayorState, depends_on, is_ancestor
-from shared.commands import BeadCreate, BeadUpdate
+from shared.commands import BeadCreate, BeadSling, BeadUpdate
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import BeadClaimed, BeadClosed, BeadCreated, BeadUpdated
@@ -148,7 +148,7 @@ def _check_status(bead: Bead, status: str | None) -> str | None:
             "(closed is final: file a new bead that references it)",
         )
     if status == "hooked" and bead.status != "hooked":
-        raise CommandError("invalid", "a bead becomes hooked by slinging it to a rig (gt.cmd.bead.sling)")
+        raise CommandError("invalid", f"a bead becomes hooked by slinging it to a rig ({BeadSling.SUBJECT})")
     return status
 
 

@@ -46,6 +46,7 @@ from services.witness.settings import WitnessSettings
 from services.witness.state import Rig, Session, WitnessState, continue_nudge_id, mail_nudge_id
 from shared import git, processes, runtimes, session_identity, subjects
 from shared.bus.auth_callout import CalloutSettings
+from shared.commands import BeadSling, Command, EscalationRaise, Fence, MergeRequestDone
 from shared.commands.rigs import git_identity
 from shared.config import TownConfig
 from shared.decision import NewEvent
@@ -116,7 +117,7 @@ class Host(Protocol):
 
     async def append_owed(self, owed: list[NewEvent], *, causation_id: str | None = None) -> int: ...
 
-    async def send_command(self, subject: str, body: dict[str, Any], *, cmd_id: str) -> int: ...
+    async def store(self, cmd: Command) -> int: ...
 
     @property
     def callout(self) -> CalloutSettings | None: ...
@@ -211,10 +212,14 @@ class Executor:
         if action.resling:
             # The hook moves to the new session (the mayor records it); the command is durable in GT_CMD
             # and its id makes a resend after a crash harmless.
-            await self.host.send_command(
-                "gt.cmd.bead.sling",
-                {"id": action.bead, "rig": action.rig, "force": True, "session": action.session},
-                cmd_id=f"resling-{action.session}",
+            await self.host.store(
+                BeadSling(
+                    id=action.bead,
+                    rig=action.rig,
+                    force=True,
+                    session=action.session,
+                    cmd_id=f"resling-{action.session}",
+                )
             )
         requested = SessionRequested(
             session_id=action.session,
@@ -301,10 +306,8 @@ class Executor:
         if bead is None or not bead.resling_owed:
             return
         # Durable in GT_CMD; its id makes a resend after a crash harmless. The sling clears ``resling_owed``.
-        await self.host.send_command(
-            "gt.cmd.bead.sling",
-            {"id": action.bead, "rig": action.rig, "force": True},
-            cmd_id=f"stale-resling-{action.after}",
+        await self.host.store(
+            BeadSling(id=action.bead, rig=action.rig, force=True, cmd_id=f"stale-resling-{action.after}")
         )
         log.warning("stale_hook_reslung", bead=action.bead, after=action.after)
 
@@ -587,13 +590,20 @@ class Executor:
             await self._end(session, death, f"the done flow could not finish: {exc}"[:2000])
             return
         crash_point("witness.after_done_push")
-        body: dict[str, Any] = {
-            "bead": session.bead, "rig": session.rig, "branch": session.branch, "head": head, "session": session.id
-        }  # fmt: skip
+        fence = None
         if session.lease_token is not None:
             # On the session's behalf, with its hook lease: the refinery takes the bead's work from its holder only.
-            body["fence"] = {"lease": hook_lease_name(session.bead), "token": session.lease_token}
-        await self.host.send_command("gt.cmd.mr.done", body, cmd_id=f"mr-{session.id}")
+            fence = Fence(lease=hook_lease_name(session.bead), token=session.lease_token)
+        done = MergeRequestDone(
+            bead=session.bead,
+            rig=session.rig,
+            branch=session.branch,
+            head=head,
+            session=session.id,
+            fence=fence,
+            cmd_id=f"mr-{session.id}",
+        )
+        await self.host.store(done)
         crash_point("witness.after_mr_submit")
         await self._end(session, "done", f"done flow finished by the witness after {after}")
         log.info("done_flow_finished_by_witness", session=session.id, head=head)
@@ -609,10 +619,11 @@ class Executor:
     # ---- escalations ---------------------------------------------------------------------------
 
     async def _raise_escalation(self, session: Session, message: str) -> None:
-        await self.host.send_command(
-            "gt.cmd.escalation.raise",
-            {"severity": "high", "message": message, "source": f"witness/{session.rig}", "bead": session.bead},
-            cmd_id=f"esc-{session.id}",
+        source = f"witness/{session.rig}"
+        await self.host.store(
+            EscalationRaise(
+                severity="high", message=message, source=source, bead=session.bead, cmd_id=f"esc-{session.id}"
+            )
         )
 
     async def escalate(self, action: Escalate) -> None:
@@ -636,10 +647,11 @@ class Executor:
             f"{action.window_s:g}s ({', '.join(action.sessions)}). Something common may be broken (agent "
             "command, credentials, disk, the machine)."
         )
-        await self.host.send_command(
-            "gt.cmd.escalation.raise",
-            {"severity": "critical", "message": message, "source": f"witness/{action.rig}"},
-            cmd_id=f"massdeath-{action.sessions[0]}",
+        source = f"witness/{action.rig}"
+        await self.host.store(
+            EscalationRaise(
+                severity="critical", message=message, source=source, cmd_id=f"massdeath-{action.sessions[0]}"
+            )
         )
         event = RigMassDeath(rig=action.rig, sessions=list(action.sessions), window_s=action.window_s)
         await self._append(NewEvent(payload=event, expected_seq=rig.version))

@@ -1,0 +1,32 @@
+"""Queries the refinery answers (``gt.q.refinery.<name>``): its merge queue."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+
+from shared.queries.base import Query
+
+
+class MrSummary(msgspec.Struct, kw_only=True):
+    """The fields of a merge request callers read (``ask_json`` has all of them)."""
+
+    id: str
+    rig: str
+    bead: str
+    status: str = ""
+
+
+class Mrs(Query[list[MrSummary]], frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The merge queue (of one rig when given): waiting ones first, by score."""
+
+    SERVICE: ClassVar[str] = "refinery"
+    NAME: ClassVar[str] = "mrs"
+    rig: str | None = None
+
+
+class Mr(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
+    SERVICE: ClassVar[str] = "refinery"
+    NAME: ClassVar[str] = "mr"
+    id: str

@@ -1,0 +1,78 @@
+"""Queries the witness answers (``gt.q.witness.<name>``): rigs, sessions, nudges. Sessions come back typed
+(``SessionView``: the fields callers read); the rest as the JSON the CLI prints."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+
+from shared.queries.base import Query
+
+
+class SessionView(msgspec.Struct, kw_only=True):
+    """A polecat session as the witness records it (the fields callers read; ``ask_json`` has all of them)."""
+
+    id: str
+    rig: str
+    polecat: str
+    bead: str
+    status: str
+    """requested, started or ended."""
+    attempt: int = 0
+    worktree: str = ""
+    branch: str = ""
+    tmux_name: str = ""
+    pane_pid: int | None = None
+    end_reason: str | None = None
+    done_intent_at: str | None = None
+    merge_failure: dict[str, Any] | None = None
+    """The merge queue's reason for sending the bead's work back, as the witness recorded it."""
+
+
+class SessionDetail(SessionView, kw_only=True):
+    """One session with what ``gt prime`` tells it: its rig's settings, its nudges, how earlier ones ended."""
+
+    rig_config: dict[str, Any] | None = None
+    nudges: list[dict[str, Any]] = []
+    earlier_sessions: list[dict[str, Any]] = []
+
+
+class Rigs(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Rigs in service (every one, removed ones too, with ``all``)."""
+
+    SERVICE: ClassVar[str] = "witness"
+    NAME: ClassVar[str] = "rigs"
+    all: bool = False
+
+
+class Rig(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
+    SERVICE: ClassVar[str] = "witness"
+    NAME: ClassVar[str] = "rig"
+    name: str
+
+
+class Sessions(Query[list[SessionView]], frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Active sessions (every one with ``all``), of one rig or bead when given."""
+
+    SERVICE: ClassVar[str] = "witness"
+    NAME: ClassVar[str] = "sessions"
+    rig: str | None = None
+    bead: str | None = None
+    all: bool = False
+
+
+class Session(Query[SessionDetail], frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One session (a polecat session may ask about its own only)."""
+
+    SERVICE: ClassVar[str] = "witness"
+    NAME: ClassVar[str] = "session"
+    id: str
+
+
+class Nudges(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Queued nudges (every one with ``all``)."""
+
+    SERVICE: ClassVar[str] = "witness"
+    NAME: ClassVar[str] = "nudges"
+    all: bool = False
