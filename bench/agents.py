@@ -25,12 +25,11 @@ import time
 import uuid
 from pathlib import Path
 
-from nats.aio.client import Client
-
 from bench.common import Figure, percentile, provisioned, server, start_service, stop_service, wait_ready
 from bench.witness import command, make_origin
 from gt.model_server import Fault, ModelServer, Script, say
 from services.witness.effects import runtime_setup
+from shared.bus.connection import Connection
 from shared.commands import BeadCreate, BeadSling, RigAdd
 from shared.runtimes import ACTIVITY_HOOK, HOOK_MARK_SESSION_START, SESSION_DIR_ENV, ClaudeRuntime
 from shared.tmux import Tmux
@@ -149,7 +148,7 @@ async def _time_first_request(
         proc.wait()
 
 
-async def _sling_to_hook(nc: Client, gt_home: Path, n: int) -> float:
+async def _sling_to_hook(nc: Connection, gt_home: Path, n: int) -> float:
     """Seconds from slinging a bead to its session's SessionStart hook mark."""
     bead = (await command(nc, BeadCreate(title=f"Start {n} [model-script:start-{n}]")))["id"]
     began = time.monotonic()

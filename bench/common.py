@@ -94,7 +94,7 @@ async def connect(url: str) -> Client:
 async def provisioned(url: str) -> tuple[Client, TownConfig]:
     nc = await connect(url)
     town = TownConfig(nats_url=url)
-    await provision(nc.jetstream(), town)
+    await provision(nc, town)
     return nc, town
 
 

@@ -28,7 +28,6 @@ from typing import Any
 
 import msgspec
 import psutil
-from nats.aio.client import Client
 
 from bench.common import (
     REPO_ROOT,
@@ -43,6 +42,8 @@ from bench.common import (
 )
 from shared import leases, subjects
 from shared.bus.append import Appender
+from shared.bus.connection import Connection
+from shared.bus.kv import Bucket
 from shared.bus.query import ask_json
 from shared.commands import LeaseAcquire
 from shared.decision import NewEvent
@@ -83,7 +84,7 @@ class ServiceEvents:
         """(monotonic arrival, type, instance)."""
         self.changed = asyncio.Event()
 
-    async def subscribe(self, nc: Client) -> None:
+    async def subscribe(self, nc: Connection) -> None:
         async def on_msg(msg: Any) -> None:
             env = decode_envelope(msg.data)
             data = msgspec.json.decode(env.data)
@@ -107,7 +108,7 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-async def _detection(nc: Client, url: str, env: dict[str, str], kills: int) -> list[float]:
+async def _detection(nc: Connection, url: str, env: dict[str, str], kills: int) -> list[float]:
     events = ServiceEvents()
     await events.subscribe(nc)
     latencies = []
@@ -151,9 +152,9 @@ def _session_events(i: int, now: datetime) -> list[Event]:
     ]
 
 
-async def _sessions(nc: Client, count: int) -> list[tuple[str, str]]:
+async def _sessions(nc: Connection, count: int) -> list[tuple[str, str]]:
     """Write ``count`` started polecat sessions holding their beads' hook leases; (hook lease, session) each."""
-    appender = Appender(nc, nc.jetstream(), "GT_EVT")
+    appender = Appender(nc, "GT_EVT")
     now = datetime.now(UTC)
     for i in range(count):
         seen: set[str] = set()
@@ -168,13 +169,14 @@ async def _sessions(nc: Client, count: int) -> list[tuple[str, str]]:
     return [(hook_lease_name(f"bench-bead-{i}"), f"bench-bead-{i}-1") for i in range(count)]
 
 
-async def _leases(nc: Client, url: str, deacon: psutil.Process, count: int, fast: int, quiet_s: float) -> Figure:
+async def _leases(nc: Connection, url: str, deacon: psutil.Process, count: int, fast: int, quiet_s: float) -> Figure:
     acquires = [LeaseAcquire(lease=f"bench-{i}", holder=f"holder-{i}", ttl_s=30.0) for i in range(count)]
     _, _, outcomes = await run_commands(nc, acquires)
     if any(o["type"] != "cmd.accepted" for o in outcomes):
         raise RuntimeError("a lease acquisition was rejected")
     hooks = await _sessions(nc, fast)
-    kv = await nc.jetstream().key_value("GT_LEASES")
+    kv = Bucket(nc, "GT_LEASES")
+    await kv.open()
     bare = subprocess.Popen([sys.executable, "-c", BARE_WATCHER, url], cwd=REPO_ROOT)
     try:
         await asyncio.sleep(2)  # both watchers have read the bucket's current state

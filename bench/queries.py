@@ -13,8 +13,6 @@ import subprocess
 import sys
 import time
 
-from nats.aio.client import Client
-
 from bench.common import (
     REPO_ROOT,
     Figure,
@@ -27,6 +25,7 @@ from bench.common import (
     stop_service,
     wait_ready,
 )
+from shared.bus.connection import Connection
 from shared.queries import mayor as mayor_queries
 
 RESPONDER = """
@@ -53,7 +52,7 @@ def requests(queries: list[mayor_queries.Get]) -> list[Request]:
     return [(query.subject(), query.body()) for query in queries]
 
 
-async def _latencies(nc: Client, asked: list[Request]) -> list[float]:
+async def _latencies(nc: Connection, asked: list[Request]) -> list[float]:
     out = []
     for subject, body in asked:
         started = time.perf_counter()

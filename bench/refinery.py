@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from nats.aio.client import Client
 
 from bench.common import Figure, percentile, provisioned, run_commands, server, start_service, stop_service, wait_ready
 from bench.witness import command, make_origin
 from shared import git, subjects
+from shared.bus.connection import Connection
 from shared.bus.query import ask_json
 from shared.commands import BeadCreate, BeadSling, MergeRequestSubmit, RigAdd
 from shared.events import decode_envelope
@@ -59,7 +59,7 @@ class MergeEvents:
         self.bead_of_mr: dict[str, str] = {}
         self.changed = asyncio.Event()
 
-    async def subscribe(self, nc: Client) -> None:
+    async def subscribe(self, nc: Connection) -> None:
         async def on_msg(msg: Any) -> None:
             env = decode_envelope(msg.data)
             data = msgspec.json.decode(env.data)
@@ -101,7 +101,7 @@ def push_branches(root: Path, origin: Path, beads: list[str], failing: int) -> l
     return out
 
 
-async def status_of(nc: Client, service: str) -> dict[str, Any]:
+async def status_of(nc: Connection, service: str) -> dict[str, Any]:
     """The service's status with its own counters (the refinery's gate runs and batches)."""
     result: dict[str, Any] = await ask_json(nc, Status(service=service), timeout=10)
     return result

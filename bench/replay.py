@@ -61,7 +61,7 @@ async def _ceiling_replay(nc: Client, town: TownConfig, last: int) -> float:
 async def _projection_replay(nc: Client, town: TownConfig, last: int) -> tuple[float, object]:
     """Seconds for EventReader + the mayor's projection over the whole stream."""
     projection = new_projection()
-    reader = EventReader(nc.jetstream(), town.evt_stream, projection.apply)
+    reader = EventReader(nc, town.evt_stream, projection.apply)
     started = time.perf_counter()
     task = asyncio.create_task(reader.run())
     await reader.caught_up.wait()
@@ -110,7 +110,7 @@ async def run(total_events: int = 1_000_000, rounds: int = 2) -> list[Figure]:
         info = await nc.jetstream().stream_info(town.evt_stream)
         stream_id = info.created.isoformat() if info.created else town.evt_stream
         snapshot = projection.snapshot(stream_id)  # type: ignore[attr-defined]
-        store = SnapshotStore(nc.jetstream(), town.snapshot_bucket)
+        store = SnapshotStore(nc, town.snapshot_bucket)
         await store.save("mayor", snapshot)
         del projection
         gc.collect()

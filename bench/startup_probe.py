@@ -51,7 +51,7 @@ async def ceiling(url: str) -> dict[str, float]:
     info = await js.stream_info("GT_EVT")
     stream_id = info.created.isoformat() if info.created else "GT_EVT"
     started = time.perf_counter()
-    data = await SnapshotStore(js, "GT_SNAP").load("mayor")
+    data = await SnapshotStore(nc, "GT_SNAP").load("mayor")
     assert data is not None
     restored = new_projection().restore(data, stream_id=stream_id, stream_last_seq=int(info.state.last_seq))
     elapsed = time.perf_counter() - started

@@ -34,7 +34,6 @@ from typing import Any
 
 import msgspec
 import psutil
-from nats.aio.client import Client
 
 from bench.common import (
     Figure,
@@ -48,6 +47,7 @@ from bench.common import (
 )
 from shared import git, subjects
 from shared.bus import commands as bus_commands
+from shared.bus.connection import Connection
 from shared.commands import BeadCreate, BeadSling, Command, RigAdd
 from shared.config import TownConfig
 from shared.events import decode_envelope
@@ -77,7 +77,7 @@ class SessionEvents:
         """Session id -> (monotonic arrival, pane pid)."""
         self.changed = asyncio.Event()
 
-    async def subscribe(self, nc: Client) -> None:
+    async def subscribe(self, nc: Connection) -> None:
         async def on_msg(msg: Any) -> None:
             env = decode_envelope(msg.data)
             if env.type == "session.started":
@@ -99,7 +99,7 @@ class SessionEvents:
                 await self.changed.wait()
 
 
-async def command(nc: Client, cmd: Command, *, timeout: float = 60) -> dict[str, Any]:
+async def command(nc: Connection, cmd: Command, *, timeout: float = 60) -> dict[str, Any]:
     """One command sent as the CLI sends it (``shared.bus.commands.send``), answered by its own outcome (services
     store outcomes of their own commands meanwhile); its result."""
     cmd = msgspec.structs.replace(cmd, cmd_id=f"bench-{uuid.uuid4().hex[:12]}")
@@ -110,7 +110,7 @@ async def command(nc: Client, cmd: Command, *, timeout: float = 60) -> dict[str,
     return result
 
 
-async def create_and_sling(nc: Client, rig: str, count: int) -> tuple[list[str], float]:
+async def create_and_sling(nc: Connection, rig: str, count: int) -> tuple[list[str], float]:
     """Create ``count`` beads, then sling them all at once; (ids, monotonic time the slings began)."""
     _, _, outcomes = await run_commands(nc, [BeadCreate(title=f"idle bead {i}") for i in range(count)])
     ids = [str(o["result"]["id"]) for o in outcomes]
@@ -214,7 +214,7 @@ async def run(kills: int = 50, idle_sessions: int = 200, quiet_s: float = 30.0) 
     return figures
 
 
-async def _recovery(nc: Client, events: SessionEvents, origin: Path, kills: int, raw: list[float]) -> list[Figure]:
+async def _recovery(nc: Connection, events: SessionEvents, origin: Path, kills: int, raw: list[float]) -> list[Figure]:
     beads_n = 5
     await command(
         nc, RigAdd(name="kills", repo=str(origin), agent_command=AGENT, max_polecats=beads_n, max_respawns=100)
@@ -262,7 +262,7 @@ async def _recovery(nc: Client, events: SessionEvents, origin: Path, kills: int,
 
 
 async def _idle(
-    nc: Client,
+    nc: Connection,
     events: SessionEvents,
     origin: Path,
     count: int,

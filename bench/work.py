@@ -16,8 +16,6 @@ import asyncio
 import time
 from datetime import UTC, datetime
 
-from nats.aio.client import Client
-
 from bench.common import (
     Figure,
     bodies_of,
@@ -31,6 +29,7 @@ from bench.common import (
 )
 from bench.replay import _ceiling_replay, _projection_replay
 from shared import runtime, subjects
+from shared.bus.connection import Connection
 from shared.commands import BeadClose, BeadCreate, BeadSling, StepDone
 from shared.events import RigAdded, encode_event
 
@@ -38,7 +37,7 @@ STEPS = ["load-context", "implement", "commit", "self-review", "run-tests", "sub
 RIGS = [f"rig{i}" for i in range(4)]
 
 
-async def _add_rigs(nc: Client) -> None:
+async def _add_rigs(nc: Connection) -> None:
     """The rigs the beads are slung to, stored as the witness stores them (no witness runs here): the mayor
     refuses slings to rigs it does not know."""
     js = nc.jetstream()
@@ -50,7 +49,7 @@ async def _add_rigs(nc: Client) -> None:
         )
 
 
-async def _round(nc: Client, beads: int) -> tuple[float, float, float, float]:
+async def _round(nc: Connection, beads: int) -> tuple[float, float, float, float]:
     """One round over fresh beads: (sling seconds, its ceiling, step seconds, its ceiling)."""
     _, _, outcomes = await run_commands(nc, [BeadCreate(title=f"Widget {i}", labels=["bench"]) for i in range(beads)])
     ids = [o["result"]["id"] for o in outcomes]

@@ -5,22 +5,21 @@ merge requests, escalations), read from the log in order. ``gt bead history`` pr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
-import nats.errors
-import nats.js.errors
-from nats.aio.client import Client
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from shared import subjects
+from shared.bus import streams
 from shared.bus.query import ask
 from shared.config import TownConfig
 from shared.errors import EventDecodeError, QueryError, UnknownEventTypeError
 from shared.events import REGISTRY, decode_envelope
 from shared.queries import mayor, refinery, witness
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 QUERY_TIMEOUT_S = 3.0
 """How long a story waits for each service's part (a service that is down leaves its part out, said so)."""
@@ -47,39 +46,25 @@ class HistoryEntry(msgspec.Struct, kw_only=True):
     data: dict[str, Any]
 
 
-async def history(nc: Client, config: TownConfig, aggregate: str, aggregate_id: str) -> list[HistoryEntry]:
+async def history(nc: Connection, config: TownConfig, aggregate: str, aggregate_id: str) -> list[HistoryEntry]:
     """Every event of one aggregate, straight from the log, in order."""
-    js = nc.jetstream()
     subject = subjects.event_subject(aggregate, aggregate_id)
-    try:
-        last = await js.get_last_msg(config.evt_stream, subject)
-    except nats.js.errors.NotFoundError:
+    last = await streams.last_on_subject(nc, config.evt_stream, subject)
+    if last is None:
         return []
-    last_seq = last.seq or 0
+    last_seq = last.seq
     entries: list[HistoryEntry] = []
     done = asyncio.Event()
 
-    async def on_msg(msg: Any) -> None:
-        seq = subjects.parse_js_reply(msg.reply).stream_seq
+    def on_message(seq: int, data: bytes) -> None:
         if seq > last_seq:
             return
-        entries.append(history_entry(seq, msg.data))
+        entries.append(history_entry(seq, data))
         if seq >= last_seq:
             done.set()
 
-    sub = await js.subscribe(
-        subject,
-        stream=config.evt_stream,
-        cb=on_msg,
-        ordered_consumer=True,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-    )
-    try:
-        async with asyncio.timeout(60):
-            await done.wait()
-    finally:
-        with contextlib.suppress(nats.errors.Error):
-            await sub.unsubscribe()
+    async with streams.following(nc, config.evt_stream, subject, on_message), asyncio.timeout(60):
+        await done.wait()
     return entries
 
 
@@ -102,7 +87,7 @@ def _text(raw: bytes) -> str:
     return raw[:200].decode("utf-8", "replace")
 
 
-async def _ids_for(nc: Client, bead: str) -> tuple[list[tuple[str, str]], list[str]]:
+async def _ids_for(nc: Connection, bead: str) -> tuple[list[tuple[str, str]], list[str]]:
     """Subjects (aggregate, id) of the sessions, merge requests and escalations of the bead, and which
     services did not answer (their part is missing from the story)."""
     found: list[tuple[str, str]] = []
@@ -127,7 +112,7 @@ async def _ids_for(nc: Client, bead: str) -> tuple[list[tuple[str, str]], list[s
     return found, missing
 
 
-async def bead_story(nc: Client, config: TownConfig, bead: str) -> tuple[list[HistoryEntry], list[str]]:
+async def bead_story(nc: Connection, config: TownConfig, bead: str) -> tuple[list[HistoryEntry], list[str]]:
     """The bead's events and those of everything that worked on it, in log order; and the services that did
     not answer (so the story may lack their parts)."""
     others, missing = await _ids_for(nc, bead)

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats.errors
 import structlog
 
 from gt.cli import client
@@ -33,7 +32,9 @@ from shared import git, processes, subjects
 from shared import logging as gt_logging
 from shared.aio import wait_event
 from shared.bus import commands as bus_commands
+from shared.bus import streams
 from shared.bus.connection import connect
+from shared.bus.errors import BusError
 from shared.bus.query import ask
 from shared.bus.topology import provision
 from shared.commands import EscalationRaise, SessionStop
@@ -237,7 +238,7 @@ class Supervisor:
             self.write_state()
             nc = await connect(config, name="gt-up", connect_attempts=50)
             try:
-                await provision(nc.jetstream(), config)
+                await provision(nc, config)
                 env = {**os.environ, "NATS_URL": self.nats_url, "GT_HOME": str(self.home)}
                 for name in START_ORDER:
                     if name in self.services_wanted:
@@ -251,12 +252,8 @@ class Supervisor:
                 self.ready = True
                 self.write_state()
                 log.info("town_ready", nats_url=self.nats_url, services=[c.name for c in self.children])
-                downs = await nc.subscribe(subjects.event_subject("service", "*"), cb=self._on_service_event)
-                try:
+                async with streams.live(nc, subjects.event_subject("service", "*"), self._on_service_event):
                     await self._supervise(nc)
-                finally:
-                    with contextlib.suppress(nats.errors.Error):
-                        await downs.unsubscribe()
             finally:
                 await nc.close()
         finally:
@@ -274,9 +271,9 @@ class Supervisor:
                 if child.gave_up and not child.escalated:
                     child.escalated = await self._escalate_crash_loop(nc, child)
 
-    async def _on_service_event(self, msg: Any) -> None:
+    async def _on_service_event(self, data: bytes) -> None:
         try:
-            env = decode_envelope(msg.data)
+            env = decode_envelope(data)
             if env.type != "service.down":
                 return
             down = msgspec.json.decode(env.data, type=ServiceDown)
@@ -309,7 +306,7 @@ class Supervisor:
             # Trying again cannot help: the supervisor's NATS user may not send it (logged as it happened).
             log.error("crash_loop_escalation_denied", name=child.name, user=exc.user)
             return True
-        except (nats.errors.Error, TimeoutError, AppendFailedError) as exc:
+        except (BusError, TimeoutError, AppendFailedError) as exc:
             log.warning("crash_loop_escalation_failed", name=child.name, error=repr(exc))
             return False
         log.error("service_quarantined", name=child.name, restarts=len(child.restarts))
@@ -318,7 +315,7 @@ class Supervisor:
     async def _wait_ready(self, nc: Any) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         pending = {c.name for c in self.children}
-        target = int((await nc.jetstream().stream_info(self.config.evt_stream)).state.last_seq)
+        target = await streams.last_seq(nc, self.config.evt_stream)
         self.replay = dict.fromkeys(sorted(pending), (0, target))
         while pending and time.monotonic() < deadline and not self._stop.is_set():
             for name in sorted(pending):
@@ -446,7 +443,7 @@ def down(config: TownConfig, *, clean: bool = False, sessions: bool = False) -> 
             town = msgspec.structs.replace(config, nats_url=state.nats_url)
             try:
                 stopped = asyncio.run(stop_sessions(town))
-            except (GastownError, nats.errors.Error, OSError, TimeoutError) as exc:
+            except (GastownError, BusError, OSError, TimeoutError) as exc:
                 print(
                     f"gt: could not stop the polecat sessions through the witness ({exc}); the town stays up",
                     file=sys.stderr,

@@ -36,6 +36,34 @@ class PermissionDeniedError(GastownError):
         super().__init__(f"permission denied: NATS user {user} may not {operation} to {subject}")
 
 
+class NatsNotAnsweringError(GastownError):
+    """NATS took a request and nothing answered it (JetStream not enabled, or the town not up)."""
+
+    retryable = True
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        """How the NATS client named it (``NoRespondersError``, ``TimeoutError``, ``ServiceUnavailableError``)."""
+        super().__init__(f"NATS did not answer ({what})")
+
+
+class NoStreamError(GastownError):
+    """No stream takes the subject a message was published to (the town is not provisioned yet, or its intake is
+    still opening): nothing was stored."""
+
+    def __init__(self) -> None:
+        super().__init__("no stream takes the subject; nothing was stored")
+
+
+class NotProvisionedError(GastownError):
+    """JetStream has no such stream, consumer or bucket: the town was not provisioned (``gt init``, ``gt up``)."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        """The server's words for what is missing."""
+        super().__init__(f"not found: {description}")
+
+
 class StreamConfigMismatchError(GastownError):
     """An existing stream has a configuration this project cannot work with; it is never changed silently."""
 

@@ -15,12 +15,10 @@ from __future__ import annotations
 import contextlib
 
 import msgspec
-import nats.errors
-import nats.js.errors
 import structlog
-from nats.js.client import JetStreamContext
-from nats.js.kv import KeyValue
 
+from shared.bus.errors import BusError
+from shared.bus.kv import Bucket
 from shared.decoding import UNDECODABLE
 
 log = structlog.get_logger(__name__)
@@ -36,26 +34,27 @@ class HeldRecord(msgspec.Struct, kw_only=True):
 class HeldAttempts:
     """The record of one scope's held phases in KV; every failure to reach KV only costs precision."""
 
-    def __init__(self, js: JetStreamContext, bucket: str, key: str) -> None:
-        self._js = js
+    def __init__(self, bucket: Bucket, key: str) -> None:
         self._bucket = bucket
         self._key = key
-        self._kv: KeyValue | None = None
+        self._opened = False
+        """The bucket answered at ``load``: the record is written and cleared there (else never)."""
         self.record: HeldRecord | None = None
         """What the previous instance left (None: its held phase ended, or there was none)."""
 
     async def load(self) -> HeldRecord | None:
         """The record left by an instance that died in its held phase, the command it was on counted."""
         try:
-            self._kv = await self._js.key_value(self._bucket)
-            entry = await self._kv.get(self._key)
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        except (TimeoutError, nats.errors.Error) as exc:
+            await self._bucket.open()
+            self._opened = True
+            entry = await self._bucket.get(self._key)
+        except (TimeoutError, BusError) as exc:
             log.warning("held_record_unreadable", key=self._key, error=repr(exc))
             return None
+        if entry is None:
+            return None
         try:
-            record = msgspec.json.decode(entry.value or b"", type=HeldRecord)
+            record = msgspec.json.decode(entry.value, type=HeldRecord)
         except UNDECODABLE:
             return HeldRecord()
         if record.current is not None:
@@ -65,15 +64,15 @@ class HeldAttempts:
         return record
 
     async def save(self, record: HeldRecord) -> None:
-        if self._kv is None:
+        if not self._opened:
             return
         try:
-            await self._kv.put(self._key, msgspec.json.encode(record))
-        except (TimeoutError, nats.errors.Error) as exc:
+            await self._bucket.put(self._key, msgspec.json.encode(record))
+        except (TimeoutError, BusError) as exc:
             log.warning("held_record_unsaved", key=self._key, error=repr(exc))
 
     async def clear(self) -> None:
-        if self._kv is None:
+        if not self._opened:
             return
-        with contextlib.suppress(TimeoutError, nats.errors.Error):
-            await self._kv.delete(self._key)
+        with contextlib.suppress(TimeoutError, BusError):
+            await self._bucket.delete(self._key)

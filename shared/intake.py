@@ -17,25 +17,24 @@ import asyncio
 import contextlib
 import os
 import time
-import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import nats.errors
-import nats.js.errors
 import structlog
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.client import JetStreamContext
 
 from shared import ids, subjects
 from shared.aio import pause, raise_if_cancelling
 from shared.bus import commands as bus_commands
+from shared.bus import consumer as bus_consumer
+from shared.bus import streams
 from shared.bus.append import ERR_MAX_PAYLOAD, Appender, PendingEvent
 from shared.bus.commit import GroupCommitter
+from shared.bus.connection import Connection
+from shared.bus.consumer import CommandConsumer, Message
+from shared.bus.errors import BusError
 from shared.bus.fencing import fence_error
+from shared.bus.kv import Bucket
 from shared.bus.reader import EventReader
 from shared.bus.topology import origin_cutover
 from shared.commands import (
@@ -78,10 +77,6 @@ PASS_DELAY_S = 0.2
 MAX_PASS_DELAY_S = 5.0
 """A command for another scope goes back to the shared consumer after a delay that grows with its deliveries,
 so one for a rig no running witness serves waits in GT_CMD, looked at less and less often, until one does."""
-HELD_READ_BATCH = 1_024
-HELD_READ_WAIT_S = 1.0
-HELD_READER_INACTIVE_S = 30.0
-"""The server removes the reader of held commands by itself this long after an instance died reading."""
 UNSERVED_AFTER_DELIVERIES = 10
 """Deliveries after which a command nobody settled is logged as waiting for an instance of its scope."""
 MAX_FAILURES_ENV = "GT_CMD_MAX_DELIVER_CRASHES"
@@ -90,7 +85,7 @@ DEFAULT_MAX_FAILURES = 5
 it is set aside: rejected with ``set_aside``, escalated, acknowledged; never retried forever."""
 RETRY_FAILED_AFTER_S = 1.0
 INFRASTRUCTURE_ERRORS = (
-    nats.errors.Error,
+    BusError,
     TimeoutError,
     AppendFailedError,
     ActivityLostError,
@@ -270,7 +265,7 @@ class Delivery:
         delivered: int,
         max_bytes: int,
         origin_from: int = 0,
-        msg: Msg | None = None,
+        msg: Message | None = None,
         stored_at: datetime | None = None,
     ) -> None:
         self.msg = msg
@@ -301,7 +296,7 @@ class Delivery:
         self.name = self.command_subject.removeprefix(subjects.CMD_PREFIX + ".")
 
     @classmethod
-    def fetched(cls, msg: Msg, max_bytes: int, origin_from: int) -> Delivery:
+    def fetched(cls, msg: Message, max_bytes: int, origin_from: int) -> Delivery:
         info = subjects.parse_js_reply(msg.reply)
         return cls(
             subject=msg.subject,
@@ -315,25 +310,25 @@ class Delivery:
         )
 
     @classmethod
-    def held_by_predecessor(cls, msg: Msg, max_bytes: int, origin_from: int) -> Delivery:
+    def held_by_predecessor(cls, msg: Message, max_bytes: int, origin_from: int) -> Delivery:
         """A command read from the stream (not delivered by the durable consumer): nothing to ack."""
-        meta = msg.metadata
+        stored = bus_consumer.stored(msg)
         return cls(
             subject=msg.subject,
             body=msg.data,
             headers=msg.headers,
-            stream_seq=meta.sequence.stream,
+            stream_seq=stored.seq,
             delivered=0,
             max_bytes=max_bytes,
             origin_from=origin_from,
-            stored_at=meta.timestamp,
+            stored_at=stored.stored_at,
         )
 
     def stored_time(self) -> datetime:
         if self.stored_at is not None:
             return self.stored_at
         assert self.msg is not None
-        return self.msg.metadata.timestamp
+        return bus_consumer.stored_at(self.msg)
 
 
 class CommandIntake:
@@ -344,8 +339,7 @@ class CommandIntake:
         *,
         service: str,
         identity: str | None = None,
-        nc: Client,
-        js: JetStreamContext,
+        nc: Connection,
         stream: str,
         durable: str,
         appender: Appender,
@@ -369,9 +363,9 @@ class CommandIntake:
         self._identity = identity or service
         """The service scope this instance serves (``witness-east``): the sender of what the intake itself sends."""
         self._nc = nc
-        self._js = js
         self._stream = stream
         self._durable = durable
+        self._consumer = CommandConsumer(nc, stream, durable)
         self._appender = appender
         self._committer = committer
         self._reader = reader
@@ -418,7 +412,7 @@ class CommandIntake:
     # ---- fetching -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        sub = await self._bind()
+        await self._consumer.bind()
         self._origin_from = await self._read_origin_cutover()
         try:
             await self._settle_held_first()
@@ -430,7 +424,7 @@ class CommandIntake:
                     await self._slots.acquire()
                     free += 1
                 try:
-                    msgs = await self._fetch(sub, free)
+                    msgs = await self._consumer.fetch(free)
                 except BaseException:
                     for _ in range(free):
                         self._slots.release()
@@ -442,41 +436,18 @@ class CommandIntake:
         finally:
             for task in list(self._tasks):
                 task.cancel()
-            with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-                await sub.unsubscribe()
-
-    async def _bind(self) -> Any:
-        while True:
-            raise_if_cancelling()
-            try:
-                return await self._js.pull_subscribe_bind(self._durable, self._stream)
-            except (TimeoutError, nats.errors.Error) as exc:
-                log.warning("command_consumer_bind_failed", consumer=self._durable, error=repr(exc))
-                await pause(0.5)
+            await self._consumer.close()
 
     async def _read_origin_cutover(self) -> int:
         while True:
             raise_if_cancelling()
             try:
-                info = await self._js.stream_info(self._stream)
-            except (TimeoutError, nats.errors.Error) as exc:
+                state = await streams.state(self._nc, self._stream)
+            except (TimeoutError, BusError) as exc:
                 log.warning("command_stream_info_failed", stream=self._stream, error=repr(exc))
                 await pause(0.5)
                 continue
-            return origin_cutover(info.config.metadata)
-
-    async def _fetch(self, sub: Any, n: int) -> list[Msg]:
-        try:
-            msgs: list[Msg] = await sub.fetch(n, timeout=1.0)
-        except (TimeoutError, nats.errors.TimeoutError):
-            return []
-        except nats.errors.Error as exc:
-            # Server restarting or the consumer's leader moving: back off and fetch again; unacked
-            # commands are redelivered after their ack wait.
-            log.warning("command_fetch_failed", error=repr(exc))
-            await pause(0.25)
-            return []
-        return msgs
+            return origin_cutover(state.metadata)
 
     # ---- commands a predecessor held ----------------------------------------------------------
 
@@ -485,8 +456,8 @@ class CommandIntake:
         follow queue behind them per aggregate, so a later command never overtakes one a dead instance held.
         Settling one that is in fact still held by a live instance is harmless: its outcome is stored once."""
         started = time.monotonic()
-        span = await self._held_span()
-        tracker = HeldAttempts(self._js, *self._held_record) if self._held_record is not None else None
+        span = await self._consumer.unacked_span()
+        tracker = self._held_attempts()
         record = await tracker.load() if tracker is not None else None
         if span is None:
             if tracker is not None and record is not None:
@@ -499,7 +470,7 @@ class CommandIntake:
         held: list[asyncio.Task[int]] = []
         while next_seq <= last:
             try:
-                async with contextlib.aclosing(self._stored_from(patterns, next_seq, last)) as stored:
+                async with contextlib.aclosing(self._consumer.stored_between(patterns, next_seq, last)) as stored:
                     async for msg in stored:
                         await self._slots.acquire()
                         delivery = Delivery.held_by_predecessor(msg, self._max_bytes, self._origin_from)
@@ -509,10 +480,10 @@ class CommandIntake:
                             task = self._dispatch(delivery)
                         if task is not None:
                             held.append(task)
-                        next_seq = msg.metadata.sequence.stream + 1
+                        next_seq = delivery.stream_seq + 1
                         count += 1
                 break
-            except (TimeoutError, nats.errors.Error) as exc:
+            except (TimeoutError, BusError) as exc:
                 log.warning("held_commands_read_failed", consumer=self._durable, at=next_seq, error=repr(exc))
                 await pause(0.5)
         log.info("held_commands_dispatched", count=count, upto=last, seconds=round(time.monotonic() - started, 3))
@@ -541,62 +512,11 @@ class CommandIntake:
         record.current = None
         return task
 
-    async def _held_span(self) -> tuple[list[str], int, int] | None:
-        """The consumer's subjects and the stream sequences between its ack floor and its last delivery, or
-        None when it holds nothing unacked."""
-        while True:
-            raise_if_cancelling()
-            try:
-                info = await self._js.consumer_info(self._stream, self._durable)
-            except (TimeoutError, nats.errors.Error) as exc:
-                log.warning("held_commands_read_failed", consumer=self._durable, error=repr(exc))
-                await pause(0.5)
-                continue
-            if not info.num_ack_pending or info.delivered is None:
-                return None
-            first = (info.ack_floor.stream_seq or 0) + 1 if info.ack_floor is not None else 1
-            patterns = info.config.filter_subjects or [info.config.filter_subject or f"{subjects.CMD_PREFIX}.>"]
-            return patterns, first, info.delivered.stream_seq or 0
-
-    async def _stored_from(self, patterns: list[str], first: int, last: int) -> AsyncGenerator[Msg]:
-        """The commands on ``patterns`` still stored with sequences first..last (acked ones are gone), in
-        stream order. A throwaway consumer streams them in batches: one request each would take seconds for
-        the thousands a busy instance holds. It acks nothing and only adds interest while it lives, so the
-        durable consumer's commands stay stored."""
-        name = f"{self._durable}-held-{uuid.uuid4().hex[:8]}"
-        await self._js.add_consumer(
-            self._stream,
-            ConsumerConfig(
-                name=name,
-                filter_subject=patterns[0] if len(patterns) == 1 else None,
-                filter_subjects=patterns if len(patterns) > 1 else None,
-                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                opt_start_seq=first,
-                ack_policy=AckPolicy.NONE,
-                inactive_threshold=HELD_READER_INACTIVE_S,
-                # Replicas left to the stream's: an interest stream refuses a consumer with fewer.
-            ),
-        )
-        sub = None
-        try:
-            sub = await self._js.pull_subscribe_bind(name, self._stream)
-            while True:
-                try:
-                    msgs: list[Msg] = await sub.fetch(HELD_READ_BATCH, timeout=HELD_READ_WAIT_S)
-                except (TimeoutError, nats.errors.TimeoutError):
-                    return  # nothing more is stored on these subjects
-                for msg in msgs:
-                    meta = msg.metadata
-                    if meta.sequence.stream > last:
-                        return
-                    yield msg
-                    if meta.num_pending == 0:
-                        return
-        finally:
-            with contextlib.suppress(nats.errors.Error, TimeoutError):
-                if sub is not None:
-                    await sub.unsubscribe()  # its inbox would stay subscribed for the life of the connection
-                await self._js.delete_consumer(self._stream, name)
+    def _held_attempts(self) -> HeldAttempts | None:
+        if self._held_record is None:
+            return None
+        bucket, key = self._held_record
+        return HeldAttempts(Bucket(self._nc, bucket), key)
 
     # ---- dispatch -----------------------------------------------------------------------------
 
@@ -655,8 +575,8 @@ class CommandIntake:
         if not task.cancelled() and task.exception() is not None:
             log.error("command_task_failed", error=repr(task.exception()))
 
-    def _spawn_ack(self, msg: Msg) -> None:
-        task = asyncio.create_task(_ack(msg))
+    def _spawn_ack(self, msg: Message) -> None:
+        task = asyncio.create_task(bus_consumer.ack(msg))
         self._acks.add(task)
         task.add_done_callback(self._acks.discard)
 
@@ -690,7 +610,7 @@ class CommandIntake:
                     delivered=delivery.delivered,
                     hint="no running instance of this service serves what it concerns; it waits in GT_CMD",
                 )
-            await _nak(delivery.msg, min(MAX_PASS_DELAY_S, PASS_DELAY_S * delivery.delivered))
+            await bus_consumer.nak(delivery.msg, min(MAX_PASS_DELAY_S, PASS_DELAY_S * delivery.delivered))
             self.passed += 1
             return 0
         limited = self._rate_limited(delivery, parsed)
@@ -725,7 +645,7 @@ class CommandIntake:
         self._failures.pop(delivery.stream_seq, None)
         self._infra_failures.pop(delivery.stream_seq, None)
         if delivery.msg is not None:
-            await _ack(delivery.msg)
+            await bus_consumer.ack(delivery.msg)
         else:
             # Its redelivery, after the ack wait, finds the outcome stored and acks it.
             self.held_settled += 1
@@ -766,7 +686,7 @@ class CommandIntake:
         log.error("command_failed", error=repr(exc), failures=failures, delivered=delivery.delivered, exc_info=exc)
         if max(failures, self._crashes(delivery) + 1) < self._max_failures:
             if delivery.msg is not None:
-                await _nak(delivery.msg, RETRY_FAILED_AFTER_S * failures)
+                await bus_consumer.nak(delivery.msg, RETRY_FAILED_AFTER_S * failures)
             return 0  # held from a predecessor: its redelivery by the consumer comes after the ack wait
         await self._escalate_set_aside(delivery, exc)
         why = f"settling it failed {failures} times ({type(exc).__name__}: {exc!s:.200})"
@@ -787,7 +707,7 @@ class CommandIntake:
         try:
             # One attempt: the rejection is stored next either way (a person learns of it there too).
             await bus_commands.store(self._nc, self._stream, raise_cmd, origin=origin, deadline_s=0)
-        except (TimeoutError, nats.errors.Error, GastownError) as exc_pub:
+        except (TimeoutError, BusError, GastownError) as exc_pub:
             log.warning("set_aside_escalation_failed", error=repr(exc_pub))
 
     def _rate_limited(self, delivery: Delivery, parsed: Command | CommandError) -> Command | CommandError | None:
@@ -807,7 +727,7 @@ class CommandIntake:
 
     async def _drop(self, delivery: Delivery) -> None:
         if delivery.msg is not None:
-            await _ack(delivery.msg)
+            await bus_consumer.ack(delivery.msg)
         self.dropped += 1
         if self.dropped % 1_000 == 1:
             log.warning(
@@ -844,7 +764,7 @@ class CommandIntake:
         if isinstance(parsed, Command) and parsed.fence is not None:
             holder = delivery.origin.session if isinstance(delivery.origin, subjects.SessionOrigin) else None
             fenced = await fence_error(
-                self._js, self._reader.stream, parsed.fence, stored_at=delivery.stored_time(), holder=holder
+                self._nc, self._reader.stream, parsed.fence, stored_at=delivery.stored_time(), holder=holder
             )
             if fenced is not None:
                 parsed = fenced
@@ -901,12 +821,12 @@ class CommandIntake:
 
     async def _catch_up_with_stream(self) -> None:
         try:
-            info = await self._js.stream_info(self._reader.stream)
-        except (TimeoutError, nats.errors.Error):
+            last = await streams.last_seq(self._nc, self._reader.stream)
+        except (TimeoutError, BusError):
             await pause(0.2)
             return
         with contextlib.suppress(TimeoutError):
-            await self._reader.wait_for_seq(int(info.state.last_seq), timeout=10)
+            await self._reader.wait_for_seq(last, timeout=10)
 
     def _events_for(
         self, delivery: Delivery, parsed: Command | CommandError, facts: object = None
@@ -981,15 +901,3 @@ def to_pending(
     )
     subject = subjects.event_subject(new.payload.AGGREGATE, new.payload.aggregate_id())
     return PendingEvent(subject=subject, data=data, event_id=event_id, expected_seq=new.expected_seq)
-
-
-async def _nak(msg: Msg, delay: float) -> None:
-    # A lost nak only means the command comes back after the ack wait instead.
-    with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-        await msg.nak(delay=delay)
-
-
-async def _ack(msg: Msg) -> None:
-    # A lost ack only means the command is delivered again, and its stored outcome answers it then.
-    with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-        await msg.ack()

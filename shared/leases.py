@@ -1,4 +1,5 @@
-"""Holding a lease: acquire and release through the deacon's commands, renew in the ``GT_LEASES`` KV bucket.
+"""Holding a lease: acquire and release through the deacon's commands, renew in the ``GT_LEASES`` KV bucket
+(``shared.bus.kv.Bucket``).
 
 Renewals compare-and-set the bucket entry, and the deacon marks an entry expired (also compare-and-set) before
 it records ``lease.expired``: a renewal racing an expiry either lands first (and the lease lives) or finds the
@@ -11,9 +12,8 @@ from __future__ import annotations
 from datetime import datetime
 
 import msgspec
-import nats.js.errors
-from nats.js.kv import KeyValue
 
+from shared.bus.kv import Bucket
 from shared.decoding import UNDECODABLE
 from shared.errors import GastownError
 
@@ -50,29 +50,23 @@ def decode_renewal(data: bytes | None) -> Renewal | None:
         return None
 
 
-async def read(kv: KeyValue, lease: str) -> tuple[Renewal | None, int]:
+async def read(kv: Bucket, lease: str) -> tuple[Renewal | None, int]:
     """The lease's renewal entry and its revision (0: none)."""
-    try:
-        entry = await kv.get(lease)
-    except nats.js.errors.KeyNotFoundError:
+    entry = await kv.get(lease)
+    if entry is None:
         return None, 0
-    return decode_renewal(entry.value), int(entry.revision or 0)
+    return decode_renewal(entry.value), entry.revision
 
 
-async def _put(kv: KeyValue, lease: str, value: Renewal, revision: int) -> bool:
+async def _put(kv: Bucket, lease: str, value: Renewal, revision: int) -> bool:
     """Compare-and-set; False when someone wrote the entry since ``revision``."""
     data = msgspec.json.encode(value)
-    try:
-        if revision:
-            await kv.update(lease, data, last=revision)
-        else:
-            await kv.create(lease, data)
-    except nats.js.errors.KeyWrongLastSequenceError:
-        return False
-    return True
+    if revision:
+        return await kv.update(lease, data, last=revision)
+    return await kv.create(lease, data)
 
 
-async def renew(kv: KeyValue, lease: str, holder: str, token: int, now: datetime) -> None:
+async def renew(kv: Bucket, lease: str, holder: str, token: int, now: datetime) -> None:
     """Renew (raises ``LeaseLostError`` if the lease expired or has a newer holder)."""
     for _ in range(CAS_ATTEMPTS):
         current, revision = await read(kv, lease)
@@ -86,7 +80,7 @@ async def renew(kv: KeyValue, lease: str, holder: str, token: int, now: datetime
 
 
 async def mark_expired(
-    kv: KeyValue, lease: str, holder: str, token: int, last_renewed: datetime, *, seen_revision: int
+    kv: Bucket, lease: str, holder: str, token: int, last_renewed: datetime, *, seen_revision: int
 ) -> bool:
     """The deacon's half: mark the entry expired unless it changed since the deacon looked (a renewal came)."""
     mark = Renewal(holder=holder, token=token, renewed_at=last_renewed, expired=True)

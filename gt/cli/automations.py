@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-from nats.aio.client import Client
+from typing import TYPE_CHECKING, Any
 
 from gt.cli import render
 from gt.cli.common import Subcommands, command_options, read, read_options, send, show
 from shared.commands import AutomationRun
 from shared.config import TownConfig
 from shared.queries import deacon
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 
 def register(sub: Subcommands) -> None:
@@ -111,12 +112,12 @@ def _first_line(text: str) -> str:
     return text.splitlines()[0][:60] if text else ""
 
 
-async def _list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     found = await read(nc, config, deacon.Automations())
     return show(args, found, table)
 
 
-async def _show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     found = await read(nc, config, deacon.Automation(name=args.name))
     return show(args, found, detail)
 
@@ -125,5 +126,5 @@ def _fired(result: dict[str, Any]) -> str:
     return f"{result.get('id')}: run {result.get('run')} fired ({result.get('action')})"
 
 
-async def _run(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _run(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, AutomationRun(name=args.name), _fired)

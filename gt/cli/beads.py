@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-from nats.aio.client import Client
+from typing import TYPE_CHECKING, Any
 
 from gt.cli import feed, render
 from gt.cli.common import (
@@ -20,6 +18,9 @@ from gt.cli.common import (
 from shared.commands import BeadClaim, BeadClose, BeadCreate, BeadUpdate
 from shared.config import TownConfig
 from shared.queries import mayor
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 
 def register(sub: Subcommands) -> None:
@@ -101,7 +102,7 @@ def _print_id(result: dict[str, Any]) -> str:
     return str(result.get("id"))
 
 
-async def _create(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _create(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = BeadCreate(
         title=args.title,
         type=args.type,
@@ -117,7 +118,7 @@ async def _create(nc: Client, args: argparse.Namespace, config: TownConfig) -> i
     return await send(nc, args, config, cmd, _print_id)
 
 
-async def _update(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _update(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = BeadUpdate(
         id=args.id,
         title=args.title,
@@ -137,19 +138,19 @@ async def _update(nc: Client, args: argparse.Namespace, config: TownConfig) -> i
     return await send(nc, args, config, cmd)
 
 
-async def _claim(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _claim(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, BeadClaim(id=args.id, assignee=args.assignee))
 
 
-async def _close(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _close(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, BeadClose(id=args.id, reason=args.reason))
 
 
-async def _show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return show(args, await read(nc, config, mayor.Get(id=args.id)), render.bead_detail)
 
 
-async def _list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     query = mayor.Beads(
         status=args.status,
         type=args.type,
@@ -164,10 +165,10 @@ async def _list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
     return show(args, await read(nc, config, query), render.bead_table)
 
 
-async def _ready(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _ready(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return show(args, await read(nc, config, mayor.Ready(limit=args.limit)), render.bead_table)
 
 
-async def _deps(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _deps(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     found = await read(nc, config, mayor.Deps(id=args.id, direction="up" if args.up else "down"))
     return show(args, found, render.deps_lines)

@@ -5,28 +5,28 @@ in) and wait for its outcome, read an aggregate's history. Sending itself is ``s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-import nats.errors
-from nats.aio.client import Client
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from gt.cli import hook_lease, identity
 from gt.story import HistoryEntry, history_entry
 from shared import subjects
 from shared.bus import commands as bus_commands
+from shared.bus import streams
 from shared.bus.commands import Outcome
 from shared.commands import Command
 from shared.config import TownConfig
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 __all__ = ["Outcome", "first_event_of", "send", "stream_last_seq"]
 
 
 async def send(
-    nc: Client,
+    nc: Connection,
     config: TownConfig,
     cmd: Command,
     *,
@@ -62,35 +62,25 @@ async def send(
     )
 
 
-async def stream_last_seq(nc: Client, config: TownConfig) -> int:
-    info = await nc.jetstream().stream_info(config.evt_stream)
-    return int(info.state.last_seq)
+async def stream_last_seq(nc: Connection, config: TownConfig) -> int:
+    return await streams.last_seq(nc, config.evt_stream)
 
 
 async def first_event_of(
-    nc: Client, config: TownConfig, aggregate: str, aggregate_id: str, types: frozenset[str], timeout: float
+    nc: Connection, config: TownConfig, aggregate: str, aggregate_id: str, types: frozenset[str], timeout: float
 ) -> HistoryEntry | None:
     """The aggregate's first event of one of ``types``, stored already or within ``timeout`` seconds (read from
     the log, like outcomes); None when none came in time."""
     found: asyncio.Future[HistoryEntry] = asyncio.get_running_loop().create_future()
 
-    async def on_msg(msg: Any) -> None:
-        entry = history_entry(subjects.parse_js_reply(msg.reply).stream_seq, msg.data)
+    def on_message(seq: int, data: bytes) -> None:
+        entry = history_entry(seq, data)
         if entry.type in types and not found.done():
             found.set_result(entry)
 
-    sub = await nc.jetstream().subscribe(
-        subjects.event_subject(aggregate, aggregate_id),
-        stream=config.evt_stream,
-        cb=on_msg,
-        ordered_consumer=True,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-    )
-    try:
-        async with asyncio.timeout(timeout):
-            return await found
-    except TimeoutError:
-        return None
-    finally:
-        with contextlib.suppress(nats.errors.Error):
-            await sub.unsubscribe()
+    async with streams.following(nc, config.evt_stream, subjects.event_subject(aggregate, aggregate_id), on_message):
+        try:
+            async with asyncio.timeout(timeout):
+                return await found
+        except TimeoutError:
+            return None

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import msgspec
-from nats.aio.client import Client
 
 from gt.cli import client, render
 from gt.cli.client import Outcome, stream_last_seq
@@ -19,13 +18,16 @@ from shared.config import TownConfig
 from shared.errors import GastownError
 from shared.queries import Query
 
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
+
 C = TypeVar("C", bound=Command)
 R = TypeVar("R")
 
 EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DENIED = 0, 1, 2, 3, 4
 DEFAULT_COMMAND_TIMEOUT_S = 10.0
 
-Handler = Callable[[Client, argparse.Namespace, TownConfig], Awaitable[int]]
+Handler: TypeAlias = "Callable[[Connection, argparse.Namespace, TownConfig], Awaitable[int]]"
 ResultPrinter = Callable[[dict[str, Any]], str]
 
 
@@ -122,7 +124,7 @@ def status_line(result: dict[str, Any]) -> str:
 
 
 async def send(
-    nc: Client,
+    nc: Connection,
     args: argparse.Namespace,
     config: TownConfig,
     cmd: Command,
@@ -141,14 +143,14 @@ async def send(
     return report(outcome, cmd, as_json=args.json, printer=printer)
 
 
-async def read(nc: Client, config: TownConfig, query: Query[Any]) -> Any:
+async def read(nc: Connection, config: TownConfig, query: Query[Any]) -> Any:
     """Ask a query once its service has applied everything stored so far (read-your-writes); the answer as it
     came (JSON), to print with ``--json`` or render (``read_typed`` reads it into the query's reply type)."""
     query = msgspec.structs.replace(query, min_seq=await stream_last_seq(nc, config))
     return await ask_json(nc, query)
 
 
-async def read_typed(nc: Client, config: TownConfig, query: Query[R]) -> R:
+async def read_typed(nc: Connection, config: TownConfig, query: Query[R]) -> R:
     """``read``, the answer read into the query's reply type."""
     return reply_of(query, await read(nc, config, query))
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
-
-from nats.aio.client import Client
+from typing import TYPE_CHECKING, Any
 
 from gt.cli import client, render
 from gt.cli.common import (
@@ -25,6 +23,9 @@ from gt.cli.progress import Progress
 from shared.commands import BeadSling, ConvoyAdd, ConvoyCreate, ConvoyLand
 from shared.config import TownConfig
 from shared.queries import mayor
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 SLING_CONCURRENCY = 16
 
@@ -80,29 +81,29 @@ def _progress_line(result: dict[str, Any]) -> str:
     return f"{result.get('id')}: {result.get('status')}{changed}, {result.get('closed')}/{result.get('total')} closed"
 
 
-async def _create(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _create(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = ConvoyCreate(title=args.title, beads=args.beads, owned=args.owned)
     return await send(nc, args, config, cmd, _progress_line)
 
 
-async def _add(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _add(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, ConvoyAdd(id=args.convoy, beads=args.beads), _progress_line)
 
 
-async def _land(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _land(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, ConvoyLand(id=args.convoy, force=args.force), _progress_line)
 
 
-async def _status(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _status(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return show(args, await read(nc, config, mayor.Convoy(id=args.convoy)), render.convoy_detail)
 
 
-async def _list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     found = await read(nc, config, mayor.Convoys(include_closed=args.all))
     return show(args, found, render.convoy_table)
 
 
-async def _sling(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _sling(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     """One ``bead.sling`` per open bead of the convoy (closed and already slung ones are left as they are),
     several at a time, with a progress bar: a convoy of a thousand beads is a thousand molecules to cook.
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from nats.aio.client import Client
 
 from gt.cli import render
 from gt.cli.common import Subcommands, UsageError, read, show
@@ -27,6 +26,9 @@ from shared.usage import (
     priced_fully,
     total_cost,
 )
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 
 def register(sub: Subcommands) -> None:
@@ -102,7 +104,7 @@ def costs_table(data: dict[str, Any], by: str) -> str:
     return render.table(header, rows, "")
 
 
-async def _costs(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _costs(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     prices = load_prices()
     rows = await read(nc, config, mayor.Costs(by=args.by))
     return show(args, priced(rows, prices), lambda data: costs_table(data, args.by))

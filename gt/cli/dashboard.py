@@ -7,12 +7,13 @@ import asyncio
 import sys
 from typing import TYPE_CHECKING
 
-from nats.aio.client import Client
-
 from gt.cli.common import EXIT_OK, Subcommands
 from gt.cli.progress import Progress
 from shared.aio import wait_event
 from shared.config import TownConfig
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 if TYPE_CHECKING:
     from gt.dashboard.server import Dashboard
@@ -35,7 +36,7 @@ def register(sub: Subcommands) -> None:
     d.set_defaults(handler=_dashboard)
 
 
-async def _dashboard(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _dashboard(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     # Imported here: the server and its page are loaded only by `gt dashboard`, not by every `gt` an agent runs.
     from gt.dashboard.server import Dashboard, serve
 

@@ -14,13 +14,9 @@ import contextlib
 import sys
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
-import nats.errors
-from nats.aio.client import Client
-from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.client import JetStreamContext
 
 from gt.cli import render
 from gt.cli.colour import COLOR_CHOICES, Palette, wanted
@@ -35,12 +31,15 @@ from gt.cli.feed_view import (
     timeline,
 )
 from gt.story import QUERY_TIMEOUT_S, HistoryEntry, bead_story, history, history_entry
-from shared import subjects
+from shared.bus import streams
 from shared.bus.query import ask
 from shared.bus.reader import EventReader
 from shared.config import TownConfig
 from shared.errors import QueryError
 from shared.queries import refinery, witness
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 DEFAULT_SINCE = "10m"
 
@@ -81,38 +80,18 @@ def _check_since(args: argparse.Namespace) -> None:
 # ---- the feed -------------------------------------------------------------------------------------
 
 
-async def start_after(js: JetStreamContext, stream: str, since: Since) -> int:
+async def start_after(nc: Connection, stream: str, since: Since) -> int:
     """The sequence just before the first event ``since`` asks for (the log has no holes: GT_EVT denies
     deletes, so sequences are contiguous)."""
     if since.seq is not None:
         return since.seq - 1
     if since.time is None:
         return 0
-    found: asyncio.Queue[int] = asyncio.Queue()
-
-    async def on_msg(msg: Any) -> None:
-        found.put_nowait(int(msg.metadata.sequence.stream))
-
-    probe = await js.subscribe(
-        f"{subjects.EVT_PREFIX}.>",
-        stream=stream,
-        cb=on_msg,
-        ordered_consumer=True,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since.time.astimezone(UTC)),
-    )
-    try:
-        info = await probe.consumer_info()
-        if (info.num_pending or 0) == 0 and found.empty():
-            return int((await js.stream_info(stream)).state.last_seq)  # nothing since then: only new events
-        async with asyncio.timeout(30):
-            return await found.get() - 1
-    finally:
-        with contextlib.suppress(nats.errors.Error):
-            await probe.unsubscribe()
+    return await streams.seq_before(nc, stream, since.time)
 
 
 async def follow_log(
-    nc: Client,
+    nc: Connection,
     config: TownConfig,
     since: Since,
     *,
@@ -122,11 +101,10 @@ async def follow_log(
     """Every event from ``since``, in order; with ``follow`` it goes on with new ones. ``on_caught_up`` is
     called once the backlog (what the log held when this began) has been yielded. Read with the services'
     ``EventReader``: no gap, no repeat, and it resubscribes from where it was after a NATS restart."""
-    js = nc.jetstream()
     queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
-    first = await start_after(js, config.evt_stream, since)
+    first = await start_after(nc, config.evt_stream, since)
     reader = EventReader(
-        js, config.evt_stream, lambda seq, _subject, data: queue.put_nowait((seq, data)), start_after=first
+        nc, config.evt_stream, lambda seq, _subject, data: queue.put_nowait((seq, data)), start_after=first
     )
     target = await reader.stream_last_seq()
     reading = asyncio.create_task(reader.run(), name="feed-reader")
@@ -159,7 +137,7 @@ async def follow_log(
             await reading
 
 
-async def _seed(nc: Client, filters: Filters) -> None:
+async def _seed(nc: Connection, filters: Filters) -> None:
     """Sessions and merge requests begun before ``--since``: their rig and bead, from the services."""
     if not (filters.rigs or filters.beads):
         return
@@ -171,7 +149,7 @@ async def _seed(nc: Client, filters: Filters) -> None:
             filters.known[m.id] = (m.rig, m.bead)
 
 
-async def _feed(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _feed(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     filters = Filters(rigs=set(args.rig), beads=set(args.bead), types=list(args.type), actors=set(args.actor))
     await _seed(nc, filters)
     palette = Palette(wanted(args.color, sys.stdout))
@@ -195,7 +173,7 @@ async def _feed(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
 # ---- a bead's history -----------------------------------------------------------------------------
 
 
-async def _history(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _history(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     own = await history(nc, config, "bead", args.id)
     if not own:
         print(f"gt: no events for bead {args.id!r}", file=sys.stderr)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-from nats.aio.client import Client
+from typing import TYPE_CHECKING, Any
 
 from gt.cli.common import Subcommands, UsageError, command_options, send
 from shared.commands import GcSweep
 from shared.config import TownConfig
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 
 def register(sub: Subcommands) -> None:
@@ -36,7 +37,7 @@ def _swept(result: dict[str, Any]) -> str:
     )
 
 
-async def _gc(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _gc(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     if args.ttl is not None and args.ttl < 0:
         raise UsageError(f"--ttl must be 0 or more seconds, got {args.ttl:g}")
     return await send(nc, args, config, GcSweep(ttl_s=args.ttl), _swept)

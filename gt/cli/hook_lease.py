@@ -10,26 +10,21 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-import nats.errors
 import structlog
-from nats.aio.client import Client
-from nats.js.client import JetStreamContext
-from nats.js.kv import KeyValue
 
 from shared import leases
+from shared.bus.errors import BusError
 from shared.bus.fencing import fence_error
+from shared.bus.kv import Bucket
 from shared.commands import Fence
 from shared.config import TownConfig
 
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
+
 log = structlog.get_logger(__name__)
-
-
-def session_bucket(js: JetStreamContext, bucket: str) -> KeyValue:
-    """A KV bucket opened without asking for its stream's info: a polecat session may not (``STREAM.INFO`` of a
-    bucket lists every key), only put and direct-get its own keys (shared/session_identity.py); the buckets
-    answer direct gets (``topology.ensure_kv``)."""
-    return KeyValue(name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.", js=js, direct=True)
 
 
 def session_fence(env: Mapping[str, str] | None = None) -> Fence | None:
@@ -41,24 +36,24 @@ def session_fence(env: Mapping[str, str] | None = None) -> Fence | None:
     return Fence(lease=lease, token=int(token))
 
 
-async def renew(nc: Client, config: TownConfig, fence: Fence, *, check_log: bool = False) -> str | None:
+async def renew(nc: Connection, config: TownConfig, fence: Fence, *, check_log: bool = False) -> str | None:
     """Renew the session's hook lease; None when renewed, else why it is lost.
 
     ``check_log`` also reads the lease's newest event first (the truth: a renewal entry may have been
     collected after a release, and a fresh one would then look renewed).
     """
     holder = os.environ.get("GT_SESSION", "")
-    js = nc.jetstream()
     if check_log:
-        fenced = await fence_error(js, config.evt_stream, fence)
+        fenced = await fence_error(nc, config.evt_stream, fence)
         if fenced is not None:
             return fenced.message
     try:
-        kv = session_bucket(js, config.lease_bucket)
+        # Opened as a session may (only its own keys): ``Bucket``'s ``keys_only``.
+        kv = Bucket(nc, config.lease_bucket, keys_only=True)
         await leases.renew(kv, fence.lease, holder, fence.token, datetime.now(UTC))
     except leases.LeaseLostError as exc:
         return exc.why
-    except (nats.errors.Error, TimeoutError) as exc:
+    except (BusError, TimeoutError) as exc:
         # Not renewed this time (NATS busy, bucket missing): the next `gt` call tries again; the TTL is long.
         log.warning("hook_lease_not_renewed", lease=fence.lease, error=repr(exc))
     return None

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
-
-from nats.aio.client import Client
+from typing import TYPE_CHECKING, Any
 
 from gt.cli import client, identity, render
 from gt.cli.common import (
@@ -34,6 +32,9 @@ from shared.commands import (
 from shared.commands.mail import ACCEPTED_ADDRESSES, normalise_address
 from shared.config import TownConfig
 from shared.queries import mayor
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 
 def register(sub: Subcommands) -> None:
@@ -119,25 +120,25 @@ def _sent_line(result: dict[str, Any]) -> str:
     return f"{result.get('id')}: sent to {result.get('to')} (thread {result.get('thread')})"
 
 
-async def _send(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _send(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = MailSend(to=normalise_address(args.to), subject=args.subject, body=_body(args), thread=args.thread)
     return await send(nc, args, config, cmd, _sent_line)
 
 
-async def _reply(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _reply(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, MailReply(id=args.id, subject=args.subject, body=_body(args)), _sent_line)
 
 
-async def _archive(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _archive(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, MailArchive(id=args.id))
 
 
-async def _inbox(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _inbox(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     query = mayor.Inbox(to=normalise_address(args.address) if args.address else _me(args), include_read=args.all)
     return show(args, await read(nc, config, query), render.message_table)
 
 
-async def _read(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _read(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     message = await read(nc, config, mayor.Get(id=args.id))
     if message.get("type") != "message":
         print(f"gt: {args.id} is a {message.get('type')}, not a message", file=sys.stderr)
@@ -150,23 +151,23 @@ async def _read(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
     return show(args, message, render.message_detail)
 
 
-async def _thread(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _thread(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return show(args, await read(nc, config, mayor.Thread(thread=args.thread)), render.thread_lines)
 
 
-async def _escalate(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _escalate(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = EscalationRaise(severity=args.severity, message=args.message, source=args.source, bead=args.bead)
     return await send(nc, args, config, cmd, lambda r: f"{r.get('id')}: raised ({r.get('severity')})")
 
 
-async def _escalations(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _escalations(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     found = await read(nc, config, mayor.Escalations(include_closed=args.all))
     return show(args, found, render.escalation_table)
 
 
-async def _ack(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _ack(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, EscalationAck(id=args.id))
 
 
-async def _close(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _close(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, EscalationClose(id=args.id, reason=args.reason))

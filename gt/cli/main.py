@@ -15,11 +15,9 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
-import nats.errors
-import nats.js.errors
-from nats.aio.client import Client
 
 from gt.cli import automations, beads, convoys, costs, dashboard, feed, gc, mail, polecats, render, status, work
 from gt.cli.client import stream_last_seq
@@ -37,7 +35,8 @@ from gt.cli.common import (
 from shared import config as town_config
 from shared import logging as gt_logging
 from shared.aio import task_stacks
-from shared.bus.connection import connect_as_session_or_user
+from shared.bus.connection import close_quietly, connect_as_session_or_user
+from shared.bus.errors import translated
 from shared.bus.permissions import guarded
 from shared.bus.query import ask_json, reply_of
 from shared.bus.topology import provision
@@ -45,13 +44,19 @@ from shared.config import TownConfig
 from shared.errors import (
     STORAGE_FULL_HINT,
     AppendFailedError,
+    NatsNotAnsweringError,
     NatsUnavailableError,
+    NoStreamError,
+    NotProvisionedError,
     PermissionDeniedError,
     QueryError,
     StreamConfigMismatchError,
 )
 from shared.privacy import private_files
 from shared.queries import Status
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
 
@@ -128,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _init(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    report = await provision(nc.jetstream(), config)
+async def _init(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    report = await provision(nc, config)
     for name in report.created:
         print(f"created  {name}")
     for name in report.existing:
@@ -137,7 +142,7 @@ async def _init(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
     return EXIT_OK
 
 
-async def _health(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _health(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     query = Status(service=args.service)
     answer = await ask_json(nc, query, timeout=3)  # printed as it came with --json: each service adds its own
     status = reply_of(query, answer)
@@ -165,11 +170,7 @@ async def run_async(handler: Handler, args: argparse.Namespace, config: TownConf
         # with the subject named, rather than with a timeout.
         return await guarded(nc, handler(nc, args, config))
     finally:
-        try:
-            async with asyncio.timeout(5):
-                await nc.drain()
-        except (TimeoutError, nats.errors.Error):
-            await nc.close()
+        await close_quietly(nc)
 
 
 def _print_task_stacks() -> None:
@@ -200,6 +201,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def _dispatch(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
+    if args.cmd == "schema":
+        from shared.schema import all_schemas
+
+        render.print_json(all_schemas())
+        return EXIT_OK
+    if args.cmd in ("up", "down"):
+        from gt import supervisor as town
+
+        return (
+            town.up(args, config, embedded=embedded)
+            if args.cmd == "up"
+            else town.down(config, clean=args.clean, sessions=args.sessions)
+        )
+    precheck = getattr(args, "precheck", None)
+    if precheck is not None:
+        precheck(args)  # e.g. `gt done` outside a session: said before trying to reach NATS
+    return asyncio.run(run_async(args.handler, args, config))
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -219,23 +240,9 @@ def _main(argv: Sequence[str] | None) -> int:
         # The CLI's own output is its answer; library chatter (reconnects while closing) stays out of it.
         gt_logging.configure("gt", json=False, level=os.environ.get("GT_LOG_LEVEL", "ERROR"))
     try:
-        if args.cmd == "schema":
-            from shared.schema import all_schemas
-
-            render.print_json(all_schemas())
-            return EXIT_OK
-        if args.cmd in ("up", "down"):
-            from gt import supervisor as town
-
-            return (
-                town.up(args, config, embedded=not nats_given)
-                if args.cmd == "up"
-                else town.down(config, clean=args.clean, sessions=args.sessions)
-            )
-        precheck = getattr(args, "precheck", None)
-        if precheck is not None:
-            precheck(args)  # e.g. `gt done` outside a session: said before trying to reach NATS
-        return asyncio.run(run_async(args.handler, args, config))
+        # The NATS client's "nothing answers", "no such stream" come out in the project's words, caught below.
+        with translated():
+            return _dispatch(args, config, embedded=not nats_given)
     except KeyboardInterrupt:
         # Ctrl-C ends `gt feed` and `gt dashboard` (and any wait): a stop asked for, not a crash.
         return EXIT_INTERRUPTED
@@ -262,17 +269,17 @@ def _main(argv: Sequence[str] | None) -> int:
     except StreamConfigMismatchError as exc:
         print(f"gt: {exc}", file=sys.stderr)
         return EXIT_REJECTED
-    except (nats.errors.NoRespondersError, nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as exc:
-        print(f"gt: NATS did not answer ({type(exc).__name__}); is JetStream enabled and the town up?", file=sys.stderr)
+    except NatsNotAnsweringError as exc:
+        print(f"gt: NATS did not answer ({exc.what}); is JetStream enabled and the town up?", file=sys.stderr)
         return EXIT_UNREACHABLE
-    except nats.js.errors.NoStreamResponseError:
+    except NoStreamError:
         # No stream captures the subject: the town is not provisioned yet, or its intake is still opening.
         print(
             "gt: no stream takes commands yet (nothing was stored); run `gt init` or `gt up`, then retry",
             file=sys.stderr,
         )
         return EXIT_UNREACHABLE
-    except nats.js.errors.NotFoundError as exc:
+    except NotProvisionedError as exc:
         print(f"gt: not found: {exc.description}; run `gt init` (or `gt up`) first", file=sys.stderr)
         return EXIT_UNREACHABLE
     except msgspec.DecodeError as exc:

@@ -9,10 +9,7 @@ import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-
-import nats.js.errors
-from nats.aio.client import Client
+from typing import TYPE_CHECKING, Any
 
 from gt.cli import client, hook_lease, render, rigs
 from gt.cli.client import first_event_of
@@ -30,7 +27,7 @@ from gt.cli.common import (
     show,
 )
 from shared import git, runtimes
-from shared.bus.topology import ensure_heartbeat_bucket
+from shared.bus.kv import put_agent_heartbeat
 from shared.commands import (
     BeadClaim,
     Command,
@@ -47,6 +44,9 @@ from shared.commands.mail import polecat_address
 from shared.config import TownConfig
 from shared.faults import crash_point
 from shared.queries import mayor, refinery, witness
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 NOTE_SHOWN = 1500
 """Characters of a predecessor's handoff note (or end detail) that `gt prime` shows."""
@@ -176,7 +176,7 @@ def _absolute_repo(args: argparse.Namespace) -> None:
         args.repo = str(Path(repo).resolve())
 
 
-async def _rig_add(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _rig_add(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = RigAdd(
         name=args.name,
         repo=args.repo,
@@ -214,7 +214,7 @@ def _rig_line(result: dict[str, Any]) -> str:
     return f"rig {result.get('rig')}: {where}, prefix {result.get('prefix')}{changed}"
 
 
-async def _rig_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _rig_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     listed = await read(nc, config, witness.Rigs())
     rows = [
         [
@@ -232,12 +232,12 @@ async def _rig_list(nc: Client, args: argparse.Namespace, config: TownConfig) ->
     return show(args, listed, lambda _: table)
 
 
-async def _rig_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _rig_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     rig = await read(nc, config, witness.Rig(name=args.name))
     return show(args, rig, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
 
 
-async def _session_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _session_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     query = witness.Sessions(rig=args.rig or None, bead=args.bead or None, all=args.all)
     sessions = await read(nc, config, query)
     rows = [
@@ -255,13 +255,13 @@ async def _session_list(nc: Client, args: argparse.Namespace, config: TownConfig
     return show(args, sessions, lambda _: table)
 
 
-async def _session_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _session_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     session = await read(nc, config, witness.Session(id=args.id))
     keys = ("id", "rig", "polecat", "bead", "status", "end_reason", "attempt", "worktree", "branch", "tmux_name")
     return show(args, session, lambda s: "\n".join(f"{k}: {s.get(k)}" for k in keys if s.get(k) is not None))
 
 
-async def _nudge(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _nudge(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = NudgeSend(target=args.target, message=args.message, ttl_s=args.ttl)
 
     def line(result: dict[str, Any]) -> str:
@@ -280,7 +280,7 @@ async def _nudge(nc: Client, args: argparse.Namespace, config: TownConfig) -> in
     return await send(nc, args, config, cmd, line, before_report=delivered)
 
 
-async def _mq_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _mq_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     mrs = await read(nc, config, refinery.Mrs(rig=args.rig or None))
     # A merged one shows the commit that landed (its branch rebased onto the target), not the one submitted.
     rows = [
@@ -291,7 +291,7 @@ async def _mq_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> 
     return show(args, mrs, lambda _: table)
 
 
-async def _mq_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _mq_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     mr = await read(nc, config, refinery.Mr(id=args.id))
     keys = (
         "id", "rig", "bead", "branch", "target", "head", "status", "attempts", "gate", "exit_code",
@@ -309,11 +309,11 @@ async def _mq_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> 
     return show(args, mr, text)
 
 
-async def _mq_retry(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _mq_retry(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, MergeRequestRetry(id=args.id), lambda r: f"{r.get('id')}: {r.get('status')}")
 
 
-async def _mq_reject(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _mq_reject(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = MergeRequestReject(id=args.id, reason=args.reason)
     return await send(nc, args, config, cmd, lambda r: f"{r.get('id')}: {r.get('status')}")
 
@@ -338,7 +338,7 @@ def _needs_session_env(args: argparse.Namespace) -> None:
         )
 
 
-async def prime_data(nc: Client, config: TownConfig, session_id: str) -> dict[str, Any]:
+async def prime_data(nc: Connection, config: TownConfig, session_id: str) -> dict[str, Any]:
     session = await read_typed(nc, config, witness.Session(id=session_id))
     bead = await read(nc, config, mayor.Get(id=session.bead))
     molecule: dict[str, Any] | None
@@ -496,7 +496,7 @@ def _record_agent_hook(args: argparse.Namespace) -> None:
         (folder / runtimes.AGENT_FAILURE).write_text(json.dumps(failure) + "\n")
 
 
-async def _agent_hook(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _agent_hook(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     """session-start: print `gt prime` (the agent adds a SessionStart hook's output to its context). stop: block
     the agent's stop while its session's steps are open (Claude Code's Stop hook decision,
     code.claude.com/docs/en/hooks). Never fails the agent: an error prints a hint (start) or nothing (stop)."""
@@ -522,7 +522,7 @@ async def _agent_hook(nc: Client, args: argparse.Namespace, config: TownConfig) 
     return EXIT_OK
 
 
-async def _claim_hooked_bead(nc: Client, config: TownConfig) -> None:
+async def _claim_hooked_bead(nc: Connection, config: TownConfig) -> None:
     """Claim the session's bead for its polecat (``in_progress``, assignee ``<rig>/<polecat>``), as gt-agent does
     first thing: an agent that never runs `gt bead claim` still shows who works its bead. Fenced by the hook lease
     like every command of the session; claiming it again (a resumed or cleared session) changes nothing."""
@@ -559,22 +559,15 @@ def stop_reason(data: dict[str, Any]) -> str | None:
     return f"[gastown] Every step of bead {data['bead']['id']} is done: run `gt done` to hand in your work."
 
 
-async def _prime(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _prime(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     data = await prime_data(nc, config, args.session or os.environ["GT_SESSION"])
     return show(args, data, prime_text)
 
 
-async def _heartbeat(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    js = nc.jetstream()
-    kv = hook_lease.session_bucket(js, config.heartbeat_bucket)
+async def _heartbeat(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     session = os.environ["GT_SESSION"]
     beat = {"ts": datetime.now(UTC).isoformat(), "session": session, "note": args.note[:500]}
-    try:
-        await kv.put(session, json.dumps(beat).encode())
-    except nats.js.errors.NoStreamResponseError:
-        # No bucket yet (a town whose services have not provisioned it): only a user who may create it can.
-        await ensure_heartbeat_bucket(js, config)
-        await kv.put(session, json.dumps(beat).encode())
+    await put_agent_heartbeat(nc, config, session, json.dumps(beat).encode())
     fence = hook_lease.session_fence()
     if fence is not None:
         lost = await hook_lease.renew(nc, config, fence, check_log=True)
@@ -588,7 +581,7 @@ async def _heartbeat(nc: Client, args: argparse.Namespace, config: TownConfig) -
     return EXIT_OK
 
 
-async def _handoff(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _handoff(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     session = os.environ["GT_SESSION"]
     cmd = SessionHandoff(session=session, note=args.note)
 
@@ -598,7 +591,7 @@ async def _handoff(nc: Client, args: argparse.Namespace, config: TownConfig) -> 
     return await send(nc, args, config, cmd, line)
 
 
-async def _command(nc: Client, config: TownConfig, cmd: Command) -> dict[str, Any]:
+async def _command(nc: Connection, config: TownConfig, cmd: Command) -> dict[str, Any]:
     """Send one step of `gt done` (with its fixed ``cmd_id``) and wait for its outcome; raise with the reason when
     it is rejected."""
     outcome = await client.send(nc, config, cmd, timeout=DEFAULT_COMMAND_TIMEOUT_S * 3, wait_if_down=False)
@@ -615,7 +608,7 @@ class DoneError(Exception):
     pass
 
 
-async def _done(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     """Each step is idempotent (fixed command ids, push of the same commit), so running it again after a
     crash picks up where it stopped; the witness finishes it if the agent cannot."""
     session, bead, rig = os.environ["GT_SESSION"], os.environ["GT_BEAD"], os.environ["GT_RIG"]

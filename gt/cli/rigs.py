@@ -4,9 +4,7 @@ it out of service, and give a bead's hook back."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
-
-from nats.aio.client import Client
+from typing import TYPE_CHECKING, Any
 
 from gt.cli.common import Subcommands, command_options, send
 from shared.bus.query import ask
@@ -14,6 +12,9 @@ from shared.commands import BeadUnsling, RigPark, RigRemove, RigUnpark, RigUpdat
 from shared.config import TownConfig
 from shared.errors import QueryError
 from shared.queries import witness
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 
 def env_names(text: str) -> list[str]:
@@ -91,7 +92,7 @@ def _update_line(result: dict[str, Any]) -> str:
     return f"rig {result.get('rig')} updated: {changes} (sessions running keep theirs; new sessions take these)"
 
 
-async def _rig_update(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _rig_update(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = RigUpdate(
         name=args.name,
         setup_command=args.setup_command,
@@ -115,7 +116,7 @@ def _remove_line(result: dict[str, Any]) -> str:
     return f"rig {result.get('rig')}: removed{unchanged} (running sessions finish; no new ones){still}"
 
 
-async def _rig_remove(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _rig_remove(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, RigRemove(name=args.name, force=args.force), _remove_line)
 
 
@@ -128,15 +129,15 @@ def _park_line(result: dict[str, Any]) -> str:
     return f"rig {result.get('rig')}: active{unchanged}; {beads} waiting get sessions now"
 
 
-async def _rig_park(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _rig_park(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, RigPark(name=args.name, reason=args.reason), _park_line)
 
 
-async def _rig_unpark(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _rig_unpark(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, RigUnpark(name=args.name), _park_line)
 
 
-async def _working_session(nc: Client, bead: str) -> str | None:
+async def _working_session(nc: Connection, bead: str) -> str | None:
     """The session working the bead now, as the witness knows it (None: none, or the witness is not there)."""
     try:
         sessions = await ask(nc, witness.Sessions(bead=bead), timeout=5.0)
@@ -145,7 +146,7 @@ async def _working_session(nc: Client, bead: str) -> str | None:
     return sessions[-1].id if sessions else None
 
 
-async def _unsling(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _unsling(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     session = await _working_session(nc, args.bead)
 
     def line(result: dict[str, Any]) -> str:

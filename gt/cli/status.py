@@ -7,20 +7,21 @@ import asyncio
 import json
 import sys
 from datetime import UTC, datetime
-from typing import Any
-
-import nats.errors
-import nats.js.errors
-from nats.aio.client import Client
+from typing import TYPE_CHECKING, Any
 
 from gt.cli import costs, identity, render, town_view
 from gt.cli.client import stream_last_seq
 from gt.cli.colour import COLOR_CHOICES, Palette, wanted
 from gt.cli.common import EXIT_OK, EXIT_REJECTED, Subcommands, UsageError
+from shared.bus.errors import BusError
+from shared.bus.kv import Bucket
 from shared.bus.query import ask_json
 from shared.config import TownConfig
 from shared.errors import QueryError
 from shared.queries import Query, Status, mayor, refinery, witness
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 QUERY_TIMEOUT_S = 3.0
 MAX_CONCURRENT_QUERIES = 16
@@ -33,7 +34,7 @@ def register(sub: Subcommands) -> None:
     st.set_defaults(handler=_status)
 
 
-async def _answer(nc: Client, query: Query[Any]) -> Any:
+async def _answer(nc: Connection, query: Query[Any]) -> Any:
     """The service's answer as it came (the snapshot is printed as it is with --json), or None when it is down,
     slow or refuses (the section says so)."""
     try:
@@ -42,18 +43,21 @@ async def _answer(nc: Client, query: Query[Any]) -> Any:
         return None
 
 
-async def _heartbeats(nc: Client, config: TownConfig, sessions: list[str]) -> dict[str, str]:
+async def _heartbeats(nc: Connection, config: TownConfig, sessions: list[str]) -> dict[str, str]:
     if identity.session_origin() is not None:
         return {}  # a polecat session may read its own heartbeat only, not the town's
+    kv = Bucket(nc, config.heartbeat_bucket)
     try:
-        kv = await nc.jetstream().key_value(config.heartbeat_bucket)
-    except (nats.js.errors.BucketNotFoundError, nats.errors.Error):
+        await kv.open()
+    except BusError:
         return {}
     found: dict[str, str] = {}
     for session in sessions:
         try:
             entry = await kv.get(session)
-        except (nats.js.errors.KeyNotFoundError, nats.errors.Error):
+        except BusError:
+            continue
+        if entry is None:
             continue
         try:
             beat = json.loads(entry.value or b"{}")
@@ -64,7 +68,7 @@ async def _heartbeats(nc: Client, config: TownConfig, sessions: list[str]) -> di
     return found
 
 
-async def _current_steps(nc: Client, beads: list[str]) -> dict[str, str | None]:
+async def _current_steps(nc: Connection, beads: list[str]) -> dict[str, str | None]:
     limit = asyncio.Semaphore(MAX_CONCURRENT_QUERIES)
 
     async def one(bead: str) -> str | None:
@@ -76,12 +80,12 @@ async def _current_steps(nc: Client, beads: list[str]) -> dict[str, str | None]:
     return dict(zip(beads, steps, strict=True))
 
 
-async def gather(nc: Client, config: TownConfig, now: datetime | None = None) -> dict[str, Any]:
+async def gather(nc: Connection, config: TownConfig, now: datetime | None = None) -> dict[str, Any]:
     """The snapshot ``gt status`` shows: every service asked at once, each part None when its service did not
     answer."""
     try:
         last: int | None = await stream_last_seq(nc, config)
-    except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
+    except (BusError, TimeoutError):
         last = None
     names = town_view.SERVICES
     statuses, rigs, sessions, mrs, convoys, escalations, rig_costs = await asyncio.gather(
@@ -123,7 +127,7 @@ def rig_costs_priced(rows: list[dict[str, Any]] | None) -> dict[str, dict[str, A
     return {str(row["key"]): row for row in costs.priced(rows, prices)["rows"]}
 
 
-async def _status(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _status(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     snap = await gather(nc, config)
     if args.json:
         render.print_json(snap)

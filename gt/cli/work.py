@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
-
-from nats.aio.client import Client
+from typing import TYPE_CHECKING, Any
 
 from gt.cli import render, rigs
 from gt.cli.common import Subcommands, UsageError, command_options, key_values, read, read_options, send, show
 from shared.commands import BeadSling, StepDone, StepStart
 from shared.config import TownConfig
 from shared.queries import mayor
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 STEP_VERBS: dict[str, type[StepStart | StepDone]] = {"start": StepStart, "done": StepDone}
 """`gt step <verb>` -> the command it sends."""
@@ -67,12 +68,12 @@ def register(sub: Subcommands) -> None:
         p.set_defaults(handler=_step, step_verb=verb)
 
 
-async def _formula_list(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _formula_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     found = await read(nc, config, mayor.Formulas(rig=args.rig or None))
     return show(args, found, render.formula_table)
 
 
-async def _formula_show(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _formula_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     query = mayor.Formula(name=args.name, vars=key_values(args.var, "--var"), rig=args.rig or None)
     return show(args, await read(nc, config, query), render.formula_detail)
 
@@ -94,7 +95,7 @@ def _sling_line(result: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-async def _sling(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _sling(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = BeadSling(
         id=args.bead,
         rig=args.rig,
@@ -109,7 +110,7 @@ async def _sling(nc: Client, args: argparse.Namespace, config: TownConfig) -> in
     return await send(nc, args, config, cmd, _sling_line)
 
 
-async def _mol_status(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _mol_status(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return show(args, await read(nc, config, mayor.Molecule(bead=args.bead)), render.molecule_status)
 
 
@@ -131,6 +132,6 @@ def _bead_and_step(ids: list[str]) -> tuple[str, str]:
     raise UsageError(f"`gt step` takes [BEAD] STEP, got {len(ids)} arguments")
 
 
-async def _step(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
+async def _step(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     bead, step = _bead_and_step(args.ids)
     return await send(nc, args, config, STEP_VERBS[args.step_verb](bead=bead, step=step), _step_line)

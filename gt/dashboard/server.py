@@ -24,18 +24,21 @@ import contextlib
 import ipaddress
 import json
 import urllib.parse
+from typing import TYPE_CHECKING
 
 import msgspec
-import nats.errors
 import structlog
-from nats.aio.client import Client
 
 from gt.dashboard import view
 from gt.dashboard.page import PAGE
 from gt.story import bead_story
+from shared.bus.errors import BusError
 from shared.bus.reader import EventReader
 from shared.config import TownConfig
 from shared.narration import describe
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
 
 log = structlog.get_logger(__name__)
 
@@ -52,7 +55,7 @@ class Dashboard:
 
     def __init__(
         self,
-        nc: Client,
+        nc: Connection,
         config: TownConfig,
         *,
         host: str = "127.0.0.1",
@@ -83,8 +86,7 @@ class Dashboard:
         self._changed.set()
 
     async def _follow(self) -> None:
-        js = self.nc.jetstream()
-        self._reader = EventReader(js, self.config.evt_stream, self._apply)
+        self._reader = EventReader(self.nc, self.config.evt_stream, self._apply)
         reading = asyncio.create_task(self._reader.run(), name="dashboard-reader")
         try:
             last = await self._reader.stream_last_seq()
@@ -197,7 +199,7 @@ class Dashboard:
             return
         try:
             entries, missing = await bead_story(self.nc, self.config, bead)
-        except (nats.errors.Error, TimeoutError) as exc:
+        except (BusError, TimeoutError) as exc:
             body = json.dumps({"error": f"the log could not be read: {type(exc).__name__}"}).encode()
             await _send(writer, 503, "application/json", body)
             return

@@ -135,8 +135,8 @@ class DeaconService(Service[DeaconState]):
 
     def start_background(self, tg: asyncio.TaskGroup) -> None:
         assert self.nc is not None
-        self.supervision.start(tg, self.nc.jetstream())
-        self.automations.start(tg, self.nc.jetstream())
+        self.supervision.start(tg, self.nc)
+        self.automations.start(tg, self.nc)
         tg.create_task(self._watch_loop(), name="deacon-watch")
 
     async def reconcile(self) -> None:
@@ -194,7 +194,7 @@ class DeaconService(Service[DeaconState]):
         self._disk_checked_at = now
         if self.watch.disk_low_percent <= 0:
             return
-        seen = await disk_watch.measure(self.nc.jetstream(), self.disk_paths())
+        seen = await disk_watch.measure(self.nc, self.disk_paths())
         self.disk_checks += 1
         owed = disk.plan(self.projection.state.disk, seen, self.watch.disk_low_percent)
         if isinstance(owed, disk.RaiseAlarm):
@@ -219,7 +219,7 @@ class DeaconService(Service[DeaconState]):
         swept = self.projection.state.gc
         if swept.version > self.kv_swept_seq and swept.cutoff is not None:
             version = swept.version
-            purged = await gc_kv.sweep_buckets(self.nc.jetstream(), self.config, self.projection.state, swept.cutoff)
+            purged = await gc_kv.sweep_buckets(self.nc, self.config, self.projection.state, swept.cutoff)
             self.kv_purged.leases += purged.leases
             self.kv_purged.heartbeats += purged.heartbeats
             self.kv_purged.services += purged.services

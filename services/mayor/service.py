@@ -54,11 +54,8 @@ class MayorService(Service[MayorState]):
     async def _catch_up_for(self, rig: str) -> None:
         """The witness may have added the rig a moment ago: judge a sling to it on the log as it is now, not
         on a projection a few events behind (a miss here refuses the sling)."""
-        if self.nc is None or self.reader is None:
-            return
         try:
-            info = await self._log_info(self.nc.jetstream())
-            await self.reader.wait_for_seq(int(info.state.last_seq), timeout=RIG_CATCH_UP_S)
+            await self.catch_up(timeout=RIG_CATCH_UP_S)
         except TimeoutError:
             log.warning("rig_catch_up_timed_out", rig=rig)
 

@@ -10,17 +10,15 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import msgspec
-import nats.errors
-import nats.js.errors
 import structlog
-from nats.aio.client import Client
-from nats.js.client import JetStreamContext
 
 from services.plugins.http import PageServer
 from services.plugins.metrics_state import CONTENT_TYPE, LiveFacts, MetricsState, ServiceFacts, apply, render
+from shared.bus import streams
+from shared.bus.connection import Connection
+from shared.bus.errors import BusError
 from shared.bus.query import ask_json
 from shared.config import TownConfig
 from shared.errors import EventDecodeError, QueryError
@@ -85,10 +83,8 @@ class MetricsPlugin(Plugin):
 
     async def scrape(self) -> str:
         assert self.nc is not None
-        assert self.js is not None
         live = await collect_live(
             self.nc,
-            self.js,
             self.config.evt_stream,
             self.options.services,
             timeout=self.options.status_timeout_s,
@@ -98,8 +94,7 @@ class MetricsPlugin(Plugin):
 
 
 async def collect_live(
-    nc: Client,
-    js: JetStreamContext,
+    nc: Connection,
     stream: str,
     services: Sequence[str],
     *,
@@ -112,8 +107,8 @@ async def collect_live(
     async def stream_last_seq() -> int | None:
         try:
             async with asyncio.timeout(timeout * 2):
-                return int((await js.stream_info(stream)).state.last_seq)
-        except (nats.errors.Error, TimeoutError) as exc:
+                return await streams.last_seq(nc, stream)
+        except (BusError, TimeoutError) as exc:
             log.warning("metrics_stream_info_failed", error=repr(exc))
             return None
 
@@ -121,22 +116,21 @@ async def collect_live(
         try:
             answer = await ask_json(nc, Status(service=service), timeout=timeout)
             return msgspec.convert(answer, ServiceFacts)
-        except (QueryError, nats.errors.Error, TimeoutError, msgspec.ValidationError):
+        except (QueryError, BusError, TimeoutError, msgspec.ValidationError):
             return None
 
     async def plugins() -> dict[str, int]:
         try:
             async with asyncio.timeout(timeout * 2):
-                infos: list[Any] = await js.consumers_info(stream)
-        except (nats.errors.Error, TimeoutError) as exc:
+                floors = await streams.consumer_floors(nc, stream)
+        except (BusError, TimeoutError) as exc:
             log.warning("metrics_consumers_info_failed", error=repr(exc))
             return {}
-        found = {}
-        for info in infos:
-            name = str(info.name)
-            if name.startswith(CONSUMER_PREFIX) and name != CONSUMER_PREFIX + skip_plugin:
-                found[name.removeprefix(CONSUMER_PREFIX)] = int(info.ack_floor.stream_seq if info.ack_floor else 0)
-        return found
+        return {
+            name.removeprefix(CONSUMER_PREFIX): floor
+            for name, floor in floors.items()
+            if name.startswith(CONSUMER_PREFIX) and name != CONSUMER_PREFIX + skip_plugin
+        }
 
     last, answers, plugin_seqs = await asyncio.gather(
         stream_last_seq(), asyncio.gather(*(status(s) for s in services)), plugins()

@@ -14,9 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
-import nats.errors
 import structlog
-from nats.js.kv import KeyValue
 
 from services.refinery import decide as refinery_decide
 from services.refinery import plan, queries
@@ -28,7 +26,9 @@ from services.refinery.state import MergeRequest, RefineryState
 from shared import git, lease_rules
 from shared import leases as lease_kv
 from shared.aio import pause
+from shared.bus.errors import BusError
 from shared.bus.fencing import fence_error
+from shared.bus.kv import Bucket
 from shared.commands import BeadClose, BeadCreate, Command, EscalationRaise, Fence, MergeRequestSubmit
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, NewEvent
@@ -98,12 +98,11 @@ class RefineryService(Service[RefineryState]):
     async def prepare(self, cmd: Command) -> object:
         state = self.projection.state
         unknown = isinstance(cmd, MergeRequestSubmit) and cmd.session and cmd.session not in state.sessions
-        if unknown and self.nc is not None and self.reader is not None:
+        if unknown:
             # The session and its hook lease may be a few events ahead of this projection: judge its merge
             # request on the log as it is now (a miss here refuses it).
-            info = await self._log_info(self.nc.jetstream())
             with contextlib.suppress(TimeoutError):
-                await self.reader.wait_for_seq(int(info.state.last_seq), timeout=SESSION_CATCH_UP_S)
+                await self.catch_up(timeout=SESSION_CATCH_UP_S)
         return None
 
     def query(self, what: str, body: dict[str, Any]) -> Any:
@@ -211,9 +210,9 @@ class RefineryService(Service[RefineryState]):
     def _merge_lease_ttl(self) -> float:
         return min(self.mq.merge_lease_ttl_s, self.mq.lease_s)
 
-    async def _lease_kv(self) -> KeyValue:
+    def _lease_kv(self) -> Bucket:
         assert self.nc is not None
-        return await self.nc.jetstream().key_value(self.config.lease_bucket)
+        return Bucket(self.nc, self.config.lease_bucket)
 
     async def _take_merge_lease(self, rig: str, now: datetime) -> int | None:
         """The rig's merge lease for this refinery (its token), taken over from any other holder; None when
@@ -227,7 +226,7 @@ class RefineryService(Service[RefineryState]):
         if lease is not None and lease.status == "held":
             if lease.holder == self.holder:
                 return lease.token
-            kv = await self._lease_kv()
+            kv = self._lease_kv()
             renewal, revision = await lease_kv.read(kv, name)
             # Marked first, so the former holder's renewals fail from now on (its pushes are checked too).
             last = lease_rules.last_renewed(lease, renewal)
@@ -263,12 +262,12 @@ class RefineryService(Service[RefineryState]):
         every = self._merge_lease_ttl() / 3
         while True:
             try:
-                await lease_kv.renew(await self._lease_kv(), name, self.holder, token, self.clock())
+                await lease_kv.renew(self._lease_kv(), name, self.holder, token, self.clock())
             except lease_kv.LeaseLostError as exc:
                 lost.append(exc.why)
                 log.warning("merge_lease_lost", rig=rig, lease=name, token=token, why=exc.why)
                 return
-            except (nats.errors.Error, TimeoutError) as exc:
+            except (BusError, TimeoutError) as exc:
                 log.warning("merge_lease_not_renewed", rig=rig, error=repr(exc))
             await pause(every)
 
@@ -284,9 +283,7 @@ class RefineryService(Service[RefineryState]):
                 # Paused (its activity key not renewed in time) or lost: a standby may be taking over.
                 return "this refinery may not act now: its activity key is not renewed"
             assert self.nc is not None
-            future = asyncio.run_coroutine_threadsafe(
-                fence_error(self.nc.jetstream(), self.config.evt_stream, fence), loop
-            )
+            future = asyncio.run_coroutine_threadsafe(fence_error(self.nc, self.config.evt_stream, fence), loop)
             error = future.result(timeout=10)
             return error.message if error is not None else None
 

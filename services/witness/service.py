@@ -19,10 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import msgspec
-import nats.errors
-import nats.js.errors
 import structlog
-from nats.aio.client import Client
 
 from services.witness import decide as witness_decide
 from services.witness import queries
@@ -38,7 +35,9 @@ from services.witness.state import Session, WitnessState
 from shared import git, leases, processes
 from shared.aio import raise_if_cancelling
 from shared.bus import auth_callout
-from shared.bus.connection import close_quietly, connect
+from shared.bus.connection import Connection, close_quietly, connect
+from shared.bus.errors import BusError
+from shared.bus.kv import Bucket
 from shared.commands import Command, RigAdd, SessionRecoverHook
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, Route
@@ -90,7 +89,7 @@ class WitnessService(Service[WitnessState]):
         """Per-session NATS identities (``GT_AUTH_ISSUER_SEED``, ...): the witness mints each session's credential
         and answers the server's auth callout; None: sessions get ``GT_AGENT_NATS_*`` (or the witness's own)."""
         self.responder: auth_callout.Responder | None = None
-        self._kicker: Client | None = None
+        self._kicker: Connection | None = None
         """The ``sys`` user's connection, when ``GT_NATS_SYS_PASSWORD`` is set: disconnects ended sessions."""
         self._kicking: dict[str, asyncio.Task[int]] = {}
         ws = self.witness_settings
@@ -439,7 +438,7 @@ class WitnessService(Service[WitnessState]):
         if not owed or self.nc is None:
             return
         try:
-            kv = await self.nc.jetstream().key_value(self.config.lease_bucket)
+            kv = Bucket(self.nc, self.config.lease_bucket)
             for renewal in owed:
                 try:
                     await leases.renew(kv, renewal.lease, renewal.session, renewal.token, now)
@@ -449,7 +448,7 @@ class WitnessService(Service[WitnessState]):
                     continue
                 self._lease_renewed[renewal.session] = now
                 log.debug("hook_lease_renewed_for_agent", session=renewal.session, lease=renewal.lease)
-        except (nats.errors.Error, TimeoutError) as exc:
+        except (BusError, TimeoutError) as exc:
             log.warning("hook_lease_renewal_failed", error=repr(exc))
 
     async def _heartbeats_of(self, sessions: list[Session], now: datetime) -> dict[str, datetime]:
@@ -459,16 +458,15 @@ class WitnessService(Service[WitnessState]):
             return {}
         out: dict[str, datetime] = {}
         try:
-            kv = await self.nc.jetstream().key_value(self.config.heartbeat_bucket)
+            kv = Bucket(self.nc, self.config.heartbeat_bucket)
             for sid in quiet:
-                try:
-                    entry = await kv.get(sid)
-                except nats.js.errors.KeyNotFoundError:
+                entry = await kv.get(sid)
+                if entry is None:
                     continue
                 beat = _heartbeat_time(entry.value)
                 if beat is not None:
                     out[sid] = beat
-        except (nats.errors.Error, TimeoutError) as exc:
+        except (BusError, TimeoutError) as exc:
             # Without heartbeats a quiet session could be judged stalled wrongly: judge none this time.
             log.warning("heartbeats_unavailable", error=repr(exc))
             return dict.fromkeys(quiet, now)

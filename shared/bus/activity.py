@@ -24,12 +24,12 @@ from datetime import UTC, datetime
 import nats.errors
 import nats.js.errors
 import structlog
-from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from shared import activity, processes
 from shared.activity import Holder, Seen, Take, Timing
 from shared.aio import pause, raise_if_cancelling, wait_event
+from shared.bus.connection import Connection
 from shared.errors import ActivityLostError
 
 log = structlog.get_logger(__name__)
@@ -47,7 +47,7 @@ class ActivityKeeper:
 
     def __init__(
         self,
-        js: JetStreamContext,
+        nc: Connection,
         bucket: str,
         *,
         identity: str,
@@ -56,7 +56,7 @@ class ActivityKeeper:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._js = js
+        self._js = nc.jetstream()
         self._bucket = bucket
         self.identity = identity
         self.instance = instance

@@ -19,10 +19,9 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
-from nats.aio.client import Client
-from nats.js.client import JetStreamContext
 
 from shared.aio import pause, raise_if_cancelling
+from shared.bus.connection import Connection
 from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, EventDecodeError
 from shared.events import decode_envelope
 
@@ -115,8 +114,7 @@ class Appender:
 
     def __init__(
         self,
-        nc: Client,
-        js: JetStreamContext,
+        nc: Connection,
         stream: str,
         *,
         attempt_timeout: float = 5.0,
@@ -127,7 +125,7 @@ class Appender:
         self._guard = guard
         """Awaited right before every attempt: waits while the service is paused, raises to refuse the attempt
         (a service that is not the active one)."""
-        self._js = js
+        self._js = nc.jetstream()
         self._stream = stream
         self._attempt_timeout = attempt_timeout
         self._deadline = deadline

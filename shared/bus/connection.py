@@ -1,11 +1,15 @@
-"""Connecting to NATS with reconnects that never give up, and mapping connect failures to our errors."""
+"""Connecting to NATS with reconnects that never give up, and mapping connect failures to our errors.
+
+``Connection`` is what every port of the bus takes: code outside ``shared/bus`` holds one and hands it to the
+bus, never reaching into it (docs/architecture.md, "Where things are").
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import Any, TypeAlias
 
 import nats
 import structlog
@@ -18,8 +22,11 @@ from shared.errors import NatsUnavailableError
 
 log = structlog.get_logger(__name__)
 
+Connection: TypeAlias = Client
+"""A connection to the town's NATS (nats-py's client): opened by ``connect``, closed by ``close_quietly``."""
 
-async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -> Client:
+
+async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -> Connection:
     """Connect, trying ``connect_attempts`` times (-1: until it works); once connected the client
     reconnects forever.
 
@@ -108,7 +115,7 @@ client's connect timeout: a login that got no answer is retried like a refused o
 
 async def connect_as_session_or_user(
     config: TownConfig, *, name: str, in_session: bool, connect_attempts: int
-) -> Client:
+) -> Connection:
     """``connect``; inside a polecat session a failed login (refused, or not answered) is tried again for
     ``SESSION_LOGIN_PATIENCE_S``: an agent's ``gt done`` outlasts a witness restart or a NATS node's restart.
 
@@ -126,7 +133,7 @@ async def connect_as_session_or_user(
             await pause(1.0)
 
 
-async def _discard(nc: Client) -> None:
+async def _discard(nc: Connection) -> None:
     with contextlib.suppress(Exception):
         async with asyncio.timeout(2):
             await nc.close()
@@ -151,7 +158,7 @@ def _describe(exc: Exception | None, user: str) -> str:
     return repr(exc)
 
 
-async def connect_unless_stopped(config: TownConfig, name: str, stop: asyncio.Event) -> Client | None:
+async def connect_unless_stopped(config: TownConfig, name: str, stop: asyncio.Event) -> Connection | None:
     """Connect (retrying forever), unless ``stop`` is set first: then None, with the attempt cancelled."""
     connecting = asyncio.ensure_future(connect(config, name=name, connect_attempts=-1))
     stopping = asyncio.ensure_future(stop.wait())
@@ -167,7 +174,7 @@ async def connect_unless_stopped(config: TownConfig, name: str, stop: asyncio.Ev
     return connecting.result()
 
 
-async def close_quietly(nc: Client) -> None:
+async def close_quietly(nc: Connection) -> None:
     """Drain (flushing buffered publishes and acknowledgements, within 5 s), then close (within 5 s); errors of a
     connection already gone are expected on the way out and not raised."""
     with contextlib.suppress(nats.errors.Error, TimeoutError):

@@ -18,6 +18,7 @@ from nats.js.client import JetStreamContext
 
 from shared import subjects
 from shared.aio import pause
+from shared.bus.connection import Connection
 from shared.commands import Fence
 from shared.errors import CommandError, GastownError
 from shared.events import REGISTRY, LeaseAcquired, LeaseExpired, LeaseReleased, decode_envelope
@@ -27,7 +28,7 @@ READ_ATTEMPTS = 3
 
 
 async def fence_error(
-    js: JetStreamContext,
+    nc: Connection,
     stream: str,
     fence: Fence,
     *,
@@ -37,6 +38,7 @@ async def fence_error(
     """None when ``fence.token`` holds ``fence.lease`` now (or held it at ``stored_at``, when given); else the
     rejection that says why not. With ``holder`` (the session a command came from), the token must also be that
     holder's: a session cannot borrow another's fence by guessing its token."""
+    js = nc.jetstream()
     subject = subjects.event_subject("lease", fence.lease)
     for attempt in range(READ_ATTEMPTS):
         try:

@@ -22,10 +22,10 @@ import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.client import JetStreamContext
 
 from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus.append import RETRYABLE_ERRORS
+from shared.bus.connection import Connection
 from shared.subjects import EVT_PREFIX, parse_js_reply
 
 log = structlog.get_logger(__name__)
@@ -39,7 +39,7 @@ class EventReader:
 
     def __init__(
         self,
-        js: JetStreamContext,
+        nc: Connection,
         stream: str,
         apply: ApplyFn,
         *,
@@ -49,7 +49,7 @@ class EventReader:
         watchdog_interval: float = 2.0,
         pending_msgs_limit: int | None = None,
     ) -> None:
-        self._js = js
+        self._js = nc.jetstream()
         self._stream = stream
         self._apply = apply
         self._subject = subject

@@ -17,9 +17,9 @@ import nats.errors
 import nats.js.errors
 import structlog
 from nats.js.api import ConsumerConfig, DeliverPolicy, ObjectStoreConfig, StorageType
-from nats.js.client import JetStreamContext
 from nats.js.object_store import ObjectStore
 
+from shared.bus.connection import Connection
 from shared.subjects import parse_js_reply
 
 log = structlog.get_logger(__name__)
@@ -31,8 +31,8 @@ _DIGEST_PREFIX = "SHA-256="
 class SnapshotStore:
     """Named blobs (one per service) in the object store bucket ``bucket``."""
 
-    def __init__(self, js: JetStreamContext, bucket: str, *, replicas: int = 1) -> None:
-        self._js = js
+    def __init__(self, nc: Connection, bucket: str, *, replicas: int = 1) -> None:
+        self._js = nc.jetstream()
         self._bucket = bucket
         self._replicas = replicas
         self._store: ObjectStore | None = None

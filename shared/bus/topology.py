@@ -21,6 +21,7 @@ from nats.js.api import (
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
+from shared.bus.connection import Connection
 from shared.config import TownConfig
 from shared.errors import StreamConfigMismatchError
 from shared.subjects import CMD_PREFIX, DEFAULT_PLUGIN_BUCKET, EVT_PREFIX
@@ -301,8 +302,9 @@ async def ensure_command_intake(js: JetStreamContext, config: TownConfig) -> tup
     return created, existing
 
 
-async def provision(js: JetStreamContext, config: TownConfig) -> ProvisionReport:
+async def provision(nc: Connection, config: TownConfig) -> ProvisionReport:
     """Idempotently create the event log, the command intake and the command consumers."""
+    js = nc.jetstream()
     created: list[str] = []
     existing: list[str] = []
     evt = evt_stream_config(config)
@@ -311,7 +313,7 @@ async def provision(js: JetStreamContext, config: TownConfig) -> ProvisionReport
     made_intake, had_intake = await ensure_command_intake(js, config)
     created += made_intake
     existing += had_intake
-    made = await ensure_heartbeat_bucket(js, config)
+    made = await _ensure_heartbeat_bucket(js, config)
     (created if made else existing).append(f"KV {config.heartbeat_bucket}")
     made = await ensure_kv(js, config.service_bucket, ttl=SERVICE_HEARTBEAT_TTL_S, replicas=config.replicas)
     (created if made else existing).append(f"KV {config.service_bucket}")
@@ -339,8 +341,12 @@ ACTIVE_KEY_TTL_S = 3600.0
 leaves the bucket after an hour (a lapsed key is taken over long before, by its revision, not by this)."""
 
 
-async def ensure_heartbeat_bucket(js: JetStreamContext, config: TownConfig) -> bool:
+async def ensure_heartbeat_bucket(nc: Connection, config: TownConfig) -> bool:
     """The KV bucket of agent heartbeats (a cache of liveness, never truth); True when created."""
+    return await _ensure_heartbeat_bucket(nc.jetstream(), config)
+
+
+async def _ensure_heartbeat_bucket(js: JetStreamContext, config: TownConfig) -> bool:
     return await ensure_kv(
         js, config.heartbeat_bucket, ttl=HEARTBEAT_TTL_S, replicas=config.replicas, written_by_sessions=True
     )
@@ -380,8 +386,8 @@ def rollup_free_buckets(config: TownConfig) -> tuple[str, ...]:
     A message with ``Nats-Rollup: all`` (``KV-Operation: PURGE``) published to any key a client may write
     replaced a whole bucket by that one marker, and publish permissions cannot look at headers. Nothing of the
     town needs a rollup on these: the deacon's sweep deletes with a compare-and-set and then purges the
-    subject through the stream API (``services/deacon/effects/gc_kv.py``), a plugin forgets its marks by a filtered
-    stream purge. (The others are written by the services alone, which may purge any stream anyway.)"""
+    subject through the stream API (``kv.Bucket.purge_unless_written_since``), a plugin forgets its marks by a
+    filtered stream purge. (The others are written by the services alone, which may purge any stream anyway.)"""
     return (
         config.lease_bucket,
         config.heartbeat_bucket,

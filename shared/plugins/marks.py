@@ -20,22 +20,18 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import NamedTuple, TypeVar
 
-import nats.js.errors
 import structlog
-from nats.js.client import JetStreamContext
-from nats.js.kv import KeyValue
 
 from shared import ids
 from shared.aio import pause, raise_if_cancelling
-from shared.bus.append import RETRYABLE_ERRORS
-from shared.bus.topology import create_kv
+from shared.bus.errors import RETRYABLE_ERRORS
+from shared.bus.kv import Bucket
 from shared.faults import crash_point
 
 log = structlog.get_logger(__name__)
 
 BEGUN = b"begun"
 DONE = b"done"
-ERR_STREAM_NAME_IN_USE = 10058
 KV_RETRY_DEADLINE_S = 30.0
 T = TypeVar("T")
 
@@ -61,23 +57,6 @@ def dead_key(plugin: str, seq: int) -> str:
     return f"{plugin}.dead.{seq}"
 
 
-async def ensure_bucket(js: JetStreamContext, bucket: str, *, ttl_s: float, replicas: int) -> KeyValue:
-    """The marks bucket, created when missing, refusing rollups: plugins share one user, and a rollup to any
-    key would wipe every plugin's marks (an existing one is updated by the town's provisioning)."""
-    try:
-        return await js.key_value(bucket)
-    except nats.js.errors.BucketNotFoundError:
-        pass
-    try:
-        kv = await create_kv(js, bucket, ttl=ttl_s, replicas=replicas)
-    except nats.js.errors.BadRequestError as exc:
-        if exc.err_code != ERR_STREAM_NAME_IN_USE:
-            raise
-        return await js.key_value(bucket)  # another plugin created it first
-    log.info("bucket_created", bucket=bucket, ttl_s=ttl_s)
-    return kv
-
-
 async def retrying(what: str, op: Callable[[], Awaitable[T]]) -> T:
     """Retry ``op`` through short NATS outages; past the deadline the error reaches the caller (inside a
     handler: a failed attempt, so the event is redelivered later)."""
@@ -98,10 +77,8 @@ async def retrying(what: str, op: Callable[[], Awaitable[T]]) -> T:
 class Marks:
     """One plugin's marks."""
 
-    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str, plugin: str) -> None:
-        self._js = js
-        self._kv = kv
-        self._bucket = bucket
+    def __init__(self, bucket: Bucket, plugin: str) -> None:
+        self._kv = bucket
         self._plugin = plugin
 
     async def state(self, event_id: str) -> bytes | None:
@@ -109,11 +86,8 @@ class Marks:
         key = mark_key(self._plugin, event_id)
 
         async def get() -> bytes | None:
-            try:
-                entry = await self._kv.get(key)
-            except nats.js.errors.KeyNotFoundError:
-                return None
-            return entry.value
+            entry = await self._kv.get(key)
+            return entry.value if entry is not None else None
 
         return await retrying("get", get)
 
@@ -136,14 +110,11 @@ class Marks:
         key = mark_key(self._plugin, event_id)
 
         async def begin() -> bytes | None:
-            try:
-                await self._kv.create(key, BEGUN)
-            except nats.js.errors.KeyWrongLastSequenceError:
-                try:
-                    return (await self._kv.get(key)).value
-                except nats.js.errors.KeyNotFoundError:
-                    return BEGUN  # expired between the two calls: treat it as interrupted, the safe side
-            return None
+            if await self._kv.create(key, BEGUN):
+                return None
+            entry = await self._kv.get(key)
+            # None: expired between the two calls: treat it as interrupted, the safe side.
+            return entry.value if entry is not None else BEGUN
 
         found = await retrying("create", begin)
         if found == DONE:
@@ -159,8 +130,5 @@ class Marks:
 
     async def purge(self) -> None:
         """Forget every mark of this plugin (a replay from the start acts on every event again)."""
-        await retrying(
-            "purge",
-            lambda: self._js.purge_stream(f"KV_{self._bucket}", subject=f"$KV.{self._bucket}.{self._plugin}.>"),
-        )
+        await retrying("purge", lambda: self._kv.purge_keys(self._plugin))
         log.info("plugin_marks_purged", plugin=self._plugin)

@@ -9,7 +9,7 @@ no later event is handed over before it succeeds; after ``max_attempts`` failure
 Delivery is at-least-once: ``once`` (marks in the ``GT_PLUGINS`` bucket) makes side effects exactly-once.
 
 ``run()`` blocks until ``shutdown()`` or a fatal error, which it re-raises; ``shutdown()`` is idempotent
-and safe before ``run()``.
+and safe before ``run()``: the run skeleton is the services' (``shared.service.lifecycle``).
 """
 
 from __future__ import annotations
@@ -22,32 +22,29 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, NamedTuple
 
 import msgspec
-import nats.errors
-import nats.js.errors
 import structlog
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.client import JetStreamContext
 
 from shared.aio import pause, raise_if_cancelling, wait_event
-from shared.bus.append import RETRYABLE_ERRORS
-from shared.bus.connection import close_quietly, connect_unless_stopped
+from shared.bus import consumer as bus_consumer
+from shared.bus import kv, streams
+from shared.bus.connection import Connection
+from shared.bus.consumer import Message
+from shared.bus.errors import RETRYABLE_ERRORS, BusError
+from shared.bus.pull import Puller
 from shared.config import TownConfig
 from shared.errors import EventDecodeError, GastownError, UnknownEventTypeError
 from shared.events import REGISTRY, Envelope, Event, EventRegistry, decode_envelope
 from shared.faults import crash_point
-from shared.plugins.marks import Claim, Marks, ensure_bucket, retrying
+from shared.plugins.marks import Claim, Marks, retrying
 from shared.plugins.position import ConsumerPosition, StartPlan, plan_start
-from shared.plugins.pull import Puller
 from shared.plugins.settings import PLUGIN_BUCKET, PluginSettings, backoff, validate
+from shared.service.lifecycle import Lifecycle
 from shared.subjects import parse_js_reply
 
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[int, Envelope, Event | None], Awaitable[None]]
 """``(stream sequence, envelope, typed payload or None)``; raise to have the event delivered again."""
-NAK_ANSWER_S = 5.0
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -77,10 +74,6 @@ class PluginStoppedError(GastownError):
         )
 
 
-class _Finished(Exception):
-    """Raised in the task group's body once consuming ended, to stop the background tasks."""
-
-
 class Plugin:
     """Subclass and override ``handle`` (or pass ``handler``); see the module docstring."""
 
@@ -103,8 +96,7 @@ class Plugin:
         self._handler = handler
         self._registry = registry
         self._bucket = bucket
-        self.nc: Client | None = None
-        self.js: JetStreamContext | None = None
+        self.nc: Connection | None = None
         self.marks: Marks | None = None
         self.ready = asyncio.Event()
         """Set once the consumer is in place and events are being fetched."""
@@ -118,10 +110,12 @@ class Plugin:
         self.abandoned = 0
         self.undecodable = 0
         self.unknown = 0
-        self._stop = asyncio.Event()
-        self._started = False
+        self.lifecycle = Lifecycle(
+            config, label=f"plugin {self.name}", client_name=f"gt-plugin-{self.name}", log_context={"plugin": self.name}
+        )
+        self._stop = self.lifecycle.stopping
         self._failures: dict[int, int] = {}
-        self._held: deque[Msg] = deque()
+        self._held: deque[Message] = deque()
         self._reported: set[str] = set()
 
     # ---- hooks --------------------------------------------------------------------------------
@@ -197,35 +191,23 @@ class Plugin:
 
     async def shutdown(self) -> None:
         """Ask ``run()`` to stop after the event in hand; returns at once. Idempotent, safe before ``run()``."""
-        self._stop.set()
+        self.lifecycle.shutdown()
 
     async def run(self) -> None:
         """Consume until ``shutdown()``; re-raises the error that made the plugin stop otherwise."""
-        if self._started:
-            raise RuntimeError(f"plugin {self.name} already ran")
-        self._started = True
-        if self._stop.is_set():
-            return
-        with structlog.contextvars.bound_contextvars(plugin=self.name):
-            nc = await connect_unless_stopped(self.config, f"gt-plugin-{self.name}", self._stop)
-            if nc is None:
-                raise_if_cancelling()
-                return
-            self.nc = nc
-            try:
-                await self._run_connected(self.nc)
-            finally:
-                await close_quietly(self.nc)
+        await self.lifecycle.run(self._run_connected)
 
-    async def _run_connected(self, nc: Client) -> None:
-        js = self.js = nc.jetstream()
-        if not await self._wait_for_stream(js):
+    async def _run_connected(self, nc: Connection) -> None:
+        self.nc = nc
+        if not await self._wait_for_stream(nc):
             return
-        kv = await ensure_bucket(js, self._bucket, ttl_s=self.settings.mark_ttl_s, replicas=self.config.replicas)
-        self.marks = Marks(js, kv, self._bucket, self.name)
+        bucket = await kv.open_or_create(
+            nc, self._bucket, ttl_s=self.settings.mark_ttl_s, replicas=self.config.replicas
+        )
+        self.marks = Marks(bucket, self.name)
         await self.prepare()
         try:
-            self.start_plan = await self._position(js)
+            self.start_plan = await self._position(nc)
             puller = Puller(
                 nc,
                 self.config.evt_stream,
@@ -235,58 +217,43 @@ class Plugin:
                 idle_heartbeat_s=self.settings.idle_heartbeat_s,
                 on_idle=self._note_caught_up,
             )
+
+            async def consume(tg: asyncio.TaskGroup) -> None:
+                tg.create_task(self._keepalive(), name="keepalive")
+                self.start_background(tg)
+                self.ready.set()
+                await self._consume(puller)
+
             try:
-                async with asyncio.TaskGroup() as tg:
-                    tg.create_task(self._keepalive(), name="keepalive")
-                    self.start_background(tg)
-                    self.ready.set()
-                    await self._consume(puller)
-                    raise _Finished
-            except BaseExceptionGroup as group:
-                errors = [e for e in group.exceptions if not isinstance(e, _Finished)]
-                if len(errors) == 1:
-                    raise errors[0] from group  # the error itself, not a group of one
-                if errors:
-                    raise
+                # Not cancelled at shutdown(): consuming stops after the event in hand, then the group ends.
+                await self.lifecycle.in_task_group(consume, stop_cancels=False)
             finally:
                 await puller.close()
         finally:
             await self.close()
 
-    async def _wait_for_stream(self, js: JetStreamContext) -> bool:
+    async def _wait_for_stream(self, nc: Connection) -> bool:
         """False when stopped before the event log existed (a plugin may start before the town)."""
         waiting = False
         while not self._stop.is_set():
             raise_if_cancelling()
             try:
-                await js.stream_info(self.config.evt_stream)
-            except nats.js.errors.NotFoundError:
+                if await streams.exists(nc, self.config.evt_stream):
+                    return True
                 if not waiting:
                     log.warning("plugin_waiting_for_stream", stream=self.config.evt_stream)
                     waiting = True
             except RETRYABLE_ERRORS as exc:
                 log.warning("plugin_stream_info_failed", error=repr(exc))
-            else:
-                return True
             await wait_event(self._stop, 1.0)
         return False
 
-    async def _position(self, js: JetStreamContext) -> StartPlan:
+    async def _position(self, nc: Connection) -> StartPlan:
         stream, consumer = self.config.evt_stream, self.settings.consumer
 
         async def info() -> ConsumerPosition | None:
-            try:
-                found = await js.consumer_info(stream, consumer)
-            except nats.js.errors.NotFoundError:
-                return None
-            cfg = found.config
-            subjects = tuple(cfg.filter_subjects or ([cfg.filter_subject] if cfg.filter_subject else []))
-            return ConsumerPosition(
-                delivered_seq=found.delivered.stream_seq if found.delivered else 0,
-                ack_floor_seq=found.ack_floor.stream_seq if found.ack_floor else 0,
-                ack_pending=found.num_ack_pending or 0,
-                subjects=subjects,
-            )
+            found = await bus_consumer.consumer_state(nc, stream, consumer)
+            return ConsumerPosition(*found) if found is not None else None
 
         existing = await retrying("consumer_info", info)
         resume = await self.resume_after()
@@ -294,14 +261,21 @@ class Plugin:
             existing, subjects=self.settings.subjects, replay=self.settings.replay_from_start, resume_after=resume
         )
         if plan.action == "recreate":
-
-            async def delete() -> None:
-                with contextlib.suppress(nats.js.errors.NotFoundError):
-                    await js.delete_consumer(stream, consumer)
-
-            await retrying("delete_consumer", delete)
+            await retrying("delete_consumer", lambda: bus_consumer.delete_consumer(nc, stream, consumer))
         if plan.action != "keep":
-            await retrying("add_consumer", lambda: js.add_consumer(stream, self._consumer_config(plan.start_seq)))
+            await retrying(
+                "add_consumer",
+                lambda: bus_consumer.create_event_consumer(
+                    nc,
+                    stream,
+                    consumer,
+                    filters=self.settings.subjects,
+                    start_seq=plan.start_seq,
+                    ack_wait_s=self.settings.ack_wait_s,
+                    max_ack_pending=max(1_000, self.settings.batch * 4),
+                    replicas=self.config.replicas,
+                ),
+            )
         if self.settings.replay_from_start:
             assert self.marks is not None
             await self.marks.purge()
@@ -314,23 +288,6 @@ class Plugin:
             previous=existing._asdict() if existing else None,
         )
         return plan
-
-    def _consumer_config(self, start_seq: int) -> ConsumerConfig:
-        subjects = list(self.settings.subjects)
-        return ConsumerConfig(
-            durable_name=self.settings.consumer,
-            deliver_policy=DeliverPolicy.ALL if start_seq <= 1 else DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=None if start_seq <= 1 else start_seq,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=self.settings.ack_wait_s,
-            # Redelivery never gives up on the server side: the SDK applies max_attempts itself, counting
-            # real handler failures (hand-backs of untouched events raise the server's count too).
-            max_deliver=-1,
-            max_ack_pending=max(1_000, self.settings.batch * 4),
-            filter_subject=subjects[0] if len(subjects) == 1 else None,
-            filter_subjects=subjects if len(subjects) > 1 else None,
-            num_replicas=self.config.replicas,
-        )
 
     # ---- consuming ----------------------------------------------------------------------------
 
@@ -353,7 +310,7 @@ class Plugin:
         finally:
             stopping.cancel()
 
-    async def _handle_batch(self, batch: list[Msg]) -> None:
+    async def _handle_batch(self, batch: list[Message]) -> None:
         held = self._held = deque(batch)
         try:
             while held:
@@ -372,8 +329,7 @@ class Plugin:
                 self._failures.pop(delivery.seq, None)
                 crash_point("plugin_handled")
                 held.popleft()
-                with contextlib.suppress(nats.errors.Error):
-                    await msg.ack()  # a lost acknowledgement only means one more delivery
+                await bus_consumer.ack(msg)  # a lost acknowledgement only means one more delivery
                 self.last_seq = max(self.last_seq, delivery.seq)
                 self.handled += 1
                 if delivery.pending == 0:
@@ -386,7 +342,7 @@ class Plugin:
             self.caught_up.set()
             log.info("plugin_caught_up", last_seq=self.last_seq, handled=self.handled)
 
-    async def _failed(self, delivery: Delivery, exc: Exception, held: deque[Msg]) -> bool:
+    async def _failed(self, delivery: Delivery, exc: Exception, held: deque[Message]) -> bool:
         """True when the event was passed over and the batch goes on; False when the batch was handed
         back (to be delivered again after the backoff)."""
         seq = delivery.seq
@@ -417,7 +373,7 @@ class Plugin:
         await self._abandon(held.popleft(), delivery, failures, exc)
         return True
 
-    async def _abandon(self, msg: Msg, delivery: Delivery, attempts: int, exc: Exception) -> None:
+    async def _abandon(self, msg: Message, delivery: Delivery, attempts: int, exc: Exception) -> None:
         self._failures.pop(delivery.seq, None)
         self.abandoned += 1
         log.error(
@@ -434,12 +390,11 @@ class Plugin:
         assert self.marks is not None
         try:
             await self.marks.record_dead(delivery.seq, record)
-        except (nats.errors.Error, TimeoutError) as err:
+        except (BusError, TimeoutError) as err:
             log.error("plugin_abandoned_record_failed", seq=delivery.seq, error=repr(err))
-        with contextlib.suppress(nats.errors.Error):
-            await msg.term()
+        await bus_consumer.term(msg)
 
-    async def _hand_back(self, held: deque[Msg]) -> None:
+    async def _hand_back(self, held: deque[Message]) -> None:
         """Nak every held event, oldest first, and wait until the server has them all: the next pull then
         gets them back in stream order, before anything newer."""
         msgs = sorted(held, key=lambda m: parse_js_reply(m.reply).stream_seq)
@@ -448,10 +403,8 @@ class Plugin:
             return
         assert self.nc is not None
         try:
-            for msg in msgs[:-1]:
-                await msg.nak()
-            await self.nc.request(msgs[-1].reply, b"-NAK", timeout=NAK_ANSWER_S)
-        except (nats.errors.Error, TimeoutError) as exc:
+            await bus_consumer.hand_back(self.nc, msgs)
+        except (BusError, TimeoutError) as exc:
             # They come back after their ack wait instead (and at once after a restart).
             log.warning("plugin_hand_back_failed", events=len(msgs), error=repr(exc))
 
@@ -462,8 +415,7 @@ class Plugin:
         while True:
             await pause(interval)
             for msg in list(self._held):
-                with contextlib.suppress(nats.errors.Error):
-                    await msg.in_progress()
+                await bus_consumer.in_progress(msg)
 
     def status(self) -> dict[str, Any]:
         return {

@@ -103,7 +103,7 @@ async def run_chaos(server: EmbeddedServer, env: dict[str, str], tmp_path: Path,
     nc = await nats.connect(server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
     mayor = MayorProcess(env, server.url, tmp_path / "mayor.log")
     try:
-        await provision(nc.jetstream(), town)
+        await provision(nc, town)
         mayor.start()
         created: list[str] = []  # bead ids seen in outcomes so far, for closes and claims
         expected: dict[str, str] = {}  # command id -> verb

@@ -106,7 +106,7 @@ async def test_kill_9_the_mayor_while_molecules_are_stepped_and_convoys_fill(
     mayor = MayorProcess(gt_env, own_nats_server.url, tmp_path / "mayor.log")
     sent: Counter[str] = Counter()
     try:
-        await provision(nc.jetstream(), town)
+        await provision(nc, town)
         await seed_rigs(nc, *(f"rig{i}" for i in range(3)))  # the rigs the workers sling to
         mayor.start()
         workers = [asyncio.create_task(Worker(nc, i, sent, random.Random(SEED + i)).run()) for i in range(CONVOYS)]

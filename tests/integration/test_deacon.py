@@ -25,6 +25,7 @@ from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
 from services.mayor.service import MayorService
 from shared import leases
+from shared.bus.kv import Bucket
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from shared.leases import LeaseLostError
@@ -94,7 +95,7 @@ async def renew_for(kv: Any, lease: str, holder: str, token: int, times: int) ->
 async def test_a_renewed_lease_lives_without_growing_the_log_and_an_unrenewed_one_expires_and_fences(
     dt: Town,
 ) -> None:
-    kv = await dt.nc.jetstream().key_value(dt.config.lease_bucket)
+    kv = Bucket(dt.nc, dt.config.lease_bucket)
     got = await dt.command("gt.cmd.lease.acquire", lease="res-1", holder="alice", ttl_s=1.0)
     assert got["type"] == "cmd.accepted", got
     assert got["result"]["token"] == 1
@@ -149,7 +150,7 @@ async def test_a_renewed_lease_lives_without_growing_the_log_and_an_unrenewed_on
 async def test_a_deacon_restarted_mid_ttl_neither_expires_a_renewed_lease_nor_forgets_an_unrenewed_one(
     dt: Town,
 ) -> None:
-    kv = await dt.nc.jetstream().key_value(dt.config.lease_bucket)
+    kv = Bucket(dt.nc, dt.config.lease_bucket)
     live = await dt.command("gt.cmd.lease.acquire", lease="kept", holder="h1", ttl_s=1.0)
     lapse = await dt.command("gt.cmd.lease.acquire", lease="lapsed", holder="h2", ttl_s=1.0)
     acquired = time.monotonic()
@@ -285,7 +286,7 @@ async def test_the_disk_alarm_reads_what_is_left_of_the_accounts_jetstream_stora
             await js.add_stream(name="FILL", subjects=["fill.>"])
             for i in range(6):
                 await js.publish(f"fill.{i}", b"x" * 100_000)
-            seen = await disk_watch.measure(js, (str(tmp_path),))
+            seen = await disk_watch.measure(nc, (str(tmp_path),))
         finally:
             await nc.close()
     finally:
@@ -323,7 +324,7 @@ async def test_by_default_the_disk_alarm_watches_gt_home_and_the_nats_store_gt_u
             )
             assert f"the volume of {home} has" in escalations[0]["message"]
             # GT_HOME and the store are one volume here: measured once, under GT_HOME's name.
-            seen = await disk_watch.measure(nc.jetstream(), deacon.disk_paths())
+            seen = await disk_watch.measure(nc, deacon.disk_paths())
             assert [m.what for m in seen] == [f"the volume of {home}"]
         finally:
             for name in list(handle.tasks):

@@ -32,6 +32,7 @@ from services.witness.projection import collectable
 from services.witness.projection import new_projection as witness_projection
 from services.witness.settings import WitnessSettings
 from shared import heartbeats, leases
+from shared.bus.kv import Bucket
 from shared.bus.snapshots import SnapshotStore
 from shared.config import TownConfig
 from shared.projection import Projection
@@ -75,8 +76,8 @@ async def assert_replays(nc: Client, service: Service[Any], make: Callable[[], P
     assert fresh.serialize_state() == live, f"{service.name}: the live projection differs from a fresh replay"
 
 
-async def snapshot_size(js: JetStreamContext, config: TownConfig, name: str) -> int:
-    data = await SnapshotStore(js, config.snapshot_bucket).load(name)
+async def snapshot_size(nc: Client, config: TownConfig, name: str) -> int:
+    data = await SnapshotStore(nc, config.snapshot_bucket).load(name)
     assert data is not None, f"no snapshot of the {name}"
     return len(data)
 
@@ -139,7 +140,7 @@ async def test_a_sweep_collects_what_finished_keeps_live_work_compacts_snapshots
         live_sessions: list[str] = await assert_eventually(started, timeout=60)
 
         # KV entries: a released lease and a held one, an old and a fresh agent heartbeat, a stopped service.
-        lease_kv = await js.key_value(town.lease_bucket)
+        lease_kv = Bucket(nc, town.lease_bucket)
         for name in ("res-old", "res-live"):
             got = await pt.ok("gt.cmd.lease.acquire", lease=name, holder="alice", ttl_s=3600.0)
             await leases.renew(lease_kv, name, "alice", int(got["token"]), datetime.now(UTC))
@@ -159,7 +160,7 @@ async def test_a_sweep_collects_what_finished_keeps_live_work_compacts_snapshots
         collected: list[Service[Any]] = [pt.mayor, pt.witness, pt.refinery]
         for service in collected:
             await service.save_snapshot()
-        before = {s.name: await snapshot_size(js, town, s.name) for s in collected}
+        before = {s.name: await snapshot_size(nc, town, s.name) for s in collected}
 
         # The sweep, as an operator asks for it.
         out = await asyncio.to_thread(run_gt, {**gt_env, "NATS_URL": town.nats_url}, "gc", "--ttl", "0", "--json")
@@ -215,7 +216,7 @@ async def test_a_sweep_collects_what_finished_keeps_live_work_compacts_snapshots
         # Compacted snapshots replace the old ones promptly, and nothing of the old ones is left in the store.
         for service in (*collected, deacon):
             await assert_eventually(lambda s=service: s.status()["snapshot_seq"] >= sweep_seq)  # type: ignore[misc]
-        after = {s.name: await snapshot_size(js, town, s.name) for s in collected}
+        after = {s.name: await snapshot_size(nc, town, s.name) for s in collected}
         for name, size in after.items():
             assert size < before[name], f"the {name}'s snapshot did not shrink: {before[name]} -> {size}"
         store = await js.object_store(town.snapshot_bucket)

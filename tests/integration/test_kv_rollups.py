@@ -15,12 +15,11 @@ from nats.aio.client import Client
 from nats.js.api import KeyValueConfig
 from nats.js.client import JetStreamContext
 
-from services.deacon.effects import gc_kv
 from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
+from shared.bus.kv import Bucket, open_or_create
 from shared.bus.topology import provision
 from shared.config import TownConfig
-from shared.plugins.marks import ensure_bucket
 from shared.plugins.settings import PLUGIN_BUCKET
 from shared.service import ServiceSettings
 from tests.helpers import assert_eventually
@@ -62,7 +61,7 @@ async def test_a_rollup_to_the_lease_or_heartbeat_bucket_is_refused_and_nothing_
     nc: Client, town: TownConfig
 ) -> None:
     js = nc.jetstream()
-    await provision(js, town)
+    await provision(nc, town)
     for bucket in buckets(town):
         kv = await js.key_value(bucket)
         await kv.put("sess-a", b"a's lease")
@@ -103,7 +102,7 @@ async def test_a_town_started_on_buckets_that_allowed_rollups_gets_them_updated(
 
 async def test_a_plugin_creates_its_marks_bucket_without_rollups(nc: Client, town: TownConfig) -> None:
     js = nc.jetstream()
-    kv = await ensure_bucket(js, PLUGIN_BUCKET, ttl_s=3600.0, replicas=1)
+    kv = await open_or_create(nc, PLUGIN_BUCKET, ttl_s=3600.0, replicas=1)
     await kv.put("other.evt-1", b"done")
     refused = await roll_up(js, PLUGIN_BUCKET, "mine.evt-1", "all")
     assert refused.err_code == ERR_ROLLUP_NOT_PERMITTED
@@ -114,12 +113,12 @@ async def test_the_kv_sweep_purges_a_dead_entry_without_a_rollup_and_leaves_noth
     nc: Client, town: TownConfig
 ) -> None:
     js = nc.jetstream()
-    await provision(js, town)
+    await provision(nc, town)
     for bucket in (*buckets(town), town.service_bucket):
         kv = await js.key_value(bucket)
         revision = await kv.put("dead", b"old")
         await kv.put("alive", b"live")
-        assert await gc_kv.purge(js, bucket, "dead", revision) is True
+        assert await Bucket(nc, bucket).purge_unless_written_since("dead", revision) is True
         assert await stored(js, bucket) == {"alive": b"live"}
         # Not even a delete marker is left of it: the subject holds nothing.
         info = await js.stream_info(f"KV_{bucket}", subjects_filter=f"$KV.{bucket}.dead")
@@ -130,11 +129,11 @@ async def test_the_kv_sweep_purges_a_dead_entry_without_a_rollup_and_leaves_noth
 
 async def test_the_kv_sweep_never_purges_a_value_written_after_it_read_the_entry(nc: Client, town: TownConfig) -> None:
     js = nc.jetstream()
-    await provision(js, town)
+    await provision(nc, town)
     kv = await js.key_value(town.lease_bucket)
     read = await kv.put("res-1", b"released")
     await kv.put("res-1", b"renewed since")  # taken again after the sweep read it
-    assert await gc_kv.purge(js, town.lease_bucket, "res-1", read) is False
+    assert await Bucket(nc, town.lease_bucket).purge_unless_written_since("res-1", read) is False
     assert (await kv.get("res-1")).value == b"renewed since"
 
 
@@ -150,6 +149,10 @@ class WriteBeforePurge:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._js, name)
 
+    def jetstream(self) -> WriteBeforePurge:
+        """Handed to the sweep's ``Bucket`` as its connection: the purge goes through this context."""
+        return self
+
     async def purge_stream(self, name: str, **kwargs: Any) -> bool:
         self.purges += 1
         await self._write()
@@ -158,10 +161,11 @@ class WriteBeforePurge:
 
 async def test_a_write_between_the_sweeps_delete_and_its_purge_survives(nc: Client, town: TownConfig) -> None:
     js = nc.jetstream()
-    await provision(js, town)
+    await provision(nc, town)
     kv = await js.key_value(town.heartbeat_bucket)
     read = await kv.put("sess-1", b"old beat")
     racing = WriteBeforePurge(js, lambda: kv.put("sess-1", b"fresh beat"))
-    assert await gc_kv.purge(cast(JetStreamContext, racing), town.heartbeat_bucket, "sess-1", read) is True
+    sweeping = Bucket(cast(Client, racing), town.heartbeat_bucket)
+    assert await sweeping.purge_unless_written_since("sess-1", read) is True
     assert racing.purges == 1, "the sweep is expected to purge the subject after its delete marker"
     assert (await kv.get("sess-1")).value == b"fresh beat"

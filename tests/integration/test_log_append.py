@@ -62,8 +62,8 @@ class _LoseAcks:
 
 @pytest.fixture
 async def appender(nc: Client, town: TownConfig) -> Appender:
-    await provision(nc.jetstream(), town)
-    return Appender(nc, nc.jetstream(), town.evt_stream, attempt_timeout=2, deadline=20)
+    await provision(nc, town)
+    return Appender(nc, town.evt_stream, attempt_timeout=2, deadline=20)
 
 
 class TestConcurrency:
@@ -113,7 +113,7 @@ class TestRetryNeverStoresTwice:
     async def test_a_lost_ack_on_a_checked_append_is_recognised(
         self, nc: Client, town: TownConfig, appender: Appender
     ) -> None:
-        lossy = Appender(_LoseAcks(nc, losses=2), nc.jetstream(), town.evt_stream, attempt_timeout=2)  # type: ignore[arg-type]
+        lossy = Appender(_LoseAcks(nc, losses=2), town.evt_stream, attempt_timeout=2)  # type: ignore[arg-type]
         [seq] = await lossy.append([created("hq-1", "e1")])
         assert lossy.retries == 2
         assert await stored_events(nc, town) == [(seq, "gt.evt.bead.hq-1", "e1")]
@@ -121,12 +121,12 @@ class TestRetryNeverStoresTwice:
     async def test_a_lost_ack_on_an_unchecked_append_is_deduplicated_by_msg_id(
         self, nc: Client, town: TownConfig, appender: Appender
     ) -> None:
-        lossy = Appender(_LoseAcks(nc, losses=1), nc.jetstream(), town.evt_stream, attempt_timeout=2)  # type: ignore[arg-type]
+        lossy = Appender(_LoseAcks(nc, losses=1), town.evt_stream, attempt_timeout=2)  # type: ignore[arg-type]
         [seq] = await lossy.append([created("hq-1", "e1", expected=None)])
         assert await stored_events(nc, town) == [(seq, "gt.evt.bead.hq-1", "e1")]
 
     async def test_a_lost_ack_on_a_batch_is_recognised(self, nc: Client, town: TownConfig, appender: Appender) -> None:
-        lossy = Appender(_LoseAcks(nc, losses=1), nc.jetstream(), town.evt_stream, attempt_timeout=2)  # type: ignore[arg-type]
+        lossy = Appender(_LoseAcks(nc, losses=1), town.evt_stream, attempt_timeout=2)  # type: ignore[arg-type]
         seqs = await lossy.append([created("hq-1", "e1"), created("hq-2", "e2")])
         assert seqs == [1, 2]
         assert [ev for _, _, ev in await stored_events(nc, town)] == ["e1", "e2"]
@@ -135,7 +135,7 @@ class TestRetryNeverStoresTwice:
         self, nc: Client, town: TownConfig, appender: Appender
     ) -> None:
         await appender.append([created("hq-1", "theirs")])
-        lossy = Appender(_LoseAcks(nc, losses=0), nc.jetstream(), town.evt_stream)  # type: ignore[arg-type]
+        lossy = Appender(_LoseAcks(nc, losses=0), town.evt_stream)  # type: ignore[arg-type]
         with pytest.raises(AppendConflictError):
             await lossy.append([created("hq-1", "mine")])
 
@@ -147,8 +147,8 @@ class TestRetryNeverStoresTwice:
         town = TownConfig(nats_url=own_nats_server.url, gt_home=tmp_path)
         client = await nats.connect(town.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
         try:
-            await provision(client.jetstream(), town)
-            appender = Appender(client, client.jetstream(), town.evt_stream, attempt_timeout=1, deadline=60)
+            await provision(client, town)
+            appender = Appender(client, town.evt_stream, attempt_timeout=1, deadline=60)
 
             async def write(i: int) -> int:
                 [seq] = await appender.append([created(f"hq-{i}", f"e{i}")])

@@ -54,7 +54,7 @@ async def running(reader: EventReader) -> AsyncIterator[asyncio.Task[None]]:
 
 @pytest.fixture
 async def log(nc: Client, town: TownConfig) -> Client:
-    await provision(nc.jetstream(), town)
+    await provision(nc, town)
     return nc
 
 
@@ -63,7 +63,7 @@ async def test_replays_then_reports_caught_up_then_follows_live_without_gap_or_d
 ) -> None:
     await publish_events(log, 2000)
     seen = Recorder()
-    reader = EventReader(log.jetstream(), town.evt_stream, seen)
+    reader = EventReader(log, town.evt_stream, seen)
     async with running(reader):
         await asyncio.wait_for(reader.caught_up.wait(), 30)
         assert reader.target_seq == 2000
@@ -77,7 +77,7 @@ async def test_replays_then_reports_caught_up_then_follows_live_without_gap_or_d
 
 async def test_an_empty_stream_is_caught_up_at_once(log: Client, town: TownConfig) -> None:
     seen = Recorder()
-    reader = EventReader(log.jetstream(), town.evt_stream, seen)
+    reader = EventReader(log, town.evt_stream, seen)
     async with running(reader):
         await asyncio.wait_for(reader.caught_up.wait(), 10)
         await publish_events(log, 3)
@@ -87,7 +87,7 @@ async def test_an_empty_stream_is_caught_up_at_once(log: Client, town: TownConfi
 async def test_replay_starts_after_the_given_sequence(log: Client, town: TownConfig) -> None:
     await publish_events(log, 100)
     seen = Recorder()
-    reader = EventReader(log.jetstream(), town.evt_stream, seen, start_after=60)
+    reader = EventReader(log, town.evt_stream, seen, start_after=60)
     async with running(reader):
         await asyncio.wait_for(reader.caught_up.wait(), 10)
     assert seen.seqs == list(range(61, 101))
@@ -95,7 +95,7 @@ async def test_replay_starts_after_the_given_sequence(log: Client, town: TownCon
 
 async def test_wait_for_seq_returns_once_applied(log: Client, town: TownConfig) -> None:
     seen = Recorder()
-    reader = EventReader(log.jetstream(), town.evt_stream, seen)
+    reader = EventReader(log, town.evt_stream, seen)
     async with running(reader):
         await asyncio.wait_for(reader.caught_up.wait(), 10)
         waiter = asyncio.create_task(reader.wait_for_seq(20))
@@ -114,7 +114,7 @@ async def test_a_gap_from_client_side_drops_is_detected_and_resynced(log: Client
     # A tiny pending limit plus a slow apply makes nats-py drop messages silently (its ordered consumer
     # advances its own sequence first); the reader must notice the jump and read the gap again.
     seen = Recorder(delay=0.002, slow_for=100)
-    reader = EventReader(log.jetstream(), town.evt_stream, seen, pending_msgs_limit=200, watchdog_interval=0.5)
+    reader = EventReader(log, town.evt_stream, seen, pending_msgs_limit=200, watchdog_interval=0.5)
     async with running(reader):
         await asyncio.wait_for(reader.caught_up.wait(), 60)
     assert seen.seqs == list(range(1, 3001))
@@ -126,10 +126,10 @@ async def test_following_survives_a_server_restart(own_nats_server: Any, tmp_pat
     town = TownConfig(nats_url=own_nats_server.url, gt_home=tmp_path)
     client = await nats.connect(town.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
     try:
-        await provision(client.jetstream(), town)
+        await provision(client, town)
         await publish_events(client, 500)
         seen = Recorder()
-        reader = EventReader(client.jetstream(), town.evt_stream, seen, idle_heartbeat=0.5, watchdog_interval=0.5)
+        reader = EventReader(client, town.evt_stream, seen, idle_heartbeat=0.5, watchdog_interval=0.5)
         async with running(reader):
             await asyncio.wait_for(reader.caught_up.wait(), 10)
             await asyncio.to_thread(own_nats_server.restart)
@@ -144,7 +144,7 @@ async def test_following_survives_a_server_restart(own_nats_server: Any, tmp_pat
 async def test_a_consumer_deleted_on_the_server_is_replaced(log: Client, town: TownConfig) -> None:
     await publish_events(log, 100)
     seen = Recorder()
-    reader = EventReader(log.jetstream(), town.evt_stream, seen, idle_heartbeat=0.5, watchdog_interval=0.5)
+    reader = EventReader(log, town.evt_stream, seen, idle_heartbeat=0.5, watchdog_interval=0.5)
     js = log.jetstream()
     async with running(reader):
         await asyncio.wait_for(reader.caught_up.wait(), 10)

@@ -155,7 +155,7 @@ class TestCommandPath:
         # must find its outcome and produce neither a second outcome nor a second effect.
         outcome = CommandAccepted(command_id="crashed-1", command="bead.create", result={"id": "hq-earlier"})
         data = encode_event(outcome, event_id="ev-prior", ts=datetime.now(UTC), actor="mayor")
-        appender = Appender(nc, nc.jetstream(), town.evt_stream)
+        appender = Appender(nc, town.evt_stream)
         await appender.append(
             [PendingEvent(subject="gt.evt.cmd.crashed-1", data=data, event_id="ev-prior", expected_seq=0)]
         )
@@ -437,7 +437,7 @@ class TestSnapshots:
             for i in range(20):
                 await pub(nc, "gt.cmd.bead.create", {"title": f"b{i}"}, msg_id=f"d-{i}")
             await outcome_of(nc, "d-19")
-        store = SnapshotStore(nc.jetstream(), town.snapshot_bucket)
+        store = SnapshotStore(nc, town.snapshot_bucket)
         good = await store.load("mayor")
         assert good is not None
         if damage == "garbage":
@@ -471,19 +471,21 @@ class TestLifecycle:
         in_put = asyncio.Event()
         swallowed = 0
 
-        class SwallowingHeartbeat(MayorService):
-            async def _put_heartbeat(self, js: Any, *, stopping: bool = False) -> None:
-                nonlocal swallowed
-                await super()._put_heartbeat(js, stopping=stopping)
-                if stopping or swallowed:
-                    return
-                in_put.set()
-                try:
-                    await asyncio.sleep(30)
-                except asyncio.CancelledError:
-                    swallowed += 1
+        service = MayorService(town, ServiceSettings(patrol_interval=0.2, heartbeat_interval=0.2))
+        put = service.heartbeats.put
 
-        service = SwallowingHeartbeat(town, ServiceSettings(patrol_interval=0.2, heartbeat_interval=0.2))
+        async def swallowing_put(*, stopping: bool = False) -> None:
+            nonlocal swallowed
+            await put(stopping=stopping)
+            if stopping or swallowed:
+                return
+            in_put.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                swallowed += 1
+
+        service.heartbeats.put = swallowing_put  # type: ignore[method-assign]
         task = asyncio.create_task(service.run())
         await asyncio.wait_for(_ready_or_failed(service, task), 30)
         await asyncio.wait_for(in_put.wait(), 30)

@@ -34,7 +34,7 @@ async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[Pole
 
 
 async def append(pt: PolecatTown, event: Event, actor: str) -> None:
-    appender = Appender(pt.nc, pt.nc.jetstream(), pt.config.evt_stream)
+    appender = Appender(pt.nc, pt.config.evt_stream)
     new = NewEvent(payload=event, expected_seq=None)
     pending = to_pending(new, ts=datetime.now(UTC), actor=actor, causation_id=None, correlation_id=None)
     await appender.append([pending])

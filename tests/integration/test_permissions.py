@@ -346,7 +346,7 @@ async def test_every_role_does_its_work_with_its_own_user(
             plugin_nc = await st.connect("plugin")
             try:
                 live = await collect_live(
-                    plugin_nc, plugin_nc.jetstream(), "GT_EVT", ("mayor", "witness", "refinery", "deacon"),
+                    plugin_nc, "GT_EVT", ("mayor", "witness", "refinery", "deacon"),
                     timeout=2.0, skip_plugin="metrics",
                 )  # fmt: skip
             finally:

@@ -72,8 +72,8 @@ def settings(name: str, **fields: Any) -> PluginSettings:
 @pytest.fixture
 async def log(nc: Client, town: TownConfig) -> Appender:
     """The town's streams, and an appender to store events as the services do."""
-    await provision(nc.jetstream(), town)
-    return Appender(nc, nc.jetstream(), town.evt_stream)
+    await provision(nc, town)
+    return Appender(nc, town.evt_stream)
 
 
 async def store(appender: Appender, *events: Event) -> list[int]:

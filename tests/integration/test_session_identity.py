@@ -21,10 +21,10 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from gt.cli.hook_lease import session_bucket
 from services.witness.service import WitnessService
 from shared.bus.auth_callout import AUTH_SUBJECT
 from shared.bus.connection import close_quietly, connect
+from shared.bus.kv import Bucket
 from shared.bus.permissions import guarded
 from shared.bus.topology import provision
 from shared.errors import NatsUnavailableError, PermissionDeniedError
@@ -52,7 +52,7 @@ async def provisioned_town(st: SecuredTown) -> AsyncIterator[Client]:
     """The streams and buckets, made by a service (as the services do at start); its connection."""
     mayor = await st.connect("mayor")
     try:
-        await provision(mayor.jetstream(), st.config("mayor"))
+        await provision(mayor, st.config("mayor"))
         yield mayor
     finally:
         await close_quietly(mayor)
@@ -63,6 +63,12 @@ async def denied(nc: Client, op: object, subject: str) -> None:
     with pytest.raises(PermissionDeniedError) as caught:
         await asyncio.wait_for(guarded(nc, op), 10)  # type: ignore[arg-type]
     assert caught.value.subject.lower() == subject.lower(), caught.value
+
+
+async def stored(bucket: Bucket, key: str) -> bytes | None:
+    """The key's value as the bucket holds it (None: not there)."""
+    entry = await bucket.get(key)
+    return entry.value if entry is not None else None
 
 
 async def allowed(nc: Client, op: object) -> object:
@@ -80,8 +86,8 @@ async def test_a_session_may_use_its_own_subjects_keys_and_inbox_and_nothing_of_
         await mayor.subscribe("gt.q.mayor.echo", cb=echo)
         await mayor.flush()
         b_nc = await connect(st.session_config(B, BEAD_B), name="session-b")
-        await session_bucket(b_nc.jetstream(), "GT_HEARTBEATS").put(B.session, b"B's beat")
-        await session_bucket(b_nc.jetstream(), "GT_LEASES").put(hook_lease_name(BEAD_B), b"B's lease")
+        await Bucket(b_nc, "GT_HEARTBEATS", keys_only=True).put(B.session, b"B's beat")
+        await Bucket(b_nc, "GT_LEASES", keys_only=True).put(hook_lease_name(BEAD_B), b"B's lease")
 
         nc = await connect(st.session_config(A, BEAD_A), name="session-a")
         js = nc.jetstream()
@@ -94,8 +100,8 @@ async def test_a_session_may_use_its_own_subjects_keys_and_inbox_and_nothing_of_
             assert isinstance(answer, Msg)
             assert answer.data == b"pong"
             assert answer.subject.startswith("_INBOX_s-hq-aaaaaa-1.")
-            beats = session_bucket(js, "GT_HEARTBEATS")
-            lease = session_bucket(js, "GT_LEASES")
+            beats = Bucket(nc, "GT_HEARTBEATS", keys_only=True)
+            lease = Bucket(nc, "GT_LEASES", keys_only=True)
             await allowed(nc, beats.put(A.session, b"A's beat"))
             assert (await allowed(nc, beats.get(A.session))).value == b"A's beat"  # type: ignore[attr-defined]
             await allowed(nc, lease.put(hook_lease_name(BEAD_A), b"A's lease"))
@@ -137,8 +143,8 @@ async def test_a_session_may_use_its_own_subjects_keys_and_inbox_and_nothing_of_
         finally:
             await close_quietly(nc)
         # B's keys are as B wrote them.
-        assert (await session_bucket(b_nc.jetstream(), "GT_HEARTBEATS").get(B.session)).value == b"B's beat"
-        assert (await session_bucket(b_nc.jetstream(), "GT_LEASES").get(hook_lease_name(BEAD_B))).value == b"B's lease"
+        assert await stored(Bucket(b_nc, "GT_HEARTBEATS", keys_only=True), B.session) == b"B's beat"
+        assert await stored(Bucket(b_nc, "GT_LEASES", keys_only=True), hook_lease_name(BEAD_B)) == b"B's lease"
         await close_quietly(b_nc)
     lines = [line for line in st.violations() if '"GT/user:hq-aaaaaa-1"' in line]
     assert any('Subject "gt.cmd.step.done.demo.bob.hq-bbbbbb-1"' in line for line in lines), lines
@@ -286,8 +292,8 @@ async def test_the_witness_gives_each_session_its_own_identity_and_refuses_it_on
         password = (out.parent / f"{session}.password").read_text().strip()
         assert password not in env.values()
         assert not [key for key in env if key.startswith(("GT_AUTH_", "GT_SESSION_KEY", "GT_NATS_"))]
-        beats = session_bucket(town.nc.jetstream(), "GT_HEARTBEATS")
-        assert json.loads((await beats.get(session)).value or b"{}")["note"] == "as myself"
+        beats = Bucket(town.nc, "GT_HEARTBEATS", keys_only=True)
+        assert json.loads(await stored(beats, session) or b"{}")["note"] == "as myself"
         assert town.witness is not None
         witness = town.witness
         assert isinstance(witness, WitnessService)
@@ -328,8 +334,8 @@ async def test_a_sessions_gt_waits_out_a_witness_restart_rather_than_failing(st:
         async with responder_for(st, lambda s: s == A.session):
             done = await asyncio.wait_for(beating, 60)
         assert done.returncode == 0, done.stderr
-        beat = await session_bucket(mayor.jetstream(), "GT_HEARTBEATS").get(A.session)
-        assert json.loads(beat.value or b"{}")["note"] == "patient"
+        beat = await stored(Bucket(mayor, "GT_HEARTBEATS", keys_only=True), A.session)
+        assert json.loads(beat or b"{}")["note"] == "patient"
 
 
 async def test_a_sessions_gt_waits_out_its_nats_server_restarting(st: SecuredTown, tmp_path: Path) -> None:
@@ -357,8 +363,8 @@ async def test_a_sessions_gt_waits_out_its_nats_server_restarting(st: SecuredTow
         async with provisioned_town(st) as mayor, responder_for(st, lambda s: s == A.session):
             code = await asyncio.to_thread(beating.wait, 60)
             assert code == 0, stderr.read_text()
-            beat = await session_bucket(mayor.jetstream(), "GT_HEARTBEATS").get(A.session)
-            assert json.loads(beat.value or b"{}")["note"] == "after the restart"
+            beat = await stored(Bucket(mayor, "GT_HEARTBEATS", keys_only=True), A.session)
+            assert json.loads(beat or b"{}")["note"] == "after the restart"
     finally:
         if beating.poll() is None:
             beating.kill()

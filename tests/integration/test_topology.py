@@ -44,20 +44,20 @@ EVERYTHING = {
 
 
 async def test_first_provision_creates_then_reports_existing(nc: Client, town: TownConfig) -> None:
-    first = await provision(nc.jetstream(), town)
+    first = await provision(nc, town)
     assert set(first.created) == EVERYTHING
-    second = await provision(nc.jetstream(), town)
+    second = await provision(nc, town)
     assert second.created == []
     assert set(second.existing) == set(first.created)
 
 
 async def test_concurrent_provisioners_agree(nc: Client, town: TownConfig) -> None:
-    reports = await asyncio.gather(*(provision(nc.jetstream(), town) for _ in range(5)))
+    reports = await asyncio.gather(*(provision(nc, town) for _ in range(5)))
     assert all(set(r.created) | set(r.existing) == EVERYTHING for r in reports)
 
 
 async def test_the_event_log_is_immutable_and_keeps_everything(nc: Client, town: TownConfig) -> None:
-    await provision(nc.jetstream(), town)
+    await provision(nc, town)
     info = await nc.jetstream().stream_info("GT_EVT")
     cfg = info.config
     assert cfg.subjects == ["gt.evt.>"]
@@ -88,7 +88,7 @@ async def test_an_incompatible_existing_stream_is_reported_and_left_alone(
     await js.add_stream(dataclasses.replace(wanted, **change))
     before = (await js.stream_info("GT_EVT")).config
     with pytest.raises(StreamConfigMismatchError) as info:
-        await provision(js, town)
+        await provision(nc, town)
     assert info.value.stream == "GT_EVT"
     assert field in info.value.differences
     assert field in str(info.value)
@@ -102,7 +102,7 @@ async def test_a_command_stream_with_work_queue_retention_is_refused(nc: Client,
     await js.add_stream(dataclasses.replace(wanted, retention=RetentionPolicy.WORK_QUEUE))
     await js.add_stream(evt_stream_config(town))
     with pytest.raises(StreamConfigMismatchError, match="retention"):
-        await provision(js, town)
+        await provision(nc, town)
 
 
 def test_the_embedded_server_syncs_every_write_to_disk(own_nats_server: Any) -> None:
@@ -117,13 +117,13 @@ async def test_an_older_command_consumer_is_widened_with_its_pending_commands_ke
     """An upgrade that gives a service more commands (the deacon got `gc`): its consumer reads them too, and a
     command stored before the upgrade is still there to be answered."""
     js = nc.jetstream()
-    await provision(js, town)
+    await provision(nc, town)
     name = command_consumer_name("deacon")
     older = dataclasses.replace(command_consumer_config("deacon"), filter_subjects=["gt.cmd.lease.>"])
     await js.delete_consumer(town.cmd_stream, name)
     await js.add_consumer(town.cmd_stream, older)
     await js.publish("gt.cmd.lease.acquire", b'{"lease": "x", "holder": "me", "ttl_s": 5}', stream=town.cmd_stream)
-    report = await provision(js, town)
+    report = await provision(nc, town)
     assert f"GT_CMD/{name}" in report.existing
     info = await js.consumer_info(town.cmd_stream, name)
     assert sorted(info.config.filter_subjects or []) == sorted(command_consumer_config("deacon").filter_subjects or [])
@@ -132,13 +132,13 @@ async def test_an_older_command_consumer_is_widened_with_its_pending_commands_ke
 
 async def test_a_command_consumer_reading_other_subjects_is_refused(nc: Client, town: TownConfig) -> None:
     js = nc.jetstream()
-    await provision(js, town)
+    await provision(nc, town)
     name = command_consumer_name("deacon")
     other = dataclasses.replace(command_consumer_config("deacon"), filter_subjects=["gt.cmd.somebody.>"])
     await js.delete_consumer(town.cmd_stream, name)
     await js.add_consumer(town.cmd_stream, other)
     with pytest.raises(StreamConfigMismatchError) as refused:
-        await provision(js, town)
+        await provision(nc, town)
     assert "filter_subjects" in str(refused.value)
 
 
@@ -163,7 +163,7 @@ async def test_a_command_sent_while_the_intake_is_being_provisioned_is_refused_o
         return await real(js_, stream, wanted)
 
     monkeypatch.setattr(topology, "ensure_consumer", command_arrives_first)
-    await provision(js, town)
+    await provision(nc, town)
     assert sent, "the command was not sent in the window"
     info = await js.stream_info(town.cmd_stream)
     if sent[0] == "stored":
@@ -185,9 +185,9 @@ async def test_a_half_provisioned_command_intake_is_finished_by_the_next_provisi
     js = nc.jetstream()
     closed = dataclasses.replace(cmd_stream_config(town), subjects=[topology.closed_intake_subject(town)])
     await js.add_stream(closed)
-    report = await provision(js, town)
+    report = await provision(nc, town)
     assert "GT_CMD" in report.existing
     assert "GT_CMD/mayor-cmd" in report.created
     assert sorted((await js.stream_info(town.cmd_stream)).config.subjects or []) == ["gt.cmd.>"]
-    again = await provision(js, town)
+    again = await provision(nc, town)
     assert not again.created

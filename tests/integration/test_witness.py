@@ -388,8 +388,7 @@ async def test_a_reused_pid_is_never_signalled(pt: PolecatTown, tmp_path: Path) 
 
 
 async def append_events(pt: PolecatTown, *events: NewEvent) -> None:
-    js = pt.nc.jetstream()
-    appender = Appender(pt.nc, js, pt.config.evt_stream)
+    appender = Appender(pt.nc, pt.config.evt_stream)
     now = datetime.now(UTC)
     for event in events:
         await appender.append([to_pending(event, ts=now, actor="witness", causation_id=None, correlation_id=None)])

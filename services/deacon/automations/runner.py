@@ -18,9 +18,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-import nats.errors
 import structlog
-from nats.js.client import JetStreamContext
 
 from services.deacon.automations import plan as automation_plan
 from services.deacon.automations import queries as automation_views
@@ -37,6 +35,8 @@ from services.deacon.automations.plan import CheckResult, Fire, Plan, SendComman
 from services.deacon.automations.state import AutomationState, Run
 from services.deacon.effects.event_scan import EventScanner
 from shared import ids
+from shared.bus.connection import Connection
+from shared.bus.errors import BusError
 from shared.commands import BeadCreate, BeadSling, Command
 from shared.config import TownConfig
 from shared.decision import NewEvent
@@ -97,10 +97,10 @@ class AutomationRunner:
         self.plan = Plan()
         self.fired = self.completed = self.failed = self.checks_run = self.scan_errors = 0
 
-    def start(self, tg: asyncio.TaskGroup, js: JetStreamContext) -> None:
+    def start(self, tg: asyncio.TaskGroup, nc: Connection) -> None:
         """Once caught up with the log: from now on runs may start."""
         self._tg = tg
-        self._scanner = EventScanner(js, self.config.evt_stream)
+        self._scanner = EventScanner(nc, self.config.evt_stream)
 
     def lookup(self, name: str) -> Automation | InvalidAutomation | None:
         """The file of ``name`` as it reads now (for deciding ``gt.cmd.automation.run``)."""
@@ -327,7 +327,7 @@ class AutomationRunner:
                 seq = await self._scanner.newest_match(
                     name, auto.on, auto.subject, cursor=record.cursor if record else 0, upto=upto
                 )
-            except (nats.errors.Error, TimeoutError) as exc:
+            except (BusError, TimeoutError) as exc:
                 self.scan_errors += 1
                 log.warning("automation_scan_failed", automation=name, error=repr(exc))
                 continue

@@ -7,16 +7,17 @@ import asyncio
 import os
 import shutil
 
-import nats.errors
 import structlog
-from nats.js.client import JetStreamContext
 
 from services.deacon.plan.disk import Measurement
+from shared.bus import streams
+from shared.bus.connection import Connection
+from shared.bus.errors import BusError
 
 log = structlog.get_logger(__name__)
 
 
-async def measure(js: JetStreamContext, paths: tuple[str, ...]) -> list[Measurement]:
+async def measure(nc: Connection, paths: tuple[str, ...]) -> list[Measurement]:
     """Each watched volume once (paths on the same device are one volume: the first path names it), then the
     account's storage."""
     out: list[Measurement] = []
@@ -35,13 +36,13 @@ async def measure(js: JetStreamContext, paths: tuple[str, ...]) -> list[Measurem
             free = 100.0 * usage.free / usage.total
             out.append(Measurement(what=f"the volume of {path}", free_percent=free, free_bytes=usage.free))
     try:
-        info = await js.account_info()
-    except (TimeoutError, nats.errors.Error) as exc:
+        storage = await streams.account_storage(nc)
+    except (TimeoutError, BusError) as exc:
         log.warning("disk_watch_account_unreadable", error=repr(exc))
         return out
-    limit = info.limits.max_storage
-    if limit and limit > 0:  # -1: the account has no JetStream storage limit
-        left = max(0, limit - info.storage)
+    limit = storage.limit
+    if limit > 0:  # -1: the account has no JetStream storage limit
+        left = max(0, limit - storage.used)
         out.append(
             Measurement(what="the NATS account's JetStream storage", free_percent=100.0 * left / limit, free_bytes=left)
         )

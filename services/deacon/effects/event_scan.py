@@ -9,10 +9,10 @@ in memory. That memory is a cache: after a restart the reading starts again at t
 from __future__ import annotations
 
 import msgspec
-import nats.js.errors
 import structlog
-from nats.js.client import JetStreamContext
 
+from shared.bus import streams
+from shared.bus.connection import Connection
 from shared.errors import EventDecodeError
 from shared.events import decode_envelope
 from shared.subjects import event_subject
@@ -32,8 +32,8 @@ class _Progress(msgspec.Struct, kw_only=True):
 
 
 class EventScanner:
-    def __init__(self, js: JetStreamContext, stream: str) -> None:
-        self._js = js
+    def __init__(self, nc: Connection, stream: str) -> None:
+        self._nc = nc
         self._stream = stream
         self._progress: dict[str, _Progress] = {}
 
@@ -46,7 +46,7 @@ class EventScanner:
         and up to ``upto``; None when there is none (yet). The automation's own events never count.
 
         Raises:
-            nats.errors.Error, TimeoutError: the stream could not be read; the next pass tries again.
+            BusError, TimeoutError: the stream could not be read; the next pass tries again.
         """
         progress = self._progress.get(automation)
         if progress is None or (progress.on, progress.subject) != (on, subject):
@@ -56,16 +56,15 @@ class EventScanner:
         for _ in range(MAX_PER_PASS):
             if start > upto:
                 break
-            try:
-                msg = await self._js.get_msg(self._stream, seq=start, subject=subject, next=True)
-            except nats.js.errors.NotFoundError:
+            msg = await streams.next_on_subject(self._nc, self._stream, subject, start)
+            if msg is None:
                 progress.scanned = max(progress.scanned, upto)  # nothing on the filter from `start` on
                 break
-            seq = int(msg.seq or 0)
+            seq = msg.seq
             if seq > upto:
                 progress.scanned = max(progress.scanned, upto)
                 break
-            if msg.subject != own and _type_of(msg.data or b"", seq) == on:
+            if msg.subject != own and _type_of(msg.data, seq) == on:
                 progress.newest = seq
             progress.scanned = seq
             start = seq + 1

@@ -9,21 +9,17 @@ lease or record the same down).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-import nats.errors
-import nats.js.errors
 import structlog
-from nats.js.client import JetStreamContext
-from nats.js.kv import KeyValue
 
 from services.deacon.plan import leases as lease_rules
 from services.deacon.plan import liveness
 from shared import heartbeats
 from shared import leases as lease_kv
-from shared.aio import pause, raise_if_cancelling
+from shared.bus.connection import Connection
+from shared.bus.kv import Bucket, BucketMirror
 from shared.commands import Command, EscalationRaise
 from shared.decision import NewEvent
 from shared.heartbeats import ServiceHeartbeat
@@ -34,42 +30,6 @@ log = structlog.get_logger(__name__)
 AppendOwed = Callable[[list[NewEvent]], Awaitable[int]]
 StoreCommand = Callable[[Command], Awaitable[int]]
 """Stores a command for another service (``Service.store``): its outcome comes later, in the log."""
-WATCH_RETRY_S = 1.0
-
-
-class BucketMirror:
-    """The latest value and revision of every key of a KV bucket, kept current by a watch."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.entries: dict[str, tuple[bytes, int]] = {}
-        self.ready = asyncio.Event()
-        """Set once the watch delivered everything the bucket held when it started."""
-
-    async def run(self, js: JetStreamContext) -> None:
-        while True:
-            try:
-                kv = await js.key_value(self.name)
-                watcher = await kv.watchall()
-                try:
-                    async for entry in watcher:
-                        raise_if_cancelling()
-                        self._apply(entry)
-                finally:
-                    with contextlib.suppress(nats.errors.Error):
-                        await watcher.stop()  # type: ignore[no-untyped-call]
-            except (nats.errors.Error, TimeoutError) as exc:
-                log.warning("bucket_watch_failed", bucket=self.name, error=repr(exc))
-            await pause(WATCH_RETRY_S)
-
-    def _apply(self, entry: KeyValue.Entry | None) -> None:
-        if entry is None:  # the watch has delivered what the bucket held at its start
-            self.ready.set()
-            return
-        if entry.operation in ("DEL", "PURGE") or entry.value is None:
-            self.entries.pop(entry.key, None)
-        else:
-            self.entries[entry.key] = (entry.value, int(entry.revision or 0))
 
 
 class Supervision:
@@ -89,15 +49,15 @@ class Supervision:
         self._append_owed = append_owed
         self._store = store
         self._clock = clock
-        self._lease_kv: KeyValue | None = None
+        self._lease_kv: Bucket | None = None
         self._watching_since: datetime | None = None
         self.expired = 0
 
-    def start(self, tg: asyncio.TaskGroup, js: JetStreamContext) -> None:
-        self._js = js
+    def start(self, tg: asyncio.TaskGroup, nc: Connection) -> None:
+        self._lease_kv = Bucket(nc, self.renewals.name)
         self._watching_since = self._clock()
-        tg.create_task(self.services.run(js), name="watch-services")
-        tg.create_task(self.renewals.run(js), name="watch-leases")
+        tg.create_task(self.services.run(nc), name="watch-services")
+        tg.create_task(self.renewals.run(nc), name="watch-leases")
 
     def beats(self) -> list[ServiceHeartbeat]:
         out = []
@@ -141,8 +101,7 @@ class Supervision:
                 continue
             if renewal is None or not renewal.expired or renewal.token != lease.token:
                 # Mark first: a renewal that lands before the mark keeps the lease, one after it is refused.
-                if self._lease_kv is None:
-                    self._lease_kv = await self._js.key_value(self.renewals.name)
+                assert self._lease_kv is not None
                 last = lease_rules.last_renewed(lease, renewal)
                 marked = await lease_kv.mark_expired(
                     self._lease_kv, lease.name, lease.holder, lease.token, last, seen_revision=revision

@@ -11,6 +11,7 @@ sequence expected: two deacons never both sweep. After each sweep it purges KV e
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 import msgspec
@@ -26,7 +27,7 @@ from shared.events import Envelope, Event, GcSwept
 ENDED_LEASES = ("released", "expired")
 _JSON = msgspec.json.Decoder()
 
-KvEntries = dict[str, tuple[bytes, int]]
+KvEntries = Mapping[str, tuple[bytes, int]]
 """Key -> (value, revision) of a KV bucket as read now."""
 
 

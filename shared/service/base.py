@@ -1,8 +1,12 @@
-"""Service lifecycle: connect, rebuild the projection (snapshot + tail), act only once caught up and active.
+"""The service base: connect, rebuild the projection (snapshot + tail), act only once caught up and active.
 
 Several instances of one service scope may run (``shared.activity``): each follows the log and answers queries,
 but only the one holding the scope's key in ``GT_ACTIVE`` takes commands, reconciles and writes events; the
 others stand by and take over when the key lapses. Every write first checks that this instance may still act.
+
+The base composes components with one job each (docs/architecture.md, "One service"): the run skeleton
+(``lifecycle.Lifecycle``, shared with the plugin SDK), the ``SnapshotKeeper``, the ``HeartbeatSender`` and the
+``QueryServer``; the bus's reader, appender, activity keeper and the command intake.
 
 ``run()`` blocks until ``shutdown()`` or a fatal error, which it re-raises (``ActivityLostError`` when another
 instance took over). ``shutdown()`` is idempotent and safe before ``run()``. Every loop lives in one TaskGroup;
@@ -12,8 +16,6 @@ cancellation is never swallowed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import os
 import socket
 import time
@@ -23,66 +25,35 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, Generic, TypeVar
 
 import msgspec
-import nats.errors
 import structlog
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.js.api import StreamInfo
-from nats.js.client import JetStreamContext
-from nats.js.kv import KeyValue
 
 from shared import heartbeats, rate_limit, runtime, subjects
 from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus import commands as bus_commands
+from shared.bus import streams
 from shared.bus.activity import ActivityKeeper
 from shared.bus.append import RETRYABLE_ERRORS, Appender
 from shared.bus.commit import GroupCommitter
-from shared.bus.connection import close_quietly, connect_unless_stopped
+from shared.bus.connection import Connection
 from shared.bus.reader import EventReader
 from shared.bus.snapshots import SnapshotStore
 from shared.bus.topology import command_consumer_name, has_command_consumer, owner_of, provision
 from shared.commands import Command
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, NewEvent, Route
-from shared.decoding import UNDECODABLE
 from shared.errors import ActivityLostError, AppendConflictError, QueryError
 from shared.intake import CommandIntake, to_pending
 from shared.projection import Projection
 from shared.rate_limit import RateLimiter
+from shared.service.heartbeat import HeartbeatSender
+from shared.service.lifecycle import Lifecycle
+from shared.service.queries import QueryServer
+from shared.service.settings import ServiceSettings
+from shared.service.snapshots import SnapshotKeeper
 
 log = structlog.get_logger(__name__)
 
 S = TypeVar("S", bound=msgspec.Struct)
-_QUERY_DECODER = msgspec.json.Decoder()
-_ENCODER = msgspec.json.Encoder()
-MAX_MIN_SEQ_WAIT_S = 10.0
-
-
-class _ShutdownRequestedError(Exception):
-    """Raised inside the task group to unwind it when shutdown() is called."""
-
-
-class ServiceSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """How a service runs (flags of ``gt-<name>``); the town's wiring is in ``TownConfig``."""
-
-    patrol_interval: float = 5.0
-    """Seconds between reconcile ticks when nothing happens."""
-    use_snapshots: bool = True
-    """Start from the newest snapshot (then replay the tail) and store new ones."""
-    snapshot_every: int = 50_000
-    """Store a snapshot once this many events were applied since the last one (0 = only at shutdown)."""
-    snapshot_check_interval: float = 30.0
-    """Seconds between checks whether a snapshot is due."""
-    idle_heartbeat: float = 2.0
-    """Heartbeat of the log subscription; a lost subscription is noticed within a few of these."""
-    max_in_flight: int = 4_096
-    """Commands being settled at once (the rest wait in GT_CMD)."""
-    heartbeat_interval: float = 1.0
-    """Seconds between this service's heartbeats in the ``GT_SERVICES`` bucket (0: none); the deacon calls a
-    service down when it misses a few."""
-    active_ttl: float = 6.0
-    """Seconds of the scope's activity key (``GT_ACTIVE_TTL``): renewed every third of it; the holder stops
-    acting two thirds of it after its last renewal; a standby takes a key over once unchanged for all of it."""
 
 
 class Service(Generic[S]):
@@ -105,24 +76,22 @@ class Service(Generic[S]):
         self.settings = settings or ServiceSettings()
         self.limiter = RateLimiter(rate_limit.load())
         """Per-actor rate limits of the command intake (``GT_RATE_*``), read once at start."""
-        self.nc: Client | None = None
+        self.nc: Connection | None = None
         self.reader: EventReader | None = None
         self.appender: Appender | None = None
         self.committer: GroupCommitter | None = None
         self.intake: CommandIntake | None = None
+        self.snapshots: SnapshotKeeper | None = None
+        """The projection's snapshots (set once connected)."""
         self.ready = asyncio.Event()
         """Set once caught up with the log and serving."""
-        self._stop = asyncio.Event()
+        self.lifecycle = Lifecycle(
+            config, label=self.name, client_name=f"gt-{self.name}", log_context={"service": self.name}
+        )
+        self.queries = QueryServer(self)
+        self.heartbeats = HeartbeatSender(config.service_bucket, self.settings.heartbeat_interval, self._heartbeat)
         self._dirty = asyncio.Event()
-        self._snapshot_wanted = asyncio.Event()
-        """Set when the projection says a snapshot is due now (after a garbage collection sweep)."""
-        self._started = False
-        self._snapshot_seq = 0
-        self._stream_id = ""
         self._started_at = time.monotonic()
-        self._query_tasks: set[asyncio.Task[None]] = set()
-        self.queries_refused = 0
-        """Queries not answered: their reply subject was no inbox (``subjects.is_inbox``)."""
         self.instance = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         """This process of the service, as its heartbeats name it."""
         self.activity: ActivityKeeper | None = None
@@ -130,7 +99,6 @@ class Service(Generic[S]):
         self.following = asyncio.Event()
         """Set once caught up with the log: queries are answered from then on, by a standby too."""
         self._started_wall = datetime.now(UTC)
-        self._services_kv: KeyValue | None = None
         self.reconcile_errors = 0
         self.reconciles = 0
         self.patrol_last_s = 0.0
@@ -144,6 +112,11 @@ class Service(Generic[S]):
         """The service scope this instance serves: its activity key and its name in heartbeats and liveness
         (``witness-east`` for a witness of some rigs; the service's name otherwise)."""
         return self.name
+
+    @property
+    def queries_refused(self) -> int:
+        """Queries not answered: their reply subject was no inbox (``subjects.is_inbox``)."""
+        return self.queries.refused
 
     @property
     def role(self) -> str:
@@ -252,7 +225,7 @@ class Service(Generic[S]):
 
     async def shutdown(self) -> None:
         """Ask ``run()`` to stop; returns at once. Safe to call any number of times, also before ``run()``."""
-        self._stop.set()
+        self.lifecycle.shutdown()
 
     async def __aenter__(self) -> Service[S]:
         return self
@@ -262,86 +235,57 @@ class Service(Generic[S]):
 
     async def run(self) -> None:
         """Serve until ``shutdown()``; re-raises the error that made the service stop otherwise."""
-        if self._started:
-            raise RuntimeError(f"{self.name} already ran")
-        self._started = True
-        if self._stop.is_set():
-            return
-        with structlog.contextvars.bound_contextvars(service=self.name):
-            nc = await connect_unless_stopped(self.config, f"gt-{self.name}", self._stop)
-            if nc is None:
-                return
-            self.nc = nc
-            try:
-                await self._run_connected(self.nc)
-            finally:
-                await close_quietly(self.nc)
+        await self.lifecycle.run(self._run_connected)
 
-    async def _run_connected(self, nc: Client) -> None:
-        js = nc.jetstream()
-        await self._provision(js)
-        query_sub = await nc.subscribe(
-            subjects.query_subject(self.name, ">"), queue=f"{self.name}-q", cb=self._on_query
+    async def _run_connected(self, nc: Connection) -> None:
+        self.nc = nc
+        await self._provision(nc)
+        await self.queries.start(nc)
+        snapshots = self.snapshots = SnapshotKeeper(
+            self.name,
+            self.projection,
+            SnapshotStore(nc, self.config.snapshot_bucket, replicas=self.config.replicas),
+            enabled=self.settings.use_snapshots,
+            every=self.settings.snapshot_every,
+            check_interval=self.settings.snapshot_check_interval,
         )
-        snapshots = SnapshotStore(js, self.config.snapshot_bucket, replicas=self.config.replicas)
-        await self._restore_snapshot(js, snapshots)
-        self._snapshot_seq = self.projection.last_seq
+        await snapshots.restore(await self._log_state(), self.config.evt_stream)
         self.reader = EventReader(
-            js,
+            nc,
             self.config.evt_stream,
             self._on_event,
             start_after=self.projection.last_seq,
             idle_heartbeat=self.settings.idle_heartbeat,
         )
         self.activity = ActivityKeeper(
-            js,
+            nc,
             self.config.active_bucket,
             identity=self.identity,
             instance=self.instance,
             ttl_s=self.settings.active_ttl,
             clock=self.clock,
         )
-        self.appender = Appender(nc, js, self.config.evt_stream, guard=self.wait_active)
+        self.appender = Appender(nc, self.config.evt_stream, guard=self.wait_active)
         self.committer = GroupCommitter(self.appender)
+        self.heartbeats.connect(nc)
         try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._stop_watch(), name="stop-watch")
-                tg.create_task(self.reader.run(), name="reader")
-                tg.create_task(self.committer.run(), name="committer")
-                tg.create_task(self._serve(js, tg, snapshots), name="serve")
-                if self.settings.heartbeat_interval > 0:
-                    tg.create_task(self._heartbeat_loop(js), name="heartbeats")
-        except BaseExceptionGroup as group:
-            errors = [e for e in group.exceptions if not isinstance(e, _ShutdownRequestedError)]
-            lost = [e for e in errors if isinstance(e, ActivityLostError)]
-            if lost:
-                # Several tasks may notice at once; what stopped the service is that it is not the active one.
-                raise lost[0] from group
-            if len(errors) == 1:
-                # Re-raise the error itself, not a group of one, so callers see what failed.
-                raise errors[0] from group
-            if errors:
-                raise
+            await self.lifecycle.in_task_group(self._serve, stop_cancels=True, first=(ActivityLostError,))
         finally:
-            with contextlib.suppress(nats.errors.Error):
-                await query_sub.unsubscribe()
-            for task in list(self._query_tasks):
-                task.cancel()
-            if self.activity is not None and self.activity.role == "active":
-                await self._final_snapshot(nc, snapshots)
+            await self.queries.stop()
+            if self.activity.role == "active":
+                await snapshots.save_on_stop(connected=nc.is_connected)
                 # Every acting task has ended: a standby may take over after the margin, not the whole TTL.
                 await self.activity.release()
-            if self.activity is not None:
-                self.activity.close()
-            if self._stop.is_set() and self.settings.heartbeat_interval > 0:
+            self.activity.close()
+            if self.lifecycle.stopping.is_set() and self.settings.heartbeat_interval > 0:
                 # A clean stop says goodbye, so the deacon records it as stopped, not down.
-                await self._put_heartbeat(js, stopping=True)
+                await self.heartbeats.put(stopping=True)
 
-    async def _provision(self, js: JetStreamContext) -> None:
+    async def _provision(self, nc: Connection) -> None:
         while True:
             raise_if_cancelling()
             try:
-                await provision(js, self.config)
+                await provision(nc, self.config)
             except RETRYABLE_ERRORS as exc:
                 # JetStream not ready yet (server starting, cluster electing a leader): try again.
                 log.warning("provision_retry", error=repr(exc))
@@ -349,48 +293,25 @@ class Service(Generic[S]):
                 continue
             return
 
-    async def _log_info(self, js: JetStreamContext) -> StreamInfo:
-        """The event log's stream info, asked again while JetStream is briefly unavailable."""
-        while True:
-            raise_if_cancelling()
-            try:
-                return await js.stream_info(self.config.evt_stream)
-            except RETRYABLE_ERRORS as exc:
-                log.warning("stream_info_retry", error=repr(exc))
-                await pause(0.5)
+    async def _log_state(self) -> streams.StreamState:
+        """The event log's state, asked again while JetStream is briefly unavailable."""
+        assert self.nc is not None
+        return await streams.state_when_ready(self.nc, self.config.evt_stream)
 
-    async def _restore_snapshot(self, js: JetStreamContext, snapshots: SnapshotStore) -> None:
-        info = await self._log_info(js)
-        created = getattr(info, "created", None)
-        self._stream_id = created.isoformat() if created is not None else self.config.evt_stream
-        if not self.settings.use_snapshots:
+    async def catch_up(self, timeout: float | None = None) -> None:
+        """Apply everything the log holds now (a decision on what another service stored a moment ago is judged on
+        the log as it is, not on a projection a few events behind); a no-op before connecting.
+
+        Raises:
+            TimeoutError: not applied within ``timeout`` seconds.
+        """
+        if self.nc is None or self.reader is None:
             return
-        started = time.monotonic()
-        data = await snapshots.load(self.name)
-        if data is None:
-            return
-        if self.projection.restore(data, stream_id=self._stream_id, stream_last_seq=int(info.state.last_seq)):
-            log.info(
-                "snapshot_loaded",
-                last_seq=self.projection.last_seq,
-                bytes=len(data),
-                seconds=round(time.monotonic() - started, 3),
-            )
+        state = await self._log_state()
+        await self.reader.wait_for_seq(state.last_seq, timeout=timeout)
 
-    async def _final_snapshot(self, nc: Client, snapshots: SnapshotStore) -> None:
-        if not self.settings.use_snapshots or self.projection.last_seq <= self._snapshot_seq or not nc.is_connected:
-            return
-        with contextlib.suppress(nats.errors.Error, TimeoutError):
-            async with asyncio.timeout(10):
-                await self.save_snapshot(snapshots)
-
-    async def _heartbeat_loop(self, js: JetStreamContext) -> None:
-        while True:
-            await self._put_heartbeat(js)
-            await pause(self.settings.heartbeat_interval)
-
-    async def _put_heartbeat(self, js: JetStreamContext, *, stopping: bool = False) -> None:
-        beat = heartbeats.ServiceHeartbeat(
+    def _heartbeat(self, stopping: bool) -> heartbeats.ServiceHeartbeat:
+        return heartbeats.ServiceHeartbeat(
             service=self.identity,
             instance=self.instance,
             pid=os.getpid(),
@@ -402,30 +323,24 @@ class Service(Generic[S]):
             stopping=stopping,
             standby=self.role in ("standby", "lost"),
         )
-        try:
-            async with asyncio.timeout(max(1.0, self.settings.heartbeat_interval * 2)):
-                if self._services_kv is None:
-                    self._services_kv = await js.key_value(self.config.service_bucket)
-                await self._services_kv.put(heartbeats.key_of(self.identity, self.instance), heartbeats.encode(beat))
-        except (nats.errors.Error, TimeoutError) as exc:
-            # A missed heartbeat is what liveness detection is for; the next one tries again.
-            log.warning("heartbeat_failed", error=repr(exc))
-
-    async def _stop_watch(self) -> None:
-        await self._stop.wait()
-        raise _ShutdownRequestedError
 
     def _on_event(self, seq: int, subject: str, data: bytes) -> None:
         self.projection.apply(seq, subject, data)
         self._dirty.set()
-        if self.projection.snapshot_due:
-            self._snapshot_wanted.set()
+        if self.snapshots is not None:
+            self.snapshots.applied()
 
-    async def _serve(self, js: JetStreamContext, tg: asyncio.TaskGroup, snapshots: SnapshotStore) -> None:
+    async def _serve(self, tg: asyncio.TaskGroup) -> None:
         assert self.reader is not None
         assert self.appender is not None
         assert self.committer is not None
+        assert self.snapshots is not None
+        assert self.activity is not None
         assert self.nc is not None
+        tg.create_task(self.reader.run(), name="reader")
+        tg.create_task(self.committer.run(), name="committer")
+        if self.settings.heartbeat_interval > 0:
+            tg.create_task(self.heartbeats.run(), name="heartbeats")
         started = time.monotonic()
         await self.reader.caught_up.wait()
         log.info(
@@ -436,16 +351,14 @@ class Service(Generic[S]):
         )
         runtime.settle_heap()
         self.following.set()
-        assert self.activity is not None
         await self.activity.acquire()  # a standby waits here, following the log and answering queries
         tg.create_task(self.activity.hold(), name="activity")
-        await self._catch_up_with_stream(js)
+        await self.catch_up()  # everything stored before this instance became active (a previous active's last events)
         if has_command_consumer(self.name):
             self.intake = CommandIntake(
                 service=self.name,
                 identity=self.identity,
                 nc=self.nc,
-                js=js,
                 stream=self.config.cmd_stream,
                 durable=command_consumer_name(self.name),
                 appender=self.appender,
@@ -464,16 +377,10 @@ class Service(Generic[S]):
                 clock=self.clock,
             )
             tg.create_task(self.intake.run(), name="intake")
-        tg.create_task(self._snapshot_loop(snapshots), name="snapshots")
+        tg.create_task(self.snapshots.run(), name="snapshots")
         self.start_background(tg)
         self.ready.set()
         await self._reconcile_loop()
-
-    async def _catch_up_with_stream(self, js: JetStreamContext) -> None:
-        """Apply everything stored before this instance became active (a previous active's last events)."""
-        assert self.reader is not None
-        info = await self._log_info(js)
-        await self.reader.wait_for_seq(int(info.state.last_seq))
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -494,36 +401,11 @@ class Service(Generic[S]):
             await wait_event(self._dirty, self.settings.patrol_interval)
             self._dirty.clear()
 
-    async def _snapshot_loop(self, snapshots: SnapshotStore) -> None:
-        if not self.settings.use_snapshots or self.settings.snapshot_every <= 0:
-            return
-        while True:  # started once active: a standby stores no snapshot (the active one's is the same fold)
-            raise_if_cancelling()
-            # Woken at once when the projection wants a snapshot now (a compacted state after a GC sweep).
-            await wait_event(self._snapshot_wanted, self.settings.snapshot_check_interval)
-            self._snapshot_wanted.clear()
-            behind = self.projection.last_seq - self._snapshot_seq
-            if self.projection.snapshot_due or behind >= self.settings.snapshot_every:
-                await self.save_snapshot(snapshots)
-
-    async def save_snapshot(self, snapshots: SnapshotStore | None = None) -> int:
+    async def save_snapshot(self) -> int:
         """Store the projection as this service's snapshot (replacing the stored one); returns the sequence it
         covers (0: not stored)."""
-        if snapshots is None:
-            assert self.nc is not None
-            snapshots = SnapshotStore(self.nc.jetstream(), self.config.snapshot_bucket, replicas=self.config.replicas)
-        seq = self.projection.last_seq
-        wanted, self.projection.snapshot_due = self.projection.snapshot_due, False
-        data = self.projection.snapshot(self._stream_id)
-        try:
-            await snapshots.save(self.name, data)
-        except (TimeoutError, nats.errors.Error) as exc:
-            log.warning("snapshot_save_failed", error=repr(exc))
-            self.projection.snapshot_due = self.projection.snapshot_due or wanted  # tried again at the next check
-            return 0
-        self._snapshot_seq = seq
-        log.info("snapshot_saved", last_seq=seq, bytes=len(data))
-        return seq
+        assert self.snapshots is not None, "connected services only"
+        return await self.snapshots.save()
 
     # ---- queries ------------------------------------------------------------------------------
 
@@ -558,70 +440,6 @@ class Service(Generic[S]):
             "commands_rejected": intake.rejected if intake else 0,
             "commands_dropped": intake.dropped if intake else 0,
             "queries_refused": self.queries_refused,
-            "snapshot_seq": self._snapshot_seq,
+            "snapshot_seq": self.snapshots.seq if self.snapshots is not None else 0,
             "uptime_s": round(time.monotonic() - self._started_at, 1),
         }
-
-    async def _on_query(self, msg: Msg) -> None:
-        if not subjects.is_inbox(msg.reply or ""):
-            # The answer would be published with this service's rights (the log, KV, commands) on a subject the
-            # asker chose: a forged event, an overwritten key. Only an inbox gets an answer.
-            self.queries_refused += 1
-            if self.queries_refused % 1000 == 1:
-                log.warning(
-                    "query_reply_refused",
-                    reply=(msg.reply or "")[:120],
-                    subject=msg.subject,
-                    refused=self.queries_refused,
-                )
-            return
-        task = asyncio.create_task(self._answer(msg))
-        self._query_tasks.add(task)
-        task.add_done_callback(self._query_tasks.discard)
-
-    async def _answer(self, msg: Msg) -> None:
-        what = msg.subject.rsplit(".", 1)[-1]
-        try:
-            reply = await self._answer_query(what, msg.data, subjects.session_of_inbox(msg.reply or ""))
-        except QueryError as exc:
-            reply = {"ok": False, "code": exc.code, "message": exc.message}
-        except Exception as exc:
-            log.exception("query_failed", query=what)
-            reply = {"ok": False, "code": "error", "message": f"{self.name} failed to answer: {exc!r}"}
-        if msg.reply:
-            with contextlib.suppress(nats.errors.Error):
-                await msg.respond(_ENCODER.encode(reply))
-
-    async def _answer_query(self, what: str, data: bytes, session: str | None = None) -> dict[str, Any]:
-        try:
-            body: Any = _QUERY_DECODER.decode(data) if data.strip() else {}
-        except UNDECODABLE as exc:
-            raise QueryError("malformed", f"query body is not JSON: {exc!r:.300}") from None
-        if not isinstance(body, dict):
-            raise QueryError("malformed", "a query body must be a JSON object")
-        if session is not None:
-            self.check_session_query(what, body, session)
-        if what == "status":
-            return {"ok": True, "seq": self.projection.last_seq, "result": self.status()}
-        min_seq = body.get("min_seq", 0)
-        if not isinstance(min_seq, int) or isinstance(min_seq, bool) or min_seq < 0:
-            raise QueryError("invalid", "`min_seq` must be a non-negative integer")
-        try:
-            async with asyncio.timeout(MAX_MIN_SEQ_WAIT_S):
-                await self.following.wait()
-            assert self.reader is not None
-            await self.reader.wait_for_seq(min_seq, timeout=MAX_MIN_SEQ_WAIT_S)
-        except TimeoutError:
-            raise QueryError(
-                "lagging", f"{self.name} has applied up to {self.projection.last_seq}, not yet {min_seq}; try again"
-            ) from None
-        if what == "digest":
-            # For checks that the live projection equals a fresh replay of the log up to ``last_seq``.
-            digest = hashlib.sha256(self.projection.serialize_state()).hexdigest()
-            return {
-                "ok": True,
-                "seq": self.projection.last_seq,
-                "result": {"last_seq": self.projection.last_seq, "sha256": digest},
-            }
-        result = self.query(what, body) if session is None else self.query_for_session(what, body, session)
-        return {"ok": True, "seq": self.projection.last_seq, "result": result}

@@ -17,10 +17,10 @@ from typing import Any
 
 import nats.errors
 import structlog
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from shared.aio import pause
+from shared.bus.connection import Connection
 from shared.errors import GastownError
 
 log = structlog.get_logger(__name__)
@@ -65,7 +65,7 @@ class Puller:
 
     def __init__(
         self,
-        nc: Client,
+        nc: Connection,
         stream: str,
         consumer: str,
         *,

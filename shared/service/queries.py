@@ -1,0 +1,137 @@
+"""The query server: a service's answers to ``gt.q.<service>.*`` (docs/architecture.md, "Sending a command and
+asking a query"), from its projection, by every instance that follows the log (a standby too).
+
+Every query but ``status`` waits until the instance has applied the asker's ``min_seq`` (read-your-writes);
+``digest`` is the projection's hash, for checking a live projection against a fresh replay. A query whose reply
+goes to a polecat session's private inbox is first checked against what that session may ask.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any, Protocol
+
+import msgspec
+import structlog
+
+from shared import subjects
+from shared.bus import query as bus_query
+from shared.bus.connection import Connection
+from shared.bus.reader import EventReader
+from shared.decoding import UNDECODABLE
+from shared.errors import QueryError
+from shared.projection import Projection
+
+log = structlog.get_logger(__name__)
+
+MAX_MIN_SEQ_WAIT_S = 10.0
+_DECODER = msgspec.json.Decoder()
+_ENCODER = msgspec.json.Encoder()
+
+
+class Answering(Protocol):
+    """What the server answers from: the service (``shared.service.Service``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    projection: Projection[Any]
+    following: asyncio.Event
+    reader: EventReader | None
+
+    def status(self) -> dict[str, Any]: ...
+
+    def query(self, what: str, body: dict[str, Any]) -> Any: ...
+
+    def query_for_session(self, what: str, body: dict[str, Any], session: str) -> Any: ...
+
+    def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None: ...
+
+
+class QueryServer:
+    """Subscribed (in the service's queue group) from ``start`` until ``stop``; each query answered in a task."""
+
+    def __init__(self, service: Answering) -> None:
+        self._service = service
+        self._nc: Connection | None = None
+        self._serving: bus_query.Serving | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.refused = 0
+        """Queries not answered: their reply subject was no inbox (``subjects.is_inbox``)."""
+
+    async def start(self, nc: Connection) -> None:
+        name = self._service.name
+        self._nc = nc
+        self._serving = await bus_query.serve(
+            nc, subjects.query_subject(name, ">"), queue=f"{name}-q", on_request=self._on_query
+        )
+
+    async def stop(self) -> None:
+        if self._serving is not None:
+            await self._serving.close()
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _on_query(self, request: bus_query.Request) -> None:
+        if not subjects.is_inbox(request.reply):
+            # The answer would be published with this service's rights (the log, KV, commands) on a subject the
+            # asker chose: a forged event, an overwritten key. Only an inbox gets an answer.
+            self.refused += 1
+            if self.refused % 1000 == 1:
+                log.warning(
+                    "query_reply_refused", reply=request.reply[:120], subject=request.subject, refused=self.refused
+                )
+            return
+        task = asyncio.create_task(self._answer(request))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, request: bus_query.Request) -> None:
+        what = request.subject.rsplit(".", 1)[-1]
+        try:
+            reply = await self.answer(what, request.data, subjects.session_of_inbox(request.reply))
+        except QueryError as exc:
+            reply = {"ok": False, "code": exc.code, "message": exc.message}
+        except Exception as exc:
+            log.exception("query_failed", query=what)
+            reply = {"ok": False, "code": "error", "message": f"{self._service.name} failed to answer: {exc!r}"}
+        assert self._nc is not None
+        await bus_query.answer(self._nc, request, _ENCODER.encode(reply))
+
+    async def answer(self, what: str, data: bytes, session: str | None = None) -> dict[str, Any]:
+        """The reply to query ``what`` with body ``data`` (asked from polecat session ``session``'s inbox)."""
+        service = self._service
+        projection = service.projection
+        try:
+            body: Any = _DECODER.decode(data) if data.strip() else {}
+        except UNDECODABLE as exc:
+            raise QueryError("malformed", f"query body is not JSON: {exc!r:.300}") from None
+        if not isinstance(body, dict):
+            raise QueryError("malformed", "a query body must be a JSON object")
+        if session is not None:
+            service.check_session_query(what, body, session)
+        if what == "status":
+            return {"ok": True, "seq": projection.last_seq, "result": service.status()}
+        min_seq = body.get("min_seq", 0)
+        if not isinstance(min_seq, int) or isinstance(min_seq, bool) or min_seq < 0:
+            raise QueryError("invalid", "`min_seq` must be a non-negative integer")
+        try:
+            async with asyncio.timeout(MAX_MIN_SEQ_WAIT_S):
+                await service.following.wait()
+            assert service.reader is not None
+            await service.reader.wait_for_seq(min_seq, timeout=MAX_MIN_SEQ_WAIT_S)
+        except TimeoutError:
+            raise QueryError(
+                "lagging", f"{service.name} has applied up to {projection.last_seq}, not yet {min_seq}; try again"
+            ) from None
+        if what == "digest":
+            # For checks that the live projection equals a fresh replay of the log up to ``last_seq``.
+            digest = hashlib.sha256(projection.serialize_state()).hexdigest()
+            return {
+                "ok": True,
+                "seq": projection.last_seq,
+                "result": {"last_seq": projection.last_seq, "sha256": digest},
+            }
+        result = service.query(what, body) if session is None else service.query_for_session(what, body, session)
+        return {"ok": True, "seq": projection.last_seq, "result": result}
