@@ -21,6 +21,7 @@ from shared.aio import task_stacks
 from shared.errors import ActivityLostError
 from shared.privacy import hide_environment, private_files
 from shared.service import Service, ServiceSettings
+from shared.service.lifecycle import stop_on_signals
 
 ServiceFactory = Callable[[town_config.TownConfig, ServiceSettings], Service[Any]]
 EXIT_FAILED = 1
@@ -118,18 +119,11 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
         return EXIT_FAILED
 
     async def serve() -> None:
-        loop = asyncio.get_running_loop()
-        stopping: set[asyncio.Task[None]] = set()
-
-        def on_signal() -> None:
-            task = loop.create_task(service.shutdown())
-            stopping.add(task)
-            task.add_done_callback(stopping.discard)
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
+        stop_on_signals(service.shutdown)
         # `kill -USR2 <pid>` logs what every task is waiting on: for a service that seems stuck.
-        loop.add_signal_handler(signal.SIGUSR2, lambda: log.warning("task_dump", tasks=task_stacks()))
+        asyncio.get_running_loop().add_signal_handler(
+            signal.SIGUSR2, lambda: log.warning("task_dump", tasks=task_stacks())
+        )
         log.info("service_starting", nats_url=cfg.nats_url, pid=os.getpid())
         try:
             await service.run()

@@ -1,1 +1,2 @@
-"""The only package that talks to NATS. Everything above it sees typed errors and plain values."""
+"""The only package that talks to NATS (docs/architecture.md, "Where things are"): its ports take a ``Connection``
+and answer with typed errors and plain values."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 from collections.abc import Callable
 
 import structlog
@@ -14,6 +13,7 @@ from shared import config as town_config
 from shared import logging as gt_logging
 from shared.plugins.sdk import Plugin
 from shared.privacy import private_files
+from shared.service.lifecycle import stop_on_signals
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -70,16 +70,7 @@ def run_plugin(name: str, args: argparse.Namespace, build: Callable[[town_config
         return EXIT_USAGE
 
     async def serve() -> None:
-        loop = asyncio.get_running_loop()
-        stopping: set[asyncio.Task[None]] = set()
-
-        def on_signal() -> None:
-            task = loop.create_task(plugin.shutdown())
-            stopping.add(task)
-            task.add_done_callback(stopping.discard)
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
+        stop_on_signals(plugin.shutdown)
         log.info("plugin_starting", nats_url=cfg.nats_url, pid=os.getpid(), consumer=plugin.settings.consumer)
         await plugin.run()
         log.info("plugin_stopped", **plugin.status())

@@ -9,13 +9,30 @@ is idempotent and safe before ``run()``. Cancellation is never swallowed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 import structlog
 
 from shared.aio import raise_if_cancelling
 from shared.bus.connection import Connection, close_quietly, connect_unless_stopped
 from shared.config import TownConfig
+
+
+def stop_on_signals(shutdown: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Call ``shutdown()`` on SIGTERM and SIGINT (a process's entry point, inside its event loop): the process
+    finishes what it has in hand, ``run()`` returns and the process exits."""
+    loop = asyncio.get_running_loop()
+    stopping: set[asyncio.Task[None]] = set()
+
+    def on_signal() -> None:
+        task = loop.create_task(shutdown())
+        stopping.add(task)
+        task.add_done_callback(stopping.discard)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
 
 
 class _ShutdownRequestedError(Exception):
