@@ -88,8 +88,11 @@ class Service(Generic[S]):
         self.lifecycle = Lifecycle(
             config, label=self.name, client_name=f"gt-{self.name}", log_context={"service": self.name}
         )
+        """The run skeleton: ``run()`` and ``shutdown()`` are its."""
         self.queries = QueryServer(self)
+        """Answers ``gt.q.<name>.*`` once following the log, by a standby too."""
         self.heartbeats = HeartbeatSender(config.service_bucket, self.settings.heartbeat_interval, self._heartbeat)
+        """This instance's heartbeat in ``GT_SERVICES``."""
         self._dirty = asyncio.Event()
         self._started_at = time.monotonic()
         self.instance = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
