@@ -9,8 +9,6 @@ import msgspec
 
 from services.refinery.state import (
     FINISHED,
-    HookHold,
-    MergeLease,
     MergeRequest,
     RefineryState,
     RigInfo,
@@ -28,9 +26,7 @@ from shared.events import (
     Envelope,
     Event,
     GcSwept,
-    LeaseAcquired,
-    LeaseExpired,
-    LeaseReleased,
+    LeaseEvent,
     MergeRequestClaimed,
     MergeRequestConflicted,
     MergeRequestFailed,
@@ -43,10 +39,12 @@ from shared.events import (
     SessionRequested,
 )
 from shared.ids import HOOK_LEASE_PREFIX, MERGE_LEASE_PREFIX, hook_lease_name
-from shared.lease_rules import record_end
+from shared.lease_state import fold_lease
 from shared.projection import Projection
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
+"""7: hook and merge leases are one record (``shared.lease_state.Lease``): a snapshot from before has hooks
+without their name, TTL and times."""
 CONFLICT_PREFIX = "conflict-"
 """Command ids of conflict bead creates (the refinery's own): their outcomes name the bead."""
 NOT_WORK = frozenset({"message", "convoy", "escalation"})
@@ -244,28 +242,11 @@ def _rejected(payload: MergeRequestRejected, state: RefineryState, env: Envelope
 
 
 @fold.register
-def _lease_acquired(payload: LeaseAcquired, state: RefineryState, env: Envelope, seq: int) -> None:
+def _lease(payload: LeaseEvent, state: RefineryState, env: Envelope, seq: int) -> None:
     if payload.lease.startswith(MERGE_LEASE_PREFIX):
-        state.merge_leases[payload.lease] = MergeLease(
-            name=payload.lease,
-            holder=payload.holder,
-            token=payload.token,
-            ttl_s=payload.ttl_s,
-            acquired_at=env.ts,
-            version=seq,
-        )
+        fold_lease(payload, state.merge_leases, env, seq)
     elif payload.lease.startswith(HOOK_LEASE_PREFIX):
-        state.hooks[payload.lease] = HookHold(holder=payload.holder, token=payload.token, version=seq)
-
-
-@fold.register
-def _lease_released(payload: LeaseReleased, state: RefineryState, env: Envelope, seq: int) -> None:
-    record_end(state.merge_leases.get(payload.lease) or state.hooks.get(payload.lease), payload.token, "released", seq)
-
-
-@fold.register
-def _lease_expired(payload: LeaseExpired, state: RefineryState, env: Envelope, seq: int) -> None:
-    record_end(state.merge_leases.get(payload.lease) or state.hooks.get(payload.lease), payload.token, "expired", seq)
+        fold_lease(payload, state.hooks, env, seq)
 
 
 @fold.register

@@ -6,6 +6,8 @@ from datetime import datetime
 
 import msgspec
 
+from shared.lease_state import Lease
+
 OPEN = ("queued", "claimed")
 """Merge request statuses still in the queue."""
 FINISHED = ("merged", "failed", "escalated", "rejected", "conflicted")
@@ -81,30 +83,6 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     """Merge conflicts of its merge requests sent back to its agent (``mr.conflicted`` with ``sent_back``)."""
 
 
-class MergeLease(msgspec.Struct, kw_only=True, gc=False):
-    """A rig's merge lease (``merge-<rig>``): the refinery that holds it is the only one that may push to the
-    rig's targets; it renews it while it works and releases it after each batch."""
-
-    name: str
-    holder: str
-    token: int
-    ttl_s: float
-    status: str = "held"
-    """held, released or expired."""
-    acquired_at: datetime
-    version: int = 0
-
-
-class HookHold(msgspec.Struct, kw_only=True, gc=False):
-    """A bead's hook lease (``hook-<bead>``) as its newest acquisition left it: only its holder, with this
-    token, may submit the bead's work."""
-
-    holder: str
-    token: int
-    status: str = "held"
-    version: int = 0
-
-
 class SessionRef(msgspec.Struct, kw_only=True, gc=False):
     """A polecat session as the witness requested it: the bead it works and the branch it pushes."""
 
@@ -123,9 +101,11 @@ class RefineryState(msgspec.Struct, kw_only=True):
     """Command id (a conflict bead's create) -> the merge request waiting for its outcome."""
     convoys: dict[str, datetime] = {}
     """Convoy id -> when it was created."""
-    merge_leases: dict[str, MergeLease] = {}
-    """Rig merge leases by lease name."""
-    hooks: dict[str, HookHold] = {}
-    """Hook leases of beads not closed, by lease name."""
+    merge_leases: dict[str, Lease] = {}
+    """Rig merge leases (``merge-<rig>``) by lease name: the refinery that holds one is the only one that may
+    push to the rig's targets; it renews it while it works and releases it after each batch."""
+    hooks: dict[str, Lease] = {}
+    """Hook leases (``hook-<bead>``) of beads not closed, by lease name: only a hook's holder, with its token,
+    may submit the bead's work."""
     sessions: dict[str, SessionRef] = {}
     """Sessions of beads not closed, by id."""

@@ -10,7 +10,6 @@ import msgspec
 
 from services.witness.state import (
     MAIL_NUDGE_PREFIX,
-    HookLease,
     MailNotice,
     MergeFailure,
     Nudge,
@@ -35,8 +34,7 @@ from shared.events import (
     Event,
     GcSwept,
     LeaseAcquired,
-    LeaseExpired,
-    LeaseReleased,
+    LeaseEvent,
     MergeRequestConflicted,
     MergeRequestFailed,
     MergeRequestRejected,
@@ -65,10 +63,12 @@ from shared.events import (
     StepStarted,
 )
 from shared.ids import HOOK_LEASE_PREFIX, hook_lease_name
-from shared.lease_rules import record_end
+from shared.lease_state import fold_lease
 from shared.projection import Projection
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
+"""6: hook leases are the one lease record (``shared.lease_state.Lease``): a snapshot from before has them
+without when they were acquired and ended."""
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 MESSAGE_TYPE = "message"
 READ_LABEL = "read"
@@ -430,25 +430,15 @@ def _hook_recovered(payload: SessionHookRecovered, state: WitnessState, env: Env
 
 
 @fold.register
-def _lease_acquired(payload: LeaseAcquired, state: WitnessState, env: Envelope, seq: int) -> None:
+def _hook_lease(payload: LeaseEvent, state: WitnessState, env: Envelope, seq: int) -> None:
     if not payload.lease.startswith(HOOK_LEASE_PREFIX):
         return
-    state.hooks[payload.lease] = HookLease(
-        name=payload.lease, holder=payload.holder, token=payload.token, ttl_s=payload.ttl_s, version=seq
-    )
+    fold_lease(payload, state.hooks, env, seq)
+    if not isinstance(payload, LeaseAcquired):
+        return
     session = state.sessions.get(payload.holder)
     if session is not None and session.lease_token is None:
         session.lease_token = payload.token
-
-
-@fold.register
-def _lease_released(payload: LeaseReleased, state: WitnessState, env: Envelope, seq: int) -> None:
-    record_end(state.hooks.get(payload.lease), payload.token, "released", seq)
-
-
-@fold.register
-def _lease_expired(payload: LeaseExpired, state: WitnessState, env: Envelope, seq: int) -> None:
-    record_end(state.hooks.get(payload.lease), payload.token, "expired", seq)
 
 
 # ---- nudges ------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from datetime import datetime
 
 import msgspec
 
+from shared.lease_state import Lease
 from shared.usage import ModelUsage
 
 ACTIVE = ("requested", "started")
@@ -74,20 +75,6 @@ class Session(msgspec.Struct, kw_only=True, gc=False):
     hook_recovery: str | None = None
     """The bead's hook went stale after this session: ``resling`` or ``escalate`` (``session.hook_recovered``)."""
     hook_recovery_detail: str = ""
-    version: int = 0
-
-
-class HookLease(msgspec.Struct, kw_only=True, gc=False):
-    """A bead's hook lease (``hook-<bead>``), as the log records it: the witness acquires it for each session
-    it starts and releases it once that session is cleaned; the agent renews it; the deacon expires it."""
-
-    name: str
-    holder: str
-    """The session id holding (or last holding) it."""
-    token: int
-    ttl_s: float
-    status: str = "held"
-    """held, released or expired."""
     version: int = 0
 
 
@@ -184,8 +171,9 @@ class WitnessState(msgspec.Struct, kw_only=True):
     """Merge request id -> its bead."""
     mass_deaths: dict[str, list[str]] = {}
     """Rig -> sessions already covered by a mass-death escalation."""
-    hooks: dict[str, HookLease] = {}
-    """Hook leases by lease name."""
+    hooks: dict[str, Lease] = {}
+    """Hook leases (``hook-<bead>``) by lease name: the witness acquires one for each session it starts and
+    releases it once that session is cleaned; the agent renews it; the deacon expires it."""
     mail: dict[str, MailNotice] = {}
     """Unread, open messages to polecats, by message id."""
     usage: dict[str, UsageMark] = {}

@@ -29,7 +29,7 @@ from shared.events.escalations import (
     EscalationReescalated,
 )
 from shared.events.gc import GC_EVENTS, GcSwept
-from shared.events.leases import LEASE_EVENTS, LeaseAcquired, LeaseExpired, LeaseReleased
+from shared.events.leases import LEASE_EVENTS, LeaseAcquired, LeaseEvent, LeaseExpired, LeaseReleased
 from shared.events.merge_requests import (
     MERGE_REQUEST_EVENTS,
     MergeRequestClaimed,
@@ -123,6 +123,7 @@ __all__ = [
     "EventRegistry",
     "GcSwept",
     "LeaseAcquired",
+    "LeaseEvent",
     "LeaseExpired",
     "LeaseReleased",
     "MergeRequestClaimed",
