@@ -17,6 +17,7 @@ import msgspec
 
 from shared.decision import NewEvent
 from shared.events import Envelope, LeaseAcquired, LeaseEvent, LeaseExpired, LeaseReleased
+from shared.projection import touch
 
 HELD = "held"
 RELEASED = "released"
@@ -69,12 +70,12 @@ def fold_lease(payload: LeaseEvent, leases: dict[str, Lease], env: Envelope, seq
             acquired_at=env.ts,
             version=seq,
         )
-        return
-    lease = leases.get(payload.lease)
-    if lease is None:
-        return
-    lease.version = seq
-    if isinstance(payload, LeaseReleased | LeaseExpired) and lease.token == payload.token and lease.status == HELD:
+    elif (
+        (lease := touch(leases, payload.lease, seq)) is not None
+        and isinstance(payload, LeaseReleased | LeaseExpired)
+        and lease.token == payload.token
+        and lease.status == HELD
+    ):
         lease.status = RELEASED if isinstance(payload, LeaseReleased) else EXPIRED
         lease.ended_at = env.ts
 

@@ -7,6 +7,7 @@ from datetime import datetime
 import msgspec
 
 from shared.lease_state import Lease
+from shared.rig_state import Rig
 
 OPEN = ("queued", "claimed")
 """Merge request statuses still in the queue."""
@@ -59,18 +60,6 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     version: int = 0
 
 
-class RigInfo(msgspec.Struct, kw_only=True, gc=False):
-    name: str
-    repo: str
-    base_branch: str = "main"
-    prefix: str
-    setup_command: str = ""
-    lint_command: str = ""
-    test_command: str = ""
-    gate_env: list[str] = []
-    """Names of the refinery's environment variables its gates see besides the allowlist (``merger.GATE_BASE_ENV``)."""
-
-
 class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     id: str
     title: str
@@ -94,7 +83,9 @@ class RefineryState(msgspec.Struct, kw_only=True):
     mrs: dict[str, MergeRequest] = {}
     beads: dict[str, WorkBead] = {}
     """Work beads (not messages, convoys, escalations)."""
-    rigs: dict[str, RigInfo] = {}
+    rigs: dict[str, Rig] = {}
+    """Rigs by name (``shared.rig_state``): new gates apply to the next merge request taken, one under way keeps
+    what it started with."""
     created: dict[str, str] = {}
     """Conflict bead create command id -> the bead it created."""
     awaited: dict[str, str] = {}

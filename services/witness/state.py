@@ -7,37 +7,11 @@ from datetime import datetime
 import msgspec
 
 from shared.lease_state import Lease
+from shared.rig_state import Rig as Rig
 from shared.usage import ModelUsage
 
 ACTIVE = ("requested", "started")
 """Session statuses that hold a polecat, a worktree and a bead's hook."""
-
-
-class Rig(msgspec.Struct, kw_only=True, gc=False):
-    name: str
-    repo: str
-    base_branch: str = "main"
-    prefix: str
-    setup_command: str = ""
-    lint_command: str = ""
-    test_command: str = ""
-    agent_command: str
-    max_polecats: int = 4
-    max_respawns: int = 3
-    stall_after_s: float = 600.0
-    git_name: str = ""
-    """Template of the git name its polecats commit with (empty: the default, ``{rig}/{polecat}``)."""
-    git_email: str = ""
-    """Template of their git email (empty: the default, ``{polecat}.{rig}@gastown.invalid``)."""
-    gate_env: list[str] = []
-    """Names of environment variables its gates see (the refinery's; kept here with the rig's settings)."""
-    added_at: datetime
-    parked: bool = False
-    """No new sessions start (``gt rig park``, or removed): beads slung to it wait, running sessions finish."""
-    parked_reason: str = ""
-    removed: bool = False
-    """Out of service for good (``gt rig remove``): parked, not listed, slings to it refused by the mayor."""
-    version: int = 0
 
 
 class Session(msgspec.Struct, kw_only=True, gc=False):
@@ -164,6 +138,7 @@ class UsageMark(msgspec.Struct, kw_only=True, gc=False):
 
 class WitnessState(msgspec.Struct, kw_only=True):
     rigs: dict[str, Rig] = {}
+    """Its rigs, by name (``shared.rig_state``)."""
     sessions: dict[str, Session] = {}
     beads: dict[str, WorkBead] = {}
     nudges: dict[str, Nudge] = {}

@@ -56,7 +56,16 @@ from shared.events.outcomes import (
     CommandOutcome,
     CommandRejected,
 )
-from shared.events.rigs import RIG_EVENTS, RigAdded, RigMassDeath, RigParked, RigRemoved, RigUnparked, RigUpdated
+from shared.events.rigs import (
+    RIG_EVENTS,
+    RigAdded,
+    RigEvent,
+    RigMassDeath,
+    RigParked,
+    RigRemoved,
+    RigUnparked,
+    RigUpdated,
+)
 from shared.events.services import SERVICE_EVENTS, ServiceDown, ServiceStopped, ServiceUp
 from shared.events.sessions import (
     DEATHS,
@@ -139,6 +148,7 @@ __all__ = [
     "NudgeExpired",
     "NudgeQueued",
     "RigAdded",
+    "RigEvent",
     "RigMassDeath",
     "RigParked",
     "RigRemoved",
