@@ -4,7 +4,8 @@
 Renewals compare-and-set the bucket entry, and the deacon marks an entry expired (also compare-and-set) before
 it records ``lease.expired``: a renewal racing an expiry either lands first (and the lease lives) or finds the
 mark and fails with ``LeaseLostError``. Commands sent while holding the lease carry ``fence`` and are refused
-once the lease is lost (see ``shared.bus.fencing``).
+once the lease is lost (see ``shared.bus.fencing``). The lease as the log records it, the entry's record
+(``Renewal``) and the rules of both are pure, in ``shared.lease_state``.
 """
 
 from __future__ import annotations
@@ -16,18 +17,9 @@ import msgspec
 from shared.bus.kv import Bucket
 from shared.decoding import UNDECODABLE
 from shared.errors import GastownError
+from shared.lease_state import Renewal as Renewal
 
 CAS_ATTEMPTS = 5
-
-
-class Renewal(msgspec.Struct, frozen=True, kw_only=True):
-    holder: str
-    token: int
-    renewed_at: datetime
-    expired: bool = False
-    """Set by the deacon when it expires the lease: no renewal of this token is taken after it."""
-
-
 _DECODER = msgspec.json.Decoder(Renewal)
 
 

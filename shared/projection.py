@@ -4,14 +4,18 @@ The fold itself (``fold(payload, state, envelope, seq)``, a ``functools.singledi
 payload type) does no I/O and reads no clock. This class feeds it decoded events in order, skips any
 sequence at or below ``last_seq``, logs and skips event types it does not know, and turns the state into
 snapshots (state + sequence + schema fingerprint + the stream's identity) and back.
+
+A handler's common shape: look the aggregate up with ``touch`` (which moves its version to the event's
+sequence) or, for an event that moves it to another status, ``advance``; do nothing when the projection does not
+know it; then change what the event changes.
 """
 
 from __future__ import annotations
 
 import gc
 import hashlib
-from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 import structlog
@@ -23,6 +27,41 @@ log = structlog.get_logger(__name__)
 
 S = TypeVar("S", bound=msgspec.Struct)
 Fold = Callable[[Event, Any, Envelope, int], None]
+
+
+class Versioned(Protocol):
+    version: int
+    """Stream sequence of the aggregate's last event: the expected sequence of its next one."""
+
+
+V = TypeVar("V", bound=Versioned)
+
+
+def touch(items: Mapping[str, V], key: str, seq: int) -> V | None:
+    """The aggregate ``key`` of ``items``, its version moved to ``seq``, the sequence of the event on its subject
+    being folded; None when the projection does not know it (the event changes nothing then)."""
+    item = items.get(key)
+    if item is not None:
+        item.version = seq
+    return item
+
+
+class HasStatus(Versioned, Protocol):
+    status: str
+
+
+H = TypeVar("H", bound=HasStatus)
+
+
+def advance(items: Mapping[str, H], key: str, seq: int, to: str, *, only_from: Collection[str] = ()) -> H | None:
+    """``touch`` the aggregate ``key``, then move it to status ``to`` if it may: from one of ``only_from``, or
+    (``only_from`` empty) from any status but ``to``. The aggregate when it moved (the handler sets what else the
+    event records on it); None when it did not move or is not known."""
+    item = touch(items, key, seq)
+    if item is None or item.status == to or (only_from and item.status not in only_from):
+        return None
+    item.status = to
+    return item
 
 
 class _Snapshot(msgspec.Struct, frozen=True):

@@ -8,7 +8,8 @@ from services.deacon.state import DeaconState
 from shared.events import Envelope, Event, GcSwept
 from shared.projection import Projection
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+"""5: leases are the one lease record (``shared.lease_state.Lease``), folded as the other services fold theirs."""
 
 
 def fold(payload: Event, state: DeaconState, env: Envelope, seq: int) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from services.deacon.plan import leases
 from services.deacon.state import DeaconState
 from shared.errors import QueryError
-from shared.leases import Renewal
+from shared.lease_state import Renewal, last_renewed
 
 ANSWERS = "services, leases, lease, automations, automation, status"
 
@@ -41,5 +41,5 @@ def answer(state: DeaconState, what: str, body: dict[str, Any], renewal_of: Call
         lease = state.leases.leases.get(name)
         if lease is None:
             raise QueryError("not_found", f"no lease {name!r}")
-        return {**leases.view(lease), "last_renewed": leases.last_renewed(lease, renewal_of(name)).isoformat()}
+        return {**leases.view(lease), "last_renewed": last_renewed(lease, renewal_of(name)).isoformat()}
     raise QueryError("unknown_query", f"the deacon has no query {what!r}; it answers {ANSWERS}")

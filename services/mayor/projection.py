@@ -8,7 +8,6 @@ from datetime import datetime
 import msgspec
 
 from services.mayor.state import (
-    STATUS_RANK,
     WISP_TYPE,
     Bead,
     Convoy,
@@ -53,7 +52,8 @@ from shared.events import (
     StepCompleted,
     StepStarted,
 )
-from shared.projection import Projection
+from shared.events.beads import forward
+from shared.projection import Projection, advance, touch
 from shared.usage import difference, merge
 
 SCHEMA_VERSION = 3
@@ -67,6 +67,14 @@ def fold(payload: Event, state: MayorState, env: Envelope, seq: int) -> None:
 
 
 # ---- beads -------------------------------------------------------------------------------------
+
+
+def _bead(state: MayorState, bead_id: str, env: Envelope, seq: int) -> Bead | None:
+    """The bead an event is about (see ``touch``), updated at the event's time."""
+    bead = touch(state.beads, bead_id, seq)
+    if bead is not None:
+        bead.updated_at = env.ts
+    return bead
 
 
 @fold.register
@@ -95,8 +103,7 @@ def _created(payload: BeadCreated, state: MayorState, env: Envelope, seq: int) -
 
 @fold.register
 def _updated(payload: BeadUpdated, state: MayorState, env: Envelope, seq: int) -> None:
-    bead = state.beads.get(payload.bead_id)
-    if bead is None:
+    if (bead := _bead(state, payload.bead_id, env, seq)) is None:
         return
     if payload.title is not msgspec.UNSET:
         bead.title = payload.title
@@ -130,77 +137,58 @@ def _updated(payload: BeadUpdated, state: MayorState, env: Envelope, seq: int) -
             bead.needs.append(need)
     if payload.remove_needs:
         bead.needs = [need for need in bead.needs if need not in payload.remove_needs]
-    bead.updated_at = env.ts
-    bead.version = seq
 
 
 @fold.register
 def _claimed(payload: BeadClaimed, state: MayorState, env: Envelope, seq: int) -> None:
-    bead = state.beads.get(payload.bead_id)
-    if bead is None:
+    if (bead := _bead(state, payload.bead_id, env, seq)) is None:
         return
-    if STATUS_RANK[bead.status] < STATUS_RANK["in_progress"]:
-        bead.status = "in_progress"
+    bead.status = forward(bead.status, "in_progress")
     state.holds.pop(bead.id, None)  # only open beads are held
     bead.assignee = payload.assignee
-    bead.updated_at = env.ts
-    bead.version = seq
 
 
 @fold.register
 def _closed(payload: BeadClosed, state: MayorState, env: Envelope, seq: int) -> None:
-    bead = state.beads.get(payload.bead_id)
-    if bead is None:
+    if (bead := _bead(state, payload.bead_id, env, seq)) is None:
         return
     if bead.status != "closed":
         bead.status = "closed"
         bead.closed_at = env.ts
         bead.close_reason = payload.reason
     state.holds.pop(bead.id, None)
-    bead.updated_at = env.ts
-    bead.version = seq
 
 
 @fold.register
 def _slung(payload: BeadSlung, state: MayorState, env: Envelope, seq: int) -> None:
-    bead = state.beads.get(payload.bead_id)
-    if bead is None:
+    if (bead := _bead(state, payload.bead_id, env, seq)) is None:
         return
-    if STATUS_RANK[bead.status] < STATUS_RANK["hooked"]:
-        bead.status = "hooked"
+    bead.status = forward(bead.status, "hooked")
     bead.rig = payload.rig
     bead.hook_session = payload.session
     bead.slings += 1
     state.holds.pop(bead.id, None)  # slung: by the hold's release, or by hand (forced) before it
-    bead.updated_at = env.ts
-    bead.version = seq
 
 
 @fold.register
 def _held(payload: BeadHeld, state: MayorState, env: Envelope, seq: int) -> None:
-    bead = state.beads.get(payload.bead_id)
-    if bead is None:
+    if (bead := _bead(state, payload.bead_id, env, seq)) is None:
         return
     if bead.status == "open":
         state.holds[bead.id] = Hold(rig=payload.rig, blockers=list(payload.blockers), since=env.ts)
-    bead.updated_at = env.ts
-    bead.version = seq
 
 
 @fold.register
 def _unslung(payload: BeadUnslung, state: MayorState, env: Envelope, seq: int) -> None:
     """The hook (or a held bead's hold) is given back: open again, on no rig. The molecule and its done steps
     stay as they are."""
-    bead = state.beads.get(payload.bead_id)
-    if bead is None:
+    if (bead := _bead(state, payload.bead_id, env, seq)) is None:
         return
     if bead.status in ("hooked", "in_progress"):
         bead.status = "open"
         bead.rig = None
         bead.hook_session = None
     state.holds.pop(bead.id, None)  # a held bead gives its hold back
-    bead.updated_at = env.ts
-    bead.version = seq
 
 
 # ---- rigs (the witness's events) ---------------------------------------------------------------
@@ -251,49 +239,40 @@ def _attached(payload: MoleculeAttached, state: MayorState, env: Envelope, seq: 
     )
 
 
-def _step(state: MayorState, bead_id: str, step_id: str) -> tuple[Molecule, Step] | None:
+def _step(state: MayorState, bead_id: str, step_id: str, seq: int) -> Step | None:
+    """The step an event is about; its molecule's version moved to the event (when the molecule has the step)."""
     molecule = state.molecules.get(bead_id)
     if molecule is None:
         return None
     for step in molecule.steps:
         if step.id == step_id:
-            return molecule, step
+            molecule.version = seq
+            return step
     return None
 
 
 @fold.register
 def _step_started(payload: StepStarted, state: MayorState, env: Envelope, seq: int) -> None:
-    found = _step(state, payload.bead_id, payload.step)
-    if found is None:
-        return
-    molecule, step = found
-    if step.status == "pending":
+    step = _step(state, payload.bead_id, payload.step, seq)
+    if step is not None and step.status == "pending":
         step.status = "in_progress"
         step.started_at = env.ts
-    molecule.version = seq
 
 
 @fold.register
 def _step_done(payload: StepCompleted, state: MayorState, env: Envelope, seq: int) -> None:
-    found = _step(state, payload.bead_id, payload.step)
-    if found is None:
-        return
-    molecule, step = found
-    if step.status != "done":
+    step = _step(state, payload.bead_id, payload.step, seq)
+    if step is not None and step.status != "done":
         step.status = "done"
         step.started_at = step.started_at or env.ts
         step.done_at = env.ts
         step.done_by = env.actor
-    molecule.version = seq
 
 
 @fold.register
 def _molecule_completed(payload: MoleculeCompleted, state: MayorState, env: Envelope, seq: int) -> None:
-    molecule = state.molecules.get(payload.bead_id)
-    if molecule is None:
-        return
-    molecule.completed_at = molecule.completed_at or env.ts
-    molecule.version = seq
+    if (molecule := touch(state.molecules, payload.bead_id, seq)) is not None:
+        molecule.completed_at = molecule.completed_at or env.ts
 
 
 # ---- convoys -----------------------------------------------------------------------------------
@@ -329,26 +308,16 @@ def _convoy_created(payload: ConvoyCreated, state: MayorState, env: Envelope, se
 
 @fold.register
 def _convoy_added(payload: ConvoyBeadsAdded, state: MayorState, env: Envelope, seq: int) -> None:
-    convoy = state.convoys.get(payload.convoy_id)
-    if convoy is None:
-        return
-    _track(state, convoy, payload.beads)
-    convoy.version = seq
+    if (convoy := touch(state.convoys, payload.convoy_id, seq)) is not None:
+        _track(state, convoy, payload.beads)
 
 
 @fold.register
 def _convoy_closed(payload: ConvoyClosed, state: MayorState, env: Envelope, seq: int) -> None:
-    convoy = state.convoys.get(payload.convoy_id)
-    if convoy is None:
-        return
-    if convoy.status != "closed":
-        convoy.status = "closed"
-        convoy.closed_at = env.ts
-        convoy.landed = payload.landed
-        convoy.forced = payload.forced
+    if (convoy := advance(state.convoys, payload.convoy_id, seq, "closed")) is not None:
+        convoy.closed_at, convoy.landed, convoy.forced = env.ts, payload.landed, payload.forced
         if convoy.id in state.open_convoys:
             state.open_convoys.remove(convoy.id)
-    convoy.version = seq
 
 
 # ---- escalations -------------------------------------------------------------------------------
@@ -373,38 +342,22 @@ def _escalation_raised(payload: EscalationRaised, state: MayorState, env: Envelo
 
 @fold.register
 def _escalation_acked(payload: EscalationAcked, state: MayorState, env: Envelope, seq: int) -> None:
-    escalation = state.escalations.get(payload.escalation_id)
-    if escalation is None:
-        return
-    if escalation.status == "open":
-        escalation.status = "acked"
-        escalation.acked_at = env.ts
-        escalation.acked_by = payload.by
-    escalation.version = seq
+    if (escalation := advance(state.escalations, payload.escalation_id, seq, "acked", only_from=("open",))) is not None:
+        escalation.acked_at, escalation.acked_by = env.ts, payload.by
 
 
 @fold.register
 def _escalation_reescalated(payload: EscalationReescalated, state: MayorState, env: Envelope, seq: int) -> None:
-    escalation = state.escalations.get(payload.escalation_id)
-    if escalation is None:
-        return
-    escalation.severity = payload.to_severity
-    escalation.reescalations = max(escalation.reescalations, payload.level)
-    escalation.last_raised_at = env.ts
-    escalation.version = seq
+    if (escalation := touch(state.escalations, payload.escalation_id, seq)) is not None:
+        escalation.severity = payload.to_severity
+        escalation.reescalations = max(escalation.reescalations, payload.level)
+        escalation.last_raised_at = env.ts
 
 
 @fold.register
 def _escalation_closed(payload: EscalationClosed, state: MayorState, env: Envelope, seq: int) -> None:
-    escalation = state.escalations.get(payload.escalation_id)
-    if escalation is None:
-        return
-    if escalation.status != "closed":
-        escalation.status = "closed"
-        escalation.closed_at = env.ts
-        escalation.closed_by = payload.by
-        escalation.close_reason = payload.reason
-    escalation.version = seq
+    if (escalation := advance(state.escalations, payload.escalation_id, seq, "closed")) is not None:
+        escalation.closed_at, escalation.closed_by, escalation.close_reason = env.ts, payload.by, payload.reason
 
 
 # ---- garbage collection ------------------------------------------------------------------------

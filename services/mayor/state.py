@@ -6,9 +6,10 @@ from datetime import datetime
 
 import msgspec
 
+from shared.events.beads import BEAD_STATUSES
 from shared.usage import ModelUsage
 
-STATUSES = ("open", "hooked", "in_progress", "closed")
+STATUSES = BEAD_STATUSES
 STATUS_RANK = {status: rank for rank, status in enumerate(STATUSES)}
 STEP_STATUSES = ("pending", "in_progress", "done")
 STEP_RANK = {status: rank for rank, status in enumerate(STEP_STATUSES)}

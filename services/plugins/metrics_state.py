@@ -30,9 +30,8 @@ from shared.events import (
     SessionRequested,
     SessionStarted,
 )
+from shared.events.beads import BEAD_STATUSES, forward
 
-BEAD_STATUSES = ("open", "hooked", "in_progress", "closed")
-BEAD_RANK = {status: rank for rank, status in enumerate(BEAD_STATUSES)}
 SESSION_STATES = ("requested", "started", "ended")
 MR_STATUSES = ("queued", "claimed", "blocked", "conflicted", "failed", "escalated", "rejected", "merged")
 IN_QUEUE = frozenset({"queued", "claimed"})
@@ -118,8 +117,8 @@ def _bead_created(payload: BeadCreated, state: MetricsState) -> None:
 
 def _bead_forward(state: MetricsState, bead_id: str, status: str) -> None:
     current = state.beads.get(bead_id)
-    if current is not None and BEAD_RANK[current] < BEAD_RANK[status]:
-        state.beads[bead_id] = status
+    if current is not None:
+        state.beads[bead_id] = forward(current, status)
 
 
 @fold.register

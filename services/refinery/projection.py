@@ -5,15 +5,10 @@ from __future__ import annotations
 import functools
 from datetime import datetime
 
-import msgspec
-
 from services.refinery.state import (
     FINISHED,
-    HookHold,
-    MergeLease,
     MergeRequest,
     RefineryState,
-    RigInfo,
     SessionRef,
     WorkBead,
 )
@@ -28,9 +23,7 @@ from shared.events import (
     Envelope,
     Event,
     GcSwept,
-    LeaseAcquired,
-    LeaseExpired,
-    LeaseReleased,
+    LeaseEvent,
     MergeRequestClaimed,
     MergeRequestConflicted,
     MergeRequestFailed,
@@ -38,15 +31,19 @@ from shared.events import (
     MergeRequestRejected,
     MergeRequestRequeued,
     MergeRequestSubmitted,
-    RigAdded,
-    RigUpdated,
+    RigEvent,
     SessionRequested,
 )
+from shared.events.beads import forward
 from shared.ids import HOOK_LEASE_PREFIX, MERGE_LEASE_PREFIX, hook_lease_name
-from shared.lease_rules import record_end
-from shared.projection import Projection
+from shared.lease_state import fold_lease
+from shared.projection import Projection, touch
+from shared.rig_state import fold_rig
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
+"""7: hook and merge leases are one record (``shared.lease_state.Lease``), rigs the witness's record
+(``shared.rig_state.Rig``): a snapshot from before has hooks without their name, TTL and times, and rigs without
+their other settings."""
 CONFLICT_PREFIX = "conflict-"
 """Command ids of conflict bead creates (the refinery's own): their outcomes name the bead."""
 NOT_WORK = frozenset({"message", "convoy", "escalation"})
@@ -70,15 +67,13 @@ def _bead_slung(payload: BeadSlung, state: RefineryState, env: Envelope, seq: in
     bead = state.beads.get(payload.bead_id)
     if bead is not None:
         bead.rig = payload.rig
-        if bead.status == "open":
-            bead.status = "hooked"
+        bead.status = forward(bead.status, "hooked")
 
 
 @fold.register
 def _bead_claimed(payload: BeadClaimed, state: RefineryState, env: Envelope, seq: int) -> None:
-    bead = state.beads.get(payload.bead_id)
-    if bead is not None and bead.status != "closed":
-        bead.status = "in_progress"
+    if (bead := state.beads.get(payload.bead_id)) is not None:
+        bead.status = forward(bead.status, "in_progress")
 
 
 @fold.register
@@ -118,32 +113,8 @@ def _convoy_beads_added(payload: ConvoyBeadsAdded, state: RefineryState, env: En
 
 
 @fold.register
-def _rig_added(payload: RigAdded, state: RefineryState, env: Envelope, seq: int) -> None:
-    state.rigs.setdefault(
-        payload.rig,
-        RigInfo(
-            name=payload.rig,
-            repo=payload.repo,
-            base_branch=payload.base_branch,
-            prefix=payload.prefix,
-            setup_command=payload.setup_command,
-            lint_command=payload.lint_command,
-            test_command=payload.test_command,
-            gate_env=payload.gate_env,
-        ),
-    )
-
-
-@fold.register
-def _rig_updated(payload: RigUpdated, state: RefineryState, env: Envelope, seq: int) -> None:
-    """New gates apply to the next merge request the refinery takes; one under way keeps what it started with."""
-    rig = state.rigs.get(payload.rig)
-    if rig is None:
-        return
-    for field in ("setup_command", "lint_command", "test_command", "gate_env"):
-        value = getattr(payload, field)
-        if value is not msgspec.UNSET:
-            setattr(rig, field, value)
+def _rig(payload: RigEvent, state: RefineryState, env: Envelope, seq: int) -> None:
+    fold_rig(payload, state.rigs, env, seq)
 
 
 @fold.register
@@ -155,13 +126,6 @@ def _accepted(payload: CommandAccepted, state: RefineryState, env: Envelope, seq
     mr = state.mrs.get(state.awaited.pop(payload.command_id, ""))
     if mr is not None and mr.conflict_command == payload.command_id:
         mr.blocked_by = created
-
-
-def _mr(state: RefineryState, mr_id: str, seq: int) -> MergeRequest | None:
-    mr = state.mrs.get(mr_id)
-    if mr is not None:
-        mr.version = seq
-    return mr
 
 
 @fold.register
@@ -185,19 +149,26 @@ def _submitted(payload: MergeRequestSubmitted, state: RefineryState, env: Envelo
 
 @fold.register
 def _claimed(payload: MergeRequestClaimed, state: RefineryState, env: Envelope, seq: int) -> None:
-    if (mr := _mr(state, payload.mr_id, seq)) is not None:
+    if (mr := touch(state.mrs, payload.mr_id, seq)) is not None:
         mr.status, mr.attempts, mr.batch = "claimed", payload.attempt, list(payload.batch)
         mr.holder, mr.lease_until = payload.holder, payload.lease_until
 
 
+def _finished(state: RefineryState, mr_id: str, seq: int, status: str, at: datetime) -> MergeRequest | None:
+    """The merge request an event finishes (see ``touch``): in ``status``, out of its holder's hands since ``at``."""
+    if (mr := touch(state.mrs, mr_id, seq)) is not None:
+        mr.status, mr.holder, mr.lease_until, mr.ended_at = status, None, None, at
+    return mr
+
+
 @fold.register
 def _conflicted(payload: MergeRequestConflicted, state: RefineryState, env: Envelope, seq: int) -> None:
-    if (mr := _mr(state, payload.mr_id, seq)) is not None and payload.sent_back:
+    if payload.sent_back:
         # The agent resolves it and submits the resolved branch as a new merge request: this one is finished.
-        mr.status, mr.holder, mr.lease_until, mr.ended_at = "conflicted", None, None, env.ts
-        if (bead := state.beads.get(mr.bead)) is not None:
+        mr = _finished(state, payload.mr_id, seq, "conflicted", env.ts)
+        if mr is not None and (bead := state.beads.get(mr.bead)) is not None:
             bead.conflicts_sent_back += 1
-    elif mr is not None:
+    elif (mr := touch(state.mrs, payload.mr_id, seq)) is not None:
         mr.status, mr.conflict_command = "blocked", payload.conflict_command
         mr.blocked_by = state.created.get(payload.conflict_command)  # its outcome may be in the log already
         mr.holder = mr.lease_until = None
@@ -207,27 +178,22 @@ def _conflicted(payload: MergeRequestConflicted, state: RefineryState, env: Enve
 
 @fold.register
 def _failed(payload: MergeRequestFailed, state: RefineryState, env: Envelope, seq: int) -> None:
-    if (mr := _mr(state, payload.mr_id, seq)) is not None:
-        mr.status = "escalated" if payload.escalated else "failed"
+    status = "escalated" if payload.escalated else "failed"
+    if (mr := _finished(state, payload.mr_id, seq, status, env.ts)) is not None:
         mr.failures += 1
         mr.gate, mr.exit_code, mr.tail = payload.gate, payload.exit_code, payload.tail
-        mr.holder = mr.lease_until = None
-        mr.ended_at = env.ts
 
 
 @fold.register
 def _merged(payload: MergeRequestMerged, state: RefineryState, env: Envelope, seq: int) -> None:
-    if (mr := _mr(state, payload.mr_id, seq)) is not None:
-        mr.status, mr.merged_commit, mr.already = "merged", payload.merged_commit, payload.already
-        mr.batch = list(payload.batch)
+    if (mr := _finished(state, payload.mr_id, seq, "merged", env.ts)) is not None:
+        mr.merged_commit, mr.already, mr.batch = payload.merged_commit, payload.already, list(payload.batch)
         mr.bug_bead_command = payload.bug_bead_command
-        mr.holder = mr.lease_until = None
-        mr.ended_at = env.ts
 
 
 @fold.register
 def _requeued(payload: MergeRequestRequeued, state: RefineryState, env: Envelope, seq: int) -> None:
-    if (mr := _mr(state, payload.mr_id, seq)) is not None:
+    if (mr := touch(state.mrs, payload.mr_id, seq)) is not None:
         mr.status, mr.queued_at, mr.reason = "queued", env.ts, payload.reason
         mr.retries, mr.not_before = payload.retries, payload.not_before
         mr.holder = mr.lease_until = None
@@ -237,35 +203,16 @@ def _requeued(payload: MergeRequestRequeued, state: RefineryState, env: Envelope
 
 @fold.register
 def _rejected(payload: MergeRequestRejected, state: RefineryState, env: Envelope, seq: int) -> None:
-    if (mr := _mr(state, payload.mr_id, seq)) is not None:
-        mr.status, mr.reason = "rejected", payload.reason
-        mr.holder = mr.lease_until = None
-        mr.ended_at = env.ts
+    if (mr := _finished(state, payload.mr_id, seq, "rejected", env.ts)) is not None:
+        mr.reason = payload.reason
 
 
 @fold.register
-def _lease_acquired(payload: LeaseAcquired, state: RefineryState, env: Envelope, seq: int) -> None:
+def _lease(payload: LeaseEvent, state: RefineryState, env: Envelope, seq: int) -> None:
     if payload.lease.startswith(MERGE_LEASE_PREFIX):
-        state.merge_leases[payload.lease] = MergeLease(
-            name=payload.lease,
-            holder=payload.holder,
-            token=payload.token,
-            ttl_s=payload.ttl_s,
-            acquired_at=env.ts,
-            version=seq,
-        )
+        fold_lease(payload, state.merge_leases, env, seq)
     elif payload.lease.startswith(HOOK_LEASE_PREFIX):
-        state.hooks[payload.lease] = HookHold(holder=payload.holder, token=payload.token, version=seq)
-
-
-@fold.register
-def _lease_released(payload: LeaseReleased, state: RefineryState, env: Envelope, seq: int) -> None:
-    record_end(state.merge_leases.get(payload.lease) or state.hooks.get(payload.lease), payload.token, "released", seq)
-
-
-@fold.register
-def _lease_expired(payload: LeaseExpired, state: RefineryState, env: Envelope, seq: int) -> None:
-    record_end(state.merge_leases.get(payload.lease) or state.hooks.get(payload.lease), payload.token, "expired", seq)
+        fold_lease(payload, state.hooks, env, seq)
 
 
 @fold.register

@@ -23,7 +23,7 @@ from services.refinery.effects import merger, refusals
 from services.refinery.effects.gate_user import resolve as resolve_gate_user
 from services.refinery.projection import new_projection
 from services.refinery.state import MergeRequest, RefineryState
-from shared import git, lease_rules
+from shared import git, lease_state
 from shared import leases as lease_kv
 from shared.aio import pause
 from shared.bus.errors import BusError
@@ -35,8 +35,6 @@ from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import ActivityLostError
 from shared.events import (
     Event,
-    LeaseAcquired,
-    LeaseReleased,
     MergeRequestClaimed,
     MergeRequestConflicted,
     MergeRequestFailed,
@@ -229,31 +227,23 @@ class RefineryService(Service[RefineryState]):
             kv = self._lease_kv()
             renewal, revision = await lease_kv.read(kv, name)
             # Marked first, so the former holder's renewals fail from now on (its pushes are checked too).
-            last = lease_rules.last_renewed(lease, renewal)
+            last = lease_state.last_renewed(lease, renewal)
             if not await lease_kv.mark_expired(kv, name, lease.holder, lease.token, last, seen_revision=revision):
                 return None
-            lapsed = lease_rules.due_to_expire(lease, renewal, now)
+            lapsed = lease_state.due_to_expire(lease, renewal, now)
             log.warning(
                 "merge_lease_taken_over", rig=rig, lease=name, previous=lease.holder, token=lease.token, lapsed=lapsed
             )
-        ttl = self._merge_lease_ttl()
-        acquired = LeaseAcquired(
-            lease=name,
-            holder=self.holder,
-            token=lease.token + 1 if lease is not None else 1,
-            ttl_s=ttl,
-            expires_at=now + timedelta(seconds=ttl),
-        )
-        if not await self.append_owed([NewEvent(payload=acquired, expected_seq=lease.version if lease else 0)]):
+        acquired, token = lease_state.acquisition(lease, name, self.holder, self._merge_lease_ttl(), now)
+        if not await self.append_owed([acquired]):
             return None
-        return acquired.token
+        return token
 
     async def _release_merge_lease(self, rig: str, token: int) -> None:
         lease = self.projection.state.merge_leases.get(merge_lease_name(rig))
-        if lease is None or lease.holder != self.holder or lease.token != token or lease.status != "held":
+        if lease is None or not lease.held_by(self.holder, token):
             return
-        released = LeaseReleased(lease=lease.name, holder=self.holder, token=token)
-        await self.append_owed([NewEvent(payload=released, expected_seq=lease.version)])
+        await self.append_owed([lease_state.release(lease)])
 
     async def _renew_merge_lease(self, rig: str, token: int, lost: list[str]) -> None:
         """Renew while the batch is processed; a renewal refused (the lease lapsed and passed on) is recorded

@@ -6,6 +6,9 @@ from datetime import datetime
 
 import msgspec
 
+from shared.lease_state import Lease
+from shared.rig_state import Rig
+
 OPEN = ("queued", "claimed")
 """Merge request statuses still in the queue."""
 FINISHED = ("merged", "failed", "escalated", "rejected", "conflicted")
@@ -57,18 +60,6 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     version: int = 0
 
 
-class RigInfo(msgspec.Struct, kw_only=True, gc=False):
-    name: str
-    repo: str
-    base_branch: str = "main"
-    prefix: str
-    setup_command: str = ""
-    lint_command: str = ""
-    test_command: str = ""
-    gate_env: list[str] = []
-    """Names of the refinery's environment variables its gates see besides the allowlist (``merger.GATE_BASE_ENV``)."""
-
-
 class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     id: str
     title: str
@@ -79,30 +70,6 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     """When the oldest convoy tracking it was created: its age raises the bead's merge requests in the queue."""
     conflicts_sent_back: int = 0
     """Merge conflicts of its merge requests sent back to its agent (``mr.conflicted`` with ``sent_back``)."""
-
-
-class MergeLease(msgspec.Struct, kw_only=True, gc=False):
-    """A rig's merge lease (``merge-<rig>``): the refinery that holds it is the only one that may push to the
-    rig's targets; it renews it while it works and releases it after each batch."""
-
-    name: str
-    holder: str
-    token: int
-    ttl_s: float
-    status: str = "held"
-    """held, released or expired."""
-    acquired_at: datetime
-    version: int = 0
-
-
-class HookHold(msgspec.Struct, kw_only=True, gc=False):
-    """A bead's hook lease (``hook-<bead>``) as its newest acquisition left it: only its holder, with this
-    token, may submit the bead's work."""
-
-    holder: str
-    token: int
-    status: str = "held"
-    version: int = 0
 
 
 class SessionRef(msgspec.Struct, kw_only=True, gc=False):
@@ -116,16 +83,20 @@ class RefineryState(msgspec.Struct, kw_only=True):
     mrs: dict[str, MergeRequest] = {}
     beads: dict[str, WorkBead] = {}
     """Work beads (not messages, convoys, escalations)."""
-    rigs: dict[str, RigInfo] = {}
+    rigs: dict[str, Rig] = {}
+    """Rigs by name (``shared.rig_state``): new gates apply to the next merge request taken, one under way keeps
+    what it started with."""
     created: dict[str, str] = {}
     """Conflict bead create command id -> the bead it created."""
     awaited: dict[str, str] = {}
     """Command id (a conflict bead's create) -> the merge request waiting for its outcome."""
     convoys: dict[str, datetime] = {}
     """Convoy id -> when it was created."""
-    merge_leases: dict[str, MergeLease] = {}
-    """Rig merge leases by lease name."""
-    hooks: dict[str, HookHold] = {}
-    """Hook leases of beads not closed, by lease name."""
+    merge_leases: dict[str, Lease] = {}
+    """Rig merge leases (``merge-<rig>``) by lease name: the refinery that holds one is the only one that may
+    push to the rig's targets; it renews it while it works and releases it after each batch."""
+    hooks: dict[str, Lease] = {}
+    """Hook leases (``hook-<bead>``) of beads not closed, by lease name: only a hook's holder, with its token,
+    may submit the bead's work."""
     sessions: dict[str, SessionRef] = {}
     """Sessions of beads not closed, by id."""

@@ -6,22 +6,17 @@ from __future__ import annotations
 import functools
 from datetime import datetime
 
-import msgspec
-
 from services.witness.state import (
     MAIL_NUDGE_PREFIX,
-    HookLease,
     MailNotice,
     MergeFailure,
     Nudge,
-    Rig,
     Session,
     UsageMark,
     WitnessState,
     WorkBead,
     mail_nudge_id,
 )
-from shared.commands import RigUpdate
 from shared.commands.mail import polecat_of
 from shared.events import (
     DEATHS,
@@ -35,8 +30,7 @@ from shared.events import (
     Event,
     GcSwept,
     LeaseAcquired,
-    LeaseExpired,
-    LeaseReleased,
+    LeaseEvent,
     MergeRequestConflicted,
     MergeRequestFailed,
     MergeRequestRejected,
@@ -46,12 +40,8 @@ from shared.events import (
     NudgeDelivered,
     NudgeExpired,
     NudgeQueued,
-    RigAdded,
+    RigEvent,
     RigMassDeath,
-    RigParked,
-    RigRemoved,
-    RigUnparked,
-    RigUpdated,
     SessionCleaned,
     SessionDoneIntent,
     SessionEnded,
@@ -64,11 +54,15 @@ from shared.events import (
     StepCompleted,
     StepStarted,
 )
+from shared.events.beads import forward
 from shared.ids import HOOK_LEASE_PREFIX, hook_lease_name
-from shared.lease_rules import record_end
-from shared.projection import Projection
+from shared.lease_state import fold_lease
+from shared.projection import Projection, advance, touch
+from shared.rig_state import fold_rig
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
+"""6: hook leases are the one lease record (``shared.lease_state.Lease``): a snapshot from before has them
+without when they were acquired and ended."""
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 MESSAGE_TYPE = "message"
 READ_LABEL = "read"
@@ -83,69 +77,15 @@ def fold(payload: Event, state: WitnessState, env: Envelope, seq: int) -> None:
 
 
 @fold.register
-def _rig_added(payload: RigAdded, state: WitnessState, env: Envelope, seq: int) -> None:
-    if payload.rig in state.rigs:
-        return
-    state.rigs[payload.rig] = Rig(
-        name=payload.rig,
-        repo=payload.repo,
-        base_branch=payload.base_branch,
-        prefix=payload.prefix,
-        setup_command=payload.setup_command,
-        lint_command=payload.lint_command,
-        test_command=payload.test_command,
-        agent_command=payload.agent_command,
-        max_polecats=payload.max_polecats,
-        max_respawns=payload.max_respawns,
-        stall_after_s=payload.stall_after_s,
-        git_name=payload.git_name,
-        git_email=payload.git_email,
-        gate_env=payload.gate_env,
-        added_at=env.ts,
-        version=seq,
-    )
-
-
-@fold.register
-def _rig_updated(payload: RigUpdated, state: WitnessState, env: Envelope, seq: int) -> None:
-    rig = state.rigs.get(payload.rig)
-    if rig is None:
-        return
-    for field in RigUpdate.SETTINGS:
-        value = getattr(payload, field)
-        if value is not msgspec.UNSET:
-            setattr(rig, field, value)
-    rig.version = seq
-
-
-@fold.register
-def _rig_parked(payload: RigParked, state: WitnessState, env: Envelope, seq: int) -> None:
-    if (rig := state.rigs.get(payload.rig)) is not None:
-        rig.parked, rig.parked_reason, rig.version = True, payload.reason, seq
-
-
-@fold.register
-def _rig_unparked(payload: RigUnparked, state: WitnessState, env: Envelope, seq: int) -> None:
-    if (rig := state.rigs.get(payload.rig)) is not None:
-        if not rig.removed:
-            rig.parked, rig.parked_reason = False, ""
-        rig.version = seq
-
-
-@fold.register
-def _rig_removed(payload: RigRemoved, state: WitnessState, env: Envelope, seq: int) -> None:
-    if (rig := state.rigs.get(payload.rig)) is not None:
-        rig.parked = rig.removed = True
-        rig.version = seq
+def _rig(payload: RigEvent, state: WitnessState, env: Envelope, seq: int) -> None:
+    fold_rig(payload, state.rigs, env, seq)
 
 
 @fold.register
 def _mass_death(payload: RigMassDeath, state: WitnessState, env: Envelope, seq: int) -> None:
+    fold_rig(payload, state.rigs, env, seq)
     covered = state.mass_deaths.setdefault(payload.rig, [])
     covered.extend(s for s in payload.sessions if s not in covered)
-    rig = state.rigs.get(payload.rig)
-    if rig is not None:
-        rig.version = seq
 
 
 # ---- beads (the mayor's events) ----------------------------------------------------------------
@@ -184,8 +124,7 @@ def _bead_slung(payload: BeadSlung, state: WitnessState, env: Envelope, seq: int
     bead = state.beads.get(payload.bead_id)
     if bead is None:
         return
-    if bead.status == "open":
-        bead.status = "hooked"
+    bead.status = forward(bead.status, "hooked")
     bead.rig = payload.rig
     bead.slings += 1
     bead.slung_seq = seq
@@ -221,9 +160,8 @@ def deaths(state: WitnessState, bead: WorkBead) -> int:
 
 @fold.register
 def _bead_claimed(payload: BeadClaimed, state: WitnessState, env: Envelope, seq: int) -> None:
-    bead = state.beads.get(payload.bead_id)
-    if bead is not None and bead.status in ("open", "hooked"):
-        bead.status = "in_progress"
+    if (bead := state.beads.get(payload.bead_id)) is not None:
+        bead.status = forward(bead.status, "in_progress")
 
 
 @fold.register
@@ -353,18 +291,9 @@ def _requested(payload: SessionRequested, state: WitnessState, env: Envelope, se
         bead.returned = False
 
 
-def _session(state: WitnessState, session_id: str, seq: int) -> Session | None:
-    session = state.sessions.get(session_id)
-    if session is not None:
-        session.version = seq
-    return session
-
-
 @fold.register
 def _started(payload: SessionStarted, state: WitnessState, env: Envelope, seq: int) -> None:
-    session = _session(state, payload.session_id, seq)
-    if session is not None and session.status == "requested":
-        session.status = "started"
+    if (session := advance(state.sessions, payload.session_id, seq, "started", only_from=("requested",))) is not None:
         session.started_at = env.ts
         session.pane_pid = payload.pane_pid
         session.pid_started = payload.pid_started
@@ -373,14 +302,14 @@ def _started(payload: SessionStarted, state: WitnessState, env: Envelope, seq: i
 
 @fold.register
 def _done_intent(payload: SessionDoneIntent, state: WitnessState, env: Envelope, seq: int) -> None:
-    session = _session(state, payload.session_id, seq)
+    session = touch(state.sessions, payload.session_id, seq)
     if session is not None and session.done_intent_at is None:
         session.done_intent_at = env.ts
 
 
 @fold.register
 def _warranted(payload: SessionWarranted, state: WitnessState, env: Envelope, seq: int) -> None:
-    session = _session(state, payload.session_id, seq)
+    session = touch(state.sessions, payload.session_id, seq)
     if session is not None and session.warrant_reason is None:
         session.warrant_reason = payload.reason
         session.warrant_detail = payload.detail
@@ -390,17 +319,13 @@ def _warranted(payload: SessionWarranted, state: WitnessState, env: Envelope, se
 
 @fold.register
 def _ended(payload: SessionEnded, state: WitnessState, env: Envelope, seq: int) -> None:
-    session = _session(state, payload.session_id, seq)
-    if session is not None and session.status != "ended":
-        session.status = "ended"
-        session.ended_at = env.ts
-        session.end_reason = payload.reason
-        session.end_detail = payload.detail
+    if (session := advance(state.sessions, payload.session_id, seq, "ended")) is not None:
+        session.ended_at, session.end_reason, session.end_detail = env.ts, payload.reason, payload.detail
 
 
 @fold.register
 def _cleaned(payload: SessionCleaned, state: WitnessState, env: Envelope, seq: int) -> None:
-    session = _session(state, payload.session_id, seq)
+    session = touch(state.sessions, payload.session_id, seq)
     if session is not None:
         session.cleaned = True
         session.worktree_removed = payload.worktree_removed
@@ -408,14 +333,14 @@ def _cleaned(payload: SessionCleaned, state: WitnessState, env: Envelope, seq: i
 
 @fold.register
 def _escalated(payload: SessionEscalated, state: WitnessState, env: Envelope, seq: int) -> None:
-    session = _session(state, payload.session_id, seq)
+    session = touch(state.sessions, payload.session_id, seq)
     if session is not None and session.escalated is None:
         session.escalated = payload.reason
 
 
 @fold.register
 def _hook_recovered(payload: SessionHookRecovered, state: WitnessState, env: Envelope, seq: int) -> None:
-    session = _session(state, payload.session_id, seq)
+    session = touch(state.sessions, payload.session_id, seq)
     if session is None or session.hook_recovery is not None:
         return
     session.hook_recovery = payload.resolution
@@ -430,25 +355,15 @@ def _hook_recovered(payload: SessionHookRecovered, state: WitnessState, env: Env
 
 
 @fold.register
-def _lease_acquired(payload: LeaseAcquired, state: WitnessState, env: Envelope, seq: int) -> None:
+def _hook_lease(payload: LeaseEvent, state: WitnessState, env: Envelope, seq: int) -> None:
     if not payload.lease.startswith(HOOK_LEASE_PREFIX):
         return
-    state.hooks[payload.lease] = HookLease(
-        name=payload.lease, holder=payload.holder, token=payload.token, ttl_s=payload.ttl_s, version=seq
-    )
+    fold_lease(payload, state.hooks, env, seq)
+    if not isinstance(payload, LeaseAcquired):
+        return
     session = state.sessions.get(payload.holder)
     if session is not None and session.lease_token is None:
         session.lease_token = payload.token
-
-
-@fold.register
-def _lease_released(payload: LeaseReleased, state: WitnessState, env: Envelope, seq: int) -> None:
-    record_end(state.hooks.get(payload.lease), payload.token, "released", seq)
-
-
-@fold.register
-def _lease_expired(payload: LeaseExpired, state: WitnessState, env: Envelope, seq: int) -> None:
-    record_end(state.hooks.get(payload.lease), payload.token, "expired", seq)
 
 
 # ---- nudges ------------------------------------------------------------------------------------
@@ -475,19 +390,13 @@ def _nudge_queued(payload: NudgeQueued, state: WitnessState, env: Envelope, seq:
 
 @fold.register
 def _nudge_delivered(payload: NudgeDelivered, state: WitnessState, env: Envelope, seq: int) -> None:
-    nudge = state.nudges.get(payload.nudge_id)
-    if nudge is not None and nudge.status == "queued":
-        nudge.status = "delivered"
+    if (nudge := advance(state.nudges, payload.nudge_id, seq, "delivered", only_from=("queued",))) is not None:
         nudge.delivered_to = payload.session
-        nudge.version = seq
 
 
 @fold.register
 def _nudge_expired(payload: NudgeExpired, state: WitnessState, env: Envelope, seq: int) -> None:
-    nudge = state.nudges.get(payload.nudge_id)
-    if nudge is not None and nudge.status == "queued":
-        nudge.status = "expired"
-        nudge.version = seq
+    advance(state.nudges, payload.nudge_id, seq, "expired", only_from=("queued",))
 
 
 # ---- garbage collection ------------------------------------------------------------------------

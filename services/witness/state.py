@@ -6,37 +6,12 @@ from datetime import datetime
 
 import msgspec
 
+from shared.lease_state import Lease
+from shared.rig_state import Rig as Rig
 from shared.usage import ModelUsage
 
 ACTIVE = ("requested", "started")
 """Session statuses that hold a polecat, a worktree and a bead's hook."""
-
-
-class Rig(msgspec.Struct, kw_only=True, gc=False):
-    name: str
-    repo: str
-    base_branch: str = "main"
-    prefix: str
-    setup_command: str = ""
-    lint_command: str = ""
-    test_command: str = ""
-    agent_command: str
-    max_polecats: int = 4
-    max_respawns: int = 3
-    stall_after_s: float = 600.0
-    git_name: str = ""
-    """Template of the git name its polecats commit with (empty: the default, ``{rig}/{polecat}``)."""
-    git_email: str = ""
-    """Template of their git email (empty: the default, ``{polecat}.{rig}@gastown.invalid``)."""
-    gate_env: list[str] = []
-    """Names of environment variables its gates see (the refinery's; kept here with the rig's settings)."""
-    added_at: datetime
-    parked: bool = False
-    """No new sessions start (``gt rig park``, or removed): beads slung to it wait, running sessions finish."""
-    parked_reason: str = ""
-    removed: bool = False
-    """Out of service for good (``gt rig remove``): parked, not listed, slings to it refused by the mayor."""
-    version: int = 0
 
 
 class Session(msgspec.Struct, kw_only=True, gc=False):
@@ -74,20 +49,6 @@ class Session(msgspec.Struct, kw_only=True, gc=False):
     hook_recovery: str | None = None
     """The bead's hook went stale after this session: ``resling`` or ``escalate`` (``session.hook_recovered``)."""
     hook_recovery_detail: str = ""
-    version: int = 0
-
-
-class HookLease(msgspec.Struct, kw_only=True, gc=False):
-    """A bead's hook lease (``hook-<bead>``), as the log records it: the witness acquires it for each session
-    it starts and releases it once that session is cleaned; the agent renews it; the deacon expires it."""
-
-    name: str
-    holder: str
-    """The session id holding (or last holding) it."""
-    token: int
-    ttl_s: float
-    status: str = "held"
-    """held, released or expired."""
     version: int = 0
 
 
@@ -177,6 +138,7 @@ class UsageMark(msgspec.Struct, kw_only=True, gc=False):
 
 class WitnessState(msgspec.Struct, kw_only=True):
     rigs: dict[str, Rig] = {}
+    """Its rigs, by name (``shared.rig_state``)."""
     sessions: dict[str, Session] = {}
     beads: dict[str, WorkBead] = {}
     nudges: dict[str, Nudge] = {}
@@ -184,8 +146,9 @@ class WitnessState(msgspec.Struct, kw_only=True):
     """Merge request id -> its bead."""
     mass_deaths: dict[str, list[str]] = {}
     """Rig -> sessions already covered by a mass-death escalation."""
-    hooks: dict[str, HookLease] = {}
-    """Hook leases by lease name."""
+    hooks: dict[str, Lease] = {}
+    """Hook leases (``hook-<bead>``) by lease name: the witness acquires one for each session it starts and
+    releases it once that session is cleaned; the agent renews it; the deacon expires it."""
     mail: dict[str, MailNotice] = {}
     """Unread, open messages to polecats, by message id."""
     usage: dict[str, UsageMark] = {}

@@ -29,7 +29,7 @@ from shared.events.escalations import (
     EscalationReescalated,
 )
 from shared.events.gc import GC_EVENTS, GcSwept
-from shared.events.leases import LEASE_EVENTS, LeaseAcquired, LeaseExpired, LeaseReleased
+from shared.events.leases import LEASE_EVENTS, LeaseAcquired, LeaseEvent, LeaseExpired, LeaseReleased
 from shared.events.merge_requests import (
     MERGE_REQUEST_EVENTS,
     MergeRequestClaimed,
@@ -56,7 +56,16 @@ from shared.events.outcomes import (
     CommandOutcome,
     CommandRejected,
 )
-from shared.events.rigs import RIG_EVENTS, RigAdded, RigMassDeath, RigParked, RigRemoved, RigUnparked, RigUpdated
+from shared.events.rigs import (
+    RIG_EVENTS,
+    RigAdded,
+    RigEvent,
+    RigMassDeath,
+    RigParked,
+    RigRemoved,
+    RigUnparked,
+    RigUpdated,
+)
 from shared.events.services import SERVICE_EVENTS, ServiceDown, ServiceStopped, ServiceUp
 from shared.events.sessions import (
     DEATHS,
@@ -123,6 +132,7 @@ __all__ = [
     "EventRegistry",
     "GcSwept",
     "LeaseAcquired",
+    "LeaseEvent",
     "LeaseExpired",
     "LeaseReleased",
     "MergeRequestClaimed",
@@ -138,6 +148,7 @@ __all__ = [
     "NudgeExpired",
     "NudgeQueued",
     "RigAdded",
+    "RigEvent",
     "RigMassDeath",
     "RigParked",
     "RigRemoved",

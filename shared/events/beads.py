@@ -8,6 +8,17 @@ import msgspec
 
 from shared.events.base import Event
 
+BEAD_STATUSES = ("open", "hooked", "in_progress", "closed")
+"""A bead's statuses in the order its events move it: created open, slung (hooked), claimed (in progress),
+closed. Only ``bead.unslung`` moves one back (to open)."""
+_RANK = {status: rank for rank, status in enumerate(BEAD_STATUSES)}
+
+
+def forward(status: str, to: str) -> str:
+    """A bead's status after an event that moves it forward to ``to`` (sling, claim): a bead already as far or
+    further (claimed before it was slung, closed) stays where it is."""
+    return to if _RANK[status] < _RANK[to] else status
+
 
 class BeadEvent(Event, frozen=True, kw_only=True):
     AGGREGATE: ClassVar[str] = "bead"

@@ -87,7 +87,7 @@ async def test_only_the_hook_holder_submits_its_own_branch_into_the_base_branch(
         ({"branch": "release", "head": release}, "unauthorized", f"its own branch {session.branch}"),
         ({"target": "release"}, "unauthorized", "base branch main"),
         # A plain subject is an operator's: naming a polecat there is refused before the refinery decides.
-        ({"session": None, "actor": f"polecat:demo/{session.polecat}"}, "unauthorized", "an agent's name"),
+        ({"session": None, "actor": f"polecat:demo/{session.polecat}"}, "unauthorized", "a polecat's name"),
     ):
         body = {k: v for k, v in {**mine, **change}.items() if v is not None}
         # Without a session only the operator's subject takes it (the agents' requires one): as a polecat, refused.

@@ -14,8 +14,8 @@ from datetime import datetime
 
 import structlog
 
-from services.deacon.plan import leases as lease_rules
 from services.deacon.plan import liveness
+from services.deacon.plan.leases import LeaseState
 from shared import heartbeats
 from shared import leases as lease_kv
 from shared.bus.connection import Connection
@@ -23,7 +23,7 @@ from shared.bus.kv import Bucket, BucketMirror
 from shared.commands import Command, EscalationRaise
 from shared.decision import NewEvent
 from shared.heartbeats import ServiceHeartbeat
-from shared.leases import Renewal
+from shared.lease_state import Renewal, due_to_expire, expiry, last_renewed
 
 log = structlog.get_logger(__name__)
 
@@ -89,7 +89,7 @@ class Supervision:
             return None, 0
         return lease_kv.decode_renewal(found[0]), found[1]
 
-    async def expire_leases(self, state: lease_rules.LeaseState) -> int:
+    async def expire_leases(self, state: LeaseState) -> int:
         """Expire every held lease whose TTL passed since its last renewal; how many."""
         if not self.renewals.ready.is_set():
             return 0
@@ -97,18 +97,18 @@ class Supervision:
         owed: list[NewEvent] = []
         for lease in state.leases.values():
             renewal, revision = self.renewal_of(lease.name)
-            if not lease_rules.due_to_expire(lease, renewal, now):
+            if not due_to_expire(lease, renewal, now):
                 continue
             if renewal is None or not renewal.expired or renewal.token != lease.token:
                 # Mark first: a renewal that lands before the mark keeps the lease, one after it is refused.
                 assert self._lease_kv is not None
-                last = lease_rules.last_renewed(lease, renewal)
+                last = last_renewed(lease, renewal)
                 marked = await lease_kv.mark_expired(
                     self._lease_kv, lease.name, lease.holder, lease.token, last, seen_revision=revision
                 )
                 if not marked:
                     continue  # renewed meanwhile: looked at again next tick
-            owed.append(lease_rules.expiry(lease, renewal))
+            owed.append(expiry(lease, renewal))
         if owed:
             stored = await self._append_owed(owed)
             self.expired += stored

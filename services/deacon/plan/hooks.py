@@ -22,6 +22,7 @@ from shared.events import (
     MergeRequestRejected,
     MergeRequestSubmitted,
 )
+from shared.events.beads import forward
 from shared.ids import hook_lease_name, is_valid_id, stable_digest_id
 
 
@@ -60,26 +61,26 @@ def _slung(payload: BeadSlung, state: HookState, env: Envelope, seq: int) -> Non
 @fold.register
 def _claimed(payload: BeadClaimed, state: HookState, env: Envelope, seq: int) -> None:
     if (bead := state.beads.get(payload.bead_id)) is not None:
-        bead.status = "in_progress"
+        bead.status = forward(bead.status, "in_progress")
 
 
-@fold.register
-def _closed(payload: BeadClosed, state: HookState, env: Envelope, seq: int) -> None:
-    bead = state.beads.pop(payload.bead_id, None)
+def _untrack(state: HookState, bead_id: str) -> None:
+    bead = state.beads.pop(bead_id, None)
     if bead is not None:
         state.by_lease.pop(hook_lease_name(bead.id), None)
         if bead.merge_pending is not None:
             state.mr_beads.pop(bead.merge_pending, None)
+
+
+@fold.register
+def _closed(payload: BeadClosed, state: HookState, env: Envelope, seq: int) -> None:
+    _untrack(state, payload.bead_id)
 
 
 @fold.register
 def _unslung(payload: BeadUnslung, state: HookState, env: Envelope, seq: int) -> None:
     """An operator gave the hook back: its lease is released on purpose, never a stale hook (until slung again)."""
-    bead = state.beads.pop(payload.bead_id, None)
-    if bead is not None:
-        state.by_lease.pop(hook_lease_name(bead.id), None)
-        if bead.merge_pending is not None:
-            state.mr_beads.pop(bead.merge_pending, None)
+    _untrack(state, payload.bead_id)
 
 
 @fold.register

@@ -24,9 +24,10 @@ import structlog
 
 from services.refinery.effects import refusals
 from services.refinery.effects.gate_user import GateUser, workspace
-from services.refinery.state import MergeRequest, RigInfo
+from services.refinery.state import MergeRequest
 from shared import git
 from shared.faults import crash_point
+from shared.rig_state import Rig
 
 log = structlog.get_logger(__name__)
 
@@ -86,7 +87,7 @@ class Paths:
         return self.work / name
 
 
-def gate_commands(rig: RigInfo) -> list[tuple[str, str]]:
+def gate_commands(rig: Rig) -> list[tuple[str, str]]:
     return [(g, c) for g, c in zip(GATES, (rig.setup_command, rig.lint_command, rig.test_command), strict=True) if c]
 
 
@@ -148,7 +149,7 @@ class Gates:
     target fails it as well, the gate is broken there, blames nobody and is skipped from then on."""
 
     def __init__(
-        self, paths: Paths, rig: RigInfo, target: str, name: str, timeout: float, user: GateUser | None = None
+        self, paths: Paths, rig: Rig, target: str, name: str, timeout: float, user: GateUser | None = None
     ) -> None:
         self.paths, self.rig, self.target, self.name, self.timeout = paths, rig, target, name, timeout
         self.env = gate_environment(rig.gate_env, os.environ)
@@ -207,7 +208,7 @@ class Gates:
 
 def process(
     paths: Paths,
-    rig: RigInfo,
+    rig: Rig,
     mrs: Sequence[MergeRequest],
     *,
     name: str,

@@ -44,7 +44,7 @@ from services.witness.plan.actions import (
 )
 from services.witness.settings import WitnessSettings
 from services.witness.state import Rig, Session, WitnessState, continue_nudge_id, mail_nudge_id
-from shared import git, processes, runtimes, session_identity, subjects
+from shared import git, lease_state, processes, runtimes, session_identity, subjects
 from shared.bus.auth_callout import CalloutSettings
 from shared.commands import BeadSling, Command, EscalationRaise, Fence, MergeRequestDone
 from shared.commands.rigs import git_identity
@@ -52,8 +52,6 @@ from shared.config import TownConfig
 from shared.decision import NewEvent
 from shared.errors import GastownError
 from shared.events import (
-    LeaseAcquired,
-    LeaseReleased,
     NudgeDelivered,
     NudgeExpired,
     NudgeQueued,
@@ -286,19 +284,13 @@ class Executor:
         then on a session that had the hook earlier is fenced out. Idempotent: a restart finds it taken."""
         name = hook_lease_name(session.bead)
         hook = self.host.state.hooks.get(name)
-        if hook is not None and hook.holder == session.id and hook.status == "held":
+        if hook is not None and hook.held_by(session.id):
             return self._session(session.id) or session
         ttl = self.settings.hook_lease_ttl_s or rig.stall_after_s
-        acquired = LeaseAcquired(
-            lease=name,
-            holder=session.id,
-            token=(hook.token + 1) if hook is not None else 1,
-            ttl_s=ttl,
-            expires_at=self.host.clock() + timedelta(seconds=ttl),
-        )
-        if not await self._append(NewEvent(payload=acquired, expected_seq=hook.version if hook else 0)):
+        acquired, token = lease_state.acquisition(hook, name, session.id, ttl, self.host.clock())
+        if not await self._append(acquired):
             raise StartBlockedError(f"the hook lease {name} moved while session {session.id} took it; trying again")
-        log.info("hook_lease_acquired", session=session.id, lease=name, token=acquired.token)
+        log.info("hook_lease_acquired", session=session.id, lease=name, token=token)
         return self._session(session.id) or session
 
     async def resling(self, action: Resling) -> None:
@@ -313,10 +305,9 @@ class Executor:
 
     async def release_hook(self, action: ReleaseHook) -> None:
         hook = self.host.state.hooks.get(hook_lease_name(action.bead))
-        if hook is None or hook.holder != action.session or hook.status != "held":
+        if hook is None or not hook.held_by(action.session):
             return
-        event = LeaseReleased(lease=hook.name, holder=hook.holder, token=hook.token)
-        if await self._append(NewEvent(payload=event, expected_seq=hook.version)):
+        if await self._append(lease_state.release(hook)):
             log.info("hook_lease_released", session=action.session, lease=hook.name, token=hook.token)
 
     def _prepare_worktree(self, rig: Rig, session: Session) -> None:

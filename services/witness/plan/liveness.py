@@ -15,7 +15,7 @@ from datetime import datetime
 
 import msgspec
 
-from services.witness.state import HookLease, WitnessState
+from services.witness.state import WitnessState
 from shared.ids import hook_lease_name
 
 
@@ -39,9 +39,8 @@ def renewals_owed(
         if session is None or session.status != "started" or session.lease_token is None:
             continue
         hook = state.hooks.get(hook_lease_name(session.bead))
-        if not _held_by(hook, session_id, session.lease_token):
+        if hook is None or not hook.held_by(session_id, session.lease_token):
             continue
-        assert hook is not None
         if (now - active_at).total_seconds() >= hook.ttl_s:
             continue  # activity that old cannot vouch for the agent now
         last = renewed.get(session_id)
@@ -49,7 +48,3 @@ def renewals_owed(
             continue
         owed.append(Renewal(session=session_id, lease=hook.name, token=hook.token))
     return owed
-
-
-def _held_by(hook: HookLease | None, session_id: str, token: int) -> bool:
-    return hook is not None and hook.status == "held" and hook.holder == session_id and hook.token == token
