@@ -740,11 +740,15 @@ def down(config: TownConfig, *, clean: bool = False, sessions: bool = False) -> 
             return 1
         print("town down")
     running = polecat_tmux_sessions()
-    if running:
+    if len(running) == 1:
         print(
-            f"{len(running)} polecat session{'s keep' if len(running) != 1 else ' keeps'} running in tmux "
-            f"(`tmux -L {tmux_socket()} ls`); they go on working and report in when the town is up again. "
-            "`gt down --sessions` stops them with the town."
+            f"1 polecat session keeps running in tmux (`tmux -L {tmux_socket()} ls`); it goes on working and "
+            "reports in when the town is up again. `gt down --sessions` stops it with the town."
+        )
+    elif running:
+        print(
+            f"{len(running)} polecat sessions keep running in tmux (`tmux -L {tmux_socket()} ls`); they go on "
+            "working and report in when the town is up again. `gt down --sessions` stops them with the town."
         )
     if clean:
         return clean_worktrees(config)
