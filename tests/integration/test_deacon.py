@@ -9,7 +9,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -348,7 +348,7 @@ async def test_a_missing_watched_path_is_said_once_and_again_only_when_that_chan
         try:
             deacon = handle.deacon()
 
-            def said(event: str) -> list[dict[str, Any]]:
+            def said(event: str) -> list[MutableMapping[str, Any]]:
                 return [e for e in logs if e["event"] == event and e.get("path") == str(missing)]
 
             await assert_eventually(lambda: deacon.disk_checks >= 10, timeout=30)
