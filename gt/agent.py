@@ -26,6 +26,11 @@ attempts is ``N`` or ``N-M`` and defaults to every attempt):
   fails) and submit anyway
 
 ``GT_AGENT_STEP_PAUSE`` (seconds) slows each step down, for demos and external kill tests.
+
+A town that does not answer (``gt`` exits 3: NATS unreachable, or the service that answers is not running, as
+during ``gt down`` and ``gt up``, or a NATS restart) is waited out: the same ``gt`` command is run again with
+backoff (1 s doubling to 15 s) for up to ``GT_AGENT_TOWN_PATIENCE`` seconds (default 3600), saying so in the
+pane, so the session goes on with its work once the town is back instead of giving up on it.
 """
 
 from __future__ import annotations
@@ -62,6 +67,12 @@ KINDS = frozenset(
 )
 NEEDS_STEP = frozenset({"crash-at-step", "crash-before-commit"})
 EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+"""``gt``'s exit code for a town that does not answer (gt/cli/main.py): waited out, not a failure."""
+DEFAULT_TOWN_PATIENCE_S = 3600.0
+TOWN_RETRY_MAX_S = 15.0
+TOWN_WAIT_REPORT_S = 60.0
+"""While waiting for the town, the pane hears about it this often."""
 WORK_DIR = ".gastown-work"
 BUILD_OUTPUT = (
     "__pycache__/", "*.py[cod]", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/", ".tox/", "*.egg-info/",
@@ -118,9 +129,54 @@ def hang() -> None:
     os.execvp("sleep", ["sleep", "infinity"])  # noqa: S606 (same pid, almost no memory)
 
 
+def town_patience() -> float:
+    """``GT_AGENT_TOWN_PATIENCE``: how long a town that does not answer is waited for (seconds).
+
+    Raises:
+        ValueError: it is not a number of seconds.
+    """
+    text = os.environ.get("GT_AGENT_TOWN_PATIENCE", "").strip()
+    if not text:
+        return DEFAULT_TOWN_PATIENCE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise ValueError(f"GT_AGENT_TOWN_PATIENCE must be a number of seconds (0 or more), got {text!r}")
+    return value
+
+
 def gt(*args: str, check: bool = True, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``gt``; while the town does not answer (exit 3), run it again with backoff for up to
+    ``GT_AGENT_TOWN_PATIENCE`` seconds: every command the agent sends is safe to send again (a step done twice
+    is unchanged, ``gt done`` picks up where it stopped)."""
     env = {**os.environ, **(extra_env or {})}
-    done = subprocess.run(["gt", *args], capture_output=True, text=True, env=env, check=False)
+    patience = town_patience()
+    waiting_since: float | None = None
+    told = 0.0
+    pause = 1.0
+    while True:
+        done = subprocess.run(["gt", *args], capture_output=True, text=True, env=env, check=False)
+        if done.returncode != EXIT_UNREACHABLE:
+            break
+        now = time.monotonic()
+        reason = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        if waiting_since is None:
+            waiting_since = told = now
+            say(
+                f"the town does not answer (gt {args[0]}: {reason[0] if reason else 'exit 3'}); waiting for it "
+                f"(up to {patience:g} s, GT_AGENT_TOWN_PATIENCE), then going on"
+            )
+        elif now - waiting_since >= patience:
+            break
+        elif now - told >= TOWN_WAIT_REPORT_S:
+            told = now
+            say(f"still waiting for the town ({now - waiting_since:.0f} s so far)")
+        time.sleep(min(pause, max(0.0, waiting_since + patience - now)))
+        pause = min(pause * 2, TOWN_RETRY_MAX_S)
+    if waiting_since is not None and done.returncode != EXIT_UNREACHABLE:
+        say(f"the town answers again after {time.monotonic() - waiting_since:.0f} s; going on")
     if check and done.returncode != 0:
         raise RuntimeError(f"gt {' '.join(args)} failed ({done.returncode}): {done.stderr.strip() or done.stdout}")
     return done
@@ -328,6 +384,7 @@ def main() -> int:
         private_files()  # its work and notes under GT_HOME (the worktree), like the services'
         faults = parse_faults(os.environ.get("GT_AGENT_FAULT", ""))
         pause = float(os.environ.get("GT_AGENT_STEP_PAUSE", "0") or 0)
+        town_patience()  # a bad value is said now, not when the town first does not answer
     except ValueError as exc:
         print(f"gt-agent: {exc}", file=sys.stderr)
         return EXIT_USAGE

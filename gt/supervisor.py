@@ -3,7 +3,13 @@
 The supervisor writes ``$GT_HOME/run/town.json``: its own identity, the NATS URL, each child's identity
 (pid and start time), and whether the town is ready. ``gt down`` signals the supervisor, which stops the
 services in reverse dependency order, then NATS. A service that dies is restarted with exponential
-backoff; one that keeps dying (more than 5 restarts within 15 minutes) is left down and reported.
+backoff; one that keeps dying (more than 5 restarts within 15 minutes) is left down and escalated. The
+embedded nats-server is supervised the same way: restarted on its port with its store, and left down (and
+escalated once a NATS answers again) when it keeps dying.
+
+A crash loop's escalation is written to ``$GT_HOME/run/escalations/`` first and sent from there, so one raised
+while NATS is unreachable (the embedded server's own crash loop) reaches the mayor once a town's NATS answers,
+from this supervisor or the next ``gt up``'s.
 
 If a supervisor was killed outright, its children keep running; the next ``gt up`` finds them through
 ``town.json`` and stops them (after checking each is still the very process recorded) before it starts.
@@ -20,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +35,19 @@ import structlog
 
 from gt.cli import client
 from gt.cli.progress import Progress
-from shared import git, processes, subjects
+from shared import git, heartbeats, processes, subjects
 from shared import logging as gt_logging
 from shared.aio import wait_event
 from shared.bus import commands as bus_commands
 from shared.bus import streams
-from shared.bus.connection import connect
+from shared.bus.connection import close_quietly, connect
 from shared.bus.errors import BusError
 from shared.bus.query import ask
 from shared.bus.topology import provision
 from shared.commands import EscalationRaise, SessionStop
 from shared.config import TownConfig
-from shared.embedded import EmbeddedServer
-from shared.errors import AppendFailedError, GastownError, PermissionDeniedError, QueryError
+from shared.embedded import EmbeddedServer, free_port
+from shared.errors import AppendFailedError, GastownError, NatsUnavailableError, PermissionDeniedError, QueryError
 from shared.events import ServiceDown, decode_envelope
 from shared.privacy import hide_environment, private_files
 from shared.processes import ProcessRef
@@ -63,6 +70,15 @@ DEFAULT_TMUX_SOCKET = "gastown"
 """As the witness's (services.witness.settings): the CLI does not import a service."""
 POLECAT_TMUX_PREFIX = "gt-"
 """Polecat tmux sessions are named ``gt-<rig>-<polecat>`` (services.witness.plan.scope)."""
+NATS = "nats"
+"""The embedded nats-server's name in ``town.json``'s ``gave_up`` and in crash-loop escalations."""
+HUNG_CONFIRM_S = 2.0
+"""A service recorded down whose process runs is killed as hung once it did not beat this long after we learnt."""
+OUTAGE_GRACE_S = 10.0
+"""Nor before this long after the supervisor's connection to NATS came back: every service was silent meanwhile."""
+HEALTH_PATIENCE_S = 10.0
+"""How long ``gt up -d`` on a running town waits for it to be healthy before it says what is wrong: a child
+restarted a moment ago is back within a few seconds."""
 
 
 class TownState(msgspec.Struct, kw_only=True):
@@ -71,7 +87,9 @@ class TownState(msgspec.Struct, kw_only=True):
     supervisor: ProcessRef
     nats_url: str
     nats: ProcessRef | None = None
-    """The embedded nats-server, when the supervisor started one."""
+    """The embedded nats-server, when the supervisor started one and it runs."""
+    embedded: bool = False
+    """The supervisor runs an embedded nats-server (and restarts it when it dies)."""
     services: dict[str, ProcessRef | None] = {}
     gave_up: list[str] = []
     """Services left down after a crash loop."""
@@ -109,6 +127,29 @@ def _write_state(config: TownConfig, state: TownState) -> None:
     tmp.replace(path)
 
 
+class Restarts:
+    """When a child that died may start again: exponential backoff (0.5 s doubling to ``MAX_BACKOFF_S``); more
+    than ``CRASH_LOOP_RESTARTS`` deaths within ``CRASH_LOOP_WINDOW_S`` is a crash loop, and it is left down."""
+
+    def __init__(self) -> None:
+        self.deaths: list[float] = []
+        self.next_start = 0.0
+        self.gave_up = False
+        self.last_exit: int | None = None
+        self.escalated = False
+
+    def died(self, now: float, code: int | None) -> float | None:
+        """Record a death at ``now``; the delay before the next start, or None when it is a crash loop."""
+        self.last_exit = code
+        self.deaths = [t for t in self.deaths if now - t < CRASH_LOOP_WINDOW_S] + [now]
+        if len(self.deaths) > CRASH_LOOP_RESTARTS:
+            self.gave_up = True
+            return None
+        delay: float = min(MAX_BACKOFF_S, 0.5 * 2.0 ** (len(self.deaths) - 1))
+        self.next_start = now + delay
+        return delay
+
+
 class ChildService:
     """One service process under supervision."""
 
@@ -118,11 +159,7 @@ class ChildService:
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.ref: ProcessRef | None = None
-        self.restarts: list[float] = []
-        self.next_start = 0.0
-        self.gave_up = False
-        self.last_exit: int | None = None
-        self.escalated = False
+        self.restarts = Restarts()
 
     def start(self) -> None:
         with self.log_path.open("ab") as out:
@@ -162,29 +199,87 @@ class ChildService:
 
     def check(self, now: float) -> bool:
         """Restart a dead child with backoff, give up on a crash loop; True when something changed."""
-        if self.gave_up:
+        if self.restarts.gave_up:
             return False
         if self.proc is not None and self.proc.poll() is None:
             return False
         changed = False
         if self.proc is not None:
             code = self.proc.returncode
-            self.last_exit = code
             self.proc = None
             self.ref = None
             changed = True
-            self.restarts = [t for t in self.restarts if now - t < CRASH_LOOP_WINDOW_S] + [now]
-            if len(self.restarts) > CRASH_LOOP_RESTARTS:
-                self.gave_up = True
-                log.error("service_crash_loop", name=self.name, restarts=len(self.restarts), exit_code=code)
+            delay = self.restarts.died(now, code)
+            if delay is None:
+                log.error("service_crash_loop", name=self.name, restarts=len(self.restarts.deaths), exit_code=code)
                 return True
-            delay = min(MAX_BACKOFF_S, 0.5 * 2 ** (len(self.restarts) - 1))
-            self.next_start = now + delay
             log.warning("service_died", name=self.name, exit_code=code, restart_in_s=delay)
-        if now >= self.next_start:
+        if now >= self.restarts.next_start:
             self.start()
             changed = True
         return changed
+
+
+class SupervisedNats:
+    """The embedded nats-server under supervision, like a service: one that dies is started again on the same
+    port with the same store (clients reconnect to where they were; JetStream recovers its store), with the
+    services' backoff, and left down after a crash loop."""
+
+    name = NATS
+
+    def __init__(self, server: EmbeddedServer) -> None:
+        self.server = server
+        self.log_path = server.log_file
+        self.restarts = Restarts()
+
+    @property
+    def ref(self) -> ProcessRef | None:
+        proc = self.server.proc
+        return processes.ref_of(proc.pid) if proc is not None and proc.poll() is None else None
+
+    async def check(self, now: float) -> bool:
+        """Restart a dead server with backoff, give up on a crash loop; True when something changed."""
+        if self.restarts.gave_up:
+            return False
+        proc = self.server.proc
+        if proc is not None and proc.poll() is None:
+            return False
+        changed = False
+        if proc is not None:
+            self.server.proc = None
+            changed = True
+            if not self._died(now, proc.returncode, None):
+                return True
+        if now < self.restarts.next_start:
+            return changed
+        # Its monitoring port may have been taken while it was down; nothing but a person looks there.
+        self.server.http_port = free_port()
+        try:
+            await asyncio.to_thread(self.server.start)
+        except GastownError as exc:
+            # It did not come up (its port taken, its store unreadable): a death like any other.
+            code = self.server.proc.poll() if self.server.proc is not None else None
+            await asyncio.to_thread(self.server.kill)
+            self._died(time.monotonic(), code, str(exc))
+            return True
+        assert self.server.proc is not None
+        log.info("nats_restarted", url=self.server.url, pid=self.server.proc.pid, restarts=len(self.restarts.deaths))
+        return True
+
+    def _died(self, now: float, code: int | None, error: str | None) -> bool:
+        """Record a death; False when it was one too many (a crash loop: left down)."""
+        delay = self.restarts.died(now, code)
+        if delay is None:
+            log.error(
+                "nats_crash_loop",
+                restarts=len(self.restarts.deaths),
+                exit_code=code,
+                error=error,
+                log=str(self.log_path),
+            )
+            return False
+        log.warning("nats_died", exit_code=code, error=error, restart_in_s=delay, log=str(self.log_path))
+        return True
 
 
 class Supervisor:
@@ -197,26 +292,30 @@ class Supervisor:
         self.embedded = embedded
         self.home = config.gt_home
         self.server: EmbeddedServer | None = None
+        self.nats: SupervisedNats | None = None
         self.children: list[ChildService] = []
         self.nats_url = config.nats_url
         self.ready = False
         self.replay: dict[str, tuple[int, int]] = {}
         self._stop = asyncio.Event()
         self._me = processes.ref_of(os.getpid())
+        self._silent: dict[tuple[str, str], tuple[datetime, float]] = {}
+        """Services the deacon recorded down, by (name, instance): when it recorded it, when we learnt it."""
 
     def write_state(self) -> None:
         assert self._me is not None
-        server_ref = None
-        if self.server is not None and self.server.proc is not None:
-            server_ref = processes.ref_of(self.server.proc.pid)
+        gave_up = [c.name for c in self.children if c.restarts.gave_up]
+        if self.nats is not None and self.nats.restarts.gave_up:
+            gave_up.append(NATS)
         _write_state(
             self.config,
             TownState(
                 supervisor=self._me,
                 nats_url=self.nats_url,
-                nats=server_ref,
+                nats=self.nats.ref if self.nats is not None else None,
+                embedded=self.nats is not None,
                 services={c.name: c.ref for c in self.children},
-                gave_up=[c.name for c in self.children if c.gave_up],
+                gave_up=gave_up,
                 ready=self.ready,
                 replay=self.replay,
             ),
@@ -232,6 +331,7 @@ class Supervisor:
             if self.embedded:
                 self.server = EmbeddedServer(self.home / "nats", port=self.port, log_file=logs / "nats-server.log")
                 await asyncio.to_thread(self.server.start)
+                self.nats = SupervisedNats(self.server)
                 self.nats_url = self.server.url
                 log.info("nats_started", url=self.nats_url, store=str(self.server.store_dir))
             config = msgspec.structs.replace(self.config, nats_url=self.nats_url)
@@ -239,6 +339,7 @@ class Supervisor:
             nc = await connect(config, name="gt-up", connect_attempts=50)
             try:
                 await provision(nc, config)
+                await self._send_escalations(nc)  # owed by an earlier town (its NATS kept crashing)
                 env = {**os.environ, "NATS_URL": self.nats_url, "GT_HOME": str(self.home)}
                 for name in START_ORDER:
                     if name in self.services_wanted:
@@ -260,16 +361,38 @@ class Supervisor:
             await asyncio.to_thread(self.shutdown)
         return 0
 
+    async def _check_children(self) -> bool:
+        """One round of supervision: NATS first (the services need it), then every service (no short-circuit);
+        True when something changed."""
+        changed = False
+        if self.nats is not None:
+            changed = await self.nats.check(time.monotonic())
+        now = time.monotonic()
+        checked = [child.check(now) for child in self.children]  # every child, no short-circuit
+        changed = any(checked) or changed
+        supervised: list[ChildService | SupervisedNats] = [*self.children]
+        if self.nats is not None:
+            supervised.append(self.nats)
+        for child in supervised:
+            if child.restarts.gave_up and not child.restarts.escalated:
+                self._owe_escalation(child)
+                child.restarts.escalated = True
+        if changed:
+            self.write_state()
+        return changed
+
     async def _supervise(self, nc: Any) -> None:
+        connected_since: float | None = time.monotonic()
         while not self._stop.is_set():
             await wait_event(self._stop, 0.5)
-            now = time.monotonic()
-            changed = [child.check(now) for child in self.children]  # every child, no short-circuit
-            if any(changed):
-                self.write_state()
-            for child in self.children:
-                if child.gave_up and not child.escalated:
-                    child.escalated = await self._escalate_crash_loop(nc, child)
+            await self._check_children()
+            if not nc.is_connected:
+                connected_since = None
+                continue
+            if connected_since is None:
+                connected_since = time.monotonic()
+            await self._send_escalations(nc)
+            await self._judge_silent(nc, connected_since)
 
     async def _on_service_event(self, data: bytes) -> None:
         try:
@@ -280,17 +403,49 @@ class Supervisor:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.warning("service_event_unreadable", error=str(exc))
             return
-        for child in self.children:
-            if child.name == down.service and down.instance:
-                child.kill_if_hung(down.instance)
+        if down.instance and any(child.name == down.service for child in self.children):
+            self._silent[(down.service, down.instance)] = (env.ts, time.monotonic())
 
-    async def _escalate_crash_loop(self, nc: Any, child: ChildService) -> bool:
-        """Tell a person (the mayor stores the escalation; the command waits in GT_CMD if the mayor is down)."""
+    async def _judge_silent(self, nc: Any, connected_since: float) -> None:
+        """Kill each service the deacon recorded down whose process still runs (hung), unless it beat again after
+        the deacon recorded it: a NATS outage (the embedded server restarting) silences every service at once,
+        and they beat again once NATS is back. Judged ``HUNG_CONFIRM_S`` after the record, and no sooner than
+        ``OUTAGE_GRACE_S`` after this supervisor's own connection came back."""
+        now = time.monotonic()
+        for key, (recorded_at, seen) in list(self._silent.items()):
+            if now < max(seen + HUNG_CONFIRM_S, connected_since + OUTAGE_GRACE_S):
+                continue
+            name, instance = key
+            try:
+                kv = await nc.jetstream().key_value(self.config.service_bucket)
+                entry = await kv.get(heartbeats.key_of(name, instance))
+                beat = heartbeats.decode(entry.value or b"")
+            except nats.js.errors.KeyNotFoundError:
+                beat = None
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.warning("service_heartbeat_unreadable", name=name, error=repr(exc))
+                return  # asked again next round
+            del self._silent[key]
+            if beat is not None and beat.ts > recorded_at:
+                log.info("service_beats_again", name=name, instance=instance)
+                continue
+            for child in self.children:
+                if child.name == name:
+                    child.kill_if_hung(instance)
+
+    def _owe_escalation(self, child: ChildService | SupervisedNats) -> None:
+        """Write the crash loop's escalation to ``run/escalations/``, from where ``_send_escalations`` sends it:
+        kept on disk, it outlives a NATS that does not answer (the embedded server's own crash loop) and this
+        supervisor."""
         assert self._me is not None
+        what = "the embedded NATS server" if child.name == NATS else f"service {child.name}"
+        after = (
+            "Its clients (the services, gt) cannot reach the town meanwhile. " if child.name == NATS else ""
+        ) + "fix the cause, then restart the town (`gt down`, `gt up -d`)."
         message = (
-            f"service {child.name} crashed {len(child.restarts)} times within {CRASH_LOOP_WINDOW_S // 60} minutes "
-            f"(last exit code {child.last_exit}); `gt up` stopped restarting it. See {child.log_path}, fix the cause, "
-            "then restart the town."
+            f"{what} crashed {len(child.restarts.deaths)} times within {CRASH_LOOP_WINDOW_S // 60} minutes "
+            f"(last exit code {child.restarts.last_exit}); `gt up` stopped restarting it. See {child.log_path}, "
+            f"{after}"
         )
         cmd = EscalationRaise(
             severity="critical",
@@ -299,18 +454,36 @@ class Supervisor:
             cmd_id=f"crash-loop-{child.name}-{self._me.pid}-{int(self._me.started)}",
             actor="supervisor",
         )
-        try:
-            # One attempt: the supervise loop tries again on its next round.
-            await bus_commands.store(nc, self.config.cmd_stream, cmd, deadline_s=0)
-        except PermissionDeniedError as exc:
-            # Trying again cannot help: the supervisor's NATS user may not send it (logged as it happened).
-            log.error("crash_loop_escalation_denied", name=child.name, user=exc.user)
-            return True
-        except (BusError, TimeoutError, AppendFailedError) as exc:
-            log.warning("crash_loop_escalation_failed", name=child.name, error=repr(exc))
-            return False
-        log.error("service_quarantined", name=child.name, restarts=len(child.restarts))
-        return True
+        folder = escalations_dir(self.config)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f"{cmd.cmd_id}.tmp"
+        tmp.write_bytes(msgspec.json.encode(cmd))
+        tmp.replace(folder / f"{cmd.cmd_id}.json")
+        log.error("crash_loop_escalation_owed", name=child.name, cmd_id=cmd.cmd_id)
+
+    async def _send_escalations(self, nc: Any) -> None:
+        """Send each escalation owed (the mayor stores it; the command waits in GT_CMD if the mayor is down), once:
+        its file goes when GT_CMD has it, and its fixed command id makes a resend harmless."""
+        folder = escalations_dir(self.config)
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                cmd = msgspec.json.decode(path.read_bytes(), type=EscalationRaise)
+            except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.error("crash_loop_escalation_unreadable", path=str(path), error=repr(exc))
+                path.rename(path.with_suffix(".unreadable"))  # kept for a person, never tried again
+                continue
+            try:
+                # One attempt: the supervise loop tries again on its next round.
+                await bus_commands.store(nc, self.config.cmd_stream, cmd, deadline_s=0)
+            except PermissionDeniedError as exc:
+                # Trying again cannot help: the supervisor's NATS user may not send it (logged as it happened).
+                log.error("crash_loop_escalation_denied", source=cmd.source, user=exc.user)
+            except (BusError, TimeoutError, AppendFailedError) as exc:
+                log.warning("crash_loop_escalation_failed", source=cmd.source, error=repr(exc))
+                return
+            else:
+                log.error("service_quarantined", source=cmd.source, cmd_id=cmd.cmd_id)
+            path.unlink(missing_ok=True)
 
     async def _wait_ready(self, nc: Any) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -326,9 +499,9 @@ class Supervisor:
                     if status.caught_up:
                         pending.discard(name)
             self.write_state()
+            await self._check_children()
             for child in self.children:
-                child.check(time.monotonic())
-                if child.gave_up:
+                if child.restarts.gave_up:
                     pending.discard(child.name)  # quarantined: the town runs without it (and says so)
             if pending:
                 await wait_event(self._stop, 0.2)
@@ -343,6 +516,11 @@ class Supervisor:
             log.info("nats_stopped")
         with contextlib.suppress(OSError):
             state_path(self.config).unlink()
+
+
+def escalations_dir(config: TownConfig) -> Path:
+    """Crash-loop escalations written and not yet stored in GT_CMD, one command per file."""
+    return config.gt_home / "run" / "escalations"
 
 
 def reap_leftovers(config: TownConfig) -> list[str]:
@@ -369,8 +547,7 @@ def up(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
     hide_environment()  # the supervisor's environment is the services' (passwords included)
     existing = running_town(config)
     if existing is not None:
-        print(f"town already up (supervisor pid {existing.supervisor.pid}, NATS {existing.nats_url})")
-        return 0
+        return _already_up(config, existing)
     services = [s.strip() for s in args.services.split(",") if s.strip()]
     unknown = sorted(set(services) - set(START_ORDER))
     if unknown:
@@ -430,6 +607,110 @@ def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> 
     return 3
 
 
+def _already_up(config: TownConfig, state: TownState) -> int:
+    """``gt up`` on a town that runs: 0 when it is healthy; else what is wrong, exit 3 (as ``gt`` does for an
+    unreachable town): a town whose NATS died and was not restarted is no town, whatever ``town.json`` says."""
+    if not state.ready:
+        started = _wait_ready_elsewhere(config, state)
+        if started is None:
+            print(f"gt: the town's supervisor stopped while it started; see {config.gt_home / 'logs'}", file=sys.stderr)
+            return 3
+        state = started
+    where = f"supervisor pid {state.supervisor.pid}, NATS {state.nats_url}"
+    problems = asyncio.run(town_problems(config, state))
+    if not problems:
+        print(f"town already up ({where})")
+        return 0
+    print(f"gt: the town is up ({where}) but not healthy:", file=sys.stderr)
+    for problem in problems:
+        print(f"gt:   {problem}", file=sys.stderr)
+    return 3
+
+
+def _wait_ready_elsewhere(config: TownConfig, state: TownState) -> TownState | None:
+    """A town another ``gt up`` is starting: the state once it is ready (None when its supervisor stopped)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        now = running_town(config)
+        if now is None or now.supervisor != state.supervisor:
+            return None
+        if now.ready:
+            return now
+        time.sleep(0.2)
+    return state
+
+
+async def town_problems(config: TownConfig, state: TownState) -> list[str]:
+    """What keeps a running town from working: a child left down after a crash loop, NATS not answering, a
+    service not answering; none when it is healthy. What may pass (a child being restarted) is given
+    ``HEALTH_PATIENCE_S`` to pass."""
+    deadline = time.monotonic() + HEALTH_PATIENCE_S
+    while True:
+        now = running_town(config) or state  # the supervisor records restarts as it makes them
+        lasting, passing = await _problems_now(config, now)
+        if not passing or time.monotonic() >= deadline:
+            return lasting + passing
+        await asyncio.sleep(0.5)
+
+
+async def _problems_now(config: TownConfig, state: TownState) -> tuple[list[str], list[str]]:
+    """(problems only a person can fix, problems the supervisor may fix by itself)."""
+    logs = config.gt_home / "logs"
+    lasting = []
+    if NATS in state.gave_up:
+        lasting.append(
+            f"the embedded NATS server kept crashing and is left down (see {logs / 'nats-server.log'}); fix the "
+            "cause, then `gt down` and `gt up -d` (which files the escalation)"
+        )
+    for name in state.gave_up:
+        if name != NATS:
+            lasting.append(f"{name} kept crashing and is left down (escalated); see {logs / (name + '.log')}")
+    passing: list[str] = []
+    town = msgspec.structs.replace(config, nats_url=state.nats_url)
+    try:
+        nc = await connect(town, name="gt-up-check", connect_attempts=1)
+    except NatsUnavailableError as exc:
+        if NATS not in state.gave_up:
+            restarting = (
+                f"; `gt up` restarts its embedded server (see {logs / 'nats-server.log'} and {logs / 'town.log'})"
+                if state.embedded
+                else ""
+            )
+            passing.append(f"{exc}{restarting}")
+        return lasting, passing
+    try:
+        for name in state.services:
+            if name in state.gave_up:
+                continue
+            try:
+                status = await ask(nc, Status(service=name), timeout=2)
+            except QueryError as exc:
+                passing.append(f"{name} does not answer ({exc.code}); see {logs / (name + '.log')}")
+                continue
+            if not status.connected:
+                passing.append(f"{name} is not connected to NATS; see {logs / (name + '.log')}")
+    finally:
+        await close_quietly(nc)
+    return lasting, passing
+
+
+def unreachable_hint(config: TownConfig) -> str | None:
+    """Why the NATS of the town ``gt up`` runs in GT_HOME does not answer, when its supervisor knows: None
+    otherwise."""
+    state = running_town(config)
+    if state is None:
+        return None
+    logs = config.gt_home / "logs"
+    if NATS in state.gave_up:
+        return (
+            f"`gt up`'s embedded NATS server kept crashing and is left down (see {logs / 'nats-server.log'}); fix "
+            "the cause, then `gt down` and `gt up -d`"
+        )
+    if state.embedded and state.nats is None:
+        return f"`gt up` is restarting its embedded NATS server (see {logs / 'town.log'})"
+    return None
+
+
 def down(config: TownConfig, *, clean: bool = False, sessions: bool = False) -> int:
     """``gt down``: ask the supervisor to stop the town and wait until it has; ``sessions`` first has the
     witness stop every polecat session (recorded, and respawned by the next ``gt up``), else the sessions
@@ -455,11 +736,15 @@ def down(config: TownConfig, *, clean: bool = False, sessions: bool = False) -> 
             return 1
         print("town down")
     running = polecat_tmux_sessions()
-    if running:
+    if len(running) == 1:
         print(
-            f"{len(running)} polecat session{'s keep' if len(running) != 1 else ' keeps'} running in tmux "
-            f"(`tmux -L {tmux_socket()} ls`); they go on working and report in when the town is up again. "
-            "`gt down --sessions` stops them with the town."
+            f"1 polecat session keeps running in tmux (`tmux -L {tmux_socket()} ls`); it goes on working and "
+            "reports in when the town is up again. `gt down --sessions` stops it with the town."
+        )
+    elif running:
+        print(
+            f"{len(running)} polecat sessions keep running in tmux (`tmux -L {tmux_socket()} ls`); they go on "
+            "working and report in when the town is up again. `gt down --sessions` stops them with the town."
         )
     if clean:
         return clean_worktrees(config)

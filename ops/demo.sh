@@ -5,7 +5,13 @@
 # uses; the town and the model server are stopped at the end.
 set -euo pipefail
 
-export GT_HOME="${GT_HOME:-$(mktemp -d -t gastown-demo-XXXXXX)/town}"
+# Its files go to a directory of its own, removed at the end whether the demo worked or not (GT_DEMO_KEEP=1 keeps
+# it); a GT_HOME given is yours and kept.
+own_dir=""
+if [ -z "${GT_HOME:-}" ]; then
+  own_dir="$(mktemp -d -t gastown-demo-XXXXXX)"
+  export GT_HOME="$own_dir/town"
+fi
 unset NATS_URL  # the demo runs its own embedded NATS server
 # Polecats run on a tmux server of the demo's own: `tmux -L $GT_TMUX_SOCKET attach` to watch one.
 export GT_TMUX_SOCKET="${GT_TMUX_SOCKET:-gastown-demo-$$}"
@@ -13,6 +19,34 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 run() { printf '$'; printf ' %q' "$@"; printf '\n'; "$@"; }
 demo_dir="$(dirname "$GT_HOME")"
 mkdir -p "$demo_dir"
+model_server=""
+stop_all() {
+  local status=$?
+  step "gt down"
+  gt down || true
+  tmux -L "$GT_TMUX_SOCKET" kill-server 2>/dev/null || true
+  # tmux (3.3) leaves its socket file behind when its server ends.
+  rm -f "${TMUX_TMPDIR:-/tmp}/tmux-$(id -u)/$GT_TMUX_SOCKET"
+  if [ -n "$model_server" ]; then
+    kill "$model_server" 2>/dev/null || true
+    wait "$model_server" 2>/dev/null || true
+  fi
+  if [ "$status" -ne 0 ]; then
+    echo "demo: failed (exit $status); the last lines of each log follow" >&2
+    for log in "$GT_HOME"/logs/*.log "$demo_dir"/model-server.log; do
+      [ -s "$log" ] || continue
+      echo "--- $log" >&2; tail -n 15 "$log" >&2
+    done
+  fi
+  if [ -n "$own_dir" ] && [ -z "${GT_DEMO_KEEP:-}" ]; then
+    rm -rf "$own_dir"
+  elif [ -n "$own_dir" ]; then
+    echo "demo: kept its files in $own_dir (GT_DEMO_KEEP)"
+  fi
+}
+trap stop_all EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 # Claude Code's rig and the polecat the witness names first in it (ace): the scripted model's story writes files
 # in that worktree by absolute path, as Claude Code's Write and Edit tools take them.
@@ -23,14 +57,6 @@ python -m gt.model_server.demo_story "$claude_worktree" > "$demo_dir/model-scrip
 python -m gt.model_server "$demo_dir/model-scripts.json" > "$demo_dir/model-server.out" \
   2> "$demo_dir/model-server.log" &
 model_server=$!
-stop_all() {
-  step "gt down"
-  gt down || true
-  tmux -L "$GT_TMUX_SOCKET" kill-server 2>/dev/null || true
-  kill "$model_server" 2>/dev/null || true
-  wait "$model_server" 2>/dev/null || true
-}
-trap stop_all EXIT
 for _ in $(seq 1 300); do [ -s "$demo_dir/model-server.out" ] && break; sleep 0.1; done
 if [ ! -s "$demo_dir/model-server.out" ]; then
   echo "demo: the model server did not start:" >&2; cat "$demo_dir/model-server.log" >&2; exit 1
@@ -139,7 +165,7 @@ if grep -q model_server_script_failure "$demo_dir/model-server.log"; then
 fi
 run gt bead show "$docs"
 if ! closed "$docs" || ! closed "$build"; then
-  echo "demo: a bead did not merge in time (logs in $GT_HOME/logs, the model server's in $demo_dir)" >&2
+  echo "demo: a bead did not merge in time (the logs follow; GT_DEMO_KEEP=1 keeps them in $demo_dir)" >&2
   exit 1
 fi
 
@@ -162,4 +188,8 @@ step "health of every service"
 for service in mayor witness refinery deacon; do run gt health "$service"; done
 
 echo
-echo "Town home: $GT_HOME (logs in $GT_HOME/logs)"
+if [ -n "$own_dir" ] && [ -z "${GT_DEMO_KEEP:-}" ]; then
+  echo "Town home: $GT_HOME, removed with the rest of $own_dir when the demo ends (GT_DEMO_KEEP=1 keeps it)"
+else
+  echo "Town home: $GT_HOME (logs in $GT_HOME/logs)"
+fi

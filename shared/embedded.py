@@ -72,15 +72,20 @@ def write_config(
 
 
 def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Until a NATS server answers on ``host:port``: it greets every client with ``INFO``, so another program
+    listening there (which also made this server's start fail) is not taken for it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise GastownError(f"nats-server exited with {proc.returncode} before listening on {port}")
         try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
+            with socket.create_connection((host, port), timeout=0.2) as sock:
+                sock.settimeout(max(0.05, min(1.0, deadline - time.monotonic())))
+                if sock.recv(5) == b"INFO ":
+                    return
         except OSError:
-            time.sleep(0.05)
+            pass
+        time.sleep(0.05)
     raise GastownError(f"nats-server did not listen on {host}:{port} within {timeout}s")
 
 

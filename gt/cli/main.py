@@ -251,6 +251,12 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_USAGE
     except NatsUnavailableError as exc:
         print(f"gt: {exc}", file=sys.stderr)
+        if not nats_given:
+            from gt import supervisor as town
+
+            hint = town.unreachable_hint(config)
+            if hint is not None:
+                print(f"gt: {hint}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except PermissionDeniedError as exc:
         print(

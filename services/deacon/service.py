@@ -77,6 +77,7 @@ class DeaconService(Service[DeaconState]):
         """KV entries this process purged, in total."""
         self.disk_checks = 0
         self._disk_checked_at: float | None = None
+        self._disk_unreadable = disk_watch.Unreadable()
         self.automations = AutomationRunner(
             config=config,
             settings=automations or load_settings(os.environ, config.gt_home),
@@ -194,7 +195,7 @@ class DeaconService(Service[DeaconState]):
         self._disk_checked_at = now
         if self.watch.disk_low_percent <= 0:
             return
-        seen = await disk_watch.measure(self.nc, self.disk_paths())
+        seen = await disk_watch.measure(self.nc, self.disk_paths(), self._disk_unreadable)
         self.disk_checks += 1
         owed = disk.plan(self.projection.state.disk, seen, self.watch.disk_low_percent)
         if isinstance(owed, disk.RaiseAlarm):

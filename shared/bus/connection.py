@@ -25,6 +25,37 @@ log = structlog.get_logger(__name__)
 Connection: TypeAlias = Client
 """A connection to the town's NATS (nats-py's client): opened by ``connect``, closed by ``close_quietly``."""
 
+CLIENT_ERROR_QUIET_S = 30.0
+"""After a client error is logged, the same connection logs the next one no sooner than this, with how many
+were left out: nats-py reports every failed reconnect (four a second while a server is gone)."""
+
+
+class RepeatedErrors:
+    """Which of a connection's errors reach the log: of each kind, the first of an outage, then one per
+    ``quiet_s`` saying how many were left out; a reconnect ends the outage. Pure: the caller passes the time."""
+
+    def __init__(self, quiet_s: float = CLIENT_ERROR_QUIET_S) -> None:
+        self.quiet_s = quiet_s
+        self._kinds: dict[str, tuple[float, int]] = {}
+        """Per kind of error: until when it is left out, and how many were."""
+
+    def admit(self, kind: str, now: float) -> int | None:
+        """None: leave this error out; else log it, with the returned count of its kind left out before it."""
+        quiet_until, left_out = self._kinds.get(kind, (now, 0))
+        if now < quiet_until:
+            self._kinds[kind] = (quiet_until, left_out + 1)
+            return None
+        self._kinds[kind] = (now + self.quiet_s, 0)
+        return left_out
+
+    def reset(self) -> int:
+        """The outage ended: the next error of any kind is logged at once. How many were left out since the last
+        ones logged."""
+        left_out = sum(count for _, count in self._kinds.values())
+        self._kinds.clear()
+        return left_out
+
+
 
 async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -> Connection:
     """Connect, trying ``connect_attempts`` times (-1: until it works); once connected the client
@@ -37,6 +68,7 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
     connected = False
     watch = PermissionWatch(describe_user(config))
     refused: list[Exception] = []
+    repeats = RepeatedErrors()
 
     async def on_error(exc: Exception) -> None:
         denied = watch.record(exc)
@@ -46,7 +78,9 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
             return
         # Failures of the first connect are reported once, below, not once per try.
         if connected:
-            log.warning("nats_client_error", error=repr(exc))
+            left_out = repeats.admit(type(exc).__name__, time.monotonic())
+            if left_out is not None:
+                log.warning("nats_client_error", error=repr(exc), **({"left_out": left_out} if left_out else {}))
         elif _refused_credentials(exc):
             refused.append(exc)  # nats-py then reports only that no server was left to try
 
@@ -54,7 +88,8 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
         log.warning("nats_disconnected")
 
     async def on_reconnect() -> None:
-        log.info("nats_reconnected")
+        left_out = repeats.reset()
+        log.info("nats_reconnected", **({"errors_left_out": left_out} if left_out else {}))
 
     options: dict[str, Any] = {
         "servers": config.servers,

@@ -18,6 +18,7 @@ from nats.aio.client import Client
 
 from shared import git
 from shared.config import TownConfig
+from shared.embedded import free_port
 from shared.tmux import Tmux
 from tests.helpers import assert_eventually, wait_until
 from tests.integration.test_town import TownCli
@@ -176,6 +177,7 @@ def test_down_counts_the_sessions_left_running_and_down_sessions_stops_them_thro
     assert down.returncode == 0, down.stderr
     assert "town down" in down.stdout
     assert "1 polecat session keeps running" in down.stdout, down.stdout
+    assert "it goes on working" in down.stdout, down.stdout
     assert "gt down --sessions" in down.stdout
     assert polecat_panes() == first, "plain `gt down` leaves sessions alone"
 
@@ -195,3 +197,41 @@ def test_down_counts_the_sessions_left_running_and_down_sessions_stops_them_thro
     wait_until(polecat_panes, timeout=60)
     sessions = json.loads(gt_town("session", "list", "--json").stdout)
     assert [s["attempt"] for s in sessions] == [2], sessions
+
+
+def test_a_gt_agent_session_waits_out_gt_down_and_finishes_its_bead_once_the_town_is_back(
+    gt_town: TownCli, tmp_path: Path
+) -> None:
+    tmux = Tmux(gt_town.env["GT_TMUX_SOCKET"])
+    origin = make_origin(tmp_path / "project")
+    port = str(free_port())  # the session's `gt` finds the town where it was: the same port after `gt up`
+    assert gt_town("up", "-d", "--port", port).returncode == 0
+    added = gt_town("rig", "add", "demo", str(origin), "--agent", "GT_AGENT_STEP_PAUSE=2 gt-agent", "--wait")
+    assert added.returncode == 0, added.stderr
+    bead = gt_town("bead", "create", "Work through a town restart", "--prefix", "demo", "--wait").stdout.strip()
+    assert gt_town("sling", bead, "demo", "--wait").returncode == 0
+
+    def pane() -> str:
+        names = [name for name in tmux.snapshot() if name.startswith("gt-demo-")]
+        return tmux.capture(names[0]) if names else ""
+
+    wait_until(lambda: "step 2 " in pane(), timeout=60, message="the agent is at work")
+    down = gt_town("down")
+    assert down.returncode == 0, down.stderr
+    assert "1 polecat session keeps running in tmux" in down.stdout, down.stdout
+    assert "it goes on working and reports in when the town is up again" in down.stdout, down.stdout
+    wait_until(lambda: "the town does not answer" in pane(), timeout=60, message="the agent says it waits")
+    assert "giving up" not in pane()
+
+    assert gt_town("up", "-d", "--port", port).returncode == 0
+    seen = [pane()]
+
+    def closed() -> bool:
+        seen.append(pane() or seen[-1])  # the witness ends the pane once the session is done
+        shown = gt_town("bead", "show", bead, "--json")
+        return shown.returncode == 0 and json.loads(shown.stdout)["status"] == "closed"
+
+    wait_until(closed, timeout=180, message="the same session finished the bead and it merged")
+    assert any("the town answers again" in text for text in seen), seen[-1]
+    sessions = json.loads(gt_town("session", "list", "--bead", bead, "--all", "--json").stdout)
+    assert [(s["attempt"], s["end_reason"]) for s in sessions] == [(1, "done")], "no new session, no death"

@@ -9,7 +9,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import nats
 import pytest
+import structlog
 from nats.aio.client import Client
 
 from services.deacon.effects import disk_watch
@@ -332,3 +333,39 @@ async def test_by_default_the_disk_alarm_watches_gt_home_and_the_nats_store_gt_u
             await nc.close()
     finally:
         server.kill()
+
+
+async def test_a_missing_watched_path_is_said_once_and_again_only_when_that_changes(
+    town: TownConfig, nc: Client, tmp_path: Path
+) -> None:
+    missing = tmp_path / "home"  # named in GT_DISK_WATCH, never created (a recipe that forgot its mkdir)
+    watch = msgspec.structs.replace(
+        WATCH, disk_low_percent=0.001, disk_paths=(str(missing), str(tmp_path)), disk_check_s=0.05
+    )
+    handle = Town(town, nc)
+    with structlog.testing.capture_logs() as logs:
+        await handle.start("mayor", MayorService(town, FAST))
+        await handle.start("deacon", DeaconService(town, FAST, deacon=watch))
+        try:
+            deacon = handle.deacon()
+
+            def said(event: str) -> list[MutableMapping[str, Any]]:
+                return [e for e in logs if e["event"] == event and e.get("path") == str(missing)]
+
+            await assert_eventually(lambda: deacon.disk_checks >= 10, timeout=30)
+            unreadable = said("disk_watch_unreadable")
+            assert len(unreadable) == 1, "said once, not at every check"
+            assert "FileNotFoundError" in unreadable[0]["error"]
+            assert "GT_DISK_WATCH" in unreadable[0]["hint"]
+
+            missing.mkdir()
+            await assert_eventually(lambda: said("disk_watch_readable"), timeout=30)
+            missing.rmdir()
+            await assert_eventually(lambda: len(said("disk_watch_unreadable")) == 2, timeout=30)
+            checks = deacon.disk_checks
+            await assert_eventually(lambda: deacon.disk_checks >= checks + 10, timeout=30)
+            assert len(said("disk_watch_unreadable")) == 2, "gone again: said again, once"
+            assert len(said("disk_watch_readable")) == 1
+        finally:
+            for name in list(handle.tasks):
+                await handle.stop(name)

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.claude_code import REPO, claude_binary
 
@@ -43,14 +48,33 @@ def run_demo(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(demo.args, demo.returncode, out, err)
 
 
-def test_the_demo_shows_a_claude_code_polecat_beside_gt_agent(tmp_path: Path) -> None:
+@pytest.fixture
+def demo_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The demo's environment as a user's, with its temporary files and its tmux server's socket where the test
+    sees them (TMPDIR, TMUX_TMPDIR: a short path, as a socket's must be)."""
+    tmux_dir = Path(tempfile.mkdtemp(prefix="gtd-"))
+    (tmp_path / "tmp").mkdir()
+    try:
+        yield {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_", "GT_", "TMUX"))},
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "TMPDIR": str(tmp_path / "tmp"),
+            "TMUX_TMPDIR": str(tmux_dir),
+            "GT_TMUX_SOCKET": f"gt-test-demo-{uuid.uuid4().hex[:8]}",
+        }
+    finally:
+        shutil.rmtree(tmux_dir, ignore_errors=True)
+
+
+def left_behind(env: dict[str, str]) -> list[Path]:
+    """What of the demo is still there: its directory (GT_HOME, the model server's files), its tmux socket."""
+    sockets = Path(env["TMUX_TMPDIR"]).glob(f"tmux-*/{env['GT_TMUX_SOCKET']}")
+    return [*Path(env["TMPDIR"]).glob("gastown-demo-*"), *sockets]
+
+
+def test_the_demo_shows_a_claude_code_polecat_beside_gt_agent(demo_env: dict[str, str]) -> None:
     claude_binary()  # fails (never skips) naming ./dev setup when the pinned Claude Code is missing
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_", "GT_"))},
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
-        "GT_HOME": str(tmp_path / "demo" / "town"),
-        "GT_TMUX_SOCKET": f"gt-test-demo-{uuid.uuid4().hex[:8]}",
-    }
+    env = demo_env
     done = run_demo(env)
     out = done.stdout
     assert done.returncode == 0, f"the demo exited {done.returncode}:\n{out[-6000:]}\n{done.stderr[-4000:]}"
@@ -65,3 +89,12 @@ def test_the_demo_shows_a_claude_code_polecat_beside_gt_agent(tmp_path: Path) ->
     assert "The user guide is in the merge queue. Done." in claude_part, "the model's last words, on screen"
     assert "strayed from the model's script" not in done.stdout + done.stderr
     assert "a fresh one resumed at step 3" in out, "gt-agent's part is still there"
+    assert left_behind(env) == [], "the demo cleans up after itself"
+
+
+def test_a_demo_that_fails_cleans_up_too_and_shows_its_logs(demo_env: dict[str, str]) -> None:
+    env = {**demo_env, "GT_UMASK": "not-a-mode"}  # `gt up` refuses to start
+    done = run_demo(env)
+    assert done.returncode != 0, done.stdout
+    assert "GT_UMASK" in done.stderr, done.stderr
+    assert left_behind(env) == [], "cleaned up on failure too"

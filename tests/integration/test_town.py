@@ -7,9 +7,11 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from shared import processes
 from shared.config import TownConfig
 from shared.tmux import Tmux
 from tests.helpers import wait_until
-from tests.log_tools import events_of
+from tests.log_tools import events_of, outcomes, read_all
 from tests.witness_town import make_origin
 
 
@@ -225,6 +227,10 @@ def test_a_service_that_crashes_on_start_is_quarantined_and_escalated(gt_town: T
     starts = [e for e in town_log if e["event"] == "service_started" and e["name"] == "refinery"]
     assert len(starts) == 6, "started once and restarted five times, then left down"
     assert gt_town("health", "mayor").returncode == 0, "the rest of the town runs on"
+    again = gt_town("up", "-d", "--port", "0")
+    assert again.returncode == 3, "a town with a service left down is not healthy"
+    assert "already up" not in again.stdout
+    assert "refinery kept crashing and is left down (escalated)" in again.stderr
 
 
 def test_down_keeps_worktrees_and_down_clean_removes_only_the_clean_pushed_ones(
@@ -286,3 +292,149 @@ def test_a_hung_service_is_killed_and_restarted_once_the_deacon_records_it_down(
     assert "service.down" in kinds
     town_log = _log_events(gt_town.home / "logs" / "town.log")
     assert [e["pid"] for e in town_log if e["event"] == "service_hung"] == [hung.pid]
+
+
+def _log_read(url: str) -> tuple[list[tuple[int, str, bytes]], dict[str, list[str]]]:
+    """Every message of GT_EVT, and the outcome events stored per command id."""
+
+    async def read() -> tuple[list[tuple[int, str, bytes]], dict[str, list[str]]]:
+        nc = await nats.connect(url)
+        try:
+            everything = await read_all(nc, "GT_EVT")
+            by_command = {cmd_id: [env.type for env in envs] for cmd_id, envs in (await outcomes(nc)).items()}
+            return everything, by_command
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def _nats_restarted(town: TownCli, old: processes.ProcessRef) -> processes.ProcessRef | None:
+    now = read_state(town.config)
+    ref = now.nats if now else None
+    return ref if ref is not None and ref.pid != old.pid and processes.is_alive(ref) else None
+
+
+def test_a_killed_nats_server_is_restarted_on_its_port_and_store_and_the_town_answers_again(gt_town: TownCli) -> None:
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+    state = read_state(gt_town.config)
+    assert state is not None
+    assert state.nats is not None
+    before = gt_town("bead", "create", "sent before NATS died", "--wait", "--id", "before-nats-died")
+    assert before.returncode == 0, before.stderr
+    log_before, _ = _log_read(state.nats_url)
+
+    os.kill(state.nats.pid, signal.SIGKILL)
+    fresh = wait_until(lambda: _nats_restarted(gt_town, state.nats), timeout=60, message="nats-server restarted")  # type: ignore[arg-type]
+    assert fresh is not None
+    now = read_state(gt_town.config)
+    assert now is not None
+    assert now.nats_url == state.nats_url, "on the same port: every client reconnects where it was"
+    wait_until(lambda: gt_town("status").returncode == 0, timeout=60, message="`gt status` answers again")
+    after = gt_town("bead", "create", "sent after NATS came back", "--wait", "--id", "after-nats-died")
+    assert after.returncode == 0, after.stderr
+    for bead in (before.stdout.strip(), after.stdout.strip()):
+        shown = gt_town("bead", "show", bead, "--json")
+        assert shown.returncode == 0, shown.stderr
+
+    log_after, by_command = _log_read(state.nats_url)
+    assert log_after[: len(log_before)] == log_before, "the store came back whole: nothing in the log lost"
+    assert by_command["before-nats-died"] == ["cmd.accepted"]
+    assert by_command["after-nats-died"] == ["cmd.accepted"]
+    assert "already up" in gt_town("up", "-d", "--port", "0").stdout, "healthy again"
+
+    # Every service was silent while NATS was gone, and the deacon may have recorded it down; the supervisor
+    # waits for its next heartbeat rather than kill it as hung: the very processes run on.
+    def judged() -> list[dict[str, Any]]:
+        town_log = _log_events(gt_town.home / "logs" / "town.log")
+        downs = [d for kind, d in _service_events(state.nats_url, "*") if kind == "service.down"]
+        spared = [e for e in town_log if e["event"] == "service_beats_again"]
+        assert len(spared) == len(downs), (downs, spared)
+        return downs
+
+    wait_until(judged, timeout=60)
+    town_log = _log_events(gt_town.home / "logs" / "town.log")
+    assert [e["event"] for e in town_log if e["event"] in ("nats_died", "nats_restarted")] == [
+        "nats_died",
+        "nats_restarted",
+    ]
+    assert [e for e in town_log if e["event"] in ("service_hung", "service_died")] == []
+    now = read_state(gt_town.config)
+    assert now is not None
+    assert now.services == state.services
+
+
+def _bound(sock: socket.socket, port: int) -> bool:
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return False
+    return True
+
+
+def test_a_nats_server_that_keeps_dying_is_left_down_said_by_gt_up_and_escalated_by_the_next_town(
+    gt_town: TownCli,
+) -> None:
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+    state = read_state(gt_town.config)
+    assert state is not None
+    assert state.nats is not None
+    port = int(state.nats_url.rsplit(":", 1)[1])
+    # Another program takes the port while NATS is dead (the supervisor frozen meanwhile, so it cannot restart
+    # the server first): every restart fails.
+    os.kill(state.supervisor.pid, signal.SIGSTOP)
+    blocker = socket.socket()
+    try:
+        try:
+            os.kill(state.nats.pid, signal.SIGKILL)
+            blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            wait_until(lambda: _bound(blocker, port), timeout=10)  # once the dead server let go of it
+            blocker.listen()
+        finally:
+            os.kill(state.supervisor.pid, signal.SIGCONT)
+
+        def quarantined() -> list[str]:
+            now = read_state(gt_town.config)
+            assert now is not None
+            assert now.gave_up == ["nats"], now.gave_up
+            return now.gave_up
+
+        wait_until(quarantined, timeout=120)
+        town_log = _log_events(gt_town.home / "logs" / "town.log")
+        assert len([e for e in town_log if e["event"] == "nats_died"]) == 5
+        assert [e["event"] for e in town_log if e["event"] == "nats_crash_loop"] == ["nats_crash_loop"]
+        # More than 15 s without NATS: each client said so once or twice per kind of error (the server gone, a
+        # connection refused, a port that does not answer as NATS), not four times a second.
+        for log_name in ("town.log", "mayor.log", "witness.log"):
+            errors = [e for e in _log_events(gt_town.home / "logs" / log_name) if e["event"] == "nats_client_error"]
+            kinds = Counter(e["error"].split("(", 1)[0] for e in errors)
+            assert max(kinds.values()) <= 2, (log_name, errors)
+            assert len(errors) <= 6, (log_name, errors)
+
+        again = gt_town("up", "-d", "--port", "0")
+        assert again.returncode == 3, again.stdout + again.stderr
+        assert "already up" not in again.stdout
+        assert "the embedded NATS server kept crashing and is left down" in again.stderr
+        status = gt_town("status")
+        assert status.returncode == 3
+        assert "NATS is unreachable" in status.stderr
+        assert "embedded NATS server kept crashing and is left down" in status.stderr
+        owed = list((gt_town.home / "run" / "escalations").glob("*.json"))
+        assert len(owed) == 1, "written down, to be sent once a NATS answers"
+    finally:
+        blocker.close()
+
+    assert gt_town("down").returncode == 0
+    assert gt_town("up", "-d", "--port", str(port)).returncode == 0
+
+    def escalated() -> dict[str, Any]:
+        listed = gt_town("escalations", "--json")
+        assert listed.returncode == 0, listed.stderr
+        found: list[dict[str, Any]] = [e for e in json.loads(listed.stdout) if e.get("source") == "supervisor/nats"]
+        assert found, listed.stdout
+        return found[0]
+
+    escalation = wait_until(escalated, timeout=60)
+    assert escalation["severity"] == "critical"
+    assert "the embedded NATS server crashed 6 times" in escalation["message"]
+    assert not list((gt_town.home / "run" / "escalations").glob("*.json")), "sent once, then forgotten"
