@@ -5,10 +5,10 @@ its hook, then for each step not yet done a deterministic edit (one file per ste
 done``; at a step whose id mentions "test" it runs the rig's test command; finally ``gt done``. A fresh
 session after a crash resumes at the first step not done, and uncommitted work it finds is committed.
 
-It commits only the files it writes (named paths, never ``git add -A``), and keeps common build output (Python
-bytecode, test and type-checker caches, ``node_modules``) out of ``git status`` through the clone's
-``info/exclude``, so a project without a ``.gitignore`` for it gets no ``__pycache__`` merged and ``gt done``
-finds the worktree clean. Work the merge queue sends back is fixed: a failed gate it caused (``FAIL_TESTS``),
+It commits only the files it writes (named paths, never ``git add -A``); common build output (Python bytecode,
+test and type-checker caches, ``node_modules``: ``shared.git.BUILD_OUTPUT``) is kept out of ``git status`` by the
+clone's ``info/exclude``, which the witness writes for every runtime, so a project without a ``.gitignore`` for it
+gets no ``__pycache__`` merged and ``gt done`` finds the worktree clean. Work the merge queue sends back is fixed: a failed gate it caused (``FAIL_TESTS``),
 or a merge conflict, resolved by rebasing onto the target commit keeping both sides of each conflicting hunk
 and force-pushing the branch before ``gt done``.
 
@@ -63,11 +63,6 @@ KINDS = frozenset(
 NEEDS_STEP = frozenset({"crash-at-step", "crash-before-commit"})
 EXIT_USAGE = 2
 WORK_DIR = ".gastown-work"
-BUILD_OUTPUT = (
-    "__pycache__/", "*.py[cod]", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/", ".tox/", "*.egg-info/",
-    ".coverage", "node_modules/",
-)  # fmt: skip
-"""Untracked output of builds and test runs: never the agent's work, kept out of its commits and of git status."""
 UNION_MERGE = "* merge=union\n"
 """Git attributes that resolve a conflicting hunk by keeping both sides (this agent's only way to resolve)."""
 
@@ -174,21 +169,6 @@ def commit_own(worktree: Path, bead: str, message: str) -> bool:
     return True
 
 
-def ignore_build_output(worktree: Path) -> None:
-    """List common build output in the clone's ``info/exclude`` (local, never committed): a project without a
-    ``.gitignore`` for it keeps a clean ``git status`` after its tests ran, so ``gt done`` and the clean-up
-    of the worktree are not held up by bytecode."""
-    exclude = Path(git("rev-parse", "--git-path", "info/exclude", cwd=worktree).strip())
-    if not exclude.is_absolute():
-        exclude = worktree / exclude
-    exclude.parent.mkdir(parents=True, exist_ok=True)
-    present = exclude.read_text().splitlines() if exclude.exists() else []
-    missing = [pattern for pattern in BUILD_OUTPUT if pattern not in present]
-    if missing:
-        with exclude.open("a") as out:
-            out.write("".join(f"{pattern}\n" for pattern in missing))
-
-
 def edit_for(worktree: Path, bead: str, index: int, step: dict[str, Any]) -> None:
     folder = worktree / WORK_DIR / bead
     folder.mkdir(parents=True, exist_ok=True)
@@ -220,7 +200,6 @@ def run_tests(worktree: Path, rig: dict[str, Any], faults: list[Fault], attempt:
 def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) -> None:
     bead = data["bead"]["id"]
     worktree = Path(data["worktree"])
-    ignore_build_output(worktree)
     if commit_own(worktree, bead, f"{bead}: work an earlier session left uncommitted"):
         say("committed the uncommitted work an earlier session left")
     if data["bead"]["status"] == "hooked":

@@ -615,6 +615,23 @@ class DoneError(Exception):
     pass
 
 
+DIRTY_NAMED = 5
+"""How many of the paths that hold `gt done` up its refusal names (the rest are counted)."""
+
+
+def dirty_refusal(worktree: Path, changes: tuple[str, ...]) -> str:
+    """Why `gt done` refuses a worktree with uncommitted changes: the paths (a few, then how many more) and the
+    three ways out, so an agent (or a person) knows which files and what to do with them."""
+    named = ", ".join(changes[:DIRTY_NAMED]) or "files git status shows"
+    more = f" and {len(changes) - DIRTY_NAMED} more" if len(changes) > DIRTY_NAMED else ""
+    return (
+        f"gt done: the worktree {worktree} has uncommitted changes: {named}{more} (`git status` lists them). "
+        "`gt done` submits commits only and leaves nothing behind: commit what is your work (`git add` and "
+        "`git commit`), remove what is not, and add output of builds or tests to the project's .gitignore "
+        "(committed with your work); then run `gt done` again"
+    )
+
+
 async def _done(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     """Each step is idempotent (fixed command ids, push of the same commit), so running it again after a
     crash picks up where it stopped; the witness finishes it if the agent cannot."""
@@ -627,11 +644,7 @@ async def _done(nc: Client, args: argparse.Namespace, config: TownConfig) -> int
     if state.branch != branch:
         raise UsageError(f"the worktree is on {state.branch!r}, not the session's branch {branch!r}; check it out")
     if state.dirty:
-        print(
-            f"gt done: the worktree {worktree} has uncommitted changes; commit them (or remove them) first: "
-            "`gt done` submits commits only and leaves nothing behind",
-            file=sys.stderr,
-        )
+        print(dirty_refusal(worktree, state.changes), file=sys.stderr)
         return EXIT_REJECTED
     try:
         await _command(nc, config, SessionDoneIntentCmd(session=session, cmd_id=f"done-intent-{session}"))

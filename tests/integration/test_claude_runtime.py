@@ -22,6 +22,7 @@ from shared import git
 from shared.config import TownConfig
 from tests.claude_code import usage_recorded, usage_sent
 from tests.helpers import assert_eventually
+from tests.integration.test_agent_rework import commit_to_main
 from tests.witness_town import PolecatTown, polecat_town
 
 FIRST_RUN_SCREENS = ("trust this folder", "do you want to use this api key", "choose the text style", "select login")
@@ -135,6 +136,60 @@ async def test_claude_sessions_work_beads_end_to_end_through_the_refinery(
     for text in panes.values():
         for screen in FIRST_RUN_SCREENS:
             assert screen not in text.lower(), f"a first-run screen ({screen!r}) shows:\n{text}"
+
+
+def build_output_story(bead: str) -> Script:
+    """A session on a Python project without a .gitignore: it runs the project's tests (Python writes
+    ``__pycache__`` into the worktree), commits nothing of that, marks its steps done and runs `gt done`."""
+    steps = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
+    return Script(
+        name="build-output",
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context"), text="Let me see my hook."),
+            use(bash("python3 -m unittest -v test_calc 2>&1 && ls", expect="__pycache__"), text="Running the tests."),
+            use(bash(" && ".join(f"gt step done {step}" for step in steps), expect="submit: done")),
+            use(bash("gt done", expect="merge request"), text="Submitting."),
+            say(f"Submitted {bead}."),
+        ),
+    )
+
+
+async def test_a_claude_session_that_ran_python_tests_hands_in_its_work_and_no_bytecode_is_merged(
+    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a new user's trial on a plain clone of a Python project with no .gitignore: the session ran the
+    tests, and `gt done` refused the worktree for the ``__pycache__`` they left. The witness lists build output in
+    the rig clone's info/exclude for every runtime, so `gt done` finds the worktree clean and nothing of it merges."""
+    commit_to_main(pt, {"calc.py": "def add(a, b):\n    return a + b\n", "test_calc.py": CALC_TEST})
+    await pt.add_rig(agent_command="claude", stall_after_s=600.0, test_command="python3 -m unittest test_calc")
+    bead = await pt.new_bead("Check the calculator [model-script:build-output]")
+    async with ModelServer([build_output_story(bead)]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        await pt.sling(bead)
+
+        def merged() -> bool:
+            assert server.failures == [], server.failures
+            assert pt.refinery is not None
+            assert bead in {m.bead for m in pt.refinery.projection.state.mrs.values() if m.status == "merged"}
+            return True
+
+        await assert_eventually(merged, timeout=RUN_DEADLINE_S, interval=0.5)
+    assert server.failures == []
+    sessions = await pt.wait_settled(bead)
+    assert [s.end_reason for s in sessions] == ["done"], "`gt done` took the worktree as clean at once"
+    tree = git.git("ls-tree", "-r", "--name-only", "main", cwd=pt.origin).split()
+    assert not [path for path in tree if "__pycache__" in path or path.endswith(".pyc")], tree
+
+
+CALC_TEST = """import unittest
+
+import calc
+
+
+class CalcTest(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(calc.add(2, 3), 5)
+"""
 
 
 def final_usage(pt: PolecatTown, session: str) -> UsageMark:
