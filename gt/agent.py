@@ -7,10 +7,12 @@ session after a crash resumes at the first step not done, and uncommitted work i
 
 It commits only the files it writes (named paths, never ``git add -A``); common build output (Python bytecode,
 test and type-checker caches, ``node_modules``: ``shared.git.BUILD_OUTPUT``) is kept out of ``git status`` by the
-clone's ``info/exclude``, which the witness writes for every runtime, so a project without a ``.gitignore`` for it
-gets no ``__pycache__`` merged and ``gt done`` finds the worktree clean. Work the merge queue sends back is fixed: a failed gate it caused (``FAIL_TESTS``),
-or a merge conflict, resolved by rebasing onto the target commit keeping both sides of each conflicting hunk
-and force-pushing the branch before ``gt done``.
+clone's ``info/exclude``, which the witness writes for every runtime, so a project without a ``.gitignore`` for
+it gets no ``__pycache__`` merged and ``gt done`` finds the worktree clean. Work the merge queue sends back comes
+with rework steps appended to the molecule (``shared.formulas.rework``); at the round's first step it fixes a
+failed gate it caused (``FAIL_TESTS``), or resolves a merge conflict by rebasing onto the target commit keeping
+both sides of each conflicting hunk and force-pushing the branch, then works the round's other steps like any
+and runs ``gt done``. Done steps are never worked again.
 
 Failure injection (``GT_AGENT_FAULT``, comma-separated, each ``<fault>[=<step>][@<attempts>]`` where
 attempts is ``N`` or ``N-M`` and defaults to every attempt):
@@ -45,6 +47,7 @@ from typing import Any
 
 import msgspec
 
+from shared.formulas import rework
 from shared.privacy import private_files
 
 FAULT = re.compile(r"^(?P<kind>[a-z-]+)(?:=(?P<step>\d+))?(?:@(?P<lo>\d+)(?:-(?P<hi>\d+))?)?$")
@@ -212,6 +215,9 @@ def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) 
         if active(faults, attempt, "hang", index):
             hang()
         say(f"step {index} {step['id']}: {step['title']}")
+        reworking = rework.what(step["id"])
+        if reworking in (rework.REBASE, rework.FIX):
+            fix_returned_work(data, faults, attempt)  # the round's first step: what the merge queue sent back
         edit_for(worktree, bead, index, step)
         if active(faults, attempt, "crash-before-commit", index):
             die_hard()
@@ -219,7 +225,8 @@ def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) 
             if active(faults, attempt, "fail-tests"):
                 (worktree / "FAIL_TESTS").write_text("made to fail by GT_AGENT_FAULT=fail-tests\n")
             run_tests(worktree, data["rig"], faults, attempt)
-        if active(faults, attempt, "conflict"):
+        if active(faults, attempt, "conflict") and reworking is None:
+            # The original work only: written again after a rebase, it would drop the other side it now holds.
             (worktree / "CONFLICT.txt").write_text(f"{bead} was here\n")
         commit_own(worktree, bead, f"{bead}: {step['id']}")
         if active(faults, attempt, "crash-at-step", index):
@@ -317,7 +324,9 @@ def main() -> int:
     try:
         data = prime()
         work(data, faults, attempt, pause)
-        fix_returned_work(data, faults, attempt)
+        steps = (data.get("molecule") or {}).get("steps") or []
+        if not any(rework.is_rework(step["id"]) for step in steps):
+            fix_returned_work(data, faults, attempt)  # no molecule to append rework steps to: after its one step
         return finish(data, faults, attempt)
     except (RuntimeError, subprocess.CalledProcessError) as exc:
         say(f"giving up: {exc}")

@@ -329,8 +329,11 @@ async def test_gt_done_outside_a_session_and_in_a_dirty_worktree_is_refused(
     assert "uncommitted changes" in dirty.stderr
     # It names what holds it up (a few, then how many more) and the ways out.
     assert "extra-0.txt, extra-1.txt, extra-2.txt, extra-3.txt, extra-4.txt and 2 more" in dirty.stderr
-    assert "__pycache__" not in dirty.stderr and ".pytest_cache" not in dirty.stderr, dirty.stderr
-    assert "commit" in dirty.stderr and "remove" in dirty.stderr and ".gitignore" in dirty.stderr
+    assert "__pycache__" not in dirty.stderr, dirty.stderr
+    assert ".pytest_cache" not in dirty.stderr, dirty.stderr
+    assert "commit" in dirty.stderr
+    assert "remove" in dirty.stderr
+    assert ".gitignore" in dirty.stderr
     assert pt.sessions_of(bead)[0].done_intent_at is None, "nothing was recorded"
 
 

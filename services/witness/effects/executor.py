@@ -67,6 +67,7 @@ from shared.events import (
     SessionWarranted,
 )
 from shared.faults import crash_point
+from shared.formulas import rework
 from shared.ids import hook_lease_name
 from shared.tmux import PaneInfo, Tmux, TmuxError, typeable
 
@@ -379,6 +380,8 @@ class Executor:
                 f" Molecule: {len(bead.done_steps)}/{len(bead.steps)} steps done, current step "
                 f"{bead.current_step or '(none: all done)'}."
             )
+            if bead.current_step is not None and rework.is_rework(bead.current_step):
+                progress += " The merge queue sent your work back: the rework steps say what to do."
         return (
             f"[gastown] You are polecat {session.polecat} of rig {session.rig} (session {session.id}, attempt "
             f"{session.attempt}). Your hook: bead {session.bead}: {title}.{progress} Worktree {session.worktree}, "
