@@ -11,8 +11,9 @@ clone's ``info/exclude``, which the witness writes for every runtime, so a proje
 it gets no ``__pycache__`` merged and ``gt done`` finds the worktree clean. Work the merge queue sends back comes
 with rework steps appended to the molecule (``shared.formulas.rework``); at the round's first step it fixes a
 failed gate it caused (``FAIL_TESTS``), or resolves a merge conflict by rebasing onto the target commit keeping
-both sides of each conflicting hunk and force-pushing the branch, then works the round's other steps like any
-and runs ``gt done``. Done steps are never worked again.
+both sides of each conflicting hunk and force-pushing the branch; it writes no step file for rework steps (their
+work is the fix: work it cannot fix is submitted again unchanged), runs the tests at ``run-tests`` and then
+``gt done``. Done steps are never worked again.
 
 Failure injection (``GT_AGENT_FAULT``, comma-separated, each ``<fault>[=<step>][@<attempts>]`` where
 attempts is ``N`` or ``N-M`` and defaults to every attempt):
@@ -218,7 +219,9 @@ def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) 
         reworking = rework.what(step["id"])
         if reworking in (rework.REBASE, rework.FIX):
             fix_returned_work(data, faults, attempt)  # the round's first step: what the merge queue sent back
-        edit_for(worktree, bead, index, step)
+        if reworking is None:
+            # A rework step's work is the fix itself: a step file would make a new commit of work left unfixed.
+            edit_for(worktree, bead, index, step)
         if active(faults, attempt, "crash-before-commit", index):
             die_hard()
         if "test" in step["id"]:

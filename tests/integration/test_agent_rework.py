@@ -133,8 +133,6 @@ async def test_a_conflict_goes_back_to_the_agent_which_resolves_it_and_it_merges
     assert kinds.count("molecule.completed") == 1
     first_events = await events_of(pt.nc, f"gt.evt.mol.{first}")
     assert "molecule.rework_added" not in [kind for kind, _ in first_events], "the first merged as it was"
-    merged_tree = git.git("ls-tree", "-r", "--name-only", "refs/heads/main", cwd=pt.origin).split()
-    assert f".gastown-work/{second}/07-rework-1-rebase.txt" in merged_tree, "the round's steps were worked"
 
     # What the fresh session was told: `gt prime` of it names the conflict, its files and the target commit.
     env = {**gt_env, "NATS_URL": pt.config.nats_url, "GT_SESSION": sessions[-1].id}
