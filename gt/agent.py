@@ -5,12 +5,15 @@ its hook, then for each step not yet done a deterministic edit (one file per ste
 done``; at a step whose id mentions "test" it runs the rig's test command; finally ``gt done``. A fresh
 session after a crash resumes at the first step not done, and uncommitted work it finds is committed.
 
-It commits only the files it writes (named paths, never ``git add -A``), and keeps common build output (Python
-bytecode, test and type-checker caches, ``node_modules``) out of ``git status`` through the clone's
-``info/exclude``, so a project without a ``.gitignore`` for it gets no ``__pycache__`` merged and ``gt done``
-finds the worktree clean. Work the merge queue sends back is fixed: a failed gate it caused (``FAIL_TESTS``),
-or a merge conflict, resolved by rebasing onto the target commit keeping both sides of each conflicting hunk
-and force-pushing the branch before ``gt done``.
+It commits only the files it writes (named paths, never ``git add -A``); common build output (Python bytecode,
+test and type-checker caches, ``node_modules``: ``shared.git.BUILD_OUTPUT``) is kept out of ``git status`` by the
+clone's ``info/exclude``, which the witness writes for every runtime, so a project without a ``.gitignore`` for
+it gets no ``__pycache__`` merged and ``gt done`` finds the worktree clean. Work the merge queue sends back comes
+with rework steps appended to the molecule (``shared.formulas.rework``); at the round's first step it fixes a
+failed gate it caused (``FAIL_TESTS``), or resolves a merge conflict by rebasing onto the target commit keeping
+both sides of each conflicting hunk and force-pushing the branch; it writes no step file for rework steps (their
+work is the fix: work it cannot fix is submitted again unchanged), runs the tests at ``run-tests`` and then
+``gt done``. Done steps are never worked again.
 
 Failure injection (``GT_AGENT_FAULT``, comma-separated, each ``<fault>[=<step>][@<attempts>]`` where
 attempts is ``N`` or ``N-M`` and defaults to every attempt):
@@ -50,6 +53,7 @@ from typing import Any
 
 import msgspec
 
+from shared.formulas import rework
 from shared.privacy import private_files
 
 FAULT = re.compile(r"^(?P<kind>[a-z-]+)(?:=(?P<step>\d+))?(?:@(?P<lo>\d+)(?:-(?P<hi>\d+))?)?$")
@@ -74,11 +78,6 @@ TOWN_RETRY_MAX_S = 15.0
 TOWN_WAIT_REPORT_S = 60.0
 """While waiting for the town, the pane hears about it this often."""
 WORK_DIR = ".gastown-work"
-BUILD_OUTPUT = (
-    "__pycache__/", "*.py[cod]", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/", ".tox/", "*.egg-info/",
-    ".coverage", "node_modules/",
-)  # fmt: skip
-"""Untracked output of builds and test runs: never the agent's work, kept out of its commits and of git status."""
 UNION_MERGE = "* merge=union\n"
 """Git attributes that resolve a conflicting hunk by keeping both sides (this agent's only way to resolve)."""
 
@@ -230,21 +229,6 @@ def commit_own(worktree: Path, bead: str, message: str) -> bool:
     return True
 
 
-def ignore_build_output(worktree: Path) -> None:
-    """List common build output in the clone's ``info/exclude`` (local, never committed): a project without a
-    ``.gitignore`` for it keeps a clean ``git status`` after its tests ran, so ``gt done`` and the clean-up
-    of the worktree are not held up by bytecode."""
-    exclude = Path(git("rev-parse", "--git-path", "info/exclude", cwd=worktree).strip())
-    if not exclude.is_absolute():
-        exclude = worktree / exclude
-    exclude.parent.mkdir(parents=True, exist_ok=True)
-    present = exclude.read_text().splitlines() if exclude.exists() else []
-    missing = [pattern for pattern in BUILD_OUTPUT if pattern not in present]
-    if missing:
-        with exclude.open("a") as out:
-            out.write("".join(f"{pattern}\n" for pattern in missing))
-
-
 def edit_for(worktree: Path, bead: str, index: int, step: dict[str, Any]) -> None:
     folder = worktree / WORK_DIR / bead
     folder.mkdir(parents=True, exist_ok=True)
@@ -276,7 +260,6 @@ def run_tests(worktree: Path, rig: dict[str, Any], faults: list[Fault], attempt:
 def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) -> None:
     bead = data["bead"]["id"]
     worktree = Path(data["worktree"])
-    ignore_build_output(worktree)
     if commit_own(worktree, bead, f"{bead}: work an earlier session left uncommitted"):
         say("committed the uncommitted work an earlier session left")
     if data["bead"]["status"] == "hooked":
@@ -289,14 +272,20 @@ def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) 
         if active(faults, attempt, "hang", index):
             hang()
         say(f"step {index} {step['id']}: {step['title']}")
-        edit_for(worktree, bead, index, step)
+        reworking = rework.what(step["id"])
+        if reworking in (rework.REBASE, rework.FIX):
+            fix_returned_work(data, faults, attempt)  # the round's first step: what the merge queue sent back
+        if reworking is None:
+            # A rework step's work is the fix itself: a step file would make a new commit of work left unfixed.
+            edit_for(worktree, bead, index, step)
         if active(faults, attempt, "crash-before-commit", index):
             die_hard()
         if "test" in step["id"]:
             if active(faults, attempt, "fail-tests"):
                 (worktree / "FAIL_TESTS").write_text("made to fail by GT_AGENT_FAULT=fail-tests\n")
             run_tests(worktree, data["rig"], faults, attempt)
-        if active(faults, attempt, "conflict"):
+        if active(faults, attempt, "conflict") and reworking is None:
+            # The original work only: written again after a rebase, it would drop the other side it now holds.
             (worktree / "CONFLICT.txt").write_text(f"{bead} was here\n")
         commit_own(worktree, bead, f"{bead}: {step['id']}")
         if active(faults, attempt, "crash-at-step", index):
@@ -395,7 +384,9 @@ def main() -> int:
     try:
         data = prime()
         work(data, faults, attempt, pause)
-        fix_returned_work(data, faults, attempt)
+        steps = (data.get("molecule") or {}).get("steps") or []
+        if not any(rework.is_rework(step["id"]) for step in steps):
+            fix_returned_work(data, faults, attempt)  # no molecule to append rework steps to: after its one step
         return finish(data, faults, attempt)
     except (RuntimeError, subprocess.CalledProcessError) as exc:
         say(f"giving up: {exc}")

@@ -42,6 +42,7 @@ from shared.bus import commands as bus_commands
 from shared.bus import streams
 from shared.bus.connection import close_quietly, connect
 from shared.bus.errors import BusError
+from shared.bus.kv import Bucket
 from shared.bus.query import ask
 from shared.bus.topology import provision
 from shared.commands import EscalationRaise, SessionStop
@@ -417,12 +418,9 @@ class Supervisor:
                 continue
             name, instance = key
             try:
-                kv = await nc.jetstream().key_value(self.config.service_bucket)
-                entry = await kv.get(heartbeats.key_of(name, instance))
-                beat = heartbeats.decode(entry.value or b"")
-            except nats.js.errors.KeyNotFoundError:
-                beat = None
-            except (nats.errors.Error, TimeoutError) as exc:
+                entry = await Bucket(nc, self.config.service_bucket).get(heartbeats.key_of(name, instance))
+                beat = heartbeats.decode(entry.value) if entry is not None else None
+            except (BusError, TimeoutError) as exc:
                 log.warning("service_heartbeat_unreadable", name=name, error=repr(exc))
                 return  # asked again next round
             del self._silent[key]

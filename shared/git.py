@@ -48,6 +48,8 @@ class WorktreeState(msgspec.Struct, frozen=True, kw_only=True):
     head: str | None = None
     dirty: bool = False
     """Uncommitted changes, untracked files included."""
+    changes: tuple[str, ...] = ()
+    """The paths ``git status`` shows changed or untracked (an untracked folder as one path ending in ``/``)."""
     unpushed: int = 0
     """Commits on the branch that the rig's origin does not have."""
 
@@ -67,6 +69,14 @@ class PushResult(msgspec.Struct, frozen=True, kw_only=True):
     stderr: str = ""
     """What git said, in English (the push runs with ``LC_ALL=C``), to be told apart by cause."""
 
+
+BUILD_OUTPUT = (
+    "__pycache__/", "*.py[cod]", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/", ".tox/", "*.egg-info/",
+    ".coverage", "node_modules/",
+)  # fmt: skip
+"""Common output of builds and test runs, never an agent's work: listed in each rig clone's ``info/exclude`` when
+the witness prepares a worktree (``exclude_from_git``), for every agent runtime, so a project without a
+``.gitignore`` for it keeps a clean ``git status`` after its tests ran and ``gt done`` is not refused for bytecode."""
 
 UPDATE_INSTEAD_RECEIVE_PACK = "git -c receive.denyCurrentBranch=updateInstead receive-pack"
 """The receiving side of a push into a local non-bare repository: the checked-out branch is updated together
@@ -225,13 +235,49 @@ def worktree_state(path: Path, base: str) -> WorktreeState:
         return WorktreeState(exists=False)
     branch = git("rev-parse", "--abbrev-ref", "HEAD", cwd=path).strip()
     head = git("rev-parse", "HEAD", cwd=path).strip()
-    dirty = bool(git("status", "--porcelain", cwd=path).strip())
+    changes = status_paths(path)
     tracked = f"refs/remotes/origin/{branch}"
     upstream = tracked if _ref_exists(path, tracked) else f"refs/remotes/origin/{base}"
     if not _ref_exists(path, upstream):
         upstream = base
     unpushed = int(git("rev-list", "--count", "--end-of-options", f"{upstream}..HEAD", cwd=path).strip() or 0)
-    return WorktreeState(exists=True, branch=branch, head=head, dirty=dirty, unpushed=unpushed)
+    return WorktreeState(
+        exists=True, branch=branch, head=head, dirty=bool(changes), changes=tuple(changes), unpushed=unpushed
+    )
+
+
+def status_paths(path: Path) -> list[str]:
+    """The paths ``git status`` shows in the worktree at ``path``: changed, staged or untracked (an untracked
+    folder as one path ending in ``/``), ignored ones left out, in git's order."""
+    entries = git("status", "--porcelain=v1", "-z", "--untracked-files=normal", cwd=path).split("\0")
+    paths: list[str] = []
+    renamed = False
+    for entry in entries:
+        if renamed:  # the original path of a rename or copy: the entry before named the new one
+            renamed = False
+            continue
+        if len(entry) < 4:
+            continue
+        paths.append(entry[3:])
+        renamed = entry[0] in "RC"
+    return paths
+
+
+def exclude_from_git(worktree: Path, patterns: tuple[str, ...]) -> None:
+    """List ``patterns`` in the clone's ``info/exclude`` (local, shared by all its worktrees, never committed):
+    git status stays clean, so ``gt done`` and the worktree's clean-up do not take them for unsaved work.
+    Idempotent: only the patterns not listed yet are appended."""
+    if not patterns:
+        return
+    exclude = Path(git("rev-parse", "--git-path", "info/exclude", cwd=worktree).strip())
+    if not exclude.is_absolute():
+        exclude = worktree / exclude
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    present = exclude.read_text().splitlines() if exclude.exists() else []
+    missing = [pattern for pattern in patterns if pattern not in present]
+    if missing:
+        with exclude.open("a") as out:
+            out.write("".join(f"{pattern}\n" for pattern in missing))
 
 
 def push(path: Path, branch: str) -> str:

@@ -207,6 +207,11 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     "step.started": _plain("bead {bead_id}: step {step} started", "work"),
     "step.done": _plain("bead {bead_id}: step {step} done", "good"),
     "molecule.completed": _plain("bead {bead_id}: every step done", "good"),
+    "molecule.rework_added": lambda d: (
+        f"bead {d['bead_id']}: merge request {d.get('mr_id')} sent back ({d.get('reason')}): rework steps "
+        f"{', '.join(str(s.get('id')) for s in d.get('steps') or [])} appended",
+        "warn",
+    ),
     "session.requested": _session_requested,
     "session.started": _session_started,
     "session.done_intent": _plain("session {session_id} says it is done", "work"),

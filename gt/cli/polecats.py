@@ -43,6 +43,7 @@ from shared.commands import (
 from shared.commands.mail import polecat_address
 from shared.config import TownConfig
 from shared.faults import crash_point
+from shared.formulas import rework
 from shared.queries import mayor, refinery, witness
 
 if TYPE_CHECKING:
@@ -421,14 +422,18 @@ def prime_text(data: dict[str, Any]) -> str:
         "",
         f"Hook: bead {bead['id']} [{bead['status']}]: {bead['title']}",
     ]
+    failure, step = data.get("merge_failure"), data["current_step"]
+    # Work sent back leads while its rework steps are current: what conflicted (or failed) and what to do first.
+    reworking = bool(failure) and step is not None and rework.is_rework(step["id"])
+    if failure and reworking:
+        lines += ["", send_back_text(failure, data["branch"], step["id"])]
     if bead.get("description"):
         lines += ["", bead["description"]]
     if molecule is not None:
         lines += ["", f"Molecule {molecule['formula']}: {molecule['done']}/{molecule['total']} steps done"]
-        for step in molecule["steps"]:
-            mark = ">" if step["id"] == molecule.get("current_step") else " "
-            lines.append(f" {mark} [{step['status']:<11}] {step['id']}: {step['title']}")
-        step = data["current_step"]
+        for listed in molecule["steps"]:
+            mark = ">" if listed["id"] == molecule.get("current_step") else " "
+            lines.append(f" {mark} [{listed['status']:<11}] {listed['id']}: {listed['title']}")
         if step is not None:
             lines += ["", f"Current step: {step['id']}: {step['title']}"]
             if step.get("description"):
@@ -442,16 +447,8 @@ def prime_text(data: dict[str, Any]) -> str:
     gates = [f"{name} `{rig[key]}`" for name, key in named if rig.get(key)]
     if gates:
         lines.append(f"Gates:    {', '.join(gates)}")
-    failure = data.get("merge_failure")
-    if failure and failure["gate"] == "conflict":
-        lines += ["", conflict_text(failure, data["branch"])]
-    elif failure:
-        lines += [
-            "",
-            f"The merge queue sent this work back: the {failure['gate']} gate failed (exit {failure['exit_code']}) "
-            f"on merge request {failure['mr']}. Fix it, commit, and run `gt done` again. Last output:",
-            str(failure.get("tail", ""))[-1500:],
-        ]
+    if failure and not reworking:
+        lines += ["", send_back_text(failure, data["branch"])]
     if data["done_intent"]:
         lines.append("`gt done` already began for this session: run it again to finish it.")
     lines += before_you_lines(data.get("before_you") or [])
@@ -460,14 +457,31 @@ def prime_text(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def conflict_text(failure: dict[str, Any], branch: str) -> str:
+def send_back_text(failure: dict[str, Any], branch: str, rework_step: str | None = None) -> str:
+    """Why the merge queue sent the work back, and what to do: the rework steps when ``rework_step`` (the current
+    one) says the molecule has them, else (a bead without a molecule) fix it and `gt done` again."""
+    finish = (
+        f", marking each rework step done as you go (now: `{rework_step}`), then run `gt done` again."
+        if rework_step is not None
+        else " and run `gt done` again."
+    )
+    if failure["gate"] == "conflict":
+        return conflict_text(failure, branch, finish)
+    return (
+        f"The merge queue sent this work back: the {failure['gate']} gate failed (exit {failure['exit_code']}) "
+        f"on merge request {failure['mr']}. Fix it, commit, run the tests{finish} Last output:\n"
+        + str(failure.get("tail", ""))[-1500:]
+    )
+
+
+def conflict_text(failure: dict[str, Any], branch: str, finish: str = " and run `gt done` again.") -> str:
     target = failure.get("target_commit") or "the target"
     files = ", ".join(failure.get("files") or []) or "files git did not name"
     return (
         f"The merge queue sent this work back: merge request {failure['mr']} conflicted with the target at "
         f"{target} in {files}. Rebase your branch onto it (`git fetch origin && git rebase {target}`), resolve "
         f"the conflicts keeping both changes, run the tests, push the rebased branch (`git push "
-        f"--force-with-lease origin {branch}`) and run `gt done` again."
+        f"--force-with-lease origin {branch}`){finish}"
     )
 
 
@@ -551,9 +565,10 @@ def stop_reason(data: dict[str, Any]) -> str | None:
     if molecule is None:
         return None
     if step is not None:
+        why = " The merge queue sent your work back: `gt prime` says why." if rework.is_rework(step["id"]) else ""
         return (
             f"[gastown] Not done yet: step {step['id']} ({step['title']}) of bead {data['bead']['id']} is still "
-            f"open ({molecule['done']}/{molecule['total']} steps done). Work it, commit, run `gt step done "
+            f"open ({molecule['done']}/{molecule['total']} steps done).{why} Work it, commit, run `gt step done "
             f"{step['id']}`, and go on until `gt done`. `gt prime` shows everything."
         )
     return f"[gastown] Every step of bead {data['bead']['id']} is done: run `gt done` to hand in your work."
@@ -608,6 +623,23 @@ class DoneError(Exception):
     pass
 
 
+DIRTY_NAMED = 5
+"""How many of the paths that hold `gt done` up its refusal names (the rest are counted)."""
+
+
+def dirty_refusal(worktree: Path, changes: tuple[str, ...]) -> str:
+    """Why `gt done` refuses a worktree with uncommitted changes: the paths (a few, then how many more) and the
+    three ways out, so an agent (or a person) knows which files and what to do with them."""
+    named = ", ".join(changes[:DIRTY_NAMED]) or "files git status shows"
+    more = f" and {len(changes) - DIRTY_NAMED} more" if len(changes) > DIRTY_NAMED else ""
+    return (
+        f"gt done: the worktree {worktree} has uncommitted changes: {named}{more} (`git status` lists them). "
+        "`gt done` submits commits only and leaves nothing behind: commit what is your work (`git add` and "
+        "`git commit`), remove what is not, and add output of builds or tests to the project's .gitignore "
+        "(committed with your work); then run `gt done` again"
+    )
+
+
 async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     """Each step is idempotent (fixed command ids, push of the same commit), so running it again after a
     crash picks up where it stopped; the witness finishes it if the agent cannot."""
@@ -620,11 +652,7 @@ async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
     if state.branch != branch:
         raise UsageError(f"the worktree is on {state.branch!r}, not the session's branch {branch!r}; check it out")
     if state.dirty:
-        print(
-            f"gt done: the worktree {worktree} has uncommitted changes; commit them (or remove them) first: "
-            "`gt done` submits commits only and leaves nothing behind",
-            file=sys.stderr,
-        )
+        print(dirty_refusal(worktree, state.changes), file=sys.stderr)
         return EXIT_REJECTED
     try:
         await _command(nc, config, SessionDoneIntentCmd(session=session, cmd_id=f"done-intent-{session}"))

@@ -1,5 +1,5 @@
 """What the mayor owes without being asked: slinging held beads whose blockers closed, closing finished convoys,
-re-escalating ignored escalations.
+re-escalating ignored escalations, appending rework steps to the molecule of a bead whose work was sent back.
 
 Level-triggered and pure: from the state (and the time, passed in) to the events still owed. Each event
 carries its aggregate's expected sequence, so a decision taken twice (two ticks, or before and after a
@@ -13,7 +13,8 @@ from datetime import datetime, timedelta
 from services.mayor.state import MayorState, convoy_progress, open_blockers
 from shared.commands import SEVERITIES
 from shared.decision import NewEvent
-from shared.events import BeadSlung, ConvoyClosed, EscalationReescalated
+from shared.events import BeadSlung, ConvoyClosed, EscalationReescalated, ReworkAdded
+from shared.formulas import rework
 
 MAX_REESCALATIONS = 2
 
@@ -68,5 +69,35 @@ def reescalations(state: MayorState, now: datetime, stale_after: timedelta) -> l
     return owed
 
 
+def rework_owed(state: MayorState) -> list[NewEvent]:
+    """A bead whose work the merge queue sent back (and that has not submitted again) gets a round of rework steps
+    appended to its molecule: its current step becomes the first of them, so its next session is told to rework,
+    not to run `gt done`. The round answers the send-back by its event's id (the fold settles it), and the
+    molecule's expected sequence stores it once when two reconciles, or one before and one after a restart, both
+    see it owed. A bead without a molecule is worked as one step: it has none to append to."""
+    owed = []
+    for bead_id, sent in state.send_backs.items():
+        molecule = state.molecules.get(bead_id)
+        if molecule is None:
+            continue
+        round_ = rework.next_round(s.id for s in molecule.steps)
+        steps = rework.rework_steps(
+            round_,
+            mr=sent.mr,
+            reason=sent.reason,
+            branch=sent.branch,
+            target=sent.target,
+            target_commit=sent.target_commit,
+            files=sent.files,
+            exit_code=sent.exit_code,
+            tail=sent.tail,
+        )
+        event = ReworkAdded(
+            bead_id=bead_id, mr_id=sent.mr, sent_back_by=sent.event, round=round_, reason=sent.reason, steps=steps
+        )
+        owed.append(NewEvent(payload=event, expected_seq=molecule.version))
+    return owed
+
+
 def owed(state: MayorState, now: datetime, stale_after: timedelta) -> list[NewEvent]:
-    return released_holds(state) + convoy_closures(state) + reescalations(state, now, stale_after)
+    return released_holds(state) + convoy_closures(state) + reescalations(state, now, stale_after) + rework_owed(state)

@@ -15,7 +15,9 @@ from services.mayor.state import (
     Hold,
     KnownRig,
     MayorState,
+    MergeRef,
     Molecule,
+    SendBack,
     SessionCost,
     Step,
     UsageBook,
@@ -40,8 +42,14 @@ from shared.events import (
     EscalationReescalated,
     Event,
     GcSwept,
+    MergeRequestConflicted,
+    MergeRequestFailed,
+    MergeRequestRejected,
+    MergeRequestRequeued,
+    MergeRequestSubmitted,
     MoleculeAttached,
     MoleculeCompleted,
+    ReworkAdded,
     RigAdded,
     RigParked,
     RigRemoved,
@@ -53,12 +61,15 @@ from shared.events import (
     StepStarted,
 )
 from shared.events.beads import forward
+from shared.formulas.rework import CONFLICT
 from shared.projection import Projection, advance, touch
 from shared.usage import difference, merge
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """3: rigs and their polecats, held slings (a snapshot from before knows none, so it is not trusted). Sessions'
-token usage needs no new version: a snapshot from before it cannot have skipped a ``session.usage``."""
+token usage needs no new version: a snapshot from before it cannot have skipped a ``session.usage``. 4: merge
+requests and send-backs (``merge_requests``, ``send_backs``): a snapshot from before skipped every ``mr.*`` event,
+so it would owe no rework for a send-back it never saw."""
 
 
 @functools.singledispatch
@@ -157,6 +168,9 @@ def _closed(payload: BeadClosed, state: MayorState, env: Envelope, seq: int) -> 
         bead.closed_at = env.ts
         bead.close_reason = payload.reason
     state.holds.pop(bead.id, None)
+    state.send_backs.pop(bead.id, None)  # nothing is owed to a closed bead: its molecule can no longer change
+    for mr_id in [m for m, ref in state.merge_requests.items() if ref.bead == bead.id]:
+        del state.merge_requests[mr_id]
 
 
 @fold.register
@@ -273,6 +287,93 @@ def _step_done(payload: StepCompleted, state: MayorState, env: Envelope, seq: in
 def _molecule_completed(payload: MoleculeCompleted, state: MayorState, env: Envelope, seq: int) -> None:
     if (molecule := touch(state.molecules, payload.bead_id, seq)) is not None:
         molecule.completed_at = molecule.completed_at or env.ts
+
+
+@fold.register
+def _rework_added(payload: ReworkAdded, state: MayorState, env: Envelope, seq: int) -> None:
+    """Appended after the last step, all pending; a step id the molecule has already is never added again (nor
+    reset: a done step stays done). The send-back it answers is settled."""
+    if (molecule := touch(state.molecules, payload.bead_id, seq)) is None:
+        return
+    present = {s.id for s in molecule.steps}
+    molecule.steps.extend(
+        Step(id=s.id, title=s.title, description=s.description, needs=list(s.needs), acceptance=s.acceptance)
+        for s in payload.steps
+        if s.id not in present
+    )
+    owed = state.send_backs.get(payload.bead_id)
+    if owed is not None and owed.event == payload.sent_back_by:
+        del state.send_backs[payload.bead_id]
+
+
+# ---- merge requests (the refinery's events): send-backs owe rework steps ----------------------------
+
+
+@fold.register
+def _mr_submitted(payload: MergeRequestSubmitted, state: MayorState, env: Envelope, seq: int) -> None:
+    bead = state.beads.get(payload.bead)
+    if bead is None or bead.status == "closed":
+        return
+    state.merge_requests[payload.mr_id] = MergeRef(bead=bead.id, branch=payload.branch, target=payload.target)
+    _settle_send_back(state, bead.id)  # the bead submitted again: whatever was sent back is handed in
+
+
+def _settle_send_back(state: MayorState, bead_id: str, mr_id: str | None = None) -> None:
+    """The bead's send-back (of merge request ``mr_id``, or any) owes nothing any more."""
+    owed = state.send_backs.get(bead_id)
+    if owed is not None and (mr_id is None or owed.mr == mr_id):
+        del state.send_backs[bead_id]
+
+
+def _open_ref(state: MayorState, mr_id: str) -> MergeRef | None:
+    """The merge request's bead and branches, when its bead is known and not closed."""
+    ref = state.merge_requests.get(mr_id)
+    bead = state.beads.get(ref.bead) if ref is not None else None
+    return ref if bead is not None and bead.status != "closed" else None
+
+
+@fold.register
+def _mr_conflicted(payload: MergeRequestConflicted, state: MayorState, env: Envelope, seq: int) -> None:
+    # Not sent back: a conflict bead for the operator blocks it, and no agent is sent anything.
+    if payload.sent_back and (ref := _open_ref(state, payload.mr_id)) is not None:
+        state.send_backs[ref.bead] = SendBack(
+            mr=payload.mr_id,
+            event=env.id,
+            reason=CONFLICT,
+            files=list(payload.files),
+            target_commit=payload.target_commit,
+            branch=ref.branch,
+            target=ref.target,
+        )
+
+
+@fold.register
+def _mr_failed(payload: MergeRequestFailed, state: MayorState, env: Envelope, seq: int) -> None:
+    # Escalated: the operator's, not the agent's.
+    if not payload.escalated and (ref := _open_ref(state, payload.mr_id)) is not None:
+        state.send_backs[ref.bead] = SendBack(
+            mr=payload.mr_id,
+            event=env.id,
+            reason=payload.gate,
+            exit_code=payload.exit_code,
+            tail=payload.tail,
+            branch=ref.branch,
+            target=ref.target,
+        )
+
+
+@fold.register
+def _mr_requeued(payload: MergeRequestRequeued, state: MayorState, env: Envelope, seq: int) -> None:
+    """Back in the queue (the bead resubmitted the same commit, or an operator retried it): nothing to rework."""
+    if (ref := state.merge_requests.get(payload.mr_id)) is not None:
+        _settle_send_back(state, ref.bead, payload.mr_id)
+
+
+@fold.register
+def _mr_rejected(payload: MergeRequestRejected, state: MayorState, env: Envelope, seq: int) -> None:
+    """Taken out of the queue by an operator: nobody works the bead until someone decides."""
+    if (ref := state.merge_requests.get(payload.mr_id)) is not None:
+        _settle_send_back(state, ref.bead, payload.mr_id)
 
 
 # ---- convoys -----------------------------------------------------------------------------------

@@ -105,6 +105,32 @@ class Molecule(msgspec.Struct, kw_only=True, gc=False):
     version: int = 0
 
 
+class MergeRef(msgspec.Struct, kw_only=True, gc=False):
+    """A merge request of a bead not closed (the refinery's ``mr.submitted``): whose it is, and its branches."""
+
+    bead: str
+    branch: str = ""
+    target: str = ""
+
+
+class SendBack(msgspec.Struct, kw_only=True, gc=False):
+    """The merge queue sent a bead's work back (``mr.conflicted`` sent back, or ``mr.failed`` not escalated) and
+    the bead has not submitted again: the mayor owes its molecule a round of rework steps until it appended them
+    (``molecule.rework_added`` naming ``event``)."""
+
+    mr: str
+    event: str
+    """The send-back event's id: what the rework names (``sent_back_by``), so it is appended once."""
+    reason: str
+    """``conflict``, or the gate that failed."""
+    exit_code: int = 0
+    tail: str = ""
+    files: list[str] = []
+    target_commit: str = ""
+    branch: str = ""
+    target: str = ""
+
+
 class Convoy(msgspec.Struct, kw_only=True, gc=False):
     id: str
     title: str
@@ -170,6 +196,10 @@ class MayorState(msgspec.Struct, kw_only=True):
     rigs: dict[str, KnownRig] = {}
     """Every rig added, by name (removed ones too: their names stay taken), with its polecats: what a sling may
     name, and what ``polecat:<rig>/<name>`` and ``rig:<rig>`` may address."""
+    merge_requests: dict[str, MergeRef] = {}
+    """Merge request id -> its bead and branches, for beads not closed (a bead's close drops its entries)."""
+    send_backs: dict[str, SendBack] = {}
+    """Bead id -> the send-back whose rework steps its molecule is owed (``plan.rework_owed``)."""
     usage: UsageBook = msgspec.field(default_factory=UsageBook)
     """Token usage of polecat sessions (``session.usage``), for ``gt costs``."""
     commands_accepted: int = 0

@@ -40,6 +40,7 @@ from shared.events import (
     NudgeDelivered,
     NudgeExpired,
     NudgeQueued,
+    ReworkAdded,
     RigEvent,
     RigMassDeath,
     SessionCleaned,
@@ -60,9 +61,10 @@ from shared.lease_state import fold_lease
 from shared.projection import Projection, advance, touch
 from shared.rig_state import fold_rig
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """6: hook leases are the one lease record (``shared.lease_state.Lease``): a snapshot from before has them
-without when they were acquired and ended."""
+without when they were acquired and ended. 7: ``rework_owed`` (a snapshot from before would start a session
+for work sent back before its rework steps)."""
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 MESSAGE_TYPE = "message"
 READ_LABEL = "read"
@@ -182,6 +184,18 @@ def _molecule(payload: MoleculeAttached, state: WitnessState, env: Envelope, seq
         bead.last_progress_at = env.ts
 
 
+@fold.register
+def _rework(payload: ReworkAdded, state: WitnessState, env: Envelope, seq: int) -> None:
+    """The mayor appended rework steps for work sent back: its current step is the first of them, and the bead may
+    have its session now."""
+    bead = state.beads.get(payload.bead_id)
+    if bead is None:
+        return
+    bead.steps.extend(s.id for s in payload.steps if s.id not in bead.steps)
+    bead.current_step = next((s for s in bead.steps if s not in bead.done_steps), None)
+    bead.rework_owed = False
+
+
 def _progress(state: WitnessState, bead_id: str, env: Envelope) -> WorkBead | None:
     bead = state.beads.get(bead_id)
     if bead is not None:
@@ -242,6 +256,7 @@ def _merge_failed(payload: MergeRequestFailed, state: WitnessState, env: Envelop
         return
     bead.merge_requested = False
     bead.returned = True
+    bead.rework_owed = bool(bead.steps)  # the mayor appends rework steps to a molecule (there is none without)
     bead.merge_failure = MergeFailure(
         mr=payload.mr_id, gate=payload.gate, exit_code=payload.exit_code, tail=payload.tail
     )
@@ -256,6 +271,7 @@ def _merge_conflicted(payload: MergeRequestConflicted, state: WitnessState, env:
         return
     bead.merge_requested = False
     bead.returned = True
+    bead.rework_owed = bool(bead.steps)
     bead.merge_failure = MergeFailure(
         mr=payload.mr_id,
         gate="conflict",
@@ -288,7 +304,7 @@ def _requested(payload: SessionRequested, state: WitnessState, env: Envelope, se
     bead = state.beads.get(payload.bead)
     if bead is not None and payload.session_id not in bead.sessions:
         bead.sessions.append(payload.session_id)
-        bead.returned = False
+        bead.returned = bead.rework_owed = False
 
 
 @fold.register

@@ -90,6 +90,9 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     """The refinery sent its work back (gates failed, or a merge conflict) since its last session was requested."""
     merge_failure: MergeFailure | None = None
     """The last failure the refinery reported (mr, gate, exit_code, tail): shown by ``gt prime``."""
+    rework_owed: bool = False
+    """The work was sent back and the mayor has not appended its rework steps to the molecule yet: no session
+    until it has, or the session would be told that every step is done."""
     sessions: list[str] = []
     """Every session the bead has had, oldest first."""
     merge_rejected: bool = False

@@ -56,7 +56,6 @@ class RepeatedErrors:
         return left_out
 
 
-
 async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -> Connection:
     """Connect, trying ``connect_attempts`` times (-1: until it works); once connected the client
     reconnects forever.

@@ -57,9 +57,33 @@ class StepCompleted(MoleculeEvent, frozen=True, kw_only=True):
 
 
 class MoleculeCompleted(MoleculeEvent, frozen=True, kw_only=True):
-    """Every step is done."""
+    """Every step is done: stored once per molecule, when its last step is done the first time (a round of rework
+    steps appended later does not store it again)."""
 
     TYPE: ClassVar[str] = "molecule.completed"
 
 
-MOLECULE_EVENTS: tuple[type[Event], ...] = (MoleculeAttached, StepStarted, StepCompleted, MoleculeCompleted)
+class ReworkAdded(MoleculeEvent, frozen=True, kw_only=True):
+    """The merge queue sent the bead's work back (``mr.conflicted`` with ``sent_back``, or ``mr.failed`` not
+    escalated): the mayor appends a round of rework steps after the molecule's last step, all pending. Done steps
+    stay done: rework never reopens one. One per send-back (``sent_back_by``, the send-back event's id)."""
+
+    TYPE: ClassVar[str] = "molecule.rework_added"
+    mr_id: str
+    """The merge request that was sent back."""
+    sent_back_by: str
+    """The id of the ``mr.conflicted`` or ``mr.failed`` event that sent it back."""
+    round: int
+    """1 for the molecule's first rework, 2 for the next, ...: the ``<round>`` of the steps' ids."""
+    reason: str
+    """``conflict``, or the gate that failed (setup, lint, test, ...)."""
+    steps: list[StepSpec]
+
+
+MOLECULE_EVENTS: tuple[type[Event], ...] = (
+    MoleculeAttached,
+    StepStarted,
+    StepCompleted,
+    MoleculeCompleted,
+    ReworkAdded,
+)

@@ -3,7 +3,10 @@ output), and a merge conflict going back to an agent before it reaches the opera
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -111,6 +114,26 @@ async def test_a_conflict_goes_back_to_the_agent_which_resolves_it_and_it_merges
     labelled = [b for b in pt.mayor.projection.state.beads.values() if "merge-conflict" in b.labels]
     assert labelled == [], "no conflict bead for the operator"
 
+    # The send-back appended one round of rework steps to the molecule, after the done ones, which stayed done: every
+    # step done once, the formula's before the round was added, the round's after; the molecule completed once.
+    events = await events_of(pt.nc, f"gt.evt.mol.{second}")
+    kinds = [kind for kind, _ in events]
+    [added] = [data for kind, data in events if kind == "molecule.rework_added"]
+    assert (added["round"], added["reason"], added["mr_id"]) == (1, "conflict", conflict["mr_id"])
+    rework_ids = [step["id"] for step in added["steps"]]
+    assert rework_ids == ["rework-1-rebase", "rework-1-run-tests", "rework-1-submit"]
+    assert conflict["target_commit"] in added["steps"][0]["description"]
+    formula_ids = [step["id"] for step in events[0][1]["steps"]]
+    done = [data["step"] for kind, data in events if kind == "step.done"]
+    assert sorted(done) == sorted(formula_ids + rework_ids), "every step done exactly once, none redone"
+    at = kinds.index("molecule.rework_added")
+    assert [d["step"] for k, d in events[:at] if k == "step.done"] == formula_ids
+    assert [d["step"] for k, d in events[at:] if k == "step.done"] == rework_ids
+    assert [d["step"] for k, d in events[at:] if k == "step.started"] == [], "no done step started again"
+    assert kinds.count("molecule.completed") == 1
+    first_events = await events_of(pt.nc, f"gt.evt.mol.{first}")
+    assert "molecule.rework_added" not in [kind for kind, _ in first_events], "the first merged as it was"
+
     # What the fresh session was told: `gt prime` of it names the conflict, its files and the target commit.
     env = {**gt_env, "NATS_URL": pt.config.nats_url, "GT_SESSION": sessions[-1].id}
     primed = await run_gt(env, "prime")
@@ -121,6 +144,78 @@ async def test_a_conflict_goes_back_to_the_agent_which_resolves_it_and_it_merges
     data = json.loads((await run_gt(env, "prime", "--json")).stdout)
     assert data["merge_failure"]["gate"] == "conflict"
     assert data["merge_failure"]["files"] == ["CONFLICT.txt"]
+
+
+async def test_a_session_sent_a_conflict_is_pointed_at_the_rework_step_not_told_to_run_gt_done(
+    pt: PolecatTown, gt_env: dict[str, str]
+) -> None:
+    """Found by a new user's trial: after a conflict the fresh session's beacon said "current step (none: all
+    done)", the Stop hook and `gt prime` said to run `gt done`, and the rebase came further down. Here the sent-back
+    session's agent waits (``hang@2``) so what it was told can be read: the beacon, `gt prime`, the Stop hook and
+    `gt mol status` all point at the round's first rework step."""
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=conflict,hang@2 gt-agent", max_polecats=2)
+    beads = [await pt.new_bead("Write CONFLICT.txt"), await pt.new_bead("Also write CONFLICT.txt")]
+    for bead in beads:
+        await pt.sling(bead)
+
+    def sent_back() -> tuple[str, Any]:
+        for bead in beads:
+            sessions = pt.sessions_of(bead)
+            if len(sessions) >= 2 and sessions[-1].status == "started":
+                return bead, sessions[-1]
+        raise AssertionError([(b, [(s.id, s.status) for s in pt.sessions_of(b)]) for b in beads])
+
+    found: tuple[str, Any] = await assert_eventually(sent_back, timeout=240, interval=0.2)
+    bead, session = found
+    assert pt.refinery is not None
+    [conflicted] = [m for m in pt.refinery.projection.state.mrs.values() if m.bead == bead]
+    [(_, conflict)] = [(k, d) for k, d in await events_of(pt.nc, f"gt.evt.mr.{conflicted.id}") if k == "mr.conflicted"]
+
+    # The beacon it was started with (its environment, as the witness gave it).
+    environ = Path(f"/proc/{session.pane_pid}/environ").read_bytes().split(b"\0")
+    [beacon] = [e.decode().removeprefix("GT_BEACON=") for e in environ if e.startswith(b"GT_BEACON=")]
+    assert "current step rework-1-rebase" in beacon, beacon
+    assert "sent your work back" in beacon
+    assert "all done" not in beacon
+
+    env = {
+        **gt_env,
+        "NATS_URL": pt.config.nats_url,
+        "GT_SESSION": session.id,
+        "GT_BEAD": bead,
+        "GT_RIG": "demo",
+        "GT_WORKTREE": session.worktree,
+        "GT_BRANCH": session.branch,
+    }
+    primed = await run_gt(env, "prime")
+    assert primed.returncode == 0, primed.stderr
+    lines = primed.stdout.splitlines()
+    assert lines[2].startswith(f"Hook: bead {bead}"), primed.stdout
+    assert lines[4].startswith("The merge queue sent this work back"), primed.stdout
+    assert "CONFLICT.txt" in lines[4]
+    assert conflict["target_commit"] in lines[4]
+    assert "Current step: rework-1-rebase" in primed.stdout
+    assert "Every step is done" not in primed.stdout
+
+    stop = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "gt.cli.main", "agent-hook", "stop"],
+        env=env,
+        input="{}",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert stop.returncode == 0, stop.stderr
+    decision = json.loads(stop.stdout)
+    assert decision["decision"] == "block"
+    assert "rework-1-rebase" in decision["reason"]
+    assert "run `gt done`" not in decision["reason"]
+
+    status = await run_gt(env, "mol", "status", bead)
+    assert status.returncode == 0, status.stderr
+    assert "current step: rework-1-rebase" in status.stdout
+    assert "rework-1-submit" in status.stdout
 
 
 async def test_a_conflict_the_agents_do_not_resolve_reaches_the_operator_after_the_cap(

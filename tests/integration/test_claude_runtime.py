@@ -19,9 +19,11 @@ from services.witness.plan import session_id_for
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session, UsageMark
 from shared import git
+from shared.commands import RigPark, RigUnpark
 from shared.config import TownConfig
 from tests.claude_code import usage_recorded, usage_sent
 from tests.helpers import assert_eventually
+from tests.integration.test_agent_rework import commit_to_main
 from tests.witness_town import PolecatTown, polecat_town
 
 FIRST_RUN_SCREENS = ("trust this folder", "do you want to use this api key", "choose the text style", "select login")
@@ -135,6 +137,172 @@ async def test_claude_sessions_work_beads_end_to_end_through_the_refinery(
     for text in panes.values():
         for screen in FIRST_RUN_SCREENS:
             assert screen not in text.lower(), f"a first-run screen ({screen!r}) shows:\n{text}"
+
+
+def build_output_story(bead: str) -> Script:
+    """A session on a Python project without a .gitignore: it runs the project's tests (Python writes
+    ``__pycache__`` into the worktree), commits nothing of that, marks its steps done and runs `gt done`."""
+    steps = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
+    return Script(
+        name="build-output",
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context"), text="Let me see my hook."),
+            use(bash("python3 -m unittest -v test_calc 2>&1 && ls", expect="__pycache__"), text="Running the tests."),
+            use(bash(" && ".join(f"gt step done {step}" for step in steps), expect="submit: done")),
+            use(bash("gt done", expect="merge request"), text="Submitting."),
+            say(f"Submitted {bead}."),
+        ),
+    )
+
+
+async def test_a_claude_session_that_ran_python_tests_hands_in_its_work_and_no_bytecode_is_merged(
+    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a new user's trial on a plain clone of a Python project with no .gitignore: the session ran the
+    tests, and `gt done` refused the worktree for the ``__pycache__`` they left. The witness lists build output in
+    the rig clone's info/exclude for every runtime, so `gt done` finds the worktree clean and nothing of it merges."""
+    commit_to_main(pt, {"calc.py": "def add(a, b):\n    return a + b\n", "test_calc.py": CALC_TEST})
+    await pt.add_rig(agent_command="claude", stall_after_s=600.0, test_command="python3 -m unittest test_calc")
+    bead = await pt.new_bead("Check the calculator [model-script:build-output]")
+    async with ModelServer([build_output_story(bead)]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        await pt.sling(bead)
+
+        def merged() -> bool:
+            assert server.failures == [], server.failures
+            assert pt.refinery is not None
+            assert bead in {m.bead for m in pt.refinery.projection.state.mrs.values() if m.status == "merged"}
+            return True
+
+        await assert_eventually(merged, timeout=RUN_DEADLINE_S, interval=0.5)
+    assert server.failures == []
+    sessions = await pt.wait_settled(bead)
+    assert [s.end_reason for s in sessions] == ["done"], "`gt done` took the worktree as clean at once"
+    tree = git.git("ls-tree", "-r", "--name-only", "main", cwd=pt.origin).split()
+    assert not [path for path in tree if "__pycache__" in path or path.endswith(".pyc")], tree
+
+
+CALC_TEST = """import unittest
+
+import calc
+
+
+class CalcTest(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(calc.add(2, 3), 5)
+"""
+
+
+GUESTBOOK = "GUESTBOOK.txt"
+
+
+def signs_and_meets_a_conflict(bead: str, worktree: str, origin: Path) -> Script:
+    """A first session that signs the guest book, and (standing for another polecat's work landing first) pushes a
+    different first line of it to main before its own `gt done`: the merge queue meets a conflict."""
+    other = (
+        f'd=$(mktemp -d) && git clone -q {origin} "$d" && printf "main was here\\n" > "$d/{GUESTBOOK}" && '
+        f'git -C "$d" add {GUESTBOOK} && git -C "$d" commit -q -m "another polecat signs" && '
+        'git -C "$d" push -q origin HEAD:main && echo "pushed to main"'
+    )
+    steps = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
+    return Script(
+        name="signs",
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context")),
+            use(write(f"{worktree}/{GUESTBOOK}", "claude was here\n")),
+            use(
+                bash(
+                    f"git add {GUESTBOOK} && git commit -q -m '{bead}: sign the guest book' && {other}", expect="pushed"
+                )
+            ),
+            use(bash(" && ".join(f"gt step done {step}" for step in steps) + " && gt done", expect="merge request")),
+            say("Submitted."),
+        ),
+    )
+
+
+def reworks_the_conflict(bead: str) -> Script:
+    """The session the conflict is sent back to: primed with the rework, it tries to stop (the Stop hook names the
+    rework step), rebases and resolves keeping both lines, force-pushes, works the round's steps and `gt done`."""
+    resolve = (
+        "git fetch -q origin && (git rebase origin/main || true) && "
+        f'printf "main was here\\nclaude was here\\n" > {GUESTBOOK} && git add {GUESTBOOK} && '
+        "GIT_EDITOR=true git rebase --continue && git push -q --force-with-lease origin HEAD && git log --oneline -2"
+    )
+    round_ = ("rework-1-rebase", "rework-1-run-tests", "rework-1-submit")
+    return Script(
+        name="rework",
+        turns=(
+            use(bash("gt prime", expect="Current step: rework-1-rebase"), text="Let me see why it came back."),
+            say("It was submitted already; nothing left to do."),
+            use(bash(resolve, expect=f"{bead}: sign the guest book"), prompt="rework-1-rebase"),
+            use(bash(" && ".join(f"gt step done {step}" for step in round_) + " && gt done", expect="merge request")),
+            say("Resolved and resubmitted."),
+        ),
+    )
+
+
+async def test_a_conflict_sent_back_to_claude_code_points_it_at_the_rework_steps_and_it_merges(
+    pt: PolecatTown, town: TownConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a new user's trial: after `mr.conflicted` the fresh Claude Code session's beacon said every step
+    was done, the Stop hook told it to run `gt done`, and `gt prime` led with the same. The mayor appends rework
+    steps, and the real Claude Code session is pointed at them by all three."""
+    await pt.add_rig(agent_command="claude", stall_after_s=600.0)
+    bead = await pt.new_bead("Sign the guest book [model-script:signs]")
+    worktree = str(town.gt_home / "rigs" / "demo" / "polecats" / "ace")
+    scripts = [signs_and_meets_a_conflict(bead, worktree, pt.origin), reworks_the_conflict(bead)]
+    async with ModelServer(scripts) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        await pt.sling(bead)
+
+        def started() -> Session:
+            sessions = pt.sessions_of(bead)
+            assert [s.status for s in sessions] == ["started"], sessions
+            return sessions[0]
+
+        first = await assert_eventually(started, timeout=60)
+        # Parked, the rig starts no session for the conflict until the test names the next session's script.
+        await pt.send(RigPark(name="demo", reason="the next session gets another script"))
+
+        def sent_back() -> list[str]:
+            assert server.failures == [], server.failures
+            assert pt.mayor is not None
+            steps = [s.id for s in pt.mayor.projection.state.molecules[bead].steps]
+            assert "rework-1-rebase" in steps, steps
+            assert [s.status for s in pt.sessions_of(bead)] == ["ended"]
+            return steps
+
+        await assert_eventually(sent_back, timeout=RUN_DEADLINE_S, interval=0.5)
+        monkeypatch.setenv("ANTHROPIC_CUSTOM_HEADERS", "x-gt-model-script: rework")
+        await pt.send(RigUnpark(name="demo"))
+
+        def merged() -> bool:
+            assert server.failures == [], server.failures
+            assert pt.refinery is not None
+            assert bead in {m.bead for m in pt.refinery.projection.state.mrs.values() if m.status == "merged"}
+            return True
+
+        await assert_eventually(merged, timeout=RUN_DEADLINE_S, interval=0.5)
+    assert server.failures == []
+    sessions = await pt.wait_settled(bead)
+    assert [s.id for s in sessions][:1] == [first.id]
+    assert [s.end_reason for s in sessions] == ["done", "done"]
+    assert git.git("show", f"main:{GUESTBOOK}", cwd=pt.origin) == "main was here\nclaude was here\n"
+    # Its first request: the beacon names the rework step, and the SessionStart hook's `gt prime` leads with it.
+    opening = json.dumps(server.turns("rework")[0].body)
+    assert "current step rework-1-rebase" in opening
+    assert "The merge queue sent your work back" in opening
+    assert "The merge queue sent this work back: merge request" in opening
+    assert "all done" not in opening
+    # The Stop hook refused the stop naming the rework step, not `gt done`.
+    after_stop = json.dumps(server.turns("rework")[2].body["messages"][-1])
+    assert "rework-1-rebase" in after_stop
+    assert "Every step" not in after_stop
+    assert pt.mayor is not None
+    steps = pt.mayor.projection.state.molecules[bead].steps
+    assert [s.id for s in steps][-3:] == ["rework-1-rebase", "rework-1-run-tests", "rework-1-submit"]
+    assert all(s.status == "done" for s in steps)
 
 
 def final_usage(pt: PolecatTown, session: str) -> UsageMark:

@@ -96,6 +96,11 @@ async def test_failing_tests_send_the_work_back_and_the_fixed_branch_merges(pt: 
     assert mr["id"] != failed[0].id
     tree = git.git("ls-tree", "--name-only", "refs/heads/main", cwd=pt.origin).split()
     assert "FAIL_TESTS" not in tree
+    # The failure came back as a round of rework steps appended to the molecule, worked by the fresh session.
+    assert pt.mayor is not None
+    steps = [(s.id, s.status) for s in pt.mayor.projection.state.molecules[bead].steps]
+    assert steps[-3:] == [("rework-1-fix", "done"), ("rework-1-run-tests", "done"), ("rework-1-submit", "done")]
+    assert all(status == "done" for _, status in steps)
 
 
 async def test_a_failure_the_target_has_too_files_a_bug_and_merges_anyway(pt: PolecatTown, tmp_path: Path) -> None:

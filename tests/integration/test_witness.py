@@ -312,13 +312,28 @@ async def test_gt_done_outside_a_session_and_in_a_dirty_worktree_is_refused(
     await pt.sling(bead)
     session_id, _, _ = await started_session(pt, bead, 1)
     session = pt.sessions_of(bead)[0]
-    (Path(session.worktree) / "notes.txt").write_text("not committed\n")
+    worktree = Path(session.worktree)
+    # Build output is no one's work: the witness listed it in the clone's info/exclude (the agent here never ran).
+    (worktree / "__pycache__").mkdir()
+    (worktree / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\0")
+    (worktree / ".pytest_cache").mkdir()
+    (worktree / ".pytest_cache" / "README.md").write_text("cache\n")
+    (worktree / "notes.txt").write_text("not committed\n")
+    for n in range(6):
+        (worktree / f"extra-{n}.txt").write_text("also not committed\n")
     env.update(
         GT_SESSION=session_id, GT_BEAD=bead, GT_RIG="demo", GT_WORKTREE=session.worktree, GT_BRANCH=session.branch
     )
     dirty = await run_gt(env, "done")
     assert dirty.returncode == 1
     assert "uncommitted changes" in dirty.stderr
+    # It names what holds it up (a few, then how many more) and the ways out.
+    assert "extra-0.txt, extra-1.txt, extra-2.txt, extra-3.txt, extra-4.txt and 2 more" in dirty.stderr
+    assert "__pycache__" not in dirty.stderr, dirty.stderr
+    assert ".pytest_cache" not in dirty.stderr, dirty.stderr
+    assert "commit" in dirty.stderr
+    assert "remove" in dirty.stderr
+    assert ".gitignore" in dirty.stderr
     assert pt.sessions_of(bead)[0].done_intent_at is None, "nothing was recorded"
 
 

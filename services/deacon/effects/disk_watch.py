@@ -40,9 +40,7 @@ ACCOUNT = ""
 """``Unreadable``'s key for the account's storage (no path is empty)."""
 
 
-async def measure(
-    nc: Connection, paths: tuple[str, ...], unreadable: Unreadable | None = None
-) -> list[Measurement]:
+async def measure(nc: Connection, paths: tuple[str, ...], unreadable: Unreadable | None = None) -> list[Measurement]:
     """Each watched volume once (paths on the same device are one volume: the first path names it), then the
     account's storage. ``unreadable``: what earlier checks could not measure (a fresh one says every failure)."""
     said = unreadable if unreadable is not None else Unreadable()

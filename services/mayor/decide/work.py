@@ -9,7 +9,6 @@ from services.mayor.state import (
     MayorState,
     Molecule,
     Step,
-    is_complete,
     open_blockers,
     unmet_needs,
 )
@@ -230,7 +229,8 @@ def step_done(state: MayorState, cmd: StepDone) -> Accepted:
     _check_needs(molecule, step)
     events = [NewEvent(payload=StepCompleted(bead_id=cmd.bead, step=step.id), expected_seq=molecule.version)]
     others_done = all(s.status == "done" for s in molecule.steps if s.id != step.id)
-    if others_done and not is_complete(molecule):
+    # Once per molecule: the last step of a rework round appended after it completed does not complete it again.
+    if others_done and molecule.completed_at is None:
         events.append(NewEvent(payload=MoleculeCompleted(bead_id=cmd.bead), expected_seq=None))
     out = _step_result(molecule, step.id, "done", changed=True)
     out["complete"] = others_done

@@ -65,6 +65,7 @@ from shared.events import (
     SessionWarranted,
 )
 from shared.faults import crash_point
+from shared.formulas import rework
 from shared.ids import hook_lease_name
 from shared.tmux import PaneInfo, Tmux, TmuxError, typeable
 
@@ -320,6 +321,9 @@ class Executor:
             if Path(session.worktree).exists():
                 raise WorktreeUnusableError(str(exc)) from exc
             raise
+        # Every runtime's: the tests an agent runs leave bytecode and caches that no project's .gitignore may list,
+        # and `gt done` refuses a worktree git shows changed (a reused worktree of an older clone gets them too).
+        git.exclude_from_git(Path(session.worktree), git.BUILD_OUTPUT)
 
     def _start_tmux(self, session: Session, rig: Rig) -> tuple[PaneInfo, bool]:
         existing = self.tmux.snapshot().get(session.tmux_name)
@@ -367,6 +371,8 @@ class Executor:
                 f" Molecule: {len(bead.done_steps)}/{len(bead.steps)} steps done, current step "
                 f"{bead.current_step or '(none: all done)'}."
             )
+            if bead.current_step is not None and rework.is_rework(bead.current_step):
+                progress += " The merge queue sent your work back: the rework steps say what to do."
         return (
             f"[gastown] You are polecat {session.polecat} of rig {session.rig} (session {session.id}, attempt "
             f"{session.attempt}). Your hook: bead {session.bead}: {title}.{progress} Worktree {session.worktree}, "

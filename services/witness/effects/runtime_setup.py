@@ -100,7 +100,7 @@ def prepare_claude(
     settings = worktree / SETTINGS_LOCAL
     settings.parent.mkdir(parents=True, exist_ok=True)
     settings.write_text(json.dumps(runtime.settings_local(gt), indent=2) + "\n")
-    exclude_from_git(worktree, runtime.git_excludes())
+    git.exclude_from_git(worktree, runtime.git_excludes())
     return binary, added
 
 
@@ -108,22 +108,6 @@ def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(text)
-
-
-def exclude_from_git(worktree: Path, patterns: tuple[str, ...]) -> None:
-    """List ``patterns`` in the clone's ``info/exclude`` (local, shared by its worktrees, never committed): git
-    status stays clean, so ``gt done`` and the worktree's clean-up do not take them for unsaved work."""
-    if not patterns:
-        return
-    exclude = Path(git.git("rev-parse", "--git-path", "info/exclude", cwd=worktree).strip())
-    if not exclude.is_absolute():
-        exclude = worktree / exclude
-    exclude.parent.mkdir(parents=True, exist_ok=True)
-    present = exclude.read_text().splitlines() if exclude.exists() else []
-    missing = [pattern for pattern in patterns if pattern not in present]
-    if missing:
-        with exclude.open("a") as out:
-            out.write("".join(f"{pattern}\n" for pattern in missing))
 
 
 def started(session_dir: Path) -> bool:

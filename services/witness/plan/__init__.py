@@ -317,7 +317,8 @@ def needs_session(
     if last.hook_recovery == "escalate" and last.escalated is None:
         return False, Escalate(session=last.id, reason="stale_hook", message=last.hook_recovery_detail)
     if last.end_reason == "done" and bead.returned:
-        return True, None  # the refinery sent the work back
+        # The refinery sent the work back: a session once the mayor appended the rework steps it is to work.
+        return not bead.rework_owed, None
     if last.end_reason == "stopped":
         stopped_here = acting_since is not None and last.ended_at is not None and last.ended_at >= acting_since
         return not stopped_here, None
