@@ -9,6 +9,7 @@ from datetime import datetime
 import msgspec
 
 from services.witness.state import (
+    ACTIVE,
     MAIL_NUDGE_PREFIX,
     HookLease,
     MailNotice,
@@ -68,7 +69,10 @@ from shared.ids import HOOK_LEASE_PREFIX, hook_lease_name
 from shared.lease_rules import record_end
 from shared.projection import Projection
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
+"""6: sessions count the steps done while they worked and their clean-ups, beads where their last operator sling
+began (the respawn backoff, a polecat name freed once its bead closed): a snapshot from before has none of them, so
+the log is replayed instead."""
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 MESSAGE_TYPE = "message"
 READ_LABEL = "read"
@@ -201,6 +205,7 @@ def _bead_slung(payload: BeadSlung, state: WitnessState, env: Envelope, seq: int
         bead.sessions_at_sling = len(bead.sessions)
     if payload.session is None:
         bead.deaths_at_sling = deaths(state, bead)
+        bead.sessions_at_operator_sling = len(bead.sessions)
 
 
 @fold.register
@@ -263,6 +268,9 @@ def _step_done(payload: StepCompleted, state: WitnessState, env: Envelope, seq: 
         return
     bead.done_steps.append(payload.step)
     bead.current_step = next((s for s in bead.steps if s not in bead.done_steps), None)
+    working = state.sessions.get(bead.sessions[-1]) if bead.sessions else None
+    if working is not None and working.status in ACTIVE:
+        working.steps_done += 1
 
 
 @fold.register
@@ -404,6 +412,7 @@ def _cleaned(payload: SessionCleaned, state: WitnessState, env: Envelope, seq: i
     if session is not None:
         session.cleaned = True
         session.worktree_removed = payload.worktree_removed
+        session.cleanings += 1
 
 
 @fold.register

@@ -642,11 +642,15 @@ class Executor:
         rig = self.host.state.rigs.get(action.rig)
         if rig is None:
             return
+        died = [s for sid in action.sessions if (s := self._session(sid)) is not None]
+        beads = sorted({s.bead for s in died})
+        # The newest death that left words: what an operator reads first to find the common cause.
+        said = next((s for s in reversed(died) if s.pane_tail or s.end_detail), None)
         message = (
-            f"mass death on rig {action.rig}: {len(action.sessions)} sessions died within "
+            f"mass death on rig {action.rig}: {len(action.sessions)} sessions of {len(beads)} beads died within "
             f"{action.window_s:g}s ({', '.join(action.sessions)}). Something common may be broken (agent "
             "command, credentials, disk, the machine)."
-        )
+        ) + (f" {planning.last_words(said)}".rstrip() if said is not None else "")
         source = f"witness/{action.rig}"
         await self.host.store(
             EscalationRaise(
