@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from nats.aio.client import Client
 
@@ -12,6 +11,7 @@ from gt.cli.common import (
     Subcommands,
     command_options,
     key_values,
+    print_id,
     read,
     read_options,
     send,
@@ -97,10 +97,6 @@ def register(sub: Subcommands) -> None:
     r.set_defaults(handler=_ready)
 
 
-def _print_id(result: dict[str, Any]) -> str:
-    return str(result.get("id"))
-
-
 async def _create(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = BeadCreate(
         title=args.title,
@@ -114,7 +110,7 @@ async def _create(nc: Client, args: argparse.Namespace, config: TownConfig) -> i
         assignee=args.assignee,
         prefix=args.prefix,
     )
-    return await send(nc, args, config, cmd, _print_id)
+    return await send(nc, args, config, cmd, print_id)
 
 
 async def _update(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:

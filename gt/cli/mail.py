@@ -16,6 +16,7 @@ from gt.cli.common import (
     Subcommands,
     UsageError,
     command_options,
+    print_id,
     read,
     read_options,
     send,
@@ -156,7 +157,7 @@ async def _thread(nc: Client, args: argparse.Namespace, config: TownConfig) -> i
 
 async def _escalate(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = EscalationRaise(severity=args.severity, message=args.message, source=args.source, bead=args.bead)
-    return await send(nc, args, config, cmd, lambda r: f"{r.get('id')}: raised ({r.get('severity')})")
+    return await send(nc, args, config, cmd, print_id)
 
 
 async def _escalations(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
