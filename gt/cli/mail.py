@@ -156,7 +156,15 @@ async def _thread(nc: Client, args: argparse.Namespace, config: TownConfig) -> i
 
 
 async def _escalate(nc: Client, args: argparse.Namespace, config: TownConfig) -> int:
-    cmd = EscalationRaise(severity=args.severity, message=args.message, source=args.source, bead=args.bead)
+    # An agent asks for help with its work: once its session's bead is closed, the mayor closes it.
+    working_on = os.environ.get("GT_BEAD") if os.environ.get("GT_SESSION") else None
+    cmd = EscalationRaise(
+        severity=args.severity,
+        message=args.message,
+        source=args.source,
+        bead=args.bead,
+        resolved_when=[f"bead:{working_on}"] if working_on else [],
+    )
     return await send(nc, args, config, cmd, print_id)
 
 

@@ -272,6 +272,9 @@ def escalation_table(escalations: list[dict[str, Any]]) -> str:
     for e in escalations:
         raised = f"+{e['reescalations']}" if e.get("reescalations") else ""
         message = str(e["message"]).splitlines() or [""]
+        if e.get("status") == "closed":  # `--all`: who closed it and why (the mayor names what resolved it)
+            reason = f": {e['close_reason']}" if e.get("close_reason") else ""
+            message.append(f"closed by {e.get('closed_by') or '?'}{reason}")
         rows.append(
             (
                 e["id"],

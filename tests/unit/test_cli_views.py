@@ -278,6 +278,24 @@ def test_an_escalation_of_several_lines_goes_on_under_its_message_column() -> No
     assert lines[4].startswith("esc-22")
     assert lines[4][column:] == "one line"
     assert set(lines[2][:column]) == {" "}
+    closed = render.escalation_table(
+        [
+            {
+                "id": "esc-3",
+                "severity": "high",
+                "status": "closed",
+                "source": "refinery/six",
+                "message": "not merged",
+                "closed_by": "mayor",
+                "close_reason": "resolved: merge request mr-1 merged",
+            }
+        ]
+    ).splitlines()
+    column = closed[0].index("MESSAGE")
+    assert [line[column:] for line in closed[1:]] == [
+        "not merged",
+        "closed by mayor: resolved: merge request mr-1 merged",
+    ]
 
 
 def test_rig_show_shows_the_default_git_identity_in_force() -> None:

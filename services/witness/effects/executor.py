@@ -622,7 +622,14 @@ class Executor:
         source = f"witness/{session.rig}"
         await self.host.store(
             EscalationRaise(
-                severity="high", message=message, source=source, bead=session.bead, cmd_id=f"esc-{session.id}"
+                severity="high",
+                message=message,
+                source=source,
+                bead=session.bead,
+                # Whatever stopped the session, nothing is left to do once its bead is closed (merged by a later
+                # session, or given up): the mayor closes it then.
+                resolved_when=[f"bead:{session.bead}"],
+                cmd_id=f"esc-{session.id}",
             )
         )
 
@@ -683,8 +690,10 @@ class Executor:
 
     async def clean(self, action: Clean) -> None:
         session = self._session(action.session)
-        if session is None or session.status != "ended" or session.cleaned:
+        if session is None or session.status != "ended" or (session.cleaned and not action.again):
             return
+        if action.again and (session.worktree_removed or session.cleanings != 1):
+            return  # done meanwhile
         await asyncio.to_thread(self._reap, session)
         removed, detail = False, action.detail
         if action.remove_worktree:
