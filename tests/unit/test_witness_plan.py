@@ -220,6 +220,43 @@ def test_a_name_whose_worktree_was_kept_is_not_given_to_another_bead() -> None:
     assert only(w.plan(), Spawn).polecat == "bob"
 
 
+def test_a_name_kept_for_a_failed_start_is_free_again_once_its_bead_is_closed() -> None:
+    w = World()
+    w.rig(max_polecats=2)
+    w.bead("gt-1")
+    first = w.request(only(w.plan(), Spawn))
+    # Its agent could not be started (`_agent_unavailable`): escalated, ended, cleaned keeping its worktree.
+    w.add(SessionEscalated(session_id=first, reason="agent_unavailable"))
+    w.end(first, "failed_to_start", cleaned=False)
+    clean = only(w.plan(), Clean)
+    assert (clean.session, clean.remove_worktree) == (first, False)
+    w.add(SessionCleaned(session_id=first, worktree_removed=False, detail=clean.detail))
+    assert not [a for a in w.plan() if isinstance(a, Clean)], "kept while its bead is open"
+    w.add(BeadClosed(bead_id="gt-1", reason="not needed"))
+    again = only(w.plan(), Clean)
+    assert again == Clean(session=first, remove_worktree=True, again=True)
+    w.add(SessionCleaned(session_id=first, worktree_removed=True, detail="worktree removed"))
+    assert not [a for a in w.plan() if isinstance(a, Clean)]
+    w.bead("gt-2")
+    assert only(w.plan(), Spawn).polecat == "ace", "the name is free"
+
+
+def test_a_worktree_that_holds_unsaved_work_after_its_bead_closed_is_tried_once_more_only() -> None:
+    w = World()
+    w.rig(max_polecats=2, max_respawns=0)
+    w.bead("gt-1")
+    first = w.running("gt-1")
+    w.end(first, "dead", cleaned=False)
+    w.add(SessionEscalated(session_id=first, reason="respawn_limit"))
+    w.add(SessionCleaned(session_id=first, worktree_removed=False, detail="kept for manual recovery (escalated)"))
+    w.add(BeadClosed(bead_id="gt-1"))
+    assert only(w.plan(), Clean).again
+    w.add(SessionCleaned(session_id=first, worktree_removed=False, detail="it holds uncommitted changes"))
+    assert not [a for a in w.plan() if isinstance(a, Clean)], "unsaved work stays, and the name with it"
+    w.bead("gt-2")
+    assert only(w.plan(), Spawn).polecat == "bob"
+
+
 def test_a_requested_session_is_started_and_given_up_after_repeated_failures() -> None:
     w = World()
     w.rig()

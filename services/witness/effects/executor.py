@@ -661,7 +661,12 @@ class Executor:
         source = f"witness/{action.rig}"
         await self.host.store(
             EscalationRaise(
-                severity="critical", message=message, source=source, cmd_id=f"massdeath-{action.sessions[0]}"
+                severity="critical",
+                message=message,
+                source=source,
+                # A session of the rig that finishes its work shows that what they shared works again.
+                resolved_when=[f"rig:{action.rig}"],
+                cmd_id=f"massdeath-{action.sessions[0]}",
             )
         )
         event = RigMassDeath(rig=action.rig, sessions=list(action.sessions), window_s=action.window_s)
@@ -699,19 +704,22 @@ class Executor:
         if action.remove_worktree:
             try:
                 async with self._lock(session.rig):
-                    await asyncio.to_thread(
-                        git.remove_worktree,
-                        self.bare_repo(session.rig),
-                        Path(session.worktree),
-                        self._base(session.rig),
-                    )
-                removed, detail = True, "worktree removed"
+                    detail = await asyncio.to_thread(self._remove_worktree, session)
+                removed = True
             except git.WorktreeNotEmptyError as exc:
                 detail = str(exc)
                 log.warning("worktree_kept", session=session.id, reason=detail)
         current = self._session(session.id) or session
         event = SessionCleaned(session_id=session.id, worktree_removed=removed, detail=detail)
         await self._append(NewEvent(payload=event, expected_seq=current.version))
+
+    def _remove_worktree(self, session: Session) -> str:
+        """Remove the session's worktree unless it holds unsaved work (``WorktreeNotEmptyError``); what was done."""
+        worktree, bare = Path(session.worktree), self.bare_repo(session.rig)
+        if not worktree.exists() and not bare.exists():
+            return "no worktree was made"  # a start that failed before the rig's clone: nothing for git to do
+        git.remove_worktree(bare, worktree, self._base(session.rig))
+        return "worktree removed"
 
     def _base(self, rig: str) -> str:
         found = self.host.state.rigs.get(rig)

@@ -480,6 +480,7 @@ def _successor(state: WitnessState, session: Session) -> Session | None:
 
 
 def _ended_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Action]:
+    latest: dict[tuple[str, str], str] = {}  # filled once, when first needed
     for session in state.sessions.values():
         if session.status != "ended":
             continue
@@ -488,6 +489,8 @@ def _ended_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Itera
             yield ReleaseHook(session=session.id, bead=session.bead)
             continue
         if session.cleaned:
+            if _kept_after_its_bead_closed(state, session, latest):
+                yield Clean(session=session.id, remove_worktree=True, again=True)
             continue
         bead = state.beads.get(session.bead)
         successor = _successor(state, session)
@@ -505,6 +508,21 @@ def _ended_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Itera
             yield Clean(session=session.id, remove_worktree=False, detail="kept for manual recovery (escalated)")
         elif pane_of(session, obs) is not None and session.version <= obs.as_of_seq:
             yield ReapPane(session=session.id)
+
+
+def _kept_after_its_bead_closed(state: WitnessState, session: Session, latest: dict[tuple[str, str], str]) -> bool:
+    """Cleaned with its worktree kept (for manual recovery after an escalation, for the bead's next sling), and its
+    bead closed since: the worktree is tried once more (never removed with unsaved work), so the polecat's name,
+    which it holds while its worktree is there (``_held_names``), is free for other beads. ``latest``: (rig,
+    polecat) -> the session that last had the name (a worktree carried on by a later one is not this one's)."""
+    if session.worktree_removed or session.cleanings != 1:
+        return False
+    bead = state.beads.get(session.bead)
+    if bead is not None and bead.status != "closed":
+        return False
+    if not latest:
+        latest.update({(s.rig, s.polecat): s.id for s in state.sessions.values()})  # in the order requested
+    return latest.get((session.rig, session.polecat)) == session.id
 
 
 def may_linger(session: Session) -> bool:
