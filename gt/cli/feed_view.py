@@ -104,8 +104,8 @@ class Filters:
             if isinstance(d.get(key), str) and d[key] in self.known:
                 known_rig, known_bead = self.known[d[key]]
                 rig, bead = rig or known_rig, bead or known_bead
-        if not isinstance(rig, str) and bead is not None:
-            rig = self.bead_rigs.get(bead)
+        if not isinstance(rig, str) and bead is not None and entry.type != "bead.created":
+            rig = self.bead_rigs.get(bead)  # its steps and close; not its creation: it is a rig's once slung
         return (rig if isinstance(rig, str) else None), bead
 
     def matches(self, entry: Entry) -> bool:

@@ -195,6 +195,7 @@ def test_the_rig_filter_follows_a_beads_sling_to_its_steps_and_close() -> None:
     seeded = Filters(rigs={"six"})  # slung before --since: the services said which rig its session was on
     seeded.remember("b1-1", "six", "b1")
     assert [e.seq for e in story[2:] if seeded.matches(e)] == [3, 5, 6]
+    assert not seeded.matches(E(0, "bead.created", {"bead_id": "b1"})), "a bead is a rig's once slung"
 
 
 def test_a_timeline_shows_under_a_warrant_the_last_lines_its_pane_showed() -> None:
