@@ -126,6 +126,17 @@ async def test_a_rejection_exits_1_with_the_reason(gt: Gt, mayor: MayorService) 
     assert (await gt("bead", "history", "hq-nothere")).code == 1
 
 
+async def test_actor_is_taken_before_the_command_as_after_it(gt: Gt, mayor: MayorService) -> None:
+    bead_id = (await gt("bead", "create", "t")).out.strip()
+    closed = await gt("--actor", "operator:max", "bead", "close", bead_id, "--reason", "done by max")
+    assert closed.code == 0, closed.err
+    raw = (await gt("bead", "history", bead_id, "--raw")).out
+    assert [line for line in raw.splitlines() if "bead.closed" in line and "by operator:max" in line], raw
+    listing = await gt("--actor", "operator:max", "bead", "list")
+    assert listing.code == 2
+    assert "--actor names who sends a command; `gt bead list` sends none" in listing.err
+
+
 async def test_usage_errors_exit_2(gt: Gt) -> None:
     assert (await gt("bead", "frobnicate")).code == 2
     assert (await gt("bead", "create")).code == 2

@@ -233,8 +233,11 @@ async def test_park_stops_new_sessions_and_unpark_resumes(pt: PolecatTown, gt: G
     assert [line.split() for line in status.out.splitlines() if "(parked)" in line] == [
         ["demo", "(parked)", "0/4", "1", "0", "-"]  # and no tokens, no cost yet
     ]
-    ok(await gt("rig", "unpark", "demo"))
+    assert ok(await gt("rig", "unpark", "demo")).strip() == "rig demo: active; the waiting bead gets a session now"
     await pt.wait_merge_requested(bead)
+    shown = ok(await gt("rig", "show", "demo")).splitlines()
+    assert "git_name: {rig}/{polecat} (default)" in shown, shown
+    assert "git_email: {polecat}.{rig}@gastown.invalid (default)" in shown, shown
     assert await event_types(pt, "gt.evt.rig.demo") == ["rig.added", "rig.parked", "rig.unparked"]
 
 

@@ -278,6 +278,28 @@ async def test_a_failing_agent_is_respawned_with_a_backoff_and_its_cause_is_show
         await assert_eventually(resolved, timeout=30)
 
 
+async def test_an_agents_escalation_from_its_session_closes_by_itself_once_its_bead_is_closed(pt: PolecatTown) -> None:
+    # The agent asks for help first (as `gt escalate` from its session), then does its work, which merges.
+    await pt.add_rig(agent_command="gt escalate 'the docs say nothing of v2: I guessed' --severity low; exec gt-agent")
+    bead = await pt.new_bead("Guess well")
+    await pt.sling(bead)
+
+    def closed() -> Any:
+        assert pt.mayor is not None
+        found = [e for e in pt.mayor.projection.state.escalations.values() if e.source.startswith("polecat:demo/")]
+        assert found, "not raised yet"
+        assert found[0].resolved_when == [f"bead:{bead}"], "its session's bead resolves it"
+        assert found[0].status == "closed", "still open"
+        return found[0]
+
+    escalation = await assert_eventually(closed, timeout=120)
+    assert pt.mayor is not None
+    assert pt.mayor.projection.state.beads[bead].status == "closed"
+    assert escalation.closed_by == "mayor"
+    assert escalation.close_reason is not None
+    assert escalation.close_reason.startswith(f"resolved: bead {bead} closed")
+
+
 async def test_uncommitted_work_survives_a_crash_and_lands(pt: PolecatTown) -> None:
     await pt.add_rig(agent_command="GT_AGENT_FAULT=crash-before-commit=2@1 gt-agent")
     bead = await pt.new_bead("Keep my edits")
