@@ -278,6 +278,43 @@ async def test_a_failing_agent_is_respawned_with_a_backoff_and_its_cause_is_show
         await assert_eventually(resolved, timeout=30)
 
 
+async def test_a_mass_death_quotes_a_pane_and_closes_by_itself_once_a_session_of_the_rig_finishes(
+    pt: PolecatTown,
+) -> None:
+    # Each bead's first session is killed before it gets a step done; the second ones work.
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=crash-before-commit=1@1 gt-agent")
+    beads = [await pt.new_bead(f"Survive {n}") for n in range(3)]
+    for bead in beads:
+        await pt.sling(bead)
+
+    def raised() -> Any:
+        assert pt.mayor is not None
+        found = [e for e in pt.mayor.projection.state.escalations.values() if e.message.startswith("mass death")]
+        assert found, "no mass death yet"
+        return found[0]
+
+    mass = await assert_eventually(raised, timeout=90)
+    assert mass.severity == "critical"
+    assert mass.resolved_when == ["rig:demo"]
+    assert "3 sessions of 3 beads died" in mass.message
+    assert "[gt-agent] crashing (fault injection: SIGKILL)" in mass.message, mass.message
+
+    def resolved() -> Any:
+        assert pt.mayor is not None
+        found = pt.mayor.projection.state.escalations[mass.id]
+        assert found.status == "closed", "still open"
+        return found
+
+    closed = await assert_eventually(resolved, timeout=120)
+    assert closed.closed_by == "mayor"
+    assert closed.close_reason is not None
+    done = [s.id for bead in beads for s in pt.sessions_of(bead) if s.end_reason == "done"]
+    assert any(closed.close_reason == f"resolved: session {s} of rig demo finished its work" for s in done), (
+        closed.close_reason,
+        done,
+    )
+
+
 async def test_an_agents_escalation_from_its_session_closes_by_itself_once_its_bead_is_closed(pt: PolecatTown) -> None:
     # The agent asks for help first (as `gt escalate` from its session), then does its work, which merges.
     await pt.add_rig(agent_command="gt escalate 'the docs say nothing of v2: I guessed' --severity low; exec gt-agent")
