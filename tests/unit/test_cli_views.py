@@ -351,3 +351,30 @@ def test_actor_is_taken_before_the_command_too() -> None:
         with pytest.raises(SystemExit) as exit_info:
             cli_main._actor_first(parser, parser.parse_args(refused))
         assert exit_info.value.code == 2
+
+
+def test_status_shows_the_first_line_of_an_escalation_that_quotes_a_pane() -> None:
+    escalation = {
+        "id": "esc-1",
+        "severity": "high",
+        "status": "open",
+        "bead": "b1",
+        "raised_at": "2026-11-23T11:59:00+00:00",
+        "message": "bead b1 died 4 times on rig six\nIts last session b1-4 showed:\n[gt-agent] giving up",
+    }
+    snap = town_view.snapshot(
+        now=NOW,
+        stream_last_seq=1,
+        statuses={},
+        rigs=None,
+        sessions=None,
+        heartbeats={},
+        steps={},
+        mrs=None,
+        convoys=None,
+        escalations=[escalation],
+    )
+    lines = town_view.render(snap).splitlines()
+    [row] = [line for line in lines if "esc-1" in line]
+    assert row.endswith("bead b1 died 4 times on rig six [more: gt escalations]")
+    assert not [line for line in lines if "giving up" in line], "the rest is for gt escalations"
