@@ -9,6 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
+from shared.events import RigAdded
+
 Described = tuple[str, str]
 """(sentence, kind): kind picks the colour: ``good``, ``bad``, ``warn``, ``work``, ``info``, ``quiet``."""
 
@@ -61,6 +65,16 @@ def _session_cleaned(d: dict[str, Any]) -> Described:
     # A worktree left in place says why (unsaved work is never removed silently).
     why = f": {_s(d['detail'], 160)}" if d.get("detail") else ""
     return f"session {d['session_id']} cleaned up{why}", "quiet"
+
+
+def _default(event: type[msgspec.Struct], name: str) -> Any:
+    """A field's default: events are stored without the fields that hold it, so a sentence fills it in."""
+    return next(f.default for f in msgspec.structs.fields(event) if f.name == name)
+
+
+def _rig_added(d: dict[str, Any]) -> Described:
+    polecats = d.get("max_polecats", _default(RigAdded, "max_polecats"))
+    return f"rig {d['rig']} added: {d.get('repo', '?')}, at most {polecats} polecats", "info"
 
 
 def _rig_updated(d: dict[str, Any]) -> Described:
@@ -235,7 +249,7 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     "escalation.acked": _plain("escalation {escalation_id} acknowledged by {by}", "info"),
     "escalation.reescalated": _plain("escalation {escalation_id} re-escalated {from_severity} -> {to_severity}", "bad"),
     "escalation.closed": _plain("escalation {escalation_id} closed by {by}: {reason}", "good"),
-    "rig.added": _plain("rig {rig} added: {repo}, at most {max_polecats} polecats", "info"),
+    "rig.added": _rig_added,
     "rig.mass_death": lambda d: (
         f"rig {d['rig']}: {len(d.get('sessions') or [])} sessions died within {d.get('window_s')}s",
         "bad",
@@ -266,6 +280,27 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     "cmd.accepted": _cmd_accepted,
     "cmd.rejected": _cmd_rejected,
 }
+
+
+PANE_EXCERPT_LINES = 5
+"""How many of a warranted session's last pane lines a timeline shows under the warrant."""
+
+
+def pane_lines(tail: object, limit: int = PANE_EXCERPT_LINES) -> list[str]:
+    """The last ``limit`` non-blank lines of a pane's recorded text, printable characters only (the witness stored it
+    cleaned; an event from elsewhere is cleaned again here, as it goes to a terminal)."""
+    if not isinstance(tail, str):
+        return []
+    lines = ["".join(ch for ch in line if ch.isprintable()).rstrip() for line in tail.splitlines()]
+    return [line for line in lines if line.strip()][-limit:] if limit > 0 else []
+
+
+def excerpt(event_type: str, data: dict[str, Any]) -> list[str]:
+    """Lines shown under the event's sentence in a timeline: a warrant's pane tail, where the cause of a death is
+    (an agent's last error, its exit status). Most events have none."""
+    if event_type == "session.warranted":
+        return pane_lines(data.get("pane_tail"))
+    return []
 
 
 def describe(event_type: str, data: dict[str, Any]) -> Described:

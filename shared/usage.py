@@ -170,7 +170,9 @@ def price_of(model: str, prices: Mapping[str, ModelPrice]) -> ModelPrice | None:
 
 
 def cost(usage: ModelUsage, prices: Mapping[str, ModelPrice]) -> float | None:
-    """Dollars, or None when the model has no price."""
+    """Dollars, or None when the model has no price (no tokens cost nothing, priced or not)."""
+    if usage.tokens == 0:
+        return 0.0
     price = price_of(usage.model, prices)
     if price is None:
         return None
@@ -185,10 +187,15 @@ def cost(usage: ModelUsage, prices: Mapping[str, ModelPrice]) -> float | None:
 
 
 def total_cost(usages: Iterable[ModelUsage], prices: Mapping[str, ModelPrice]) -> float | None:
-    """The sum over models whose price is known; None when none is."""
-    costs = [c for u in usages if (c := cost(u, prices)) is not None]
-    return sum(costs) if costs else None
+    """The sum over models whose price is known; a model that used no tokens costs $0, and so does a bead that
+    used none. None when there are no prices at all, or when every model that used tokens has none."""
+    if not prices:
+        return None
+    used = [u for u in usages if u.tokens]
+    costs = [c for u in used if (c := cost(u, prices)) is not None]
+    return sum(costs) if costs or not used else None
 
 
 def priced_fully(usages: Iterable[ModelUsage], prices: Mapping[str, ModelPrice]) -> bool:
-    return all(price_of(u.model, prices) is not None for u in usages)
+    """Every model that used tokens has a price (one that used none needs none)."""
+    return all(price_of(u.model, prices) is not None for u in usages if u.tokens)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gt.cli import feed, render
 from gt.cli.common import (
     Subcommands,
     command_options,
     key_values,
+    print_id,
     read,
     read_options,
     send,
@@ -98,10 +99,6 @@ def register(sub: Subcommands) -> None:
     r.set_defaults(handler=_ready)
 
 
-def _print_id(result: dict[str, Any]) -> str:
-    return str(result.get("id"))
-
-
 async def _create(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = BeadCreate(
         title=args.title,
@@ -115,7 +112,7 @@ async def _create(nc: Connection, args: argparse.Namespace, config: TownConfig) 
         assignee=args.assignee,
         prefix=args.prefix,
     )
-    return await send(nc, args, config, cmd, _print_id)
+    return await send(nc, args, config, cmd, print_id)
 
 
 async def _update(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

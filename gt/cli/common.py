@@ -66,6 +66,12 @@ def command_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--id", dest="cmd_id", metavar="CMD_ID", help="command id (resending the same id is harmless)")
 
 
+def print_id(result: dict[str, Any]) -> str:
+    """What a command that creates something prints: the new id alone, so ``bead=$(gt bead create ...)`` works
+    (``--json`` prints the whole outcome). ``gt bead create``, ``gt convoy create``, ``gt escalate``."""
+    return str(result.get("id"))
+
+
 def read_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")
 

@@ -13,6 +13,7 @@ from gt.cli.common import (
     Subcommands,
     command_options,
     key_values,
+    print_id,
     read,
     read_options,
     read_typed,
@@ -83,7 +84,7 @@ def _progress_line(result: dict[str, Any]) -> str:
 
 async def _create(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = ConvoyCreate(title=args.title, beads=args.beads, owned=args.owned)
-    return await send(nc, args, config, cmd, _progress_line)
+    return await send(nc, args, config, cmd, print_id)
 
 
 async def _add(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

@@ -138,15 +138,16 @@ async def follow_log(
 
 
 async def _seed(nc: Connection, filters: Filters) -> None:
-    """Sessions and merge requests begun before ``--since``: their rig and bead, from the services."""
+    """Sessions and merge requests begun before ``--since``: their rig and bead (and so the rig of the bead's
+    steps and close), from the services."""
     if not (filters.rigs or filters.beads):
         return
     with contextlib.suppress(QueryError):
         for s in await ask(nc, witness.Sessions(all=True), timeout=QUERY_TIMEOUT_S):
-            filters.known[s.id] = (s.rig, s.bead)
+            filters.remember(s.id, s.rig, s.bead)
     with contextlib.suppress(QueryError):
         for m in await ask(nc, refinery.Mrs(), timeout=QUERY_TIMEOUT_S):
-            filters.known[m.id] = (m.rig, m.bead)
+            filters.remember(m.id, m.rig, m.bead)
 
 
 async def _feed(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from gt.cli.colour import PLAIN, Palette
-from shared.narration import KIND_STYLES, bead_of, describe
+from shared.narration import KIND_STYLES, bead_of, describe, excerpt
 
 
 class Entry(Protocol):
@@ -76,13 +76,26 @@ class Filters:
     actors: set[str] = field(default_factory=set)
     known: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     """Session or merge request id -> (rig, bead)."""
+    bead_rigs: dict[str, str] = field(default_factory=dict)
+    """Bead id -> the rig it was last slung to (its sling, a session or a merge request said so): its steps and
+    its close are that rig's events too."""
 
     def learn(self, entry: Entry) -> None:
         d = entry.data
         if entry.type == "session.requested":
-            self.known[str(d.get("session_id"))] = (d.get("rig"), d.get("bead"))
+            self.remember(str(d.get("session_id")), d.get("rig"), d.get("bead"))
         elif entry.type == "mr.submitted":
-            self.known[str(d.get("mr_id"))] = (d.get("rig"), d.get("bead"))
+            self.remember(str(d.get("mr_id")), d.get("rig"), d.get("bead"))
+        elif entry.type == "bead.slung" and isinstance(d.get("rig"), str) and isinstance(d.get("bead_id"), str):
+            self.bead_rigs[d["bead_id"]] = d["rig"]
+
+    def remember(self, key: str, rig: object, bead: object) -> None:
+        """A session or merge request (``key``) of ``rig`` working ``bead``."""
+        rig_name = rig if isinstance(rig, str) else None
+        bead_id = bead if isinstance(bead, str) else None
+        self.known[key] = (rig_name, bead_id)
+        if rig_name and bead_id:
+            self.bead_rigs[bead_id] = rig_name
 
     def _rig_and_bead(self, entry: Entry) -> tuple[str | None, str | None]:
         d = entry.data
@@ -91,6 +104,8 @@ class Filters:
             if isinstance(d.get(key), str) and d[key] in self.known:
                 known_rig, known_bead = self.known[d[key]]
                 rig, bead = rig or known_rig, bead or known_bead
+        if not isinstance(rig, str) and bead is not None and entry.type != "bead.created":
+            rig = self.bead_rigs.get(bead)  # its steps and close; not its creation: it is a rig's once slung
         return (rig if isinstance(rig, str) else None), bead
 
     def matches(self, entry: Entry) -> bool:
@@ -139,7 +154,8 @@ def feed_line(entry: Entry, palette: Palette = PLAIN, width: int = ACTOR_WIDTH) 
 
 
 def timeline(entries: Sequence[Entry], palette: Palette = PLAIN) -> str:
-    """A bead's story, oldest first: when, who, what; a new day or a gap over a minute shows the full time."""
+    """A bead's story, oldest first: when, who, what; a new day or a gap over a minute shows the full time. Under a
+    warrant, the last lines its session's pane showed (why it died)."""
     if not entries:
         return "(no events)"
     lines = []
@@ -154,6 +170,8 @@ def timeline(entries: Sequence[Entry], palette: Palette = PLAIN) -> str:
             stamp = f"{'':>11}{entry.ts[11:19]}"
         previous = when or previous
         lines.append(f"{palette(stamp, 'dim')}  {entry.actor:<{width}}  {palette(sentence, *KIND_STYLES[kind])}")
+        indent = " " * (len(stamp) + 2 + width + 2)
+        lines.extend(f"{indent}{palette('| ' + line, 'dim')}" for line in excerpt(entry.type, entry.data))
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ from gt.cli.common import (
     Subcommands,
     UsageError,
     command_options,
+    print_id,
     read,
     read_options,
     send,
@@ -156,8 +157,16 @@ async def _thread(nc: Connection, args: argparse.Namespace, config: TownConfig) 
 
 
 async def _escalate(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    cmd = EscalationRaise(severity=args.severity, message=args.message, source=args.source, bead=args.bead)
-    return await send(nc, args, config, cmd, lambda r: f"{r.get('id')}: raised ({r.get('severity')})")
+    # An agent asks for help with its work: once its session's bead is closed, the mayor closes it.
+    working_on = os.environ.get("GT_BEAD") if os.environ.get("GT_SESSION") else None
+    cmd = EscalationRaise(
+        severity=args.severity,
+        message=args.message,
+        source=args.source,
+        bead=args.bead,
+        resolved_when=[f"bead:{working_on}"] if working_on else [],
+    )
+    return await send(nc, args, config, cmd, print_id)
 
 
 async def _escalations(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

@@ -86,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--nats-url", default=argparse.SUPPRESS, help="NATS server URL(s) (env NATS_URL)")
     p = argparse.ArgumentParser(prog="gt", description="Operate a gastown-nats town.", parents=[common])
+    p.add_argument(
+        "--actor",
+        dest="actor_first",
+        metavar="ACTOR",
+        default=None,
+        help="who is acting, for a command that sends one (`gt --actor operator:ann bead close ID`; after the "
+        "subcommand too)",
+    )
     commands = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=StrictParser)
     sub = Subcommands(commands, common)
 
@@ -221,9 +229,23 @@ def _dispatch(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -
     return asyncio.run(run_async(args.handler, args, config))
 
 
+def _actor_first(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``gt --actor X <command> ...``: the command's own ``--actor``, given before it as ``--nats-url`` may be."""
+    first = getattr(args, "actor_first", None)
+    if first is None:
+        return
+    if not hasattr(args, "cmd_id"):  # only commands that send one (command_options) have an actor
+        verbs = [v for k, v in vars(args).items() if k.endswith("_cmd") and isinstance(v, str)]
+        parser.error(f"--actor names who sends a command; `gt {' '.join([args.cmd, *verbs])}` sends none")
+    if args.actor not in (None, first):
+        parser.error(f"--actor given twice: {first!r} before the command, {args.actor!r} after it")
+    args.actor = first
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _actor_first(parser, args)
     env = dict(os.environ)
     if getattr(args, "nats_url", None):
         env["NATS_URL"] = args.nats_url

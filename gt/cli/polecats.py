@@ -125,7 +125,7 @@ def register(sub: Subcommands) -> None:
     nudge.set_defaults(handler=_nudge)
 
     mq = sub.group("mq", "the merge queue: list, show, retry, reject", "mq_cmd")
-    ml = mq.add_parser("list", help="merge requests in queue order (of one rig with --rig)")
+    ml = mq.add_parser("list", help="merge requests in the order they were submitted, newest last (--rig: of one rig)")
     ml.add_argument("--rig")
     read_options(ml)
     ml.set_defaults(handler=_mq_list)
@@ -235,7 +235,7 @@ async def _rig_list(nc: Connection, args: argparse.Namespace, config: TownConfig
 
 async def _rig_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     rig = await read(nc, config, witness.Rig(name=args.name))
-    return show(args, rig, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
+    return show(args, rig, render.rig_detail)
 
 
 async def _session_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
@@ -258,8 +258,7 @@ async def _session_list(nc: Connection, args: argparse.Namespace, config: TownCo
 
 async def _session_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     session = await read(nc, config, witness.Session(id=args.id))
-    keys = ("id", "rig", "polecat", "bead", "status", "end_reason", "attempt", "worktree", "branch", "tmux_name")
-    return show(args, session, lambda s: "\n".join(f"{k}: {s.get(k)}" for k in keys if s.get(k) is not None))
+    return show(args, session, render.session_detail)
 
 
 async def _nudge(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
@@ -283,6 +282,7 @@ async def _nudge(nc: Connection, args: argparse.Namespace, config: TownConfig) -
 
 async def _mq_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     mrs = await read(nc, config, refinery.Mrs(rig=args.rig or None))
+    mrs = mq_order(mrs)
     # A merged one shows the commit that landed (its branch rebased onto the target), not the one submitted.
     rows = [
         [m["id"], m["rig"], m["bead"], m["branch"], (m.get("merged_commit") or m["head"])[:10], m["status"]]
@@ -290,6 +290,18 @@ async def _mq_list(nc: Connection, args: argparse.Namespace, config: TownConfig)
     ]
     table = render.table(("MR", "RIG", "BEAD", "BRANCH", "HEAD", "STATUS"), rows, "the merge queue is empty")
     return show(args, mrs, lambda _: table)
+
+
+def mq_order(mrs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """In the order they were submitted, newest last (the refinery answers in its own order of work)."""
+
+    def submitted(mr: dict[str, Any]) -> datetime:
+        try:
+            return datetime.fromisoformat(str(mr.get("submitted_at")))
+        except ValueError:
+            return datetime.min.replace(tzinfo=UTC)  # none recorded: first, as the oldest would be
+
+    return sorted(mrs, key=submitted)
 
 
 async def _mq_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

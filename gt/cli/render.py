@@ -8,6 +8,9 @@ from typing import Any, TextIO
 
 import msgspec
 
+from shared.commands.rigs import DEFAULT_GIT_EMAIL, DEFAULT_GIT_NAME
+from shared.narration import pane_lines
+
 _JSON = msgspec.json.Encoder()
 BAR_WIDTH = 20
 
@@ -90,6 +93,46 @@ def history_lines(entries: list[Any]) -> str:
         fields = " ".join(f"{k}={v}" for k, v in detail.items())
         out.append(f"#{e.seq:<8} {_short_ts(e.ts)}  {e.type:<14} by {e.actor:<20} {fields}".rstrip())
     return "\n".join(out)
+
+
+# ---- rigs and sessions -------------------------------------------------------------------------
+
+RIG_DEFAULTS = {"git_name": DEFAULT_GIT_NAME, "git_email": DEFAULT_GIT_EMAIL}
+"""Settings a rig stores empty when it uses the default: shown as the default in force."""
+
+
+def rig_detail(rig: dict[str, Any]) -> str:
+    """One rig's configuration, ``key: value`` a line; a setting left at its default shows the default."""
+    lines = []
+    for key, value in rig.items():
+        if key in RIG_DEFAULTS and not value:
+            value = f"{RIG_DEFAULTS[key]} (default)"
+        lines.append(f"{key}: {value}")
+    return "\n".join(lines)
+
+
+# ---- sessions
+
+SESSION_KEYS = ("id", "rig", "polecat", "bead", "status", "end_reason", "attempt", "worktree", "branch", "tmux_name")
+PANE_LINES_SHOWN = 20
+"""A session's recorded pane lines `gt session show` prints (the witness records at most this many)."""
+
+
+def session_detail(session: dict[str, Any]) -> str:
+    """One session: where it ran and, once it ended, how: its warrant, its end, whether it was escalated, and the
+    last lines its pane showed when it was warranted (the cause of a death: an agent's last error)."""
+    lines = [f"{k}: {session.get(k)}" for k in SESSION_KEYS if session.get(k) is not None]
+    if session.get("warrant_reason"):
+        detail = f" ({session['warrant_detail']})" if session.get("warrant_detail") else ""
+        lines.append(f"warranted: {session['warrant_reason']}{detail}")
+    if session.get("end_detail"):
+        lines.append(f"end_detail: {session['end_detail']}")
+    if session.get("escalated"):
+        lines.append(f"escalated: {session['escalated']} (its bead is not respawned: `gt escalations`)")
+    shown = pane_lines(session.get("pane_tail"), PANE_LINES_SHOWN)
+    if shown:
+        lines += ["", "its pane's last lines when it was warranted:", *(f"  | {line}" for line in shown)]
+    return "\n".join(lines)
 
 
 # ---- formulas and molecules --------------------------------------------------------------------
@@ -224,9 +267,14 @@ def thread_lines(messages: list[dict[str, Any]]) -> str:
 
 
 def escalation_table(escalations: list[dict[str, Any]]) -> str:
+    """One row each; a message of several lines (a pane's or git's last words) goes on under its column."""
     rows = []
     for e in escalations:
         raised = f"+{e['reescalations']}" if e.get("reescalations") else ""
+        message = str(e["message"]).splitlines() or [""]
+        if e.get("status") == "closed":  # `--all`: who closed it and why (the mayor names what resolved it)
+            reason = f": {e['close_reason']}" if e.get("close_reason") else ""
+            message.append(f"closed by {e.get('closed_by') or '?'}{reason}")
         rows.append(
             (
                 e["id"],
@@ -234,7 +282,20 @@ def escalation_table(escalations: list[dict[str, Any]]) -> str:
                 e["status"],
                 e.get("source", "-"),
                 _short_ts(e.get("raised_at")),
-                e["message"],
+                message,
             )
         )
-    return table(("ID", "SEVERITY", "STATUS", "SOURCE", "RAISED", "MESSAGE"), rows, "(no escalations)")
+    text = table(
+        ("ID", "SEVERITY", "STATUS", "SOURCE", "RAISED", "MESSAGE"),
+        [(*row[:-1], row[-1][0]) for row in rows],
+        "(no escalations)",
+    )
+    if not rows:
+        return text
+    lines = text.split("\n")
+    out = [lines[0]]
+    for line, row in zip(lines[1:], rows, strict=True):
+        out.append(line)
+        indent = " " * (len(line) - len(row[-1][0]))
+        out.extend(f"{indent}{more}".rstrip() for more in row[-1][1:])
+    return "\n".join(out)

@@ -120,21 +120,24 @@ async def _rig_remove(nc: Connection, args: argparse.Namespace, config: TownConf
     return await send(nc, args, config, RigRemove(name=args.name, force=args.force), _remove_line)
 
 
-def _park_line(result: dict[str, Any]) -> str:
+def park_line(result: dict[str, Any]) -> str:
     unchanged = "" if result.get("changed", True) else " (unchanged)"
     count = int(result.get("waiting") or 0)
     beads = "1 bead" if count == 1 else f"{count} beads"
     if result.get("status") == "parked":
         return f"rig {result.get('rig')}: parked{unchanged}; no new sessions, {beads} waiting"
-    return f"rig {result.get('rig')}: active{unchanged}; {beads} waiting get sessions now"
+    if count == 0:
+        return f"rig {result.get('rig')}: active{unchanged}; no bead is waiting"
+    gets = "the waiting bead gets a session" if count == 1 else f"the {count} waiting beads get sessions"
+    return f"rig {result.get('rig')}: active{unchanged}; {gets} now"
 
 
 async def _rig_park(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, RigPark(name=args.name, reason=args.reason), _park_line)
+    return await send(nc, args, config, RigPark(name=args.name, reason=args.reason), park_line)
 
 
 async def _rig_unpark(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, RigUnpark(name=args.name), _park_line)
+    return await send(nc, args, config, RigUnpark(name=args.name), park_line)
 
 
 async def _working_session(nc: Connection, bead: str) -> str | None:
@@ -146,16 +149,22 @@ async def _working_session(nc: Connection, bead: str) -> str | None:
     return sessions[-1].id if sessions else None
 
 
+def unsling_line(result: dict[str, Any], session: str | None, *, remove_worktree: bool) -> str:
+    out = f"{result.get('id')}: open (unslung from {result.get('rig')}; its done steps are kept)"
+    if session is not None:
+        out += f"; the witness ends session {session}"
+        if remove_worktree:
+            out += " and removes its worktree unless it holds unsaved work"
+    elif remove_worktree:
+        out += "; the witness removes its worktree unless it holds unsaved work"
+    return out
+
+
 async def _unsling(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     session = await _working_session(nc, args.bead)
 
     def line(result: dict[str, Any]) -> str:
-        out = f"{result.get('id')}: open (unslung from {result.get('rig')}; its done steps are kept)"
-        if session is not None:
-            out += f"; the witness ends session {session}"
-        if args.remove_worktree:
-            out += " and removes its worktree unless it holds unsaved work"
-        return out
+        return unsling_line(result, session, remove_worktree=args.remove_worktree)
 
     cmd = BeadUnsling(id=args.bead, reason=args.reason, remove_worktree=args.remove_worktree)
     return await send(nc, args, config, cmd, line)

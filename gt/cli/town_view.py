@@ -193,6 +193,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Cell]], palette: Palet
     return lines
 
 
+def _first_line(escalation: dict[str, Any]) -> str:
+    """At a glance, an escalation's first line; what it quotes below it (a pane's or git's last lines) is in
+    `gt escalations`."""
+    lines = str(escalation["message"]).splitlines() or [""]
+    return lines[0] + (" [more: gt escalations]" if len(lines) > 1 else "")
+
+
 def _state_cell(state: str) -> Cell:
     return (state, STATE_STYLES.get(state, ()))
 
@@ -280,7 +287,7 @@ def render(snap: dict[str, Any], palette: Palette = PLAIN) -> str:
         out.append("  (none open)")
     else:
         rows = [
-            [e["id"], _state_cell(e["severity"]), e["status"], e["bead"] or "-", human_age(e["age_s"]), e["message"]]
+            [e["id"], _state_cell(e["severity"]), e["status"], e["bead"] or "-", human_age(e["age_s"]), _first_line(e)]
             for e in snap["escalations"]
         ]
         out += _table(("ID", "SEVERITY", "STATUS", "BEAD", "AGE", "MESSAGE"), rows, palette)

@@ -1,5 +1,6 @@
 """What the mayor owes without being asked: slinging held beads whose blockers closed, closing finished convoys,
-re-escalating ignored escalations, appending rework steps to the molecule of a bead whose work was sent back.
+closing escalations whose cause was resolved, re-escalating ignored ones, appending rework steps to the molecule
+of a bead whose work was sent back.
 
 Level-triggered and pure: from the state (and the time, passed in) to the events still owed. Each event
 carries its aggregate's expected sequence, so a decision taken twice (two ticks, or before and after a
@@ -10,13 +11,15 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from services.mayor.state import MayorState, convoy_progress, open_blockers
+from services.mayor.state import Escalation, MayorState, convoy_progress, open_blockers
 from shared.commands import SEVERITIES
 from shared.decision import NewEvent
-from shared.events import BeadSlung, ConvoyClosed, EscalationReescalated, ReworkAdded
+from shared.events import BeadSlung, ConvoyClosed, EscalationClosed, EscalationReescalated, ReworkAdded
 from shared.formulas import rework
 
 MAX_REESCALATIONS = 2
+RESOLVER = "mayor"
+"""Who an escalation closed by itself is closed by (``escalation.closed``'s ``by``)."""
 
 
 def released_holds(state: MayorState) -> list[NewEvent]:
@@ -46,6 +49,35 @@ def convoy_closures(state: MayorState) -> list[NewEvent]:
         if closed == total:
             event = ConvoyClosed(convoy_id=convoy.id, closed_beads=closed, total_beads=total)
             owed.append(NewEvent(payload=event, expected_seq=convoy.version))
+    return owed
+
+
+def resolution(state: MayorState, escalation: Escalation) -> str | None:
+    """What resolved the escalation, in words, or None: a bead it names closed, a service it names up, or what an
+    event after it was raised resolved (its merge request merged, a session done on its rig)."""
+    if escalation.resolved is not None:
+        return escalation.resolved
+    for entry in escalation.resolved_when:
+        kind, _, what = entry.partition(":")
+        if kind == "bead" and (bead := state.beads.get(what)) is not None and bead.status == "closed":
+            why = f": {bead.close_reason}" if bead.close_reason else ""
+            return f"bead {what} closed{why}"
+        if kind == "service" and state.services.get(what) == "up":
+            return f"service {what} is up again"
+    return None
+
+
+def resolutions(state: MayorState) -> list[NewEvent]:
+    """An escalation still open (or acknowledged) that its raiser said resolves by itself, once it has: closed
+    by the mayor with the reason (an operator's own escalations say nothing, and stay open)."""
+    owed = []
+    for escalation in state.escalations.values():
+        if escalation.status == "closed" or not escalation.resolved_when:
+            continue
+        how = resolution(state, escalation)
+        if how is not None:
+            event = EscalationClosed(escalation_id=escalation.id, by=RESOLVER, reason=f"resolved: {how}"[:4096])
+            owed.append(NewEvent(payload=event, expected_seq=escalation.version))
     return owed
 
 
@@ -100,4 +132,8 @@ def rework_owed(state: MayorState) -> list[NewEvent]:
 
 
 def owed(state: MayorState, now: datetime, stale_after: timedelta) -> list[NewEvent]:
-    return released_holds(state) + convoy_closures(state) + reescalations(state, now, stale_after) + rework_owed(state)
+    closing = resolutions(state)
+    closed = {new.payload.aggregate_id() for new in closing}
+    # A closing escalation is not raised a severity too: both would carry the same expected sequence.
+    raising = [new for new in reescalations(state, now, stale_after) if new.payload.aggregate_id() not in closed]
+    return released_holds(state) + convoy_closures(state) + closing + raising + rework_owed(state)

@@ -44,6 +44,7 @@ from shared.events import (
     GcSwept,
     MergeRequestConflicted,
     MergeRequestFailed,
+    MergeRequestMerged,
     MergeRequestRejected,
     MergeRequestRequeued,
     MergeRequestSubmitted,
@@ -54,6 +55,9 @@ from shared.events import (
     RigParked,
     RigRemoved,
     RigUnparked,
+    ServiceDown,
+    ServiceStopped,
+    ServiceUp,
     SessionEnded,
     SessionRequested,
     SessionUsage,
@@ -65,11 +69,12 @@ from shared.formulas.rework import CONFLICT
 from shared.projection import Projection, advance, touch
 from shared.usage import difference, merge
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """3: rigs and their polecats, held slings (a snapshot from before knows none, so it is not trusted). Sessions'
 token usage needs no new version: a snapshot from before it cannot have skipped a ``session.usage``. 4: merge
 requests and send-backs (``merge_requests``, ``send_backs``): a snapshot from before skipped every ``mr.*`` event,
-so it would owe no rework for a send-back it never saw."""
+so it would owe no rework for a send-back it never saw. 5: services'
+status and what resolves escalations by themselves (a snapshot from before skipped the events they come from)."""
 
 
 @functools.singledispatch
@@ -435,6 +440,7 @@ def _escalation_raised(payload: EscalationRaised, state: MayorState, env: Envelo
         source=payload.source,
         message=payload.message,
         bead=payload.bead,
+        resolved_when=list(payload.resolved_when),
         raised_at=env.ts,
         last_raised_at=env.ts,
         version=seq,
@@ -523,7 +529,39 @@ def _session_ended(payload: SessionEnded, state: MayorState, env: Envelope, seq:
         for polecat, session in rig.polecats.items():
             if session == payload.session_id:
                 rig.polecats[polecat] = None
+                if payload.reason == "done":
+                    _resolve(state, f"rig:{rig.name}", f"session {session} of rig {rig.name} finished its work")
                 return
+
+
+# ---- what resolves escalations by itself ---------------------------------------------------------
+
+
+def _resolve(state: MayorState, what: str, how: str) -> None:
+    """Open escalations resolved by ``what`` (a ``resolved_when`` entry) learn how; the plan closes them."""
+    for escalation in state.escalations.values():
+        if escalation.status != "closed" and escalation.resolved is None and what in escalation.resolved_when:
+            escalation.resolved = how
+
+
+@fold.register
+def _mr_merged(payload: MergeRequestMerged, state: MayorState, env: Envelope, seq: int) -> None:
+    _resolve(state, f"mr:{payload.mr_id}", f"merge request {payload.mr_id} merged")
+
+
+@fold.register
+def _service_up(payload: ServiceUp, state: MayorState, env: Envelope, seq: int) -> None:
+    state.services[payload.service] = "up"
+
+
+@fold.register
+def _service_down(payload: ServiceDown, state: MayorState, env: Envelope, seq: int) -> None:
+    state.services[payload.service] = "down"
+
+
+@fold.register
+def _service_stopped(payload: ServiceStopped, state: MayorState, env: Envelope, seq: int) -> None:
+    state.services[payload.service] = "stopped"
 
 
 @fold.register

@@ -164,6 +164,12 @@ class Escalation(msgspec.Struct, kw_only=True, gc=False):
     closed_at: datetime | None = None
     closed_by: str | None = None
     close_reason: str | None = None
+    resolved_when: list[str] = []
+    """What resolves it by itself (``bead:<id>``, ``mr:<id>``, ``rig:<name>``, ``service:<name>``): then the mayor
+    closes it. Empty: only a person does."""
+    resolved: str | None = None
+    """What resolved it, seen in an event after it was raised (a merge, a session done on its rig): the reason the
+    mayor closes it with. Beads and services are read from the state instead (``plan.resolutions``)."""
     version: int = 0
 
 
@@ -202,6 +208,9 @@ class MayorState(msgspec.Struct, kw_only=True):
     """Bead id -> the send-back whose rework steps its molecule is owed (``plan.rework_owed``)."""
     usage: UsageBook = msgspec.field(default_factory=UsageBook)
     """Token usage of polecat sessions (``session.usage``), for ``gt costs``."""
+    services: dict[str, str] = {}
+    """Service scope -> up, down or stopped (the deacon's ``service.*``): an escalation about a service that is
+    down is resolved once it is up."""
     commands_accepted: int = 0
     commands_rejected: int = 0
 

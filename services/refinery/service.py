@@ -459,6 +459,8 @@ class RefineryService(Service[RefineryState]):
                 message=message,
                 source=f"refinery/{mr.rig}",
                 bead=mr.bead,
+                # Fixed and retried, it merges; or the bead was closed otherwise: either way nothing is left to do.
+                resolved_when=[f"mr:{mr.id}", f"bead:{mr.bead}"],
                 cmd_id=f"esc-{failure.gate}-{mr.id}-{current.attempts}",
             )
         )
@@ -534,5 +536,12 @@ class RefineryService(Service[RefineryState]):
         )
         source = f"refinery/{mr.rig}"
         await self.store(
-            EscalationRaise(severity="high", message=message, source=source, bead=mr.bead, cmd_id=f"esc-{mr.id}")
+            EscalationRaise(
+                severity="high",
+                message=message,
+                source=source,
+                bead=mr.bead,
+                resolved_when=[f"mr:{mr.id}", f"bead:{mr.bead}"],
+                cmd_id=f"esc-{mr.id}",
+            )
         )

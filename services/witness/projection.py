@@ -7,6 +7,7 @@ import functools
 from datetime import datetime
 
 from services.witness.state import (
+    ACTIVE,
     MAIL_NUDGE_PREFIX,
     MailNotice,
     MergeFailure,
@@ -61,10 +62,12 @@ from shared.lease_state import fold_lease
 from shared.projection import Projection, advance, touch
 from shared.rig_state import fold_rig
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """6: hook leases are the one lease record (``shared.lease_state.Lease``): a snapshot from before has them
 without when they were acquired and ended. 7: ``rework_owed`` (a snapshot from before would start a session
-for work sent back before its rework steps)."""
+for work sent back before its rework steps). 8: sessions count the steps done
+while they worked and their clean-ups, beads where their last operator sling began (the respawn backoff, a polecat
+name freed once its bead closed): a snapshot from before has none of them, so the log is replayed instead."""
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 MESSAGE_TYPE = "message"
 READ_LABEL = "read"
@@ -142,6 +145,7 @@ def _bead_slung(payload: BeadSlung, state: WitnessState, env: Envelope, seq: int
         bead.sessions_at_sling = len(bead.sessions)
     if payload.session is None:
         bead.deaths_at_sling = deaths(state, bead)
+        bead.sessions_at_operator_sling = len(bead.sessions)
 
 
 @fold.register
@@ -215,6 +219,9 @@ def _step_done(payload: StepCompleted, state: WitnessState, env: Envelope, seq: 
         return
     bead.done_steps.append(payload.step)
     bead.current_step = next((s for s in bead.steps if s not in bead.done_steps), None)
+    working = state.sessions.get(bead.sessions[-1]) if bead.sessions else None
+    if working is not None and working.status in ACTIVE:
+        working.steps_done += 1
 
 
 @fold.register
@@ -345,6 +352,7 @@ def _cleaned(payload: SessionCleaned, state: WitnessState, env: Envelope, seq: i
     if session is not None:
         session.cleaned = True
         session.worktree_removed = payload.worktree_removed
+        session.cleanings += 1
 
 
 @fold.register

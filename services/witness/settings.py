@@ -30,7 +30,16 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How long an agent may run on after `gt done` ended its session, to see what `gt done` said, before the
     witness ends it (``GT_DONE_EXIT_GRACE``); an agent that exits sooner is cleaned up at once."""
     mass_death_count: int = 3
+    """Sessions of this many different beads of one rig dying within ``mass_death_window_s`` are a mass death."""
     mass_death_window_s: float = 30.0
+    respawn_backoff_s: float = 5.0
+    """A bead whose session died quickly is respawned this long after the death, twice as long after each further
+    quick death in a row (``GT_RESPAWN_BACKOFF``; 0: at once)."""
+    respawn_backoff_max_s: float = 300.0
+    """The longest a respawn waits (``GT_RESPAWN_BACKOFF_MAX``)."""
+    respawn_backoff_reset_s: float = 300.0
+    """A session that lived this long, or got a step done, was no quick death: the backoff starts over
+    (``GT_RESPAWN_BACKOFF_RESET``)."""
     max_start_failures: int = 3
     start_confirm_s: float = 120.0
     """How long an agent runtime that confirms its start (Claude Code's SessionStart hook) may take to do so
@@ -69,6 +78,9 @@ def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
         done_exit_grace_s=env_number(env, "GT_DONE_EXIT_GRACE", 10.0, minimum=0.0),
         hook_lease_ttl_s=env_number(env, "GT_HOOK_LEASE_TTL", 0.0, minimum=0.0),
         start_confirm_s=env_number(env, "GT_AGENT_START_TIMEOUT", 120.0, minimum=1.0),
+        respawn_backoff_s=env_number(env, "GT_RESPAWN_BACKOFF", 5.0, minimum=0.0),
+        respawn_backoff_max_s=env_number(env, "GT_RESPAWN_BACKOFF_MAX", 300.0, minimum=0.0),
+        respawn_backoff_reset_s=env_number(env, "GT_RESPAWN_BACKOFF_RESET", 300.0, minimum=0.0),
         agent_env=agent_env,
         rigs=parse_rigs(env.get("GT_WITNESS_RIGS")),
         usage_interval_s=env_number(env, "GT_USAGE_INTERVAL", 30.0, minimum=0.0),

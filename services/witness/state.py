@@ -49,6 +49,12 @@ class Session(msgspec.Struct, kw_only=True, gc=False):
     hook_recovery: str | None = None
     """The bead's hook went stale after this session: ``resling`` or ``escalate`` (``session.hook_recovered``)."""
     hook_recovery_detail: str = ""
+    steps_done: int = 0
+    """Steps of its bead done while it worked it: a session that got on with the work died of no crash loop, so it
+    does not make its bead's next respawn wait (``plan.respawn_due``)."""
+    cleanings: int = 0
+    """``session.cleaned`` events recorded for it: a worktree kept at the first is tried once more once its bead
+    closed, so the polecat's name is free again (``plan._ended_sessions``)."""
     version: int = 0
 
 
@@ -79,6 +85,9 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     """How many of ``sessions`` came before the last sling: a sling asks for a session after them."""
     deaths_at_sling: int = 0
     """Deaths before the last operator sling: only later ones count against the respawn limit."""
+    sessions_at_operator_sling: int = 0
+    """How many of ``sessions`` came before the last operator sling (not the witness's re-sling of a respawn,
+    which names its session): the respawn backoff counts quick deaths after it."""
     steps: list[str] = []
     """Step ids in molecule order."""
     done_steps: list[str] = []

@@ -4,9 +4,26 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from shared.commands.base import MAX_ACTOR, MAX_DESCRIPTION, MAX_REASON, Command, check_choice, check_id, check_text
+from shared.commands.base import (
+    MAX_ACTOR,
+    MAX_DESCRIPTION,
+    MAX_REASON,
+    Command,
+    check_choice,
+    check_id,
+    check_text,
+    invalid,
+)
 
 SEVERITIES = ("low", "medium", "high", "critical")
+RESOLUTIONS = {
+    "bead": "the bead is closed",
+    "mr": "the merge request merged",
+    "rig": "a session of the rig finished its work (ended done) after it was raised",
+    "service": "the service is up",
+}
+"""What an escalation may be resolved by (``resolved_when`` entries ``<kind>:<id>``): the mayor closes it then."""
+MAX_RESOLUTIONS = 16
 
 
 class EscalationRaise(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -19,6 +36,10 @@ class EscalationRaise(Command, frozen=True, kw_only=True, forbid_unknown_fields=
     """Who or what raised it (default: the command's actor)."""
     bead: str | None = None
     """A bead it is about, if any."""
+    resolved_when: list[str] = []
+    """What resolves it by itself, any one of them (``bead:<id>`` closed, ``mr:<id>`` merged, ``rig:<name>`` a
+    session finished its work there, ``service:<name>`` up): the mayor then closes it, naming which. Empty (an
+    operator's own): it stays open until someone closes it."""
 
     def validate(self) -> None:
         super().validate()
@@ -26,6 +47,18 @@ class EscalationRaise(Command, frozen=True, kw_only=True, forbid_unknown_fields=
         check_text("message", self.message, MAX_DESCRIPTION, nonblank=True)
         check_text("source", self.source, MAX_ACTOR)
         check_id("bead", self.bead)
+        check_resolutions(self.resolved_when)
+
+
+def check_resolutions(entries: list[str]) -> None:
+    if len(entries) > MAX_RESOLUTIONS:
+        raise invalid(f"`resolved_when` has {len(entries)} entries; the limit is {MAX_RESOLUTIONS}")
+    for entry in entries:
+        kind, _, what = entry.partition(":")
+        if kind not in RESOLUTIONS:
+            kinds = ", ".join(f"{k}:<id> ({v})" for k, v in RESOLUTIONS.items())
+            raise invalid(f"`resolved_when` entry {entry[:80]!r} must be one of {kinds}")
+        check_id(f"resolved_when {kind}", what, required=True)
 
 
 class EscalationAck(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -21,6 +21,8 @@ class EscalationRaised(EscalationEvent, frozen=True, kw_only=True):
     source: str
     message: str
     bead: str | None = None
+    resolved_when: list[str] = []
+    """What resolves it by itself (``EscalationRaise.resolved_when``): the mayor closes it then (``by`` mayor)."""
 
 
 class EscalationAcked(EscalationEvent, frozen=True, kw_only=True):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -126,6 +127,17 @@ async def test_a_rejection_exits_1_with_the_reason(gt: Gt, mayor: MayorService) 
     assert (await gt("bead", "history", "hq-nothere")).code == 1
 
 
+async def test_actor_is_taken_before_the_command_as_after_it(gt: Gt, mayor: MayorService) -> None:
+    bead_id = (await gt("bead", "create", "t")).out.strip()
+    closed = await gt("--actor", "operator:max", "bead", "close", bead_id, "--reason", "done by max")
+    assert closed.code == 0, closed.err
+    raw = (await gt("bead", "history", bead_id, "--raw")).out
+    assert [line for line in raw.splitlines() if "bead.closed" in line and "by operator:max" in line], raw
+    listing = await gt("--actor", "operator:max", "bead", "list")
+    assert listing.code == 2
+    assert "--actor names who sends a command; `gt bead list` sends none" in listing.err
+
+
 async def test_usage_errors_exit_2(gt: Gt) -> None:
     assert (await gt("bead", "frobnicate")).code == 2
     assert (await gt("bead", "create")).code == 2
@@ -230,8 +242,9 @@ async def test_convoys_through_the_cli(gt: Gt, mayor: MayorService) -> None:
     b = (await gt("bead", "create", "b")).out.strip()
     created = await gt("convoy", "create", "Release 1", a, "--owned")
     assert created.code == 0
-    convoy_id = created.out.split(":")[0]
-    assert created.out.strip() == f"{convoy_id}: open, 0/1 closed"
+    convoy_id = created.out.strip()
+    assert re.fullmatch(r"cv-[0-9a-z]+", convoy_id), f"a create prints the new id alone: {created.out!r}"
+    assert "0/1" in (await gt("convoy", "status", convoy_id)).out
     assert (await gt("convoy", "add", convoy_id, b)).out.strip() == f"{convoy_id}: open, 0/2 closed"
     await gt("bead", "close", a)
     status = await gt("convoy", "status", convoy_id)
@@ -272,7 +285,8 @@ async def test_mail_and_escalations_through_the_cli(gt: Gt, mayor: MayorService)
 
     raised = await gt("escalate", "main is red", "--severity", "high", "--source", "refinery")
     assert raised.code == 0
-    escalation_id = raised.out.split(":")[0]
+    escalation_id = raised.out.strip()
+    assert re.fullmatch(r"esc-[0-9a-z]+", escalation_id), f"a create prints the new id alone: {raised.out!r}"
     listed = await gt("escalations")
     assert escalation_id in listed.out
     assert "high" in listed.out

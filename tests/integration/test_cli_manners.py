@@ -17,6 +17,7 @@ import pytest
 from nats.aio.client import Client
 
 from shared import git
+from shared.commands import MergeRequestSubmit
 from shared.config import TownConfig
 from shared.embedded import free_port
 from shared.tmux import Tmux
@@ -145,6 +146,32 @@ async def test_mq_list_shows_the_head_that_landed_after_the_rebase(pt: PolecatTo
     row = next(line for line in listed.stdout.splitlines() if line.startswith(mr_b))
     assert landed[:10] in row, listed.stdout
     assert head_b[:10] not in row, listed.stdout
+
+
+async def test_mq_list_lists_merge_requests_in_the_order_they_were_submitted(
+    pt: PolecatTown, gt_env: dict[str, str]
+) -> None:
+    await pt.add_rig()
+    submitted = []
+    for n, priority in enumerate((3, 0, 2, 1)):  # the refinery takes the most urgent first: not the list's order
+        bead = await pt.new_bead(f"Change {n}", priority=priority)
+        head = pt.push_branch(f"polecat/p{n}/x", {f"{n}.txt": f"{n}\n"})
+        cmd = MergeRequestSubmit(bead=bead, rig="demo", branch=f"polecat/p{n}/x", head=head, priority=priority)
+        submitted.append(str((await pt.send(cmd))["id"]))
+
+    def all_merged() -> bool:
+        assert pt.refinery is not None
+        statuses = [pt.refinery.projection.state.mrs[m].status for m in submitted]
+        assert statuses == ["merged"] * 4, statuses
+        return True
+
+    await assert_eventually(all_merged, timeout=120, interval=0.2)
+    env = {**gt_env, "NATS_URL": pt.config.nats_url}
+    listed = await run_gt(env, "mq", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [row["id"] for row in json.loads(listed.stdout)] == submitted, "oldest first, newest last"
+    text = await run_gt(env, "mq", "list")
+    assert [line.split()[0] for line in text.stdout.splitlines()[1:]] == submitted, text.stdout
 
 
 @pytest.fixture

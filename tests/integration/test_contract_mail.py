@@ -148,6 +148,23 @@ class TestEscalations:
             ("medium", 0),
         ]
 
+    async def test_one_that_names_its_bead_as_what_resolves_it_closes_when_the_bead_closes(
+        self, driver: Driver
+    ) -> None:
+        bead = (await driver.send("gt.cmd.bead.create", {"title": "flaky"}))["id"]
+        resolving = await driver.send(
+            RAISE, {"severity": "high", "message": "died 4 times", "bead": bead, "resolved_when": [f"bead:{bead}"]}
+        )
+        own = await driver.send(RAISE, {"severity": "medium", "message": "look at it", "bead": bead})
+        await driver.send("gt.cmd.bead.close", {"id": bead, "reason": "fixed by hand"})
+        await driver.advance(0)
+        assert [e["id"] for e in await driver.ask("escalations")] == [own["id"]], "an operator's own stays open"
+        closed = {e["id"]: e for e in await driver.ask("escalations", include_closed=True)}[resolving["id"]]
+        assert (closed["status"], closed["closed_by"]) == ("closed", "mayor")
+        assert closed["close_reason"] == f"resolved: bead {bead} closed: fixed by hand"
+        await driver.advance(10 * HOURS)
+        assert [(e["id"], e["reescalations"]) for e in await driver.ask("escalations")] == [(own["id"], 1)]
+
     async def test_an_escalation_about_a_bead(self, driver: Driver) -> None:
         bead = (await driver.send("gt.cmd.bead.create", {"title": "flaky"}))["id"]
         raised = await driver.send(RAISE, {"severity": "medium", "message": "flaky tests", "bead": bead})
@@ -162,6 +179,8 @@ class TestEscalations:
             (RAISE, {"severity": "low", "message": " "}, "invalid"),
             (RAISE, {"severity": "low", "message": "x", "bead": "hq-none"}, "not_found"),
             (RAISE, {"severity": 3, "message": "x"}, "invalid"),
+            (RAISE, {"severity": "low", "message": "x", "resolved_when": ["ticket:T-1"]}, "invalid"),
+            (RAISE, {"severity": "low", "message": "x", "resolved_when": "bead:hq-1"}, "invalid"),
             (ACK, {"id": "esc-none"}, "not_found"),
             (CLOSE_ESC, {"id": "esc-none"}, "not_found"),
             (CLOSE_ESC, {"id": "esc none"}, "invalid"),

@@ -220,6 +220,51 @@ async def test_a_killed_service_is_down_a_restarted_one_up_and_a_clean_stop_stop
             witness.kill()
 
 
+async def test_a_service_down_long_enough_is_escalated_and_the_escalation_closes_once_it_is_up(
+    town: TownConfig, nc: Client, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    handle = Town(town, nc)
+    mayor = MayorService(town, FAST)
+    await handle.start("mayor", mayor)
+    await handle.start("deacon", DeaconService(town, FAST, deacon=msgspec.structs.replace(WATCH, escalate_after_s=1.0)))
+    env = {**gt_env, "NATS_URL": town.nats_url, "GT_HOME": str(town.gt_home)}
+    witness = ServiceProcess("witness", env, tmp_path / "witness.log")
+    witness.start()
+    try:
+        deacon = handle.deacon()
+
+        def status() -> str:
+            life = deacon.projection.state.liveness.services.get("witness")
+            return life.status if life else "unknown"
+
+        await assert_eventually(lambda: status() == "up", timeout=60, message="the witness is seen up")
+        witness.kill()
+
+        def raised() -> Any:
+            found = [e for e in mayor.projection.state.escalations.values() if e.source == "deacon/witness"]
+            assert found, "not escalated yet"
+            return found[0]
+
+        escalation = await assert_eventually(raised, timeout=30)
+        assert escalation.resolved_when == ["service:witness"]
+        assert escalation.status == "open", "down: nothing resolved it"
+        witness.start()
+        await assert_eventually(lambda: status() == "up", timeout=60)
+
+        def closed() -> Any:
+            found = mayor.projection.state.escalations[escalation.id]
+            assert found.status == "closed", "still open"
+            return found
+
+        done = await assert_eventually(closed, timeout=30)
+        assert (done.closed_by, done.close_reason) == ("mayor", "resolved: service witness is up again")
+    finally:
+        with contextlib.suppress(Exception):
+            witness.kill()
+        for name in list(handle.tasks):
+            await handle.stop(name)
+
+
 async def test_low_disk_space_raises_one_escalation_and_closes_it_once_space_is_back(
     town: TownConfig, nc: Client, tmp_path: Path
 ) -> None:

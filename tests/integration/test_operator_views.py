@@ -172,6 +172,13 @@ async def test_feed_shows_the_backlog_filtered_by_bead_rig_type_and_actor(script
     assert "mr.merged" in types
     assert "rig.added" in types
     assert "bead.created" not in types, "a bead belongs to a rig only once slung"
+    charlie = next(real for real, name in scripted.names.items() if name == "CHARLIE")
+    events = [json.loads(line) for line in by_rig.stdout.splitlines()]
+    closes = [e for e in events if e["type"] == "bead.closed"]
+    assert [e["data"]["bead_id"] for e in closes] == [charlie], "the close of the rig's bead, not of BRAVO"
+    # Begun before --since: the refinery's merge requests tell the feed which rig the bead's close is of.
+    later = await scripted.agt("feed", "--since", f"#{closes[0]['seq']}", "--no-follow", "--rig", "demo", "--json")
+    assert [json.loads(line)["type"] for line in later.stdout.splitlines()][:1] == ["bead.closed"], later.stdout
 
     by_actor = await scripted.agt("feed", "--since", "all", "--no-follow", "--actor", "nobody-at-all")
     assert by_actor.returncode == 0

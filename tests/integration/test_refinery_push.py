@@ -164,6 +164,45 @@ async def test_a_dirty_checkout_of_the_target_fails_the_merge_with_gits_message_
     assert not (calc / "feature.txt").exists()
 
 
+async def test_the_escalation_of_a_dirty_checkout_closes_by_itself_once_the_retried_merge_lands(
+    pt: PolecatTown, tmp_path: Path, gt_env: dict[str, str]
+) -> None:
+    calc = make_plain_repo(tmp_path / "src" / "calc")
+    await pt.ok("gt.cmd.rig.add", name="calc", repo=str(calc), test_command=TEST_COMMAND)
+    (calc / "README.md").write_text("someone is editing this on main\n")
+    bead, mr_id = await submit_change(pt, "calc", calc, "feature.txt")
+    assert (await ended(pt, mr_id)).status == "escalated"
+    [raised] = await escalations_about(pt, bead)
+    assert raised.resolved_when == [f"mr:{mr_id}", f"bead:{bead}"]
+    assert raised.status == "open"
+
+    git.git("checkout", "--", "README.md", cwd=calc)  # the user puts the edit away, as the escalation says
+    retried = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "gt.cli.main", "mq", "retry", mr_id],
+        env={**gt_env, "NATS_URL": pt.config.nats_url},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert retried.returncode == 0, retried.stderr
+
+    def closed() -> Any:
+        assert pt.mayor is not None
+        escalation = pt.mayor.projection.state.escalations[raised.id]
+        assert escalation.status == "closed", "still open"
+        return escalation
+
+    done = await assert_eventually(closed, timeout=120)
+    assert (done.closed_by, done.close_reason) == ("mayor", f"resolved: merge request {mr_id} merged")
+    assert pt.refinery is not None
+    assert pt.refinery.projection.state.mrs[mr_id].status == "merged"
+    closings = [
+        d for kind, d in await events_of(pt.nc, f"gt.evt.escalation.{raised.id}") if kind == "escalation.closed"
+    ]
+    assert len(closings) == 1, closings
+
+
 async def test_a_push_a_hook_refuses_fails_the_merge_with_gits_message_and_escalates_without_requeues(
     pt: PolecatTown,
 ) -> None:

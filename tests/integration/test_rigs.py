@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -232,6 +233,62 @@ async def test_park_stops_new_sessions_and_unpark_resumes(pt: PolecatTown, gt: G
     assert [line.split() for line in status.out.splitlines() if "(parked)" in line] == [
         ["demo", "(parked)", "0/4", "1", "0", "-"]  # and no tokens, no cost yet
     ]
-    ok(await gt("rig", "unpark", "demo"))
+    assert ok(await gt("rig", "unpark", "demo")).strip() == "rig demo: active; the waiting bead gets a session now"
     await pt.wait_merge_requested(bead)
+    shown = ok(await gt("rig", "show", "demo")).splitlines()
+    assert "git_name: {rig}/{polecat} (default)" in shown, shown
+    assert "git_email: {polecat}.{rig}@gastown.invalid (default)" in shown, shown
     assert await event_types(pt, "gt.evt.rig.demo") == ["rig.added", "rig.parked", "rig.unparked"]
+
+
+async def test_a_name_kept_by_a_failed_start_is_free_again_once_its_bead_is_closed(
+    pt: PolecatTown, gt: Gt, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("GT_CLAUDE_BIN", str(tmp_path / "no-such-claude"))  # the witness cannot start its agent
+    await pt.add_rig(agent_command="claude")
+    first = await pt.new_bead("Needs an agent that is not there")
+    await pt.sling(first)
+
+    def kept() -> str:
+        sessions = pt.sessions_of(first)
+        assert len(sessions) == 1, sessions
+        session = sessions[0]
+        assert (session.status, session.end_reason, session.escalated) == (
+            "ended",
+            "failed_to_start",
+            "agent_unavailable",
+        )
+        assert session.cleaned, "not cleaned yet"
+        assert not session.worktree_removed, "kept for manual recovery"
+        return session.id
+
+    failed = await assert_eventually(kept, timeout=60)
+    assert pt.sessions_of(first)[0].polecat == "ace"
+
+    def raised() -> Any:
+        assert pt.mayor is not None
+        found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == first]
+        assert found, "not raised yet"
+        return found[0]
+
+    escalation = await assert_eventually(raised, timeout=30)
+    assert escalation.status == "open"
+
+    ok(await gt("bead", "close", first, "--reason", "not needed after all"))
+
+    def freed() -> bool:
+        session = pt.sessions_of(first)[0]
+        assert session.worktree_removed, "the name is still held"
+        assert pt.mayor is not None
+        closed = pt.mayor.projection.state.escalations[escalation.id]
+        assert (closed.status, closed.closed_by) == ("closed", "mayor"), "its escalation is still open"
+        assert closed.close_reason == f"resolved: bead {first} closed: not needed after all"
+        return True
+
+    await assert_eventually(freed, timeout=60)
+    ok(await gt("rig", "update", "demo", "--agent", "gt-agent"))
+    second = await pt.new_bead("Works with gt-agent")
+    await pt.sling(second)
+    await pt.wait_merge_requested(second)
+    assert [s.polecat for s in pt.sessions_of(second)] == ["ace"], "the name the failed start had is free again"
+    assert failed not in [s.id for s in pt.sessions_of(second)]

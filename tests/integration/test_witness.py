@@ -4,6 +4,7 @@ recovery, cleanup, nudges, and bad input."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import psutil
@@ -189,6 +191,150 @@ async def test_a_stalled_agent_is_warranted_unless_it_heartbeats(pt: PolecatTown
     await pt.wait_merge_requested(bead)
     sessions = await pt.wait_settled(bead)
     assert [(s.warrant_reason, s.end_reason) for s in sessions] == [("stalled", "stalled"), (None, "done")]
+
+
+GIVES_UP = "echo \"make: *** No rule to make target 'test'.  Stop.\" >&2; exit 2"
+"""A rig test command that fails as a project without a test target does: the reference agent gives up on it."""
+
+
+async def logged_at(pt: PolecatTown, session: str, event_type: str) -> datetime:
+    """When the log recorded the session's ``event_type`` (its envelope's timestamp)."""
+    for _seq, _subject, data in await read_all(pt.nc, "GT_EVT", f"gt.evt.session.{session}"):
+        env = decode_envelope(data)
+        if env.type == event_type:
+            return env.ts
+    raise AssertionError(f"no {event_type} for {session}")
+
+
+async def test_a_failing_agent_is_respawned_with_a_backoff_and_its_cause_is_shown_everywhere(
+    town: TownConfig, nc: Client, tmp_path: Path, gt_env: dict[str, str]
+) -> None:
+    backoff = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, respawn_backoff_s=1.0)
+    async with polecat_town(town, nc, tmp_path, backoff) as pt:
+        await pt.add_rig(test_command=GIVES_UP, max_respawns=3)
+        bead = await pt.new_bead("Cannot pass its tests")
+        await pt.sling(bead)
+
+        def escalated() -> list[Any]:
+            sessions = pt.sessions_of(bead)
+            assert len(sessions) == 4, [(s.id, s.status) for s in sessions]
+            assert sessions[-1].escalated == "respawn_limit", "not escalated yet"
+            return sessions
+
+        sessions = await assert_eventually(escalated, timeout=120)
+        assert [s.end_reason for s in sessions] == ["zombie"] * 4, "its agent exits: each pane stays, dead"
+        assert [s.steps_done for s in sessions] == [4, 0, 0, 0], "the first got four steps done, the others none"
+
+        # The backoff, from the log's timestamps: the first death came after progress (respawned at once), then
+        # each quick death in a row waits twice as long as the one before: 1 s, then 2 s.
+        gaps = [
+            (await logged_at(pt, later.id, "session.requested") - await logged_at(pt, earlier.id, "session.ended"))
+            for earlier, later in itertools.pairwise(sessions)
+        ]
+        assert gaps[1].total_seconds() >= 1.0, gaps
+        assert gaps[2].total_seconds() >= 2.0, gaps
+
+        # The cause, as the agent said it, where an operator looks.
+        said = "giving up: tests fail (2): make: *** No rule to make target 'test'.  Stop."
+        last = sessions[-1]
+        assert said in last.pane_tail
+        env = {**gt_env, "NATS_URL": pt.config.nats_url, "GT_HOME": str(pt.config.gt_home)}
+        shown = await run_gt(env, "session", "show", last.id)
+        assert shown.returncode == 0, shown.stderr
+        assert "warranted: zombie" in shown.stdout
+        assert "its pane's last lines when it was warranted:" in shown.stdout
+        assert f"  | [gt-agent] {said}" in shown.stdout
+        history = await run_gt(env, "bead", "history", bead)
+        assert history.returncode == 0, history.stderr
+        assert history.stdout.count(f"| [gt-agent] {said}") == 4, history.stdout
+
+        def raised() -> Any:
+            assert pt.mayor is not None
+            found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
+            assert found, "not raised yet"
+            return found
+
+        [escalation] = await assert_eventually(raised, timeout=30)
+        assert f"Its last session {last.id} showed:" in escalation.message
+        assert said in escalation.message
+        listed = await run_gt(env, "escalations")
+        assert said in listed.stdout, listed.stdout
+        assert pt.witness is not None
+        assert pt.mayor is not None
+        assert not pt.witness.state.mass_deaths, "one bead dying again and again is no mass death"
+        assert [e.source for e in pt.mayor.projection.state.escalations.values()] == ["witness/demo"]
+
+        # Given up by the operator: the escalation about it closes by itself.
+        closed = await run_gt(env, "bead", "close", bead, "--reason", "no tests to run yet")
+        assert closed.returncode == 0, closed.stderr
+
+        def resolved() -> bool:
+            assert pt.mayor is not None
+            found = pt.mayor.projection.state.escalations[escalation.id]
+            assert (found.status, found.closed_by) == ("closed", "mayor"), found.status
+            assert found.close_reason == f"resolved: bead {bead} closed: no tests to run yet"
+            return True
+
+        await assert_eventually(resolved, timeout=30)
+
+
+async def test_a_mass_death_quotes_a_pane_and_closes_by_itself_once_a_session_of_the_rig_finishes(
+    pt: PolecatTown,
+) -> None:
+    # Each bead's first session is killed before it gets a step done; the second ones work.
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=crash-before-commit=1@1 gt-agent")
+    beads = [await pt.new_bead(f"Survive {n}") for n in range(3)]
+    for bead in beads:
+        await pt.sling(bead)
+
+    def raised() -> Any:
+        assert pt.mayor is not None
+        found = [e for e in pt.mayor.projection.state.escalations.values() if e.message.startswith("mass death")]
+        assert found, "no mass death yet"
+        return found[0]
+
+    mass = await assert_eventually(raised, timeout=90)
+    assert mass.severity == "critical"
+    assert mass.resolved_when == ["rig:demo"]
+    assert "3 sessions of 3 beads died" in mass.message
+    assert "[gt-agent] crashing (fault injection: SIGKILL)" in mass.message, mass.message
+
+    def resolved() -> Any:
+        assert pt.mayor is not None
+        found = pt.mayor.projection.state.escalations[mass.id]
+        assert found.status == "closed", "still open"
+        return found
+
+    closed = await assert_eventually(resolved, timeout=120)
+    assert closed.closed_by == "mayor"
+    assert closed.close_reason is not None
+    done = [s.id for bead in beads for s in pt.sessions_of(bead) if s.end_reason == "done"]
+    assert any(closed.close_reason == f"resolved: session {s} of rig demo finished its work" for s in done), (
+        closed.close_reason,
+        done,
+    )
+
+
+async def test_an_agents_escalation_from_its_session_closes_by_itself_once_its_bead_is_closed(pt: PolecatTown) -> None:
+    # The agent asks for help first (as `gt escalate` from its session), then does its work, which merges.
+    await pt.add_rig(agent_command="gt escalate 'the docs say nothing of v2: I guessed' --severity low; exec gt-agent")
+    bead = await pt.new_bead("Guess well")
+    await pt.sling(bead)
+
+    def closed() -> Any:
+        assert pt.mayor is not None
+        found = [e for e in pt.mayor.projection.state.escalations.values() if e.source.startswith("polecat:demo/")]
+        assert found, "not raised yet"
+        assert found[0].resolved_when == [f"bead:{bead}"], "its session's bead resolves it"
+        assert found[0].status == "closed", "still open"
+        return found[0]
+
+    escalation = await assert_eventually(closed, timeout=120)
+    assert pt.mayor is not None
+    assert pt.mayor.projection.state.beads[bead].status == "closed"
+    assert escalation.closed_by == "mayor"
+    assert escalation.close_reason is not None
+    assert escalation.close_reason.startswith(f"resolved: bead {bead} closed")
 
 
 async def test_uncommitted_work_survives_a_crash_and_lands(pt: PolecatTown) -> None:

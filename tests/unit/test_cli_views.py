@@ -9,9 +9,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from gt.cli import town_view
+from gt.cli import main as cli_main
+from gt.cli import render, town_view
 from gt.cli.colour import Palette, wanted
 from gt.cli.feed_view import Filters, Since, feed_line, parse_since, timeline
+from gt.cli.main import build_parser
+from gt.cli.polecats import mq_order
+from gt.cli.rigs import park_line, unsling_line
 from gt.story import merge_by_seq
 from shared import narration as narrate
 from shared.events import REGISTRY
@@ -174,3 +178,203 @@ def test_colour_only_on_a_terminal_and_never_with_no_color() -> None:
     assert Palette(False)("x", "red") == "x"
     assert Palette(True)("x", "red") == "\x1b[31mx\x1b[0m"
     assert town_view.progress_bar(3, 3, Palette(True)).startswith("[\x1b[32m####")
+
+
+def test_the_rig_filter_follows_a_beads_sling_to_its_steps_and_close() -> None:
+    story = [
+        E(1, "bead.slung", {"bead_id": "b1", "rig": "six"}),
+        E(2, "bead.slung", {"bead_id": "b2", "rig": "other"}),
+        E(3, "step.done", {"bead_id": "b1", "step": "implement"}),
+        E(4, "step.done", {"bead_id": "b2", "step": "implement"}),
+        E(5, "molecule.completed", {"bead_id": "b1"}),
+        E(6, "bead.closed", {"bead_id": "b1", "reason": "merged"}),
+        E(7, "bead.closed", {"bead_id": "b2"}),
+    ]
+    six = Filters(rigs={"six"})
+    assert [e.seq for e in story if six.matches(e)] == [1, 3, 5, 6]
+    seeded = Filters(rigs={"six"})  # slung before --since: the services said which rig its session was on
+    seeded.remember("b1-1", "six", "b1")
+    assert [e.seq for e in story[2:] if seeded.matches(e)] == [3, 5, 6]
+    assert not seeded.matches(E(0, "bead.created", {"bead_id": "b1"})), "a bead is a rig's once slung"
+
+
+def test_a_timeline_shows_under_a_warrant_the_last_lines_its_pane_showed() -> None:
+    tail = "\n".join(f"line {n}" for n in range(1, 9)) + "\n[gt-agent] giving up: tests fail (2): no rule\x1b[0m\n"
+    entries = [
+        E(
+            1,
+            "session.warranted",
+            {"session_id": "s1", "reason": "zombie", "detail": "its agent is not", "pane_tail": tail},
+        ),
+        E(2, "session.ended", {"session_id": "s1", "reason": "zombie"}),
+    ]
+    lines = timeline(entries).splitlines()
+    assert "session s1 WARRANTED: zombie (its agent is not)" in lines[0]
+    shown = [line.strip() for line in lines[1:-1]]
+    assert shown == [
+        "| line 5",
+        "| line 6",
+        "| line 7",
+        "| line 8",
+        "| [gt-agent] giving up: tests fail (2): no rule[0m",
+    ]
+    assert lines[1].index("|") == lines[0].index("session s1"), "under the sentence"
+    assert "session s1 ended: zombie" in lines[-1]
+    assert narrate.excerpt("session.warranted", {"session_id": "s1"}) == []
+
+
+def test_a_rig_added_with_the_default_number_of_polecats_says_how_many() -> None:
+    assert narrate.describe("rig.added", {"rig": "six", "repo": "/srv/six.git"})[0] == (
+        "rig six added: /srv/six.git, at most 4 polecats"
+    )
+    assert "at most 2 polecats" in narrate.describe("rig.added", {"rig": "six", "repo": "/r", "max_polecats": 2})[0]
+
+
+def test_session_show_says_how_it_ended_and_what_its_pane_showed() -> None:
+    text = render.session_detail(
+        {
+            "id": "b1-2",
+            "rig": "six",
+            "polecat": "ace",
+            "bead": "b1",
+            "status": "ended",
+            "end_reason": "zombie",
+            "attempt": 2,
+            "warrant_reason": "zombie",
+            "warrant_detail": "tmux session gt-six-ace is there but its agent (pid 7) is not",
+            "end_detail": "killed after warrant",
+            "escalated": "respawn_limit",
+            "pane_tail": "[gt-agent] step 5 run-tests\n[gt-agent] giving up: tests fail (2): make: *** No rule",
+            "started_at": None,
+        }
+    )
+    assert "end_reason: zombie" in text
+    assert "warranted: zombie (tmux session gt-six-ace is there but its agent (pid 7) is not)" in text
+    assert "end_detail: killed after warrant" in text
+    assert "escalated: respawn_limit" in text
+    assert text.endswith(
+        "its pane's last lines when it was warranted:\n"
+        "  | [gt-agent] step 5 run-tests\n"
+        "  | [gt-agent] giving up: tests fail (2): make: *** No rule"
+    )
+    assert "pane" not in render.session_detail({"id": "b1-1", "status": "started"})
+
+
+def test_an_escalation_of_several_lines_goes_on_under_its_message_column() -> None:
+    text = render.escalation_table(
+        [
+            {
+                "id": "esc-1",
+                "severity": "high",
+                "status": "open",
+                "source": "witness/six",
+                "message": "died\nwhy:\n  oops",
+            },
+            {"id": "esc-22", "severity": "low", "status": "acked", "source": "operator", "message": "one line"},
+        ]
+    )
+    lines = text.splitlines()
+    column = lines[0].index("MESSAGE")
+    assert [line[column:] for line in lines[1:4]] == ["died", "why:", "  oops"]
+    assert lines[4].startswith("esc-22")
+    assert lines[4][column:] == "one line"
+    assert set(lines[2][:column]) == {" "}
+    closed = render.escalation_table(
+        [
+            {
+                "id": "esc-3",
+                "severity": "high",
+                "status": "closed",
+                "source": "refinery/six",
+                "message": "not merged",
+                "closed_by": "mayor",
+                "close_reason": "resolved: merge request mr-1 merged",
+            }
+        ]
+    ).splitlines()
+    column = closed[0].index("MESSAGE")
+    assert [line[column:] for line in closed[1:]] == [
+        "not merged",
+        "closed by mayor: resolved: merge request mr-1 merged",
+    ]
+
+
+def test_rig_show_shows_the_default_git_identity_in_force() -> None:
+    text = render.rig_detail({"name": "six", "git_name": "", "git_email": "", "test_command": "make test"})
+    assert "git_name: {rig}/{polecat} (default)" in text.splitlines()
+    assert "git_email: {polecat}.{rig}@gastown.invalid (default)" in text.splitlines()
+    assert "git_name: bot {polecat}" in render.rig_detail({"git_name": "bot {polecat}"})
+
+
+def test_the_merge_queue_is_listed_in_the_order_it_was_submitted() -> None:
+    mrs = [
+        {"id": "mr-zz", "submitted_at": "2026-11-23T12:00:02Z"},
+        {"id": "mr-aa", "submitted_at": "2026-11-23T12:00:03.5Z"},
+        {"id": "mr-mm", "submitted_at": "2026-11-23T12:00:03Z"},
+        {"id": "mr-bb", "submitted_at": "2026-11-23T12:00:01.250000Z"},
+    ]
+    assert [m["id"] for m in mq_order(mrs)] == ["mr-bb", "mr-zz", "mr-mm", "mr-aa"]
+
+
+def test_park_and_unsling_lines_read_as_sentences() -> None:
+    assert park_line({"rig": "six", "status": "active", "waiting": 1}) == (
+        "rig six: active; the waiting bead gets a session now"
+    )
+    assert park_line({"rig": "six", "status": "active", "waiting": 3}) == (
+        "rig six: active; the 3 waiting beads get sessions now"
+    )
+    assert park_line({"rig": "six", "status": "active", "waiting": 0}) == "rig six: active; no bead is waiting"
+    assert park_line({"rig": "six", "status": "parked", "waiting": 1}) == (
+        "rig six: parked; no new sessions, 1 bead waiting"
+    )
+    result = {"id": "b1", "rig": "six"}
+    assert unsling_line(result, None, remove_worktree=True) == (
+        "b1: open (unslung from six; its done steps are kept); the witness removes its worktree unless it holds "
+        "unsaved work"
+    )
+    assert unsling_line(result, "b1-1", remove_worktree=True) == (
+        "b1: open (unslung from six; its done steps are kept); the witness ends session b1-1 and removes its "
+        "worktree unless it holds unsaved work"
+    )
+    assert unsling_line(result, None, remove_worktree=False) == "b1: open (unslung from six; its done steps are kept)"
+
+
+def test_actor_is_taken_before_the_command_too() -> None:
+    parser = build_parser()
+    before = parser.parse_args(["--actor", "mayor", "bead", "close", "b1"])
+    cli_main._actor_first(parser, before)
+    assert before.actor == "mayor"
+    after = parser.parse_args(["bead", "close", "b1", "--actor", "operator:ann"])
+    cli_main._actor_first(parser, after)
+    assert after.actor == "operator:ann"
+    for refused in (["--actor", "mayor", "bead", "list"], ["--actor", "a", "bead", "close", "b1", "--actor", "b"]):
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main._actor_first(parser, parser.parse_args(refused))
+        assert exit_info.value.code == 2
+
+
+def test_status_shows_the_first_line_of_an_escalation_that_quotes_a_pane() -> None:
+    escalation = {
+        "id": "esc-1",
+        "severity": "high",
+        "status": "open",
+        "bead": "b1",
+        "raised_at": "2026-11-23T11:59:00+00:00",
+        "message": "bead b1 died 4 times on rig six\nIts last session b1-4 showed:\n[gt-agent] giving up",
+    }
+    snap = town_view.snapshot(
+        now=NOW,
+        stream_last_seq=1,
+        statuses={},
+        rigs=None,
+        sessions=None,
+        heartbeats={},
+        steps={},
+        mrs=None,
+        convoys=None,
+        escalations=[escalation],
+    )
+    lines = town_view.render(snap).splitlines()
+    [row] = [line for line in lines if "esc-1" in line]
+    assert row.endswith("bead b1 died 4 times on rig six [more: gt escalations]")
+    assert not [line for line in lines if "giving up" in line], "the rest is for gt escalations"

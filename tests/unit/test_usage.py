@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from gt.cli import town_view
-from gt.cli.costs import load_prices, priced
+from gt.cli.costs import load_prices, money, priced
 from gt.dashboard import view
 from services.mayor.projection import fold_usage
 from services.mayor.queries.costs import costs
@@ -224,3 +224,22 @@ def test_gt_status_shows_each_rigs_tokens_and_cost_where_priced() -> None:
         ["idle", "0/1", "0", "0", "-"],
         ["web", "0/1", "0", "7", "-"],
     ]
+
+
+def test_a_bead_that_used_no_tokens_costs_nothing_and_leaves_the_total_fully_priced() -> None:
+    prices = parse_prices('{"claude-opus-4-5": {"input": 5, "output": 25}}')
+    rows = [
+        {"key": "gt-a", "sessions": 1, "models": [{"model": "claude-opus-4-5", "output_tokens": 40_000}]},
+        {"key": "gt-b", "sessions": 1, "models": [{"model": "<synthetic>"}]},
+        {"key": "gt-c", "sessions": 1, "models": []},
+    ]
+    shown = priced(rows, prices)
+    assert [(r["cost_usd"], r["priced"]) for r in shown["rows"]] == [
+        (pytest.approx(1.0), True),
+        (0.0, True),
+        (0.0, True),
+    ]
+    assert [money(r) for r in shown["rows"]] == ["$1.0000", "$0.0000", "$0.0000"]
+    assert money(shown["total"]) == "$1.0000", "no `+`: nothing that used tokens is unpriced"
+    unpriced = priced(rows, {})
+    assert {money(r) for r in [*unpriced["rows"], unpriced["total"]]} == {"-"}, "no price table: no dollars"

@@ -55,12 +55,15 @@ from shared.events import (
     SessionRequested,
     SessionStarted,
     SessionWarranted,
+    StepCompleted,
 )
 from shared.ids import hook_lease_name
 from tests.memory_log import MemoryLog
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
-POLICY = Policy(rigs_root="/town/rigs", min_orphan_age_s=60, done_stuck_after_s=60)
+POLICY = Policy(rigs_root="/town/rigs", min_orphan_age_s=60, done_stuck_after_s=60, respawn_backoff_s=0)
+"""Without the respawn backoff, which has tests of its own (``BACKOFF``): the others look at what is owed, not when."""
+BACKOFF = Policy(rigs_root="/town/rigs", respawn_backoff_s=5, respawn_backoff_max_s=30, respawn_backoff_reset_s=120)
 
 
 class World:
@@ -213,6 +216,43 @@ def test_a_name_whose_worktree_was_kept_is_not_given_to_another_bead() -> None:
     w.end(first, "dead", cleaned=False)
     w.add(SessionEscalated(session_id=first, reason="respawn_limit"))
     w.add(SessionCleaned(session_id=first, worktree_removed=False, detail="kept"))
+    w.bead("gt-2")
+    assert only(w.plan(), Spawn).polecat == "bob"
+
+
+def test_a_name_kept_for_a_failed_start_is_free_again_once_its_bead_is_closed() -> None:
+    w = World()
+    w.rig(max_polecats=2)
+    w.bead("gt-1")
+    first = w.request(only(w.plan(), Spawn))
+    # Its agent could not be started (`_agent_unavailable`): escalated, ended, cleaned keeping its worktree.
+    w.add(SessionEscalated(session_id=first, reason="agent_unavailable"))
+    w.end(first, "failed_to_start", cleaned=False)
+    clean = only(w.plan(), Clean)
+    assert (clean.session, clean.remove_worktree) == (first, False)
+    w.add(SessionCleaned(session_id=first, worktree_removed=False, detail=clean.detail))
+    assert not [a for a in w.plan() if isinstance(a, Clean)], "kept while its bead is open"
+    w.add(BeadClosed(bead_id="gt-1", reason="not needed"))
+    again = only(w.plan(), Clean)
+    assert again == Clean(session=first, remove_worktree=True, again=True)
+    w.add(SessionCleaned(session_id=first, worktree_removed=True, detail="worktree removed"))
+    assert not [a for a in w.plan() if isinstance(a, Clean)]
+    w.bead("gt-2")
+    assert only(w.plan(), Spawn).polecat == "ace", "the name is free"
+
+
+def test_a_worktree_that_holds_unsaved_work_after_its_bead_closed_is_tried_once_more_only() -> None:
+    w = World()
+    w.rig(max_polecats=2, max_respawns=0)
+    w.bead("gt-1")
+    first = w.running("gt-1")
+    w.end(first, "dead", cleaned=False)
+    w.add(SessionEscalated(session_id=first, reason="respawn_limit"))
+    w.add(SessionCleaned(session_id=first, worktree_removed=False, detail="kept for manual recovery (escalated)"))
+    w.add(BeadClosed(bead_id="gt-1"))
+    assert only(w.plan(), Clean).again
+    w.add(SessionCleaned(session_id=first, worktree_removed=False, detail="it holds uncommitted changes"))
+    assert not [a for a in w.plan() if isinstance(a, Clean)], "unsaved work stays, and the name with it"
     w.bead("gt-2")
     assert only(w.plan(), Spawn).polecat == "bob"
 
@@ -484,6 +524,119 @@ def test_deaths_spread_wider_than_the_window_are_not_a_mass_death() -> None:
         w.end(session, "dead", cleaned=False)
         w.tick(16)
     assert not [a for a in w.plan() if isinstance(a, MassDeath)]
+
+
+def test_one_bead_dying_again_and_again_is_no_mass_death() -> None:
+    w = World()
+    w.rig(max_respawns=3)
+    w.bead("gt-1")
+    for _ in range(4):
+        w.end(w.running("gt-1"), "zombie", cleaned=False)
+        w.tick(2)
+    assert not [a for a in w.plan() if isinstance(a, MassDeath)], "its own respawn backoff and limit deal with it"
+    w.add(SessionEscalated(session_id="gt-1-4", reason="respawn_limit"))
+    w.bead("gt-2")
+    w.end(w.running("gt-2"), "zombie", cleaned=False)
+    assert not [a for a in w.plan() if isinstance(a, MassDeath)], "two beads are not yet three"
+
+
+# ---- the respawn backoff -----------------------------------------------------------------------
+
+
+def spawned(w: World, policy: Policy = BACKOFF) -> bool:
+    return any(isinstance(a, Spawn) for a in w.plan(policy=policy))
+
+
+def respawn(w: World, spawn: Spawn) -> None:
+    """Carry out a respawn as the executor does: the hook moves to the new session (the re-sling the mayor
+    records, naming it), then the session is requested and started."""
+    assert spawn.resling
+    w.add(BeadSlung(bead_id=spawn.bead, rig=spawn.rig, forced=True, session=spawn.session))
+    w.start(w.request(spawn))
+
+
+def wait_for_respawn(w: World, waited_s: float) -> None:
+    """Nothing is spawned just before ``waited_s`` after the death, a session is at ``waited_s``: started."""
+    w.tick(waited_s - 0.5)
+    assert not spawned(w), f"respawned before {waited_s}s"
+    w.tick(0.5)
+    respawn(w, only(w.plan(policy=BACKOFF), Spawn))
+
+
+def test_a_bead_whose_sessions_die_quickly_is_respawned_after_a_backoff_that_doubles_up_to_its_cap() -> None:
+    w = World()
+    w.rig(max_respawns=10)
+    w.bead("gt-abc")
+    w.running("gt-abc")
+    for n, waited in enumerate((5, 10, 20, 30, 30), start=1):  # BACKOFF: 5 s, doubled, at most 30 s
+        w.tick(3)
+        w.end(f"gt-abc-{n}", "zombie", cleaned=False)
+        wait_for_respawn(w, waited)
+    assert w.state.sessions["gt-abc-6"].status == "started"
+
+
+def test_the_backoff_starts_over_after_a_session_that_lived_long_enough_or_got_a_step_done() -> None:
+    w = World()
+    w.rig(max_respawns=10)
+    w.bead("gt-abc")
+    w.running("gt-abc")
+    w.tick(1)
+    w.end("gt-abc-1", "dead", cleaned=False)
+    wait_for_respawn(w, 5)
+    w.tick(BACKOFF.respawn_backoff_reset_s)  # it lived long enough: no crash loop
+    w.end("gt-abc-2", "stalled", cleaned=False)
+    assert spawned(w), "respawned at once"
+    respawn(w, only(w.plan(policy=BACKOFF), Spawn))
+    w.tick(1)
+    w.end("gt-abc-3", "zombie", cleaned=False)
+    wait_for_respawn(w, 5)  # the first quick death since: the shortest wait
+    w.add(StepCompleted(bead_id="gt-abc", step="implement"))  # it got on with the work before it died
+    w.tick(1)
+    w.end("gt-abc-4", "zombie", cleaned=False)
+    assert spawned(w), "respawned at once"
+
+
+def test_the_backoff_is_read_from_the_log_so_a_restarted_witness_waits_the_same() -> None:
+    w = World()
+    w.rig(max_respawns=10)
+    w.bead("gt-abc")
+    w.running("gt-abc")
+    for n, waited in enumerate((5, 10), start=1):
+        w.tick(1)
+        w.end(f"gt-abc-{n}", "zombie", cleaned=False)
+        wait_for_respawn(w, waited)
+    w.tick(1)
+    w.end("gt-abc-3", "zombie", cleaned=False)
+    died_at = w.state.sessions["gt-abc-3"].ended_at
+    assert died_at is not None
+    restarted = World()  # a new witness: nothing but the log
+    w.log.replay(restarted.projection, after=0)
+    restarted.clock = died_at + timedelta(seconds=19.5)
+    assert not spawned(restarted), "the third quick death in a row waits 20 s, whoever watches"
+    restarted.tick(0.5)
+    assert spawned(restarted)
+
+
+def test_an_operator_sling_starts_the_backoff_over() -> None:
+    w = World()
+    w.rig(max_respawns=0)
+    w.bead("gt-abc")
+    w.end(w.running("gt-abc"), "zombie", cleaned=False)
+    w.add(SessionEscalated(session_id="gt-abc-1", reason="respawn_limit"))
+    w.bead("gt-abc", forced=True)
+    assert spawned(w), "the operator looked and slung it again: at once"
+
+
+def test_the_respawn_limit_escalation_quotes_the_last_sessions_pane() -> None:
+    w = World()
+    w.rig(max_respawns=0)
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    tail = "[gt-agent] giving up: tests fail (2): make: *** No rule to make target 'test'.  Stop."
+    w.add(SessionWarranted(session_id=session, reason="zombie", detail="its agent is not", pane_tail=tail))
+    w.end(session, "zombie", cleaned=False)
+    escalate = only(w.plan(), Escalate)
+    assert f"Its last session {session} showed:\n{tail}\n" in escalate.message
 
 
 # ---- orphans -----------------------------------------------------------------------------------

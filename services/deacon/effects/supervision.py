@@ -80,7 +80,13 @@ class Supervision:
         for esc in owed.escalations:
             source = f"deacon/{esc.service}"
             await self._store(
-                EscalationRaise(severity="high", message=esc.message, source=source, cmd_id=esc.command_id)
+                EscalationRaise(
+                    severity="high",
+                    message=esc.message,
+                    source=source,
+                    resolved_when=[f"service:{esc.service}"],  # closed by the mayor once it is up again
+                    cmd_id=esc.command_id,
+                )
             )
 
     def renewal_of(self, lease: str) -> tuple[Renewal | None, int]:

@@ -30,6 +30,7 @@ def raise_(state: MayorState, cmd: EscalationRaise, ctx: DecideContext) -> Accep
         source=ctx.actor if ctx.actor.startswith("polecat:") else (cmd.source or ctx.actor),
         message=cmd.message,
         bead=cmd.bead,
+        resolved_when=list(cmd.resolved_when),
     )
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=0)],

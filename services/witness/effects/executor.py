@@ -619,7 +619,14 @@ class Executor:
         source = f"witness/{session.rig}"
         await self.host.store(
             EscalationRaise(
-                severity="high", message=message, source=source, bead=session.bead, cmd_id=f"esc-{session.id}"
+                severity="high",
+                message=message,
+                source=source,
+                bead=session.bead,
+                # Whatever stopped the session, nothing is left to do once its bead is closed (merged by a later
+                # session, or given up): the mayor closes it then.
+                resolved_when=[f"bead:{session.bead}"],
+                cmd_id=f"esc-{session.id}",
             )
         )
 
@@ -639,15 +646,24 @@ class Executor:
         rig = self.host.state.rigs.get(action.rig)
         if rig is None:
             return
+        died = [s for sid in action.sessions if (s := self._session(sid)) is not None]
+        beads = sorted({s.bead for s in died})
+        # The newest death that left words: what an operator reads first to find the common cause.
+        said = next((s for s in reversed(died) if s.pane_tail or s.end_detail), None)
         message = (
-            f"mass death on rig {action.rig}: {len(action.sessions)} sessions died within "
+            f"mass death on rig {action.rig}: {len(action.sessions)} sessions of {len(beads)} beads died within "
             f"{action.window_s:g}s ({', '.join(action.sessions)}). Something common may be broken (agent "
             "command, credentials, disk, the machine)."
-        )
+        ) + (f" {planning.last_words(said)}".rstrip() if said is not None else "")
         source = f"witness/{action.rig}"
         await self.host.store(
             EscalationRaise(
-                severity="critical", message=message, source=source, cmd_id=f"massdeath-{action.sessions[0]}"
+                severity="critical",
+                message=message,
+                source=source,
+                # A session of the rig that finishes its work shows that what they shared works again.
+                resolved_when=[f"rig:{action.rig}"],
+                cmd_id=f"massdeath-{action.sessions[0]}",
             )
         )
         event = RigMassDeath(rig=action.rig, sessions=list(action.sessions), window_s=action.window_s)
@@ -676,26 +692,31 @@ class Executor:
 
     async def clean(self, action: Clean) -> None:
         session = self._session(action.session)
-        if session is None or session.status != "ended" or session.cleaned:
+        if session is None or session.status != "ended" or (session.cleaned and not action.again):
             return
+        if action.again and (session.worktree_removed or session.cleanings != 1):
+            return  # done meanwhile
         await asyncio.to_thread(self._reap, session)
         removed, detail = False, action.detail
         if action.remove_worktree:
             try:
                 async with self._lock(session.rig):
-                    await asyncio.to_thread(
-                        git.remove_worktree,
-                        self.bare_repo(session.rig),
-                        Path(session.worktree),
-                        self._base(session.rig),
-                    )
-                removed, detail = True, "worktree removed"
+                    detail = await asyncio.to_thread(self._remove_worktree, session)
+                removed = True
             except git.WorktreeNotEmptyError as exc:
                 detail = str(exc)
                 log.warning("worktree_kept", session=session.id, reason=detail)
         current = self._session(session.id) or session
         event = SessionCleaned(session_id=session.id, worktree_removed=removed, detail=detail)
         await self._append(NewEvent(payload=event, expected_seq=current.version))
+
+    def _remove_worktree(self, session: Session) -> str:
+        """Remove the session's worktree unless it holds unsaved work (``WorktreeNotEmptyError``); what was done."""
+        worktree, bare = Path(session.worktree), self.bare_repo(session.rig)
+        if not worktree.exists() and not bare.exists():
+            return "no worktree was made"  # a start that failed before the rig's clone: nothing for git to do
+        git.remove_worktree(bare, worktree, self._base(session.rig))
+        return "worktree removed"
 
     def _base(self, rig: str) -> str:
         found = self.host.state.rigs.get(rig)

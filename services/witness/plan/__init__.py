@@ -98,6 +98,10 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     """An agent still running after `gt done` ended its session is left this long to see the result."""
     mass_death_count: int = 3
     mass_death_window_s: float = 30.0
+    respawn_backoff_s: float = 5.0
+    respawn_backoff_max_s: float = 300.0
+    respawn_backoff_reset_s: float = 300.0
+    """See ``WitnessSettings`` (``GT_RESPAWN_BACKOFF*``) and ``respawn_due``."""
     max_start_failures: int = 3
     start_confirm_s: float = 120.0
     """A runtime that confirms its start (a hook) and did not within this long after its pane started has failed
@@ -331,11 +335,49 @@ def needs_session(
             reason="respawn_limit",
             message=(
                 f"bead {bead.id} ({bead.title}) died {counted} times on rig {rig.name}, last as "
-                f"{last.end_reason}; the witness stopped respawning it (limit {rig.max_respawns}). Look at "
-                f"its worktree {last.worktree}, then re-sling it with `gt sling {bead.id} {rig.name} --force`."
+                f"{last.end_reason}; the witness stopped respawning it (limit {rig.max_respawns}). "
+                f"{last_words(last)}Look at its worktree {last.worktree}, then re-sling it with "
+                f"`gt sling {bead.id} {rig.name} --force`."
             ),
         )
     return True, None
+
+
+def last_words(session: Session) -> str:
+    """What the session's pane showed when it was warranted, quoted for an escalation (the cause of a death is
+    there: an agent's last error, its exit status), or what its end recorded when the pane was gone."""
+    if session.pane_tail:
+        return f"Its last session {session.id} showed:\n{session.pane_tail}\n"
+    detail = session.end_detail or session.warrant_detail
+    return f"Its last session {session.id} ended with: {detail}.\n" if detail else ""
+
+
+def _lived_s(session: Session) -> float:
+    began = session.started_at or session.requested_at
+    return (session.ended_at - began).total_seconds() if session.ended_at is not None else 0.0
+
+
+def respawn_due(state: WitnessState, bead: WorkBead, policy: Policy) -> datetime | None:
+    """When the bead may have its next session, if its last one died quickly: ``respawn_backoff_s`` after that
+    death, doubled for each quick death before it in a row, at most ``respawn_backoff_max_s``. A death after a
+    session that lived ``respawn_backoff_reset_s``, or got a step done, is no crash loop: counting stops there (and
+    at the last operator sling). None: no wait. From the log's timestamps only, so a restarted witness waits the
+    same."""
+    if policy.respawn_backoff_s <= 0:
+        return None
+    since_sling = [state.sessions[s] for s in bead.sessions[bead.sessions_at_operator_sling :] if s in state.sessions]
+    quick = 0
+    for session in reversed(since_sling):
+        if session.end_reason not in DEATHS or session.ended_at is None:
+            break
+        if session.steps_done or _lived_s(session) >= policy.respawn_backoff_reset_s:
+            break
+        quick += 1
+    last_end = since_sling[-1].ended_at if since_sling else None
+    if quick == 0 or last_end is None:
+        return None
+    wait = min(policy.respawn_backoff_max_s, policy.respawn_backoff_s * 2.0 ** min(quick - 1, 32))
+    return last_end + timedelta(seconds=wait)
 
 
 def _held_names(state: WitnessState, obs: Observed) -> dict[tuple[str, str], str]:
@@ -368,7 +410,9 @@ def _spawns(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Acti
         if escalation is not None:
             yield escalation
         elif needed and not rig.parked:  # a parked rig's beads wait for `gt rig unpark`
-            waiting.append(bead)
+            due = respawn_due(state, bead, policy)
+            if due is None or obs.now >= due:
+                waiting.append(bead)
     if not waiting:
         return
     # Work under way first (a bead that had a session: re-slung after a death, or sent back by the merge queue),
@@ -437,6 +481,7 @@ def _successor(state: WitnessState, session: Session) -> Session | None:
 
 
 def _ended_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Action]:
+    latest: dict[tuple[str, str], str] = {}  # filled once, when first needed
     for session in state.sessions.values():
         if session.status != "ended":
             continue
@@ -445,6 +490,8 @@ def _ended_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Itera
             yield ReleaseHook(session=session.id, bead=session.bead)
             continue
         if session.cleaned:
+            if _kept_after_its_bead_closed(state, session, latest):
+                yield Clean(session=session.id, remove_worktree=True, again=True)
             continue
         bead = state.beads.get(session.bead)
         successor = _successor(state, session)
@@ -462,6 +509,21 @@ def _ended_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Itera
             yield Clean(session=session.id, remove_worktree=False, detail="kept for manual recovery (escalated)")
         elif pane_of(session, obs) is not None and session.version <= obs.as_of_seq:
             yield ReapPane(session=session.id)
+
+
+def _kept_after_its_bead_closed(state: WitnessState, session: Session, latest: dict[tuple[str, str], str]) -> bool:
+    """Cleaned with its worktree kept (for manual recovery after an escalation, for the bead's next sling), and its
+    bead closed since: the worktree is tried once more (never removed with unsaved work), so the polecat's name,
+    which it holds while its worktree is there (``_held_names``), is free for other beads. ``latest``: (rig,
+    polecat) -> the session that last had the name (a worktree carried on by a later one is not this one's)."""
+    if session.worktree_removed or session.cleanings != 1:
+        return False
+    bead = state.beads.get(session.bead)
+    if bead is not None and bead.status != "closed":
+        return False
+    if not latest:
+        latest.update({(s.rig, s.polecat): s.id for s in state.sessions.values()})  # in the order requested
+    return latest.get((session.rig, session.polecat)) == session.id
 
 
 def may_linger(session: Session) -> bool:
@@ -487,6 +549,8 @@ def _is_last_escalated(state: WitnessState, session: Session) -> bool:
 
 
 def _mass_deaths(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Action]:
+    """Sessions of ``mass_death_count`` different beads of one rig that died within the window: something they share
+    may be broken. One bead dying again and again is that bead's trouble (its respawn backoff and limit)."""
     by_rig: dict[str, list[Session]] = {}
     for session in state.sessions.values():
         covered = state.mass_deaths.get(session.rig, ())
@@ -498,7 +562,7 @@ def _mass_deaths(state: WitnessState, obs: Observed, policy: Policy) -> Iterator
         for i, first in enumerate(died):
             assert first.ended_at is not None
             cluster = [s for s in died[i:] if s.ended_at is not None and s.ended_at - first.ended_at <= window]
-            if len(cluster) >= policy.mass_death_count:
+            if len({s.bead for s in cluster}) >= policy.mass_death_count:
                 yield MassDeath(rig=rig, sessions=tuple(s.id for s in cluster), window_s=policy.mass_death_window_s)
                 break
 

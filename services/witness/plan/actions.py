@@ -94,6 +94,8 @@ class Clean(SessionAction, frozen=True, kw_only=True):
     PRIORITY: ClassVar[int] = 3
     remove_worktree: bool
     detail: str = ""
+    again: bool = False
+    """Cleaned already with its worktree kept, and its bead closed since: try removing the worktree once more."""
 
 
 class ReapPane(SessionAction, frozen=True, kw_only=True):
