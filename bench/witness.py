@@ -196,7 +196,9 @@ async def run(kills: int = 50, idle_sessions: int = 200, quiet_s: float = 30.0) 
         spawn_ceiling_s = spawn_ceiling(root, origin, f"{socket}-spawn", idle_sessions)
 
         nc, _town = await provisioned(srv.url)
-        env = {"GT_HOME": str(root / "home"), "GT_TMUX_SOCKET": socket, "GT_KILL_GRACE": "1"}
+        # (h) kills each bead's sessions ten times in a row, a crash loop by the witness's rule, which it would
+        # answer with its respawn backoff: the recovery measured is that of one crash (respawned at once).
+        env = {"GT_HOME": str(root / "home"), "GT_TMUX_SOCKET": socket, "GT_KILL_GRACE": "1", "GT_RESPAWN_BACKOFF": "0"}
         procs = {name: start_service(name, srv.url, env=env) for name in ("mayor", "refinery", "witness")}
         events = SessionEvents()
         try:

@@ -191,6 +191,13 @@ class Tmux:
         """Press ``key`` (a tmux key name: ``Enter``, ``C-m``, ...) in the session's pane."""
         self._run("send-keys", "-t", f"={name}:", key)
 
+    def cursor(self, name: str) -> tuple[int, int]:
+        """Where the pane's cursor is (column, row): Enter moves it even in a pane whose program reads nothing, where
+        the text shown does not change (tmux prints a blank line as it prints the empty rows below it)."""
+        [line] = self._run("display-message", "-p", "-t", f"={name}:", "#{cursor_x} #{cursor_y}")
+        x, y = line.split()
+        return int(x), int(y)
+
     def capture(self, name: str, lines: int = 200) -> str:
         """The last ``lines`` lines of the pane, as shown."""
         return "\n".join(self._run("capture-pane", "-p", "-J", "-t", f"={name}:", "-S", f"-{lines}"))

@@ -24,9 +24,10 @@ from tests.helpers import assert_eventually
 from tests.log_tools import events_of
 from tests.witness_town import FAST, PolecatTown, polecat_town
 
-HOOK_TTL_S = 4.0
+HOOK_TTL_S = 8.0
 """Short, so a quiet agent loses its hook quickly; long enough for a `gt heartbeat` process to start and renew
-it on a loaded machine (2 s was not, beside a 1,000-bead chaos run)."""
+it on a loaded machine (2 s was not, beside a 1,000-bead chaos run; 4 s was not, with the suite run by three
+workers on two cores)."""
 WATCH = DeaconSettings(stale_after_s=5.0, startup_grace_s=60.0, escalate_after_s=600.0, watched=(), tick_s=0.1)
 
 

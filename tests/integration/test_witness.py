@@ -225,14 +225,13 @@ async def test_a_failing_agent_is_respawned_with_a_backoff_and_its_cause_is_show
         assert [s.end_reason for s in sessions] == ["zombie"] * 4, "its agent exits: each pane stays, dead"
         assert [s.steps_done for s in sessions] == [4, 0, 0, 0], "the first got four steps done, the others none"
 
-        # The backoff, from the log's timestamps: the first death came after progress (respawned at once), then
-        # each quick death in a row waits twice as long as the one before: 1 s, then 2 s.
+        # The backoff, from the log's timestamps: the first death came after progress and the first quick death
+        # is one crash (both respawned at once); the second quick death in a row is a crash loop: it waits 1 s.
         gaps = [
             (await logged_at(pt, later.id, "session.requested") - await logged_at(pt, earlier.id, "session.ended"))
             for earlier, later in itertools.pairwise(sessions)
         ]
-        assert gaps[1].total_seconds() >= 1.0, gaps
-        assert gaps[2].total_seconds() >= 2.0, gaps
+        assert gaps[2].total_seconds() >= 1.0, gaps
 
         # The cause, as the agent said it, where an operator looks.
         said = "giving up: tests fail (2): make: *** No rule to make target 'test'.  Stop."
@@ -406,6 +405,25 @@ async def test_nudges_reach_the_agent_queue_while_away_and_expire(pt: PolecatTow
     assert later["polecat"] == "ace"
     # The outcome can be read before the witness's own projection applied the nudge: look it up each time.
     await assert_eventually(lambda: getattr(nudges.get(later["id"]), "status", None) == "expired", timeout=30)
+
+
+async def test_a_nudge_into_a_pane_that_reads_nothing_is_typed_once_and_delivered(pt: PolecatTown) -> None:
+    # A hung agent reads nothing: Enter only moves the pane's cursor, the text shown stays the same. The witness
+    # must see the key took (by the cursor) and record the delivery, not type the nudge again and again.
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=hang gt-agent")
+    bead = await pt.new_bead("Hangs")
+    await pt.sling(bead)
+    session_id, _, tmux_name = await started_session(pt, bead, 1)
+    queued = await pt.ok("gt.cmd.nudge.send", target="demo/ace", message="are you still there")
+    assert pt.witness is not None
+    nudges = pt.witness.state.nudges
+    await assert_eventually(lambda: getattr(nudges.get(queued["id"]), "status", None) == "delivered", timeout=30)
+    assert nudges[queued["id"]].delivered_to == session_id
+    # A second nudge, delivered after the witness planned and worked again: neither is typed twice.
+    second = await pt.ok("gt.cmd.nudge.send", target="demo/ace", message="a second question")
+    await assert_eventually(lambda: getattr(nudges.get(second["id"]), "status", None) == "delivered", timeout=30)
+    screen = pt.tmux.capture(tmux_name).replace("\n", "")
+    assert (screen.count("are you still there"), screen.count("a second question")) == (1, 1), screen
 
 
 async def test_nudges_to_unknown_targets_are_rejected(pt: PolecatTown) -> None:

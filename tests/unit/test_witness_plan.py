@@ -556,23 +556,25 @@ def respawn(w: World, spawn: Spawn) -> None:
 
 
 def wait_for_respawn(w: World, waited_s: float) -> None:
-    """Nothing is spawned just before ``waited_s`` after the death, a session is at ``waited_s``: started."""
-    w.tick(waited_s - 0.5)
-    assert not spawned(w), f"respawned before {waited_s}s"
-    w.tick(0.5)
+    """Nothing is spawned just before ``waited_s`` after the death, a session is at ``waited_s`` (0: at once):
+    started."""
+    if waited_s > 0:
+        w.tick(waited_s - 0.5)
+        assert not spawned(w), f"respawned before {waited_s}s"
+        w.tick(0.5)
     respawn(w, only(w.plan(policy=BACKOFF), Spawn))
 
 
-def test_a_bead_whose_sessions_die_quickly_is_respawned_after_a_backoff_that_doubles_up_to_its_cap() -> None:
+def test_one_crash_is_respawned_at_once_and_a_crash_loop_after_a_backoff_that_doubles_up_to_its_cap() -> None:
     w = World()
     w.rig(max_respawns=10)
     w.bead("gt-abc")
     w.running("gt-abc")
-    for n, waited in enumerate((5, 10, 20, 30, 30), start=1):  # BACKOFF: 5 s, doubled, at most 30 s
+    for n, waited in enumerate((0, 5, 10, 20, 30, 30), start=1):  # at once, then BACKOFF: 5 s, doubled, at most 30 s
         w.tick(3)
         w.end(f"gt-abc-{n}", "zombie", cleaned=False)
         wait_for_respawn(w, waited)
-    assert w.state.sessions["gt-abc-6"].status == "started"
+    assert w.state.sessions["gt-abc-7"].status == "started"
 
 
 def test_the_backoff_starts_over_after_a_session_that_lived_long_enough_or_got_a_step_done() -> None:
@@ -580,19 +582,21 @@ def test_the_backoff_starts_over_after_a_session_that_lived_long_enough_or_got_a
     w.rig(max_respawns=10)
     w.bead("gt-abc")
     w.running("gt-abc")
-    w.tick(1)
-    w.end("gt-abc-1", "dead", cleaned=False)
-    wait_for_respawn(w, 5)
+    for n, waited in enumerate((0, 5), start=1):
+        w.tick(1)
+        w.end(f"gt-abc-{n}", "dead", cleaned=False)
+        wait_for_respawn(w, waited)
     w.tick(BACKOFF.respawn_backoff_reset_s)  # it lived long enough: no crash loop
-    w.end("gt-abc-2", "stalled", cleaned=False)
+    w.end("gt-abc-3", "stalled", cleaned=False)
     assert spawned(w), "respawned at once"
     respawn(w, only(w.plan(policy=BACKOFF), Spawn))
-    w.tick(1)
-    w.end("gt-abc-3", "zombie", cleaned=False)
-    wait_for_respawn(w, 5)  # the first quick death since: the shortest wait
+    for n, waited in enumerate((0, 5), start=4):  # counted from there: at once, then the shortest wait
+        w.tick(1)
+        w.end(f"gt-abc-{n}", "zombie", cleaned=False)
+        wait_for_respawn(w, waited)
     w.add(StepCompleted(bead_id="gt-abc", step="implement"))  # it got on with the work before it died
     w.tick(1)
-    w.end("gt-abc-4", "zombie", cleaned=False)
+    w.end("gt-abc-6", "zombie", cleaned=False)
     assert spawned(w), "respawned at once"
 
 
@@ -601,28 +605,34 @@ def test_the_backoff_is_read_from_the_log_so_a_restarted_witness_waits_the_same(
     w.rig(max_respawns=10)
     w.bead("gt-abc")
     w.running("gt-abc")
-    for n, waited in enumerate((5, 10), start=1):
+    for n, waited in enumerate((0, 5, 10), start=1):
         w.tick(1)
         w.end(f"gt-abc-{n}", "zombie", cleaned=False)
         wait_for_respawn(w, waited)
     w.tick(1)
-    w.end("gt-abc-3", "zombie", cleaned=False)
-    died_at = w.state.sessions["gt-abc-3"].ended_at
+    w.end("gt-abc-4", "zombie", cleaned=False)
+    died_at = w.state.sessions["gt-abc-4"].ended_at
     assert died_at is not None
     restarted = World()  # a new witness: nothing but the log
     w.log.replay(restarted.projection, after=0)
     restarted.clock = died_at + timedelta(seconds=19.5)
-    assert not spawned(restarted), "the third quick death in a row waits 20 s, whoever watches"
+    assert not spawned(restarted), "the fourth quick death in a row waits 20 s, whoever watches"
     restarted.tick(0.5)
     assert spawned(restarted)
 
 
 def test_an_operator_sling_starts_the_backoff_over() -> None:
     w = World()
-    w.rig(max_respawns=0)
+    w.rig(max_respawns=1)
     w.bead("gt-abc")
-    w.end(w.running("gt-abc"), "zombie", cleaned=False)
-    w.add(SessionEscalated(session_id="gt-abc-1", reason="respawn_limit"))
+    w.running("gt-abc")
+    w.tick(1)
+    w.end("gt-abc-1", "zombie", cleaned=False)
+    wait_for_respawn(w, 0)
+    w.tick(1)
+    w.end("gt-abc-2", "zombie", cleaned=False)  # two quick deaths in a row: a crash loop, over the limit
+    assert not spawned(w)
+    w.add(SessionEscalated(session_id="gt-abc-2", reason="respawn_limit"))
     w.bead("gt-abc", forced=True)
     assert spawned(w), "the operator looked and slung it again: at once"
 

@@ -767,14 +767,19 @@ class Executor:
                 self.tmux.send_text(name, message)
             if not _wait_for(lambda: _shows(self.tmux.capture(name), probe), self.settings.nudge_verify_s):
                 continue
-            typed = self.tmux.capture(name)
+            typed = self._screen(name)
             self.tmux.send_key(name, submit)
             if _wait_for(functools.partial(self._changed, name, typed), self.settings.nudge_verify_s):
                 return attempt
         return 0
 
-    def _changed(self, name: str, screen: str) -> bool:
-        return self.tmux.capture(name) != screen
+    def _screen(self, name: str) -> tuple[str, tuple[int, int]]:
+        """What the pane shows and where its cursor is: a key that took changes one of them (a pane whose program
+        does not read its input only moves the cursor; typing the text again there would show it twice)."""
+        return self.tmux.capture(name), self.tmux.cursor(name)
+
+    def _changed(self, name: str, before: tuple[str, tuple[int, int]]) -> bool:
+        return self._screen(name) != before
 
     async def nudge_mail(self, action: NudgeMail) -> None:
         """Queue the nudge announcing a message; its id comes from the message's, so it is queued once whoever

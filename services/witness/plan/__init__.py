@@ -358,8 +358,9 @@ def _lived_s(session: Session) -> float:
 
 
 def respawn_due(state: WitnessState, bead: WorkBead, policy: Policy) -> datetime | None:
-    """When the bead may have its next session, if its last one died quickly: ``respawn_backoff_s`` after that
-    death, doubled for each quick death before it in a row, at most ``respawn_backoff_max_s``. A death after a
+    """When the bead may have its next session, if its last one died quickly and not for the first time in a row:
+    one crash is recovered at once, the second quick death in a row waits ``respawn_backoff_s``, each further one
+    twice as long as the one before, at most ``respawn_backoff_max_s``. A death after a
     session that lived ``respawn_backoff_reset_s``, or got a step done, is no crash loop: counting stops there (and
     at the last operator sling). None: no wait. From the log's timestamps only, so a restarted witness waits the
     same."""
@@ -374,9 +375,9 @@ def respawn_due(state: WitnessState, bead: WorkBead, policy: Policy) -> datetime
             break
         quick += 1
     last_end = since_sling[-1].ended_at if since_sling else None
-    if quick == 0 or last_end is None:
-        return None
-    wait = min(policy.respawn_backoff_max_s, policy.respawn_backoff_s * 2.0 ** min(quick - 1, 32))
+    if quick <= 1 or last_end is None:
+        return None  # no crash loop (yet): a single crash costs nothing but the respawn
+    wait = min(policy.respawn_backoff_max_s, policy.respawn_backoff_s * 2.0 ** min(quick - 2, 32))
     return last_end + timedelta(seconds=wait)
 
 
