@@ -272,6 +272,16 @@ def exclude_from_git(worktree: Path, patterns: tuple[str, ...]) -> None:
     exclude = Path(git("rev-parse", "--git-path", "info/exclude", cwd=worktree).strip())
     if not exclude.is_absolute():
         exclude = worktree / exclude
+    _list_in(exclude, patterns)
+
+
+def exclude_in_bare_clone(bare: Path, patterns: tuple[str, ...]) -> None:
+    """``exclude_from_git`` for every worktree of the bare clone ``bare`` (its git dir, so no git process is needed
+    to find the file: a session start is on the recovery path)."""
+    _list_in(bare / "info" / "exclude", patterns)
+
+
+def _list_in(exclude: Path, patterns: tuple[str, ...]) -> None:
     exclude.parent.mkdir(parents=True, exist_ok=True)
     present = exclude.read_text().splitlines() if exclude.exists() else []
     missing = [pattern for pattern in patterns if pattern not in present]

@@ -323,7 +323,7 @@ class Executor:
             raise
         # Every runtime's: the tests an agent runs leave bytecode and caches that no project's .gitignore may list,
         # and `gt done` refuses a worktree git shows changed (a reused worktree of an older clone gets them too).
-        git.exclude_from_git(Path(session.worktree), git.BUILD_OUTPUT)
+        git.exclude_in_bare_clone(bare, git.BUILD_OUTPUT)
 
     def _start_tmux(self, session: Session, rig: Rig) -> tuple[PaneInfo, bool]:
         existing = self.tmux.snapshot().get(session.tmux_name)
