@@ -223,6 +223,7 @@ async def test_one_witness_acts_and_its_standby_takes_over_a_kill_9_mid_workload
         record_property("takeover_after_kill_s", round(took, 3))
         assert took < TAKEOVER_BOUND_S
         assert taken.instance == standby.instance
+
         # The key is taken before the line saying so is written: wait for the line.
         def acquired_once() -> dict[str, Any]:
             (acquired,) = second.logged("activity_acquired")
