@@ -3,6 +3,7 @@ command consumer is only ever widened, when a newer version gives its service mo
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 
@@ -425,7 +426,20 @@ def kv_stream_config(bucket: str, *, ttl: float, replicas: int, history: int = 1
 async def create_kv(js: JetStreamContext, bucket: str, *, ttl: float, replicas: int) -> KeyValue:
     """Create the bucket (raises BadRequestError ``ERR_STREAM_NAME_IN_USE`` when another one did first)."""
     await js.add_stream(kv_stream_config(bucket, ttl=ttl, replicas=replicas))
-    return await js.key_value(bucket)
+    # In a cluster the stream just made may not be found for a moment (its leader being elected, or the client
+    # reconnected to another node meanwhile): a service that took it for missing stopped at start-up.
+    for attempt in range(1, CREATED_VISIBLE_ATTEMPTS + 1):
+        try:
+            return await js.key_value(bucket)
+        except nats.js.errors.BucketNotFoundError:
+            if attempt == CREATED_VISIBLE_ATTEMPTS:
+                raise
+            await asyncio.sleep(0.1 * attempt)
+    raise AssertionError("unreachable")
+
+
+CREATED_VISIBLE_ATTEMPTS = 10
+"""How often a bucket just created is looked up before it is taken for missing (about 5 s in all)."""
 
 
 async def deny_rollups(js: JetStreamContext, bucket: str) -> bool:
