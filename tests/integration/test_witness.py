@@ -388,16 +388,23 @@ async def test_a_handoff_starts_a_fresh_session_on_the_same_hook(pt: PolecatTown
     assert pt.mayor.projection.state.beads[bead].slings == 1, "a handoff keeps the hook: no re-sling"
 
 
+async def nudge_delivered(pt: PolecatTown, target: str, message: str) -> Any:
+    """Send a nudge and wait until the witness recorded it delivered; its record."""
+    queued = await pt.ok("gt.cmd.nudge.send", target=target, message=message)
+    assert pt.witness is not None
+    nudges = pt.witness.state.nudges
+    await assert_eventually(lambda: getattr(nudges.get(queued["id"]), "status", None) == "delivered", timeout=30)
+    return nudges[queued["id"]]
+
+
 async def test_nudges_reach_the_agent_queue_while_away_and_expire(pt: PolecatTown) -> None:
     await pt.add_rig(agent_command="GT_AGENT_STEP_PAUSE=1 gt-agent")
     bead = await pt.new_bead("Listen to nudges")
     await pt.sling(bead)
     session_id, _, tmux_name = await started_session(pt, bead, 1)
-    queued = await pt.ok("gt.cmd.nudge.send", target="demo/ace", message="please also update the docs")
+    assert (await nudge_delivered(pt, "demo/ace", "please also update the docs")).delivered_to == session_id
     assert pt.witness is not None
     nudges = pt.witness.state.nudges
-    await assert_eventually(lambda: getattr(nudges.get(queued["id"]), "status", None) == "delivered", timeout=30)
-    assert nudges[queued["id"]].delivered_to == session_id
     await assert_eventually(lambda: "heard: please also update the docs" in pt.tmux.capture(tmux_name), timeout=30)
     await pt.wait_settled(bead)
     # The session is gone: a nudge to it waits for the polecat's next session, and expires after its TTL.
@@ -414,14 +421,9 @@ async def test_a_nudge_into_a_pane_that_reads_nothing_is_typed_once_and_delivere
     bead = await pt.new_bead("Hangs")
     await pt.sling(bead)
     session_id, _, tmux_name = await started_session(pt, bead, 1)
-    queued = await pt.ok("gt.cmd.nudge.send", target="demo/ace", message="are you still there")
-    assert pt.witness is not None
-    nudges = pt.witness.state.nudges
-    await assert_eventually(lambda: getattr(nudges.get(queued["id"]), "status", None) == "delivered", timeout=30)
-    assert nudges[queued["id"]].delivered_to == session_id
+    assert (await nudge_delivered(pt, "demo/ace", "are you still there")).delivered_to == session_id
     # A second nudge, delivered after the witness planned and worked again: neither is typed twice.
-    second = await pt.ok("gt.cmd.nudge.send", target="demo/ace", message="a second question")
-    await assert_eventually(lambda: getattr(nudges.get(second["id"]), "status", None) == "delivered", timeout=30)
+    await nudge_delivered(pt, "demo/ace", "a second question")
     screen = pt.tmux.capture(tmux_name).replace("\n", "")
     assert (screen.count("are you still there"), screen.count("a second question")) == (1, 1), screen
 
