@@ -461,6 +461,24 @@ def hook_log_line(event: str, detail: str, stamp: str) -> str:
 
 TURN_ENDS = ("stop", "stop-failure")
 """Hook log events that end a turn: the Stop hook, or StopFailure when the turn ended on an API error."""
+DONE_MARK = "done"
+"""The hook log line `gt done` writes once its session's done-intent is recorded (not a hook: its agent's turn
+is still running, waiting for `gt done` to print its result)."""
+
+
+def turn_ended_after_done(hook_log: str) -> bool:
+    """Whether ``hook_log`` shows a turn that ended (``TURN_ENDS``) after `gt done` ran (``DONE_MARK``): the
+    agent has read what `gt done` said and answered, so nothing is lost by ending its session now."""
+    done = False
+    for line in hook_log.splitlines():
+        words = line.split()
+        if len(words) < 2:
+            continue
+        if words[1] == DONE_MARK:
+            done = True
+        elif words[1] in TURN_ENDS and done:
+            return True
+    return False
 
 
 def newest_restart(hook_log: str) -> Restart | None:

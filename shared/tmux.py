@@ -41,6 +41,9 @@ def typeable(text: str) -> str:
 
 
 _NO_SERVER = ("no server running", "error connecting to", "No such file or directory")
+_NO_SESSIONS = "no current target"
+"""What ``list-panes -a`` says on a server that runs with no session (its last one just ended, the server not
+exited yet): no panes, like no server."""
 _SERVER_LOST = "server exited unexpectedly"
 SERVER_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMUX_TMPDIR")
 """All of our environment the tmux client that starts sessions gets: the client that starts the server gives it
@@ -87,11 +90,12 @@ class Tmux:
         return list(result.stdout)
 
     def snapshot(self) -> dict[str, PaneInfo]:
-        """Every session with its first pane, in one tmux call; empty when the server is not running."""
+        """Every session with its first pane, in one tmux call; empty when the server is not running or has no
+        session."""
         try:
             lines = self._run("list-panes", "-a", "-F", _FORMAT)
         except TmuxError as exc:
-            if any(marker in exc.detail for marker in _NO_SERVER):
+            if any(marker in exc.detail for marker in (*_NO_SERVER, _NO_SESSIONS)):
                 return {}
             raise
         except LibTmuxException as exc:

@@ -522,6 +522,20 @@ def _record_agent_hook(args: argparse.Namespace) -> None:
         (folder / runtimes.AGENT_FAILURE).write_text(json.dumps(failure) + "\n")
 
 
+def _log_done() -> None:
+    """Mark `gt done` in the session's hook log: a turn that ends after this mark (``turn_ended_after_done``) tells
+    the witness the agent has read the result, so it ends the session then instead of waiting out the grace."""
+    session_dir = os.environ.get(runtimes.SESSION_DIR_ENV)
+    if not session_dir:
+        return
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        with (Path(session_dir) / runtimes.HOOK_LOG).open("a") as out:
+            out.write(runtimes.hook_log_line(runtimes.DONE_MARK, "", stamp))
+    except OSError:
+        pass  # the grace (GT_DONE_EXIT_GRACE) still ends the session
+
+
 async def _agent_hook(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     """session-start: print `gt prime` (the agent adds a SessionStart hook's output to its context). stop: block
     the agent's stop while its session's steps are open (Claude Code's Stop hook decision,
@@ -668,6 +682,7 @@ async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
         return EXIT_REJECTED
     try:
         await _command(nc, config, SessionDoneIntentCmd(session=session, cmd_id=f"done-intent-{session}"))
+        _log_done()
         crash_point("gt_done.after_intent")
         head = git.push(worktree, branch)
         crash_point("gt_done.after_push")

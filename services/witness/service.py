@@ -43,7 +43,7 @@ from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, Route
 from shared.errors import ActivityLostError
 from shared.ids import hook_lease_name
-from shared.runtimes import Restart, confirms_start, runtime_for
+from shared.runtimes import Restart, confirms_start, runtime_for, turn_ended_after_done
 from shared.service import Service, ServiceSettings
 from shared.session_identity import SessionBuckets
 from shared.tmux import Tmux, TmuxError
@@ -339,6 +339,7 @@ class WitnessService(Service[WitnessState]):
             blocked={sid: seen.blocked for sid, seen in screens.items() if seen.blocked is not None},
             idle=frozenset(sid for sid, seen in screens.items() if seen.idle),
             restarts={sid: seen.restart for sid, seen in screens.items() if seen.restart is not None},
+            reported_done=await asyncio.to_thread(self._reported_done, [s for s in started if may_linger(s)]),
             start_failures=dict(self.executor.start_failures),
             busy=frozenset(self._pending) | {k for k, t in self._retry_at.items() if t > time.monotonic()},
             reserved=frozenset((a.rig, a.polecat) for a in self._pending.values() if isinstance(a, Spawn)),
@@ -351,6 +352,13 @@ class WitnessService(Service[WitnessState]):
             s for s in started if (rig := self.state.rigs.get(s.rig)) is not None and confirms_start(rig.agent_command)
         ]
         return frozenset(s.id for s in confirming if runtime_setup.started(self.executor.session_dir(s)))
+
+    def _reported_done(self, lingering: list[Session]) -> frozenset[str]:
+        """Of the sessions ended by `gt done` whose agent still runs, those whose agent ended a turn since (its hook
+        log: one small read each, only during ``done_exit_grace_s``)."""
+        return frozenset(
+            s.id for s in lingering if turn_ended_after_done(runtime_setup.hook_log(self.executor.session_dir(s)))
+        )
 
     def _read_screens(self, started: list[Session], confirmed: frozenset[str]) -> dict[str, ScreenSeen]:
         """What the panes of started sessions whose runtime reads its screen show (one ``tmux capture-pane`` each per

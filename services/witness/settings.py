@@ -26,7 +26,7 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     """An agent still alive this long after its done-intent is stuck in done (``GT_DONE_STUCK_AFTER``)."""
     kill_grace_s: float = 3.0
     """Between SIGTERM and SIGKILL when a live agent is killed (``GT_KILL_GRACE``)."""
-    done_exit_grace_s: float = 10.0
+    done_exit_grace_s: float = 60.0
     """How long an agent may run on after `gt done` ended its session, to see what `gt done` said, before the
     witness ends it (``GT_DONE_EXIT_GRACE``); an agent that exits sooner is cleaned up at once."""
     mass_death_count: int = 3
@@ -75,7 +75,7 @@ def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
         min_orphan_age_s=env_number(env, "GT_MIN_ORPHAN_AGE", 60.0, minimum=0.0),
         done_stuck_after_s=env_number(env, "GT_DONE_STUCK_AFTER", 60.0, minimum=0.0),
         kill_grace_s=env_number(env, "GT_KILL_GRACE", 3.0, minimum=0.0),
-        done_exit_grace_s=env_number(env, "GT_DONE_EXIT_GRACE", 10.0, minimum=0.0),
+        done_exit_grace_s=env_number(env, "GT_DONE_EXIT_GRACE", 60.0, minimum=0.0),
         hook_lease_ttl_s=env_number(env, "GT_HOOK_LEASE_TTL", 0.0, minimum=0.0),
         start_confirm_s=env_number(env, "GT_AGENT_START_TIMEOUT", 120.0, minimum=1.0),
         respawn_backoff_s=env_number(env, "GT_RESPAWN_BACKOFF", 5.0, minimum=0.0),

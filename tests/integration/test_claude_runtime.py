@@ -18,7 +18,7 @@ from gt.model_server import ModelServer, Script, bash, edit, say, use, write
 from services.witness.plan import session_id_for
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session, UsageMark
-from shared import git
+from shared import git, runtimes
 from shared.commands import RigPark, RigUnpark
 from shared.config import TownConfig
 from tests.claude_code import usage_recorded, usage_sent
@@ -118,6 +118,7 @@ async def test_claude_sessions_work_beads_end_to_end_through_the_refinery(
         hook_log = (town.gt_home / "rigs" / "demo" / "sessions" / sessions[0].id / "hooks.log").read_text()
         assert "session-start" in hook_log
         assert "stop" in hook_log
+        assert runtimes.turn_ended_after_done(hook_log), "`gt done` marked the log and the Stop hook came after it"
         # The SessionStart hook claimed the bead for its polecat (Claude Code never runs `gt bead claim`).
         assert pt.mayor is not None
         assert pt.mayor.projection.state.beads[bead].assignee == f"demo/{sessions[0].polecat}"

@@ -27,6 +27,7 @@ from shared.runtimes import (
     newest_restart,
     refusal,
     runtime_for,
+    turn_ended_after_done,
 )
 from shared.usage import Transcript
 
@@ -313,13 +314,16 @@ def test_claude_knows_the_screens_that_wait_for_someone_before_it_starts() -> No
     assert runtime_for("gt-agent").blocking_screen(KEY_QUESTION) is None
 
 
+def log(*lines: str) -> str:
+    """A hook log of ``lines`` (``"<event>[ <detail>]"``)."""
+    out = ""
+    for line in lines:
+        event, _, detail = line.partition(" ")
+        out += hook_log_line(event, detail, "2026-11-27T12:00:00Z")
+    return out
+
+
 def test_a_restart_with_a_fresh_context_is_read_from_the_hook_log_and_numbered_among_the_starts() -> None:
-    def log(*lines: str) -> str:
-        out = ""
-        for line in lines:
-            event, _, detail = line.partition(" ")
-            out += hook_log_line(event, detail, "2026-11-27T12:00:00Z")
-        return out
 
     assert newest_restart("") is None
     assert newest_restart(log("session-start startup", "stop")) is None, "its first start is no restart"
@@ -398,3 +402,11 @@ def test_a_session_waiting_after_a_clear_or_compaction_is_sent_on_once_per_start
     assert plan(nudged, _restarted(cleared), policy) == [], "once per start, whoever plans it (a restarted witness)"
     again = Restart(number=3, source="compact", turn_ended_since=False)
     assert plan(nudged, _restarted(again), policy) == [ContinueSession(session="b1-1", number=3, source="compact")]
+
+
+def test_a_turn_ends_after_gt_done_only_when_a_stop_follows_its_mark() -> None:
+    assert not turn_ended_after_done("")
+    assert not turn_ended_after_done(log("session-start startup", "stop", "stop")), "no `gt done` yet"
+    assert not turn_ended_after_done(log("session-start startup", "stop", "done")), "the stop came before it"
+    assert turn_ended_after_done(log("session-start startup", "stop", "done", "stop"))
+    assert turn_ended_after_done(log("session-start startup", "done", "stop-failure API error"))

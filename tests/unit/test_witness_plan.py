@@ -479,6 +479,18 @@ def test_an_agent_that_exits_after_gt_done_is_cleaned_up_at_once() -> None:
     assert w.plan(w.observe()) == clean, "its tmux session is gone"
 
 
+def test_an_agent_that_ended_its_turn_after_gt_done_is_cleaned_up_without_waiting_out_the_grace() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    w.add(SessionDoneIntent(session_id=session))
+    w.end(session, "done", cleaned=False)
+    assert w.plan(w.observe(w.pane(session))) == [], "still in the turn that ran `gt done`"
+    reported = w.observe(w.pane(session), reported_done=frozenset({session}))
+    assert w.plan(reported) == [Clean(session=session, remove_worktree=True)], "its turn ended: it read the result"
+
+
 def test_the_pane_of_an_ended_session_that_lingers_is_reaped() -> None:
     w = World()
     w.rig(max_respawns=0)

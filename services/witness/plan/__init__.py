@@ -79,6 +79,9 @@ class Observed(msgspec.Struct, frozen=True, kw_only=True):
     """Started sessions whose runtime says they wait for input (``Runtime.idle``)."""
     restarts: dict[str, Restart] = {}
     """Idle sessions whose agent's newest start was a restart with a fresh context (``Runtime.restart``)."""
+    reported_done: frozenset[str] = frozenset()
+    """Sessions ended by `gt done` whose agent ended a turn since (``runtimes.turn_ended_after_done``): it has read
+    what `gt done` said, so the grace (``done_exit_grace_s``) is not waited out."""
     start_failures: dict[str, int] = {}
     busy: frozenset[str] = frozenset()
     """Keys of actions still running."""
@@ -94,7 +97,7 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     """Directory holding one directory per rig (GT_HOME/rigs)."""
     min_orphan_age_s: float = 60.0
     done_stuck_after_s: float = 60.0
-    done_exit_grace_s: float = 10.0
+    done_exit_grace_s: float = 60.0
     """An agent still running after `gt done` ended its session is left this long to see the result."""
     mass_death_count: int = 3
     mass_death_window_s: float = 30.0
@@ -541,6 +544,8 @@ def _reporting_done(session: Session, obs: Observed, policy: Policy) -> bool:
     pane = pane_of(session, obs)
     if pane is None or pane.dead or not obs.alive.get(session.id, True):
         return False  # the agent exited (or is gone): nothing to wait for
+    if session.id in obs.reported_done:
+        return False  # its agent ended the turn that ran `gt done`: it has read the result
     return (obs.now - session.ended_at).total_seconds() < policy.done_exit_grace_s
 
 
