@@ -102,18 +102,9 @@ class Tmux:
             raise TmuxError("list-panes", str(exc)) from exc
         out: dict[str, PaneInfo] = {}
         for line in lines:
-            parts = line.split("\t")
-            if len(parts) != 7 or parts[0] in out:
-                continue
-            out[parts[0]] = PaneInfo(
-                session=parts[0],
-                pane_id=parts[1],
-                pane_pid=int(parts[2] or 0),
-                dead=parts[3] == "1",
-                created=int(parts[4] or 0),
-                activity=int(parts[5] or 0),
-                label=parts[6],
-            )
+            info = _pane_info(line)
+            if info is not None and info.session not in out:
+                out[info.session] = info
         return out
 
     def start(self, name: str, command: str, *, cwd: str, env: Mapping[str, str], label: str = "") -> PaneInfo:
@@ -127,7 +118,8 @@ class Tmux:
         Raises:
             TmuxError: the session exists already, or tmux refused.
         """
-        args = ["new-session", "-d", "-s", name, "-c", cwd, "-x", "200", "-y", "50"]
+        # -P -F: tmux prints the new pane's facts (pid, ...) itself, so no second call reads them.
+        args = ["new-session", "-d", "-P", "-F", _FORMAT, "-s", name, "-c", cwd, "-x", "200", "-y", "50"]
         argv = ["env", "-i", *(f"{key}={value}" for key, value in env.items()), "sh", "-c", command]
         args += [_literal(arg) for arg in argv]
         options = (
@@ -144,9 +136,10 @@ class Tmux:
             LABEL_OPTION,
             label,
         )
+        printed: list[str] = []
         for attempt in (1, 2):
             try:
-                self._run_clean(*args, *options)
+                printed = self._run_clean(*args, *options)
             except TmuxError as exc:
                 # The first command on a socket starts its server; tmux 3.3 can lose that race to a server of the
                 # same socket shutting down ("server exited unexpectedly"). Nothing was started: start again.
@@ -154,10 +147,11 @@ class Tmux:
                     continue
                 raise
             break
-        info = self.snapshot().get(name)
+        # Printed before the label was set (the same call's next command): the label is the one just given.
+        info = _pane_info(printed[0]) if printed else None
         if info is None:
             raise TmuxError("new-session", f"session {name} is not there after starting it")
-        return info
+        return msgspec.structs.replace(info, label=label)
 
     def _run_clean(self, *args: str) -> list[str]:
         """As ``_run``, the tmux client with only ``SERVER_ENV`` of our environment (see there)."""
@@ -210,6 +204,23 @@ class Tmux:
         """The pane's last ``lines`` non-blank lines, cleaned and bounded (``clean_tail``)."""
         return clean_tail(self.capture(name, lines=lines * 4), lines)
 
+    def tail_if_labelled(self, name: str, label: str, lines: int = TAIL_LINES) -> str:
+        """``tail`` of session ``name`` when it carries ``label`` (it is still the session we mean), else '' (also
+        when there is no such session). One tmux call: it is on the recovery path, before a respawn."""
+        target = f"={name}:"
+        try:
+            out = self._run(
+                "display-message", "-p", "-t", target, f"#{{{LABEL_OPTION}}}",
+                ";", "capture-pane", "-p", "-J", "-t", target, "-S", f"-{lines * 4}",
+            )  # fmt: skip
+        except TmuxError as exc:
+            if "can't find" in exc.detail or any(marker in exc.detail for marker in (*_NO_SERVER, _NO_SESSIONS)):
+                return ""
+            raise
+        if not out or out[0] != label:
+            return ""
+        return clean_tail("\n".join(out[1:]), lines)
+
     def kill_server(self) -> None:
         """Stop this socket's tmux server (tests and `gt down --clean`)."""
         try:
@@ -217,6 +228,22 @@ class Tmux:
         except TmuxError as exc:
             if not any(marker in exc.detail for marker in _NO_SERVER):
                 raise
+
+
+def _pane_info(line: str) -> PaneInfo | None:
+    """A line of ``_FORMAT`` read; None when it is not one."""
+    parts = line.split("\t")
+    if len(parts) != 7:
+        return None
+    return PaneInfo(
+        session=parts[0],
+        pane_id=parts[1],
+        pane_pid=int(parts[2] or 0),
+        dead=parts[3] == "1",
+        created=int(parts[4] or 0),
+        activity=int(parts[5] or 0),
+        label=parts[6],
+    )
 
 
 def clean_tail(text: str, lines: int = TAIL_LINES) -> str:

@@ -550,10 +550,7 @@ class Executor:
         """The last lines the session's pane shows (a dead pane stays, so a zombie's last words are there): put in
         the warrant, so the log tells a later session what its predecessor was doing. Empty when there is none."""
         try:
-            pane = self.tmux.snapshot().get(session.tmux_name)
-            if pane is None or pane.label != session.id:
-                return ""
-            return self.tmux.tail(session.tmux_name)
+            return self.tmux.tail_if_labelled(session.tmux_name, session.id)
         except TmuxError as exc:
             log.warning("pane_tail_failed", session=session.id, error=str(exc))
             return ""
