@@ -45,6 +45,8 @@ _NO_SESSIONS = "no current target"
 """What ``list-panes -a`` says on a server that runs with no session (its last one just ended, the server not
 exited yet): no panes, like no server."""
 _SERVER_LOST = "server exited unexpectedly"
+_SAFE_WORD = re.compile(r"[A-Za-z0-9._@+-]+")
+"""Session names and labels that go into a tmux format or command string as they are."""
 SERVER_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMUX_TMPDIR")
 """All of our environment the tmux client that starts sessions gets: the client that starts the server gives it
 its global environment (``show-environment -g``), which every process on the socket can read; the witness's
@@ -134,7 +136,7 @@ class Tmux:
             "-t",
             name,
             LABEL_OPTION,
-            label,
+            _literal(label),
         )
         printed: list[str] = []
         for attempt in (1, 2):
@@ -173,10 +175,27 @@ class Tmux:
         try:
             self._run("kill-session", "-t", f"={name}")
         except TmuxError as exc:
-            if "can't find session" in exc.detail or any(m in exc.detail for m in _NO_SERVER):
+            if _no_such_session(exc):
                 return False
             raise
         return True
+
+    def kill_if_labelled(self, name: str, label: str) -> bool:
+        """Kill session ``name`` only if it carries ``label`` (still the session we mean, not a newer one of the
+        same name), checked and done by the tmux server in one call; whether it was killed."""
+        if not _SAFE_WORD.fullmatch(name) or not _SAFE_WORD.fullmatch(label):
+            # Not quotable in a tmux format and command: look first, then kill (two calls).
+            pane = self.snapshot().get(name)
+            return pane is not None and pane.label == label and self.kill(name)
+        target = f"={name}:"
+        check = f"#{{==:#{{{LABEL_OPTION}}},{label}}}"
+        try:
+            out = self._run("if-shell", "-F", "-t", target, check, f"kill-session -t ={name}", "display -p kept")
+        except TmuxError as exc:
+            if _no_such_session(exc):
+                return False
+            raise
+        return out != ["kept"]
 
     def send_text(self, name: str, text: str) -> None:
         """Type ``text`` into the session's pane (literally, no key names, no control characters), without Enter."""
@@ -214,7 +233,7 @@ class Tmux:
                 ";", "capture-pane", "-p", "-J", "-t", target, "-S", f"-{lines * 4}",
             )  # fmt: skip
         except TmuxError as exc:
-            if "can't find" in exc.detail or any(marker in exc.detail for marker in (*_NO_SERVER, _NO_SESSIONS)):
+            if _no_such_session(exc):
                 return ""
             raise
         if not out or out[0] != label:
@@ -228,6 +247,11 @@ class Tmux:
         except TmuxError as exc:
             if not any(marker in exc.detail for marker in _NO_SERVER):
                 raise
+
+
+def _no_such_session(exc: TmuxError) -> bool:
+    """tmux failed because the session it was pointed at is not there (nor, perhaps, its server)."""
+    return "can't find" in exc.detail or any(marker in exc.detail for marker in (*_NO_SERVER, _NO_SESSIONS))
 
 
 def _pane_info(line: str) -> PaneInfo | None:

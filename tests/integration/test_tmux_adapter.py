@@ -35,15 +35,31 @@ def test_a_started_session_reports_its_pane_and_label_as_a_snapshot_then_sees_it
     tmux = Tmux(socket_name)
     started = tmux.start("one", "sleep 30", cwd="/", env={"PATH": "/usr/bin:/bin"}, label="hq-abc-1")
     assert started == tmux.snapshot()["one"], "what start returns is what a snapshot reads"
-    assert started.label == "hq-abc-1" and started.pane_pid > 0 and not started.dead
+    assert started.label == "hq-abc-1"
+    assert started.pane_pid > 0
+    assert not started.dead
 
 
 def test_the_tail_of_a_pane_is_read_only_while_it_carries_the_label(socket_name: str) -> None:
     tmux = Tmux(socket_name)
     assert tmux.tail_if_labelled("one", "hq-abc-1") == "", "no server"
-    tmux.start("one", "printf 'first\\nlast words\\n'; exit 3", cwd="/", env={"PATH": "/usr/bin:/bin"}, label="hq-abc-1")
+    words = "printf 'first\\nlast words\\n'; exit 3"
+    tmux.start("one", words, cwd="/", env={"PATH": "/usr/bin:/bin"}, label="hq-abc-1")
     wait_until(lambda: tmux.snapshot()["one"].dead, message="the pane's process exited")
     tail = tmux.tail_if_labelled("one", "hq-abc-1")
     assert tail.splitlines()[:2] == ["first", "last words"], tail
     assert tmux.tail_if_labelled("one", "hq-abc-2") == "", "another session's name: not its words"
     assert tmux.tail_if_labelled("two", "hq-abc-1") == "", "no such session"
+
+
+@pytest.mark.parametrize("label", ["hq-abc-1", "odd label, with } and ;"])
+def test_a_session_is_killed_only_while_it_carries_the_label(socket_name: str, label: str) -> None:
+    tmux = Tmux(socket_name)
+    assert not tmux.kill_if_labelled("one", label), "no server"
+    tmux.start("one", "sleep 30", cwd="/", env={"PATH": "/usr/bin:/bin"}, label=label)
+    tmux.start("two", "sleep 30", cwd="/", env={"PATH": "/usr/bin:/bin"}, label="hq-abc-2")
+    assert not tmux.kill_if_labelled("one", "hq-abc-9"), "a newer session of the same name is not ours"
+    assert set(tmux.snapshot()) == {"one", "two"}
+    assert tmux.kill_if_labelled("one", label)
+    assert set(tmux.snapshot()) == {"two"}
+    assert not tmux.kill_if_labelled("one", label), "gone already"

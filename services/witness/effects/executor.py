@@ -557,18 +557,21 @@ class Executor:
 
     def _verify_and_kill(self, session: Session) -> None:
         """Kill the session's agent and tmux session, each only if it is still the one we recorded."""
+        if self._stop_if_ours(session):
+            log.info("session_killed", session=session.id, tmux=session.tmux_name)
+
+    def _stop_if_ours(self, session: Session) -> bool:
+        """Stop the session's agent (its process tree) and kill its tmux session, each only if it is still the one
+        recorded: the pane's pid and start time, the tmux session's label. Whether the tmux session was killed."""
         pane = self.tmux.snapshot().get(session.tmux_name)
         if pane is None or pane.label != session.id:
-            return  # gone, or the name now belongs to another session: nothing of ours to kill
+            return False  # gone, or the name now belongs to another session: nothing of ours to kill
         if session.pane_pid and session.pid_started:
             ref = processes.ProcessRef(pid=session.pane_pid, started=session.pid_started)
             # Only a process with the recorded pid AND start time is signalled: a reused pid never is.
             if pane.pane_pid == session.pane_pid and processes.is_alive(ref):
                 processes.stop_tree(ref, timeout=self.settings.kill_grace_s)
-        again = self.tmux.snapshot().get(session.tmux_name)
-        if again is not None and again.label == session.id:
-            self.tmux.kill(session.tmux_name)
-            log.info("session_killed", session=session.id, tmux=session.tmux_name)
+        return self.tmux.kill_if_labelled(session.tmux_name, session.id)
 
     async def _finish_done(self, session: Session, after: str) -> None:
         """The agent died (or hung) after its done-intent: push the branch and submit it, as `gt done` would."""
@@ -671,16 +674,7 @@ class Executor:
 
     def _reap(self, session: Session) -> None:
         self.password_file(session).unlink(missing_ok=True)  # the session has ended: nobody needs it any more
-        pane = self.tmux.snapshot().get(session.tmux_name)
-        if pane is None or pane.label != session.id:
-            return
-        if session.pane_pid and session.pid_started and pane.pane_pid == session.pane_pid:
-            ref = processes.ProcessRef(pid=session.pane_pid, started=session.pid_started)
-            if processes.is_alive(ref):
-                processes.stop_tree(ref, timeout=self.settings.kill_grace_s)
-        again = self.tmux.snapshot().get(session.tmux_name)
-        if again is not None and again.label == session.id:
-            self.tmux.kill(session.tmux_name)
+        self._stop_if_ours(session)
 
     async def reap_pane(self, action: ReapPane) -> None:
         session = self._session(action.session)
