@@ -98,9 +98,12 @@ async def provisioned(url: str) -> tuple[Client, TownConfig]:
     return nc, town
 
 
-def bead_history(beads: int, updates_per_bead: int, *, close: bool = True) -> Iterator[tuple[str, bytes]]:
+def bead_history(
+    beads: int, updates_per_bead: int, *, close: bool = True, description_bytes: int = 0
+) -> Iterator[tuple[str, bytes]]:
     """(subject, data) of a realistic bead history: create, updates, close for each bead, interleaved in
-    rounds so aggregates mix in the stream as they would in a busy town."""
+    rounds so aggregates mix in the stream as they would in a busy town. Each bead's description is
+    ``description_bytes`` long."""
 
     def event(payload: Event, n: int) -> bytes:
         return encode_event(payload, event_id=f"{n:020x}", ts=T0, actor="operator:bench", causation_id=f"c{n}")
@@ -111,7 +114,13 @@ def bead_history(beads: int, updates_per_bead: int, *, close: bool = True) -> It
             bead_id = f"hq-{b:06d}"
             payload: Event
             if rnd == 0:
-                payload = BeadCreated(bead_id=bead_id, title=f"Bench bead {b}", labels=["bench"], priority=b % 5)
+                payload = BeadCreated(
+                    bead_id=bead_id,
+                    title=f"Bench bead {b}",
+                    labels=["bench"],
+                    priority=b % 5,
+                    description="d" * description_bytes,
+                )
             elif rnd == updates_per_bead + 1:
                 payload = BeadClosed(bead_id=bead_id, reason="done")
             else:

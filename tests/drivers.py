@@ -28,6 +28,7 @@ from shared.config import TownConfig
 from shared.errors import CommandError, QueryError
 from shared.events import decode_envelope
 from shared.intake import is_service
+from shared.queries.base import Page
 from shared.service import ServiceSettings
 from tests.log_tools import SEEDED_RIGS, read_all, seed_rigs
 from tests.mayor_town import mayor_town
@@ -60,7 +61,8 @@ class MemoryDriver:
     async def ask(self, what: str, **body: Any) -> Any:
         if what in ("formulas", "formula"):
             raise AssertionError("formula queries need the service's catalog; test them on NATS")
-        return queries.answer(self.town.state, what, body)
+        result = queries.answer(self.town.state, what, body)
+        return result.items if isinstance(result, Page) else result  # as the answer's ``result`` carries it
 
     async def advance(self, seconds: float) -> None:
         self.town.tick(seconds)

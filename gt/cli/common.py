@@ -12,7 +12,7 @@ import msgspec
 from gt.cli import client, render
 from gt.cli.client import Outcome, stream_last_seq
 from shared.bus import commands as bus_commands
-from shared.bus.query import ask_json, reply_of
+from shared.bus.query import ask_all, ask_json, reply_of
 from shared.commands import Command
 from shared.config import TownConfig
 from shared.errors import GastownError
@@ -153,7 +153,16 @@ async def read(nc: Connection, config: TownConfig, query: Query[Any]) -> Any:
     """Ask a query once its service has applied everything stored so far (read-your-writes); the answer as it
     came (JSON), to print with ``--json`` or render (``read_typed`` reads it into the query's reply type)."""
     query = msgspec.structs.replace(query, min_seq=await stream_last_seq(nc, config))
-    return await ask_json(nc, query)
+    if not hasattr(query, "after"):
+        return await ask_json(nc, query)
+    # A list: read page after page (a list of any length fits no single reply).
+    listing = await ask_all(nc, query)
+    if listing.more:
+        print(
+            f"gt: the first {len(listing.items)} shown; more are listed (--limit N for more, --limit 0 for all)",
+            file=sys.stderr,
+        )
+    return listing.items
 
 
 async def read_typed(nc: Connection, config: TownConfig, query: Query[R]) -> R:

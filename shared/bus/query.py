@@ -18,6 +18,7 @@ import nats.errors
 from shared.bus.connection import Connection
 from shared.errors import QueryError
 from shared.queries import Query, reply_type
+from shared.queries.base import DEFAULT_LIST_LIMIT
 
 R = TypeVar("R")
 _DECODE = msgspec.json.Decoder()
@@ -36,6 +37,40 @@ async def ask(nc: Connection, query: Query[R], *, timeout: float = DEFAULT_TIMEO
 
 async def ask_json(nc: Connection, query: Query[Any], *, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
     """Ask ``query``; its answer's ``result`` as it came (JSON types). Raises like ``ask``."""
+    return (await _ask(nc, query, timeout))["result"]
+
+
+class Listing(NamedTuple):
+    """What ``ask_all`` gathered: the items, and whether more were listed than the query's ``limit`` let in."""
+
+    items: list[Any]
+    more: bool
+
+
+async def ask_all(nc: Connection, query: Query[Any], *, timeout: float = DEFAULT_TIMEOUT_S) -> Listing:
+    """Ask a list query (one with ``limit`` and ``after``) page after page, following each answer's ``next``,
+    until it has ``limit`` items (None: ``DEFAULT_LIST_LIMIT``; 0: every one) or the list ends. A page the service
+    cut to fit one reply is followed like any other, so no list is too long to read. Raises like ``ask``."""
+    limit = getattr(query, "limit", None)
+    wanted = DEFAULT_LIST_LIMIT if limit is None else limit
+    items: list[Any] = []
+    while True:
+        answer = await _ask(nc, query, timeout)
+        page = answer["result"]
+        if not isinstance(page, list):
+            raise QueryError("malformed", f"the answer to {query.subject()} is not a list")
+        items.extend(page)
+        cursor = answer.get("next")
+        if not isinstance(cursor, str) or not page:
+            return Listing(items, more=False)
+        if wanted and len(items) >= wanted:
+            return Listing(items[:wanted], more=True)
+        remaining = wanted - len(items) if wanted else 0
+        query = msgspec.structs.replace(query, after=cursor, limit=remaining)
+
+
+async def _ask(nc: Connection, query: Query[Any], timeout: float) -> dict[str, Any]:
+    """The answer to ``query``, checked to be a success."""
     service = query.addressee()
     try:
         reply = await nc.request(query.subject(), query.body(), timeout=timeout)
@@ -51,7 +86,8 @@ async def ask_json(nc: Connection, query: Query[Any], *, timeout: float = DEFAUL
         raise QueryError("malformed", f"the {service} answered {query.subject()} with something not a JSON object")
     if not answer.get("ok"):
         raise QueryError(answer.get("code", "error"), answer.get("message", "query failed"))
-    return answer.get("result")
+    answer.setdefault("result", None)
+    return answer
 
 
 def reply_of(query: Query[R], result: Any) -> R:
@@ -96,9 +132,18 @@ async def serve(nc: Connection, subject: str, *, queue: str, on_request: Callabl
     return Serving(await nc.subscribe(subject, queue=queue, cb=on_msg))
 
 
-async def answer(nc: Connection, request: Request, body: bytes) -> None:
-    """Send ``body`` to the request's reply subject (nothing when it has none); a lost answer is the asker's
-    timeout, never raised here."""
-    if request.reply:
-        with contextlib.suppress(nats.errors.Error):
-            await nc.publish(request.reply, body, headers=request.headers)
+async def answer(nc: Connection, request: Request, body: bytes) -> bool:
+    """Send ``body`` to the request's reply subject (nothing when it has none). False when it could not be sent
+    (the connection is closing, the body is over the server's limit): the caller logs it; never raised here."""
+    if not request.reply:
+        return True
+    try:
+        await nc.publish(request.reply, body, headers=request.headers)
+    except nats.errors.Error:
+        return False
+    return True
+
+
+def max_payload(nc: Connection) -> int:
+    """The largest message the connected server carries (its INFO's ``max_payload``)."""
+    return int(nc.max_payload)

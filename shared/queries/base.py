@@ -35,6 +35,25 @@ class Query(msgspec.Struct, Generic[R], frozen=True, kw_only=True, forbid_unknow
         return _ENCODER.encode(self)
 
 
+DEFAULT_LIST_LIMIT = 1000
+"""How many items a list query (one with ``limit`` and ``after``) answers when its ``limit`` is not given."""
+
+
+PAGE_BYTES = "page_bytes"
+"""The body key of a list query that bounds a page's encoded items; the query server sets it to what one reply
+carries (an asker's smaller value stands)."""
+
+
+class Page(msgspec.Struct, frozen=True, kw_only=True):
+    """What a service's list query returns: ``items`` in the list's order, and ``next``, the cursor (the last item's
+    id) to ask the following page with (the query's ``after``), None on the last page. The answer carries them as
+    ``result`` and ``next``; the query server cuts a page that would not fit in one reply and sets ``next`` there
+    (``shared.service.queries.fit_reply``)."""
+
+    items: list[Any]
+    next: str | None = None
+
+
 @functools.cache
 def reply_type(cls: type[Query[Any]]) -> Any:
     """``R`` of ``cls`` (``Query[R]``), what its answer is read into."""

@@ -36,6 +36,8 @@ class Beads(_MayorQuery, frozen=True, kw_only=True, forbid_unknown_fields=True):
     metadata: dict[str, str] = {}
     include_closed: bool = False
     limit: int | None = None
+    after: str | None = None
+    """A page cursor: list from the item after this id (an answer's ``next``)."""
 
 
 class Ready(_MayorQuery, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -43,6 +45,8 @@ class Ready(_MayorQuery, frozen=True, kw_only=True, forbid_unknown_fields=True):
 
     NAME: ClassVar[str] = "ready"
     limit: int | None = None
+    after: str | None = None
+    """A page cursor: list from the item after this id (an answer's ``next``)."""
 
 
 class Children(_MayorQuery, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -93,6 +97,8 @@ class Convoys(_MayorQuery, frozen=True, kw_only=True, forbid_unknown_fields=True
     NAME: ClassVar[str] = "convoys"
     include_closed: bool = False
     limit: int | None = None
+    after: str | None = None
+    """A page cursor: list from the item after this id (an answer's ``next``)."""
 
 
 class Inbox(_MayorQuery, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -102,6 +108,8 @@ class Inbox(_MayorQuery, frozen=True, kw_only=True, forbid_unknown_fields=True):
     to: str
     include_read: bool = False
     limit: int | None = None
+    after: str | None = None
+    """A page cursor: list from the item after this id (an answer's ``next``)."""
 
 
 class Thread(_MayorQuery, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -125,6 +133,8 @@ class Escalations(Query[list[EscalationSummary]], frozen=True, kw_only=True, for
     NAME: ClassVar[str] = "escalations"
     include_closed: bool = False
     limit: int | None = None
+    after: str | None = None
+    """A page cursor: list from the item after this id (an answer's ``next``)."""
 
 
 class Costs(_MayorQuery, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -22,10 +22,14 @@ from shared.bus.reader import EventReader
 from shared.decoding import UNDECODABLE
 from shared.errors import QueryError
 from shared.projection import Projection
+from shared.queries.base import PAGE_BYTES, Page
 
 log = structlog.get_logger(__name__)
 
 MAX_MIN_SEQ_WAIT_S = 10.0
+REPLY_HEADROOM_BYTES = 4096
+"""Room left in a reply for its headers (the asker's, echoed) and the protocol line."""
+MIN_REPLY_BYTES = 64 * 1024
 _DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
 
@@ -89,17 +93,22 @@ class QueryServer:
 
     async def _answer(self, request: bus_query.Request) -> None:
         what = request.subject.rsplit(".", 1)[-1]
+        assert self._nc is not None
+        limit = max(MIN_REPLY_BYTES, bus_query.max_payload(self._nc) - REPLY_HEADROOM_BYTES)
         try:
-            reply = await self.answer(what, request.data, subjects.session_of_inbox(request.reply))
+            reply = await self.answer(what, request.data, subjects.session_of_inbox(request.reply), limit - 1024)
         except QueryError as exc:
-            reply = {"ok": False, "code": exc.code, "message": exc.message}
+            reply = _error(exc)
         except Exception as exc:
             log.exception("query_failed", query=what)
             reply = {"ok": False, "code": "error", "message": f"{self._service.name} failed to answer: {exc!r}"}
-        assert self._nc is not None
-        await bus_query.answer(self._nc, request, _ENCODER.encode(reply))
+        body = fit_reply(reply, limit, what)
+        if not await bus_query.answer(self._nc, request, body):
+            log.warning("query_answer_failed", query=what, bytes=len(body))
 
-    async def answer(self, what: str, data: bytes, session: str | None = None) -> dict[str, Any]:
+    async def answer(
+        self, what: str, data: bytes, session: str | None = None, reply_bytes: int | None = None
+    ) -> dict[str, Any]:
         """The reply to query ``what`` with body ``data`` (asked from polecat session ``session``'s inbox)."""
         service = self._service
         projection = service.projection
@@ -133,5 +142,44 @@ class QueryServer:
                 "seq": projection.last_seq,
                 "result": {"last_seq": projection.last_seq, "sha256": digest},
             }
+        if reply_bytes is not None:
+            # A list answers a page of what fits in one reply (``Page``): fewer views built, none cut afterwards.
+            asked = body.get(PAGE_BYTES)
+            fits = isinstance(asked, int) and not isinstance(asked, bool) and 0 < asked < reply_bytes
+            body[PAGE_BYTES] = asked if fits else reply_bytes
         result = service.query(what, body) if session is None else service.query_for_session(what, body, session)
+        if isinstance(result, Page):
+            return {"ok": True, "seq": projection.last_seq, "result": result.items, "next": result.next}
         return {"ok": True, "seq": projection.last_seq, "result": result}
+
+
+def _error(exc: QueryError) -> dict[str, Any]:
+    return {"ok": False, "code": exc.code, "message": exc.message}
+
+
+def fit_reply(reply: dict[str, Any], limit: int, what: str) -> bytes:
+    """``reply`` encoded in at most ``limit`` bytes: a page (it has ``next``) that is too large is cut after the
+    last item that fits, its ``next`` the cursor there, so the asker pages on; any other answer that is too large
+    becomes a ``too_large`` error naming the limit. Never an answer the NATS server would refuse to carry, which the
+    asker would only see as silence."""
+    body = _ENCODER.encode(reply)
+    if len(body) <= limit:
+        return body
+    items = reply.get("result")
+    if "next" in reply and isinstance(items, list):
+        frame = len(_ENCODER.encode({**reply, "result": [], "next": "x" * 200}))  # the rest of the answer, a cursor
+        room, kept = limit - frame, 0
+        for item in items:
+            room -= len(_ENCODER.encode(item)) + 1
+            if room < 0:
+                break
+            kept += 1
+        if kept:
+            cut = {**reply, "result": items[:kept], "next": str(items[kept - 1]["id"])[:200]}
+            return _ENCODER.encode(cut)
+    message = (
+        f"the answer to {what} is {len(body)} bytes, over the {limit}-byte limit of one reply (the NATS server's "
+        "max_payload, less room for headers); ask for less: a list query takes `limit` and pages with `after` "
+        "(the CLI pages by itself)"
+    )
+    return _ENCODER.encode(_error(QueryError("too_large", message)))

@@ -13,6 +13,7 @@ from services.witness.queries import check_session_query
 from shared.commands import BeadClaim, Fence, MailArchive, SessionHandoff, StepDone
 from shared.errors import CommandError, QueryError
 from shared.intake import Sender, command_actor, impersonation
+from shared.queries.base import Page
 from shared.subjects import SessionOrigin
 
 ACE = SessionOrigin("demo", "ace", "hq-a-1")
@@ -119,8 +120,8 @@ def test_a_sessions_lists_leave_out_others_mail_and_a_message_of_others_is_refus
     state.convoys["cv-1"] = Convoy(id="cv-1", title="c", beads=["hq-work", "hq-m", "hq-own"], created_at=now)
     ace = queries.mail_visible_to(state, "hq-a-1")
 
-    def ids(found: list[dict[str, object]]) -> list[str]:
-        return sorted(str(b["id"]) for b in found)
+    def ids(found: Page) -> list[str]:
+        return sorted(str(b["id"]) for b in found.items)
 
     assert ids(queries.answer(state, "list", {}, sees=ace)) == ["hq-own", "hq-sent", "hq-work"]
     assert ids(queries.answer(state, "list", {"type": "message"}, sees=ace)) == ["hq-own", "hq-sent"]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -29,8 +29,11 @@ from services.mayor.state import (
 from shared.commands import SEVERITIES
 from shared.commands.mail import normalise_address, polecat_address
 from shared.errors import QueryError
+from shared.queries.base import DEFAULT_LIST_LIMIT, PAGE_BYTES, Page
 
-DEFAULT_LIST_LIMIT = 1000
+T = TypeVar("T")
+_ENCODER = msgspec.json.Encoder()
+
 Sees = Callable[[Bead], bool]
 """Whether the asker may see a bead: every bead, except mail, which a polecat session sees only when it is to or
 from its own polecat (``mail_visible_to``)."""
@@ -113,13 +116,47 @@ def _limit(body: dict[str, Any]) -> int:
     return limit
 
 
-def _take(items: Iterable[Any], limit: int, view: Callable[[Any], dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for item in items:
-        out.append(view(item))
+def _take(
+    items: Iterable[T], body: dict[str, Any], view: Callable[[T], dict[str, Any]], keep: Callable[[T], bool]
+) -> Page:
+    """A page of the list ``items`` (every item, in the list's order: the cursor is found among them whether or
+    not it is still kept, so a bead that stopped matching between pages does not lose the place): the items after
+    ``after`` that ``keep`` keeps, at most ``limit`` of them and ``page_bytes`` of their encoded ``view``s (the
+    query server sets it to what one reply carries); ``next`` when more are kept."""
+    after = _opt_str(body, "after")
+    limit = _limit(body)
+    room = body.get(PAGE_BYTES)
+    if room is not None and (not isinstance(room, int) or isinstance(room, bool) or room <= 0):
+        raise QueryError("invalid", f"`{PAGE_BYTES}` must be a positive integer")
+    rest = iter(items)
+    if after is not None:
+        for item in rest:
+            if _id_of(item) == after:
+                break
+        else:
+            raise QueryError(
+                "stale_cursor", f"`after` names {after!r}, no longer in the list (removed): list from the start"
+            )
+    out: list[dict[str, Any]] = []
+    last: T | None = None
+    for item in rest:
+        if not keep(item):
+            continue
         if limit and len(out) >= limit:
-            break
-    return out
+            return Page(items=out, next=_id_of(last))
+        shown = view(item)
+        if room is not None:
+            room -= len(_ENCODER.encode(shown)) + 1
+            if room < 0 and out:
+                return Page(items=out, next=_id_of(last))
+        out.append(shown)
+        last = item
+    return Page(items=out)
+
+
+def _id_of(item: Any) -> str:
+    ident: str = item.id
+    return ident
 
 
 def _bead(state: MayorState, body: dict[str, Any], sees: Sees, key: str = "id") -> Bead:
@@ -147,11 +184,12 @@ def _get(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
 
 
 def _list(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
-    return _take((b for b in _filtered(state, body) if sees(b)), _limit(body), bead_view)
+    matches = _bead_filter(body)
+    return _take(state.beads.values(), body, bead_view, lambda b: matches(b) and sees(b))
 
 
 def _ready(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
-    return _take((b for b in state.beads.values() if is_ready(state, b) and sees(b)), _limit(body), bead_view)
+    return _take(state.beads.values(), body, bead_view, lambda b: is_ready(state, b) and sees(b))
 
 
 def _children(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
@@ -178,7 +216,8 @@ def _deps(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
     ]
 
 
-def _filtered(state: MayorState, body: dict[str, Any]) -> Iterator[Bead]:
+def _bead_filter(body: dict[str, Any]) -> Callable[[Bead], bool]:
+    """Whether a bead matches every filter of a ``list`` query's ``body`` (checked here, before any bead is)."""
     status = _opt_str(body, "status")
     if status is not None and status not in STATUS_RANK:
         raise QueryError("invalid", f"`status` must be one of {', '.join(STATUSES)}")
@@ -191,24 +230,20 @@ def _filtered(state: MayorState, body: dict[str, Any]) -> Iterator[Bead]:
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise QueryError("invalid", "`metadata` must be an object of strings (every pair must match)")
     include_closed = bool(body.get("include_closed")) or status == "closed"
-    for bead in state.beads.values():
-        if bead.status == "closed" and not include_closed:
-            continue
-        if status is not None and bead.status != status:
-            continue
-        if type_ is not None and bead.type != type_:
-            continue
-        if label is not None and label not in bead.labels:
-            continue
-        if assignee is not None and bead.assignee != assignee:
-            continue
-        if parent is not None and bead.parent != parent:
-            continue
-        if rig is not None and bead.rig != rig:
-            continue
-        if metadata and any(bead.metadata.get(k) != v for k, v in metadata.items()):
-            continue
-        yield bead
+
+    def matches(bead: Bead) -> bool:
+        return (
+            (include_closed or bead.status != "closed")
+            and (status is None or bead.status == status)
+            and (type_ is None or bead.type == type_)
+            and (label is None or label in bead.labels)
+            and (assignee is None or bead.assignee == assignee)
+            and (parent is None or bead.parent == parent)
+            and (rig is None or bead.rig == rig)
+            and not (metadata and any(bead.metadata.get(k) != v for k, v in metadata.items()))
+        )
+
+    return matches
 
 
 # ---- molecules and convoys ---------------------------------------------------------------------
@@ -241,8 +276,9 @@ def _convoy(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
 
 def _convoys(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
     include_closed = bool(body.get("include_closed"))
-    convoys = (c for c in state.convoys.values() if include_closed or c.status == "open")
-    return _take(convoys, _limit(body), lambda c: convoy_view(state, c))
+    return _take(
+        state.convoys.values(), body, lambda c: convoy_view(state, c), lambda c: include_closed or c.status == "open"
+    )
 
 
 # ---- mail and escalations ----------------------------------------------------------------------
@@ -252,12 +288,12 @@ def _inbox(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
     """Open messages to ``to``; unread ones only unless ``include_read``."""
     to = _required(body, "to")
     include_read = bool(body.get("include_read"))
-    messages = (
-        b
-        for b in state.beads.values()
-        if is_message(b) and b.assignee == to and b.status == "open" and (include_read or not is_read(b)) and sees(b)
-    )
-    return _take(messages, _limit(body), bead_view)
+
+    def listed(b: Bead) -> bool:
+        unread = include_read or not is_read(b)
+        return is_message(b) and b.assignee == to and b.status == "open" and unread and sees(b)
+
+    return _take(state.beads.values(), body, bead_view, listed)
 
 
 def _thread(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
@@ -270,9 +306,8 @@ def _thread(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
 def _escalations(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
     """Open and acknowledged escalations, most severe first (closed ones too with ``include_closed``)."""
     include_closed = bool(body.get("include_closed"))
-    found = [e for e in state.escalations.values() if include_closed or e.status != "closed"]
-    found.sort(key=lambda e: (-SEVERITIES.index(e.severity), e.raised_at))
-    return _take(found, _limit(body), escalation_view)
+    ordered = sorted(state.escalations.values(), key=lambda e: (-SEVERITIES.index(e.severity), e.raised_at))
+    return _take(ordered, body, escalation_view, lambda e: include_closed or e.status != "closed")
 
 
 def _costs(state: MayorState, body: dict[str, Any], sees: Sees) -> Any:
