@@ -1,5 +1,6 @@
 """List answers in pages: the mayor's cursor (``after``) and page size, and the query server's cut of any answer
-to what one reply carries (``fit_reply``). Pure: no NATS (the 100,000-bead run is tests/integration/test_query_pages.py)."""
+to what one reply carries (``fit_reply``). Pure: no NATS (lists far over the limit on a real server:
+tests/integration/test_query_pages.py)."""
 
 from __future__ import annotations
 
