@@ -12,7 +12,7 @@ import msgspec
 
 from shared import subjects
 from shared.bus import streams
-from shared.bus.query import ask
+from shared.bus.query import ask, ask_all
 from shared.config import TownConfig
 from shared.errors import EventDecodeError, QueryError, UnknownEventTypeError
 from shared.events import REGISTRY, decode_envelope
@@ -95,7 +95,7 @@ async def _ids_for(nc: Connection, bead: str) -> tuple[list[tuple[str, str]], li
     sessions, mrs, escalations = await asyncio.gather(
         ask(nc, witness.Sessions(bead=bead, all=True), timeout=QUERY_TIMEOUT_S),
         ask(nc, refinery.Mrs(), timeout=QUERY_TIMEOUT_S),
-        ask(nc, mayor.Escalations(include_closed=True, limit=0), timeout=QUERY_TIMEOUT_S),
+        ask_all(nc, mayor.Escalations(include_closed=True, limit=0), timeout=QUERY_TIMEOUT_S),  # read in pages
         return_exceptions=True,
     )
     for service, answer in (("witness", sessions), ("refinery", mrs), ("mayor", escalations)):
@@ -108,7 +108,7 @@ async def _ids_for(nc: Connection, bead: str) -> tuple[list[tuple[str, str]], li
     if not isinstance(mrs, BaseException):
         found += [("mr", m.id) for m in mrs if m.bead == bead]
     if not isinstance(escalations, BaseException):
-        found += [("escalation", e.id) for e in escalations if e.bead == bead]
+        found += [("escalation", e["id"]) for e in escalations.items if e.get("bead") == bead]
     return found, missing
 
 

@@ -10,6 +10,7 @@ from gt.cli.common import (
     Subcommands,
     command_options,
     key_values,
+    limit_option,
     print_id,
     read,
     read_options,
@@ -51,7 +52,7 @@ def register(sub: Subcommands) -> None:
         ls.add_argument(flag)
     ls.add_argument("--meta", action="append", metavar="KEY=VALUE", help="metadata that must match (repeatable)")
     ls.add_argument("--all", action="store_true", help="include closed beads")
-    ls.add_argument("--limit", type=int, default=1000, help="at most this many (0: all)")
+    limit_option(ls)
     read_options(ls)
     ls.set_defaults(handler=_list)
 
@@ -94,7 +95,7 @@ def register(sub: Subcommands) -> None:
     feed.register_history(bead)
 
     r = sub.add_parser("ready", help="open beads with no open blocker")
-    r.add_argument("--limit", type=int, default=1000, help="at most this many (0: all)")
+    limit_option(r)
     read_options(r)
     r.set_defaults(handler=_ready)
 

@@ -17,6 +17,7 @@ from shared.commands import Command
 from shared.config import TownConfig
 from shared.errors import GastownError
 from shared.queries import Query
+from shared.queries.base import DEFAULT_LIST_LIMIT
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -147,6 +148,16 @@ async def send(
     if before_report is not None and outcome.type == "cmd.accepted":
         await before_report(outcome.data.setdefault("result", {}))
     return report(outcome, cmd, as_json=args.json, printer=printer)
+
+
+def limit_option(parser: argparse.ArgumentParser) -> None:
+    """``--limit`` of a command that lists: how many items it shows (the list is read in pages up to there)."""
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_LIST_LIMIT,
+        help=f"at most this many (default {DEFAULT_LIST_LIMIT}; 0: all)",
+    )
 
 
 async def read(nc: Connection, config: TownConfig, query: Query[Any]) -> Any:

@@ -13,6 +13,7 @@ from gt.cli.common import (
     Subcommands,
     command_options,
     key_values,
+    limit_option,
     print_id,
     read,
     read_options,
@@ -54,6 +55,7 @@ def register(sub: Subcommands) -> None:
 
     ls = convoy.add_parser("list", help="open convoys with their progress")
     ls.add_argument("--all", action="store_true", help="closed ones too")
+    limit_option(ls)
     read_options(ls)
     ls.set_defaults(handler=_list)
 
@@ -100,7 +102,7 @@ async def _status(nc: Connection, args: argparse.Namespace, config: TownConfig) 
 
 
 async def _list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, mayor.Convoys(include_closed=args.all))
+    found = await read(nc, config, mayor.Convoys(include_closed=args.all, limit=args.limit))
     return show(args, found, render.convoy_table)
 
 

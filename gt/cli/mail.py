@@ -14,6 +14,7 @@ from gt.cli.common import (
     Subcommands,
     UsageError,
     command_options,
+    limit_option,
     print_id,
     read,
     read_options,
@@ -52,6 +53,7 @@ def register(sub: Subcommands) -> None:
     i = mail.add_parser("inbox", help="open, unread messages to an address (default: you)")
     i.add_argument("address", nargs="?")
     i.add_argument("--all", action="store_true", help="read ones too")
+    limit_option(i)
     read_options(i)
     i.set_defaults(handler=_inbox)
 
@@ -88,6 +90,7 @@ def register(sub: Subcommands) -> None:
 
     ls = sub.add_parser("escalations", help="open escalations, most severe first")
     ls.add_argument("--all", action="store_true", help="closed ones too")
+    limit_option(ls)
     read_options(ls)
     ls.set_defaults(handler=_escalations)
 
@@ -135,7 +138,9 @@ async def _archive(nc: Connection, args: argparse.Namespace, config: TownConfig)
 
 
 async def _inbox(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    query = mayor.Inbox(to=normalise_address(args.address) if args.address else _me(args), include_read=args.all)
+    query = mayor.Inbox(
+        to=normalise_address(args.address) if args.address else _me(args), include_read=args.all, limit=args.limit
+    )
     return show(args, await read(nc, config, query), render.message_table)
 
 
@@ -170,7 +175,7 @@ async def _escalate(nc: Connection, args: argparse.Namespace, config: TownConfig
 
 
 async def _escalations(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, mayor.Escalations(include_closed=args.all))
+    found = await read(nc, config, mayor.Escalations(include_closed=args.all, limit=args.limit))
     return show(args, found, render.escalation_table)
 
 
