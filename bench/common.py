@@ -99,18 +99,18 @@ async def provisioned(url: str) -> tuple[Client, TownConfig]:
 
 
 def bead_history(
-    beads: int, updates_per_bead: int, *, close: bool = True, description_bytes: int = 0
+    beads: int, updates_per_bead: int, *, close: bool = True, description_bytes: int = 0, first: int = 0
 ) -> Iterator[tuple[str, bytes]]:
     """(subject, data) of a realistic bead history: create, updates, close for each bead, interleaved in
     rounds so aggregates mix in the stream as they would in a busy town. Each bead's description is
-    ``description_bytes`` long."""
+    ``description_bytes`` long; the beads are ``hq-<first>`` on (six digits)."""
 
     def event(payload: Event, n: int) -> bytes:
         return encode_event(payload, event_id=f"{n:020x}", ts=T0, actor="operator:bench", causation_id=f"c{n}")
 
     n = 0
     for rnd in range(updates_per_bead + (2 if close else 1)):
-        for b in range(beads):
+        for b in range(first, first + beads):
             bead_id = f"hq-{b:06d}"
             payload: Event
             if rnd == 0:
