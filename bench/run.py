@@ -112,6 +112,9 @@ def render(figures: list[Figure], facts: dict[str, str], *, quick: bool) -> str:
         f"- **(d) queries**: sequential `{query_subject('mayor', 'get')}` requests for random beads; the ceiling "
         "is a core NATS",
         "  request/reply to a trivial responder process returning a reply of the same size.",
+        "- **(r) pages**: `ready` and `list` pages of 100 (p50 of 200 asks) as one mayor's town grows from 1,000",
+        "  to 100,000 beads, against the same page at 1,000 beads in the same run (1.00: flat); and the whole",
+        "  ready list read page by page (`ask_all`, `limit` 0), each page what one 4 MB reply carries.",
         "- **(e), (f) work**: beads are slung with the 6-step `polecat-work` formula (each sling cooks the formula",
         "  and stores four events), then every step is done, all commands in flight at once; the ceiling is the",
         "  same as (c). **(g)** replays the resulting log (creates, molecules, steps, convoys, closes) into the",
