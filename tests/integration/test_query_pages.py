@@ -51,3 +51,13 @@ async def test_lists_far_over_the_message_limit_arrive_in_pages_through_the_api_
         # A page of a given size.
         middle = await gt("bead", "list", "--limit", "5", "--json", timeout=120)
         assert [b["id"] for b in middle.json()] == expected[:5]
+
+
+async def test_a_limit_that_is_no_count_is_a_usage_error_before_anything_is_asked(gt: Gt) -> None:
+    for command in (("ready",), ("bead", "list"), ("convoy", "list"), ("mail", "inbox"), ("escalations",)):
+        negative = await gt(*command, "--limit", "-1")
+        assert negative.code == 2, negative
+        assert "-1 is negative (0 means all)" in negative.err
+        word = await gt(*command, "--limit", "many")
+        assert word.code == 2, word
+        assert "'many' is not a whole number" in word.err
