@@ -11,6 +11,7 @@ import msgspec
 
 from gt.cli import client, render
 from gt.cli.client import Outcome, stream_last_seq
+from shared.arguments import non_negative_int
 from shared.bus import commands as bus_commands
 from shared.bus.query import ask_all, ask_json, reply_of
 from shared.commands import Command
@@ -154,21 +155,10 @@ def limit_option(parser: argparse.ArgumentParser) -> None:
     """``--limit`` of a command that lists: how many items it shows (the list is read in pages up to there)."""
     parser.add_argument(
         "--limit",
-        type=_count,
+        type=non_negative_int,
         default=DEFAULT_LIST_LIMIT,
         help=f"at most this many (default {DEFAULT_LIST_LIMIT}; 0: all)",
     )
-
-
-def _count(text: str) -> int:
-    """A whole number of 0 or more (argparse's usage error otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative (0 means all)")
-    return value
 
 
 async def read(nc: Connection, config: TownConfig, query: Query[Any]) -> Any:

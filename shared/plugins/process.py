@@ -11,6 +11,7 @@ import structlog
 
 from shared import config as town_config
 from shared import logging as gt_logging
+from shared.arguments import non_negative_int, positive_float
 from shared.plugins.sdk import Plugin
 from shared.privacy import private_files
 from shared.service.lifecycle import stop_on_signals
@@ -18,6 +19,7 @@ from shared.service.lifecycle import stop_on_signals
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+__all__ = ["non_negative_int", "plugin_parser", "positive_float", "run_plugin"]
 
 
 def plugin_parser(name: str, description: str) -> argparse.ArgumentParser:
@@ -28,27 +30,6 @@ def plugin_parser(name: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default=os.environ.get("GT_LOG_LEVEL", "INFO"))
     parser.add_argument("--log-json", action="store_true", default=None, help="JSON logs even on a TTY")
     return parser
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a number of seconds above zero."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
 
 
 def run_plugin(name: str, args: argparse.Namespace, build: Callable[[town_config.TownConfig], Plugin]) -> int:

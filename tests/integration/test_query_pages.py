@@ -57,7 +57,7 @@ async def test_a_limit_that_is_no_count_is_a_usage_error_before_anything_is_aske
     for command in (("ready",), ("bead", "list"), ("convoy", "list"), ("mail", "inbox"), ("escalations",)):
         negative = await gt(*command, "--limit", "-1")
         assert negative.code == 2, negative
-        assert "-1 is negative (0 means all)" in negative.err
+        assert "must be 0 or more, got -1" in negative.err
         word = await gt(*command, "--limit", "many")
         assert word.code == 2, word
         assert "'many' is not a whole number" in word.err

@@ -451,13 +451,19 @@ def test_a_finished_session_is_cleaned_with_its_worktree_and_the_bead_gets_no_ne
     assert w.plan() == [Clean(session=session, remove_worktree=True)]
 
 
-def test_an_agent_running_on_after_gt_done_has_a_grace_to_see_the_result_before_it_is_cleaned() -> None:
+def ended_by_gt_done() -> tuple[World, str]:
+    """A world with one session that `gt done` ended, not cleaned up yet: its agent may still run."""
     w = World()
     w.rig()
     w.bead("gt-abc")
     session = w.running("gt-abc")
     w.add(SessionDoneIntent(session_id=session))
     w.end(session, "done", cleaned=False)
+    return w, session
+
+
+def test_an_agent_running_on_after_gt_done_has_a_grace_to_see_the_result_before_it_is_cleaned() -> None:
+    w, session = ended_by_gt_done()
     # Cleaning kills the session's process tree: `gt done` (which just ended it) and the agent that ran it.
     assert w.plan(w.observe(w.pane(session))) == [], "the agent is still reading what `gt done` said"
     w.tick(POLICY.done_exit_grace_s - 1)
@@ -467,12 +473,7 @@ def test_an_agent_running_on_after_gt_done_has_a_grace_to_see_the_result_before_
 
 
 def test_an_agent_that_exits_after_gt_done_is_cleaned_up_at_once() -> None:
-    w = World()
-    w.rig()
-    w.bead("gt-abc")
-    session = w.running("gt-abc")
-    w.add(SessionDoneIntent(session_id=session))
-    w.end(session, "done", cleaned=False)
+    w, session = ended_by_gt_done()
     clean = [Clean(session=session, remove_worktree=True)]
     assert w.plan(w.observe(w.pane(session, dead=True))) == clean, "its pane is dead: the agent exited"
     assert w.plan(w.observe(w.pane(session), alive={session: False})) == clean, "its process is gone"
@@ -480,12 +481,7 @@ def test_an_agent_that_exits_after_gt_done_is_cleaned_up_at_once() -> None:
 
 
 def test_an_agent_that_ended_its_turn_after_gt_done_is_cleaned_up_without_waiting_out_the_grace() -> None:
-    w = World()
-    w.rig()
-    w.bead("gt-abc")
-    session = w.running("gt-abc")
-    w.add(SessionDoneIntent(session_id=session))
-    w.end(session, "done", cleaned=False)
+    w, session = ended_by_gt_done()
     assert w.plan(w.observe(w.pane(session))) == [], "still in the turn that ran `gt done`"
     reported = w.observe(w.pane(session), reported_done=frozenset({session}))
     assert w.plan(reported) == [Clean(session=session, remove_worktree=True)], "its turn ended: it read the result"
