@@ -160,6 +160,12 @@ class PolecatTown:
         result: list[Session] = await assert_eventually(settled, timeout=timeout, interval=0.1)
         return result
 
+    @staticmethod
+    def endings(sessions: list[Session]) -> str:
+        """How each session ended and what its pane last showed: for an assertion's message, so a session that
+        ended unexpectedly (in CI, once) says why."""
+        return "\n".join(f"{s.id}: {s.end_reason} ({s.end_detail})\n{s.pane_tail}" for s in sessions)
+
     def _ref(self, branch: str) -> str:
         """The branch's commit, or main once the refinery merged it and deleted the branch. A commit, not the
         branch's name: the refinery may delete the branch right after this looked (the commit stays)."""

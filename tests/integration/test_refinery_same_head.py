@@ -161,4 +161,6 @@ async def test_a_bead_resubmitting_the_commit_that_failed_is_gated_again_and_esc
     failed = [d for k, d in await events_of(pt.nc, f"gt.evt.mr.{mr_id}") if k == "mr.failed"]
     assert [f.get("escalated", False) for f in failed] == [False, False, True]
     sessions = await pt.wait_settled(bead)
-    assert [s.end_reason for s in sessions] == ["done", "done", "done"], "sent back twice, then escalated"
+    assert [s.end_reason for s in sessions] == ["done", "done", "done"], "sent back twice, then escalated:\n" + (
+        pt.endings(sessions)
+    )
