@@ -46,6 +46,7 @@ def test_the_benchmarks_run_and_report_every_figure_with_its_ceiling(gt_env: dic
         "(p)",
         "(p)",
         "(q)",
+        *["(r)"] * 3,
     ]
     for row in rows:
         cells = [cell.strip() for cell in row.split("|")[1:-1]]
