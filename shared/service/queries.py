@@ -30,6 +30,8 @@ MAX_MIN_SEQ_WAIT_S = 10.0
 REPLY_HEADROOM_BYTES = 4096
 """Room left in a reply for its headers (the asker's, echoed) and the protocol line."""
 MIN_REPLY_BYTES = 64 * 1024
+ENVELOPE_BYTES = 1024
+"""Of a reply, what a list page leaves for the rest of the answer (``ok``, ``seq``, ``next``)."""
 _DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
 
@@ -96,7 +98,8 @@ class QueryServer:
         assert self._nc is not None
         limit = max(MIN_REPLY_BYTES, bus_query.max_payload(self._nc) - REPLY_HEADROOM_BYTES)
         try:
-            reply = await self.answer(what, request.data, subjects.session_of_inbox(request.reply), limit - 1024)
+            session = subjects.session_of_inbox(request.reply)  # asked from a polecat session's inbox
+            reply = await self.answer(what, request.data, session, reply_bytes=limit - ENVELOPE_BYTES)
         except QueryError as exc:
             reply = _error(exc)
         except Exception as exc:
