@@ -181,3 +181,23 @@ def gt_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def python() -> str:
     return sys.executable
+
+
+_RERUN_REPORTS: list[pytest.TestReport] = []
+"""First failures of tests that ./dev test ran again (pytest-rerunfailures), for the summary."""
+RERUN_TRACEBACK_CHARS = 4000
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.outcome == "rerun":  # type: ignore[comparison-overlap]  # the rerun plugin's own outcome
+        _RERUN_REPORTS.append(report)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Why each test that passed on its second run failed on its first: a race to look into, not to forget."""
+    if not _RERUN_REPORTS:
+        return
+    terminalreporter.section("first failures of the tests run again")
+    for report in _RERUN_REPORTS:
+        terminalreporter.write_line(f"--- {report.nodeid} ({report.when})")
+        terminalreporter.write_line(report.longreprtext[-RERUN_TRACEBACK_CHARS:])
