@@ -48,7 +48,9 @@ STORE_DEADLINE_S = 30.0
 """How long a client's command may take to be stored while the stream is unreachable (resent meanwhile)."""
 RETRY_PAUSE_S = 0.5
 LIVENESS_TIMEOUT_S = 2.0
-"""How long a status query may take before the owning service counts as not answering."""
+"""How long the status query that asks whether the owning service is there may take. Only nobody subscribing to
+its queries (NATS's no responders) counts as down: a service too busy to answer that soon is there, and the
+command's outcome is waited for until the sender's own timeout."""
 _FOREVER_S = 365 * 24 * 3600.0
 
 
@@ -184,9 +186,11 @@ async def send(
 
 
 async def _answers(nc: Client, service: str) -> bool:
-    """Whether an instance of ``service`` answers a status query (any answer counts)."""
+    """Whether an instance of ``service`` is there: it answers a status query (any answer counts) or at least
+    subscribes to them. A loaded town's service may take seconds to answer; calling it down then made `gt` say
+    "the mayor is not running" of a running mayor and give up on an outcome that came a moment later."""
     try:
         await ask(nc, Status(service=service), timeout=LIVENESS_TIMEOUT_S)
     except QueryError as exc:
-        return exc.code not in ("unavailable", "timeout")
+        return exc.code != "unavailable"
     return True

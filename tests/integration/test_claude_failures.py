@@ -148,10 +148,10 @@ async def test_a_429_and_529_storm_is_retried_by_claude_and_the_session_is_not_w
         monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
         await pt.sling(bead)
         await merged(pt, server, bead)
+        [session] = await pt.wait_settled(bead)  # while the model answers the turn after `gt done`
     statuses = [a.status for a in server.answers]
     assert statuses.count(429) == 6, statuses
     assert statuses.count(529) == 6, statuses
-    [session] = await pt.wait_settled(bead)
     assert session.warrant_reason is None, "retrying is not stalling"
     assert session.end_reason == "done"
     assert session.escalated is None
@@ -199,7 +199,8 @@ async def test_a_401_is_escalated_at_once_naming_rig_and_session_and_the_rig_is_
         server.add(Script(name="refused", turns=fixed))
         await pt.ok("gt.cmd.rig.unpark", name="demo")
         await merged(pt, server, bead)
-    assert [s.end_reason for s in await pt.wait_settled(bead)] == ["agent_unauthorized", "done"]
+        sessions = await pt.wait_settled(bead)  # while the model answers the turn after `gt done`
+    assert [s.end_reason for s in sessions] == ["agent_unauthorized", "done"]
 
 
 # ---- 4. a nudge typed while Claude Code generates ----------------------------------------------------------------
@@ -299,7 +300,7 @@ async def test_clear_re_primes_the_session_with_the_current_step_and_the_work_co
         pt.tmux.send_enter(session.tmux_name)
         await assert_eventually(lambda: "session-start clear" in hooks.read_text(), timeout=60)
         await merged(pt, server, bead, timeout=90)
-    [done] = await pt.wait_settled(bead)
+        [done] = await pt.wait_settled(bead)  # while the model answers the turn after `gt done`
     assert done.end_reason == "done", "the same session went on after /clear"
     cleared = [r for r in server.turns("clear") if r.turn == 0][-1]
     assert "Current step: implement" in json.dumps(cleared.body), "re-primed with the current step after /clear"
@@ -337,7 +338,7 @@ async def test_an_exhausted_context_is_compacted_and_the_same_session_goes_on_on
         await pt.sling(bead)
         session = await started_session(pt, bead)
         await merged(pt, server, bead)
-    [done] = await pt.wait_settled(bead)
+        [done] = await pt.wait_settled(bead)  # while the model answers the turn after `gt done`
     assert done.id == session.id
     assert done.end_reason == "done", "the same session went on after the compaction"
     assert done.warrant_reason is None

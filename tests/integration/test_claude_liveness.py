@@ -104,7 +104,7 @@ async def test_a_claude_session_busy_with_its_own_tools_for_three_stall_limits_i
         await pt.sling(bead)
         await pt.wait_merge_requested(bead, timeout=240)
         assert server.failures == []
-    sessions = await pt.wait_settled(bead, timeout=120)
+        sessions = await pt.wait_settled(bead, timeout=120)  # while the model answers the turn after `gt done`
     assert [(s.warrant_reason, s.end_reason) for s in sessions] == [(None, "done")], [
         (s.warrant_reason, s.warrant_detail) for s in sessions
     ]
@@ -132,7 +132,7 @@ async def test_a_429_and_529_storm_of_three_stall_limits_is_no_stall_while_claud
                 [(a.turn, a.status) for a in server.answers],
             ) from exc
         assert server.failures == []
-    sessions = await pt.wait_settled(bead, timeout=120)
+        sessions = await pt.wait_settled(bead, timeout=120)  # while the model answers the turn after `gt done`
     assert [(s.warrant_reason, s.end_reason) for s in sessions] == [(None, "done")], [
         (s.warrant_reason, s.warrant_detail) for s in sessions
     ]
@@ -158,6 +158,6 @@ async def test_a_claude_session_whose_model_stops_answering_is_warranted_and_the
         await pt.wait_merge_requested(bead, timeout=240)
         assert server.failures == []
         server.release()
-    sessions = await pt.wait_settled(bead, timeout=120)
+        sessions = await pt.wait_settled(bead, timeout=120)  # while the model answers the turn after `gt done`
     assert [(s.warrant_reason, s.end_reason) for s in sessions] == [("stalled", "stalled"), (None, "done")]
     assert "activity" in (sessions[0].warrant_detail or "")

@@ -100,10 +100,13 @@ async def test_claude_sessions_work_beads_end_to_end_through_the_refinery(
             return True
 
         await assert_eventually(merged_while_watching, timeout=RUN_DEADLINE_S, interval=0.5)
+        # Settled while the model still answers: each agent's last turn, after `gt done`, needs its answer (a
+        # closed model server leaves Claude Code retrying it for minutes, and its Stop hook never runs).
+        settled = [await pt.wait_settled(bead) for bead in beads]
 
     assert server.failures == []
     for n, bead in enumerate(beads):
-        sessions = await pt.wait_settled(bead)
+        sessions = settled[n]
         assert [s.end_reason for s in sessions] == ["done"], "one session per bead, no failed start, no stall"
         shown = git.git("show", f"main:feature-{n}.txt", cwd=pt.origin)
         assert shown == f"feature {n}: final\n", "Claude Code's own Write then Edit made the file"
@@ -176,8 +179,8 @@ async def test_a_claude_session_that_ran_python_tests_hands_in_its_work_and_no_b
             return True
 
         await assert_eventually(merged, timeout=RUN_DEADLINE_S, interval=0.5)
+        sessions = await pt.wait_settled(bead)  # while the model answers the turn after `gt done`
     assert server.failures == []
-    sessions = await pt.wait_settled(bead)
     assert [s.end_reason for s in sessions] == ["done"], "`gt done` took the worktree as clean at once"
     tree = git.git("ls-tree", "-r", "--name-only", "main", cwd=pt.origin).split()
     assert not [path for path in tree if "__pycache__" in path or path.endswith(".pyc")], tree
@@ -285,8 +288,8 @@ async def test_a_conflict_sent_back_to_claude_code_points_it_at_the_rework_steps
             return True
 
         await assert_eventually(merged, timeout=RUN_DEADLINE_S, interval=0.5)
+        sessions = await pt.wait_settled(bead)  # while the model answers the turn after `gt done`
     assert server.failures == []
-    sessions = await pt.wait_settled(bead)
     assert [s.id for s in sessions][:1] == [first.id]
     assert [s.end_reason for s in sessions] == ["done", "done"]
     assert git.git("show", f"main:{GUESTBOOK}", cwd=pt.origin) == "main was here\nclaude was here\n"

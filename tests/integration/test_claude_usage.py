@@ -72,8 +72,7 @@ async def test_a_claude_sessions_usage_is_recorded_as_the_model_server_sent_it_a
             return mark
 
         mark = await assert_eventually(final, timeout=RUN_DEADLINE_S, interval=0.2)
-
-    [ended] = await pt.wait_settled(bead)
+        [ended] = await pt.wait_settled(bead)  # while the model answers the turn after `gt done`
     assert ended.end_reason == "done"
     sent = usage_sent(server, "story-0")
     assert len(server.usage("story-0")) == len(script.turns)

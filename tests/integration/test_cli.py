@@ -5,20 +5,25 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from nats.aio.client import Client
 
 from services.mayor.service import MayorService
+from shared.bus.commands import LIVENESS_TIMEOUT_S
 from shared.bus.topology import evt_stream_config
 from shared.commands import COMMANDS
 from shared.config import TownConfig
+from tests.helpers import assert_eventually
 from tests.integration.test_mayor_service import run_mayor
+from tests.service_process import ServiceProcess
 
 
 @dataclass
@@ -183,6 +188,30 @@ async def test_a_command_stored_while_the_mayor_is_down_says_so_and_exits_0(
         assert waited.out.strip().startswith("hq-")
         titles = [b["title"] for b in (await gt("bead", "list", "--json")).json()]
         assert titles == ["queued while down", "waited for"]
+
+
+async def test_a_command_to_a_mayor_too_busy_to_answer_its_status_query_waits_for_its_outcome(
+    gt: Gt, town: TownConfig, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Found when a loaded machine ran the Claude Code tests: `gt step done` said "the mayor is not running" of a
+    running mayor that took over two seconds to answer, and gave up on an outcome that came a moment later. Only
+    nobody subscribing counts as down; a frozen mayor (SIGSTOP) stands for one that is slow."""
+    mayor = ServiceProcess(
+        "mayor", {**gt_env, "NATS_URL": town.nats_url, "GT_HOME": str(town.gt_home)}, tmp_path / "mayor.log"
+    )
+    mayor.start()
+    try:
+        await assert_eventually(lambda: mayor.logged("activity_acquired"), timeout=60, interval=0.1)
+        mayor.signal(signal.SIGSTOP)
+        sent = asyncio.ensure_future(gt("bead", "create", "sent to a busy mayor", "--id", "busy-1"))
+        await asyncio.sleep(LIVENESS_TIMEOUT_S + 1)  # its status query has gone unanswered
+        assert not sent.done(), (await sent).out
+        mayor.signal(signal.SIGCONT)
+        created = await sent
+        assert created.code == 0, created.err
+        assert re.fullmatch(r"hq-[0-9a-z]{6}", created.out.strip()), created.out  # its id: the mayor answered
+    finally:
+        mayor.stop()
 
 
 async def test_health_and_init(gt: Gt, town: TownConfig) -> None:
