@@ -1,13 +1,13 @@
-"""(p) sling -> a Claude Code session's SessionStart hook fired, (q) the orchestrator's CPU per tool call of the
+"""(s) sling -> a Claude Code session's SessionStart hook fired, (t) the orchestrator's CPU per tool call of the
 activity path (issue 21, point 4).
 
-(p): mayor and witness as their own processes, a rig with ``--agent claude`` (the real ``claude`` that
+(s): mayor and witness as their own processes, a rig with ``--agent claude`` (the real ``claude`` that
     ``./dev setup`` installs), the scripted model server answering nothing (a stall: the session stays at its
     first turn). Per session, from the sling command's publication to the session-start mark the SessionStart
     hook (``gt agent-hook session-start``) leaves in the session's runtime dir; p50 and p99, one session at a
     time. Ceiling: the bare binary started by hand (``claude -p``, the same config home set-up, the same model
     server) until its first request reaches the model server.
-(q): what runs per tool call: the PostToolUse hook (``sh -c`` of its redirection, as Claude Code runs a hook
+(t): what runs per tool call: the PostToolUse hook (``sh -c`` of its redirection, as Claude Code runs a hook
     command) and the witness's share (one observation of the session's activity files: the hook's mark, the
     session-start mark, the transcripts; counted as if every tool call had its own patrol, an upper bound).
     CPU (user + system, children included) per call. Ceiling: a bare ``sh -c true`` hook.
@@ -39,7 +39,7 @@ QUIET = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER":
 
 
 def silent(name: str) -> Script:
-    """A session whose model never answers: it stays at its first turn, which is all (p) needs."""
+    """A session whose model never answers: it stays at its first turn, which is all (s) needs."""
     return Script(name=name, turns=(say("never sent"),), faults=(Fault(kind="stall", times=None),))
 
 
@@ -85,7 +85,7 @@ async def _start(sessions: int) -> list[Figure]:
     note = f"{sessions} sessions one at a time; the model never answers (the session waits at its first turn)"
     return [
         Figure(
-            name=f"(p) sling -> Claude Code SessionStart hook fired, p{pct}",
+            name=f"(s) sling -> Claude Code SessionStart hook fired, p{pct}",
             value=percentile(hooked, pct),
             unit="s",
             ceiling=percentile(bare, pct),
@@ -198,7 +198,7 @@ def _activity_cpu(calls: int) -> Figure:
         witness = (_own_cpu() - before) / calls
     ms = 1000.0
     return Figure(
-        name="(q) orchestrator CPU per tool call of the activity path (PostToolUse hook + the witness's share)",
+        name="(t) orchestrator CPU per tool call of the activity path (PostToolUse hook + the witness's share)",
         value=(hook + witness) * ms,
         unit="ms",
         ceiling=bare * ms,

@@ -272,6 +272,18 @@ async def run_commands(nc: Client, cmds: Sequence[Command]) -> tuple[float, floa
     return elapsed, stored_s, outcomes
 
 
+Round = tuple[float, float]
+"""(measured seconds, ceiling seconds) of one round: both timed in that round, one right after the other."""
+
+
+def median_round(rounds: Sequence[Round]) -> Round:
+    """The round whose ratio (ceiling / measured: the share of the ceiling reached) is the median; of an even
+    count, the lower of the two middle ones. A figure a sceptic accepts: value and ceiling from one round, and
+    never the best round (a lucky ceiling or a lucky measurement does not pick it)."""
+    ordered = sorted(rounds, key=lambda r: r[1] / r[0])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))

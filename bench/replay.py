@@ -20,7 +20,7 @@ import time
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from bench.common import REPO_ROOT, Figure, bead_history, bulk_load, provisioned, server
+from bench.common import REPO_ROOT, Figure, Round, bead_history, bulk_load, median_round, provisioned, server
 from services.mayor.projection import new_projection
 from shared import runtime, subjects
 from shared.bus.reader import EventReader
@@ -83,24 +83,24 @@ async def run(total_events: int = 1_000_000, rounds: int = 2) -> list[Figure]:
         load_s = time.perf_counter() - load_started
         print(f"loaded {last:,} events ({beads:,} beads) in {load_s:.1f}s", flush=True)
 
-        ceilings, measured = [], []
+        replays: list[Round] = []
         projection = None
         for _ in range(rounds):
             gc.collect()
-            ceilings.append(await _ceiling_replay(nc, town, last))
+            ceiling_s = await _ceiling_replay(nc, town, last)
             gc.collect()
             elapsed, projection = await _projection_replay(nc, town, last)
-            measured.append(elapsed)
-        best_ceiling, best_measured = min(ceilings), min(measured)
+            replays.append((elapsed, ceiling_s))
+        replay_s, replay_ceiling_s = median_round(replays)
         figures.append(
             Figure(
                 name=f"(a) rebuild the mayor's projection from {last:,} events",
-                value=last / best_measured,
+                value=last / replay_s,
                 unit="events/s",
-                ceiling=last / best_ceiling,
+                ceiling=last / replay_ceiling_s,
                 ceiling_name="ordered consumer + decode",
                 target=">= 0.7",
-                notes=[f"{best_measured:.1f}s vs {best_ceiling:.1f}s; best of {rounds}; {beads:,} beads"],
+                notes=[f"{replay_s:.1f}s vs {replay_ceiling_s:.1f}s; the median round of {rounds}; {beads:,} beads"],
             )
         )
         print(figures[-1].line(), flush=True)
@@ -126,27 +126,32 @@ async def run(total_events: int = 1_000_000, rounds: int = 2) -> list[Figure]:
             result: dict[str, float] = json.loads(probe.stdout)
             return result
 
-        ceilings_b = [(await asyncio.to_thread(fresh_process, "ceiling"))["ceiling_s"] for _ in range(rounds)]
-        startups = []
+        startups: list[Round] = []
+        probes: list[dict[str, float]] = []
         for _ in range(rounds):
-            # A fresh process, as a restarted service would be; the probe times run() -> ready.
+            # Fresh processes, as a restarted service would be, timed from their own start (interpreter and
+            # imports included): the ceiling fetches and restores the snapshot alone, the probe runs the mayor.
+            floor = await asyncio.to_thread(fresh_process, "ceiling")
             result = await asyncio.to_thread(fresh_process)
             assert (result["last_seq"], result["applied"]) == (last, 0), result
-            startups.append(result)
-        best = min(startups, key=lambda r: r["run_to_ready_s"])
+            startups.append((result["process_to_ready_s"], floor["process_to_restored_s"]))
+            probes.append(result)
+        chosen = median_round(startups)
+        startup_s, startup_ceiling_s = chosen
+        probe = probes[startups.index(chosen)]
         figures.append(
             Figure(
-                name=f"(b) mayor start-up with {last:,} events of history, from a snapshot",
-                value=best["run_to_ready_s"],
+                name=f"(b) mayor start-up with {last:,} events of history, from a snapshot, from process start",
+                value=startup_s,
                 unit="s",
-                ceiling=min(ceilings_b),
-                ceiling_name="fetch + restore the snapshot alone",
+                ceiling=startup_ceiling_s,
+                ceiling_name="a process that fetches and restores the snapshot alone",
                 target="< 1 s",
                 higher_is_better=False,
                 notes=[
                     f"snapshot {len(snapshot) / 2**20:.1f} MiB",
-                    f"{best['process_to_ready_s']:.2f}s from process start (interpreter and imports included)",
-                    f"a full replay takes {best_measured:.1f}s",
+                    f"{probe['run_to_ready_s']:.2f}s of it from the service's run() (imports done)",
+                    f"a full replay takes {replay_s:.1f}s; the median round of {rounds}",
                 ],
             )
         )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from bench import agents, commands, deacon, queries, refinery, replay, witness, work
+from bench import agents, cli, commands, deacon, queries, refinery, replay, witness, work
 from bench.common import REPO_ROOT, Figure, machine
 from shared.subjects import query_subject
 
@@ -37,6 +37,8 @@ FULL = {
     "lease_quiet_s": 30,
     "claude_sessions": 5,
     "tool_calls": 1000,
+    "cli_rounds": 20,
+    "cli_creates": 100,
 }
 QUICK = {
     "events": 20_000,
@@ -57,6 +59,8 @@ QUICK = {
     "lease_quiet_s": 5,
     "claude_sessions": 2,
     "tool_calls": 100,
+    "cli_rounds": 3,
+    "cli_creates": 10,
 }
 
 
@@ -69,6 +73,7 @@ async def run_all(sizes: dict[str, int]) -> list[Figure]:
     figures += await refinery.run(sizes["mrs"], sizes["done_runs"], sizes["gate_ms"] / 1000)
     figures += await deacon.run(sizes["service_kills"], sizes["leases"], sizes["fast_leases"], sizes["lease_quiet_s"])
     figures += await agents.run(sizes["claude_sessions"], sizes["tool_calls"])
+    figures += await cli.run(sizes["cli_rounds"], sizes["cli_creates"])
     # By letter, in the order measured within one letter: one benchmark module may measure several letters.
     return sorted(figures, key=lambda figure: figure.name[:3])
 
@@ -98,15 +103,20 @@ def render(figures: list[Figure], facts: dict[str, str], *, quick: bool) -> str:
     lines += [
         "",
         "Ratios are value / ceiling for rates and ceiling / value for times, so higher is better everywhere.",
+        "Where a benchmark runs rounds, each round times the ceiling and the value one right after the other, and",
+        "the figure is the round with the median ratio (of an even count, the lower middle one): never the best",
+        "round, never a value and a ceiling from different rounds. A ceiling that is a baseline rather than a",
+        "limit ((l) serial mode, (n) the configured threshold) says so in its name.",
         "",
         "How each is measured (see `bench/`):",
         "",
         "- **(a) replay**: a stream of bead events (create, 8 updates, close per bead) is read by nats-py's",
         "  ordered consumer with the two-step decode only (ceiling), then by the project's `EventReader` feeding",
-        "  the mayor's projection. Best of the rounds.",
+        "  the mayor's projection.",
         "- **(b) start-up**: the mayor's projection of that history is stored as its snapshot; a mayor is started",
-        "  in a fresh process (imports done first) and timed from `run()` until it has caught up. The ceiling,",
-        "  also in a fresh process, fetches and restores the snapshot alone.",
+        "  in a fresh process and timed from the process's start (interpreter and imports included) until it has",
+        "  caught up; the note gives the part from `run()`. The ceiling, a fresh process too, timed the same way,",
+        "  fetches and restores the snapshot alone.",
         "- **(c) commands**: the mayor runs as its own process; the benchmark stores `bead.create` commands with",
         "  `publish_async` (all in flight at once) and times until the last `cmd.accepted` is in the log. The",
         "  ceiling is `publish_async` of as many messages of the same size on the same server.",
@@ -142,10 +152,15 @@ def render(figures: list[Figure], facts: dict[str, str], *, quick: bool) -> str:
         "  wait to avoid false alarms. **(o)** N leases acquired and S polecat sessions written to the log (bead",
         "  slung and claimed, session started, hook lease taken); the S hooks renewed every second as agents do,",
         "  the N leases every 10 s; the deacon's CPU against a bare process following the same bucket with a KV watch.",
-        "- **(p) Claude Code start**: mayor and witness as processes, a rig with `--agent claude` (the real binary),",
+        "- **(p) a `gt` call**: mayor, witness, refinery and deacon as processes; `gt ready`, `gt status`,",
+        "  `gt bead show` and `gt bead create` run as a user runs them (the venv's `gt`, process start to exit),",
+        "  median of the rounds, against `python -c pass` timed in the same rounds; the note gives the same call",
+        "  made in one warm process. **(q)** `gt bead create` N times, one after another and four at a time, against",
+        "  one warm process sending the same creates one after another, each waiting for its outcome as `gt` does.",
+        "- **(s) Claude Code start**: mayor and witness as processes, a rig with `--agent claude` (the real binary),",
         "  the scripted model server; from a bead's sling to its session's SessionStart hook mark, sessions one at a",
         "  time, against the bare `claude -p` (same config home set-up, same model server) until its first request.",
-        "- **(q) activity path**: per tool call, the CPU of the PostToolUse hook (`sh -c` of one redirection) plus",
+        "- **(t) activity path**: per tool call, the CPU of the PostToolUse hook (`sh -c` of one redirection) plus",
         "  one observation of the session's activity files by the witness, against a bare `sh -c true` hook.",
         "",
     ]

@@ -43,10 +43,13 @@ def test_the_benchmarks_run_and_report_every_figure_with_its_ceiling(gt_env: dic
         "(n)",
         "(n)",
         "(o)",
-        "(p)",
-        "(p)",
+        *["(p)"] * 4,
+        "(q)",
         "(q)",
         *["(r)"] * 3,
+        "(s)",
+        "(s)",
+        "(t)",
     ]
     for row in rows:
         cells = [cell.strip() for cell in row.split("|")[1:-1]]

@@ -1,0 +1,184 @@
+"""(p) One `gt` call as a user makes it, from process start to exit: ``gt ready``, ``gt status``, ``gt bead show``
+and ``gt bead create`` against a town of four services, median wall time over rounds.
+(q) A CLI user's ``gt bead create`` throughput: creates one after another, and four at a time (``xargs -P4``).
+
+(p) ceiling: ``python -c pass`` (the interpreter's start-up alone), timed in the same rounds, interleaved with the
+calls; the ratio is ceiling / value (target >= 0.33: a call at most 3x a bare interpreter). Each figure's note also
+gives the same call made in-process (``gt.cli.main.main`` again in one warm interpreter: parse, connect, ask or
+send, print), so the part that start-up and imports cost is read off directly.
+(q) ceiling: the same creates sent by one warm process one after another, each waiting for its outcome as `gt`
+does (``shared.bus.commands.send``); the ratio says what the per-call process start costs a script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import REPO_ROOT, Figure, provisioned, server, start_service, stop_service, wait_ready
+from shared.bus.commands import send
+from shared.commands import BeadCreate
+from shared.config import TownConfig
+
+SERVICES = ("mayor", "witness", "refinery", "deacon")
+CALLS: dict[str, list[str]] = {
+    "gt ready": ["ready"],
+    "gt status": ["status"],
+    "gt bead show": ["bead", "show", "{bead}"],
+    "gt bead create": ["bead", "create", "a bench bead"],
+}
+GOAL_RATIO = 1 / 3
+"""(p)'s goal: a call at most 3x `python -c pass`."""
+
+IN_PROCESS = """
+import contextlib, io, json, sys, time
+from gt.cli.main import main
+argv, rounds = json.loads(sys.argv[1]), int(sys.argv[2])
+times = []
+for _ in range(rounds):
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = main(argv)
+    times.append((time.perf_counter() - started) * 1000)
+    if code != 0:
+        sys.exit(f"gt {' '.join(argv)} exited {code}")
+print(json.dumps(times))
+"""
+
+
+def _wall_ms(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+    elapsed = (time.perf_counter() - started) * 1000
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.decode()[-500:]}")
+    return elapsed
+
+
+def _gt(args: list[str]) -> list[str]:
+    """`gt ARGS` as the installed console script runs it (the venv's ``gt``, else ``python -m gt.cli.main``)."""
+    script = Path(sys.executable).parent / "gt"
+    return [str(script), *args] if script.exists() else [sys.executable, "-m", "gt.cli.main", *args]
+
+
+def _in_process_ms(args: list[str], env: dict[str, str], rounds: int) -> float:
+    """Median of ``rounds`` in-process calls after one to warm up (imports, first connection)."""
+    done = subprocess.run(
+        [sys.executable, "-c", IN_PROCESS, json.dumps(args), str(rounds + 1)],
+        env=env,
+        capture_output=True,
+        check=True,
+    )
+    times: list[float] = json.loads(done.stdout)
+    return statistics.median(times[1:])
+
+
+def _one_calls(env: dict[str, str], bead: str, rounds: int) -> list[Figure]:
+    calls = {name: [part.format(bead=bead) for part in argv] for name, argv in CALLS.items()}
+    walls: dict[str, list[float]] = {name: [] for name in calls}
+    bare: list[float] = []
+    for _ in range(rounds):
+        bare.append(_wall_ms([sys.executable, "-c", "pass"], env))
+        for name, args in calls.items():
+            walls[name].append(_wall_ms(_gt(args), env))
+    ceiling = statistics.median(bare)
+    figures = []
+    for name, args in calls.items():
+        value = statistics.median(walls[name])
+        warm = _in_process_ms(args, env, rounds)
+        figure = Figure(
+            name=f"(p) `{name}`, process start to exit, median of {rounds}",
+            value=value,
+            unit="ms",
+            ceiling=ceiling,
+            ceiling_name="python -c pass",
+            target=f">= {GOAL_RATIO:.2f}",
+            higher_is_better=False,
+            notes=[f"in-process the same call takes {warm:.1f} ms; start-up and imports are the rest"],
+        )
+        print(figure.line(), flush=True)
+        figures.append(figure)
+    return figures
+
+
+def _create_rate(env: dict[str, str], creates: int, parallel: int) -> float:
+    """Creates per second through `gt bead create`, ``parallel`` at a time (as ``xargs -P``)."""
+    script = _gt(["bead", "create", "a bench bead"])
+    started = time.perf_counter()
+    running: list[subprocess.Popen[bytes]] = []
+    for _ in range(creates):
+        if len(running) >= parallel:
+            oldest = running.pop(0)
+            if oldest.wait() != 0:
+                raise RuntimeError(f"gt bead create exited {oldest.returncode}")
+        running.append(subprocess.Popen(script, env=env, stdout=subprocess.DEVNULL))
+    for proc in running:
+        if proc.wait() != 0:
+            raise RuntimeError(f"gt bead create exited {proc.returncode}")
+    return creates / (time.perf_counter() - started)
+
+
+async def _warm_rate(town: TownConfig, creates: int) -> float:
+    nc, _ = await provisioned(town.nats_url)
+    try:
+        started = time.perf_counter()
+        for i in range(creates):
+            outcome = await send(
+                nc, town, BeadCreate(title="a bench bead", cmd_id=f"warm-{i}-{time.time_ns()}"), timeout=10
+            )
+            if outcome.type != "cmd.accepted":
+                raise RuntimeError(f"create {i}: {outcome}")
+        return creates / (time.perf_counter() - started)
+    finally:
+        await nc.close()
+
+
+async def _throughput(env: dict[str, str], town: TownConfig, creates: int) -> list[Figure]:
+    warm = await _warm_rate(town, creates)
+    figures = []
+    for parallel in (1, 4):
+        rate = await asyncio.to_thread(_create_rate, env, creates, parallel)
+        how = "one after another" if parallel == 1 else f"{parallel} at a time (xargs -P{parallel})"
+        figure = Figure(
+            name=f"(q) `gt bead create`, {creates} {how}",
+            value=rate,
+            unit="beads/s",
+            ceiling=warm,
+            ceiling_name="one warm process sending them one after another",
+            notes=["each call a process of its own: start-up, imports, connect, store, outcome"],
+        )
+        print(figure.line(), flush=True)
+        figures.append(figure)
+    return figures
+
+
+async def run(rounds: int = 20, creates: int = 100) -> list[Figure]:
+    with tempfile.TemporaryDirectory(prefix="gt-bench-cli-") as tmp, server() as srv:
+        home = Path(tmp) / "home"
+        service_env = {"GT_HOME": str(home), "GT_TMUX_SOCKET": f"gt-bench-cli-{os.getpid()}"}
+        env = {**os.environ, **service_env, "NATS_URL": srv.url, "PYTHONPATH": str(REPO_ROOT)}
+        nc, town = await provisioned(srv.url)
+        procs = {name: start_service(name, srv.url, env=service_env) for name in SERVICES}
+        try:
+            for name in procs:
+                await wait_ready(nc, name)
+            created = subprocess.run(_gt(["bead", "create", "shown"]), env=env, capture_output=True, check=True)
+            bead = created.stdout.decode().strip()
+            figures = await asyncio.to_thread(_one_calls, env, bead, rounds)
+            figures += await _throughput(env, town, creates)
+        finally:
+            for proc in procs.values():
+                stop_service(proc)
+            await nc.close()
+    return figures
+
+
+if __name__ == "__main__":
+    asyncio.run(run())
