@@ -152,6 +152,22 @@ def test_docker_compose_file_is_valid_for_the_classic_parser() -> None:
     assert set(services.stdout.split()) == {"nats-1", "nats-2", "nats-3", "mayor", "witness", "refinery", "deacon"}
 
 
+def test_the_compose_stack_publishes_its_client_ports_on_loopback_unless_told_otherwise(tmp_path: Path) -> None:
+    """Found trying the stack as a new user: the client ports were published on every interface. Opening them is
+    a deliberate choice (GT_PUBLISH_HOST), and the cluster hands clients no container addresses."""
+    published = compose("config")
+    assert published.returncode == 0, published.stderr
+    ports = re.compile(r"^\s*- (.*):42\d\d:4222/tcp$", re.MULTILINE)
+    assert ports.findall(published.stdout) == ["127.0.0.1"] * 3, published.stdout
+    opened = tmp_path / "opened.env"
+    opened.write_text(ENV_EXAMPLE.read_text() + "GT_PUBLISH_HOST=0.0.0.0\n")
+    wide = compose("config", env_file=opened)
+    assert wide.returncode == 0, wide.stderr
+    assert ports.findall(wide.stdout) == ["0.0.0.0"] * 3, wide.stdout
+    cluster = (REPO_ROOT / "ops" / "nats" / "cluster-node.conf").read_text()
+    assert re.search(r"^\s*no_advertise: true$", cluster, re.MULTILINE)
+
+
 def test_compose_refuses_to_run_without_the_passwords_and_says_which(tmp_path: Path) -> None:
     empty = tmp_path / "empty.env"
     empty.write_text("")
