@@ -9,14 +9,15 @@ the fields that hold their default; its ``cmd_id`` is the ``Nats-Msg-Id``, so a 
   service does (its outcome comes later, in the log it follows).
 - ``send`` stores it and waits for its outcome: what a client does.
 
-Outcomes are read from the log (an ordered consumer on ``gt.evt.cmd.<id>``), never from a plain subscription: a
-plain subscriber also sees messages JetStream refused to store.
+Outcomes are read from the log, never from a plain subscription (a plain subscriber also sees messages JetStream
+refused to store): a direct get of the last message on ``gt.evt.cmd.<id>``, read again until it is there. Any
+replica answers a direct get, so no consumer is created per command: creating one asks the cluster's meta leader,
+and one placed on a node that is down never answers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,7 +27,6 @@ import nats.errors
 import nats.js.errors
 import structlog
 from nats.aio.client import Client
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from shared import subjects
 from shared.aio import pause, raise_if_cancelling
@@ -51,7 +51,12 @@ LIVENESS_TIMEOUT_S = 2.0
 """How long the status query that asks whether the owning service is there may take. Only nobody subscribing to
 its queries (NATS's no responders) counts as down: a service too busy to answer that soon is there, and the
 command's outcome is waited for until the sender's own timeout."""
-_FOREVER_S = 365 * 24 * 3600.0
+OUTCOME_POLL_FIRST_S = 0.002
+"""The first pause between reads of a command's outcome (``read_outcome``); each one doubles."""
+OUTCOME_POLL_MAX_S = 0.25
+"""The longest pause between reads of a command's outcome: a slow command's is read within this of being stored."""
+OUTCOME_READ_TIMEOUT_S = 2.0
+"""How long one read of an outcome may go unanswered before it is made again."""
 
 
 class Outcome(msgspec.Struct, kw_only=True):
@@ -114,6 +119,7 @@ async def store(
     data = encode(cmd)
     js = nc.jetstream()
     give_up_at = None if deadline_s is None else time.monotonic() + deadline_s
+    asked_for_stream = False
     while True:
         raise_if_cancelling()
         if before_attempt is not None:
@@ -126,6 +132,11 @@ async def store(
         except RETRYABLE_ERRORS as exc:
             if give_up_at is not None and time.monotonic() >= give_up_at:
                 raise
+            if isinstance(exc, nats.js.errors.NoStreamResponseError) and not asked_for_stream:
+                # Also what a stream electing its leader answers; but a town never provisioned says so at once.
+                asked_for_stream = True
+                if not await _stream_exists(nc, stream):
+                    raise
             log.warning("command_store_retry", subject=subject, cmd_id=cmd_id, error=repr(exc))
         except nats.js.errors.APIError as exc:
             if not still_in_flight(exc) or (give_up_at is not None and time.monotonic() >= give_up_at):
@@ -134,6 +145,21 @@ async def store(
         else:
             return int(ack.seq)
         await pause(RETRY_PAUSE_S)
+
+
+STREAM_CHECK_TIMEOUT_S = 1.0
+
+
+async def _stream_exists(nc: Client, stream: str) -> bool:
+    """False only when JetStream says there is no such stream; True while it cannot say (an election, a user who
+    may not ask: a polecat session's)."""
+    try:
+        await nc.jetstream(timeout=STREAM_CHECK_TIMEOUT_S).stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        return False
+    except Exception:  # noqa: BLE001 - anything but a clear "no such stream" leaves the store retrying
+        return True
+    return True
 
 
 async def send(
@@ -152,37 +178,67 @@ async def send(
     Raises what ``store`` raises; nothing else once the command is stored.
     """
     assert cmd.cmd_id, "a command is sent with its cmd_id"
-    # Created before the command is stored, so the outcome cannot slip past it.
-    sub = await nc.jetstream().subscribe(
-        subjects.outcome_subject(cmd.cmd_id),
-        stream=config.evt_stream,
-        ordered_consumer=True,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-    )
+    seq = await store(nc, config.cmd_stream, cmd, origin=origin)
+    outcome = Outcome(command_id=cmd.cmd_id, stored_seq=seq)
+    arrival = asyncio.ensure_future(read_outcome(nc, config.evt_stream, cmd.cmd_id, timeout=timeout))
+    liveness: asyncio.Future[bool] | None = None
     try:
-        seq = await store(nc, config.cmd_stream, cmd, origin=origin)
-        outcome = Outcome(command_id=cmd.cmd_id, stored_seq=seq)
-        arrival = asyncio.ensure_future(sub.next_msg(timeout=timeout if timeout is not None else _FOREVER_S))
-        try:
-            if not wait_if_down:
-                liveness = asyncio.ensure_future(_answers(nc, owner(cmd)))
-                await asyncio.wait({arrival, liveness}, return_when=asyncio.FIRST_COMPLETED)
-                if not arrival.done() and liveness.done() and not liveness.result():
-                    outcome.service_down = True
-                    return outcome
-            msg = await arrival
-        except (TimeoutError, nats.errors.TimeoutError):
-            return outcome
-        finally:
-            arrival.cancel()
-        env = decode_envelope(msg.data)
-        outcome.type = env.type
-        outcome.outcome_seq = subjects.parse_js_reply(msg.reply).stream_seq
-        outcome.data = _DECODE.decode(env.data)
-        return outcome
+        if not wait_if_down:
+            liveness = asyncio.ensure_future(_answers(nc, owner(cmd)))
+            await asyncio.wait({arrival, liveness}, return_when=asyncio.FIRST_COMPLETED)
+            if not arrival.done() and liveness.done() and not liveness.result():
+                outcome.service_down = True
+                return outcome
+        found = await arrival
     finally:
-        with contextlib.suppress(nats.errors.Error):
-            await sub.unsubscribe()
+        arrival.cancel()
+        if liveness is not None:
+            liveness.cancel()
+    if found is None:
+        return outcome
+    outcome.outcome_seq, data = found
+    env = decode_envelope(data)
+    outcome.type = env.type
+    outcome.data = _DECODE.decode(env.data)
+    return outcome
+
+
+async def read_outcome(nc: Client, stream: str, cmd_id: str, *, timeout: float | None) -> tuple[int, bytes] | None:
+    """The outcome of command ``cmd_id`` as the log holds it, (sequence, data), read as soon as it is stored; None
+    when none is within ``timeout`` seconds (None: wait for it). An outcome stored before the call (a resent
+    command's) is found at once.
+
+    Read with a direct get of the last message on its subject, again after a pause that doubles from
+    ``OUTCOME_POLL_FIRST_S`` to ``OUTCOME_POLL_MAX_S`` while it is not there: a command settles in milliseconds, so
+    a few reads find it. A read that gets no answer (a replica that went down, a stream electing its leader) is
+    simply made again.
+
+    Raises:
+        PermissionDeniedError: this NATS user may not read the log (said at the first read, not after ``timeout``).
+    """
+    request = f"$JS.API.DIRECT.GET.{stream}.{subjects.outcome_subject(cmd_id)}"
+    loop = asyncio.get_running_loop()
+    give_up_at = None if timeout is None else loop.time() + timeout
+    pause_s = OUTCOME_POLL_FIRST_S
+    first = True
+    while True:
+        per_read = OUTCOME_READ_TIMEOUT_S
+        if give_up_at is not None:
+            per_read = min(per_read, max(give_up_at - loop.time(), 0.001))
+        read = nc.request(request, b"", timeout=per_read)
+        try:
+            reply = await (guarded(nc, read, subject=request) if first else read)
+        except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            reply = None
+        first = False
+        headers = (reply.headers or {}) if reply is not None else {}
+        if reply is not None and "Status" not in headers and "Nats-Sequence" in headers:
+            return int(headers["Nats-Sequence"]), reply.data
+        # Not stored yet (404), or no answer: read again.
+        if give_up_at is not None and loop.time() >= give_up_at:
+            return None
+        await asyncio.sleep(pause_s if give_up_at is None else max(0.0, min(pause_s, give_up_at - loop.time())))
+        pause_s = min(OUTCOME_POLL_MAX_S, pause_s * 2)
 
 
 async def _answers(nc: Client, service: str) -> bool:

@@ -162,15 +162,17 @@ async def test_nats_unreachable_exits_3(gt: Gt) -> None:
 async def test_a_town_not_provisioned_is_said_in_words_and_exits_3(gt: Gt, town: TownConfig, nc: Client) -> None:
     # The NATS client's errors for "no such stream" and "no stream takes the subject" reach the operator as the
     # project's own (shared.bus.errors.translated), with what to do, never as a traceback.
+    no_command = "gt: no stream takes commands yet (nothing was stored); run `gt init` or `gt up`, then retry"
     nothing = await gt("bead", "create", "before init")
     said = nothing.err.strip().splitlines()[-1]  # after any log lines of the client's
-    assert (nothing.code, said) == (3, "gt: not found: stream not found; run `gt init` (or `gt up`) first")
+    assert (nothing.code, said) == (3, no_command)
+    no_log = await gt("feed", "--no-follow")
+    said = no_log.err.strip().splitlines()[-1]
+    assert (no_log.code, said) == (3, "gt: not found: stream not found; run `gt init` (or `gt up`) first")
     await nc.jetstream().add_stream(evt_stream_config(town))  # the log, but no command intake yet
     no_intake = await gt("bead", "create", "before the intake")
     assert no_intake.code == 3
-    assert no_intake.err.strip().splitlines()[-1] == (
-        "gt: no stream takes commands yet (nothing was stored); run `gt init` or `gt up`, then retry"
-    )
+    assert no_intake.err.strip().splitlines()[-1] == no_command
 
 
 async def test_a_command_stored_while_the_mayor_is_down_says_so_and_exits_0(

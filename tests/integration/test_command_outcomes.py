@@ -1,0 +1,74 @@
+"""Reading a command's outcome from the real log (``shared.bus.commands.read_outcome``): direct gets of its subject,
+read again until it is there, with no consumer created for it."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from nats.aio.client import Client
+
+from shared import subjects
+from shared.bus.commands import read_outcome, send
+from shared.bus.topology import provision
+from shared.commands import BeadCreate
+from shared.config import TownConfig
+from shared.events import CommandAccepted, decode_envelope, encode_event
+
+TS = datetime(2026, 11, 28, tzinfo=UTC)
+
+
+async def store_outcome(nc: Client, town: TownConfig, cmd_id: str) -> int:
+    outcome = CommandAccepted(command_id=cmd_id, command="bead.create", result={"id": "hq-abc123"})
+    data = encode_event(outcome, event_id=f"e-{cmd_id}", ts=TS, actor="mayor")
+    ack = await nc.jetstream().publish(subjects.outcome_subject(cmd_id), data, stream=town.evt_stream)
+    return int(ack.seq)
+
+
+async def consumers_of(nc: Client, town: TownConfig) -> int:
+    return int((await nc.jetstream().stream_info(town.evt_stream)).state.consumer_count)
+
+
+async def test_an_outcome_stored_before_the_read_is_found_at_once(nc: Client, town: TownConfig) -> None:
+    await provision(nc, town)
+    seq = await store_outcome(nc, town, "c-before")
+    found = await read_outcome(nc, town.evt_stream, "c-before", timeout=5)
+    assert found is not None
+    assert found[0] == seq
+    assert decode_envelope(found[1]).type == "cmd.accepted"
+
+
+async def test_an_outcome_stored_while_waiting_is_read_without_a_consumer(nc: Client, town: TownConfig) -> None:
+    await provision(nc, town)
+    before = await consumers_of(nc, town)
+    waiting = asyncio.ensure_future(read_outcome(nc, town.evt_stream, "c-later", timeout=30))
+    await asyncio.sleep(0.5)  # it has read a few times and found nothing
+    assert not waiting.done()
+    assert await consumers_of(nc, town) == before, "no consumer was created to wait for the outcome"
+    await store_outcome(nc, town, "c-other")  # another command's outcome is not this one's
+    seq = await store_outcome(nc, town, "c-later")
+    found = await asyncio.wait_for(waiting, timeout=10)
+    assert found is not None
+    assert found[0] == seq
+    assert decode_envelope(found[1]).id == "e-c-later"
+
+
+async def test_no_outcome_within_the_timeout_reads_as_none(nc: Client, town: TownConfig) -> None:
+    await provision(nc, town)
+    assert await read_outcome(nc, town.evt_stream, "c-never", timeout=0.5) is None
+
+
+async def test_a_command_sent_waits_for_its_outcome_without_a_consumer(nc: Client, town: TownConfig) -> None:
+    """What `gt` does for every command. It used to open an ordered consumer on GT_EVT first: a round trip to the
+    cluster's meta leader per command, and in a three-node cluster with a node down one placed on that node never
+    answered (issue 29)."""
+    await provision(nc, town)
+    before = await consumers_of(nc, town)
+    cmd = BeadCreate(title="waits for a mayor", cmd_id="c-sent")
+    sent = asyncio.ensure_future(send(nc, town, cmd, timeout=30, wait_if_down=True))
+    await asyncio.sleep(0.5)
+    assert not sent.done()
+    assert await consumers_of(nc, town) == before, "no consumer was created to wait for the outcome"
+    seq = await store_outcome(nc, town, "c-sent")  # as the mayor would, once it has carried it out
+    outcome = await asyncio.wait_for(sent, timeout=10)
+    assert (outcome.type, outcome.outcome_seq, outcome.data["result"]) == ("cmd.accepted", seq, {"id": "hq-abc123"})
