@@ -186,6 +186,8 @@ def python() -> str:
 _RERUN_REPORTS: list[pytest.TestReport] = []
 """First failures of tests that ./dev test ran again (pytest-rerunfailures), for the summary."""
 RERUN_TRACEBACK_CHARS = 4000
+RERUN_OUTPUT_CHARS = 8000
+"""The end of what the first failing run printed (the services' logs of an in-process town go to stdout)."""
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -201,3 +203,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for report in _RERUN_REPORTS:
         terminalreporter.write_line(f"--- {report.nodeid} ({report.when})")
         terminalreporter.write_line(report.longreprtext[-RERUN_TRACEBACK_CHARS:])
+        printed = report.capstdout + report.capstderr
+        if printed:
+            terminalreporter.write_line(f"--- what it printed, the last {RERUN_OUTPUT_CHARS} characters")
+            terminalreporter.write_line(printed[-RERUN_OUTPUT_CHARS:])
