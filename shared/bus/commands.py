@@ -30,6 +30,7 @@ from nats.aio.client import Client
 
 from shared import subjects
 from shared.aio import pause, raise_if_cancelling
+from shared.bus import streams
 from shared.bus.append import MSG_ID, RETRYABLE_ERRORS, still_in_flight
 from shared.bus.permissions import guarded
 from shared.bus.query import ask
@@ -154,12 +155,9 @@ async def _stream_exists(nc: Client, stream: str) -> bool:
     """False only when JetStream says there is no such stream; True while it cannot say (an election, a user who
     may not ask: a polecat session's)."""
     try:
-        await nc.jetstream(timeout=STREAM_CHECK_TIMEOUT_S).stream_info(stream)
-    except nats.js.errors.NotFoundError:
-        return False
+        return await streams.exists(nc, stream, timeout=STREAM_CHECK_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - anything but a clear "no such stream" leaves the store retrying
         return True
-    return True
 
 
 async def send(

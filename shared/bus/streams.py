@@ -61,9 +61,10 @@ async def state(nc: Connection, stream: str) -> StreamState:
     )
 
 
-async def exists(nc: Connection, stream: str) -> bool:
+async def exists(nc: Connection, stream: str, *, timeout: float = 5.0) -> bool:
+    """Whether JetStream has ``stream``; raises what asking raises when it cannot say (an election, a timeout)."""
     try:
-        await nc.jetstream().stream_info(stream)
+        await nc.jetstream(timeout=timeout).stream_info(stream)
     except nats.js.errors.NotFoundError:
         return False
     return True
