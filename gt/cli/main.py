@@ -195,9 +195,11 @@ def _town_nats(config: TownConfig) -> TownConfig:
     return msgspec.structs.replace(config, nats_url=state.nats_url)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """Run one ``gt`` call; ``parser``: one ``build_parser()`` made earlier (the client helper builds it once,
+    before it forks a child per call)."""
     try:
-        code = _main(argv)
+        code = _main(argv, parser or build_parser())
         sys.stdout.flush()  # here, not at exit: a closed pipe then still ends quietly
     except BrokenPipeError:
         # `gt feed | head -1`: the reader had enough. Quiet, as Unix tools are; stdout goes nowhere from now on,
@@ -242,8 +244,7 @@ def _actor_first(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     args.actor = first
 
 
-def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
+def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser) -> int:
     args = parser.parse_args(argv)
     _actor_first(parser, args)
     env = dict(os.environ)

@@ -84,7 +84,10 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
             refused.append(exc)  # nats-py then reports only that no server was left to try
 
     async def on_disconnect() -> None:
-        log.warning("nats_disconnected")
+        if clients and clients[-1].is_closed:
+            log.debug("nats_closed")  # closed by this process (nats-py reports that as a disconnect too): no news
+        else:
+            log.warning("nats_disconnected")
 
     async def on_reconnect() -> None:
         left_out = repeats.reset()
@@ -114,8 +117,10 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
         options["password"] = config.nats_password or ""
     last_error: Exception | None = None
     attempt = 0
+    clients: list[Client] = []  # the one being connected, for the disconnect callback
     while connect_attempts < 0 or attempt < max(1, connect_attempts):
         nc = Client()
+        clients[:] = [nc]
         try:
             await nc.connect(**options)
         except (TimeoutError, OSError, nats.errors.Error) as exc:

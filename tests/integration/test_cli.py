@@ -192,6 +192,18 @@ async def test_a_command_stored_while_the_mayor_is_down_says_so_and_exits_0(
         assert titles == ["queued while down", "waited for"]
 
 
+async def test_a_command_that_succeeds_prints_nothing_on_stderr_even_with_info_logging(
+    gt: Gt, mayor: MayorService
+) -> None:
+    """Issue 29: every `gt` call against the compose stack (GT_LOG_LEVEL=INFO in its .env) ended with
+    `[warning] nats_disconnected`: nats-py reports its own close as a disconnect."""
+    assert gt.env["GT_LOG_LEVEL"] == "INFO"
+    for args in (("bead", "create", "quiet"), ("ready",), ("bead", "list")):
+        run = await gt(*args)
+        assert run.code == 0, run.err
+        assert run.err == "", (args, run.err)
+
+
 async def test_a_command_to_a_mayor_too_busy_to_answer_its_status_query_waits_for_its_outcome(
     gt: Gt, town: TownConfig, gt_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -490,7 +490,10 @@ class Executor:
         event = SessionWarranted(session_id=session.id, reason=action.reason, detail=action.detail, pane_tail=tail)
         if not await self._append(NewEvent(payload=event, expected_seq=decided_on)):
             return
-        log.info("session_warranted", session=session.id, reason=action.reason, detail=action.detail)
+        # The pane's last lines in the log as well: why an agent died is read there first (a traceback, an error).
+        log.info(
+            "session_warranted", session=session.id, reason=action.reason, detail=action.detail, pane_tail=tail[-2000:]
+        )
         crash_point("witness.after_warrant")
         await self.kill(Kill(session=session.id))
 
@@ -692,14 +695,27 @@ class Executor:
         if action.remove_worktree:
             try:
                 async with self._lock(session.rig):
-                    detail = await asyncio.to_thread(self._remove_worktree, session)
-                removed = True
+                    # Decided before it waited for the rig: a session of the same polecat may have been started
+                    # in this worktree meanwhile (work the merge queue sent back), and it is its worktree now.
+                    successor = self._worktree_user(session)
+                    if successor is not None:
+                        detail = f"worktree carried on by {successor.id}"
+                    else:
+                        detail = await asyncio.to_thread(self._remove_worktree, session)
+                        removed = True
             except git.WorktreeNotEmptyError as exc:
                 detail = str(exc)
                 log.warning("worktree_kept", session=session.id, reason=detail)
         current = self._session(session.id) or session
         event = SessionCleaned(session_id=session.id, worktree_removed=removed, detail=detail)
         await self._append(NewEvent(payload=event, expected_seq=current.version))
+
+    def _worktree_user(self, session: Session) -> Session | None:
+        """Another session, not ended, that works in ``session``'s worktree."""
+        for other in self.host.state.sessions.values():
+            if other.id != session.id and other.worktree == session.worktree and other.status != "ended":
+                return other
+        return None
 
     def _remove_worktree(self, session: Session) -> str:
         """Remove the session's worktree unless it holds unsaved work (``WorktreeNotEmptyError``); what was done."""

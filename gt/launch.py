@@ -1,0 +1,200 @@
+"""The ``gt`` executable: hands the call to this user's client helper when one answers, else runs it here.
+
+A ``gt`` call spends most of its time starting Python and importing the client (asyncio, nats-py, msgspec,
+the subcommands); the call itself takes a few milliseconds. The helper (``gt.cli.helper``) has done those
+imports once: for each call it forks a child that takes this process's standard input, output and error (the
+descriptors themselves, passed over the socket), working directory, umask and environment, runs the same
+``gt.cli.main`` there, and reports the exit status. So output, colours (``isatty``), piped input, exit codes and
+Ctrl-C are what they are without the helper; only the start-up is gone.
+
+The helper is never needed for a correct answer. When none answers (first call, after it idled out, after
+the code changed, ``GT_HELPER=0``), the call runs in this process and starts a helper in the background for
+the next one. A call the helper refused or that it never started runs here; a call it started is never run
+twice: if the child ends without an exit status, that is reported (exit 1), not retried.
+
+This module imports only built-in modules (no ``socket``, ``signal`` or ``json``: their imports would cost
+more than the helper saves); the wire format is in ``gt.cli.helper``'s docstring.
+"""
+
+from __future__ import annotations
+
+import _signal  # type: ignore[import-not-found]  # `signal` would import enum: 4 ms more
+import _socket
+import os
+import stat
+import sys
+
+HELPER_ENV = "GT_HELPER"
+"""``0`` runs every call in its own process (no helper used or started)."""
+NOT_ROUTED = frozenset({"up", "down", "feed", "dashboard"})
+"""Commands that always run in their own process: they supervise processes (``up``, ``down``) or run until
+stopped (``feed``, ``dashboard``), so the start-up the helper saves does not matter, and they stay children
+of the caller's shell."""
+GLOBAL_OPTIONS_WITH_VALUE = frozenset({"--nats-url", "--actor"})
+PROTOCOL = b"gt-helper-1"
+FORWARDED_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
+MAX_SOCKET_PATH = 108
+"""Linux's limit for a Unix socket's path (``sun_path``), the terminating NUL included."""
+EXIT_INTERRUPTED = 130
+EXIT_LOST = 1
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    path = socket_path() if os.environ.get(HELPER_ENV, "1") != "0" and routed(argv) else None
+    if path is None:
+        return in_process()
+    code = via_helper(path, argv)
+    if code is not None:
+        return code
+    spawn_helper(path)
+    return in_process()
+
+
+def in_process() -> int:
+    from gt.cli.main import main as cli_main
+
+    return cli_main()
+
+
+def routed(argv: list[str]) -> bool:
+    """Whether the helper may run this call: its command is not one of ``NOT_ROUTED``."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in GLOBAL_OPTIONS_WITH_VALUE:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg not in NOT_ROUTED
+    return True  # `gt --help`, `gt` alone: argparse's answer, from either place
+
+
+def socket_path() -> str | None:
+    """This user's helper socket for this interpreter and this copy of the code, in a directory only this
+    user can use (``$XDG_RUNTIME_DIR/gt``, else ``/tmp/gt-<uid>``); None when no such directory can be had,
+    and the call runs here."""
+    uid = os.getuid()
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    name = f"helper-{helper_key()}.sock"
+    for base in ([os.path.join(runtime, "gt")] if runtime else []) + [f"/tmp/gt-{uid}"]:  # noqa: S108 (checked)
+        path = os.path.join(base, name)
+        if len(os.fsencode(path)) < MAX_SOCKET_PATH:  # else too long for a socket: the next place
+            return path if _private_directory(base, uid) else None
+    return None
+
+
+def _private_directory(base: str, uid: int) -> bool:
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        info = os.lstat(base)
+    except OSError:
+        return False
+    # Someone else's, or open to others: never talk to what may not be ours.
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == uid and not info.st_mode & 0o077
+
+
+def helper_key() -> str:
+    """Tells helpers apart: one per interpreter, code location and import path (FNV-1a, 64 bits)."""
+    text = "\0".join((sys.executable, os.path.dirname(__file__), sys.version, os.environ.get("PYTHONPATH", "")))
+    value = 0xCBF29CE484222325
+    for byte in text.encode():
+        value = ((value ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{value:016x}"
+
+
+def request(argv: list[str]) -> bytes:
+    """The call as the helper's child needs it: the key, working directory, umask, arguments, environment."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    fields = [PROTOCOL, helper_key().encode(), os.fsencode(os.getcwd()), b"%d" % mask, b"%d" % len(argv)]
+    fields += [os.fsencode(a) for a in argv]
+    fields += [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in os.environ.items()]
+    body = b"\0".join(fields)
+    return len(body).to_bytes(4, "big") + body
+
+
+def via_helper(path: str, argv: list[str]) -> int | None:
+    """The call's exit status from the helper's child; None when the helper did not start it (none
+    answering, or it refused), so it may run here without running twice."""
+    try:
+        for fd in (0, 1, 2):
+            os.fstat(fd)  # a closed standard descriptor cannot be passed: run here
+        payload = request(argv)
+    except OSError:
+        return None
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        fds = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in (0, 1, 2))
+        sock.sendmsg([payload], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+        return _outcome(sock)
+    except OSError:
+        return None  # no helper, or it went away before starting the call
+    finally:
+        sock.close()
+
+
+def _outcome(sock: _socket.socket) -> int | None:
+    child = 0
+    pending: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if child:
+            os.kill(child, signum)  # the child, not a process group: it is in the helper's
+        else:
+            pending.append(signum)
+
+    previous = {signum: _signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
+    try:
+        buffer = b""
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                if not child:
+                    return None
+                os.write(2, b"gt: the command's process ended without an exit status (was it killed?)\n")
+                return EXIT_LOST
+            buffer += data
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                kind, value = line[:1], line[1:]
+                if kind == b"S":
+                    child = int(value)
+                    for signum in pending:
+                        os.kill(child, signum)
+                elif kind == b"X":
+                    return int(value)
+                else:  # b"R": refused (the code changed under it, or another user): nothing ran
+                    return None
+    finally:
+        for signum, handler in previous.items():
+            _signal.signal(signum, handler)
+        if pending and not child:
+            # Ctrl-C before the helper started anything: stop here, as a call in this process would.
+            raise SystemExit(EXIT_INTERRUPTED)
+
+
+def spawn_helper(path: str) -> None:
+    """Start a helper for the next calls, detached (its own session) and quiet; a second one started at the
+    same moment exits at once (the helper holds a lock). Failing to start one costs nothing but speed.
+    ``-P``: the working directory is not on its import path (a ``gt/`` there must not stand in for ours)."""
+    keep = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR")
+    env = {k: v for k, v in os.environ.items() if k in keep}  # the callers' own environments come per call
+    null = os.devnull
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, null, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, null, os.O_WRONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 2, path + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+    ]
+    try:  # noqa: SIM105 (contextlib is one import more)
+        os.posix_spawn(
+            sys.executable, [sys.executable, "-P", "-m", "gt.cli.helper", path], env, file_actions=actions, setsid=True
+        )
+    except OSError:
+        pass

@@ -1,0 +1,296 @@
+"""The ``gt`` client helper (gt/launch.py, gt/cli/helper.py), as a user's shell meets it: the installed ``gt``
+executable against a real NATS server and a mayor process. Each test has its own helper (its own
+``XDG_RUNTIME_DIR``) and stops it at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gt.cli.common import EXIT_UNREACHABLE
+from shared.config import TownConfig
+from tests.helpers import assert_eventually
+from tests.service_process import ServiceProcess
+
+GT = str(Path(sys.executable).parent / "gt")
+REPO_ROOT = Path(__file__).parents[2]
+BEAD_ID = re.compile(r"hq-[0-9a-z]{6}")
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+
+class Shell:
+    """Runs the installed ``gt`` as a user's shell does, in a working directory of the test's."""
+
+    def __init__(self, env: dict[str, str], cwd: Path) -> None:
+        self.env, self.cwd = env, cwd
+
+    async def start(self, *args: str, stdin: bytes | None = None, **env: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            GT,
+            *args,
+            env={**self.env, **env},
+            cwd=self.cwd,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+
+    async def __call__(self, *args: str, stdin: bytes | None = None, **env: str) -> Run:
+        return await finished(await self.start(*args, stdin=stdin, **env), stdin)
+
+    def helpers(self) -> list[psutil.Process]:
+        """This test's helper processes: the helper, its spares and the children running calls."""
+        runtime = self.env["XDG_RUNTIME_DIR"]
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = proc.info["cmdline"] or []
+            if "gt.cli.helper" in cmdline and any(arg.startswith(runtime) for arg in cmdline):
+                found.append(proc)
+        return found
+
+    def helper(self) -> psutil.Process | None:
+        """The helper itself, as its lock file names it (not its spares or children)."""
+        for lock in (Path(self.env["XDG_RUNTIME_DIR"]) / "gt").glob("helper-*.sock.lock"):
+            text = lock.read_text().strip()
+            if not text:
+                continue
+            try:
+                proc = psutil.Process(int(text))
+                if "gt.cli.helper" in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE:
+                    return proc
+            except psutil.Error:
+                continue
+        return None
+
+    def call_running_in(self, cwd: Path) -> psutil.Process | None:
+        """A helper child running a call made from ``cwd`` (it took the caller's working directory)."""
+        for proc in self.helpers():
+            try:
+                if proc.cwd() == str(cwd):
+                    return proc
+            except psutil.Error:
+                continue
+        return None
+
+    def stop_helpers(self) -> None:
+        for proc in self.helpers():
+            try:
+                proc.kill()
+            except psutil.Error:
+                continue
+
+
+async def finished(proc: asyncio.subprocess.Process, stdin: bytes | None = None, timeout: float = 60) -> Run:
+    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    assert proc.returncode is not None
+    return Run(proc.returncode, out.decode(), err.decode())
+
+
+@pytest.fixture
+def runtime_dir() -> Iterator[Path]:
+    """Short, as a real one is (/run/user/<uid>): a socket's path has a limit of 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="gt-run-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def shell(gt_env: dict[str, str], town: TownConfig, runtime_dir: Path, tmp_path: Path) -> Iterator[Shell]:
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    env = {**gt_env, "NATS_URL": town.nats_url, "GT_HOME": str(town.gt_home), "XDG_RUNTIME_DIR": str(runtime_dir)}
+    env.pop("GT_HELPER", None)
+    shell = Shell(env, cwd)
+    yield shell
+    shell.stop_helpers()
+
+
+@pytest.fixture
+async def mayor(gt_env: dict[str, str], town: TownConfig, tmp_path: Path) -> AsyncIterator[ServiceProcess]:
+    process = ServiceProcess(
+        "mayor", {**gt_env, "NATS_URL": town.nats_url, "GT_HOME": str(town.gt_home)}, tmp_path / "mayor.log"
+    )
+    process.start()
+    try:
+        await assert_eventually(lambda: process.logged("activity_acquired"), timeout=60, interval=0.1)
+        yield process
+    finally:
+        process.stop()
+
+
+async def helper_ready(shell: Shell) -> psutil.Process:
+    """The first call ran in its own process and started a helper; wait until it and its spares are there."""
+
+    def spares_forked() -> bool:
+        helper = shell.helper()
+        return helper is not None and len(helper.children()) >= 2
+
+    await assert_eventually(spares_forked, timeout=60)
+    helper = shell.helper()
+    assert helper is not None
+    return helper
+
+
+async def started_in_helper(shell: Shell, proc: asyncio.subprocess.Process) -> psutil.Process:
+    """The helper child running ``proc``'s call (found by the working directory it took over)."""
+    found: list[psutil.Process] = []
+
+    def running() -> bool:
+        assert proc.returncode is None, "the call ended before it was seen running in the helper"
+        child = shell.call_running_in(shell.cwd)
+        if child is not None:
+            found.append(child)
+        return child is not None
+
+    await assert_eventually(running, timeout=30, interval=0.02)
+    return found[0]
+
+
+async def test_calls_through_the_helper_answer_as_calls_in_their_own_process(
+    shell: Shell, mayor: ServiceProcess
+) -> None:
+    first = await shell("bead", "create", "made without a helper")
+    assert first.code == 0, first.err
+    helper = await helper_ready(shell)
+
+    created = await shell("bead", "create", "made through the helper", "--description", "üñí")
+    assert created.code == 0, created.err
+    assert BEAD_ID.fullmatch(created.out.strip()), created.out
+    shown = await shell("bead", "show", created.out.strip())
+    assert (shown.code, "made through the helper" in shown.out, "üñí" in shown.out) == (0, True, True), shown
+    as_json = await shell("bead", "show", created.out.strip(), "--json")  # printed by code that bound stdout early
+    assert as_json.code == 0, as_json.err
+    assert json.loads(as_json.out)["title"] == "made through the helper"
+    still = shell.helper()
+    assert still is not None
+    assert still.pid == helper.pid
+
+    # Standard input is the caller's own: a mail body piped in arrives.
+    mailed = await shell("mail", "send", "operator", "--subject", "piped", stdin=b"a body from a pipe\n")
+    assert mailed.code == 0, mailed.err
+    read = await shell("mail", "read", mailed.out.split(":")[0])
+    assert read.code == 0, read.err
+    assert "a body from a pipe" in read.out, read.out
+
+    # The environment is the caller's, per call: this one names a server where none listens.
+    elsewhere = await shell("ready", NATS_URL="nats://127.0.0.1:1")
+    assert elsewhere.code == EXIT_UNREACHABLE, elsewhere
+    # Usage errors and their exit code, as argparse gives them.
+    wrong = await shell("bead", "nosuch")
+    assert (wrong.code, "usage: gt bead" in wrong.err, wrong.out) == (2, True, ""), wrong
+    helped = await shell("--help")
+    assert (helped.code, "Operate a gastown-nats town" in helped.out) == (0, True), helped
+
+    # And these calls ran in the helper: one made while the mayor is frozen is found running there, in the
+    # caller's working directory.
+    mayor.signal(signal.SIGSTOP)
+    try:
+        waiting = await shell.start("bead", "create", "made while the mayor is frozen")
+        child = await started_in_helper(shell, waiting)
+        assert child.ppid() == helper.pid
+    finally:
+        mayor.signal(signal.SIGCONT)
+    done = await finished(waiting)
+    assert done.code == 0, done
+    assert BEAD_ID.fullmatch(done.out.strip()), done
+
+
+async def test_a_call_whose_helper_is_killed_under_it_still_gets_exactly_one_outcome(
+    shell: Shell, mayor: ServiceProcess
+) -> None:
+    assert (await shell("ready")).code == 0
+    helper = await helper_ready(shell)
+    mayor.signal(signal.SIGSTOP)
+    try:
+        waiting = await shell.start("bead", "create", "sent once")
+        await started_in_helper(shell, waiting)
+        helper.kill()
+        await assert_eventually(lambda: not helper.is_running() or helper.status() == psutil.STATUS_ZOMBIE)
+    finally:
+        mayor.signal(signal.SIGCONT)
+    done = await finished(waiting)
+    assert done.code == 0, done
+    assert BEAD_ID.fullmatch(done.out.strip()), done.out
+    listed = await shell("bead", "list", "--json")
+    assert listed.code == 0, listed.err
+    assert listed.out.count('"sent once"') == 1, listed.out
+
+    # The next call finds nobody at the socket: it runs in its own process and starts a new helper.
+    after = await shell("bead", "create", "after the helper died")
+    assert after.code == 0, after.err
+    replacement = await helper_ready(shell)
+    assert replacement.pid != helper.pid
+
+
+async def test_ctrl_c_reaches_the_call_running_in_the_helper(shell: Shell, mayor: ServiceProcess) -> None:
+    assert (await shell("ready")).code == 0
+    await helper_ready(shell)
+    mayor.signal(signal.SIGSTOP)
+    try:
+        waiting = await shell.start("bead", "create", "interrupted")
+        child = await started_in_helper(shell, waiting)
+        waiting.send_signal(signal.SIGINT)
+        done = await finished(waiting)
+    finally:
+        mayor.signal(signal.SIGCONT)
+    assert done.code == 130, done  # as a call in its own process ends on Ctrl-C
+    await assert_eventually(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE)
+
+
+async def test_a_changed_source_file_retires_the_helper(shell: Shell, mayor: ServiceProcess, tmp_path: Path) -> None:
+    """A helper that imported code since changed would answer with the old code: it steps aside instead. The code
+    is a copy of the project's, so no other test's helper sees the change."""
+    code = tmp_path / "code"
+    for package in ("gt", "shared", "services"):
+        shutil.copytree(REPO_ROOT / package, code / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shell.env["PYTHONPATH"] = str(code)
+    assert (await shell("ready")).code == 0
+    helper = await helper_ready(shell)
+    assert helper.environ().get("PYTHONPATH") == str(code)  # this copy's own helper
+    source = code / "gt" / "cli" / "render.py"
+    before = source.stat()
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+    changed = await shell("bead", "create", "after a change")
+    assert changed.code == 0, changed.err
+    await assert_eventually(lambda: not helper.is_running() or helper.status() == psutil.STATUS_ZOMBIE)
+    again = await shell("ready")
+    assert again.code == 0, again.err
+    assert (await helper_ready(shell)).pid != helper.pid
+
+
+async def test_no_helper_with_gt_helper_0_or_a_runtime_directory_open_to_others(
+    shell: Shell, mayor: ServiceProcess, runtime_dir: Path
+) -> None:
+    for _ in range(3):
+        run = await shell("ready", GT_HELPER="0")
+        assert run.code == 0, run.err
+    await asyncio.sleep(1)
+    assert shell.helpers() == []
+    assert not (runtime_dir / "gt").exists()
+
+    (runtime_dir / "gt").mkdir(mode=0o777)
+    (runtime_dir / "gt").chmod(0o777)  # past the umask: anyone could put a socket there
+    for _ in range(3):
+        run = await shell("ready")
+        assert run.code == 0, run.err
+    await asyncio.sleep(1)
+    assert shell.helpers() == []
+    assert list((runtime_dir / "gt").iterdir()) == []
