@@ -22,6 +22,15 @@ def _s(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _middle(value: Any, limit: int) -> str:
+    """Cut in the middle, not at the end: a detail that names a path first says what came of it last."""
+    text = " ".join(str(value).split())
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) // 2
+    return text[:head] + "…" + text[len(text) - (limit - 1 - head) :]
+
+
 def _fields(data: dict[str, Any]) -> str:
     shown = {k: v for k, v in data.items() if v not in ([], {}, None, "", False)}
     return " ".join(f"{k}={_s(v, 40)}" for k, v in shown.items())
@@ -63,7 +72,7 @@ def _bead_unslung(d: dict[str, Any]) -> Described:
 
 def _session_cleaned(d: dict[str, Any]) -> Described:
     # A worktree left in place says why (unsaved work is never removed silently).
-    why = f": {_s(d['detail'], 160)}" if d.get("detail") else ""
+    why = f": {_middle(d['detail'], 160)}" if d.get("detail") else ""
     return f"session {d['session_id']} cleaned up{why}", "quiet"
 
 

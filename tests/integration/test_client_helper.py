@@ -282,7 +282,7 @@ async def test_no_helper_with_gt_helper_0_or_a_runtime_directory_open_to_others(
     for _ in range(3):
         run = await shell("ready", GT_HELPER="0")
         assert run.code == 0, run.err
-    await asyncio.sleep(1)
+    await asyncio.sleep(1)  # an absence: a helper started by these calls would be there (and listed) by now
     assert shell.helpers() == []
     assert not (runtime_dir / "gt").exists()
 

@@ -378,3 +378,14 @@ def test_status_shows_the_first_line_of_an_escalation_that_quotes_a_pane() -> No
     [row] = [line for line in lines if "esc-1" in line]
     assert row.endswith("bead b1 died 4 times on rig six [more: gt escalations]")
     assert not [line for line in lines if "giving up" in line], "the rest is for gt escalations"
+
+
+def test_a_long_clean_up_detail_is_cut_in_the_middle_keeping_what_came_of_it() -> None:
+    """Found by CI: a deep worktree path pushed "; it is kept" out of `gt bead history`."""
+    path = "/tmp/pytest-of-root/pytest-447/popen-gw0/test_unsling_ends_the_live_ses0/home/rigs/demo/polecats/ace"
+    detail = f"worktree {path} has uncommitted changes and 1 unpushed commits; it is kept"
+    sentence, _ = narrate.describe("session.cleaned", {"session_id": "hq-1-2", "detail": detail})
+    assert sentence.startswith("session hq-1-2 cleaned up: worktree /tmp/")
+    assert sentence.endswith("has uncommitted changes and 1 unpushed commits; it is kept")
+    assert "…" in sentence
+    assert len(sentence) <= len("session hq-1-2 cleaned up: ") + 160
