@@ -23,6 +23,7 @@ from shared.bus.topology import (
 )
 from shared.config import TownConfig
 from shared.errors import StreamConfigMismatchError
+from tests.helpers import assert_eventually
 
 
 def _plain(value: object) -> object:
@@ -173,8 +174,14 @@ async def test_a_command_sent_while_the_intake_is_being_provisioned_is_refused_o
     # Once provisioned, the intake takes commands and keeps them for their service.
     assert sorted(info.config.subjects or []) == ["gt.cmd.>"]
     await js.publish("gt.cmd.bead.create", b'{"title": "later"}', stream=town.cmd_stream)
-    mayor = await js.consumer_info(town.cmd_stream, command_consumer_name("mayor"))
-    assert mayor.num_pending >= 1
+
+    async def pending_for_the_mayor() -> bool:
+        # The server counts a consumer's pending messages a moment after the publish is acknowledged.
+        mayor = await js.consumer_info(town.cmd_stream, command_consumer_name("mayor"))
+        return (mayor.num_pending or 0) >= 1
+
+    pending: bool = await assert_eventually(pending_for_the_mayor, timeout=10)
+    assert pending
 
 
 async def test_a_half_provisioned_command_intake_is_finished_by_the_next_provisioner(
