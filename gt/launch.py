@@ -35,6 +35,9 @@ PROTOCOL = b"gt-helper-1"
 FORWARDED_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
 MAX_SOCKET_PATH = 108
 """Linux's limit for a Unix socket's path (``sun_path``), the terminating NUL included."""
+TAKE_TIMEOUT_S = 5.0
+"""How long a call waits for the helper to take it (it normally does within a millisecond) before it runs in
+its own process instead."""
 EXIT_INTERRUPTED = 130
 EXIT_LOST = 1
 
@@ -44,7 +47,10 @@ def main() -> int:
     path = socket_path() if os.environ.get(HELPER_ENV, "1") != "0" and routed(argv) else None
     if path is None:
         return in_process()
-    code = via_helper(path, argv)
+    try:
+        code = via_helper(path, argv)
+    except KeyboardInterrupt:  # Ctrl-C before the helper had the call: nothing ran
+        return EXIT_INTERRUPTED
     if code is not None:
         return code
     spawn_helper(path)
@@ -131,13 +137,30 @@ def via_helper(path: str, argv: list[str]) -> int | None:
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(path)
+        if not _accepted(sock):
+            return None
         fds = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in (0, 1, 2))
         sock.sendmsg([payload], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
-        return _outcome(sock)
     except OSError:
-        return None  # no helper, or it went away before starting the call
+        sock.close()
+        return None  # no helper, or it went away before it had the call
+    try:
+        return _outcome(sock)
     finally:
         sock.close()
+
+
+def _accepted(sock: _socket.socket) -> bool:
+    """Whether a helper's child took the connection (``A``) in time. Only then are the descriptors sent: ones
+    queued to a helper that is stopped or hung would keep the caller's pipes open (a `$(gt ...)` would wait)."""
+    sock.settimeout(TAKE_TIMEOUT_S)
+    try:
+        answer = sock.recv(2)
+    except TimeoutError:
+        os.write(2, b"gt: the client helper did not take the call in time; running it here\n")
+        return False  # closing the connection makes a late taker's `A` fail (EPIPE): it never runs the call
+    sock.settimeout(None)
+    return answer == b"A\n"
 
 
 def _outcome(sock: _socket.socket) -> int | None:
@@ -154,12 +177,15 @@ def _outcome(sock: _socket.socket) -> int | None:
     try:
         buffer = b""
         while True:
-            data = sock.recv(4096)
+            try:
+                data = sock.recv(4096)
+            except OSError:
+                data = b""
             if not data:
                 if not child:
                     return None
                 os.write(2, b"gt: the command's process ended without an exit status (was it killed?)\n")
-                return EXIT_LOST
+                return EXIT_LOST  # it may have done its work: never run again here
             buffer += data
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)

@@ -3,6 +3,8 @@ client once and forks a child per call (``gt.launch`` says why and how calls rea
 
 Wire (a Unix stream socket in a directory only its user can open; the peer's uid is checked as well):
 
+- ``A`` from the child that accepted the connection, first: only then does the caller send its request (a
+  caller that waited in vain closes the connection instead, and the late ``A`` fails).
 - request: a 4-byte big-endian length, then NUL-separated fields: ``gt-helper-1``, the helper key, the working
   directory, the umask (decimal), the number of arguments, the arguments, then ``KEY=VALUE`` per environment
   variable. The first ``sendmsg`` carries the caller's descriptors 0, 1 and 2 (``SCM_RIGHTS``).
@@ -145,6 +147,7 @@ def _spare(server: socket.socket, taken: int, sources: dict[str, int], parser: o
     os.write(taken, b"T%d\n" % os.getpid())
     server.close()
     try:
+        conn.sendall(b"A\n")
         call = _receive(conn)
     except Refused as exc:
         with contextlib.suppress(OSError):

@@ -240,6 +240,30 @@ async def test_a_call_whose_helper_is_killed_under_it_still_gets_exactly_one_out
     assert replacement.pid != helper.pid
 
 
+async def test_a_stopped_helper_does_not_hold_calls_and_never_runs_one_late(
+    shell: Shell, mayor: ServiceProcess
+) -> None:
+    assert (await shell("ready")).code == 0
+    helper = await helper_ready(shell)
+    frozen = [helper, *helper.children()]
+    for proc in frozen:
+        proc.suspend()
+    try:
+        made = await shell("bead", "create", "made while the helper is stopped")
+    finally:
+        for proc in frozen:
+            proc.resume()
+    assert made.code == 0, made.err
+    assert BEAD_ID.fullmatch(made.out.strip()), made.out
+    assert "did not take the call in time; running it here" in made.err
+    # Resumed, a spare takes the connection that call left behind: the caller has gone, so it does not run it.
+    spares = frozen[1:]
+    await assert_eventually(lambda: any(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in spares))
+    listed = await shell("bead", "list", "--json")
+    assert listed.code == 0, listed.err
+    assert listed.out.count('"made while the helper is stopped"') == 1, listed.out
+
+
 async def test_ctrl_c_reaches_the_call_running_in_the_helper(shell: Shell, mayor: ServiceProcess) -> None:
     assert (await shell("ready")).code == 0
     await helper_ready(shell)
