@@ -278,7 +278,9 @@ async def test_the_witness_gives_each_session_its_own_identity_and_refuses_it_on
         out = Path(town.sessions_of(bead)[0].worktree).parent / session
 
         def beat() -> str:
-            text = (out.parent / f"{session}.heartbeat").read_text()
+            written = out.parent / f"{session}.heartbeat"
+            assert written.exists(), "the agent has not written its heartbeat's result yet"
+            text = written.read_text()
             assert "exit" in text
             return text
 
