@@ -315,6 +315,6 @@ async def test_no_helper_with_gt_helper_0_or_a_runtime_directory_open_to_others(
     for _ in range(3):
         run = await shell("ready")
         assert run.code == 0, run.err
-    await asyncio.sleep(1)
+    await asyncio.sleep(1)  # an absence again, as above
     assert shell.helpers() == []
     assert list((runtime_dir / "gt").iterdir()) == []
