@@ -106,12 +106,19 @@ def _private_directory(base: str, uid: int) -> bool:
 
 
 def helper_key() -> str:
-    """Tells helpers apart: one per interpreter, code location and import path (FNV-1a, 64 bits)."""
-    text = "\0".join((sys.executable, os.path.dirname(__file__), sys.version, os.environ.get("PYTHONPATH", "")))
-    value = 0xCBF29CE484222325
-    for byte in text.encode():
-        value = ((value ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"{value:016x}"
+    """Tells helpers apart: one per interpreter, code location and import path (FNV-1a, 64 bits). Computed once
+    per process: the socket's name and every request carry it (the helper's spares compare each request's)."""
+    global _key
+    if _key is None:
+        text = "\0".join((sys.executable, os.path.dirname(__file__), sys.version, os.environ.get("PYTHONPATH", "")))
+        value = 0xCBF29CE484222325
+        for byte in text.encode():
+            value = ((value ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+        _key = f"{value:016x}"
+    return _key
+
+
+_key: str | None = None
 
 
 def request(argv: list[str]) -> bytes:

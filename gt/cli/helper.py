@@ -65,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gt.cli import main as cli  # the whole point: imported once, here
 
     parser = cli.build_parser()
+    launch.helper_key()  # once, before the spares are forked: each request's key is compared with it
     sources = _sources()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
