@@ -1,6 +1,7 @@
-"""(p) One `gt` call as a user makes it, from process start to exit: ``gt ready``, ``gt status``, ``gt bead show``
-and ``gt bead create`` against a town of four services, median wall time over rounds; each through the client
-helper (what a user gets: gt/launch.py) and in a process of its own (``GT_HELPER=0``).
+"""(p) One `gt` call as a user makes it, from process start to exit: ``gt ready``, ``gt status``, ``gt bead show``,
+``gt bead create``, and an agent's ``gt prime`` and ``gt step done`` (each a step not done yet), against a town of
+four services, median wall time over rounds; each through the client helper (what a user gets: gt/launch.py) and
+in a process of its own (``GT_HELPER=0``).
 (q) A CLI user's ``gt bead create`` throughput: creates one after another, and four at a time (``xargs -P4``),
 through the helper and in processes of their own.
 
@@ -25,12 +26,22 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
 
 from bench.common import REPO_ROOT, Figure, provisioned, server, start_service, stop_service, wait_ready
+from bench.witness import make_origin
 from shared.bus.commands import send
-from shared.commands import BeadCreate
+from shared.bus.query import ask, ask_json
+from shared.commands import BeadCreate, BeadSling, Command, RigAdd, RigPark
 from shared.config import TownConfig
+from shared.errors import QueryError
+from shared.queries import mayor, witness
+from shared.tmux import Tmux
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
 CALLS: dict[str, list[str]] = {
@@ -38,7 +49,14 @@ CALLS: dict[str, list[str]] = {
     "gt status": ["status"],
     "gt bead show": ["bead", "show", "{bead}"],
     "gt bead create": ["bead", "create", "a bench bead"],
+    "gt prime": ["prime", "--session", "{session}"],
+    "gt step done": ["step", "done", "{step}"],
 }
+"""Each call's argv; ``{step}`` is a fresh ``BEAD STEP`` each time (a step done again changes nothing: a different
+path), ``{session}`` a running session of a hanging agent."""
+AGENT = "GT_AGENT_FAULT=hang gt-agent"
+STEPS_PER_BEAD = 6
+"""The default formula's (``polecat-work``) steps."""
 MODES = {"through the client helper": {}, "in its own process": {"GT_HELPER": "0"}}
 """How a call runs (the environment that makes it so)."""
 GOALS = {"through the client helper": 1 / 1.5, "in its own process": 1 / 3}
@@ -47,9 +65,8 @@ GOALS = {"through the client helper": 1 / 1.5, "in its own process": 1 / 3}
 IN_PROCESS = """
 import contextlib, io, json, sys, time
 from gt.cli.main import main
-argv, rounds = json.loads(sys.argv[1]), int(sys.argv[2])
 times = []
-for _ in range(rounds):
+for argv in json.loads(sys.argv[1]):
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         code = main(argv)
@@ -75,31 +92,45 @@ def _gt(args: list[str]) -> list[str]:
     return [str(script), *args] if script.exists() else [sys.executable, "-m", "gt.cli.main", *args]
 
 
-def _in_process_ms(args: list[str], env: dict[str, str], rounds: int) -> float:
-    """Median of ``rounds`` in-process calls after one to warm up (imports, first connection)."""
+def _in_process_ms(argvs: list[list[str]], env: dict[str, str]) -> float:
+    """Median of the in-process calls after the first, which warms up (imports, first connection)."""
     done = subprocess.run(
-        [sys.executable, "-c", IN_PROCESS, json.dumps(args), str(rounds + 1)],
-        env=env,
-        capture_output=True,
-        check=True,
+        [sys.executable, "-c", IN_PROCESS, json.dumps(argvs)], env=env, capture_output=True, check=True
     )
     times: list[float] = json.loads(done.stdout)
     return statistics.median(times[1:])
 
 
-def _one_calls(env: dict[str, str], bead: str, rounds: int) -> list[Figure]:
-    calls = {name: [part.format(bead=bead) for part in argv] for name, argv in CALLS.items()}
-    walls: dict[tuple[str, str], list[float]] = {(name, mode): [] for name in calls for mode in MODES}
+class Argvs:
+    """Each call's next argv: the same every time, but ``{step}`` a step not done yet."""
+
+    def __init__(self, bead: str, session: str, steps: list[str]) -> None:
+        self._values = {"bead": bead, "session": session}
+        self._steps = iter(steps)
+
+    def next(self, name: str) -> list[str]:
+        values = dict(self._values)
+        if "{step}" in CALLS[name]:
+            values["step"] = next(self._steps)
+        out: list[str] = []
+        for part in CALLS[name]:
+            # "{step}" is two words (BEAD STEP); the rest one each.
+            out += part.format(**values).split() if part == "{step}" else [part.format(**values)]
+        return out
+
+
+def _one_calls(env: dict[str, str], argvs: Argvs, rounds: int) -> list[Figure]:
+    walls: dict[tuple[str, str], list[float]] = {(name, mode): [] for name in CALLS for mode in MODES}
     bare: list[float] = []
     for _ in range(rounds):
         bare.append(_wall_ms([sys.executable, "-c", "pass"], env))
-        for name, args in calls.items():
+        for name in CALLS:
             for mode, extra in MODES.items():
-                walls[name, mode].append(_wall_ms(_gt(args), {**env, **extra}))
+                walls[name, mode].append(_wall_ms(_gt(argvs.next(name)), {**env, **extra}))
     ceiling = statistics.median(bare)
     figures = []
-    for name, args in calls.items():
-        warm = _in_process_ms(args, env, rounds)
+    for name in CALLS:
+        warm = _in_process_ms([argvs.next(name) for _ in range(rounds + 1)], env)
         for mode in MODES:
             figure = Figure(
                 name=f"(p) `{name}` {mode}, process start to exit, median of {rounds}",
@@ -114,6 +145,51 @@ def _one_calls(env: dict[str, str], bead: str, rounds: int) -> list[Figure]:
             print(figure.line(), flush=True)
             figures.append(figure)
     return figures
+
+
+async def _town(nc: Client, town: TownConfig, root: Path, *, steps: int) -> Argvs:
+    """What the calls need: a bead to show, a session to prime (a hanging agent's), and ``steps`` steps not done
+    yet, of beads slung with the default formula to a parked rig (their molecules wait there, no sessions)."""
+
+    async def ok(cmd: Command) -> dict[str, Any]:
+        cmd = msgspec.structs.replace(cmd, cmd_id=f"bench-{uuid.uuid4().hex[:12]}")
+        outcome = await send(nc, town, cmd, timeout=60)
+        if outcome.type != "cmd.accepted":
+            raise RuntimeError(f"{cmd}: {outcome}")
+        result: dict[str, Any] = outcome.data["result"]
+        return result
+
+    origin = make_origin(root)
+    await ok(RigAdd(name="bench", repo=str(origin), agent_command=AGENT, max_polecats=1))
+    await ok(RigAdd(name="parked", repo=str(origin), agent_command=AGENT))
+    await ok(RigPark(name="parked"))
+    shown = str((await ok(BeadCreate(title="shown")))["id"])
+    await ok(BeadSling(id=shown, rig="bench"))
+    session = f"{shown}-1"
+    waiting = []
+    for i in range(-(-steps // STEPS_PER_BEAD)):
+        bead = str((await ok(BeadCreate(title=f"steps {i}")))["id"])
+        await ok(BeadSling(id=bead, rig="parked"))
+        waiting.append(bead)
+    ids = []
+    for bead in waiting:
+        molecule = await ask_json(nc, mayor.Molecule(bead=bead))
+        ids += [f"{bead} {step['id']}" for step in molecule["steps"]]
+    deadline = time.monotonic() + 60
+    while not await _started(nc, session):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"session {session} did not start")
+        await asyncio.sleep(0.1)
+    return Argvs(shown, session, ids)
+
+
+async def _started(nc: Client, session: str) -> bool:
+    try:
+        return (await ask(nc, witness.Session(id=session))).status == "started"
+    except QueryError as exc:
+        if exc.code != "not_found":
+            raise
+        return False
 
 
 def _create_rate(env: dict[str, str], creates: int, parallel: int) -> float:
@@ -221,15 +297,15 @@ async def run(rounds: int = 20, creates: int = 100) -> list[Figure]:
         try:
             for name in procs:
                 await wait_ready(nc, name)
-            created = subprocess.run(_gt(["bead", "create", "shown"]), env=env, capture_output=True, check=True)
-            bead = created.stdout.decode().strip()
+            argvs = await _town(nc, town, Path(tmp), steps=rounds * (len(MODES) + 1) + 1)
             await asyncio.to_thread(_helper_ready, env, runtime)
-            figures = await asyncio.to_thread(_one_calls, env, bead, rounds)
+            figures = await asyncio.to_thread(_one_calls, env, argvs, rounds)
             figures += await _throughput(env, town, creates)
         finally:
             _stop_helper(runtime)
             for proc in procs.values():
                 stop_service(proc)
+            Tmux(service_env["GT_TMUX_SOCKET"]).kill_server()  # the hanging agent's session
             await nc.close()
     return figures
 

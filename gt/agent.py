@@ -49,11 +49,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-import msgspec
-
-from shared.formulas import rework
+# Nothing heavier: every session pays for this agent's start-up (a hanging agent never needs more), and the
+# formula code (msgspec, the event types: ~40 ms) is imported by the steps that read a molecule.
 from shared.privacy import private_files
 
 FAULT = re.compile(r"^(?P<kind>[a-z-]+)(?:=(?P<step>\d+))?(?:@(?P<lo>\d+)(?:-(?P<hi>\d+))?)?$")
@@ -82,7 +81,7 @@ UNION_MERGE = "* merge=union\n"
 """Git attributes that resolve a conflicting hunk by keeping both sides (this agent's only way to resolve)."""
 
 
-class Fault(msgspec.Struct, frozen=True, kw_only=True):
+class Fault(NamedTuple):
     kind: str
     step: int | None = None
     first_attempt: int = 1
@@ -258,6 +257,8 @@ def run_tests(worktree: Path, rig: dict[str, Any], faults: list[Fault], attempt:
 
 
 def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) -> None:
+    from shared.formulas import rework  # here, not at the top: see the imports
+
     bead = data["bead"]["id"]
     worktree = Path(data["worktree"])
     if commit_own(worktree, bead, f"{bead}: work an earlier session left uncommitted"):
@@ -384,6 +385,8 @@ def main() -> int:
     try:
         data = prime()
         work(data, faults, attempt, pause)
+        from shared.formulas import rework  # here, not at the top: see the imports
+
         steps = (data.get("molecule") or {}).get("steps") or []
         if not any(rework.is_rework(step["id"]) for step in steps):
             fix_returned_work(data, faults, attempt)  # no molecule to append rework steps to: after its one step

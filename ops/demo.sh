@@ -132,15 +132,16 @@ run gt rig unpark demo
 run gt sling "$build" demo
 closed() { gt bead show "$1" --json | grep -q '"status": *"closed"'; }
 claude_pane=""
-for _ in $(seq 1 400); do
-  # Keep the Claude Code pane's last screen: the witness ends the pane once the session is done.
+for _ in $(seq 1 2000); do
+  # Keep the Claude Code pane's last screen: the witness ends the pane once the session is done and its turn has
+  # ended, within moments of its last words (so it is looked at often).
   if screen="$(tmux -L "$GT_TMUX_SOCKET" capture-pane -p -t "gt-$claude_rig-ace" 2>/dev/null)" && [ -n "$screen" ]; then
     claude_pane="$screen"
   fi
   # Claude Code stays at its prompt after `gt done`: the witness ends its pane (GT_DONE_EXIT_GRACE, 10 s).
   if closed "$build" && closed "$docs" && ! tmux -L "$GT_TMUX_SOCKET" has-session -t "=gt-$claude_rig-ace" 2>/dev/null
   then break; fi
-  sleep 0.5
+  sleep 0.1
 done
 
 step "the first session died at step 3; a fresh one resumed at step 3; the refinery merged its branch"

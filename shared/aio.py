@@ -10,7 +10,9 @@ top, because libraries it calls (nats-py's request, for one) still use ``wait_fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
+from collections.abc import AsyncIterator
 
 
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
@@ -49,3 +51,28 @@ def task_stacks(limit: int = 12) -> list[str]:
         task.print_stack(limit=limit, file=out)
         dumps.append(out.getvalue())
     return dumps
+
+
+class KeyedLocks:
+    """An ``asyncio.Lock`` per key, made at first use and forgotten once nobody holds or waits for it (a
+    long-running service locks ever new keys: worktree paths)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._users: dict[str, int] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        self._users[key] = self._users.get(key, 0) + 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._users[key] -= 1
+            if not self._users[key]:
+                del self._users[key], self._locks[key]
+
+    def __len__(self) -> int:
+        """Keys locked or waited for now."""
+        return len(self._locks)

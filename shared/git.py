@@ -186,12 +186,19 @@ def fetch(bare: Path) -> None:
     git("fetch", "--quiet", "--prune", "origin", cwd=bare)
 
 
-def branch_exists(bare: Path, branch: str) -> bool:
-    return bool(git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", cwd=bare, check=False).strip())
+def existing_refs(repo: Path, *refs: str) -> set[str]:
+    """Which of the full ref names ``refs`` exist, in one git process."""
+    # for-each-ref also lists refs below a pattern (refs/heads/a lists refs/heads/a/b): only exact names count.
+    listed = git("for-each-ref", "--format=%(refname)", *refs, cwd=repo).splitlines()
+    return set(refs).intersection(listed)
 
 
-def ensure_worktree(bare: Path, path: Path, branch: str, base: str) -> bool:
+def ensure_worktree(bare: Path, path: Path, branch: str, base: str, *, refs: set[str] | None = None) -> bool:
     """A worktree at ``path`` on ``branch`` (made from ``base`` when new); True when created, False when reused.
+
+    ``refs``: which of ``refs/heads/<branch>`` and ``refs/remotes/origin/<base>`` exist, when the caller has just
+    looked (else one more git process looks). Not safe to run for two worktrees of one clone at once: git 2.39's
+    ``worktree add`` reads the other worktrees' files while another add is still writing them.
 
     Raises:
         GitError: ``path`` exists but is not a worktree on ``branch`` (it is never touched then).
@@ -201,15 +208,36 @@ def ensure_worktree(bare: Path, path: Path, branch: str, base: str) -> bool:
         if current != branch:
             raise GitError(["worktree", "add", str(path)], 1, f"{path} exists and is on {current!r}, not {branch!r}")
         return False
-    git("worktree", "prune", cwd=bare)  # a registration whose directory is gone would block the add
-    if branch_exists(bare, branch):
-        git("worktree", "add", "--quiet", "--", str(path), branch, cwd=bare)
-    else:
-        tracked = f"refs/remotes/origin/{base}"
-        # Else the base's id: `worktree add -b` hands its start point on to `git branch` with no end of options.
-        start = tracked if _ref_exists(bare, tracked) else resolve_commit(bare, base)
-        git("worktree", "add", "--quiet", "-b", branch, "--", str(path), start, cwd=bare)
+    try:
+        _add_worktree(bare, path, branch, base, refs)
+    except GitError as exc:
+        if "already registered" not in exc.stderr:
+            raise
+        # A registration whose directory is gone (removed by hand, a crash in the middle of a clean-up) blocks
+        # the add: pruned, then added again. Only then: a prune per start would be a git process per session.
+        # Looked up again: git made the branch before it refused the path.
+        git("worktree", "prune", cwd=bare)
+        _add_worktree(bare, path, branch, base, None)
     return True
+
+
+def worktree_refs(branch: str, base: str) -> tuple[str, str]:
+    """The refs ``ensure_worktree`` looks at: the branch's, and origin's base as the clone last fetched it."""
+    return f"refs/heads/{branch}", f"refs/remotes/origin/{base}"
+
+
+def _add_worktree(bare: Path, path: Path, branch: str, base: str, refs: set[str] | None) -> None:
+    head, tracked = worktree_refs(branch, base)
+    if refs is None:
+        refs = existing_refs(bare, head, tracked)
+    if head in refs:
+        git("worktree", "add", "--quiet", "--", str(path), branch, cwd=bare)
+        return
+    # Else the base's id: `worktree add -b` hands its start point on to `git branch` with no end of options.
+    start = tracked if tracked in refs else resolve_commit(bare, base)
+    # --no-track: a polecat's branch is its own (pushed under its own name), not one that follows the base; and
+    # tracking would write the clone's config file, once per session.
+    git("worktree", "add", "--quiet", "--no-track", "-b", branch, "--", str(path), start, cwd=bare)
 
 
 def _ref_exists(repo: Path, ref: str) -> bool:
@@ -310,7 +338,8 @@ def remove_worktree(bare: Path, path: Path, base: str) -> None:
         git("worktree", "remove", "--force", str(path), cwd=bare, check=False)
         if path.exists():
             force_remove(path)
-    git("worktree", "prune", cwd=bare)
+    # Not checked: clean-ups of other worktrees may prune at the same moment, and what matters is checked next.
+    git("worktree", "prune", cwd=bare, check=False)
     if path.exists():
         raise GitError(["worktree", "remove", str(path)], 1, f"{path} is still there after removing it")
 

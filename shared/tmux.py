@@ -109,6 +109,20 @@ class Tmux:
                 out[info.session] = info
         return out
 
+    def pane_of(self, name: str) -> PaneInfo | None:
+        """Session ``name``'s first pane, or None when there is no such session (or no server): ``snapshot`` of
+        one session, whose cost does not grow with the number of sessions."""
+        try:
+            lines = self._run("list-panes", "-s", "-t", f"={name}", "-F", _FORMAT)
+        except TmuxError as exc:
+            if _no_such_session(exc):
+                return None
+            raise
+        except LibTmuxException as exc:
+            raise TmuxError("list-panes", str(exc)) from exc
+        infos = [info for line in lines if (info := _pane_info(line)) is not None and info.session == name]
+        return infos[0] if infos else None
+
     def start(self, name: str, command: str, *, cwd: str, env: Mapping[str, str], label: str = "") -> PaneInfo:
         """Start session ``name`` running ``command`` (through ``sh -c``) in ``cwd`` with exactly ``env``,
         labelled ``label`` in the same tmux call (so no session of ours is ever seen without its label).

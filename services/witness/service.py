@@ -70,6 +70,9 @@ class ScreenSeen(msgspec.Struct, frozen=True, kw_only=True):
 
 class WitnessService(Service[WitnessState]):
     name: ClassVar[str] = "witness"
+    # Its reconcile observes every session (tmux, processes, files): 200 sessions starting at once would otherwise
+    # have it observe after every few events. One death is still acted on at once (the last reconcile long past).
+    reconcile_gap_s: ClassVar[float] = 0.05
 
     def __init__(
         self,
@@ -302,7 +305,10 @@ class WitnessService(Service[WitnessState]):
             if (s.status == "started" or may_linger(s)) and s.pane_pid and self._serves(s.rig)
         ]
         refs = {s.id: processes.ProcessRef(pid=s.pane_pid or 0, started=s.pid_started or 0.0) for s in started}
-        alive = await asyncio.to_thread(lambda: {sid: processes.is_alive(ref) for sid, ref in refs.items()})
+        running = self.exits.running(refs)
+        looked_up = {sid: ref for sid, ref in refs.items() if sid not in running}
+        alive = await asyncio.to_thread(lambda: {sid: processes.is_alive(ref) for sid, ref in looked_up.items()})
+        alive.update(dict.fromkeys(running, True))
         panes: dict[str, PaneSeen] | None
         try:
             snapshot = await asyncio.to_thread(self.tmux.snapshot)

@@ -60,6 +60,9 @@ class Service(Generic[S]):
     """Base of mayor, witness, refinery and deacon. Subclasses set ``name`` and override the hooks."""
 
     name: ClassVar[str] = "service"
+    reconcile_gap_s: ClassVar[float] = 0.0
+    """The least time between the end of one reconcile and the start of the next that events asked for (a
+    patrol tick waits longer anyway): a reconcile that observes the world costs more than one event's worth."""
 
     def __init__(
         self,
@@ -85,6 +88,7 @@ class Service(Generic[S]):
         """The projection's snapshots (set once connected)."""
         self.ready = asyncio.Event()
         """Set once caught up with the log and serving."""
+        self._run_started = time.monotonic()
         self.lifecycle = Lifecycle(
             config, label=self.name, client_name=f"gt-{self.name}", log_context={"service": self.name}
         )
@@ -238,6 +242,7 @@ class Service(Generic[S]):
 
     async def run(self) -> None:
         """Serve until ``shutdown()``; re-raises the error that made the service stop otherwise."""
+        self._run_started = time.monotonic()
         await self.lifecycle.run(self._run_connected)
 
     async def _run_connected(self, nc: Connection) -> None:
@@ -383,6 +388,13 @@ class Service(Generic[S]):
         tg.create_task(self.snapshots.run(), name="snapshots")
         self.start_background(tg)
         self.ready.set()
+        # What an operator (and bench (b)) reads to know it serves: caught up, acting, taking commands.
+        log.info(
+            "service_ready",
+            last_seq=self.projection.last_seq,
+            applied=self.projection.applied,
+            seconds=round(time.monotonic() - self._run_started, 3),
+        )
         await self._reconcile_loop()
 
     async def _reconcile_loop(self) -> None:
@@ -402,6 +414,8 @@ class Service(Generic[S]):
             self.patrol_max_s = max(self.patrol_max_s, took)
             self.reconciles += 1
             await wait_event(self._dirty, self.settings.patrol_interval)
+            if (wait := self.reconcile_gap_s - (time.monotonic() - started - took)) > 0:
+                await pause(wait)  # events keep coming: the next reconcile sees them all at once
             self._dirty.clear()
 
     async def save_snapshot(self) -> int:

@@ -111,3 +111,21 @@ def test_the_reference_agent_rebases_onto_and_pushes_a_target_named_like_an_opti
     pushed = git.git("rev-parse", "refs/heads/polecat/ace/hq-1", cwd=origin).strip()
     assert git.git("rev-parse", f"{pushed}^", cwd=origin).strip() == repo.sideways
     assert "resolved" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("new_branch", [False, True])
+def test_a_worktree_whose_directory_was_removed_by_hand_is_added_again(
+    repo: Repo, tmp_path: Path, new_branch: bool
+) -> None:
+    """Its registration blocks the add (git refuses the path, after making a new branch); it is pruned and the
+    worktree added on the branch, whether the branch is new or already there."""
+    path = tmp_path / "polecats" / "ace"
+    assert git.ensure_worktree(repo.bare, path, "polecat/ace/hq-1", "main")
+    git.force_remove(path)
+    branch = "polecat/ace/hq-2" if new_branch else "polecat/ace/hq-1"
+    assert git.ensure_worktree(repo.bare, path, branch, "main")
+    assert git.git("rev-parse", "--abbrev-ref", "HEAD", cwd=path).strip() == branch
+    assert head(path) == repo.ahead
+    assert not git.git("config", "--get-regexp", r"^branch\.", cwd=repo.bare, check=False).strip(), (
+        "a polecat's branch tracks nothing (no config written per session)"
+    )

@@ -63,3 +63,12 @@ def test_a_session_is_killed_only_while_it_carries_the_label(socket_name: str, l
     assert tmux.kill_if_labelled("one", label)
     assert set(tmux.snapshot()) == {"two"}
     assert not tmux.kill_if_labelled("one", label), "gone already"
+
+
+def test_one_sessions_pane_is_read_by_its_exact_name(socket_name: str) -> None:
+    tmux = Tmux(socket_name)
+    assert tmux.pane_of("one") is None, "no server"
+    started = tmux.start("one-two", "sleep 30", cwd="/", env={"PATH": "/usr/bin:/bin"}, label="hq-abc-1")
+    assert tmux.pane_of("one-two") == started == tmux.snapshot()["one-two"]
+    assert tmux.pane_of("one") is None, "a prefix of a session's name is not that session"
+    assert tmux.pane_of("two") is None

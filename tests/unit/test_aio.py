@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from shared.aio import pause, raise_if_cancelling, wait_event
+from shared.aio import KeyedLocks, pause, raise_if_cancelling, wait_event
 
 
 async def test_wait_event_reports_set_or_timed_out() -> None:
@@ -93,3 +93,35 @@ async def test_pause_sleeps_when_nothing_was_cancelled() -> None:
     started = loop.time()
     await pause(0.02)
     assert loop.time() - started >= 0.02
+
+
+async def test_keyed_locks_exclude_per_key_and_forget_a_key_nobody_holds() -> None:
+    locks = KeyedLocks()
+    order: list[str] = []
+    held = asyncio.Event()
+
+    async def first() -> None:
+        async with locks.hold("a"):
+            order.append("a1 in")
+            held.set()
+            await asyncio.sleep(0.01)
+            order.append("a1 out")
+
+    async def second() -> None:
+        await held.wait()
+        async with locks.hold("a"):
+            order.append("a2 in")
+
+    async def other() -> None:
+        await held.wait()
+        async with locks.hold("b"):
+            order.append("b in")
+
+    await asyncio.gather(first(), second(), other())
+    assert order == ["a1 in", "b in", "a1 out", "a2 in"], "b did not wait for a; the second a waited for the first"
+    assert len(locks) == 0
+
+    with pytest.raises(RuntimeError):
+        async with locks.hold("c"):
+            raise RuntimeError("boom")
+    assert len(locks) == 0, "released and forgotten on an error too"

@@ -45,6 +45,7 @@ from services.witness.plan.actions import (
 from services.witness.settings import WitnessSettings
 from services.witness.state import Rig, Session, WitnessState, continue_nudge_id, mail_nudge_id
 from shared import git, lease_state, processes, runtimes, session_identity, subjects
+from shared.aio import KeyedLocks
 from shared.bus.auth_callout import CalloutSettings
 from shared.commands import BeadSling, Command, EscalationRaise, Fence, MergeRequestDone
 from shared.commands.rigs import git_identity
@@ -84,6 +85,9 @@ AGENT_ENV_PASSTHROUGH = (
 )
 """What an agent gets of the witness's environment besides its own settings (plus ``GT_AGENT_ENV``); NATS
 credentials are chosen by ``agent_nats_credentials``."""
+FETCH_REUSE_S = 2.0
+"""A new branch starts from origin's base as the rig's clone fetched it at most this long before its session was
+asked for: 200 beads slung at once cost a few fetches, not 200 in a row (the merge queue rebases anyway)."""
 AGENT_TERM = "screen-256color"
 """The pane is a tmux terminal, whatever terminal the witness was started from."""
 MAIL_SUBJECT_SHOWN = 120
@@ -129,7 +133,16 @@ class Executor:
         self.settings = settings
         self.policy = policy
         self.start_failures: dict[str, int] = {}
-        self._rig_locks: dict[str, asyncio.Lock] = {}
+        # A worktree's lock: one start, clean-up or done flow of a worktree at a time. A rig's: one git process
+        # at a time that changes the rig's clone as a whole (clone, fetch, adding or removing a worktree, a push's
+        # remote-tracking ref). Everything else of a session's start runs for many at once. Order: the worktree's
+        # lock, then the rig's.
+        self._worktree_locks = KeyedLocks()
+        self._repo_locks = KeyedLocks()
+        self._fetched_at: dict[str, float] = {}
+        """Rig -> when (monotonic) its clone's newest successful fetch began."""
+        self._excluded: set[tuple[str, int]] = set()
+        """Clones (rig, inode) whose info/exclude this process has written."""
         self._handlers: Mapping[type[Action], Callable[[Any], Awaitable[None]]] = {
             Spawn: self.spawn,
             Start: self.start,
@@ -179,10 +192,6 @@ class Executor:
             os.fchmod(fd, 0o600)  # made before, under another umask
             out.write(password + "\n")
         return path
-
-    def _lock(self, rig: str) -> asyncio.Lock:
-        # One git operation per rig at a time: concurrent `worktree add` on one repository trip on its locks.
-        return self._rig_locks.setdefault(rig, asyncio.Lock())
 
     def _session(self, session_id: str) -> Session | None:
         return self.host.state.sessions.get(session_id)
@@ -251,8 +260,8 @@ class Executor:
             await self._agent_unavailable(session, rig, str(exc))
             return
         try:
-            async with self._lock(rig.name):
-                await asyncio.to_thread(self._prepare_worktree, rig, session)
+            async with self._worktree_locks.hold(session.worktree):
+                await self._prepare_worktree(rig, session)
         except WorktreeUnusableError as exc:
             # Never touched (it may hold someone's work): the bead is escalated instead.
             await self._unusable_worktree(session, str(exc))
@@ -311,22 +320,37 @@ class Executor:
         if await self._append(lease_state.release(hook)):
             log.info("hook_lease_released", session=action.session, lease=hook.name, token=hook.token)
 
-    def _prepare_worktree(self, rig: Rig, session: Session) -> None:
-        bare = self.bare_repo(rig.name)
-        if not git.ensure_bare_clone(rig.repo, bare) and not git.branch_exists(bare, session.branch):
-            git.fetch(bare)  # a new branch starts from the newest base
-        try:
-            git.ensure_worktree(bare, Path(session.worktree), session.branch, rig.base_branch)
-        except git.GitError as exc:
-            if Path(session.worktree).exists():
-                raise WorktreeUnusableError(str(exc)) from exc
-            raise
-        # Every runtime's: the tests an agent runs leave bytecode and caches that no project's .gitignore may list,
-        # and `gt done` refuses a worktree git shows changed (a reused worktree of an older clone gets them too).
-        git.exclude_in_bare_clone(bare, git.BUILD_OUTPUT)
+    async def _prepare_worktree(self, rig: Rig, session: Session) -> None:
+        bare, path = self.bare_repo(rig.name), Path(session.worktree)
+        wanted = time.monotonic()
+        refs = await asyncio.to_thread(_refs_of, bare, session.branch, rig.base_branch)
+        branch, _ = git.worktree_refs(session.branch, rig.base_branch)
+        # The clone's worktree registry is changed by one git process at a time (see git.ensure_worktree); the
+        # lookups before and everything after (tmux, the agent, the events) run for many sessions at once.
+        async with self._repo_locks.hold(rig.name):
+            began = time.monotonic()
+            if refs is None:  # no clone when looked (made now, or by a start that had the lock first): looked up
+                if await asyncio.to_thread(git.ensure_bare_clone, rig.repo, bare):
+                    self._fetched_at[rig.name] = began
+            elif branch not in refs and self._fetched_at.get(rig.name, float("-inf")) < wanted - FETCH_REUSE_S:
+                await asyncio.to_thread(git.fetch, bare)  # a new branch starts from the newest base
+                self._fetched_at[rig.name] = began
+                refs = None  # looked up again: the fetch may have brought the base
+            try:
+                await asyncio.to_thread(git.ensure_worktree, bare, path, session.branch, rig.base_branch, refs=refs)
+            except git.GitError as exc:
+                if await asyncio.to_thread(path.exists):
+                    raise WorktreeUnusableError(str(exc)) from exc
+                raise
+            # Every runtime's: the tests an agent runs leave bytecode and caches that no project's .gitignore may
+            # list, and `gt done` refuses a worktree git shows changed (a reused worktree of an older clone too).
+            clone = (rig.name, (await asyncio.to_thread(bare.stat)).st_ino)  # a rig added again: a new clone
+            if clone not in self._excluded:
+                await asyncio.to_thread(git.exclude_in_bare_clone, bare, git.BUILD_OUTPUT)
+                self._excluded.add(clone)
 
     def _start_tmux(self, session: Session, rig: Rig) -> tuple[PaneInfo, bool]:
-        existing = self.tmux.snapshot().get(session.tmux_name)
+        existing = self.tmux.pane_of(session.tmux_name)
         if existing is not None:
             if existing.label == session.id and not existing.dead and processes.ref_of(existing.pane_pid):
                 return existing, True  # started before a crash, never recorded: adopt it
@@ -356,7 +380,7 @@ class Executor:
                 f"tmux session {session.tmux_name} is in use by {existing.label or 'something unknown'}; waiting"
             )
         # Re-verify right before killing: the same session (label and pane process) is still there.
-        again = self.tmux.snapshot().get(session.tmux_name)
+        again = self.tmux.pane_of(session.tmux_name)
         if again is not None and again.label == existing.label and again.pane_pid == existing.pane_pid:
             self.tmux.kill(session.tmux_name)
             log.info("stale_tmux_session_killed", tmux=session.tmux_name, label=existing.label)
@@ -582,7 +606,7 @@ class Executor:
         if rig is None:
             return
         try:
-            async with self._lock(rig.name):
+            async with self._worktree_locks.hold(session.worktree), self._repo_locks.hold(rig.name):
                 head = await asyncio.to_thread(self._push_branch, session)
         except git.GitError as exc:
             log.warning("done_flow_failed", session=session.id, error=str(exc))
@@ -694,9 +718,9 @@ class Executor:
         removed, detail = False, action.detail
         if action.remove_worktree:
             try:
-                async with self._lock(session.rig):
-                    # Decided before it waited for the rig: a session of the same polecat may have been started
-                    # in this worktree meanwhile (work the merge queue sent back), and it is its worktree now.
+                async with self._worktree_locks.hold(session.worktree), self._repo_locks.hold(session.rig):
+                    # Decided before it waited for the worktree: a session of the same polecat may have been started
+                    # in it meanwhile (work the merge queue sent back), and it is that session's worktree now.
                     successor = self._worktree_user(session)
                     if successor is not None:
                         detail = f"worktree carried on by {successor.id}"
@@ -855,3 +879,10 @@ def _wait_for(check: Callable[[], bool], timeout: float) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
+
+
+def _refs_of(bare: Path, branch: str, base: str) -> set[str] | None:
+    """Which of the refs a session's worktree is made from exist in the rig's clone; None: no clone yet."""
+    if not (bare / "HEAD").is_file():
+        return None
+    return git.existing_refs(bare, *git.worktree_refs(branch, base))

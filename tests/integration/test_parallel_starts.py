@@ -1,0 +1,69 @@
+"""Sessions of one rig start together: what touches the rig's clone as a whole is done one git process at a time
+(git's own files would trip otherwise), a fetch serves every start that asked within a moment of it, and nothing
+else of a start waits for another's."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import stat
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+
+from shared import git
+from shared.config import TownConfig
+from tests.helpers import assert_eventually
+from tests.witness_town import PolecatTown, polecat_town
+
+BEADS = 12
+HANG = "GT_AGENT_FAULT=hang gt-agent"
+
+
+@pytest.fixture
+def git_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every git process this test's services run, logged (subcommand and the word after it) by a git on PATH."""
+    shim_dir, log = tmp_path / "shim", tmp_path / "git-calls.log"
+    shim_dir.mkdir()
+    real = shutil.which("git")
+    assert real is not None
+    shim = shim_dir / "git"
+    shim.write_text(f'#!/bin/sh\necho "$1 $2" >> {log}\nexec {real} "$@"\n')
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{shim_dir}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+@pytest.fixture
+async def pt(town: TownConfig, nc: Client, tmp_path: Path, git_calls: Path) -> AsyncIterator[PolecatTown]:
+    async with polecat_town(town, nc, tmp_path, with_refinery=False) as handle:
+        yield handle
+
+
+async def test_beads_slung_at_once_to_one_rig_start_together_with_a_fetch_or_two(
+    pt: PolecatTown, git_calls: Path
+) -> None:
+    await pt.add_rig(agent_command=HANG, max_polecats=BEADS)
+    beads = [await pt.new_bead(f"bead {i}") for i in range(BEADS)]
+    git_calls.write_text("")  # from here on: the starts' git only
+    await asyncio.gather(*(pt.sling(bead) for bead in beads))
+
+    def all_started() -> list[str]:
+        sessions = [s for bead in beads for s in pt.sessions_of(bead)]
+        assert [s.status for s in sessions] == ["started"] * BEADS, [(s.id, s.status) for s in sessions]
+        return [s.worktree for s in sessions]
+
+    worktrees = await assert_eventually(all_started, timeout=120, message="every bead's session started")
+    assert pt.witness is not None
+    assert pt.witness.action_errors == 0, "no start failed (git trips on its own files when adds overlap)"
+    calls = Counter((await asyncio.to_thread(git_calls.read_text)).splitlines())
+    assert calls["worktree add"] == BEADS, calls
+    assert calls["worktree prune"] == 0, calls
+    assert 1 <= calls["fetch --quiet"] < BEADS / 2, f"one fetch serves the starts that asked within moments: {calls}"
+    for bead, worktree in zip(beads, worktrees, strict=True):
+        branch = git.git("rev-parse", "--abbrev-ref", "HEAD", cwd=Path(worktree)).strip()
+        assert branch.endswith(f"/{bead}"), (worktree, branch)
