@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import select
 import signal
 import subprocess
@@ -49,30 +48,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-# Nothing heavier: every session pays for this agent's start-up (a hanging agent never needs more), and the
-# formula code (msgspec, the event types: ~40 ms) is imported by the steps that read a molecule.
-from shared.privacy import private_files
+from gt import agent_start
+from gt.agent_start import Fault, active, hang, say, town_patience
+from shared.formulas import rework
 
-FAULT = re.compile(r"^(?P<kind>[a-z-]+)(?:=(?P<step>\d+))?(?:@(?P<lo>\d+)(?:-(?P<hi>\d+))?)?$")
-KINDS = frozenset(
-    {
-        "crash-at-step",
-        "crash-before-commit",
-        "hang",
-        "exit-before-done",
-        "crash-after-done-intent",
-        "dirty",
-        "conflict",
-        "fail-tests",
-    }
-)
-NEEDS_STEP = frozenset({"crash-at-step", "crash-before-commit"})
-EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 """``gt``'s exit code for a town that does not answer (gt/cli/main.py): waited out, not a failure."""
-DEFAULT_TOWN_PATIENCE_S = 3600.0
 TOWN_RETRY_MAX_S = 15.0
 TOWN_WAIT_REPORT_S = 60.0
 """While waiting for the town, the pane hears about it this often."""
@@ -81,68 +64,9 @@ UNION_MERGE = "* merge=union\n"
 """Git attributes that resolve a conflicting hunk by keeping both sides (this agent's only way to resolve)."""
 
 
-class Fault(NamedTuple):
-    kind: str
-    step: int | None = None
-    first_attempt: int = 1
-    last_attempt: int | None = None
-
-    def applies(self, attempt: int) -> bool:
-        return self.first_attempt <= attempt and (self.last_attempt is None or attempt <= self.last_attempt)
-
-
-def parse_faults(text: str) -> list[Fault]:
-    """Raises ValueError naming the part it cannot read."""
-    out = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        match = FAULT.fullmatch(part)
-        if match is None or match["kind"] not in KINDS:
-            raise ValueError(f"GT_AGENT_FAULT: cannot read {part!r} (kinds: {', '.join(sorted(KINDS))})")
-        if match["kind"] in NEEDS_STEP and match["step"] is None:
-            raise ValueError(f"GT_AGENT_FAULT: {match['kind']} needs a step, like {match['kind']}=2")
-        lo = int(match["lo"]) if match["lo"] else 1
-        hi = int(match["hi"]) if match["hi"] else (lo if match["lo"] else None)
-        step = int(match["step"]) if match["step"] else None
-        out.append(Fault(kind=match["kind"], step=step, first_attempt=lo, last_attempt=hi))
-    return out
-
-
-def active(faults: list[Fault], attempt: int, kind: str, step: int | None = None) -> bool:
-    return any(f.kind == kind and f.applies(attempt) and (f.step is None or f.step == step) for f in faults)
-
-
-def say(text: str) -> None:
-    print(f"[gt-agent] {text}", flush=True)
-
-
 def die_hard() -> None:
     say("crashing (fault injection: SIGKILL)")
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def hang() -> None:
-    say("hanging (fault injection): no more heartbeats or steps")
-    os.execvp("sleep", ["sleep", "infinity"])  # noqa: S606 (same pid, almost no memory)
-
-
-def town_patience() -> float:
-    """``GT_AGENT_TOWN_PATIENCE``: how long a town that does not answer is waited for (seconds).
-
-    Raises:
-        ValueError: it is not a number of seconds.
-    """
-    text = os.environ.get("GT_AGENT_TOWN_PATIENCE", "").strip()
-    if not text:
-        return DEFAULT_TOWN_PATIENCE_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:  # also NaN
-        raise ValueError(f"GT_AGENT_TOWN_PATIENCE must be a number of seconds (0 or more), got {text!r}")
-    return value
 
 
 def gt(*args: str, check: bool = True, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -257,8 +181,6 @@ def run_tests(worktree: Path, rig: dict[str, Any], faults: list[Fault], attempt:
 
 
 def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) -> None:
-    from shared.formulas import rework  # here, not at the top: see the imports
-
     bead = data["bead"]["id"]
     worktree = Path(data["worktree"])
     if commit_own(worktree, bead, f"{bead}: work an earlier session left uncommitted"):
@@ -366,27 +288,15 @@ def finish(data: dict[str, Any], faults: list[Fault], attempt: int) -> int:
 
 
 def main() -> int:
-    missing = [k for k in ("GT_SESSION", "GT_BEAD", "GT_WORKTREE") if not os.environ.get(k)]
-    if missing:
-        print(f"gt-agent: runs inside a polecat session; {', '.join(missing)} not set", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        private_files()  # its work and notes under GT_HOME (the worktree), like the services'
-        faults = parse_faults(os.environ.get("GT_AGENT_FAULT", ""))
-        pause = float(os.environ.get("GT_AGENT_STEP_PAUSE", "0") or 0)
-        town_patience()  # a bad value is said now, not when the town first does not answer
-    except ValueError as exc:
-        print(f"gt-agent: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    attempt = int(os.environ.get("GT_ATTEMPT", "1") or 1)
-    say(f"session {os.environ['GT_SESSION']} (attempt {attempt}) on bead {os.environ['GT_BEAD']}")
-    if active(faults, attempt, "hang", None):
-        hang()
+    """``python -m gt.agent``: as the ``gt-agent`` executable (``gt.agent_start``)."""
+    return agent_start.main()
+
+
+def run(faults: list[Fault], pause: float, attempt: int) -> int:
+    """The agent's work once started (``gt.agent_start.begin``): prime, each step not done, ``gt done``."""
     try:
         data = prime()
         work(data, faults, attempt, pause)
-        from shared.formulas import rework  # here, not at the top: see the imports
-
         steps = (data.get("molecule") or {}).get("steps") or []
         if not any(rework.is_rework(step["id"]) for step in steps):
             fix_returned_work(data, faults, attempt)  # no molecule to append rework steps to: after its one step

@@ -155,6 +155,14 @@ step "Claude Code's session: primed by its SessionStart hook, it wrote and edite
 run gt session list --bead "$docs" --all
 run gt mol status "$docs"
 run git --git-dir "$origin" show main:USAGE.md
+# What the witness recorded of its pane when it ended it (`gt session show`); the demo's own last look at the
+# pane is the fallback (recorded moments after the pane goes: waited for a little).
+claude_session="$(gt session list --bead "$docs" --all --json | python -c 'import json, sys; print(json.load(sys.stdin)[-1]["id"])')"
+for _ in $(seq 1 50); do
+  recorded="$(gt session show "$claude_session" --json | python -c 'import json, sys; print(json.load(sys.stdin).get("pane_tail") or "")')"
+  if [ -n "$recorded" ]; then claude_pane="$recorded"; break; fi
+  sleep 0.2
+done
 echo "the last lines of its tmux pane, gt-$claude_rig-ace:"
 # Its non-empty lines, right borders and padding trimmed, at most 100 characters wide (UTF-8: not cut's bytes).
 printf '%s\n' "$claude_pane" | python -c '

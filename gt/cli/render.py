@@ -120,7 +120,8 @@ PANE_LINES_SHOWN = 20
 
 def session_detail(session: dict[str, Any]) -> str:
     """One session: where it ran and, once it ended, how: its warrant, its end, whether it was escalated, and the
-    last lines its pane showed when it was warranted (the cause of a death: an agent's last error)."""
+    last lines its pane showed when it was warranted (the cause of a death: an agent's last error) or, with no
+    warrant, when the witness ended its pane (an agent's last words after `gt done`)."""
     lines = [f"{k}: {session.get(k)}" for k in SESSION_KEYS if session.get(k) is not None]
     if session.get("warrant_reason"):
         detail = f" ({session['warrant_detail']})" if session.get("warrant_detail") else ""
@@ -131,7 +132,8 @@ def session_detail(session: dict[str, Any]) -> str:
         lines.append(f"escalated: {session['escalated']} (its bead is not respawned: `gt escalations`)")
     shown = pane_lines(session.get("pane_tail"), PANE_LINES_SHOWN)
     if shown:
-        lines += ["", "its pane's last lines when it was warranted:", *(f"  | {line}" for line in shown)]
+        when = "it was warranted" if session.get("warrant_reason") else "its pane was ended"
+        lines += ["", f"its pane's last lines when {when}:", *(f"  | {line}" for line in shown)]
     return "\n".join(lines)
 
 

@@ -353,6 +353,8 @@ def _cleaned(payload: SessionCleaned, state: WitnessState, env: Envelope, seq: i
         session.cleaned = True
         session.worktree_removed = payload.worktree_removed
         session.cleanings += 1
+        if payload.pane_tail and not session.pane_tail:
+            session.pane_tail = payload.pane_tail
 
 
 @fold.register

@@ -94,6 +94,9 @@ class SessionCleaned(SessionEvent, frozen=True, kw_only=True):
     TYPE: ClassVar[str] = "session.cleaned"
     worktree_removed: bool
     detail: str = ""
+    pane_tail: str = ""
+    """The last lines its pane showed before the witness ended it, when no warrant recorded them: an agent that
+    stayed at its prompt after ``gt done`` (its last words), or one that exited (its last output)."""
 
 
 class SessionEscalated(SessionEvent, frozen=True, kw_only=True):

@@ -60,9 +60,6 @@ class Service(Generic[S]):
     """Base of mayor, witness, refinery and deacon. Subclasses set ``name`` and override the hooks."""
 
     name: ClassVar[str] = "service"
-    reconcile_gap_s: ClassVar[float] = 0.0
-    """The least time between the end of one reconcile and the start of the next that events asked for (a
-    patrol tick waits longer anyway): a reconcile that observes the world costs more than one event's worth."""
 
     def __init__(
         self,
@@ -98,6 +95,8 @@ class Service(Generic[S]):
         self.heartbeats = HeartbeatSender(config.service_bucket, self.settings.heartbeat_interval, self._heartbeat)
         """This instance's heartbeat in ``GT_SERVICES``."""
         self._dirty = asyncio.Event()
+        self._urgent = asyncio.Event()
+        """Set with ``_dirty`` when the next reconcile must not wait for ``reconcile_gap_s``."""
         self._started_at = time.monotonic()
         self.instance = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         """This process of the service, as its heartbeats name it."""
@@ -147,6 +146,16 @@ class Service(Generic[S]):
 
     def wake(self) -> None:
         """Reconcile again soon (something observed changed, or an action finished)."""
+        self._dirty.set()
+
+    def reconcile_gap_s(self) -> float:
+        """The least time between the end of one reconcile and the start of the next that events asked for (a
+        patrol tick waits longer anyway): none here; a service whose reconcile observes much says more."""
+        return 0.0
+
+    def wake_now(self) -> None:
+        """Reconcile again at once, without ``reconcile_gap_s`` (a process died: recovery waits for nothing)."""
+        self._urgent.set()
         self._dirty.set()
 
     async def store(self, cmd: Command) -> int:
@@ -414,8 +423,9 @@ class Service(Generic[S]):
             self.patrol_max_s = max(self.patrol_max_s, took)
             self.reconciles += 1
             await wait_event(self._dirty, self.settings.patrol_interval)
-            if (wait := self.reconcile_gap_s - (time.monotonic() - started - took)) > 0:
-                await pause(wait)  # events keep coming: the next reconcile sees them all at once
+            if (wait := self.reconcile_gap_s() - (time.monotonic() - started - took)) > 0:
+                await wait_event(self._urgent, wait)  # events keep coming: the next reconcile sees them all at once
+            self._urgent.clear()
             self._dirty.clear()
 
     async def save_snapshot(self) -> int:

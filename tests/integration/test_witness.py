@@ -70,6 +70,7 @@ async def test_a_slung_bead_is_worked_submitted_and_cleaned_up(pt: PolecatTown) 
     session = sessions[0]
     assert session.worktree_removed
     assert not await asyncio.to_thread(Path(session.worktree).exists)
+    assert "[gt-agent] done" in session.pane_tail.splitlines(), "its pane's last lines, recorded when it was ended"
     assert session.branch == f"polecat/ace/{bead}"
     assert mr["branch"] == session.branch
     assert pt.branch_files(session.branch, bead) == step_files(bead)

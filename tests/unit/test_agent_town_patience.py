@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gt.agent import DEFAULT_TOWN_PATIENCE_S, town_patience
+from gt.agent_start import DEFAULT_TOWN_PATIENCE_S, town_patience
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("", DEFAULT_TOWN_PATIENCE_S), ("0", 0.0), ("90", 90.0), (" 2.5 ", 2.5)])

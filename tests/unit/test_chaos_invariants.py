@@ -205,7 +205,7 @@ def test_the_fault_draw_follows_the_rates() -> None:
 
 
 def test_every_drawn_fault_is_one_gt_agent_reads() -> None:
-    from gt.agent import parse_faults
+    from gt.agent_start import parse_faults
 
     for i in range(500):
         text = chaos_agent.faults_for(3, f"b{i}", 1 + i % 2, chaos_agent.DEFAULT_RATES)

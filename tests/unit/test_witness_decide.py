@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from gt.agent import Fault, active, parse_faults
+from gt.agent_start import Fault, active, parse_faults
 from services.refinery import decide as refinery_decide
 from services.refinery.projection import new_projection as new_refinery_projection
 from services.witness import decide as witness_decide

@@ -714,6 +714,8 @@ class Executor:
             return
         if action.again and (session.worktree_removed or session.cleanings != 1):
             return  # done meanwhile
+        # Its pane's last lines, before the pane goes (a warrant recorded them already): what an agent said last.
+        tail = "" if session.pane_tail or action.again else await asyncio.to_thread(self._pane_tail, session)
         await asyncio.to_thread(self._reap, session)
         removed, detail = False, action.detail
         if action.remove_worktree:
@@ -731,7 +733,7 @@ class Executor:
                 detail = str(exc)
                 log.warning("worktree_kept", session=session.id, reason=detail)
         current = self._session(session.id) or session
-        event = SessionCleaned(session_id=session.id, worktree_removed=removed, detail=detail)
+        event = SessionCleaned(session_id=session.id, worktree_removed=removed, detail=detail, pane_tail=tail)
         await self._append(NewEvent(payload=event, expected_seq=current.version))
 
     def _worktree_user(self, session: Session) -> Session | None:

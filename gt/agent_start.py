@@ -1,0 +1,127 @@
+"""The ``gt-agent`` executable: the start of the reference agent (``gt.agent``), with only the standard library.
+
+Every session of the reference agent pays for this start-up, and an agent told to hang at once (the benchmarks'
+idle sessions, a stall test) needs nothing more: it checks its environment, says which session it is and hangs,
+without importing the agent's work (subprocess, JSON, msgspec, the formula code). Any other goes on in
+``gt.agent.run``. Fault injection (``GT_AGENT_FAULT``) is read here; see ``gt.agent`` for what each fault does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import NamedTuple
+
+from shared.privacy import private_files
+
+FAULT = re.compile(r"^(?P<kind>[a-z-]+)(?:=(?P<step>\d+))?(?:@(?P<lo>\d+)(?:-(?P<hi>\d+))?)?$")
+KINDS = frozenset(
+    {
+        "crash-at-step",
+        "crash-before-commit",
+        "hang",
+        "exit-before-done",
+        "crash-after-done-intent",
+        "dirty",
+        "conflict",
+        "fail-tests",
+    }
+)
+NEEDS_STEP = frozenset({"crash-at-step", "crash-before-commit"})
+EXIT_USAGE = 2
+DEFAULT_TOWN_PATIENCE_S = 3600.0
+
+
+class Fault(NamedTuple):
+    kind: str
+    step: int | None = None
+    first_attempt: int = 1
+    last_attempt: int | None = None
+
+    def applies(self, attempt: int) -> bool:
+        return self.first_attempt <= attempt and (self.last_attempt is None or attempt <= self.last_attempt)
+
+
+def parse_faults(text: str) -> list[Fault]:
+    """Raises ValueError naming the part it cannot read."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        match = FAULT.fullmatch(part)
+        if match is None or match["kind"] not in KINDS:
+            raise ValueError(f"GT_AGENT_FAULT: cannot read {part!r} (kinds: {', '.join(sorted(KINDS))})")
+        if match["kind"] in NEEDS_STEP and match["step"] is None:
+            raise ValueError(f"GT_AGENT_FAULT: {match['kind']} needs a step, like {match['kind']}=2")
+        lo = int(match["lo"]) if match["lo"] else 1
+        hi = int(match["hi"]) if match["hi"] else (lo if match["lo"] else None)
+        step = int(match["step"]) if match["step"] else None
+        out.append(Fault(kind=match["kind"], step=step, first_attempt=lo, last_attempt=hi))
+    return out
+
+
+def active(faults: list[Fault], attempt: int, kind: str, step: int | None = None) -> bool:
+    return any(f.kind == kind and f.applies(attempt) and (f.step is None or f.step == step) for f in faults)
+
+
+def say(text: str) -> None:
+    print(f"[gt-agent] {text}", flush=True)
+
+
+def hang() -> None:
+    say("hanging (fault injection): no more heartbeats or steps")
+    os.execvp("sleep", ["sleep", "infinity"])  # noqa: S606 (same pid, almost no memory)
+
+
+def town_patience() -> float:
+    """``GT_AGENT_TOWN_PATIENCE``: how long a town that does not answer is waited for (seconds).
+
+    Raises:
+        ValueError: it is not a number of seconds.
+    """
+    text = os.environ.get("GT_AGENT_TOWN_PATIENCE", "").strip()
+    if not text:
+        return DEFAULT_TOWN_PATIENCE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise ValueError(f"GT_AGENT_TOWN_PATIENCE must be a number of seconds (0 or more), got {text!r}")
+    return value
+
+
+def begin() -> tuple[list[Fault], float, int] | int:
+    """Check the environment, set the umask, say which session this is, and hang when told to at once; the
+    faults, the step pause and the attempt to go on with, or the exit code of an agent that cannot start."""
+    missing = [k for k in ("GT_SESSION", "GT_BEAD", "GT_WORKTREE") if not os.environ.get(k)]
+    if missing:
+        print(f"gt-agent: runs inside a polecat session; {', '.join(missing)} not set", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        private_files()  # its work and notes under GT_HOME (the worktree), like the services'
+        faults = parse_faults(os.environ.get("GT_AGENT_FAULT", ""))
+        pause = float(os.environ.get("GT_AGENT_STEP_PAUSE", "0") or 0)
+        town_patience()  # a bad value is said now, not when the town first does not answer
+    except ValueError as exc:
+        print(f"gt-agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    attempt = int(os.environ.get("GT_ATTEMPT", "1") or 1)
+    say(f"session {os.environ['GT_SESSION']} (attempt {attempt}) on bead {os.environ['GT_BEAD']}")
+    if active(faults, attempt, "hang", None):
+        hang()
+    return faults, pause, attempt
+
+
+def main() -> int:
+    begun = begin()
+    if isinstance(begun, int):
+        return begun
+    from gt.agent import run  # only an agent that works imports its work
+
+    return run(*begun)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
