@@ -10,7 +10,7 @@ repository. Agents run ``GT_AGENT_FAULT=hang gt-agent``: they start, then sleep 
     pane pid, the least any respawn must do.
 (i): sessions started per minute while N beads are slung at once, from the first sling to the last
     ``session.started``. Ceiling: the same number of ``git worktree add`` + ``tmux new-session`` done in a
-    plain loop, without events, agents or checks.
+    plain loop, without events, agents or checks (the median of three runs just before).
 (j): the witness's CPU use over a quiet period with N idle sessions (its patrol observes every one of them each
     tick). Ceiling: the CPU one bare observation of N sessions costs (``tmux list-panes`` plus a process
     check per pane), once per patrol.
@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -148,8 +149,14 @@ def tmux_start_ceiling(socket: str, runs: int) -> list[float]:
     return times
 
 
-def spawn_ceiling(root: Path, origin: Path, socket: str, count: int) -> float:
-    """Seconds for ``count`` x (``git worktree add`` + ``tmux new-session``) in a plain loop."""
+def spawn_ceiling(root: Path, origin: Path, socket: str, count: int, runs: int = 3) -> float:
+    """Seconds for ``count`` x (``git worktree add`` + ``tmux new-session``) in a plain loop: the median of
+    ``runs`` (one run varies by a third on a 2-core machine)."""
+    runs_s = [_spawn_loop(root / f"ceiling-{run}", origin, f"{socket}-{run}", count) for run in range(runs)]
+    return statistics.median(runs_s)
+
+
+def _spawn_loop(root: Path, origin: Path, socket: str, count: int) -> float:
     clone = root / "ceiling.git"
     git.git("clone", "--quiet", "--bare", str(origin), str(clone))
     tmux = Tmux(socket)

@@ -344,11 +344,20 @@ def test_faults_parse_with_steps_and_attempt_ranges() -> None:
     assert [active(faults, n, "hang") for n in (1, 2, 3, 4)] == [False, True, True, False]
     assert active(faults, 99, "fail-tests")
     assert parse_faults("") == []
+    assert parse_faults("hang=2@1-4") == [Fault(kind="hang", step=2, first_attempt=1, last_attempt=4)]
+    assert Fault(kind="hang") != Fault(kind="hang", step=1)
 
 
 @pytest.mark.parametrize(
     ("text", "fragment"),
-    [("explode", "cannot read 'explode'"), ("crash-at-step", "needs a step"), ("hang@x", "cannot read")],
+    [
+        ("explode", "cannot read 'explode'"),
+        ("crash-at-step", "needs a step"),
+        *[
+            (text, "cannot read")
+            for text in ("hang@x", "hang=", "hang@", "hang@1-", "hang@1-2-3", "hang=2=3", "hang@²")
+        ],
+    ],
 )
 def test_unreadable_faults_are_rejected_by_name(text: str, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
