@@ -8,8 +8,8 @@ through the helper and in processes of their own.
 (p) ceiling: ``python -c pass`` (the interpreter's start-up alone), timed in the same rounds, interleaved with the
 calls; the ratio is ceiling / value (targets: >= 0.67 through the helper, a call at most 1.5x a bare interpreter;
 >= 0.33 in its own process, at most 3x). Each figure's note also gives the same call made in-process
-(``gt.cli.main.main`` again in one warm interpreter: parse, connect, ask or send, print), so the part that
-start-up and imports cost is read off directly.
+(``gt.cli.main.main`` again in one warm interpreter, its parser built once as the helper does: parse the call,
+connect, ask or send, print), so the part that start-up and imports cost is read off directly.
 (q) ceiling: the same creates sent by one warm process one after another, each waiting for its outcome as `gt`
 does (``shared.bus.commands.send``); the ratio says what the per-call process start costs a script.
 """
@@ -64,12 +64,13 @@ GOALS = {"through the client helper": 1 / 1.5, "in its own process": 1 / 3}
 
 IN_PROCESS = """
 import contextlib, io, json, sys, time
-from gt.cli.main import main
+from gt.cli.main import build_parser, main
+parser = build_parser()  # once, as the client helper does
 times = []
 for argv in json.loads(sys.argv[1]):
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        code = main(argv)
+        code = main(argv, parser)
     times.append((time.perf_counter() - started) * 1000)
     if code != 0:
         sys.exit(f"gt {' '.join(argv)} exited {code}")

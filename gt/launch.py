@@ -52,7 +52,11 @@ def main() -> int:
     except KeyboardInterrupt:  # Ctrl-C before the helper had the call: nothing ran
         return EXIT_INTERRUPTED
     if code is not None:
-        return code
+        # Answered: nothing of this process is left to tidy (it imported built-in modules only and printed at
+        # most a line to stderr), so it ends without the interpreter's teardown (1.5 ms of a 25 ms call).
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(code)
     spawn_helper(path)
     return in_process()
 
