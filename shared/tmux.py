@@ -293,7 +293,11 @@ def clean_tail(text: str, lines: int = TAIL_LINES) -> str:
         if line:
             kept.append(line[:TAIL_LINE_CHARS])
     tail = "\n".join(kept[-lines:])
-    return tail[-TAIL_CHARS:]
+    if len(tail) <= TAIL_CHARS:
+        return tail
+    # Whole lines only: a line cut at its start reads as something it did not say.
+    cut = tail[-TAIL_CHARS:]
+    return cut.partition("\n")[2] if "\n" in cut else cut
 
 
 def shell_join(argv: list[str]) -> str:

@@ -50,6 +50,9 @@ def test_a_pane_tail_is_bounded() -> None:
     tail = clean_tail("\n".join("x" * 1000 for _ in range(50)))
     assert max(len(line) for line in tail.splitlines()) <= TAIL_LINE_CHARS
     assert len(tail) <= TAIL_CHARS
+    lines = [f"{i:02d} " + "y" * 200 for i in range(20)]  # 20 lines, over the bound in all
+    kept = clean_tail("\n".join(lines)).splitlines()
+    assert kept == lines[-len(kept) :], "whole lines only: the first one kept is not cut at its start"
 
 
 # ---- the witness's record of earlier sessions --------------------------------------------------
