@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 
 from services.witness.effects.pidwatch import ExitWatcher
 from shared import processes
+from tests.helpers import assert_eventually
 
 
 async def test_watched_processes_read_as_running_until_they_exit_and_only_as_the_process_recorded() -> None:
@@ -31,8 +31,7 @@ async def test_watched_processes_read_as_running_until_they_exit_and_only_as_the
         procs[1].kill()
         procs[1].wait()  # exited and reaped, and the loop has not run the watcher's callback yet
         assert watcher.running(refs) == {"s0", "s2"}, "the exit shows at once, before the callback ran"
-        await asyncio.sleep(0.05)
-        assert exits == 1
+        await assert_eventually(lambda: exits == 1, message="the loop ran the watcher's callback once")
         assert watcher.running(refs) == {"s0", "s2"}
     finally:
         watcher.close()
