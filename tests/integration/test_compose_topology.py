@@ -35,6 +35,8 @@ from tests.helpers import assert_eventually
 from tests.log_tools import outcomes, read_all
 
 BEADS = 6
+STEP_PAUSE_S = 2
+"""Seconds each of a bead's six steps takes: a bead is under way at least 12 s."""
 
 
 @pytest.fixture
@@ -163,7 +165,10 @@ async def test_a_nats_node_killed_mid_workload_loses_and_duplicates_nothing_and_
         assert current
 
     origin = stack.make_origin()
-    gt("rig", "add", "demo", origin, "--test", "git log -1 --oneline", "--max-polecats", "3")
+    # Each step paused: the agents are quick enough now that the last beads could merge before the leaders are
+    # moved and the node killed, and then nothing would be tested.
+    agent = f"GT_AGENT_STEP_PAUSE={STEP_PAUSE_S} gt-agent"
+    gt("rig", "add", "demo", origin, "--test", "git log -1 --oneline", "--max-polecats", "3", "--agent", agent)
     beads = [gt("bead", "create", f"Topology bead {i}") for i in range(BEADS)]
     for bead in beads:
         gt("sling", bead, "demo")
