@@ -85,7 +85,6 @@ class Service(Generic[S]):
         """The projection's snapshots (set once connected)."""
         self.ready = asyncio.Event()
         """Set once caught up with the log and serving."""
-        self._run_started = time.monotonic()
         self.lifecycle = Lifecycle(
             config, label=self.name, client_name=f"gt-{self.name}", log_context={"service": self.name}
         )
@@ -251,7 +250,6 @@ class Service(Generic[S]):
 
     async def run(self) -> None:
         """Serve until ``shutdown()``; re-raises the error that made the service stop otherwise."""
-        self._run_started = time.monotonic()
         await self.lifecycle.run(self._run_connected)
 
     async def _run_connected(self, nc: Connection) -> None:
@@ -402,7 +400,7 @@ class Service(Generic[S]):
             "service_ready",
             last_seq=self.projection.last_seq,
             applied=self.projection.applied,
-            seconds=round(time.monotonic() - self._run_started, 3),
+            seconds=round(time.monotonic() - self._started_at, 3),
         )
         await self._reconcile_loop()
 
