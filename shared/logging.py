@@ -8,8 +8,11 @@ import sys
 import structlog
 
 
-def configure(service: str, *, json: bool | None = None, level: str = "INFO") -> None:
-    """JSON lines when not on a TTY (or ``json=True``); coloured key-value lines on a TTY."""
+def configure(service: str, *, json: bool | None = None, level: str = "INFO", cache_loggers: bool = True) -> None:
+    """JSON lines when not on a TTY (or ``json=True``); coloured key-value lines on a TTY.
+
+    ``cache_loggers``: each logger keeps the configuration it was first used with (faster). A process that is
+    configured again with another level (a ``gt`` client helper's worker, call after call) passes False."""
     use_json = (not sys.stderr.isatty()) if json is None else json
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=True)
@@ -24,7 +27,7 @@ def configure(service: str, *, json: bool | None = None, level: str = "INFO") ->
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=cache_loggers,
     )
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(service=service)

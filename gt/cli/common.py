@@ -161,10 +161,13 @@ def limit_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-async def read(nc: Connection, config: TownConfig, query: Query[Any]) -> Any:
+async def read(nc: Connection, config: TownConfig, query: Query[Any], *, min_seq: int | None = None) -> Any:
     """Ask a query once its service has applied everything stored so far (read-your-writes); the answer as it
-    came (JSON), to print with ``--json`` or render (``read_typed`` reads it into the query's reply type)."""
-    query = msgspec.structs.replace(query, min_seq=await stream_last_seq(nc, config))
+    came (JSON), to print with ``--json`` or render (``read_typed`` reads it into the query's reply type).
+    ``min_seq``: the log's last sequence, read once already by a caller asking several queries."""
+    if min_seq is None:
+        min_seq = await stream_last_seq(nc, config)
+    query = msgspec.structs.replace(query, min_seq=min_seq)
     if not hasattr(query, "after"):
         return await ask_json(nc, query)
     # A list: read page after page (a list of any length fits no single reply).
@@ -177,9 +180,9 @@ async def read(nc: Connection, config: TownConfig, query: Query[Any]) -> Any:
     return listing.items
 
 
-async def read_typed(nc: Connection, config: TownConfig, query: Query[R]) -> R:
+async def read_typed(nc: Connection, config: TownConfig, query: Query[R], *, min_seq: int | None = None) -> R:
     """``read``, the answer read into the query's reply type."""
-    return reply_of(query, await read(nc, config, query))
+    return reply_of(query, await read(nc, config, query, min_seq=min_seq))
 
 
 def show(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> int:

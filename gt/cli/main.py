@@ -35,7 +35,7 @@ from gt.cli.common import (
 from shared import config as town_config
 from shared import logging as gt_logging
 from shared.aio import task_stacks
-from shared.bus.connection import close_quietly, connect_as_session_or_user
+from shared.bus.connection import close_at_once, connect_as_session_or_user
 from shared.bus.errors import translated
 from shared.bus.permissions import guarded
 from shared.bus.query import ask_json, reply_of
@@ -178,7 +178,7 @@ async def run_async(handler: Handler, args: argparse.Namespace, config: TownConf
         # with the subject named, rather than with a timeout.
         return await guarded(nc, handler(nc, args, config))
     finally:
-        await close_quietly(nc)
+        await close_at_once(nc)
 
 
 def _print_task_stacks() -> None:
@@ -261,7 +261,8 @@ def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser) -> int:
         config = _town_nats(config)
     if args.cmd != "up":
         # The CLI's own output is its answer; library chatter (reconnects while closing) stays out of it.
-        gt_logging.configure("gt", json=False, level=os.environ.get("GT_LOG_LEVEL", "ERROR"))
+        # Not cached: a client helper's worker runs calls of different GT_LOG_LEVELs one after another.
+        gt_logging.configure("gt", json=False, level=os.environ.get("GT_LOG_LEVEL", "ERROR"), cache_loggers=False)
     try:
         # The NATS client's "nothing answers", "no such stream" come out in the project's words, caught below.
         with translated():

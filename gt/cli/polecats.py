@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gt.cli import client, hook_lease, render, rigs
-from gt.cli.client import first_event_of
+from gt.cli.client import first_event_of, stream_last_seq
 from gt.cli.common import (
     DEFAULT_COMMAND_TIMEOUT_S,
     EXIT_OK,
@@ -352,15 +353,25 @@ def _needs_session_env(args: argparse.Namespace) -> None:
 
 
 async def prime_data(nc: Connection, config: TownConfig, session_id: str) -> dict[str, Any]:
-    session = await read_typed(nc, config, witness.Session(id=session_id))
-    bead = await read(nc, config, mayor.Get(id=session.bead))
-    molecule: dict[str, Any] | None
-    try:
-        molecule = await read(nc, config, mayor.Molecule(bead=session.bead))
-    except Exception as exc:  # a bead without a molecule is worked as one step
-        if getattr(exc, "code", None) != "not_found":
-            raise
-        molecule = None
+    # Everything as of one moment of the log, read once; the session first (it names the bead and the polecat),
+    # then the rest at once.
+    last = await stream_last_seq(nc, config)
+    session = await read_typed(nc, config, witness.Session(id=session_id), min_seq=last)
+
+    async def molecule_of(bead: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = await read(nc, config, mayor.Molecule(bead=bead), min_seq=last)
+        except Exception as exc:  # a bead without a molecule is worked as one step
+            if getattr(exc, "code", None) != "not_found":
+                raise
+            return None
+        return found
+
+    bead, molecule, mail = await asyncio.gather(
+        read(nc, config, mayor.Get(id=session.bead), min_seq=last),
+        molecule_of(session.bead),
+        read(nc, config, mayor.Inbox(to=polecat_address(session.rig, session.polecat)), min_seq=last),
+    )
     current = None
     if molecule is not None:
         current = next((s for s in molecule["steps"] if s["id"] == molecule.get("current_step")), None)
@@ -379,7 +390,7 @@ async def prime_data(nc: Connection, config: TownConfig, session_id: str) -> dic
         "merge_failure": session.merge_failure,
         "nudges": [n["message"] for n in session.nudges if n.get("delivered_to") == session.id],
         "before_you": session.earlier_sessions,
-        "mail": await read(nc, config, mayor.Inbox(to=polecat_address(session.rig, session.polecat))),
+        "mail": mail,
         "instructions": INSTRUCTIONS,
     }
 

@@ -44,19 +44,17 @@ async def _answer(nc: Connection, query: Query[Any]) -> Any:
 
 
 async def _heartbeats(nc: Connection, config: TownConfig, sessions: list[str]) -> dict[str, str]:
-    if identity.session_origin() is not None:
+    if identity.session_origin() is not None or not sessions:
         return {}  # a polecat session may read its own heartbeat only, not the town's
-    kv = Bucket(nc, config.heartbeat_bucket)
-    try:
-        await kv.open()
-    except BusError:
-        return {}
+    # Read key by key with direct gets, without asking for the bucket's info first (a round trip, for nothing
+    # `gt status` shows); a bucket that is not there answers each read with an error, and shows no heartbeats.
+    kv = Bucket(nc, config.heartbeat_bucket, keys_only=True)
     found: dict[str, str] = {}
     for session in sessions:
         try:
             entry = await kv.get(session)
-        except BusError:
-            continue
+        except (BusError, TimeoutError):
+            break  # NATS or the bucket fails: the same for the next key
         if entry is None:
             continue
         try:
@@ -80,26 +78,37 @@ async def _current_steps(nc: Connection, beads: list[str]) -> dict[str, str | No
     return dict(zip(beads, steps, strict=True))
 
 
+async def _last_seq(nc: Connection, config: TownConfig) -> int | None:
+    try:
+        return await stream_last_seq(nc, config)
+    except (BusError, TimeoutError):
+        return None
+
+
 async def gather(nc: Connection, config: TownConfig, now: datetime | None = None) -> dict[str, Any]:
     """The snapshot ``gt status`` shows: every service asked at once, each part None when its service did not
     answer."""
-    try:
-        last: int | None = await stream_last_seq(nc, config)
-    except (BusError, TimeoutError):
-        last = None
     names = town_view.SERVICES
-    statuses, rigs, sessions, mrs, convoys, escalations, rig_costs = await asyncio.gather(
+
+    async def sessions_then_theirs() -> tuple[Any, dict[str, str], dict[str, str | None]]:
+        # Each session's heartbeat and current step, asked as soon as the sessions are known (not after the
+        # slowest of the other answers).
+        sessions = await _answer(nc, witness.Sessions())
+        session_ids = [s["id"] for s in sessions or []]
+        beads = sorted({s["bead"] for s in sessions or []})
+        heartbeats, steps = await asyncio.gather(_heartbeats(nc, config, session_ids), _current_steps(nc, beads))
+        return sessions, heartbeats, steps
+
+    last, statuses, rigs, (sessions, heartbeats, steps), mrs, convoys, escalations, rig_costs = await asyncio.gather(
+        _last_seq(nc, config),
         asyncio.gather(*(_answer(nc, Status(service=name)) for name in names)),
         _answer(nc, witness.Rigs()),
-        _answer(nc, witness.Sessions()),
+        sessions_then_theirs(),
         _answer(nc, refinery.Mrs()),
         _answer(nc, mayor.Convoys()),
         _answer(nc, mayor.Escalations()),
         _answer(nc, mayor.Costs(by="rig")),
     )
-    session_ids = [s["id"] for s in sessions or []]
-    beads = sorted({s["bead"] for s in sessions or []})
-    heartbeats, steps = await asyncio.gather(_heartbeats(nc, config, session_ids), _current_steps(nc, beads))
     return town_view.snapshot(
         now=now or datetime.now(UTC),
         stream_last_seq=last,

@@ -213,6 +213,16 @@ async def connect_unless_stopped(config: TownConfig, name: str, stop: asyncio.Ev
     return connecting.result()
 
 
+async def close_at_once(nc: Connection) -> None:
+    """Close without draining, within 5 s: for a process that has every answer it waited for (a ``gt`` call).
+    What it published and has not sent yet is still written before the socket closes (nats-py's ``close``); only
+    the drain's round trip, which waits for deliveries nobody is waiting for any more, is saved (0.5 ms of a
+    3 ms call)."""
+    with contextlib.suppress(nats.errors.Error, TimeoutError):
+        async with asyncio.timeout(5):
+            await nc.close()
+
+
 async def close_quietly(nc: Connection) -> None:
     """Drain (flushing buffered publishes and acknowledgements, within 5 s), then close (within 5 s); errors of a
     connection already gone are expected on the way out and not raised."""

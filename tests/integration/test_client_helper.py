@@ -256,9 +256,11 @@ async def test_a_stopped_helper_does_not_hold_calls_and_never_runs_one_late(
     assert made.code == 0, made.err
     assert BEAD_ID.fullmatch(made.out.strip()), made.out
     assert "did not take the call in time; running it here" in made.err
-    # Resumed, a spare takes the connection that call left behind: the caller has gone, so it does not run it.
-    spares = frozen[1:]
-    await assert_eventually(lambda: any(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in spares))
+    # Resumed, a worker takes the connection that call left behind: the caller has gone, so it does not run it.
+    # The next call's connection is queued behind it, so once that call is answered through the helper, the
+    # abandoned one has been taken and dropped.
+    after = await shell("ready")
+    assert (after.code, "did not take the call" in after.err) == (0, False), after
     listed = await shell("bead", "list", "--json")
     assert listed.code == 0, listed.err
     assert listed.out.count('"made while the helper is stopped"') == 1, listed.out
@@ -318,3 +320,56 @@ async def test_no_helper_with_gt_helper_0_or_a_runtime_directory_open_to_others(
     await asyncio.sleep(1)  # an absence again, as above
     assert shell.helpers() == []
     assert list((runtime_dir / "gt").iterdir()) == []
+
+
+def _workers(helper: psutil.Process) -> set[int]:
+    return {child.pid for child in helper.children() if child.status() != psutil.STATUS_ZOMBIE}
+
+
+async def test_workers_run_call_after_call_and_no_call_meets_what_the_one_before_had(
+    shell: Shell, mayor: ServiceProcess, tmp_path: Path
+) -> None:
+    assert (await shell("ready")).code == 0
+    helper = await helper_ready(shell)
+    await assert_eventually(lambda: len(_workers(helper)) >= 2)
+    before = _workers(helper)
+    for _ in range(6):
+        done = await shell("ready")
+        assert done.code == 0, done.err
+    # The workers that were there ran them and are still there (one more may have been forked to stand by while
+    # a call ran): no process per call.
+    assert before <= _workers(helper)
+
+    # Each call has its own standard input, environment and working directory, whichever worker runs it.
+    first = await shell("mail", "send", "operator", "--subject", "one", stdin=b"the first body\nand more\n")
+    second = await shell("mail", "send", "operator", "--subject", "two", stdin=b"the second body\n")
+    assert (first.code, second.code) == (0, 0), (first, second)
+    one = await shell("mail", "read", first.out.split(":")[0])
+    two = await shell("mail", "read", second.out.split(":")[0])
+    assert ("the first body" in one.out, "and more" in one.out) == (True, True), one
+    assert ("the second body" in two.out, "the first body" in two.out) == (True, False), two
+    unreachable = await shell("ready", NATS_URL="nats://127.0.0.1:1")
+    assert unreachable.code == EXIT_UNREACHABLE, unreachable
+    again = await shell("ready")
+    assert again.code == 0, again  # the bad NATS_URL went with its call
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shell.cwd = elsewhere
+    assert (await shell("ready")).code == 0
+    assert all(psutil.Process(pid).cwd() == "/" for pid in _workers(helper))  # none kept a caller's directory
+    assert before <= _workers(helper)
+
+
+async def test_each_call_logs_at_its_own_level_whichever_worker_ran_the_one_before(
+    shell: Shell, mayor: ServiceProcess
+) -> None:
+    assert (await shell("ready")).code == 0
+    helper = await helper_ready(shell)
+    await assert_eventually(lambda: len(_workers(helper)) >= 2)
+    before = _workers(helper)
+    for _ in range(3):  # more calls than workers: some worker runs a quiet call right after a loud one
+        loud = await shell("ready", GT_LOG_LEVEL="DEBUG")
+        assert (loud.code, "nats_closed" in loud.err) == (0, True), loud
+        quiet = await shell("ready", GT_LOG_LEVEL="ERROR")
+        assert (quiet.code, quiet.err) == (0, ""), quiet
+    assert before <= _workers(helper)  # and no worker had to go for it
