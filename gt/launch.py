@@ -2,9 +2,9 @@
 
 A ``gt`` call spends most of its time starting Python and importing the client (asyncio, nats-py, msgspec,
 the subcommands); the call itself takes a few milliseconds. The helper (``gt.cli.helper``) has done those
-imports once: for each call it forks a child that takes this process's standard input, output and error (the
-descriptors themselves, passed over the socket), working directory, umask and environment, runs the same
-``gt.cli.main`` there, and reports the exit status. So output, colours (``isatty``), piped input, exit codes and
+imports once, and its workers (processes forked from it) run the calls, one after another: for each call a worker
+takes this process's standard input, output and error (the descriptors themselves, passed over the socket),
+working directory, umask and environment, runs the same ``gt.cli.main`` there, and reports the exit status. So output, colours (``isatty``), piped input, exit codes and
 Ctrl-C are what they are without the helper; only the start-up is gone.
 
 The helper is never needed for a correct answer. When none answers (first call, after it idled out, after
@@ -110,7 +110,7 @@ def _private_directory(base: str, uid: int) -> bool:
 
 def helper_key() -> str:
     """Tells helpers apart: one per interpreter, code location and import path (FNV-1a, 64 bits). Computed once
-    per process: the socket's name and every request carry it (the helper's spares compare each request's)."""
+    per process: the socket's name and every request carry it (the helper's workers compare each request's)."""
     global _key
     if _key is None:
         text = "\0".join((sys.executable, os.path.dirname(__file__), sys.version, os.environ.get("PYTHONPATH", "")))
@@ -125,7 +125,7 @@ _key: str | None = None
 
 
 def request(argv: list[str]) -> bytes:
-    """The call as the helper's child needs it: the key, working directory, umask, arguments, environment."""
+    """The call as the helper's worker needs it: the key, working directory, umask, arguments, environment."""
     mask = os.umask(0o077)
     os.umask(mask)
     fields = [PROTOCOL, helper_key().encode(), os.fsencode(os.getcwd()), b"%d" % mask, b"%d" % len(argv)]
@@ -136,7 +136,7 @@ def request(argv: list[str]) -> bytes:
 
 
 def via_helper(path: str, argv: list[str]) -> int | None:
-    """The call's exit status from the helper's child; None when the helper did not start it (none
+    """The call's exit status from the helper's worker; None when the helper did not start it (none
     answering, or it refused), so it may run here without running twice."""
     try:
         for fd in (0, 1, 2):
@@ -161,7 +161,7 @@ def via_helper(path: str, argv: list[str]) -> int | None:
 
 
 def _accepted(sock: _socket.socket) -> bool:
-    """Whether a helper's child took the connection (``A``) in time. Only then are the descriptors sent: ones
+    """Whether a helper's worker took the connection (``A``) in time. Only then are the descriptors sent: ones
     queued to a helper that is stopped or hung would keep the caller's pipes open (a `$(gt ...)` would wait)."""
     sock.settimeout(TAKE_TIMEOUT_S)
     try:

@@ -197,7 +197,7 @@ def _town_nats(config: TownConfig) -> TownConfig:
 
 def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
     """Run one ``gt`` call; ``parser``: one ``build_parser()`` made earlier (the client helper builds it once,
-    before it forks a child per call)."""
+    before it forks the workers that run the calls)."""
     try:
         code = _main(argv, parser or build_parser())
         sys.stdout.flush()  # here, not at exit: a closed pipe then still ends quietly
