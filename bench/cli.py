@@ -244,7 +244,8 @@ async def _throughput(env: dict[str, str], town: TownConfig, creates: int) -> li
                 ceiling=warm,
                 ceiling_name="one warm process sending them one after another",
                 notes=[
-                    "each call a process of its own (run by one of the helper's workers): start-up, connect, store, outcome"
+                    "each call a process of its own (run by one of the helper's workers): start-up, connect, "
+                    "store, outcome"
                 ],
             )
             print(figure.line(), flush=True)

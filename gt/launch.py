@@ -2,10 +2,11 @@
 
 A ``gt`` call spends most of its time starting Python and importing the client (asyncio, nats-py, msgspec,
 the subcommands); the call itself takes a few milliseconds. The helper (``gt.cli.helper``) has done those
-imports once, and its workers (processes forked from it) run the calls, one after another: for each call a worker
-takes this process's standard input, output and error (the descriptors themselves, passed over the socket),
-working directory, umask and environment, runs the same ``gt.cli.main`` there, and reports the exit status. So output, colours (``isatty``), piped input, exit codes and
-Ctrl-C are what they are without the helper; only the start-up is gone.
+imports once, and its workers (processes forked from it) run the calls, one after another: for each call a
+worker takes this process's standard input, output and error (the descriptors themselves, passed over the
+socket), working directory, umask and environment, runs the same ``gt.cli.main`` there, and reports the exit
+status. So output, colours (``isatty``), piped input, exit codes and Ctrl-C are what they are without the
+helper; only the start-up is gone.
 
 The helper is never needed for a correct answer. When none answers (first call, after it idled out, after
 the code changed, ``GT_HELPER=0``), the call runs in this process and starts a helper in the background for

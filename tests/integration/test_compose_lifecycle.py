@@ -1,0 +1,101 @@
+"""The compose stack in containers (podman, the classic docker-compose, the project's unchanged files) across
+what its operators do to it: a service container killed mid-work, ``down`` then ``up`` (the volumes keep the log),
+and the services recreated from a rebuilt image, which replay the log to the same state. Needs the stack in
+containers: ``./dev test`` sets up podman as root (tests/compose_stack.py, ``podman_compose_ready``)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.compose_stack import USERS, ComposeStack, podman_compose_ready, running_stack, town_services
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.skipif(
+    not podman_compose_ready(), reason="the stack in containers needs rootful podman (./dev test sets it up as root)"
+)
+
+
+@pytest.fixture
+def stack(tmp_path: Path, gt_env: dict[str, str]) -> Iterator[ComposeStack]:
+    passwords = {user: secrets.token_hex(12) for user in USERS}
+    with running_stack(REPO_ROOT, tmp_path / "stack", gt_env, passwords) as running:
+        assert isinstance(running, ComposeStack)
+        yield running
+
+
+def _gt(stack: ComposeStack, gt_env: dict[str, str], home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **gt_env,
+        "NATS_URL": ",".join(stack.urls()),
+        "NATS_USER": "operator",
+        "NATS_PASSWORD": stack.passwords["operator"],
+        "GT_HOME": str(home),
+        "GT_HELPER": "0",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "gt.cli.main", *args], env=env, capture_output=True, text=True, timeout=180, check=False
+    )
+
+
+def _beads(stack: ComposeStack, gt_env: dict[str, str], home: Path) -> list[dict[str, Any]]:
+    listed = _gt(stack, gt_env, home, "bead", "list", "--all", "--limit", "0", "--json")
+    assert listed.returncode == 0, listed.stderr
+    beads: list[dict[str, Any]] = json.loads(listed.stdout)
+    return sorted(beads, key=lambda b: str(b["id"]))
+
+
+@pytest.mark.timeout(1200)
+def test_the_stack_keeps_its_state_through_a_killed_service_down_and_up_and_a_rebuilt_image(
+    stack: ComposeStack, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    home = tmp_path / "operator"
+
+    # The mayor killed (kill -9 of its container) while operators' creates are under way: each create gets its
+    # one outcome once a mayor is back (they wait for it), none fails, none is stored twice.
+    results: list[subprocess.CompletedProcess[str]] = []
+
+    def creates() -> None:
+        results.extend(_gt(stack, gt_env, home, "bead", "create", f"sent around a mayor kill {n}") for n in range(12))
+
+    sender = threading.Thread(target=creates)
+    sender.start()
+    while sender.is_alive() and not results:
+        sender.join(0.05)  # the first create answered: the rest are under way
+    stack.kill("mayor")
+    stack.start_service("mayor")
+    sender.join(timeout=600)
+    assert not sender.is_alive()
+    assert [r.returncode for r in results] == [0] * 12, [r.stderr for r in results if r.returncode]
+    made = [r.stdout.strip() for r in results]
+    before = _beads(stack, gt_env, home)
+    assert sorted(b["id"] for b in before) == sorted(made)
+    titles = Counter(b["title"] for b in before)
+    assert titles == Counter(f"sent around a mayor kill {n}" for n in range(12)), titles  # each stored once
+
+    # `down` keeps the named volumes: after `up`, the log is there and the services replay it to the same beads.
+    stack.down(volumes=False)
+    stack.compose("up", "-d", timeout=600)
+    stack.wait_healthy()
+    assert _beads(stack, gt_env, home) == before
+
+    # A rebuilt image (here: built again without its cache) recreates the service containers from it; they
+    # replay the log to the same state.
+    ids = {service: stack.compose("ps", "-q", service).stdout.strip() for service in town_services(stack.model)}
+    stack.compose("build", "--no-cache", "mayor", timeout=900)
+    stack.compose("up", "-d", timeout=600)
+    stack.wait_healthy()
+    recreated = {service: stack.compose("ps", "-q", service).stdout.strip() for service in town_services(stack.model)}
+    assert all(recreated[s] != ids[s] for s in ids), (ids, recreated)
+    assert _beads(stack, gt_env, home) == before
+    again = _gt(stack, gt_env, home, "bead", "create", "after the rebuild")
+    assert again.returncode == 0, again.stderr
