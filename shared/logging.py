@@ -31,3 +31,15 @@ def configure(service: str, *, json: bool | None = None, level: str = "INFO", ca
     )
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(service=service)
+
+
+FORMING_GRACE_S = 30.0
+"""How long a process waits for a NATS cluster that is still forming (JetStream not answering yet, no responders,
+timeouts) before it calls that a problem: while a fresh stack's nodes find each other and elect their leaders,
+a service's first requests fail for a few seconds, as expected. Logged at info within the grace, at warning past
+it."""
+
+
+def forming(since: float, now: float) -> bool:
+    """Whether a wait that began at ``since`` (monotonic seconds) is still within ``FORMING_GRACE_S`` at ``now``."""
+    return now - since < FORMING_GRACE_S

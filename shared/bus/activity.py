@@ -27,6 +27,7 @@ import structlog
 from nats.js.kv import KeyValue
 
 from shared import activity, processes
+from shared import logging as gt_logging
 from shared.activity import Holder, Seen, Take, Timing
 from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus.connection import Connection
@@ -121,7 +122,9 @@ class ActivityKeeper:
             try:
                 holder, revision = await self._read()
             except _KV_ERRORS as exc:
-                log.warning("activity_read_failed", identity=self.identity, error=repr(exc))
+                # The bucket not answering yet is expected while a fresh cluster forms (info), not once it lasts.
+                quiet = gt_logging.forming(waited_from, self._monotonic())
+                (log.info if quiet else log.warning)("activity_read_failed", identity=self.identity, error=repr(exc))
                 await pause(self.timing.poll_every)
                 continue
             now = self._monotonic()

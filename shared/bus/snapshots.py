@@ -48,15 +48,21 @@ class SnapshotStore:
                 )
         return self._store
 
-    async def load(self, key: str) -> bytes | None:
-        """The stored snapshot for ``key``, or None when absent or unreadable (never raises for a bad store)."""
+    async def load(self, key: str, *, starting: bool = False) -> bytes | None:
+        """The stored snapshot for ``key``, or None when absent or unreadable (never raises for a bad store).
+        ``starting``: a store that does not answer yet (a cluster still forming) is said at info, not warning."""
         try:
             store = await self._open()
             info = await store.get_info(key)
             data = await self._read_chunks(info)
         except nats.js.errors.ObjectNotFoundError:
             return None
-        except (TimeoutError, nats.errors.Error, ValueError) as exc:
+        except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            (log.info if starting else log.warning)(
+                "snapshot_load_failed", key=key, error=repr(exc), then="replaying the log from its start"
+            )
+            return None
+        except (nats.errors.Error, ValueError) as exc:
             log.warning("snapshot_load_failed", key=key, error=repr(exc))
             return None
         return data

@@ -28,6 +28,7 @@ import msgspec
 import structlog
 
 from shared import heartbeats, rate_limit, runtime, subjects
+from shared import logging as gt_logging
 from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus import commands as bus_commands
 from shared.bus import streams
@@ -297,13 +298,19 @@ class Service(Generic[S]):
                 await self.heartbeats.put(stopping=True)
 
     async def _provision(self, nc: Connection) -> None:
+        since = time.monotonic()
         while True:
             raise_if_cancelling()
             try:
                 await provision(nc, self.config)
             except RETRYABLE_ERRORS as exc:
-                # JetStream not ready yet (server starting, cluster electing a leader): try again.
-                log.warning("provision_retry", error=repr(exc))
+                # JetStream not ready yet (server starting, cluster electing a leader): try again. Expected for a
+                # while after a fresh cluster starts: said at info then, at warning once it lasts.
+                waited = round(time.monotonic() - since, 1)
+                if gt_logging.forming(since, time.monotonic()):
+                    log.info("provision_waiting", error=repr(exc), waited_s=waited)
+                else:
+                    log.warning("provision_retry", error=repr(exc), waited_s=waited)
                 await pause(0.5)
                 continue
             return

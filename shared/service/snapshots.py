@@ -58,7 +58,7 @@ class SnapshotKeeper:
         self.stream_id = created.isoformat() if created is not None else stream
         if self.enabled:
             started = time.monotonic()
-            data = await self._store.load(self.name)
+            data = await self._store.load(self.name, starting=True)
             if data is not None and self.projection.restore(
                 data, stream_id=self.stream_id, stream_last_seq=log_state.last_seq
             ):

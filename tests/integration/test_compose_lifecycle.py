@@ -60,6 +60,15 @@ def test_the_stack_keeps_its_state_through_a_killed_service_down_and_up_and_a_re
 ) -> None:
     home = tmp_path / "operator"
 
+    # A fresh stack starts quietly: what the services wait for while the cluster forms (JetStream not answering
+    # yet, no snapshot store) is said at info; nothing at warning or error.
+    for service in town_services(stack.model):
+        out = stack.compose("logs", "--no-color", service).stdout
+        records = [json.loads(line.split("| ", 1)[1]) for line in out.splitlines() if "| {" in line]
+        assert records, f"{service} logged nothing"
+        loud = [r for r in records if r.get("level") in ("warning", "error", "critical")]
+        assert not loud, (service, loud)
+
     # The mayor killed (kill -9 of its container) while operators' creates are under way: each create gets its
     # one outcome once a mayor is back (they wait for it), none fails, none is stored twice.
     results: list[subprocess.CompletedProcess[str]] = []
