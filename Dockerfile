@@ -6,6 +6,23 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends tmux git \
     && rm -rf /var/lib/apt/lists/*
 
+# Claude Code as a polecat runtime (`gt rig add ... --agent claude`), when built with its version
+# (docker-compose.yml passes GT_CLAUDE_CODE_VERSION; ops/claude-code.version is the one the tests run). Its npm
+# package installs a native executable: npm is needed for the install only, and removed after it.
+ARG CLAUDE_CODE_VERSION=""
+RUN if [ -n "$CLAUDE_CODE_VERSION" ]; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends nodejs npm \
+        && npm install --global --no-audit --no-fund --loglevel=error \
+            "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" \
+        && cp -L "$(npm root --global)/@anthropic-ai/claude-code/bin/claude.exe" /usr/local/bin/claude.native \
+        && npm uninstall --global @anthropic-ai/claude-code \
+        && mv /usr/local/bin/claude.native /usr/local/bin/claude \
+        && apt-get purge -y --auto-remove nodejs npm \
+        && rm -rf /var/lib/apt/lists/* /root/.npm \
+        && claude --version; \
+    fi
+
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY shared ./shared

@@ -399,10 +399,15 @@ class ComposeStack:
     brought up by the classic docker-compose against rootful podman (its Docker API). Health checks run from
     here (``podman healthcheck run``): podman runs them on systemd timers, and there may be no systemd."""
 
-    def __init__(self, repo: Path, root: Path, passwords: dict[str, str]) -> None:
+    def __init__(
+        self, repo: Path, root: Path, passwords: dict[str, str], compose_env: dict[str, str] | None = None
+    ) -> None:
+        """``compose_env``: more of the environment docker-compose runs with (build arguments, the settings the
+        compose file passes through to containers)."""
         root.mkdir(parents=True, exist_ok=True)
         self.repo = repo
         self.passwords = passwords
+        self.compose_env = dict(compose_env or {})
         self.project = f"gt{uuid.uuid4().hex[:8]}"
         self.env_file = write_env_file(root / "compose.env", passwords)
         self.model = compose_config(repo, self.env_file)
@@ -413,7 +418,12 @@ class ComposeStack:
         """``docker-compose ARGS`` for this stack (its own project name), checked."""
         argv = ["docker-compose", "-p", self.project, "--env-file", str(self.env_file)]
         argv += ["-f", str(self.repo / "docker-compose.yml"), *args]
-        env = {**os.environ, "DOCKER_HOST": f"unix://{PODMAN_SOCKET}", "COMPOSE_HTTP_TIMEOUT": "300"}
+        env = {
+            **os.environ,
+            **self.compose_env,
+            "DOCKER_HOST": f"unix://{PODMAN_SOCKET}",
+            "COMPOSE_HTTP_TIMEOUT": "300",
+        }
         run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False)
         assert run.returncode == 0, f"docker-compose {' '.join(args)}: {run.stdout[-2000:]}{run.stderr[-4000:]}"
         return run
@@ -432,7 +442,8 @@ class ComposeStack:
                 message=f"{service} not healthy: {self.log_tail(service, 20)}",
             )
 
-    def _container(self, service: str) -> str:
+    def container(self, service: str) -> str:
+        """The id of the service's container."""
         if service not in self._ids:
             found = self.compose("ps", "-q", service).stdout.split()
             assert len(found) == 1, f"{service}: containers {found}"
@@ -443,7 +454,7 @@ class ComposeStack:
         return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
 
     def healthy(self, service: str) -> bool:
-        return self._podman("healthcheck", "run", self._container(service)).returncode == 0
+        return self._podman("healthcheck", "run", self.container(service)).returncode == 0
 
     def urls(self) -> list[str]:
         return [f"nats://{self.compose('port', node, str(CLIENT_PORT)).stdout.strip()}" for node in self.nodes]
@@ -451,7 +462,7 @@ class ComposeStack:
     def node_stream_state(self, node: str, stream: str) -> dict[str, Any] | None:
         # Monitoring listens on the node container's loopback only (docker-compose.yml): asked from inside it.
         url = f"http://127.0.0.1:{HTTP_PORT}/jsz?streams=true"
-        read = self._podman("exec", self._container(node), "wget", "-q", "-O", "-", url)
+        read = self._podman("exec", self.container(node), "wget", "-q", "-O", "-", url)
         return stream_state_in(json.loads(read.stdout), stream) if read.returncode == 0 else None
 
     def node_names(self) -> list[str]:
@@ -462,18 +473,27 @@ class ComposeStack:
 
     def kill(self, service: str) -> None:
         """kill -9 of the service's container (compose's restart policy is not the harness's to wait for)."""
-        killed = self._podman("kill", "--signal", "KILL", self._container(service))
+        killed = self._podman("kill", "--signal", "KILL", self.container(service))
         assert killed.returncode == 0, killed.stderr
 
     def start_node(self, node: str) -> None:
         self.start_service(node)
 
     def start_service(self, service: str) -> None:
-        started = self._podman("start", self._container(service))
+        started = self._podman("start", self.container(service))
         assert started.returncode == 0, started.stderr
 
-    def exec(self, service: str, *argv: str) -> str:
-        run = self._podman("exec", self._container(service), *argv, timeout=120)
+    def exec(self, service: str, *argv: str, stdin: str | None = None, detach: bool = False) -> str:
+        """``argv`` in the service's container, as its user; its output (``detach``: left running)."""
+        options = ["-d"] if detach else (["-i"] if stdin is not None else [])
+        run = subprocess.run(
+            ["podman", "exec", *options, self.container(service), *argv],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert run.returncode == 0, f"{' '.join(argv)} in {service}: {run.stdout}{run.stderr}"
         return run.stdout
 
@@ -522,7 +542,13 @@ def stream_state_in(jsz: dict[str, Any], stream: str) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def running_stack(repo: Path, root: Path, host_env: dict[str, str], passwords: dict[str, str]) -> Iterator[Stack]:
+def running_stack(
+    repo: Path,
+    root: Path,
+    host_env: dict[str, str],
+    passwords: dict[str, str],
+    compose_env: dict[str, str] | None = None,
+) -> Iterator[Stack]:
     stack: LocalStack | DockerStack | ComposeStack
     with contextlib.ExitStack() as held:
         if podman_compose_ready():
@@ -530,7 +556,7 @@ def running_stack(repo: Path, root: Path, host_env: dict[str, str], passwords: d
             # stacks of seven containers each would only slow each other down on two cores.
             lock = held.enter_context(open("/tmp/gt-compose-stack.lock", "a"))
             fcntl.flock(lock, fcntl.LOCK_EX)
-            stack = ComposeStack(repo, root, passwords)
+            stack = ComposeStack(repo, root, passwords, compose_env)
         elif docker_reachable():
             stack = DockerStack(repo, root, passwords)
         else:

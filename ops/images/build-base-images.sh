@@ -55,12 +55,14 @@ case "$nats_image" in
   *) echo "build-base-images: docker-compose.yml names $nats_image, the wheel is $wheel_version" >&2; exit 1 ;;
 esac
 
-# An image is kept when it is there and was built with the same extra CAs (its label says which).
+# An image is kept when it is there and was built by this recipe with the same extra CAs (its label says so).
+recipe=2
 ca_sum=none
 [ -z "$ca_bundle" ] || ca_sum=$(sha256sum "$ca_bundle" | cut -c1-16)
+label="$recipe-$ca_sum"
 have() {
   [ -z "${GT_REBUILD_IMAGES:-}" ] && podman image exists "$1" \
-    && [ "$(podman image inspect --format '{{ index .Labels "gt.ca" }}' "$1")" = "$ca_sum" ]
+    && [ "$(podman image inspect --format '{{ index .Labels "gt.base" }}' "$1")" = "$label" ]
 }
 
 work=$(mktemp -d /var/tmp/gt-images.XXXXXX)
@@ -91,7 +93,8 @@ if ! have docker.io/library/python:3.11-slim; then
     --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
     --change 'ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt' \
     --change 'CMD ["python3"]' \
-    --change "LABEL gt.ca=$ca_sum" \
+    --change 'ENV NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt' \
+    --change "LABEL gt.base=$label" \
     - docker.io/library/python:3.11-slim >/dev/null 2>&1
   echo "build-base-images: python:3.11-slim built"
 fi
@@ -105,7 +108,7 @@ COPY nats-server /usr/local/bin/nats-server
 EXPOSE 4222 6222 8222
 ENTRYPOINT ["nats-server"]
 EOF
-  echo "LABEL gt.ca=$ca_sum" >>"$work/nats/Containerfile"
+  echo "LABEL gt.base=$label" >>"$work/nats/Containerfile"
   podman build --pull=never -q -t "docker.io/library/$nats_image" "$work/nats" >/dev/null
   echo "build-base-images: $nats_image built (nats-server $wheel_version)"
 fi
