@@ -11,7 +11,6 @@ import json
 import secrets
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -89,16 +88,16 @@ def test_a_claude_code_polecat_in_the_witness_container_gets_its_work_merged(
         bead = gt("bead", "create", "Document the frobulator", "-t", "docs")
         gt("sling", bead, RIG)
 
-        deadline = time.monotonic() + 600
-        status = ""
-        while time.monotonic() < deadline:
+        def closed() -> bool:
             status = json.loads(gt("bead", "show", bead, "--json"))["status"]
-            if status == "closed":
-                break
-            time.sleep(2)
-        if status != "closed":
+            assert status == "closed", f"{bead} is {status}"
+            return True
+
+        try:
+            wait_until(closed, timeout=600, interval=2)
+        except AssertionError as exc:
             tails = "\n".join(f"--- {name}\n{stack.log_tail(name, 60)}" for name in ("witness", "refinery"))
-            raise AssertionError(f"{bead} is {status}, not closed\n{tails}")
+            raise AssertionError(f"{exc}\n{tails}") from None
         assert "USAGE.md" in stack.origin_files(origin, "main")
         guide = stack.exec("witness", "git", "--git-dir", origin, "show", "main:USAGE.md")
         assert "Run `frobulate --help` for its options." in guide, guide  # written, then edited by Claude Code
