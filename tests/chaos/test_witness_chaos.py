@@ -229,7 +229,9 @@ async def test_agents_and_the_witness_killed_at_random_still_finish_every_bead(
     rng = random.Random(SEED)
     witness = ServiceProcess("witness", witness_env(gt_env, pt, tmp_path, None), tmp_path / "witness.log")
     with running(witness):
-        await pt.add_rig(agent_command="GT_AGENT_STEP_PAUSE=0.4 gt-agent", max_respawns=10, max_polecats=4)
+        # Steps slow enough that the beads are still under way at the fifth agent kill: with quicker `gt` calls
+        # (the client helper's warm workers), 0.4 s steps let all four finish after one witness kill.
+        await pt.add_rig(agent_command="GT_AGENT_STEP_PAUSE=0.8 gt-agent", max_respawns=10, max_polecats=4)
         beads = [await pt.new_bead(f"Chaos bead {i}") for i in range(4)]
         for bead in beads:
             await pt.sling(bead)
