@@ -48,6 +48,8 @@ _DECODE = msgspec.json.Decoder()
 STORE_DEADLINE_S = 30.0
 """How long a client's command may take to be stored while the stream is unreachable (resent meanwhile)."""
 RETRY_PAUSE_S = 0.5
+STORE_ACK_TIMEOUT_S = 5.0
+"""How long one attempt to store a command waits for JetStream's acknowledgement before it is resent (same id)."""
 LIVENESS_DELAY_S = 0.1
 """How long a sender waits for the outcome before it asks whether the owning service is there at all: a command
 settles in milliseconds, and asking every time cost the service a query per command (answered while it settles
@@ -132,7 +134,7 @@ async def store(
         raise_if_cancelling()
         if before_attempt is not None:
             await before_attempt()
-        publish = js.publish(subject, data, stream=stream, headers={MSG_ID: cmd_id}, timeout=5)
+        publish = js.publish(subject, data, stream=stream, headers={MSG_ID: cmd_id}, timeout=STORE_ACK_TIMEOUT_S)
         try:
             # A subject this user may not publish to is refused by the server at once; say so instead of
             # waiting out the acknowledgement's timeout (nothing was stored), and never retry it.

@@ -4,15 +4,19 @@ read again until it is there, with no consumer created for it."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from datetime import UTC, datetime
+from pathlib import Path
 
+import nats
 from nats.aio.client import Client
 
 from shared import subjects
-from shared.bus.commands import read_outcome, send
+from shared.bus.commands import STORE_ACK_TIMEOUT_S, STORE_DEADLINE_S, read_outcome, send, store
 from shared.bus.topology import provision
 from shared.commands import BeadCreate
 from shared.config import TownConfig
+from shared.embedded import EmbeddedServer
 from shared.events import CommandAccepted, decode_envelope, encode_event
 
 TS = datetime(2026, 11, 28, tzinfo=UTC)
@@ -72,3 +76,32 @@ async def test_a_command_sent_waits_for_its_outcome_without_a_consumer(nc: Clien
     seq = await store_outcome(nc, town, "c-sent")  # as the mayor would, once it has carried it out
     outcome = await asyncio.wait_for(sent, timeout=10)
     assert (outcome.type, outcome.outcome_seq, outcome.data["result"]) == ("cmd.accepted", seq, {"id": "hq-abc123"})
+
+
+async def test_a_store_that_got_no_answer_is_resent_with_the_same_id_and_stored_once(
+    own_nats_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """The nats-server frozen (SIGSTOP) while a command is stored: the first attempt gets no acknowledgement in
+    time, the CLI's store resends it under the same id within its deadline, and once the server answers again the
+    command is in GT_CMD once (the resend deduplicated against the first copy, whichever arrived)."""
+    town = TownConfig(nats_url=own_nats_server.url, gt_home=tmp_path / "home")
+    nc = await nats.connect(own_nats_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    try:
+        await provision(nc, town)
+        cmd = BeadCreate(title="stored through a frozen server", cmd_id="cli-frozen-1")
+        assert own_nats_server.proc is not None
+        own_nats_server.proc.send_signal(signal.SIGSTOP)
+        try:
+            storing = asyncio.ensure_future(store(nc, town.cmd_stream, cmd))
+            # Frozen for longer than one attempt's acknowledgement timeout (5 s): the first attempt fails.
+            await asyncio.sleep(STORE_ACK_TIMEOUT_S + 1)  # the absence of an answer is what is under test
+            assert not storing.done()
+        finally:
+            own_nats_server.proc.send_signal(signal.SIGCONT)
+        seq = await asyncio.wait_for(storing, timeout=STORE_DEADLINE_S)
+        info = await nc.jetstream().stream_info(town.cmd_stream)
+        assert info.state.messages == 1, "stored once"
+        stored = await nc.jetstream().get_msg(town.cmd_stream, seq)
+        assert (stored.headers or {}).get("Nats-Msg-Id") == "cli-frozen-1"
+    finally:
+        await nc.close()
