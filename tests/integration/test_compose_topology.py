@@ -304,11 +304,16 @@ async def test_operator_commands_all_get_their_outcome_while_any_one_nats_node_i
     """Found running the compose stack as a new user: with one of the three nodes killed, `gt bead create` exited 3
     in 3-7 of every 12 tries, whichever node it was. Each command opened an ordered consumer on GT_EVT for its
     outcome, and some were placed on the dead peer. Outcomes are read with direct gets, which any replica answers.
-    Each node is killed in turn; commands go out at once after the kill (through the election) and while it is
-    down: every one must be answered, once."""
+    Each node is killed in turn, a bead slung to a rig on the gt-home volume just before; commands go out at once
+    after the kill (through the election) and while it is down: every one must be answered, once, and every
+    slung bead merges, once."""
     gt = Operator(stack, gt_env, tmp_path / "operator")
     nodes = stack.node_names()
+    # A rig on the gt-home volume whose agent takes a while: at each kill a slung bead is under way.
+    origin = stack.make_origin()
+    gt("rig", "add", "demo", origin, "--test", "git log -1 --oneline", "--agent", "GT_AGENT_STEP_PAUSE=1 gt-agent")
     created: list[str] = []
+    slung: list[str] = []
     for victim in nodes:
         # "Any one node" down: the other two hold a current copy of every stream (the log, the commands, the
         # KV buckets), as they do once the node killed before has caught up.
@@ -316,6 +321,8 @@ async def test_operator_commands_all_get_their_outcome_while_any_one_nats_node_i
             functools.partial(_every_stream_current, reader, nodes), timeout=120, interval=0.5
         )
         assert every
+        slung.append(gt("bead", "create", f"worked while {victim} is killed"))
+        gt("sling", slung[-1], "demo")
         stack.kill_node(victim)
         for n in range(COMMANDS_PER_NODE):
             bead = gt("bead", "create", f"sent while {victim} is down ({n})")
@@ -325,6 +332,13 @@ async def test_operator_commands_all_get_their_outcome_while_any_one_nats_node_i
     assert len(set(created)) == len(nodes) * COMMANDS_PER_NODE
     back: bool = await assert_eventually(functools.partial(_every_stream_current, reader, nodes), timeout=120)
     assert back
+
+    async def all_slung_closed() -> bool:
+        return set(await _closed(reader)) >= set(slung)
+
+    merged: bool = await assert_eventually(all_slung_closed, timeout=300, interval=1)
+    assert merged
+    assert {bead: n for bead, n in (await _closed(reader)).items() if bead in slung} == dict.fromkeys(slung, 1)
     log = await log_of(reader)
     made = Counter(data["subject"].rsplit(".", 1)[-1] for _, kind, data in log if kind == "bead.created")
     assert {bead: made[bead] for bead in created} == dict.fromkeys(created, 1), "each stored once"
