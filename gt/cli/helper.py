@@ -202,13 +202,10 @@ def _worker(
         try:
             conn.sendall(b"A\n")
             call = _receive(conn)
-        except Refused as exc:
-            with contextlib.suppress(OSError):
-                conn.sendall(b"R%s\n" % str(exc).encode())
-            conn.close()
-            os.write(news, b"F%d\n" % os.getpid())
-            continue
-        except OSError:
+        except (Refused, OSError) as exc:  # refused: said so; the caller gone: nobody to tell
+            if isinstance(exc, Refused):
+                with contextlib.suppress(OSError):
+                    conn.sendall(b"R%s\n" % str(exc).encode())
             conn.close()
             os.write(news, b"F%d\n" % os.getpid())
             continue
@@ -244,10 +241,12 @@ def _accept(server: socket.socket, parent: int, *, idle_limit: float | None) -> 
 class Home:
     """What a worker is between calls, to go back to after each one and to tell a call that changed it by."""
 
-    __slots__ = ("env", "exit_funcs", "fds", "handlers", "null", "stdin", "streams")
+    __slots__ = ("env", "exit_funcs", "fds", "handlers", "null", "stdin", "streams", "umask")
 
     def __init__(self) -> None:
         self.null = os.open(os.devnull, os.O_RDWR)
+        self.umask = os.umask(0o022)
+        os.umask(self.umask)
         self.env = dict(os.environ)
         self.stdin = sys.stdin
         self.streams = (sys.stdin, sys.stdout, sys.stderr)
@@ -266,10 +265,11 @@ class Home:
         )
 
     def restore(self) -> None:
-        """Back to the worker's own: no descriptor, directory or environment variable of the caller kept."""
+        """Back to the worker's own: no descriptor, directory, umask or environment variable of the caller kept."""
         for fd in (0, 1, 2):
             os.dup2(self.null, fd)
         os.chdir("/")
+        os.umask(self.umask)
         os.environ.clear()
         os.environ.update(self.env)
         sys.argv = ["gt"]
@@ -331,7 +331,7 @@ def _serve(conn: socket.socket, call: Call, parser: object, run: object, home: H
     os.environ.clear()
     os.environ.update(call.env)
     time.tzset()
-    umask = os.umask(call.umask)
+    os.umask(call.umask)
     # The same stream objects, now on the caller's descriptors: code that kept a reference at import (a default
     # argument `out=sys.stdout`) writes to the caller too. Only the buffering follows what the caller has. Standard
     # input is read through a reader of this call's own: what one call read ahead never reaches the next.
@@ -355,13 +355,12 @@ def _serve(conn: socket.socket, call: Call, parser: object, run: object, home: H
         atexit._run_exitfuncs()
         fit = False
     home.restore()
-    os.umask(umask)
     with contextlib.suppress(OSError):
         conn.sendall(b"X%d\n" % code)
     fit = fit and _closed_by_caller(conn)
     conn.close()
-    # What the call made and dropped in cycles (a NATS client's socket among it) is freed now, not in some later
-    # call, and is not taken for something the call left open. The caller has its answer: this costs it nothing.
+    # What the call dropped in reference cycles is freed now, not during some later call, so a socket held by such
+    # a cycle is not taken for one the call left open (0.07 ms, after the caller has its answer).
     gc.collect()
     return fit and home.kept()
 
