@@ -32,7 +32,16 @@ from typing import Any
 
 import msgspec
 
-from bench.common import REPO_ROOT, Figure, provisioned, server, start_service, stop_service, wait_ready
+from bench.common import (
+    REPO_ROOT,
+    Figure,
+    provisioned,
+    server,
+    start_service,
+    stop_service,
+    store_costs,
+    wait_ready,
+)
 from bench.witness import make_origin
 from shared.bus.commands import send
 from shared.bus.connection import Connection
@@ -54,6 +63,8 @@ CALLS: dict[str, list[str]] = {
 }
 """Each call's argv; ``{step}`` is a fresh ``BEAD STEP`` each time (a step done again changes nothing: a different
 path), ``{session}`` a running session of a hanging agent."""
+COMMANDS = frozenset({"gt bead create", "gt step done"})
+"""The calls that send a command (stored, settled, answered once its outcome is stored) rather than ask a query."""
 AGENT = "GT_AGENT_FAULT=hang gt-agent"
 STEPS_PER_BEAD = 6
 """The default formula's (``polecat-work``) steps."""
@@ -120,7 +131,15 @@ class Argvs:
         return out
 
 
-def _one_calls(env: dict[str, str], argvs: Argvs, rounds: int) -> list[Figure]:
+def _store_note(stores: tuple[float, float]) -> str:
+    single, batch = stores
+    return (
+        f"of that call, the server's acknowledgements: the command stored {single:.1f} ms, then its event and "
+        f"outcome stored as one atomic batch {batch:.1f} ms (this server, this run)"
+    )
+
+
+def _one_calls(env: dict[str, str], argvs: Argvs, rounds: int, stores: tuple[float, float]) -> list[Figure]:
     walls: dict[tuple[str, str], list[float]] = {(name, mode): [] for name in CALLS for mode in MODES}
     bare: list[float] = []
     for _ in range(rounds):
@@ -143,6 +162,7 @@ def _one_calls(env: dict[str, str], argvs: Argvs, rounds: int) -> list[Figure]:
                 higher_is_better=False,
                 notes=[
                     f"in-process the same call takes {warm:.1f} ms; start-up and imports are the rest",
+                    *([_store_note(stores)] if name in COMMANDS else []),
                     # The least any process making this call could take: an interpreter's start and the call.
                     f"against `python -c pass` + that call ({ceiling + warm:.1f} ms): ratio "
                     f"{(ceiling + warm) / statistics.median(walls[name, mode]):.2f}",
@@ -306,7 +326,8 @@ async def run(rounds: int = 20, creates: int = 100) -> list[Figure]:
                 await wait_ready(nc, name)
             argvs = await _town(nc, town, Path(tmp), steps=rounds * (len(MODES) + 1) + 1)
             await asyncio.to_thread(_helper_ready, env, runtime)
-            figures = await asyncio.to_thread(_one_calls, env, argvs, rounds)
+            stores = await store_costs(nc)
+            figures = await asyncio.to_thread(_one_calls, env, argvs, rounds, stores)
             figures += await _throughput(env, town, creates)
         finally:
             _stop_helper(runtime)

@@ -12,10 +12,12 @@ import os
 import platform
 import secrets
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
 
 from shared import subjects
+from shared.bus.append import BATCH_COMMIT, BATCH_ID, BATCH_SEQ
 from shared.bus.commands import encode, subject_of
 from shared.bus.query import ask
 from shared.bus.topology import provision
@@ -229,6 +232,38 @@ async def raw_publish_ceiling(nc: Client, bodies: list[bytes]) -> float:
         return await publish_all(nc, "bench.raw.x", bodies)
     finally:
         await js.delete_stream("BENCH_RAW")
+
+
+STORE_SAMPLES = 30
+
+
+async def store_costs(nc: Client) -> tuple[float, float]:
+    """Median milliseconds, on this server, to store one message (acknowledged) and to store an atomic batch of
+    two (what settling a command that makes one event stores: the event and the outcome). On a stream of one
+    replica nats-server stages each atomic batch in a file store of its own before committing it: that costs far
+    more than the fsync of the write itself, and it is what a command's answer waits on, whoever sends it."""
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name="BENCH_STORE", subjects=["bench.store.>"], allow_atomic=True))
+    body = b'{"title": "a bench bead"}'
+    single: list[float] = []
+    batch: list[float] = []
+    try:
+        for i in range(STORE_SAMPLES):
+            started = time.perf_counter()
+            await js.publish("bench.store.one", body)
+            single.append((time.perf_counter() - started) * 1000)
+            batch_id = uuid.uuid4().hex[:16]
+            started = time.perf_counter()
+            await nc.publish("bench.store.a", body, headers={BATCH_ID: batch_id, BATCH_SEQ: "1"})
+            reply = await nc.request(
+                "bench.store.b", body, timeout=5, headers={BATCH_ID: batch_id, BATCH_SEQ: "2", BATCH_COMMIT: "1"}
+            )
+            batch.append((time.perf_counter() - started) * 1000)
+            if b'"error"' in reply.data:
+                raise RuntimeError(f"atomic batch {i} refused: {reply.data!r}")
+    finally:
+        await js.delete_stream("BENCH_STORE")
+    return statistics.median(single), statistics.median(batch)
 
 
 def bodies_of(cmds: Sequence[Command]) -> list[bytes]:

@@ -32,7 +32,9 @@ stopped (``feed``, ``dashboard``), so the start-up the helper saves does not mat
 of the caller's shell."""
 GLOBAL_OPTIONS_WITH_VALUE = frozenset({"--nats-url", "--actor"})
 PROTOCOL = b"gt-helper-1"
-FORWARDED_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
+FORWARDED_SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR2)
+"""Signals for the call, passed on to the worker running it; ``SIGUSR2`` has it print its tasks' stacks (a call
+that does not finish), and is dropped when it comes before the call began."""
 MAX_SOCKET_PATH = 108
 """Linux's limit for a Unix socket's path (``sun_path``), the terminating NUL included."""
 TAKE_TIMEOUT_S = 5.0
@@ -181,7 +183,7 @@ def _outcome(sock: _socket.socket) -> int | None:
     def forward(signum: int, _frame: object) -> None:
         if child:
             os.kill(child, signum)  # the child, not a process group: it is in the helper's
-        else:
+        elif signum != _signal.SIGUSR2:
             pending.append(signum)
 
     previous = {signum: _signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}

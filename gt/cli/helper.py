@@ -48,11 +48,13 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 
 from gt import launch
+from gt.cli.sources import SourceWatch
+from shared.bus.kept import KeptConnections
 
 IDLE_ENV = "GT_HELPER_IDLE"
 DEFAULT_IDLE_S = 600.0
@@ -111,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = cli.build_parser()
     launch.helper_key()  # once, before the workers are forked: each request's key is compared with it
-    sources = _sources()
+    sources = SourceWatch()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -180,9 +182,7 @@ def _reap(workers: dict[int, Worker]) -> None:
         workers.pop(pid, None)
 
 
-def _worker(
-    server: socket.socket, news: int, sources: dict[str, int], parser: object, run: object, *, extra: bool
-) -> int:
+def _worker(server: socket.socket, news: int, sources: SourceWatch, parser: object, run: object, *, extra: bool) -> int:
     """A process forked ahead of its calls, which takes connections itself, one call at a time, until a call
     leaves it unfit for another (see the module's docstring), it has run ``MAX_CALLS_PER_WORKER``, the helper is
     gone, or (``extra``) no call came for ``EXTRA_WORKER_IDLE_S``."""
@@ -191,11 +191,14 @@ def _worker(
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A call sets its own (`gt` prints its tasks' stacks); one its caller forwards as the call ends is ignored.
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     parent = os.getppid()
     server.settimeout(1.0)
+    connections = KeptConnections()  # before Home: its event loop's descriptors are the worker's own
     home = Home()
     for _ in range(MAX_CALLS_PER_WORKER):
-        conn = _accept(server, parent, idle_limit=EXTRA_WORKER_IDLE_S if extra else None)
+        conn = _accept(server, parent, idle_limit=EXTRA_WORKER_IDLE_S if extra else None, on_idle=connections.expire)
         if conn is None:
             return 0
         os.write(news, b"T%d\n" % os.getpid())
@@ -209,22 +212,25 @@ def _worker(
             conn.close()
             os.write(news, b"F%d\n" % os.getpid())
             continue
-        if _changed(sources):
+        if sources.changed():
             for fd in call.fds:
                 os.close(fd)
             with contextlib.suppress(OSError):
                 conn.sendall(b"Rcode changed\n")
             os.write(news, b"Q\n")
             return 0
-        fit = _serve(conn, call, parser, run, home)
+        fit = _serve(conn, call, parser, run, home, connections)
         if not fit or os.getppid() != parent:
             return 0
         os.write(news, b"F%d\n" % os.getpid())
     return 0
 
 
-def _accept(server: socket.socket, parent: int, *, idle_limit: float | None) -> socket.socket | None:
-    """The next caller's connection; None when the helper is gone or the idle limit passed."""
+def _accept(
+    server: socket.socket, parent: int, *, idle_limit: float | None, on_idle: Callable[[], None]
+) -> socket.socket | None:
+    """The next caller's connection; None when the helper is gone or the idle limit passed. ``on_idle`` is called
+    each second without one."""
     give_up_at = None if idle_limit is None else time.monotonic() + idle_limit
     while True:
         try:
@@ -232,6 +238,7 @@ def _accept(server: socket.socket, parent: int, *, idle_limit: float | None) -> 
         except TimeoutError:
             if os.getppid() != parent or (give_up_at is not None and time.monotonic() >= give_up_at):
                 return None
+            on_idle()
         except KeyboardInterrupt:  # a Ctrl-C meant for a call that has ended: this worker stops
             return None
         else:
@@ -254,14 +261,15 @@ class Home:
         self.exit_funcs = atexit._ncallbacks()
         self.fds = frozenset(os.listdir("/proc/self/fd"))
 
-    def kept(self) -> bool:
-        """Whether the call that just ran left the worker as it found it (its connection closed already)."""
+    def kept(self, connections: frozenset[str]) -> bool:
+        """Whether the call that just ran left the worker as it found it (its connection to the caller closed
+        already; ``connections``: the descriptors of the NATS connections kept for the next call)."""
         return (
             threading.active_count() == 1
             and (sys.stdin, sys.stdout, sys.stderr) == self.streams
             and atexit._ncallbacks() == self.exit_funcs
             and all(signal.getsignal(signum) is handler for signum, handler in self.handlers.items())
-            and frozenset(os.listdir("/proc/self/fd")) == self.fds
+            and frozenset(os.listdir("/proc/self/fd")) - connections == self.fds
         )
 
     def restore(self) -> None:
@@ -321,7 +329,9 @@ def _parse(conn: socket.socket, data: bytes, fds: list[int], *, same_user: bool)
     return Call(fds, os.fsdecode(fields[2]), int(fields[3]), argv, env)
 
 
-def _serve(conn: socket.socket, call: Call, parser: object, run: object, home: Home) -> bool:
+def _serve(
+    conn: socket.socket, call: Call, parser: object, run: object, home: Home, connections: KeptConnections
+) -> bool:
     """Become the caller's process in all that a call can see, run the call, say how it ended, become the
     worker again. Whether the worker may take another call."""
     conn.settimeout(None)
@@ -345,7 +355,7 @@ def _serve(conn: socket.socket, call: Call, parser: object, run: object, home: H
     except OSError:
         home.restore()
         return False  # the caller went away before the call began: nothing to do, nobody to tell
-    code, fit = _run(call, parser, run)
+    code, fit = _run(call, parser, run, connections)
     stdin, sys.stdin = sys.stdin, home.stdin
     with contextlib.suppress(OSError, ValueError):
         stdin.close()  # closefd=False: only the reader goes
@@ -359,10 +369,11 @@ def _serve(conn: socket.socket, call: Call, parser: object, run: object, home: H
         conn.sendall(b"X%d\n" % code)
     fit = fit and _closed_by_caller(conn)
     conn.close()
+    fit = connections.tidy() and fit  # a task the call left running on the loop: cancelled, and unfit
     # What the call dropped in reference cycles is freed now, not during some later call, so a socket held by such
     # a cycle is not taken for one the call left open (0.07 ms, after the caller has its answer).
     gc.collect()
-    return fit and home.kept()
+    return fit and home.kept(connections.fds())
 
 
 def _closed_by_caller(conn: socket.socket) -> bool:
@@ -377,7 +388,7 @@ def _closed_by_caller(conn: socket.socket) -> bool:
     return True
 
 
-def _run(call: Call, parser: object, run: object) -> tuple[int, bool]:
+def _run(call: Call, parser: object, run: object, connections: KeptConnections) -> tuple[int, bool]:
     """The call's exit status, and whether it ended in a way that leaves the worker fit for another call."""
     try:
         os.chdir(call.cwd)
@@ -386,7 +397,7 @@ def _run(call: Call, parser: object, run: object) -> tuple[int, bool]:
         return 1, True
     fit = True
     try:
-        code = run(call.argv, parser)  # type: ignore[operator]
+        code = run(call.argv, parser, connections)  # type: ignore[operator]
     except SystemExit as exc:  # argparse: --help (0), a usage error (2)
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else _said(exc.code))
     except KeyboardInterrupt:  # Ctrl-C before the call's own handling began
@@ -407,31 +418,6 @@ def _run(call: Call, parser: object, run: object) -> tuple[int, bool]:
 def _said(message: object) -> int:
     print(message, file=sys.stderr)
     return 1
-
-
-def _sources() -> dict[str, int]:
-    """Modification times of the files the helper imported (and the directories packages install into)."""
-    seen: dict[str, int] = {}
-    stdlib = os.path.dirname(os.__file__)  # changes only with the interpreter, which is part of the key
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if isinstance(path, str) and ("site-packages" in path or not path.startswith(stdlib + os.sep)):
-            with contextlib.suppress(OSError):
-                seen[path] = os.stat(path).st_mtime_ns
-    for directory in {p[: p.index("site-packages") + 13] for p in seen if "site-packages" in p}:
-        with contextlib.suppress(OSError):
-            seen[directory] = os.stat(directory).st_mtime_ns
-    return seen
-
-
-def _changed(sources: dict[str, int]) -> bool:
-    for path, mtime in sources.items():
-        try:
-            if os.stat(path).st_mtime_ns != mtime:
-                return True
-        except OSError:
-            return True
-    return False
 
 
 def _is_ours(path: str, inode: int) -> bool:

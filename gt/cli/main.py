@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -35,7 +34,7 @@ from gt.cli.common import (
 from shared import config as town_config
 from shared import logging as gt_logging
 from shared.aio import task_stacks
-from shared.bus.connection import close_at_once, connect_as_session_or_user
+from shared.bus.connection import Connection, close_at_once, connect_as_session_or_user, connection_key
 from shared.bus.errors import translated
 from shared.bus.permissions import guarded
 from shared.bus.query import ask_json, reply_of
@@ -56,7 +55,7 @@ from shared.privacy import private_files
 from shared.queries import Status
 
 if TYPE_CHECKING:
-    from shared.bus.connection import Connection
+    from shared.bus.kept import KeptConnections
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
 
@@ -167,21 +166,42 @@ async def _health(nc: Connection, args: argparse.Namespace, config: TownConfig) 
     return EXIT_OK if healthy else EXIT_REJECTED
 
 
-async def run_async(handler: Handler, args: argparse.Namespace, config: TownConfig) -> int:
-    # `kill -USR2 <pid>` of a gt that does not finish prints what each of its tasks waits for.
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _print_task_stacks)
+async def run_async(
+    handler: Handler, args: argparse.Namespace, config: TownConfig, kept: KeptConnections | None = None
+) -> int:
+    # `kill -USR2 <pid>` of a gt that does not finish prints what each of its tasks waits for. Set as a plain
+    # handler, put back afterwards (a client helper's worker runs the next call): the loop's add_signal_handler
+    # cost 0.16 ms of a 2.5 ms call (it lists every valid signal, as enums, to set it and again to remove it).
+    try:
+        previous = signal.signal(signal.SIGUSR2, _print_task_stacks)
+    except ValueError:  # not the main thread: no such help
+        return await _connected(handler, args, config, kept)
+    try:
+        return await _connected(handler, args, config, kept)
+    finally:
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL if previous is None else previous)
+
+
+async def _connected(
+    handler: Handler, args: argparse.Namespace, config: TownConfig, kept: KeptConnections | None
+) -> int:
+    """Run ``handler`` on a connection of its own, or (``kept``: a client helper's worker) one kept from an earlier
+    call to the same servers as the same user, given back at the end."""
     in_session = bool(os.environ.get("GT_SESSION")) and config.nats_user == os.environ.get("GT_SESSION")
-    nc = await connect_as_session_or_user(config, name="gt-cli", in_session=in_session, connect_attempts=2)
+
+    def connect() -> Awaitable[Connection]:
+        return connect_as_session_or_user(config, name="gt-cli", in_session=in_session, connect_attempts=2)
+
+    nc = await (connect() if kept is None else kept.connect(connection_key(config), connect))
     try:
         # Any subject this user may not use (a query, the KV, the JetStream API) ends the command at once
         # with the subject named, rather than with a timeout.
         return await guarded(nc, handler(nc, args, config))
     finally:
-        await close_at_once(nc)
+        await (close_at_once(nc) if kept is None else kept.give_back(nc))
 
 
-def _print_task_stacks() -> None:
+def _print_task_stacks(_signum: int, _frame: object) -> None:
     print("gt: task stacks\n" + "\n".join(task_stacks()), file=sys.stderr, flush=True)
 
 
@@ -195,11 +215,16 @@ def _town_nats(config: TownConfig) -> TownConfig:
     return msgspec.structs.replace(config, nats_url=state.nats_url)
 
 
-def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    parser: argparse.ArgumentParser | None = None,
+    kept: KeptConnections | None = None,
+) -> int:
     """Run one ``gt`` call; ``parser``: one ``build_parser()`` made earlier (the client helper builds it once,
-    before it forks the workers that run the calls)."""
+    before it forks the workers that run the calls); ``kept``: the connections a worker keeps between its calls
+    (and the event loop they live on)."""
     try:
-        code = _main(argv, parser or build_parser())
+        code = _main(argv, parser or build_parser(), kept)
         sys.stdout.flush()  # here, not at exit: a closed pipe then still ends quietly
     except BrokenPipeError:
         # `gt feed | head -1`: the reader had enough. Quiet, as Unix tools are; stdout goes nowhere from now on,
@@ -211,7 +236,7 @@ def main(argv: Sequence[str] | None = None, parser: argparse.ArgumentParser | No
     return code
 
 
-def _dispatch(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
+def _dispatch(args: argparse.Namespace, config: TownConfig, *, embedded: bool, kept: KeptConnections | None) -> int:
     if args.cmd == "schema":
         from shared.schema import all_schemas
 
@@ -228,7 +253,9 @@ def _dispatch(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -
     precheck = getattr(args, "precheck", None)
     if precheck is not None:
         precheck(args)  # e.g. `gt done` outside a session: said before trying to reach NATS
-    return asyncio.run(run_async(args.handler, args, config))
+    if kept is None:
+        return asyncio.run(run_async(args.handler, args, config))
+    return kept.run(run_async(args.handler, args, config, kept))
 
 
 def _actor_first(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -244,7 +271,7 @@ def _actor_first(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     args.actor = first
 
 
-def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser) -> int:
+def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser, kept: KeptConnections | None) -> int:
     args = parser.parse_args(argv)
     _actor_first(parser, args)
     env = dict(os.environ)
@@ -266,7 +293,7 @@ def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser) -> int:
     try:
         # The NATS client's "nothing answers", "no such stream" come out in the project's words, caught below.
         with translated():
-            return _dispatch(args, config, embedded=not nats_given)
+            return _dispatch(args, config, embedded=not nats_given, kept=kept)
     except KeyboardInterrupt:
         # Ctrl-C ends `gt feed` and `gt dashboard` (and any wait): a stop asked for, not a crash.
         return EXIT_INTERRUPTED

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import time
+import weakref
+from collections.abc import Hashable
+from pathlib import Path
 from typing import Any, TypeAlias
 
 import nats
@@ -70,6 +74,8 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
     repeats = RepeatedErrors()
 
     async def on_error(exc: Exception) -> None:
+        if clients and clients[-1] in _RESTING:
+            return  # kept between two calls, it meets its end unseen; the next call makes a fresh one
         denied = watch.record(exc)
         if denied is not None:
             # The server dropped what was sent; the caller only sees a timeout unless it asked ``guarded``.
@@ -84,7 +90,7 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
             refused.append(exc)  # nats-py then reports only that no server was left to try
 
     async def on_disconnect() -> None:
-        if clients and clients[-1].is_closed:
+        if clients and (clients[-1].is_closed or clients[-1] in _RESTING):
             log.debug("nats_closed")  # closed by this process (nats-py reports that as a disconnect too): no news
         else:
             log.warning("nats_disconnected")
@@ -149,7 +155,8 @@ SESSION_LOGIN_PATIENCE_S = 30.0
 """How long a polecat session's ``gt`` keeps trying when its login fails: its credential is checked by the
 witness's auth callout responder, and while the witness restarts there is none for a few seconds. The server
 then refuses the login after its own wait for an answer (2 s), which on a loaded machine can come after the
-client's connect timeout: a login that got no answer is retried like a refused one."""
+client's connect timeout: a login that got no answer is retried like a refused one. A session's reads
+(``gt prime``, its hooks: gt/cli/common.py ``read``) wait as long for a service that is not running."""
 
 
 async def connect_as_session_or_user(
@@ -211,6 +218,58 @@ async def connect_unless_stopped(config: TownConfig, name: str, stop: asyncio.Ev
             await connecting
         return None
     return connecting.result()
+
+
+_RESTING: weakref.WeakSet[Client] = weakref.WeakSet()
+"""Connections kept between two calls (``shared.bus.kept``): what becomes of them meanwhile is nobody's news."""
+
+
+def set_resting(nc: Connection, resting: bool) -> None:
+    """Mark ``nc`` kept between two calls (its disconnection and errors are not logged), or in use again."""
+    if resting:
+        _RESTING.add(nc)
+    else:
+        _RESTING.discard(nc)
+
+
+def connection_key(config: TownConfig) -> tuple[Hashable, ...]:
+    """What a connection ``connect(config)`` makes is: the servers, the login (the credentials file's content,
+    which a session's witness may rewrite), the inbox prefix. Two configurations with the same key may share
+    a connection."""
+    creds: bytes | None = None
+    if config.nats_creds:
+        try:
+            creds = Path(config.nats_creds).read_bytes()
+        except OSError:
+            creds = b"unreadable"  # its connect fails and says why; nothing kept is used in its place
+    return (
+        tuple(config.servers),
+        config.nats_user,
+        config.nats_password,
+        config.nats_creds,
+        creds,
+        config.inbox_prefix,
+    )
+
+
+def socket_of(nc: Connection) -> int | None:
+    """The descriptor of ``nc``'s socket; None when it has none (closed) or it cannot be told."""
+    writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+    sock = writer.get_extra_info("socket") if writer is not None else None
+    try:
+        fd = int(sock.fileno()) if sock is not None else -1
+    except OSError:
+        return None
+    return fd if fd >= 0 else None  # -1: closed
+
+
+def peer_closed(fd: int) -> bool:
+    """Whether the server closed (or reset) the connection on socket ``fd``, read without running the event loop
+    or taking anything from the socket: ``POLLRDHUP``/``POLLHUP``/``POLLERR`` (what arrived for the client, a
+    server's PING, is left for it)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(0))
 
 
 async def close_at_once(nc: Connection) -> None:

@@ -9,12 +9,14 @@ result into the query's reply type; ``ask_json`` gives it as it came, for printi
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar, cast
 
 import msgspec
 import nats.errors
 
+from shared.aio import pause
 from shared.bus.connection import Connection
 from shared.errors import QueryError
 from shared.queries import Query, reply_type
@@ -23,6 +25,10 @@ from shared.queries.base import DEFAULT_LIST_LIMIT
 R = TypeVar("R")
 _DECODE = msgspec.json.Decoder()
 DEFAULT_TIMEOUT_S = 15.0
+
+
+UNAVAILABLE_RETRY_S = 0.5
+"""How often a patient asker (``patience_s``) asks again a service that nobody answers for."""
 
 
 async def ask(nc: Connection, query: Query[R], *, timeout: float = DEFAULT_TIMEOUT_S) -> R:
@@ -35,9 +41,12 @@ async def ask(nc: Connection, query: Query[R], *, timeout: float = DEFAULT_TIMEO
     return reply_of(query, await ask_json(nc, query, timeout=timeout))
 
 
-async def ask_json(nc: Connection, query: Query[Any], *, timeout: float = DEFAULT_TIMEOUT_S) -> Any:
-    """Ask ``query``; its answer's ``result`` as it came (JSON types). Raises like ``ask``."""
-    return (await _ask(nc, query, timeout))["result"]
+async def ask_json(
+    nc: Connection, query: Query[Any], *, timeout: float = DEFAULT_TIMEOUT_S, patience_s: float = 0.0
+) -> Any:
+    """Ask ``query``; its answer's ``result`` as it came (JSON types). Raises like ``ask``; while the service is
+    not running (nobody answers its queries: a restart) it is asked again for up to ``patience_s`` seconds."""
+    return (await _ask(nc, query, timeout, patience_s))["result"]
 
 
 class Listing(NamedTuple):
@@ -47,15 +56,18 @@ class Listing(NamedTuple):
     more: bool
 
 
-async def ask_all(nc: Connection, query: Query[Any], *, timeout: float = DEFAULT_TIMEOUT_S) -> Listing:
+async def ask_all(
+    nc: Connection, query: Query[Any], *, timeout: float = DEFAULT_TIMEOUT_S, patience_s: float = 0.0
+) -> Listing:
     """Ask a list query (one with ``limit`` and ``after``) page after page, following each answer's ``next``,
     until it has ``limit`` items (None: ``DEFAULT_LIST_LIMIT``; 0: every one) or the list ends. A page the service
-    cut to fit one reply is followed like any other, so no list is too long to read. Raises like ``ask``."""
+    cut to fit one reply is followed like any other, so no list is too long to read. Raises like ``ask``;
+    ``patience_s`` as for ``ask_json``, for each page."""
     limit = getattr(query, "limit", None)
     wanted = DEFAULT_LIST_LIMIT if limit is None else limit
     items: list[Any] = []
     while True:
-        answer = await _ask(nc, query, timeout)
+        answer = await _ask(nc, query, timeout, patience_s)
         page = answer["result"]
         if not isinstance(page, list):
             raise QueryError("malformed", f"the answer to {query.subject()} is not a list")
@@ -69,15 +81,23 @@ async def ask_all(nc: Connection, query: Query[Any], *, timeout: float = DEFAULT
         query = msgspec.structs.replace(query, after=cursor, limit=remaining)
 
 
-async def _ask(nc: Connection, query: Query[Any], timeout: float) -> dict[str, Any]:
+async def _ask(nc: Connection, query: Query[Any], timeout: float, patience_s: float = 0.0) -> dict[str, Any]:
     """The answer to ``query``, checked to be a success."""
     service = query.addressee()
-    try:
-        reply = await nc.request(query.subject(), query.body(), timeout=timeout)
-    except nats.errors.NoRespondersError:
-        raise QueryError("unavailable", f"the {service} is not running (nobody answers {service} queries)") from None
-    except (TimeoutError, nats.errors.TimeoutError):
-        raise QueryError("timeout", f"the {service} did not answer within {timeout}s") from None
+    give_up_at = time.monotonic() + patience_s
+    while True:
+        try:
+            reply = await nc.request(query.subject(), query.body(), timeout=timeout)
+        except nats.errors.NoRespondersError:
+            if time.monotonic() >= give_up_at:
+                raise QueryError(
+                    "unavailable", f"the {service} is not running (nobody answers {service} queries)"
+                ) from None
+            await pause(UNAVAILABLE_RETRY_S)
+            continue
+        except (TimeoutError, nats.errors.TimeoutError):
+            raise QueryError("timeout", f"the {service} did not answer within {timeout}s") from None
+        break
     try:
         answer = _DECODE.decode(reply.data)
     except msgspec.DecodeError:

@@ -1,0 +1,55 @@
+"""An agent's reads outlast a restart of the service they ask (gt/cli/common.py ``read``): inside a polecat
+session, a query nobody answers (the service not running) is asked again for as long as the session's login
+would wait (``SESSION_LOGIN_PATIENCE_S``); outside one, it fails at once, as an operator wants to know."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from nats.aio.client import Client
+
+from gt.cli.common import EXIT_UNREACHABLE
+from shared.bus.query import ask_json
+from shared.bus.topology import provision
+from shared.config import TownConfig
+from shared.errors import QueryError
+from shared.queries import mayor
+from tests.integration.test_cli import Gt
+from tests.integration.test_cli import gt as gt
+from tests.integration.test_mayor_service import run_mayor
+
+SESSION_ENV = {"GT_RIG": "demo", "GT_POLECAT": "ace", "GT_SESSION": "hq-000001-1"}
+DOWN_FOR_S = 2.0
+
+
+async def test_a_patient_query_is_answered_once_its_service_is_back(nc: Client, town: TownConfig) -> None:
+    await provision(nc, town)
+    started = time.monotonic()
+    with pytest.raises(QueryError) as refused:
+        await ask_json(nc, mayor.Beads())
+    assert refused.value.code == "unavailable", refused.value
+    assert time.monotonic() - started < DOWN_FOR_S, "an impatient query fails at once"
+    asking = asyncio.create_task(ask_json(nc, mayor.Beads(), patience_s=60))
+    await asyncio.sleep(DOWN_FOR_S)
+    assert not asking.done(), "still waiting while the mayor is down"
+    async with run_mayor(town, rigs=()):
+        assert await asyncio.wait_for(asking, 30) == []
+
+
+async def test_an_agents_read_waits_out_a_restart_and_an_operators_does_not(
+    nc: Client, gt: Gt, town: TownConfig
+) -> None:
+    await provision(nc, town)
+    operator = await gt("bead", "list")
+    assert operator.code == EXIT_UNREACHABLE, operator
+    assert "the mayor is not running" in operator.err
+    agent = Gt({**gt.env, **SESSION_ENV}, town)
+    reading = asyncio.create_task(agent("bead", "list", "--json"))
+    await asyncio.sleep(DOWN_FOR_S)
+    assert not reading.done(), reading
+    async with run_mayor(town, rigs=()):
+        read = await asyncio.wait_for(reading, 60)
+    assert read.code == 0, read
+    assert read.json() == []
