@@ -90,6 +90,14 @@ def _lend(kept: KeptConnections, town: TownConfig) -> Connection:
     return kept.run(lend())
 
 
+def _made_afresh(kept: KeptConnections, town: TownConfig, earlier: Connection) -> Connection:
+    """A connection lent where ``earlier`` (the first one made) must not be: the second one made."""
+    nc = _lend(kept, town)
+    assert nc is not earlier
+    assert kept.made == 2
+    return nc
+
+
 def _give_back(kept: KeptConnections, nc: Connection) -> None:
     kept.run(kept.give_back(nc))
 
@@ -107,10 +115,7 @@ def test_a_connection_is_lent_again_only_as_it_was_made(kept: KeptConnections, t
     _give_back(kept, again)
     assert again.is_closed
     assert kept.tidy()
-    fresh = _lend(kept, town)
-    assert fresh is not first
-    assert kept.made == 2
-    _give_back(kept, fresh)
+    _give_back(kept, _made_afresh(kept, town, first))
 
 
 def test_no_connection_the_server_closed_is_lent(
@@ -119,9 +124,7 @@ def test_no_connection_the_server_closed_is_lent(
     first = _lend(kept, town)
     _give_back(kept, first)
     nats_server.restart()
-    second = _lend(kept, town)
-    assert second is not first
-    assert kept.made == 2
+    second = _made_afresh(kept, town, first)
     assert kept.run(second.flush(timeout=5)) is None  # the fresh one works
     _give_back(kept, second)
 
@@ -132,10 +135,7 @@ def test_different_servers_or_logins_never_share_a_connection(
     first = _lend(kept, town)
     _give_back(kept, first)
     other = TownConfig(nats_url=f"nats://localhost:{nats_server.port}", gt_home=town.gt_home)
-    second = _lend(kept, other)
-    assert second is not first
-    assert kept.made == 2
-    _give_back(kept, second)
+    _give_back(kept, _made_afresh(kept, other, first))
     assert _lend(kept, town) is first
 
 
