@@ -693,11 +693,14 @@ async def _problems_now(config: TownConfig, state: TownState) -> tuple[list[str]
 
 
 def unreachable_hint(config: TownConfig) -> str | None:
-    """Why the NATS of the town ``gt up`` runs in GT_HOME does not answer, when its supervisor knows: None
-    otherwise."""
+    """Why the NATS of the town ``gt up`` runs in GT_HOME does not answer (NATS_URL not given): no town runs
+    there, or its supervisor knows why; None otherwise."""
     state = running_town(config)
     if state is None:
-        return None
+        return (
+            f"no town is running in GT_HOME ({config.gt_home}): `gt up -d` starts one there; for a town elsewhere "
+            "set GT_HOME to its home, or NATS_URL to its NATS server"
+        )
     logs = config.gt_home / "logs"
     if NATS in state.gave_up:
         return (

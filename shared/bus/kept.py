@@ -140,10 +140,14 @@ class KeptConnections:
 
 
 def _subscribed(nc: Connection) -> bool:
-    """Whether ``nc`` holds a subscription the call made (a watch, a consumer), beside nats-py's own for replies."""
-    prefix = nc._resp_sub_prefix  # nats-py's private state: where it keeps its reply subscription's subject
-    replies = prefix.decode() if prefix else None
-    return any(not (replies and sub.subject.startswith(replies)) for sub in nc._subs.values())
+    """Whether ``nc`` holds a subscription the call made (a watch, a consumer), beside nats-py's own for replies.
+    Read from nats-py's private state; a version that keeps it elsewhere has its connections closed, not kept."""
+    prefix = getattr(nc, "_resp_sub_prefix", None)  # the reply subscription's subject, "<inbox>.<nuid>."
+    subs = getattr(nc, "_subs", None)
+    if not isinstance(subs, dict):
+        return True
+    replies = prefix.decode() if isinstance(prefix, bytes | bytearray) and prefix else None
+    return any(not (replies and getattr(sub, "subject", "").startswith(replies)) for sub in subs.values())
 
 
 def _client_of(task: asyncio.Task[Any]) -> Client | None:
@@ -152,5 +156,5 @@ def _client_of(task: asyncio.Task[Any]) -> Client | None:
     frame = getattr(task.get_coro(), "cr_frame", None)
     owner = frame.f_locals.get("self") if frame is not None else None
     if isinstance(owner, Subscription):
-        owner = owner._conn
+        owner = getattr(owner, "_conn", None)
     return owner if isinstance(owner, Client) else None

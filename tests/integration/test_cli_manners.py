@@ -93,6 +93,14 @@ async def test_an_unknown_flag_prints_the_subcommands_usage(gt_env: dict[str, st
         assert "unrecognized arguments: --nosuchflag" in done.stderr
 
 
+async def test_a_call_with_no_town_in_gt_home_says_how_to_start_one(gt_env: dict[str, str], tmp_path: Path) -> None:
+    env = {k: v for k, v in gt_env.items() if k != "NATS_URL"}
+    home = tmp_path / "no-town"
+    done = await run_gt({**env, "GT_HOME": str(home)}, "ready")
+    assert done.returncode == 3, done
+    assert f"no town is running in GT_HOME ({home}): `gt up -d` starts one there" in done.stderr, done.stderr
+
+
 async def test_up_help_documents_every_option(gt_env: dict[str, str]) -> None:
     done = await run_gt(gt_env, "up", "--help")
     assert done.returncode == 0
