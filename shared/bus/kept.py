@@ -5,10 +5,10 @@ polecat session a login checked by the witness too) cost 1.3 ms of a 15 ms call 
 Every call runs on the same event loop (``run``, in place of ``asyncio.run``); its connection is lent from those
 kept under the same key (servers, login, inbox prefix: ``connection_key``) and given back at its end. A connection
 is kept only as it was made: connected, with no subscription but nats-py's own for replies; anything else is
-closed. One is never lent when its server closed it meanwhile (read from its socket, without running the loop), and
-a connection not used for ``KEEP_IDLE_S`` is closed. After each call, any task left on the loop that is not a
-kept connection's own (its reading, flushing, pinging) is something the call left running: the worker tells its
-helper it is unfit (``tidy``), as for a thread left running.
+closed. One is never lent when its server closed it meanwhile (read from its socket, without running the loop),
+nor after ``CHECK_AFTER_S`` unused without answering a PING; one not used for ``KEEP_IDLE_S`` is closed. After
+each call, any task left on the loop that is not a kept connection's own (its reading, flushing, pinging) is
+something the call left running: the worker tells its helper it is unfit (``tidy``), as for a thread left running.
 
 The server's own guards stay in force: a polecat session's connection is kicked when the session ends (the
 witness, ``shared.bus.auth_callout``), and its next call then logs in afresh and is refused.
@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import nats.errors
 import structlog
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
@@ -35,6 +36,12 @@ T = TypeVar("T")
 
 KEEP_IDLE_S = 30.0
 """How long a kept connection waits for its next call before it is closed."""
+CHECK_AFTER_S = 1.0
+"""A kept connection unused for longer is asked for a PONG before it is lent: a server cut off without closing
+the connection (a partition, a host gone) leaves nothing on the socket to see, and a call on such a connection
+would wait out its timeouts where a fresh connection finds a live server at once."""
+CHECK_TIMEOUT_S = 1
+"""How long that PONG may take; a connection that does not answer in time is dropped for a fresh one."""
 STRAY_TASKS_WAIT_S = 5.0
 """How long the tasks a call left running are given to end once cancelled."""
 
@@ -77,12 +84,12 @@ class KeptConnections:
         if kept is not None:
             # Its socket as it is now: nats-py replaces it when it reconnects (during another call, say).
             fd = socket_of(kept.nc)
-            if kept.nc.is_connected and fd is not None and not peer_closed(fd):
+            if kept.nc.is_connected and fd is not None and not peer_closed(fd) and await self._answers(kept):
                 log.debug("nats_connection_reused")
                 set_resting(kept.nc, False)
                 self._lent[kept.nc] = key
                 return kept.nc
-            await close_at_once(kept.nc)
+            await close_at_once(kept.nc, within_s=CHECK_TIMEOUT_S)
         nc = await make()
         self.made += 1
         self._lent[nc] = key
@@ -97,6 +104,16 @@ class KeptConnections:
         set_resting(nc, True)
         self._kept[key] = _Kept(nc, self._clock())
         log.debug("nats_connection_kept")
+
+    async def _answers(self, kept: _Kept) -> bool:
+        """Whether ``kept``'s server answers a PING (asked only after ``CHECK_AFTER_S`` unused)."""
+        if self._clock() - kept.last_used <= CHECK_AFTER_S:
+            return True
+        try:
+            await kept.nc.flush(timeout=CHECK_TIMEOUT_S)
+        except (TimeoutError, nats.errors.Error):
+            return False
+        return True
 
     def fds(self) -> frozenset[str]:
         """The kept connections' socket descriptors (as /proc/self/fd names them)."""

@@ -11,10 +11,11 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import pytest
 
 from shared.bus.connection import Connection, connect, connection_key
-from shared.bus.kept import KeptConnections
+from shared.bus.kept import CHECK_AFTER_S, KeptConnections
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer
 from tests.integration.test_client_helper import Shell, helper_ready
@@ -163,3 +164,37 @@ def test_a_task_a_call_left_running_is_cancelled_and_the_worker_unfit(kept: Kept
     assert not kept.tidy()
     assert left[0].cancelled()
     assert kept.fds() == frozenset()  # every connection closed with it
+
+
+def test_a_connection_unused_for_a_while_is_lent_only_once_its_server_answers(
+    kept: KeptConnections, town: TownConfig, nats_server: EmbeddedServer, clock: list[float]
+) -> None:
+    """A server cut off without closing its connections (a partition, a host gone: a stopped server here) leaves
+    nothing on the socket to see: a connection unused for over ``CHECK_AFTER_S`` is asked for a PONG first."""
+    first = _lend(kept, town)
+    _give_back(kept, first)
+    clock[0] += CHECK_AFTER_S + 1
+    assert _lend(kept, town) is first  # its server answered
+    _give_back(kept, first)
+    clock[0] += CHECK_AFTER_S + 1
+    assert nats_server.proc is not None
+    server = psutil.Process(nats_server.proc.pid)
+    server.suspend()
+    made_while_stopped: list[bool] = []
+
+    async def make() -> Connection:
+        made_while_stopped.append(server.status() == psutil.STATUS_STOPPED)
+        server.resume()
+        return await connect(town, name="gt-cli")
+
+    async def lend() -> Connection:
+        return await kept.connect(connection_key(town), make)
+
+    try:
+        second = kept.run(lend())
+    finally:
+        server.resume()
+    assert made_while_stopped == [True], "the silent connection was dropped for a fresh one"
+    assert second is not first
+    assert first.is_closed
+    _give_back(kept, second)
