@@ -93,7 +93,7 @@ def docker_reachable() -> bool:
         return False
     try:
         return bool(client.ping())
-    except Exception:
+    except Exception:  # an engine that does not answer its ping (down, refusing): run it locally, as above
         return False
     finally:
         client.close()
