@@ -1,7 +1,8 @@
 """Events told as short sentences, for ``gt feed``, ``gt bead history`` and the dashboard. Pure.
 
 ``describe`` knows every event type of the log; a type it does not know (a newer version's) is told as
-its fields, never dropped.
+its fields, never dropped. A sentence quotes what agents wrote (a title, a reason, a note): it is one line of
+printable text, every control character in it escaped (``shared.terminal.escape_line``).
 """
 
 from __future__ import annotations
@@ -12,19 +13,22 @@ from typing import Any
 import msgspec
 
 from shared.events import RigAdded
+from shared.terminal import escape_line, escape_text, escaped_lines
 
 Described = tuple[str, str]
 """(sentence, kind): kind picks the colour: ``good``, ``bad``, ``warn``, ``work``, ``info``, ``quiet``."""
 
 
 def _s(value: Any, limit: int = 80) -> str:
-    text = " ".join(str(value).split())
+    """``value`` on one line, its runs of spaces, tabs and newlines one space, every other control character
+    escaped (``\\r``, ``\\x1b``), cut at ``limit``."""
+    text = " ".join(escape_text(value).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _middle(value: Any, limit: int) -> str:
     """Cut in the middle, not at the end: a detail that names a path first says what came of it last."""
-    text = " ".join(str(value).split())
+    text = " ".join(escape_text(value).split())
     if len(text) <= limit:
         return text
     head = (limit - 1) // 2
@@ -296,11 +300,11 @@ PANE_EXCERPT_LINES = 5
 
 
 def pane_lines(tail: object, limit: int = PANE_EXCERPT_LINES) -> list[str]:
-    """The last ``limit`` non-blank lines of a pane's recorded text, printable characters only (the witness stored it
-    cleaned; an event from elsewhere is cleaned again here, as it goes to a terminal)."""
+    """The last ``limit`` non-blank lines of a pane's recorded text, control characters escaped (the witness stored it
+    cleaned; an event from elsewhere is escaped here, as it goes to a terminal: ``shared.terminal``)."""
     if not isinstance(tail, str):
         return []
-    lines = ["".join(ch for ch in line if ch.isprintable()).rstrip() for line in tail.splitlines()]
+    lines = [escape_line(line).rstrip() for line in escaped_lines(tail)]
     return [line for line in lines if line.strip()][-limit:] if limit > 0 else []
 
 
@@ -317,10 +321,12 @@ def describe(event_type: str, data: dict[str, Any]) -> Described:
     describer = DESCRIBERS.get(event_type)
     if describer is not None:
         try:
-            return describer(data)
+            sentence, kind = describer(data)
         except (KeyError, TypeError, ValueError):
             pass  # an event of another version: its fields still say what happened
-    return f"{event_type} {_fields(data)}".rstrip(), "info"
+        else:
+            return escape_line(sentence), kind  # whatever field a sentence quotes as it is: one printable line
+    return escape_line(f"{event_type} {_fields(data)}".rstrip()), "info"
 
 
 KIND_STYLES: dict[str, tuple[str, ...]] = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import TextIO
 
 _CODES = {
@@ -17,6 +18,11 @@ _CODES = {
 }
 
 COLOR_CHOICES = ("auto", "always", "never")
+
+_CODE = "|".join(sorted({"0", *_CODES.values()}, key=len, reverse=True))
+SEQUENCE = re.compile(f"(\x1b\\[(?:{_CODE})(?:;(?:{_CODE}))*m)")
+"""The escape sequences a ``Palette`` writes (a colour set, and reset): the only ones a ``gt`` command prints
+(``gt.cli.render.terminal_safe`` escapes every other)."""
 
 
 def wanted(choice: str, out: TextIO, env: dict[str, str] | None = None) -> bool:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from gt.cli.colour import PLAIN, Palette
 from shared.narration import KIND_STYLES, bead_of, describe, excerpt
+from shared.terminal import escape_line
 
 
 class Entry(Protocol):
@@ -130,7 +131,7 @@ def _type_matches(event_type: str, wanted: str) -> bool:
 
 
 def _clock(ts: str) -> str:
-    return ts.replace("T", " ")[:19] if ts else "-"
+    return escape_line(ts.replace("T", " ")[:19]) if ts else "-"
 
 
 ACTOR_WIDTH = 12
@@ -139,17 +140,17 @@ ACTOR_WIDTH = 12
 
 def actor_width(entries: Iterable[Entry], at_least: int = ACTOR_WIDTH) -> int:
     """The actor column's width for these entries: the longest actor's, at least ``at_least``."""
-    return max([at_least, *(len(e.actor) for e in entries)])
+    return max([at_least, *(len(escape_line(e.actor)) for e in entries)])
 
 
 def feed_line(entry: Entry, palette: Palette = PLAIN, width: int = ACTOR_WIDTH) -> str:
     """``2026-11-23 21:10:01  #123  witness   session s-1 started, pid 4242``; the actor in full, padded to
-    ``width``."""
+    ``width``. One line: the sentence and the actor have their control characters escaped (``describe``)."""
     sentence, kind = describe(entry.type, entry.data)
     seq = f"#{entry.seq}"
     return (
         f"{palette(_clock(entry.ts), 'dim')}  {palette(seq, 'dim')}{' ' * max(0, 8 - len(seq))}  "
-        f"{entry.actor:<{width}}  {palette(sentence, *KIND_STYLES[kind])}"
+        f"{escape_line(entry.actor):<{width}}  {palette(sentence, *KIND_STYLES[kind])}"
     )
 
 
@@ -169,7 +170,8 @@ def timeline(entries: Sequence[Entry], palette: Palette = PLAIN) -> str:
         else:
             stamp = f"{'':>11}{entry.ts[11:19]}"
         previous = when or previous
-        lines.append(f"{palette(stamp, 'dim')}  {entry.actor:<{width}}  {palette(sentence, *KIND_STYLES[kind])}")
+        actor = escape_line(entry.actor)
+        lines.append(f"{palette(stamp, 'dim')}  {actor:<{width}}  {palette(sentence, *KIND_STYLES[kind])}")
         indent = " " * (len(stamp) + 2 + width + 2)
         lines.extend(f"{indent}{palette('| ' + line, 'dim')}" for line in excerpt(entry.type, entry.data))
     return "\n".join(lines)

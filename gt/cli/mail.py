@@ -18,6 +18,7 @@ from gt.cli.common import (
     print_id,
     read,
     read_options,
+    rejected_line,
     send,
     show,
 )
@@ -152,7 +153,7 @@ async def _read(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
     cmd = MailRead(id=args.id, actor=args.actor)
     outcome = await client.send(nc, config, cmd, timeout=DEFAULT_COMMAND_TIMEOUT_S)
     if outcome.type == "cmd.rejected":
-        print(f"rejected ({outcome.data.get('code')}): {outcome.data.get('message')}", file=sys.stderr)
+        print(rejected_line(outcome.data), file=sys.stderr)
         return EXIT_REJECTED
     return show(args, message, render.message_detail)
 

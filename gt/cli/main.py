@@ -253,9 +253,11 @@ def _dispatch(args: argparse.Namespace, config: TownConfig, *, embedded: bool, k
     precheck = getattr(args, "precheck", None)
     if precheck is not None:
         precheck(args)  # e.g. `gt done` outside a session: said before trying to reach NATS
-    if kept is None:
-        return asyncio.run(run_async(args.handler, args, config))
-    return kept.run(run_async(args.handler, args, config, kept))
+    # What a command prints reaches the terminal with no control character an agent wrote (gt.cli.render).
+    with render.escaped_stdout():
+        if kept is None:
+            return asyncio.run(run_async(args.handler, args, config))
+        return kept.run(run_async(args.handler, args, config, kept))
 
 
 def _actor_first(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Sequence
-from typing import Any, TextIO
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TextIO, cast
 
 import msgspec
 
+from gt.cli.colour import SEQUENCE
 from shared.commands.rigs import DEFAULT_GIT_EMAIL, DEFAULT_GIT_NAME
 from shared.narration import pane_lines
+from shared.terminal import escape_line, escape_text, escaped_lines
 
 _JSON = msgspec.json.Encoder()
 BAR_WIDTH = 20
@@ -19,17 +22,66 @@ def print_json(value: Any, out: TextIO = sys.stdout) -> None:
     out.write(msgspec.json.format(_JSON.encode(value), indent=2).decode() + "\n")
 
 
+# ---- what reaches the terminal ------------------------------------------------------------------
+# Agent-written text (a mail, a bead's title or description, an escalation, a note) never reaches a terminal as it
+# is: each renderer below escapes every field it prints (``escape_line`` for a field on one line, ``escape_text``
+# for a body of lines), and whatever a command prints on standard output passes ``terminal_safe`` on its way out
+# (``escaped_stdout``, around every command): a renderer that forgot a field still prints no control character.
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character but newline and tab escaped (``escape_text``), the colours
+    ``Palette`` wrote left as they are."""
+    parts = SEQUENCE.split(text)
+    parts[::2] = [escape_text(part) for part in parts[::2]]
+    return "".join(parts)
+
+
+class EscapingWriter:
+    """A text stream that writes to ``stream`` what ``terminal_safe`` makes of it; everything else is the stream's
+    (``isatty``, ``fileno``, ``flush``, ``encoding``)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(terminal_safe(text))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def escaped_stdout() -> Iterator[None]:
+    """Standard output through ``EscapingWriter`` while a command runs; as it was afterwards."""
+    before = sys.stdout
+    if isinstance(before, EscapingWriter):
+        yield
+        return
+    sys.stdout = cast(TextIO, EscapingWriter(before))
+    try:
+        yield
+    finally:
+        sys.stdout = before
+
+
 def _short_ts(value: str | None) -> str:
     if not value:
         return "-"
-    return value.replace("T", " ")[:19]
+    return escape_line(value.replace("T", " ")[:19])
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], empty: str) -> str:
-    """Columns padded to their widest cell; the last column is not padded."""
+    """Columns padded to their widest cell; the last column is not padded. Every cell is shown on one line, its
+    control characters escaped (``escape_line``)."""
     if not rows:
         return empty
-    all_rows = [tuple(header), *(tuple(r) for r in rows)]
+    all_rows = [tuple(escape_line(c) for c in header), *(tuple(escape_line(c) for c in r) for r in rows)]
     widths = [max(len(r[i]) for r in all_rows) for i in range(len(header) - 1)]
     lines = []
     for row in all_rows:
@@ -48,31 +100,33 @@ def bar(done: int, total: int) -> str:
 
 
 def bead_detail(bead: dict[str, Any]) -> str:
+    e = escape_line
     lines = [
-        f"{bead['id']}  {bead['title']}",
-        f"  status:    {bead['status']}",
-        f"  type:      {bead['type']}    priority: P{bead['priority']}",
+        f"{e(bead['id'])}  {e(bead['title'])}",
+        f"  status:    {e(bead['status'])}",
+        f"  type:      {e(bead['type'])}    priority: P{e(bead['priority'])}",
     ]
     for label, key in (("assignee", "assignee"), ("parent", "parent"), ("rig", "rig"), ("session", "hook_session")):
         if bead.get(key):
-            lines.append(f"  {label + ':':<10} {bead[key]}")
+            lines.append(f"  {label + ':':<10} {e(bead[key])}")
     for label, key in (("needs", "needs"), ("labels", "labels"), ("convoys", "convoys")):
         if bead.get(key):
-            lines.append(f"  {label + ':':<10} {', '.join(bead[key])}")
+            lines.append(f"  {label + ':':<10} {', '.join(e(v) for v in bead[key])}")
     if hold := bead.get("hold"):
-        waiting = ", ".join(hold.get("waiting_for") or []) or "nothing (the mayor slings it now)"
-        lines.append(f"  held:      for rig {hold['rig']}, waiting for {waiting}")
+        waiting = ", ".join(e(w) for w in hold.get("waiting_for") or []) or "nothing (the mayor slings it now)"
+        lines.append(f"  held:      for rig {e(hold['rig'])}, waiting for {waiting}")
     for key, value in sorted((bead.get("metadata") or {}).items()):
-        lines.append(f"  meta:      {key}={value}")
-    lines.append(f"  created:   {_short_ts(bead.get('created_at'))} by {bead.get('created_by') or '-'}")
+        lines.append(f"  meta:      {e(key)}={e(value)}")
+    lines.append(f"  created:   {_short_ts(bead.get('created_at'))} by {e(bead.get('created_by') or '-')}")
     if bead.get("closed_at"):
-        reason = f" ({bead['close_reason']})" if bead.get("close_reason") else ""
+        reason = f" ({e(bead['close_reason'])})" if bead.get("close_reason") else ""
         lines.append(f"  closed:    {_short_ts(bead['closed_at'])}{reason}")
     if bead.get("collected_molecule"):
-        lines.append(f"  molecule:  {bead['collected_molecule']} (garbage-collected; `gt bead history` has its steps)")
+        molecule = e(bead["collected_molecule"])
+        lines.append(f"  molecule:  {molecule} (garbage-collected; `gt bead history` has its steps)")
     if bead.get("description"):
         lines.append("")
-        lines.extend(f"  {line}" for line in bead["description"].splitlines())
+        lines.extend(f"  {line}" for line in _body_lines(bead["description"]))
     return "\n".join(lines)
 
 
@@ -90,8 +144,10 @@ def history_lines(entries: list[Any]) -> str:
     out = []
     for e in entries:
         detail = {k: v for k, v in e.data.items() if k != "bead_id" and v not in ([], {}, None, "")}
-        fields = " ".join(f"{k}={v}" for k, v in detail.items())
-        out.append(f"#{e.seq:<8} {_short_ts(e.ts)}  {e.type:<14} by {e.actor:<20} {fields}".rstrip())
+        fields = " ".join(f"{escape_line(k)}={escape_line(v)}" for k, v in detail.items())
+        out.append(
+            f"#{e.seq:<8} {_short_ts(e.ts)}  {escape_line(e.type):<14} by {escape_line(e.actor):<20} {fields}".rstrip()
+        )
     return "\n".join(out)
 
 
@@ -107,7 +163,7 @@ def rig_detail(rig: dict[str, Any]) -> str:
     for key, value in rig.items():
         if key in RIG_DEFAULTS and not value:
             value = f"{RIG_DEFAULTS[key]} (default)"
-        lines.append(f"{key}: {value}")
+        lines.append(f"{escape_line(key)}: {escape_line(value)}")
     return "\n".join(lines)
 
 
@@ -122,14 +178,15 @@ def session_detail(session: dict[str, Any]) -> str:
     """One session: where it ran and, once it ended, how: its warrant, its end, whether it was escalated, and the
     last lines its pane showed when it was warranted (the cause of a death: an agent's last error) or, with no
     warrant, when the witness ended its pane (an agent's last words after `gt done`)."""
-    lines = [f"{k}: {session.get(k)}" for k in SESSION_KEYS if session.get(k) is not None]
+    e = escape_line
+    lines = [f"{k}: {e(session.get(k))}" for k in SESSION_KEYS if session.get(k) is not None]
     if session.get("warrant_reason"):
-        detail = f" ({session['warrant_detail']})" if session.get("warrant_detail") else ""
-        lines.append(f"warranted: {session['warrant_reason']}{detail}")
+        detail = f" ({e(session['warrant_detail'])})" if session.get("warrant_detail") else ""
+        lines.append(f"warranted: {e(session['warrant_reason'])}{detail}")
     if session.get("end_detail"):
-        lines.append(f"end_detail: {session['end_detail']}")
+        lines.append(f"end_detail: {e(session['end_detail'])}")
     if session.get("escalated"):
-        lines.append(f"escalated: {session['escalated']} (its bead is not respawned: `gt escalations`)")
+        lines.append(f"escalated: {e(session['escalated'])} (its bead is not respawned: `gt escalations`)")
     shown = pane_lines(session.get("pane_tail"), PANE_LINES_SHOWN)
     if shown:
         when = "it was warranted" if session.get("warrant_reason") else "its pane was ended"
@@ -154,20 +211,21 @@ def formula_table(formulas: list[dict[str, Any]]) -> str:
 
 
 def formula_detail(formula: dict[str, Any]) -> str:
-    lines = [f"{formula['name']} v{formula['version']}  ({formula['source']})"]
+    e = escape_line
+    lines = [f"{e(formula['name'])} v{e(formula['version'])}  ({e(formula['source'])})"]
     if formula.get("description"):
-        lines.append(f"  {formula['description']}")
+        lines.append(f"  {e(formula['description'])}")
     if formula.get("vars"):
         lines.append("vars:")
         for var in formula["vars"]:
             flags = " (required)" if var.get("required") else ""
-            default = f" = {var['default']!r}" if var.get("default") is not None else ""
-            description = f"  {var['description']}" if var.get("description") else ""
-            lines.append(f"  {var['name']}{default}{flags}{description}")
+            default = f" = {e(repr(var['default']))}" if var.get("default") is not None else ""
+            description = f"  {e(var['description'])}" if var.get("description") else ""
+            lines.append(f"  {e(var['name'])}{default}{flags}{description}")
     lines.append("steps:")
     for step in formula["steps"]:
-        needs = f"  (needs {', '.join(step['needs'])})" if step.get("needs") else ""
-        lines.append(f"  {step['id']}: {step['title']}{needs}")
+        needs = f"  (needs {', '.join(e(n) for n in step['needs'])})" if step.get("needs") else ""
+        lines.append(f"  {e(step['id'])}: {e(step['title'])}{needs}")
     return "\n".join(lines)
 
 
@@ -175,15 +233,16 @@ _STEP_MARKS = {"done": "[x]", "in_progress": "[>]", "pending": "[ ]"}
 
 
 def molecule_status(molecule: dict[str, Any]) -> str:
-    state = "complete" if molecule.get("complete") else f"current step: {molecule.get('current_step')}"
+    e = escape_line
+    state = "complete" if molecule.get("complete") else f"current step: {e(molecule.get('current_step'))}"
     lines = [
-        f"{molecule['bead_id']}  {molecule['formula']} v{molecule['formula_version']}  "
+        f"{e(molecule['bead_id'])}  {e(molecule['formula'])} v{e(molecule['formula_version'])}  "
         f"{bar(molecule['done'], molecule['total'])}  {state}"
     ]
     for step in molecule["steps"]:
         mark = _STEP_MARKS.get(step["status"], "[?]")
         pointer = "  <- current" if step["id"] == molecule.get("current_step") else ""
-        lines.append(f"  {mark} {step['id']}: {step['title']}{pointer}")
+        lines.append(f"  {mark} {e(step['id'])}: {e(step['title'])}{pointer}")
     return "\n".join(lines)
 
 
@@ -203,8 +262,8 @@ def convoy_detail(convoy: dict[str, Any]) -> str:
     landed = ", landed" if convoy.get("landed") else ""
     held = f", {convoy['held']} held" if convoy.get("held") else ""
     lines = [
-        f"{convoy['id']}  {convoy['title']}",
-        f"  {convoy['status']}{owned}{landed}  {bar(convoy['closed'], convoy['total'])}{held}",
+        f"{escape_line(convoy['id'])}  {escape_line(convoy['title'])}",
+        f"  {escape_line(convoy['status'])}{owned}{landed}  {bar(convoy['closed'], convoy['total'])}{held}",
     ]
     rows = [
         (str(b.get("wave", "-")), b["id"], _dispatch_state(b), b.get("rig") or b.get("held_for") or "-", b["title"])
@@ -243,17 +302,19 @@ def message_table(messages: list[dict[str, Any]]) -> str:
 
 def message_detail(message: dict[str, Any]) -> str:
     metadata = message.get("metadata", {})
+    e = escape_line
     lines = [
-        f"{message['id']}  {message['title']}",
-        f"  from:    {metadata.get('from', '-')}",
-        f"  to:      {message.get('assignee') or '-'}",
+        f"{e(message['id'])}  {e(message['title'])}",
+        f"  from:    {e(metadata.get('from', '-'))}",
+        f"  to:      {e(message.get('assignee') or '-')}",
         f"  sent:    {_short_ts(message.get('created_at'))}",
-        f"  thread:  {metadata.get('thread', '-')}",
+        f"  thread:  {e(metadata.get('thread', '-'))}",
     ]
     if metadata.get("reply_to"):
-        lines.append(f"  reply to: {metadata['reply_to']}")
+        lines.append(f"  reply to: {e(metadata['reply_to'])}")
     lines.append("")
-    lines.extend(f"  {line}" for line in message.get("description", "").splitlines())
+    if message.get("description"):
+        lines.extend(f"  {line}" for line in _body_lines(message["description"]))
     return "\n".join(lines)
 
 
@@ -262,9 +323,11 @@ def thread_lines(messages: list[dict[str, Any]]) -> str:
         return "(no messages)"
     out = []
     for m in messages:
-        sender = m.get("metadata", {}).get("from", "-")
-        out.append(f"{_short_ts(m.get('created_at'))}  {sender} -> {m.get('assignee')}: {m['title']}")
-        out.extend(f"    {line}" for line in m.get("description", "").splitlines())
+        sender = escape_line(m.get("metadata", {}).get("from", "-"))
+        to, subject = escape_line(m.get("assignee")), escape_line(m["title"])
+        out.append(f"{_short_ts(m.get('created_at'))}  {sender} -> {to}: {subject}")
+        if m.get("description"):
+            out.extend(f"    {line}" for line in _body_lines(m["description"]))
     return "\n".join(out)
 
 
@@ -273,10 +336,10 @@ def escalation_table(escalations: list[dict[str, Any]]) -> str:
     rows = []
     for e in escalations:
         raised = f"+{e['reescalations']}" if e.get("reescalations") else ""
-        message = str(e["message"]).splitlines() or [""]
+        message = _body_lines(e["message"])
         if e.get("status") == "closed":  # `--all`: who closed it and why (the mayor names what resolved it)
-            reason = f": {e['close_reason']}" if e.get("close_reason") else ""
-            message.append(f"closed by {e.get('closed_by') or '?'}{reason}")
+            reason = f": {escape_line(e['close_reason'])}" if e.get("close_reason") else ""
+            message.append(f"closed by {escape_line(e.get('closed_by') or '?')}{reason}")
         rows.append(
             (
                 e["id"],
@@ -298,6 +361,15 @@ def escalation_table(escalations: list[dict[str, Any]]) -> str:
     out = [lines[0]]
     for line, row in zip(lines[1:], rows, strict=True):
         out.append(line)
-        indent = " " * (len(line) - len(row[-1][0]))
+        indent = " " * (len(line) - len(escape_line(row[-1][0])))
         out.extend(f"{indent}{more}".rstrip() for more in row[-1][1:])
     return "\n".join(out)
+
+
+def _body_lines(message: object) -> list[str]:
+    """A body (a description, a message, an escalation's text) as the lines it shows, its control characters but
+    newline and tab escaped, blank lines left out of the end (a pane's or git's last words, quoted, end with one)."""
+    lines = escaped_lines(message)
+    while len(lines) > 1 and not lines[-1].strip():
+        lines.pop()
+    return lines

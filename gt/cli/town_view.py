@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from gt.cli.colour import PLAIN, STATE_STYLES, Palette, styled
+from shared.terminal import escape_line, escaped_lines
 
 BAR_WIDTH = 20
 SERVICES = ("mayor", "witness", "refinery", "deacon")
@@ -179,11 +180,15 @@ def progress_bar(done: int, total: int, palette: Palette = PLAIN, width: int = B
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Cell]], palette: Palette, indent: str = "  ") -> list[str]:
-    """Columns padded on their plain text, then coloured, so colour never shifts a column."""
-    plain = [[c if isinstance(c, str) else c[0] for c in row] for row in rows]
+    """Columns padded on their plain text, then coloured, so colour never shifts a column. Every cell on one line,
+    its control characters escaped (``escape_line``)."""
+    safe: list[list[Cell]] = [
+        [escape_line(c) if isinstance(c, str) else (escape_line(c[0]), c[1]) for c in row] for row in rows
+    ]
+    plain = [[c if isinstance(c, str) else c[0] for c in row] for row in safe]
     widths = [max(len(r[i]) for r in [list(header), *plain]) for i in range(len(header))]
     lines = [indent + "  ".join(h.ljust(widths[i]) for i, h in enumerate(header)).rstrip()]
-    for row in rows:
+    for row in safe:
         cells = []
         for i, cell in enumerate(row):
             text, styles = (cell, ()) if isinstance(cell, str) else cell
@@ -196,7 +201,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Cell]], palette: Palet
 def _first_line(escalation: dict[str, Any]) -> str:
     """At a glance, an escalation's first line; what it quotes below it (a pane's or git's last lines) is in
     `gt escalations`."""
-    lines = str(escalation["message"]).splitlines() or [""]
+    lines = [line for line in escaped_lines(escalation["message"]) if line.strip()] or [""]
     return lines[0] + (" [more: gt escalations]" if len(lines) > 1 else "")
 
 
@@ -264,11 +269,12 @@ def render(snap: dict[str, Any], palette: Palette = PLAIN) -> str:
         out.append("  (empty)")
     else:
         for rig, q in snap["merge_queue"].items():
-            counts = ", ".join(f"{n} {styled(palette, status)}" for status, n in q["counts"].items())
-            out.append(f"  {rig}: {counts}")
+            counts = ", ".join(f"{n} {styled(palette, escape_line(status))}" for status, n in q["counts"].items())
+            out.append(f"  {escape_line(rig)}: {counts}")
             for m in q["open"]:
-                tries = f" (attempt {m['attempts']})" if m.get("attempts") else ""
-                out.append(f"    {m['id']}  {styled(palette, m['status'])}  {m['bead']}{tries}")
+                tries = f" (attempt {escape_line(m['attempts'])})" if m.get("attempts") else ""
+                mr, status, bead = (escape_line(m[key]) for key in ("id", "status", "bead"))
+                out.append(f"    {mr}  {styled(palette, status)}  {bead}{tries}")
 
     out += ["", head("Convoys", "bold")]
     if snap["convoys"] is None:
@@ -276,9 +282,10 @@ def render(snap: dict[str, Any], palette: Palette = PLAIN) -> str:
     elif not snap["convoys"]:
         out.append("  (no open convoys)")
     else:
-        width = max(len(c["id"]) for c in snap["convoys"])
+        width = max(len(escape_line(c["id"])) for c in snap["convoys"])
         for c in snap["convoys"]:
-            out.append(f"  {c['id'].ljust(width)}  {progress_bar(c['closed'], c['total'], palette)}  {c['title']}")
+            convoy, title = escape_line(c["id"]).ljust(width), escape_line(c["title"])
+            out.append(f"  {convoy}  {progress_bar(c['closed'], c['total'], palette)}  {title}")
 
     out += ["", head("Escalations", "bold")]
     if snap["escalations"] is None:

@@ -57,19 +57,19 @@ async def test_a_nudge_with_control_characters_is_refused(pt: PolecatTown) -> No
 
 async def test_mail_is_announced_without_its_control_characters(pt: PolecatTown) -> None:
     bead, session_id, pane_pid, tmux_name = await cat_session(pt)
-    # Mail is announced in the pane with its subject: its control characters are left out.
+    # Mail is announced in the pane with its subject: its control characters escaped, never typed.
     body = {"to": "demo/ace", "subject": "urgent\x03 \x1b[2Jplease", "body": "read me", "cmd_id": "mail-ctl"}
     outcome = await send_and_wait(pt.nc, "gt.cmd.mail.send", json.dumps(body).encode(), "mail-ctl")
     assert outcome["type"] == "cmd.accepted", outcome
     sent = outcome["result"]
 
     def announced() -> str:
-        screen = pt.tmux.capture(tmux_name)
+        screen = pt.tmux.capture(tmux_name).replace("\n", "")  # the line, as long as it is, wraps in the pane
         assert f"gt mail read {sent['id']}" in screen, screen
         return screen
 
     screen = await assert_eventually(announced, timeout=30)
-    assert "urgent [2Jplease" in screen
+    assert "urgent\\x03 \\x1b[2Jplease" in screen
     assert "\x03" not in screen
     assert "\x1b" not in screen
     not_interrupted(pt, bead, session_id, pane_pid, tmux_name)

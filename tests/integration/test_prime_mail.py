@@ -145,7 +145,10 @@ async def test_mail_to_a_live_polecat_is_primed_nudged_and_answered_from_its_ses
     assert sent.returncode == 0, sent.stderr
     message = sent.stdout.split(":")[0]
     # The live session is told, once, in its pane.
-    expected = f"You have mail from operator:ann: Use the new API - run `gt mail read {message}`"
+    expected = (
+        "[gastown mail from operator:ann, your operator] "
+        f'subject: "Use the new API" (read it with: gt mail read {message})'
+    )
     await assert_eventually(lambda: expected in pt.tmux.capture(tmux_name).replace("\n", ""), timeout=60)
     # Its prime lists the unread message.
     text = await prime_of(operator, session)

@@ -216,7 +216,7 @@ def test_a_timeline_shows_under_a_warrant_the_last_lines_its_pane_showed() -> No
         "| line 6",
         "| line 7",
         "| line 8",
-        "| [gt-agent] giving up: tests fail (2): no rule[0m",
+        "| [gt-agent] giving up: tests fail (2): no rule\\x1b[0m",  # shown escaped, never emitted
     ]
     assert lines[1].index("|") == lines[0].index("session s1"), "under the sentence"
     assert "session s1 ended: zombie" in lines[-1]
