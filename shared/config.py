@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 import msgspec
@@ -12,6 +12,11 @@ from shared import subjects
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 MAX_REPLICAS = 5
+NATS_CREDENTIALS = ("NATS_USER", "NATS_PASSWORD", "NATS_PASSWORD_FILE", "NATS_CREDS")
+"""The variables a NATS login is read from; also in scoped forms (``MAYOR_NATS_PASSWORD``, ``GT_AGENT_NATS_USER``)."""
+TOWN_SECRET_WORDS = ("PASSWORD", "SEED", "SECRET", "SESSION_KEY", "CREDS", "TOKEN")
+"""A ``GT_*`` variable with one of these in its name is a secret of the town (``GT_AUTH_ISSUER_SEED``,
+``GT_SESSION_KEY_FILE``, ``GT_NATS_AUTH_PASSWORD``, ``GT_NATS_MAYOR_PASSWORD``, ...)."""
 
 
 class TownConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -150,3 +155,25 @@ def env_number(env: Mapping[str, str], key: str, default: float, *, minimum: flo
         kind = "whole number" if whole else "number"
         raise ValueError(f"{key} must be a {kind} of at least {minimum:g}, got {text!r}")
     return value
+
+
+def is_secret(name: str) -> bool:
+    """``name`` is a NATS login (``NATS_USER``, ``NATS_PASSWORD``, ``NATS_PASSWORD_FILE``, ``NATS_CREDS``, or a scoped
+    form of one such as ``REFINERY_NATS_PASSWORD``) or a secret of the town (``GT_*`` with ``PASSWORD``, ``SEED``,
+    ``SECRET``, ``SESSION_KEY``, ``CREDS`` or ``TOKEN`` in its name); ``forget_secrets`` removes these."""
+    if any(name == key or name.endswith("_" + key) for key in NATS_CREDENTIALS):
+        return True
+    return name.startswith("GT_") and any(word in name for word in TOWN_SECRET_WORDS)
+
+
+def forget_secrets(environ: MutableMapping[str, str] | None = None) -> list[str]:
+    """Remove every secret (``is_secret``) from ``environ`` (this process's environment by default), once the
+    process has read its configuration: nothing it starts from then on (git and its hooks, a gate, an automation,
+    tmux, an agent) can inherit them, whatever environment the process itself was started with. The values live
+    on in the loaded configuration only (``TownConfig``, the witness's settings), which reconnects use. The names
+    removed, sorted."""
+    environ = os.environ if environ is None else environ
+    names = sorted(name for name in environ if is_secret(name))
+    for name in names:
+        del environ[name]
+    return names

@@ -1,16 +1,20 @@
 """git, run as a subprocess: a rig's canonical (bare) clone and one worktree per polecat.
 
 The only module that runs git. Every function is blocking; async callers run them in a thread. Worktrees
-with uncommitted or unpushed work are never removed.
+with uncommitted or unpushed work are never removed. Git runs with an allowlisted environment
+(``git_environment``) and with the hooks and fsmonitor a repository's config may name turned off
+(``GIT_SAFE_CONFIG``): an agent can write the config of the clone its worktree shares with the witness.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -19,6 +23,7 @@ from shared.errors import GastownError
 
 GIT_TIMEOUT_S = 120.0
 PROBE_TIMEOUT_S = 30.0
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class GitError(GastownError):
@@ -61,6 +66,60 @@ GIT_ENV = {
     "GIT_COMMITTER_NAME": "gastown",
     "GIT_COMMITTER_EMAIL": "gastown@localhost",
 }
+_PROXIES = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
+GIT_BASE_ENV = (
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
+    "SSH_AUTH_SOCK", "SSL_CERT_FILE", "SSL_CERT_DIR", "GIT_SSH", "GIT_SSH_COMMAND", "GIT_ASKPASS", "SSH_ASKPASS",
+    "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM", "XDG_CONFIG_HOME",
+    *_PROXIES, *(name.upper() for name in _PROXIES),
+)  # fmt: skip
+"""What git gets of the environment of the process that runs it, besides ``GIT_ENV`` and the names ``GT_GIT_ENV``
+lists: git runs hooks, filters and helpers that a repository (or an agent writing its config) may name, so never
+the service's NATS credentials, the town's settings or whatever else the host holds."""
+GIT_ENV_SETTING = "GT_GIT_ENV"
+GIT_SAFE_CONFIG = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+"""Given to every git this module runs: hooks and an fsmonitor a repository's config names (an agent can write
+the config its worktree shares with the rig's clone) never run inside a service's git. A push's receiving side
+runs in the target repository, whose own hooks are its owner's business (they see the allowlisted environment)."""
+
+
+def git_env_names(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The names ``GT_GIT_ENV`` lists (comma-separated): more variables git gets, for a site's needs (a
+    credential helper's variable, say).
+
+    Raises:
+        ValueError: a name is not a variable name, or is the town's (``GT_*``, ``NATS_*``): never git's.
+    """
+    environ = os.environ if environ is None else environ
+    names = tuple(name.strip() for name in environ.get(GIT_ENV_SETTING, "").split(",") if name.strip())
+    bad = [name for name in names if not _ENV_NAME.fullmatch(name)]
+    if bad:
+        raise ValueError(f"{GIT_ENV_SETTING} must list environment variable names, got {', '.join(map(repr, bad))}")
+    town = [name for name in names if name.upper().startswith("GT_") or "NATS_" in name.upper()]
+    if town:
+        raise ValueError(
+            f"{GIT_ENV_SETTING} may not name the town's settings or credentials (GT_*, NATS_*): "
+            f"{', '.join(town)} (git runs hooks and helpers a repository names)"
+        )
+    return names
+
+
+def git_environment(environ: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """The environment git runs with: the allowlisted variables of ``environ`` (``GIT_BASE_ENV`` and the names
+    ``GT_GIT_ENV`` lists) that are set, ``GIT_ENV`` and ``extra``.
+
+    Raises:
+        ValueError: ``GT_GIT_ENV`` cannot be used (``git_env_names``).
+    """
+    environ = os.environ if environ is None else environ
+    names = (*GIT_BASE_ENV, *git_env_names(environ))
+    return {**{key: environ[key] for key in names if key in environ}, **GIT_ENV, **extra}
+
+
+def _run(args: list[str], cwd: Path | None, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["git", *GIT_SAFE_CONFIG, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 class PushResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,11 +148,12 @@ def git(*args: str, cwd: Path | None = None, timeout: float = GIT_TIMEOUT_S, che
     Raises:
         GitError: git exited non-zero (with ``check``) or timed out.
     """
-    env = {**os.environ, **GIT_ENV}
     try:
-        done = subprocess.run(
-            ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        env = git_environment()
+    except ValueError as exc:
+        raise GitError(list(args), -1, str(exc)) from exc
+    try:
+        done = _run(list(args), cwd, env, timeout)
     except subprocess.TimeoutExpired as exc:
         raise GitError(list(args), -1, f"timed out after {timeout}s") from exc
     if check and done.returncode != 0:
@@ -108,11 +168,12 @@ def push_commit(work: Path, commit: str, branch: str, *, receive_pack: str | Non
     if receive_pack:
         args.append(f"--receive-pack={receive_pack}")
     args += ["--", "origin", f"{commit}:refs/heads/{branch}"]
-    env = {**os.environ, **GIT_ENV, "LC_ALL": "C", "LANGUAGE": ""}
     try:
-        done = subprocess.run(
-            ["git", *args], cwd=work, env=env, capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False
-        )
+        env = git_environment(LC_ALL="C", LANGUAGE="")
+    except ValueError as exc:
+        return PushResult(exit_code=1, stderr=str(exc))
+    try:
+        done = _run(args, work, env, GIT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return PushResult(exit_code=-1, stderr=f"git push timed out after {GIT_TIMEOUT_S:g}s")
     return PushResult(exit_code=done.returncode, stderr=done.stderr)

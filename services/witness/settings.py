@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from services.witness.effects.agent_creds import agent_nats_credentials
 from services.witness.plan.scope import parse_rigs
 from shared.config import env_number
 
@@ -58,6 +59,10 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     rigs: frozenset[str] | None = None
     """The rigs this witness serves (``GT_WITNESS_RIGS``, comma-separated); None: all of them. Witnesses of
     disjoint sets of rigs run side by side; see ``plan/scope.py``."""
+    agent_credentials: dict[str, str] | None = None
+    """The NATS credentials sessions get when no auth callout is configured (``agent_creds``: ``GT_AGENT_NATS_*``,
+    else the witness's own ``NATS_*``), read by ``load`` before the witness's secrets leave its environment
+    (``shared.config.forget_secrets``). None: read from the environment when the executor is made."""
 
 
 def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
@@ -84,4 +89,5 @@ def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
         agent_env=agent_env,
         rigs=parse_rigs(env.get("GT_WITNESS_RIGS")),
         usage_interval_s=env_number(env, "GT_USAGE_INTERVAL", 30.0, minimum=0.0),
+        agent_credentials=agent_nats_credentials(env),
     )

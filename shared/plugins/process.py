@@ -49,6 +49,7 @@ def run_plugin(name: str, args: argparse.Namespace, build: Callable[[town_config
     except ValueError as exc:
         log.error("bad_configuration", error=str(exc))
         return EXIT_USAGE
+    town_config.forget_secrets()  # read: nothing the plugin starts inherits its NATS password
 
     async def serve() -> None:
         stop_on_signals(plugin.shutdown)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -85,6 +86,8 @@ class InvalidAutomation(msgspec.Struct, frozen=True, kw_only=True):
     field: str
     """The offending key (``automation.interval``), or "" for the file as a whole."""
     problem: str
+    refused: bool = False
+    """Not read at all: someone other than the deacon's user or root could have written it (``trust_problem``)."""
 
     @property
     def message(self) -> str:
@@ -351,8 +354,38 @@ def subject_matches(pattern: str, subject: str) -> bool:
     return len(want) == len(have)
 
 
+def trust_problem(path: Path, what: str) -> str | None:
+    """Why the deacon may not take ``path`` (the automations ``directory`` or an automation ``file``, ``what``) for
+    its operator's: None when it is fit to be read.
+
+    An automation runs a command as the deacon, so (like sshd's StrictModes) only what the deacon's own OS user or
+    root owns and neither group nor others may write: agents write the town's shared ``GT_HOME``, and a file one of
+    them dropped there must not run. On a read-only mount (a read-only bind mount of the operator's directory in a
+    container) the owner is not looked at, only the mode: nobody writes it through this mount, whoever owns it.
+    Links are followed: what counts is what gets read."""
+    try:
+        info = os.stat(path)
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return None  # gone or unreadable: reading it says so (``AutomationCatalog._parse``)
+    own = os.geteuid()
+    if not read_only and info.st_uid not in (own, 0):
+        return (
+            f"refused: the {what} {path} is owned by uid {info.st_uid}, not by the deacon's user (uid {own}) or root: "
+            "it may have been written by someone else (an agent)"
+        )
+    writable = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if info.st_mode & bit]
+    if writable:
+        return (
+            f"refused: the {what} {path} is writable by {' and '.join(writable)} (mode "
+            f"{stat.S_IMODE(info.st_mode):03o}): it may have been written by someone else (chmod go-w it)"
+        )
+    return None
+
+
 class AutomationCatalog:
-    """The automation files of one directory, re-read when they change."""
+    """The automation files of one directory, re-read when they change. Files, or a directory, that someone other
+    than the deacon's user or root could have written are refused, never read (``trust_problem``)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -362,8 +395,15 @@ class AutomationCatalog:
         automations: dict[str, Automation] = {}
         invalid: dict[str, InvalidAutomation] = {}
         seen: set[Path] = set()
-        for path in _files(self.directory):
+        files = _files(self.directory)
+        directory_problem = trust_problem(self.directory, "directory") if files else None
+        for path in files:
             seen.add(path)
+            problem = directory_problem or trust_problem(path, "file")
+            if problem is not None:
+                name = path.name.removesuffix(SUFFIX)
+                invalid[name] = InvalidAutomation(name=name, path=str(path), field="", problem=problem, refused=True)
+                continue
             parsed = self._parse(path)
             if isinstance(parsed, Automation):
                 automations[parsed.name] = parsed
@@ -376,17 +416,17 @@ class AutomationCatalog:
     def _parse(self, path: Path) -> Automation | InvalidAutomation:
         name = path.name.removesuffix(SUFFIX)
         try:
-            stat = path.stat()
+            info = path.stat()
         except OSError as exc:
             return InvalidAutomation(name=name, path=str(path), field="", problem=f"cannot be read: {exc}")
         cached = self._cache.get(path)
-        if cached is not None and cached[:2] == (stat.st_mtime_ns, stat.st_size):
+        if cached is not None and cached[:2] == (info.st_mtime_ns, info.st_size):
             return cached[2]
         try:
             result = parse(name, str(path), path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as exc:
             result = InvalidAutomation(name=name, path=str(path), field="", problem=f"cannot be read: {exc}")
-        self._cache[path] = (stat.st_mtime_ns, stat.st_size, result)
+        self._cache[path] = (info.st_mtime_ns, info.st_size, result)
         return result
 
 

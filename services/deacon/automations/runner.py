@@ -49,6 +49,10 @@ log = structlog.get_logger(__name__)
 AppendOwed = Callable[[list[NewEvent]], Awaitable[int]]
 StoreCommand = Callable[[Command], Awaitable[int]]
 WAKE_SLACK_S = 0.05
+AUTOMATION_BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+"""What an exec command or a condition check gets of the deacon's environment (besides ``GT_AUTOMATION*``,
+``NATS_URL`` and ``GT_HOME``): never its NATS credentials (``NATS_USER``, ``NATS_PASSWORD``, ...) or the town's
+other settings. A command that acts on the town with ``gt`` names its own credentials (docs/automations.md)."""
 """Added to a timed wake so the clock has surely passed the moment when the reconcile reads it."""
 
 
@@ -112,6 +116,9 @@ class AutomationRunner:
         for name, broken in defs.invalid.items():
             if self._reported.get(name) != broken.message:
                 self._reported[name] = broken.message
+                if broken.refused:
+                    log.warning("automation_file_refused", automation=name, file=broken.path, reason=broken.problem)
+                    continue
                 log.warning(
                     "automation_invalid", automation=name, file=broken.path, field=broken.field, problem=broken.problem
                 )
@@ -247,8 +254,10 @@ class AutomationRunner:
     # ---- exec actions and condition checks -----------------------------------------------------
 
     def _env(self, name: str, **extra: str) -> dict[str, str]:
+        """A command's environment: ``AUTOMATION_BASE_ENV`` of the deacon's, the town's ``NATS_URL`` and ``GT_HOME``
+        and the run's variables; never the deacon's NATS credentials or the town's settings."""
         return {
-            **os.environ,
+            **{key: os.environ[key] for key in AUTOMATION_BASE_ENV if key in os.environ},
             "GT_AUTOMATION": name,
             "NATS_URL": self.config.nats_url,
             "GT_HOME": str(self.config.gt_home),

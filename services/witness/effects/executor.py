@@ -48,6 +48,7 @@ from shared import git, lease_state, processes, runtimes, session_identity, subj
 from shared.aio import KeyedLocks
 from shared.bus.auth_callout import CalloutSettings
 from shared.commands import BeadSling, Command, EscalationRaise, Fence, MergeRequestDone
+from shared.commands.mail import OPERATOR_ADDRESS, polecat_of
 from shared.commands.rigs import git_identity
 from shared.config import TownConfig
 from shared.decision import NewEvent
@@ -68,6 +69,7 @@ from shared.events import (
 from shared.faults import crash_point
 from shared.formulas import rework
 from shared.ids import hook_lease_name
+from shared.terminal import escape_line
 from shared.tmux import PaneInfo, Tmux, TmuxError, typeable
 
 log = structlog.get_logger(__name__)
@@ -132,6 +134,10 @@ class Executor:
         self.tmux = tmux
         self.settings = settings
         self.policy = policy
+        self._agent_credentials = (
+            settings.agent_credentials if settings.agent_credentials is not None else agent_nats_credentials(os.environ)
+        )
+        """What sessions get without an auth callout: read once, before the witness forgot its secrets."""
         self.start_failures: dict[str, int] = {}
         # A worktree's lock: one start, clean-up or done flow of a worktree at a time. A rig's: one git process
         # at a time that changes the rig's clone as a whole (clone, fetch, adding or removing a worktree, a push's
@@ -447,7 +453,7 @@ class Executor:
         off), its private inbox prefix. Else the agents' shared credentials (``agent_creds``)."""
         callout = self.host.callout
         if callout is None:
-            return agent_nats_credentials(os.environ)
+            return dict(self._agent_credentials)
         expires_at = int(self.host.clock().timestamp() + callout.credential_ttl_s)
         password = session_identity.mint(
             callout.session_key,
@@ -820,8 +826,7 @@ class Executor:
         notice = self.host.state.mail.get(action.message)
         if notice is None or notice.nudged:
             return
-        subject = " ".join(notice.subject.split())[:MAIL_SUBJECT_SHOWN]
-        text = typeable(f"You have mail from {notice.sender}: {subject} - run `gt mail read {notice.id}`")
+        text = mail_announcement(notice.sender, notice.subject, notice.id)
         event = NudgeQueued(
             nudge_id=mail_nudge_id(notice.id),
             rig=notice.rig,
@@ -855,6 +860,26 @@ class Executor:
         nudge = self.host.state.nudges.get(action.nudge)
         if nudge is not None and nudge.status == "queued":
             await self._append(NewEvent(payload=NudgeExpired(nudge_id=nudge.id), expected_seq=nudge.version))
+
+
+def mail_announcement(sender: str, subject: str, message_id: str) -> str:
+    """The line typed into a polecat's pane to announce a message: marked as mail, and whose, so the agent does not
+    take it for its operator's words; the subject quoted, on one line, its control characters escaped and cut to
+    ``MAIL_SUBJECT_SHOWN``. ``[gastown mail from polecat:demo/bob, written by an agent, not your operator]
+    subject: "Use v2" (read it with: gt mail read hq-4k2p9)``."""
+    who = escape_line(sender)
+    if OPERATOR_ADDRESS.fullmatch(sender):
+        whose = f"{who}, your operator"
+    elif polecat_of(sender) is not None:
+        whose = f"{who}, written by an agent, not your operator"
+    else:
+        whose = f"{who}, not your operator"
+    shown = " ".join(escape_line(subject.replace("\t", " ")).split()).replace('"', '\\"')
+    if len(shown) > MAIL_SUBJECT_SHOWN:
+        shown = shown[: MAIL_SUBJECT_SHOWN - 1] + "…"
+    return typeable(
+        f'[gastown mail from {whose}] subject: "{shown}" (read it with: gt mail read {escape_line(message_id)})'
+    )
 
 
 def polecat_git_env(rig: Rig, polecat: str) -> dict[str, str]:
