@@ -48,7 +48,14 @@ from shared.bus.topology import provision
 from shared.commands import EscalationRaise, SessionStop
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer, free_port
-from shared.errors import AppendFailedError, GastownError, NatsUnavailableError, PermissionDeniedError, QueryError
+from shared.errors import (
+    EXIT_LOG_LOST,
+    AppendFailedError,
+    GastownError,
+    NatsUnavailableError,
+    PermissionDeniedError,
+    QueryError,
+)
 from shared.events import ServiceDown, decode_envelope
 from shared.privacy import hide_environment, private_files
 from shared.processes import ProcessRef
@@ -143,7 +150,8 @@ class Restarts:
         """Record a death at ``now``; the delay before the next start, or None when it is a crash loop."""
         self.last_exit = code
         self.deaths = [t for t in self.deaths if now - t < CRASH_LOOP_WINDOW_S] + [now]
-        if len(self.deaths) > CRASH_LOOP_RESTARTS:
+        if len(self.deaths) > CRASH_LOOP_RESTARTS or code == EXIT_LOG_LOST:
+            # (A service that found the town's log lost is not restarted: it would only refuse again.)
             self.gave_up = True
             return None
         delay: float = min(MAX_BACKOFF_S, 0.5 * 2.0 ** (len(self.deaths) - 1))
@@ -445,6 +453,13 @@ class Supervisor:
             f"(last exit code {child.restarts.last_exit}); `gt up` stopped restarting it. See {child.log_path}, "
             f"{after}"
         )
+        if child.name != NATS and child.restarts.last_exit == EXIT_LOG_LOST:
+            message = (
+                f"{what} refused to start: the town's event log is lost (missing, or not the log this town had; "
+                f"`event_log_lost` in {child.log_path} says which). It will not start an empty town over it: "
+                "restore the log from a backup, or start the town over on purpose (docs/failure-behaviour.md, "
+                '"The log lost").'
+            )
         cmd = EscalationRaise(
             severity="critical",
             message=message,

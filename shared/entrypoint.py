@@ -14,11 +14,11 @@ from typing import Any
 import structlog
 
 from shared import config as town_config
+from shared import git, runtime
 from shared import logging as gt_logging
-from shared import runtime
 from shared.activity import MIN_TTL_S
 from shared.aio import task_stacks
-from shared.errors import ActivityLostError
+from shared.errors import EXIT_LOG_LOST, ActivityLostError, EventLogLostError
 from shared.privacy import hide_environment, private_files
 from shared.service import Service, ServiceSettings
 from shared.service.lifecycle import stop_on_signals
@@ -100,6 +100,7 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
         private_files(env)  # what it creates under GT_HOME (clones, worktrees, logs), and what it starts
         cfg = town_config.load(env, service=name)
         active_ttl = _active_ttl(args.active_ttl, env, name)
+        git.git_env_names(env)  # GT_GIT_ENV: refused now, not at the first git
     except ValueError as exc:
         log.error("bad_configuration", error=str(exc))
         return EXIT_FAILED
@@ -117,6 +118,10 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
     except ValueError as exc:  # a service's own setting (GT_GATE_USER, ...) that cannot be used
         log.error("bad_configuration", error=str(exc))
         return EXIT_FAILED
+    # Everything is read (the town's config above, the service's own settings in its factory: the witness's
+    # session keys and agent credentials): the secrets leave the environment, so nothing this process starts
+    # (git and its hooks, gates, automations, tmux, agents) inherits them.
+    forgotten = town_config.forget_secrets()
 
     async def serve() -> None:
         stop_on_signals(service.shutdown)
@@ -124,7 +129,7 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
         asyncio.get_running_loop().add_signal_handler(
             signal.SIGUSR2, lambda: log.warning("task_dump", tasks=task_stacks())
         )
-        log.info("service_starting", nats_url=cfg.nats_url, pid=os.getpid())
+        log.info("service_starting", nats_url=cfg.nats_url, pid=os.getpid(), secrets_forgotten=forgotten)
         try:
             await service.run()
         except ActivityLostError as exc:
@@ -139,6 +144,10 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
 
     try:
         asyncio.run(serve())
+    except EventLogLostError as exc:
+        # Never an empty town over a lost one: out, saying why; an operator restores the log or starts over.
+        log.error("event_log_lost", stream=exc.stream, why=exc.why, error=str(exc))
+        return EXIT_LOG_LOST
     except Exception:
         # The process is about to exit non-zero; its supervisor (gt up, docker) restarts it.
         log.exception("service_failed")

@@ -64,6 +64,26 @@ class NotProvisionedError(GastownError):
         super().__init__(f"not found: {description}")
 
 
+class EventLogLostError(GastownError):
+    """The town's event log is missing, or is not the log this town had (shorter than, or another stream than, a
+    snapshot of it): a service refuses to start as an empty town over it (docs/failure-behaviour.md, "The log
+    lost")."""
+
+    def __init__(self, stream: str, why: str) -> None:
+        self.stream = stream
+        self.why = why
+        super().__init__(
+            f"the event log {stream} is lost: {why}. Refusing to start as an empty town. Restore the stream from a "
+            f"backup (nats stream restore, as the admin user), or, to start this town over on purpose, remove what "
+            f'is left of it as the admin user (docs/failure-behaviour.md, "The log lost")'
+        )
+
+
+EXIT_LOG_LOST = 3
+"""A service's exit code when it refused to start over a lost log (``EventLogLostError``): restarting it would only
+refuse again, so `gt up` does not, and escalates instead."""
+
+
 class StreamConfigMismatchError(GastownError):
     """An existing stream has a configuration this project cannot work with; it is never changed silently."""
 

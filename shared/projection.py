@@ -20,7 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import msgspec
 import structlog
 
-from shared.errors import GastownError
+from shared.errors import EventLogLostError, GastownError
 from shared.events import REGISTRY, Envelope, Event, EventRegistry, decode_envelope
 
 log = structlog.get_logger(__name__)
@@ -159,10 +159,13 @@ class Projection(Generic[S]):
         )
 
     def restore(self, data: bytes, *, stream_id: str, stream_last_seq: int) -> bool:
-        """Load a snapshot taken from the stream ``stream_id``; False (state untouched) when it is unusable.
+        """Load a snapshot taken from the stream ``stream_id``; False (state untouched) when it is unusable: it
+        does not decode, or its fingerprint (state schema) differs.
 
-        Unusable means: it does not decode, its fingerprint (state schema) differs, it comes from another
-        stream, or it claims more of the stream than the stream holds.
+        Raises:
+            EventLogLostError: the snapshot comes from another stream of the log's name, or covers more of it
+                than the stream holds: the log is not this town's any more (its stream name left empty: the
+                caller knows it).
         """
         try:
             snap = _SNAPSHOT_DECODER.decode(data)
@@ -173,9 +176,15 @@ class Projection(Generic[S]):
         if snap.fingerprint != self.fingerprint:
             reason = "schema_fingerprint_differs"
         elif snap.stream_id != stream_id:
-            reason = "taken_from_another_stream"
+            # The log is another stream than the one this town's snapshot was taken of: the town's own was lost.
+            raise EventLogLostError(
+                "", f"it is not the stream the {self.name}'s snapshot was taken of (created {snap.stream_id})"
+            )
         elif snap.last_seq > stream_last_seq:
-            reason = "ahead_of_stream"
+            raise EventLogLostError(
+                "",
+                f"it holds {stream_last_seq} events, fewer than the {snap.last_seq} the {self.name}'s snapshot covers",
+            )
         if reason is not None:
             log.warning("snapshot_ignored", projection=self.name, reason=reason, snapshot_seq=snap.last_seq)
             return False

@@ -42,14 +42,11 @@ rig.add, no bead.create/update/close, no sling, no nudges, no merge queue decisi
 a branch submitted by hand (gt done's merge request is mr.done, fenced by the session's hook lease)."""
 
 MAX_PAYLOAD = 64 * 1024
-"""A session's largest message: agent commands are capped at 32 KiB by the intake; the rest is headroom."""
+"""A session's largest message (agent commands are capped at 32 KiB by the intake; the rest is headroom):
+enforced by the server for the whole account AGENTS (ops/nats/accounts.conf ``limits``), since nats-server
+applies no limit of a user JWT an auth callout returns."""
 MAX_SUBSCRIPTIONS = 256
-"""A gt call holds a handful (its request inbox, an ordered consumer on the log); gt-agent a few more."""
-MAX_DATA = -1
-"""No byte cap on the connection: what a session can write is bounded by its payload cap here and by the intake's
-per-actor rate limits and volume quotas (``shared.rate_limit``)."""
-RESPONSE_TTL_NS = 60 * 1_000_000_000
-"""A session may answer a request sent to it once, within a minute (``resp``), without any right on ``_INBOX.>``."""
+"""A gt call holds a handful (its request inbox): also an account limit of AGENTS, per connection."""
 
 
 class SessionClaim(NamedTuple):
@@ -128,42 +125,35 @@ def _shown(user: str) -> str:
 
 
 def session_permissions(claim: SessionClaim, buckets: SessionBuckets) -> dict[str, Any]:
-    """The user JWT's permissions (the ``pub``, ``sub``, ``resp`` and limits of its ``nats`` claim) of ``claim``'s
-    session: what ``gt`` and ``gt-agent`` do inside a session, for this session only.
+    """The user JWT's permissions (the ``pub`` and ``sub`` of its ``nats`` claim) of ``claim``'s session: what
+    ``gt`` and ``gt-agent`` do inside a session, for this session only. The session is in account AGENTS, which
+    has no JetStream and imports from the town only what sessions need (ops/nats/accounts.conf); these narrow
+    each import to the session's own:
 
     - its commands on its own subjects, so a command says who sent it by where it was published;
-    - queries (the services answer a session's inbox about itself only: ``subjects.session_of_inbox``);
-    - reading the log as every agent does (stream info, single messages, ordered consumers on it);
+    - queries (the services answer a session about itself only: the server names the asker in
+      ``Nats-Request-Info``, ``subjects.session_of_request``);
     - its heartbeat key and its bead's hook lease key: put (also create, update, delete, all plain publishes to
-      the key's subject) and direct get of exactly that key. Never the bare ``DIRECT.GET.KV_<bucket>`` or
-      ``STREAM.MSG.GET.KV_<bucket>``, whose body can name any key, nor ``STREAM.INFO`` of a bucket (it lists
-      every key); the CLI opens the buckets without asking for their info (``gt.cli.session_kv``).
+      the key's subject) and direct get of exactly that key (the subject names the key, so the permission can);
+    - a command's outcome (``gt.evt.cmd.<command id>``) and its lease's newest event, by direct get: the reads
+      ``gt`` makes of the log. Nothing else of the log: no stream info (it lists every subject), no consumers;
     - subscribe only to its own inbox prefix (``subjects.session_inbox_prefix``).
     """
     evt = buckets.evt_stream
     heartbeat = f"$KV.{buckets.heartbeat_bucket}.{claim.session}"
-    lease = f"$KV.{buckets.lease_bucket}.{hook_lease_name(claim.bead)}"
+    lease_name = hook_lease_name(claim.bead)
+    lease = f"$KV.{buckets.lease_bucket}.{lease_name}"
     publish = [subjects.session_command_subject(agg, verb, claim.origin) for agg, verb in AGENT_COMMANDS]
     publish += [
         f"{subjects.QUERY_PREFIX}.>",
-        "$JS.API.INFO",
-        f"$JS.API.STREAM.INFO.{evt}",
-        f"$JS.API.STREAM.MSG.GET.{evt}",
-        f"$JS.API.DIRECT.GET.{evt}",
-        f"$JS.API.DIRECT.GET.{evt}.>",
-        f"$JS.API.CONSUMER.CREATE.{evt}",
-        f"$JS.API.CONSUMER.CREATE.{evt}.>",
-        "$JS.FC.>",
         heartbeat,
         lease,
         f"$JS.API.DIRECT.GET.KV_{buckets.heartbeat_bucket}.{heartbeat}",
         f"$JS.API.DIRECT.GET.KV_{buckets.lease_bucket}.{lease}",
+        f"$JS.API.DIRECT.GET.{evt}.{subjects.outcome_subject('*')}",
+        f"$JS.API.DIRECT.GET.{evt}.{subjects.event_subject('lease', lease_name)}",
     ]
     return {
         "pub": {"allow": publish},
         "sub": {"allow": [subjects.session_inbox_prefix(claim.session) + ".>"]},
-        "resp": {"max": 1, "ttl": RESPONSE_TTL_NS},
-        "subs": MAX_SUBSCRIPTIONS,
-        "data": MAX_DATA,
-        "payload": MAX_PAYLOAD,
     }

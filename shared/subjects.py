@@ -113,14 +113,26 @@ def session_inbox_prefix(session: str) -> str:
     return f"_INBOX_s-{session}"
 
 
+IMPORT_REPLY = "_R_"
+"""The first token of the reply subject the NATS server makes for a request that crossed a service import (from
+account AGENTS into GT): its answer goes back to the asker in the other account, and nowhere else."""
+
+
 def is_inbox(reply: str) -> bool:
-    """Whether ``reply`` is in an inbox (``_INBOX.<...>`` or a private ``_INBOX_<owner>.<...>``), the only
-    reply subjects a service answers: an answer published on any other subject would carry the service's own
-    rights (a forged event, an overwritten key)."""
+    """Whether ``reply`` is in an inbox (``_INBOX.<...>`` or a private ``_INBOX_<owner>.<...>``) or is the reply the
+    server made for an imported request (``_R_.<...>``), the only reply subjects a service answers: an answer
+    published on any other subject would carry the service's own rights (a forged event, an overwritten key)."""
     head, _, rest = reply.partition(".")
     if not rest or "*" in reply or ">" in reply or " " in reply:
         return False
-    return head == "_INBOX" or (head.startswith("_INBOX_") and len(head) > len("_INBOX_"))
+    return head in ("_INBOX", IMPORT_REPLY) or (head.startswith("_INBOX_") and len(head) > len("_INBOX_"))
+
+
+SESSION_ACCOUNT = "AGENTS"
+"""The NATS account polecat sessions log in to under the shipped accounts (ops/nats/accounts.conf)."""
+REQUEST_INFO = "Nats-Request-Info"
+"""The header the NATS server sets on a request that crossed an import with ``share``: who asked (account,
+user), written by the server, never by the asker."""
 
 
 def session_of_inbox(reply: str) -> str | None:
@@ -130,6 +142,17 @@ def session_of_inbox(reply: str) -> str | None:
     if head.startswith("_INBOX_s-") and len(head) > len("_INBOX_s-"):
         return head[len("_INBOX_s-") :]
     return None
+
+
+def session_of_request(reply: str, request_info: dict[str, object] | None) -> str | None:
+    """The polecat session that asked a query, so that it is answered only about itself: the user the server
+    names in ``Nats-Request-Info`` when the request came from account AGENTS (a session's own identity), else the
+    session whose private inbox the reply is in (a town without accounts, where the inbox is all there is)."""
+    if request_info is not None and request_info.get("acc") == SESSION_ACCOUNT:
+        user = request_info.get("user")
+        # Users of AGENTS are sessions only (the auth callout's); one with no name is refused everything.
+        return user if isinstance(user, str) and user else "?"
+    return session_of_inbox(reply)
 
 
 def query_subject(service: str, what: str) -> str:

@@ -33,7 +33,7 @@ from shared.embedded import find_server_binary, free_port
 from tests.helpers import wait_until
 from tests.service_process import ManagedProcess
 
-USERS = ("route", "mayor", "witness", "refinery", "deacon", "operator", "plugin", "auth", "sys")
+USERS = ("route", "mayor", "witness", "refinery", "deacon", "operator", "admin", "plugin", "auth", "sys")
 CLIENT_PORT, ROUTE_PORT, HTTP_PORT = 4222, 6222, 8222
 
 

@@ -18,11 +18,12 @@ from shared.bus import streams
 from shared.bus.commands import Outcome
 from shared.commands import Command
 from shared.config import TownConfig
+from shared.queries.base import LATEST_SEQ
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
 
-__all__ = ["Outcome", "first_event_of", "send", "stream_last_seq"]
+__all__ = ["Outcome", "first_event_of", "read_position", "send", "stream_last_seq"]
 
 
 async def send(
@@ -64,6 +65,15 @@ async def send(
 
 async def stream_last_seq(nc: Connection, config: TownConfig) -> int:
     return await streams.last_seq(nc, config.evt_stream)
+
+
+async def read_position(nc: Connection, config: TownConfig) -> int:
+    """The ``min_seq`` of a read that must see everything stored so far: the log's last sequence, or, inside a
+    polecat session (whose identity may not read the log's state), ``LATEST_SEQ``, which the service answering
+    resolves when the query comes."""
+    if identity.session_origin() is not None:
+        return LATEST_SEQ
+    return await stream_last_seq(nc, config)
 
 
 async def first_event_of(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 import msgspec
 
 from gt.cli import client, render
-from gt.cli.client import Outcome, stream_last_seq
+from gt.cli.client import Outcome, read_position
 from gt.cli.identity import session_origin
 from shared.arguments import non_negative_int
 from shared.bus import commands as bus_commands
@@ -21,6 +21,7 @@ from shared.config import TownConfig
 from shared.errors import GastownError
 from shared.queries import Query
 from shared.queries.base import DEFAULT_LIST_LIMIT
+from shared.terminal import escape_line, escape_text
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -120,11 +121,16 @@ def report(outcome: Outcome, cmd: Command, *, as_json: bool, printer: ResultPrin
         return EXIT_OK
     if outcome.type == "cmd.rejected":
         if not as_json:
-            print(f"rejected ({outcome.data.get('code')}): {outcome.data.get('message')}", file=sys.stderr)
+            print(rejected_line(outcome.data), file=sys.stderr)
         return EXIT_REJECTED
     if not as_json:
         print(printer(outcome.data.get("result", {})))
     return EXIT_OK
+
+
+def rejected_line(data: dict[str, Any]) -> str:
+    """``rejected (code): message``; the message may quote what an agent wrote: its control characters escaped."""
+    return f"rejected ({escape_line(data.get('code'))}): {escape_text(data.get('message'))}"
 
 
 def status_line(result: dict[str, Any]) -> str:
@@ -166,9 +172,10 @@ def limit_option(parser: argparse.ArgumentParser) -> None:
 async def read(nc: Connection, config: TownConfig, query: Query[Any], *, min_seq: int | None = None) -> Any:
     """Ask a query once its service has applied everything stored so far (read-your-writes); the answer as it
     came (JSON), to print with ``--json`` or render (``read_typed`` reads it into the query's reply type).
-    ``min_seq``: the log's last sequence, read once already by a caller asking several queries."""
+    ``min_seq``: the log's last sequence, read once already by a caller asking several queries
+    (``client.read_position``)."""
     if min_seq is None:
-        min_seq = await stream_last_seq(nc, config)
+        min_seq = await read_position(nc, config)
     query = msgspec.structs.replace(query, min_seq=min_seq)
     # An agent's reads (`gt prime`, its hooks) outlast a restart of the service asked, as its login does.
     patience_s = SESSION_LOGIN_PATIENCE_S if session_origin() is not None else 0.0

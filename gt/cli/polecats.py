@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gt.cli import client, hook_lease, render, rigs
-from gt.cli.client import first_event_of, stream_last_seq
+from gt.cli.client import first_event_of, read_position
 from gt.cli.common import (
     DEFAULT_COMMAND_TIMEOUT_S,
     EXIT_OK,
@@ -46,6 +46,7 @@ from shared.config import TownConfig
 from shared.faults import crash_point
 from shared.formulas import rework
 from shared.queries import mayor, refinery, witness
+from shared.terminal import escape_line, escape_text, escaped_lines
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -313,11 +314,11 @@ async def _mq_show(nc: Connection, args: argparse.Namespace, config: TownConfig)
     )  # fmt: skip
 
     def text(m: dict[str, Any]) -> str:
-        lines = [f"{k}: {m.get(k)}" for k in keys if m.get(k) not in (None, "")]
+        lines = [f"{k}: {escape_line(m.get(k))}" for k in keys if m.get(k) not in (None, "")]
         if m.get("batch"):
-            lines.append(f"batch: {', '.join(m['batch'])}")
+            lines.append(f"batch: {', '.join(escape_line(mr) for mr in m['batch'])}")
         if m.get("tail"):
-            lines += ["", "last output:", m["tail"]]
+            lines += ["", "last output:", escape_text(m["tail"])]
         return "\n".join(lines)
 
     return show(args, mr, text)
@@ -355,7 +356,7 @@ def _needs_session_env(args: argparse.Namespace) -> None:
 async def prime_data(nc: Connection, config: TownConfig, session_id: str) -> dict[str, Any]:
     # Everything as of one moment of the log, read once; the session first (it names the bead and the polecat),
     # then the rest at once.
-    last = await stream_last_seq(nc, config)
+    last = await read_position(nc, config)
     session = await read_typed(nc, config, witness.Session(id=session_id), min_seq=last)
 
     async def molecule_of(bead: str) -> dict[str, Any] | None:
@@ -397,11 +398,11 @@ async def prime_data(nc: Connection, config: TownConfig, session_id: str) -> dic
 
 def _ended_how(earlier: dict[str, Any]) -> str:
     """One line on how an earlier session ended, from the witness's record of it."""
-    reason, detail = earlier.get("end_reason"), earlier.get("end_detail") or ""
+    reason, detail = earlier.get("end_reason"), escape_line(earlier.get("end_detail") or "")
     if earlier.get("warrant_reason"):
-        how = f"warranted ({earlier['warrant_reason']})"
+        how = f"warranted ({escape_line(earlier['warrant_reason'])})"
         if earlier.get("warrant_detail"):
-            how += f": {earlier['warrant_detail']}"
+            how += f": {escape_line(earlier['warrant_detail'])}"
         if reason and reason != earlier["warrant_reason"]:
             how += f"; ended {reason}"
         return how
@@ -410,8 +411,8 @@ def _ended_how(earlier: dict[str, Any]) -> str:
     if reason == "done":
         return "finished (`gt done`)" + (f": {detail}" if detail else "")
     if reason is None:
-        return f"still {earlier.get('status')}"
-    return f"ended ({reason})" + (f": {detail[:NOTE_SHOWN]}" if detail else "")
+        return f"still {escape_line(earlier.get('status'))}"
+    return f"ended ({escape_line(reason)})" + (f": {detail[:NOTE_SHOWN]}" if detail else "")
 
 
 def before_you_lines(earlier_sessions: list[dict[str, Any]]) -> list[str]:
@@ -420,10 +421,11 @@ def before_you_lines(earlier_sessions: list[dict[str, Any]]) -> list[str]:
         return []
     lines = ["", "Before you (earlier sessions on this bead, newest first):"]
     for earlier in earlier_sessions:
-        lines.append(f"- {earlier['id']} (attempt {earlier['attempt']}): {_ended_how(earlier)}")
+        session, attempt = escape_line(earlier["id"]), escape_line(earlier["attempt"])
+        lines.append(f"- {session} (attempt {attempt}): {_ended_how(earlier)}")
         if earlier.get("pane_tail"):
             lines.append("  last lines of its pane:")
-            lines += [f"  | {line}" for line in str(earlier["pane_tail"]).splitlines()]
+            lines += [f"  | {line}" for line in escaped_lines(earlier["pane_tail"]) if line]
     return lines
 
 
@@ -432,18 +434,22 @@ def mail_lines(messages: list[dict[str, Any]]) -> list[str]:
         return []
     lines = ["", f"Mail ({len(messages)} unread): read one with `gt mail read ID`, answer with `gt mail reply ID`"]
     for message in messages:
-        sender = message.get("metadata", {}).get("from", "-")
-        lines.append(f"- {message['id']} from {sender}: {message['title']}")
+        sender = escape_line(message.get("metadata", {}).get("from", "-"))
+        lines.append(f"- {escape_line(message['id'])} from {sender}: {escape_line(message['title'])}")
     return lines
 
 
 def prime_text(data: dict[str, Any]) -> str:
+    """What `gt prime` tells the agent. What other agents wrote (the bead's title and description, its steps, a
+    predecessor's note, mail) is shown with its control characters escaped, a field of one line on one line: no
+    text of theirs ends a line early to start one that reads as the town's."""
     bead, molecule, rig = data["bead"], data["molecule"], data["rig"] or {}
+    e = escape_line
     lines = [
-        f"# gastown: you are polecat {data['polecat']} of rig {rig.get('name')} "
-        f"(session {data['session']}, attempt {data['attempt']})",
+        f"# gastown: you are polecat {e(data['polecat'])} of rig {e(rig.get('name'))} "
+        f"(session {e(data['session'])}, attempt {e(data['attempt'])})",
         "",
-        f"Hook: bead {bead['id']} [{bead['status']}]: {bead['title']}",
+        f"Hook: bead {e(bead['id'])} [{e(bead['status'])}]: {e(bead['title'])}",
     ]
     failure, step = data.get("merge_failure"), data["current_step"]
     # Work sent back leads while its rework steps are current: what conflicted (or failed) and what to do first.
@@ -451,21 +457,22 @@ def prime_text(data: dict[str, Any]) -> str:
     if failure and reworking:
         lines += ["", send_back_text(failure, data["branch"], step["id"])]
     if bead.get("description"):
-        lines += ["", bead["description"]]
+        lines += ["", escape_text(bead["description"])]
     if molecule is not None:
-        lines += ["", f"Molecule {molecule['formula']}: {molecule['done']}/{molecule['total']} steps done"]
+        lines += ["", f"Molecule {e(molecule['formula'])}: {molecule['done']}/{molecule['total']} steps done"]
         for listed in molecule["steps"]:
             mark = ">" if listed["id"] == molecule.get("current_step") else " "
-            lines.append(f" {mark} [{listed['status']:<11}] {listed['id']}: {listed['title']}")
+            lines.append(f" {mark} [{e(listed['status']):<11}] {e(listed['id'])}: {e(listed['title'])}")
         if step is not None:
-            lines += ["", f"Current step: {step['id']}: {step['title']}"]
+            lines += ["", f"Current step: {e(step['id'])}: {e(step['title'])}"]
             if step.get("description"):
-                lines.append(step["description"])
+                lines.append(escape_text(step["description"]))
             if step.get("acceptance"):
-                lines.append(f"Acceptance: {step['acceptance']}")
+                lines.append(f"Acceptance: {escape_text(step['acceptance'])}")
         else:
             lines += ["", "Every step is done: run `gt done`."]
-    lines += ["", f"Worktree: {data['worktree']}", f"Branch:   {data['branch']} (base {rig.get('base_branch')})"]
+    branch = f"Branch:   {e(data['branch'])} (base {e(rig.get('base_branch'))})"
+    lines += ["", f"Worktree: {e(data['worktree'])}", branch]
     named = (("setup", "setup_command"), ("lint", "lint_command"), ("test", "test_command"))
     gates = [f"{name} `{rig[key]}`" for name, key in named if rig.get(key)]
     if gates:
@@ -493,7 +500,7 @@ def send_back_text(failure: dict[str, Any], branch: str, rework_step: str | None
     return (
         f"The merge queue sent this work back: the {failure['gate']} gate failed (exit {failure['exit_code']}) "
         f"on merge request {failure['mr']}. Fix it, commit, run the tests{finish} Last output:\n"
-        + str(failure.get("tail", ""))[-1500:]
+        + escape_text(str(failure.get("tail", ""))[-1500:])
     )
 
 
@@ -604,7 +611,8 @@ def stop_reason(data: dict[str, Any]) -> str | None:
     if step is not None:
         why = " The merge queue sent your work back: `gt prime` says why." if rework.is_rework(step["id"]) else ""
         return (
-            f"[gastown] Not done yet: step {step['id']} ({step['title']}) of bead {data['bead']['id']} is still "
+            f"[gastown] Not done yet: step {escape_line(step['id'])} ({escape_line(step['title'])}) of bead "
+            f"{escape_line(data['bead']['id'])} is still "
             f"open ({molecule['done']}/{molecule['total']} steps done).{why} Work it, commit, run `gt step done "
             f"{step['id']}`, and go on until `gt done`. `gt prime` shows everything."
         )

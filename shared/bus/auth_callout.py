@@ -4,7 +4,7 @@ polecat session), and it answers with that session's own permissions, or a refus
 The server publishes an authorization request JWT (signed by the server's nkey) to ``$SYS.REQ.USER.AUTH`` in
 the callout account (AUTH, which only the responder's ``auth`` user is in). The answer is an authorization
 response JWT signed by the issuer account key the server config names (``auth_callout.issuer``), carrying a
-user JWT: ``aud`` the account the session joins (GT), ``name`` the session id, ``exp`` its credential's expiry,
+user JWT: ``aud`` the account the session joins (AGENTS), ``name`` the session id, ``exp`` its credential's expiry,
 and the permissions of ``shared.session_identity.session_permissions``. Only nkeys (and PyNaCl under it) and
 JSON: NATS ADR-26. Every bad request is answered (or dropped, when it cannot even say whom to answer) and
 logged; none ends the loop.
@@ -30,7 +30,7 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from shared import session_identity
+from shared import session_identity, subjects
 
 log = structlog.get_logger(__name__)
 
@@ -40,7 +40,8 @@ SYS_USER = "sys"
 """The system account's user (accounts.conf): it may only ask a server to disconnect a client (KICK)."""
 KICK_TIMEOUT_S = 2.0
 """The responder's login (account AUTH in ops/nats/accounts.conf; it bypasses the callout)."""
-SESSION_ACCOUNT = "GT"
+SESSION_ACCOUNT = subjects.SESSION_ACCOUNT
+"""The account a session joins (ops/nats/accounts.conf): no JetStream, only what GT exports to sessions."""
 RESPONDERS = "gt-auth-callout"
 REQUEST_AUDIENCE = "nats-authorization-request"
 DEFAULT_CREDENTIAL_TTL_S = 7 * 24 * 3600.0

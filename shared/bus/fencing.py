@@ -42,7 +42,8 @@ async def fence_error(
     subject = subjects.event_subject("lease", fence.lease)
     for attempt in range(READ_ATTEMPTS):
         try:
-            msg = await js.get_last_msg(stream, subject)
+            # A direct get names the subject in its own (a polecat session may read its own lease's only).
+            msg = await js.get_last_msg(stream, subject, direct=True)
             break
         except nats.js.errors.NotFoundError:
             return CommandError("conflict", f"fenced: lease {fence.lease!r} was never acquired")

@@ -24,7 +24,7 @@ from nats.js.kv import KeyValue
 
 from shared.bus.connection import Connection
 from shared.config import TownConfig
-from shared.errors import StreamConfigMismatchError
+from shared.errors import EventLogLostError, StreamConfigMismatchError
 from shared.subjects import CMD_PREFIX, DEFAULT_PLUGIN_BUCKET, EVT_PREFIX
 
 log = structlog.get_logger(__name__)
@@ -303,6 +303,41 @@ async def ensure_command_intake(js: JetStreamContext, config: TownConfig) -> tup
     return created, existing
 
 
+async def refuse_a_lost_log(js: JetStreamContext, config: TownConfig) -> None:
+    """Raise ``EventLogLostError`` when the event log is missing from a town that had one: its command intake is
+    there (provisioning makes GT_CMD only once the log exists, and nobody but the admin user may delete either), or
+    a snapshot of a service is. Creating an empty log there would start an empty town over the old one's work."""
+    if await _stream_exists(js, config.evt_stream):
+        return
+    try:
+        info = await js.stream_info(config.cmd_stream)
+    except nats.js.errors.NotFoundError:
+        info = None
+    if info is not None and not await _stream_exists(js, config.evt_stream):
+        # (Looked again: another provisioner may have made both since the first look, the log first.)
+        raise EventLogLostError(
+            config.evt_stream,
+            f"the stream is missing while the town's command intake {config.cmd_stream} (created after it, "
+            f"{int(info.state.last_seq)} commands stored so far) is there",
+        )
+    try:
+        snapshots = await js.stream_info(f"OBJ_{config.snapshot_bucket}")
+    except nats.js.errors.NotFoundError:
+        return
+    if int(snapshots.state.messages) > 0:
+        raise EventLogLostError(
+            config.evt_stream, f"the stream is missing while snapshots of it are stored ({config.snapshot_bucket})"
+        )
+
+
+async def _stream_exists(js: JetStreamContext, stream: str) -> bool:
+    try:
+        await js.stream_info(stream)
+    except nats.js.errors.NotFoundError:
+        return False
+    return True
+
+
 async def provision(nc: Connection, config: TownConfig) -> ProvisionReport:
     """Idempotently create the event log, the command intake and the command consumers."""
     js = nc.jetstream()
@@ -310,6 +345,7 @@ async def provision(nc: Connection, config: TownConfig) -> ProvisionReport:
     existing: list[str] = []
     evt = evt_stream_config(config)
     assert evt.name
+    await refuse_a_lost_log(js, config)
     (created if await ensure_stream(js, evt) else existing).append(evt.name)
     made_intake, had_intake = await ensure_command_intake(js, config)
     created += made_intake

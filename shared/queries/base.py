@@ -22,7 +22,8 @@ class Query(msgspec.Struct, Generic[R], frozen=True, kw_only=True, forbid_unknow
     SERVICE: ClassVar[str] = ""
     NAME: ClassVar[str] = ""
     min_seq: int | None = None
-    """Answered only once the service has applied the log up to here (read-your-writes); None: at once."""
+    """Answered only once the service has applied the log up to here (read-your-writes); None: at once;
+    ``LATEST_SEQ``: up to the log's last sequence when the service gets the query."""
 
     def addressee(self) -> str:
         """The service that answers it."""
@@ -34,6 +35,10 @@ class Query(msgspec.Struct, Generic[R], frozen=True, kw_only=True, forbid_unknow
     def body(self) -> bytes:
         return _ENCODER.encode(self)
 
+
+LATEST_SEQ = -1
+"""A query's ``min_seq`` asking for everything stored when the service gets it: what a polecat session asks,
+since its identity may not read the log's state (the service reads it, one request more on its side)."""
 
 DEFAULT_LIST_LIMIT = 1000
 """How many items a list query (one with ``limit`` and ``after``) answers when its ``limit`` is not given."""

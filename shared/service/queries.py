@@ -1,9 +1,11 @@
 """The query server: a service's answers to ``gt.q.<service>.*`` (docs/architecture.md, "Sending a command and
 asking a query"), from its projection, by every instance that follows the log (a standby too).
 
-Every query but ``status`` waits until the instance has applied the asker's ``min_seq`` (read-your-writes);
-``digest`` is the projection's hash, for checking a live projection against a fresh replay. A query whose reply
-goes to a polecat session's private inbox is first checked against what that session may ask.
+Every query but ``status`` waits until the instance has applied the asker's ``min_seq`` (read-your-writes; the
+log's last sequence when the query arrives for ``LATEST_SEQ``, what a polecat session asks, which may not read the
+log's state); ``digest`` is the projection's hash, for checking a live projection against a fresh replay. A query
+from a polecat session (its own identity, named by the server in ``Nats-Request-Info``, or its private inbox) is
+first checked against what that session may ask.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from shared.bus.reader import EventReader
 from shared.decoding import UNDECODABLE
 from shared.errors import QueryError
 from shared.projection import Projection
-from shared.queries.base import PAGE_BYTES, Page
+from shared.queries.base import LATEST_SEQ, PAGE_BYTES, Page
 
 log = structlog.get_logger(__name__)
 
@@ -98,7 +100,7 @@ class QueryServer:
         assert self._nc is not None
         limit = max(MIN_REPLY_BYTES, bus_query.max_payload(self._nc) - REPLY_HEADROOM_BYTES)
         try:
-            session = subjects.session_of_inbox(request.reply)  # asked from a polecat session's inbox
+            session = subjects.session_of_request(request.reply, _request_info(request.headers))
             reply = await self.answer(what, request.data, session, reply_bytes=limit - ENVELOPE_BYTES)
         except QueryError as exc:
             reply = _error(exc)
@@ -126,12 +128,15 @@ class QueryServer:
         if what == "status":
             return {"ok": True, "seq": projection.last_seq, "result": service.status()}
         min_seq = body.get("min_seq", 0)
-        if not isinstance(min_seq, int) or isinstance(min_seq, bool) or min_seq < 0:
-            raise QueryError("invalid", "`min_seq` must be a non-negative integer")
+        if not isinstance(min_seq, int) or isinstance(min_seq, bool) or min_seq < LATEST_SEQ:
+            raise QueryError("invalid", f"`min_seq` must be a non-negative integer, or {LATEST_SEQ} (the log's last)")
         try:
             async with asyncio.timeout(MAX_MIN_SEQ_WAIT_S):
                 await service.following.wait()
             assert service.reader is not None
+            if min_seq == LATEST_SEQ:
+                async with asyncio.timeout(MAX_MIN_SEQ_WAIT_S):
+                    min_seq = await service.reader.stream_last_seq()
             await service.reader.wait_for_seq(min_seq, timeout=MAX_MIN_SEQ_WAIT_S)
         except TimeoutError:
             raise QueryError(
@@ -154,6 +159,19 @@ class QueryServer:
         if isinstance(result, Page):
             return {"ok": True, "seq": projection.last_seq, "result": result.items, "next": result.next}
         return {"ok": True, "seq": projection.last_seq, "result": result}
+
+
+def _request_info(headers: dict[str, str] | None) -> dict[str, object] | None:
+    """Who asked, as the NATS server says (``Nats-Request-Info``, set on a request from another account); None
+    when the header is absent or unreadable."""
+    raw = (headers or {}).get(subjects.REQUEST_INFO)
+    if not raw:
+        return None
+    try:
+        info = _DECODER.decode(raw)
+    except UNDECODABLE:
+        return None
+    return info if isinstance(info, dict) else None
 
 
 def _error(exc: QueryError) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The snapshot keeper: a service's projection restored from its newest snapshot at start, stored again when due.
 
-A snapshot is a cache (docs/architecture.md, "One service"): one whose schema or stream does not match is passed
-over and the log replayed instead; one that cannot be stored is tried again at the next check.
+A snapshot is a cache (docs/architecture.md, "One service"): one whose schema does not match is passed over and the
+log replayed instead; one that cannot be stored is tried again at the next check. One taken of another stream of the
+log's name, or of more events than the log holds, says the town's log was lost: the service refuses to start
+(``EventLogLostError``) rather than replay an empty or foreign log as if it were the town.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from shared.aio import raise_if_cancelling, wait_event
 from shared.bus.errors import BusError
 from shared.bus.snapshots import SnapshotStore
 from shared.bus.streams import StreamState
+from shared.errors import EventLogLostError
 from shared.projection import Projection
 
 log = structlog.get_logger(__name__)
@@ -59,9 +62,13 @@ class SnapshotKeeper:
         if self.enabled:
             started = time.monotonic()
             data = await self._store.load(self.name, starting=True)
-            if data is not None and self.projection.restore(
-                data, stream_id=self.stream_id, stream_last_seq=log_state.last_seq
-            ):
+            try:
+                restored = data is not None and self.projection.restore(
+                    data, stream_id=self.stream_id, stream_last_seq=log_state.last_seq
+                )
+            except EventLogLostError as exc:
+                raise EventLogLostError(stream, exc.why) from None
+            if restored and data is not None:
                 log.info(
                     "snapshot_loaded",
                     last_seq=self.projection.last_seq,

@@ -52,7 +52,7 @@ from tests.log_tools import events_of
 from tests.witness_town import FAST, TEST_COMMAND, PolecatTown, make_origin, tmux_socket
 
 ACCOUNTS = REPO_ROOT / "ops" / "nats" / "accounts.conf"
-USERS = ("mayor", "witness", "refinery", "deacon", "operator", "plugin", "auth", "sys")
+USERS = ("mayor", "witness", "refinery", "deacon", "operator", "admin", "plugin", "auth", "sys")
 EXIT_DENIED = 4
 FAIL_FAST_S = 4.0
 """A refusal is reported well before the 5 s a JetStream publish waits for its acknowledgement."""
@@ -492,7 +492,7 @@ async def test_an_agent_can_neither_add_rigs_nor_close_beads(st: SecuredTown, tm
     lines = st.violations()
     for subject in ("gt.cmd.rig.add", "gt.cmd.bead.close", "gt.cmd.bead.sling"):
         on_its_own = f'Subject "{subject}.demo.ace.hq-some-1"'
-        assert any('"GT/user:hq-some-1"' in line and on_its_own in line for line in lines), lines
+        assert any('"AGENTS/user:hq-some-1"' in line and on_its_own in line for line in lines), lines
 
 
 async def test_the_operator_can_neither_forge_events_nor_delete_or_purge(st: SecuredTown, tmp_path: Path) -> None:

@@ -79,6 +79,9 @@ async def test_a_session_may_use_its_own_subjects_keys_and_inbox_and_nothing_of_
     async with provisioned_town(st) as mayor, responder_for(st, lambda s: s in {A.session, B.session}):
         # Something to read in the log, and a service answering a query.
         await mayor.jetstream().publish("gt.evt.test.one", b"{}", stream="GT_EVT")
+        await mayor.jetstream().publish("gt.evt.cmd.cli-1", b'{"outcome": 1}', stream="GT_EVT")
+        await mayor.jetstream().publish(f"gt.evt.lease.{hook_lease_name(BEAD_A)}", b"{}", stream="GT_EVT")
+        await mayor.jetstream().publish(f"gt.evt.lease.{hook_lease_name(BEAD_B)}", b"{}", stream="GT_EVT")
 
         async def echo(msg: Msg) -> None:
             await msg.respond(b"pong")
@@ -93,7 +96,7 @@ async def test_a_session_may_use_its_own_subjects_keys_and_inbox_and_nothing_of_
         js = nc.jetstream()
         try:
             # Its own: every agent command on its own subject, a query through its own inbox, its heartbeat and
-            # its bead's lease (put and get), the log through an ordered consumer.
+            # its bead's lease (put and get).
             for aggregate, verb in AGENT_COMMANDS:
                 await allowed(nc, nc.publish(session_command_subject(aggregate, verb, A), b"{}"))
             answer = await allowed(nc, nc.request("gt.q.mayor.echo", b"ping", timeout=10))
@@ -106,10 +109,13 @@ async def test_a_session_may_use_its_own_subjects_keys_and_inbox_and_nothing_of_
             assert (await allowed(nc, beats.get(A.session))).value == b"A's beat"  # type: ignore[attr-defined]
             await allowed(nc, lease.put(hook_lease_name(BEAD_A), b"A's lease"))
             assert (await allowed(nc, lease.get(hook_lease_name(BEAD_A)))).value == b"A's lease"  # type: ignore[attr-defined]
-            sub = await js.subscribe("gt.evt.test.>", stream="GT_EVT", ordered_consumer=True)
-            first = await sub.next_msg(timeout=10)
-            assert first.subject == "gt.evt.test.one"
-            await sub.unsubscribe()
+            # Of the log: a command's outcome and its own lease's newest event, each by a direct get naming it.
+            outcome = await allowed(nc, js.get_last_msg("GT_EVT", "gt.evt.cmd.cli-1", direct=True))
+            assert outcome.data == b'{"outcome": 1}'  # type: ignore[attr-defined]
+            own_lease = await allowed(
+                nc, js.get_last_msg("GT_EVT", f"gt.evt.lease.{hook_lease_name(BEAD_A)}", direct=True)
+            )
+            assert own_lease.data == b"{}"  # type: ignore[attr-defined]
 
             # Another's, or anyone's: refused, each at once and by name.
             await denied(
@@ -133,6 +139,20 @@ async def test_a_session_may_use_its_own_subjects_keys_and_inbox_and_nothing_of_
             await denied(nc, js.purge_stream("KV_GT_LEASES"), "$JS.API.STREAM.PURGE.KV_GT_LEASES")
             await denied(nc, js.purge_stream("KV_GT_HEARTBEATS"), "$JS.API.STREAM.PURGE.KV_GT_HEARTBEATS")
             await denied(nc, js.key_value("GT_LEASES"), "$JS.API.STREAM.INFO.KV_GT_LEASES")  # would list every key
+            # The rest of the log: no stream info (it lists every subject), no consumer (its deliver subject may
+            # name any subject), no message get or bare direct get (their body names any subject), no other
+            # subject's direct get (another lease's events, a bead's).
+            await denied(nc, js.stream_info("GT_EVT"), "$JS.API.STREAM.INFO.GT_EVT")
+            await denied(
+                nc, js.subscribe("gt.evt.>", stream="GT_EVT", ordered_consumer=True), "$JS.API.CONSUMER.CREATE.GT_EVT"
+            )
+            last_of = json.dumps({"last_by_subj": "gt.evt.test.one"}).encode()
+            await denied(nc, nc.request("$JS.API.STREAM.MSG.GET.GT_EVT", last_of), "$JS.API.STREAM.MSG.GET.GT_EVT")
+            await denied(nc, nc.request("$JS.API.DIRECT.GET.GT_EVT", last_of), "$JS.API.DIRECT.GET.GT_EVT")
+            for subject in ("gt.evt.test.one", f"gt.evt.lease.{hook_lease_name(BEAD_B)}"):
+                await denied(
+                    nc, js.get_last_msg("GT_EVT", subject, direct=True), f"$JS.API.DIRECT.GET.GT_EVT.{subject}"
+                )
             # A rollup on its own key would wipe the bucket: the bucket refuses rollups (permissions cannot).
             with pytest.raises(nats.js.errors.APIError):
                 await js.publish(
@@ -146,7 +166,7 @@ async def test_a_session_may_use_its_own_subjects_keys_and_inbox_and_nothing_of_
         assert await stored(Bucket(b_nc, "GT_HEARTBEATS", keys_only=True), B.session) == b"B's beat"
         assert await stored(Bucket(b_nc, "GT_LEASES", keys_only=True), hook_lease_name(BEAD_B)) == b"B's lease"
         await close_quietly(b_nc)
-    lines = [line for line in st.violations() if '"GT/user:hq-aaaaaa-1"' in line]
+    lines = [line for line in st.violations() if '"AGENTS/user:hq-aaaaaa-1"' in line]
     assert any('Subject "gt.cmd.step.done.demo.bob.hq-bbbbbb-1"' in line for line in lines), lines
 
 

@@ -94,8 +94,15 @@ def test_a_session_may_publish_its_own_command_subjects_and_keys_and_read_only_i
         assert not (subject.startswith("$KV.") and subject.endswith(">")), subject
     assert "$JS.API.DIRECT.GET.KV_GT_LEASES" not in publish
     assert perms["sub"] == {"allow": ["_INBOX_s-hq-abc123-1.>"]}
-    assert perms["resp"]["max"] == 1
-    assert 0 < perms["payload"] <= 64 * 1024
+    # Of the log, only a command's outcome and its own lease's newest event, each by a direct get naming it:
+    # no stream info (it lists every subject), no message get or bare direct get (their body names any
+    # subject), no consumer (its deliver subject could name any subject), no JetStream API beyond these.
+    reads_of_the_log = [p for p in publish if p.startswith("$JS.API.") and "KV_GT" not in p]
+    assert sorted(reads_of_the_log) == [
+        "$JS.API.DIRECT.GET.GT_EVT.gt.evt.cmd.*",
+        f"$JS.API.DIRECT.GET.GT_EVT.gt.evt.lease.{hook_lease_name('hq-abc123')}",
+    ]
+    assert set(perms) == {"pub", "sub"}, "no `resp`: nothing sends a session requests"
 
 
 # ---- the responder's answers ---------------------------------------------------------------------
@@ -139,7 +146,7 @@ def responder(live: set[str]) -> Responder:
     return Responder(settings, BUCKETS, lambda s: s in live, clock=lambda: float(NOW))
 
 
-def test_a_live_sessions_login_gets_a_user_jwt_of_its_own_for_the_town_account_until_its_expiry() -> None:
+def test_a_live_sessions_login_gets_a_user_jwt_of_its_own_for_the_agents_account_until_its_expiry() -> None:
     answering = responder({"hq-abc123-1"})
     response = answering.answer(server_request("hq-abc123-1", token()))
     assert response is not None
@@ -149,7 +156,7 @@ def test_a_live_sessions_login_gets_a_user_jwt_of_its_own_for_the_town_account_u
     assert outer["nats"]["type"] == "authorization_response"
     assert "error" not in outer["nats"]
     user = claims_of(outer["nats"]["jwt"])
-    assert (user["aud"], user["name"], user["exp"], user["sub"]) == ("GT", "hq-abc123-1", NOW + 60, USER_NKEY)
+    assert (user["aud"], user["name"], user["exp"], user["sub"]) == ("AGENTS", "hq-abc123-1", NOW + 60, USER_NKEY)
     assert user["iss"] == answering.issuer
     assert user["nats"]["sub"] == {"allow": ["_INBOX_s-hq-abc123-1.>"]}
 

@@ -1,0 +1,119 @@
+"""The town's log cannot vanish unnoticed (docs/failure-behaviour.md, "The log lost"): no service's credential may
+delete or purge GT_EVT or GT_CMD, and a service that finds the log missing, or not the log its snapshot was taken
+of, refuses to start as an empty town: it says so and exits, and `gt up` does not restart it but escalates.
+
+On a real nats-server running the shipped accounts.conf; the log is deleted with the admin credential."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import nats.js.errors
+import pytest
+
+from shared.bus.connection import close_quietly
+from shared.bus.topology import provision
+from shared.errors import EXIT_LOG_LOST
+from tests.helpers import wait_until
+from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
+    SecuredTown,
+    callout,
+    passwords,
+    secured,
+    services_as_themselves,
+    st,
+)
+from tests.service_process import ManagedProcess
+
+SERVICES = ("mayor", "witness", "refinery", "deacon")
+
+
+async def test_no_services_credential_may_delete_purge_or_reconfigure_the_log(st: SecuredTown) -> None:  # noqa: F811
+    mayor = await st.connect("mayor")
+    try:
+        await provision(mayor, st.config("mayor"))
+    finally:
+        await close_quietly(mayor)
+    for service in SERVICES:
+        nc = await st.connect(service)
+        js = nc.jetstream()
+        try:
+            for attempt in (
+                js.delete_stream("GT_EVT"),
+                js.delete_stream("GT_CMD"),
+                js.purge_stream("GT_EVT"),
+                js.purge_stream("GT_CMD"),
+            ):
+                with pytest.raises((nats.js.errors.APIError, TimeoutError, nats.errors.TimeoutError)):
+                    await asyncio.wait_for(attempt, 5)
+            info = await js.stream_info("GT_EVT")
+            with pytest.raises((nats.js.errors.APIError, TimeoutError, nats.errors.TimeoutError)):
+                await asyncio.wait_for(js.update_stream(info.config), 5)
+        finally:
+            await close_quietly(nc)
+    lines = st.violations()
+    for service in SERVICES:
+        assert any(f'"GT/user:{service}"' in line and "STREAM.DELETE.GT_EVT" in line for line in lines), lines
+    admin = await st.connect("admin")
+    try:
+        assert (await admin.jetstream().stream_info("GT_EVT")).config.name == "GT_EVT", "still there"
+        assert (await admin.jetstream().stream_info("GT_CMD")).config.name == "GT_CMD"
+    finally:
+        await close_quietly(admin)
+
+
+def service_process(town: SecuredTown, name: str, root: Path, gt_env: dict[str, str]) -> ManagedProcess:
+    """Service ``name`` as a real process, logged in as its own user."""
+    env = {**gt_env, "NATS_URL": town.server.url, "GT_HOME": str(town.home), "NATS_USER": name}
+    env["NATS_PASSWORD"] = town.passwords[name]
+    return ManagedProcess([sys.executable, "-m", f"services.{name}", "--log-json"], env, root / f"{name}.log")
+
+
+async def test_a_service_refuses_to_start_as_an_empty_town_over_a_lost_log(
+    st: SecuredTown,  # noqa: F811
+    tmp_path: Path,
+    gt_env: dict[str, str],
+) -> None:
+    # A town with work in its log and a snapshot of it.
+    async with services_as_themselves(st, tmp_path, "mayor"):
+        created = await st.gt("operator", "bead", "create", "Work the town has done")
+        assert created.returncode == 0, created.stderr
+    admin = await st.connect("admin")
+    js = admin.jetstream()
+    try:
+        before = (await js.stream_info("GT_CMD")).state.last_seq
+        assert (await js.stream_info("GT_EVT")).state.last_seq > 0
+        await js.delete_stream("GT_EVT")  # the admin's credential may (no service's may)
+
+        # Each service, started as a real process with its own credential, refuses and says why; none recreates
+        # the log over the town.
+        for name in ("mayor", "deacon"):
+            service = service_process(st, name, tmp_path, gt_env).start()
+            try:
+                await asyncio.to_thread(wait_until, lambda s=service: s.returncode() is not None, timeout=60)
+                assert service.returncode() == EXIT_LOG_LOST, service.log_path.read_text()[-2000:]
+                lost = [e for e in service.log_events() if e.get("event") == "event_log_lost"]
+                assert lost, service.log_path.read_text()[-2000:]
+                assert "GT_CMD" in lost[0]["why"], lost[0]
+                assert lost[0]["stream"] == "GT_EVT", lost[0]
+            finally:
+                service.kill()
+            with pytest.raises(nats.js.errors.NotFoundError):
+                await js.stream_info("GT_EVT")
+        assert (await js.stream_info("GT_CMD")).state.last_seq == before, "the waiting commands are kept"
+
+        # The same when GT_CMD went too: the snapshots the services stored say the town had a log.
+        await js.delete_stream("GT_CMD")
+        assert (await js.stream_info("OBJ_GT_SNAP")).state.messages > 0
+        service = service_process(st, "mayor", tmp_path, gt_env).start()
+        try:
+            await asyncio.to_thread(wait_until, lambda: service.returncode() is not None, timeout=60)
+            assert service.returncode() == EXIT_LOG_LOST, service.log_path.read_text()[-2000:]
+        finally:
+            service.kill()
+        with pytest.raises(nats.js.errors.NotFoundError):
+            await js.stream_info("GT_EVT")
+    finally:
+        await close_quietly(admin)
