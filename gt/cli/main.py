@@ -31,6 +31,7 @@ from gt.cli.common import (
     UsageError,
     read_options,
 )
+from gt.town_secrets import as_operator
 from shared import config as town_config
 from shared import logging as gt_logging
 from shared.aio import task_stacks
@@ -212,7 +213,9 @@ def _town_nats(config: TownConfig) -> TownConfig:
     state = town.running_town(config)
     if state is None:
         return config
-    return msgspec.structs.replace(config, nats_url=state.nats_url)
+    at_town = msgspec.structs.replace(config, nats_url=state.nats_url)
+    # Its operator, unless this process names a login of its own (a polecat session does).
+    return as_operator(at_town) if state.embedded else at_town
 
 
 def main(

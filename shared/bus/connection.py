@@ -85,7 +85,8 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
         if connected:
             left_out = repeats.admit(type(exc).__name__, time.monotonic())
             if left_out is not None:
-                log.warning("nats_client_error", error=repr(exc), **({"left_out": left_out} if left_out else {}))
+                extra = {"left_out": left_out} if left_out else {}
+                log.warning("nats_client_error", connection=name, error=repr(exc), **extra)
         elif _refused_credentials(exc):
             refused.append(exc)  # nats-py then reports only that no server was left to try
 

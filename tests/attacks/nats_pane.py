@@ -1,0 +1,241 @@
+"""Run inside a polecat's tmux pane by its agent command, with exactly the environment the witness gives the
+session: every NATS attack of ../shared/research/redteam-turn4.md that a session made work (the reply-subject
+trampolines through JetStream, the direct ones a superuser could make on a laptop, the limits), each tried with
+the session's own credentials. It writes what each attempt got (a refusal, an error, nothing) to a JSON report;
+whether the town was harmed is judged from outside by the test (tests/integration/test_agent_attacks.py).
+
+Standalone (nats-py and the standard library only): it is copied into containers as it is.
+
+    python nats_pane.py REPORT VICTIM_BEAD
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+
+MARK = "FORGED-BY-PANE"
+"""Carried by every forged payload: the test looks for it in the log and the commands."""
+
+
+def targets(victim: str) -> dict[str, tuple[str, bytes]]:
+    """What an attacker would want the server to publish, and where: (subject, payload)."""
+    forged_event = {
+        "id": "ev-forged-1",
+        "type": "bead.closed",
+        "v": 1,
+        "ts": "2026-11-29T00:00:00Z",
+        "actor": "mayor",
+        "data": {"bead_id": victim, "reason": MARK},
+    }
+    activity = {"instance": "attacker", "host": "x", "pid": 1, "started": 0, "ttl_s": 99999999, "why": MARK}
+    return {
+        "forge_event": (f"gt.evt.bead.{victim}", json.dumps(forged_event).encode()),
+        "close_as_refinery": (
+            "gt.cmd.bead.close.svc.refinery",
+            json.dumps({"id": victim, "reason": MARK, "cmd_id": "forged-close"}).encode(),
+        ),
+        "unsling_as_deacon": (
+            "gt.cmd.bead.unsling.svc.deacon",
+            json.dumps({"id": victim, "cmd_id": "forged-unsling"}).encode(),
+        ),
+        "close_as_operator": (
+            "gt.cmd.bead.close",
+            json.dumps({"id": victim, "reason": MARK, "cmd_id": "forged-close-plain"}).encode(),
+        ),
+        "mayor_activity": ("$KV.GT_ACTIVE.mayor", json.dumps(activity).encode()),
+        "purge_heartbeats": ("$JS.API.STREAM.PURGE.KV_GT_HEARTBEATS", b"{}"),
+        "delete_log": ("$JS.API.STREAM.DELETE.GT_EVT", b"{}"),
+        "delete_commands": ("$JS.API.STREAM.DELETE.GT_CMD", b"{}"),
+        "read_activity_keys": (
+            "$JS.API.CONSUMER.CREATE.KV_GT_ACTIVE",
+            b"",  # filled in with a push consumer to the session's own inbox
+        ),
+    }
+
+
+class Attacker:
+    def __init__(self, nc: Client, session: str, inbox: str) -> None:
+        self.nc = nc
+        self.session = session
+        self.inbox = inbox
+        self.report: dict[str, Any] = {"session": session, "attempts": []}
+        self.errors: list[str] = []
+
+    def note(self, name: str, how: str, result: str) -> None:
+        self.report["attempts"].append({"attack": name, "how": how, "result": result[:300]})
+
+    async def quietly(self, name: str, how: str, coro: Any, timeout: float = 2.0) -> Any:
+        before = len(self.errors)
+        try:
+            got = await asyncio.wait_for(coro, timeout)
+        except Exception as exc:
+            self.note(name, how, f"error: {exc!r}")
+            return None
+        await asyncio.sleep(0.05)
+        refused = self.errors[before:]
+        self.note(name, how, f"refused: {refused}" if refused else f"answered: {got!r}")
+        return got
+
+    async def trampolines(self, victim: str) -> None:
+        """The reply-subject injections: an allowed request whose answer the server publishes, the reply set to
+        a subject the session may not publish to."""
+        beat = f"$KV.GT_HEARTBEATS.{self.session}"
+        direct_get_own = f"$JS.API.DIRECT.GET.KV_GT_HEARTBEATS.{beat}"
+        for name, (subject, payload) in targets(victim).items():
+            if name == "read_activity_keys":
+                payload = json.dumps(
+                    {
+                        "stream_name": "KV_GT_ACTIVE",
+                        "config": {"deliver_subject": f"{self.inbox}.leak", "ack_policy": "none"},
+                    }
+                ).encode()
+            # 1. its own heartbeat key holds the payload; a direct get of it answers to the target
+            await self.quietly(name, "own key = payload", self.nc.request(beat, payload))
+            await self.quietly(
+                name, "direct get of own key, reply = target", self._publish(direct_get_own, b"", subject)
+            )
+            # 2. the same through a message get naming the key in its body
+            body = json.dumps({"last_by_subj": beat}).encode()
+            await self.quietly(
+                name,
+                "message get, reply = target",
+                self._publish("$JS.API.STREAM.MSG.GET.KV_GT_HEARTBEATS", body, subject),
+            )
+            # 3. its own command (the PubAck answers), a query (the service answers), an outcome's direct get
+            own_command = f"gt.cmd.mail.send.{os.environ['GT_RIG']}.{os.environ['GT_POLECAT']}.{self.session}"
+            await self.quietly(name, "own command, reply = target", self._publish(own_command, b"{}", subject))
+            await self.quietly(name, "query, reply = target", self._publish("gt.q.mayor.status", b"{}", subject))
+            outcome = "$JS.API.DIRECT.GET.GT_EVT.gt.evt.cmd.nothing"
+            await self.quietly(name, "outcome direct get, reply = target", self._publish(outcome, b"", subject))
+            # 4. a consumer of the log delivering to the target
+            consumer = json.dumps(
+                {"stream_name": "GT_EVT", "config": {"deliver_subject": subject, "ack_policy": "none"}}
+            )
+            await self.quietly(
+                name,
+                "consumer with deliver subject = target",
+                self.nc.request("$JS.API.CONSUMER.CREATE.GT_EVT", consumer.encode()),
+            )
+            # 5. straight at it
+            await self.quietly(name, "publish to the target", self._publish(subject, payload, ""))
+            await self.quietly(name, "request to the target", self.nc.request(subject, payload))
+
+    async def _publish(self, subject: str, data: bytes, reply: str) -> str:
+        await self.nc.publish(subject, data, reply=reply)
+        await self.nc.flush()
+        return "sent"
+
+    async def eavesdrop(self) -> None:
+        """What a superuser did on a laptop: read everything, take the services' queries."""
+        got: list[str] = []
+
+        async def keep(msg: Any) -> None:
+            got.append(msg.subject)
+
+        for subject, queue in ((">", None), ("_INBOX.>", None), ("gt.q.mayor.>", "mayor-q"), ("gt.evt.>", None)):
+            await self.quietly(
+                "eavesdrop",
+                f"subscribe {subject} {queue or ''}",
+                self.nc.subscribe(subject, queue=queue or "", cb=keep),
+            )
+        await asyncio.sleep(1.0)
+        leaked = [s for s in got if not s.startswith(self.inbox)]
+        self.report["eavesdropped"] = leaked[:50]
+
+    async def flood(self) -> None:
+        """A service's subject, unlimited, from a superuser: 200 creates."""
+        for i in range(200):
+            await self.nc.publish(
+                "gt.cmd.bead.create.svc.mayor", json.dumps({"title": MARK, "cmd_id": f"flood-{i}"}).encode()
+            )
+        await self.quietly("flood", "200 creates on the mayor's subject", self.nc.flush())
+
+
+async def limits(url: list[str], login: dict[str, Any], session: str) -> dict[str, Any]:
+    """A 3.9 MB message and 5,000 subscriptions, each on a connection of its own."""
+    out: dict[str, Any] = {}
+    errors: list[str] = []
+
+    async def err(exc: Exception) -> None:
+        errors.append(repr(exc))
+
+    nc = await nats.connect(url, error_cb=err, max_reconnect_attempts=0, **login)
+    subject = f"gt.cmd.mail.send.{os.environ['GT_RIG']}.{os.environ['GT_POLECAT']}.{session}"
+    try:
+        await nc.publish(subject, json.dumps({"body": "x" * 3_900_000, "cmd_id": "huge-1"}).encode())
+        await nc.flush(timeout=3)
+        await asyncio.sleep(0.5)
+    except Exception as exc:
+        errors.append(repr(exc))
+    out["huge_message"] = {"closed": nc.is_closed, "errors": errors[:3]}
+    await nc.close()
+    errors = []
+    nc = await nats.connect(url, error_cb=err, max_reconnect_attempts=0, **login)
+    made = 0
+    try:
+        for i in range(5000):
+            await nc.subscribe(f"{login['inbox_prefix'].decode()}.many.{i}")
+            made += 1
+            if i % 200 == 0:
+                await nc.flush(timeout=3)
+        await nc.flush(timeout=3)
+        await asyncio.sleep(0.5)
+    except Exception as exc:
+        errors.append(repr(exc))
+    out["subscriptions"] = {"made": made, "connected": nc.is_connected, "errors": errors[:3]}
+    await nc.close()
+    return out
+
+
+def login_from_env() -> dict[str, Any]:
+    login: dict[str, Any] = {}
+    user = os.environ.get("NATS_USER")
+    if user:
+        login["user"] = user
+        password = os.environ.get("NATS_PASSWORD")
+        if not password and os.environ.get("NATS_PASSWORD_FILE"):
+            with open(os.environ["NATS_PASSWORD_FILE"]) as file:
+                password = file.readline().strip()
+        login["password"] = password
+    prefix = os.environ.get("NATS_INBOX_PREFIX")
+    login["inbox_prefix"] = (prefix or "_INBOX").encode()
+    return login
+
+
+async def main(report_path: str, victim: str) -> None:
+    url = os.environ["NATS_URL"].split(",")
+    login = login_from_env()
+    session = os.environ["GT_SESSION"]
+    started = time.monotonic()
+    attacker: Attacker
+
+    async def err(exc: Exception) -> None:
+        attacker.errors.append(repr(exc))
+
+    nc = await nats.connect(url, error_cb=err, max_reconnect_attempts=-1, **login)
+    attacker = Attacker(nc, session, login["inbox_prefix"].decode())
+    try:
+        await attacker.trampolines(victim)
+        await attacker.eavesdrop()
+        await attacker.flood()
+    finally:
+        await nc.close()
+    attacker.report["limits"] = await limits(url, login, session)
+    attacker.report["errors"] = attacker.errors[-20:]
+    attacker.report["seconds"] = round(time.monotonic() - started, 1)
+    tmp = report_path + ".tmp"
+    with open(tmp, "w") as file:
+        json.dump(attacker.report, file, indent=1)
+    os.replace(tmp, report_path)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
