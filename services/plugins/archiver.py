@@ -95,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="start a new file when an event is this many seconds younger than the file's first (0: off)",
     )
     parser.add_argument("--fsync-interval", type=positive_float, default=1.0, help="seconds between fsyncs")
-    parser.add_argument("--name", default="archiver", help="plugin name: consumer plugin-<name> (default archiver)")
+    parser.add_argument("--name", default="archiver", help="plugin name: its marks <name>.* (default archiver)")
     args = parser.parse_args(argv)
 
     def build(config: TownConfig) -> Plugin:

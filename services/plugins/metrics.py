@@ -16,16 +16,17 @@ import structlog
 
 from services.plugins.http import PageServer
 from services.plugins.metrics_state import CONTENT_TYPE, LiveFacts, MetricsState, ServiceFacts, apply, render
-from shared.bus import streams
+from shared.bus import log_read, streams
 from shared.bus.connection import Connection
 from shared.bus.errors import BusError
 from shared.bus.query import ask_json
 from shared.config import TownConfig
 from shared.errors import EventDecodeError, QueryError
 from shared.events import decode_envelope
+from shared.plugins.position import parse_position
 from shared.plugins.process import plugin_parser, positive_float, run_plugin
 from shared.plugins.sdk import Delivery, Plugin
-from shared.plugins.settings import CONSUMER_PREFIX, PluginSettings
+from shared.plugins.settings import CONSUMER_PREFIX, PLUGIN_BUCKET, PluginSettings, position_key
 from shared.queries import Status
 
 log = structlog.get_logger(__name__)
@@ -100,9 +101,12 @@ async def collect_live(
     *,
     timeout: float,
     skip_plugin: str,
+    bucket: str = PLUGIN_BUCKET,
 ) -> LiveFacts:
     """Ask the town what a scrape reports besides the projection; whatever does not answer is left out
-    (a service that does not answer is reported down)."""
+    (a service that does not answer is reported down). Other plugins' positions are their recorded positions
+    (``<name>.position.last`` in the marks bucket, read at once by one direct get), or the acknowledged floor of a
+    durable consumer ``plugin-<name>`` on the log (a plugin that reads through one: another language's)."""
 
     async def stream_last_seq() -> int | None:
         try:
@@ -119,22 +123,34 @@ async def collect_live(
         except (QueryError, BusError, TimeoutError, msgspec.ValidationError):
             return None
 
-    async def plugins() -> dict[str, int]:
+    async def consumers() -> dict[str, int]:
         try:
             async with asyncio.timeout(timeout * 2):
                 floors = await streams.consumer_floors(nc, stream)
         except (BusError, TimeoutError) as exc:
             log.warning("metrics_consumers_info_failed", error=repr(exc))
             return {}
-        return {
-            name.removeprefix(CONSUMER_PREFIX): floor
-            for name, floor in floors.items()
-            if name.startswith(CONSUMER_PREFIX) and name != CONSUMER_PREFIX + skip_plugin
-        }
+        ours = {name: floor for name, floor in floors.items() if name.startswith(CONSUMER_PREFIX)}
+        return {name.removeprefix(CONSUMER_PREFIX): floor for name, floor in ours.items()}
 
-    last, answers, plugin_seqs = await asyncio.gather(
-        stream_last_seq(), asyncio.gather(*(status(s) for s in services)), plugins()
+    async def positions() -> dict[str, int]:
+        prefix, suffix = f"$KV.{bucket}.", position_key("*").removeprefix("*")
+        try:
+            found = await log_read.last_per_subject(nc, f"KV_{bucket}", [prefix + position_key("*")], timeout=timeout)
+        except (BusError, TimeoutError) as exc:
+            log.warning("metrics_positions_read_failed", error=repr(exc))
+            return {}
+        out = {}
+        for subject, stored in found.items():
+            seq = parse_position(stored.data)
+            if seq is not None:
+                out[subject.removeprefix(prefix).removesuffix(suffix)] = seq
+        return out
+
+    last, answers, floors, recorded = await asyncio.gather(
+        stream_last_seq(), asyncio.gather(*(status(s) for s in services)), consumers(), positions()
     )
+    plugin_seqs = {name: seq for name, seq in {**floors, **recorded}.items() if name != skip_plugin}
     return LiveFacts(stream_last_seq=last, services=dict(zip(services, answers, strict=True)), plugins=plugin_seqs)
 
 
@@ -148,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--status-timeout", type=positive_float, default=0.5, help="seconds a scrape waits for each service"
     )
-    parser.add_argument("--name", default="metrics", help="plugin name: consumer plugin-<name> (default metrics)")
+    parser.add_argument("--name", default="metrics", help="plugin name: its marks <name>.* (default metrics)")
     args = parser.parse_args(argv)
 
     def build(config: TownConfig) -> Plugin:

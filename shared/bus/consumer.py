@@ -1,6 +1,5 @@
-"""Durable consumers: a service's command consumer on GT_CMD (``CommandConsumer``), a plugin's on GT_EVT
-(``consumer_state``, ``create_event_consumer``; fetched by ``pull.Puller``), and what is done with what they
-deliver (``ack``, ``nak``, ``term``, ``in_progress``, ``hand_back``).
+"""Durable consumers: a service's command consumer on GT_CMD (``CommandConsumer``), and what is done with what it
+delivers (``ack``, ``nak``). (Plugins read GT_EVT by direct gets, ``log_read``: they have no consumer.)
 
 A ``Message`` is a delivery as NATS made it: its ``subject``, ``data``, ``headers`` and ``reply`` are plain values;
 everything that talks to the server about it goes through this module. A lost acknowledgement is never raised:
@@ -11,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 from datetime import datetime
 from typing import Any, NamedTuple, TypeAlias
 
@@ -34,7 +33,6 @@ HELD_READ_BATCH = 1_024
 HELD_READ_WAIT_S = 1.0
 HELD_READER_INACTIVE_S = 30.0
 """The server removes the reader of held commands by itself this long after an instance died reading."""
-HAND_BACK_ANSWER_S = 5.0
 
 
 class Stored(NamedTuple):
@@ -66,32 +64,6 @@ async def nak(msg: Message, delay: float | None = None) -> None:
     # A lost nak only means the message comes back after the ack wait instead.
     with contextlib.suppress(nats.errors.Error, TimeoutError):
         await msg.nak(delay=delay)
-
-
-async def term(msg: Message) -> None:
-    """Never deliver it again."""
-    with contextlib.suppress(nats.errors.Error):
-        await msg.term()
-
-
-async def in_progress(msg: Message) -> None:
-    """Tell the server it is being worked on: its ack wait starts again."""
-    with contextlib.suppress(nats.errors.Error):
-        await msg.in_progress()
-
-
-async def hand_back(nc: Connection, msgs: Sequence[Message]) -> None:
-    """Nak every one of ``msgs`` in the order given and wait until the server has them all (it answers the last
-    one's nak): the next pull gets them back in that order, before anything newer.
-
-    Raises:
-        BusError, TimeoutError: the server did not confirm; they come back after their ack wait instead.
-    """
-    if not msgs:
-        return
-    for msg in msgs[:-1]:
-        await msg.nak()
-    await nc.request(msgs[-1].reply, b"-NAK", timeout=HAND_BACK_ANSWER_S)
 
 
 class CommandConsumer:
@@ -196,64 +168,3 @@ class CommandConsumer:
                 if sub is not None:
                     await sub.unsubscribe()  # its inbox would stay subscribed for the life of the connection
                 await self._js.delete_consumer(self.stream, name)
-
-
-class ConsumerState(NamedTuple):
-    """What the server says about an existing consumer (``shared.plugins.position.ConsumerPosition``)."""
-
-    delivered_seq: int
-    ack_floor_seq: int
-    ack_pending: int
-    subjects: tuple[str, ...]
-
-
-async def consumer_state(nc: Connection, stream: str, name: str) -> ConsumerState | None:
-    """The consumer's position; None when it is not there."""
-    try:
-        found = await nc.jetstream().consumer_info(stream, name)
-    except nats.js.errors.NotFoundError:
-        return None
-    cfg = found.config
-    filters = tuple(cfg.filter_subjects or ([cfg.filter_subject] if cfg.filter_subject else []))
-    return ConsumerState(
-        delivered_seq=found.delivered.stream_seq if found.delivered else 0,
-        ack_floor_seq=found.ack_floor.stream_seq if found.ack_floor else 0,
-        ack_pending=found.num_ack_pending or 0,
-        subjects=filters,
-    )
-
-
-async def delete_consumer(nc: Connection, stream: str, name: str) -> None:
-    """Delete it; one that is not there is fine."""
-    with contextlib.suppress(nats.js.errors.NotFoundError):
-        await nc.jetstream().delete_consumer(stream, name)
-
-
-async def create_event_consumer(
-    nc: Connection,
-    stream: str,
-    name: str,
-    *,
-    filters: Sequence[str],
-    start_seq: int,
-    ack_wait_s: float,
-    max_ack_pending: int,
-    replicas: int,
-) -> None:
-    """A durable pull consumer of the events on ``filters`` from ``start_seq`` (1 or less: the whole log), each
-    acknowledged explicitly. Redelivery never gives up on the server side: a plugin counts real handler failures
-    itself (hand-backs of untouched events raise the server's count too)."""
-    wanted = list(filters)
-    config = ConsumerConfig(
-        durable_name=name,
-        deliver_policy=DeliverPolicy.ALL if start_seq <= 1 else DeliverPolicy.BY_START_SEQUENCE,
-        opt_start_seq=None if start_seq <= 1 else start_seq,
-        ack_policy=AckPolicy.EXPLICIT,
-        ack_wait=ack_wait_s,
-        max_deliver=-1,
-        max_ack_pending=max_ack_pending,
-        filter_subject=wanted[0] if len(wanted) == 1 else None,
-        filter_subjects=wanted if len(wanted) > 1 else None,
-        num_replicas=replicas,
-    )
-    await nc.jetstream().add_consumer(stream, config)

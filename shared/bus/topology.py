@@ -339,7 +339,8 @@ async def _stream_exists(js: JetStreamContext, stream: str) -> bool:
 
 
 async def provision(nc: Connection, config: TownConfig) -> ProvisionReport:
-    """Idempotently create the event log, the command intake and the command consumers."""
+    """Idempotently create the event log, the command intake and the command consumers, and the KV buckets (the
+    plugins' marks included: ``kv_stream_config``, rollups refused, direct gets answered)."""
     js = nc.jetstream()
     created: list[str] = []
     existing: list[str] = []
@@ -360,6 +361,9 @@ async def provision(nc: Connection, config: TownConfig) -> ProvisionReport:
     (created if made else existing).append(f"KV {config.lease_bucket}")
     made = await ensure_kv(js, config.active_bucket, ttl=ACTIVE_KEY_TTL_S, replicas=config.replicas)
     (created if made else existing).append(f"KV {config.active_bucket}")
+    # The plugins' marks and positions: made here, since plugins (account PLUGINS) may not create a stream.
+    made = await ensure_kv(js, DEFAULT_PLUGIN_BUCKET, ttl=PLUGIN_MARK_TTL_S, replicas=config.replicas)
+    (created if made else existing).append(f"KV {DEFAULT_PLUGIN_BUCKET}")
     for bucket in rollup_free_buckets(config):
         await deny_rollups(js, bucket)
     return ProvisionReport(created=created, existing=existing)
@@ -373,6 +377,9 @@ LEASE_RENEWAL_TTL_S = 8 * 24 * 3600.0
 """Longer than the longest lease TTL (a week): a live lease's renewal entry never ages out."""
 SERVICE_HEARTBEAT_TTL_S = 3600.0
 """A service process gone for an hour leaves the bucket by itself (its down event stays in the log)."""
+PLUGIN_MARK_TTL_S = 7 * 24 * 3600.0
+"""How long the plugins' marks are kept (``shared.plugins.settings.DEFAULT_MARK_TTL_S``); their positions are written
+never to age out (``log_read.put_kept``)."""
 ACTIVE_KEY_TTL_S = 3600.0
 """A scope's activity key is renewed every few seconds while held; one left by a scope nobody runs any more
 leaves the bucket after an hour (a lapsed key is taken over long before, by its revision, not by this)."""

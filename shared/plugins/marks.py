@@ -5,10 +5,10 @@ One key per plugin and event, ``<plugin>.<event id>``, moves ``begun`` -> ``done
 1. before the side effect, ``begun`` is created (create-if-absent, so only one attempt ever creates it);
 2. the side effect runs;
 3. ``done`` is recorded;
-4. the handler returns and the SDK acknowledges the event.
+4. the handler returns; the SDK records the plugin's position (``<plugin>.position.last``) after the batch.
 
-A process killed after 3 gets the event again (no acknowledgement) and is told it was done. One killed
-between 1 and 3 is told the earlier attempt was *interrupted*: the side effect may or may not have
+A process killed after 3 gets the event again (its position was not recorded past it) and is told it was
+done. One killed between 1 and 3 is told the earlier attempt was *interrupted*: the side effect may or may not have
 happened, and only the plugin can check which (is the line in the file, is the ticket there). A side
 effect that is idempotent, or checked when interrupted, therefore happens exactly once.
 """
@@ -24,9 +24,13 @@ import structlog
 
 from shared import ids
 from shared.aio import pause, raise_if_cancelling
+from shared.bus import log_read
+from shared.bus.connection import Connection
 from shared.bus.errors import RETRYABLE_ERRORS
 from shared.bus.kv import Bucket
 from shared.faults import crash_point
+from shared.plugins.position import encode_position, parse_position
+from shared.plugins.settings import position_key
 
 log = structlog.get_logger(__name__)
 
@@ -75,10 +79,13 @@ async def retrying(what: str, op: Callable[[], Awaitable[T]]) -> T:
 
 
 class Marks:
-    """One plugin's marks."""
+    """One plugin's marks and position, in the bucket the services made (``topology.provision``). Read by key with
+    direct gets only: the plugins' account may neither ask for the bucket's stream info nor watch it."""
 
-    def __init__(self, bucket: Bucket, plugin: str) -> None:
-        self._kv = bucket
+    def __init__(self, nc: Connection, bucket: str, plugin: str) -> None:
+        self._nc = nc
+        self._bucket = bucket
+        self._kv = Bucket(nc, bucket, keys_only=True)
         self._plugin = plugin
 
     async def state(self, event_id: str) -> bytes | None:
@@ -129,6 +136,19 @@ class Marks:
         await retrying("put", lambda: self._kv.put(dead_key(self._plugin, seq), body))
 
     async def purge(self) -> None:
-        """Forget every mark of this plugin (a replay from the start acts on every event again)."""
+        """Forget every mark of this plugin, its position included (a replay from the start acts on every event
+        again)."""
         await retrying("purge", lambda: self._kv.purge_keys(self._plugin))
         log.info("plugin_marks_purged", plugin=self._plugin)
+
+    async def position(self) -> int | None:
+        """The last sequence the plugin recorded as done with; None when it recorded none (or the bucket is not
+        there: raises ``nats.errors.NoRespondersError`` then, like any NATS failure, after no retry)."""
+        entry = await self._kv.get(position_key(self._plugin))
+        return parse_position(entry.value) if entry is not None else None
+
+    async def record_position(self, seq: int) -> None:
+        """Record ``seq`` as the last sequence the plugin is done with. Kept whatever the bucket's TTL: a plugin
+        stopped for longer still resumes where it stood."""
+        value = encode_position(seq)
+        await retrying("position", lambda: log_read.put_kept(self._nc, self._bucket, position_key(self._plugin), value))

@@ -1,71 +1,57 @@
-"""Where a plugin's durable consumer should deliver from when the plugin starts. Pure.
+"""Where a plugin starts reading the log when it starts. Pure.
 
-The SDK hands events to the handler in stream order. A consumer that still holds unacknowledged events
-from a previous run (the process died mid-batch) would redeliver them only after their ack wait, behind
-newer ones; so such a consumer is recreated to start at its ack floor, and everything the dead process
-had not acknowledged comes first, in order, at once.
+A plugin follows ``GT_EVT`` by direct gets from its position: the last sequence it is done with (every event up to
+it handled, or abandoned, or outside its subjects), which it records in its marks after each batch. At-least-once:
+a process that dies mid-batch leaves the position at the end of the batch before, so the events it handled since
+come again (``once`` makes their side effects happen once).
 """
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
-
-Action = Literal["keep", "create", "recreate"]
-
-
-class ConsumerPosition(NamedTuple):
-    """What the server says about an existing consumer."""
-
-    delivered_seq: int
-    """Stream sequence of the last event it delivered."""
-    ack_floor_seq: int
-    """Stream sequence up to which every event was acknowledged."""
-    ack_pending: int
-    """Delivered events not acknowledged yet."""
-    subjects: tuple[str, ...]
+from typing import NamedTuple
 
 
 class StartPlan(NamedTuple):
-    action: Action
     start_seq: int
-    """First stream sequence to deliver (1: the whole log); unused when the consumer is kept."""
+    """First stream sequence to read (1: the whole log)."""
     reason: str
+    """``replay_from_start``, ``plugin_record`` (``resume_after``), ``position`` (its recorded position),
+    ``consumer_floor`` (the acknowledged floor of the durable consumer an earlier version read through) or ``new``."""
 
 
 def plan_start(
-    existing: ConsumerPosition | None,
+    recorded: int | None,
     *,
-    subjects: tuple[str, ...],
     replay: bool,
     resume_after: int | None,
+    consumer_floor: int | None = None,
 ) -> StartPlan:
-    """Decide whether to keep, create or recreate the consumer, and from which sequence.
+    """From which sequence to read.
 
-    ``resume_after`` is the last sequence the plugin holds by its own records (the archiver's files), or
-    None when the consumer's position is the only record.
+    ``recorded`` is the position in the plugin's marks (None: none yet); ``resume_after`` the last sequence the
+    plugin holds by its own records (the archiver's files), which wins over the recorded position; None when the
+    position is its only record. ``consumer_floor``: where the consumer ``plugin-<name>`` of an earlier version
+    had everything acknowledged, used only when nothing else says where the plugin stands.
     """
-
-    def make(start_seq: int, reason: str) -> StartPlan:
-        return StartPlan("create" if existing is None else "recreate", max(1, start_seq), reason)
-
+    for name, value in (("recorded", recorded), ("resume_after", resume_after), ("consumer_floor", consumer_floor)):
+        if value is not None and value < 0:
+            raise ValueError(f"{name} must be a stream sequence (0 or more), got {value}")
     if replay:
-        return make(1, "replay_from_start")
+        return StartPlan(1, "replay_from_start")
     if resume_after is not None:
-        if resume_after < 0:
-            raise ValueError(f"resume_after must be a stream sequence (0 or more), got {resume_after}")
-        if (
-            existing is not None
-            and existing.delivered_seq == resume_after
-            and existing.ack_pending == 0
-            and sorted(existing.subjects) == sorted(subjects)
-        ):
-            return StartPlan("keep", 0, "at_plugin_record")
-        return make(resume_after + 1, "plugin_record")
-    if existing is None:
-        return make(1, "new")
-    if existing.ack_pending > 0:
-        return make(existing.ack_floor_seq + 1, "unacknowledged_from_previous_run")
-    if sorted(existing.subjects) != sorted(subjects):
-        # A changed filter applies from where the plugin stands; a replay shows older events too.
-        return make(existing.delivered_seq + 1, "subjects_changed")
-    return StartPlan("keep", 0, "resume")
+        return StartPlan(resume_after + 1, "plugin_record")
+    if recorded is not None:
+        return StartPlan(recorded + 1, "position")
+    if consumer_floor is not None:
+        return StartPlan(consumer_floor + 1, "consumer_floor")
+    return StartPlan(1, "new")
+
+
+def parse_position(value: bytes) -> int | None:
+    """The sequence a position mark holds (ASCII digits); None when it holds something else."""
+    text = value.decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else None
+
+
+def encode_position(seq: int) -> bytes:
+    return str(seq).encode()

@@ -53,14 +53,14 @@ def run_plugin(name: str, args: argparse.Namespace, build: Callable[[town_config
 
     async def serve() -> None:
         stop_on_signals(plugin.shutdown)
-        log.info("plugin_starting", nats_url=cfg.nats_url, pid=os.getpid(), consumer=plugin.settings.consumer)
+        log.info("plugin_starting", nats_url=cfg.nats_url, pid=os.getpid(), position_key=plugin.settings.position_key)
         await plugin.run()
         log.info("plugin_stopped", **plugin.status())
 
     try:
         asyncio.run(serve())
     except Exception:
-        # Exiting non-zero; a supervisor restarts the plugin, which resumes from its consumer.
+        # Exiting non-zero; a supervisor restarts the plugin, which resumes from its recorded position.
         log.exception("plugin_failed")
         return EXIT_FAILED
     return EXIT_OK

@@ -1,12 +1,17 @@
 """The plugin SDK: a named, durable, ordered, at-least-once reader of ``GT_EVT`` with typed events.
 
-A plugin named N reads through the durable pull consumer ``plugin-N`` and so resumes where it left off.
-Its handler gets ``(seq, envelope, payload)`` one event at a time, in stream order; the payload is None
-for a type this code does not know (logged, then acknowledged like any other). An event is acknowledged
-only after the handler returned. A handler that raises gets the event again after a bounded backoff, and
-no later event is handed over before it succeeds; after ``max_attempts`` failures the plugin either stops
-(the event stays unacknowledged) or records the event as abandoned and goes on (``on_exhausted``).
-Delivery is at-least-once: ``once`` (marks in the ``GT_PLUGINS`` bucket) makes side effects exactly-once.
+A plugin named N follows the log by batched direct gets (``shared.bus.log_read``) from its position, the last
+sequence it is done with, which it keeps in its marks (``N.position.last`` in ``GT_PLUGINS``) and records after
+each batch: a restarted plugin resumes where it left off. It needs no JetStream consumer, so it runs in account
+PLUGINS, which may not create one (ops/nats/accounts.conf). Once caught up it looks for new events after
+``poll_s``, waiting twice as long each time none came, up to ``max_poll_s``.
+
+Its handler gets ``(seq, envelope, payload)`` one event at a time, in stream order; the payload is None for a type
+this code does not know (logged, then passed like any other). A handler that raises gets the event again after a
+bounded backoff, and no later event is handed over before it succeeds; after ``max_attempts`` failures the plugin
+either stops (its position stays before the event) or records the event as abandoned and goes on
+(``on_exhausted``). Delivery is at-least-once (a process that dies mid-batch handles the batch's events again):
+``once`` (marks in the ``GT_PLUGINS`` bucket) makes side effects exactly-once.
 
 ``run()`` blocks until ``shutdown()`` or a fatal error, which it re-raises; ``shutdown()`` is idempotent
 and safe before ``run()``: the run skeleton is the services' (``shared.service.lifecycle``).
@@ -15,8 +20,6 @@ and safe before ``run()``: the run skeleton is the services' (``shared.service.l
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections import deque
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, NamedTuple
@@ -24,41 +27,50 @@ from typing import Any, NamedTuple
 import msgspec
 import structlog
 
-from shared.aio import pause, raise_if_cancelling, wait_event
-from shared.bus import consumer as bus_consumer
-from shared.bus import kv, streams
+from shared.aio import raise_if_cancelling, wait_event
+from shared.bus import log_read, streams
 from shared.bus.connection import Connection
-from shared.bus.consumer import Message
 from shared.bus.errors import RETRYABLE_ERRORS, BusError
-from shared.bus.pull import Puller
+from shared.bus.streams import Stored
 from shared.config import TownConfig
 from shared.errors import EventDecodeError, GastownError, UnknownEventTypeError
 from shared.events import REGISTRY, Envelope, Event, EventRegistry, decode_envelope
 from shared.faults import crash_point
-from shared.plugins.marks import Claim, Marks, retrying
-from shared.plugins.position import ConsumerPosition, StartPlan, plan_start
-from shared.plugins.settings import PLUGIN_BUCKET, PluginSettings, backoff, validate
+from shared.plugins.marks import Claim, Marks
+from shared.plugins.position import StartPlan, plan_start
+from shared.plugins.settings import (
+    CONSUMER_PREFIX,
+    PLUGIN_BUCKET,
+    PluginSettings,
+    backoff,
+    matches,
+    server_filter,
+    validate,
+)
 from shared.service.lifecycle import Lifecycle
-from shared.subjects import parse_js_reply
 
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[int, Envelope, Event | None], Awaitable[None]]
-"""``(stream sequence, envelope, typed payload or None)``; raise to have the event delivered again."""
+"""``(stream sequence, envelope, typed payload or None)``; raise to have the event handed over again."""
 _ENCODER = msgspec.json.Encoder()
+MAX_BATCH_BYTES = 4 * 1024 * 1024
+"""The server stops a batch once it has sent this much (at least one event: an event is at most 1 MiB)."""
+READ_RETRY_S = 0.5
+"""Wait before reading again after NATS failed to answer a read."""
 
 
 class Delivery(NamedTuple):
-    """One event as the server delivered it."""
+    """One event as it is handed to the plugin."""
 
     seq: int
     subject: str
     data: bytes
     """The stored bytes (the JSON envelope, unless a foreign writer stored something else)."""
     delivered: int
-    """How many times the server has delivered it to this consumer (1: the first time)."""
+    """How many times this process has handed it over (1: the first time; more after failures)."""
     pending: int
-    """Events left for the consumer after this one."""
+    """Events stored after this one that the plugin has yet to read, as the server counted when it answered."""
 
 
 class PluginStoppedError(GastownError):
@@ -69,8 +81,8 @@ class PluginStoppedError(GastownError):
         self.seq = seq
         self.attempts = attempts
         super().__init__(
-            f"plugin {plugin} stopped: event {seq} failed {attempts} times (last error: {error!r}); it stays "
-            "unacknowledged and is the first event handled when the plugin starts again"
+            f"plugin {plugin} stopped: event {seq} failed {attempts} times (last error: {error!r}); its position "
+            "stays before it, so it is the first event handled when the plugin starts again"
         )
 
 
@@ -99,12 +111,17 @@ class Plugin:
         self.nc: Connection | None = None
         self.marks: Marks | None = None
         self.ready = asyncio.Event()
-        """Set once the consumer is in place and events are being fetched."""
+        """Set once the plugin knows where it starts and events are being read."""
         self.caught_up = asyncio.Event()
-        """Set the first time the plugin has handled everything its consumer had (nothing more to fetch)."""
+        """Set the first time the plugin has handled everything the log held (nothing more to read)."""
         self.start_plan: StartPlan | None = None
         self.last_seq = 0
-        """Stream sequence of the last event this process handled and acknowledged."""
+        """Stream sequence of the last event this process handled (or abandoned)."""
+        self.position = 0
+        """The last sequence the plugin is done with: every event up to it was handled, abandoned or outside its
+        subjects. Recorded in its marks after each batch (``recorded``)."""
+        self.recorded: int | None = None
+        """The position as last recorded in the marks (None: not yet, by this process)."""
         self.handled = 0
         self.failed_attempts = 0
         self.abandoned = 0
@@ -114,14 +131,13 @@ class Plugin:
             config, label=f"plugin {self.name}", client_name=f"gt-plugin-{self.name}", log_context={"plugin": self.name}
         )
         self._stop = self.lifecycle.stopping
-        self._failures: dict[int, int] = {}
-        self._held: deque[Message] = deque()
+        self._server_filter = server_filter(settings.subjects)
         self._reported: set[str] = set()
 
     # ---- hooks --------------------------------------------------------------------------------
 
     async def handle(self, seq: int, env: Envelope, payload: Event | None) -> None:
-        """Act on one event. Raise to have it delivered again (after a backoff)."""
+        """Act on one event. Raise to have it handed over again (after a backoff)."""
         if self._handler is None:
             raise NotImplementedError("override handle() or pass handler=")
         await self._handler(seq, env, payload)
@@ -138,11 +154,11 @@ class Plugin:
         await self.handle(delivery.seq, env, self.decode_payload(env, delivery.seq))
 
     async def prepare(self) -> None:
-        """Called once connected, before the consumer is positioned (open files, load state)."""
+        """Called once connected, before the plugin decides where it starts reading (open files, load state)."""
 
     async def resume_after(self) -> int | None:
-        """The last stream sequence this plugin holds by its own records, if it keeps any: the consumer
-        is moved to deliver from the next one. None: the consumer's position is the record."""
+        """The last stream sequence this plugin holds by its own records, if it keeps any: reading starts at the
+        next one, whatever position its marks hold. None: the recorded position is the record."""
         return None
 
     def start_background(self, tg: asyncio.TaskGroup) -> None:
@@ -194,41 +210,29 @@ class Plugin:
         self.lifecycle.shutdown()
 
     async def run(self) -> None:
-        """Consume until ``shutdown()``; re-raises the error that made the plugin stop otherwise."""
+        """Follow the log until ``shutdown()``; re-raises the error that made the plugin stop otherwise."""
         await self.lifecycle.run(self._run_connected)
 
     async def _run_connected(self, nc: Connection) -> None:
         self.nc = nc
         if not await self._wait_for_stream(nc):
             return
-        bucket = await kv.open_or_create(
-            nc, self._bucket, ttl_s=self.settings.mark_ttl_s, replicas=self.config.replicas
-        )
-        self.marks = Marks(bucket, self.name)
+        self.marks = Marks(nc, self._bucket, self.name)
+        found = await self._wait_for_marks(self.marks)
+        if found is None:
+            return
+        _, recorded = found
         await self.prepare()
         try:
-            self.start_plan = await self._position(nc)
-            puller = Puller(
-                nc,
-                self.config.evt_stream,
-                self.settings.consumer,
-                batch=self.settings.batch,
-                long_poll_s=self.settings.long_poll_s,
-                idle_heartbeat_s=self.settings.idle_heartbeat_s,
-                on_idle=self._note_caught_up,
-            )
+            self.start_plan = await self._position(nc, recorded)
 
-            async def consume(tg: asyncio.TaskGroup) -> None:
-                tg.create_task(self._keepalive(), name="keepalive")
+            async def follow(tg: asyncio.TaskGroup) -> None:
                 self.start_background(tg)
                 self.ready.set()
-                await self._consume(puller)
+                await self._follow(nc)
 
-            try:
-                # Not cancelled at shutdown(): consuming stops after the event in hand, then the group ends.
-                await self.lifecycle.in_task_group(consume, stop_cancels=False)
-            finally:
-                await puller.close()
+            # Not cancelled at shutdown(): reading stops after the event in hand, then the group ends.
+            await self.lifecycle.in_task_group(follow, stop_cancels=False)
         finally:
             await self.close()
 
@@ -248,133 +252,165 @@ class Plugin:
             await wait_event(self._stop, 1.0)
         return False
 
-    async def _position(self, nc: Connection) -> StartPlan:
-        stream, consumer = self.config.evt_stream, self.settings.consumer
+    async def _wait_for_marks(self, marks: Marks) -> tuple[bool, int | None] | None:
+        """``(True, recorded position or None)`` once the marks bucket answers; None when stopped before. The
+        services make the bucket when they provision the town; a plugin waits for it (it may not make it)."""
+        waiting = False
+        while not self._stop.is_set():
+            raise_if_cancelling()
+            try:
+                return True, await marks.position()
+            except RETRYABLE_ERRORS as exc:
+                if not waiting:
+                    log.warning("plugin_waiting_for_marks", bucket=self._bucket, error=repr(exc))
+                    waiting = True
+            await wait_event(self._stop, 1.0)
+        return None
 
-        async def info() -> ConsumerPosition | None:
-            found = await bus_consumer.consumer_state(nc, stream, consumer)
-            return ConsumerPosition(*found) if found is not None else None
-
-        existing = await retrying("consumer_info", info)
+    async def _position(self, nc: Connection, recorded: int | None) -> StartPlan:
         resume = await self.resume_after()
-        plan = plan_start(
-            existing, subjects=self.settings.subjects, replay=self.settings.replay_from_start, resume_after=resume
-        )
-        if plan.action == "recreate":
-            await retrying("delete_consumer", lambda: bus_consumer.delete_consumer(nc, stream, consumer))
-        if plan.action != "keep":
-            await retrying(
-                "add_consumer",
-                lambda: bus_consumer.create_event_consumer(
-                    nc,
-                    stream,
-                    consumer,
-                    filters=self.settings.subjects,
-                    start_seq=plan.start_seq,
-                    ack_wait_s=self.settings.ack_wait_s,
-                    max_ack_pending=max(1_000, self.settings.batch * 4),
-                    replicas=self.config.replicas,
-                ),
-            )
-        if self.settings.replay_from_start:
+        replay = self.settings.replay_from_start
+        floor = None
+        if not replay and resume is None and recorded is None:
+            floor = await self._old_consumer_floor(nc)
+        plan = plan_start(recorded, replay=replay, resume_after=resume, consumer_floor=floor)
+        self.position = plan.start_seq - 1
+        self.recorded = None if replay else recorded  # a replay purges it: recorded again below
+        if replay:
             assert self.marks is not None
             await self.marks.purge()
+            # Recorded at once: a run stopped before its first batch starts at 1 again, not at an old consumer's floor.
+            await self._record_position()
         log.info(
-            "plugin_consumer_ready",
-            consumer=consumer,
-            action=plan.action,
-            start_seq=plan.start_seq if plan.action != "keep" else None,
+            "plugin_positioned",
+            position_key=self.settings.position_key,
+            start_seq=plan.start_seq,
             reason=plan.reason,
-            previous=existing._asdict() if existing else None,
+            recorded=recorded,
         )
         return plan
 
-    # ---- consuming ----------------------------------------------------------------------------
-
-    async def _consume(self, puller: Puller) -> None:
-        stopping = asyncio.ensure_future(self._stop.wait())
+    async def _old_consumer_floor(self, nc: Connection) -> int | None:
+        """Where the durable consumer ``plugin-<name>`` an earlier version read through had everything acknowledged;
+        None when there is none (or the server does not say)."""
         try:
-            while not self._stop.is_set():
-                raise_if_cancelling()
-                pulling = asyncio.ensure_future(puller.next_batch())
-                await asyncio.wait({pulling, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if not pulling.done():
-                    pulling.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await pulling
-                    raise_if_cancelling()
-                    return
-                batch = pulling.result()
-                if batch:
-                    await self._handle_batch(batch)
-        finally:
-            stopping.cancel()
+            floors = await streams.consumer_floors(nc, self.config.evt_stream)
+        except (BusError, TimeoutError) as exc:
+            log.warning("plugin_consumer_list_failed", error=repr(exc))
+            return None
+        return floors.get(CONSUMER_PREFIX + self.name)
 
-    async def _handle_batch(self, batch: list[Message]) -> None:
-        held = self._held = deque(batch)
+    # ---- following the log --------------------------------------------------------------------
+
+    async def _follow(self, nc: Connection) -> None:
+        idle_wait = self.settings.poll_s
+        while not self._stop.is_set():
+            raise_if_cancelling()
+            try:
+                batch = await log_read.read_batch(
+                    nc,
+                    self.config.evt_stream,
+                    self.position + 1,
+                    self.settings.batch,
+                    MAX_BATCH_BYTES,
+                    subject=self._server_filter,
+                )
+            except RETRYABLE_ERRORS as exc:
+                log.warning("plugin_read_failed", from_seq=self.position + 1, error=repr(exc))
+                await wait_event(self._stop, READ_RETRY_S)
+                continue
+            if batch.messages:
+                await self._handle_batch(batch)
+                idle_wait = self.settings.poll_s
+            if batch.pending > 0:
+                continue  # more is stored already: read on at once
+            if self._stop.is_set():
+                return
+            self._note_caught_up()
+            await wait_event(self._stop, idle_wait)
+            if not batch.messages:
+                idle_wait = min(idle_wait * 2, self.settings.max_poll_s)
+
+    async def _handle_batch(self, batch: log_read.Batch) -> None:
+        """Hand over the batch's events in order; record the position reached (also when stopping mid-batch, or
+        when an event stops the plugin: its position stays before that event)."""
+        count = len(batch.messages)
         try:
-            while held:
+            for index, stored in enumerate(batch.messages):
                 if self._stop.is_set():
-                    await self._hand_back(held)
-                    return
-                msg = held[0]
-                info = parse_js_reply(msg.reply)
-                delivery = Delivery(info.stream_seq, msg.subject, msg.data, info.delivered, info.pending)
-                try:
-                    await self.handle_message(delivery)
-                except Exception as exc:  # noqa: BLE001 - any handler failure means "deliver it again"
-                    if await self._failed(delivery, exc, held):
-                        continue
-                    return
-                self._failures.pop(delivery.seq, None)
-                crash_point("plugin_handled")
-                held.popleft()
-                await bus_consumer.ack(msg)  # a lost acknowledgement only means one more delivery
-                self.last_seq = max(self.last_seq, delivery.seq)
-                self.handled += 1
-                if delivery.pending == 0:
-                    self._note_caught_up()
-        finally:
-            self._held = deque()
+                    break
+                if self._server_filter is None and not any(matches(stored.subject, s) for s in self.settings.subjects):
+                    self.position = stored.seq  # not one of its subjects: done with it
+                    continue
+                if not await self._handle_event(stored, batch.pending + count - index - 1):
+                    break  # stopping while it waited to hand the event over again
+                self.position = stored.seq
+        except PluginStoppedError:
+            await self._record_position()
+            raise
+        await self._record_position()
+
+    async def _handle_event(self, stored: Stored, pending: int) -> bool:
+        """Hand one event over until it is handled or abandoned (True); False when stopped while waiting to hand
+        it over again. Raises ``PluginStoppedError`` when its attempts ran out and the policy is to stop."""
+        attempts = 0
+        while True:
+            attempts += 1
+            delivery = Delivery(stored.seq, stored.subject, stored.data, attempts, pending)
+            try:
+                await self.handle_message(delivery)
+            except Exception as exc:  # any handler failure means "hand it over again"
+                self.failed_attempts += 1
+                if attempts < self.settings.max_attempts:
+                    wait = backoff(attempts, base=self.settings.backoff_s, cap=self.settings.max_backoff_s)
+                    log.warning(
+                        "plugin_handler_failed",
+                        seq=stored.seq,
+                        subject=stored.subject,
+                        attempt=attempts,
+                        retry_in_s=wait,
+                        exc_info=exc,
+                    )
+                    if await wait_event(self._stop, wait):
+                        return False  # the event is the first one the next run hands over
+                    continue
+                if self.settings.on_exhausted == "stop":
+                    log.error(
+                        "plugin_event_failed_stopping",
+                        seq=stored.seq,
+                        subject=stored.subject,
+                        attempts=attempts,
+                        exc_info=exc,
+                    )
+                    raise PluginStoppedError(self.name, stored.seq, attempts, exc) from exc
+                await self._abandon(delivery, attempts, exc)
+                self.last_seq = max(self.last_seq, stored.seq)
+                return True
+            crash_point("plugin_handled")
+            self.last_seq = max(self.last_seq, stored.seq)
+            self.handled += 1
+            return True
+
+    async def _record_position(self) -> None:
+        """Record the position in the marks when it moved; a failure is logged (the events since the last record
+        are handed over again after a restart, or recorded with the next batch)."""
+        if self.position == self.recorded:
+            return
+        assert self.marks is not None
+        seq = self.position
+        try:
+            await self.marks.record_position(seq)
+        except (BusError, TimeoutError) as exc:
+            log.warning("plugin_position_not_recorded", position=seq, error=repr(exc))
+            return
+        self.recorded = seq
 
     def _note_caught_up(self) -> None:
         if not self.caught_up.is_set():
             self.caught_up.set()
-            log.info("plugin_caught_up", last_seq=self.last_seq, handled=self.handled)
+            log.info("plugin_caught_up", last_seq=self.last_seq, position=self.position, handled=self.handled)
 
-    async def _failed(self, delivery: Delivery, exc: Exception, held: deque[Message]) -> bool:
-        """True when the event was passed over and the batch goes on; False when the batch was handed
-        back (to be delivered again after the backoff)."""
-        seq = delivery.seq
-        failures = self._failures[seq] = self._failures.get(seq, 0) + 1
-        self.failed_attempts += 1
-        if failures < self.settings.max_attempts:
-            wait = backoff(failures, base=self.settings.backoff_s, cap=self.settings.max_backoff_s)
-            log.warning(
-                "plugin_handler_failed",
-                seq=seq,
-                subject=delivery.subject,
-                attempt=failures,
-                delivered=delivery.delivered,
-                retry_in_s=wait,
-                exc_info=exc,
-            )
-            # Wait here rather than with a delayed nak: nothing newer may be fetched before this event
-            # comes again, and a nak without delay puts it first in line.
-            await wait_event(self._stop, wait)
-            await self._hand_back(held)
-            return False
-        if self.settings.on_exhausted == "stop":
-            log.error(
-                "plugin_event_failed_stopping", seq=seq, subject=delivery.subject, attempts=failures, exc_info=exc
-            )
-            await self._hand_back(held)
-            raise PluginStoppedError(self.name, seq, failures, exc) from exc
-        await self._abandon(held.popleft(), delivery, failures, exc)
-        return True
-
-    async def _abandon(self, msg: Message, delivery: Delivery, attempts: int, exc: Exception) -> None:
-        self._failures.pop(delivery.seq, None)
+    async def _abandon(self, delivery: Delivery, attempts: int, exc: Exception) -> None:
         self.abandoned += 1
         log.error(
             "plugin_event_abandoned",
@@ -392,38 +428,15 @@ class Plugin:
             await self.marks.record_dead(delivery.seq, record)
         except (BusError, TimeoutError) as err:
             log.error("plugin_abandoned_record_failed", seq=delivery.seq, error=repr(err))
-        await bus_consumer.term(msg)
-
-    async def _hand_back(self, held: deque[Message]) -> None:
-        """Nak every held event, oldest first, and wait until the server has them all: the next pull then
-        gets them back in stream order, before anything newer."""
-        msgs = sorted(held, key=lambda m: parse_js_reply(m.reply).stream_seq)
-        held.clear()
-        if not msgs:
-            return
-        assert self.nc is not None
-        try:
-            await bus_consumer.hand_back(self.nc, msgs)
-        except (BusError, TimeoutError) as exc:
-            # They come back after their ack wait instead (and at once after a restart).
-            log.warning("plugin_hand_back_failed", events=len(msgs), error=repr(exc))
-
-    async def _keepalive(self) -> None:
-        # Tell the server the held events are being worked on, so a slow handler or a backoff never
-        # makes them due for redelivery behind the plugin's back.
-        interval = self.settings.ack_wait_s / 3
-        while True:
-            await pause(interval)
-            for msg in list(self._held):
-                await bus_consumer.in_progress(msg)
 
     def status(self) -> dict[str, Any]:
         return {
             "plugin": self.name,
-            "consumer": self.settings.consumer,
+            "position_key": self.settings.position_key,
             "connected": bool(self.nc and self.nc.is_connected),
             "caught_up": self.caught_up.is_set(),
             "last_seq": self.last_seq,
+            "position": self.position,
             "handled": self.handled,
             "failed_attempts": self.failed_attempts,
             "abandoned": self.abandoned,

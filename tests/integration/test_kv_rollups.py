@@ -17,7 +17,7 @@ from nats.js.client import JetStreamContext
 
 from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
-from shared.bus.kv import Bucket, open_or_create
+from shared.bus.kv import Bucket
 from shared.bus.topology import provision
 from shared.config import TownConfig
 from shared.plugins.settings import PLUGIN_BUCKET
@@ -100,9 +100,13 @@ async def test_a_town_started_on_buckets_that_allowed_rollups_gets_them_updated(
         await asyncio.wait_for(task, 30)
 
 
-async def test_a_plugin_creates_its_marks_bucket_without_rollups(nc: Client, town: TownConfig) -> None:
+async def test_the_services_make_the_plugins_marks_bucket_without_rollups(nc: Client, town: TownConfig) -> None:
+    # Plugins (account PLUGINS) may not create a stream: the services' provisioning makes their bucket.
     js = nc.jetstream()
-    kv = await open_or_create(nc, PLUGIN_BUCKET, ttl_s=3600.0, replicas=1)
+    await provision(nc, town)
+    config = (await js.stream_info(f"KV_{PLUGIN_BUCKET}")).config
+    assert (config.allow_rollup_hdrs, config.allow_direct, config.allow_msg_ttl) == (False, True, True)
+    kv = Bucket(nc, PLUGIN_BUCKET, keys_only=True)  # as a plugin opens it: direct gets only
     await kv.put("other.evt-1", b"done")
     refused = await roll_up(js, PLUGIN_BUCKET, "mine.evt-1", "all")
     assert refused.err_code == ERR_ROLLUP_NOT_PERMITTED

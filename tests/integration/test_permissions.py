@@ -456,7 +456,7 @@ async def test_a_plugin_can_neither_append_events_nor_send_commands(st: SecuredT
 
     lines = st.violations()
     for subject in ("gt.evt.x", "gt.cmd.bead.create", "gt.evt.bead.forged"):
-        assert any('"GT/user:plugin"' in line and f'Subject "{subject}"' in line for line in lines), lines
+        assert any('"PLUGINS/user:plugin"' in line and f'Subject "{subject}"' in line for line in lines), lines
 
 
 async def test_an_agent_can_neither_add_rigs_nor_close_beads(st: SecuredTown, tmp_path: Path) -> None:

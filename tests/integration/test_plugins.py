@@ -1,4 +1,4 @@
-"""Plugins on a real nats-server: the SDK (typed, ordered, durable, at-least-once, redelivery, replay), the
+"""Plugins on a real nats-server: the SDK (typed, ordered, durable, at-least-once, retries, replay), the
 idempotence helper under SIGKILL, the archiver and the metrics exporter as real processes, and a plain
 nats-py subscriber that knows nothing but the subjects and `gt schema`.
 
@@ -23,16 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
+import nats.js.errors
 import pytest
 import structlog
 from nats.aio.client import Client
+from nats.js.api import AckPolicy, ConsumerConfig
 
 from services.mayor.projection import new_projection
 from services.plugins.archive_files import ArchiveWriter, archive_files, read_archive
 from services.plugins.archive_format import ArchiveCorruptError, ArchiveOrderError, encode_line, file_name
 from services.plugins.metrics import MetricsOptions, MetricsPlugin
+from shared.bus import log_read
 from shared.bus.append import Appender, PendingEvent
-from shared.bus.topology import provision
+from shared.bus.topology import create_kv, provision
 from shared.config import TownConfig
 from shared.errors import CommandError
 from shared.events import (
@@ -51,6 +55,7 @@ from shared.events import (
 )
 from shared.plugins import PLUGIN_BUCKET, Delivery, Plugin, PluginSettings, PluginStoppedError
 from shared.plugins.process import plugin_parser, run_plugin
+from shared.plugins.settings import position_key
 from shared.subjects import event_subject
 from tests.conftest import REPO_ROOT
 from tests.drivers import Driver, nats_driver
@@ -58,8 +63,8 @@ from tests.helpers import assert_eventually
 from tests.log_tools import digest, fresh_replay, read_all
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-QUICK = {"long_poll_s": 1.0, "idle_heartbeat_s": 0.3, "backoff_s": 0.05, "max_backoff_s": 0.2}
-"""Test timings: a short long poll (shutdown and catch-up checks stay quick) and short backoffs."""
+QUICK = {"poll_s": 0.02, "max_poll_s": 0.2, "backoff_s": 0.05, "max_backoff_s": 0.2}
+"""Test timings: short polls for new events (catch-up checks stay quick) and short backoffs."""
 
 
 def settings(name: str, **fields: Any) -> PluginSettings:
@@ -103,7 +108,7 @@ async def running(plugin: Plugin) -> AsyncIterator[asyncio.Task[None]]:
     if task.done():
         ready.cancel()
         task.result()
-    assert plugin.ready.is_set(), "the plugin did not start consuming"
+    assert plugin.ready.is_set(), "the plugin did not start reading"
     try:
         yield task
     finally:
@@ -136,17 +141,21 @@ class Recorder(Plugin):
         return [seq for seq, *_ in self.calls]
 
 
-async def consumer_state(nc: Client, name: str) -> tuple[int, int]:
-    """(acknowledged floor, unacknowledged) of plugin ``name``'s consumer."""
-    info = await nc.jetstream().consumer_info("GT_EVT", f"plugin-{name}")
-    return int(info.ack_floor.stream_seq if info.ack_floor else 0), int(info.num_ack_pending or 0)
+async def recorded_position(nc: Client, name: str) -> int | None:
+    """The position plugin ``name`` recorded in its marks (None: none)."""
+    kv = await nc.jetstream().key_value(PLUGIN_BUCKET)
+    try:
+        entry = await kv.get(position_key(name))
+    except nats.js.errors.KeyNotFoundError:
+        return None
+    return int(entry.value or b"")
 
 
-async def all_acknowledged(nc: Client, name: str, seq: int) -> None:
-    """Wait until plugin ``name`` has acknowledged everything up to ``seq`` and holds nothing."""
+async def all_recorded(nc: Client, name: str, seq: int) -> None:
+    """Wait until plugin ``name`` has recorded that it is done with everything up to ``seq``."""
 
     async def check() -> bool:
-        return await consumer_state(nc, name) == (seq, 0)
+        return await recorded_position(nc, name) == seq
 
     done: bool = await assert_eventually(check)
     assert done
@@ -156,7 +165,7 @@ async def all_acknowledged(nc: Client, name: str, seq: int) -> None:
 
 
 class TestTypedOrderedDelivery:
-    async def test_events_come_typed_in_order_and_unknown_ones_are_none_and_still_acknowledged(
+    async def test_events_come_typed_in_order_and_unknown_ones_are_none_and_still_passed(
         self, nc: Client, town: TownConfig, log: Appender
     ) -> None:
         await store(log, *beads(1, 3))
@@ -180,7 +189,7 @@ class TestTypedOrderedDelivery:
         ]
         assert (plugin.unknown, plugin.undecodable) == (1, 1)
         assert {entry["event"] for entry in logs} >= {"plugin_event_type_unknown", "plugin_event_undecodable"}
-        await all_acknowledged(nc, "typed", last)
+        await all_recorded(nc, "typed", last)
 
     async def test_a_filtered_plugin_sees_only_its_subjects(self, nc: Client, town: TownConfig, log: Appender) -> None:
         await store(log, *beads(1, 2))
@@ -190,8 +199,19 @@ class TestTypedOrderedDelivery:
             await assert_eventually(lambda: plugin.last_seq == 4)
         assert plugin.seqs() == [1, 2, 4]
 
+    async def test_several_filters_are_applied_by_the_plugin(self, nc: Client, town: TownConfig, log: Appender) -> None:
+        await store(log, *beads(1, 2))
+        claimed = MergeRequestClaimed(mr_id="mr-1", attempt=1, holder="refinery", lease_until=T0)
+        await store(log, SessionEnded(session_id="s-1", reason="done"), claimed)
+        await store(log, BeadClaimed(bead_id="hq-000001", assignee="a"))
+        plugin = Recorder(town, settings("two-filters", subjects=("gt.evt.bead.>", "gt.evt.session.*"), batch=2))
+        async with running(plugin):
+            await assert_eventually(lambda: plugin.last_seq == 5)
+        assert plugin.seqs() == [1, 2, 3, 5]
+        await all_recorded(nc, "two-filters", 5)
 
-class TestDurableConsumer:
+
+class TestPosition:
     async def test_a_restarted_plugin_resumes_where_it_left_off(
         self, nc: Client, town: TownConfig, log: Appender
     ) -> None:
@@ -199,14 +219,36 @@ class TestDurableConsumer:
         first = Recorder(town, settings("resume"))
         async with running(first):
             await assert_eventually(lambda: first.last_seq == 5)
+        await all_recorded(nc, "resume", 5)
         await store(log, *beads(6, 3))
         again = Recorder(town, settings("resume"))
         async with running(again):
             await assert_eventually(lambda: again.last_seq == 8)
         assert first.seqs() == [1, 2, 3, 4, 5]
         assert again.seqs() == [6, 7, 8]
-        assert again.start_plan is not None
-        assert again.start_plan.action == "keep"
+        assert again.start_plan == (6, "position")
+
+    async def test_a_plugin_stopped_mid_log_resumes_after_its_last_handled_event(
+        self, nc: Client, town: TownConfig, log: Appender
+    ) -> None:
+        await store(log, *beads(1, 12))
+
+        class StopsAtSix(Recorder):
+            async def handle(self, seq: int, env: Envelope, payload: Event | None) -> None:
+                await super().handle(seq, env, payload)
+                if seq == 6:
+                    await self.shutdown()  # in the middle of its batch (5..8): it finishes the event in hand
+
+        first = StopsAtSix(town, settings("midway", batch=4))
+        task = asyncio.create_task(first.run())
+        await asyncio.wait_for(task, 30)
+        assert first.seqs() == [1, 2, 3, 4, 5, 6]
+        assert await recorded_position(nc, "midway") == 6
+        again = Recorder(town, settings("midway", batch=4))
+        async with running(again):
+            await assert_eventually(lambda: again.last_seq == 12)
+        assert again.start_plan == (7, "position")
+        assert again.seqs() == list(range(7, 13))  # nothing twice, nothing skipped
 
     async def test_replay_from_start_delivers_everything_again_and_forgets_the_marks(
         self, nc: Client, town: TownConfig, log: Appender
@@ -222,17 +264,73 @@ class TestDurableConsumer:
         plugin = Marking(town, settings("replayer"))
         async with running(plugin):
             await assert_eventually(lambda: plugin.last_seq == 4)
-        # Without its consumer the plugin gets the same events once more: the marks say they are done.
-        await nc.jetstream().delete_consumer("GT_EVT", "plugin-replayer")
+        await all_recorded(nc, "replayer", 4)
+        kv = await nc.jetstream().key_value(PLUGIN_BUCKET)
+        # Its position lost, the plugin gets the same events once more: the marks say they are done.
+        await kv.put(position_key("replayer"), b"0")
         again = Marking(town, settings("replayer"))
         async with running(again):
             await assert_eventually(lambda: again.last_seq == 4)
+        await kv.put("replayer.ev-stale", b"done")  # one of its marks the replay forgets
+        await kv.put("other.ev-kept", b"done")  # another plugin's: kept
         replay = Marking(town, settings("replayer", replay_from_start=True))
         async with running(replay):
             await assert_eventually(lambda: replay.last_seq == 4)
         assert firsts == [True] * 4 + [False] * 4 + [True] * 4
-        assert replay.start_plan is not None
-        assert (replay.start_plan.action, replay.start_plan.start_seq) == ("recreate", 1)
+        assert replay.start_plan == (1, "replay_from_start")
+        with pytest.raises(nats.js.errors.KeyNotFoundError):
+            await kv.get("replayer.ev-stale")
+        assert (await kv.get("other.ev-kept")).value == b"done"
+        await all_recorded(nc, "replayer", 4)
+
+    async def test_a_position_outlives_the_marks_ttl(self, nc: Client, town: TownConfig) -> None:
+        js = nc.jetstream()
+        kv = await create_kv(js, "GT_SHORT", ttl=1.0, replicas=1)  # as the marks bucket is made, with a 1 s TTL
+        try:
+            await log_read.put_kept(nc, "GT_SHORT", position_key("idle"), b"41")
+            await kv.put("idle.ev-1", b"done")
+            await asyncio.sleep(2.5)
+            assert (await kv.get(position_key("idle"))).value == b"41"  # a plugin down for long resumes there
+            with pytest.raises(nats.js.errors.KeyNotFoundError):
+                await kv.get("idle.ev-1")
+        finally:
+            await js.delete_stream("KV_GT_SHORT")  # not one of the town's: the reset between tests leaves it
+
+    async def test_batches_end_where_the_log_or_the_filter_does(
+        self, nc: Client, town: TownConfig, log: Appender
+    ) -> None:
+        await store(log, *beads(1, 5))
+        await store(log, SessionEnded(session_id="s-1", reason="done"))
+        whole = await log_read.read_batch(nc, "GT_EVT", 2, 3, 1 << 20)
+        assert [m.seq for m in whole.messages] == [2, 3, 4]
+        assert whole.pending == 2
+        assert whole.messages[0].subject == "gt.evt.bead.hq-000002"
+        small = await log_read.read_batch(nc, "GT_EVT", 1, 10, 1)  # max_bytes: at least one all the same
+        assert ([m.seq for m in small.messages], small.pending) == ([1], 5)
+        filtered = await log_read.read_batch(nc, "GT_EVT", 1, 10, 1 << 20, subject="gt.evt.session.*")
+        assert ([m.seq for m in filtered.messages], filtered.pending) == ([6], 0)
+        assert await log_read.read_batch(nc, "GT_EVT", 7, 10, 1 << 20) == ([], 0)
+        assert await log_read.read_batch(nc, "GT_EVT", 1, 10, 1 << 20, subject="gt.evt.mr.>") == ([], 0)
+        with pytest.raises(nats.errors.NoRespondersError):
+            await log_read.read_batch(nc, "GT_NOSUCH", 1, 10, 1 << 20)
+
+    async def test_a_plugin_that_read_through_a_consumer_starts_after_its_acknowledged_floor(
+        self, nc: Client, town: TownConfig, log: Appender
+    ) -> None:
+        await store(log, *beads(1, 6))
+        js = nc.jetstream()
+        # What an earlier version left: the durable consumer plugin-<name>, everything up to 4 acknowledged.
+        await js.add_consumer("GT_EVT", ConsumerConfig(durable_name="plugin-upgraded", ack_policy=AckPolicy.EXPLICIT))
+        sub = await js.pull_subscribe_bind("plugin-upgraded", "GT_EVT")
+        for msg in await sub.fetch(4, timeout=5):
+            await msg.ack_sync()
+        await sub.unsubscribe()
+        plugin = Recorder(town, settings("upgraded"))
+        async with running(plugin):
+            await assert_eventually(lambda: plugin.last_seq == 6)
+        assert plugin.start_plan == (5, "consumer_floor")
+        assert plugin.seqs() == [5, 6]
+        await all_recorded(nc, "upgraded", 6)
 
 
 class TestRedelivery:
@@ -245,11 +343,11 @@ class TestRedelivery:
             async with running(plugin):
                 await assert_eventually(lambda: plugin.last_seq == 6)
         assert plugin.seqs() == [1, 2, 3, 3, 3, 4, 5, 6]
-        assert [delivered for seq, delivered, *_ in plugin.calls if seq == 3] == [1, 2, 3]  # really redelivered
+        assert [delivered for seq, delivered, *_ in plugin.calls if seq == 3] == [1, 2, 3]  # handed over again
         failures = [entry for entry in logs if entry["event"] == "plugin_handler_failed"]
         assert [(f["seq"], f["attempt"]) for f in failures] == [(3, 1), (3, 2)]
         assert failures[0]["retry_in_s"] < failures[1]["retry_in_s"]
-        await all_acknowledged(nc, "flaky", 6)
+        await all_recorded(nc, "flaky", 6)
 
     async def test_when_attempts_run_out_a_skipping_plugin_records_the_event_and_goes_on(
         self, nc: Client, town: TownConfig, log: Appender
@@ -266,7 +364,7 @@ class TestRedelivery:
         record = json.loads((await kv.get("skipper.dead.2")).value or b"")
         assert (record["seq"], record["attempts"], record["subject"]) == (2, 3, "gt.evt.bead.hq-000002")
         assert "handler failure injected at 2" in record["error"]
-        await all_acknowledged(nc, "skipper", 4)  # terminated: never delivered again
+        await all_recorded(nc, "skipper", 4)  # passed over: never handed over again
 
     async def test_when_attempts_run_out_a_stopping_plugin_fails_and_the_event_comes_first_next_time(
         self, nc: Client, town: TownConfig, log: Appender
@@ -277,6 +375,7 @@ class TestRedelivery:
         with pytest.raises(PluginStoppedError, match="event 2 failed 2 times"):
             await asyncio.wait_for(task, 30)
         assert broken.seqs() == [1, 2, 2]
+        assert await recorded_position(nc, "stopper") == 1  # it stands before the event
         mended = Recorder(town, settings("stopper", max_attempts=2))
         async with running(mended):
             await assert_eventually(lambda: mended.last_seq == 4)
@@ -397,7 +496,7 @@ class TestExactlyOnce:
         assert len(_lines(ledger)) == (0 if point == "plugin_mark_begun" else 1)
         with spawned(command, gt_env, tmp_path / "ledger-2.log") as second:
             await assert_eventually(lambda: len(_lines(ledger)) >= 20)
-            await all_acknowledged(nc, "ledger", 20)
+            await all_recorded(nc, "ledger", 20)
             assert await stop(second) == 0
         ids = await event_ids(nc)
         assert ledger_ids(ledger) == ids  # every event, once, in log order
@@ -431,7 +530,7 @@ class TestExactlyOnce:
         with spawned(command, gt_env, tmp_path / "ledger-last.log") as last:
             await producer
             await assert_eventually(has_lines(ledger, total), timeout=60)
-            await all_acknowledged(nc, "ledger", total)
+            await all_recorded(nc, "ledger", total)
             assert await stop(last) == 0
         assert kills == 3
         assert ledger_ids(ledger) == await event_ids(nc)
@@ -598,10 +697,10 @@ class TestArchiver:
             with spawned(command, crashing, tmp_path / "archiver-2.log") as second:
                 assert await exited(second) == -signal.SIGKILL
             with spawned(command, gt_env, tmp_path / "archiver-3.log") as third:
-                await assert_eventually(logged(tmp_path / "archiver-3.log", "plugin_consumer_ready"))
-                [ready] = log_entries(tmp_path / "archiver-3.log", "plugin_consumer_ready")
-                # Its predecessor died holding a batch: the consumer is moved back to the files' end.
-                assert (ready["action"], ready["reason"]) == ("recreate", "plugin_record")
+                await assert_eventually(logged(tmp_path / "archiver-3.log", "plugin_positioned"))
+                [ready] = log_entries(tmp_path / "archiver-3.log", "plugin_positioned")
+                # Its predecessor died mid-batch: it reads on from its files' end, whatever position it recorded.
+                assert ready["reason"] == "plugin_record"
                 [opened] = log_entries(tmp_path / "archiver-3.log", "archive_opened")
                 assert ready["start_seq"] == opened["last_seq"] + 1
                 await workload(driver, "after")
@@ -790,42 +889,59 @@ def session(session_id: str) -> SessionRequested:
 # ---- a plugin in another language -----------------------------------------------------------------
 
 SUBSCRIBER = '''\
-"""A plugin as another language would write it: a NATS client and a JSON parser, nothing of gastown-nats."""
+"""A plugin as another language would write it: a NATS client and a JSON parser, nothing of gastown-nats. It follows
+the log as the plugin user may (docs/plugins.md): batched direct gets of GT_EVT from the last sequence it handled."""
 import asyncio
 import json
 import sys
 
 import nats
-from nats.js.api import ConsumerConfig, DeliverPolicy
+
+
+async def read_batch(nc, from_seq, batch):
+    """(seq, subject, data) of up to `batch` events from `from_seq`: the messages, then a status (204 EOB, or
+    404 when there is nothing there yet). Each message names its predecessor: a hole means one was lost."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    request = json.dumps({"seq": from_seq, "batch": batch}).encode()
+    await nc.publish("$JS.API.DIRECT.GET.GT_EVT", request, reply=inbox)
+    got = []
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=5)
+            headers = msg.headers or {}
+            if "Nats-Sequence" not in headers:
+                return got
+            before = int(headers["Nats-Last-Sequence"])
+            if before != (got[-1][0] if got else 0):
+                return got  # a message was lost on the way: read on from the last one kept
+            got.append((int(headers["Nats-Sequence"]), headers["Nats-Subject"], msg.data))
+    finally:
+        await sub.unsubscribe()
 
 
 async def main(url: str, last_seq: int) -> None:
     nc = await nats.connect(url)
-    js = nc.jetstream()
     seen = []
-    done = asyncio.Event()
-
-    async def on_msg(msg):
-        seq = msg.metadata.sequence.stream
-        envelope = json.loads(msg.data)
-        seen.append({
-            "seq": seq,
-            "subject": msg.subject,
-            "id": envelope["id"],
-            "type": envelope["type"],
-            "v": envelope.get("v", 1),  # gt schema: v defaults to 1 when absent
-            "ts": envelope["ts"],
-            "actor": envelope["actor"],
-            "data": envelope["data"],
-        })
-        if seq >= last_seq:
-            done.set()
-
-    sub = await js.subscribe(
-        "gt.evt.>", cb=on_msg, ordered_consumer=True, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
-    )
-    await asyncio.wait_for(done.wait(), 60)
-    await sub.unsubscribe()
+    position = 0  # a real plugin keeps this in its marks: $KV.GT_PLUGINS.<name>.position.last
+    while position < last_seq:
+        batch = await read_batch(nc, position + 1, 16)
+        if not batch:
+            await asyncio.sleep(0.05)  # caught up: look again soon
+            continue
+        for seq, subject, data in batch:
+            envelope = json.loads(data)
+            seen.append({
+                "seq": seq,
+                "subject": subject,
+                "id": envelope["id"],
+                "type": envelope["type"],
+                "v": envelope.get("v", 1),  # gt schema: v defaults to 1 when absent
+                "ts": envelope["ts"],
+                "actor": envelope["actor"],
+                "data": envelope["data"],
+            })
+            position = seq
     await nc.close()
     ours = sorted(m for m in sys.modules if m.split(".")[0] in ("shared", "services", "tests"))
     print(json.dumps({"events": seen, "imported": ours}))

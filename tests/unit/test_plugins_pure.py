@@ -1,4 +1,4 @@
-"""The plugin SDK's and the shipped plugins' pure parts: settings, where a consumer starts, mark keys, the
+"""The plugin SDK's and the shipped plugins' pure parts: settings, where a plugin starts reading, mark keys, the
 archive's line format and rotation rule, the metrics fold and its Prometheus text, the HTTP request line.
 
 Events are real ones, encoded as the services store them and decoded as the plugins decode them."""
@@ -23,6 +23,7 @@ from services.plugins.metrics_state import (
     escape_label,
     render,
 )
+from shared.bus.topology import PLUGIN_MARK_TTL_S
 from shared.errors import UnknownEventTypeError
 from shared.events import (
     REGISTRY,
@@ -45,8 +46,17 @@ from shared.events import (
     encode_event,
 )
 from shared.plugins.marks import dead_key, mark_key
-from shared.plugins.position import ConsumerPosition, plan_start
-from shared.plugins.settings import ALL_EVENTS, PluginSettings, backoff, validate
+from shared.plugins.position import encode_position, parse_position, plan_start
+from shared.plugins.settings import (
+    ALL_EVENTS,
+    DEFAULT_MARK_TTL_S,
+    PluginSettings,
+    backoff,
+    matches,
+    position_key,
+    server_filter,
+    validate,
+)
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -56,11 +66,12 @@ def stored(payload: Event, *, event_id: str = "ev-1", ts: datetime = T0) -> byte
 
 
 class TestSettings:
-    def test_the_defaults_are_valid_and_name_the_consumer(self) -> None:
+    def test_the_defaults_are_valid_and_name_the_position(self) -> None:
         settings = PluginSettings(name="notify")
         validate(settings)
-        assert settings.consumer == "plugin-notify"
+        assert settings.position_key == "notify.position.last"
         assert settings.subjects == (ALL_EVENTS,)
+        assert DEFAULT_MARK_TTL_S == PLUGIN_MARK_TTL_S  # the TTL the services make the marks bucket with
 
     @pytest.mark.parametrize(
         ("fields", "names"),
@@ -77,9 +88,10 @@ class TestSettings:
             ({"batch": 0}, "batch"),
             ({"max_attempts": 0}, "max_attempts"),
             ({"on_exhausted": "ignore"}, "on_exhausted"),
-            ({"ack_wait_s": 0.0}, "ack_wait_s"),
+            ({"poll_s": 0.0}, "poll_s"),
+            ({"max_poll_s": -1.0}, "max_poll_s"),
             ({"backoff_s": 60.0}, "backoff_s"),
-            ({"idle_heartbeat_s": 6.0}, "idle_heartbeat_s"),
+            ({"poll_s": 2.0}, "poll_s must be at most max_poll_s"),
         ],
     )
     def test_a_setting_that_cannot_work_is_named(self, fields: dict[str, object], names: str) -> None:
@@ -98,52 +110,65 @@ class TestSettings:
         assert backoff(10_000, base=0.5, cap=30.0) == 30.0
 
 
-ALL = (ALL_EVENTS,)
+class TestFilters:
+    @pytest.mark.parametrize(
+        ("subject", "pattern", "expected"),
+        [
+            ("gt.evt.bead.hq-1", "gt.evt.>", True),
+            ("gt.evt.bead.hq-1", "gt.evt.bead.>", True),
+            ("gt.evt.bead.hq-1", "gt.evt.bead.*", True),
+            ("gt.evt.bead.hq-1", "gt.evt.*.hq-1", True),
+            ("gt.evt.bead.hq-1", "gt.evt.bead.hq-1", True),
+            ("gt.evt.bead.hq-1", "gt.evt.mr.>", False),
+            ("gt.evt.bead.hq-1", "gt.evt.bead", False),
+            ("gt.evt.bead", "gt.evt.bead.>", False),
+            ("gt.evt.bead.hq-1.x", "gt.evt.bead.*", False),
+            ("gt.evt.cmd.c-1", "gt.evt.cmd.*", True),
+        ],
+    )
+    def test_a_subject_matches_a_filter_as_nats_matches_it(self, subject: str, pattern: str, expected: bool) -> None:
+        assert matches(subject, pattern) is expected
 
-
-def position(delivered: int, floor: int, pending: int, subjects: tuple[str, ...] = ALL) -> ConsumerPosition:
-    return ConsumerPosition(delivered_seq=delivered, ack_floor_seq=floor, ack_pending=pending, subjects=subjects)
+    def test_one_filter_is_left_to_the_server_several_are_applied_by_the_plugin(self) -> None:
+        assert server_filter(("gt.evt.bead.>",)) == "gt.evt.bead.>"
+        assert server_filter(("gt.evt.bead.>", "gt.evt.mr.>")) is None
 
 
 class TestStartPlan:
     def test_a_new_plugin_reads_the_whole_log(self) -> None:
-        plan = plan_start(None, subjects=ALL, replay=False, resume_after=None)
-        assert (plan.action, plan.start_seq) == ("create", 1)
+        assert plan_start(None, replay=False, resume_after=None) == (1, "new")
 
-    def test_a_consumer_with_everything_acknowledged_is_kept(self) -> None:
-        plan = plan_start(position(40, 40, 0), subjects=ALL, replay=False, resume_after=None)
-        assert plan.action == "keep"
+    def test_a_plugin_resumes_after_its_recorded_position(self) -> None:
+        assert plan_start(40, replay=False, resume_after=None) == (41, "position")
+        assert plan_start(0, replay=False, resume_after=None, consumer_floor=30) == (1, "position")
 
-    def test_events_a_dead_process_held_come_back_first(self) -> None:
-        # Redelivered only after their ack wait they would come behind newer events: start at the floor.
-        plan = plan_start(position(40, 31, 9), subjects=ALL, replay=False, resume_after=None)
-        assert (plan.action, plan.start_seq, plan.reason) == ("recreate", 32, "unacknowledged_from_previous_run")
+    def test_a_replay_starts_over_whatever_is_recorded(self) -> None:
+        for recorded in (None, 0, 40):
+            assert plan_start(recorded, replay=True, resume_after=7, consumer_floor=3) == (1, "replay_from_start")
 
-    def test_a_replay_starts_over_whatever_the_consumer_says(self) -> None:
-        for existing in (None, position(40, 40, 0), position(40, 31, 9)):
-            plan = plan_start(existing, subjects=ALL, replay=True, resume_after=7)
-            assert plan.start_seq == 1
-            assert plan.action == ("create" if existing is None else "recreate")
+    def test_a_plugin_record_wins_over_the_position(self) -> None:
+        # Lines lost from a buffer are read again; a record ahead of the position is where the plugin stands.
+        assert plan_start(40, replay=False, resume_after=35) == (36, "plugin_record")
+        assert plan_start(30, replay=False, resume_after=35) == (36, "plugin_record")
+        assert plan_start(None, replay=False, resume_after=0) == (1, "plugin_record")
 
-    def test_a_plugin_record_wins_over_the_consumer(self) -> None:
-        at = plan_start(position(40, 40, 0), subjects=ALL, replay=False, resume_after=40)
-        behind = plan_start(position(40, 40, 0), subjects=ALL, replay=False, resume_after=35)
-        ahead = plan_start(position(30, 30, 0), subjects=ALL, replay=False, resume_after=35)
-        unacked = plan_start(position(40, 38, 2), subjects=ALL, replay=False, resume_after=40)
-        empty = plan_start(None, subjects=ALL, replay=False, resume_after=0)
-        assert at.action == "keep"
-        assert (behind.action, behind.start_seq) == ("recreate", 36)  # lines lost from a buffer: read them again
-        assert (ahead.action, ahead.start_seq) == ("recreate", 36)
-        assert (unacked.action, unacked.start_seq) == ("recreate", 41)
-        assert (empty.action, empty.start_seq) == ("create", 1)
+    def test_an_earlier_versions_consumer_floor_is_used_only_when_nothing_else_says(self) -> None:
+        assert plan_start(None, replay=False, resume_after=None, consumer_floor=30) == (31, "consumer_floor")
+        assert plan_start(None, replay=False, resume_after=12, consumer_floor=30) == (13, "plugin_record")
 
-    def test_changed_subjects_apply_from_where_the_plugin_stands(self) -> None:
-        plan = plan_start(position(40, 40, 0, ("gt.evt.bead.>",)), subjects=ALL, replay=False, resume_after=None)
-        assert (plan.action, plan.start_seq, plan.reason) == ("recreate", 41, "subjects_changed")
+    def test_a_negative_sequence_is_refused(self) -> None:
+        for fields in ({"resume_after": -1}, {"resume_after": None, "consumer_floor": -1}):
+            with pytest.raises(ValueError, match="sequence"):
+                plan_start(None, replay=False, **fields)
+        with pytest.raises(ValueError, match="recorded"):
+            plan_start(-1, replay=False, resume_after=None)
 
-    def test_a_negative_record_is_refused(self) -> None:
-        with pytest.raises(ValueError, match="resume_after"):
-            plan_start(None, subjects=ALL, replay=False, resume_after=-1)
+    def test_a_position_is_ascii_digits_and_anything_else_reads_as_none(self) -> None:
+        assert encode_position(42) == b"42"
+        assert parse_position(encode_position(42)) == 42
+        assert parse_position(b" 7\n") == 7
+        for junk in (b"", b"-1", b"x", b"\xff", b"4.2"):
+            assert parse_position(junk) is None
 
 
 class TestMarkKeys:
@@ -156,10 +181,13 @@ class TestMarkKeys:
         assert key != mark_key("notify", "Some.Foreign id")
         assert re.fullmatch(r"notify\.evt-[0-9a-f]{24}", key)
 
-    def test_abandoned_events_never_collide_with_marks(self) -> None:
+    def test_abandoned_events_and_the_position_never_collide_with_marks(self) -> None:
         assert dead_key("notify", 42) == "notify.dead.42"
         assert dead_key("notify", 42).count(".") == 2
         assert mark_key("notify", "dead").count(".") == 1
+        assert position_key("notify") == "notify.position.last"
+        assert mark_key("notify", "position").count(".") == 1
+        assert position_key("notify") != dead_key("notify", 0)
 
 
 class TestArchiveFormat:
