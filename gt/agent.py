@@ -240,7 +240,7 @@ def fix_returned_work(data: dict[str, Any], faults: list[Fault], attempt: int) -
 
 def resolve_conflict(data: dict[str, Any], failure: dict[str, Any]) -> None:
     """Rebase the branch onto the commit it conflicted with, keeping both sides of each conflicting hunk (git's
-    union merge), and force-push it: the merge queue takes the branch as it is on the remote. A conflict
+    union merge); its `gt done` publishes the rebased branch (the merge queue takes the commit it names). A conflict
     the union cannot settle (a file deleted on one side) is given up on: the session ends without `gt done`,
     and past the rig's respawn limit the witness escalates the bead to a person."""
     worktree, branch, target = Path(data["worktree"]), data["branch"], failure["target_commit"]
@@ -264,8 +264,7 @@ def resolve_conflict(data: dict[str, Any], failure: dict[str, Any]) -> None:
             with contextlib.suppress(subprocess.CalledProcessError):
                 git("rebase", "--abort", cwd=worktree)
             raise RuntimeError(f"cannot resolve the conflict with {target[:10]}: {exc.stderr.strip()}") from exc
-    git("push", "--quiet", "--force-with-lease", "--", "origin", f"{branch}:refs/heads/{branch}", cwd=worktree)
-    say(f"resolved: rebased onto {target[:10]} keeping both sides, and pushed {branch}")
+    say(f"resolved: rebased onto {target[:10]} keeping both sides; `gt done` publishes {branch} again")
 
 
 def finish(data: dict[str, Any], faults: list[Fault], attempt: int) -> int:

@@ -1,9 +1,20 @@
-"""git, run as a subprocess: a rig's canonical (bare) clone and one worktree per polecat.
+"""git, run as a subprocess: a rig's canonical (bare) clone, one workspace per polecat, and how a polecat's work
+reaches the merge queue.
 
-The only module that runs git. Every function is blocking; async callers run them in a thread. Worktrees
-with uncommitted or unpushed work are never removed. Git runs with an allowlisted environment
-(``git_environment``) and with the hooks and fsmonitor a repository's config may name turned off
-(``GIT_SAFE_CONFIG``): an agent can write the config of the clone its worktree shares with the witness.
+The only module that runs git. Every function is blocking; async callers run them in a thread.
+
+- A polecat's **workspace** is a repository of its own (``ensure_worktree``), not a worktree of the witness's
+  clone: it shares no config, hooks or refs with any repository a service uses (it borrows the clone's objects
+  read-only, through git's alternates). Its ``origin`` fetches from the rig's repository and has no push URL: an
+  agent has nothing to push to.
+- An agent **publishes** its branch as a git bundle (``publish``, run by `gt done`, into
+  ``GT_HOME/rigs/<rig>/published/<session>/``): a file of its commits, which
+  the refinery imports as data (``import_bundle``: copied, size-capped, verified, fetched with object checks, the
+  submitted head pinned). Nothing of the agent's repository runs in the refinery's git.
+- Workspaces with uncommitted or unpublished work are never removed.
+
+Git runs with an allowlisted environment (``git_environment``) and with the hooks and fsmonitor a repository's
+config may name turned off (``GIT_SAFE_CONFIG``).
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ import subprocess
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
@@ -56,7 +68,29 @@ class WorktreeState(msgspec.Struct, frozen=True, kw_only=True):
     changes: tuple[str, ...] = ()
     """The paths ``git status`` shows changed or untracked (an untracked folder as one path ending in ``/``)."""
     unpushed: int = 0
-    """Commits on the branch that the rig's origin does not have."""
+    """Commits on the branch that neither the rig's base branch has nor `gt done` has published."""
+
+
+PUBLISHED_REF = "refs/gt/published"
+"""In a workspace: the commit `gt done` last published (``publish``); what it reaches is not lost with it."""
+IMPORTED_PREFIX = "refs/gt/published"
+"""In the refinery's clone: the commits of imported bundles, one ref per head (``<prefix>/<head>``)."""
+NO_PUSH_URL = "gt-done-publishes-this-branch"
+"""A workspace's push URL: not a repository, so a `git push` fails at once (an agent publishes with gt done)."""
+
+
+class Published(NamedTuple):
+    """What ``publish`` made: the branch's head and the bundle holding its commits."""
+
+    head: str
+    bundle: Path
+
+
+class BundleProblem(NamedTuple):
+    """Why a published bundle was not imported: ``code`` is a command rejection's (``too_large``, ``invalid``)."""
+
+    code: str
+    message: str
 
 
 GIT_ENV = {
@@ -137,9 +171,16 @@ BUILD_OUTPUT = (
 the witness prepares a worktree (``exclude_from_git``), for every agent runtime, so a project without a
 ``.gitignore`` for it keeps a clean ``git status`` after its tests ran and ``gt done`` is not refused for bytecode."""
 
-UPDATE_INSTEAD_RECEIVE_PACK = "git -c receive.denyCurrentBranch=updateInstead receive-pack"
+LOCAL_RECEIVE_PACK = "git -c core.hooksPath=/dev/null -c core.fsmonitor=false receive-pack"
+"""The receiving side of a push into a repository on this machine: without the hooks its config or its
+``hooks/`` name. An agent that can write the rig's repository (the same OS user) could plant a ``pre-receive``
+there, and the refinery's push would run it with the refinery's rights (root in the compose stack). A rig that
+needs server-side hooks on merges is served by a git server (a URL): its hooks run there, as its own user."""
+UPDATE_INSTEAD_RECEIVE_PACK = (
+    "git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c receive.denyCurrentBranch=updateInstead receive-pack"
+)
 """The receiving side of a push into a local non-bare repository: the checked-out branch is updated together
-with its work tree when that is clean, and the push is refused with git's reason when it is not."""
+with its work tree when that is clean, and the push is refused with git's reason when it is not (no hooks)."""
 
 
 def git(*args: str, cwd: Path | None = None, timeout: float = GIT_TIMEOUT_S, check: bool = True) -> str:
@@ -159,6 +200,14 @@ def git(*args: str, cwd: Path | None = None, timeout: float = GIT_TIMEOUT_S, che
     if check and done.returncode != 0:
         raise GitError(list(args), done.returncode, done.stderr)
     return done.stdout
+
+
+def _succeeds(*args: str, cwd: Path | None = None) -> bool:
+    """Whether git exits 0 (its output dropped)."""
+    try:
+        return _run(list(args), cwd, git_environment(), GIT_TIMEOUT_S).returncode == 0
+    except (ValueError, subprocess.TimeoutExpired):
+        return False
 
 
 def push_commit(work: Path, commit: str, branch: str, *, receive_pack: str | None = None) -> PushResult:
@@ -199,15 +248,24 @@ def is_checkout(repo: str) -> bool:
 
 
 def checkout_receive_pack(repo: str) -> str | None:
-    """The receive-pack a push into ``repo`` should run: for a local checkout whose owner set no
-    ``receive.denyCurrentBranch``, one that updates the checked-out branch's clean work tree instead of refusing
-    (see ``UPDATE_INSTEAD_RECEIVE_PACK``); None (git's default) otherwise, an owner's own setting included."""
+    """The receive-pack a push into ``repo`` should run: for a repository on this machine one that runs no hook
+    (``LOCAL_RECEIVE_PACK``), and for a local checkout whose owner set no ``receive.denyCurrentBranch`` one that also
+    updates the checked-out branch's clean work tree instead of refusing (``UPDATE_INSTEAD_RECEIVE_PACK``); None
+    (git's default, run by the server) for a URL."""
     path = local_repository(repo)
-    if path is None or not is_checkout(repo):
+    if path is None:
         return None
-    if git("config", "--get", "receive.denyCurrentBranch", cwd=path, check=False).strip():
-        return None
+    if not is_checkout(repo) or git("config", "--get", "receive.denyCurrentBranch", cwd=path, check=False).strip():
+        return LOCAL_RECEIVE_PACK
     return UPDATE_INSTEAD_RECEIVE_PACK
+
+
+def origin_receive_pack(clone: Path) -> list[str]:
+    """``--receive-pack=...`` for a push from ``clone`` to its origin (``checkout_receive_pack`` of its URL), or
+    nothing."""
+    url = git("config", "--get", "remote.origin.url", cwd=clone, check=False).strip()
+    receive_pack = checkout_receive_pack(url) if url else None
+    return [f"--receive-pack={receive_pack}"] if receive_pack else []
 
 
 def probe_repository(repo: str, branch: str) -> str | None:
@@ -233,8 +291,10 @@ def ensure_bare_clone(repo: str, path: Path) -> bool:
     temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         git("clone", "--bare", "--quiet", "--", repo, str(temp))
-        # Remote-tracking refs, so a push records what origin has and unpushed work can be counted.
+        # Remote-tracking refs: what origin has, as of the last fetch.
         git("config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*", cwd=temp)
+        # Workspaces borrow these objects (alternates): none may ever be pruned from under them.
+        git("config", "gc.pruneExpire", "never", cwd=temp)
         git("fetch", "--quiet", "origin", cwd=temp)
         temp.rename(path)
     finally:
@@ -254,51 +314,84 @@ def existing_refs(repo: Path, *refs: str) -> set[str]:
     return set(refs).intersection(listed)
 
 
-def ensure_worktree(bare: Path, path: Path, branch: str, base: str, *, refs: set[str] | None = None) -> bool:
-    """A worktree at ``path`` on ``branch`` (made from ``base`` when new); True when created, False when reused.
+def ensure_worktree(
+    bare: Path,
+    path: Path,
+    branch: str,
+    base: str,
+    *,
+    refs: set[str] | None = None,
+    origin: str | None = None,
+    excludes: tuple[str, ...] = (),
+) -> bool:
+    """A polecat's workspace at ``path`` on ``branch`` (made from ``base`` when new); True when created, False
+    when reused.
 
-    ``refs``: which of ``refs/heads/<branch>`` and ``refs/remotes/origin/<base>`` exist, when the caller has just
-    looked (else one more git process looks). Not safe to run for two worktrees of one clone at once: git 2.39's
-    ``worktree add`` reads the other worktrees' files while another add is still writing them.
+    A repository of its own, made in a new directory and renamed into place (a crash leaves no half workspace):
+    its objects borrowed from the rig's clone ``bare`` (alternates, read-only), ``origin`` fetching from the rig's
+    repository (``origin``, else ``bare``) with no push URL, ``excludes`` in its ``info/exclude``. Nothing of it
+    is shared with ``bare``: an agent writing its config, hooks or refs writes its own. ``refs``: which of
+    ``refs/heads/<branch>`` and ``refs/remotes/origin/<base>`` exist in ``bare``, when the caller has just looked.
 
     Raises:
-        GitError: ``path`` exists but is not a worktree on ``branch`` (it is never touched then).
+        GitError: ``path`` exists but is not a workspace on ``branch`` (it is never touched then).
     """
     if path.exists():
-        current = git("rev-parse", "--abbrev-ref", "HEAD", cwd=path, check=False).strip()
+        current = workspace_branch(path)
         if current != branch:
-            raise GitError(["worktree", "add", str(path)], 1, f"{path} exists and is on {current!r}, not {branch!r}")
+            shown = current if current is not None and len(current) < 200 else "no branch"
+            raise GitError(["workspace", str(path)], 1, f"{path} exists and is on {shown!r}, not {branch!r}")
         return False
-    try:
-        _add_worktree(bare, path, branch, base, refs)
-    except GitError as exc:
-        if "already registered" not in exc.stderr:
-            raise
-        # A registration whose directory is gone (removed by hand, a crash in the middle of a clean-up) blocks
-        # the add: pruned, then added again. Only then: a prune per start would be a git process per session.
-        # Looked up again: git made the branch before it refused the path.
-        git("worktree", "prune", cwd=bare)
-        _add_worktree(bare, path, branch, base, None)
-    return True
-
-
-def worktree_refs(branch: str, base: str) -> tuple[str, str]:
-    """The refs ``ensure_worktree`` looks at: the branch's, and origin's base as the clone last fetched it."""
-    return f"refs/heads/{branch}", f"refs/remotes/origin/{base}"
-
-
-def _add_worktree(bare: Path, path: Path, branch: str, base: str, refs: set[str] | None) -> None:
     head, tracked = worktree_refs(branch, base)
     if refs is None:
         refs = existing_refs(bare, head, tracked)
-    if head in refs:
-        git("worktree", "add", "--quiet", "--", str(path), branch, cwd=bare)
-        return
-    # Else the base's id: `worktree add -b` hands its start point on to `git branch` with no end of options.
-    start = tracked if tracked in refs else resolve_commit(bare, base)
-    # --no-track: a polecat's branch is its own (pushed under its own name), not one that follows the base; and
-    # tracking would write the clone's config file, once per session.
-    git("worktree", "add", "--quiet", "--no-track", "-b", branch, "--", str(path), start, cwd=bare)
+    # A branch an older version made in the clone (worktrees shared its refs), else the base as last fetched.
+    start = resolve_commit(bare, head if head in refs else tracked if tracked in refs else base)
+    base_commit = resolve_commit(bare, tracked) if tracked in refs else start
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        git("init", "--quiet", str(temp))
+        objects = (bare / "objects").resolve()
+        (temp / ".git" / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+        git("config", "remote.origin.url", origin or str(bare.resolve()), cwd=temp)
+        git("config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*", cwd=temp)
+        git("config", "remote.origin.pushurl", NO_PUSH_URL, cwd=temp)
+        git("update-ref", f"refs/remotes/origin/{base}", base_commit, cwd=temp)
+        git("checkout", "--quiet", "-b", branch, start, cwd=temp)
+        if excludes:
+            _list_in(temp / ".git" / "info" / "exclude", excludes)
+        temp.rename(path)
+    finally:
+        if temp.exists():
+            force_remove(temp)
+    return True
+
+
+def workspace_branch(path: Path) -> str | None:
+    """The branch a workspace (or an older version's worktree) has checked out, read from its ``HEAD`` file
+    without running git in it; None when it is no repository or not on a branch."""
+    dot_git = path / ".git"
+    head = dot_git / "HEAD"
+    if dot_git.is_file():  # a worktree of an older version: ``.git`` names its git dir
+        text = dot_git.read_text(errors="replace").strip()
+        if not text.startswith("gitdir: "):
+            return None
+        head = Path(text[len("gitdir: ") :]) / "HEAD"
+    try:
+        fd = os.open(head, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as file:
+        first = file.read(512).decode(errors="replace").strip()
+    prefix = "ref: refs/heads/"
+    return first[len(prefix) :] if first.startswith(prefix) else None
+
+
+def worktree_refs(branch: str, base: str) -> tuple[str, str]:
+    """The refs ``ensure_worktree`` looks at in the rig's clone: the branch's (made there by an older version's
+    worktrees), and origin's base as the clone last fetched it."""
+    return f"refs/heads/{branch}", f"refs/remotes/origin/{base}"
 
 
 def _ref_exists(repo: Path, ref: str) -> bool:
@@ -319,17 +412,21 @@ def resolve_commit(repo: Path, name: str) -> str:
 
 
 def worktree_state(path: Path, base: str) -> WorktreeState:
-    """What a worktree holds that would be lost if it were removed."""
+    """What a workspace holds that would be lost if it were removed: uncommitted changes, and commits that are
+    neither on the base branch (as it last fetched it) nor published by `gt done` (``PUBLISHED_REF``; an older
+    version's worktree: pushed, ``refs/remotes/origin/<branch>``)."""
     if not (path / ".git").exists():
         return WorktreeState(exists=False)
     branch = git("rev-parse", "--abbrev-ref", "HEAD", cwd=path).strip()
     head = git("rev-parse", "HEAD", cwd=path).strip()
     changes = status_paths(path)
-    tracked = f"refs/remotes/origin/{branch}"
-    upstream = tracked if _ref_exists(path, tracked) else f"refs/remotes/origin/{base}"
-    if not _ref_exists(path, upstream):
-        upstream = base
-    unpushed = int(git("rev-list", "--count", "--end-of-options", f"{upstream}..HEAD", cwd=path).strip() or 0)
+    saved = [
+        ref
+        for ref in (PUBLISHED_REF, f"refs/remotes/origin/{branch}", f"refs/remotes/origin/{base}")
+        if _ref_exists(path, ref)
+    ] or [base]
+    excluded = [f"^{ref}" for ref in saved]
+    unpushed = int(git("rev-list", "--count", "HEAD", *excluded, cwd=path).strip() or 0)
     return WorktreeState(
         exists=True, branch=branch, head=head, dirty=bool(changes), changes=tuple(changes), unpushed=unpushed
     )
@@ -379,14 +476,91 @@ def _list_in(exclude: Path, patterns: tuple[str, ...]) -> None:
             out.write("".join(f"{pattern}\n" for pattern in missing))
 
 
-def push(path: Path, branch: str) -> str:
-    """Push ``branch`` to origin; the pushed commit."""
-    git("push", "--quiet", "--", "origin", f"refs/heads/{branch}:refs/heads/{branch}", cwd=path)
-    return git("rev-parse", "HEAD", cwd=path).strip()
+def publish(path: Path, branch: str, base: str, folder: Path) -> Published:
+    """Write ``branch`` of the workspace at ``path`` as a bundle for the merge queue (`gt done`): its commits
+    that the base branch (as the workspace last fetched it) does not have, as ``folder/<head>.bundle`` (outside
+    the workspace: it outlives the workspace until the refinery took it); ``PUBLISHED_REF`` then marks them
+    published. A branch with nothing new carries its head commit alone.
+
+    Raises:
+        GitError: git could not read the branch or write the bundle.
+    """
+    head = git("rev-parse", "--verify", "--end-of-options", f"refs/heads/{branch}^{{commit}}", cwd=path).strip()
+    tracked = f"refs/remotes/origin/{base}"
+    excluded = [f"^{tracked}"] if _ref_exists(path, tracked) else []
+    if not excluded or not git("rev-list", "--max-count=1", f"refs/heads/{branch}", *excluded, cwd=path).strip():
+        parents = git("rev-list", "--parents", "-n", "1", head, cwd=path).split()[1:]
+        excluded = [f"^{parent}" for parent in parents]
+    folder.mkdir(parents=True, exist_ok=True)
+    bundle = folder / f"{head}.bundle"
+    temp = folder / f".{head}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        git("bundle", "create", "--quiet", str(temp), f"refs/heads/{branch}", *excluded, cwd=path)
+        temp.replace(bundle)
+    finally:
+        temp.unlink(missing_ok=True)
+    git("update-ref", PUBLISHED_REF, head, cwd=path)
+    return Published(head=head, bundle=bundle.resolve())
+
+
+def import_bundle(
+    bare: Path, source: Path, branch: str, head: str, *, max_bytes: int, scratch: Path
+) -> BundleProblem | None:
+    """Take the commits a polecat published (``source``, a bundle `gt done` wrote) into the rig's clone ``bare``
+    as ``IMPORTED_PREFIX/<head>``; None when done, else why not. The file is data from an agent: copied first
+    (a regular file, not followed through a link, at most ``max_bytes``), checked (its prerequisites are in the
+    clone, fetched from origin when not; its ``branch`` is at ``head``, the commit the merge request names), and
+    fetched with git's object checks. Nothing of the agent's repository runs.
+    """
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        return BundleProblem("invalid", f"the published bundle {source} cannot be read: {exc.strerror}")
+    scratch.mkdir(parents=True, exist_ok=True)
+    copy = scratch / f"{uuid.uuid4().hex}.bundle"
+    try:
+        with os.fdopen(fd, "rb") as file:
+            info = os.fstat(file.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                return BundleProblem("invalid", f"the published bundle {source} is not a regular file")
+            if info.st_size > max_bytes:
+                return BundleProblem("too_large", _too_large(info.st_size, max_bytes))
+            with open(copy, "wb") as out:
+                out.write(file.read(max_bytes + 1))  # at most one byte over: a file that grew meanwhile
+        if copy.stat().st_size > max_bytes:
+            return BundleProblem("too_large", _too_large(copy.stat().st_size, max_bytes))
+        if not _succeeds("bundle", "verify", "--quiet", str(copy), cwd=bare):
+            fetch(bare)  # its base may be newer than the clone's last fetch
+            if not _succeeds("bundle", "verify", "--quiet", str(copy), cwd=bare):
+                return BundleProblem("invalid", "the published bundle is not a bundle of this rig's history")
+        listed = git("bundle", "list-heads", str(copy), cwd=bare).splitlines()
+        heads = {ref: commit for commit, _, ref in (line.partition(" ") for line in listed)}
+        found = heads.get(f"refs/heads/{branch}")
+        if found != head:
+            return BundleProblem(
+                "invalid", f"the published bundle has {branch} at {found or 'no commit'}, not the submitted {head}"
+            )
+        git(
+            "-c", "fetch.fsckObjects=true", "fetch", "--quiet", "--no-tags", str(copy),
+            f"+refs/heads/{branch}:{IMPORTED_PREFIX}/{head}", cwd=bare,
+        )  # fmt: skip
+    except GitError as exc:
+        return BundleProblem("invalid", f"the published bundle could not be imported: {exc.stderr[-500:]}")
+    finally:
+        copy.unlink(missing_ok=True)
+    return None
+
+
+def _too_large(size: int, max_bytes: int) -> str:
+    return (
+        f"the branch adds {size / 1e6:.1f} MB of new objects, over the merge queue's limit of {max_bytes / 1e6:.0f} MB "
+        "(GT_MR_MAX_BYTES): remove the large files from its commits (history too: a later commit deleting them "
+        "still carries them), then gt done again"
+    )
 
 
 def remove_worktree(bare: Path, path: Path, base: str) -> None:
-    """Remove a worktree that holds nothing unsaved, and make sure it is gone.
+    """Remove a workspace that holds nothing unsaved, and make sure it is gone.
 
     Raises:
         WorktreeNotEmptyError: it has uncommitted or unpushed work (it is kept).
@@ -395,12 +569,15 @@ def remove_worktree(bare: Path, path: Path, base: str) -> None:
     state = worktree_state(path, base)
     if state.exists and (state.dirty or state.unpushed):
         raise WorktreeNotEmptyError(path, state.dirty, state.unpushed)
-    if path.exists():
+    if (path / ".git").is_dir():
+        force_remove(path)  # a workspace: a repository of its own
+    elif path.exists():
+        # A worktree an older version made in the clone: unregistered there too.
         git("worktree", "remove", "--force", str(path), cwd=bare, check=False)
         if path.exists():
             force_remove(path)
-    # Not checked: clean-ups of other worktrees may prune at the same moment, and what matters is checked next.
-    git("worktree", "prune", cwd=bare, check=False)
+        # Not checked: clean-ups of other worktrees may prune at the same moment; what matters is checked next.
+        git("worktree", "prune", cwd=bare, check=False)
     if path.exists():
         raise GitError(["worktree", "remove", str(path)], 1, f"{path} is still there after removing it")
 

@@ -45,6 +45,7 @@ from shared.commands.mail import polecat_address
 from shared.config import TownConfig
 from shared.faults import crash_point
 from shared.formulas import rework
+from shared.ids import merge_request_id
 from shared.queries import mayor, refinery, witness
 from shared.terminal import escape_line, escape_text, escaped_lines
 
@@ -686,8 +687,9 @@ def dirty_refusal(worktree: Path, changes: tuple[str, ...]) -> str:
 
 
 async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    """Each step is idempotent (fixed command ids, push of the same commit), so running it again after a
-    crash picks up where it stopped; the witness finishes it if the agent cannot."""
+    """Each step is idempotent (fixed command ids, the same commit published again), so running it again after a
+    crash picks up where it stopped; the witness finishes it if the agent cannot. The branch reaches the merge
+    queue as a bundle of its commits (``git.publish``), never by a push: the agent's repository has no push URL."""
     session, bead, rig = os.environ["GT_SESSION"], os.environ["GT_BEAD"], os.environ["GT_RIG"]
     worktree, branch = Path(os.environ["GT_WORKTREE"]), os.environ["GT_BRANCH"]
     base = os.environ.get("GT_BASE_BRANCH", "main")
@@ -703,10 +705,20 @@ async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
         await _command(nc, config, SessionDoneIntentCmd(session=session, cmd_id=f"done-intent-{session}"))
         _log_done()
         crash_point("gt_done.after_intent")
-        head = git.push(worktree, branch)
+        folder = Path(os.environ.get("GT_HOME", "")) / "rigs" / rig / "published" / session
+        published = git.publish(worktree, branch, base, folder)
+        head = published.head
         crash_point("gt_done.after_push")
         # It carries the hook lease as its fence (the CLI's send adds it inside a session).
-        done = MergeRequestDone(bead=bead, rig=rig, branch=branch, head=head, session=session, cmd_id=f"mr-{session}")
+        done = MergeRequestDone(
+            bead=bead,
+            rig=rig,
+            branch=branch,
+            head=head,
+            bundle=str(published.bundle),
+            session=session,
+            cmd_id=merge_request_id(session, head),
+        )
         mr = await _command(nc, config, done)
         crash_point("gt_done.after_mr")
         await _command(nc, config, SessionFinish(session=session, cmd_id=f"finish-{session}"))
@@ -714,12 +726,12 @@ async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
         print(f"gt done: {exc}", file=sys.stderr)
         return EXIT_REJECTED
     except git.GitError as exc:
-        print(f"gt done: could not push {branch}: {exc}", file=sys.stderr)
+        print(f"gt done: could not publish {branch}: {exc}", file=sys.stderr)
         return EXIT_REJECTED
     summary = {"session": session, "bead": bead, "branch": branch, "head": head, "merge_request": mr.get("id")}
     if args.json:
         render.print_json(summary)
     else:
         queued = f"merge request {mr['id']}" if mr.get("id") else "merge request (stored; the refinery is down)"
-        print(f"done: {branch} pushed at {head[:10]}, {queued} queued; session {session} ends")
+        print(f"done: {branch} published at {head[:10]}, {queued} queued; session {session} ends")
     return EXIT_OK

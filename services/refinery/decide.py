@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import NamedTuple
 
 import msgspec
 
@@ -52,8 +53,18 @@ def mr_view(mr: MergeRequest) -> dict[str, object]:
     return view
 
 
+class BundleRefused(NamedTuple):
+    """What ``RefineryService.prepare`` found wrong with a merge request's published bundle (too large, not a
+    bundle of the rig, its branch not at the submitted head): the request is refused with it."""
+
+    code: str
+    message: str
+
+
 def decide(state: RefineryState, cmd: Command, ctx: DecideContext) -> Accepted:
     if isinstance(cmd, MergeRequestSubmit):
+        if isinstance(ctx.facts, BundleRefused):
+            raise CommandError(ctx.facts.code, ctx.facts.message)
         return submit(state, cmd, ctx.actor)
     if isinstance(cmd, MergeRequestRetry):
         return retry(state, cmd)
@@ -134,6 +145,8 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit, actor: str = "operator
     base = state.rigs[cmd.rig].base_branch
     if from_session(cmd, actor):
         check_session_submit(state, cmd, base)
+    elif cmd.bundle is not None:
+        raise CommandError("invalid", "only a polecat session publishes a bundle (gt done); submit a branch by hand")
     else:
         check_hand_submit(state, cmd, cmd.target or base, base)
     existing = existing_mr(state, cmd.rig, cmd.bead, cmd.head)
@@ -151,6 +164,7 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit, actor: str = "operator
         head=cmd.head,
         priority=cmd.priority,
         session=cmd.session,
+        bundle=cmd.bundle,
     )
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=0)],

@@ -40,8 +40,9 @@ from shared.lease_state import fold_lease
 from shared.projection import Projection, touch
 from shared.rig_state import fold_rig
 
-SCHEMA_VERSION = 7
-"""7: hook and merge leases are one record (``shared.lease_state.Lease``), rigs the witness's record
+SCHEMA_VERSION = 8
+"""8: a merge request records the bundle its session published. 7: hook and merge leases are one record
+(``shared.lease_state.Lease``), rigs the witness's record
 (``shared.rig_state.Rig``): a snapshot from before has hooks without their name, TTL and times, and rigs without
 their other settings."""
 CONFLICT_PREFIX = "conflict-"
@@ -141,6 +142,7 @@ def _submitted(payload: MergeRequestSubmitted, state: RefineryState, env: Envelo
         head=payload.head,
         priority=payload.priority,
         session=payload.session,
+        bundle=payload.bundle,
         submitted_at=env.ts,
         queued_at=env.ts,
         version=seq,

@@ -32,7 +32,7 @@ from shared.bus.kv import Bucket
 from shared.commands import BeadClose, BeadCreate, Command, EscalationRaise, Fence, MergeRequestSubmit
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, NewEvent
-from shared.errors import ActivityLostError
+from shared.errors import ActivityLostError, CommandError
 from shared.events import (
     Event,
     MergeRequestClaimed,
@@ -101,7 +101,29 @@ class RefineryService(Service[RefineryState]):
             # request on the log as it is now (a miss here refuses it).
             with contextlib.suppress(TimeoutError):
                 await self.catch_up(timeout=SESSION_CATCH_UP_S)
+        if isinstance(cmd, MergeRequestSubmit) and cmd.bundle is not None:
+            return await self._import_bundle(cmd)
         return None
+
+    async def _import_bundle(self, cmd: MergeRequestSubmit) -> refinery_decide.BundleRefused | None:
+        """Take a session's published commits into the rig's clone before its merge request is decided (while
+        `gt done` waits, its workspace still there): refused at once when too large or not what it says. Only for
+        a request its session may make: anything else is refused by ``decide`` without reading the file."""
+        state = self.projection.state
+        rig = state.rigs.get(cmd.rig)
+        if rig is None:
+            return None
+        try:
+            refinery_decide.check_session_submit(state, cmd, rig.base_branch)
+        except CommandError:
+            return None
+        assert cmd.bundle is not None
+        paths = merger.Paths(self.rigs_root, rig.name)
+        problem = await asyncio.to_thread(merger.import_published, paths, rig, cmd, self.mq.max_bytes)
+        if problem is None:
+            return None
+        log.info("bundle_refused", mr_bead=cmd.bead, session=cmd.session, code=problem.code, why=problem.message)
+        return refinery_decide.BundleRefused(problem.code, problem.message)
 
     def query(self, what: str, body: dict[str, Any]) -> Any:
         return queries.answer(self.projection.state, what, body, self.clock(), self.policy)
@@ -382,6 +404,10 @@ class RefineryService(Service[RefineryState]):
             # An agent first: the witness gives the bead a fresh session told to rebase and resolve; a person
             # only once agents did not manage (or there is no agent's session to send it back to).
             sent_back = plan.send_conflict_back(state, mr, self.policy)
+            if not sent_back and mr.bundle is not None:
+                # For the person who resolves it: the polecat's branch in the rig's repository (it published a
+                # bundle, it pushed nothing); a resolution pushed there is what the queue takes next.
+                await asyncio.to_thread(merger.publish_branch, paths, mr)
             command = "" if sent_back else await self._conflict_bead(mr, outcome)
             event_c = MergeRequestConflicted(
                 mr_id=mr.id,

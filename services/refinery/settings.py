@@ -38,6 +38,9 @@ class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):
     """``GT_MQ_PUSH_BACKOFF``: the wait before the first such retry; it doubles with each one after."""
     push_backoff_max_s: float = 60.0
     """``GT_MQ_PUSH_BACKOFF_MAX``: the longest wait between two such retries."""
+    max_bytes: int = 50 * 1000 * 1000
+    """``GT_MR_MAX_BYTES``: the most a polecat's published branch may add (its bundle's size, the new objects
+    compressed); a larger one is refused ``too_large`` when it is submitted."""
     gate_user: str = ""
     """``GT_GATE_USER``: the OS user the gates run as, in a copy of the worktree (the refinery must run as root;
     see ``gate_user``). Empty: the refinery's own user, in its worktree."""
@@ -61,5 +64,6 @@ def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
         push_retries=int(env_number(env, "GT_MQ_PUSH_RETRIES", 8, minimum=0, whole=True)),
         push_backoff_s=env_number(env, "GT_MQ_PUSH_BACKOFF", 1.0, minimum=0.0),
         push_backoff_max_s=env_number(env, "GT_MQ_PUSH_BACKOFF_MAX", 60.0, minimum=0.0),
+        max_bytes=int(env_number(env, "GT_MR_MAX_BYTES", 50 * 1000 * 1000, minimum=1024, whole=True)),
         gate_user=env.get("GT_GATE_USER", "").strip(),
     )

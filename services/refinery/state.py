@@ -26,6 +26,8 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     head: str
     priority: int = 2
     session: str | None = None
+    bundle: str | None = None
+    """The session's published bundle, imported when the request was taken: its head is merged as submitted."""
     status: str = "queued"
     """queued -> claimed -> merged; or conflicted (a conflict sent back to the polecat), blocked (a conflict
     for the operator), failed (gates; back to the polecat), escalated (failed too often), rejected (by an

@@ -328,6 +328,9 @@ class MergeRequestSubmit(Command, frozen=True, kw_only=True, forbid_unknown_fiel
     """Branch to merge into (default: the rig's base branch)."""
     priority: int = 2
     session: str | None = None
+    bundle: str | None = None
+    """Where `gt done` published the branch's commits (a git bundle's absolute path, for the refinery to import:
+    ``shared.git.publish``); None: the branch is in the rig's repository (a merge request submitted by hand)."""
 
     def validate(self) -> None:
         super().validate()
@@ -336,6 +339,14 @@ class MergeRequestSubmit(Command, frozen=True, kw_only=True, forbid_unknown_fiel
         check_branch("branch", self.branch)
         if not HEX_COMMIT.fullmatch(self.head):
             raise invalid(f"`head` {self.head[:80]!r} is not a commit id (hex)")
+        if self.bundle is not None and (
+            not self.bundle.startswith("/")
+            or not self.bundle.endswith(".bundle")
+            or len(self.bundle) > 4096
+            or "/../" in self.bundle
+            or any(ord(c) < 32 for c in self.bundle)
+        ):
+            raise invalid("`bundle` must be the absolute path of a .bundle file (gt done writes it)")
         check_branch("target", self.target)
         check_priority(self.priority)
         check_id("session", self.session)

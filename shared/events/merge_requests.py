@@ -29,6 +29,9 @@ class MergeRequestSubmitted(MergeRequestEvent, frozen=True, kw_only=True):
     head: str
     priority: int = 2
     session: str | None = None
+    bundle: str | None = None
+    """Where the session published the branch (a bundle the refinery imported when it took the request: its
+    commits are in the refinery's clone, the head pinned); None: the branch is in the rig's repository."""
 
 
 class MergeRequestClaimed(MergeRequestEvent, frozen=True, kw_only=True):

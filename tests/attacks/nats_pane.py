@@ -54,6 +54,13 @@ def targets(victim: str) -> dict[str, tuple[str, bytes]]:
         "purge_heartbeats": ("$JS.API.STREAM.PURGE.KV_GT_HEARTBEATS", b"{}"),
         "delete_log": ("$JS.API.STREAM.DELETE.GT_EVT", b"{}"),
         "delete_commands": ("$JS.API.STREAM.DELETE.GT_CMD", b"{}"),
+        # Another session's: its heartbeat key and its command subject (the session's imports name every
+        # session's; its permissions only its own).
+        "cross_session_beat": ("$KV.GT_HEARTBEATS.victim-1", json.dumps({"note": MARK}).encode()),
+        "cross_session_command": (
+            f"gt.cmd.mail.send.{os.environ.get('GT_RIG', 'demo')}.victim.victim-1",
+            json.dumps({"to": "operator", "subject": MARK, "body": MARK, "cmd_id": "forged-cross"}).encode(),
+        ),
         "read_activity_keys": (
             "$JS.API.CONSUMER.CREATE.KV_GT_ACTIVE",
             b"",  # filled in with a push consumer to the session's own inbox

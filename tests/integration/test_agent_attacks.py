@@ -1,12 +1,16 @@
-"""Every NATS attack a polecat session made work in the red team's run (../shared/research/redteam-turn4.md: the
-reply-subject injections T8-T9, the laptop's superuser attacks L3-L10, the limits P20-P21), run from a real
-polecat pane: the rig's agent command is tests/attacks/nats_pane.py, started by the witness in tmux with exactly the
-session's environment and credentials. Both ways a town runs: `gt up` on a laptop (its embedded server with the
-town's accounts) and the compose topology (in containers under podman when it is ready, else as local processes).
+"""Every NATS and git attack a polecat session made work in the red team's run (../shared/research/redteam-turn4.md:
+the reply-subject injections T8-T9, the laptop's superuser attacks L3-L10, the limits P20-P21, the pushes to main
+G1-G3/L1-L2, the hooks G4/L11 and W1), run from a real polecat pane: the rig's agent command runs
+tests/attacks/git_pane.sh and tests/attacks/nats_pane.py, started by the witness in tmux with exactly the session's
+environment and credentials, then submits an honest change with `gt done`. Both ways a town runs: `gt up` on a
+laptop (its embedded server with the town's accounts) and the compose topology (in containers under podman when it
+is ready, else as local processes).
 
 After the attacks the town is unharmed: GT_EVT and GT_CMD are there and hold nothing forged, no forged command has an
 outcome, the victim's bead is open, the heartbeats bucket was not purged, the mayor still holds its activity key and
-is healthy; the pane saw nothing but its own inbox, its oversized message was refused and its subscriptions capped.
+is healthy; the pane saw nothing but its own inbox, its oversized message was refused and its subscriptions capped;
+the rig's main and branches are as they were but for the honest change merged through the queue, and no hook the
+agent planted (in the rig's repository, in its own workspace's config) ran in the refinery's or the witness's git.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from gt.town_secrets import operator_login
+from shared import git
 from tests.attacks import nats_pane
 from tests.compose_stack import USERS, ComposeStack, running_stack
 from tests.conftest import REPO_ROOT
@@ -35,13 +40,45 @@ from tests.log_tools import read_all
 from tests.witness_town import make_origin
 
 SCRIPT = Path(nats_pane.__file__)
-FORGED_COMMANDS = ("forged-close", "forged-unsling", "forged-close-plain", "huge-1", "flood-0", "flood-199")
+GIT_SCRIPT = SCRIPT.parent / "git_pane.sh"
+FORGED_COMMANDS = (
+    "forged-close",
+    "forged-unsling",
+    "forged-close-plain",
+    "forged-cross",
+    "huge-1",
+    "flood-0",
+    "flood-199",
+)
 REPORT_DEADLINE_S = 180.0
 
 
-def agent_command(script: str, report: str, victim: str) -> str:
-    """The rig's agent: the attacks, then it stays (a pane that ended would be respawned, attacking again)."""
-    return f"python {shlex.quote(script)} {shlex.quote(report)} {shlex.quote(victim)}; sleep 3600"
+def agent_command(script: str, git_script: str, report: str, git_report: str, dumps: str, victim: str) -> str:
+    """The rig's agent: the git attacks, the NATS attacks, then an honest change submitted with `gt done` (its own
+    git with the hooks and fsmonitor it set itself turned off), and it stays (a pane that ended would be
+    respawned, attacking again)."""
+    q = shlex.quote
+    honest = (
+        "echo honest > HONEST.txt && git -c core.fsmonitor=false add HONEST.txt && "
+        "git -c core.hooksPath=/dev/null -c core.fsmonitor=false commit -qm honest && gt done"
+    )
+    return (
+        f"sh {q(git_script)} {q(git_report)} {q(dumps)}; python {q(script)} {q(report)} {q(victim)}; "
+        f"{honest}; sleep 3600"
+    )
+
+
+def assert_rig_unharmed(git_report: str, main_log: list[str], branches: list[str], dumped: list[str]) -> None:
+    """The git attacks from the pane: refused, or written where nothing runs them."""
+    results = dict(line.split("\t", 1) for line in git_report.splitlines() if "\t" in line)
+    assert results.get("done") == "all", git_report
+    for attack in ("push-main", "delete-branch", "create-branch"):
+        assert results.get(attack) == "refused", (attack, git_report)
+    assert "ungated change straight to main" not in main_log, main_log
+    assert "honest" in main_log, "the honest change merged through the queue"
+    assert "keepme" in branches, branches
+    assert "release/1.0" not in branches, branches
+    assert dumped == [], f"a hook the agent planted ran in a service's git: {dumped}"
 
 
 async def assert_unharmed(nc: Client, victim_status: Callable[[], str], report: dict[str, Any]) -> None:
@@ -61,6 +98,11 @@ async def assert_unharmed(nc: Client, victim_status: Callable[[], str], report: 
     # The heartbeats bucket was not purged: the pane's own key (written by the attack) is still there.
     own = await js.get_last_msg("KV_GT_HEARTBEATS", f"$KV.GT_HEARTBEATS.{report['session']}", direct=True)
     assert own.data, "the session's own heartbeat key survived"
+    try:
+        other = await js.get_last_msg("KV_GT_HEARTBEATS", "$KV.GT_HEARTBEATS.victim-1", direct=True)
+    except nats.js.errors.NotFoundError:
+        other = None
+    assert other is None, f"another session's heartbeat key was written: {other.data!r}"
     mayor = await js.get_last_msg("KV_GT_ACTIVE", "$KV.GT_ACTIVE.mayor", direct=True)
     assert b"attacker" not in (mayor.data or b""), mayor.data
     # What the pane itself saw: only its own inbox; the huge message cut its connection; subscriptions capped.
@@ -88,16 +130,19 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_laptop_town(
         up = town("up", "-d", "--port", "0")
         assert up.returncode == 0, up.stderr + up.stdout
         origin = make_origin(tmp_path / "project")
+        git.git("branch", "keepme", "main", cwd=origin)
         victim = town("bead", "create", "The victim's work")
         assert victim.returncode == 0, victim.stderr
         victim_id = victim.stdout.strip()
-        report_path = tmp_path / "report.json"
-        added = town(
-            "rig", "add", "demo", str(origin), "--agent", agent_command(str(SCRIPT), str(report_path), victim_id)
-        )
+        report_path, git_report = tmp_path / "report.json", tmp_path / "git-report.txt"
+        dumps = tmp_path / "dumps"
+        dumps.mkdir()
+        command = agent_command(str(SCRIPT), str(GIT_SCRIPT), str(report_path), str(git_report), str(dumps), victim_id)
+        added = town("rig", "add", "demo", str(origin), "--agent", command)
         assert added.returncode == 0, added.stderr
         bead = town("bead", "create", "The attacker's bead")
-        slung = town("sling", bead.stdout.strip(), "demo")
+        attacker = bead.stdout.strip()
+        slung = town("sling", attacker, "demo")
         assert slung.returncode == 0, slung.stderr
         report = await asyncio.to_thread(
             wait_for_report, lambda: report_path.read_text() if report_path.exists() else None
@@ -120,6 +165,15 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_laptop_town(
         finally:
             await nc.close()
         assert town("health", "mayor").returncode == 0, "the mayor is active and healthy"
+
+        def merged() -> bool:
+            shown = town("bead", "show", attacker, "--json")
+            return shown.returncode == 0 and json.loads(shown.stdout)["status"] == "closed"
+
+        await asyncio.to_thread(wait_until, merged, timeout=REPORT_DEADLINE_S, message="the honest change merged")
+        main_log = git.git("log", "--format=%s", "main", cwd=origin).splitlines()
+        branches = git.git("for-each-ref", "--format=%(refname:short)", "refs/heads", cwd=origin).split()
+        assert_rig_unharmed(git_report.read_text(), main_log, branches, sorted(p.name for p in dumps.iterdir()))
     finally:
         town("down", "--sessions")
 
@@ -144,35 +198,44 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topolog
             assert run.returncode == 0, f"gt {' '.join(args)}: {run.stdout}{run.stderr}"
             return run.stdout.strip()
 
-        if isinstance(stack, ComposeStack):
-            # The agent runs in the witness's container: the script goes onto the gt-home volume.
-            where = "/var/lib/gastown/attack"
-            stack.exec(
-                "witness", "sh", "-c", f"mkdir -p {where} && cat > {where}/nats_pane.py", stdin=SCRIPT.read_text()
-            )
-            script, report_at = f"{where}/nats_pane.py", f"{where}/report.json"
+        where = Path("/var/lib/gastown/attack") if isinstance(stack, ComposeStack) else tmp_path / "attack"
 
-            def read_report() -> str | None:
-                run = subprocess.run(
-                    ["podman", "exec", stack.container("witness"), "cat", report_at],
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-                return run.stdout if run.returncode == 0 and run.stdout else None
-        else:
-            script, report_at = str(SCRIPT), str(tmp_path / "report.json")
+        def run_there(*argv: str, stdin: str | None = None) -> str:
+            """In the witness's container (where the agent runs), or here for the topology as local processes."""
+            if isinstance(stack, ComposeStack):
+                return stack.exec("witness", *argv, stdin=stdin)
+            done = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=True)
+            return done.stdout
 
-            def read_report() -> str | None:
-                path = Path(report_at)
-                return path.read_text() if path.exists() else None
+        # The scripts go where the agent runs (onto the gt-home volume, in containers).
+        run_there("mkdir", "-p", str(where / "dumps"))
+        for name, text in (("nats_pane.py", SCRIPT.read_text()), ("git_pane.sh", GIT_SCRIPT.read_text())):
+            run_there("sh", "-c", f"cat > {shlex.quote(str(where / name))}", stdin=text)
+        report_at, git_report_at = where / "report.json", where / "git-report.txt"
+
+        def read(path: Path) -> str | None:
+            try:
+                text = run_there("cat", str(path))
+            except (AssertionError, subprocess.CalledProcessError):
+                return None
+            return text or None
 
         origin = stack.make_origin()
+        run_there("git", "--git-dir", origin, "branch", "keepme", "main")
         victim = gt("bead", "create", "The victim's work")
-        gt("rig", "add", "demo", origin, "--agent", agent_command(script, report_at, victim))
-        gt("sling", gt("bead", "create", "The attacker's bead"), "demo")
+        command = agent_command(
+            str(where / "nats_pane.py"),
+            str(where / "git_pane.sh"),
+            str(report_at),
+            str(git_report_at),
+            str(where / "dumps"),
+            victim,
+        )
+        gt("rig", "add", "demo", origin, "--agent", command)
+        attacker = gt("bead", "create", "The attacker's bead")
+        gt("sling", attacker, "demo")
         try:
-            report = await asyncio.to_thread(wait_for_report, read_report)
+            report = await asyncio.to_thread(wait_for_report, lambda: read(report_at))
         except AssertionError:
             print(stack.log_tail("witness", 60))
             print(gt("session", "list", "--all"))
@@ -185,3 +248,12 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topolog
         finally:
             await nc.close()
         gt("health", "mayor")
+
+        def merged() -> bool:
+            return bool(json.loads(gt("bead", "show", attacker, "--json"))["status"] == "closed")
+
+        await asyncio.to_thread(wait_until, merged, timeout=REPORT_DEADLINE_S, message="the honest change merged")
+        main_log = run_there("git", "--git-dir", origin, "log", "--format=%s", "main").splitlines()
+        branches = run_there("git", "--git-dir", origin, "for-each-ref", "--format=%(refname:short)", "refs/heads")
+        dumped = sorted(run_there("ls", str(where / "dumps")).split())
+        assert_rig_unharmed(read(git_report_at) or "", main_log, branches.split(), dumped)

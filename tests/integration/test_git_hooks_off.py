@@ -84,12 +84,18 @@ def test_hooks_and_an_fsmonitor_an_agent_put_in_the_shared_clone_config_never_ru
     commit(origin, "README", "base\n")
     bare = tmp_path / "rigs" / "demo" / "repo.git"
     assert git.ensure_bare_clone(str(origin), bare)
-    # W1: what an agent does from its worktree (the config is the clone's, shared by every worktree).
+    # W1: what an agent does from its workspace. The config is its own now (a repository of its own, not a worktree
+    # of the clone): the clone's is untouched.
     first = tmp_path / "polecats" / "ace"
     git.ensure_worktree(bare, first, "polecat/ace/one", "main")
     hooks = evil_hooks(tmp_path, dumps)
     subprocess.run(["git", "config", "core.hooksPath", str(hooks)], cwd=first, check=True)
     subprocess.run(["git", "config", "core.fsmonitor", str(fsmonitor(tmp_path, dumps))], cwd=first, check=True)
+    shared = subprocess.run(["git", "config", "--get", "core.hooksPath"], cwd=bare, capture_output=True, text=True)
+    assert not shared.stdout.strip(), "no config is shared"
+    # Even so, written into the clone's own config (an agent of the same OS user can), it runs in no service's git.
+    subprocess.run(["git", "config", "core.hooksPath", str(hooks)], cwd=bare, check=True)
+    subprocess.run(["git", "config", "core.fsmonitor", str(fsmonitor(tmp_path, dumps))], cwd=bare, check=True)
 
     # What the witness does next: fetch, add the next session's worktree, look at a worktree's state, push it,
     # remove it; every one of these runs hooks (reference-transaction, post-checkout, pre-push) or the fsmonitor.
@@ -100,7 +106,7 @@ def test_hooks_and_an_fsmonitor_an_agent_put_in_the_shared_clone_config_never_ru
     assert git.status_paths(second) == ["work.txt"]
     git.git("add", "work.txt", cwd=second)
     git.git("commit", "--quiet", "-m", "work", cwd=second)
-    git.push(second, "polecat/bee/two")
+    git.publish(second, "polecat/bee/two", "main", tmp_path / "published")
     assert git.worktree_state(second, "main").unpushed == 0
     git.remove_worktree(bare, second, "main")
     assert dumped(dumps) == {}, "a hook or the fsmonitor ran inside the service's git"
@@ -119,18 +125,19 @@ def test_hooks_and_an_fsmonitor_an_agent_put_in_the_shared_clone_config_never_ru
     assert leaks("".join(ran.values())) != [], "the control git ran with the test's own (secret) environment"
 
 
-def test_the_targets_own_receive_hooks_run_on_the_refinerys_push_but_see_no_secret(tmp_path: Path) -> None:
+def test_hooks_planted_in_a_local_target_never_run_in_the_refinerys_push(tmp_path: Path) -> None:
+    """G4/L11: an agent that can write the rig's repository (the same OS user) plants server-side hooks there; the
+    refinery's push into a repository on this machine runs none of them (they would run with its rights: root in
+    the compose stack), and the checked-out main of a plain clone is still updated."""
     dumps = tmp_path / "dumps"
     dumps.mkdir()
     target = tmp_path / "project"  # a plain checkout with main checked out, as on a laptop
     git.git("init", "--quiet", "-b", "main", str(target))
     commit(target, "README", "base\n")
     hooks = evil_hooks(tmp_path, dumps)
-    for name in ("pre-receive", "update", "post-receive", "push-to-checkout"):
+    for name in ("pre-receive", "update", "post-receive", "reference-transaction"):
         (target / ".git" / "hooks" / name).write_bytes((hooks / name).read_bytes())
         (target / ".git" / "hooks" / name).chmod(0o755)
-    # push-to-checkout replaces updateInstead's own update of the work tree: not here, this test wants the merge.
-    (target / ".git" / "hooks" / "push-to-checkout").unlink()
     work = tmp_path / "refinery-work"
     git.git("clone", "--quiet", "--", str(target), str(work))
     merged = commit(work, "MERGED", "merged\n")
@@ -141,19 +148,26 @@ def test_the_targets_own_receive_hooks_run_on_the_refinerys_push_but_see_no_secr
     assert result.exit_code == 0, result.stderr
     assert git.git("rev-parse", "HEAD", cwd=target).strip() == merged
     assert (target / "MERGED").read_text() == "merged\n", "updateInstead updated the clean checkout"
+    assert dumped(dumps) == {}, "a hook planted in the target ran inside the refinery's push"
 
-    ran = dumped(dumps)
-    assert {name.split(".")[0] for name in ran} == {"pre-receive", "update", "post-receive"}, sorted(ran)
-    for name, text in ran.items():
-        assert leaks(text) == [], f"{name} saw the service's secrets"
-        env = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-        assert not [key for key in env if key.startswith(("GT_", "NATS_"))], (name, sorted(env))
-        assert env["PATH"].endswith(os.environ["PATH"]), "git only puts its own directory first"
-    # And the refinery's own side of the push ran no hook of its work clone (pre-push, reference-transaction).
-    assert not [name for name in ran if name.startswith(("pre-push", "reference-transaction"))]
+    # A bare repository on this machine: the same.
+    bare = tmp_path / "origin.git"
+    git.git("clone", "--quiet", "--bare", "--", str(target), str(bare))
+    for name in ("pre-receive", "update", "post-receive"):
+        (bare / "hooks" / name).write_bytes((hooks / name).read_bytes())
+        (bare / "hooks" / name).chmod(0o755)
+    assert git.checkout_receive_pack(str(bare)) == git.LOCAL_RECEIVE_PACK
+    git.git("remote", "set-url", "origin", str(bare), cwd=work)
+    again = commit(work, "AGAIN", "again\n")
+    result = git.push_commit(work, again, "main", receive_pack=git.checkout_receive_pack(str(bare)))
+    assert result.exit_code == 0, result.stderr
+    assert dumped(dumps) == {}
+    # A repository behind a URL runs its server's own hooks (its receive-pack is the server's).
+    assert git.checkout_receive_pack("ssh://git@example.invalid/demo.git") is None
 
 
-def test_a_hook_that_refuses_in_the_target_still_refuses_the_push(tmp_path: Path) -> None:
+def test_a_hook_in_a_local_target_refuses_nothing_a_plain_push_would_not(tmp_path: Path) -> None:
+    """The control: the same refusing hook does stop a plain push (so the refinery's push really skips it)."""
     target = tmp_path / "origin.git"
     git.git("init", "--quiet", "--bare", "-b", "main", str(target))
     seed = tmp_path / "seed"
@@ -164,6 +178,8 @@ def test_a_hook_that_refuses_in_the_target_still_refuses_the_push(tmp_path: Path
     hook.write_text("#!/bin/sh\necho 'protected branch' >&2\nexit 1\n")
     hook.chmod(0o755)
     change = commit(seed, "CHANGE", "x\n")
-    result = git.push_commit(seed, change, "main")
-    assert result.exit_code != 0
-    assert "protected branch" in result.stderr
+    plain = git.push_commit(seed, change, "main")
+    assert plain.exit_code != 0
+    assert "protected branch" in plain.stderr
+    refinerys = git.push_commit(seed, change, "main", receive_pack=git.checkout_receive_pack(str(target)))
+    assert refinerys.exit_code == 0, refinerys.stderr

@@ -97,7 +97,7 @@ def test_worktrees_and_their_state_take_a_base_named_like_an_option(repo: Repo, 
     assert state.unpushed == 1
 
 
-def test_the_reference_agent_rebases_onto_and_pushes_a_target_named_like_an_option(
+def test_the_reference_agent_rebases_onto_a_target_named_like_an_option(
     repo: Repo, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     origin = tmp_path / "origin.git"
@@ -108,8 +108,9 @@ def test_the_reference_agent_rebases_onto_and_pushes_a_target_named_like_an_opti
     git.git("push", "--quiet", "--", "origin", "polecat/ace/hq-1", cwd=worktree)
     data = {"worktree": str(worktree), "branch": "polecat/ace/hq-1"}
     agent.resolve_conflict(data, {"target_commit": ONTO, "files": ["AHEAD"]})
-    pushed = git.git("rev-parse", "refs/heads/polecat/ace/hq-1", cwd=origin).strip()
-    assert git.git("rev-parse", f"{pushed}^", cwd=origin).strip() == repo.sideways
+    # Rebased in its workspace (its `gt done` publishes it; nothing is pushed).
+    rebased = git.git("rev-parse", "refs/heads/polecat/ace/hq-1", cwd=worktree).strip()
+    assert git.git("rev-parse", f"{rebased}^", cwd=worktree).strip() == repo.sideways
     assert "resolved" in capsys.readouterr().out
 
 

@@ -95,7 +95,7 @@ async def test_gt_done_reports_to_its_caller_before_the_session_ends(pt: Polecat
     assert said.exists(), "the agent was killed before it could see `gt done`'s exit code"
     assert said.read_text().strip() == "rc=0"
     printed = said.with_suffix(".out").read_text()
-    assert f"done: {session.branch} pushed at" in printed, printed
+    assert f"done: {session.branch} published at" in printed, printed
     await assert_eventually(lambda: pt.tmux.snapshot() == {}, message="the finished session's tmux is gone")
 
 

@@ -146,7 +146,8 @@ async def test_an_agent_gets_its_own_environment_and_nothing_of_the_witnesss(
         await pt.sling(bead)
         mr = await pt.wait_merge_requested(bead)
         session = (await pt.wait_settled(bead))[0]
-        author = git.git("log", "-1", "--format=%an <%ae>", mr["head"], cwd=pt.origin)
+        published = pt.config.gt_home / "rigs" / "demo" / "refinery" / "repo.git"  # imported from its bundle
+        author = git.git("log", "-1", "--format=%an <%ae>", mr["head"], cwd=published)
     assert author.strip() == "demo/ace <ace.demo@gastown.invalid>", "the witness gives the session its git identity"
     dumped = Path(session.worktree).parent / f"{session.id}.env"
     seen = dict(line.split("=", 1) for line in dumped.read_text().splitlines() if "=" in line)

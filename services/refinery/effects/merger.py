@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ from services.refinery.effects import refusals
 from services.refinery.effects.gate_user import GateUser, workspace
 from services.refinery.state import MergeRequest
 from shared import git
+from shared.commands import MergeRequestSubmit
 from shared.faults import crash_point
 from shared.rig_state import Rig
 
@@ -206,6 +208,30 @@ class Gates:
         return True
 
 
+_CLONE_LOCKS: dict[Path, threading.Lock] = {}
+_CLONE_LOCKS_LOCK = threading.Lock()
+
+
+def _clone_lock(paths: Paths) -> threading.Lock:
+    """One writer at a time of the clone's remote refs and of the clone itself (a batch's fetch, a bundle's
+    import, the first clone of a rig): two would race for git's ref locks, or for the clone's place."""
+    with _CLONE_LOCKS_LOCK:
+        return _CLONE_LOCKS.setdefault(paths.bare, threading.Lock())
+
+
+def import_published(paths: Paths, rig: Rig, mr: MergeRequestSubmit, max_bytes: int) -> git.BundleProblem | None:
+    """A session's published bundle (``mr.bundle``) imported into the rig's clone, its head pinned (see
+    ``git.import_bundle``); None when it is there now, else why it was refused."""
+    assert mr.bundle is not None
+    with _clone_lock(paths):
+        git.ensure_bare_clone(rig.repo, paths.bare)
+        if _rev(paths, f"{git.IMPORTED_PREFIX}/{mr.head}"):
+            return None  # imported before (the command delivered again)
+        return git.import_bundle(
+            paths.bare, Path(mr.bundle), mr.branch, mr.head, max_bytes=max_bytes, scratch=paths.root / "bundles"
+        )
+
+
 def process(
     paths: Paths,
     rig: Rig,
@@ -222,8 +248,9 @@ def process(
     ``gate_user``: the OS user the gates run as (in a copy of the worktree), None for the refinery's own.
     """
     target = mrs[0].target
-    git.ensure_bare_clone(rig.repo, paths.bare)
-    git.fetch(paths.bare)
+    with _clone_lock(paths):
+        git.ensure_bare_clone(rig.repo, paths.bare)
+        git.fetch(paths.bare)
     result = BatchResult()
     target_before = _rev(paths, f"refs/remotes/origin/{target}")
     if not target_before:
@@ -321,8 +348,13 @@ def _stack(
     stack: list[tuple[MergeRequest, str]] = []
     tip = base
     for mr in pending:
-        # The branch as it is now (a conflict resolved by force-pushing it counts), else the submitted commit.
-        head = _rev(paths, f"refs/remotes/origin/{mr.branch}") or _rev(paths, f"{mr.head}^{{commit}}")
+        if mr.bundle is not None:
+            # Published by its session and imported when submitted: exactly the commit submitted, unless a person
+            # resolving its conflict pushed the branch to the rig's repository (publish_branch put it there).
+            head = _rev(paths, f"refs/remotes/origin/{mr.branch}") or _rev(paths, f"{git.IMPORTED_PREFIX}/{mr.head}")
+        else:
+            # The branch as it is now (a conflict resolved by force-pushing it counts), else the submitted commit.
+            head = _rev(paths, f"refs/remotes/origin/{mr.branch}") or _rev(paths, f"{mr.head}^{{commit}}")
         if not head:
             missing = f"branch {mr.branch} does not exist and commit {mr.head} is not in the repository"
             result.outcomes[mr.id] = Outcome(
@@ -424,9 +456,25 @@ def _note(gate: str, text: str, exit_code: int = 1) -> GateResult:
 POLECAT_BRANCHES = "polecat/"
 
 
+def publish_branch(paths: Paths, mr: MergeRequest) -> None:
+    """Push a session's published head (imported from its bundle) to its branch on origin, for a person to
+    resolve a conflict on (best effort: logged when refused)."""
+    source = f"{git.IMPORTED_PREFIX}/{mr.head}"
+    git.git(
+        "push", "--quiet", "--force", "--", "origin", f"{source}:refs/heads/{mr.branch}", cwd=paths.bare, check=False
+    )
+    if not _rev(paths, f"refs/remotes/origin/{mr.branch}"):
+        git.fetch(paths.bare)
+    if not _rev(paths, f"refs/remotes/origin/{mr.branch}"):
+        log.warning("branch_not_published", mr=mr.id, branch=mr.branch)
+
+
 def delete_branch(paths: Paths, branch: str) -> None:
     """Delete the polecat branch on origin once merged (gone already is fine). Only a polecat's branch: one
     submitted by hand under another name is the operator's to keep or delete. The ref is named in full, after
     ``--``, so no name is ever read as an option."""
     if branch.startswith(POLECAT_BRANCHES):
-        git.git("push", "--quiet", "--delete", "--", "origin", f"refs/heads/{branch}", cwd=paths.bare, check=False)
+        receive = git.origin_receive_pack(paths.bare)
+        git.git(
+            "push", "--quiet", "--delete", *receive, "--", "origin", f"refs/heads/{branch}", cwd=paths.bare, check=False
+        )

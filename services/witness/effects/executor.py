@@ -68,7 +68,7 @@ from shared.events import (
 )
 from shared.faults import crash_point
 from shared.formulas import rework
-from shared.ids import hook_lease_name
+from shared.ids import hook_lease_name, merge_request_id
 from shared.terminal import escape_line
 from shared.tmux import PaneInfo, Tmux, TmuxError, typeable
 
@@ -147,7 +147,6 @@ class Executor:
         self._repo_locks = KeyedLocks()
         self._fetched_at: dict[str, float] = {}
         """Rig -> when (monotonic) its clone's newest successful fetch began."""
-        self._excluded: set[tuple[str, int]] = set()
         """Clones (rig, inode) whose info/exclude this process has written."""
         self._handlers: Mapping[type[Action], Callable[[Any], Awaitable[None]]] = {
             Spawn: self.spawn,
@@ -179,6 +178,10 @@ class Executor:
 
     def bare_repo(self, rig: str) -> Path:
         return self.rig_dir(rig) / "repo.git"
+
+    def published_dir(self, session: Session) -> Path:
+        """Where the session's `gt done` publishes its branch (``git.publish``): kept until its bead is closed."""
+        return self.rig_dir(session.rig) / "published" / session.id
 
     def password_file(self, session: Session) -> Path:
         """Where the session's NATS password is (``NATS_PASSWORD_FILE``): not on the tmux command line that
@@ -343,17 +346,23 @@ class Executor:
                 self._fetched_at[rig.name] = began
                 refs = None  # looked up again: the fetch may have brought the base
             try:
-                await asyncio.to_thread(git.ensure_worktree, bare, path, session.branch, rig.base_branch, refs=refs)
+                # A repository of the polecat's own (nothing shared with the clone but its objects, read-only);
+                # ``BUILD_OUTPUT``: the tests an agent runs leave bytecode and caches that no project's .gitignore
+                # may list, and `gt done` refuses a workspace git shows changed.
+                await asyncio.to_thread(
+                    git.ensure_worktree,
+                    bare,
+                    path,
+                    session.branch,
+                    rig.base_branch,
+                    refs=refs,
+                    origin=rig.repo,
+                    excludes=git.BUILD_OUTPUT,
+                )
             except git.GitError as exc:
                 if await asyncio.to_thread(path.exists):
                     raise WorktreeUnusableError(str(exc)) from exc
                 raise
-            # Every runtime's: the tests an agent runs leave bytecode and caches that no project's .gitignore may
-            # list, and `gt done` refuses a worktree git shows changed (a reused worktree of an older clone too).
-            clone = (rig.name, (await asyncio.to_thread(bare.stat)).st_ino)  # a rig added again: a new clone
-            if clone not in self._excluded:
-                await asyncio.to_thread(git.exclude_in_bare_clone, bare, git.BUILD_OUTPUT)
-                self._excluded.add(clone)
 
     def _start_tmux(self, session: Session, rig: Rig) -> tuple[PaneInfo, bool]:
         existing = self.tmux.pane_of(session.tmux_name)
@@ -607,13 +616,15 @@ class Executor:
         return self.tmux.kill_if_labelled(session.tmux_name, session.id)
 
     async def _finish_done(self, session: Session, after: str) -> None:
-        """The agent died (or hung) after its done-intent: push the branch and submit it, as `gt done` would."""
+        """The agent died (or hung) after its done-intent: publish the branch and submit it, as `gt done` would."""
         rig = self.host.state.rigs.get(session.rig)
         if rig is None:
             return
         try:
-            async with self._worktree_locks.hold(session.worktree), self._repo_locks.hold(rig.name):
-                head = await asyncio.to_thread(self._push_branch, session)
+            async with self._worktree_locks.hold(session.worktree):
+                published = await asyncio.to_thread(
+                    git.publish, Path(session.worktree), session.branch, rig.base_branch, self.published_dir(session)
+                )
         except git.GitError as exc:
             log.warning("done_flow_failed", session=session.id, error=str(exc))
             death = "stalled" if after == "stuck_in_done" else after
@@ -628,23 +639,16 @@ class Executor:
             bead=session.bead,
             rig=session.rig,
             branch=session.branch,
-            head=head,
+            head=published.head,
+            bundle=str(published.bundle),
             session=session.id,
             fence=fence,
-            cmd_id=f"mr-{session.id}",
+            cmd_id=merge_request_id(session.id, published.head),
         )
         await self.host.store(done)
         crash_point("witness.after_mr_submit")
         await self._end(session, "done", f"done flow finished by the witness after {after}")
-        log.info("done_flow_finished_by_witness", session=session.id, head=head)
-
-    def _push_branch(self, session: Session) -> str:
-        worktree = Path(session.worktree)
-        if (worktree / ".git").exists():
-            return git.push(worktree, session.branch)
-        bare = self.bare_repo(session.rig)
-        git.git("push", "--quiet", "origin", f"refs/heads/{session.branch}:refs/heads/{session.branch}", cwd=bare)
-        return git.git("rev-parse", f"refs/heads/{session.branch}", cwd=bare).strip()
+        log.info("done_flow_finished_by_witness", session=session.id, head=published.head)
 
     # ---- escalations ---------------------------------------------------------------------------
 
@@ -738,6 +742,10 @@ class Executor:
             except git.WorktreeNotEmptyError as exc:
                 detail = str(exc)
                 log.warning("worktree_kept", session=session.id, reason=detail)
+        bead = self.host.state.beads.get(session.bead)
+        if bead is not None and bead.status == "closed":
+            # Its published bundles were taken by the refinery (or will never be): gone with the bead's work.
+            await asyncio.to_thread(git.force_remove, self.published_dir(session))
         current = self._session(session.id) or session
         event = SessionCleaned(session_id=session.id, worktree_removed=removed, detail=detail, pane_tail=tail)
         await self._append(NewEvent(payload=event, expected_seq=current.version))
