@@ -13,6 +13,7 @@ from gt.cli import costs, identity, render, town_view
 from gt.cli.client import stream_last_seq
 from gt.cli.colour import COLOR_CHOICES, Palette, wanted
 from gt.cli.common import EXIT_OK, EXIT_REJECTED, Subcommands, UsageError
+from shared.bus import streams
 from shared.bus.errors import BusError
 from shared.bus.kv import Bucket
 from shared.bus.query import ask_json
@@ -79,8 +80,14 @@ async def _current_steps(nc: Connection, beads: list[str]) -> dict[str, str | No
 
 
 async def _last_seq(nc: Connection, config: TownConfig) -> int | None:
+    """The log's last sequence; None when it cannot be read now; ``town_view.LOG_MISSING`` when the town has no
+    log any more (the services then refuse to start: docs/failure-behaviour.md, "The log lost")."""
     try:
         return await stream_last_seq(nc, config)
+    except (BusError, TimeoutError):
+        pass
+    try:
+        return None if await streams.exists(nc, config.evt_stream) else town_view.LOG_MISSING
     except (BusError, TimeoutError):
         return None
 

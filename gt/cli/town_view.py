@@ -213,9 +213,21 @@ def _missing(service: str) -> str:
     return f"  ({service} not answering: unknown)"
 
 
+LOG_MISSING = -1
+"""``stream_last_seq`` of a town whose event log is gone."""
+
+
 def render(snap: dict[str, Any], palette: Palette = PLAIN) -> str:
     head = palette
-    out = [head("Town", "bold") + f"  at {snap['at'][:19].replace('T', ' ')}, log at seq {snap['stream_last_seq']}"]
+    at = snap["at"][:19].replace("T", " ")
+    if snap["stream_last_seq"] == LOG_MISSING:
+        where = head("the event log is MISSING", "red") + (
+            ": the town's log is lost; its services refuse to start as an empty town "
+            '(docs/failure-behaviour.md, "The log lost")'
+        )
+    else:
+        where = f"log at seq {snap['stream_last_seq']}"
+    out = [head("Town", "bold") + f"  at {at}, {where}"]
 
     out += ["", head("Services", "bold")]
     rows: list[list[Cell]] = []

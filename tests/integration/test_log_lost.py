@@ -7,16 +7,20 @@ On a real nats-server running the shipped accounts.conf; the log is deleted with
 from __future__ import annotations
 
 import asyncio
+import secrets
 import sys
 from pathlib import Path
 
+import nats
 import nats.js.errors
 import pytest
 
+from gt.supervisor import read_state
+from gt.town_secrets import TownSecrets
 from shared.bus.connection import close_quietly
 from shared.bus.topology import provision
 from shared.errors import EXIT_LOG_LOST
-from tests.helpers import wait_until
+from tests.helpers import assert_eventually, wait_until
 from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
     SecuredTown,
     callout,
@@ -25,6 +29,7 @@ from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
     services_as_themselves,
     st,
 )
+from tests.integration.test_town import TownCli
 from tests.service_process import ManagedProcess
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
@@ -117,3 +122,62 @@ async def test_a_service_refuses_to_start_as_an_empty_town_over_a_lost_log(
             await js.stream_info("GT_EVT")
     finally:
         await close_quietly(admin)
+
+
+async def test_gt_up_leaves_a_service_that_found_the_log_lost_down_and_escalates(
+    gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    """On a laptop: the log deleted (the admin's password is in GT_HOME/secrets) while the town runs. Every service
+    stops on it; started again, each refuses (exit 3) and `gt up` leaves it down at once, with an escalation that
+    says the log is lost, kept until the town can store it; `gt status` names the services left down."""
+    town = TownCli({**gt_env, "GT_TMUX_SOCKET": f"gt-lost-{secrets.token_hex(4)}"}, tmp_path / "town")
+    try:
+        assert town("up", "-d", "--port", "0").returncode == 0
+        assert town("bead", "create", "Work the town has done").returncode == 0
+        state = read_state(town.config)
+        assert state is not None
+        password = TownSecrets(town.home).password("admin")
+        admin = await nats.connect(state.nats_url, user="admin", password=password, inbox_prefix=b"_INBOX_admin")
+        try:
+            await admin.jetstream().delete_stream("GT_EVT")
+        finally:
+            await admin.close()
+
+        def all_left_down() -> list[str]:
+            now = read_state(town.config)
+            assert now is not None
+            assert sorted(now.gave_up) == ["deacon", "mayor", "refinery", "witness"], now.gave_up
+            return now.gave_up
+
+        await asyncio.to_thread(wait_until, all_left_down, timeout=90, message="every service left down")
+
+        async def escalated() -> list[str]:
+            # Kept in GT_HOME/run/escalations until stored, then waiting in GT_CMD for the mayor (durable: the
+            # log restored, the mayor settles it).
+            texts = [p.read_text() for p in (town.home / "run" / "escalations").glob("*.json")]
+            admin = await nats.connect(state.nats_url, user="admin", password=password, inbox_prefix=b"_INBOX_admin")
+            try:
+                js = admin.jetstream()
+                last = (await js.stream_info("GT_CMD")).state.last_seq
+                for seq in range(1, last + 1):
+                    try:
+                        msg = await js.get_msg("GT_CMD", seq)
+                    except nats.js.errors.NotFoundError:
+                        continue
+                    if msg.subject == "gt.cmd.escalation.raise":
+                        texts.append((msg.data or b"").decode())
+            finally:
+                await admin.close()
+            lost = [text for text in texts if "event log is lost" in text]
+            assert len(lost) == 4, texts
+            return lost
+
+        lost: list[str] = await assert_eventually(escalated, timeout=60)
+        assert lost
+        status = town("status")
+        assert status.returncode != 0
+        assert "the event log is MISSING" in status.stdout, status.stdout
+        mayor_log = (town.home / "logs" / "mayor.log").read_text()
+        assert "event_log_lost" in mayor_log
+    finally:
+        town("down")

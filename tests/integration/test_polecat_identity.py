@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
+from services.refinery.settings import RefinerySettings
 from services.witness.settings import WitnessSettings
 from shared import git
 from shared.config import TownConfig
@@ -167,3 +168,34 @@ async def test_rig_add_refuses_a_git_identity_template_git_cannot_use(pt: Poleca
         assert outcome["code"] == "invalid", outcome
         assert field in outcome["message"], outcome["message"]
         assert expected in outcome["message"], outcome["message"]
+
+
+async def test_a_branch_over_the_merge_queues_size_limit_is_refused_when_gt_done_submits_it(
+    town: TownConfig, nc: Client, tmp_path: Path
+) -> None:
+    """G7 of the red team: a 300 MB file merged. A published branch that adds more than GT_MR_MAX_BYTES is refused
+    ``too_large`` at its submission (`gt done` says so and exits non-zero); nothing is queued or merged."""
+    refinery = RefinerySettings(max_bytes=100_000)
+    async with polecat_town(town, nc, tmp_path, refinery=refinery) as pt:
+        out, marker = '"$GT_WORKTREE/../$GT_SESSION.out"', '"$GT_WORKTREE/../$GT_SESSION.rc"'
+        big = "head -c 400000 /dev/urandom > big.bin && git add big.bin && git commit -qm 'a big file'"
+        await pt.add_rig(agent_command=f'{big} && gt done > {out} 2>&1; echo "rc=$?" > {marker}; exec sleep 600')
+        before = git.git("rev-parse", "refs/heads/main", cwd=pt.origin).strip()
+        bead = await pt.new_bead("Add a big file")
+        await pt.sling(bead)
+
+        def said() -> Path:
+            sessions = pt.sessions_of(bead)
+            assert sessions, "no session yet"
+            path = Path(sessions[0].worktree).parent / f"{sessions[0].id}.rc"
+            assert path.exists()
+            return path
+
+        rc = await assert_eventually(said, timeout=120)
+        assert rc.read_text().strip() != "rc=0"
+        printed = rc.with_suffix(".out").read_text()
+        assert "too_large" in printed or "MB of new objects" in printed, printed
+        assert "GT_MR_MAX_BYTES" in printed, printed
+        assert pt.refinery is not None
+        assert not [m for m in pt.refinery.projection.state.mrs.values() if m.bead == bead], "nothing was queued"
+        assert git.git("rev-parse", "refs/heads/main", cwd=pt.origin).strip() == before
