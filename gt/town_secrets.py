@@ -94,15 +94,23 @@ def _is_login(name: str) -> bool:
 
 
 def _write_new(path: Path, text: str) -> None:
-    """Create ``path`` (0600) with ``text``, unless it is there: a second `gt up` racing keeps the first's."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
+    """Create ``path`` (0600) with ``text``, unless it is there: a second `gt up` racing keeps the first's. Written
+    aside and linked into place, so an interrupted write never leaves an empty credential behind."""
+    if path.exists():
         return
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, (text + "\n").encode())
+        os.fsync(fd)
     finally:
         os.close(fd)
+    try:
+        os.link(temp, path)
+    except FileExistsError:
+        pass
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def ensure(gt_home: Path) -> TownSecrets:

@@ -74,7 +74,15 @@ class WorktreeState(msgspec.Struct, frozen=True, kw_only=True):
 PUBLISHED_REF = "refs/gt/published"
 """In a workspace: the commit `gt done` last published (``publish``); what it reaches is not lost with it."""
 IMPORTED_PREFIX = "refs/gt/published"
-"""In the refinery's clone: the commits of imported bundles, one ref per head (``<prefix>/<head>``)."""
+"""In the refinery's clone: the commits of imported bundles, one ref per session and head (``imported_ref``)."""
+
+
+def imported_ref(session: str, head: str) -> str:
+    """Where a session's published ``head`` is kept in the refinery's clone: only that session's merge request
+    merges it."""
+    return f"{IMPORTED_PREFIX}/{session or '-'}/{head}"
+
+
 NO_PUSH_URL = "gt-done-publishes-this-branch"
 """A workspace's push URL: not a repository, so a `git push` fails at once (an agent publishes with gt done)."""
 
@@ -150,9 +158,18 @@ def git_environment(environ: Mapping[str, str] | None = None, **extra: str) -> d
     return {**{key: environ[key] for key in names if key in environ}, **GIT_ENV, **extra}
 
 
-def _run(args: list[str], cwd: Path | None, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], cwd: Path | None, env: dict[str, str], timeout: float, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["git", *GIT_SAFE_CONFIG, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        ["git", *GIT_SAFE_CONFIG, *args],
+        cwd=cwd,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -247,6 +264,30 @@ def is_checkout(repo: str) -> bool:
     return git("rev-parse", "--is-bare-repository", cwd=path, check=False).strip() == "false"
 
 
+def as_owner_of(path: Path) -> str:
+    """A command prefix that runs the other side of a transfer with a repository on this machine as the user who
+    owns it, when this process is root and the repository is another user's (the compose stack's refinery is root;
+    the rig's repository belongs to the agents' user): whatever that repository's config or hooks name (an agent
+    can write them) then runs with no more rights than the agent has. Empty otherwise."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return ""
+    try:
+        owner = os.stat(path)
+    except OSError:
+        return ""
+    if owner.st_uid == 0:
+        return ""
+    return f"setpriv --reuid={owner.st_uid} --regid={owner.st_gid} --clear-groups "
+
+
+def upload_pack_for(repo: str) -> list[str]:
+    """``--upload-pack=...`` for a fetch, clone or ls-remote of ``repo`` when it is a repository on this machine
+    another user owns and this process is root (``as_owner_of``); nothing otherwise."""
+    path = local_repository(repo)
+    prefix = as_owner_of(path) if path is not None else ""
+    return [f"--upload-pack={prefix}git-upload-pack"] if prefix else []
+
+
 def checkout_receive_pack(repo: str) -> str | None:
     """The receive-pack a push into ``repo`` should run: for a repository on this machine one that runs no hook
     (``LOCAL_RECEIVE_PACK``), and for a local checkout whose owner set no ``receive.denyCurrentBranch`` one that also
@@ -255,9 +296,10 @@ def checkout_receive_pack(repo: str) -> str | None:
     path = local_repository(repo)
     if path is None:
         return None
+    prefix = as_owner_of(path)
     if not is_checkout(repo) or git("config", "--get", "receive.denyCurrentBranch", cwd=path, check=False).strip():
-        return LOCAL_RECEIVE_PACK
-    return UPDATE_INSTEAD_RECEIVE_PACK
+        return prefix + LOCAL_RECEIVE_PACK
+    return prefix + UPDATE_INSTEAD_RECEIVE_PACK
 
 
 def origin_receive_pack(clone: Path) -> list[str]:
@@ -271,7 +313,7 @@ def origin_receive_pack(clone: Path) -> list[str]:
 def probe_repository(repo: str, branch: str) -> str | None:
     """Why ``repo`` cannot serve as a rig's origin with base ``branch``, or None when it can."""
     try:
-        heads = git("ls-remote", "--heads", "--", repo, timeout=PROBE_TIMEOUT_S)
+        heads = git("ls-remote", *upload_pack_for(repo), "--heads", "--", repo, timeout=PROBE_TIMEOUT_S)
     except GitError as exc:
         return f"cannot read repository {repo!r}: {exc.stderr or exc}"
     if f"refs/heads/{branch}" not in {line.split("\t")[-1] for line in heads.splitlines()}:
@@ -290,11 +332,12 @@ def ensure_bare_clone(repo: str, path: Path) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        git("clone", "--bare", "--quiet", "--", repo, str(temp))
+        git("clone", "--bare", "--quiet", *upload_pack_for(repo), "--", repo, str(temp))
         # Remote-tracking refs: what origin has, as of the last fetch.
         git("config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*", cwd=temp)
         # Workspaces borrow these objects (alternates): none may ever be pruned from under them.
         git("config", "gc.pruneExpire", "never", cwd=temp)
+        _set_upload_pack(temp, repo)
         git("fetch", "--quiet", "origin", cwd=temp)
         temp.rename(path)
     finally:
@@ -303,7 +346,17 @@ def ensure_bare_clone(repo: str, path: Path) -> bool:
     return True
 
 
+def _set_upload_pack(clone: Path, repo: str) -> None:
+    """Record in ``clone``'s own config the upload-pack its fetches from origin run (``upload_pack_for``)."""
+    option = upload_pack_for(repo)
+    if option:
+        git("config", "remote.origin.uploadpack", option[0].removeprefix("--upload-pack="), cwd=clone)
+
+
 def fetch(bare: Path) -> None:
+    url = git("config", "--get", "remote.origin.url", cwd=bare, check=False).strip()
+    if url:
+        _set_upload_pack(bare, url)  # a clone made by an older version, or a repository whose owner changed
     git("fetch", "--quiet", "--prune", "origin", cwd=bare)
 
 
@@ -504,20 +557,23 @@ def publish(path: Path, branch: str, base: str, folder: Path) -> Published:
 
 
 def import_bundle(
-    bare: Path, source: Path, branch: str, head: str, *, max_bytes: int, scratch: Path
+    bare: Path, source: Path, branch: str, head: str, *, target: str, max_bytes: int, scratch: Path
 ) -> BundleProblem | None:
     """Take the commits a polecat published (``source``, a bundle `gt done` wrote) into the rig's clone ``bare``
-    as ``IMPORTED_PREFIX/<head>``; None when done, else why not. The file is data from an agent: copied first
+    as ``imported_ref(target, head)``; None when done, else why not. The file is data from an agent: copied first
     (a regular file, not followed through a link, at most ``max_bytes``), checked (its prerequisites are in the
-    clone, fetched from origin when not; its ``branch`` is at ``head``, the commit the merge request names), and
-    fetched with git's object checks. Nothing of the agent's repository runs.
+    clone, fetched from origin when not; its ``branch`` is at ``head``, the commit the merge request names),
+    unbundled into a scratch repository of the refinery's own (which borrows the clone's objects), measured (its
+    new objects at most ``max_bytes`` once unpacked: a bundle compresses) and fetched from there with git's object
+    checks (git 2.39 checks nothing fetched from a bundle itself). Nothing of the agent's repository runs.
     """
     try:
         fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         return BundleProblem("invalid", f"the published bundle {source} cannot be read: {exc.strerror}")
     scratch.mkdir(parents=True, exist_ok=True)
-    copy = scratch / f"{uuid.uuid4().hex}.bundle"
+    name = uuid.uuid4().hex
+    copy, unpacked = scratch / f"{name}.bundle", scratch / f"{name}.git"
     try:
         with os.fdopen(fd, "rb") as file:
             info = os.fstat(file.fileno())
@@ -540,20 +596,33 @@ def import_bundle(
             return BundleProblem(
                 "invalid", f"the published bundle has {branch} at {found or 'no commit'}, not the submitted {head}"
             )
+        git("init", "--quiet", "--bare", str(unpacked))
+        (unpacked / "objects" / "info" / "alternates").write_text(f"{(bare / 'objects').resolve()}\n")
+        git("fetch", "--quiet", "--no-tags", str(copy), f"+refs/heads/{branch}:refs/published", cwd=unpacked)
+        known = git("for-each-ref", "--format=%(objectname)", "refs/remotes/origin", cwd=bare).split()
+        new_objects = git("rev-list", "--objects", "refs/published", "--not", *known, cwd=unpacked).splitlines()
+        ids = "".join(line.split(" ", 1)[0] + "\n" for line in new_objects if line)
+        sizes = _run(["cat-file", "--batch-check=%(objectsize)"], unpacked, git_environment(), GIT_TIMEOUT_S, ids)
+        unpacked_bytes = sum(int(size) for size in sizes.stdout.split() if size.isdigit())
+        if unpacked_bytes > max_bytes:
+            return BundleProblem("too_large", _too_large(unpacked_bytes, max_bytes, unpacked=True))
         git(
-            "-c", "fetch.fsckObjects=true", "fetch", "--quiet", "--no-tags", str(copy),
-            f"+refs/heads/{branch}:{IMPORTED_PREFIX}/{head}", cwd=bare,
+            "-c", "fetch.fsckObjects=true", "fetch", "--quiet", "--no-tags", str(unpacked),
+            f"+refs/published:{imported_ref(target, head)}", cwd=bare,
         )  # fmt: skip
     except GitError as exc:
         return BundleProblem("invalid", f"the published bundle could not be imported: {exc.stderr[-500:]}")
     finally:
         copy.unlink(missing_ok=True)
+        force_remove(unpacked)
     return None
 
 
-def _too_large(size: int, max_bytes: int) -> str:
+def _too_large(size: int, max_bytes: int, *, unpacked: bool = False) -> str:
+    how = " once unpacked" if unpacked else ""
     return (
-        f"the branch adds {size / 1e6:.1f} MB of new objects, over the merge queue's limit of {max_bytes / 1e6:.0f} MB "
+        f"the branch adds {size / 1e6:.1f} MB of new objects{how}, over the merge queue's limit of "
+        f"{max_bytes / 1e6:.0f} MB "
         "(GT_MR_MAX_BYTES): remove the large files from its commits (history too: a later commit deleting them "
         "still carries them), then gt done again"
     )

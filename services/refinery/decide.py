@@ -145,6 +145,9 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit, actor: str = "operator
     base = state.rigs[cmd.rig].base_branch
     if from_session(cmd, actor):
         check_session_submit(state, cmd, base)
+        if cmd.bundle is None:
+            # Its commits come from the bundle it published, never from whatever the refinery's clone holds.
+            raise CommandError("invalid", "a polecat's merge request names the bundle `gt done` published (`bundle`)")
     elif cmd.bundle is not None:
         raise CommandError("invalid", "only a polecat session publishes a bundle (gt done); submit a branch by hand")
     else:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from shared import git
+from tests.integration.test_gate_user import gate_user  # noqa: F401 (fixture)
 
 SECRETS = {
     "NATS_USER": "witness",
@@ -183,3 +184,46 @@ def test_a_hook_in_a_local_target_refuses_nothing_a_plain_push_would_not(tmp_pat
     assert "protected branch" in plain.stderr
     refinerys = git.push_commit(seed, change, "main", receive_pack=git.checkout_receive_pack(str(target)))
     assert refinerys.exit_code == 0, refinerys.stderr
+
+
+def test_the_refinery_as_root_runs_what_a_local_targets_config_names_only_as_its_owner(
+    tmp_path: Path,
+    gate_user: str,  # noqa: F811 (the fixture)
+) -> None:
+    """The compose stack's refinery is root and the rig's repository belongs to the agents' user, who can write its
+    config. Hooks are off, but config can name other commands git runs (``core.alternateRefsCommand`` on a push's
+    receiving side): they run as the repository's owner, never as root."""
+    import pwd
+
+    owner = pwd.getpwnam(gate_user)
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    dumps.chmod(0o777)
+    target = tmp_path / "origin.git"
+    seed = tmp_path / "seed"
+    git.git("init", "--quiet", "--bare", "-b", "main", str(target))
+    git.git("clone", "--quiet", "--", str(target), str(seed))
+    commit(seed, "README", "base\n")
+    git.git("push", "--quiet", "origin", "main", cwd=seed)
+    other = tmp_path / "other.git"
+    git.git("init", "--quiet", "--bare", str(other))
+    (target / "objects" / "info" / "alternates").write_text(f"{other / 'objects'}\n")
+    script = tmp_path / "whoami.sh"
+    script.write_text(f'#!/bin/sh\nid -u > "{dumps}/alternate-refs.$$"\n')
+    script.chmod(0o755)
+    subprocess.run(["git", "config", "core.alternateRefsCommand", str(script)], cwd=target, check=True)
+    for path in (tmp_path, *tmp_path.parents):
+        if path == Path("/"):
+            break
+        path.chmod(path.stat().st_mode | 0o011)  # the owner may reach it (a test directory under root's)
+    subprocess.run(["chown", "-R", f"{owner.pw_uid}:{owner.pw_gid}", str(target), str(other)], check=True)
+
+    receive_pack = git.checkout_receive_pack(str(target))
+    assert receive_pack is not None
+    assert receive_pack.startswith(f"setpriv --reuid={owner.pw_uid} ")
+    change = commit(seed, "CHANGE", "x\n")
+    result = git.push_commit(seed, change, "main", receive_pack=receive_pack)
+    assert result.exit_code == 0, result.stderr
+    ran = [path.read_text().strip() for path in dumps.iterdir()]
+    assert ran, "the repository's alternateRefsCommand ran (the control: config does name commands)"
+    assert set(ran) == {str(owner.pw_uid)}, f"it ran as {ran}, not as the repository's owner"

@@ -99,7 +99,14 @@ async def test_only_the_hook_holder_submits_its_own_branch_into_the_base_branch(
     assert (by_hand["type"], by_hand["code"]) == ("cmd.rejected", "conflict"), by_hand
     assert await submitted_mrs(pt.nc) == []
 
-    accepted = await pt.ok("gt.cmd.mr.done", **mine)
+    # Its commits come from the bundle it published, never from what the refinery's clone happens to hold.
+    unpublished = await pt.command("gt.cmd.mr.done", **mine)
+    assert (unpublished["type"], unpublished["code"]) == ("cmd.rejected", "invalid"), unpublished
+    assert "bundle" in unpublished["message"]
+    bundle = pt.config.gt_home / "published" / f"{head}.bundle"
+    bundle.parent.mkdir(parents=True)
+    git.git("bundle", "create", "--quiet", str(bundle), f"refs/heads/{session.branch}", "^main", cwd=pt.origin)
+    accepted = await pt.ok("gt.cmd.mr.done", **mine, bundle=str(bundle))
     assert accepted["changed"] is True
     await assert_eventually(lambda: ref(pt.origin, session.branch) == "", timeout=120, message="merged, then deleted")
     assert "WORK.txt" in git.git("ls-tree", "--name-only", "refs/heads/main", cwd=pt.origin).split()

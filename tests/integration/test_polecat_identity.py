@@ -150,7 +150,8 @@ async def test_a_session_commits_as_its_polecat_with_no_git_identity_anywhere(
             mr = await pt.wait_merge_requested(bead)
             [session] = await pt.wait_settled(bead)
             assert session.end_reason == "done"
-            identities[rig] = git.git("log", "-1", "--format=%an <%ae>|%cn <%ce>", mr["head"], cwd=pt.origin).strip()
+            published = pt.config.gt_home / "rigs" / rig / "refinery" / "repo.git"  # imported from its bundle
+            identities[rig] = git.git("log", "-1", "--format=%an <%ae>|%cn <%ce>", mr["head"], cwd=published).strip()
     assert identities["demo"] == "demo/ace <ace.demo@gastown.invalid>|demo/ace <ace.demo@gastown.invalid>"
     assert identities["other"] == (
         "Bot ace of other <bots+other.ace@example.com>|Bot ace of other <bots+other.ace@example.com>"

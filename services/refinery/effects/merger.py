@@ -225,10 +225,17 @@ def import_published(paths: Paths, rig: Rig, mr: MergeRequestSubmit, max_bytes: 
     assert mr.bundle is not None
     with _clone_lock(paths):
         git.ensure_bare_clone(rig.repo, paths.bare)
-        if _rev(paths, f"{git.IMPORTED_PREFIX}/{mr.head}"):
-            return None  # imported before (the command delivered again)
+        session = mr.session or ""
+        if _rev(paths, git.imported_ref(session, mr.head)):
+            return None  # imported before for this session (the command delivered again)
         return git.import_bundle(
-            paths.bare, Path(mr.bundle), mr.branch, mr.head, max_bytes=max_bytes, scratch=paths.root / "bundles"
+            paths.bare,
+            Path(mr.bundle),
+            mr.branch,
+            mr.head,
+            target=session,
+            max_bytes=max_bytes,
+            scratch=paths.root / "bundles",
         )
 
 
@@ -351,7 +358,8 @@ def _stack(
         if mr.bundle is not None:
             # Published by its session and imported when submitted: exactly the commit submitted, unless a person
             # resolving its conflict pushed the branch to the rig's repository (publish_branch put it there).
-            head = _rev(paths, f"refs/remotes/origin/{mr.branch}") or _rev(paths, f"{git.IMPORTED_PREFIX}/{mr.head}")
+            imported = git.imported_ref(mr.session or "", mr.head)
+            head = _rev(paths, f"refs/remotes/origin/{mr.branch}") or _rev(paths, imported)
         else:
             # The branch as it is now (a conflict resolved by force-pushing it counts), else the submitted commit.
             head = _rev(paths, f"refs/remotes/origin/{mr.branch}") or _rev(paths, f"{mr.head}^{{commit}}")
@@ -459,10 +467,12 @@ POLECAT_BRANCHES = "polecat/"
 def publish_branch(paths: Paths, mr: MergeRequest) -> None:
     """Push a session's published head (imported from its bundle) to its branch on origin, for a person to
     resolve a conflict on (best effort: logged when refused)."""
-    source = f"{git.IMPORTED_PREFIX}/{mr.head}"
+    source = git.imported_ref(mr.session or "", mr.head)
+    receive = git.origin_receive_pack(paths.bare)
     git.git(
-        "push", "--quiet", "--force", "--", "origin", f"{source}:refs/heads/{mr.branch}", cwd=paths.bare, check=False
-    )
+        "push", "--quiet", "--force", *receive, "--", "origin", f"{source}:refs/heads/{mr.branch}", cwd=paths.bare,
+        check=False,
+    )  # fmt: skip
     if not _rev(paths, f"refs/remotes/origin/{mr.branch}"):
         git.fetch(paths.bare)
     if not _rev(paths, f"refs/remotes/origin/{mr.branch}"):
