@@ -376,6 +376,7 @@ def ensure_worktree(
     refs: set[str] | None = None,
     origin: str | None = None,
     excludes: tuple[str, ...] = (),
+    published: Path | None = None,
 ) -> bool:
     """A polecat's workspace at ``path`` on ``branch`` (made from ``base`` when new); True when created, False
     when reused.
@@ -385,6 +386,9 @@ def ensure_worktree(
     repository (``origin``, else ``bare``) with no push URL, ``excludes`` in its ``info/exclude``. Nothing of it
     is shared with ``bare``: an agent writing its config, hooks or refs writes its own. ``refs``: which of
     ``refs/heads/<branch>`` and ``refs/remotes/origin/<base>`` exist in ``bare``, when the caller has just looked.
+    ``published``: the branch as an earlier session of its bead published it (a bundle): a workspace made again
+    (the earlier one removed once its work was published, a merge request sent back) starts there, never from the
+    base, so no published work is lost.
 
     Raises:
         GitError: ``path`` exists but is not a workspace on ``branch`` (it is never touched then).
@@ -411,13 +415,28 @@ def ensure_worktree(
         git("config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*", cwd=temp)
         git("config", "remote.origin.pushurl", NO_PUSH_URL, cwd=temp)
         git("update-ref", f"refs/remotes/origin/{base}", base_commit, cwd=temp)
-        git("checkout", "--quiet", "-b", branch, start, cwd=temp)
+        if head not in refs and published is not None and _seeded(temp, published, branch):
+            git("checkout", "--quiet", branch, cwd=temp)
+        else:
+            git("checkout", "--quiet", "-b", branch, start, cwd=temp)
         if excludes:
             _list_in(temp / ".git" / "info" / "exclude", excludes)
         temp.rename(path)
     finally:
         if temp.exists():
             force_remove(temp)
+    return True
+
+
+def _seeded(workspace: Path, bundle: Path, branch: str) -> bool:
+    """The branch fetched from a bundle its bead published earlier, marked published; False when the bundle does
+    not hold it (it is data: fetched, never run)."""
+    fetched = _succeeds(
+        "fetch", "--quiet", "--no-tags", str(bundle), f"+refs/heads/{branch}:refs/heads/{branch}", cwd=workspace
+    )
+    if not fetched:
+        return False
+    git("update-ref", PUBLISHED_REF, f"refs/heads/{branch}", cwd=workspace)
     return True
 
 

@@ -389,7 +389,7 @@ class TestQueries:
     async def test_queries_answer_errors_with_codes(self, nc: Client, mayor: MayorService) -> None:
         assert (await ask(nc, "get", {"id": "hq-none"}))["code"] == "not_found"
         assert (await ask(nc, "teleport"))["code"] == "unknown_query"
-        assert (await ask(nc, "list", {"min_seq": -1}))["code"] == "invalid"
+        assert (await ask(nc, "list", {"min_seq": -2}))["code"] == "invalid"  # (-1: the log's last, LATEST_SEQ)
         reply = await nc.request("gt.q.mayor.list", b"[1,2]", timeout=5)
         assert json.loads(reply.data)["code"] == "malformed"
         reply = await nc.request("gt.q.mayor.list", b"{nope", timeout=5)

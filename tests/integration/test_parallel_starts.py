@@ -32,7 +32,18 @@ def git_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     real = shutil.which("git")
     assert real is not None
     shim = shim_dir / "git"
-    shim.write_text(f'#!/bin/sh\necho "$1 $2" >> {log}\nexec {real} "$@"\n')
+    # The subcommand and the word after it, past the `-c name=value` pairs every service git begins with.
+    shim.write_text(
+        "#!/bin/sh\n"
+        'words=""; skip=0; n=0\n'
+        'for arg in "$@"; do\n'
+        '  if [ $skip = 1 ]; then skip=0; continue; fi\n'
+        '  if [ "$arg" = "-c" ] && [ $n = 0 ]; then skip=1; continue; fi\n'
+        '  n=$((n + 1)); words="${words:+$words }$arg"; [ $n = 2 ] && break\n'
+        "done\n"
+        f'echo "$words" >> {log}\n'
+        f'exec {real} "$@"\n'
+    )
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{shim_dir}{os.pathsep}{os.environ['PATH']}")
     return log
@@ -61,7 +72,9 @@ async def test_beads_slung_at_once_to_one_rig_start_together_with_a_fetch_or_two
     assert pt.witness is not None
     assert pt.witness.action_errors == 0, "no start failed (git trips on its own files when adds overlap)"
     calls = Counter((await asyncio.to_thread(git_calls.read_text)).splitlines())
-    assert calls["worktree add"] == BEADS, calls
+    # One workspace each (a repository of its own: `git init`), no worktree of the clone.
+    assert calls["init --quiet"] == BEADS, calls
+    assert calls["worktree add"] == 0, calls
     assert calls["worktree prune"] == 0, calls
     assert 1 <= calls["fetch --quiet"] < BEADS / 2, f"one fetch serves the starts that asked within moments: {calls}"
     for bead, worktree in zip(beads, worktrees, strict=True):

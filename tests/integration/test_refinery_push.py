@@ -203,31 +203,31 @@ async def test_the_escalation_of_a_dirty_checkout_closes_by_itself_once_the_retr
     assert len(closings) == 1, closings
 
 
-async def test_a_push_a_hook_refuses_fails_the_merge_with_gits_message_and_escalates_without_requeues(
+async def test_a_push_the_target_refuses_fails_the_merge_with_gits_message_and_escalates_without_requeues(
     pt: PolecatTown,
 ) -> None:
-    hook = pt.origin / "hooks" / "pre-receive"
-    # Branches may come in (the polecat's push); main may not.
-    hook.write_text(
-        '#!/bin/sh\nwhile read old new ref; do\n  if [ "$ref" = refs/heads/main ]; then\n'
-        "    echo 'policy: main is frozen for the release' >&2\n    exit 1\n  fi\ndone\n"
-    )
-    hook.chmod(0o755)
+    # The repository refuses by its own settings (config, which its receive-pack honours); a pre-receive hook it
+    # has does not run in the refinery's push into a repository on this machine (an agent could have planted it).
     await pt.add_rig()
     before = git.git("rev-parse", "refs/heads/main", cwd=pt.origin).strip()
-    bead = await pt.new_bead("Refused by policy", prefix="demo")
+    bead = await pt.new_bead("Refused by the target", prefix="demo")
     head = pt.push_branch("polecat/p1/frozen", {"frozen.txt": "not landing\n"})
+    # From now on (the branch above came in by a plain push).
+    git.git("config", "receive.maxInputSize", "1", cwd=pt.origin)
+    hook = pt.origin / "hooks" / "pre-receive"
+    hook.write_text("#!/bin/sh\necho 'policy: main is frozen for the release' >&2\nexit 1\n")
+    hook.chmod(0o755)
     mr_id = await pt.submit(bead, "polecat/p1/frozen", head)
 
     mr = await ended(pt, mr_id)
     assert mr.status == "escalated", (mr.status, mr.tail)
     assert (mr.gate, mr.exit_code) == ("push", 1)
-    assert "policy: main is frozen for the release" in mr.tail
-    assert "pre-receive hook declined" in mr.tail
+    assert "pack exceeds maximum allowed size" in mr.tail
+    assert "pre-receive hook declined" not in mr.tail, "the hook did not run"
     assert await requeues(pt, mr_id) == []
     raised = await escalations_about(pt, bead)
     assert mr_id in raised[0].message
-    assert "pre-receive hook declined" in raised[0].message
+    assert "pack exceeds maximum allowed size" in raised[0].message
     assert git.git("rev-parse", "refs/heads/main", cwd=pt.origin).strip() == before
 
 

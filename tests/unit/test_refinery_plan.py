@@ -354,7 +354,7 @@ def test_a_bead_resubmitting_the_commit_that_failed_puts_its_merge_request_back_
     q.add(session, LeaseAcquired(lease="hook-de-a", holder="de-a-2", token=2, ttl_s=600, expires_at=q.clock))
     body = {
         "bead": "de-a", "rig": "demo", "branch": "polecat/x/de-a", "head": q.mr(a).head, "session": "de-a-2",
-        "fence": {"lease": "hook-de-a", "token": 2},
+        "fence": {"lease": "hook-de-a", "token": 2}, "bundle": "/gt/published/de-a-2/x.bundle",
     }  # fmt: skip
     q.claim(a)
     q.fail(a)
@@ -444,7 +444,7 @@ def test_a_bead_resubmitting_the_commit_whose_conflict_was_sent_back_puts_its_me
     q.add(session, LeaseAcquired(lease="hook-de-a", holder="de-a-2", token=2, ttl_s=600, expires_at=q.clock))
     body = {
         "bead": "de-a", "rig": "demo", "branch": "polecat/x/de-a", "head": q.mr(a).head, "session": "de-a-2",
-        "fence": {"lease": "hook-de-a", "token": 2},
+        "fence": {"lease": "hook-de-a", "token": 2}, "bundle": "/gt/published/de-a-2/x.bundle",
     }  # fmt: skip
     q.claim(a)
     q.add(

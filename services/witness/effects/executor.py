@@ -9,6 +9,7 @@ asked, ``session.started`` after the pane's process is there, ``session.warrante
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import sys
@@ -178,6 +179,19 @@ class Executor:
 
     def bare_repo(self, rig: str) -> Path:
         return self.rig_dir(rig) / "repo.git"
+
+    def _last_published(self, session: Session) -> Path | None:
+        """The newest bundle an earlier session of ``session``'s bead published (its branch as `gt done` left it):
+        where a workspace made again starts."""
+        found: list[tuple[float, Path]] = []
+        for other in self.host.state.sessions.values():
+            if other.bead != session.bead or other.id == session.id:
+                continue
+            folder = self.published_dir(other)
+            for bundle in folder.glob("*.bundle") if folder.is_dir() else ():
+                with contextlib.suppress(OSError):
+                    found.append((bundle.stat().st_mtime, bundle))
+        return max(found)[1] if found else None
 
     def published_dir(self, session: Session) -> Path:
         """Where the session's `gt done` publishes its branch (``git.publish``): kept until its bead is closed."""
@@ -358,6 +372,7 @@ class Executor:
                     refs=refs,
                     origin=rig.repo,
                     excludes=git.BUILD_OUTPUT,
+                    published=await asyncio.to_thread(self._last_published, session),
                 )
             except git.GitError as exc:
                 if await asyncio.to_thread(path.exists):
