@@ -37,6 +37,7 @@ import pytest
 
 from gt.model_server import ModelServer, Script, bash, edit, say, use, write
 from tests.claude_code import REPO, TEST_KEY, claude_binary
+from tests.helpers import assert_eventually
 
 DEADLINE_S = 180.0
 CLI_TIMEOUT_S = 120.0
@@ -330,6 +331,10 @@ async def test_a_town_run_by_a_normal_user_works_a_bead_with_claude_code_without
                 if status == "closed":
                     break
                 await asyncio.sleep(0.5)
+            # Merged may come before the agent's last turn (its `gt done` returns once its work is queued, and the
+            # queue may merge it at once): the story is waited for too, before the town goes.
+            wanted = len(nonroot_story(user.name, worktree).turns)
+            await assert_eventually(lambda: len(server.turns("nonroot")) >= wanted, timeout=60)
             sessions = await asyncio.to_thread(user.run, "gt", "session", "list", "--bead", bead, "--all", env=env)
             assert server.failures == [], server.failures
             assert status == "closed", f"{bead} is {status!r} after {DEADLINE_S} s:\n{sessions}"

@@ -37,7 +37,7 @@ def git_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "#!/bin/sh\n"
         'words=""; skip=0; n=0\n'
         'for arg in "$@"; do\n'
-        '  if [ $skip = 1 ]; then skip=0; continue; fi\n'
+        "  if [ $skip = 1 ]; then skip=0; continue; fi\n"
         '  if [ "$arg" = "-c" ] && [ $n = 0 ]; then skip=1; continue; fi\n'
         '  n=$((n + 1)); words="${words:+$words }$arg"; [ $n = 2 ] && break\n'
         "done\n"
