@@ -139,7 +139,14 @@ async def check_invariants(pt: PolecatTown, beads: list[str], state: WitnessStat
         counts = {step: steps_done[(bead, step)] for step in STEPS}
         assert counts == dict.fromkeys(STEPS, 1), f"{bead}: step.done per step {counts}"
         branch = sessions[0].branch
-        assert pt.branch_files(branch, bead) == [f"{i:02d}-{s}.txt" for i, s in enumerate(STEPS, 1)]
+        wanted = [f"{i:02d}-{s}.txt" for i, s in enumerate(STEPS, 1)]
+
+        def every_step_on_main(branch: str = branch, bead: str = bead, wanted: list[str] = wanted) -> bool:
+            # Published as a bundle, the branch reaches the rig's repository when it is merged: waited for.
+            assert pt.branch_files(branch, bead) == wanted
+            return True
+
+        await assert_eventually(every_step_on_main, timeout=60)
     await assert_eventually(lambda: pt.tmux.snapshot() == {}, timeout=30, message="tmux sessions are left")
     await assert_eventually(lambda: not agents_of(pt.config), timeout=30, message="agent processes are left")
 

@@ -125,7 +125,8 @@ def wait_for_report(read: Callable[[], str | None]) -> dict[str, Any]:
 async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_laptop_town(
     gt_env: dict[str, str], tmp_path: Path
 ) -> None:
-    town = TownCli({**gt_env, "GT_TMUX_SOCKET": f"gt-attack-{secrets.token_hex(4)}"}, tmp_path / "town")
+    socket = f"gt-attack-{secrets.token_hex(4)}"
+    town = TownCli({**gt_env, "GT_TMUX_SOCKET": socket}, tmp_path / "town")
     try:
         up = town("up", "-d", "--port", "0")
         assert up.returncode == 0, up.stderr + up.stdout
@@ -176,6 +177,7 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_laptop_town(
         assert_rig_unharmed(git_report.read_text(), main_log, branches, sorted(p.name for p in dumps.iterdir()))
     finally:
         town("down", "--sessions")
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
 
 
 async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topology(
