@@ -60,6 +60,17 @@ def step_files(bead: str) -> list[str]:
     return [f"{i:02d}-{step}.txt" for i, step in enumerate(STEPS, start=1)]
 
 
+async def merged(pt: PolecatTown, bead: str) -> None:
+    """Until the bead's work is merged (its bead closed by the refinery)."""
+
+    def closed() -> bool:
+        assert pt.mayor is not None
+        assert pt.mayor.projection.state.beads[bead].status == "closed"
+        return True
+
+    await assert_eventually(closed, timeout=120)
+
+
 async def test_a_slung_bead_is_worked_submitted_and_cleaned_up(pt: PolecatTown) -> None:
     await pt.add_rig()
     bead = await pt.new_bead("Add a greeting")
@@ -73,6 +84,7 @@ async def test_a_slung_bead_is_worked_submitted_and_cleaned_up(pt: PolecatTown) 
     assert "[gt-agent] done" in session.pane_tail.splitlines(), "its pane's last lines, recorded when it was ended"
     assert session.branch == f"polecat/ace/{bead}"
     assert mr["branch"] == session.branch
+    await merged(pt, bead)  # published as a bundle: in the rig's repository once merged
     assert pt.branch_files(session.branch, bead) == step_files(bead)
     assert pt.branch_log(session.branch)[0] == f"{bead}: submit"
     assert git.git("log", "-1", "--format=%s", mr["head"], cwd=pt.origin).strip() == f"{bead}: submit"
@@ -101,6 +113,7 @@ async def test_kill_9_at_each_of_six_steps_loses_nothing_and_redoes_nothing(pt: 
     assert [s.status for s in molecule.steps] == ["done"] * 6
     assert await step_done_counts(pt, bead) == dict.fromkeys(STEPS, 1), "each step done exactly once"
     branch = sessions[-1].branch
+    await merged(pt, bead)  # published as a bundle: in the rig's repository once merged
     assert pt.branch_files(branch, bead) == step_files(bead)
     assert pt.branch_log(branch)[:6] == [f"{bead}: {step}" for step in reversed(STEPS)]
     assert len(pt.branch_log(branch)) == 7, "one commit per step on top of main: no step committed twice"
