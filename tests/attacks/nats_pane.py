@@ -86,6 +86,8 @@ class Attacker:
         except Exception as exc:
             self.note(name, how, f"error: {exc!r}")
             return None
+        # A refusal reaches the client asynchronously (an -ERR, to the error callback): the attack's own pause for
+        # it, part of what is tried, not a wait for the town.
         await asyncio.sleep(0.05)
         refused = self.errors[before:]
         self.note(name, how, f"refused: {refused}" if refused else f"answered: {got!r}")
@@ -153,7 +155,7 @@ class Attacker:
                 f"subscribe {subject} {queue or ''}",
                 self.nc.subscribe(subject, queue=queue or "", cb=keep),
             )
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # a second of listening: whatever the subscriptions caught is the result
         leaked = [s for s in got if not s.startswith(self.inbox)]
         self.report["eavesdropped"] = leaked[:50]
 
