@@ -44,5 +44,9 @@ VOLUME ["/var/lib/gastown"]
 # (git refuses another user's repository otherwise; see docs/deployment.md, "Gates").
 RUN useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10002 gate \
     && git config --global --add safe.directory '*'
+# Agents (polecats) run as `agent`: the witness's container runs as root to start each agent as it
+# (GT_AGENT_USER=agent) and hands it only its session's workspace, password file, runtime dir and publish folder;
+# it owns nothing else of the town (docs/deployment.md, "Agents as another OS user").
+RUN useradd --system --no-create-home --shell /bin/sh --uid 10003 agent
 USER gastown
 CMD ["gt", "--help"]

@@ -511,7 +511,9 @@ class Supervisor:
                 continue
             try:
                 # One attempt: the supervise loop tries again on its next round.
-                await bus_commands.store(nc, self.config.cmd_stream, cmd, deadline_s=0)
+                await bus_commands.store(
+                    nc, self.config.cmd_stream, cmd, evt_stream=self.config.evt_stream, deadline_s=0
+                )
             except PermissionDeniedError as exc:
                 # Trying again cannot help: the supervisor's NATS user may not send it (logged as it happened).
                 log.error("crash_loop_escalation_denied", source=cmd.source, user=exc.user)

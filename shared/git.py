@@ -161,6 +161,12 @@ def git_environment(environ: Mapping[str, str] | None = None, **extra: str) -> d
 def _run(
     args: list[str], cwd: Path | None, env: dict[str, str], timeout: float, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
+    owner = _owner_of(cwd)
+    if owner is not None:
+        # Its config, attributes and filters are the owner's to write (an agent's workspace, when agents run as
+        # their own user): they run with the owner's rights, never a root service's; and git refuses a repository
+        # another user owns anyway. No home: nothing of root's (unreadable to it) is looked for.
+        env = {**env, "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent"}
     return subprocess.run(
         ["git", *GIT_SAFE_CONFIG, *args],
         cwd=cwd,
@@ -170,7 +176,21 @@ def _run(
         text=True,
         timeout=timeout,
         check=False,
+        user=owner[0] if owner is not None else None,
+        group=owner[1] if owner is not None else None,
+        extra_groups=[] if owner is not None else None,
     )
+
+
+def _owner_of(cwd: Path | None) -> tuple[int, int] | None:
+    """(uid, gid) of ``cwd`` when this process is root and another user owns it; None otherwise."""
+    if cwd is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None
+    try:
+        found = os.stat(cwd)
+    except OSError:
+        return None
+    return None if found.st_uid == 0 else (found.st_uid, found.st_gid)
 
 
 class PushResult(msgspec.Struct, frozen=True, kw_only=True):

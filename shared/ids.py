@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 import secrets
 
@@ -30,6 +31,28 @@ def command_id(header_id: str | None, body_id: str | None, cmd_seq: int) -> str:
         if candidate:
             return candidate if is_valid_id(candidate) else stable_digest_id(candidate)
     return f"cmd-{cmd_seq}"
+
+
+SESSION_SCOPE = "~"
+"""Between a session and its own command id in a session command's outcome id (``s-1~finish-s-1``). No id a
+sender chooses holds it (``command_id`` turns such an id into a digest), so a scoped id is never anyone else's."""
+
+
+def session_scoped_id(session: str, command_id: str) -> str:
+    """The id a polecat session's command is settled under (its outcome is on ``gt.evt.cmd.<this>``): the session's
+    own namespace, so that no id a session chooses is the id of a service's, the operator's or another session's
+    command (a session that sent ``close-<mr>`` first would have settled the refinery's close of that bead)."""
+    return f"{session}{SESSION_SCOPE}{command_id}"
+
+
+def keyed_id(base: str, secret: str | None) -> str:
+    """``base`` followed by a digest keyed with ``secret``: the same for every resend of one sender's command
+    (idempotent), not one another sender can guess ahead of it and take first in GT_CMD's dedupe window. ``base``
+    as it is when there is no secret (a town without per-session identities)."""
+    if not secret:
+        return base
+    digest = hmac.new(secret.encode(), base.encode(), hashlib.sha256).hexdigest()[:16]
+    return f"{base[:47]}-{digest}"
 
 
 def to_base36(number: int) -> str:

@@ -279,10 +279,12 @@ class Delivery:
             body_id, actor, correlation = peek_body_fields(self.body)
         else:
             body_id = actor = correlation = None
-        self.command_id = ids.command_id(header_id, body_id, self.stream_seq)
         self.command_subject, self.origin = subjects.split_origin(subject)
         """The command's own subject (``gt.cmd.step.done``), and who sent it when it came on a session's or a
         service's own subject."""
+        self.command_id = ids.command_id(header_id, body_id, self.stream_seq)
+        if isinstance(self.origin, subjects.SessionOrigin):
+            self.command_id = ids.session_scoped_id(self.origin.session, self.command_id)
         before_cutover = self.origin is None and self.stream_seq < origin_from
         sender = command_actor(actor, self.origin, before_cutover=before_cutover)
         self.refusal: CommandError | None = None
@@ -706,7 +708,9 @@ class CommandIntake:
         origin = subjects.ServiceOrigin(self._identity)
         try:
             # One attempt: the rejection is stored next either way (a person learns of it there too).
-            await bus_commands.store(self._nc, self._stream, raise_cmd, origin=origin, deadline_s=0)
+            await bus_commands.store(
+                self._nc, self._stream, raise_cmd, evt_stream=self._reader.stream, origin=origin, deadline_s=0
+            )
         except (TimeoutError, BusError, GastownError) as exc_pub:
             log.warning("set_aside_escalation_failed", error=repr(exc_pub))
 

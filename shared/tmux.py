@@ -12,7 +12,7 @@ import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import msgspec
 from libtmux import Server
@@ -123,20 +123,30 @@ class Tmux:
         infos = [info for line in lines if (info := _pane_info(line)) is not None and info.session == name]
         return infos[0] if infos else None
 
-    def start(self, name: str, command: str, *, cwd: str, env: Mapping[str, str], label: str = "") -> PaneInfo:
+    def start(
+        self,
+        name: str,
+        command: str,
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        label: str = "",
+        run_as: Sequence[str] = (),
+    ) -> PaneInfo:
         """Start session ``name`` running ``command`` (through ``sh -c``) in ``cwd`` with exactly ``env``,
         labelled ``label`` in the same tmux call (so no session of ours is ever seen without its label).
 
         The pane runs ``env -i <env> sh -c <command>``: a tmux server's global environment is that of whoever
         started it (a witness, with its own credentials and settings), and tmux also replaces PATH with its
-        client's; neither may leak into an agent, so the agent gets ``env`` and nothing else.
+        client's; neither may leak into an agent, so the agent gets ``env`` and nothing else. ``run_as``: a command
+        prefix the whole runs under (``setpriv`` to the agents' OS user).
 
         Raises:
             TmuxError: the session exists already, or tmux refused.
         """
         # -P -F: tmux prints the new pane's facts (pid, ...) itself, so no second call reads them.
         args = ["new-session", "-d", "-P", "-F", _FORMAT, "-s", name, "-c", cwd, "-x", "200", "-y", "50"]
-        argv = ["env", "-i", *(f"{key}={value}" for key, value in env.items()), "sh", "-c", command]
+        argv = [*run_as, "env", "-i", *(f"{key}={value}" for key, value in env.items()), "sh", "-c", command]
         args += [_literal(arg) for arg in argv]
         options = (
             ";",

@@ -105,7 +105,7 @@ MAKE_ORIGIN_SCRIPT = (
     f"git add . && git -c user.name=t -c user.email=t@t commit -qm init && "
     f"git init -q --bare --shared=group -b main {ORIGIN_ON_VOLUME} && git push -q {ORIGIN_ON_VOLUME} main"
 )
-"""A rig's bare repository on the gt-home volume, made inside the witness's container (as its user, gastown)."""
+"""A rig's bare repository on the gt-home volume, made inside the witness's container (as the image's user gastown)."""
 
 
 class Stack(Protocol):
@@ -180,6 +180,10 @@ class LocalStack:
             env[key] = self._local(service, "" if value is None else str(value))
         if env.get("GT_GATE_USER"):
             env["GT_GATE_USER"] = self.gate_user
+        # As local processes the witness runs agents as the test's own user: the image's `agent` (and a Python it
+        # can run, a GT_HOME it can reach) exist only in containers. test_agent_user.py runs agents as their own
+        # user with local processes.
+        env.pop("GT_AGENT_USER", None)
         return env
 
     def _make_gate_user(self) -> str:
@@ -483,9 +487,13 @@ class ComposeStack:
         started = self._podman("start", self.container(service))
         assert started.returncode == 0, started.stderr
 
-    def exec(self, service: str, *argv: str, stdin: str | None = None, detach: bool = False) -> str:
-        """``argv`` in the service's container, as its user; its output (``detach``: left running)."""
+    def exec(
+        self, service: str, *argv: str, stdin: str | None = None, detach: bool = False, user: str | None = None
+    ) -> str:
+        """``argv`` in the service's container, as its user (or ``user``); its output (``detach``: left running)."""
         options = ["-d"] if detach else (["-i"] if stdin is not None else [])
+        if user is not None:
+            options += ["--user", user]
         run = subprocess.run(
             ["podman", "exec", *options, self.container(service), *argv],
             input=stdin,
@@ -498,11 +506,12 @@ class ComposeStack:
         return run.stdout
 
     def make_origin(self) -> str:
-        # The services see the gt-home volume; the origin lives there, made by the witness's container (as its
-        # user, gastown). Group-shared: the refinery (root) pushes into it, the witness's agents (gastown) too.
+        # The services see the gt-home volume; the origin lives there, made in the witness's container as the
+        # image's user gastown. Group-shared: the refinery (root) pushes into it as its owner; the agents (user
+        # agent) cannot write it.
         origin = ORIGIN_ON_VOLUME
         script = MAKE_ORIGIN_SCRIPT
-        self.exec("witness", "sh", "-c", script)
+        self.exec("witness", "sh", "-c", script, user="gastown")
         return origin
 
     def origin_files(self, origin: str, branch: str) -> list[str]:

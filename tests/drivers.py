@@ -23,7 +23,7 @@ from nats.aio.client import Client
 from services.mayor import queries
 from services.mayor.service import MayorService
 from services.mayor.state import MayorState
-from shared import subjects
+from shared import ids, subjects
 from shared.config import TownConfig
 from shared.errors import CommandError, QueryError
 from shared.events import decode_envelope
@@ -125,7 +125,10 @@ class NatsDriver:
 async def send_and_wait(nc: Client, subject: str, body: bytes, cmd_id: str, *, timeout: float = 30) -> dict[str, Any]:
     """Publish a command as the nats CLI would and return its stored outcome ({"type": ..., **payload})."""
     js = nc.jetstream()
-    outcome_subject = subjects.outcome_subject(cmd_id)
+    _command, origin = subjects.split_origin(subject)
+    # A session's command is settled in its own namespace (``ids.session_scoped_id``).
+    settled_as = ids.session_scoped_id(origin.session, cmd_id) if isinstance(origin, subjects.SessionOrigin) else cmd_id
+    outcome_subject = subjects.outcome_subject(settled_as)
     arrived = asyncio.Event()
 
     async def on_outcome(_msg: Any) -> None:

@@ -45,7 +45,7 @@ from shared.commands.mail import polecat_address
 from shared.config import TownConfig
 from shared.faults import crash_point
 from shared.formulas import rework
-from shared.ids import merge_request_id
+from shared.ids import keyed_id, merge_request_id
 from shared.queries import mayor, refinery, witness
 from shared.terminal import escape_line, escape_text, escaped_lines
 
@@ -701,8 +701,13 @@ async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
     if state.dirty:
         print(dirty_refusal(worktree, state.changes), file=sys.stderr)
         return EXIT_REJECTED
+
+    def own_id(base: str) -> str:
+        # Keyed with the session's password: the same on a rerun, never one another session could send first.
+        return keyed_id(base, config.nats_password)
+
     try:
-        await _command(nc, config, SessionDoneIntentCmd(session=session, cmd_id=f"done-intent-{session}"))
+        await _command(nc, config, SessionDoneIntentCmd(session=session, cmd_id=own_id(f"done-intent-{session}")))
         _log_done()
         crash_point("gt_done.after_intent")
         folder = Path(os.environ.get("GT_HOME", "")) / "rigs" / rig / "published" / session
@@ -717,11 +722,11 @@ async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
             head=head,
             bundle=str(published.bundle),
             session=session,
-            cmd_id=merge_request_id(session, head),
+            cmd_id=own_id(merge_request_id(session, head)),
         )
         mr = await _command(nc, config, done)
         crash_point("gt_done.after_mr")
-        await _command(nc, config, SessionFinish(session=session, cmd_id=f"finish-{session}"))
+        await _command(nc, config, SessionFinish(session=session, cmd_id=own_id(f"finish-{session}")))
     except DoneError as exc:
         print(f"gt done: {exc}", file=sys.stderr)
         return EXIT_REJECTED

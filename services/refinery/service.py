@@ -532,8 +532,8 @@ class RefineryService(Service[RefineryState]):
             prefix=state.rigs[mr.rig].prefix,
             cmd_id=command,
         )
-        await self.store(create)
-        return command
+        # The id it is settled under: another only when some other sender took this one first.
+        return (await self.store(create)).cmd_id
 
     async def _file_bug(self, mr: MergeRequest, broken: merger.GateResult, result: merger.BatchResult) -> str:
         target_before = next(o.target_before for o in result.outcomes.values() if o.kind == "merged")
@@ -551,8 +551,8 @@ class RefineryService(Service[RefineryState]):
             prefix=self.projection.state.rigs[mr.rig].prefix,
             cmd_id=command,
         )
-        await self.store(create)
-        return command
+        # The id it is settled under: another only when some other sender took this one first.
+        return (await self.store(create)).cmd_id
 
     async def _escalate(self, mr: MergeRequest, failure: merger.GateResult, failures: int) -> None:
         message = (

@@ -59,6 +59,9 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     rigs: frozenset[str] | None = None
     """The rigs this witness serves (``GT_WITNESS_RIGS``, comma-separated); None: all of them. Witnesses of
     disjoint sets of rigs run side by side; see ``plan/scope.py``."""
+    agent_user: str = ""
+    """``GT_AGENT_USER``: the OS user agents run as (the witness must run as root, see ``effects/agent_user.py``).
+    Empty: the witness's own user, which can read everything the town keeps (docs/deployment.md)."""
     agent_credentials: dict[str, str] | None = None
     """The NATS credentials sessions get when no auth callout is configured (``agent_creds``: ``GT_AGENT_NATS_*``,
     else the witness's own ``NATS_*``), read by ``load`` before the witness's secrets leave its environment
@@ -89,5 +92,6 @@ def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
         agent_env=agent_env,
         rigs=parse_rigs(env.get("GT_WITNESS_RIGS")),
         usage_interval_s=env_number(env, "GT_USAGE_INTERVAL", 30.0, minimum=0.0),
+        agent_user=env.get("GT_AGENT_USER", "").strip(),
         agent_credentials=agent_nats_credentials(env),
     )

@@ -18,6 +18,7 @@ and one placed on a node that is down never answers.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,7 +29,7 @@ import nats.js.errors
 import structlog
 from nats.aio.client import Client
 
-from shared import subjects
+from shared import ids, subjects
 from shared.aio import pause, raise_if_cancelling
 from shared.bus import streams
 from shared.bus.append import MSG_ID, RETRYABLE_ERRORS, still_in_flight
@@ -105,16 +106,23 @@ async def store(
     stream: str,
     cmd: Command,
     *,
+    evt_stream: str,
     origin: subjects.Origin | None = None,
     deadline_s: float | None = STORE_DEADLINE_S,
     before_attempt: Callable[[], Awaitable[None]] | None = None,
-) -> int:
-    """Store ``cmd`` in ``stream`` (GT_CMD) with its ``cmd_id`` as the message id; return its sequence there.
+) -> StoredCommand:
+    """Store ``cmd`` in ``stream`` (GT_CMD) with its ``cmd_id`` as the message id; return its sequence there and
+    the id it was stored under.
 
     While the stream is briefly unreachable (a cluster electing a leader after losing a node, a reconnect) the
     command is resent, under the same id, so it is stored once, for up to ``deadline_s`` seconds (None: until
     stored or cancelled; 0: one attempt). ``before_attempt`` is awaited before each attempt (a service waits
     there until it may act).
+
+    GT_CMD keeps one message per id for two minutes, whoever sent it. A service or the operator whose command comes
+    back as a duplicate of a message some other sender stored (a session that sent ``close-<mr>`` first, to have
+    the refinery's close of that bead dropped) sends it again under a fresh id (``taken_by_another``); a polecat
+    session, which may not read GT_CMD, sends ids no other sender can guess (``ids.keyed_id``).
 
     Raises:
         ValueError: ``cmd`` has no ``cmd_id``.
@@ -153,8 +161,47 @@ async def store(
                 raise AppendFailedError(subject, exc.code, exc.err_code, exc.description or "") from exc
             log.info("command_store_in_flight", subject=subject, cmd_id=cmd_id)
         else:
-            return int(ack.seq)
+            if not ack.duplicate or isinstance(origin, subjects.SessionOrigin):
+                return StoredCommand(seq=int(ack.seq), cmd_id=cmd_id)
+            taker = await _taken_by_another(nc, stream, evt_stream, int(ack.seq), subject, cmd_id)
+            if taker is None:
+                return StoredCommand(seq=int(ack.seq), cmd_id=cmd_id)
+            fresh = f"{cmd_id[:55]}-{secrets.token_hex(4)}"
+            log.warning("command_id_taken", cmd_id=cmd_id, taken_on=taker, sent_again_as=fresh)
+            cmd = msgspec.structs.replace(cmd, cmd_id=fresh)
+            cmd_id, data = fresh, encode(cmd)
+            continue
         await pause(RETRY_PAUSE_S)
+
+
+class StoredCommand(msgspec.Struct, frozen=True, kw_only=True):
+    """A command as GT_CMD holds it: its sequence there and the id it is settled under."""
+
+    seq: int
+    cmd_id: str
+
+
+StoreCommand = Callable[[Command], Awaitable[StoredCommand]]
+"""A service's ``store`` as the parts it hands it to see it (``ServiceBase.store``)."""
+
+TAKEN_UNKNOWN = "(consumed)"
+"""What ``_taken_by_another`` names when the earlier message is gone from GT_CMD and left no outcome of this id."""
+
+
+async def _taken_by_another(
+    nc: Client, stream: str, evt_stream: str, seq: int, subject: str, cmd_id: str
+) -> str | None:
+    """The subject of the message that holds ``cmd_id`` in GT_CMD's dedupe window when it is not this sender's
+    own earlier copy (same subject), else None. A message already consumed is this sender's when its outcome is
+    in the log under ``cmd_id`` (another sender's would be under its own scope, or not this command's)."""
+    try:
+        stored = await nc.jetstream().get_msg(stream, seq)
+    except nats.js.errors.NotFoundError:
+        stored = None
+    if stored is not None:
+        return None if stored.subject == subject else str(stored.subject)
+    found = await read_outcome(nc, evt_stream, cmd_id, timeout=0)
+    return None if found is not None else TAKEN_UNKNOWN
 
 
 STREAM_CHECK_TIMEOUT_S = 1.0
@@ -185,9 +232,13 @@ async def send(
     Raises what ``store`` raises; nothing else once the command is stored.
     """
     assert cmd.cmd_id, "a command is sent with its cmd_id"
-    seq = await store(nc, config.cmd_stream, cmd, origin=origin)
-    outcome = Outcome(command_id=cmd.cmd_id, stored_seq=seq)
-    arrival = asyncio.ensure_future(read_outcome(nc, config.evt_stream, cmd.cmd_id, timeout=timeout))
+    stored = await store(nc, config.cmd_stream, cmd, evt_stream=config.evt_stream, origin=origin)
+    # A session's command is settled in its own namespace (``ids.session_scoped_id``), so its outcome is there.
+    settled_as = stored.cmd_id
+    if isinstance(origin, subjects.SessionOrigin):
+        settled_as = ids.session_scoped_id(origin.session, stored.cmd_id)
+    outcome = Outcome(command_id=settled_as, stored_seq=stored.seq)
+    arrival = asyncio.ensure_future(read_outcome(nc, config.evt_stream, settled_as, timeout=timeout))
     liveness: asyncio.Future[bool] | None = None
     try:
         if not wait_if_down:

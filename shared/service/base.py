@@ -158,10 +158,11 @@ class Service(Generic[S]):
         self._urgent.set()
         self._dirty.set()
 
-    async def store(self, cmd: Command) -> int:
+    async def store(self, cmd: Command) -> bus_commands.StoredCommand:
         """Store a command for another service in GT_CMD (its outcome comes later, in the log), once this instance
-        may act; returns its GT_CMD sequence. Its ``cmd_id`` (required) makes it idempotent: the same id is carried
-        out once, so a resend after a crash is harmless.
+        may act; returns its GT_CMD sequence and the id it is settled under. Its ``cmd_id`` (required) makes it
+        idempotent: the same id is carried out once, so a resend after a crash is harmless (another id only when
+        some other sender took this one first: ``bus_commands.store``).
 
         It is sent on this service's own subject (``gt.cmd.bead.close.svc.refinery``), which is what makes it this
         service's: the intake records its actor from there, never from the body (whose ``actor`` may only name what
@@ -172,6 +173,7 @@ class Service(Generic[S]):
             self.nc,
             self.config.cmd_stream,
             cmd,
+            evt_stream=self.config.evt_stream,
             origin=subjects.ServiceOrigin(self.identity),
             deadline_s=None,
             before_attempt=self.wait_active,

@@ -7,13 +7,16 @@ whether the town was harmed is judged from outside by the test (tests/integratio
 Standalone (nats-py and the standard library only): it is copied into containers as it is.
 
     python nats_pane.py REPORT VICTIM_BEAD
+    python nats_pane.py --squat REPORT    (in the workspace, its work committed, right before `gt done`)
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from typing import Any
@@ -219,6 +222,32 @@ def login_from_env() -> dict[str, Any]:
     return login
 
 
+def merge_request_of(rig: str, bead: str, head: str) -> str:
+    """The merge request id the refinery gives this bead's commit (services/refinery/decide.py ``mr_id_for``)."""
+    return "mr-" + hashlib.blake2b(f"{rig}:{bead}:{head}".encode()).hexdigest()[:12]
+
+
+async def squat(report_path: str) -> None:
+    """Take first, on the session's own subject, the command id the refinery will close this bead under once its
+    merge request merges (``close-<mr>``, predictable from the committed head): GT_CMD keeps one message per id for
+    two minutes whoever sent it, and an outcome is one per id, so a town that let a session's id stand for the
+    refinery's would drop the close (or take the session's command for it) and the merged bead would stay open."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    rig, bead, session = os.environ["GT_RIG"], os.environ["GT_BEAD"], os.environ["GT_SESSION"]
+    taken = f"close-{merge_request_of(rig, bead, head)}"
+    login = login_from_env()
+    nc = await nats.connect(os.environ["NATS_URL"].split(","), max_reconnect_attempts=-1, **login)
+    try:
+        subject = f"gt.cmd.mail.send.{rig}.{os.environ['GT_POLECAT']}.{session}"
+        body = {"to": "operator", "subject": "squatting", "body": "an id that is not mine", "cmd_id": taken}
+        await nc.publish(subject, json.dumps(body).encode(), headers={"Nats-Msg-Id": taken})
+        await nc.flush()
+    finally:
+        await nc.close()
+    with open(report_path, "w") as file:
+        json.dump({"session": session, "taken": taken, "head": head}, file)
+
+
 async def main(report_path: str, victim: str) -> None:
     url = os.environ["NATS_URL"].split(",")
     login = login_from_env()
@@ -238,6 +267,7 @@ async def main(report_path: str, victim: str) -> None:
     finally:
         await nc.close()
     attacker.report["limits"] = await limits(url, login, session)
+    attacker.report["uid"] = os.getuid()
     attacker.report["errors"] = attacker.errors[-20:]
     attacker.report["seconds"] = round(time.monotonic() - started, 1)
     tmp = report_path + ".tmp"
@@ -247,4 +277,7 @@ async def main(report_path: str, victim: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    if sys.argv[1] == "--squat":
+        asyncio.run(squat(sys.argv[2]))
+    else:
+        asyncio.run(main(sys.argv[1], sys.argv[2]))

@@ -30,6 +30,7 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from gt.town_secrets import operator_login
+from services.refinery.decide import mr_id_for
 from shared import git
 from tests.attacks import nats_pane
 from tests.compose_stack import USERS, ComposeStack, running_stack
@@ -51,16 +52,23 @@ FORGED_COMMANDS = (
     "flood-199",
 )
 REPORT_DEADLINE_S = 180.0
+AGENT_UID = 10003
+"""The image's user ``agent`` (Dockerfile), whom the compose stack's witness starts agents as."""
+
+
+def squat_report_of(report: str) -> str:
+    return report + ".squat.json"
 
 
 def agent_command(script: str, git_script: str, report: str, git_report: str, dumps: str, victim: str) -> str:
     """The rig's agent: the git attacks, the NATS attacks, then an honest change submitted with `gt done` (its own
-    git with the hooks and fsmonitor it set itself turned off), and it stays (a pane that ended would be
-    respawned, attacking again)."""
+    git with the hooks and fsmonitor it set itself turned off) after taking first the id the refinery will close
+    its bead under, and it stays (a pane that ended would be respawned, attacking again)."""
     q = shlex.quote
     honest = (
         "echo honest > HONEST.txt && git -c core.fsmonitor=false add HONEST.txt && "
-        "git -c core.hooksPath=/dev/null -c core.fsmonitor=false commit -qm honest && gt done"
+        "git -c core.hooksPath=/dev/null -c core.fsmonitor=false commit -qm honest && "
+        f"python {q(script)} --squat {q(squat_report_of(report))} && gt done"
     )
     return (
         f"sh {q(git_script)} {q(git_report)} {q(dumps)}; python {q(script)} {q(report)} {q(victim)}; "
@@ -108,11 +116,31 @@ async def assert_unharmed(nc: Client, victim_status: Callable[[], str], report: 
     # What the pane itself saw: only its own inbox; the huge message cut its connection; subscriptions capped.
     assert report["eavesdropped"] == [], report["eavesdropped"]
     huge = report["limits"]["huge_message"]
-    assert huge["closed"] or any("ayload" in e for e in huge["errors"]), huge
+    # The server cuts the connection: the client sees its -ERR, or only the reset when that comes first (huge-1
+    # is never stored either way: FORGED_COMMANDS).
+    cut = ("ayload", "Connection lost", "reset by peer")
+    assert huge["closed"] or any(sign in e for e in huge["errors"] for sign in cut), huge
     subs = report["limits"]["subscriptions"]
     assert not subs["connected"] or any("subscriptions" in e.lower() for e in subs["errors"]), subs
     tried = {a["attack"] for a in report["attempts"]}
     assert set(nats_pane.targets("x")) <= tried, tried
+
+
+async def assert_squat_failed(nc: Client, squat_text: str | None, rig: str, bead: str) -> None:
+    """The id the pane took first on its own subject (the refinery's ``close-<mr>`` of its bead) was settled in the
+    session's own namespace, and the refinery's close was carried out all the same (the bead is closed: checked by
+    the caller), under that id or, found taken, under a fresh one: never the session's mail standing for it."""
+    assert squat_text is not None, "the pane took the refinery's id before `gt done`"
+    squat = json.loads(squat_text)
+    assert squat["taken"] == f"close-{mr_id_for(rig, bead, squat['head'])}", squat
+    js = nc.jetstream()
+    own = await js.get_last_msg("GT_EVT", f"gt.evt.cmd.{squat['session']}~{squat['taken']}", direct=True)
+    assert b"cmd.accepted" in (own.data or b""), own.data
+    try:
+        under_taken = await js.get_last_msg("GT_EVT", f"gt.evt.cmd.{squat['taken']}", direct=True)
+    except nats.js.errors.NotFoundError:
+        return
+    assert b"squatting" not in (under_taken.data or b""), under_taken.data
 
 
 def wait_for_report(read: Callable[[], str | None]) -> dict[str, Any]:
@@ -172,6 +200,13 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_laptop_town(
             return shown.returncode == 0 and json.loads(shown.stdout)["status"] == "closed"
 
         await asyncio.to_thread(wait_until, merged, timeout=REPORT_DEADLINE_S, message="the honest change merged")
+        squat_path = Path(squat_report_of(str(report_path)))
+        nc = await nats.connect(url, user=login[0], password=login[1], inbox_prefix=b"_INBOX_operator")
+        try:
+            squat = squat_path.read_text() if squat_path.exists() else None
+            await assert_squat_failed(nc, squat, "demo", attacker)
+        finally:
+            await nc.close()
         main_log = git.git("log", "--format=%s", "main", cwd=origin).splitlines()
         branches = git.git("for-each-ref", "--format=%(refname:short)", "refs/heads", cwd=origin).split()
         assert_rig_unharmed(git_report.read_text(), main_log, branches, sorted(p.name for p in dumps.iterdir()))
@@ -209,8 +244,11 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topolog
             done = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=True)
             return done.stdout
 
-        # The scripts go where the agent runs (onto the gt-home volume, in containers).
+        # The scripts go where the agent runs (onto the gt-home volume, in containers), in a folder of the agents'
+        # user (the image's `agent`), where they write their reports.
         run_there("mkdir", "-p", str(where / "dumps"))
+        if isinstance(stack, ComposeStack):
+            run_there("chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(where))
         for name, text in (("nats_pane.py", SCRIPT.read_text()), ("git_pane.sh", GIT_SCRIPT.read_text())):
             run_there("sh", "-c", f"cat > {shlex.quote(str(where / name))}", stdin=text)
         report_at, git_report_at = where / "report.json", where / "git-report.txt"
@@ -249,13 +287,26 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topolog
             await assert_unharmed(nc, lambda: str(json.loads(gt("bead", "show", victim, "--json"))["status"]), report)
         finally:
             await nc.close()
+        if isinstance(stack, ComposeStack):
+            # In containers agents run as the image's user `agent` (GT_AGENT_USER), not the witness's root.
+            assert report["uid"] == AGENT_UID, report["uid"]
         gt("health", "mayor")
 
         def merged() -> bool:
             return bool(json.loads(gt("bead", "show", attacker, "--json"))["status"] == "closed")
 
         await asyncio.to_thread(wait_until, merged, timeout=REPORT_DEADLINE_S, message="the honest change merged")
+        nc = await nats.connect(
+            servers=stack.urls(), user="operator", password=passwords["operator"], inbox_prefix=b"_INBOX_operator"
+        )
+        try:
+            await assert_squat_failed(nc, read(Path(squat_report_of(str(report_at)))), "demo", attacker)
+        finally:
+            await nc.close()
         main_log = run_there("git", "--git-dir", origin, "log", "--format=%s", "main").splitlines()
         branches = run_there("git", "--git-dir", origin, "for-each-ref", "--format=%(refname:short)", "refs/heads")
         dumped = sorted(run_there("ls", str(where / "dumps")).split())
-        assert_rig_unharmed(read(git_report_at) or "", main_log, branches.split(), dumped)
+        git_report = read(git_report_at) or ""
+        assert_rig_unharmed(git_report, main_log, branches.split(), dumped)
+        if isinstance(stack, ComposeStack):
+            assert "plant-hook\trefused" in git_report, "the agents' user cannot write the rig's repository"

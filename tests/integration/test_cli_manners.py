@@ -169,7 +169,8 @@ async def test_mq_list_lists_merge_requests_in_the_order_they_were_submitted(
 
     def all_merged() -> bool:
         assert pt.refinery is not None
-        statuses = [pt.refinery.projection.state.mrs[m].status for m in submitted]
+        mrs = pt.refinery.projection.state.mrs  # applied a moment after their outcomes: None until then
+        statuses = [mrs[m].status if m in mrs else None for m in submitted]
         assert statuses == ["merged"] * 4, statuses
         return True
 

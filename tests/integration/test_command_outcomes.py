@@ -92,16 +92,52 @@ async def test_a_store_that_got_no_answer_is_resent_with_the_same_id_and_stored_
         assert own_nats_server.proc is not None
         own_nats_server.proc.send_signal(signal.SIGSTOP)
         try:
-            storing = asyncio.ensure_future(store(nc, town.cmd_stream, cmd))
+            storing = asyncio.ensure_future(store(nc, town.cmd_stream, cmd, evt_stream=town.evt_stream))
             # Frozen for longer than one attempt's acknowledgement timeout (5 s): the first attempt fails.
             await asyncio.sleep(STORE_ACK_TIMEOUT_S + 1)  # the absence of an answer is what is under test
             assert not storing.done()
         finally:
             own_nats_server.proc.send_signal(signal.SIGCONT)
-        seq = await asyncio.wait_for(storing, timeout=STORE_DEADLINE_S)
+        seq = (await asyncio.wait_for(storing, timeout=STORE_DEADLINE_S)).seq
         info = await nc.jetstream().stream_info(town.cmd_stream)
         assert info.state.messages == 1, "stored once"
         stored = await nc.jetstream().get_msg(town.cmd_stream, seq)
         assert (stored.headers or {}).get("Nats-Msg-Id") == "cli-frozen-1"
     finally:
         await nc.close()
+
+
+async def test_an_id_a_session_took_first_is_not_the_services_command(nc: Client, town: TownConfig) -> None:
+    """A session that stores a command under the id a service will use (``close-<mr>``, predictable) does not
+    make the service's command a duplicate: the service, finding the id held by a message on another subject,
+    stores its command again under a fresh id, and both are there. Its own resend (same subject) stays one."""
+    await provision(nc, town)
+    session = subjects.SessionOrigin("demo", "p1", "s-1")
+    squat = BeadCreate(title="an id that is not mine", cmd_id="close-mr-abc")
+    await store(nc, town.cmd_stream, squat, evt_stream=town.evt_stream, origin=session)
+    mine = BeadCreate(title="the refinery's", cmd_id="close-mr-abc")
+    refinery = subjects.ServiceOrigin("refinery")
+    stored = await store(nc, town.cmd_stream, mine, evt_stream=town.evt_stream, origin=refinery)
+    assert stored.cmd_id.startswith("close-mr-abc-"), stored
+    held = await nc.jetstream().get_msg(town.cmd_stream, stored.seq)
+    assert held.subject == subjects.sent_subject(BeadCreate.SUBJECT, refinery)
+    assert (held.headers or {})["Nats-Msg-Id"] == stored.cmd_id
+    assert b"the refinery's" in (held.data or b"")
+    again = BeadCreate(title="the refinery's", cmd_id=stored.cmd_id)
+    resent = await store(nc, town.cmd_stream, again, evt_stream=town.evt_stream, origin=refinery)
+    assert resent == stored, "a resend of the service's own command is the same message"
+
+
+async def test_a_sessions_command_is_read_back_in_its_own_namespace(nc: Client, town: TownConfig) -> None:
+    """The outcome a session waits for is its own scope's (``<session>~<id>``): the outcome of a command under the
+    bare id (a service's, the operator's) is not taken for the session's."""
+    await provision(nc, town)
+    session = subjects.SessionOrigin("demo", "p1", "s-1")
+    await store_outcome(nc, town, "c-shared")  # someone else's command of that id, settled
+    cmd = BeadCreate(title="mine", cmd_id="c-shared")
+    sent = asyncio.ensure_future(send(nc, town, cmd, origin=session, timeout=30, wait_if_down=True))
+    await asyncio.sleep(0.5)  # it read the log a few times: the bare id's outcome is not its own
+    assert not sent.done()
+    seq = await store_outcome(nc, town, "s-1~c-shared")
+    outcome = await asyncio.wait_for(sent, timeout=10)
+    assert (outcome.command_id, outcome.outcome_seq) == ("s-1~c-shared", seq)

@@ -282,6 +282,10 @@ def test_the_stack_runs_each_service_with_its_own_user_and_three_replicas(tmp_pa
     assert {"/var/lib/gastown", "/var/lib/gastown-refinery"} <= mounts
     dockerfile = (REPO_ROOT / "Dockerfile").read_text()
     assert "useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10002 gate" in dockerfile
+    # Agents run as the image's user `agent`: the witness runs as root for that.
+    assert "useradd --system --no-create-home --shell /bin/sh --uid 10003 agent" in dockerfile
+    assert witness["GT_AGENT_USER"] == "agent"
+    assert str(model["services"]["witness"]["user"]).split(":")[0] == "0"
     # Sessions get their own identities: the witness mints them and answers the auth callout as the auth user.
     assert not [key for key in witness if key.startswith("GT_AGENT_NATS_")]
     assert witness["GT_NATS_AUTH_PASSWORD"] == "pw-auth"

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 from nats.js.client import JetStreamContext
 
+from shared import ids
 from shared.bus.connection import close_quietly, connect
 from shared.events import decode_envelope
 from shared.subjects import SessionOrigin, session_command_subject
@@ -80,7 +81,7 @@ async def test_an_agent_flooding_mail_send_is_rate_limited_and_the_log_stays_bou
         finally:
             await close_quietly(agent)
 
-        outcomes = await outcomes_of(js, "flood-")
+        outcomes = await outcomes_of(js, ids.session_scoped_id(FLOODER.session, "flood-"))
         accepted = [o for o in outcomes if o["type"] == "cmd.accepted"]
         limited = [o for o in outcomes if o["type"] == "cmd.rejected" and o["code"] == "rate_limited"]
         assert len(accepted) + len(limited) == len(outcomes), outcomes[:5]

@@ -31,14 +31,16 @@ from tests.witness_town import make_origin
 
 
 class TownCli:
-    def __init__(self, env: dict[str, str], home: Path) -> None:
+    def __init__(self, env: dict[str, str], home: Path, python: str = sys.executable) -> None:
         self.home = home
         self.env = {**env, "GT_HOME": str(home)}
         self.env.pop("NATS_URL", None)
+        self.python = python
+        """The Python `gt` runs with (and so the town's services, and the ``gt`` on its agents' PATH)."""
 
     def __call__(self, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "gt.cli.main", *args],
+            [self.python, "-m", "gt.cli.main", *args],
             env=self.env,
             capture_output=True,
             text=True,

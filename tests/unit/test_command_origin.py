@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from shared import ids
 from shared.errors import CommandError
 from shared.intake import Delivery, Sender, command_actor
 from shared.rate_limit import ClassLimits, Limit, RateLimiter, RateSettings
@@ -140,3 +141,26 @@ def test_the_limiter_charges_the_class_the_subject_says_not_the_name() -> None:
     assert all(limiter.check("automation:nightly", 10, 0.0, cls="service").admit for _ in range(100))
     # A session: its polecat's agent limits.
     assert [limiter.check("polecat:demo/ace", 10, 0.0, cls="agent").admit for _ in range(3)] == [True, True, False]
+
+
+def test_a_sessions_command_is_settled_under_its_own_namespace() -> None:
+    """Whatever id a session chooses, its command's outcome is in the session's namespace: never the id of a
+    service's (``close-<mr>``), the operator's or another session's command."""
+    body = b'{"to": "operator", "subject": "s", "body": "b", "cmd_id": "close-mr-abc"}'
+    squat = delivery("gt.cmd.mail.send.demo.p1.s-1", body)
+    assert squat.command_id == "s-1~close-mr-abc"
+    from_header = Delivery(
+        subject="gt.cmd.mail.send.demo.p1.s-1",
+        body=body,
+        headers={"Nats-Msg-Id": "finish-s-2"},
+        stream_seq=3,
+        delivered=1,
+        max_bytes=MAX,
+    )
+    assert from_header.command_id == "s-1~finish-s-2"
+    assert delivery("gt.cmd.bead.close.svc.refinery", body).command_id == "close-mr-abc"
+    assert delivery("gt.cmd.mail.send", body).command_id == "close-mr-abc"
+    # No id anyone chooses is a scoped one: an id with the separator becomes a digest.
+    chosen = delivery("gt.cmd.mail.send", b'{"cmd_id": "s-1~close-mr-abc"}')
+    assert chosen.command_id != "s-1~close-mr-abc"
+    assert ids.SESSION_SCOPE not in chosen.command_id

@@ -53,6 +53,24 @@ class TestCommandId:
         assert ids.command_id(raw + "x", None, 1) != first
 
 
+class TestOwnIds:
+    def test_a_keyed_id_is_stable_for_its_secret_and_unguessable_without_it(self) -> None:
+        first = ids.keyed_id("finish-s-1", "the-session-password")
+        assert first == ids.keyed_id("finish-s-1", "the-session-password"), "a rerun sends the same id"
+        assert first.startswith("finish-s-1-")
+        assert ids.is_valid_id(first)
+        assert first != ids.keyed_id("finish-s-1", "another-password")
+        assert ids.keyed_id("finish-s-1", None) == "finish-s-1", "no secret: the id as it was"
+        long = ids.keyed_id("mr-" + "x" * 80, "pw")
+        assert ids.is_valid_id(long)
+
+    def test_a_scoped_id_holds_the_session_and_is_no_id_a_sender_may_choose(self) -> None:
+        scoped = ids.session_scoped_id("s-1", "close-mr-abc")
+        assert scoped == "s-1~close-mr-abc"
+        assert not ids.is_valid_id(scoped)
+        assert ids.command_id(scoped, None, 1) != scoped
+
+
 class TestSubjects:
     def test_event_and_outcome_subjects(self) -> None:
         assert subjects.event_subject("bead", "hq-1") == "gt.evt.bead.hq-1"

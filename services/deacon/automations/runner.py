@@ -35,9 +35,10 @@ from services.deacon.automations.plan import CheckResult, Fire, Plan, SendComman
 from services.deacon.automations.state import AutomationState, Run
 from services.deacon.effects.event_scan import EventScanner
 from shared import ids
+from shared.bus.commands import StoreCommand
 from shared.bus.connection import Connection
 from shared.bus.errors import BusError
-from shared.commands import BeadCreate, BeadSling, Command
+from shared.commands import BeadCreate, BeadSling
 from shared.config import TownConfig
 from shared.decision import NewEvent
 from shared.errors import QueryError
@@ -47,7 +48,6 @@ from shared.faults import crash_point
 log = structlog.get_logger(__name__)
 
 AppendOwed = Callable[[list[NewEvent]], Awaitable[int]]
-StoreCommand = Callable[[Command], Awaitable[int]]
 WAKE_SLACK_S = 0.05
 AUTOMATION_BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
 """What an exec command or a condition check gets of the deacon's environment (besides ``GT_AUTOMATION*``,

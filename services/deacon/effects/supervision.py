@@ -18,9 +18,10 @@ from services.deacon.plan import liveness
 from services.deacon.plan.leases import LeaseState
 from shared import heartbeats
 from shared import leases as lease_kv
+from shared.bus.commands import StoreCommand
 from shared.bus.connection import Connection
 from shared.bus.kv import Bucket, BucketMirror
-from shared.commands import Command, EscalationRaise
+from shared.commands import EscalationRaise
 from shared.decision import NewEvent
 from shared.heartbeats import ServiceHeartbeat
 from shared.lease_state import Renewal, due_to_expire, expiry, last_renewed
@@ -28,7 +29,6 @@ from shared.lease_state import Renewal, due_to_expire, expiry, last_renewed
 log = structlog.get_logger(__name__)
 
 AppendOwed = Callable[[list[NewEvent]], Awaitable[int]]
-StoreCommand = Callable[[Command], Awaitable[int]]
 """Stores a command for another service (``Service.store``): its outcome comes later, in the log."""
 
 

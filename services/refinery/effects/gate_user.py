@@ -20,70 +20,35 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pwd
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import msgspec
-
-from shared import git
+from shared import git, os_user
+from shared.os_user import OsUser
 
 COPY_TIMEOUT_S = 600.0
 
 
-class GateUser(msgspec.Struct, frozen=True, kw_only=True):
-    """The OS user gates run as, resolved once at start-up."""
+GateUser = OsUser
+"""The OS user gates run as (``GT_GATE_USER``), resolved once at start-up."""
 
-    name: str
-    uid: int
-    gid: int
-    switch: bool
-    """True when the refinery (root) must switch to this user; False when it already runs as it."""
 
-    def process_options(self) -> dict[str, Any]:
-        """``subprocess`` arguments that start a process as this user with only its own group."""
-        if not self.switch:
-            return {}
-        return {"user": self.uid, "group": self.gid, "extra_groups": []}
-
-    def environment(self, base: dict[str, str], scratch: Path) -> dict[str, str]:
-        """``base`` (the allowlisted environment) with the gate user's identity, home and temp directory."""
-        return {
-            **base,
-            "HOME": str(scratch / "home"),
-            "TMPDIR": str(scratch / "tmp"),
-            "USER": self.name,
-            "LOGNAME": self.name,
-        }
+def gate_user_environment(user: GateUser, base: dict[str, str], scratch: Path) -> dict[str, str]:
+    """``base`` (the allowlisted environment) with the gate user's identity, home and temp directory."""
+    return {
+        **base,
+        "HOME": str(scratch / "home"),
+        "TMPDIR": str(scratch / "tmp"),
+        "USER": user.name,
+        "LOGNAME": user.name,
+    }
 
 
 def resolve(name: str, *, euid: int | None = None) -> GateUser | None:
-    """The gate user named by ``GT_GATE_USER`` (None when unset). Raises ValueError, naming the setting and what
-    to do, when it cannot be used: no such user, root itself, or a refinery that is not root naming another."""
-    if not name:
-        return None
-    euid = os.geteuid() if euid is None else euid
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        raise ValueError(
-            f"GT_GATE_USER={name}: no such user on this host; create it (useradd --system {name}) or unset GT_GATE_USER"
-        ) from None
-    if entry.pw_uid == 0:
-        raise ValueError(f"GT_GATE_USER={name}: that is root; name an unprivileged user gates may run as")
-    if euid != 0 and entry.pw_uid != euid:
-        try:
-            me = pwd.getpwuid(euid).pw_name
-        except KeyError:
-            me = str(euid)
-        raise ValueError(
-            f"GT_GATE_USER={name}: the refinery runs as {me}, not root, so it cannot start gates as another "
-            f"user; run the refinery as root (only its gates then run as {name}) or unset GT_GATE_USER"
-        )
-    return GateUser(name=name, uid=entry.pw_uid, gid=entry.pw_gid, switch=entry.pw_uid != euid)
+    """The gate user named by ``GT_GATE_USER`` (None when unset); ValueError when it cannot be used."""
+    return os_user.resolve("GT_GATE_USER", name, service="refinery", what="gates", euid=euid)
 
 
 @contextlib.contextmanager
@@ -98,7 +63,7 @@ def workspace(user: GateUser, work: Path) -> Iterator[Path]:
         for name in ("home", "tmp"):
             (scratch / name).mkdir(mode=0o700)
         if user.switch:
-            _hand_over(scratch, user)
+            user.hand_over(scratch)
         yield scratch
     finally:
         _remove(scratch)
@@ -109,16 +74,6 @@ def _clone(work: Path, dest: Path) -> None:
     files, none of the refinery's repository (its history, other branches, remotes and their URLs)."""
     git.git("clone", "--quiet", "--depth", "1", "--", f"file://{work}", str(dest), timeout=COPY_TIMEOUT_S)
     git.git("remote", "remove", "origin", cwd=dest)
-
-
-def _hand_over(scratch: Path, user: GateUser) -> None:
-    """Give the gate user everything under ``scratch``, then ``scratch`` itself. Links are changed themselves,
-    never followed (a symlink an agent committed may point at a secret), and nothing is hard-linked (a fresh
-    clone's files are its own)."""
-    for root, dirs, files in os.walk(scratch):  # does not enter a symlink to a directory
-        for name in (*dirs, *files):
-            os.chown(os.path.join(root, name), user.uid, user.gid, follow_symlinks=False)
-    os.chown(scratch, user.uid, user.gid, follow_symlinks=False)
 
 
 def _remove(scratch: Path) -> None:

@@ -24,7 +24,7 @@ import msgspec
 import structlog
 
 from services.refinery.effects import refusals
-from services.refinery.effects.gate_user import GateUser, workspace
+from services.refinery.effects.gate_user import GateUser, gate_user_environment, workspace
 from services.refinery.state import MergeRequest
 from shared import git
 from shared.commands import MergeRequestSubmit
@@ -184,7 +184,7 @@ class Gates:
             yield work, self.env
             return
         with workspace(self.user, work) as scratch:
-            yield scratch / "work", self.user.environment(self.env, scratch)
+            yield scratch / "work", gate_user_environment(self.user, self.env, scratch)
 
     def _run(self, gate: str, command: str, work: Path, env: dict[str, str], log_name: str) -> GateResult:
         result = run_gate(gate, command, work, self.paths.logs / log_name, self.timeout, env, self.user)

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import structlog
 
 from services.witness import plan as planning
-from services.witness.effects import runtime_setup
+from services.witness.effects import agent_user, runtime_setup
 from services.witness.effects.agent_creds import agent_nats_credentials, is_credential
 from services.witness.plan.actions import (
     Action,
@@ -48,6 +48,7 @@ from services.witness.state import Rig, Session, WitnessState, continue_nudge_id
 from shared import git, lease_state, processes, runtimes, session_identity, subjects
 from shared.aio import KeyedLocks
 from shared.bus.auth_callout import CalloutSettings
+from shared.bus.commands import StoredCommand
 from shared.commands import BeadSling, Command, EscalationRaise, Fence, MergeRequestDone
 from shared.commands.mail import OPERATOR_ADDRESS, polecat_of
 from shared.commands.rigs import git_identity
@@ -123,7 +124,7 @@ class Host(Protocol):
 
     async def append_owed(self, owed: list[NewEvent], *, causation_id: str | None = None) -> int: ...
 
-    async def store(self, cmd: Command) -> int: ...
+    async def store(self, cmd: Command) -> StoredCommand: ...
 
     @property
     def callout(self) -> CalloutSettings | None: ...
@@ -139,6 +140,9 @@ class Executor:
             settings.agent_credentials if settings.agent_credentials is not None else agent_nats_credentials(os.environ)
         )
         """What sessions get without an auth callout: read once, before the witness forgot its secrets."""
+        self.agent_user = agent_user.resolve(settings.agent_user)
+        agent_user.check_reachable(self.agent_user, host.config.gt_home)
+        """The OS user agents run as (``GT_AGENT_USER``), checked at start-up; None: the witness's own."""
         self.start_failures: dict[str, int] = {}
         # A worktree's lock: one start, clean-up or done flow of a worktree at a time. A rig's: one git process
         # at a time that changes the rig's clone as a whole (clone, fetch, adding or removing a worktree, a push's
@@ -386,8 +390,43 @@ class Executor:
                 return existing, True  # started before a crash, never recorded: adopt it
             self._clear_tmux_name(session, existing)
         command, env = self._agent_command(session, rig)
-        pane = self.tmux.start(session.tmux_name, command, cwd=session.worktree, env=env, label=session.id)
+        run_as: tuple[str, ...] = ()
+        if self.agent_user is not None:
+            self._hand_over(session, env)
+            run_as = self.agent_user.argv_prefix()
+        pane = self.tmux.start(
+            session.tmux_name, command, cwd=session.worktree, env=env, label=session.id, run_as=run_as
+        )
         return pane, False
+
+    def _hand_over(self, session: Session, env: dict[str, str]) -> None:
+        """What the session's agent, as its own OS user, needs of the town's files (``effects/agent_user.py``)."""
+        user = self.agent_user
+        assert user is not None
+        worktree, home = Path(session.worktree), Path(env["HOME"])
+        published, password = self.published_dir(session), env.get("NATS_PASSWORD_FILE")
+        rig_dir, bare = self.rig_dir(session.rig), self.bare_repo(session.rig)
+        session_dir = self.session_dir(session)
+        rig = self.host.state.rigs.get(session.rig)
+        local = git.local_repository(rig.repo) if rig is not None else None
+        if local is not None:
+            agent_user.trust_repository(home, local)
+        agent_user.hand_over_session(
+            user, worktree, [session_dir, home, published], [Path(password)] if password else []
+        )
+        agent_user.open_for_traversal(
+            [
+                self.host.config.gt_home,
+                rig_dir.parent,
+                rig_dir,
+                bare,
+                worktree.parent,
+                published.parent,
+                session_dir.parent,
+                *([Path(password).parent] if password else []),
+            ]
+        )
+        agent_user.open_for_reading(bare / "objects")
 
     def _agent_command(self, session: Session, rig: Rig) -> tuple[str, dict[str, str]]:
         """The pane's command line and environment, from the rig's runtime (its files written first)."""
@@ -396,9 +435,18 @@ class Executor:
         binary = ""
         if isinstance(runtime, runtimes.ClaudeRuntime):
             binary, added = runtime_setup.prepare_claude(
-                runtime, worktree=Path(session.worktree), session_dir=self.session_dir(session), env=os.environ
+                runtime,
+                worktree=Path(session.worktree),
+                session_dir=self.session_dir(session),
+                env=os.environ,
+                as_root=os.geteuid() == 0 and self.agent_user is None,
             )
             env.update(added)  # its own HOME and config home win over the witness's
+        elif self.agent_user is not None:
+            # The witness's HOME is root's: the agent gets one of its own in the session's runtime dir.
+            env["HOME"] = str(self.session_dir(session) / "home")
+        if self.agent_user is not None:
+            env.update(USER=self.agent_user.name, LOGNAME=self.agent_user.name)
         return runtime.command(self.beacon(session), binary), env
 
     def _clear_tmux_name(self, session: Session, existing: PaneInfo) -> None:

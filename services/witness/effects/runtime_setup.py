@@ -79,15 +79,16 @@ def _login_credentials(env: Mapping[str, str]) -> Path | None:
 
 
 def prepare_claude(
-    runtime: ClaudeRuntime, *, worktree: Path, session_dir: Path, env: Mapping[str, str]
+    runtime: ClaudeRuntime, *, worktree: Path, session_dir: Path, env: Mapping[str, str], as_root: bool
 ) -> tuple[str, dict[str, str]]:
     """Ready Claude Code for a session in ``worktree``: its config home under ``session_dir`` with the first-run
-    state, the worktree's hooks (excluded from git); returns the binary and the environment it adds."""
+    state, the worktree's hooks (excluded from git); returns the binary and the environment it adds. ``as_root``:
+    the agent runs as root (not as ``GT_AGENT_USER``)."""
     binary = claude_binary(runtime, env)
     session_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (session_dir / HOOK_MARK_SESSION_START).unlink(missing_ok=True)  # only this start's hook counts
     (session_dir / AGENT_FAILURE).unlink(missing_ok=True)  # and only this start's failures
-    added = runtime.env(env, session_dir=str(session_dir), root=os.geteuid() == 0)
+    added = runtime.env(env, session_dir=str(session_dir), root=as_root)
     config = Path(added["CLAUDE_CONFIG_DIR"])
     config.mkdir(mode=0o700, parents=True, exist_ok=True)
     state = json.dumps(runtime.first_run_state(str(worktree), env, binary_version(binary)), indent=2)
