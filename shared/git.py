@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from shared import safe_files
 from shared.errors import GastownError
 
 GIT_TIMEOUT_S = 120.0
@@ -450,10 +451,20 @@ def ensure_worktree(
 
 def _seeded(workspace: Path, bundle: Path, branch: str) -> bool:
     """The branch fetched from a bundle its bead published earlier, marked published; False when the bundle does
-    not hold it (it is data: fetched, never run)."""
-    fetched = _succeeds(
-        "fetch", "--quiet", "--no-tags", str(bundle), f"+refs/heads/{branch}:refs/heads/{branch}", cwd=workspace
-    )
+    not hold it (it is data: fetched, never run). The bundle is in an agent's folder: copied first as a regular
+    file, never followed or fetched as a repository (a directory of that name would be one)."""
+    seed = workspace / ".git" / "seed.bundle"
+    try:
+        with safe_files.open_regular(bundle) as source, seed.open("wb") as copy:
+            shutil.copyfileobj(source, copy)
+    except OSError:
+        return False
+    try:
+        fetched = _succeeds(
+            "fetch", "--quiet", "--no-tags", str(seed), f"+refs/heads/{branch}:refs/heads/{branch}", cwd=workspace
+        )
+    finally:
+        seed.unlink(missing_ok=True)
     if not fetched:
         return False
     git("update-ref", PUBLISHED_REF, f"refs/heads/{branch}", cwd=workspace)
@@ -463,19 +474,21 @@ def _seeded(workspace: Path, bundle: Path, branch: str) -> bool:
 def workspace_branch(path: Path) -> str | None:
     """The branch a workspace (or an older version's worktree) has checked out, read from its ``HEAD`` file
     without running git in it; None when it is no repository or not on a branch."""
+    # Read without following a link or waiting on a FIFO the workspace's agent put there (``safe_files``).
     dot_git = path / ".git"
     head = dot_git / "HEAD"
     if dot_git.is_file():  # a worktree of an older version: ``.git`` names its git dir
-        text = dot_git.read_text(errors="replace").strip()
+        try:
+            text = safe_files.read_regular(dot_git, cap=4096).decode(errors="replace").strip()
+        except OSError:
+            return None
         if not text.startswith("gitdir: "):
             return None
         head = Path(text[len("gitdir: ") :]) / "HEAD"
     try:
-        fd = os.open(head, os.O_RDONLY | os.O_NOFOLLOW)
+        first = safe_files.read_regular(head, cap=512).decode(errors="replace").strip()
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as file:
-        first = file.read(512).decode(errors="replace").strip()
     prefix = "ref: refs/heads/"
     return first[len(prefix) :] if first.startswith(prefix) else None
 
@@ -541,16 +554,14 @@ def status_paths(path: Path) -> list[str]:
     return paths
 
 
-def exclude_from_git(worktree: Path, patterns: tuple[str, ...]) -> None:
-    """List ``patterns`` in the clone's ``info/exclude`` (local, shared by all its worktrees, never committed):
-    git status stays clean, so ``gt done`` and the worktree's clean-up do not take them for unsaved work.
-    Idempotent: only the patterns not listed yet are appended."""
-    if not patterns:
-        return
-    exclude = Path(git("rev-parse", "--git-path", "info/exclude", cwd=worktree).strip())
-    if not exclude.is_absolute():
-        exclude = worktree / exclude
-    _list_in(exclude, patterns)
+def exclude_from_git(worktree: Path, patterns: tuple[str, ...], *, owner: tuple[int, int] | None = None) -> None:
+    """List ``patterns`` in the workspace's ``.git/info/exclude`` (local, never committed): git status stays clean,
+    so ``gt done`` and the workspace's clean-up do not take them for unsaved work. Idempotent: only the patterns
+    not listed yet are appended. The workspace is the agent's: the file is found below it (never where its git
+    says, which its ``.git`` file could point anywhere) and written without following a link; ``owner`` (uid,
+    gid) is given a file made."""
+    if patterns:
+        safe_files.add_lines_beneath(worktree, ".git/info/exclude", patterns, owner=owner)
 
 
 def exclude_in_bare_clone(bare: Path, patterns: tuple[str, ...]) -> None:
@@ -691,14 +702,27 @@ def remove_worktree(bare: Path, path: Path, base: str) -> None:
 
 
 def force_remove(path: Path) -> None:
-    """Remove a directory tree even where files or directories are read-only, and check it is gone."""
+    """Remove a directory tree even where files or directories are read-only, and check it is gone.
+
+    The tree may be an agent's, changing while it is removed: modes are changed through descriptors opened without
+    following a link (a link it put where a file was names nothing of ours), and never on a special file."""
     shutil.rmtree(path, ignore_errors=True)
     if not path.exists():
         return
-    for root, dirs, files in os.walk(path):
-        for name in dirs:
-            os.chmod(os.path.join(root, name), stat.S_IRWXU)
-        for name in files:
-            os.chmod(os.path.join(root, name), stat.S_IRUSR | stat.S_IWUSR)
-    os.chmod(path, stat.S_IRWXU)
+    for _root, dirs, files, root_fd in os.fwalk(path):  # follows no link to a directory
+        for name, wanted in [*((d, stat.S_IRWXU) for d in dirs), *((f, stat.S_IRUSR | stat.S_IWUSR) for f in files)]:
+            _chmod_own(name, wanted, root_fd)
+    _chmod_own(str(path), stat.S_IRWXU, None)
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _chmod_own(name: str, mode: int, dir_fd: int | None) -> None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return  # gone, a link, or not to be opened: left for rmtree's own verdict
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode) or stat.S_ISDIR(os.fstat(fd).st_mode):
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)

@@ -43,14 +43,19 @@ class OsUser(msgspec.Struct, frozen=True, kw_only=True):
         )
 
     def hand_over(self, top: Path) -> None:
-        """Give this user ``top`` and everything under it. Links are changed themselves, never followed (a symlink
-        an agent made may point at a secret)."""
+        """Give this user ``top`` and everything under it. The tree may be an agent's and change meanwhile: it is
+        walked through directory descriptors (``fwalk``), never through a link (one at the top is refused), and
+        each entry is changed itself, a link included, never what a link names."""
         if not self.switch:
             return
-        for root, dirs, files in os.walk(top):  # does not enter a symlink to a directory
-            for name in (*dirs, *files):
-                os.chown(os.path.join(root, name), self.uid, self.gid, follow_symlinks=False)
-        os.chown(top, self.uid, self.gid, follow_symlinks=False)
+        top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            for _root, dirs, files, dir_fd in os.fwalk(".", dir_fd=top_fd):
+                for name in (*dirs, *files):
+                    os.chown(name, self.uid, self.gid, dir_fd=dir_fd, follow_symlinks=False)
+            os.fchown(top_fd, self.uid, self.gid)
+        finally:
+            os.close(top_fd)
 
 
 def resolve(setting: str, name: str, *, service: str, what: str, euid: int | None = None) -> OsUser | None:

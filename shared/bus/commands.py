@@ -130,9 +130,13 @@ async def store(
         PermissionDeniedError: this NATS user may not publish on the command's subject; nothing was stored.
         One of ``RETRYABLE_ERRORS``: the stream stayed unreachable past ``deadline_s``.
     """
-    cmd_id = cmd.cmd_id
-    if not cmd_id:
+    if not cmd.cmd_id:
         raise ValueError(f"a {type(cmd).__name__} is stored with its cmd_id, which makes resending it harmless")
+    cmd_id = ids.command_id(cmd.cmd_id, None, 0)
+    if cmd_id != cmd.cmd_id:
+        # What the intake would settle it under (an id that cannot be a subject token becomes its digest): the
+        # message id, the body and the outcome's subject then name the same id.
+        cmd = msgspec.structs.replace(cmd, cmd_id=cmd_id)
     subject = subject_of(cmd, origin)
     data = encode(cmd)
     js = nc.jetstream()
@@ -198,10 +202,28 @@ async def _taken_by_another(
         stored = await nc.jetstream().get_msg(stream, seq)
     except nats.js.errors.NotFoundError:
         stored = None
+    except (TimeoutError, nats.errors.Error) as exc:
+        # Not to be told now (a stream electing its leader): taken for its own, as a duplicate always was.
+        log.warning("command_duplicate_unchecked", cmd_id=cmd_id, seq=seq, error=repr(exc))
+        return None
     if stored is not None:
         return None if stored.subject == subject else str(stored.subject)
-    found = await read_outcome(nc, evt_stream, cmd_id, timeout=0)
-    return None if found is not None else TAKEN_UNKNOWN
+    settled = await _has_outcome(nc, evt_stream, cmd_id)
+    return TAKEN_UNKNOWN if settled is False else None
+
+
+async def _has_outcome(nc: Client, evt_stream: str, cmd_id: str) -> bool | None:
+    """Whether the log holds an outcome of ``cmd_id``; None when it cannot say now (then the command is taken for
+    the sender's own: carrying one out twice is worse than a duplicate dropped)."""
+    request = f"$JS.API.DIRECT.GET.{evt_stream}.{subjects.outcome_subject(cmd_id)}"
+    try:
+        reply = await nc.request(request, b"", timeout=OUTCOME_READ_TIMEOUT_S)
+    except (TimeoutError, nats.errors.Error):
+        return None
+    status = (reply.headers or {}).get("Status")
+    if status is None:
+        return True
+    return False if status == "404" else None
 
 
 STREAM_CHECK_TIMEOUT_S = 1.0

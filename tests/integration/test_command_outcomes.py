@@ -11,7 +11,7 @@ from pathlib import Path
 import nats
 from nats.aio.client import Client
 
-from shared import subjects
+from shared import ids, subjects
 from shared.bus.commands import STORE_ACK_TIMEOUT_S, STORE_DEADLINE_S, read_outcome, send, store
 from shared.bus.topology import provision
 from shared.commands import BeadCreate
@@ -141,3 +141,32 @@ async def test_a_sessions_command_is_read_back_in_its_own_namespace(nc: Client, 
     seq = await store_outcome(nc, town, "s-1~c-shared")
     outcome = await asyncio.wait_for(sent, timeout=10)
     assert (outcome.command_id, outcome.outcome_seq) == ("s-1~c-shared", seq)
+
+
+async def test_a_consumed_duplicate_is_the_senders_own_when_its_outcome_is_there(nc: Client, town: TownConfig) -> None:
+    """GT_CMD forgets a command once its owner acked it, its id stays in the dedupe window: a resend of a command
+    already carried out (its outcome in the log) is the sender's own, never sent again under a fresh id; one whose
+    earlier message is gone with no outcome of that id was someone else's (a session's, settled in its scope)."""
+    await provision(nc, town)
+    refinery = subjects.ServiceOrigin("refinery")
+    js = nc.jetstream()
+    for cmd_id, settled in (("close-mr-own", True), ("close-mr-other", False)):
+        first = await store(nc, town.cmd_stream, BeadCreate(title="t", cmd_id=cmd_id), evt_stream=town.evt_stream)
+        await js.delete_msg(town.cmd_stream, first.seq)  # consumed
+        if settled:
+            await store_outcome(nc, town, cmd_id)
+        again = await store(
+            nc, town.cmd_stream, BeadCreate(title="t", cmd_id=cmd_id), evt_stream=town.evt_stream, origin=refinery
+        )
+        assert (again.cmd_id == cmd_id) is settled, again
+
+
+async def test_an_id_that_is_no_subject_token_is_sent_and_read_back_as_its_digest(nc: Client, town: TownConfig) -> None:
+    """`gt escalate --id Ops-Check-1`: the id is normalised where it is sent, as the intake would settle it, so
+    the message id, the body and the outcome read back all name the digest."""
+    await provision(nc, town)
+    stored = await store(nc, town.cmd_stream, BeadCreate(title="t", cmd_id="Ops-Check-1"), evt_stream=town.evt_stream)
+    assert stored.cmd_id == ids.command_id("Ops-Check-1", None, 0) != "Ops-Check-1"
+    held = await nc.jetstream().get_msg(town.cmd_stream, stored.seq)
+    assert (held.headers or {})["Nats-Msg-Id"] == stored.cmd_id
+    assert stored.cmd_id.encode() in (held.data or b"")

@@ -16,12 +16,13 @@ modes.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from shared import os_user
+from shared import os_user, safe_files
 from shared.os_user import OsUser
 
 
@@ -43,16 +44,13 @@ def check_reachable(user: OsUser | None, gt_home: Path) -> None:
             )
 
 
-def trust_repository(home: Path, repository: Path) -> None:
+def trust_repository(session_dir: Path, repository: Path, user: OsUser) -> None:
     """Name the rig's repository (a path on this machine, another user's) safe in the agent's own git
-    configuration, in its ``HOME``: git refuses to fetch from a repository another user owns otherwise, and an
-    agent fetches the newest base from it to rebase its work. Reading it is all the agent can do there."""
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    config = home / ".gitconfig"
-    entry = f"[safe]\n\tdirectory = {repository}\n"
-    text = config.read_text() if config.exists() else ""
-    if entry not in text:
-        config.write_text(text + entry)
+    configuration, in its ``HOME`` (``<session_dir>/home``): git refuses to fetch from a repository another user
+    owns otherwise, and an agent fetches the newest base from it to rebase its work. Reading it is all the agent
+    can do there. Written without following a link the agent may have put in its runtime dir."""
+    lines = ("[safe]", f"\tdirectory = {repository}")
+    safe_files.add_lines_beneath(session_dir, "home/.gitconfig", lines, owner=(user.uid, user.gid))
 
 
 def open_for_traversal(paths: Iterable[Path]) -> None:
@@ -85,10 +83,15 @@ def hand_over_session(user: OsUser, workspace: Path, owned: Iterable[Path], file
     """Give ``user`` the session's ``workspace`` (once: a workspace already its own is not walked again, it may be
     large), its small directories ``owned`` (made when missing, 0700; walked every time, the witness writes into
     them) and ``files`` (kept 0600)."""
-    if workspace.stat().st_uid != user.uid:
-        user.hand_over(workspace)
-    for folder in owned:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        user.hand_over(folder)
+    try:
+        if workspace.stat().st_uid != user.uid:
+            user.hand_over(workspace)
+        for folder in owned:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            user.hand_over(folder)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise safe_files.UnsafeFileError(f"{exc.filename or 'a session directory'} is not a directory") from exc
+        raise
     for file in files:
         os.chown(file, user.uid, user.gid, follow_symlinks=False)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import shlex
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -45,7 +46,7 @@ from services.witness.plan.actions import (
 )
 from services.witness.settings import WitnessSettings
 from services.witness.state import Rig, Session, WitnessState, continue_nudge_id, mail_nudge_id
-from shared import git, lease_state, processes, runtimes, session_identity, subjects
+from shared import git, lease_state, processes, runtimes, safe_files, session_identity, subjects
 from shared.aio import KeyedLocks
 from shared.bus.auth_callout import CalloutSettings
 from shared.bus.commands import StoredCommand
@@ -302,6 +303,11 @@ class Executor:
         except TmuxError:
             self.start_failures[session.id] = self.start_failures.get(session.id, 0) + 1
             raise
+        except safe_files.UnsafeFileError as exc:
+            # A link or a special file the workspace's agent left where the witness writes (``safe_files``), or a
+            # runtime dir it made a link: never written through; the bead is escalated, the workspace kept.
+            await self._unusable_worktree(session, f"the session's files cannot be prepared safely: {exc}")
+            return
         if not adopted:
             crash_point("witness.after_tmux_start")
         ref = processes.ref_of(pane.pane_pid)
@@ -391,12 +397,14 @@ class Executor:
             self._clear_tmux_name(session, existing)
         command, env = self._agent_command(session, rig)
         run_as: tuple[str, ...] = ()
+        cwd = session.worktree
         if self.agent_user is not None:
             self._hand_over(session, env)
             run_as = self.agent_user.argv_prefix()
-        pane = self.tmux.start(
-            session.tmux_name, command, cwd=session.worktree, env=env, label=session.id, run_as=run_as
-        )
+            # tmux (root) starts the pane in "/", and the agent's own shell enters the workspace: no root process
+            # ever runs with the agent's directory as its working directory (relative paths the agent planted).
+            cwd, command = "/", f"cd -- {shlex.quote(session.worktree)} && {command}"
+        pane = self.tmux.start(session.tmux_name, command, cwd=cwd, env=env, label=session.id, run_as=run_as)
         return pane, False
 
     def _hand_over(self, session: Session, env: dict[str, str]) -> None:
@@ -409,8 +417,9 @@ class Executor:
         session_dir = self.session_dir(session)
         rig = self.host.state.rigs.get(session.rig)
         local = git.local_repository(rig.repo) if rig is not None else None
-        if local is not None:
-            agent_user.trust_repository(home, local)
+        session_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if local is not None and home == session_dir / "home":
+            agent_user.trust_repository(session_dir, local, user)
         agent_user.hand_over_session(
             user, worktree, [session_dir, home, published], [Path(password)] if password else []
         )
@@ -440,6 +449,7 @@ class Executor:
                 session_dir=self.session_dir(session),
                 env=os.environ,
                 as_root=os.geteuid() == 0 and self.agent_user is None,
+                owner=(self.agent_user.uid, self.agent_user.gid) if self.agent_user is not None else None,
             )
             env.update(added)  # its own HOME and config home win over the witness's
         elif self.agent_user is not None:

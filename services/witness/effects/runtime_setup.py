@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from shared import git
+from shared import git, safe_files
 from shared.runtimes import (
     AGENT_FAILURE,
     CLAUDE_CREDENTIALS_FILE,
@@ -79,36 +78,38 @@ def _login_credentials(env: Mapping[str, str]) -> Path | None:
 
 
 def prepare_claude(
-    runtime: ClaudeRuntime, *, worktree: Path, session_dir: Path, env: Mapping[str, str], as_root: bool
+    runtime: ClaudeRuntime,
+    *,
+    worktree: Path,
+    session_dir: Path,
+    env: Mapping[str, str],
+    as_root: bool,
+    owner: tuple[int, int] | None = None,
 ) -> tuple[str, dict[str, str]]:
     """Ready Claude Code for a session in ``worktree``: its config home under ``session_dir`` with the first-run
     state, the worktree's hooks (excluded from git); returns the binary and the environment it adds. ``as_root``:
-    the agent runs as root (not as ``GT_AGENT_USER``)."""
+    the agent runs as root (not as ``GT_AGENT_USER``); ``owner``: (uid, gid) of that user, given what is written."""
     binary = claude_binary(runtime, env)
     session_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (session_dir / HOOK_MARK_SESSION_START).unlink(missing_ok=True)  # only this start's hook counts
     (session_dir / AGENT_FAILURE).unlink(missing_ok=True)  # and only this start's failures
     added = runtime.env(env, session_dir=str(session_dir), root=as_root)
     config = Path(added["CLAUDE_CONFIG_DIR"])
-    config.mkdir(mode=0o700, parents=True, exist_ok=True)
     state = json.dumps(runtime.first_run_state(str(worktree), env, binary_version(binary)), indent=2)
     # Where the version at hand reads it with CLAUDE_CONFIG_DIR set (inside it), and HOME's for older ones.
-    _write_private(config / ".claude.json", state)
-    _write_private(Path(added["HOME"]) / ".claude.json", state)
+    # The runtime dir and the workspace may be the agent's (GT_AGENT_USER; a workspace used before): written
+    # below them without following a link it put there, and given to ``owner``.
+    for home in (config, Path(added["HOME"])):
+        safe_files.write_beneath(session_dir, home.relative_to(session_dir) / ".claude.json", state, owner=owner)
     if (credentials := _login_credentials(env)) is not None:
-        _write_private(config / CLAUDE_CREDENTIALS_FILE, credentials.read_text())
+        safe_files.write_beneath(
+            session_dir, config.relative_to(session_dir) / CLAUDE_CREDENTIALS_FILE, credentials.read_text(), owner=owner
+        )
     gt = str(Path(sys.executable).parent / "gt")
-    settings = worktree / SETTINGS_LOCAL
-    settings.parent.mkdir(parents=True, exist_ok=True)
-    settings.write_text(json.dumps(runtime.settings_local(gt), indent=2) + "\n")
-    git.exclude_from_git(worktree, runtime.git_excludes())
+    settings = json.dumps(runtime.settings_local(gt), indent=2) + "\n"
+    safe_files.write_beneath(worktree, SETTINGS_LOCAL, settings, mode=0o644, owner=owner)
+    git.exclude_from_git(worktree, runtime.git_excludes(), owner=owner)
     return binary, added
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
 
 
 def started(session_dir: Path) -> bool:
@@ -132,7 +133,7 @@ def last_activity(session_dir: Path, patterns: tuple[str, ...]) -> datetime | No
 def agent_failure(session_dir: Path) -> dict[str, Any] | None:
     """The newest turn failure the session's agent recorded (its StopFailure hook), or None."""
     try:
-        data = json.loads((session_dir / AGENT_FAILURE).read_text())
+        data = json.loads(safe_files.read_regular(session_dir / AGENT_FAILURE))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -141,6 +142,6 @@ def agent_failure(session_dir: Path) -> dict[str, Any] | None:
 def hook_log(session_dir: Path) -> str:
     """The session's hook log (one line per hook its agent fired), or '' when there is none."""
     try:
-        return (session_dir / HOOK_LOG).read_text(errors="replace")
+        return safe_files.read_regular(session_dir / HOOK_LOG).decode(errors="replace")
     except OSError:
         return ""

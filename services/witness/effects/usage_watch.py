@@ -22,7 +22,7 @@ from typing import Protocol
 import structlog
 
 from services.witness.state import Session, WitnessState
-from shared import processes
+from shared import processes, safe_files
 from shared.decision import NewEvent
 from shared.events.usage import SessionUsage
 from shared.runtimes import UsageReader, runtime_for
@@ -45,15 +45,21 @@ def usage_files(session_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
     return sorted(path for pattern in patterns for path in session_dir.glob(pattern))
 
 
+USAGE_READ_CAP = 64 * 1024 * 1024
+"""The most of a usage file read at once (the rest at the next read): a transcript a hostile agent points at
+/dev/zero or grows without end never fills the witness's memory."""
+
+
 def read_new(reader: UsageReader, session_dir: Path, patterns: tuple[str, ...]) -> None:
     """Feeds what the usage files gained since the last read. I/O: call it in a thread."""
     for path in usage_files(session_dir, patterns):
         key = str(path)
         offset = reader.offsets.get(key, 0)
         try:
-            with path.open("rb") as file:
+            # The agent owns the file: never a link followed or a FIFO waited on, never more than a cap at once.
+            with safe_files.open_regular(path) as file:
                 file.seek(offset)
-                data = file.read()
+                data = file.read(USAGE_READ_CAP)
         except OSError:
             continue
         if data:

@@ -1,0 +1,169 @@
+"""What a root witness does with files in directories an agent owns (its workspace, runtime dir, publish folder),
+as the red team attacked it (GT_AGENT_USER): never written, changed or read through a link the agent put there,
+never blocked on a FIFO it put there, never a directory fetched as a bundle. Each test plants the trap as the
+agent would and checks the file it aimed at is untouched (or the call returns at once)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.witness.effects import runtime_setup
+from shared import git, safe_files
+from shared.os_user import OsUser
+from shared.runtimes import ClaudeRuntime, runtime_for
+from tests.claude_code import TEST_KEY, claude_binary
+from tests.os_users import remove_user
+
+
+@pytest.fixture
+def agent() -> Iterator[OsUser]:
+    if os.geteuid() != 0:
+        pytest.fail("this test creates a throwaway user (useradd): run it as root, as CI does")
+    name = f"gtaf{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--system", "--no-create-home", name], check=True, capture_output=True, timeout=60)
+    entry = pwd.getpwnam(name)
+    try:
+        yield OsUser(name=name, uid=entry.pw_uid, gid=entry.pw_gid, switch=True)
+    finally:
+        remove_user(name)
+
+
+def victim(tmp_path: Path, name: str = "victim") -> Path:
+    """A root file the agent wants written, chmodded or given to it."""
+    path = tmp_path / name
+    path.write_text("root's\n")
+    path.chmod(0o644)
+    return path
+
+
+def test_writes_below_an_agents_directory_follow_no_link(tmp_path: Path) -> None:
+    target = victim(tmp_path)
+    work = tmp_path / "work"
+    (work / ".claude").mkdir(parents=True)
+    (work / ".claude" / "settings.local.json").symlink_to(target)
+    with pytest.raises(safe_files.UnsafeFileError):
+        safe_files.write_beneath(work, ".claude/settings.local.json", "{}")
+    (work / "linked").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(safe_files.UnsafeFileError):
+        safe_files.write_beneath(work, "linked/victim", "{}")
+    with pytest.raises(safe_files.UnsafeFileError):
+        safe_files.add_lines_beneath(work, "linked/victim", ("x",))
+    assert target.read_text() == "root's\n"
+    safe_files.add_lines_beneath(work, ".git/info/exclude", ("a", "b"))
+    safe_files.add_lines_beneath(work, ".git/info/exclude", ("b", "c"))
+    assert (work / ".git" / "info" / "exclude").read_text() == "a\nb\nc\n", "only what is missing is added"
+
+
+def test_reads_of_an_agents_files_never_wait_on_a_fifo_or_follow_a_link(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "hooks.log")
+    with pytest.raises(safe_files.UnsafeFileError):
+        safe_files.read_regular(tmp_path / "hooks.log")
+    assert runtime_setup.hook_log(tmp_path) == ""
+    os.mkfifo(tmp_path / "agent-failure.json")
+    assert runtime_setup.agent_failure(tmp_path) is None
+    (tmp_path / "link").symlink_to(victim(tmp_path))
+    with pytest.raises(safe_files.UnsafeFileError):
+        safe_files.read_regular(tmp_path / "link")
+    work = tmp_path / "work"
+    (work / ".git").mkdir(parents=True)
+    os.mkfifo(work / ".git" / "HEAD")
+    assert git.workspace_branch(work) is None, "a FIFO for HEAD is no branch, and no wait"
+
+
+def test_a_tree_removed_or_handed_over_changes_no_file_its_links_name(
+    tmp_path: Path, agent: OsUser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = victim(tmp_path)
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "f").symlink_to(target)
+    (tree / "d").symlink_to(tmp_path, target_is_directory=True)
+    agent.hand_over(tree)
+    assert target.stat().st_uid == 0, "what a link names is not handed over"
+    assert (tree / "sub" / "f").lstat().st_uid == agent.uid, "the link itself is"
+    with pytest.raises(OSError, match=r"Not a directory|Too many levels") as refused:
+        agent.hand_over(tree / "d")
+    assert refused.value.errno in (errno.ELOOP, errno.ENOTDIR), refused.value
+    assert tmp_path.stat().st_uid == 0
+    # The clean-up's fallback (rmtree failed: the agent re-made what it listed): modes set on nothing a link names.
+    real_rmtree = shutil.rmtree
+    calls: list[Path] = []
+    above = stat.S_IMODE(tmp_path.stat().st_mode)
+
+    def first_fails(path: Path, ignore_errors: bool = False) -> None:
+        calls.append(path)
+        if len(calls) > 1:
+            real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(shutil, "rmtree", first_fails)
+    git.force_remove(tree)
+    assert len(calls) == 2, "the fallback ran"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644, "the fallback's chmod followed no link"
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == above, "nor a link to a directory"
+    assert not tree.exists()
+
+
+def test_a_directory_named_as_a_bundle_is_not_fetched(tmp_path: Path) -> None:
+    origin = tmp_path / "bare.git"
+    git.git("init", "--quiet", "--bare", "-b", "main", str(origin))
+    src = tmp_path / "src"
+    git.git("init", "--quiet", "-b", "main", str(src))
+    (src / "a").write_text("a\n")
+    git.git("add", "a", cwd=src)
+    git.git("-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm", "init", cwd=src)
+    git.git("push", "-q", str(origin), "main", cwd=src)
+    fake = tmp_path / "published" / "x.bundle"
+    git.git("clone", "--quiet", str(src), str(fake))  # a repository where a bundle was
+    made = git.ensure_worktree(origin, tmp_path / "ws", "polecat/a/b", "main", published=fake)
+    assert made
+    assert git.git("rev-parse", "--verify", "--quiet", git.PUBLISHED_REF, cwd=tmp_path / "ws", check=False) == ""
+
+
+def test_claude_code_is_prepared_in_an_agents_workspace_without_writing_through_its_links(
+    tmp_path: Path, agent: OsUser
+) -> None:
+    """H1 of the red team: the agent of a workspace used before left `.claude/settings.local.json` and
+    `.git/info/exclude` as links to root's files; the next session's preparation (root) refuses to write through
+    them, and the files they name are unchanged."""
+    settings_target, exclude_target = victim(tmp_path, "ld.so.preload"), victim(tmp_path, "exclude-target")
+    work = tmp_path / "work"
+    git.git("init", "--quiet", "-b", "main", str(work))
+    (work / ".claude").mkdir()
+    (work / ".claude" / "settings.local.json").symlink_to(settings_target)
+    (work / ".git" / "info").mkdir(exist_ok=True)
+    (work / ".git" / "info" / "exclude").unlink(missing_ok=True)
+    (work / ".git" / "info" / "exclude").symlink_to(exclude_target)
+    agent.hand_over(work)
+    runtime = runtime_for("claude")
+    assert isinstance(runtime, ClaudeRuntime)
+    env = {"GT_CLAUDE_BIN": str(claude_binary()), "ANTHROPIC_API_KEY": TEST_KEY, "PATH": os.environ["PATH"]}
+    with pytest.raises(safe_files.UnsafeFileError):
+        runtime_setup.prepare_claude(
+            runtime,
+            worktree=work,
+            session_dir=tmp_path / "session",
+            env=env,
+            as_root=False,
+            owner=(agent.uid, agent.gid),
+        )
+    assert settings_target.read_text() == "root's\n"
+    assert exclude_target.read_text() == "root's\n"
+    # Without the traps the same preparation writes its files, the agent's.
+    (work / ".claude" / "settings.local.json").unlink()
+    (work / ".git" / "info" / "exclude").unlink()
+    runtime_setup.prepare_claude(
+        runtime, worktree=work, session_dir=tmp_path / "session", env=env, as_root=False, owner=(agent.uid, agent.gid)
+    )
+    written = work / ".claude" / "settings.local.json"
+    assert written.lstat().st_uid == agent.uid
+    assert ".claude/settings.local.json" in (work / ".git" / "info" / "exclude").read_text()
