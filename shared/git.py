@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
 import subprocess
 import uuid
@@ -449,20 +448,24 @@ def ensure_worktree(
     return True
 
 
+SEED_MAX_BYTES = 1024 * 1024 * 1024
+"""The largest published bundle a workspace made again starts from (the merge queue refuses far smaller ones,
+``GT_MR_MAX_BYTES``): a sparse file of an agent's never fills the disk."""
+
+
 def _seeded(workspace: Path, bundle: Path, branch: str) -> bool:
     """The branch fetched from a bundle its bead published earlier, marked published; False when the bundle does
     not hold it (it is data: fetched, never run). The bundle is in an agent's folder: copied first as a regular
     file, never followed or fetched as a repository (a directory of that name would be one)."""
     seed = workspace / ".git" / "seed.bundle"
     try:
-        with safe_files.open_regular(bundle) as source, seed.open("wb") as copy:
-            shutil.copyfileobj(source, copy)
-    except OSError:
-        return False
-    try:
+        if not _copy_capped(bundle, seed, SEED_MAX_BYTES):
+            return False
         fetched = _succeeds(
             "fetch", "--quiet", "--no-tags", str(seed), f"+refs/heads/{branch}:refs/heads/{branch}", cwd=workspace
         )
+    except OSError:
+        return False
     finally:
         seed.unlink(missing_ok=True)
     if not fetched:
@@ -471,24 +474,34 @@ def _seeded(workspace: Path, bundle: Path, branch: str) -> bool:
     return True
 
 
+def _copy_capped(source_path: Path, dest: Path, cap: int) -> bool:
+    """Copy the regular file ``source_path`` (``safe_files.open_regular``) to ``dest``; False when it is over
+    ``cap`` bytes (checked before and while copying: it may grow meanwhile)."""
+    with safe_files.open_regular(source_path) as source:
+        if os.fstat(source.fileno()).st_size > cap:
+            return False
+        with dest.open("wb") as copy:
+            while chunk := source.read(min(1 << 20, cap + 1 - copy.tell())):
+                copy.write(chunk)
+            return copy.tell() <= cap
+
+
 def workspace_branch(path: Path) -> str | None:
     """The branch a workspace (or an older version's worktree) has checked out, read from its ``HEAD`` file
     without running git in it; None when it is no repository or not on a branch."""
     # Read without following a link or waiting on a FIFO the workspace's agent put there (``safe_files``).
     dot_git = path / ".git"
-    head = dot_git / "HEAD"
-    if dot_git.is_file():  # a worktree of an older version: ``.git`` names its git dir
-        try:
-            text = safe_files.read_regular(dot_git, cap=4096).decode(errors="replace").strip()
-        except OSError:
-            return None
-        if not text.startswith("gitdir: "):
-            return None
-        head = Path(text[len("gitdir: ") :]) / "HEAD"
     try:
-        first = safe_files.read_regular(head, cap=512).decode(errors="replace").strip()
+        if dot_git.is_file():  # a worktree of an older version (the witness's own user's): ``.git`` names its git dir
+            text = safe_files.read_regular(dot_git, cap=4096).decode(errors="replace").strip()
+            if not text.startswith("gitdir: "):
+                return None
+            raw = safe_files.read_regular(Path(text[len("gitdir: ") :]) / "HEAD", cap=512)
+        else:
+            raw = safe_files.read_beneath(path, ".git/HEAD", cap=512)
     except OSError:
         return None
+    first = raw.decode(errors="replace").strip()
     prefix = "ref: refs/heads/"
     return first[len(prefix) :] if first.startswith(prefix) else None
 
@@ -560,8 +573,14 @@ def exclude_from_git(worktree: Path, patterns: tuple[str, ...], *, owner: tuple[
     not listed yet are appended. The workspace is the agent's: the file is found below it (never where its git
     says, which its ``.git`` file could point anywhere) and written without following a link; ``owner`` (uid,
     gid) is given a file made."""
-    if patterns:
-        safe_files.add_lines_beneath(worktree, ".git/info/exclude", patterns, owner=owner)
+    if not patterns:
+        return
+    if (worktree / ".git").is_file() and not (worktree / ".git").is_symlink():
+        # A worktree of an older version (its git dir in the witness's clone, the witness's own user's): as before.
+        exclude = Path(git("rev-parse", "--git-path", "info/exclude", cwd=worktree).strip())
+        _list_in(exclude if exclude.is_absolute() else worktree / exclude, patterns)
+        return
+    safe_files.add_lines_beneath(worktree, ".git/info/exclude", patterns, owner=owner)
 
 
 def exclude_in_bare_clone(bare: Path, patterns: tuple[str, ...]) -> None:
@@ -702,27 +721,10 @@ def remove_worktree(bare: Path, path: Path, base: str) -> None:
 
 
 def force_remove(path: Path) -> None:
-    """Remove a directory tree even where files or directories are read-only, and check it is gone.
-
-    The tree may be an agent's, changing while it is removed: modes are changed through descriptors opened without
-    following a link (a link it put where a file was names nothing of ours), and never on a special file."""
-    shutil.rmtree(path, ignore_errors=True)
-    if not path.exists():
-        return
-    for _root, dirs, files, root_fd in os.fwalk(path):  # follows no link to a directory
-        for name, wanted in [*((d, stat.S_IRWXU) for d in dirs), *((f, stat.S_IRUSR | stat.S_IWUSR) for f in files)]:
-            _chmod_own(name, wanted, root_fd)
-    _chmod_own(str(path), stat.S_IRWXU, None)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _chmod_own(name: str, mode: int, dir_fd: int | None) -> None:
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
-    except OSError:
-        return  # gone, a link, or not to be opened: left for rmtree's own verdict
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode) or stat.S_ISDIR(os.fstat(fd).st_mode):
-            os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
+    """Remove a directory tree even where files or directories are read-only, and check it is gone. The tree may be
+    an agent's, changing while it is removed: never a link followed or a FIFO waited on (``safe_files``); what it
+    added meanwhile is taken on a second pass."""
+    for _attempt in range(2):
+        safe_files.remove_tree(path)
+        if not os.path.lexists(path):
+            return

@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from shared import safe_files
+
 
 class OsUser(msgspec.Struct, frozen=True, kw_only=True):
     """An unprivileged OS user a service runs code as."""
@@ -43,19 +45,10 @@ class OsUser(msgspec.Struct, frozen=True, kw_only=True):
         )
 
     def hand_over(self, top: Path) -> None:
-        """Give this user ``top`` and everything under it. The tree may be an agent's and change meanwhile: it is
-        walked through directory descriptors (``fwalk``), never through a link (one at the top is refused), and
-        each entry is changed itself, a link included, never what a link names."""
-        if not self.switch:
-            return
-        top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            for _root, dirs, files, dir_fd in os.fwalk(".", dir_fd=top_fd):
-                for name in (*dirs, *files):
-                    os.chown(name, self.uid, self.gid, dir_fd=dir_fd, follow_symlinks=False)
-            os.fchown(top_fd, self.uid, self.gid)
-        finally:
-            os.close(top_fd)
+        """Give this user ``top`` and everything under it. The tree may be an agent's and change meanwhile: walked
+        through directory descriptors, no link followed, no hard link given away (``safe_files.chown_tree``)."""
+        if self.switch:
+            safe_files.chown_tree(top, self.uid, self.gid)
 
 
 def resolve(setting: str, name: str, *, service: str, what: str, euid: int | None = None) -> OsUser | None:

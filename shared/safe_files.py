@@ -27,23 +27,24 @@ class UnsafeFileError(OSError):
 
 
 @contextlib.contextmanager
-def _parent_fd(root: Path, relative: PurePath, *, create: bool) -> Iterator[int]:
+def _parent_fd(root: Path, relative: PurePath, *, create: bool, owner: tuple[int, int] | None = None) -> Iterator[int]:
     """A descriptor of ``relative``'s parent, reached from ``root`` one component at a time without following a
-    link (made, 0700, when missing and ``create``)."""
+    link (made, 0700 and given to ``owner``, when missing and ``create``)."""
     if relative.is_absolute() or ".." in relative.parts or not relative.parts:
         raise UnsafeFileError(f"{relative} is not a path below {root}")
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         for part in relative.parts[:-1]:
-            try:
-                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.mkdir(part, 0o700, dir_fd=fd)
-                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            except OSError as exc:
-                raise UnsafeFileError(f"{root / relative}: {part} is not a directory of its own ({exc})") from exc
+            child = _open_dir(part, fd)
+            if child is None and create:
+                with contextlib.suppress(FileExistsError):  # made meanwhile: opened as it is, or refused
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                child = _open_dir(part, fd)
+                if child is not None and owner is not None:
+                    os.fchown(child, *owner)
+            if child is None:
+                os.stat(part, dir_fd=fd, follow_symlinks=False)  # FileNotFoundError when it is simply not there
+                raise UnsafeFileError(f"{root / relative}: {part} is not a directory of its own")
             os.close(fd)
             fd = child
         yield fd
@@ -52,15 +53,18 @@ def _parent_fd(root: Path, relative: PurePath, *, create: bool) -> Iterator[int]
 
 
 def _open_regular(name: str, flags: int, mode: int, dir_fd: int, shown: Path) -> int:
+    """``name`` in ``dir_fd`` opened without following a link or blocking, as a regular file with one name (a hard
+    link to someone else's file is refused: written through it, that file would change)."""
     try:
         fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO):
-            raise UnsafeFileError(f"{shown} is a link or a special file") from exc
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise UnsafeFileError(f"{shown} is a link, a directory or a special file") from exc
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode) or found.st_nlink > 1:
         os.close(fd)
-        raise UnsafeFileError(f"{shown} is not a regular file")
+        raise UnsafeFileError(f"{shown} is not a regular file of its own")
     return fd
 
 
@@ -68,31 +72,53 @@ def write_beneath(
     root: Path, relative: PurePath | str, text: str, *, mode: int = 0o600, owner: tuple[int, int] | None = None
 ) -> None:
     """Write ``text`` to ``root/relative`` (made with its directories when missing), never through a link.
-    ``owner``: (uid, gid) the file is given (its descriptor's, so no link is followed either)."""
+    ``owner``: (uid, gid) the file and directories made are given (through their descriptors)."""
     relative = PurePath(relative)
-    with _parent_fd(root, relative, create=True) as parent:
-        fd = _open_regular(relative.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode, parent, root / relative)
+    with _parent_fd(root, relative, create=True, owner=owner) as parent:
+        fd = _open_regular(relative.name, os.O_WRONLY | os.O_CREAT, mode, parent, root / relative)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
+            os.ftruncate(fd, 0)  # after the checks: never a file that is not ours to write
             if owner is not None:
                 os.fchown(fd, *owner)
             out.write(text)
 
 
 def add_lines_beneath(
-    root: Path, relative: PurePath | str, lines: tuple[str, ...], *, owner: tuple[int, int] | None = None
+    root: Path,
+    relative: PurePath | str,
+    lines: tuple[str, ...],
+    *,
+    owner: tuple[int, int] | None = None,
+    as_block: bool = False,
 ) -> None:
     """Append to ``root/relative`` those of ``lines`` it does not hold yet (made when missing), never through a
-    link."""
+    link. ``as_block``: the lines together, unless the file holds them so already."""
     relative = PurePath(relative)
-    with _parent_fd(root, relative, create=True) as parent:
+    with _parent_fd(root, relative, create=True, owner=owner) as parent:
         fd = _open_regular(relative.name, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644, parent, root / relative)
         with os.fdopen(fd, "r+b") as file:
             if owner is not None and os.fstat(fd).st_size == 0:
                 os.fchown(fd, *owner)
-            present = file.read(DEFAULT_READ_CAP).decode(errors="replace").splitlines()
-            missing = [line for line in lines if line not in present]
+            text = file.read(DEFAULT_READ_CAP).decode(errors="replace")
+            if as_block:
+                block = "".join(f"{line}\n" for line in lines)
+                missing = [] if block in text else list(lines)
+            else:
+                present = text.splitlines()
+                missing = [line for line in lines if line not in present]
             if missing:
-                file.write("".join(f"{line}\n" for line in missing).encode())
+                lead = "" if not text or text.endswith("\n") else "\n"
+                file.write((lead + "".join(f"{line}\n" for line in missing)).encode())
+
+
+def read_beneath(root: Path, relative: PurePath | str, *, cap: int = DEFAULT_READ_CAP) -> bytes:
+    """Up to ``cap`` bytes of the regular file ``root/relative``, reached without following any link below
+    ``root``. Raises FileNotFoundError, or UnsafeFileError."""
+    relative = PurePath(relative)
+    with _parent_fd(root, relative, create=False) as parent:
+        fd = _open_regular(relative.name, os.O_RDONLY, 0, parent, root / relative)
+    with os.fdopen(fd, "rb") as file:
+        return file.read(cap)
 
 
 @contextlib.contextmanager
@@ -112,3 +138,91 @@ def read_regular(path: Path, *, cap: int = DEFAULT_READ_CAP) -> bytes:
     """Up to ``cap`` bytes of the regular file ``path`` (``open_regular``)."""
     with open_regular(path) as file:
         return file.read(cap)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK
+MAX_DEPTH = 400
+"""How deep ``remove_tree`` goes (below it, a tree is left as it is: nothing real nests that deep)."""
+
+
+def _open_dir(name: str, dir_fd: int) -> int | None:
+    """A descriptor of the directory ``name`` in ``dir_fd``; None when it is gone, a link or no directory (an agent
+    swapped it): never entered, never waited on."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None
+
+
+def _listed(fd: int) -> list[tuple[str, bool]]:
+    with os.scandir(fd) as entries:
+        return [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+
+
+def chown_tree(top: Path, uid: int, gid: int) -> None:
+    """Give ``top`` and everything under it to (uid, gid), through directory descriptors (a link at the top is
+    refused; one below is changed itself, never what it names; a directory swapped for something else is not
+    entered), leaving alone a regular file with more than one name (a hard link to a file of someone else's)."""
+    top_fd = os.open(top, _DIR_FLAGS)
+    stack = [os.dup(top_fd)]
+    try:
+        while stack:
+            current = stack.pop()
+            try:
+                for name, is_dir in _listed(current):
+                    try:
+                        found = os.stat(name, dir_fd=current, follow_symlinks=False)
+                        if stat.S_ISREG(found.st_mode) and found.st_nlink > 1:
+                            continue
+                        os.chown(name, uid, gid, dir_fd=current, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    if is_dir and (child := _open_dir(name, current)) is not None:
+                        stack.append(child)
+            finally:
+                os.close(current)
+        os.fchown(top_fd, uid, gid)
+    finally:
+        for fd in stack:
+            os.close(fd)
+        os.close(top_fd)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` and everything under it (a link or file there: itself), through directory descriptors: no
+    link followed, no FIFO waited on, read-only directories made writable (their own descriptor's mode) when this
+    process is not root. What an agent adds meanwhile may be left; the caller checks."""
+    parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        top = _open_dir(path.name, parent)
+        if top is None:
+            with contextlib.suppress(OSError):
+                os.unlink(path.name, dir_fd=parent)
+            return
+        try:
+            _empty(top, 0)
+        finally:
+            os.close(top)
+        with contextlib.suppress(OSError):
+            os.rmdir(path.name, dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
+def _empty(fd: int, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        return
+    if os.geteuid() != 0:
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, stat.S_IRWXU)
+    for name, is_dir in _listed(fd):
+        if is_dir and (child := _open_dir(name, fd)) is not None:
+            try:
+                _empty(child, depth + 1)
+            finally:
+                os.close(child)
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=fd)
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=fd)

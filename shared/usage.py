@@ -17,6 +17,8 @@ from typing import Any
 
 import msgspec
 
+from shared.decoding import UNDECODABLE
+
 COST_GROUPINGS = ("bead", "rig", "convoy", "day", "session")
 """What ``gt costs --by`` groups usage by."""
 TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
@@ -53,7 +55,7 @@ def parse_line(line: str | bytes) -> MessageUsage | None:
     """The assistant message a transcript line holds with its usage, or None (not one, or unreadable)."""
     try:
         record = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    except UNDECODABLE:  # an agent's transcript: a line nested deep enough to exhaust the stack included
         return None
     if not isinstance(record, dict) or record.get("type") != "assistant":
         return None

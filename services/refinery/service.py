@@ -118,6 +118,12 @@ class RefineryService(Service[RefineryState]):
         except CommandError:
             return None
         assert cmd.bundle is not None
+        published = f"/rigs/{cmd.rig}/published/{cmd.session}/{cmd.head}.bundle"
+        if not cmd.bundle.endswith(published):
+            # Only where `gt done` publishes (the session's own folder, its head's name): never a file elsewhere
+            # the refinery (root) could read and say things about.
+            why = f"the bundle must be the session's own, ...{published}; got {cmd.bundle}"
+            return refinery_decide.BundleRefused("invalid", why[:500])
         paths = merger.Paths(self.rigs_root, rig.name)
         problem = await asyncio.to_thread(merger.import_published, paths, rig, cmd, self.mq.max_bytes)
         if problem is None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import os
 import pwd
-import shutil
 import stat
 import subprocess
 import uuid
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from services.witness.effects import runtime_setup
-from shared import git, safe_files
+from shared import git, safe_files, usage
 from shared.os_user import OsUser
 from shared.runtimes import ClaudeRuntime, runtime_for
 from tests.claude_code import TEST_KEY, claude_binary
@@ -80,9 +79,7 @@ def test_reads_of_an_agents_files_never_wait_on_a_fifo_or_follow_a_link(tmp_path
     assert git.workspace_branch(work) is None, "a FIFO for HEAD is no branch, and no wait"
 
 
-def test_a_tree_removed_or_handed_over_changes_no_file_its_links_name(
-    tmp_path: Path, agent: OsUser, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_tree_removed_or_handed_over_changes_no_file_its_links_name(tmp_path: Path, agent: OsUser) -> None:
     target = victim(tmp_path)
     tree = tmp_path / "tree"
     (tree / "sub").mkdir(parents=True)
@@ -95,22 +92,16 @@ def test_a_tree_removed_or_handed_over_changes_no_file_its_links_name(
         agent.hand_over(tree / "d")
     assert refused.value.errno in (errno.ELOOP, errno.ENOTDIR), refused.value
     assert tmp_path.stat().st_uid == 0
-    # The clean-up's fallback (rmtree failed: the agent re-made what it listed): modes set on nothing a link names.
-    real_rmtree = shutil.rmtree
-    calls: list[Path] = []
+    # The clean-up: links removed themselves (never what they name), a FIFO removed unopened, read-only parts too.
+    os.mkfifo(tree / "sub" / "fifo")
+    (tree / "sub").chmod(0o500)
     above = stat.S_IMODE(tmp_path.stat().st_mode)
-
-    def first_fails(path: Path, ignore_errors: bool = False) -> None:
-        calls.append(path)
-        if len(calls) > 1:
-            real_rmtree(path, ignore_errors=ignore_errors)
-
-    monkeypatch.setattr(shutil, "rmtree", first_fails)
     git.force_remove(tree)
-    assert len(calls) == 2, "the fallback ran"
-    assert stat.S_IMODE(target.stat().st_mode) == 0o644, "the fallback's chmod followed no link"
-    assert stat.S_IMODE(tmp_path.stat().st_mode) == above, "nor a link to a directory"
-    assert not tree.exists()
+    assert not os.path.lexists(tree)
+    assert target.read_text() == "root's\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == above, "nor a directory a link named"
+    assert (tmp_path / "victim").exists()
 
 
 def test_a_directory_named_as_a_bundle_is_not_fetched(tmp_path: Path) -> None:
@@ -167,3 +158,53 @@ def test_claude_code_is_prepared_in_an_agents_workspace_without_writing_through_
     written = work / ".claude" / "settings.local.json"
     assert written.lstat().st_uid == agent.uid
     assert ".claude/settings.local.json" in (work / ".git" / "info" / "exclude").read_text()
+
+
+def test_what_an_agent_writes_for_the_witness_to_parse_cannot_exhaust_its_stack(tmp_path: Path) -> None:
+    """A failure record or a transcript line nested deep enough for json's recursion to fail is read as nothing,
+    never an error that stops every patrol (the red team's second pass)."""
+    (tmp_path / "agent-failure.json").write_text("[" * 100_000)
+    assert runtime_setup.agent_failure(tmp_path) is None
+    assert usage.parse_line("[" * 100_000) is None
+
+
+def test_a_hard_link_to_someone_elses_file_is_neither_written_nor_given_away(tmp_path: Path, agent: OsUser) -> None:
+    """Where hard links to others' files can be made (``fs.protected_hardlinks=0``, a container's host may say so):
+    root made one here, as such an agent would."""
+    target = victim(tmp_path)
+    home = tmp_path / "session" / "home"
+    home.mkdir(parents=True)
+    os.link(target, home / ".gitconfig")
+    with pytest.raises(safe_files.UnsafeFileError):
+        safe_files.write_beneath(tmp_path / "session", "home/.gitconfig", "x")
+    with pytest.raises(safe_files.UnsafeFileError):
+        safe_files.add_lines_beneath(tmp_path / "session", "home/.gitconfig", ("x",))
+    agent.hand_over(tmp_path / "session")
+    assert target.read_text() == "root's\n"
+    assert target.stat().st_uid == 0, "not given away"
+
+
+def test_a_published_bundle_too_large_does_not_seed_a_workspace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    origin = tmp_path / "bare.git"
+    git.git("init", "--quiet", "--bare", "-b", "main", str(origin))
+    src = tmp_path / "src"
+    git.git("init", "--quiet", "-b", "main", str(src))
+    (src / "a").write_text("a\n")
+    git.git("add", "a", cwd=src)
+    git.git("-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm", "init", cwd=src)
+    git.git("push", "-q", str(origin), "main", cwd=src)
+    git.git("checkout", "-q", "-b", "polecat/a/b", cwd=src)
+    (src / "b").write_text("b\n")
+    git.git("add", "b", cwd=src)
+    git.git("-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm", "work", cwd=src)
+    bundle = tmp_path / "published" / "x.bundle"
+    bundle.parent.mkdir()
+    git.git("bundle", "create", "--quiet", str(bundle), "polecat/a/b", "^main", cwd=src)
+    monkeypatch.setattr(git, "SEED_MAX_BYTES", bundle.stat().st_size - 1)
+    git.ensure_worktree(origin, tmp_path / "small", "polecat/a/b", "main", published=bundle)
+    assert not (tmp_path / "small" / "b").exists(), "not seeded from a bundle over the cap"
+    monkeypatch.setattr(git, "SEED_MAX_BYTES", bundle.stat().st_size)
+    git.ensure_worktree(origin, tmp_path / "seeded", "polecat/a/b", "main", published=bundle)
+    assert (tmp_path / "seeded" / "b").exists(), "seeded from one within it"

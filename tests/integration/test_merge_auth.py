@@ -103,7 +103,15 @@ async def test_only_the_hook_holder_submits_its_own_branch_into_the_base_branch(
     unpublished = await pt.command("gt.cmd.mr.done", **mine)
     assert (unpublished["type"], unpublished["code"]) == ("cmd.rejected", "invalid"), unpublished
     assert "bundle" in unpublished["message"]
-    bundle = pt.config.gt_home / "published" / f"{head}.bundle"
+    # Only from where `gt done` publishes (the session's own folder, the head's name): a bundle anywhere else is
+    # never opened by the refinery.
+    elsewhere = pt.config.gt_home / "elsewhere" / f"{head}.bundle"
+    elsewhere.parent.mkdir(parents=True)
+    git.git("bundle", "create", "--quiet", str(elsewhere), f"refs/heads/{session.branch}", "^main", cwd=pt.origin)
+    refused = await pt.command("gt.cmd.mr.done", **mine, bundle=str(elsewhere))
+    assert (refused["type"], refused["code"]) == ("cmd.rejected", "invalid"), refused
+    assert "the session's own" in refused["message"], refused
+    bundle = pt.config.gt_home / "rigs" / "demo" / "published" / session_id / f"{head}.bundle"
     bundle.parent.mkdir(parents=True)
     git.git("bundle", "create", "--quiet", str(bundle), f"refs/heads/{session.branch}", "^main", cwd=pt.origin)
     accepted = await pt.ok("gt.cmd.mr.done", **mine, bundle=str(bundle))

@@ -19,8 +19,6 @@ never touched by a gate. Adapter: reads the user database, runs git, changes own
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,10 +61,14 @@ def workspace(user: GateUser, work: Path) -> Iterator[Path]:
         for name in ("home", "tmp"):
             (scratch / name).mkdir(mode=0o700)
         if user.switch:
-            user.hand_over(scratch)
+            # The scratch directory itself stays root's (passable, 0711): a gate cannot rename it in /tmp and put a
+            # link in its place for the removal to follow; it gets what is inside.
+            for name in ("work", "home", "tmp"):
+                user.hand_over(scratch / name)
+            scratch.chmod(0o711)
         yield scratch
     finally:
-        _remove(scratch)
+        git.force_remove(scratch)
 
 
 def _clone(work: Path, dest: Path) -> None:
@@ -74,18 +76,3 @@ def _clone(work: Path, dest: Path) -> None:
     files, none of the refinery's repository (its history, other branches, remotes and their URLs)."""
     git.git("clone", "--quiet", "--depth", "1", "--", f"file://{work}", str(dest), timeout=COPY_TIMEOUT_S)
     git.git("remote", "remove", "origin", cwd=dest)
-
-
-def _remove(scratch: Path) -> None:
-    """Remove the scratch directory, whatever the gate left in it (read-only files, a symlink in its place)."""
-    if scratch.is_symlink():
-        scratch.unlink()
-        return
-    shutil.rmtree(scratch, ignore_errors=True)
-    if scratch.exists():
-        for root, dirs, _files in os.walk(scratch):
-            for name in dirs:
-                path = os.path.join(root, name)
-                if not os.path.islink(path):
-                    os.chmod(path, 0o700)
-        shutil.rmtree(scratch, ignore_errors=True)

@@ -50,7 +50,7 @@ def trust_repository(session_dir: Path, repository: Path, user: OsUser) -> None:
     owns otherwise, and an agent fetches the newest base from it to rebase its work. Reading it is all the agent
     can do there. Written without following a link the agent may have put in its runtime dir."""
     lines = ("[safe]", f"\tdirectory = {repository}")
-    safe_files.add_lines_beneath(session_dir, "home/.gitconfig", lines, owner=(user.uid, user.gid))
+    safe_files.add_lines_beneath(session_dir, "home/.gitconfig", lines, owner=(user.uid, user.gid), as_block=True)
 
 
 def open_for_traversal(paths: Iterable[Path]) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from shared import git, safe_files
+from shared.decoding import UNDECODABLE
 from shared.runtimes import (
     AGENT_FAILURE,
     CLAUDE_CREDENTIALS_FILE,
@@ -134,7 +135,9 @@ def agent_failure(session_dir: Path) -> dict[str, Any] | None:
     """The newest turn failure the session's agent recorded (its StopFailure hook), or None."""
     try:
         data = json.loads(safe_files.read_regular(session_dir / AGENT_FAILURE))
-    except (OSError, ValueError):
+    except OSError:
+        return None
+    except UNDECODABLE:  # the agent writes it: a nesting deep enough to exhaust the stack included
         return None
     return data if isinstance(data, dict) else None
 

@@ -41,8 +41,11 @@ class Host(Protocol):
 
 
 def usage_files(session_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
-    """The files a session's runtime writes its usage to (``patterns``: globs relative to its runtime dir)."""
-    return sorted(path for pattern in patterns for path in session_dir.glob(pattern))
+    """The files a session's runtime writes its usage to (``patterns``: globs relative to its runtime dir), only
+    those really below it (the agent owns the dir: a link in it may name any file)."""
+    inside = session_dir.resolve()
+    found = (path for pattern in patterns for path in session_dir.glob(pattern))
+    return sorted(path for path in found if path.resolve().is_relative_to(inside))
 
 
 USAGE_READ_CAP = 64 * 1024 * 1024
