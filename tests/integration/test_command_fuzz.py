@@ -15,8 +15,9 @@ import pytest
 from nats.aio.client import Client
 
 from services.deacon.service import DeaconService
+from shared import ids
 from shared.config import TownConfig
-from shared.subjects import ServiceOrigin, split_origin
+from shared.subjects import ServiceOrigin, SessionOrigin, split_origin
 from tests.command_fuzz import EMPTY_TOKEN_SUBJECTS, SUBJECTS, UNKNOWN_SUBJECTS, body_for, subject_for
 from tests.helpers import assert_eventually
 from tests.log_tools import outcomes
@@ -113,14 +114,17 @@ async def every_one_answered_once(
     """Wait until each command has its outcome, no service stopped meanwhile, none has two; the outcomes' types
     (``accepted``) or reason codes, by command id."""
 
+    # A session's command is settled in its own namespace (``ids.session_scoped_id``).
+    settled_as = {cmd_id: settled_id(cmd_id, subject) for cmd_id, subject, _ in commands}
+
     async def all_answered() -> dict[str, int]:
         for which, task in town4._tasks.items():
             if task.done():
                 pytest.fail(f"the {which} stopped: {task.exception()!r}")
         stored = await outcomes(nc)
-        missing = [(cmd_id, subject, body[:80]) for cmd_id, subject, body in commands if cmd_id not in stored]
+        missing = [(c, subject, body[:80]) for c, subject, body in commands if settled_as[c] not in stored]
         assert not missing, f"{len(missing)} without an outcome, e.g. {missing[:3]}"
-        return {cmd_id: len(stored[cmd_id]) for cmd_id, _, _ in commands}
+        return {cmd_id: len(stored[settled_as[cmd_id]]) for cmd_id, _, _ in commands}
 
     counts: dict[str, int] = await assert_eventually(all_answered, timeout=240, interval=1.0)
     assert {cmd_id for cmd_id, n in counts.items() if n != 1} == set()
@@ -128,5 +132,12 @@ async def every_one_answered_once(
         assert not task.done(), f"the {which} stopped"
     stored = await outcomes(nc)
     return {
-        cmd_id: str(msgspec.json.decode(stored[cmd_id][0].data).get("code", "accepted")) for cmd_id, _, _ in commands
+        cmd_id: str(msgspec.json.decode(stored[settled_as[cmd_id]][0].data).get("code", "accepted"))
+        for cmd_id, _, _ in commands
     }
+
+
+def settled_id(cmd_id: str, subject: str) -> str:
+    """The id the intake settles a command under: a session's in the session's namespace."""
+    _command, origin = split_origin(subject)
+    return ids.session_scoped_id(origin.session, cmd_id) if isinstance(origin, SessionOrigin) else cmd_id
