@@ -192,7 +192,10 @@ def remove_tree(path: Path) -> None:
     """Remove ``path`` and everything under it (a link or file there: itself), through directory descriptors: no
     link followed, no FIFO waited on, read-only directories made writable (their own descriptor's mode) when this
     process is not root. What an agent adds meanwhile may be left; the caller checks."""
-    parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return  # nothing there to remove
     try:
         top = _open_dir(path.name, parent)
         if top is None:

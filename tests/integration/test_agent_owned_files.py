@@ -102,6 +102,7 @@ def test_a_tree_removed_or_handed_over_changes_no_file_its_links_name(tmp_path: 
     assert stat.S_IMODE(target.stat().st_mode) == 0o644
     assert stat.S_IMODE(tmp_path.stat().st_mode) == above, "nor a directory a link named"
     assert (tmp_path / "victim").exists()
+    git.force_remove(tmp_path / "never-made" / "tree")  # nothing there, not even its parent: nothing to do
 
 
 def test_a_directory_named_as_a_bundle_is_not_fetched(tmp_path: Path) -> None:
