@@ -184,6 +184,8 @@ async def limits(url: list[str], login: dict[str, Any], session: str) -> dict[st
     try:
         await nc.publish(subject, json.dumps({"body": "x" * 3_900_000, "cmd_id": "huge-1"}).encode())
         await nc.flush(timeout=3)
+        # The server's refusal arrives asynchronously (an -ERR to the error callback, or the connection cut): the
+        # attack's own pause for it, part of what is tried, not a wait for the town.
         await asyncio.sleep(0.5)
     except Exception as exc:
         errors.append(repr(exc))
@@ -199,7 +201,7 @@ async def limits(url: list[str], login: dict[str, Any], session: str) -> dict[st
             if i % 200 == 0:
                 await nc.flush(timeout=3)
         await nc.flush(timeout=3)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # likewise: the subscription limit's -ERR arrives asynchronously
     except Exception as exc:
         errors.append(repr(exc))
     out["subscriptions"] = {"made": made, "connected": nc.is_connected, "errors": errors[:3]}

@@ -105,15 +105,20 @@ def test_a_tree_removed_or_handed_over_changes_no_file_its_links_name(tmp_path: 
     git.force_remove(tmp_path / "never-made" / "tree")  # nothing there, not even its parent: nothing to do
 
 
-def test_a_directory_named_as_a_bundle_is_not_fetched(tmp_path: Path) -> None:
-    origin = tmp_path / "bare.git"
+def rig_with_main(tmp_path: Path) -> tuple[Path, Path]:
+    """A rig's bare repository with one commit on main, and the checkout it was pushed from."""
+    origin, src = tmp_path / "bare.git", tmp_path / "src"
     git.git("init", "--quiet", "--bare", "-b", "main", str(origin))
-    src = tmp_path / "src"
     git.git("init", "--quiet", "-b", "main", str(src))
     (src / "a").write_text("a\n")
     git.git("add", "a", cwd=src)
     git.git("-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm", "init", cwd=src)
     git.git("push", "-q", str(origin), "main", cwd=src)
+    return origin, src
+
+
+def test_a_directory_named_as_a_bundle_is_not_fetched(tmp_path: Path) -> None:
+    origin, src = rig_with_main(tmp_path)
     fake = tmp_path / "published" / "x.bundle"
     git.git("clone", "--quiet", str(src), str(fake))  # a repository where a bundle was
     made = git.ensure_worktree(origin, tmp_path / "ws", "polecat/a/b", "main", published=fake)
@@ -188,14 +193,7 @@ def test_a_hard_link_to_someone_elses_file_is_neither_written_nor_given_away(tmp
 def test_a_published_bundle_too_large_does_not_seed_a_workspace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    origin = tmp_path / "bare.git"
-    git.git("init", "--quiet", "--bare", "-b", "main", str(origin))
-    src = tmp_path / "src"
-    git.git("init", "--quiet", "-b", "main", str(src))
-    (src / "a").write_text("a\n")
-    git.git("add", "a", cwd=src)
-    git.git("-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm", "init", cwd=src)
-    git.git("push", "-q", str(origin), "main", cwd=src)
+    origin, src = rig_with_main(tmp_path)
     git.git("checkout", "-q", "-b", "polecat/a/b", cwd=src)
     (src / "b").write_text("b\n")
     git.git("add", "b", cwd=src)
