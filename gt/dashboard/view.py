@@ -19,6 +19,8 @@ from shared.narration import bead_of, describe
 
 RECENT_EVENTS = 300
 RECENT_SESSIONS = 30
+RECENT_CLOSED_CONVOYS = 5
+"""Closed convoys the page lists, the most recently closed: the others are counted (``gt convoy list --all``)."""
 ACTIVE_SESSION = ("requested", "started", "warranted")
 OPEN_MRS = ("queued", "claimed", "blocked", "conflicted", "failed", "escalated")
 _DATA = msgspec.json.Decoder(dict[str, Any])
@@ -45,6 +47,10 @@ class DashboardState:
     last_seq: int = 0
     beads: dict[str, dict[str, Any]] = field(default_factory=dict)
     convoys: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Open convoys and the ``RECENT_CLOSED_CONVOYS`` last closed; older closed ones are only counted."""
+    closed_convoys: deque[str] = field(default_factory=deque)
+    """The closed convoys kept, oldest first."""
+    older_closed_convoys: int = 0
     sessions: dict[str, Session] = field(default_factory=dict)
     ended: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_SESSIONS))
     mrs: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -119,6 +125,11 @@ def _fold(state: DashboardState, t: str, d: dict[str, Any], ts: str) -> None:
         ]
     elif t == "convoy.closed" and d.get("convoy_id") in state.convoys:
         state.convoys[d["convoy_id"]]["status"] = "closed"
+        state.closed_convoys.append(d["convoy_id"])
+        # A long-lived town closes convoys for ever: the page lists the last few and counts the rest.
+        while len(state.closed_convoys) > RECENT_CLOSED_CONVOYS:
+            del state.convoys[state.closed_convoys.popleft()]
+            state.older_closed_convoys += 1
     elif t.startswith("session."):
         _fold_session(state, t, d, ts)
     elif t.startswith("mr."):
@@ -219,7 +230,8 @@ def render(state: DashboardState) -> dict[str, Any]:
         convoys.append(
             {"id": c["id"], "title": c["title"], "status": c["status"], "closed": closed, "total": len(beads)}
         )
-    convoys.sort(key=lambda c: (c["status"] != "open", c["id"]))
+    recently_closed = {cid: n for n, cid in enumerate(reversed(state.closed_convoys))}
+    convoys.sort(key=lambda c: (recently_closed.get(c["id"], -1), c["id"]))
     active = [s for s in state.sessions.values() if s.state != "ended"]
     by_state = Counter(s.state for s in active)
     polecats = [_session_view(s) for s in sorted(active, key=lambda s: (s.rig, s.polecat))]
@@ -233,6 +245,7 @@ def render(state: DashboardState) -> dict[str, Any]:
     return {
         "last_seq": state.last_seq,
         "convoys": convoys,
+        "older_closed_convoys": state.older_closed_convoys,
         "polecats": {"counts": dict(by_state), "active": polecats, "ended": ended},
         "merge_queue": {r: {"counts": dict(q["counts"]), "open": q["open"]} for r, q in sorted(queue.items())},
         "escalations": [e for e in state.escalations.values() if e["status"] != "closed"],

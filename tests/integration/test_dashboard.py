@@ -24,6 +24,7 @@ import pytest
 from nats.aio.client import Client
 from playwright.async_api import Browser, Page, async_playwright
 
+from shared.commands.escalations import EscalationRaise
 from shared.config import TownConfig
 from shared.embedded import EmbeddedServer, free_port
 from tests.conftest import REPO_ROOT
@@ -267,3 +268,80 @@ async def test_the_dashboard_answers_bad_requests_clearly(pt: PolecatTown, dashb
     said = dashboard.log.read_text()
     assert "replaying the log [" in said
     assert f"dashboard: http://127.0.0.1:{dashboard.port}/" in said
+
+
+PANE_TAIL = "\n".join(
+    [
+        "╭" + "─" * 198 + "╮",
+        "│ > Run the project's tests and fix what fails" + " " * 150 + "│",
+        "╰" + "─" * 198 + "╯",
+        "  ⏵⏵ accept edits on (shift+tab to cycle)",
+    ]
+)
+
+
+async def page_fits(page: Page) -> dict[str, Any]:
+    """How wide the document is against the window, and every id on the page that takes more than one line."""
+    result: dict[str, Any] = await page.evaluate(
+        """() => ({
+            scroll: document.documentElement.scrollWidth,
+            inner: window.innerWidth,
+            broken: [...document.querySelectorAll(".id, a.bead")]
+                .filter((e) => e.getClientRects().length !== 1).map((e) => e.textContent),
+            ids: document.querySelectorAll("[data-testid=convoy-id]").length,
+        })"""
+    )
+    return result
+
+
+async def test_long_text_neither_widens_the_page_nor_breaks_an_id_and_old_closed_convoys_are_counted(
+    pt: PolecatTown, dashboard: DashboardProcess, page: Page
+) -> None:
+    await assert_eventually(dashboard.healthy, timeout=60, message="the dashboard did not start")
+    unbroken = "pane:" + "─" * 200
+    await pt.send(EscalationRaise(severity="high", message=unbroken))
+    await pt.send(EscalationRaise(severity="medium", message=f"the agent's pane ends:\n{PANE_TAIL}"))
+    long_title = " ".join(["a title that says far too much about what the work is"] * 9)
+    bead = await pt.new_bead(long_title)
+    still_open = [
+        str((await pt.ok("gt.cmd.convoy.create", title="x" * 200, beads=[bead]))["id"]),
+        str((await pt.ok("gt.cmd.convoy.create", title=long_title, beads=[await pt.new_bead("y" * 200)]))["id"]),
+    ]
+    # Eight convoys closed, one after the other: the page lists the last five and counts the others.
+    closed = []
+    for n in range(8):
+        done = await pt.new_bead(f"Done {n}")
+        closed.append(str((await pt.ok("gt.cmd.convoy.create", title=f"Closed {n}", beads=[done]))["id"]))
+        await pt.ok("gt.cmd.bead.close", id=done, reason="done by hand")
+        await assert_eventually(
+            lambda: any(c["id"] == closed[-1] and c["status"] == "closed" for c in dashboard.state()["convoys"])
+        )
+    await page.goto(dashboard.url)
+    await wait_for(
+        lambda: _shows(page, "[data-testid=older-closed-convoys]", "and 3 closed before (gt convoy list --all)")
+    )
+    await wait_for(lambda: text_of(page, "[data-testid=escalation-message]"))
+    shown = await text_of(page, "[data-testid=convoy-id]")
+    assert shown == sorted(still_open) + closed[:2:-1], "the open ones, then the five last closed, newest first"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for width in (1400, 800):
+        await page.set_viewport_size({"width": width, "height": 1000})
+        fits = await page_fits(page)
+        assert fits["inner"] == width
+        assert fits["scroll"] <= fits["inner"], fits
+        assert fits["ids"] == 7, fits
+        assert fits["broken"] == [], fits
+        await page.screenshot(path=str(ARTIFACTS / f"dashboard-long-text-{width}.png"), full_page=True)
+
+    # A long message shows its first lines; a click shows all of it, still within the page.
+    message = page.locator("[data-testid=escalation-message]", has_text="the agent's pane ends")
+    assert await message.evaluate("e => e.scrollHeight > e.clientHeight + 1"), "cut to its first lines"
+    await message.click()
+    assert await message.evaluate("e => e.scrollHeight <= e.clientHeight + 1"), "all of it"
+    assert (await message.inner_text()).strip() == f"the agent's pane ends:\n{PANE_TAIL}".strip()
+    fits = await page_fits(page)
+    assert fits["scroll"] <= fits["inner"], fits
+    # It stays open when the page redraws (the town moves on).
+    await pt.new_bead("Something new")
+    await wait_for(lambda: page_is_current(page, pt.nc, pt.config), timeout=60)
+    assert await message.evaluate("e => e.classList.contains('open')")
