@@ -2,7 +2,8 @@
 
 It uses only the ``gt`` CLI and git inside its session, like any agent would: ``gt prime --json`` to learn
 its hook, then for each step not yet done a deterministic edit (one file per step), a commit and ``gt step
-done``; at a step whose id mentions "test" it runs the rig's test command; finally ``gt done``. A fresh
+done``; at a step whose id mentions "test" it runs the rig's test command, heartbeating while it runs
+(``gt.agent_command``); finally ``gt done``. A fresh
 session after a crash resumes at the first step not done, and uncommitted work it finds is committed.
 
 It commits only the files it writes (named paths, never ``git add -A``); common build output (Python bytecode,
@@ -50,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gt import agent_start
+from gt import agent_command, agent_start
 from gt.agent_start import Fault, active, hang, say, town_patience
 from shared.formulas import rework
 
@@ -163,8 +164,9 @@ def run_tests(worktree: Path, rig: dict[str, Any], faults: list[Fault], attempt:
     if not command:
         say("no test command for this rig")
         return
-    done = subprocess.run(["sh", "-c", command], cwd=worktree, capture_output=True, text=True, check=False)
-    if done.returncode == 0:
+    # Heartbeating while they run: a suite longer than the rig's stall limit is work, not a stall.
+    code, output = agent_command.run(command, worktree, what="running the tests", every_s=agent_command.beat_every(rig))
+    if code == 0:
         say("tests pass")
         return
     if active(faults, attempt, "fail-tests"):
@@ -177,7 +179,7 @@ def run_tests(worktree: Path, rig: dict[str, Any], faults: list[Fault], attempt:
         say("fixed: removed the FAIL_TESTS an earlier attempt left")
         run_tests(worktree, rig, faults, attempt)
         return
-    raise RuntimeError(f"tests fail ({done.returncode}): {(done.stdout + done.stderr)[-500:]}")
+    raise RuntimeError(f"tests fail ({code}): {output[-500:]}")
 
 
 def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) -> None:

@@ -29,6 +29,7 @@ KINDS = frozenset(
 NEEDS_STEP = frozenset({"crash-at-step", "crash-before-commit"})
 EXIT_USAGE = 2
 DEFAULT_TOWN_PATIENCE_S = 3600.0
+DEFAULT_COMMAND_TIMEOUT_S = 3600.0
 
 
 class Fault:
@@ -111,15 +112,30 @@ def town_patience() -> float:
     Raises:
         ValueError: it is not a number of seconds.
     """
-    text = os.environ.get("GT_AGENT_TOWN_PATIENCE", "").strip()
+    return _seconds("GT_AGENT_TOWN_PATIENCE", DEFAULT_TOWN_PATIENCE_S, zero=True)
+
+
+def command_timeout() -> float:
+    """``GT_AGENT_COMMAND_TIMEOUT``: how long a command the agent runs (the rig's tests) may run before it is taken
+    for hung and stopped (seconds; ``gt.agent_command``).
+
+    Raises:
+        ValueError: it is not a number of seconds above 0.
+    """
+    return _seconds("GT_AGENT_COMMAND_TIMEOUT", DEFAULT_COMMAND_TIMEOUT_S, zero=False)
+
+
+def _seconds(name: str, default: float, *, zero: bool) -> float:
+    text = os.environ.get(name, "").strip()
     if not text:
-        return DEFAULT_TOWN_PATIENCE_S
+        return default
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value >= 0:  # also NaN
-        raise ValueError(f"GT_AGENT_TOWN_PATIENCE must be a number of seconds (0 or more), got {text!r}")
+    if not (value >= 0 if zero else value > 0):  # also NaN
+        more = "0 or more" if zero else "more than 0"
+        raise ValueError(f"{name} must be a number of seconds ({more}), got {text!r}")
     return value
 
 
@@ -134,7 +150,8 @@ def begin() -> tuple[list[Fault], float, int] | int:
         private_files()  # its work and notes under GT_HOME (the worktree), like the services'
         faults = parse_faults(os.environ.get("GT_AGENT_FAULT", ""))
         pause = float(os.environ.get("GT_AGENT_STEP_PAUSE", "0") or 0)
-        town_patience()  # a bad value is said now, not when the town first does not answer
+        town_patience()  # bad values are said now, not when the town first does not answer or the tests run
+        command_timeout()
     except ValueError as exc:
         print(f"gt-agent: {exc}", file=sys.stderr)
         return EXIT_USAGE

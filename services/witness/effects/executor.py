@@ -518,6 +518,9 @@ class Executor:
         if session.lease_token is not None:
             env["GT_LEASE"] = hook_lease_name(session.bead)
             env["GT_LEASE_TOKEN"] = str(session.lease_token)
+            # Its TTL: an agent busy in a long command knows how often to renew it (gt-agent's heartbeats).
+            hook = self.host.state.hooks.get(env["GT_LEASE"])
+            env["GT_LEASE_TTL"] = f"{hook.ttl_s if hook is not None else rig.stall_after_s:g}"
         env.update(self._session_credentials(session))
         if (password := env.pop("NATS_PASSWORD", None)) is not None:
             env["NATS_PASSWORD_FILE"] = str(self._write_password(session, password))
