@@ -186,4 +186,4 @@ def test_a_lock_held_past_the_wait_gets_a_hint_naming_the_holder(tmp_path: Path)
     assert code != 0, said
     assert "dev: apt is still busy after 1 s (Could not get lock" in said
     assert f"ps -fp {os.getpid()}" in said
-    assert "run ./dev demo again, or wait longer: GT_APT_WAIT=SECONDS ./dev demo" in said
+    assert "and run ./dev demo again, or wait longer: GT_APT_WAIT=SECONDS ./dev demo" in said
