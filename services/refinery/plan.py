@@ -5,7 +5,8 @@ queued``, where convoy hours is the age of the oldest convoy tracking the bead a
 request's attempts and its bead's failed merge requests; the highest goes first, ties by age. ``fifo`` orders
 by queue time alone. One merge request per rig at a time (or one batch of up to ``batch`` of them): a rig whose
 merge request is claimed under a live lease waits. A merge request requeued with a ``not_before`` (a push that
-did not land, retried with backoff) is not taken before that time.
+did not land, retried with backoff) is not taken before that time. A merge request claimed by a refinery
+that stopped acting (killed mid-merge) goes first: its successor resumes the queue where it was.
 """
 
 from __future__ import annotations
@@ -103,8 +104,14 @@ def ready_per_rig(
             continue  # owed: rejected as stale (see ``stale``)
         ready.setdefault(mr.rig, []).append(mr)
     for mrs in ready.values():
-        mrs.sort(key=lambda m: (score(state, m, now, policy), -m.queued_at.timestamp()), reverse=True)
+        mrs.sort(key=lambda m: resume_order(state, m, now, policy), reverse=True)
     return ready
+
+
+def resume_order(state: RefineryState, mr: MergeRequest, now: datetime, policy: Policy) -> tuple[bool, float, float]:
+    """Highest first: a merge request a former refinery held (claimed, taken over) before any other, so a restarted
+    refinery resumes the queue where its predecessor was; then by score, then the oldest in the queue."""
+    return (mr.status == "claimed", score(state, mr, now, policy), -mr.queued_at.timestamp())
 
 
 def _submitted_order(mr: MergeRequest) -> tuple[datetime, str]:

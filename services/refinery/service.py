@@ -19,7 +19,7 @@ import structlog
 from services.refinery import decide as refinery_decide
 from services.refinery import plan, queries
 from services.refinery import settings as refinery_settings
-from services.refinery.effects import merger, refusals
+from services.refinery.effects import gate_runs, merger, refusals
 from services.refinery.effects.gate_user import resolve as resolve_gate_user
 from services.refinery.projection import new_projection
 from services.refinery.state import MergeRequest, RefineryState
@@ -156,12 +156,16 @@ class RefineryService(Service[RefineryState]):
         tg.create_task(self._remove_leftover_worktrees(), name="refinery-cleanup")
 
     async def _remove_leftover_worktrees(self) -> None:
-        """Temporary worktrees a crashed refinery left; nothing is processed until they are gone."""
+        """What a crashed refinery left: first its gates' processes (were their watchers killed too), then its
+        temporary worktrees; nothing is processed until they are gone."""
         try:
             if self.rigs_root.exists():
                 for rig_dir in sorted(self.rigs_root.iterdir()):
                     paths = merger.Paths(self.rigs_root, rig_dir.name)
                     try:
+                        stopped = await asyncio.to_thread(gate_runs.stop_leftovers, paths.gates)
+                        if stopped:
+                            log.warning("leftover_gates_stopped", rig=rig_dir.name, pids=stopped)
                         removed = await asyncio.to_thread(merger.clean_worktrees, paths)
                     except (git.GitError, OSError) as exc:
                         # A rig whose leftovers cannot go is logged; the next attempt at one of its merge

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,7 +22,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from services.refinery.effects import refusals
+from services.refinery.effects import gate_runs, refusals
 from services.refinery.effects.gate_user import GateUser, gate_user_environment, workspace
 from services.refinery.state import MergeRequest
 from shared import git
@@ -84,6 +83,8 @@ class Paths:
         self.bare = self.root / "repo.git"
         self.work = self.root / "work"
         self.logs = self.root / "logs"
+        self.gates = self.root / "gates"
+        """Records of the gates running now (``gate_runs``): what a refinery starting stops first."""
 
     def worktree(self, name: str) -> Path:
         return self.work / name
@@ -119,25 +120,19 @@ def run_gate(
     timeout: float,
     env: Mapping[str, str],
     as_user: GateUser | None = None,
+    *,
+    records: Path,
 ) -> GateResult:
     """Run ``command`` through ``sh -c`` in ``cwd`` with exactly ``env`` (as ``as_user`` when given), its output
-    in ``log_path`` (written by the refinery: the gate gets only the open file)."""
+    in ``log_path`` (written by the refinery: the gate gets only the open file), under a watcher that stops it
+    and everything it started when the refinery goes away (``gate_runs``; ``records``: where it is recorded)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     with log_path.open("wb") as out:
-        try:
-            done = subprocess.run(
-                ["sh", "-c", command],
-                cwd=cwd,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-                check=False,
-                **(as_user.process_options() if as_user is not None else {}),
-            )
-            code = done.returncode
-        except subprocess.TimeoutExpired:
+        code = gate_runs.run(
+            ["sh", "-c", command], cwd=cwd, env=env, out=out, timeout=timeout, records=records, as_user=as_user
+        )
+        if code is None:
             out.write(f"\n[gastown] {gate} timed out after {timeout:g}s\n".encode())
             code = 124
     text = log_path.read_bytes()[-TAIL_CHARS * 4 :].decode(errors="replace")
@@ -187,7 +182,8 @@ class Gates:
             yield scratch / "work", gate_user_environment(self.user, self.env, scratch)
 
     def _run(self, gate: str, command: str, work: Path, env: dict[str, str], log_name: str) -> GateResult:
-        result = run_gate(gate, command, work, self.paths.logs / log_name, self.timeout, env, self.user)
+        log_path = self.paths.logs / log_name
+        result = run_gate(gate, command, work, log_path, self.timeout, env, self.user, records=self.paths.gates)
         self.runs += 1
         self.seconds += result.seconds
         if self.runs == 1:
