@@ -32,6 +32,7 @@ from shared.bus.kv import put_agent_heartbeat
 from shared.commands import (
     BeadClaim,
     Command,
+    MergeQueueResume,
     MergeRequestDone,
     MergeRequestReject,
     MergeRequestRetry,
@@ -127,7 +128,7 @@ def register(sub: Subcommands) -> None:
     command_options(nudge)
     nudge.set_defaults(handler=_nudge)
 
-    mq = sub.group("mq", "the merge queue: list, show, retry, reject", "mq_cmd")
+    mq = sub.group("mq", "the merge queue: list, show, retry, reject, resume", "mq_cmd")
     ml = mq.add_parser("list", help="merge requests in the order they were submitted, newest last (--rig: of one rig)")
     ml.add_argument("--rig")
     read_options(ml)
@@ -145,6 +146,14 @@ def register(sub: Subcommands) -> None:
     mr_reject.add_argument("--reason", default="")
     command_options(mr_reject)
     mr_reject.set_defaults(handler=_mq_reject)
+    mq_resume = mq.add_parser(
+        "resume",
+        help="resume a rig's paused merge queue once its cause is fixed (the target refused pushes, or a gate "
+        "fails on the target itself); `gt mq list` says which are paused and why",
+    )
+    mq_resume.add_argument("rig")
+    command_options(mq_resume)
+    mq_resume.set_defaults(handler=_mq_resume)
 
     prime = sub.add_parser("prime", help="(agent) everything needed to resume: bead, steps, worktree, instructions")
     prime.add_argument("--session", help="default: GT_SESSION")
@@ -286,13 +295,28 @@ async def _nudge(nc: Connection, args: argparse.Namespace, config: TownConfig) -
 async def _mq_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     mrs = await read(nc, config, refinery.Mrs(rig=args.rig or None))
     mrs = mq_order(mrs)
+    paused = [q for q in await read(nc, config, refinery.PausedQueues()) if not args.rig or q["rig"] == args.rig]
     # A merged one shows the commit that landed (its branch rebased onto the target), not the one submitted.
     rows = [
         [m["id"], m["rig"], m["bead"], m["branch"], (m.get("merged_commit") or m["head"])[:10], m["status"]]
         for m in mrs
     ]
     table = render.table(("MR", "RIG", "BEAD", "BRANCH", "HEAD", "STATUS"), rows, "the merge queue is empty")
-    return show(args, mrs, lambda _: table)
+    text = "\n".join([*paused_lines(paused), table])
+    why = {q["rig"]: q["reason"] for q in paused}
+    for m in mrs:
+        if m["rig"] in why:
+            m["queue_paused"] = why[m["rig"]]  # --json: the pause on each of its rig's merge requests
+    return show(args, mrs, lambda _: text)
+
+
+def paused_lines(paused: list[dict[str, Any]]) -> list[str]:
+    """One line per paused merge queue: the rig, why, and the command that resumes it."""
+    return [
+        f"merge queue of rig {escape_line(q['rig'])} PAUSED: {escape_line(q['reason'])} "
+        f"(`gt mq resume {escape_line(q['rig'])}` once fixed)"
+        for q in paused
+    ]
 
 
 def mq_order(mrs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -327,6 +351,15 @@ async def _mq_show(nc: Connection, args: argparse.Namespace, config: TownConfig)
 
 async def _mq_retry(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, MergeRequestRetry(id=args.id), lambda r: f"{r.get('id')}: {r.get('status')}")
+
+
+async def _mq_resume(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    def line(r: dict[str, Any]) -> str:
+        if not r.get("changed"):
+            return f"merge queue of rig {r.get('rig')}: not paused (nothing to resume)"
+        return f"merge queue of rig {r.get('rig')}: resumed (it was paused: {r.get('was')})"
+
+    return await send(nc, args, config, MergeQueueResume(rig=args.rig), line)
 
 
 async def _mq_reject(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
