@@ -503,7 +503,7 @@ class RefineryService(Service[RefineryState]):
         if event is not None:
             await self.append_owed([event])
             kind = event.payload.TYPE
-            log.warning("gate_fails_on_target", gate=failure.gate, exit_code=failure.exit_code, event=kind)
+            log.warning("gate_fails_on_target", gate=failure.gate, exit_code=failure.exit_code, recorded=kind)
 
     async def _escalate_pauses(self) -> None:
         """One escalation per pause of a rig's queue, named after the pause (sent again after a restart: the

@@ -179,6 +179,8 @@ async def test_a_dirty_checkout_pauses_the_rigs_queue_once_and_one_command_merge
         queue = refinery.projection.state.queues.get("calc")
         assert queue is not None, "the queue is not paused"
         assert queue.paused, "the queue is not paused"
+        statuses = [refinery.projection.state.mrs[i].status for i in ids]
+        assert "claimed" not in statuses, "the merge request that met the cause is not back in the queue yet"
         return queue
 
     queue = await assert_eventually(paused, timeout=120, interval=0.1)
