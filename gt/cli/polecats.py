@@ -543,8 +543,8 @@ def conflict_text(failure: dict[str, Any], branch: str, finish: str = " and run 
     files = ", ".join(failure.get("files") or []) or "files git did not name"
     return (
         f"The merge queue sent this work back: merge request {failure['mr']} conflicted with the target at "
-        f"{target} in {files}. Rebase your branch onto it (`git fetch origin && git rebase {target}`), resolve "
-        f"the conflicts keeping both changes, run the tests, push the rebased branch (`git push "
+        f"{target} in {files}. Rebase your branch onto it (`git fetch origin && git rebase {target}`) and "
+        f"resolve the conflicts. {rework.RESOLVE}. Run the tests, push the rebased branch (`git push "
         f"--force-with-lease origin {branch}`){finish}"
     )
 

@@ -593,8 +593,10 @@ class RefineryService(Service[RefineryState]):
             f"Merge request {mr.id} (bead {mr.bead}) does not rebase onto {mr.target}.\n{tried}"
             f"Branch: {mr.branch} at {mr.head}\nTarget: {mr.target} at {outcome.target_before}\n"
             f"Conflicting files: {', '.join(outcome.files) or 'unknown'}\n"
-            f"Rebase the branch onto {mr.target}, push it, and close this bead: the merge request goes back "
-            "into the queue."
+            f"Rebase the branch onto {mr.target}, integrating its change with what landed: keep what is on "
+            f"{mr.target} working and re-apply the branch's change on top of it (where they contradict, what "
+            "landed stands; never both sides of a conflict side by side), so the gates pass. Push it and close "
+            "this bead: the merge request goes back into the queue."
         )
         create = BeadCreate(
             title=f"Resolve merge conflicts: {title}"[:200],

@@ -192,6 +192,7 @@ async def test_a_conflict_blocks_the_mr_on_a_conflict_bead_and_closing_it_requeu
     assert conflict.priority == 1
     assert conflict.metadata["mr"] == mr.id
     assert "CONFLICT.txt" in conflict.description
+    assert "never both sides of a conflict side by side" in " ".join(conflict.description.split())
     assert git.git("rev-parse", f"refs/heads/{mr.branch}", cwd=pt.origin).strip(), "the branch is kept"
 
     # Someone resolves it: rebase the branch onto main, keep both lines, force-push, close the bead.
