@@ -137,8 +137,15 @@ def register(sub: Subcommands) -> None:
     ms.add_argument("id")
     read_options(ms)
     ms.set_defaults(handler=_mq_show)
-    mr_retry = mq.add_parser("retry", help="put a failed, blocked or rejected merge request back in the queue")
-    mr_retry.add_argument("id")
+    mr_retry = mq.add_parser(
+        "retry",
+        help="put a failed, blocked, escalated or rejected merge request back in the queue; --rig R or --all: every "
+        "escalated one (of rig R), once what refused them is fixed (a paused queue: `gt mq resume`)",
+    )
+    mr_retry.add_argument("id", nargs="?")
+    retry_many = mr_retry.add_mutually_exclusive_group()
+    retry_many.add_argument("--rig", help="every escalated merge request of this rig")
+    retry_many.add_argument("--all", action="store_true", help="every escalated merge request of every rig")
     command_options(mr_retry)
     mr_retry.set_defaults(handler=_mq_retry)
     mr_reject = mq.add_parser("reject", help="take a merge request out of the queue for good")
@@ -350,7 +357,24 @@ async def _mq_show(nc: Connection, args: argparse.Namespace, config: TownConfig)
 
 
 async def _mq_retry(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, MergeRequestRetry(id=args.id), lambda r: f"{r.get('id')}: {r.get('status')}")
+    def line(r: dict[str, Any]) -> str:
+        return f"{r.get('id')}: {r.get('status')}"
+
+    many = args.rig is not None or args.all
+    if many == (args.id is not None):
+        raise UsageError("`gt mq retry` takes a merge request id, or --rig R, or --all (every escalated one)")
+    if not many:
+        return await send(nc, args, config, MergeRequestRetry(id=args.id), line)
+    if getattr(args, "cmd_id", None):
+        raise UsageError("--id names one command: not with --rig or --all")
+    mrs = mq_order(await read(nc, config, refinery.Mrs(rig=args.rig)))
+    escalated = [m["id"] for m in mrs if m["status"] == "escalated"]
+    if not escalated:
+        where = f" of rig {args.rig}" if args.rig else ""
+        print(f"no escalated merge request{where}: nothing to retry")
+        return EXIT_OK
+    codes = [await send(nc, args, config, MergeRequestRetry(id=mr_id), line) for mr_id in escalated]
+    return max(codes)
 
 
 async def _mq_resume(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

@@ -383,3 +383,38 @@ def test_gt_rig_add_refuses_an_empty_repository_argument(gt_env: dict[str, str],
         )
         assert done.returncode == 2, (repo, done.returncode, done.stdout, done.stderr)
         assert "repository argument is empty" in done.stderr, done.stderr
+
+
+async def test_gt_mq_retry_rig_puts_every_escalated_merge_request_of_the_rig_back_in_one_command(
+    pt: PolecatTown, gt_env: dict[str, str]
+) -> None:
+    await pt.add_rig()
+    ids = []
+    heads = []
+    for n in (1, 2):
+        bead = await pt.new_bead(f"Refused {n}", prefix="demo")
+        heads.append((bead, f"polecat/p{n}/{bead}", pt.push_branch(f"polecat/p{n}/{bead}", {f"r{n}.txt": "x\n"})))
+    git.git("config", "receive.maxInputSize", "1", cwd=pt.origin)  # every push refused, a reason git names
+    for bead, branch, head in heads:
+        ids.append(await pt.submit(bead, branch, head))
+    for mr_id in ids:
+        assert (await ended(pt, mr_id)).status == "escalated"
+
+    assert (await gt(pt, gt_env, "mq", "retry")).returncode == 2, "neither an id nor --rig/--all"
+    both = await gt(pt, gt_env, "mq", "retry", ids[0], "--rig", "demo")
+    assert both.returncode == 2
+    assert both.stderr.count("\n") == 1, both.stderr
+    git.git("config", "--unset", "receive.maxInputSize", cwd=pt.origin)
+    retried = await gt(pt, gt_env, "mq", "retry", "--rig", "demo")
+    assert retried.returncode == 0, retried.stderr
+    assert sorted(retried.stdout.splitlines()) == sorted(f"{mr_id}: queued" for mr_id in ids)
+    assert pt.refinery is not None
+    refinery = pt.refinery
+
+    def merged() -> bool:
+        assert [refinery.projection.state.mrs[i].status for i in ids] == ["merged", "merged"]
+        return True
+
+    await assert_eventually(merged, timeout=120, interval=0.1)
+    none_left = await gt(pt, gt_env, "mq", "retry", "--all")
+    assert none_left.stdout.strip() == "no escalated merge request: nothing to retry"
