@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 
 from services.refinery.effects import gate_runs
-from services.refinery.effects.gate_watch import MARKER_VARIABLE, GateRecord, WatchSpec
+from services.refinery.effects.gate_watch import MARKER_VARIABLE, GateRecord, Leader, WatchSpec
 from shared import processes
 from tests.helpers import assert_eventually
 
@@ -62,7 +62,7 @@ async def test_a_gate_whose_watcher_was_killed_too_is_stopped_by_the_next_start(
     spec = WatchSpec(argv=["sh", "-c", script], cwd=str(tmp_path), record=str(records / "g.json"), marker=marker)
     env = {"PATH": os.environ["PATH"], MARKER_VARIABLE: marker}
     watcher = subprocess.Popen(
-        [sys.executable, "-I", "-m", gate_runs.WATCHER, msgspec.json.encode(spec).decode()],
+        [sys.executable, "-I", gate_runs.WATCHER, msgspec.json.encode(spec).decode()],
         cwd="/", env=env, stdin=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -75,11 +75,12 @@ async def test_a_gate_whose_watcher_was_killed_too_is_stopped_by_the_next_start(
         child = await assert_eventually(lambda: _child_of(tmp_path), timeout=30)
         watcher.kill()  # the watcher dies with the refinery (its whole process group killed, say)
         watcher.wait()
-        assert processes.is_alive(record.leader), "the gate runs on, orphaned"
+        leader = processes.ProcessRef(pid=record.leader.pid, started=record.leader.started)
+        assert processes.is_alive(leader), "the gate runs on, orphaned"
         assert processes.is_alive(child), "the gate runs on, orphaned"
         stopped = gate_runs.stop_leftovers(records)
         assert {record.leader.pid, child.pid} <= set(stopped), stopped
-        assert not processes.is_alive(record.leader)
+        assert not processes.is_alive(leader)
         assert not processes.is_alive(child)
         assert not (records / "g.json").exists(), "the record of a stopped gate is left"
     finally:
@@ -95,7 +96,7 @@ def test_a_record_naming_a_group_that_is_not_the_gates_stops_nothing(tmp_path: P
     try:
         ref = processes.ref_of(other.pid)
         assert ref is not None
-        stale = GateRecord(leader=processes.ProcessRef(pid=other.pid, started=ref.started - 100), marker="gone")
+        stale = GateRecord(leader=Leader(pid=other.pid, started=ref.started - 100), marker="gone")
         (records / "old.json").write_bytes(msgspec.json.encode(stale))
         assert gate_runs.stop_leftovers(records) == []
         assert processes.is_alive(ref), "an unrelated process with the recorded pid was stopped"

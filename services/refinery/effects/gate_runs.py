@@ -24,13 +24,15 @@ from typing import BinaryIO
 import msgspec
 import structlog
 
+from services.refinery.effects import gate_watch
 from services.refinery.effects.gate_watch import MARKER_VARIABLE, STOP_GRACE_S, GateRecord, WatchSpec
 from shared import processes
 from shared.os_user import OsUser
 
 log = structlog.get_logger(__name__)
 
-WATCHER = "services.refinery.effects.gate_watch"
+WATCHER = str(Path(gate_watch.__file__).resolve())
+"""The watcher's script, run by its path (see ``gate_watch``)."""
 WATCHER_EXIT_S = STOP_GRACE_S + 10.0
 """How long a watcher told to stop is given to stop its gate and exit."""
 
@@ -59,7 +61,7 @@ def run(
         gid=as_user.gid if switch and as_user is not None else None,
     )
     watcher = subprocess.Popen(
-        [sys.executable, "-I", "-m", WATCHER, msgspec.json.encode(spec).decode()],
+        [sys.executable, "-I", WATCHER, msgspec.json.encode(spec).decode()],
         cwd="/",
         env={**env, MARKER_VARIABLE: marker},
         stdin=subprocess.PIPE,
@@ -86,7 +88,7 @@ def run(
 def _leftovers(record: GateRecord) -> list[processes.ProcessRef]:
     """The processes of the recorded gate's group that are verified to be its (see the module's docstring)."""
     members = processes.group_members(record.leader.pid)
-    if processes.is_alive(record.leader):
+    if processes.is_alive(processes.ProcessRef(pid=record.leader.pid, started=record.leader.started)):
         # Its first process still runs: the group id is not free, so every member is the gate's. Checked after
         # listing them, so none listed can belong to a group that took the id later.
         return members

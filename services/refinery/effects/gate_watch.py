@@ -1,16 +1,19 @@
-"""The watcher a gate runs under: ``python -I -m services.refinery.effects.gate_watch SPEC`` (SPEC: JSON, see
-``WatchSpec``). It makes a gate die with its refinery, even one killed with SIGKILL.
+"""The watcher a gate runs under: ``python -I .../gate_watch.py SPEC`` (SPEC: a ``WatchSpec`` as JSON).
+It makes a gate die with its refinery, even one killed with SIGKILL.
 
 The refinery starts the watcher with a pipe on its stdin and never writes to it. The watcher starts the gate
-(``sh -c``) in a process group and session of its own, records the group (``GateRecord``, for the next
-refinery's sweep should the watcher die too) and waits for the first of: the gate ending, or its stdin
+(``sh -c``) in a process group and session of its own, records the group (``GateRecord``, for the
+next refinery's sweep should the watcher die too) and waits for the first of: the gate ending, or its stdin
 reaching end of file. The kernel closes the pipe when the refinery exits in any way, so end of file means the
 refinery is gone (or gave up on the gate: a time-out): the watcher stops the gate's whole group, SIGTERM and
 after a grace SIGKILL. When the gate ends by itself, whatever it left running in its group is killed too.
 
 The gate's first process is not reaped until its group has been signalled: while it is a zombie its pid, which
 is the group's id, cannot be taken by another process, so the group signal reaches the gate's processes only.
-Runs in isolated mode (``-I``) from ``/``: nothing in the gate's working directory or environment is imported.
+
+A script of the standard library, msgspec and psutil only (nothing of the project's), run by its path in isolated
+mode (``-I``) from ``/``: it works however the project is installed, and imports nothing from the gate's working
+directory or environment.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ from pathlib import Path
 from types import FrameType
 
 import msgspec
-
-from shared import processes
+import psutil
 
 STOP_GRACE_S = 5.0
 """How long a gate told to stop (SIGTERM) has before its group is killed."""
 TIMED_OUT = 124
 """The watcher's exit code when it stopped the gate (the refinery went away or timed it out)."""
+MARKER_VARIABLE = "GT_GATE_RUN"
+"""Set in every gate's environment to its run's marker (the watcher's own environment is the gate's)."""
 
 
 class WatchSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,21 +45,26 @@ class WatchSpec(msgspec.Struct, frozen=True, kw_only=True):
     record: str
     """Where the gate's ``GateRecord`` is kept while it runs."""
     marker: str
-    """The value of ``GT_GATE_RUN`` in the gate's environment (the watcher's own environment is the gate's)."""
+    """The value of ``MARKER_VARIABLE`` in the gate's environment."""
     uid: int | None = None
     gid: int | None = None
     """The gate user's ids, when gates run as another user (``GT_GATE_USER``)."""
 
 
+class Leader(msgspec.Struct, frozen=True, kw_only=True):
+    """The gate's first process, whose pid is its group's id: the shape of ``shared.processes.ProcessRef``."""
+
+    pid: int
+    started: float
+    """psutil ``create_time()``."""
+
+
 class GateRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """A running gate's process group, as the watcher recorded it: its first process (whose pid is the group's
-    id) with its start time, and the marker every process of it inherits unless it clears its environment."""
+    """A running gate's process group, as the watcher recorded it: its first process with its start time, and
+    the marker every process of it inherits unless it clears its environment."""
 
-    leader: processes.ProcessRef
+    leader: Leader
     marker: str
-
-
-MARKER_VARIABLE = "GT_GATE_RUN"
 
 
 class _Stop(Exception):
@@ -88,7 +97,6 @@ def _exit_code(status: int) -> int:
 def watch(spec: WatchSpec) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _raise_stop)
-    extra_groups: list[int] | None = [] if spec.uid is not None else None
     try:
         gate = subprocess.Popen(
             spec.argv,
@@ -97,7 +105,7 @@ def watch(spec: WatchSpec) -> int:
             start_new_session=True,
             user=spec.uid,
             group=spec.gid,
-            extra_groups=extra_groups,
+            extra_groups=[] if spec.uid is not None else None,
         )
     except _Stop:
         return TIMED_OUT
@@ -106,8 +114,8 @@ def watch(spec: WatchSpec) -> int:
     record = Path(spec.record)
     stopped = False
     try:
-        leader = processes.ref_of(pgid)
-        if leader is not None:
+        with contextlib.suppress(psutil.Error):
+            leader = Leader(pid=pgid, started=psutil.Process(pgid).create_time())
             tmp = record.with_name(record.name + ".tmp")
             tmp.write_bytes(msgspec.json.encode(GateRecord(leader=leader, marker=spec.marker)))
             tmp.replace(record)
@@ -136,8 +144,7 @@ def watch(spec: WatchSpec) -> int:
 
 
 def main() -> None:
-    spec = msgspec.json.decode(sys.argv[1].encode(), type=WatchSpec)
-    sys.exit(watch(spec))
+    sys.exit(watch(msgspec.json.decode(sys.argv[1].encode(), type=WatchSpec)))
 
 
 if __name__ == "__main__":
