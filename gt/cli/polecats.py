@@ -147,7 +147,7 @@ def register(sub: Subcommands) -> None:
     retry_many.add_argument("--rig", help="every escalated merge request of this rig")
     retry_many.add_argument("--all", action="store_true", help="every escalated merge request of every rig")
     command_options(mr_retry)
-    mr_retry.set_defaults(handler=_mq_retry)
+    mr_retry.set_defaults(handler=_mq_retry, precheck=_one_or_many_retries)
     mr_reject = mq.add_parser("reject", help="take a merge request out of the queue for good")
     mr_reject.add_argument("id")
     mr_reject.add_argument("--reason", default="")
@@ -356,17 +356,21 @@ async def _mq_show(nc: Connection, args: argparse.Namespace, config: TownConfig)
     return show(args, mr, text)
 
 
+def _one_or_many_retries(args: argparse.Namespace) -> None:
+    """Checked before connecting: one merge request, or every escalated one of --rig R or --all."""
+    many = args.rig is not None or args.all
+    if many == (args.id is not None):
+        raise UsageError("`gt mq retry` takes a merge request id, or --rig R, or --all (every escalated one)")
+    if many and getattr(args, "cmd_id", None):
+        raise UsageError("--id names one command: not with --rig or --all")
+
+
 async def _mq_retry(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     def line(r: dict[str, Any]) -> str:
         return f"{r.get('id')}: {r.get('status')}"
 
-    many = args.rig is not None or args.all
-    if many == (args.id is not None):
-        raise UsageError("`gt mq retry` takes a merge request id, or --rig R, or --all (every escalated one)")
-    if not many:
+    if args.id is not None:
         return await send(nc, args, config, MergeRequestRetry(id=args.id), line)
-    if getattr(args, "cmd_id", None):
-        raise UsageError("--id names one command: not with --rig or --all")
     mrs = mq_order(await read(nc, config, refinery.Mrs(rig=args.rig)))
     escalated = [m["id"] for m in mrs if m["status"] == "escalated"]
     if not escalated:
