@@ -197,6 +197,8 @@ async def test_refinery_killed_mid_gate_leaves_no_gate_running_and_resumes_the_r
             lambda: not processes.is_alive(shell) and not processes.is_alive(child), message="the old gate still runs"
         )
         assert not (evidence / f"done-{pid}").exists(), "the killed refinery's gate ran on to its end"
+        work = pt.config.gt_home / "rigs" / "demo" / "refinery" / "work"
+        assert processes.working_in(work) == [], "a process still runs in the refinery's worktrees"
         events = [decode_envelope(data) for _s, _subj, data in await read_all(pt.nc, "GT_EVT", "gt.evt.mr.>")]
         claims = [msgspec.json.decode(env.data) for env in events if env.type == "mr.claimed"]
         first_holder = claims[0]["holder"]
