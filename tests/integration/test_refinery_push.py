@@ -18,6 +18,7 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 
+from services.refinery.service import RefineryService
 from services.refinery.settings import RefinerySettings
 from services.refinery.state import MergeRequest
 from shared import git
@@ -27,7 +28,7 @@ from shared.events import decode_envelope
 from tests.helpers import assert_eventually
 from tests.integration.test_refinery import STEPS
 from tests.log_tools import events_of, read_all
-from tests.witness_town import IDENTITY, TEST_COMMAND, PolecatTown, polecat_town
+from tests.witness_town import FAST, IDENTITY, TEST_COMMAND, PolecatTown, polecat_town
 
 ENDED = ("merged", "failed", "escalated")
 MAX_REQUEUES_SEEN = 6
@@ -159,7 +160,7 @@ async def gt(pt: PolecatTown, gt_env: dict[str, str], *args: str) -> subprocess.
 
 
 async def test_a_dirty_checkout_pauses_the_rigs_queue_once_and_one_command_merges_all_ten(
-    pt: PolecatTown, tmp_path: Path, gt_env: dict[str, str]
+    pt: PolecatTown, tmp_path: Path, gt_env: dict[str, str], refinery_settings: RefinerySettings
 ) -> None:
     """The trial's case: a plain checkout with main checked out and an uncommitted edit, ten merge requests
     queued. The first push is refused for the checkout's sake, not the change's: the rig's queue pauses with one
@@ -211,6 +212,15 @@ async def test_a_dirty_checkout_pauses_the_rigs_queue_once_and_one_command_merge
     assert runs.read_text().splitlines() == ["run"], "gates ran while the queue was paused"
     assert [refinery.projection.state.mrs[i].status for i in ids] == ["queued"] * 10
     assert len(one_escalation()) == 1
+    # The pause is in the log: a restarted refinery keeps it, gates nothing, and escalates it no second time.
+    await pt.stop("refinery")
+    pt.refinery = refinery = RefineryService(pt.config, FAST, refinery=refinery_settings)
+    await pt.start("refinery", refinery)
+    assert refinery.projection.state.queues["calc"].paused
+    again_listed = await gt(pt, gt_env, "mq", "list", "--rig", "calc")
+    assert "merge queue of rig calc PAUSED" in again_listed.stdout
+    assert runs.read_text().splitlines() == ["run"], "the restarted refinery gated a paused rig's merge request"
+    assert len(one_escalation()) == 1, "the pause was escalated again after the restart"
     assert (calc / "README.md").read_text() == "someone is editing this on main\n", "the user's edit is untouched"
 
     git.git("checkout", "--", "README.md", cwd=calc)  # the user puts the edit away, as the escalation says
