@@ -11,8 +11,9 @@ test and type-checker caches, ``node_modules``: ``shared.git.BUILD_OUTPUT``) is 
 clone's ``info/exclude``, which the witness writes for every runtime, so a project without a ``.gitignore`` for
 it gets no ``__pycache__`` merged and ``gt done`` finds the worktree clean. Work the merge queue sends back comes
 with rework steps appended to the molecule (``shared.formulas.rework``); at the round's first step it fixes a
-failed gate it caused (``FAIL_TESTS``), or resolves a merge conflict by rebasing onto the target commit keeping
-both sides of each conflicting hunk and force-pushing the branch; it writes no step file for rework steps (their
+failed gate it caused (``FAIL_TESTS``), or resolves a merge conflict by rebasing onto the target commit, keeping
+what landed in each conflicting hunk and re-applying the rest of its change (``resolve_conflict``), and
+force-pushing the branch; it writes no step file for rework steps (their
 work is the fix: work it cannot fix is submitted again unchanged), runs the tests at ``run-tests`` and then
 ``gt done``. Done steps are never worked again.
 
@@ -46,7 +47,6 @@ import select
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -61,8 +61,9 @@ TOWN_RETRY_MAX_S = 15.0
 TOWN_WAIT_REPORT_S = 60.0
 """While waiting for the town, the pane hears about it this often."""
 WORK_DIR = ".gastown-work"
-UNION_MERGE = "* merge=union\n"
-"""Git attributes that resolve a conflicting hunk by keeping both sides (this agent's only way to resolve)."""
+KEEP_WHAT_LANDED = ("-X", "ours")
+"""The rebase's resolution of a conflicting hunk: the side of the commit rebased onto (in a rebase "ours" is what
+landed, "theirs" the commit replayed). Never both sides: two versions of one line kept together contradict."""
 
 
 def die_hard() -> None:
@@ -241,32 +242,27 @@ def fix_returned_work(data: dict[str, Any], faults: list[Fault], attempt: int) -
 
 
 def resolve_conflict(data: dict[str, Any], failure: dict[str, Any]) -> None:
-    """Rebase the branch onto the commit it conflicted with, keeping both sides of each conflicting hunk (git's
-    union merge); its `gt done` publishes the rebased branch (the merge queue takes the commit it names). A conflict
-    the union cannot settle (a file deleted on one side) is given up on: the session ends without `gt done`,
-    and past the rig's respawn limit the witness escalates the bead to a person."""
+    """Rebase the branch onto the commit it conflicted with. This agent cannot understand a conflict, so it does
+    the one thing that keeps what landed working: in each conflicting hunk it keeps what landed and drops its own
+    side, and the rest of its change (every hunk that does not conflict) is re-applied on top (git's rebase with
+    ``-X ours``). It says which files lost its side. Its `gt done` publishes the rebased branch (the merge queue
+    takes the commit it names). A conflict that cannot be settled that way (a file deleted on one side) is given
+    up on: the session ends without `gt done`, and past the rig's respawn limit the witness escalates the bead
+    to a person."""
     worktree, branch, target = Path(data["worktree"]), data["branch"], failure["target_commit"]
     files = ", ".join(failure.get("files") or []) or "unknown files"
     say(f"the merge queue sent this back: it conflicts with {target[:10]} in {files}")
     git("fetch", "--quiet", "origin", cwd=worktree)
-    with tempfile.NamedTemporaryFile("w", suffix=".gitattributes") as attributes:
-        attributes.write(UNION_MERGE)
-        attributes.flush()
-        try:
-            git(
-                "-c",
-                f"core.attributesFile={attributes.name}",
-                "rebase",
-                "--quiet",
-                "--end-of-options",
-                target,
-                cwd=worktree,
-            )
-        except subprocess.CalledProcessError as exc:
-            with contextlib.suppress(subprocess.CalledProcessError):
-                git("rebase", "--abort", cwd=worktree)
-            raise RuntimeError(f"cannot resolve the conflict with {target[:10]}: {exc.stderr.strip()}") from exc
-    say(f"resolved: rebased onto {target[:10]} keeping both sides; `gt done` publishes {branch} again")
+    try:
+        git("rebase", "--quiet", *KEEP_WHAT_LANDED, "--end-of-options", target, cwd=worktree)
+    except subprocess.CalledProcessError as exc:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            git("rebase", "--abort", cwd=worktree)
+        raise RuntimeError(f"cannot resolve the conflict with {target[:10]}: {exc.stderr.strip()}") from exc
+    say(
+        f"resolved: rebased onto {target[:10]}, keeping what landed where this change conflicted with it (in "
+        f"{files}) and re-applying the rest; `gt done` publishes {branch} again"
+    )
 
 
 def finish(data: dict[str, Any], faults: list[Fault], attempt: int) -> int:

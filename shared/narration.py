@@ -255,6 +255,11 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     "mr.conflicted": _mr_conflicted,
     "mr.requeued": _mr_requeued,
     "mr.rejected": _plain("merge request {mr_id} rejected: {reason}", "warn"),
+    "mq.paused": lambda d: (f"merge queue of rig {d.get('rig')} PAUSED: {_s(d.get('reason', ''), 200)}", "bad"),
+    "mq.resumed": _plain("merge queue of rig {rig} resumed", "good"),
+    "mq.target_failed": _plain(
+        "rig {rig}: the {gate} gate fails on {target} at {commit} too ({in_a_row} in a row): nobody blamed", "warn"
+    ),
     "convoy.created": _convoy_created,
     "convoy.beads_added": lambda d: (f"convoy {d['convoy_id']}: {len(d.get('beads') or [])} beads added", "info"),
     "convoy.closed": _convoy_closed,

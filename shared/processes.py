@@ -143,3 +143,31 @@ def pid_namespace_id() -> str:
     except OSError:
         return ""
     return f"{boot}/{namespace}" if boot and namespace else ""
+
+
+def group_members(pgid: int) -> list[ProcessRef]:
+    """Every live process whose process group is ``pgid``, each with its start time."""
+    out: list[ProcessRef] = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) != pgid:
+                continue
+        except (ProcessLookupError, PermissionError):
+            continue
+        ref = ref_of(pid)
+        if ref is not None:
+            out.append(ref)
+    return out
+
+
+def environ_value(ref: ProcessRef, name: str) -> str | None:
+    """The value of ``name`` in the environment the process ``ref`` names started with (None when it is not set,
+    the process is gone or its environment cannot be read)."""
+    try:
+        proc = psutil.Process(ref.pid)
+        if abs(proc.create_time() - ref.started) > START_TIME_TOLERANCE_S:
+            return None
+        value = proc.environ().get(name)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+    return str(value) if value is not None else None

@@ -22,14 +22,17 @@ from gt.cli.common import (
     show,
 )
 from gt.cli.progress import Progress
+from shared.bus.query import ask_json
 from shared.commands import BeadSling, ConvoyAdd, ConvoyCreate, ConvoyLand
 from shared.config import TownConfig
-from shared.queries import mayor
+from shared.errors import QueryError
+from shared.queries import mayor, refinery
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
 
 SLING_CONCURRENCY = 16
+REFINERY_QUERY_TIMEOUT_S = 3.0
 
 
 def register(sub: Subcommands) -> None:
@@ -98,7 +101,28 @@ async def _land(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
 
 
 async def _status(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return show(args, await read(nc, config, mayor.Convoy(id=args.convoy)), render.convoy_detail)
+    convoy = await read(nc, config, mayor.Convoy(id=args.convoy))
+    waiting = await _waiting_in_paused_queues(nc)
+    for bead in convoy.get("bead_details", []):
+        if bead["id"] in waiting and bead.get("status") != "closed":
+            bead["queue_paused"] = waiting[bead["id"]]  # its merge waits for `gt mq resume <rig>`
+    return show(args, convoy, render.convoy_detail)
+
+
+async def _waiting_in_paused_queues(nc: Connection) -> dict[str, dict[str, str]]:
+    """Bead -> the paused merge queue (rig, reason) its merge request waits in; nothing when the refinery does
+    not answer (the convoy is shown without it)."""
+    try:
+        paused = await ask_json(nc, refinery.PausedQueues(), timeout=REFINERY_QUERY_TIMEOUT_S)
+        waiting: dict[str, dict[str, str]] = {}
+        for queue in paused:
+            mrs = await ask_json(nc, refinery.Mrs(rig=queue["rig"]), timeout=REFINERY_QUERY_TIMEOUT_S)
+            for mr in mrs:
+                if mr["status"] in ("queued", "claimed"):
+                    waiting[mr["bead"]] = {"rig": queue["rig"], "reason": queue["reason"]}
+    except QueryError:
+        return {}
+    return waiting
 
 
 async def _list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

@@ -32,6 +32,7 @@ from shared.bus.kv import put_agent_heartbeat
 from shared.commands import (
     BeadClaim,
     Command,
+    MergeQueueResume,
     MergeRequestDone,
     MergeRequestReject,
     MergeRequestRetry,
@@ -127,7 +128,7 @@ def register(sub: Subcommands) -> None:
     command_options(nudge)
     nudge.set_defaults(handler=_nudge)
 
-    mq = sub.group("mq", "the merge queue: list, show, retry, reject", "mq_cmd")
+    mq = sub.group("mq", "the merge queue: list, show, retry, reject, resume", "mq_cmd")
     ml = mq.add_parser("list", help="merge requests in the order they were submitted, newest last (--rig: of one rig)")
     ml.add_argument("--rig")
     read_options(ml)
@@ -136,15 +137,30 @@ def register(sub: Subcommands) -> None:
     ms.add_argument("id")
     read_options(ms)
     ms.set_defaults(handler=_mq_show)
-    mr_retry = mq.add_parser("retry", help="put a failed, blocked or rejected merge request back in the queue")
-    mr_retry.add_argument("id")
+    mr_retry = mq.add_parser(
+        "retry",
+        help="put a failed, blocked, escalated or rejected merge request back in the queue; --rig R or --all: every "
+        "escalated one (of rig R), once what refused them is fixed (a paused queue: `gt mq resume`)",
+    )
+    mr_retry.add_argument("id", nargs="?")
+    retry_many = mr_retry.add_mutually_exclusive_group()
+    retry_many.add_argument("--rig", help="every escalated merge request of this rig")
+    retry_many.add_argument("--all", action="store_true", help="every escalated merge request of every rig")
     command_options(mr_retry)
-    mr_retry.set_defaults(handler=_mq_retry)
+    mr_retry.set_defaults(handler=_mq_retry, precheck=_one_or_many_retries)
     mr_reject = mq.add_parser("reject", help="take a merge request out of the queue for good")
     mr_reject.add_argument("id")
     mr_reject.add_argument("--reason", default="")
     command_options(mr_reject)
     mr_reject.set_defaults(handler=_mq_reject)
+    mq_resume = mq.add_parser(
+        "resume",
+        help="resume a rig's paused merge queue once its cause is fixed (the target refused pushes, or a gate "
+        "fails on the target itself); `gt mq list` says which are paused and why",
+    )
+    mq_resume.add_argument("rig")
+    command_options(mq_resume)
+    mq_resume.set_defaults(handler=_mq_resume)
 
     prime = sub.add_parser("prime", help="(agent) everything needed to resume: bead, steps, worktree, instructions")
     prime.add_argument("--session", help="default: GT_SESSION")
@@ -286,13 +302,28 @@ async def _nudge(nc: Connection, args: argparse.Namespace, config: TownConfig) -
 async def _mq_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     mrs = await read(nc, config, refinery.Mrs(rig=args.rig or None))
     mrs = mq_order(mrs)
+    paused = [q for q in await read(nc, config, refinery.PausedQueues()) if not args.rig or q["rig"] == args.rig]
     # A merged one shows the commit that landed (its branch rebased onto the target), not the one submitted.
     rows = [
         [m["id"], m["rig"], m["bead"], m["branch"], (m.get("merged_commit") or m["head"])[:10], m["status"]]
         for m in mrs
     ]
     table = render.table(("MR", "RIG", "BEAD", "BRANCH", "HEAD", "STATUS"), rows, "the merge queue is empty")
-    return show(args, mrs, lambda _: table)
+    text = "\n".join([*paused_lines(paused), table])
+    why = {q["rig"]: q["reason"] for q in paused}
+    for m in mrs:
+        if m["rig"] in why:
+            m["queue_paused"] = why[m["rig"]]  # --json: the pause on each of its rig's merge requests
+    return show(args, mrs, lambda _: text)
+
+
+def paused_lines(paused: list[dict[str, Any]]) -> list[str]:
+    """One line per paused merge queue: the rig, why, and the command that resumes it."""
+    return [
+        f"merge queue of rig {escape_line(q['rig'])} PAUSED: {escape_line(q['reason'])} "
+        f"(`gt mq resume {escape_line(q['rig'])}` once fixed)"
+        for q in paused
+    ]
 
 
 def mq_order(mrs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -325,8 +356,38 @@ async def _mq_show(nc: Connection, args: argparse.Namespace, config: TownConfig)
     return show(args, mr, text)
 
 
+def _one_or_many_retries(args: argparse.Namespace) -> None:
+    """Checked before connecting: one merge request, or every escalated one of --rig R or --all."""
+    many = args.rig is not None or args.all
+    if many == (args.id is not None):
+        raise UsageError("`gt mq retry` takes a merge request id, or --rig R, or --all (every escalated one)")
+    if many and getattr(args, "cmd_id", None):
+        raise UsageError("--id names one command: not with --rig or --all")
+
+
 async def _mq_retry(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, MergeRequestRetry(id=args.id), lambda r: f"{r.get('id')}: {r.get('status')}")
+    def line(r: dict[str, Any]) -> str:
+        return f"{r.get('id')}: {r.get('status')}"
+
+    if args.id is not None:
+        return await send(nc, args, config, MergeRequestRetry(id=args.id), line)
+    mrs = mq_order(await read(nc, config, refinery.Mrs(rig=args.rig)))
+    escalated = [m["id"] for m in mrs if m["status"] == "escalated"]
+    if not escalated:
+        where = f" of rig {args.rig}" if args.rig else ""
+        print(f"no escalated merge request{where}: nothing to retry")
+        return EXIT_OK
+    codes = [await send(nc, args, config, MergeRequestRetry(id=mr_id), line) for mr_id in escalated]
+    return max(codes)
+
+
+async def _mq_resume(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    def line(r: dict[str, Any]) -> str:
+        if not r.get("changed"):
+            return f"merge queue of rig {r.get('rig')}: not paused (nothing to resume)"
+        return f"merge queue of rig {r.get('rig')}: resumed (it was paused: {r.get('was')})"
+
+    return await send(nc, args, config, MergeQueueResume(rig=args.rig), line)
 
 
 async def _mq_reject(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
@@ -510,8 +571,8 @@ def conflict_text(failure: dict[str, Any], branch: str, finish: str = " and run 
     files = ", ".join(failure.get("files") or []) or "files git did not name"
     return (
         f"The merge queue sent this work back: merge request {failure['mr']} conflicted with the target at "
-        f"{target} in {files}. Rebase your branch onto it (`git fetch origin && git rebase {target}`), resolve "
-        f"the conflicts keeping both changes, run the tests, push the rebased branch (`git push "
+        f"{target} in {files}. Rebase your branch onto it (`git fetch origin && git rebase {target}`) and "
+        f"resolve the conflicts. {rework.RESOLVE}. Run the tests, push the rebased branch (`git push "
         f"--force-with-lease origin {branch}`){finish}"
     )
 

@@ -278,6 +278,9 @@ def _dispatch_state(bead: dict[str, Any]) -> str:
     """A convoy bead's status, and for an open one what it waits for: ``held: waiting for X, Y`` when a
     convoy sling holds it (the mayor slings it once they close), ``blocked: ...`` when nothing does."""
     waiting = ", ".join(bead.get("waiting_for") or [])
+    if bead.get("queue_paused"):
+        rig = bead["queue_paused"]["rig"]
+        return f"{bead['status']}: merge queue of {rig} paused (`gt mq resume {rig}`)"
     if bead.get("held_for"):
         return f"held: waiting for {waiting}" if waiting else "held: slinging now"
     return f"blocked: waiting for {waiting}" if waiting else str(bead["status"])

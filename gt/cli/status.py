@@ -106,12 +106,23 @@ async def gather(nc: Connection, config: TownConfig, now: datetime | None = None
         heartbeats, steps = await asyncio.gather(_heartbeats(nc, config, session_ids), _current_steps(nc, beads))
         return sessions, heartbeats, steps
 
-    last, statuses, rigs, (sessions, heartbeats, steps), mrs, convoys, escalations, rig_costs = await asyncio.gather(
+    (
+        last,
+        statuses,
+        rigs,
+        (sessions, heartbeats, steps),
+        mrs,
+        paused,
+        convoys,
+        escalations,
+        rig_costs,
+    ) = await asyncio.gather(
         _last_seq(nc, config),
         asyncio.gather(*(_answer(nc, Status(service=name)) for name in names)),
         _answer(nc, witness.Rigs()),
         sessions_then_theirs(),
         _answer(nc, refinery.Mrs()),
+        _answer(nc, refinery.PausedQueues()),
         _answer(nc, mayor.Convoys()),
         _answer(nc, mayor.Escalations()),
         _answer(nc, mayor.Costs(by="rig")),
@@ -125,6 +136,7 @@ async def gather(nc: Connection, config: TownConfig, now: datetime | None = None
         heartbeats=heartbeats,
         steps=steps,
         mrs=mrs,
+        paused=paused,
         convoys=convoys,
         escalations=escalations,
         costs=rig_costs_priced(rig_costs),

@@ -92,10 +92,11 @@ def snapshot(
     convoys: list[dict[str, Any]] | None,
     escalations: list[dict[str, Any]] | None,
     costs: dict[str, dict[str, Any]] | None = None,
+    paused: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The town as ``gt status --json`` prints it. ``heartbeats``: session id -> time of its last agent
     heartbeat; ``steps``: bead id -> its molecule's current step; ``costs``: rig -> its tokens and ``cost_usd``
-    (``gt costs --by rig``)."""
+    (``gt costs --by rig``); ``paused``: the rigs' paused merge queues (``PausedQueues``)."""
     costs = costs or {}
     polecats = None
     if sessions is not None:
@@ -114,9 +115,10 @@ def snapshot(
             for s in sorted(sessions, key=lambda s: (s["rig"], s["polecat"]))
         ]
     queue = None
+    why_paused = {str(q["rig"]): str(q["reason"]) for q in paused or []}
     if mrs is not None:
         queue = {}
-        for rig in sorted({m["rig"] for m in mrs}):
+        for rig in sorted({m["rig"] for m in mrs} | set(why_paused)):
             mine = [m for m in mrs if m["rig"] == rig]
             counts = Counter(m["status"] for m in mine)
             queue[rig] = {
@@ -126,6 +128,7 @@ def snapshot(
                     for m in mine
                     if m["status"] in OPEN_MRS
                 ],
+                "paused": why_paused.get(rig),
             }
     return {
         "at": now.isoformat(),
@@ -283,6 +286,9 @@ def render(snap: dict[str, Any], palette: Palette = PLAIN) -> str:
         for rig, q in snap["merge_queue"].items():
             counts = ", ".join(f"{n} {styled(palette, escape_line(status))}" for status, n in q["counts"].items())
             out.append(f"  {escape_line(rig)}: {counts}")
+            if q.get("paused"):
+                resume = f"`gt mq resume {escape_line(rig)}` once fixed"
+                out.append(f"    {styled(palette, 'paused')}: {escape_line(q['paused'])} ({resume})")
             for m in q["open"]:
                 tries = f" (attempt {escape_line(m['attempts'])})" if m.get("attempts") else ""
                 mr, status, bead = (escape_line(m[key]) for key in ("id", "status", "bead"))

@@ -8,10 +8,17 @@ from typing import NamedTuple
 import msgspec
 
 from services.refinery.state import OPEN, MergeRequest, RefineryState
-from shared.commands import Command, MergeRequestDone, MergeRequestReject, MergeRequestRetry, MergeRequestSubmit
+from shared.commands import (
+    Command,
+    MergeQueueResume,
+    MergeRequestDone,
+    MergeRequestReject,
+    MergeRequestRetry,
+    MergeRequestSubmit,
+)
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
-from shared.events import MergeRequestRejected, MergeRequestRequeued, MergeRequestSubmitted
+from shared.events import MergeQueueResumed, MergeRequestRejected, MergeRequestRequeued, MergeRequestSubmitted
 from shared.ids import hook_lease_name
 
 PROTECTED_BRANCHES = frozenset({"HEAD", "main", "master", "trunk", "develop", "release", "production", "stable"})
@@ -45,6 +52,8 @@ def aggregate_key(cmd: Command) -> str | None:
         return f"mr:{mr_id_for(cmd.rig, cmd.bead, cmd.head)}"
     if isinstance(cmd, MergeRequestRetry | MergeRequestReject):
         return f"mr:{cmd.id}"
+    if isinstance(cmd, MergeQueueResume):
+        return f"mq:{cmd.rig}"
     return None
 
 
@@ -70,6 +79,8 @@ def decide(state: RefineryState, cmd: Command, ctx: DecideContext) -> Accepted:
         return retry(state, cmd)
     if isinstance(cmd, MergeRequestReject):
         return reject(state, cmd)
+    if isinstance(cmd, MergeQueueResume):
+        return resume(state, cmd)
     raise CommandError("unknown_command", f"the refinery does not handle {cmd.SUBJECT}")
 
 
@@ -226,4 +237,17 @@ def reject(state: RefineryState, cmd: MergeRequestReject) -> Accepted:
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=mr.version)],
         result={"id": mr.id, "status": "rejected", "changed": True},
+    )
+
+
+def resume(state: RefineryState, cmd: MergeQueueResume) -> Accepted:
+    """The rig's paused queue goes on, in its order."""
+    queue = state.queues.get(cmd.rig)
+    if cmd.rig not in state.rigs and queue is None:
+        raise CommandError("not_found", f"no rig {cmd.rig!r} (`gt rig list` shows them)")
+    if queue is None or not queue.paused:
+        return Accepted(result={"rig": cmd.rig, "paused": False, "changed": False})
+    return Accepted(
+        events=[NewEvent(payload=MergeQueueResumed(rig=cmd.rig), expected_seq=queue.version)],
+        result={"rig": cmd.rig, "paused": False, "changed": True, "was": queue.reason},
     )

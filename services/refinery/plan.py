@@ -5,7 +5,8 @@ queued``, where convoy hours is the age of the oldest convoy tracking the bead a
 request's attempts and its bead's failed merge requests; the highest goes first, ties by age. ``fifo`` orders
 by queue time alone. One merge request per rig at a time (or one batch of up to ``batch`` of them): a rig whose
 merge request is claimed under a live lease waits. A merge request requeued with a ``not_before`` (a push that
-did not land, retried with backoff) is not taken before that time.
+did not land, retried with backoff) is not taken before that time. A merge request claimed by a refinery
+that stopped acting (killed mid-merge) goes first: its successor resumes the queue where it was.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from services.refinery.state import OPEN, MergeRequest, RefineryState
+from services.refinery.state import OPEN, MergeQueue, MergeRequest, RefineryState
+from shared.decision import NewEvent
+from shared.events import MergeQueuePaused, MergeQueueTargetFailed
+from shared.events.merge_queues import GATE_BROKEN
 from shared.ids import merge_lease_name
 
 
@@ -30,6 +34,8 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     """Requeues in a row after a push that did not land (or a processing error) before failing and escalating."""
     push_backoff_s: float = 1.0
     push_backoff_max_s: float = 60.0
+    target_failures_to_pause: int = 2
+    """Gate failures on the target's tip in a row that pause the rig's queue (the first one requeues)."""
 
 
 def retry_at(retries: int, now: datetime, policy: Policy) -> datetime | None:
@@ -91,6 +97,7 @@ def ready_per_rig(
     """Each idle rig's claimable merge requests, best first (rigs in ``busy`` are being worked here; ``me``:
     the refinery asking, see ``claimable``)."""
     held = {mr.rig for mr in state.mrs.values() if mr.status == "claimed" and not claimable(mr, now, state, me)}
+    held |= {rig for rig, queue in state.queues.items() if queue.paused}  # nothing is taken until resumed
     behind = waiting_behind(state)
     ready: dict[str, list[MergeRequest]] = {}
     for mr in state.mrs.values():
@@ -103,8 +110,14 @@ def ready_per_rig(
             continue  # owed: rejected as stale (see ``stale``)
         ready.setdefault(mr.rig, []).append(mr)
     for mrs in ready.values():
-        mrs.sort(key=lambda m: (score(state, m, now, policy), -m.queued_at.timestamp()), reverse=True)
+        mrs.sort(key=lambda m: resume_order(state, m, now, policy), reverse=True)
     return ready
+
+
+def resume_order(state: RefineryState, mr: MergeRequest, now: datetime, policy: Policy) -> tuple[bool, float, float]:
+    """Highest first: a merge request a former refinery held (claimed, taken over) before any other, so a restarted
+    refinery resumes the queue where its predecessor was; then by score, then the oldest in the queue."""
+    return (mr.status == "claimed", score(state, mr, now, policy), -mr.queued_at.timestamp())
 
 
 def _submitted_order(mr: MergeRequest) -> tuple[datetime, str]:
@@ -233,3 +246,61 @@ def stale(state: RefineryState) -> list[MergeRequest]:
         if mr.status == "queued" and bead is not None and bead.status == "closed":
             out.append(mr)
     return out
+
+
+# ---- the rig's queue as a whole --------------------------------------------------------------------
+
+
+def paused_queues(state: RefineryState) -> list[MergeQueue]:
+    """The rigs' queues paused now, by rig: each is owed one escalation (named after its pause)."""
+    return [queue for _, queue in sorted(state.queues.items()) if queue.paused]
+
+
+def pause(state: RefineryState, rig: str, cause: str, reason: str, mr_id: str, detail: str) -> NewEvent | None:
+    """The rig's queue paused for ``cause`` (None: it is paused already; one pause, one escalation)."""
+    queue = state.queues.get(rig)
+    if queue is not None and queue.paused:
+        return None
+    paused = MergeQueuePaused(rig=rig, cause=cause, reason=reason[:2000], mr_id=mr_id, detail=detail[-4000:])
+    return NewEvent(payload=paused, expected_seq=queue.version if queue is not None else 0)
+
+
+class TargetFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """A gate that failed on a merge request and on the target's tip too."""
+
+    gate: str
+    command: str
+    target: str
+    commit: str
+    exit_code: int
+    tail: str
+
+
+def target_failed(
+    state: RefineryState, rig: str, mr_id: str, failure: TargetFailure, policy: Policy
+) -> NewEvent | None:
+    """What a gate failing on the target's tip means for the rig's queue. Nobody is blamed and nothing merges
+    with a gate skipped: the merge requests go back into the queue (the caller requeues them). The first failure
+    in a row is recorded (a flaky tip gets another chance); the ``policy.target_failures_to_pause``-th pauses the
+    queue, a gate command that cannot pass (a typo, a missing tool) or a broken target being the operator's.
+    None when the queue is paused already."""
+    queue = state.queues.get(rig)
+    in_a_row = (queue.target_failures if queue is not None else 0) + 1
+    if in_a_row < policy.target_failures_to_pause:
+        event = MergeQueueTargetFailed(
+            rig=rig,
+            gate=failure.gate,
+            target=failure.target,
+            commit=failure.commit,
+            exit_code=failure.exit_code,
+            tail=failure.tail[-4000:],
+            in_a_row=in_a_row,
+        )
+        return NewEvent(payload=event, expected_seq=queue.version if queue is not None else 0)
+    reason = (
+        f"the {failure.gate} gate ({failure.command!r}) fails on {failure.target} itself, {in_a_row} times in a "
+        f"row (last at {failure.commit[:10]}, exit {failure.exit_code}): a gate command that cannot pass (a typo, "
+        f"a missing tool) or a broken {failure.target}. Fix the gate (`gt rig update {rig} --{failure.gate} ...`) "
+        f"or {failure.target}, then `gt mq resume {rig}`"
+    )
+    return pause(state, rig, GATE_BROKEN, reason, mr_id, failure.tail)

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from services.refinery.state import (
     FINISHED,
+    MergeQueue,
     MergeRequest,
     RefineryState,
     SessionRef,
@@ -24,6 +25,10 @@ from shared.events import (
     Event,
     GcSwept,
     LeaseEvent,
+    MergeQueueEvent,
+    MergeQueuePaused,
+    MergeQueueResumed,
+    MergeQueueTargetFailed,
     MergeRequestClaimed,
     MergeRequestConflicted,
     MergeRequestFailed,
@@ -40,8 +45,9 @@ from shared.lease_state import fold_lease
 from shared.projection import Projection, touch
 from shared.rig_state import fold_rig
 
-SCHEMA_VERSION = 8
-"""8: a merge request records the bundle its session published. 7: hook and merge leases are one record
+SCHEMA_VERSION = 9
+"""9: rigs' merge queues (paused, failures on the target). 8: a merge request records the bundle its session
+published. 7: hook and merge leases are one record
 (``shared.lease_state.Lease``), rigs the witness's record
 (``shared.rig_state.Rig``): a snapshot from before has hooks without their name, TTL and times, and rigs without
 their other settings."""
@@ -191,6 +197,34 @@ def _merged(payload: MergeRequestMerged, state: RefineryState, env: Envelope, se
     if (mr := _finished(state, payload.mr_id, seq, "merged", env.ts)) is not None:
         mr.merged_commit, mr.already, mr.batch = payload.merged_commit, payload.already, list(payload.batch)
         mr.bug_bead_command = payload.bug_bead_command
+        queue = state.queues.get(mr.rig)
+        if queue is not None and not payload.already:
+            queue.target_failures = 0  # its gates passed: the target's failures are no longer in a row
+
+
+def _queue(state: RefineryState, payload: MergeQueueEvent, seq: int) -> MergeQueue:
+    queue = state.queues.setdefault(payload.rig, MergeQueue(rig=payload.rig))
+    queue.version = seq
+    return queue
+
+
+@fold.register
+def _queue_paused(payload: MergeQueuePaused, state: RefineryState, env: Envelope, seq: int) -> None:
+    queue = _queue(state, payload, seq)
+    queue.paused, queue.paused_at, queue.pauses = True, env.ts, queue.pauses + 1
+    queue.cause, queue.reason, queue.mr_id, queue.detail = payload.cause, payload.reason, payload.mr_id, payload.detail
+    queue.target_failures = 0
+
+
+@fold.register
+def _queue_resumed(payload: MergeQueueResumed, state: RefineryState, env: Envelope, seq: int) -> None:
+    queue = _queue(state, payload, seq)
+    queue.paused, queue.target_failures = False, 0
+
+
+@fold.register
+def _queue_target_failed(payload: MergeQueueTargetFailed, state: RefineryState, env: Envelope, seq: int) -> None:
+    _queue(state, payload, seq).target_failures = payload.in_a_row
 
 
 @fold.register

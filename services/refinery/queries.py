@@ -27,4 +27,16 @@ def answer(state: RefineryState, what: str, body: dict[str, Any], now: datetime,
         if mr is None:
             raise QueryError("not_found", f"no merge request {mr_id!r} (`gt mq list` shows them)")
         return mr_view(mr)
-    raise QueryError("unknown_query", f"the refinery has no query {what!r}; it answers mrs, mr, status, digest")
+    if what == "paused":
+        return [
+            {
+                "rig": q.rig,
+                "cause": q.cause,
+                "reason": q.reason,
+                "mr_id": q.mr_id,
+                "detail": q.detail,
+                "paused_at": q.paused_at.isoformat() if q.paused_at is not None else None,
+            }
+            for q in plan.paused_queues(state)
+        ]
+    raise QueryError("unknown_query", f"the refinery has no query {what!r}; it answers mrs, mr, paused, status, digest")

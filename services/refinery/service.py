@@ -19,7 +19,7 @@ import structlog
 from services.refinery import decide as refinery_decide
 from services.refinery import plan, queries
 from services.refinery import settings as refinery_settings
-from services.refinery.effects import merger, refusals
+from services.refinery.effects import gate_runs, merger, refusals
 from services.refinery.effects.gate_user import resolve as resolve_gate_user
 from services.refinery.projection import new_projection
 from services.refinery.state import MergeRequest, RefineryState
@@ -42,6 +42,7 @@ from shared.events import (
     MergeRequestRejected,
     MergeRequestRequeued,
 )
+from shared.events.merge_queues import PUSH_REFUSED
 from shared.faults import crash_point
 from shared.ids import merge_lease_name
 from shared.service import Service, ServiceSettings
@@ -84,6 +85,8 @@ class RefineryService(Service[RefineryState]):
         self._busy: set[str] = set()
         """Rigs with a merge request being processed by this process."""
         self._closing: set[str] = set()
+        self._pauses_escalated: set[tuple[str, int]] = set()
+        """(rig, pause number) of paused queues this process escalated (or found escalated)."""
         self.merged = self.failed = self.conflicted = self.gate_runs = self.batches = self.fenced = 0
         self.gate_seconds = 0.0
 
@@ -156,12 +159,16 @@ class RefineryService(Service[RefineryState]):
         tg.create_task(self._remove_leftover_worktrees(), name="refinery-cleanup")
 
     async def _remove_leftover_worktrees(self) -> None:
-        """Temporary worktrees a crashed refinery left; nothing is processed until they are gone."""
+        """What a crashed refinery left: first its gates' processes (were their watchers killed too), then its
+        temporary worktrees; nothing is processed until they are gone."""
         try:
             if self.rigs_root.exists():
                 for rig_dir in sorted(self.rigs_root.iterdir()):
                     paths = merger.Paths(self.rigs_root, rig_dir.name)
                     try:
+                        stopped = await asyncio.to_thread(gate_runs.stop_leftovers, paths.gates)
+                        if stopped:
+                            log.warning("leftover_gates_stopped", rig=rig_dir.name, pids=stopped)
                         removed = await asyncio.to_thread(merger.clean_worktrees, paths)
                     except (git.GitError, OSError) as exc:
                         # A rig whose leftovers cannot go is logged; the next attempt at one of its merge
@@ -190,6 +197,7 @@ class RefineryService(Service[RefineryState]):
             owed.append(NewEvent(payload=MergeRequestRequeued(mr_id=mr.id, reason=reason), expected_seq=mr.version))
         if owed:
             await self.append_owed(owed)
+        await self._escalate_pauses()
         for mr in plan.beads_to_close(state):
             if mr.id not in self._closing:
                 self._closing.add(mr.id)
@@ -354,11 +362,10 @@ class RefineryService(Service[RefineryState]):
             self.gate_runs += result.gates_run
             self.gate_seconds += result.gate_seconds
             self.batches += 1
-            bug_command = None
-            if result.target_broken is not None and result.merged:
-                bug_command = await self._file_bug(first, result.target_broken, result)
+            if result.target_failed is not None:
+                await self._target_failed(first, result.target_failed)
             for mr in mrs:
-                await self._settle(mr, result.outcomes[mr.id], result, paths, bug_command)
+                await self._settle(mr, result.outcomes[mr.id], result, paths)
         except ActivityLostError:
             raise  # another refinery acts now: nothing more is written, not even a requeue
         except Exception as exc:
@@ -382,7 +389,6 @@ class RefineryService(Service[RefineryState]):
         outcome: merger.Outcome,
         result: merger.BatchResult,
         paths: merger.Paths,
-        bug_command: str | None,
     ) -> None:
         state = self.projection.state
         structlog.contextvars.bind_contextvars(mr=mr.id, bead=mr.bead)
@@ -396,7 +402,6 @@ class RefineryService(Service[RefineryState]):
                 gate_seconds=round(result.gate_seconds, 3),
                 batch=result.merged if len(result.merged) > 1 else [],
                 already=already,
-                bug_bead_command=None if already else bug_command,
             )
             await self._store(mr, event)
             self.merged += 1
@@ -441,21 +446,28 @@ class RefineryService(Service[RefineryState]):
             await self._store(mr, event_f)
             self.failed += 1
             log.info("mr_failed", gate=outcome.failure.gate, exit_code=outcome.failure.exit_code, escalated=escalate)
-        elif outcome.kind == "deferred":
+        elif outcome.kind in ("deferred", "target_failed"):
             # Not a failure of its own: the count of retries in a row is carried, not reset.
             current = state.mrs.get(mr.id, mr)
-            await self._store(mr, MergeRequestRequeued(mr_id=mr.id, reason=outcome.reason, retries=current.retries))
+            reason = outcome.reason
+            if outcome.kind == "target_failed":
+                assert outcome.failure is not None
+                reason = f"its {outcome.failure.gate} gate fails on {mr.target} too: not its failure"
+            await self._store(mr, MergeRequestRequeued(mr_id=mr.id, reason=reason, retries=current.retries))
         else:  # push_refused
             await self._push_refused(mr, outcome)
 
     async def _push_refused(self, mr: MergeRequest, outcome: merger.Outcome) -> None:
         """A target that moved or a repository out of reach: tried again later, a bounded number of times. A
-        refusal that would come back every time (a checked-out branch, a hook, a permission) fails the merge
+        refusal of the target's own (a checked-out branch with changes, a permission) pauses the rig's queue, the
+        merge request back in it: every other would meet it too. Any other refusal (a hook) fails the merge
         request at once with git's message, escalated: nothing the polecat could change."""
         assert outcome.failure is not None
         rig = self.projection.state.rigs.get(mr.rig)
         why = refusals.why(outcome.refusal, mr.target, rig.repo if rig is not None else mr.rig)
-        if outcome.refusal in refusals.RETRYABLE:
+        if outcome.refusal in refusals.TARGET_SIDE:
+            await self._pause(mr, PUSH_REFUSED, why, outcome.failure.tail)
+        elif outcome.refusal in refusals.RETRYABLE:
             reason = (
                 "the target moved during the merge"
                 if outcome.refusal == refusals.MOVED
@@ -464,6 +476,61 @@ class RefineryService(Service[RefineryState]):
             await self._retry_later(mr, reason, outcome.failure, why)
         else:
             await self._fail_and_escalate(mr, outcome.failure, why)
+
+    async def _pause(self, mr: MergeRequest, cause: str, why: str, detail: str) -> None:
+        """Pause the rig's queue (once: one escalation, see ``_escalate_pauses``) and put ``mr`` back into it."""
+        state = self.projection.state
+        paused = plan.pause(state, mr.rig, cause, why, mr.id, detail)
+        if paused is not None:
+            await self.append_owed([paused])
+            log.warning("merge_queue_paused", rig=mr.rig, cause=cause, why=why)
+        current = state.mrs.get(mr.id, mr)
+        reason = f"the queue of rig {mr.rig} is paused: {why}"[:500]
+        await self._store(mr, MergeRequestRequeued(mr_id=mr.id, reason=reason, retries=current.retries))
+
+    async def _target_failed(self, first: MergeRequest, failed: merger.TargetFailed) -> None:
+        """A gate failed on the target's tip too: recorded for the rig's queue, which pauses the second time in a
+        row (``plan.target_failed``); the merge requests go back into the queue in ``_settle``."""
+        failure = plan.TargetFailure(
+            gate=failed.result.gate,
+            command=failed.command,
+            target=first.target,
+            commit=failed.commit,
+            exit_code=failed.result.exit_code,
+            tail=failed.result.tail,
+        )
+        event = plan.target_failed(self.projection.state, first.rig, first.id, failure, self.policy)
+        if event is not None:
+            await self.append_owed([event])
+            kind = event.payload.TYPE
+            log.warning("gate_fails_on_target", gate=failure.gate, exit_code=failure.exit_code, recorded=kind)
+
+    async def _escalate_pauses(self) -> None:
+        """One escalation per pause of a rig's queue, named after the pause (sent again after a restart: the
+        mayor answers it from its stored outcome). Resolved when the merge request that met the cause merges."""
+        state = self.projection.state
+        for queue in plan.paused_queues(state):
+            key = (queue.rig, queue.pauses)
+            if key in self._pauses_escalated:
+                continue
+            mr = state.mrs.get(queue.mr_id)
+            waiting = sum(1 for m in state.mrs.values() if m.rig == queue.rig and m.status == "queued")
+            message = (
+                f"the merge queue of rig {queue.rig} is paused: {queue.reason}. {waiting} merge request(s) wait; "
+                f"no gate runs until `gt mq resume {queue.rig}`.\n{queue.detail}"
+            )
+            resolved = [f"mr:{queue.mr_id}"] + ([f"bead:{mr.bead}"] if mr is not None else [])
+            await self.store(
+                EscalationRaise(
+                    severity="high",
+                    message=message[:9000],
+                    source=f"refinery/{queue.rig}",
+                    bead=mr.bead if mr is not None else None,
+                    resolved_when=resolved,
+                    cmd_id=f"esc-mq-{queue.rig}-{queue.pauses}",
+                )
+            )
+            self._pauses_escalated.add(key)
 
     async def _retry_later(self, mr: MergeRequest, reason: str, failure: merger.GateResult, why: str) -> None:
         """Back into the queue not before a backoff recorded in the log (a restart waits the same), or failed
@@ -526,8 +593,10 @@ class RefineryService(Service[RefineryState]):
             f"Merge request {mr.id} (bead {mr.bead}) does not rebase onto {mr.target}.\n{tried}"
             f"Branch: {mr.branch} at {mr.head}\nTarget: {mr.target} at {outcome.target_before}\n"
             f"Conflicting files: {', '.join(outcome.files) or 'unknown'}\n"
-            f"Rebase the branch onto {mr.target}, push it, and close this bead: the merge request goes back "
-            "into the queue."
+            f"Rebase the branch onto {mr.target}, integrating its change with what landed: keep what is on "
+            f"{mr.target} working and re-apply the branch's change on top of it (where they contradict, what "
+            "landed stands; never both sides of a conflict side by side), so the gates pass. Push it and close "
+            "this bead: the merge request goes back into the queue."
         )
         create = BeadCreate(
             title=f"Resolve merge conflicts: {title}"[:200],
@@ -536,25 +605,6 @@ class RefineryService(Service[RefineryState]):
             labels=["merge-conflict"],
             metadata={"mr": mr.id, "bead": mr.bead, "head": mr.head, "target_commit": outcome.target_before},
             prefix=state.rigs[mr.rig].prefix,
-            cmd_id=command,
-        )
-        # The id it is settled under: another only when some other sender took this one first.
-        return (await self.store(create)).cmd_id
-
-    async def _file_bug(self, mr: MergeRequest, broken: merger.GateResult, result: merger.BatchResult) -> str:
-        target_before = next(o.target_before for o in result.outcomes.values() if o.kind == "merged")
-        command = f"bug-{mr.rig}-{broken.gate}-{target_before[:12]}"
-        create = BeadCreate(
-            title=f"{broken.gate} fails on {mr.target} of rig {mr.rig}"[:200],
-            type="bug",
-            priority=1,
-            description=(
-                f"The {broken.gate} gate fails on {mr.target} at {target_before} itself (exit "
-                f"{broken.exit_code}), so it blamed no merge request; merged anyway: "
-                f"{', '.join(result.merged)}.\n\n{broken.tail}"
-            )[:9000],
-            labels=["target-broken"],
-            prefix=self.projection.state.rigs[mr.rig].prefix,
             cmd_id=command,
         )
         # The id it is settled under: another only when some other sender took this one first.

@@ -81,6 +81,25 @@ class SessionRef(msgspec.Struct, kw_only=True, gc=False):
     branch: str
 
 
+class MergeQueue(msgspec.Struct, kw_only=True, gc=False):
+    """A rig's merge queue as a whole (``gt.evt.mq.<rig>``): paused or not, and why."""
+
+    rig: str
+    paused: bool = False
+    cause: str = ""
+    """Why it is paused (``shared.events.merge_queues.PAUSE_CAUSES``); kept after a resume for the record."""
+    reason: str = ""
+    mr_id: str = ""
+    """The merge request that met the cause."""
+    detail: str = ""
+    paused_at: datetime | None = None
+    pauses: int = 0
+    """Times it was paused: names each pause's escalation."""
+    target_failures: int = 0
+    """Gates failed on the target's tip in a row (since the last merge or resume)."""
+    version: int = 0
+
+
 class RefineryState(msgspec.Struct, kw_only=True):
     mrs: dict[str, MergeRequest] = {}
     beads: dict[str, WorkBead] = {}
@@ -102,3 +121,5 @@ class RefineryState(msgspec.Struct, kw_only=True):
     may submit the bead's work."""
     sessions: dict[str, SessionRef] = {}
     """Sessions of beads not closed, by id."""
+    queues: dict[str, MergeQueue] = {}
+    """Rigs' merge queues that were ever paused or met a failing target, by rig."""

@@ -48,6 +48,7 @@ COMMAND_OWNERS: dict[str, str] = {
     "session": "witness",
     "nudge": "witness",
     "mr": "refinery",
+    "mq": "refinery",
     "lease": "deacon",
     "automation": "deacon",
     "gc": "deacon",

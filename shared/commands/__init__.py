@@ -31,6 +31,7 @@ from shared.commands.mail import MAIL_COMMANDS, MailArchive, MailRead, MailReply
 from shared.commands.rigs import (
     POLECAT_TARGET,
     RIG_COMMANDS,
+    MergeQueueResume,
     MergeRequestDone,
     MergeRequestReject,
     MergeRequestRetry,
@@ -167,6 +168,7 @@ __all__ = [
     "MailRead",
     "MailReply",
     "MailSend",
+    "MergeQueueResume",
     "MergeRequestDone",
     "MergeRequestReject",
     "MergeRequestRetry",

@@ -387,6 +387,17 @@ class MergeRequestReject(Command, frozen=True, kw_only=True, forbid_unknown_fiel
         check_text("reason", self.reason, MAX_DESCRIPTION)
 
 
+class MergeQueueResume(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Resume a rig's paused merge queue (the cause fixed): it goes on in its order. Not paused: no change."""
+
+    SUBJECT: ClassVar[str] = "gt.cmd.mq.resume"
+    rig: str
+
+    def validate(self) -> None:
+        super().validate()
+        check_id("rig", self.rig, required=True)
+
+
 RIG_COMMANDS: tuple[type[Command], ...] = (
     RigAdd,
     RigUpdate,
@@ -403,4 +414,5 @@ RIG_COMMANDS: tuple[type[Command], ...] = (
     MergeRequestDone,
     MergeRequestRetry,
     MergeRequestReject,
+    MergeQueueResume,
 )

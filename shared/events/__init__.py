@@ -30,6 +30,13 @@ from shared.events.escalations import (
 )
 from shared.events.gc import GC_EVENTS, GcSwept
 from shared.events.leases import LEASE_EVENTS, LeaseAcquired, LeaseEvent, LeaseExpired, LeaseReleased
+from shared.events.merge_queues import (
+    MERGE_QUEUE_EVENTS,
+    MergeQueueEvent,
+    MergeQueuePaused,
+    MergeQueueResumed,
+    MergeQueueTargetFailed,
+)
 from shared.events.merge_requests import (
     MERGE_REQUEST_EVENTS,
     MergeRequestClaimed,
@@ -92,6 +99,7 @@ REGISTRY = EventRegistry(
         *SESSION_EVENTS,
         *NUDGE_EVENTS,
         *MERGE_REQUEST_EVENTS,
+        *MERGE_QUEUE_EVENTS,
         *OUTCOME_EVENTS,
         *AUTOMATION_EVENTS,
         *SERVICE_EVENTS,
@@ -136,6 +144,10 @@ __all__ = [
     "LeaseEvent",
     "LeaseExpired",
     "LeaseReleased",
+    "MergeQueueEvent",
+    "MergeQueuePaused",
+    "MergeQueueResumed",
+    "MergeQueueTargetFailed",
     "MergeRequestClaimed",
     "MergeRequestConflicted",
     "MergeRequestFailed",

@@ -25,6 +25,16 @@ FIX = "fix"
 RUN_TESTS = "run-tests"
 SUBMIT = "submit"
 STEP_ID = re.compile(r"^rework-(?P<round>[0-9]+)-(?P<what>[a-z-]+)$")
+RESOLVE = (
+    "Integrate your change with what landed: in each conflict keep what is on the target now as it is and "
+    "working (its code, its tests, what it says), and re-apply your change on top of it, adapted to it. Where "
+    "the two say different things about the same thing, what landed stands; your change keeps only what does "
+    "not contradict it. Never keep both sides of a conflict side by side (two versions of one line or sentence "
+    "give duplicate, broken or contradictory code and text), and leave no conflict markers. The rig's gates must "
+    "pass on the result"
+)
+"""How to resolve a merge conflict sent back to an agent: one text for every runtime, in the rework step and in
+``gt prime``. Not "keep both": two edits of one line kept together contradict each other."""
 TAIL_SHOWN = 1200
 """Characters of a failed gate's output the fix step's description quotes (``gt prime`` shows more)."""
 
@@ -74,12 +84,15 @@ def rework_steps(
             title=f"Rebase onto {target_commit[:12] or 'the target'} and resolve the conflicts in {conflicting}",
             description=(
                 f"Merge request {mr} conflicted with the target{into} at {commit} in {conflicting}. Rebase onto "
-                f"that commit (`git fetch origin && git rebase {commit}`), resolve each conflict keeping both "
-                "changes, `git add` the files and `git rebase --continue`. Then push the rebased branch: "
+                f"that commit (`git fetch origin && git rebase {commit}`) and resolve each conflict. {RESOLVE}. "
+                "`git add` the files and `git rebase --continue`. Then push the rebased branch: "
                 f"`git push --force-with-lease origin {branch_named}` (the merge queue takes the branch as it is "
                 "on the remote)."
             ),
-            acceptance=f"The branch is rebased onto {commit}, with no conflict markers left, and pushed.",
+            acceptance=(
+                f"The branch is rebased onto {commit} and pushed: what landed is kept and still works, your change "
+                "is integrated with it, no conflict is resolved by keeping both sides, no conflict markers are left."
+            ),
         )
     else:
         output = " ".join(tail.split())[-TAIL_SHOWN:]

@@ -30,3 +30,21 @@ class Mr(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
     SERVICE: ClassVar[str] = "refinery"
     NAME: ClassVar[str] = "mr"
     id: str
+
+
+class PausedQueue(msgspec.Struct, kw_only=True):
+    """A rig's merge queue that is paused: why, and the merge request that met the cause."""
+
+    rig: str
+    cause: str
+    reason: str
+    mr_id: str
+    detail: str = ""
+    paused_at: str | None = None
+
+
+class PausedQueues(Query[list[PausedQueue]], frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The rigs' merge queues that are paused now (``gt mq resume <rig>`` resumes one), by rig."""
+
+    SERVICE: ClassVar[str] = "refinery"
+    NAME: ClassVar[str] = "paused"

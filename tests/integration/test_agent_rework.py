@@ -18,7 +18,7 @@ from services.refinery.settings import RefinerySettings
 from shared import git
 from shared.config import TownConfig
 from tests.helpers import assert_eventually
-from tests.integration.test_refinery import merged_mr
+from tests.integration.test_refinery import main_files, merged_mr
 from tests.integration.test_witness import run_gt
 from tests.log_tools import events_of
 from tests.witness_town import IDENTITY, PolecatTown, polecat_town
@@ -102,9 +102,11 @@ async def test_a_conflict_goes_back_to_the_agent_which_resolves_it_and_it_merges
     # The bead merges without anyone else: a fresh session on it rebased, resolved and submitted again.
     await merged_mr(pt, first, timeout=180)
     await merged_mr(pt, second, timeout=240)
+    # The agent integrated its change with what landed: the line that landed stands, its own contradicting version
+    # of that line is not put beside it (a union merge left both), and the rest of its work is re-applied.
     content = git.git("show", "refs/heads/main:CONFLICT.txt", cwd=pt.origin)
-    assert f"{first} was here" in content
-    assert f"{second} was here" in content
+    assert content == f"{first} was here\n", content
+    assert main_files(pt, second), "the rest of the reworked bead's change landed"
     sessions = await pt.wait_settled(second)
     # The first submitted; a later one (the next, unless the machine's load made one die on the way) resolved.
     assert len(sessions) >= 2, [(s.id, s.end_reason) for s in sessions]

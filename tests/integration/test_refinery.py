@@ -103,25 +103,69 @@ async def test_failing_tests_send_the_work_back_and_the_fixed_branch_merges(pt: 
     assert all(status == "done" for _, status in steps)
 
 
-async def test_a_failure_the_target_has_too_files_a_bug_and_merges_anyway(pt: PolecatTown, tmp_path: Path) -> None:
-    # The target is broken before any polecat touches it: BROKEN makes the lint gate fail everywhere.
-    clone = tmp_path / "breaker"
-    git.git("clone", "--quiet", str(pt.origin), str(clone))
-    (clone / "BROKEN").write_text("the target itself fails its lint\n")
-    git.git("add", "BROKEN", cwd=clone)
-    git.git("commit", "--quiet", "-m", "break main", cwd=clone)
-    git.git("push", "--quiet", "origin", "HEAD:main", cwd=clone)
-    await pt.add_rig(lint_command="test ! -e BROKEN")
-    bead = await pt.new_bead("Not my fault")
-    await pt.sling(bead)
-    mr = await merged_mr(pt, bead)
-    assert mr["bug_bead_command"], "a bug bead was filed for the target"
+@pytest.mark.parametrize("gate", ["false", "no-such-tool --check ."])
+async def test_a_gate_that_fails_on_the_target_twice_pauses_the_queue_and_a_resume_after_fixing_it_merges(
+    pt: PolecatTown, gt_env: dict[str, str], gate: str
+) -> None:
+    """A gate that cannot pass (`--test false`, a missing tool) fails on every change and on main: nothing merges
+    ungated. The first failure on main sends the merge requests back into the queue, the second in a row pauses
+    the rig's queue with one escalation; the operator fixes the gate with `gt rig update` and `gt mq resume`
+    lands both changes."""
+    env = {**gt_env, "NATS_URL": pt.config.nats_url}
+    await pt.add_rig(test_command=gate)
+    before = git.git("rev-parse", "refs/heads/main", cwd=pt.origin).strip()
+    ids = []
+    for n in (1, 2):
+        bead = await pt.new_bead(f"Change {n}", prefix="demo")
+        head = pt.push_branch(f"polecat/p{n}/{bead}", {f"work-{n}.txt": f"change {n}\n"})
+        ids.append(await pt.submit(bead, f"polecat/p{n}/{bead}", head))
+    assert pt.refinery is not None
+    refinery = pt.refinery
+
+    def paused() -> Any:
+        queue = refinery.projection.state.queues.get("demo")
+        assert queue is not None, "the queue is not paused"
+        assert queue.paused, "the queue is not paused"
+        statuses = [refinery.projection.state.mrs[i].status for i in ids]
+        assert "claimed" not in statuses, "the merge request that met the cause is not back in the queue yet"
+        return queue
+
+    queue = await assert_eventually(paused, timeout=120, interval=0.1)
+    assert queue.cause == "gate_broken"
+    assert "gt rig update demo --test" in queue.reason
+    kinds = [kind for kind, _ in await events_of(pt.nc, "gt.evt.mq.demo")]
+    assert kinds == ["mq.target_failed", "mq.paused"], "paused at the second failure on main in a row"
+    assert [refinery.projection.state.mrs[i].status for i in ids] == ["queued", "queued"], "nobody was blamed"
+    assert git.git("rev-parse", "refs/heads/main", cwd=pt.origin).strip() == before, "nothing merged ungated"
+    assert pt.mayor is not None
     mayor = pt.mayor
-    assert mayor is not None
-    await assert_eventually(lambda: len([b for b in mayor.projection.state.beads.values() if b.type == "bug"]) == 1)
-    bugs = [b for b in mayor.projection.state.beads.values() if b.type == "bug"]
-    assert bugs[0].priority == 1
-    assert "lint fails on main" in bugs[0].title
+
+    def one_escalation() -> list[Any]:
+        raised = [e for e in mayor.projection.state.escalations.values() if e.source == "refinery/demo"]
+        assert raised, "no escalation yet"
+        return raised
+
+    [raised] = await assert_eventually(one_escalation, timeout=30)
+    assert "paused" in raised.message
+    assert "gt mq resume demo" in raised.message
+    assert not [b for b in mayor.projection.state.beads.values() if b.type == "bug"], "no bug bead: nothing merged"
+
+    updated = await run_gt(env, "rig", "update", "demo", "--test", "test -e README.md")
+    assert updated.returncode == 0, updated.stderr
+    resumed = await run_gt(env, "mq", "resume", "demo")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed" in resumed.stdout
+
+    def merged() -> bool:
+        mrs = refinery.projection.state.mrs
+        assert [mrs[i].status for i in ids] == ["merged", "merged"], [(mrs[i].status, mrs[i].reason) for i in ids]
+        return True
+
+    await assert_eventually(merged, timeout=120, interval=0.1)
+    for mr_id in ids:
+        merges = [kind for kind, _ in await events_of(pt.nc, f"gt.evt.mr.{mr_id}") if kind == "mr.merged"]
+        assert merges == ["mr.merged"], f"{mr_id} merged {len(merges)} times"
+    assert len(one_escalation()) == 1
 
 
 async def test_a_conflict_blocks_the_mr_on_a_conflict_bead_and_closing_it_requeues(pt: PolecatTown) -> None:
@@ -148,6 +192,7 @@ async def test_a_conflict_blocks_the_mr_on_a_conflict_bead_and_closing_it_requeu
     assert conflict.priority == 1
     assert conflict.metadata["mr"] == mr.id
     assert "CONFLICT.txt" in conflict.description
+    assert "never both sides of a conflict side by side" in " ".join(conflict.description.split())
     assert git.git("rev-parse", f"refs/heads/{mr.branch}", cwd=pt.origin).strip(), "the branch is kept"
 
     # Someone resolves it: rebase the branch onto main, keep both lines, force-push, close the bead.

@@ -18,15 +18,17 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 
+from services.refinery.service import RefineryService
 from services.refinery.settings import RefinerySettings
 from services.refinery.state import MergeRequest
 from shared import git
+from shared.commands import ConvoyCreate
 from shared.config import TownConfig
 from shared.events import decode_envelope
 from tests.helpers import assert_eventually
 from tests.integration.test_refinery import STEPS
 from tests.log_tools import events_of, read_all
-from tests.witness_town import IDENTITY, TEST_COMMAND, PolecatTown, polecat_town
+from tests.witness_town import FAST, IDENTITY, TEST_COMMAND, PolecatTown, polecat_town
 
 ENDED = ("merged", "failed", "escalated")
 MAX_REQUEUES_SEEN = 6
@@ -145,47 +147,99 @@ async def test_a_plain_repository_with_main_checked_out_gets_the_merge_in_its_cl
     assert git.git("status", "--porcelain", cwd=calc).strip() == ""
 
 
-async def test_a_dirty_checkout_of_the_target_fails_the_merge_with_gits_message_and_escalates(
-    pt: PolecatTown, tmp_path: Path
-) -> None:
-    calc = make_plain_repo(tmp_path / "src" / "calc")
-    await pt.ok("gt.cmd.rig.add", name="calc", repo=str(calc), test_command=TEST_COMMAND)
-    (calc / "README.md").write_text("someone is editing this on main\n")
-    bead, mr_id = await submit_change(pt, "calc", calc, "feature.txt")
-
-    mr = await ended(pt, mr_id)
-    assert mr.status == "escalated", (mr.status, mr.tail)
-    assert mr.gate == "push"
-    assert "Working directory has unstaged changes" in mr.tail
-    assert await requeues(pt, mr_id) == []
-    raised = await escalations_about(pt, bead)
-    assert "checked out" in raised[0].message
-    assert (calc / "README.md").read_text() == "someone is editing this on main\n", "the user's edit is untouched"
-    assert not (calc / "feature.txt").exists()
-
-
-async def test_the_escalation_of_a_dirty_checkout_closes_by_itself_once_the_retried_merge_lands(
-    pt: PolecatTown, tmp_path: Path, gt_env: dict[str, str]
-) -> None:
-    calc = make_plain_repo(tmp_path / "src" / "calc")
-    await pt.ok("gt.cmd.rig.add", name="calc", repo=str(calc), test_command=TEST_COMMAND)
-    (calc / "README.md").write_text("someone is editing this on main\n")
-    bead, mr_id = await submit_change(pt, "calc", calc, "feature.txt")
-    assert (await ended(pt, mr_id)).status == "escalated"
-    [raised] = await escalations_about(pt, bead)
-    assert raised.resolved_when == [f"mr:{mr_id}", f"bead:{bead}"]
-    assert raised.status == "open"
-
-    git.git("checkout", "--", "README.md", cwd=calc)  # the user puts the edit away, as the escalation says
-    retried = await asyncio.to_thread(
+async def gt(pt: PolecatTown, gt_env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The real `gt` CLI against the test's town."""
+    return await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "gt.cli.main", "mq", "retry", mr_id],
+        [sys.executable, "-m", "gt.cli.main", *args],
         env={**gt_env, "NATS_URL": pt.config.nats_url},
         capture_output=True,
         text=True,
         check=False,
     )
-    assert retried.returncode == 0, retried.stderr
+
+
+async def test_a_dirty_checkout_pauses_the_rigs_queue_once_and_one_command_merges_all_ten(
+    pt: PolecatTown, tmp_path: Path, gt_env: dict[str, str], refinery_settings: RefinerySettings
+) -> None:
+    """The trial's case: a plain checkout with main checked out and an uncommitted edit, ten merge requests
+    queued. The first push is refused for the checkout's sake, not the change's: the rig's queue pauses with one
+    escalation, no other gate runs, every view says so; once the edit is put away, `gt mq resume` lands all ten,
+    each once, and the escalation closes by itself."""
+    calc = make_plain_repo(tmp_path / "src" / "calc")
+    runs = tmp_path / "gate-runs"
+    await pt.ok("gt.cmd.rig.add", name="calc", repo=str(calc), test_command=f"echo run >> {runs}; {TEST_COMMAND}")
+    (calc / "README.md").write_text("someone is editing this on main\n")
+    changes = [await submit_change(pt, "calc", calc, f"feature-{n}.txt") for n in range(10)]
+    beads, ids = [bead for bead, _ in changes], [mr_id for _, mr_id in changes]
+    convoy = (await pt.send(ConvoyCreate(title="Ten features", beads=beads)))["id"]
+    assert pt.refinery is not None
+    refinery = pt.refinery
+
+    def paused() -> Any:
+        queue = refinery.projection.state.queues.get("calc")
+        assert queue is not None, "the queue is not paused"
+        assert queue.paused, "the queue is not paused"
+        statuses = [refinery.projection.state.mrs[i].status for i in ids]
+        assert "claimed" not in statuses, "the merge request that met the cause is not back in the queue yet"
+        return queue
+
+    queue = await assert_eventually(paused, timeout=120, interval=0.1)
+    assert queue.cause == "push_refused"
+    assert "Working directory has unstaged changes" in queue.detail
+
+    def one_escalation() -> list[Any]:
+        assert pt.mayor is not None
+        raised = [e for e in pt.mayor.projection.state.escalations.values() if e.source == "refinery/calc"]
+        assert raised, "no escalation yet"
+        return raised
+
+    [raised] = await assert_eventually(one_escalation, timeout=30)
+    assert "paused" in raised.message
+    assert "gt mq resume calc" in raised.message
+    assert "checked out" in raised.message
+    # Every view says the queue is paused and why (each CLI call also lets patrols pass while it is paused).
+    listed = await gt(pt, gt_env, "mq", "list", "--rig", "calc")
+    assert listed.returncode == 0, listed.stderr
+    assert "merge queue of rig calc PAUSED" in listed.stdout
+    assert "`gt mq resume calc`" in listed.stdout
+    status = await gt(pt, gt_env, "status", "--color", "never")
+    assert "paused: main is the branch checked out" in status.stdout, status.stdout
+    shown = await gt(pt, gt_env, "convoy", "status", convoy)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.count("merge queue of calc paused (`gt mq resume calc`)") == 10, shown.stdout
+    # Nothing else was gated, nothing failed or was escalated one by one: all ten wait in the queue.
+    assert runs.read_text().splitlines() == ["run"], "gates ran while the queue was paused"
+    assert [refinery.projection.state.mrs[i].status for i in ids] == ["queued"] * 10
+    assert len(one_escalation()) == 1
+    # The pause is in the log: a restarted refinery keeps it, gates nothing, and escalates it no second time.
+    await pt.stop("refinery")
+    pt.refinery = refinery = RefineryService(pt.config, FAST, refinery=refinery_settings)
+    await pt.start("refinery", refinery)
+    assert refinery.projection.state.queues["calc"].paused
+    again_listed = await gt(pt, gt_env, "mq", "list", "--rig", "calc")
+    assert "merge queue of rig calc PAUSED" in again_listed.stdout
+    assert runs.read_text().splitlines() == ["run"], "the restarted refinery gated a paused rig's merge request"
+    assert len(one_escalation()) == 1, "the pause was escalated again after the restart"
+    assert (calc / "README.md").read_text() == "someone is editing this on main\n", "the user's edit is untouched"
+
+    git.git("checkout", "--", "README.md", cwd=calc)  # the user puts the edit away, as the escalation says
+    resumed = await gt(pt, gt_env, "mq", "resume", "calc")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "merge queue of rig calc: resumed" in resumed.stdout
+
+    def all_merged() -> bool:
+        mrs = refinery.projection.state.mrs
+        assert all(mrs[i].status == "merged" for i in ids), [(mrs[i].status, mrs[i].reason[:200]) for i in ids]
+        return True
+
+    await assert_eventually(all_merged, timeout=180, interval=0.2)
+    for mr_id in ids:
+        merges = [kind for kind, _ in await events_of(pt.nc, f"gt.evt.mr.{mr_id}") if kind == "mr.merged"]
+        assert merges == ["mr.merged"], f"{mr_id} merged {len(merges)} times"
+    tree = git.git("ls-tree", "--name-only", "refs/heads/main", cwd=calc).split()
+    assert sorted(n for n in tree if n.startswith("feature-")) == [f"feature-{n}.txt" for n in range(10)]
+    assert len(runs.read_text().splitlines()) == 11, "each merge request was gated once after the resume"
 
     def closed() -> Any:
         assert pt.mayor is not None
@@ -193,14 +247,10 @@ async def test_the_escalation_of_a_dirty_checkout_closes_by_itself_once_the_retr
         assert escalation.status == "closed", "still open"
         return escalation
 
-    done = await assert_eventually(closed, timeout=120)
-    assert (done.closed_by, done.close_reason) == ("mayor", f"resolved: merge request {mr_id} merged")
-    assert pt.refinery is not None
-    assert pt.refinery.projection.state.mrs[mr_id].status == "merged"
-    closings = [
-        d for kind, d in await events_of(pt.nc, f"gt.evt.escalation.{raised.id}") if kind == "escalation.closed"
-    ]
-    assert len(closings) == 1, closings
+    await assert_eventually(closed, timeout=60)
+    assert len(one_escalation()) == 1, "one escalation for the pause, none per merge request"
+    again = await gt(pt, gt_env, "mq", "resume", "calc")
+    assert "not paused" in again.stdout, again.stdout
 
 
 async def test_a_push_the_target_refuses_fails_the_merge_with_gits_message_and_escalates_without_requeues(
@@ -343,3 +393,38 @@ def test_gt_rig_add_refuses_an_empty_repository_argument(gt_env: dict[str, str],
         )
         assert done.returncode == 2, (repo, done.returncode, done.stdout, done.stderr)
         assert "repository argument is empty" in done.stderr, done.stderr
+
+
+async def test_gt_mq_retry_rig_puts_every_escalated_merge_request_of_the_rig_back_in_one_command(
+    pt: PolecatTown, gt_env: dict[str, str]
+) -> None:
+    await pt.add_rig()
+    ids = []
+    heads = []
+    for n in (1, 2):
+        bead = await pt.new_bead(f"Refused {n}", prefix="demo")
+        heads.append((bead, f"polecat/p{n}/{bead}", pt.push_branch(f"polecat/p{n}/{bead}", {f"r{n}.txt": "x\n"})))
+    git.git("config", "receive.maxInputSize", "1", cwd=pt.origin)  # every push refused, a reason git names
+    for bead, branch, head in heads:
+        ids.append(await pt.submit(bead, branch, head))
+    for mr_id in ids:
+        assert (await ended(pt, mr_id)).status == "escalated"
+
+    assert (await gt(pt, gt_env, "mq", "retry")).returncode == 2, "neither an id nor --rig/--all"
+    both = await gt(pt, gt_env, "mq", "retry", ids[0], "--rig", "demo")
+    assert both.returncode == 2
+    assert both.stderr.count("\n") == 1, both.stderr
+    git.git("config", "--unset", "receive.maxInputSize", cwd=pt.origin)
+    retried = await gt(pt, gt_env, "mq", "retry", "--rig", "demo")
+    assert retried.returncode == 0, retried.stderr
+    assert sorted(retried.stdout.splitlines()) == sorted(f"{mr_id}: queued" for mr_id in ids)
+    assert pt.refinery is not None
+    refinery = pt.refinery
+
+    def merged() -> bool:
+        assert [refinery.projection.state.mrs[i].status for i in ids] == ["merged", "merged"]
+        return True
+
+    await assert_eventually(merged, timeout=120, interval=0.1)
+    none_left = await gt(pt, gt_env, "mq", "retry", "--all")
+    assert none_left.stdout.strip() == "no escalated merge request: nothing to retry"

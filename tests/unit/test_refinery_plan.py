@@ -141,12 +141,13 @@ def test_a_claim_of_a_former_refinery_instance_is_claimable_at_once_by_the_activ
     b = q.submit("de-b")
     assert [m.id for m in plan.next_per_rig(q.state, q.clock, POLICY, frozenset(), "r-1")] == [], "r-1's own claim"
     assert q.next() == [], "without knowing who asks, the claim holds until its lease runs out"
-    # The refinery asking now is another instance: only the active one acts, so r-1 stopped acting.
+    # The refinery asking now is another instance: only the active one acts, so r-1 stopped acting. It resumes
+    # the queue where r-1 was: the merge request r-1 held first (its attempt costs it nothing here).
     ready = plan.ready_per_rig(q.state, q.clock, POLICY, frozenset(), "r-2")["demo"]
-    assert [m.id for m in ready] == [b, a]
+    assert [m.id for m in ready] == [a, b]
     assert [m.id for m in plan.next_batches(q.state, q.clock, plan.Policy(batch=4), frozenset(), "r-2").batches[0]] == [
-        b,
         a,
+        b,
     ]
 
 
@@ -160,9 +161,9 @@ def test_one_merge_request_per_rig_at_a_time_until_its_lease_runs_out(q: Queue) 
     assert q.next() == [c], "the claimed rig waits while the lease lives"
     assert q.next(busy=frozenset({"other"})) == []
     q.tick(61)
-    # An expired claim is claimable again (its holder crashed), after the others: the attempt costs 50.
-    assert q.next() == [b, c]
-    assert [m.id for m in plan.ready_per_rig(q.state, q.clock, POLICY, frozenset())["demo"]] == [b, a]
+    # An expired claim is claimable again (its holder crashed), before the others: the queue resumes where it was.
+    assert q.next() == [a, c]
+    assert [m.id for m in plan.ready_per_rig(q.state, q.clock, POLICY, frozenset())["demo"]] == [a, b]
     q.add(MergeRequestMerged(mr_id=b, merged_commit="f" * 40, target_before="e" * 40))
     assert q.next() == [a, c]
 
@@ -455,3 +456,66 @@ def test_a_bead_resubmitting_the_commit_whose_conflict_was_sent_back_puts_its_me
     assert (again["id"], again["status"], again["changed"]) == (a, "queued", True)
     assert q.mr(a).reason == "resubmitted unchanged by session de-a-2 after its merge conflicted"
     assert q.next() == [a]
+
+
+# ---- the rig's queue paused and resumed ------------------------------------------------------------------
+
+
+def _pause(q: Queue, mr_id: str, cause: str = "push_refused") -> None:
+    event = plan.pause(q.state, "demo", cause, "main is checked out in /src/demo", mr_id, "git said no")
+    assert event is not None
+    q.add(event.payload)
+
+
+def test_a_paused_queue_takes_nothing_until_one_resume_and_pauses_once() -> None:
+    q = Queue()
+    q.rig()
+    q.rig("other")
+    a, b = q.submit("de-a"), q.submit("de-b")
+    c = q.submit("ot-c", rig="other")
+    _pause(q, a)
+    assert plan.pause(q.state, "demo", "push_refused", "again", b, "") is None, "paused already: one pause"
+    assert q.next() == [c], "a paused rig's queue waits; the other rig goes on"
+    assert [m.rig for m in plan.paused_queues(q.state)] == ["demo"]
+    assert q.state.queues["demo"].pauses == 1
+    assert q.send("gt.cmd.mq.resume", {"rig": "demo"})["changed"] is True
+    assert q.next() == [a, c]
+    assert q.send("gt.cmd.mq.resume", {"rig": "demo"})["changed"] is False, "not paused: nothing to resume"
+    assert q.reject_code("gt.cmd.mq.resume", {"rig": "nowhere"}) == "not_found"
+    assert q.reject_code("gt.cmd.mq.resume", {"rig": "Not A Rig!"}) == "invalid"
+    assert b in q.state.mrs
+
+
+def _target_failure(commit: str = "c" * 40) -> plan.TargetFailure:
+    return plan.TargetFailure(gate="test", command="false", target="main", commit=commit, exit_code=1, tail="boom")
+
+
+def test_a_gate_failing_on_the_target_twice_in_a_row_pauses_the_queue(q: Queue) -> None:
+    a = q.submit("de-a")
+    first = plan.target_failed(q.state, "demo", a, _target_failure(), POLICY)
+    assert first is not None
+    assert first.payload.TYPE == "mq.target_failed", "the first failure on the target is recorded, not a pause"
+    q.add(first.payload)
+    assert q.next() == [a], "the queue goes on after the first"
+    second = plan.target_failed(q.state, "demo", a, _target_failure(), POLICY)
+    assert second is not None
+    assert second.payload.TYPE == "mq.paused"
+    q.add(second.payload)
+    queue = q.state.queues["demo"]
+    assert (queue.paused, queue.cause) == (True, "gate_broken")
+    assert "gt rig update demo --test" in queue.reason
+    assert "gt mq resume demo" in queue.reason
+    assert q.next() == []
+    q.send("gt.cmd.mq.resume", {"rig": "demo"})
+    assert q.state.queues["demo"].target_failures == 0, "a resume starts the count again"
+
+
+def test_a_merge_between_two_failures_on_the_target_breaks_the_row(q: Queue) -> None:
+    a, b = q.submit("de-a"), q.submit("de-b")
+    first = plan.target_failed(q.state, "demo", a, _target_failure(), POLICY)
+    assert first is not None
+    q.add(first.payload)
+    q.add(MergeRequestMerged(mr_id=b, merged_commit="f" * 40, target_before="e" * 40))
+    again = plan.target_failed(q.state, "demo", a, _target_failure(), POLICY)
+    assert again is not None
+    assert again.payload.TYPE == "mq.target_failed", "not in a row: a merge came between"

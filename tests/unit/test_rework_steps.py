@@ -269,3 +269,19 @@ def test_prime_leads_with_the_send_back_while_a_rework_step_is_current_and_the_s
     finished = prime_text(prime_data(None))
     assert "Every step is done: run `gt done`." in finished
     assert finished.index("Every step is done") < finished.index("conflicted with the target")
+
+
+def test_every_runtime_is_told_to_integrate_with_what_landed_never_to_keep_both_sides() -> None:
+    """The rework step and `gt prime` (what every runtime reads) ask for an integration that keeps what landed
+    working and the gates green; "keep both changes" merged two contradicting sentences into main."""
+    [first, *_] = rework.rework_steps(1, mr="mr-1", reason="conflict", files=["README.md"], target_commit="c0ffee")
+    primed = prime_text(prime_data({"id": first.id, "title": first.title, "description": first.description}))
+    for text in (first.description, primed):
+        flat = " ".join(text.split())
+        assert "keeping both" not in flat
+        assert "Integrate your change with what landed" in flat
+        assert "keep what is on the target now as it is and working" in flat
+        assert "what landed stands" in flat
+        assert "Never keep both sides of a conflict side by side" in flat
+        assert "gates must pass" in flat
+    assert "what landed is kept and still works" in first.acceptance

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,7 +22,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from services.refinery.effects import refusals
+from services.refinery.effects import gate_runs, refusals
 from services.refinery.effects.gate_user import GateUser, gate_user_environment, workspace
 from services.refinery.state import MergeRequest
 from shared import git
@@ -52,7 +51,8 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     """What became of one merge request of a batch."""
 
     kind: str
-    """merged, already_merged, conflict, failed, push_refused, deferred, branch_missing."""
+    """merged, already_merged, conflict, failed, push_refused, deferred, branch_missing, target_failed (a gate
+    failed on the target's tip too: not this merge request's failure, it goes back into the queue)."""
     target_before: str = ""
     merged_commit: str = ""
     files: list[str] = []
@@ -61,6 +61,14 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     """Why a deferred one goes back into the queue."""
     refusal: str = ""
     """push_refused: why git refused the push (a class of ``refusals``); ``failure`` holds git's message."""
+
+
+class TargetFailed(Exception):
+    """A gate failed on a merge request and on the target's tip too: the batch stops, nobody is blamed."""
+
+    def __init__(self, result: GateResult, command: str, commit: str) -> None:
+        super().__init__(f"the {result.gate} gate fails on the target too")
+        self.result, self.command, self.commit = result, command, commit
 
 
 class BatchResult(msgspec.Struct, kw_only=True):
@@ -72,8 +80,8 @@ class BatchResult(msgspec.Struct, kw_only=True):
     gate_seconds: float = 0.0
     rounds: int = 0
     """Times a stack was built and gated (more than one when a culprit was taken out)."""
-    target_broken: GateResult | None = None
-    """A gate that fails on the target itself: it did not count against any merge request."""
+    target_failed: TargetFailed | None = None
+    """A gate that failed on the target's tip too: it blamed nobody, nothing was pushed."""
     fenced: str = ""
     """Why nothing was pushed: this refinery no longer holds the rig's merge lease (its outcomes are void)."""
 
@@ -84,6 +92,8 @@ class Paths:
         self.bare = self.root / "repo.git"
         self.work = self.root / "work"
         self.logs = self.root / "logs"
+        self.gates = self.root / "gates"
+        """Records of the gates running now (``gate_runs``): what a refinery starting stops first."""
 
     def worktree(self, name: str) -> Path:
         return self.work / name
@@ -119,25 +129,19 @@ def run_gate(
     timeout: float,
     env: Mapping[str, str],
     as_user: GateUser | None = None,
+    *,
+    records: Path,
 ) -> GateResult:
     """Run ``command`` through ``sh -c`` in ``cwd`` with exactly ``env`` (as ``as_user`` when given), its output
-    in ``log_path`` (written by the refinery: the gate gets only the open file)."""
+    in ``log_path`` (written by the refinery: the gate gets only the open file), under a watcher that stops it
+    and everything it started when the refinery goes away (``gate_runs``; ``records``: where it is recorded)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     with log_path.open("wb") as out:
-        try:
-            done = subprocess.run(
-                ["sh", "-c", command],
-                cwd=cwd,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-                check=False,
-                **(as_user.process_options() if as_user is not None else {}),
-            )
-            code = done.returncode
-        except subprocess.TimeoutExpired:
+        code = gate_runs.run(
+            ["sh", "-c", command], cwd=cwd, env=env, out=out, timeout=timeout, records=records, as_user=as_user
+        )
+        if code is None:
             out.write(f"\n[gastown] {gate} timed out after {timeout:g}s\n".encode())
             code = 124
     text = log_path.read_bytes()[-TAIL_CHARS * 4 :].decode(errors="replace")
@@ -148,7 +152,8 @@ def run_gate(
 
 class Gates:
     """Runs the rig's gates on commits and keeps count. A gate that fails is run once on the target too: if the
-    target fails it as well, the gate is broken there, blames nobody and is skipped from then on."""
+    target fails it as well, it blames nobody and the batch stops (``TargetFailed``): nothing merges with a gate
+    skipped."""
 
     def __init__(
         self, paths: Paths, rig: Rig, target: str, name: str, timeout: float, user: GateUser | None = None
@@ -158,21 +163,24 @@ class Gates:
         self.user = user
         self.runs = 0
         self.seconds = 0.0
-        self.broken: dict[str, GateResult] = {}
         self.passes_on_target: set[str] = set()
 
     def failure(self, work: Path) -> GateResult | None:
-        """The first gate that fails on what ``work`` has checked out (and not on the target), or None."""
+        """The first gate that fails on what ``work`` has checked out (and not on the target), or None.
+
+        Raises:
+            TargetFailed: the gate that failed fails on the target's tip too.
+        """
         probe = self.runs
         with self._workspace(work) as (where, env):
             for gate, command in gate_commands(self.rig):
-                if gate in self.broken:
-                    continue
                 result = self._run(gate, command, where, env, f"{self.name}-p{probe}-{gate}.log")
                 if result.exit_code == 0:
                     continue
-                if gate not in self.passes_on_target and self._fails_on_target(gate, command):
-                    continue
+                if gate not in self.passes_on_target:
+                    on_target = self._on_target(gate, command)
+                    if on_target is not None:
+                        raise TargetFailed(on_target, command, self.target)
                 return result
         return None
 
@@ -187,14 +195,16 @@ class Gates:
             yield scratch / "work", gate_user_environment(self.user, self.env, scratch)
 
     def _run(self, gate: str, command: str, work: Path, env: dict[str, str], log_name: str) -> GateResult:
-        result = run_gate(gate, command, work, self.paths.logs / log_name, self.timeout, env, self.user)
+        log_path = self.paths.logs / log_name
+        result = run_gate(gate, command, work, log_path, self.timeout, env, self.user, records=self.paths.gates)
         self.runs += 1
         self.seconds += result.seconds
         if self.runs == 1:
             crash_point("refinery.during_gates")
         return result
 
-    def _fails_on_target(self, gate: str, command: str) -> bool:
+    def _on_target(self, gate: str, command: str) -> GateResult | None:
+        """The gate's failure on the target's tip, or None when it passes there."""
         work = _add_detached(self.paths, f"{self.name}-target", self.target)
         try:
             with self._workspace(work) as (where, env):
@@ -203,9 +213,8 @@ class Gates:
             _remove(self.paths, work)
         if result.exit_code == 0:
             self.passes_on_target.add(gate)
-            return False
-        self.broken[gate] = result
-        return True
+            return None
+        return result
 
 
 _CLONE_LOCKS: dict[Path, threading.Lock] = {}
@@ -268,9 +277,18 @@ def process(
     gates = Gates(paths, rig, target_before, name, gate_timeout, gate_user)
     work = _add_detached(paths, name, target_before)
     try:
-        good = _land_in_rounds(paths, work, mrs, target_before, gates, result)
+        try:
+            good = _land_in_rounds(paths, work, mrs, target_before, gates, result)
+        except TargetFailed as exc:
+            # Not theirs: every merge request not settled yet goes back into the queue, nothing is pushed.
+            result.target_failed = exc
+            for mr in mrs:
+                if mr.id not in result.outcomes:
+                    result.outcomes[mr.id] = Outcome(
+                        kind="target_failed", target_before=target_before, failure=exc.result
+                    )
+            good = []
         result.gates_run, result.gate_seconds = gates.runs, gates.seconds
-        result.target_broken = next(iter(gates.broken.values()), None)
         if not good:
             return result
         tip = good[-1][1]

@@ -2,8 +2,9 @@
 ``LC_ALL=C``, so the texts are git's English ones). Pure.
 
 Only a target that moved (someone else pushed first) or a repository that could not be reached is worth
-trying again, later and a bounded number of times; a branch checked out in a non-bare repository, a hook or a
-permission refuses the same push again every time, so those fail the merge request with git's message.
+trying again, later and a bounded number of times. A branch checked out in a non-bare repository or a
+permission refuses every push the same way (the target's doing: the rig's queue pauses); a hook may judge the
+change, so its refusal fails that merge request with git's message.
 """
 
 from __future__ import annotations
@@ -12,15 +13,21 @@ MOVED = "moved"
 """The push was not a fast-forward any more: the target moved since it was fetched."""
 CHECKED_OUT = "checked_out"
 """The target is the branch checked out in a non-bare repository, and git would not update it there."""
+DENIED = "denied"
+"""A permission or a branch protection refused it: the target's, whatever the change."""
 REFUSED = "refused"
-"""A hook, a permission or a branch protection refused it (and anything git said that is none of the others)."""
+"""A hook refused it (and anything git said that is none of the others): it may be about the change."""
 UNREACHABLE = "unreachable"
 """The repository could not be read: network, a server that is down, a path that is gone, a time-out."""
 
 RETRYABLE = frozenset({MOVED, UNREACHABLE})
+TARGET_SIDE = frozenset({CHECKED_OUT, DENIED})
+"""Refusals of the target itself, not of the change: every merge request would meet them, so the rig's queue
+pauses (one escalation) instead of failing each merge request in turn."""
 
 # Looked for in this order, in the lower-cased stderr: the first class with a match wins. Refusals come before
-# the network texts because git adds "Could not read from remote repository" to an ssh permission refusal.
+# the network texts because git adds "Could not read from remote repository" to an ssh permission refusal, and a
+# branch protection before a hook because hosts report it as "protected branch hook declined".
 _SIGNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         CHECKED_OUT,
@@ -36,9 +43,8 @@ _SIGNS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     (
-        REFUSED,
+        DENIED,
         (
-            "hook declined",
             "permission denied",
             "protected branch",
             "insufficient permission",
@@ -46,6 +52,7 @@ _SIGNS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "not allowed to push",
         ),
     ),
+    (REFUSED, ("hook declined",)),
     (
         MOVED,
         (
@@ -116,4 +123,6 @@ def why(kind: str, target: str, repo: str) -> str:
         return f"{target} moved under every attempt (someone else keeps pushing to it)"
     if kind == UNREACHABLE:
         return f"the repository {repo} could not be reached"
-    return f"the repository {repo} refused the push (a hook, a permission or a branch protection)"
+    if kind == DENIED:
+        return f"the repository {repo} refused the push (a permission or a branch protection)"
+    return f"the repository {repo} refused the push (a hook, or a reason git gave that is not recognised)"
