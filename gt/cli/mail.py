@@ -58,7 +58,7 @@ def register(sub: Subcommands) -> None:
     read_options(i)
     i.set_defaults(handler=_inbox)
 
-    r = mail.add_parser("read", help="show a message and mark it read")
+    r = mail.add_parser("read", help="show a message; it is marked read when it is yours")
     r.add_argument("id")
     read_options(r)
     r.add_argument("--actor")
@@ -155,6 +155,12 @@ async def _read(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
     if outcome.type == "cmd.rejected":
         print(rejected_line(outcome.data), file=sys.stderr)
         return EXIT_REJECTED
+    result = outcome.data.get("result") or {}
+    if result.get("left_unread_for"):
+        print(
+            f"gt: left unread for {result['left_unread_for']} (only its addressee's reading marks it read)",
+            file=sys.stderr,
+        )
     return show(args, message, render.message_detail)
 
 
