@@ -19,6 +19,7 @@ from gt.cli.common import (
 )
 from shared.commands import BeadClaim, BeadClose, BeadCreate, BeadUpdate
 from shared.config import TownConfig
+from shared.events.beads import BEAD_TYPES, WORK_TYPES
 from shared.queries import mayor
 
 if TYPE_CHECKING:
@@ -30,7 +31,9 @@ def register(sub: Subcommands) -> None:
 
     c = bead.add_parser("create", help="file a new bead")
     c.add_argument("title")
-    c.add_argument("--type", "-t")
+    c.add_argument(
+        "--type", "-t", choices=BEAD_TYPES, metavar="TYPE", help=f"work: {', '.join(WORK_TYPES)} (default task)"
+    )
     c.add_argument("--priority", "-p", type=int)
     c.add_argument("--description", "-d")
     c.add_argument("--label", "-l", action="append", dest="labels")
@@ -59,7 +62,7 @@ def register(sub: Subcommands) -> None:
     u = bead.add_parser("update", help="change a bead's fields and dependencies")
     u.add_argument("id")
     u.add_argument("--title")
-    u.add_argument("--type", "-t")
+    u.add_argument("--type", "-t", choices=BEAD_TYPES, metavar="TYPE", help=f"work: {', '.join(WORK_TYPES)}")
     u.add_argument("--priority", "-p", type=int)
     u.add_argument("--description", "-d")
     u.add_argument("--assignee", help='"" clears it')
