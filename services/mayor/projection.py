@@ -69,7 +69,7 @@ from shared.formulas.rework import CONFLICT
 from shared.projection import Projection, advance, touch
 from shared.usage import difference, merge
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """3: rigs and their polecats, held slings (a snapshot from before knows none, so it is not trusted). Sessions'
 token usage needs no new version: a snapshot from before it cannot have skipped a ``session.usage``. 4: merge
 requests and send-backs (``merge_requests``, ``send_backs``): a snapshot from before skipped every ``mr.*`` event,
@@ -199,10 +199,12 @@ def _held(payload: BeadHeld, state: MayorState, env: Envelope, seq: int) -> None
 
 @fold.register
 def _unslung(payload: BeadUnslung, state: MayorState, env: Envelope, seq: int) -> None:
-    """The hook (or a held bead's hold) is given back: open again, on no rig. The molecule and its done steps
-    stay as they are."""
+    """The hook (or a held bead's hold) is given back: open again, on no rig, and a claim's assignee with it (the
+    polecat no longer works on it). The molecule and its done steps stay as they are."""
     if (bead := _bead(state, payload.bead_id, env, seq)) is None:
         return
+    if bead.status == "in_progress":
+        bead.assignee = None
     if bead.status in ("hooked", "in_progress"):
         bead.status = "open"
         bead.rig = None

@@ -113,7 +113,8 @@ class BeadUnslung(BeadEvent, frozen=True, kw_only=True):
     """An operator released the bead's hook (``gt unsling``): hooked or in_progress -> open, off ``rig``.
 
     Not a step back in the work: the molecule keeps every done step (a later sling resumes at the first step
-    not done) and the session on the hook ends as ``unslung``, which is no death. Only the hook is given back."""
+    not done) and the session on the hook ends as ``unslung``, which is no death. Only the hook is given back, and
+    with it a claim: an in_progress bead loses the assignee its claim set."""
 
     TYPE: ClassVar[str] = "bead.unslung"
     rig: str
