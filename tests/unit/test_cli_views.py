@@ -403,13 +403,15 @@ def test_status_hides_superseded_requests_and_removed_rigs_as_its_rigs_section_d
     assert shown["merge_queue"]["toolz"]["counts"] == {"merged": 1, "queued": 1}
     assert [m["id"] for m in shown["merge_queue"]["toolz"]["open"]] == ["mr-q"]
     text = town_view.render(shown)
-    assert "mr-old" not in text and "escr" not in text, text
+    assert "mr-old" not in text, text
+    assert "escr" not in text, text
     everything = snap([toolz, removed], show_all=True)
     assert list(everything["merge_queue"]) == ["escr", "toolz"]
     assert everything["merge_queue"]["toolz"]["counts"] == {"conflicted": 1, "merged": 1, "queued": 1}
     text = town_view.render(everything)
     assert "mr-old  conflicted  hq-1 (superseded by mr-new)" in text, text
-    assert "escr (removed)" in text and "escr: 1 merged" in text, text
+    assert "escr (removed)" in text, text
+    assert "escr: 1 merged" in text, text
 
 
 def test_a_long_clean_up_detail_is_cut_in_the_middle_keeping_what_came_of_it() -> None:
