@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from gt.cli import feed, render
 from gt.cli.common import (
     Subcommands,
+    UsageError,
     command_options,
     key_values,
     limit_option,
@@ -20,7 +21,7 @@ from gt.cli.common import (
 from shared.commands import BeadClaim, BeadClose, BeadCreate, BeadUpdate
 from shared.config import TownConfig
 from shared.events.beads import BEAD_TYPES, WORK_TYPES
-from shared.queries import mayor
+from shared.queries import mayor, witness
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -41,7 +42,9 @@ def register(sub: Subcommands) -> None:
     c.add_argument("--parent")
     c.add_argument("--needs", action="append", help="a blocking dependency (repeatable)")
     c.add_argument("--assignee")
-    c.add_argument("--prefix", help="id prefix (default hq)")
+    prefixes = c.add_mutually_exclusive_group()
+    prefixes.add_argument("--prefix", help="id prefix (default hq)")
+    prefixes.add_argument("--rig", help="file it under the id prefix of this rig (its `gt rig add --prefix`)")
     command_options(c)
     c.set_defaults(handler=_create)
 
@@ -103,7 +106,17 @@ def register(sub: Subcommands) -> None:
     r.set_defaults(handler=_ready)
 
 
+async def _rig_prefix(nc: Connection, config: TownConfig, name: str) -> str:
+    """The bead id prefix of rig ``name``, as the witness knows it."""
+    rig = await read(nc, config, witness.Rig(name=name))
+    if rig.get("removed"):
+        raise UsageError(f"rig {name} was removed; `gt rig list` shows the rigs")
+    return str(rig["prefix"])
+
+
 async def _create(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    if args.rig:
+        args.prefix = await _rig_prefix(nc, config, args.rig)
     cmd = BeadCreate(
         title=args.title,
         type=args.type,

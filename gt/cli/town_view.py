@@ -132,11 +132,16 @@ def snapshot(
     if mrs is not None:
         queue = {}
         replaced_by = superseded(mrs)
-        shown_rigs = None if rigs is None else {str(r["name"]) for r in rigs}
+        shown_rigs = None if rigs is None else {str(r["name"]): int(r.get("incarnation") or 1) for r in rigs}
+
+        def former(m: dict[str, Any]) -> bool:
+            """Submitted to a rig of this name that was removed before it was added again."""
+            return shown_rigs is not None and int(m.get("incarnation") or 1) != shown_rigs.get(m["rig"], 1)
+
         for rig in sorted({m["rig"] for m in mrs}):
             if shown_rigs is not None and rig not in shown_rigs:
                 continue  # a removed rig's queue goes with it (`gt status --all` shows it)
-            mine = [m for m in mrs if m["rig"] == rig and (show_all or m["id"] not in replaced_by)]
+            mine = [m for m in mrs if m["rig"] == rig and (show_all or (m["id"] not in replaced_by and not former(m)))]
             if not mine:
                 continue
             counts = Counter(m["status"] for m in mine)
@@ -149,6 +154,7 @@ def snapshot(
                         "status": m["status"],
                         "attempts": m.get("attempts", 0),
                         "superseded_by": replaced_by.get(m["id"]),
+                        "former_rig": former(m),
                     }
                     for m in mine
                     if m["status"] in OPEN_MRS
@@ -314,6 +320,7 @@ def render(snap: dict[str, Any], palette: Palette = PLAIN) -> str:
             for m in q["open"]:
                 tries = f" (attempt {escape_line(m['attempts'])})" if m.get("attempts") else ""
                 later = f" (superseded by {escape_line(m['superseded_by'])})" if m.get("superseded_by") else ""
+                later += " (of the rig before it was removed)" if m.get("former_rig") else ""
                 mr, status, bead = (escape_line(m[key]) for key in ("id", "status", "bead"))
                 out.append(f"    {mr}  {styled(palette, status)}  {bead}{tries}{later}")
 

@@ -217,7 +217,10 @@ def _unslung(payload: BeadUnslung, state: MayorState, env: Envelope, seq: int) -
 
 @fold.register
 def _rig_added(payload: RigAdded, state: MayorState, env: Envelope, seq: int) -> None:
-    state.rigs.setdefault(payload.rig, KnownRig(name=payload.rig))
+    known = state.rigs.get(payload.rig)
+    if known is None or known.removed:
+        # Added again after its removal: a new rig under the old name, none of the old one's polecats.
+        state.rigs[payload.rig] = KnownRig(name=payload.rig)
 
 
 @fold.register

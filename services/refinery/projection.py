@@ -40,7 +40,7 @@ from shared.lease_state import fold_lease
 from shared.projection import Projection, touch
 from shared.rig_state import fold_rig
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """8: a merge request records the bundle its session published. 7: hook and merge leases are one record
 (``shared.lease_state.Lease``), rigs the witness's record
 (``shared.rig_state.Rig``): a snapshot from before has hooks without their name, TTL and times, and rigs without
@@ -145,6 +145,7 @@ def _submitted(payload: MergeRequestSubmitted, state: RefineryState, env: Envelo
         bundle=payload.bundle,
         submitted_at=env.ts,
         queued_at=env.ts,
+        incarnation=rig.incarnation if (rig := state.rigs.get(payload.rig)) is not None else 1,
         version=seq,
     )
 

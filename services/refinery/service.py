@@ -44,6 +44,7 @@ from shared.events import (
 )
 from shared.faults import crash_point
 from shared.ids import merge_lease_name
+from shared.rig_state import home_name
 from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)
@@ -118,13 +119,13 @@ class RefineryService(Service[RefineryState]):
         except CommandError:
             return None
         assert cmd.bundle is not None
-        published = f"/rigs/{cmd.rig}/published/{cmd.session}/{cmd.head}.bundle"
+        published = f"/rigs/{home_name(rig)}/published/{cmd.session}/{cmd.head}.bundle"
         if not cmd.bundle.endswith(published):
             # Only where `gt done` publishes (the session's own folder, its head's name): never a file elsewhere
             # the refinery (root) could read and say things about.
             why = f"the bundle must be the session's own, ...{published}; got {cmd.bundle}"
             return refinery_decide.BundleRefused("invalid", why[:500])
-        paths = merger.Paths(self.rigs_root, rig.name)
+        paths = merger.Paths(self.rigs_root, home_name(rig))
         problem = await asyncio.to_thread(merger.import_published, paths, rig, cmd, self.mq.max_bytes)
         if problem is None:
             return None
@@ -328,7 +329,7 @@ class RefineryService(Service[RefineryState]):
         state = self.projection.state
         mrs = [state.mrs[mr_id] for mr_id in mr_ids]
         rig = state.rigs[rig_name]
-        paths = merger.Paths(self.rigs_root, rig_name)
+        paths = merger.Paths(self.rigs_root, home_name(rig))
         first = mrs[0]
         # A batch's worktree and logs are named after its first merge request and that one's attempt.
         name = f"{first.id}-{first.attempts}"
@@ -543,7 +544,7 @@ class RefineryService(Service[RefineryState]):
 
     async def _file_bug(self, mr: MergeRequest, broken: merger.GateResult, result: merger.BatchResult) -> str:
         target_before = next(o.target_before for o in result.outcomes.values() if o.kind == "merged")
-        command = f"bug-{mr.rig}-{broken.gate}-{target_before[:12]}"
+        command = f"bug-{home_name(self.projection.state.rigs[mr.rig])}-{broken.gate}-{target_before[:12]}"
         create = BeadCreate(
             title=f"{broken.gate} fails on {mr.target} of rig {mr.rig}"[:200],
             type="bug",

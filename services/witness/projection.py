@@ -62,7 +62,7 @@ from shared.lease_state import fold_lease
 from shared.projection import Projection, advance, touch
 from shared.rig_state import fold_rig
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """6: hook leases are the one lease record (``shared.lease_state.Lease``): a snapshot from before has them
 without when they were acquired and ended. 7: ``rework_owed`` (a snapshot from before would start a session
 for work sent back before its rework steps). 8: sessions count the steps done

@@ -13,7 +13,7 @@ BEAD_STATUSES = ("open", "hooked", "in_progress", "closed")
 closed. Only ``bead.unslung`` moves one back (to open)."""
 _RANK = {status: rank for rank, status in enumerate(BEAD_STATUSES)}
 
-WORK_TYPES = ("task", "bug", "feature", "chore", "epic")
+WORK_TYPES = ("task", "bug", "feature", "chore", "docs", "epic")
 """Types of beads that are work: offered by ``ready`` and slung to rigs."""
 INFRA_TYPES = frozenset(
     {"molecule", "wisp", "message", "gate", "merge-request", "session", "agent", "role", "rig", "convoy", "escalation"}

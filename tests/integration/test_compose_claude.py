@@ -85,7 +85,7 @@ def test_a_claude_code_polecat_in_the_witness_container_gets_its_work_merged(
             return run.stdout.strip()
 
         gt("rig", "add", RIG, origin, "--agent", "claude", "--test", "test ! -e FAIL_TESTS", "--stall-after", "3600")
-        bead = gt("bead", "create", "Document the frobulator", "-t", "chore")
+        bead = gt("bead", "create", "Document the frobulator", "-t", "docs")
         gt("sling", bead, RIG)
 
         def closed() -> bool:

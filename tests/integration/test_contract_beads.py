@@ -381,7 +381,7 @@ class TestQueries:
         with pytest.raises(CommandError) as info:
             await driver.send(CREATE, {"title": "typo", "type": "nonsense"})
         assert info.value.code == "invalid"
-        assert "`type` 'nonsense' is no bead type; work: task, bug, feature, chore, epic" in str(info.value)
+        assert "`type` 'nonsense' is no bead type; work: task, bug, feature, chore, docs, epic" in str(info.value)
         bead = await create(driver, "a bug", type="bug")
         with pytest.raises(CommandError) as info:
             await driver.send(UPDATE, {"id": bead, "type": "bgu"})
