@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 from datetime import datetime
 
+import msgspec
+
 from services.witness.state import (
     ACTIVE,
     MAIL_NUDGE_PREFIX,
@@ -122,6 +124,9 @@ def _mail_created(payload: BeadCreated, state: WitnessState) -> None:
 def _bead_updated(payload: BeadUpdated, state: WitnessState, env: Envelope, seq: int) -> None:
     if payload.bead_id in state.mail and READ_LABEL in (payload.add_labels or ()):
         del state.mail[payload.bead_id]  # read: nothing more to tell
+    bead = state.beads.get(payload.bead_id)
+    if bead is not None and not isinstance(payload.title, msgspec.UnsetType):
+        bead.title = payload.title  # the next session's beacon names it as it is now
 
 
 @fold.register
