@@ -525,6 +525,10 @@ def _rejected(payload: CommandRejected, state: MayorState, env: Envelope, seq: i
 def _session_requested(payload: SessionRequested, state: MayorState, env: Envelope, seq: int) -> None:
     if (rig := state.rigs.get(payload.rig)) is not None:
         rig.polecats[payload.polecat] = payload.session_id
+    # The session on the bead's hook now, and once it is closed the last that worked it (`gt bead show`'s
+    # `session:`): the witness's event, so the bead's own version does not move.
+    if (bead := state.beads.get(payload.bead)) is not None and bead.status != "closed":
+        bead.hook_session = payload.session_id
 
 
 @fold.register

@@ -374,7 +374,10 @@ async def test_a_bead_filed_for_a_rig_takes_its_prefix_and_keeps_its_id_when_slu
     bead = ok(await gt("bead", "create", "For the demo rig", "--rig", "demo")).strip()
     assert bead.startswith("dm-"), bead
     ok(await gt("sling", bead, "demo"))
-    assert (await gt("bead", "show", bead, "--json")).json()["rig"] == "demo"
+    session = await started(pt, bead)
+    shown = (await gt("bead", "show", bead, "--json")).json()
+    assert (shown["rig"], shown["hook_session"]) == ("demo", session), "the session on its hook, first one too"
+    assert f"session:   {session}" in ok(await gt("bead", "show", bead))
     plain = ok(await gt("bead", "create", "Town-level")).strip()
     assert plain.startswith("hq-"), plain
     unknown = await gt("bead", "create", "Nowhere", "--rig", "nosuch")
