@@ -219,8 +219,11 @@ def _unslung(payload: BeadUnslung, state: MayorState, env: Envelope, seq: int) -
 def _rig_added(payload: RigAdded, state: MayorState, env: Envelope, seq: int) -> None:
     known = state.rigs.get(payload.rig)
     if known is None or known.removed:
-        # Added again after its removal: a new rig under the old name, none of the old one's polecats.
+        # Added again after its removal: a new rig under the old name, none of the old one's polecats, and no
+        # bead held for the old one is slung to it (such a bead is open, held no more).
         state.rigs[payload.rig] = KnownRig(name=payload.rig)
+        for bead_id in [b for b, hold in state.holds.items() if hold.rig == payload.rig] if known else []:
+            del state.holds[bead_id]
 
 
 @fold.register

@@ -325,6 +325,9 @@ async def test_a_removed_rigs_name_is_added_again_as_a_new_rig_with_none_of_the_
     left = await pt.new_bead("Left hooked")
     await pt.sling(left)
     running = await started(pt, left)
+    blocker = await pt.new_bead("Blocks the held one")
+    held = await pt.new_bead("Held for the old rig", needs=[blocker])
+    assert "held" in ok(await gt("sling", held, "demo", "--hold"))
     ok(await gt("rig", "remove", "demo", "--force"))
     second_origin = make_origin(tmp_path / "second")
     refused = await gt("rig", "add", "demo", str(second_origin), "--prefix", "new")
@@ -358,6 +361,11 @@ async def test_a_removed_rigs_name_is_added_again_as_a_new_rig_with_none_of_the_
     assert len(pt.sessions_of(left)) == 1, "the old rig's bead was given back and is not the new rig's"
     assert pt.mayor is not None
     assert pt.mayor.projection.state.beads[left].status == "open"
+    # A bead held for the old rig is not slung to the new one when its blocker closes: it is open, held no more.
+    ok(await gt("bead", "close", blocker))
+    await patrols_pass(pt)
+    shown = (await gt("bead", "show", held, "--json")).json()
+    assert (shown["status"], shown["slings"], shown.get("hold")) == ("open", 0, None), shown
     # The old rig's merge requests stay its own: not retried into the new rig, not in its queue.
     retried = await gt("mq", "retry", old_mr.id)
     assert retried.code == 1
