@@ -150,7 +150,10 @@ async def _read(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
     if message.get("type") != "message":
         print(f"gt: {args.id} is a {message.get('type')}, not a message", file=sys.stderr)
         return EXIT_REJECTED
-    cmd = MailRead(id=args.id, actor=args.actor)
+    # Read as the inbox is listed: `--actor`, else (outside a session) GT_ACTOR; only its addressee's reading marks
+    # a message read.
+    reader = args.actor or (None if identity.session_origin() is not None else os.environ.get("GT_ACTOR"))
+    cmd = MailRead(id=args.id, actor=reader)
     outcome = await client.send(nc, config, cmd, timeout=DEFAULT_COMMAND_TIMEOUT_S)
     if outcome.type == "cmd.rejected":
         print(rejected_line(outcome.data), file=sys.stderr)
