@@ -379,6 +379,8 @@ class Supervisor:
                     await provision(nc, config)
                 await self._send_escalations(nc)  # owed by an earlier town (its NATS kept crashing)
                 env = {**os.environ, "NATS_URL": self.nats_url, "GT_HOME": str(self.home)}
+                for stale in restart_requests_dir(self.config).glob("*.request"):
+                    stale.unlink(missing_ok=True)  # asked of an earlier supervisor: this one starts everything
                 for name in START_ORDER:
                     if name in self.services_wanted:
                         own = town_secrets.service_env(env, name) if town_secrets is not None else env
