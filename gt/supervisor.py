@@ -141,12 +141,18 @@ class Restarts:
     """When a child that died may start again: exponential backoff (0.5 s doubling to ``MAX_BACKOFF_S``); more
     than ``CRASH_LOOP_RESTARTS`` deaths within ``CRASH_LOOP_WINDOW_S`` is a crash loop, and it is left down."""
 
-    def __init__(self) -> None:
+    def __init__(self, generation: int = 0) -> None:
         self.deaths: list[float] = []
         self.next_start = 0.0
         self.gave_up = False
         self.last_exit: int | None = None
         self.escalated = False
+        self.generation = generation
+        """Times the child was started afresh by hand (``gt up --service``): a new crash loop is a new escalation."""
+
+    def afresh(self) -> Restarts:
+        """The count of a child started again by hand: no deaths, due at once."""
+        return Restarts(self.generation + 1)
 
     def died(self, now: float, code: int | None) -> float | None:
         """Record a death at ``now``; the delay before the next start, or None when it is a crash loop."""
@@ -373,6 +379,8 @@ class Supervisor:
                     await provision(nc, config)
                 await self._send_escalations(nc)  # owed by an earlier town (its NATS kept crashing)
                 env = {**os.environ, "NATS_URL": self.nats_url, "GT_HOME": str(self.home)}
+                for stale in restart_requests_dir(self.config).glob("*.request"):
+                    stale.unlink(missing_ok=True)  # asked of an earlier supervisor: this one starts everything
                 for name in START_ORDER:
                     if name in self.services_wanted:
                         own = town_secrets.service_env(env, name) if town_secrets is not None else env
@@ -418,6 +426,7 @@ class Supervisor:
         connected_since: float | None = time.monotonic()
         while not self._stop.is_set():
             await wait_event(self._stop, 0.5)
+            await self._take_restart_requests()
             await self._check_children()
             if not nc.is_connected:
                 connected_since = None
@@ -426,6 +435,27 @@ class Supervisor:
                 connected_since = time.monotonic()
             await self._send_escalations(nc)
             await self._judge_silent(nc, connected_since)
+
+    async def _take_restart_requests(self) -> None:
+        """Carry out each ``gt up --service NAME`` asked for (a file in ``run/restart/``): a service is stopped if
+        it runs and started afresh, its crash count cleared (one left down after a crash loop comes back); the
+        embedded NATS server left down is started again."""
+        folder = restart_requests_dir(self.config)
+        for path in sorted(folder.glob("*.request")) if folder.is_dir() else []:
+            name = path.stem
+            child = next((c for c in self.children if c.name == name), None)
+            if child is not None:
+                await asyncio.to_thread(child.stop)
+                child.restarts = child.restarts.afresh()
+                child.start()
+                log.info("service_restarted_by_hand", name=name, generation=child.restarts.generation)
+            elif name == NATS and self.nats is not None and self.nats.restarts.gave_up:
+                self.nats.restarts = self.nats.restarts.afresh()  # started by the next check, at once
+                log.info("nats_restarted_by_hand", generation=self.nats.restarts.generation)
+            else:
+                log.warning("restart_request_ignored", name=name)
+            self.write_state()
+            path.unlink(missing_ok=True)  # taken: after the state that shows it (what `gt up --service` waits for)
 
     async def _on_service_event(self, data: bytes) -> None:
         try:
@@ -471,7 +501,7 @@ class Supervisor:
         what = "the embedded NATS server" if child.name == NATS else f"service {child.name}"
         after = (
             "Its clients (the services, gt) cannot reach the town meanwhile. " if child.name == NATS else ""
-        ) + "fix the cause, then restart the town (`gt down`, `gt up -d`)."
+        ) + f"fix the cause, then `gt up --service {child.name}` starts it again."
         message = (
             f"{what} crashed {len(child.restarts.deaths)} times within {CRASH_LOOP_WINDOW_S // 60} minutes "
             f"(last exit code {child.restarts.last_exit}); `gt up` stopped restarting it. See {child.log_path}, "
@@ -488,7 +518,8 @@ class Supervisor:
             severity="critical",
             message=message,
             source=f"supervisor/{child.name}",
-            cmd_id=f"crash-loop-{child.name}-{self._me.pid}-{int(self._me.started)}",
+            cmd_id=f"crash-loop-{child.name}-{self._me.pid}-{int(self._me.started)}"
+            + (f"-{child.restarts.generation}" if child.restarts.generation else ""),
             actor="supervisor",
         )
         folder = escalations_dir(self.config)
@@ -562,6 +593,70 @@ def escalations_dir(config: TownConfig) -> Path:
     return config.gt_home / "run" / "escalations"
 
 
+def restart_requests_dir(config: TownConfig) -> Path:
+    """``gt up --service NAME`` asks the running supervisor to restart NAME with a file ``NAME.request`` here."""
+    return config.gt_home / "run" / "restart"
+
+
+def restart_service(config: TownConfig, state: TownState, name: str) -> int:
+    """``gt up --service NAME`` on a running town: have its supervisor restart NAME (started afresh when it was
+    left down after a crash loop) and wait until it answers, caught up with the log."""
+    logs = config.gt_home / "logs"
+    if name == NATS:
+        if NATS not in state.gave_up:
+            print(
+                "gt: the town's NATS server is not left down; `gt down` and `gt up -d` restart it with the town",
+                file=sys.stderr,
+            )
+            return 2
+    elif name not in state.services:
+        print(f"gt: this town runs no {name} (it runs: {', '.join(state.services)})", file=sys.stderr)
+        return 2
+    before = state.services.get(name)
+    folder = restart_requests_dir(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.request").touch()
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        now = running_town(config)
+        if now is None or now.supervisor != state.supervisor:
+            print(f"gt: the town's supervisor stopped; see {logs / 'town.log'}", file=sys.stderr)
+            return 3
+        if not (folder / f"{name}.request").exists() and name not in now.gave_up:
+            if name == NATS:
+                if now.nats is not None and not asyncio.run(town_problems(config, now)):
+                    print(f"nats is up again (pid {now.nats.pid})")
+                    return 0
+            else:
+                ref = now.services.get(name)
+                if ref is not None and ref != before and asyncio.run(_caught_up(config, now, name)):
+                    print(f"{name} is up again (pid {ref.pid}); its crash count starts over")
+                    return 0
+        elif name in now.gave_up and not (folder / f"{name}.request").exists():
+            # Taken, and left down again: it crashed as often as before (the cause is still there).
+            print(f"gt: {name} kept crashing and is left down again; see {logs / (name + '.log')}", file=sys.stderr)
+            return 3
+        time.sleep(0.2)
+    print(f"gt: {name} did not come back within {READY_TIMEOUT_S:g}s; see {logs}", file=sys.stderr)
+    return 3
+
+
+async def _caught_up(config: TownConfig, state: TownState, name: str) -> bool:
+    """Whether the town's ``name`` answers, connected and caught up with the log."""
+    town = as_operator(msgspec.structs.replace(config, nats_url=state.nats_url))
+    try:
+        nc = await connect(town, name="gt-up-service", connect_attempts=1)
+    except NatsUnavailableError:
+        return False
+    try:
+        status = await ask(nc, Status(service=name), timeout=2)
+    except QueryError:
+        return False
+    finally:
+        await close_quietly(nc)
+    return status.connected and status.caught_up
+
+
 def reap_leftovers(config: TownConfig) -> list[str]:
     """Stop what a killed supervisor left running (each only if it is still the recorded process)."""
     state = read_state(config)
@@ -585,6 +680,16 @@ def up(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
     private_files()  # inherited by the supervisor, the services and nats-server (`gt` checked GT_UMASK already)
     hide_environment()  # the supervisor's environment is the services' (passwords included)
     existing = running_town(config)
+    service = getattr(args, "service", None)
+    if service is not None:
+        if existing is None:
+            print(
+                f"gt: no town is running in GT_HOME ({config.gt_home}) to restart {service} in; `gt up -d` starts "
+                "the whole town",
+                file=sys.stderr,
+            )
+            return 3
+        return restart_service(config, existing, service)
     if existing is not None:
         return _already_up(config, existing)
     services = [s.strip() for s in args.services.split(",") if s.strip()]
@@ -699,11 +804,14 @@ async def _problems_now(config: TownConfig, state: TownState) -> tuple[list[str]
     if NATS in state.gave_up:
         lasting.append(
             f"the embedded NATS server kept crashing and is left down (see {logs / 'nats-server.log'}); fix the "
-            "cause, then `gt down` and `gt up -d` (which files the escalation)"
+            "cause, then `gt up --service nats` starts it again"
         )
     for name in state.gave_up:
         if name != NATS:
-            lasting.append(f"{name} kept crashing and is left down (escalated); see {logs / (name + '.log')}")
+            lasting.append(
+                f"{name} kept crashing and is left down (escalated); see {logs / (name + '.log')}; fix the cause, "
+                f"then `gt up --service {name}` starts it again"
+            )
     passing: list[str] = []
     town = as_operator(msgspec.structs.replace(config, nats_url=state.nats_url))
     try:
@@ -746,7 +854,7 @@ def unreachable_hint(config: TownConfig) -> str | None:
     if NATS in state.gave_up:
         return (
             f"`gt up`'s embedded NATS server kept crashing and is left down (see {logs / 'nats-server.log'}); fix "
-            "the cause, then `gt down` and `gt up -d`"
+            "the cause, then `gt up --service nats` starts it again"
         )
     if state.embedded and state.nats is None:
         return f"`gt up` is restarting its embedded NATS server (see {logs / 'town.log'})"

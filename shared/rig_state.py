@@ -37,16 +37,30 @@ class Rig(msgspec.Struct, kw_only=True, gc=False):
     """No new sessions start (``gt rig park``, or removed): beads slung to it wait, running sessions finish."""
     parked_reason: str = ""
     removed: bool = False
-    """Out of service for good (``gt rig remove``): parked, not listed, slings to it refused by the mayor."""
+    """Out of service (``gt rig remove``): parked, not listed, slings to it refused by the mayor, until its name is
+    added again (a new incarnation)."""
+    incarnation: int = 1
+    """How many times the name was added: a rig added again after its removal is a new rig under the old name,
+    with fresh state and its own directory (``home_name``)."""
+    former_prefixes: list[str] = []
+    """Bead prefixes its earlier incarnations had: no other rig takes them."""
     version: int = 0
 
 
+def home_name(rig: Rig) -> str:
+    """The rig's directory under ``GT_HOME/rigs``: its name, and for a later incarnation ``<name>.<incarnation>``
+    (no rig name holds a dot), so nothing of the removed rig's (clones, worktrees, bundles) is reused."""
+    return rig.name if rig.incarnation == 1 else f"{rig.name}.{rig.incarnation}"
+
+
 def fold_rig(payload: RigEvent, rigs: dict[str, Rig], env: Envelope, seq: int) -> None:
-    """Fold a rig event stored at ``seq`` into ``rigs``. The first ``rig.added`` makes the record; a
+    """Fold a rig event stored at ``seq`` into ``rigs``. The first ``rig.added`` makes the record (one after the
+    rig's removal a new record: its next incarnation); a
     ``rig.updated`` changes the settings it carries (the next session or merge takes them, one under way keeps
     what it started with); every later event on the rig moves its version."""
     if isinstance(payload, RigAdded):
-        if payload.rig not in rigs:
+        earlier = rigs.get(payload.rig)
+        if earlier is None or earlier.removed:
             rigs[payload.rig] = Rig(
                 name=payload.rig,
                 repo=payload.repo,
@@ -63,10 +77,16 @@ def fold_rig(payload: RigEvent, rigs: dict[str, Rig], env: Envelope, seq: int) -
                 git_email=payload.git_email,
                 gate_env=payload.gate_env,
                 added_at=env.ts,
+                incarnation=1 if earlier is None else earlier.incarnation + 1,
+                former_prefixes=[] if earlier is None else _prefixes_before(earlier, payload.prefix),
                 version=seq,
             )
     elif (rig := touch(rigs, payload.rig, seq)) is not None:
         _change(rig, payload)
+
+
+def _prefixes_before(earlier: Rig, prefix: str) -> list[str]:
+    return [p for p in dict.fromkeys([*earlier.former_prefixes, earlier.prefix]) if p != prefix]
 
 
 def _change(rig: Rig, payload: RigEvent) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from gt.cli import feed, render
 from gt.cli.common import (
     Subcommands,
+    UsageError,
     command_options,
     key_values,
     limit_option,
@@ -19,7 +20,8 @@ from gt.cli.common import (
 )
 from shared.commands import BeadClaim, BeadClose, BeadCreate, BeadUpdate
 from shared.config import TownConfig
-from shared.queries import mayor
+from shared.events.beads import BEAD_TYPES, WORK_TYPES
+from shared.queries import mayor, witness
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -30,7 +32,9 @@ def register(sub: Subcommands) -> None:
 
     c = bead.add_parser("create", help="file a new bead")
     c.add_argument("title")
-    c.add_argument("--type", "-t")
+    c.add_argument(
+        "--type", "-t", choices=BEAD_TYPES, metavar="TYPE", help=f"work: {', '.join(WORK_TYPES)} (default task)"
+    )
     c.add_argument("--priority", "-p", type=int)
     c.add_argument("--description", "-d")
     c.add_argument("--label", "-l", action="append", dest="labels")
@@ -38,7 +42,9 @@ def register(sub: Subcommands) -> None:
     c.add_argument("--parent")
     c.add_argument("--needs", action="append", help="a blocking dependency (repeatable)")
     c.add_argument("--assignee")
-    c.add_argument("--prefix", help="id prefix (default hq)")
+    prefixes = c.add_mutually_exclusive_group()
+    prefixes.add_argument("--prefix", help="id prefix (default hq)")
+    prefixes.add_argument("--rig", help="file it under the id prefix of this rig (its `gt rig add --prefix`)")
     command_options(c)
     c.set_defaults(handler=_create)
 
@@ -59,7 +65,7 @@ def register(sub: Subcommands) -> None:
     u = bead.add_parser("update", help="change a bead's fields and dependencies")
     u.add_argument("id")
     u.add_argument("--title")
-    u.add_argument("--type", "-t")
+    u.add_argument("--type", "-t", choices=BEAD_TYPES, metavar="TYPE", help=f"work: {', '.join(WORK_TYPES)}")
     u.add_argument("--priority", "-p", type=int)
     u.add_argument("--description", "-d")
     u.add_argument("--assignee", help='"" clears it')
@@ -100,7 +106,17 @@ def register(sub: Subcommands) -> None:
     r.set_defaults(handler=_ready)
 
 
+async def _rig_prefix(nc: Connection, config: TownConfig, name: str) -> str:
+    """The bead id prefix of rig ``name``, as the witness knows it."""
+    rig = await read(nc, config, witness.Rig(name=name))
+    if rig.get("removed"):
+        raise UsageError(f"rig {name} was removed; `gt rig list` shows the rigs")
+    return str(rig["prefix"])
+
+
 async def _create(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    if args.rig:
+        args.prefix = await _rig_prefix(nc, config, args.rig)
     cmd = BeadCreate(
         title=args.title,
         type=args.type,

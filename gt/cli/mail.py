@@ -58,7 +58,7 @@ def register(sub: Subcommands) -> None:
     read_options(i)
     i.set_defaults(handler=_inbox)
 
-    r = mail.add_parser("read", help="show a message and mark it read")
+    r = mail.add_parser("read", help="show a message; it is marked read when it is yours")
     r.add_argument("id")
     read_options(r)
     r.add_argument("--actor")
@@ -150,11 +150,20 @@ async def _read(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
     if message.get("type") != "message":
         print(f"gt: {args.id} is a {message.get('type')}, not a message", file=sys.stderr)
         return EXIT_REJECTED
-    cmd = MailRead(id=args.id, actor=args.actor)
+    # Read as the inbox is listed: `--actor`, else (outside a session) GT_ACTOR; only its addressee's reading marks
+    # a message read.
+    reader = args.actor or (None if identity.session_origin() is not None else os.environ.get("GT_ACTOR"))
+    cmd = MailRead(id=args.id, actor=reader)
     outcome = await client.send(nc, config, cmd, timeout=DEFAULT_COMMAND_TIMEOUT_S)
     if outcome.type == "cmd.rejected":
         print(rejected_line(outcome.data), file=sys.stderr)
         return EXIT_REJECTED
+    result = outcome.data.get("result") or {}
+    if result.get("left_unread_for"):
+        print(
+            f"gt: left unread for {result['left_unread_for']} (only its addressee's reading marks it read)",
+            file=sys.stderr,
+        )
     return show(args, message, render.message_detail)
 
 

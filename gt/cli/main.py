@@ -108,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
         "not used when NATS_URL names a server",
     )
     up.add_argument("--services", default=",".join(SERVICES), help="comma-separated services to run")
+    up.add_argument(
+        "--service",
+        metavar="NAME",
+        choices=(*SERVICES, "nats"),
+        help="on a running town: restart this one service (mayor, witness, refinery, deacon) and wait until it is "
+        "caught up; one left down after a crash loop starts afresh. `nats`: start the embedded NATS server again "
+        "after its crash loop",
+    )
     down = sub.add_parser("down", help="stop what `gt up` started (refinery, witness, mayor, deacon, then NATS)")
     down.add_argument(
         "--clean",

@@ -79,11 +79,23 @@ def register(sub: Subcommands) -> None:
     ra.add_argument("name")
     ra.add_argument("repo", help="path or URL git can clone (a path is made absolute)")
     ra.add_argument("--base-branch", default="main")
-    ra.add_argument("--prefix", help="bead id prefix for the rig's beads (default: the name)")
+    ra.add_argument(
+        "--prefix",
+        help="id prefix of the rig's own beads: those filed with `gt bead create --rig NAME`, by its refinery "
+        "(merge conflicts, a broken target) and by automations for it (default: the name); a bead keeps the id "
+        "it was created with wherever it is slung",
+    )
     ra.add_argument("--setup", default="", help="gate: set-up command")
     ra.add_argument("--lint", default="", help="gate: lint command")
     ra.add_argument("--test", default="", help="gate: test command")
-    ra.add_argument("--agent", default=None, help="agent command run in each polecat's worktree (default gt-agent)")
+    ra.add_argument(
+        "--agent",
+        default=None,
+        help="the polecats' runtime: `claude` (Claude Code; the witness writes its settings and hooks, and passes "
+        "ANTHROPIC_* and GT_CLAUDE_BIN from `gt up`'s environment), `gt-agent` (the reference agent, the "
+        "default), or any other command line, run in each polecat's worktree with GT_* variables naming its "
+        "bead (docs/agents.md)",
+    )
     ra.add_argument("--max-polecats", type=int, default=None)
     ra.add_argument("--max-respawns", type=int, default=None)
     ra.add_argument("--stall-after", type=float, default=None, help="seconds without heartbeat or progress")
@@ -771,7 +783,9 @@ async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
         await _command(nc, config, SessionDoneIntentCmd(session=session, cmd_id=own_id(f"done-intent-{session}")))
         _log_done()
         crash_point("gt_done.after_intent")
-        folder = Path(os.environ.get("GT_HOME", "")) / "rigs" / rig / "published" / session
+        # The rig's directory: its name, or ``<name>.<n>`` for a rig added again after its removal.
+        home = os.environ.get("GT_RIG_HOME") or rig
+        folder = Path(os.environ.get("GT_HOME", "")) / "rigs" / home / "published" / session
         published = git.publish(worktree, branch, base, folder)
         head = published.head
         crash_point("gt_done.after_push")

@@ -30,6 +30,9 @@ MAX_CONCURRENT_QUERIES = 16
 
 def register(sub: Subcommands) -> None:
     st = sub.add_parser("status", help="the town at a glance: services, rigs, polecats, merge queue, convoys")
+    st.add_argument(
+        "--all", action="store_true", help="removed rigs and superseded merge requests too (hidden by default)"
+    )
     st.add_argument("--json", action="store_true", help="print the snapshot as JSON")
     st.add_argument("--color", choices=COLOR_CHOICES, default="auto", help="colour (default: on a terminal)")
     st.set_defaults(handler=_status)
@@ -92,9 +95,11 @@ async def _last_seq(nc: Connection, config: TownConfig) -> int | None:
         return None
 
 
-async def gather(nc: Connection, config: TownConfig, now: datetime | None = None) -> dict[str, Any]:
+async def gather(
+    nc: Connection, config: TownConfig, now: datetime | None = None, *, show_all: bool = False
+) -> dict[str, Any]:
     """The snapshot ``gt status`` shows: every service asked at once, each part None when its service did not
-    answer."""
+    answer; removed rigs and superseded merge requests only with ``show_all``."""
     names = town_view.SERVICES
 
     async def sessions_then_theirs() -> tuple[Any, dict[str, str], dict[str, str | None]]:
@@ -119,7 +124,7 @@ async def gather(nc: Connection, config: TownConfig, now: datetime | None = None
     ) = await asyncio.gather(
         _last_seq(nc, config),
         asyncio.gather(*(_answer(nc, Status(service=name)) for name in names)),
-        _answer(nc, witness.Rigs()),
+        _answer(nc, witness.Rigs(all=show_all)),
         sessions_then_theirs(),
         _answer(nc, refinery.Mrs()),
         _answer(nc, refinery.PausedQueues()),
@@ -140,6 +145,7 @@ async def gather(nc: Connection, config: TownConfig, now: datetime | None = None
         convoys=convoys,
         escalations=escalations,
         costs=rig_costs_priced(rig_costs),
+        show_all=show_all,
     )
 
 
@@ -156,7 +162,7 @@ def rig_costs_priced(rows: list[dict[str, Any]] | None) -> dict[str, dict[str, A
 
 
 async def _status(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    snap = await gather(nc, config)
+    snap = await gather(nc, config, show_all=args.all)
     if args.json:
         render.print_json(snap)
     else:

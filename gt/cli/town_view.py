@@ -79,6 +79,19 @@ def service_state(status: dict[str, Any] | None, stream_last_seq: int | None) ->
     }
 
 
+def superseded(mrs: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Merge request -> the newer request of its bead that replaced it: every request of a bead but its newest
+    (a conflicted or failed one whose bead was submitted again), unless it merged."""
+    newest: dict[str, dict[str, Any]] = {}
+    for m in mrs:
+        known = newest.get(m["bead"])
+        if known is None or str(m.get("submitted_at") or "") > str(known.get("submitted_at") or ""):
+            newest[m["bead"]] = m
+    return {
+        m["id"]: newest[m["bead"]]["id"] for m in mrs if m["id"] != newest[m["bead"]]["id"] and m["status"] != "merged"
+    }
+
+
 def snapshot(
     *,
     now: datetime,
@@ -93,10 +106,13 @@ def snapshot(
     escalations: list[dict[str, Any]] | None,
     costs: dict[str, dict[str, Any]] | None = None,
     paused: list[dict[str, Any]] | None = None,
+    show_all: bool = False,
 ) -> dict[str, Any]:
     """The town as ``gt status --json`` prints it. ``heartbeats``: session id -> time of its last agent
     heartbeat; ``steps``: bead id -> its molecule's current step; ``costs``: rig -> its tokens and ``cost_usd``
-    (``gt costs --by rig``); ``paused``: the rigs' paused merge queues (``PausedQueues``)."""
+    (``gt costs --by rig``); ``paused``: the rigs' paused merge queues (``PausedQueues``). The merge queue shows
+    the rigs of ``rigs`` (removed ones only when asked for them) and, unless ``show_all``, no request superseded by
+    a newer one of its bead."""
     costs = costs or {}
     polecats = None
     if sessions is not None:
@@ -118,13 +134,31 @@ def snapshot(
     why_paused = {str(q["rig"]): str(q["reason"]) for q in paused or []}
     if mrs is not None:
         queue = {}
+        replaced_by = superseded(mrs)
+        shown_rigs = None if rigs is None else {str(r["name"]): int(r.get("incarnation") or 1) for r in rigs}
+
+        def former(m: dict[str, Any]) -> bool:
+            """Submitted to a rig of this name that was removed before it was added again."""
+            return shown_rigs is not None and int(m.get("incarnation") or 1) != shown_rigs.get(m["rig"], 1)
+
         for rig in sorted({m["rig"] for m in mrs} | set(why_paused)):
-            mine = [m for m in mrs if m["rig"] == rig]
+            if shown_rigs is not None and rig not in shown_rigs:
+                continue  # a removed rig's queue goes with it (`gt status --all` shows it)
+            mine = [m for m in mrs if m["rig"] == rig and (show_all or (m["id"] not in replaced_by and not former(m)))]
+            if not mine and rig not in why_paused:
+                continue
             counts = Counter(m["status"] for m in mine)
             queue[rig] = {
                 "counts": dict(sorted(counts.items())),
                 "open": [
-                    {"id": m["id"], "bead": m["bead"], "status": m["status"], "attempts": m.get("attempts", 0)}
+                    {
+                        "id": m["id"],
+                        "bead": m["bead"],
+                        "status": m["status"],
+                        "attempts": m.get("attempts", 0),
+                        "superseded_by": replaced_by.get(m["id"]),
+                        "former_rig": former(m),
+                    }
                     for m in mine
                     if m["status"] in OPEN_MRS
                 ],
@@ -143,6 +177,7 @@ def snapshot(
                 "active_sessions": r.get("active_sessions", 0),
                 "waiting_beads": r.get("waiting_beads", 0),
                 "parked": bool(r.get("parked")),
+                "removed": bool(r.get("removed")),
                 "tokens": costs.get(str(r["name"]), {}).get("tokens", 0),
                 "cost_usd": costs.get(str(r["name"]), {}).get("cost_usd"),
             }
@@ -248,7 +283,7 @@ def render(snap: dict[str, Any], palette: Palette = PLAIN) -> str:
     else:
         rows = [
             [
-                r["name"] + (" (parked)" if r.get("parked") else ""),
+                r["name"] + (" (removed)" if r.get("removed") else " (parked)" if r.get("parked") else ""),
                 f"{r['active_sessions']}/{r['max_polecats']}",
                 str(r["waiting_beads"]),
                 str(r.get("tokens", 0)),
@@ -291,8 +326,10 @@ def render(snap: dict[str, Any], palette: Palette = PLAIN) -> str:
                 out.append(f"    {styled(palette, 'paused')}: {escape_line(q['paused'])} ({resume})")
             for m in q["open"]:
                 tries = f" (attempt {escape_line(m['attempts'])})" if m.get("attempts") else ""
+                later = f" (superseded by {escape_line(m['superseded_by'])})" if m.get("superseded_by") else ""
+                later += " (of the rig before it was removed)" if m.get("former_rig") else ""
                 mr, status, bead = (escape_line(m[key]) for key in ("id", "status", "bead"))
-                out.append(f"    {mr}  {styled(palette, status)}  {bead}{tries}")
+                out.append(f"    {mr}  {styled(palette, status)}  {bead}{tries}{later}")
 
     out += ["", head("Convoys", "bold")]
     if snap["convoys"] is None:

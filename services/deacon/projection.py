@@ -8,7 +8,7 @@ from services.deacon.state import DeaconState
 from shared.events import Envelope, Event, GcSwept
 from shared.projection import Projection
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """5: leases are the one lease record (``shared.lease_state.Lease``), folded as the other services fold theirs."""
 
 

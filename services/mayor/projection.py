@@ -69,7 +69,7 @@ from shared.formulas.rework import CONFLICT
 from shared.projection import Projection, advance, touch
 from shared.usage import difference, merge
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """3: rigs and their polecats, held slings (a snapshot from before knows none, so it is not trusted). Sessions'
 token usage needs no new version: a snapshot from before it cannot have skipped a ``session.usage``. 4: merge
 requests and send-backs (``merge_requests``, ``send_backs``): a snapshot from before skipped every ``mr.*`` event,
@@ -199,10 +199,12 @@ def _held(payload: BeadHeld, state: MayorState, env: Envelope, seq: int) -> None
 
 @fold.register
 def _unslung(payload: BeadUnslung, state: MayorState, env: Envelope, seq: int) -> None:
-    """The hook (or a held bead's hold) is given back: open again, on no rig. The molecule and its done steps
-    stay as they are."""
+    """The hook (or a held bead's hold) is given back: open again, on no rig, and a claim's assignee with it (the
+    polecat no longer works on it). The molecule and its done steps stay as they are."""
     if (bead := _bead(state, payload.bead_id, env, seq)) is None:
         return
+    if bead.status == "in_progress":
+        bead.assignee = None
     if bead.status in ("hooked", "in_progress"):
         bead.status = "open"
         bead.rig = None
@@ -215,7 +217,13 @@ def _unslung(payload: BeadUnslung, state: MayorState, env: Envelope, seq: int) -
 
 @fold.register
 def _rig_added(payload: RigAdded, state: MayorState, env: Envelope, seq: int) -> None:
-    state.rigs.setdefault(payload.rig, KnownRig(name=payload.rig))
+    known = state.rigs.get(payload.rig)
+    if known is None or known.removed:
+        # Added again after its removal: a new rig under the old name, none of the old one's polecats, and no
+        # bead held for the old one is slung to it (such a bead is open, held no more).
+        state.rigs[payload.rig] = KnownRig(name=payload.rig)
+        for bead_id in [b for b, hold in state.holds.items() if hold.rig == payload.rig] if known else []:
+            del state.holds[bead_id]
 
 
 @fold.register
@@ -520,6 +528,10 @@ def _rejected(payload: CommandRejected, state: MayorState, env: Envelope, seq: i
 def _session_requested(payload: SessionRequested, state: MayorState, env: Envelope, seq: int) -> None:
     if (rig := state.rigs.get(payload.rig)) is not None:
         rig.polecats[payload.polecat] = payload.session_id
+    # The session on the bead's hook now, and once it is closed the last that worked it (`gt bead show`'s
+    # `session:`): the witness's event, so the bead's own version does not move.
+    if (bead := state.beads.get(payload.bead)) is not None and bead.status != "closed":
+        bead.hook_session = payload.session_id
 
 
 @fold.register

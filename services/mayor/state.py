@@ -6,17 +6,13 @@ from datetime import datetime
 
 import msgspec
 
-from shared.events.beads import BEAD_STATUSES
+from shared.events.beads import BEAD_STATUSES, INFRA_TYPES
 from shared.usage import ModelUsage
 
 STATUSES = BEAD_STATUSES
 STATUS_RANK = {status: rank for rank, status in enumerate(STATUSES)}
 STEP_STATUSES = ("pending", "in_progress", "done")
 STEP_RANK = {status: rank for rank, status in enumerate(STEP_STATUSES)}
-INFRA_TYPES = frozenset(
-    {"molecule", "wisp", "message", "gate", "merge-request", "session", "agent", "role", "rig", "convoy", "escalation"}
-)
-"""Types that are plumbing, not work: never offered by ``ready`` and never slung."""
 WISP_TYPE = "wisp"
 """Ephemeral beads: once closed long enough, garbage collection drops them entirely."""
 MESSAGE_TYPE = "message"

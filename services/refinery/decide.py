@@ -26,10 +26,12 @@ PROTECTED_BRANCHES = frozenset({"HEAD", "main", "master", "trunk", "develop", "r
 target): merging one would move, and its clean-up delete, a branch people keep."""
 
 
-def mr_id_for(rig: str, bead: str, head: str) -> str:
+def mr_id_for(rig: str, bead: str, head: str, incarnation: int = 1) -> str:
     """A merge request belongs to its bead: the same commit submitted twice for one bead is one merge request,
-    the same commit submitted for two beads is two (each bead is settled by its own)."""
-    return "mr-" + hashlib.blake2b(f"{rig}:{bead}:{head}".encode()).hexdigest()[:12]
+    the same commit submitted for two beads is two (each bead is settled by its own), and for a rig added again
+    after its removal (a later ``incarnation``) it is another."""
+    key = rig if incarnation == 1 else f"{rig}.{incarnation}"
+    return "mr-" + hashlib.blake2b(f"{key}:{bead}:{head}".encode()).hexdigest()[:12]
 
 
 def legacy_mr_id(rig: str, head: str) -> str:
@@ -39,12 +41,21 @@ def legacy_mr_id(rig: str, head: str) -> str:
 
 
 def existing_mr(state: RefineryState, rig: str, bead: str, head: str) -> MergeRequest | None:
-    """The bead's merge request for this head, if it was submitted already (under either key)."""
-    mr = state.mrs.get(mr_id_for(rig, bead, head))
+    """The bead's merge request for this head to the rig as it is now, if it was submitted already (under either
+    key)."""
+    record = state.rigs.get(rig)
+    incarnation = record.incarnation if record is not None else 1
+    mr = state.mrs.get(mr_id_for(rig, bead, head, incarnation))
     if mr is not None:
         return mr
-    legacy = state.mrs.get(legacy_mr_id(rig, head))
+    legacy = state.mrs.get(legacy_mr_id(rig, head)) if incarnation == 1 else None
     return legacy if legacy is not None and legacy.bead == bead else None
+
+
+def of_a_former_rig(state: RefineryState, mr: MergeRequest) -> bool:
+    """Submitted to an earlier incarnation of its rig (removed, then its name added again): never merged now."""
+    rig = state.rigs.get(mr.rig)
+    return rig is not None and mr.incarnation != rig.incarnation
 
 
 def aggregate_key(cmd: Command) -> str | None:
@@ -168,7 +179,7 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit, actor: str = "operator
         return resubmit_failed(existing, cmd)
     if existing is not None:
         return Accepted(result={**mr_view(existing), "changed": False})
-    mr_id = mr_id_for(cmd.rig, cmd.bead, cmd.head)
+    mr_id = mr_id_for(cmd.rig, cmd.bead, cmd.head, state.rigs[cmd.rig].incarnation)
     event = MergeRequestSubmitted(
         mr_id=mr_id,
         bead=cmd.bead,
@@ -214,6 +225,12 @@ def _known(state: RefineryState, mr_id: str) -> MergeRequest:
 
 def retry(state: RefineryState, cmd: MergeRequestRetry) -> Accepted:
     mr = _known(state, cmd.id)
+    if of_a_former_rig(state, mr):
+        raise CommandError(
+            "conflict",
+            f"merge request {mr.id} was submitted to rig {mr.rig} before it was removed; the rig added again under "
+            "that name is another rig: sling the bead to it for a new merge request",
+        )
     if mr.status == "merged":
         raise CommandError("backward_transition", f"merge request {mr.id} is merged already")
     if mr.status in OPEN:

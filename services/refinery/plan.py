@@ -103,6 +103,8 @@ def ready_per_rig(
     for mr in state.mrs.values():
         if mr.rig in busy or mr.rig in held or mr.rig not in state.rigs or not claimable(mr, now, state, me):
             continue
+        if mr.incarnation != state.rigs[mr.rig].incarnation:
+            continue  # submitted to the rig before it was removed and added again: not the new rig's to merge
         if mr.id in behind:
             continue  # another bead's merge request carries the same commit: settled after it
         bead = state.beads.get(mr.bead)

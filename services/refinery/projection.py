@@ -45,12 +45,11 @@ from shared.lease_state import fold_lease
 from shared.projection import Projection, touch
 from shared.rig_state import fold_rig
 
-SCHEMA_VERSION = 9
-"""9: rigs' merge queues (paused, failures on the target). 8: a merge request records the bundle its session
-published. 7: hook and merge leases are one record
-(``shared.lease_state.Lease``), rigs the witness's record
-(``shared.rig_state.Rig``): a snapshot from before has hooks without their name, TTL and times, and rigs without
-their other settings."""
+SCHEMA_VERSION = 10
+"""10: a merge request records its rig's incarnation (a removed rig's name added again). 9: rigs' merge queues
+(paused, failures on the target). 8: a merge request records the bundle its session published. 7: hook and merge
+leases are one record (``shared.lease_state.Lease``), rigs the witness's record (``shared.rig_state.Rig``): a snapshot
+from before has hooks without their name, TTL and times, and rigs without their other settings."""
 CONFLICT_PREFIX = "conflict-"
 """Command ids of conflict bead creates (the refinery's own): their outcomes name the bead."""
 NOT_WORK = frozenset({"message", "convoy", "escalation"})
@@ -151,6 +150,7 @@ def _submitted(payload: MergeRequestSubmitted, state: RefineryState, env: Envelo
         bundle=payload.bundle,
         submitted_at=env.ts,
         queued_at=env.ts,
+        incarnation=rig.incarnation if (rig := state.rigs.get(payload.rig)) is not None else 1,
         version=seq,
     )
 

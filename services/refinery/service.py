@@ -45,6 +45,7 @@ from shared.events import (
 from shared.events.merge_queues import PUSH_REFUSED
 from shared.faults import crash_point
 from shared.ids import merge_lease_name
+from shared.rig_state import home_name
 from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)
@@ -121,13 +122,13 @@ class RefineryService(Service[RefineryState]):
         except CommandError:
             return None
         assert cmd.bundle is not None
-        published = f"/rigs/{cmd.rig}/published/{cmd.session}/{cmd.head}.bundle"
+        published = f"/rigs/{home_name(rig)}/published/{cmd.session}/{cmd.head}.bundle"
         if not cmd.bundle.endswith(published):
             # Only where `gt done` publishes (the session's own folder, its head's name): never a file elsewhere
             # the refinery (root) could read and say things about.
             why = f"the bundle must be the session's own, ...{published}; got {cmd.bundle}"
             return refinery_decide.BundleRefused("invalid", why[:500])
-        paths = merger.Paths(self.rigs_root, rig.name)
+        paths = merger.Paths(self.rigs_root, home_name(rig))
         problem = await asyncio.to_thread(merger.import_published, paths, rig, cmd, self.mq.max_bytes)
         if problem is None:
             return None
@@ -336,7 +337,7 @@ class RefineryService(Service[RefineryState]):
         state = self.projection.state
         mrs = [state.mrs[mr_id] for mr_id in mr_ids]
         rig = state.rigs[rig_name]
-        paths = merger.Paths(self.rigs_root, rig_name)
+        paths = merger.Paths(self.rigs_root, home_name(rig))
         first = mrs[0]
         # A batch's worktree and logs are named after its first merge request and that one's attempt.
         name = f"{first.id}-{first.attempts}"

@@ -59,6 +59,9 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     """Not taken from the queue before this time (the backoff of its last such requeue)."""
     ended_at: datetime | None = None
     """When it was last merged, failed or rejected (None while queued, claimed or blocked)."""
+    incarnation: int = 1
+    """The incarnation of its rig it was submitted to (``Rig.incarnation``): one of a rig since removed and added
+    again is never merged into the new one."""
     version: int = 0
 
 

@@ -131,14 +131,32 @@ def _same_config(rig: Rig, wanted: RigAdded) -> bool:
     )
 
 
+def _quiet(state: WitnessState, rig: Rig) -> None:
+    """A removed rig whose name is added again has nothing left at work: no bead hooked to it (which the new rig
+    would take up) and no session running on it.
+
+    Raises:
+        CommandError: ``conflict`` naming what is left.
+    """
+    hooked = hooked_beads(state, rig.name)
+    running = sorted(s.id for s in state.sessions.values() if s.rig == rig.name and s.status in ACTIVE)
+    if not hooked and not running:
+        return
+    left = [f"beads still hooked to it: {', '.join(hooked[:20])}"] if hooked else []
+    left += [f"sessions still running: {', '.join(running[:20])}"] if running else []
+    raise CommandError(
+        "conflict",
+        f"removed rig {rig.name} still has work: {'; '.join(left)}; unsling the beads (`gt unsling BEAD`) and let "
+        "the sessions end before its name is added again",
+    )
+
+
 def rig_add(state: WitnessState, cmd: RigAdd, ctx: DecideContext) -> Accepted:
     wanted = _rig_from(cmd)
     existing = state.rigs.get(cmd.name)
-    if existing is not None:
-        if existing.removed:
-            raise CommandError(
-                "conflict", f"rig {cmd.name} was removed; its name and prefix stay taken: add it under a new name"
-            )
+    if existing is not None and existing.removed:
+        _quiet(state, existing)  # then a new incarnation: a new rig under the old name, with fresh state
+    elif existing is not None:
         if _same_config(existing, wanted):
             return Accepted(result={**rig_view(existing), "id": cmd.name, "status": "added", "changed": False})
         raise CommandError(
@@ -151,15 +169,24 @@ def rig_add(state: WitnessState, cmd: RigAdd, ctx: DecideContext) -> Accepted:
         raise CommandError(
             "invalid", f"`repo` {cmd.repo[:200]!r} must be an absolute path or a URL (the witness runs elsewhere)"
         )
-    taken = next((r.name for r in state.rigs.values() if r.prefix == wanted.prefix), None)
+    taken = next(
+        (r.name for r in state.rigs.values() if r.name != cmd.name and wanted.prefix in (r.prefix, *r.former_prefixes)),
+        None,
+    )
     if taken is not None:
         raise CommandError("conflict", f"bead prefix {wanted.prefix!r} is rig {taken}'s; give this rig `prefix`")
     facts = ctx.facts
     if isinstance(facts, RepoFacts) and facts.problem is not None:
         raise CommandError("not_found", facts.problem)
     return Accepted(
-        events=[NewEvent(payload=wanted, expected_seq=0)],
-        result={"id": cmd.name, "status": "added", "changed": True, **rig_view_from_event(wanted)},
+        events=[NewEvent(payload=wanted, expected_seq=existing.version if existing is not None else 0)],
+        result={
+            "id": cmd.name,
+            "status": "added",
+            "changed": True,
+            **rig_view_from_event(wanted),
+            **({"incarnation": existing.incarnation + 1} if existing is not None else {}),
+        },
     )
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 from datetime import datetime
 
+import msgspec
+
 from services.witness.state import (
     ACTIVE,
     MAIL_NUDGE_PREFIX,
@@ -62,7 +64,7 @@ from shared.lease_state import fold_lease
 from shared.projection import Projection, advance, touch
 from shared.rig_state import fold_rig
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """6: hook leases are the one lease record (``shared.lease_state.Lease``): a snapshot from before has them
 without when they were acquired and ended. 7: ``rework_owed`` (a snapshot from before would start a session
 for work sent back before its rework steps). 8: sessions count the steps done
@@ -122,6 +124,9 @@ def _mail_created(payload: BeadCreated, state: WitnessState) -> None:
 def _bead_updated(payload: BeadUpdated, state: WitnessState, env: Envelope, seq: int) -> None:
     if payload.bead_id in state.mail and READ_LABEL in (payload.add_labels or ()):
         del state.mail[payload.bead_id]  # read: nothing more to tell
+    bead = state.beads.get(payload.bead_id)
+    if bead is not None and not isinstance(payload.title, msgspec.UnsetType):
+        bead.title = payload.title  # the next session's beacon names it as it is now
 
 
 @fold.register

@@ -13,6 +13,7 @@ from typing import ClassVar
 import msgspec
 
 from shared.errors import CommandError
+from shared.events.beads import BEAD_TYPES, INFRA_TYPES, WORK_TYPES
 from shared.ids import ID_PATTERN, is_valid_id
 
 DEFAULT_MAX_COMMAND_BYTES = 1024 * 1024
@@ -24,7 +25,6 @@ MAX_REASON = 4096
 MAX_META_KEY = 128
 MAX_META_VALUE = 64 * 1024
 MAX_LIST = 256
-TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 VAR_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
@@ -94,8 +94,9 @@ def check_text(field: str, value: str | None, limit: int, *, nonblank: bool = Fa
 
 
 def check_type(value: str) -> None:
-    if not TYPE_PATTERN.fullmatch(value):
-        raise invalid(f"`type` {value[:80]!r} must match {TYPE_PATTERN.pattern} (e.g. task, bug)")
+    if value not in BEAD_TYPES:
+        work, plumbing = ", ".join(WORK_TYPES), ", ".join(sorted(INFRA_TYPES))
+        raise invalid(f"`type` {value[:80]!r} is no bead type; work: {work}; plumbing: {plumbing}")
 
 
 def check_labels(field: str, labels: list[str]) -> None:

@@ -13,6 +13,15 @@ BEAD_STATUSES = ("open", "hooked", "in_progress", "closed")
 closed. Only ``bead.unslung`` moves one back (to open)."""
 _RANK = {status: rank for rank, status in enumerate(BEAD_STATUSES)}
 
+WORK_TYPES = ("task", "bug", "feature", "chore", "docs", "epic")
+"""Types of beads that are work: offered by ``ready`` and slung to rigs."""
+INFRA_TYPES = frozenset(
+    {"molecule", "wisp", "message", "gate", "merge-request", "session", "agent", "role", "rig", "convoy", "escalation"}
+)
+"""Types that are plumbing, not work: never offered by ``ready`` and never slung."""
+BEAD_TYPES = (*WORK_TYPES, *sorted(INFRA_TYPES))
+"""Every type a bead may be created with or changed to; a command naming another is refused ``invalid``."""
+
 
 def forward(status: str, to: str) -> str:
     """A bead's status after an event that moves it forward to ``to`` (sling, claim): a bead already as far or
@@ -104,7 +113,8 @@ class BeadUnslung(BeadEvent, frozen=True, kw_only=True):
     """An operator released the bead's hook (``gt unsling``): hooked or in_progress -> open, off ``rig``.
 
     Not a step back in the work: the molecule keeps every done step (a later sling resumes at the first step
-    not done) and the session on the hook ends as ``unslung``, which is no death. Only the hook is given back."""
+    not done) and the session on the hook ends as ``unslung``, which is no death. Only the hook is given back, and
+    with it a claim: an in_progress bead loses the assignee its claim set."""
 
     TYPE: ClassVar[str] = "bead.unslung"
     rig: str

@@ -93,6 +93,14 @@ async def test_an_unknown_flag_prints_the_subcommands_usage(gt_env: dict[str, st
         assert "unrecognized arguments: --nosuchflag" in done.stderr
 
 
+async def test_an_unknown_bead_type_is_refused_naming_the_types(gt_env: dict[str, str]) -> None:
+    for args in (("bead", "create", "x", "-t", "nonsense"), ("bead", "update", "hq-1", "--type", "bgu")):
+        done = await run_gt(gt_env, *args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert "argument --type/-t: invalid choice:" in done.stderr, done.stderr
+        assert "(choose from 'task', 'bug', 'feature', 'chore', 'docs', 'epic'," in done.stderr, done.stderr
+
+
 async def test_a_call_with_no_town_in_gt_home_says_how_to_start_one(gt_env: dict[str, str], tmp_path: Path) -> None:
     env = {k: v for k, v in gt_env.items() if k != "NATS_URL"}
     home = tmp_path / "no-town"

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from services.mayor.state import INFRA_TYPES
 from shared.errors import CommandError, QueryError
+from shared.events.beads import INFRA_TYPES
 from tests.drivers import Driver
 
 CREATE, UPDATE, CLAIM, CLOSE = (f"gt.cmd.bead.{v}" for v in ("create", "update", "claim", "close"))
@@ -376,6 +376,18 @@ class TestQueries:
         assert await rejected(driver, CREATE, {"title": "t", "type": "CONVOY"}) == "invalid"
         await create(driver, "epic", type="epic")
         assert titles(await driver.ask("ready")) == ["epic"]
+
+    async def test_an_unknown_type_is_refused_naming_the_types(self, driver: Driver) -> None:
+        with pytest.raises(CommandError) as info:
+            await driver.send(CREATE, {"title": "typo", "type": "nonsense"})
+        assert info.value.code == "invalid"
+        assert "`type` 'nonsense' is no bead type; work: task, bug, feature, chore, docs, epic" in str(info.value)
+        bead = await create(driver, "a bug", type="bug")
+        with pytest.raises(CommandError) as info:
+            await driver.send(UPDATE, {"id": bead, "type": "bgu"})
+        assert info.value.code == "invalid"
+        assert (await get(driver, bead))["type"] == "bug"
+        assert await driver.ask("list", type="nonsense") == []
 
     async def test_children_in_creation_order_without_closed_unless_asked(self, driver: Driver) -> None:
         parent = await create(driver, "parent", type="molecule")

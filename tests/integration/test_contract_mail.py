@@ -49,6 +49,15 @@ class TestMail:
         assert "read" in still_there["labels"]
         assert still_there["status"] == "open"
 
+    async def test_reading_someone_elses_mail_leaves_it_unread_for_them(self, driver: Driver) -> None:
+        message_id = (await send(driver, "operator:bob", "for bob only"))["id"]
+        read = await driver.send(READ, {"id": message_id}, actor="operator:ann")
+        assert (read["changed"], read["left_unread_for"]) == (False, "operator:bob")
+        [unread] = await driver.ask("inbox", to="operator:bob")
+        assert "read" not in unread["labels"]
+        assert (await driver.send(READ, {"id": message_id}, actor="operator:bob"))["changed"] is True
+        assert await driver.ask("inbox", to="operator:bob") == []
+
     async def test_reply_goes_to_the_sender_in_the_same_thread(self, driver: Driver) -> None:
         first = await send(driver, "mayor", "question", subject="Deploy?")
         reply = await driver.send(REPLY, {"id": first["id"], "body": "yes, after noon"}, actor="mayor")

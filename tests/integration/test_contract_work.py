@@ -215,6 +215,20 @@ class TestBlockers:
         assert (got["status"], got["slings"]) == ("open", 0), "its hold was given back: nobody slings it"
         assert await code(driver, "gt.cmd.bead.unsling", {"id": blocked}) == "conflict", "nothing left to give back"
 
+    async def test_unsling_of_a_claimed_bead_clears_its_assignee(self, driver: Driver) -> None:
+        claimed = await slung(driver)
+        await driver.send(CLAIM, {"id": claimed, "assignee": "polecat:demo/bob"})
+        assert (await driver.ask("get", id=claimed))["assignee"] == "polecat:demo/bob"
+        released = await driver.send("gt.cmd.bead.unsling", {"id": claimed})
+        assert (released["status"], released["was"]) == ("open", "in_progress")
+        got = await driver.ask("get", id=claimed)
+        assert (got["status"], got["rig"], got.get("assignee")) == ("open", None, None)
+        # An assignee the operator gave a bead that was only hooked, never claimed, is theirs: it stays.
+        assigned = await slung(driver)
+        await driver.send("gt.cmd.bead.update", {"id": assigned, "assignee": "operator:ann"})
+        await driver.send("gt.cmd.bead.unsling", {"id": assigned})
+        assert (await driver.ask("get", id=assigned))["assignee"] == "operator:ann"
+
     async def test_a_held_bead_closed_or_slung_by_hand_is_no_longer_held(self, driver: Driver) -> None:
         blocker = await bead(driver)
         closed, forced = await bead(driver, needs=[blocker]), await bead(driver, needs=[blocker])

@@ -154,6 +154,18 @@ async def test_mail_to_a_live_polecat_is_primed_nudged_and_answered_from_its_ses
     text = await prime_of(operator, session)
     assert "Mail (1 unread)" in text, text
     assert f"{message} from operator:ann: Use the new API" in text, text
+    # The operator reading the polecat's mail shows it, and leaves it unread for the polecat.
+    peeked = await run_gt(operator, "mail", "read", message)
+    assert peeked.returncode == 0, peeked.stderr
+    assert "Please call v2 of the client, not v1." in peeked.stdout
+    assert "left unread for polecat:demo/ace" in peeked.stderr, peeked.stderr
+    assert "Mail (1 unread)" in await prime_of(operator, session)
+    # An operator named by GT_ACTOR reads her own mail as herself: it is marked read.
+    ann = operator | {"GT_ACTOR": "operator:ann"}
+    to_ann = await run_gt(operator, "mail", "send", "operator:ann", "--body", "for ann")
+    assert to_ann.returncode == 0, to_ann.stderr
+    assert "for ann" in (await run_gt(ann, "mail", "read", to_ann.stdout.split(":")[0])).stdout
+    assert "for ann" not in (await run_gt(ann, "mail", "inbox")).stdout
     # From the session: inbox, read, reply, all as polecat:demo/ace.
     me = session_env(pt, gt_env, bead, 1)
     inbox = await run_gt(me, "mail", "inbox")

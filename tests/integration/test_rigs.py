@@ -12,13 +12,14 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 
+from shared import git
 from shared.config import TownConfig
 from shared.events import decode_envelope
 from shared.ids import hook_lease_name
 from tests.helpers import assert_eventually
 from tests.integration.test_cli import Gt, Run
 from tests.log_tools import read_all
-from tests.witness_town import PolecatTown, polecat_town
+from tests.witness_town import PolecatTown, make_origin, polecat_town
 
 HANG = "GT_AGENT_FAULT=hang@1 gt-agent"
 HANG_ALWAYS = "GT_AGENT_FAULT=hang gt-agent"
@@ -294,3 +295,106 @@ async def test_a_name_kept_by_a_failed_start_is_free_again_once_its_bead_is_clos
     await pt.wait_merge_requested(second)
     assert [s.polecat for s in pt.sessions_of(second)] == ["ace"], "the name the failed start had is free again"
     assert failed not in [s.id for s in pt.sessions_of(second)]
+
+
+def merged(pt: PolecatTown, bead: str) -> bool:
+    assert pt.mayor is not None
+    found = pt.mayor.projection.state.beads[bead]
+    assert found.status == "closed", f"{bead} is {found.status}"
+    return True
+
+
+def main_files(origin: Path) -> str:
+    return git.git("ls-tree", "-r", "--name-only", "main", cwd=origin)
+
+
+async def test_a_removed_rigs_name_is_added_again_as_a_new_rig_with_none_of_the_old_ones_work(
+    pt: PolecatTown, gt: Gt, tmp_path: Path
+) -> None:
+    """Issue 39: `gt rig add` of a removed rig's name was refused for good. Added again it is a new rig: its own
+    repository and directory, no bead, session or merge request of the old one."""
+    ok(await gt("rig", "add", "demo", str(pt.origin), "--prefix", "old", "--test", "true", "--wait"))
+    first = await pt.new_bead("Lands in the first project")
+    await pt.sling(first)
+    await assert_eventually(lambda: merged(pt, first), timeout=120, interval=0.2)
+    assert f".gastown-work/{first}/" in main_files(pt.origin)
+    assert pt.refinery is not None
+    [old_mr] = [m for m in pt.refinery.projection.state.mrs.values() if m.bead == first]
+    # Work left hooked at the removal keeps the name from being added again, until it is given back.
+    ok(await gt("rig", "update", "demo", "--agent", HANG_ALWAYS))
+    left = await pt.new_bead("Left hooked")
+    await pt.sling(left)
+    running = await started(pt, left)
+    blocker = await pt.new_bead("Blocks the held one")
+    held = await pt.new_bead("Held for the old rig", needs=[blocker])
+    assert "held" in ok(await gt("sling", held, "demo", "--hold"))
+    ok(await gt("rig", "remove", "demo", "--force"))
+    second_origin = make_origin(tmp_path / "second")
+    refused = await gt("rig", "add", "demo", str(second_origin), "--prefix", "new")
+    assert refused.code == 1, refused.out
+    assert f"removed rig demo still has work: beads still hooked to it: {left}; sessions still running: {running}" in (
+        refused.err
+    )
+    ok(await gt("unsling", left))
+    await assert_eventually(lambda: cleaned(pt, left, 1), timeout=60)
+    # Another rig cannot take the old prefix; the rig's own new incarnation may take a new one.
+    taken = await gt("rig", "add", "other", str(second_origin), "--prefix", "old")
+    assert taken.code == 1
+    assert "bead prefix 'old' is rig demo's" in taken.err
+    again = ok(await gt("rig", "add", "demo", str(second_origin), "--prefix", "new", "--test", "true", "--wait"))
+    assert "demo" in again
+    assert [r["name"] for r in (await gt("rig", "list", "--json")).json()] == ["demo"]
+    shown = (await gt("rig", "show", "demo", "--json")).json()
+    assert (shown["repo"], shown["prefix"], shown["incarnation"], shown["removed"]) == (
+        str(second_origin), "new", 2, False,
+    )  # fmt: skip
+
+    # The new rig works in its own directory on its own project; the bead given back is not taken up.
+    ok(await gt("rig", "update", "demo", "--agent", "gt-agent"))
+    second = await pt.new_bead("Lands in the second project", prefix="new")
+    await pt.sling(second)
+    await assert_eventually(lambda: merged(pt, second), timeout=120, interval=0.2)
+    [session] = pt.sessions_of(second)
+    assert "/rigs/demo.2/polecats/" in session.worktree, session.worktree
+    assert f".gastown-work/{second}/" in main_files(second_origin)
+    assert f".gastown-work/{second}/" not in main_files(pt.origin), "nothing of the new rig's lands in the old"
+    assert len(pt.sessions_of(left)) == 1, "the old rig's bead was given back and is not the new rig's"
+    assert pt.mayor is not None
+    assert pt.mayor.projection.state.beads[left].status == "open"
+    # A bead held for the old rig is not slung to the new one when its blocker closes: it is open, held no more.
+    ok(await gt("bead", "close", blocker))
+    await patrols_pass(pt)
+    shown = (await gt("bead", "show", held, "--json")).json()
+    assert (shown["status"], shown["slings"], shown.get("hold")) == ("open", 0, None), shown
+    # The old rig's merge requests stay its own: not retried into the new rig, not in its queue.
+    retried = await gt("mq", "retry", old_mr.id)
+    assert retried.code == 1
+    assert "was submitted to rig demo before it was removed" in retried.err
+    status = (await gt("status", "--json")).json()
+    assert status["merge_queue"]["demo"]["counts"] == {"merged": 1}, status["merge_queue"]
+    everything = (await gt("status", "--all", "--json")).json()
+    assert everything["merge_queue"]["demo"]["counts"] == {"merged": 2}, everything["merge_queue"]
+
+
+async def test_a_bead_filed_for_a_rig_takes_its_prefix_and_keeps_its_id_when_slung(pt: PolecatTown, gt: Gt) -> None:
+    """Issue 39: `--prefix` said "bead id prefix for the rig's beads", yet every bead slung to the rig was `hq-`."""
+    await pt.add_rig("demo", prefix="dm", agent_command=HANG)
+    bead = ok(await gt("bead", "create", "For the demo rig", "--rig", "demo")).strip()
+    assert bead.startswith("dm-"), bead
+    ok(await gt("sling", bead, "demo"))
+    session = await started(pt, bead)
+    shown = (await gt("bead", "show", bead, "--json")).json()
+    assert (shown["rig"], shown["hook_session"]) == ("demo", session), "the session on its hook, first one too"
+    assert f"session:   {session}" in ok(await gt("bead", "show", bead))
+    plain = ok(await gt("bead", "create", "Town-level")).strip()
+    assert plain.startswith("hq-"), plain
+    unknown = await gt("bead", "create", "Nowhere", "--rig", "nosuch")
+    assert unknown.code != 0
+    assert "no rig 'nosuch'" in unknown.err
+    both = await gt("bead", "create", "Both", "--rig", "demo", "--prefix", "x")
+    assert both.code == 2
+    assert "not allowed with argument" in both.err
+    helped = " ".join(ok(await gt("rig", "add", "--help")).split())
+    assert "`claude` (Claude Code;" in helped
+    assert "`gt-agent` (the reference agent, the default), or any other command line" in helped
+    assert "filed with `gt bead create --rig NAME`" in helped

@@ -245,6 +245,63 @@ def test_a_service_that_crashes_on_start_is_quarantined_and_escalated(gt_town: T
     assert "refinery kept crashing and is left down (escalated)" in again.stderr
 
 
+def _left_down(town: TownCli) -> list[str]:
+    now = read_state(town.config)
+    return now.gave_up if now is not None else []
+
+
+def test_a_quarantined_service_comes_back_with_gt_up_service_while_the_town_runs_on(gt_town: TownCli) -> None:
+    """Issue 39: a service left down after a crash loop came back only through `gt down` + `gt up -d`."""
+    no_town = gt_town("up", "--service", "refinery")
+    assert no_town.returncode == 3, no_town
+    assert "no town is running" in no_town.stderr
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+    state = read_state(gt_town.config)
+    assert state is not None
+    supervisor, mayor = state.supervisor, state.services["mayor"]
+    # Killed six times (as the trial did): a crash loop, left down and escalated.
+    while True:
+        now = read_state(gt_town.config)
+        assert now is not None
+        if now.gave_up:
+            break
+        old = now.services["refinery"]
+        if old is None or not processes.is_alive(old):
+            continue
+        os.kill(old.pid, signal.SIGKILL)
+        wait_until(
+            lambda o=old: _restarted(gt_town, "refinery", o) or _left_down(gt_town),  # type: ignore[misc]
+            timeout=60,
+            message="refinery restarted or left down",
+        )
+    assert now.gave_up == ["refinery"]
+    unhealthy = gt_town("up", "-d", "--port", "0")
+    assert unhealthy.returncode == 3
+    assert "then `gt up --service refinery` starts it again" in unhealthy.stderr, unhealthy.stderr
+
+    back = gt_town("up", "--service", "refinery")
+    assert back.returncode == 0, back.stderr
+    assert "refinery is up again" in back.stdout, back.stdout
+    after = read_state(gt_town.config)
+    assert after is not None
+    assert (after.supervisor, after.gave_up, after.services["mayor"]) == (supervisor, [], mayor), "nothing else moved"
+    assert gt_town("health", "refinery").returncode == 0
+    assert "already up" in gt_town("up", "-d", "--port", "0").stdout
+    # Supervised again, its crash count started over: one kill is one restart.
+    restarted = after.services["refinery"]
+    assert restarted is not None
+    os.kill(restarted.pid, signal.SIGKILL)
+    wait_until(lambda: _restarted(gt_town, "refinery", restarted), timeout=60, message="refinery restarted")
+    # A running service is restarted too.
+    assert mayor is not None
+    again = gt_town("up", "--service", "mayor")
+    assert again.returncode == 0, again.stderr
+    new_mayor = (read_state(gt_town.config) or state).services["mayor"]
+    assert new_mayor is not None
+    assert new_mayor.pid != mayor.pid
+    assert not processes.is_alive(mayor)
+
+
 def test_down_keeps_worktrees_and_down_clean_removes_only_the_clean_pushed_ones(
     gt_town: TownCli, tmp_path: Path
 ) -> None:

@@ -380,6 +380,40 @@ def test_status_shows_the_first_line_of_an_escalation_that_quotes_a_pane() -> No
     assert not [line for line in lines if "giving up" in line], "the rest is for gt escalations"
 
 
+def test_status_hides_superseded_requests_and_removed_rigs_as_its_rigs_section_does() -> None:
+    """Issue 39: the merge queue listed a conflicted request whose bead merged under a newer one, and the queue of
+    a removed rig, while the Rigs section hid the rig."""
+    mrs = [
+        {"id": "mr-old", "rig": "toolz", "bead": "hq-1", "status": "conflicted", "submitted_at": "2026-11-29T00:01"},
+        {"id": "mr-new", "rig": "toolz", "bead": "hq-1", "status": "merged", "submitted_at": "2026-11-29T00:05"},
+        {"id": "mr-q", "rig": "toolz", "bead": "hq-2", "status": "queued", "submitted_at": "2026-11-29T00:06"},
+        {"id": "mr-gone", "rig": "escr", "bead": "hq-3", "status": "merged", "submitted_at": "2026-11-29T00:02"},
+    ]
+    toolz = {"name": "toolz", "max_polecats": 4}
+    removed = {"name": "escr", "max_polecats": 4, "parked": True, "removed": True}
+
+    def snap(rigs: list[dict[str, Any]], *, show_all: bool) -> dict[str, Any]:
+        return town_view.snapshot(
+            now=NOW, stream_last_seq=1, statuses={}, rigs=rigs, sessions=[], heartbeats={}, steps={}, mrs=mrs,
+            convoys=[], escalations=[], show_all=show_all,
+        )  # fmt: skip
+
+    shown = snap([toolz], show_all=False)
+    assert list(shown["merge_queue"]) == ["toolz"]
+    assert shown["merge_queue"]["toolz"]["counts"] == {"merged": 1, "queued": 1}
+    assert [m["id"] for m in shown["merge_queue"]["toolz"]["open"]] == ["mr-q"]
+    text = town_view.render(shown)
+    assert "mr-old" not in text, text
+    assert "escr" not in text, text
+    everything = snap([toolz, removed], show_all=True)
+    assert list(everything["merge_queue"]) == ["escr", "toolz"]
+    assert everything["merge_queue"]["toolz"]["counts"] == {"conflicted": 1, "merged": 1, "queued": 1}
+    text = town_view.render(everything)
+    assert "mr-old  conflicted  hq-1 (superseded by mr-new)" in text, text
+    assert "escr (removed)" in text, text
+    assert "escr: 1 merged" in text, text
+
+
 def test_a_long_clean_up_detail_is_cut_in_the_middle_keeping_what_came_of_it() -> None:
     """Found by CI: a deep worktree path pushed "; it is kept" out of `gt bead history`."""
     path = "/tmp/pytest-of-root/pytest-447/popen-gw0/test_unsling_ends_the_live_ses0/home/rigs/demo/polecats/ace"

@@ -35,6 +35,7 @@ from shared.events import (
     BeadCreated,
     BeadSlung,
     BeadUnslung,
+    BeadUpdated,
     Event,
     LeaseAcquired,
     LeaseExpired,
@@ -46,6 +47,7 @@ from shared.events import (
     RigAdded,
     RigMassDeath,
     RigParked,
+    RigRemoved,
     RigUnparked,
     RigUpdated,
     SessionCleaned,
@@ -167,6 +169,31 @@ def test_a_bead_slung_to_a_rig_gets_one_session_with_derived_names() -> None:
         tmux_name="gt-demo-ace",
         attempt=1,
     )
+
+
+def test_a_rig_added_again_after_its_removal_works_in_a_directory_of_its_own() -> None:
+    """Issue 39: a removed rig's name is added again as a new rig, with nothing of the old one's on disk."""
+    w = World()
+    w.add(RigAdded(rig="demo", repo="/repos/demo.git", prefix="old", agent_command="gt-agent"))
+    w.add(RigRemoved(rig="demo"))
+    w.add(RigAdded(rig="demo", repo="/repos/other.git", prefix="new", agent_command="claude"))
+    rig = w.state.rigs["demo"]
+    assert (rig.repo, rig.prefix, rig.former_prefixes, rig.incarnation) == ("/repos/other.git", "new", ["old"], 2)
+    assert (rig.removed, rig.parked, rig.agent_command) == (False, False, "claude")
+    w.bead("new-1")
+    assert only(w.plan(), Spawn).worktree == "/town/rigs/demo.2/polecats/ace"
+
+
+def test_a_retitled_bead_is_named_by_its_new_title_to_its_next_session() -> None:
+    """What the beacon says: a title changed after the sling (a scripted model's ``[model-script:NAME]``) reaches
+    the next session."""
+    w = World()
+    w.rig()
+    w.bead("gt-1")
+    w.add(BeadUpdated(bead_id="gt-1", title="Fix it [model-script:rework]"))
+    assert w.state.beads["gt-1"].title == "Fix it [model-script:rework]"
+    w.add(BeadUpdated(bead_id="gt-1", priority=0))
+    assert w.state.beads["gt-1"].title == "Fix it [model-script:rework]", "a change without a title keeps it"
 
 
 def test_a_bead_slung_to_an_unknown_rig_waits_for_the_rig() -> None:

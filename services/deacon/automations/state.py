@@ -251,7 +251,7 @@ def _bead_closed(payload: BeadClosed, state: AutomationState, env: Envelope, seq
 
 @_fold.register
 def _rig_added(payload: RigAdded, state: AutomationState, env: Envelope, seq: int) -> None:
-    state.rig_prefixes.setdefault(payload.rig, payload.prefix)
+    state.rig_prefixes[payload.rig] = payload.prefix  # a rig added again after its removal may take another
 
 
 @_fold.register

@@ -169,8 +169,21 @@ def reply(state: MayorState, cmd: MailReply, ctx: DecideContext) -> Accepted:
     return Accepted(events=[event], result={"id": message_id, "to": sender, "thread": thread, "changed": True})
 
 
+def reads_for_addressee(actor: str, addressee: str | None) -> bool:
+    """Whether ``actor`` reading a message marks it read: only its addressee's reading does. The mayor's and the
+    shared ``operator`` inbox are read by the operators, so any operator's reading counts there; an operator
+    reading a polecat's (or another operator's) mail leaves it unread for them."""
+    if actor == addressee:
+        return True
+    return addressee in ("mayor", "operator") and OPERATOR_ADDRESS.fullmatch(actor) is not None
+
+
 def read(state: MayorState, cmd: MailRead, ctx: DecideContext) -> Accepted:
     message = own_message(state, cmd.id, ctx.actor)
+    if not reads_for_addressee(ctx.actor, message.assignee):
+        return Accepted(
+            result={"id": message.id, "read": is_read(message), "changed": False, "left_unread_for": message.assignee}
+        )
     if is_read(message):
         return Accepted(result={"id": message.id, "read": True, "changed": False})
     event = BeadUpdated(bead_id=message.id, add_labels=[READ_LABEL])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from services.mayor.decide.beads import fresh_id, get_bead, result
 from services.mayor.state import (
-    INFRA_TYPES,
     KnownRig,
     MayorState,
     Molecule,
@@ -26,6 +25,7 @@ from shared.events import (
     StepCompleted,
     StepStarted,
 )
+from shared.events.beads import INFRA_TYPES
 from shared.formulas import Formula, FormulaError, cook
 
 DEFAULT_FORMULA = "polecat-work"

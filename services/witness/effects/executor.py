@@ -72,6 +72,7 @@ from shared.events import (
 from shared.faults import crash_point
 from shared.formulas import rework
 from shared.ids import hook_lease_name, merge_request_id
+from shared.rig_state import home_name
 from shared.terminal import escape_line
 from shared.tmux import PaneInfo, Tmux, TmuxError, typeable
 
@@ -180,7 +181,9 @@ class Executor:
     # ---- paths and helpers ---------------------------------------------------------------------
 
     def rig_dir(self, rig: str) -> Path:
-        return Path(self.policy.rigs_root) / rig
+        """The rig's directory: its current incarnation's (``rig_state.home_name``)."""
+        record = self.host.state.rigs.get(rig)
+        return Path(self.policy.rigs_root) / (home_name(record) if record is not None else rig)
 
     def bare_repo(self, rig: str) -> Path:
         return self.rig_dir(rig) / "repo.git"
@@ -496,6 +499,7 @@ class Executor:
         bin_dir = str(Path(sys.executable).parent)
         env = {
             "GT_RIG": rig.name,
+            "GT_RIG_HOME": home_name(rig),
             "GT_BEAD": session.bead,
             "GT_SESSION": session.id,
             "GT_POLECAT": session.polecat,

@@ -37,6 +37,7 @@ from services.witness.projection import deaths
 from services.witness.state import ACTIVE, Rig, Session, WitnessState, WorkBead, continue_nudge_id
 from shared.events import DEATHS
 from shared.ids import hook_lease_name
+from shared.rig_state import home_name
 from shared.runtimes import Restart, confirms_start, pane_activity_counts, runtime_for
 
 WORKING = ("hooked", "in_progress")
@@ -460,7 +461,7 @@ def _spawn_for(
         session=session_id_for(bead.id, attempt),
         rig=rig.name,
         polecat=polecat,
-        worktree=f"{policy.rigs_root}/{rig.name}/polecats/{polecat}",
+        worktree=f"{policy.rigs_root}/{home_name(rig)}/polecats/{polecat}",
         branch=branch,
         tmux_name=tmux_name_for(rig.name, polecat),
         attempt=attempt,
