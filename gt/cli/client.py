@@ -12,18 +12,19 @@ import msgspec
 
 from gt.cli import hook_lease, identity
 from gt.story import HistoryEntry, history_entry
-from shared import subjects
+from shared import ids, subjects
 from shared.bus import commands as bus_commands
 from shared.bus import streams
 from shared.bus.commands import Outcome
 from shared.commands import Command
+from shared.commands.base import Creates
 from shared.config import TownConfig
 from shared.queries.base import LATEST_SEQ
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
 
-__all__ = ["Outcome", "first_event_of", "read_position", "send", "stream_last_seq"]
+__all__ = ["Outcome", "first_event_of", "read_position", "send", "stream_last_seq", "with_ids"]
 
 
 async def send(
@@ -37,17 +38,17 @@ async def send(
     """Send ``cmd`` as this process and wait up to ``timeout`` (None: forever) for its outcome
     (``shared.bus.commands.send``; ``service_down`` unless ``wait_if_down`` when its service does not answer).
 
-    It gets an id (``cli-<random>``) unless it has one. From inside a polecat session it goes on the session's own
-    subject, names the session's polecat as its actor unless it names one, and carries the bead's hook lease as its
-    ``fence`` unless it has one (renewing the lease on the way).
+    It gets an id (``cli-<random>``) unless it has one, and a command that creates something the id of what it
+    creates (``new_id``: known before the answer, so it can be printed while the service is down). From inside a
+    polecat session it goes on the session's own subject, names the session's polecat as its actor unless it names
+    one, and carries the bead's hook lease as its ``fence`` unless it has one (renewing the lease on the way).
 
     Raises:
         AppendFailedError: GT_CMD refused the command (too large, stream missing).
         PermissionDeniedError: this NATS user may not publish on the command's subject; nothing was stored.
     """
+    cmd = with_ids(cmd)
     changes: dict[str, Any] = {}
-    if not cmd.cmd_id:
-        changes["cmd_id"] = f"cli-{secrets.token_hex(8)}"
     actor = identity.default_actor(cmd.actor)
     if actor is not None:
         changes["actor"] = actor  # sent from a polecat session: the command is its polecat's
@@ -61,6 +62,17 @@ async def send(
     return await bus_commands.send(
         nc, config, cmd, origin=identity.session_origin(), timeout=timeout, wait_if_down=wait_if_down
     )
+
+
+def with_ids(cmd: Command) -> Command:
+    """``cmd`` with its own id (``cli-<random>``) and, when it creates something, the id of that (``new_id``),
+    unless it has them: chosen by the sender, so both are known before any answer."""
+    changes: dict[str, Any] = {}
+    if not cmd.cmd_id:
+        changes["cmd_id"] = f"cli-{secrets.token_hex(8)}"
+    if isinstance(cmd, Creates) and cmd.new_id is None:
+        changes["new_id"] = ids.random_bead_id(cmd.id_prefix())
+    return msgspec.structs.replace(cmd, **changes) if changes else cmd
 
 
 async def stream_last_seq(nc: Connection, config: TownConfig) -> int:

@@ -1,6 +1,7 @@
 """The ``gt`` command.
 
-Exit codes: 0 done (command accepted, or durably stored while its service is down), 1 rejected or not
+Exit codes: 0 done (command accepted, or durably stored while its service is down: said on stderr; stdout has
+only what is known, the id of what it creates), 1 rejected or not
 found, 2 usage error, 3 NATS unreachable (or the answering service is not running), 4 not permitted (the
 NATS server refused this user a subject; nothing was sent), 130 stopped with Ctrl-C, 141 its output pipe was
 closed (``gt feed | head -1``: the reader had enough; nothing is printed about it).

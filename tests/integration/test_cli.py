@@ -181,8 +181,12 @@ async def test_a_command_stored_while_the_mayor_is_down_says_so_and_exits_0(
     assert (await gt("init")).code == 0
     stored = await gt("bead", "create", "queued while down", "--id", "down-1")
     assert stored.code == 0
-    assert "durably queued" in stored.out
-    assert "not running" in stored.out
+    assert re.fullmatch(r"hq-[0-9a-z]{6}\n", stored.out), stored.out  # the answer: the bead's id, chosen by gt
+    assert "durably queued" in stored.err
+    assert "not running" in stored.err
+    closed = await gt("bead", "close", "hq-000000", "--id", "down-2")  # no id to tell: nothing on stdout
+    assert (closed.code, closed.out) == (0, ""), closed
+    assert "durably queued" in closed.err
     waiting = asyncio.ensure_future(gt("bead", "create", "waited for", "--wait"))
     async with run_mayor(town):
         waited = await waiting
@@ -190,6 +194,51 @@ async def test_a_command_stored_while_the_mayor_is_down_says_so_and_exits_0(
         assert waited.out.strip().startswith("hq-")
         titles = [b["title"] for b in (await gt("bead", "list", "--json")).json()]
         assert titles == ["queued while down", "waited for"]
+        assert (await gt("bead", "show", stored.out.strip(), "--json")).json()["title"] == "queued while down"
+
+
+async def test_a_bead_created_while_the_mayor_is_killed_prints_its_id_and_is_created_once(
+    gt: Gt, town: TownConfig, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 39: with the mayor killed, `id=$(gt bead create ...)` held a sentence ("stored: command cli-... is
+    durably queued ...") and exited 0, so a script went on with it as the bead's id. Now gt chooses the bead's id,
+    prints it (the explanation goes to stderr), and the mayor creates the bead under it, once, when it is back."""
+    env = {**gt_env, "NATS_URL": town.nats_url, "GT_HOME": str(town.gt_home)}
+    mayor = ServiceProcess("mayor", env, tmp_path / "mayor.log")
+    mayor.start()
+    try:
+        await assert_eventually(lambda: mayor.logged("activity_acquired"), timeout=60, interval=0.1)
+        mayor.kill()  # kill -9
+        # The trial's command, as a script runs it.
+        script = (
+            f'id=$({sys.executable} -m gt.cli.main bead create "made while the mayor is down" -l trial); rc=$?; '
+            'printf "%s|%s" "$rc" "$id"'
+        )
+        proc = await asyncio.create_subprocess_exec(
+            "bash", "-c", script, env=gt.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        rc, bead = out.decode().split("|")
+        assert rc == "0", err.decode()
+        assert re.fullmatch(r"hq-[0-9a-z]{6}", bead), bead
+        assert "the mayor is not running" in err.decode()
+        assert f"{bead} is created when it does" in err.decode()
+        # A script goes on with it at once: the next command on the bead queues behind its creation.
+        closed = await gt("bead", "update", bead, "-p", "1")
+        assert closed.code == 0, closed.err
+
+        mayor.start()
+
+        async def shown() -> bool:
+            run = await gt("bead", "show", bead, "--json")
+            return run.code == 0 and run.json()["priority"] == 1
+
+        await assert_eventually(shown, timeout=120, interval=0.5)
+        assert (await gt("bead", "show", bead, "--json")).json()["title"] == "made while the mayor is down"
+        listed = (await gt("bead", "list", "--label", "trial", "--json")).json()
+        assert [b["id"] for b in listed] == [bead], "created once"
+    finally:
+        mayor.stop()
 
 
 async def test_a_command_that_succeeds_prints_nothing_on_stderr_even_with_info_logging(
