@@ -12,11 +12,12 @@ import msgspec
 
 from gt.cli import hook_lease, identity
 from gt.story import HistoryEntry, history_entry
-from shared import ids, subjects
+from shared import ids, session_identity, subjects
 from shared.bus import commands as bus_commands
 from shared.bus import streams
 from shared.bus.commands import Outcome
-from shared.commands import Command
+from shared.bus.query import max_payload
+from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, check_to_send
 from shared.commands.base import Creates
 from shared.config import TownConfig
 from shared.queries.base import LATEST_SEQ
@@ -44,6 +45,8 @@ async def send(
     one, and carries the bead's hook lease as its ``fence`` unless it has one (renewing the lease on the way).
 
     Raises:
+        CommandError: the command is one the intake would refuse (a field over its limit, too large); nothing
+            was sent.
         AppendFailedError: GT_CMD refused the command (too large, stream missing).
         PermissionDeniedError: this NATS user may not publish on the command's subject; nothing was stored.
     """
@@ -56,12 +59,16 @@ async def send(
     if fence is not None and cmd.fence is None:
         # Sent from inside a polecat session: carried out only while the session holds its bead's hook.
         changes["fence"] = fence
-        await hook_lease.renew(nc, config, fence)
     if changes:
         cmd = msgspec.structs.replace(cmd, **changes)
-    return await bus_commands.send(
-        nc, config, cmd, origin=identity.session_origin(), timeout=timeout, wait_if_down=wait_if_down
-    )
+    origin = identity.session_origin()
+    limit = min(DEFAULT_MAX_COMMAND_BYTES, max_payload(nc))
+    if origin is not None:
+        limit = min(limit, session_identity.MAX_PAYLOAD)  # the agents' account carries no larger message
+    check_to_send(cmd, bus_commands.encode(cmd), max_bytes=limit)
+    if "fence" in changes and fence is not None:
+        await hook_lease.renew(nc, config, fence)
+    return await bus_commands.send(nc, config, cmd, origin=origin, timeout=timeout, wait_if_down=wait_if_down)
 
 
 def with_ids(cmd: Command) -> Command:

@@ -32,8 +32,10 @@ from shared.commands import (
     MailReply,
     MailSend,
 )
+from shared.commands.base import MAX_DESCRIPTION
 from shared.commands.mail import ACCEPTED_ADDRESSES, normalise_address
 from shared.config import TownConfig
+from shared.errors import CommandError
 from shared.queries import mayor
 
 if TYPE_CHECKING:
@@ -118,7 +120,10 @@ def _body(args: argparse.Namespace) -> str:
         return str(args.body)
     if sys.stdin.isatty():
         raise UsageError("give the message with --body, or pipe it in")
-    return sys.stdin.read()
+    body = sys.stdin.read(MAX_DESCRIPTION + 1)  # no more than a body may hold is read (a 5 GB pipe is refused)
+    if len(body) > MAX_DESCRIPTION:
+        raise CommandError("invalid", f"`body` (standard input) is over {MAX_DESCRIPTION} characters, its limit")
+    return body
 
 
 def _sent_line(result: dict[str, Any]) -> str:

@@ -45,6 +45,7 @@ from shared.config import TownConfig
 from shared.errors import (
     STORAGE_FULL_HINT,
     AppendFailedError,
+    CommandError,
     NatsNotAnsweringError,
     NatsUnavailableError,
     NoStreamError,
@@ -315,6 +316,10 @@ def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser, kept: Kep
             if hint is not None:
                 print(f"gt: {hint}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    except CommandError as exc:
+        # Refused before sending (a field over its limit, a command too large): nothing was stored.
+        print(f"gt: refused ({exc.code}): {exc.message}; nothing was sent", file=sys.stderr)
+        return EXIT_REJECTED
     except PermissionDeniedError as exc:
         print(
             f"gt: {exc}: the NATS server refused it and nothing was sent. Use the credentials of a user allowed "

@@ -32,7 +32,7 @@ from nats.aio.client import Client
 from shared import ids, subjects
 from shared.aio import pause, raise_if_cancelling
 from shared.bus import streams
-from shared.bus.append import MSG_ID, RETRYABLE_ERRORS, still_in_flight
+from shared.bus.append import ERR_MAX_PAYLOAD, MSG_ID, RETRYABLE_ERRORS, still_in_flight
 from shared.bus.permissions import guarded
 from shared.bus.query import ask
 from shared.bus.topology import owner_of
@@ -160,6 +160,11 @@ async def store(
                 if not await _stream_exists(nc, stream):
                     raise
             log.warning("command_store_retry", subject=subject, cmd_id=cmd_id, error=repr(exc))
+        except nats.errors.MaxPayloadError as exc:
+            # Over the largest message the server carries: refused by the client, nothing was sent.
+            raise AppendFailedError(
+                subject, None, ERR_MAX_PAYLOAD, f"the command is {len(data)} bytes, over the server's max payload"
+            ) from exc
         except nats.js.errors.APIError as exc:
             if not still_in_flight(exc) or (give_up_at is not None and time.monotonic() >= give_up_at):
                 raise AppendFailedError(subject, exc.code, exc.err_code, exc.description or "") from exc

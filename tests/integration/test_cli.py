@@ -42,17 +42,18 @@ class Gt:
     def __init__(self, env: dict[str, str], town: TownConfig) -> None:
         self.env = {**env, "NATS_URL": town.nats_url, "GT_HOME": str(town.gt_home)}
 
-    async def __call__(self, *args: str, timeout: float = 60) -> Run:
+    async def __call__(self, *args: str, timeout: float = 60, stdin: bytes | None = None) -> Run:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "gt.cli.main",
             *args,
             env=self.env,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else None,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
         assert proc.returncode is not None
         return Run(proc.returncode, out.decode(), err.decode())
 
@@ -387,3 +388,37 @@ async def test_mail_and_escalations_through_the_cli(gt: Gt, mayor: MayorService)
     assert (await gt("escalations")).out.strip() == "(no escalations)"
     bad = await gt("escalate", "x", "--severity", "urgent")
     assert bad.code == 2
+
+
+async def test_every_oversized_input_gets_one_line_and_stores_nothing(
+    gt: Gt, town: TownConfig, nc: Client, mayor: MayorService
+) -> None:
+    """Issue 39: a 5 MB mail body gave 66 lines of traceback (`nats.errors.MaxPayloadError`). Every input over a
+    limit is refused before anything is sent, in one line that names the limit, exit 1, GT_CMD untouched."""
+    js = nc.jetstream()
+
+    async def stored() -> int:
+        return int((await js.stream_info(town.cmd_stream)).state.last_seq)
+
+    before = await stored()
+    mib5 = b"x" * (5 * 1024 * 1024)
+    meta = [arg for i in range(20) for arg in ("--meta", f"k{i}={'m' * 60_000}")]  # 1.2 MB: each value fits
+    cases = {
+        "a 5 MB mail body": (("mail", "send", "operator:ann", "--subject", "big5m"), mib5, "`body` (standard input)"),
+        "a 900 KB mail body": (("mail", "send", "operator:ann"), b"y" * 900_000, "`body` (standard input)"),
+        "a 5 MB reply": (("mail", "reply", "hq-000000"), mib5, "`body` (standard input)"),
+        "a 100 KB title": (("bead", "create", "t" * 100_000), None, "`title` is 100000 characters; the limit is 500"),
+        "1.2 MB of metadata": (("bead", "create", "much metadata", *meta), None, "the limit is 1048576"),
+    }
+    for what, (args, stdin, says) in cases.items():
+        run = await gt(*args, stdin=stdin)
+        assert run.code == 1, (what, run)
+        assert run.out == "", what
+        lines = run.err.strip().splitlines()
+        assert len(lines) == 1, (what, run.err[:2000])
+        assert lines[0].startswith("gt: refused ("), (what, lines)
+        assert says in lines[0] and lines[0].endswith("nothing was sent"), (what, lines)
+    assert await stored() == before, "nothing was stored"
+    # Under every limit, the same path sends it.
+    sent = await gt("mail", "send", "operator:ann", stdin=b"z" * 200_000)
+    assert sent.code == 0, sent.err
