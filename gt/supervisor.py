@@ -616,6 +616,7 @@ def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> 
         env["NATS_URL"] = config.nats_url
     env["GT_HOME"] = str(config.gt_home)
     with (logs / "town.log").open("ab") as out:
+        started_at = out.tell()
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
         )
@@ -623,7 +624,12 @@ def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> 
     bar = Progress("replaying the log", 0)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            print(f"gt: the town failed to start (exit {proc.returncode}); see {logs / 'town.log'}", file=sys.stderr)
+            why = _said_by_supervisor(logs / "town.log", started_at)
+            print(
+                f"gt: the town failed to start (exit {proc.returncode})"
+                + (f": {why}" if why else f"; see {logs / 'town.log'}"),
+                file=sys.stderr,
+            )
             return 3
         state = read_state(config)
         if state is not None and state.replay and state.supervisor.pid == proc.pid:
@@ -644,6 +650,19 @@ def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> 
         time.sleep(0.1)
     print(f"gt: the town did not become ready within {READY_TIMEOUT_S:g}s; see {logs}", file=sys.stderr)
     return 3
+
+
+def _said_by_supervisor(town_log: Path, since: int) -> str | None:
+    """The last error the supervisor printed (``gt: ...``) to ``town_log`` after byte ``since``: why a detached
+    ``gt up`` failed (e.g. nats-server's own cause: the port taken)."""
+    try:
+        with town_log.open("rb") as log:
+            log.seek(since)
+            tail = log.read(1024 * 1024).decode(errors="replace")
+    except OSError:
+        return None
+    said = [line.removeprefix("gt: ") for line in tail.splitlines() if line.startswith("gt: ")]
+    return said[-1] if said else None
 
 
 def _already_up(config: TownConfig, state: TownState) -> int:

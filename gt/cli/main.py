@@ -293,10 +293,10 @@ def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser, kept: Kep
         return EXIT_USAGE
     if not nats_given and args.cmd not in LOCAL_COMMANDS:
         config = _town_nats(config)
-    if args.cmd != "up":
-        # The CLI's own output is its answer; library chatter (reconnects while closing) stays out of it.
-        # Not cached: a client helper's worker runs calls of different GT_LOG_LEVELs one after another.
-        gt_logging.configure("gt", json=False, level=os.environ.get("GT_LOG_LEVEL", "ERROR"), cache_loggers=False)
+    # The CLI's own output is its answer; library chatter (reconnects while closing, `gt up -d`'s check of a running
+    # town closing its connection) stays out of it, on stderr. The foreground `gt up` logs as a service instead.
+    # Not cached: a client helper's worker runs calls of different GT_LOG_LEVELs one after another.
+    gt_logging.configure("gt", json=False, level=os.environ.get("GT_LOG_LEVEL", "ERROR"), cache_loggers=False)
     try:
         # The NATS client's "nothing answers", "no such stream" come out in the project's words, caught below.
         with translated():
