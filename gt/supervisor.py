@@ -752,9 +752,25 @@ async def _problems_now(config: TownConfig, state: TownState) -> tuple[list[str]
     return lasting, passing
 
 
+def supervisor_gone(config: TownConfig, state: TownState) -> str | None:
+    """What to say of a recorded town whose supervisor died (``kill -9``): its NATS and services may run on, but
+    nothing restarts one that dies; None while the supervisor runs."""
+    if processes.is_alive(state.supervisor):
+        return None
+    return (
+        f"the supervisor of the town in GT_HOME ({config.gt_home}) is gone (pid {state.supervisor.pid} died); "
+        f"what it started may run on (NATS {state.nats_url}), but nothing restarts a service that dies. "
+        "`gt up -d` takes the town over: it stops what is left and starts the town again"
+    )
+
+
 def unreachable_hint(config: TownConfig) -> str | None:
     """Why the NATS of the town ``gt up`` runs in GT_HOME does not answer (NATS_URL not given): no town runs
-    there, or its supervisor knows why; None otherwise."""
+    there, or its supervisor knows why; None otherwise (also when its supervisor is gone: ``supervisor_gone``
+    said so)."""
+    recorded = read_state(config)
+    if recorded is not None and not processes.is_alive(recorded.supervisor):
+        return None
     state = running_town(config)
     if state is None:
         return (
@@ -779,7 +795,11 @@ def down(config: TownConfig, *, clean: bool = False, sessions: bool = False) -> 
     state = running_town(config)
     if state is None:
         reaped = reap_leftovers(config)
-        print("no town is running" + (f" (stopped leftovers: {', '.join(reaped)})" if reaped else ""))
+        print(
+            f"the town's supervisor was gone; stopped what it left running: {', '.join(reaped)}"
+            if reaped
+            else "no town is running"
+        )
     else:
         if sessions:
             town = as_operator(msgspec.structs.replace(config, nats_url=state.nats_url))

@@ -208,13 +208,21 @@ def _print_task_stacks(_signum: int, _frame: object) -> None:
     print("gt: task stacks\n" + "\n".join(task_stacks()), file=sys.stderr, flush=True)
 
 
-def _town_nats(config: TownConfig) -> TownConfig:
-    """Without NATS_URL, talk to the town `gt up` runs in GT_HOME (its NATS may be on any port)."""
+def _town_nats(config: TownConfig, env: dict[str, str]) -> TownConfig:
+    """Without NATS_URL, talk to the town `gt up` runs in GT_HOME (its NATS may be on any port), as its record
+    (GT_HOME/run/town.json) says, also when its supervisor is gone (said on stderr: the town may run on without
+    it); with no record, to the port GT_NATS_PORT names (where `gt up` would have put it)."""
     from gt import supervisor as town
 
-    state = town.running_town(config)
+    state = town.read_state(config)
     if state is None:
-        return config
+        port = env.get("GT_NATS_PORT", "").strip()
+        if not port:
+            return config
+        return as_operator(msgspec.structs.replace(config, nats_url=f"nats://127.0.0.1:{port}"))
+    gone = town.supervisor_gone(config, state)
+    if gone is not None:
+        print(f"gt: {gone}", file=sys.stderr)
     at_town = msgspec.structs.replace(config, nats_url=state.nats_url)
     # Its operator, unless this process names a login of its own (a polecat session does).
     return as_operator(at_town) if state.embedded else at_town
@@ -292,7 +300,7 @@ def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser, kept: Kep
         print(f"gt: bad configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if not nats_given and args.cmd not in LOCAL_COMMANDS:
-        config = _town_nats(config)
+        config = _town_nats(config, env)
     # The CLI's own output is its answer; library chatter (reconnects while closing, `gt up -d`'s check of a running
     # town closing its connection) stays out of it, on stderr. The foreground `gt up` logs as a service instead.
     # Not cached: a client helper's worker runs calls of different GT_LOG_LEVELs one after another.
