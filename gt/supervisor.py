@@ -62,6 +62,7 @@ from shared.events import ServiceDown, decode_envelope
 from shared.privacy import hide_environment, private_files
 from shared.processes import ProcessRef
 from shared.queries import Status, witness
+from shared.runtimes import SESSION_TOWN_PATIENCE_S
 from shared.tmux import Tmux, TmuxError
 
 log = structlog.get_logger("gt.up")
@@ -817,19 +818,24 @@ def down(config: TownConfig, *, clean: bool = False, sessions: bool = False) -> 
             return 1
         print("town down")
     running = polecat_tmux_sessions()
-    if len(running) == 1:
-        print(
-            f"1 polecat session keeps running in tmux (`tmux -L {tmux_socket()} ls`); it goes on working and "
-            "reports in when the town is up again. `gt down --sessions` stops it with the town."
-        )
-    elif running:
-        print(
-            f"{len(running)} polecat sessions keep running in tmux (`tmux -L {tmux_socket()} ls`); they go on "
-            "working and report in when the town is up again. `gt down --sessions` stops them with the town."
-        )
+    if running:
+        print(sessions_left_running(len(running)))
     if clean:
         return clean_worktrees(config)
     return 0
+
+
+def sessions_left_running(count: int) -> str:
+    """What ``gt down`` says of the polecat sessions it leaves running: what really becomes of them."""
+    one = count == 1
+    return (
+        f"{count} polecat session{'' if one else 's'} {'keeps' if one else 'keep'} running in tmux "
+        f"(`tmux -L {tmux_socket()} ls`) and {'goes' if one else 'go'} on working; {'its' if one else 'their'} "
+        f"`gt` calls wait up to {SESSION_TOWN_PATIENCE_S:g} s for the town (GT_TOWN_PATIENCE; gt-agent's an hour), "
+        "so a `gt up` within that loses nothing. A session left longer without the town fails its call and may "
+        "stop; once the town is back, the witness gives its bead a fresh session when its hook lease runs out "
+        f"(the rig's stall_after). `gt down --sessions` stops {'it' if one else 'them'} with the town."
+    )
 
 
 def tmux_socket() -> str:

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from gt.cli import hook_lease, identity
+from gt.cli import hook_lease, identity, patience
 from gt.story import HistoryEntry, history_entry
 from shared import ids, session_identity, subjects
 from shared.bus import commands as bus_commands
 from shared.bus import streams
-from shared.bus.commands import Outcome
+from shared.bus.commands import STORE_DEADLINE_S, Outcome
 from shared.bus.query import max_payload
 from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, check_to_send
 from shared.commands.base import Creates
@@ -68,7 +68,17 @@ async def send(
     check_to_send(cmd, bus_commands.encode(cmd), max_bytes=limit)
     if "fence" in changes and fence is not None:
         await hook_lease.renew(nc, config, fence)
-    return await bus_commands.send(nc, config, cmd, origin=origin, timeout=timeout, wait_if_down=wait_if_down)
+    # Stored while NATS comes back for as long as the call waits for the town (an agent's: gt/cli/patience.py).
+    store_deadline_s = max(STORE_DEADLINE_S, patience.current().patience_s)
+    return await bus_commands.send(
+        nc,
+        config,
+        cmd,
+        origin=origin,
+        timeout=timeout,
+        wait_if_down=wait_if_down,
+        store_deadline_s=store_deadline_s,
+    )
 
 
 def with_ids(cmd: Command) -> Command:

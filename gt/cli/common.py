@@ -9,12 +9,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import msgspec
 
-from gt.cli import client, render
+from gt.cli import client, patience, render
 from gt.cli.client import Outcome, read_position
-from gt.cli.identity import session_origin
 from shared.arguments import non_negative_int
 from shared.bus import commands as bus_commands
-from shared.bus.connection import SESSION_LOGIN_PATIENCE_S
 from shared.bus.query import ask_all, ask_json, reply_of
 from shared.commands import Command
 from shared.commands.base import Creates
@@ -188,12 +186,15 @@ async def read(nc: Connection, config: TownConfig, query: Query[Any], *, min_seq
     if min_seq is None:
         min_seq = await read_position(nc, config)
     query = msgspec.structs.replace(query, min_seq=min_seq)
-    # An agent's reads (`gt prime`, its hooks) outlast a restart of the service asked, as its login does.
-    patience_s = SESSION_LOGIN_PATIENCE_S if session_origin() is not None else 0.0
+    # An agent's reads (`gt prime`, its hooks) outlast a restart of the service asked, as its connection does.
+    wait = patience.current()
     if not hasattr(query, "after"):
-        return await ask_json(nc, query, patience_s=patience_s)
+        answer = await ask_json(nc, query, patience_s=wait.patience_s, on_wait=wait.waiting)
+        wait.answered()
+        return answer
     # A list: read page after page (a list of any length fits no single reply).
-    listing = await ask_all(nc, query, patience_s=patience_s)
+    listing = await ask_all(nc, query, patience_s=wait.patience_s, on_wait=wait.waiting)
+    wait.answered()
     if listing.more:
         print(
             f"gt: the first {len(listing.items)} shown; more are listed (--limit N for more, --limit 0 for all)",

@@ -19,7 +19,21 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from gt.cli import automations, beads, convoys, costs, dashboard, feed, gc, mail, polecats, render, status, work
+from gt.cli import (
+    automations,
+    beads,
+    convoys,
+    costs,
+    dashboard,
+    feed,
+    gc,
+    mail,
+    patience,
+    polecats,
+    render,
+    status,
+    work,
+)
 from gt.cli.client import stream_last_seq
 from gt.cli.common import (
     EXIT_DENIED,
@@ -190,12 +204,16 @@ async def _connected(
 ) -> int:
     """Run ``handler`` on a connection of its own, or (``kept``: a client helper's worker) one kept from an earlier
     call to the same servers as the same user, given back at the end."""
-    in_session = bool(os.environ.get("GT_SESSION")) and config.nats_user == os.environ.get("GT_SESSION")
+    # An agent's call waits out a town restart (gt/cli/patience.py); an operator's is told at once.
+    wait = patience.begin(patience.town_patience())
 
     def connect() -> Awaitable[Connection]:
-        return connect_as_session_or_user(config, name="gt-cli", in_session=in_session, connect_attempts=2)
+        return connect_as_session_or_user(
+            config, name="gt-cli", patience_s=wait.patience_s, connect_attempts=2, on_wait=wait.waiting
+        )
 
     nc = await (connect() if kept is None else kept.connect(connection_key(config), connect))
+    wait.answered()
     try:
         # Any subject this user may not use (a query, the KV, the JetStream API) ends the command at once
         # with the subject named, rather than with a timeout.
@@ -296,6 +314,7 @@ def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser, kept: Kep
     try:
         private_files(env)  # what `gt` (and `gt up`'s town) creates under GT_HOME
         config = town_config.load(env)
+        patience.town_patience(env)  # a bad GT_TOWN_PATIENCE is said now, not when the town first does not answer
     except ValueError as exc:
         print(f"gt: bad configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -317,6 +336,9 @@ def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser, kept: Kep
         return EXIT_USAGE
     except NatsUnavailableError as exc:
         print(f"gt: {exc}", file=sys.stderr)
+        waited = patience.current().gave_up()
+        if waited is not None:
+            print(f"gt: {waited}", file=sys.stderr)
         if not nats_given:
             from gt import supervisor as town
 

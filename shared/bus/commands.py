@@ -251,15 +251,18 @@ async def send(
     origin: subjects.Origin | None = None,
     timeout: float | None,
     wait_if_down: bool = False,
+    store_deadline_s: float = STORE_DEADLINE_S,
 ) -> Outcome:
-    """Store ``cmd`` (see ``store``; it must carry its ``cmd_id``) and wait up to ``timeout`` seconds (None:
-    forever) for its outcome. When the owning service does not answer queries, return right after storing
-    (``service_down``) unless ``wait_if_down``.
+    """Store ``cmd`` (see ``store``, resending for up to ``store_deadline_s`` while the stream is unreachable; it
+    must carry its ``cmd_id``) and wait up to ``timeout`` seconds (None: forever) for its outcome. When the owning
+    service does not answer queries, return right after storing (``service_down``) unless ``wait_if_down``.
 
     Raises what ``store`` raises; nothing else once the command is stored.
     """
     assert cmd.cmd_id, "a command is sent with its cmd_id"
-    stored = await store(nc, config.cmd_stream, cmd, evt_stream=config.evt_stream, origin=origin)
+    stored = await store(
+        nc, config.cmd_stream, cmd, evt_stream=config.evt_stream, origin=origin, deadline_s=store_deadline_s
+    )
     # A session's command is settled in its own namespace (``ids.session_scoped_id``), so its outcome is there.
     settled_as = stored.cmd_id
     if isinstance(origin, subjects.SessionOrigin):
