@@ -225,8 +225,8 @@ async def test_a_bead_created_while_the_mayor_is_killed_prints_its_id_and_is_cre
         assert "the mayor is not running" in err.decode()
         assert f"{bead} is created when it does" in err.decode()
         # A script goes on with it at once: the next command on the bead queues behind its creation.
-        closed = await gt("bead", "update", bead, "-p", "1")
-        assert closed.code == 0, closed.err
+        updated = await gt("bead", "update", bead, "-p", "1")
+        assert updated.code == 0, updated.err
 
         mayor.start()
 
@@ -234,7 +234,8 @@ async def test_a_bead_created_while_the_mayor_is_killed_prints_its_id_and_is_cre
             run = await gt("bead", "show", bead, "--json")
             return run.code == 0 and run.json()["priority"] == 1
 
-        await assert_eventually(shown, timeout=120, interval=0.5)
+        updated_once: bool = await assert_eventually(shown, timeout=120, interval=0.5)
+        assert updated_once
         assert (await gt("bead", "show", bead, "--json")).json()["title"] == "made while the mayor is down"
         listed = (await gt("bead", "list", "--label", "trial", "--json")).json()
         assert [b["id"] for b in listed] == [bead], "created once"
@@ -417,7 +418,8 @@ async def test_every_oversized_input_gets_one_line_and_stores_nothing(
         lines = run.err.strip().splitlines()
         assert len(lines) == 1, (what, run.err[:2000])
         assert lines[0].startswith("gt: refused ("), (what, lines)
-        assert says in lines[0] and lines[0].endswith("nothing was sent"), (what, lines)
+        assert says in lines[0], (what, lines)
+        assert lines[0].endswith("nothing was sent"), (what, lines)
     assert await stored() == before, "nothing was stored"
     # Under every limit, the same path sends it.
     sent = await gt("mail", "send", "operator:ann", stdin=b"z" * 200_000)
