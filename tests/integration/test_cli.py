@@ -188,14 +188,26 @@ async def test_a_command_stored_while_the_mayor_is_down_says_so_and_exits_0(
     closed = await gt("bead", "close", "hq-000000", "--id", "down-2")  # no id to tell: nothing on stdout
     assert (closed.code, closed.out) == (0, ""), closed
     assert "durably queued" in closed.err
+    # Every command that creates something prints the id it will have.
+    convoy = await gt("convoy", "create", "queued convoy")
+    escalation = await gt("escalate", "queued escalation")
+    mail = await gt("mail", "send", "operator:ann", "--body", "queued mail")
+    for run, prefix in ((convoy, "cv"), (escalation, "esc"), (mail, "hq")):
+        assert run.code == 0, run.err
+        assert re.fullmatch(rf"{prefix}-[0-9a-z]{{6}}\n", run.out), run.out
+        assert "durably queued" in run.err
     waiting = asyncio.ensure_future(gt("bead", "create", "waited for", "--wait"))
     async with run_mayor(town):
         waited = await waiting
         assert waited.code == 0, waited.err
         assert waited.out.strip().startswith("hq-")
-        titles = [b["title"] for b in (await gt("bead", "list", "--json")).json()]
+        titles = [b["title"] for b in (await gt("bead", "list", "--json")).json() if b["type"] != "message"]
         assert titles == ["queued while down", "waited for"]
         assert (await gt("bead", "show", stored.out.strip(), "--json")).json()["title"] == "queued while down"
+        assert (await gt("convoy", "status", convoy.out.strip(), "--json")).json()["title"] == "queued convoy"
+        escalations = (await gt("escalations", "--json")).json()
+        assert [e["id"] for e in escalations] == [escalation.out.strip()]
+        assert (await gt("mail", "read", mail.out.strip(), "--json")).json()["description"] == "queued mail"
 
 
 async def test_a_bead_created_while_the_mayor_is_killed_prints_its_id_and_is_created_once(
