@@ -56,6 +56,8 @@ from gt.agent_start import Fault, active, hang, say, town_patience
 from gt.cli.patience import PATIENCE_ENV
 from shared.formulas import rework
 
+EXIT_UNREACHABLE = 3
+"""``gt``'s exit code for a town that does not answer (gt/cli/main.py)."""
 WAIT_LINES = ("gt: the town does not answer", "gt: the town answers again")
 """What ``gt`` says on stderr about waiting for the town (gt/cli/patience.py), shown in the pane."""
 WORK_DIR = ".gastown-work"
@@ -72,9 +74,29 @@ def gt(*args: str, check: bool = True, extra_env: dict[str, str] | None = None) 
     """Run ``gt``. A town that does not answer is waited out by ``gt`` itself (gt/cli/patience.py), for this
     agent's ``GT_AGENT_TOWN_PATIENCE`` (an hour: it has no tool timeout to stay under), as every agent's calls are
     for theirs; what it says about waiting (``gt: the town does not answer ...``, ``... answers again ...``) is
-    shown in the pane as it comes. Every command the agent sends is safe to send again (a step done twice is
-    unchanged, ``gt done`` picks up where it stopped)."""
-    env = {**os.environ, **(extra_env or {}), PATIENCE_ENV: f"{town_patience():g}"}
+    shown in the pane as it comes. A call that still ends unreachable (exit 3: a service too slow to answer while
+    it catches up, JetStream not answering yet) is run again, once a second, within the same patience: every
+    command the agent sends is safe to send again (a step done twice is unchanged, ``gt done`` picks up where it
+    stopped)."""
+    give_up_at = time.monotonic() + town_patience()
+    told = False
+    while True:
+        left = max(0.0, give_up_at - time.monotonic())
+        done = _gt_once(args, {**os.environ, **(extra_env or {}), PATIENCE_ENV: f"{left:g}"})
+        if done.returncode != EXIT_UNREACHABLE or time.monotonic() >= give_up_at:
+            break
+        if not told:
+            told = True
+            why = (done.stderr.strip() or done.stdout.strip() or "exit 3").splitlines()[-1]
+            say(f"gt {args[0]} did not get through ({why}); trying again until it does")
+        time.sleep(min(1.0, max(0.0, give_up_at - time.monotonic())))
+    if check and done.returncode != 0:
+        raise RuntimeError(f"gt {' '.join(args)} failed ({done.returncode}): {done.stderr.strip() or done.stdout}")
+    return done
+
+
+def _gt_once(args: tuple[str, ...], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """One ``gt`` call; what it says about waiting for the town is shown in the pane as it comes."""
     proc = subprocess.Popen(["gt", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     stdout, stderr = proc.stdout, proc.stderr
     assert stdout is not None
@@ -89,10 +111,7 @@ def gt(*args: str, check: bool = True, extra_env: dict[str, str] | None = None) 
             say(line.removeprefix("gt: ").rstrip())
     proc.wait()
     reader.join()
-    done = subprocess.CompletedProcess(["gt", *args], proc.returncode, "".join(out), "".join(err))
-    if check and done.returncode != 0:
-        raise RuntimeError(f"gt {' '.join(args)} failed ({done.returncode}): {done.stderr.strip() or done.stdout}")
-    return done
+    return subprocess.CompletedProcess(["gt", *args], proc.returncode, "".join(out), "".join(err))
 
 
 def git(*args: str, cwd: Path) -> str:

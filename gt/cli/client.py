@@ -69,16 +69,19 @@ async def send(
     if "fence" in changes and fence is not None:
         await hook_lease.renew(nc, config, fence)
     # Stored while NATS comes back for as long as the call waits for the town (an agent's: gt/cli/patience.py).
-    store_deadline_s = max(STORE_DEADLINE_S, patience.current().patience_s)
-    return await bus_commands.send(
+    wait = patience.current()
+    outcome = await bus_commands.send(
         nc,
         config,
         cmd,
         origin=origin,
         timeout=timeout,
         wait_if_down=wait_if_down,
-        store_deadline_s=store_deadline_s,
+        store_deadline_s=max(STORE_DEADLINE_S, wait.patience_s),
+        on_retry=wait.waiting if wait.patience_s > 0 else None,
     )
+    wait.answered()
+    return outcome
 
 
 def with_ids(cmd: Command) -> Command:
