@@ -32,10 +32,10 @@ attempts is ``N`` or ``N-M`` and defaults to every attempt):
 
 ``GT_AGENT_STEP_PAUSE`` (seconds) slows each step down, for demos and external kill tests.
 
-A town that does not answer (``gt`` exits 3: NATS unreachable, or the service that answers is not running, as
-during ``gt down`` and ``gt up``, or a NATS restart) is waited out: the same ``gt`` command is run again with
-backoff (1 s doubling to 15 s) for up to ``GT_AGENT_TOWN_PATIENCE`` seconds (default 3600), saying so in the
-pane, so the session goes on with its work once the town is back instead of giving up on it.
+A town that does not answer (NATS unreachable, or the service that answers is not running, as during ``gt down``
+and ``gt up``, or a NATS restart) is waited out by ``gt`` itself, as for every agent (gt/cli/patience.py), here
+for up to ``GT_AGENT_TOWN_PATIENCE`` seconds (default 3600) instead of the sessions' default, what it says about
+it shown in the pane, so the session goes on with its work once the town is back instead of giving up on it.
 """
 
 from __future__ import annotations
@@ -47,19 +47,20 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from gt import agent_command, agent_start
 from gt.agent_start import Fault, active, hang, say, town_patience
+from gt.cli.patience import PATIENCE_ENV
 from shared.formulas import rework
 
 EXIT_UNREACHABLE = 3
-"""``gt``'s exit code for a town that does not answer (gt/cli/main.py): waited out, not a failure."""
-TOWN_RETRY_MAX_S = 15.0
-TOWN_WAIT_REPORT_S = 60.0
-"""While waiting for the town, the pane hears about it this often."""
+"""``gt``'s exit code for a town that does not answer (gt/cli/main.py)."""
+WAIT_LINES = ("gt: the town does not answer", "gt: the town answers again")
+"""What ``gt`` says on stderr about waiting for the town (gt/cli/patience.py), shown in the pane."""
 WORK_DIR = ".gastown-work"
 KEEP_WHAT_LANDED = ("-X", "ours")
 """The rebase's resolution of a conflicting hunk: the side of the commit rebased onto (in a rebase "ours" is what
@@ -72,38 +73,47 @@ def die_hard() -> None:
 
 
 def gt(*args: str, check: bool = True, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``gt``; while the town does not answer (exit 3), run it again with backoff for up to
-    ``GT_AGENT_TOWN_PATIENCE`` seconds: every command the agent sends is safe to send again (a step done twice
-    is unchanged, ``gt done`` picks up where it stopped)."""
-    env = {**os.environ, **(extra_env or {})}
-    patience = town_patience()
-    waiting_since: float | None = None
-    told = 0.0
-    pause = 1.0
+    """Run ``gt``. A town that does not answer is waited out by ``gt`` itself (gt/cli/patience.py), for this
+    agent's ``GT_AGENT_TOWN_PATIENCE`` (an hour: it has no tool timeout to stay under), as every agent's calls are
+    for theirs; what it says about waiting (``gt: the town does not answer ...``, ``... answers again ...``) is
+    shown in the pane as it comes. A call that still ends unreachable (exit 3: a service too slow to answer while
+    it catches up, JetStream not answering yet) is run again, once a second, within the same patience: every
+    command the agent sends is safe to send again (a step done twice is unchanged, ``gt done`` picks up where it
+    stopped)."""
+    give_up_at = time.monotonic() + town_patience()
+    told = False
     while True:
-        done = subprocess.run(["gt", *args], capture_output=True, text=True, env=env, check=False)
-        if done.returncode != EXIT_UNREACHABLE:
+        left = max(0.0, give_up_at - time.monotonic())
+        done = _gt_once(args, {**os.environ, **(extra_env or {}), PATIENCE_ENV: f"{left:g}"})
+        if done.returncode != EXIT_UNREACHABLE or time.monotonic() >= give_up_at:
             break
-        now = time.monotonic()
-        reason = (done.stderr.strip() or done.stdout.strip()).splitlines()
-        if waiting_since is None:
-            waiting_since = told = now
-            say(
-                f"the town does not answer (gt {args[0]}: {reason[0] if reason else 'exit 3'}); waiting for it "
-                f"(up to {patience:g} s, GT_AGENT_TOWN_PATIENCE), then going on"
-            )
-        elif now - waiting_since >= patience:
-            break
-        elif now - told >= TOWN_WAIT_REPORT_S:
-            told = now
-            say(f"still waiting for the town ({now - waiting_since:.0f} s so far)")
-        time.sleep(min(pause, max(0.0, waiting_since + patience - now)))
-        pause = min(pause * 2, TOWN_RETRY_MAX_S)
-    if waiting_since is not None and done.returncode != EXIT_UNREACHABLE:
-        say(f"the town answers again after {time.monotonic() - waiting_since:.0f} s; going on")
+        if not told:
+            told = True
+            why = (done.stderr.strip() or done.stdout.strip() or "exit 3").splitlines()[-1]
+            say(f"gt {args[0]} did not get through ({why}); trying again until it does")
+        time.sleep(min(1.0, max(0.0, give_up_at - time.monotonic())))
     if check and done.returncode != 0:
         raise RuntimeError(f"gt {' '.join(args)} failed ({done.returncode}): {done.stderr.strip() or done.stdout}")
     return done
+
+
+def _gt_once(args: tuple[str, ...], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """One ``gt`` call; what it says about waiting for the town is shown in the pane as it comes."""
+    proc = subprocess.Popen(["gt", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    stdout, stderr = proc.stdout, proc.stderr
+    assert stdout is not None
+    assert stderr is not None
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(stdout.read()), daemon=True)
+    reader.start()
+    err: list[str] = []
+    for line in stderr:
+        err.append(line)
+        if line.startswith(WAIT_LINES):
+            say(line.removeprefix("gt: ").rstrip())
+    proc.wait()
+    reader.join()
+    return subprocess.CompletedProcess(["gt", *args], proc.returncode, "".join(out), "".join(err))
 
 
 def git(*args: str, cwd: Path) -> str:

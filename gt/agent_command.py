@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gt.agent_start import command_timeout, say
+from gt.cli.patience import PATIENCE_ENV
 
 EXIT_REJECTED = 1
 """``gt heartbeat``'s exit code for a session that no longer holds its hook (gt/cli/common.py)."""
@@ -85,7 +86,8 @@ def run(command: str, cwd: Path, *, what: str, every_s: float) -> tuple[int, str
 def _heartbeat(note: str) -> str | None:
     """One ``gt heartbeat``; None unless it says the session lost its hook (then why). A town that does not
     answer is not waited for here: the command goes on and the next beat tries again."""
-    beat = subprocess.run(["gt", "heartbeat", "--note", note], capture_output=True, text=True, check=False)
+    quick = {**os.environ, PATIENCE_ENV: "0"}  # a session's gt calls wait out the town by default (gt.cli.patience)
+    beat = subprocess.run(["gt", "heartbeat", "--note", note], capture_output=True, text=True, check=False, env=quick)
     if beat.returncode == EXIT_REJECTED:
         return beat.stderr.strip() or "gt heartbeat: the session lost its hook"
     return None

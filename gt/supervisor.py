@@ -62,6 +62,7 @@ from shared.events import ServiceDown, decode_envelope
 from shared.privacy import hide_environment, private_files
 from shared.processes import ProcessRef
 from shared.queries import Status, witness
+from shared.runtimes import SESSION_TOWN_PATIENCE_S
 from shared.tmux import Tmux, TmuxError
 
 log = structlog.get_logger("gt.up")
@@ -721,6 +722,7 @@ def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> 
         env["NATS_URL"] = config.nats_url
     env["GT_HOME"] = str(config.gt_home)
     with (logs / "town.log").open("ab") as out:
+        started_at = out.tell()
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env
         )
@@ -728,7 +730,12 @@ def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> 
     bar = Progress("replaying the log", 0)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            print(f"gt: the town failed to start (exit {proc.returncode}); see {logs / 'town.log'}", file=sys.stderr)
+            why = _said_by_supervisor(logs / "town.log", started_at)
+            print(
+                f"gt: the town failed to start (exit {proc.returncode})"
+                + (f": {why}" if why else f"; see {logs / 'town.log'}"),
+                file=sys.stderr,
+            )
             return 3
         state = read_state(config)
         if state is not None and state.replay and state.supervisor.pid == proc.pid:
@@ -749,6 +756,19 @@ def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> 
         time.sleep(0.1)
     print(f"gt: the town did not become ready within {READY_TIMEOUT_S:g}s; see {logs}", file=sys.stderr)
     return 3
+
+
+def _said_by_supervisor(town_log: Path, since: int) -> str | None:
+    """The last error the supervisor printed (``gt: ...``) to ``town_log`` after byte ``since``: why a detached
+    ``gt up`` failed (e.g. nats-server's own cause: the port taken)."""
+    try:
+        with town_log.open("rb") as log:
+            log.seek(since)
+            tail = log.read(1024 * 1024).decode(errors="replace")
+    except OSError:
+        return None
+    said = [line.removeprefix("gt: ") for line in tail.splitlines() if line.startswith("gt: ")]
+    return said[-1] if said else None
 
 
 def _already_up(config: TownConfig, state: TownState) -> int:
@@ -841,9 +861,25 @@ async def _problems_now(config: TownConfig, state: TownState) -> tuple[list[str]
     return lasting, passing
 
 
+def supervisor_gone(config: TownConfig, state: TownState) -> str | None:
+    """What to say of a recorded town whose supervisor died (``kill -9``): its NATS and services may run on, but
+    nothing restarts one that dies; None while the supervisor runs."""
+    if processes.is_alive(state.supervisor):
+        return None
+    return (
+        f"the supervisor of the town in GT_HOME ({config.gt_home}) is gone (pid {state.supervisor.pid} died); "
+        f"what it started may run on (NATS {state.nats_url}), but nothing restarts a service that dies. "
+        "`gt up -d` takes the town over: it stops what is left and starts the town again"
+    )
+
+
 def unreachable_hint(config: TownConfig) -> str | None:
     """Why the NATS of the town ``gt up`` runs in GT_HOME does not answer (NATS_URL not given): no town runs
-    there, or its supervisor knows why; None otherwise."""
+    there, or its supervisor knows why; None otherwise (also when its supervisor is gone: ``supervisor_gone``
+    said so)."""
+    recorded = read_state(config)
+    if recorded is not None and not processes.is_alive(recorded.supervisor):
+        return None
     state = running_town(config)
     if state is None:
         return (
@@ -868,7 +904,11 @@ def down(config: TownConfig, *, clean: bool = False, sessions: bool = False) -> 
     state = running_town(config)
     if state is None:
         reaped = reap_leftovers(config)
-        print("no town is running" + (f" (stopped leftovers: {', '.join(reaped)})" if reaped else ""))
+        print(
+            f"the town's supervisor was gone; stopped what it left running: {', '.join(reaped)}"
+            if reaped
+            else "no town is running"
+        )
     else:
         if sessions:
             town = as_operator(msgspec.structs.replace(config, nats_url=state.nats_url))
@@ -886,19 +926,24 @@ def down(config: TownConfig, *, clean: bool = False, sessions: bool = False) -> 
             return 1
         print("town down")
     running = polecat_tmux_sessions()
-    if len(running) == 1:
-        print(
-            f"1 polecat session keeps running in tmux (`tmux -L {tmux_socket()} ls`); it goes on working and "
-            "reports in when the town is up again. `gt down --sessions` stops it with the town."
-        )
-    elif running:
-        print(
-            f"{len(running)} polecat sessions keep running in tmux (`tmux -L {tmux_socket()} ls`); they go on "
-            "working and report in when the town is up again. `gt down --sessions` stops them with the town."
-        )
+    if running:
+        print(sessions_left_running(len(running)))
     if clean:
         return clean_worktrees(config)
     return 0
+
+
+def sessions_left_running(count: int) -> str:
+    """What ``gt down`` says of the polecat sessions it leaves running: what really becomes of them."""
+    one = count == 1
+    return (
+        f"{count} polecat session{'' if one else 's'} {'keeps' if one else 'keep'} running in tmux "
+        f"(`tmux -L {tmux_socket()} ls`) and {'goes' if one else 'go'} on working; {'its' if one else 'their'} "
+        f"`gt` calls wait up to {SESSION_TOWN_PATIENCE_S:g} s for the town (GT_TOWN_PATIENCE; gt-agent's an hour), "
+        "so a `gt up` within that loses nothing. A session left longer without the town fails its call and may "
+        "stop; once the town is back, the witness gives its bead a fresh session when its hook lease runs out "
+        f"(the rig's stall_after). `gt down --sessions` stops {'it' if one else 'them'} with the town."
+    )
 
 
 def tmux_socket() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -100,13 +101,43 @@ def write_config(
     return path
 
 
-def wait_for_port(host: str, port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+_LOG_LINE = re.compile(r"^\[\d+\] \S+ \S+ \[(?P<level>[A-Z]{3})\] (?P<text>.*)$")
+
+
+def last_error(log_file: Path, since: int = 0) -> str | None:
+    """The last fatal or error line nats-server wrote to ``log_file`` after byte ``since`` (its text, without the
+    pid and time): why it stopped, e.g. ``Error listening on port: ..., "... bind: address already in use"``."""
+    try:
+        with log_file.open("rb") as log:
+            log.seek(since)
+            tail = log.read(1024 * 1024).decode(errors="replace")
+    except OSError:
+        return None
+    found = None
+    for line in tail.splitlines():
+        match = _LOG_LINE.match(line.strip())
+        if match is not None and match["level"] in ("FTL", "ERR"):
+            found = match["text"]
+    return found
+
+
+def wait_for_port(
+    host: str,
+    port: int,
+    timeout: float,
+    proc: subprocess.Popen[bytes] | None = None,
+    log_file: Path | None = None,
+    log_from: int = 0,
+) -> None:
     """Until a NATS server answers on ``host:port``: it greets every client with ``INFO``, so another program
-    listening there (which also made this server's start fail) is not taken for it."""
+    listening there (which also made this server's start fail) is not taken for it. A server that exits first is
+    said with the cause it logged (``log_file`` from byte ``log_from``)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise GastownError(f"nats-server exited with {proc.returncode} before listening on {port}")
+            cause = last_error(log_file, log_from) if log_file is not None else None
+            said = f": {cause} (in {log_file})" if cause else (f"; see {log_file}" if log_file is not None else "")
+            raise GastownError(f"nats-server exited with {proc.returncode} before listening on {port}{said}")
         try:
             with socket.create_connection((host, port), timeout=0.2) as sock:
                 sock.settimeout(max(0.05, min(1.0, deadline - time.monotonic())))
@@ -164,6 +195,7 @@ class EmbeddedServer:
                 include=self.include,
             )
             log = self.log_file.open("ab")
+            log_from = log.tell()
             self.proc = subprocess.Popen(
                 [find_server_binary(), "-c", str(self.config_path)],
                 stdout=log,
@@ -173,7 +205,7 @@ class EmbeddedServer:
             )
             log.close()
             try:
-                wait_for_port(self.host, self.port, timeout, self.proc)
+                wait_for_port(self.host, self.port, timeout, self.proc, self.log_file, log_from)
             except GastownError:
                 # A port picked free was taken before the server bound it: pick others (unless fixed).
                 if self._fixed_port or attempt == 2 or self.proc.poll() is None:

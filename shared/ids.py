@@ -72,6 +72,20 @@ def random_bead_id(prefix: str) -> str:
     return f"{prefix}-{suffix}"
 
 
+CONVOY_PREFIX = "cv"
+ESCALATION_PREFIX = "esc"
+MAIL_PREFIX = "hq"
+"""The prefixes of the ids the mayor gives convoys, escalations and messages (a bead's is its command's)."""
+NEW_ID_SUFFIX = re.compile(rf"^[0-9a-z]{{{BEAD_SUFFIX_LEN}}}$")
+"""The suffix of an id a sender chooses for what its command creates: the shape ``random_bead_id`` gives."""
+
+
+def is_new_id(value: str, prefix: str) -> bool:
+    """Whether ``value`` is an id a sender may choose for a new ``<prefix>-...`` (``random_bead_id``'s shape)."""
+    head, sep, suffix = value.partition("-")
+    return head == prefix and bool(sep) and NEW_ID_SUFFIX.fullmatch(suffix) is not None
+
+
 def new_event_id() -> str:
     """A 20-character random id for events (fits the id pattern, cheap to store)."""
     return secrets.token_hex(10)

@@ -185,6 +185,8 @@ CLAUDE_PASSTHROUGH = (
     "ANTHROPIC_DEFAULT_HAIKU_MODEL",
     "ANTHROPIC_CUSTOM_HEADERS",
     "API_TIMEOUT_MS",
+    "BASH_DEFAULT_TIMEOUT_MS",
+    "BASH_MAX_TIMEOUT_MS",
     "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE",
     "HTTPS_PROXY",
     "HTTP_PROXY",
@@ -192,6 +194,13 @@ CLAUDE_PASSTHROUGH = (
 )
 """Claude Code's settings (code.claude.com/docs/en/env-vars) a session takes from the witness's environment when
 set, without ``GT_AGENT_ENV``."""
+SESSION_TOWN_PATIENCE_S = 90.0
+"""How long an agent's ``gt`` call waits for a town that does not answer (gt/cli/patience.py, ``GT_TOWN_PATIENCE``
+unset): long enough for a town restart (``gt down`` and ``gt up`` take seconds, a NATS restart about one), and
+shorter than Claude Code's Bash tool timeout (``BASH_DEFAULT_TIMEOUT_MS``, 2 minutes by default), so the call
+either gets through or fails in its own words before the tool gives up on it."""
+HOOK_MARGIN_S = 30
+"""What a hook that calls ``gt`` is given beyond the patience (Python's start, the answer)."""
 CLAUDE_PASSTHROUGH_PREFIXES = ("CLAUDE_CODE_", "DISABLE_")
 """And every ``CLAUDE_CODE_*`` (``CLAUDE_CODE_OAUTH_TOKEN``, ``CLAUDE_CODE_MAX_RETRIES``, ...) and ``DISABLE_*``
 (``DISABLE_TELEMETRY``, ``DISABLE_AUTOUPDATER``, ...)."""
@@ -340,7 +349,9 @@ class ClaudeRuntime(Runtime):
             "hooks": {
                 "SessionStart": hook(f"{gt_q} agent-hook session-start", 120),
                 "PostToolUse": [{"matcher": "*", "hooks": [{"type": "command", "command": ACTIVITY_HOOK}]}],
-                "Stop": hook(f"{gt_q} agent-hook stop", 60),
+                # It waits out a town restart (a session's `gt` does), then blocks the stop while steps are open:
+                # what sets the agent working again once the town is back.
+                "Stop": hook(f"{gt_q} agent-hook stop", int(SESSION_TOWN_PATIENCE_S) + HOOK_MARGIN_S),
                 "StopFailure": hook(f"{gt_q} agent-hook stop-failure", 30),
                 "PreCompact": hook(_log_line("PreCompact"), 10),
                 "SessionEnd": hook(_log_line("SessionEnd"), 10),

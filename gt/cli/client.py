@@ -10,20 +10,22 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from gt.cli import hook_lease, identity
+from gt.cli import hook_lease, identity, patience
 from gt.story import HistoryEntry, history_entry
-from shared import subjects
+from shared import ids, session_identity, subjects
 from shared.bus import commands as bus_commands
 from shared.bus import streams
-from shared.bus.commands import Outcome
-from shared.commands import Command
+from shared.bus.commands import STORE_DEADLINE_S, Outcome
+from shared.bus.query import max_payload
+from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, check_to_send
+from shared.commands.base import Creates
 from shared.config import TownConfig
 from shared.queries.base import LATEST_SEQ
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
 
-__all__ = ["Outcome", "first_event_of", "read_position", "send", "stream_last_seq"]
+__all__ = ["Outcome", "first_event_of", "read_position", "send", "stream_last_seq", "with_ids"]
 
 
 async def send(
@@ -37,17 +39,19 @@ async def send(
     """Send ``cmd`` as this process and wait up to ``timeout`` (None: forever) for its outcome
     (``shared.bus.commands.send``; ``service_down`` unless ``wait_if_down`` when its service does not answer).
 
-    It gets an id (``cli-<random>``) unless it has one. From inside a polecat session it goes on the session's own
-    subject, names the session's polecat as its actor unless it names one, and carries the bead's hook lease as its
-    ``fence`` unless it has one (renewing the lease on the way).
+    It gets an id (``cli-<random>``) unless it has one, and a command that creates something the id of what it
+    creates (``new_id``: known before the answer, so it can be printed while the service is down). From inside a
+    polecat session it goes on the session's own subject, names the session's polecat as its actor unless it names
+    one, and carries the bead's hook lease as its ``fence`` unless it has one (renewing the lease on the way).
 
     Raises:
+        CommandError: the command is one the intake would refuse (a field over its limit, too large); nothing
+            was sent.
         AppendFailedError: GT_CMD refused the command (too large, stream missing).
         PermissionDeniedError: this NATS user may not publish on the command's subject; nothing was stored.
     """
+    cmd = with_ids(cmd)
     changes: dict[str, Any] = {}
-    if not cmd.cmd_id:
-        changes["cmd_id"] = f"cli-{secrets.token_hex(8)}"
     actor = identity.default_actor(cmd.actor)
     if actor is not None:
         changes["actor"] = actor  # sent from a polecat session: the command is its polecat's
@@ -55,12 +59,40 @@ async def send(
     if fence is not None and cmd.fence is None:
         # Sent from inside a polecat session: carried out only while the session holds its bead's hook.
         changes["fence"] = fence
-        await hook_lease.renew(nc, config, fence)
     if changes:
         cmd = msgspec.structs.replace(cmd, **changes)
-    return await bus_commands.send(
-        nc, config, cmd, origin=identity.session_origin(), timeout=timeout, wait_if_down=wait_if_down
+    origin = identity.session_origin()
+    limit = min(DEFAULT_MAX_COMMAND_BYTES, max_payload(nc))
+    if origin is not None:
+        limit = min(limit, session_identity.MAX_PAYLOAD)  # the agents' account carries no larger message
+    check_to_send(cmd, bus_commands.encode(cmd), max_bytes=limit)
+    if "fence" in changes and fence is not None:
+        await hook_lease.renew(nc, config, fence)
+    # Stored while NATS comes back for as long as the call waits for the town (an agent's: gt/cli/patience.py).
+    wait = patience.current()
+    outcome = await bus_commands.send(
+        nc,
+        config,
+        cmd,
+        origin=origin,
+        timeout=timeout,
+        wait_if_down=wait_if_down,
+        store_deadline_s=max(STORE_DEADLINE_S, wait.patience_s),
+        on_retry=wait.waiting if wait.patience_s > 0 else None,
     )
+    wait.answered()
+    return outcome
+
+
+def with_ids(cmd: Command) -> Command:
+    """``cmd`` with its own id (``cli-<random>``) and, when it creates something, the id of that (``new_id``),
+    unless it has them: chosen by the sender, so both are known before any answer."""
+    changes: dict[str, Any] = {}
+    if not cmd.cmd_id:
+        changes["cmd_id"] = f"cli-{secrets.token_hex(8)}"
+    if isinstance(cmd, Creates) and cmd.new_id is None:
+        changes["new_id"] = ids.random_bead_id(cmd.id_prefix())
+    return msgspec.structs.replace(cmd, **changes) if changes else cmd
 
 
 async def stream_last_seq(nc: Connection, config: TownConfig) -> int:

@@ -9,14 +9,13 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import msgspec
 
-from gt.cli import client, render
+from gt.cli import client, patience, render
 from gt.cli.client import Outcome, read_position
-from gt.cli.identity import session_origin
 from shared.arguments import non_negative_int
 from shared.bus import commands as bus_commands
-from shared.bus.connection import SESSION_LOGIN_PATIENCE_S
 from shared.bus.query import ask_all, ask_json, reply_of
 from shared.commands import Command
+from shared.commands.base import Creates
 from shared.config import TownConfig
 from shared.errors import GastownError
 from shared.queries import Query
@@ -106,17 +105,26 @@ def given(cmd: C) -> C:
 
 
 def report(outcome: Outcome, cmd: Command, *, as_json: bool, printer: ResultPrinter) -> int:
-    """Print what became of a command and return the exit code."""
+    """Print what became of a command and return the exit code.
+
+    Standard output carries only the answer. A command stored but not answered yet (its service is down or slow)
+    prints there only what is known already, the id of what it creates (``new_id``, chosen here), so
+    ``bead=$(gt bead create ...)`` holds the bead's id either way; the explanation goes to standard error."""
     if as_json:
         render.print_json(outcome)
     if outcome.type is None:
         if not as_json:
             why = "is not running" if outcome.service_down else "has not answered yet"
+            known = cmd.new_id if isinstance(cmd, Creates) else None
+            if known is not None:
+                print(known)
+            what = f"{known} is created when it does" if known is not None else "nothing is printed until it does"
             print(
-                f"stored: command {outcome.command_id} is durably queued (GT_CMD #{outcome.stored_seq}); "
-                f"the {bus_commands.owner(cmd)} {why} and will answer it when it can. `--wait` waits for the outcome. "
-                "(A command sent far over its actor's rate limit is dropped and never answered: see "
-                "`rate_limited` in docs/operating.md.)"
+                f"gt: stored: command {outcome.command_id} is durably queued (GT_CMD #{outcome.stored_seq}); "
+                f"the {bus_commands.owner(cmd)} {why} and will carry it out when it can ({what}; it may still "
+                "refuse it). `--wait` waits for the outcome. (A command sent far over its actor's rate limit is "
+                "dropped and never answered: see `rate_limited` in docs/operating.md.)",
+                file=sys.stderr,
             )
         return EXIT_OK
     if outcome.type == "cmd.rejected":
@@ -152,6 +160,7 @@ async def send(
     added) and report its outcome; ``before_report`` may add to an accepted command's result what followed from
     it (e.g. a nudge delivered)."""
     cmd = given(msgspec.structs.replace(cmd, actor=getattr(args, "actor", None), cmd_id=getattr(args, "cmd_id", None)))
+    cmd = client.with_ids(cmd)  # what it creates has its id now: printed even while its service is down
     timeout = args.timeout if args.timeout is not None else (None if args.wait else DEFAULT_COMMAND_TIMEOUT_S)
     outcome = await client.send(nc, config, cmd, timeout=timeout, wait_if_down=args.wait)
     if before_report is not None and outcome.type == "cmd.accepted":
@@ -177,12 +186,15 @@ async def read(nc: Connection, config: TownConfig, query: Query[Any], *, min_seq
     if min_seq is None:
         min_seq = await read_position(nc, config)
     query = msgspec.structs.replace(query, min_seq=min_seq)
-    # An agent's reads (`gt prime`, its hooks) outlast a restart of the service asked, as its login does.
-    patience_s = SESSION_LOGIN_PATIENCE_S if session_origin() is not None else 0.0
+    # An agent's reads (`gt prime`, its hooks) outlast a restart of the service asked, as its connection does.
+    wait = patience.current()
     if not hasattr(query, "after"):
-        return await ask_json(nc, query, patience_s=patience_s)
+        answer = await ask_json(nc, query, patience_s=wait.patience_s, on_wait=wait.waiting)
+        wait.answered()
+        return answer
     # A list: read page after page (a list of any length fits no single reply).
-    listing = await ask_all(nc, query, patience_s=patience_s)
+    listing = await ask_all(nc, query, patience_s=wait.patience_s, on_wait=wait.waiting)
+    wait.answered()
     if listing.more:
         print(
             f"gt: the first {len(listing.items)} shown; more are listed (--limit N for more, --limit 0 for all)",

@@ -32,8 +32,10 @@ from shared.commands import (
     MailReply,
     MailSend,
 )
+from shared.commands.base import MAX_DESCRIPTION
 from shared.commands.mail import ACCEPTED_ADDRESSES, normalise_address
 from shared.config import TownConfig
+from shared.errors import CommandError
 from shared.queries import mayor
 
 if TYPE_CHECKING:
@@ -118,20 +120,28 @@ def _body(args: argparse.Namespace) -> str:
         return str(args.body)
     if sys.stdin.isatty():
         raise UsageError("give the message with --body, or pipe it in")
-    return sys.stdin.read()
+    body = sys.stdin.read(MAX_DESCRIPTION + 1)  # no more than a body may hold is read (a 5 GB pipe is refused)
+    if len(body) > MAX_DESCRIPTION:
+        raise CommandError("invalid", f"`body` (standard input) is over {MAX_DESCRIPTION} characters, its limit")
+    return body
 
 
-def _sent_line(result: dict[str, Any]) -> str:
-    return f"{result.get('id')}: sent to {result.get('to')} (thread {result.get('thread')})"
+def sent_lines(result: dict[str, Any]) -> str:
+    """One line per message sent: a mail to a rig is one message to each polecat at work there, each with its id."""
+    thread = result.get("thread")
+    copies = list(zip(result.get("ids") or [], result.get("recipients") or [], strict=False))
+    if not copies:
+        return f"{result.get('id')}: sent to {result.get('to')} (thread {thread})"
+    return "\n".join(f"{message}: sent to {inbox} (thread {thread}, {result.get('to')})" for message, inbox in copies)
 
 
 async def _send(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = MailSend(to=normalise_address(args.to), subject=args.subject, body=_body(args), thread=args.thread)
-    return await send(nc, args, config, cmd, _sent_line)
+    return await send(nc, args, config, cmd, sent_lines)
 
 
 async def _reply(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, MailReply(id=args.id, subject=args.subject, body=_body(args)), _sent_line)
+    return await send(nc, args, config, MailReply(id=args.id, subject=args.subject, body=_body(args)), sent_lines)
 
 
 async def _archive(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

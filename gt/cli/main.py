@@ -1,6 +1,7 @@
 """The ``gt`` command.
 
-Exit codes: 0 done (command accepted, or durably stored while its service is down), 1 rejected or not
+Exit codes: 0 done (command accepted, or durably stored while its service is down: said on stderr; stdout has
+only what is known, the id of what it creates), 1 rejected or not
 found, 2 usage error, 3 NATS unreachable (or the answering service is not running), 4 not permitted (the
 NATS server refused this user a subject; nothing was sent), 130 stopped with Ctrl-C, 141 its output pipe was
 closed (``gt feed | head -1``: the reader had enough; nothing is printed about it).
@@ -18,7 +19,21 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from gt.cli import automations, beads, convoys, costs, dashboard, feed, gc, mail, polecats, render, status, work
+from gt.cli import (
+    automations,
+    beads,
+    convoys,
+    costs,
+    dashboard,
+    feed,
+    gc,
+    mail,
+    patience,
+    polecats,
+    render,
+    status,
+    work,
+)
 from gt.cli.client import stream_last_seq
 from gt.cli.common import (
     EXIT_DENIED,
@@ -44,6 +59,7 @@ from shared.config import TownConfig
 from shared.errors import (
     STORAGE_FULL_HINT,
     AppendFailedError,
+    CommandError,
     NatsNotAnsweringError,
     NatsUnavailableError,
     NoStreamError,
@@ -196,12 +212,16 @@ async def _connected(
 ) -> int:
     """Run ``handler`` on a connection of its own, or (``kept``: a client helper's worker) one kept from an earlier
     call to the same servers as the same user, given back at the end."""
-    in_session = bool(os.environ.get("GT_SESSION")) and config.nats_user == os.environ.get("GT_SESSION")
+    # An agent's call waits out a town restart (gt/cli/patience.py); an operator's is told at once.
+    wait = patience.begin(patience.town_patience())
 
     def connect() -> Awaitable[Connection]:
-        return connect_as_session_or_user(config, name="gt-cli", in_session=in_session, connect_attempts=2)
+        return connect_as_session_or_user(
+            config, name="gt-cli", patience_s=wait.patience_s, connect_attempts=2, on_wait=wait.waiting
+        )
 
     nc = await (connect() if kept is None else kept.connect(connection_key(config), connect))
+    wait.answered()
     try:
         # Any subject this user may not use (a query, the KV, the JetStream API) ends the command at once
         # with the subject named, rather than with a timeout.
@@ -214,13 +234,21 @@ def _print_task_stacks(_signum: int, _frame: object) -> None:
     print("gt: task stacks\n" + "\n".join(task_stacks()), file=sys.stderr, flush=True)
 
 
-def _town_nats(config: TownConfig) -> TownConfig:
-    """Without NATS_URL, talk to the town `gt up` runs in GT_HOME (its NATS may be on any port)."""
+def _town_nats(config: TownConfig, env: dict[str, str]) -> TownConfig:
+    """Without NATS_URL, talk to the town `gt up` runs in GT_HOME (its NATS may be on any port), as its record
+    (GT_HOME/run/town.json) says, also when its supervisor is gone (said on stderr: the town may run on without
+    it); with no record, to the port GT_NATS_PORT names (where `gt up` would have put it)."""
     from gt import supervisor as town
 
-    state = town.running_town(config)
+    state = town.read_state(config)
     if state is None:
-        return config
+        port = env.get("GT_NATS_PORT", "").strip()
+        if not port:
+            return config
+        return as_operator(msgspec.structs.replace(config, nats_url=f"nats://127.0.0.1:{port}"))
+    gone = town.supervisor_gone(config, state)
+    if gone is not None:
+        print(f"gt: {gone}", file=sys.stderr)
     at_town = msgspec.structs.replace(config, nats_url=state.nats_url)
     # Its operator, unless this process names a login of its own (a polecat session does).
     return as_operator(at_town) if state.embedded else at_town
@@ -294,15 +322,16 @@ def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser, kept: Kep
     try:
         private_files(env)  # what `gt` (and `gt up`'s town) creates under GT_HOME
         config = town_config.load(env)
+        patience.town_patience(env)  # a bad GT_TOWN_PATIENCE is said now, not when the town first does not answer
     except ValueError as exc:
         print(f"gt: bad configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if not nats_given and args.cmd not in LOCAL_COMMANDS:
-        config = _town_nats(config)
-    if args.cmd != "up":
-        # The CLI's own output is its answer; library chatter (reconnects while closing) stays out of it.
-        # Not cached: a client helper's worker runs calls of different GT_LOG_LEVELs one after another.
-        gt_logging.configure("gt", json=False, level=os.environ.get("GT_LOG_LEVEL", "ERROR"), cache_loggers=False)
+        config = _town_nats(config, env)
+    # The CLI's own output is its answer; library chatter (reconnects while closing, `gt up -d`'s check of a running
+    # town closing its connection) stays out of it, on stderr. The foreground `gt up` logs as a service instead.
+    # Not cached: a client helper's worker runs calls of different GT_LOG_LEVELs one after another.
+    gt_logging.configure("gt", json=False, level=os.environ.get("GT_LOG_LEVEL", "ERROR"), cache_loggers=False)
     try:
         # The NATS client's "nothing answers", "no such stream" come out in the project's words, caught below.
         with translated():
@@ -315,6 +344,9 @@ def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser, kept: Kep
         return EXIT_USAGE
     except NatsUnavailableError as exc:
         print(f"gt: {exc}", file=sys.stderr)
+        waited = patience.current().gave_up()
+        if waited is not None:
+            print(f"gt: {waited}", file=sys.stderr)
         if not nats_given:
             from gt import supervisor as town
 
@@ -322,6 +354,10 @@ def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser, kept: Kep
             if hint is not None:
                 print(f"gt: {hint}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    except CommandError as exc:
+        # Refused before sending (a field over its limit, a command too large): nothing was stored.
+        print(f"gt: refused ({exc.code}): {exc.message}; nothing was sent", file=sys.stderr)
+        return EXIT_REJECTED
     except PermissionDeniedError as exc:
         print(
             f"gt: {exc}: the NATS server refused it and nothing was sent. Use the credentials of a user allowed "

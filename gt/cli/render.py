@@ -251,10 +251,11 @@ def molecule_status(molecule: dict[str, Any]) -> str:
 
 def convoy_table(convoys: list[dict[str, Any]]) -> str:
     rows = [
-        (c["id"], c["status"], "owned" if c.get("owned") else "", bar(c["closed"], c["total"]), c["title"])
+        (c["id"], c["status"], "owned" if c.get("owned") else "auto", bar(c["closed"], c["total"]), c["title"])
         for c in convoys
     ]
-    return table(("ID", "STATUS", "", "PROGRESS", "TITLE"), rows, "(no convoys)")
+    # CLOSES: an owned convoy closes when landed (`gt convoy land`), the others by themselves with their beads.
+    return table(("ID", "STATUS", "CLOSES", "PROGRESS", "TITLE"), rows, "(no convoys)")
 
 
 def convoy_detail(convoy: dict[str, Any]) -> str:
@@ -300,7 +301,7 @@ def message_table(messages: list[dict[str, Any]]) -> str:
         )
         for m in messages
     ]
-    return table(("ID", "", "FROM", "SENT", "SUBJECT"), rows, "(no messages)")
+    return table(("ID", "STATE", "FROM", "SENT", "SUBJECT"), rows, "(no messages)")
 
 
 def message_detail(message: dict[str, Any]) -> str:

@@ -85,11 +85,31 @@ def _value(value: Any) -> str:
     return repr(value) if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
 
 
+UPDATE_TAKES_EFFECT = (
+    (
+        frozenset({"max_polecats", "max_respawns", "stall_after_s"}),
+        "from the witness's next patrol, running sessions included",
+    ),
+    (frozenset({"lint_command", "test_command", "gate_env"}), "at the refinery's next merge"),
+    (
+        frozenset({"agent_command", "setup_command", "git_name", "git_email"}),
+        "in new sessions (running ones keep what they started with)",
+    ),
+)
+"""When each setting ``gt rig update`` changes takes effect (docs/operating.md, ``gt.cmd.rig.update``)."""
+
+
 def _update_line(result: dict[str, Any]) -> str:
     if not result.get("changed", True):
         return f"rig {result.get('rig')}: unchanged"
-    changes = ", ".join(f"{field}={_value(result.get(field))}" for field in result.get("fields") or [])
-    return f"rig {result.get('rig')} updated: {changes} (sessions running keep theirs; new sessions take these)"
+    fields = list(result.get("fields") or [])
+    changes = ", ".join(f"{field}={_value(result.get(field))}" for field in fields)
+    when = [
+        f"{', '.join(f for f in fields if f in group)} {effect}"
+        for group, effect in UPDATE_TAKES_EFFECT
+        if any(f in group for f in fields)
+    ]
+    return f"rig {result.get('rig')} updated: {changes} ({'; '.join(when)})"
 
 
 async def _rig_update(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

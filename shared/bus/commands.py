@@ -32,7 +32,7 @@ from nats.aio.client import Client
 from shared import ids, subjects
 from shared.aio import pause, raise_if_cancelling
 from shared.bus import streams
-from shared.bus.append import MSG_ID, RETRYABLE_ERRORS, still_in_flight
+from shared.bus.append import ERR_MAX_PAYLOAD, MSG_ID, RETRYABLE_ERRORS, still_in_flight
 from shared.bus.permissions import guarded
 from shared.bus.query import ask
 from shared.bus.topology import owner_of
@@ -110,14 +110,15 @@ async def store(
     origin: subjects.Origin | None = None,
     deadline_s: float | None = STORE_DEADLINE_S,
     before_attempt: Callable[[], Awaitable[None]] | None = None,
+    on_retry: Callable[[str], None] | None = None,
 ) -> StoredCommand:
     """Store ``cmd`` in ``stream`` (GT_CMD) with its ``cmd_id`` as the message id; return its sequence there and
     the id it was stored under.
 
     While the stream is briefly unreachable (a cluster electing a leader after losing a node, a reconnect) the
     command is resent, under the same id, so it is stored once, for up to ``deadline_s`` seconds (None: until
-    stored or cancelled; 0: one attempt). ``before_attempt`` is awaited before each attempt (a service waits
-    there until it may act).
+    stored or cancelled; 0: one attempt), each resend told to ``on_retry`` (why). ``before_attempt`` is awaited
+    before each attempt (a service waits there until it may act).
 
     GT_CMD keeps one message per id for two minutes, whoever sent it. A service or the operator whose command comes
     back as a duplicate of a message some other sender stored (a session that sent ``close-<mr>`` first, to have
@@ -160,6 +161,13 @@ async def store(
                 if not await _stream_exists(nc, stream):
                     raise
             log.warning("command_store_retry", subject=subject, cmd_id=cmd_id, error=repr(exc))
+            if on_retry is not None:
+                on_retry(f"NATS did not store the command yet: {type(exc).__name__}")
+        except nats.errors.MaxPayloadError as exc:
+            # Over the largest message the server carries: refused by the client, nothing was sent.
+            raise AppendFailedError(
+                subject, None, ERR_MAX_PAYLOAD, f"the command is {len(data)} bytes, over the server's max payload"
+            ) from exc
         except nats.js.errors.APIError as exc:
             if not still_in_flight(exc) or (give_up_at is not None and time.monotonic() >= give_up_at):
                 raise AppendFailedError(subject, exc.code, exc.err_code, exc.description or "") from exc
@@ -246,15 +254,25 @@ async def send(
     origin: subjects.Origin | None = None,
     timeout: float | None,
     wait_if_down: bool = False,
+    store_deadline_s: float = STORE_DEADLINE_S,
+    on_retry: Callable[[str], None] | None = None,
 ) -> Outcome:
-    """Store ``cmd`` (see ``store``; it must carry its ``cmd_id``) and wait up to ``timeout`` seconds (None:
-    forever) for its outcome. When the owning service does not answer queries, return right after storing
-    (``service_down``) unless ``wait_if_down``.
+    """Store ``cmd`` (see ``store``, resending for up to ``store_deadline_s`` while the stream is unreachable; it
+    must carry its ``cmd_id``) and wait up to ``timeout`` seconds (None: forever) for its outcome. When the owning
+    service does not answer queries, return right after storing (``service_down``) unless ``wait_if_down``.
 
     Raises what ``store`` raises; nothing else once the command is stored.
     """
     assert cmd.cmd_id, "a command is sent with its cmd_id"
-    stored = await store(nc, config.cmd_stream, cmd, evt_stream=config.evt_stream, origin=origin)
+    stored = await store(
+        nc,
+        config.cmd_stream,
+        cmd,
+        evt_stream=config.evt_stream,
+        origin=origin,
+        deadline_s=store_deadline_s,
+        on_retry=on_retry,
+    )
     # A session's command is settled in its own namespace (``ids.session_scoped_id``), so its outcome is there.
     settled_as = stored.cmd_id
     if isinstance(origin, subjects.SessionOrigin):

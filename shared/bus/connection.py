@@ -11,7 +11,7 @@ import contextlib
 import select
 import time
 import weakref
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -152,32 +152,36 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
     )
 
 
-SESSION_LOGIN_PATIENCE_S = 30.0
-"""How long a polecat session's ``gt`` keeps trying when its login fails: its credential is checked by the
-witness's auth callout responder, and while the witness restarts there is none for a few seconds. The server
-then refuses the login after its own wait for an answer (2 s), which on a loaded machine can come after the
-client's connect timeout: a login that got no answer is retried like a refused one. A session's reads
-(``gt prime``, its hooks: gt/cli/common.py ``read``) wait as long for a service that is not running."""
-
-
 async def connect_as_session_or_user(
-    config: TownConfig, *, name: str, in_session: bool, connect_attempts: int
+    config: TownConfig,
+    *,
+    name: str,
+    patience_s: float,
+    connect_attempts: int,
+    on_wait: Callable[[str], None] | None = None,
 ) -> Connection:
-    """``connect``; inside a polecat session a failed login (refused, or not answered) is tried again for
-    ``SESSION_LOGIN_PATIENCE_S``: an agent's ``gt done`` outlasts a witness restart or a NATS node's restart.
+    """``connect``; a connection that fails (no server answers, or the login is refused or not answered) is tried
+    again, once a second, for ``patience_s`` (a polecat session's ``gt``: gt/cli/patience.py), each failure told to
+    ``on_wait``: an agent's call outlasts a town restart (``gt down``, ``gt up``), a NATS node's restart, or a
+    witness restart (a session's credential is checked by the witness's auth callout responder, and while the
+    witness restarts there is none; the server then refuses the login after its own wait for an answer, 2 s,
+    which on a loaded machine can come after the client's connect timeout: a login that got no answer is retried
+    like a refused one).
 
     Raises:
-        NatsUnavailableError: every attempt failed (inside a session: once the patience is spent).
+        NatsUnavailableError: every attempt failed (once the patience is spent).
     """
-    deadline = time.monotonic() + (SESSION_LOGIN_PATIENCE_S if in_session else 0.0)
+    deadline = time.monotonic() + patience_s
     while True:
         try:
             return await connect(config, name=name, connect_attempts=connect_attempts)
         except NatsUnavailableError as exc:
             if time.monotonic() >= deadline:
                 raise
-            log.info("session_login_retrying", user=describe_user(config), refused=exc.refused)
-            await pause(1.0)
+            log.info("connect_retrying", user=describe_user(config), refused=exc.refused)
+            if on_wait is not None:
+                on_wait(str(exc))
+            await pause(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 async def _discard(nc: Connection) -> None:

@@ -41,12 +41,22 @@ async def ask(nc: Connection, query: Query[R], *, timeout: float = DEFAULT_TIMEO
     return reply_of(query, await ask_json(nc, query, timeout=timeout))
 
 
+OnWait = Callable[[str], None]
+"""Told why a patient asker asks again (the service is not running)."""
+
+
 async def ask_json(
-    nc: Connection, query: Query[Any], *, timeout: float = DEFAULT_TIMEOUT_S, patience_s: float = 0.0
+    nc: Connection,
+    query: Query[Any],
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    patience_s: float = 0.0,
+    on_wait: OnWait | None = None,
 ) -> Any:
     """Ask ``query``; its answer's ``result`` as it came (JSON types). Raises like ``ask``; while the service is
-    not running (nobody answers its queries: a restart) it is asked again for up to ``patience_s`` seconds."""
-    return (await _ask(nc, query, timeout, patience_s))["result"]
+    not running (nobody answers its queries: a restart) it is asked again for up to ``patience_s`` seconds, each
+    time told to ``on_wait``."""
+    return (await _ask(nc, query, timeout, patience_s, on_wait))["result"]
 
 
 class Listing(NamedTuple):
@@ -57,17 +67,22 @@ class Listing(NamedTuple):
 
 
 async def ask_all(
-    nc: Connection, query: Query[Any], *, timeout: float = DEFAULT_TIMEOUT_S, patience_s: float = 0.0
+    nc: Connection,
+    query: Query[Any],
+    *,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    patience_s: float = 0.0,
+    on_wait: OnWait | None = None,
 ) -> Listing:
     """Ask a list query (one with ``limit`` and ``after``) page after page, following each answer's ``next``,
     until it has ``limit`` items (None: ``DEFAULT_LIST_LIMIT``; 0: every one) or the list ends. A page the service
     cut to fit one reply is followed like any other, so no list is too long to read. Raises like ``ask``;
-    ``patience_s`` as for ``ask_json``, for each page."""
+    ``patience_s`` and ``on_wait`` as for ``ask_json``, for each page."""
     limit = getattr(query, "limit", None)
     wanted = DEFAULT_LIST_LIMIT if limit is None else limit
     items: list[Any] = []
     while True:
-        answer = await _ask(nc, query, timeout, patience_s)
+        answer = await _ask(nc, query, timeout, patience_s, on_wait)
         page = answer["result"]
         if not isinstance(page, list):
             raise QueryError("malformed", f"the answer to {query.subject()} is not a list")
@@ -81,7 +96,9 @@ async def ask_all(
         query = msgspec.structs.replace(query, after=cursor, limit=remaining)
 
 
-async def _ask(nc: Connection, query: Query[Any], timeout: float, patience_s: float = 0.0) -> dict[str, Any]:
+async def _ask(
+    nc: Connection, query: Query[Any], timeout: float, patience_s: float = 0.0, on_wait: OnWait | None = None
+) -> dict[str, Any]:
     """The answer to ``query``, checked to be a success."""
     service = query.addressee()
     give_up_at = time.monotonic() + patience_s
@@ -89,10 +106,11 @@ async def _ask(nc: Connection, query: Query[Any], timeout: float, patience_s: fl
         try:
             reply = await nc.request(query.subject(), query.body(), timeout=timeout)
         except nats.errors.NoRespondersError:
+            down = f"the {service} is not running (nobody answers {service} queries)"
             if time.monotonic() >= give_up_at:
-                raise QueryError(
-                    "unavailable", f"the {service} is not running (nobody answers {service} queries)"
-                ) from None
+                raise QueryError("unavailable", down) from None
+            if on_wait is not None:
+                on_wait(down)
             await pause(UNAVAILABLE_RETRY_S)
             continue
         except (TimeoutError, nats.errors.TimeoutError):

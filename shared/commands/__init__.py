@@ -125,6 +125,22 @@ def parse_command(subject: str, body: bytes, *, max_bytes: int = DEFAULT_MAX_COM
     return cmd
 
 
+def check_to_send(cmd: Command, body: bytes, *, max_bytes: int) -> None:
+    """Refuse, before it is sent, what the intake would refuse of ``cmd`` whose encoded body is ``body``: a field
+    over its limit (a mail's body over 256 KiB: named, in the intake's words), or a body over ``max_bytes`` (the
+    intake's limit, or less: the largest message the server carries). A client says it in one line and stores
+    nothing; a body over the server's limit would not even be carried.
+
+    Raises:
+        CommandError: ``invalid`` (the field named) or ``too_large``.
+    """
+    cmd.validate()
+    if len(body) > max_bytes:
+        raise CommandError(
+            "too_large", f"the command is {len(body)} bytes; the limit is {max_bytes} (shorten what it carries)"
+        )
+
+
 def undecodable(exc: Exception) -> CommandError:
     """The ``malformed`` rejection of a body the JSON decoder could not read, saying why in a person's words."""
     if isinstance(exc, UnicodeDecodeError):
@@ -186,6 +202,7 @@ __all__ = [
     "SessionStop",
     "StepDone",
     "StepStart",
+    "check_to_send",
     "parse_command",
     "peek_body_fields",
     "read_command",

@@ -14,7 +14,7 @@ import msgspec
 
 from shared.errors import CommandError
 from shared.events.beads import BEAD_TYPES, INFRA_TYPES, WORK_TYPES
-from shared.ids import ID_PATTERN, is_valid_id
+from shared.ids import BEAD_SUFFIX_LEN, ID_PATTERN, is_new_id, is_valid_id
 
 DEFAULT_MAX_COMMAND_BYTES = 1024 * 1024
 MAX_TITLE = 500
@@ -56,6 +56,27 @@ class Command(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         check_text("actor", self.actor, MAX_ACTOR, nonblank=True)
         if self.fence is not None:
             check_id("fence.lease", self.fence.lease, required=True)
+
+
+class Creates(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A command that creates something with an id of its own (a bead, a convoy, an escalation, a message)."""
+
+    new_id: str | None = None
+    """The id of what it creates, chosen by the sender (``<prefix>-`` and six of ``[0-9a-z]``), so the sender knows
+    it before the answer: ``gt`` chooses one, and prints it even while the owning service is down. Refused
+    ``conflict`` when it is taken. None: the service draws one."""
+
+    def id_prefix(self) -> str:
+        """The prefix of the id of what it creates."""
+        raise NotImplementedError
+
+    def validate(self) -> None:
+        super().validate()
+        if self.new_id is not None and not is_new_id(self.new_id, self.id_prefix()):
+            raise invalid(
+                f"`new_id` {self.new_id[:80]!r} must be {self.id_prefix()!r}, '-' and {BEAD_SUFFIX_LEN} of "
+                "[0-9a-z] (or left out: the service draws one)"
+            )
 
 
 def invalid(message: str) -> CommandError:

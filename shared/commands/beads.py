@@ -10,6 +10,7 @@ from shared.commands.base import (
     MAX_REASON,
     MAX_TITLE,
     Command,
+    Creates,
     check_id,
     check_ids,
     check_labels,
@@ -23,8 +24,8 @@ from shared.commands.base import (
 from shared.ids import PREFIX_PATTERN
 
 
-class BeadCreate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """File a bead. The mayor assigns ``<prefix>-<base36>``; status starts ``open``."""
+class BeadCreate(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """File a bead, ``new_id`` or an id the mayor draws (``<prefix>-<base36>``); status starts ``open``."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.create"
     title: str
@@ -37,6 +38,9 @@ class BeadCreate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True)
     needs: list[str] = []
     assignee: str | None = None
     prefix: str = "hq"
+
+    def id_prefix(self) -> str:
+        return self.prefix
 
     def validate(self) -> None:
         super().validate()

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from shared.commands.base import MAX_TITLE, Command, check_id, check_ids, check_text
+from shared.commands.base import MAX_TITLE, Command, Creates, check_id, check_ids, check_text
+from shared.ids import CONVOY_PREFIX
 
 
-class ConvoyCreate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ConvoyCreate(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Track beads together; the convoy closes when all of them are closed (an ``owned`` one when landed)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.convoy.create"
     title: str
     beads: list[str] = []
     owned: bool = False
+
+    def id_prefix(self) -> str:
+        return CONVOY_PREFIX
 
     def validate(self) -> None:
         super().validate()

@@ -9,11 +9,13 @@ from shared.commands.base import (
     MAX_DESCRIPTION,
     MAX_REASON,
     Command,
+    Creates,
     check_choice,
     check_id,
     check_text,
     invalid,
 )
+from shared.ids import ESCALATION_PREFIX
 
 SEVERITIES = ("low", "medium", "high", "critical")
 RESOLUTIONS = {
@@ -26,7 +28,7 @@ RESOLUTIONS = {
 MAX_RESOLUTIONS = 16
 
 
-class EscalationRaise(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class EscalationRaise(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Ask the operator to look at something; unacknowledged, it is raised a severity after a while."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.escalation.raise"
@@ -40,6 +42,9 @@ class EscalationRaise(Command, frozen=True, kw_only=True, forbid_unknown_fields=
     """What resolves it by itself, any one of them (``bead:<id>`` closed, ``mr:<id>`` merged, ``rig:<name>`` a
     session finished its work there, ``service:<name>`` up): the mayor then closes it, naming which. Empty (an
     operator's own): it stays open until someone closes it."""
+
+    def id_prefix(self) -> str:
+        return ESCALATION_PREFIX
 
     def validate(self) -> None:
         super().validate()

@@ -5,7 +5,17 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from shared.commands.base import MAX_ACTOR, MAX_DESCRIPTION, MAX_TITLE, Command, check_id, check_priority, check_text
+from shared.commands.base import (
+    MAX_ACTOR,
+    MAX_DESCRIPTION,
+    MAX_TITLE,
+    Command,
+    Creates,
+    check_id,
+    check_priority,
+    check_text,
+)
+from shared.ids import MAIL_PREFIX
 
 _NAME = r"[a-z0-9][a-z0-9_-]{0,63}"
 POLECAT_ADDRESS = re.compile(rf"^polecat:(?P<rig>{_NAME})/(?P<polecat>{_NAME})$")
@@ -35,10 +45,10 @@ def polecat_of(address: str) -> tuple[str, str] | None:
     return (match["rig"], match["polecat"]) if match else None
 
 
-class MailSend(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class MailSend(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Send a message to an address: ``mayor``, ``operator`` or ``operator:<name>``, ``polecat:<rig>/<name>`` (or
-    ``<rig>/<name>``), ``rig:<rig>`` (or ``<rig>``: one message to each polecat at work on the rig). The mayor
-    refuses a rig or polecat the log does not know."""
+    ``<rig>/<name>``), ``rig:<rig>`` (or ``<rig>``: one message to each polecat at work on the rig; ``new_id`` is
+    the first one's, and the thread's). The mayor refuses a rig or polecat the log does not know."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.send"
     to: str
@@ -48,6 +58,9 @@ class MailSend(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     thread: str | None = None
     """Continue this thread; default: a new thread named after the message."""
     priority: int = 2
+
+    def id_prefix(self) -> str:
+        return MAIL_PREFIX
 
     def validate(self) -> None:
         super().validate()
@@ -69,7 +82,7 @@ class MailRead(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         check_id("id", self.id, required=True)
 
 
-class MailReply(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class MailReply(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Answer a message: to its sender, in its thread."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.reply"
@@ -77,6 +90,9 @@ class MailReply(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     body: str
     subject: str = ""
     """Default: ``Re: <the original subject>``."""
+
+    def id_prefix(self) -> str:
+        return MAIL_PREFIX
 
     def validate(self) -> None:
         super().validate()

@@ -26,6 +26,8 @@ from nats.aio.client import Client
 
 MARK = "FORGED-BY-PANE"
 """Carried by every forged payload: the test looks for it in the log and the commands."""
+TAKE_ID = "take-victim-id"
+"""The command id of the pane's mail that names the victim's bead's id as its own (``take_an_id``)."""
 
 
 def targets(victim: str) -> dict[str, tuple[str, bytes]]:
@@ -162,6 +164,19 @@ class Attacker:
         leaked = [s for s in got if not s.startswith(self.inbox)]
         self.report["eavesdropped"] = leaked[:50]
 
+    async def take_an_id(self, victim: str) -> None:
+        """Create something under an id that is taken: a command that creates may name its new id (``new_id``,
+        chosen by its sender), and the pane names the victim's bead's (a message is a bead). Refused ``conflict``:
+        nothing is written over, nothing created (its outcome is read by the test)."""
+        own_command = f"gt.cmd.mail.send.{os.environ['GT_RIG']}.{os.environ['GT_POLECAT']}.{self.session}"
+        body = {"to": "operator", "subject": MARK, "body": MARK, "new_id": victim, "cmd_id": TAKE_ID}
+        await self.quietly(
+            "take_victims_id",
+            "mail send under the victim bead's id",
+            self.nc.request(own_command, json.dumps(body).encode(), headers={"Nats-Msg-Id": TAKE_ID}),
+        )
+        self.report["took_id"] = f"{self.session}~{TAKE_ID}"
+
     async def flood(self) -> None:
         """A service's subject, unlimited, from a superuser: 200 creates."""
         for i in range(200):
@@ -265,6 +280,7 @@ async def main(report_path: str, victim: str) -> None:
     try:
         await attacker.trampolines(victim)
         await attacker.eavesdrop()
+        await attacker.take_an_id(victim)
         await attacker.flood()
     finally:
         await nc.close()

@@ -103,6 +103,10 @@ async def assert_unharmed(nc: Client, victim_status: Callable[[], str], report: 
             continue
         raise AssertionError(f"command {cmd_id} was stored and carried out: {outcome.data!r}")
     assert victim_status() == "open", "the victim's bead is as it was"
+    # A mail the pane sent naming the victim's bead's id as its new id: refused, nothing written over.
+    took = await js.get_last_msg("GT_EVT", f"gt.evt.cmd.{report['took_id']}", direct=True)
+    assert b"cmd.rejected" in (took.data or b""), took.data
+    assert b'"conflict"' in (took.data or b""), took.data
     # The heartbeats bucket was not purged: the pane's own key (written by the attack) is still there.
     own = await js.get_last_msg("KV_GT_HEARTBEATS", f"$KV.GT_HEARTBEATS.{report['session']}", direct=True)
     assert own.data, "the session's own heartbeat key survived"

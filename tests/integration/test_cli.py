@@ -42,17 +42,18 @@ class Gt:
     def __init__(self, env: dict[str, str], town: TownConfig) -> None:
         self.env = {**env, "NATS_URL": town.nats_url, "GT_HOME": str(town.gt_home)}
 
-    async def __call__(self, *args: str, timeout: float = 60) -> Run:
+    async def __call__(self, *args: str, timeout: float = 60, stdin: bytes | None = None) -> Run:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "gt.cli.main",
             *args,
             env=self.env,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else None,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
         assert proc.returncode is not None
         return Run(proc.returncode, out.decode(), err.decode())
 
@@ -181,15 +182,77 @@ async def test_a_command_stored_while_the_mayor_is_down_says_so_and_exits_0(
     assert (await gt("init")).code == 0
     stored = await gt("bead", "create", "queued while down", "--id", "down-1")
     assert stored.code == 0
-    assert "durably queued" in stored.out
-    assert "not running" in stored.out
+    assert re.fullmatch(r"hq-[0-9a-z]{6}\n", stored.out), stored.out  # the answer: the bead's id, chosen by gt
+    assert "durably queued" in stored.err
+    assert "not running" in stored.err
+    closed = await gt("bead", "close", "hq-000000", "--id", "down-2")  # no id to tell: nothing on stdout
+    assert (closed.code, closed.out) == (0, ""), closed
+    assert "durably queued" in closed.err
+    # Every command that creates something prints the id it will have.
+    convoy = await gt("convoy", "create", "queued convoy")
+    escalation = await gt("escalate", "queued escalation")
+    mail = await gt("mail", "send", "operator:ann", "--body", "queued mail")
+    for run, prefix in ((convoy, "cv"), (escalation, "esc"), (mail, "hq")):
+        assert run.code == 0, run.err
+        assert re.fullmatch(rf"{prefix}-[0-9a-z]{{6}}\n", run.out), run.out
+        assert "durably queued" in run.err
     waiting = asyncio.ensure_future(gt("bead", "create", "waited for", "--wait"))
     async with run_mayor(town):
         waited = await waiting
         assert waited.code == 0, waited.err
         assert waited.out.strip().startswith("hq-")
-        titles = [b["title"] for b in (await gt("bead", "list", "--json")).json()]
+        titles = [b["title"] for b in (await gt("bead", "list", "--json")).json() if b["type"] != "message"]
         assert titles == ["queued while down", "waited for"]
+        assert (await gt("bead", "show", stored.out.strip(), "--json")).json()["title"] == "queued while down"
+        assert (await gt("convoy", "status", convoy.out.strip(), "--json")).json()["title"] == "queued convoy"
+        escalations = (await gt("escalations", "--json")).json()
+        assert [e["id"] for e in escalations] == [escalation.out.strip()]
+        assert (await gt("mail", "read", mail.out.strip(), "--json")).json()["description"] == "queued mail"
+
+
+async def test_a_bead_created_while_the_mayor_is_killed_prints_its_id_and_is_created_once(
+    gt: Gt, town: TownConfig, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 39: with the mayor killed, `id=$(gt bead create ...)` held a sentence ("stored: command cli-... is
+    durably queued ...") and exited 0, so a script went on with it as the bead's id. Now gt chooses the bead's id,
+    prints it (the explanation goes to stderr), and the mayor creates the bead under it, once, when it is back."""
+    env = {**gt_env, "NATS_URL": town.nats_url, "GT_HOME": str(town.gt_home)}
+    mayor = ServiceProcess("mayor", env, tmp_path / "mayor.log")
+    mayor.start()
+    try:
+        await assert_eventually(lambda: mayor.logged("activity_acquired"), timeout=60, interval=0.1)
+        mayor.kill()  # kill -9
+        # The trial's command, as a script runs it.
+        script = (
+            f'id=$({sys.executable} -m gt.cli.main bead create "made while the mayor is down" -l trial); rc=$?; '
+            'printf "%s|%s" "$rc" "$id"'
+        )
+        proc = await asyncio.create_subprocess_exec(
+            "bash", "-c", script, env=gt.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        rc, bead = out.decode().split("|")
+        assert rc == "0", err.decode()
+        assert re.fullmatch(r"hq-[0-9a-z]{6}", bead), bead
+        assert "the mayor is not running" in err.decode()
+        assert f"{bead} is created when it does" in err.decode()
+        # A script goes on with it at once: the next command on the bead queues behind its creation.
+        updated = await gt("bead", "update", bead, "-p", "1")
+        assert updated.code == 0, updated.err
+
+        mayor.start()
+
+        async def shown() -> bool:
+            run = await gt("bead", "show", bead, "--json")
+            return run.code == 0 and run.json()["priority"] == 1
+
+        updated_once: bool = await assert_eventually(shown, timeout=120, interval=0.5)
+        assert updated_once
+        assert (await gt("bead", "show", bead, "--json")).json()["title"] == "made while the mayor is down"
+        listed = (await gt("bead", "list", "--label", "trial", "--json")).json()
+        assert [b["id"] for b in listed] == [bead], "created once"
+    finally:
+        mayor.stop()
 
 
 async def test_a_command_that_succeeds_prints_nothing_on_stderr_even_with_info_logging(
@@ -338,3 +401,38 @@ async def test_mail_and_escalations_through_the_cli(gt: Gt, mayor: MayorService)
     assert (await gt("escalations")).out.strip() == "(no escalations)"
     bad = await gt("escalate", "x", "--severity", "urgent")
     assert bad.code == 2
+
+
+async def test_every_oversized_input_gets_one_line_and_stores_nothing(
+    gt: Gt, town: TownConfig, nc: Client, mayor: MayorService
+) -> None:
+    """Issue 39: a 5 MB mail body gave 66 lines of traceback (`nats.errors.MaxPayloadError`). Every input over a
+    limit is refused before anything is sent, in one line that names the limit, exit 1, GT_CMD untouched."""
+    js = nc.jetstream()
+
+    async def stored() -> int:
+        return int((await js.stream_info(town.cmd_stream)).state.last_seq)
+
+    before = await stored()
+    mib5 = b"x" * (5 * 1024 * 1024)
+    meta = [arg for i in range(20) for arg in ("--meta", f"k{i}={'m' * 60_000}")]  # 1.2 MB: each value fits
+    cases = {
+        "a 5 MB mail body": (("mail", "send", "operator:ann", "--subject", "big5m"), mib5, "`body` (standard input)"),
+        "a 900 KB mail body": (("mail", "send", "operator:ann"), b"y" * 900_000, "`body` (standard input)"),
+        "a 5 MB reply": (("mail", "reply", "hq-000000"), mib5, "`body` (standard input)"),
+        "a 100 KB title": (("bead", "create", "t" * 100_000), None, "`title` is 100000 characters; the limit is 500"),
+        "1.2 MB of metadata": (("bead", "create", "much metadata", *meta), None, "the limit is 1048576"),
+    }
+    for what, (args, stdin, says) in cases.items():
+        run = await gt(*args, stdin=stdin)
+        assert run.code == 1, (what, run)
+        assert run.out == "", what
+        lines = run.err.strip().splitlines()
+        assert len(lines) == 1, (what, run.err[:2000])
+        assert lines[0].startswith("gt: refused ("), (what, lines)
+        assert says in lines[0], (what, lines)
+        assert lines[0].endswith("nothing was sent"), (what, lines)
+    assert await stored() == before, "nothing was stored"
+    # Under every limit, the same path sends it.
+    sent = await gt("mail", "send", "operator:ann", stdin=b"z" * 200_000)
+    assert sent.code == 0, sent.err

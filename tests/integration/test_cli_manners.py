@@ -9,9 +9,11 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from nats.aio.client import Client
@@ -221,7 +223,7 @@ def test_down_counts_the_sessions_left_running_and_down_sessions_stops_them_thro
     assert down.returncode == 0, down.stderr
     assert "town down" in down.stdout
     assert "1 polecat session keeps running" in down.stdout, down.stdout
-    assert "it goes on working" in down.stdout, down.stdout
+    assert "and goes on working" in down.stdout, down.stdout
     assert "gt down --sessions" in down.stdout
     assert polecat_panes() == first, "plain `gt down` leaves sessions alone"
 
@@ -263,7 +265,7 @@ def test_a_gt_agent_session_waits_out_gt_down_and_finishes_its_bead_once_the_tow
     down = gt_town("down")
     assert down.returncode == 0, down.stderr
     assert "1 polecat session keeps running in tmux" in down.stdout, down.stdout
-    assert "it goes on working and reports in when the town is up again" in down.stdout, down.stdout
+    assert "its `gt` calls wait up to 90 s for the town (GT_TOWN_PATIENCE; gt-agent's an hour)" in down.stdout
     wait_until(lambda: "the town does not answer" in pane(), timeout=60, message="the agent says it waits")
     assert "giving up" not in pane()
 
@@ -279,3 +281,68 @@ def test_a_gt_agent_session_waits_out_gt_down_and_finishes_its_bead_once_the_tow
     assert any("the town answers again" in text for text in seen), seen[-1]
     sessions = json.loads(gt_town("session", "list", "--bead", bead, "--all", "--json").stdout)
     assert [(s["attempt"], s["end_reason"]) for s in sessions] == [(1, "done")], "no new session, no death"
+
+
+def test_an_agents_gt_call_waits_out_a_town_restart_saying_so_and_gets_through_once(
+    gt_town: TownCli, tmp_path: Path
+) -> None:
+    """Issue 39: after `gt down` Claude Code's `gt step done` failed at once (`NATS is unreachable`, exit 3) and
+    the session idled until its stall limit, though `gt down` had said it would report in once the town was up.
+    Every agent's `gt` waits for the town itself (GT_TOWN_PATIENCE, 90 s in a session), says on stderr what it
+    waits for, and gets through once the town is back. Here a call with the exact environment of a real session's
+    pane (read from /proc), NATS stopped by `gt down` for longer than the old 30 s login patience."""
+    origin = make_origin(tmp_path / "project")
+    port = str(free_port())
+    assert gt_town("up", "-d", "--port", port).returncode == 0
+    added = gt_town("rig", "add", "demo", str(origin), "--agent", "GT_AGENT_FAULT=hang gt-agent", "--wait")
+    assert added.returncode == 0, added.stderr
+    bead = gt_town("bead", "create", "Wait for the town", "--prefix", "demo", "--wait").stdout.strip()
+    assert gt_town("sling", bead, "demo", "--wait").returncode == 0
+
+    def started() -> dict[str, Any]:
+        listed = gt_town("session", "list", "--bead", bead, "--json")
+        sessions = [s for s in json.loads(listed.stdout) if s.get("status") == "started" and s.get("pane_pid")]
+        assert sessions, listed.stdout
+        return dict(sessions[0])
+
+    session = wait_until(started, timeout=120, message="the session runs")
+    molecule = json.loads(gt_town("mol", "status", bead, "--json").stdout)
+    step = molecule["steps"][0]["id"]
+    raw = Path(f"/proc/{session['pane_pid']}/environ").read_bytes().split(b"\0")
+    pane_env = dict(entry.decode().split("=", 1) for entry in raw if b"=" in entry)
+    assert pane_env["GT_SESSION"] == session["id"]
+    assert "GT_TOWN_PATIENCE" not in pane_env, "the sessions' default patience"
+
+    assert gt_town("down").returncode == 0
+    began = time.monotonic()
+    call = subprocess.Popen(
+        [sys.executable, "-m", "gt.cli.main", "step", "done", step],
+        env={**pane_env, "PYTHONPATH": gt_town.env.get("PYTHONPATH", "")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert call.stderr is not None
+        # The first line of `gt`'s own (the session passes GT_LOG_LEVEL on: library logs may come first).
+        first = next(line for line in call.stderr if line.startswith("gt: "))
+        assert first.startswith("gt: the town does not answer (NATS is unreachable at nats://127.0.0.1:"), first
+        assert "waiting up to 90 s for it (GT_TOWN_PATIENCE)" in first, first
+        time.sleep(max(0.0, 35 - (time.monotonic() - began)))  # past the 30 s an agent's login used to wait
+        assert call.poll() is None, "still waiting"
+        assert gt_town("up", "-d", "--port", port).returncode == 0
+        _out, err = call.communicate(timeout=120)
+    finally:
+        if call.poll() is None:
+            call.kill()
+    assert call.returncode == 0, err
+    assert "the town answers again after" in err, err
+    assert "Traceback" not in err
+
+    def done_once() -> list[dict[str, Any]]:
+        history = json.loads(gt_town("bead", "history", bead, "--json").stdout)
+        done = [e for e in history if e["type"] == "step.done" and e["data"].get("step") == step]
+        assert done, [e["type"] for e in history]
+        return done
+
+    assert len(wait_until(done_once, timeout=60)) == 1

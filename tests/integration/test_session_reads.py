@@ -1,6 +1,6 @@
 """An agent's reads outlast a restart of the service they ask (gt/cli/common.py ``read``): inside a polecat
 session, a query nobody answers (the service not running) is asked again for as long as the session's login
-would wait (``SESSION_LOGIN_PATIENCE_S``); outside one, it fails at once, as an operator wants to know."""
+would wait (``GT_TOWN_PATIENCE``, gt/cli/patience.py); outside one, it fails at once, as an operator wants to know."""
 
 from __future__ import annotations
 

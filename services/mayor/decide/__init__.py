@@ -40,7 +40,15 @@ __all__ = ["aggregate_key", "decide"]
 
 
 def aggregate_key(cmd: Command) -> str | None:
-    """Commands with the same key are decided in order; a create names something nobody can know yet."""
+    """Commands with the same key are decided in order. A create whose sender chose the new id (``new_id``) is
+    keyed by it: a command on the new bead sent right after it (while the mayor is down, say) is decided after
+    it; a create with no such id names something nobody can know yet."""
+    if isinstance(cmd, BeadCreate | MailSend | MailReply) and cmd.new_id is not None:
+        return f"bead:{cmd.new_id}"  # a message is a bead
+    if isinstance(cmd, ConvoyCreate) and cmd.new_id is not None:
+        return f"convoy:{cmd.new_id}"
+    if isinstance(cmd, EscalationRaise) and cmd.new_id is not None:
+        return f"escalation:{cmd.new_id}"
     if isinstance(cmd, BeadUpdate | BeadClaim | BeadClose | BeadSling | BeadUnsling | MailRead | MailArchive):
         return f"bead:{cmd.id}"
     if isinstance(cmd, StepStart | StepDone):

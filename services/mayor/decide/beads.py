@@ -22,7 +22,14 @@ def get_bead(state: MayorState, bead_id: str, *, field: str = "id") -> Bead:
     return bead
 
 
-def fresh_id(ctx: DecideContext, prefix: str, taken: Collection[str]) -> str:
+def fresh_id(ctx: DecideContext, prefix: str, taken: Collection[str], chosen: str | None = None) -> str:
+    """A new id: ``chosen`` (the command's ``new_id``, refused when taken), else one drawn that is not taken."""
+    if chosen is not None:
+        if chosen in taken:
+            raise CommandError(
+                "conflict", f"the id {chosen} is taken; send the command again without `new_id` (or with another)"
+            )
+        return chosen
     for _ in range(MAX_NEW_ID_TRIES):
         new = ctx.new_id(prefix)
         if new not in taken:
@@ -39,7 +46,7 @@ def create(state: MayorState, cmd: BeadCreate, ctx: DecideContext) -> Accepted:
         get_bead(state, cmd.parent, field="parent")
     for need in cmd.needs:
         get_bead(state, need, field="needs")
-    bead_id = fresh_id(ctx, cmd.prefix, state.beads)
+    bead_id = fresh_id(ctx, cmd.prefix, state.beads, cmd.new_id)
     event = BeadCreated(
         bead_id=bead_id,
         title=cmd.title,

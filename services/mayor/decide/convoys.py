@@ -8,8 +8,7 @@ from shared.commands import ConvoyAdd, ConvoyCreate, ConvoyLand
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import ConvoyBeadsAdded, ConvoyClosed, ConvoyCreated
-
-CONVOY_PREFIX = "cv"
+from shared.ids import CONVOY_PREFIX
 
 
 def get_convoy(state: MayorState, convoy_id: str) -> Convoy:
@@ -28,7 +27,7 @@ def create(state: MayorState, cmd: ConvoyCreate, ctx: DecideContext) -> Accepted
     beads = list(dict.fromkeys(cmd.beads))
     for bead_id in beads:
         get_bead(state, bead_id, field="beads")
-    convoy_id = fresh_id(ctx, CONVOY_PREFIX, state.convoys)
+    convoy_id = fresh_id(ctx, CONVOY_PREFIX, state.convoys, cmd.new_id)
     event = ConvoyCreated(convoy_id=convoy_id, title=cmd.title, beads=beads, owned=cmd.owned)
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=0)],

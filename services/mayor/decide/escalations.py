@@ -8,8 +8,7 @@ from shared.commands import EscalationAck, EscalationClose, EscalationRaise
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import EscalationAcked, EscalationClosed, EscalationRaised
-
-ESCALATION_PREFIX = "esc"
+from shared.ids import ESCALATION_PREFIX
 
 
 def get_escalation(state: MayorState, escalation_id: str) -> Escalation:
@@ -22,7 +21,7 @@ def get_escalation(state: MayorState, escalation_id: str) -> Escalation:
 def raise_(state: MayorState, cmd: EscalationRaise, ctx: DecideContext) -> Accepted:
     if cmd.bead is not None:
         get_bead(state, cmd.bead, field="bead")
-    escalation_id = fresh_id(ctx, ESCALATION_PREFIX, state.escalations)
+    escalation_id = fresh_id(ctx, ESCALATION_PREFIX, state.escalations, cmd.new_id)
     event = EscalationRaised(
         escalation_id=escalation_id,
         severity=cmd.severity,

@@ -19,8 +19,8 @@ from shared.commands.mail import (
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import BeadClosed, BeadCreated, BeadUpdated
+from shared.ids import MAIL_PREFIX
 
-MAIL_PREFIX = "hq"
 SUBJECT_FROM_BODY = 80
 THREAD_LABEL = "thread:"
 
@@ -59,8 +59,9 @@ def _message(
     reply_to: str | None,
     priority: int,
     taken: Collection[str] | None = None,
+    chosen: str | None = None,
 ) -> tuple[str, NewEvent]:
-    message_id = fresh_id(ctx, MAIL_PREFIX, state.beads if taken is None else taken)
+    message_id = fresh_id(ctx, MAIL_PREFIX, state.beads if taken is None else taken, chosen)
     thread_id = thread or message_id
     metadata = {"from": ctx.actor, "thread": thread_id}
     if reply_to:
@@ -137,6 +138,7 @@ def send(state: MayorState, cmd: MailSend, ctx: DecideContext) -> Accepted:
             reply_to=None,
             priority=cmd.priority,
             taken=taken,
+            chosen=None if ids else cmd.new_id,  # the sender's id is the first copy's (and the thread's)
         )
         thread = thread or message_id  # a rig's copies share the first one's thread
         taken[message_id] = None
@@ -165,6 +167,7 @@ def reply(state: MayorState, cmd: MailReply, ctx: DecideContext) -> Accepted:
         thread=thread,
         reply_to=original.id,
         priority=original.priority,
+        chosen=cmd.new_id,
     )
     return Accepted(events=[event], result={"id": message_id, "to": sender, "thread": thread, "changed": True})
 

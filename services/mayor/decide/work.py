@@ -27,9 +27,9 @@ from shared.events import (
 )
 from shared.events.beads import INFRA_TYPES
 from shared.formulas import Formula, FormulaError, cook
+from shared.ids import CONVOY_PREFIX
 
 DEFAULT_FORMULA = "polecat-work"
-CONVOY_PREFIX = "cv"
 
 
 def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext) -> Accepted:

@@ -88,6 +88,7 @@ AGENT_ENV_PASSTHROUGH = (
     "TZ",
     "TMPDIR",
     "GT_LOG_LEVEL",
+    "GT_TOWN_PATIENCE",
 )
 """What an agent gets of the witness's environment besides its own settings (plus ``GT_AGENT_ENV``); NATS
 credentials are chosen by ``agent_nats_credentials``."""
