@@ -49,7 +49,7 @@ from shared.bus.query import ask
 from shared.bus.topology import provision
 from shared.commands import EscalationRaise, SessionStop
 from shared.config import TownConfig
-from shared.embedded import EmbeddedServer, accounts_conf, adopt_unaccounted_store, free_port
+from shared.embedded import EmbeddedServer, accounts_conf, adopt_unaccounted_store, free_port, read_since
 from shared.errors import (
     EXIT_LOG_LOST,
     AppendFailedError,
@@ -761,11 +761,8 @@ def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> 
 def _said_by_supervisor(town_log: Path, since: int) -> str | None:
     """The last error the supervisor printed (``gt: ...``) to ``town_log`` after byte ``since``: why a detached
     ``gt up`` failed (e.g. nats-server's own cause: the port taken)."""
-    try:
-        with town_log.open("rb") as log:
-            log.seek(since)
-            tail = log.read(1024 * 1024).decode(errors="replace")
-    except OSError:
+    tail = read_since(town_log, since)
+    if tail is None:
         return None
     said = [line.removeprefix("gt: ") for line in tail.splitlines() if line.startswith("gt: ")]
     return said[-1] if said else None

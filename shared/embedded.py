@@ -101,17 +101,24 @@ def write_config(
     return path
 
 
+def read_since(log_file: Path, since: int, limit: int = 1024 * 1024) -> str | None:
+    """What was written to ``log_file`` after byte ``since`` (at most ``limit`` bytes); None if it cannot be read."""
+    try:
+        with log_file.open("rb") as log:
+            log.seek(since)
+            return log.read(limit).decode(errors="replace")
+    except OSError:
+        return None
+
+
 _LOG_LINE = re.compile(r"^\[\d+\] \S+ \S+ \[(?P<level>[A-Z]{3})\] (?P<text>.*)$")
 
 
 def last_error(log_file: Path, since: int = 0) -> str | None:
     """The last fatal or error line nats-server wrote to ``log_file`` after byte ``since`` (its text, without the
     pid and time): why it stopped, e.g. ``Error listening on port: ..., "... bind: address already in use"``."""
-    try:
-        with log_file.open("rb") as log:
-            log.seek(since)
-            tail = log.read(1024 * 1024).decode(errors="replace")
-    except OSError:
+    tail = read_since(log_file, since)
+    if tail is None:
         return None
     found = None
     for line in tail.splitlines():

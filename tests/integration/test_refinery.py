@@ -11,6 +11,7 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 
+from services.refinery.service import RefineryService
 from shared import git
 from shared.config import TownConfig
 from tests.helpers import assert_eventually
@@ -19,6 +20,20 @@ from tests.log_tools import events_of
 from tests.witness_town import PolecatTown, polecat_town
 
 STEPS = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
+
+
+async def queue_paused(refinery: RefineryService, rig: str, ids: list[str]) -> Any:
+    """Once ``rig``'s merge queue is paused with every one of ``ids`` back in it (none claimed): its record."""
+
+    def paused() -> Any:
+        queue = refinery.projection.state.queues.get(rig)
+        assert queue is not None, "the queue is not paused"
+        assert queue.paused, "the queue is not paused"
+        statuses = [refinery.projection.state.mrs[i].status for i in ids]
+        assert "claimed" not in statuses, "the merge request that met the cause is not back in the queue yet"
+        return queue
+
+    return await assert_eventually(paused, timeout=120, interval=0.1)
 
 
 @pytest.fixture
@@ -122,15 +137,7 @@ async def test_a_gate_that_fails_on_the_target_twice_pauses_the_queue_and_a_resu
     assert pt.refinery is not None
     refinery = pt.refinery
 
-    def paused() -> Any:
-        queue = refinery.projection.state.queues.get("demo")
-        assert queue is not None, "the queue is not paused"
-        assert queue.paused, "the queue is not paused"
-        statuses = [refinery.projection.state.mrs[i].status for i in ids]
-        assert "claimed" not in statuses, "the merge request that met the cause is not back in the queue yet"
-        return queue
-
-    queue = await assert_eventually(paused, timeout=120, interval=0.1)
+    queue = await queue_paused(refinery, "demo", ids)
     assert queue.cause == "gate_broken"
     assert "gt rig update demo --test" in queue.reason
     kinds = [kind for kind, _ in await events_of(pt.nc, "gt.evt.mq.demo")]

@@ -26,7 +26,7 @@ from shared.commands import ConvoyCreate
 from shared.config import TownConfig
 from shared.events import decode_envelope
 from tests.helpers import assert_eventually
-from tests.integration.test_refinery import STEPS
+from tests.integration.test_refinery import STEPS, queue_paused
 from tests.log_tools import events_of, read_all
 from tests.witness_town import FAST, IDENTITY, TEST_COMMAND, PolecatTown, polecat_town
 
@@ -176,15 +176,7 @@ async def test_a_dirty_checkout_pauses_the_rigs_queue_once_and_one_command_merge
     assert pt.refinery is not None
     refinery = pt.refinery
 
-    def paused() -> Any:
-        queue = refinery.projection.state.queues.get("calc")
-        assert queue is not None, "the queue is not paused"
-        assert queue.paused, "the queue is not paused"
-        statuses = [refinery.projection.state.mrs[i].status for i in ids]
-        assert "claimed" not in statuses, "the merge request that met the cause is not back in the queue yet"
-        return queue
-
-    queue = await assert_eventually(paused, timeout=120, interval=0.1)
+    queue = await queue_paused(refinery, "calc", ids)
     assert queue.cause == "push_refused"
     assert "Working directory has unstaged changes" in queue.detail
 
