@@ -391,6 +391,14 @@ class Executor:
 
     def _start_tmux(self, session: Session, rig: Rig) -> tuple[PaneInfo, bool]:
         existing = self.tmux.pane_of(session.tmux_name)
+        if existing is not None and not self.tmux.ours(existing):
+            # Another town's session on our tmux socket, of the same name: never ours to adopt or kill.
+            socket = self.tmux.socket_name
+            log.warning("tmux_name_taken_by_another_town", tmux=session.tmux_name, socket=socket, session=session.id)
+            raise StartBlockedError(
+                f"tmux session {session.tmux_name} on socket {socket} belongs to another town; give each town its "
+                "own GT_TMUX_SOCKET (docs/configuration.md)"
+            )
         if existing is not None:
             if existing.label == session.id and not existing.dead and processes.ref_of(existing.pane_pid):
                 return existing, True  # started before a crash, never recorded: adopt it
@@ -847,9 +855,11 @@ class Executor:
 
     def _kill_orphan(self, action: KillOrphan) -> None:
         # Re-check right before the kill: still there, still the same session, still nobody's, still old.
-        pane = self.tmux.snapshot().get(action.tmux_name)
+        pane = self.tmux.snapshot().get(action.tmux_name)  # our town's sessions only
         if pane is None or pane.created != action.created or pane.pane_pid != action.pane_pid:
             return
+        if not pane.town or not self.tmux.ours(pane):
+            return  # not marked as our town's: never an orphan of ours
         if pane.label in self.host.state.sessions:
             return
         if time.time() - pane.created < self.settings.min_orphan_age_s:
