@@ -150,6 +150,7 @@ class Tmux:
         env: Mapping[str, str],
         label: str = "",
         run_as: Sequence[str] = (),
+        supervisor: Sequence[str] = (),
     ) -> PaneInfo:
         """Start session ``name`` running ``command`` (through ``sh -c``) in ``cwd`` with exactly ``env``,
         labelled ``label`` and marked with our town in the same tmux call (so no session of ours is ever seen
@@ -158,14 +159,16 @@ class Tmux:
         The pane runs ``env -i <env> sh -c <command>``: a tmux server's global environment is that of whoever
         started it (a witness, with its own credentials and settings), and tmux also replaces PATH with its
         client's; neither may leak into an agent, so the agent gets ``env`` and nothing else. ``run_as``: a command
-        prefix the whole runs under (``setpriv`` to the agents' OS user).
+        prefix the whole runs under (``setpriv`` to the agents' OS user). ``supervisor``: a command prefix that runs
+        before ``run_as``, as the tmux server's user (``shared.reaper``: the pane's first process).
 
         Raises:
             TmuxError: the session exists already, or tmux refused.
         """
         # -P -F: tmux prints the new pane's facts (pid, ...) itself, so no second call reads them.
         args = ["new-session", "-d", "-P", "-F", _FORMAT, "-s", name, "-c", cwd, "-x", "200", "-y", "50"]
-        argv = [*run_as, "env", "-i", *(f"{key}={value}" for key, value in env.items()), "sh", "-c", command]
+        pairs = (f"{key}={value}" for key, value in env.items())
+        argv = [*supervisor, *run_as, "env", "-i", *pairs, "sh", "-c", command]
         args += [_literal(arg) for arg in argv]
         options = (
             ";",

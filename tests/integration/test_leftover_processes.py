@@ -1,0 +1,91 @@
+"""A dead agent leaves no process behind: a hostile agent's pane (tests/attacks/detach_pane.sh) detaches a writer
+with setsid and a double fork, ignoring SIGTERM and SIGHUP, that appends to a file in the worktree for ever; then its
+session dies. Before the bead's next session gets the worktree the writer is gone, and nothing is written after: by
+the pane's reaper (shared/reaper.py), or, where the agent killed its reaper first (a laptop town, where the reaper
+runs as the agent's own user), by the witness's scan before a worktree is reused (effects/leftovers.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psutil
+import pytest
+from nats.aio.client import Client
+
+from services.witness.settings import WitnessSettings
+from services.witness.state import Session
+from shared import reaper
+from shared.config import TownConfig
+from tests.conftest import REPO_ROOT
+from tests.helpers import assert_eventually
+from tests.witness_town import PolecatTown, polecat_town
+
+SCRIPT = REPO_ROOT / "tests" / "attacks" / "detach_pane.sh"
+
+
+@pytest.fixture
+async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
+    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, respawn_backoff_s=0.5)
+    async with polecat_town(town, nc, tmp_path, settings) as handle:
+        yield handle
+
+
+def running_with(marker: str) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info.get("cmdline") or ())
+        if marker in line:
+            found.append(f"{proc.pid}: {line[:200]}")
+    return found
+
+
+async def started(pt: PolecatTown, bead: str, attempt: int) -> Session:
+    def check() -> Session:
+        sessions = pt.sessions_of(bead)
+        assert len(sessions) >= attempt, [(s.id, s.status, s.end_reason) for s in sessions]
+        assert sessions[attempt - 1].status == "started", sessions[attempt - 1].status
+        return sessions[attempt - 1]
+
+    session: Session = await assert_eventually(check, timeout=90, interval=0.05)
+    return session
+
+
+@pytest.mark.parametrize("mode", ["keep-reaper", "kill-reaper"])
+async def test_a_detached_writer_of_a_dead_session_is_gone_before_the_worktree_is_handed_on(
+    pt: PolecatTown, mode: str
+) -> None:
+    mark = f"gt-detached-{uuid.uuid4().hex[:8]}"
+    await pt.add_rig(agent_command=f"sh {shlex.quote(str(SCRIPT))} attack {mode} {mark}", max_respawns=3)
+    bead = await pt.new_bead("Outlive my session")
+    await pt.sling(bead)
+    first = await started(pt, bead, 1)
+    hostile = Path(first.worktree) / "HOSTILE.txt"
+    await assert_eventually(lambda: running_with(f"writer {mark}"), timeout=60, message="the writer never started")
+    second = await started(pt, bead, 2)
+    assert second.worktree == first.worktree
+    assert not running_with(f"writer {mark}"), "the detached writer runs on beside the next session"
+    written = await asyncio.to_thread(hostile.read_text)
+    # Nothing written since (the writer wrote every 0.2 s while it lived).
+    for _ in range(10):
+        await asyncio.sleep(0.3)
+        assert await asyncio.to_thread(hostile.read_text) == written
+    assert first.id in written
+    assert second.id not in written
+    [ended, _] = pt.sessions_of(bead)[:2]
+    assert ended.end_reason in {"zombie", "dead"}, pt.endings([ended])
+
+
+def test_the_reaper_ends_what_its_command_detached_and_exits_with_the_commands_status(tmp_path: Path) -> None:
+    """The reaper on its own: a command that detaches a process ignoring SIGTERM (setsid, double fork) and exits 3."""
+    out = tmp_path / "late.txt"
+    mark = f"gt-reaped-{uuid.uuid4().hex[:8]}"
+    detached = f"trap '' TERM HUP; sleep 2; echo late > {shlex.quote(str(out))} # {mark}"
+    command = f"setsid sh -c {shlex.quote(f'sh -c {shlex.quote(detached)} &')} ; exit 3"
+    done = subprocess.run([*reaper.argv(0.5), "sh", "-c", command], timeout=30, check=False)
+    assert done.returncode == 3
+    assert running_with(mark) == [], "the reaper exited with a process of its command still running"
