@@ -157,6 +157,9 @@ class Executor:
         # lock, then the rig's.
         self._worktree_locks = KeyedLocks()
         self._repo_locks = KeyedLocks()
+        self._pane_locks = KeyedLocks()
+        """A pane's: one nudge typed into it at a time, its text and its Enter as one unit (two typed at once would
+        arrive as one line)."""
         self._fetched_at: dict[str, float] = {}
         """Rig -> when (monotonic) its clone's newest successful fetch began."""
         """Clones (rig, inode) whose info/exclude this process has written."""
@@ -929,7 +932,11 @@ class Executor:
         decided_on = nudge.version  # before the await: an expiry applied meanwhile makes the append conflict
         rig = self.host.state.rigs.get(session.rig)
         typing = runtimes.runtime_for(rig.agent_command if rig is not None else "").nudge(nudge.message)
-        attempts = await asyncio.to_thread(self._type_into, session, typeable(typing.text), typing.submit)
+        async with self._pane_locks.hold(session.tmux_name):
+            current = self.host.state.nudges.get(action.nudge)
+            if current is None or current.status != "queued":
+                return  # delivered or expired while it waited for the pane
+            attempts = await asyncio.to_thread(self._type_into, session, typeable(typing.text), typing.submit)
         if attempts:
             event = NudgeDelivered(nudge_id=nudge.id, session=session.id, attempts=attempts)
             await self._append(NewEvent(payload=event, expected_seq=decided_on))
