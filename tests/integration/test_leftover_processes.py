@@ -7,8 +7,12 @@ runs as the agent's own user), by the witness's scan before a worktree is reused
 from __future__ import annotations
 
 import asyncio
+import json
+import pwd
 import shlex
+import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,8 +26,11 @@ from services.witness.state import Session
 from shared import reaper
 from shared.config import TownConfig
 from tests.conftest import REPO_ROOT
-from tests.helpers import assert_eventually
-from tests.witness_town import PolecatTown, polecat_town
+from tests.helpers import assert_eventually, wait_until
+from tests.integration.test_agent_user import agent_user  # noqa: F401 - the throwaway OS user fixture
+from tests.integration.test_town import TownCli
+from tests.os_users import user_bin_dir
+from tests.witness_town import PolecatTown, make_origin, polecat_town
 
 SCRIPT = REPO_ROOT / "tests" / "attacks" / "detach_pane.sh"
 
@@ -76,6 +83,8 @@ async def test_a_detached_writer_of_a_dead_session_is_gone_before_the_worktree_i
         assert await asyncio.to_thread(hostile.read_text) == written
     assert first.id in written
     assert second.id not in written
+    if mode == "kill-reaper":
+        assert Path(f"/tmp/{mark}.reaper").read_text().startswith("killed my reaper"), "a laptop's agent can kill it"
     [ended, _] = pt.sessions_of(bead)[:2]
     assert ended.end_reason in {"zombie", "dead"}, pt.endings([ended])
 
@@ -89,3 +98,61 @@ def test_the_reaper_ends_what_its_command_detached_and_exits_with_the_commands_s
     done = subprocess.run([*reaper.argv(0.5), "sh", "-c", command], timeout=30, check=False)
     assert done.returncode == 3
     assert running_with(mark) == [], "the reaper exited with a process of its command still running"
+
+
+def test_an_agent_of_its_own_os_user_cannot_kill_its_reaper_and_its_detached_writer_ends_with_its_session(
+    gt_env: dict[str, str],
+    agent_user: tuple[str, Path],  # noqa: F811
+) -> None:
+    """``GT_AGENT_USER`` (a root `gt up`, as the compose stack runs its witness): the pane's reaper is root's, outside
+    the agent's ``setpriv``. The hostile agent's kill of it is refused; the writer it detached is ended with its
+    session all the same, before the next session gets the worktree."""
+    name, readable = agent_user
+    entry = pwd.getpwnam(name)
+    bin_dir = user_bin_dir(entry.pw_uid, entry.pw_gid, readable)
+    script = readable / "detach_pane.sh"
+    shutil.copy(SCRIPT, script)
+    script.chmod(0o755)
+    socket = f"gt-reaper-{uuid.uuid4().hex[:8]}"
+    town = TownCli(
+        {**gt_env, "GT_TMUX_SOCKET": socket, "GT_AGENT_USER": name}, readable / "town", str(bin_dir / "python")
+    )
+    mark = f"gt-detached-{uuid.uuid4().hex[:8]}"
+    try:
+        up = town("up", "-d", "--port", "0")
+        assert up.returncode == 0, up.stderr + up.stdout
+        origin = make_origin(readable / "project")
+        added = town(
+            "rig", "add", "demo", str(origin), "--agent", f"sh {shlex.quote(str(script))} attack kill-reaper {mark}"
+        )
+        assert added.returncode == 0, added.stderr
+        bead = town("bead", "create", "Outlive my session as another user").stdout.strip()
+        assert town("sling", bead, "demo").returncode == 0
+
+        def sessions() -> list[dict[str, object]]:
+            listed = town("session", "list", "--bead", bead, "--all", "--json")
+            assert listed.returncode == 0, listed.stderr
+            found: list[dict[str, object]] = json.loads(listed.stdout)
+            return found
+
+        wait_until(lambda: running_with(f"writer {mark}"), timeout=120, message="the writer never started")
+        wait_until(
+            lambda: len(sessions()) >= 2 and sessions()[1]["status"] == "started",
+            timeout=120,
+            message="no second session started",
+        )
+        first, second = sessions()[:2]
+        assert not running_with(f"writer {mark}"), "the detached writer runs on beside the next session"
+        hostile = Path(str(first["worktree"])) / "HOSTILE.txt"
+        written = hostile.read_text()
+        assert str(first["id"]) in written
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert hostile.read_text() == written, "written after its session ended"
+            time.sleep(0.3)
+        assert second["worktree"] == first["worktree"]
+        assert Path(f"/tmp/{mark}.reaper").read_text().startswith("could not kill my reaper")
+    finally:
+        town("down", "--sessions")
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
+        Path(f"/tmp/{mark}.reaper").unlink(missing_ok=True)
