@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import pwd
+import secrets
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,8 +27,10 @@ from services.witness.settings import WitnessSettings
 from services.witness.state import Session
 from shared import reaper
 from shared.config import TownConfig
+from tests.compose_stack import USERS, ComposeStack, running_stack
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually, wait_until
+from tests.integration.test_agent_attacks import AGENT_UID
 from tests.integration.test_agent_user import agent_user  # noqa: F401 - the throwaway OS user fixture
 from tests.integration.test_town import TownCli
 from tests.os_users import user_bin_dir
@@ -156,3 +160,79 @@ def test_an_agent_of_its_own_os_user_cannot_kill_its_reaper_and_its_detached_wri
         town("down", "--sessions")
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
         Path(f"/tmp/{mark}.reaper").unlink(missing_ok=True)
+
+
+def test_in_the_compose_stack_the_agents_detached_writer_ends_with_its_session(
+    gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The same hostile pane in the compose stack (in containers under podman when it is ready, else as local
+    processes): there the witness is root and starts agents as the image's ``agent`` (``GT_AGENT_USER``), so the
+    reaper is root's; the agent's kill of it is refused and its detached writer ends with its session."""
+    passwords = {user: secrets.token_hex(12) for user in USERS}
+    mark = f"gt-detached-{uuid.uuid4().hex[:8]}"
+    with running_stack(REPO_ROOT, tmp_path / "stack", gt_env, passwords) as stack:
+        env = {
+            **gt_env,
+            "NATS_URL": ",".join(stack.urls()),
+            "NATS_USER": "operator",
+            "NATS_PASSWORD": stack.passwords["operator"],
+            "GT_HOME": str(tmp_path / "operator-home"),
+        }
+
+        def gt(*args: str) -> str:
+            run = subprocess.run(
+                [sys.executable, "-m", "gt.cli.main", *args], env=env, capture_output=True, text=True, timeout=120
+            )
+            assert run.returncode == 0, f"gt {' '.join(args)}: {run.stdout}{run.stderr}"
+            return run.stdout.strip()
+
+        in_containers = isinstance(stack, ComposeStack)
+        where = Path("/var/lib/gastown/detach") if in_containers else tmp_path / "detach"
+
+        def run_there(*argv: str, stdin: str | None = None) -> str:
+            """In the witness's container (where the agent runs), or here for the topology as local processes."""
+            if isinstance(stack, ComposeStack):
+                return stack.exec("witness", *argv, stdin=stdin)
+            return subprocess.run(argv, input=stdin, capture_output=True, text=True, check=True).stdout
+
+        run_there("mkdir", "-p", str(where))
+        run_there("sh", "-c", f"cat > {shlex.quote(str(where / 'detach_pane.sh'))}", stdin=SCRIPT.read_text())
+        if in_containers:
+            run_there("chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(where))
+        writers = (
+            # [w]riter: the regular expression does not match this command's own text.
+            f"for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q '[w]riter {mark}' && echo $p;"
+            " done; true"
+        )
+        origin = stack.make_origin()
+        command = f"sh {shlex.quote(str(where / 'detach_pane.sh'))} attack kill-reaper {mark}"
+        gt("rig", "add", "demo", origin, "--agent", command)
+        bead = gt("bead", "create", "Outlive my session in a container")
+        gt("sling", bead, "demo")
+
+        def sessions() -> list[dict[str, object]]:
+            found: list[dict[str, object]] = json.loads(gt("session", "list", "--bead", bead, "--all", "--json"))
+            return found
+
+        try:
+            wait_until(lambda: run_there("sh", "-c", writers).strip(), timeout=180, message="the writer never started")
+            wait_until(
+                lambda: len(sessions()) >= 2 and sessions()[1]["status"] == "started",
+                timeout=180,
+                message="no second session started",
+            )
+        except AssertionError:
+            print(stack.log_tail("witness", 60))
+            raise
+        first, second = sessions()[:2]
+        assert second["worktree"] == first["worktree"]
+        assert run_there("sh", "-c", writers).strip() == "", "the detached writer runs on beside the next session"
+        hostile = str(Path(str(first["worktree"])) / "HOSTILE.txt")
+        written = run_there("cat", hostile)
+        assert str(first["id"]) in written
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert run_there("cat", hostile) == written, "written after its session ended"
+            time.sleep(0.3)
+        if in_containers:
+            assert run_there("cat", f"/tmp/{mark}.reaper").startswith("could not kill my reaper"), "root's reaper"

@@ -350,7 +350,7 @@ class Executor:
             processes.ProcessRef(pid=s.pane_pid, started=s.pid_started) for s in earlier if s.pane_pid and s.pid_started
         ]
         paths = [session.worktree, *(str(self.session_dir(s)) for s in earlier)]
-        uid = self.agent_user.uid if self.agent_user is not None and self.agent_user.switch else None
+        uid = self.agent_user.uid if self.agent_user is not None else os.getuid()
         ids = {s.id for s in earlier}
         deadline = time.monotonic() + LEFTOVER_DEADLINE_S
         while True:
@@ -359,9 +359,8 @@ class Executor:
                 return
             shown = ", ".join(f"{f.ref.pid} ({f.name}: {f.why})" for f in found[:10])
             log.warning("leftover_processes_stopped", session=session.id, worktree=session.worktree, processes=shown)
-            refs = [f.ref for f in found]
-            if await asyncio.to_thread(processes.stop_all, refs, timeout=self.settings.kill_grace_s):
-                continue  # looked for again: one may have started another meanwhile
+            # Looked for again after: one may have started another meanwhile.
+            await asyncio.to_thread(processes.stop_all, [f.ref for f in found], timeout=self.settings.kill_grace_s)
             if time.monotonic() >= deadline:
                 message = (
                     f"processes of an earlier session in worktree {session.worktree} do not end: {shown}. Session "
