@@ -12,8 +12,9 @@ Run as root with the agent under ``setpriv`` (``GT_AGENT_USER``) the agent canno
 user (a laptop town) the agent could kill it first; the witness's scan before a worktree is reused
 (``services/witness/effects/leftovers.py``) covers that case.
 
-The standard library only, and started with ``-I -S``: it starts in ~20 ms, imports nothing of the project (so an
-agent's files cannot change what it runs), and runs on whatever Python the witness runs on.
+The standard library only, and started with ``-I -S``: it starts in 30-100 ms on a busy 2-core machine, imports
+nothing of the project (so an agent's files cannot change what it runs), and runs on whatever Python the witness
+runs on.
 """
 
 from __future__ import annotations
