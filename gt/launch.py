@@ -112,11 +112,14 @@ def _private_directory(base: str, uid: int) -> bool:
 
 
 def helper_key() -> str:
-    """Tells helpers apart: one per interpreter, code location and import path (FNV-1a, 64 bits). Computed once
-    per process: the socket's name and every request carry it (the helper's workers compare each request's)."""
+    """Tells helpers apart: one per interpreter, code location, import path and polecat session (FNV-1a, 64 bits).
+    Computed once per process: the socket's name and every request carry it (the helper's workers compare each
+    request's). A session's helper is its own: started in its pane, it ends with the session (its reaper ends every
+    process of it), and so never serves another session's call."""
     global _key
     if _key is None:
-        text = "\0".join((sys.executable, os.path.dirname(__file__), sys.version, os.environ.get("PYTHONPATH", "")))
+        parts = (sys.executable, os.path.dirname(__file__), sys.version, os.environ.get("PYTHONPATH", ""))
+        text = "\0".join((*parts, os.environ.get("GT_SESSION", "")))
         value = 0xCBF29CE484222325
         for byte in text.encode():
             value = ((value ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF

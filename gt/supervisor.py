@@ -48,7 +48,7 @@ from shared.bus.kv import Bucket
 from shared.bus.query import ask
 from shared.bus.topology import provision
 from shared.commands import EscalationRaise, SessionStop
-from shared.config import TownConfig
+from shared.config import TownConfig, town_mark
 from shared.embedded import EmbeddedServer, accounts_conf, adopt_unaccounted_store, free_port, read_since
 from shared.errors import (
     EXIT_LOG_LOST,
@@ -922,7 +922,7 @@ def down(config: TownConfig, *, clean: bool = False, sessions: bool = False) -> 
             print(f"gt: the supervisor (pid {state.supervisor.pid}) did not stop", file=sys.stderr)
             return 1
         print("town down")
-    running = polecat_tmux_sessions()
+    running = polecat_tmux_sessions(config)
     if running:
         print(sessions_left_running(len(running)))
     if clean:
@@ -948,10 +948,11 @@ def tmux_socket() -> str:
     return os.environ.get("GT_TMUX_SOCKET") or DEFAULT_TMUX_SOCKET
 
 
-def polecat_tmux_sessions() -> list[str]:
-    """Names of the polecat tmux sessions running now (none when tmux is not there)."""
+def polecat_tmux_sessions(config: TownConfig) -> list[str]:
+    """Names of this town's polecat tmux sessions running now (none when tmux is not there); another town's on the
+    same socket are not counted."""
     try:
-        panes = Tmux(tmux_socket()).snapshot()
+        panes = Tmux(tmux_socket(), town=town_mark(config)).snapshot()
     except (TmuxError, OSError):
         return []
     return sorted(name for name, pane in panes.items() if name.startswith(POLECAT_TMUX_PREFIX) and not pane.dead)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
@@ -177,3 +178,11 @@ def forget_secrets(environ: MutableMapping[str, str] | None = None) -> list[str]
     for name in names:
         del environ[name]
     return names
+
+
+def town_mark(config: TownConfig) -> str:
+    """What marks a town's tmux sessions (``shared.tmux.TOWN_OPTION``): a digest of its directory and its event
+    stream, the same for every witness of the town (and `gt`) and across restarts; two towns of one OS user never
+    share a ``GT_HOME`` (their rigs and worktrees are there)."""
+    home = os.path.realpath(config.gt_home)
+    return hashlib.sha256(f"{home}\0{config.evt_stream}".encode()).hexdigest()[:16]

@@ -109,9 +109,14 @@ def stop_tree(ref: ProcessRef, *, timeout: float = 10.0) -> bool:
 
     Returns True when all of them are gone.
     """
-    tree = [ref, *descendants(ref)]
+    return stop_all([ref, *descendants(ref)], timeout=timeout)
+
+
+def stop_all(refs: list[ProcessRef], *, timeout: float = 10.0) -> bool:
+    """Stop every process of ``refs`` at once: SIGTERM to all, SIGKILL to what is left after ``timeout``; every
+    signal only to a process re-verified by pid and start time. Returns True when all of them are gone."""
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        living = [p for p in tree if is_alive(p)]
+        living = [p for p in refs if is_alive(p)]
         if not living:
             return True
         for proc in living:
@@ -119,7 +124,7 @@ def stop_tree(ref: ProcessRef, *, timeout: float = 10.0) -> bool:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and any(is_alive(p) for p in living):
             time.sleep(0.05)
-    return not any(is_alive(p) for p in tree)
+    return not any(is_alive(p) for p in refs)
 
 
 def working_in(path: Path) -> list[tuple[int, str]]:

@@ -274,7 +274,8 @@ class ClaudeRuntime(Runtime):
     """Where ``./dev setup`` installs the pinned version, relative to the project's checkout."""
 
     def command(self, beacon: str, binary: str) -> str:
-        # exec: the pane's process is claude itself, so the pid the witness records and watches is the agent's.
+        # exec: the pane's reaper runs claude itself (no shell between), so the reaper ends the session the moment
+        # claude exits.
         return f"exec {shlex.quote(binary)} --dangerously-skip-permissions {shlex.quote(beacon)}"
 
     def find_binary(

@@ -1,5 +1,9 @@
 """tmux through libtmux, on a server of our own (its socket name), so nothing else's sessions are touched.
 
+Several towns of one OS user may share a socket (``GT_TMUX_SOCKET``): each session a witness starts carries its
+town's mark (``TOWN_OPTION``, set in the same tmux call as the session), and a ``Tmux`` made for a town sees,
+kills and reads only sessions with that mark (``snapshot``, ``kill_if_labelled``, ``tail_if_labelled``).
+
 The only module that imports libtmux. Every call is blocking (tmux is a subprocess); async callers run
 them in a thread. Panes keep ``remain-on-exit``: when an agent dies its pane stays, dead, so a zombie
 (tmux alive, agent dead) is observable and its last output can be read.
@@ -22,9 +26,12 @@ from shared.errors import GastownError
 
 LABEL_OPTION = "@gt_session"
 """A user option set on each session we start: which gastown session it runs (set in the same tmux call)."""
+TOWN_OPTION = "@gt_town"
+"""A user option set on each session we start: the mark of the town whose witness started it (``config.town_mark``),
+so a town never takes another town's sessions on the same socket for orphans of its own."""
 _FORMAT = (
     "#{session_name}\t#{pane_id}\t#{pane_pid}\t#{pane_dead}\t#{session_created}\t#{session_activity}"
-    f"\t#{{{LABEL_OPTION}}}"
+    f"\t#{{{LABEL_OPTION}}}\t#{{{TOWN_OPTION}}}"
 )
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -76,13 +83,19 @@ class PaneInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Last output or input in the session (seconds since the epoch)."""
     label: str = ""
     """The gastown session it was started for (empty: not started by a witness)."""
+    town: str = ""
+    """The mark of the town that started it (empty: no town's, or started before towns were marked)."""
 
 
 class Tmux:
-    """Sessions on the tmux server at ``socket_name``."""
+    """Sessions on the tmux server at ``socket_name``; with ``town`` (a town's mark), only that town's: the sessions
+    it starts carry the mark, and only sessions carrying it are listed, killed by label or read by label."""
 
-    def __init__(self, socket_name: str) -> None:
+    def __init__(self, socket_name: str, town: str = "") -> None:
+        if town and not _SAFE_WORD.fullmatch(town):
+            raise ValueError(f"a town mark must be letters, digits and ._@+-, got {town!r}")
         self.socket_name = socket_name
+        self.town = town
         self._server = Server(socket_name=socket_name)
 
     def _run(self, *args: str) -> list[str]:
@@ -91,9 +104,13 @@ class Tmux:
             raise TmuxError(args[0], " ".join(result.stderr))
         return list(result.stdout)
 
+    def ours(self, pane: PaneInfo) -> bool:
+        """The session carries this town's mark (any session does for a ``Tmux`` of no town)."""
+        return not self.town or pane.town == self.town
+
     def snapshot(self) -> dict[str, PaneInfo]:
-        """Every session with its first pane, in one tmux call; empty when the server is not running or has no
-        session."""
+        """Every session of ours (``ours``) with its first pane, in one tmux call; empty when the server is not
+        running or has no session."""
         try:
             lines = self._run("list-panes", "-a", "-F", _FORMAT)
         except TmuxError as exc:
@@ -105,13 +122,14 @@ class Tmux:
         out: dict[str, PaneInfo] = {}
         for line in lines:
             info = _pane_info(line)
-            if info is not None and info.session not in out:
+            if info is not None and info.session not in out and self.ours(info):
                 out[info.session] = info
         return out
 
     def pane_of(self, name: str) -> PaneInfo | None:
         """Session ``name``'s first pane, or None when there is no such session (or no server): ``snapshot`` of
-        one session, whose cost does not grow with the number of sessions."""
+        one session, whose cost does not grow with the number of sessions. Whichever town's it is (``ours``
+        tells): a name taken by another town must be seen to be left alone."""
         try:
             lines = self._run("list-panes", "-s", "-t", f"={name}", "-F", _FORMAT)
         except TmuxError as exc:
@@ -132,21 +150,25 @@ class Tmux:
         env: Mapping[str, str],
         label: str = "",
         run_as: Sequence[str] = (),
+        supervisor: Sequence[str] = (),
     ) -> PaneInfo:
         """Start session ``name`` running ``command`` (through ``sh -c``) in ``cwd`` with exactly ``env``,
-        labelled ``label`` in the same tmux call (so no session of ours is ever seen without its label).
+        labelled ``label`` and marked with our town in the same tmux call (so no session of ours is ever seen
+        without its label or its mark).
 
         The pane runs ``env -i <env> sh -c <command>``: a tmux server's global environment is that of whoever
         started it (a witness, with its own credentials and settings), and tmux also replaces PATH with its
         client's; neither may leak into an agent, so the agent gets ``env`` and nothing else. ``run_as``: a command
-        prefix the whole runs under (``setpriv`` to the agents' OS user).
+        prefix the whole runs under (``setpriv`` to the agents' OS user). ``supervisor``: a command prefix that runs
+        before ``run_as``, as the tmux server's user (``shared.reaper``: the pane's first process).
 
         Raises:
             TmuxError: the session exists already, or tmux refused.
         """
         # -P -F: tmux prints the new pane's facts (pid, ...) itself, so no second call reads them.
         args = ["new-session", "-d", "-P", "-F", _FORMAT, "-s", name, "-c", cwd, "-x", "200", "-y", "50"]
-        argv = [*run_as, "env", "-i", *(f"{key}={value}" for key, value in env.items()), "sh", "-c", command]
+        pairs = (f"{key}={value}" for key, value in env.items())
+        argv = [*supervisor, *run_as, "env", "-i", *pairs, "sh", "-c", command]
         args += [_literal(arg) for arg in argv]
         options = (
             ";",
@@ -161,6 +183,12 @@ class Tmux:
             name,
             LABEL_OPTION,
             _literal(label),
+            ";",
+            "set-option",
+            "-t",
+            name,
+            TOWN_OPTION,
+            self.town,
         )
         printed: list[str] = []
         for attempt in (1, 2):
@@ -173,11 +201,11 @@ class Tmux:
                     continue
                 raise
             break
-        # Printed before the label was set (the same call's next command): the label is the one just given.
+        # Printed before the label and mark were set (the same call's next commands): they are the ones just given.
         info = _pane_info(printed[0]) if printed else None
         if info is None:
             raise TmuxError("new-session", f"session {name} is not there after starting it")
-        return msgspec.structs.replace(info, label=label)
+        return msgspec.structs.replace(info, label=label, town=self.town)
 
     def _run_clean(self, *args: str) -> list[str]:
         """As ``_run``, the tmux client with only ``SERVER_ENV`` of our environment (see there)."""
@@ -205,14 +233,17 @@ class Tmux:
         return True
 
     def kill_if_labelled(self, name: str, label: str) -> bool:
-        """Kill session ``name`` only if it carries ``label`` (still the session we mean, not a newer one of the
-        same name), checked and done by the tmux server in one call; whether it was killed."""
+        """Kill session ``name`` only if it carries ``label`` and our town's mark (still the session we mean, not a
+        newer one of the same name, nor another town's), checked and done by the tmux server in one call; whether it
+        was killed."""
         if not _SAFE_WORD.fullmatch(name) or not _SAFE_WORD.fullmatch(label):
             # Not quotable in a tmux format and command: look first, then kill (two calls).
             pane = self.snapshot().get(name)
             return pane is not None and pane.label == label and self.kill(name)
         target = f"={name}:"
         check = f"#{{==:#{{{LABEL_OPTION}}},{label}}}"
+        if self.town:
+            check = f"#{{&&:{check},#{{==:#{{{TOWN_OPTION}}},{self.town}}}}}"
         try:
             out = self._run("if-shell", "-F", "-t", target, check, f"kill-session -t ={name}", "display -p kept")
         except TmuxError as exc:
@@ -248,19 +279,20 @@ class Tmux:
         return clean_tail(self.capture(name, lines=lines * 4), lines)
 
     def tail_if_labelled(self, name: str, label: str, lines: int = TAIL_LINES) -> str:
-        """``tail`` of session ``name`` when it carries ``label`` (it is still the session we mean), else '' (also
-        when there is no such session). One tmux call: it is on the recovery path, before a respawn."""
+        """``tail`` of session ``name`` when it carries ``label`` and is ours (it is still the session we mean), else
+        '' (also when there is no such session). One tmux call: it is on the recovery path, before a respawn."""
         target = f"={name}:"
         try:
             out = self._run(
-                "display-message", "-p", "-t", target, f"#{{{LABEL_OPTION}}}",
+                "display-message", "-p", "-t", target, f"#{{{LABEL_OPTION}}}\t#{{{TOWN_OPTION}}}",
                 ";", "capture-pane", "-p", "-J", "-t", target, "-S", f"-{lines * 4}",
             )  # fmt: skip
         except TmuxError as exc:
             if _no_such_session(exc):
                 return ""
             raise
-        if not out or out[0] != label:
+        seen_label, _, seen_town = out[0].partition("\t") if out else ("", "", "")
+        if seen_label != label or (self.town and seen_town != self.town):
             return ""
         return clean_tail("\n".join(out[1:]), lines)
 
@@ -281,7 +313,7 @@ def _no_such_session(exc: TmuxError) -> bool:
 def _pane_info(line: str) -> PaneInfo | None:
     """A line of ``_FORMAT`` read; None when it is not one."""
     parts = line.split("\t")
-    if len(parts) != 7:
+    if len(parts) != 8:
         return None
     return PaneInfo(
         session=parts[0],
@@ -291,6 +323,7 @@ def _pane_info(line: str) -> PaneInfo | None:
         created=int(parts[4] or 0),
         activity=int(parts[5] or 0),
         label=parts[6],
+        town=parts[7],
     )
 
 

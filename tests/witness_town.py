@@ -24,7 +24,7 @@ from services.witness.state import Session
 from shared import git
 from shared.bus import commands as bus_commands
 from shared.commands import BeadCreate, BeadSling, Command, MergeRequestSubmit, RigAdd
-from shared.config import TownConfig
+from shared.config import TownConfig, town_mark
 from shared.service import Service, ServiceSettings
 from shared.tmux import Tmux
 from tests.drivers import send_and_wait
@@ -60,7 +60,7 @@ class PolecatTown:
         self.nc = nc
         self.origin = origin
         self.socket = socket
-        self.tmux = Tmux(socket)
+        self.tmux = Tmux(socket, town=town_mark(town))  # as the town's witness sees it: its own sessions only
         self.mayor: MayorService | None = None
         self.witness: WitnessService | None = None
         self.refinery: RefineryService | None = None
@@ -221,9 +221,11 @@ async def polecat_town(
     with_witness: bool = True,
     with_refinery: bool = True,
     refinery: RefinerySettings | None = None,
+    socket: str | None = None,
 ) -> AsyncIterator[PolecatTown]:
-    """The town; ``with_witness=False`` leaves the witness to the test (a chaos test runs it as a process)."""
-    socket = tmux_socket()
+    """The town; ``with_witness=False`` leaves the witness to the test (a chaos test runs it as a process);
+    ``socket``: a tmux server it shares (with another town), else one of its own."""
+    socket = socket or tmux_socket()
     settings = settings or WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0)
     handle = PolecatTown(town, nc, make_origin(root), socket)
     try:

@@ -39,7 +39,7 @@ from shared.bus.connection import Connection, close_quietly, connect
 from shared.bus.errors import BusError
 from shared.bus.kv import Bucket
 from shared.commands import Command, RigAdd, SessionRecoverHook
-from shared.config import TownConfig
+from shared.config import TownConfig, town_mark
 from shared.decision import Accepted, DecideContext, Route
 from shared.errors import ActivityLostError
 from shared.ids import hook_lease_name
@@ -95,7 +95,7 @@ class WitnessService(Service[WitnessState]):
         """The ``sys`` user's connection, when ``GT_NATS_SYS_PASSWORD`` is set: disconnects ended sessions."""
         self._kicking: dict[str, asyncio.Task[int]] = {}
         ws = self.witness_settings
-        self.tmux = Tmux(ws.tmux_socket)
+        self.tmux = Tmux(ws.tmux_socket, town=town_mark(config))  # only our town's sessions, on a shared socket
         self.policy = Policy(
             rigs_root=str(config.gt_home / "rigs"),
             min_orphan_age_s=ws.min_orphan_age_s,

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from nats.aio.client import Client
 
@@ -173,8 +174,9 @@ async def test_a_session_sent_a_conflict_is_pointed_at_the_rework_step_not_told_
     [conflicted] = [m for m in pt.refinery.projection.state.mrs.values() if m.bead == bead]
     [(_, conflict)] = [(k, d) for k, d in await events_of(pt.nc, f"gt.evt.mr.{conflicted.id}") if k == "mr.conflicted"]
 
-    # The beacon it was started with (its environment, as the witness gave it).
-    environ = Path(f"/proc/{session.pane_pid}/environ").read_bytes().split(b"\0")
+    # The beacon it was started with (its environment, as the witness gave it: the agent's, below the pane's reaper).
+    [agent] = psutil.Process(session.pane_pid).children()
+    environ = Path(f"/proc/{agent.pid}/environ").read_bytes().split(b"\0")
     [beacon] = [e.decode().removeprefix("GT_BEACON=") for e in environ if e.startswith(b"GT_BEACON=")]
     assert "current step rework-1-rebase" in beacon, beacon
     assert "sent your work back" in beacon

@@ -5,13 +5,17 @@ exhausted (an automatic compaction)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
+import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from nats.aio.client import Client
 
@@ -81,6 +85,26 @@ async def started_session(pt: PolecatTown, bead: str, attempt: int = 1) -> Sessi
     return await assert_eventually(started, timeout=60)
 
 
+def claude_pid(session: Session) -> int:
+    """The ``claude`` process of a session: below its pane's reaper (``env``, ``sh`` and ``exec`` replace one another
+    up to it)."""
+    pane = psutil.Process(session.pane_pid or 0)
+    for proc in (pane, *pane.children(recursive=True)):
+        if "--dangerously-skip-permissions" in proc.cmdline():
+            return int(proc.pid)
+    raise AssertionError(f"no claude below the pane's process {session.pane_pid}")
+
+
+def running_with(marker: str) -> list[str]:
+    """Command lines of the live processes that carry ``marker``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info.get("cmdline") or ())
+        if marker in line:
+            found.append(f"{proc.pid}: {line[:200]}")
+    return found
+
+
 # ---- 1. the agent killed mid-step --------------------------------------------------------------------------------
 
 
@@ -107,7 +131,7 @@ async def test_claude_killed_mid_step_is_resumed_at_the_current_step_by_a_fresh_
             await assert_eventually(lambda: server.stalled >= 1, timeout=120)
             assert await steps_done(nc, bead) == ["load-context", "implement"]
             server.add(after_kill)  # what a fresh Claude Code conversation (turn 0 again) is answered
-            os.kill(first.pane_pid or 0, signal.SIGKILL)
+            os.kill(claude_pid(first), signal.SIGKILL)
             await merged(pt, server, bead)
         finally:
             server.release()
@@ -122,6 +146,38 @@ async def test_claude_killed_mid_step_is_resumed_at_the_current_step_by_a_fresh_
         assert "Current step: load-context" not in json.dumps(resumed.body)
     assert sorted(await steps_done(nc, bead)) == sorted(STEPS), "each step done once: none redone"
     assert len(await steps_done(nc, bead)) == len(STEPS)
+
+
+async def test_a_killed_claudes_running_tool_is_gone_before_a_fresh_session_takes_the_worktree(
+    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trial's case: `kill -9` of claude while its Bash tool runs a command that writes into the worktree later.
+    The tool's process (re-parented when claude died) must be gone before the next session gets the worktree."""
+    await pt.add_rig(agent_command="claude", stall_after_s=600.0)
+    bead = await pt.new_bead("Leave a tool running [model-script:leftover]")
+    marker = f"gt-leftover-{uuid.uuid4().hex[:8]}"
+    late = f"sleep 12 && echo {marker} >> LEFTOVER.txt"
+    before_kill = Script(
+        name="leftover",
+        turns=(use(bash("gt prime", expect="Current step: load-context")), use(bash(late)), say("never reached")),
+    )
+    async with ModelServer([before_kill]) as server:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+        await pt.sling(bead)
+        first = await started_session(pt, bead)
+        await assert_eventually(lambda: running_with(marker), timeout=120, message="the tool's command never ran")
+        server.add(Script(name="leftover", turns=(say("A fresh session, waiting."),)))
+        os.kill(claude_pid(first), signal.SIGKILL)
+        killed_at = time.monotonic()
+        second = await started_session(pt, bead, attempt=2)
+        assert second.worktree == first.worktree
+        assert running_with(marker) == [], "a process of the killed session runs on beside its successor"
+        leftover = os.path.join(first.worktree, "LEFTOVER.txt")
+        # Past the moment the command would have written: nothing was written, then or ever.
+        while time.monotonic() < killed_at + 15:
+            assert not os.path.exists(leftover), "the killed session's tool wrote into its successor's worktree"
+            await asyncio.sleep(0.5)
+        assert pt.sessions_of(bead)[0].end_reason == "zombie", "claude's death seen as such"
 
 
 # ---- 2. a 429/529 storm ------------------------------------------------------------------------------------------

@@ -120,9 +120,9 @@ async def test_kill_9_at_each_of_six_steps_loses_nothing_and_redoes_nothing(pt: 
 
 
 def agent_process(pane_pid: int) -> psutil.Process:
-    """The agent: the process the pane's shell runs (gt-agent, or what it exec'd)."""
+    """The agent: the process the pane's reaper runs (the shell of the rig's agent command, or what it exec'd)."""
     children = psutil.Process(pane_pid).children()
-    assert children, f"the pane's shell (pid {pane_pid}) runs nothing yet"
+    assert children, f"the pane's reaper (pid {pane_pid}) runs nothing yet"
     return children[0]
 
 

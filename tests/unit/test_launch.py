@@ -83,3 +83,18 @@ def test_a_runtime_directory_too_deep_for_a_socket_falls_back_to_tmp(monkeypatch
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/nonexistent/" + "d" * 100)
     path = launch.socket_path()
     assert path == f"/tmp/gt-{os.getuid()}/helper-{launch.helper_key()}.sock"
+
+
+def test_each_polecat_session_has_a_helper_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session's helper ends with its session (the pane's reaper ends every process of it): a helper shared by
+    sessions would be killed mid-call by another session's end."""
+    keys = []
+    for session in ("hq-a-1", "hq-b-1", None):
+        monkeypatch.setattr(launch, "_key", None)
+        if session is None:
+            monkeypatch.delenv("GT_SESSION", raising=False)
+        else:
+            monkeypatch.setenv("GT_SESSION", session)
+        keys.append(launch.helper_key())
+    monkeypatch.setattr(launch, "_key", None)
+    assert len(set(keys)) == 3, keys

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import structlog
 
 from services.witness import plan as planning
-from services.witness.effects import agent_user, runtime_setup
+from services.witness.effects import agent_user, leftovers, runtime_setup
 from services.witness.effects.agent_creds import agent_nats_credentials, is_credential
 from services.witness.plan.actions import (
     Action,
@@ -46,7 +46,7 @@ from services.witness.plan.actions import (
 )
 from services.witness.settings import WitnessSettings
 from services.witness.state import Rig, Session, WitnessState, continue_nudge_id, mail_nudge_id
-from shared import git, lease_state, processes, runtimes, safe_files, session_identity, subjects
+from shared import git, lease_state, processes, reaper, runtimes, safe_files, session_identity, subjects
 from shared.aio import KeyedLocks
 from shared.bus.auth_callout import CalloutSettings
 from shared.bus.commands import StoredCommand
@@ -105,6 +105,12 @@ CONTINUE_NUDGE_TTL_S = 600.0
 """How long the nudge that sends a restarted session on waits to be delivered (it is for that session only)."""
 BLOCKED_SCREEN_CHARS = 1500
 """How much of a blocked pane's text an escalation carries."""
+REAPER_SLACK_S = 3.0
+"""A killed pane's reaper ends its session's processes within ``GT_KILL_GRACE`` (SIGTERM, then SIGKILL): the witness
+waits this much longer before it kills what is left itself (the reaper among them)."""
+LEFTOVER_DEADLINE_S = 30.0
+"""How long a new session waits for an earlier session's processes in its worktree to be gone before the witness
+escalates (it keeps trying: the worktree is never handed over while one runs)."""
 
 
 class WorktreeUnusableError(GastownError):
@@ -153,6 +159,9 @@ class Executor:
         # lock, then the rig's.
         self._worktree_locks = KeyedLocks()
         self._repo_locks = KeyedLocks()
+        self._pane_locks = KeyedLocks()
+        """A pane's: one nudge typed into it at a time, its text and its Enter as one unit (two typed at once would
+        arrive as one line)."""
         self._fetched_at: dict[str, float] = {}
         """Rig -> when (monotonic) its clone's newest successful fetch began."""
         """Clones (rig, inode) whose info/exclude this process has written."""
@@ -293,6 +302,7 @@ class Executor:
             return
         try:
             async with self._worktree_locks.hold(session.worktree):
+                await self._end_leftovers(session)
                 await self._prepare_worktree(rig, session)
         except WorktreeUnusableError as exc:
             # Never touched (it may hold someone's work): the bead is escalated instead.
@@ -325,6 +335,43 @@ class Executor:
         await self._append(NewEvent(payload=started, expected_seq=current.version))
         self.start_failures.pop(session.id, None)
         log.info("session_started", session=session.id, pane_pid=pane.pane_pid, adopted=adopted)
+
+    async def _end_leftovers(self, session: Session) -> None:
+        """Before a worktree is handed to ``session``: every process of the earlier sessions that worked in it is
+        gone, verified (``effects/leftovers.py``); the ones found are stopped first. Until then the start is blocked
+        (tried again), and escalated once it has waited ``LEFTOVER_DEADLINE_S``."""
+        earlier = [
+            s
+            for s in self.host.state.sessions.values()
+            if s.worktree == session.worktree and s.id != session.id and s.status == "ended"
+        ]
+        if not earlier:
+            return
+        pane = await asyncio.to_thread(self.tmux.pane_of, session.tmux_name)
+        if pane is not None and self.tmux.ours(pane) and pane.label == session.id:
+            return  # its own agent runs already (started before a crash): adopted, not a leftover
+        roots = [
+            processes.ProcessRef(pid=s.pane_pid, started=s.pid_started) for s in earlier if s.pane_pid and s.pid_started
+        ]
+        paths = [session.worktree, *(str(self.session_dir(s)) for s in earlier)]
+        uid = self.agent_user.uid if self.agent_user is not None else os.getuid()
+        ids = {s.id for s in earlier}
+        deadline = time.monotonic() + LEFTOVER_DEADLINE_S
+        while True:
+            found = await asyncio.to_thread(leftovers.find, roots=roots, sessions=ids, paths=paths, agent_uid=uid)
+            if not found:
+                return
+            shown = ", ".join(f"{f.ref.pid} ({f.name}: {f.why})" for f in found[:10])
+            log.warning("leftover_processes_stopped", session=session.id, worktree=session.worktree, processes=shown)
+            # Looked for again after: one may have started another meanwhile.
+            await asyncio.to_thread(processes.stop_all, [f.ref for f in found], timeout=self.settings.kill_grace_s)
+            if time.monotonic() >= deadline:
+                message = (
+                    f"processes of an earlier session in worktree {session.worktree} do not end: {shown}. Session "
+                    f"{session.id} of bead {session.bead} waits until they are gone; end them by hand."
+                )
+                await self._raise_escalation(session, message)
+                raise StartBlockedError(message)
 
     async def _hold_hook(self, session: Session, rig: Rig) -> Session:
         """Take the bead's hook lease for this session (the next fencing token), before its agent starts: from
@@ -395,6 +442,14 @@ class Executor:
 
     def _start_tmux(self, session: Session, rig: Rig) -> tuple[PaneInfo, bool]:
         existing = self.tmux.pane_of(session.tmux_name)
+        if existing is not None and not self.tmux.ours(existing):
+            # Another town's session on our tmux socket, of the same name: never ours to adopt or kill.
+            socket = self.tmux.socket_name
+            log.warning("tmux_name_taken_by_another_town", tmux=session.tmux_name, socket=socket, session=session.id)
+            raise StartBlockedError(
+                f"tmux session {session.tmux_name} on socket {socket} belongs to another town; give each town its "
+                "own GT_TMUX_SOCKET (docs/configuration.md)"
+            )
         if existing is not None:
             if existing.label == session.id and not existing.dead and processes.ref_of(existing.pane_pid):
                 return existing, True  # started before a crash, never recorded: adopt it
@@ -408,7 +463,12 @@ class Executor:
             # tmux (root) starts the pane in "/", and the agent's own shell enters the workspace: no root process
             # ever runs with the agent's directory as its working directory (relative paths the agent planted).
             cwd, command = "/", f"cd -- {shlex.quote(session.worktree)} && {command}"
-        pane = self.tmux.start(session.tmux_name, command, cwd=cwd, env=env, label=session.id, run_as=run_as)
+        # The pane's first process is the session's reaper (shared/reaper.py), as the witness's user: whatever the
+        # agent starts, even detached, ends with the session.
+        supervisor = reaper.argv(self.settings.kill_grace_s)
+        pane = self.tmux.start(
+            session.tmux_name, command, cwd=cwd, env=env, label=session.id, run_as=run_as, supervisor=supervisor
+        )
         return pane, False
 
     def _hand_over(self, session: Session, env: dict[str, str]) -> None:
@@ -692,8 +752,10 @@ class Executor:
         if session.pane_pid and session.pid_started:
             ref = processes.ProcessRef(pid=session.pane_pid, started=session.pid_started)
             # Only a process with the recorded pid AND start time is signalled: a reused pid never is.
+            # The pane's process is the session's reaper: SIGTERM has it end every process of the session within
+            # GT_KILL_GRACE; only what is left after that (a pane without a reaper) is killed from here.
             if pane.pane_pid == session.pane_pid and processes.is_alive(ref):
-                processes.stop_tree(ref, timeout=self.settings.kill_grace_s)
+                processes.stop_tree(ref, timeout=self.settings.kill_grace_s + REAPER_SLACK_S)
         return self.tmux.kill_if_labelled(session.tmux_name, session.id)
 
     async def _finish_done(self, session: Session, after: str) -> None:
@@ -855,9 +917,11 @@ class Executor:
 
     def _kill_orphan(self, action: KillOrphan) -> None:
         # Re-check right before the kill: still there, still the same session, still nobody's, still old.
-        pane = self.tmux.snapshot().get(action.tmux_name)
+        pane = self.tmux.snapshot().get(action.tmux_name)  # our town's sessions only
         if pane is None or pane.created != action.created or pane.pane_pid != action.pane_pid:
             return
+        if not pane.town or not self.tmux.ours(pane):
+            return  # not marked as our town's: never an orphan of ours
         if pane.label in self.host.state.sessions:
             return
         if time.time() - pane.created < self.settings.min_orphan_age_s:
@@ -875,7 +939,11 @@ class Executor:
         decided_on = nudge.version  # before the await: an expiry applied meanwhile makes the append conflict
         rig = self.host.state.rigs.get(session.rig)
         typing = runtimes.runtime_for(rig.agent_command if rig is not None else "").nudge(nudge.message)
-        attempts = await asyncio.to_thread(self._type_into, session, typeable(typing.text), typing.submit)
+        async with self._pane_locks.hold(session.tmux_name):
+            current = self.host.state.nudges.get(action.nudge)
+            if current is None or current.status != "queued":
+                return  # delivered or expired while it waited for the pane
+            attempts = await asyncio.to_thread(self._type_into, session, typeable(typing.text), typing.submit)
         if attempts:
             event = NudgeDelivered(nudge_id=nudge.id, session=session.id, attempts=attempts)
             await self._append(NewEvent(payload=event, expected_seq=decided_on))

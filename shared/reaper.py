@@ -1,0 +1,164 @@
+"""The supervisor each polecat pane runs its agent under: when the session ends, no process of it is left.
+
+``python -I -S reaper.py GRACE -- COMMAND...`` (``argv``). It makes itself a child subreaper
+(``PR_SET_CHILD_SUBREAPER``), so every process the agent starts, even one that detached (``setsid``, a double fork,
+``nohup ... &``), is re-parented to it when its parent dies, never to init. When the session ends (the agent exits,
+or the reaper gets SIGTERM or SIGHUP: the witness's kill, or tmux closing the pane) it sends SIGTERM to every
+descendant, SIGKILL after ``GRACE`` seconds to whatever is left (again and again, so nothing forked meanwhile
+survives), reaps them all, and exits only when it has no child left: a subreaper with no child has no descendant.
+It exits with the agent's status (128 + the signal that ended it).
+
+Run as root with the agent under ``setpriv`` (``GT_AGENT_USER``) the agent cannot signal it. Run as the agent's own
+user (a laptop town) the agent could kill it first; the witness's scan before a worktree is reused
+(``services/witness/effects/leftovers.py``) covers that case.
+
+The standard library only, and started with ``-I -S``: it starts in 30-100 ms on a busy 2-core machine, imports
+nothing of the project (so an agent's files cannot change what it runs), and runs on whatever Python the witness
+runs on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+WATCHED = {signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT}
+"""Taken through ``sigwaitinfo``: blocked in the reaper, unblocked in the agent before it starts."""
+HELD = {signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
+"""Stop signals from the pane's terminal (a Ctrl-Z meant for the agent): blocked, never stopping the reaper."""
+ENDS_SESSION = {signal.SIGTERM, signal.SIGHUP}
+KILL_EVERY_S = 0.05
+
+
+def argv(grace_s: float) -> tuple[str, ...]:
+    """The command prefix that runs a pane's command under the reaper."""
+    return (sys.executable, "-I", "-S", os.path.realpath(__file__), f"{grace_s:g}", "--")
+
+
+def main(args: list[str]) -> int:
+    if len(args) < 3 or args[1] != "--":
+        print("usage: reaper.py GRACE_SECONDS -- COMMAND [ARG...]", file=sys.stderr)
+        return 2
+    grace = float(args[0])
+    command = args[2:]
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        print(f"reaper: cannot become a child subreaper: {os.strerror(ctypes.get_errno())}", file=sys.stderr)
+        return 125
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # delivered (and queued while blocked), not discarded
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED | HELD)
+    agent = os.fork()
+    if agent == 0:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        try:
+            os.execvp(command[0], command)  # noqa: S606 - the pane's command, as tmux would run it
+        except OSError as exc:
+            print(f"reaper: cannot run {command[0]}: {exc}", file=sys.stderr)
+        os._exit(127)
+    status: int | None = None
+    while status is None:
+        info = signal.sigwaitinfo(WATCHED)
+        if info.si_signo == signal.SIGCHLD:
+            status = _reap(agent)
+        elif info.si_signo in ENDS_SESSION:
+            status = 128 + info.si_signo
+        # SIGINT, SIGQUIT: the agent's (it is in the pane's foreground process group too); nothing for the reaper.
+    end_all(grace)
+    return status
+
+
+def _reap(agent: int) -> int | None:
+    """Reap every child that has exited; the agent's exit status when it was one of them."""
+    found = None
+    while True:
+        try:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return found
+        if pid == 0:
+            return found
+        if pid == agent:
+            found = os.waitstatus_to_exitcode(wait_status)
+            found = 128 - found if found < 0 else found
+
+
+def _has_children() -> bool:
+    """Reap what exited; whether a child is left."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def end_all(grace: float) -> None:
+    """SIGTERM to every descendant, SIGKILL to what is left after ``grace``; returns once none is left."""
+    if not _has_children():
+        return  # a subreaper with no child has no descendant
+    signal_descendants(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _has_children():
+        if time.monotonic() >= deadline:
+            signal_descendants(signal.SIGKILL)
+        signal.sigtimedwait({signal.SIGCHLD}, KILL_EVERY_S)
+
+
+def signal_descendants(sig: signal.Signals) -> None:
+    me = os.getpid()
+    for pid in descendants(me):
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        try:
+            # Checked after the pidfd is open: the signal cannot reach a process that took a dead one's pid.
+            if me in _ancestors(pid):
+                try:  # noqa: SIM105 - contextlib costs the reaper's start-up an import
+                    signal.pidfd_send_signal(fd, sig)
+                except ProcessLookupError:
+                    pass
+        finally:
+            os.close(fd)
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as file:
+            stat = file.read()
+    except OSError:
+        return 0
+    return int(stat.rpartition(")")[2].split()[1])
+
+
+def _ancestors(pid: int) -> list[int]:
+    out: list[int] = []
+    while pid > 1 and len(out) < 4096:
+        pid = _parent(pid)
+        out.append(pid)
+    return out
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` now, from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            children.setdefault(_parent(int(entry.name)), []).append(int(entry.name))
+    out: list[int] = []
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
