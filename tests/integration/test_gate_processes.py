@@ -18,15 +18,15 @@ from shared import processes
 from tests.helpers import assert_eventually
 
 
-def _child_of(evidence: Path) -> processes.ProcessRef:
-    def recorded() -> processes.ProcessRef:
-        text = (evidence / "child").read_text().strip() if (evidence / "child").exists() else ""
-        assert text, "the gate has not recorded its child yet"
-        ref = processes.ref_of(int(text))
-        assert ref is not None
-        return ref
+def _child_of(evidence: Path) -> processes.ProcessRef | None:
+    """The gate's child the gate recorded; None when it is gone already (it recorded its pid, so it ran)."""
+    text = (evidence / "child").read_text().strip() if (evidence / "child").exists() else ""
+    assert text, "the gate has not recorded its child"
+    return processes.ref_of(int(text))
 
-    return recorded()
+
+def _gone(child: processes.ProcessRef | None) -> bool:
+    return child is None or not processes.is_alive(child)
 
 
 def test_a_gate_past_its_time_is_stopped_with_everything_it_started(tmp_path: Path) -> None:
@@ -38,7 +38,7 @@ def test_a_gate_past_its_time_is_stopped_with_everything_it_started(tmp_path: Pa
         )  # fmt: skip
     assert code is None, "a gate past its time-out has no exit code of its own"
     child = _child_of(tmp_path)
-    assert not processes.is_alive(child), "the gate's background child outlived its time-out"
+    assert _gone(child), "the gate's background child outlived its time-out"
     assert not list((tmp_path / "gates").glob("*")), "the record of a finished gate is left"
 
 
@@ -51,7 +51,24 @@ def test_a_gate_that_ends_leaves_nothing_running_and_gives_its_exit_code(tmp_pat
         )  # fmt: skip
     assert code == 3
     child = _child_of(tmp_path)
-    assert not processes.is_alive(child), "what a gate left running in its group outlived it"
+    assert _gone(child), "what a gate left running in its group outlived it"
+
+
+def test_a_gate_process_that_left_its_group_is_stopped_with_the_gate(tmp_path: Path) -> None:
+    # A gate runs the change's own code: a process of it may leave the gate's process group and session (setsid,
+    # a double fork) to outlive it, and meddle with the gates after it.
+    script = (
+        f'setsid sh -c \'(trap "" TERM HUP; sleep 6; touch "{tmp_path}/late") & echo $! > "{tmp_path}/child"\' '
+        f"& sleep 1; exit 0"
+    )
+    with (tmp_path / "gate.log").open("wb") as out:
+        code = gate_runs.run(
+            ["sh", "-c", script], cwd=tmp_path, env={"PATH": os.environ["PATH"]}, out=out, timeout=60,
+            records=tmp_path / "gates",
+        )  # fmt: skip
+    assert code == 0
+    child = _child_of(tmp_path)
+    assert _gone(child), "a gate's process that left its group outlived the gate"
 
 
 async def test_a_gate_whose_watcher_was_killed_too_is_stopped_by_the_next_start(tmp_path: Path) -> None:
@@ -73,6 +90,7 @@ async def test_a_gate_whose_watcher_was_killed_too_is_stopped_by_the_next_start(
 
         record = await assert_eventually(recorded, timeout=30)
         child = await assert_eventually(lambda: _child_of(tmp_path), timeout=30)
+        assert child is not None, "the gate's child ended on its own"
         watcher.kill()  # the watcher dies with the refinery (its whole process group killed, say)
         watcher.wait()
         leader = processes.ProcessRef(pid=record.leader.pid, started=record.leader.started)

@@ -1,6 +1,9 @@
 """Gates as processes that never outlive their refinery: each runs under a watcher (``gate_watch``) that stops
-its whole process group when the refinery goes away, however it goes; and a refinery starting stops what a gate
-whose watcher died as well left running, from the records the watchers keep, before it does anything else.
+its whole process group when the refinery goes away, however it goes; the watcher itself runs under the reaper a
+polecat pane's agent runs under (``shared.reaper``), so a process of the gate's that left its group (``setsid``: a
+gate runs the code of the change it checks) is stopped too once the watcher is done; and a refinery starting stops
+what a gate whose watcher died as well left running, from the records the watchers keep, before it does anything
+else.
 
 A leftover is stopped only when it is verified to be the recorded gate's: in the recorded process group, and
 either that group's first process still runs (by pid and start time: while it runs nobody else can have the
@@ -26,7 +29,7 @@ import structlog
 
 from services.refinery.effects import gate_watch
 from services.refinery.effects.gate_watch import MARKER_VARIABLE, STOP_GRACE_S, GateRecord, WatchSpec
-from shared import processes
+from shared import processes, reaper
 from shared.os_user import OsUser
 
 log = structlog.get_logger(__name__)
@@ -61,7 +64,7 @@ def run(
         gid=as_user.gid if switch and as_user is not None else None,
     )
     watcher = subprocess.Popen(
-        [sys.executable, "-I", WATCHER, msgspec.json.encode(spec).decode()],
+        [*reaper.argv(STOP_GRACE_S), sys.executable, "-I", WATCHER, msgspec.json.encode(spec).decode()],
         cwd="/",
         env={**env, MARKER_VARIABLE: marker},
         stdin=subprocess.PIPE,
