@@ -45,7 +45,9 @@ def test_a_filter_the_witness_git_runs_leaves_a_process_that_outlives_the_sessio
     shutil.copy(SCRIPT, script)
     script.chmod(0o755)
     socket = f"gt-rt-{secrets.token_hex(4)}"
-    town = TownCli({**gt_env, "GT_TMUX_SOCKET": socket, "GT_AGENT_USER": name}, readable / "town", str(bin_dir / "python"))
+    town = TownCli(
+        {**gt_env, "GT_TMUX_SOCKET": socket, "GT_AGENT_USER": name}, readable / "town", str(bin_dir / "python")
+    )
     mark = f"gt-rtfilter-{secrets.token_hex(4)}"
     try:
         up = town("up", "-d", "--port", "0")

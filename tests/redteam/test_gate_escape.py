@@ -16,7 +16,7 @@ def test_a_gate_child_in_a_session_of_its_own_outlives_the_gate(tmp_path: Path) 
     # What a hostile change's test suite runs: a child in a new session (so a new process group), out of the
     # gate's cwd, waiting for later gates to tamper with.
     script = (
-        f'setsid sh -c \'cd /; echo $$ > "{tmp_path}/child"; exec sleep 60\' </dev/null >/dev/null 2>&1 & '
+        f"setsid sh -c 'cd /; echo $$ > \"{tmp_path}/child\"; exec sleep 60' </dev/null >/dev/null 2>&1 & "
         f'while [ ! -s "{tmp_path}/child" ]; do sleep 0.05; done; exit 0'
     )
     with (tmp_path / "gate.log").open("wb") as out:
@@ -55,12 +55,15 @@ def test_a_hostile_gate_as_the_gate_user_makes_a_later_changes_failing_gate_pass
         user = OsUser(name=name, uid=entry.pw_uid, gid=entry.pw_gid, switch=True)
         repo = tmp_path / "repo"
         repo.mkdir()
-        for args in (["init", "-q"], ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty", "-m", "x"]):
+        for args in (
+            ["init", "-q"],
+            ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty", "-m", "x"],
+        ):
             subprocess.run(["git", *args], cwd=repo, check=True)
         base = {"PATH": os.environ["PATH"]}
         hostile = (
-            "setsid sh -c 'touch \"$TMPDIR/up\"; cd /; while :; do for d in /tmp/gt-gate-*/work; do touch \"$d/PASSED\" 2>/dev/null; done;"
-            " sleep 0.05; done' </dev/null >/dev/null 2>&1 & while [ ! -e \"$TMPDIR/up\" ]; do sleep 0.05; done; exit 0"
+            'setsid sh -c \'touch "$TMPDIR/up"; cd /; while :; do for d in /tmp/gt-gate-*/work; do touch "$d/PASSED" 2>/dev/null; done;'
+            ' sleep 0.05; done\' </dev/null >/dev/null 2>&1 & while [ ! -e "$TMPDIR/up" ]; do sleep 0.05; done; exit 0'
         )
         honest_but_failing = "sleep 2; test -f PASSED"  # this change's tests fail
         codes = []
