@@ -89,3 +89,48 @@ async def hostile_change(pt, settled) -> None:  # type: ignore[no-untyped-def]
     first = await pt.submit(hostile, branch1, head1)
     first_mr = await assert_eventually(lambda: settled(first), timeout=120, interval=0.1)
     assert first_mr.status != "merged", "the hostile change failed its gate (by design)"
+
+
+KILLER = (
+    'cd /; while :; do for d in /proc/[0-9]*; do case "$(readlink $d/cwd 2>/dev/null)" in'
+    " /tmp/gt-gate-*/work*) kill -9 ${d#/proc/} 2>/dev/null;; esac; done; sleep 0.05; done"
+)
+
+
+async def test_a_hostile_changes_gate_leaves_a_process_that_pauses_the_rigs_queue(
+    town: TownConfig,
+    nc: Client,
+    tmp_path: Path,
+    gate_user: str,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lurker kills every later gate (its own user's processes working in a gate's clone): each change fails
+    and so does the target's tip, twice in a row, and the rig's whole queue is paused (until `gt mq resume`, which
+    the lurker defeats again)."""
+    monkeypatch.setenv("GT_GATE_USER", gate_user)
+    async with polecat_town(town, nc, tmp_path) as pt:
+        push(pt.origin, "main", {"check.sh": "sleep 1\n"}, base="main")
+        await pt.add_rig(test_command="sh check.sh")
+        hostile = await pt.new_bead("Hostile", prefix="demo")
+        branch1 = f"polecat/evil/{hostile}"
+        await pt.submit(
+            hostile,
+            branch1,
+            push(pt.origin, branch1, {"check.sh": f"setsid -f sh -c '{KILLER}' </dev/null >/dev/null 2>&1\nexit 1\n"}),
+        )
+        for n in range(3):
+            bead = await pt.new_bead(f"Honest {n}", prefix="demo")
+            branch = f"polecat/ann/{bead}"
+            await pt.submit(bead, branch, push(pt.origin, branch, {f"f{n}.txt": "fine\n"}))
+
+        def paused() -> str:
+            assert pt.refinery is not None
+            queue = pt.refinery.projection.state.queues.get("demo")
+            assert queue is not None and queue.paused, "not paused (yet)"
+            return queue.reason
+
+        try:
+            reason = await assert_eventually(paused, timeout=60, interval=0.2)
+        except AssertionError:
+            return  # held: the queue was not paused
+        raise AssertionError(f"one hostile change paused the rig's merge queue for every change: {reason}")
