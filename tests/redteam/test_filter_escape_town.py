@@ -70,9 +70,10 @@ def test_a_filter_the_witness_git_runs_leaves_a_process_that_outlives_the_sessio
         time.sleep(2)
         left = running_with(mark)
         alive = Path(f"/tmp/{mark}.alive")
+        proof = alive.read_text().strip() if alive.exists() else "-"
         assert not left, (
             f"session {session['id']} ended ({session.get('end_reason')}) and its worktree is gone, yet a process the "
-            f"witness's git started for it runs on: {left}; last proof of life {alive.read_text().strip() if alive.exists() else '-'}"
+            f"witness's git started for it runs on: {left}; last proof of life {proof}"
         )
     finally:
         town("down", "--sessions")

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from services.refinery.effects import gate_runs
 from shared import processes
-from tests.helpers import assert_eventually
 
 
 def test_a_gate_child_in_a_session_of_its_own_outlives_the_gate(tmp_path: Path) -> None:
@@ -61,9 +60,13 @@ def test_a_hostile_gate_as_the_gate_user_makes_a_later_changes_failing_gate_pass
         ):
             subprocess.run(["git", *args], cwd=repo, check=True)
         base = {"PATH": os.environ["PATH"]}
+        lurker = (
+            'touch "$TMPDIR/up"; cd /; '
+            'while :; do for d in /tmp/gt-gate-*/work; do touch "$d/PASSED"; done; sleep 0.05; done'
+        )
         hostile = (
-            'setsid sh -c \'touch "$TMPDIR/up"; cd /; while :; do for d in /tmp/gt-gate-*/work; do touch "$d/PASSED" 2>/dev/null; done;'
-            ' sleep 0.05; done\' </dev/null >/dev/null 2>&1 & while [ ! -e "$TMPDIR/up" ]; do sleep 0.05; done; exit 0'
+            f"setsid sh -c '{lurker}' </dev/null >/dev/null 2>&1 & "
+            'while [ ! -e "$TMPDIR/up" ]; do sleep 0.05; done; exit 0'
         )
         honest_but_failing = "sleep 2; test -f PASSED"  # this change's tests fail
         codes = []

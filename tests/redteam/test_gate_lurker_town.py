@@ -126,7 +126,8 @@ async def test_a_hostile_changes_gate_leaves_a_process_that_pauses_the_rigs_queu
         def paused() -> str:
             assert pt.refinery is not None
             queue = pt.refinery.projection.state.queues.get("demo")
-            assert queue is not None and queue.paused, "not paused (yet)"
+            assert queue is not None, "no queue record (yet)"
+            assert queue.paused, "not paused (yet)"
             return queue.reason
 
         try:

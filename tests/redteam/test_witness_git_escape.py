@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import pwd
-import signal
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -38,8 +38,9 @@ def test_a_clean_filter_run_by_the_witness_clean_up_leaves_a_process_its_check_d
             os.chown(d, entry.pw_uid, entry.pw_gid)
 
         def as_agent(*args: str) -> None:
-            subprocess.run(["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups",
-                            "--no-new-privs", *args], cwd=ws, check=True, env={"PATH": os.environ["PATH"], "HOME": str(ws)})  # fmt: skip
+            user = [f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups", "--no-new-privs"]
+            env = {"PATH": os.environ["PATH"], "HOME": str(ws)}
+            subprocess.run(["setpriv", *user, *args], cwd=ws, check=True, env=env)
 
         # The session's work: a tracked file, committed.
         as_agent("git", "init", "-q")
