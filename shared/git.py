@@ -32,6 +32,7 @@ import msgspec
 
 from shared import safe_files
 from shared.errors import GastownError
+from shared.os_user import switch_user_argv
 
 GIT_TIMEOUT_S = 120.0
 PROBE_TIMEOUT_S = 30.0
@@ -158,28 +159,48 @@ def git_environment(environ: Mapping[str, str] | None = None, **extra: str) -> d
     return {**{key: environ[key] for key in names if key in environ}, **GIT_ENV, **extra}
 
 
+CONTAINED_GRACE_S = 2.0
+"""How long what a git run as another user started has to stop once that git is done (SIGKILL after)."""
+
+
 def _run(
     args: list[str], cwd: Path | None, env: dict[str, str], timeout: float, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
+    argv = ["git", *GIT_SAFE_CONFIG, *args]
     owner = _owner_of(cwd)
-    if owner is not None:
-        # Its config, attributes and filters are the owner's to write (an agent's workspace, when agents run as
-        # their own user): they run with the owner's rights, never a root service's; and git refuses a repository
-        # another user owns anyway. No home: nothing of root's (unreadable to it) is looked for.
-        env = {**env, "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent"}
-    return subprocess.run(
-        ["git", *GIT_SAFE_CONFIG, *args],
+    if owner is None:
+        return subprocess.run(
+            argv, cwd=cwd, env=env, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    # Its config, attributes and filters are the owner's to write (an agent's workspace, when agents run as their
+    # own user): they run with the owner's rights, never a root service's; and git refuses a repository another
+    # user owns anyway. No home: nothing of root's (unreadable to it) is looked for. Under root's reaper, as a
+    # pane's agent runs: whatever they start (a filter that detaches) ends with this git, and cannot hold its
+    # output open past it.
+    from shared import reaper  # here: ctypes, which the reaper's module imports, costs every gt call otherwise
+
+    env = {**env, "HOME": "/nonexistent", "XDG_CONFIG_HOME": "/nonexistent"}
+    contained = [*reaper.argv(CONTAINED_GRACE_S), *switch_user_argv(*owner), *argv]
+    with subprocess.Popen(
+        contained,
         cwd=cwd,
         env=env,
-        input=stdin,
-        capture_output=True,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        check=False,
-        user=owner[0] if owner is not None else None,
-        group=owner[1] if owner is not None else None,
-        extra_groups=[] if owner is not None else None,
-    )
+    ) as proc:
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # the reaper ends git and all it started (a SIGKILL would orphan them)
+            try:
+                proc.communicate(timeout=CONTAINED_GRACE_S + 5.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+            raise
+        return subprocess.CompletedProcess(contained, proc.returncode, out, err)
 
 
 def _owner_of(cwd: Path | None) -> tuple[int, int] | None:

@@ -33,22 +33,19 @@ class OsUser(msgspec.Struct, frozen=True, kw_only=True):
     def argv_prefix(self) -> tuple[str, ...]:
         """A command prefix that runs the rest as this user (its own group only, no way back to more rights through
         a set-user-id program); nothing when no switch is needed."""
-        if not self.switch:
-            return ()
-        return (
-            "setpriv",
-            f"--reuid={self.uid}",
-            f"--regid={self.gid}",
-            "--clear-groups",
-            "--no-new-privs",
-            "--",
-        )
+        return switch_user_argv(self.uid, self.gid) if self.switch else ()
 
     def hand_over(self, top: Path) -> None:
         """Give this user ``top`` and everything under it. The tree may be an agent's and change meanwhile: walked
         through directory descriptors, no link followed, no hard link given away (``safe_files.chown_tree``)."""
         if self.switch:
             safe_files.chown_tree(top, self.uid, self.gid)
+
+
+def switch_user_argv(uid: int, gid: int) -> tuple[str, ...]:
+    """A command prefix (for root) that runs the rest as ``uid``:``gid``, its own group only, with no way back to
+    more rights through a set-user-id program."""
+    return ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs", "--")
 
 
 def resolve(setting: str, name: str, *, service: str, what: str, euid: int | None = None) -> OsUser | None:

@@ -1,11 +1,13 @@
-"""Red team: a hostile change's test code leaves a process of the gate user behind (setsid: out of the gate's process
-group, which is all the watcher stops), and it forges the verdict of the next change's gate: a change whose test
-fails is merged. A real refinery, GT_GATE_USER (gates as another user, as the compose stack runs them).
+"""A hostile change's test code starts a process of the gate user out of the gate's process group (setsid), to
+forge the verdict of the next change's gate. It must end with its gate (the watcher runs under the pane's reaper):
+the next change, whose test fails, is not merged, and the rig's queue is not paused by a lurker killing later gates.
+A real refinery, GT_GATE_USER (gates as another user, as the compose stack runs them). Found by the red team
+(issue 39), when the watcher stopped the gate's process group only.
 
 The rig's test command runs the repository's own check.sh (as rigs do: `pytest`, `make test`). Change 1 (hostile)
-rewrites check.sh to start the lurker, and fails (it is sent back: nothing of it lands). The lurker deletes the file
-change 2's check fails on from every later gate's scratch clone (``/tmp/gt-gate-<user>-*/work``: the scratch dir is
-0711, its ``work/`` the gate user's). Change 2 adds that file; its gate should fail, and it merges."""
+rewrites check.sh to start the lurker, and fails (it is sent back: nothing of it lands). The lurker would delete the
+file change 2's check fails on from every later gate's scratch clone (``/tmp/gt-gate-<user>-*/work``: the scratch
+dir is 0711, its ``work/`` the gate user's). Change 2 adds that file; its gate must fail."""
 
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def push(origin: Path, branch: str, files: dict[str, str], base: str = "main") -
 
 
 @pytest.mark.parametrize("hostile_first", [False, True], ids=["control", "after-hostile"])
-async def test_a_hostile_changes_gate_leaves_a_process_that_makes_a_failing_change_merge(
+async def test_a_hostile_changes_gate_leaves_no_process_to_make_a_failing_change_merge(
     town: TownConfig,
     nc: Client,
     tmp_path: Path,
@@ -97,16 +99,16 @@ KILLER = (
 )
 
 
-async def test_a_hostile_changes_gate_leaves_a_process_that_pauses_the_rigs_queue(
+async def test_a_hostile_changes_gate_leaves_no_process_to_pause_the_rigs_queue(
     town: TownConfig,
     nc: Client,
     tmp_path: Path,
     gate_user: str,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The lurker kills every later gate (its own user's processes working in a gate's clone): each change fails
-    and so does the target's tip, twice in a row, and the rig's whole queue is paused (until `gt mq resume`, which
-    the lurker defeats again)."""
+    """A lurker that would kill every later gate (its own user's processes working in a gate's clone), so that each
+    change fails and so does the target's tip, twice in a row, pausing the rig's whole queue: it ends with the
+    hostile change's gate, and the queue is not paused."""
     monkeypatch.setenv("GT_GATE_USER", gate_user)
     async with polecat_town(town, nc, tmp_path) as pt:
         push(pt.origin, "main", {"check.sh": "sleep 1\n"}, base="main")

@@ -1,7 +1,7 @@
-"""Red team, GT_AGENT_USER (a root `gt up`, the agent as a throwaway user, its real tmux pane): a clean filter the
-agent names in its own workspace is run by the witness's clean-up ``git status`` after the session ended, as the
-agents' user, outside any reaper; the process it detaches outlives the session, its worktree's removal and the
-witness's leftover check (tests/attacks/filter_pane.sh)."""
+"""GT_AGENT_USER (a root `gt up`, the agent as a throwaway user, its real tmux pane): a clean filter the agent names
+in its own workspace is run by the witness's clean-up ``git status`` after the session ended, as the agents' user;
+the process it detaches must not outlive the session and its worktree's removal (tests/attacks/filter_pane.sh).
+Found by the red team (issue 39), when the witness's gits ran outside any reaper."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def running_with(marker: str) -> list[str]:
     return found
 
 
-def test_a_filter_the_witness_git_runs_leaves_a_process_that_outlives_the_session(
+def test_a_process_a_filter_of_the_witness_git_detaches_does_not_outlive_the_session(
     gt_env: dict[str, str],
     agent_user: tuple[str, Path],  # noqa: F811
 ) -> None:
@@ -60,7 +60,7 @@ def test_a_filter_the_witness_git_runs_leaves_a_process_that_outlives_the_sessio
 
         def cleaned() -> dict[str, object] | None:
             listed = town("session", "list", "--bead", bead, "--all", "--json")
-            sessions = json.loads(listed.stdout) if listed.returncode == 0 else []
+            sessions: list[dict[str, object]] = json.loads(listed.stdout) if listed.returncode == 0 else []
             if sessions and sessions[0]["status"] == "ended" and not Path(str(sessions[0]["worktree"])).exists():
                 return sessions[0]
             return None

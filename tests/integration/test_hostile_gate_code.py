@@ -1,44 +1,18 @@
-"""Red team: a gate's code that leaves its process group (setsid) outlives the gate and its watcher, and a
-refinery's start-up sweep (gate_runs.stop_leftovers) never finds it: the watcher signals the group only."""
+"""A gate runs the code of the change it checks: what that code starts, however detached, ends with its gate
+(its watcher runs under the pane's reaper), so it cannot tamper with the gates after it. Found by the red team
+(issue 39): before, a `setsid` child of one gate wrote into the next gate's scratch clone and its failing test passed.
+(The plain case, a gate's child that left its group, is in test_gate_processes.py.)"""
 
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 
-from services.refinery.effects import gate_runs
-from shared import processes
 
-
-def test_a_gate_child_in_a_session_of_its_own_outlives_the_gate(tmp_path: Path) -> None:
-    # What a hostile change's test suite runs: a child in a new session (so a new process group), out of the
-    # gate's cwd, waiting for later gates to tamper with.
-    script = (
-        f"setsid sh -c 'cd /; echo $$ > \"{tmp_path}/child\"; exec sleep 60' </dev/null >/dev/null 2>&1 & "
-        f'while [ ! -s "{tmp_path}/child" ]; do sleep 0.05; done; exit 0'
-    )
-    with (tmp_path / "gate.log").open("wb") as out:
-        code = gate_runs.run(
-            ["sh", "-c", script], cwd=tmp_path, env={"PATH": os.environ["PATH"]}, out=out, timeout=30,
-            records=tmp_path / "gates",
-        )  # fmt: skip
-    assert code == 0
-    ref = processes.ref_of(int((tmp_path / "child").read_text()))
-    assert ref is not None
-    try:
-        # A refinery starting now sweeps the records: there are none, and the escaped child is in no group.
-        gate_runs.stop_leftovers(tmp_path / "gates")
-        assert not processes.is_alive(ref), "a gate's setsid child outlived the gate and the next start's sweep"
-    finally:
-        if processes.is_alive(ref):
-            os.kill(ref.pid, signal.SIGKILL)
-
-
-def test_a_hostile_gate_as_the_gate_user_makes_a_later_changes_failing_gate_pass(tmp_path: Path) -> None:
-    """GT_GATE_USER: the first gate (a hostile change's test suite) leaves a process of the gate user in a session
-    of its own; the next gate (another change, whose test fails) runs in a fresh scratch clone, and the leftover
-    writes into it (/tmp/gt-gate-<user>-*/ is 0711, its work/ the gate user's) so that gate passes."""
+def test_a_hostile_gate_as_the_gate_user_cannot_make_a_later_changes_failing_gate_pass(tmp_path: Path) -> None:
+    """GT_GATE_USER: the first gate (a hostile change's test suite) starts a process of the gate user in a session
+    of its own that would write into the next gate's fresh scratch clone (/tmp/gt-gate-<user>-*/ is 0711, its work/
+    the gate user's) so that gate's failing test passes; it must be gone with its gate, and the next gate fail."""
     import pwd
     import subprocess
 

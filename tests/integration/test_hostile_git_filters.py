@@ -1,10 +1,12 @@
-"""Red team (GT_AGENT_USER): a process started by a git the witness runs in the agent's workspace after the session
-ended (its clean-up's ``git status``) is in no reaper's tree, carries no GT_SESSION and need not work in the
-worktree: it outlives the session, and the witness's check before the worktree is reused does not find it.
+"""GT_AGENT_USER: a git the witness runs in an agent's workspace after the session ended (its clean-up's ``git
+status``) runs the agent's config, attributes and filters as the agent's user, and so under root's reaper
+(``shared.git._run``): a process a filter detaches (no GT_SESSION, working in /) ends with that git. Found by the
+red team (issue 39): before, it was in no reaper's tree and the witness's check before a worktree is reused did not
+find it.
 
 The agent (as its OS user) writes, in its own workspace, a clean filter for every path and leaves a tracked file
-changed; the witness (root) runs ``git status`` there as the workspace's owner (``shared.git._run``), and git runs
-the filter, which detaches a process of the agents' user."""
+changed; the witness (root) runs ``git status`` there as the workspace's owner, and git runs the filter, which
+detaches a process of the agents' user."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from services.witness.effects import leftovers
 from shared import git
 
 
-def test_a_clean_filter_run_by_the_witness_clean_up_leaves_a_process_its_check_does_not_find() -> None:
+def test_a_process_a_clean_filter_detaches_in_the_witness_clean_up_ends_with_its_git() -> None:
     assert os.geteuid() == 0, "run as root: the witness as root, the agent as a throwaway user"
     name = f"gtrta{os.getpid()}"
     subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", name], check=True)
