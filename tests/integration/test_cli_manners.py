@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from nats.aio.client import Client
 
@@ -308,7 +309,9 @@ def test_an_agents_gt_call_waits_out_a_town_restart_saying_so_and_gets_through_o
     session = wait_until(started, timeout=120, message="the session runs")
     molecule = json.loads(gt_town("mol", "status", bead, "--json").stdout)
     step = molecule["steps"][0]["id"]
-    raw = Path(f"/proc/{session['pane_pid']}/environ").read_bytes().split(b"\0")
+    # The agent's environment, as the witness gave it: the agent runs below the pane's reaper.
+    [agent] = psutil.Process(int(session["pane_pid"])).children()
+    raw = Path(f"/proc/{agent.pid}/environ").read_bytes().split(b"\0")
     pane_env = dict(entry.decode().split("=", 1) for entry in raw if b"=" in entry)
     assert pane_env["GT_SESSION"] == session["id"]
     assert "GT_TOWN_PATIENCE" not in pane_env, "the sessions' default patience"

@@ -57,6 +57,9 @@ def corpus() -> list[tuple[str, str, bytes]]:
     return out
 
 
+POSING_SUBJECTS = ("gt.cmd.bead.create", "gt.cmd.mail.send")
+
+
 def subject_corpus() -> list[tuple[str, str, bytes]]:
     """(command id, subject, body): every command type on subjects of every form, the same on every run."""
     rng = random.Random(SEED + 1)
@@ -68,6 +71,8 @@ def subject_corpus() -> list[tuple[str, str, bytes]]:
     out.extend(
         (f"fs-{len(out) + i}", subject, b'{"actor": "deacon"}') for i, subject in enumerate(EMPTY_TOKEN_SUBJECTS)
     )
+    # Operators naming the mayor, whatever the draws above gave.
+    out.extend((f"fs-{len(out) + i}", subject, b'{"actor": "mayor"}') for i, subject in enumerate(POSING_SUBJECTS))
     return out
 
 

@@ -503,7 +503,7 @@ async def test_the_operator_can_neither_forge_events_nor_delete_or_purge(st: Sec
         bead = created.stdout.strip()
         waiting = await st.gt("operator", "mq", "retry", "mr-0123456789")
         assert waiting.returncode == 0, waiting.stderr
-        assert "refinery is not running" in waiting.stdout
+        assert "refinery is not running" in waiting.stderr, waiting.stderr  # stored: said on stderr
         before = await snapshot(town.nc, "mayor", "witness")
         assert before.cmd_messages >= 1
 
