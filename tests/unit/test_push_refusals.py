@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 
 from services.refinery import plan
-from services.refinery.effects import refusals
+from services.refinery.plan import refusals
 from services.refinery.settings import load
 from shared.commands import parse_command
 from shared.errors import CommandError

@@ -19,11 +19,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-import msgspec
 import structlog
 
-from services.refinery.effects import gate_runs, refusals
+from services.refinery.effects import gate_runs
 from services.refinery.effects.gate_user import GateUser, gate_user_environment, workspace
+from services.refinery.plan import refusals
+from services.refinery.plan.outcomes import BatchResult, GateResult, Outcome, TargetFailed
 from services.refinery.state import MergeRequest
 from shared import git
 from shared.commands import MergeRequestSubmit
@@ -37,53 +38,6 @@ GATES = ("setup", "lint", "test")
 GATE_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME")
 """What a gate gets of the refinery's environment, besides the names its rig lists (``gate_env``): gates run code
 an agent wrote, so never the refinery's NATS credentials, the town's settings or whatever else the host holds."""
-
-
-class GateResult(msgspec.Struct, frozen=True, kw_only=True):
-    gate: str
-    exit_code: int
-    seconds: float
-    tail: str
-    log_path: str
-
-
-class Outcome(msgspec.Struct, frozen=True, kw_only=True):
-    """What became of one merge request of a batch."""
-
-    kind: str
-    """merged, already_merged, conflict, failed, push_refused, deferred, branch_missing, target_failed (a gate
-    failed on the target's tip too: not this merge request's failure, it goes back into the queue)."""
-    target_before: str = ""
-    merged_commit: str = ""
-    files: list[str] = []
-    failure: GateResult | None = None
-    reason: str = ""
-    """Why a deferred one goes back into the queue."""
-    refusal: str = ""
-    """push_refused: why git refused the push (a class of ``refusals``); ``failure`` holds git's message."""
-
-
-class TargetFailed(Exception):
-    """A gate failed on a merge request and on the target's tip too: the batch stops, nobody is blamed."""
-
-    def __init__(self, result: GateResult, command: str, commit: str) -> None:
-        super().__init__(f"the {result.gate} gate fails on the target too")
-        self.result, self.command, self.commit = result, command, commit
-
-
-class BatchResult(msgspec.Struct, kw_only=True):
-    outcomes: dict[str, Outcome] = {}
-    """Merge request id -> its outcome; every merge request of the batch has one."""
-    merged: list[str] = []
-    """The merge requests that landed together with this push, in stack order."""
-    gates_run: int = 0
-    gate_seconds: float = 0.0
-    rounds: int = 0
-    """Times a stack was built and gated (more than one when a culprit was taken out)."""
-    target_failed: TargetFailed | None = None
-    """A gate that failed on the target's tip too: it blamed nobody, nothing was pushed."""
-    fenced: str = ""
-    """Why nothing was pushed: this refinery no longer holds the rig's merge lease (its outcomes are void)."""
 
 
 class Paths:
@@ -114,6 +68,27 @@ def clean_worktrees(paths: Paths) -> list[str]:
     if paths.bare.exists():
         git.git("worktree", "prune", cwd=paths.bare)
     return removed
+
+
+def remove_leftovers(rigs_root: Path) -> None:
+    """What a crashed refinery left: first its gates' processes (were their watchers killed too), then its
+    temporary worktrees."""
+    if not rigs_root.exists():
+        return
+    for rig_dir in sorted(rigs_root.iterdir()):
+        paths = Paths(rigs_root, rig_dir.name)
+        try:
+            stopped = gate_runs.stop_leftovers(paths.gates)
+            if stopped:
+                log.warning("leftover_gates_stopped", rig=rig_dir.name, pids=stopped)
+            removed = clean_worktrees(paths)
+        except (git.GitError, OSError) as exc:
+            # A rig whose leftovers cannot go is logged; the next attempt at one of its merge requests replaces
+            # its own worktree anyway.
+            log.warning("temp_worktree_cleanup_failed", rig=rig_dir.name, error=str(exc))
+            continue
+        if removed:
+            log.info("temp_worktrees_removed", rig=rig_dir.name, worktrees=removed)
 
 
 def gate_environment(names: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Which merge requests the refinery works on next, and what it owes besides. Pure.
+"""Which merge requests the refinery works on next. Pure.
 
 Score (Gas Town's): ``1000 + 100 * (4 - priority) + 10 * convoy hours - min(50 * retries, 300) + hours
 queued``, where convoy hours is the age of the oldest convoy tracking the bead and retries counts the merge
@@ -11,41 +11,16 @@ that stopped acting (killed mid-merge) goes first: its successor resumes the que
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 
 import msgspec
 
-from services.refinery.state import OPEN, MergeQueue, MergeRequest, RefineryState
+from services.refinery.plan.policy import Policy
+from services.refinery.state import OPEN, MergeRequest, RefineryState
 from shared.decision import NewEvent
-from shared.events import MergeQueuePaused, MergeQueueTargetFailed
-from shared.events.merge_queues import GATE_BROKEN
+from shared.events import MergeRequestClaimed
 from shared.ids import merge_lease_name
-
-
-class Policy(msgspec.Struct, frozen=True, kw_only=True):
-    lease_s: float = 900.0
-    max_failures: int = 3
-    max_conflict_returns: int = 2
-    fifo: bool = False
-    batch: int = 1
-    """Merge requests stacked and gated together (1: serial)."""
-    batch_wait_s: float = 0.0
-    push_retries: int = 8
-    """Requeues in a row after a push that did not land (or a processing error) before failing and escalating."""
-    push_backoff_s: float = 1.0
-    push_backoff_max_s: float = 60.0
-    target_failures_to_pause: int = 2
-    """Gate failures on the target's tip in a row that pause the rig's queue (the first one requeues)."""
-
-
-def retry_at(retries: int, now: datetime, policy: Policy) -> datetime | None:
-    """When a merge request that did not land for the ``retries + 1``-th time in a row (its push was refused as
-    retryable, or its processing failed) may be taken again: after an exponential backoff; None once it has been
-    retried ``policy.push_retries`` times already (it is failed and escalated then, never looped)."""
-    if retries >= policy.push_retries:
-        return None
-    delay = min(policy.push_backoff_s * 2**retries, policy.push_backoff_max_s)
-    return now + timedelta(seconds=delay)
 
 
 def failures_of(state: RefineryState, bead: str) -> int:
@@ -54,14 +29,6 @@ def failures_of(state: RefineryState, bead: str) -> int:
     written before ``failures`` was kept has 0 there)."""
     failed = ("failed", "escalated")
     return sum(max(mr.failures, mr.status in failed) for mr in state.mrs.values() if mr.bead == bead)
-
-
-def send_conflict_back(state: RefineryState, mr: MergeRequest, policy: Policy) -> bool:
-    """Whether a conflict of ``mr`` goes back to its bead's agent (a fresh session resolves it) rather than to
-    the operator: it came from an agent's session (``gt done``), and fewer than ``max_conflict_returns`` of the
-    bead's conflicts went back already (an agent that keeps conflicting needs a person)."""
-    bead = state.beads.get(mr.bead)
-    return mr.session is not None and bead is not None and bead.conflicts_sent_back < policy.max_conflict_returns
 
 
 def score(state: RefineryState, mr: MergeRequest, now: datetime, policy: Policy) -> float:
@@ -122,7 +89,7 @@ def resume_order(state: RefineryState, mr: MergeRequest, now: datetime, policy: 
     return (mr.status == "claimed", score(state, mr, now, policy), -mr.queued_at.timestamp())
 
 
-def _submitted_order(mr: MergeRequest) -> tuple[datetime, str]:
+def submitted_order(mr: MergeRequest) -> tuple[datetime, str]:
     return (mr.submitted_at, mr.id)
 
 
@@ -141,7 +108,7 @@ def waiting_behind(state: RefineryState) -> dict[str, MergeRequest]:
             continue  # a queued one whose bead closed is rejected as stale, not processed: nothing to wait for
         key = (mr.rig, mr.target, mr.head)
         known = first.get(key)
-        if known is None or _submitted_order(mr) < _submitted_order(known):
+        if known is None or submitted_order(mr) < submitted_order(known):
             first[key] = mr
     out: dict[str, MergeRequest] = {}
     for mr in state.mrs.values():
@@ -154,33 +121,6 @@ def waiting_behind(state: RefineryState) -> dict[str, MergeRequest]:
 def _bead_closed(state: RefineryState, mr: MergeRequest) -> bool:
     bead = state.beads.get(mr.bead)
     return bead is not None and bead.status == "closed"
-
-
-def landed_with(state: RefineryState, mr: MergeRequest) -> MergeRequest | None:
-    """The merge request of another bead that landed the same head commit on the same rig and target, if one
-    is known."""
-    found = [
-        other
-        for other in state.mrs.values()
-        if other.bead != mr.bead
-        and (other.rig, other.target, other.head) == (mr.rig, mr.target, mr.head)
-        and other.status == "merged"
-        and not other.already
-    ]
-    return min(found, key=_submitted_order, default=None)
-
-
-def close_reason(state: RefineryState, mr: MergeRequest) -> str:
-    """Why a merged merge request's bead closes. One whose every commit was on the target already says so, and
-    names the other bead's merge request that landed the same commit when there is one."""
-    reason = f"merged in {mr.id}"
-    if not mr.already:
-        return reason
-    reason += f": its work was already on {mr.target}"
-    other = landed_with(state, mr)
-    if other is not None:
-        reason += f"; commit {mr.head[:10]} landed with {other.id} (bead {other.bead})"
-    return reason
 
 
 def next_per_rig(
@@ -219,90 +159,21 @@ def next_batches(
     return Batches(batches=out, wake_at=wake_at)
 
 
-def unblocked(state: RefineryState) -> list[MergeRequest]:
-    """Blocked merge requests whose conflict bead was closed: back into the queue."""
-    out = []
-    for mr in state.mrs.values():
-        if mr.status == "blocked" and mr.blocked_by is not None:
-            blocker = state.beads.get(mr.blocked_by)
-            if blocker is not None and blocker.status == "closed":
-                out.append(mr)
-    return out
-
-
-def beads_to_close(state: RefineryState) -> list[MergeRequest]:
-    """Merged merge requests whose bead is still open (a crash between the merge and the close)."""
-    out = []
-    for mr in state.mrs.values():
-        bead = state.beads.get(mr.bead)
-        if mr.status == "merged" and bead is not None and bead.status != "closed":
-            out.append(mr)
-    return out
-
-
-def stale(state: RefineryState) -> list[MergeRequest]:
-    """Queued merge requests whose bead was closed meanwhile: nothing to merge any more."""
-    out = []
-    for mr in state.mrs.values():
-        bead = state.beads.get(mr.bead)
-        if mr.status == "queued" and bead is not None and bead.status == "closed":
-            out.append(mr)
-    return out
-
-
-# ---- the rig's queue as a whole --------------------------------------------------------------------
-
-
-def paused_queues(state: RefineryState) -> list[MergeQueue]:
-    """The rigs' queues paused now, by rig: each is owed one escalation (named after its pause)."""
-    return [queue for _, queue in sorted(state.queues.items()) if queue.paused]
-
-
-def pause(state: RefineryState, rig: str, cause: str, reason: str, mr_id: str, detail: str) -> NewEvent | None:
-    """The rig's queue paused for ``cause`` (None: it is paused already; one pause, one escalation)."""
-    queue = state.queues.get(rig)
-    if queue is not None and queue.paused:
-        return None
-    paused = MergeQueuePaused(rig=rig, cause=cause, reason=reason[:2000], mr_id=mr_id, detail=detail[-4000:])
-    return NewEvent(payload=paused, expected_seq=queue.version if queue is not None else 0)
-
-
-class TargetFailure(msgspec.Struct, frozen=True, kw_only=True):
-    """A gate that failed on a merge request and on the target's tip too."""
-
-    gate: str
-    command: str
-    target: str
-    commit: str
-    exit_code: int
-    tail: str
-
-
-def target_failed(
-    state: RefineryState, rig: str, mr_id: str, failure: TargetFailure, policy: Policy
-) -> NewEvent | None:
-    """What a gate failing on the target's tip means for the rig's queue. Nobody is blamed and nothing merges
-    with a gate skipped: the merge requests go back into the queue (the caller requeues them). The first failure
-    in a row is recorded (a flaky tip gets another chance); the ``policy.target_failures_to_pause``-th pauses the
-    queue, a gate command that cannot pass (a typo, a missing tool) or a broken target being the operator's.
-    None when the queue is paused already."""
-    queue = state.queues.get(rig)
-    in_a_row = (queue.target_failures if queue is not None else 0) + 1
-    if in_a_row < policy.target_failures_to_pause:
-        event = MergeQueueTargetFailed(
-            rig=rig,
-            gate=failure.gate,
-            target=failure.target,
-            commit=failure.commit,
-            exit_code=failure.exit_code,
-            tail=failure.tail[-4000:],
-            in_a_row=in_a_row,
+def claims(batch: list[MergeRequest], now: datetime, policy: Policy, holder: str) -> list[NewEvent]:
+    """The claims of a batch by ``holder``, each expecting its merge request's version. Bisecting a batch runs the
+    gates about log2(size) + 2 times: the claim lasts that many leases."""
+    ids = [mr.id for mr in batch] if len(batch) > 1 else []
+    lease = policy.lease_s * (1 if len(batch) == 1 else 2 + math.ceil(math.log2(len(batch))))
+    return [
+        NewEvent(
+            payload=MergeRequestClaimed(
+                mr_id=mr.id,
+                attempt=mr.attempts + 1,
+                holder=holder,
+                lease_until=now + timedelta(seconds=lease),
+                batch=ids,
+            ),
+            expected_seq=mr.version,
         )
-        return NewEvent(payload=event, expected_seq=queue.version if queue is not None else 0)
-    reason = (
-        f"the {failure.gate} gate ({failure.command!r}) fails on {failure.target} itself, {in_a_row} times in a "
-        f"row (last at {failure.commit[:10]}, exit {failure.exit_code}): a gate command that cannot pass (a typo, "
-        f"a missing tool) or a broken {failure.target}. Fix the gate (`gt rig update {rig} --{failure.gate} ...`) "
-        f"or {failure.target}, then `gt mq resume {rig}`"
-    )
-    return pause(state, rig, GATE_BROKEN, reason, mr_id, failure.tail)
+        for mr in batch
+    ]
