@@ -5,10 +5,12 @@ gated, and fast-forwarded onto the target; a failure is retried, sent back to it
 A rig's queue as a whole pauses (``mq.paused``) when every merge request would meet the same cause (the target
 refuses pushes for its own reasons, or a gate fails on the target's tip twice in a row) until ``gt mq resume``.
 
-Shape: ``settings``, ``state``, ``projection``, ``decide`` (submit, done, reject, retry, resume), ``plan`` (which
-merge requests go next, by score, when a queue pauses, and what else is owed), ``effects`` (``merger``: git and
-the gates, run in a thread; ``gate_runs`` and ``gate_watch``: a gate under a watcher that stops it with its
-refinery, and the sweep of what a killed one left; ``gate_user``: gates as another OS user; ``refusals``: what
-git's refusal of a push means),
-``queries``, ``service`` (wiring, and the merge lease and settling steps that still live there).
+Shape: ``settings``, ``state``, ``projection``, ``decide`` (submit, done, reject, retry, resume), ``plan`` (pure:
+``queue``, which merge requests go next, by score, and their claims; ``settle``, what an outcome of processing
+settles, its events and follow-up commands; ``pauses``, when a rig's queue pauses; ``owed``, what every reconcile
+owes besides), ``effects`` (``merger``: git and the gates, run in a thread; ``merge_lease``: the rig's merge lease
+taken, renewed, released and checked before a push; ``settling``: a settlement carried out; ``bundles``: a
+session's published commits imported; ``gate_runs`` and ``gate_watch``: a gate under a watcher that stops it
+with its refinery, and the sweep of what a killed one left; ``gate_user``: gates as another OS user),
+``queries``, ``service`` (wiring).
 """

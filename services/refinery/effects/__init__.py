@@ -1,2 +1,3 @@
-"""The refinery's effects: git and the gates (``merger``, blocking, run in a thread), gates as another OS user
-(``gate_user``), and what git's refusal of a push means (``refusals``, pure, beside the git it reads)."""
+"""The refinery's effects: git and the gates (``merger``, blocking, run in a thread; ``gate_runs``,
+``gate_watch``, ``gate_user``), the rigs' merge leases (``merge_lease``), a settlement carried out
+(``settling``) and a session's bundle imported (``bundles``)."""

@@ -76,7 +76,7 @@ def ready_per_rig(
             continue  # another bead's merge request carries the same commit: settled after it
         bead = state.beads.get(mr.bead)
         if bead is not None and bead.status == "closed":
-            continue  # owed: rejected as stale (see ``stale``)
+            continue  # owed: rejected as stale (see ``owed.stale``)
         ready.setdefault(mr.rig, []).append(mr)
     for mrs in ready.values():
         mrs.sort(key=lambda m: resume_order(state, m, now, policy), reverse=True)
@@ -99,9 +99,9 @@ def waiting_behind(state: RefineryState) -> dict[str, MergeRequest]:
 
     Each bead has a merge request of its own, but one commit is landed once: the later one waits until the
     earlier is settled, then is processed as any other. If the commit landed, it finds every commit on the target
-    already and is merged ``already`` (its bead closes, naming the one that landed it, see ``close_reason``); if
-    not, it is gated on its own and merges or goes back to its polecat. The earliest one never waits, so nothing
-    waits forever."""
+    already and is merged ``already`` (its bead closes, naming the one that landed it, see
+    ``settle.close_reason``); if not, it is gated on its own and merges or goes back to its polecat. The earliest
+    one never waits, so nothing waits forever."""
     first: dict[tuple[str, str, str], MergeRequest] = {}
     for mr in state.mrs.values():
         if mr.status not in OPEN or _bead_closed(state, mr):
