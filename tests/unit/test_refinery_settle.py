@@ -1,6 +1,6 @@
 """What a merge request's outcome settles (``services/refinery/plan/settle.py``): the events, the follow-up
-commands and their order, one test per kind of outcome; and what every reconcile owes besides
-(``plan/owed.py``, ``plan/pauses.py``, the claims of ``plan/queue.py``).
+commands and their order, one test per kind of outcome; the order the settler carries them out in; and what every
+reconcile owes besides (``plan/owed.py``, ``plan/pauses.py``, the claims of ``plan/queue.py``).
 
 States are built by folding real events through the refinery projection (``Queue``, as in
 ``test_refinery_plan.py``); a settlement's events are folded back to check where they leave the merge request.
@@ -9,13 +9,18 @@ States are built by folding real events through the refinery projection (``Queue
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import msgspec
 import pytest
 
 from services.refinery import plan
+from services.refinery.effects import merger
+from services.refinery.effects.settling import Settler
 from services.refinery.plan import refusals
-from shared.commands import BeadClose, BeadCreate, EscalationRaise
+from shared.bus.commands import StoredCommand
+from shared.commands import BeadClose, BeadCreate, Command, EscalationRaise
+from shared.decision import NewEvent
 from shared.events import (
     BeadClosed,
     BeadCreated,
@@ -361,3 +366,37 @@ def test_a_batch_is_claimed_for_as_many_leases_as_bisecting_it_may_take(q: Queue
     assert all(
         p.lease_until == q.clock + timedelta(seconds=900 * 4) for p in payloads if isinstance(p, MergeRequestClaimed)
     )
+
+
+# ---- carried out in its order --------------------------------------------------------------------------------
+
+
+async def test_a_settlement_is_carried_out_commands_then_events_then_the_close_then_the_branch(
+    q: Queue, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    done: list[str] = []
+
+    async def store(cmd: Command) -> StoredCommand:
+        done.append(f"send {cmd.cmd_id}")
+        # Some other sender took the conflict bead's id first: it is settled under another.
+        return StoredCommand(seq=1, cmd_id=f"{cmd.cmd_id}~2" if isinstance(cmd, BeadCreate) else cmd.cmd_id or "")
+
+    async def append(owed: list[NewEvent]) -> int:
+        done.extend(f"append {new.payload.TYPE} {getattr(new.payload, 'conflict_command', '')}".strip() for new in owed)
+        return len(owed)
+
+    monkeypatch.setattr(merger, "publish_branch", lambda paths, mr: done.append("publish"))
+    monkeypatch.setattr(merger, "delete_branch", lambda paths, branch: done.append(f"delete {branch}"))
+    settler = Settler(store, append)
+    paths = merger.Paths(tmp_path, "demo")
+    a = claimed(q, "de-a")
+    mr = msgspec.structs.replace(q.mr(a), bundle="/gt/x.bundle")
+    conflict = plan.Outcome(kind="conflict", target_before="e" * 40, files=["calc.py"])
+    await settler.run(plan.settle(q.state, mr, conflict, RESULT, POLICY, q.clock), mr, paths)
+    assert done == ["publish", f"send conflict-{a}-1", f"append mr.conflicted conflict-{a}-1~2"]
+    done.clear()
+    b = claimed(q, "de-b")
+    merge = plan.Outcome(kind="merged", target_before="e" * 40, merged_commit="f" * 40)
+    await settler.run(settle(q, b, merge), q.mr(b), paths)
+    assert done == ["append mr.merged", f"send close-{b}", "delete polecat/x/de-b"]
+    assert (settler.figures.merged, settler.figures.conflicted, settler.closing) == (1, 1, {b})
