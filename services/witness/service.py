@@ -1,8 +1,9 @@
 """The witness service: rigs, polecat sessions (spawn, watch, warrant, recover), nudges.
 
-Each reconcile observes tmux, the agents' processes and (for quiet sessions) their heartbeats, asks the
-pure planner what is owed, and queues those actions; a few workers carry them out. An agent's death wakes
-the witness at once through a pidfd; the patrol tick finds everything else.
+Wiring only. Each reconcile observes tmux, the agents' processes and (for quiet sessions) their heartbeats
+(``effects/observe.py``), asks the pure planner what is owed (``plan``), and queues those actions
+(``effects/actions.py``); a few workers carry them out (``effects/executor.py``). An agent's death wakes the
+witness at once through a pidfd; the patrol tick finds everything else. The sessions' logins: ``effects/auth.py``.
 
 A witness may serve only some rigs (``GT_WITNESS_RIGS``, see ``plan/scope.py``): it then observes, plans and acts
 for those alone and settles only their commands; its scope is its identity for activity and liveness.
