@@ -15,18 +15,19 @@ from shared.commands import Command, RigAdd, SessionRecoverHook
 async def facts_for(state: WitnessState, cmd: Command) -> object:
     """``rig.add`` of a rig not known yet: can git read the repository, has it the base branch? A stale hook's
     recovery: what a re-sling could lose in the worktree of the bead's last session. Anything else: nothing."""
-    if isinstance(cmd, RigAdd) and cmd.name not in state.rigs:
-        problem = await asyncio.to_thread(git.probe_repository, cmd.repo, cmd.base_branch)
-        return witness_decide.RepoFacts(problem)
-    if isinstance(cmd, SessionRecoverHook):
-        last = witness_decide.last_session_of(state, cmd.bead)
-        if last is None or last.worktree_removed:
-            return witness_decide.WorktreeFacts(None)
-        rig = state.rigs.get(last.rig)
-        return witness_decide.WorktreeFacts(
-            await asyncio.to_thread(work_at_risk, last.worktree, last.branch, rig.base_branch if rig else "main")
-        )
-    return None
+    match cmd:
+        case RigAdd() if cmd.name not in state.rigs:
+            problem = await asyncio.to_thread(git.probe_repository, cmd.repo, cmd.base_branch)
+            return witness_decide.RepoFacts(problem)
+        case SessionRecoverHook():
+            last = witness_decide.last_session_of(state, cmd.bead)
+            if last is None or last.worktree_removed:
+                return witness_decide.WorktreeFacts(None)
+            rig = state.rigs.get(last.rig)
+            base = rig.base_branch if rig else "main"
+            return witness_decide.WorktreeFacts(await asyncio.to_thread(work_at_risk, last.worktree, last.branch, base))
+        case _:
+            return None
 
 
 def work_at_risk(worktree: str, branch: str, base: str) -> str | None:
