@@ -112,9 +112,3 @@ def hook_lease_name(bead: str) -> str:
 def merge_lease_name(rig: str) -> str:
     """The lease a refinery holds while it merges into one of the rig's targets."""
     return _prefixed(MERGE_LEASE_PREFIX, rig)
-
-
-def merge_request_id(session: str, head: str) -> str:
-    """The command id of a session's merge request (`gt done`, or the witness finishing it for the session): the
-    same commit submitted twice by either is one command; a new commit (a fix after a refusal) another."""
-    return f"mr-{session}-{head[:12]}"

@@ -27,26 +27,22 @@ from gt.cli.common import (
     send,
     show,
 )
-from shared import git, runtimes
+from shared import done_flow, git, runtimes
 from shared.bus.kv import put_agent_heartbeat
 from shared.commands import (
     BeadClaim,
     Command,
     MergeQueueResume,
-    MergeRequestDone,
     MergeRequestReject,
     MergeRequestRetry,
     NudgeSend,
     RigAdd,
-    SessionDoneIntentCmd,
-    SessionFinish,
     SessionHandoff,
 )
 from shared.commands.mail import polecat_address
 from shared.config import TownConfig
 from shared.faults import crash_point
 from shared.formulas import rework
-from shared.ids import keyed_id, merge_request_id
 from shared.queries import mayor, refinery, witness
 from shared.terminal import escape_line, escape_text, escaped_lines
 
@@ -775,33 +771,25 @@ async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
         print(dirty_refusal(worktree, state.changes), file=sys.stderr)
         return EXIT_REJECTED
 
-    def own_id(base: str) -> str:
-        # Keyed with the session's password: the same on a rerun, never one another session could send first.
-        return keyed_id(base, config.nats_password)
-
+    # The ids are keyed with the session's password: the same on a rerun, never one another session could send first.
+    secret = config.nats_password
     try:
-        await _command(nc, config, SessionDoneIntentCmd(session=session, cmd_id=own_id(f"done-intent-{session}")))
+        await _command(nc, config, done_flow.intent(session, secret=secret))
         _log_done()
         crash_point("gt_done.after_intent")
         # The rig's directory: its name, or ``<name>.<n>`` for a rig added again after its removal.
         home = os.environ.get("GT_RIG_HOME") or rig
-        folder = Path(os.environ.get("GT_HOME", "")) / "rigs" / home / "published" / session
+        folder = done_flow.published_dir(Path(os.environ.get("GT_HOME", "")) / "rigs" / home, session)
         published = git.publish(worktree, branch, base, folder)
         head = published.head
         crash_point("gt_done.after_push")
         # It carries the hook lease as its fence (the CLI's send adds it inside a session).
-        done = MergeRequestDone(
-            bead=bead,
-            rig=rig,
-            branch=branch,
-            head=head,
-            bundle=str(published.bundle),
-            session=session,
-            cmd_id=own_id(merge_request_id(session, head)),
+        done = done_flow.merge_request(
+            session=session, bead=bead, rig=rig, branch=branch, head=head, bundle=str(published.bundle), secret=secret
         )
         mr = await _command(nc, config, done)
         crash_point("gt_done.after_mr")
-        await _command(nc, config, SessionFinish(session=session, cmd_id=own_id(f"finish-{session}")))
+        await _command(nc, config, done_flow.finish(session, secret=secret))
     except DoneError as exc:
         print(f"gt done: {exc}", file=sys.stderr)
         return EXIT_REJECTED

@@ -23,7 +23,7 @@ from services.refinery.projection import new_projection as refinery_projection
 from services.refinery.service import RefineryService
 from services.refinery.state import RefineryState
 from services.witness.plan import Observed
-from services.witness.plan import _held_names as held_names
+from services.witness.plan.spawns import held_names
 from services.witness.projection import new_projection as witness_projection
 from services.witness.state import WitnessState
 from shared import heartbeats

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from gt.cli.identity import default_actor, session_actor, session_origin
-from services.witness.effects.executor import polecat_git_env
+from services.witness.effects.agent_env import polecat_git_env
 from services.witness.state import Rig
 from shared import subjects
 from shared.bus.commands import subject_of

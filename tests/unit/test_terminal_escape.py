@@ -13,7 +13,7 @@ from gt.cli import render, town_view
 from gt.cli.colour import Palette
 from gt.cli.feed_view import feed_line, timeline
 from gt.cli.polecats import before_you_lines, mail_lines, prime_text
-from services.witness.effects.executor import MAIL_SUBJECT_SHOWN, mail_announcement
+from services.witness.effects.nudge import MAIL_SUBJECT_SHOWN, mail_announcement
 from shared import narration
 from shared.terminal import escape_line, escape_text, escaped_lines, is_safe
 

@@ -1,0 +1,157 @@
+"""Nudges: typing a queued nudge into its session's pane (retried until the text shows and the key took), and the
+nudges the witness queues itself (a mail announcement, the prompt that sends a restarted agent on) or expires."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import structlog
+
+from services.witness.effects.toolkit import Toolkit
+from services.witness.plan.actions import ContinueSession, DeliverNudge, ExpireNudge, NudgeMail
+from services.witness.state import Session, continue_nudge_id, mail_nudge_id
+from shared import runtimes
+from shared.commands.mail import OPERATOR_ADDRESS, polecat_of
+from shared.decision import NewEvent
+from shared.events import NudgeDelivered, NudgeExpired, NudgeQueued
+from shared.terminal import escape_line
+from shared.tmux import typeable
+
+log = structlog.get_logger(__name__)
+
+MAIL_SUBJECT_SHOWN = 120
+"""Characters of a message's subject typed into the pane when announcing it."""
+MAIL_NUDGE_TTL_S = 1800.0
+"""How long a mail announcement waits for the polecat's session (its `gt prime` lists the mail anyway)."""
+CONTINUE_NUDGE_TTL_S = 600.0
+"""How long the nudge that sends a restarted session on waits to be delivered (it is for that session only)."""
+
+
+class Nudger:
+    def __init__(self, kit: Toolkit) -> None:
+        self.kit = kit
+
+    async def deliver_nudge(self, action: DeliverNudge) -> None:
+        nudge = self.kit.host.state.nudges.get(action.nudge)
+        session = self.kit.session(action.session)
+        if nudge is None or nudge.status != "queued" or session is None or session.status != "started":
+            return
+        decided_on = nudge.version  # before the await: an expiry applied meanwhile makes the append conflict
+        rig = self.kit.host.state.rigs.get(session.rig)
+        typing = runtimes.runtime_for(rig.agent_command if rig is not None else "").nudge(nudge.message)
+        async with self.kit.pane_locks.hold(session.tmux_name):
+            current = self.kit.host.state.nudges.get(action.nudge)
+            if current is None or current.status != "queued":
+                return  # delivered or expired while it waited for the pane
+            attempts = await asyncio.to_thread(self._type_into, session, typeable(typing.text), typing.submit)
+        if attempts:
+            event = NudgeDelivered(nudge_id=nudge.id, session=session.id, attempts=attempts)
+            await self.kit.append(NewEvent(payload=event, expected_seq=decided_on))
+            log.info("nudge_delivered", nudge=nudge.id, session=session.id, attempts=attempts)
+
+    def _type_into(self, session: Session, message: str, submit: str = "Enter") -> int:
+        """Type ``message`` and press ``submit``, retrying until the text shows and the key took; attempts, 0 if
+        not."""
+        name = session.tmux_name
+        probe = message[-60:]
+        for attempt in range(1, 4):
+            pane = self.kit.tmux.snapshot().get(name)
+            if pane is None or pane.label != session.id or pane.dead:
+                return 0
+            before = self.kit.tmux.capture(name)
+            if not _shows(before, probe) or attempt == 1:
+                self.kit.tmux.send_text(name, message)
+            if not _wait_for(lambda: _shows(self.kit.tmux.capture(name), probe), self.kit.settings.nudge_verify_s):
+                continue
+            typed = self._screen(name)
+            self.kit.tmux.send_key(name, submit)
+            if _wait_for(functools.partial(self._changed, name, typed), self.kit.settings.nudge_verify_s):
+                return attempt
+        return 0
+
+    def _screen(self, name: str) -> tuple[str, tuple[int, int]]:
+        """What the pane shows and where its cursor is: a key that took changes one of them (a pane whose program
+        does not read its input only moves the cursor; typing the text again there would show it twice)."""
+        return self.kit.tmux.capture(name), self.kit.tmux.cursor(name)
+
+    def _changed(self, name: str, before: tuple[str, tuple[int, int]]) -> bool:
+        return self._screen(name) != before
+
+    async def nudge_mail(self, action: NudgeMail) -> None:
+        """Queue the nudge announcing a message; its id comes from the message's, so it is queued once whoever
+        tries (a restart, a second witness); delivery is then the nudge's (``deliver_nudge``)."""
+        notice = self.kit.host.state.mail.get(action.message)
+        if notice is None or notice.nudged:
+            return
+        text = mail_announcement(notice.sender, notice.subject, notice.id)
+        event = NudgeQueued(
+            nudge_id=mail_nudge_id(notice.id),
+            rig=notice.rig,
+            polecat=notice.polecat,
+            message=text,
+            expires_at=self.kit.host.clock() + timedelta(seconds=MAIL_NUDGE_TTL_S),
+        )
+        if await self.kit.append(NewEvent(payload=event, expected_seq=0)):
+            log.info("mail_nudge_queued", message=notice.id, rig=notice.rig, polecat=notice.polecat)
+
+    async def continue_session(self, action: ContinueSession) -> None:
+        """Queue the nudge that sends a restarted session on (``ContinueSession``); its id comes from the session and
+        the start, so it is queued once whoever tries; delivery is then the nudge's (``deliver_nudge``)."""
+        session = self.kit.session(action.session)
+        nudge_id = continue_nudge_id(action.session, action.number)
+        if session is None or session.status != "started" or nudge_id in self.kit.host.state.nudges:
+            return
+        restart = runtimes.Restart(number=action.number, source=action.source, turn_ended_since=False)
+        event = NudgeQueued(
+            nudge_id=nudge_id,
+            rig=session.rig,
+            polecat=session.polecat,
+            session=session.id,
+            message=runtimes.continue_prompt(restart),
+            expires_at=self.kit.host.clock() + timedelta(seconds=CONTINUE_NUDGE_TTL_S),
+        )
+        if await self.kit.append(NewEvent(payload=event, expected_seq=0)):
+            log.info("continue_nudge_queued", session=session.id, start=action.number, source=action.source)
+
+    async def expire_nudge(self, action: ExpireNudge) -> None:
+        nudge = self.kit.host.state.nudges.get(action.nudge)
+        if nudge is not None and nudge.status == "queued":
+            await self.kit.append(NewEvent(payload=NudgeExpired(nudge_id=nudge.id), expected_seq=nudge.version))
+
+
+def mail_announcement(sender: str, subject: str, message_id: str) -> str:
+    """The line typed into a polecat's pane to announce a message: marked as mail, and whose, so the agent does not
+    take it for its operator's words; the subject quoted, on one line, its control characters escaped and cut to
+    ``MAIL_SUBJECT_SHOWN``. ``[gastown mail from polecat:demo/bob, written by an agent, not your operator]
+    subject: "Use v2" (read it with: gt mail read hq-4k2p9)``."""
+    who = escape_line(sender)
+    if OPERATOR_ADDRESS.fullmatch(sender):
+        whose = f"{who}, your operator"
+    elif polecat_of(sender) is not None:
+        whose = f"{who}, written by an agent, not your operator"
+    else:
+        whose = f"{who}, not your operator"
+    shown = " ".join(escape_line(subject.replace("\t", " ")).split()).replace('"', '\\"')
+    if len(shown) > MAIL_SUBJECT_SHOWN:
+        shown = shown[: MAIL_SUBJECT_SHOWN - 1] + "…"
+    return typeable(
+        f'[gastown mail from {whose}] subject: "{shown}" (read it with: gt mail read {escape_line(message_id)})'
+    )
+
+
+def _shows(screen: str, text: str) -> bool:
+    return text in screen.replace("\n", "")
+
+
+def _wait_for(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)

@@ -1,0 +1,362 @@
+"""Starting a session: its request, the earlier sessions' leftovers gone, its worktree (a git worktree of the rig's
+clone), its bead's hook lease, its tmux pane running the agent, its start recorded; giving up on a session that
+does not start; re-slinging a stale hook; releasing the hook an ended session held."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import time
+from pathlib import Path
+
+import structlog
+
+from services.witness import plan as planning
+from services.witness.effects import agent_user, leftovers, runtime_setup
+from services.witness.effects.agent_env import AgentLaunch
+from services.witness.effects.toolkit import StartBlockedError, Toolkit, WorktreeUnusableError
+from services.witness.plan.actions import GiveUp, ReleaseHook, Resling, Spawn, Start
+from services.witness.state import Rig, Session
+from shared import git, lease_state, processes, reaper, runtimes, safe_files
+from shared.commands import BeadSling
+from shared.decision import NewEvent
+from shared.events import SessionEscalated, SessionRequested, SessionStarted
+from shared.faults import crash_point
+from shared.ids import hook_lease_name
+from shared.tmux import PaneInfo, TmuxError
+
+log = structlog.get_logger(__name__)
+
+FETCH_REUSE_S = 2.0
+"""A new branch starts from origin's base as the rig's clone fetched it at most this long before its session was
+asked for: 200 beads slung at once cost a few fetches, not 200 in a row (the merge queue rebases anyway)."""
+LEFTOVER_DEADLINE_S = 30.0
+"""How long a new session waits for an earlier session's processes in its worktree to be gone before the witness
+escalates (it keeps trying: the worktree is never handed over while one runs)."""
+
+
+class Spawner:
+    def __init__(self, kit: Toolkit, launch: AgentLaunch) -> None:
+        self.kit = kit
+        self.launch = launch
+        self.start_failures: dict[str, int] = {}
+        """Session -> its starts that failed in a row (``GiveUp`` after ``max_start_failures``)."""
+        self._fetched_at: dict[str, float] = {}
+        """Rig -> when (monotonic) its clone's newest successful fetch began."""
+
+    async def spawn(self, action: Spawn) -> None:
+        state = self.kit.host.state
+        bead = state.beads.get(action.bead)
+        rig = state.rigs.get(action.rig)
+        if bead is None or rig is None or len(bead.sessions) + 1 != action.attempt:
+            return
+        if not planning.needs_session(state, bead, rig, self.kit.host.acting_since)[0]:
+            return
+        if action.resling:
+            # The hook moves to the new session (the mayor records it); the command is durable in GT_CMD
+            # and its id makes a resend after a crash harmless.
+            await self.kit.host.store(
+                BeadSling(
+                    id=action.bead,
+                    rig=action.rig,
+                    force=True,
+                    session=action.session,
+                    cmd_id=f"resling-{action.session}",
+                )
+            )
+        requested = SessionRequested(
+            session_id=action.session,
+            rig=action.rig,
+            polecat=action.polecat,
+            bead=action.bead,
+            worktree=action.worktree,
+            branch=action.branch,
+            tmux_name=action.tmux_name,
+            attempt=action.attempt,
+            handoff_of=action.handoff_of,
+        )
+        if not await self.kit.append(NewEvent(payload=requested, expected_seq=0)):
+            return  # someone else requested this attempt first
+        log.info("session_requested", session=action.session, bead=action.bead, polecat=action.polecat)
+        crash_point("witness.after_requested")
+        await self.start(Start(session=action.session))
+
+    async def start(self, action: Start) -> None:
+        session = self.kit.session(action.session)
+        if session is None or session.status != "requested":
+            return
+        rig = self.kit.host.state.rigs.get(session.rig)
+        if rig is None:
+            return
+        try:
+            runtime_setup.check(runtimes.runtime_for(rig.agent_command), os.environ)
+        except runtime_setup.RuntimeUnavailableError as exc:
+            # Retrying changes nothing: an operator must install or configure the agent. Escalated, not respawned.
+            await self._agent_unavailable(session, rig, str(exc))
+            return
+        try:
+            async with self.kit.worktree_locks.hold(session.worktree):
+                await self._end_leftovers(session)
+                await self._prepare_worktree(rig, session)
+        except WorktreeUnusableError as exc:
+            # Never touched (it may hold someone's work): the bead is escalated instead.
+            await self._unusable_worktree(session, str(exc))
+            return
+        except git.GitError:
+            self.start_failures[session.id] = self.start_failures.get(session.id, 0) + 1
+            raise
+        session = await self._hold_hook(session, rig)
+        try:
+            pane, adopted = await asyncio.to_thread(self._start_tmux, session, rig)
+        except TmuxError:
+            self.start_failures[session.id] = self.start_failures.get(session.id, 0) + 1
+            raise
+        except safe_files.UnsafeFileError as exc:
+            # A link or a special file the workspace's agent left where the witness writes (``safe_files``), or a
+            # runtime dir it made a link: never written through; the bead is escalated, the workspace kept.
+            await self._unusable_worktree(session, f"the session's files cannot be prepared safely: {exc}")
+            return
+        if not adopted:
+            crash_point("witness.after_tmux_start")
+        ref = processes.ref_of(pane.pane_pid)
+        started = SessionStarted(
+            session_id=session.id,
+            pane_pid=pane.pane_pid,
+            pid_started=ref.started if ref is not None else 0.0,
+            adopted=adopted,
+        )
+        current = self.kit.session(session.id) or session
+        await self.kit.append(NewEvent(payload=started, expected_seq=current.version))
+        self.start_failures.pop(session.id, None)
+        log.info("session_started", session=session.id, pane_pid=pane.pane_pid, adopted=adopted)
+
+    async def _end_leftovers(self, session: Session) -> None:
+        """Before a worktree is handed to ``session``: every process of the earlier sessions that worked in it is
+        gone, verified (``effects/leftovers.py``); the ones found are stopped first. Until then the start is blocked
+        (tried again), and escalated once it has waited ``LEFTOVER_DEADLINE_S``."""
+        earlier = [
+            s
+            for s in self.kit.host.state.sessions.values()
+            if s.worktree == session.worktree and s.id != session.id and s.status == "ended"
+        ]
+        if not earlier:
+            return
+        pane = await asyncio.to_thread(self.kit.tmux.pane_of, session.tmux_name)
+        if pane is not None and self.kit.tmux.ours(pane) and pane.label == session.id:
+            return  # its own agent runs already (started before a crash): adopted, not a leftover
+        roots = [
+            processes.ProcessRef(pid=s.pane_pid, started=s.pid_started) for s in earlier if s.pane_pid and s.pid_started
+        ]
+        paths = [session.worktree, *(str(self.kit.session_dir(s)) for s in earlier)]
+        uid = self.kit.agent_user.uid if self.kit.agent_user is not None else os.getuid()
+        ids = {s.id for s in earlier}
+        deadline = time.monotonic() + LEFTOVER_DEADLINE_S
+        while True:
+            found = await asyncio.to_thread(leftovers.find, roots=roots, sessions=ids, paths=paths, agent_uid=uid)
+            if not found:
+                return
+            shown = ", ".join(f"{f.ref.pid} ({f.name}: {f.why})" for f in found[:10])
+            log.warning("leftover_processes_stopped", session=session.id, worktree=session.worktree, processes=shown)
+            # Looked for again after: one may have started another meanwhile.
+            await asyncio.to_thread(processes.stop_all, [f.ref for f in found], timeout=self.kit.settings.kill_grace_s)
+            if time.monotonic() >= deadline:
+                message = (
+                    f"processes of an earlier session in worktree {session.worktree} do not end: {shown}. Session "
+                    f"{session.id} of bead {session.bead} waits until they are gone; end them by hand."
+                )
+                await self.kit.raise_escalation(session, message)
+                raise StartBlockedError(message)
+
+    async def _hold_hook(self, session: Session, rig: Rig) -> Session:
+        """Take the bead's hook lease for this session (the next fencing token), before its agent starts: from
+        then on a session that had the hook earlier is fenced out. Idempotent: a restart finds it taken."""
+        name = hook_lease_name(session.bead)
+        hook = self.kit.host.state.hooks.get(name)
+        if hook is not None and hook.held_by(session.id):
+            return self.kit.session(session.id) or session
+        ttl = self.kit.settings.hook_lease_ttl_s or rig.stall_after_s
+        acquired, token = lease_state.acquisition(hook, name, session.id, ttl, self.kit.host.clock())
+        if not await self.kit.append(acquired):
+            raise StartBlockedError(f"the hook lease {name} moved while session {session.id} took it; trying again")
+        log.info("hook_lease_acquired", session=session.id, lease=name, token=token)
+        return self.kit.session(session.id) or session
+
+    async def resling(self, action: Resling) -> None:
+        bead = self.kit.host.state.beads.get(action.bead)
+        if bead is None or not bead.resling_owed:
+            return
+        # Durable in GT_CMD; its id makes a resend after a crash harmless. The sling clears ``resling_owed``.
+        await self.kit.host.store(
+            BeadSling(id=action.bead, rig=action.rig, force=True, cmd_id=f"stale-resling-{action.after}")
+        )
+        log.warning("stale_hook_reslung", bead=action.bead, after=action.after)
+
+    async def release_hook(self, action: ReleaseHook) -> None:
+        hook = self.kit.host.state.hooks.get(hook_lease_name(action.bead))
+        if hook is None or not hook.held_by(action.session):
+            return
+        if await self.kit.append(lease_state.release(hook)):
+            log.info("hook_lease_released", session=action.session, lease=hook.name, token=hook.token)
+
+    async def _prepare_worktree(self, rig: Rig, session: Session) -> None:
+        bare, path = self.kit.bare_repo(rig.name), Path(session.worktree)
+        wanted = time.monotonic()
+        refs = await asyncio.to_thread(_refs_of, bare, session.branch, rig.base_branch)
+        branch, _ = git.worktree_refs(session.branch, rig.base_branch)
+        # The clone's worktree registry is changed by one git process at a time (see git.ensure_worktree); the
+        # lookups before and everything after (tmux, the agent, the events) run for many sessions at once.
+        async with self.kit.repo_locks.hold(rig.name):
+            began = time.monotonic()
+            if refs is None:  # no clone when looked (made now, or by a start that had the lock first): looked up
+                if await asyncio.to_thread(git.ensure_bare_clone, rig.repo, bare):
+                    self._fetched_at[rig.name] = began
+            elif branch not in refs and self._fetched_at.get(rig.name, float("-inf")) < wanted - FETCH_REUSE_S:
+                await asyncio.to_thread(git.fetch, bare)  # a new branch starts from the newest base
+                self._fetched_at[rig.name] = began
+                refs = None  # looked up again: the fetch may have brought the base
+            try:
+                # A repository of the polecat's own (nothing shared with the clone but its objects, read-only);
+                # ``BUILD_OUTPUT``: the tests an agent runs leave bytecode and caches that no project's .gitignore
+                # may list, and `gt done` refuses a workspace git shows changed.
+                await asyncio.to_thread(
+                    git.ensure_worktree,
+                    bare,
+                    path,
+                    session.branch,
+                    rig.base_branch,
+                    refs=refs,
+                    origin=rig.repo,
+                    excludes=git.BUILD_OUTPUT,
+                    published=await asyncio.to_thread(self._last_published, session),
+                )
+            except git.GitError as exc:
+                if await asyncio.to_thread(path.exists):
+                    raise WorktreeUnusableError(str(exc)) from exc
+                raise
+
+    def _start_tmux(self, session: Session, rig: Rig) -> tuple[PaneInfo, bool]:
+        existing = self.kit.tmux.pane_of(session.tmux_name)
+        if existing is not None and not self.kit.tmux.ours(existing):
+            # Another town's session on our tmux socket, of the same name: never ours to adopt or kill.
+            socket = self.kit.tmux.socket_name
+            log.warning("tmux_name_taken_by_another_town", tmux=session.tmux_name, socket=socket, session=session.id)
+            raise StartBlockedError(
+                f"tmux session {session.tmux_name} on socket {socket} belongs to another town; give each town its "
+                "own GT_TMUX_SOCKET (docs/configuration.md)"
+            )
+        if existing is not None:
+            if existing.label == session.id and not existing.dead and processes.ref_of(existing.pane_pid):
+                return existing, True  # started before a crash, never recorded: adopt it
+            self._clear_tmux_name(session, existing)
+        command, env = self.launch.command(session, rig)
+        run_as: tuple[str, ...] = ()
+        cwd = session.worktree
+        if self.kit.agent_user is not None:
+            self._hand_over(session, env)
+            run_as = self.kit.agent_user.argv_prefix()
+            # tmux (root) starts the pane in "/", and the agent's own shell enters the workspace: no root process
+            # ever runs with the agent's directory as its working directory (relative paths the agent planted).
+            cwd, command = "/", f"cd -- {shlex.quote(session.worktree)} && {command}"
+        # The pane's first process is the session's reaper (shared/reaper.py), as the witness's user: whatever the
+        # agent starts, even detached, ends with the session.
+        supervisor = reaper.argv(self.kit.settings.kill_grace_s)
+        pane = self.kit.tmux.start(
+            session.tmux_name, command, cwd=cwd, env=env, label=session.id, run_as=run_as, supervisor=supervisor
+        )
+        return pane, False
+
+    def _hand_over(self, session: Session, env: dict[str, str]) -> None:
+        """What the session's agent, as its own OS user, needs of the town's files (``effects/agent_user.py``)."""
+        user = self.kit.agent_user
+        assert user is not None
+        worktree, home = Path(session.worktree), Path(env["HOME"])
+        published, password = self.kit.published_dir(session), env.get("NATS_PASSWORD_FILE")
+        rig_dir, bare = self.kit.rig_dir(session.rig), self.kit.bare_repo(session.rig)
+        session_dir = self.kit.session_dir(session)
+        rig = self.kit.host.state.rigs.get(session.rig)
+        local = git.local_repository(rig.repo) if rig is not None else None
+        session_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if local is not None and home == session_dir / "home":
+            agent_user.trust_repository(session_dir, local, user)
+        agent_user.hand_over_session(
+            user, worktree, [session_dir, home, published], [Path(password)] if password else []
+        )
+        agent_user.open_for_traversal(
+            [
+                self.kit.host.config.gt_home,
+                rig_dir.parent,
+                rig_dir,
+                bare,
+                worktree.parent,
+                published.parent,
+                session_dir.parent,
+                *([Path(password).parent] if password else []),
+            ]
+        )
+        agent_user.open_for_reading(bare / "objects")
+
+    def _clear_tmux_name(self, session: Session, existing: PaneInfo) -> None:
+        owner = self.kit.session(existing.label) if existing.label else None
+        ours_and_done = existing.label == session.id or (owner is not None and owner.status == "ended")
+        old_enough = time.time() - existing.created >= self.kit.settings.min_orphan_age_s
+        if not ours_and_done and not (owner is None and old_enough):
+            raise StartBlockedError(
+                f"tmux session {session.tmux_name} is in use by {existing.label or 'something unknown'}; waiting"
+            )
+        # Re-verify right before killing: the same session (label and pane process) is still there.
+        again = self.kit.tmux.pane_of(session.tmux_name)
+        if again is not None and again.label == existing.label and again.pane_pid == existing.pane_pid:
+            self.kit.tmux.kill(session.tmux_name)
+            log.info("stale_tmux_session_killed", tmux=session.tmux_name, label=existing.label)
+
+    async def _agent_unavailable(self, session: Session, rig: Rig, detail: str) -> None:
+        message = (
+            f"rig {rig.name}: session {session.id} (bead {session.bead}, polecat {session.polecat}) cannot start "
+            f"its agent {rig.agent_command!r}: {detail}. The bead waits on its hook: fix it, then re-sling it "
+            f"with `gt sling {session.bead} {rig.name} --force`."
+        )
+        log.warning("agent_unavailable", session=session.id, rig=rig.name, detail=detail)
+        await self.kit.raise_escalation(session, message)
+        # Escalated before it ends: a plan made in between must not take the ended session for a death to respawn.
+        escalated = SessionEscalated(session_id=session.id, reason="agent_unavailable")
+        await self.kit.append(NewEvent(payload=escalated, expected_seq=session.version))
+        await self.kit.end(session, "failed_to_start", message[:2000])
+
+    async def _unusable_worktree(self, session: Session, detail: str) -> None:
+        message = (
+            f"the worktree {session.worktree} of bead {session.bead} cannot be used for a new session ({detail}); "
+            "it was left as it is. Recover its work by hand, then re-sling the bead."
+        )
+        await self.kit.raise_escalation(session, message)
+        await self.kit.end(session, "failed_to_start", detail[:2000])
+        ended = self.kit.session(session.id) or session
+        escalated = SessionEscalated(session_id=session.id, reason="worktree_unusable")
+        await self.kit.append(NewEvent(payload=escalated, expected_seq=ended.version))
+
+    async def give_up(self, action: GiveUp) -> None:
+        session = self.kit.session(action.session)
+        if session is not None and session.status == "requested":
+            await self.kit.end(session, "failed_to_start", action.detail)
+            self.start_failures.pop(session.id, None)
+
+    def _last_published(self, session: Session) -> Path | None:
+        """The newest bundle an earlier session of ``session``'s bead published (its branch as `gt done` left it):
+        where a workspace made again starts."""
+        found: list[tuple[float, Path]] = []
+        for other in self.kit.host.state.sessions.values():
+            if other.bead != session.bead or other.id == session.id:
+                continue
+            folder = self.kit.published_dir(other)
+            for bundle in folder.glob("*.bundle") if folder.is_dir() else ():
+                with contextlib.suppress(OSError):
+                    found.append((bundle.stat().st_mtime, bundle))
+        return max(found)[1] if found else None
+
+
+def _refs_of(bare: Path, branch: str, base: str) -> set[str] | None:
+    """Which of the refs a session's worktree is made from exist in the rig's clone; None: no clone yet."""
+    if not (bare / "HEAD").is_file():
+        return None
+    return git.existing_refs(bare, *git.worktree_refs(branch, base))

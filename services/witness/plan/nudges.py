@@ -1,0 +1,73 @@
+"""Nudges owed: a queued nudge delivered to its session when its runtime takes one (or expired), the nudge that
+sends a restarted agent on, the announcement of unread mail."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from services.witness.plan.actions import Action, ContinueSession, DeliverNudge, ExpireNudge, NudgeMail
+from services.witness.plan.observed import Observed, pane_of
+from services.witness.state import ACTIVE, Session, WitnessState, continue_nudge_id
+from shared.runtimes import runtime_for
+
+
+def queued_nudges(state: WitnessState, obs: Observed) -> Iterator[Action]:
+    for nudge in state.nudges.values():
+        if nudge.status != "queued":
+            continue
+        if obs.now >= nudge.expires_at:
+            yield ExpireNudge(nudge=nudge.id)
+            continue
+        target = _nudge_target(state, nudge.rig, nudge.polecat, nudge.session)
+        if target is not None and target.status == "started":
+            pane = pane_of(target, obs)
+            if pane is None or pane.dead or not _takes_nudges_now(state, target, nudge.message, obs):
+                continue
+            yield DeliverNudge(nudge=nudge.id, session=target.id)
+
+
+def _takes_nudges_now(state: WitnessState, session: Session, message: str, obs: Observed) -> bool:
+    """A runtime that takes a nudge only when idle gets it then; one that queues input (or cannot tell) at once."""
+    rig = state.rigs.get(session.rig)
+    runtime = runtime_for(rig.agent_command if rig is not None else "")
+    if runtime.nudge(message).when_busy:
+        return True
+    return session.id in obs.idle or not runtime.reads_screen  # a runtime whose screen is not read cannot tell
+
+
+def continuations(state: WitnessState, obs: Observed) -> Iterator[Action]:
+    """Sessions whose agent restarted with a fresh context (``/clear``, a compaction) and has waited at its prompt
+    since, no turn run: the nudge that sends them on with their current step (once per such start; an agent that
+    went on by itself, as after a compaction in the middle of a turn, gets none)."""
+    for session_id, restart in obs.restarts.items():
+        session = state.sessions.get(session_id)
+        if session is None or session.status != "started" or session.done_intent_at is not None:
+            continue
+        if restart.turn_ended_since or session_id not in obs.idle:
+            continue
+        if continue_nudge_id(session_id, restart.number) in state.nudges:
+            continue
+        yield ContinueSession(session=session_id, number=restart.number, source=restart.source)
+
+
+def unannounced_mail(state: WitnessState, obs: Observed) -> Iterator[Action]:
+    """Unread mail not yet announced, to a polecat with a live session: announce it (a polecat with none now is
+    told when it next has one; its `gt prime` lists the mail in any case)."""
+    for notice in state.mail.values():
+        if notice.nudged:
+            continue
+        target = _nudge_target(state, notice.rig, notice.polecat, None)
+        if target is not None and target.status == "started" and pane_of(target, obs) is not None:
+            yield NudgeMail(message=notice.id)
+
+
+def _nudge_target(state: WitnessState, rig: str, polecat: str, session_id: str | None) -> Session | None:
+    if session_id is not None:
+        named = state.sessions.get(session_id)
+        if named is not None and named.status in ACTIVE:
+            return named
+    current = None
+    for session in state.sessions.values():
+        if session.rig == rig and session.polecat == polecat and session.status in ACTIVE:
+            current = session
+    return current
