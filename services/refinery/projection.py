@@ -125,8 +125,8 @@ def _rig(payload: RigEvent, state: RefineryState, env: Envelope, seq: int) -> No
 
 @fold.register
 def _accepted(payload: CommandAccepted, state: RefineryState, env: Envelope, seq: int) -> None:
-    created = payload.result.get("id")
-    if not payload.command_id.startswith(CONFLICT_PREFIX) or not isinstance(created, str):
+    created = payload.created_id()
+    if not payload.command_id.startswith(CONFLICT_PREFIX) or created is None:
         return
     state.created[payload.command_id] = created
     mr = state.mrs.get(state.awaited.pop(payload.command_id, ""))

@@ -219,8 +219,8 @@ def _accepted(payload: CommandAccepted, state: AutomationState, env: Envelope, s
         return
     awaited, run = found
     if awaited.step == "create":
-        bead = payload.result.get("id")
-        if isinstance(bead, str) and run.create != "accepted":
+        bead = payload.created_id()
+        if bead is not None and run.create != "accepted":
             run.create, run.bead = "accepted", bead
             state.beads[bead] = awaited.automation
     elif awaited.step == "sling":
