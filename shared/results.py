@@ -241,7 +241,7 @@ class NudgeResult(Result, kw_only=True):
     expires_at: str | UnsetType = UNSET
     live: bool | UnsetType = UNSET
     """Its target runs now: typed in at once."""
-    delivered_to: str | None | UnsetType = UNSET
+    delivered_to: str | UnsetType | None = UNSET
     """Added by `gt nudge` once it saw the nudge delivered (then ``status`` is ``delivered``)."""
 
 

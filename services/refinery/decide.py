@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from services.refinery.state import OPEN, MergeRequest, RefineryState
+from services.refinery.state import MergeRequest, RefineryState
 from shared.commands import (
     Command,
     MergeQueueResume,
@@ -19,6 +19,7 @@ from shared.commands import (
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import MergeQueueResumed, MergeRequestRejected, MergeRequestRequeued, MergeRequestSubmitted
+from shared.events.merge_requests import MR_IN_QUEUE, MR_SENT_BACK
 from shared.ids import hook_lease_name
 from shared.results import MergeQueueResult, MrResult
 
@@ -181,7 +182,7 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit, actor: str = "operator
     else:
         check_hand_submit(state, cmd, cmd.target or base, base)
     existing = existing_mr(state, cmd.rig, cmd.bead, cmd.head)
-    if existing is not None and existing.status in SENT_BACK:
+    if existing is not None and existing.status in MR_SENT_BACK:
         return resubmit_failed(existing, cmd)
     if existing is not None:
         return Accepted(result=mr_result(existing))
@@ -201,10 +202,6 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit, actor: str = "operator
         events=[NewEvent(payload=event, expected_seq=0)],
         result=MrResult(id=mr_id, status="queued", changed=True, bead=cmd.bead, rig=cmd.rig, head=cmd.head),
     )
-
-
-SENT_BACK = ("failed", "conflicted")
-"""A merge request that went back to its bead's polecat: failed gates, or a conflict sent back to resolve."""
 
 
 def resubmit_failed(mr: MergeRequest, cmd: MergeRequestSubmit) -> Accepted[MrResult]:
@@ -239,7 +236,7 @@ def retry(state: RefineryState, cmd: MergeRequestRetry) -> Accepted[MrResult]:
         )
     if mr.status == "merged":
         raise CommandError("backward_transition", f"merge request {mr.id} is merged already")
-    if mr.status in OPEN:
+    if mr.status in MR_IN_QUEUE:
         return Accepted(result=MrResult(id=mr.id, status=mr.status, changed=False))
     event = MergeRequestRequeued(mr_id=mr.id, reason=f"retried after {mr.status}")
     return Accepted(

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from services.witness.state import ACTIVE, Rig, Session, WitnessState
+from services.witness.state import Rig, Session, WitnessState
 from shared.commands import (
     POLECAT_TARGET,
     Command,
@@ -37,6 +37,8 @@ from shared.events import (
     SessionHookRecovered,
     SessionWarranted,
 )
+from shared.events.beads import WORKING
+from shared.events.sessions import ACTIVE_SESSION
 from shared.ids import hook_lease_name
 from shared.results import UNSET, NudgeResult, RigResult, SessionResult, StaleHookResult, UnsetType
 
@@ -149,7 +151,7 @@ def _quiet(state: WitnessState, rig: Rig) -> None:
         CommandError: ``conflict`` naming what is left.
     """
     hooked = hooked_beads(state, rig.name)
-    running = sorted(s.id for s in state.sessions.values() if s.rig == rig.name and s.status in ACTIVE)
+    running = sorted(s.id for s in state.sessions.values() if s.rig == rig.name and s.status in ACTIVE_SESSION)
     if not hooked and not running:
         return
     left = [f"beads still hooked to it: {', '.join(hooked[:20])}"] if hooked else []
@@ -262,7 +264,7 @@ def waiting_beads(state: WitnessState, rig: str) -> int:
         if b.rig == rig
         and b.status in WORKING
         and not b.merge_requested
-        and not any(state.sessions[s].status in ACTIVE for s in b.sessions if s in state.sessions)
+        and not any(state.sessions[s].status in ACTIVE_SESSION for s in b.sessions if s in state.sessions)
     )
 
 
@@ -332,7 +334,7 @@ def finish(state: WitnessState, cmd: SessionFinish) -> Accepted[SessionResult]:
 
 def handoff(state: WitnessState, cmd: SessionHandoff) -> Accepted[SessionResult]:
     session = _session(state, cmd.session)
-    if session.status not in ACTIVE:
+    if session.status not in ACTIVE_SESSION:
         if session.end_reason == "handoff":
             return Accepted(result=_result(session, "ended", changed=False))
         raise _ended_elsewhere(state, session)
@@ -347,7 +349,7 @@ def handoff(state: WitnessState, cmd: SessionHandoff) -> Accepted[SessionResult]
 def stop(state: WitnessState, cmd: SessionStop) -> Accepted[SessionResult]:
     """A warrant with reason ``stopped``: the witness kills the agent (re-verified) and records the end."""
     session = _session(state, cmd.session)
-    if session.status not in ACTIVE:
+    if session.status not in ACTIVE_SESSION:
         return Accepted(result=_result(session, "ended", changed=False))
     if session.warrant_reason is not None:
         return Accepted(result=_result(session, "stopping", changed=False))
@@ -413,8 +415,6 @@ def _running(state: WitnessState, rig: str, polecat: str, session_id: str | None
 
 # ---- stale hooks (from the deacon) -------------------------------------------------------------
 
-WORKING = ("hooked", "in_progress")
-
 
 def _not_stale(bead: str, why: str) -> Accepted[StaleHookResult]:
     return Accepted(result=StaleHookResult(id=bead, status="not_stale", changed=False, why=why))
@@ -436,7 +436,7 @@ def recover_hook(state: WitnessState, cmd: SessionRecoverHook, ctx: DecideContex
     if bead.status not in WORKING:
         return _not_stale(bead.id, f"bead {bead.id} is {bead.status}")
     sessions = [state.sessions[s] for s in bead.sessions if s in state.sessions]
-    active = next((s for s in sessions if s.status in ACTIVE), None)
+    active = next((s for s in sessions if s.status in ACTIVE_SESSION), None)
     if active is not None:
         return _not_stale(bead.id, f"session {active.id} works it")
     rig = state.rigs.get(bead.rig or "")

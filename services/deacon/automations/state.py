@@ -25,6 +25,7 @@ from shared.events import (
     GcSwept,
     RigAdded,
 )
+from shared.events.automations import RunStatus
 from shared.ids import stable_digest_id
 
 HISTORY = 10
@@ -49,8 +50,7 @@ class Run(msgspec.Struct, kw_only=True):
     rig: str | None = None
     title: str = ""
     vars: dict[str, str] = {}
-    status: str = "open"
-    """open, completed or failed."""
+    status: RunStatus = "open"
     ended_at: datetime | None = None
     result: str = ""
     error: str = ""
@@ -180,7 +180,7 @@ def _finish(
     state: AutomationState,
     record: AutomationRecord,
     run: Run,
-    status: str,
+    status: RunStatus,
     at: datetime,
     *,
     result: str = "",

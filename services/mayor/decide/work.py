@@ -25,7 +25,7 @@ from shared.events import (
     StepCompleted,
     StepStarted,
 )
-from shared.events.beads import INFRA_TYPES
+from shared.events.beads import INFRA_TYPES, WORKING
 from shared.formulas import Formula, FormulaError, cook
 from shared.ids import CONVOY_PREFIX
 from shared.results import UNSET, SlingResult, StepResult
@@ -41,7 +41,7 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext) -> Accepted[Sli
         raise CommandError("backward_transition", f"bead {bead.id} is closed; sling a new bead that references it")
     if bead.type in INFRA_TYPES:
         raise CommandError("invalid", f"bead {bead.id} is a {bead.type}, not work: it cannot be slung")
-    rehook = bead.status in ("hooked", "in_progress")
+    rehook = bead.status in WORKING
     if rehook and not cmd.force:
         raise CommandError(
             "conflict",
@@ -141,7 +141,7 @@ def unsling(state: MayorState, cmd: BeadUnsling) -> Accepted[SlingResult]:
     if bead.status == "closed":
         raise CommandError("backward_transition", f"bead {bead.id} is closed; a closed bead has no hook to release")
     hold = state.holds.get(bead.id)
-    if bead.status not in ("hooked", "in_progress") and hold is None:
+    if bead.status not in WORKING and hold is None:
         raise CommandError("conflict", f"bead {bead.id} is not hooked (it is {bead.status}); nothing to unsling")
     # A held bead (open, waiting for its blockers) gives its hold back: the mayor will not sling it.
     rig, was = (hold.rig, "held") if hold is not None else (bead.rig or "", bead.status)

@@ -34,13 +34,13 @@ from services.witness.plan.actions import (
 from services.witness.plan.names import polecat_name
 from services.witness.plan.scope import TMUX_PREFIX, in_scope
 from services.witness.projection import deaths
-from services.witness.state import ACTIVE, Rig, Session, WitnessState, WorkBead, continue_nudge_id
+from services.witness.state import Rig, Session, WitnessState, WorkBead, continue_nudge_id
 from shared.events import DEATHS
+from shared.events.beads import WORKING
+from shared.events.sessions import ACTIVE_SESSION
 from shared.ids import hook_lease_name
 from shared.rig_state import home_name
 from shared.runtimes import Restart, confirms_start, pane_activity_counts, runtime_for
-
-WORKING = ("hooked", "in_progress")
 
 
 class PaneSeen(msgspec.Struct, frozen=True, kw_only=True):
@@ -166,7 +166,7 @@ def pane_of(session: Session, obs: Observed) -> PaneSeen | None:
 
 def _active_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Action]:
     for session in state.sessions.values():
-        if session.status not in ACTIVE:
+        if session.status not in ACTIVE_SESSION:
             continue
         if session.warrant_reason is not None:
             yield Kill(session=session.id)
@@ -316,7 +316,7 @@ def needs_session(
     if bead.status not in WORKING or bead.merge_requested or bead.resling_owed:
         return False, None
     sessions = [state.sessions[s] for s in bead.sessions if s in state.sessions]
-    if any(s.status in ACTIVE for s in sessions):
+    if any(s.status in ACTIVE_SESSION for s in sessions):
         return False, None
     since_sling = sessions[bead.sessions_at_sling :]
     if not since_sling:
@@ -427,7 +427,7 @@ def _spawns(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Acti
     held = _held_names(state, obs)
     in_use: dict[str, int] = {}
     for session in state.sessions.values():
-        if session.status in ACTIVE:
+        if session.status in ACTIVE_SESSION:
             in_use[session.rig] = in_use.get(session.rig, 0) + 1
     for rig_name, _polecat in obs.reserved:
         in_use[rig_name] = in_use.get(rig_name, 0) + 1
@@ -638,10 +638,10 @@ def _mail(state: WitnessState, obs: Observed) -> Iterator[Action]:
 def _nudge_target(state: WitnessState, rig: str, polecat: str, session_id: str | None) -> Session | None:
     if session_id is not None:
         named = state.sessions.get(session_id)
-        if named is not None and named.status in ACTIVE:
+        if named is not None and named.status in ACTIVE_SESSION:
             return named
     current = None
     for session in state.sessions.values():
-        if session.rig == rig and session.polecat == polecat and session.status in ACTIVE:
+        if session.rig == rig and session.polecat == polecat and session.status in ACTIVE_SESSION:
             current = session
     return current
