@@ -150,7 +150,7 @@ async def _time_first_request(
 
 async def _sling_to_hook(nc: Connection, gt_home: Path, n: int) -> float:
     """Seconds from slinging a bead to its session's SessionStart hook mark."""
-    bead = (await command(nc, BeadCreate(title=f"Start {n} [model-script:start-{n}]")))["id"]
+    bead = (await command(nc, BeadCreate(title=f"Start {n} [model-script:start-{n}]"))).id
     began = time.monotonic()
     await command(nc, BeadSling(id=bead, rig="bench"))
     sessions = gt_home / "rigs" / "bench" / "sessions"

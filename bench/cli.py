@@ -29,7 +29,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import msgspec
 
@@ -52,6 +52,8 @@ from shared.config import TownConfig
 from shared.errors import QueryError
 from shared.queries import mayor, witness
 from shared.tmux import Tmux
+
+R = TypeVar("R")
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
 CALLS: dict[str, list[str]] = {
@@ -182,24 +184,23 @@ async def _town(nc: Connection, town: TownConfig, root: Path, *, steps: int) -> 
     """What the calls need: a bead to show, a session to prime (a hanging agent's), and ``steps`` steps not done
     yet, of beads slung with the default formula to a parked rig (their molecules wait there, no sessions)."""
 
-    async def ok(cmd: Command) -> dict[str, Any]:
+    async def ok(cmd: Command[R]) -> R:
         cmd = msgspec.structs.replace(cmd, cmd_id=f"bench-{uuid.uuid4().hex[:12]}")
         outcome = await send(nc, town, cmd, timeout=60)
-        if outcome.type != "cmd.accepted":
+        if (accepted := outcome.accepted) is None:
             raise RuntimeError(f"{cmd}: {outcome}")
-        result: dict[str, Any] = outcome.data["result"]
-        return result
+        return accepted.result
 
     origin = make_origin(root)
     await ok(RigAdd(name="bench", repo=str(origin), agent_command=AGENT, max_polecats=1))
     await ok(RigAdd(name="parked", repo=str(origin), agent_command=AGENT))
     await ok(RigPark(name="parked"))
-    shown = str((await ok(BeadCreate(title="shown")))["id"])
+    shown = (await ok(BeadCreate(title="shown"))).id
     await ok(BeadSling(id=shown, rig="bench"))
     session = f"{shown}-1"
     waiting = []
     for i in range(-(-steps // STEPS_PER_BEAD)):
-        bead = str((await ok(BeadCreate(title=f"steps {i}")))["id"])
+        bead = (await ok(BeadCreate(title=f"steps {i}"))).id
         await ok(BeadSling(id=bead, rig="parked"))
         waiting.append(bead)
     ids = []

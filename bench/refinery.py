@@ -206,7 +206,7 @@ async def _done_to_merged(runs: int, gate_s: float) -> list[Figure]:
             )
             latencies = []
             for i in range(runs):
-                bead = str((await command(nc, BeadCreate(title=f"done {i}", prefix="done")))["id"])
+                bead = (await command(nc, BeadCreate(title=f"done {i}", prefix="done"))).id
                 await command(nc, BeadSling(id=bead, rig="done"))
                 await events.wait_for(merged_bead(events, bead), timeout=300)
                 merged = events.merged[bead]

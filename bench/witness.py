@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import psutil
@@ -53,6 +53,8 @@ from shared.commands import BeadCreate, BeadSling, Command, RigAdd
 from shared.config import TownConfig
 from shared.events import decode_envelope
 from shared.tmux import Tmux
+
+R = TypeVar("R")
 
 AGENT = "GT_AGENT_FAULT=hang gt-agent"
 PATROL_S = 5.0
@@ -100,15 +102,15 @@ class SessionEvents:
                 await self.changed.wait()
 
 
-async def command(nc: Connection, cmd: Command, *, timeout: float = 60) -> dict[str, Any]:
+async def command(nc: Connection, cmd: Command[R], *, timeout: float = 60) -> R:
     """One command sent as the CLI sends it (``shared.bus.commands.send``), answered by its own outcome (services
     store outcomes of their own commands meanwhile); its result."""
     cmd = msgspec.structs.replace(cmd, cmd_id=f"bench-{uuid.uuid4().hex[:12]}")
     outcome = await bus_commands.send(nc, TownConfig(), cmd, timeout=timeout, wait_if_down=True)
-    if outcome.type != "cmd.accepted":
-        raise RuntimeError(f"{cmd} was not accepted: {outcome.data or 'no outcome within ' + str(timeout) + 's'}")
-    result: dict[str, Any] = outcome.data["result"]
-    return result
+    accepted = outcome.accepted
+    if accepted is None:
+        raise RuntimeError(f"{cmd} was not accepted: {outcome.rejected or 'no outcome within ' + str(timeout) + 's'}")
+    return accepted.result
 
 
 async def create_and_sling(nc: Connection, rig: str, count: int) -> tuple[list[str], float]:

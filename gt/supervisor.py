@@ -969,8 +969,8 @@ async def stop_sessions(config: TownConfig) -> int:
         for session_id in ids:
             cmd = SessionStop(session=session_id, cmd_id=f"stop-{session_id}-{secrets.token_hex(4)}")
             outcome = await client.send(nc, config, cmd, timeout=30)
-            if outcome.type == "cmd.rejected":
-                raise GastownError(f"session {session_id}: {outcome.data.get('message')}")
+            if (rejected := outcome.rejected) is not None:
+                raise GastownError(f"session {session_id}: {rejected.message}")
         deadline = time.monotonic() + DOWN_TIMEOUT_S
         while True:
             left = {s.id for s in await ask(nc, witness.Sessions(), timeout=10)} & set(ids)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Generic, Literal
 
 from shared.events import Event
+from shared.results import R
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,11 +22,12 @@ class NewEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class Accepted:
-    """A command's effect: events to append (none when already in effect) and the operator's ``result``."""
+class Accepted(Generic[R]):
+    """A command's effect: the operator's ``result`` (the command's result type, ``Command[R]``) and the events to
+    append (none when already in effect)."""
 
+    result: R
     events: list[NewEvent] = field(default_factory=list)
-    result: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

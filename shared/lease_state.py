@@ -12,6 +12,7 @@ rigs' merge leases and the hook leases of the beads it may merge for, the witnes
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Final, Literal
 
 import msgspec
 
@@ -19,9 +20,10 @@ from shared.decision import NewEvent
 from shared.events import Envelope, LeaseAcquired, LeaseEvent, LeaseExpired, LeaseReleased
 from shared.projection import touch
 
-HELD = "held"
-RELEASED = "released"
-EXPIRED = "expired"
+LeaseStatus = Literal["held", "released", "expired"]
+HELD: Final = "held"
+RELEASED: Final = "released"
+EXPIRED: Final = "expired"
 
 
 class Renewal(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,7 +46,7 @@ class Lease(msgspec.Struct, kw_only=True, gc=False):
     token: int
     """Its acquisitions so far (1, 2, ...): the fencing token of the holder, refused once it is not the newest."""
     ttl_s: float
-    status: str = HELD
+    status: LeaseStatus = HELD
     """held, released or expired."""
     acquired_at: datetime
     ended_at: datetime | None = None

@@ -47,7 +47,8 @@ def touch(items: Mapping[str, V], key: str, seq: int) -> V | None:
 
 
 class HasStatus(Versioned, Protocol):
-    status: str
+    status: Any
+    """A status vocabulary's ``Literal`` (``shared.events``): each aggregate has its own."""
 
 
 H = TypeVar("H", bound=HasStatus)

@@ -98,7 +98,8 @@ class MemoryTown(Generic[S]):
         accepted = self._decide(self.projection.state, cmd, ctx)
         self._store(accepted.events, actor)
         self.reconcile()
-        return accepted.result
+        result: dict[str, Any] = msgspec.to_builtins(accepted.result)  # as the outcome carries it
+        return result
 
     def _store(self, new_events: list[NewEvent], actor: str) -> None:
         events: list[tuple[str, bytes, int | None]] = []

@@ -87,7 +87,7 @@ class PolecatTown:
         cmd = msgspec.structs.replace(cmd, cmd_id=f"t-{uuid.uuid4().hex[:12]}")
         outcome = await bus_commands.send(self.nc, self.config, cmd, timeout=60, wait_if_down=True)
         assert outcome.type == "cmd.accepted", outcome
-        result: dict[str, Any] = outcome.data["result"]
+        result: dict[str, Any] = msgspec.to_builtins(outcome.result)  # as the outcome carries it
         return result
 
     async def add_rig(self, name: str = "demo", **options: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from gt.cli.common import Subcommands, command_options, read, read_options, send
 from shared.commands import AutomationRun
 from shared.config import TownConfig
 from shared.queries import deacon
+from shared.results import AutomationRunResult
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -122,8 +123,8 @@ async def _show(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
     return show(args, found, detail)
 
 
-def _fired(result: dict[str, Any]) -> str:
-    return f"{result.get('id')}: run {result.get('run')} fired ({result.get('action')})"
+def _fired(result: AutomationRunResult) -> str:
+    return f"{result.id}: run {result.run} fired ({result.action})"
 
 
 async def _run(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

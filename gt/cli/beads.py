@@ -17,6 +17,7 @@ from gt.cli.common import (
     read_options,
     send,
     show,
+    status_line,
 )
 from shared.commands import BeadClaim, BeadClose, BeadCreate, BeadUpdate
 from shared.config import TownConfig
@@ -149,15 +150,15 @@ async def _update(nc: Connection, args: argparse.Namespace, config: TownConfig) 
         blocks=args.blocks,
         status=args.status,
     )
-    return await send(nc, args, config, cmd)
+    return await send(nc, args, config, cmd, status_line)
 
 
 async def _claim(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, BeadClaim(id=args.id, assignee=args.assignee))
+    return await send(nc, args, config, BeadClaim(id=args.id, assignee=args.assignee), status_line)
 
 
 async def _close(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, BeadClose(id=args.id, reason=args.reason))
+    return await send(nc, args, config, BeadClose(id=args.id, reason=args.reason), status_line)
 
 
 async def _show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -25,17 +25,20 @@ from shared.queries.base import LATEST_SEQ
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
 
+C = TypeVar("C", bound=Command)
+R = TypeVar("R")
+
 __all__ = ["Outcome", "first_event_of", "read_position", "send", "stream_last_seq", "with_ids"]
 
 
 async def send(
     nc: Connection,
     config: TownConfig,
-    cmd: Command,
+    cmd: Command[R],
     *,
     timeout: float | None,
     wait_if_down: bool = False,
-) -> Outcome:
+) -> Outcome[R]:
     """Send ``cmd`` as this process and wait up to ``timeout`` (None: forever) for its outcome
     (``shared.bus.commands.send``; ``service_down`` unless ``wait_if_down`` when its service does not answer).
 
@@ -84,7 +87,7 @@ async def send(
     return outcome
 
 
-def with_ids(cmd: Command) -> Command:
+def with_ids(cmd: C) -> C:
     """``cmd`` with its own id (``cli-<random>``) and, when it creates something, the id of that (``new_id``),
     unless it has them: chosen by the sender, so both are known before any answer."""
     changes: dict[str, Any] = {}

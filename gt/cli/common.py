@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 import msgspec
 
@@ -18,6 +18,7 @@ from shared.commands import Command
 from shared.commands.base import Creates
 from shared.config import TownConfig
 from shared.errors import GastownError
+from shared.events import CommandRejected
 from shared.queries import Query
 from shared.queries.base import DEFAULT_LIST_LIMIT
 from shared.terminal import escape_line, escape_text
@@ -32,7 +33,25 @@ EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DENIED = 0, 1, 2, 3, 
 DEFAULT_COMMAND_TIMEOUT_S = 10.0
 
 Handler: TypeAlias = "Callable[[Connection, argparse.Namespace, TownConfig], Awaitable[int]]"
-ResultPrinter = Callable[[dict[str, Any]], str]
+ResultPrinter: TypeAlias = Callable[[R], str]
+"""How a command's result (its type, ``Command[R]``) is printed."""
+
+
+class Identified(Protocol):
+    """A result naming what it created or changed."""
+
+    @property
+    def id(self) -> str: ...
+
+
+class StatusResult(Identified, Protocol):
+    """A result saying what became of its thing (``status_line``)."""
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def changed(self) -> bool: ...
 
 
 class UsageError(GastownError):
@@ -70,10 +89,10 @@ def command_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--id", dest="cmd_id", metavar="CMD_ID", help="command id (resending the same id is harmless)")
 
 
-def print_id(result: dict[str, Any]) -> str:
+def print_id(result: Identified) -> str:
     """What a command that creates something prints: the new id alone, so ``bead=$(gt bead create ...)`` works
     (``--json`` prints the whole outcome). ``gt bead create``, ``gt convoy create``, ``gt escalate``."""
-    return str(result.get("id"))
+    return result.id
 
 
 def read_options(parser: argparse.ArgumentParser) -> None:
@@ -104,7 +123,7 @@ def given(cmd: C) -> C:
     return msgspec.structs.replace(cmd, **defaults) if defaults else cmd
 
 
-def report(outcome: Outcome, cmd: Command, *, as_json: bool, printer: ResultPrinter) -> int:
+def report(outcome: Outcome[R], cmd: Command[R], *, as_json: bool, printer: ResultPrinter[R]) -> int:
     """Print what became of a command and return the exit code.
 
     Standard output carries only the answer. A command stored but not answered yet (its service is down or slow)
@@ -127,34 +146,34 @@ def report(outcome: Outcome, cmd: Command, *, as_json: bool, printer: ResultPrin
                 file=sys.stderr,
             )
         return EXIT_OK
-    if outcome.type == "cmd.rejected":
+    if (rejected := outcome.rejected) is not None:
         if not as_json:
-            print(rejected_line(outcome.data), file=sys.stderr)
+            print(rejected_line(rejected), file=sys.stderr)
         return EXIT_REJECTED
     if not as_json:
-        print(printer(outcome.data.get("result", {})))
+        print(printer(outcome.result))
     return EXIT_OK
 
 
-def rejected_line(data: dict[str, Any]) -> str:
+def rejected_line(rejected: CommandRejected) -> str:
     """``rejected (code): message``; the message may quote what an agent wrote: its control characters escaped."""
-    return f"rejected ({escape_line(data.get('code'))}): {escape_text(data.get('message'))}"
+    return f"rejected ({escape_line(rejected.code)}): {escape_text(rejected.message)}"
 
 
-def status_line(result: dict[str, Any]) -> str:
-    """The default rendering of a result: ``<id>: <status>`` and ``(unchanged)`` when nothing changed."""
-    changed = "" if result.get("changed", True) else " (unchanged)"
-    return f"{result.get('id')}: {result.get('status')}{changed}"
+def status_line(result: StatusResult) -> str:
+    """The plain rendering of a result: ``<id>: <status>`` and ``(unchanged)`` when nothing changed."""
+    changed = "" if result.changed else " (unchanged)"
+    return f"{result.id}: {result.status}{changed}"
 
 
 async def send(
     nc: Connection,
     args: argparse.Namespace,
     config: TownConfig,
-    cmd: Command,
-    printer: ResultPrinter = status_line,
+    cmd: Command[R],
+    printer: ResultPrinter[R],
     *,
-    before_report: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+    before_report: Callable[[R], Awaitable[None]] | None = None,
 ) -> int:
     """Send a command built from the command line (options left out at their defaults, ``--actor`` and ``--id``
     added) and report its outcome; ``before_report`` may add to an accepted command's result what followed from
@@ -163,8 +182,8 @@ async def send(
     cmd = client.with_ids(cmd)  # what it creates has its id now: printed even while its service is down
     timeout = args.timeout if args.timeout is not None else (None if args.wait else DEFAULT_COMMAND_TIMEOUT_S)
     outcome = await client.send(nc, config, cmd, timeout=timeout, wait_if_down=args.wait)
-    if before_report is not None and outcome.type == "cmd.accepted":
-        await before_report(outcome.data.setdefault("result", {}))
+    if before_report is not None and (accepted := outcome.accepted) is not None:
+        await before_report(accepted.result)
     return report(outcome, cmd, as_json=args.json, printer=printer)
 
 

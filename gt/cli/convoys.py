@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal
+
+import msgspec
 
 from gt.cli import client, render
 from gt.cli.common import (
@@ -27,6 +29,7 @@ from shared.commands import BeadSling, ConvoyAdd, ConvoyCreate, ConvoyLand
 from shared.config import TownConfig
 from shared.errors import QueryError
 from shared.queries import mayor, refinery
+from shared.results import UNSET, ConvoyResult, SlingResult, UnsetType
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -82,9 +85,18 @@ def register(sub: Subcommands) -> None:
     sl.set_defaults(handler=_sling)
 
 
-def _progress_line(result: dict[str, Any]) -> str:
-    changed = "" if result.get("changed", True) else " (unchanged)"
-    return f"{result.get('id')}: {result.get('status')}{changed}, {result.get('closed')}/{result.get('total')} closed"
+def _progress_line(result: ConvoyResult) -> str:
+    changed = "" if result.changed else " (unchanged)"
+    return f"{result.id}: {result.status}{changed}, {result.closed}/{result.total} closed"
+
+
+class SlungBead(msgspec.Struct, kw_only=True):
+    """What became of one bead of a convoy's sling (``--json`` prints them by bead)."""
+
+    status: Literal["slung", "held", "rejected", "pending"]
+    result: SlingResult | UnsetType = UNSET
+    code: str | UnsetType = UNSET
+    message: str | UnsetType = UNSET
 
 
 async def _create(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
@@ -143,38 +155,35 @@ async def _sling(nc: Connection, args: argparse.Namespace, config: TownConfig) -
     vars_ = key_values(args.var, "--var")
     limit = asyncio.Semaphore(SLING_CONCURRENCY)
     bar = Progress(f"slinging {args.convoy} to {args.rig}", len(todo))
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, SlungBead] = {}
 
     async def sling(bead: str) -> None:
         cmd = BeadSling(id=bead, rig=args.rig, formula=args.formula, vars=vars_, no_convoy=True, hold=True)
         async with limit:
             outcome = await client.send(nc, config, cmd, timeout=args.timeout)
-        result = outcome.data.get("result", {})
-        if outcome.type == "cmd.accepted":
-            results[bead] = {"status": "held" if result.get("status") == "held" else "slung", "result": result}
-        elif outcome.type == "cmd.rejected":
-            results[bead] = {
-                "status": "rejected",
-                "code": outcome.data.get("code"),
-                "message": outcome.data.get("message"),
-            }
+        if (accepted := outcome.accepted) is not None:
+            waits = accepted.result.status == "held"
+            results[bead] = SlungBead(status="held" if waits else "slung", result=accepted.result)
+        elif (rejected := outcome.rejected) is not None:
+            results[bead] = SlungBead(status="rejected", code=rejected.code, message=rejected.message)
         else:
-            results[bead] = {"status": "pending", "message": "stored; the mayor has not answered yet"}
+            results[bead] = SlungBead(status="pending", message="stored; the mayor has not answered yet")
         bar.advance()
 
     await asyncio.gather(*(sling(b) for b in todo))
     bar.finish()
-    slung = [b for b in todo if results[b]["status"] == "slung"]
-    held = [b for b in todo if results[b]["status"] == "held"]
-    failed = [b for b in todo if results[b]["status"] not in ("slung", "held")]
+    slung = [b for b in todo if results[b].status == "slung"]
+    held = [b for b in todo if results[b].status == "held"]
+    failed = [b for b in todo if results[b].status not in ("slung", "held")]
     if args.json:
         render.print_json({"convoy": args.convoy, "rig": args.rig, "skipped": skipped, "beads": results})
     else:
         waiting = f", {len(held)} held until their blockers close" if held else ""
         print(f"{args.convoy}: {len(slung)} slung to {args.rig}{waiting}, {skipped} not open (left as they were)")
         for bead in held:
-            print(f"  {bead}: held: waiting for {', '.join(results[bead]['result'].get('waiting_for') or [])}")
+            found = results[bead].result
+            print(f"  {bead}: held: waiting for {', '.join((found.waiting_for or []) if found else [])}")
         for bead in failed:
             r = results[bead]
-            print(f"  {bead}: {r['status']}: {r.get('code') or ''} {r.get('message') or ''}".rstrip())
+            print(f"  {bead}: {r.status}: {r.code or ''} {r.message or ''}".rstrip())
     return EXIT_REJECTED if failed else EXIT_OK

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gt.cli.common import Subcommands, UsageError, command_options, send
 from shared.commands import GcSweep
 from shared.config import TownConfig
+from shared.results import GcResult
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -30,10 +31,10 @@ def register(sub: Subcommands) -> None:
     gc.set_defaults(handler=_gc)
 
 
-def _swept(result: dict[str, Any]) -> str:
+def _swept(result: GcResult) -> str:
     return (
-        f"swept: what finished before {str(result.get('cutoff', '-')).replace('T', ' ')[:19]} "
-        f"(TTL {float(result.get('ttl_s', 0)):g} s) leaves the projections; the log keeps it"
+        f"swept: what finished before {(result.cutoff or '-').replace('T', ' ')[:19]} "
+        f"(TTL {result.ttl_s:g} s) leaves the projections; the log keeps it"
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gt.cli import client, identity, render
 from gt.cli.common import (
@@ -21,6 +21,7 @@ from gt.cli.common import (
     rejected_line,
     send,
     show,
+    status_line,
 )
 from shared.commands import (
     SEVERITIES,
@@ -37,6 +38,7 @@ from shared.commands.mail import ACCEPTED_ADDRESSES, normalise_address
 from shared.config import TownConfig
 from shared.errors import CommandError
 from shared.queries import mayor
+from shared.results import MailResult
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -126,13 +128,13 @@ def _body(args: argparse.Namespace) -> str:
     return body
 
 
-def sent_lines(result: dict[str, Any]) -> str:
+def sent_lines(result: MailResult) -> str:
     """One line per message sent: a mail to a rig is one message to each polecat at work there, each with its id."""
-    thread = result.get("thread")
-    copies = list(zip(result.get("ids") or [], result.get("recipients") or [], strict=False))
+    thread = result.thread
+    copies = list(zip(result.ids or [], result.recipients or [], strict=False))
     if not copies:
-        return f"{result.get('id')}: sent to {result.get('to')} (thread {thread})"
-    return "\n".join(f"{message}: sent to {inbox} (thread {thread}, {result.get('to')})" for message, inbox in copies)
+        return f"{result.id}: sent to {result.to} (thread {thread})"
+    return "\n".join(f"{message}: sent to {inbox} (thread {thread}, {result.to})" for message, inbox in copies)
 
 
 async def _send(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
@@ -145,7 +147,7 @@ async def _reply(nc: Connection, args: argparse.Namespace, config: TownConfig) -
 
 
 async def _archive(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, MailArchive(id=args.id))
+    return await send(nc, args, config, MailArchive(id=args.id), status_line)
 
 
 async def _inbox(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
@@ -165,13 +167,13 @@ async def _read(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
     reader = args.actor or (None if identity.session_origin() is not None else os.environ.get("GT_ACTOR"))
     cmd = MailRead(id=args.id, actor=reader)
     outcome = await client.send(nc, config, cmd, timeout=DEFAULT_COMMAND_TIMEOUT_S)
-    if outcome.type == "cmd.rejected":
-        print(rejected_line(outcome.data), file=sys.stderr)
+    if (rejected := outcome.rejected) is not None:
+        print(rejected_line(rejected), file=sys.stderr)
         return EXIT_REJECTED
-    result = outcome.data.get("result") or {}
-    if result.get("left_unread_for"):
+    accepted = outcome.accepted
+    if accepted is not None and accepted.result.left_unread_for:
         print(
-            f"gt: left unread for {result['left_unread_for']} (only its addressee's reading marks it read)",
+            f"gt: left unread for {accepted.result.left_unread_for} (only its addressee's reading marks it read)",
             file=sys.stderr,
         )
     return show(args, message, render.message_detail)
@@ -200,8 +202,8 @@ async def _escalations(nc: Connection, args: argparse.Namespace, config: TownCon
 
 
 async def _ack(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, EscalationAck(id=args.id))
+    return await send(nc, args, config, EscalationAck(id=args.id), status_line)
 
 
 async def _close(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return await send(nc, args, config, EscalationClose(id=args.id, reason=args.reason))
+    return await send(nc, args, config, EscalationClose(id=args.id, reason=args.reason), status_line)

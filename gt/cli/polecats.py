@@ -10,7 +10,7 @@ import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gt.cli import client, hook_lease, render, rigs
 from gt.cli.client import first_event_of, read_position
@@ -44,10 +44,13 @@ from shared.config import TownConfig
 from shared.faults import crash_point
 from shared.formulas import rework
 from shared.queries import mayor, refinery, witness
+from shared.results import MergeQueueResult, MrResult, NudgeResult, RigResult, SessionResult
 from shared.terminal import escape_line, escape_text, escaped_lines
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
+
+R = TypeVar("R")
 
 NOTE_SHOWN = 1500
 """Characters of a predecessor's handoff note (or end detail) that `gt prime` shows."""
@@ -224,9 +227,9 @@ async def _rig_add(nc: Connection, args: argparse.Namespace, config: TownConfig)
     return await send(nc, args, config, cmd, _rig_added_line)
 
 
-def _rig_added_line(result: dict[str, Any]) -> str:
+def _rig_added_line(result: RigResult) -> str:
     line = _rig_line(result)
-    repo, base = str(result.get("repo") or ""), result.get("base_branch")
+    repo, base = result.repo or "", result.base_branch or None
     if git.is_checkout(repo):
         # What merges do to a laptop checkout (docs/operating.md): said once, where the rig is added.
         line += (
@@ -236,10 +239,10 @@ def _rig_added_line(result: dict[str, Any]) -> str:
     return line
 
 
-def _rig_line(result: dict[str, Any]) -> str:
-    changed = "" if result.get("changed", True) else " (unchanged)"
-    where = f"{result.get('repo')} ({result.get('base_branch')})"
-    return f"rig {result.get('rig')}: {where}, prefix {result.get('prefix')}{changed}"
+def _rig_line(result: RigResult) -> str:
+    changed = "" if result.changed else " (unchanged)"
+    where = f"{result.repo or None} ({result.base_branch or None})"
+    return f"rig {result.rig or None}: {where}, prefix {result.prefix or None}{changed}"
 
 
 async def _rig_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
@@ -291,18 +294,20 @@ async def _session_show(nc: Connection, args: argparse.Namespace, config: TownCo
 async def _nudge(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = NudgeSend(target=args.target, message=args.message, ttl_s=args.ttl)
 
-    def line(result: dict[str, Any]) -> str:
-        if result.get("status") == "delivered":
-            return f"nudge {result.get('id')}: delivered to {result.get('delivered_to')}"
-        where = result.get("session") or f"{result.get('rig')}/{result.get('polecat')}"
-        return f"nudge {result.get('id')}: queued for {where} (until {result.get('expires_at')})"
+    def line(result: NudgeResult) -> str:
+        if result.status == "delivered":
+            return f"nudge {result.id}: delivered to {result.delivered_to or None}"
+        where = result.session or f"{result.rig or None}/{result.polecat or None}"
+        return f"nudge {result.id}: queued for {where} (until {result.expires_at or None})"
 
-    async def delivered(result: dict[str, Any]) -> None:
-        """A running target gets it at once: wait for that (briefly), so the answer says what happened."""
-        if result.get("live"):
-            event = await first_event_of(nc, config, "nudge", str(result["id"]), NUDGE_ENDS, NUDGE_DELIVERY_WAIT_S)
+    async def delivered(result: NudgeResult) -> None:
+        """A running target gets it at once: wait for that (briefly), so the answer says what happened (added to
+        the result, which ``--json`` prints)."""
+        if result.live:
+            event = await first_event_of(nc, config, "nudge", result.id, NUDGE_ENDS, NUDGE_DELIVERY_WAIT_S)
             if event is not None and event.type == "nudge.delivered":
-                result.update(status="delivered", delivered_to=event.data.get("session"))
+                session = event.data.get("session")
+                result.status, result.delivered_to = "delivered", session if isinstance(session, str) else None
 
     return await send(nc, args, config, cmd, line, before_report=delivered)
 
@@ -374,8 +379,8 @@ def _one_or_many_retries(args: argparse.Namespace) -> None:
 
 
 async def _mq_retry(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    def line(r: dict[str, Any]) -> str:
-        return f"{r.get('id')}: {r.get('status')}"
+    def line(r: MrResult) -> str:
+        return f"{r.id}: {r.status}"
 
     if args.id is not None:
         return await send(nc, args, config, MergeRequestRetry(id=args.id), line)
@@ -390,17 +395,17 @@ async def _mq_retry(nc: Connection, args: argparse.Namespace, config: TownConfig
 
 
 async def _mq_resume(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    def line(r: dict[str, Any]) -> str:
-        if not r.get("changed"):
-            return f"merge queue of rig {r.get('rig')}: not paused (nothing to resume)"
-        return f"merge queue of rig {r.get('rig')}: resumed (it was paused: {r.get('was')})"
+    def line(r: MergeQueueResult) -> str:
+        if not r.changed:
+            return f"merge queue of rig {r.rig}: not paused (nothing to resume)"
+        return f"merge queue of rig {r.rig}: resumed (it was paused: {r.was or None})"
 
     return await send(nc, args, config, MergeQueueResume(rig=args.rig), line)
 
 
 async def _mq_reject(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     cmd = MergeRequestReject(id=args.id, reason=args.reason)
-    return await send(nc, args, config, cmd, lambda r: f"{r.get('id')}: {r.get('status')}")
+    return await send(nc, args, config, cmd, lambda r: f"{r.id}: {r.status}")
 
 
 # ---- the agent's side --------------------------------------------------------------------------
@@ -715,23 +720,22 @@ async def _handoff(nc: Connection, args: argparse.Namespace, config: TownConfig)
     session = os.environ["GT_SESSION"]
     cmd = SessionHandoff(session=session, note=args.note)
 
-    def line(result: dict[str, Any]) -> str:
-        return f"session {result.get('id')} handed off: a fresh session continues bead {result.get('bead')}"
+    def line(result: SessionResult) -> str:
+        return f"session {result.id} handed off: a fresh session continues bead {result.bead}"
 
     return await send(nc, args, config, cmd, line)
 
 
-async def _command(nc: Connection, config: TownConfig, cmd: Command) -> dict[str, Any]:
-    """Send one step of `gt done` (with its fixed ``cmd_id``) and wait for its outcome; raise with the reason when
-    it is rejected."""
+async def _command(nc: Connection, config: TownConfig, cmd: Command[R]) -> R | None:
+    """Send one step of `gt done` (with its fixed ``cmd_id``) and wait for its outcome: its result, or None when it
+    is stored but not answered yet; raise with the reason when it is rejected."""
     outcome = await client.send(nc, config, cmd, timeout=DEFAULT_COMMAND_TIMEOUT_S * 3, wait_if_down=False)
-    if outcome.type == "cmd.rejected":
-        raise DoneError(f"{cmd.SUBJECT} rejected ({outcome.data.get('code')}): {outcome.data.get('message')}")
-    if outcome.type is None:
+    if (rejected := outcome.rejected) is not None:
+        raise DoneError(f"{cmd.SUBJECT} rejected ({rejected.code}): {rejected.message}")
+    if (accepted := outcome.accepted) is None:
         # Stored durably in GT_CMD: the owning service answers it when it is back; `gt done` goes on.
-        return {"stored": True, "command": cmd.cmd_id}
-    result: dict[str, Any] = outcome.data.get("result", {})
-    return result
+        return None
+    return accepted.result
 
 
 class DoneError(Exception):
@@ -796,10 +800,11 @@ async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
     except git.GitError as exc:
         print(f"gt done: could not publish {branch}: {exc}", file=sys.stderr)
         return EXIT_REJECTED
-    summary = {"session": session, "bead": bead, "branch": branch, "head": head, "merge_request": mr.get("id")}
+    mr_id = mr.id if mr is not None else None
+    summary = {"session": session, "bead": bead, "branch": branch, "head": head, "merge_request": mr_id}
     if args.json:
         render.print_json(summary)
     else:
-        queued = f"merge request {mr['id']}" if mr.get("id") else "merge request (stored; the refinery is down)"
+        queued = f"merge request {mr_id}" if mr_id else "merge request (stored; the refinery is down)"
         print(f"done: {branch} published at {head[:10]}, {queued} queued; session {session} ends")
     return EXIT_OK

@@ -12,6 +12,7 @@ from shared.commands import BeadUnsling, RigPark, RigRemove, RigUnpark, RigUpdat
 from shared.config import TownConfig
 from shared.errors import QueryError
 from shared.queries import witness
+from shared.results import RigResult, SlingResult
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -99,17 +100,18 @@ UPDATE_TAKES_EFFECT = (
 """When each setting ``gt rig update`` changes takes effect (docs/operating.md, ``gt.cmd.rig.update``)."""
 
 
-def _update_line(result: dict[str, Any]) -> str:
-    if not result.get("changed", True):
-        return f"rig {result.get('rig')}: unchanged"
-    fields = list(result.get("fields") or [])
-    changes = ", ".join(f"{field}={_value(result.get(field))}" for field in fields)
+def _update_line(result: RigResult) -> str:
+    if not result.changed:
+        return f"rig {result.rig or None}: unchanged"
+    fields = list(result.fields or [])
+    # ``fields`` names the settings that changed; the result carries each one's new value under its name.
+    changes = ", ".join(f"{field}={_value(getattr(result, field, None) or None)}" for field in fields)
     when = [
         f"{', '.join(f for f in fields if f in group)} {effect}"
         for group, effect in UPDATE_TAKES_EFFECT
         if any(f in group for f in fields)
     ]
-    return f"rig {result.get('rig')} updated: {changes} ({'; '.join(when)})"
+    return f"rig {result.rig or None} updated: {changes} ({'; '.join(when)})"
 
 
 async def _rig_update(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
@@ -129,27 +131,28 @@ async def _rig_update(nc: Connection, args: argparse.Namespace, config: TownConf
     return await send(nc, args, config, cmd, _update_line)
 
 
-def _remove_line(result: dict[str, Any]) -> str:
-    unchanged = "" if result.get("changed", True) else " (unchanged)"
-    hooked = result.get("hooked") or []
+def _remove_line(result: RigResult) -> str:
+    unchanged = "" if result.changed else " (unchanged)"
+    hooked = result.hooked or []
     still = f"; still hooked, waiting for `gt unsling`: {', '.join(hooked)}" if hooked else ""
-    return f"rig {result.get('rig')}: removed{unchanged} (running sessions finish; no new ones){still}"
+    return f"rig {result.rig or None}: removed{unchanged} (running sessions finish; no new ones){still}"
 
 
 async def _rig_remove(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     return await send(nc, args, config, RigRemove(name=args.name, force=args.force), _remove_line)
 
 
-def park_line(result: dict[str, Any]) -> str:
-    unchanged = "" if result.get("changed", True) else " (unchanged)"
-    count = int(result.get("waiting") or 0)
+def park_line(result: RigResult) -> str:
+    unchanged = "" if result.changed else " (unchanged)"
+    count = result.waiting or 0
     beads = "1 bead" if count == 1 else f"{count} beads"
-    if result.get("status") == "parked":
-        return f"rig {result.get('rig')}: parked{unchanged}; no new sessions, {beads} waiting"
+    rig = result.rig or None
+    if result.status == "parked":
+        return f"rig {rig}: parked{unchanged}; no new sessions, {beads} waiting"
     if count == 0:
-        return f"rig {result.get('rig')}: active{unchanged}; no bead is waiting"
+        return f"rig {rig}: active{unchanged}; no bead is waiting"
     gets = "the waiting bead gets a session" if count == 1 else f"the {count} waiting beads get sessions"
-    return f"rig {result.get('rig')}: active{unchanged}; {gets} now"
+    return f"rig {rig}: active{unchanged}; {gets} now"
 
 
 async def _rig_park(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
@@ -169,8 +172,8 @@ async def _working_session(nc: Connection, bead: str) -> str | None:
     return sessions[-1].id if sessions else None
 
 
-def unsling_line(result: dict[str, Any], session: str | None, *, remove_worktree: bool) -> str:
-    out = f"{result.get('id')}: open (unslung from {result.get('rig')}; its done steps are kept)"
+def unsling_line(result: SlingResult, session: str | None, *, remove_worktree: bool) -> str:
+    out = f"{result.id}: open (unslung from {result.rig}; its done steps are kept)"
     if session is not None:
         out += f"; the witness ends session {session}"
         if remove_worktree:
@@ -183,7 +186,7 @@ def unsling_line(result: dict[str, Any], session: str | None, *, remove_worktree
 async def _unsling(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     session = await _working_session(nc, args.bead)
 
-    def line(result: dict[str, Any]) -> str:
+    def line(result: SlingResult) -> str:
         return unsling_line(result, session, remove_worktree=args.remove_worktree)
 
     cmd = BeadUnsling(id=args.bead, reason=args.reason, remove_worktree=args.remove_worktree)

@@ -13,11 +13,11 @@ from datetime import datetime
 from typing import Any
 
 from gt.cli.colour import PLAIN, STATE_STYLES, Palette, styled
+from shared.events.merge_requests import MR_OPEN
 from shared.terminal import escape_line, escaped_lines
 
 BAR_WIDTH = 20
 SERVICES = ("mayor", "witness", "refinery", "deacon")
-OPEN_MRS = ("queued", "claimed", "blocked", "conflicted", "failed", "escalated")
 
 
 def _parse(ts: str | None) -> datetime | None:
@@ -160,7 +160,7 @@ def snapshot(
                         "former_rig": former(m),
                     }
                     for m in mine
-                    if m["status"] in OPEN_MRS
+                    if m["status"] in MR_OPEN
                 ],
                 "paused": why_paused.get(rig),
             }

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gt.cli import render, rigs
 from gt.cli.common import Subcommands, UsageError, command_options, key_values, read, read_options, send, show
 from shared.commands import BeadSling, StepDone, StepStart
 from shared.config import TownConfig
 from shared.queries import mayor
+from shared.results import SlingResult, StepResult
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -78,20 +79,20 @@ async def _formula_show(nc: Connection, args: argparse.Namespace, config: TownCo
     return show(args, await read(nc, config, query), render.formula_detail)
 
 
-def _sling_line(result: dict[str, Any]) -> str:
-    where = "for" if result.get("status") == "held" else "on"
-    changed = "" if result.get("changed", True) else " (unchanged)"
-    parts = [f"{result.get('id')}: {result.get('status')}{changed} {where} {result.get('rig')}"]
-    if result.get("formula"):
-        parts.append(f"molecule {result['formula']}")
-    if result.get("convoy"):
-        parts.append(f"convoy {result['convoy']}")
-    if result.get("ignored_blockers"):
-        parts.append(f"forced past open blockers: {', '.join(result['ignored_blockers'])}")
-    if result.get("waiting_for"):
-        parts.append(f"waiting for {', '.join(result['waiting_for'])}")
-    if result.get("parked"):
-        parts.append(f"rig parked: it waits for `gt rig unpark {result.get('rig')}`")
+def _sling_line(result: SlingResult) -> str:
+    where = "for" if result.status == "held" else "on"
+    changed = "" if result.changed else " (unchanged)"
+    parts = [f"{result.id}: {result.status}{changed} {where} {result.rig}"]
+    if result.formula:
+        parts.append(f"molecule {result.formula}")
+    if result.convoy:
+        parts.append(f"convoy {result.convoy}")
+    if result.ignored_blockers:
+        parts.append(f"forced past open blockers: {', '.join(result.ignored_blockers)}")
+    if result.waiting_for:
+        parts.append(f"waiting for {', '.join(result.waiting_for)}")
+    if result.parked:
+        parts.append(f"rig parked: it waits for `gt rig unpark {result.rig}`")
     return ", ".join(parts)
 
 
@@ -114,11 +115,11 @@ async def _mol_status(nc: Connection, args: argparse.Namespace, config: TownConf
     return show(args, await read(nc, config, mayor.Molecule(bead=args.bead)), render.molecule_status)
 
 
-def _step_line(result: dict[str, Any]) -> str:
-    changed = "" if result.get("changed", True) else " (unchanged)"
-    complete = ", molecule complete" if result.get("complete") else ""
-    progress = f"{result.get('done')}/{result.get('total')} done"
-    return f"{result.get('bead')} {result.get('step')}: {result.get('status')}{changed} ({progress}{complete})"
+def _step_line(result: StepResult) -> str:
+    changed = "" if result.changed else " (unchanged)"
+    complete = ", molecule complete" if result.complete else ""
+    progress = f"{result.done}/{result.total} done"
+    return f"{result.bead} {result.step}: {result.status}{changed} ({progress}{complete})"
 
 
 def _bead_and_step(ids: list[str]) -> tuple[str, str]:

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 
 from shared.errors import EventDecodeError
 from shared.events import decode_envelope
+from shared.events.merge_requests import MR_OPEN
+from shared.events.sessions import SessionStatus
 from shared.narration import bead_of, describe
 
 RECENT_EVENTS = 300
 RECENT_SESSIONS = 30
 RECENT_CLOSED_CONVOYS = 5
 """Closed convoys the page lists, the most recently closed: the others are counted (``gt convoy list --all``)."""
-ACTIVE_SESSION = ("requested", "started", "warranted")
-OPEN_MRS = ("queued", "claimed", "blocked", "conflicted", "failed", "escalated")
+SessionState: TypeAlias = SessionStatus | Literal["finishing", "warranted"]
+"""What the page shows of a session: its status, and the two phases before it ends (``gt done`` began; the witness
+condemned it)."""
 _DATA = msgspec.json.Decoder(dict[str, Any])
 
 
@@ -33,7 +36,7 @@ class Session:
     rig: str
     polecat: str
     attempt: int
-    state: str = "requested"
+    state: SessionState = "requested"
     """requested -> started -> (finishing) -> ended; warranted in between when the witness condemned it."""
     warrant: str | None = None
     end_reason: str | None = None
@@ -240,7 +243,7 @@ def render(state: DashboardState) -> dict[str, Any]:
     for mr in state.mrs.values():
         rig = queue.setdefault(str(mr["rig"]), {"counts": Counter(), "open": []})
         rig["counts"][mr["status"]] += 1
-        if mr["status"] in OPEN_MRS:
+        if mr["status"] in MR_OPEN:
             rig["open"].append(mr)
     return {
         "last_seq": state.last_seq,

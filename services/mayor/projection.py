@@ -64,7 +64,7 @@ from shared.events import (
     StepCompleted,
     StepStarted,
 )
-from shared.events.beads import forward
+from shared.events.beads import WORKING, forward
 from shared.formulas.rework import CONFLICT
 from shared.projection import Projection, advance, touch
 from shared.usage import difference, merge
@@ -205,7 +205,7 @@ def _unslung(payload: BeadUnslung, state: MayorState, env: Envelope, seq: int) -
         return
     if bead.status == "in_progress":
         bead.assignee = None
-    if bead.status in ("hooked", "in_progress"):
+    if bead.status in WORKING:
         bead.status = "open"
         bead.rig = None
         bead.hook_session = None

@@ -6,12 +6,14 @@ from datetime import datetime
 
 import msgspec
 
-from shared.events.beads import BEAD_STATUSES, INFRA_TYPES
+from shared.events.beads import BEAD_RANK, BEAD_STATUSES, INFRA_TYPES, BeadStatus
+from shared.events.convoys import ConvoyStatus
+from shared.events.escalations import EscalationStatus
+from shared.events.molecules import STEP_STATUSES, StepStatus
 from shared.usage import ModelUsage
 
 STATUSES = BEAD_STATUSES
-STATUS_RANK = {status: rank for rank, status in enumerate(STATUSES)}
-STEP_STATUSES = ("pending", "in_progress", "done")
+STATUS_RANK = BEAD_RANK
 STEP_RANK = {status: rank for rank, status in enumerate(STEP_STATUSES)}
 WISP_TYPE = "wisp"
 """Ephemeral beads: once closed long enough, garbage collection drops them entirely."""
@@ -38,7 +40,7 @@ class Bead(msgspec.Struct, kw_only=True, gc=False):
     id: str
     title: str
     type: str = "task"
-    status: str = "open"
+    status: BeadStatus = "open"
     priority: int = 2
     description: str = ""
     labels: list[str] = []
@@ -81,7 +83,7 @@ class Step(msgspec.Struct, kw_only=True, gc=False):
     description: str = ""
     needs: list[str] = []
     acceptance: str = ""
-    status: str = "pending"
+    status: StepStatus = "pending"
     started_at: datetime | None = None
     done_at: datetime | None = None
     done_by: str | None = None
@@ -133,7 +135,7 @@ class Convoy(msgspec.Struct, kw_only=True, gc=False):
     beads: list[str] = []
     owned: bool = False
     auto: bool = False
-    status: str = "open"
+    status: ConvoyStatus = "open"
     created_at: datetime
     created_by: str = ""
     closed_at: datetime | None = None
@@ -149,7 +151,7 @@ class Escalation(msgspec.Struct, kw_only=True, gc=False):
     source: str
     message: str
     bead: str | None = None
-    status: str = "open"
+    status: EscalationStatus = "open"
     """open -> acked -> closed (or open -> closed)."""
     raised_at: datetime
     last_raised_at: datetime

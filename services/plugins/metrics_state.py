@@ -30,18 +30,16 @@ from shared.events import (
     SessionRequested,
     SessionStarted,
 )
-from shared.events.beads import BEAD_STATUSES, forward
+from shared.events.beads import BEAD_STATUSES, BeadStatus, forward
+from shared.events.merge_requests import MR_IN_QUEUE, MR_STATUSES, MrStatus
+from shared.events.sessions import SESSION_STATUSES, SessionStatus
 
-SESSION_STATES = ("requested", "started", "ended")
-MR_STATUSES = ("queued", "claimed", "blocked", "conflicted", "failed", "escalated", "rejected", "merged")
-IN_QUEUE = frozenset({"queued", "claimed"})
-"""Merge request statuses counted as the queue's depth: waiting, or being rebased, gated and merged."""
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class MergeRequestInfo(msgspec.Struct, kw_only=True):
     rig: str
-    status: str = "queued"
+    status: MrStatus = "queued"
 
 
 class MetricsState(msgspec.Struct, kw_only=True):
@@ -49,10 +47,10 @@ class MetricsState(msgspec.Struct, kw_only=True):
     events: dict[str, int] = {}
     """Events by type, unknown types included."""
     undecodable: int = 0
-    beads: dict[str, str] = {}
+    beads: dict[str, BeadStatus] = {}
     """Bead id -> status, for beads not closed yet."""
     closed_beads: int = 0
-    sessions: dict[str, str] = {}
+    sessions: dict[str, SessionStatus] = {}
     """Session id -> state, for sessions not ended yet."""
     ended_sessions: int = 0
     mrs: dict[str, MergeRequestInfo] = {}
@@ -115,7 +113,7 @@ def _bead_created(payload: BeadCreated, state: MetricsState) -> None:
     state.beads.setdefault(payload.bead_id, "open")
 
 
-def _bead_forward(state: MetricsState, bead_id: str, status: str) -> None:
+def _bead_forward(state: MetricsState, bead_id: str, status: BeadStatus) -> None:
     current = state.beads.get(bead_id)
     if current is not None:
         state.beads[bead_id] = forward(current, status)
@@ -165,7 +163,7 @@ def _mr_submitted(payload: MergeRequestSubmitted, state: MetricsState) -> None:
     state.mrs.setdefault(payload.mr_id, MergeRequestInfo(rig=payload.rig))
 
 
-def _mr_status(state: MetricsState, mr_id: str, status: str) -> None:
+def _mr_status(state: MetricsState, mr_id: str, status: MrStatus) -> None:
     mr = state.mrs.get(mr_id)
     if mr is not None:
         mr.status = status
@@ -250,13 +248,13 @@ def render(state: MetricsState, live: LiveFacts, *, plugin: str) -> str:
     out.by_label("gt_beads", "status", [(s, n + state.closed_beads if s == "closed" else n) for s, n in beads])
 
     out.family("gt_sessions", "gauge", "Polecat sessions by state (ended: every session that ever ended).")
-    sessions = _counts(state.sessions.values(), SESSION_STATES)
+    sessions = _counts(state.sessions.values(), SESSION_STATUSES)
     out.by_label("gt_sessions", "state", [(s, n + state.ended_sessions if s == "ended" else n) for s, n in sessions])
 
     out.family("gt_merge_queue_depth", "gauge", "Merge requests queued or being processed, by rig.")
     depth = dict.fromkeys(state.rigs, 0)
     for mr in state.mrs.values():
-        if mr.status in IN_QUEUE:
+        if mr.status in MR_IN_QUEUE:
             depth[mr.rig] = depth.get(mr.rig, 0) + 1
     out.by_label("gt_merge_queue_depth", "rig", sorted(depth.items()))
     out.family("gt_merge_requests", "gauge", "Merge requests by status (merged: every one that ever merged).")

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from services.refinery.state import OPEN, MergeRequest, RefineryState
+from services.refinery.state import MergeRequest, RefineryState
 from shared.commands import (
     Command,
     MergeQueueResume,
@@ -19,7 +19,9 @@ from shared.commands import (
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import MergeQueueResumed, MergeRequestRejected, MergeRequestRequeued, MergeRequestSubmitted
+from shared.events.merge_requests import MR_IN_QUEUE, MR_SENT_BACK
 from shared.ids import hook_lease_name
+from shared.results import MergeQueueResult, MrResult
 
 PROTECTED_BRANCHES = frozenset({"HEAD", "main", "master", "trunk", "develop", "release", "production", "stable"})
 """Branches a merge request submitted by hand may not name (nor ``release/...``, the rig's base branch, its
@@ -71,6 +73,11 @@ def aggregate_key(cmd: Command) -> str | None:
 def mr_view(mr: MergeRequest) -> dict[str, object]:
     view: dict[str, object] = msgspec.to_builtins(mr)
     return view
+
+
+def mr_result(mr: MergeRequest) -> MrResult:
+    """A merge request asked for again unchanged: its whole record, as the answer always carried it."""
+    return msgspec.convert({**mr_view(mr), "changed": False}, MrResult)
 
 
 class BundleRefused(NamedTuple):
@@ -153,7 +160,7 @@ def check_hand_submit(state: RefineryState, cmd: MergeRequestSubmit, target: str
         )
 
 
-def submit(state: RefineryState, cmd: MergeRequestSubmit, actor: str = "operator") -> Accepted:
+def submit(state: RefineryState, cmd: MergeRequestSubmit, actor: str = "operator") -> Accepted[MrResult]:
     if cmd.rig not in state.rigs:
         raise CommandError("not_found", f"no rig {cmd.rig!r} (`gt rig list` shows them)")
     bead = state.beads.get(cmd.bead)
@@ -175,10 +182,10 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit, actor: str = "operator
     else:
         check_hand_submit(state, cmd, cmd.target or base, base)
     existing = existing_mr(state, cmd.rig, cmd.bead, cmd.head)
-    if existing is not None and existing.status in SENT_BACK:
+    if existing is not None and existing.status in MR_SENT_BACK:
         return resubmit_failed(existing, cmd)
     if existing is not None:
-        return Accepted(result={**mr_view(existing), "changed": False})
+        return Accepted(result=mr_result(existing))
     mr_id = mr_id_for(cmd.rig, cmd.bead, cmd.head, state.rigs[cmd.rig].incarnation)
     event = MergeRequestSubmitted(
         mr_id=mr_id,
@@ -193,15 +200,11 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit, actor: str = "operator
     )
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=0)],
-        result={"id": mr_id, "status": "queued", "changed": True, "bead": cmd.bead, "rig": cmd.rig, "head": cmd.head},
+        result=MrResult(id=mr_id, status="queued", changed=True, bead=cmd.bead, rig=cmd.rig, head=cmd.head),
     )
 
 
-SENT_BACK = ("failed", "conflicted")
-"""A merge request that went back to its bead's polecat: failed gates, or a conflict sent back to resolve."""
-
-
-def resubmit_failed(mr: MergeRequest, cmd: MergeRequestSubmit) -> Accepted:
+def resubmit_failed(mr: MergeRequest, cmd: MergeRequestSubmit) -> Accepted[MrResult]:
     """The bead submits again the commit that was sent back (its polecat changed nothing): the merge request is
     its bead's and goes back into the queue, so the bead is never left without one. Gated again, it merges (the
     failure was the target's or flaky) or fails (conflicts) again and goes back to the polecat, until the bead's
@@ -212,7 +215,7 @@ def resubmit_failed(mr: MergeRequest, cmd: MergeRequestSubmit) -> Accepted:
     event = MergeRequestRequeued(mr_id=mr.id, reason=f"resubmitted unchanged{by} after {why}")
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=mr.version)],
-        result={"id": mr.id, "status": "queued", "changed": True, "bead": mr.bead, "rig": mr.rig, "head": mr.head},
+        result=MrResult(id=mr.id, status="queued", changed=True, bead=mr.bead, rig=mr.rig, head=mr.head),
     )
 
 
@@ -223,7 +226,7 @@ def _known(state: RefineryState, mr_id: str) -> MergeRequest:
     return mr
 
 
-def retry(state: RefineryState, cmd: MergeRequestRetry) -> Accepted:
+def retry(state: RefineryState, cmd: MergeRequestRetry) -> Accepted[MrResult]:
     mr = _known(state, cmd.id)
     if of_a_former_rig(state, mr):
         raise CommandError(
@@ -233,38 +236,38 @@ def retry(state: RefineryState, cmd: MergeRequestRetry) -> Accepted:
         )
     if mr.status == "merged":
         raise CommandError("backward_transition", f"merge request {mr.id} is merged already")
-    if mr.status in OPEN:
-        return Accepted(result={"id": mr.id, "status": mr.status, "changed": False})
+    if mr.status in MR_IN_QUEUE:
+        return Accepted(result=MrResult(id=mr.id, status=mr.status, changed=False))
     event = MergeRequestRequeued(mr_id=mr.id, reason=f"retried after {mr.status}")
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=mr.version)],
-        result={"id": mr.id, "status": "queued", "changed": True},
+        result=MrResult(id=mr.id, status="queued", changed=True),
     )
 
 
-def reject(state: RefineryState, cmd: MergeRequestReject) -> Accepted:
+def reject(state: RefineryState, cmd: MergeRequestReject) -> Accepted[MrResult]:
     mr = _known(state, cmd.id)
     if mr.status == "merged":
         raise CommandError("backward_transition", f"merge request {mr.id} is merged already")
     if mr.status == "rejected":
-        return Accepted(result={"id": mr.id, "status": "rejected", "changed": False})
+        return Accepted(result=MrResult(id=mr.id, status="rejected", changed=False))
     if mr.status == "claimed":
         raise CommandError("conflict", f"merge request {mr.id} is being processed now; reject it once it is done")
     event = MergeRequestRejected(mr_id=mr.id, reason=cmd.reason)
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=mr.version)],
-        result={"id": mr.id, "status": "rejected", "changed": True},
+        result=MrResult(id=mr.id, status="rejected", changed=True),
     )
 
 
-def resume(state: RefineryState, cmd: MergeQueueResume) -> Accepted:
+def resume(state: RefineryState, cmd: MergeQueueResume) -> Accepted[MergeQueueResult]:
     """The rig's paused queue goes on, in its order."""
     queue = state.queues.get(cmd.rig)
     if cmd.rig not in state.rigs and queue is None:
         raise CommandError("not_found", f"no rig {cmd.rig!r} (`gt rig list` shows them)")
     if queue is None or not queue.paused:
-        return Accepted(result={"rig": cmd.rig, "paused": False, "changed": False})
+        return Accepted(result=MergeQueueResult(rig=cmd.rig, paused=False, changed=False))
     return Accepted(
         events=[NewEvent(payload=MergeQueueResumed(rig=cmd.rig), expected_seq=queue.version)],
-        result={"rig": cmd.rig, "paused": False, "changed": True, "was": queue.reason},
+        result=MergeQueueResult(rig=cmd.rig, paused=False, changed=True, was=queue.reason),
     )

@@ -6,7 +6,6 @@ import functools
 from datetime import datetime
 
 from services.refinery.state import (
-    FINISHED,
     MergeQueue,
     MergeRequest,
     RefineryState,
@@ -40,6 +39,7 @@ from shared.events import (
     SessionRequested,
 )
 from shared.events.beads import forward
+from shared.events.merge_requests import MR_FINISHED, MrStatus
 from shared.ids import HOOK_LEASE_PREFIX, MERGE_LEASE_PREFIX, hook_lease_name
 from shared.lease_state import fold_lease
 from shared.projection import Projection, touch
@@ -125,8 +125,8 @@ def _rig(payload: RigEvent, state: RefineryState, env: Envelope, seq: int) -> No
 
 @fold.register
 def _accepted(payload: CommandAccepted, state: RefineryState, env: Envelope, seq: int) -> None:
-    created = payload.result.get("id")
-    if not payload.command_id.startswith(CONFLICT_PREFIX) or not isinstance(created, str):
+    created = payload.created_id()
+    if not payload.command_id.startswith(CONFLICT_PREFIX) or created is None:
         return
     state.created[payload.command_id] = created
     mr = state.mrs.get(state.awaited.pop(payload.command_id, ""))
@@ -162,7 +162,7 @@ def _claimed(payload: MergeRequestClaimed, state: RefineryState, env: Envelope, 
         mr.holder, mr.lease_until = payload.holder, payload.lease_until
 
 
-def _finished(state: RefineryState, mr_id: str, seq: int, status: str, at: datetime) -> MergeRequest | None:
+def _finished(state: RefineryState, mr_id: str, seq: int, status: MrStatus, at: datetime) -> MergeRequest | None:
     """The merge request an event finishes (see ``touch``): in ``status``, out of its holder's hands since ``at``."""
     if (mr := touch(state.mrs, mr_id, seq)) is not None:
         mr.status, mr.holder, mr.lease_until, mr.ended_at = status, None, None, at
@@ -186,7 +186,7 @@ def _conflicted(payload: MergeRequestConflicted, state: RefineryState, env: Enve
 
 @fold.register
 def _failed(payload: MergeRequestFailed, state: RefineryState, env: Envelope, seq: int) -> None:
-    status = "escalated" if payload.escalated else "failed"
+    status: MrStatus = "escalated" if payload.escalated else "failed"
     if (mr := _finished(state, payload.mr_id, seq, status, env.ts)) is not None:
         mr.failures += 1
         mr.gate, mr.exit_code, mr.tail = payload.gate, payload.exit_code, payload.tail
@@ -258,7 +258,7 @@ def _gc_swept(payload: GcSwept, state: RefineryState, env: Envelope, seq: int) -
     stays: the refinery still owes closing the bead."""
     gone: list[str] = []
     for mr in state.mrs.values():
-        if mr.status not in FINISHED or mr.ended_at is None or mr.ended_at >= payload.cutoff:
+        if mr.status not in MR_FINISHED or mr.ended_at is None or mr.ended_at >= payload.cutoff:
             continue
         bead = state.beads.get(mr.bead)
         if bead is None or bead.status == "closed":

@@ -6,15 +6,10 @@ from datetime import datetime
 
 import msgspec
 
+from shared.events.beads import BeadStatus
+from shared.events.merge_requests import MrStatus
 from shared.lease_state import Lease
 from shared.rig_state import Rig
-
-OPEN = ("queued", "claimed")
-"""Merge request statuses still in the queue."""
-FINISHED = ("merged", "failed", "escalated", "rejected", "conflicted")
-"""Statuses a merge request stays in unless someone retries it; once its bead is closed nothing moves it any more
-(a closed bead takes no new submissions, and a retried one is rejected again as stale), so garbage collection
-may drop it."""
 
 
 class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
@@ -28,7 +23,7 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
     session: str | None = None
     bundle: str | None = None
     """The session's published bundle, imported when the request was taken: its head is merged as submitted."""
-    status: str = "queued"
+    status: MrStatus = "queued"
     """queued -> claimed -> merged; or conflicted (a conflict sent back to the polecat), blocked (a conflict
     for the operator), failed (gates; back to the polecat), escalated (failed too often), rejected (by an
     operator). Conflicted, blocked, failed and rejected ones can be retried."""
@@ -68,7 +63,7 @@ class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
 class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     id: str
     title: str
-    status: str = "open"
+    status: BeadStatus = "open"
     rig: str | None = None
     priority: int = 2
     convoy_since: datetime | None = None

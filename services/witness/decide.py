@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from services.witness.state import ACTIVE, Rig, Session, WitnessState
+from services.witness.state import Rig, Session, WitnessState
 from shared.commands import (
     POLECAT_TARGET,
     Command,
@@ -37,7 +37,10 @@ from shared.events import (
     SessionHookRecovered,
     SessionWarranted,
 )
+from shared.events.beads import WORKING
+from shared.events.sessions import ACTIVE_SESSION
 from shared.ids import hook_lease_name
+from shared.results import UNSET, NudgeResult, RigResult, SessionResult, StaleHookResult, UnsetType
 
 NUDGE_PREFIX = "nd"
 
@@ -120,8 +123,17 @@ def _rig_from(cmd: RigAdd) -> RigAdded:
     )
 
 
-def rig_view(rig: Rig) -> dict[str, object]:
-    return {"rig": rig.name, "repo": rig.repo, "base_branch": rig.base_branch, "prefix": rig.prefix}
+def _added(name: str, rig: Rig | RigAdded, *, changed: bool, incarnation: int | UnsetType = UNSET) -> RigResult:
+    return RigResult(
+        id=name,
+        status="added",
+        changed=changed,
+        rig=rig.name if isinstance(rig, Rig) else rig.rig,
+        repo=rig.repo,
+        base_branch=rig.base_branch,
+        prefix=rig.prefix,
+        incarnation=incarnation,
+    )
 
 
 def _same_config(rig: Rig, wanted: RigAdded) -> bool:
@@ -139,7 +151,7 @@ def _quiet(state: WitnessState, rig: Rig) -> None:
         CommandError: ``conflict`` naming what is left.
     """
     hooked = hooked_beads(state, rig.name)
-    running = sorted(s.id for s in state.sessions.values() if s.rig == rig.name and s.status in ACTIVE)
+    running = sorted(s.id for s in state.sessions.values() if s.rig == rig.name and s.status in ACTIVE_SESSION)
     if not hooked and not running:
         return
     left = [f"beads still hooked to it: {', '.join(hooked[:20])}"] if hooked else []
@@ -151,14 +163,14 @@ def _quiet(state: WitnessState, rig: Rig) -> None:
     )
 
 
-def rig_add(state: WitnessState, cmd: RigAdd, ctx: DecideContext) -> Accepted:
+def rig_add(state: WitnessState, cmd: RigAdd, ctx: DecideContext) -> Accepted[RigResult]:
     wanted = _rig_from(cmd)
     existing = state.rigs.get(cmd.name)
     if existing is not None and existing.removed:
         _quiet(state, existing)  # then a new incarnation: a new rig under the old name, with fresh state
     elif existing is not None:
         if _same_config(existing, wanted):
-            return Accepted(result={**rig_view(existing), "id": cmd.name, "status": "added", "changed": False})
+            return Accepted(result=_added(cmd.name, existing, changed=False))
         raise CommandError(
             "conflict",
             f"rig {cmd.name} exists with a different configuration (repo {existing.repo}, base "
@@ -180,18 +192,10 @@ def rig_add(state: WitnessState, cmd: RigAdd, ctx: DecideContext) -> Accepted:
         raise CommandError("not_found", facts.problem)
     return Accepted(
         events=[NewEvent(payload=wanted, expected_seq=existing.version if existing is not None else 0)],
-        result={
-            "id": cmd.name,
-            "status": "added",
-            "changed": True,
-            **rig_view_from_event(wanted),
-            **({"incarnation": existing.incarnation + 1} if existing is not None else {}),
-        },
+        result=_added(
+            cmd.name, wanted, changed=True, incarnation=UNSET if existing is None else existing.incarnation + 1
+        ),
     )
-
-
-def rig_view_from_event(event: RigAdded) -> dict[str, object]:
-    return {"rig": event.rig, "repo": event.repo, "base_branch": event.base_branch, "prefix": event.prefix}
 
 
 def _live_rig(state: WitnessState, name: str) -> Rig:
@@ -204,8 +208,8 @@ def _live_rig(state: WitnessState, name: str) -> Rig:
     return rig
 
 
-def _rig_result(rig: Rig, status: str, *, changed: bool, **extra: object) -> dict[str, object]:
-    return {"id": rig.name, "rig": rig.name, "status": status, "changed": changed, **extra}
+def _rig_result(rig: Rig, status: str, *, changed: bool, **extra: Any) -> RigResult:
+    return RigResult(id=rig.name, rig=rig.name, status=status, changed=changed, **extra)
 
 
 def _changed(rig: Rig, cmd: RigUpdate, field: str) -> Any:
@@ -214,7 +218,7 @@ def _changed(rig: Rig, cmd: RigUpdate, field: str) -> Any:
     return msgspec.UNSET if value is None or value == getattr(rig, field) else value
 
 
-def rig_update(state: WitnessState, cmd: RigUpdate) -> Accepted:
+def rig_update(state: WitnessState, cmd: RigUpdate) -> Accepted[RigResult]:
     """Only what changes goes in ``rig.updated``: the same update twice changes nothing the second time."""
     rig = _live_rig(state, cmd.name)
     event = RigUpdated(rig=rig.name, **{field: _changed(rig, cmd, field) for field in RigUpdate.SETTINGS})
@@ -227,7 +231,7 @@ def rig_update(state: WitnessState, cmd: RigUpdate) -> Accepted:
     )
 
 
-def rig_park(state: WitnessState, cmd: RigPark) -> Accepted:
+def rig_park(state: WitnessState, cmd: RigPark) -> Accepted[RigResult]:
     rig = _live_rig(state, cmd.name)
     if rig.parked:
         return Accepted(result=_rig_result(rig, "parked", changed=False, waiting=waiting_beads(state, rig.name)))
@@ -237,7 +241,7 @@ def rig_park(state: WitnessState, cmd: RigPark) -> Accepted:
     )
 
 
-def rig_unpark(state: WitnessState, cmd: RigUnpark) -> Accepted:
+def rig_unpark(state: WitnessState, cmd: RigUnpark) -> Accepted[RigResult]:
     rig = _live_rig(state, cmd.name)
     waiting = waiting_beads(state, rig.name)
     if not rig.parked:
@@ -260,11 +264,11 @@ def waiting_beads(state: WitnessState, rig: str) -> int:
         if b.rig == rig
         and b.status in WORKING
         and not b.merge_requested
-        and not any(state.sessions[s].status in ACTIVE for s in b.sessions if s in state.sessions)
+        and not any(state.sessions[s].status in ACTIVE_SESSION for s in b.sessions if s in state.sessions)
     )
 
 
-def rig_remove(state: WitnessState, cmd: RigRemove) -> Accepted:
+def rig_remove(state: WitnessState, cmd: RigRemove) -> Accepted[RigResult]:
     """Refused while beads are hooked on the rig, unless forced: then it is parked for good (running sessions
     finish, the refinery still merges what is queued) and hidden; the hooked beads stay hooked until unslung."""
     rig = state.rigs.get(cmd.name)
@@ -294,8 +298,8 @@ def _session(state: WitnessState, session_id: str) -> Session:
     return session
 
 
-def _result(session: Session, status: str, *, changed: bool) -> dict[str, object]:
-    return {"id": session.id, "status": status, "changed": changed, "bead": session.bead, "polecat": session.polecat}
+def _result(session: Session, status: str, *, changed: bool) -> SessionResult:
+    return SessionResult(id=session.id, status=status, changed=changed, bead=session.bead, polecat=session.polecat)
 
 
 def _ended_elsewhere(state: WitnessState, session: Session) -> CommandError:
@@ -304,7 +308,7 @@ def _ended_elsewhere(state: WitnessState, session: Session) -> CommandError:
     return CommandError("conflict", f"session {session.id} already ended ({session.end_reason}){where}")
 
 
-def done_intent(state: WitnessState, cmd: SessionDoneIntentCmd) -> Accepted:
+def done_intent(state: WitnessState, cmd: SessionDoneIntentCmd) -> Accepted[SessionResult]:
     session = _session(state, cmd.session)
     if session.status == "ended":
         if session.end_reason == "done":
@@ -316,7 +320,7 @@ def done_intent(state: WitnessState, cmd: SessionDoneIntentCmd) -> Accepted:
     return Accepted(events=[event], result=_result(session, "finishing", changed=True))
 
 
-def finish(state: WitnessState, cmd: SessionFinish) -> Accepted:
+def finish(state: WitnessState, cmd: SessionFinish) -> Accepted[SessionResult]:
     session = _session(state, cmd.session)
     if session.status == "ended":
         if session.end_reason == "done":
@@ -328,9 +332,9 @@ def finish(state: WitnessState, cmd: SessionFinish) -> Accepted:
     return Accepted(events=[event], result=_result(session, "ended", changed=True))
 
 
-def handoff(state: WitnessState, cmd: SessionHandoff) -> Accepted:
+def handoff(state: WitnessState, cmd: SessionHandoff) -> Accepted[SessionResult]:
     session = _session(state, cmd.session)
-    if session.status not in ACTIVE:
+    if session.status not in ACTIVE_SESSION:
         if session.end_reason == "handoff":
             return Accepted(result=_result(session, "ended", changed=False))
         raise _ended_elsewhere(state, session)
@@ -342,10 +346,10 @@ def handoff(state: WitnessState, cmd: SessionHandoff) -> Accepted:
     return Accepted(events=[event], result=_result(session, "ended", changed=True))
 
 
-def stop(state: WitnessState, cmd: SessionStop) -> Accepted:
+def stop(state: WitnessState, cmd: SessionStop) -> Accepted[SessionResult]:
     """A warrant with reason ``stopped``: the witness kills the agent (re-verified) and records the end."""
     session = _session(state, cmd.session)
-    if session.status not in ACTIVE:
+    if session.status not in ACTIVE_SESSION:
         return Accepted(result=_result(session, "ended", changed=False))
     if session.warrant_reason is not None:
         return Accepted(result=_result(session, "stopping", changed=False))
@@ -363,7 +367,7 @@ def _known_polecats(state: WitnessState, rig: str) -> list[str]:
     return sorted({s.polecat for s in state.sessions.values() if s.rig == rig})
 
 
-def nudge(state: WitnessState, cmd: NudgeSend, ctx: DecideContext) -> Accepted:
+def nudge(state: WitnessState, cmd: NudgeSend, ctx: DecideContext) -> Accepted[NudgeResult]:
     session_id: str | None = None
     target = state.sessions.get(cmd.target)
     if target is not None:
@@ -389,16 +393,16 @@ def nudge(state: WitnessState, cmd: NudgeSend, ctx: DecideContext) -> Accepted:
     )
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=0)],
-        result={
-            "id": nudge_id,
-            "status": "queued",
-            "changed": True,
-            "rig": rig,
-            "polecat": polecat,
-            "session": session_id,
-            "expires_at": expires_at.isoformat(),
-            "live": _running(state, rig, polecat, session_id),
-        },
+        result=NudgeResult(
+            id=nudge_id,
+            status="queued",
+            changed=True,
+            rig=rig,
+            polecat=polecat,
+            session=session_id,
+            expires_at=expires_at.isoformat(),
+            live=_running(state, rig, polecat, session_id),
+        ),
     )
 
 
@@ -411,11 +415,9 @@ def _running(state: WitnessState, rig: str, polecat: str, session_id: str | None
 
 # ---- stale hooks (from the deacon) -------------------------------------------------------------
 
-WORKING = ("hooked", "in_progress")
 
-
-def _not_stale(bead: str, why: str) -> Accepted:
-    return Accepted(result={"id": bead, "status": "not_stale", "changed": False, "why": why})
+def _not_stale(bead: str, why: str) -> Accepted[StaleHookResult]:
+    return Accepted(result=StaleHookResult(id=bead, status="not_stale", changed=False, why=why))
 
 
 def last_session_of(state: WitnessState, bead_id: str) -> Session | None:
@@ -426,7 +428,7 @@ def last_session_of(state: WitnessState, bead_id: str) -> Session | None:
     return found[-1] if found else None
 
 
-def recover_hook(state: WitnessState, cmd: SessionRecoverHook, ctx: DecideContext) -> Accepted:
+def recover_hook(state: WitnessState, cmd: SessionRecoverHook, ctx: DecideContext) -> Accepted[StaleHookResult]:
     """A stale hook is re-slung when its last worktree is clean, escalated otherwise; never dropped."""
     bead = state.beads.get(cmd.bead)
     if bead is None:
@@ -434,7 +436,7 @@ def recover_hook(state: WitnessState, cmd: SessionRecoverHook, ctx: DecideContex
     if bead.status not in WORKING:
         return _not_stale(bead.id, f"bead {bead.id} is {bead.status}")
     sessions = [state.sessions[s] for s in bead.sessions if s in state.sessions]
-    active = next((s for s in sessions if s.status in ACTIVE), None)
+    active = next((s for s in sessions if s.status in ACTIVE_SESSION), None)
     if active is not None:
         return _not_stale(bead.id, f"session {active.id} works it")
     rig = state.rigs.get(bead.rig or "")
@@ -481,5 +483,5 @@ def recover_hook(state: WitnessState, cmd: SessionRecoverHook, ctx: DecideContex
     )
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=last.version)],
-        result={"id": bead.id, "status": resolution, "changed": True, "session": last.id, "detail": detail},
+        result=StaleHookResult(id=bead.id, status=resolution, changed=True, session=last.id, detail=detail),
     )

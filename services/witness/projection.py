@@ -9,7 +9,6 @@ from datetime import datetime
 import msgspec
 
 from services.witness.state import (
-    ACTIVE,
     MAIL_NUDGE_PREFIX,
     MailNotice,
     MergeFailure,
@@ -58,7 +57,8 @@ from shared.events import (
     StepCompleted,
     StepStarted,
 )
-from shared.events.beads import forward
+from shared.events.beads import WORKING, forward
+from shared.events.sessions import ACTIVE_SESSION
 from shared.ids import HOOK_LEASE_PREFIX, hook_lease_name
 from shared.lease_state import fold_lease
 from shared.projection import Projection, advance, touch
@@ -156,7 +156,7 @@ def _bead_slung(payload: BeadSlung, state: WitnessState, env: Envelope, seq: int
 @fold.register
 def _bead_unslung(payload: BeadUnslung, state: WitnessState, env: Envelope, seq: int) -> None:
     bead = state.beads.get(payload.bead_id)
-    if bead is None or bead.status not in ("hooked", "in_progress"):
+    if bead is None or bead.status not in WORKING:
         return
     bead.status = "open"
     bead.unslung = True
@@ -225,7 +225,7 @@ def _step_done(payload: StepCompleted, state: WitnessState, env: Envelope, seq: 
     bead.done_steps.append(payload.step)
     bead.current_step = next((s for s in bead.steps if s not in bead.done_steps), None)
     working = state.sessions.get(bead.sessions[-1]) if bead.sessions else None
-    if working is not None and working.status in ACTIVE:
+    if working is not None and working.status in ACTIVE_SESSION:
         working.steps_done += 1
 
 

@@ -8,8 +8,9 @@ from typing import Any
 import msgspec
 
 from services.witness.decide import waiting_beads
-from services.witness.state import ACTIVE, Session, WitnessState
+from services.witness.state import Session, WitnessState
 from shared.errors import QueryError
+from shared.events.sessions import ACTIVE_SESSION
 
 EARLIER_SESSIONS_SHOWN = 3
 """How many of a bead's earlier sessions ``gt prime`` tells a fresh session about (newest first)."""
@@ -39,7 +40,9 @@ def _rigs(state: WitnessState, body: dict[str, Any]) -> Any:
         if rig.removed and not everything:
             continue
         view: dict[str, Any] = msgspec.to_builtins(rig)
-        view["active_sessions"] = sum(1 for s in state.sessions.values() if s.rig == rig.name and s.status in ACTIVE)
+        view["active_sessions"] = sum(
+            1 for s in state.sessions.values() if s.rig == rig.name and s.status in ACTIVE_SESSION
+        )
         view["waiting_beads"] = waiting_beads(state, rig.name)
         out.append(view)
     return out
@@ -66,7 +69,7 @@ def _sessions(state: WitnessState, body: dict[str, Any]) -> Any:
             continue
         if bead is not None and session.bead != bead:
             continue
-        if not everything and session.status not in ACTIVE:
+        if not everything and session.status not in ACTIVE_SESSION:
             continue
         out.append(session_view(state, session))
     return out

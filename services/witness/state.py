@@ -6,12 +6,12 @@ from datetime import datetime
 
 import msgspec
 
+from shared.events.beads import BeadStatus
+from shared.events.nudges import NudgeStatus
+from shared.events.sessions import SessionStatus
 from shared.lease_state import Lease
 from shared.rig_state import Rig as Rig
 from shared.usage import ModelUsage
-
-ACTIVE = ("requested", "started")
-"""Session statuses that hold a polecat, a worktree and a bead's hook."""
 
 
 class Session(msgspec.Struct, kw_only=True, gc=False):
@@ -24,7 +24,7 @@ class Session(msgspec.Struct, kw_only=True, gc=False):
     tmux_name: str
     attempt: int
     handoff_of: str | None = None
-    status: str = "requested"
+    status: SessionStatus = "requested"
     """requested -> started -> ended (or requested -> ended)."""
     requested_at: datetime
     started_at: datetime | None = None
@@ -75,7 +75,7 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
 
     id: str
     title: str
-    status: str = "open"
+    status: BeadStatus = "open"
     closed_at: datetime | None = None
     rig: str | None = None
     slings: int = 0
@@ -124,7 +124,7 @@ class Nudge(msgspec.Struct, kw_only=True, gc=False):
     message: str
     queued_at: datetime
     expires_at: datetime
-    status: str = "queued"
+    status: NudgeStatus = "queued"
     delivered_to: str | None = None
     version: int = 0
 

@@ -18,10 +18,11 @@ and one placed on a node that is down never answers.
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Generic
 
 import msgspec
 import nats.errors
@@ -37,15 +38,17 @@ from shared.bus.permissions import guarded
 from shared.bus.query import ask
 from shared.bus.topology import owner_of
 from shared.commands import Command
+from shared.commands.base import result_type
 from shared.config import TownConfig
 from shared.errors import AppendFailedError, QueryError
-from shared.events import decode_envelope
+from shared.events import CommandAccepted, CommandRejected, decode_envelope
 from shared.queries import Status
+from shared.results import R
 
 log = structlog.get_logger(__name__)
 
 _ENCODER = msgspec.json.Encoder()
-_DECODE = msgspec.json.Decoder()
+_REJECTED = msgspec.json.Decoder(CommandRejected)
 STORE_DEADLINE_S = 30.0
 """How long a client's command may take to be stored while the stream is unreachable (resent meanwhile)."""
 RETRY_PAUSE_S = 0.5
@@ -70,8 +73,13 @@ OUTCOME_READ_TIMEOUT_S = 2.0
 """How long one read of an outcome may go unanswered before it is made again."""
 
 
-class Outcome(msgspec.Struct, kw_only=True):
-    """What became of a command a client sent."""
+class NoAnswer(msgspec.Struct):
+    """An outcome's ``data`` before its outcome arrived: nothing (``{}``)."""
+
+
+class Outcome(msgspec.Struct, Generic[R], kw_only=True):
+    """What became of a command a client sent (``--json`` prints it as it is: ``data`` is the outcome's payload as
+    the log holds it)."""
 
     command_id: str
     stored_seq: int
@@ -80,10 +88,50 @@ class Outcome(msgspec.Struct, kw_only=True):
     """Sequence of the outcome event in GT_EVT."""
     type: str | None = None
     """``cmd.accepted`` or ``cmd.rejected``; None when no outcome arrived (yet)."""
-    data: dict[str, Any] = {}
-    """The outcome's payload: ``result`` and ``events`` when accepted, ``code`` and ``message`` when rejected."""
+    data: CommandAccepted[R] | CommandRejected | NoAnswer = msgspec.field(default_factory=NoAnswer)
+    """The outcome's payload: ``result`` (the command's result type) and ``events`` when accepted, ``code`` and
+    ``message`` when rejected."""
     service_down: bool = False
     """No outcome arrived and the owning service does not answer: the command waits in GT_CMD."""
+
+    @property
+    def accepted(self) -> CommandAccepted[R] | None:
+        return self.data if isinstance(self.data, CommandAccepted) else None
+
+    @property
+    def rejected(self) -> CommandRejected | None:
+        return self.data if isinstance(self.data, CommandRejected) else None
+
+    @property
+    def result(self) -> R:
+        """The accepted command's result.
+
+        Raises:
+            LookupError: the command was not accepted (rejected, or no outcome yet).
+        """
+        accepted = self.accepted
+        if accepted is None:
+            raise LookupError(f"command {self.command_id} has no result: {self.type or 'no outcome yet'}")
+        return accepted.result
+
+
+@functools.cache
+def _accepted_decoder(result: Any) -> msgspec.json.Decoder[CommandAccepted[Any]]:
+    return msgspec.json.Decoder(CommandAccepted[result])
+
+
+def read_payload(cmd_type: type[Command[R]], event_type: str, data: bytes) -> CommandAccepted[R] | CommandRejected:
+    """The payload of a ``cmd_type`` command's outcome of ``event_type``, its result read into the command's result
+    type. An accepted outcome whose result does not fit that type (written by a version that answered otherwise)
+    is read as the JSON it holds, and logged: once the command is stored, reading its outcome never fails."""
+    if event_type == CommandRejected.TYPE:
+        return _REJECTED.decode(data)
+    try:
+        accepted: CommandAccepted[R] = _accepted_decoder(result_type(cmd_type)).decode(data)
+    except msgspec.ValidationError as exc:
+        log.warning("command_result_unreadable", command=cmd_type.SUBJECT, error=str(exc))
+        accepted = _accepted_decoder(Any).decode(data)
+    return accepted
 
 
 def encode(cmd: Command) -> bytes:
@@ -249,14 +297,14 @@ async def _stream_exists(nc: Client, stream: str) -> bool:
 async def send(
     nc: Client,
     config: TownConfig,
-    cmd: Command,
+    cmd: Command[R],
     *,
     origin: subjects.Origin | None = None,
     timeout: float | None,
     wait_if_down: bool = False,
     store_deadline_s: float = STORE_DEADLINE_S,
     on_retry: Callable[[str], None] | None = None,
-) -> Outcome:
+) -> Outcome[R]:
     """Store ``cmd`` (see ``store``, resending for up to ``store_deadline_s`` while the stream is unreachable; it
     must carry its ``cmd_id``) and wait up to ``timeout`` seconds (None: forever) for its outcome. When the owning
     service does not answer queries, return right after storing (``service_down``) unless ``wait_if_down``.
@@ -277,7 +325,7 @@ async def send(
     settled_as = stored.cmd_id
     if isinstance(origin, subjects.SessionOrigin):
         settled_as = ids.session_scoped_id(origin.session, stored.cmd_id)
-    outcome = Outcome(command_id=settled_as, stored_seq=stored.seq)
+    outcome: Outcome[R] = Outcome(command_id=settled_as, stored_seq=stored.seq)
     arrival = asyncio.ensure_future(read_outcome(nc, config.evt_stream, settled_as, timeout=timeout))
     liveness: asyncio.Future[bool] | None = None
     try:
@@ -297,7 +345,8 @@ async def send(
     outcome.outcome_seq, data = found
     env = decode_envelope(data)
     outcome.type = env.type
-    outcome.data = _DECODE.decode(env.data)
+    if env.type in (CommandAccepted.TYPE, CommandRejected.TYPE):
+        outcome.data = read_payload(type(cmd), env.type, env.data)
     return outcome
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from shared.commands.base import Command, check_id
+from shared.results import AutomationRunResult
 
 
-class AutomationRun(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class AutomationRun(Command[AutomationRunResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Fire the automation ``name`` now, whatever its gate (the manual gate's only way to fire); refused
     while a run of it is still open. Accepted with the new run's id."""
 

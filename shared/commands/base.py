@@ -7,14 +7,16 @@ from a body to events"), so every bad input ends in a ``cmd.rejected`` a person 
 from __future__ import annotations
 
 import re
+import typing
 from collections.abc import Iterable
-from typing import ClassVar
+from typing import Any, ClassVar, Generic
 
 import msgspec
 
 from shared.errors import CommandError
 from shared.events.beads import BEAD_TYPES, INFRA_TYPES, WORK_TYPES
 from shared.ids import BEAD_SUFFIX_LEN, ID_PATTERN, is_new_id, is_valid_id
+from shared.results import R
 
 DEFAULT_MAX_COMMAND_BYTES = 1024 * 1024
 MAX_TITLE = 500
@@ -35,8 +37,9 @@ class Fence(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     token: int
 
 
-class Command(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
-    """Fields every command body may carry.
+class Command(msgspec.Struct, Generic[R], frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Fields every command body may carry. ``R`` is what its outcome's ``result`` is read into (``result_type``),
+    as ``Query[R]`` names its reply (``shared.results``).
 
     Encoded (``shared.bus.commands``), a command leaves out every field that holds its default: the service reads
     an absent field as its default, so the body says only what the sender chose, as a hand-written one would."""
@@ -58,7 +61,7 @@ class Command(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             check_id("fence.lease", self.fence.lease, required=True)
 
 
-class Creates(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Creates(Command[R], Generic[R], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A command that creates something with an id of its own (a bead, a convoy, an escalation, a message)."""
 
     new_id: str | None = None
@@ -77,6 +80,26 @@ class Creates(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
                 f"`new_id` {self.new_id[:80]!r} must be {self.id_prefix()!r}, '-' and {BEAD_SUFFIX_LEN} of "
                 "[0-9a-z] (or left out: the service draws one)"
             )
+
+
+def result_type(cls: type[Command[Any]]) -> Any:
+    """``R`` of ``cls`` (``Command[R]``, perhaps through ``Creates[R]``), what its outcome's result is read into;
+    ``Any`` (the JSON as it came) for a command that names none."""
+    return _result_types.get(cls) or _result_types.setdefault(cls, _find_result_type(cls))
+
+
+_result_types: dict[type[Any], Any] = {}
+
+
+def _find_result_type(cls: type[Any]) -> Any:
+    for klass in cls.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            origin = typing.get_origin(base)
+            if isinstance(origin, type) and issubclass(origin, Command):
+                (arg,) = typing.get_args(base)
+                if not isinstance(arg, typing.TypeVar):
+                    return arg
+    return Any
 
 
 def invalid(message: str) -> CommandError:

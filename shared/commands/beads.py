@@ -22,9 +22,10 @@ from shared.commands.base import (
     invalid,
 )
 from shared.ids import PREFIX_PATTERN
+from shared.results import BeadResult, SlingResult
 
 
-class BeadCreate(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class BeadCreate(Creates[BeadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """File a bead, ``new_id`` or an id the mayor draws (``<prefix>-<base36>``); status starts ``open``."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.create"
@@ -57,7 +58,7 @@ class BeadCreate(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True)
             raise invalid(f"`prefix` {self.prefix!r} must match {PREFIX_PATTERN.pattern}")
 
 
-class BeadUpdate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class BeadUpdate(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Change a bead's fields. ``labels`` are added, ``remove_labels`` removed, ``metadata`` merged,
     ``needs`` added and ``remove_needs`` removed; ``blocks`` makes the listed beads need this one;
     ``assignee`` or ``parent`` set to "" clears them. ``status`` may only move forward: ``in_progress``
@@ -98,7 +99,7 @@ class BeadUpdate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True)
         check_ids("blocks", self.blocks)
 
 
-class BeadClaim(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class BeadClaim(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Take a bead for ``assignee``: open or hooked -> in_progress."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.claim"
@@ -111,7 +112,7 @@ class BeadClaim(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         check_text("assignee", self.assignee, MAX_ACTOR, nonblank=True)
 
 
-class BeadClose(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class BeadClose(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Close a bead. Closing a closed bead succeeds and changes nothing."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.close"
@@ -124,7 +125,7 @@ class BeadClose(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         check_text("reason", self.reason, MAX_REASON)
 
 
-class BeadSling(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class BeadSling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Hook a bead to a rig with a molecule cooked from ``formula`` (default ``polecat-work``).
 
     Slinging a hooked or in-progress bead again is a conflict unless ``force`` (the witness's re-sling),
@@ -164,7 +165,7 @@ class BeadSling(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
             raise invalid("`hold` waits for the blockers and `force` goes past them: give one of them")
 
 
-class BeadUnsling(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class BeadUnsling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Release a hooked or in-progress bead's hook: it is open again, its molecule keeps every done step, and
     the witness ends a session working it (as ``unslung``, no death). The worktree and branch stay for the next
     sling unless ``remove_worktree`` (a worktree holding unsaved work is kept anyway, and says so)."""

@@ -6,9 +6,10 @@ from typing import ClassVar
 
 from shared.commands.base import MAX_TITLE, Command, Creates, check_id, check_ids, check_text
 from shared.ids import CONVOY_PREFIX
+from shared.results import ConvoyResult
 
 
-class ConvoyCreate(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ConvoyCreate(Creates[ConvoyResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Track beads together; the convoy closes when all of them are closed (an ``owned`` one when landed)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.convoy.create"
@@ -25,7 +26,7 @@ class ConvoyCreate(Creates, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         check_ids("beads", self.beads)
 
 
-class ConvoyAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ConvoyAdd(Command[ConvoyResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Track more beads in an open convoy (beads it tracks already are skipped)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.convoy.add"
@@ -38,7 +39,7 @@ class ConvoyAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         check_ids("beads", self.beads, required=True)
 
 
-class ConvoyLand(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ConvoyLand(Command[ConvoyResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Close an owned convoy; refused while it tracks open beads unless ``force``."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.convoy.land"

@@ -16,6 +16,7 @@ from shared.commands.base import (
     invalid,
 )
 from shared.ids import ESCALATION_PREFIX
+from shared.results import EscalationResult
 
 SEVERITIES = ("low", "medium", "high", "critical")
 RESOLUTIONS = {
@@ -28,7 +29,7 @@ RESOLUTIONS = {
 MAX_RESOLUTIONS = 16
 
 
-class EscalationRaise(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class EscalationRaise(Creates[EscalationResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Ask the operator to look at something; unacknowledged, it is raised a severity after a while."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.escalation.raise"
@@ -66,7 +67,7 @@ def check_resolutions(entries: list[str]) -> None:
         check_id(f"resolved_when {kind}", what, required=True)
 
 
-class EscalationAck(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class EscalationAck(Command[EscalationResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Someone is on it: an acknowledged escalation is not raised further."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.escalation.ack"
@@ -77,7 +78,7 @@ class EscalationAck(Command, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         check_id("id", self.id, required=True)
 
 
-class EscalationClose(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class EscalationClose(Command[EscalationResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Resolved (closing a closed escalation changes nothing)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.escalation.close"

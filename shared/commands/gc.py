@@ -6,11 +6,12 @@ import math
 from typing import ClassVar
 
 from shared.commands.base import Command, invalid
+from shared.results import GcResult
 
 MAX_GC_TTL_S = 10 * 366 * 24 * 3600.0
 
 
-class GcSweep(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class GcSweep(Command[GcResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Sweep the projections now: what finished more than ``ttl_s`` seconds ago leaves them (default: the
     deacon's ``GT_GC_TTL``). The log is never edited. Accepted with the sweep's ``cutoff`` and ``ttl_s``."""
 

@@ -6,11 +6,12 @@ from typing import ClassVar
 
 from shared.commands.base import Command, check_id, check_text, invalid
 from shared.ids import RESERVED_LEASE_PREFIXES
+from shared.results import LeaseResult
 
 MAX_TTL_S = 7 * 24 * 3600.0
 
 
-class LeaseAcquire(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class LeaseAcquire(Command[LeaseResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Hold ``lease`` for ``ttl_s`` seconds after each renewal; refused while another holder's lease lives."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.lease.acquire"
@@ -31,7 +32,7 @@ class LeaseAcquire(Command, frozen=True, kw_only=True, forbid_unknown_fields=Tru
             raise invalid(f"`ttl_s` must be between 0.1 and {MAX_TTL_S:g} seconds, got {self.ttl_s:g}")
 
 
-class LeaseRelease(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class LeaseRelease(Command[LeaseResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Give the lease up; only its current holder, with the current token, can."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.lease.release"

@@ -16,6 +16,7 @@ from shared.commands.base import (
     check_text,
 )
 from shared.ids import MAIL_PREFIX
+from shared.results import BeadResult, MailReadResult, MailResult
 
 _NAME = r"[a-z0-9][a-z0-9_-]{0,63}"
 POLECAT_ADDRESS = re.compile(rf"^polecat:(?P<rig>{_NAME})/(?P<polecat>{_NAME})$")
@@ -45,7 +46,7 @@ def polecat_of(address: str) -> tuple[str, str] | None:
     return (match["rig"], match["polecat"]) if match else None
 
 
-class MailSend(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class MailSend(Creates[MailResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Send a message to an address: ``mayor``, ``operator`` or ``operator:<name>``, ``polecat:<rig>/<name>`` (or
     ``<rig>/<name>``), ``rig:<rig>`` (or ``<rig>``: one message to each polecat at work on the rig; ``new_id`` is
     the first one's, and the thread's). The mayor refuses a rig or polecat the log does not know."""
@@ -71,7 +72,7 @@ class MailSend(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True):
         check_priority(self.priority)
 
 
-class MailRead(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class MailRead(Command[MailReadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Mark a message read (it stays in the thread; archive closes it)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.read"
@@ -82,7 +83,7 @@ class MailRead(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         check_id("id", self.id, required=True)
 
 
-class MailReply(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class MailReply(Creates[MailResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Answer a message: to its sender, in its thread."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.reply"
@@ -101,7 +102,7 @@ class MailReply(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True):
         check_text("subject", self.subject, MAX_TITLE)
 
 
-class MailArchive(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class MailArchive(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Close a message: it leaves the inbox (archiving an archived message changes nothing)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.archive"

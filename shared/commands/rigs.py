@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from shared.commands.base import MAX_DESCRIPTION, MAX_TITLE, Command, check_id, check_priority, check_text, invalid
 from shared.ids import PREFIX_PATTERN
+from shared.results import MergeQueueResult, MrResult, NudgeResult, RigResult, SessionResult, StaleHookResult
 
 MAX_COMMAND_LINE = 4096
 MAX_POLECATS = 1000
@@ -126,7 +127,7 @@ def check_gate_env(names: list[str] | None) -> None:
             )
 
 
-class RigAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class RigAdd(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Add a project: the witness clones ``repo`` under GT_HOME and runs polecats in worktrees of it."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.rig.add"
@@ -171,7 +172,7 @@ class RigAdd(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         return self.prefix or re.sub(r"[^a-z0-9_]", "", self.name)[:16] or "rig"
 
 
-class RigUpdate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class RigUpdate(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Change some of a rig's settings (the fields given); its name, repository, base branch and prefix stay.
     Sessions already running keep what they started with; new sessions and merges take the new values."""
 
@@ -202,7 +203,7 @@ class RigUpdate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         return {field: value for field in self.SETTINGS if (value := getattr(self, field)) is not None}
 
 
-class _RigCommand(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class _RigCommand(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: str
 
     def validate(self) -> None:
@@ -236,7 +237,7 @@ class RigRemove(_RigCommand, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     force: bool = False
 
 
-class _SessionCommand(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class _SessionCommand(Command[SessionResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     session: str
 
     def validate(self) -> None:
@@ -274,7 +275,7 @@ class SessionStop(_SessionCommand, frozen=True, kw_only=True, forbid_unknown_fie
     SUBJECT: ClassVar[str] = "gt.cmd.session.stop"
 
 
-class SessionRecoverHook(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class SessionRecoverHook(Command[StaleHookResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """(the deacon) A working bead's hook lease lapsed ``token`` and nothing took it since: the witness re-slings
     the bead (its last worktree is clean) or escalates it (dirty or unpushed work, a rejected merge request, or
     recovered before), or answers that it is not stale after all."""
@@ -290,7 +291,7 @@ class SessionRecoverHook(Command, frozen=True, kw_only=True, forbid_unknown_fiel
             raise invalid(f"`token` must be at least 1, got {self.token}")
 
 
-class NudgeSend(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class NudgeSend(Command[NudgeResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Type a message into an agent's pane: ``target`` is a session id or ``<rig>/<polecat>``."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.nudge.send"
@@ -311,7 +312,7 @@ class NudgeSend(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
             raise invalid(f"`ttl_s` must be more than 0 and at most a week, got {self.ttl_s}")
 
 
-class MergeRequestSubmit(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class MergeRequestSubmit(Command[MrResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Queue a pushed branch for the rig's refinery; the same head commit twice is one merge request.
 
     Sent by a polecat session (``session`` given, or a ``polecat:`` actor, or a ``fence``): it must carry the
@@ -363,7 +364,7 @@ class MergeRequestDone(MergeRequestSubmit, frozen=True, kw_only=True, forbid_unk
         check_id("session", self.session, required=True)
 
 
-class MergeRequestRetry(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class MergeRequestRetry(Command[MrResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Put a failed, conflicted or rejected merge request back in the queue."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mr.retry"
@@ -374,7 +375,7 @@ class MergeRequestRetry(Command, frozen=True, kw_only=True, forbid_unknown_field
         check_id("id", self.id, required=True)
 
 
-class MergeRequestReject(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class MergeRequestReject(Command[MrResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Take a merge request out of the queue for good."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mr.reject"
@@ -387,7 +388,7 @@ class MergeRequestReject(Command, frozen=True, kw_only=True, forbid_unknown_fiel
         check_text("reason", self.reason, MAX_DESCRIPTION)
 
 
-class MergeQueueResume(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class MergeQueueResume(Command[MergeQueueResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Resume a rig's paused merge queue (the cause fixed): it goes on in its order. Not paused: no change."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mq.resume"

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from shared.commands.base import Command, check_id
+from shared.results import StepResult
 
 
-class _StepCommand(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class _StepCommand(Command[StepResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     bead: str
     """The bead whose molecule holds the step."""
     step: str

@@ -8,9 +8,12 @@ restarted deacon finishes or settles the run from the log alone, even if the fil
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from shared.events.base import Event
+
+RunStatus = Literal["open", "completed", "failed"]
+"""An automation's run: open (fired), completed or failed."""
 
 
 class AutomationEvent(Event, frozen=True, kw_only=True):

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import msgspec
 
 from shared.events.base import Event
 
-BEAD_STATUSES = ("open", "hooked", "in_progress", "closed")
+BeadStatus = Literal["open", "hooked", "in_progress", "closed"]
+BEAD_STATUSES: tuple[BeadStatus, ...] = ("open", "hooked", "in_progress", "closed")
 """A bead's statuses in the order its events move it: created open, slung (hooked), claimed (in progress),
 closed. Only ``bead.unslung`` moves one back (to open)."""
-_RANK = {status: rank for rank, status in enumerate(BEAD_STATUSES)}
+WORKING: tuple[BeadStatus, ...] = ("hooked", "in_progress")
+"""On a rig's hook: slung, or claimed by the polecat working it."""
+BEAD_RANK: dict[str, int] = {status: rank for rank, status in enumerate(BEAD_STATUSES)}
+"""A status's place in that order (a status that is no bead's is not in it)."""
 
 WORK_TYPES = ("task", "bug", "feature", "chore", "docs", "epic")
 """Types of beads that are work: offered by ``ready`` and slung to rigs."""
@@ -23,10 +27,10 @@ BEAD_TYPES = (*WORK_TYPES, *sorted(INFRA_TYPES))
 """Every type a bead may be created with or changed to; a command naming another is refused ``invalid``."""
 
 
-def forward(status: str, to: str) -> str:
+def forward(status: BeadStatus, to: BeadStatus) -> BeadStatus:
     """A bead's status after an event that moves it forward to ``to`` (sling, claim): a bead already as far or
     further (claimed before it was slung, closed) stays where it is."""
-    return to if _RANK[status] < _RANK[to] else status
+    return to if BEAD_RANK[status] < BEAD_RANK[to] else status
 
 
 class BeadEvent(Event, frozen=True, kw_only=True):

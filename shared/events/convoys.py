@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from shared.events.base import Event
+
+ConvoyStatus = Literal["open", "closed"]
 
 
 class ConvoyEvent(Event, frozen=True, kw_only=True):

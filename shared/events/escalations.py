@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from shared.events.base import Event
+
+EscalationStatus = Literal["open", "acked", "closed"]
+"""Raised open, acked by an operator (re-escalation stops), closed (by an operator, or once what it waits for is
+done)."""
 
 
 class EscalationEvent(Event, frozen=True, kw_only=True):

@@ -3,9 +3,27 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from shared.events.base import Event
+
+MrStatus = Literal["queued", "claimed", "blocked", "conflicted", "failed", "escalated", "rejected", "merged"]
+MR_STATUSES: tuple[MrStatus, ...] = (
+    "queued", "claimed", "blocked", "conflicted", "failed", "escalated", "rejected", "merged"
+)  # fmt: skip
+"""queued -> claimed -> merged; or conflicted (a conflict sent back to the polecat), blocked (a conflict for the
+operator), failed (gates; back to the polecat), escalated (failed too often), rejected (by an operator)."""
+MR_IN_QUEUE: tuple[MrStatus, ...] = ("queued", "claimed")
+"""In its rig's merge queue: waiting, or being merged now (what the refinery takes and orders)."""
+MR_OPEN: tuple[MrStatus, ...] = ("queued", "claimed", "blocked", "conflicted", "failed", "escalated")
+"""Not settled yet (neither merged nor rejected): in the queue, or waiting for its polecat or an operator (what a
+town's overview counts as open)."""
+MR_FINISHED: tuple[MrStatus, ...] = ("merged", "failed", "escalated", "rejected", "conflicted")
+"""Statuses a merge request stays in unless someone retries it; once its bead is closed nothing moves it any more
+(a closed bead takes no new submissions, and a retried one is rejected again as stale), so garbage collection
+may drop it."""
+MR_SENT_BACK: tuple[MrStatus, ...] = ("failed", "conflicted")
+"""Went back to its bead's polecat: failed gates, or a conflict sent back to resolve."""
 
 
 class MergeRequestEvent(Event, frozen=True, kw_only=True):

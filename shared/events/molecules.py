@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import msgspec
 
 from shared.events.base import Event
+
+StepStatus = Literal["pending", "in_progress", "done"]
+STEP_STATUSES: tuple[StepStatus, ...] = ("pending", "in_progress", "done")
 
 
 class StepSpec(msgspec.Struct, frozen=True, kw_only=True):

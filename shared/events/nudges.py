@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from shared.events.base import Event
+
+NudgeStatus = Literal["queued", "delivered", "expired"]
 
 
 class NudgeEvent(Event, frozen=True, kw_only=True):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar, Generic
+
+import msgspec
 
 from shared.events.base import Event, EventRef
+from shared.results import R
 
 
 class CommandOutcome(Event, frozen=True, kw_only=True):
@@ -17,12 +20,21 @@ class CommandOutcome(Event, frozen=True, kw_only=True):
         return self.command_id
 
 
-class CommandAccepted(CommandOutcome, frozen=True, kw_only=True):
-    """The command took effect (or was already in effect: then ``events`` is empty)."""
+class CommandAccepted(CommandOutcome, Generic[R], frozen=True, kw_only=True):
+    """The command took effect (or was already in effect: then ``events`` is empty). ``result`` is the command's
+    result type (``Command[R]``): decoded as plain JSON where the command is not known (the log's registry), into
+    ``CommandAccepted[<its result type>]`` by the sender (``shared.bus.commands``)."""
 
     TYPE: ClassVar[str] = "cmd.accepted"
     events: list[EventRef] = []
-    result: dict[str, Any] = {}
+    result: R = msgspec.field(default_factory=dict)  # type: ignore[assignment]
+
+    def created_id(self) -> str | None:
+        """The id its result names (what a command that creates something answers), whether the result was read
+        as its type or, by a fold that reads every command's outcome, as the JSON the log holds."""
+        result: object = self.result
+        found = result.get("id") if isinstance(result, dict) else getattr(result, "id", None)
+        return found if isinstance(found, str) else None
 
 
 class CommandRejected(CommandOutcome, frozen=True, kw_only=True):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from shared.events.base import Event
+
+ServiceLiveness = Literal["up", "down", "stopped"]
+"""A service as the deacon last saw it: up (heartbeats come), down (they stopped), stopped (it said so)."""
 
 
 class ServiceEvent(Event, frozen=True, kw_only=True):

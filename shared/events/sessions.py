@@ -6,9 +6,15 @@ pane's process is there, so every crash in between is recognisable on restart.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from shared.events.base import Event
+
+SessionStatus = Literal["requested", "started", "ended"]
+SESSION_STATUSES: tuple[SessionStatus, ...] = ("requested", "started", "ended")
+"""A session's statuses in order: requested (stored before tmux starts anything), started (its pane runs), ended."""
+ACTIVE_SESSION: tuple[SessionStatus, ...] = ("requested", "started")
+"""Not ended: the session holds a polecat, a worktree and its bead's hook."""
 
 END_REASONS = (
     "done",

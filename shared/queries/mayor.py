@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from shared.events.beads import BeadStatus
 from shared.queries.base import Query
 
 
@@ -74,7 +75,7 @@ class ConvoyBead(msgspec.Struct, kw_only=True):
     """A bead a convoy tracks: where it is (its wave, what it waits for: ``ask_json``)."""
 
     id: str
-    status: str
+    status: BeadStatus
 
 
 class ConvoyDetail(msgspec.Struct, kw_only=True):

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from shared.events.sessions import SessionStatus
 from shared.queries.base import Query
 
 
@@ -17,7 +18,7 @@ class SessionView(msgspec.Struct, kw_only=True):
     rig: str
     polecat: str
     bead: str
-    status: str
+    status: SessionStatus
     """requested, started or ended."""
     attempt: int = 0
     worktree: str = ""

@@ -275,7 +275,7 @@ class TestIntakeRobustness:
                     raise ZeroDivisionError("a bug in a decision")
                 if isinstance(cmd, BeadCreate) and cmd.title == "huge":
                     events = [NewEvent(BeadCreated(bead_id=f"hq-{i}", title="x"), 0) for i in range(1200)]
-                    return Accepted(events=events)
+                    return Accepted(events=events, result={})
                 return super().decide(cmd, ctx)
 
         service = Flawed(town, FAST)

@@ -606,8 +606,9 @@ async def _forge_merge_requests(agent: Client, config: TownConfig, bead: str, re
             forged = msgspec.convert(body, MergeRequestDone)  # on the session's own subject: the origin's
             outcome = await bus_commands.send(agent, config, forged, origin=origin, timeout=60, wait_if_down=True)
             assert outcome.type == "cmd.rejected", (extra, outcome)
-            assert outcome.data["code"] == code, (extra, outcome.data)
-            assert said in outcome.data["message"], (extra, outcome.data)
+            assert outcome.rejected is not None
+            assert outcome.rejected.code == code, (extra, outcome.data)
+            assert said in outcome.rejected.message, (extra, outcome.data)
     finally:
         await close_quietly(agent)
 

@@ -469,7 +469,12 @@ class TestDecideRun:
         assert new.expected_seq == 0
         assert isinstance(new.payload, AutomationFired)
         assert (new.payload.gate, new.payload.reason, new.payload.holder) == ("manual", "run by operator:ann", ME)
-        assert accepted.result == {"id": "job", "run": "run-zz9", "status": "fired", "action": "exec"}
+        assert msgspec.to_builtins(accepted.result) == {
+            "id": "job",
+            "run": "run-zz9",
+            "status": "fired",
+            "action": "exec",
+        }
         log.store(new.payload)
         log.complete(MANUAL, "run-zz9")
         again = plan.decide_run(log.state, AutomationRun(name="job"), ctx(), MANUAL, holder=ME, grace_s=5)

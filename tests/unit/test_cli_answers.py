@@ -17,6 +17,7 @@ from shared.commands import BeadCreate, BeadUpdate, ConvoyCreate, EscalationRais
 from shared.decision import DecideContext
 from shared.errors import CommandError
 from shared.events import BeadCreated
+from shared.results import RigResult
 from tests.unit.test_prime_mail_pure import STATE_EVENTS, T0, mayor_state, session
 
 _drawn = itertools.count()
@@ -29,7 +30,7 @@ def ctx() -> DecideContext:
 def test_a_bead_is_created_under_the_id_its_sender_chose_and_a_taken_one_is_refused() -> None:
     state = mayor_state(*STATE_EVENTS)
     accepted = decide_beads.create(state, BeadCreate(title="t", new_id="hq-abc123"), ctx())
-    assert accepted.result["id"] == "hq-abc123"
+    assert accepted.result.id == "hq-abc123"
     assert isinstance(accepted.events[0].payload, BeadCreated)
     assert accepted.events[0].payload.bead_id == "hq-abc123"
     taken = mayor_state(*STATE_EVENTS, BeadCreated(bead_id="hq-abc123", title="first"))
@@ -81,14 +82,14 @@ def test_a_mail_to_a_rig_prints_one_line_per_message_each_with_its_id() -> None:
 
 def test_a_rig_update_says_running_sessions_take_a_new_stall_limit() -> None:
     """The trial: `gt rig update mi --stall-after 60` said running sessions keep theirs; they take the new one."""
-    line = _update_line({"rig": "mi", "fields": ["stall_after_s"], "stall_after_s": 60.0, "changed": True})
+    line = _update_line(RigResult(id="mi", rig="mi", fields=["stall_after_s"], stall_after_s=60.0, changed=True))
     assert (
         line
         == "rig mi updated: stall_after_s=60 (stall_after_s from the witness's next patrol, running sessions included)"
     )
     assert "keep" not in line
     both = _update_line(
-        {"rig": "mi", "fields": ["agent_command", "test_command"], "agent_command": "a", "test_command": "t"}
+        RigResult(id="mi", rig="mi", fields=["agent_command", "test_command"], agent_command="a", test_command="t")
     )
     assert "agent_command in new sessions (running ones keep what they started with)" in both
     assert "test_command at the refinery's next merge" in both

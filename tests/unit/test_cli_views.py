@@ -19,6 +19,7 @@ from gt.cli.rigs import park_line, unsling_line
 from gt.story import merge_by_seq
 from shared import narration as narrate
 from shared.events import REGISTRY
+from shared.results import RigResult, SlingResult
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 
@@ -317,17 +318,19 @@ def test_the_merge_queue_is_listed_in_the_order_it_was_submitted() -> None:
 
 
 def test_park_and_unsling_lines_read_as_sentences() -> None:
-    assert park_line({"rig": "six", "status": "active", "waiting": 1}) == (
+    assert park_line(RigResult(id="six", rig="six", status="active", waiting=1)) == (
         "rig six: active; the waiting bead gets a session now"
     )
-    assert park_line({"rig": "six", "status": "active", "waiting": 3}) == (
+    assert park_line(RigResult(id="six", rig="six", status="active", waiting=3)) == (
         "rig six: active; the 3 waiting beads get sessions now"
     )
-    assert park_line({"rig": "six", "status": "active", "waiting": 0}) == "rig six: active; no bead is waiting"
-    assert park_line({"rig": "six", "status": "parked", "waiting": 1}) == (
+    assert park_line(RigResult(id="six", rig="six", status="active", waiting=0)) == (
+        "rig six: active; no bead is waiting"
+    )
+    assert park_line(RigResult(id="six", rig="six", status="parked", waiting=1)) == (
         "rig six: parked; no new sessions, 1 bead waiting"
     )
-    result = {"id": "b1", "rig": "six"}
+    result = SlingResult(id="b1", rig="six")
     assert unsling_line(result, None, remove_worktree=True) == (
         "b1: open (unslung from six; its done steps are kept); the witness removes its worktree unless it holds "
         "unsaved work"

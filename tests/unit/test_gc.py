@@ -433,11 +433,11 @@ def test_a_sweep_is_due_every_interval_and_appended_on_the_last_one() -> None:
 def test_gt_gc_sweeps_with_its_ttl_or_the_deacons() -> None:
     state = gc.GcState(version=12)
     accepted = gc.decide(state, GcSweep(ttl_s=0.0), T0, 604_800.0)
-    assert accepted.result == {"id": "gc", "cutoff": T0.isoformat(), "ttl_s": 0.0, "changed": True}
+    assert msgspec.to_builtins(accepted.result) == {"id": "gc", "cutoff": T0.isoformat(), "ttl_s": 0.0, "changed": True}
     assert [e.expected_seq for e in accepted.events] == [12]
     default = gc.decide(state, GcSweep(), T0, 604_800.0)
-    assert default.result["ttl_s"] == 604_800.0
-    assert default.result["cutoff"] == (T0 - timedelta(days=7)).isoformat()
+    assert default.result.ttl_s == 604_800.0
+    assert default.result.cutoff == (T0 - timedelta(days=7)).isoformat()
     assert owner_of(GcSweep.SUBJECT) == "deacon"
     assert parse_command("gt.cmd.gc.sweep", b"{}") == GcSweep()
     for bad in (b'{"ttl_s": -1}', b'{"ttl_s": 1e300}', b'{"ttl": 5}'):

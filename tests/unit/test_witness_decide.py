@@ -55,7 +55,8 @@ class Fed:
         accepted: Accepted = self.decide(self.projection.state, cmd, ctx)
         for new in accepted.events:
             self.add(new.payload)
-        return accepted.result
+        result: dict[str, Any] = msgspec.to_builtins(accepted.result)  # as the outcome carries it
+        return result
 
     def reject(self, subject: str, facts: object = None, **body: Any) -> CommandError:
         with pytest.raises(CommandError) as caught:

@@ -21,6 +21,7 @@ from shared.commands import AutomationRun, BeadClose, BeadCreate, BeadSling
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import AutomationCompleted, AutomationFailed, AutomationFired
+from shared.results import AutomationRunResult
 
 MAX_RESULT = 2000
 """Characters of a run's result or error kept in its event."""
@@ -273,7 +274,7 @@ def decide_run(
     *,
     holder: str,
     grace_s: float,
-) -> Accepted:
+) -> Accepted[AutomationRunResult]:
     """``gt.cmd.automation.run``: fire now, whatever the gate; ``found`` is the file as read before deciding.
 
     Raises:
@@ -306,7 +307,7 @@ def decide_run(
     expected = record.version if record is not None else 0
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=expected)],
-        result={"id": cmd.name, "run": run_id, "status": "fired", "action": found.action},
+        result=AutomationRunResult(id=cmd.name, run=run_id, status="fired", action=found.action),
     )
 
 

@@ -25,6 +25,7 @@ from shared.events import (
     GcSwept,
     RigAdded,
 )
+from shared.events.automations import RunStatus
 from shared.ids import stable_digest_id
 
 HISTORY = 10
@@ -49,8 +50,7 @@ class Run(msgspec.Struct, kw_only=True):
     rig: str | None = None
     title: str = ""
     vars: dict[str, str] = {}
-    status: str = "open"
-    """open, completed or failed."""
+    status: RunStatus = "open"
     ended_at: datetime | None = None
     result: str = ""
     error: str = ""
@@ -180,7 +180,7 @@ def _finish(
     state: AutomationState,
     record: AutomationRecord,
     run: Run,
-    status: str,
+    status: RunStatus,
     at: datetime,
     *,
     result: str = "",
@@ -219,8 +219,8 @@ def _accepted(payload: CommandAccepted, state: AutomationState, env: Envelope, s
         return
     awaited, run = found
     if awaited.step == "create":
-        bead = payload.result.get("id")
-        if isinstance(bead, str) and run.create != "accepted":
+        bead = payload.created_id()
+        if bead is not None and run.create != "accepted":
             run.create, run.bead = "accepted", bead
             state.beads[bead] = awaited.automation
     elif awaited.step == "sling":

@@ -23,6 +23,7 @@ from shared import leases as lease_kv
 from shared.commands import GcSweep
 from shared.decision import Accepted, NewEvent
 from shared.events import Envelope, Event, GcSwept
+from shared.results import GcResult
 
 ENDED_LEASES = ("released", "expired")
 _JSON = msgspec.json.Decoder()
@@ -71,13 +72,13 @@ def sweep(state: GcState, now: datetime, ttl_s: float) -> NewEvent:
     return NewEvent(payload=GcSwept(cutoff=now - timedelta(seconds=ttl_s), ttl_s=ttl_s), expected_seq=state.version)
 
 
-def decide(state: GcState, cmd: GcSweep, now: datetime, default_ttl_s: float) -> Accepted:
+def decide(state: GcState, cmd: GcSweep, now: datetime, default_ttl_s: float) -> Accepted[GcResult]:
     """``gt.cmd.gc.sweep``: a sweep now, with the command's ``ttl_s`` or the deacon's own."""
     ttl_s = default_ttl_s if cmd.ttl_s is None else cmd.ttl_s
     new = sweep(state, now, ttl_s)
     assert isinstance(new.payload, GcSwept)
     return Accepted(
-        events=[new], result={"id": "gc", "cutoff": new.payload.cutoff.isoformat(), "ttl_s": ttl_s, "changed": True}
+        events=[new], result=GcResult(id="gc", cutoff=new.payload.cutoff.isoformat(), ttl_s=ttl_s, changed=True)
     )
 
 

@@ -22,13 +22,13 @@ from shared.events import (
     MergeRequestRejected,
     MergeRequestSubmitted,
 )
-from shared.events.beads import forward
+from shared.events.beads import BeadStatus, forward
 from shared.ids import hook_lease_name, is_valid_id, stable_digest_id
 
 
 class HookedBead(msgspec.Struct, kw_only=True, gc=False):
     id: str
-    status: str = "hooked"
+    status: BeadStatus = "hooked"
     merge_pending: str | None = None
     """The merge request waiting in the queue (the hook is free while the refinery works on it)."""
 

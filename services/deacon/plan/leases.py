@@ -19,6 +19,7 @@ from shared.errors import CommandError
 from shared.events import Envelope, Event, LeaseEvent
 from shared.lease_state import Lease, acquisition, fold_lease
 from shared.lease_state import release as release_event
+from shared.results import LeaseResult
 
 
 class LeaseState(msgspec.Struct, kw_only=True):
@@ -41,11 +42,16 @@ def view(lease: Lease) -> dict[str, object]:
     return out
 
 
-def acquire(state: LeaseState, cmd: LeaseAcquire, now: datetime) -> Accepted:
+def unchanged(lease: Lease) -> LeaseResult:
+    """Asked again of what is already so: the lease's whole record."""
+    return msgspec.convert({**view(lease), "changed": False}, LeaseResult)
+
+
+def acquire(state: LeaseState, cmd: LeaseAcquire, now: datetime) -> Accepted[LeaseResult]:
     lease = state.leases.get(cmd.lease)
     if lease is not None and lease.status == "held":
         if lease.holder == cmd.holder:
-            return Accepted(result={**view(lease), "changed": False})
+            return Accepted(result=unchanged(lease))
         raise CommandError(
             "conflict",
             f"lease {cmd.lease} is held by {lease.holder} (token {lease.token}) until it is released or expires "
@@ -54,11 +60,11 @@ def acquire(state: LeaseState, cmd: LeaseAcquire, now: datetime) -> Accepted:
     event, token = acquisition(lease, cmd.lease, cmd.holder, cmd.ttl_s, now)
     return Accepted(
         events=[event],
-        result={"lease": cmd.lease, "holder": cmd.holder, "token": token, "ttl_s": cmd.ttl_s, "changed": True},
+        result=LeaseResult(lease=cmd.lease, holder=cmd.holder, token=token, ttl_s=cmd.ttl_s, changed=True),
     )
 
 
-def release(state: LeaseState, cmd: LeaseRelease) -> Accepted:
+def release(state: LeaseState, cmd: LeaseRelease) -> Accepted[LeaseResult]:
     lease = state.leases.get(cmd.lease)
     if lease is None:
         raise CommandError("not_found", f"no lease {cmd.lease!r}")
@@ -67,10 +73,10 @@ def release(state: LeaseState, cmd: LeaseRelease) -> Accepted:
             "conflict", f"fenced: lease {cmd.lease} is at token {lease.token} of {lease.holder}, not {cmd.token}"
         )
     if lease.status == "released":
-        return Accepted(result={**view(lease), "changed": False})
+        return Accepted(result=unchanged(lease))
     if lease.status == "expired":
         raise CommandError("conflict", f"fenced: lease {cmd.lease} token {cmd.token} expired before the release")
     return Accepted(
         events=[release_event(lease)],
-        result={"lease": cmd.lease, "token": cmd.token, "status": "released", "changed": True},
+        result=LeaseResult(lease=cmd.lease, token=cmd.token, status="released", changed=True),
     )

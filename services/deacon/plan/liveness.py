@@ -19,6 +19,7 @@ import msgspec
 
 from shared.decision import NewEvent
 from shared.events import Envelope, Event, ServiceDown, ServiceStopped, ServiceUp
+from shared.events.services import ServiceLiveness
 from shared.heartbeats import ServiceHeartbeat
 
 WATCHED = ("mayor", "witness", "refinery")
@@ -27,8 +28,7 @@ WATCHED = ("mayor", "witness", "refinery")
 
 class ServiceLife(msgspec.Struct, kw_only=True):
     name: str
-    status: str
-    """up, down or stopped."""
+    status: ServiceLiveness
     instance: str = ""
     since: datetime
     reason: str = ""

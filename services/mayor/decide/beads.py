@@ -10,6 +10,7 @@ from shared.commands import BeadCreate, BeadSling, BeadUpdate
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import BeadClaimed, BeadClosed, BeadCreated, BeadUpdated
+from shared.results import BeadResult
 
 MAX_NEW_ID_TRIES = 8
 
@@ -37,11 +38,7 @@ def fresh_id(ctx: DecideContext, prefix: str, taken: Collection[str], chosen: st
     raise CommandError("conflict", "could not draw an unused id; send the command again")
 
 
-def result(bead_id: str, status: str, *, changed: bool, **extra: Any) -> dict[str, Any]:
-    return {"id": bead_id, "status": status, "changed": changed, **extra}
-
-
-def create(state: MayorState, cmd: BeadCreate, ctx: DecideContext) -> Accepted:
+def create(state: MayorState, cmd: BeadCreate, ctx: DecideContext) -> Accepted[BeadResult]:
     if cmd.parent is not None:
         get_bead(state, cmd.parent, field="parent")
     for need in cmd.needs:
@@ -59,10 +56,12 @@ def create(state: MayorState, cmd: BeadCreate, ctx: DecideContext) -> Accepted:
         needs=list(dict.fromkeys(cmd.needs)),
         assignee=cmd.assignee,
     )
-    return Accepted(events=[NewEvent(payload=event, expected_seq=0)], result=result(bead_id, "open", changed=True))
+    return Accepted(
+        events=[NewEvent(payload=event, expected_seq=0)], result=BeadResult(id=bead_id, status="open", changed=True)
+    )
 
 
-def update(state: MayorState, cmd: BeadUpdate) -> Accepted:
+def update(state: MayorState, cmd: BeadUpdate) -> Accepted[BeadResult]:
     bead = get_bead(state, cmd.id)
     target_status = _check_status(bead, cmd.status)
     changes = _field_changes(state, bead, cmd)
@@ -103,7 +102,7 @@ def update(state: MayorState, cmd: BeadUpdate) -> Accepted:
     elif target_status == "closed" and bead.status != "closed":
         events += close(state, bead, "", first=first).events
         status = "closed"
-    return Accepted(events=events, result=result(bead.id, status, changed=bool(events)))
+    return Accepted(events=events, result=BeadResult(id=bead.id, status=status, changed=bool(events)))
 
 
 def _field_changes(state: MayorState, bead: Bead, cmd: BeadUpdate) -> dict[str, Any]:
@@ -159,25 +158,25 @@ def _check_status(bead: Bead, status: str | None) -> str | None:
     return status
 
 
-def claim(state: MayorState, bead: Bead, assignee: str, *, first: bool = True) -> Accepted:
+def claim(state: MayorState, bead: Bead, assignee: str, *, first: bool = True) -> Accepted[BeadResult]:
     if bead.status == "closed":
         raise CommandError("backward_transition", f"bead {bead.id} is closed; it cannot be claimed again")
     if bead.status == "in_progress":
         if bead.assignee == assignee:
-            return Accepted(result=result(bead.id, bead.status, changed=False, assignee=assignee))
+            return Accepted(result=BeadResult(id=bead.id, status=bead.status, changed=False, assignee=assignee))
         raise CommandError("conflict", f"bead {bead.id} is already in progress for {bead.assignee!r}")
     event = BeadClaimed(bead_id=bead.id, assignee=assignee)
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=bead.version if first else None)],
-        result=result(bead.id, "in_progress", changed=True, assignee=assignee),
+        result=BeadResult(id=bead.id, status="in_progress", changed=True, assignee=assignee),
     )
 
 
-def close(state: MayorState, bead: Bead, reason: str, *, first: bool = True) -> Accepted:
+def close(state: MayorState, bead: Bead, reason: str, *, first: bool = True) -> Accepted[BeadResult]:
     if bead.status == "closed":
-        return Accepted(result=result(bead.id, "closed", changed=False))
+        return Accepted(result=BeadResult(id=bead.id, status="closed", changed=False))
     event = BeadClosed(bead_id=bead.id, reason=reason)
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=bead.version if first else None)],
-        result=result(bead.id, "closed", changed=True),
+        result=BeadResult(id=bead.id, status="closed", changed=True),
     )

@@ -9,6 +9,7 @@ from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import ConvoyBeadsAdded, ConvoyClosed, ConvoyCreated
 from shared.ids import CONVOY_PREFIX
+from shared.results import ConvoyResult
 
 
 def get_convoy(state: MayorState, convoy_id: str) -> Convoy:
@@ -18,12 +19,12 @@ def get_convoy(state: MayorState, convoy_id: str) -> Convoy:
     return convoy
 
 
-def _progress(state: MayorState, convoy_id: str, beads: list[str], *, status: str, changed: bool) -> dict[str, object]:
+def _progress(state: MayorState, convoy_id: str, beads: list[str], *, status: str, changed: bool) -> ConvoyResult:
     closed = sum(1 for b in beads if (bead := state.beads.get(b)) is not None and bead.status == "closed")
-    return {"id": convoy_id, "status": status, "changed": changed, "closed": closed, "total": len(beads)}
+    return ConvoyResult(id=convoy_id, status=status, changed=changed, closed=closed, total=len(beads))
 
 
-def create(state: MayorState, cmd: ConvoyCreate, ctx: DecideContext) -> Accepted:
+def create(state: MayorState, cmd: ConvoyCreate, ctx: DecideContext) -> Accepted[ConvoyResult]:
     beads = list(dict.fromkeys(cmd.beads))
     for bead_id in beads:
         get_bead(state, bead_id, field="beads")
@@ -35,7 +36,7 @@ def create(state: MayorState, cmd: ConvoyCreate, ctx: DecideContext) -> Accepted
     )
 
 
-def add(state: MayorState, cmd: ConvoyAdd) -> Accepted:
+def add(state: MayorState, cmd: ConvoyAdd) -> Accepted[ConvoyResult]:
     convoy = get_convoy(state, cmd.id)
     if convoy.status == "closed":
         raise CommandError(
@@ -51,7 +52,7 @@ def add(state: MayorState, cmd: ConvoyAdd) -> Accepted:
     return Accepted(events=[NewEvent(payload=event, expected_seq=convoy.version)], result=out)
 
 
-def land(state: MayorState, cmd: ConvoyLand) -> Accepted:
+def land(state: MayorState, cmd: ConvoyLand) -> Accepted[ConvoyResult]:
     convoy = get_convoy(state, cmd.id)
     if not convoy.owned:
         raise CommandError("invalid", f"convoy {convoy.id} is not owned: it closes by itself when its beads do")

@@ -9,6 +9,7 @@ from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import EscalationAcked, EscalationClosed, EscalationRaised
 from shared.ids import ESCALATION_PREFIX
+from shared.results import EscalationResult
 
 
 def get_escalation(state: MayorState, escalation_id: str) -> Escalation:
@@ -18,7 +19,7 @@ def get_escalation(state: MayorState, escalation_id: str) -> Escalation:
     return escalation
 
 
-def raise_(state: MayorState, cmd: EscalationRaise, ctx: DecideContext) -> Accepted:
+def raise_(state: MayorState, cmd: EscalationRaise, ctx: DecideContext) -> Accepted[EscalationResult]:
     if cmd.bead is not None:
         get_bead(state, cmd.bead, field="bead")
     escalation_id = fresh_id(ctx, ESCALATION_PREFIX, state.escalations, cmd.new_id)
@@ -33,29 +34,29 @@ def raise_(state: MayorState, cmd: EscalationRaise, ctx: DecideContext) -> Accep
     )
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=0)],
-        result={"id": escalation_id, "severity": cmd.severity, "status": "open", "changed": True},
+        result=EscalationResult(id=escalation_id, severity=cmd.severity, status="open", changed=True),
     )
 
 
-def ack(state: MayorState, cmd: EscalationAck, ctx: DecideContext) -> Accepted:
+def ack(state: MayorState, cmd: EscalationAck, ctx: DecideContext) -> Accepted[EscalationResult]:
     escalation = get_escalation(state, cmd.id)
     if escalation.status == "closed":
         raise CommandError("backward_transition", f"escalation {escalation.id} is closed; raise a new one")
     if escalation.status == "acked":
-        return Accepted(result={"id": escalation.id, "status": "acked", "changed": False})
+        return Accepted(result=EscalationResult(id=escalation.id, status="acked", changed=False))
     event = EscalationAcked(escalation_id=escalation.id, by=ctx.actor)
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=escalation.version)],
-        result={"id": escalation.id, "status": "acked", "changed": True},
+        result=EscalationResult(id=escalation.id, status="acked", changed=True),
     )
 
 
-def close(state: MayorState, cmd: EscalationClose, ctx: DecideContext) -> Accepted:
+def close(state: MayorState, cmd: EscalationClose, ctx: DecideContext) -> Accepted[EscalationResult]:
     escalation = get_escalation(state, cmd.id)
     if escalation.status == "closed":
-        return Accepted(result={"id": escalation.id, "status": "closed", "changed": False})
+        return Accepted(result=EscalationResult(id=escalation.id, status="closed", changed=False))
     event = EscalationClosed(escalation_id=escalation.id, by=ctx.actor, reason=cmd.reason)
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=escalation.version)],
-        result={"id": escalation.id, "status": "closed", "changed": True},
+        result=EscalationResult(id=escalation.id, status="closed", changed=True),
     )

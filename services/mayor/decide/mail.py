@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
 
 from services.mayor.decide.beads import fresh_id, get_bead
 from services.mayor.state import MESSAGE_TYPE, READ_LABEL, Bead, MayorState, is_message, is_read
@@ -20,6 +19,7 @@ from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import BeadClosed, BeadCreated, BeadUpdated
 from shared.ids import MAIL_PREFIX
+from shared.results import BeadResult, MailReadResult, MailResult
 
 SUBJECT_FROM_BODY = 80
 THREAD_LABEL = "thread:"
@@ -121,7 +121,7 @@ def recipients(state: MayorState, to: str) -> tuple[str, list[str]]:
     raise CommandError("invalid", f"`to` {to[:80]!r} is no address; accepted addresses: {ACCEPTED_ADDRESSES}")
 
 
-def send(state: MayorState, cmd: MailSend, ctx: DecideContext) -> Accepted:
+def send(state: MayorState, cmd: MailSend, ctx: DecideContext) -> Accepted[MailResult]:
     address, inboxes = recipients(state, cmd.to)
     events: list[NewEvent] = []
     ids: list[str] = []
@@ -144,14 +144,14 @@ def send(state: MayorState, cmd: MailSend, ctx: DecideContext) -> Accepted:
         taken[message_id] = None
         events.append(event)
         ids.append(message_id)
-    result: dict[str, Any] = {"id": ids[0], "to": address, "thread": thread, "changed": True}
+    result = MailResult(id=ids[0], to=address, thread=thread, changed=True)
     if len(ids) > 1 or address.startswith("rig:"):
-        result["ids"] = ids
-        result["recipients"] = inboxes
+        result.ids = ids
+        result.recipients = inboxes
     return Accepted(events=events, result=result)
 
 
-def reply(state: MayorState, cmd: MailReply, ctx: DecideContext) -> Accepted:
+def reply(state: MayorState, cmd: MailReply, ctx: DecideContext) -> Accepted[MailResult]:
     original = own_message(state, cmd.id, ctx.actor)
     sender = original.metadata.get("from")
     if not sender:
@@ -169,7 +169,7 @@ def reply(state: MayorState, cmd: MailReply, ctx: DecideContext) -> Accepted:
         priority=original.priority,
         chosen=cmd.new_id,
     )
-    return Accepted(events=[event], result={"id": message_id, "to": sender, "thread": thread, "changed": True})
+    return Accepted(events=[event], result=MailResult(id=message_id, to=sender, thread=thread, changed=True))
 
 
 def reads_for_addressee(actor: str, addressee: str | None) -> bool:
@@ -181,27 +181,27 @@ def reads_for_addressee(actor: str, addressee: str | None) -> bool:
     return addressee in ("mayor", "operator") and OPERATOR_ADDRESS.fullmatch(actor) is not None
 
 
-def read(state: MayorState, cmd: MailRead, ctx: DecideContext) -> Accepted:
+def read(state: MayorState, cmd: MailRead, ctx: DecideContext) -> Accepted[MailReadResult]:
     message = own_message(state, cmd.id, ctx.actor)
     if not reads_for_addressee(ctx.actor, message.assignee):
         return Accepted(
-            result={"id": message.id, "read": is_read(message), "changed": False, "left_unread_for": message.assignee}
+            result=MailReadResult(id=message.id, read=is_read(message), changed=False, left_unread_for=message.assignee)
         )
     if is_read(message):
-        return Accepted(result={"id": message.id, "read": True, "changed": False})
+        return Accepted(result=MailReadResult(id=message.id, read=True, changed=False))
     event = BeadUpdated(bead_id=message.id, add_labels=[READ_LABEL])
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=message.version)],
-        result={"id": message.id, "read": True, "changed": True},
+        result=MailReadResult(id=message.id, read=True, changed=True),
     )
 
 
-def archive(state: MayorState, cmd: MailArchive, ctx: DecideContext) -> Accepted:
+def archive(state: MayorState, cmd: MailArchive, ctx: DecideContext) -> Accepted[BeadResult]:
     message = own_message(state, cmd.id, ctx.actor)
     if message.status == "closed":
-        return Accepted(result={"id": message.id, "status": "closed", "changed": False})
+        return Accepted(result=BeadResult(id=message.id, status="closed", changed=False))
     event = BeadClosed(bead_id=message.id, reason="archived")
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=message.version)],
-        result={"id": message.id, "status": "closed", "changed": True},
+        result=BeadResult(id=message.id, status="closed", changed=True),
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.mayor.decide.beads import fresh_id, get_bead, result
+from services.mayor.decide.beads import fresh_id, get_bead
 from services.mayor.state import (
     KnownRig,
     MayorState,
@@ -25,14 +25,15 @@ from shared.events import (
     StepCompleted,
     StepStarted,
 )
-from shared.events.beads import INFRA_TYPES
+from shared.events.beads import INFRA_TYPES, WORKING
 from shared.formulas import Formula, FormulaError, cook
 from shared.ids import CONVOY_PREFIX
+from shared.results import UNSET, SlingResult, StepResult
 
 DEFAULT_FORMULA = "polecat-work"
 
 
-def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext) -> Accepted:
+def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext) -> Accepted[SlingResult]:
     """``ctx.facts``: the formula the service looked up for this sling before deciding (``effects.sling_formula``),
     or the ``FormulaError`` saying why there is none usable; cooked only if the bead gets a molecule."""
     bead = get_bead(state, cmd.id)
@@ -40,7 +41,7 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext) -> Accepted:
         raise CommandError("backward_transition", f"bead {bead.id} is closed; sling a new bead that references it")
     if bead.type in INFRA_TYPES:
         raise CommandError("invalid", f"bead {bead.id} is a {bead.type}, not work: it cannot be slung")
-    rehook = bead.status in ("hooked", "in_progress")
+    rehook = bead.status in WORKING
     if rehook and not cmd.force:
         raise CommandError(
             "conflict",
@@ -54,7 +55,7 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext) -> Accepted:
         raise CommandError("blocked", _blocked_message(state, bead.id, blockers))
     held = bool(blockers) and cmd.hold
     if held and (hold := state.holds.get(bead.id)) is not None and hold.rig == cmd.rig:
-        return Accepted(result=result(bead.id, "held", changed=False, rig=cmd.rig, waiting_for=blockers))
+        return Accepted(result=SlingResult(id=bead.id, status="held", changed=False, rig=cmd.rig, waiting_for=blockers))
     events: list[NewEvent] = []
     convoy_id = None
     if not rehook and not cmd.no_convoy and not _auto_convoy_open(state, bead.convoys):
@@ -73,10 +74,17 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext) -> Accepted:
         )
         events.append(NewEvent(payload=convoy, expected_seq=0))
     status = "held" if held else bead.status if rehook else "hooked"
-    extra = {"waiting_for" if held else "ignored_blockers": blockers} if blockers else {}
-    out = result(bead.id, status, changed=True, rig=cmd.rig, convoy=convoy_id, formula=_formula_name(events), **extra)
-    if rig.parked:
-        out["parked"] = True
+    out = SlingResult(
+        id=bead.id,
+        status=status,
+        changed=True,
+        rig=cmd.rig,
+        convoy=convoy_id,
+        formula=_formula_name(events),
+        waiting_for=blockers if blockers and held else UNSET,
+        ignored_blockers=blockers if blockers and not held else UNSET,
+        parked=True if rig.parked else UNSET,
+    )
     return Accepted(events=events, result=out)
 
 
@@ -127,20 +135,20 @@ def _rig_taking_work(state: MayorState, name: str) -> KnownRig:
     raise CommandError("not_found", f"no rig {name!r}; {rigs}")
 
 
-def unsling(state: MayorState, cmd: BeadUnsling) -> Accepted:
+def unsling(state: MayorState, cmd: BeadUnsling) -> Accepted[SlingResult]:
     """hooked or in_progress -> open, off its rig; the molecule keeps its done steps (see ``bead.unslung``)."""
     bead = get_bead(state, cmd.id)
     if bead.status == "closed":
         raise CommandError("backward_transition", f"bead {bead.id} is closed; a closed bead has no hook to release")
     hold = state.holds.get(bead.id)
-    if bead.status not in ("hooked", "in_progress") and hold is None:
+    if bead.status not in WORKING and hold is None:
         raise CommandError("conflict", f"bead {bead.id} is not hooked (it is {bead.status}); nothing to unsling")
     # A held bead (open, waiting for its blockers) gives its hold back: the mayor will not sling it.
     rig, was = (hold.rig, "held") if hold is not None else (bead.rig or "", bead.status)
     event = BeadUnslung(bead_id=bead.id, rig=rig, reason=cmd.reason, remove_worktree=cmd.remove_worktree)
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=bead.version)],
-        result=result(bead.id, "open", changed=True, rig=rig, was=was),
+        result=SlingResult(id=bead.id, status="open", changed=True, rig=rig, was=was),
     )
 
 
@@ -199,19 +207,14 @@ def _check_needs(molecule: Molecule, step: Step) -> None:
         raise CommandError("invalid", f"step {step.id!r} needs {', '.join(missing)} done first")
 
 
-def _step_result(molecule: Molecule, step_id: str, status: str, *, changed: bool) -> dict[str, object]:
+def _step_result(molecule: Molecule, step_id: str, status: str, *, changed: bool) -> StepResult:
     done = sum(1 for s in molecule.steps if s.status == "done" or (s.id == step_id and status == "done"))
-    return {
-        "bead": molecule.bead_id,
-        "step": step_id,
-        "status": status,
-        "changed": changed,
-        "done": done,
-        "total": len(molecule.steps),
-    }
+    return StepResult(
+        bead=molecule.bead_id, step=step_id, status=status, changed=changed, done=done, total=len(molecule.steps)
+    )
 
 
-def step_start(state: MayorState, cmd: StepStart) -> Accepted:
+def step_start(state: MayorState, cmd: StepStart) -> Accepted[StepResult]:
     molecule, step = _molecule_step(state, cmd.bead, cmd.step)
     if step.status == "done":
         raise CommandError("backward_transition", f"step {step.id!r} of {cmd.bead} is done; it is never redone")
@@ -222,7 +225,7 @@ def step_start(state: MayorState, cmd: StepStart) -> Accepted:
     return Accepted(events=[event], result=_step_result(molecule, step.id, "in_progress", changed=True))
 
 
-def step_done(state: MayorState, cmd: StepDone) -> Accepted:
+def step_done(state: MayorState, cmd: StepDone) -> Accepted[StepResult]:
     molecule, step = _molecule_step(state, cmd.bead, cmd.step)
     if step.status == "done":
         return Accepted(result=_step_result(molecule, step.id, "done", changed=False))
@@ -233,5 +236,5 @@ def step_done(state: MayorState, cmd: StepDone) -> Accepted:
     if others_done and molecule.completed_at is None:
         events.append(NewEvent(payload=MoleculeCompleted(bead_id=cmd.bead), expected_seq=None))
     out = _step_result(molecule, step.id, "done", changed=True)
-    out["complete"] = others_done
+    out.complete = others_done
     return Accepted(events=events, result=out)

@@ -17,9 +17,10 @@ from datetime import datetime, timedelta
 import msgspec
 
 from services.refinery.plan.policy import Policy
-from services.refinery.state import OPEN, MergeRequest, RefineryState
+from services.refinery.state import MergeRequest, RefineryState
 from shared.decision import NewEvent
 from shared.events import MergeRequestClaimed
+from shared.events.merge_requests import MR_IN_QUEUE
 from shared.ids import merge_lease_name
 
 
@@ -104,7 +105,7 @@ def waiting_behind(state: RefineryState) -> dict[str, MergeRequest]:
     one never waits, so nothing waits forever."""
     first: dict[tuple[str, str, str], MergeRequest] = {}
     for mr in state.mrs.values():
-        if mr.status not in OPEN or _bead_closed(state, mr):
+        if mr.status not in MR_IN_QUEUE or _bead_closed(state, mr):
             continue  # a queued one whose bead closed is rejected as stale, not processed: nothing to wait for
         key = (mr.rig, mr.target, mr.head)
         known = first.get(key)
@@ -113,7 +114,7 @@ def waiting_behind(state: RefineryState) -> dict[str, MergeRequest]:
     out: dict[str, MergeRequest] = {}
     for mr in state.mrs.values():
         leader = first.get((mr.rig, mr.target, mr.head))
-        if mr.status in OPEN and leader is not None and leader.id != mr.id and leader.bead != mr.bead:
+        if mr.status in MR_IN_QUEUE and leader is not None and leader.id != mr.id and leader.bead != mr.bead:
             out[mr.id] = leader
     return out
 

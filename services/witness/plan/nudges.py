@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 from services.witness.plan.actions import Action, ContinueSession, DeliverNudge, ExpireNudge, NudgeMail
 from services.witness.plan.observed import Observed, pane_of
-from services.witness.state import ACTIVE, Session, WitnessState, continue_nudge_id
+from services.witness.state import Session, WitnessState, continue_nudge_id
+from shared.events.sessions import ACTIVE_SESSION
 from shared.runtimes import runtime_for
 
 
@@ -64,10 +65,10 @@ def unannounced_mail(state: WitnessState, obs: Observed) -> Iterator[Action]:
 def _nudge_target(state: WitnessState, rig: str, polecat: str, session_id: str | None) -> Session | None:
     if session_id is not None:
         named = state.sessions.get(session_id)
-        if named is not None and named.status in ACTIVE:
+        if named is not None and named.status in ACTIVE_SESSION:
             return named
     current = None
     for session in state.sessions.values():
-        if session.rig == rig and session.polecat == polecat and session.status in ACTIVE:
+        if session.rig == rig and session.polecat == polecat and session.status in ACTIVE_SESSION:
             current = session
     return current

@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 from services.witness.plan.actions import Action, GiveUp, Kill, Start, Warrant
 from services.witness.plan.observed import Observed, pane_of
 from services.witness.plan.policy import Policy
-from services.witness.state import ACTIVE, Rig, Session, WitnessState, WorkBead
+from services.witness.state import Rig, Session, WitnessState, WorkBead
+from shared.events.sessions import ACTIVE_SESSION
 from shared.ids import hook_lease_name
 from shared.runtimes import confirms_start, pane_activity_counts
 
@@ -21,7 +22,7 @@ operator told, as every new session would be refused too."""
 
 def active_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Action]:
     for session in state.sessions.values():
-        if session.status not in ACTIVE:
+        if session.status not in ACTIVE_SESSION:
             continue
         if session.warrant_reason is not None:
             yield Kill(session=session.id)

@@ -15,11 +15,11 @@ from services.witness.plan.policy import Policy
 from services.witness.plan.scope import TMUX_PREFIX
 from services.witness.plan.sessions import AGENT_UNAUTHORIZED
 from services.witness.projection import deaths
-from services.witness.state import ACTIVE, Rig, Session, WitnessState, WorkBead
+from services.witness.state import Rig, Session, WitnessState, WorkBead
 from shared.events import DEATHS
+from shared.events.beads import WORKING
+from shared.events.sessions import ACTIVE_SESSION
 from shared.rig_state import home_name
-
-WORKING = ("hooked", "in_progress")
 
 
 def session_id_for(bead: str, attempt: int) -> str:
@@ -43,7 +43,7 @@ def needs_session(
     if bead.status not in WORKING or bead.merge_requested or bead.resling_owed:
         return False, None
     sessions = [state.sessions[s] for s in bead.sessions if s in state.sessions]
-    if any(s.status in ACTIVE for s in sessions):
+    if any(s.status in ACTIVE_SESSION for s in sessions):
         return False, None
     since_sling = sessions[bead.sessions_at_sling :]
     if not since_sling:
@@ -154,7 +154,7 @@ def beads_to_spawn(state: WitnessState, obs: Observed, policy: Policy) -> Iterat
     held = held_names(state, obs)
     in_use: dict[str, int] = {}
     for session in state.sessions.values():
-        if session.status in ACTIVE:
+        if session.status in ACTIVE_SESSION:
             in_use[session.rig] = in_use.get(session.rig, 0) + 1
     for rig_name, _polecat in obs.reserved:
         in_use[rig_name] = in_use.get(rig_name, 0) + 1
