@@ -15,13 +15,13 @@ from services.witness.plan.owed import plan
 from services.witness.plan.policy import Policy
 from services.witness.plan.sessions import AGENT_UNAUTHORIZED, last_sign_of_life
 from services.witness.plan.spawns import (
-    WORKING,
     last_words,
     needs_session,
     respawn_due,
     session_id_for,
     tmux_name_for,
 )
+from shared.events.beads import WORKING
 
 __all__ = [
     "AGENT_UNAUTHORIZED",
