@@ -39,12 +39,8 @@ from shared.bus.reader import EventReader
 from shared.bus.topology import origin_cutover
 from shared.commands import (
     DEFAULT_MAX_COMMAND_BYTES,
-    BeadClaim,
     Command,
     EscalationRaise,
-    MergeRequestDone,
-    StepDone,
-    StepStart,
     peek_body_fields,
     read_command,
 )
@@ -212,7 +208,7 @@ def impersonation(cmd: Command, origin: subjects.SessionOrigin) -> CommandError 
             f"session {origin.session} (polecat {origin.rig}/{origin.polecat}) may act only as itself, "
             f"not as session {str(named)[:80]!r}",
         )
-    bead = worked_bead(cmd)
+    bead = cmd.worked_bead()
     if bead is not None and (cmd.fence is None or cmd.fence.lease != ids.hook_lease_name(bead)):
         # The fence is then checked to be held by this very session (fence_error's holder): a session works
         # only the bead it is hooked to.
@@ -221,15 +217,6 @@ def impersonation(cmd: Command, origin: subjects.SessionOrigin) -> CommandError 
             f"session {origin.session} acts on bead {bead} only with that bead's hook lease as its `fence` "
             f"({ids.hook_lease_name(bead)}): a session works only the bead it holds",
         )
-    return None
-
-
-def worked_bead(cmd: Command) -> str | None:
-    """The bead a command works on as its hook holder (its steps, its claim, its merge request)."""
-    if isinstance(cmd, StepStart | StepDone | MergeRequestDone):
-        return cmd.bead
-    if isinstance(cmd, BeadClaim):
-        return cmd.id
     return None
 
 

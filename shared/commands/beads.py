@@ -28,6 +28,7 @@ class BeadCreate(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True)
     """File a bead, ``new_id`` or an id the mayor draws (``<prefix>-<base36>``); status starts ``open``."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.create"
+    OWNER: ClassVar[str] = "mayor"
     title: str
     type: str = "task"
     priority: int = 2
@@ -56,6 +57,9 @@ class BeadCreate(Creates, frozen=True, kw_only=True, forbid_unknown_fields=True)
         if not PREFIX_PATTERN.fullmatch(self.prefix):
             raise invalid(f"`prefix` {self.prefix!r} must match {PREFIX_PATTERN.pattern}")
 
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.new_id}" if self.new_id is not None else None
+
 
 class BeadUpdate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Change a bead's fields. ``labels`` are added, ``remove_labels`` removed, ``metadata`` merged,
@@ -64,6 +68,7 @@ class BeadUpdate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True)
     claims the bead, ``closed`` closes it."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.update"
+    OWNER: ClassVar[str] = "mayor"
     id: str
     title: str | None = None
     type: str | None = None
@@ -97,11 +102,15 @@ class BeadUpdate(Command, frozen=True, kw_only=True, forbid_unknown_fields=True)
         check_ids("remove_needs", self.remove_needs)
         check_ids("blocks", self.blocks)
 
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.id}"
+
 
 class BeadClaim(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Take a bead for ``assignee``: open or hooked -> in_progress."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.claim"
+    OWNER: ClassVar[str] = "mayor"
     id: str
     assignee: str
 
@@ -110,11 +119,18 @@ class BeadClaim(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         check_id("id", self.id, required=True)
         check_text("assignee", self.assignee, MAX_ACTOR, nonblank=True)
 
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.id}"
+
+    def worked_bead(self) -> str | None:
+        return self.id
+
 
 class BeadClose(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Close a bead. Closing a closed bead succeeds and changes nothing."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.close"
+    OWNER: ClassVar[str] = "mayor"
     id: str
     reason: str = ""
 
@@ -122,6 +138,9 @@ class BeadClose(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         super().validate()
         check_id("id", self.id, required=True)
         check_text("reason", self.reason, MAX_REASON)
+
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.id}"
 
 
 class BeadSling(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -131,6 +150,7 @@ class BeadSling(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     which moves the hook and keeps the molecule with every done step."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.sling"
+    OWNER: ClassVar[str] = "mayor"
     id: str
     rig: str
     formula: str | None = None
@@ -163,6 +183,9 @@ class BeadSling(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
         if self.hold and self.force:
             raise invalid("`hold` waits for the blockers and `force` goes past them: give one of them")
 
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.id}"
+
 
 class BeadUnsling(Command, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Release a hooked or in-progress bead's hook: it is open again, its molecule keeps every done step, and
@@ -170,6 +193,7 @@ class BeadUnsling(Command, frozen=True, kw_only=True, forbid_unknown_fields=True
     sling unless ``remove_worktree`` (a worktree holding unsaved work is kept anyway, and says so)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.unsling"
+    OWNER: ClassVar[str] = "mayor"
     id: str
     reason: str = ""
     remove_worktree: bool = False
@@ -178,6 +202,9 @@ class BeadUnsling(Command, frozen=True, kw_only=True, forbid_unknown_fields=True
         super().validate()
         check_id("id", self.id, required=True)
         check_text("reason", self.reason, MAX_REASON)
+
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.id}"
 
 
 BEAD_COMMANDS: tuple[type[Command], ...] = (BeadCreate, BeadUpdate, BeadClaim, BeadClose, BeadSling, BeadUnsling)

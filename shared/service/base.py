@@ -215,10 +215,6 @@ class Service(Generic[S]):
         """Observe what deciding ``cmd`` needs from outside the log (I/O allowed); ``DecideContext.facts``."""
         return None
 
-    def aggregate_key(self, cmd: Command) -> str | None:
-        """Commands with the same key are decided one after the other (None: no ordering needed)."""
-        return None
-
     def route(self, cmd: Command) -> Route:
         """Which scope settles ``cmd`` when several instances with disjoint scopes share the command consumer."""
         return "mine"
@@ -389,7 +385,7 @@ class Service(Generic[S]):
                 committer=self.committer,
                 reader=self.reader,
                 decide=self.decide,
-                key_of=self.aggregate_key,
+                key_of=lambda cmd: cmd.ordering_key(),
                 owns=lambda subject: owner_of(subject) == self.name,
                 # Only a service whose instances hand each other commands routes them (the witness); the others'
                 # deliveries all count towards setting aside a command a service keeps dying on.
