@@ -48,7 +48,10 @@ HEAD = "a" * 40
 SERVICES = {"mayor", "witness", "refinery", "deacon"}
 
 
-@pytest.mark.parametrize("cls", sorted(COMMANDS.values(), key=lambda c: c.SUBJECT), ids=lambda c: c.SUBJECT)
+ALL = sorted(COMMANDS.values(), key=lambda c: c.SUBJECT)
+
+
+@pytest.mark.parametrize("cls", ALL, ids=[c.SUBJECT for c in ALL])
 def test_every_command_names_a_service_as_its_owner_and_its_aggregate_agrees(cls: type[Command]) -> None:
     assert cls.OWNER in SERVICES
     assert owner_of(cls.SUBJECT) == cls.OWNER
