@@ -16,7 +16,7 @@ from shared.commands import (
     MergeRequestRetry,
     MergeRequestSubmit,
 )
-from shared.commands.rigs import mr_id_for
+from shared.commands.rigs import mr_id_for as mr_id_for  # the merge request id is the model's; re-exported here
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import MergeQueueResumed, MergeRequestRejected, MergeRequestRequeued, MergeRequestSubmitted
