@@ -40,9 +40,6 @@ class MayorService(Service[MayorState]):
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
         return mayor_decide.decide(self.projection.state, cmd, ctx)
 
-    def aggregate_key(self, cmd: Command) -> str | None:
-        return mayor_decide.aggregate_key(cmd)
-
     async def prepare(self, cmd: Command) -> object:
         """A sling's formula, read from its files here (in a thread, off the event loop) so deciding does no I/O."""
         if not isinstance(cmd, BeadSling):

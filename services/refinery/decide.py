@@ -16,6 +16,7 @@ from shared.commands import (
     MergeRequestRetry,
     MergeRequestSubmit,
 )
+from shared.commands.rigs import mr_id_for as mr_id_for  # the merge request id is the model's; re-exported here
 from shared.decision import Accepted, DecideContext, NewEvent
 from shared.errors import CommandError
 from shared.events import MergeQueueResumed, MergeRequestRejected, MergeRequestRequeued, MergeRequestSubmitted
@@ -26,14 +27,6 @@ from shared.results import MergeQueueResult, MrResult
 PROTECTED_BRANCHES = frozenset({"HEAD", "main", "master", "trunk", "develop", "release", "production", "stable"})
 """Branches a merge request submitted by hand may not name (nor ``release/...``, the rig's base branch, its
 target): merging one would move, and its clean-up delete, a branch people keep."""
-
-
-def mr_id_for(rig: str, bead: str, head: str, incarnation: int = 1) -> str:
-    """A merge request belongs to its bead: the same commit submitted twice for one bead is one merge request,
-    the same commit submitted for two beads is two (each bead is settled by its own), and for a rig added again
-    after its removal (a later ``incarnation``) it is another."""
-    key = rig if incarnation == 1 else f"{rig}.{incarnation}"
-    return "mr-" + hashlib.blake2b(f"{key}:{bead}:{head}".encode()).hexdigest()[:12]
 
 
 def legacy_mr_id(rig: str, head: str) -> str:
@@ -60,16 +53,6 @@ def of_a_former_rig(state: RefineryState, mr: MergeRequest) -> bool:
     return rig is not None and mr.incarnation != rig.incarnation
 
 
-def aggregate_key(cmd: Command) -> str | None:
-    if isinstance(cmd, MergeRequestSubmit):
-        return f"mr:{mr_id_for(cmd.rig, cmd.bead, cmd.head)}"
-    if isinstance(cmd, MergeRequestRetry | MergeRequestReject):
-        return f"mr:{cmd.id}"
-    if isinstance(cmd, MergeQueueResume):
-        return f"mq:{cmd.rig}"
-    return None
-
-
 def mr_view(mr: MergeRequest) -> dict[str, object]:
     view: dict[str, object] = msgspec.to_builtins(mr)
     return view
@@ -89,16 +72,17 @@ class BundleRefused(NamedTuple):
 
 
 def decide(state: RefineryState, cmd: Command, ctx: DecideContext) -> Accepted:
-    if isinstance(cmd, MergeRequestSubmit):
-        if isinstance(ctx.facts, BundleRefused):
-            raise CommandError(ctx.facts.code, ctx.facts.message)
-        return submit(state, cmd, ctx.actor)
-    if isinstance(cmd, MergeRequestRetry):
-        return retry(state, cmd)
-    if isinstance(cmd, MergeRequestReject):
-        return reject(state, cmd)
-    if isinstance(cmd, MergeQueueResume):
-        return resume(state, cmd)
+    match cmd:
+        case MergeRequestSubmit():
+            if isinstance(ctx.facts, BundleRefused):
+                raise CommandError(ctx.facts.code, ctx.facts.message)
+            return submit(state, cmd, ctx.actor)
+        case MergeRequestRetry():
+            return retry(state, cmd)
+        case MergeRequestReject():
+            return reject(state, cmd)
+        case MergeQueueResume():
+            return resume(state, cmd)
     raise CommandError("unknown_command", f"the refinery does not handle {cmd.SUBJECT}")
 
 

@@ -81,9 +81,6 @@ class RefineryService(Service[RefineryState]):
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
         return refinery_decide.decide(self.projection.state, cmd, ctx)
 
-    def aggregate_key(self, cmd: Command) -> str | None:
-        return refinery_decide.aggregate_key(cmd)
-
     async def prepare(self, cmd: Command) -> object:
         state = self.projection.state
         unknown = isinstance(cmd, MergeRequestSubmit) and cmd.session and cmd.session not in state.sessions

@@ -65,39 +65,30 @@ class WorktreeFacts:
         """Work that a re-sling could lose (uncommitted changes, unpushed commits); None: clean or gone."""
 
 
-def aggregate_key(cmd: Command) -> str | None:
-    if isinstance(cmd, SessionRecoverHook):
-        return f"hook:{cmd.bead}"
-    if isinstance(cmd, RigAdd | RigUpdate | RigPark | RigUnpark | RigRemove):
-        return f"rig:{cmd.name}"
-    if isinstance(cmd, SessionDoneIntentCmd | SessionFinish | SessionHandoff | SessionStop):
-        return f"session:{cmd.session}"
-    return None
-
-
 def decide(state: WitnessState, cmd: Command, ctx: DecideContext) -> Accepted:
-    if isinstance(cmd, RigAdd):
-        return rig_add(state, cmd, ctx)
-    if isinstance(cmd, RigUpdate):
-        return rig_update(state, cmd)
-    if isinstance(cmd, RigPark):
-        return rig_park(state, cmd)
-    if isinstance(cmd, RigUnpark):
-        return rig_unpark(state, cmd)
-    if isinstance(cmd, RigRemove):
-        return rig_remove(state, cmd)
-    if isinstance(cmd, SessionDoneIntentCmd):
-        return done_intent(state, cmd)
-    if isinstance(cmd, SessionFinish):
-        return finish(state, cmd)
-    if isinstance(cmd, SessionHandoff):
-        return handoff(state, cmd)
-    if isinstance(cmd, SessionStop):
-        return stop(state, cmd)
-    if isinstance(cmd, NudgeSend):
-        return nudge(state, cmd, ctx)
-    if isinstance(cmd, SessionRecoverHook):
-        return recover_hook(state, cmd, ctx)
+    match cmd:
+        case RigAdd():
+            return rig_add(state, cmd, ctx)
+        case RigUpdate():
+            return rig_update(state, cmd)
+        case RigPark():
+            return rig_park(state, cmd)
+        case RigUnpark():
+            return rig_unpark(state, cmd)
+        case RigRemove():
+            return rig_remove(state, cmd)
+        case SessionDoneIntentCmd():
+            return done_intent(state, cmd)
+        case SessionFinish():
+            return finish(state, cmd)
+        case SessionHandoff():
+            return handoff(state, cmd)
+        case SessionStop():
+            return stop(state, cmd)
+        case NudgeSend():
+            return nudge(state, cmd, ctx)
+        case SessionRecoverHook():
+            return recover_hook(state, cmd, ctx)
     raise CommandError("unknown_command", f"the witness does not handle {cmd.SUBJECT}")
 
 

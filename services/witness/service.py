@@ -110,9 +110,6 @@ class WitnessService(Service[WitnessState]):
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
         return witness_decide.decide(self.projection.state, cmd, ctx)
 
-    def aggregate_key(self, cmd: Command) -> str | None:
-        return witness_decide.aggregate_key(cmd)
-
     def route(self, cmd: Command) -> Route:
         return scope.route(self.state, cmd, self.witness_settings.rigs)
 

@@ -23,6 +23,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from shared.bus.connection import Connection
+from shared.commands import COMMANDS
 from shared.config import TownConfig
 from shared.errors import EventLogLostError, StreamConfigMismatchError
 from shared.subjects import CMD_PREFIX, DEFAULT_PLUGIN_BUCKET, EVT_PREFIX
@@ -38,22 +39,9 @@ COMMAND_ACK_WAIT_S = 10.0
 is still being settled is ignored, so this only bounds how long a crash delays the commands it held."""
 COMMAND_MAX_ACK_PENDING = 20_000
 
-COMMAND_OWNERS: dict[str, str] = {
-    "bead": "mayor",
-    "step": "mayor",
-    "convoy": "mayor",
-    "mail": "mayor",
-    "escalation": "mayor",
-    "rig": "witness",
-    "session": "witness",
-    "nudge": "witness",
-    "mr": "refinery",
-    "mq": "refinery",
-    "lease": "deacon",
-    "automation": "deacon",
-    "gc": "deacon",
-}
-"""Which service answers commands on ``gt.cmd.<aggregate>.<verb>``, by aggregate."""
+COMMAND_OWNERS: dict[str, str] = {cls.SUBJECT.split(".")[2]: cls.OWNER for cls in COMMANDS.values()}
+"""Which service answers commands on ``gt.cmd.<aggregate>.<verb>``, by aggregate: each command class says its
+owner (``Command.OWNER``), and every command of one aggregate has the same (``tests/unit/test_command_metadata.py``)."""
 CATCH_ALL_SERVICE = "mayor"
 """Reads all of ``gt.cmd.>`` and answers ``unknown_command`` for aggregates nobody owns, so every command
 gets exactly one outcome; it acks commands of other owners without answering them."""

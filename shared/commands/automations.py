@@ -13,11 +13,15 @@ class AutomationRun(Command[AutomationRunResult], frozen=True, kw_only=True, for
     while a run of it is still open. Accepted with the new run's id."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.automation.run"
+    OWNER: ClassVar[str] = "deacon"
     name: str
 
     def validate(self) -> None:
         super().validate()
         check_id("name", self.name, required=True)
+
+    def ordering_key(self) -> str | None:
+        return f"automation:{self.name}"
 
 
 AUTOMATION_COMMANDS: tuple[type[Command], ...] = (AutomationRun,)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import typing
 from collections.abc import Iterable
-from typing import Any, ClassVar, Generic
+from typing import Any, ClassVar, Generic, Literal, NamedTuple
 
 import msgspec
 
@@ -37,6 +37,15 @@ class Fence(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     token: int
 
 
+class ScopeRef(NamedTuple):
+    """What a command names that places it in one rig, as far as the log knows it: a rig by its name, a session,
+    a bead, or a nudge's target (a session id or ``<rig>/<polecat>``). A service whose instances split the town by
+    rig (the witness) settles a command where the rig it resolves to is served."""
+
+    kind: Literal["rig", "session", "bead", "target"]
+    id: str
+
+
 class Command(msgspec.Struct, Generic[R], frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
     """Fields every command body may carry. ``R`` is what its outcome's ``result`` is read into (``result_type``),
     as ``Query[R]`` names its reply (``shared.results``).
@@ -45,6 +54,9 @@ class Command(msgspec.Struct, Generic[R], frozen=True, kw_only=True, forbid_unkn
     an absent field as its default, so the body says only what the sender chose, as a hand-written one would."""
 
     SUBJECT: ClassVar[str] = ""
+    OWNER: ClassVar[str] = ""
+    """The service that settles it: the owner of its aggregate (``gt.cmd.<aggregate>.<verb>``), from which the
+    command consumers are laid out (``shared.bus.topology.COMMAND_OWNERS``)."""
     cmd_id: str | None = None
     """The command's id when no ``Nats-Msg-Id`` header is given; resending the same id is harmless."""
     actor: str | None = None
@@ -59,6 +71,21 @@ class Command(msgspec.Struct, Generic[R], frozen=True, kw_only=True, forbid_unkn
         check_text("actor", self.actor, MAX_ACTOR, nonblank=True)
         if self.fence is not None:
             check_id("fence.lease", self.fence.lease, required=True)
+
+    def ordering_key(self) -> str | None:
+        """Commands with the same key are decided one after the other, each on a projection that holds its
+        predecessor's events: those on the same aggregate (None: no order needed). A create whose sender chose
+        the new id (``new_id``) is keyed by it, so a command on it sent right after is decided after it."""
+        return None
+
+    def worked_bead(self) -> str | None:
+        """The bead it works on as that bead's hook holder (its steps, its claim, its ``gt done`` merge request):
+        a polecat session sends it only fenced by that bead's hook lease."""
+        return None
+
+    def scope_ref(self) -> ScopeRef | None:
+        """What it names that places it in a rig (None: nothing; only a service serving every rig settles it)."""
+        return None
 
 
 class Creates(Command[R], Generic[R], frozen=True, kw_only=True, forbid_unknown_fields=True):

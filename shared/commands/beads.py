@@ -29,6 +29,7 @@ class BeadCreate(Creates[BeadResult], frozen=True, kw_only=True, forbid_unknown_
     """File a bead, ``new_id`` or an id the mayor draws (``<prefix>-<base36>``); status starts ``open``."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.create"
+    OWNER: ClassVar[str] = "mayor"
     title: str
     type: str = "task"
     priority: int = 2
@@ -57,6 +58,9 @@ class BeadCreate(Creates[BeadResult], frozen=True, kw_only=True, forbid_unknown_
         if not PREFIX_PATTERN.fullmatch(self.prefix):
             raise invalid(f"`prefix` {self.prefix!r} must match {PREFIX_PATTERN.pattern}")
 
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.new_id}" if self.new_id is not None else None
+
 
 class BeadUpdate(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Change a bead's fields. ``labels`` are added, ``remove_labels`` removed, ``metadata`` merged,
@@ -65,6 +69,7 @@ class BeadUpdate(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_
     claims the bead, ``closed`` closes it."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.update"
+    OWNER: ClassVar[str] = "mayor"
     id: str
     title: str | None = None
     type: str | None = None
@@ -98,11 +103,15 @@ class BeadUpdate(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_
         check_ids("remove_needs", self.remove_needs)
         check_ids("blocks", self.blocks)
 
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.id}"
+
 
 class BeadClaim(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Take a bead for ``assignee``: open or hooked -> in_progress."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.claim"
+    OWNER: ClassVar[str] = "mayor"
     id: str
     assignee: str
 
@@ -111,11 +120,18 @@ class BeadClaim(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_f
         check_id("id", self.id, required=True)
         check_text("assignee", self.assignee, MAX_ACTOR, nonblank=True)
 
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.id}"
+
+    def worked_bead(self) -> str | None:
+        return self.id
+
 
 class BeadClose(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Close a bead. Closing a closed bead succeeds and changes nothing."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.close"
+    OWNER: ClassVar[str] = "mayor"
     id: str
     reason: str = ""
 
@@ -123,6 +139,9 @@ class BeadClose(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_f
         super().validate()
         check_id("id", self.id, required=True)
         check_text("reason", self.reason, MAX_REASON)
+
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.id}"
 
 
 class BeadSling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -132,6 +151,7 @@ class BeadSling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknown_
     which moves the hook and keeps the molecule with every done step."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.sling"
+    OWNER: ClassVar[str] = "mayor"
     id: str
     rig: str
     formula: str | None = None
@@ -164,6 +184,9 @@ class BeadSling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknown_
         if self.hold and self.force:
             raise invalid("`hold` waits for the blockers and `force` goes past them: give one of them")
 
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.id}"
+
 
 class BeadUnsling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Release a hooked or in-progress bead's hook: it is open again, its molecule keeps every done step, and
@@ -171,6 +194,7 @@ class BeadUnsling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknow
     sling unless ``remove_worktree`` (a worktree holding unsaved work is kept anyway, and says so)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.unsling"
+    OWNER: ClassVar[str] = "mayor"
     id: str
     reason: str = ""
     remove_worktree: bool = False
@@ -179,6 +203,9 @@ class BeadUnsling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknow
         super().validate()
         check_id("id", self.id, required=True)
         check_text("reason", self.reason, MAX_REASON)
+
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.id}"
 
 
 BEAD_COMMANDS: tuple[type[Command], ...] = (BeadCreate, BeadUpdate, BeadClaim, BeadClose, BeadSling, BeadUnsling)

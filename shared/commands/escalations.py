@@ -33,6 +33,7 @@ class EscalationRaise(Creates[EscalationResult], frozen=True, kw_only=True, forb
     """Ask the operator to look at something; unacknowledged, it is raised a severity after a while."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.escalation.raise"
+    OWNER: ClassVar[str] = "mayor"
     severity: str
     message: str
     source: str = ""
@@ -55,6 +56,9 @@ class EscalationRaise(Creates[EscalationResult], frozen=True, kw_only=True, forb
         check_id("bead", self.bead)
         check_resolutions(self.resolved_when)
 
+    def ordering_key(self) -> str | None:
+        return f"escalation:{self.new_id}" if self.new_id is not None else None
+
 
 def check_resolutions(entries: list[str]) -> None:
     if len(entries) > MAX_RESOLUTIONS:
@@ -71,17 +75,22 @@ class EscalationAck(Command[EscalationResult], frozen=True, kw_only=True, forbid
     """Someone is on it: an acknowledged escalation is not raised further."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.escalation.ack"
+    OWNER: ClassVar[str] = "mayor"
     id: str
 
     def validate(self) -> None:
         super().validate()
         check_id("id", self.id, required=True)
 
+    def ordering_key(self) -> str | None:
+        return f"escalation:{self.id}"
+
 
 class EscalationClose(Command[EscalationResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Resolved (closing a closed escalation changes nothing)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.escalation.close"
+    OWNER: ClassVar[str] = "mayor"
     id: str
     reason: str = ""
 
@@ -89,6 +98,9 @@ class EscalationClose(Command[EscalationResult], frozen=True, kw_only=True, forb
         super().validate()
         check_id("id", self.id, required=True)
         check_text("reason", self.reason, MAX_REASON)
+
+    def ordering_key(self) -> str | None:
+        return f"escalation:{self.id}"
 
 
 ESCALATION_COMMANDS: tuple[type[Command], ...] = (EscalationRaise, EscalationAck, EscalationClose)

@@ -15,6 +15,7 @@ class LeaseAcquire(Command[LeaseResult], frozen=True, kw_only=True, forbid_unkno
     """Hold ``lease`` for ``ttl_s`` seconds after each renewal; refused while another holder's lease lives."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.lease.acquire"
+    OWNER: ClassVar[str] = "deacon"
     lease: str
     holder: str
     ttl_s: float
@@ -31,11 +32,15 @@ class LeaseAcquire(Command[LeaseResult], frozen=True, kw_only=True, forbid_unkno
         if not 0.1 <= self.ttl_s <= MAX_TTL_S:
             raise invalid(f"`ttl_s` must be between 0.1 and {MAX_TTL_S:g} seconds, got {self.ttl_s:g}")
 
+    def ordering_key(self) -> str | None:
+        return f"lease:{self.lease}"
+
 
 class LeaseRelease(Command[LeaseResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Give the lease up; only its current holder, with the current token, can."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.lease.release"
+    OWNER: ClassVar[str] = "deacon"
     lease: str
     holder: str
     token: int
@@ -44,6 +49,9 @@ class LeaseRelease(Command[LeaseResult], frozen=True, kw_only=True, forbid_unkno
         super().validate()
         check_id("lease", self.lease, required=True)
         check_text("holder", self.holder, 200, nonblank=True)
+
+    def ordering_key(self) -> str | None:
+        return f"lease:{self.lease}"
 
 
 LEASE_COMMANDS: tuple[type[Command], ...] = (LeaseAcquire, LeaseRelease)

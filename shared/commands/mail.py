@@ -52,6 +52,7 @@ class MailSend(Creates[MailResult], frozen=True, kw_only=True, forbid_unknown_fi
     the first one's, and the thread's). The mayor refuses a rig or polecat the log does not know."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.send"
+    OWNER: ClassVar[str] = "mayor"
     to: str
     body: str
     subject: str = ""
@@ -71,22 +72,30 @@ class MailSend(Creates[MailResult], frozen=True, kw_only=True, forbid_unknown_fi
         check_id("thread", self.thread)
         check_priority(self.priority)
 
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.new_id}" if self.new_id is not None else None  # a message is a bead
+
 
 class MailRead(Command[MailReadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Mark a message read (it stays in the thread; archive closes it)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.read"
+    OWNER: ClassVar[str] = "mayor"
     id: str
 
     def validate(self) -> None:
         super().validate()
         check_id("id", self.id, required=True)
 
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.id}"
+
 
 class MailReply(Creates[MailResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Answer a message: to its sender, in its thread."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.reply"
+    OWNER: ClassVar[str] = "mayor"
     id: str
     body: str
     subject: str = ""
@@ -101,16 +110,23 @@ class MailReply(Creates[MailResult], frozen=True, kw_only=True, forbid_unknown_f
         check_text("body", self.body, MAX_DESCRIPTION, nonblank=True)
         check_text("subject", self.subject, MAX_TITLE)
 
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.new_id}" if self.new_id is not None else None  # a message is a bead
+
 
 class MailArchive(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Close a message: it leaves the inbox (archiving an archived message changes nothing)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.archive"
+    OWNER: ClassVar[str] = "mayor"
     id: str
 
     def validate(self) -> None:
         super().validate()
         check_id("id", self.id, required=True)
+
+    def ordering_key(self) -> str | None:
+        return f"bead:{self.id}"
 
 
 MAIL_COMMANDS: tuple[type[Command], ...] = (MailSend, MailRead, MailReply, MailArchive)

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any, ClassVar
 
-from shared.commands.base import MAX_DESCRIPTION, MAX_TITLE, Command, check_id, check_priority, check_text, invalid
+from shared.commands.base import (
+    MAX_DESCRIPTION,
+    MAX_TITLE,
+    Command,
+    ScopeRef,
+    check_id,
+    check_priority,
+    check_text,
+    invalid,
+)
 from shared.ids import PREFIX_PATTERN
 from shared.results import MergeQueueResult, MrResult, NudgeResult, RigResult, SessionResult, StaleHookResult
 
@@ -47,6 +57,14 @@ MAX_GATE_ENV = 64
 TOWN_ENV = re.compile(r"^GT_|NATS_")
 """The town's settings and credentials (``GT_*``, ``NATS_*``, ``REFINERY_NATS_PASSWORD``): never a gate's."""
 _GIT_PLACEHOLDERS = frozenset({"{rig}", "{polecat}"})
+
+
+def mr_id_for(rig: str, bead: str, head: str, incarnation: int = 1) -> str:
+    """A merge request belongs to its bead: the same commit submitted twice for one bead is one merge request,
+    the same commit submitted for two beads is two (each bead is settled by its own), and for a rig added again
+    after its removal (a later ``incarnation``) it is another."""
+    key = rig if incarnation == 1 else f"{rig}.{incarnation}"
+    return "mr-" + hashlib.blake2b(f"{key}:{bead}:{head}".encode()).hexdigest()[:12]
 
 
 def git_identity(name_template: str, email_template: str, *, rig: str, polecat: str) -> tuple[str, str]:
@@ -131,6 +149,7 @@ class RigAdd(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_field
     """Add a project: the witness clones ``repo`` under GT_HOME and runs polecats in worktrees of it."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.rig.add"
+    OWNER: ClassVar[str] = "witness"
     name: str
     repo: str
     """A path or URL git can clone."""
@@ -171,12 +190,19 @@ class RigAdd(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_field
     def rig_prefix(self) -> str:
         return self.prefix or re.sub(r"[^a-z0-9_]", "", self.name)[:16] or "rig"
 
+    def ordering_key(self) -> str | None:
+        return f"rig:{self.name}"
+
+    def scope_ref(self) -> ScopeRef | None:
+        return ScopeRef("rig", self.name)
+
 
 class RigUpdate(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Change some of a rig's settings (the fields given); its name, repository, base branch and prefix stay.
     Sessions already running keep what they started with; new sessions and merges take the new values."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.rig.update"
+    OWNER: ClassVar[str] = "witness"
     name: str
     setup_command: str | None = None
     lint_command: str | None = None
@@ -202,6 +228,12 @@ class RigUpdate(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_fi
         """The settings the command changes, by field name."""
         return {field: value for field in self.SETTINGS if (value := getattr(self, field)) is not None}
 
+    def ordering_key(self) -> str | None:
+        return f"rig:{self.name}"
+
+    def scope_ref(self) -> ScopeRef | None:
+        return ScopeRef("rig", self.name)
+
 
 class _RigCommand(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: str
@@ -210,12 +242,19 @@ class _RigCommand(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_
         super().validate()
         check_id("name", self.name, required=True)
 
+    def ordering_key(self) -> str | None:
+        return f"rig:{self.name}"
+
+    def scope_ref(self) -> ScopeRef | None:
+        return ScopeRef("rig", self.name)
+
 
 class RigPark(_RigCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Start no new sessions on the rig: running ones finish, slings to it are accepted and wait, its merge
     queue goes on."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.rig.park"
+    OWNER: ClassVar[str] = "witness"
     reason: str = ""
 
     def validate(self) -> None:
@@ -227,6 +266,7 @@ class RigUnpark(_RigCommand, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """Start sessions on a parked rig again."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.rig.unpark"
+    OWNER: ClassVar[str] = "witness"
 
 
 class RigRemove(_RigCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -234,6 +274,7 @@ class RigRemove(_RigCommand, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     parked for good (running sessions finish), hidden from ``gt rig list``, and slings to it are refused."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.rig.remove"
+    OWNER: ClassVar[str] = "witness"
     force: bool = False
 
 
@@ -244,23 +285,32 @@ class _SessionCommand(Command[SessionResult], frozen=True, kw_only=True, forbid_
         super().validate()
         check_id("session", self.session, required=True)
 
+    def ordering_key(self) -> str | None:
+        return f"session:{self.session}"
+
+    def scope_ref(self) -> ScopeRef | None:
+        return ScopeRef("session", self.session)
+
 
 class SessionDoneIntentCmd(_SessionCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``gt done`` begins: written first, so a death from here on is finished, not re-run."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.session.done_intent"
+    OWNER: ClassVar[str] = "witness"
 
 
 class SessionFinish(_SessionCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``gt done`` finished (branch pushed, merge request submitted): the session ends."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.session.finish"
+    OWNER: ClassVar[str] = "witness"
 
 
 class SessionHandoff(_SessionCommand, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """End this session and start a fresh one on the same hook (same bead, same worktree)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.session.handoff"
+    OWNER: ClassVar[str] = "witness"
     note: str = ""
 
     def validate(self) -> None:
@@ -273,6 +323,7 @@ class SessionStop(_SessionCommand, frozen=True, kw_only=True, forbid_unknown_fie
     and records it ended; no death, the bead keeps its hook and progress (``gt down --sessions``)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.session.stop"
+    OWNER: ClassVar[str] = "witness"
 
 
 class SessionRecoverHook(Command[StaleHookResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -281,6 +332,7 @@ class SessionRecoverHook(Command[StaleHookResult], frozen=True, kw_only=True, fo
     recovered before), or answers that it is not stale after all."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.session.recover_hook"
+    OWNER: ClassVar[str] = "witness"
     bead: str
     token: int
 
@@ -290,11 +342,18 @@ class SessionRecoverHook(Command[StaleHookResult], frozen=True, kw_only=True, fo
         if self.token < 1:
             raise invalid(f"`token` must be at least 1, got {self.token}")
 
+    def ordering_key(self) -> str | None:
+        return f"hook:{self.bead}"
+
+    def scope_ref(self) -> ScopeRef | None:
+        return ScopeRef("bead", self.bead)
+
 
 class NudgeSend(Command[NudgeResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Type a message into an agent's pane: ``target`` is a session id or ``<rig>/<polecat>``."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.nudge.send"
+    OWNER: ClassVar[str] = "witness"
     target: str
     message: str
     ttl_s: float = 1800.0
@@ -311,6 +370,9 @@ class NudgeSend(Command[NudgeResult], frozen=True, kw_only=True, forbid_unknown_
         if not 0 < self.ttl_s <= 7 * 24 * 3600:
             raise invalid(f"`ttl_s` must be more than 0 and at most a week, got {self.ttl_s}")
 
+    def scope_ref(self) -> ScopeRef | None:
+        return ScopeRef("target", self.target)
+
 
 class MergeRequestSubmit(Command[MrResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Queue a pushed branch for the rig's refinery; the same head commit twice is one merge request.
@@ -321,6 +383,7 @@ class MergeRequestSubmit(Command[MrResult], frozen=True, kw_only=True, forbid_un
     Agents send ``gt.cmd.mr.done`` (``MergeRequestDone``); this subject is the operator's."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mr.submit"
+    OWNER: ClassVar[str] = "refinery"
     bead: str
     rig: str
     branch: str
@@ -352,33 +415,45 @@ class MergeRequestSubmit(Command[MrResult], frozen=True, kw_only=True, forbid_un
         check_priority(self.priority)
         check_id("session", self.session)
 
+    def ordering_key(self) -> str | None:
+        return f"mr:{mr_id_for(self.rig, self.bead, self.head)}"
+
 
 class MergeRequestDone(MergeRequestSubmit, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A polecat session's merge request (``gt done``, or the witness finishing it): ``session`` and the hook
     lease ``fence`` are required. The only merge request subject the agent NATS user may publish."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mr.done"
+    OWNER: ClassVar[str] = "refinery"
 
     def validate(self) -> None:
         super().validate()
         check_id("session", self.session, required=True)
+
+    def worked_bead(self) -> str | None:
+        return self.bead
 
 
 class MergeRequestRetry(Command[MrResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Put a failed, conflicted or rejected merge request back in the queue."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mr.retry"
+    OWNER: ClassVar[str] = "refinery"
     id: str
 
     def validate(self) -> None:
         super().validate()
         check_id("id", self.id, required=True)
 
+    def ordering_key(self) -> str | None:
+        return f"mr:{self.id}"
+
 
 class MergeRequestReject(Command[MrResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Take a merge request out of the queue for good."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mr.reject"
+    OWNER: ClassVar[str] = "refinery"
     id: str
     reason: str = ""
 
@@ -387,16 +462,23 @@ class MergeRequestReject(Command[MrResult], frozen=True, kw_only=True, forbid_un
         check_id("id", self.id, required=True)
         check_text("reason", self.reason, MAX_DESCRIPTION)
 
+    def ordering_key(self) -> str | None:
+        return f"mr:{self.id}"
+
 
 class MergeQueueResume(Command[MergeQueueResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Resume a rig's paused merge queue (the cause fixed): it goes on in its order. Not paused: no change."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mq.resume"
+    OWNER: ClassVar[str] = "refinery"
     rig: str
 
     def validate(self) -> None:
         super().validate()
         check_id("rig", self.rig, required=True)
+
+    def ordering_key(self) -> str | None:
+        return f"mq:{self.rig}"
 
 
 RIG_COMMANDS: tuple[type[Command], ...] = (

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import msgspec
 import structlog
 
-from shared import heartbeats, rate_limit, runtime, subjects
+from shared import heartbeats, ids, runtime, subjects
 from shared import logging as gt_logging
 from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus import commands as bus_commands
@@ -38,14 +38,14 @@ from shared.bus.commit import GroupCommitter
 from shared.bus.connection import Connection
 from shared.bus.reader import EventReader
 from shared.bus.snapshots import SnapshotStore
-from shared.bus.topology import command_consumer_name, has_command_consumer, owner_of, provision
+from shared.bus.topology import command_consumer_name, has_command_consumer, provision
 from shared.commands import Command
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, NewEvent, Route
 from shared.errors import ActivityLostError, AppendConflictError, QueryError
-from shared.intake import CommandIntake, to_pending
+from shared.intake import CommandIntake, rate_limit, to_pending
+from shared.intake.rate_limit import RateLimiter
 from shared.projection import Projection
-from shared.rate_limit import RateLimiter
 from shared.service.heartbeat import HeartbeatSender
 from shared.service.lifecycle import Lifecycle
 from shared.service.queries import QueryServer
@@ -215,13 +215,23 @@ class Service(Generic[S]):
         """Observe what deciding ``cmd`` needs from outside the log (I/O allowed); ``DecideContext.facts``."""
         return None
 
-    def aggregate_key(self, cmd: Command) -> str | None:
-        """Commands with the same key are decided one after the other (None: no ordering needed)."""
-        return None
-
     def route(self, cmd: Command) -> Route:
         """Which scope settles ``cmd`` when several instances with disjoint scopes share the command consumer."""
         return "mine"
+
+    @property
+    def routes_commands(self) -> bool:
+        """Only a service whose instances hand each other commands routes them (the witness, overriding
+        ``route``); the others' deliveries all count towards setting aside a command a service keeps dying on."""
+        return type(self).route is not Service.route
+
+    def now(self) -> datetime:
+        """The time a decision is taken at (``clock``)."""
+        return self.clock()
+
+    def new_id(self, prefix: str) -> str:
+        """A fresh id for what a command creates when its sender chose none."""
+        return ids.random_bead_id(prefix)
 
     def query(self, what: str, body: dict[str, Any]) -> Any:
         """Answer ``gt.q.<name>.<what>`` from the projection."""
@@ -381,6 +391,7 @@ class Service(Generic[S]):
         if has_command_consumer(self.name):
             self.intake = CommandIntake(
                 service=self.name,
+                handler=self,
                 identity=self.identity,
                 nc=self.nc,
                 stream=self.config.cmd_stream,
@@ -388,17 +399,9 @@ class Service(Generic[S]):
                 appender=self.appender,
                 committer=self.committer,
                 reader=self.reader,
-                decide=self.decide,
-                key_of=self.aggregate_key,
-                owns=lambda subject: owner_of(subject) == self.name,
-                # Only a service whose instances hand each other commands routes them (the witness); the others'
-                # deliveries all count towards setting aside a command a service keeps dying on.
-                route=self.route if type(self).route is not Service.route else None,
-                prepare=self.prepare,
                 held_record=(self.config.active_bucket, f"held-{self.identity}"),
                 max_in_flight=self.settings.max_in_flight,
                 limiter=self.limiter,
-                clock=self.clock,
             )
             tg.create_task(self.intake.run(), name="intake")
         tg.create_task(self.snapshots.run(), name="snapshots")

@@ -10,7 +10,6 @@ import pytest
 from gt.cli import render
 from gt.cli.mail import sent_lines
 from gt.cli.rigs import _update_line
-from services.mayor.decide import aggregate_key
 from services.mayor.decide import beads as decide_beads
 from services.mayor.decide import mail as decide_mail
 from shared.commands import BeadCreate, BeadUpdate, ConvoyCreate, EscalationRaise, MailSend
@@ -60,8 +59,8 @@ def test_a_chosen_id_of_another_shape_is_invalid(cmd: BeadCreate | ConvoyCreate 
 
 
 def test_a_command_on_a_bead_queued_behind_its_creation_is_decided_after_it() -> None:
-    assert aggregate_key(BeadCreate(title="t", new_id="hq-abc123")) == aggregate_key(BeadUpdate(id="hq-abc123"))
-    assert aggregate_key(BeadCreate(title="t")) is None
+    assert BeadCreate(title="t", new_id="hq-abc123").ordering_key() == BeadUpdate(id="hq-abc123").ordering_key()
+    assert BeadCreate(title="t").ordering_key() is None
 
 
 def test_a_mail_to_a_rig_prints_one_line_per_message_each_with_its_id() -> None:

@@ -11,9 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.mayor.decide import aggregate_key as mayor_key
-from services.refinery.decide import aggregate_key as refinery_key
-from services.witness.decide import aggregate_key as witness_key
 from shared.commands import COMMANDS, Command, peek_body_fields, read_command
 from shared.errors import CommandError
 from shared.intake import Delivery
@@ -43,9 +40,8 @@ def check_read(subject: str, body: bytes) -> Command | CommandError:
         assert out.message.strip()
         return out
     assert isinstance(out, Command)
-    for key_of in (mayor_key, witness_key, refinery_key):
-        key = key_of(out)
-        assert key is None or isinstance(key, str)
+    key = out.ordering_key()
+    assert key is None or isinstance(key, str)
     return out
 
 

@@ -12,7 +12,7 @@ import pytest
 from shared import ids
 from shared.errors import CommandError
 from shared.intake import Delivery, Sender, command_actor
-from shared.rate_limit import ClassLimits, Limit, RateLimiter, RateSettings
+from shared.intake.rate_limit import ClassLimits, Limit, RateLimiter, RateSettings
 from shared.subjects import ServiceOrigin, SessionOrigin
 
 ACE = SessionOrigin("demo", "ace", "hq-a-1")

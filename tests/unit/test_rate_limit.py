@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.rate_limit import ClassLimits, Limit, RateLimiter, RateSettings, actor_class, load
+from shared.commands.actors import actor_class
+from shared.intake.rate_limit import ClassLimits, Limit, RateLimiter, RateSettings, load
 
 AGENT = "polecat:demo/toast"
 SMALL = RateSettings(

@@ -1,7 +1,7 @@
 """The mayor's decisions: (state, command, context) -> events, or a CommandError. Pure: no I/O, no clock.
 
-Each area has its module; this one routes a command to it and says which commands must be decided one
-after the other (those on the same aggregate).
+Each area has its module; this one routes a command to it (which commands are decided one after the other is
+said by each command: ``Command.ordering_key``).
 """
 
 from __future__ import annotations
@@ -36,28 +36,7 @@ from shared.commands import (
 from shared.decision import Accepted, DecideContext
 from shared.errors import CommandError
 
-__all__ = ["aggregate_key", "decide"]
-
-
-def aggregate_key(cmd: Command) -> str | None:
-    """Commands with the same key are decided in order. A create whose sender chose the new id (``new_id``) is
-    keyed by it: a command on the new bead sent right after it (while the mayor is down, say) is decided after
-    it; a create with no such id names something nobody can know yet."""
-    if isinstance(cmd, BeadCreate | MailSend | MailReply) and cmd.new_id is not None:
-        return f"bead:{cmd.new_id}"  # a message is a bead
-    if isinstance(cmd, ConvoyCreate) and cmd.new_id is not None:
-        return f"convoy:{cmd.new_id}"
-    if isinstance(cmd, EscalationRaise) and cmd.new_id is not None:
-        return f"escalation:{cmd.new_id}"
-    if isinstance(cmd, BeadUpdate | BeadClaim | BeadClose | BeadSling | BeadUnsling | MailRead | MailArchive):
-        return f"bead:{cmd.id}"
-    if isinstance(cmd, StepStart | StepDone):
-        return f"bead:{cmd.bead}"  # a step and a sling of the same bead touch the same molecule
-    if isinstance(cmd, ConvoyAdd | ConvoyLand):
-        return f"convoy:{cmd.id}"
-    if isinstance(cmd, EscalationAck | EscalationClose):
-        return f"escalation:{cmd.id}"
-    return None
+__all__ = ["decide"]
 
 
 def decide(state: MayorState, cmd: Command, ctx: DecideContext) -> Accepted:

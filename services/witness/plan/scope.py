@@ -28,21 +28,8 @@ from services.witness.plan.actions import (
     Spawn,
 )
 from services.witness.state import WitnessState
-from shared.commands import (
-    POLECAT_TARGET,
-    Command,
-    NudgeSend,
-    RigAdd,
-    RigPark,
-    RigRemove,
-    RigUnpark,
-    RigUpdate,
-    SessionDoneIntentCmd,
-    SessionFinish,
-    SessionHandoff,
-    SessionRecoverHook,
-    SessionStop,
-)
+from shared.commands import POLECAT_TARGET, Command
+from shared.commands.base import ScopeRef
 from shared.decision import Route
 from shared.ids import is_valid_id
 
@@ -95,22 +82,23 @@ def serves(rigs: Rigs, rig: str | None) -> bool:
 # ---- commands ----------------------------------------------------------------------------------
 
 
-def rig_of_command(state: WitnessState, cmd: Command) -> str | None:
-    """The rig a witness command is about, as far as the log knows it (None: it names nothing known)."""
-    if isinstance(cmd, RigAdd | RigUpdate | RigPark | RigUnpark | RigRemove):
-        return cmd.name  # the rig it names, added or not yet
-    if isinstance(cmd, SessionDoneIntentCmd | SessionFinish | SessionHandoff | SessionStop):
-        session = state.sessions.get(cmd.session)
-        return session.rig if session is not None else None
-    if isinstance(cmd, NudgeSend):
-        target = state.sessions.get(cmd.target)
-        if target is not None:
-            return target.rig
-        match = POLECAT_TARGET.fullmatch(cmd.target)
-        return match["rig"] if match is not None and match["rig"] in state.rigs else None
-    if isinstance(cmd, SessionRecoverHook):
-        bead = state.beads.get(cmd.bead)
-        return bead.rig if bead is not None else None
+def rig_of(state: WitnessState, ref: ScopeRef | None) -> str | None:
+    """The rig a command's ``scope_ref`` resolves to, as far as the log knows it (None: it names nothing known)."""
+    match ref:
+        case ScopeRef(kind="rig", id=name):
+            return name  # the rig it names, added or not yet
+        case ScopeRef(kind="session", id=session_id):
+            session = state.sessions.get(session_id)
+            return session.rig if session is not None else None
+        case ScopeRef(kind="target", id=target):
+            named = state.sessions.get(target)
+            if named is not None:
+                return named.rig
+            address = POLECAT_TARGET.fullmatch(target)
+            return address["rig"] if address is not None and address["rig"] in state.rigs else None
+        case ScopeRef(kind="bead", id=bead_id):
+            bead = state.beads.get(bead_id)
+            return bead.rig if bead is not None else None
     return None
 
 
@@ -118,7 +106,7 @@ def route(state: WitnessState, cmd: Command, rigs: Rigs) -> Route:
     """Whether a witness of ``rigs`` settles ``cmd``."""
     if rigs is None:
         return "mine"
-    rig = rig_of_command(state, cmd)
+    rig = rig_of(state, cmd.scope_ref())
     if rig is None:
         return "unknown"
     return "mine" if rig in rigs else "elsewhere"

@@ -23,28 +23,17 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from typing import Literal
 
 import msgspec
 
+from shared.commands import Command
+from shared.commands.actors import ActorClass, actor_class
 from shared.config import env_number
+from shared.errors import CommandError
+from shared.intake.delivery import Delivery
 
-ActorClass = Literal["service", "operator", "agent"]
-SERVICE_ACTORS = ("mayor", "witness", "refinery", "deacon")
-AGENT_PREFIXES = ("polecat:", "plugin:")
 MAX_BUCKETS = 10_000
 """Buckets kept before full (idle) ones are forgotten: many actor names cannot grow the limiter's memory."""
-
-
-def actor_class(actor: str) -> ActorClass:
-    """The class an actor's name belongs to: the names a command on a plain subject may not take (a service's, an
-    agent's), and the limits of one whose class no subject says."""
-    if actor.startswith(AGENT_PREFIXES):
-        return "agent"
-    name = actor.split("/", 1)[0].split("-", 1)[0]  # witness/<rig>, witness-<scope>
-    if name in SERVICE_ACTORS or actor.startswith("automation:"):
-        return "service"
-    return "operator"
 
 
 class Limit(msgspec.Struct, frozen=True, kw_only=True):
@@ -250,3 +239,21 @@ class RateLimiter:
             f"(GT_RATE_{cls.upper()}_MAX_COMMAND): shorten the text, or put it in a file in the worktree and "
             "name the file"
         )
+
+
+def admit(
+    limiter: RateLimiter | None, delivery: Delivery, parsed: Command | CommandError, now: float
+) -> Command | CommandError | None:
+    """The rate-limit step, before deciding: the command as it was, a refusal (``rate_limited``, ``too_large``) in
+    its place, or None to drop it without an outcome (docs/operating.md, "Rate limits"). Charged where it is
+    settled (a command passed on to another scope is not charged by this one), and not when a dead predecessor
+    held it: that one charged it. A redelivery whose outcome is stored is answered by that outcome all the same
+    (settling looks for it first)."""
+    if limiter is None or delivery.held:
+        return parsed
+    verdict = limiter.check(delivery.actor, len(delivery.body), now, cls=delivery.actor_class)
+    if verdict.admit:
+        return parsed
+    if verdict.drop:
+        return None
+    return CommandError(verdict.code, verdict.message)
