@@ -32,7 +32,7 @@ from services.witness.plan import Observed, PaneSeen, Policy, liveness, may_ling
 from services.witness.plan.actions import Action, Spawn
 from services.witness.projection import new_projection
 from services.witness.state import Session, WitnessState
-from shared import git, leases, processes
+from shared import git, heartbeats, leases, processes
 from shared.aio import raise_if_cancelling
 from shared.bus import auth_callout
 from shared.bus.connection import Connection, close_quietly, connect
@@ -50,7 +50,6 @@ from shared.tmux import Tmux, TmuxError
 
 log = structlog.get_logger(__name__)
 
-_HEARTBEAT = msgspec.json.Decoder(dict[str, Any])
 MAX_RETRY_DELAY_S = 30.0
 RECONCILE_GAP_PER_SESSION_S = 0.00025
 RECONCILE_GAP_MAX_S = 0.05
@@ -488,9 +487,9 @@ class WitnessService(Service[WitnessState]):
                 entry = await kv.get(sid)
                 if entry is None:
                     continue
-                beat = _heartbeat_time(entry.value)
+                beat = heartbeats.decode_agent(entry.value)
                 if beat is not None:
-                    out[sid] = beat
+                    out[sid] = beat.ts
         except (BusError, TimeoutError) as exc:
             # Without heartbeats a quiet session could be judged stalled wrongly: judge none this time.
             log.warning("heartbeats_unavailable", error=repr(exc))
@@ -502,16 +501,6 @@ class WitnessService(Service[WitnessState]):
             await super().run()
         finally:
             self.exits.close()
-
-
-def _heartbeat_time(value: bytes | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        body = _HEARTBEAT.decode(value)
-        return datetime.fromisoformat(str(body["ts"]))
-    except (msgspec.DecodeError, ValueError, RecursionError, KeyError, TypeError):  # see shared.decoding
-        return None
 
 
 def _work_at_risk(worktree: str, branch: str, base: str) -> str | None:
