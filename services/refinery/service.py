@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
+import msgspec
 import structlog
 
 from services.refinery import decide as refinery_decide
@@ -45,6 +46,7 @@ from shared.events import (
 from shared.events.merge_queues import PUSH_REFUSED
 from shared.faults import crash_point
 from shared.ids import merge_lease_name
+from shared.queries.refinery import RefineryStatus
 from shared.rig_state import home_name
 from shared.service import Service, ServiceSettings
 
@@ -138,9 +140,9 @@ class RefineryService(Service[RefineryState]):
     def query(self, what: str, body: dict[str, Any]) -> Any:
         return queries.answer(self.projection.state, what, body, self.clock(), self.policy)
 
-    def status(self) -> dict[str, Any]:
-        out = super().status()
-        out.update(
+    def status(self) -> RefineryStatus:
+        return RefineryStatus(
+            **msgspec.structs.asdict(super().status()),
             merged=self.merged,
             failed=self.failed,
             conflicted=self.conflicted,
@@ -151,7 +153,6 @@ class RefineryService(Service[RefineryState]):
             batch_size=self.policy.batch,
             processing=sorted(self._busy),
         )
-        return out
 
     # ---- the queue -----------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from shared.config import TownConfig, town_mark
 from shared.decision import Accepted, DecideContext, Route
 from shared.errors import ActivityLostError
 from shared.ids import hook_lease_name
+from shared.queries.witness import WitnessStatus
 from shared.runtimes import Restart, confirms_start, runtime_for, turn_ended_after_done
 from shared.service import Service, ServiceSettings
 from shared.session_identity import SessionBuckets
@@ -169,9 +170,9 @@ class WitnessService(Service[WitnessState]):
     def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None:
         queries.check_session_query(what, body, session)
 
-    def status(self) -> dict[str, Any]:
-        out = super().status()
-        out.update(
+    def status(self) -> WitnessStatus:
+        return WitnessStatus(
+            **msgspec.structs.asdict(super().status()),
             actions_done=self.actions_done,
             action_errors=self.action_errors,
             actions_pending=len(self._pending),
@@ -183,7 +184,6 @@ class WitnessService(Service[WitnessState]):
             session_logins_refused=self.responder.refused if self.responder else None,
             session_connections_kicked=self.responder.kicked if self.responder else None,
         )
-        return out
 
     # ---- the control loop ----------------------------------------------------------------------
 

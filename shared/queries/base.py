@@ -70,8 +70,9 @@ def reply_type(cls: type[Query[Any]]) -> Any:
 
 
 class ServiceStatus(msgspec.Struct, kw_only=True):
-    """What every service reports about itself (``Service.status``); a service adds counters of its own, which
-    this leaves out (``ask_json`` has them)."""
+    """What every service reports about itself (``Service.status``); a service's subclass adds counters of its own
+    (``WitnessStatus``, ``RefineryStatus``, ``DeaconStatus``), which a ``Status`` answer leaves out (``ask_json``
+    has them)."""
 
     service: str = ""
     identity: str = ""

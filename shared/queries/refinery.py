@@ -6,7 +6,21 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from shared.queries.base import Query
+from shared.queries.base import Query, ServiceStatus
+
+
+class RefineryStatus(ServiceStatus, kw_only=True):
+    """The refinery's ``status``: what its merges came to, its gates, and the merge requests it works on now."""
+
+    merged: int = 0
+    failed: int = 0
+    conflicted: int = 0
+    gate_runs: int = 0
+    gate_seconds: float = 0.0
+    batches: int = 0
+    fenced: int = 0
+    batch_size: int = 0
+    processing: list[str] = []
 
 
 class MrSummary(msgspec.Struct, kw_only=True):

@@ -7,7 +7,25 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from shared.queries.base import Query
+from shared.queries.base import Query, ServiceStatus
+
+
+class WitnessStatus(ServiceStatus, kw_only=True):
+    """The witness's ``status``: its action queue, the processes it watches, and the session logins it answered."""
+
+    actions_done: int = 0
+    action_errors: int = 0
+    actions_pending: int = 0
+    watched_processes: int = 0
+    tmux_socket: str = ""
+    rigs: list[str] | None = None
+    """The rigs this instance's scope serves (None: every rig)."""
+    commands_passed: int = 0
+    """Commands of another instance's scope it let pass."""
+    session_logins_granted: int | None = None
+    """None: this instance answers no session logins (auth callout off)."""
+    session_logins_refused: int | None = None
+    session_connections_kicked: int | None = None
 
 
 class SessionView(msgspec.Struct, kw_only=True):

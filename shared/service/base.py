@@ -45,6 +45,7 @@ from shared.decision import Accepted, DecideContext, NewEvent, Route
 from shared.errors import ActivityLostError, AppendConflictError, QueryError
 from shared.intake import CommandIntake, to_pending
 from shared.projection import Projection
+from shared.queries.base import ServiceStatus
 from shared.rate_limit import RateLimiter
 from shared.service.heartbeat import HeartbeatSender
 from shared.service.lifecycle import Lifecycle
@@ -443,37 +444,38 @@ class Service(Generic[S]):
 
     # ---- queries ------------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
-        """What ``gt health`` reports: connection, catch-up, lag and counters."""
+    def status(self) -> ServiceStatus:
+        """What ``gt health`` reports: connection, catch-up, lag and counters. A service with counters of its own
+        returns its ``ServiceStatus`` subclass, built on these (``msgspec.structs.asdict(super().status())``)."""
         reader = self.reader
         intake = self.intake
         keeper = self.activity
         since = keeper.active_since if keeper is not None else None
-        return {
-            "service": self.name,
-            "identity": self.identity,
-            "instance": self.instance,
-            "role": self.role,
-            "active_since": since.isoformat() if since is not None else None,
-            "active_holder": keeper.holder.instance if keeper is not None and keeper.holder is not None else None,
-            "connected": bool(self.nc and self.nc.is_connected),
-            "caught_up": bool(reader and reader.caught_up.is_set()),
-            "last_seq": self.projection.last_seq,
-            "pending": reader.pending if reader else None,
-            "applied": self.projection.applied,
-            "skipped": self.projection.skipped,
-            "fold_errors": self.projection.fold_errors,
-            "reconcile_errors": self.reconcile_errors,
-            "reconciles": self.reconciles,
-            "patrol_last_s": round(self.patrol_last_s, 6),
-            "patrol_max_s": round(self.patrol_max_s, 6),
-            "patrol_total_s": round(self.patrol_total_s, 6),
-            "resyncs": reader.resyncs if reader else 0,
-            "gaps": reader.gaps if reader else 0,
-            "commands_processed": intake.processed if intake else 0,
-            "commands_rejected": intake.rejected if intake else 0,
-            "commands_dropped": intake.dropped if intake else 0,
-            "queries_refused": self.queries_refused,
-            "snapshot_seq": self.snapshots.seq if self.snapshots is not None else 0,
-            "uptime_s": round(time.monotonic() - self._started_at, 1),
-        }
+        return ServiceStatus(
+            service=self.name,
+            identity=self.identity,
+            instance=self.instance,
+            role=self.role,
+            active_since=since.isoformat() if since is not None else None,
+            active_holder=keeper.holder.instance if keeper is not None and keeper.holder is not None else None,
+            connected=bool(self.nc and self.nc.is_connected),
+            caught_up=bool(reader and reader.caught_up.is_set()),
+            last_seq=self.projection.last_seq,
+            pending=reader.pending if reader else None,
+            applied=self.projection.applied,
+            skipped=self.projection.skipped,
+            fold_errors=self.projection.fold_errors,
+            reconcile_errors=self.reconcile_errors,
+            reconciles=self.reconciles,
+            patrol_last_s=round(self.patrol_last_s, 6),
+            patrol_max_s=round(self.patrol_max_s, 6),
+            patrol_total_s=round(self.patrol_total_s, 6),
+            resyncs=reader.resyncs if reader else 0,
+            gaps=reader.gaps if reader else 0,
+            commands_processed=intake.processed if intake else 0,
+            commands_rejected=intake.rejected if intake else 0,
+            commands_dropped=intake.dropped if intake else 0,
+            queries_refused=self.queries_refused,
+            snapshot_seq=self.snapshots.seq if self.snapshots is not None else 0,
+            uptime_s=round(time.monotonic() - self._started_at, 1),
+        )

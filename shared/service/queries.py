@@ -24,7 +24,7 @@ from shared.bus.reader import EventReader
 from shared.decoding import UNDECODABLE
 from shared.errors import QueryError
 from shared.projection import Projection
-from shared.queries.base import LATEST_SEQ, PAGE_BYTES, Page
+from shared.queries.base import LATEST_SEQ, PAGE_BYTES, Page, ServiceStatus
 
 log = structlog.get_logger(__name__)
 
@@ -48,7 +48,7 @@ class Answering(Protocol):
     following: asyncio.Event
     reader: EventReader | None
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self) -> ServiceStatus: ...
 
     def query(self, what: str, body: dict[str, Any]) -> Any: ...
 
