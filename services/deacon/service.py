@@ -29,6 +29,7 @@ from shared.commands import AutomationRun, Command, EscalationClose, EscalationR
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
 from shared.errors import ActivityLostError
+from shared.queries import Query, deacon
 from shared.queries.deacon import DeaconStatus
 from shared.service import Service, ServiceSettings
 
@@ -111,10 +112,10 @@ class DeaconService(Service[DeaconState]):
             return self.automations.lookup(cmd.name)  # the file as it reads now: deciding does no I/O
         return None
 
-    def query(self, what: str, body: dict[str, Any]) -> Any:
-        if what in ("automations", "automation"):
-            return self.automations.query(what, body)  # reads the files: the runner holds them
-        return queries.answer(self.projection.state, what, body, lambda name: self.supervision.renewal_of(name)[0])
+    def query(self, query: Query[Any]) -> Any:
+        if isinstance(query, deacon.Automations | deacon.Automation):
+            return self.automations.query(query)  # reads the files: the runner holds them
+        return queries.answer(self.projection.state, query, lambda name: self.supervision.renewal_of(name)[0])
 
     def status(self) -> DeaconStatus:
         state = self.projection.state

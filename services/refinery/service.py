@@ -46,6 +46,7 @@ from shared.events import (
 from shared.events.merge_queues import PUSH_REFUSED
 from shared.faults import crash_point
 from shared.ids import merge_lease_name
+from shared.queries import Query
 from shared.queries.refinery import RefineryStatus
 from shared.rig_state import home_name
 from shared.service import Service, ServiceSettings
@@ -137,8 +138,8 @@ class RefineryService(Service[RefineryState]):
         log.info("bundle_refused", mr_bead=cmd.bead, session=cmd.session, code=problem.code, why=problem.message)
         return refinery_decide.BundleRefused(problem.code, problem.message)
 
-    def query(self, what: str, body: dict[str, Any]) -> Any:
-        return queries.answer(self.projection.state, what, body, self.clock(), self.policy)
+    def query(self, query: Query[Any]) -> Any:
+        return queries.answer(self.projection.state, query, self.clock(), self.policy)
 
     def status(self) -> RefineryStatus:
         return RefineryStatus(

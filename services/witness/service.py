@@ -43,6 +43,7 @@ from shared.config import TownConfig, town_mark
 from shared.decision import Accepted, DecideContext, Route
 from shared.errors import ActivityLostError
 from shared.ids import hook_lease_name
+from shared.queries import Query
 from shared.queries.witness import WitnessStatus
 from shared.runtimes import Restart, confirms_start, runtime_for, turn_ended_after_done
 from shared.service import Service, ServiceSettings
@@ -164,11 +165,11 @@ class WitnessService(Service[WitnessState]):
             )
         return None
 
-    def query(self, what: str, body: dict[str, Any]) -> Any:
-        return queries.answer(self.projection.state, what, body)
+    def query(self, query: Query[Any]) -> Any:
+        return queries.answer(self.projection.state, query)
 
-    def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None:
-        queries.check_session_query(what, body, session)
+    def check_session_query(self, query: Query[Any], session: str) -> None:
+        queries.check_session_query(query, session)
 
     def status(self) -> WitnessStatus:
         return WitnessStatus(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from shared.queries.base import Query, ServiceStatus
+from shared.queries.base import Query, Required, ServiceStatus
 
 
 class DeaconStatus(ServiceStatus, kw_only=True):
@@ -32,30 +32,34 @@ class DeaconStatus(ServiceStatus, kw_only=True):
     automation_scan_errors: int = 0
 
 
-class _DeaconQuery(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class _DeaconQuery(Query[Any], frozen=True, kw_only=True):
     SERVICE: ClassVar[str] = "deacon"
 
 
-class Services(_DeaconQuery, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Services(_DeaconQuery, frozen=True, kw_only=True):
     """Each service's liveness as the deacon last recorded it."""
 
     NAME: ClassVar[str] = "services"
 
 
-class Leases(_DeaconQuery, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Leases(_DeaconQuery, frozen=True, kw_only=True):
     NAME: ClassVar[str] = "leases"
     held: bool = False
 
 
-class Lease(_DeaconQuery, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Lease(_DeaconQuery, frozen=True, kw_only=True):
     NAME: ClassVar[str] = "lease"
-    name: str
+    name: Required
 
 
-class Automations(_DeaconQuery, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Automations(_DeaconQuery, frozen=True, kw_only=True):
     NAME: ClassVar[str] = "automations"
 
 
-class Automation(_DeaconQuery, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Automation(_DeaconQuery, frozen=True, kw_only=True):
     NAME: ClassVar[str] = "automation"
-    name: str
+    name: Required
+
+
+QUERIES: tuple[type[Query[Any]], ...] = (Services, Leases, Lease, Automations, Automation)
+"""What the deacon answers (besides ``status`` and ``digest``)."""

@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from shared.queries.base import Query, ServiceStatus
+from shared.queries.base import Query, Required, ServiceStatus
 
 
 class RefineryStatus(ServiceStatus, kw_only=True):
@@ -32,7 +32,7 @@ class MrSummary(msgspec.Struct, kw_only=True):
     status: str = ""
 
 
-class Mrs(Query[list[MrSummary]], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Mrs(Query[list[MrSummary]], frozen=True, kw_only=True):
     """The merge queue (of one rig when given): waiting ones first, by score."""
 
     SERVICE: ClassVar[str] = "refinery"
@@ -40,10 +40,10 @@ class Mrs(Query[list[MrSummary]], frozen=True, kw_only=True, forbid_unknown_fiel
     rig: str | None = None
 
 
-class Mr(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Mr(Query[Any], frozen=True, kw_only=True):
     SERVICE: ClassVar[str] = "refinery"
     NAME: ClassVar[str] = "mr"
-    id: str
+    id: Required
 
 
 class PausedQueue(msgspec.Struct, kw_only=True):
@@ -57,8 +57,12 @@ class PausedQueue(msgspec.Struct, kw_only=True):
     paused_at: str | None = None
 
 
-class PausedQueues(Query[list[PausedQueue]], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class PausedQueues(Query[list[PausedQueue]], frozen=True, kw_only=True):
     """The rigs' merge queues that are paused now (``gt mq resume <rig>`` resumes one), by rig."""
 
     SERVICE: ClassVar[str] = "refinery"
     NAME: ClassVar[str] = "paused"
+
+
+QUERIES: tuple[type[Query[Any]], ...] = (Mrs, Mr, PausedQueues)
+"""What the refinery answers (besides ``status`` and ``digest``)."""

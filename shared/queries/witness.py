@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from shared.queries.base import Query, ServiceStatus
+from shared.queries.base import Query, Required, ServiceStatus
 
 
 class WitnessStatus(ServiceStatus, kw_only=True):
@@ -56,7 +56,7 @@ class SessionDetail(SessionView, kw_only=True):
     earlier_sessions: list[dict[str, Any]] = []
 
 
-class Rigs(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Rigs(Query[Any], frozen=True, kw_only=True):
     """Rigs in service (every one, removed ones too, with ``all``)."""
 
     SERVICE: ClassVar[str] = "witness"
@@ -64,13 +64,13 @@ class Rigs(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
     all: bool = False
 
 
-class Rig(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Rig(Query[Any], frozen=True, kw_only=True):
     SERVICE: ClassVar[str] = "witness"
     NAME: ClassVar[str] = "rig"
-    name: str
+    name: Required
 
 
-class Sessions(Query[list[SessionView]], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Sessions(Query[list[SessionView]], frozen=True, kw_only=True):
     """Active sessions (every one with ``all``), of one rig or bead when given."""
 
     SERVICE: ClassVar[str] = "witness"
@@ -80,17 +80,21 @@ class Sessions(Query[list[SessionView]], frozen=True, kw_only=True, forbid_unkno
     all: bool = False
 
 
-class Session(Query[SessionDetail], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Session(Query[SessionDetail], frozen=True, kw_only=True):
     """One session (a polecat session may ask about its own only)."""
 
     SERVICE: ClassVar[str] = "witness"
     NAME: ClassVar[str] = "session"
-    id: str
+    id: Required
 
 
-class Nudges(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Nudges(Query[Any], frozen=True, kw_only=True):
     """Queued nudges (every one with ``all``)."""
 
     SERVICE: ClassVar[str] = "witness"
     NAME: ClassVar[str] = "nudges"
     all: bool = False
+
+
+QUERIES: tuple[type[Query[Any]], ...] = (Rigs, Rig, Sessions, Session, Nudges)
+"""What the witness answers (besides ``status`` and ``digest``)."""

@@ -45,7 +45,7 @@ from shared.decision import Accepted, DecideContext, NewEvent, Route
 from shared.errors import ActivityLostError, AppendConflictError, QueryError
 from shared.intake import CommandIntake, to_pending
 from shared.projection import Projection
-from shared.queries.base import ServiceStatus
+from shared.queries.base import Query, ServiceStatus
 from shared.rate_limit import RateLimiter
 from shared.service.heartbeat import HeartbeatSender
 from shared.service.lifecycle import Lifecycle
@@ -224,17 +224,17 @@ class Service(Generic[S]):
         """Which scope settles ``cmd`` when several instances with disjoint scopes share the command consumer."""
         return "mine"
 
-    def query(self, what: str, body: dict[str, Any]) -> Any:
-        """Answer ``gt.q.<name>.<what>`` from the projection."""
-        raise QueryError("unknown_query", f"{self.name} has no query {what!r}")
+    def query(self, query: Query[Any]) -> Any:
+        """Answer ``query`` (``gt.q.<name>.<NAME>``, decoded into its class) from the projection, with ``match``."""
+        raise QueryError("unknown_query", f"{self.name} has no query {query.NAME!r}")
 
-    def query_for_session(self, what: str, body: dict[str, Any], session: str) -> Any:
-        """Answer ``gt.q.<name>.<what>`` asked from polecat session ``session``'s private inbox (after
-        ``check_session_query``): a service whose lists hold one session's or polecat's own things leaves out the
-        others' here. Everything else is answered as ``query`` answers it."""
-        return self.query(what, body)
+    def query_for_session(self, query: Query[Any], session: str) -> Any:
+        """Answer ``query`` asked from polecat session ``session``'s private inbox (after ``check_session_query``):
+        a service whose lists hold one session's or polecat's own things leaves out the others' here. Everything
+        else is answered as ``query`` answers it."""
+        return self.query(query)
 
-    def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None:
+    def check_session_query(self, query: Query[Any], session: str) -> None:
         """Refuse (``QueryError`` ``unauthorized``) what polecat session ``session`` may not ask about: called for
         a query whose reply goes to a session's private inbox, which only that session may read (its NATS
         identity subscribes nowhere else). A service whose answers hold one session's or polecat's own things
