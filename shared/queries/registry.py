@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -21,6 +22,7 @@ BY_SERVICE: dict[str, dict[str, type[Query[Any]]]] = {
 }
 """Service -> query name -> its class (``status`` and ``digest`` aside: every service answers those)."""
 EVERY_SERVICE: dict[str, type[Query[Any]]] = {Status.NAME: Status, Digest.NAME: Digest}
+_PATH = re.compile(r"`\$\.([^`]+)`")
 
 
 def names(service: str) -> list[str]:
@@ -44,4 +46,6 @@ def decode(service: str, name: str, body: dict[str, Any]) -> Query[Any]:
     try:
         return msgspec.convert(body, kind)
     except msgspec.ValidationError as exc:
-        raise QueryError("invalid", f"{subjects.query_subject(service, name)}: {exc}") from None
+        # msgspec names the field as a path (`$.limit`); the body's key is what the asker typed.
+        problem = _PATH.sub(r"`\1`", str(exc))
+        raise QueryError("invalid", f"{subjects.query_subject(service, name)}: {problem}") from None
