@@ -19,13 +19,13 @@ def answer(state: DeaconState, query: Query[Any], renewal_of: Callable[[str], Re
     match query:
         case deacon.Services():
             return [
-                {
-                    "service": life.name,
-                    "status": life.status,
-                    "instance": life.instance,
-                    "since": life.since.isoformat(),
-                    "reason": life.reason,
-                }
+                deacon.ServiceLiveness(
+                    service=life.name,
+                    status=life.status,
+                    instance=life.instance,
+                    since=life.since.isoformat(),
+                    reason=life.reason,
+                )
                 for life in sorted(state.liveness.services.values(), key=lambda x: x.name)
             ]
         case deacon.Leases(held=held_only):

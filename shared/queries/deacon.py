@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import msgspec
+
 from shared.queries.base import Query, Required, ServiceStatus
 
 
@@ -34,6 +36,17 @@ class DeaconStatus(ServiceStatus, kw_only=True):
 
 class _DeaconQuery(Query[Any], frozen=True, kw_only=True):
     SERVICE: ClassVar[str] = "deacon"
+
+
+class ServiceLiveness(msgspec.Struct, kw_only=True):
+    """A service scope's liveness as the deacon last recorded it."""
+
+    service: str
+    status: str
+    """up, down or stopped."""
+    instance: str
+    since: str
+    reason: str
 
 
 class Services(_DeaconQuery, frozen=True, kw_only=True):

@@ -61,6 +61,14 @@ class Children(_MayorQuery, frozen=True, kw_only=True):
     include_closed: bool = False
 
 
+class DepView(msgspec.Struct, kw_only=True):
+    """A bead another needs (or that needs it): its status, None when it does not exist (any more)."""
+
+    id: str
+    status: str | None
+    exists: bool
+
+
 class Deps(_MayorQuery, frozen=True, kw_only=True):
     """What the bead needs (``down``) or what needs it (``up``)."""
 

@@ -67,7 +67,7 @@ def children(state: MayorState, query: mayor.Children, sees: Sees) -> list[dict[
     return [bead_view(b) for b in kids if (query.include_closed or b.status != "closed") and sees(b)]
 
 
-def deps(state: MayorState, query: mayor.Deps, sees: Sees) -> list[dict[str, Any]]:
+def deps(state: MayorState, query: mayor.Deps, sees: Sees) -> list[mayor.DepView]:
     """``down`` (default): what the bead needs; ``up``: what needs the bead."""
     bead = find_bead(state, query.id, sees)
     direction = query.direction or "down"
@@ -76,7 +76,7 @@ def deps(state: MayorState, query: mayor.Deps, sees: Sees) -> list[dict[str, Any
     ids = bead.needs if direction == "down" else dependents(state, bead.id)
     found = ((other, state.beads.get(other)) for other in ids)
     return [
-        {"id": other, "status": b.status if b else None, "exists": b is not None}
+        mayor.DepView(id=other, status=b.status if b else None, exists=b is not None)
         for other, b in found
         if b is None or sees(b)
     ]
