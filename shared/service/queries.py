@@ -26,7 +26,7 @@ from shared.decoding import UNDECODABLE
 from shared.errors import QueryError
 from shared.projection import Projection
 from shared.queries import registry
-from shared.queries.base import LATEST_SEQ, PAGE_BYTES, Digest, Page, Query, ServiceStatus
+from shared.queries.base import LATEST_SEQ, PAGE_BYTES, Digest, DigestReply, Page, Query, ServiceStatus
 
 log = structlog.get_logger(__name__)
 
@@ -146,11 +146,8 @@ class QueryServer:
         if isinstance(query, Digest):
             # For checks that the live projection equals a fresh replay of the log up to ``last_seq``.
             digest = hashlib.sha256(projection.serialize_state()).hexdigest()
-            return {
-                "ok": True,
-                "seq": projection.last_seq,
-                "result": {"last_seq": projection.last_seq, "sha256": digest},
-            }
+            result = DigestReply(last_seq=projection.last_seq, sha256=digest)
+            return {"ok": True, "seq": projection.last_seq, "result": result}
         if reply_bytes is not None and query.PAGED:
             # A list answers a page of what fits in one reply (``Page``): fewer views built, none cut afterwards.
             asked = getattr(query, PAGE_BYTES)
