@@ -1,4 +1,6 @@
-"""Service heartbeats: what each service puts in the ``GT_SERVICES`` KV bucket every second. Plain data.
+"""Heartbeats, plain data: what each service puts in the ``GT_SERVICES`` KV bucket every second
+(``ServiceHeartbeat``), and what an agent's ``gt heartbeat`` puts under its session in ``GT_HEARTBEATS``
+(``AgentHeartbeat``). One encoder and one decoder each.
 
 A heartbeat is a cache of liveness, never truth: the deacon turns what it sees into ``service.up``,
 ``service.down`` and ``service.stopped`` events, which are.
@@ -6,7 +8,7 @@ A heartbeat is a cache of liveness, never truth: the deacon turns what it sees i
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 import msgspec
 
@@ -49,3 +51,42 @@ def decode(data: bytes) -> ServiceHeartbeat | None:
         return _DECODER.decode(data)
     except UNDECODABLE:
         return None
+
+
+class AgentHeartbeat(msgspec.Struct, frozen=True, kw_only=True):
+    """An agent's ``gt heartbeat``: it is alive and working (a long step is not a stall). The value of its session's
+    key in the agent heartbeat bucket."""
+
+    ts: datetime
+    """When the agent said so (its clock). A naive time (none is written, but the key is the agent's) is UTC."""
+    session: str = ""
+    note: str = ""
+    """What the agent says it is doing (at most ``AGENT_NOTE_CHARS``)."""
+
+
+AGENT_NOTE_CHARS = 500
+_AGENT_DECODER = msgspec.json.Decoder(AgentHeartbeat)
+
+
+def agent_heartbeat(session: str, note: str, now: datetime) -> AgentHeartbeat:
+    return AgentHeartbeat(ts=now, session=session, note=note[:AGENT_NOTE_CHARS])
+
+
+def encode_agent(beat: AgentHeartbeat) -> bytes:
+    """``{"ts": iso, "session": ..., "note": ...}``: what every version wrote (its time in RFC 3339, which
+    ``datetime.fromisoformat`` and this module's decoder both read)."""
+    return msgspec.json.encode(beat)
+
+
+def decode_agent(data: bytes | None) -> AgentHeartbeat | None:
+    """The heartbeat in an agent's key, its ``ts`` timezone-aware; None for a value that is not one (the key is
+    the agent's to write: never fatal)."""
+    if not data:
+        return None
+    try:
+        beat = _AGENT_DECODER.decode(data)
+    except UNDECODABLE:
+        return None
+    if beat.ts.tzinfo is None:
+        return msgspec.structs.replace(beat, ts=beat.ts.replace(tzinfo=UTC))
+    return beat

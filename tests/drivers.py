@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
@@ -28,6 +29,7 @@ from shared.config import TownConfig
 from shared.errors import CommandError, QueryError
 from shared.events import decode_envelope
 from shared.intake import is_service
+from shared.queries import registry
 from shared.queries.base import Page
 from shared.service import ServiceSettings
 from tests.log_tools import SEEDED_RIGS, read_all, seed_rigs
@@ -61,8 +63,8 @@ class MemoryDriver:
     async def ask(self, what: str, **body: Any) -> Any:
         if what in ("formulas", "formula"):
             raise AssertionError("formula queries need the service's catalog; test them on NATS")
-        result = queries.answer(self.town.state, what, body)
-        return result.items if isinstance(result, Page) else result  # as the answer's ``result`` carries it
+        result = queries.answer(self.town.state, registry.decode("mayor", what, body))  # as its query server does
+        return msgspec.to_builtins(result.items if isinstance(result, Page) else result)  # as ``result`` carries it
 
     async def advance(self, seconds: float) -> None:
         self.town.tick(seconds)

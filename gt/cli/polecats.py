@@ -27,7 +27,7 @@ from gt.cli.common import (
     send,
     show,
 )
-from shared import done_flow, git, runtimes
+from shared import done_flow, git, heartbeats, runtimes
 from shared.bus.kv import put_agent_heartbeat
 from shared.commands import (
     BeadClaim,
@@ -701,8 +701,8 @@ async def _prime(nc: Connection, args: argparse.Namespace, config: TownConfig) -
 
 async def _heartbeat(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     session = os.environ["GT_SESSION"]
-    beat = {"ts": datetime.now(UTC).isoformat(), "session": session, "note": args.note[:500]}
-    await put_agent_heartbeat(nc, config, session, json.dumps(beat).encode())
+    beat = heartbeats.agent_heartbeat(session, args.note, datetime.now(UTC))
+    await put_agent_heartbeat(nc, config, session, heartbeats.encode_agent(beat))
     fence = hook_lease.session_fence()
     if fence is not None:
         lost = await hook_lease.renew(nc, config, fence, check_log=True)

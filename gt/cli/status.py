@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -13,6 +12,7 @@ from gt.cli import costs, identity, render, town_view
 from gt.cli.client import stream_last_seq
 from gt.cli.colour import COLOR_CHOICES, Palette, wanted
 from gt.cli.common import EXIT_OK, EXIT_REJECTED, Subcommands, UsageError
+from shared import heartbeats
 from shared.bus import streams
 from shared.bus.errors import BusError
 from shared.bus.kv import Bucket
@@ -61,12 +61,9 @@ async def _heartbeats(nc: Connection, config: TownConfig, sessions: list[str]) -
             break  # NATS or the bucket fails: the same for the next key
         if entry is None:
             continue
-        try:
-            beat = json.loads(entry.value or b"{}")
-        except ValueError:
-            continue
-        if isinstance(beat, dict) and isinstance(beat.get("ts"), str):
-            found[session] = beat["ts"]
+        beat = heartbeats.decode_agent(entry.value)
+        if beat is not None:
+            found[session] = beat.ts.isoformat()
     return found
 
 

@@ -29,6 +29,8 @@ from shared.commands import AutomationRun, Command, EscalationClose, EscalationR
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
 from shared.errors import ActivityLostError
+from shared.queries import Query, deacon
+from shared.queries.deacon import DeaconStatus
 from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)
@@ -110,15 +112,15 @@ class DeaconService(Service[DeaconState]):
             return self.automations.lookup(cmd.name)  # the file as it reads now: deciding does no I/O
         return None
 
-    def query(self, what: str, body: dict[str, Any]) -> Any:
-        if what in ("automations", "automation"):
-            return self.automations.query(what, body)  # reads the files: the runner holds them
-        return queries.answer(self.projection.state, what, body, lambda name: self.supervision.renewal_of(name)[0])
+    def query(self, query: Query[Any]) -> Any:
+        if isinstance(query, deacon.Automations | deacon.Automation):
+            return self.automations.query(query)  # reads the files: the runner holds them
+        return queries.answer(self.projection.state, query, lambda name: self.supervision.renewal_of(name)[0])
 
-    def status(self) -> dict[str, Any]:
-        out = super().status()
+    def status(self) -> DeaconStatus:
         state = self.projection.state
-        out.update(
+        return DeaconStatus(
+            **msgspec.structs.asdict(super().status()),
             services={name: life.status for name, life in sorted(state.liveness.services.items())},
             leases_held=sum(1 for lease in state.leases.leases.values() if lease.status == "held"),
             leases_expired=self.supervision.expired,
@@ -127,10 +129,9 @@ class DeaconService(Service[DeaconState]):
             gc_last_swept_at=state.gc.last_swept_at.isoformat() if state.gc.last_swept_at else None,
             gc_cutoff=state.gc.cutoff.isoformat() if state.gc.cutoff else None,
             gc_sweeps=state.gc.sweeps,
-            gc_kv_purged=msgspec.to_builtins(self.kv_purged),
+            gc_kv_purged=msgspec.structs.asdict(self.kv_purged),
+            **self.automations.status(),
         )
-        out.update(self.automations.status())
-        return out
 
     # ---- the watch ------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from shared.commands import BeadSling
 from shared.errors import QueryError
 from shared.formulas import Formula, FormulaError, cook
 from shared.formulas.catalog import FormulaCatalog
+from shared.queries import mayor
 
 
 def sling_formula(catalog: FormulaCatalog, cmd: BeadSling) -> Formula | FormulaError | None:
@@ -25,13 +26,10 @@ def sling_formula(catalog: FormulaCatalog, cmd: BeadSling) -> Formula | FormulaE
         return exc
 
 
-def formula_list(catalog: FormulaCatalog, body: dict[str, Any]) -> Any:
+def formula_list(catalog: FormulaCatalog, query: mayor.Formulas) -> list[dict[str, Any]]:
     """``gt.q.mayor.formulas``: every formula the town (or ``rig``) sees, broken ones with their error."""
-    rig = body.get("rig")
-    if rig is not None and not isinstance(rig, str):
-        raise QueryError("invalid", "`rig` must be a string")
     out = []
-    for name, entry in sorted(catalog.entries(rig).items()):
+    for name, entry in sorted(catalog.entries(query.rig).items()):
         item: dict[str, Any] = {"name": name, "layer": entry.layer, "path": str(entry.path)}
         if entry.formula is not None:
             item.update(
@@ -45,15 +43,9 @@ def formula_list(catalog: FormulaCatalog, body: dict[str, Any]) -> Any:
     return out
 
 
-def formula_view(catalog: FormulaCatalog, body: dict[str, Any]) -> Any:
+def formula_view(catalog: FormulaCatalog, query: mayor.Formula) -> dict[str, Any]:
     """``gt.q.mayor.formula``: one formula as written, or cooked with ``vars``."""
-    name, rig, given = body.get("name"), body.get("rig"), body.get("vars") or {}
-    if not isinstance(name, str) or not name:
-        raise QueryError("invalid", "`name` is required")
-    if rig is not None and not isinstance(rig, str):
-        raise QueryError("invalid", "`rig` must be a string")
-    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
-        raise QueryError("invalid", "`vars` must be an object of strings")
+    name, rig, given = query.name, query.rig, query.vars
     try:
         formula = catalog.get(name, rig)
         builtins = {"bead": "<bead>", "bead_title": "<bead title>", "rig": rig or "<rig>"}

@@ -17,6 +17,7 @@ from shared.commands import BeadSling, Command
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
 from shared.formulas.catalog import FormulaCatalog
+from shared.queries import Query, mayor
 from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)
@@ -61,18 +62,19 @@ class MayorService(Service[MayorState]):
         if owed:
             await self.append_owed(owed)
 
-    def query(self, what: str, body: dict[str, Any]) -> Any:
-        if what == "formulas":
-            return effects.formula_list(self.formulas, body)
-        if what == "formula":
-            return effects.formula_view(self.formulas, body)
-        return queries.answer(self.projection.state, what, body)
+    def query(self, query: Query[Any]) -> Any:
+        return self._answer(query, queries.everything)
 
-    def query_for_session(self, what: str, body: dict[str, Any], session: str) -> Any:
-        if what in ("formulas", "formula"):
-            return self.query(what, body)
-        state = self.projection.state
-        return queries.answer(state, what, body, sees=queries.mail_visible_to(state, session))
+    def query_for_session(self, query: Query[Any], session: str) -> Any:
+        return self._answer(query, queries.mail_visible_to(self.projection.state, session))
 
-    def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None:
-        queries.check_session_query(self.projection.state, what, body, session)
+    def _answer(self, query: Query[Any], sees: queries.Sees) -> Any:
+        match query:
+            case mayor.Formulas():
+                return effects.formula_list(self.formulas, query)  # the formula files: the catalog reads them
+            case mayor.Formula():
+                return effects.formula_view(self.formulas, query)
+        return queries.answer(self.projection.state, query, sees=sees)
+
+    def check_session_query(self, query: Query[Any], session: str) -> None:
+        queries.check_session_query(self.projection.state, query, session)

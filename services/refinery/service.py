@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
+import msgspec
 import structlog
 
 from services.refinery import decide as refinery_decide
@@ -30,6 +31,8 @@ from shared.commands import Command, MergeRequestSubmit
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext
 from shared.errors import ActivityLostError
+from shared.queries import Query
+from shared.queries.refinery import RefineryStatus
 from shared.rig_state import home_name
 from shared.service import Service, ServiceSettings
 
@@ -93,13 +96,13 @@ class RefineryService(Service[RefineryState]):
             return await bundles.take(self.projection.state, cmd, self.rigs_root, self.mq.max_bytes)
         return None
 
-    def query(self, what: str, body: dict[str, Any]) -> Any:
-        return queries.answer(self.projection.state, what, body, self.clock(), self.policy)
+    def query(self, query: Query[Any]) -> Any:
+        return queries.answer(self.projection.state, query, self.clock(), self.policy)
 
-    def status(self) -> dict[str, Any]:
-        out = super().status()
+    def status(self) -> RefineryStatus:
         figures = self.settler.figures
-        out.update(
+        return RefineryStatus(
+            **msgspec.structs.asdict(super().status()),
             merged=figures.merged,
             failed=figures.failed,
             conflicted=figures.conflicted,
@@ -110,7 +113,6 @@ class RefineryService(Service[RefineryState]):
             batch_size=self.policy.batch,
             processing=sorted(self._busy),
         )
-        return out
 
     # ---- the queue -----------------------------------------------------------------------------
 

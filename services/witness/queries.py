@@ -1,8 +1,8 @@
-"""Answers to ``gt.q.witness.<what>``, read from the projection. Pure."""
+"""Answers to ``gt.q.witness.<name>``, a query decoded into its class (``shared.queries.witness``), read from the
+projection. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -11,16 +11,11 @@ from services.witness.decide import waiting_beads
 from services.witness.state import Session, WitnessState
 from shared.errors import QueryError
 from shared.events.sessions import ACTIVE_SESSION
+from shared.queries import witness
+from shared.queries.base import Query
 
 EARLIER_SESSIONS_SHOWN = 3
 """How many of a bead's earlier sessions ``gt prime`` tells a fresh session about (newest first)."""
-
-
-def _opt_str(body: dict[str, Any], key: str) -> str | None:
-    value = body.get(key)
-    if value is not None and not isinstance(value, str):
-        raise QueryError("invalid", f"`{key}` must be a string")
-    return value
 
 
 def session_view(state: WitnessState, session: Session) -> dict[str, Any]:
@@ -32,9 +27,8 @@ def session_view(state: WitnessState, session: Session) -> dict[str, Any]:
     return view
 
 
-def _rigs(state: WitnessState, body: dict[str, Any]) -> Any:
-    """Rigs in service (every one, removed too, with ``all``)."""
-    everything = bool(body.get("all"))
+def _rigs(state: WitnessState, everything: bool) -> list[dict[str, Any]]:
+    """Rigs in service (every one, removed too, with ``everything``)."""
     out = []
     for rig in state.rigs.values():
         if rig.removed and not everything:
@@ -48,44 +42,35 @@ def _rigs(state: WitnessState, body: dict[str, Any]) -> Any:
     return out
 
 
-def _rig(state: WitnessState, body: dict[str, Any]) -> Any:
-    name = _opt_str(body, "name")
-    if not name:
-        raise QueryError("invalid", "`name` is required")
-    for view in _rigs(state, {"all": True}):
+def _rig(state: WitnessState, name: str) -> dict[str, Any]:
+    for view in _rigs(state, everything=True):
         if view["name"] == name:
             return view
     raise QueryError("not_found", f"no rig {name!r} (`gt rig list` shows them)")
 
 
-def _sessions(state: WitnessState, body: dict[str, Any]) -> Any:
+def _sessions(state: WitnessState, query: witness.Sessions) -> list[dict[str, Any]]:
     """Active sessions (every one with ``all``), optionally of one rig or bead."""
-    rig = _opt_str(body, "rig")
-    bead = _opt_str(body, "bead")
-    everything = bool(body.get("all"))
     out = []
     for session in state.sessions.values():
-        if rig is not None and session.rig != rig:
+        if query.rig is not None and session.rig != query.rig:
             continue
-        if bead is not None and session.bead != bead:
+        if query.bead is not None and session.bead != query.bead:
             continue
-        if not everything and session.status not in ACTIVE_SESSION:
+        if not query.all and session.status not in ACTIVE_SESSION:
             continue
         out.append(session_view(state, session))
     return out
 
 
-def check_session_query(what: str, body: dict[str, Any], session: str) -> None:
+def check_session_query(query: Query[Any], session: str) -> None:
     """A polecat session reads only its own session's record (its nudges, its handoff notes). Raises
     ``QueryError`` ``unauthorized`` otherwise."""
-    if what == "session" and body.get("id") != session:
+    if isinstance(query, witness.Session) and query.id != session:
         raise QueryError("unauthorized", f"session {session} reads only its own session record")
 
 
-def _session(state: WitnessState, body: dict[str, Any]) -> Any:
-    session_id = _opt_str(body, "id")
-    if not session_id:
-        raise QueryError("invalid", "`id` is required")
+def _session(state: WitnessState, session_id: str) -> dict[str, Any]:
     session = state.sessions.get(session_id)
     if session is None:
         raise QueryError("not_found", f"no session {session_id!r} (`gt session list` shows them)")
@@ -131,23 +116,20 @@ def earlier_sessions(state: WitnessState, session: Session, siblings: list[str])
     return out
 
 
-def _nudges(state: WitnessState, body: dict[str, Any]) -> Any:
-    everything = bool(body.get("all"))
+def _nudges(state: WitnessState, everything: bool) -> list[Any]:
     return [msgspec.to_builtins(n) for n in state.nudges.values() if everything or n.status == "queued"]
 
 
-QUERIES: dict[str, Callable[[WitnessState, dict[str, Any]], Any]] = {
-    "rigs": _rigs,
-    "rig": _rig,
-    "sessions": _sessions,
-    "session": _session,
-    "nudges": _nudges,
-}
-
-
-def answer(state: WitnessState, what: str, body: dict[str, Any]) -> Any:
-    handler = QUERIES.get(what)
-    if handler is None:
-        known = ", ".join([*QUERIES, "status", "digest"])
-        raise QueryError("unknown_query", f"the witness has no query {what!r}; it answers {known}")
-    return handler(state, body)
+def answer(state: WitnessState, query: Query[Any]) -> Any:
+    match query:
+        case witness.Rigs():
+            return _rigs(state, query.all)
+        case witness.Rig():
+            return _rig(state, query.name)
+        case witness.Sessions():
+            return _sessions(state, query)
+        case witness.Session():
+            return _session(state, query.id)
+        case witness.Nudges():
+            return _nudges(state, query.all)
+    raise QueryError("unknown_query", f"the witness answers no {query.NAME!r}")

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
+import msgspec
+
 from services.witness import decide as witness_decide
 from services.witness import queries
 from services.witness import settings as witness_settings
@@ -33,6 +35,8 @@ from shared.bus import auth_callout
 from shared.commands import Command
 from shared.config import TownConfig, town_mark
 from shared.decision import Accepted, DecideContext, Route
+from shared.queries import Query
+from shared.queries.witness import WitnessStatus
 from shared.service import Service, ServiceSettings
 from shared.tmux import Tmux
 
@@ -116,16 +120,16 @@ class WitnessService(Service[WitnessState]):
     async def prepare(self, cmd: Command) -> object:
         return await probes.facts_for(self.state, cmd)
 
-    def query(self, what: str, body: dict[str, Any]) -> Any:
-        return queries.answer(self.projection.state, what, body)
+    def query(self, query: Query[Any]) -> Any:
+        return queries.answer(self.projection.state, query)
 
-    def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None:
-        queries.check_session_query(what, body, session)
+    def check_session_query(self, query: Query[Any], session: str) -> None:
+        queries.check_session_query(query, session)
 
-    def status(self) -> dict[str, Any]:
-        out = super().status()
+    def status(self) -> WitnessStatus:
         responder = self.responder
-        out.update(
+        return WitnessStatus(
+            **msgspec.structs.asdict(super().status()),
             actions_done=self.actions.done,
             action_errors=self.actions.errors,
             actions_pending=self.actions.pending,
@@ -137,7 +141,6 @@ class WitnessService(Service[WitnessState]):
             session_logins_refused=responder.refused if responder else None,
             session_connections_kicked=responder.kicked if responder else None,
         )
-        return out
 
     # ---- the control loop ----------------------------------------------------------------------
 

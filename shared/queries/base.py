@@ -1,10 +1,16 @@
-"""The query base class, and the queries every service answers (``status``, ``digest``)."""
+"""The query base class, and the queries every service answers (``status``, ``digest``).
+
+One class serves both ends: the client builds it and sends its fields as the body; the service's query server
+decodes the body into the same class (``shared.queries.registry.decode``), which checks every field's type, so a
+service answers a typed query with ``match``. Fields it does not know are ignored, as they always were: an asker of
+another version may send one.
+"""
 
 from __future__ import annotations
 
 import functools
 import typing
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, TypeVar
 
 import msgspec
 
@@ -14,14 +20,27 @@ R = TypeVar("R", covariant=True)
 _ENCODER = msgspec.json.Encoder()
 
 
-class Query(msgspec.Struct, Generic[R], frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+LATEST_SEQ = -1
+"""A query's ``min_seq`` asking for everything stored when the service gets it: what a polecat session asks,
+since its identity may not read the log's state (the service reads it, one request more on its side)."""
+
+Required = Annotated[str, msgspec.Meta(min_length=1)]
+"""A string field a query cannot do without: absent or empty, the query is ``invalid``."""
+Limit = Annotated[int, msgspec.Meta(ge=0)]
+"""How many items a list answers at most (0: all of them)."""
+PageBytes = Annotated[int, msgspec.Meta(gt=0)]
+
+
+class Query(msgspec.Struct, Generic[R], frozen=True, kw_only=True, omit_defaults=True):
     """A question to one service: ``gt.q.<SERVICE>.<NAME>``, its fields the body (those holding their default left
     out, as the service reads an absent field). ``R`` is what the answer's ``result`` is read into: a typed reply
     where callers read its fields, ``Any`` (the JSON as it came) where it is printed or handed to a view."""
 
     SERVICE: ClassVar[str] = ""
     NAME: ClassVar[str] = ""
-    min_seq: int | None = None
+    PAGED: ClassVar[bool] = False
+    """A list answered a page at a time (``limit``, ``after``, ``page_bytes``: ``Page``)."""
+    min_seq: Annotated[int, msgspec.Meta(ge=LATEST_SEQ)] | None = None
     """Answered only once the service has applied the log up to here (read-your-writes); None: at once;
     ``LATEST_SEQ``: up to the log's last sequence when the service gets the query."""
 
@@ -36,17 +55,13 @@ class Query(msgspec.Struct, Generic[R], frozen=True, kw_only=True, forbid_unknow
         return _ENCODER.encode(self)
 
 
-LATEST_SEQ = -1
-"""A query's ``min_seq`` asking for everything stored when the service gets it: what a polecat session asks,
-since its identity may not read the log's state (the service reads it, one request more on its side)."""
-
 DEFAULT_LIST_LIMIT = 1000
 """How many items a list query (one with ``limit`` and ``after``) answers when its ``limit`` is not given."""
 
 
 PAGE_BYTES = "page_bytes"
-"""The body key of a list query that bounds a page's encoded items; the query server sets it to what one reply
-carries (an asker's smaller value stands)."""
+"""The field of a list query (``PAGED``) that bounds a page's encoded items; the query server sets it to what one
+reply carries (an asker's smaller value stands)."""
 
 
 class Page(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,8 +85,9 @@ def reply_type(cls: type[Query[Any]]) -> Any:
 
 
 class ServiceStatus(msgspec.Struct, kw_only=True):
-    """What every service reports about itself (``Service.status``); a service adds counters of its own, which
-    this leaves out (``ask_json`` has them)."""
+    """What every service reports about itself (``Service.status``); a service's subclass adds counters of its own
+    (``WitnessStatus``, ``RefineryStatus``, ``DeaconStatus``), which a ``Status`` answer leaves out (``ask_json``
+    has them)."""
 
     service: str = ""
     identity: str = ""
@@ -102,7 +118,7 @@ class ServiceStatus(msgspec.Struct, kw_only=True):
     uptime_s: float = 0.0
 
 
-class Status(Query[ServiceStatus], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Status(Query[ServiceStatus], frozen=True, kw_only=True):
     """How an instance of ``service`` is doing (answered at once, by a standby too)."""
 
     NAME: ClassVar[str] = "status"
@@ -122,7 +138,7 @@ class DigestReply(msgspec.Struct, kw_only=True):
     """Of the service's serialized projection at ``last_seq``: equal to a fresh replay's up to there."""
 
 
-class Digest(Query[DigestReply], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Digest(Query[DigestReply], frozen=True, kw_only=True):
     """A fingerprint of ``service``'s projection, for checks that the live one equals a replay of the log."""
 
     NAME: ClassVar[str] = "digest"

@@ -6,7 +6,21 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from shared.queries.base import Query
+from shared.queries.base import Query, Required, ServiceStatus
+
+
+class RefineryStatus(ServiceStatus, kw_only=True):
+    """The refinery's ``status``: what its merges came to, its gates, and the merge requests it works on now."""
+
+    merged: int = 0
+    failed: int = 0
+    conflicted: int = 0
+    gate_runs: int = 0
+    gate_seconds: float = 0.0
+    batches: int = 0
+    fenced: int = 0
+    batch_size: int = 0
+    processing: list[str] = []
 
 
 class MrSummary(msgspec.Struct, kw_only=True):
@@ -18,7 +32,7 @@ class MrSummary(msgspec.Struct, kw_only=True):
     status: str = ""
 
 
-class Mrs(Query[list[MrSummary]], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Mrs(Query[list[MrSummary]], frozen=True, kw_only=True):
     """The merge queue (of one rig when given): waiting ones first, by score."""
 
     SERVICE: ClassVar[str] = "refinery"
@@ -26,10 +40,10 @@ class Mrs(Query[list[MrSummary]], frozen=True, kw_only=True, forbid_unknown_fiel
     rig: str | None = None
 
 
-class Mr(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Mr(Query[Any], frozen=True, kw_only=True):
     SERVICE: ClassVar[str] = "refinery"
     NAME: ClassVar[str] = "mr"
-    id: str
+    id: Required
 
 
 class PausedQueue(msgspec.Struct, kw_only=True):
@@ -43,8 +57,12 @@ class PausedQueue(msgspec.Struct, kw_only=True):
     paused_at: str | None = None
 
 
-class PausedQueues(Query[list[PausedQueue]], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class PausedQueues(Query[list[PausedQueue]], frozen=True, kw_only=True):
     """The rigs' merge queues that are paused now (``gt mq resume <rig>`` resumes one), by rig."""
 
     SERVICE: ClassVar[str] = "refinery"
     NAME: ClassVar[str] = "paused"
+
+
+QUERIES: tuple[type[Query[Any]], ...] = (Mrs, Mr, PausedQueues)
+"""What the refinery answers (besides ``status`` and ``digest``)."""

@@ -8,7 +8,25 @@ from typing import Any, ClassVar
 import msgspec
 
 from shared.events.sessions import SessionStatus
-from shared.queries.base import Query
+from shared.queries.base import Query, Required, ServiceStatus
+
+
+class WitnessStatus(ServiceStatus, kw_only=True):
+    """The witness's ``status``: its action queue, the processes it watches, and the session logins it answered."""
+
+    actions_done: int = 0
+    action_errors: int = 0
+    actions_pending: int = 0
+    watched_processes: int = 0
+    tmux_socket: str = ""
+    rigs: list[str] | None = None
+    """The rigs this instance's scope serves (None: every rig)."""
+    commands_passed: int = 0
+    """Commands of another instance's scope it let pass."""
+    session_logins_granted: int | None = None
+    """None: this instance answers no session logins (auth callout off)."""
+    session_logins_refused: int | None = None
+    session_connections_kicked: int | None = None
 
 
 class SessionView(msgspec.Struct, kw_only=True):
@@ -39,7 +57,7 @@ class SessionDetail(SessionView, kw_only=True):
     earlier_sessions: list[dict[str, Any]] = []
 
 
-class Rigs(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Rigs(Query[Any], frozen=True, kw_only=True):
     """Rigs in service (every one, removed ones too, with ``all``)."""
 
     SERVICE: ClassVar[str] = "witness"
@@ -47,13 +65,13 @@ class Rigs(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
     all: bool = False
 
 
-class Rig(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Rig(Query[Any], frozen=True, kw_only=True):
     SERVICE: ClassVar[str] = "witness"
     NAME: ClassVar[str] = "rig"
-    name: str
+    name: Required
 
 
-class Sessions(Query[list[SessionView]], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Sessions(Query[list[SessionView]], frozen=True, kw_only=True):
     """Active sessions (every one with ``all``), of one rig or bead when given."""
 
     SERVICE: ClassVar[str] = "witness"
@@ -63,17 +81,21 @@ class Sessions(Query[list[SessionView]], frozen=True, kw_only=True, forbid_unkno
     all: bool = False
 
 
-class Session(Query[SessionDetail], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Session(Query[SessionDetail], frozen=True, kw_only=True):
     """One session (a polecat session may ask about its own only)."""
 
     SERVICE: ClassVar[str] = "witness"
     NAME: ClassVar[str] = "session"
-    id: str
+    id: Required
 
 
-class Nudges(Query[Any], frozen=True, kw_only=True, forbid_unknown_fields=True):
+class Nudges(Query[Any], frozen=True, kw_only=True):
     """Queued nudges (every one with ``all``)."""
 
     SERVICE: ClassVar[str] = "witness"
     NAME: ClassVar[str] = "nudges"
     all: bool = False
+
+
+QUERIES: tuple[type[Query[Any]], ...] = (Rigs, Rig, Sessions, Session, Nudges)
+"""What the witness answers (besides ``status`` and ``digest``)."""

@@ -46,6 +46,7 @@ from shared.errors import ActivityLostError, AppendConflictError, QueryError
 from shared.intake import CommandIntake, rate_limit, to_pending
 from shared.intake.rate_limit import RateLimiter
 from shared.projection import Projection
+from shared.queries.base import Query, ServiceStatus
 from shared.service.heartbeat import HeartbeatSender
 from shared.service.lifecycle import Lifecycle
 from shared.service.queries import QueryServer
@@ -233,17 +234,17 @@ class Service(Generic[S]):
         """A fresh id for what a command creates when its sender chose none."""
         return ids.random_bead_id(prefix)
 
-    def query(self, what: str, body: dict[str, Any]) -> Any:
-        """Answer ``gt.q.<name>.<what>`` from the projection."""
-        raise QueryError("unknown_query", f"{self.name} has no query {what!r}")
+    def query(self, query: Query[Any]) -> Any:
+        """Answer ``query`` (``gt.q.<name>.<NAME>``, decoded into its class) from the projection, with ``match``."""
+        raise QueryError("unknown_query", f"{self.name} has no query {query.NAME!r}")
 
-    def query_for_session(self, what: str, body: dict[str, Any], session: str) -> Any:
-        """Answer ``gt.q.<name>.<what>`` asked from polecat session ``session``'s private inbox (after
-        ``check_session_query``): a service whose lists hold one session's or polecat's own things leaves out the
-        others' here. Everything else is answered as ``query`` answers it."""
-        return self.query(what, body)
+    def query_for_session(self, query: Query[Any], session: str) -> Any:
+        """Answer ``query`` asked from polecat session ``session``'s private inbox (after ``check_session_query``):
+        a service whose lists hold one session's or polecat's own things leaves out the others' here. Everything
+        else is answered as ``query`` answers it."""
+        return self.query(query)
 
-    def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None:
+    def check_session_query(self, query: Query[Any], session: str) -> None:
         """Refuse (``QueryError`` ``unauthorized``) what polecat session ``session`` may not ask about: called for
         a query whose reply goes to a session's private inbox, which only that session may read (its NATS
         identity subscribes nowhere else). A service whose answers hold one session's or polecat's own things
@@ -446,37 +447,38 @@ class Service(Generic[S]):
 
     # ---- queries ------------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
-        """What ``gt health`` reports: connection, catch-up, lag and counters."""
+    def status(self) -> ServiceStatus:
+        """What ``gt health`` reports: connection, catch-up, lag and counters. A service with counters of its own
+        returns its ``ServiceStatus`` subclass, built on these (``msgspec.structs.asdict(super().status())``)."""
         reader = self.reader
         intake = self.intake
         keeper = self.activity
         since = keeper.active_since if keeper is not None else None
-        return {
-            "service": self.name,
-            "identity": self.identity,
-            "instance": self.instance,
-            "role": self.role,
-            "active_since": since.isoformat() if since is not None else None,
-            "active_holder": keeper.holder.instance if keeper is not None and keeper.holder is not None else None,
-            "connected": bool(self.nc and self.nc.is_connected),
-            "caught_up": bool(reader and reader.caught_up.is_set()),
-            "last_seq": self.projection.last_seq,
-            "pending": reader.pending if reader else None,
-            "applied": self.projection.applied,
-            "skipped": self.projection.skipped,
-            "fold_errors": self.projection.fold_errors,
-            "reconcile_errors": self.reconcile_errors,
-            "reconciles": self.reconciles,
-            "patrol_last_s": round(self.patrol_last_s, 6),
-            "patrol_max_s": round(self.patrol_max_s, 6),
-            "patrol_total_s": round(self.patrol_total_s, 6),
-            "resyncs": reader.resyncs if reader else 0,
-            "gaps": reader.gaps if reader else 0,
-            "commands_processed": intake.processed if intake else 0,
-            "commands_rejected": intake.rejected if intake else 0,
-            "commands_dropped": intake.dropped if intake else 0,
-            "queries_refused": self.queries_refused,
-            "snapshot_seq": self.snapshots.seq if self.snapshots is not None else 0,
-            "uptime_s": round(time.monotonic() - self._started_at, 1),
-        }
+        return ServiceStatus(
+            service=self.name,
+            identity=self.identity,
+            instance=self.instance,
+            role=self.role,
+            active_since=since.isoformat() if since is not None else None,
+            active_holder=keeper.holder.instance if keeper is not None and keeper.holder is not None else None,
+            connected=bool(self.nc and self.nc.is_connected),
+            caught_up=bool(reader and reader.caught_up.is_set()),
+            last_seq=self.projection.last_seq,
+            pending=reader.pending if reader else None,
+            applied=self.projection.applied,
+            skipped=self.projection.skipped,
+            fold_errors=self.projection.fold_errors,
+            reconcile_errors=self.reconcile_errors,
+            reconciles=self.reconciles,
+            patrol_last_s=round(self.patrol_last_s, 6),
+            patrol_max_s=round(self.patrol_max_s, 6),
+            patrol_total_s=round(self.patrol_total_s, 6),
+            resyncs=reader.resyncs if reader else 0,
+            gaps=reader.gaps if reader else 0,
+            commands_processed=intake.processed if intake else 0,
+            commands_rejected=intake.rejected if intake else 0,
+            commands_dropped=intake.dropped if intake else 0,
+            queries_refused=self.queries_refused,
+            snapshot_seq=self.snapshots.seq if self.snapshots is not None else 0,
+            uptime_s=round(time.monotonic() - self._started_at, 1),
+        )

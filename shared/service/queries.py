@@ -1,11 +1,12 @@
 """The query server: a service's answers to ``gt.q.<service>.*`` (docs/architecture.md, "Sending a command and
 asking a query"), from its projection, by every instance that follows the log (a standby too).
 
-Every query but ``status`` waits until the instance has applied the asker's ``min_seq`` (read-your-writes; the
-log's last sequence when the query arrives for ``LATEST_SEQ``, what a polecat session asks, which may not read the
-log's state); ``digest`` is the projection's hash, for checking a live projection against a fresh replay. A query
-from a polecat session (its own identity, named by the server in ``Nats-Request-Info``, or its private inbox) is
-first checked against what that session may ask.
+The body is decoded into the query's own class (``shared.queries.registry``: the class the client built), which
+the service answers with ``match``. Every query but ``status`` waits until the instance has applied the asker's
+``min_seq`` (read-your-writes; the log's last sequence when the query arrives for ``LATEST_SEQ``, what a polecat
+session asks, which may not read the log's state); ``digest`` is the projection's hash, for checking a live
+projection against a fresh replay. A query from a polecat session (its own identity, named by the server in
+``Nats-Request-Info``, or its private inbox) is first checked against what that session may ask.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from shared.bus.reader import EventReader
 from shared.decoding import UNDECODABLE
 from shared.errors import QueryError
 from shared.projection import Projection
-from shared.queries.base import LATEST_SEQ, PAGE_BYTES, Page
+from shared.queries import registry
+from shared.queries.base import LATEST_SEQ, PAGE_BYTES, Digest, DigestReply, Page, Query, ServiceStatus
 
 log = structlog.get_logger(__name__)
 
@@ -48,13 +50,13 @@ class Answering(Protocol):
     following: asyncio.Event
     reader: EventReader | None
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self) -> ServiceStatus: ...
 
-    def query(self, what: str, body: dict[str, Any]) -> Any: ...
+    def query(self, query: Query[Any]) -> Any: ...
 
-    def query_for_session(self, what: str, body: dict[str, Any], session: str) -> Any: ...
+    def query_for_session(self, query: Query[Any], session: str) -> Any: ...
 
-    def check_session_query(self, what: str, body: dict[str, Any], session: str) -> None: ...
+    def check_session_query(self, query: Query[Any], session: str) -> None: ...
 
 
 class QueryServer:
@@ -123,13 +125,12 @@ class QueryServer:
             raise QueryError("malformed", f"query body is not JSON: {exc!r:.300}") from None
         if not isinstance(body, dict):
             raise QueryError("malformed", "a query body must be a JSON object")
-        if session is not None:
-            service.check_session_query(what, body, session)
-        if what == "status":
+        if what == "status":  # answered at once, whatever the body holds
             return {"ok": True, "seq": projection.last_seq, "result": service.status()}
-        min_seq = body.get("min_seq", 0)
-        if not isinstance(min_seq, int) or isinstance(min_seq, bool) or min_seq < LATEST_SEQ:
-            raise QueryError("invalid", f"`min_seq` must be a non-negative integer, or {LATEST_SEQ} (the log's last)")
+        query = registry.decode(service.name, what, body)
+        if session is not None:
+            service.check_session_query(query, session)
+        min_seq = query.min_seq or 0
         try:
             async with asyncio.timeout(MAX_MIN_SEQ_WAIT_S):
                 await service.following.wait()
@@ -142,20 +143,17 @@ class QueryServer:
             raise QueryError(
                 "lagging", f"{service.name} has applied up to {projection.last_seq}, not yet {min_seq}; try again"
             ) from None
-        if what == "digest":
+        if isinstance(query, Digest):
             # For checks that the live projection equals a fresh replay of the log up to ``last_seq``.
             digest = hashlib.sha256(projection.serialize_state()).hexdigest()
-            return {
-                "ok": True,
-                "seq": projection.last_seq,
-                "result": {"last_seq": projection.last_seq, "sha256": digest},
-            }
-        if reply_bytes is not None:
+            result = DigestReply(last_seq=projection.last_seq, sha256=digest)
+            return {"ok": True, "seq": projection.last_seq, "result": result}
+        if reply_bytes is not None and query.PAGED:
             # A list answers a page of what fits in one reply (``Page``): fewer views built, none cut afterwards.
-            asked = body.get(PAGE_BYTES)
-            fits = isinstance(asked, int) and not isinstance(asked, bool) and 0 < asked < reply_bytes
-            body[PAGE_BYTES] = asked if fits else reply_bytes
-        result = service.query(what, body) if session is None else service.query_for_session(what, body, session)
+            asked = getattr(query, PAGE_BYTES)
+            budget = asked if asked is not None and asked < reply_bytes else reply_bytes
+            query = msgspec.structs.replace(query, **{PAGE_BYTES: budget})
+        result = service.query(query) if session is None else service.query_for_session(query, session)
         if isinstance(result, Page):
             return {"ok": True, "seq": projection.last_seq, "result": result.items, "next": result.next}
         return {"ok": True, "seq": projection.last_seq, "result": result}

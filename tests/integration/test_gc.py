@@ -215,7 +215,7 @@ async def test_a_sweep_collects_what_finished_keeps_live_work_compacts_snapshots
 
         # Compacted snapshots replace the old ones promptly, and nothing of the old ones is left in the store.
         for service in (*collected, deacon):
-            await assert_eventually(lambda s=service: s.status()["snapshot_seq"] >= sweep_seq)  # type: ignore[misc]
+            await assert_eventually(lambda s=service: s.status().snapshot_seq >= sweep_seq)  # type: ignore[misc]
         after = {s.name: await snapshot_size(nc, town, s.name) for s in collected}
         for name, size in after.items():
             assert size < before[name], f"the {name}'s snapshot did not shrink: {before[name]} -> {size}"
@@ -257,7 +257,7 @@ async def test_a_sweep_collects_what_finished_keeps_live_work_compacts_snapshots
         ]
         for service, make in restarted:
             status = service.status()
-            assert status["snapshot_seq"] >= sweep_seq, f"the {service.name} did not start from the compacted one"
+            assert status.snapshot_seq >= sweep_seq, f"the {service.name} did not start from the compacted one"
             assert service.projection.applied < service.projection.last_seq  # only the tail was replayed
             await assert_replays(nc, service, make)
         assert done not in pt.mayor.projection.state.molecules

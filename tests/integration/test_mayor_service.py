@@ -404,6 +404,50 @@ class TestQueries:
         assert answer["seq"] >= start + 2
         assert [b["title"] for b in answer["result"]] == ["t"]
 
+    async def test_the_bodies_an_operator_types_with_nats_req_are_answered_as_documented(
+        self, nc: Client, mayor: MayorService
+    ) -> None:
+        """docs/operating.md and README.md: `nats req gt.q.mayor.list '{"label": "backend"}'`, byte for byte; the
+        server decodes the body into the query's class (shared.queries.registry), which ignores unknown fields."""
+        await pub(nc, "gt.cmd.bead.create", {"title": "api", "labels": ["backend"]}, msg_id="req-1")
+        await pub(nc, "gt.cmd.bead.create", {"title": "css", "labels": ["frontend"]}, msg_id="req-2")
+        await outcome_of(nc, "req-1")
+        bead = (await outcome_of(nc, "req-2"))["result"]["id"]
+        await mayor.catch_up()
+
+        async def req(what: str, typed: bytes) -> dict[str, Any]:
+            reply = await nc.request(f"gt.q.mayor.{what}", typed, timeout=15)
+            answer: dict[str, Any] = json.loads(reply.data)
+            return answer
+
+        listed = await req("list", b'{"label": "backend"}')
+        assert (listed["ok"], [b["title"] for b in listed["result"]], listed["next"]) == (True, ["api"], None)
+        assert [b["title"] for b in (await req("ready", b"{}"))["result"]] == ["api", "css"]
+        assert [b["title"] for b in (await req("ready", b""))["result"]] == ["api", "css"], "no body: {}"
+        assert (await req("get", f'{{"id": "{bead}"}}'.encode()))["result"]["title"] == "css"
+        digest = await req("digest", b"{}")
+        assert digest["result"]["last_seq"] == digest["seq"]
+        assert (await req("status", b'{"min_seq": "whatever"}'))["result"]["service"] == "mayor", "status: at once"
+        unknown_field = await req("list", b'{"label": "backend", "colour": "red"}')
+        assert unknown_field["result"] == listed["result"], "a field it does not know is ignored, as it always was"
+        for what, body, field in (
+            ("get", b"{}", "id"),
+            ("get", b'{"id": ""}', "id"),
+            ("list", b'{"limit": "5"}', "limit"),
+            ("list", b'{"limit": -1}', "limit"),
+            ("list", b'{"include_closed": "yes"}', "include_closed"),
+            ("inbox", b'{"to": 7}', "to"),
+            ("list", b'{"min_seq": true}', "min_seq"),
+        ):
+            bad = await req(what, body)
+            assert (bad["ok"], bad["code"]) == (False, "invalid"), (what, body)
+            assert bad["message"].startswith(f"gt.q.mayor.{what}: "), bad["message"]
+            assert f"`{field}`" in bad["message"], bad["message"]
+        teleport = await req("teleport", b"{}")
+        assert teleport["code"] == "unknown_query"
+        assert "it answers get, list, ready" in teleport["message"]
+        assert teleport["message"].endswith("status, digest")
+
 
 class TestSnapshots:
     async def test_a_restart_from_a_snapshot_equals_a_full_replay(self, nc: Client, town: TownConfig) -> None:

@@ -443,7 +443,7 @@ async def test_a_standby_mayor_follows_answers_status_and_takes_over_a_clean_sto
             bead = created["result"]["id"]
             await assert_eventually(lambda: bead in second.projection.state.beads, timeout=10)
             status = second.status()
-            assert (status["role"], status["active_holder"], status["caught_up"]) == ("standby", first.instance, True)
+            assert (status.role, status.active_holder, status.caught_up) == ("standby", first.instance, True)
             assert second.intake is None, "a standby takes no commands"
             assert not second.ready.is_set()
 

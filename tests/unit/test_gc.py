@@ -66,6 +66,7 @@ from shared.events import (
 from shared.ids import hook_lease_name
 from shared.leases import Renewal
 from shared.projection import Projection
+from shared.queries import mayor, refinery
 from tests.mayor_town import mayor_town
 from tests.memory_log import MemoryLog
 
@@ -262,9 +263,9 @@ def test_the_mayor_drops_molecules_of_old_closed_beads_and_says_so() -> None:
     assert live in state.molecules
     assert state.beads[live].collected_molecule is None
     assert recent in state.molecules
-    assert mayor_queries.answer(state, "get", {"id": done})["status"] == "closed"
+    assert mayor_queries.answer(state, mayor.Get(id=done))["status"] == "closed"
     with pytest.raises(QueryError, match="polecat-work molecule was garbage-collected") as found:
-        mayor_queries.answer(state, "molecule", {"bead": done})
+        mayor_queries.answer(state, mayor.Molecule(bead=done))
     assert found.value.code == "not_found"
     with pytest.raises(CommandError, match="garbage-collected") as refused:
         town.send("gt.cmd.step.done", {"bead": done, "step": "implement"})
@@ -369,8 +370,8 @@ def test_the_refinery_drops_finished_merge_requests_of_closed_beads_with_their_i
     service = RefineryService(TownConfig())
     service.projection = r.projection
     with pytest.raises(QueryError):
-        service.query("mr", {"id": merged})
-    assert {m["id"] for m in service.query("mrs", {})} == {unclosed, queued, blocked, late}
+        service.query(refinery.Mr(id=merged))
+    assert {m["id"] for m in service.query(refinery.Mrs())} == {unclosed, queued, blocked, late}
     r.assert_replays()
 
 

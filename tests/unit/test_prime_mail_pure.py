@@ -30,6 +30,7 @@ from shared.events import (
     SessionRequested,
     SessionWarranted,
 )
+from shared.queries import witness
 from shared.tmux import TAIL_CHARS, TAIL_LINE_CHARS, clean_tail
 from tests.memory_log import MemoryLog
 from tests.unit.test_witness_plan import World, only
@@ -68,7 +69,7 @@ def test_a_session_is_told_how_the_ones_before_it_ended_newest_first() -> None:
     w.add(SessionWarranted(session_id=second, reason="stalled", detail="no heartbeat for 700s", pane_tail="x\ny"))
     w.add(SessionEnded(session_id=second, reason="stalled", detail="killed after warrant"))
     third = w.running("gt-abc")
-    view = answer(w.state, "session", {"id": third})
+    view = answer(w.state, witness.Session(id=third))
     earlier = view["earlier_sessions"]
     assert [e["id"] for e in earlier] == [second, first]
     assert (earlier[0]["warrant_reason"], earlier[0]["warrant_detail"], earlier[0]["pane_tail"]) == (
@@ -81,7 +82,7 @@ def test_a_session_is_told_how_the_ones_before_it_ended_newest_first() -> None:
     assert f"- {second} (attempt 2): warranted (stalled): no heartbeat for 700s" in text
     assert "  | x\n  | y" in text
     assert f"- {first} (attempt 1): handed off; its note: context full; parser half done" in text
-    assert answer(w.state, "session", {"id": first})["earlier_sessions"] == []
+    assert answer(w.state, witness.Session(id=first))["earlier_sessions"] == []
 
 
 def test_only_the_last_few_earlier_sessions_are_shown() -> None:
@@ -92,7 +93,7 @@ def test_only_the_last_few_earlier_sessions_are_shown() -> None:
         session = w.running("gt-abc")
         w.add(SessionEnded(session_id=session, reason="handoff"))
     last = w.running("gt-abc")
-    earlier = answer(w.state, "session", {"id": last})["earlier_sessions"]
+    earlier = answer(w.state, witness.Session(id=last))["earlier_sessions"]
     assert [e["attempt"] for e in earlier] == [5, 4, 3]
     assert "handed off (no note)" in "\n".join(before_you_lines(earlier))
 

@@ -13,10 +13,18 @@ import pytest
 from services.mayor import queries
 from services.mayor.state import Bead, MayorState
 from shared.errors import QueryError
+from shared.queries import registry
 from shared.queries.base import PAGE_BYTES, Page
 from shared.service.queries import fit_reply
 
 NOW = datetime(2026, 11, 28, tzinfo=UTC)
+
+
+def ask(state: MayorState, what: str, body: dict[str, object]) -> Page:
+    """The mayor's answer to ``gt.q.mayor.<what>`` with ``body``, decoded as its query server decodes it."""
+    page = queries.answer(state, registry.decode("mayor", what, body))
+    assert isinstance(page, Page)
+    return page
 
 
 def town(n: int) -> MayorState:
@@ -37,7 +45,7 @@ def test_a_list_pages_through_with_the_cursor_each_item_once_in_order() -> None:
     body: dict[str, object] = {"limit": 10}
     pages = 0
     while True:
-        page = queries.answer(state, "list", dict(body))
+        page = ask(state, "list", dict(body))
         pages += 1
         seen += ids(page)
         if page.next is None:
@@ -50,22 +58,22 @@ def test_a_list_pages_through_with_the_cursor_each_item_once_in_order() -> None:
 
 def test_the_last_full_page_has_no_cursor() -> None:
     state = town(10)
-    assert queries.answer(state, "ready", {"limit": 10}).next is None
-    assert queries.answer(state, "ready", {"limit": 9}).next == "hq-00008"
+    assert ask(state, "ready", {"limit": 10}).next is None
+    assert ask(state, "ready", {"limit": 9}).next == "hq-00008"
 
 
 def test_an_item_that_stopped_matching_between_pages_keeps_the_place() -> None:
     state = town(6)
-    first = queries.answer(state, "ready", {"limit": 3})
+    first = ask(state, "ready", {"limit": 3})
     assert ids(first) == ["hq-00000", "hq-00001", "hq-00002"]
     state.beads["hq-00002"].status = "closed"  # the cursor's own bead is no longer ready
-    second = queries.answer(state, "ready", {"limit": 3, "after": first.next})
+    second = ask(state, "ready", {"limit": 3, "after": first.next})
     assert ids(second) == ["hq-00003", "hq-00004", "hq-00005"]
 
 
 def test_a_cursor_no_longer_in_the_list_is_an_error_not_an_empty_page() -> None:
     with pytest.raises(QueryError) as caught:
-        queries.answer(town(3), "list", {"after": "hq-gone"})
+        ask(town(3), "list", {"after": "hq-gone"})
     assert caught.value.code == "stale_cursor"
     assert "list from the start" in caught.value.message
 
@@ -73,12 +81,12 @@ def test_a_cursor_no_longer_in_the_list_is_an_error_not_an_empty_page() -> None:
 def test_a_page_holds_at_most_page_bytes_of_items_and_always_one() -> None:
     state = town(100)
     item = len(msgspec.json.encode(queries.bead_view(state.beads["hq-00000"])))
-    page = queries.answer(state, "list", {"limit": 0, PAGE_BYTES: item * 10 + 20})
+    page = ask(state, "list", {"limit": 0, PAGE_BYTES: item * 10 + 20})
     assert len(page.items) == 10
     assert page.next == "hq-00009"
-    assert len(queries.answer(state, "list", {"limit": 0, PAGE_BYTES: 1}).items) == 1, "an item larger: still one"
+    assert len(ask(state, "list", {"limit": 0, PAGE_BYTES: 1}).items) == 1, "an item larger: still one"
     with pytest.raises(QueryError):
-        queries.answer(state, "list", {PAGE_BYTES: "a lot"})
+        ask(state, "list", {PAGE_BYTES: "a lot"})
 
 
 def test_a_page_over_the_reply_limit_is_cut_with_a_cursor_where_it_was_cut() -> None:

@@ -3,20 +3,35 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
 from services.mayor import queries
 from services.mayor.decide.mail import own_message
 from services.mayor.state import MESSAGE_TYPE, Bead, Convoy, KnownRig, MayorState
-from services.witness.queries import check_session_query
+from services.witness import queries as witness_queries
 from shared.commands import BeadClaim, Fence, MailArchive, SessionHandoff, StepDone
 from shared.errors import CommandError, QueryError
 from shared.intake import Sender, command_actor, impersonation
+from shared.queries import registry
 from shared.queries.base import Page
 from shared.subjects import SessionOrigin
 
 ACE = SessionOrigin("demo", "ace", "hq-a-1")
+
+
+def ask(state: MayorState, what: str, body: dict[str, Any], *, sees: queries.Sees) -> Any:
+    """The mayor's answer to ``gt.q.mayor.<what>`` with ``body``, decoded as its query server decodes it."""
+    return queries.answer(state, registry.decode("mayor", what, body), sees=sees)
+
+
+def check_mayor(state: MayorState, what: str, body: dict[str, Any], session: str) -> None:
+    queries.check_session_query(state, registry.decode("mayor", what, body), session)
+
+
+def check_witness(what: str, body: dict[str, Any], session: str) -> None:
+    witness_queries.check_session_query(registry.decode("witness", what, body), session)
 
 
 def test_the_subject_names_the_actor_whatever_the_body_says() -> None:
@@ -77,20 +92,20 @@ def test_a_polecat_acts_only_on_mail_in_its_own_inbox() -> None:
 def test_a_session_asks_only_about_its_own_mail_and_record() -> None:
     state = mailbox_state()
     state.rigs["demo"] = KnownRig(name="demo", polecats={"ace": "hq-a-1", "bob": None})
-    check_session_query("session", {"id": "hq-a-1"}, "hq-a-1")
-    check_session_query("sessions", {}, "hq-a-1")
+    check_witness("session", {"id": "hq-a-1"}, "hq-a-1")
+    check_witness("sessions", {}, "hq-a-1")
     with pytest.raises(QueryError) as refused:
-        check_session_query("session", {"id": "hq-b-1"}, "hq-a-1")
+        check_witness("session", {"id": "hq-b-1"}, "hq-a-1")
     assert refused.value.code == "unauthorized"
     with pytest.raises(QueryError) as other:
-        queries.check_session_query(state, "inbox", {"to": "polecat:demo/bob"}, "hq-a-1")
+        check_mayor(state, "inbox", {"to": "polecat:demo/bob"}, "hq-a-1")
     assert other.value.code == "unauthorized"
-    queries.check_session_query(state, "inbox", {"to": "demo/ace"}, "hq-a-1")
+    check_mayor(state, "inbox", {"to": "demo/ace"}, "hq-a-1")
     with pytest.raises(QueryError, match="holds mail"):
-        queries.check_session_query(state, "thread", {"thread": "hq-m"}, "hq-a-1")
+        check_mayor(state, "thread", {"thread": "hq-m"}, "hq-a-1")
     with pytest.raises(QueryError, match="no live polecat session"):
-        queries.check_session_query(state, "inbox", {"to": "polecat:demo/bob"}, "hq-gone-1")
-    queries.check_session_query(state, "ready", {}, "hq-a-1")
+        check_mayor(state, "inbox", {"to": "polecat:demo/bob"}, "hq-gone-1")
+    check_mayor(state, "ready", {}, "hq-a-1")
 
 
 def test_a_sessions_lists_leave_out_others_mail_and_a_message_of_others_is_refused() -> None:
@@ -123,12 +138,12 @@ def test_a_sessions_lists_leave_out_others_mail_and_a_message_of_others_is_refus
     def ids(found: Page) -> list[str]:
         return sorted(str(b["id"]) for b in found.items)
 
-    assert ids(queries.answer(state, "list", {}, sees=ace)) == ["hq-own", "hq-sent", "hq-work"]
-    assert ids(queries.answer(state, "list", {"type": "message"}, sees=ace)) == ["hq-own", "hq-sent"]
-    assert ids(queries.answer(state, "list", {}, sees=queries.everything)) == ["hq-m", "hq-own", "hq-sent", "hq-work"]
-    assert ids(queries.answer(state, "list", {}, sees=queries.mail_visible_to(state, "hq-b-1"))) == ["hq-m", "hq-work"]
-    assert queries.answer(state, "get", {"id": "hq-own"}, sees=ace)["id"] == "hq-own"
-    assert queries.answer(state, "get", {"id": "hq-sent"}, sees=ace)["id"] == "hq-sent", "mail it sent"
+    assert ids(ask(state, "list", {}, sees=ace)) == ["hq-own", "hq-sent", "hq-work"]
+    assert ids(ask(state, "list", {"type": "message"}, sees=ace)) == ["hq-own", "hq-sent"]
+    assert ids(ask(state, "list", {}, sees=queries.everything)) == ["hq-m", "hq-own", "hq-sent", "hq-work"]
+    assert ids(ask(state, "list", {}, sees=queries.mail_visible_to(state, "hq-b-1"))) == ["hq-m", "hq-work"]
+    assert ask(state, "get", {"id": "hq-own"}, sees=ace)["id"] == "hq-own"
+    assert ask(state, "get", {"id": "hq-sent"}, sees=ace)["id"] == "hq-sent", "mail it sent"
     for what, body in (
         ("get", {"id": "hq-m"}),
         ("molecule", {"bead": "hq-m"}),
@@ -136,13 +151,13 @@ def test_a_sessions_lists_leave_out_others_mail_and_a_message_of_others_is_refus
         ("children", {"id": "hq-m"}),
     ):
         with pytest.raises(QueryError) as refused:
-            queries.answer(state, what, body, sees=ace)
+            ask(state, what, body, sees=ace)
         assert refused.value.code == "unauthorized", what
         assert "hq-m" in refused.value.message
-    assert queries.answer(state, "deps", {"id": "hq-work"}, sees=ace) == [], "a message it may not see is left out"
-    details = queries.answer(state, "convoy", {"id": "cv-1"}, sees=ace)["bead_details"]
+    assert ask(state, "deps", {"id": "hq-work"}, sees=ace) == [], "a message it may not see is left out"
+    details = ask(state, "convoy", {"id": "cv-1"}, sees=ace)["bead_details"]
     assert [d["id"] for d in details] == ["hq-work", "hq-own"]
-    assert queries.answer(state, "thread", {"thread": "hq-m"}, sees=ace) == []
+    assert ask(state, "thread", {"thread": "hq-m"}, sees=ace) == []
     # A session no longer live sees no mail at all.
     gone = queries.mail_visible_to(state, "hq-gone-1")
-    assert ids(queries.answer(state, "list", {}, sees=gone)) == ["hq-work"]
+    assert ids(ask(state, "list", {}, sees=gone)) == ["hq-work"]

@@ -41,9 +41,9 @@ from shared.bus.errors import BusError
 from shared.commands import BeadCreate, BeadSling
 from shared.config import TownConfig
 from shared.decision import NewEvent
-from shared.errors import QueryError
 from shared.events import AutomationCompleted, AutomationFailed
 from shared.faults import crash_point
+from shared.queries import deacon
 
 log = structlog.get_logger(__name__)
 
@@ -130,16 +130,13 @@ class AutomationRunner:
             log.info("automations_loaded", directory=str(self.catalog.directory), automations=sorted(names))
         return defs
 
-    def query(self, what: str, body: dict[str, Any]) -> Any:
+    def query(self, query: deacon.Automations | deacon.Automation) -> Any:
         """``gt.q.deacon.automations`` (every one) and ``gt.q.deacon.automation`` (``name``, with its history)."""
         defs = self.load()
         now = self._clock()
-        if what == "automations":
+        if isinstance(query, deacon.Automations):
             return automation_views.list_view(defs, self._state(), self.plan.waiting, now)
-        name = body.get("name")
-        if not isinstance(name, str) or not name:
-            raise QueryError("invalid", "`name` is required")
-        return automation_views.detail_view(name, defs, self._state(), self.plan.waiting, now)
+        return automation_views.detail_view(query.name, defs, self._state(), self.plan.waiting, now)
 
     def status(self) -> dict[str, Any]:
         return {

@@ -26,7 +26,6 @@ from shared.events import Envelope, Event, GcSwept
 from shared.results import GcResult
 
 ENDED_LEASES = ("released", "expired")
-_JSON = msgspec.json.Decoder()
 
 KvEntries = Mapping[str, tuple[bytes, int]]
 """Key -> (value, revision) of a KV bucket as read now."""
@@ -107,21 +106,12 @@ def select_leases(state: LeaseState, entries: KvEntries, cutoff: datetime) -> li
     return out
 
 
-def heartbeat_time(value: bytes) -> datetime | None:
-    """The ``ts`` of an agent heartbeat (``{"ts": iso, "session": ..., "note": ...}``); None when unreadable."""
-    try:
-        body = _JSON.decode(value)
-        return _aware(datetime.fromisoformat(str(body["ts"])))
-    except (msgspec.DecodeError, ValueError, RecursionError, KeyError, TypeError):  # see shared.decoding
-        return None
-
-
 def select_heartbeats(entries: KvEntries, cutoff: datetime) -> list[tuple[str, int]]:
     """Agent heartbeats older than ``cutoff`` (an unreadable one is left alone)."""
     out = []
     for key, (value, revision) in entries.items():
-        beat = heartbeat_time(value)
-        if beat is not None and beat < cutoff:
+        beat = heartbeats.decode_agent(value)
+        if beat is not None and beat.ts < cutoff:
             out.append((key, revision))
     return out
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from services.mayor.state import SessionCost, UsageBook
+from services.mayor.state import MayorState, SessionCost, UsageBook
 from shared.errors import QueryError
 from shared.usage import COST_GROUPINGS, ModelUsage, merge
 
@@ -47,3 +47,12 @@ def costs(book: UsageBook, by: str, convoys_of_bead: dict[str, list[str]]) -> li
         for key in keys:
             groups.setdefault(key, []).append(cost)
     return [_row(key, (u for c in found for u in c.models), len(found)) for key, found in sorted(groups.items())]
+
+
+def costs_of(state: MayorState, by: str | None) -> list[dict[str, Any]]:
+    """``gt.q.mayor.costs``: the usage book grouped ``by`` bead (the default), rig, convoy, day or session."""
+    convoys_of_bead: dict[str, list[str]] = {}
+    for convoy in state.convoys.values():
+        for bead_id in convoy.beads:
+            convoys_of_bead.setdefault(bead_id, []).append(convoy.id)
+    return costs(state.usage, by or "bead", convoys_of_bead)

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 import structlog
@@ -21,7 +21,7 @@ from services.witness.effects import runtime_setup
 from services.witness.effects.pidwatch import ExitWatcher
 from services.witness.plan import Observed, PaneSeen, liveness, may_linger, scope
 from services.witness.state import Session, WitnessState
-from shared import leases, processes
+from shared import heartbeats, leases, processes
 from shared.bus.connection import Connection
 from shared.bus.errors import BusError
 from shared.bus.kv import Bucket
@@ -33,7 +33,6 @@ from shared.tmux import Tmux, TmuxError
 
 log = structlog.get_logger(__name__)
 
-_HEARTBEAT = msgspec.json.Decoder(dict[str, Any])
 SCREEN_LINES = 30
 """How much of the bottom of a pane is read for what its runtime shows (older lines are history)."""
 
@@ -283,22 +282,11 @@ class Observer:
                 entry = await kv.get(sid)
                 if entry is None:
                     continue
-                beat = heartbeat_time(entry.value)
+                beat = heartbeats.decode_agent(entry.value)
                 if beat is not None:
-                    out[sid] = beat
+                    out[sid] = beat.ts
         except (BusError, TimeoutError) as exc:
             # Without heartbeats a quiet session could be judged stalled wrongly: judge none this time.
             log.warning("heartbeats_unavailable", error=repr(exc))
             return dict.fromkeys(quiet, now)
         return out
-
-
-def heartbeat_time(value: bytes | None) -> datetime | None:
-    """When an agent's `gt heartbeat` was written (its KV entry's ``ts``); None: none, or not readable."""
-    if not value:
-        return None
-    try:
-        body = _HEARTBEAT.decode(value)
-        return datetime.fromisoformat(str(body["ts"]))
-    except (msgspec.DecodeError, ValueError, RecursionError, KeyError, TypeError):  # see shared.decoding
-        return None

@@ -1,0 +1,81 @@
+"""How the mayor shows its records in query answers (JSON-ready), and who may see which bead. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from services.mayor.state import (
+    Bead,
+    Convoy,
+    Escalation,
+    MayorState,
+    Molecule,
+    convoy_progress,
+    convoy_waves,
+    current_step,
+    is_complete,
+    open_blockers,
+)
+
+Sees = Callable[[Bead], bool]
+"""Whether the asker may see a bead: every bead, except mail, which a polecat session sees only when it is to or
+from its own polecat (``services.mayor.queries.mail.mail_visible_to``)."""
+
+
+def everything(_bead: Bead) -> bool:
+    return True
+
+
+def bead_view(bead: Bead) -> dict[str, Any]:
+    """A bead as queries return it (JSON-ready)."""
+    view: dict[str, Any] = msgspec.to_builtins(bead)
+    return view
+
+
+def molecule_view(molecule: Molecule) -> dict[str, Any]:
+    view: dict[str, Any] = msgspec.to_builtins(molecule)
+    step = current_step(molecule)
+    done = sum(1 for s in molecule.steps if s.status == "done")
+    view.update(
+        current_step=step.id if step else None, done=done, total=len(molecule.steps), complete=is_complete(molecule)
+    )
+    return view
+
+
+def convoy_view(
+    state: MayorState, convoy: Convoy, *, with_beads: bool = False, sees: Sees = everything
+) -> dict[str, Any]:
+    view: dict[str, Any] = msgspec.to_builtins(convoy)
+    closed, total = convoy_progress(state, convoy)
+    view.update(closed=closed, total=total)
+    if with_beads:
+        waves = convoy_waves(state, convoy)
+        view["bead_details"] = [
+            dispatch_view(state, b, waves[bead_id])
+            for bead_id in convoy.beads
+            if (b := state.beads.get(bead_id)) and sees(b)
+        ]
+        view["held"] = sum(1 for bead_id in convoy.beads if bead_id in state.holds)
+    return view
+
+
+def dispatch_view(state: MayorState, bead: Bead, wave: int) -> dict[str, Any]:
+    """A convoy's bead: where it is, its wave, and (while open) what it waits for and the rig it is held for."""
+    hold = state.holds.get(bead.id)
+    return {
+        "id": bead.id,
+        "title": bead.title,
+        "status": bead.status,
+        "rig": bead.rig,
+        "wave": wave,
+        "waiting_for": open_blockers(state, bead) if bead.status == "open" else [],
+        "held_for": hold.rig if hold is not None else None,
+    }
+
+
+def escalation_view(escalation: Escalation) -> dict[str, Any]:
+    view: dict[str, Any] = msgspec.to_builtins(escalation)
+    return view

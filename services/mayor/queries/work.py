@@ -1,0 +1,48 @@
+"""Answers about work in flight: a bead's ``molecule``, ``convoy`` and ``convoys``. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.mayor.queries.beads import find_bead
+from services.mayor.queries.pages import take
+from services.mayor.queries.views import Sees, convoy_view, molecule_view
+from services.mayor.state import MayorState
+from shared.errors import QueryError
+from shared.queries import mayor
+from shared.queries.base import Page
+
+
+def molecule(state: MayorState, query: mayor.Molecule, sees: Sees) -> dict[str, Any]:
+    bead = find_bead(state, query.bead, sees)
+    found = state.molecules.get(bead.id)
+    if found is None and bead.collected_molecule is not None:
+        raise QueryError(
+            "not_found",
+            f"bead {bead.id} is closed and its {bead.collected_molecule} molecule was garbage-collected "
+            f"(`gt bead history {bead.id}` shows its steps from the log)",
+        )
+    if found is None:
+        raise QueryError("not_found", f"bead {bead.id} has no molecule")
+    view = molecule_view(found)
+    view["bead_status"] = bead.status
+    view["rig"] = bead.rig
+    return view
+
+
+def convoy(state: MayorState, query: mayor.Convoy, sees: Sees) -> dict[str, Any]:
+    found = state.convoys.get(query.id)
+    if found is None:
+        raise QueryError("not_found", f"no convoy {query.id!r}")
+    return convoy_view(state, found, with_beads=True, sees=sees)
+
+
+def convoys(state: MayorState, query: mayor.Convoys) -> Page:
+    return take(
+        state.convoys.values(),
+        limit=query.limit,
+        after=query.after,
+        page_bytes=query.page_bytes,
+        view=lambda c: convoy_view(state, c),
+        keep=lambda c: query.include_closed or c.status == "open",
+    )
