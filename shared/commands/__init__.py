@@ -145,6 +145,9 @@ def undecodable(exc: Exception) -> CommandError:
     """The ``malformed`` rejection of a body the JSON decoder could not read, saying why in a person's words."""
     if isinstance(exc, UnicodeDecodeError):
         why = f"it is not valid UTF-8 (byte {exc.object[exc.start : exc.start + 1]!r} inside a string)"
+    elif isinstance(exc, msgspec.DecodeError) and "UTF-8" in str(exc):
+        # msgspec 0.23 and later say it in a DecodeError of their own (0.22: UnicodeDecodeError, above).
+        why = "it is not valid UTF-8 (a string holds bytes that are not UTF-8)"
     elif isinstance(exc, RecursionError):
         why = "it is nested too deeply"
     else:
