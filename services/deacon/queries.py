@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from services.deacon.plan import leases
-from services.deacon.state import DeaconState
+from services.deacon.state import DeaconState, lease_view
 from shared.errors import QueryError
 from shared.lease_state import Renewal, last_renewed
 
@@ -30,7 +29,7 @@ def answer(state: DeaconState, what: str, body: dict[str, Any], renewal_of: Call
     if what == "leases":
         held_only = bool(body.get("held", False))
         return [
-            leases.view(lease)
+            lease_view(lease)
             for lease in sorted(state.leases.leases.values(), key=lambda x: x.name)
             if not held_only or lease.status == "held"
         ]
@@ -41,5 +40,5 @@ def answer(state: DeaconState, what: str, body: dict[str, Any], renewal_of: Call
         lease = state.leases.leases.get(name)
         if lease is None:
             raise QueryError("not_found", f"no lease {name!r}")
-        return {**leases.view(lease), "last_renewed": last_renewed(lease, renewal_of(name)).isoformat()}
+        return {**lease_view(lease), "last_renewed": last_renewed(lease, renewal_of(name)).isoformat()}
     raise QueryError("unknown_query", f"the deacon has no query {what!r}; it answers {ANSWERS}")
