@@ -1,4 +1,5 @@
-"""The deacon's watch over services and leases: the adapter around the pure ``liveness`` and ``leases`` modules.
+"""The deacon's watch over services and leases: the adapter around the pure ``plan.liveness`` and the lease
+record's rules (``shared.lease_state``: when a held lease lapsed, the expiry event).
 
 Both KV buckets (service heartbeats, lease renewals) are followed with a KV watch, so a tick reads memory, not
 NATS: with a thousand live leases a tick is a loop over a dict. What a tick owes is stored through the
