@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from services.deacon.plan import leases
-from services.deacon.state import DeaconState
+from services.deacon.state import DeaconState, lease_view
 from shared.errors import QueryError
 from shared.lease_state import Renewal, last_renewed
 from shared.queries import deacon
@@ -30,7 +29,7 @@ def answer(state: DeaconState, query: Query[Any], renewal_of: Callable[[str], Re
             ]
         case deacon.Leases(held=held_only):
             return [
-                leases.view(lease)
+                lease_view(lease)
                 for lease in sorted(state.leases.leases.values(), key=lambda x: x.name)
                 if not held_only or lease.status == "held"
             ]
@@ -38,5 +37,5 @@ def answer(state: DeaconState, query: Query[Any], renewal_of: Callable[[str], Re
             lease = state.leases.leases.get(name)
             if lease is None:
                 raise QueryError("not_found", f"no lease {name!r}")
-            return {**leases.view(lease), "last_renewed": last_renewed(lease, renewal_of(name)).isoformat()}
+            return {**lease_view(lease), "last_renewed": last_renewed(lease, renewal_of(name)).isoformat()}
     raise QueryError("unknown_query", f"the deacon answers no {query.NAME!r}")

@@ -1,15 +1,73 @@
-"""What the deacon knows: service liveness and leases (automations add their own part). Plain data."""
+"""What the deacon knows: service liveness, leases, the hooks of working beads, the last garbage collection sweep
+and the disk alarm (automations add their own part, ``automations.state``). Plain data, and the one pure read of
+it that ``decide`` and ``queries`` share (``lease_view``)."""
 
 from __future__ import annotations
+
+from datetime import datetime
 
 import msgspec
 
 from services.deacon.automations.state import AutomationState
-from services.deacon.plan.disk import DiskAlarmState
-from services.deacon.plan.gc import GcState
-from services.deacon.plan.hooks import HookState
-from services.deacon.plan.leases import LeaseState
-from services.deacon.plan.liveness import LivenessState
+from shared.events.beads import BeadStatus
+from shared.events.services import ServiceLiveness
+from shared.lease_state import Lease
+
+DISK_ALARM_SOURCE = "deacon/disk"
+"""The ``source`` of the disk alarm's escalations: how the fold finds its own among all escalations."""
+
+
+class ServiceLife(msgspec.Struct, kw_only=True):
+    name: str
+    status: ServiceLiveness
+    instance: str = ""
+    since: datetime
+    reason: str = ""
+    version: int = 0
+
+
+class LivenessState(msgspec.Struct, kw_only=True):
+    services: dict[str, ServiceLife] = {}
+
+
+class LeaseState(msgspec.Struct, kw_only=True):
+    leases: dict[str, Lease] = {}
+    """Every lease the log knows, by name (an ended one stays: its tokens go on counting)."""
+
+
+class HookedBead(msgspec.Struct, kw_only=True, gc=False):
+    id: str
+    status: BeadStatus = "hooked"
+    merge_pending: str | None = None
+    """The merge request waiting in the queue (the hook is free while the refinery works on it)."""
+
+
+class HookState(msgspec.Struct, kw_only=True):
+    beads: dict[str, HookedBead] = {}
+    """Slung beads not closed yet, by id."""
+    by_lease: dict[str, str] = {}
+    """Hook lease name -> its bead."""
+    mr_beads: dict[str, str] = {}
+    """Merge requests waiting in the queue -> their bead."""
+
+
+class GcState(msgspec.Struct, kw_only=True):
+    """The last sweep, as the log records it."""
+
+    last_swept_at: datetime | None = None
+    """When it was decided (its envelope's ``ts``)."""
+    cutoff: datetime | None = None
+    ttl_s: float = 0.0
+    sweeps: int = 0
+    version: int = 0
+    """Stream sequence of the last ``gc.swept``: the expected sequence of the next one (0: none yet)."""
+
+
+class DiskAlarmState(msgspec.Struct, kw_only=True):
+    open: str | None = None
+    """The open disk escalation's id."""
+    raised: int = 0
+    """Disk escalations raised so far: numbers the next one's command id, so a resend is carried out once."""
 
 
 class DeaconState(msgspec.Struct, kw_only=True):
@@ -17,8 +75,14 @@ class DeaconState(msgspec.Struct, kw_only=True):
     leases: LeaseState = msgspec.field(default_factory=LeaseState)
     automations: AutomationState = msgspec.field(default_factory=AutomationState)
     gc: GcState = msgspec.field(default_factory=GcState)
+    """The last garbage collection sweep."""
     hooks: HookState = msgspec.field(default_factory=HookState)
     """Slung beads not closed yet, for stale-hook detection."""
     disk: DiskAlarmState = msgspec.field(default_factory=DiskAlarmState)
     """The disk-space alarm's open escalation."""
-    """The last garbage collection sweep."""
+
+
+def lease_view(lease: Lease) -> dict[str, object]:
+    """A lease as commands' results and queries show it: every field of the record."""
+    out: dict[str, object] = msgspec.to_builtins(lease)
+    return out

@@ -62,6 +62,8 @@ class Service(Generic[S]):
     """Base of mayor, witness, refinery and deacon. Subclasses set ``name`` and override the hooks."""
 
     name: ClassVar[str] = "service"
+    tick_failed: ClassVar[str] = "tick_failed"
+    """The log event of a failed ``tick``."""
 
     def __init__(
         self,
@@ -107,6 +109,7 @@ class Service(Generic[S]):
         """Set once caught up with the log: queries are answered from then on, by a standby too."""
         self._started_wall = datetime.now(UTC)
         self.reconcile_errors = 0
+        self.tick_errors = 0
         self.reconciles = 0
         self.patrol_last_s = 0.0
         self.patrol_max_s = 0.0
@@ -144,6 +147,14 @@ class Service(Generic[S]):
 
     def start_background(self, tg: asyncio.TaskGroup) -> None:
         """Start the service's own loops in the service's task group, once caught up (before the first reconcile)."""
+
+    def tick_s(self) -> float:
+        """Seconds between the service's own ticks (``tick``), a clock of their own beside the patrol's; 0: none."""
+        return 0.0
+
+    async def tick(self) -> None:
+        """One pass of the service's periodic work that must not wait for the patrol (the deacon's watch), run
+        every ``tick_s`` while this instance may act. A failed pass is logged and counted; the next looks again."""
 
     def wake(self) -> None:
         """Reconcile again soon (something observed changed, or an action finished)."""
@@ -407,6 +418,8 @@ class Service(Generic[S]):
             tg.create_task(self.intake.run(), name="intake")
         tg.create_task(self.snapshots.run(), name="snapshots")
         self.start_background(tg)
+        if self.tick_s() > 0:
+            tg.create_task(self._tick_loop(), name=f"{self.name}-tick")
         self.ready.set()
         # What an operator (and bench (b)) reads to know it serves: caught up, acting, taking commands.
         log.info(
@@ -438,6 +451,19 @@ class Service(Generic[S]):
                 await wait_event(self._urgent, wait)  # events keep coming: the next reconcile sees them all at once
             self._urgent.clear()
             self._dirty.clear()
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await self.wait_active()
+            try:
+                await self.tick()
+            except ActivityLostError:
+                raise
+            except Exception:
+                # A failed tick (NATS hiccup, a bug) is logged with its traceback. Cancellation is no Exception.
+                self.tick_errors += 1
+                log.exception(self.tick_failed)
+            await pause(self.tick_s())
 
     async def save_snapshot(self) -> int:
         """Store the projection as this service's snapshot (replacing the stored one); returns the sequence it

@@ -24,6 +24,7 @@ from services.deacon.effects import disk_watch
 from services.deacon.plan import disk
 from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
+from services.deacon.state import DiskAlarmState
 from services.mayor.service import MayorService
 from shared import leases
 from shared.bus.kv import Bucket
@@ -341,7 +342,7 @@ async def test_the_disk_alarm_reads_what_is_left_of_the_accounts_jetstream_stora
     assert set(by_what) == {f"the volume of {tmp_path}", "the NATS account's JetStream storage"}
     account = by_what["the NATS account's JetStream storage"]
     assert 30.0 < account.free_percent < 50.0, account  # 600 kB of 1 MiB used
-    assert disk.plan(disk.DiskAlarmState(), seen, 50.0) is not None, "under 50% free: an alarm"
+    assert disk.plan(DiskAlarmState(), seen, 50.0) is not None, "under 50% free: an alarm"
 
 
 async def test_by_default_the_disk_alarm_watches_gt_home_and_the_nats_store_gt_up_keeps_in_it(tmp_path: Path) -> None:

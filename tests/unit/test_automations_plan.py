@@ -12,7 +12,8 @@ import pytest
 from services.deacon.automations import plan
 from services.deacon.automations.definitions import Automation, InvalidAutomation, parse
 from services.deacon.automations.plan import CheckResult, SendCommand, Settle, StartExec
-from services.deacon.automations.state import HISTORY, AutomationState, command_id, fold
+from services.deacon.automations.projection import fold
+from services.deacon.automations.state import HISTORY, AutomationState, command_id
 from shared.commands import AutomationRun, BeadClose, BeadCreate
 from shared.decision import DecideContext
 from shared.errors import CommandError

@@ -7,7 +7,9 @@ from datetime import UTC, datetime
 import msgspec
 
 from services.deacon import settings as deacon_settings
-from services.deacon.plan.disk import SOURCE, CloseAlarm, DiskAlarmState, Measurement, RaiseAlarm, fold, plan
+from services.deacon.plan.disk import SOURCE, CloseAlarm, Measurement, RaiseAlarm, plan
+from services.deacon.projection import fold_disk as fold
+from services.deacon.state import DiskAlarmState
 from shared.events import Envelope, EscalationClosed, EscalationRaised
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

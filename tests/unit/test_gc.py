@@ -11,10 +11,11 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import pytest
 
+from services.deacon import decide as deacon_decide
 from services.deacon.plan import gc
 from services.deacon.projection import new_projection as deacon_projection
 from services.deacon.settings import load as load_deacon_settings
-from services.deacon.state import DeaconState
+from services.deacon.state import DeaconState, GcState
 from services.mayor import queries as mayor_queries
 from services.mayor.state import MayorState
 from services.refinery.decide import decide as refinery_decide
@@ -432,11 +433,11 @@ def test_a_sweep_is_due_every_interval_and_appended_on_the_last_one() -> None:
 
 
 def test_gt_gc_sweeps_with_its_ttl_or_the_deacons() -> None:
-    state = gc.GcState(version=12)
-    accepted = gc.decide(state, GcSweep(ttl_s=0.0), T0, 604_800.0)
+    state = GcState(version=12)
+    accepted = deacon_decide.sweep(state, GcSweep(ttl_s=0.0), T0, 604_800.0)
     assert msgspec.to_builtins(accepted.result) == {"id": "gc", "cutoff": T0.isoformat(), "ttl_s": 0.0, "changed": True}
     assert [e.expected_seq for e in accepted.events] == [12]
-    default = gc.decide(state, GcSweep(), T0, 604_800.0)
+    default = deacon_decide.sweep(state, GcSweep(), T0, 604_800.0)
     assert default.result.ttl_s == 604_800.0
     assert default.result.cutoff == (T0 - timedelta(days=7)).isoformat()
     assert owner_of(GcSweep.SUBJECT) == "deacon"

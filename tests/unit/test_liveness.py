@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from services.deacon.plan.liveness import LivenessState, Policy, family_down, fold, plan
+from services.deacon.plan.liveness import Policy, family_down, plan
+from services.deacon.projection import fold_liveness as fold
+from services.deacon.state import LivenessState
 from shared.events import Event, ServiceDown, ServiceStopped, ServiceUp, encode_event
 from shared.heartbeats import ServiceHeartbeat, decode, encode
 from shared.projection import Projection

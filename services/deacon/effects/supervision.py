@@ -1,4 +1,5 @@
-"""The deacon's watch over services and leases: the adapter around the pure ``liveness`` and ``leases`` modules.
+"""The deacon's watch over services and leases: the adapter around the pure ``plan.liveness`` and the lease
+record's rules (``shared.lease_state``: when a held lease lapsed, the expiry event).
 
 Both KV buckets (service heartbeats, lease renewals) are followed with a KV watch, so a tick reads memory, not
 NATS: with a thousand live leases a tick is a loop over a dict. What a tick owes is stored through the
@@ -15,7 +16,7 @@ from datetime import datetime
 import structlog
 
 from services.deacon.plan import liveness
-from services.deacon.plan.leases import LeaseState
+from services.deacon.state import LeaseState, LivenessState
 from shared import heartbeats
 from shared import leases as lease_kv
 from shared.bus.commands import StoreCommand
@@ -29,7 +30,7 @@ from shared.lease_state import Renewal, due_to_expire, expiry, last_renewed
 log = structlog.get_logger(__name__)
 
 AppendOwed = Callable[[list[NewEvent]], Awaitable[int]]
-"""Stores a command for another service (``Service.store``): its outcome comes later, in the log."""
+"""Appends events the deacon decided by itself (``Service.append_owed``); how many were stored."""
 
 
 class Supervision:
@@ -69,7 +70,7 @@ class Supervision:
             out.append(beat)
         return out
 
-    async def check_services(self, state: liveness.LivenessState) -> None:
+    async def check_services(self, state: LivenessState) -> None:
         if not self.services.ready.is_set() or self._watching_since is None:
             return
         owed = liveness.plan(state, self.beats(), self._clock(), self._watching_since, self.policy)

@@ -1,3 +1,4 @@
-"""What the deacon owes, one pure module per concern, each with its part of the state and its fold: service
-``liveness`` (up, down, escalated), TTL ``leases`` (expiry; acquire and release are decided here too), stale
-``hooks``, garbage collection (``gc``: when a sweep is due, what it drops) and the ``disk`` alarm."""
+"""What the deacon owes, one pure module per concern: service ``liveness`` (up, down, escalated), stale
+``hooks`` (which to hand to the witness), garbage collection (``gc``: when a sweep is due, what it drops) and
+the ``disk`` alarm. Their state is in ``state``, its folds in ``projection``; a lease's expiry is decided on
+the one lease record (``shared.lease_state.due_to_expire``)."""

@@ -9,21 +9,12 @@ a volume hovering around the threshold does not raise and close it over and over
 
 from __future__ import annotations
 
-import functools
-
 import msgspec
 
-from shared.events import Envelope, EscalationClosed, EscalationRaised, Event
+from services.deacon.state import DISK_ALARM_SOURCE, DiskAlarmState
 
-SOURCE = "deacon/disk"
+SOURCE = DISK_ALARM_SOURCE
 CLEAR_MARGIN_PERCENT = 2.0
-
-
-class DiskAlarmState(msgspec.Struct, kw_only=True):
-    open: str | None = None
-    """The open disk escalation's id."""
-    raised: int = 0
-    """Disk escalations raised so far: numbers the next one's command id, so a resend is carried out once."""
 
 
 class Measurement(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,24 +33,6 @@ class CloseAlarm(msgspec.Struct, frozen=True, kw_only=True):
     command_id: str
     escalation: str
     reason: str
-
-
-@functools.singledispatch
-def fold(payload: Event, state: DiskAlarmState, env: Envelope, seq: int) -> None:
-    """Other events change nothing here."""
-
-
-@fold.register
-def _raised(payload: EscalationRaised, state: DiskAlarmState, env: Envelope, seq: int) -> None:
-    if payload.source == SOURCE:
-        state.open = payload.escalation_id
-        state.raised += 1
-
-
-@fold.register
-def _closed(payload: EscalationClosed, state: DiskAlarmState, env: Envelope, seq: int) -> None:
-    if payload.escalation_id == state.open:
-        state.open = None  # closed by the deacon, or by a person (raised again if space is still low)
 
 
 def plan(state: DiskAlarmState, seen: list[Measurement], low_percent: float) -> RaiseAlarm | CloseAlarm | None:

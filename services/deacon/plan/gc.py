@@ -10,51 +10,19 @@ sequence expected: two deacons never both sweep. After each sweep it purges KV e
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
-import msgspec
-
-from services.deacon.plan.leases import LeaseState
-from services.deacon.plan.liveness import LivenessState
+from services.deacon.state import GcState, LeaseState, LivenessState
 from shared import heartbeats
 from shared import leases as lease_kv
-from shared.commands import GcSweep
-from shared.decision import Accepted, NewEvent
-from shared.events import Envelope, Event, GcSwept
-from shared.results import GcResult
+from shared.decision import NewEvent
+from shared.events import GcSwept
 
 ENDED_LEASES = ("released", "expired")
 
 KvEntries = Mapping[str, tuple[bytes, int]]
 """Key -> (value, revision) of a KV bucket as read now."""
-
-
-class GcState(msgspec.Struct, kw_only=True):
-    """The last sweep, as the log records it."""
-
-    last_swept_at: datetime | None = None
-    """When it was decided (its envelope's ``ts``)."""
-    cutoff: datetime | None = None
-    ttl_s: float = 0.0
-    sweeps: int = 0
-    version: int = 0
-    """Stream sequence of the last ``gc.swept``: the expected sequence of the next one (0: none yet)."""
-
-
-@functools.singledispatch
-def fold(payload: Event, state: GcState, env: Envelope, seq: int) -> None:
-    """Other events change nothing here."""
-
-
-@fold.register
-def _swept(payload: GcSwept, state: GcState, env: Envelope, seq: int) -> None:
-    state.last_swept_at = env.ts
-    state.cutoff = payload.cutoff
-    state.ttl_s = payload.ttl_s
-    state.sweeps += 1
-    state.version = seq
 
 
 def due(state: GcState, now: datetime, interval_s: float, watching_since: datetime) -> bool:
@@ -69,16 +37,6 @@ def due(state: GcState, now: datetime, interval_s: float, watching_since: dateti
 def sweep(state: GcState, now: datetime, ttl_s: float) -> NewEvent:
     """The sweep to append now, expecting the last one recorded (a deacon that swept meanwhile wins)."""
     return NewEvent(payload=GcSwept(cutoff=now - timedelta(seconds=ttl_s), ttl_s=ttl_s), expected_seq=state.version)
-
-
-def decide(state: GcState, cmd: GcSweep, now: datetime, default_ttl_s: float) -> Accepted[GcResult]:
-    """``gt.cmd.gc.sweep``: a sweep now, with the command's ``ttl_s`` or the deacon's own."""
-    ttl_s = default_ttl_s if cmd.ttl_s is None else cmd.ttl_s
-    new = sweep(state, now, ttl_s)
-    assert isinstance(new.payload, GcSwept)
-    return Accepted(
-        events=[new], result=GcResult(id="gc", cutoff=new.payload.cutoff.isoformat(), ttl_s=ttl_s, changed=True)
-    )
 
 
 # ---- KV entries of dead things --------------------------------------------------------------------

@@ -4,115 +4,16 @@ which re-slings or escalates it. The deacon tracks only beads that are slung and
 
 from __future__ import annotations
 
-import functools
 from datetime import datetime
 
 import msgspec
 
-from services.deacon.plan.leases import LeaseState
-from shared.events import (
-    BeadClaimed,
-    BeadClosed,
-    BeadSlung,
-    BeadUnslung,
-    Envelope,
-    Event,
-    MergeRequestConflicted,
-    MergeRequestFailed,
-    MergeRequestRejected,
-    MergeRequestSubmitted,
-)
-from shared.events.beads import BeadStatus, forward
-from shared.ids import hook_lease_name, is_valid_id, stable_digest_id
+from services.deacon.plan.liveness import family_down
+from services.deacon.state import HookState, LeaseState, LivenessState
+from shared.ids import is_valid_id, stable_digest_id
 
-
-class HookedBead(msgspec.Struct, kw_only=True, gc=False):
-    id: str
-    status: BeadStatus = "hooked"
-    merge_pending: str | None = None
-    """The merge request waiting in the queue (the hook is free while the refinery works on it)."""
-
-
-class HookState(msgspec.Struct, kw_only=True):
-    beads: dict[str, HookedBead] = {}
-    """Slung beads not closed yet, by id."""
-    by_lease: dict[str, str] = {}
-    """Hook lease name -> its bead."""
-    mr_beads: dict[str, str] = {}
-    """Merge requests waiting in the queue -> their bead."""
-
-
-@functools.singledispatch
-def fold(payload: Event, state: HookState, env: Envelope, seq: int) -> None:
-    """Other events change nothing here."""
-
-
-@fold.register
-def _slung(payload: BeadSlung, state: HookState, env: Envelope, seq: int) -> None:
-    bead = state.beads.get(payload.bead_id)
-    if bead is None:
-        bead = state.beads[payload.bead_id] = HookedBead(id=payload.bead_id)
-        state.by_lease[hook_lease_name(payload.bead_id)] = payload.bead_id
-    if bead.merge_pending is not None:
-        state.mr_beads.pop(bead.merge_pending, None)
-        bead.merge_pending = None
-
-
-@fold.register
-def _claimed(payload: BeadClaimed, state: HookState, env: Envelope, seq: int) -> None:
-    if (bead := state.beads.get(payload.bead_id)) is not None:
-        bead.status = forward(bead.status, "in_progress")
-
-
-def _untrack(state: HookState, bead_id: str) -> None:
-    bead = state.beads.pop(bead_id, None)
-    if bead is not None:
-        state.by_lease.pop(hook_lease_name(bead.id), None)
-        if bead.merge_pending is not None:
-            state.mr_beads.pop(bead.merge_pending, None)
-
-
-@fold.register
-def _closed(payload: BeadClosed, state: HookState, env: Envelope, seq: int) -> None:
-    _untrack(state, payload.bead_id)
-
-
-@fold.register
-def _unslung(payload: BeadUnslung, state: HookState, env: Envelope, seq: int) -> None:
-    """An operator gave the hook back: its lease is released on purpose, never a stale hook (until slung again)."""
-    _untrack(state, payload.bead_id)
-
-
-@fold.register
-def _submitted(payload: MergeRequestSubmitted, state: HookState, env: Envelope, seq: int) -> None:
-    if (bead := state.beads.get(payload.bead)) is not None:
-        if bead.merge_pending is not None:
-            state.mr_beads.pop(bead.merge_pending, None)
-        bead.merge_pending = payload.mr_id
-        state.mr_beads[payload.mr_id] = bead.id
-
-
-def _mr_ended(state: HookState, mr_id: str) -> None:
-    bead_id = state.mr_beads.pop(mr_id, None)
-    bead = state.beads.get(bead_id or "")
-    if bead is not None and bead.merge_pending == mr_id:
-        bead.merge_pending = None
-
-
-@fold.register
-def _mr_failed(payload: MergeRequestFailed, state: HookState, env: Envelope, seq: int) -> None:
-    _mr_ended(state, payload.mr_id)
-
-
-@fold.register
-def _mr_conflicted(payload: MergeRequestConflicted, state: HookState, env: Envelope, seq: int) -> None:
-    if payload.sent_back:  # finished: the agent resolves it in a fresh session (a blocked one still waits)
-        _mr_ended(state, payload.mr_id)
-
-
-@fold.register
-def _mr_rejected(payload: MergeRequestRejected, state: HookState, env: Envelope, seq: int) -> None:
-    _mr_ended(state, payload.mr_id)
+HOOK_MOVERS = ("witness", "refinery")
+"""Services that move a bead on from its hook (sessions, merges); witnesses of a few rigs each count too."""
 
 
 class StaleHook(msgspec.Struct, frozen=True, kw_only=True):
@@ -139,3 +40,13 @@ def stale(hooks: HookState, leases: LeaseState, now: datetime, after_s: float) -
             continue
         out.append(StaleHook(bead=bead_id, token=lease.token, holder=lease.holder))
     return out
+
+
+def to_hand_over(
+    hooks: HookState, leases: LeaseState, liveness: LivenessState, now: datetime, after_s: float
+) -> list[StaleHook]:
+    """The stale hooks to hand to the witness now: none while a service that moves beads on is down (a hook
+    waiting on it is not stale: it moves once that one is back)."""
+    if any(family_down(liveness, service) for service in HOOK_MOVERS):
+        return []
+    return stale(hooks, leases, now, after_s)

@@ -12,31 +12,17 @@ restart policy acts and the escalation tells a person).
 
 from __future__ import annotations
 
-import functools
 from datetime import datetime
 
 import msgspec
 
+from services.deacon.state import LivenessState
 from shared.decision import NewEvent
-from shared.events import Envelope, Event, ServiceDown, ServiceStopped, ServiceUp
-from shared.events.services import ServiceLiveness
+from shared.events import ServiceDown, ServiceStopped, ServiceUp
 from shared.heartbeats import ServiceHeartbeat
 
 WATCHED = ("mayor", "witness", "refinery")
 """The services the deacon expects by default (it does not watch itself: the supervisor does)."""
-
-
-class ServiceLife(msgspec.Struct, kw_only=True):
-    name: str
-    status: ServiceLiveness
-    instance: str = ""
-    since: datetime
-    reason: str = ""
-    version: int = 0
-
-
-class LivenessState(msgspec.Struct, kw_only=True):
-    services: dict[str, ServiceLife] = {}
 
 
 class Policy(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,37 +41,6 @@ class Escalation(msgspec.Struct, frozen=True, kw_only=True):
 class Owed(msgspec.Struct, frozen=True, kw_only=True):
     events: list[NewEvent]
     escalations: list[Escalation]
-
-
-@functools.singledispatch
-def fold(payload: Event, state: LivenessState, env: Envelope, seq: int) -> None:
-    """Other events change nothing here."""
-
-
-@fold.register
-def _up(payload: ServiceUp, state: LivenessState, env: Envelope, seq: int) -> None:
-    state.services[payload.service] = ServiceLife(
-        name=payload.service, status="up", instance=payload.instance, since=env.ts, version=seq
-    )
-
-
-@fold.register
-def _down(payload: ServiceDown, state: LivenessState, env: Envelope, seq: int) -> None:
-    state.services[payload.service] = ServiceLife(
-        name=payload.service,
-        status="down",
-        instance=payload.instance,
-        since=env.ts,
-        reason=payload.reason,
-        version=seq,
-    )
-
-
-@fold.register
-def _stopped(payload: ServiceStopped, state: LivenessState, env: Envelope, seq: int) -> None:
-    state.services[payload.service] = ServiceLife(
-        name=payload.service, status="stopped", instance=payload.instance, since=env.ts, version=seq
-    )
 
 
 def _age(beat: ServiceHeartbeat, now: datetime) -> float:
