@@ -51,15 +51,12 @@ from shared.commands import (
 from shared.decision import Accepted, DecideContext, NewEvent, Route
 from shared.errors import (
     STORAGE_FULL_HINT,
-    ActivityLostError,
     AppendConflictError,
     AppendFailedError,
     AppendTimeoutError,
     CommandError,
     GastownError,
-    NatsUnavailableError,
-    PermissionDeniedError,
-    StreamGapError,
+    infrastructure_failure,
 )
 from shared.events import CommandAccepted, CommandRejected, EventRef, encode_event
 from shared.faults import crash_point
@@ -84,17 +81,6 @@ DEFAULT_MAX_FAILURES = 5
 """Attempts at settling one command that failed (its processing raised, or the service died on it) after which
 it is set aside: rejected with ``set_aside``, escalated, acknowledged; never retried forever."""
 RETRY_FAILED_AFTER_S = 1.0
-INFRASTRUCTURE_ERRORS = (
-    BusError,
-    TimeoutError,
-    AppendFailedError,
-    ActivityLostError,
-    NatsUnavailableError,
-    PermissionDeniedError,
-    StreamGapError,
-)
-"""Failures of the server, the connection or the deployment, or this instance no longer active: not the
-command's. It is left for redelivery, never set aside."""
 
 
 def max_failures_from_env() -> int:
@@ -637,10 +623,10 @@ class CommandIntake:
                 log.warning("command_outcome_unstored", error=str(exc))
                 self._count_infra_failure(delivery)
                 return 0  # not acked: redelivered after the ack wait
-            except INFRASTRUCTURE_ERRORS:
-                self._count_infra_failure(delivery)
-                raise
-            except Exception as exc:  # noqa: BLE001 - a bug the command triggers: retried a few times, then set aside
+            except Exception as exc:  # a bug the command triggers: retried a few times, then set aside
+                if infrastructure_failure(exc):  # not the command's (GastownError.infrastructure): redelivered
+                    self._count_infra_failure(delivery)
+                    raise
                 seq = await self._after_failure(delivery, exc)
                 if not seq:
                     return 0
