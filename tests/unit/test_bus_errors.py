@@ -133,4 +133,4 @@ def test_only_coroutines_and_async_generators_are_ports() -> None:
     def plain() -> None: ...
 
     with pytest.raises(TypeError):
-        map_errors(plain)  # type: ignore[call-overload]
+        map_errors(plain)  # type: ignore[arg-type]

@@ -156,14 +156,15 @@ def nats_catches(path: Path) -> list[str]:
     found = []
     for node in ast.walk(tree):
         caught: list[ast.expr] = []
+        line = 0
         if isinstance(node, ast.ExceptHandler) and node.type is not None:
-            caught = [node.type]
+            caught, line = [node.type], node.lineno
         elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("suppress"):
-            caught = list(node.args)
+            caught, line = list(node.args), node.lineno
         for expr in caught:
             roots = [n for n in ast.walk(expr) if isinstance(n, ast.Attribute)]
             if any(ast.unparse(r).startswith("nats.") for r in roots):
-                found.append(str(node.lineno))
+                found.append(str(line))
     return found
 
 

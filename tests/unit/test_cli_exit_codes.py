@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from gt.cli import main as cli_main
+from gt.cli import patience
 from gt.cli.common import EXIT_DENIED, EXIT_REJECTED, EXIT_UNREACHABLE, EXIT_USAGE, UsageError
 from gt.cli.polecats import DoneError
 from services.deacon.automations.cron import CronError
@@ -155,7 +156,7 @@ def test_unreachable_nats_adds_what_gt_waited_and_knows_of_the_town(
         def gave_up(self) -> str:
             return "waited 30 s for the town (GT_TOWN_PATIENCE)"
 
-    monkeypatch.setattr(cli_main.patience, "current", Spent)
+    monkeypatch.setattr(patience, "current", Spent)
     code, err = run(gt_call, UNREACHABLE, capsys)
     assert code == EXIT_UNREACHABLE
     assert err.splitlines() == [
