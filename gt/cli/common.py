@@ -17,7 +17,7 @@ from shared.bus.query import ask_all, ask_json, reply_of
 from shared.commands import Command
 from shared.commands.base import Creates
 from shared.config import TownConfig
-from shared.errors import GastownError
+from shared.errors import EXIT_DENIED, EXIT_REJECTED, EXIT_UNREACHABLE, EXIT_USAGE, GastownError
 from shared.events import CommandRejected
 from shared.queries import Query
 from shared.queries.base import DEFAULT_LIST_LIMIT
@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 C = TypeVar("C", bound=Command)
 R = TypeVar("R")
 
-EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_DENIED = 0, 1, 2, 3, 4
+EXIT_OK = 0
+__all__ = ["EXIT_DENIED", "EXIT_OK", "EXIT_REJECTED", "EXIT_UNREACHABLE", "EXIT_USAGE"]  # the error ones: shared.errors
 DEFAULT_COMMAND_TIMEOUT_S = 10.0
 
 Handler: TypeAlias = "Callable[[Connection, argparse.Namespace, TownConfig], Awaitable[int]]"
@@ -56,6 +57,8 @@ class StatusResult(Identified, Protocol):
 
 class UsageError(GastownError):
     """The command line asks for something that cannot be done as written."""
+
+    exit_code = EXIT_USAGE
 
 
 class Subcommands:

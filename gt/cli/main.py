@@ -36,14 +36,11 @@ from gt.cli import (
 )
 from gt.cli.client import stream_last_seq
 from gt.cli.common import (
-    EXIT_DENIED,
     EXIT_OK,
     EXIT_REJECTED,
-    EXIT_UNREACHABLE,
     EXIT_USAGE,
     Handler,
     Subcommands,
-    UsageError,
     read_options,
 )
 from gt.town_secrets import as_operator
@@ -51,23 +48,11 @@ from shared import config as town_config
 from shared import logging as gt_logging
 from shared.aio import task_stacks
 from shared.bus.connection import Connection, close_at_once, connect_as_session_or_user, connection_key
-from shared.bus.errors import translated
 from shared.bus.permissions import guarded
 from shared.bus.query import ask_json, reply_of
 from shared.bus.topology import provision
 from shared.config import TownConfig
-from shared.errors import (
-    STORAGE_FULL_HINT,
-    AppendFailedError,
-    CommandError,
-    NatsNotAnsweringError,
-    NatsUnavailableError,
-    NoStreamError,
-    NotProvisionedError,
-    PermissionDeniedError,
-    QueryError,
-    StreamConfigMismatchError,
-)
+from shared.errors import GastownError, NatsUnavailableError
 from shared.privacy import private_files
 from shared.queries import Status
 
@@ -333,64 +318,40 @@ def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser, kept: Kep
     # Not cached: a client helper's worker runs calls of different GT_LOG_LEVELs one after another.
     gt_logging.configure("gt", json=False, level=os.environ.get("GT_LOG_LEVEL", "ERROR"), cache_loggers=False)
     try:
-        # The NATS client's "nothing answers", "no such stream" come out in the project's words, caught below.
-        with translated():
-            return _dispatch(args, config, embedded=not nats_given, kept=kept)
+        return _dispatch(args, config, embedded=not nats_given, kept=kept)
     except KeyboardInterrupt:
         # Ctrl-C ends `gt feed` and `gt dashboard` (and any wait): a stop asked for, not a crash.
         return EXIT_INTERRUPTED
-    except UsageError as exc:
-        print(f"gt: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except NatsUnavailableError as exc:
-        print(f"gt: {exc}", file=sys.stderr)
-        waited = patience.current().gave_up()
-        if waited is not None:
-            print(f"gt: {waited}", file=sys.stderr)
-        if not nats_given:
-            from gt import supervisor as town
-
-            hint = town.unreachable_hint(config)
-            if hint is not None:
-                print(f"gt: {hint}", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    except CommandError as exc:
-        # Refused before sending (a field over its limit, a command too large): nothing was stored.
-        print(f"gt: refused ({exc.code}): {exc.message}; nothing was sent", file=sys.stderr)
-        return EXIT_REJECTED
-    except PermissionDeniedError as exc:
-        print(
-            f"gt: {exc}: the NATS server refused it and nothing was sent. Use the credentials of a user allowed "
-            "to (NATS_USER, NATS_PASSWORD or NATS_CREDS; see docs/deployment.md)",
-            file=sys.stderr,
-        )
-        return EXIT_DENIED
-    except QueryError as exc:
-        print(f"gt: {exc.code}: {exc.message}", file=sys.stderr)
-        return EXIT_UNREACHABLE if exc.code in ("unavailable", "timeout") else EXIT_REJECTED
-    except AppendFailedError as exc:
-        hint = f": {STORAGE_FULL_HINT}" if exc.storage_full else ""
-        print(f"gt: {exc}{hint}", file=sys.stderr)
-        return EXIT_REJECTED
-    except StreamConfigMismatchError as exc:
-        print(f"gt: {exc}", file=sys.stderr)
-        return EXIT_REJECTED
-    except NatsNotAnsweringError as exc:
-        print(f"gt: NATS did not answer ({exc.what}); is JetStream enabled and the town up?", file=sys.stderr)
-        return EXIT_UNREACHABLE
-    except NoStreamError:
-        # No stream captures the subject: the town is not provisioned yet, or its intake is still opening.
-        print(
-            "gt: no stream takes commands yet (nothing was stored); run `gt init` or `gt up`, then retry",
-            file=sys.stderr,
-        )
-        return EXIT_UNREACHABLE
-    except NotProvisionedError as exc:
-        print(f"gt: not found: {exc.description}; run `gt init` (or `gt up`) first", file=sys.stderr)
-        return EXIT_UNREACHABLE
+    except GastownError as exc:
+        # What the error says it means for `gt` (shared/errors.py: exit_code, hint); one it does not expect
+        # (exit_code None) keeps its traceback.
+        if exc.exit_code is None:
+            raise
+        print(f"gt: {exc.explained()}", file=sys.stderr)
+        for line in _unreachable_town(exc, config, nats_given=nats_given):
+            print(f"gt: {line}", file=sys.stderr)
+        return exc.exit_code
     except msgspec.DecodeError as exc:
         print(f"gt: unreadable answer: {exc}", file=sys.stderr)
         return EXIT_REJECTED
+
+
+def _unreachable_town(exc: GastownError, config: TownConfig, *, nats_given: bool) -> list[str]:
+    """What `gt` adds when NATS could not be reached: how long it waited, and what it knows of the town it
+    looked for (when no NATS_URL named the server)."""
+    if not isinstance(exc, NatsUnavailableError):
+        return []
+    lines = []
+    waited = patience.current().gave_up()
+    if waited is not None:
+        lines.append(waited)
+    if not nats_given:
+        from gt import supervisor as town
+
+        hint = town.unreachable_hint(config)
+        if hint is not None:
+            lines.append(hint)
+    return lines
 
 
 if __name__ == "__main__":

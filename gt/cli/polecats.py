@@ -41,6 +41,7 @@ from shared.commands import (
 )
 from shared.commands.mail import polecat_address
 from shared.config import TownConfig
+from shared.errors import GastownError
 from shared.faults import crash_point
 from shared.formulas import rework
 from shared.queries import mayor, refinery, witness
@@ -738,8 +739,10 @@ async def _command(nc: Connection, config: TownConfig, cmd: Command[R]) -> R | N
     return accepted.result
 
 
-class DoneError(Exception):
-    pass
+class DoneError(GastownError):
+    """A step of `gt done` was rejected; `gt done` says which and why."""
+
+    exit_code = EXIT_REJECTED
 
 
 DIRTY_NAMED = 5

@@ -31,6 +31,7 @@ from shared import logging as gt_logging
 from shared.activity import Holder, Seen, Take, Timing
 from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus.connection import Connection
+from shared.bus.errors import map_errors
 from shared.errors import ActivityLostError
 
 log = structlog.get_logger(__name__)
@@ -100,6 +101,7 @@ class ActivityKeeper:
     def may_act(self) -> bool:
         return self._role == ACTIVE and self._monotonic() < self._deadline
 
+    @map_errors
     async def wait_active(self) -> None:
         """Return once this instance may act; raise ``ActivityLostError`` when it may not act again (a standby,
         or another instance holds the key). Awaited before every write: while paused it waits for the
@@ -112,6 +114,7 @@ class ActivityKeeper:
 
     # ---- standby -------------------------------------------------------------------------------
 
+    @map_errors
     async def acquire(self) -> None:
         """Stand by until this instance holds the key; returns once it is the active one."""
         seen: Seen | None = None
@@ -179,6 +182,7 @@ class ActivityKeeper:
 
     # ---- active --------------------------------------------------------------------------------
 
+    @map_errors
     async def hold(self) -> None:
         """Renew the key until cancelled; raises ``ActivityLostError`` once another instance holds it. Past
         its deadline the instance is paused (``wait_active`` blocks every write) until a renewal lands."""
@@ -234,6 +238,7 @@ class ActivityKeeper:
         other = f"{holder.instance} on {holder.host}" if holder is not None else "nobody (deleted or unreadable)"
         raise self._lose(f"the key changed under it: {other} holds it now")
 
+    @map_errors
     async def release(self) -> None:
         """After a clean stop: mark the key released, so a standby takes over after the margin instead of the
         whole TTL. Only while this instance still holds it (compare-and-set); errors are logged, not raised."""

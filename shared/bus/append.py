@@ -9,7 +9,6 @@ the final event's subject: when that is our event, the append succeeded and is r
 
 from __future__ import annotations
 
-import asyncio
 import re
 import secrets
 import time
@@ -22,6 +21,7 @@ import structlog
 
 from shared.aio import pause, raise_if_cancelling
 from shared.bus.connection import Connection
+from shared.bus.errors import map_errors, retryable
 from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, EventDecodeError
 from shared.events import decode_envelope
 
@@ -46,24 +46,6 @@ STORED_OVERHEAD = 64
 """Bytes a stored message takes beyond its subject and data (headers, framing), about."""
 _CONFLICT_CODES = frozenset({ERR_WRONG_LAST_SEQUENCE, ERR_BATCH_WRONG_LAST_SEQUENCE})
 _LAST_SEQ_RE = re.compile(r"wrong last sequence: (\d+)")
-
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionClosedError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.StaleConnectionError,
-    nats.errors.FlushTimeoutError,
-    asyncio.TimeoutError,
-)
-"""Errors after which an append's fate is unknown and a resend is the way forward."""
-RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
-    *TRANSIENT_ERRORS,
-    nats.js.errors.ServiceUnavailableError,
-    nats.js.errors.NoStreamResponseError,
-)
-"""Transient errors plus JetStream being briefly unavailable (starting, electing a leader)."""
 
 
 def still_in_flight(exc: BaseException) -> bool:
@@ -106,7 +88,11 @@ class _InFlightError(Exception):
     """A clustered stream still replicates the first copy of this resend; ask again."""
 
 
-_RESENDABLE: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, _BatchIncompleteError, _InFlightError)
+def _resendable(exc: BaseException) -> bool:
+    """After a timeout, a lost connection or no answer an append's fate is unknown and a resend (recognised by its
+    concurrency check or message id) is the way forward; so it is after the server lost part of a batch, or is still
+    replicating the first copy."""
+    return isinstance(exc, (_BatchIncompleteError, _InFlightError)) or retryable(exc)
 
 
 class Appender:
@@ -132,6 +118,7 @@ class Appender:
         self._replicas: int | None = None
         self.retries = 0
 
+    @map_errors
     async def append(self, events: Sequence[PendingEvent]) -> list[int]:
         """Store ``events`` (atomically when several) and return their stream sequences.
 
@@ -164,7 +151,16 @@ class Appender:
                 raise AppendFailedError(
                     subject, None, ERR_MAX_PAYLOAD, f"message exceeds the server's max payload: {exc}"
                 ) from exc
-            except _RESENDABLE as exc:
+            except AppendConflictError:
+                if uncertain:
+                    stored = await self._find_own(events[-1])
+                    if stored is not None:
+                        log.info("append_retry_found_stored", subject=events[-1].subject, seq=stored)
+                        return list(range(stored - len(events) + 1, stored + 1))
+                raise
+            except Exception as exc:
+                if not _resendable(exc):
+                    raise
                 uncertain = True
                 self.retries += 1
                 if len(events) > 1:
@@ -176,13 +172,6 @@ class Appender:
                 log.warning("append_retry", subject=events[-1].subject, attempt=attempt, error=type(exc).__name__)
                 await pause(min(1.0, 0.05 * 2 ** min(attempt, 5)))
                 continue
-            except AppendConflictError:
-                if uncertain:
-                    stored = await self._find_own(events[-1])
-                    if stored is not None:
-                        log.info("append_retry_found_stored", subject=events[-1].subject, seq=stored)
-                        return list(range(stored - len(events) + 1, stored + 1))
-                raise
             return list(range(last_seq - len(events) + 1, last_seq + 1))
 
     async def _attempt(self, events: Sequence[PendingEvent]) -> int:
@@ -258,6 +247,7 @@ class Appender:
             raise AppendFailedError(subject, None, None, f"acknowledgement without sequence {data[:200]!r}")
         return ack.seq
 
+    @map_errors
     async def last_on_subject(self, subject: str) -> tuple[int, bytes] | None:
         """The last stored message on ``subject`` as (sequence, data), or None when there is none.
 
@@ -270,7 +260,9 @@ class Appender:
                 msg = await self._js.get_last_msg(self._stream, subject)
             except nats.js.errors.NotFoundError:
                 return None
-            except RETRYABLE_ERRORS as exc:
+            except (TimeoutError, nats.errors.Error) as exc:
+                if not retryable(exc):
+                    raise
                 if time.monotonic() >= give_up_at:
                     raise AppendTimeoutError(subject, 0) from exc
                 await pause(0.2)

@@ -31,6 +31,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from shared import session_identity, subjects
+from shared.bus.errors import map_errors
+from shared.errors import GastownError
 
 log = structlog.get_logger(__name__)
 
@@ -154,7 +156,7 @@ def encode_jwt(claims: dict[str, Any], seed: bytes) -> str:
     return f"{signing_input}.{_b64(bytes(signature))}"
 
 
-class BadRequestError(ValueError):
+class BadRequestError(GastownError, ValueError):
     """An authorization request that cannot be read or was not signed by a server."""
 
 
@@ -287,6 +289,7 @@ class Responder:
         }
         return encode_jwt(claims, self.settings.issuer_seed).encode()
 
+    @map_errors
     async def serve(self, nc: Client) -> None:
         """Answer requests on ``nc`` (logged in as the ``auth`` user) until cancelled."""
         # A queue group: with several witnesses (one per set of rigs) one answers each login.
@@ -300,6 +303,7 @@ class Responder:
         finally:
             await sub.unsubscribe()
 
+    @map_errors
     async def kick(self, sys_nc: Client, session: str) -> int:
         """Disconnect the connections granted to ``session`` (logged in as the ``sys`` user); how many the
         servers acknowledged. Its next login is refused by the live check, not by this."""

@@ -33,7 +33,8 @@ from nats.aio.client import Client
 from shared import ids, subjects
 from shared.aio import pause, raise_if_cancelling
 from shared.bus import streams
-from shared.bus.append import ERR_MAX_PAYLOAD, MSG_ID, RETRYABLE_ERRORS, still_in_flight
+from shared.bus.append import ERR_MAX_PAYLOAD, MSG_ID, still_in_flight
+from shared.bus.errors import map_errors, retryable
 from shared.bus.permissions import guarded
 from shared.bus.query import ask
 from shared.bus.topology import owner_of
@@ -149,6 +150,7 @@ def owner(cmd: Command) -> str:
     return owner_of(type(cmd).SUBJECT)
 
 
+@map_errors
 async def store(
     nc: Client,
     stream: str,
@@ -177,7 +179,7 @@ async def store(
         ValueError: ``cmd`` has no ``cmd_id``.
         AppendFailedError: the stream refused the command (too large, no such stream).
         PermissionDeniedError: this NATS user may not publish on the command's subject; nothing was stored.
-        One of ``RETRYABLE_ERRORS``: the stream stayed unreachable past ``deadline_s``.
+        BusError: a retryable one (``GastownError.retryable``): the stream stayed unreachable past ``deadline_s``.
     """
     if not cmd.cmd_id:
         raise ValueError(f"a {type(cmd).__name__} is stored with its cmd_id, which makes resending it harmless")
@@ -200,26 +202,29 @@ async def store(
             # A subject this user may not publish to is refused by the server at once; say so instead of
             # waiting out the acknowledgement's timeout (nothing was stored), and never retry it.
             ack = await guarded(nc, publish, subject=subject)
-        except RETRYABLE_ERRORS as exc:
-            if give_up_at is not None and time.monotonic() >= give_up_at:
-                raise
-            if isinstance(exc, nats.js.errors.NoStreamResponseError) and not asked_for_stream:
-                # Also what a stream electing its leader answers; but a town never provisioned says so at once.
-                asked_for_stream = True
-                if not await _stream_exists(nc, stream):
+        except (TimeoutError, nats.errors.Error) as exc:
+            if retryable(exc):
+                if give_up_at is not None and time.monotonic() >= give_up_at:
                     raise
-            log.warning("command_store_retry", subject=subject, cmd_id=cmd_id, error=repr(exc))
-            if on_retry is not None:
-                on_retry(f"NATS did not store the command yet: {type(exc).__name__}")
-        except nats.errors.MaxPayloadError as exc:
-            # Over the largest message the server carries: refused by the client, nothing was sent.
-            raise AppendFailedError(
-                subject, None, ERR_MAX_PAYLOAD, f"the command is {len(data)} bytes, over the server's max payload"
-            ) from exc
-        except nats.js.errors.APIError as exc:
-            if not still_in_flight(exc) or (give_up_at is not None and time.monotonic() >= give_up_at):
-                raise AppendFailedError(subject, exc.code, exc.err_code, exc.description or "") from exc
-            log.info("command_store_in_flight", subject=subject, cmd_id=cmd_id)
+                if isinstance(exc, nats.js.errors.NoStreamResponseError) and not asked_for_stream:
+                    # Also what a stream electing its leader answers; but a town never provisioned says so at once.
+                    asked_for_stream = True
+                    if not await _stream_exists(nc, stream):
+                        raise
+                log.warning("command_store_retry", subject=subject, cmd_id=cmd_id, error=repr(exc))
+                if on_retry is not None:
+                    on_retry(f"NATS did not store the command yet: {type(exc).__name__}")
+            elif isinstance(exc, nats.errors.MaxPayloadError):
+                # Over the largest message the server carries: refused by the client, nothing was sent.
+                raise AppendFailedError(
+                    subject, None, ERR_MAX_PAYLOAD, f"the command is {len(data)} bytes, over the server's max payload"
+                ) from exc
+            elif isinstance(exc, nats.js.errors.APIError):
+                if not still_in_flight(exc) or (give_up_at is not None and time.monotonic() >= give_up_at):
+                    raise AppendFailedError(subject, exc.code, exc.err_code, exc.description or "") from exc
+                log.info("command_store_in_flight", subject=subject, cmd_id=cmd_id)
+            else:
+                raise
         else:
             if not ack.duplicate or isinstance(origin, subjects.SessionOrigin):
                 return StoredCommand(seq=int(ack.seq), cmd_id=cmd_id)
@@ -294,6 +299,7 @@ async def _stream_exists(nc: Client, stream: str) -> bool:
         return True
 
 
+@map_errors
 async def send(
     nc: Client,
     config: TownConfig,
@@ -350,6 +356,7 @@ async def send(
     return outcome
 
 
+@map_errors
 async def read_outcome(nc: Client, stream: str, cmd_id: str, *, timeout: float | None) -> tuple[int, bytes] | None:
     """The outcome of command ``cmd_id`` as the log holds it, (sequence, data), read as soon as it is stored; None
     when none is within ``timeout`` seconds (None: wait for it). An outcome stored before the call (a resent

@@ -21,7 +21,8 @@ import structlog
 
 from shared.aio import raise_if_cancelling
 from shared.bus.append import MAX_BATCH_MESSAGES, Appender, PendingEvent
-from shared.errors import AppendConflictError, AppendFailedError, GastownError
+from shared.bus.errors import map_errors
+from shared.errors import AppendConflictError, AppendFailedError, BusError, GastownError
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +56,7 @@ class GroupCommitter:
         self.groups = 0
         self.splits = 0
 
+    @map_errors
     async def append(self, events: Sequence[PendingEvent]) -> list[int]:
         """Store ``events`` atomically (within a larger group) and return their stream sequences.
 
@@ -73,6 +75,7 @@ class GroupCommitter:
         self._wakeup.set()
         return await future
 
+    @map_errors
     async def run(self) -> None:
         """Write queued appends until cancelled; fails queued appends with the cancellation."""
         try:
@@ -117,6 +120,9 @@ class GroupCommitter:
             await self._commit(group[mid:])
             return
         except (GastownError, ValueError) as exc:
+            if isinstance(exc, BusError):
+                # NATS itself failed (not the appender's verdict on these events): worth its traceback.
+                log.exception("group_commit_failed", appends=len(group))
             for item in group:
                 _fail(item, exc)
             return

@@ -20,6 +20,7 @@ import structlog
 from nats.aio.client import Client
 
 from shared.aio import pause
+from shared.bus.errors import map_errors
 from shared.bus.permissions import PermissionWatch, register
 from shared.config import TownConfig
 from shared.errors import NatsUnavailableError
@@ -60,6 +61,7 @@ class RepeatedErrors:
         return left_out
 
 
+@map_errors
 async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -> Connection:
     """Connect, trying ``connect_attempts`` times (-1: until it works); once connected the client
     reconnects forever.
@@ -152,6 +154,7 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
     )
 
 
+@map_errors
 async def connect_as_session_or_user(
     config: TownConfig,
     *,
@@ -209,6 +212,7 @@ def _describe(exc: Exception | None, user: str) -> str:
     return repr(exc)
 
 
+@map_errors
 async def connect_unless_stopped(config: TownConfig, name: str, stop: asyncio.Event) -> Connection | None:
     """Connect (retrying forever), unless ``stop`` is set first: then None, with the attempt cancelled."""
     connecting = asyncio.ensure_future(connect(config, name=name, connect_attempts=-1))
@@ -277,6 +281,7 @@ def peer_closed(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
+@map_errors
 async def close_at_once(nc: Connection, *, within_s: float = 5.0) -> None:
     """Close without draining, within ``within_s``: for a process that has every answer it waited for (a ``gt``
     call). What it published and has not sent yet is still written before the socket closes (nats-py's ``close``); only
@@ -287,6 +292,7 @@ async def close_at_once(nc: Connection, *, within_s: float = 5.0) -> None:
             await nc.close()
 
 
+@map_errors
 async def close_quietly(nc: Connection) -> None:
     """Drain (flushing buffered publishes and acknowledgements, within 5 s), then close (within 5 s); errors of a
     connection already gone are expected on the way out and not raised."""

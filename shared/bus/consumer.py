@@ -23,6 +23,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from shared import subjects
 from shared.aio import pause, raise_if_cancelling
 from shared.bus.connection import Connection
+from shared.bus.errors import map_errors
 
 log = structlog.get_logger(__name__)
 
@@ -54,12 +55,14 @@ def stored_at(msg: Message) -> datetime:
     return msg.metadata.timestamp
 
 
+@map_errors
 async def ack(msg: Message) -> None:
     # A lost ack only means the message is delivered again.
     with contextlib.suppress(nats.errors.Error, TimeoutError):
         await msg.ack()
 
 
+@map_errors
 async def nak(msg: Message, delay: float | None = None) -> None:
     # A lost nak only means the message comes back after the ack wait instead.
     with contextlib.suppress(nats.errors.Error, TimeoutError):
@@ -76,6 +79,7 @@ class CommandConsumer:
         self.durable = durable
         self._sub: Any = None
 
+    @map_errors
     async def bind(self) -> None:
         """Bind to the consumer, trying again until it is there and the server answers."""
         while True:
@@ -88,6 +92,7 @@ class CommandConsumer:
             else:
                 return
 
+    @map_errors
     async def fetch(self, n: int) -> list[Message]:
         """Up to ``n`` commands, waiting up to a second for the first; [] when none came or the server failed
         (an unacknowledged command is delivered again after its ack wait)."""
@@ -103,11 +108,13 @@ class CommandConsumer:
             return []
         return msgs
 
+    @map_errors
     async def close(self) -> None:
         if self._sub is not None:
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 await self._sub.unsubscribe()
 
+    @map_errors
     async def unacked_span(self) -> tuple[list[str], int, int] | None:
         """The consumer's subjects and the stream sequences between its ack floor and its last delivery, or None
         when it holds nothing unacknowledged; asked again until the server answers."""
@@ -125,6 +132,7 @@ class CommandConsumer:
             patterns = info.config.filter_subjects or [info.config.filter_subject or f"{subjects.CMD_PREFIX}.>"]
             return patterns, first, info.delivered.stream_seq or 0
 
+    @map_errors
     async def stored_between(self, patterns: list[str], first: int, last: int) -> AsyncGenerator[Message]:
         """The commands on ``patterns`` still stored with sequences first..last (acked ones are gone), in stream
         order. A throwaway consumer streams them in batches: one request each would take seconds for the

@@ -19,6 +19,7 @@ from nats.js.client import JetStreamContext
 from shared import subjects
 from shared.aio import pause
 from shared.bus.connection import Connection
+from shared.bus.errors import map_errors
 from shared.commands import Fence
 from shared.errors import CommandError, GastownError
 from shared.events import REGISTRY, LeaseAcquired, LeaseExpired, LeaseReleased, decode_envelope
@@ -27,6 +28,7 @@ from shared.events.base import Envelope
 READ_ATTEMPTS = 3
 
 
+@map_errors
 async def fence_error(
     nc: Connection,
     stream: str,

@@ -29,6 +29,7 @@ from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 
 from shared.bus.connection import Connection, close_at_once, peer_closed, set_resting, socket_of
+from shared.bus.errors import map_errors
 
 log = structlog.get_logger(__name__)
 
@@ -78,6 +79,7 @@ class KeptConnections:
         finally:
             executor.shutdown(wait=True, cancel_futures=True)
 
+    @map_errors
     async def connect(self, key: Hashable, make: Callable[[], Awaitable[Connection]]) -> Connection:
         """The connection kept under ``key`` while it is still connected, else a fresh one from ``make``."""
         kept = self._kept.pop(key, None)
@@ -95,6 +97,7 @@ class KeptConnections:
         self._lent[nc] = key
         return nc
 
+    @map_errors
     async def give_back(self, nc: Connection) -> None:
         """The call is done with ``nc``: kept for the next one when it is as it was made, else closed."""
         key = self._lent.pop(nc)

@@ -19,8 +19,10 @@ from nats.js.kv import KeyValue
 
 from shared.aio import pause, raise_if_cancelling
 from shared.bus.connection import Connection
+from shared.bus.errors import map_errors
 from shared.bus.topology import ERR_STREAM_NAME_IN_USE, create_kv, ensure_heartbeat_bucket
 from shared.config import TownConfig
+from shared.errors import NoStreamError
 
 log = structlog.get_logger(__name__)
 
@@ -48,6 +50,7 @@ class Bucket:
         self._keys_only = keys_only
         self._kv: KeyValue | None = None
 
+    @map_errors
     async def open(self) -> None:
         """Open it now (raises ``BusError`` when it is not there or NATS fails); every other call opens it too."""
         await self._open()
@@ -63,6 +66,7 @@ class Bucket:
                 self._kv = await js.key_value(self.name)
         return self._kv
 
+    @map_errors
     async def get(self, key: str) -> Entry | None:
         """The key's value and revision; None when it is not there (never written, deleted or aged out)."""
         kv = await self._open()
@@ -72,10 +76,12 @@ class Bucket:
             return None
         return Entry(entry.value or b"", int(entry.revision or 0))
 
+    @map_errors
     async def put(self, key: str, value: bytes) -> int:
         """Write the key whatever it holds; the new revision."""
         return int(await (await self._open()).put(key, value))
 
+    @map_errors
     async def create(self, key: str, value: bytes) -> bool:
         """Write the key only if it is not there; False when it is."""
         try:
@@ -84,6 +90,7 @@ class Bucket:
             return False
         return True
 
+    @map_errors
     async def update(self, key: str, value: bytes, *, last: int) -> bool:
         """Write the key only if ``last`` is still its revision; False when someone wrote it since."""
         try:
@@ -92,9 +99,11 @@ class Bucket:
             return False
         return True
 
+    @map_errors
     async def delete(self, key: str) -> None:
         await (await self._open()).delete(key)
 
+    @map_errors
     async def entries(self, *, timeout: float = READ_TIMEOUT_S) -> dict[str, Entry]:
         """Every live key with its value and revision (deleted and purged keys left out); {} when the bucket is
         not there (nothing wrote to it yet)."""
@@ -118,6 +127,7 @@ class Bucket:
                 await watcher.stop()  # type: ignore[no-untyped-call]
         return out
 
+    @map_errors
     async def purge_unless_written_since(self, key: str, revision: int) -> bool:
         """Purge ``key`` (all its revisions) unless it was written after ``revision``; True when purged.
 
@@ -132,6 +142,7 @@ class Bucket:
         await self._nc.jetstream().purge_stream(f"KV_{self.name}", subject=f"$KV.{self.name}.{key}", seq=marker + 1)
         return True
 
+    @map_errors
     async def delete_unless_written_since(self, key: str, revision: int) -> int | None:
         """Write a delete marker for ``key`` if ``revision`` is still its last; the marker's sequence, or None."""
         headers = {"KV-Operation": "DEL", "Nats-Expected-Last-Subject-Sequence": str(revision)}
@@ -145,12 +156,14 @@ class Bucket:
             raise
         return int(ack.seq)
 
+    @map_errors
     async def purge_keys(self, prefix: str) -> None:
         """Forget every key under ``prefix`` (``<prefix>.>``) at once: a filtered purge of the bucket's stream,
         since the buckets refuse rollups."""
         await self._nc.jetstream().purge_stream(f"KV_{self.name}", subject=f"$KV.{self.name}.{prefix}.>")
 
 
+@map_errors
 async def open_or_create(nc: Connection, name: str, *, ttl_s: float, replicas: int) -> Bucket:
     """The bucket, created when missing, refusing rollups (``topology.kv_stream_config``): for a bucket clients
     share and create themselves (the plugins' marks), where a rollup to any key would wipe every client's keys.
@@ -158,7 +171,7 @@ async def open_or_create(nc: Connection, name: str, *, ttl_s: float, replicas: i
     js = nc.jetstream()
     bucket = Bucket(nc, name)
     try:
-        await bucket.open()
+        await bucket._open()
     except nats.js.errors.BucketNotFoundError:
         pass
     else:
@@ -173,13 +186,14 @@ async def open_or_create(nc: Connection, name: str, *, ttl_s: float, replicas: i
     return bucket
 
 
+@map_errors
 async def put_agent_heartbeat(nc: Connection, config: TownConfig, session: str, value: bytes) -> None:
     """A polecat session's heartbeat, its own key of the agent heartbeat bucket; the bucket is created when it is
     not there yet (a town whose services have not provisioned it: only a user who may create it can)."""
     bucket = Bucket(nc, config.heartbeat_bucket, keys_only=True)
     try:
         await bucket.put(session, value)
-    except nats.js.errors.NoStreamResponseError:
+    except NoStreamError:
         await ensure_heartbeat_bucket(nc, config)
         await bucket.put(session, value)
 
@@ -194,6 +208,7 @@ class BucketMirror:
         self.ready = asyncio.Event()
         """Set once the watch delivered everything the bucket held when it started."""
 
+    @map_errors
     async def run(self, nc: Connection) -> None:
         """Follow the bucket until cancelled; a failed watch is opened again."""
         while True:

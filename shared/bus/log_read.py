@@ -10,8 +10,9 @@ messages, so one may be lost on the way (a slow client's are dropped): a batch i
 predecessor did not arrive, and what was cut is read again by the next request. ``last_per_subject`` reads the
 newest message of every subject matching some filters in one request the same way (``multi_last``).
 
-A failure of NATS raises ``BusError`` or ``TimeoutError``: ``nats.errors.NoRespondersError`` when the stream is not
-there or JetStream does not answer (retryable), ``LogReadError`` when the server refused the request.
+A failure of NATS raises ``BusError`` (``shared.bus.errors``): ``NatsNotAnsweringError`` when the stream is not there
+or JetStream does not answer, ``BusTimeoutError`` when nothing answers in time (both retryable), ``LogReadError``
+when the server refused the request.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import structlog
 from nats.aio.msg import Msg
 
 from shared.bus.connection import Connection
+from shared.bus.errors import map_errors
 from shared.bus.streams import Stored
+from shared.errors import JetStreamApiError
 
 log = structlog.get_logger(__name__)
 
@@ -40,17 +43,19 @@ NUM_PENDING = "Nats-Num-Pending"
 LAST_SEQUENCE = "Nats-Last-Sequence"
 
 
-class LogReadError(nats.errors.Error):
+class LogReadError(JetStreamApiError):
     """The server refused a direct get (a malformed request, a server too old for batches)."""
 
     def __init__(self, stream: str, status: str, description: str) -> None:
         self.stream = stream
         self.status = status
-        self.description = description
-        super().__init__()
-
-    def __str__(self) -> str:
-        return f"direct get on {self.stream} refused: {self.status} {self.description}"
+        super().__init__(
+            description,
+            code=int(status) if status.isdigit() else None,
+            err_code=None,
+            kind="LogReadError",
+            message=f"direct get on {stream} refused: {status} {description}",
+        )
 
 
 class Batch(NamedTuple):
@@ -63,6 +68,7 @@ class Batch(NamedTuple):
     when none came."""
 
 
+@map_errors
 async def read_batch(
     nc: Connection,
     stream: str,
@@ -78,8 +84,8 @@ async def read_batch(
     there is none (yet).
 
     Raises:
-        nats.errors.NoRespondersError: the stream is not there, or JetStream does not answer.
-        nats.errors.TimeoutError: no answer at all within ``timeout``.
+        NatsNotAnsweringError: the stream is not there, or JetStream does not answer.
+        BusTimeoutError: no answer at all within ``timeout``.
         LogReadError: the server refused the request.
     """
     if from_seq < 1 or batch < 1:
@@ -91,6 +97,7 @@ async def read_batch(
     return _contiguous(stream, answers)
 
 
+@map_errors
 async def last_per_subject(
     nc: Connection, stream: str, subjects: list[str], *, timeout: float = READ_TIMEOUT_S
 ) -> dict[str, Stored]:
@@ -103,6 +110,7 @@ async def last_per_subject(
     return {stored.subject: stored for stored in (_stored(msg) for msg in answers if _is_data(msg))}
 
 
+@map_errors
 async def put_kept(nc: Connection, bucket: str, key: str, value: bytes) -> int:
     """Write ``key`` of KV ``bucket`` so that it never ages out with the bucket's TTL (``Nats-TTL: never``); its
     revision. A bucket made without per-message TTLs (by an older version) takes a plain write instead, which ages

@@ -18,6 +18,7 @@ from typing import TypeVar
 import nats.errors
 from nats.aio.client import Client
 
+from shared.bus.errors import map_errors
 from shared.errors import PermissionDeniedError
 
 T = TypeVar("T")
@@ -84,6 +85,7 @@ class PermissionWatch:
                 return PermissionDeniedError(subject, denied.user, denied.operation)
         return None
 
+    @map_errors
     async def next_refusal(self) -> None:
         """Returns once another refusal is recorded."""
         waiter = asyncio.get_running_loop().create_future()

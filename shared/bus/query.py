@@ -18,6 +18,7 @@ import nats.errors
 
 from shared.aio import pause
 from shared.bus.connection import Connection
+from shared.bus.errors import map_errors
 from shared.errors import QueryError
 from shared.queries import Query, reply_type
 from shared.queries.base import DEFAULT_LIST_LIMIT
@@ -31,6 +32,7 @@ UNAVAILABLE_RETRY_S = 0.5
 """How often a patient asker (``patience_s``) asks again a service that nobody answers for."""
 
 
+@map_errors
 async def ask(nc: Connection, query: Query[R], *, timeout: float = DEFAULT_TIMEOUT_S) -> R:
     """Ask ``query`` and read the answer into its reply type.
 
@@ -45,6 +47,7 @@ OnWait = Callable[[str], None]
 """Told why a patient asker asks again (the service is not running)."""
 
 
+@map_errors
 async def ask_json(
     nc: Connection,
     query: Query[Any],
@@ -66,6 +69,7 @@ class Listing(NamedTuple):
     more: bool
 
 
+@map_errors
 async def ask_all(
     nc: Connection,
     query: Query[Any],
@@ -155,11 +159,13 @@ class Serving:
     def __init__(self, sub: Any) -> None:
         self._sub = sub
 
+    @map_errors
     async def close(self) -> None:
         with contextlib.suppress(nats.errors.Error):
             await self._sub.unsubscribe()
 
 
+@map_errors
 async def serve(nc: Connection, subject: str, *, queue: str, on_request: Callable[[Request], None]) -> Serving:
     """Hand every request on ``subject`` to ``on_request`` (called on the connection's reader: it must not block;
     it starts a task for anything slow). Instances in one ``queue`` share the requests: each goes to one."""
@@ -170,6 +176,7 @@ async def serve(nc: Connection, subject: str, *, queue: str, on_request: Callabl
     return Serving(await nc.subscribe(subject, queue=queue, cb=on_msg))
 
 
+@map_errors
 async def answer(nc: Connection, request: Request, body: bytes) -> bool:
     """Send ``body`` to the request's reply subject (nothing when it has none). False when it could not be sent
     (the connection is closing, the body is over the server's limit): the caller logs it; never raised here."""

@@ -24,8 +24,8 @@ from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from shared.aio import pause, raise_if_cancelling, wait_event
-from shared.bus.append import RETRYABLE_ERRORS
 from shared.bus.connection import Connection
+from shared.bus.errors import map_errors, retryable
 from shared.subjects import EVT_PREFIX, parse_js_reply
 
 log = structlog.get_logger(__name__)
@@ -77,6 +77,7 @@ class EventReader:
 
     # ---- waiting ------------------------------------------------------------------------------
 
+    @map_errors
     async def wait_for_seq(self, seq: int, timeout: float | None = None) -> None:
         """Return once every sequence up to ``seq`` has been applied.
 
@@ -147,18 +148,22 @@ class EventReader:
             except (TimeoutError, nats.errors.Error) as exc:
                 log.debug("unsubscribe_failed", error=repr(exc))
 
+    @map_errors
     async def stream_last_seq(self) -> int:
         """The stream's last sequence, asked of the server (retried while it is unreachable)."""
         while True:
             raise_if_cancelling()
             try:
                 info = await self._js.stream_info(self._stream)
-            except RETRYABLE_ERRORS as exc:
+            except (TimeoutError, nats.errors.Error) as exc:
+                if not retryable(exc):
+                    raise
                 log.warning("stream_info_failed", stream=self._stream, error=repr(exc))
                 await pause(0.5)
                 continue
             return int(info.state.last_seq)
 
+    @map_errors
     async def run(self) -> None:
         """Subscribe and keep following until cancelled; resubscribe on gaps and stalls."""
         self.target_seq = await self.stream_last_seq()
@@ -199,7 +204,9 @@ class EventReader:
             # Idle for a while: if the stream is ahead of us anyway, the subscription is stuck.
             try:
                 info = await self._js.stream_info(self._stream)
-            except RETRYABLE_ERRORS:
+            except (TimeoutError, nats.errors.Error) as exc:
+                if not retryable(exc):
+                    raise
                 continue  # server unreachable: the client reconnects, we check again next round
             if int(info.state.last_seq) > self.last_seq:
                 log.warning("reader_stalled", last_seq=self.last_seq, stream_last_seq=int(info.state.last_seq))
@@ -215,7 +222,9 @@ class EventReader:
             raise_if_cancelling()
             try:
                 await self._subscribe()
-            except RETRYABLE_ERRORS as exc:
+            except (TimeoutError, nats.errors.Error) as exc:
+                if not retryable(exc):
+                    raise
                 log.warning("subscribe_failed", error=repr(exc))
                 await pause(0.5)
                 continue

@@ -20,6 +20,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy, ObjectStoreConfig, Storag
 from nats.js.object_store import ObjectStore
 
 from shared.bus.connection import Connection
+from shared.bus.errors import map_errors
 from shared.subjects import parse_js_reply
 
 log = structlog.get_logger(__name__)
@@ -48,6 +49,7 @@ class SnapshotStore:
                 )
         return self._store
 
+    @map_errors
     async def load(self, key: str, *, starting: bool = False) -> bytes | None:
         """The stored snapshot for ``key``, or None when absent or unreadable (never raises for a bad store).
         ``starting``: a store that does not answer yet (a cluster still forming) is said at info, not warning."""
@@ -99,6 +101,7 @@ class SnapshotStore:
             raise ValueError("snapshot digest does not match its contents")
         return data
 
+    @map_errors
     async def save(self, key: str, data: bytes) -> None:
         store = await self._open()
         await store.put(key, data)

@@ -19,8 +19,8 @@ import structlog
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from shared.aio import pause, raise_if_cancelling
-from shared.bus.append import RETRYABLE_ERRORS
 from shared.bus.connection import Connection
+from shared.bus.errors import map_errors, retryable
 from shared.subjects import EVT_PREFIX, parse_js_reply
 
 log = structlog.get_logger(__name__)
@@ -52,6 +52,7 @@ class Storage(NamedTuple):
     """Bytes the account may store; 0 or less: no limit."""
 
 
+@map_errors
 async def state(nc: Connection, stream: str) -> StreamState:
     info = await nc.jetstream().stream_info(stream)
     return StreamState(
@@ -61,6 +62,7 @@ async def state(nc: Connection, stream: str) -> StreamState:
     )
 
 
+@map_errors
 async def exists(nc: Connection, stream: str, *, timeout: float = 5.0) -> bool:
     """Whether JetStream has ``stream``; raises what asking raises when it cannot say (an election, a timeout)."""
     try:
@@ -70,22 +72,27 @@ async def exists(nc: Connection, stream: str, *, timeout: float = 5.0) -> bool:
     return True
 
 
+@map_errors
 async def last_seq(nc: Connection, stream: str) -> int:
     """The stream's last sequence."""
     return int((await nc.jetstream().stream_info(stream)).state.last_seq)
 
 
+@map_errors
 async def state_when_ready(nc: Connection, stream: str, *, what: str = "stream_info_retry") -> StreamState:
     """The stream's state, asked again (logged as ``what``) while JetStream is briefly unavailable."""
     while True:
         raise_if_cancelling()
         try:
             return await state(nc, stream)
-        except RETRYABLE_ERRORS as exc:
+        except Exception as exc:
+            if not retryable(exc):
+                raise
             log.warning(what, stream=stream, error=repr(exc))
             await pause(0.5)
 
 
+@map_errors
 async def last_on_subject(nc: Connection, stream: str, subject: str) -> Stored | None:
     """The newest message on ``subject``; None when there is none."""
     try:
@@ -95,6 +102,7 @@ async def last_on_subject(nc: Connection, stream: str, subject: str) -> Stored |
     return Stored(int(msg.seq or 0), msg.subject or subject, msg.data or b"")
 
 
+@map_errors
 async def next_on_subject(nc: Connection, stream: str, subject: str, start: int) -> Stored | None:
     """The first message on ``subject`` (a filter: wildcards allowed) with a sequence of ``start`` or more; None
     when there is none."""
@@ -106,6 +114,7 @@ async def next_on_subject(nc: Connection, stream: str, subject: str, start: int)
 
 
 @contextlib.asynccontextmanager
+@map_errors
 async def following(
     nc: Connection, stream: str, subject: str, on_message: Callable[[int, bytes], None]
 ) -> AsyncIterator[None]:
@@ -130,6 +139,7 @@ async def following(
 
 
 @contextlib.asynccontextmanager
+@map_errors
 async def live(nc: Connection, subject: str, on_message: Callable[[bytes], Awaitable[None]]) -> AsyncIterator[None]:
     """Hand every message published on ``subject`` from now on to ``on_message(data)``, for as long as the block
     runs: a plain subscription, so nothing stored is replayed and one published while disconnected is missed (for
@@ -146,6 +156,7 @@ async def live(nc: Connection, subject: str, on_message: Callable[[bytes], Await
             await sub.unsubscribe()
 
 
+@map_errors
 async def seq_before(nc: Connection, stream: str, since: datetime) -> int:
     """The sequence just before the first event stored at ``since`` or later (the stream's last sequence when
     there is none: only new events come after it)."""
@@ -173,11 +184,13 @@ async def seq_before(nc: Connection, stream: str, since: datetime) -> int:
             await probe.unsubscribe()
 
 
+@map_errors
 async def account_storage(nc: Connection) -> Storage:
     info = await nc.jetstream().account_info()
     return Storage(used=int(info.storage), limit=int(info.limits.max_storage or 0))
 
 
+@map_errors
 async def consumer_floors(nc: Connection, stream: str) -> dict[str, int]:
     """Each consumer of the stream and the sequence up to which it has acknowledged everything."""
     infos: list[Any] = await nc.jetstream().consumers_info(stream)

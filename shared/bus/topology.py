@@ -23,6 +23,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from shared.bus.connection import Connection
+from shared.bus.errors import map_errors
 from shared.commands import COMMANDS
 from shared.config import TownConfig
 from shared.errors import EventLogLostError, StreamConfigMismatchError
@@ -327,6 +328,7 @@ async def _stream_exists(js: JetStreamContext, stream: str) -> bool:
     return True
 
 
+@map_errors
 async def provision(nc: Connection, config: TownConfig) -> ProvisionReport:
     """Idempotently create the event log, the command intake and the command consumers, and the KV buckets (the
     plugins' marks included: ``kv_stream_config``, rollups refused, direct gets answered)."""
@@ -374,6 +376,7 @@ ACTIVE_KEY_TTL_S = 3600.0
 leaves the bucket after an hour (a lapsed key is taken over long before, by its revision, not by this)."""
 
 
+@map_errors
 async def ensure_heartbeat_bucket(nc: Connection, config: TownConfig) -> bool:
     """The KV bucket of agent heartbeats (a cache of liveness, never truth); True when created."""
     return await _ensure_heartbeat_bucket(nc.jetstream(), config)

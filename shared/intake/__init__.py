@@ -13,11 +13,9 @@ from shared.intake.consumer import CommandIntake
 from shared.intake.delivery import Delivery
 from shared.intake.handler import CommandHandler
 from shared.intake.identity import OPERATOR, Sender, command_actor, impersonation
-from shared.intake.poison import INFRASTRUCTURE_ERRORS
 from shared.intake.settle import to_pending
 
 __all__ = [
-    "INFRASTRUCTURE_ERRORS",
     "OPERATOR",
     "CommandHandler",
     "CommandIntake",

@@ -32,14 +32,14 @@ from shared.bus.kv import Bucket
 from shared.bus.reader import EventReader
 from shared.bus.topology import origin_cutover, owner_of
 from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, read_command
-from shared.errors import AppendTimeoutError, CommandError
+from shared.errors import AppendTimeoutError, CommandError, infrastructure_failure
 from shared.faults import crash_point
 from shared.intake import rate_limit
 from shared.intake.delivery import Delivery
 from shared.intake.handler import CommandHandler
 from shared.intake.held import HeldAttempts, HeldPhase
 from shared.intake.identity import impersonation
-from shared.intake.poison import INFRASTRUCTURE_ERRORS, Poison, max_failures_from_env
+from shared.intake.poison import Poison, max_failures_from_env
 from shared.intake.settle import Settler
 
 log = structlog.get_logger(__name__)
@@ -286,10 +286,10 @@ class CommandIntake:
                 log.warning("command_outcome_unstored", error=str(exc))
                 poison.count_infra_failure(delivery)
                 return 0  # not acked: redelivered after the ack wait
-            except INFRASTRUCTURE_ERRORS:
-                poison.count_infra_failure(delivery)
-                raise
-            except Exception as exc:  # noqa: BLE001 - a bug the command triggers: retried a few times, then set aside
+            except Exception as exc:  # a bug the command triggers: retried a few times, then set aside
+                if infrastructure_failure(exc):  # not the command's (GastownError.infrastructure): redelivered
+                    poison.count_infra_failure(delivery)
+                    raise
                 set_aside = await poison.after_failure(delivery, exc)
                 if set_aside is None:
                     return 0

@@ -15,13 +15,8 @@ from shared.bus.connection import Connection
 from shared.bus.errors import BusError
 from shared.commands import EscalationRaise
 from shared.errors import (
-    ActivityLostError,
-    AppendFailedError,
     CommandError,
     GastownError,
-    NatsUnavailableError,
-    PermissionDeniedError,
-    StreamGapError,
 )
 from shared.intake.delivery import Delivery
 
@@ -32,17 +27,6 @@ DEFAULT_MAX_FAILURES = 5
 """Attempts at settling one command that failed (its processing raised, or the service died on it) after which
 it is set aside: rejected with ``set_aside``, escalated, acknowledged; never retried forever."""
 RETRY_FAILED_AFTER_S = 1.0
-INFRASTRUCTURE_ERRORS = (
-    BusError,
-    TimeoutError,
-    AppendFailedError,
-    ActivityLostError,
-    NatsUnavailableError,
-    PermissionDeniedError,
-    StreamGapError,
-)
-"""Failures of the server, the connection or the deployment, or this instance no longer active: not the
-command's. It is left for redelivery, never set aside."""
 
 
 def max_failures_from_env() -> int:

@@ -26,8 +26,8 @@ from shared import ids
 from shared.aio import pause, raise_if_cancelling
 from shared.bus import log_read
 from shared.bus.connection import Connection
-from shared.bus.errors import RETRYABLE_ERRORS
 from shared.bus.kv import Bucket
+from shared.errors import retryable
 from shared.faults import crash_point
 from shared.plugins.position import encode_position, parse_position
 from shared.plugins.settings import position_key
@@ -70,7 +70,9 @@ async def retrying(what: str, op: Callable[[], Awaitable[T]]) -> T:
         raise_if_cancelling()
         try:
             return await op()
-        except RETRYABLE_ERRORS as exc:
+        except Exception as exc:
+            if not retryable(exc):
+                raise
             attempt += 1
             if time.monotonic() >= give_up_at:
                 raise

@@ -30,10 +30,10 @@ import structlog
 from shared.aio import raise_if_cancelling, wait_event
 from shared.bus import log_read, streams
 from shared.bus.connection import Connection
-from shared.bus.errors import RETRYABLE_ERRORS, BusError
+from shared.bus.errors import BusError
 from shared.bus.streams import Stored
 from shared.config import TownConfig
-from shared.errors import EventDecodeError, GastownError, UnknownEventTypeError
+from shared.errors import EventDecodeError, GastownError, UnknownEventTypeError, retryable
 from shared.events import REGISTRY, Envelope, Event, EventRegistry, decode_envelope
 from shared.faults import crash_point
 from shared.plugins.marks import Claim, Marks
@@ -247,7 +247,9 @@ class Plugin:
                 if not waiting:
                     log.warning("plugin_waiting_for_stream", stream=self.config.evt_stream)
                     waiting = True
-            except RETRYABLE_ERRORS as exc:
+            except Exception as exc:
+                if not retryable(exc):
+                    raise
                 log.warning("plugin_stream_info_failed", error=repr(exc))
             await wait_event(self._stop, 1.0)
         return False
@@ -260,7 +262,9 @@ class Plugin:
             raise_if_cancelling()
             try:
                 return True, await marks.position()
-            except RETRYABLE_ERRORS as exc:
+            except Exception as exc:
+                if not retryable(exc):
+                    raise
                 if not waiting:
                     log.warning("plugin_waiting_for_marks", bucket=self._bucket, error=repr(exc))
                     waiting = True
@@ -315,7 +319,9 @@ class Plugin:
                     MAX_BATCH_BYTES,
                     subject=self._server_filter,
                 )
-            except RETRYABLE_ERRORS as exc:
+            except Exception as exc:
+                if not retryable(exc):
+                    raise
                 log.warning("plugin_read_failed", from_seq=self.position + 1, error=repr(exc))
                 await wait_event(self._stop, READ_RETRY_S)
                 continue

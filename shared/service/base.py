@@ -33,7 +33,7 @@ from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus import commands as bus_commands
 from shared.bus import streams
 from shared.bus.activity import ActivityKeeper
-from shared.bus.append import RETRYABLE_ERRORS, Appender
+from shared.bus.append import Appender
 from shared.bus.commit import GroupCommitter
 from shared.bus.connection import Connection
 from shared.bus.reader import EventReader
@@ -42,7 +42,7 @@ from shared.bus.topology import command_consumer_name, has_command_consumer, pro
 from shared.commands import Command
 from shared.config import TownConfig
 from shared.decision import Accepted, DecideContext, NewEvent, Route
-from shared.errors import ActivityLostError, AppendConflictError, QueryError
+from shared.errors import ActivityLostError, AppendConflictError, QueryError, retryable
 from shared.intake import CommandIntake, rate_limit, to_pending
 from shared.intake.rate_limit import RateLimiter
 from shared.projection import Projection
@@ -327,7 +327,9 @@ class Service(Generic[S]):
             raise_if_cancelling()
             try:
                 await provision(nc, self.config)
-            except RETRYABLE_ERRORS as exc:
+            except Exception as exc:
+                if not retryable(exc):
+                    raise
                 # JetStream not ready yet (server starting, cluster electing a leader): try again. Expected for a
                 # while after a fresh cluster starts: said at info then, at warning once it lasts.
                 waited = round(time.monotonic() - since, 1)

@@ -162,7 +162,7 @@ async def test_nats_unreachable_exits_3(gt: Gt) -> None:
 
 async def test_a_town_not_provisioned_is_said_in_words_and_exits_3(gt: Gt, town: TownConfig, nc: Client) -> None:
     # The NATS client's errors for "no such stream" and "no stream takes the subject" reach the operator as the
-    # project's own (shared.bus.errors.translated), with what to do, never as a traceback.
+    # project's own (shared.bus.errors.map_errors), with what to do, never as a traceback.
     no_command = "gt: no stream takes commands yet (nothing was stored); run `gt init` or `gt up`, then retry"
     nothing = await gt("bead", "create", "before init")
     said = nothing.err.strip().splitlines()[-1]  # after any log lines of the client's

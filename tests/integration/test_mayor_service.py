@@ -546,13 +546,13 @@ class TestLifecycle:
         assert swallowed == 1
 
     async def test_a_fatal_error_comes_out_of_run(self, nc: Client, town: TownConfig) -> None:
-        import nats.js.errors
+        from shared.errors import NotProvisionedError  # the bus's words for nats-py's NotFoundError
 
         service = MayorService(town, ServiceSettings(patrol_interval=0.2, idle_heartbeat=0.5))
         task = asyncio.create_task(service.run())
         await asyncio.wait_for(service.ready.wait(), 30)
         await nc.jetstream().delete_stream(town.evt_stream)  # the log itself is gone: nothing to serve from
-        with pytest.raises(nats.js.errors.NotFoundError):
+        with pytest.raises(NotProvisionedError):
             await asyncio.wait_for(task, 60)
         await service.shutdown()  # still safe afterwards
 

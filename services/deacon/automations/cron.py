@@ -13,12 +13,14 @@ from datetime import date, datetime, timedelta
 
 import msgspec
 
+from shared.errors import GastownError
+
 FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day-of-month", 1, 31), ("month", 1, 12), ("day-of-week", 0, 7))
 SEARCH_DAYS = 4 * 366 + 1
 """How far the previous/next searches look: every restricted day pattern recurs within four years (29 February)."""
 
 
-class CronError(ValueError):
+class CronError(GastownError, ValueError):
     """A schedule that cannot be used; the message names the field."""
 
 

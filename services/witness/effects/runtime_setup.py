@@ -16,6 +16,7 @@ from typing import Any
 
 from shared import git, safe_files
 from shared.decoding import UNDECODABLE
+from shared.errors import GastownError
 from shared.runtimes import (
     AGENT_FAILURE,
     CLAUDE_CREDENTIALS_FILE,
@@ -32,7 +33,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[3]
 VERSION_TIMEOUT_S = 30.0
 
 
-class RuntimeUnavailableError(Exception):
+class RuntimeUnavailableError(GastownError):
     """The runtime cannot start here (no binary, no credentials): a person must act, retrying changes nothing."""
 
 
