@@ -33,15 +33,19 @@ _server_log.addHandler(_ToStructlog())
 _server_log.setLevel(logging.DEBUG)
 
 
-async def start(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 1.0) -> web.AppRunner:
-    """``app`` listening on ``host:port`` (0: a free port, read back with ``bound_port``); ``await
-    runner.cleanup()`` stops it. No access log. ``shutdown_timeout``: how long cleanup lets open requests (a
-    stream a client still reads) finish before it cancels them."""
-    runner = web.AppRunner(app, access_log=None, logger=_server_log, shutdown_timeout=shutdown_timeout)
+SERVER_LOG = _server_log
+"""The logger to give aiohttp's request handlers (``logger=``): what it says becomes structlog events."""
+
+
+def app_runner(app: web.Application, *, shutdown_timeout: float = 1.0) -> web.AppRunner:
+    """A runner for ``app``: no access log, aiohttp's messages through structlog. ``shutdown_timeout``: how long
+    ``cleanup()`` lets open requests (a stream a client still reads) finish before it cancels them."""
+    return web.AppRunner(app, access_log=None, logger=SERVER_LOG, shutdown_timeout=shutdown_timeout)
+
+
+async def start(runner: web.BaseRunner, host: str, port: int) -> int:
+    """Set ``runner`` up listening on ``host:port`` (0: a free port); the bound port. ``await runner.cleanup()``
+    stops it."""
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
-    return runner
-
-
-def bound_port(runner: web.AppRunner) -> int:
     return int(runner.addresses[0][1])

@@ -36,8 +36,8 @@ class PageServer:
     async def start(self) -> int:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._answer)  # one handler: any other method or path is 404
-        self._runner = await http_server.start(app, self._host, self._port)
-        self.port = http_server.bound_port(self._runner)
+        self._runner = http_server.app_runner(app)
+        self.port = await http_server.start(self._runner, self._host, self._port)
         return self.port
 
     async def serve_forever(self) -> None:
