@@ -14,7 +14,8 @@ was re-bound to this machine cannot read the town.
 - ``/healthz``: 200 once the dashboard has replayed the log.
 
 The view is a fold of the log the dashboard replays itself on start (``view.py``), read with the services'
-``EventReader``, which resubscribes after a NATS restart from the last sequence it applied.
+``EventReader``, which resubscribes after a NATS restart from the last sequence it applied. HTTP is aiohttp's
+(its low-level server; ``_route`` routes).
 """
 
 from __future__ import annotations
@@ -24,14 +25,19 @@ import contextlib
 import ipaddress
 import json
 import urllib.parse
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.web_protocol import RequestHandler
 
 from gt.dashboard import view
 from gt.dashboard.page import PAGE
 from gt.story import bead_story
+from shared import http_server
 from shared.bus.errors import BusError
 from shared.bus.reader import EventReader
 from shared.config import TownConfig
@@ -44,9 +50,9 @@ log = structlog.get_logger(__name__)
 
 PUSH_INTERVAL_S = 0.25
 KEEPALIVE_S = 15.0
-MAX_REQUEST_LINE = 8192
-READ_TIMEOUT_S = 10.0
 CLIENT_QUEUE = 4
+SHUTDOWN_S = 0.1
+"""How long stopping waits for open requests: the event streams never end on their own."""
 
 
 class Dashboard:
@@ -121,40 +127,29 @@ class Dashboard:
     # ---- HTTP -------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        server = await asyncio.start_server(self._handle, self.host, self.port)
-        self.port = server.sockets[0].getsockname()[1]
+        runner = web.ServerRunner(_Server(self._handle), shutdown_timeout=SHUTDOWN_S)
+        self.port = await http_server.start(runner, self.host, self.port)
         self.listening.set()
         log.info("dashboard_listening", url=f"http://{self.host}:{self.port}/")
-        async with server, asyncio.TaskGroup() as tasks:
-            tasks.create_task(self._follow(), name="dashboard-follow")
-            tasks.create_task(self._push(), name="dashboard-push")
-            stop = tasks.create_task(self._stop.wait(), name="dashboard-stop")
-            await stop
-            raise _Stopped
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._follow(), name="dashboard-follow")
+                tasks.create_task(self._push(), name="dashboard-push")
+                stop = tasks.create_task(self._stop.wait(), name="dashboard-stop")
+                await stop
+                raise _Stopped
+        finally:
+            await runner.cleanup()
 
     async def shutdown(self) -> None:
         """Idempotent, and safe before ``run``."""
         self._stop.set()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            host = None
-            async with asyncio.timeout(READ_TIMEOUT_S):
-                line = await reader.readline()
-                while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    name, _, value = header.decode("latin-1").partition(":")
-                    if name.strip().lower() == "host":
-                        host = value.strip()
-            if not self.host_allowed(host):
-                # DNS rebinding: a page of evil.example whose name now resolves to this machine sends its own name.
-                await _send(writer, 421, "text/plain", b"unknown host: open the dashboard at the address it prints\n")
-                return
-            await self._route(line, writer)
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                writer.close()
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if not self.host_allowed(request.headers.get("Host")):
+            # DNS rebinding: a page of evil.example whose name now resolves to this machine sends its own name.
+            return _answer(421, "text/plain", MISDIRECTED)
+        return await self._route(request)
 
     def host_allowed(self, host: str | None) -> bool:
         """A ``Host`` header naming this dashboard: an IP address, ``localhost``, the address it was bound to or
@@ -171,53 +166,52 @@ class Dashboard:
             return True
         return port in (None, self.port) and (_is_ip(name) or name in ("localhost", self.host.lower()))
 
-    async def _route(self, line: bytes, writer: asyncio.StreamWriter) -> None:
-        parts = line.decode("latin-1").split()
-        if len(parts) != 3 or len(line) > MAX_REQUEST_LINE or not parts[2].startswith("HTTP/1."):
-            await _send(writer, 400, "text/plain", b"bad request\n")
-            return
-        method, target = parts[0], urllib.parse.urlsplit(parts[1]).path
-        if method != "GET":
-            await _send(writer, 405, "text/plain", b"only GET\n")
-        elif target == "/":
-            await _send(writer, 200, "text/html; charset=utf-8", PAGE.encode())
-        elif target == "/healthz":
+    async def _route(self, request: web.BaseRequest) -> web.StreamResponse:
+        target = urllib.parse.urlsplit(request.raw_path).path
+        if request.method != "GET":
+            return _answer(405, "text/plain", b"only GET\n")
+        if target == "/":
+            return _answer(200, "text/html; charset=utf-8", PAGE.encode())
+        if target == "/healthz":
             ok = self.replayed.is_set()
-            await _send(writer, 200 if ok else 503, "text/plain", b"ok\n" if ok else b"replaying\n")
-        elif target == "/api/state":
-            await _send(writer, 200, "application/json", msgspec.json.encode(view.render(self.state)))
-        elif target.startswith("/api/bead/"):
-            await self._bead(urllib.parse.unquote(target.removeprefix("/api/bead/")), writer)
-        elif target == "/events":
-            await self._events(writer)
-        else:
-            await _send(writer, 404, "text/plain", b"not found\n")
+            return _answer(200 if ok else 503, "text/plain", b"ok\n" if ok else b"replaying\n")
+        if target == "/api/state":
+            return _answer(200, "application/json", msgspec.json.encode(view.render(self.state)))
+        if target.startswith("/api/bead/"):
+            return await self._bead(urllib.parse.unquote(target.removeprefix("/api/bead/")))
+        if target == "/events":
+            return await self._events(request)
+        return _answer(404, "text/plain", b"not found\n")
 
-    async def _bead(self, bead: str, writer: asyncio.StreamWriter) -> None:
+    async def _bead(self, bead: str) -> web.Response:
         if not bead or "/" in bead:
-            await _send(writer, 400, "application/json", b'{"error": "a bead id, like /api/bead/gt-abc123"}')
-            return
+            return _answer(400, "application/json", b'{"error": "a bead id, like /api/bead/gt-abc123"}')
         try:
             entries, missing = await bead_story(self.nc, self.config, bead)
         except (BusError, TimeoutError) as exc:
             body = json.dumps({"error": f"the log could not be read: {type(exc).__name__}"}).encode()
-            await _send(writer, 503, "application/json", body)
-            return
+            return _answer(503, "application/json", body)
         if not entries:
-            await _send(writer, 404, "application/json", json.dumps({"error": f"no events for bead {bead}"}).encode())
-            return
+            return _answer(404, "application/json", json.dumps({"error": f"no events for bead {bead}"}).encode())
         timeline = []
         for e in entries:
             text, kind = describe(e.type, e.data)
             timeline.append({"seq": e.seq, "ts": e.ts, "type": e.type, "actor": e.actor, "text": text, "kind": kind})
-        body = msgspec.json.encode({"bead": bead, "events": timeline, "missing": missing})
-        await _send(writer, 200, "application/json", body)
-
-    async def _events(self, writer: asyncio.StreamWriter) -> None:
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-            b"Connection: keep-alive\r\nX-Accel-Buffering: no\r\n\r\nretry: 1000\n\n"
+        return _answer(
+            200, "application/json", msgspec.json.encode({"bead": bead, "events": timeline, "missing": missing})
         )
+
+    async def _events(self, request: web.BaseRequest) -> web.StreamResponse:
+        stream = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "Connection": "keep-alive",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        await stream.prepare(request)
+        await stream.write(b"retry: 1000\n\n")
         queue: asyncio.Queue[bytes] = asyncio.Queue(CLIENT_QUEUE)
         await self.replayed.wait()
         queue.put_nowait(self._state_message())
@@ -228,10 +222,32 @@ class Dashboard:
                     message = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
                 except TimeoutError:
                     message = b": keep-alive\n\n"
-                writer.write(message)
-                await writer.drain()
+                await stream.write(message)  # raises once the page went away
         finally:
             self._clients.discard(queue)
+
+
+MISDIRECTED = b"unknown host: open the dashboard at the address it prints\n"
+
+
+class _Handler(RequestHandler):
+    """aiohttp's connection handler, but a request without ``Host`` (which its parser refuses with 400 before any
+    handler runs) is answered 421 like any other request for a name that is not the dashboard's."""
+
+    def handle_error(
+        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
+        if isinstance(exc, BadHttpMessage) and "Host" in str(exc.message):
+            return _answer(421, "text/plain", MISDIRECTED)
+        return super().handle_error(request, status, exc, message)
+
+
+class _Server(web.Server):
+    def __init__(self, handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]) -> None:
+        super().__init__(handler, access_log=None, logger=http_server.SERVER_LOG)
+
+    def __call__(self) -> RequestHandler:
+        return _Handler(self, loop=self._loop, **self._kwargs)  # as web.Server's own, with the handler above
 
 
 class _Stopped(Exception):
@@ -254,18 +270,8 @@ def _is_ip(name: str) -> bool:
     return True
 
 
-async def _send(writer: asyncio.StreamWriter, status: int, content_type: str, body: bytes) -> None:
-    reason = {
-        200: "OK",
-        400: "Bad Request",
-        404: "Not Found",
-        405: "Method Not Allowed",
-        421: "Misdirected Request",
-        503: "Unavailable",
-    }
-    head = (
-        f"HTTP/1.1 {status} {reason.get(status, 'Error')}\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n"
-    )
-    writer.write(head.encode("latin-1") + body)
-    await writer.drain()
+def _answer(status: int, content_type: str, body: bytes) -> web.Response:
+    """One whole answer; the connection is closed after it (as every answer but the event stream's)."""
+    answer = web.Response(status=status, body=body, headers={"Content-Type": content_type, "Cache-Control": "no-cache"})
+    answer.force_close()
+    return answer

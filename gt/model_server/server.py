@@ -1,8 +1,9 @@
-"""The scripted model server: the Anthropic Messages API over HTTP/1.1 on a loopback port, asyncio streams only.
+"""The scripted model server: the Anthropic Messages API over HTTP/1.1 on a loopback port, served by aiohttp.
 
 Routes: ``POST /v1/messages`` (JSON, or server-sent events when ``"stream": true``, chunked so that a dropped
 connection is a visible error to the client), ``POST /v1/messages/count_tokens``; anything else is recorded and
-answered 404 in the API's error shape. Connections are kept alive as HTTP/1.1 clients expect.
+answered 404 in the API's error shape. Connections are kept alive as HTTP/1.1 clients expect. aiohttp's
+low-level server: one handler, ``_handle``, routes (as the API has two routes and a health check).
 
 A request belongs to a session's script by (first match): the ``x-gt-model-script`` header, a
 ``[model-script:<name>]`` marker in the system prompt or first user message, the API key (``x-api-key``, or a
@@ -14,7 +15,6 @@ consuming a turn.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import Iterable, Mapping
@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 import structlog
+from aiohttp import web
 
 from gt.model_server import wire
 from gt.model_server.script import (
@@ -38,11 +39,15 @@ from gt.model_server.script import (
     side_answer,
     turn_index,
 )
+from shared import http_server
 
 log = structlog.get_logger(__name__)
 
 SECRET_HEADERS = frozenset({"x-api-key", "authorization"})
 MAX_HEADER_BYTES = 64 * 1024
+"""The longest request line or header accepted (aiohttp's default is 8 KiB)."""
+SHUTDOWN_S = 5.0
+"""How long ``close`` lets an answer being streamed finish."""
 HEALTH_PATHS = frozenset({"/", "/api/hello"})
 """Answered 200: Claude Code's connectivity check (``HEAD /api/hello``) when non-essential traffic is on."""
 _STATUS_TEXT = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests"}
@@ -77,13 +82,6 @@ class SentAnswer(msgspec.Struct, kw_only=True):
     fault: str | None = None
 
 
-class _Http(msgspec.Struct, kw_only=True):
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
 class ModelServer:
     """A scripted model on ``127.0.0.1:<port>``; ``async with ModelServer(scripts) as server: server.base_url``."""
 
@@ -107,19 +105,27 @@ class ModelServer:
         self._attempts: dict[tuple[object, ...], int] = {}
         self._cached: dict[str, int] = {}
         self._release = asyncio.Event()
-        self._server: asyncio.Server | None = None
-        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._runner: web.ServerRunner | None = None
+        self._port: int | None = None
 
     # --- life cycle --------------------------------------------------------------------------------------------
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> ModelServer:
-        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEADER_BYTES)
+        server = web.Server(
+            self._handle,
+            access_log=None,
+            logger=http_server.SERVER_LOG,
+            max_line_size=MAX_HEADER_BYTES,
+            max_field_size=MAX_HEADER_BYTES,
+        )
+        self._runner = web.ServerRunner(server, shutdown_timeout=SHUTDOWN_S)
+        self._port = await http_server.start(self._runner, host, port)
         return self
 
     @property
     def port(self) -> int:
-        assert self._server is not None, "the model server is not started"
-        return int(self._server.sockets[0].getsockname()[1])
+        assert self._port is not None, "the model server is not started"
+        return self._port
 
     @property
     def base_url(self) -> str:
@@ -127,17 +133,9 @@ class ModelServer:
         return f"http://127.0.0.1:{self.port}"
 
     async def close(self) -> None:
-        self._release.set()
-        if self._server is not None:
-            self._server.close()
-        # Aborting the transports ends each connection's reader with an error its task handles (cancelling the
-        # tasks instead makes asyncio's own stream callback raise on Python 3.11).
-        for writer in list(self._connections.values()):
-            writer.transport.abort()
-        if self._connections:
-            await asyncio.wait(list(self._connections), timeout=5)
-        if self._server is not None:
-            await self._server.wait_closed()
+        self._release.set()  # stalled requests are dropped
+        if self._runner is not None:
+            await self._runner.cleanup()
 
     async def __aenter__(self) -> ModelServer:
         return await self.start()
@@ -173,52 +171,29 @@ class ModelServer:
 
     # --- HTTP --------------------------------------------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections[task] = writer
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        raw = await request.content.read()  # to its end, however long the conversation (no size limit here)
         try:
-            while True:
-                request = await _read_request(reader)
-                if request is None:
-                    return
-                keep_alive = await self._handle(request, writer)
-                if not keep_alive:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-            log.debug("model_server_connection_ended", error=str(exc))
-        finally:
-            self._connections.pop(task, None)
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    async def _handle(self, http: _Http, writer: asyncio.StreamWriter) -> bool:
-        """Answer one request; whether the connection stays open."""
-        try:
-            body = json.loads(http.body) if http.body else {}
+            body = json.loads(raw) if raw else {}
         except ValueError:
-            body = {"unparsed": http.body.decode(errors="replace")}
+            body = {"unparsed": raw.decode(errors="replace")}
         if not isinstance(body, dict):
             body = {"unparsed": body}
+        headers = {name.lower(): value for name, value in request.headers.items()}
         recorded = RecordedRequest(
-            method=http.method,
-            path=http.path,
-            headers={name: value for name, value in http.headers.items() if name not in SECRET_HEADERS},
+            method=request.method,
+            path=request.raw_path,
+            headers={name: value for name, value in headers.items() if name not in SECRET_HEADERS},
             body=body,
             received_at=time.time(),
         )
         self.requests.append(recorded)
-        path = http.path.split("?", 1)[0]
-        if http.method in ("GET", "HEAD") and path in HEALTH_PATHS:
-            await _send_json(writer, 200, {}, head_only=http.method == "HEAD")
-            return True
-        if http.method != "POST" or path not in ("/v1/messages", "/v1/messages/count_tokens"):
-            await _send_json(
-                writer, 404, wire.error_body(404, f"no route {http.method} {path}"), head_only=http.method == "HEAD"
-            )
-            return True
-        script = self._script_for(http.headers, body)
+        path = request.raw_path.split("?", 1)[0]
+        if request.method in ("GET", "HEAD") and path in HEALTH_PATHS:
+            return _json(200, {})  # aiohttp sends a HEAD answer's head alone
+        if request.method != "POST" or path not in ("/v1/messages", "/v1/messages/count_tokens"):
+            return _json(404, wire.error_body(404, f"no route {request.method} {path}"))
+        script = self._script_for(headers, body)
         recorded.script = script.name if script else None
         if path.endswith("/count_tokens"):
             recorded.kind = "count_tokens"
@@ -226,12 +201,11 @@ class ModelServer:
             self.answers.append(
                 SentAnswer(script=recorded.script, kind="count_tokens", turn=None, status=200, stream=False)
             )
-            await _send_json(writer, 200, {"input_tokens": count})
-            return True
+            return _json(200, {"input_tokens": count})
         side = is_side_request(body)
         recorded.kind = "side" if side else "compact" if is_compaction_request(body) else "turn"
         recorded.turn = turn_index(body) if recorded.kind == "turn" else None
-        return await self._answer_messages(writer, body, script, recorded)
+        return await self._answer_messages(request, body, script, recorded)
 
     def _script_for(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> Script | None:
         name = script_name(headers, body)
@@ -256,8 +230,8 @@ class ModelServer:
         self.failures.append(failure)
 
     async def _answer_messages(
-        self, writer: asyncio.StreamWriter, body: Mapping[str, Any], script: Script | None, recorded: RecordedRequest
-    ) -> bool:
+        self, request: web.BaseRequest, body: Mapping[str, Any], script: Script | None, recorded: RecordedRequest
+    ) -> web.StreamResponse:
         model = str(body.get("model") or (script.model if script else None) or "claude-scripted")
         stream = bool(body.get("stream"))
         turn: Turn | None = None
@@ -275,7 +249,7 @@ class ModelServer:
         self.answers.append(answer)
         if fault is not None:
             answer.fault = fault.kind
-            return await self._fault(writer, fault, answer, stream)
+            return await self._fault(request, fault, answer, stream)
         blocks, text = self._reply(body, script, turn, recorded)
         if text is not None:
             blocks = [{"type": "text", "text": text}]
@@ -292,10 +266,8 @@ class ModelServer:
             wire.message_id(recorded.script, recorded.kind, recorded.turn, attempt), model, blocks, usage
         )
         if not stream:
-            await _send_json(writer, 200, full)
-            return True
-        await _send_stream(writer, wire.stream_events(full))
-        return True
+            return _json(200, full)
+        return await _stream(request, wire.stream_events(full))
 
     def _reply(
         self, body: Mapping[str, Any], script: Script | None, turn: Turn | None, recorded: RecordedRequest
@@ -318,12 +290,13 @@ class ModelServer:
             return [], "SCRIPT FAILURE: " + "; ".join(failures)
         return wire.content_blocks(turn, script.name, index), None
 
-    async def _fault(self, writer: asyncio.StreamWriter, fault: Fault, answer: SentAnswer, stream: bool) -> bool:
+    async def _fault(
+        self, request: web.BaseRequest, fault: Fault, answer: SentAnswer, stream: bool
+    ) -> web.StreamResponse:
         if fault.kind in _FAULT_STATUS:
             answer.status = _FAULT_STATUS[fault.kind]
             extra = {"retry-after": str(fault.retry_after_s)} if fault.kind == "rate_limited" else {}
-            await _send_json(writer, answer.status, wire.error_body(answer.status, f"scripted {fault.kind}"), extra)
-            return True
+            return _json(answer.status, wire.error_body(answer.status, f"scripted {fault.kind}"), extra)
         answer.status = 0
         if fault.kind == "stall":
             self.stalled += 1
@@ -331,80 +304,47 @@ class ModelServer:
                 await self._release.wait()
             finally:
                 self.stalled -= 1
-            return False
+            return _dropped(request)
         # drop: half an answer, then the connection goes away without finishing the body.
         if stream:
             head = wire.stream_events(wire.message("msg_dropped", answer.model, [{"type": "text", "text": "..."}], {}))
-            await _send_stream(writer, head[:3], finish=False)
-        writer.transport.abort()
-        return False
+            return _dropped(request, await _stream(request, head[:3], finish=False))
+        return _dropped(request)
 
 
-async def _read_request(reader: asyncio.StreamReader) -> _Http | None:
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError:
-        return None
-    lines = head.decode("latin-1").split("\r\n")
-    method, path, _ = lines[0].split(" ", 2)
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if ":" in line:
-            name, value = line.split(":", 1)
-            headers[name.strip().lower()] = value.strip()
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        body = b""
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).strip().split(b";")[0], 16)
-            if size == 0:
-                await reader.readuntil(b"\r\n")
-                break
-            body += await reader.readexactly(size)
-            await reader.readexactly(2)
-    else:
-        body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return _Http(method=method, path=path, headers=headers, body=body)
-
-
-def _head(status: int, headers: Mapping[str, str]) -> bytes:
-    lines = [f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-async def _send_json(
-    writer: asyncio.StreamWriter,
-    status: int,
-    payload: Any,
-    extra: Mapping[str, str] | None = None,
-    *,
-    head_only: bool = False,
-) -> None:
-    """A JSON answer (``head_only``: its head alone, as a HEAD request is answered)."""
-    data = json.dumps(payload).encode()
-    headers = {"content-type": "application/json", "content-length": str(len(data)), "request-id": "req_scripted"}
-    writer.write(_head(status, {**headers, **(extra or {})}) + (b"" if head_only else data))
-    await writer.drain()
-
-
-async def _send_stream(
-    writer: asyncio.StreamWriter, events: list[tuple[str, dict[str, Any]]], *, finish: bool = True
-) -> None:
-    writer.write(
-        _head(
-            200,
-            {
-                "content-type": "text/event-stream; charset=utf-8",
-                "cache-control": "no-cache",
-                "transfer-encoding": "chunked",
-                "request-id": "req_scripted",
-            },
-        )
+def _json(status: int, payload: Any, extra: Mapping[str, str] | None = None) -> web.Response:
+    """A JSON answer (to a HEAD request, aiohttp sends its head alone)."""
+    headers = {"content-type": "application/json", "request-id": "req_scripted", **(extra or {})}
+    return web.Response(
+        status=status, reason=_STATUS_TEXT.get(status, "Error"), body=json.dumps(payload).encode(), headers=headers
     )
+
+
+async def _stream(
+    request: web.BaseRequest, events: list[tuple[str, dict[str, Any]]], *, finish: bool = True
+) -> web.StreamResponse:
+    """Server-sent events, each in a chunk of its own as it is written."""
+    answer = web.StreamResponse(
+        status=200,
+        reason="OK",
+        headers={
+            "content-type": "text/event-stream; charset=utf-8",
+            "cache-control": "no-cache",
+            "request-id": "req_scripted",
+        },
+    )
+    answer.enable_chunked_encoding()
+    await answer.prepare(request)
     for event, data in events:
-        chunk = wire.encode_event(event, data)
-        writer.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
-        await writer.drain()
+        await answer.write(wire.encode_event(event, data))
     if finish:
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
+        await answer.write_eof()
+    return answer
+
+
+def _dropped(request: web.BaseRequest, answer: web.StreamResponse | None = None) -> web.StreamResponse:
+    """The connection closed under the request (its answer, if begun, unfinished): the client sees a network
+    error. aiohttp's attempt to finish the answer then meets a closed connection, which it expects."""
+    if request.transport is not None:
+        request.transport.abort()
+    return answer if answer is not None else web.Response(status=500)

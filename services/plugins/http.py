@@ -1,41 +1,23 @@
-"""A minimal HTTP/1.1 server for one read-only page (``GET /metrics``), on asyncio streams only.
+"""One read-only page (``GET /metrics``) over HTTP, served by aiohttp.
 
 Every request gets one response and the connection is closed: scrapers handle that, and it keeps the
-server free of keep-alive state. Anything but ``GET <path>`` is 404; a malformed request is 400.
+server free of keep-alive state. Anything but ``GET <path>`` is 404 (any query string is ignored); a
+malformed request is aiohttp's 400.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 
 import structlog
+from aiohttp import web
+
+from shared import http_server
 
 log = structlog.get_logger(__name__)
 
-MAX_HEADER_BYTES = 16 * 1024
-READ_TIMEOUT_S = 10.0
-
 Render = Callable[[], Awaitable[str]]
-
-
-def parse_request_line(line: bytes) -> tuple[str, str] | None:
-    """``GET /metrics?x=1 HTTP/1.1`` -> ("GET", "/metrics"); None when it is not a request line."""
-    parts = line.decode("latin-1").strip().split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
-        return None
-    return parts[0], parts[1].split("?", 1)[0]
-
-
-def response(status: int, reason: str, body: bytes, content_type: str = "text/plain; charset=utf-8") -> bytes:
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\n"
-        f"Content-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    return head.encode("latin-1") + body
 
 
 class PageServer:
@@ -47,52 +29,40 @@ class PageServer:
         self._port = port
         self._path = path
         self._content_type = content_type
-        self._server: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
         self.port: int | None = None
         """The bound port (the one asked for, or the one the OS chose for 0)."""
 
     async def start(self) -> int:
-        self._server = await asyncio.start_server(self._serve, self._host, self._port, limit=MAX_HEADER_BYTES)
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._answer)  # one handler: any other method or path is 404
+        self._runner = http_server.app_runner(app)
+        self.port = await http_server.start(self._runner, self._host, self._port)
         return self.port
 
     async def serve_forever(self) -> None:
-        assert self._server is not None
+        assert self._runner is not None
         try:
-            await self._server.serve_forever()
+            await asyncio.Event().wait()
         finally:
-            self._server.close()
-            await self._server.wait_closed()
+            await self._runner.cleanup()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await self._read_request(reader)
-            if request is None:
-                reply = response(400, "Bad Request", b"malformed request\n")
-            elif request == ("GET", self._path):
-                reply = await self._page()
-            else:
-                reply = response(404, "Not Found", f"only GET {self._path} is served here\n".encode())
-            writer.write(reply)
-            await writer.drain()
-        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
-            pass  # the client went away, was too slow or sent too much: nothing to answer
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+    async def _answer(self, request: web.Request) -> web.Response:
+        if request.method != "GET" or request.path != self._path:
+            reply = _text(404, f"only GET {self._path} is served here\n")
+        else:
+            reply = await self._page()
+        reply.force_close()  # "Connection: close": one request per connection
+        return reply
 
-    async def _read_request(self, reader: asyncio.StreamReader) -> tuple[str, str] | None:
-        async with asyncio.timeout(READ_TIMEOUT_S):
-            request = parse_request_line(await reader.readline())
-            while (await reader.readline()).strip():
-                pass  # headers: nothing in them changes the answer
-        return request
-
-    async def _page(self) -> bytes:
+    async def _page(self) -> web.Response:
         try:
             body = await self._render()
         except Exception as exc:
             log.exception("page_render_failed", path=self._path)
-            return response(500, "Internal Server Error", f"rendering failed: {exc!r}\n".encode())
-        return response(200, "OK", body.encode(), self._content_type)
+            return _text(500, f"rendering failed: {exc!r}\n")
+        return web.Response(status=200, body=body.encode(), headers={"Content-Type": self._content_type})
+
+
+def _text(status: int, text: str) -> web.Response:
+    return web.Response(status=status, body=text.encode(), headers={"Content-Type": "text/plain; charset=utf-8"})

@@ -1,4 +1,5 @@
-"""The metrics exporter's projection (a fold of the log) and its Prometheus text. Pure: no I/O, no clock.
+"""The metrics exporter's projection (a fold of the log) and its Prometheus text (written by
+prometheus_client). Pure: no I/O, no clock.
 
 Beads, sessions and merge requests are tracked only while they can still change; once final (closed,
 ended, merged) they leave the maps and are counted, so memory follows the live work, not the history.
@@ -10,6 +11,9 @@ import functools
 from collections.abc import Iterable
 
 import msgspec
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.registry import Collector
 
 from shared.events import (
     BeadClaimed,
@@ -34,7 +38,7 @@ from shared.events.beads import BEAD_STATUSES, BeadStatus, forward
 from shared.events.merge_requests import MR_IN_QUEUE, MR_STATUSES, MrStatus
 from shared.events.sessions import SESSION_STATUSES, SessionStatus
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 
 class MergeRequestInfo(msgspec.Struct, kw_only=True):
@@ -203,29 +207,29 @@ def _mr_merged(payload: MergeRequestMerged, state: MetricsState) -> None:
 # ---- exposition ----------------------------------------------------------------------------------
 
 
-def escape_label(value: str) -> str:
-    """A label value as the text format wants it: backslash, double quote and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class _Families(Collector):
+    """One scrape's metric families, in the order they were added, for prometheus_client's text writer."""
 
-
-class _Text:
     def __init__(self) -> None:
-        self.lines: list[str] = []
+        self.families: list[Metric] = []
 
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
+    def collect(self) -> Iterable[Metric]:
+        return self.families
 
-    def sample(self, name: str, value: int | float, **labels: str) -> None:
-        if labels:
-            inner = ",".join(f'{key}="{escape_label(val)}"' for key, val in labels.items())
-            self.lines.append(f"{name}{{{inner}}} {value}")
-        else:
-            self.lines.append(f"{name} {value}")
+    def family(self, name: str, kind: str, help_text: str) -> Metric:
+        # Counter families are named without ``_total``: prometheus_client adds it to the family and its samples.
+        family = CounterMetricFamily(name, help_text) if kind == "counter" else GaugeMetricFamily(name, help_text)
+        self.families.append(family)
+        return family
 
-    def by_label(self, name: str, label: str, values: Iterable[tuple[str, int]]) -> None:
-        for key, value in values:
-            self.sample(name, value, **{label: key})
+
+def _add(family: Metric, value: float, **labels: str) -> None:
+    family.add_sample(family.name + ("_total" if family.type == "counter" else ""), labels, value)
+
+
+def _by_label(family: Metric, label: str, values: Iterable[tuple[str, int]]) -> None:
+    for key, value in values:
+        _add(family, value, **{label: key})
 
 
 def _counts(values: Iterable[str], known: tuple[str, ...]) -> list[tuple[str, int]]:
@@ -236,57 +240,76 @@ def _counts(values: Iterable[str], known: tuple[str, ...]) -> list[tuple[str, in
 
 
 def render(state: MetricsState, live: LiveFacts, *, plugin: str) -> str:
-    """The Prometheus text exposition (format 0.0.4) of the projection and of the scrape's facts."""
-    out = _Text()
-    out.family("gt_events_total", "counter", "Events in the log, by type (unknown types included).")
-    out.by_label("gt_events_total", "type", sorted(state.events.items()))
-    out.family("gt_events_undecodable_total", "counter", "Stored messages whose envelope does not decode.")
-    out.sample("gt_events_undecodable_total", state.undecodable)
+    """The Prometheus text exposition (format 0.0.4, prometheus_client's writer) of the projection and of the
+    scrape's facts."""
+    out = _Families()
+    events = out.family("gt_events_total", "counter", "Events in the log, by type (unknown types included).")
+    _by_label(events, "type", sorted(state.events.items()))
+    undecodable = out.family(
+        "gt_events_undecodable_total", "counter", "Stored messages whose envelope does not decode."
+    )
+    _add(undecodable, state.undecodable)
 
-    out.family("gt_beads", "gauge", "Beads by status.")
     beads = _counts(state.beads.values(), BEAD_STATUSES)
-    out.by_label("gt_beads", "status", [(s, n + state.closed_beads if s == "closed" else n) for s, n in beads])
+    _by_label(
+        out.family("gt_beads", "gauge", "Beads by status."),
+        "status",
+        [(s, n + state.closed_beads if s == "closed" else n) for s, n in beads],
+    )
 
-    out.family("gt_sessions", "gauge", "Polecat sessions by state (ended: every session that ever ended).")
     sessions = _counts(state.sessions.values(), SESSION_STATUSES)
-    out.by_label("gt_sessions", "state", [(s, n + state.ended_sessions if s == "ended" else n) for s, n in sessions])
+    _by_label(
+        out.family("gt_sessions", "gauge", "Polecat sessions by state (ended: every session that ever ended)."),
+        "state",
+        [(s, n + state.ended_sessions if s == "ended" else n) for s, n in sessions],
+    )
 
-    out.family("gt_merge_queue_depth", "gauge", "Merge requests queued or being processed, by rig.")
     depth = dict.fromkeys(state.rigs, 0)
     for mr in state.mrs.values():
         if mr.status in MR_IN_QUEUE:
             depth[mr.rig] = depth.get(mr.rig, 0) + 1
-    out.by_label("gt_merge_queue_depth", "rig", sorted(depth.items()))
-    out.family("gt_merge_requests", "gauge", "Merge requests by status (merged: every one that ever merged).")
+    _by_label(
+        out.family("gt_merge_queue_depth", "gauge", "Merge requests queued or being processed, by rig."),
+        "rig",
+        sorted(depth.items()),
+    )
     mrs = _counts((mr.status for mr in state.mrs.values()), MR_STATUSES)
-    out.by_label("gt_merge_requests", "status", [(s, n + state.merged_mrs if s == "merged" else n) for s, n in mrs])
+    _by_label(
+        out.family("gt_merge_requests", "gauge", "Merge requests by status (merged: every one that ever merged)."),
+        "status",
+        [(s, n + state.merged_mrs if s == "merged" else n) for s, n in mrs],
+    )
 
     if live.stream_last_seq is not None:
-        out.family("gt_stream_last_seq", "gauge", "Sequence of the last event in the log.")
-        out.sample("gt_stream_last_seq", live.stream_last_seq)
-    out.family("gt_service_up", "gauge", "1 when the service answered its status query during this scrape.")
+        _add(out.family("gt_stream_last_seq", "gauge", "Sequence of the last event in the log."), live.stream_last_seq)
+    up = out.family("gt_service_up", "gauge", "1 when the service answered its status query during this scrape.")
     for service, facts in sorted(live.services.items()):
-        out.sample("gt_service_up", int(facts is not None), service=service)
+        _add(up, int(facts is not None), service=service)
     if live.stream_last_seq is not None:
-        out.family("gt_projection_lag", "gauge", "Events in the log the service has not applied yet.")
+        lag = out.family("gt_projection_lag", "gauge", "Events in the log the service has not applied yet.")
         for service, facts in sorted(live.services.items()):
             if facts is not None:
-                out.sample("gt_projection_lag", max(0, live.stream_last_seq - facts.last_seq), service=service)
-    out.family("gt_service_caught_up", "gauge", "1 when the service has caught up with the log since it started.")
+                _add(lag, max(0, live.stream_last_seq - facts.last_seq), service=service)
+    caught_up = out.family(
+        "gt_service_caught_up", "gauge", "1 when the service has caught up with the log since it started."
+    )
     for service, facts in sorted(live.services.items()):
         if facts is not None:
-            out.sample("gt_service_caught_up", int(facts.caught_up), service=service)
+            _add(caught_up, int(facts.caught_up), service=service)
 
     _service_figures(out, live)
 
-    out.family(
-        "gt_plugin_last_seq",
-        "gauge",
-        "Last sequence a plugin handled: this exporter's applied sequence, other plugins' acknowledged floor.",
-    )
     plugins = {**live.plugins, plugin: state.last_seq}
-    out.by_label("gt_plugin_last_seq", "plugin", sorted(plugins.items()))
-    return "\n".join(out.lines) + "\n"
+    _by_label(
+        out.family(
+            "gt_plugin_last_seq",
+            "gauge",
+            "Last sequence a plugin handled: this exporter's applied sequence, other plugins' acknowledged floor.",
+        ),
+        "plugin",
+        sorted(plugins.items()),
+    )
+    return generate_latest(out).decode()
 
 
 _SERVICE_COUNTERS = (
@@ -305,12 +328,12 @@ _SERVICE_GAUGES = (
 )
 
 
-def _service_figures(out: _Text, live: LiveFacts) -> None:
+def _service_figures(out: _Families, live: LiveFacts) -> None:
     """What each service says of itself at the scrape (its status query): counters restart from 0 with the
     process, as Prometheus counters do."""
     answered = sorted((name, facts) for name, facts in live.services.items() if facts is not None)
     for families, kind in ((_SERVICE_COUNTERS, "counter"), (_SERVICE_GAUGES, "gauge")):
-        for family, attr, help_text in families:
-            out.family(family, kind, help_text)
+        for name, attr, help_text in families:
+            family = out.family(name, kind, help_text)
             for service, facts in answered:
-                out.sample(family, getattr(facts, attr), service=service)
+                _add(family, getattr(facts, attr), service=service)

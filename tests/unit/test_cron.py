@@ -72,6 +72,16 @@ class TestMatches:
         assert matches(s, at("2026-05-04T00:00"))  # Monday the 4th
         assert not matches(s, at("2026-05-05T00:00"))
 
+    def test_a_step_in_a_day_field_restricts_it_too(self) -> None:
+        # Vixie's rule as documented: "*/10" is a restriction, so the day fields are ORed (Debian cron, and cronsim
+        # given the text as written, would AND them because the field starts with "*").
+        s = parse("0 0 */10 * 1")  # the 1st, 11th, 21st and 31st, or any Monday
+        assert s.expression == "0 0 1,11,21,31 * 1"
+        assert matches(s, at("2026-05-04T00:00"))  # Monday the 4th
+        assert matches(s, at("2026-05-21T00:00"))  # Thursday the 21st
+        assert not matches(s, at("2026-05-05T00:00"))
+        assert next_due(s, at("2026-05-01T00:00")) == at("2026-05-04T00:00")
+
     def test_one_day_field_restricted_means_that_one(self) -> None:
         assert not matches(parse("0 0 1 * *"), at("2026-05-04T00:00"))
         assert not matches(parse("0 0 * * 1"), at("2026-05-01T00:00"))

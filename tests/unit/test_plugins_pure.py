@@ -1,11 +1,13 @@
 """The plugin SDK's and the shipped plugins' pure parts: settings, where a plugin starts reading, mark keys, the
-archive's line format and rotation rule, the metrics fold and its Prometheus text, the HTTP request line.
+archive's line format and rotation rule, the metrics fold and its Prometheus text, the metrics endpoint's HTTP answers.
 
 Events are real ones, encoded as the services store them and decoded as the plugins decode them."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 import re
 from datetime import UTC, datetime, timedelta
@@ -14,13 +16,12 @@ import msgspec
 import pytest
 
 from services.plugins import archive_format as fmt
-from services.plugins.http import parse_request_line, response
+from services.plugins.http import PageServer
 from services.plugins.metrics_state import (
     LiveFacts,
     MetricsState,
     ServiceFacts,
     apply,
-    escape_label,
     render,
 )
 from shared.bus.topology import PLUGIN_MARK_TTL_S
@@ -438,33 +439,59 @@ class TestMetricsText:
         assert got['gt_service_caught_up{service="mayor"}'] == 0
 
     def test_label_values_are_escaped(self) -> None:
-        assert escape_label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
         state = MetricsState(events={'odd"type\\x': 1})
         line = next(x for x in render(state, LiveFacts(), plugin="m").splitlines() if x.startswith("gt_events_total{"))
-        assert line == 'gt_events_total{type="odd\\"type\\\\x"} 1'
+        assert line == 'gt_events_total{type="odd\\"type\\\\x"} 1.0'
         assert SAMPLE.match(line)
 
 
-class TestHttpRequestLine:
-    @pytest.mark.parametrize(
-        ("line", "parsed"),
-        [
-            (b"GET /metrics HTTP/1.1\r\n", ("GET", "/metrics")),
-            (b"GET /metrics?name[]=x HTTP/1.0\r\n", ("GET", "/metrics")),
-            (b"POST /metrics HTTP/1.1\r\n", ("POST", "/metrics")),
-            (b"GET /metrics\r\n", None),
-            (b"GET metrics HTTP/1.1\r\n", None),
-            (b"\x16\x03\x01\x02\x00\x01\x00", None),  # a TLS hello on the plain port
-            (b"", None),
-        ],
-    )
-    def test_parse(self, line: bytes, parsed: tuple[str, str] | None) -> None:
-        assert parse_request_line(line) == parsed
+class TestPageServer:
+    """The metrics endpoint's HTTP (aiohttp's): GET on its path is the page, anything else 404, garbage 400, and
+    every answer says its length and closes the connection."""
 
-    def test_a_response_says_its_length_and_closes(self) -> None:
-        raw = response(404, "Not Found", "nö\n".encode())
-        head, body = raw.split(b"\r\n\r\n", 1)
+    @staticmethod
+    async def exchange(raw: bytes) -> tuple[bytes, bytes]:
+        async def page() -> str:
+            return "gt_up 1\n"
+
+        server = PageServer(page, host="127.0.0.1", port=0, path="/metrics", content_type="text/plain; version=0.0.4")
+        port = await server.start()
+        serving = asyncio.create_task(server.serve_forever())
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(raw)
+            answer = await asyncio.wait_for(reader.read(), 10)  # to the end: the server closes the connection
+            writer.close()
+        finally:
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+        head, _, body = answer.partition(b"\r\n\r\n")
+        return head, body
+
+    @pytest.mark.parametrize(
+        "raw", [b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"GET /metrics?name[]=x HTTP/1.0\r\n\r\n"]
+    )
+    async def test_get_on_the_path_is_the_page(self, raw: bytes) -> None:
+        head, body = await self.exchange(raw)
+        assert head.split(b"\r\n")[0].endswith(b" 200 OK")
+        assert b"Content-Type: text/plain; version=0.0.4" in head
+        assert body == b"gt_up 1\n"
+
+    @pytest.mark.parametrize(
+        "raw", [b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"]
+    )
+    async def test_anything_else_is_404_with_its_length_and_a_close(self, raw: bytes) -> None:
+        head, body = await self.exchange(raw)
         assert head.startswith(b"HTTP/1.1 404 Not Found\r\n")
-        assert b"Content-Length: 4" in head
+        assert b"Content-Length: 33" in head
         assert b"Connection: close" in head
-        assert body == "nö\n".encode()
+        assert body == b"only GET /metrics is served here\n"
+
+    @pytest.mark.parametrize(
+        "raw",
+        [b"GET metrics HTTP/1.1\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00"],  # a TLS hello on the plain port
+    )
+    async def test_a_malformed_request_is_400(self, raw: bytes) -> None:
+        head, _ = await self.exchange(raw)
+        assert b" 400 Bad Request\r\n" in head

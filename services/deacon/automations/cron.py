@@ -1,23 +1,27 @@
-"""Five-field cron schedules: parse, match a minute, find the previous and the next matching minute. Pure.
+"""Five-field cron schedules: parse (with errors that name the field), match a minute, find the previous and the next
+matching minute. Pure.
 
 Fields: minute (0-59), hour (0-23), day of month (1-31), month (1-12), day of week (0-7, 0 and 7 are Sunday).
 Each field is ``*``, a number, a range ``a-b``, a step ``*/n`` or ``a-b/n``, or a comma list of those. As in
 Vixie cron, when both day fields are restricted a day matches if either does. Times are wall-clock times of
 whatever zone the caller's datetimes are in; seconds are ignored.
+
+The search for due minutes is cronsim's (a maintained, typed, dependency-free evaluator: docs/architecture.md,
+"Libraries"); this module keeps the syntax the project accepts (numbers only, no names, ``L`` or ``#``) and
+the messages that name the wrong field, which cronsim reduces to "Bad minute".
 """
 
 from __future__ import annotations
 
 import calendar
-from datetime import date, datetime, timedelta
+from datetime import datetime
 
 import msgspec
+from cronsim import CronSim
 
 from shared.errors import GastownError
 
 FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day-of-month", 1, 31), ("month", 1, 12), ("day-of-week", 0, 7))
-SEARCH_DAYS = 4 * 366 + 1
-"""How far the previous/next searches look: every restricted day pattern recurs within four years (29 February)."""
 
 
 class CronError(GastownError, ValueError):
@@ -34,6 +38,18 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True):
     """0 = Sunday ... 6 = Saturday (a 7 in the text is folded into 0)."""
     days_restricted: bool
     weekdays_restricted: bool
+
+    @property
+    def expression(self) -> str:
+        """The schedule as cronsim reads it: each field its numbers listed, a ``*`` kept as ``*``. Listing keeps
+        this module's day rule: cronsim (like Debian cron) ANDs the day fields when either starts with ``*``,
+        so ``*/2`` written in a day field would otherwise change which days match."""
+        fields = (self.minutes, self.hours, self.days, self.months, self.weekdays)
+        parts = self.text.split()
+        return " ".join(
+            "*" if part == "*" else ",".join(map(str, sorted(values)))
+            for part, values in zip(parts, fields, strict=True)
+        )
 
 
 def parse(text: str) -> Schedule:
@@ -100,50 +116,20 @@ def _days_in_month(year: int, month: int) -> int:
     return calendar.monthrange(year, month)[1]
 
 
-def _day_matches(schedule: Schedule, day: date) -> bool:
-    if day.month not in schedule.months:
-        return False
-    in_days = day.day in schedule.days
-    in_weekdays = (day.isoweekday() % 7) in schedule.weekdays
-    if schedule.days_restricted and schedule.weekdays_restricted:
-        return in_days or in_weekdays
-    return in_days and in_weekdays
-
-
 def matches(schedule: Schedule, when: datetime) -> bool:
     """True when the minute ``when`` falls in is one the schedule names."""
-    return when.minute in schedule.minutes and when.hour in schedule.hours and _day_matches(schedule, when.date())
+    return previous_due(schedule, when) == when.replace(second=0, microsecond=0)
 
 
 def previous_due(schedule: Schedule, at: datetime) -> datetime | None:
-    """The latest matching minute at or before ``at`` (seconds dropped), or None within the search window."""
-    day = at.date()
-    for offset in range(SEARCH_DAYS):
-        current = day - timedelta(days=offset)
-        if not _day_matches(schedule, current):
-            continue
-        for hour in sorted(schedule.hours, reverse=True):
-            if offset == 0 and hour > at.hour:
-                continue
-            for minute in sorted(schedule.minutes, reverse=True):
-                if offset == 0 and hour == at.hour and minute > at.minute:
-                    continue
-                return datetime.combine(current, datetime.min.time(), at.tzinfo).replace(hour=hour, minute=minute)
-    return None
+    """The latest matching minute at or before ``at`` (seconds dropped), or None when none is found (cronsim
+    looks 50 years back)."""
+    # A microsecond makes cronsim start at HH:MM:59 itself (not a second before it): the current minute counts.
+    search = CronSim(schedule.expression, at.replace(second=59, microsecond=1), reverse=True)
+    return next(search, None)
 
 
 def next_due(schedule: Schedule, after: datetime) -> datetime | None:
-    """The first matching minute strictly after the minute ``after`` falls in, or None within the search window."""
-    day = after.date()
-    for offset in range(SEARCH_DAYS):
-        current = day + timedelta(days=offset)
-        if not _day_matches(schedule, current):
-            continue
-        for hour in sorted(schedule.hours):
-            if offset == 0 and hour < after.hour:
-                continue
-            for minute in sorted(schedule.minutes):
-                if offset == 0 and hour == after.hour and minute <= after.minute:
-                    continue
-                return datetime.combine(current, datetime.min.time(), after.tzinfo).replace(hour=hour, minute=minute)
-    return None
+    """The first matching minute strictly after the minute ``after`` falls in, or None when none is found
+    (cronsim looks 50 years ahead)."""
+    return next(CronSim(schedule.expression, after.replace(second=0, microsecond=0)), None)
