@@ -30,9 +30,9 @@ from bench.witness import command, make_origin
 from gt.model_server import Fault, ModelServer, Script, say
 from services.witness.effects import runtime_setup
 from shared.bus.connection import Connection
-from shared.commands import BeadCreate, BeadSling, RigAdd
-from shared.runtimes import ACTIVITY_HOOK, HOOK_MARK_SESSION_START, SESSION_DIR_ENV, ClaudeRuntime
-from shared.tmux import Tmux
+from shared.host.tmux import Tmux
+from shared.model.commands import BeadCreate, BeadSling, RigAdd
+from shared.model.runtimes import ACTIVITY_HOOK, HOOK_MARK_SESSION_START, SESSION_DIR_ENV, ClaudeRuntime
 
 KEY = "sk-ant-api03-scripted-model-server-bench-key-0123456789abcdefghij"
 QUIET = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1"}

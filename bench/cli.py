@@ -47,11 +47,11 @@ from bench.witness import make_origin
 from shared.bus.commands import send
 from shared.bus.connection import Connection
 from shared.bus.query import ask, ask_json
-from shared.commands import BeadCreate, BeadSling, Command, RigAdd, RigPark
-from shared.config import TownConfig
-from shared.errors import QueryError
-from shared.queries import mayor, witness
-from shared.tmux import Tmux
+from shared.core.config import TownConfig
+from shared.core.errors import QueryError
+from shared.host.tmux import Tmux
+from shared.model.commands import BeadCreate, BeadSling, Command, RigAdd, RigPark
+from shared.model.queries import mayor, witness
 
 R = TypeVar("R")
 

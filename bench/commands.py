@@ -23,7 +23,7 @@ from bench.common import (
     stop_service,
     wait_ready,
 )
-from shared.commands import BeadCreate
+from shared.model.commands import BeadCreate
 
 
 async def run(commands: int = 10_000, rounds: int = 2) -> list[Figure]:

@@ -31,17 +31,17 @@ import psutil
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy, StreamConfig
 
-from shared import subjects
+from gt.embedded_nats import EmbeddedServer, find_server_binary
 from shared.bus.append import BATCH_COMMIT, BATCH_ID, BATCH_SEQ
 from shared.bus.commands import encode, subject_of
 from shared.bus.query import ask
 from shared.bus.topology import provision
-from shared.commands import Command
-from shared.config import TownConfig
-from shared.embedded import EmbeddedServer, find_server_binary
-from shared.errors import QueryError
-from shared.events import BeadClosed, BeadCreated, BeadUpdated, Event, decode_envelope, encode_event
-from shared.queries import Status
+from shared.core import subjects
+from shared.core.config import TownConfig
+from shared.core.errors import QueryError
+from shared.model.commands import Command
+from shared.model.events import BeadClosed, BeadCreated, BeadUpdated, Event, decode_envelope, encode_event
+from shared.model.queries import Status
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

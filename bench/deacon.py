@@ -40,14 +40,17 @@ from bench.common import (
     stop_service,
     wait_ready,
 )
-from shared import leases, subjects
+from shared.bus import lease_kv as leases
 from shared.bus.append import Appender
 from shared.bus.connection import Connection
 from shared.bus.kv import Bucket
 from shared.bus.query import ask_json
-from shared.commands import LeaseAcquire
-from shared.decision import NewEvent
-from shared.events import (
+from shared.core import subjects
+from shared.core.ids import hook_lease_name
+from shared.host.tmux import Tmux
+from shared.model.commands import LeaseAcquire
+from shared.model.decision import NewEvent
+from shared.model.events import (
     BeadClaimed,
     BeadCreated,
     BeadSlung,
@@ -57,10 +60,8 @@ from shared.events import (
     SessionStarted,
     decode_envelope,
 )
-from shared.ids import hook_lease_name
-from shared.intake import to_pending
-from shared.queries import Status
-from shared.tmux import Tmux
+from shared.model.queries import Status
+from shared.service.intake import to_pending
 
 STALE_AFTER_S = 3.0
 

@@ -34,9 +34,9 @@ from bench.common import (
 from shared.bus import streams
 from shared.bus.connection import Connection
 from shared.bus.query import ask_all, ask_json
-from shared.config import TownConfig
-from shared.queries import Query
-from shared.queries import mayor as mayor_queries
+from shared.core.config import TownConfig
+from shared.model.queries import Query
+from shared.model.queries import mayor as mayor_queries
 
 RESPONDER = """
 import asyncio, sys, nats

@@ -30,13 +30,14 @@ import msgspec
 
 from bench.common import Figure, percentile, provisioned, run_commands, server, start_service, stop_service, wait_ready
 from bench.witness import command, make_origin
-from shared import git, subjects
 from shared.bus.connection import Connection
 from shared.bus.query import ask_json
-from shared.commands import BeadCreate, BeadSling, MergeRequestSubmit, RigAdd
-from shared.events import decode_envelope
-from shared.queries import Status
-from shared.tmux import Tmux
+from shared.core import subjects
+from shared.host import git
+from shared.host.tmux import Tmux
+from shared.model.commands import BeadCreate, BeadSling, MergeRequestSubmit, RigAdd
+from shared.model.events import decode_envelope
+from shared.model.queries import Status
 
 
 def gate(seconds: float) -> str:

@@ -39,13 +39,14 @@ from bench.common import (
     stop_service,
 )
 from services.mayor.projection import new_projection
-from shared import runtime, subjects
 from shared.bus.reader import EventReader
 from shared.bus.snapshots import SnapshotStore
-from shared.config import TownConfig
-from shared.events import REGISTRY, decode_envelope
-from shared.projection import Projection
-from shared.subjects import parse_js_reply
+from shared.core import subjects
+from shared.core.config import TownConfig
+from shared.core.subjects import parse_js_reply
+from shared.model.events import REGISTRY, decode_envelope
+from shared.service import heap as runtime
+from shared.service.projection import Projection
 
 
 async def _ceiling_replay(nc: Client, town: TownConfig, last: int) -> float:
@@ -192,7 +193,7 @@ async def _startups(
 
 
 async def run(total_events: int = 1_000_000, rounds: int = 2) -> list[Figure]:
-    runtime.tune_gc()  # as every service process runs (shared/entrypoint.py)
+    runtime.tune_gc()  # as every service process runs (shared/service/entrypoint.py)
     beads = max(1, total_events // 10)
     figures: list[Figure] = []
     with server() as srv:

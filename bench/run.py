@@ -16,7 +16,7 @@ import structlog
 
 from bench import agents, cli, commands, deacon, queries, refinery, replay, witness, work
 from bench.common import REPO_ROOT, Figure, machine
-from shared.subjects import query_subject
+from shared.core.subjects import query_subject
 
 FULL = {
     "events": 1_000_000,

@@ -20,9 +20,9 @@ import time
 import nats
 import structlog
 
-from shared import runtime
 from shared.bus.snapshots import SnapshotStore
-from shared.config import TownConfig
+from shared.core.config import TownConfig
+from shared.service import heap as runtime
 
 
 async def ceiling(url: str, service: str) -> dict[str, float]:

@@ -46,13 +46,14 @@ from bench.common import (
     stop_service,
     wait_ready,
 )
-from shared import git, subjects
 from shared.bus import commands as bus_commands
 from shared.bus.connection import Connection
-from shared.commands import BeadCreate, BeadSling, Command, RigAdd
-from shared.config import TownConfig
-from shared.events import decode_envelope
-from shared.tmux import Tmux
+from shared.core import subjects
+from shared.core.config import TownConfig
+from shared.host import git
+from shared.host.tmux import Tmux
+from shared.model.commands import BeadCreate, BeadSling, Command, RigAdd
+from shared.model.events import decode_envelope
 
 R = TypeVar("R")
 
@@ -189,7 +190,9 @@ def observation_cpu(socket: str, rounds: int = 20) -> float:
 
 def baseline_rss() -> float:
     """Resident memory (MiB) of a bare interpreter that imported what the witness imports."""
-    code = "import services.witness.service, shared.entrypoint, psutil; print(psutil.Process().memory_info().rss)"
+    code = (
+        "import services.witness.service, shared.service.entrypoint, psutil; print(psutil.Process().memory_info().rss)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return int(out) / 2**20
 

@@ -30,10 +30,11 @@ from bench.common import (
     wait_ready,
 )
 from bench.replay import _ceiling_replay, _projection_replay
-from shared import runtime, subjects
 from shared.bus.connection import Connection
-from shared.commands import BeadClose, BeadCreate, BeadSling, StepDone
-from shared.events import RigAdded, encode_event
+from shared.core import subjects
+from shared.model.commands import BeadClose, BeadCreate, BeadSling, StepDone
+from shared.model.events import RigAdded, encode_event
+from shared.service import heap as runtime
 
 STEPS = ["load-context", "implement", "commit", "self-review", "run-tests", "submit"]
 RIGS = [f"rig{i}" for i in range(4)]

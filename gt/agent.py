@@ -7,10 +7,10 @@ done``; at a step whose id mentions "test" it runs the rig's test command, heart
 session after a crash resumes at the first step not done, and uncommitted work it finds is committed.
 
 It commits only the files it writes (named paths, never ``git add -A``); common build output (Python bytecode,
-test and type-checker caches, ``node_modules``: ``shared.git.BUILD_OUTPUT``) is kept out of ``git status`` by the
+test and type-checker caches, ``node_modules``: ``shared.host.git.BUILD_OUTPUT``) is kept out of ``git status`` by the
 clone's ``info/exclude``, which the witness writes for every runtime, so a project without a ``.gitignore`` for
 it gets no ``__pycache__`` merged and ``gt done`` finds the worktree clean. Work the merge queue sends back comes
-with rework steps appended to the molecule (``shared.formulas.rework``); at the round's first step it fixes a
+with rework steps appended to the molecule (``shared.model.formulas.rework``); at the round's first step it fixes a
 failed gate it caused (``FAIL_TESTS``), or resolves a merge conflict by rebasing onto the target commit, keeping
 what landed in each conflicting hunk and re-applying the rest of its change (``resolve_conflict``), and
 force-pushing the branch; it writes no step file for rework steps (their
@@ -55,7 +55,7 @@ from typing import Any
 from gt import agent_command, agent_start
 from gt.agent_start import Fault, active, hang, say, town_patience
 from gt.cli.patience import PATIENCE_ENV
-from shared.formulas import rework
+from shared.model.formulas import rework
 
 EXIT_UNREACHABLE = 3
 """``gt``'s exit code for a town that does not answer (gt/cli/main.py)."""

@@ -95,7 +95,7 @@ def _heartbeat(note: str) -> str | None:
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """Stop the command and every process below it (a test runner's workers), then reap it."""
-    from shared import processes  # psutil: only for an agent that has to stop a command
+    from shared.host import processes  # psutil: only for an agent that has to stop a command
 
     ref = processes.ref_of(proc.pid)
     if ref is not None:

@@ -12,7 +12,7 @@ import os
 import sys
 
 # Nothing more: `re` and `typing` would cost 10 ms of the 13 ms this start takes (for every session).
-from shared.privacy import private_files
+from shared.host.privacy import private_files
 
 KINDS = frozenset(
     {

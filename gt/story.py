@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
-from shared import subjects
 from shared.bus import streams
 from shared.bus.query import ask, ask_all
-from shared.config import TownConfig
-from shared.errors import EventDecodeError, QueryError, UnknownEventTypeError
-from shared.events import REGISTRY, decode_envelope
-from shared.queries import mayor, refinery, witness
+from shared.core import subjects
+from shared.core.config import TownConfig
+from shared.core.errors import EventDecodeError, QueryError, UnknownEventTypeError
+from shared.model.events import REGISTRY, decode_envelope
+from shared.model.queries import mayor, refinery, witness
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

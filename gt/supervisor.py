@@ -35,11 +35,9 @@ import structlog
 
 from gt.cli import client
 from gt.cli.progress import Progress
+from gt.embedded_nats import EmbeddedServer, accounts_conf, adopt_unaccounted_store, free_port, read_since
 from gt.town_secrets import TownSecrets, as_operator, as_user
 from gt.town_secrets import ensure as ensure_town_secrets
-from shared import git, heartbeats, processes, subjects
-from shared import logging as gt_logging
-from shared.aio import wait_event
 from shared.bus import commands as bus_commands
 from shared.bus import streams
 from shared.bus.connection import close_quietly, connect
@@ -47,10 +45,11 @@ from shared.bus.errors import BusError
 from shared.bus.kv import Bucket
 from shared.bus.query import ask
 from shared.bus.topology import provision
-from shared.commands import EscalationRaise, SessionStop
-from shared.config import TownConfig, town_mark
-from shared.embedded import EmbeddedServer, accounts_conf, adopt_unaccounted_store, free_port, read_since
-from shared.errors import (
+from shared.core import logging as gt_logging
+from shared.core import subjects
+from shared.core.aio import wait_event
+from shared.core.config import TownConfig, town_mark
+from shared.core.errors import (
     EXIT_LOG_LOST,
     AppendFailedError,
     GastownError,
@@ -58,12 +57,15 @@ from shared.errors import (
     PermissionDeniedError,
     QueryError,
 )
-from shared.events import ServiceDown, decode_envelope
-from shared.privacy import hide_environment, private_files
-from shared.processes import ProcessRef
-from shared.queries import Status, witness
-from shared.runtimes import SESSION_TOWN_PATIENCE_S
-from shared.tmux import Tmux, TmuxError
+from shared.host import git, processes
+from shared.host.privacy import hide_environment, private_files
+from shared.host.processes import ProcessRef
+from shared.host.tmux import Tmux, TmuxError
+from shared.model import heartbeats
+from shared.model.commands import EscalationRaise, SessionStop
+from shared.model.events import ServiceDown, decode_envelope
+from shared.model.queries import Status, witness
+from shared.model.runtimes import SESSION_TOWN_PATIENCE_S
 
 log = structlog.get_logger("gt.up")
 

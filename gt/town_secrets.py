@@ -19,7 +19,7 @@ from typing import NamedTuple
 import msgspec
 
 from shared.bus.auth_callout import issuer_public, new_issuer_seed
-from shared.config import TownConfig
+from shared.core.config import TownConfig
 
 USERS = ("mayor", "witness", "refinery", "deacon", "operator", "admin", "plugin", "auth", "sys")
 """The users of ops/nats/accounts.conf (sessions come through the auth callout, with no password of their own)."""

@@ -22,7 +22,7 @@ import pytest
 
 from gt.model_server import ModelServer
 from services.witness.state import UsageMark
-from shared.usage import TOKEN_FIELDS
+from shared.model.usage import TOKEN_FIELDS
 
 REPO = Path(__file__).resolve().parent.parent
 VERSION_FILE = REPO / "ops" / "claude-code.version"

@@ -5,7 +5,7 @@ Besides ordinary wrong values, a body may carry what breaks decoders in less usu
 a string or a key, nesting far past the recursion limit, numbers out of every range (``1e400``, ``10**400``,
 5,000 digits), lone and reversed surrogate escapes, raw and escaped NUL, truncation and stray bytes.
 
-A command's subject says who sent it (``shared/subjects.py``): besides the plain one, a polecat session's own
+A command's subject says who sent it (``shared/core/subjects.py``): besides the plain one, a polecat session's own
 (``gt.cmd.<aggregate>.<verb>.<rig>.<polecat>.<session>``) and a service's (``...svc.<service>``), valid or forged:
 another session's, a service nobody runs, too many or too few tokens, empty tokens, non-ASCII and very long
 tokens."""
@@ -17,11 +17,11 @@ import random
 
 import msgspec
 
-from shared.commands import COMMANDS, Command
-from shared.subjects import ServiceOrigin, SessionOrigin, service_command_subject, session_command_subject
+from shared.core.subjects import ServiceOrigin, SessionOrigin, service_command_subject, session_command_subject
+from shared.model.commands import COMMANDS, Command
 
 SUBJECTS = sorted(COMMANDS)
-"""Every command type the registries in ``shared/commands`` know."""
+"""Every command type the registries in ``shared/model/commands`` know."""
 UNKNOWN_SUBJECTS = ("gt.cmd.bead.explode", "gt.cmd.frobnicator.spin")
 REASON_CODES = frozenset(
     {"malformed", "invalid", "unknown_command", "not_found", "backward_transition", "conflict", "too_large"}

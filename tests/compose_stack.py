@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 import yaml
 
+from gt.embedded_nats import find_server_binary, free_port
 from shared.bus.auth_callout import keygen_lines
-from shared.embedded import find_server_binary, free_port
 from tests.helpers import wait_until
 from tests.service_process import ManagedProcess
 

@@ -24,10 +24,10 @@ import pytest_asyncio
 import structlog
 from nats.aio.client import Client
 
+from gt.embedded_nats import EmbeddedServer
 from shared.bus.connection import close_quietly
-from shared.config import TownConfig
-from shared.embedded import EmbeddedServer
-from shared.subjects import (
+from shared.core.config import TownConfig
+from shared.core.subjects import (
     DEFAULT_ACTIVE_BUCKET,
     DEFAULT_CMD_STREAM,
     DEFAULT_EVT_STREAM,

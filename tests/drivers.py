@@ -24,14 +24,14 @@ from nats.aio.client import Client
 from services.mayor import queries
 from services.mayor.service import MayorService
 from services.mayor.state import MayorState
-from shared import ids, subjects
-from shared.config import TownConfig
-from shared.errors import CommandError, QueryError
-from shared.events import decode_envelope
-from shared.intake import is_service
-from shared.queries import registry
-from shared.queries.base import Page
+from shared.core import ids, subjects
+from shared.core.config import TownConfig
+from shared.core.errors import CommandError, QueryError
+from shared.model.events import decode_envelope
+from shared.model.queries import registry
+from shared.model.queries.base import Page
 from shared.service import ServiceSettings
+from shared.service.intake import is_service
 from tests.log_tools import SEEDED_RIGS, read_all, seed_rigs
 from tests.mayor_town import mayor_town
 from tests.memory_log import MemoryTown

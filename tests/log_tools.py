@@ -14,10 +14,10 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from shared import subjects
-from shared.events import Envelope, RigAdded, decode_envelope, encode_event
-from shared.projection import Projection
-from shared.subjects import parse_js_reply
+from shared.core import subjects
+from shared.core.subjects import parse_js_reply
+from shared.model.events import Envelope, RigAdded, decode_envelope, encode_event
+from shared.service.projection import Projection
 
 
 async def read_all(

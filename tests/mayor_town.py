@@ -10,10 +10,10 @@ from services.mayor import effects, plan
 from services.mayor.decide import decide
 from services.mayor.projection import new_projection
 from services.mayor.state import MayorState
-from shared.commands import BeadSling, Command
-from shared.decision import Accepted, DecideContext, NewEvent
-from shared.events import RigAdded
-from shared.formulas.catalog import FormulaCatalog
+from shared.model.commands import BeadSling, Command
+from shared.model.decision import Accepted, DecideContext, NewEvent
+from shared.model.events import RigAdded
+from shared.model.formulas.catalog import FormulaCatalog
 from tests.memory_log import MemoryTown
 
 BUILTIN_FORMULAS = FormulaCatalog(Path("/nonexistent/formulas"), Path("/nonexistent/rigs"))

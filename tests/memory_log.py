@@ -13,12 +13,12 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from shared import subjects
-from shared.commands import Command, parse_command
-from shared.decision import Accepted, DecideContext, NewEvent
-from shared.errors import AppendConflictError, CommandError
-from shared.events import Event, encode_event
-from shared.projection import Projection
+from shared.core import subjects
+from shared.core.errors import AppendConflictError, CommandError
+from shared.model.commands import Command, parse_command
+from shared.model.decision import Accepted, DecideContext, NewEvent
+from shared.model.events import Event, encode_event
+from shared.service.projection import Projection
 
 S = TypeVar("S", bound=msgspec.Struct)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

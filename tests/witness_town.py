@@ -21,12 +21,12 @@ from services.refinery.settings import RefinerySettings
 from services.witness.service import WitnessService
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session
-from shared import git
 from shared.bus import commands as bus_commands
-from shared.commands import BeadCreate, BeadSling, Command, MergeRequestSubmit, RigAdd
-from shared.config import TownConfig, town_mark
+from shared.core.config import TownConfig, town_mark
+from shared.host import git
+from shared.host.tmux import Tmux
+from shared.model.commands import BeadCreate, BeadSling, Command, MergeRequestSubmit, RigAdd
 from shared.service import Service, ServiceSettings
-from shared.tmux import Tmux
 from tests.drivers import send_and_wait
 from tests.helpers import assert_eventually
 

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from gt.cli import render
 from gt.cli.common import Subcommands, command_options, read, read_options, send, show
-from shared.commands import AutomationRun
-from shared.config import TownConfig
-from shared.queries import deacon
-from shared.results import AutomationRunResult
+from shared.core.config import TownConfig
+from shared.model.commands import AutomationRun
+from shared.model.queries import deacon
+from shared.model.results import AutomationRunResult
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

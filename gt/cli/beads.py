@@ -19,10 +19,10 @@ from gt.cli.common import (
     show,
     status_line,
 )
-from shared.commands import BeadClaim, BeadClose, BeadCreate, BeadUpdate
-from shared.config import TownConfig
-from shared.events.beads import BEAD_TYPES, WORK_TYPES
-from shared.queries import mayor, witness
+from shared.core.config import TownConfig
+from shared.model.commands import BeadClaim, BeadClose, BeadCreate, BeadUpdate
+from shared.model.events.beads import BEAD_TYPES, WORK_TYPES
+from shared.model.queries import mayor, witness
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

@@ -12,15 +12,16 @@ import msgspec
 
 from gt.cli import hook_lease, identity, patience
 from gt.story import HistoryEntry, history_entry
-from shared import ids, session_identity, subjects
 from shared.bus import commands as bus_commands
 from shared.bus import streams
 from shared.bus.commands import STORE_DEADLINE_S, Outcome
 from shared.bus.query import max_payload
-from shared.commands import DEFAULT_MAX_COMMAND_BYTES, Command, check_to_send
-from shared.commands.base import Creates
-from shared.config import TownConfig
-from shared.queries.base import LATEST_SEQ
+from shared.core import ids, subjects
+from shared.core.config import TownConfig
+from shared.model import session_identity
+from shared.model.commands import DEFAULT_MAX_COMMAND_BYTES, Command, check_to_send
+from shared.model.commands.base import Creates
+from shared.model.queries.base import LATEST_SEQ
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

@@ -11,17 +11,17 @@ import msgspec
 
 from gt.cli import client, patience, render
 from gt.cli.client import Outcome, read_position
-from shared.arguments import non_negative_int
 from shared.bus import commands as bus_commands
 from shared.bus.query import ask_all, ask_json, reply_of
-from shared.commands import Command
-from shared.commands.base import Creates
-from shared.config import TownConfig
-from shared.errors import EXIT_DENIED, EXIT_REJECTED, EXIT_UNREACHABLE, EXIT_USAGE, GastownError
-from shared.events import CommandRejected
-from shared.queries import Query
-from shared.queries.base import DEFAULT_LIST_LIMIT
-from shared.terminal import escape_line, escape_text
+from shared.core.arguments import non_negative_int
+from shared.core.config import TownConfig
+from shared.core.errors import EXIT_DENIED, EXIT_REJECTED, EXIT_UNREACHABLE, EXIT_USAGE, GastownError
+from shared.core.terminal import escape_line, escape_text
+from shared.model.commands import Command
+from shared.model.commands.base import Creates
+from shared.model.events import CommandRejected
+from shared.model.queries import Query
+from shared.model.queries.base import DEFAULT_LIST_LIMIT
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -30,7 +30,13 @@ C = TypeVar("C", bound=Command)
 R = TypeVar("R")
 
 EXIT_OK = 0
-__all__ = ["EXIT_DENIED", "EXIT_OK", "EXIT_REJECTED", "EXIT_UNREACHABLE", "EXIT_USAGE"]  # the error ones: shared.errors
+__all__ = [
+    "EXIT_DENIED",
+    "EXIT_OK",
+    "EXIT_REJECTED",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+]  # the error ones: shared.core.errors
 DEFAULT_COMMAND_TIMEOUT_S = 10.0
 
 Handler: TypeAlias = "Callable[[Connection, argparse.Namespace, TownConfig], Awaitable[int]]"

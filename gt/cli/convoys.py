@@ -25,11 +25,11 @@ from gt.cli.common import (
 )
 from gt.cli.progress import Progress
 from shared.bus.query import ask_json
-from shared.commands import BeadSling, ConvoyAdd, ConvoyCreate, ConvoyLand
-from shared.config import TownConfig
-from shared.errors import QueryError
-from shared.queries import mayor, refinery
-from shared.results import UNSET, ConvoyResult, SlingResult, UnsetType
+from shared.core.config import TownConfig
+from shared.core.errors import QueryError
+from shared.model.commands import BeadSling, ConvoyAdd, ConvoyCreate, ConvoyLand
+from shared.model.queries import mayor, refinery
+from shared.model.results import UNSET, ConvoyResult, SlingResult, UnsetType
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

@@ -1,7 +1,7 @@
 """`gt costs [--by bead|rig|convoy|day|session] [--json]`: token usage of polecat sessions and what it cost.
 
 Tokens come from the mayor (``gt.q.mayor.costs``, folded from ``session.usage``); dollars from the price table
-in ``GT_MODEL_PRICES`` (``shared.usage``), only for models it prices."""
+in ``GT_MODEL_PRICES`` (``shared.model.usage``), only for models it prices."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import msgspec
 
 from gt.cli import render
 from gt.cli.common import Subcommands, UsageError, read, show
-from shared.config import TownConfig
-from shared.queries import mayor
-from shared.usage import (
+from shared.core.config import TownConfig
+from shared.model.queries import mayor
+from shared.model.usage import (
     COST_GROUPINGS,
     PRICES_ENV,
     ModelPrice,

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from gt.cli.common import EXIT_OK, Subcommands
 from gt.cli.progress import Progress
-from shared.aio import wait_event
-from shared.config import TownConfig
+from shared.core.aio import wait_event
+from shared.core.config import TownConfig
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

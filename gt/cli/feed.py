@@ -34,9 +34,9 @@ from gt.story import QUERY_TIMEOUT_S, HistoryEntry, bead_story, history, history
 from shared.bus import streams
 from shared.bus.query import ask
 from shared.bus.reader import EventReader
-from shared.config import TownConfig
-from shared.errors import QueryError
-from shared.queries import refinery, witness
+from shared.core.config import TownConfig
+from shared.core.errors import QueryError
+from shared.model.queries import refinery, witness
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from gt.cli.colour import PLAIN, Palette
-from shared.narration import KIND_STYLES, bead_of, describe, excerpt
-from shared.terminal import escape_line
+from gt.narration import KIND_STYLES, bead_of, describe, excerpt
+from shared.core.terminal import escape_line
 
 
 class Entry(Protocol):

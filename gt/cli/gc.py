@@ -6,9 +6,9 @@ import argparse
 from typing import TYPE_CHECKING
 
 from gt.cli.common import Subcommands, UsageError, command_options, send
-from shared.commands import GcSweep
-from shared.config import TownConfig
-from shared.results import GcResult
+from shared.core.config import TownConfig
+from shared.model.commands import GcSweep
+from shared.model.results import GcResult
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

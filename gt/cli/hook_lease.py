@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from shared import leases
+from shared.bus import lease_kv as leases
 from shared.bus.errors import BusError
 from shared.bus.fencing import fence_error
 from shared.bus.kv import Bucket
-from shared.commands import Fence
-from shared.config import TownConfig
+from shared.core.config import TownConfig
+from shared.model.commands import Fence
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from shared import subjects
+from shared.core import subjects
 
 OPERATOR = "operator"
 """What the services record when a command names no actor."""

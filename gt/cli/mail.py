@@ -23,7 +23,9 @@ from gt.cli.common import (
     show,
     status_line,
 )
-from shared.commands import (
+from shared.core.config import TownConfig
+from shared.core.errors import CommandError
+from shared.model.commands import (
     SEVERITIES,
     EscalationAck,
     EscalationClose,
@@ -33,12 +35,10 @@ from shared.commands import (
     MailReply,
     MailSend,
 )
-from shared.commands.base import MAX_DESCRIPTION
-from shared.commands.mail import ACCEPTED_ADDRESSES, normalise_address
-from shared.config import TownConfig
-from shared.errors import CommandError
-from shared.queries import mayor
-from shared.results import MailResult
+from shared.model.commands.base import MAX_DESCRIPTION
+from shared.model.commands.mail import ACCEPTED_ADDRESSES, normalise_address
+from shared.model.queries import mayor
+from shared.model.results import MailResult
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

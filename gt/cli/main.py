@@ -44,17 +44,17 @@ from gt.cli.common import (
     read_options,
 )
 from gt.town_secrets import as_operator
-from shared import config as town_config
-from shared import logging as gt_logging
-from shared.aio import task_stacks
 from shared.bus.connection import Connection, close_at_once, connect_as_session_or_user, connection_key
 from shared.bus.permissions import guarded
 from shared.bus.query import ask_json, reply_of
 from shared.bus.topology import provision
-from shared.config import TownConfig
-from shared.errors import GastownError, NatsUnavailableError
-from shared.privacy import private_files
-from shared.queries import Status
+from shared.core import config as town_config
+from shared.core import logging as gt_logging
+from shared.core.aio import task_stacks
+from shared.core.config import TownConfig
+from shared.core.errors import GastownError, NatsUnavailableError
+from shared.host.privacy import private_files
+from shared.model.queries import Status
 
 if TYPE_CHECKING:
     from shared.bus.kept import KeptConnections
@@ -262,7 +262,7 @@ def main(
 
 def _dispatch(args: argparse.Namespace, config: TownConfig, *, embedded: bool, kept: KeptConnections | None) -> int:
     if args.cmd == "schema":
-        from shared.schema import all_schemas
+        from gt.cli.schema import all_schemas
 
         render.print_json(all_schemas())
         return EXIT_OK
@@ -323,7 +323,7 @@ def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser, kept: Kep
         # Ctrl-C ends `gt feed` and `gt dashboard` (and any wait): a stop asked for, not a crash.
         return EXIT_INTERRUPTED
     except GastownError as exc:
-        # What the error says it means for `gt` (shared/errors.py: exit_code, hint); one it does not expect
+        # What the error says it means for `gt` (shared/core/errors.py: exit_code, hint); one it does not expect
         # (exit_code None) keeps its traceback.
         if exc.exit_code is None:
             raise

@@ -19,11 +19,11 @@ import sys
 import time
 from collections.abc import Mapping
 
-from shared.runtimes import SESSION_TOWN_PATIENCE_S
+from shared.model.runtimes import SESSION_TOWN_PATIENCE_S
 
 PATIENCE_ENV = "GT_TOWN_PATIENCE"
 DEFAULT_SESSION_PATIENCE_S = SESSION_TOWN_PATIENCE_S
-"""Inside a polecat session (``shared.runtimes.SESSION_TOWN_PATIENCE_S``)."""
+"""Inside a polecat session (``shared.model.runtimes.SESSION_TOWN_PATIENCE_S``)."""
 
 
 def town_patience(env: Mapping[str, str] | None = None) -> float:

@@ -27,9 +27,14 @@ from gt.cli.common import (
     send,
     show,
 )
-from shared import done_flow, git, heartbeats, runtimes
 from shared.bus.kv import put_agent_heartbeat
-from shared.commands import (
+from shared.core.config import TownConfig
+from shared.core.errors import GastownError
+from shared.core.faults import crash_point
+from shared.core.terminal import escape_line, escape_text, escaped_lines
+from shared.host import git
+from shared.model import done_flow, heartbeats, runtimes
+from shared.model.commands import (
     BeadClaim,
     Command,
     MergeQueueResume,
@@ -39,14 +44,10 @@ from shared.commands import (
     RigAdd,
     SessionHandoff,
 )
-from shared.commands.mail import polecat_address
-from shared.config import TownConfig
-from shared.errors import GastownError
-from shared.faults import crash_point
-from shared.formulas import rework
-from shared.queries import mayor, refinery, witness
-from shared.results import MergeQueueResult, MrResult, NudgeResult, RigResult, SessionResult
-from shared.terminal import escape_line, escape_text, escaped_lines
+from shared.model.commands.mail import polecat_address
+from shared.model.formulas import rework
+from shared.model.queries import mayor, refinery, witness
+from shared.model.results import MergeQueueResult, MrResult, NudgeResult, RigResult, SessionResult
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

@@ -10,9 +10,9 @@ from typing import Any, TextIO, cast
 import msgspec
 
 from gt.cli.colour import SEQUENCE
-from shared.commands.rigs import DEFAULT_GIT_EMAIL, DEFAULT_GIT_NAME
-from shared.narration import pane_lines
-from shared.terminal import escape_line, escape_text, escaped_lines
+from gt.narration import pane_lines
+from shared.core.terminal import escape_line, escape_text, escaped_lines
+from shared.model.commands.rigs import DEFAULT_GIT_EMAIL, DEFAULT_GIT_NAME
 
 _JSON = msgspec.json.Encoder()
 BAR_WIDTH = 20

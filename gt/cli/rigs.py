@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from gt.cli.common import Subcommands, command_options, send
 from shared.bus.query import ask
-from shared.commands import BeadUnsling, RigPark, RigRemove, RigUnpark, RigUpdate
-from shared.config import TownConfig
-from shared.errors import QueryError
-from shared.queries import witness
-from shared.results import RigResult, SlingResult
+from shared.core.config import TownConfig
+from shared.core.errors import QueryError
+from shared.model.commands import BeadUnsling, RigPark, RigRemove, RigUnpark, RigUpdate
+from shared.model.queries import witness
+from shared.model.results import RigResult, SlingResult
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

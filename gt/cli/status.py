@@ -12,14 +12,14 @@ from gt.cli import costs, identity, render, town_view
 from gt.cli.client import stream_last_seq
 from gt.cli.colour import COLOR_CHOICES, Palette, wanted
 from gt.cli.common import EXIT_OK, EXIT_REJECTED, Subcommands, UsageError
-from shared import heartbeats
 from shared.bus import streams
 from shared.bus.errors import BusError
 from shared.bus.kv import Bucket
 from shared.bus.query import ask_json
-from shared.config import TownConfig
-from shared.errors import QueryError
-from shared.queries import Query, Status, mayor, refinery, witness
+from shared.core.config import TownConfig
+from shared.core.errors import QueryError
+from shared.model import heartbeats
+from shared.model.queries import Query, Status, mayor, refinery, witness
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

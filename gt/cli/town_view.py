@@ -13,8 +13,8 @@ from datetime import datetime
 from typing import Any
 
 from gt.cli.colour import PLAIN, STATE_STYLES, Palette, styled
-from shared.events.merge_requests import MR_OPEN
-from shared.terminal import escape_line, escaped_lines
+from shared.core.terminal import escape_line, escaped_lines
+from shared.model.events.merge_requests import MR_OPEN
 
 BAR_WIDTH = 20
 SERVICES = ("mayor", "witness", "refinery", "deacon")

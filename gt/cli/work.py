@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from gt.cli import render, rigs
 from gt.cli.common import Subcommands, UsageError, command_options, key_values, read, read_options, send, show
-from shared.commands import BeadSling, StepDone, StepStart
-from shared.config import TownConfig
-from shared.queries import mayor
-from shared.results import SlingResult, StepResult
+from shared.core.config import TownConfig
+from shared.model.commands import BeadSling, StepDone, StepStart
+from shared.model.queries import mayor
+from shared.model.results import SlingResult, StepResult
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

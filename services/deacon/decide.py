@@ -1,7 +1,7 @@
 """The deacon's decisions on commands: leases (acquire, release), an automation's manual run, a sweep. Pure: the
 time comes in the context, and the automation file a run names is read by ``prepare`` before (``ctx.facts``).
 
-Lease acquire and release are decided on the record of every lease (``shared.lease_state``: the record, its fold
+Lease acquire and release are decided on the record of every lease (``shared.model.leases``: the record, its fold
 and the events that move it). The log holds acquisitions, releases and expiries; renewals live in the
 ``GT_LEASES`` KV bucket, so holders renew as often as they like without growing the log."""
 
@@ -15,13 +15,13 @@ from services.deacon.automations import plan as automation_plan
 from services.deacon.automations.definitions import Automation, InvalidAutomation
 from services.deacon.plan import gc
 from services.deacon.state import DeaconState, GcState, LeaseState, lease_view
-from shared.commands import AutomationRun, Command, GcSweep, LeaseAcquire, LeaseRelease
-from shared.decision import Accepted, DecideContext
-from shared.errors import CommandError
-from shared.events import GcSwept
-from shared.lease_state import Lease, acquisition
-from shared.lease_state import release as release_event
-from shared.results import GcResult, LeaseResult
+from shared.core.errors import CommandError
+from shared.model.commands import AutomationRun, Command, GcSweep, LeaseAcquire, LeaseRelease
+from shared.model.decision import Accepted, DecideContext
+from shared.model.events import GcSwept
+from shared.model.leases import Lease, acquisition
+from shared.model.leases import release as release_event
+from shared.model.results import GcResult, LeaseResult
 
 
 def decide(

@@ -18,7 +18,8 @@ from services.deacon.state import (
     LivenessState,
     ServiceLife,
 )
-from shared.events import (
+from shared.core.ids import hook_lease_name
+from shared.model.events import (
     BeadClaimed,
     BeadClosed,
     BeadSlung,
@@ -37,13 +38,12 @@ from shared.events import (
     ServiceStopped,
     ServiceUp,
 )
-from shared.events.beads import forward
-from shared.ids import hook_lease_name
-from shared.lease_state import fold_lease
-from shared.projection import Projection
+from shared.model.events.beads import forward
+from shared.model.leases import fold_lease
+from shared.service.projection import Projection
 
 SCHEMA_VERSION = 6
-"""5: leases are the one lease record (``shared.lease_state.Lease``), folded as the other services fold theirs."""
+"""5: leases are the one lease record (``shared.model.leases.Lease``), folded as the other services fold theirs."""
 
 
 def fold(payload: Event, state: DeaconState, env: Envelope, seq: int) -> None:

@@ -1,5 +1,5 @@
 """Answers to ``gt.q.deacon.<name>`` read from the projection, a query decoded into its class
-(``shared.queries.deacon``): services, leases, lease. Pure: a lease's newest renewal (held in memory by the
+(``shared.model.queries.deacon``): services, leases, lease. Pure: a lease's newest renewal (held in memory by the
 deacon's KV watch) comes in as a lookup. The automations' answers are in ``automations.queries``."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from services.deacon.state import DeaconState, lease_view
-from shared.errors import QueryError
-from shared.lease_state import Renewal, last_renewed
-from shared.queries import deacon
-from shared.queries.base import Query
+from shared.core.errors import QueryError
+from shared.model.leases import Renewal, last_renewed
+from shared.model.queries import deacon
+from shared.model.queries.base import Query
 
 
 def answer(state: DeaconState, query: Query[Any], renewal_of: Callable[[str], Renewal | None]) -> Any:

@@ -23,11 +23,11 @@ from services.deacon.effects.supervision import Supervision
 from services.deacon.plan import liveness
 from services.deacon.projection import new_projection
 from services.deacon.state import DeaconState
-from shared.commands import AutomationRun, Command
-from shared.config import TownConfig
-from shared.decision import Accepted, DecideContext
-from shared.queries import Query, deacon
-from shared.queries.deacon import DeaconStatus
+from shared.core.config import TownConfig
+from shared.model.commands import AutomationRun, Command
+from shared.model.decision import Accepted, DecideContext
+from shared.model.queries import Query, deacon
+from shared.model.queries.deacon import DeaconStatus
 from shared.service import Service, ServiceSettings
 
 

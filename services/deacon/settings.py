@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import msgspec
 
 from services.deacon.plan.liveness import WATCHED
-from shared.config import env_number
+from shared.core.config import env_number
 
 
 class DeaconSettings(msgspec.Struct, frozen=True, kw_only=True):

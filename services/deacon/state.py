@@ -9,9 +9,9 @@ from datetime import datetime
 import msgspec
 
 from services.deacon.automations.state import AutomationState
-from shared.events.beads import BeadStatus
-from shared.events.services import ServiceLiveness
-from shared.lease_state import Lease
+from shared.model.events.beads import BeadStatus
+from shared.model.events.services import ServiceLiveness
+from shared.model.leases import Lease
 
 DISK_ALARM_SOURCE = "deacon/disk"
 """The ``source`` of the disk alarm's escalations: how the fold finds its own among all escalations."""

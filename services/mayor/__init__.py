@@ -8,5 +8,5 @@ Shape: ``state`` (the data, and pure reads of it shared by decide, plan and quer
 ``queries.costs``), ``effects`` (reading formula files: a sling's formula is looked up in ``prepare()`` and
 handed to decide, which does no I/O; the formula queries), ``service`` (wiring). It has no ``settings`` module:
 its one knob, how long an escalation may go unacknowledged (``GT_ESCALATION_STALE_AFTER``), is town
-configuration (``shared.config``).
+configuration (``shared.core.config``).
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from services.mayor.service import MayorService
-from shared.entrypoint import main as run_service
+from shared.service.entrypoint import main as run_service
 
 
 def main() -> int:

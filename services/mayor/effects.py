@@ -8,11 +8,11 @@ from typing import Any
 import msgspec
 
 from services.mayor.decide.work import DEFAULT_FORMULA
-from shared.commands import BeadSling
-from shared.errors import QueryError
-from shared.formulas import Formula, FormulaError, cook
-from shared.formulas.catalog import FormulaCatalog
-from shared.queries import mayor
+from shared.core.errors import QueryError
+from shared.model.commands import BeadSling
+from shared.model.formulas import Formula, FormulaError, cook
+from shared.model.formulas.catalog import FormulaCatalog
+from shared.model.queries import mayor
 
 
 def sling_formula(catalog: FormulaCatalog, cmd: BeadSling) -> Formula | FormulaError | None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from services.mayor.state import Escalation, MayorState, convoy_progress, open_blockers
-from shared.commands import SEVERITIES
-from shared.decision import NewEvent
-from shared.events import BeadSlung, ConvoyClosed, EscalationClosed, EscalationReescalated, ReworkAdded
-from shared.formulas import rework
+from shared.model.commands import SEVERITIES
+from shared.model.decision import NewEvent
+from shared.model.events import BeadSlung, ConvoyClosed, EscalationClosed, EscalationReescalated, ReworkAdded
+from shared.model.formulas import rework
 
 MAX_REESCALATIONS = 2
 RESOLVER = "mayor"

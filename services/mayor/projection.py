@@ -22,7 +22,7 @@ from services.mayor.state import (
     Step,
     UsageBook,
 )
-from shared.events import (
+from shared.model.events import (
     BeadClaimed,
     BeadClosed,
     BeadCreated,
@@ -64,10 +64,11 @@ from shared.events import (
     StepCompleted,
     StepStarted,
 )
-from shared.events.beads import WORKING, forward
-from shared.formulas.rework import CONFLICT
-from shared.projection import Projection, advance, touch
-from shared.usage import difference, merge
+from shared.model.events.beads import WORKING, forward
+from shared.model.fold import advance, touch
+from shared.model.formulas.rework import CONFLICT
+from shared.model.usage import difference, merge
+from shared.service.projection import Projection
 
 SCHEMA_VERSION = 6
 """3: rigs and their polecats, held slings (a snapshot from before knows none, so it is not trusted). Sessions'

@@ -13,11 +13,11 @@ from services.mayor import decide as mayor_decide
 from services.mayor import effects, plan, queries
 from services.mayor.projection import new_projection
 from services.mayor.state import MayorState
-from shared.commands import BeadSling, Command
-from shared.config import TownConfig
-from shared.decision import Accepted, DecideContext
-from shared.formulas.catalog import FormulaCatalog
-from shared.queries import Query, mayor
+from shared.core.config import TownConfig
+from shared.model.commands import BeadSling, Command
+from shared.model.decision import Accepted, DecideContext
+from shared.model.formulas.catalog import FormulaCatalog
+from shared.model.queries import Query, mayor
 from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)

@@ -6,11 +6,11 @@ from datetime import datetime
 
 import msgspec
 
-from shared.events.beads import BEAD_RANK, BEAD_STATUSES, INFRA_TYPES, BeadStatus
-from shared.events.convoys import ConvoyStatus
-from shared.events.escalations import EscalationStatus
-from shared.events.molecules import STEP_STATUSES, StepStatus
-from shared.usage import ModelUsage
+from shared.model.events.beads import BEAD_RANK, BEAD_STATUSES, INFRA_TYPES, BeadStatus
+from shared.model.events.convoys import ConvoyStatus
+from shared.model.events.escalations import EscalationStatus
+from shared.model.events.molecules import STEP_STATUSES, StepStatus
+from shared.model.usage import ModelUsage
 
 STATUSES = BEAD_STATUSES
 STATUS_RANK = BEAD_RANK

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from shared.errors import GastownError
+from shared.core.errors import GastownError
 
 FILE_PREFIX = "events-"
 FILE_SUFFIX = ".jsonl"

@@ -16,9 +16,9 @@ import msgspec
 import structlog
 
 from services.plugins.archive_files import ArchiveWriter
-from shared.aio import pause
-from shared.config import TownConfig
-from shared.faults import crash_point
+from shared.core.aio import pause
+from shared.core.config import TownConfig
+from shared.core.faults import crash_point
 from shared.plugins.process import non_negative_int, plugin_parser, positive_float, run_plugin
 from shared.plugins.sdk import Delivery, Plugin
 from shared.plugins.settings import ALL_EVENTS, PluginSettings

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 
-from shared import http_server
+from shared.host import http_server
 
 log = structlog.get_logger(__name__)
 

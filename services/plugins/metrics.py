@@ -20,14 +20,14 @@ from shared.bus import log_read, streams
 from shared.bus.connection import Connection
 from shared.bus.errors import BusError
 from shared.bus.query import ask_json
-from shared.config import TownConfig
-from shared.errors import EventDecodeError, QueryError
-from shared.events import decode_envelope
+from shared.core.config import TownConfig
+from shared.core.errors import EventDecodeError, QueryError
+from shared.model.events import decode_envelope
+from shared.model.queries import Status
 from shared.plugins.position import parse_position
 from shared.plugins.process import plugin_parser, positive_float, run_plugin
 from shared.plugins.sdk import Delivery, Plugin
 from shared.plugins.settings import CONSUMER_PREFIX, PLUGIN_BUCKET, PluginSettings, position_key
-from shared.queries import Status
 
 log = structlog.get_logger(__name__)
 

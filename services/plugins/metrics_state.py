@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector
 
-from shared.events import (
+from shared.model.events import (
     BeadClaimed,
     BeadClosed,
     BeadCreated,
@@ -34,9 +34,9 @@ from shared.events import (
     SessionRequested,
     SessionStarted,
 )
-from shared.events.beads import BEAD_STATUSES, BeadStatus, forward
-from shared.events.merge_requests import MR_IN_QUEUE, MR_STATUSES, MrStatus
-from shared.events.sessions import SESSION_STATUSES, SessionStatus
+from shared.model.events.beads import BEAD_STATUSES, BeadStatus, forward
+from shared.model.events.merge_requests import MR_IN_QUEUE, MR_STATUSES, MrStatus
+from shared.model.events.sessions import SESSION_STATUSES, SessionStatus
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 

@@ -8,7 +8,9 @@ from typing import NamedTuple
 import msgspec
 
 from services.refinery.state import MergeRequest, RefineryState
-from shared.commands import (
+from shared.core.errors import CommandError
+from shared.core.ids import hook_lease_name
+from shared.model.commands import (
     Command,
     MergeQueueResume,
     MergeRequestDone,
@@ -16,13 +18,11 @@ from shared.commands import (
     MergeRequestRetry,
     MergeRequestSubmit,
 )
-from shared.commands.rigs import mr_id_for as mr_id_for  # the merge request id is the model's; re-exported here
-from shared.decision import Accepted, DecideContext, NewEvent
-from shared.errors import CommandError
-from shared.events import MergeQueueResumed, MergeRequestRejected, MergeRequestRequeued, MergeRequestSubmitted
-from shared.events.merge_requests import MR_IN_QUEUE, MR_SENT_BACK
-from shared.ids import hook_lease_name
-from shared.results import MergeQueueResult, MrResult
+from shared.model.commands.rigs import mr_id_for as mr_id_for  # the merge request id is the model's; re-exported here
+from shared.model.decision import Accepted, DecideContext, NewEvent
+from shared.model.events import MergeQueueResumed, MergeRequestRejected, MergeRequestRequeued, MergeRequestSubmitted
+from shared.model.events.merge_requests import MR_IN_QUEUE, MR_SENT_BACK
+from shared.model.results import MergeQueueResult, MrResult
 
 PROTECTED_BRANCHES = frozenset({"HEAD", "main", "master", "trunk", "develop", "release", "production", "stable"})
 """Branches a merge request submitted by hand may not name (nor ``release/...``, the rig's base branch, its

@@ -12,7 +12,8 @@ from services.refinery.state import (
     SessionRef,
     WorkBead,
 )
-from shared.events import (
+from shared.core.ids import HOOK_LEASE_PREFIX, MERGE_LEASE_PREFIX, hook_lease_name
+from shared.model.events import (
     BeadClaimed,
     BeadClosed,
     BeadCreated,
@@ -38,17 +39,17 @@ from shared.events import (
     RigEvent,
     SessionRequested,
 )
-from shared.events.beads import forward
-from shared.events.merge_requests import MR_FINISHED, MrStatus
-from shared.ids import HOOK_LEASE_PREFIX, MERGE_LEASE_PREFIX, hook_lease_name
-from shared.lease_state import fold_lease
-from shared.projection import Projection, touch
-from shared.rig_state import fold_rig
+from shared.model.events.beads import forward
+from shared.model.events.merge_requests import MR_FINISHED, MrStatus
+from shared.model.fold import touch
+from shared.model.leases import fold_lease
+from shared.model.rigs import fold_rig
+from shared.service.projection import Projection
 
 SCHEMA_VERSION = 10
 """10: a merge request records its rig's incarnation (a removed rig's name added again). 9: rigs' merge queues
 (paused, failures on the target). 8: a merge request records the bundle its session published. 7: hook and merge
-leases are one record (``shared.lease_state.Lease``), rigs the witness's record (``shared.rig_state.Rig``): a snapshot
+leases are one record (``shared.model.leases.Lease``), rigs the witness's record (``shared.model.rigs.Rig``): a snapshot
 from before has hooks without their name, TTL and times, and rigs without their other settings."""
 CONFLICT_PREFIX = "conflict-"
 """Command ids of conflict bead creates (the refinery's own): their outcomes name the bead."""

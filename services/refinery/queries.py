@@ -1,5 +1,5 @@
-"""Answers to ``gt.q.refinery.<name>``, a query decoded into its class (``shared.queries.refinery``), read from the
-projection. Pure: the time and the queue's policy come in."""
+"""Answers to ``gt.q.refinery.<name>``, a query decoded into its class (``shared.model.queries.refinery``), read from
+the projection. Pure: the time and the queue's policy come in."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 from services.refinery import plan
 from services.refinery.decide import mr_view
 from services.refinery.state import RefineryState
-from shared.errors import QueryError
-from shared.queries import refinery
-from shared.queries.base import Query
+from shared.core.errors import QueryError
+from shared.model.queries import refinery
+from shared.model.queries.base import Query
 
 
 def answer(state: RefineryState, query: Query[Any], now: datetime, policy: plan.Policy) -> Any:

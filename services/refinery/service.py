@@ -26,14 +26,14 @@ from services.refinery.effects.merge_lease import MergeLease
 from services.refinery.effects.settling import Settler
 from services.refinery.projection import new_projection
 from services.refinery.state import MergeRequest, RefineryState
-from shared.aio import pause
-from shared.commands import Command, MergeRequestSubmit
-from shared.config import TownConfig
-from shared.decision import Accepted, DecideContext
-from shared.errors import ActivityLostError
-from shared.queries import Query
-from shared.queries.refinery import RefineryStatus
-from shared.rig_state import home_name
+from shared.core.aio import pause
+from shared.core.config import TownConfig
+from shared.core.errors import ActivityLostError
+from shared.model.commands import Command, MergeRequestSubmit
+from shared.model.decision import Accepted, DecideContext
+from shared.model.queries import Query
+from shared.model.queries.refinery import RefineryStatus
+from shared.model.rigs import home_name
 from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from shared.config import env_number
+from shared.core.config import env_number
 
 
 class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):

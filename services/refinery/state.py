@@ -6,10 +6,10 @@ from datetime import datetime
 
 import msgspec
 
-from shared.events.beads import BeadStatus
-from shared.events.merge_requests import MrStatus
-from shared.lease_state import Lease
-from shared.rig_state import Rig
+from shared.model.events.beads import BeadStatus
+from shared.model.events.merge_requests import MrStatus
+from shared.model.leases import Lease
+from shared.model.rigs import Rig
 
 
 class MergeRequest(msgspec.Struct, kw_only=True, gc=False):
@@ -85,7 +85,7 @@ class MergeQueue(msgspec.Struct, kw_only=True, gc=False):
     rig: str
     paused: bool = False
     cause: str = ""
-    """Why it is paused (``shared.events.merge_queues.PAUSE_CAUSES``); kept after a resume for the record."""
+    """Why it is paused (``shared.model.events.merge_queues.PAUSE_CAUSES``); kept after a resume for the record."""
     reason: str = ""
     mr_id: str = ""
     """The merge request that met the cause."""
@@ -103,7 +103,7 @@ class RefineryState(msgspec.Struct, kw_only=True):
     beads: dict[str, WorkBead] = {}
     """Work beads (not messages, convoys, escalations)."""
     rigs: dict[str, Rig] = {}
-    """Rigs by name (``shared.rig_state``): new gates apply to the next merge request taken, one under way keeps
+    """Rigs by name (``shared.model.rigs``): new gates apply to the next merge request taken, one under way keeps
     what it started with."""
     created: dict[str, str] = {}
     """Conflict bead create command id -> the bead it created."""

@@ -8,7 +8,9 @@ from typing import Any
 import msgspec
 
 from services.witness.state import Rig, Session, WitnessState
-from shared.commands import (
+from shared.core.errors import CommandError
+from shared.core.ids import hook_lease_name
+from shared.model.commands import (
     POLECAT_TARGET,
     Command,
     NudgeSend,
@@ -23,9 +25,8 @@ from shared.commands import (
     SessionRecoverHook,
     SessionStop,
 )
-from shared.decision import Accepted, DecideContext, NewEvent
-from shared.errors import CommandError
-from shared.events import (
+from shared.model.decision import Accepted, DecideContext, NewEvent
+from shared.model.events import (
     NudgeQueued,
     RigAdded,
     RigParked,
@@ -37,10 +38,9 @@ from shared.events import (
     SessionHookRecovered,
     SessionWarranted,
 )
-from shared.events.beads import WORKING
-from shared.events.sessions import ACTIVE_SESSION
-from shared.ids import hook_lease_name
-from shared.results import UNSET, NudgeResult, RigResult, SessionResult, StaleHookResult, UnsetType
+from shared.model.events.beads import WORKING
+from shared.model.events.sessions import ACTIVE_SESSION
+from shared.model.results import UNSET, NudgeResult, RigResult, SessionResult, StaleHookResult, UnsetType
 
 NUDGE_PREFIX = "nd"
 

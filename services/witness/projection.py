@@ -19,8 +19,9 @@ from services.witness.state import (
     WorkBead,
     mail_nudge_id,
 )
-from shared.commands.mail import polecat_of
-from shared.events import (
+from shared.core.ids import HOOK_LEASE_PREFIX, hook_lease_name
+from shared.model.commands.mail import polecat_of
+from shared.model.events import (
     DEATHS,
     BeadClaimed,
     BeadClosed,
@@ -57,15 +58,15 @@ from shared.events import (
     StepCompleted,
     StepStarted,
 )
-from shared.events.beads import WORKING, forward
-from shared.events.sessions import ACTIVE_SESSION
-from shared.ids import HOOK_LEASE_PREFIX, hook_lease_name
-from shared.lease_state import fold_lease
-from shared.projection import Projection, advance, touch
-from shared.rig_state import fold_rig
+from shared.model.events.beads import WORKING, forward
+from shared.model.events.sessions import ACTIVE_SESSION
+from shared.model.fold import advance, touch
+from shared.model.leases import fold_lease
+from shared.model.rigs import fold_rig
+from shared.service.projection import Projection
 
 SCHEMA_VERSION = 9
-"""6: hook leases are the one lease record (``shared.lease_state.Lease``): a snapshot from before has them
+"""6: hook leases are the one lease record (``shared.model.leases.Lease``): a snapshot from before has them
 without when they were acquired and ended. 7: ``rework_owed`` (a snapshot from before would start a session
 for work sent back before its rework steps). 8: sessions count the steps done
 while they worked and their clean-ups, beads where their last operator sling began (the respawn backoff, a polecat

@@ -1,4 +1,4 @@
-"""Answers to ``gt.q.witness.<name>``, a query decoded into its class (``shared.queries.witness``), read from the
+"""Answers to ``gt.q.witness.<name>``, a query decoded into its class (``shared.model.queries.witness``), read from the
 projection. Pure."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import msgspec
 
 from services.witness.decide import waiting_beads
 from services.witness.state import Session, WitnessState
-from shared.errors import QueryError
-from shared.events.sessions import ACTIVE_SESSION
-from shared.queries import witness
-from shared.queries.base import Query
+from shared.core.errors import QueryError
+from shared.model.events.sessions import ACTIVE_SESSION
+from shared.model.queries import witness
+from shared.model.queries.base import Query
 
 EARLIER_SESSIONS_SHOWN = 3
 """How many of a bead's earlier sessions ``gt prime`` tells a fresh session about (newest first)."""

@@ -32,13 +32,13 @@ from services.witness.plan import Policy, plan, scope
 from services.witness.projection import new_projection
 from services.witness.state import WitnessState
 from shared.bus import auth_callout
-from shared.commands import Command
-from shared.config import TownConfig, town_mark
-from shared.decision import Accepted, DecideContext, Route
-from shared.queries import Query
-from shared.queries.witness import WitnessStatus
+from shared.core.config import TownConfig, town_mark
+from shared.host.tmux import Tmux
+from shared.model.commands import Command
+from shared.model.decision import Accepted, DecideContext, Route
+from shared.model.queries import Query
+from shared.model.queries.witness import WitnessStatus
 from shared.service import Service, ServiceSettings
-from shared.tmux import Tmux
 
 RECONCILE_GAP_PER_SESSION_S = 0.00025
 RECONCILE_GAP_MAX_S = 0.05

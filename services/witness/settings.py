@@ -10,7 +10,7 @@ import msgspec
 
 from services.witness.effects.agent_creds import agent_nats_credentials
 from services.witness.plan.scope import parse_rigs
-from shared.config import env_number
+from shared.core.config import env_number
 
 DEFAULT_TMUX_SOCKET = "gastown"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -65,7 +65,7 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     agent_credentials: dict[str, str] | None = None
     """The NATS credentials sessions get when no auth callout is configured (``agent_creds``: ``GT_AGENT_NATS_*``,
     else the witness's own ``NATS_*``), read by ``load`` before the witness's secrets leave its environment
-    (``shared.config.forget_secrets``). None: read from the environment when the executor is made."""
+    (``shared.core.config.forget_secrets``). None: read from the environment when the executor is made."""
 
 
 def load(env: Mapping[str, str] | None = None) -> WitnessSettings:

@@ -6,12 +6,12 @@ from datetime import datetime
 
 import msgspec
 
-from shared.events.beads import BeadStatus
-from shared.events.nudges import NudgeStatus
-from shared.events.sessions import SessionStatus
-from shared.lease_state import Lease
-from shared.rig_state import Rig as Rig
-from shared.usage import ModelUsage
+from shared.model.events.beads import BeadStatus
+from shared.model.events.nudges import NudgeStatus
+from shared.model.events.sessions import SessionStatus
+from shared.model.leases import Lease
+from shared.model.rigs import Rig as Rig
+from shared.model.usage import ModelUsage
 
 
 class Session(msgspec.Struct, kw_only=True, gc=False):
@@ -150,7 +150,7 @@ class UsageMark(msgspec.Struct, kw_only=True, gc=False):
 
 class WitnessState(msgspec.Struct, kw_only=True):
     rigs: dict[str, Rig] = {}
-    """Its rigs, by name (``shared.rig_state``)."""
+    """Its rigs, by name (``shared.model.rigs``)."""
     sessions: dict[str, Session] = {}
     beads: dict[str, WorkBead] = {}
     nudges: dict[str, Nudge] = {}

@@ -19,11 +19,11 @@ import nats.errors
 import nats.js.errors
 import structlog
 
-from shared.aio import pause, raise_if_cancelling
 from shared.bus.connection import Connection
 from shared.bus.errors import map_errors, retryable
-from shared.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, EventDecodeError
-from shared.events import decode_envelope
+from shared.core.aio import pause, raise_if_cancelling
+from shared.core.errors import AppendConflictError, AppendFailedError, AppendTimeoutError, EventDecodeError
+from shared.model.events import decode_envelope
 
 log = structlog.get_logger(__name__)
 

@@ -5,7 +5,7 @@ The server publishes an authorization request JWT (signed by the server's nkey) 
 the callout account (AUTH, which only the responder's ``auth`` user is in). The answer is an authorization
 response JWT signed by the issuer account key the server config names (``auth_callout.issuer``), carrying a
 user JWT: ``aud`` the account the session joins (AGENTS), ``name`` the session id, ``exp`` its credential's expiry,
-and the permissions of ``shared.session_identity.session_permissions``. Only nkeys (and PyNaCl under it) and
+and the permissions of ``shared.model.session_identity.session_permissions``. Only nkeys (and PyNaCl under it) and
 JSON: NATS ADR-26. Every bad request is answered (or dropped, when it cannot even say whom to answer) and
 logged; none ends the loop.
 """
@@ -30,9 +30,10 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from shared import session_identity, subjects
 from shared.bus.errors import map_errors
-from shared.errors import GastownError
+from shared.core import subjects
+from shared.core.errors import GastownError
+from shared.model import session_identity
 
 log = structlog.get_logger(__name__)
 

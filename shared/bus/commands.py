@@ -2,7 +2,7 @@
 GT_CMD (docs/architecture.md, "Sending a command and asking a query").
 
 The subject comes from the command's type (``BeadClose.SUBJECT``), followed by the sender's origin where it has one
-(a service's or a polecat session's own subject, ``shared/subjects.py``); the body is the command encoded, without
+(a service's or a polecat session's own subject, ``shared/core/subjects.py``); the body is the command encoded, without
 the fields that hold their default; its ``cmd_id`` is the ``Nats-Msg-Id``, so a resend is stored once.
 
 - ``store`` stores it, resending while the stream is briefly unreachable, and returns its GT_CMD sequence: what a
@@ -30,21 +30,21 @@ import nats.js.errors
 import structlog
 from nats.aio.client import Client
 
-from shared import ids, subjects
-from shared.aio import pause, raise_if_cancelling
 from shared.bus import streams
 from shared.bus.append import ERR_MAX_PAYLOAD, MSG_ID, still_in_flight
 from shared.bus.errors import map_errors, retryable
 from shared.bus.permissions import guarded
 from shared.bus.query import ask
 from shared.bus.topology import owner_of
-from shared.commands import Command
-from shared.commands.base import result_type
-from shared.config import TownConfig
-from shared.errors import AppendFailedError, QueryError
-from shared.events import CommandAccepted, CommandRejected, decode_envelope
-from shared.queries import Status
-from shared.results import R
+from shared.core import ids, subjects
+from shared.core.aio import pause, raise_if_cancelling
+from shared.core.config import TownConfig
+from shared.core.errors import AppendFailedError, QueryError
+from shared.model.commands import Command
+from shared.model.commands.base import result_type
+from shared.model.events import CommandAccepted, CommandRejected, decode_envelope
+from shared.model.queries import Status
+from shared.model.results import R
 
 log = structlog.get_logger(__name__)
 

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 
 import structlog
 
-from shared.aio import raise_if_cancelling
 from shared.bus.append import MAX_BATCH_MESSAGES, Appender, PendingEvent
 from shared.bus.errors import map_errors
-from shared.errors import AppendConflictError, AppendFailedError, BusError, GastownError
+from shared.core.aio import raise_if_cancelling
+from shared.core.errors import AppendConflictError, AppendFailedError, BusError, GastownError
 
 log = structlog.get_logger(__name__)
 

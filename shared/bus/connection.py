@@ -19,11 +19,11 @@ import nats
 import structlog
 from nats.aio.client import Client
 
-from shared.aio import pause
 from shared.bus.errors import map_errors
 from shared.bus.permissions import PermissionWatch, register
-from shared.config import TownConfig
-from shared.errors import NatsUnavailableError
+from shared.core.aio import pause
+from shared.core.config import TownConfig
+from shared.core.errors import NatsUnavailableError
 
 log = structlog.get_logger(__name__)
 

@@ -20,10 +20,10 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from shared import subjects
-from shared.aio import pause, raise_if_cancelling
 from shared.bus.connection import Connection
 from shared.bus.errors import map_errors
+from shared.core import subjects
+from shared.core.aio import pause, raise_if_cancelling
 
 log = structlog.get_logger(__name__)
 

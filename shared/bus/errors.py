@@ -1,7 +1,7 @@
 """The bus's error boundary: the NATS client's errors become the project's, here and only here.
 
 Every port of the bus (each public coroutine, async generator and context manager of ``shared/bus``) is wrapped in
-``map_errors``: what leaves it is a ``BusError`` (``shared.errors``) or one of its typed subclasses, never a
+``map_errors``: what leaves it is a ``BusError`` (``shared.core.errors``) or one of its typed subclasses, never a
 class of nats-py, so code outside the bus catches the project's errors only (tests/unit/test_bus_owns_nats.py).
 What a port expects (a key or a message that is not there, a compare-and-set that lost) it still answers as a
 value instead (None, False), catching the client's own error inside. Whether a failure is worth retrying is
@@ -20,7 +20,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 import nats.errors
 import nats.js.errors
 
-from shared.errors import (
+from shared.core.errors import (
     BusError,
     BusTimeoutError,
     ConnectionLostError,
@@ -30,7 +30,7 @@ from shared.errors import (
     NoStreamError,
     NotProvisionedError,
 )
-from shared.errors import retryable as _retryable
+from shared.core.errors import retryable as _retryable
 
 __all__ = ["BusError", "map_errors", "mapped", "retryable", "translate"]
 

@@ -16,14 +16,14 @@ import nats.errors
 import nats.js.errors
 from nats.js.client import JetStreamContext
 
-from shared import subjects
-from shared.aio import pause
 from shared.bus.connection import Connection
 from shared.bus.errors import map_errors
-from shared.commands import Fence
-from shared.errors import CommandError, GastownError
-from shared.events import REGISTRY, LeaseAcquired, LeaseExpired, LeaseReleased, decode_envelope
-from shared.events.base import Envelope
+from shared.core import subjects
+from shared.core.aio import pause
+from shared.core.errors import CommandError, GastownError
+from shared.model.commands import Fence
+from shared.model.events import REGISTRY, LeaseAcquired, LeaseExpired, LeaseReleased, decode_envelope
+from shared.model.events.base import Envelope
 
 READ_ATTEMPTS = 3
 

@@ -17,12 +17,12 @@ import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
 
-from shared.aio import pause, raise_if_cancelling
 from shared.bus.connection import Connection
 from shared.bus.errors import map_errors
 from shared.bus.topology import ERR_STREAM_NAME_IN_USE, create_kv, ensure_heartbeat_bucket
-from shared.config import TownConfig
-from shared.errors import NoStreamError
+from shared.core.aio import pause, raise_if_cancelling
+from shared.core.config import TownConfig
+from shared.core.errors import NoStreamError
 
 log = structlog.get_logger(__name__)
 
@@ -43,7 +43,7 @@ class Bucket:
 
     def __init__(self, nc: Connection, name: str, *, keys_only: bool = False) -> None:
         """``keys_only``: open it without asking for its stream's info. A polecat session may not (``STREAM.INFO``
-        of a bucket lists every key), only put and direct-get its own keys (shared/session_identity.py); the
+        of a bucket lists every key), only put and direct-get its own keys (shared/model/session_identity.py); the
         buckets answer direct gets (``topology.ensure_kv``)."""
         self.name = name
         self._nc = nc

@@ -30,7 +30,7 @@ from nats.aio.msg import Msg
 from shared.bus.connection import Connection
 from shared.bus.errors import map_errors
 from shared.bus.streams import Stored
-from shared.errors import JetStreamApiError
+from shared.core.errors import JetStreamApiError
 
 log = structlog.get_logger(__name__)
 

@@ -19,7 +19,7 @@ import nats.errors
 from nats.aio.client import Client
 
 from shared.bus.errors import map_errors
-from shared.errors import PermissionDeniedError
+from shared.core.errors import PermissionDeniedError
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""Ask a service a question: a typed query (``shared/queries``) as request/reply on ``gt.q.<service>.<name>``,
+"""Ask a service a question: a typed query (``shared/model/queries``) as request/reply on ``gt.q.<service>.<name>``,
 answered from its projection (docs/architecture.md, "Sending a command and asking a query").
 
 The reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "code": ..., "message": ...}``. ``ask`` reads the
@@ -16,12 +16,12 @@ from typing import Any, NamedTuple, TypeVar, cast
 import msgspec
 import nats.errors
 
-from shared.aio import pause
 from shared.bus.connection import Connection
 from shared.bus.errors import map_errors
-from shared.errors import QueryError
-from shared.queries import Query, reply_type
-from shared.queries.base import DEFAULT_LIST_LIMIT
+from shared.core.aio import pause
+from shared.core.errors import QueryError
+from shared.model.queries import Query, reply_type
+from shared.model.queries.base import DEFAULT_LIST_LIMIT
 
 R = TypeVar("R")
 _DECODE = msgspec.json.Decoder()

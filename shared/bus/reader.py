@@ -23,10 +23,10 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus.connection import Connection
 from shared.bus.errors import map_errors, retryable
-from shared.subjects import EVT_PREFIX, parse_js_reply
+from shared.core.aio import pause, raise_if_cancelling, wait_event
+from shared.core.subjects import EVT_PREFIX, parse_js_reply
 
 log = structlog.get_logger(__name__)
 

@@ -21,7 +21,7 @@ from nats.js.object_store import ObjectStore
 
 from shared.bus.connection import Connection
 from shared.bus.errors import map_errors
-from shared.subjects import parse_js_reply
+from shared.core.subjects import parse_js_reply
 
 log = structlog.get_logger(__name__)
 

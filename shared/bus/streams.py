@@ -18,10 +18,10 @@ import nats.js.errors
 import structlog
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from shared.aio import pause, raise_if_cancelling
 from shared.bus.connection import Connection
 from shared.bus.errors import map_errors, retryable
-from shared.subjects import EVT_PREFIX, parse_js_reply
+from shared.core.aio import pause, raise_if_cancelling
+from shared.core.subjects import EVT_PREFIX, parse_js_reply
 
 log = structlog.get_logger(__name__)
 

@@ -24,10 +24,10 @@ from nats.js.kv import KeyValue
 
 from shared.bus.connection import Connection
 from shared.bus.errors import map_errors
-from shared.commands import COMMANDS
-from shared.config import TownConfig
-from shared.errors import EventLogLostError, StreamConfigMismatchError
-from shared.subjects import CMD_PREFIX, DEFAULT_PLUGIN_BUCKET, EVT_PREFIX
+from shared.core.config import TownConfig
+from shared.core.errors import EventLogLostError, StreamConfigMismatchError
+from shared.core.subjects import CMD_PREFIX, DEFAULT_PLUGIN_BUCKET, EVT_PREFIX
+from shared.model.commands import COMMANDS
 
 log = structlog.get_logger(__name__)
 
@@ -394,7 +394,7 @@ async def ensure_kv(
     """A KV bucket keeping the latest value per key; True when this call created it.
 
     ``written_by_sessions``: polecat sessions write their own keys (heartbeats, hook leases), each allowed only
-    its key's subjects (shared/session_identity.py). Such a bucket answers direct gets (the only read that names
+    its key's subjects (shared/model/session_identity.py). Such a bucket answers direct gets (the only read that names
     one key in its subject, so a permission can scope it) and refuses rollup headers: permissions cannot look
     at headers, and a ``Nats-Rollup: all`` published on a session's own key would wipe every key. An existing
     bucket is brought to that (the deacon deletes stale keys with a compare-and-set, never a rollup).

@@ -22,13 +22,13 @@ from typing import NamedTuple, TypeVar
 
 import structlog
 
-from shared import ids
-from shared.aio import pause, raise_if_cancelling
 from shared.bus import log_read
 from shared.bus.connection import Connection
 from shared.bus.kv import Bucket
-from shared.errors import retryable
-from shared.faults import crash_point
+from shared.core import ids
+from shared.core.aio import pause, raise_if_cancelling
+from shared.core.errors import retryable
+from shared.core.faults import crash_point
 from shared.plugins.position import encode_position, parse_position
 from shared.plugins.settings import position_key
 

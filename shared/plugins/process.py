@@ -9,11 +9,11 @@ from collections.abc import Callable
 
 import structlog
 
-from shared import config as town_config
-from shared import logging as gt_logging
-from shared.arguments import non_negative_int, positive_float
+from shared.core import config as town_config
+from shared.core import logging as gt_logging
+from shared.core.arguments import non_negative_int, positive_float
+from shared.host.privacy import private_files
 from shared.plugins.sdk import Plugin
-from shared.privacy import private_files
 from shared.service.lifecycle import stop_on_signals
 
 EXIT_OK = 0

@@ -27,15 +27,15 @@ from typing import Any, NamedTuple
 import msgspec
 import structlog
 
-from shared.aio import raise_if_cancelling, wait_event
 from shared.bus import log_read, streams
 from shared.bus.connection import Connection
 from shared.bus.errors import BusError
 from shared.bus.streams import Stored
-from shared.config import TownConfig
-from shared.errors import EventDecodeError, GastownError, UnknownEventTypeError, retryable
-from shared.events import REGISTRY, Envelope, Event, EventRegistry, decode_envelope
-from shared.faults import crash_point
+from shared.core.aio import raise_if_cancelling, wait_event
+from shared.core.config import TownConfig
+from shared.core.errors import EventDecodeError, GastownError, UnknownEventTypeError, retryable
+from shared.core.faults import crash_point
+from shared.model.events import REGISTRY, Envelope, Event, EventRegistry, decode_envelope
 from shared.plugins.marks import Claim, Marks
 from shared.plugins.position import StartPlan, plan_start
 from shared.plugins.settings import (

@@ -7,8 +7,8 @@ from typing import Literal
 
 import msgspec
 
-from shared import ids
-from shared.subjects import DEFAULT_PLUGIN_BUCKET, EVT_PREFIX, event_subject
+from shared.core import ids
+from shared.core.subjects import DEFAULT_PLUGIN_BUCKET, EVT_PREFIX, event_subject
 
 PLUGIN_BUCKET = DEFAULT_PLUGIN_BUCKET
 """KV bucket of idempotence marks (``<plugin>.<event id>``), abandoned events (``<plugin>.dead.<seq>``) and positions

@@ -1,6 +1,6 @@
 """The service base: connect, rebuild the projection (snapshot + tail), act only once caught up and active.
 
-Several instances of one service scope may run (``shared.activity``): each follows the log and answers queries,
+Several instances of one service scope may run (``shared.model.activity``): each follows the log and answers queries,
 but only the one holding the scope's key in ``GT_ACTIVE`` takes commands, reconciles and writes events; the
 others stand by and take over when the key lapses. Every write first checks that this instance may still act.
 
@@ -27,28 +27,30 @@ from typing import Any, ClassVar, Generic, TypeVar
 import msgspec
 import structlog
 
-from shared import heartbeats, ids, runtime, subjects
-from shared import logging as gt_logging
-from shared.aio import pause, raise_if_cancelling, wait_event
 from shared.bus import commands as bus_commands
 from shared.bus import streams
-from shared.bus.activity import ActivityKeeper
+from shared.bus.activity_kv import ActivityKeeper
 from shared.bus.append import Appender
 from shared.bus.commit import GroupCommitter
 from shared.bus.connection import Connection
 from shared.bus.reader import EventReader
 from shared.bus.snapshots import SnapshotStore
 from shared.bus.topology import command_consumer_name, has_command_consumer, provision
-from shared.commands import Command
-from shared.config import TownConfig
-from shared.decision import Accepted, DecideContext, NewEvent, Route
-from shared.errors import ActivityLostError, AppendConflictError, QueryError, retryable
-from shared.intake import CommandIntake, rate_limit, to_pending
-from shared.intake.rate_limit import RateLimiter
-from shared.projection import Projection
-from shared.queries.base import Query, ServiceStatus
+from shared.core import ids, subjects
+from shared.core import logging as gt_logging
+from shared.core.aio import pause, raise_if_cancelling, wait_event
+from shared.core.config import TownConfig
+from shared.core.errors import ActivityLostError, AppendConflictError, QueryError, retryable
+from shared.model import heartbeats
+from shared.model.commands import Command
+from shared.model.decision import Accepted, DecideContext, NewEvent, Route
+from shared.model.queries.base import Query, ServiceStatus
+from shared.service import heap as runtime
 from shared.service.heartbeat import HeartbeatSender
+from shared.service.intake import CommandIntake, rate_limit, to_pending
+from shared.service.intake.rate_limit import RateLimiter
 from shared.service.lifecycle import Lifecycle
+from shared.service.projection import Projection
 from shared.service.queries import QueryServer
 from shared.service.settings import ServiceSettings
 from shared.service.snapshots import SnapshotKeeper

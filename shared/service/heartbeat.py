@@ -1,7 +1,7 @@
 """A service instance's heartbeat: its ``ServiceHeartbeat`` put in the ``GT_SERVICES`` bucket every interval.
 
-A heartbeat is a cache of liveness (``shared.heartbeats``): the deacon turns what it sees into events. A missed one
-is what liveness detection is for, so a failed put is logged and the next one tries again.
+A heartbeat is a cache of liveness (``shared.model.heartbeats``): the deacon turns what it sees into events. A missed
+one is what liveness detection is for, so a failed put is logged and the next one tries again.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from collections.abc import Callable
 
 import structlog
 
-from shared import heartbeats
-from shared.aio import pause
 from shared.bus.connection import Connection
 from shared.bus.errors import BusError
 from shared.bus.kv import Bucket
-from shared.heartbeats import ServiceHeartbeat
+from shared.core.aio import pause
+from shared.model import heartbeats
+from shared.model.heartbeats import ServiceHeartbeat
 
 log = structlog.get_logger(__name__)
 

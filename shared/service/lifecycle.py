@@ -15,9 +15,9 @@ from typing import Any
 
 import structlog
 
-from shared.aio import raise_if_cancelling
 from shared.bus.connection import Connection, close_quietly, connect_unless_stopped
-from shared.config import TownConfig
+from shared.core.aio import raise_if_cancelling
+from shared.core.config import TownConfig
 
 
 def stop_on_signals(shutdown: Callable[[], Coroutine[Any, Any, None]]) -> None:

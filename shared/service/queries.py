@@ -1,7 +1,7 @@
 """The query server: a service's answers to ``gt.q.<service>.*`` (docs/architecture.md, "Sending a command and
 asking a query"), from its projection, by every instance that follows the log (a standby too).
 
-The body is decoded into the query's own class (``shared.queries.registry``: the class the client built), which
+The body is decoded into the query's own class (``shared.model.queries.registry``: the class the client built), which
 the service answers with ``match``. Every query but ``status`` waits until the instance has applied the asker's
 ``min_seq`` (read-your-writes; the log's last sequence when the query arrives for ``LATEST_SEQ``, what a polecat
 session asks, which may not read the log's state); ``digest`` is the projection's hash, for checking a live
@@ -18,15 +18,15 @@ from typing import Any, Protocol
 import msgspec
 import structlog
 
-from shared import subjects
 from shared.bus import query as bus_query
 from shared.bus.connection import Connection
 from shared.bus.reader import EventReader
-from shared.decoding import UNDECODABLE
-from shared.errors import QueryError
-from shared.projection import Projection
-from shared.queries import registry
-from shared.queries.base import LATEST_SEQ, PAGE_BYTES, Digest, DigestReply, Page, Query, ServiceStatus
+from shared.core import subjects
+from shared.core.decoding import UNDECODABLE
+from shared.core.errors import QueryError
+from shared.model.queries import registry
+from shared.model.queries.base import LATEST_SEQ, PAGE_BYTES, Digest, DigestReply, Page, Query, ServiceStatus
+from shared.service.projection import Projection
 
 log = structlog.get_logger(__name__)
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import structlog
 
-from shared.aio import raise_if_cancelling, wait_event
 from shared.bus.errors import BusError
 from shared.bus.snapshots import SnapshotStore
 from shared.bus.streams import StreamState
-from shared.errors import EventLogLostError
-from shared.projection import Projection
+from shared.core.aio import raise_if_cancelling, wait_event
+from shared.core.errors import EventLogLostError
+from shared.service.projection import Projection
 
 log = structlog.get_logger(__name__)
 

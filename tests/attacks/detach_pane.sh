@@ -2,7 +2,7 @@
 # A hostile agent that tries to outlive its session: run as a polecat's agent command, it starts a writer detached
 # from its session (setsid, then a double fork, SIGTERM/SIGHUP/SIGINT ignored) that appends to a file in the
 # worktree every 0.2 s, forever; then its session dies. MODE keep-reaper: the agent just exits. MODE kill-reaper:
-# it first kills its pane's reaper (shared/reaper.py; possible only where the reaper runs as the agent's own user),
+# it first kills its pane's reaper (shared/host/reaper.py; possible only where the reaper runs as the agent's own user),
 # then hangs on, ignoring SIGHUP; where it cannot (GT_AGENT_USER: the reaper is root's) it exits. Judged from outside
 # (tests/integration/test_leftover_processes.py): the writer is gone before the next session of the bead gets the
 # worktree, and nothing is written after.

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from shared.embedded import EmbeddedServer, free_port
+from gt.embedded_nats import EmbeddedServer, free_port
 from tests.compose_stack import node_stream_state
 
 CLUSTER_NAME = "gt-chaos"

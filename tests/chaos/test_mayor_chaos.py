@@ -26,11 +26,11 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client
 
+from gt.embedded_nats import EmbeddedServer
 from services.mayor.projection import new_projection
 from shared.bus.topology import provision
-from shared.config import TownConfig
-from shared.embedded import EmbeddedServer
-from shared.events import decode_envelope
+from shared.core.config import TownConfig
+from shared.model.events import decode_envelope
 from tests.log_tools import digest, fresh_replay, read_all
 
 pytestmark = pytest.mark.chaos

@@ -13,9 +13,9 @@ from nats.aio.client import Client
 
 from services.refinery.projection import new_projection
 from services.refinery.state import RefineryState
-from shared import git, processes
-from shared.config import TownConfig
-from shared.events import decode_envelope
+from shared.core.config import TownConfig
+from shared.host import git, processes
+from shared.model.events import decode_envelope
 from tests.chaos.test_witness_chaos import wait_for_crash
 from tests.helpers import assert_eventually
 from tests.log_tools import fresh_replay, read_all

@@ -28,8 +28,8 @@ from nats.aio.client import Client
 
 from services.witness.projection import new_projection
 from services.witness.state import Session, WitnessState
-from shared.config import TownConfig
-from shared.events import decode_envelope
+from shared.core.config import TownConfig
+from shared.model.events import decode_envelope
 from tests.helpers import assert_eventually
 from tests.log_tools import fresh_replay, read_all
 from tests.service_process import ServiceProcess

@@ -47,11 +47,11 @@ from services.deacon.projection import new_projection as deacon_projection
 from services.mayor.projection import new_projection as mayor_projection
 from services.refinery.projection import new_projection as refinery_projection
 from services.witness.projection import new_projection as witness_projection
-from shared import git
-from shared.events import decode_envelope
-from shared.projection import Projection
-from shared.subjects import parse_js_reply
-from shared.tmux import Tmux
+from shared.core.subjects import parse_js_reply
+from shared.host import git
+from shared.host.tmux import Tmux
+from shared.model.events import decode_envelope
+from shared.service.projection import Projection
 from tests.chaos import chaos_agent
 from tests.chaos.invariants import Logged, Violation, check_all
 from tests.chaos.nats_nodes import NatsNodes

@@ -31,7 +31,7 @@ from nats.aio.client import Client
 
 from gt.town_secrets import operator_login
 from services.refinery.decide import mr_id_for
-from shared import git
+from shared.host import git
 from tests.attacks import nats_pane
 from tests.compose_stack import USERS, ComposeStack, running_stack
 from tests.conftest import REPO_ROOT

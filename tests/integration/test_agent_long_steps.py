@@ -18,8 +18,8 @@ from nats.js.errors import KeyNotFoundError
 
 from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
-from shared.config import TownConfig
-from shared.ids import hook_lease_name
+from shared.core.config import TownConfig
+from shared.core.ids import hook_lease_name
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of
 from tests.witness_town import FAST, TEST_COMMAND, PolecatTown, polecat_town

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from services.witness.effects import runtime_setup
-from shared import git, safe_files, usage
-from shared.os_user import OsUser
-from shared.runtimes import ClaudeRuntime, runtime_for
+from shared.host import git, safe_files
+from shared.host.os_user import OsUser
+from shared.model import usage
+from shared.model.runtimes import ClaudeRuntime, runtime_for
 from tests.claude_code import TEST_KEY, claude_binary
 from tests.os_users import remove_user
 

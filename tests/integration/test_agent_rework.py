@@ -16,8 +16,8 @@ import pytest
 from nats.aio.client import Client
 
 from services.refinery.settings import RefinerySettings
-from shared import git
-from shared.config import TownConfig
+from shared.core.config import TownConfig
+from shared.host import git
 from tests.helpers import assert_eventually
 from tests.integration.test_refinery import main_files, merged_mr
 from tests.integration.test_witness import run_gt

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from shared import git
+from shared.host import git
 from tests.helpers import wait_until
 from tests.integration.test_town import TownCli
 from tests.os_users import remove_user, user_bin_dir

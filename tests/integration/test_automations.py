@@ -30,7 +30,7 @@ from services.deacon.automations.state import command_id
 from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
 from services.mayor.service import MayorService
-from shared.config import TownConfig
+from shared.core.config import TownConfig
 from shared.service import Service, ServiceSettings
 from tests.chaos.test_witness_chaos import wait_for_crash
 from tests.drivers import send_and_wait

@@ -23,7 +23,7 @@ from gt.model_server import Fault, ModelServer, Script, bash, exhaust_context, s
 from gt.model_server.server import RecordedRequest
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session, continue_nudge_id
-from shared.config import TownConfig
+from shared.core.config import TownConfig
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of
 from tests.witness_town import PolecatTown, polecat_town

@@ -16,8 +16,8 @@ from gt.model_server import Fault, ModelServer, Script, bash, say, use
 from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
 from services.witness.settings import WitnessSettings
-from shared.config import TownConfig
-from shared.ids import hook_lease_name
+from shared.core.config import TownConfig
+from shared.core.ids import hook_lease_name
 from tests.log_tools import events_of
 from tests.witness_town import FAST, PolecatTown, polecat_town
 

@@ -18,9 +18,10 @@ from gt.model_server import ModelServer, Script, bash, edit, say, use, write
 from services.witness.plan import session_id_for
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session, UsageMark
-from shared import git, runtimes
-from shared.commands import RigPark, RigUnpark
-from shared.config import TownConfig
+from shared.core.config import TownConfig
+from shared.host import git
+from shared.model import runtimes
+from shared.model.commands import RigPark, RigUnpark
 from tests.claude_code import usage_recorded, usage_sent
 from tests.helpers import assert_eventually
 from tests.integration.test_agent_rework import commit_to_main

@@ -16,8 +16,8 @@ from nats.aio.client import Client
 from gt.model_server import ModelServer
 from services.witness.settings import WitnessSettings
 from services.witness.state import UsageMark
-from shared.config import TownConfig
-from shared.usage import TOKEN_FIELDS
+from shared.core.config import TownConfig
+from shared.model.usage import TOKEN_FIELDS
 from tests.claude_code import usage_recorded, usage_sent
 from tests.helpers import assert_eventually
 from tests.integration.test_claude_runtime import RUN_DEADLINE_S, polecat_story

@@ -19,8 +19,8 @@ from nats.aio.client import Client
 from services.mayor.service import MayorService
 from shared.bus.commands import LIVENESS_TIMEOUT_S
 from shared.bus.topology import evt_stream_config
-from shared.commands import COMMANDS
-from shared.config import TownConfig
+from shared.core.config import TownConfig
+from shared.model.commands import COMMANDS
 from tests.helpers import assert_eventually
 from tests.integration.test_mayor_service import run_mayor
 from tests.service_process import ServiceProcess

@@ -19,11 +19,11 @@ import psutil
 import pytest
 from nats.aio.client import Client
 
-from shared import git
-from shared.commands import MergeRequestSubmit
-from shared.config import TownConfig
-from shared.embedded import free_port
-from shared.tmux import Tmux
+from gt.embedded_nats import free_port
+from shared.core.config import TownConfig
+from shared.host import git
+from shared.host.tmux import Tmux
+from shared.model.commands import MergeRequestSubmit
 from tests.helpers import assert_eventually, wait_until
 from tests.integration.test_town import TownCli
 from tests.integration.test_witness import run_gt, started_session

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from gt.cli.common import EXIT_UNREACHABLE
-from shared.config import TownConfig
+from shared.core.config import TownConfig
 from tests.helpers import assert_eventually
 from tests.service_process import ServiceProcess
 

@@ -15,9 +15,9 @@ import pytest
 from nats.aio.client import Client
 
 from services.deacon.service import DeaconService
-from shared import ids
-from shared.config import TownConfig
-from shared.subjects import ServiceOrigin, SessionOrigin, split_origin
+from shared.core import ids
+from shared.core.config import TownConfig
+from shared.core.subjects import ServiceOrigin, SessionOrigin, split_origin
 from tests.command_fuzz import EMPTY_TOKEN_SUBJECTS, SUBJECTS, UNKNOWN_SUBJECTS, body_for, subject_for
 from tests.helpers import assert_eventually
 from tests.log_tools import outcomes

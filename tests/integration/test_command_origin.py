@@ -23,8 +23,8 @@ from nats.aio.msg import Msg
 from services.mayor.service import MayorService
 from shared.bus.connection import close_quietly
 from shared.bus.topology import ORIGIN_CUTOVER_KEY, origin_cutover
-from shared.config import TownConfig
-from shared.events import decode_envelope
+from shared.core.config import TownConfig
+from shared.model.events import decode_envelope
 from tests.drivers import send_and_wait
 from tests.helpers import assert_eventually
 from tests.integration.test_permissions import (  # noqa: F401 (fixtures)

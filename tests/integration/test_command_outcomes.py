@@ -11,14 +11,14 @@ from pathlib import Path
 import nats
 from nats.aio.client import Client
 
-from shared import ids, subjects
+from gt.embedded_nats import EmbeddedServer
 from shared.bus.commands import STORE_ACK_TIMEOUT_S, STORE_DEADLINE_S, read_outcome, send, store
 from shared.bus.topology import provision
-from shared.commands import BeadCreate
-from shared.config import TownConfig
-from shared.embedded import EmbeddedServer
-from shared.events import CommandAccepted, decode_envelope, encode_event
-from shared.results import BeadResult
+from shared.core import ids, subjects
+from shared.core.config import TownConfig
+from shared.model.commands import BeadCreate
+from shared.model.events import CommandAccepted, decode_envelope, encode_event
+from shared.model.results import BeadResult
 
 TS = datetime(2026, 11, 28, tzinfo=UTC)
 

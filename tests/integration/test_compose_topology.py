@@ -20,7 +20,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from shared.events import decode_envelope
+from shared.model.events import decode_envelope
 from tests.compose_stack import (
     USERS,
     Stack,

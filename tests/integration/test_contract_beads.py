@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from shared.errors import CommandError, QueryError
-from shared.events.beads import INFRA_TYPES
+from shared.core.errors import CommandError, QueryError
+from shared.model.events.beads import INFRA_TYPES
 from tests.drivers import Driver
 
 CREATE, UPDATE, CLAIM, CLOSE = (f"gt.cmd.bead.{v}" for v in ("create", "update", "claim", "close"))

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from shared.errors import CommandError, QueryError
-from shared.events import decode_envelope
+from shared.core.errors import CommandError, QueryError
+from shared.model.events import decode_envelope
 from tests.drivers import Driver, MemoryDriver, NatsDriver
 from tests.log_tools import read_all
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from shared.errors import CommandError
+from shared.core.errors import CommandError
 from tests.drivers import Driver
 
 SEND, READ, REPLY, ARCHIVE = (f"gt.cmd.mail.{v}" for v in ("send", "read", "reply", "archive"))

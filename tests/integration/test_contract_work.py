@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shared.errors import CommandError, QueryError
+from shared.core.errors import CommandError, QueryError
 from tests.drivers import Driver, events_on
 
 CREATE, CLOSE, CLAIM, SLING = "gt.cmd.bead.create", "gt.cmd.bead.close", "gt.cmd.bead.claim", "gt.cmd.bead.sling"

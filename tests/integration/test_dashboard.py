@@ -24,9 +24,9 @@ import pytest
 from nats.aio.client import Client
 from playwright.async_api import Browser, Page, async_playwright
 
-from shared.commands.escalations import EscalationRaise
-from shared.config import TownConfig
-from shared.embedded import EmbeddedServer, free_port
+from gt.embedded_nats import EmbeddedServer, free_port
+from shared.core.config import TownConfig
+from shared.model.commands.escalations import EscalationRaise
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually, connected
 from tests.witness_town import PolecatTown, polecat_town

@@ -20,17 +20,17 @@ import pytest
 import structlog
 from nats.aio.client import Client
 
+from gt.embedded_nats import EmbeddedServer
 from services.deacon.effects import disk_watch
 from services.deacon.plan import disk
 from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
 from services.deacon.state import DiskAlarmState
 from services.mayor.service import MayorService
-from shared import leases
+from shared.bus import lease_kv as leases
 from shared.bus.kv import Bucket
-from shared.config import TownConfig
-from shared.embedded import EmbeddedServer
-from shared.leases import LeaseLostError
+from shared.bus.lease_kv import LeaseLostError
+from shared.core.config import TownConfig
 from shared.service import Service, ServiceSettings
 from tests.drivers import send_and_wait
 from tests.helpers import assert_eventually

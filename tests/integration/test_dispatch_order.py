@@ -12,8 +12,8 @@ import pytest
 from nats.aio.client import Client
 
 from services.mayor.service import MayorService
-from shared.config import TownConfig
-from shared.events import decode_envelope
+from shared.core.config import TownConfig
+from shared.model.events import decode_envelope
 from tests.helpers import assert_eventually
 from tests.integration.test_cli import Gt
 from tests.integration.test_mayor_service import run_mayor

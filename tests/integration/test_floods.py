@@ -12,10 +12,10 @@ import msgspec
 import pytest
 from nats.js.client import JetStreamContext
 
-from shared import ids
 from shared.bus.connection import close_quietly, connect
-from shared.events import decode_envelope
-from shared.subjects import SessionOrigin, session_command_subject
+from shared.core import ids
+from shared.core.subjects import SessionOrigin, session_command_subject
+from shared.model.events import decode_envelope
 from tests.helpers import assert_eventually
 from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
     SecuredTown,

@@ -14,7 +14,7 @@ import msgspec
 
 from services.refinery.effects import gate_runs
 from services.refinery.effects.gate_watch import MARKER_VARIABLE, GateRecord, Leader, WatchSpec
-from shared import processes
+from shared.host import processes
 from tests.helpers import assert_eventually
 
 

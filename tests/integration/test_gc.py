@@ -31,12 +31,13 @@ from services.refinery.service import RefineryService
 from services.witness.projection import collectable
 from services.witness.projection import new_projection as witness_projection
 from services.witness.settings import WitnessSettings
-from shared import heartbeats, leases
+from shared.bus import lease_kv as leases
 from shared.bus.kv import Bucket
 from shared.bus.snapshots import SnapshotStore
-from shared.config import TownConfig
-from shared.projection import Projection
+from shared.core.config import TownConfig
+from shared.model import heartbeats
 from shared.service import Service
+from shared.service.projection import Projection
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of, fresh_replay
 from tests.witness_town import FAST, PolecatTown, polecat_town

@@ -1,6 +1,6 @@
 """A service's git never runs hooks or an fsmonitor a repository's config names, and whatever git does run (the
 target repository's own server-side hooks on a push) sees an allowlisted environment, never the service's NATS
-credentials or the town's secrets. Real git, the functions of ``shared.git`` the witness and the refinery use.
+credentials or the town's secrets. Real git, the functions of ``shared.host.git`` the witness and the refinery use.
 
 The attacks of the red-team report (turn 4): W1 (an agent sets ``core.hooksPath`` in the rig clone's config its
 worktree shares: the witness's ``git worktree add`` and fetches ran the hook with the witness's secrets) and G4/L11
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from shared import git
+from shared.host import git
 from tests.integration.test_gate_user import gate_user  # noqa: F401 (fixture)
 
 SECRETS = {

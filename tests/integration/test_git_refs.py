@@ -10,7 +10,7 @@ import pytest
 
 from gt import agent
 from services.refinery.effects import merger
-from shared import git
+from shared.host import git
 
 # Each is an option of the command it is given to: a worktree or branch made, a rebase onto something else.
 ORPHAN = "--orphan=pwned"

@@ -18,8 +18,8 @@ from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session
-from shared.config import TownConfig
-from shared.ids import hook_lease_name
+from shared.core.config import TownConfig
+from shared.core.ids import hook_lease_name
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of
 from tests.witness_town import FAST, PolecatTown, polecat_town

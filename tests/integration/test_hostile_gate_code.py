@@ -18,7 +18,7 @@ def test_a_hostile_gate_as_the_gate_user_cannot_make_a_later_changes_failing_gat
 
     from services.refinery.effects import merger
     from services.refinery.effects.gate_user import gate_user_environment, workspace
-    from shared.os_user import OsUser
+    from shared.host.os_user import OsUser
 
     assert os.geteuid() == 0, "run as root: it creates a gate user"
     name = f"gtrt{os.getpid()}"

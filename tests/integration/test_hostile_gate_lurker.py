@@ -19,8 +19,8 @@ import pytest
 from nats.aio.client import Client
 
 from services.refinery.state import MergeRequest
-from shared import git
-from shared.config import TownConfig
+from shared.core.config import TownConfig
+from shared.host import git
 from tests.helpers import assert_eventually
 from tests.integration.test_gate_user import gate_user  # noqa: F401 - the throwaway gate user fixture
 from tests.witness_town import IDENTITY, polecat_town

@@ -1,6 +1,6 @@
 """GT_AGENT_USER: a git the witness runs in an agent's workspace after the session ended (its clean-up's ``git
 status``) runs the agent's config, attributes and filters as the agent's user, and so under root's reaper
-(``shared.git._run``): a process a filter detaches (no GT_SESSION, working in /) ends with that git. Found by the
+(``shared.host.git._run``): a process a filter detaches (no GT_SESSION, working in /) ends with that git. Found by the
 red team (issue 39): before, it was in no reaper's tree and the witness's check before a worktree is reused did not
 find it.
 
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from services.witness.effects import leftovers
-from shared import git
+from shared.host import git
 
 
 def test_a_process_a_clean_filter_detaches_in_the_witness_clean_up_ends_with_its_git() -> None:

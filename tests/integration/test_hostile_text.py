@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from shared.config import TownConfig
+from shared.core.config import TownConfig
 from tests.helpers import assert_eventually
 from tests.integration.test_prime_mail import session_started
 from tests.witness_town import PolecatTown, polecat_town

@@ -14,10 +14,10 @@ from typing import Any
 import psutil
 import pytest
 
+from gt.embedded_nats import EmbeddedServer
 from shared.bus.connection import Connection, connect, connection_key
 from shared.bus.kept import CHECK_AFTER_S, KeptConnections
-from shared.config import TownConfig
-from shared.embedded import EmbeddedServer
+from shared.core.config import TownConfig
 from tests.integration.test_client_helper import Shell, helper_ready
 from tests.integration.test_client_helper import mayor as mayor
 from tests.integration.test_client_helper import runtime_dir as runtime_dir

@@ -19,7 +19,7 @@ from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
 from shared.bus.kv import Bucket
 from shared.bus.topology import provision
-from shared.config import TownConfig
+from shared.core.config import TownConfig
 from shared.plugins.settings import PLUGIN_BUCKET
 from shared.service import ServiceSettings
 from tests.helpers import assert_eventually

@@ -1,7 +1,7 @@
 """A dead agent leaves no process behind: a hostile agent's pane (tests/attacks/detach_pane.sh) detaches a writer
 with setsid and a double fork, ignoring SIGTERM and SIGHUP, that appends to a file in the worktree for ever; then its
 session dies. Before the bead's next session gets the worktree the writer is gone, and nothing is written after: by
-the pane's reaper (shared/reaper.py), or, where the agent killed its reaper first (a laptop town, where the reaper
+the pane's reaper (shared/host/reaper.py), or, where the agent killed its reaper first (a laptop town, where the reaper
 runs as the agent's own user), by the witness's scan before a worktree is reused (effects/leftovers.py)."""
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from nats.aio.client import Client
 
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session
-from shared import reaper
-from shared.config import TownConfig
+from shared.core.config import TownConfig
+from shared.host import reaper
 from tests.compose_stack import USERS, ComposeStack, running_stack
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually, wait_until

@@ -13,9 +13,9 @@ from nats.aio.client import Client
 from shared.bus.append import Appender, PendingEvent
 from shared.bus.commit import GroupCommitter
 from shared.bus.topology import provision
-from shared.config import TownConfig
-from shared.errors import AppendConflictError, AppendFailedError
-from shared.events import BeadClosed, BeadCreated, decode_envelope, encode_event
+from shared.core.config import TownConfig
+from shared.core.errors import AppendConflictError, AppendFailedError
+from shared.model.events import BeadClosed, BeadCreated, decode_envelope, encode_event
 
 TS = datetime(2026, 5, 1, tzinfo=UTC)
 

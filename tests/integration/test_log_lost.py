@@ -19,7 +19,7 @@ from gt.supervisor import read_state
 from gt.town_secrets import TownSecrets
 from shared.bus.connection import close_quietly
 from shared.bus.topology import provision
-from shared.errors import EXIT_LOG_LOST
+from shared.core.errors import EXIT_LOG_LOST
 from tests.helpers import assert_eventually, wait_until
 from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
     SecuredTown,

@@ -14,7 +14,7 @@ from nats.aio.client import Client
 
 from shared.bus.reader import EventReader
 from shared.bus.topology import provision
-from shared.config import TownConfig
+from shared.core.config import TownConfig
 from tests.helpers import assert_eventually
 
 

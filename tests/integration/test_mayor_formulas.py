@@ -9,8 +9,8 @@ import nats
 import pytest
 import pytest_asyncio
 
-from shared.config import TownConfig
-from shared.errors import CommandError, QueryError
+from shared.core.config import TownConfig
+from shared.core.errors import CommandError, QueryError
 from tests.drivers import NatsDriver, nats_driver
 
 

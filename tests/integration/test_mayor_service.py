@@ -17,11 +17,11 @@ from nats.aio.client import Client
 
 from services.mayor.projection import new_projection
 from services.mayor.service import MayorService
-from shared import ids
 from shared.bus.append import Appender, PendingEvent
 from shared.bus.snapshots import SnapshotStore
-from shared.config import TownConfig
-from shared.events import CommandAccepted, encode_event
+from shared.core import ids
+from shared.core.config import TownConfig
+from shared.model.events import CommandAccepted, encode_event
 from shared.service import ServiceSettings
 from tests.helpers import assert_eventually
 from tests.log_tools import SEEDED_RIGS, digest, fresh_replay, outcome_of, outcomes, read_all, seed_rigs
@@ -265,9 +265,9 @@ class TestIntakeRobustness:
     async def test_a_decide_bug_or_an_oversized_decision_is_rejected_and_the_mayor_keeps_serving(
         self, nc: Client, town: TownConfig
     ) -> None:
-        from shared.commands import BeadCreate, Command
-        from shared.decision import Accepted, DecideContext, NewEvent
-        from shared.events import BeadCreated
+        from shared.model.commands import BeadCreate, Command
+        from shared.model.decision import Accepted, DecideContext, NewEvent
+        from shared.model.events import BeadCreated
 
         class Flawed(MayorService):
             def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
@@ -408,7 +408,7 @@ class TestQueries:
         self, nc: Client, mayor: MayorService
     ) -> None:
         """docs/operating.md and README.md: `nats req gt.q.mayor.list '{"label": "backend"}'`, byte for byte; the
-        server decodes the body into the query's class (shared.queries.registry), which ignores unknown fields."""
+        server decodes the body into the query's class (shared.model.queries.registry), which ignores unknown fields."""
         await pub(nc, "gt.cmd.bead.create", {"title": "api", "labels": ["backend"]}, msg_id="req-1")
         await pub(nc, "gt.cmd.bead.create", {"title": "css", "labels": ["frontend"]}, msg_id="req-2")
         await outcome_of(nc, "req-1")
@@ -546,7 +546,7 @@ class TestLifecycle:
         assert swallowed == 1
 
     async def test_a_fatal_error_comes_out_of_run(self, nc: Client, town: TownConfig) -> None:
-        from shared.errors import NotProvisionedError  # the bus's words for nats-py's NotFoundError
+        from shared.core.errors import NotProvisionedError  # the bus's words for nats-py's NotFoundError
 
         service = MayorService(town, ServiceSettings(patrol_interval=0.2, idle_heartbeat=0.5))
         task = asyncio.create_task(service.run())

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from shared import git
-from shared.config import TownConfig
-from shared.ids import hook_lease_name
+from shared.core.config import TownConfig
+from shared.core.ids import hook_lease_name
+from shared.host import git
 from tests.helpers import assert_eventually
 from tests.integration.test_witness import started_session
 from tests.log_tools import events_of

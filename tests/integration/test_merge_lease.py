@@ -14,13 +14,13 @@ import pytest
 from nats.aio.client import Client
 
 from services.refinery.settings import RefinerySettings
-from shared import git
 from shared.bus.append import Appender
-from shared.config import TownConfig
-from shared.decision import NewEvent
-from shared.events import Event, LeaseAcquired, LeaseExpired
-from shared.ids import merge_lease_name
-from shared.intake import to_pending
+from shared.core.config import TownConfig
+from shared.core.ids import merge_lease_name
+from shared.host import git
+from shared.model.decision import NewEvent
+from shared.model.events import Event, LeaseAcquired, LeaseExpired
+from shared.service.intake import to_pending
 from tests.helpers import assert_eventually
 from tests.integration.test_refinery_batch import main_head, main_tree, mr_events, settled
 from tests.log_tools import events_of

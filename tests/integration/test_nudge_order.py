@@ -12,7 +12,7 @@ import pytest
 from nats.aio.client import Client
 
 from services.witness.settings import WitnessSettings
-from shared.config import TownConfig
+from shared.core.config import TownConfig
 from tests.helpers import assert_eventually
 from tests.witness_town import PolecatTown, polecat_town
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from shared.config import TownConfig
-from shared.embedded import EmbeddedServer
+from gt.embedded_nats import EmbeddedServer
+from shared.core.config import TownConfig
 from tests.drivers import send_and_wait
 from tests.helpers import assert_eventually, connected
 from tests.integration.test_mayor_service import run_mayor

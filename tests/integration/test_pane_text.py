@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from shared.config import TownConfig
+from shared.core.config import TownConfig
 from tests.drivers import send_and_wait
 from tests.helpers import assert_eventually
 from tests.integration.test_witness import started_session

@@ -21,6 +21,7 @@ import pytest
 import structlog
 from nats.aio.client import Client
 
+from gt.embedded_nats import EmbeddedServer
 from services.deacon.service import DeaconService
 from services.mayor.service import MayorService
 from services.plugins.archive_files import read_archive
@@ -29,23 +30,23 @@ from services.plugins.metrics import collect_live
 from services.refinery.service import RefineryService
 from services.witness.service import WitnessService
 from services.witness.settings import WitnessSettings
-from shared import git, subjects
 from shared.bus import commands as bus_commands
 from shared.bus.auth_callout import CalloutSettings, Responder, issuer_public, new_issuer_seed
 from shared.bus.connection import close_quietly, connect
 from shared.bus.permissions import guarded
 from shared.bus.query import ask
-from shared.commands import MergeRequestDone
-from shared.config import TownConfig
-from shared.embedded import EmbeddedServer
-from shared.errors import PermissionDeniedError
-from shared.events import BeadClosed, Envelope, Event
-from shared.ids import hook_lease_name
+from shared.core import subjects
+from shared.core.config import TownConfig
+from shared.core.errors import PermissionDeniedError
+from shared.core.ids import hook_lease_name
+from shared.core.subjects import SessionOrigin, session_inbox_prefix
+from shared.host import git
+from shared.model.commands import MergeRequestDone
+from shared.model.events import BeadClosed, Envelope, Event
+from shared.model.queries import Digest
+from shared.model.session_identity import SessionBuckets, mint
 from shared.plugins import Plugin, PluginSettings
-from shared.queries import Digest
 from shared.service import Service
-from shared.session_identity import SessionBuckets, mint
-from shared.subjects import SessionOrigin, session_inbox_prefix
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of

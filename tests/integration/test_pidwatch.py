@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 from services.witness.effects.pidwatch import ExitWatcher
-from shared import processes
+from shared.host import processes
 from tests.helpers import assert_eventually
 
 

@@ -26,8 +26,8 @@ from services.plugins.metrics import collect_live
 from shared.bus.connection import close_quietly
 from shared.bus.kv import Bucket
 from shared.bus.permissions import guarded
-from shared.errors import PermissionDeniedError
-from shared.events import Envelope, Event
+from shared.core.errors import PermissionDeniedError
+from shared.model.events import Envelope, Event
 from shared.plugins import PLUGIN_BUCKET, Plugin, PluginSettings
 from shared.plugins.settings import position_key
 from tests.helpers import assert_eventually

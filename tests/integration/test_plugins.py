@@ -37,9 +37,10 @@ from services.plugins.metrics import MetricsOptions, MetricsPlugin
 from shared.bus import log_read
 from shared.bus.append import Appender, PendingEvent
 from shared.bus.topology import create_kv, provision
-from shared.config import TownConfig
-from shared.errors import CommandError, NatsNotAnsweringError
-from shared.events import (
+from shared.core.config import TownConfig
+from shared.core.errors import CommandError, NatsNotAnsweringError
+from shared.core.subjects import event_subject
+from shared.model.events import (
     BeadClaimed,
     BeadClosed,
     BeadCreated,
@@ -56,7 +57,6 @@ from shared.events import (
 from shared.plugins import PLUGIN_BUCKET, Delivery, Plugin, PluginSettings, PluginStoppedError
 from shared.plugins.process import plugin_parser, run_plugin
 from shared.plugins.settings import position_key
-from shared.subjects import event_subject
 from tests.conftest import REPO_ROOT
 from tests.drivers import Driver, nats_driver
 from tests.helpers import assert_eventually

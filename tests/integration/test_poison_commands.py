@@ -17,9 +17,9 @@ from nats.aio.client import Client
 
 from services.deacon.service import DeaconService
 from services.mayor.service import MayorService
-from shared.commands import BeadCreate, Command
-from shared.config import TownConfig
-from shared.events import BeadCreated, encode_event
+from shared.core.config import TownConfig
+from shared.model.commands import BeadCreate, Command
+from shared.model.events import BeadCreated, encode_event
 from shared.service import ServiceSettings
 from tests.helpers import assert_eventually
 from tests.integration.test_deacon import FAST as DEACON_FAST

@@ -19,9 +19,9 @@ from nats.aio.client import Client
 
 from services.refinery.settings import RefinerySettings
 from services.witness.settings import WitnessSettings
-from shared import git
-from shared.config import TownConfig
-from shared.events import decode_envelope
+from shared.core.config import TownConfig
+from shared.host import git
+from shared.model.events import decode_envelope
 from tests.helpers import assert_eventually
 from tests.log_tools import read_all
 from tests.witness_town import PolecatTown, polecat_town

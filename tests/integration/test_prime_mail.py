@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from shared.config import TownConfig
+from shared.core.config import TownConfig
 from tests.helpers import assert_eventually
 from tests.witness_town import PolecatTown, polecat_town
 

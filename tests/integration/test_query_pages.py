@@ -12,8 +12,8 @@ from nats.aio.client import Client
 from bench.common import bead_history, bulk_load
 from shared.bus.query import ask_all, ask_json
 from shared.bus.topology import provision
-from shared.config import TownConfig
-from shared.queries import mayor
+from shared.core.config import TownConfig
+from shared.model.queries import mayor
 from tests.integration.test_cli import Gt
 from tests.integration.test_cli import gt as gt
 from tests.integration.test_mayor_service import run_mayor

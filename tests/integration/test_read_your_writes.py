@@ -22,11 +22,11 @@ from nats.aio.msg import Msg
 
 from services.mayor.service import MayorService
 from shared.bus.reader import EventReader
-from shared.config import TownConfig
-from shared.decision import NewEvent
-from shared.events import BeadCreated, decode_envelope
-from shared.intake import to_pending
+from shared.core.config import TownConfig
+from shared.model.decision import NewEvent
+from shared.model.events import BeadCreated, decode_envelope
 from shared.service import ServiceSettings
+from shared.service.intake import to_pending
 from tests.helpers import assert_eventually
 
 

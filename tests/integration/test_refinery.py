@@ -12,8 +12,8 @@ import pytest
 from nats.aio.client import Client
 
 from services.refinery.service import RefineryService
-from shared import git
-from shared.config import TownConfig
+from shared.core.config import TownConfig
+from shared.host import git
 from tests.helpers import assert_eventually
 from tests.integration.test_witness import run_gt
 from tests.log_tools import events_of

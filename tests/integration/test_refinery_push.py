@@ -21,10 +21,10 @@ from nats.aio.client import Client
 from services.refinery.service import RefineryService
 from services.refinery.settings import RefinerySettings
 from services.refinery.state import MergeRequest
-from shared import git
-from shared.commands import ConvoyCreate
-from shared.config import TownConfig
-from shared.events import decode_envelope
+from shared.core.config import TownConfig
+from shared.host import git
+from shared.model.commands import ConvoyCreate
+from shared.model.events import decode_envelope
 from tests.helpers import assert_eventually
 from tests.integration.test_refinery import STEPS, queue_paused
 from tests.log_tools import events_of, read_all

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from shared import git
-from shared.config import TownConfig
+from shared.core.config import TownConfig
+from shared.host import git
 from tests.integration.test_refinery_batch import main_tree, settled
 from tests.witness_town import PolecatTown, polecat_town
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
-from shared import git
-from shared.config import TownConfig
+from shared.core.config import TownConfig
+from shared.host import git
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of
 from tests.witness_town import IDENTITY, PolecatTown, polecat_town

@@ -12,10 +12,10 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 
-from shared import git
-from shared.config import TownConfig
-from shared.events import decode_envelope
-from shared.ids import hook_lease_name
+from shared.core.config import TownConfig
+from shared.core.ids import hook_lease_name
+from shared.host import git
+from shared.model.events import decode_envelope
 from tests.helpers import assert_eventually
 from tests.integration.test_cli import Gt, Run
 from tests.log_tools import read_all

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
+from gt.embedded_nats import EmbeddedServer, free_port
 from services.refinery.effects.gate_watch import MARKER_VARIABLE
 from services.refinery.state import MergeRequest
-from shared.config import TownConfig
-from shared.embedded import EmbeddedServer, free_port
+from shared.core.config import TownConfig
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually, wait_until
 from tests.integration.test_town import TownCli
@@ -247,7 +247,7 @@ async def test_a_service_started_on_its_own_creates_gt_home_private(
 
 SERVICE = """\
 import subprocess
-from shared.privacy import hide_environment
+from shared.host.privacy import hide_environment
 hidden = hide_environment()
 # A gate or an agent: a child of the service (a grandchild reads it the same way), the same OS user.
 read = subprocess.run(["sh", "-c", "cat /proc/$PPID/environ"], capture_output=True)
@@ -264,7 +264,7 @@ def as_plain_user() -> None:
 
 
 def test_a_services_environment_is_not_readable_by_what_it_starts(tmp_path: Path) -> None:
-    # A Python an unprivileged user may run (a root-only venv is not), importing shared.privacy from this tree.
+    # A Python an unprivileged user may run (a root-only venv is not), importing shared.host.privacy from this tree.
     python = "/usr/bin/python3" if os.getuid() == 0 and Path("/usr/bin/python3").exists() else sys.executable
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO_ROOT), "NATS_PASSWORD": "s3cret-service-password"}
     done = subprocess.run(

@@ -22,7 +22,7 @@ import pytest
 
 from services.deacon.automations.runner import AUTOMATION_BASE_ENV
 from shared.bus import auth_callout
-from shared.config import TownConfig
+from shared.core.config import TownConfig
 from tests.helpers import wait_until
 from tests.service_process import ManagedProcess
 

@@ -27,10 +27,10 @@ from shared.bus.connection import close_quietly, connect
 from shared.bus.kv import Bucket
 from shared.bus.permissions import guarded
 from shared.bus.topology import provision
-from shared.errors import NatsUnavailableError, PermissionDeniedError
-from shared.ids import hook_lease_name
-from shared.session_identity import AGENT_COMMANDS
-from shared.subjects import SessionOrigin, session_command_subject
+from shared.core.errors import NatsUnavailableError, PermissionDeniedError
+from shared.core.ids import hook_lease_name
+from shared.core.subjects import SessionOrigin, session_command_subject
+from shared.model.session_identity import AGENT_COMMANDS
 from tests.helpers import assert_eventually
 from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
     SecuredTown,

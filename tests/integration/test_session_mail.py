@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from services.witness.state import Session
-from shared.subjects import SessionOrigin
+from shared.core.subjects import SessionOrigin
 from tests.helpers import assert_eventually
 from tests.integration.test_command_origin import use_the_witness_identity
 from tests.integration.test_permissions import (  # noqa: F401 (fixtures)

@@ -13,9 +13,9 @@ from nats.aio.client import Client
 from gt.cli.common import EXIT_UNREACHABLE
 from shared.bus.query import ask_json
 from shared.bus.topology import provision
-from shared.config import TownConfig
-from shared.errors import QueryError
-from shared.queries import mayor
+from shared.core.config import TownConfig
+from shared.core.errors import QueryError
+from shared.model.queries import mayor
 from tests.integration.test_cli import Gt
 from tests.integration.test_cli import gt as gt
 from tests.integration.test_mayor_service import run_mayor

@@ -20,9 +20,9 @@ import pytest
 from nats.aio.client import Client
 
 from services.witness.state import Session
-from shared import subjects
-from shared.config import TownConfig
-from shared.events import decode_envelope
+from shared.core import subjects
+from shared.core.config import TownConfig
+from shared.model.events import decode_envelope
 from tests.drivers import send_and_wait
 from tests.helpers import assert_eventually
 from tests.log_tools import read_all

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from gt.embedded_nats import SERVER_CONFIG, EmbeddedServer, find_server_binary, free_port, write_config
 from shared.bus.auth_callout import issuer_public, load_settings
-from shared.embedded import SERVER_CONFIG, EmbeddedServer, find_server_binary, free_port, write_config
 from tests.compose_stack import compose_config, nats_nodes
 from tests.conftest import REPO_ROOT
 from tests.helpers import wait_until

@@ -15,8 +15,8 @@ from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
 from services.refinery.service import RefineryService
 from services.refinery.settings import RefinerySettings
-from shared import git
-from shared.config import TownConfig
+from shared.core.config import TownConfig
+from shared.host import git
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of, outcomes
 from tests.witness_town import FAST, PolecatTown, polecat_town

@@ -25,18 +25,18 @@ import psutil
 import pytest
 from nats.aio.client import Client
 
+from gt.embedded_nats import EmbeddedServer
 from services.deacon.service import DeaconService
 from services.deacon.settings import DeaconSettings
 from services.mayor.service import MayorService
 from services.witness.state import WitnessState
-from shared import activity, heartbeats
-from shared.activity import Holder, Timing
-from shared.config import TownConfig
-from shared.embedded import EmbeddedServer
-from shared.errors import ActivityLostError
-from shared.events import Envelope, decode_envelope
+from shared.core.config import TownConfig
+from shared.core.errors import ActivityLostError
+from shared.core.subjects import DEFAULT_ACTIVE_BUCKET, DEFAULT_SERVICE_BUCKET
+from shared.model import activity, heartbeats
+from shared.model.activity import Holder, Timing
+from shared.model.events import Envelope, decode_envelope
 from shared.service import ServiceSettings
-from shared.subjects import DEFAULT_ACTIVE_BUCKET, DEFAULT_SERVICE_BUCKET
 from tests.chaos.test_witness_chaos import replayed, sessions_of, wait_converged
 from tests.drivers import send_and_wait
 from tests.helpers import assert_eventually, connected

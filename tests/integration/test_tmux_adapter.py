@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.tmux import Tmux
+from shared.host.tmux import Tmux
 from tests.helpers import wait_until
 
 

@@ -21,8 +21,8 @@ from shared.bus.topology import (
     evt_stream_config,
     provision,
 )
-from shared.config import TownConfig
-from shared.errors import StreamConfigMismatchError
+from shared.core.config import TownConfig
+from shared.core.errors import StreamConfigMismatchError
 from tests.helpers import assert_eventually
 
 

@@ -22,9 +22,9 @@ from nats.aio.client import Client
 
 from gt.supervisor import read_state
 from gt.town_secrets import operator_login
-from shared import processes
-from shared.config import TownConfig
-from shared.tmux import Tmux
+from shared.core.config import TownConfig
+from shared.host import processes
+from shared.host.tmux import Tmux
 from tests.helpers import wait_until
 from tests.log_tools import events_of, outcomes, read_all
 from tests.witness_town import make_origin

@@ -7,8 +7,8 @@ from pathlib import Path
 from nats.aio.client import Client
 
 from services.witness.settings import WitnessSettings
-from shared.config import TownConfig, town_mark
-from shared.tmux import Tmux
+from shared.core.config import TownConfig, town_mark
+from shared.host.tmux import Tmux
 from tests.conftest import _embedded_server
 from tests.helpers import assert_eventually, connected
 from tests.witness_town import polecat_town

@@ -20,12 +20,12 @@ import pytest
 from nats.aio.client import Client
 
 from services.witness.settings import WitnessSettings
-from shared import git, processes
 from shared.bus.append import Appender
-from shared.config import TownConfig
-from shared.decision import NewEvent
-from shared.events import MoleculeAttached, SessionRequested, SessionStarted, StepCompleted, decode_envelope
-from shared.intake import to_pending
+from shared.core.config import TownConfig
+from shared.host import git, processes
+from shared.model.decision import NewEvent
+from shared.model.events import MoleculeAttached, SessionRequested, SessionStarted, StepCompleted, decode_envelope
+from shared.service.intake import to_pending
 from tests.helpers import assert_eventually
 from tests.log_tools import read_all
 from tests.witness_town import PolecatTown, polecat_town

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared import activity
-from shared.activity import Holder, Seen, Take, Timing, Wait
-from shared.entrypoint import _active_ttl
+from shared.model import activity
+from shared.model.activity import Holder, Seen, Take, Timing, Wait
+from shared.service.entrypoint import _active_ttl
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TTL = 6.0

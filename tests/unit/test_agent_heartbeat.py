@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta, timezone
 
-from shared import heartbeats
+from shared.model import heartbeats
 
 NOW = datetime(2026, 11, 29, 13, 24, 25, 123456, tzinfo=UTC)
 

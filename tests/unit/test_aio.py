@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from shared.aio import KeyedLocks, pause, raise_if_cancelling, wait_event
+from shared.core.aio import KeyedLocks, pause, raise_if_cancelling, wait_event
 
 
 async def test_wait_event_reports_set_or_timed_out() -> None:

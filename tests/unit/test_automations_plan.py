@@ -14,10 +14,11 @@ from services.deacon.automations.definitions import Automation, InvalidAutomatio
 from services.deacon.automations.plan import CheckResult, SendCommand, Settle, StartExec
 from services.deacon.automations.projection import fold
 from services.deacon.automations.state import HISTORY, AutomationState, command_id
-from shared.commands import AutomationRun, BeadClose, BeadCreate
-from shared.decision import DecideContext
-from shared.errors import CommandError
-from shared.events import (
+from shared.core.errors import CommandError
+from shared.core.subjects import event_subject
+from shared.model.commands import AutomationRun, BeadClose, BeadCreate
+from shared.model.decision import DecideContext
+from shared.model.events import (
     AutomationCompleted,
     AutomationFailed,
     AutomationFired,
@@ -29,8 +30,7 @@ from shared.events import (
     RigAdded,
     encode_event,
 )
-from shared.projection import Projection
-from shared.subjects import event_subject
+from shared.service.projection import Projection
 
 T0 = datetime(2026, 5, 4, 9, 0, 20, tzinfo=UTC)  # a Monday
 ME = "deacon-1-aaaaaa"

@@ -11,7 +11,7 @@ import nats.js.errors
 import pytest
 
 from shared.bus.errors import map_errors, retryable, translate
-from shared.errors import (
+from shared.core.errors import (
     BusError,
     BusTimeoutError,
     ConnectionLostError,

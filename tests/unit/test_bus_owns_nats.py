@@ -21,7 +21,7 @@ ENTRY_POINTS = frozenset(
     }
 )
 """Files outside the bus allowed to import nats. The services' entry points (``services/*/__main__.py``,
-``shared/entrypoint.py``) and the CLI's (``gt/cli/main.py``) do not need to: they go through the bus too."""
+``shared/service/entrypoint.py``) and the CLI's (``gt/cli/main.py``) do not need to: they go through the bus too."""
 
 
 def nats_imports(path: Path) -> list[str]:
@@ -175,5 +175,5 @@ def test_nothing_outside_the_bus_catches_a_class_of_nats() -> None:
             where = str(path.relative_to(ROOT))
             if not where.startswith(BUS):
                 out += [f"{where}:{line}" for line in nats_catches(path)]
-    assert out == [], "catch the project's errors (shared.errors: BusError and its subclasses)"
+    assert out == [], "catch the project's errors (shared.core.errors: BusError and its subclasses)"
     assert nats_catches(ROOT / "shared/bus/append.py"), "the scan sees the bus's own catches"

@@ -12,11 +12,11 @@ from gt.cli.mail import sent_lines
 from gt.cli.rigs import _update_line
 from services.mayor.decide import beads as decide_beads
 from services.mayor.decide import mail as decide_mail
-from shared.commands import BeadCreate, BeadUpdate, ConvoyCreate, EscalationRaise, MailSend
-from shared.decision import DecideContext
-from shared.errors import CommandError
-from shared.events import BeadCreated
-from shared.results import RigResult
+from shared.core.errors import CommandError
+from shared.model.commands import BeadCreate, BeadUpdate, ConvoyCreate, EscalationRaise, MailSend
+from shared.model.decision import DecideContext
+from shared.model.events import BeadCreated
+from shared.model.results import RigResult
 from tests.unit.test_prime_mail_pure import STATE_EVENTS, T0, mayor_state, session
 
 _drawn = itertools.count()

@@ -1,7 +1,7 @@
 """What `gt` says and exits with when an error ends a call (gt/cli/main.py, one ``except``): the error's own
-``exit_code`` and ``hint`` (shared/errors.py), word for word as before the ladder became one branch. The integration
-tests reach some of these through a real town (tests/integration/test_cli.py: 2, 3 unreachable, 3 not provisioned,
-1 refused; test_permissions.py: 4); here every path, each error raised where the command would have run."""
+``exit_code`` and ``hint`` (shared/core/errors.py), word for word as before the ladder became one branch. The
+integration tests reach some of these through a real town (tests/integration/test_cli.py: 2, 3 unreachable, 3 not
+provisioned, 1 refused; test_permissions.py: 4); here every path, each error raised where the command would have run."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from gt.cli.polecats import DoneError
 from services.deacon.automations.cron import CronError
 from services.witness.effects.runtime_setup import RuntimeUnavailableError
 from shared.bus.auth_callout import BadRequestError
-from shared.config import TownConfig
-from shared.errors import (
+from shared.core.config import TownConfig
+from shared.core.errors import (
     STORAGE_FULL_HINT,
     AppendFailedError,
     AppendTimeoutError,

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from gt import narration as narrate
 from gt.cli import main as cli_main
 from gt.cli import render, town_view
 from gt.cli.colour import Palette, wanted
@@ -17,9 +18,8 @@ from gt.cli.main import build_parser
 from gt.cli.polecats import mq_order
 from gt.cli.rigs import park_line, unsling_line
 from gt.story import merge_by_seq
-from shared import narration as narrate
-from shared.events import REGISTRY
-from shared.results import RigResult, SlingResult
+from shared.model.events import REGISTRY
+from shared.model.results import RigResult, SlingResult
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.commands import COMMANDS, Command, peek_body_fields, read_command
-from shared.errors import CommandError
-from shared.intake import Delivery
+from shared.core.errors import CommandError
+from shared.model.commands import COMMANDS, Command, peek_body_fields, read_command
+from shared.service.intake import Delivery
 from tests.command_fuzz import (
     EMPTY_TOKEN_SUBJECTS,
     REASON_CODES,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from shared.bus.topology import COMMAND_OWNERS, command_filters, owner_of
-from shared.commands import (
+from shared.model.commands import (
     COMMANDS,
     AutomationRun,
     BeadClaim,
@@ -41,8 +41,8 @@ from shared.commands import (
     StepDone,
     StepStart,
 )
-from shared.commands.base import ScopeRef
-from shared.commands.rigs import mr_id_for
+from shared.model.commands.base import ScopeRef
+from shared.model.commands.rigs import mr_id_for
 
 HEAD = "a" * 40
 SERVICES = {"mayor", "witness", "refinery", "deacon"}

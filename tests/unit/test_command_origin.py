@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from shared import ids
-from shared.errors import CommandError
-from shared.intake import Delivery, Sender, command_actor
-from shared.intake.rate_limit import ClassLimits, Limit, RateLimiter, RateSettings
-from shared.subjects import ServiceOrigin, SessionOrigin
+from shared.core import ids
+from shared.core.errors import CommandError
+from shared.core.subjects import ServiceOrigin, SessionOrigin
+from shared.service.intake import Delivery, Sender, command_actor
+from shared.service.intake.rate_limit import ClassLimits, Limit, RateLimiter, RateSettings
 
 ACE = SessionOrigin("demo", "ace", "hq-a-1")
 MAX = 1024 * 1024

@@ -10,7 +10,7 @@ import pytest
 
 from services.refinery.state import MergeRequest
 from shared.bus.commands import Outcome, read_payload
-from shared.commands import (
+from shared.model.commands import (
     COMMANDS,
     BeadCreate,
     BeadSling,
@@ -25,10 +25,10 @@ from shared.commands import (
     SessionRecoverHook,
     StepDone,
 )
-from shared.commands.base import result_type
-from shared.events import CommandAccepted, CommandRejected
-from shared.lease_state import Lease
-from shared.results import UNSET, BeadResult, LeaseResult, MrResult, Result, SlingResult
+from shared.model.commands.base import result_type
+from shared.model.events import CommandAccepted, CommandRejected
+from shared.model.leases import Lease
+from shared.model.results import UNSET, BeadResult, LeaseResult, MrResult, Result, SlingResult
 
 # Outcomes as the services wrote them while results were dicts (the keys each decision put in, in its order).
 OLD_OUTCOMES: list[tuple[type[Command[Any]], dict[str, Any]]] = [

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from shared.commands import (
+from shared.core.errors import CommandError
+from shared.model.commands import (
     DEFAULT_MAX_COMMAND_BYTES,
     BeadClaim,
     BeadClose,
@@ -15,7 +16,6 @@ from shared.commands import (
     parse_command,
     peek_body_fields,
 )
-from shared.errors import CommandError
 
 
 def _parse(subject: str, body: object) -> object:

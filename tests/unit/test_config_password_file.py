@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import load
+from shared.core.config import load
 
 
 def test_the_password_is_read_from_the_file_named(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from typing import Any, cast
 import pytest
 
 from gt.dashboard.server import Dashboard
-from shared.config import TownConfig
+from shared.core.config import TownConfig
 
 
 def dashboard(host: str = "127.0.0.1", allowed: tuple[str, ...] = ()) -> Dashboard:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gt.dashboard import view
-from shared.events import BeadClosed, BeadCreated, ConvoyClosed, ConvoyCreated, Event, encode_event
+from shared.model.events import BeadClosed, BeadCreated, ConvoyClosed, ConvoyCreated, Event, encode_event
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 

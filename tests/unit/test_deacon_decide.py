@@ -13,10 +13,11 @@ from services.deacon import decide as deacon_decide
 from services.deacon.plan import hooks
 from services.deacon.projection import new_projection
 from services.deacon.state import DeaconState
-from shared.commands import AutomationRun, BeadClose, GcSweep, LeaseAcquire, LeaseRelease
-from shared.decision import Accepted, DecideContext
-from shared.errors import CommandError
-from shared.events import (
+from shared.core.errors import CommandError
+from shared.core.ids import hook_lease_name
+from shared.model.commands import AutomationRun, BeadClose, GcSweep, LeaseAcquire, LeaseRelease
+from shared.model.decision import Accepted, DecideContext
+from shared.model.events import (
     BeadClaimed,
     BeadCreated,
     BeadSlung,
@@ -27,7 +28,6 @@ from shared.events import (
     ServiceDown,
     ServiceUp,
 )
-from shared.ids import hook_lease_name
 from tests.memory_log import MemoryLog
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

@@ -10,7 +10,7 @@ from services.deacon import settings as deacon_settings
 from services.deacon.plan.disk import SOURCE, CloseAlarm, Measurement, RaiseAlarm, plan
 from services.deacon.projection import fold_disk as fold
 from services.deacon.state import DiskAlarmState
-from shared.events import Envelope, EscalationClosed, EscalationRaised
+from shared.model.events import Envelope, EscalationClosed, EscalationRaised
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

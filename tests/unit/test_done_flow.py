@@ -1,11 +1,12 @@
-"""The `gt done` saga's steps (``shared/done_flow.py``), as `gt done` and the witness both build them."""
+"""The `gt done` saga's steps (``shared/model/done_flow.py``), as `gt done` and the witness both build them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from shared import done_flow, ids
-from shared.commands import Fence, MergeRequestDone, SessionDoneIntentCmd, SessionFinish
+from shared.core import ids
+from shared.model import done_flow
+from shared.model.commands import Fence, MergeRequestDone, SessionDoneIntentCmd, SessionFinish
 
 HEAD = "0123456789abcdef0123456789abcdef01234567"
 

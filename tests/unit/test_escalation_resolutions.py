@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from services.mayor.state import MayorState
-from shared.events import (
+from shared.model.events import (
     Event,
     MergeRequestMerged,
     ServiceDown,

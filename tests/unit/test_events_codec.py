@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 import msgspec
 import pytest
 
-from shared.errors import EventDecodeError, UnknownEventTypeError
-from shared.events import (
+from shared.core.errors import EventDecodeError, UnknownEventTypeError
+from shared.model.events import (
     REGISTRY,
     AutomationCompleted,
     AutomationFailed,
@@ -77,7 +77,7 @@ from shared.events import (
     decode_envelope,
     encode_event,
 )
-from shared.usage import ModelUsage
+from shared.model.usage import ModelUsage
 
 TS = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 

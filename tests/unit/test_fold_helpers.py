@@ -1,6 +1,6 @@
-"""The helpers every projection's handlers are written with (shared/projection.py: touch, advance), a bead's
-status rule (shared/events/beads.py: forward) and the one rig record the witness and the refinery keep
-(shared/rig_state.py)."""
+"""The helpers every projection's handlers are written with (shared/service/projection.py: touch, advance), a bead's
+status rule (shared/model/events/beads.py: forward) and the one rig record the witness and the refinery keep
+(shared/model/rigs.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import msgspec
 
 from services.refinery.projection import new_projection as new_refinery_projection
 from services.witness.projection import new_projection as new_witness_projection
-from shared.events import RigAdded, RigMassDeath, RigParked, RigRemoved, RigUnparked, RigUpdated
-from shared.events.beads import BEAD_STATUSES, forward
-from shared.projection import advance, touch
+from shared.model.events import RigAdded, RigMassDeath, RigParked, RigRemoved, RigUnparked, RigUpdated
+from shared.model.events.beads import BEAD_STATUSES, forward
+from shared.model.fold import advance, touch
 from tests.memory_log import MemoryLog
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.formulas import FormulaError, cook, parse_formula
-from shared.formulas.catalog import BUILTIN_DIR, FormulaCatalog
+from shared.model.formulas import FormulaError, cook, parse_formula
+from shared.model.formulas.catalog import BUILTIN_DIR, FormulaCatalog
 
 GOOD = """
 formula = "ship"

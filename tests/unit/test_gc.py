@@ -27,13 +27,15 @@ from services.witness.plan import Observed
 from services.witness.plan.spawns import held_names
 from services.witness.projection import new_projection as witness_projection
 from services.witness.state import WitnessState
-from shared import heartbeats
+from shared.bus.lease_kv import Renewal
 from shared.bus.topology import owner_of
-from shared.commands import GcSweep, MergeRequestRetry, parse_command
-from shared.config import TownConfig
-from shared.decision import DecideContext
-from shared.errors import CommandError, QueryError
-from shared.events import (
+from shared.core.config import TownConfig
+from shared.core.errors import CommandError, QueryError
+from shared.core.ids import hook_lease_name
+from shared.model import heartbeats
+from shared.model.commands import GcSweep, MergeRequestRetry, parse_command
+from shared.model.decision import DecideContext
+from shared.model.events import (
     AutomationCompleted,
     AutomationFired,
     BeadClosed,
@@ -64,10 +66,8 @@ from shared.events import (
     SessionRequested,
     SessionStarted,
 )
-from shared.ids import hook_lease_name
-from shared.leases import Renewal
-from shared.projection import Projection
-from shared.queries import mayor, refinery
+from shared.model.queries import mayor, refinery
+from shared.service.projection import Projection
 from tests.mayor_town import mayor_town
 from tests.memory_log import MemoryLog
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared import ids, subjects
 from shared.bus.topology import CATCH_ALL_SERVICE, command_filters, owner_of
+from shared.core import ids, subjects
 
 
 class TestIds:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any, cast
 
 from shared.bus.connection import Connection
-from shared.commands import BeadCreate
-from shared.commands.actors import is_service, may_act_for, reserved, sub_actors_of
-from shared.errors import CommandError
-from shared.intake import Delivery
-from shared.intake.poison import Poison
-from shared.intake.rate_limit import ClassLimits, Limit, RateLimiter, RateSettings, admit
+from shared.core.errors import CommandError
+from shared.model.commands import BeadCreate
+from shared.model.commands.actors import is_service, may_act_for, reserved, sub_actors_of
+from shared.service.intake import Delivery
+from shared.service.intake.poison import Poison
+from shared.service.intake.rate_limit import ClassLimits, Limit, RateLimiter, RateSettings, admit
 
 MAX = 1024 * 1024
 

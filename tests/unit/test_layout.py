@@ -62,7 +62,7 @@ def test_the_witness_finds_the_checkout_it_runs_from() -> None:
 
 SERVICE_PY_MAX_LINES = 250
 """``service.py`` is wiring: the base's hooks handed on to the pure modules and the effects."""
-BUILDING_MODULES = ("shared.commands", "shared.events")
+BUILDING_MODULES = ("shared.model.commands", "shared.model.events")
 """A class from these, called, is a command or an event built: the pure modules decide those, not the wiring."""
 INIT_STATEMENTS = (ast.Import, ast.ImportFrom)
 
@@ -77,7 +77,8 @@ def _within(module: str, package: str) -> bool:
 
 def built_in(tree: ast.Module) -> list[str]:
     """``line: name`` of every event or command built in ``tree``: a call of ``NewEvent`` or of a class imported
-    from ``shared.commands``/``shared.events`` (by name, or through the module: ``commands.BeadClose(...)``)."""
+    from ``shared.model.commands``/``shared.model.events`` (by name, or through the module:
+    ``commands.BeadClose(...)``)."""
     classes: dict[str, str] = {}
     modules: dict[str, str] = {}
     for node in ast.walk(tree):
@@ -90,7 +91,7 @@ def built_in(tree: ast.Module) -> list[str]:
                         classes[alias.asname or alias.name] = full
                 elif full in BUILDING_MODULES:
                     modules[alias.asname or alias.name] = full
-                if full == "shared.decision.NewEvent":
+                if full == "shared.model.decision.NewEvent":
                     classes[alias.asname or alias.name] = full
         elif isinstance(node, ast.Import):
             for alias in node.names:
@@ -187,9 +188,9 @@ def test_the_content_checks_see_what_they_look_for() -> None:
     # They would pass vacuously if the walks missed the forms the code uses.
     wiring = ast.parse(
         "from shared import commands\n"
-        "from shared.commands import BeadClose, Command, parse_command\n"
-        "from shared.decision import NewEvent\n"
-        "from shared.events import ServiceUp\n"
+        "from shared.model.commands import BeadClose, Command, parse_command\n"
+        "from shared.model.decision import NewEvent\n"
+        "from shared.model.events import ServiceUp\n"
         "def f(cmd: Command) -> None:\n"
         "    NewEvent(payload=ServiceUp(service='a', instance='b'), expected_seq=0)\n"
         "    BeadClose(id='x')\n"

@@ -1,4 +1,4 @@
-"""The one lease record and its fold (shared/lease_state.py): every service keeps the leases it cares about as the
+"""The one lease record and its fold (shared/model/leases.py): every service keeps the leases it cares about as the
 same record, moved by the same rules, and appends the same events to move them."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 from services.deacon.projection import new_projection as new_deacon_projection
 from services.refinery.projection import new_projection as new_refinery_projection
 from services.witness.projection import new_projection as new_witness_projection
-from shared.events import LeaseAcquired, LeaseExpired, LeaseReleased, decode_envelope
-from shared.ids import hook_lease_name, merge_lease_name
-from shared.lease_state import Lease, Renewal, acquisition, due_to_expire, expiry, fold_lease, release
+from shared.core.ids import hook_lease_name, merge_lease_name
+from shared.model.events import LeaseAcquired, LeaseExpired, LeaseReleased, decode_envelope
+from shared.model.leases import Lease, Renewal, acquisition, due_to_expire, expiry, fold_lease, release
 from tests.memory_log import MemoryLog
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 from services.deacon.plan.liveness import Policy, family_down, plan
 from services.deacon.projection import fold_liveness as fold
 from services.deacon.state import LivenessState
-from shared.events import Event, ServiceDown, ServiceStopped, ServiceUp, encode_event
-from shared.heartbeats import ServiceHeartbeat, decode, encode
-from shared.projection import Projection
+from shared.model.events import Event, ServiceDown, ServiceStopped, ServiceUp, encode_event
+from shared.model.heartbeats import ServiceHeartbeat, decode, encode
+from shared.service.projection import Projection
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 POLICY = Policy(stale_after_s=3, startup_grace_s=10, escalate_after_s=60, expected=("mayor", "witness"))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from gt import narration as narrate
 from gt.cli import render
 from services.mayor import plan
 from services.mayor.state import convoy_waves
-from shared import narration as narrate
-from shared.events import REGISTRY, BeadSlung, RigRemoved, decode_envelope
+from shared.model.events import REGISTRY, BeadSlung, RigRemoved, decode_envelope
 from tests.mayor_town import mayor_town
 
 CREATE, UPDATE, CLOSE, SLING = "gt.cmd.bead.create", "gt.cmd.bead.update", "gt.cmd.bead.close", "gt.cmd.bead.sling"

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from services.mayor.service import MayorService
-from shared.commands import BeadSling
-from shared.config import TownConfig
-from shared.decision import DecideContext
-from shared.events import MoleculeAttached
-from shared.formulas.catalog import FormulaCatalog
-from shared.formulas.compile import parse_formula
+from shared.core.config import TownConfig
+from shared.model.commands import BeadSling
+from shared.model.decision import DecideContext
+from shared.model.events import MoleculeAttached
+from shared.model.formulas.catalog import FormulaCatalog
+from shared.model.formulas.compile import parse_formula
 from tests.mayor_town import mayor_town
 from tests.memory_log import T0
 

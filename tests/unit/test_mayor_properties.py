@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from services.mayor.projection import new_projection
 from services.mayor.state import STATUS_RANK, STEP_RANK, MayorState
-from shared.errors import CommandError
+from shared.core.errors import CommandError
 from tests.mayor_town import mayor_town
 from tests.memory_log import MemoryTown
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from services.mayor.state import MayorState
-from shared.errors import CommandError
-from shared.events import RigParked, RigRemoved
+from shared.core.errors import CommandError
+from shared.model.events import RigParked, RigRemoved
 from tests.mayor_town import add_rigs, mayor_town
 from tests.memory_log import MemoryTown
 

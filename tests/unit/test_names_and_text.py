@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.commands.rigs import check_branch
-from shared.errors import CommandError
-from shared.tmux import typeable
+from shared.core.errors import CommandError
+from shared.host.tmux import typeable
+from shared.model.commands.rigs import check_branch
 
 
 @pytest.mark.parametrize("name", ["main", "polecat/ace/demo-1", "release/1.0", "feature_x-2", "v1.2.3"])

@@ -7,7 +7,7 @@ import re
 import subprocess
 import tomllib
 
-from shared.embedded import find_server_binary
+from gt.embedded_nats import find_server_binary
 from tests.conftest import REPO_ROOT
 
 

@@ -49,3 +49,24 @@ def test_the_dashboard_does_not_import_the_cli() -> None:
 def test_the_walk_sees_imports_inside_functions() -> None:
     # The guard would pass vacuously if the walk missed lazy imports: the CLI imports the supervisor lazily.
     assert ("gt/cli/main.py", "gt.supervisor") in set(imports_of("gt/cli"))
+
+
+# The library's layers, bottom first (docs/architecture.md, "The library's layers"): a module imports only its own
+# layer and the ones below it, so the pure model never reaches the bus or the host, and the bottom never reaches up.
+LAYERS = ("core", "model", "host", "bus", "service", "plugins")
+
+
+def test_the_librarys_layers_import_only_downward() -> None:
+    upward = []
+    for layer in LAYERS:
+        for where, module in imports_of(f"shared/{layer}"):
+            if within(module, "shared") and module.count(".") >= 1:
+                target = module.split(".")[1]
+                if target in LAYERS and LAYERS.index(target) > LAYERS.index(layer):
+                    upward.append(f"{where}: {module}")
+    assert upward == []
+
+
+def test_the_library_is_its_layers_and_nothing_else() -> None:
+    entries = {p.name for p in (ROOT / "shared").iterdir() if p.name not in {"__init__.py", "__pycache__"}}
+    assert entries == set(LAYERS)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shared.bus.permissions import PermissionWatch, parse_violation, restore_case
-from shared.errors import PermissionDeniedError
+from shared.core.errors import PermissionDeniedError
 
 
 def test_a_refused_publish_names_subject_user_and_operation() -> None:

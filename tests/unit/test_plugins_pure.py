@@ -25,8 +25,8 @@ from services.plugins.metrics_state import (
     render,
 )
 from shared.bus.topology import PLUGIN_MARK_TTL_S
-from shared.errors import UnknownEventTypeError
-from shared.events import (
+from shared.core.errors import UnknownEventTypeError
+from shared.model.events import (
     REGISTRY,
     BeadClaimed,
     BeadClosed,

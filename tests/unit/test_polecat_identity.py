@@ -10,10 +10,10 @@ import pytest
 from gt.cli.identity import default_actor, session_actor, session_origin
 from services.witness.effects.agent_env import polecat_git_env
 from services.witness.state import Rig
-from shared import subjects
 from shared.bus.commands import subject_of
-from shared.commands import Command, MailSend, RigAdd, StepDone
-from shared.errors import CommandError
+from shared.core import subjects
+from shared.core.errors import CommandError
+from shared.model.commands import Command, MailSend, RigAdd, StepDone
 
 SESSION = {"GT_SESSION": "gt-abc-2", "GT_RIG": "demo", "GT_POLECAT": "ace", "GT_BEAD": "gt-abc"}
 

@@ -15,9 +15,10 @@ from services.mayor.state import MayorState
 from services.witness.plan.actions import NudgeMail, Spawn
 from services.witness.queries import answer
 from services.witness.state import mail_nudge_id
-from shared.commands.mail import normalise_address
-from shared.errors import CommandError
-from shared.events import (
+from shared.core.errors import CommandError
+from shared.host.tmux import TAIL_CHARS, TAIL_LINE_CHARS, clean_tail
+from shared.model.commands.mail import normalise_address
+from shared.model.events import (
     BeadClosed,
     BeadCreated,
     BeadUpdated,
@@ -30,8 +31,7 @@ from shared.events import (
     SessionRequested,
     SessionWarranted,
 )
-from shared.queries import witness
-from shared.tmux import TAIL_CHARS, TAIL_LINE_CHARS, clean_tail
+from shared.model.queries import witness
 from tests.memory_log import MemoryLog
 from tests.unit.test_witness_plan import World, only
 

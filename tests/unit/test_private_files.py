@@ -1,4 +1,4 @@
-"""The umask every entry point sets (shared.privacy.private_files): 077 unless GT_UMASK says otherwise."""
+"""The umask every entry point sets (shared.host.privacy.private_files): 077 unless GT_UMASK says otherwise."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.privacy import private_files
+from shared.host.privacy import private_files
 
 
 @pytest.fixture(autouse=True)

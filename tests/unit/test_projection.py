@@ -10,8 +10,8 @@ from structlog.testing import capture_logs
 
 from services.mayor.projection import SCHEMA_VERSION, new_projection
 from services.mayor.state import MayorState
-from shared.errors import EventLogLostError
-from shared.events import BeadClosed, BeadCreated, encode_event
+from shared.core.errors import EventLogLostError
+from shared.model.events import BeadClosed, BeadCreated, encode_event
 
 TS = datetime(2026, 5, 1, tzinfo=UTC)
 
@@ -106,7 +106,7 @@ def test_a_snapshot_of_another_schema_is_ignored() -> None:
     class OtherState(msgspec.Struct, kw_only=True):
         beads: dict[str, int] = {}
 
-    from shared.projection import Projection
+    from shared.service.projection import Projection
 
     other = Projection("mayor", OtherState, lambda *a: None, schema_version=1)
     with capture_logs() as logs:
@@ -135,8 +135,8 @@ def test_state_with_a_snapshot_then_the_tail_equals_a_full_replay() -> None:
 def test_a_fold_that_raises_is_logged_skipped_and_does_not_stop_the_projection() -> None:
     import functools
 
-    from shared.events import Envelope, Event
-    from shared.projection import Projection
+    from shared.model.events import Envelope, Event
+    from shared.service.projection import Projection
 
     @functools.singledispatch
     def fold(payload: Event, state: MayorState, env: Envelope, seq: int) -> None:

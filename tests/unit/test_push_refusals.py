@@ -18,9 +18,9 @@ import pytest
 from services.refinery import plan
 from services.refinery.plan import refusals
 from services.refinery.settings import load
-from shared.commands import parse_command
-from shared.errors import CommandError
-from shared.events import MergeRequestRequeued
+from shared.core.errors import CommandError
+from shared.model.commands import parse_command
+from shared.model.events import MergeRequestRequeued
 from tests.unit.test_refinery_plan import Queue
 
 CHECKED_OUT_PLAIN = """\

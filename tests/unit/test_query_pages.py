@@ -12,9 +12,9 @@ import pytest
 
 from services.mayor import queries
 from services.mayor.state import Bead, MayorState
-from shared.errors import QueryError
-from shared.queries import registry
-from shared.queries.base import PAGE_BYTES, Page
+from shared.core.errors import QueryError
+from shared.model.queries import registry
+from shared.model.queries.base import PAGE_BYTES, Page
 from shared.service.queries import fit_reply
 
 NOW = datetime(2026, 11, 28, tzinfo=UTC)

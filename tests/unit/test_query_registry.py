@@ -1,4 +1,4 @@
-"""A query's body decoded on the service's side into the class the client built (``shared.queries.registry``):
+"""A query's body decoded on the service's side into the class the client built (``shared.model.queries.registry``):
 one definition for both ends, msgspec's checks in place of hand validation. Pure."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.errors import QueryError
-from shared.queries import Digest, Query, Status, deacon, mayor, refinery, registry, witness
-from shared.queries.base import LATEST_SEQ
+from shared.core.errors import QueryError
+from shared.model.queries import Digest, Query, Status, deacon, mayor, refinery, registry, witness
+from shared.model.queries.base import LATEST_SEQ
 
 EVERY_QUERY = [q for by_name in registry.BY_SERVICE.values() for q in by_name.values()]
 

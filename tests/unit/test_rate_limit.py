@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.commands.actors import actor_class
-from shared.intake.rate_limit import ClassLimits, Limit, RateLimiter, RateSettings, load
+from shared.model.commands.actors import actor_class
+from shared.service.intake.rate_limit import ClassLimits, Limit, RateLimiter, RateSettings, load
 
 AGENT = "polecat:demo/toast"
 SMALL = RateSettings(

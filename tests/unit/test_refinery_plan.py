@@ -17,7 +17,7 @@ from services.refinery.decide import decide, legacy_mr_id, mr_id_for
 from services.refinery.projection import new_projection
 from services.refinery.settings import load
 from services.refinery.state import MergeRequest, RefineryState
-from shared.events import (
+from shared.model.events import (
     BeadClosed,
     BeadCreated,
     BeadSlung,

@@ -19,9 +19,9 @@ from services.refinery.effects import merger
 from services.refinery.effects.settling import Settler
 from services.refinery.plan import refusals
 from shared.bus.commands import StoredCommand
-from shared.commands import BeadClose, BeadCreate, Command, EscalationRaise
-from shared.decision import NewEvent
-from shared.events import (
+from shared.model.commands import BeadClose, BeadCreate, Command, EscalationRaise
+from shared.model.decision import NewEvent
+from shared.model.events import (
     BeadClosed,
     BeadCreated,
     CommandAccepted,

@@ -8,13 +8,13 @@ import json
 from collections import Counter
 from typing import Any
 
+from gt import narration
 from gt.cli.polecats import prime_text, stop_reason
 from services.mayor import plan
 from services.mayor.projection import new_projection
 from services.mayor.state import MayorState, current_step
 from services.witness.plan import needs_session
-from shared import narration
-from shared.events import (
+from shared.model.events import (
     MergeRequestConflicted,
     MergeRequestFailed,
     MergeRequestRequeued,
@@ -25,7 +25,7 @@ from shared.events import (
     StepSpec,
     decode_envelope,
 )
-from shared.formulas import rework
+from shared.model.formulas import rework
 from tests.mayor_town import mayor_town
 from tests.memory_log import MemoryTown
 from tests.unit.test_witness_plan import World

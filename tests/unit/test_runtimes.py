@@ -14,7 +14,7 @@ from gt.cli.polecats import stop_reason
 from services.witness.plan import Observed, PaneSeen, Policy, plan
 from services.witness.plan.actions import ContinueSession, Warrant
 from services.witness.state import Nudge, Rig, Session, WitnessState, WorkBead, continue_nudge_id
-from shared.runtimes import (
+from shared.model.runtimes import (
     CLAUDE,
     COMMAND,
     GT_AGENT,
@@ -29,7 +29,7 @@ from shared.runtimes import (
     runtime_for,
     turn_ended_after_done,
 )
-from shared.usage import Transcript
+from shared.model.usage import Transcript
 
 KEY = "sk-ant-api03-0123456789abcdefghijklmnopqrstuvwxyz"
 

@@ -1,6 +1,6 @@
 """No service secret reaches a child process: a service forgets its secrets once it has read its configuration
-(``shared.config.forget_secrets``, called by the entry point), and git always runs with an allowlisted
-environment (``shared.git.git_environment``), whatever environment the service itself holds."""
+(``shared.core.config.forget_secrets``, called by the entry point), and git always runs with an allowlisted
+environment (``shared.host.git.git_environment``), whatever environment the service itself holds."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from services.witness import settings as witness_settings
-from shared import git
-from shared.config import forget_secrets, is_secret
+from shared.core.config import forget_secrets, is_secret
+from shared.host import git
 from tests.conftest import REPO_ROOT
 
 SECRETS = {
@@ -111,7 +111,7 @@ def test_every_git_runs_with_hooks_and_fsmonitor_off() -> None:
 
 PROBE = """
 import json, os, subprocess, sys
-from shared import entrypoint
+from shared.service import entrypoint
 
 class Probe:
     async def run(self):

@@ -14,11 +14,11 @@ from services.deacon.service import DeaconService
 from services.mayor.service import MayorService
 from services.refinery.service import RefineryService
 from services.witness.service import WitnessService
-from shared.config import TownConfig
-from shared.queries import ServiceStatus
-from shared.queries.deacon import DeaconStatus
-from shared.queries.refinery import RefineryStatus
-from shared.queries.witness import WitnessStatus
+from shared.core.config import TownConfig
+from shared.model.queries import ServiceStatus
+from shared.model.queries.deacon import DeaconStatus
+from shared.model.queries.refinery import RefineryStatus
+from shared.model.queries.witness import WitnessStatus
 from shared.service import Service
 
 BASE = list(ServiceStatus.__struct_fields__)

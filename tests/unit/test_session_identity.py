@@ -21,8 +21,9 @@ from shared.bus.auth_callout import (
     load_settings,
     new_issuer_seed,
 )
-from shared.ids import hook_lease_name
-from shared.session_identity import (
+from shared.core.ids import hook_lease_name
+from shared.core.subjects import SessionOrigin, session_command_subject
+from shared.model.session_identity import (
     AGENT_COMMANDS,
     Refusal,
     SessionBuckets,
@@ -31,7 +32,6 @@ from shared.session_identity import (
     session_permissions,
     verify,
 )
-from shared.subjects import SessionOrigin, session_command_subject
 
 KEY = b"k" * 32
 NOW = 1_800_000_000
@@ -200,7 +200,7 @@ def test_keygen_makes_a_pair_the_witness_reads() -> None:
 
 
 def test_every_client_has_its_own_inbox_prefix_by_default() -> None:
-    from shared.config import load
+    from shared.core.config import load
 
     assert load({"NATS_USER": "operator"}).inbox_prefix == "_INBOX_operator"
     assert load({}).inbox_prefix is None, "no user (gt up): nats-py's own"

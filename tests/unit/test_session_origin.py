@@ -11,12 +11,12 @@ from services.mayor import queries
 from services.mayor.decide.mail import own_message
 from services.mayor.state import MESSAGE_TYPE, Bead, Convoy, KnownRig, MayorState
 from services.witness import queries as witness_queries
-from shared.commands import BeadClaim, Fence, MailArchive, SessionHandoff, StepDone
-from shared.errors import CommandError, QueryError
-from shared.intake import Sender, command_actor, impersonation
-from shared.queries import registry
-from shared.queries.base import Page
-from shared.subjects import SessionOrigin
+from shared.core.errors import CommandError, QueryError
+from shared.core.subjects import SessionOrigin
+from shared.model.commands import BeadClaim, Fence, MailArchive, SessionHandoff, StepDone
+from shared.model.queries import registry
+from shared.model.queries.base import Page
+from shared.service.intake import Sender, command_actor, impersonation
 
 ACE = SessionOrigin("demo", "ace", "hq-a-1")
 

@@ -15,8 +15,9 @@ from services.witness import decide as witness_decide
 from services.witness.plan import Observed, Policy, plan
 from services.witness.plan.actions import Escalate, Resling
 from services.witness.projection import new_projection as new_witness_projection
-from shared.errors import CommandError
-from shared.events import (
+from shared.core.errors import CommandError
+from shared.core.ids import hook_lease_name
+from shared.model.events import (
     BeadClaimed,
     BeadClosed,
     BeadCreated,
@@ -33,7 +34,6 @@ from shared.events import (
     SessionRequested,
     SessionStarted,
 )
-from shared.ids import hook_lease_name
 from tests.memory_log import MemoryLog
 from tests.unit.test_witness_decide import Fed
 

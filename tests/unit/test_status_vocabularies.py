@@ -1,4 +1,4 @@
-"""Statuses are Literal types defined once per aggregate (shared/events), with their named sets: each set holds
+"""Statuses are Literal types defined once per aggregate (shared/model/events), with their named sets: each set holds
 only its aggregate's statuses, and the folds that read them keep what each caller meant."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 
 from services.refinery.state import MergeRequest
 from services.witness.state import Session
-from shared.events.beads import BEAD_RANK, BEAD_STATUSES, WORKING, BeadStatus, forward
-from shared.events.merge_requests import MR_FINISHED, MR_IN_QUEUE, MR_OPEN, MR_SENT_BACK, MR_STATUSES, MrStatus
-from shared.events.molecules import STEP_STATUSES, StepStatus
-from shared.events.sessions import ACTIVE_SESSION, SESSION_STATUSES, SessionStatus
+from shared.model.events.beads import BEAD_RANK, BEAD_STATUSES, WORKING, BeadStatus, forward
+from shared.model.events.merge_requests import MR_FINISHED, MR_IN_QUEUE, MR_OPEN, MR_SENT_BACK, MR_STATUSES, MrStatus
+from shared.model.events.molecules import STEP_STATUSES, StepStatus
+from shared.model.events.sessions import ACTIVE_SESSION, SESSION_STATUSES, SessionStatus
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -1,7 +1,8 @@
 """No subject is spelled out in the code outside the modules that define subjects: a command's subject comes from its
-type (``BeadClose.SUBJECT``, in ``shared/commands``), a query's from its type (``shared/queries``), an event's and
-everything else from the functions of ``shared/subjects.py`` (docs/architecture.md, "Sending a command and asking
-a query"). A renamed subject then changes in one place, and a typo is an import error, not a message nobody reads.
+type (``BeadClose.SUBJECT``, in ``shared/model/commands``), a query's from its type (``shared/model/queries``), an
+event's and everything else from the functions of ``shared/core/subjects.py`` (docs/architecture.md, "Sending a command
+and asking a query"). A renamed subject then changes in one place, and a typo is an import error, not a message nobody
+reads.
 
 Every string in the code counts (f-strings' parts too), wherever the subject stands in it; docstrings do not (the
 syntax tree tells them apart), nor do comments (they are not in it)."""
@@ -15,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("shared", "services", "gt", "bench")
-DEFINE_SUBJECTS = ("shared/subjects.py", "shared/commands/")
+DEFINE_SUBJECTS = ("shared/core/subjects.py", "shared/model/commands/")
 """Where subjects are written down: the grammar, and each command type's ``SUBJECT``."""
 SUBJECT = re.compile(r"(?<![\w.])gt\.(?:cmd|q|evt)(?!\w)")
 
@@ -49,7 +50,7 @@ def test_no_subject_literal_outside_the_modules_that_define_subjects() -> None:
             where = str(path.relative_to(ROOT))
             if not where.startswith(DEFINE_SUBJECTS):
                 found += subject_literals(path.read_text(encoding="utf-8"), where)
-    assert found == [], "build subjects from the command's or query's type, or with shared/subjects.py"
+    assert found == [], "build subjects from the command's or query's type, or with shared/core/subjects.py"
 
 
 def test_the_scan_sees_every_kind_of_literal_and_skips_docstrings_and_comments() -> None:

@@ -1,4 +1,4 @@
-"""Issue 38, point 7: text an agent controls never reaches a terminal raw. ``shared.terminal`` escapes it; every
+"""Issue 38, point 7: text an agent controls never reaches a terminal raw. ``shared.core.terminal`` escapes it; every
 view of ``gt`` (and the announcement typed into another agent's pane) shows it through that. Pure: no town."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from gt import narration
 from gt.cli import render, town_view
 from gt.cli.colour import Palette
 from gt.cli.feed_view import feed_line, timeline
 from gt.cli.polecats import before_you_lines, mail_lines, prime_text
 from services.witness.effects.nudge import MAIL_SUBJECT_SHOWN, mail_announcement
-from shared import narration
-from shared.terminal import escape_line, escape_text, escaped_lines, is_safe
+from shared.core.terminal import escape_line, escape_text, escaped_lines, is_safe
 
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J\rRED\x08\x7f\x9b31m\u202eevil\u2066x\u2069\x00"
 """What the red team typed: a new window title, a cleared screen, a carriage return, a backspace, DEL, a C1 CSI,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gt.cli.patience import DEFAULT_SESSION_PATIENCE_S, TownWait, town_patience
-from shared.runtimes import HOOK_MARGIN_S, ClaudeRuntime
+from shared.model.runtimes import HOOK_MARGIN_S, ClaudeRuntime
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,11 @@ import msgspec
 import pytest
 
 from gt.cli.common import given
-from shared import subjects
 from shared.bus.commands import encode, owner, subject_of
 from shared.bus.query import reply_of
-from shared.commands import (
+from shared.core import subjects
+from shared.core.errors import QueryError
+from shared.model.commands import (
     COMMANDS,
     BeadCreate,
     BeadSling,
@@ -26,8 +27,7 @@ from shared.commands import (
     RigUpdate,
     StepDone,
 )
-from shared.errors import QueryError
-from shared.queries import Digest, ServiceStatus, Status, mayor, refinery, witness
+from shared.model.queries import Digest, ServiceStatus, Status, mayor, refinery, witness
 
 
 def test_a_command_leaves_out_exactly_the_fields_that_hold_their_default() -> None:

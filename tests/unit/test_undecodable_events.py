@@ -11,9 +11,9 @@ import pytest
 
 from gt.dashboard import view
 from services.mayor.projection import new_projection
-from shared.config import TownConfig
-from shared.errors import EventDecodeError
-from shared.events import REGISTRY, BeadCreated, Envelope, Event, decode_envelope, encode_event
+from shared.core.config import TownConfig
+from shared.core.errors import EventDecodeError
+from shared.model.events import REGISTRY, BeadCreated, Envelope, Event, decode_envelope, encode_event
 from shared.plugins import Plugin, PluginSettings
 from shared.plugins.sdk import Delivery
 

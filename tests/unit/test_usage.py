@@ -14,14 +14,14 @@ import pytest
 from gt.cli import town_view
 from gt.cli.costs import load_prices, money, priced
 from gt.dashboard import view
+from gt.narration import describe
 from services.mayor.projection import fold_usage
 from services.mayor.queries.costs import costs
 from services.mayor.state import UsageBook
-from shared.errors import QueryError
-from shared.events import SessionRequested, encode_event
-from shared.events.usage import SessionUsage
-from shared.narration import describe
-from shared.usage import ModelPrice, ModelUsage, Transcript, cost, parse_line, parse_prices, price_of
+from shared.core.errors import QueryError
+from shared.model.events import SessionRequested, encode_event
+from shared.model.events.usage import SessionUsage
+from shared.model.usage import ModelPrice, ModelUsage, Transcript, cost, parse_line, parse_prices, price_of
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "claude_transcript.jsonl"
 MODEL = "claude-opus-5-5"

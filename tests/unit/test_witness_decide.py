@@ -15,10 +15,10 @@ from services.refinery import decide as refinery_decide
 from services.refinery.projection import new_projection as new_refinery_projection
 from services.witness import decide as witness_decide
 from services.witness.projection import new_projection as new_witness_projection
-from shared.commands import parse_command
-from shared.decision import Accepted, DecideContext
-from shared.errors import CommandError
-from shared.events import (
+from shared.core.errors import CommandError
+from shared.model.commands import parse_command
+from shared.model.decision import Accepted, DecideContext
+from shared.model.events import (
     BeadCreated,
     BeadSlung,
     Event,
@@ -27,7 +27,7 @@ from shared.events import (
     SessionRequested,
     SessionStarted,
 )
-from shared.projection import Projection
+from shared.service.projection import Projection
 from tests.memory_log import MemoryLog
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

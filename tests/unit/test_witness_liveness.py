@@ -11,9 +11,9 @@ import msgspec
 
 from services.witness.plan.actions import Warrant
 from services.witness.plan.liveness import Renewal, renewals_owed
-from shared.events import LeaseAcquired, LeaseExpired, RigUpdated
-from shared.ids import hook_lease_name
-from shared.runtimes import ACTIVITY_HOOK, ClaudeRuntime, runtime_for
+from shared.core.ids import hook_lease_name
+from shared.model.events import LeaseAcquired, LeaseExpired, RigUpdated
+from shared.model.runtimes import ACTIVITY_HOOK, ClaudeRuntime, runtime_for
 from tests.unit.test_witness_plan import World, only
 
 

@@ -30,7 +30,8 @@ from services.witness.plan.actions import (
 from services.witness.plan.names import POOL, polecat_name
 from services.witness.projection import new_projection
 from services.witness.state import WitnessState
-from shared.events import (
+from shared.core.ids import hook_lease_name
+from shared.model.events import (
     BeadClosed,
     BeadCreated,
     BeadSlung,
@@ -59,7 +60,6 @@ from shared.events import (
     SessionWarranted,
     StepCompleted,
 )
-from shared.ids import hook_lease_name
 from tests.memory_log import MemoryLog
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

@@ -10,8 +10,8 @@ import pytest
 from services.witness.plan import PaneSeen, Policy, scope
 from services.witness.plan.actions import Action, KillOrphan, Spawn, Warrant
 from services.witness.settings import load
-from shared.commands import Command, parse_command
-from shared.events import NudgeQueued
+from shared.model.commands import Command, parse_command
+from shared.model.events import NudgeQueued
 from tests.unit.test_witness_plan import POLICY, World, only
 
 EAST = frozenset({"east"})

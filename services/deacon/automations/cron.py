@@ -19,7 +19,7 @@ from datetime import datetime
 import msgspec
 from cronsim import CronSim
 
-from shared.errors import GastownError
+from shared.core.errors import GastownError
 
 FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day-of-month", 1, 31), ("month", 1, 12), ("day-of-week", 0, 7))
 

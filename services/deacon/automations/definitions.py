@@ -20,11 +20,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import msgspec
 
 from services.deacon.automations import cron
-from shared.commands.base import MAX_TITLE, VAR_NAME_PATTERN, check_vars
-from shared.errors import CommandError
-from shared.events import REGISTRY
-from shared.ids import ID_PATTERN, is_valid_id
-from shared.subjects import EVT_PREFIX, event_subject
+from shared.core.errors import CommandError
+from shared.core.ids import ID_PATTERN, is_valid_id
+from shared.core.subjects import EVT_PREFIX, event_subject
+from shared.model.commands.base import MAX_TITLE, VAR_NAME_PATTERN, check_vars
+from shared.model.events import REGISTRY
 
 SUFFIX = ".toml"
 GATES = ("cooldown", "cron", "event", "condition", "manual")

@@ -17,11 +17,11 @@ import msgspec
 from services.deacon.automations import cron
 from services.deacon.automations.definitions import Automation, InvalidAutomation
 from services.deacon.automations.state import AutomationRecord, AutomationState, Run, command_id
-from shared.commands import AutomationRun, BeadClose, BeadCreate, BeadSling
-from shared.decision import Accepted, DecideContext, NewEvent
-from shared.errors import CommandError
-from shared.events import AutomationCompleted, AutomationFailed, AutomationFired
-from shared.results import AutomationRunResult
+from shared.core.errors import CommandError
+from shared.model.commands import AutomationRun, BeadClose, BeadCreate, BeadSling
+from shared.model.decision import Accepted, DecideContext, NewEvent
+from shared.model.events import AutomationCompleted, AutomationFailed, AutomationFired
+from shared.model.results import AutomationRunResult
 
 MAX_RESULT = 2000
 """Characters of a run's result or error kept in its event."""

@@ -21,7 +21,7 @@ from services.deacon.automations.state import (
     Run,
     command_id,
 )
-from shared.events import (
+from shared.model.events import (
     AutomationCompleted,
     AutomationFailed,
     AutomationFired,
@@ -33,7 +33,7 @@ from shared.events import (
     GcSwept,
     RigAdded,
 )
-from shared.events.automations import RunStatus
+from shared.model.events.automations import RunStatus
 
 
 def fold(payload: Event, state: AutomationState, env: Envelope, seq: int) -> None:

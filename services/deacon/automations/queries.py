@@ -9,7 +9,7 @@ from typing import Any
 from services.deacon.automations import plan as automation_plan
 from services.deacon.automations.definitions import Automation, Definitions, InvalidAutomation
 from services.deacon.automations.state import AutomationRecord, AutomationState, Run
-from shared.errors import QueryError
+from shared.core.errors import QueryError
 
 
 def _iso(value: datetime | None) -> str | None:

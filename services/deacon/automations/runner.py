@@ -34,16 +34,16 @@ from services.deacon.automations.definitions import (
 from services.deacon.automations.plan import CheckResult, Fire, Plan, SendCommand, Settle, StartExec, Step
 from services.deacon.automations.state import AutomationState, Run
 from services.deacon.effects.event_scan import EventScanner
-from shared import ids
 from shared.bus.commands import StoreCommand
 from shared.bus.connection import Connection
 from shared.bus.errors import BusError
-from shared.commands import BeadCreate, BeadSling
-from shared.config import TownConfig
-from shared.decision import NewEvent
-from shared.events import AutomationCompleted, AutomationFailed
-from shared.faults import crash_point
-from shared.queries import deacon
+from shared.core import ids
+from shared.core.config import TownConfig
+from shared.core.faults import crash_point
+from shared.model.commands import BeadCreate, BeadSling
+from shared.model.decision import NewEvent
+from shared.model.events import AutomationCompleted, AutomationFailed
+from shared.model.queries import deacon
 
 log = structlog.get_logger(__name__)
 

@@ -7,8 +7,8 @@ from datetime import datetime
 
 import msgspec
 
-from shared.events.automations import RunStatus
-from shared.ids import stable_digest_id
+from shared.core.ids import stable_digest_id
+from shared.model.events.automations import RunStatus
 
 HISTORY = 10
 """Finished runs kept per automation (the log has them all)."""

@@ -13,9 +13,9 @@ import structlog
 
 from shared.bus import streams
 from shared.bus.connection import Connection
-from shared.errors import EventDecodeError
-from shared.events import decode_envelope
-from shared.subjects import event_subject
+from shared.core.errors import EventDecodeError
+from shared.core.subjects import event_subject
+from shared.model.events import decode_envelope
 
 log = structlog.get_logger(__name__)
 

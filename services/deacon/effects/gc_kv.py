@@ -16,7 +16,7 @@ from services.deacon.plan import gc
 from services.deacon.state import DeaconState
 from shared.bus.connection import Connection
 from shared.bus.kv import Bucket
-from shared.config import TownConfig
+from shared.core.config import TownConfig
 
 log = structlog.get_logger(__name__)
 

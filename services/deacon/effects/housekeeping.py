@@ -21,8 +21,8 @@ from services.deacon.settings import DeaconSettings
 from services.deacon.state import DeaconState
 from shared.bus.commands import StoreCommand
 from shared.bus.connection import Connection
-from shared.commands import EscalationClose, EscalationRaise, SessionRecoverHook
-from shared.config import TownConfig
+from shared.core.config import TownConfig
+from shared.model.commands import EscalationClose, EscalationRaise, SessionRecoverHook
 
 log = structlog.get_logger(__name__)
 

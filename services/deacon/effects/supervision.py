@@ -1,5 +1,5 @@
 """The deacon's watch over services and leases: the adapter around the pure ``plan.liveness`` and the lease
-record's rules (``shared.lease_state``: when a held lease lapsed, the expiry event).
+record's rules (``shared.model.leases``: when a held lease lapsed, the expiry event).
 
 Both KV buckets (service heartbeats, lease renewals) are followed with a KV watch, so a tick reads memory, not
 NATS: with a thousand live leases a tick is a loop over a dict. What a tick owes is stored through the
@@ -17,15 +17,15 @@ import structlog
 
 from services.deacon.plan import liveness
 from services.deacon.state import LeaseState, LivenessState
-from shared import heartbeats
-from shared import leases as lease_kv
+from shared.bus import lease_kv as lease_kv
 from shared.bus.commands import StoreCommand
 from shared.bus.connection import Connection
 from shared.bus.kv import Bucket, BucketMirror
-from shared.commands import EscalationRaise
-from shared.decision import NewEvent
-from shared.heartbeats import ServiceHeartbeat
-from shared.lease_state import Renewal, due_to_expire, expiry, last_renewed
+from shared.model import heartbeats
+from shared.model.commands import EscalationRaise
+from shared.model.decision import NewEvent
+from shared.model.heartbeats import ServiceHeartbeat
+from shared.model.leases import Renewal, due_to_expire, expiry, last_renewed
 
 log = structlog.get_logger(__name__)
 

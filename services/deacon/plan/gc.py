@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from services.deacon.state import GcState, LeaseState, LivenessState
-from shared import heartbeats
-from shared import leases as lease_kv
-from shared.decision import NewEvent
-from shared.events import GcSwept
+from shared.bus import lease_kv as lease_kv
+from shared.model import heartbeats
+from shared.model.decision import NewEvent
+from shared.model.events import GcSwept
 
 ENDED_LEASES = ("released", "expired")
 

@@ -10,7 +10,7 @@ import msgspec
 
 from services.deacon.plan.liveness import family_down
 from services.deacon.state import HookState, LeaseState, LivenessState
-from shared.ids import is_valid_id, stable_digest_id
+from shared.core.ids import is_valid_id, stable_digest_id
 
 HOOK_MOVERS = ("witness", "refinery")
 """Services that move a bead on from its hook (sessions, merges); witnesses of a few rigs each count too."""

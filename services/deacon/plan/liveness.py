@@ -17,9 +17,9 @@ from datetime import datetime
 import msgspec
 
 from services.deacon.state import LivenessState
-from shared.decision import NewEvent
-from shared.events import ServiceDown, ServiceStopped, ServiceUp
-from shared.heartbeats import ServiceHeartbeat
+from shared.model.decision import NewEvent
+from shared.model.events import ServiceDown, ServiceStopped, ServiceUp
+from shared.model.heartbeats import ServiceHeartbeat
 
 WATCHED = ("mayor", "witness", "refinery")
 """The services the deacon expects by default (it does not watch itself: the supervisor does)."""

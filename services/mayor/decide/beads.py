@@ -6,11 +6,11 @@ from collections.abc import Collection
 from typing import Any
 
 from services.mayor.state import STATUS_RANK, STATUSES, Bead, MayorState, depends_on, is_ancestor
-from shared.commands import BeadCreate, BeadSling, BeadUpdate
-from shared.decision import Accepted, DecideContext, NewEvent
-from shared.errors import CommandError
-from shared.events import BeadClaimed, BeadClosed, BeadCreated, BeadUpdated
-from shared.results import BeadResult
+from shared.core.errors import CommandError
+from shared.model.commands import BeadCreate, BeadSling, BeadUpdate
+from shared.model.decision import Accepted, DecideContext, NewEvent
+from shared.model.events import BeadClaimed, BeadClosed, BeadCreated, BeadUpdated
+from shared.model.results import BeadResult
 
 MAX_NEW_ID_TRIES = 8
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from services.mayor.decide.beads import fresh_id, get_bead
 from services.mayor.state import Convoy, MayorState, convoy_progress
-from shared.commands import ConvoyAdd, ConvoyCreate, ConvoyLand
-from shared.decision import Accepted, DecideContext, NewEvent
-from shared.errors import CommandError
-from shared.events import ConvoyBeadsAdded, ConvoyClosed, ConvoyCreated
-from shared.ids import CONVOY_PREFIX
-from shared.results import ConvoyResult
+from shared.core.errors import CommandError
+from shared.core.ids import CONVOY_PREFIX
+from shared.model.commands import ConvoyAdd, ConvoyCreate, ConvoyLand
+from shared.model.decision import Accepted, DecideContext, NewEvent
+from shared.model.events import ConvoyBeadsAdded, ConvoyClosed, ConvoyCreated
+from shared.model.results import ConvoyResult
 
 
 def get_convoy(state: MayorState, convoy_id: str) -> Convoy:

@@ -8,7 +8,8 @@ from services.mayor.decide import escalations as decide_escalations
 from services.mayor.decide import mail as decide_mail
 from services.mayor.decide import work as decide_work
 from services.mayor.state import MayorState
-from shared.commands import (
+from shared.core.errors import CommandError
+from shared.model.commands import (
     BeadClaim,
     BeadClose,
     BeadCreate,
@@ -29,8 +30,7 @@ from shared.commands import (
     StepDone,
     StepStart,
 )
-from shared.decision import Accepted, DecideContext
-from shared.errors import CommandError
+from shared.model.decision import Accepted, DecideContext
 
 
 def decide(state: MayorState, cmd: Command, ctx: DecideContext) -> Accepted:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from services.mayor.decide.beads import fresh_id, get_bead
 from services.mayor.state import Escalation, MayorState
-from shared.commands import EscalationAck, EscalationClose, EscalationRaise
-from shared.decision import Accepted, DecideContext, NewEvent
-from shared.errors import CommandError
-from shared.events import EscalationAcked, EscalationClosed, EscalationRaised
-from shared.ids import ESCALATION_PREFIX
-from shared.results import EscalationResult
+from shared.core.errors import CommandError
+from shared.core.ids import ESCALATION_PREFIX
+from shared.model.commands import EscalationAck, EscalationClose, EscalationRaise
+from shared.model.decision import Accepted, DecideContext, NewEvent
+from shared.model.events import EscalationAcked, EscalationClosed, EscalationRaised
+from shared.model.results import EscalationResult
 
 
 def get_escalation(state: MayorState, escalation_id: str) -> Escalation:

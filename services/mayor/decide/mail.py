@@ -6,8 +6,10 @@ from collections.abc import Collection
 
 from services.mayor.decide.beads import fresh_id, get_bead
 from services.mayor.state import MESSAGE_TYPE, READ_LABEL, Bead, MayorState, is_message, is_read
-from shared.commands import MailArchive, MailRead, MailReply, MailSend
-from shared.commands.mail import (
+from shared.core.errors import CommandError
+from shared.core.ids import MAIL_PREFIX
+from shared.model.commands import MailArchive, MailRead, MailReply, MailSend
+from shared.model.commands.mail import (
     ACCEPTED_ADDRESSES,
     OPERATOR_ADDRESS,
     POLECAT_ADDRESS,
@@ -15,11 +17,9 @@ from shared.commands.mail import (
     normalise_address,
     polecat_address,
 )
-from shared.decision import Accepted, DecideContext, NewEvent
-from shared.errors import CommandError
-from shared.events import BeadClosed, BeadCreated, BeadUpdated
-from shared.ids import MAIL_PREFIX
-from shared.results import BeadResult, MailReadResult, MailResult
+from shared.model.decision import Accepted, DecideContext, NewEvent
+from shared.model.events import BeadClosed, BeadCreated, BeadUpdated
+from shared.model.results import BeadResult, MailReadResult, MailResult
 
 SUBJECT_FROM_BODY = 80
 THREAD_LABEL = "thread:"

@@ -11,10 +11,11 @@ from services.mayor.state import (
     open_blockers,
     unmet_needs,
 )
-from shared.commands import BeadSling, BeadUnsling, StepDone, StepStart
-from shared.decision import Accepted, DecideContext, NewEvent
-from shared.errors import CommandError
-from shared.events import (
+from shared.core.errors import CommandError
+from shared.core.ids import CONVOY_PREFIX
+from shared.model.commands import BeadSling, BeadUnsling, StepDone, StepStart
+from shared.model.decision import Accepted, DecideContext, NewEvent
+from shared.model.events import (
     BeadHeld,
     BeadSlung,
     BeadUnslung,
@@ -25,10 +26,9 @@ from shared.events import (
     StepCompleted,
     StepStarted,
 )
-from shared.events.beads import INFRA_TYPES, WORKING
-from shared.formulas import Formula, FormulaError, cook
-from shared.ids import CONVOY_PREFIX
-from shared.results import UNSET, SlingResult, StepResult
+from shared.model.events.beads import INFRA_TYPES, WORKING
+from shared.model.formulas import Formula, FormulaError, cook
+from shared.model.results import UNSET, SlingResult, StepResult
 
 DEFAULT_FORMULA = "polecat-work"
 

@@ -10,9 +10,9 @@ import msgspec
 from services.mayor.queries.pages import take
 from services.mayor.queries.views import Sees, bead_view
 from services.mayor.state import STATUS_RANK, STATUSES, Bead, MayorState, dependents, is_ready, open_blockers
-from shared.errors import QueryError
-from shared.queries import mayor
-from shared.queries.base import Page
+from shared.core.errors import QueryError
+from shared.model.queries import mayor
+from shared.model.queries.base import Page
 
 
 def find_bead(state: MayorState, bead_id: str, sees: Sees) -> Bead:

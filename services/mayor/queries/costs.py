@@ -12,8 +12,8 @@ from typing import Any
 import msgspec
 
 from services.mayor.state import MayorState, SessionCost, UsageBook
-from shared.errors import QueryError
-from shared.usage import COST_GROUPINGS, ModelUsage, merge
+from shared.core.errors import QueryError
+from shared.model.usage import COST_GROUPINGS, ModelUsage, merge
 
 GROUPINGS = COST_GROUPINGS
 

@@ -1,4 +1,4 @@
-"""The mayor's answer to a query, decoded into its class (``shared.queries.mayor``), from the projection. Pure:
+"""The mayor's answer to a query, decoded into its class (``shared.model.queries.mayor``), from the projection. Pure:
 no I/O (``formulas`` and ``formula`` read files: the service answers those from its catalog)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from services.mayor.queries import beads, mail, work
 from services.mayor.queries.costs import costs_of
 from services.mayor.queries.views import Sees, everything
 from services.mayor.state import MayorState
-from shared.errors import QueryError
-from shared.queries import mayor
-from shared.queries.base import Query
+from shared.core.errors import QueryError
+from shared.model.queries import mayor
+from shared.model.queries.base import Query
 
 
 def answer(state: MayorState, query: Query[Any], *, sees: Sees = everything) -> Any:

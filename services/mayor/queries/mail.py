@@ -8,11 +8,11 @@ from typing import Any
 from services.mayor.queries.pages import take
 from services.mayor.queries.views import Sees, bead_view, escalation_view
 from services.mayor.state import Bead, MayorState, is_message, is_read
-from shared.commands import SEVERITIES
-from shared.commands.mail import normalise_address, polecat_address
-from shared.errors import QueryError
-from shared.queries import mayor
-from shared.queries.base import Page, Query
+from shared.core.errors import QueryError
+from shared.model.commands import SEVERITIES
+from shared.model.commands.mail import normalise_address, polecat_address
+from shared.model.queries import mayor
+from shared.model.queries.base import Page, Query
 
 
 def inbox(state: MayorState, query: mayor.Inbox, sees: Sees) -> Page:

@@ -1,4 +1,4 @@
-"""A list query's page (``limit``, ``after``, ``page_bytes``: ``shared.queries.base.Page``). Pure."""
+"""A list query's page (``limit``, ``after``, ``page_bytes``: ``shared.model.queries.base.Page``). Pure."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from shared.errors import QueryError
-from shared.queries.base import DEFAULT_LIST_LIMIT, Page
+from shared.core.errors import QueryError
+from shared.model.queries.base import DEFAULT_LIST_LIMIT, Page
 
 T = TypeVar("T")
 _ENCODER = msgspec.json.Encoder()

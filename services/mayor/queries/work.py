@@ -8,9 +8,9 @@ from services.mayor.queries.beads import find_bead
 from services.mayor.queries.pages import take
 from services.mayor.queries.views import Sees, convoy_view, molecule_view
 from services.mayor.state import MayorState
-from shared.errors import QueryError
-from shared.queries import mayor
-from shared.queries.base import Page
+from shared.core.errors import QueryError
+from shared.model.queries import mayor
+from shared.model.queries.base import Page
 
 
 def molecule(state: MayorState, query: mayor.Molecule, sees: Sees) -> dict[str, Any]:

@@ -11,9 +11,9 @@ import structlog
 from services.refinery import decide
 from services.refinery.effects import merger
 from services.refinery.state import RefineryState
-from shared.commands import MergeRequestSubmit
-from shared.errors import CommandError
-from shared.rig_state import home_name
+from shared.core.errors import CommandError
+from shared.model.commands import MergeRequestSubmit
+from shared.model.rigs import home_name
 
 log = structlog.get_logger(__name__)
 

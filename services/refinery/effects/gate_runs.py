@@ -1,6 +1,6 @@
 """Gates as processes that never outlive their refinery: each runs under a watcher (``gate_watch``) that stops
 its whole process group when the refinery goes away, however it goes; the watcher itself runs under the reaper a
-polecat pane's agent runs under (``shared.reaper``), so a process of the gate's that left its group (``setsid``: a
+polecat pane's agent runs under (``shared.host.reaper``), so a process of the gate's that left its group (``setsid``: a
 gate runs the code of the change it checks) is stopped too once the watcher is done; and a refinery starting stops
 what a gate whose watcher died as well left running, from the records the watchers keep, before it does anything
 else.
@@ -8,7 +8,7 @@ else.
 A leftover is stopped only when it is verified to be the recorded gate's: in the recorded process group, and
 either that group's first process still runs (by pid and start time: while it runs nobody else can have the
 group's id) or the process carries the gate's marker in its environment. Every signal goes through a pidfd after
-that check (``shared.processes.send_signal``), so a process that took a pid meanwhile is never signalled.
+that check (``shared.host.processes.send_signal``), so a process that took a pid meanwhile is never signalled.
 Adapter: starts and signals processes, reads ``/proc``.
 """
 
@@ -29,8 +29,8 @@ import structlog
 
 from services.refinery.effects import gate_watch
 from services.refinery.effects.gate_watch import MARKER_VARIABLE, STOP_GRACE_S, GateRecord, WatchSpec
-from shared import processes, reaper
-from shared.os_user import OsUser
+from shared.host import processes, reaper
+from shared.host.os_user import OsUser
 
 log = structlog.get_logger(__name__)
 

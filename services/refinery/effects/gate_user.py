@@ -23,8 +23,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from shared import git, os_user
-from shared.os_user import OsUser
+from shared.host import git, os_user
+from shared.host.os_user import OsUser
 
 COPY_TIMEOUT_S = 600.0
 

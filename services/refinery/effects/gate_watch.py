@@ -52,7 +52,7 @@ class WatchSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Leader(msgspec.Struct, frozen=True, kw_only=True):
-    """The gate's first process, whose pid is its group's id: the shape of ``shared.processes.ProcessRef``."""
+    """The gate's first process, whose pid is its group's id: the shape of ``shared.host.processes.ProcessRef``."""
 
     pid: int
     started: float

@@ -1,6 +1,6 @@
 """The rig's merge lease as this refinery holds it while it processes a batch: taken (over), renewed in KV,
 released, and the check the merger's thread asks before it pushes (``fencing``: the lease's token against its
-events in the log). The lease's events are built by ``shared.lease_state``; this module appends them."""
+events in the log). The lease's events are built by ``shared.model.leases``; this module appends them."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from datetime import datetime
 import structlog
 
 from services.refinery.state import RefineryState
-from shared import lease_state
-from shared import leases as lease_kv
-from shared.aio import pause
+from shared.bus import lease_kv as lease_kv
 from shared.bus.errors import BusError
 from shared.bus.fencing import fence_error
 from shared.bus.kv import Bucket
-from shared.commands import Fence
-from shared.ids import merge_lease_name
+from shared.core.aio import pause
+from shared.core.ids import merge_lease_name
+from shared.model import leases as lease_state
+from shared.model.commands import Fence
 from shared.service import Service
 
 log = structlog.get_logger(__name__)

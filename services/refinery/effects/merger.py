@@ -26,10 +26,10 @@ from services.refinery.effects.gate_user import GateUser, gate_user_environment,
 from services.refinery.plan import refusals
 from services.refinery.plan.outcomes import BatchResult, GateResult, Outcome, TargetFailed
 from services.refinery.state import MergeRequest
-from shared import git
-from shared.commands import MergeRequestSubmit
-from shared.faults import crash_point
-from shared.rig_state import Rig
+from shared.core.faults import crash_point
+from shared.host import git
+from shared.model.commands import MergeRequestSubmit
+from shared.model.rigs import Rig
 
 log = structlog.get_logger(__name__)
 

@@ -14,9 +14,9 @@ from services.refinery.effects import merger
 from services.refinery.plan import Settlement
 from services.refinery.state import MergeRequest
 from shared.bus.commands import StoreCommand
-from shared.commands import BeadClose
-from shared.decision import NewEvent
-from shared.faults import crash_point
+from shared.core.faults import crash_point
+from shared.model.commands import BeadClose
+from shared.model.decision import NewEvent
 
 log = structlog.get_logger(__name__)
 

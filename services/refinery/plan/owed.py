@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from services.refinery.plan.settle import close_reason
 from services.refinery.state import MergeRequest, RefineryState
-from shared.commands import BeadClose
-from shared.decision import NewEvent
-from shared.events import MergeRequestRejected, MergeRequestRequeued
+from shared.model.commands import BeadClose
+from shared.model.decision import NewEvent
+from shared.model.events import MergeRequestRejected, MergeRequestRequeued
 
 
 def unblocked(state: RefineryState) -> list[MergeRequest]:

@@ -7,10 +7,10 @@ import msgspec
 
 from services.refinery.plan.policy import Policy
 from services.refinery.state import MergeQueue, RefineryState
-from shared.commands import EscalationRaise
-from shared.decision import NewEvent
-from shared.events import MergeQueuePaused, MergeQueueTargetFailed
-from shared.events.merge_queues import GATE_BROKEN
+from shared.model.commands import EscalationRaise
+from shared.model.decision import NewEvent
+from shared.model.events import MergeQueuePaused, MergeQueueTargetFailed
+from shared.model.events.merge_queues import GATE_BROKEN
 
 
 def paused_queues(state: RefineryState) -> list[MergeQueue]:

@@ -18,10 +18,10 @@ import msgspec
 
 from services.refinery.plan.policy import Policy
 from services.refinery.state import MergeRequest, RefineryState
-from shared.decision import NewEvent
-from shared.events import MergeRequestClaimed
-from shared.events.merge_requests import MR_IN_QUEUE
-from shared.ids import merge_lease_name
+from shared.core.ids import merge_lease_name
+from shared.model.decision import NewEvent
+from shared.model.events import MergeRequestClaimed
+from shared.model.events.merge_requests import MR_IN_QUEUE
 
 
 def failures_of(state: RefineryState, bead: str) -> int:

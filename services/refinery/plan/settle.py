@@ -28,16 +28,16 @@ from services.refinery.plan.pauses import TargetFailure, pause, target_failed
 from services.refinery.plan.policy import Policy
 from services.refinery.plan.queue import failures_of, submitted_order
 from services.refinery.state import MergeRequest, RefineryState
-from shared.commands import BeadClose, BeadCreate, Command, EscalationRaise
-from shared.decision import NewEvent
-from shared.events import (
+from shared.model.commands import BeadClose, BeadCreate, Command, EscalationRaise
+from shared.model.decision import NewEvent
+from shared.model.events import (
     Event,
     MergeRequestConflicted,
     MergeRequestFailed,
     MergeRequestMerged,
     MergeRequestRequeued,
 )
-from shared.events.merge_queues import PUSH_REFUSED
+from shared.model.events.merge_queues import PUSH_REFUSED
 
 Counted = Literal["merged", "failed", "conflicted"]
 

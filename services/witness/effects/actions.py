@@ -16,8 +16,8 @@ import structlog
 
 from services.witness.effects.toolkit import StartBlockedError
 from services.witness.plan.actions import Action, Spawn
-from shared.aio import raise_if_cancelling
-from shared.errors import ActivityLostError
+from shared.core.aio import raise_if_cancelling
+from shared.core.errors import ActivityLostError
 
 log = structlog.get_logger(__name__)
 

@@ -7,7 +7,7 @@ session gets the witness's own (a laptop without auth needs none). A password ne
 environment as it is: the executor writes it to a private file the session's ``NATS_PASSWORD_FILE`` names
 (``GT_AGENT_NATS_PASSWORD_FILE`` / ``NATS_PASSWORD_FILE`` name such a file of the operator's, passed on as is).
 The witness reads them once, at start (``WitnessSettings.agent_credentials``): then it removes every secret from
-its own environment (``shared.config.forget_secrets``), so nothing it starts inherits them.
+its own environment (``shared.core.config.forget_secrets``), so nothing it starts inherits them.
 """
 
 from __future__ import annotations

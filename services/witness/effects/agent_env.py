@@ -12,11 +12,12 @@ from services.witness.effects import runtime_setup
 from services.witness.effects.agent_creds import agent_nats_credentials, is_credential
 from services.witness.effects.toolkit import Toolkit
 from services.witness.state import Rig, Session
-from shared import runtimes, session_identity, subjects
-from shared.commands.rigs import git_identity
-from shared.formulas import rework
-from shared.ids import hook_lease_name
-from shared.rig_state import home_name
+from shared.core import subjects
+from shared.core.ids import hook_lease_name
+from shared.model import runtimes, session_identity
+from shared.model.commands.rigs import git_identity
+from shared.model.formulas import rework
+from shared.model.rigs import home_name
 
 AGENT_ENV_PASSTHROUGH = (
     "HOME",

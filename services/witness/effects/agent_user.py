@@ -7,7 +7,7 @@ what a session needs (``hand_over_session``): its workspace, its password file, 
 hook marks, ``HOME``) and the folder `gt done` publishes into. The paths down to them are opened for traversal
 only (``S_IXOTH``: nothing listed), the rig's clone's objects for reading (the workspace borrows them through
 git's alternates); GT_HOME's secrets, the town's data, the clones' refs and config stay root's. Every git the
-witness runs in a workspace runs as the agent's user (``shared/git.py``: a repository another user owns is
+witness runs in a workspace runs as the agent's user (``shared/host/git.py``: a repository another user owns is
 worked in as that user), so an agent's config or filters never run as root.
 
 Agents of one town share the user: one session can read another's files (documented). Adapter: changes owners and
@@ -22,8 +22,8 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from shared import os_user, safe_files
-from shared.os_user import OsUser
+from shared.host import os_user, safe_files
+from shared.host.os_user import OsUser
 
 
 def resolve(name: str, *, euid: int | None = None) -> OsUser | None:

@@ -13,8 +13,8 @@ import msgspec
 from services.witness.state import WitnessState
 from shared.bus import auth_callout
 from shared.bus.connection import Connection, close_quietly, connect
-from shared.config import TownConfig
-from shared.session_identity import SessionBuckets
+from shared.core.config import TownConfig
+from shared.model.session_identity import SessionBuckets
 
 
 def session_live(state: WitnessState, session_id: str) -> bool:

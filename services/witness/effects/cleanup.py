@@ -12,9 +12,9 @@ import structlog
 from services.witness.effects.toolkit import Toolkit
 from services.witness.plan.actions import Clean, ReapPane
 from services.witness.state import Session
-from shared import git
-from shared.decision import NewEvent
-from shared.events import SessionCleaned
+from shared.host import git
+from shared.model.decision import NewEvent
+from shared.model.events import SessionCleaned
 
 log = structlog.get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""The witness's side of the `gt done` saga (``shared/done_flow.py``): an agent that died or hung after its
+"""The witness's side of the `gt done` saga (``shared/model/done_flow.py``): an agent that died or hung after its
 done-intent has its branch published and its merge request submitted for it, as `gt done` would, then its session
 ended ``done``."""
 
@@ -11,10 +11,11 @@ import structlog
 
 from services.witness.effects.toolkit import Toolkit
 from services.witness.state import Session
-from shared import done_flow, git
-from shared.commands import Fence
-from shared.faults import crash_point
-from shared.ids import hook_lease_name
+from shared.core.faults import crash_point
+from shared.core.ids import hook_lease_name
+from shared.host import git
+from shared.model import done_flow
+from shared.model.commands import Fence
 
 log = structlog.get_logger(__name__)
 

@@ -37,7 +37,7 @@ from services.witness.plan.actions import (
 )
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session
-from shared.tmux import Tmux
+from shared.host.tmux import Tmux
 
 
 class Executor:

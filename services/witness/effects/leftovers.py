@@ -1,6 +1,6 @@
 """Processes an ended session left behind, found before its worktree is handed to a new session.
 
-Each pane runs its agent under ``shared.reaper``, which ends every process of the session, however detached, when
+Each pane runs its agent under ``shared.host.reaper``, which ends every process of the session, however detached, when
 the session ends. This is the check that it did, and the cover where it could not: a reaper that runs as the
 agent's own user (a laptop town) can be killed by the agent first, and then what the agent detached is
 re-parented to init. A process of the old sessions is one that:
@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Sequence
 import msgspec
 import psutil
 
-from shared import processes
+from shared.host import processes
 
 
 class Leftover(msgspec.Struct, frozen=True, kw_only=True):

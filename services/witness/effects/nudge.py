@@ -14,12 +14,12 @@ import structlog
 from services.witness.effects.toolkit import Toolkit
 from services.witness.plan.actions import ContinueSession, DeliverNudge, ExpireNudge, NudgeMail
 from services.witness.state import Session, continue_nudge_id, mail_nudge_id
-from shared import runtimes
-from shared.commands.mail import OPERATOR_ADDRESS, polecat_of
-from shared.decision import NewEvent
-from shared.events import NudgeDelivered, NudgeExpired, NudgeQueued
-from shared.terminal import escape_line
-from shared.tmux import typeable
+from shared.core.terminal import escape_line
+from shared.host.tmux import typeable
+from shared.model import runtimes
+from shared.model.commands.mail import OPERATOR_ADDRESS, polecat_of
+from shared.model.decision import NewEvent
+from shared.model.events import NudgeDelivered, NudgeExpired, NudgeQueued
 
 log = structlog.get_logger(__name__)
 

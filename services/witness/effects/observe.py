@@ -21,15 +21,17 @@ from services.witness.effects import runtime_setup
 from services.witness.effects.pidwatch import ExitWatcher
 from services.witness.plan import Observed, PaneSeen, liveness, may_linger, scope
 from services.witness.state import Session, WitnessState
-from shared import heartbeats, leases, processes
+from shared.bus import lease_kv as leases
 from shared.bus.connection import Connection
 from shared.bus.errors import BusError
 from shared.bus.kv import Bucket
-from shared.config import TownConfig
-from shared.ids import hook_lease_name
-from shared.projection import Projection
-from shared.runtimes import Restart, confirms_start, runtime_for, turn_ended_after_done
-from shared.tmux import Tmux, TmuxError
+from shared.core.config import TownConfig
+from shared.core.ids import hook_lease_name
+from shared.host import processes
+from shared.host.tmux import Tmux, TmuxError
+from shared.model import heartbeats
+from shared.model.runtimes import Restart, confirms_start, runtime_for, turn_ended_after_done
+from shared.service.projection import Projection
 
 log = structlog.get_logger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import structlog
 
-from shared import processes
+from shared.host import processes
 
 log = structlog.get_logger(__name__)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from services.witness import decide as witness_decide
 from services.witness.state import WitnessState
-from shared import git
-from shared.commands import Command, RigAdd, SessionRecoverHook
+from shared.host import git
+from shared.model.commands import Command, RigAdd, SessionRecoverHook
 
 
 async def facts_for(state: WitnessState, cmd: Command) -> object:

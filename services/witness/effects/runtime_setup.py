@@ -1,6 +1,6 @@
 """Readies an agent runtime for one session: finds its binary, writes its config home and first-run state, its
 hooks in the worktree (kept out of git), and says what is missing when it cannot run. The I/O half of
-``shared.runtimes`` (which decides what is written); called by the executor before the tmux pane starts."""
+``shared.model.runtimes`` (which decides what is written); called by the executor before the tmux pane starts."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from shared import git, safe_files
-from shared.decoding import UNDECODABLE
-from shared.errors import GastownError
-from shared.runtimes import (
+from shared.core.decoding import UNDECODABLE
+from shared.core.errors import GastownError
+from shared.host import git, safe_files
+from shared.model.runtimes import (
     AGENT_FAILURE,
     CLAUDE_CREDENTIALS_FILE,
     CLAUDE_LOGIN_DIR_ENV,

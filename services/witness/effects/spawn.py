@@ -19,13 +19,15 @@ from services.witness.effects.agent_env import AgentLaunch
 from services.witness.effects.toolkit import StartBlockedError, Toolkit, WorktreeUnusableError
 from services.witness.plan.actions import GiveUp, ReleaseHook, Resling, Spawn, Start
 from services.witness.state import Rig, Session
-from shared import git, lease_state, processes, reaper, runtimes, safe_files
-from shared.commands import BeadSling
-from shared.decision import NewEvent
-from shared.events import SessionEscalated, SessionRequested, SessionStarted
-from shared.faults import crash_point
-from shared.ids import hook_lease_name
-from shared.tmux import PaneInfo, TmuxError
+from shared.core.faults import crash_point
+from shared.core.ids import hook_lease_name
+from shared.host import git, processes, reaper, safe_files
+from shared.host.tmux import PaneInfo, TmuxError
+from shared.model import leases as lease_state
+from shared.model import runtimes
+from shared.model.commands import BeadSling
+from shared.model.decision import NewEvent
+from shared.model.events import SessionEscalated, SessionRequested, SessionStarted
 
 log = structlog.get_logger(__name__)
 
@@ -259,7 +261,7 @@ class Spawner:
             # tmux (root) starts the pane in "/", and the agent's own shell enters the workspace: no root process
             # ever runs with the agent's directory as its working directory (relative paths the agent planted).
             cwd, command = "/", f"cd -- {shlex.quote(session.worktree)} && {command}"
-        # The pane's first process is the session's reaper (shared/reaper.py), as the witness's user: whatever the
+        # The pane's first process is the session's reaper (shared/host/reaper.py), as the witness's user: whatever the
         # agent starts, even detached, ends with the session.
         supervisor = reaper.argv(self.kit.settings.kill_grace_s)
         pane = self.kit.tmux.start(

@@ -14,10 +14,10 @@ from services.witness.effects.done import DoneFinisher
 from services.witness.effects.toolkit import Toolkit
 from services.witness.plan.actions import Escalate, Kill, KillOrphan, MassDeath, Warrant
 from services.witness.state import Session
-from shared.commands import EscalationRaise
-from shared.decision import NewEvent
-from shared.events import RigMassDeath, RigParked, SessionEscalated, SessionWarranted
-from shared.faults import crash_point
+from shared.core.faults import crash_point
+from shared.model.commands import EscalationRaise
+from shared.model.decision import NewEvent
+from shared.model.events import RigMassDeath, RigParked, SessionEscalated, SessionWarranted
 
 log = structlog.get_logger(__name__)
 

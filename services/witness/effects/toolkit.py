@@ -21,17 +21,18 @@ from services.witness import plan as planning
 from services.witness.effects import agent_user
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session, WitnessState
-from shared import done_flow, processes
-from shared.aio import KeyedLocks
 from shared.bus.auth_callout import CalloutSettings
 from shared.bus.commands import StoredCommand
-from shared.commands import Command, EscalationRaise
-from shared.config import TownConfig
-from shared.decision import NewEvent
-from shared.errors import GastownError
-from shared.events import SessionEnded
-from shared.rig_state import home_name
-from shared.tmux import Tmux, TmuxError
+from shared.core.aio import KeyedLocks
+from shared.core.config import TownConfig
+from shared.core.errors import GastownError
+from shared.host import processes
+from shared.host.tmux import Tmux, TmuxError
+from shared.model import done_flow
+from shared.model.commands import Command, EscalationRaise
+from shared.model.decision import NewEvent
+from shared.model.events import SessionEnded
+from shared.model.rigs import home_name
 
 log = structlog.get_logger(__name__)
 

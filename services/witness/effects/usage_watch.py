@@ -3,7 +3,7 @@ events.
 
 For each session of a rig whose runtime writes its usage (``Runtime.usage_files``; Claude Code: its transcripts,
 ``<session dir>/home/.claude/projects/*/*.jsonl``), the witness reads what the files gained (the runtime's
-``usage_reader``, ``shared.usage.Transcript`` for Claude Code; the offsets are a cache kept in memory) and, when
+``usage_reader``, ``shared.model.usage.Transcript`` for Claude Code; the offsets are a cache kept in memory) and, when
 the totals differ from the last recorded ones, appends the session's running totals: at most every
 ``interval_s`` while the session runs, and once more, ``final``, after it ended and its agent's process is gone
 (Claude Code writes its last message after ``gt done``). A restarted witness reads the files from the start,
@@ -22,10 +22,10 @@ from typing import Protocol
 import structlog
 
 from services.witness.state import Session, WitnessState
-from shared import processes, safe_files
-from shared.decision import NewEvent
-from shared.events.usage import SessionUsage
-from shared.runtimes import UsageReader, runtime_for
+from shared.host import processes, safe_files
+from shared.model.decision import NewEvent
+from shared.model.events.usage import SessionUsage
+from shared.model.runtimes import UsageReader, runtime_for
 
 log = structlog.get_logger(__name__)
 

@@ -21,7 +21,7 @@ from services.witness.plan.spawns import (
     session_id_for,
     tmux_name_for,
 )
-from shared.events.beads import WORKING
+from shared.model.events.beads import WORKING
 
 __all__ = [
     "AGENT_UNAUTHORIZED",

@@ -12,8 +12,8 @@ from services.witness.plan.observed import Observed, pane_of
 from services.witness.plan.policy import Policy
 from services.witness.plan.scope import TMUX_PREFIX
 from services.witness.state import Session, WitnessState
-from shared.events import DEATHS
-from shared.ids import hook_lease_name
+from shared.core.ids import hook_lease_name
+from shared.model.events import DEATHS
 
 
 def _successor(state: WitnessState, session: Session) -> Session | None:

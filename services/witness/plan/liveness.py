@@ -16,7 +16,7 @@ from datetime import datetime
 import msgspec
 
 from services.witness.state import WitnessState
-from shared.ids import hook_lease_name
+from shared.core.ids import hook_lease_name
 
 
 class Renewal(msgspec.Struct, frozen=True, kw_only=True):

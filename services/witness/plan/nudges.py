@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from services.witness.plan.actions import Action, ContinueSession, DeliverNudge, ExpireNudge, NudgeMail
 from services.witness.plan.observed import Observed, pane_of
 from services.witness.state import Session, WitnessState, continue_nudge_id
-from shared.events.sessions import ACTIVE_SESSION
-from shared.runtimes import runtime_for
+from shared.model.events.sessions import ACTIVE_SESSION
+from shared.model.runtimes import runtime_for
 
 
 def queued_nudges(state: WitnessState, obs: Observed) -> Iterator[Action]:

@@ -8,7 +8,7 @@ from datetime import datetime
 import msgspec
 
 from services.witness.state import Session
-from shared.runtimes import Restart
+from shared.model.runtimes import Restart
 
 
 class PaneSeen(msgspec.Struct, frozen=True, kw_only=True):

@@ -28,10 +28,10 @@ from services.witness.plan.actions import (
     Spawn,
 )
 from services.witness.state import WitnessState
-from shared.commands import POLECAT_TARGET, Command
-from shared.commands.base import ScopeRef
-from shared.decision import Route
-from shared.ids import is_valid_id
+from shared.core.ids import is_valid_id
+from shared.model.commands import POLECAT_TARGET, Command
+from shared.model.commands.base import ScopeRef
+from shared.model.decision import Route
 
 SERVICE = "witness"
 MAX_IDENTITY = 64

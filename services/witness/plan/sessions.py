@@ -11,9 +11,9 @@ from services.witness.plan.actions import Action, GiveUp, Kill, Start, Warrant
 from services.witness.plan.observed import Observed, pane_of
 from services.witness.plan.policy import Policy
 from services.witness.state import Rig, Session, WitnessState, WorkBead
-from shared.events.sessions import ACTIVE_SESSION
-from shared.ids import hook_lease_name
-from shared.runtimes import confirms_start, pane_activity_counts
+from shared.core.ids import hook_lease_name
+from shared.model.events.sessions import ACTIVE_SESSION
+from shared.model.runtimes import confirms_start, pane_activity_counts
 
 AGENT_UNAUTHORIZED = "agent_unauthorized"
 """The warrant (and end reason) of a session whose agent's credentials were refused: its rig is parked and the

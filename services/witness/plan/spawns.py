@@ -16,10 +16,10 @@ from services.witness.plan.scope import TMUX_PREFIX
 from services.witness.plan.sessions import AGENT_UNAUTHORIZED
 from services.witness.projection import deaths
 from services.witness.state import Rig, Session, WitnessState, WorkBead
-from shared.events import DEATHS
-from shared.events.beads import WORKING
-from shared.events.sessions import ACTIVE_SESSION
-from shared.rig_state import home_name
+from shared.model.events import DEATHS
+from shared.model.events.beads import WORKING
+from shared.model.events.sessions import ACTIVE_SESSION
+from shared.model.rigs import home_name
 
 
 def session_id_for(bead: str, attempt: int) -> str:

@@ -1,0 +1,2 @@
+"""Adapters to the host: git, tmux, processes, users and files an agent can write. Import only
+``shared.core`` and ``shared.model``."""

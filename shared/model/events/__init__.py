@@ -1,0 +1,188 @@
+"""Every event type this project stores, and the registry that decodes them."""
+
+from shared.model.events.automations import AUTOMATION_EVENTS, AutomationCompleted, AutomationFailed, AutomationFired
+from shared.model.events.base import (
+    Envelope,
+    Event,
+    EventRef,
+    EventRegistry,
+    decode_envelope,
+    encode_event,
+)
+from shared.model.events.beads import (
+    BEAD_EVENTS,
+    BeadClaimed,
+    BeadClosed,
+    BeadCreated,
+    BeadEvent,
+    BeadHeld,
+    BeadSlung,
+    BeadUnslung,
+    BeadUpdated,
+)
+from shared.model.events.convoys import CONVOY_EVENTS, ConvoyBeadsAdded, ConvoyClosed, ConvoyCreated
+from shared.model.events.escalations import (
+    ESCALATION_EVENTS,
+    EscalationAcked,
+    EscalationClosed,
+    EscalationRaised,
+    EscalationReescalated,
+)
+from shared.model.events.gc import GC_EVENTS, GcSwept
+from shared.model.events.leases import LEASE_EVENTS, LeaseAcquired, LeaseEvent, LeaseExpired, LeaseReleased
+from shared.model.events.merge_queues import (
+    MERGE_QUEUE_EVENTS,
+    MergeQueueEvent,
+    MergeQueuePaused,
+    MergeQueueResumed,
+    MergeQueueTargetFailed,
+)
+from shared.model.events.merge_requests import (
+    MERGE_REQUEST_EVENTS,
+    MergeRequestClaimed,
+    MergeRequestConflicted,
+    MergeRequestFailed,
+    MergeRequestMerged,
+    MergeRequestRejected,
+    MergeRequestRequeued,
+    MergeRequestSubmitted,
+)
+from shared.model.events.molecules import (
+    MOLECULE_EVENTS,
+    MoleculeAttached,
+    MoleculeCompleted,
+    ReworkAdded,
+    StepCompleted,
+    StepSpec,
+    StepStarted,
+)
+from shared.model.events.nudges import NUDGE_EVENTS, NudgeDelivered, NudgeExpired, NudgeQueued
+from shared.model.events.outcomes import (
+    OUTCOME_EVENTS,
+    REJECTION_CODES,
+    CommandAccepted,
+    CommandOutcome,
+    CommandRejected,
+)
+from shared.model.events.rigs import (
+    RIG_EVENTS,
+    RigAdded,
+    RigEvent,
+    RigMassDeath,
+    RigParked,
+    RigRemoved,
+    RigUnparked,
+    RigUpdated,
+)
+from shared.model.events.services import SERVICE_EVENTS, ServiceDown, ServiceStopped, ServiceUp
+from shared.model.events.sessions import (
+    DEATHS,
+    SESSION_EVENTS,
+    SessionCleaned,
+    SessionDoneIntent,
+    SessionEnded,
+    SessionEscalated,
+    SessionHookRecovered,
+    SessionRequested,
+    SessionStarted,
+    SessionWarranted,
+)
+from shared.model.events.usage import USAGE_EVENTS, SessionUsage
+
+REGISTRY = EventRegistry(
+    (
+        *BEAD_EVENTS,
+        *MOLECULE_EVENTS,
+        *CONVOY_EVENTS,
+        *ESCALATION_EVENTS,
+        *RIG_EVENTS,
+        *SESSION_EVENTS,
+        *NUDGE_EVENTS,
+        *MERGE_REQUEST_EVENTS,
+        *MERGE_QUEUE_EVENTS,
+        *OUTCOME_EVENTS,
+        *AUTOMATION_EVENTS,
+        *SERVICE_EVENTS,
+        *LEASE_EVENTS,
+        *GC_EVENTS,
+        *USAGE_EVENTS,
+    )
+)
+"""The registry services decode with."""
+
+__all__ = [
+    "DEATHS",
+    "REGISTRY",
+    "REJECTION_CODES",
+    "AutomationCompleted",
+    "AutomationFailed",
+    "AutomationFired",
+    "BeadClaimed",
+    "BeadClosed",
+    "BeadCreated",
+    "BeadEvent",
+    "BeadHeld",
+    "BeadSlung",
+    "BeadUnslung",
+    "BeadUpdated",
+    "CommandAccepted",
+    "CommandOutcome",
+    "CommandRejected",
+    "ConvoyBeadsAdded",
+    "ConvoyClosed",
+    "ConvoyCreated",
+    "Envelope",
+    "EscalationAcked",
+    "EscalationClosed",
+    "EscalationRaised",
+    "EscalationReescalated",
+    "Event",
+    "EventRef",
+    "EventRegistry",
+    "GcSwept",
+    "LeaseAcquired",
+    "LeaseEvent",
+    "LeaseExpired",
+    "LeaseReleased",
+    "MergeQueueEvent",
+    "MergeQueuePaused",
+    "MergeQueueResumed",
+    "MergeQueueTargetFailed",
+    "MergeRequestClaimed",
+    "MergeRequestConflicted",
+    "MergeRequestFailed",
+    "MergeRequestMerged",
+    "MergeRequestRejected",
+    "MergeRequestRequeued",
+    "MergeRequestSubmitted",
+    "MoleculeAttached",
+    "MoleculeCompleted",
+    "NudgeDelivered",
+    "NudgeExpired",
+    "NudgeQueued",
+    "ReworkAdded",
+    "RigAdded",
+    "RigEvent",
+    "RigMassDeath",
+    "RigParked",
+    "RigRemoved",
+    "RigUnparked",
+    "RigUpdated",
+    "ServiceDown",
+    "ServiceStopped",
+    "ServiceUp",
+    "SessionCleaned",
+    "SessionDoneIntent",
+    "SessionEnded",
+    "SessionEscalated",
+    "SessionHookRecovered",
+    "SessionRequested",
+    "SessionStarted",
+    "SessionUsage",
+    "SessionWarranted",
+    "StepCompleted",
+    "StepSpec",
+    "StepStarted",
+    "decode_envelope",
+    "encode_event",
+]

@@ -1,0 +1,92 @@
+"""Events of the molecule aggregate (``gt.evt.mol.<bead id>``): a bead's steps, checkpointed one by one."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import msgspec
+
+from shared.model.events.base import Event
+
+StepStatus = Literal["pending", "in_progress", "done"]
+STEP_STATUSES: tuple[StepStatus, ...] = ("pending", "in_progress", "done")
+
+
+class StepSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One step as cooked from a formula: everything an agent needs to work it."""
+
+    id: str
+    title: str
+    description: str = ""
+    needs: list[str] = []
+    """Steps that must be done before this one starts."""
+    acceptance: str = ""
+    """How to tell the step is done."""
+
+
+class MoleculeEvent(Event, frozen=True, kw_only=True):
+    AGGREGATE: ClassVar[str] = "mol"
+    bead_id: str
+    """The bead the molecule is attached to (one molecule per bead)."""
+
+    def aggregate_id(self) -> str:
+        return self.bead_id
+
+
+class MoleculeAttached(MoleculeEvent, frozen=True, kw_only=True):
+    """A formula was cooked onto the bead: its steps, all pending."""
+
+    TYPE: ClassVar[str] = "molecule.attached"
+    formula: str
+    formula_version: int = 1
+    source: str = ""
+    """Where the formula came from (``builtin:<file>``, or a path), for the record."""
+    vars: dict[str, str] = {}
+    steps: list[StepSpec]
+
+
+class StepStarted(MoleculeEvent, frozen=True, kw_only=True):
+    """pending -> in_progress."""
+
+    TYPE: ClassVar[str] = "step.started"
+    step: str
+
+
+class StepCompleted(MoleculeEvent, frozen=True, kw_only=True):
+    """-> done, for good: a later agent skips it."""
+
+    TYPE: ClassVar[str] = "step.done"
+    step: str
+
+
+class MoleculeCompleted(MoleculeEvent, frozen=True, kw_only=True):
+    """Every step is done: stored once per molecule, when its last step is done the first time (a round of rework
+    steps appended later does not store it again)."""
+
+    TYPE: ClassVar[str] = "molecule.completed"
+
+
+class ReworkAdded(MoleculeEvent, frozen=True, kw_only=True):
+    """The merge queue sent the bead's work back (``mr.conflicted`` with ``sent_back``, or ``mr.failed`` not
+    escalated): the mayor appends a round of rework steps after the molecule's last step, all pending. Done steps
+    stay done: rework never reopens one. One per send-back (``sent_back_by``, the send-back event's id)."""
+
+    TYPE: ClassVar[str] = "molecule.rework_added"
+    mr_id: str
+    """The merge request that was sent back."""
+    sent_back_by: str
+    """The id of the ``mr.conflicted`` or ``mr.failed`` event that sent it back."""
+    round: int
+    """1 for the molecule's first rework, 2 for the next, ...: the ``<round>`` of the steps' ids."""
+    reason: str
+    """``conflict``, or the gate that failed (setup, lint, test, ...)."""
+    steps: list[StepSpec]
+
+
+MOLECULE_EVENTS: tuple[type[Event], ...] = (
+    MoleculeAttached,
+    StepStarted,
+    StepCompleted,
+    MoleculeCompleted,
+    ReworkAdded,
+)

@@ -1,0 +1,203 @@
+"""Queries the mayor answers (``gt.q.mayor.<name>``): beads, molecules, convoys, mail, escalations, costs and
+formulas. Their answers are the JSON views the CLI prints and renders (``Any``), except where a caller reads
+fields (``ConvoyDetail``, ``EscalationSummary``)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+
+from shared.model.events.beads import BeadStatus
+from shared.model.queries.base import Limit, PageBytes, Query, Required
+
+
+class _MayorQuery(Query[Any], frozen=True, kw_only=True):
+    SERVICE: ClassVar[str] = "mayor"
+
+
+class Get(_MayorQuery, frozen=True, kw_only=True):
+    """One bead (a message is a bead), with its hold while held."""
+
+    NAME: ClassVar[str] = "get"
+    id: Required
+
+
+class Beads(_MayorQuery, frozen=True, kw_only=True):
+    """Beads in creation order, filtered by every field given (closed ones only with ``include_closed`` or
+    ``status="closed"``); ``limit`` 0 is all."""
+
+    NAME: ClassVar[str] = "list"
+    PAGED: ClassVar[bool] = True
+    status: str | None = None
+    type: str | None = None
+    label: str | None = None
+    assignee: str | None = None
+    parent: str | None = None
+    rig: str | None = None
+    metadata: dict[str, str] = {}
+    include_closed: bool = False
+    limit: Limit | None = None
+    after: str | None = None
+    """A page cursor: list from the item after this id (an answer's ``next``)."""
+    page_bytes: PageBytes | None = None
+    """At most this many bytes of items in a page (the query server sets what one reply carries)."""
+
+
+class Ready(_MayorQuery, frozen=True, kw_only=True):
+    """Open beads with no open blocker."""
+
+    NAME: ClassVar[str] = "ready"
+    PAGED: ClassVar[bool] = True
+    limit: Limit | None = None
+    after: str | None = None
+    """A page cursor: list from the item after this id (an answer's ``next``)."""
+    page_bytes: PageBytes | None = None
+    """At most this many bytes of items in a page (the query server sets what one reply carries)."""
+
+
+class Children(_MayorQuery, frozen=True, kw_only=True):
+    NAME: ClassVar[str] = "children"
+    id: Required
+    include_closed: bool = False
+
+
+class DepView(msgspec.Struct, kw_only=True):
+    """A bead another needs (or that needs it): its status, None when it does not exist (any more)."""
+
+    id: str
+    status: str | None
+    exists: bool
+
+
+class Deps(_MayorQuery, frozen=True, kw_only=True):
+    """What the bead needs (``down``) or what needs it (``up``)."""
+
+    NAME: ClassVar[str] = "deps"
+    id: Required
+    direction: str | None = None
+
+
+class Molecule(_MayorQuery, frozen=True, kw_only=True):
+    """A bead's molecule: its steps, the current one, how many are done."""
+
+    NAME: ClassVar[str] = "molecule"
+    bead: Required
+
+
+class ConvoyBead(msgspec.Struct, kw_only=True):
+    """A bead a convoy tracks: where it is (its wave, what it waits for: ``ask_json``)."""
+
+    id: str
+    status: BeadStatus
+
+
+class ConvoyDetail(msgspec.Struct, kw_only=True):
+    """The fields of a convoy callers read (``ask_json`` has all of them)."""
+
+    id: str
+    status: str = ""
+    bead_details: list[ConvoyBead] = []
+
+
+class Convoy(Query[ConvoyDetail], frozen=True, kw_only=True):
+    """One convoy with its beads' details."""
+
+    SERVICE: ClassVar[str] = "mayor"
+    NAME: ClassVar[str] = "convoy"
+    id: Required
+
+
+class Convoys(_MayorQuery, frozen=True, kw_only=True):
+    NAME: ClassVar[str] = "convoys"
+    PAGED: ClassVar[bool] = True
+    include_closed: bool = False
+    limit: Limit | None = None
+    after: str | None = None
+    """A page cursor: list from the item after this id (an answer's ``next``)."""
+    page_bytes: PageBytes | None = None
+    """At most this many bytes of items in a page (the query server sets what one reply carries)."""
+
+
+class Inbox(_MayorQuery, frozen=True, kw_only=True):
+    """Open messages to ``to`` (unread ones only unless ``include_read``)."""
+
+    NAME: ClassVar[str] = "inbox"
+    PAGED: ClassVar[bool] = True
+    to: Required
+    include_read: bool = False
+    limit: Limit | None = None
+    after: str | None = None
+    """A page cursor: list from the item after this id (an answer's ``next``)."""
+    page_bytes: PageBytes | None = None
+    """At most this many bytes of items in a page (the query server sets what one reply carries)."""
+
+
+class Thread(_MayorQuery, frozen=True, kw_only=True):
+    NAME: ClassVar[str] = "thread"
+    thread: Required
+
+
+class EscalationSummary(msgspec.Struct, kw_only=True):
+    """The fields of an escalation callers read (the whole view is in ``ask_json``)."""
+
+    id: str
+    status: str = ""
+    severity: str = ""
+    bead: str | None = None
+
+
+class Escalations(Query[list[EscalationSummary]], frozen=True, kw_only=True):
+    """Open and acknowledged escalations, most severe first (closed ones too with ``include_closed``)."""
+
+    SERVICE: ClassVar[str] = "mayor"
+    NAME: ClassVar[str] = "escalations"
+    PAGED: ClassVar[bool] = True
+    include_closed: bool = False
+    limit: Limit | None = None
+    after: str | None = None
+    """A page cursor: list from the item after this id (an answer's ``next``)."""
+    page_bytes: PageBytes | None = None
+    """At most this many bytes of items in a page (the query server sets what one reply carries)."""
+
+
+class Costs(_MayorQuery, frozen=True, kw_only=True):
+    """Token usage grouped ``by`` bead (the default), rig, convoy, day or session."""
+
+    NAME: ClassVar[str] = "costs"
+    by: str | None = None
+
+
+class Formulas(_MayorQuery, frozen=True, kw_only=True):
+    """Every formula the town (and ``rig``) sees, broken ones with their error."""
+
+    NAME: ClassVar[str] = "formulas"
+    rig: str | None = None
+
+
+class Formula(_MayorQuery, frozen=True, kw_only=True):
+    """One formula as written, or cooked with ``vars``."""
+
+    NAME: ClassVar[str] = "formula"
+    name: Required
+    vars: dict[str, str] = {}
+    rig: str | None = None
+
+
+QUERIES: tuple[type[Query[Any]], ...] = (
+    Get,
+    Beads,
+    Ready,
+    Children,
+    Deps,
+    Molecule,
+    Convoy,
+    Convoys,
+    Inbox,
+    Thread,
+    Escalations,
+    Costs,
+    Formulas,
+    Formula,
+)
+"""What the mayor answers (besides ``status`` and ``digest``), in the order its unknown-query error names them."""

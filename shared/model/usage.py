@@ -1,0 +1,203 @@
+"""Token usage and its cost: Claude Code's transcript read, usage totals folded, prices applied. Pure: no I/O
+(the witness's ``usage_watch`` reads the files, the CLI reads the price table's file).
+
+Claude Code writes one JSONL transcript per conversation under its config home
+(``<CLAUDE_CONFIG_DIR>/projects/<cwd slug>/<conversation id>.jsonl``). An assistant message is a line
+``{"type": "assistant", "requestId": ..., "message": {"id": "msg_...", "model": ..., "usage": {...}}}``; a message
+whose answer had several content blocks (text, then a tool use) is written once per block with the same
+``message.id`` and the same usage, so a message counts once, by its id. Everything else (user lines, attachments,
+``cost-state``, lines cut short by a crash mid-write) is skipped, never raised on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+from shared.core.decoding import UNDECODABLE
+
+COST_GROUPINGS = ("bead", "rig", "convoy", "day", "session")
+"""What ``gt costs --by`` groups usage by."""
+TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+class ModelUsage(msgspec.Struct, frozen=True, kw_only=True):
+    """Tokens one model used (summed over messages)."""
+
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    messages: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
+
+
+class MessageUsage(msgspec.Struct, frozen=True, kw_only=True):
+    """One assistant message of a transcript: its id (the de-duplication key), model and usage."""
+
+    id: str
+    usage: ModelUsage
+
+
+def _count(usage: Mapping[str, Any], name: str) -> int:
+    value = usage.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def parse_line(line: str | bytes) -> MessageUsage | None:
+    """The assistant message a transcript line holds with its usage, or None (not one, or unreadable)."""
+    try:
+        record = json.loads(line)
+    except UNDECODABLE:  # an agent's transcript: a line nested deep enough to exhaust the stack included
+        return None
+    if not isinstance(record, dict) or record.get("type") != "assistant":
+        return None
+    message = record.get("message")
+    if not isinstance(message, dict):
+        return None
+    usage = message.get("usage")
+    model = message.get("model")
+    if not isinstance(usage, dict) or not isinstance(model, str) or not model:
+        return None
+    key = message.get("id") or record.get("requestId") or record.get("uuid")
+    if not isinstance(key, str) or not key:
+        return None
+    counts = {name: _count(usage, name) for name in TOKEN_FIELDS}
+    return MessageUsage(id=key, usage=ModelUsage(model=model, messages=1, **counts))
+
+
+def add(a: ModelUsage, b: ModelUsage) -> ModelUsage:
+    return ModelUsage(
+        model=a.model,
+        input_tokens=a.input_tokens + b.input_tokens,
+        output_tokens=a.output_tokens + b.output_tokens,
+        cache_creation_input_tokens=a.cache_creation_input_tokens + b.cache_creation_input_tokens,
+        cache_read_input_tokens=a.cache_read_input_tokens + b.cache_read_input_tokens,
+        messages=a.messages + b.messages,
+    )
+
+
+def subtract(a: ModelUsage, b: ModelUsage) -> ModelUsage:
+    return ModelUsage(
+        model=a.model,
+        input_tokens=a.input_tokens - b.input_tokens,
+        output_tokens=a.output_tokens - b.output_tokens,
+        cache_creation_input_tokens=a.cache_creation_input_tokens - b.cache_creation_input_tokens,
+        cache_read_input_tokens=a.cache_read_input_tokens - b.cache_read_input_tokens,
+        messages=a.messages - b.messages,
+    )
+
+
+def merge(into: dict[str, ModelUsage], usages: Iterable[ModelUsage]) -> dict[str, ModelUsage]:
+    """Adds ``usages`` into ``into`` by model (in place) and returns it."""
+    for usage in usages:
+        have = into.get(usage.model)
+        into[usage.model] = usage if have is None else add(have, usage)
+    return into
+
+
+def difference(new: Iterable[ModelUsage], old: Iterable[ModelUsage]) -> list[ModelUsage]:
+    """``new - old`` by model (a session's totals minus its previous totals: what it used in between)."""
+    before = {u.model: u for u in old}
+    return [subtract(u, before[u.model]) if u.model in before else u for u in new]
+
+
+class Transcript:
+    """A session's transcripts, read incrementally: the offset per file is only a cache (a fresh ``Transcript``
+    reads from the start and reaches the same totals), and messages are counted once by id across files and
+    re-reads. A line not yet ended by a newline is left for the next read (Claude Code may be mid-write)."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, int] = {}
+        self.seen: set[str] = set()
+        self.totals: dict[str, ModelUsage] = {}
+
+    def feed(self, path: str, data: bytes) -> None:
+        """``data``: the file's bytes from ``self.offsets[path]`` (0 at first) to its end."""
+        end = data.rfind(b"\n") + 1
+        for line in data[:end].splitlines():
+            message = parse_line(line)
+            if message is None or message.id in self.seen:
+                continue
+            self.seen.add(message.id)
+            merge(self.totals, [message.usage])
+        self.offsets[path] = self.offsets.get(path, 0) + end
+
+    def snapshot(self) -> tuple[ModelUsage, ...]:
+        return tuple(sorted(self.totals.values(), key=lambda u: u.model))
+
+
+# ---- prices -------------------------------------------------------------------------------------
+
+
+class ModelPrice(msgspec.Struct, frozen=True, kw_only=True):
+    """US dollars per million tokens. Cache prices default from the input price the way Anthropic prices them
+    (a 5-minute cache write 1.25x, a cache read 0.1x)."""
+
+    input: float
+    output: float
+    cache_write: float | None = None
+    cache_read: float | None = None
+
+
+PRICES_ENV = "GT_MODEL_PRICES"
+"""The price table: JSON text, or the path of a JSON file (``{"<model>": {"input": 15, "output": 75}, ...}``)."""
+
+
+def parse_prices(text: str) -> dict[str, ModelPrice]:
+    """Raises ValueError naming what is wrong."""
+    try:
+        return msgspec.json.decode(text, type=dict[str, ModelPrice])
+    except msgspec.DecodeError as exc:
+        raise ValueError(
+            f"{PRICES_ENV} must map model names to {{input, output[, cache_write, cache_read]}} "
+            f"in dollars per million tokens: {exc}"
+        ) from exc
+
+
+def price_of(model: str, prices: Mapping[str, ModelPrice]) -> ModelPrice | None:
+    """The model's price: an exact name, else the longest name that prefixes it (``claude-sonnet-4-5`` prices
+    ``claude-sonnet-4-5-20250929``)."""
+    if model in prices:
+        return prices[model]
+    prefixes = [name for name in prices if model.startswith(name)]
+    return prices[max(prefixes, key=len)] if prefixes else None
+
+
+def cost(usage: ModelUsage, prices: Mapping[str, ModelPrice]) -> float | None:
+    """Dollars, or None when the model has no price (no tokens cost nothing, priced or not)."""
+    if usage.tokens == 0:
+        return 0.0
+    price = price_of(usage.model, prices)
+    if price is None:
+        return None
+    write = price.cache_write if price.cache_write is not None else price.input * 1.25
+    read = price.cache_read if price.cache_read is not None else price.input * 0.1
+    return (
+        usage.input_tokens * price.input
+        + usage.output_tokens * price.output
+        + usage.cache_creation_input_tokens * write
+        + usage.cache_read_input_tokens * read
+    ) / 1_000_000
+
+
+def total_cost(usages: Iterable[ModelUsage], prices: Mapping[str, ModelPrice]) -> float | None:
+    """The sum over models whose price is known; a model that used no tokens costs $0, and so does a bead that
+    used none. None when there are no prices at all, or when every model that used tokens has none."""
+    if not prices:
+        return None
+    used = [u for u in usages if u.tokens]
+    costs = [c for u in used if (c := cost(u, prices)) is not None]
+    return sum(costs) if costs or not used else None
+
+
+def priced_fully(usages: Iterable[ModelUsage], prices: Mapping[str, ModelPrice]) -> bool:
+    """Every model that used tokens has a price (one that used none needs none)."""
+    return all(price_of(u.model, prices) is not None for u in usages if u.tokens)
