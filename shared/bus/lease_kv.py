@@ -1,5 +1,6 @@
-"""Holding a lease: acquire and release through the deacon's commands, renew in the ``GT_LEASES`` KV bucket
-(``shared.bus.kv.Bucket``).
+"""Holding a lease: renew it in the ``GT_LEASES`` KV bucket (``shared.bus.kv.Bucket``). Who acquires and releases
+it depends on the lease: an operator's through the deacon's commands, a hook (``hook-*``) by the witness and a
+merge lease (``merge-*``) by the refinery, each appending ``lease.acquired``/``lease.released`` itself.
 
 Renewals compare-and-set the bucket entry, and the deacon marks an entry expired (also compare-and-set) before
 it records ``lease.expired``: a renewal racing an expiry either lands first (and the lease lives) or finds the
@@ -14,6 +15,7 @@ from datetime import datetime
 
 import msgspec
 
+from shared.bus.errors import map_errors
 from shared.bus.kv import Bucket
 from shared.core.decoding import UNDECODABLE
 from shared.core.errors import GastownError
@@ -42,6 +44,7 @@ def decode_renewal(data: bytes | None) -> Renewal | None:
         return None
 
 
+@map_errors
 async def read(kv: Bucket, lease: str) -> tuple[Renewal | None, int]:
     """The lease's renewal entry and its revision (0: none)."""
     entry = await kv.get(lease)
@@ -58,6 +61,7 @@ async def _put(kv: Bucket, lease: str, value: Renewal, revision: int) -> bool:
     return await kv.create(lease, data)
 
 
+@map_errors
 async def renew(kv: Bucket, lease: str, holder: str, token: int, now: datetime) -> None:
     """Renew (raises ``LeaseLostError`` if the lease expired or has a newer holder)."""
     for _ in range(CAS_ATTEMPTS):
@@ -71,6 +75,7 @@ async def renew(kv: Bucket, lease: str, holder: str, token: int, now: datetime) 
     raise LeaseLostError(lease, token, "the renewal kept racing other writers")
 
 
+@map_errors
 async def mark_expired(
     kv: Bucket, lease: str, holder: str, token: int, last_renewed: datetime, *, seen_revision: int
 ) -> bool:

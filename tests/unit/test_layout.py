@@ -187,7 +187,7 @@ def test_package_inits_hold_no_logic(service: str) -> None:
 def test_the_content_checks_see_what_they_look_for() -> None:
     # They would pass vacuously if the walks missed the forms the code uses.
     wiring = ast.parse(
-        "from shared import commands\n"
+        "from shared.model import commands\n"
         "from shared.model.commands import BeadClose, Command, parse_command\n"
         "from shared.model.decision import NewEvent\n"
         "from shared.model.events import ServiceUp\n"
