@@ -27,6 +27,7 @@ from gt.cli import (
     dashboard,
     feed,
     gc,
+    hook_lease,
     mail,
     patience,
     polecats,
@@ -210,7 +211,11 @@ async def _connected(
     try:
         # Any subject this user may not use (a query, the KV, the JetStream API) ends the command at once
         # with the subject named, rather than with a timeout.
-        return await guarded(nc, handler(nc, args, config))
+        work = guarded(nc, handler(nc, args, config))
+        if os.environ.get("GT_SESSION"):
+            # A polecat session's call says the agent is alive while it waits (gt/cli/hook_lease.py).
+            return await hook_lease.kept_alive(nc, config, work)
+        return await work
     finally:
         await (close_at_once(nc) if kept is None else kept.give_back(nc))
 

@@ -11,10 +11,12 @@ import pytest
 from nats.aio.client import Client
 
 from gt.cli.common import EXIT_UNREACHABLE
+from shared.bus.kv import Bucket
 from shared.bus.query import ask_json
 from shared.bus.topology import provision
 from shared.core.config import TownConfig
 from shared.core.errors import QueryError
+from shared.model import heartbeats
 from shared.model.queries import mayor
 from tests.integration.test_cli import Gt
 from tests.integration.test_cli import gt as gt
@@ -53,3 +55,27 @@ async def test_an_agents_read_waits_out_a_restart_and_an_operators_does_not(
         read = await asyncio.wait_for(reading, 60)
     assert read.code == 0, read
     assert read.json() == []
+
+
+async def test_an_agent_waiting_for_the_town_keeps_its_heartbeat_fresh(nc: Client, gt: Gt, town: TownConfig) -> None:
+    # Waiting is not stalling: the witness reads the session's heartbeat, which its `gt` renews while it waits.
+    await provision(nc, town)
+    agent = Gt({**gt.env, **SESSION_ENV}, town)
+    reading = asyncio.create_task(agent("bead", "list", "--json"))
+    beats = Bucket(nc, town.heartbeat_bucket)
+    seen: list[heartbeats.AgentHeartbeat] = []
+
+    async def renewed_twice() -> None:
+        while len(seen) < 2:
+            entry = await beats.get(SESSION_ENV["GT_SESSION"])
+            beat = heartbeats.decode_agent(entry.value if entry else None)
+            if beat is not None and (not seen or beat.ts > seen[-1].ts):
+                seen.append(beat)
+            await asyncio.sleep(0.2)
+
+    await asyncio.wait_for(renewed_twice(), 30)
+    assert not reading.done(), "still waiting for the mayor"
+    assert "a gt call waiting for" in seen[-1].note, seen
+    async with run_mayor(town, rigs=()):
+        read = await asyncio.wait_for(reading, 60)
+    assert read.code == 0, read
