@@ -11,7 +11,8 @@ import pytest
 
 from tests.chaos.town import ChaosSettings, run_chaos
 
-pytestmark = pytest.mark.chaos
+# Soak runs (minutes each, and a failed one is run again): `./dev soak`, not `./dev test` (docs/chaos.md).
+pytestmark = [pytest.mark.chaos, pytest.mark.soak]
 
 
 @pytest.mark.timeout(1200)
