@@ -131,13 +131,18 @@ def agent_of(pane_pid: int, timeout: float = 30.0) -> psutil.Process:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            for child in psutil.Process(pane_pid).children():
+            # Below the pane's own process (the session's reaper), the agent's command line's shell.
+            for child in psutil.Process(pane_pid).children(recursive=True):
                 if child.name() == "sleep":
                     return child
         except psutil.NoSuchProcess:
             pass
         time.sleep(0.01)
-    raise RuntimeError(f"no idle agent under pane pid {pane_pid}")
+    try:
+        tree = [f"{c.pid} {c.name()} {c.cmdline()}" for c in psutil.Process(pane_pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = ["(the pane's process is gone)"]
+    raise RuntimeError(f"no idle agent under pane pid {pane_pid}: {tree}")
 
 
 def tmux_start_ceiling(socket: str, runs: int) -> list[float]:

@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -433,6 +434,7 @@ class ComposeStack:
         return run
 
     def start(self) -> None:
+        remove_leftover_stacks()
         self.compose("up", "-d", "--build", timeout=COMPOSE_UP_TIMEOUT_S)
         self.wait_healthy()
 
@@ -522,7 +524,11 @@ class ComposeStack:
         self._ids.clear()
 
     def stop(self) -> None:
-        self.down(volumes=True)
+        try:
+            self.down(volumes=True)
+        finally:
+            # A `down` that failed or ran out of time must not leave the stack holding the host's ports.
+            remove_leftover_stacks(self.project)
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         try:
@@ -538,6 +544,37 @@ def node_stream_state(monitor_url: str, stream: str) -> dict[str, Any] | None:
             return stream_state_in(json.loads(answer.read()), stream)
     except OSError:
         return None
+
+
+STACK_PROJECT = re.compile(r"gt[0-9a-f]{8}")
+"""A test stack's compose project name (``ComposeStack.project``)."""
+
+
+def remove_leftover_stacks(project: str | None = None) -> None:
+    """Remove test stacks' containers, volumes and networks: ``project``'s, or (under the stack lock, before a
+    stack starts) every test stack's. A run killed mid-test never ran its ``down``; its containers stay up
+    holding the host's ports 4222-4224, and the next stack's clients would reach the old stack's nodes, whose
+    passwords they do not have, and wait for ever."""
+
+    def ours(name: str) -> bool:
+        prefix = name.split("_", 1)[0]
+        return bool(STACK_PROJECT.fullmatch(prefix)) and project in (None, prefix)
+
+    def names(*argv: str) -> list[str]:
+        run = subprocess.run(["podman", *argv], capture_output=True, text=True, timeout=60, check=False)
+        return [n for n in run.stdout.split() if ours(n)]
+
+    for kind, listing, removal in (
+        ("container", ["ps", "-a", "--format", "{{.Names}}"], ["rm", "--force", "--time", "0"]),
+        ("volume", ["volume", "ls", "--format", "{{.Name}}"], ["volume", "rm", "--force"]),
+        ("network", ["network", "ls", "--format", "{{.Name}}"], ["network", "rm", "--force"]),
+    ):
+        found = names(*listing)
+        if found:
+            gone = subprocess.run(
+                ["podman", *removal, *found], capture_output=True, text=True, timeout=300, check=False
+            )
+            assert gone.returncode == 0, f"leftover {kind}s {found}: {gone.stderr[-2000:]}"
 
 
 def stream_state_in(jsz: dict[str, Any], stream: str) -> dict[str, Any] | None:

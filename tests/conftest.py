@@ -168,6 +168,17 @@ def _reset_structlog() -> Iterator[None]:
     structlog.contextvars.clear_contextvars()
 
 
+@pytest.fixture(autouse=True)
+def _restore_umask() -> Iterator[None]:
+    """Every test starts with this run's umask: an entry point called in-process (``gt``'s ``main``, a service's)
+    sets 077 for its process, and a test after it in the same worker would make directories no other user can
+    enter (a throwaway agent user's ``git init`` then fails: "Permission denied")."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    yield
+    os.umask(mask)
+
+
 @pytest.fixture(scope="session")
 def gt_env() -> dict[str, str]:
     """Environment for running ``gt`` and the services as subprocesses of this test run."""

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client
@@ -69,10 +69,23 @@ def wait_until(
         time.sleep(interval)
 
 
+FIRST_CONNECT_S = 60.0
+
+
+async def connect_within(servers: str | list[str], *, timeout: float = FIRST_CONNECT_S, **options: Any) -> Client:
+    """``nats.connect`` with a bound on the first connection. With ``max_reconnect_attempts=-1`` nats-py tries
+    the first connection for ever, and pytest-timeout cannot end it: its exception lands in one of the
+    client's own tasks, not in the test."""
+    try:
+        return await asyncio.wait_for(nats.connect(servers, **options), timeout)
+    except TimeoutError:
+        raise AssertionError(f"no connection to {servers} within {timeout}s") from None
+
+
 @contextlib.asynccontextmanager
 async def connected(url: str) -> AsyncIterator[Client]:
     """A test's own client of the server at ``url``: reconnects forever, closed with a bound at the end."""
-    client = await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    client = await connect_within(url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
     try:
         yield client
     finally:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from msgspec import UNSET
+
 from gt.cli.common import Subcommands, command_options, send
 from shared.bus.query import ask
 from shared.core.config import TownConfig
@@ -100,12 +102,19 @@ UPDATE_TAKES_EFFECT = (
 """When each setting ``gt rig update`` changes takes effect (docs/operating.md, ``gt.cmd.rig.update``)."""
 
 
+def _new_value(result: RigResult, field: str) -> Any:
+    """The setting's new value as the result carries it: an empty one (``gate_env=[]``, ``setup_command=''``) is
+    a value, only one the result leaves out is None."""
+    value = getattr(result, field, UNSET)
+    return None if value is UNSET else value
+
+
 def _update_line(result: RigResult) -> str:
     if not result.changed:
         return f"rig {result.rig or None}: unchanged"
     fields = list(result.fields or [])
     # ``fields`` names the settings that changed; the result carries each one's new value under its name.
-    changes = ", ".join(f"{field}={_value(getattr(result, field, None) or None)}" for field in fields)
+    changes = ", ".join(f"{field}={_value(_new_value(result, field))}" for field in fields)
     when = [
         f"{', '.join(f for f in fields if f in group)} {effect}"
         for group, effect in UPDATE_TAKES_EFFECT

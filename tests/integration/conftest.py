@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
-import nats
 import pytest
 import pytest_asyncio
 
@@ -13,6 +12,7 @@ from shared.bus.connection import close_quietly
 from tests.compose_stack import shipped_account_limits
 from tests.conftest import REPO_ROOT
 from tests.drivers import Driver, MemoryDriver, nats_driver
+from tests.helpers import connect_within
 
 STALE_AFTER = timedelta(hours=4)
 
@@ -24,7 +24,7 @@ async def driver(request: pytest.FixtureRequest) -> AsyncIterator[Driver]:
         yield MemoryDriver(STALE_AFTER)
         return
     town = request.getfixturevalue("town")  # a fresh server, only for this kind
-    nc = await nats.connect(town.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    nc = await connect_within(town.nats_url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
     try:
         async with nats_driver(town, nc) as driver:
             yield driver

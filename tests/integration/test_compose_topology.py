@@ -31,7 +31,7 @@ from tests.compose_stack import (
     write_env_file,
 )
 from tests.conftest import REPO_ROOT
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, connect_within
 from tests.log_tools import outcomes, read_all
 
 BEADS = 6
@@ -74,8 +74,8 @@ class Operator:
 @pytest.fixture
 async def reader(stack: Stack) -> AsyncIterator[Client]:
     """The operator's own NATS connection, for reading the log."""
-    nc = await nats.connect(
-        servers=stack.urls(),
+    nc = await connect_within(
+        stack.urls(),
         user="operator",
         password=stack.passwords["operator"],
         inbox_prefix="_INBOX_operator",  # the only inbox the operator may read
@@ -120,8 +120,8 @@ LED_BY_VICTIM = ("GT_CMD", "KV_GT_ACTIVE")
 async def move_leader(stack: Stack, stream: str, to: str) -> None:
     """Ask ``stream``'s leader to step down in favour of node ``to`` until ``to`` leads it. Sent as the
     deacon: the stream leader API is the services' (the operator may not move leaders)."""
-    nc = await nats.connect(
-        servers=stack.urls(), user="deacon", password=stack.passwords["deacon"], inbox_prefix="_INBOX_deacon"
+    nc = await connect_within(
+        stack.urls(), user="deacon", password=stack.passwords["deacon"], inbox_prefix="_INBOX_deacon"
     )
     try:
 
