@@ -194,6 +194,15 @@ def python() -> str:
     return sys.executable
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that bring up the compose stack come first. A host runs one stack at a time (they share ports
+    4222-4224; tests/compose_stack.py locks), so spread over ./dev test's workers they wait on each other, a worker
+    idle for each stack the other runs. pytest-xdist's worksteal hands the first worker the front of the collection
+    and steals from the back of a queue: first, they run one after another on that worker while the other works
+    through the rest."""
+    items.sort(key=lambda item: item.get_closest_marker("compose_stack") is None)
+
+
 _RERUN_REPORTS: list[pytest.TestReport] = []
 """First failures of tests that ./dev test ran again (pytest-rerunfailures), for the summary."""
 RERUN_TRACEBACK_CHARS = 4000

@@ -27,6 +27,7 @@ from typing import Any
 
 import nats
 import nats.js.errors
+import pytest
 from nats.aio.client import Client
 
 from gt.town_secrets import operator_login
@@ -219,6 +220,7 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_laptop_town(
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
 
 
+@pytest.mark.compose_stack
 async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topology(
     gt_env: dict[str, str], tmp_path: Path
 ) -> None:

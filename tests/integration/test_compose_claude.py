@@ -30,6 +30,7 @@ WORKTREE = f"/var/lib/gastown/rigs/{RIG}/polecats/ace"
 """The first polecat's worktree in the rig (the story's Write and Edit take absolute paths)."""
 
 
+@pytest.mark.compose_stack
 @pytest.mark.timeout(1500)
 def test_a_claude_code_polecat_in_the_witness_container_gets_its_work_merged(
     tmp_path: Path, gt_env: dict[str, str]

@@ -54,6 +54,7 @@ def _beads(stack: ComposeStack, gt_env: dict[str, str], home: Path) -> list[dict
     return sorted(beads, key=lambda b: str(b["id"]))
 
 
+@pytest.mark.compose_stack
 @pytest.mark.timeout(1200)
 def test_the_stack_keeps_its_state_through_a_killed_service_down_and_up_and_a_rebuilt_image(
     stack: ComposeStack, gt_env: dict[str, str], tmp_path: Path

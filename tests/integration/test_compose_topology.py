@@ -149,6 +149,7 @@ async def replicas_current(nc: Client, stream: str, nodes: list[str]) -> bool:
     return sorted(peers) == sorted(nodes) and all(peers.values())
 
 
+@pytest.mark.compose_stack
 @pytest.mark.timeout(900)
 async def test_a_nats_node_killed_mid_workload_loses_and_duplicates_nothing_and_catches_up(
     stack: Stack, reader: Client, gt_env: dict[str, str], tmp_path: Path
@@ -301,6 +302,7 @@ def test_the_stack_runs_each_service_with_its_own_user_and_three_replicas(tmp_pa
 COMMANDS_PER_NODE = 20
 
 
+@pytest.mark.compose_stack
 @pytest.mark.timeout(900)
 async def test_operator_commands_all_get_their_outcome_while_any_one_nats_node_is_down(
     stack: Stack, reader: Client, gt_env: dict[str, str], tmp_path: Path

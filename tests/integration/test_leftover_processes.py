@@ -162,6 +162,7 @@ def test_an_agent_of_its_own_os_user_cannot_kill_its_reaper_and_its_detached_wri
         Path(f"/tmp/{mark}.reaper").unlink(missing_ok=True)
 
 
+@pytest.mark.compose_stack
 def test_in_the_compose_stack_the_agents_detached_writer_ends_with_its_session(
     gt_env: dict[str, str], tmp_path: Path
 ) -> None:
