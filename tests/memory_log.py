@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 import msgspec
+import pytest
 
 from shared.core import subjects
 from shared.core.errors import AppendConflictError, CommandError
@@ -59,7 +60,28 @@ class MemoryLog:
             projection.apply(seq, subject, data)
 
 
-class MemoryTown(Generic[S]):
+class Fed(Generic[S]):
+    """A projection fed events directly, stamped with a clock the test moves."""
+
+    def __init__(self, projection: Projection[S], *, clock: datetime = T0) -> None:
+        self.projection = projection
+        self.log = MemoryLog()
+        self.clock = clock
+
+    @property
+    def state(self) -> S:
+        return self.projection.state
+
+    def add(self, *events: Event, at: datetime | None = None) -> None:
+        """Store ``events`` (at the clock, or ``at``) and fold them."""
+        self.log.record(events, ts=self.clock if at is None else at)
+        self.log.replay(self.projection, after=self.projection.last_seq)
+
+    def tick(self, seconds: float = 1.0) -> None:
+        self.clock += timedelta(seconds=seconds)
+
+
+class MemoryTown(Fed[S]):
     """Runs commands through a service's pure decide function and folds the result, like the intake does."""
 
     def __init__(
@@ -70,24 +92,15 @@ class MemoryTown(Generic[S]):
         service: str = "mayor",
         reconcile: Callable[[S, datetime], list[NewEvent]] | None = None,
     ) -> None:
-        self.projection = projection
-        self.log = MemoryLog()
+        super().__init__(projection)
         self._decide = decide
         self._service = service
         self._reconcile = reconcile
         self._ids = itertools.count(1)
         self._cmd_ids = itertools.count(1)
-        self.clock = T0
-
-    @property
-    def state(self) -> S:
-        return self.projection.state
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self._ids):06d}"
-
-    def tick(self, seconds: float = 1.0) -> None:
-        self.clock += timedelta(seconds=seconds)
 
     def send(self, subject: str, body: dict[str, Any] | bytes, *, actor: str = "operator") -> dict[str, Any]:
         """Parse, decide, append and fold; returns the result, or raises CommandError as the intake would answer."""
@@ -130,3 +143,29 @@ class MemoryTown(Generic[S]):
         except CommandError as exc:
             return exc.code
         raise AssertionError(f"{subject} {body} was accepted")
+
+
+class Deciding(Fed[Any]):
+    """A projection fed events directly, and commands decided against it (by ``decide``, a service's pure decide
+    function) and folded back."""
+
+    def __init__(self, projection: Projection[Any], decide: Any, *, clock: datetime = T0) -> None:
+        super().__init__(projection, clock=clock)
+        self.decide = decide
+        self._ids = itertools.count(1)
+
+    def send(self, subject: str, facts: object = None, **body: Any) -> dict[str, Any]:
+        cmd = parse_command(subject, msgspec.json.encode(body))
+        ctx = DecideContext(
+            now=self.clock, command_id="c-1", actor="operator", new_id=lambda p: f"{p}-{next(self._ids)}", facts=facts
+        )
+        accepted: Accepted = self.decide(self.projection.state, cmd, ctx)
+        for new in accepted.events:
+            self.add(new.payload)
+        result: dict[str, Any] = msgspec.to_builtins(accepted.result)  # as the outcome carries it
+        return result
+
+    def reject(self, subject: str, facts: object = None, **body: Any) -> CommandError:
+        with pytest.raises(CommandError) as caught:
+            self.send(subject, facts, **body)
+        return caught.value

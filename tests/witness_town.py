@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,6 +35,12 @@ from tests.helpers import assert_eventually
 FAST = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5, snapshot_check_interval=0.2)
 TEST_COMMAND = "test ! -e FAIL_TESTS"
 IDENTITY = ("-c", "user.name=Test Polecat", "-c", "user.email=polecat@test.invalid")
+
+
+async def run_gt(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the gt CLI as an agent would, without blocking the services running on this event loop."""
+    command = [sys.executable, "-m", "gt.cli.main", *args]
+    return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
 
 
 def make_origin(root: Path) -> Path:

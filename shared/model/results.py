@@ -37,6 +37,7 @@ __all__ = [
     "MrResult",
     "NudgeResult",
     "R",
+    "RecordResult",
     "Result",
     "RigResult",
     "SessionResult",
@@ -51,22 +52,25 @@ class Result(msgspec.Struct, kw_only=True):
     """Base of every command's result."""
 
 
-class BeadResult(Result, kw_only=True):
-    """A bead created, updated, claimed or closed; a mail archived."""
+class RecordResult(Result, kw_only=True):
+    """The answer about one record (a bead, a rig, a merge request...): its id, its status now, and whether the
+    command changed it (False: it was so already, and the command was a no-op)."""
 
     id: str
     status: str = ""
     changed: bool = True
+
+
+class BeadResult(RecordResult, kw_only=True):
+    """A bead created, updated, claimed or closed; a mail archived."""
+
     assignee: str | UnsetType = UNSET
     """Of a claim."""
 
 
-class SlingResult(Result, kw_only=True):
+class SlingResult(RecordResult, kw_only=True):
     """A bead slung, held, or unslung."""
 
-    id: str
-    status: str = ""
-    changed: bool = True
     rig: str = ""
     convoy: str | UnsetType | None = UNSET
     """The auto-convoy the sling created (None: none)."""
@@ -95,19 +99,13 @@ class StepResult(Result, kw_only=True):
     """Of a step done: whether every step of the molecule is done now."""
 
 
-class ConvoyResult(Result, kw_only=True):
-    id: str
-    status: str = ""
-    changed: bool = True
+class ConvoyResult(RecordResult, kw_only=True):
     closed: int = 0
     """Its beads closed."""
     total: int = 0
 
 
-class EscalationResult(Result, kw_only=True):
-    id: str
-    status: str = ""
-    changed: bool = True
+class EscalationResult(RecordResult, kw_only=True):
     severity: str | UnsetType = UNSET
 
 
@@ -131,13 +129,10 @@ class MailReadResult(Result, kw_only=True):
     """Read by someone else than its addressee: whom it stays unread for."""
 
 
-class MrResult(Result, kw_only=True):
+class MrResult(RecordResult, kw_only=True):
     """A merge request submitted, retried or rejected. Submitted again unchanged, it answers the whole record as
     the refinery holds it (``services/refinery/state.py`` ``MergeRequest``, times as ISO text)."""
 
-    id: str
-    status: str = ""
-    changed: bool = True
     bead: str | UnsetType = UNSET
     rig: str | UnsetType = UNSET
     head: str | UnsetType = UNSET
@@ -179,13 +174,10 @@ class MergeQueueResult(Result, kw_only=True):
     """Why it had paused."""
 
 
-class RigResult(Result, kw_only=True):
+class RigResult(RecordResult, kw_only=True):
     """A rig added, updated, parked, unparked or removed; an update names the settings it changed, with their new
     values."""
 
-    id: str
-    status: str = ""
-    changed: bool = True
     rig: str | UnsetType = UNSET
     repo: str | UnsetType = UNSET
     base_branch: str | UnsetType = UNSET
@@ -208,12 +200,9 @@ class RigResult(Result, kw_only=True):
     gate_env: list[str] | UnsetType = UNSET
 
 
-class SessionResult(Result, kw_only=True):
+class SessionResult(RecordResult, kw_only=True):
     """A polecat session's done intent, finish, handoff or stop."""
 
-    id: str
-    status: str = ""
-    changed: bool = True
     bead: str | None = None
     polecat: str | None = None
 
@@ -231,10 +220,7 @@ class StaleHookResult(Result, kw_only=True):
     detail: str | UnsetType = UNSET
 
 
-class NudgeResult(Result, kw_only=True):
-    id: str
-    status: str = ""
-    changed: bool = True
+class NudgeResult(RecordResult, kw_only=True):
     rig: str | UnsetType = UNSET
     polecat: str | UnsetType = UNSET
     session: str | UnsetType | None = UNSET

@@ -1,18 +1,24 @@
-"""Fixtures for tests that run against both the pure model and a real mayor."""
+"""Fixtures for tests that run against both the pure model and a real mayor, and the secured town's (a town on the
+shipped accounts: tests/secured_town.py)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from nats.aio.client import Client
 
 from shared.bus.connection import close_quietly
+from shared.core.config import TownConfig
 from tests.compose_stack import shipped_account_limits
 from tests.conftest import REPO_ROOT
 from tests.drivers import Driver, MemoryDriver, nats_driver
 from tests.helpers import connect_within
+from tests.secured_town import callout, passwords, secured, st  # noqa: F401 (fixtures of the secured town)
+from tests.witness_town import PolecatTown, polecat_town
 
 STALE_AFTER = timedelta(hours=4)
 
@@ -37,3 +43,11 @@ def account_limits() -> dict[str, str]:
     """The JetStream limits a server with the shipped accounts.conf starts with (test_permissions.py's ``secured``):
     the shipped ones. A test module may override this fixture."""
     return shipped_account_limits(REPO_ROOT)
+
+
+@pytest.fixture
+async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
+    """A town with real parts and its agents in tmux (tests/witness_town.py); a module needing other settings
+    defines its own."""
+    async with polecat_town(town, nc, tmp_path) as handle:
+        yield handle

@@ -17,15 +17,8 @@ from gt.cli.common import EXIT_REJECTED
 from tests.compose_stack import shipped_account_limits
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually
-from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
-    SecuredTown,
-    callout,
-    passwords,
-    secured,
-    services_as_themselves,
-    st,
-)
 from tests.log_tools import events_of
+from tests.secured_town import SecuredTown, services_as_themselves
 
 GIB, MIB = 2**30, 2**20
 
@@ -36,7 +29,7 @@ def size(value: str) -> int:
     return int(value[:-2]) * units[value[-2:]]
 
 
-async def test_the_shipped_account_limits_are_in_force(st: SecuredTown, tmp_path: Path) -> None:  # noqa: F811
+async def test_the_shipped_account_limits_are_in_force(st: SecuredTown, tmp_path: Path) -> None:
     shipped = shipped_account_limits(REPO_ROOT)
     async with services_as_themselves(st, tmp_path, "mayor") as town:
         info = await town.nc.jetstream().account_info()  # $JS.API.INFO, as the operator
@@ -51,7 +44,7 @@ async def test_the_shipped_account_limits_are_in_force(st: SecuredTown, tmp_path
 
 
 async def test_the_disk_alarm_reads_the_shipped_account_limit(
-    st: SecuredTown,  # noqa: F811
+    st: SecuredTown,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -89,7 +82,7 @@ DESCRIPTION = "x" * 100_000
 
 @pytest.mark.parametrize("account_limits", [SMALL_ACCOUNT], indirect=True, ids=["1MB"])
 async def test_a_full_account_refuses_appends_keeps_what_it_stored_and_carries_on_once_raised(
-    st: SecuredTown,  # noqa: F811
+    st: SecuredTown,
     tmp_path: Path,
 ) -> None:
     async with services_as_themselves(st, tmp_path, "mayor") as town:

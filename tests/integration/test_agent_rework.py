@@ -7,12 +7,10 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 from nats.aio.client import Client
 
 from services.refinery.settings import RefinerySettings
@@ -20,17 +18,10 @@ from shared.core.config import TownConfig
 from shared.host import git
 from tests.helpers import assert_eventually
 from tests.integration.test_refinery import main_files, merged_mr
-from tests.integration.test_witness import run_gt
 from tests.log_tools import events_of
-from tests.witness_town import IDENTITY, PolecatTown, polecat_town
+from tests.witness_town import IDENTITY, PolecatTown, polecat_town, run_gt
 
 BUILD_OUTPUT = ("__pycache__", ".pyc", ".pytest_cache", "node_modules")
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
 
 
 def commit_to_main(pt: PolecatTown, files: dict[str, str]) -> None:

@@ -11,32 +11,24 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from nats.aio.client import Client
 
 from gt.embedded_nats import free_port
-from shared.core.config import TownConfig
 from shared.host import git
 from shared.host.tmux import Tmux
 from shared.model.commands import MergeRequestSubmit
 from tests.helpers import assert_eventually, wait_until
 from tests.integration.test_town import TownCli
-from tests.integration.test_witness import run_gt, started_session
-from tests.witness_town import PolecatTown, make_origin, polecat_town
+from tests.integration.test_witness import started_session
+from tests.witness_town import PolecatTown, make_origin, run_gt
 
 EXIT_SIGPIPE = 141
 """What a shell reports for a command a closed pipe stopped (128 + SIGPIPE), like `yes | head -1`."""
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
 
 
 def gt_into_closed_pipe(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

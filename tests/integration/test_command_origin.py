@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (the fixtures of test_permissions, imported, are parameters here)
 """Who a command is from is decided by who may publish it, never by its body (issue 20, point 4), on a real
 nats-server with the shipped accounts file: the operator user may publish only the plain command subjects, so it
 can act neither as a service nor as a session, and a body naming a service (or a polecat) there is refused
@@ -27,17 +26,8 @@ from shared.core.config import TownConfig
 from shared.model.events import decode_envelope
 from tests.drivers import send_and_wait
 from tests.helpers import assert_eventually
-from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
-    SecuredTown,
-    callout,
-    passwords,
-    refused,
-    secured,
-    services_as_themselves,
-    snapshot,
-    st,
-)
 from tests.log_tools import read_all
+from tests.secured_town import SecuredTown, refused, services_as_themselves, snapshot
 from tests.witness_town import FAST, TEST_COMMAND, PolecatTown
 
 RESERVED_SUBJECTS = (

@@ -17,15 +17,7 @@ from shared.core import ids
 from shared.core.subjects import SessionOrigin, session_command_subject
 from shared.model.events import decode_envelope
 from tests.helpers import assert_eventually
-from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
-    SecuredTown,
-    callout,
-    passwords,
-    responder_for,
-    secured,
-    services_as_themselves,
-    st,
-)
+from tests.secured_town import SecuredTown, responder_for, services_as_themselves
 
 FLOOD = 2_000
 RATE, BURST = 5.0, 20.0
@@ -45,7 +37,7 @@ async def outcomes_of(js: JetStreamContext, prefix: str) -> list[dict[str, objec
 
 
 async def test_an_agent_flooding_mail_send_is_rate_limited_and_the_log_stays_bounded(
-    st: SecuredTown,  # noqa: F811
+    st: SecuredTown,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -99,7 +91,7 @@ async def test_an_agent_flooding_mail_send_is_rate_limited_and_the_log_stays_bou
 
 
 async def test_an_agent_writes_less_text_in_one_command_than_an_operator(
-    st: SecuredTown,  # noqa: F811
+    st: SecuredTown,
     tmp_path: Path,
 ) -> None:
     long_text = "x" * 40_000  # well under the intake's 1 MiB, over an agent's 32 KiB

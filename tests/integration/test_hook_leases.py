@@ -4,9 +4,6 @@ expires it when the agent goes quiet, the witness replaces the session, and the 
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,7 +19,7 @@ from shared.core.config import TownConfig
 from shared.core.ids import hook_lease_name
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of
-from tests.witness_town import FAST, PolecatTown, polecat_town
+from tests.witness_town import FAST, PolecatTown, polecat_town, run_gt
 
 HOOK_TTL_S = 8.0
 """Short, so a quiet agent loses its hook quickly; long enough for a `gt heartbeat` process to start and renew
@@ -39,11 +36,6 @@ async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[Pole
         handle.deacon = DeaconService(town, FAST, deacon=WATCH)
         await handle.start("deacon", handle.deacon)
         yield handle
-
-
-async def run_gt(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "gt.cli.main", *args]
-    return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
 
 
 def session_env(pt: PolecatTown, gt_env: dict[str, str], session: Session, *, token: int) -> dict[str, str]:

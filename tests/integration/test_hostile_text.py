@@ -13,16 +13,11 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-from nats.aio.client import Client
-
-from shared.core.config import TownConfig
 from tests.helpers import assert_eventually
 from tests.integration.test_prime_mail import session_started
-from tests.witness_town import PolecatTown, polecat_town
+from tests.witness_town import PolecatTown
 
 SUBJECT = "pwned\x1b]0;pwned\x07\x1b[2J\rRED\u202edlrow"
 """What the agent writes (its script makes it with printf): an OSC window title ended by BEL, a cleared screen, a
@@ -33,12 +28,6 @@ BODY_PRINTF = r"body\033]0;pwned\007\nline two \033[31mred\r\bx\342\201\246iso\3
 BODY_LINE_SHOWN = "line two \\x1b[31mred\\r\\x08x\\u2066iso\\u2069 c1\\x9bend"
 FORBIDDEN = {chr(c) for c in range(0x20) if chr(c) not in "\n\t"} | {"\x7f"} | {chr(c) for c in range(0x80, 0xA0)}
 FORBIDDEN |= {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
 
 
 async def gt(env: dict[str, str], *args: str) -> tuple[int, str, str]:

@@ -21,21 +21,14 @@ from shared.bus.connection import close_quietly
 from shared.bus.topology import provision
 from shared.core.errors import EXIT_LOG_LOST
 from tests.helpers import assert_eventually, wait_until
-from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
-    SecuredTown,
-    callout,
-    passwords,
-    secured,
-    services_as_themselves,
-    st,
-)
 from tests.integration.test_town import TownCli
+from tests.secured_town import SecuredTown, services_as_themselves
 from tests.service_process import ManagedProcess
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
 
 
-async def test_no_services_credential_may_delete_purge_or_reconfigure_the_log(st: SecuredTown) -> None:  # noqa: F811
+async def test_no_services_credential_may_delete_purge_or_reconfigure_the_log(st: SecuredTown) -> None:
     mayor = await st.connect("mayor")
     try:
         await provision(mayor, st.config("mayor"))
@@ -77,7 +70,7 @@ def service_process(town: SecuredTown, name: str, root: Path, gt_env: dict[str, 
 
 
 async def test_a_service_refuses_to_start_as_an_empty_town_over_a_lost_log(
-    st: SecuredTown,  # noqa: F811
+    st: SecuredTown,
     tmp_path: Path,
     gt_env: dict[str, str],
 ) -> None:

@@ -4,28 +4,20 @@ option. Real nats-server, git and tmux (the agent NATS user's attack is in test_
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from nats.aio.client import Client
 
-from shared.core.config import TownConfig
 from shared.core.ids import hook_lease_name
 from shared.host import git
 from tests.helpers import assert_eventually
 from tests.integration.test_witness import started_session
 from tests.log_tools import events_of
-from tests.witness_town import PolecatTown, polecat_town
+from tests.witness_town import PolecatTown
 
 HEAD = "ab" * 20
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
 
 
 def ref(origin: Path, branch: str) -> str:

@@ -5,23 +5,11 @@ nats-server, tmux; the agent is ``cat``, which ``\\x03`` kills."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
-from nats.aio.client import Client
-
-from shared.core.config import TownConfig
 from tests.drivers import send_and_wait
 from tests.helpers import assert_eventually
 from tests.integration.test_witness import started_session
-from tests.witness_town import PolecatTown, polecat_town
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
+from tests.witness_town import PolecatTown
 
 
 async def cat_session(pt: PolecatTown) -> tuple[str, str, int, str]:

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (the fixtures of test_permissions, imported, are parameters here)
 """The plugin user in account PLUGINS (ops/nats/accounts.conf) on a real nats-server with the shipped accounts file.
 
 The red team's PL1 (../shared/research/redteam-turn4.md): in the town's account GT, the plugin user wrote ``{}`` as
@@ -31,14 +30,7 @@ from shared.model.events import Envelope, Event
 from shared.plugins import PLUGIN_BUCKET, Plugin, PluginSettings
 from shared.plugins.settings import position_key
 from tests.helpers import assert_eventually
-from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
-    SecuredTown,
-    callout,
-    passwords,
-    secured,
-    services_as_themselves,
-    st,
-)
+from tests.secured_town import SecuredTown, services_as_themselves
 
 BEAD_TARGET = "gt.evt.bead.hq-forged"
 TOWN_TARGETS = (

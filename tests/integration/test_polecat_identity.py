@@ -7,11 +7,7 @@ Real nats-server, mayor, witness and refinery, agents in real tmux, real git.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,18 +20,7 @@ from shared.host import git
 from shared.model.events import decode_envelope
 from tests.helpers import assert_eventually
 from tests.log_tools import read_all
-from tests.witness_town import PolecatTown, polecat_town
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
-
-
-async def run_gt(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "gt.cli.main", *args]
-    return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
+from tests.witness_town import PolecatTown, polecat_town, run_gt
 
 
 async def actors(pt: PolecatTown, aggregate: str, aggregate_id: str) -> list[tuple[str, str]]:

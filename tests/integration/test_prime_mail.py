@@ -5,31 +5,10 @@ Real nats-server, mayor, witness and refinery, agents in real tmux, real git; th
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
-import sys
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
-from nats.aio.client import Client
-
-from shared.core.config import TownConfig
 from tests.helpers import assert_eventually
-from tests.witness_town import PolecatTown, polecat_town
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
-
-
-async def run_gt(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the gt CLI as an agent would, without blocking the services running on this event loop."""
-    command = [sys.executable, "-m", "gt.cli.main", *args]
-    return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
+from tests.witness_town import PolecatTown, run_gt
 
 
 async def session_started(pt: PolecatTown, bead: str, attempt: int) -> str:

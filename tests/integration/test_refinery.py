@@ -3,21 +3,17 @@ failing tests sent back to the polecat, a failure the target has too, conflicts.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-from nats.aio.client import Client
 
 from services.refinery.service import RefineryService
-from shared.core.config import TownConfig
 from shared.host import git
 from tests.helpers import assert_eventually
-from tests.integration.test_witness import run_gt
 from tests.log_tools import events_of
-from tests.witness_town import PolecatTown, polecat_town
+from tests.witness_town import PolecatTown, run_gt
 
 STEPS = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
 
@@ -34,12 +30,6 @@ async def queue_paused(refinery: RefineryService, rig: str, ids: list[str]) -> A
         return queue
 
     return await assert_eventually(paused, timeout=120, interval=0.1)
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
 
 
 async def merged_mr(pt: PolecatTown, bead: str, timeout: float = 120) -> dict[str, Any]:

@@ -18,9 +18,8 @@ from services.refinery.state import MergeRequest
 from shared.core.config import TownConfig
 from shared.host import git
 from tests.helpers import assert_eventually
-from tests.integration.test_witness import run_gt
 from tests.log_tools import events_of
-from tests.witness_town import PolecatTown, polecat_town
+from tests.witness_town import PolecatTown, polecat_town, run_gt
 
 FAILS_ON_MARKERS = "! ls FAIL_* >/dev/null 2>&1"
 """The test gate: red while any FAIL_* file exists."""

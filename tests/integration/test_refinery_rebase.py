@@ -9,24 +9,11 @@ forever though its branch was green.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
-from nats.aio.client import Client
-
-from shared.core.config import TownConfig
 from shared.host import git
 from tests.integration.test_refinery_batch import main_tree, settled
-from tests.witness_town import PolecatTown, polecat_town
+from tests.witness_town import PolecatTown
 
 GATE = "test ! -e FAIL_TESTS"
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
 
 
 def branch_with_a_fixed_failure(pt: PolecatTown, branch: str, own_file: str) -> str:

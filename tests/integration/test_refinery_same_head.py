@@ -9,24 +9,12 @@ Here real agents (shell commands in tmux) run the real `gt done`; the outcome is
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-from nats.aio.client import Client
-
-from shared.core.config import TownConfig
 from shared.host import git
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of
-from tests.witness_town import IDENTITY, PolecatTown, polecat_town
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
+from tests.witness_town import IDENTITY, PolecatTown
 
 
 def agent_submitting(commit: str, fetch: str | None = None) -> str:

@@ -4,13 +4,11 @@ bead back, `gt rig update|remove|park|unpark` change a rig without renaming it."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-from nats.aio.client import Client
 
 from shared.core.config import TownConfig
 from shared.core.ids import hook_lease_name
@@ -19,16 +17,10 @@ from shared.model.events import decode_envelope
 from tests.helpers import assert_eventually
 from tests.integration.test_cli import Gt, Run
 from tests.log_tools import read_all
-from tests.witness_town import PolecatTown, make_origin, polecat_town
+from tests.witness_town import PolecatTown, make_origin
 
 HANG = "GT_AGENT_FAULT=hang@1 gt-agent"
 HANG_ALWAYS = "GT_AGENT_FAULT=hang gt-agent"
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
 
 
 @pytest.fixture

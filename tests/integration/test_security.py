@@ -9,7 +9,7 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,9 +22,8 @@ from shared.core.config import TownConfig
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually, wait_until
 from tests.integration.test_town import TownCli
-from tests.integration.test_witness import run_gt
 from tests.service_process import ServiceProcess
-from tests.witness_town import PolecatTown, polecat_town
+from tests.witness_town import PolecatTown, polecat_town, run_gt
 
 SECRETS = {
     "NATS_USER": "refinery",
@@ -35,12 +34,6 @@ SECRETS = {
     "AWS_SECRET_ACCESS_KEY": "cloud-key-3",
 }
 """What a refinery's environment may hold besides what gates need (its NATS user, a cloud key of the host)."""
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
 
 
 async def gate_environment(pt: PolecatTown, seen: Path, name: str) -> dict[str, str]:

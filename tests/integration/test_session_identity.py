@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (the fixtures of test_permissions, imported, are parameters here)
 """Per-session NATS identities (issue 20, points 4 and 5) on a real nats-server with the shipped accounts file:
 each polecat session logs in as itself through the auth callout and may use its own command subjects, its own
 KV keys and its own inbox, nothing of another session's; no user reads another's inbox."""
@@ -32,15 +31,7 @@ from shared.core.ids import hook_lease_name
 from shared.core.subjects import SessionOrigin, session_command_subject
 from shared.model.session_identity import AGENT_COMMANDS
 from tests.helpers import assert_eventually
-from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
-    SecuredTown,
-    callout,
-    passwords,
-    responder_for,
-    secured,
-    services_as_themselves,
-    st,
-)
+from tests.secured_town import SecuredTown, responder_for, services_as_themselves
 
 A = SessionOrigin("demo", "ace", "hq-aaaaaa-1")
 B = SessionOrigin("demo", "bob", "hq-bbbbbb-1")

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (the fixtures of test_permissions, imported, are parameters here)
 """Mail is private between polecats at the query level too (issue 20): on a real nats-server with the shipped
 accounts, two live polecat sessions in real tmux, each logged in as itself, the real `gt` inside one session reads
 no other polecat's mail through any query (a message of others is refused ``unauthorized``; lists leave it out),
@@ -16,14 +15,7 @@ from services.witness.state import Session
 from shared.core.subjects import SessionOrigin
 from tests.helpers import assert_eventually
 from tests.integration.test_command_origin import use_the_witness_identity
-from tests.integration.test_permissions import (  # noqa: F401 (fixtures)
-    SecuredTown,
-    callout,
-    passwords,
-    secured,
-    services_as_themselves,
-    st,
-)
+from tests.secured_town import SecuredTown, services_as_themselves
 from tests.witness_town import PolecatTown
 
 

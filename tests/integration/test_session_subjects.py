@@ -11,28 +11,17 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import nats
-import pytest
-from nats.aio.client import Client
 
 from services.witness.state import Session
 from shared.core import subjects
-from shared.core.config import TownConfig
 from shared.model.events import decode_envelope
 from tests.drivers import send_and_wait
 from tests.helpers import assert_eventually
 from tests.log_tools import read_all
-from tests.witness_town import PolecatTown, polecat_town
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
+from tests.witness_town import PolecatTown
 
 
 async def as_session(pt: PolecatTown, sender: Session, aggregate: str, verb: str, **body: Any) -> dict[str, Any]:

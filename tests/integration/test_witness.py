@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,21 +27,9 @@ from shared.model.events import MoleculeAttached, SessionRequested, SessionStart
 from shared.service.intake import to_pending
 from tests.helpers import assert_eventually
 from tests.log_tools import read_all
-from tests.witness_town import PolecatTown, polecat_town
+from tests.witness_town import PolecatTown, polecat_town, run_gt
 
 STEPS = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
-
-
-@pytest.fixture
-async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
-    async with polecat_town(town, nc, tmp_path) as handle:
-        yield handle
-
-
-async def run_gt(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """Run the gt CLI as an agent would, without blocking the services running on this event loop."""
-    command = [sys.executable, "-m", "gt.cli.main", *args]
-    return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
 
 
 async def step_done_counts(pt: PolecatTown, bead: str) -> dict[str, int]:

@@ -7,40 +7,7 @@ from __future__ import annotations
 import pytest
 
 from shared.bus.topology import COMMAND_OWNERS, command_filters, owner_of
-from shared.model.commands import (
-    COMMANDS,
-    AutomationRun,
-    BeadClaim,
-    BeadClose,
-    BeadCreate,
-    BeadSling,
-    BeadUpdate,
-    Command,
-    ConvoyAdd,
-    ConvoyCreate,
-    EscalationAck,
-    EscalationRaise,
-    GcSweep,
-    LeaseAcquire,
-    LeaseRelease,
-    MailRead,
-    MailReply,
-    MailSend,
-    MergeQueueResume,
-    MergeRequestDone,
-    MergeRequestReject,
-    MergeRequestRetry,
-    MergeRequestSubmit,
-    NudgeSend,
-    RigAdd,
-    RigPark,
-    RigUpdate,
-    SessionFinish,
-    SessionRecoverHook,
-    SessionStop,
-    StepDone,
-    StepStart,
-)
+from shared.model import commands as cmds
 from shared.model.commands.base import ScopeRef
 from shared.model.commands.rigs import mr_id_for
 
@@ -48,11 +15,11 @@ HEAD = "a" * 40
 SERVICES = {"mayor", "witness", "refinery", "deacon"}
 
 
-ALL = sorted(COMMANDS.values(), key=lambda c: c.SUBJECT)
+ALL = sorted(cmds.COMMANDS.values(), key=lambda c: c.SUBJECT)
 
 
 @pytest.mark.parametrize("cls", ALL, ids=[c.SUBJECT for c in ALL])
-def test_every_command_names_a_service_as_its_owner_and_its_aggregate_agrees(cls: type[Command]) -> None:
+def test_every_command_names_a_service_as_its_owner_and_its_aggregate_agrees(cls: type[cmds.Command]) -> None:
     assert cls.OWNER in SERVICES
     assert owner_of(cls.SUBJECT) == cls.OWNER
     assert COMMAND_OWNERS[cls.SUBJECT.split(".")[2]] == cls.OWNER
@@ -68,68 +35,70 @@ def test_the_consumers_read_what_they_read_before_the_owners_moved_onto_the_comm
 @pytest.mark.parametrize(
     ("cmd", "key"),
     [
-        (BeadCreate(title="t"), None),
-        (BeadCreate(title="t", new_id="hq-abc123"), "bead:hq-abc123"),
-        (MailSend(to="mayor", body="b", new_id="hq-abc123"), "bead:hq-abc123"),
-        (MailReply(id="hq-aaaaaa", body="b", new_id="hq-abc123"), "bead:hq-abc123"),
-        (ConvoyCreate(title="c", new_id="cv-abc123"), "convoy:cv-abc123"),
-        (EscalationRaise(severity="low", message="m", new_id="esc-abc123"), "escalation:esc-abc123"),
-        (EscalationRaise(severity="low", message="m"), None),
-        (BeadUpdate(id="hq-1", title="x"), "bead:hq-1"),
-        (BeadClose(id="hq-1"), "bead:hq-1"),
-        (BeadSling(id="hq-1", rig="demo"), "bead:hq-1"),
-        (MailRead(id="hq-1"), "bead:hq-1"),
-        (StepStart(bead="hq-1", step="s"), "bead:hq-1"),
-        (StepDone(bead="hq-1", step="s"), "bead:hq-1"),
-        (ConvoyAdd(id="cv-1", beads=["hq-1"]), "convoy:cv-1"),
-        (EscalationAck(id="esc-1"), "escalation:esc-1"),
-        (RigAdd(name="demo", repo="/r"), "rig:demo"),
-        (RigUpdate(name="demo", max_polecats=2), "rig:demo"),
-        (RigPark(name="demo"), "rig:demo"),
-        (SessionFinish(session="s-1"), "session:s-1"),
-        (SessionStop(session="s-1"), "session:s-1"),
-        (SessionRecoverHook(bead="hq-1", token=3), "hook:hq-1"),
-        (NudgeSend(target="s-1", message="hi"), None),
-        (MergeRequestRetry(id="mr-1"), "mr:mr-1"),
-        (MergeRequestReject(id="mr-1"), "mr:mr-1"),
-        (MergeQueueResume(rig="demo"), "mq:demo"),
-        (LeaseAcquire(lease="l", holder="h", ttl_s=5), "lease:l"),
-        (LeaseRelease(lease="l", holder="h", token=1), "lease:l"),
-        (AutomationRun(name="nightly"), "automation:nightly"),
-        (GcSweep(), "gc"),
+        (cmds.BeadCreate(title="t"), None),
+        (cmds.BeadCreate(title="t", new_id="hq-abc123"), "bead:hq-abc123"),
+        (cmds.MailSend(to="mayor", body="b", new_id="hq-abc123"), "bead:hq-abc123"),
+        (cmds.MailReply(id="hq-aaaaaa", body="b", new_id="hq-abc123"), "bead:hq-abc123"),
+        (cmds.ConvoyCreate(title="c", new_id="cv-abc123"), "convoy:cv-abc123"),
+        (cmds.EscalationRaise(severity="low", message="m", new_id="esc-abc123"), "escalation:esc-abc123"),
+        (cmds.EscalationRaise(severity="low", message="m"), None),
+        (cmds.BeadUpdate(id="hq-1", title="x"), "bead:hq-1"),
+        (cmds.BeadClose(id="hq-1"), "bead:hq-1"),
+        (cmds.BeadSling(id="hq-1", rig="demo"), "bead:hq-1"),
+        (cmds.MailRead(id="hq-1"), "bead:hq-1"),
+        (cmds.StepStart(bead="hq-1", step="s"), "bead:hq-1"),
+        (cmds.StepDone(bead="hq-1", step="s"), "bead:hq-1"),
+        (cmds.ConvoyAdd(id="cv-1", beads=["hq-1"]), "convoy:cv-1"),
+        (cmds.EscalationAck(id="esc-1"), "escalation:esc-1"),
+        (cmds.RigAdd(name="demo", repo="/r"), "rig:demo"),
+        (cmds.RigUpdate(name="demo", max_polecats=2), "rig:demo"),
+        (cmds.RigPark(name="demo"), "rig:demo"),
+        (cmds.SessionFinish(session="s-1"), "session:s-1"),
+        (cmds.SessionStop(session="s-1"), "session:s-1"),
+        (cmds.SessionRecoverHook(bead="hq-1", token=3), "hook:hq-1"),
+        (cmds.NudgeSend(target="s-1", message="hi"), None),
+        (cmds.MergeRequestRetry(id="mr-1"), "mr:mr-1"),
+        (cmds.MergeRequestReject(id="mr-1"), "mr:mr-1"),
+        (cmds.MergeQueueResume(rig="demo"), "mq:demo"),
+        (cmds.LeaseAcquire(lease="l", holder="h", ttl_s=5), "lease:l"),
+        (cmds.LeaseRelease(lease="l", holder="h", token=1), "lease:l"),
+        (cmds.AutomationRun(name="nightly"), "automation:nightly"),
+        (cmds.GcSweep(), "gc"),
     ],
     ids=repr,
 )
-def test_a_command_is_ordered_behind_the_others_on_its_aggregate(cmd: Command, key: str | None) -> None:
+def test_a_command_is_ordered_behind_the_others_on_its_aggregate(cmd: cmds.Command, key: str | None) -> None:
     assert cmd.ordering_key() == key
 
 
 def test_a_merge_request_is_ordered_with_the_retries_and_rejections_of_the_same_request() -> None:
-    submit = MergeRequestSubmit(bead="de-1", rig="demo", branch="b", head=HEAD)
-    done = MergeRequestDone(bead="de-1", rig="demo", branch="b", head=HEAD, session="s-1")
+    submit = cmds.MergeRequestSubmit(bead="de-1", rig="demo", branch="b", head=HEAD)
+    done = cmds.MergeRequestDone(bead="de-1", rig="demo", branch="b", head=HEAD, session="s-1")
     mr = mr_id_for("demo", "de-1", HEAD)
-    assert submit.ordering_key() == done.ordering_key() == MergeRequestRetry(id=mr).ordering_key() == f"mr:{mr}"
-    other_bead = MergeRequestSubmit(bead="de-2", rig="demo", branch="b", head=HEAD)
+    assert submit.ordering_key() == done.ordering_key() == cmds.MergeRequestRetry(id=mr).ordering_key() == f"mr:{mr}"
+    other_bead = cmds.MergeRequestSubmit(bead="de-2", rig="demo", branch="b", head=HEAD)
     assert other_bead.ordering_key() != submit.ordering_key()
 
 
 def test_only_steps_claims_and_done_merge_requests_work_a_bead_as_its_hook_holder() -> None:
-    assert StepStart(bead="hq-1", step="s").worked_bead() == "hq-1"
-    assert StepDone(bead="hq-1", step="s").worked_bead() == "hq-1"
-    assert BeadClaim(id="hq-1", assignee="a").worked_bead() == "hq-1"
-    assert MergeRequestDone(bead="hq-1", rig="demo", branch="b", head=HEAD, session="s-1").worked_bead() == "hq-1"
+    assert cmds.StepStart(bead="hq-1", step="s").worked_bead() == "hq-1"
+    assert cmds.StepDone(bead="hq-1", step="s").worked_bead() == "hq-1"
+    assert cmds.BeadClaim(id="hq-1", assignee="a").worked_bead() == "hq-1"
+    assert cmds.MergeRequestDone(bead="hq-1", rig="demo", branch="b", head=HEAD, session="s-1").worked_bead() == "hq-1"
     # A hand-submitted merge request, a close or a sling of the bead is no hook holder's work.
-    assert MergeRequestSubmit(bead="hq-1", rig="demo", branch="b", head=HEAD).worked_bead() is None
-    assert BeadClose(id="hq-1").worked_bead() is None
-    assert BeadSling(id="hq-1", rig="demo").worked_bead() is None
-    worked = {c.SUBJECT for c in COMMANDS.values() if "worked_bead" in vars(c)}
+    assert cmds.MergeRequestSubmit(bead="hq-1", rig="demo", branch="b", head=HEAD).worked_bead() is None
+    assert cmds.BeadClose(id="hq-1").worked_bead() is None
+    assert cmds.BeadSling(id="hq-1", rig="demo").worked_bead() is None
+    worked = {c.SUBJECT for c in cmds.COMMANDS.values() if "worked_bead" in vars(c)}
     assert worked == {"gt.cmd.bead.claim", "gt.cmd.mr.done"}  # the two steps inherit theirs
 
 
 def test_witness_commands_name_what_places_them_in_a_rig() -> None:
-    assert RigAdd(name="demo", repo="/r").scope_ref() == ScopeRef("rig", "demo")
-    assert SessionFinish(session="s-1").scope_ref() == ScopeRef("session", "s-1")
-    assert NudgeSend(target="demo/ace", message="hi").scope_ref() == ScopeRef("target", "demo/ace")
-    assert SessionRecoverHook(bead="hq-1", token=1).scope_ref() == ScopeRef("bead", "hq-1")
-    unplaced = [c.SUBJECT for c in COMMANDS.values() if c.OWNER == "witness" and c.scope_ref is Command.scope_ref]
+    assert cmds.RigAdd(name="demo", repo="/r").scope_ref() == ScopeRef("rig", "demo")
+    assert cmds.SessionFinish(session="s-1").scope_ref() == ScopeRef("session", "s-1")
+    assert cmds.NudgeSend(target="demo/ace", message="hi").scope_ref() == ScopeRef("target", "demo/ace")
+    assert cmds.SessionRecoverHook(bead="hq-1", token=1).scope_ref() == ScopeRef("bead", "hq-1")
+    unplaced = [
+        c.SUBJECT for c in cmds.COMMANDS.values() if c.OWNER == "witness" and c.scope_ref is cmds.Command.scope_ref
+    ]
     assert unplaced == []

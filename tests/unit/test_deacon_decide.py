@@ -21,31 +21,20 @@ from shared.model.events import (
     BeadClaimed,
     BeadCreated,
     BeadSlung,
-    Event,
     LeaseAcquired,
     LeaseExpired,
     LeaseReleased,
     ServiceDown,
     ServiceUp,
 )
-from tests.memory_log import MemoryLog
+from tests.memory_log import Fed
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 
 
-class Deacon:
+class Deacon(Fed[DeaconState]):
     def __init__(self) -> None:
-        self.projection = new_projection()
-        self.log = MemoryLog()
-
-    @property
-    def state(self) -> DeaconState:
-        state: DeaconState = self.projection.state
-        return state
-
-    def add(self, *events: Event, at: datetime = T0) -> None:
-        self.log.record(events, ts=at)
-        self.log.replay(self.projection, after=self.projection.last_seq)
+        super().__init__(new_projection(), clock=T0)
 
     def decide(self, cmd: LeaseAcquire | LeaseRelease | GcSweep | BeadClose, at: datetime = T0) -> Accepted:
         ctx = DecideContext(now=at, command_id="c-1", actor="operator:ann", new_id=lambda prefix: f"{prefix}-1")

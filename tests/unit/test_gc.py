@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import pytest
@@ -42,7 +42,6 @@ from shared.model.events import (
     BeadCreated,
     BeadSlung,
     CommandAccepted,
-    Event,
     GcSwept,
     LeaseAcquired,
     LeaseExpired,
@@ -69,32 +68,19 @@ from shared.model.events import (
 from shared.model.queries import mayor, refinery
 from shared.service.projection import Projection
 from tests.mayor_town import mayor_town
-from tests.memory_log import MemoryLog
+from tests.memory_log import Fed
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 HOUR = 3600.0
 S = TypeVar("S", bound=msgspec.Struct)
 
 
-class Fed(Generic[S]):
+class Swept(Fed[S]):
     """A projection fed events at the test's clock, whose log can be replayed into fresh projections."""
 
     def __init__(self, make: Callable[[], Projection[S]]) -> None:
+        super().__init__(make(), clock=T0)
         self.make = make
-        self.projection = make()
-        self.log = MemoryLog()
-        self.clock = T0
-
-    @property
-    def state(self) -> S:
-        return self.projection.state
-
-    def add(self, *events: Event) -> None:
-        self.log.record(events, ts=self.clock)
-        self.log.replay(self.projection, after=self.projection.last_seq)
-
-    def tick(self, seconds: float) -> None:
-        self.clock += timedelta(seconds=seconds)
 
     def sweep(self, ttl_s: float) -> datetime:
         cutoff = self.clock - timedelta(seconds=ttl_s)
@@ -119,7 +105,7 @@ class Fed(Generic[S]):
 # ---- witness -----------------------------------------------------------------------------------
 
 
-class Witness(Fed[WitnessState]):
+class Witness(Swept[WitnessState]):
     def __init__(self) -> None:
         super().__init__(witness_projection)
         self.add(RigAdded(rig="demo", repo="/repos/demo.git", prefix="de", agent_command="gt-agent"))
@@ -313,7 +299,7 @@ def _assert_mayor_replays(town: Any) -> None:
 # ---- refinery ----------------------------------------------------------------------------------
 
 
-class Refinery(Fed[RefineryState]):
+class Refinery(Swept[RefineryState]):
     def __init__(self) -> None:
         super().__init__(refinery_projection)
         self.add(RigAdded(rig="demo", repo="/repos/demo.git", prefix="de", agent_command="gt-agent"))
@@ -379,7 +365,7 @@ def test_the_refinery_drops_finished_merge_requests_of_closed_beads_with_their_i
 # ---- deacon ------------------------------------------------------------------------------------
 
 
-class Deacon(Fed[DeaconState]):
+class Deacon(Swept[DeaconState]):
     def __init__(self) -> None:
         super().__init__(deacon_projection)
 

@@ -8,20 +8,7 @@ import json
 from typing import Any
 
 from gt.model_server import Fault, Script, Turn, bash, edit, exhaust_context, say, use, write
-from gt.model_server.script import (
-    COMPACTION_PROMPT,
-    EXHAUSTED_CONTEXT,
-    check_prompt,
-    check_results,
-    compaction_summary,
-    fault_for,
-    is_compaction_request,
-    is_side_request,
-    script_name,
-    side_answer,
-    tool_use_id,
-    turn_index,
-)
+from gt.model_server import script as script
 from gt.model_server.wire import (
     content_blocks,
     encode_event,
@@ -56,70 +43,70 @@ def test_the_turn_asked_for_is_the_number_of_assistant_messages_so_a_retry_gets_
     second = _request(
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": content_blocks(STORY.turns[0], "story", 0)},
-        {"role": "user", "content": [_result(tool_use_id("story", 0, 0), "On branch main")]},
+        {"role": "user", "content": [_result(script.tool_use_id("story", 0, 0), "On branch main")]},
     )
-    assert turn_index(first) == 0
-    assert turn_index(second) == 1
-    assert turn_index(second) == turn_index(dict(second))  # the same request again: the same turn
+    assert script.turn_index(first) == 0
+    assert script.turn_index(second) == 1
+    assert script.turn_index(second) == script.turn_index(dict(second))  # the same request again: the same turn
 
 
 def test_a_script_is_named_by_header_then_by_marker_in_the_system_prompt_or_first_message() -> None:
     marked_system = _request({"role": "user", "content": "hi"}, system=[{"type": "text", "text": "[model-script:s2]"}])
     marked_prompt = _request({"role": "user", "content": [{"type": "text", "text": "bead [model-script: s3 ] go"}]})
-    assert script_name({"x-gt-model-script": "s1"}, marked_system) == "s1"
-    assert script_name({}, marked_system) == "s2"
-    assert script_name({}, marked_prompt) == "s3"
-    assert script_name({}, _request({"role": "user", "content": "nothing"})) is None
+    assert script.script_name({"x-gt-model-script": "s1"}, marked_system) == "s1"
+    assert script.script_name({}, marked_system) == "s2"
+    assert script.script_name({}, marked_prompt) == "s3"
+    assert script.script_name({}, _request({"role": "user", "content": "nothing"})) is None
 
 
 def test_requests_without_tools_are_side_requests() -> None:
-    assert is_side_request(_request({"role": "user", "content": "title?"}, tools=[]))
-    assert is_side_request({"messages": []})
-    assert not is_side_request(_request({"role": "user", "content": "go"}))
+    assert script.is_side_request(_request({"role": "user", "content": "title?"}, tools=[]))
+    assert script.is_side_request({"messages": []})
+    assert not script.is_side_request(_request({"role": "user", "content": "go"}))
 
 
 def test_tool_results_are_checked_against_what_the_turn_expects() -> None:
     good = _request(
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": []},
-        {"role": "user", "content": [_result(tool_use_id("story", 0, 0), "On branch main\nnothing to commit")]},
+        {"role": "user", "content": [_result(script.tool_use_id("story", 0, 0), "On branch main\nnothing to commit")]},
     )
     wrong = _request(
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": []},
-        {"role": "user", "content": [_result(tool_use_id("story", 0, 0), "fatal: not a git repository")]},
+        {"role": "user", "content": [_result(script.tool_use_id("story", 0, 0), "fatal: not a git repository")]},
     )
     missing = _request({"role": "user", "content": "go"}, {"role": "assistant", "content": []})
-    assert check_results(STORY, 1, good) == []
-    assert check_results(STORY, 0, good) == []  # the first turn follows no tool use
-    (failure,) = check_results(STORY, 1, wrong)
+    assert script.check_results(STORY, 1, good) == []
+    assert script.check_results(STORY, 0, good) == []  # the first turn follows no tool use
+    (failure,) = script.check_results(STORY, 1, wrong)
     assert "does not contain 'On branch main'" in failure
     assert "fatal: not a git repository" in failure
-    assert "no tool_result came back for Bash" in check_results(STORY, 1, missing)[0]
+    assert "no tool_result came back for Bash" in script.check_results(STORY, 1, missing)[0]
 
 
 def test_a_turn_may_require_text_in_the_newest_prompt() -> None:
     typed = _request({"role": "user", "content": [{"type": "text", "text": "please write the file"}]})
-    assert check_prompt(Turn(prompt="write the file"), typed, 0) == []
-    assert "does not contain 'commit'" in check_prompt(Turn(prompt="commit"), typed, 0)[0]
+    assert script.check_prompt(Turn(prompt="write the file"), typed, 0) == []
+    assert "does not contain 'commit'" in script.check_prompt(Turn(prompt="commit"), typed, 0)[0]
     # Claude Code's interactive requests end with a system-role message after the typed prompt.
     with_system = _request(
         {"role": "user", "content": [{"type": "text", "text": "please write the file"}]},
         {"role": "system", "content": [{"type": "text", "text": "Today's date is ..."}]},
     )
-    assert check_prompt(Turn(prompt="write the file"), with_system, 0) == []
+    assert script.check_prompt(Turn(prompt="write the file"), with_system, 0) == []
 
 
 def test_faults_are_answered_in_order_then_the_turn() -> None:
     faults = (Fault(kind="rate_limited", times=2), Fault(kind="overloaded"))
-    assert [fault.kind if fault else None for fault in (fault_for(faults, n) for n in range(4))] == [
+    assert [fault.kind if fault else None for fault in (script.fault_for(faults, n) for n in range(4))] == [
         "rate_limited",
         "rate_limited",
         "overloaded",
         None,
     ]
     forever = (Fault(kind="unauthorized", times=None),)
-    assert fault_for(forever, 99) == forever[0]
+    assert script.fault_for(forever, 99) == forever[0]
 
 
 def test_a_streamed_message_reassembles_into_the_non_streamed_one() -> None:
@@ -183,15 +170,18 @@ def test_a_side_request_asking_for_json_gets_the_smallest_value_its_schema_allow
         "additionalProperties": False,
     }
     asking = {"output_config": {"effort": "medium", "format": {"type": "json_schema", "schema": title_schema}}}
-    assert json.loads(side_answer(asking)) == {"title": "Scripted session", "n": 0}
-    assert side_answer({"messages": []}) == "Scripted session"
+    assert json.loads(script.side_answer(asking)) == {"title": "Scripted session", "n": 0}
+    assert script.side_answer({"messages": []}) == "Scripted session"
 
 
 def _compaction_request(*conversation: dict[str, Any]) -> dict[str, Any]:
     """Claude Code's summary request (2.1.332): the conversation with its tools, the newest user message carrying
     the summary instruction after its tool results."""
     *earlier, newest = conversation
-    asking = {"type": "text", "text": f"CRITICAL: Respond with TEXT ONLY.\n\nYour task is to {COMPACTION_PROMPT}, ..."}
+    asking = {
+        "type": "text",
+        "text": f"CRITICAL: Respond with TEXT ONLY.\n\nYour task is to {script.COMPACTION_PROMPT}, ...",
+    }
     return _request(*earlier, {"role": "user", "content": [*newest["content"], asking]})
 
 
@@ -199,13 +189,13 @@ def test_a_compaction_request_is_recognised_and_the_turns_after_it_count_on_from
     before = (
         {"role": "user", "content": [{"type": "text", "text": "bead [model-script:story] go"}]},
         {"role": "assistant", "content": content_blocks(STORY.turns[0], "story", 0)},
-        {"role": "user", "content": [_result(tool_use_id("story", 0, 0), "On branch main")]},
+        {"role": "user", "content": [_result(script.tool_use_id("story", 0, 0), "On branch main")]},
     )
     compacting = _compaction_request(*before)
-    assert is_compaction_request(compacting)
-    assert not is_compaction_request(_request(*before))
-    assert not is_side_request(compacting), "it offers the tools like a turn"
-    summary = compaction_summary("story", turn_index(compacting))
+    assert script.is_compaction_request(compacting)
+    assert not script.is_compaction_request(_request(*before))
+    assert not script.is_side_request(compacting), "it offers the tools like a turn"
+    summary = script.compaction_summary("story", script.turn_index(compacting))
     assert "<summary>" in summary
     assert "[model-turns:1]" in summary
     # What Claude Code sends next: the summary's content first, then the newest exchange it kept verbatim.
@@ -220,22 +210,27 @@ def test_a_compaction_request_is_recognised_and_the_turns_after_it_count_on_from
         {"role": "assistant", "content": content_blocks(STORY.turns[1], "story", 1)},
         {
             "role": "user",
-            "content": [_result(tool_use_id("story", 1, 0), "ok"), _result(tool_use_id("story", 1, 1), "updated")],
+            "content": [
+                _result(script.tool_use_id("story", 1, 0), "ok"),
+                _result(script.tool_use_id("story", 1, 1), "updated"),
+            ],
         },
     )
-    assert turn_index(after) == 2, "one turn summarised, one kept: the next is turn 2"
-    assert check_results(STORY, 2, after) == []
-    assert script_name({}, after) == "story", "the summary names the script the beacon named"
+    assert script.turn_index(after) == 2, "one turn summarised, one kept: the next is turn 2"
+    assert script.check_results(STORY, 2, after) == []
+    assert script.script_name({}, after) == "story", "the summary names the script the beacon named"
     # Compacted again later: the newest summary counts.
     again = _request(
-        {"role": "user", "content": [{"type": "text", "text": compaction_summary("story", 5)}]},
+        {"role": "user", "content": [{"type": "text", "text": script.compaction_summary("story", 5)}]},
         {"role": "assistant", "content": []},
     )
-    assert turn_index(again) == 6
+    assert script.turn_index(again) == 6
 
 
 def test_a_turn_can_report_a_conversation_that_fills_the_context_window() -> None:
     turn = exhaust_context(use(bash("make")))
-    assert turn.context_tokens == EXHAUSTED_CONTEXT
+    assert turn.context_tokens == script.EXHAUSTED_CONTEXT
     assert turn.tool_uses == use(bash("make")).tool_uses
-    assert 967_000 < EXHAUSTED_CONTEXT < 1_000_000, "past Claude Code's auto-compact threshold, within the window"
+    assert 967_000 < script.EXHAUSTED_CONTEXT < 1_000_000, (
+        "past Claude Code's auto-compact threshold, within the window"
+    )

@@ -23,7 +23,6 @@ from shared.model.events import (
     BeadSlung,
     CommandAccepted,
     ConvoyCreated,
-    Event,
     LeaseAcquired,
     MergeRequestClaimed,
     MergeRequestConflicted,
@@ -41,10 +40,6 @@ POLICY = plan.Policy(lease_s=900)
 class Queue(MemoryTown[RefineryState]):
     def __init__(self) -> None:
         super().__init__(new_projection(), decide, service="refinery")
-
-    def add(self, *events: Event) -> None:
-        self.log.record(events, ts=self.clock)
-        self.log.replay(self.projection, after=self.projection.last_seq)
 
     def rig(self, name: str = "demo") -> None:
         self.add(RigAdded(rig=name, repo=f"/repos/{name}.git", prefix=name[:2], agent_command="gt-agent"))

@@ -22,7 +22,6 @@ from shared.model.events import (
     BeadClosed,
     BeadCreated,
     BeadSlung,
-    Event,
     LeaseAcquired,
     LeaseExpired,
     LeaseReleased,
@@ -34,8 +33,7 @@ from shared.model.events import (
     SessionRequested,
     SessionStarted,
 )
-from tests.memory_log import MemoryLog
-from tests.unit.test_witness_decide import Fed
+from tests.memory_log import Deciding, Fed
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 BEAD, SESSION = "demo-1", "demo-1-1"
@@ -46,19 +44,9 @@ RECOVER = "gt.cmd.session.recover_hook"
 # ---- the deacon: which hooks are stale ---------------------------------------------------------
 
 
-class Deacon:
+class Deacon(Fed[DeaconState]):
     def __init__(self) -> None:
-        self.projection = new_deacon_projection()
-        self.log = MemoryLog()
-
-    @property
-    def state(self) -> DeaconState:
-        state: DeaconState = self.projection.state
-        return state
-
-    def add(self, *events: Event, at: datetime = T0) -> None:
-        self.log.record(events, ts=at)
-        self.log.replay(self.projection, after=self.projection.last_seq)
+        super().__init__(new_deacon_projection(), clock=T0)
 
     def stale(self, now: datetime, after_s: float = 60.0) -> list[tuple[str, int]]:
         return [(h.bead, h.token) for h in stale(self.state.hooks, self.state.leases, now, after_s)]
@@ -110,8 +98,8 @@ def test_stale_hook_command_ids_are_valid_and_stable_for_long_beads() -> None:
 # ---- the witness: what it does with one --------------------------------------------------------
 
 
-def witness_with_ended_session(end_reason: str = "done", *, cleaned: bool = True) -> Fed:
-    fed = Fed(new_witness_projection(), witness_decide.decide)
+def witness_with_ended_session(end_reason: str = "done", *, cleaned: bool = True) -> Deciding:
+    fed = Deciding(new_witness_projection(), witness_decide.decide, clock=T0)
     fed.add(RigAdded(rig="demo", repo="/repos/demo.git", prefix="demo", agent_command="gt-agent"))
     fed.add(BeadCreated(bead_id=BEAD, title="a bead"), BeadSlung(bead_id=BEAD, rig="demo"))
     fed.add(

@@ -3,7 +3,6 @@ intake), and the reference agent's fault syntax."""
 
 from __future__ import annotations
 
-import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,60 +14,25 @@ from services.refinery import decide as refinery_decide
 from services.refinery.projection import new_projection as new_refinery_projection
 from services.witness import decide as witness_decide
 from services.witness.projection import new_projection as new_witness_projection
-from shared.core.errors import CommandError
-from shared.model.commands import parse_command
-from shared.model.decision import Accepted, DecideContext
 from shared.model.events import (
     BeadCreated,
     BeadSlung,
-    Event,
     RigAdded,
     SessionEnded,
     SessionRequested,
     SessionStarted,
 )
-from shared.service.projection import Projection
-from tests.memory_log import MemoryLog
+from tests.memory_log import Deciding
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 HEAD = "0123456789abcdef0123456789abcdef01234567"
 
 
-class Fed:
-    """A projection fed events directly, and commands decided against it and folded back."""
-
-    def __init__(self, projection: Projection[Any], decide: Any) -> None:
-        self.projection = projection
-        self.decide = decide
-        self.log = MemoryLog()
-        self._ids = itertools.count(1)
-
-    def add(self, *events: Event) -> None:
-        self.log.record(events, ts=T0)
-        self.log.replay(self.projection, after=self.projection.last_seq)
-
-    def send(self, subject: str, facts: object = None, **body: Any) -> dict[str, Any]:
-        cmd = parse_command(subject, msgspec.json.encode(body))
-        ctx = DecideContext(
-            now=T0, command_id="c-1", actor="operator", new_id=lambda p: f"{p}-{next(self._ids)}", facts=facts
-        )
-        accepted: Accepted = self.decide(self.projection.state, cmd, ctx)
-        for new in accepted.events:
-            self.add(new.payload)
-        result: dict[str, Any] = msgspec.to_builtins(accepted.result)  # as the outcome carries it
-        return result
-
-    def reject(self, subject: str, facts: object = None, **body: Any) -> CommandError:
-        with pytest.raises(CommandError) as caught:
-            self.send(subject, facts, **body)
-        return caught.value
+def witness() -> Deciding:
+    return Deciding(new_witness_projection(), witness_decide.decide, clock=T0)
 
 
-def witness() -> Fed:
-    return Fed(new_witness_projection(), witness_decide.decide)
-
-
-def with_session(fed: Fed) -> Fed:
+def with_session(fed: Deciding) -> Deciding:
     fed.add(RigAdded(rig="demo", repo="/repos/demo.git", prefix="demo", agent_command="gt-agent"))
     fed.add(BeadCreated(bead_id="demo-1", title="a bead"), BeadSlung(bead_id="demo-1", rig="demo"))
     fed.add(
@@ -287,8 +251,8 @@ def test_a_nudge_message_must_be_one_line() -> None:
 # ---- merge request intake (refinery) -----------------------------------------------------------
 
 
-def refinery() -> Fed:
-    fed = Fed(new_refinery_projection(), refinery_decide.decide)
+def refinery() -> Deciding:
+    fed = Deciding(new_refinery_projection(), refinery_decide.decide, clock=T0)
     fed.add(RigAdded(rig="demo", repo="/repos/demo.git", prefix="demo", agent_command="gt-agent"))
     fed.add(BeadCreated(bead_id="demo-1", title="a bead"), BeadSlung(bead_id="demo-1", rig="demo"))
     return fed

@@ -37,7 +37,6 @@ from shared.model.events import (
     BeadSlung,
     BeadUnslung,
     BeadUpdated,
-    Event,
     LeaseAcquired,
     LeaseExpired,
     LeaseReleased,
@@ -60,7 +59,7 @@ from shared.model.events import (
     SessionWarranted,
     StepCompleted,
 )
-from tests.memory_log import MemoryLog
+from tests.memory_log import Fed
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 POLICY = Policy(rigs_root="/town/rigs", min_orphan_age_s=60, done_stuck_after_s=60, respawn_backoff_s=0)
@@ -68,25 +67,11 @@ POLICY = Policy(rigs_root="/town/rigs", min_orphan_age_s=60, done_stuck_after_s=
 BACKOFF = Policy(rigs_root="/town/rigs", respawn_backoff_s=5, respawn_backoff_max_s=30, respawn_backoff_reset_s=120)
 
 
-class World:
+class World(Fed[WitnessState]):
     """A witness projection fed event by event, with a clock the test moves."""
 
     def __init__(self) -> None:
-        self.projection = new_projection()
-        self.log = MemoryLog()
-        self.clock = T0
-
-    @property
-    def state(self) -> WitnessState:
-        state: WitnessState = self.projection.state
-        return state
-
-    def add(self, *events: Event) -> None:
-        self.log.record(events, ts=self.clock)
-        self.log.replay(self.projection, after=self.projection.last_seq)
-
-    def tick(self, seconds: float) -> None:
-        self.clock += timedelta(seconds=seconds)
+        super().__init__(new_projection(), clock=T0)
 
     def rig(self, name: str = "demo", **options: Any) -> None:
         self.add(RigAdded(rig=name, repo="/repos/demo.git", prefix=name[:2], agent_command="gt-agent", **options))

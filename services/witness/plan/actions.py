@@ -14,24 +14,25 @@ import msgspec
 class Action(msgspec.Struct, frozen=True, kw_only=True):
     PRIORITY: ClassVar[int] = 5
     """Lower runs first: killing and restarting before cleaning up."""
+    KEY: ClassVar[tuple[str, str]]
+    """What the action is one-at-a-time for: a kind, and the field naming the one of that kind."""
 
     @property
     def key(self) -> str:
-        raise NotImplementedError
+        kind, field = self.KEY
+        return f"{kind}:{getattr(self, field)}"
 
 
 class SessionAction(Action, frozen=True, kw_only=True):
+    KEY = ("session", "session")
     session: str
-
-    @property
-    def key(self) -> str:
-        return f"session:{self.session}"
 
 
 class Spawn(Action, frozen=True, kw_only=True):
     """Record ``session.requested`` for a bead that needs a session (after re-slinging it), then start it."""
 
     PRIORITY: ClassVar[int] = 1
+    KEY = ("bead", "bead")
     bead: str
     session: str
     rig: str
@@ -43,10 +44,6 @@ class Spawn(Action, frozen=True, kw_only=True):
     handoff_of: str | None = None
     resling: bool = False
     """Move the bead's hook to the new session first (after a death; a handoff keeps the hook)."""
-
-    @property
-    def key(self) -> str:
-        return f"bead:{self.bead}"
 
 
 class Start(SessionAction, frozen=True, kw_only=True):
@@ -108,34 +105,25 @@ class KillOrphan(Action, frozen=True, kw_only=True):
     """A tmux session on our server that no session of ours accounts for, old enough to be no starting agent."""
 
     PRIORITY: ClassVar[int] = 4
+    KEY = ("tmux", "tmux_name")
     tmux_name: str
     pane_pid: int
     created: int
 
-    @property
-    def key(self) -> str:
-        return f"tmux:{self.tmux_name}"
-
 
 class MassDeath(Action, frozen=True, kw_only=True):
     PRIORITY: ClassVar[int] = 3
+    KEY = ("rig", "rig")
     rig: str
     sessions: tuple[str, ...]
     window_s: float
 
-    @property
-    def key(self) -> str:
-        return f"rig:{self.rig}"
-
 
 class DeliverNudge(Action, frozen=True, kw_only=True):
     PRIORITY: ClassVar[int] = 2
+    KEY = ("nudge", "nudge")
     nudge: str
     session: str
-
-    @property
-    def key(self) -> str:
-        return f"nudge:{self.nudge}"
 
 
 class ContinueSession(Action, frozen=True, kw_only=True):
@@ -143,34 +131,25 @@ class ContinueSession(Action, frozen=True, kw_only=True):
     queue the one nudge that sends it on with its current step (once per such start)."""
 
     PRIORITY: ClassVar[int] = 2
+    KEY = ("continue", "session")
     session: str
     number: int
     """Which start of the session it was (its hook log), part of the nudge's id."""
     source: str
-
-    @property
-    def key(self) -> str:
-        return f"continue:{self.session}"
 
 
 class NudgeMail(Action, frozen=True, kw_only=True):
     """Unread mail for a polecat whose session is live: queue the one nudge that tells it (once per message)."""
 
     PRIORITY: ClassVar[int] = 2
+    KEY = ("mail", "message")
     message: str
-
-    @property
-    def key(self) -> str:
-        return f"mail:{self.message}"
 
 
 class ExpireNudge(Action, frozen=True, kw_only=True):
     PRIORITY: ClassVar[int] = 4
+    KEY = ("nudge", "nudge")
     nudge: str
-
-    @property
-    def key(self) -> str:
-        return f"nudge:{self.nudge}"
 
 
 class ReleaseHook(SessionAction, frozen=True, kw_only=True):
@@ -186,11 +165,8 @@ class Resling(Action, frozen=True, kw_only=True):
     the fresh sling then gets a session like any other."""
 
     PRIORITY: ClassVar[int] = 1
+    KEY = ("bead", "bead")
     bead: str
     rig: str
     after: str
     """The session after which the hook went stale (names the command, so a resend is harmless)."""
-
-    @property
-    def key(self) -> str:
-        return f"bead:{self.bead}"
