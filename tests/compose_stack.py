@@ -127,6 +127,36 @@ class Stack(Protocol):
     def stop(self) -> None: ...
 
 
+class Operator:
+    """``gt`` as an operator runs it against a stack: the operator user, every node's URL, a home of its own."""
+
+    def __init__(self, stack: Stack, gt_env: dict[str, str], home: Path, **extra: str) -> None:
+        self.env = {
+            **gt_env,
+            "NATS_URL": ",".join(stack.urls()),
+            "NATS_USER": "operator",
+            "NATS_PASSWORD": stack.passwords["operator"],
+            "GT_HOME": str(home),
+            **extra,
+        }
+
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gt.cli.main", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def __call__(self, *args: str) -> str:
+        """What ``gt ARGS`` printed, once it exited 0."""
+        run = self.run(*args)
+        assert run.returncode == 0, f"gt {' '.join(args)}: {run.stdout}{run.stderr}"
+        return run.stdout.strip()
+
+
 class LocalStack:
     """The compose topology as local processes on loopback."""
 

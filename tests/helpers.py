@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import nats
+import psutil
 from nats.aio.client import Client
 
 from shared.bus.connection import close_quietly
@@ -90,3 +91,13 @@ async def connected(url: str) -> AsyncIterator[Client]:
         yield client
     finally:
         await close_quietly(client)
+
+
+def running_with(marker: str) -> list[str]:
+    """``pid: command line`` of the live processes whose command line carries ``marker``."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        line = " ".join(proc.info.get("cmdline") or ())
+        if marker in line:
+            found.append(f"{proc.pid}: {line[:200]}")
+    return found

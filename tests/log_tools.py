@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,6 +15,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from services.mayor.projection import new_projection
 from shared.core import subjects
 from shared.core.subjects import parse_js_reply
 from shared.model.events import Envelope, RigAdded, decode_envelope, encode_event
@@ -94,6 +96,25 @@ async def fresh_replay(
 
 def digest(projection: Projection[Any]) -> str:
     return hashlib.sha256(projection.serialize_state()).hexdigest()
+
+
+async def assert_live_mayor_matches_replay(nc: Client, min_seq: int) -> Projection[Any]:
+    """The running mayor's projection, once it holds ``min_seq`` (asked until it answers: it may be restarting),
+    equals a fresh replay of the same log prefix. The replay, for more checks."""
+    while True:
+        try:
+            reply = await nc.request("gt.q.mayor.digest", json.dumps({"min_seq": min_seq}).encode(), timeout=10)
+        except (TimeoutError, nats.errors.Error):
+            await asyncio.sleep(0.5)
+            continue
+        answer = json.loads(reply.data)
+        if answer.get("ok"):
+            break
+        await asyncio.sleep(0.5)
+    live: dict[str, Any] = answer["result"]
+    replayed = await fresh_replay(nc, new_projection(), upto=live["last_seq"])
+    assert live["sha256"] == digest(replayed)
+    return replayed
 
 
 async def events_of(nc: Client, subject: str) -> list[tuple[str, dict[str, Any]]]:

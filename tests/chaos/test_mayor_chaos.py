@@ -27,11 +27,10 @@ import pytest
 from nats.aio.client import Client
 
 from gt.embedded_nats import EmbeddedServer
-from services.mayor.projection import new_projection
 from shared.bus.topology import provision
 from shared.core.config import TownConfig
 from shared.model.events import decode_envelope
-from tests.log_tools import digest, fresh_replay, read_all
+from tests.log_tools import assert_live_mayor_matches_replay, read_all
 
 pytestmark = pytest.mark.chaos
 
@@ -221,22 +220,7 @@ async def check_invariants(nc: Client, log: list[tuple[int, str, bytes]], expect
     assert created_titles == Counter(creates)
 
     # The live projection equals a fresh replay of the same log prefix.
-    async def mayor_digest() -> dict[str, Any]:
-        while True:
-            try:
-                reply = await nc.request("gt.q.mayor.digest", json.dumps({"min_seq": len(log)}).encode(), timeout=10)
-            except (TimeoutError, nats.errors.Error):
-                await asyncio.sleep(0.5)
-                continue
-            answer = json.loads(reply.data)
-            if answer.get("ok"):
-                result: dict[str, Any] = answer["result"]
-                return result
-            await asyncio.sleep(0.5)
-
-    live = await mayor_digest()
-    replayed = await fresh_replay(nc, new_projection(), upto=live["last_seq"])
-    assert live["sha256"] == digest(replayed)
+    await assert_live_mayor_matches_replay(nc, len(log))
 
 
 async def test_kill_9_the_mayor_repeatedly_while_2000_commands_arrive(

@@ -22,13 +22,12 @@ import pytest
 from nats.aio.client import Client
 
 from gt.embedded_nats import EmbeddedServer
-from services.mayor.projection import new_projection
 from shared.bus.topology import provision
 from shared.core.config import TownConfig
 from shared.model.events import decode_envelope
 from tests.chaos.test_mayor_chaos import MayorProcess, publish
 from tests.helpers import assert_eventually
-from tests.log_tools import digest, fresh_replay, read_all, seed_rigs
+from tests.log_tools import assert_live_mayor_matches_replay, read_all, seed_rigs
 
 pytestmark = pytest.mark.chaos
 
@@ -180,18 +179,7 @@ async def _check(nc: Client, log: list[tuple[int, str, bytes]], sent: Counter[st
     assert closed == Counter(beads)
 
     # The restarted mayor's projection equals a fresh replay of the same log prefix.
-    while True:
-        try:
-            reply = await nc.request("gt.q.mayor.digest", json.dumps({"min_seq": len(log)}).encode(), timeout=10)
-        except (TimeoutError, nats.errors.Error):
-            await asyncio.sleep(0.5)
-            continue
-        answer = json.loads(reply.data)
-        if answer.get("ok"):
-            break
-        await asyncio.sleep(0.5)
-    replayed = await fresh_replay(nc, new_projection(), upto=answer["result"]["last_seq"])
-    assert answer["result"]["sha256"] == digest(replayed)
+    replayed = await assert_live_mayor_matches_replay(nc, len(log))
     state = replayed.state
     assert all(c.status == "closed" for c in state.convoys.values())
     assert all(m.completed_at is not None for m in state.molecules.values())

@@ -20,7 +20,6 @@ import json
 import secrets
 import shlex
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from gt.town_secrets import operator_login
 from services.refinery.decide import mr_id_for
 from shared.host import git
 from tests.attacks import nats_pane
-from tests.compose_stack import USERS, ComposeStack, running_stack
+from tests.compose_stack import USERS, ComposeStack, Operator, running_stack
 from tests.conftest import REPO_ROOT
 from tests.helpers import wait_until
 from tests.integration.test_town import TownCli
@@ -226,20 +225,7 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topolog
 ) -> None:
     passwords = {user: secrets.token_hex(12) for user in USERS}
     with running_stack(REPO_ROOT, tmp_path / "stack", gt_env, passwords) as stack:
-        env = {
-            **gt_env,
-            "NATS_URL": ",".join(stack.urls()),
-            "NATS_USER": "operator",
-            "NATS_PASSWORD": stack.passwords["operator"],
-            "GT_HOME": str(tmp_path / "operator-home"),
-        }
-
-        def gt(*args: str) -> str:
-            run = subprocess.run(
-                [sys.executable, "-m", "gt.cli.main", *args], env=env, capture_output=True, text=True, timeout=120
-            )
-            assert run.returncode == 0, f"gt {' '.join(args)}: {run.stdout}{run.stderr}"
-            return run.stdout.strip()
+        gt = Operator(stack, gt_env, tmp_path / "operator-home")
 
         where = Path("/var/lib/gastown/attack") if isinstance(stack, ComposeStack) else tmp_path / "attack"
 

@@ -17,7 +17,7 @@ from services.refinery.settings import RefinerySettings
 from shared.core.config import TownConfig
 from shared.host import git
 from tests.helpers import assert_eventually
-from tests.integration.test_refinery import main_files, merged_mr
+from tests.integration.test_refinery import conflict_blocked, main_files, merged_mr
 from tests.log_tools import events_of
 from tests.witness_town import IDENTITY, PolecatTown, polecat_town, run_gt
 
@@ -218,18 +218,8 @@ async def test_a_conflict_the_agents_do_not_resolve_reaches_the_operator_after_t
 ) -> None:
     # No conflict goes back to an agent (cap 0): the first one is the operator's, as a conflict bead.
     async with polecat_town(town, nc, tmp_path, refinery=RefinerySettings(max_conflict_returns=0)) as pt:
-        await pt.add_rig(agent_command="GT_AGENT_FAULT=conflict gt-agent", max_polecats=2)
-        beads = [await pt.new_bead("Write CONFLICT.txt"), await pt.new_bead("Also write CONFLICT.txt")]
-        for bead in beads:
-            await pt.sling(bead)
-
-        def blocked() -> Any:
-            assert pt.refinery is not None
-            found = [m for m in pt.refinery.projection.state.mrs.values() if m.status == "blocked" and m.blocked_by]
-            assert found, [(m.bead, m.status) for m in pt.refinery.projection.state.mrs.values()]
-            return found[0]
-
-        mr = await assert_eventually(blocked, timeout=180, interval=0.1)
+        _, mr = await conflict_blocked(pt, timeout=180)
+        assert mr.blocked_by is not None
         assert pt.mayor is not None
         conflict_bead = pt.mayor.projection.state.beads[mr.blocked_by]
         assert "merge-conflict" in conflict_bead.labels

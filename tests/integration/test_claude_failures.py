@@ -24,7 +24,7 @@ from gt.model_server.server import RecordedRequest
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session, continue_nudge_id
 from shared.core.config import TownConfig
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, running_with
 from tests.log_tools import events_of
 from tests.witness_town import PolecatTown, polecat_town
 
@@ -93,16 +93,6 @@ def claude_pid(session: Session) -> int:
         if "--dangerously-skip-permissions" in proc.cmdline():
             return int(proc.pid)
     raise AssertionError(f"no claude below the pane's process {session.pane_pid}")
-
-
-def running_with(marker: str) -> list[str]:
-    """Command lines of the live processes that carry ``marker``."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        line = " ".join(proc.info.get("cmdline") or ())
-        if marker in line:
-            found.append(f"{proc.pid}: {line[:200]}")
-    return found
 
 
 # ---- 1. the agent killed mid-step --------------------------------------------------------------------------------

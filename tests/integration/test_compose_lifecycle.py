@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.compose_stack import USERS, ComposeStack, podman_compose_ready, running_stack, town_services
+from tests.compose_stack import USERS, ComposeStack, Operator, podman_compose_ready, running_stack, town_services
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.skipif(
@@ -34,17 +33,7 @@ def stack(tmp_path: Path, gt_env: dict[str, str]) -> Iterator[ComposeStack]:
 
 
 def _gt(stack: ComposeStack, gt_env: dict[str, str], home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **gt_env,
-        "NATS_URL": ",".join(stack.urls()),
-        "NATS_USER": "operator",
-        "NATS_PASSWORD": stack.passwords["operator"],
-        "GT_HOME": str(home),
-        "GT_HELPER": "0",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "gt.cli.main", *args], env=env, capture_output=True, text=True, timeout=180, check=False
-    )
+    return Operator(stack, gt_env, home, GT_HELPER="0").run(*args, timeout=180)
 
 
 def _beads(stack: ComposeStack, gt_env: dict[str, str], home: Path) -> list[dict[str, Any]]:

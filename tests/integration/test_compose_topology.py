@@ -9,8 +9,6 @@ import functools
 import json
 import re
 import secrets
-import subprocess
-import sys
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,6 +21,7 @@ from nats.aio.client import Client
 from shared.model.events import decode_envelope
 from tests.compose_stack import (
     USERS,
+    Operator,
     Stack,
     compose_config,
     nats_nodes,
@@ -44,31 +43,6 @@ def stack(tmp_path: Path, gt_env: dict[str, str]) -> Iterator[Stack]:
     passwords = {user: secrets.token_hex(12) for user in USERS}
     with running_stack(REPO_ROOT, tmp_path / "stack", gt_env, passwords) as running:
         yield running
-
-
-class Operator:
-    """``gt`` as an operator runs it against the stack: the operator user, every node's URL."""
-
-    def __init__(self, stack: Stack, gt_env: dict[str, str], home: Path) -> None:
-        self.env = {
-            **gt_env,
-            "NATS_URL": ",".join(stack.urls()),
-            "NATS_USER": "operator",
-            "NATS_PASSWORD": stack.passwords["operator"],
-            "GT_HOME": str(home),
-        }
-
-    def __call__(self, *args: str) -> str:
-        run = subprocess.run(
-            [sys.executable, "-m", "gt.cli.main", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert run.returncode == 0, f"gt {' '.join(args)}: {run.stdout}{run.stderr}"
-        return run.stdout.strip()
 
 
 @pytest.fixture

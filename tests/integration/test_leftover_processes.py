@@ -13,13 +13,11 @@ import secrets
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import psutil
 import pytest
 from nats.aio.client import Client
 
@@ -27,9 +25,9 @@ from services.witness.settings import WitnessSettings
 from services.witness.state import Session
 from shared.core.config import TownConfig
 from shared.host import reaper
-from tests.compose_stack import USERS, ComposeStack, running_stack
+from tests.compose_stack import USERS, ComposeStack, Operator, running_stack
 from tests.conftest import REPO_ROOT
-from tests.helpers import assert_eventually, wait_until
+from tests.helpers import assert_eventually, running_with, wait_until
 from tests.integration.test_agent_attacks import AGENT_UID
 from tests.integration.test_agent_user import agent_user  # noqa: F401 - the throwaway OS user fixture
 from tests.integration.test_town import TownCli
@@ -44,15 +42,6 @@ async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[Pole
     settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, respawn_backoff_s=0.5)
     async with polecat_town(town, nc, tmp_path, settings) as handle:
         yield handle
-
-
-def running_with(marker: str) -> list[str]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        line = " ".join(proc.info.get("cmdline") or ())
-        if marker in line:
-            found.append(f"{proc.pid}: {line[:200]}")
-    return found
 
 
 async def started(pt: PolecatTown, bead: str, attempt: int) -> Session:
@@ -172,20 +161,7 @@ def test_in_the_compose_stack_the_agents_detached_writer_ends_with_its_session(
     passwords = {user: secrets.token_hex(12) for user in USERS}
     mark = f"gt-detached-{uuid.uuid4().hex[:8]}"
     with running_stack(REPO_ROOT, tmp_path / "stack", gt_env, passwords) as stack:
-        env = {
-            **gt_env,
-            "NATS_URL": ",".join(stack.urls()),
-            "NATS_USER": "operator",
-            "NATS_PASSWORD": stack.passwords["operator"],
-            "GT_HOME": str(tmp_path / "operator-home"),
-        }
-
-        def gt(*args: str) -> str:
-            run = subprocess.run(
-                [sys.executable, "-m", "gt.cli.main", *args], env=env, capture_output=True, text=True, timeout=120
-            )
-            assert run.returncode == 0, f"gt {' '.join(args)}: {run.stdout}{run.stderr}"
-            return run.stdout.strip()
+        gt = Operator(stack, gt_env, tmp_path / "operator-home")
 
         in_containers = isinstance(stack, ComposeStack)
         where = Path("/var/lib/gastown/detach") if in_containers else tmp_path / "detach"

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from services.refinery.service import RefineryService
+from services.refinery.state import MergeRequest
 from shared.host import git
 from tests.helpers import assert_eventually
 from tests.log_tools import events_of
@@ -51,6 +52,24 @@ async def bead_events(pt: PolecatTown, bead: str) -> list[tuple[str, dict[str, A
 def main_files(pt: PolecatTown, bead: str) -> list[str]:
     out = git.git("ls-tree", "--name-only", "refs/heads/main", f".gastown-work/{bead}/", cwd=pt.origin)
     return sorted(Path(p).name for p in out.split())
+
+
+async def conflict_blocked(pt: PolecatTown, timeout: float) -> tuple[list[str], MergeRequest]:
+    """Two beads slung to a new rig whose agents both write CONFLICT.txt, branching off the same main: whichever
+    merges second conflicts. Its merge request, once blocked on a conflict bead (the operator's)."""
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=conflict gt-agent", max_polecats=2)
+    beads = [await pt.new_bead("Write CONFLICT.txt"), await pt.new_bead("Also write CONFLICT.txt")]
+    for bead in beads:
+        await pt.sling(bead)
+
+    def blocked() -> MergeRequest:
+        assert pt.refinery is not None
+        found = [m for m in pt.refinery.projection.state.mrs.values() if m.status == "blocked" and m.blocked_by]
+        assert found, [(m.bead, m.status) for m in pt.refinery.projection.state.mrs.values()]
+        return found[0]
+
+    mr: MergeRequest = await assert_eventually(blocked, timeout=timeout, interval=0.1)
+    return beads, mr
 
 
 def temp_worktrees(pt: PolecatTown, rig: str = "demo") -> list[str]:
@@ -168,19 +187,8 @@ async def test_a_gate_that_fails_on_the_target_twice_pauses_the_queue_and_a_resu
 async def test_a_conflict_blocks_the_mr_on_a_conflict_bead_and_closing_it_requeues(pt: PolecatTown) -> None:
     assert pt.refinery is not None  # conflicts are the operator's at once (none goes back to an agent first)
     pt.refinery.policy = msgspec.structs.replace(pt.refinery.policy, max_conflict_returns=0)
-    await pt.add_rig(agent_command="GT_AGENT_FAULT=conflict gt-agent", max_polecats=2)
-    # Both branch off the same main and both write CONFLICT.txt: whichever merges second conflicts.
-    beads = [await pt.new_bead("Write CONFLICT.txt"), await pt.new_bead("Also write CONFLICT.txt")]
-    for bead in beads:
-        await pt.sling(bead)
-
-    def blocked() -> Any:
-        assert pt.refinery is not None
-        found = [m for m in pt.refinery.projection.state.mrs.values() if m.status == "blocked" and m.blocked_by]
-        assert found, [(m.bead, m.status) for m in pt.refinery.projection.state.mrs.values()]
-        return found[0]
-
-    mr = await assert_eventually(blocked, timeout=120, interval=0.1)
+    beads, mr = await conflict_blocked(pt, timeout=120)
+    assert mr.blocked_by is not None
     second = mr.bead
     first = next(b for b in beads if b != second)
     await merged_mr(pt, first)
