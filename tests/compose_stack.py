@@ -31,7 +31,7 @@ import yaml
 
 from gt.embedded_nats import find_server_binary, free_port
 from shared.bus.auth_callout import keygen_lines
-from tests.helpers import wait_until
+from tests.helpers import gt_run, wait_until
 from tests.service_process import ManagedProcess
 
 USERS = ("route", "mayor", "witness", "refinery", "deacon", "operator", "admin", "plugin", "auth", "sys")
@@ -130,7 +130,8 @@ class Stack(Protocol):
 class Operator:
     """``gt`` as an operator runs it against a stack: the operator user, every node's URL, a home of its own."""
 
-    def __init__(self, stack: Stack, gt_env: dict[str, str], home: Path, **extra: str) -> None:
+    def __init__(self, stack: Stack, gt_env: dict[str, str], home: Path, *, timeout: float = 120, **extra: str) -> None:
+        self.timeout = timeout
         self.env = {
             **gt_env,
             "NATS_URL": ",".join(stack.urls()),
@@ -140,15 +141,8 @@ class Operator:
             **extra,
         }
 
-    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "gt.cli.main", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return gt_run(self.env, *args, timeout=self.timeout)
 
     def __call__(self, *args: str) -> str:
         """What ``gt ARGS`` printed, once it exited 0."""

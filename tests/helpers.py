@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -101,3 +103,13 @@ def running_with(marker: str) -> list[str]:
         if marker in line:
             found.append(f"{proc.pid}: {line[:200]}")
     return found
+
+
+def gt_run(
+    env: dict[str, str], *args: str, timeout: float | None = None, python: str = sys.executable
+) -> subprocess.CompletedProcess[str]:
+    """``gt ARGS`` run as a user runs it (by ``python``, this test's unless given), with ``env``: its exit status and
+    output, whatever the status."""
+    return subprocess.run(
+        [python, "-m", "gt.cli.main", *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )

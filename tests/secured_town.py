@@ -10,7 +10,6 @@ import contextlib
 import os
 import secrets
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -37,6 +36,7 @@ from shared.model.queries import Digest
 from shared.model.session_identity import SessionBuckets, mint
 from shared.service import Service
 from tests.conftest import REPO_ROOT
+from tests.helpers import gt_run
 from tests.witness_town import FAST, PolecatTown, make_origin, tmux_socket
 
 ACCOUNTS = REPO_ROOT / "ops" / "nats" / "accounts.conf"
@@ -161,8 +161,7 @@ class SecuredTown:
         return env
 
     async def _run_gt(self, env: dict[str, str], args: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "gt.cli.main", *args]
-        return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
+        return await asyncio.to_thread(gt_run, env, *args)
 
     async def connect(self, user: str) -> Client:
         return await connect(self.config(user), name=f"test-{user}")

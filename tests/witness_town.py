@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from shared.host.tmux import Tmux
 from shared.model.commands import BeadCreate, BeadSling, Command, MergeRequestSubmit, RigAdd
 from shared.service import Service, ServiceSettings
 from tests.drivers import send_and_wait
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, gt_run
 
 FAST = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5, snapshot_check_interval=0.2)
 TEST_COMMAND = "test ! -e FAIL_TESTS"
@@ -39,8 +38,7 @@ IDENTITY = ("-c", "user.name=Test Polecat", "-c", "user.email=polecat@test.inval
 
 async def run_gt(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """Run the gt CLI as an agent would, without blocking the services running on this event loop."""
-    command = [sys.executable, "-m", "gt.cli.main", *args]
-    return await asyncio.to_thread(subprocess.run, command, env=env, capture_output=True, text=True, check=False)
+    return await asyncio.to_thread(gt_run, env, *args)
 
 
 def make_origin(root: Path) -> Path:

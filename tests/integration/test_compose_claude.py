@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.compose_stack import USERS, ComposeStack, podman_compose_ready, running_stack
+from tests.compose_stack import USERS, ComposeStack, Operator, podman_compose_ready, running_stack
 from tests.conftest import REPO_ROOT
 from tests.helpers import wait_until
 
@@ -69,21 +68,7 @@ def test_a_claude_code_polecat_in_the_witness_container_gets_its_work_merged(
         wait_until(serving, timeout=60, interval=0.5, message="the model server does not answer")
 
         origin = stack.make_origin()
-        env = {
-            **gt_env,
-            "NATS_URL": ",".join(stack.urls()),
-            "NATS_USER": "operator",
-            "NATS_PASSWORD": passwords["operator"],
-            "GT_HOME": str(tmp_path / "operator"),
-            "GT_HELPER": "0",
-        }
-
-        def gt(*args: str) -> str:
-            run = subprocess.run(
-                [sys.executable, "-m", "gt.cli.main", *args], env=env, capture_output=True, text=True, timeout=180
-            )
-            assert run.returncode == 0, f"gt {' '.join(args)}: {run.stdout}{run.stderr}"
-            return run.stdout.strip()
+        gt = Operator(stack, gt_env, tmp_path / "operator", timeout=180, GT_HELPER="0")
 
         gt("rig", "add", RIG, origin, "--agent", "claude", "--test", "test ! -e FAIL_TESTS", "--stall-after", "3600")
         bead = gt("bead", "create", "Document the frobulator", "-t", "docs")

@@ -33,7 +33,7 @@ def stack(tmp_path: Path, gt_env: dict[str, str]) -> Iterator[ComposeStack]:
 
 
 def _gt(stack: ComposeStack, gt_env: dict[str, str], home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return Operator(stack, gt_env, home, GT_HELPER="0").run(*args, timeout=180)
+    return Operator(stack, gt_env, home, timeout=180, GT_HELPER="0").run(*args)
 
 
 def _beads(stack: ComposeStack, gt_env: dict[str, str], home: Path) -> list[dict[str, Any]]:

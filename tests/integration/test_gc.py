@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import json
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,7 +37,7 @@ from shared.core.config import TownConfig
 from shared.model import heartbeats
 from shared.service import Service
 from shared.service.projection import Projection
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, gt_run
 from tests.log_tools import events_of, fresh_replay
 from tests.witness_town import FAST, PolecatTown, polecat_town
 
@@ -92,8 +91,7 @@ async def kv_keys(js: JetStreamContext, bucket: str) -> set[str]:
 
 
 def run_gt(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "gt.cli.main", *args]
-    return subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=60)
+    return gt_run(env, *args, timeout=60)
 
 
 async def test_a_sweep_collects_what_finished_keeps_live_work_compacts_snapshots_and_purges_dead_kv_entries(

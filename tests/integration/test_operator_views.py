@@ -28,7 +28,7 @@ from nats.aio.client import Client
 from gt.embedded_nats import EmbeddedServer
 from shared.core.config import TownConfig
 from tests.drivers import send_and_wait
-from tests.helpers import assert_eventually, connected
+from tests.helpers import assert_eventually, connected, gt_run
 from tests.integration.test_mayor_service import run_mayor
 from tests.witness_town import PolecatTown, polecat_town
 
@@ -48,8 +48,7 @@ class Scripted:
     """Volatile id -> the name the golden files use."""
 
     def gt(self, *args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "gt.cli.main", *args]
-        return subprocess.run(command, env=self.env, capture_output=True, text=True, check=False, timeout=60)
+        return gt_run(self.env, *args, timeout=60)
 
     async def agt(self, *args: str) -> subprocess.CompletedProcess[str]:
         return await asyncio.to_thread(self.gt, *args)

@@ -25,7 +25,7 @@ from shared.core.config import TownConfig
 from shared.host import git
 from shared.model.commands import ConvoyCreate
 from shared.model.events import decode_envelope
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, gt_run
 from tests.integration.test_refinery import STEPS, queue_paused
 from tests.log_tools import events_of, read_all
 from tests.witness_town import FAST, IDENTITY, TEST_COMMAND, PolecatTown, polecat_town
@@ -149,14 +149,7 @@ async def test_a_plain_repository_with_main_checked_out_gets_the_merge_in_its_cl
 
 async def gt(pt: PolecatTown, gt_env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """The real `gt` CLI against the test's town."""
-    return await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "gt.cli.main", *args],
-        env={**gt_env, "NATS_URL": pt.config.nats_url},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return await asyncio.to_thread(gt_run, {**gt_env, "NATS_URL": pt.config.nats_url}, *args)
 
 
 async def test_a_dirty_checkout_pauses_the_rigs_queue_once_and_one_command_merges_all_ten(

@@ -25,7 +25,7 @@ from gt.town_secrets import operator_login
 from shared.core.config import TownConfig
 from shared.host import processes
 from shared.host.tmux import Tmux
-from tests.helpers import wait_until
+from tests.helpers import gt_run, wait_until
 from tests.log_tools import events_of, outcomes, read_all
 from tests.witness_town import make_origin
 
@@ -39,14 +39,7 @@ class TownCli:
         """The Python `gt` runs with (and so the town's services, and the ``gt`` on its agents' PATH)."""
 
     def __call__(self, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [self.python, "-m", "gt.cli.main", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        return gt_run(self.env, *args, timeout=timeout, python=self.python)
 
     @property
     def config(self) -> TownConfig:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from shared.model.commands.base import Command, check_id
+from shared.model.commands.base import Command
 from shared.model.results import AutomationRunResult
 
 
@@ -14,14 +14,9 @@ class AutomationRun(Command[AutomationRunResult], frozen=True, kw_only=True, for
 
     SUBJECT: ClassVar[str] = "gt.cmd.automation.run"
     OWNER: ClassVar[str] = "deacon"
+    ORDERED_BY = ("automation", "name")
+    REQUIRED_IDS = ("name",)
     name: str
-
-    def validate(self) -> None:
-        super().validate()
-        check_id("name", self.name, required=True)
-
-    def ordering_key(self) -> str | None:
-        return f"automation:{self.name}"
 
 
 AUTOMATION_COMMANDS: tuple[type[Command], ...] = (AutomationRun,)

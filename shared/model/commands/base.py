@@ -57,6 +57,11 @@ class Command(msgspec.Struct, Generic[R], frozen=True, kw_only=True, forbid_unkn
     OWNER: ClassVar[str] = ""
     """The service that settles it: the owner of its aggregate (``gt.cmd.<aggregate>.<verb>``), from which the
     command consumers are laid out (``shared.bus.topology.COMMAND_OWNERS``)."""
+    ORDERED_BY: ClassVar[tuple[str, str] | None] = None
+    """Its ordering key as (kind, field): ``<kind>:<the field's value>`` (no key while the field is None). None:
+    no order needed, or ``ordering_key`` says."""
+    REQUIRED_IDS: ClassVar[tuple[str, ...]] = ()
+    """Fields naming a record by id that must be given (checked first, after the fields every command has)."""
     cmd_id: str | None = None
     """The command's id when no ``Nats-Msg-Id`` header is given; resending the same id is harmless."""
     actor: str | None = None
@@ -71,12 +76,18 @@ class Command(msgspec.Struct, Generic[R], frozen=True, kw_only=True, forbid_unkn
         check_text("actor", self.actor, MAX_ACTOR, nonblank=True)
         if self.fence is not None:
             check_id("fence.lease", self.fence.lease, required=True)
+        for name in self.REQUIRED_IDS:
+            check_id(name, getattr(self, name), required=True)
 
     def ordering_key(self) -> str | None:
         """Commands with the same key are decided one after the other, each on a projection that holds its
         predecessor's events: those on the same aggregate (None: no order needed). A create whose sender chose
         the new id (``new_id``) is keyed by it, so a command on it sent right after is decided after it."""
-        return None
+        if self.ORDERED_BY is None:
+            return None
+        kind, field = self.ORDERED_BY
+        value = getattr(self, field)
+        return None if value is None else f"{kind}:{value}"
 
     def worked_bead(self) -> str | None:
         """The bead it works on as that bead's hook holder (its steps, its claim, its ``gt done`` merge request):

@@ -30,6 +30,7 @@ class BeadCreate(Creates[BeadResult], frozen=True, kw_only=True, forbid_unknown_
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.create"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("bead", "new_id")
     title: str
     type: str = "task"
     priority: int = 2
@@ -58,9 +59,6 @@ class BeadCreate(Creates[BeadResult], frozen=True, kw_only=True, forbid_unknown_
         if not PREFIX_PATTERN.fullmatch(self.prefix):
             raise invalid(f"`prefix` {self.prefix!r} must match {PREFIX_PATTERN.pattern}")
 
-    def ordering_key(self) -> str | None:
-        return f"bead:{self.new_id}" if self.new_id is not None else None
-
 
 class BeadUpdate(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Change a bead's fields. ``labels`` are added, ``remove_labels`` removed, ``metadata`` merged,
@@ -70,6 +68,8 @@ class BeadUpdate(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.update"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("bead", "id")
+    REQUIRED_IDS = ("id",)
     id: str
     title: str | None = None
     type: str | None = None
@@ -87,7 +87,6 @@ class BeadUpdate(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_
 
     def validate(self) -> None:
         super().validate()
-        check_id("id", self.id, required=True)
         check_text("title", self.title, MAX_TITLE, nonblank=True)
         if self.type is not None:
             check_type(self.type)
@@ -103,25 +102,20 @@ class BeadUpdate(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_
         check_ids("remove_needs", self.remove_needs)
         check_ids("blocks", self.blocks)
 
-    def ordering_key(self) -> str | None:
-        return f"bead:{self.id}"
-
 
 class BeadClaim(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Take a bead for ``assignee``: open or hooked -> in_progress."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.claim"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("bead", "id")
+    REQUIRED_IDS = ("id",)
     id: str
     assignee: str
 
     def validate(self) -> None:
         super().validate()
-        check_id("id", self.id, required=True)
         check_text("assignee", self.assignee, MAX_ACTOR, nonblank=True)
-
-    def ordering_key(self) -> str | None:
-        return f"bead:{self.id}"
 
     def worked_bead(self) -> str | None:
         return self.id
@@ -132,16 +126,14 @@ class BeadClose(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_f
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.close"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("bead", "id")
+    REQUIRED_IDS = ("id",)
     id: str
     reason: str = ""
 
     def validate(self) -> None:
         super().validate()
-        check_id("id", self.id, required=True)
         check_text("reason", self.reason, MAX_REASON)
-
-    def ordering_key(self) -> str | None:
-        return f"bead:{self.id}"
 
 
 class BeadSling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -152,6 +144,8 @@ class BeadSling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknown_
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.sling"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("bead", "id")
+    REQUIRED_IDS = ("id", "rig")
     id: str
     rig: str
     formula: str | None = None
@@ -174,8 +168,6 @@ class BeadSling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknown_
 
     def validate(self) -> None:
         super().validate()
-        check_id("id", self.id, required=True)
-        check_id("rig", self.rig, required=True)
         check_id("formula", self.formula)
         check_vars("vars", self.vars)
         check_id("session", self.session)
@@ -183,9 +175,6 @@ class BeadSling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknown_
             raise invalid("`no_formula` cannot go with `formula` or `vars`")
         if self.hold and self.force:
             raise invalid("`hold` waits for the blockers and `force` goes past them: give one of them")
-
-    def ordering_key(self) -> str | None:
-        return f"bead:{self.id}"
 
 
 class BeadUnsling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -195,17 +184,15 @@ class BeadUnsling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknow
 
     SUBJECT: ClassVar[str] = "gt.cmd.bead.unsling"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("bead", "id")
+    REQUIRED_IDS = ("id",)
     id: str
     reason: str = ""
     remove_worktree: bool = False
 
     def validate(self) -> None:
         super().validate()
-        check_id("id", self.id, required=True)
         check_text("reason", self.reason, MAX_REASON)
-
-    def ordering_key(self) -> str | None:
-        return f"bead:{self.id}"
 
 
 BEAD_COMMANDS: tuple[type[Command], ...] = (BeadCreate, BeadUpdate, BeadClaim, BeadClose, BeadSling, BeadUnsling)

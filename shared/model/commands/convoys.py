@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from shared.core.ids import CONVOY_PREFIX
-from shared.model.commands.base import MAX_TITLE, Command, Creates, check_id, check_ids, check_text
+from shared.model.commands.base import MAX_TITLE, Command, Creates, check_ids, check_text
 from shared.model.results import ConvoyResult
 
 
@@ -14,6 +14,7 @@ class ConvoyCreate(Creates[ConvoyResult], frozen=True, kw_only=True, forbid_unkn
 
     SUBJECT: ClassVar[str] = "gt.cmd.convoy.create"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("convoy", "new_id")
     title: str
     beads: list[str] = []
     owned: bool = False
@@ -26,25 +27,20 @@ class ConvoyCreate(Creates[ConvoyResult], frozen=True, kw_only=True, forbid_unkn
         check_text("title", self.title, MAX_TITLE, nonblank=True)
         check_ids("beads", self.beads)
 
-    def ordering_key(self) -> str | None:
-        return f"convoy:{self.new_id}" if self.new_id is not None else None
-
 
 class ConvoyAdd(Command[ConvoyResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Track more beads in an open convoy (beads it tracks already are skipped)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.convoy.add"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("convoy", "id")
+    REQUIRED_IDS = ("id",)
     id: str
     beads: list[str]
 
     def validate(self) -> None:
         super().validate()
-        check_id("id", self.id, required=True)
         check_ids("beads", self.beads, required=True)
-
-    def ordering_key(self) -> str | None:
-        return f"convoy:{self.id}"
 
 
 class ConvoyLand(Command[ConvoyResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -52,15 +48,10 @@ class ConvoyLand(Command[ConvoyResult], frozen=True, kw_only=True, forbid_unknow
 
     SUBJECT: ClassVar[str] = "gt.cmd.convoy.land"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("convoy", "id")
+    REQUIRED_IDS = ("id",)
     id: str
     force: bool = False
-
-    def validate(self) -> None:
-        super().validate()
-        check_id("id", self.id, required=True)
-
-    def ordering_key(self) -> str | None:
-        return f"convoy:{self.id}"
 
 
 CONVOY_COMMANDS: tuple[type[Command], ...] = (ConvoyCreate, ConvoyAdd, ConvoyLand)

@@ -34,6 +34,7 @@ class EscalationRaise(Creates[EscalationResult], frozen=True, kw_only=True, forb
 
     SUBJECT: ClassVar[str] = "gt.cmd.escalation.raise"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("escalation", "new_id")
     severity: str
     message: str
     source: str = ""
@@ -56,9 +57,6 @@ class EscalationRaise(Creates[EscalationResult], frozen=True, kw_only=True, forb
         check_id("bead", self.bead)
         check_resolutions(self.resolved_when)
 
-    def ordering_key(self) -> str | None:
-        return f"escalation:{self.new_id}" if self.new_id is not None else None
-
 
 def check_resolutions(entries: list[str]) -> None:
     if len(entries) > MAX_RESOLUTIONS:
@@ -76,14 +74,9 @@ class EscalationAck(Command[EscalationResult], frozen=True, kw_only=True, forbid
 
     SUBJECT: ClassVar[str] = "gt.cmd.escalation.ack"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("escalation", "id")
+    REQUIRED_IDS = ("id",)
     id: str
-
-    def validate(self) -> None:
-        super().validate()
-        check_id("id", self.id, required=True)
-
-    def ordering_key(self) -> str | None:
-        return f"escalation:{self.id}"
 
 
 class EscalationClose(Command[EscalationResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -91,16 +84,14 @@ class EscalationClose(Command[EscalationResult], frozen=True, kw_only=True, forb
 
     SUBJECT: ClassVar[str] = "gt.cmd.escalation.close"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("escalation", "id")
+    REQUIRED_IDS = ("id",)
     id: str
     reason: str = ""
 
     def validate(self) -> None:
         super().validate()
-        check_id("id", self.id, required=True)
         check_text("reason", self.reason, MAX_REASON)
-
-    def ordering_key(self) -> str | None:
-        return f"escalation:{self.id}"
 
 
 ESCALATION_COMMANDS: tuple[type[Command], ...] = (EscalationRaise, EscalationAck, EscalationClose)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from shared.core.ids import RESERVED_LEASE_PREFIXES
-from shared.model.commands.base import Command, check_id, check_text, invalid
+from shared.model.commands.base import Command, check_text, invalid
 from shared.model.results import LeaseResult
 
 MAX_TTL_S = 7 * 24 * 3600.0
@@ -16,13 +16,14 @@ class LeaseAcquire(Command[LeaseResult], frozen=True, kw_only=True, forbid_unkno
 
     SUBJECT: ClassVar[str] = "gt.cmd.lease.acquire"
     OWNER: ClassVar[str] = "deacon"
+    ORDERED_BY = ("lease", "lease")
+    REQUIRED_IDS = ("lease",)
     lease: str
     holder: str
     ttl_s: float
 
     def validate(self) -> None:
         super().validate()
-        check_id("lease", self.lease, required=True)
         if self.lease.startswith(RESERVED_LEASE_PREFIXES):
             raise invalid(
                 f"`lease` {self.lease!r} starts with a prefix the services keep for themselves "
@@ -32,26 +33,21 @@ class LeaseAcquire(Command[LeaseResult], frozen=True, kw_only=True, forbid_unkno
         if not 0.1 <= self.ttl_s <= MAX_TTL_S:
             raise invalid(f"`ttl_s` must be between 0.1 and {MAX_TTL_S:g} seconds, got {self.ttl_s:g}")
 
-    def ordering_key(self) -> str | None:
-        return f"lease:{self.lease}"
-
 
 class LeaseRelease(Command[LeaseResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Give the lease up; only its current holder, with the current token, can."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.lease.release"
     OWNER: ClassVar[str] = "deacon"
+    ORDERED_BY = ("lease", "lease")
+    REQUIRED_IDS = ("lease",)
     lease: str
     holder: str
     token: int
 
     def validate(self) -> None:
         super().validate()
-        check_id("lease", self.lease, required=True)
         check_text("holder", self.holder, 200, nonblank=True)
-
-    def ordering_key(self) -> str | None:
-        return f"lease:{self.lease}"
 
 
 LEASE_COMMANDS: tuple[type[Command], ...] = (LeaseAcquire, LeaseRelease)

@@ -53,6 +53,7 @@ class MailSend(Creates[MailResult], frozen=True, kw_only=True, forbid_unknown_fi
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.send"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("bead", "new_id")  # a message is a bead
     to: str
     body: str
     subject: str = ""
@@ -72,23 +73,15 @@ class MailSend(Creates[MailResult], frozen=True, kw_only=True, forbid_unknown_fi
         check_id("thread", self.thread)
         check_priority(self.priority)
 
-    def ordering_key(self) -> str | None:
-        return f"bead:{self.new_id}" if self.new_id is not None else None  # a message is a bead
-
 
 class MailRead(Command[MailReadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Mark a message read (it stays in the thread; archive closes it)."""
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.read"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("bead", "id")
+    REQUIRED_IDS = ("id",)
     id: str
-
-    def validate(self) -> None:
-        super().validate()
-        check_id("id", self.id, required=True)
-
-    def ordering_key(self) -> str | None:
-        return f"bead:{self.id}"
 
 
 class MailReply(Creates[MailResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -96,6 +89,8 @@ class MailReply(Creates[MailResult], frozen=True, kw_only=True, forbid_unknown_f
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.reply"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("bead", "new_id")  # a message is a bead
+    REQUIRED_IDS = ("id",)
     id: str
     body: str
     subject: str = ""
@@ -106,12 +101,8 @@ class MailReply(Creates[MailResult], frozen=True, kw_only=True, forbid_unknown_f
 
     def validate(self) -> None:
         super().validate()
-        check_id("id", self.id, required=True)
         check_text("body", self.body, MAX_DESCRIPTION, nonblank=True)
         check_text("subject", self.subject, MAX_TITLE)
-
-    def ordering_key(self) -> str | None:
-        return f"bead:{self.new_id}" if self.new_id is not None else None  # a message is a bead
 
 
 class MailArchive(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -119,14 +110,9 @@ class MailArchive(Command[BeadResult], frozen=True, kw_only=True, forbid_unknown
 
     SUBJECT: ClassVar[str] = "gt.cmd.mail.archive"
     OWNER: ClassVar[str] = "mayor"
+    ORDERED_BY = ("bead", "id")
+    REQUIRED_IDS = ("id",)
     id: str
-
-    def validate(self) -> None:
-        super().validate()
-        check_id("id", self.id, required=True)
-
-    def ordering_key(self) -> str | None:
-        return f"bead:{self.id}"
 
 
 MAIL_COMMANDS: tuple[type[Command], ...] = (MailSend, MailRead, MailReply, MailArchive)

@@ -150,6 +150,8 @@ class RigAdd(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_field
 
     SUBJECT: ClassVar[str] = "gt.cmd.rig.add"
     OWNER: ClassVar[str] = "witness"
+    ORDERED_BY = ("rig", "name")
+    REQUIRED_IDS = ("name",)
     name: str
     repo: str
     """A path or URL git can clone."""
@@ -178,7 +180,6 @@ class RigAdd(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_field
 
     def validate(self) -> None:
         super().validate()
-        check_id("name", self.name, required=True)
         check_text("repo", self.repo, MAX_COMMAND_LINE, nonblank=True)
         if self.repo.startswith("-"):
             raise invalid(f"`repo` {self.repo[:80]!r} must not start with '-' (git would take it for an option)")
@@ -190,9 +191,6 @@ class RigAdd(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_field
     def rig_prefix(self) -> str:
         return self.prefix or re.sub(r"[^a-z0-9_]", "", self.name)[:16] or "rig"
 
-    def ordering_key(self) -> str | None:
-        return f"rig:{self.name}"
-
     def scope_ref(self) -> ScopeRef | None:
         return ScopeRef("rig", self.name)
 
@@ -203,6 +201,8 @@ class RigUpdate(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_fi
 
     SUBJECT: ClassVar[str] = "gt.cmd.rig.update"
     OWNER: ClassVar[str] = "witness"
+    ORDERED_BY = ("rig", "name")
+    REQUIRED_IDS = ("name",)
     name: str
     setup_command: str | None = None
     lint_command: str | None = None
@@ -219,7 +219,6 @@ class RigUpdate(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_fi
 
     def validate(self) -> None:
         super().validate()
-        check_id("name", self.name, required=True)
         check_rig_settings(self)
         if all(getattr(self, field) is None for field in self.SETTINGS):
             raise invalid(f"name at least one setting to change ({', '.join(self.SETTINGS)})")
@@ -228,22 +227,14 @@ class RigUpdate(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_fi
         """The settings the command changes, by field name."""
         return {field: value for field in self.SETTINGS if (value := getattr(self, field)) is not None}
 
-    def ordering_key(self) -> str | None:
-        return f"rig:{self.name}"
-
     def scope_ref(self) -> ScopeRef | None:
         return ScopeRef("rig", self.name)
 
 
 class _RigCommand(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
+    ORDERED_BY = ("rig", "name")
+    REQUIRED_IDS = ("name",)
     name: str
-
-    def validate(self) -> None:
-        super().validate()
-        check_id("name", self.name, required=True)
-
-    def ordering_key(self) -> str | None:
-        return f"rig:{self.name}"
 
     def scope_ref(self) -> ScopeRef | None:
         return ScopeRef("rig", self.name)
@@ -279,14 +270,9 @@ class RigRemove(_RigCommand, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
 
 class _SessionCommand(Command[SessionResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
+    ORDERED_BY = ("session", "session")
+    REQUIRED_IDS = ("session",)
     session: str
-
-    def validate(self) -> None:
-        super().validate()
-        check_id("session", self.session, required=True)
-
-    def ordering_key(self) -> str | None:
-        return f"session:{self.session}"
 
     def scope_ref(self) -> ScopeRef | None:
         return ScopeRef("session", self.session)
@@ -333,17 +319,15 @@ class SessionRecoverHook(Command[StaleHookResult], frozen=True, kw_only=True, fo
 
     SUBJECT: ClassVar[str] = "gt.cmd.session.recover_hook"
     OWNER: ClassVar[str] = "witness"
+    ORDERED_BY = ("hook", "bead")
+    REQUIRED_IDS = ("bead",)
     bead: str
     token: int
 
     def validate(self) -> None:
         super().validate()
-        check_id("bead", self.bead, required=True)
         if self.token < 1:
             raise invalid(f"`token` must be at least 1, got {self.token}")
-
-    def ordering_key(self) -> str | None:
-        return f"hook:{self.bead}"
 
     def scope_ref(self) -> ScopeRef | None:
         return ScopeRef("bead", self.bead)
@@ -384,6 +368,7 @@ class MergeRequestSubmit(Command[MrResult], frozen=True, kw_only=True, forbid_un
 
     SUBJECT: ClassVar[str] = "gt.cmd.mr.submit"
     OWNER: ClassVar[str] = "refinery"
+    REQUIRED_IDS: ClassVar[tuple[str, ...]] = ("bead", "rig")
     bead: str
     rig: str
     branch: str
@@ -398,8 +383,6 @@ class MergeRequestSubmit(Command[MrResult], frozen=True, kw_only=True, forbid_un
 
     def validate(self) -> None:
         super().validate()
-        check_id("bead", self.bead, required=True)
-        check_id("rig", self.rig, required=True)
         check_branch("branch", self.branch)
         if not HEX_COMMIT.fullmatch(self.head):
             raise invalid(f"`head` {self.head[:80]!r} is not a commit id (hex)")
@@ -425,10 +408,7 @@ class MergeRequestDone(MergeRequestSubmit, frozen=True, kw_only=True, forbid_unk
 
     SUBJECT: ClassVar[str] = "gt.cmd.mr.done"
     OWNER: ClassVar[str] = "refinery"
-
-    def validate(self) -> None:
-        super().validate()
-        check_id("session", self.session, required=True)
+    REQUIRED_IDS = (*MergeRequestSubmit.REQUIRED_IDS, "session")
 
     def worked_bead(self) -> str | None:
         return self.bead
@@ -439,14 +419,9 @@ class MergeRequestRetry(Command[MrResult], frozen=True, kw_only=True, forbid_unk
 
     SUBJECT: ClassVar[str] = "gt.cmd.mr.retry"
     OWNER: ClassVar[str] = "refinery"
+    ORDERED_BY = ("mr", "id")
+    REQUIRED_IDS = ("id",)
     id: str
-
-    def validate(self) -> None:
-        super().validate()
-        check_id("id", self.id, required=True)
-
-    def ordering_key(self) -> str | None:
-        return f"mr:{self.id}"
 
 
 class MergeRequestReject(Command[MrResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -454,16 +429,14 @@ class MergeRequestReject(Command[MrResult], frozen=True, kw_only=True, forbid_un
 
     SUBJECT: ClassVar[str] = "gt.cmd.mr.reject"
     OWNER: ClassVar[str] = "refinery"
+    ORDERED_BY = ("mr", "id")
+    REQUIRED_IDS = ("id",)
     id: str
     reason: str = ""
 
     def validate(self) -> None:
         super().validate()
-        check_id("id", self.id, required=True)
         check_text("reason", self.reason, MAX_DESCRIPTION)
-
-    def ordering_key(self) -> str | None:
-        return f"mr:{self.id}"
 
 
 class MergeQueueResume(Command[MergeQueueResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -471,14 +444,9 @@ class MergeQueueResume(Command[MergeQueueResult], frozen=True, kw_only=True, for
 
     SUBJECT: ClassVar[str] = "gt.cmd.mq.resume"
     OWNER: ClassVar[str] = "refinery"
+    ORDERED_BY = ("mq", "rig")
+    REQUIRED_IDS = ("rig",)
     rig: str
-
-    def validate(self) -> None:
-        super().validate()
-        check_id("rig", self.rig, required=True)
-
-    def ordering_key(self) -> str | None:
-        return f"mq:{self.rig}"
 
 
 RIG_COMMANDS: tuple[type[Command], ...] = (

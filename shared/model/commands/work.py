@@ -4,23 +4,17 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from shared.model.commands.base import Command, check_id
+from shared.model.commands.base import Command
 from shared.model.results import StepResult
 
 
 class _StepCommand(Command[StepResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
+    ORDERED_BY = ("bead", "bead")  # a step and a sling of the same bead touch the same molecule
+    REQUIRED_IDS = ("bead", "step")
     bead: str
     """The bead whose molecule holds the step."""
     step: str
     """The step's id in the molecule."""
-
-    def validate(self) -> None:
-        super().validate()
-        check_id("bead", self.bead, required=True)
-        check_id("step", self.step, required=True)
-
-    def ordering_key(self) -> str | None:
-        return f"bead:{self.bead}"  # a step and a sling of the same bead touch the same molecule
 
     def worked_bead(self) -> str | None:
         return self.bead
