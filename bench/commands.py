@@ -10,42 +10,30 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.common import (
-    Figure,
-    Round,
-    bodies_of,
-    median_round,
-    provisioned,
-    raw_publish_ceiling,
-    run_commands,
-    server,
-    start_service,
-    stop_service,
-    wait_ready,
-)
+from bench import common as common
 from shared.model.commands import BeadCreate
 
 
-async def run(commands: int = 10_000, rounds: int = 2) -> list[Figure]:
+async def run(commands: int = 10_000, rounds: int = 2) -> list[common.Figure]:
     creates = [BeadCreate(title=f"bench bead {i}", labels=["bench"], priority=i % 5) for i in range(commands)]
-    bodies = bodies_of(creates)
-    with server() as srv:
-        nc, _town = await provisioned(srv.url)
-        mayor = start_service("mayor", srv.url)
+    bodies = common.bodies_of(creates)
+    with common.server() as srv:
+        nc, _town = await common.provisioned(srv.url)
+        mayor = common.start_service("mayor", srv.url)
         try:
-            await wait_ready(nc, "mayor")
-            rounds_run: list[Round] = []
+            await common.wait_ready(nc, "mayor")
+            rounds_run: list[common.Round] = []
             stored = []
             for _ in range(rounds):
-                ceiling_s = await raw_publish_ceiling(nc, bodies)
-                elapsed, stored_s, _ = await run_commands(nc, creates)
+                ceiling_s = await common.raw_publish_ceiling(nc, bodies)
+                elapsed, stored_s, _ = await common.run_commands(nc, creates)
                 rounds_run.append((elapsed, ceiling_s))
                 stored.append(stored_s)
         finally:
-            stop_service(mayor)
+            common.stop_service(mayor)
         await nc.close()
-    measured, ceiling = median_round(rounds_run)
-    figure = Figure(
+    measured, ceiling = common.median_round(rounds_run)
+    figure = common.Figure(
         name=f"(c) bead.create end to end, {commands:,} in flight",
         value=commands / measured,
         unit="commands/s",

@@ -29,17 +29,7 @@ from typing import Any
 import msgspec
 import psutil
 
-from bench.common import (
-    REPO_ROOT,
-    Figure,
-    percentile,
-    provisioned,
-    run_commands,
-    server,
-    start_service,
-    stop_service,
-    wait_ready,
-)
+from bench import common as common
 from shared.bus import lease_kv as leases
 from shared.bus.append import Appender
 from shared.bus.connection import Connection
@@ -113,7 +103,7 @@ async def _detection(nc: Connection, url: str, env: dict[str, str], kills: int) 
     events = ServiceEvents()
     await events.subscribe(nc)
     latencies = []
-    witness = start_service("witness", url, env=env)
+    witness = common.start_service("witness", url, env=env)
     try:
         await events.next_of("service.up", 0)
         for _ in range(kills):
@@ -122,10 +112,10 @@ async def _detection(nc: Connection, url: str, env: dict[str, str], kills: int) 
             witness.wait()
             latencies.append(await events.next_of("service.down", killed_at) - killed_at)
             started = time.monotonic()
-            witness = start_service("witness", url, env=env)
+            witness = common.start_service("witness", url, env=env)
             await events.next_of("service.up", started)
     finally:
-        stop_service(witness)
+        common.stop_service(witness)
     return latencies
 
 
@@ -170,15 +160,17 @@ async def _sessions(nc: Connection, count: int) -> list[tuple[str, str]]:
     return [(hook_lease_name(f"bench-bead-{i}"), f"bench-bead-{i}-1") for i in range(count)]
 
 
-async def _leases(nc: Connection, url: str, deacon: psutil.Process, count: int, fast: int, quiet_s: float) -> Figure:
+async def _leases(
+    nc: Connection, url: str, deacon: psutil.Process, count: int, fast: int, quiet_s: float
+) -> common.Figure:
     acquires = [LeaseAcquire(lease=f"bench-{i}", holder=f"holder-{i}", ttl_s=30.0) for i in range(count)]
-    _, _, outcomes = await run_commands(nc, acquires)
+    _, _, outcomes = await common.run_commands(nc, acquires)
     if any(o["type"] != "cmd.accepted" for o in outcomes):
         raise RuntimeError("a lease acquisition was rejected")
     hooks = await _sessions(nc, fast)
     kv = Bucket(nc, "GT_LEASES")
     await kv.open()
-    bare = subprocess.Popen([sys.executable, "-c", BARE_WATCHER, url], cwd=REPO_ROOT)
+    bare = subprocess.Popen([sys.executable, "-c", BARE_WATCHER, url], cwd=common.REPO_ROOT)
     try:
         await asyncio.sleep(2)  # both watchers have read the bucket's current state
         bare_ps = psutil.Process(bare.pid)
@@ -205,7 +197,7 @@ async def _leases(nc: Connection, url: str, deacon: psutil.Process, count: int, 
     if status["stale_hooks_handed_over"] != 0:
         raise RuntimeError(f"no hook is stale while its session renews it: {status}")
     per_second = count / 10 + fast
-    return Figure(
+    return common.Figure(
         name=f"(o) deacon CPU with {count:,} live leases and {fast} polecat sessions (hooks renewed every second)",
         value=deacon_cpu,
         unit="% of a core",
@@ -219,33 +211,33 @@ async def _leases(nc: Connection, url: str, deacon: psutil.Process, count: int, 
     )
 
 
-async def run(kills: int = 10, leases_n: int = 1000, fast: int = 200, quiet_s: float = 30.0) -> list[Figure]:
+async def run(kills: int = 10, leases_n: int = 1000, fast: int = 200, quiet_s: float = 30.0) -> list[common.Figure]:
     socket = f"gt-bench-{uuid.uuid4().hex[:8]}"
-    with tempfile.TemporaryDirectory(prefix="gt-bench-deacon-") as tmp, server() as srv:
-        nc, _town = await provisioned(srv.url)
+    with tempfile.TemporaryDirectory(prefix="gt-bench-deacon-") as tmp, common.server() as srv:
+        nc, _town = await common.provisioned(srv.url)
         env = {"GT_HOME": str(Path(tmp) / "home"), "GT_TMUX_SOCKET": socket, "GT_WATCHED_SERVICES": "witness"}
-        procs = {name: start_service(name, srv.url, env=env) for name in ("mayor", "deacon")}
+        procs = {name: common.start_service(name, srv.url, env=env) for name in ("mayor", "deacon")}
         try:
             for name in procs:
-                await wait_ready(nc, name)
+                await common.wait_ready(nc, name)
             latencies = await _detection(nc, srv.url, env, kills)
             cpu = await _leases(nc, srv.url, psutil.Process(procs["deacon"].pid), leases_n, fast, quiet_s)
         finally:
             for proc in procs.values():
-                stop_service(proc)
+                common.stop_service(proc)
             Tmux(socket).kill_server()
             await nc.close()
     figures = [
-        Figure(
+        common.Figure(
             name=f"(n) kill -9 of a service -> service.down recorded, p50 over {kills} kills",
-            value=percentile(latencies, 50),
+            value=common.percentile(latencies, 50),
             unit="s",
             ceiling=STALE_AFTER_S,
             ceiling_name="the staleness threshold (a configured wait, not a speed limit: 1.00 is on time)",
             higher_is_better=False,
             notes=["heartbeat 1 s, check every 0.5 s; under `gt up` the supervisor sees the exit within 0.5 s"],
         ),
-        Figure(
+        common.Figure(
             name=f"(n) kill -9 of a service -> service.down recorded, max over {kills} kills",
             value=max(latencies),
             unit="s",

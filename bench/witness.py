@@ -36,16 +36,7 @@ from typing import Any, TypeVar
 import msgspec
 import psutil
 
-from bench.common import (
-    Figure,
-    percentile,
-    provisioned,
-    run_commands,
-    server,
-    start_service,
-    stop_service,
-    wait_ready,
-)
+from bench import common as common
 from shared.bus import commands as bus_commands
 from shared.bus.connection import Connection
 from shared.core import subjects
@@ -116,11 +107,11 @@ async def command(nc: Connection, cmd: Command[R], *, timeout: float = 60) -> R:
 
 async def create_and_sling(nc: Connection, rig: str, count: int) -> tuple[list[str], float]:
     """Create ``count`` beads, then sling them all at once; (ids, monotonic time the slings began)."""
-    _, _, outcomes = await run_commands(nc, [BeadCreate(title=f"idle bead {i}") for i in range(count)])
+    _, _, outcomes = await common.run_commands(nc, [BeadCreate(title=f"idle bead {i}") for i in range(count)])
     ids = [str(o["result"]["id"]) for o in outcomes]
     slings = [BeadSling(id=bead, rig=rig) for bead in ids]
     began = time.monotonic()
-    _, _, outcomes = await run_commands(nc, slings)
+    _, _, outcomes = await common.run_commands(nc, slings)
     if any(o["type"] != "cmd.accepted" for o in outcomes):
         raise RuntimeError("a sling was rejected")
     return ids, began
@@ -202,38 +193,40 @@ def baseline_rss() -> float:
     return int(out) / 2**20
 
 
-async def run(kills: int = 50, idle_sessions: int = 200, quiet_s: float = 30.0) -> list[Figure]:
-    figures: list[Figure] = []
+async def run(kills: int = 50, idle_sessions: int = 200, quiet_s: float = 30.0) -> list[common.Figure]:
+    figures: list[common.Figure] = []
     socket = f"gt-bench-{uuid.uuid4().hex[:8]}"
-    with tempfile.TemporaryDirectory(prefix="gt-bench-witness-") as tmp, server() as srv:
+    with tempfile.TemporaryDirectory(prefix="gt-bench-witness-") as tmp, common.server() as srv:
         root = Path(tmp)
         origin = make_origin(root)
         raw_start = tmux_start_ceiling(f"{socket}-raw", kills)
         Tmux(f"{socket}-raw").kill_server()
         spawn_ceiling_s = spawn_ceiling(root, origin, f"{socket}-spawn", idle_sessions)
 
-        nc, _town = await provisioned(srv.url)
+        nc, _town = await common.provisioned(srv.url)
         # (h) kills each bead's sessions ten times in a row, a crash loop by the witness's rule, which it would
         # answer with its respawn backoff: the recovery measured is that of one crash (respawned at once).
         env = {"GT_HOME": str(root / "home"), "GT_TMUX_SOCKET": socket, "GT_KILL_GRACE": "1", "GT_RESPAWN_BACKOFF": "0"}
-        procs = {name: start_service(name, srv.url, env=env) for name in ("mayor", "refinery", "witness")}
+        procs = {name: common.start_service(name, srv.url, env=env) for name in ("mayor", "refinery", "witness")}
         events = SessionEvents()
         try:
             for name in procs:
-                await wait_ready(nc, name)
+                await common.wait_ready(nc, name)
             await events.subscribe(nc)
             figures += await _recovery(nc, events, origin, kills, raw_start)
             witness = procs["witness"]
             figures += await _idle(nc, events, origin, idle_sessions, quiet_s, spawn_ceiling_s, witness, socket)
         finally:
             for proc in procs.values():
-                stop_service(proc)
+                common.stop_service(proc)
             Tmux(socket).kill_server()
             await nc.close()
     return figures
 
 
-async def _recovery(nc: Connection, events: SessionEvents, origin: Path, kills: int, raw: list[float]) -> list[Figure]:
+async def _recovery(
+    nc: Connection, events: SessionEvents, origin: Path, kills: int, raw: list[float]
+) -> list[common.Figure]:
     beads_n = 5
     await command(
         nc, RigAdd(name="kills", repo=str(origin), agent_command=AGENT, max_polecats=beads_n, max_respawns=100)
@@ -252,10 +245,10 @@ async def _recovery(nc: Connection, events: SessionEvents, origin: Path, kills: 
         os.kill(agent.pid, signal.SIGKILL)
         latencies.append(await events.wait_started(successor, timeout=60) - killed_at)
         current[bead] = successor
-    p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
-    raw50, raw99 = percentile(raw, 50), percentile(raw, 99)
+    p50, p99 = common.percentile(latencies, 50), common.percentile(latencies, 99)
+    raw50, raw99 = common.percentile(raw, 50), common.percentile(raw, 99)
     out = [
-        Figure(
+        common.Figure(
             name=f"(h) kill -9 of an agent -> its fresh session started, p50 over {kills} kills",
             value=p50 * 1000,
             unit="ms",
@@ -264,7 +257,7 @@ async def _recovery(nc: Connection, events: SessionEvents, origin: Path, kills: 
             higher_is_better=False,
             notes=[f"default patrol {PATROL_S:g}s; the death is seen through a pidfd, not the patrol"],
         ),
-        Figure(
+        common.Figure(
             name=f"(h) kill -9 of an agent -> its fresh session started, p99 over {kills} kills",
             value=p99 * 1000,
             unit="ms",
@@ -289,13 +282,13 @@ async def _idle(
     spawn_ceiling_s: float,
     witness: subprocess.Popen[bytes],
     socket: str,
-) -> list[Figure]:
+) -> list[common.Figure]:
     await command(nc, RigAdd(name="idle", repo=str(origin), agent_command=AGENT, max_polecats=count))
     beads, began = await create_and_sling(nc, "idle", count)
     wanted = [f"{bead}-1" for bead in beads]
     await events.wait_for(lambda: all(s in events.started for s in wanted), timeout=900)
     spawn_s = max(events.started[s][0] for s in wanted) - began
-    spawn = Figure(
+    spawn = common.Figure(
         name=f"(i) sessions started while {count} beads are slung at once",
         value=count / spawn_s * 60,
         unit="sessions/min",
@@ -317,7 +310,7 @@ async def _idle(
     base = await asyncio.to_thread(baseline_rss)
     out = [
         spawn,
-        Figure(
+        common.Figure(
             name=f"(j) witness CPU with {count} idle sessions",
             value=cpu * 100,
             unit="% of a core",
@@ -326,7 +319,7 @@ async def _idle(
             higher_is_better=False,
             notes=[f"over {elapsed:.0f}s; patrol {PATROL_S:g}s; tmux and git children included"],
         ),
-        Figure(
+        common.Figure(
             name=f"(k) witness resident memory with {count} sessions",
             value=rss,
             unit="MiB",

@@ -16,19 +16,7 @@ import asyncio
 import time
 from datetime import UTC, datetime
 
-from bench.common import (
-    Figure,
-    Round,
-    bodies_of,
-    median_round,
-    provisioned,
-    raw_publish_ceiling,
-    run_commands,
-    server,
-    start_service,
-    stop_service,
-    wait_ready,
-)
+from bench import common as common
 from bench.replay import _ceiling_replay, _projection_replay
 from shared.bus.connection import Connection
 from shared.core import subjects
@@ -54,42 +42,44 @@ async def _add_rigs(nc: Connection) -> None:
 
 async def _round(nc: Connection, beads: int) -> tuple[float, float, float, float]:
     """One round over fresh beads: (sling seconds, its ceiling, step seconds, its ceiling)."""
-    _, _, outcomes = await run_commands(nc, [BeadCreate(title=f"Widget {i}", labels=["bench"]) for i in range(beads)])
+    _, _, outcomes = await common.run_commands(
+        nc, [BeadCreate(title=f"Widget {i}", labels=["bench"]) for i in range(beads)]
+    )
     ids = [o["result"]["id"] for o in outcomes]
 
     slings = [BeadSling(id=bead_id, rig=RIGS[i % len(RIGS)]) for i, bead_id in enumerate(ids)]
-    sling_ceiling = await raw_publish_ceiling(nc, bodies_of(slings))
-    sling_s, _, sling_outcomes = await run_commands(nc, slings)
+    sling_ceiling = await common.raw_publish_ceiling(nc, common.bodies_of(slings))
+    sling_s, _, sling_outcomes = await common.run_commands(nc, slings)
     assert all(o["type"] == "cmd.accepted" for o in sling_outcomes), "a sling was rejected"
 
     # Step k of every bead before step k+1 of any: each step's needs are done when it arrives.
     steps = [StepDone(bead=bead_id, step=step) for step in STEPS for bead_id in ids]
-    step_ceiling = await raw_publish_ceiling(nc, bodies_of(steps))
+    step_ceiling = await common.raw_publish_ceiling(nc, common.bodies_of(steps))
     steps_s = 0.0
     for k in range(len(STEPS)):
-        elapsed, _, step_outcomes = await run_commands(nc, steps[k * beads : (k + 1) * beads])
+        elapsed, _, step_outcomes = await common.run_commands(nc, steps[k * beads : (k + 1) * beads])
         assert all(o["type"] == "cmd.accepted" for o in step_outcomes), "a step was rejected"
         steps_s += elapsed
-    await run_commands(nc, [BeadClose(id=bead_id, reason="merged") for bead_id in ids])
+    await common.run_commands(nc, [BeadClose(id=bead_id, reason="merged") for bead_id in ids])
     return sling_s, sling_ceiling, steps_s, step_ceiling
 
 
-async def run(beads: int = 1_000, rounds: int = 2) -> list[Figure]:
+async def run(beads: int = 1_000, rounds: int = 2) -> list[common.Figure]:
     runtime.tune_gc()
-    figures: list[Figure] = []
-    with server() as srv:
-        nc, town = await provisioned(srv.url)
+    figures: list[common.Figure] = []
+    with common.server() as srv:
+        nc, town = await common.provisioned(srv.url)
         await _add_rigs(nc)
-        mayor = start_service("mayor", srv.url)
+        mayor = common.start_service("mayor", srv.url)
         try:
-            await wait_ready(nc, "mayor")
+            await common.wait_ready(nc, "mayor")
             results = [await _round(nc, beads) for _ in range(rounds)]
         finally:
-            stop_service(mayor)
-        sling_s, sling_ceiling = median_round([(r[0], r[1]) for r in results])
-        steps_s, step_ceiling = median_round([(r[2], r[3]) for r in results])
+            common.stop_service(mayor)
+        sling_s, sling_ceiling = common.median_round([(r[0], r[1]) for r in results])
+        steps_s, step_ceiling = common.median_round([(r[2], r[3]) for r in results])
         figures.append(
-            Figure(
+            common.Figure(
                 name=f"(e) sling {beads:,} beads, cooking the 6-step polecat-work formula",
                 value=beads / sling_s,
                 unit="commands/s",
@@ -104,7 +94,7 @@ async def run(beads: int = 1_000, rounds: int = 2) -> list[Figure]:
         print(figures[-1].line(), flush=True)
         steps = beads * len(STEPS)
         figures.append(
-            Figure(
+            common.Figure(
                 name=f"(f) step.done through {beads:,} molecules ({steps:,} commands)",
                 value=steps / steps_s,
                 unit="commands/s",
@@ -116,13 +106,13 @@ async def run(beads: int = 1_000, rounds: int = 2) -> list[Figure]:
         print(figures[-1].line(), flush=True)
 
         last = int((await nc.jetstream().stream_info(town.evt_stream)).state.last_seq)
-        replays: list[Round] = []
+        replays: list[common.Round] = []
         for _ in range(rounds):
             ceiling_s = await _ceiling_replay(nc, town, last)
             replays.append(((await _projection_replay(nc, town, last))[0], ceiling_s))
-        measured_s, ceiling_s = median_round(replays)
+        measured_s, ceiling_s = common.median_round(replays)
         figures.append(
-            Figure(
+            common.Figure(
                 name=f"(g) replay the work log ({last:,} events: molecules, steps, convoys) into the mayor",
                 value=last / measured_s,
                 unit="events/s",

@@ -107,6 +107,10 @@ class SecuredTown:
             "GT_NATS_SYS_PASSWORD": self.callout.sys_password or "",
         }
 
+    def witness_env(self) -> dict[str, str]:
+        """The environment the witness runs in (as under compose): its own login, and ``callout_env``."""
+        return {"NATS_USER": "witness", "NATS_PASSWORD": self.passwords["witness"], **self.callout_env()}
+
     def session_config(self, origin: SessionOrigin, bead: str, *, expires_in_s: float = 3600.0) -> TownConfig:
         """A polecat session's own login, as the witness mints it: user = session id, its own inbox prefix."""
         password = mint(

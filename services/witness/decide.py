@@ -10,21 +10,7 @@ import msgspec
 from services.witness.state import Rig, Session, WitnessState
 from shared.core.errors import CommandError
 from shared.core.ids import hook_lease_name
-from shared.model.commands import (
-    POLECAT_TARGET,
-    Command,
-    NudgeSend,
-    RigAdd,
-    RigPark,
-    RigRemove,
-    RigUnpark,
-    RigUpdate,
-    SessionDoneIntentCmd,
-    SessionFinish,
-    SessionHandoff,
-    SessionRecoverHook,
-    SessionStop,
-)
+from shared.model import commands as cmds
 from shared.model.decision import Accepted, DecideContext, NewEvent
 from shared.model.events import (
     NudgeQueued,
@@ -65,29 +51,29 @@ class WorktreeFacts:
         """Work that a re-sling could lose (uncommitted changes, unpushed commits); None: clean or gone."""
 
 
-def decide(state: WitnessState, cmd: Command, ctx: DecideContext) -> Accepted:
+def decide(state: WitnessState, cmd: cmds.Command, ctx: DecideContext) -> Accepted:
     match cmd:
-        case RigAdd():
+        case cmds.RigAdd():
             return rig_add(state, cmd, ctx)
-        case RigUpdate():
+        case cmds.RigUpdate():
             return rig_update(state, cmd)
-        case RigPark():
+        case cmds.RigPark():
             return rig_park(state, cmd)
-        case RigUnpark():
+        case cmds.RigUnpark():
             return rig_unpark(state, cmd)
-        case RigRemove():
+        case cmds.RigRemove():
             return rig_remove(state, cmd)
-        case SessionDoneIntentCmd():
+        case cmds.SessionDoneIntentCmd():
             return done_intent(state, cmd)
-        case SessionFinish():
+        case cmds.SessionFinish():
             return finish(state, cmd)
-        case SessionHandoff():
+        case cmds.SessionHandoff():
             return handoff(state, cmd)
-        case SessionStop():
+        case cmds.SessionStop():
             return stop(state, cmd)
-        case NudgeSend():
+        case cmds.NudgeSend():
             return nudge(state, cmd, ctx)
-        case SessionRecoverHook():
+        case cmds.SessionRecoverHook():
             return recover_hook(state, cmd, ctx)
     raise CommandError("unknown_command", f"the witness does not handle {cmd.SUBJECT}")
 
@@ -95,7 +81,7 @@ def decide(state: WitnessState, cmd: Command, ctx: DecideContext) -> Accepted:
 # ---- rigs --------------------------------------------------------------------------------------
 
 
-def _rig_from(cmd: RigAdd) -> RigAdded:
+def _rig_from(cmd: cmds.RigAdd) -> RigAdded:
     return RigAdded(
         rig=cmd.name,
         repo=cmd.repo,
@@ -130,7 +116,7 @@ def _added(name: str, rig: Rig | RigAdded, *, changed: bool, incarnation: int | 
 def _same_config(rig: Rig, wanted: RigAdded) -> bool:
     return all(
         getattr(rig, field) == getattr(wanted, field)
-        for field in ("repo", "base_branch", "prefix", *RigUpdate.SETTINGS)
+        for field in ("repo", "base_branch", "prefix", *cmds.RigUpdate.SETTINGS)
     )
 
 
@@ -154,7 +140,7 @@ def _quiet(state: WitnessState, rig: Rig) -> None:
     )
 
 
-def rig_add(state: WitnessState, cmd: RigAdd, ctx: DecideContext) -> Accepted[RigResult]:
+def rig_add(state: WitnessState, cmd: cmds.RigAdd, ctx: DecideContext) -> Accepted[RigResult]:
     wanted = _rig_from(cmd)
     existing = state.rigs.get(cmd.name)
     if existing is not None and existing.removed:
@@ -203,17 +189,17 @@ def _rig_result(rig: Rig, status: str, *, changed: bool, **extra: Any) -> RigRes
     return RigResult(id=rig.name, rig=rig.name, status=status, changed=changed, **extra)
 
 
-def _changed(rig: Rig, cmd: RigUpdate, field: str) -> Any:
+def _changed(rig: Rig, cmd: cmds.RigUpdate, field: str) -> Any:
     """The command's new value of ``field``, or UNSET when it is not given or already the rig's."""
     value = getattr(cmd, field)
     return msgspec.UNSET if value is None or value == getattr(rig, field) else value
 
 
-def rig_update(state: WitnessState, cmd: RigUpdate) -> Accepted[RigResult]:
+def rig_update(state: WitnessState, cmd: cmds.RigUpdate) -> Accepted[RigResult]:
     """Only what changes goes in ``rig.updated``: the same update twice changes nothing the second time."""
     rig = _live_rig(state, cmd.name)
-    event = RigUpdated(rig=rig.name, **{field: _changed(rig, cmd, field) for field in RigUpdate.SETTINGS})
-    changed = {f: v for f in RigUpdate.SETTINGS if (v := getattr(event, f)) is not msgspec.UNSET}
+    event = RigUpdated(rig=rig.name, **{field: _changed(rig, cmd, field) for field in cmds.RigUpdate.SETTINGS})
+    changed = {f: v for f in cmds.RigUpdate.SETTINGS if (v := getattr(event, f)) is not msgspec.UNSET}
     if not changed:
         return Accepted(result=_rig_result(rig, "unchanged", changed=False, fields=[]))
     return Accepted(
@@ -222,7 +208,7 @@ def rig_update(state: WitnessState, cmd: RigUpdate) -> Accepted[RigResult]:
     )
 
 
-def rig_park(state: WitnessState, cmd: RigPark) -> Accepted[RigResult]:
+def rig_park(state: WitnessState, cmd: cmds.RigPark) -> Accepted[RigResult]:
     rig = _live_rig(state, cmd.name)
     if rig.parked:
         return Accepted(result=_rig_result(rig, "parked", changed=False, waiting=waiting_beads(state, rig.name)))
@@ -232,7 +218,7 @@ def rig_park(state: WitnessState, cmd: RigPark) -> Accepted[RigResult]:
     )
 
 
-def rig_unpark(state: WitnessState, cmd: RigUnpark) -> Accepted[RigResult]:
+def rig_unpark(state: WitnessState, cmd: cmds.RigUnpark) -> Accepted[RigResult]:
     rig = _live_rig(state, cmd.name)
     waiting = waiting_beads(state, rig.name)
     if not rig.parked:
@@ -259,7 +245,7 @@ def waiting_beads(state: WitnessState, rig: str) -> int:
     )
 
 
-def rig_remove(state: WitnessState, cmd: RigRemove) -> Accepted[RigResult]:
+def rig_remove(state: WitnessState, cmd: cmds.RigRemove) -> Accepted[RigResult]:
     """Refused while beads are hooked on the rig, unless forced: then it is parked for good (running sessions
     finish, the refinery still merges what is queued) and hidden; the hooked beads stay hooked until unslung."""
     rig = state.rigs.get(cmd.name)
@@ -299,7 +285,7 @@ def _ended_elsewhere(state: WitnessState, session: Session) -> CommandError:
     return CommandError("conflict", f"session {session.id} already ended ({session.end_reason}){where}")
 
 
-def done_intent(state: WitnessState, cmd: SessionDoneIntentCmd) -> Accepted[SessionResult]:
+def done_intent(state: WitnessState, cmd: cmds.SessionDoneIntentCmd) -> Accepted[SessionResult]:
     session = _session(state, cmd.session)
     if session.status == "ended":
         if session.end_reason == "done":
@@ -311,7 +297,7 @@ def done_intent(state: WitnessState, cmd: SessionDoneIntentCmd) -> Accepted[Sess
     return Accepted(events=[event], result=_result(session, "finishing", changed=True))
 
 
-def finish(state: WitnessState, cmd: SessionFinish) -> Accepted[SessionResult]:
+def finish(state: WitnessState, cmd: cmds.SessionFinish) -> Accepted[SessionResult]:
     session = _session(state, cmd.session)
     if session.status == "ended":
         if session.end_reason == "done":
@@ -323,7 +309,7 @@ def finish(state: WitnessState, cmd: SessionFinish) -> Accepted[SessionResult]:
     return Accepted(events=[event], result=_result(session, "ended", changed=True))
 
 
-def handoff(state: WitnessState, cmd: SessionHandoff) -> Accepted[SessionResult]:
+def handoff(state: WitnessState, cmd: cmds.SessionHandoff) -> Accepted[SessionResult]:
     session = _session(state, cmd.session)
     if session.status not in ACTIVE_SESSION:
         if session.end_reason == "handoff":
@@ -337,7 +323,7 @@ def handoff(state: WitnessState, cmd: SessionHandoff) -> Accepted[SessionResult]
     return Accepted(events=[event], result=_result(session, "ended", changed=True))
 
 
-def stop(state: WitnessState, cmd: SessionStop) -> Accepted[SessionResult]:
+def stop(state: WitnessState, cmd: cmds.SessionStop) -> Accepted[SessionResult]:
     """A warrant with reason ``stopped``: the witness kills the agent (re-verified) and records the end."""
     session = _session(state, cmd.session)
     if session.status not in ACTIVE_SESSION:
@@ -358,12 +344,12 @@ def _known_polecats(state: WitnessState, rig: str) -> list[str]:
     return sorted({s.polecat for s in state.sessions.values() if s.rig == rig})
 
 
-def nudge(state: WitnessState, cmd: NudgeSend, ctx: DecideContext) -> Accepted[NudgeResult]:
+def nudge(state: WitnessState, cmd: cmds.NudgeSend, ctx: DecideContext) -> Accepted[NudgeResult]:
     session_id: str | None = None
     target = state.sessions.get(cmd.target)
     if target is not None:
         rig, polecat, session_id = target.rig, target.polecat, target.id
-    elif (match := POLECAT_TARGET.fullmatch(cmd.target)) is not None:
+    elif (match := cmds.POLECAT_TARGET.fullmatch(cmd.target)) is not None:
         rig, polecat = match["rig"], match["polecat"]
         if rig not in state.rigs:
             raise CommandError("not_found", f"no rig {rig!r} (`gt rig list` shows them)")
@@ -419,7 +405,7 @@ def last_session_of(state: WitnessState, bead_id: str) -> Session | None:
     return found[-1] if found else None
 
 
-def recover_hook(state: WitnessState, cmd: SessionRecoverHook, ctx: DecideContext) -> Accepted[StaleHookResult]:
+def recover_hook(state: WitnessState, cmd: cmds.SessionRecoverHook, ctx: DecideContext) -> Accepted[StaleHookResult]:
     """A stale hook is re-slung when its last worktree is clean, escalated otherwise; never dropped."""
     bead = state.beads.get(cmd.bead)
     if bead is None:

@@ -67,9 +67,7 @@ async def event_actor(nc: Client, subject: str, kind: str) -> str:
 def use_the_witness_identity(st: SecuredTown, monkeypatch: pytest.MonkeyPatch) -> None:
     """The witness's credentials and session keys in its environment (as under docker-compose): it gives each
     session its own identity and answers the server's auth callout for it."""
-    monkeypatch.setenv("NATS_USER", "witness")
-    monkeypatch.setenv("NATS_PASSWORD", st.passwords["witness"])
-    for key, value in st.callout_env().items():
+    for key, value in st.witness_env().items():
         monkeypatch.setenv(key, value)
 
 

@@ -39,9 +39,7 @@ async def test_every_role_does_its_work_with_its_own_user(
 ) -> None:
     # The witness's own credentials are in its environment too (as under docker-compose): no agent gets them.
     # It gives each session its own identity and answers the server's auth callout for it.
-    monkeypatch.setenv("NATS_USER", "witness")
-    monkeypatch.setenv("NATS_PASSWORD", st.passwords["witness"])
-    for key, value in st.callout_env().items():
+    for key, value in st.witness_env().items():
         monkeypatch.setenv(key, value)
     closings: list[str] = []
 
@@ -139,9 +137,7 @@ async def test_an_agents_password_reaches_it_in_a_private_file_never_on_a_comman
     st: SecuredTown, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The witness holds its own password and the session keys (as under docker-compose); it starts the tmux server.
-    monkeypatch.setenv("NATS_USER", "witness")
-    monkeypatch.setenv("NATS_PASSWORD", st.passwords["witness"])
-    for key, value in st.callout_env().items():
+    for key, value in st.witness_env().items():
         monkeypatch.setenv(key, value)
     spy = tmp_path / "spy.sh"
     spy.write_text(SPY)

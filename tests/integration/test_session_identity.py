@@ -265,9 +265,7 @@ sleep 600
 async def test_the_witness_gives_each_session_its_own_identity_and_refuses_it_once_the_session_ended(
     st: SecuredTown, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("NATS_USER", "witness")
-    monkeypatch.setenv("NATS_PASSWORD", st.passwords["witness"])
-    for key, value in st.callout_env().items():
+    for key, value in st.witness_env().items():
         monkeypatch.setenv(key, value)
     script = tmp_path / "as-itself.sh"
     script.write_text(AS_ITSELF)

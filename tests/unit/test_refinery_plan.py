@@ -338,20 +338,25 @@ def test_a_merge_request_keyed_the_old_way_still_folds_and_answers_its_own_beads
     assert q.mr(other["id"]).bead == "de-b"
 
 
-def test_a_bead_resubmitting_the_commit_that_failed_puts_its_merge_request_back_and_failures_add_up(
-    q: Queue,
-) -> None:
-    a = q.submit("de-a")
-    # A fresh session of the bead, holding its hook lease, submits the same commit (as `gt done` does).
+def resubmission_by_a_fresh_session(q: Queue, mr: str) -> dict[str, Any]:
+    """A fresh session of bead de-a, holding its hook lease, about to submit the commit of merge request ``mr``
+    again (as `gt done` does): the body of its ``mr.done``."""
     session = SessionRequested(
         session_id="de-a-2", rig="demo", polecat="x", bead="de-a", worktree="/w/x", branch="polecat/x/de-a",
         tmux_name="gt-demo-x", attempt=2,
     )  # fmt: skip
     q.add(session, LeaseAcquired(lease="hook-de-a", holder="de-a-2", token=2, ttl_s=600, expires_at=q.clock))
-    body = {
-        "bead": "de-a", "rig": "demo", "branch": "polecat/x/de-a", "head": q.mr(a).head, "session": "de-a-2",
+    return {
+        "bead": "de-a", "rig": "demo", "branch": "polecat/x/de-a", "head": q.mr(mr).head, "session": "de-a-2",
         "fence": {"lease": "hook-de-a", "token": 2}, "bundle": "/gt/published/de-a-2/x.bundle",
     }  # fmt: skip
+
+
+def test_a_bead_resubmitting_the_commit_that_failed_puts_its_merge_request_back_and_failures_add_up(
+    q: Queue,
+) -> None:
+    a = q.submit("de-a")
+    body = resubmission_by_a_fresh_session(q, a)
     q.claim(a)
     q.fail(a)
     assert plan.failures_of(q.state, "de-a") == 1
@@ -432,16 +437,7 @@ def test_a_bead_resubmitting_the_commit_whose_conflict_was_sent_back_puts_its_me
     back into the queue (it conflicts again and counts towards the cap), never left finished with the bead
     hooked and nothing queued."""
     a = q.submit("de-a")
-    # A fresh session of the bead, holding its hook lease, submits the same commit (as `gt done` does).
-    session = SessionRequested(
-        session_id="de-a-2", rig="demo", polecat="x", bead="de-a", worktree="/w/x", branch="polecat/x/de-a",
-        tmux_name="gt-demo-x", attempt=2,
-    )  # fmt: skip
-    q.add(session, LeaseAcquired(lease="hook-de-a", holder="de-a-2", token=2, ttl_s=600, expires_at=q.clock))
-    body = {
-        "bead": "de-a", "rig": "demo", "branch": "polecat/x/de-a", "head": q.mr(a).head, "session": "de-a-2",
-        "fence": {"lease": "hook-de-a", "token": 2}, "bundle": "/gt/published/de-a-2/x.bundle",
-    }  # fmt: skip
+    body = resubmission_by_a_fresh_session(q, a)
     q.claim(a)
     q.add(
         MergeRequestConflicted(mr_id=a, target_commit="e" * 40, conflict_command="", files=["calc.py"], sent_back=True)

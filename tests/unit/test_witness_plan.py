@@ -105,6 +105,14 @@ class World(Fed[WitnessState]):
         if cleaned:
             self.add(SessionCleaned(session_id=session, worktree_removed=removed))
 
+    def kept_after_a_death(self, bead: str, detail: str = "kept") -> str:
+        """A session of the bead that died with no respawn left: escalated, and cleaned keeping its worktree."""
+        session = self.running(bead)
+        self.end(session, "dead", cleaned=False)
+        self.add(SessionEscalated(session_id=session, reason="respawn_limit"))
+        self.add(SessionCleaned(session_id=session, worktree_removed=False, detail=detail))
+        return session
+
     def running(self, bead: str) -> str:
         """Spawn (as planned), request and start a session for the bead; its id."""
         spawn = only(self.plan(), Spawn)
@@ -224,10 +232,7 @@ def test_a_name_whose_worktree_was_kept_is_not_given_to_another_bead() -> None:
     w = World()
     w.rig(max_polecats=2, max_respawns=0)
     w.bead("gt-1")
-    first = w.running("gt-1")
-    w.end(first, "dead", cleaned=False)
-    w.add(SessionEscalated(session_id=first, reason="respawn_limit"))
-    w.add(SessionCleaned(session_id=first, worktree_removed=False, detail="kept"))
+    w.kept_after_a_death("gt-1")
     w.bead("gt-2")
     assert only(w.plan(), Spawn).polecat == "bob"
 
@@ -257,10 +262,7 @@ def test_a_worktree_that_holds_unsaved_work_after_its_bead_closed_is_tried_once_
     w = World()
     w.rig(max_polecats=2, max_respawns=0)
     w.bead("gt-1")
-    first = w.running("gt-1")
-    w.end(first, "dead", cleaned=False)
-    w.add(SessionEscalated(session_id=first, reason="respawn_limit"))
-    w.add(SessionCleaned(session_id=first, worktree_removed=False, detail="kept for manual recovery (escalated)"))
+    first = w.kept_after_a_death("gt-1", "kept for manual recovery (escalated)")
     w.add(BeadClosed(bead_id="gt-1"))
     assert only(w.plan(), Clean).again
     w.add(SessionCleaned(session_id=first, worktree_removed=False, detail="it holds uncommitted changes"))

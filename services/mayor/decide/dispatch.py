@@ -9,71 +9,51 @@ from services.mayor.decide import mail as decide_mail
 from services.mayor.decide import work as decide_work
 from services.mayor.state import MayorState
 from shared.core.errors import CommandError
-from shared.model.commands import (
-    BeadClaim,
-    BeadClose,
-    BeadCreate,
-    BeadSling,
-    BeadUnsling,
-    BeadUpdate,
-    Command,
-    ConvoyAdd,
-    ConvoyCreate,
-    ConvoyLand,
-    EscalationAck,
-    EscalationClose,
-    EscalationRaise,
-    MailArchive,
-    MailRead,
-    MailReply,
-    MailSend,
-    StepDone,
-    StepStart,
-)
+from shared.model import commands as cmds
 from shared.model.decision import Accepted, DecideContext
 
 
-def decide(state: MayorState, cmd: Command, ctx: DecideContext) -> Accepted:
+def decide(state: MayorState, cmd: cmds.Command, ctx: DecideContext) -> Accepted:
     """The events ``cmd`` produces on ``state``.
 
     Raises:
         CommandError: the command cannot be carried out (``not_found``, ``conflict``, ...).
     """
     match cmd:
-        case BeadCreate():
+        case cmds.BeadCreate():
             return decide_beads.create(state, cmd, ctx)
-        case BeadUpdate():
+        case cmds.BeadUpdate():
             return decide_beads.update(state, cmd)
-        case BeadClaim():
+        case cmds.BeadClaim():
             return decide_beads.claim(state, decide_beads.get_bead(state, cmd.id), cmd.assignee)
-        case BeadClose():
+        case cmds.BeadClose():
             return decide_beads.close(state, decide_beads.get_bead(state, cmd.id), cmd.reason)
-        case BeadSling():
+        case cmds.BeadSling():
             return decide_work.sling(state, cmd, ctx)
-        case BeadUnsling():
+        case cmds.BeadUnsling():
             return decide_work.unsling(state, cmd)
-        case StepStart():
+        case cmds.StepStart():
             return decide_work.step_start(state, cmd)
-        case StepDone():
+        case cmds.StepDone():
             return decide_work.step_done(state, cmd)
-        case ConvoyCreate():
+        case cmds.ConvoyCreate():
             return decide_convoys.create(state, cmd, ctx)
-        case ConvoyAdd():
+        case cmds.ConvoyAdd():
             return decide_convoys.add(state, cmd)
-        case ConvoyLand():
+        case cmds.ConvoyLand():
             return decide_convoys.land(state, cmd)
-        case MailSend():
+        case cmds.MailSend():
             return decide_mail.send(state, cmd, ctx)
-        case MailReply():
+        case cmds.MailReply():
             return decide_mail.reply(state, cmd, ctx)
-        case MailRead():
+        case cmds.MailRead():
             return decide_mail.read(state, cmd, ctx)
-        case MailArchive():
+        case cmds.MailArchive():
             return decide_mail.archive(state, cmd, ctx)
-        case EscalationRaise():
+        case cmds.EscalationRaise():
             return decide_escalations.raise_(state, cmd, ctx)
-        case EscalationAck():
+        case cmds.EscalationAck():
             return decide_escalations.ack(state, cmd, ctx)
-        case EscalationClose():
+        case cmds.EscalationClose():
             return decide_escalations.close(state, cmd, ctx)
     raise CommandError("unknown_command", f"the mayor does not handle {type(cmd).__name__}")
