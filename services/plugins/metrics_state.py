@@ -15,25 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector
 
-from shared.model.events import (
-    BeadClaimed,
-    BeadClosed,
-    BeadCreated,
-    BeadSlung,
-    Envelope,
-    Event,
-    MergeRequestClaimed,
-    MergeRequestConflicted,
-    MergeRequestFailed,
-    MergeRequestMerged,
-    MergeRequestRejected,
-    MergeRequestRequeued,
-    MergeRequestSubmitted,
-    RigAdded,
-    SessionEnded,
-    SessionRequested,
-    SessionStarted,
-)
+from shared.model import events as ev
 from shared.model.events.beads import BEAD_STATUSES, BeadStatus, forward
 from shared.model.events.merge_requests import MR_IN_QUEUE, MR_STATUSES, MrStatus
 from shared.model.events.sessions import SESSION_STATUSES, SessionStatus
@@ -93,7 +75,7 @@ class LiveFacts(msgspec.Struct, frozen=True, kw_only=True):
     """Other plugins' consumers: plugin name -> acknowledged floor (stream sequence)."""
 
 
-def apply(state: MetricsState, seq: int, env: Envelope | None, payload: Event | None) -> None:
+def apply(state: MetricsState, seq: int, env: ev.Envelope | None, payload: ev.Event | None) -> None:
     """Fold the event stored at ``seq``: ``env`` None when the envelope did not decode, ``payload`` None
     when its type is unknown here. Sequences at or below the last applied one are skipped."""
     if seq <= state.last_seq:
@@ -108,12 +90,12 @@ def apply(state: MetricsState, seq: int, env: Envelope | None, payload: Event | 
 
 
 @functools.singledispatch
-def fold(payload: Event, state: MetricsState) -> None:
+def fold(payload: ev.Event, state: MetricsState) -> None:
     """Events without a gauge only count (in ``events``)."""
 
 
 @fold.register
-def _bead_created(payload: BeadCreated, state: MetricsState) -> None:
+def _bead_created(payload: ev.BeadCreated, state: MetricsState) -> None:
     state.beads.setdefault(payload.bead_id, "open")
 
 
@@ -124,45 +106,45 @@ def _bead_forward(state: MetricsState, bead_id: str, status: BeadStatus) -> None
 
 
 @fold.register
-def _bead_slung(payload: BeadSlung, state: MetricsState) -> None:
+def _bead_slung(payload: ev.BeadSlung, state: MetricsState) -> None:
     _bead_forward(state, payload.bead_id, "hooked")
 
 
 @fold.register
-def _bead_claimed(payload: BeadClaimed, state: MetricsState) -> None:
+def _bead_claimed(payload: ev.BeadClaimed, state: MetricsState) -> None:
     _bead_forward(state, payload.bead_id, "in_progress")
 
 
 @fold.register
-def _bead_closed(payload: BeadClosed, state: MetricsState) -> None:
+def _bead_closed(payload: ev.BeadClosed, state: MetricsState) -> None:
     if state.beads.pop(payload.bead_id, None) is not None:
         state.closed_beads += 1
 
 
 @fold.register
-def _session_requested(payload: SessionRequested, state: MetricsState) -> None:
+def _session_requested(payload: ev.SessionRequested, state: MetricsState) -> None:
     state.sessions.setdefault(payload.session_id, "requested")
 
 
 @fold.register
-def _session_started(payload: SessionStarted, state: MetricsState) -> None:
+def _session_started(payload: ev.SessionStarted, state: MetricsState) -> None:
     if state.sessions.get(payload.session_id) == "requested":
         state.sessions[payload.session_id] = "started"
 
 
 @fold.register
-def _session_ended(payload: SessionEnded, state: MetricsState) -> None:
+def _session_ended(payload: ev.SessionEnded, state: MetricsState) -> None:
     if state.sessions.pop(payload.session_id, None) is not None:
         state.ended_sessions += 1
 
 
 @fold.register
-def _rig_added(payload: RigAdded, state: MetricsState) -> None:
+def _rig_added(payload: ev.RigAdded, state: MetricsState) -> None:
     state.rigs.add(payload.rig)
 
 
 @fold.register
-def _mr_submitted(payload: MergeRequestSubmitted, state: MetricsState) -> None:
+def _mr_submitted(payload: ev.MergeRequestSubmitted, state: MetricsState) -> None:
     state.rigs.add(payload.rig)
     state.mrs.setdefault(payload.mr_id, MergeRequestInfo(rig=payload.rig))
 
@@ -174,32 +156,32 @@ def _mr_status(state: MetricsState, mr_id: str, status: MrStatus) -> None:
 
 
 @fold.register
-def _mr_claimed(payload: MergeRequestClaimed, state: MetricsState) -> None:
+def _mr_claimed(payload: ev.MergeRequestClaimed, state: MetricsState) -> None:
     _mr_status(state, payload.mr_id, "claimed")
 
 
 @fold.register
-def _mr_conflicted(payload: MergeRequestConflicted, state: MetricsState) -> None:
+def _mr_conflicted(payload: ev.MergeRequestConflicted, state: MetricsState) -> None:
     _mr_status(state, payload.mr_id, "conflicted" if payload.sent_back else "blocked")
 
 
 @fold.register
-def _mr_failed(payload: MergeRequestFailed, state: MetricsState) -> None:
+def _mr_failed(payload: ev.MergeRequestFailed, state: MetricsState) -> None:
     _mr_status(state, payload.mr_id, "escalated" if payload.escalated else "failed")
 
 
 @fold.register
-def _mr_requeued(payload: MergeRequestRequeued, state: MetricsState) -> None:
+def _mr_requeued(payload: ev.MergeRequestRequeued, state: MetricsState) -> None:
     _mr_status(state, payload.mr_id, "queued")
 
 
 @fold.register
-def _mr_rejected(payload: MergeRequestRejected, state: MetricsState) -> None:
+def _mr_rejected(payload: ev.MergeRequestRejected, state: MetricsState) -> None:
     _mr_status(state, payload.mr_id, "rejected")
 
 
 @fold.register
-def _mr_merged(payload: MergeRequestMerged, state: MetricsState) -> None:
+def _mr_merged(payload: ev.MergeRequestMerged, state: MetricsState) -> None:
     if state.mrs.pop(payload.mr_id, None) is not None:
         state.merged_mrs += 1
 

@@ -32,39 +32,10 @@ from shared.bus.topology import owner_of
 from shared.core.config import TownConfig
 from shared.core.errors import CommandError, QueryError
 from shared.core.ids import hook_lease_name
+from shared.model import events as ev
 from shared.model import heartbeats
 from shared.model.commands import GcSweep, MergeRequestRetry, parse_command
 from shared.model.decision import DecideContext
-from shared.model.events import (
-    AutomationCompleted,
-    AutomationFired,
-    BeadClosed,
-    BeadCreated,
-    BeadSlung,
-    CommandAccepted,
-    GcSwept,
-    LeaseAcquired,
-    LeaseExpired,
-    LeaseReleased,
-    MergeRequestClaimed,
-    MergeRequestConflicted,
-    MergeRequestFailed,
-    MergeRequestMerged,
-    MergeRequestRejected,
-    MergeRequestRequeued,
-    MergeRequestSubmitted,
-    NudgeDelivered,
-    NudgeExpired,
-    NudgeQueued,
-    RigAdded,
-    RigMassDeath,
-    ServiceUp,
-    SessionCleaned,
-    SessionEnded,
-    SessionEscalated,
-    SessionRequested,
-    SessionStarted,
-)
 from shared.model.queries import mayor, refinery
 from shared.service.projection import Projection
 from tests.mayor_town import mayor_town
@@ -84,7 +55,7 @@ class Swept(Fed[S]):
 
     def sweep(self, ttl_s: float) -> datetime:
         cutoff = self.clock - timedelta(seconds=ttl_s)
-        self.add(GcSwept(cutoff=cutoff, ttl_s=ttl_s))
+        self.add(ev.GcSwept(cutoff=cutoff, ttl_s=ttl_s))
         return cutoff
 
     def assert_replays(self) -> None:
@@ -108,14 +79,14 @@ class Swept(Fed[S]):
 class Witness(Swept[WitnessState]):
     def __init__(self) -> None:
         super().__init__(witness_projection)
-        self.add(RigAdded(rig="demo", repo="/repos/demo.git", prefix="de", agent_command="gt-agent"))
+        self.add(ev.RigAdded(rig="demo", repo="/repos/demo.git", prefix="de", agent_command="gt-agent"))
 
     def session(self, bead: str, polecat: str, attempt: int = 1, *, end: str | None = "done") -> str:
         if bead not in self.state.beads:
-            self.add(BeadCreated(bead_id=bead, title=f"work on {bead}"), BeadSlung(bead_id=bead, rig="demo"))
+            self.add(ev.BeadCreated(bead_id=bead, title=f"work on {bead}"), ev.BeadSlung(bead_id=bead, rig="demo"))
         sid = f"{bead}-{attempt}"
         self.add(
-            SessionRequested(
+            ev.SessionRequested(
                 session_id=sid,
                 rig="demo",
                 polecat=polecat,
@@ -125,43 +96,43 @@ class Witness(Swept[WitnessState]):
                 tmux_name=f"gt-demo-{polecat}",
                 attempt=attempt,
             ),
-            SessionStarted(session_id=sid, pane_pid=4242, pid_started=1000.0),
+            ev.SessionStarted(session_id=sid, pane_pid=4242, pid_started=1000.0),
         )
         if end is not None:
-            self.add(SessionEnded(session_id=sid, reason=end))
+            self.add(ev.SessionEnded(session_id=sid, reason=end))
         return sid
 
     def clean(self, sid: str, *, removed: bool = True) -> None:
-        self.add(SessionCleaned(session_id=sid, worktree_removed=removed))
+        self.add(ev.SessionCleaned(session_id=sid, worktree_removed=removed))
 
     def close(self, bead: str) -> None:
-        self.add(BeadClosed(bead_id=bead, reason="merged"))
+        self.add(ev.BeadClosed(bead_id=bead, reason="merged"))
 
 
 def test_the_witness_drops_closed_beads_done_with_and_keeps_everything_still_needed() -> None:
     w = Witness()
     done = w.session("de-done", "ace")
     w.clean(done)
-    w.add(MergeRequestSubmitted(mr_id="mr-done", bead="de-done", rig="demo", branch="b", target="main", head="1"))
+    w.add(ev.MergeRequestSubmitted(mr_id="mr-done", bead="de-done", rig="demo", branch="b", target="main", head="1"))
     w.close("de-done")
     live = w.session("de-live", "bob", end=None)
-    w.add(MergeRequestSubmitted(mr_id="mr-live", bead="de-live", rig="demo", branch="b", target="main", head="2"))
+    w.add(ev.MergeRequestSubmitted(mr_id="mr-live", bead="de-live", rig="demo", branch="b", target="main", head="2"))
     uncleaned = w.session("de-dirty", "cat", end="dead")
     w.close("de-dirty")
     kept_worktree = w.session("de-kept", "dot", end="dead")
-    w.add(SessionEscalated(session_id=kept_worktree, reason="respawn_limit"))
+    w.add(ev.SessionEscalated(session_id=kept_worktree, reason="respawn_limit"))
     w.clean(kept_worktree, removed=False)  # kept for manual recovery: the name dot stays held
     w.close("de-kept")
-    w.add(RigMassDeath(rig="demo", sessions=[done, uncleaned], window_s=30.0))
-    old_nudge = NudgeQueued(nudge_id="nu-old", rig="demo", polecat="ace", message="hi", expires_at=T0)
-    queued = NudgeQueued(nudge_id="nu-queued", rig="demo", polecat="bob", message="hi", expires_at=T0)
-    w.add(old_nudge, NudgeDelivered(nudge_id="nu-old", session=done), queued)
+    w.add(ev.RigMassDeath(rig="demo", sessions=[done, uncleaned], window_s=30.0))
+    old_nudge = ev.NudgeQueued(nudge_id="nu-old", rig="demo", polecat="ace", message="hi", expires_at=T0)
+    queued = ev.NudgeQueued(nudge_id="nu-queued", rig="demo", polecat="bob", message="hi", expires_at=T0)
+    w.add(old_nudge, ev.NudgeDelivered(nudge_id="nu-old", session=done), queued)
     w.tick(2 * HOUR)
     late = w.session("de-late", "eel")
     w.clean(late)
     w.close("de-late")  # closed after the cutoff below
-    w.add(NudgeQueued(nudge_id="nu-fresh", rig="demo", polecat="eel", message="hi", expires_at=w.clock))
-    w.add(NudgeExpired(nudge_id="nu-fresh"))
+    w.add(ev.NudgeQueued(nudge_id="nu-fresh", rig="demo", polecat="eel", message="hi", expires_at=w.clock))
+    w.add(ev.NudgeExpired(nudge_id="nu-fresh"))
     names_before = _held_names(w)
 
     w.sweep(HOUR)
@@ -207,14 +178,14 @@ def test_a_bead_whose_hook_lease_is_still_held_waits_for_its_release() -> None:
     w = Witness()
     sid = w.session("de-a", "ace")
     lease = hook_lease_name("de-a")
-    w.add(LeaseAcquired(lease=lease, holder=sid, token=1, ttl_s=60.0, expires_at=T0))
+    w.add(ev.LeaseAcquired(lease=lease, holder=sid, token=1, ttl_s=60.0, expires_at=T0))
     w.clean(sid)
     w.close("de-a")
     w.tick(HOUR)
     w.sweep(0)
     assert "de-a" in w.state.beads
     assert sid in w.state.sessions
-    w.add(LeaseReleased(lease=lease, holder=sid, token=1))
+    w.add(ev.LeaseReleased(lease=lease, holder=sid, token=1))
     w.sweep(0)
     assert "de-a" not in w.state.beads
     assert lease not in w.state.hooks
@@ -225,7 +196,7 @@ def test_a_bead_whose_hook_lease_is_still_held_waits_for_its_release() -> None:
 
 
 def _mayor_sweep(town: Any, ttl_s: float) -> None:
-    town.log.record([GcSwept(cutoff=town.clock - timedelta(seconds=ttl_s), ttl_s=ttl_s)], ts=town.clock)
+    town.log.record([ev.GcSwept(cutoff=town.clock - timedelta(seconds=ttl_s), ttl_s=ttl_s)], ts=town.clock)
     town.log.replay(town.projection, after=town.projection.last_seq)
 
 
@@ -302,47 +273,47 @@ def _assert_mayor_replays(town: Any) -> None:
 class Refinery(Swept[RefineryState]):
     def __init__(self) -> None:
         super().__init__(refinery_projection)
-        self.add(RigAdded(rig="demo", repo="/repos/demo.git", prefix="de", agent_command="gt-agent"))
+        self.add(ev.RigAdded(rig="demo", repo="/repos/demo.git", prefix="de", agent_command="gt-agent"))
 
     def submit(self, bead: str) -> str:
-        self.add(BeadCreated(bead_id=bead, title=bead), BeadSlung(bead_id=bead, rig="demo"))
+        self.add(ev.BeadCreated(bead_id=bead, title=bead), ev.BeadSlung(bead_id=bead, rig="demo"))
         mr = f"mr-{bead}"
-        self.add(MergeRequestSubmitted(mr_id=mr, bead=bead, rig="demo", branch=f"b/{bead}", target="main", head="1"))
+        self.add(ev.MergeRequestSubmitted(mr_id=mr, bead=bead, rig="demo", branch=f"b/{bead}", target="main", head="1"))
         return mr
 
     def claim(self, mr: str, attempt: int = 1) -> None:
-        self.add(MergeRequestClaimed(mr_id=mr, attempt=attempt, holder="r", lease_until=self.clock))
+        self.add(ev.MergeRequestClaimed(mr_id=mr, attempt=attempt, holder="r", lease_until=self.clock))
 
     def merge(self, mr: str) -> None:
         self.claim(mr)
-        self.add(MergeRequestMerged(mr_id=mr, merged_commit="c", target_before="t"))
+        self.add(ev.MergeRequestMerged(mr_id=mr, merged_commit="c", target_before="t"))
 
 
 def test_the_refinery_drops_finished_merge_requests_of_closed_beads_with_their_indexes() -> None:
     r = Refinery()
     merged = r.submit("de-merged")
     r.merge(merged)
-    r.add(BeadClosed(bead_id="de-merged"))
+    r.add(ev.BeadClosed(bead_id="de-merged"))
     unclosed = r.submit("de-unclosed")
     r.merge(unclosed)  # merged, but the crash before the close left its bead open: the close is still owed
     queued = r.submit("de-queued")
     blocked = r.submit("de-blocked")
     r.claim(blocked)
     command = f"conflict-{blocked}-1"
-    r.add(MergeRequestConflicted(mr_id=blocked, target_commit="t", conflict_command=command))
-    r.add(CommandAccepted(command_id=command, command="bead.create", result={"id": "de-fix"}))
+    r.add(ev.MergeRequestConflicted(mr_id=blocked, target_commit="t", conflict_command=command))
+    r.add(ev.CommandAccepted(command_id=command, command="bead.create", result={"id": "de-fix"}))
     failed = r.submit("de-failed")
     r.claim(failed)
     conflict = f"conflict-{failed}-1"
-    r.add(MergeRequestConflicted(mr_id=failed, target_commit="t", conflict_command=conflict))
-    r.add(CommandAccepted(command_id=conflict, command="bead.create", result={"id": "de-fix2"}))
-    r.add(MergeRequestRequeued(mr_id=failed, reason="conflict bead closed"))
+    r.add(ev.MergeRequestConflicted(mr_id=failed, target_commit="t", conflict_command=conflict))
+    r.add(ev.CommandAccepted(command_id=conflict, command="bead.create", result={"id": "de-fix2"}))
+    r.add(ev.MergeRequestRequeued(mr_id=failed, reason="conflict bead closed"))
     r.claim(failed, 2)
-    r.add(MergeRequestFailed(mr_id=failed, gate="test", exit_code=1, escalated=True))
-    r.add(BeadClosed(bead_id="de-failed"))
+    r.add(ev.MergeRequestFailed(mr_id=failed, gate="test", exit_code=1, escalated=True))
+    r.add(ev.BeadClosed(bead_id="de-failed"))
     r.tick(2 * HOUR)
     late = r.submit("de-late")
-    r.add(MergeRequestRejected(mr_id=late, reason="not wanted"), BeadClosed(bead_id="de-late"))
+    r.add(ev.MergeRequestRejected(mr_id=late, reason="not wanted"), ev.BeadClosed(bead_id="de-late"))
 
     r.sweep(HOUR)
 
@@ -371,19 +342,19 @@ class Deacon(Swept[DeaconState]):
 
     def run(self, name: str, run_id: str, *, finish: bool = True) -> None:
         self.add(
-            AutomationFired(automation=name, run_id=run_id, gate="cooldown", reason="due", action="exec", cursor=7)
+            ev.AutomationFired(automation=name, run_id=run_id, gate="cooldown", reason="due", action="exec", cursor=7)
         )
         if finish:
-            self.add(AutomationCompleted(automation=name, run_id=run_id, result="ok"))
+            self.add(ev.AutomationCompleted(automation=name, run_id=run_id, result="ok"))
 
 
 def test_the_deacon_drops_old_automation_runs_and_keeps_what_gates_and_fencing_need() -> None:
     d = Deacon()
     d.run("nightly", "run-1")
-    d.add(LeaseAcquired(lease="res", holder="alice", token=1, ttl_s=60.0, expires_at=T0))
-    d.add(LeaseReleased(lease="res", holder="alice", token=1))
-    d.add(LeaseAcquired(lease="gone", holder="bob", token=3, ttl_s=60.0, expires_at=T0))
-    d.add(LeaseExpired(lease="gone", holder="bob", token=3, last_renewed=T0))
+    d.add(ev.LeaseAcquired(lease="res", holder="alice", token=1, ttl_s=60.0, expires_at=T0))
+    d.add(ev.LeaseReleased(lease="res", holder="alice", token=1))
+    d.add(ev.LeaseAcquired(lease="gone", holder="bob", token=3, ttl_s=60.0, expires_at=T0))
+    d.add(ev.LeaseExpired(lease="gone", holder="bob", token=3, last_renewed=T0))
     d.tick(2 * HOUR)
     d.run("nightly", "run-2")
     d.run("nightly", "run-3", finish=False)
@@ -411,7 +382,7 @@ def test_a_sweep_is_due_every_interval_and_appended_on_the_last_one() -> None:
     assert not gc.due(d.state.gc, T0 + timedelta(days=1), 0.0, started)  # 0: only `gt gc`
     first = gc.sweep(d.state.gc, T0, 600.0)
     assert first.expected_seq == 0
-    assert first.payload == GcSwept(cutoff=T0 - timedelta(seconds=600), ttl_s=600.0)
+    assert first.payload == ev.GcSwept(cutoff=T0 - timedelta(seconds=600), ttl_s=600.0)
     d.add(first.payload)  # recorded at the test's clock, T0
     assert not gc.due(d.state.gc, T0 + timedelta(seconds=59), 60.0, started)
     assert gc.due(d.state.gc, T0 + timedelta(seconds=60), 60.0, started)
@@ -447,7 +418,7 @@ def test_gc_settings_read_from_the_environment() -> None:
 
 def test_a_snapshot_is_due_after_a_sweep_only_where_asked() -> None:
     d = Deacon()
-    d.add(LeaseAcquired(lease="res", holder="alice", token=1, ttl_s=60.0, expires_at=T0))
+    d.add(ev.LeaseAcquired(lease="res", holder="alice", token=1, ttl_s=60.0, expires_at=T0))
     assert not d.projection.snapshot_due
     d.sweep(0)
     assert d.projection.snapshot_due
@@ -465,15 +436,15 @@ def _renewal(holder: str, token: int, at: datetime, *, expired: bool = False) ->
 
 def test_lease_entries_of_released_and_expired_leases_are_selected_live_ones_are_not() -> None:
     d = Deacon()
-    d.add(LeaseAcquired(lease="held", holder="a", token=1, ttl_s=60.0, expires_at=T0))
-    d.add(LeaseAcquired(lease="released", holder="a", token=1, ttl_s=60.0, expires_at=T0))
-    d.add(LeaseReleased(lease="released", holder="a", token=1))
-    d.add(LeaseAcquired(lease="expired", holder="a", token=2, ttl_s=60.0, expires_at=T0))
-    d.add(LeaseExpired(lease="expired", holder="a", token=2, last_renewed=T0))
-    d.add(LeaseAcquired(lease="renewed-late", holder="a", token=1, ttl_s=60.0, expires_at=T0))
-    d.add(LeaseReleased(lease="renewed-late", holder="a", token=1))
-    d.add(LeaseAcquired(lease="newer", holder="a", token=1, ttl_s=60.0, expires_at=T0))
-    d.add(LeaseReleased(lease="newer", holder="a", token=1))
+    d.add(ev.LeaseAcquired(lease="held", holder="a", token=1, ttl_s=60.0, expires_at=T0))
+    d.add(ev.LeaseAcquired(lease="released", holder="a", token=1, ttl_s=60.0, expires_at=T0))
+    d.add(ev.LeaseReleased(lease="released", holder="a", token=1))
+    d.add(ev.LeaseAcquired(lease="expired", holder="a", token=2, ttl_s=60.0, expires_at=T0))
+    d.add(ev.LeaseExpired(lease="expired", holder="a", token=2, last_renewed=T0))
+    d.add(ev.LeaseAcquired(lease="renewed-late", holder="a", token=1, ttl_s=60.0, expires_at=T0))
+    d.add(ev.LeaseReleased(lease="renewed-late", holder="a", token=1))
+    d.add(ev.LeaseAcquired(lease="newer", holder="a", token=1, ttl_s=60.0, expires_at=T0))
+    d.add(ev.LeaseReleased(lease="newer", holder="a", token=1))
     cutoff = T0 + timedelta(hours=1)
     entries = {
         "held": (_renewal("a", 1, T0), 1),
@@ -502,8 +473,8 @@ def test_agent_heartbeats_older_than_the_cutoff_are_selected() -> None:
 
 def test_stopped_service_processes_are_selected_once_the_log_recorded_the_stop() -> None:
     d = Deacon()
-    d.add(ServiceUp(service="mayor", instance="2-new", pid=2))
-    d.add(ServiceUp(service="witness", instance="3-a", pid=3))
+    d.add(ev.ServiceUp(service="mayor", instance="2-new", pid=2))
+    d.add(ev.ServiceUp(service="witness", instance="3-a", pid=3))
 
     def beat(service: str, instance: str, at: datetime, *, stopping: bool) -> bytes:
         return heartbeats.encode(

@@ -26,26 +26,7 @@ from services.plugins.metrics_state import (
 )
 from shared.bus.topology import PLUGIN_MARK_TTL_S
 from shared.core.errors import UnknownEventTypeError
-from shared.model.events import (
-    REGISTRY,
-    BeadClaimed,
-    BeadClosed,
-    BeadCreated,
-    BeadSlung,
-    Event,
-    MergeRequestClaimed,
-    MergeRequestConflicted,
-    MergeRequestFailed,
-    MergeRequestMerged,
-    MergeRequestRequeued,
-    MergeRequestSubmitted,
-    RigAdded,
-    SessionEnded,
-    SessionRequested,
-    SessionStarted,
-    decode_envelope,
-    encode_event,
-)
+from shared.model import events as ev
 from shared.plugins.marks import dead_key, mark_key
 from shared.plugins.position import encode_position, parse_position, plan_start
 from shared.plugins.settings import (
@@ -62,8 +43,8 @@ from shared.plugins.settings import (
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
-def stored(payload: Event, *, event_id: str = "ev-1", ts: datetime = T0) -> bytes:
-    return encode_event(payload, event_id=event_id, ts=ts, actor="test")
+def stored(payload: ev.Event, *, event_id: str = "ev-1", ts: datetime = T0) -> bytes:
+    return ev.encode_event(payload, event_id=event_id, ts=ts, actor="test")
 
 
 class TestSettings:
@@ -225,7 +206,7 @@ class TestArchiveFormat:
         assert fmt.first_seq_of("events-12.jsonl.tmp") is None
 
     def test_event_time_reads_the_envelope_and_takes_a_bare_time_as_utc(self) -> None:
-        assert fmt.event_time(stored(BeadCreated(bead_id="hq-1", title="t"))) == T0
+        assert fmt.event_time(stored(ev.BeadCreated(bead_id="hq-1", title="t"))) == T0
         assert fmt.event_time(b'{"ts": "2026-03-01T12:00:00"}') == T0
         assert fmt.event_time(b"not json") is None
         assert fmt.event_time(b'{"id": "x"}') is None
@@ -256,18 +237,18 @@ class TestArchiveFormat:
         )
 
 
-def fold_all(state: MetricsState, events: list[Event], *, start: int = 1) -> None:
+def fold_all(state: MetricsState, events: list[ev.Event], *, start: int = 1) -> None:
     for offset, event in enumerate(events):
-        env = decode_envelope(stored(event, event_id=f"ev-{start + offset}"))
-        apply(state, start + offset, env, REGISTRY.decode_payload(env))
+        env = ev.decode_envelope(stored(event, event_id=f"ev-{start + offset}"))
+        apply(state, start + offset, env, ev.REGISTRY.decode_payload(env))
 
 
-def submitted(mr: str, rig: str = "demo") -> MergeRequestSubmitted:
-    return MergeRequestSubmitted(mr_id=mr, bead="hq-1", rig=rig, branch="b", target="main", head="0" * 40)
+def submitted(mr: str, rig: str = "demo") -> ev.MergeRequestSubmitted:
+    return ev.MergeRequestSubmitted(mr_id=mr, bead="hq-1", rig=rig, branch="b", target="main", head="0" * 40)
 
 
-def requested(session: str) -> SessionRequested:
-    return SessionRequested(
+def requested(session: str) -> ev.SessionRequested:
+    return ev.SessionRequested(
         session_id=session,
         rig="demo",
         polecat="ace",
@@ -300,15 +281,15 @@ class TestMetricsFold:
         fold_all(
             state,
             [
-                BeadCreated(bead_id="hq-1", title="a"),
-                BeadCreated(bead_id="hq-2", title="b"),
-                BeadCreated(bead_id="hq-3", title="c"),
-                BeadClaimed(bead_id="hq-2", assignee="ann"),
-                BeadSlung(bead_id="hq-2", rig="demo", forced=True),  # a forced re-sling keeps in_progress
-                BeadSlung(bead_id="hq-3", rig="demo"),
-                BeadClosed(bead_id="hq-1"),
-                BeadClosed(bead_id="hq-1"),  # closing again counts once
-                BeadClosed(bead_id="hq-404"),  # a bead this view never saw
+                ev.BeadCreated(bead_id="hq-1", title="a"),
+                ev.BeadCreated(bead_id="hq-2", title="b"),
+                ev.BeadCreated(bead_id="hq-3", title="c"),
+                ev.BeadClaimed(bead_id="hq-2", assignee="ann"),
+                ev.BeadSlung(bead_id="hq-2", rig="demo", forced=True),  # a forced re-sling keeps in_progress
+                ev.BeadSlung(bead_id="hq-3", rig="demo"),
+                ev.BeadClosed(bead_id="hq-1"),
+                ev.BeadClosed(bead_id="hq-1"),  # closing again counts once
+                ev.BeadClosed(bead_id="hq-404"),  # a bead this view never saw
             ],
         )
         assert state.beads == {"hq-2": "in_progress", "hq-3": "hooked"}
@@ -324,10 +305,10 @@ class TestMetricsFold:
                 requested("s-1"),
                 requested("s-2"),
                 requested("s-3"),
-                SessionStarted(session_id="s-1", pane_pid=10, pid_started=1.0),
-                SessionStarted(session_id="s-2", pane_pid=11, pid_started=1.0),
-                SessionEnded(session_id="s-2", reason="done"),
-                SessionStarted(session_id="s-2", pane_pid=11, pid_started=1.0),  # late: ended stays ended
+                ev.SessionStarted(session_id="s-1", pane_pid=10, pid_started=1.0),
+                ev.SessionStarted(session_id="s-2", pane_pid=11, pid_started=1.0),
+                ev.SessionEnded(session_id="s-2", reason="done"),
+                ev.SessionStarted(session_id="s-2", pane_pid=11, pid_started=1.0),  # late: ended stays ended
             ],
         )
         got = samples(render(state, LiveFacts(), plugin="metrics"))
@@ -340,17 +321,17 @@ class TestMetricsFold:
         fold_all(
             state,
             [
-                RigAdded(rig="idle", repo="/r/idle.git", prefix="id", agent_command="gt-agent"),
+                ev.RigAdded(rig="idle", repo="/r/idle.git", prefix="id", agent_command="gt-agent"),
                 submitted("mr-1"),
                 submitted("mr-2"),
                 submitted("mr-3"),
                 submitted("mr-4", rig="other"),
-                MergeRequestClaimed(mr_id="mr-1", attempt=1, holder="refinery", lease_until=T0),
-                MergeRequestConflicted(mr_id="mr-2", target_commit="c", conflict_command="conflict-1"),
-                MergeRequestFailed(mr_id="mr-3", gate="test", exit_code=1),
-                MergeRequestRequeued(mr_id="mr-3", reason="retry"),
-                MergeRequestClaimed(mr_id="mr-4", attempt=1, holder="refinery", lease_until=T0),
-                MergeRequestMerged(mr_id="mr-4", merged_commit="m", target_before="t"),
+                ev.MergeRequestClaimed(mr_id="mr-1", attempt=1, holder="refinery", lease_until=T0),
+                ev.MergeRequestConflicted(mr_id="mr-2", target_commit="c", conflict_command="conflict-1"),
+                ev.MergeRequestFailed(mr_id="mr-3", gate="test", exit_code=1),
+                ev.MergeRequestRequeued(mr_id="mr-3", reason="retry"),
+                ev.MergeRequestClaimed(mr_id="mr-4", attempt=1, holder="refinery", lease_until=T0),
+                ev.MergeRequestMerged(mr_id="mr-4", merged_commit="m", target_before="t"),
             ],
         )
         got = samples(render(state, LiveFacts(), plugin="metrics"))
@@ -362,10 +343,10 @@ class TestMetricsFold:
 
     def test_every_event_counts_by_type_unknown_and_undecodable_ones_too(self) -> None:
         state = MetricsState()
-        fold_all(state, [BeadCreated(bead_id="hq-1", title="a"), BeadCreated(bead_id="hq-2", title="b")])
-        future = decode_envelope(b'{"id":"x","type":"beacon.lit","ts":"2026-03-01T12:00:00Z","actor":"a","data":{}}')
+        fold_all(state, [ev.BeadCreated(bead_id="hq-1", title="a"), ev.BeadCreated(bead_id="hq-2", title="b")])
+        future = ev.decode_envelope(b'{"id":"x","type":"beacon.lit","ts":"2026-03-01T12:00:00Z","actor":"a","data":{}}')
         with pytest.raises(UnknownEventTypeError):
-            REGISTRY.decode_payload(future)
+            ev.REGISTRY.decode_payload(future)
         apply(state, 3, future, None)
         apply(state, 4, None, None)
         apply(state, 2, future, None)  # a redelivery of an applied sequence changes nothing

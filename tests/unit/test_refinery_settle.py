@@ -19,21 +19,9 @@ from services.refinery.effects import merger
 from services.refinery.effects.settling import Settler
 from services.refinery.plan import refusals
 from shared.bus.commands import StoredCommand
+from shared.model import events as ev
 from shared.model.commands import BeadClose, BeadCreate, Command, EscalationRaise
 from shared.model.decision import NewEvent
-from shared.model.events import (
-    BeadClosed,
-    BeadCreated,
-    CommandAccepted,
-    MergeQueuePaused,
-    MergeQueueTargetFailed,
-    MergeRequestClaimed,
-    MergeRequestConflicted,
-    MergeRequestFailed,
-    MergeRequestMerged,
-    MergeRequestRejected,
-    MergeRequestRequeued,
-)
 from tests.unit.test_refinery_plan import Queue
 
 POLICY = plan.Policy(lease_s=900, max_failures=3, max_conflict_returns=1, push_retries=2, push_backoff_s=2.0)
@@ -78,7 +66,7 @@ def test_a_merge_is_recorded_then_its_bead_closed_then_its_branch_deleted(q: Que
     settled = settle(q, a, outcome, msgspec.structs.replace(RESULT, merged=[a]))
     [new] = settled.events
     assert new.expected_seq == version, "it expects the merge request as it was claimed"
-    assert new.payload == MergeRequestMerged(
+    assert new.payload == ev.MergeRequestMerged(
         mr_id=a, merged_commit="f" * 40, target_before="e" * 40, gates_run=3, gate_seconds=1.235, batch=[]
     )
     assert settled.commands == [], "nothing is sent before the merge is in the log"
@@ -96,18 +84,18 @@ def test_a_batch_records_what_landed_together(q: Queue) -> None:
     outcome = plan.Outcome(kind="merged", target_before="e" * 40, merged_commit="f" * 40)
     settled = settle(q, b, outcome, msgspec.structs.replace(RESULT, merged=[a, b]))
     payload = settled.events[0].payload
-    assert isinstance(payload, MergeRequestMerged)
+    assert isinstance(payload, ev.MergeRequestMerged)
     assert payload.batch == [a, b]
 
 
 def test_work_already_on_the_target_closes_its_bead_naming_the_merge_that_landed_it(q: Queue) -> None:
     head = "ab" * 20
     a = claimed(q, "de-a", head=head)
-    q.add(MergeRequestMerged(mr_id=a, merged_commit=head, target_before="e" * 40))
+    q.add(ev.MergeRequestMerged(mr_id=a, merged_commit=head, target_before="e" * 40))
     b = claimed(q, "de-b", head=head)
     settled = settle(q, b, plan.Outcome(kind="already_merged", target_before=head, merged_commit=head))
     payload = settled.events[0].payload
-    assert isinstance(payload, MergeRequestMerged)
+    assert isinstance(payload, ev.MergeRequestMerged)
     assert payload.already is True
     assert settled.close is not None
     assert settled.close.reason == (
@@ -126,7 +114,7 @@ def test_a_conflict_of_an_agents_merge_request_goes_back_to_it(q: Queue) -> None
     outcome = plan.Outcome(kind="conflict", target_before="e" * 40, files=["calc.py"])
     settled = plan.settle(q.state, mr, outcome, RESULT, POLICY, q.clock)
     assert settled.commands == [], "no conflict bead: the witness gives the bead a fresh session"
-    assert settled.events[0].payload == MergeRequestConflicted(
+    assert settled.events[0].payload == ev.MergeRequestConflicted(
         mr_id=a, target_commit="e" * 40, conflict_command="", files=["calc.py"], sent_back=True
     )
     assert (settled.publish_branch, settled.counted, settled.close) == (False, "conflicted", None)
@@ -155,19 +143,19 @@ def test_a_conflict_nobody_can_send_back_gets_a_conflict_bead_first_and_names_th
     assert create.metadata == {"mr": a, "bead": "de-a", "head": q.mr(a).head, "target_commit": "e" * 40}
     assert settled.publish_branch is True, "a bundle's branch is published for the person who resolves it"
     payload = settled.events[0].payload
-    assert isinstance(payload, MergeRequestConflicted)
+    assert isinstance(payload, ev.MergeRequestConflicted)
     assert (payload.conflict_command, payload.sent_back) == (f"conflict-{a}-1", False)
     # Some other sender took the id first: the event names the one the conflict bead is settled under.
     renamed = settled.sent_under(f"conflict-{a}-1", f"conflict-{a}-1~2")
     assert [new.payload for new in renamed] == [msgspec.structs.replace(payload, conflict_command=f"conflict-{a}-1~2")]
     assert renamed[0].expected_seq == settled.events[0].expected_seq
     q.add(renamed[0].payload)
-    q.add(BeadCreated(bead_id="de-fix", title="Resolve merge conflicts", priority=1))
-    q.add(CommandAccepted(command_id=f"conflict-{a}-1~2", command="bead.create", result={"id": "de-fix"}))
+    q.add(ev.BeadCreated(bead_id="de-fix", title="Resolve merge conflicts", priority=1))
+    q.add(ev.CommandAccepted(command_id=f"conflict-{a}-1~2", command="bead.create", result={"id": "de-fix"}))
     assert (q.mr(a).status, q.mr(a).blocked_by) == ("blocked", "de-fix")
-    q.add(BeadClosed(bead_id="de-fix", reason="resolved"))
+    q.add(ev.BeadClosed(bead_id="de-fix", reason="resolved"))
     [requeue] = plan.reconciled(q.state)
-    assert requeue.payload == MergeRequestRequeued(mr_id=a, reason="conflict bead de-fix closed")
+    assert requeue.payload == ev.MergeRequestRequeued(mr_id=a, reason="conflict bead de-fix closed")
 
 
 # ---- gates that failed ---------------------------------------------------------------------------------------
@@ -178,7 +166,7 @@ def test_a_failed_gate_goes_back_to_the_polecat_until_the_bead_failed_max_failur
         mr_id = claimed(q, "de-a", head=f"{n:040d}")
         settled = settle(q, mr_id, plan.Outcome(kind="failed", failure=TEST_FAILED))
         payload = settled.events[0].payload
-        assert isinstance(payload, MergeRequestFailed)
+        assert isinstance(payload, ev.MergeRequestFailed)
         assert (payload.gate, payload.exit_code, payload.tail) == ("test", 1, "1 failed")
         assert settled.counted == "failed"
         if n < 3:
@@ -212,15 +200,15 @@ def test_a_deferred_one_or_one_whose_gate_fails_on_the_target_too_goes_back_with
     q: Queue,
 ) -> None:
     a = claimed(q, "de-a")
-    q.add(MergeRequestRequeued(mr_id=a, reason="moved", retries=1))
+    q.add(ev.MergeRequestRequeued(mr_id=a, reason="moved", retries=1))
     q.claim(a)
     deferred = settle(q, a, plan.Outcome(kind="deferred", reason="waits for its batch's culprit"))
     assert [new.payload for new in deferred.events] == [
-        MergeRequestRequeued(mr_id=a, reason="waits for its batch's culprit", retries=1)
+        ev.MergeRequestRequeued(mr_id=a, reason="waits for its batch's culprit", retries=1)
     ]
     on_target = settle(q, a, plan.Outcome(kind="target_failed", failure=TEST_FAILED))
     assert [new.payload for new in on_target.events] == [
-        MergeRequestRequeued(mr_id=a, reason="its test gate fails on main too: not its failure", retries=1)
+        ev.MergeRequestRequeued(mr_id=a, reason="its test gate fails on main too: not its failure", retries=1)
     ]
     assert (on_target.commands, on_target.counted) == ([], None), "nobody is blamed"
 
@@ -231,7 +219,7 @@ def test_a_gate_failing_on_the_target_is_recorded_the_first_time_and_pauses_the_
     first = plan.target_failing(q.state, q.mr(a), failed, POLICY)
     assert first is not None
     assert events(first) == ["mq.target_failed"]
-    assert first.logs[0].fields["recorded"] == MergeQueueTargetFailed.TYPE
+    assert first.logs[0].fields["recorded"] == ev.MergeQueueTargetFailed.TYPE
     fold(q, first)
     second = plan.target_failing(q.state, q.mr(a), failed, POLICY)
     assert second is not None
@@ -254,11 +242,11 @@ def test_a_push_the_target_refuses_pauses_the_rigs_queue_once_with_the_merge_req
     assert events(settled) == ["mq.paused", "mr.requeued"], "the pause first, then the merge request back"
     assert settled.events[0].expected_seq == 0, "the rig's queue had no event yet"
     pause = settled.events[0].payload
-    assert isinstance(pause, MergeQueuePaused)
+    assert isinstance(pause, ev.MergeQueuePaused)
     assert (pause.cause, pause.mr_id, pause.detail) == ("push_refused", a, "refusing to update checked out branch")
     assert "main is the branch checked out in /repos/demo.git" in pause.reason
     requeue = settled.events[1].payload
-    assert isinstance(requeue, MergeRequestRequeued)
+    assert isinstance(requeue, ev.MergeRequestRequeued)
     assert requeue.reason.startswith("the queue of rig demo is paused: main is the branch checked out")
     assert [line.event for line in settled.logs] == ["merge_queue_paused"]
     fold(q, settled)
@@ -278,7 +266,7 @@ def test_a_target_that_moved_is_tried_again_after_a_backoff_then_failed_and_esca
     for _ in range(POLICY.push_retries):
         settled = settle(q, a, refused(refusals.MOVED))
         [new] = settled.events
-        assert isinstance(new.payload, MergeRequestRequeued)
+        assert isinstance(new.payload, ev.MergeRequestRequeued)
         assert new.payload.reason == "the target moved during the merge"
         assert new.payload.not_before is not None
         waits.append((new.payload.retries, new.payload.not_before - q.clock))
@@ -304,7 +292,7 @@ def test_an_unreachable_repository_says_what_git_said_in_the_requeue(q: Queue) -
     a = claimed(q, "de-a")
     settled = settle(q, a, refused(refusals.UNREACHABLE, tail="ssh: connect to host: timed out"))
     payload = settled.events[0].payload
-    assert isinstance(payload, MergeRequestRequeued)
+    assert isinstance(payload, ev.MergeRequestRequeued)
     assert payload.reason == "the repository could not be reached: ssh: connect to host: timed out"
 
 
@@ -336,7 +324,7 @@ def test_a_failed_processing_requeues_only_what_this_refinery_still_holds(q: Que
     settled = plan.processing_failed(q.state, a, "r-1", "git died", POLICY, q.clock)
     assert settled is not None
     payload = settled.events[0].payload
-    assert isinstance(payload, MergeRequestRequeued)
+    assert isinstance(payload, ev.MergeRequestRequeued)
     assert (payload.reason, payload.retries) == ("error: git died", 1)
 
 
@@ -346,9 +334,9 @@ def test_a_failed_processing_requeues_only_what_this_refinery_still_holds(q: Que
 def test_a_queued_merge_request_whose_bead_closed_is_rejected_as_stale(q: Queue) -> None:
     a = q.submit("de-a")
     q.submit("de-b")
-    q.add(BeadClosed(bead_id="de-a", reason="done by hand"))
+    q.add(ev.BeadClosed(bead_id="de-a", reason="done by hand"))
     [owed] = plan.reconciled(q.state)
-    assert owed.payload == MergeRequestRejected(mr_id=a, reason="its bead was closed")
+    assert owed.payload == ev.MergeRequestRejected(mr_id=a, reason="its bead was closed")
     assert owed.expected_seq == q.mr(a).version
 
 
@@ -356,15 +344,15 @@ def test_a_batch_is_claimed_for_as_many_leases_as_bisecting_it_may_take(q: Queue
     ids = [q.submit(f"de-{n}") for n in range(4)]
     one = plan.claims([q.mr(ids[0])], q.clock, POLICY, "r-9")
     [claim] = [new.payload for new in one]
-    assert isinstance(claim, MergeRequestClaimed)
+    assert isinstance(claim, ev.MergeRequestClaimed)
     assert (claim.holder, claim.attempt, claim.batch) == ("r-9", 1, [])
     assert claim.lease_until == q.clock + timedelta(seconds=900)
     four = plan.claims([q.mr(i) for i in ids], q.clock, POLICY, "r-9")
     assert [new.expected_seq for new in four] == [q.mr(i).version for i in ids]
     payloads = [new.payload for new in four]
-    assert all(isinstance(p, MergeRequestClaimed) and p.batch == ids for p in payloads)
+    assert all(isinstance(p, ev.MergeRequestClaimed) and p.batch == ids for p in payloads)
     assert all(
-        p.lease_until == q.clock + timedelta(seconds=900 * 4) for p in payloads if isinstance(p, MergeRequestClaimed)
+        p.lease_until == q.clock + timedelta(seconds=900 * 4) for p in payloads if isinstance(p, ev.MergeRequestClaimed)
     )
 
 
