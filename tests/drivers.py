@@ -32,6 +32,7 @@ from shared.model.queries import registry
 from shared.model.queries.base import Page
 from shared.service import ServiceSettings
 from shared.service.intake import is_service
+from tests.helpers import serving
 from tests.log_tools import SEEDED_RIGS, read_all, seed_rigs
 from tests.mayor_town import mayor_town
 from tests.memory_log import MemoryTown
@@ -162,19 +163,10 @@ async def send_and_wait(nc: Client, subject: str, body: bytes, cmd_id: str, *, t
 async def nats_driver(town: TownConfig, nc: Client) -> AsyncIterator[NatsDriver]:
     clock = FakeClock()
     service = MayorService(town, ServiceSettings(patrol_interval=0.2, idle_heartbeat=0.5), clock=clock)
-    task = asyncio.create_task(service.run())
-    try:
-        ready = asyncio.ensure_future(service.ready.wait())
-        await asyncio.wait({ready, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            task.result()
-        assert service.ready.is_set(), "the mayor did not become ready"
+    async with serving(service, name="mayor"):
         assert service.reader is not None
         await service.reader.wait_for_seq(await seed_rigs(nc, *SEEDED_RIGS), timeout=30)  # as mayor_town() has
         yield NatsDriver(nc, service, clock)
-    finally:
-        await service.shutdown()
-        await asyncio.wait_for(task, 30)
 
 
 async def events_on(driver: Driver, subject: str) -> list[tuple[str, dict[str, Any]]]:

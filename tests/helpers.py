@@ -15,6 +15,7 @@ import psutil
 from nats.aio.client import Client
 
 from shared.bus.connection import close_quietly
+from shared.service import Service
 
 T = TypeVar("T")
 
@@ -113,3 +114,27 @@ def gt_run(
     return subprocess.run(
         [python, "-m", "gt.cli.main", *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+async def started(service: Service[Any], *, name: str = "service", timeout: float = 30) -> asyncio.Task[None]:
+    """``service`` running in a task of this loop, once it is ready; its failure before that is raised here."""
+    task = asyncio.create_task(service.run(), name=name)
+    ready = asyncio.ensure_future(service.ready.wait())
+    await asyncio.wait({ready, task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    ready.cancel()
+    if task.done():
+        task.result()
+        raise AssertionError(f"the {name} stopped before it was ready")
+    assert service.ready.is_set(), f"the {name} did not become ready within {timeout:g} s"
+    return task
+
+
+@contextlib.asynccontextmanager
+async def serving(service: Service[Any], *, name: str = "service") -> AsyncIterator[asyncio.Task[None]]:
+    """``service`` running (``started``) for the block, then shut down and its task awaited."""
+    task = await started(service, name=name)
+    try:
+        yield task
+    finally:
+        await service.shutdown()
+        await asyncio.wait_for(task, 30)

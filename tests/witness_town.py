@@ -29,7 +29,7 @@ from shared.host.tmux import Tmux
 from shared.model.commands import BeadCreate, BeadSling, Command, MergeRequestSubmit, RigAdd
 from shared.service import Service, ServiceSettings
 from tests.drivers import send_and_wait
-from tests.helpers import assert_eventually, gt_run
+from tests.helpers import assert_eventually, gt_run, started
 
 FAST = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5, snapshot_check_interval=0.2)
 TEST_COMMAND = "test ! -e FAIL_TESTS"
@@ -110,13 +110,7 @@ class PolecatTown:
     # ---- services ------------------------------------------------------------------------------
 
     async def start(self, which: str, service: Service[Any]) -> None:
-        task = asyncio.create_task(service.run(), name=which)
-        ready = asyncio.ensure_future(service.ready.wait())
-        await asyncio.wait({ready, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            task.result()
-        assert service.ready.is_set(), f"the {which} did not become ready"
-        self._tasks[which] = task
+        self._tasks[which] = await started(service, name=which)
 
     async def start_witness(self, settings: WitnessSettings) -> WitnessService:
         settings = msgspec.structs.replace(settings, tmux_socket=self.socket)  # always the test's own tmux

@@ -34,7 +34,7 @@ from shared.core.config import TownConfig
 from shared.service import Service, ServiceSettings
 from tests.chaos.test_witness_chaos import wait_for_crash
 from tests.drivers import send_and_wait
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, started
 from tests.log_tools import SEEDED_RIGS, events_of, outcomes, read_all, seed_rigs
 from tests.service_process import ServiceProcess
 
@@ -79,13 +79,7 @@ class AutoTown:
         return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
     async def start(self, service: Service[Any]) -> None:
-        task = asyncio.create_task(service.run())
-        ready = asyncio.ensure_future(service.ready.wait())
-        await asyncio.wait({ready, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            task.result()
-        assert service.ready.is_set()
-        self._tasks.append((service, task))
+        self._tasks.append((service, await started(service)))
 
     async def start_mayor(self) -> MayorService:
         self.mayor = MayorService(self.config, FAST)

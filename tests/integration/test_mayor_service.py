@@ -23,7 +23,7 @@ from shared.core import ids
 from shared.core.config import TownConfig
 from shared.model.events import CommandAccepted, encode_event
 from shared.service import ServiceSettings
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, serving, started
 from tests.log_tools import SEEDED_RIGS, digest, fresh_replay, outcome_of, outcomes, read_all, seed_rigs
 
 FAST = ServiceSettings(patrol_interval=0.5, idle_heartbeat=0.5, snapshot_check_interval=0.2)
@@ -40,26 +40,12 @@ async def run_mayor(
     """A mayor on the town's server; ``rigs`` are in the log (as a witness would have added them) once it is
     ready, so slings to them are accepted."""
     service = service_class(town, settings)
-    task = asyncio.create_task(service.run())
-    try:
-        await asyncio.wait_for(_ready_or_failed(service, task), 30)
+    async with serving(service, name="mayor"):
         if rigs:
             assert service.nc is not None
             assert service.reader is not None
             await service.reader.wait_for_seq(await seed_rigs(service.nc, *rigs), timeout=30)
         yield service
-    finally:
-        await service.shutdown()
-        await asyncio.wait_for(task, 30)
-
-
-async def _ready_or_failed(service: MayorService, task: asyncio.Task[None]) -> None:
-    ready = asyncio.ensure_future(service.ready.wait())
-    await asyncio.wait({ready, task}, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        ready.cancel()
-        task.result()
-        raise AssertionError("the mayor stopped before it was ready")
 
 
 @pytest.fixture
@@ -530,8 +516,7 @@ class TestLifecycle:
                 swallowed += 1
 
         service.heartbeats.put = swallowing_put  # type: ignore[method-assign]
-        task = asyncio.create_task(service.run())
-        await asyncio.wait_for(_ready_or_failed(service, task), 30)
+        task = await started(service, name="mayor")
         await asyncio.wait_for(in_put.wait(), 30)
         await service.shutdown()
         done, _ = await asyncio.wait({task}, timeout=30)

@@ -27,7 +27,7 @@ from shared.model.decision import NewEvent
 from shared.model.events import BeadCreated, decode_envelope
 from shared.service import ServiceSettings
 from shared.service.intake import to_pending
-from tests.helpers import assert_eventually
+from tests.helpers import assert_eventually, serving
 
 
 @pytest.fixture
@@ -50,18 +50,11 @@ async def held_mayor(
 
     monkeypatch.setattr(EventReader, "_make_callback", held_back)
     service = MayorService(town, ServiceSettings(patrol_interval=0.2, idle_heartbeat=0.5))
-    task = asyncio.create_task(service.run())
-    try:
-        ready = asyncio.ensure_future(service.ready.wait())
-        await asyncio.wait({ready, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            task.result()
-        assert service.ready.is_set(), "the mayor did not become ready"
-        yield service, flowing
-    finally:
-        flowing.set()
-        await service.shutdown()
-        await asyncio.wait_for(task, 30)
+    async with serving(service, name="mayor"):
+        try:
+            yield service, flowing
+        finally:
+            flowing.set()
 
 
 async def stored_outcome(nc: Client, cmd_id: str) -> dict[str, Any] | None:
