@@ -29,9 +29,12 @@ from gt.cli import (
     gc,
     hook_lease,
     mail,
+    merge_queue,
     patience,
     polecats,
     render,
+    rigs,
+    sessions,
     status,
     work,
 )
@@ -135,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     work.register(sub)
     convoys.register(sub)
     mail.register(sub)
+    rigs.register(sub)
+    sessions.register(sub)
+    merge_queue.register(sub)
     polecats.register(sub)
     automations.register(sub)
     gc.register(sub)

@@ -1,5 +1,5 @@
-"""`gt rig ...`, `gt session ...`, `gt nudge`, `gt mq list`, and the agent's side: `gt prime`, `gt heartbeat`,
-`gt handoff`, `gt done` (these read GT_SESSION and the rest of the session's environment)."""
+"""The agent's side: `gt prime`, `gt heartbeat`, `gt handoff`, `gt done` and `gt agent-hook` (these read GT_SESSION
+and the rest of the session's environment)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gt.cli import client, hook_lease, render, rigs
-from gt.cli.client import first_event_of, read_position
+from gt.cli import client, hook_lease, render
+from gt.cli.client import read_position
 from gt.cli.common import (
     DEFAULT_COMMAND_TIMEOUT_S,
     EXIT_OK,
@@ -37,17 +37,12 @@ from shared.model import done_flow, heartbeats, runtimes
 from shared.model.commands import (
     BeadClaim,
     Command,
-    MergeQueueResume,
-    MergeRequestReject,
-    MergeRequestRetry,
-    NudgeSend,
-    RigAdd,
     SessionHandoff,
 )
 from shared.model.commands.mail import polecat_address
 from shared.model.formulas import rework
-from shared.model.queries import mayor, refinery, witness
-from shared.model.results import MergeQueueResult, MrResult, NudgeResult, RigResult, SessionResult
+from shared.model.queries import mayor, witness
+from shared.model.results import SessionResult
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -56,11 +51,8 @@ R = TypeVar("R")
 
 NOTE_SHOWN = 1500
 """Characters of a predecessor's handoff note (or end detail) that `gt prime` shows."""
-NUDGE_ENDS = frozenset({"nudge.delivered", "nudge.expired"})
-NUDGE_DELIVERY_WAIT_S = 20.0
 CLAIM_TIMEOUT_S = 10.0
 """How long the SessionStart hook waits for its bead's claim to be answered."""
-"""How long `gt nudge` waits for the witness to type a nudge into a running session (it checks the text shows)."""
 SESSION_ENV = ("GT_SESSION", "GT_BEAD", "GT_RIG", "GT_WORKTREE", "GT_BRANCH")
 INSTRUCTIONS = (
     "Work the current step in your worktree. When a step is finished, commit and run `gt step done <step>`: "
@@ -75,106 +67,6 @@ INSTRUCTIONS = (
 
 
 def register(sub: Subcommands) -> None:
-    rig = sub.group("rig", "rigs (projects): add, list, show, update, remove, park, unpark", "rig_cmd")
-    ra = rig.add_parser("add", help="add a project: the witness clones it and runs polecats in worktrees of it")
-    ra.add_argument("name")
-    ra.add_argument("repo", help="path or URL git can clone (a path is made absolute)")
-    ra.add_argument("--base-branch", default="main")
-    ra.add_argument(
-        "--prefix",
-        help="id prefix of the rig's own beads: those filed with `gt bead create --rig NAME`, by its refinery "
-        "(merge conflicts, a broken target) and by automations for it (default: the name); a bead keeps the id "
-        "it was created with wherever it is slung",
-    )
-    ra.add_argument("--setup", default="", help="gate: set-up command")
-    ra.add_argument("--lint", default="", help="gate: lint command")
-    ra.add_argument("--test", default="", help="gate: test command")
-    ra.add_argument(
-        "--agent",
-        default=None,
-        help="the polecats' runtime: `claude` (Claude Code; the witness writes its settings and hooks, and passes "
-        "ANTHROPIC_* and GT_CLAUDE_BIN from `gt up`'s environment), `gt-agent` (the reference agent, the "
-        "default), or any other command line, run in each polecat's worktree with GT_* variables naming its "
-        "bead (docs/agents.md)",
-    )
-    ra.add_argument("--max-polecats", type=int, default=None)
-    ra.add_argument("--max-respawns", type=int, default=None)
-    ra.add_argument("--stall-after", type=float, default=None, help="seconds without heartbeat or progress")
-    ra.add_argument(
-        "--git-name",
-        default=None,
-        help="git name its polecats commit with; {rig} and {polecat} are filled in (default {rig}/{polecat})",
-    )
-    ra.add_argument(
-        "--git-email",
-        default=None,
-        help="git email its polecats commit with, a template like --git-name (default {polecat}.{rig}@gastown.invalid)",
-    )
-    ra.add_argument("--gate-env", type=rigs.env_names, default=None, metavar="NAMES", help=rigs.GATE_ENV_HELP)
-    command_options(ra)
-    ra.set_defaults(handler=_rig_add, precheck=_absolute_repo)
-    rl = rig.add_parser("list", help="rigs with their active sessions and waiting beads")
-    read_options(rl)
-    rl.set_defaults(handler=_rig_list)
-    rs = rig.add_parser("show", help="one rig's configuration")
-    rs.add_argument("name")
-    read_options(rs)
-    rs.set_defaults(handler=_rig_show)
-    rigs.register_rig_verbs(rig)
-
-    session = sub.group("session", "polecat sessions: list, show", "session_cmd")
-    sl = session.add_parser("list", help="active sessions (--all: every one)")
-    sl.add_argument("--rig")
-    sl.add_argument("--bead")
-    sl.add_argument("--all", action="store_true")
-    read_options(sl)
-    sl.set_defaults(handler=_session_list)
-    ss = session.add_parser("show", help="one session")
-    ss.add_argument("id")
-    read_options(ss)
-    ss.set_defaults(handler=_session_show)
-
-    nudge = sub.add_parser("nudge", help="type a message into a polecat's pane (queued while it is not running)")
-    nudge.add_argument("target", help="a session id or <rig>/<polecat>")
-    nudge.add_argument("message")
-    nudge.add_argument("--ttl", type=float, default=None, help="seconds it may wait for the session (default 1800)")
-    command_options(nudge)
-    nudge.set_defaults(handler=_nudge)
-
-    mq = sub.group("mq", "the merge queue: list, show, retry, reject, resume", "mq_cmd")
-    ml = mq.add_parser("list", help="merge requests in the order they were submitted, newest last (--rig: of one rig)")
-    ml.add_argument("--rig")
-    read_options(ml)
-    ml.set_defaults(handler=_mq_list)
-    ms = mq.add_parser("show", help="one merge request, with the tail of a failed gate's output")
-    ms.add_argument("id")
-    read_options(ms)
-    ms.set_defaults(handler=_mq_show)
-    mr_retry = mq.add_parser(
-        "retry",
-        help="put a failed, blocked, escalated or rejected merge request back in the queue; --rig R or --all: every "
-        "escalated one (of rig R), once what refused them is fixed (a paused queue: `gt mq resume`)",
-    )
-    mr_retry.add_argument("id", nargs="?")
-    retry_many = mr_retry.add_mutually_exclusive_group()
-    retry_many.add_argument("--rig", help="every escalated merge request of this rig")
-    retry_many.add_argument("--all", action="store_true", help="every escalated merge request of every rig")
-    command_options(mr_retry)
-    mr_retry.set_defaults(handler=_mq_retry, precheck=_one_or_many_retries)
-    mr_reject = mq.add_parser("reject", help="take a merge request out of the queue for good")
-    mr_reject.add_argument("id")
-    mr_reject.add_argument("--reason", default="")
-    command_options(mr_reject)
-    mr_reject.set_defaults(handler=_mq_reject)
-    mq_resume = mq.add_parser(
-        "resume",
-        help="resume a rig's paused merge queue once its cause is fixed (the target refused pushes, or a gate "
-        "fails on the target itself); `gt mq list` says which are paused and why",
-    )
-    mq_resume.add_argument("rig")
-    command_options(mq_resume)
-    mq_resume.set_defaults(handler=_mq_resume)
-
     prime = sub.add_parser("prime", help="(agent) everything needed to resume: bead, steps, worktree, instructions")
     prime.add_argument("--session", help="default: GT_SESSION")
     read_options(prime)
@@ -192,222 +84,6 @@ def register(sub: Subcommands) -> None:
     done = sub.add_parser("done", help="(agent) push the branch, submit a merge request, end the session")
     done.add_argument("--json", action="store_true")
     done.set_defaults(handler=_done, precheck=_needs_session_env)
-
-
-# ---- operator commands -------------------------------------------------------------------------
-
-
-def _absolute_repo(args: argparse.Namespace) -> None:
-    """A local repository is named by its absolute path: the witness resolves nothing against our cwd. An empty
-    argument is refused, not taken for the current directory (``Path("")`` is ``.``)."""
-    repo = args.repo
-    if not repo.strip():
-        raise UsageError(
-            "the repository argument is empty: name a path or URL git can clone (`.` for the current directory)"
-        )
-    if "://" not in repo and not repo.startswith("git@") and Path(repo).exists():
-        args.repo = str(Path(repo).resolve())
-
-
-async def _rig_add(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    cmd = RigAdd(
-        name=args.name,
-        repo=args.repo,
-        base_branch=args.base_branch,
-        prefix=args.prefix,
-        setup_command=args.setup,
-        lint_command=args.lint,
-        test_command=args.test,
-        agent_command=args.agent,
-        max_polecats=args.max_polecats,
-        max_respawns=args.max_respawns,
-        stall_after_s=args.stall_after,
-        git_name=args.git_name,
-        git_email=args.git_email,
-        gate_env=args.gate_env,
-    )
-    return await send(nc, args, config, cmd, _rig_added_line)
-
-
-def _rig_added_line(result: RigResult) -> str:
-    line = _rig_line(result)
-    repo, base = result.repo or "", result.base_branch or None
-    if git.is_checkout(repo):
-        # What merges do to a laptop checkout (docs/operating.md): said once, where the rig is added.
-        line += (
-            f"\nnote: {repo} is a checkout (not bare): a merge into {base} updates its work tree when {base} is "
-            "checked out there and clean, and is refused and escalated while it has uncommitted changes"
-        )
-    return line
-
-
-def _rig_line(result: RigResult) -> str:
-    changed = "" if result.changed else " (unchanged)"
-    where = f"{result.repo or None} ({result.base_branch or None})"
-    return f"rig {result.rig or None}: {where}, prefix {result.prefix or None}{changed}"
-
-
-async def _rig_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    listed = await read(nc, config, witness.Rigs())
-    rows = [
-        [
-            r["name"],
-            r["repo"],
-            r["base_branch"],
-            "parked" if r.get("parked") else "active",
-            f"{r['active_sessions']}/{r['max_polecats']}",
-            str(r["waiting_beads"]),
-        ]
-        for r in listed
-    ]
-    headers = ("RIG", "REPO", "BASE", "STATE", "SESSIONS", "WAITING")
-    table = render.table(headers, rows, "no rigs (gt rig add NAME REPO)")
-    return show(args, listed, lambda _: table)
-
-
-async def _rig_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    rig = await read(nc, config, witness.Rig(name=args.name))
-    return show(args, rig, render.rig_detail)
-
-
-async def _session_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    query = witness.Sessions(rig=args.rig or None, bead=args.bead or None, all=args.all)
-    sessions = await read(nc, config, query)
-    rows = [
-        [
-            s["id"],
-            f"{s['rig']}/{s['polecat']}",
-            s["bead"],
-            s["status"] + (f" ({s['end_reason']})" if s.get("end_reason") else ""),
-            str(s.get("pane_pid") or "-"),
-            s["tmux_name"],
-        ]
-        for s in sessions
-    ]
-    table = render.table(("SESSION", "POLECAT", "BEAD", "STATUS", "PID", "TMUX"), rows, "no sessions")
-    return show(args, sessions, lambda _: table)
-
-
-async def _session_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    session = await read(nc, config, witness.Session(id=args.id))
-    return show(args, session, render.session_detail)
-
-
-async def _nudge(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    cmd = NudgeSend(target=args.target, message=args.message, ttl_s=args.ttl)
-
-    def line(result: NudgeResult) -> str:
-        if result.status == "delivered":
-            return f"nudge {result.id}: delivered to {result.delivered_to or None}"
-        where = result.session or f"{result.rig or None}/{result.polecat or None}"
-        return f"nudge {result.id}: queued for {where} (until {result.expires_at or None})"
-
-    async def delivered(result: NudgeResult) -> None:
-        """A running target gets it at once: wait for that (briefly), so the answer says what happened (added to
-        the result, which ``--json`` prints)."""
-        if result.live:
-            event = await first_event_of(nc, config, "nudge", result.id, NUDGE_ENDS, NUDGE_DELIVERY_WAIT_S)
-            if event is not None and event.type == "nudge.delivered":
-                session = event.data.get("session")
-                result.status, result.delivered_to = "delivered", session if isinstance(session, str) else None
-
-    return await send(nc, args, config, cmd, line, before_report=delivered)
-
-
-async def _mq_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    mrs = await read(nc, config, refinery.Mrs(rig=args.rig or None))
-    mrs = mq_order(mrs)
-    paused = [q for q in await read(nc, config, refinery.PausedQueues()) if not args.rig or q["rig"] == args.rig]
-    # A merged one shows the commit that landed (its branch rebased onto the target), not the one submitted.
-    rows = [
-        [m["id"], m["rig"], m["bead"], m["branch"], (m.get("merged_commit") or m["head"])[:10], m["status"]]
-        for m in mrs
-    ]
-    table = render.table(("MR", "RIG", "BEAD", "BRANCH", "HEAD", "STATUS"), rows, "the merge queue is empty")
-    text = "\n".join([*paused_lines(paused), table])
-    why = {q["rig"]: q["reason"] for q in paused}
-    for m in mrs:
-        if m["rig"] in why:
-            m["queue_paused"] = why[m["rig"]]  # --json: the pause on each of its rig's merge requests
-    return show(args, mrs, lambda _: text)
-
-
-def paused_lines(paused: list[dict[str, Any]]) -> list[str]:
-    """One line per paused merge queue: the rig, why, and the command that resumes it."""
-    return [
-        f"merge queue of rig {escape_line(q['rig'])} PAUSED: {escape_line(q['reason'])} "
-        f"(`gt mq resume {escape_line(q['rig'])}` once fixed)"
-        for q in paused
-    ]
-
-
-def mq_order(mrs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """In the order they were submitted, newest last (the refinery answers in its own order of work)."""
-
-    def submitted(mr: dict[str, Any]) -> datetime:
-        try:
-            return datetime.fromisoformat(str(mr.get("submitted_at")))
-        except ValueError:
-            return datetime.min.replace(tzinfo=UTC)  # none recorded: first, as the oldest would be
-
-    return sorted(mrs, key=submitted)
-
-
-async def _mq_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    mr = await read(nc, config, refinery.Mr(id=args.id))
-    keys = (
-        "id", "rig", "bead", "branch", "target", "head", "status", "attempts", "gate", "exit_code",
-        "blocked_by", "merged_commit", "reason", "retries", "not_before",
-    )  # fmt: skip
-
-    def text(m: dict[str, Any]) -> str:
-        lines = [f"{k}: {escape_line(m.get(k))}" for k in keys if m.get(k) not in (None, "")]
-        if m.get("batch"):
-            lines.append(f"batch: {', '.join(escape_line(mr) for mr in m['batch'])}")
-        if m.get("tail"):
-            lines += ["", "last output:", escape_text(m["tail"])]
-        return "\n".join(lines)
-
-    return show(args, mr, text)
-
-
-def _one_or_many_retries(args: argparse.Namespace) -> None:
-    """Checked before connecting: one merge request, or every escalated one of --rig R or --all."""
-    many = args.rig is not None or args.all
-    if many == (args.id is not None):
-        raise UsageError("`gt mq retry` takes a merge request id, or --rig R, or --all (every escalated one)")
-    if many and getattr(args, "cmd_id", None):
-        raise UsageError("--id names one command: not with --rig or --all")
-
-
-async def _mq_retry(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    def line(r: MrResult) -> str:
-        return f"{r.id}: {r.status}"
-
-    if args.id is not None:
-        return await send(nc, args, config, MergeRequestRetry(id=args.id), line)
-    mrs = mq_order(await read(nc, config, refinery.Mrs(rig=args.rig)))
-    escalated = [m["id"] for m in mrs if m["status"] == "escalated"]
-    if not escalated:
-        where = f" of rig {args.rig}" if args.rig else ""
-        print(f"no escalated merge request{where}: nothing to retry")
-        return EXIT_OK
-    codes = [await send(nc, args, config, MergeRequestRetry(id=mr_id), line) for mr_id in escalated]
-    return max(codes)
-
-
-async def _mq_resume(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    def line(r: MergeQueueResult) -> str:
-        if not r.changed:
-            return f"merge queue of rig {r.rig}: not paused (nothing to resume)"
-        return f"merge queue of rig {r.rig}: resumed (it was paused: {r.was or None})"
-
-    return await send(nc, args, config, MergeQueueResume(rig=args.rig), line)
-
-
-async def _mq_reject(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    cmd = MergeRequestReject(id=args.id, reason=args.reason)
-    return await send(nc, args, config, cmd, lambda r: f"{r.id}: {r.status}")
 
 
 # ---- the agent's side --------------------------------------------------------------------------

@@ -1,18 +1,21 @@
-"""`gt rig update|remove|park|unpark` (the witness's) and `gt unsling` (the mayor's): change a rig in place, take
-it out of service, and give a bead's hook back."""
+"""`gt rig add|list|show|update|remove|park|unpark` (the witness's) and `gt unsling` (the mayor's): add a project,
+change it in place, take it out of service, and give a bead's hook back."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from msgspec import UNSET
 
-from gt.cli.common import Subcommands, command_options, send
+from gt.cli import render
+from gt.cli.common import Subcommands, UsageError, command_options, read, read_options, send, show
 from shared.bus.query import ask
 from shared.core.config import TownConfig
 from shared.core.errors import QueryError
-from shared.model.commands import BeadUnsling, RigPark, RigRemove, RigUnpark, RigUpdate
+from shared.host import git
+from shared.model.commands import BeadUnsling, RigAdd, RigPark, RigRemove, RigUnpark, RigUpdate
 from shared.model.queries import witness
 from shared.model.results import RigResult, SlingResult
 
@@ -45,6 +48,128 @@ SETTING_OPTIONS = (
     ("--gate-env", "gate_env", env_names, GATE_ENV_HELP + ' ("" for none)'),
 )
 """(option, command field, type, help) of `gt rig update`."""
+
+
+def register(sub: Subcommands) -> None:
+    rig = sub.group("rig", "rigs (projects): add, list, show, update, remove, park, unpark", "rig_cmd")
+    ra = rig.add_parser("add", help="add a project: the witness clones it and runs polecats in worktrees of it")
+    ra.add_argument("name")
+    ra.add_argument("repo", help="path or URL git can clone (a path is made absolute)")
+    ra.add_argument("--base-branch", default="main")
+    ra.add_argument(
+        "--prefix",
+        help="id prefix of the rig's own beads: those filed with `gt bead create --rig NAME`, by its refinery "
+        "(merge conflicts, a broken target) and by automations for it (default: the name); a bead keeps the id "
+        "it was created with wherever it is slung",
+    )
+    ra.add_argument("--setup", default="", help="gate: set-up command")
+    ra.add_argument("--lint", default="", help="gate: lint command")
+    ra.add_argument("--test", default="", help="gate: test command")
+    ra.add_argument(
+        "--agent",
+        default=None,
+        help="the polecats' runtime: `claude` (Claude Code; the witness writes its settings and hooks, and passes "
+        "ANTHROPIC_* and GT_CLAUDE_BIN from `gt up`'s environment), `gt-agent` (the reference agent, the "
+        "default), or any other command line, run in each polecat's worktree with GT_* variables naming its "
+        "bead (docs/agents.md)",
+    )
+    ra.add_argument("--max-polecats", type=int, default=None)
+    ra.add_argument("--max-respawns", type=int, default=None)
+    ra.add_argument("--stall-after", type=float, default=None, help="seconds without heartbeat or progress")
+    ra.add_argument(
+        "--git-name",
+        default=None,
+        help="git name its polecats commit with; {rig} and {polecat} are filled in (default {rig}/{polecat})",
+    )
+    ra.add_argument(
+        "--git-email",
+        default=None,
+        help="git email its polecats commit with, a template like --git-name (default {polecat}.{rig}@gastown.invalid)",
+    )
+    ra.add_argument("--gate-env", type=env_names, default=None, metavar="NAMES", help=GATE_ENV_HELP)
+    command_options(ra)
+    ra.set_defaults(handler=_rig_add, precheck=_absolute_repo)
+    rl = rig.add_parser("list", help="rigs with their active sessions and waiting beads")
+    read_options(rl)
+    rl.set_defaults(handler=_rig_list)
+    rs = rig.add_parser("show", help="one rig's configuration")
+    rs.add_argument("name")
+    read_options(rs)
+    rs.set_defaults(handler=_rig_show)
+    register_rig_verbs(rig)
+
+
+def _absolute_repo(args: argparse.Namespace) -> None:
+    """A local repository is named by its absolute path: the witness resolves nothing against our cwd. An empty
+    argument is refused, not taken for the current directory (``Path("")`` is ``.``)."""
+    repo = args.repo
+    if not repo.strip():
+        raise UsageError(
+            "the repository argument is empty: name a path or URL git can clone (`.` for the current directory)"
+        )
+    if "://" not in repo and not repo.startswith("git@") and Path(repo).exists():
+        args.repo = str(Path(repo).resolve())
+
+
+async def _rig_add(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    cmd = RigAdd(
+        name=args.name,
+        repo=args.repo,
+        base_branch=args.base_branch,
+        prefix=args.prefix,
+        setup_command=args.setup,
+        lint_command=args.lint,
+        test_command=args.test,
+        agent_command=args.agent,
+        max_polecats=args.max_polecats,
+        max_respawns=args.max_respawns,
+        stall_after_s=args.stall_after,
+        git_name=args.git_name,
+        git_email=args.git_email,
+        gate_env=args.gate_env,
+    )
+    return await send(nc, args, config, cmd, _rig_added_line)
+
+
+def _rig_added_line(result: RigResult) -> str:
+    line = _rig_line(result)
+    repo, base = result.repo or "", result.base_branch or None
+    if git.is_checkout(repo):
+        # What merges do to a laptop checkout (docs/operating.md): said once, where the rig is added.
+        line += (
+            f"\nnote: {repo} is a checkout (not bare): a merge into {base} updates its work tree when {base} is "
+            "checked out there and clean, and is refused and escalated while it has uncommitted changes"
+        )
+    return line
+
+
+def _rig_line(result: RigResult) -> str:
+    changed = "" if result.changed else " (unchanged)"
+    where = f"{result.repo or None} ({result.base_branch or None})"
+    return f"rig {result.rig or None}: {where}, prefix {result.prefix or None}{changed}"
+
+
+async def _rig_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    listed = await read(nc, config, witness.Rigs())
+    rows = [
+        [
+            r["name"],
+            r["repo"],
+            r["base_branch"],
+            "parked" if r.get("parked") else "active",
+            f"{r['active_sessions']}/{r['max_polecats']}",
+            str(r["waiting_beads"]),
+        ]
+        for r in listed
+    ]
+    headers = ("RIG", "REPO", "BASE", "STATE", "SESSIONS", "WAITING")
+    table = render.table(headers, rows, "no rigs (gt rig add NAME REPO)")
+    return show(args, listed, lambda _: table)
+
+
+async def _rig_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    rig = await read(nc, config, witness.Rig(name=args.name))
+    return show(args, rig, render.rig_detail)
 
 
 def register_rig_verbs(rig: Subcommands) -> None:

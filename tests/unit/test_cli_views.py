@@ -15,7 +15,7 @@ from gt.cli import render, town_view
 from gt.cli.colour import Palette, wanted
 from gt.cli.feed_view import Filters, Since, feed_line, parse_since, timeline
 from gt.cli.main import build_parser
-from gt.cli.polecats import mq_order
+from gt.cli.merge_queue import mq_order
 from gt.cli.rigs import park_line, unsling_line
 from gt.story import merge_by_seq
 from shared.model.events import REGISTRY

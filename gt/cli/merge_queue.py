@@ -1,0 +1,150 @@
+"""`gt mq list|show|retry|reject|resume` (the refinery's): the merge queue."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from gt.cli import render
+from gt.cli.common import EXIT_OK, Subcommands, UsageError, command_options, read, read_options, send, show
+from shared.core.config import TownConfig
+from shared.core.terminal import escape_line, escape_text
+from shared.model.commands import MergeQueueResume, MergeRequestReject, MergeRequestRetry
+from shared.model.queries import refinery
+from shared.model.results import MergeQueueResult, MrResult
+
+if TYPE_CHECKING:
+    from shared.bus.connection import Connection
+
+
+def register(sub: Subcommands) -> None:
+    mq = sub.group("mq", "the merge queue: list, show, retry, reject, resume", "mq_cmd")
+    ml = mq.add_parser("list", help="merge requests in the order they were submitted, newest last (--rig: of one rig)")
+    ml.add_argument("--rig")
+    read_options(ml)
+    ml.set_defaults(handler=_mq_list)
+    ms = mq.add_parser("show", help="one merge request, with the tail of a failed gate's output")
+    ms.add_argument("id")
+    read_options(ms)
+    ms.set_defaults(handler=_mq_show)
+    mr_retry = mq.add_parser(
+        "retry",
+        help="put a failed, blocked, escalated or rejected merge request back in the queue; --rig R or --all: every "
+        "escalated one (of rig R), once what refused them is fixed (a paused queue: `gt mq resume`)",
+    )
+    mr_retry.add_argument("id", nargs="?")
+    retry_many = mr_retry.add_mutually_exclusive_group()
+    retry_many.add_argument("--rig", help="every escalated merge request of this rig")
+    retry_many.add_argument("--all", action="store_true", help="every escalated merge request of every rig")
+    command_options(mr_retry)
+    mr_retry.set_defaults(handler=_mq_retry, precheck=_one_or_many_retries)
+    mr_reject = mq.add_parser("reject", help="take a merge request out of the queue for good")
+    mr_reject.add_argument("id")
+    mr_reject.add_argument("--reason", default="")
+    command_options(mr_reject)
+    mr_reject.set_defaults(handler=_mq_reject)
+    mq_resume = mq.add_parser(
+        "resume",
+        help="resume a rig's paused merge queue once its cause is fixed (the target refused pushes, or a gate "
+        "fails on the target itself); `gt mq list` says which are paused and why",
+    )
+    mq_resume.add_argument("rig")
+    command_options(mq_resume)
+    mq_resume.set_defaults(handler=_mq_resume)
+
+
+async def _mq_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    mrs = await read(nc, config, refinery.Mrs(rig=args.rig or None))
+    mrs = mq_order(mrs)
+    paused = [q for q in await read(nc, config, refinery.PausedQueues()) if not args.rig or q["rig"] == args.rig]
+    # A merged one shows the commit that landed (its branch rebased onto the target), not the one submitted.
+    rows = [
+        [m["id"], m["rig"], m["bead"], m["branch"], (m.get("merged_commit") or m["head"])[:10], m["status"]]
+        for m in mrs
+    ]
+    table = render.table(("MR", "RIG", "BEAD", "BRANCH", "HEAD", "STATUS"), rows, "the merge queue is empty")
+    text = "\n".join([*paused_lines(paused), table])
+    why = {q["rig"]: q["reason"] for q in paused}
+    for m in mrs:
+        if m["rig"] in why:
+            m["queue_paused"] = why[m["rig"]]  # --json: the pause on each of its rig's merge requests
+    return show(args, mrs, lambda _: text)
+
+
+def paused_lines(paused: list[dict[str, Any]]) -> list[str]:
+    """One line per paused merge queue: the rig, why, and the command that resumes it."""
+    return [
+        f"merge queue of rig {escape_line(q['rig'])} PAUSED: {escape_line(q['reason'])} "
+        f"(`gt mq resume {escape_line(q['rig'])}` once fixed)"
+        for q in paused
+    ]
+
+
+def mq_order(mrs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """In the order they were submitted, newest last (the refinery answers in its own order of work)."""
+
+    def submitted(mr: dict[str, Any]) -> datetime:
+        try:
+            return datetime.fromisoformat(str(mr.get("submitted_at")))
+        except ValueError:
+            return datetime.min.replace(tzinfo=UTC)  # none recorded: first, as the oldest would be
+
+    return sorted(mrs, key=submitted)
+
+
+async def _mq_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    mr = await read(nc, config, refinery.Mr(id=args.id))
+    keys = (
+        "id", "rig", "bead", "branch", "target", "head", "status", "attempts", "gate", "exit_code",
+        "blocked_by", "merged_commit", "reason", "retries", "not_before",
+    )  # fmt: skip
+
+    def text(m: dict[str, Any]) -> str:
+        lines = [f"{k}: {escape_line(m.get(k))}" for k in keys if m.get(k) not in (None, "")]
+        if m.get("batch"):
+            lines.append(f"batch: {', '.join(escape_line(mr) for mr in m['batch'])}")
+        if m.get("tail"):
+            lines += ["", "last output:", escape_text(m["tail"])]
+        return "\n".join(lines)
+
+    return show(args, mr, text)
+
+
+def _one_or_many_retries(args: argparse.Namespace) -> None:
+    """Checked before connecting: one merge request, or every escalated one of --rig R or --all."""
+    many = args.rig is not None or args.all
+    if many == (args.id is not None):
+        raise UsageError("`gt mq retry` takes a merge request id, or --rig R, or --all (every escalated one)")
+    if many and getattr(args, "cmd_id", None):
+        raise UsageError("--id names one command: not with --rig or --all")
+
+
+async def _mq_retry(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    def line(r: MrResult) -> str:
+        return f"{r.id}: {r.status}"
+
+    if args.id is not None:
+        return await send(nc, args, config, MergeRequestRetry(id=args.id), line)
+    mrs = mq_order(await read(nc, config, refinery.Mrs(rig=args.rig)))
+    escalated = [m["id"] for m in mrs if m["status"] == "escalated"]
+    if not escalated:
+        where = f" of rig {args.rig}" if args.rig else ""
+        print(f"no escalated merge request{where}: nothing to retry")
+        return EXIT_OK
+    codes = [await send(nc, args, config, MergeRequestRetry(id=mr_id), line) for mr_id in escalated]
+    return max(codes)
+
+
+async def _mq_resume(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    def line(r: MergeQueueResult) -> str:
+        if not r.changed:
+            return f"merge queue of rig {r.rig}: not paused (nothing to resume)"
+        return f"merge queue of rig {r.rig}: resumed (it was paused: {r.was or None})"
+
+    return await send(nc, args, config, MergeQueueResume(rig=args.rig), line)
+
+
+async def _mq_reject(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    cmd = MergeRequestReject(id=args.id, reason=args.reason)
+    return await send(nc, args, config, cmd, lambda r: f"{r.id}: {r.status}")
