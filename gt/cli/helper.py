@@ -108,8 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     lock.write(f"{os.getpid()}\n")  # which process is the helper, for whoever wonders
     lock.flush()
     os.chdir("/")
-    from gt import supervisor  # noqa: F401 (every call without NATS_URL asks it where the town's NATS is)
     from gt.cli import main as cli  # the whole point: imported once, here
+    from gt.town import lifecycle  # noqa: F401 (every call without NATS_URL asks it where the town's NATS is)
 
     parser = cli.build_parser()
     launch.helper_key()  # once, before the workers are forked: each request's key is compared with it

@@ -234,15 +234,16 @@ def _town_nats(config: TownConfig, env: dict[str, str]) -> TownConfig:
     """Without NATS_URL, talk to the town `gt up` runs in GT_HOME (its NATS may be on any port), as its record
     (GT_HOME/run/town.json) says, also when its supervisor is gone (said on stderr: the town may run on without
     it); with no record, to the port GT_NATS_PORT names (where `gt up` would have put it)."""
-    from gt import supervisor as town
+    from gt.town import lifecycle
+    from gt.town import state as town_state
 
-    state = town.read_state(config)
+    state = town_state.read_state(config)
     if state is None:
         port = env.get("GT_NATS_PORT", "").strip()
         if not port:
             return config
         return as_operator(msgspec.structs.replace(config, nats_url=f"nats://127.0.0.1:{port}"))
-    gone = town.supervisor_gone(config, state)
+    gone = lifecycle.supervisor_gone(config, state)
     if gone is not None:
         print(f"gt: {gone}", file=sys.stderr)
     at_town = msgspec.structs.replace(config, nats_url=state.nats_url)
@@ -278,7 +279,7 @@ def _dispatch(args: argparse.Namespace, config: TownConfig, *, embedded: bool, k
         render.print_json(all_schemas())
         return EXIT_OK
     if args.cmd in ("up", "down"):
-        from gt import supervisor as town
+        from gt.town import lifecycle as town
 
         return (
             town.up(args, config, embedded=embedded)
@@ -357,7 +358,7 @@ def _unreachable_town(exc: GastownError, config: TownConfig, *, nats_given: bool
     if waited is not None:
         lines.append(waited)
     if not nats_given:
-        from gt import supervisor as town
+        from gt.town import lifecycle as town
 
         hint = town.unreachable_hint(config)
         if hint is not None:

@@ -347,7 +347,7 @@ async def test_the_disk_alarm_reads_what_is_left_of_the_accounts_jetstream_stora
 
 async def test_by_default_the_disk_alarm_watches_gt_home_and_the_nats_store_gt_up_keeps_in_it(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    server = EmbeddedServer(home / "nats")  # where `gt up` runs its server (gt/supervisor.py): store nats/jetstream
+    server = EmbeddedServer(home / "nats")  # where `gt up` runs its server (gt/town/): store nats/jetstream
     server.start()
     town = TownConfig(nats_url=server.url, gt_home=home)
     # As `gt up` starts it: no GT_DISK_WATCH. No disk to fill: at 100% the test's own volume is "low".

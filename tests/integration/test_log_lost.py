@@ -15,7 +15,7 @@ import nats
 import nats.js.errors
 import pytest
 
-from gt.supervisor import read_state
+from gt.town.state import read_state
 from gt.town_secrets import TownSecrets
 from shared.bus.connection import close_quietly
 from shared.bus.topology import provision

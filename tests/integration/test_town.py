@@ -20,7 +20,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from gt.supervisor import read_state
+from gt.town.state import read_state
 from gt.town_secrets import operator_login
 from shared.core.config import TownConfig
 from shared.host import processes

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gt.embedded_nats import free_port
-from gt.supervisor import read_state
+from gt.town.state import read_state
 from shared.host import processes
 from tests.helpers import wait_until
 from tests.integration.test_town import TownCli

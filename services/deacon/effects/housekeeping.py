@@ -87,7 +87,7 @@ class Housekeeping:
     def disk_paths(self) -> tuple[str, ...]:
         """The paths whose volumes the disk alarm watches: ``GT_DISK_WATCH``, else what the town writes to here,
         each while it exists: GT_HOME (logs, run files, clones, worktrees; under compose the ``gt-home`` volume)
-        and the JetStream store `gt up` keeps in it (``GT_HOME/nats/jetstream``: gt/supervisor.py). A store
+        and the JetStream store `gt up` keeps in it (``GT_HOME/nats/jetstream``: gt/town/supervisor.py). A store
         elsewhere (another machine, a container) is watched through the account's storage limit."""
         chosen = self._settings().disk_paths
         if chosen is not None:

@@ -1,0 +1,27 @@
+"""The town's order of start and stop, its crash-loop limits and its waits (``gt up``, ``gt down``)."""
+
+from __future__ import annotations
+
+START_ORDER = ("mayor", "witness", "refinery", "deacon")
+"""Dependency order: services start in this order."""
+STOP_ORDER = ("refinery", "witness", "mayor", "deacon")
+"""Merges and sessions stop first, the mayor after them (it answers their last commands), the deacon last
+(it records the others stopping); then NATS."""
+CRASH_LOOP_RESTARTS = 5
+CRASH_LOOP_WINDOW_S = 15 * 60
+MAX_BACKOFF_S = 30.0
+READY_TIMEOUT_S = 120.0
+DOWN_TIMEOUT_S = 90.0
+DEFAULT_TMUX_SOCKET = "gastown"
+"""As the witness's (services.witness.settings): the CLI does not import a service."""
+POLECAT_TMUX_PREFIX = "gt-"
+"""Polecat tmux sessions are named ``gt-<rig>-<polecat>`` (services.witness.plan.scope)."""
+NATS = "nats"
+"""The embedded nats-server's name in ``town.json``'s ``gave_up`` and in crash-loop escalations."""
+HUNG_CONFIRM_S = 2.0
+"""A service recorded down whose process runs is killed as hung once it did not beat this long after we learnt."""
+OUTAGE_GRACE_S = 10.0
+"""Nor before this long after the supervisor's connection to NATS came back: every service was silent meanwhile."""
+HEALTH_PATIENCE_S = 10.0
+"""How long ``gt up -d`` on a running town waits for it to be healthy before it says what is wrong: a child
+restarted a moment ago is back within a few seconds."""
