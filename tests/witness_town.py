@@ -167,8 +167,9 @@ class PolecatTown:
         return "\n".join(f"{s.id}: {s.end_reason} ({s.end_detail})\n{s.pane_tail}" for s in sessions)
 
     def _ref(self, branch: str) -> str:
-        """The branch's commit, or main once the refinery merged it and deleted the branch. A commit, not the
-        branch's name: the refinery may delete the branch right after this looked (the commit stays)."""
+        """The branch's commit where the rig's repository has the branch (one pushed there by hand), else main. A
+        polecat's branch never is: `gt done` publishes it as a bundle, so its commits are in the rig's repository
+        only once the refinery merged them. Wait for that first (its bead closed), or main is read without them."""
         ref = f"refs/heads/{branch}"
         head = git.git("rev-parse", "--verify", "--quiet", ref, cwd=self.origin, check=False).strip()
         return head or "refs/heads/main"

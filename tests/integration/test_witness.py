@@ -346,6 +346,7 @@ async def test_uncommitted_work_survives_a_crash_and_lands(pt: PolecatTown) -> N
     sessions = await pt.wait_settled(bead)
     assert [s.end_reason for s in sessions] == ["zombie", "done"]
     assert sessions[0].worktree == sessions[1].worktree
+    await merged(pt, bead)  # published as a bundle: in the rig's repository once merged
     log = pt.branch_log(sessions[1].branch)
     assert f"{bead}: work an earlier session left uncommitted" in log, "the dead session's edit was kept"
     assert pt.branch_files(sessions[1].branch, bead) == step_files(bead)
