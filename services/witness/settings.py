@@ -18,9 +18,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     tmux_socket: str = DEFAULT_TMUX_SOCKET
+    """The tmux server (``tmux -L <socket>``) polecat sessions run on (``GT_TMUX_SOCKET``)."""
     usage_interval_s: float = 30.0
     """A running session's token usage is recorded at most this often (``GT_USAGE_INTERVAL``)."""
-    """The tmux server (``tmux -L <socket>``) polecat sessions run on (``GT_TMUX_SOCKET``)."""
     min_orphan_age_s: float = 60.0
     """A tmux session no session of ours accounts for is killed only once this old (``GT_MIN_ORPHAN_AGE``)."""
     done_stuck_after_s: float = 60.0
