@@ -20,6 +20,7 @@ from shared.core import subjects
 from shared.core.subjects import parse_js_reply
 from shared.model.events import Envelope, RigAdded, decode_envelope, encode_event
 from shared.service.projection import Projection
+from tests.helpers import assert_eventually
 
 
 async def read_all(
@@ -98,20 +99,21 @@ def digest(projection: Projection[Any]) -> str:
     return hashlib.sha256(projection.serialize_state()).hexdigest()
 
 
-async def assert_live_mayor_matches_replay(nc: Client, min_seq: int) -> Projection[Any]:
-    """The running mayor's projection, once it holds ``min_seq`` (asked until it answers: it may be restarting),
-    equals a fresh replay of the same log prefix. The replay, for more checks."""
-    while True:
+async def assert_live_mayor_matches_replay(nc: Client, min_seq: int, timeout: float = 120) -> Projection[Any]:
+    """The running mayor's projection, once it holds ``min_seq`` (asked until it answers, within ``timeout``: it
+    may be restarting), equals a fresh replay of the same log prefix. The replay, for more checks."""
+
+    async def answered() -> dict[str, Any]:
         try:
             reply = await nc.request("gt.q.mayor.digest", json.dumps({"min_seq": min_seq}).encode(), timeout=10)
-        except (TimeoutError, nats.errors.Error):
-            await asyncio.sleep(0.5)
-            continue
-        answer = json.loads(reply.data)
-        if answer.get("ok"):
-            break
-        await asyncio.sleep(0.5)
-    live: dict[str, Any] = answer["result"]
+        except (TimeoutError, nats.errors.Error) as exc:
+            raise AssertionError(f"the mayor does not answer its digest query: {exc!r}") from exc
+        answer: dict[str, Any] = json.loads(reply.data)
+        assert answer.get("ok"), answer
+        result: dict[str, Any] = answer["result"]
+        return result
+
+    live: dict[str, Any] = await assert_eventually(answered, timeout=timeout, interval=0.5)
     replayed = await fresh_replay(nc, new_projection(), upto=live["last_seq"])
     assert live["sha256"] == digest(replayed)
     return replayed
