@@ -41,7 +41,6 @@ it shown in the pane, so the session goes on with its work once the town is back
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
@@ -50,12 +49,17 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from gt import agent_command, agent_start
 from gt.agent_start import Fault, active, hang, say, town_patience
 from gt.cli.patience import PATIENCE_ENV
 from shared.model.formulas import rework
+from shared.model.molecules import Step
+from shared.model.prime import Prime
+from shared.model.rigs import Rig
+from shared.model.sessions import MergeFailure
 
 EXIT_UNREACHABLE = 3
 """``gt``'s exit code for a town that does not answer (gt/cli/main.py)."""
@@ -133,12 +137,11 @@ def listen_for_nudges() -> None:
         say(f"heard: {line.strip()}")
 
 
-def prime() -> dict[str, Any]:
+def prime() -> Prime:
     for attempt in range(5):
         done = gt("prime", "--json", check=False)
         if done.returncode == 0:
-            data: dict[str, Any] = json.loads(done.stdout)
-            return data
+            return msgspec.json.decode(done.stdout, type=Prime)
         say(f"gt prime failed ({done.stderr.strip()}); retrying")
         time.sleep(0.5 * (attempt + 1))
     raise RuntimeError("gt prime kept failing")
@@ -164,19 +167,20 @@ def commit_own(worktree: Path, bead: str, message: str) -> bool:
     return True
 
 
-def edit_for(worktree: Path, bead: str, index: int, step: dict[str, Any]) -> None:
+def edit_for(worktree: Path, bead: str, index: int, step: Step) -> None:
     folder = worktree / WORK_DIR / bead
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{index:02d}-{step['id']}.txt").write_text(f"step {step['id']}: {step['title']}\n")
+    (folder / f"{index:02d}-{step.id}.txt").write_text(f"step {step.id}: {step.title}\n")
 
 
-def run_tests(worktree: Path, rig: dict[str, Any], faults: list[Fault], attempt: int) -> None:
-    command = rig.get("test_command") or ""
+def run_tests(worktree: Path, rig: Rig | None, faults: list[Fault], attempt: int) -> None:
+    command = rig.test_command if rig is not None else ""
     if not command:
         say("no test command for this rig")
         return
     # Heartbeating while they run: a suite longer than the rig's stall limit is work, not a stall.
-    code, output = agent_command.run(command, worktree, what="running the tests", every_s=agent_command.beat_every(rig))
+    every_s = agent_command.beat_every(rig.stall_after_s if rig is not None else None)
+    code, output = agent_command.run(command, worktree, what="running the tests", every_s=every_s)
     if code == 0:
         say("tests pass")
         return
@@ -193,22 +197,22 @@ def run_tests(worktree: Path, rig: dict[str, Any], faults: list[Fault], attempt:
     raise RuntimeError(f"tests fail ({code}): {output[-500:]}")
 
 
-def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) -> None:
-    bead = data["bead"]["id"]
-    worktree = Path(data["worktree"])
+def work(data: Prime, faults: list[Fault], attempt: int, pause: float) -> None:
+    bead = data.bead.id
+    worktree = Path(data.worktree)
     if commit_own(worktree, bead, f"{bead}: work an earlier session left uncommitted"):
         say("committed the uncommitted work an earlier session left")
-    if data["bead"]["status"] == "hooked":
-        gt("bead", "claim", bead, "--assignee", f"{data['rig']['name']}/{data['polecat']}", check=False)
-    molecule = data.get("molecule") or {"steps": []}
-    for index, step in enumerate(molecule["steps"], start=1):
-        if step["status"] == "done":
+    if data.bead.status == "hooked" and data.rig is not None:
+        gt("bead", "claim", bead, "--assignee", f"{data.rig.name}/{data.polecat}", check=False)
+    steps = data.molecule.steps if data.molecule is not None else []
+    for index, step in enumerate(steps, start=1):
+        if step.status == "done":
             continue
         listen_for_nudges()
         if active(faults, attempt, "hang", index):
             hang()
-        say(f"step {index} {step['id']}: {step['title']}")
-        reworking = rework.what(step["id"])
+        say(f"step {index} {step.id}: {step.title}")
+        reworking = rework.what(step.id)
         if reworking in (rework.REBASE, rework.FIX):
             fix_returned_work(data, faults, attempt)  # the round's first step: what the merge queue sent back
         if reworking is None:
@@ -216,42 +220,42 @@ def work(data: dict[str, Any], faults: list[Fault], attempt: int, pause: float) 
             edit_for(worktree, bead, index, step)
         if active(faults, attempt, "crash-before-commit", index):
             die_hard()
-        if "test" in step["id"]:
+        if "test" in step.id:
             if active(faults, attempt, "fail-tests"):
                 (worktree / "FAIL_TESTS").write_text("made to fail by GT_AGENT_FAULT=fail-tests\n")
-            run_tests(worktree, data["rig"], faults, attempt)
+            run_tests(worktree, data.rig, faults, attempt)
         if active(faults, attempt, "conflict") and reworking is None:
             # The original work only: written again after a rebase, it would drop the other side it now holds.
             (worktree / "CONFLICT.txt").write_text(f"{bead} was here\n")
-        commit_own(worktree, bead, f"{bead}: {step['id']}")
+        commit_own(worktree, bead, f"{bead}: {step.id}")
         if active(faults, attempt, "crash-at-step", index):
             die_hard()
-        gt("step", "done", step["id"])
-        gt("heartbeat", "--note", f"done {step['id']}", check=False)
+        gt("step", "done", step.id)
+        gt("heartbeat", "--note", f"done {step.id}", check=False)
         if pause:
             time.sleep(pause)
 
 
-def fix_returned_work(data: dict[str, Any], faults: list[Fault], attempt: int) -> None:
+def fix_returned_work(data: Prime, faults: list[Fault], attempt: int) -> None:
     """The merge queue sent the work back: undo what made the gate fail (the only failure this agent makes),
     or resolve the merge conflict."""
-    failure = data.get("merge_failure")
-    if not failure:
+    failure = data.merge_failure
+    if failure is None:
         return
-    worktree = Path(data["worktree"])
-    if failure["gate"] == "conflict":
+    worktree = Path(data.worktree)
+    if failure.gate == "conflict":
         resolve_conflict(data, failure)
-        run_tests(worktree, data["rig"], faults, attempt)
+        run_tests(worktree, data.rig, faults, attempt)
         return
-    say(f"the merge queue sent this back: {failure['gate']} failed (exit {failure['exit_code']})")
+    say(f"the merge queue sent this back: {failure.gate} failed (exit {failure.exit_code})")
     if (worktree / "FAIL_TESTS").exists() and not active(faults, attempt, "fail-tests"):
         (worktree / "FAIL_TESTS").unlink()
-        commit_own(worktree, data["bead"]["id"], f"{data['bead']['id']}: fix the {failure['gate']} failure")
+        commit_own(worktree, data.bead.id, f"{data.bead.id}: fix the {failure.gate} failure")
         say("fixed: removed FAIL_TESTS")
-    run_tests(worktree, data["rig"], faults, attempt)
+    run_tests(worktree, data.rig, faults, attempt)
 
 
-def resolve_conflict(data: dict[str, Any], failure: dict[str, Any]) -> None:
+def resolve_conflict(data: Prime, failure: MergeFailure) -> None:
     """Rebase the branch onto the commit it conflicted with. This agent cannot understand a conflict, so it does
     the one thing that keeps what landed working: in each conflicting hunk it keeps what landed and drops its own
     side, and the rest of its change (every hunk that does not conflict) is re-applied on top (git's rebase with
@@ -259,8 +263,8 @@ def resolve_conflict(data: dict[str, Any], failure: dict[str, Any]) -> None:
     takes the commit it names). A conflict that cannot be settled that way (a file deleted on one side) is given
     up on: the session ends without `gt done`, and past the rig's respawn limit the witness escalates the bead
     to a person."""
-    worktree, branch, target = Path(data["worktree"]), data["branch"], failure["target_commit"]
-    files = ", ".join(failure.get("files") or []) or "unknown files"
+    worktree, branch, target = Path(data.worktree), data.branch, failure.target_commit
+    files = ", ".join(failure.files) or "unknown files"
     say(f"the merge queue sent this back: it conflicts with {target[:10]} in {files}")
     git("fetch", "--quiet", "origin", cwd=worktree)
     try:
@@ -275,8 +279,8 @@ def resolve_conflict(data: dict[str, Any], failure: dict[str, Any]) -> None:
     )
 
 
-def finish(data: dict[str, Any], faults: list[Fault], attempt: int) -> int:
-    worktree = Path(data["worktree"])
+def finish(data: Prime, faults: list[Fault], attempt: int) -> int:
+    worktree = Path(data.worktree)
     if active(faults, attempt, "dirty"):
         (worktree / DIRTY_FILE).write_text("left uncommitted (fault injection)\n")
     if active(faults, attempt, "exit-before-done"):
@@ -304,8 +308,8 @@ def run(faults: list[Fault], pause: float, attempt: int) -> int:
     try:
         data = prime()
         work(data, faults, attempt, pause)
-        steps = (data.get("molecule") or {}).get("steps") or []
-        if not any(rework.is_rework(step["id"]) for step in steps):
+        steps = data.molecule.steps if data.molecule is not None else []
+        if not any(rework.is_rework(step.id) for step in steps):
             fix_returned_work(data, faults, attempt)  # no molecule to append rework steps to: after its one step
         return finish(data, faults, attempt)
     except (RuntimeError, subprocess.CalledProcessError) as exc:

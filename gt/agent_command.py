@@ -18,7 +18,6 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from gt.agent_start import command_timeout, say
 from gt.cli.patience import PATIENCE_ENV
@@ -34,10 +33,11 @@ class CommandError(RuntimeError):
     """The command could not be let run to its end: it ran past its time limit, or the session lost its hook."""
 
 
-def beat_every(rig: dict[str, Any], env: Mapping[str, str] = os.environ) -> float:
+def beat_every(stall_after_s: float | None, env: Mapping[str, str] = os.environ) -> float:
     """Seconds between heartbeats: a quarter of the rig's stall limit or of the hook lease's TTL (``GT_LEASE_TTL``,
-    which the witness sets), the shorter; a limit lowered while the command runs still leaves three beats."""
-    limits = [float(rig.get("stall_after_s") or 600.0)]
+    which the witness sets), the shorter; a limit lowered while the command runs still leaves three beats.
+    ``stall_after_s`` None or 0: the default limit, 600 s."""
+    limits = [stall_after_s or 600.0]
     ttl = env.get("GT_LEASE_TTL", "")
     try:
         if float(ttl) > 0:

@@ -15,8 +15,10 @@ from gt.cli.common import (
     print_id,
     read,
     read_options,
+    read_typed,
     send,
     show,
+    show_reply,
     status_line,
 )
 from shared.core.config import TownConfig
@@ -109,10 +111,10 @@ def register(sub: Subcommands) -> None:
 
 async def _rig_prefix(nc: Connection, config: TownConfig, name: str) -> str:
     """The bead id prefix of rig ``name``, as the witness knows it."""
-    rig = await read(nc, config, witness.Rig(name=name))
-    if rig.get("removed"):
+    rig = await read_typed(nc, config, witness.Rig(name=name))
+    if rig.removed:
         raise UsageError(f"rig {name} was removed; `gt rig list` shows the rigs")
-    return str(rig["prefix"])
+    return rig.prefix
 
 
 async def _create(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
@@ -162,7 +164,8 @@ async def _close(nc: Connection, args: argparse.Namespace, config: TownConfig) -
 
 
 async def _show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return show(args, await read(nc, config, mayor.Get(id=args.id)), render.bead_detail)
+    query = mayor.Get(id=args.id)
+    return show_reply(args, query, await read(nc, config, query), render.bead_detail)
 
 
 async def _list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
@@ -177,11 +180,12 @@ async def _list(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
         include_closed=bool(args.all),
         limit=args.limit,
     )
-    return show(args, await read(nc, config, query), render.bead_table)
+    return show_reply(args, query, await read(nc, config, query), render.bead_table)
 
 
 async def _ready(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return show(args, await read(nc, config, mayor.Ready(limit=args.limit)), render.bead_table)
+    ready = mayor.Ready(limit=args.limit)
+    return show_reply(args, ready, await read(nc, config, ready), render.bead_table)
 
 
 async def _deps(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

@@ -243,3 +243,9 @@ def show(args: argparse.Namespace, data: Any, text: Callable[[Any], str]) -> int
     else:
         print(text(data))
     return EXIT_OK
+
+
+def show_reply(args: argparse.Namespace, query: Query[R], data: Any, text: Callable[[R], str]) -> int:
+    """``show`` of ``query``'s answer ``data`` (as ``read`` gave it): as it came with ``--json``, else ``text`` of it
+    read into the query's reply type."""
+    return show(args, data, lambda answer: text(reply_of(query, answer)))

@@ -22,13 +22,15 @@ from gt.cli.common import (
     read_typed,
     send,
     show,
+    show_reply,
 )
 from gt.cli.progress import Progress
-from shared.bus.query import ask_json
+from shared.bus.query import ask, reply_of
 from shared.core.config import TownConfig
 from shared.core.errors import QueryError
 from shared.model.commands import BeadSling, ConvoyAdd, ConvoyCreate, ConvoyLand
 from shared.model.queries import mayor, refinery
+from shared.model.queries.refinery import PausedQueue
 from shared.model.results import UNSET, ConvoyResult, SlingResult, UnsetType
 
 if TYPE_CHECKING:
@@ -113,33 +115,33 @@ async def _land(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
 
 
 async def _status(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    convoy = await read(nc, config, mayor.Convoy(id=args.convoy))
+    query = mayor.Convoy(id=args.convoy)
+    answer = await read(nc, config, query)
+    convoy = reply_of(query, answer)
     waiting = await _waiting_in_paused_queues(nc)
-    for bead in convoy.get("bead_details", []):
-        if bead["id"] in waiting and bead.get("status") != "closed":
-            bead["queue_paused"] = waiting[bead["id"]]  # its merge waits for `gt mq resume <rig>`
-    return show(args, convoy, render.convoy_detail)
+    for bead in answer.get("bead_details", []):  # in the JSON too: its merge waits for `gt mq resume <rig>`
+        if (queue := waiting.get(bead["id"])) is not None and bead.get("status") != "closed":
+            bead["queue_paused"] = {"rig": queue.rig, "reason": queue.reason}
+    return show(args, answer, lambda _: render.convoy_detail(convoy, waiting))
 
 
-async def _waiting_in_paused_queues(nc: Connection) -> dict[str, dict[str, str]]:
-    """Bead -> the paused merge queue (rig, reason) its merge request waits in; nothing when the refinery does
-    not answer (the convoy is shown without it)."""
+async def _waiting_in_paused_queues(nc: Connection) -> dict[str, PausedQueue]:
+    """Bead -> the paused merge queue its merge request waits in; nothing when the refinery does not answer (the
+    convoy is shown without it)."""
     try:
-        paused = await ask_json(nc, refinery.PausedQueues(), timeout=REFINERY_QUERY_TIMEOUT_S)
-        waiting: dict[str, dict[str, str]] = {}
-        for queue in paused:
-            mrs = await ask_json(nc, refinery.Mrs(rig=queue["rig"]), timeout=REFINERY_QUERY_TIMEOUT_S)
-            for mr in mrs:
-                if mr["status"] in ("queued", "claimed"):
-                    waiting[mr["bead"]] = {"rig": queue["rig"], "reason": queue["reason"]}
+        waiting: dict[str, PausedQueue] = {}
+        for queue in await ask(nc, refinery.PausedQueues(), timeout=REFINERY_QUERY_TIMEOUT_S):
+            for mr in await ask(nc, refinery.Mrs(rig=queue.rig), timeout=REFINERY_QUERY_TIMEOUT_S):
+                if mr.status in ("queued", "claimed"):
+                    waiting[mr.bead] = queue
     except QueryError:
         return {}
     return waiting
 
 
 async def _list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, mayor.Convoys(include_closed=args.all, limit=args.limit))
-    return show(args, found, render.convoy_table)
+    query = mayor.Convoys(include_closed=args.all, limit=args.limit)
+    return show_reply(args, query, await read(nc, config, query), render.convoy_table)
 
 
 async def _sling(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
@@ -150,8 +152,9 @@ async def _sling(nc: Connection, args: argparse.Namespace, config: TownConfig) -
     the mayor slings it once they are, so the convoy goes out in waves in dependency order. The order these
     commands arrive in does not matter: a blocker being slung right now is still open."""
     convoy = await read_typed(nc, config, mayor.Convoy(id=args.convoy))
-    todo = [b.id for b in convoy.bead_details if b.status == "open"]
-    skipped = len(convoy.bead_details) - len(todo)
+    details = convoy.bead_details or []
+    todo = [b.id for b in details if b.status == "open"]
+    skipped = len(details) - len(todo)
     vars_ = key_values(args.var, "--var")
     limit = asyncio.Semaphore(SLING_CONCURRENCY)
     bar = Progress(f"slinging {args.convoy} to {args.rig}", len(todo))

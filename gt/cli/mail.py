@@ -21,8 +21,10 @@ from gt.cli.common import (
     rejected_line,
     send,
     show,
+    show_reply,
     status_line,
 )
+from shared.bus.query import reply_of
 from shared.core.config import TownConfig
 from shared.core.errors import CommandError
 from shared.model.commands import (
@@ -154,13 +156,15 @@ async def _inbox(nc: Connection, args: argparse.Namespace, config: TownConfig) -
     query = mayor.Inbox(
         to=normalise_address(args.address) if args.address else _me(args), include_read=args.all, limit=args.limit
     )
-    return show(args, await read(nc, config, query), render.message_table)
+    return show_reply(args, query, await read(nc, config, query), render.message_table)
 
 
 async def _read(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    message = await read(nc, config, mayor.Get(id=args.id))
-    if message.get("type") != "message":
-        print(f"gt: {args.id} is a {message.get('type')}, not a message", file=sys.stderr)
+    query = mayor.Get(id=args.id)
+    answer = await read(nc, config, query)
+    message = reply_of(query, answer)
+    if message.type != "message":
+        print(f"gt: {args.id} is a {message.type}, not a message", file=sys.stderr)
         return EXIT_REJECTED
     # Read as the inbox is listed: `--actor`, else (outside a session) GT_ACTOR; only its addressee's reading marks
     # a message read.
@@ -176,11 +180,12 @@ async def _read(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
             f"gt: left unread for {accepted.result.left_unread_for} (only its addressee's reading marks it read)",
             file=sys.stderr,
         )
-    return show(args, message, render.message_detail)
+    return show(args, answer, lambda _: render.message_detail(message))
 
 
 async def _thread(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return show(args, await read(nc, config, mayor.Thread(thread=args.thread)), render.thread_lines)
+    query = mayor.Thread(thread=args.thread)
+    return show_reply(args, query, await read(nc, config, query), render.thread_lines)
 
 
 async def _escalate(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
@@ -197,8 +202,8 @@ async def _escalate(nc: Connection, args: argparse.Namespace, config: TownConfig
 
 
 async def _escalations(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, mayor.Escalations(include_closed=args.all, limit=args.limit))
-    return show(args, found, render.escalation_table)
+    query = mayor.Escalations(include_closed=args.all, limit=args.limit)
+    return show_reply(args, query, await read(nc, config, query), render.escalation_table)
 
 
 async def _ack(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

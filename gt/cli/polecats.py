@@ -21,7 +21,6 @@ from gt.cli.common import (
     Subcommands,
     UsageError,
     command_options,
-    read,
     read_options,
     read_typed,
     send,
@@ -29,11 +28,12 @@ from gt.cli.common import (
 )
 from shared.bus.kv import put_agent_heartbeat
 from shared.core.config import TownConfig
-from shared.core.errors import GastownError
+from shared.core.errors import GastownError, QueryError
 from shared.core.faults import crash_point
 from shared.core.terminal import escape_line, escape_text, escaped_lines
 from shared.host import git
 from shared.model import done_flow, heartbeats, runtimes
+from shared.model.beads import Bead
 from shared.model.commands import (
     BeadClaim,
     Command,
@@ -41,8 +41,11 @@ from shared.model.commands import (
 )
 from shared.model.commands.mail import polecat_address
 from shared.model.formulas import rework
+from shared.model.molecules import MoleculeView
+from shared.model.prime import Prime
 from shared.model.queries import mayor, witness
 from shared.model.results import SessionResult
+from shared.model.sessions import EarlierSession, MergeFailure
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -106,57 +109,56 @@ def _needs_session_env(args: argparse.Namespace) -> None:
         )
 
 
-async def prime_data(nc: Connection, config: TownConfig, session_id: str) -> dict[str, Any]:
+async def prime_data(nc: Connection, config: TownConfig, session_id: str) -> Prime:
     # Everything as of one moment of the log, read once; the session first (it names the bead and the polecat),
     # then the rest at once.
     last = await read_position(nc, config)
     session = await read_typed(nc, config, witness.Session(id=session_id), min_seq=last)
 
-    async def molecule_of(bead: str) -> dict[str, Any] | None:
+    async def molecule_of(bead: str) -> MoleculeView | None:
         try:
-            found: dict[str, Any] = await read(nc, config, mayor.Molecule(bead=bead), min_seq=last)
-        except Exception as exc:  # a bead without a molecule is worked as one step
-            if getattr(exc, "code", None) != "not_found":
+            return await read_typed(nc, config, mayor.Molecule(bead=bead), min_seq=last)
+        except QueryError as exc:  # a bead without a molecule is worked as one step
+            if exc.code != "not_found":
                 raise
             return None
-        return found
 
     bead, molecule, mail = await asyncio.gather(
-        read(nc, config, mayor.Get(id=session.bead), min_seq=last),
+        read_typed(nc, config, mayor.Get(id=session.bead), min_seq=last),
         molecule_of(session.bead),
-        read(nc, config, mayor.Inbox(to=polecat_address(session.rig, session.polecat)), min_seq=last),
+        read_typed(nc, config, mayor.Inbox(to=polecat_address(session.rig, session.polecat)), min_seq=last),
     )
     current = None
     if molecule is not None:
-        current = next((s for s in molecule["steps"] if s["id"] == molecule.get("current_step")), None)
-    return {
-        "session": session.id,
-        "status": session.status,
-        "attempt": session.attempt,
-        "polecat": session.polecat,
-        "rig": session.rig_config,
-        "worktree": session.worktree,
-        "branch": session.branch,
-        "bead": bead,
-        "molecule": molecule,
-        "current_step": current,
-        "done_intent": session.done_intent_at is not None,
-        "merge_failure": session.merge_failure,
-        "nudges": [n["message"] for n in session.nudges if n.get("delivered_to") == session.id],
-        "before_you": session.earlier_sessions,
-        "mail": mail,
-        "instructions": INSTRUCTIONS,
-    }
+        current = next((s for s in molecule.steps if s.id == molecule.current_step), None)
+    return Prime(
+        session=session.id,
+        status=session.status,
+        attempt=session.attempt,
+        polecat=session.polecat,
+        rig=session.rig_config,
+        worktree=session.worktree,
+        branch=session.branch,
+        bead=bead,
+        molecule=molecule,
+        current_step=current,
+        done_intent=session.done_intent_at is not None,
+        merge_failure=session.merge_failure,
+        nudges=[n.message for n in session.nudges if n.delivered_to == session.id],
+        before_you=session.earlier_sessions,
+        mail=mail,
+        instructions=INSTRUCTIONS,
+    )
 
 
-def _ended_how(earlier: dict[str, Any]) -> str:
+def _ended_how(earlier: EarlierSession) -> str:
     """One line on how an earlier session ended, from the witness's record of it."""
-    reason, detail = earlier.get("end_reason"), escape_line(earlier.get("end_detail") or "")
-    if earlier.get("warrant_reason"):
-        how = f"warranted ({escape_line(earlier['warrant_reason'])})"
-        if earlier.get("warrant_detail"):
-            how += f": {escape_line(earlier['warrant_detail'])}"
-        if reason and reason != earlier["warrant_reason"]:
+    reason, detail = earlier.end_reason, escape_line(earlier.end_detail)
+    if earlier.warrant_reason:
+        how = f"warranted ({escape_line(earlier.warrant_reason)})"
+        if earlier.warrant_detail:
+            how += f": {escape_line(earlier.warrant_detail)}"
+        if reason and reason != earlier.warrant_reason:
             how += f"; ended {reason}"
         return how
     if reason == "handoff":
@@ -164,83 +166,83 @@ def _ended_how(earlier: dict[str, Any]) -> str:
     if reason == "done":
         return "finished (`gt done`)" + (f": {detail}" if detail else "")
     if reason is None:
-        return f"still {escape_line(earlier.get('status'))}"
+        return f"still {escape_line(earlier.status)}"
     return f"ended ({escape_line(reason)})" + (f": {detail[:NOTE_SHOWN]}" if detail else "")
 
 
-def before_you_lines(earlier_sessions: list[dict[str, Any]]) -> list[str]:
+def before_you_lines(earlier_sessions: list[EarlierSession]) -> list[str]:
     """The "Before you" section: how the bead's earlier sessions ended, newest first."""
     if not earlier_sessions:
         return []
     lines = ["", "Before you (earlier sessions on this bead, newest first):"]
     for earlier in earlier_sessions:
-        session, attempt = escape_line(earlier["id"]), escape_line(earlier["attempt"])
-        lines.append(f"- {session} (attempt {attempt}): {_ended_how(earlier)}")
-        if earlier.get("pane_tail"):
+        lines.append(f"- {escape_line(earlier.id)} (attempt {earlier.attempt}): {_ended_how(earlier)}")
+        if earlier.pane_tail:
             lines.append("  last lines of its pane:")
-            lines += [f"  | {line}" for line in escaped_lines(earlier["pane_tail"]) if line]
+            lines += [f"  | {line}" for line in escaped_lines(earlier.pane_tail) if line]
     return lines
 
 
-def mail_lines(messages: list[dict[str, Any]]) -> list[str]:
+def mail_lines(messages: list[Bead]) -> list[str]:
     if not messages:
         return []
     lines = ["", f"Mail ({len(messages)} unread): read one with `gt mail read ID`, answer with `gt mail reply ID`"]
     for message in messages:
-        sender = escape_line(message.get("metadata", {}).get("from", "-"))
-        lines.append(f"- {escape_line(message['id'])} from {sender}: {escape_line(message['title'])}")
+        sender = escape_line(message.metadata.get("from", "-"))
+        lines.append(f"- {escape_line(message.id)} from {sender}: {escape_line(message.title)}")
     return lines
 
 
-def prime_text(data: dict[str, Any]) -> str:
+def prime_text(data: Prime) -> str:
     """What `gt prime` tells the agent. What other agents wrote (the bead's title and description, its steps, a
     predecessor's note, mail) is shown with its control characters escaped, a field of one line on one line: no
     text of theirs ends a line early to start one that reads as the town's."""
-    bead, molecule, rig = data["bead"], data["molecule"], data["rig"] or {}
+    bead, molecule, rig = data.bead, data.molecule, data.rig
     e = escape_line
     lines = [
-        f"# gastown: you are polecat {e(data['polecat'])} of rig {e(rig.get('name'))} "
-        f"(session {e(data['session'])}, attempt {e(data['attempt'])})",
+        f"# gastown: you are polecat {e(data.polecat)} of rig {e(rig.name if rig else None)} "
+        f"(session {e(data.session)}, attempt {data.attempt})",
         "",
-        f"Hook: bead {e(bead['id'])} [{e(bead['status'])}]: {e(bead['title'])}",
+        f"Hook: bead {e(bead.id)} [{e(bead.status)}]: {e(bead.title)}",
     ]
-    failure, step = data.get("merge_failure"), data["current_step"]
+    failure, step = data.merge_failure, data.current_step
     # Work sent back leads while its rework steps are current: what conflicted (or failed) and what to do first.
-    reworking = bool(failure) and step is not None and rework.is_rework(step["id"])
-    if failure and reworking:
-        lines += ["", send_back_text(failure, data["branch"], step["id"])]
-    if bead.get("description"):
-        lines += ["", escape_text(bead["description"])]
+    reworking = failure is not None and step is not None and rework.is_rework(step.id)
+    if failure is not None and step is not None and reworking:
+        lines += ["", send_back_text(failure, data.branch, step.id)]
+    if bead.description:
+        lines += ["", escape_text(bead.description)]
     if molecule is not None:
-        lines += ["", f"Molecule {e(molecule['formula'])}: {molecule['done']}/{molecule['total']} steps done"]
-        for listed in molecule["steps"]:
-            mark = ">" if listed["id"] == molecule.get("current_step") else " "
-            lines.append(f" {mark} [{e(listed['status']):<11}] {e(listed['id'])}: {e(listed['title'])}")
+        lines += ["", f"Molecule {e(molecule.formula)}: {molecule.done}/{molecule.total} steps done"]
+        for listed in molecule.steps:
+            mark = ">" if listed.id == molecule.current_step else " "
+            lines.append(f" {mark} [{e(listed.status):<11}] {e(listed.id)}: {e(listed.title)}")
         if step is not None:
-            lines += ["", f"Current step: {e(step['id'])}: {e(step['title'])}"]
-            if step.get("description"):
-                lines.append(escape_text(step["description"]))
-            if step.get("acceptance"):
-                lines.append(f"Acceptance: {escape_text(step['acceptance'])}")
+            lines += ["", f"Current step: {e(step.id)}: {e(step.title)}"]
+            if step.description:
+                lines.append(escape_text(step.description))
+            if step.acceptance:
+                lines.append(f"Acceptance: {escape_text(step.acceptance)}")
         else:
             lines += ["", "Every step is done: run `gt done`."]
-    branch = f"Branch:   {e(data['branch'])} (base {e(rig.get('base_branch'))})"
-    lines += ["", f"Worktree: {e(data['worktree'])}", branch]
-    named = (("setup", "setup_command"), ("lint", "lint_command"), ("test", "test_command"))
-    gates = [f"{name} `{rig[key]}`" for name, key in named if rig.get(key)]
-    if gates:
-        lines.append(f"Gates:    {', '.join(gates)}")
-    if failure and not reworking:
-        lines += ["", send_back_text(failure, data["branch"])]
-    if data["done_intent"]:
+    branch = f"Branch:   {e(data.branch)} (base {e(rig.base_branch if rig else None)})"
+    lines += ["", f"Worktree: {e(data.worktree)}", branch]
+    if rig is not None:
+        named = (("setup", rig.setup_command), ("lint", rig.lint_command), ("test", rig.test_command))
+        gates = [f"{name} `{command}`" for name, command in named if command]
+        if gates:
+            lines.append(f"Gates:    {', '.join(gates)}")
+    if failure is not None and not reworking:
+        lines += ["", send_back_text(failure, data.branch)]
+    if data.done_intent:
         lines.append("`gt done` already began for this session: run it again to finish it.")
-    lines += before_you_lines(data.get("before_you") or [])
-    lines += mail_lines(data.get("mail") or [])
-    lines += ["", data["instructions"]]
+    lines += before_you_lines(data.before_you)
+    lines += mail_lines(data.mail)
+    lines += ["", data.instructions]
     return "\n".join(lines)
 
 
-def send_back_text(failure: dict[str, Any], branch: str, rework_step: str | None = None) -> str:
+def send_back_text(failure: MergeFailure, branch: str, rework_step: str | None = None) -> str:
     """Why the merge queue sent the work back, and what to do: the rework steps when ``rework_step`` (the current
     one) says the molecule has them, else (a bead without a molecule) fix it and `gt done` again."""
     finish = (
@@ -248,20 +250,20 @@ def send_back_text(failure: dict[str, Any], branch: str, rework_step: str | None
         if rework_step is not None
         else " and run `gt done` again."
     )
-    if failure["gate"] == "conflict":
+    if failure.gate == "conflict":
         return conflict_text(failure, branch, finish)
     return (
-        f"The merge queue sent this work back: the {failure['gate']} gate failed (exit {failure['exit_code']}) "
-        f"on merge request {failure['mr']}. Fix it, commit, run the tests{finish} Last output:\n"
-        + escape_text(str(failure.get("tail", ""))[-1500:])
+        f"The merge queue sent this work back: the {failure.gate} gate failed (exit {failure.exit_code}) "
+        f"on merge request {failure.mr}. Fix it, commit, run the tests{finish} Last output:\n"
+        + escape_text(failure.tail[-1500:])
     )
 
 
-def conflict_text(failure: dict[str, Any], branch: str, finish: str = " and run `gt done` again.") -> str:
-    target = failure.get("target_commit") or "the target"
-    files = ", ".join(failure.get("files") or []) or "files git did not name"
+def conflict_text(failure: MergeFailure, branch: str, finish: str = " and run `gt done` again.") -> str:
+    target = failure.target_commit or "the target"
+    files = ", ".join(failure.files) or "files git did not name"
     return (
-        f"The merge queue sent this work back: merge request {failure['mr']} conflicted with the target at "
+        f"The merge queue sent this work back: merge request {failure.mr} conflicted with the target at "
         f"{target} in {files}. Rebase your branch onto it (`git fetch origin && git rebase {target}`) and "
         f"resolve the conflicts. {rework.RESOLVE}. Run the tests, push the rebased branch (`git push "
         f"--force-with-lease origin {branch}`){finish}"
@@ -354,22 +356,22 @@ def _hook_input() -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def stop_reason(data: dict[str, Any]) -> str | None:
+def stop_reason(data: Prime) -> str | None:
     """Why a session must not stop yet (its work is not handed in), or None: it may stop."""
-    if data.get("status") != "started" or data.get("done_intent"):
+    if data.status != "started" or data.done_intent:
         return None
-    molecule, step = data.get("molecule"), data.get("current_step")
+    molecule, step = data.molecule, data.current_step
     if molecule is None:
         return None
     if step is not None:
-        why = " The merge queue sent your work back: `gt prime` says why." if rework.is_rework(step["id"]) else ""
+        why = " The merge queue sent your work back: `gt prime` says why." if rework.is_rework(step.id) else ""
         return (
-            f"[gastown] Not done yet: step {escape_line(step['id'])} ({escape_line(step['title'])}) of bead "
-            f"{escape_line(data['bead']['id'])} is still "
-            f"open ({molecule['done']}/{molecule['total']} steps done).{why} Work it, commit, run `gt step done "
-            f"{step['id']}`, and go on until `gt done`. `gt prime` shows everything."
+            f"[gastown] Not done yet: step {escape_line(step.id)} ({escape_line(step.title)}) of bead "
+            f"{escape_line(data.bead.id)} is still "
+            f"open ({molecule.done}/{molecule.total} steps done).{why} Work it, commit, run `gt step done "
+            f"{step.id}`, and go on until `gt done`. `gt prime` shows everything."
         )
-    return f"[gastown] Every step of bead {data['bead']['id']} is done: run `gt done` to hand in your work."
+    return f"[gastown] Every step of bead {data.bead.id} is done: run `gt done` to hand in your work."
 
 
 async def _prime(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

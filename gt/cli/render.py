@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any, TextIO, cast
 
 import msgspec
@@ -12,7 +13,14 @@ import msgspec
 from gt.cli.colour import SEQUENCE
 from gt.narration import pane_lines
 from shared.core.terminal import escape_line, escape_text, escaped_lines
+from shared.model.beads import Bead, BeadDetail
 from shared.model.commands.rigs import DEFAULT_GIT_EMAIL, DEFAULT_GIT_NAME
+from shared.model.convoys import ConvoyView, DispatchView
+from shared.model.escalations import Escalation
+from shared.model.molecules import MoleculeView
+from shared.model.queries.refinery import PausedQueue
+from shared.model.rigs import RigView
+from shared.model.sessions import Session
 
 _JSON = msgspec.json.Encoder()
 BAR_WIDTH = 20
@@ -70,9 +78,12 @@ def escaped_stdout() -> Iterator[None]:
         sys.stdout = before
 
 
-def _short_ts(value: str | None) -> str:
+def _short_ts(value: str | datetime | None) -> str:
+    """To the second, ``YYYY-MM-DD HH:MM:SS``."""
     if not value:
         return "-"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
     return escape_line(value.replace("T", " ")[:19])
 
 
@@ -99,39 +110,40 @@ def bar(done: int, total: int) -> str:
 # ---- beads -------------------------------------------------------------------------------------
 
 
-def bead_detail(bead: dict[str, Any]) -> str:
+def bead_detail(bead: BeadDetail) -> str:
     e = escape_line
     lines = [
-        f"{e(bead['id'])}  {e(bead['title'])}",
-        f"  status:    {e(bead['status'])}",
-        f"  type:      {e(bead['type'])}    priority: P{e(bead['priority'])}",
+        f"{e(bead.id)}  {e(bead.title)}",
+        f"  status:    {e(bead.status)}",
+        f"  type:      {e(bead.type)}    priority: P{bead.priority}",
     ]
-    for label, key in (("assignee", "assignee"), ("parent", "parent"), ("rig", "rig"), ("session", "hook_session")):
-        if bead.get(key):
-            lines.append(f"  {label + ':':<10} {e(bead[key])}")
-    for label, key in (("needs", "needs"), ("labels", "labels"), ("convoys", "convoys")):
-        if bead.get(key):
-            lines.append(f"  {label + ':':<10} {', '.join(e(v) for v in bead[key])}")
-    if hold := bead.get("hold"):
-        waiting = ", ".join(e(w) for w in hold.get("waiting_for") or []) or "nothing (the mayor slings it now)"
-        lines.append(f"  held:      for rig {e(hold['rig'])}, waiting for {waiting}")
-    for key, value in sorted((bead.get("metadata") or {}).items()):
-        lines.append(f"  meta:      {e(key)}={e(value)}")
-    lines.append(f"  created:   {_short_ts(bead.get('created_at'))} by {e(bead.get('created_by') or '-')}")
-    if bead.get("closed_at"):
-        reason = f" ({e(bead['close_reason'])})" if bead.get("close_reason") else ""
-        lines.append(f"  closed:    {_short_ts(bead['closed_at'])}{reason}")
-    if bead.get("collected_molecule"):
-        molecule = e(bead["collected_molecule"])
+    named = (("assignee", bead.assignee), ("parent", bead.parent), ("rig", bead.rig), ("session", bead.hook_session))
+    for label, value in named:
+        if value:
+            lines.append(f"  {label + ':':<10} {e(value)}")
+    for label, values in (("needs", bead.needs), ("labels", bead.labels), ("convoys", bead.convoys)):
+        if values:
+            lines.append(f"  {label + ':':<10} {', '.join(e(v) for v in values)}")
+    if hold := bead.hold:
+        waiting = ", ".join(e(w) for w in hold.waiting_for) or "nothing (the mayor slings it now)"
+        lines.append(f"  held:      for rig {e(hold.rig)}, waiting for {waiting}")
+    for key, meta in sorted(bead.metadata.items()):
+        lines.append(f"  meta:      {e(key)}={e(meta)}")
+    lines.append(f"  created:   {_short_ts(bead.created_at)} by {e(bead.created_by or '-')}")
+    if bead.closed_at:
+        reason = f" ({e(bead.close_reason)})" if bead.close_reason else ""
+        lines.append(f"  closed:    {_short_ts(bead.closed_at)}{reason}")
+    if bead.collected_molecule:
+        molecule = e(bead.collected_molecule)
         lines.append(f"  molecule:  {molecule} (garbage-collected; `gt bead history` has its steps)")
-    if bead.get("description"):
+    if bead.description:
         lines.append("")
-        lines.extend(f"  {line}" for line in _body_lines(bead["description"]))
+        lines.extend(f"  {line}" for line in _body_lines(bead.description))
     return "\n".join(lines)
 
 
-def bead_table(beads: list[dict[str, Any]]) -> str:
-    rows = [(b["id"], b["status"], f"P{b['priority']}", b["type"], b.get("assignee") or "-", b["title"]) for b in beads]
+def bead_table(beads: list[Bead]) -> str:
+    rows = [(b.id, b.status, f"P{b.priority}", b.type, b.assignee or "-", b.title) for b in beads]
     return table(("ID", "STATUS", "PRI", "TYPE", "ASSIGNEE", "TITLE"), rows, "(no beads)")
 
 
@@ -157,10 +169,11 @@ RIG_DEFAULTS = {"git_name": DEFAULT_GIT_NAME, "git_email": DEFAULT_GIT_EMAIL}
 """Settings a rig stores empty when it uses the default: shown as the default in force."""
 
 
-def rig_detail(rig: dict[str, Any]) -> str:
-    """One rig's configuration, ``key: value`` a line; a setting left at its default shows the default."""
+def rig_detail(rig: RigView) -> str:
+    """One rig's configuration, every field as its JSON carries it, ``key: value`` a line; a setting left at its
+    default shows the default."""
     lines = []
-    for key, value in rig.items():
+    for key, value in msgspec.to_builtins(rig).items():
         if key in RIG_DEFAULTS and not value:
             value = f"{RIG_DEFAULTS[key]} (default)"
         lines.append(f"{escape_line(key)}: {escape_line(value)}")
@@ -174,22 +187,23 @@ PANE_LINES_SHOWN = 20
 """A session's recorded pane lines `gt session show` prints (the witness records at most this many)."""
 
 
-def session_detail(session: dict[str, Any]) -> str:
+def session_detail(session: Session) -> str:
     """One session: where it ran and, once it ended, how: its warrant, its end, whether it was escalated, and the
     last lines its pane showed when it was warranted (the cause of a death: an agent's last error) or, with no
     warrant, when the witness ended its pane (an agent's last words after `gt done`)."""
     e = escape_line
-    lines = [f"{k}: {e(session.get(k))}" for k in SESSION_KEYS if session.get(k) is not None]
-    if session.get("warrant_reason"):
-        detail = f" ({e(session['warrant_detail'])})" if session.get("warrant_detail") else ""
-        lines.append(f"warranted: {e(session['warrant_reason'])}{detail}")
-    if session.get("end_detail"):
-        lines.append(f"end_detail: {e(session['end_detail'])}")
-    if session.get("escalated"):
-        lines.append(f"escalated: {e(session['escalated'])} (its bead is not respawned: `gt escalations`)")
-    shown = pane_lines(session.get("pane_tail"), PANE_LINES_SHOWN)
+    named = ((k, getattr(session, k)) for k in SESSION_KEYS)
+    lines = [f"{k}: {e(value)}" for k, value in named if value is not None]
+    if session.warrant_reason:
+        detail = f" ({e(session.warrant_detail)})" if session.warrant_detail else ""
+        lines.append(f"warranted: {e(session.warrant_reason)}{detail}")
+    if session.end_detail:
+        lines.append(f"end_detail: {e(session.end_detail)}")
+    if session.escalated:
+        lines.append(f"escalated: {e(session.escalated)} (its bead is not respawned: `gt escalations`)")
+    shown = pane_lines(session.pane_tail, PANE_LINES_SHOWN)
     if shown:
-        when = "it was warranted" if session.get("warrant_reason") else "its pane was ended"
+        when = "it was warranted" if session.warrant_reason else "its pane was ended"
         lines += ["", f"its pane's last lines when {when}:", *(f"  | {line}" for line in shown)]
     return "\n".join(lines)
 
@@ -232,128 +246,113 @@ def formula_detail(formula: dict[str, Any]) -> str:
 _STEP_MARKS = {"done": "[x]", "in_progress": "[>]", "pending": "[ ]"}
 
 
-def molecule_status(molecule: dict[str, Any]) -> str:
+def molecule_status(molecule: MoleculeView) -> str:
     e = escape_line
-    state = "complete" if molecule.get("complete") else f"current step: {e(molecule.get('current_step'))}"
+    state = "complete" if molecule.complete else f"current step: {e(molecule.current_step)}"
     lines = [
-        f"{e(molecule['bead_id'])}  {e(molecule['formula'])} v{e(molecule['formula_version'])}  "
-        f"{bar(molecule['done'], molecule['total'])}  {state}"
+        f"{e(molecule.bead_id)}  {e(molecule.formula)} v{molecule.formula_version}  "
+        f"{bar(molecule.done, molecule.total)}  {state}"
     ]
-    for step in molecule["steps"]:
-        mark = _STEP_MARKS.get(step["status"], "[?]")
-        pointer = "  <- current" if step["id"] == molecule.get("current_step") else ""
-        lines.append(f"  {mark} {e(step['id'])}: {e(step['title'])}{pointer}")
+    for step in molecule.steps:
+        mark = _STEP_MARKS.get(step.status, "[?]")
+        pointer = "  <- current" if step.id == molecule.current_step else ""
+        lines.append(f"  {mark} {e(step.id)}: {e(step.title)}{pointer}")
     return "\n".join(lines)
 
 
 # ---- convoys -----------------------------------------------------------------------------------
 
 
-def convoy_table(convoys: list[dict[str, Any]]) -> str:
-    rows = [
-        (c["id"], c["status"], "owned" if c.get("owned") else "auto", bar(c["closed"], c["total"]), c["title"])
-        for c in convoys
-    ]
+def convoy_table(convoys: list[ConvoyView]) -> str:
+    rows = [(c.id, c.status, "owned" if c.owned else "auto", bar(c.closed, c.total), c.title) for c in convoys]
     # CLOSES: an owned convoy closes when landed (`gt convoy land`), the others by themselves with their beads.
     return table(("ID", "STATUS", "CLOSES", "PROGRESS", "TITLE"), rows, "(no convoys)")
 
 
-def convoy_detail(convoy: dict[str, Any]) -> str:
-    owned = ", owned" if convoy.get("owned") else ""
-    landed = ", landed" if convoy.get("landed") else ""
-    held = f", {convoy['held']} held" if convoy.get("held") else ""
+def convoy_detail(convoy: ConvoyView, queues_paused: Mapping[str, PausedQueue] | None = None) -> str:
+    """The convoy, and its beads wave by wave; ``queues_paused``: bead -> the paused merge queue its merge request
+    waits in (the refinery's, read by the CLI)."""
+    paused = queues_paused or {}
+    owned = ", owned" if convoy.owned else ""
+    landed = ", landed" if convoy.landed else ""
+    held = f", {convoy.held} held" if convoy.held else ""
     lines = [
-        f"{escape_line(convoy['id'])}  {escape_line(convoy['title'])}",
-        f"  {escape_line(convoy['status'])}{owned}{landed}  {bar(convoy['closed'], convoy['total'])}{held}",
+        f"{escape_line(convoy.id)}  {escape_line(convoy.title)}",
+        f"  {escape_line(convoy.status)}{owned}{landed}  {bar(convoy.closed, convoy.total)}{held}",
     ]
+    beads = sorted(convoy.bead_details or [], key=lambda b: b.wave)  # wave by wave
     rows = [
-        (str(b.get("wave", "-")), b["id"], _dispatch_state(b), b.get("rig") or b.get("held_for") or "-", b["title"])
-        for b in sorted(convoy.get("bead_details", []), key=lambda b: int(b.get("wave") or 0))  # wave by wave
+        (str(b.wave), b.id, _dispatch_state(b, paused.get(b.id)), b.rig or b.held_for or "-", b.title) for b in beads
     ]
     header = ("  WAVE", "BEAD", "STATUS", "RIG", "TITLE")
     lines.append(table(header, [(f"  {r[0]}", *r[1:]) for r in rows], "  (no beads)"))
     return "\n".join(lines)
 
 
-def _dispatch_state(bead: dict[str, Any]) -> str:
+def _dispatch_state(bead: DispatchView, queue_paused: PausedQueue | None) -> str:
     """A convoy bead's status, and for an open one what it waits for: ``held: waiting for X, Y`` when a
     convoy sling holds it (the mayor slings it once they close), ``blocked: ...`` when nothing does."""
-    waiting = ", ".join(bead.get("waiting_for") or [])
-    if bead.get("queue_paused"):
-        rig = bead["queue_paused"]["rig"]
-        return f"{bead['status']}: merge queue of {rig} paused (`gt mq resume {rig}`)"
-    if bead.get("held_for"):
+    waiting = ", ".join(bead.waiting_for)
+    if queue_paused is not None and bead.status != "closed":
+        rig = queue_paused.rig
+        return f"{bead.status}: merge queue of {rig} paused (`gt mq resume {rig}`)"
+    if bead.held_for:
         return f"held: waiting for {waiting}" if waiting else "held: slinging now"
-    return f"blocked: waiting for {waiting}" if waiting else str(bead["status"])
+    return f"blocked: waiting for {waiting}" if waiting else str(bead.status)
 
 
 # ---- mail and escalations ----------------------------------------------------------------------
 
 
-def message_table(messages: list[dict[str, Any]]) -> str:
+def message_table(messages: list[Bead]) -> str:
     rows = [
-        (
-            m["id"],
-            "read" if "read" in m.get("labels", []) else "new",
-            m.get("metadata", {}).get("from", "-"),
-            _short_ts(m.get("created_at")),
-            m["title"],
-        )
+        (m.id, "read" if "read" in m.labels else "new", m.metadata.get("from", "-"), _short_ts(m.created_at), m.title)
         for m in messages
     ]
     return table(("ID", "STATE", "FROM", "SENT", "SUBJECT"), rows, "(no messages)")
 
 
-def message_detail(message: dict[str, Any]) -> str:
-    metadata = message.get("metadata", {})
+def message_detail(message: Bead) -> str:
+    metadata = message.metadata
     e = escape_line
     lines = [
-        f"{e(message['id'])}  {e(message['title'])}",
+        f"{e(message.id)}  {e(message.title)}",
         f"  from:    {e(metadata.get('from', '-'))}",
-        f"  to:      {e(message.get('assignee') or '-')}",
-        f"  sent:    {_short_ts(message.get('created_at'))}",
+        f"  to:      {e(message.assignee or '-')}",
+        f"  sent:    {_short_ts(message.created_at)}",
         f"  thread:  {e(metadata.get('thread', '-'))}",
     ]
     if metadata.get("reply_to"):
         lines.append(f"  reply to: {e(metadata['reply_to'])}")
     lines.append("")
-    if message.get("description"):
-        lines.extend(f"  {line}" for line in _body_lines(message["description"]))
+    if message.description:
+        lines.extend(f"  {line}" for line in _body_lines(message.description))
     return "\n".join(lines)
 
 
-def thread_lines(messages: list[dict[str, Any]]) -> str:
+def thread_lines(messages: list[Bead]) -> str:
     if not messages:
         return "(no messages)"
     out = []
     for m in messages:
-        sender = escape_line(m.get("metadata", {}).get("from", "-"))
-        to, subject = escape_line(m.get("assignee")), escape_line(m["title"])
-        out.append(f"{_short_ts(m.get('created_at'))}  {sender} -> {to}: {subject}")
-        if m.get("description"):
-            out.extend(f"    {line}" for line in _body_lines(m["description"]))
+        sender = escape_line(m.metadata.get("from", "-"))
+        to, subject = escape_line(m.assignee), escape_line(m.title)
+        out.append(f"{_short_ts(m.created_at)}  {sender} -> {to}: {subject}")
+        if m.description:
+            out.extend(f"    {line}" for line in _body_lines(m.description))
     return "\n".join(out)
 
 
-def escalation_table(escalations: list[dict[str, Any]]) -> str:
+def escalation_table(escalations: list[Escalation]) -> str:
     """One row each; a message of several lines (a pane's or git's last words) goes on under its column."""
     rows = []
     for e in escalations:
-        raised = f"+{e['reescalations']}" if e.get("reescalations") else ""
-        message = _body_lines(e["message"])
-        if e.get("status") == "closed":  # `--all`: who closed it and why (the mayor names what resolved it)
-            reason = f": {escape_line(e['close_reason'])}" if e.get("close_reason") else ""
-            message.append(f"closed by {escape_line(e.get('closed_by') or '?')}{reason}")
-        rows.append(
-            (
-                e["id"],
-                f"{e['severity']}{raised}",
-                e["status"],
-                e.get("source", "-"),
-                _short_ts(e.get("raised_at")),
-                message,
-            )
-        )
+        raised = f"+{e.reescalations}" if e.reescalations else ""
+        message = _body_lines(e.message)
+        if e.status == "closed":  # `--all`: who closed it and why (the mayor names what resolved it)
+            reason = f": {escape_line(e.close_reason)}" if e.close_reason else ""
+            message.append(f"closed by {escape_line(e.closed_by or '?')}{reason}")
+        rows.append((e.id, f"{e.severity}{raised}", e.status, e.source, _short_ts(e.raised_at), message))
     text = table(
         ("ID", "SEVERITY", "STATUS", "SOURCE", "RAISED", "MESSAGE"),
         [(*row[:-1], row[-1][0]) for row in rows],

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from msgspec import UNSET
 
 from gt.cli import render
-from gt.cli.common import Subcommands, UsageError, command_options, read, read_options, send, show
+from gt.cli.common import Subcommands, UsageError, command_options, read, read_options, send, show_reply
 from shared.bus.query import ask
 from shared.core.config import TownConfig
 from shared.core.errors import QueryError
@@ -18,6 +18,7 @@ from shared.host import git
 from shared.model.commands import BeadUnsling, RigAdd, RigPark, RigRemove, RigUnpark, RigUpdate
 from shared.model.queries import witness
 from shared.model.results import RigResult, SlingResult
+from shared.model.rigs import RigView
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -150,26 +151,29 @@ def _rig_line(result: RigResult) -> str:
 
 
 async def _rig_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    listed = await read(nc, config, witness.Rigs())
+    query = witness.Rigs()
+    return show_reply(args, query, await read(nc, config, query), _rig_table)
+
+
+def _rig_table(rigs: list[RigView]) -> str:
     rows = [
         [
-            r["name"],
-            r["repo"],
-            r["base_branch"],
-            "parked" if r.get("parked") else "active",
-            f"{r['active_sessions']}/{r['max_polecats']}",
-            str(r["waiting_beads"]),
+            r.name,
+            r.repo,
+            r.base_branch,
+            "parked" if r.parked else "active",
+            f"{r.active_sessions}/{r.max_polecats}",
+            str(r.waiting_beads),
         ]
-        for r in listed
+        for r in rigs
     ]
     headers = ("RIG", "REPO", "BASE", "STATE", "SESSIONS", "WAITING")
-    table = render.table(headers, rows, "no rigs (gt rig add NAME REPO)")
-    return show(args, listed, lambda _: table)
+    return render.table(headers, rows, "no rigs (gt rig add NAME REPO)")
 
 
 async def _rig_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    rig = await read(nc, config, witness.Rig(name=args.name))
-    return show(args, rig, render.rig_detail)
+    query = witness.Rig(name=args.name)
+    return show_reply(args, query, await read(nc, config, query), render.rig_detail)
 
 
 def register_rig_verbs(rig: Subcommands) -> None:

@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING
 
 from gt.cli import render
 from gt.cli.client import first_event_of
-from gt.cli.common import Subcommands, command_options, read, read_options, send, show
+from gt.cli.common import Subcommands, command_options, read, read_options, send, show_reply
 from shared.core.config import TownConfig
 from shared.model.commands import NudgeSend
 from shared.model.queries import witness
 from shared.model.results import NudgeResult
+from shared.model.sessions import SessionView
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -44,25 +45,27 @@ def register(sub: Subcommands) -> None:
 
 async def _session_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     query = witness.Sessions(rig=args.rig or None, bead=args.bead or None, all=args.all)
-    sessions = await read(nc, config, query)
+    return show_reply(args, query, await read(nc, config, query), _session_table)
+
+
+def _session_table(sessions: list[SessionView]) -> str:
     rows = [
         [
-            s["id"],
-            f"{s['rig']}/{s['polecat']}",
-            s["bead"],
-            s["status"] + (f" ({s['end_reason']})" if s.get("end_reason") else ""),
-            str(s.get("pane_pid") or "-"),
-            s["tmux_name"],
+            s.id,
+            f"{s.rig}/{s.polecat}",
+            s.bead,
+            s.status + (f" ({s.end_reason})" if s.end_reason else ""),
+            str(s.pane_pid or "-"),
+            s.tmux_name,
         ]
         for s in sessions
     ]
-    table = render.table(("SESSION", "POLECAT", "BEAD", "STATUS", "PID", "TMUX"), rows, "no sessions")
-    return show(args, sessions, lambda _: table)
+    return render.table(("SESSION", "POLECAT", "BEAD", "STATUS", "PID", "TMUX"), rows, "no sessions")
 
 
 async def _session_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    session = await read(nc, config, witness.Session(id=args.id))
-    return show(args, session, render.session_detail)
+    query = witness.Session(id=args.id)
+    return show_reply(args, query, await read(nc, config, query), render.session_detail)
 
 
 async def _nudge(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

@@ -7,7 +7,17 @@ import os
 from typing import TYPE_CHECKING
 
 from gt.cli import render, rigs
-from gt.cli.common import Subcommands, UsageError, command_options, key_values, read, read_options, send, show
+from gt.cli.common import (
+    Subcommands,
+    UsageError,
+    command_options,
+    key_values,
+    read,
+    read_options,
+    send,
+    show,
+    show_reply,
+)
 from shared.core.config import TownConfig
 from shared.model.commands import BeadSling, StepDone, StepStart
 from shared.model.queries import mayor
@@ -112,7 +122,8 @@ async def _sling(nc: Connection, args: argparse.Namespace, config: TownConfig) -
 
 
 async def _mol_status(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    return show(args, await read(nc, config, mayor.Molecule(bead=args.bead)), render.molecule_status)
+    query = mayor.Molecule(bead=args.bead)
+    return show_reply(args, query, await read(nc, config, query), render.molecule_status)
 
 
 def _step_line(result: StepResult) -> str:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import msgspec
 
-from shared.model.events.beads import BEAD_RANK, BEAD_STATUSES, INFRA_TYPES, BeadStatus
-from shared.model.events.convoys import ConvoyStatus
-from shared.model.events.escalations import EscalationStatus
-from shared.model.events.molecules import STEP_STATUSES, StepStatus
+from shared.model.beads import Bead as Bead
+from shared.model.beads import Hold as Hold
+from shared.model.convoys import Convoy as Convoy
+from shared.model.escalations import Escalation as Escalation
+from shared.model.events.beads import BEAD_RANK, BEAD_STATUSES, INFRA_TYPES
+from shared.model.events.molecules import STEP_STATUSES
+from shared.model.molecules import Molecule as Molecule
+from shared.model.molecules import Step as Step
 from shared.model.usage import ModelUsage
 
 STATUSES = BEAD_STATUSES
@@ -32,75 +34,6 @@ class UsageBook(msgspec.Struct, kw_only=True):
     sessions: dict[str, SessionCost] = {}
     days: dict[str, dict[str, ModelUsage]] = {}
     """``YYYY-MM-DD`` (UTC) -> model -> what was used that day."""
-
-
-class Bead(msgspec.Struct, kw_only=True, gc=False):
-    """One work item (or message)."""
-
-    id: str
-    title: str
-    type: str = "task"
-    status: BeadStatus = "open"
-    priority: int = 2
-    description: str = ""
-    labels: list[str] = []
-    metadata: dict[str, str] = {}
-    assignee: str | None = None
-    parent: str | None = None
-    needs: list[str] = []
-    """Blocking dependencies: the bead is not ready while one of these is not closed."""
-    created_at: datetime
-    updated_at: datetime
-    closed_at: datetime | None = None
-    close_reason: str | None = None
-    created_by: str = ""
-    rig: str | None = None
-    """The rig it is hooked to (set by sling)."""
-    hook_session: str | None = None
-    slings: int = 0
-    """How many times it was slung (re-slings included)."""
-    convoys: list[str] = []
-    """Convoys that track it."""
-    version: int = 0
-    """Stream sequence of this bead's last event: the expected sequence for its next append."""
-    collected_molecule: str | None = None
-    """The formula of its molecule, once garbage collection dropped the molecule (closed long enough; the log
-    keeps its steps)."""
-
-
-class Hold(msgspec.Struct, kw_only=True, gc=False):
-    """A sling waiting for the bead's blockers to close (``bead.held``); the mayor carries it out then."""
-
-    rig: str
-    blockers: list[str] = []
-    """The blockers that were open when it was held."""
-    since: datetime
-
-
-class Step(msgspec.Struct, kw_only=True, gc=False):
-    id: str
-    title: str
-    description: str = ""
-    needs: list[str] = []
-    acceptance: str = ""
-    status: StepStatus = "pending"
-    started_at: datetime | None = None
-    done_at: datetime | None = None
-    done_by: str | None = None
-
-
-class Molecule(msgspec.Struct, kw_only=True, gc=False):
-    """A bead's steps, cooked from a formula."""
-
-    bead_id: str
-    formula: str
-    formula_version: int = 1
-    source: str = ""
-    vars: dict[str, str] = {}
-    steps: list[Step] = []
-    attached_at: datetime
-    completed_at: datetime | None = None
-    version: int = 0
 
 
 class MergeRef(msgspec.Struct, kw_only=True, gc=False):
@@ -127,48 +60,6 @@ class SendBack(msgspec.Struct, kw_only=True, gc=False):
     target_commit: str = ""
     branch: str = ""
     target: str = ""
-
-
-class Convoy(msgspec.Struct, kw_only=True, gc=False):
-    id: str
-    title: str
-    beads: list[str] = []
-    owned: bool = False
-    auto: bool = False
-    status: ConvoyStatus = "open"
-    created_at: datetime
-    created_by: str = ""
-    closed_at: datetime | None = None
-    landed: bool = False
-    forced: bool = False
-    version: int = 0
-
-
-class Escalation(msgspec.Struct, kw_only=True, gc=False):
-    id: str
-    severity: str
-    original_severity: str
-    source: str
-    message: str
-    bead: str | None = None
-    status: EscalationStatus = "open"
-    """open -> acked -> closed (or open -> closed)."""
-    raised_at: datetime
-    last_raised_at: datetime
-    """When it was raised, or last re-escalated: re-escalation counts from here."""
-    reescalations: int = 0
-    acked_at: datetime | None = None
-    acked_by: str | None = None
-    closed_at: datetime | None = None
-    closed_by: str | None = None
-    close_reason: str | None = None
-    resolved_when: list[str] = []
-    """What resolves it by itself (``bead:<id>``, ``mr:<id>``, ``rig:<name>``, ``service:<name>``): then the mayor
-    closes it. Empty: only a person does."""
-    resolved: str | None = None
-    """What resolved it, seen in an event after it was raised (a merge, a session done on its rig): the reason the
-    mayor closes it with. Beads and services are read from the state instead (``plan.resolutions``)."""
-    version: int = 0
 
 
 class KnownRig(msgspec.Struct, kw_only=True, gc=False):

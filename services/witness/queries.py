@@ -8,48 +8,49 @@ from typing import Any
 import msgspec
 
 from services.witness.decide import waiting_beads
-from services.witness.state import Session, WitnessState
+from services.witness.state import Nudge, Session, WitnessState
 from shared.core.errors import QueryError
 from shared.model.events.sessions import ACTIVE_SESSION
 from shared.model.queries import witness
 from shared.model.queries.base import Query
+from shared.model.rigs import RigView
+from shared.model.sessions import EarlierSession, SessionDetail, SessionView
 
 EARLIER_SESSIONS_SHOWN = 3
 """How many of a bead's earlier sessions ``gt prime`` tells a fresh session about (newest first)."""
 
 
-def session_view(state: WitnessState, session: Session) -> dict[str, Any]:
-    view: dict[str, Any] = msgspec.to_builtins(session)
+def session_view(state: WitnessState, session: Session) -> SessionView:
     bead = state.beads.get(session.bead)
-    view["bead_status"] = bead.status if bead else None
-    view["merge_failure"] = msgspec.to_builtins(bead.merge_failure) if bead and bead.merge_failure else None
-    view["current"] = bead is not None and bead.sessions[-1:] == [session.id]
-    return view
+    return SessionView(
+        **msgspec.structs.asdict(session),
+        bead_status=bead.status if bead else None,
+        merge_failure=bead.merge_failure if bead else None,
+        current=bead is not None and bead.sessions[-1:] == [session.id],
+    )
 
 
-def _rigs(state: WitnessState, everything: bool) -> list[dict[str, Any]]:
+def _rigs(state: WitnessState, everything: bool) -> list[RigView]:
     """Rigs in service (every one, removed too, with ``everything``)."""
-    out = []
-    for rig in state.rigs.values():
-        if rig.removed and not everything:
-            continue
-        view: dict[str, Any] = msgspec.to_builtins(rig)
-        view["active_sessions"] = sum(
-            1 for s in state.sessions.values() if s.rig == rig.name and s.status in ACTIVE_SESSION
+    return [
+        RigView(
+            **msgspec.structs.asdict(rig),
+            active_sessions=sum(1 for s in state.sessions.values() if s.rig == rig.name and s.status in ACTIVE_SESSION),
+            waiting_beads=waiting_beads(state, rig.name),
         )
-        view["waiting_beads"] = waiting_beads(state, rig.name)
-        out.append(view)
-    return out
+        for rig in state.rigs.values()
+        if everything or not rig.removed
+    ]
 
 
-def _rig(state: WitnessState, name: str) -> dict[str, Any]:
+def _rig(state: WitnessState, name: str) -> RigView:
     for view in _rigs(state, everything=True):
-        if view["name"] == name:
+        if view.name == name:
             return view
     raise QueryError("not_found", f"no rig {name!r} (`gt rig list` shows them)")
 
 
-def _sessions(state: WitnessState, query: witness.Sessions) -> list[dict[str, Any]]:
+def _sessions(state: WitnessState, query: witness.Sessions) -> list[SessionView]:
     """Active sessions (every one with ``all``), optionally of one rig or bead."""
     out = []
     for session in state.sessions.values():
@@ -70,27 +71,27 @@ def check_session_query(query: Query[Any], session: str) -> None:
         raise QueryError("unauthorized", f"session {session} reads only its own session record")
 
 
-def _session(state: WitnessState, session_id: str) -> dict[str, Any]:
+def _session(state: WitnessState, session_id: str) -> SessionDetail:
     session = state.sessions.get(session_id)
     if session is None:
         raise QueryError("not_found", f"no session {session_id!r} (`gt session list` shows them)")
-    view = session_view(state, session)
-    rig = state.rigs.get(session.rig)
-    view["rig_config"] = msgspec.to_builtins(rig) if rig else None
     bead = state.beads.get(session.bead)
     siblings = bead.sessions if bead is not None else []
-    view["later_sessions"] = siblings[siblings.index(session.id) + 1 :] if session.id in siblings else []
-    view["earlier_sessions"] = earlier_sessions(state, session, siblings)
-    view["nudges"] = [
-        msgspec.to_builtins(n)
-        for n in state.nudges.values()
-        if n.delivered_to == session.id
-        or (n.status == "queued" and n.rig == session.rig and n.polecat == session.polecat)
-    ]
-    return view
+    return SessionDetail(
+        **msgspec.structs.asdict(session_view(state, session)),
+        rig_config=state.rigs.get(session.rig),
+        later_sessions=siblings[siblings.index(session.id) + 1 :] if session.id in siblings else [],
+        earlier_sessions=earlier_sessions(state, session, siblings),
+        nudges=[
+            n
+            for n in state.nudges.values()
+            if n.delivered_to == session.id
+            or (n.status == "queued" and n.rig == session.rig and n.polecat == session.polecat)
+        ],
+    )
 
 
-def earlier_sessions(state: WitnessState, session: Session, siblings: list[str]) -> list[dict[str, Any]]:
+def earlier_sessions(state: WitnessState, session: Session, siblings: list[str]) -> list[EarlierSession]:
     """How the bead's sessions before ``session`` ended, newest first (a few): a handoff's note, a warrant's
     reason and the pane's last lines, as the log recorded them."""
     before = siblings[: siblings.index(session.id)] if session.id in siblings else []
@@ -100,24 +101,24 @@ def earlier_sessions(state: WitnessState, session: Session, siblings: list[str])
         if earlier is None:
             continue
         out.append(
-            {
-                "id": earlier.id,
-                "attempt": earlier.attempt,
-                "polecat": earlier.polecat,
-                "status": earlier.status,
-                "end_reason": earlier.end_reason,
-                "end_detail": earlier.end_detail,
-                "warrant_reason": earlier.warrant_reason,
-                "warrant_detail": earlier.warrant_detail,
-                "pane_tail": earlier.pane_tail,
-                "ended_at": earlier.ended_at.isoformat() if earlier.ended_at else None,
-            }
+            EarlierSession(
+                id=earlier.id,
+                attempt=earlier.attempt,
+                polecat=earlier.polecat,
+                status=earlier.status,
+                end_reason=earlier.end_reason,
+                end_detail=earlier.end_detail,
+                warrant_reason=earlier.warrant_reason,
+                warrant_detail=earlier.warrant_detail,
+                pane_tail=earlier.pane_tail,
+                ended_at=earlier.ended_at.isoformat() if earlier.ended_at else None,
+            )
         )
     return out
 
 
-def _nudges(state: WitnessState, everything: bool) -> list[Any]:
-    return [msgspec.to_builtins(n) for n in state.nudges.values() if everything or n.status == "queued"]
+def _nudges(state: WitnessState, everything: bool) -> list[Nudge]:
+    return [n for n in state.nudges.values() if everything or n.status == "queued"]
 
 
 def answer(state: WitnessState, query: Query[Any]) -> Any:

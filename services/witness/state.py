@@ -7,67 +7,12 @@ from datetime import datetime
 import msgspec
 
 from shared.model.events.beads import BeadStatus
-from shared.model.events.nudges import NudgeStatus
-from shared.model.events.sessions import SessionStatus
 from shared.model.leases import Lease
 from shared.model.rigs import Rig as Rig
+from shared.model.sessions import MergeFailure as MergeFailure
+from shared.model.sessions import Nudge as Nudge
+from shared.model.sessions import Session as Session
 from shared.model.usage import ModelUsage
-
-
-class Session(msgspec.Struct, kw_only=True, gc=False):
-    id: str
-    rig: str
-    polecat: str
-    bead: str
-    worktree: str
-    branch: str
-    tmux_name: str
-    attempt: int
-    handoff_of: str | None = None
-    status: SessionStatus = "requested"
-    """requested -> started -> ended (or requested -> ended)."""
-    requested_at: datetime
-    started_at: datetime | None = None
-    pane_pid: int | None = None
-    pid_started: float | None = None
-    adopted: bool = False
-    done_intent_at: datetime | None = None
-    warrant_reason: str | None = None
-    warrant_detail: str = ""
-    pane_tail: str = ""
-    """Its pane's last lines when it was warranted (``session.warranted``)."""
-    warranted_at: datetime | None = None
-    ended_at: datetime | None = None
-    end_reason: str | None = None
-    end_detail: str = ""
-    """How it ended, in words; a handoff's note."""
-    cleaned: bool = False
-    worktree_removed: bool = False
-    escalated: str | None = None
-    lease_token: int | None = None
-    """Its fencing token on the bead's hook lease (None: a session from before hook leases)."""
-    hook_recovery: str | None = None
-    """The bead's hook went stale after this session: ``resling`` or ``escalate`` (``session.hook_recovered``)."""
-    hook_recovery_detail: str = ""
-    steps_done: int = 0
-    """Steps of its bead done while it worked it: a session that got on with the work died of no crash loop, so it
-    does not make its bead's next respawn wait (``plan.respawn_due``)."""
-    cleanings: int = 0
-    """``session.cleaned`` events recorded for it: a worktree kept at the first is tried once more once its bead
-    closed, so the polecat's name is free again (``plan._ended_sessions``)."""
-    version: int = 0
-
-
-class MergeFailure(msgspec.Struct, kw_only=True, gc=False):
-    mr: str
-    gate: str
-    """A gate (setup, lint, test, branch), or ``conflict``: the branch does not rebase onto the target."""
-    exit_code: int
-    tail: str = ""
-    files: list[str] = []
-    """A conflict's conflicting files."""
-    target_commit: str = ""
-    """The target commit a conflict was met on: the one to rebase onto."""
 
 
 class WorkBead(msgspec.Struct, kw_only=True, gc=False):
@@ -114,19 +59,6 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     """An operator released its hook (``bead.unslung``) and it was not slung since: a session on it is ended."""
     unsling_remove_worktree: bool = False
     """The unsling asked for the worktree to go (it stays anyway when it holds unsaved work)."""
-
-
-class Nudge(msgspec.Struct, kw_only=True, gc=False):
-    id: str
-    rig: str
-    polecat: str
-    session: str | None = None
-    message: str
-    queued_at: datetime
-    expires_at: datetime
-    status: NudgeStatus = "queued"
-    delivered_to: str | None = None
-    version: int = 0
 
 
 class MailNotice(msgspec.Struct, kw_only=True, gc=False):

@@ -47,6 +47,14 @@ class Rig(msgspec.Struct, kw_only=True, gc=False):
     version: int = 0
 
 
+class RigView(Rig, kw_only=True, gc=False):
+    """A rig as ``gt.q.witness.rigs`` and ``rig`` answer it: its settings, and how busy it is."""
+
+    active_sessions: int = 0
+    waiting_beads: int = 0
+    """Beads slung to it that wait for a polecat."""
+
+
 def home_name(rig: Rig) -> str:
     """The rig's directory under ``GT_HOME/rigs``: its name, and for a later incarnation ``<name>.<incarnation>``
     (no rig name holds a dot), so nothing of the removed rig's (clones, worktrees, bundles) is reused."""

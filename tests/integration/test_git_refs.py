@@ -11,6 +11,8 @@ import pytest
 from gt import agent
 from services.refinery.effects import merger
 from shared.host import git
+from shared.model.sessions import MergeFailure
+from tests import records
 
 # Each is an option of the command it is given to: a worktree or branch made, a rebase onto something else.
 ORPHAN = "--orphan=pwned"
@@ -106,8 +108,9 @@ def test_the_reference_agent_rebases_onto_a_target_named_like_an_option(
     git.git("clone", "--quiet", "--", str(origin), str(worktree))
     git.git("checkout", "--quiet", "-b", "polecat/ace/hq-1", repo.ahead, cwd=worktree)
     git.git("push", "--quiet", "--", "origin", "polecat/ace/hq-1", cwd=worktree)
-    data = {"worktree": str(worktree), "branch": "polecat/ace/hq-1"}
-    agent.resolve_conflict(data, {"target_commit": ONTO, "files": ["AHEAD"]})
+    data = records.prime(worktree=str(worktree), branch="polecat/ace/hq-1")
+    failure = MergeFailure(mr="mr-1", gate="conflict", exit_code=0, target_commit=ONTO, files=["AHEAD"])
+    agent.resolve_conflict(data, failure)
     # Rebased in its workspace (its `gt done` publishes it; nothing is pushed).
     rebased = git.git("rev-parse", "refs/heads/polecat/ace/hq-1", cwd=worktree).strip()
     assert git.git("rev-parse", f"{rebased}^", cwd=worktree).strip() == repo.sideways

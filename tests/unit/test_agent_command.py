@@ -24,11 +24,11 @@ def test_heartbeats_come_four_times_within_the_shorter_of_the_stall_limit_and_th
     stall_after: float, lease_ttl: str, every: float
 ) -> None:
     env = {"GT_LEASE_TTL": lease_ttl} if lease_ttl else {}
-    assert beat_every({"stall_after_s": stall_after}, env) == every
+    assert beat_every(stall_after, env) == every
 
 
 def test_a_rig_without_a_stall_limit_is_taken_at_the_default() -> None:
-    assert beat_every({}, {}) == 150.0
+    assert beat_every(None, {}) == 150.0
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("", DEFAULT_COMMAND_TIMEOUT_S), ("90", 90.0), (" 2.5 ", 2.5)])

@@ -13,10 +13,12 @@ from gt.cli.rigs import _update_line
 from services.mayor.decide import beads as decide_beads
 from services.mayor.decide import mail as decide_mail
 from shared.core.errors import CommandError
+from shared.model.beads import Bead
 from shared.model.commands import BeadCreate, BeadUpdate, ConvoyCreate, EscalationRaise, MailSend
 from shared.model.decision import DecideContext
 from shared.model.events import BeadCreated
 from shared.model.results import RigResult
+from tests import records
 from tests.unit.test_prime_mail_pure import STATE_EVENTS, T0, mayor_state, session
 
 _drawn = itertools.count()
@@ -96,12 +98,12 @@ def test_a_rig_update_says_running_sessions_take_a_new_stall_limit() -> None:
 
 def test_every_column_of_the_inbox_and_the_convoy_list_has_a_header() -> None:
     inbox = render.message_table(
-        [{"id": "hq-1", "labels": [], "metadata": {"from": "operator"}, "created_at": None, "title": "hello"}]
+        [Bead(id="hq-1", metadata={"from": "operator"}, created_at=T0, updated_at=T0, title="hello")]
     )
     header, row = inbox.splitlines()
     assert header.split() == ["ID", "STATE", "FROM", "SENT", "SUBJECT"]
     assert row.split()[:2] == ["hq-1", "new"]
-    convoys = render.convoy_table([{"id": "cv-1", "status": "open", "closed": 0, "total": 1, "title": "t"}])
+    convoys = render.convoy_table([records.convoy(id="cv-1", total=1, title="t")])
     header, row = convoys.splitlines()
     assert header.split() == ["ID", "STATUS", "CLOSES", "PROGRESS", "TITLE"]
     assert row.split()[2] == "auto"

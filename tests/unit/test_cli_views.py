@@ -20,6 +20,7 @@ from gt.cli.rigs import park_line, unsling_line
 from gt.story import merge_by_seq
 from shared.model.events import REGISTRY
 from shared.model.results import RigResult, SlingResult
+from tests import records
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 
@@ -233,21 +234,21 @@ def test_a_rig_added_with_the_default_number_of_polecats_says_how_many() -> None
 
 def test_session_show_says_how_it_ended_and_what_its_pane_showed() -> None:
     text = render.session_detail(
-        {
-            "id": "b1-2",
-            "rig": "six",
-            "polecat": "ace",
-            "bead": "b1",
-            "status": "ended",
-            "end_reason": "zombie",
-            "attempt": 2,
-            "warrant_reason": "zombie",
-            "warrant_detail": "tmux session gt-six-ace is there but its agent (pid 7) is not",
-            "end_detail": "killed after warrant",
-            "escalated": "respawn_limit",
-            "pane_tail": "[gt-agent] step 5 run-tests\n[gt-agent] giving up: tests fail (2): make: *** No rule",
-            "started_at": None,
-        }
+        records.session(
+            id="b1-2",
+            rig="six",
+            polecat="ace",
+            bead="b1",
+            status="ended",
+            end_reason="zombie",
+            attempt=2,
+            warrant_reason="zombie",
+            warrant_detail="tmux session gt-six-ace is there but its agent (pid 7) is not",
+            end_detail="killed after warrant",
+            escalated="respawn_limit",
+            pane_tail="[gt-agent] step 5 run-tests\n[gt-agent] giving up: tests fail (2): make: *** No rule",
+            started_at=None,
+        )
     )
     assert "end_reason: zombie" in text
     assert "warranted: zombie (tmux session gt-six-ace is there but its agent (pid 7) is not)" in text
@@ -258,20 +259,16 @@ def test_session_show_says_how_it_ended_and_what_its_pane_showed() -> None:
         "  | [gt-agent] step 5 run-tests\n"
         "  | [gt-agent] giving up: tests fail (2): make: *** No rule"
     )
-    assert "pane" not in render.session_detail({"id": "b1-1", "status": "started"})
+    assert "pane" not in render.session_detail(records.session(id="b1-1", status="started"))
 
 
 def test_an_escalation_of_several_lines_goes_on_under_its_message_column() -> None:
     text = render.escalation_table(
         [
-            {
-                "id": "esc-1",
-                "severity": "high",
-                "status": "open",
-                "source": "witness/six",
-                "message": "died\nwhy:\n  oops",
-            },
-            {"id": "esc-22", "severity": "low", "status": "acked", "source": "operator", "message": "one line"},
+            records.escalation(
+                id="esc-1", severity="high", status="open", source="witness/six", message="died\nwhy:\n  oops"
+            ),
+            records.escalation(id="esc-22", severity="low", status="acked", source="operator", message="one line"),
         ]
     )
     lines = text.splitlines()
@@ -282,15 +279,14 @@ def test_an_escalation_of_several_lines_goes_on_under_its_message_column() -> No
     assert set(lines[2][:column]) == {" "}
     closed = render.escalation_table(
         [
-            {
-                "id": "esc-3",
-                "severity": "high",
-                "status": "closed",
-                "source": "refinery/six",
-                "message": "not merged",
-                "closed_by": "mayor",
-                "close_reason": "resolved: merge request mr-1 merged",
-            }
+            records.escalation(
+                id="esc-3",
+                status="closed",
+                source="refinery/six",
+                message="not merged",
+                closed_by="mayor",
+                close_reason="resolved: merge request mr-1 merged",
+            )
         ]
     ).splitlines()
     column = closed[0].index("MESSAGE")
@@ -301,10 +297,10 @@ def test_an_escalation_of_several_lines_goes_on_under_its_message_column() -> No
 
 
 def test_rig_show_shows_the_default_git_identity_in_force() -> None:
-    text = render.rig_detail({"name": "six", "git_name": "", "git_email": "", "test_command": "make test"})
+    text = render.rig_detail(records.rig(name="six", git_name="", git_email="", test_command="make test"))
     assert "git_name: {rig}/{polecat} (default)" in text.splitlines()
     assert "git_email: {polecat}.{rig}@gastown.invalid (default)" in text.splitlines()
-    assert "git_name: bot {polecat}" in render.rig_detail({"git_name": "bot {polecat}"})
+    assert "git_name: bot {polecat}" in render.rig_detail(records.rig(git_name="bot {polecat}"))
 
 
 def test_the_merge_queue_is_listed_in_the_order_it_was_submitted() -> None:

@@ -221,7 +221,7 @@ def test_the_mayor_drops_molecules_of_old_closed_beads_and_says_so() -> None:
     assert live in state.molecules
     assert state.beads[live].collected_molecule is None
     assert recent in state.molecules
-    assert mayor_queries.answer(state, mayor.Get(id=done))["status"] == "closed"
+    assert mayor_queries.answer(state, mayor.Get(id=done)).status == "closed"
     with pytest.raises(QueryError, match="polecat-work molecule was garbage-collected") as found:
         mayor_queries.answer(state, mayor.Molecule(bead=done))
     assert found.value.code == "not_found"

@@ -7,6 +7,7 @@ from gt.cli import render
 from services.mayor import plan
 from services.mayor.state import convoy_waves
 from shared.model.events import REGISTRY, BeadSlung, RigRemoved, decode_envelope
+from tests import records
 from tests.mayor_town import mayor_town
 
 CREATE, UPDATE, CLOSE, SLING = "gt.cmd.bead.create", "gt.cmd.bead.update", "gt.cmd.bead.close", "gt.cmd.bead.sling"
@@ -81,8 +82,7 @@ def test_convoy_status_lists_beads_wave_by_wave_with_what_held_and_blocked_ones_
         {"id": "b", "title": "B", "status": "open", "rig": None, "wave": 2, "waiting_for": ["a"], "held_for": "demo"},
         {"id": "c", "title": "C", "status": "open", "rig": None, "wave": 1, "waiting_for": ["x"], "held_for": None},
     ]
-    convoy = {"id": "cv-1", "title": "Sprint", "status": "open", "closed": 0, "total": 3, "held": 1}
-    text = render.convoy_detail({**convoy, "bead_details": beads})
+    text = render.convoy_detail(records.convoy(id="cv-1", title="Sprint", total=3, held=1, bead_details=beads))
     lines = [line.split() for line in text.splitlines()]
     assert lines[1][-2:] == ["1", "held"]
     assert "0/3," in lines[1]

@@ -4,7 +4,6 @@ sessions and of unread mail (announced once per message), the mayor's address ch
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 
@@ -32,6 +31,7 @@ from shared.model.events import (
     SessionWarranted,
 )
 from shared.model.queries import witness
+from tests import records
 from tests.memory_log import MemoryLog
 from tests.unit.test_witness_plan import World, only
 
@@ -70,19 +70,19 @@ def test_a_session_is_told_how_the_ones_before_it_ended_newest_first() -> None:
     w.add(SessionEnded(session_id=second, reason="stalled", detail="killed after warrant"))
     third = w.running("gt-abc")
     view = answer(w.state, witness.Session(id=third))
-    earlier = view["earlier_sessions"]
-    assert [e["id"] for e in earlier] == [second, first]
-    assert (earlier[0]["warrant_reason"], earlier[0]["warrant_detail"], earlier[0]["pane_tail"]) == (
+    earlier = view.earlier_sessions
+    assert [e.id for e in earlier] == [second, first]
+    assert (earlier[0].warrant_reason, earlier[0].warrant_detail, earlier[0].pane_tail) == (
         "stalled",
         "no heartbeat for 700s",
         "x\ny",
     )
-    assert (earlier[1]["end_reason"], earlier[1]["end_detail"]) == ("handoff", "context full; parser half done")
+    assert (earlier[1].end_reason, earlier[1].end_detail) == ("handoff", "context full; parser half done")
     text = "\n".join(before_you_lines(earlier))
     assert f"- {second} (attempt 2): warranted (stalled): no heartbeat for 700s" in text
     assert "  | x\n  | y" in text
     assert f"- {first} (attempt 1): handed off; its note: context full; parser half done" in text
-    assert answer(w.state, witness.Session(id=first))["earlier_sessions"] == []
+    assert answer(w.state, witness.Session(id=first)).earlier_sessions == []
 
 
 def test_only_the_last_few_earlier_sessions_are_shown() -> None:
@@ -93,8 +93,8 @@ def test_only_the_last_few_earlier_sessions_are_shown() -> None:
         session = w.running("gt-abc")
         w.add(SessionEnded(session_id=session, reason="handoff"))
     last = w.running("gt-abc")
-    earlier = answer(w.state, witness.Session(id=last))["earlier_sessions"]
-    assert [e["attempt"] for e in earlier] == [5, 4, 3]
+    earlier = answer(w.state, witness.Session(id=last)).earlier_sessions
+    assert [e.attempt for e in earlier] == [5, 4, 3]
     assert "handed off (no note)" in "\n".join(before_you_lines(earlier))
 
 
@@ -209,7 +209,7 @@ def test_the_short_polecat_form_is_normalised_and_others_are_left_alone() -> Non
 
 
 def test_prime_lists_unread_mail() -> None:
-    mail: list[dict[str, Any]] = [{"id": "hq-m1", "title": "Use v2", "metadata": {"from": "operator:ann"}}]
+    mail = records.prime(mail=[{"id": "hq-m1", "title": "Use v2", "metadata": {"from": "operator:ann"}}]).mail
     text = "\n".join(mail_lines(mail))
     assert "Mail (1 unread)" in text
     assert "- hq-m1 from operator:ann: Use v2" in text

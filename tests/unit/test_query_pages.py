@@ -36,7 +36,7 @@ def town(n: int) -> MayorState:
 
 
 def ids(page: Page) -> list[str]:
-    return [item["id"] for item in page.items]
+    return [item.id for item in page.items]
 
 
 def test_a_list_pages_through_with_the_cursor_each_item_once_in_order() -> None:
@@ -80,7 +80,7 @@ def test_a_cursor_no_longer_in_the_list_is_an_error_not_an_empty_page() -> None:
 
 def test_a_page_holds_at_most_page_bytes_of_items_and_always_one() -> None:
     state = town(100)
-    item = len(msgspec.json.encode(queries.bead_view(state.beads["hq-00000"])))
+    item = len(msgspec.json.encode(state.beads["hq-00000"]))
     page = ask(state, "list", {"limit": 0, PAGE_BYTES: item * 10 + 20})
     assert len(page.items) == 10
     assert page.next == "hq-00009"

@@ -26,6 +26,8 @@ from shared.model.events import (
     decode_envelope,
 )
 from shared.model.formulas import rework
+from shared.model.prime import Prime
+from tests import records
 from tests.mayor_town import mayor_town
 from tests.memory_log import MemoryTown
 from tests.unit.test_witness_plan import World
@@ -211,40 +213,34 @@ def test_the_witness_starts_the_sent_back_session_only_once_the_rework_steps_are
     assert bead.steps[-3:] == ["rework-1-rebase", "rework-1-run-tests", "rework-1-submit"]
 
 
-def prime_data(current: dict[str, Any] | None) -> dict[str, Any]:
+def prime_data(current: dict[str, Any] | None) -> Prime:
     steps = [{"id": s, "title": s, "status": "done"} for s in FORMULA_STEPS]
     if current is not None:
         steps.append({**current, "status": "pending"})
-    return {
-        "session": "gt-abc-2",
-        "status": "started",
-        "attempt": 2,
-        "polecat": "ace",
-        "rig": {"name": "demo", "base_branch": "main", "test_command": "make test"},
-        "worktree": "/town/rigs/demo/polecats/ace",
-        "branch": "polecat/ace/gt-abc",
-        "bead": {"id": "gt-abc", "status": "in_progress", "title": "Write CONFLICT.txt"},
-        "molecule": {
+    return records.prime(
+        session="gt-abc-2",
+        attempt=2,
+        rig={"name": "demo", "base_branch": "main", "test_command": "make test"},
+        worktree="/town/rigs/demo/polecats/ace",
+        branch="polecat/ace/gt-abc",
+        bead={"id": "gt-abc", "status": "in_progress", "title": "Write CONFLICT.txt"},
+        molecule={
             "formula": "polecat-work",
             "done": 6,
             "total": len(steps),
             "steps": steps,
             "current_step": current["id"] if current else None,
         },
-        "current_step": current,
-        "done_intent": False,
-        "merge_failure": {
+        current_step=current,
+        merge_failure={
             "mr": "mr-1",
             "gate": "conflict",
             "exit_code": 0,
             "files": ["CONFLICT.txt"],
             "target_commit": "c0ffee",
         },
-        "nudges": [],
-        "before_you": [],
-        "mail": [],
-        "instructions": "INSTRUCTIONS",
-    }
+        instructions="INSTRUCTIONS",
+    )
 
 
 def test_prime_leads_with_the_send_back_while_a_rework_step_is_current_and_the_stop_hook_names_it() -> None:

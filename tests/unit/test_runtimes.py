@@ -30,6 +30,7 @@ from shared.model.runtimes import (
     turn_ended_after_done,
 )
 from shared.model.usage import Transcript
+from tests import records
 
 KEY = "sk-ant-api03-0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -156,17 +157,17 @@ def test_claude_needs_a_credential_or_a_logged_in_config_home() -> None:
 def test_the_stop_hook_keeps_a_session_going_while_its_steps_are_open() -> None:
     molecule = {"done": 2, "total": 6, "steps": []}
     step = {"id": "self-review", "title": "Review your own change"}
-    data = {"status": "started", "done_intent": False, "molecule": molecule, "current_step": step, "bead": {"id": "b1"}}
+    data = records.prime(molecule=molecule, current_step=step, bead={"id": "b1"})
     reason = stop_reason(data)
     assert reason is not None
     assert "self-review" in reason
     assert "gt step done self-review" in reason
-    all_done = stop_reason({**data, "current_step": None})
+    all_done = stop_reason(msgspec.structs.replace(data, current_step=None))
     assert all_done is not None
     assert "gt done" in all_done
-    assert stop_reason({**data, "status": "ended"}) is None
-    assert stop_reason({**data, "done_intent": True}) is None
-    assert stop_reason({**data, "molecule": None}) is None
+    assert stop_reason(msgspec.structs.replace(data, status="ended")) is None
+    assert stop_reason(msgspec.structs.replace(data, done_intent=True)) is None
+    assert stop_reason(msgspec.structs.replace(data, molecule=None)) is None
 
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)

@@ -136,14 +136,14 @@ def test_a_sessions_lists_leave_out_others_mail_and_a_message_of_others_is_refus
     ace = queries.mail_visible_to(state, "hq-a-1")
 
     def ids(found: Page) -> list[str]:
-        return sorted(str(b["id"]) for b in found.items)
+        return sorted(b.id for b in found.items)
 
     assert ids(ask(state, "list", {}, sees=ace)) == ["hq-own", "hq-sent", "hq-work"]
     assert ids(ask(state, "list", {"type": "message"}, sees=ace)) == ["hq-own", "hq-sent"]
     assert ids(ask(state, "list", {}, sees=queries.everything)) == ["hq-m", "hq-own", "hq-sent", "hq-work"]
     assert ids(ask(state, "list", {}, sees=queries.mail_visible_to(state, "hq-b-1"))) == ["hq-m", "hq-work"]
-    assert ask(state, "get", {"id": "hq-own"}, sees=ace)["id"] == "hq-own"
-    assert ask(state, "get", {"id": "hq-sent"}, sees=ace)["id"] == "hq-sent", "mail it sent"
+    assert ask(state, "get", {"id": "hq-own"}, sees=ace).id == "hq-own"
+    assert ask(state, "get", {"id": "hq-sent"}, sees=ace).id == "hq-sent", "mail it sent"
     for what, body in (
         ("get", {"id": "hq-m"}),
         ("molecule", {"bead": "hq-m"}),
@@ -155,8 +155,8 @@ def test_a_sessions_lists_leave_out_others_mail_and_a_message_of_others_is_refus
         assert refused.value.code == "unauthorized", what
         assert "hq-m" in refused.value.message
     assert ask(state, "deps", {"id": "hq-work"}, sees=ace) == [], "a message it may not see is left out"
-    details = ask(state, "convoy", {"id": "cv-1"}, sees=ace)["bead_details"]
-    assert [d["id"] for d in details] == ["hq-work", "hq-own"]
+    details = ask(state, "convoy", {"id": "cv-1"}, sees=ace).bead_details
+    assert [d.id for d in details] == ["hq-work", "hq-own"]
     assert ask(state, "thread", {"thread": "hq-m"}, sees=ace) == []
     # A session no longer live sees no mail at all.
     gone = queries.mail_visible_to(state, "hq-gone-1")

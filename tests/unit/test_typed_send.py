@@ -15,6 +15,7 @@ from shared.bus.commands import encode, owner, subject_of
 from shared.bus.query import reply_of
 from shared.core import subjects
 from shared.core.errors import QueryError
+from shared.model.beads import HoldView
 from shared.model.commands import (
     COMMANDS,
     BeadCreate,
@@ -102,14 +103,27 @@ def test_a_query_names_its_service_and_sends_its_fields() -> None:
 
 
 def test_an_answer_reads_into_the_querys_reply_type() -> None:
-    sessions = [{"id": "s-1", "rig": "demo", "polecat": "ace", "bead": "hq-1", "status": "started", "extra": 1}]
+    where = {"worktree": "/w", "branch": "b", "tmux_name": "t", "attempt": 1, "requested_at": "2026-11-23T10:00:00Z"}
+    sessions = [
+        {"id": "s-1", "rig": "demo", "polecat": "ace", "bead": "hq-1", "status": "started", **where, "extra": 1}
+    ]
     [read] = reply_of(witness.Sessions(), sessions)
     assert (read.id, read.bead, read.status) == ("s-1", "hq-1", "started")
     assert reply_of(refinery.Mrs(), [{"id": "mr-1", "rig": "demo", "bead": "hq-1"}])[0].bead == "hq-1"
     assert reply_of(Status(service="mayor"), {"caught_up": True, "last_seq": 9}) == ServiceStatus(
         caught_up=True, last_seq=9
     )
-    assert reply_of(mayor.Get(id="hq-1"), {"anything": ["as", "it", "came"]}) == {"anything": ["as", "it", "came"]}
+    anything = {"anything": ["as", "it", "came"]}
+    assert reply_of(mayor.Costs(), anything) == anything, "an untyped answer stays as it came"
+    got = {"id": "hq-1", "title": "t", "created_at": "2026-11-23T10:00:00Z", "updated_at": "2026-11-23T10:00:00Z"}
+    bead = reply_of(mayor.Get(id="hq-1"), {**got, "hold": {"rig": "demo", "since": got["created_at"]}})
+    assert (bead.id, bead.status, bead.created_at.year, bead.hold) == (
+        "hq-1",
+        "open",
+        2026,
+        HoldView(rig="demo", since=bead.created_at),
+    )
+    assert reply_of(mayor.Get(id="hq-1"), got).hold is msgspec.UNSET, "an unheld bead's answer has no hold"
     with pytest.raises(QueryError) as info:
         reply_of(witness.Sessions(), [{"id": 1}])
     assert info.value.code == "malformed"

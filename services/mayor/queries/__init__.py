@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from services.mayor.queries.dispatch import answer
 from services.mayor.queries.mail import check_session_query, mail_visible_to, session_address
-from services.mayor.queries.views import Sees, bead_view, convoy_view, escalation_view, everything, molecule_view
+from services.mayor.queries.views import Sees, convoy_view, everything, molecule_view
 
 __all__ = [
     "Sees",
     "answer",
-    "bead_view",
     "check_session_query",
     "convoy_view",
-    "escalation_view",
     "everything",
     "mail_visible_to",
     "molecule_view",

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import msgspec
 
 from services.mayor.queries.pages import take
-from services.mayor.queries.views import Sees, bead_view
+from services.mayor.queries.views import Sees
 from services.mayor.state import STATUS_RANK, STATUSES, Bead, MayorState, dependents, is_ready, open_blockers
 from shared.core.errors import QueryError
+from shared.model.beads import BeadDetail, HoldView
 from shared.model.queries import mayor
 from shared.model.queries.base import Page
 
@@ -28,12 +28,13 @@ def find_bead(state: MayorState, bead_id: str, sees: Sees) -> Bead:
     return bead
 
 
-def get(state: MayorState, query: mayor.Get, sees: Sees) -> dict[str, Any]:
+def get(state: MayorState, query: mayor.Get, sees: Sees) -> Bead:
+    """The bead's record; a ``BeadDetail`` with its hold while it is held."""
     bead = find_bead(state, query.id, sees)
-    view = bead_view(bead)
-    if (hold := state.holds.get(bead.id)) is not None:
-        view["hold"] = {**msgspec.to_builtins(hold), "waiting_for": open_blockers(state, bead)}
-    return view
+    if (hold := state.holds.get(bead.id)) is None:
+        return bead
+    shown = HoldView(rig=hold.rig, blockers=hold.blockers, since=hold.since, waiting_for=open_blockers(state, bead))
+    return BeadDetail(**msgspec.structs.asdict(bead), hold=shown)
 
 
 def beads(state: MayorState, query: mayor.Beads, sees: Sees) -> Page:
@@ -43,7 +44,6 @@ def beads(state: MayorState, query: mayor.Beads, sees: Sees) -> Page:
         limit=query.limit,
         after=query.after,
         page_bytes=query.page_bytes,
-        view=bead_view,
         keep=lambda b: matches(b) and sees(b),
     )
 
@@ -54,17 +54,16 @@ def ready(state: MayorState, query: mayor.Ready, sees: Sees) -> Page:
         limit=query.limit,
         after=query.after,
         page_bytes=query.page_bytes,
-        view=bead_view,
         keep=lambda b: is_ready(state, b) and sees(b),
     )
 
 
-def children(state: MayorState, query: mayor.Children, sees: Sees) -> list[dict[str, Any]]:
+def children(state: MayorState, query: mayor.Children, sees: Sees) -> list[Bead]:
     parent = query.id
     if parent in state.beads:
         find_bead(state, parent, sees)  # its children are not a way to learn of a message it may not see
     kids = (state.beads[c] for c in state.children.get(parent, ()) if c in state.beads)
-    return [bead_view(b) for b in kids if (query.include_closed or b.status != "closed") and sees(b)]
+    return [b for b in kids if (query.include_closed or b.status != "closed") and sees(b)]
 
 
 def deps(state: MayorState, query: mayor.Deps, sees: Sees) -> list[mayor.DepView]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.mayor.queries.pages import take
-from services.mayor.queries.views import Sees, bead_view, escalation_view
+from services.mayor.queries.views import Sees
 from services.mayor.state import Bead, MayorState, is_message, is_read
 from shared.core.errors import QueryError
 from shared.model.commands import SEVERITIES
@@ -27,17 +27,12 @@ def inbox(state: MayorState, query: mayor.Inbox, sees: Sees) -> Page:
         limit=query.limit,
         after=query.after,
         page_bytes=query.page_bytes,
-        view=bead_view,
         keep=listed,
     )
 
 
-def thread(state: MayorState, query: mayor.Thread, sees: Sees) -> list[dict[str, Any]]:
-    return [
-        bead_view(b)
-        for b in state.beads.values()
-        if is_message(b) and b.metadata.get("thread") == query.thread and sees(b)
-    ]
+def thread(state: MayorState, query: mayor.Thread, sees: Sees) -> list[Bead]:
+    return [b for b in state.beads.values() if is_message(b) and b.metadata.get("thread") == query.thread and sees(b)]
 
 
 def escalations(state: MayorState, query: mayor.Escalations) -> Page:
@@ -48,7 +43,6 @@ def escalations(state: MayorState, query: mayor.Escalations) -> Page:
         limit=query.limit,
         after=query.after,
         page_bytes=query.page_bytes,
-        view=escalation_view,
         keep=lambda e: query.include_closed or e.status != "closed",
     )
 

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from services.mayor.queries.beads import find_bead
 from services.mayor.queries.pages import take
 from services.mayor.queries.views import Sees, convoy_view, molecule_view
 from services.mayor.state import MayorState
 from shared.core.errors import QueryError
+from shared.model.convoys import ConvoyView
+from shared.model.molecules import MoleculeView
 from shared.model.queries import mayor
 from shared.model.queries.base import Page
 
 
-def molecule(state: MayorState, query: mayor.Molecule, sees: Sees) -> dict[str, Any]:
+def molecule(state: MayorState, query: mayor.Molecule, sees: Sees) -> MoleculeView:
     bead = find_bead(state, query.bead, sees)
     found = state.molecules.get(bead.id)
     if found is None and bead.collected_molecule is not None:
@@ -24,13 +24,10 @@ def molecule(state: MayorState, query: mayor.Molecule, sees: Sees) -> dict[str, 
         )
     if found is None:
         raise QueryError("not_found", f"bead {bead.id} has no molecule")
-    view = molecule_view(found)
-    view["bead_status"] = bead.status
-    view["rig"] = bead.rig
-    return view
+    return molecule_view(found, bead)
 
 
-def convoy(state: MayorState, query: mayor.Convoy, sees: Sees) -> dict[str, Any]:
+def convoy(state: MayorState, query: mayor.Convoy, sees: Sees) -> ConvoyView:
     found = state.convoys.get(query.id)
     if found is None:
         raise QueryError("not_found", f"no convoy {query.id!r}")

@@ -1,6 +1,7 @@
 """Queries the mayor answers (``gt.q.mayor.<name>``): beads, molecules, convoys, mail, escalations, costs and
-formulas. Their answers are the JSON views the CLI prints and renders (``Any``), except where a caller reads
-fields (``ConvoyDetail``, ``EscalationSummary``)."""
+formulas. Beads, messages, molecules, convoys and escalations come back as the mayor's records, or views that extend
+them (``shared.model.beads``, ``molecules``, ``convoys``, ``escalations``); costs and formulas as the JSON the CLI
+prints (``Any``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from shared.model.events.beads import BeadStatus
+from shared.model.beads import Bead, BeadDetail
+from shared.model.convoys import ConvoyView
+from shared.model.escalations import Escalation
+from shared.model.molecules import MoleculeView
 from shared.model.queries.base import Limit, PageBytes, Query, Required
 
 
@@ -16,14 +20,21 @@ class _MayorQuery(Query[Any], frozen=True, kw_only=True):
     SERVICE: ClassVar[str] = "mayor"
 
 
-class Get(_MayorQuery, frozen=True, kw_only=True):
+class _BeadsQuery(Query[list[Bead]], frozen=True, kw_only=True):
+    """A query answered with beads (a message is a bead), each its record as the mayor keeps it."""
+
+    SERVICE: ClassVar[str] = "mayor"
+
+
+class Get(Query[BeadDetail], frozen=True, kw_only=True):
     """One bead (a message is a bead), with its hold while held."""
 
+    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "get"
     id: Required
 
 
-class Beads(_MayorQuery, frozen=True, kw_only=True):
+class Beads(_BeadsQuery, frozen=True, kw_only=True):
     """Beads in creation order, filtered by every field given (closed ones only with ``include_closed`` or
     ``status="closed"``); ``limit`` 0 is all."""
 
@@ -44,7 +55,7 @@ class Beads(_MayorQuery, frozen=True, kw_only=True):
     """At most this many bytes of items in a page (the query server sets what one reply carries)."""
 
 
-class Ready(_MayorQuery, frozen=True, kw_only=True):
+class Ready(_BeadsQuery, frozen=True, kw_only=True):
     """Open beads with no open blocker."""
 
     NAME: ClassVar[str] = "ready"
@@ -56,7 +67,7 @@ class Ready(_MayorQuery, frozen=True, kw_only=True):
     """At most this many bytes of items in a page (the query server sets what one reply carries)."""
 
 
-class Children(_MayorQuery, frozen=True, kw_only=True):
+class Children(_BeadsQuery, frozen=True, kw_only=True):
     NAME: ClassVar[str] = "children"
     id: Required
     include_closed: bool = False
@@ -78,29 +89,15 @@ class Deps(_MayorQuery, frozen=True, kw_only=True):
     direction: str | None = None
 
 
-class Molecule(_MayorQuery, frozen=True, kw_only=True):
+class Molecule(Query[MoleculeView], frozen=True, kw_only=True):
     """A bead's molecule: its steps, the current one, how many are done."""
 
+    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "molecule"
     bead: Required
 
 
-class ConvoyBead(msgspec.Struct, kw_only=True):
-    """A bead a convoy tracks: where it is (its wave, what it waits for: ``ask_json``)."""
-
-    id: str
-    status: BeadStatus
-
-
-class ConvoyDetail(msgspec.Struct, kw_only=True):
-    """The fields of a convoy callers read (``ask_json`` has all of them)."""
-
-    id: str
-    status: str = ""
-    bead_details: list[ConvoyBead] = []
-
-
-class Convoy(Query[ConvoyDetail], frozen=True, kw_only=True):
+class Convoy(Query[ConvoyView], frozen=True, kw_only=True):
     """One convoy with its beads' details."""
 
     SERVICE: ClassVar[str] = "mayor"
@@ -108,7 +105,8 @@ class Convoy(Query[ConvoyDetail], frozen=True, kw_only=True):
     id: Required
 
 
-class Convoys(_MayorQuery, frozen=True, kw_only=True):
+class Convoys(Query[list[ConvoyView]], frozen=True, kw_only=True):
+    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "convoys"
     PAGED: ClassVar[bool] = True
     include_closed: bool = False
@@ -119,7 +117,7 @@ class Convoys(_MayorQuery, frozen=True, kw_only=True):
     """At most this many bytes of items in a page (the query server sets what one reply carries)."""
 
 
-class Inbox(_MayorQuery, frozen=True, kw_only=True):
+class Inbox(_BeadsQuery, frozen=True, kw_only=True):
     """Open messages to ``to`` (unread ones only unless ``include_read``)."""
 
     NAME: ClassVar[str] = "inbox"
@@ -133,21 +131,12 @@ class Inbox(_MayorQuery, frozen=True, kw_only=True):
     """At most this many bytes of items in a page (the query server sets what one reply carries)."""
 
 
-class Thread(_MayorQuery, frozen=True, kw_only=True):
+class Thread(_BeadsQuery, frozen=True, kw_only=True):
     NAME: ClassVar[str] = "thread"
     thread: Required
 
 
-class EscalationSummary(msgspec.Struct, kw_only=True):
-    """The fields of an escalation callers read (the whole view is in ``ask_json``)."""
-
-    id: str
-    status: str = ""
-    severity: str = ""
-    bead: str | None = None
-
-
-class Escalations(Query[list[EscalationSummary]], frozen=True, kw_only=True):
+class Escalations(Query[list[Escalation]], frozen=True, kw_only=True):
     """Open and acknowledged escalations, most severe first (closed ones too with ``include_closed``)."""
 
     SERVICE: ClassVar[str] = "mayor"

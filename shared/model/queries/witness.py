@@ -1,14 +1,13 @@
-"""Queries the witness answers (``gt.q.witness.<name>``): rigs, sessions, nudges. Sessions come back typed
-(``SessionView``: the fields callers read); the rest as the JSON the CLI prints."""
+"""Queries the witness answers (``gt.q.witness.<name>``): rigs, sessions, nudges, each answered with the witness's
+records (``shared.model.rigs``, ``shared.model.sessions``) or views that extend them."""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import msgspec
-
-from shared.model.events.sessions import SessionStatus
 from shared.model.queries.base import Query, Required, ServiceStatus
+from shared.model.rigs import RigView
+from shared.model.sessions import Nudge, SessionDetail, SessionView
 
 
 class WitnessStatus(ServiceStatus, kw_only=True):
@@ -29,35 +28,7 @@ class WitnessStatus(ServiceStatus, kw_only=True):
     session_connections_kicked: int | None = None
 
 
-class SessionView(msgspec.Struct, kw_only=True):
-    """A polecat session as the witness records it (the fields callers read; ``ask_json`` has all of them)."""
-
-    id: str
-    rig: str
-    polecat: str
-    bead: str
-    status: SessionStatus
-    """requested, started or ended."""
-    attempt: int = 0
-    worktree: str = ""
-    branch: str = ""
-    tmux_name: str = ""
-    pane_pid: int | None = None
-    end_reason: str | None = None
-    done_intent_at: str | None = None
-    merge_failure: dict[str, Any] | None = None
-    """The merge queue's reason for sending the bead's work back, as the witness recorded it."""
-
-
-class SessionDetail(SessionView, kw_only=True):
-    """One session with what ``gt prime`` tells it: its rig's settings, its nudges, how earlier ones ended."""
-
-    rig_config: dict[str, Any] | None = None
-    nudges: list[dict[str, Any]] = []
-    earlier_sessions: list[dict[str, Any]] = []
-
-
-class Rigs(Query[Any], frozen=True, kw_only=True):
+class Rigs(Query[list[RigView]], frozen=True, kw_only=True):
     """Rigs in service (every one, removed ones too, with ``all``)."""
 
     SERVICE: ClassVar[str] = "witness"
@@ -65,7 +36,7 @@ class Rigs(Query[Any], frozen=True, kw_only=True):
     all: bool = False
 
 
-class Rig(Query[Any], frozen=True, kw_only=True):
+class Rig(Query[RigView], frozen=True, kw_only=True):
     SERVICE: ClassVar[str] = "witness"
     NAME: ClassVar[str] = "rig"
     name: Required
@@ -89,7 +60,7 @@ class Session(Query[SessionDetail], frozen=True, kw_only=True):
     id: Required
 
 
-class Nudges(Query[Any], frozen=True, kw_only=True):
+class Nudges(Query[list[Nudge]], frozen=True, kw_only=True):
     """Queued nudges (every one with ``all``)."""
 
     SERVICE: ClassVar[str] = "witness"
