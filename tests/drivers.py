@@ -24,6 +24,7 @@ from nats.aio.client import Client
 from services.mayor import queries
 from services.mayor.service import MayorService
 from services.mayor.state import MayorState
+from shared.bus.query import reply_of
 from shared.core import ids, subjects
 from shared.core.config import TownConfig
 from shared.core.errors import CommandError, QueryError
@@ -65,11 +66,22 @@ class MemoryDriver:
         if what in ("formulas", "formula"):
             raise AssertionError("formula queries need the service's catalog; test them on NATS")
         result = queries.answer(self.town.state, registry.decode("mayor", what, body))  # as its query server does
-        return msgspec.to_builtins(result.items if isinstance(result, Page) else result)  # as ``result`` carries it
+        return read_as_declared(what, body, msgspec.to_builtins(result.items if isinstance(result, Page) else result))
 
     async def advance(self, seconds: float) -> None:
         self.town.tick(seconds)
         self.town.reconcile()
+
+
+def read_as_declared(what: str, body: dict[str, Any], result: Any) -> Any:
+    """``result`` as the answer carries it (JSON), once it is shown to read into the query's reply type: every
+    answer a contract test sees is one a typed client reads (``ask``, the CLI's renderers)."""
+    query = registry.decode("mayor", what, body)
+    try:
+        reply_of(query, result)
+    except QueryError as exc:
+        raise AssertionError(f"the answer to {query.subject()} does not read as its reply type: {exc}") from None
+    return result
 
 
 class FakeClock:
@@ -110,7 +122,7 @@ class NatsDriver:
         answer = json.loads(reply.data)
         if not answer["ok"]:
             raise QueryError(answer["code"], answer["message"])
-        return answer["result"]
+        return read_as_declared(what, body, answer["result"])
 
     async def advance(self, seconds: float) -> None:
         self.clock.offset += timedelta(seconds=seconds)

@@ -11,6 +11,7 @@ import msgspec
 from shared.model.beads import BeadDetail
 from shared.model.convoys import ConvoyView
 from shared.model.escalations import Escalation
+from shared.model.merge_requests import MergeRequest
 from shared.model.prime import Prime
 from shared.model.rigs import RigView
 from shared.model.sessions import SessionDetail
@@ -73,3 +74,8 @@ def rig(**fields: Any) -> RigView:
 def session(**fields: Any) -> SessionDetail:
     defaults = {"id": "s1", "rig": "demo", "polecat": "ace", "bead": "hq-1", "worktree": "/w", "branch": "b"}
     return msgspec.convert({**defaults, "tmux_name": "t", "attempt": 1, "requested_at": WHEN, **fields}, SessionDetail)
+
+
+def merge_request(**fields: Any) -> MergeRequest:
+    defaults = {"id": "mr-1", "bead": "hq-1", "rig": "demo", "branch": "b", "target": "main", "head": "c0ffee"}
+    return msgspec.convert({**defaults, "submitted_at": WHEN, "queued_at": WHEN, **fields}, MergeRequest)

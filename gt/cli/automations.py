@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gt.cli import render
-from gt.cli.common import Subcommands, command_options, read, read_options, send, show
+from gt.cli.common import Subcommands, command_options, read, read_options, send, show_reply
 from shared.core.config import TownConfig
 from shared.model.commands import AutomationRun
 from shared.model.queries import deacon
+from shared.model.queries.deacon import AutomationView
 from shared.model.results import AutomationRunResult
 
 if TYPE_CHECKING:
@@ -38,34 +39,34 @@ def _short(value: str | None) -> str:
     return value.replace("T", " ")[:19] if value else "-"
 
 
-def _gate(a: dict[str, Any]) -> str:
-    gate = str(a.get("gate", "-"))
+def _gate(a: AutomationView) -> str:
+    gate = a.gate or "-"
     if gate == "cooldown":
-        return f"cooldown {a.get('interval_s', 0):g}s"
+        return f"cooldown {a.interval_s or 0:g}s"
     if gate == "cron":
-        return f"cron {a.get('schedule')}"
+        return f"cron {a.schedule or None}"
     if gate == "event":
-        return f"event {a.get('on')}" + (f" {a['subject']}" if a.get("subject") else "")
+        return f"event {a.on or None}" + (f" {a.subject}" if a.subject else "")
     return gate
 
 
-def _action(a: dict[str, Any]) -> str:
-    if a.get("action") == "formula":
-        return f"formula {a.get('formula')} -> {a.get('rig')}"
-    if a.get("action") == "exec":
-        return f"exec {a.get('exec', '')[:40]}"
+def _action(a: AutomationView) -> str:
+    if a.action == "formula":
+        return f"formula {a.formula or None} -> {a.rig or None}"
+    if a.action == "exec":
+        return f"exec {(a.exec or '')[:40]}"
     return "-"
 
 
-def _last(a: dict[str, Any]) -> str:
-    run = a.get("last_run")
-    if not run:
+def _last(a: AutomationView) -> str:
+    run = a.last_run
+    if run is None:
         return "never"
-    return f"{run['status']} {_short(run.get('ended_at') or run.get('fired_at'))}"
+    return f"{run.status} {_short(run.ended_at or run.fired_at)}"
 
 
-def table(automations: list[dict[str, Any]]) -> str:
-    rows = [[a["name"], a["status"], _gate(a), _action(a), _last(a), _short(a.get("next_due"))] for a in automations]
+def table(automations: list[AutomationView]) -> str:
+    rows = [[a.name, a.status, _gate(a), _action(a), _last(a), _short(a.next_due or None)] for a in automations]
     return render.table(
         ("NAME", "STATUS", "GATE", "ACTION", "LAST RUN", "NEXT"),
         rows,
@@ -73,38 +74,28 @@ def table(automations: list[dict[str, Any]]) -> str:
     )
 
 
-def detail(a: dict[str, Any]) -> str:
-    lines = [f"{a['name']}: {a['status']}"]
-    if a.get("error"):
-        lines.append(f"  error:    {a['error']}")
-    for label, key in (("file", "file"), ("about", "description"), ("waiting", "waiting")):
-        if a.get(key):
-            lines.append(f"  {label + ':':<9} {a[key]}")
-    if a.get("gate"):
+def detail(a: AutomationView) -> str:
+    lines = [f"{a.name}: {a.status}"]
+    if a.error:
+        lines.append(f"  error:    {a.error}")
+    for label, value in (("file", a.file), ("about", a.description), ("waiting", a.waiting)):
+        if value:
+            lines.append(f"  {label + ':':<9} {value}")
+    if a.gate:
         lines.append(f"  gate:     {_gate(a)}")
         lines.append(f"  action:   {_action(a)}")
-    if a.get("next_due"):
-        lines.append(f"  next:     {_short(a['next_due'])}")
-    if a.get("cursor"):
-        lines.append(f"  cursor:   seq {a['cursor']}")
-    lines.append(f"  runs:     {a.get('runs', 0)} ({a.get('completed', 0)} completed, {a.get('failed', 0)} failed)")
-    if a.get("open_run"):
-        run = a["open_run"]
-        bead = f", bead {run['bead']}" if run.get("bead") else ""
-        lines.append(f"  open:     {run['id']} since {_short(run['fired_at'])} ({run['gate']}: {run['reason']}){bead}")
-    history = a.get("history") or []
+    if a.next_due:
+        lines.append(f"  next:     {_short(a.next_due)}")
+    if a.cursor:
+        lines.append(f"  cursor:   seq {a.cursor}")
+    lines.append(f"  runs:     {a.runs} ({a.completed} completed, {a.failed} failed)")
+    if (run := a.open_run) is not None:
+        bead = f", bead {run.bead}" if run.bead else ""
+        lines.append(f"  open:     {run.id} since {_short(run.fired_at)} ({run.gate}: {run.reason}){bead}")
+    history = a.history or []
     if history:
         lines += ["", "recent runs:"]
-        rows = [
-            [
-                r["id"],
-                r["status"],
-                _short(r["fired_at"]),
-                r["gate"],
-                _first_line(r.get("error") or r.get("result") or ""),
-            ]
-            for r in history
-        ]
+        rows = [[r.id, r.status, _short(r.fired_at), r.gate, _first_line(r.error or r.result or "")] for r in history]
         lines.append(render.table(("RUN", "STATUS", "FIRED", "GATE", "RESULT"), rows, ""))
     return "\n".join(lines)
 
@@ -114,13 +105,13 @@ def _first_line(text: str) -> str:
 
 
 async def _list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, deacon.Automations())
-    return show(args, found, table)
+    query = deacon.Automations()
+    return show_reply(args, query, await read(nc, config, query), table)
 
 
 async def _show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, deacon.Automation(name=args.name))
-    return show(args, found, detail)
+    query = deacon.Automation(name=args.name)
+    return show_reply(args, query, await read(nc, config, query), detail)
 
 
 def _fired(result: AutomationRunResult) -> str:

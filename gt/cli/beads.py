@@ -17,7 +17,6 @@ from gt.cli.common import (
     read_options,
     read_typed,
     send,
-    show,
     show_reply,
     status_line,
 )
@@ -189,5 +188,5 @@ async def _ready(nc: Connection, args: argparse.Namespace, config: TownConfig) -
 
 
 async def _deps(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, mayor.Deps(id=args.id, direction="up" if args.up else "down"))
-    return show(args, found, render.deps_lines)
+    query = mayor.Deps(id=args.id, direction="up" if args.up else "down")
+    return show_reply(args, query, await read(nc, config, query), render.deps_lines)

@@ -8,17 +8,19 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from gt.cli import render
-from gt.cli.common import Subcommands, UsageError, read, show
+from gt.cli.common import Subcommands, UsageError, read_typed, show
 from shared.core.config import TownConfig
 from shared.model.queries import mayor
 from shared.model.usage import (
     COST_GROUPINGS,
     PRICES_ENV,
+    CostRow,
     ModelPrice,
     ModelUsage,
     merge,
@@ -54,57 +56,85 @@ def load_prices(env: dict[str, str] | None = None) -> dict[str, ModelPrice]:
         raise UsageError(str(exc)) from exc
 
 
-def priced(rows: list[dict[str, Any]], prices: dict[str, ModelPrice]) -> dict[str, Any]:
+class CostLine(msgspec.Struct, kw_only=True):
+    """A row of ``gt costs``: a group's tokens and what they cost (``sessions`` and ``models`` left out of the
+    total's JSON)."""
+
+    key: str
+    sessions: int | UnsetType = UNSET
+    models: list[ModelUsage] | UnsetType = UNSET
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    tokens: int = 0
+    cost_usd: float | None = None
+    """None: no model of it is priced."""
+    priced: bool = True
+    """False: some model of it is not priced (the cost is at least this)."""
+
+
+class PricedCosts(msgspec.Struct, kw_only=True):
+    """What ``gt costs --json`` prints: each row, and the total."""
+
+    rows: list[CostLine]
+    total: CostLine
+
+
+def priced(rows: list[CostRow], prices: dict[str, ModelPrice]) -> PricedCosts:
     """The query's rows with tokens and cost (``cost_usd`` None where no model is priced; ``priced`` False when
     some model of the row is not), and a total row."""
     out = []
     everything: dict[str, ModelUsage] = {}
     for row in rows:
-        models = [msgspec.convert(m, ModelUsage) for m in row.get("models") or []]
-        merge(everything, models)
-        out.append({**row, **_sums(models, prices)})
-    return {"rows": out, "total": {"key": "total", **_sums(list(everything.values()), prices)}}
+        merge(everything, row.models)
+        out.append(_line(row.key, row.models, prices, sessions=row.sessions))
+    return PricedCosts(rows=out, total=_line("total", list(everything.values()), prices))
 
 
-def _sums(models: list[ModelUsage], prices: dict[str, ModelPrice]) -> dict[str, Any]:
-    return {
-        "input_tokens": sum(m.input_tokens for m in models),
-        "output_tokens": sum(m.output_tokens for m in models),
-        "cache_creation_input_tokens": sum(m.cache_creation_input_tokens for m in models),
-        "cache_read_input_tokens": sum(m.cache_read_input_tokens for m in models),
-        "tokens": sum(m.tokens for m in models),
-        "cost_usd": total_cost(models, prices),
-        "priced": priced_fully(models, prices),
-    }
+def _line(
+    key: str, models: list[ModelUsage], prices: dict[str, ModelPrice], *, sessions: int | UnsetType = UNSET
+) -> CostLine:
+    return CostLine(
+        key=key,
+        sessions=sessions,
+        models=models if sessions is not UNSET else UNSET,
+        input_tokens=sum(m.input_tokens for m in models),
+        output_tokens=sum(m.output_tokens for m in models),
+        cache_creation_input_tokens=sum(m.cache_creation_input_tokens for m in models),
+        cache_read_input_tokens=sum(m.cache_read_input_tokens for m in models),
+        tokens=sum(m.tokens for m in models),
+        cost_usd=total_cost(models, prices),
+        priced=priced_fully(models, prices),
+    )
 
 
-def money(row: dict[str, Any]) -> str:
-    cost = row.get("cost_usd")
-    if cost is None:
+def money(row: CostLine) -> str:
+    if row.cost_usd is None:
         return "-"
-    return f"${cost:.4f}" + ("" if row.get("priced") else "+")
+    return f"${row.cost_usd:.4f}" + ("" if row.priced else "+")
 
 
-def costs_table(data: dict[str, Any], by: str) -> str:
+def costs_table(data: PricedCosts, by: str) -> str:
     header = (by.upper(), "INPUT", "OUTPUT", "CACHE WRITE", "CACHE READ", "TOKENS", "COST")
     rows = [
         (
-            str(r["key"]),
-            str(r["input_tokens"]),
-            str(r["output_tokens"]),
-            str(r["cache_creation_input_tokens"]),
-            str(r["cache_read_input_tokens"]),
-            str(r["tokens"]),
+            r.key,
+            str(r.input_tokens),
+            str(r.output_tokens),
+            str(r.cache_creation_input_tokens),
+            str(r.cache_read_input_tokens),
+            str(r.tokens),
             money(r),
         )
-        for r in [*data["rows"], data["total"]]
+        for r in [*data.rows, data.total]
     ]
-    if not data["rows"]:
+    if not data.rows:
         return "no usage recorded yet (only agent runtimes that write a transcript, such as claude, record usage)"
     return render.table(header, rows, "")
 
 
 async def _costs(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     prices = load_prices()
-    rows = await read(nc, config, mayor.Costs(by=args.by))
+    rows = await read_typed(nc, config, mayor.Costs(by=args.by))
     return show(args, priced(rows, prices), lambda data: costs_table(data, args.by))

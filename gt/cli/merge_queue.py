@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+import msgspec
 
 from gt.cli import render
-from gt.cli.common import EXIT_OK, Subcommands, UsageError, command_options, read, read_options, send, show
+from gt.cli.common import (
+    EXIT_OK,
+    Subcommands,
+    UsageError,
+    command_options,
+    read,
+    read_options,
+    read_typed,
+    send,
+    show,
+    show_reply,
+)
+from shared.bus.query import reply_of
 from shared.core.config import TownConfig
 from shared.core.terminal import escape_line, escape_text
 from shared.model.commands import MergeQueueResume, MergeRequestReject, MergeRequestRetry
+from shared.model.merge_requests import MergeRequest
 from shared.model.queries import refinery
+from shared.model.queries.refinery import PausedQueue
 from shared.model.results import MergeQueueResult, MrResult
 
 if TYPE_CHECKING:
@@ -55,60 +70,57 @@ def register(sub: Subcommands) -> None:
 
 
 async def _mq_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    mrs = await read(nc, config, refinery.Mrs(rig=args.rig or None))
-    mrs = mq_order(mrs)
-    paused = [q for q in await read(nc, config, refinery.PausedQueues()) if not args.rig or q["rig"] == args.rig]
+    query = refinery.Mrs(rig=args.rig or None)
+    answer = await read(nc, config, query)
+    mrs = mq_order(reply_of(query, answer))
+    paused = [q for q in await read_typed(nc, config, refinery.PausedQueues()) if not args.rig or q.rig == args.rig]
     # A merged one shows the commit that landed (its branch rebased onto the target), not the one submitted.
-    rows = [
-        [m["id"], m["rig"], m["bead"], m["branch"], (m.get("merged_commit") or m["head"])[:10], m["status"]]
-        for m in mrs
-    ]
+    rows = [[m.id, m.rig, m.bead, m.branch, (m.merged_commit or m.head)[:10], m.status] for m in mrs]
     table = render.table(("MR", "RIG", "BEAD", "BRANCH", "HEAD", "STATUS"), rows, "the merge queue is empty")
     text = "\n".join([*paused_lines(paused), table])
-    why = {q["rig"]: q["reason"] for q in paused}
-    for m in mrs:
+    why = {q.rig: q.reason for q in paused}
+    order = {m.id: index for index, m in enumerate(mrs)}
+    shown = sorted(answer, key=lambda m: order[m["id"]])
+    for m in shown:
         if m["rig"] in why:
             m["queue_paused"] = why[m["rig"]]  # --json: the pause on each of its rig's merge requests
-    return show(args, mrs, lambda _: text)
+    return show(args, shown, lambda _: text)
 
 
-def paused_lines(paused: list[dict[str, Any]]) -> list[str]:
+def paused_lines(paused: list[PausedQueue]) -> list[str]:
     """One line per paused merge queue: the rig, why, and the command that resumes it."""
     return [
-        f"merge queue of rig {escape_line(q['rig'])} PAUSED: {escape_line(q['reason'])} "
-        f"(`gt mq resume {escape_line(q['rig'])}` once fixed)"
+        f"merge queue of rig {escape_line(q.rig)} PAUSED: {escape_line(q.reason)} "
+        f"(`gt mq resume {escape_line(q.rig)}` once fixed)"
         for q in paused
     ]
 
 
-def mq_order(mrs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def mq_order(mrs: list[MergeRequest]) -> list[MergeRequest]:
     """In the order they were submitted, newest last (the refinery answers in its own order of work)."""
+    return sorted(mrs, key=lambda mr: mr.submitted_at)
 
-    def submitted(mr: dict[str, Any]) -> datetime:
-        try:
-            return datetime.fromisoformat(str(mr.get("submitted_at")))
-        except ValueError:
-            return datetime.min.replace(tzinfo=UTC)  # none recorded: first, as the oldest would be
 
-    return sorted(mrs, key=submitted)
+MR_SHOWN = (
+    "id", "rig", "bead", "branch", "target", "head", "status", "attempts", "gate", "exit_code",
+    "blocked_by", "merged_commit", "reason", "retries", "not_before",
+)  # fmt: skip
+"""The fields of a merge request `gt mq show` prints, a line each (its JSON has every one)."""
+
+
+def mr_detail(mr: MergeRequest) -> str:
+    shown = msgspec.to_builtins(mr)  # each field as its JSON carries it (times as ISO text)
+    lines = [f"{k}: {escape_line(shown[k])}" for k in MR_SHOWN if shown[k] not in (None, "")]
+    if mr.batch:
+        lines.append(f"batch: {', '.join(escape_line(other) for other in mr.batch)}")
+    if mr.tail:
+        lines += ["", "last output:", escape_text(mr.tail)]
+    return "\n".join(lines)
 
 
 async def _mq_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    mr = await read(nc, config, refinery.Mr(id=args.id))
-    keys = (
-        "id", "rig", "bead", "branch", "target", "head", "status", "attempts", "gate", "exit_code",
-        "blocked_by", "merged_commit", "reason", "retries", "not_before",
-    )  # fmt: skip
-
-    def text(m: dict[str, Any]) -> str:
-        lines = [f"{k}: {escape_line(m.get(k))}" for k in keys if m.get(k) not in (None, "")]
-        if m.get("batch"):
-            lines.append(f"batch: {', '.join(escape_line(mr) for mr in m['batch'])}")
-        if m.get("tail"):
-            lines += ["", "last output:", escape_text(m["tail"])]
-        return "\n".join(lines)
-
-    return show(args, mr, text)
+    query = refinery.Mr(id=args.id)
+    return show_reply(args, query, await read(nc, config, query), mr_detail)
 
 
 def _one_or_many_retries(args: argparse.Namespace) -> None:
@@ -126,8 +138,8 @@ async def _mq_retry(nc: Connection, args: argparse.Namespace, config: TownConfig
 
     if args.id is not None:
         return await send(nc, args, config, MergeRequestRetry(id=args.id), line)
-    mrs = mq_order(await read(nc, config, refinery.Mrs(rig=args.rig)))
-    escalated = [m["id"] for m in mrs if m["status"] == "escalated"]
+    mrs = mq_order(await read_typed(nc, config, refinery.Mrs(rig=args.rig)))
+    escalated = [m.id for m in mrs if m.status == "escalated"]
     if not escalated:
         where = f" of rig {args.rig}" if args.rig else ""
         print(f"no escalated merge request{where}: nothing to retry")

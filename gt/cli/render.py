@@ -18,6 +18,7 @@ from shared.model.commands.rigs import DEFAULT_GIT_EMAIL, DEFAULT_GIT_NAME
 from shared.model.convoys import ConvoyView, DispatchView
 from shared.model.escalations import Escalation
 from shared.model.molecules import MoleculeView
+from shared.model.queries.mayor import DepView, FormulaDetail, FormulaEntry
 from shared.model.queries.refinery import PausedQueue
 from shared.model.rigs import RigView
 from shared.model.sessions import Session
@@ -147,8 +148,8 @@ def bead_table(beads: list[Bead]) -> str:
     return table(("ID", "STATUS", "PRI", "TYPE", "ASSIGNEE", "TITLE"), rows, "(no beads)")
 
 
-def deps_lines(deps: list[dict[str, Any]]) -> str:
-    rows = [(d["id"], d["status"] or "(missing)") for d in deps]
+def deps_lines(deps: list[DepView]) -> str:
+    rows = [(d.id, d.status or "(missing)") for d in deps]
     return table(("ID", "STATUS"), rows, "(no dependencies)")
 
 
@@ -211,35 +212,35 @@ def session_detail(session: Session) -> str:
 # ---- formulas and molecules --------------------------------------------------------------------
 
 
-def formula_table(formulas: list[dict[str, Any]]) -> str:
+def formula_table(formulas: list[FormulaEntry]) -> str:
     rows = [
         (
-            f["name"],
-            f["layer"],
-            str(f.get("steps", "-")),
-            f"BROKEN: {f['error']}" if f.get("error") else f.get("description", ""),
+            f.name,
+            f.layer,
+            str(f.steps) if isinstance(f.steps, int) else "-",
+            f"BROKEN: {f.error}" if f.error else f.description or "",
         )
         for f in formulas
     ]
     return table(("NAME", "LAYER", "STEPS", "DESCRIPTION"), rows, "(no formulas)")
 
 
-def formula_detail(formula: dict[str, Any]) -> str:
+def formula_detail(formula: FormulaDetail) -> str:
     e = escape_line
-    lines = [f"{e(formula['name'])} v{e(formula['version'])}  ({e(formula['source'])})"]
-    if formula.get("description"):
-        lines.append(f"  {e(formula['description'])}")
-    if formula.get("vars"):
+    lines = [f"{e(formula.name)} v{formula.version}  ({e(formula.source)})"]
+    if formula.description:
+        lines.append(f"  {e(formula.description)}")
+    if formula.vars:
         lines.append("vars:")
-        for var in formula["vars"]:
-            flags = " (required)" if var.get("required") else ""
-            default = f" = {e(repr(var['default']))}" if var.get("default") is not None else ""
-            description = f"  {e(var['description'])}" if var.get("description") else ""
-            lines.append(f"  {e(var['name'])}{default}{flags}{description}")
+        for var in formula.vars:
+            flags = " (required)" if var.required else ""
+            default = f" = {e(repr(var.default))}" if var.default is not None else ""
+            description = f"  {e(var.description)}" if var.description else ""
+            lines.append(f"  {e(var.name)}{default}{flags}{description}")
     lines.append("steps:")
-    for step in formula["steps"]:
-        needs = f"  (needs {', '.join(e(n) for n in step['needs'])})" if step.get("needs") else ""
-        lines.append(f"  {e(step['id'])}: {e(step['title'])}{needs}")
+    for step in formula.steps:
+        needs = f"  (needs {', '.join(e(n) for n in step.needs)})" if step.needs else ""
+        lines.append(f"  {e(step.id)}: {e(step.title)}{needs}")
     return "\n".join(lines)
 
 

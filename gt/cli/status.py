@@ -15,7 +15,7 @@ from gt.cli.common import EXIT_OK, EXIT_REJECTED, Subcommands, UsageError
 from shared.bus import streams
 from shared.bus.errors import BusError
 from shared.bus.kv import Bucket
-from shared.bus.query import ask_json
+from shared.bus.query import ask_json, reply_of
 from shared.core.config import TownConfig
 from shared.core.errors import QueryError
 from shared.model import heartbeats
@@ -146,16 +146,17 @@ async def gather(
     )
 
 
-def rig_costs_priced(rows: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
-    """Rig -> its tokens and cost (``gt costs --by rig``); None when the mayor did not answer. A price table that
-    does not parse prices nothing here (``gt costs`` says what is wrong with it)."""
+def rig_costs_priced(rows: list[dict[str, Any]] | None) -> dict[str, costs.CostLine] | None:
+    """Rig -> its tokens and cost (``gt costs --by rig``), from the mayor's answer as it came; None when the mayor
+    did not answer. A price table that does not parse prices nothing here (``gt costs`` says what is wrong with
+    it)."""
     if rows is None:
         return None
     try:
         prices = costs.load_prices()
     except UsageError:
         prices = {}
-    return {str(row["key"]): row for row in costs.priced(rows, prices)["rows"]}
+    return {row.key: row for row in costs.priced(reply_of(mayor.Costs(by="rig"), rows), prices).rows}
 
 
 async def _status(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gt.cli.colour import PLAIN, STATE_STYLES, Palette, styled
 from shared.core.terminal import escape_line, escaped_lines
 from shared.model.events.merge_requests import MR_OPEN
+
+if TYPE_CHECKING:
+    from gt.cli.costs import CostLine
 
 BAR_WIDTH = 20
 SERVICES = ("mayor", "witness", "refinery", "deacon")
@@ -104,7 +107,7 @@ def snapshot(
     mrs: list[dict[str, Any]] | None,
     convoys: list[dict[str, Any]] | None,
     escalations: list[dict[str, Any]] | None,
-    costs: dict[str, dict[str, Any]] | None = None,
+    costs: dict[str, CostLine] | None = None,
     paused: list[dict[str, Any]] | None = None,
     show_all: bool = False,
 ) -> dict[str, Any]:
@@ -178,8 +181,8 @@ def snapshot(
                 "waiting_beads": r.get("waiting_beads", 0),
                 "parked": bool(r.get("parked")),
                 "removed": bool(r.get("removed")),
-                "tokens": costs.get(str(r["name"]), {}).get("tokens", 0),
-                "cost_usd": costs.get(str(r["name"]), {}).get("cost_usd"),
+                "tokens": cost.tokens if (cost := costs.get(str(r["name"]))) is not None else 0,
+                "cost_usd": cost.cost_usd if cost is not None else None,
             }
             for r in sorted(rigs, key=lambda r: str(r["name"]))
         ],

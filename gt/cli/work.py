@@ -15,7 +15,6 @@ from gt.cli.common import (
     read,
     read_options,
     send,
-    show,
     show_reply,
 )
 from shared.core.config import TownConfig
@@ -80,13 +79,13 @@ def register(sub: Subcommands) -> None:
 
 
 async def _formula_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    found = await read(nc, config, mayor.Formulas(rig=args.rig or None))
-    return show(args, found, render.formula_table)
+    query = mayor.Formulas(rig=args.rig or None)
+    return show_reply(args, query, await read(nc, config, query), render.formula_table)
 
 
 async def _formula_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     query = mayor.Formula(name=args.name, vars=key_values(args.var, "--var"), rig=args.rig or None)
-    return show(args, await read(nc, config, query), render.formula_detail)
+    return show_reply(args, query, await read(nc, config, query), render.formula_detail)
 
 
 def _sling_line(result: SlingResult) -> str:

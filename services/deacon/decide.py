@@ -14,7 +14,7 @@ import msgspec
 from services.deacon.automations import plan as automation_plan
 from services.deacon.automations.definitions import Automation, InvalidAutomation
 from services.deacon.plan import gc
-from services.deacon.state import DeaconState, GcState, LeaseState, lease_view
+from services.deacon.state import DeaconState, GcState, LeaseState
 from shared.core.errors import CommandError
 from shared.model.commands import AutomationRun, Command, GcSweep, LeaseAcquire, LeaseRelease
 from shared.model.decision import Accepted, DecideContext
@@ -44,7 +44,7 @@ def decide(
 
 def unchanged(lease: Lease) -> LeaseResult:
     """Asked again of what is already so: the lease's whole record."""
-    return msgspec.convert({**lease_view(lease), "changed": False}, LeaseResult)
+    return msgspec.convert({**msgspec.to_builtins(lease), "changed": False}, LeaseResult)
 
 
 def acquire(state: LeaseState, cmd: LeaseAcquire, now: datetime) -> Accepted[LeaseResult]:

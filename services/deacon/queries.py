@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from services.deacon.state import DeaconState, lease_view
+import msgspec
+
+from services.deacon.state import DeaconState
 from shared.core.errors import QueryError
-from shared.model.leases import Renewal, last_renewed
+from shared.model.leases import LeaseView, Renewal, last_renewed
 from shared.model.queries import deacon
 from shared.model.queries.base import Query
 
@@ -29,7 +31,7 @@ def answer(state: DeaconState, query: Query[Any], renewal_of: Callable[[str], Re
             ]
         case deacon.Leases(held=held_only):
             return [
-                lease_view(lease)
+                lease
                 for lease in sorted(state.leases.leases.values(), key=lambda x: x.name)
                 if not held_only or lease.status == "held"
             ]
@@ -37,5 +39,6 @@ def answer(state: DeaconState, query: Query[Any], renewal_of: Callable[[str], Re
             lease = state.leases.leases.get(name)
             if lease is None:
                 raise QueryError("not_found", f"no lease {name!r}")
-            return {**lease_view(lease), "last_renewed": last_renewed(lease, renewal_of(name)).isoformat()}
+            renewed = last_renewed(lease, renewal_of(name)).isoformat()
+            return LeaseView(**msgspec.structs.asdict(lease), last_renewed=renewed)
     raise QueryError("unknown_query", f"the deacon answers no {query.NAME!r}")

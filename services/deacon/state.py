@@ -1,6 +1,5 @@
 """What the deacon knows: service liveness, leases, the hooks of working beads, the last garbage collection sweep
-and the disk alarm (automations add their own part, ``automations.state``). Plain data, and the one pure read of
-it that ``decide`` and ``queries`` share (``lease_view``)."""
+and the disk alarm (automations add their own part, ``automations.state``). Plain data."""
 
 from __future__ import annotations
 
@@ -80,9 +79,3 @@ class DeaconState(msgspec.Struct, kw_only=True):
     """Slung beads not closed yet, for stale-hook detection."""
     disk: DiskAlarmState = msgspec.field(default_factory=DiskAlarmState)
     """The disk-space alarm's open escalation."""
-
-
-def lease_view(lease: Lease) -> dict[str, object]:
-    """A lease as commands' results and queries show it: every field of the record."""
-    out: dict[str, object] = msgspec.to_builtins(lease)
-    return out

@@ -3,8 +3,6 @@ I/O besides the bus; done before deciding (``prepare()``, in a thread) so that d
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from services.mayor.decide.work import DEFAULT_FORMULA
@@ -26,24 +24,21 @@ def sling_formula(catalog: FormulaCatalog, cmd: BeadSling) -> Formula | FormulaE
         return exc
 
 
-def formula_list(catalog: FormulaCatalog, query: mayor.Formulas) -> list[dict[str, Any]]:
+def formula_list(catalog: FormulaCatalog, query: mayor.Formulas) -> list[mayor.FormulaEntry]:
     """``gt.q.mayor.formulas``: every formula the town (or ``rig``) sees, broken ones with their error."""
     out = []
     for name, entry in sorted(catalog.entries(query.rig).items()):
-        item: dict[str, Any] = {"name": name, "layer": entry.layer, "path": str(entry.path)}
+        item = mayor.FormulaEntry(name=name, layer=entry.layer, path=str(entry.path))
         if entry.formula is not None:
-            item.update(
-                description=entry.formula.description,
-                version=entry.formula.version,
-                steps=len(entry.formula.steps),
-            )
+            item.description, item.version = entry.formula.description, entry.formula.version
+            item.steps = len(entry.formula.steps)
         if entry.error is not None:
-            item["error"] = str(entry.error)
+            item.error = str(entry.error)
         out.append(item)
     return out
 
 
-def formula_view(catalog: FormulaCatalog, query: mayor.Formula) -> dict[str, Any]:
+def formula_view(catalog: FormulaCatalog, query: mayor.Formula) -> mayor.FormulaDetail:
     """``gt.q.mayor.formula``: one formula as written, or cooked with ``vars``."""
     name, rig, given = query.name, query.rig, query.vars
     try:
@@ -53,7 +48,4 @@ def formula_view(catalog: FormulaCatalog, query: mayor.Formula) -> dict[str, Any
         steps, used = cook(formula, given, builtins) if given else (formula.steps, {})
     except FormulaError as exc:
         raise QueryError("invalid", str(exc)) from None
-    view: dict[str, Any] = msgspec.to_builtins(formula)
-    view["steps"] = msgspec.to_builtins(steps)
-    view["vars_used"] = used
-    return view
+    return mayor.FormulaDetail(**{**msgspec.structs.asdict(formula), "steps": steps}, vars_used=used)

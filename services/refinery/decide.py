@@ -53,14 +53,9 @@ def of_a_former_rig(state: RefineryState, mr: MergeRequest) -> bool:
     return rig is not None and mr.incarnation != rig.incarnation
 
 
-def mr_view(mr: MergeRequest) -> dict[str, object]:
-    view: dict[str, object] = msgspec.to_builtins(mr)
-    return view
-
-
 def mr_result(mr: MergeRequest) -> MrResult:
     """A merge request asked for again unchanged: its whole record, as the answer always carried it."""
-    return msgspec.convert({**mr_view(mr), "changed": False}, MrResult)
+    return msgspec.convert({**msgspec.to_builtins(mr), "changed": False}, MrResult)
 
 
 class BundleRefused(NamedTuple):

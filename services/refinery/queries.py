@@ -7,7 +7,6 @@ from datetime import datetime
 from typing import Any
 
 from services.refinery import plan
-from services.refinery.decide import mr_view
 from services.refinery.state import RefineryState
 from shared.core.errors import QueryError
 from shared.model.queries import refinery
@@ -19,12 +18,12 @@ def answer(state: RefineryState, query: Query[Any], now: datetime, policy: plan.
         case refinery.Mrs(rig=rig):
             found = [m for m in state.mrs.values() if rig is None or m.rig == rig]
             found.sort(key=lambda m: (m.status not in ("queued", "claimed"), -plan.score(state, m, now, policy)))
-            return [mr_view(m) for m in found]
+            return found
         case refinery.Mr(id=mr_id):
             mr = state.mrs.get(mr_id)
             if mr is None:
                 raise QueryError("not_found", f"no merge request {mr_id!r} (`gt mq list` shows them)")
-            return mr_view(mr)
+            return mr
         case refinery.PausedQueues():
             return [
                 refinery.PausedQueue(

@@ -59,6 +59,13 @@ class Lease(msgspec.Struct, kw_only=True, gc=False):
         return self.status == HELD and self.holder == holder and (token is None or self.token == token)
 
 
+class LeaseView(Lease, kw_only=True, gc=False):
+    """A lease as ``gt.q.deacon.lease`` answers it: the record, and when it was last renewed."""
+
+    last_renewed: str
+    """ISO 8601: the newest renewal the deacon saw, or its acquisition."""
+
+
 def fold_lease(payload: LeaseEvent, leases: dict[str, Lease], env: Envelope, seq: int) -> None:
     """Fold a lease event stored at ``seq`` into ``leases``. An acquisition replaces the record (a new holder, the
     next token); a release or an expiry ends the lease only while it is held with the token it names; every

@@ -39,6 +39,16 @@ class ModelUsage(msgspec.Struct, frozen=True, kw_only=True):
         return self.input_tokens + self.output_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
 
 
+class CostRow(msgspec.Struct, kw_only=True):
+    """One group of ``gt.q.mayor.costs`` (a bead, rig, convoy, day or session): its sessions and what each model
+    used."""
+
+    key: str
+    sessions: int
+    """Sessions counted (0 for a day: a day's usage is counted from events, not sessions)."""
+    models: list[ModelUsage] = []
+
+
 class MessageUsage(msgspec.Struct, frozen=True, kw_only=True):
     """One assistant message of a transcript: its id (the de-duplication key), model and usage."""
 

@@ -165,8 +165,14 @@ async def test_a_session_sent_a_conflict_is_pointed_at_the_rework_step_not_told_
     [conflicted] = [m for m in pt.refinery.projection.state.mrs.values() if m.bead == bead]
     [(_, conflict)] = [(k, d) for k, d in await events_of(pt.nc, f"gt.evt.mr.{conflicted.id}") if k == "mr.conflicted"]
 
-    # The beacon it was started with (its environment, as the witness gave it: the agent's, below the pane's reaper).
-    [agent] = psutil.Process(session.pane_pid).children()
+    # The beacon it was started with (its environment, as the witness gave it: the agent's, below the pane's reaper,
+    # which starts it a moment after the session is recorded started).
+    def agent_of_pane() -> psutil.Process:
+        children = psutil.Process(session.pane_pid).children()
+        assert len(children) == 1, children
+        return children[0]
+
+    agent = await assert_eventually(agent_of_pane, timeout=30, interval=0.1)
     environ = Path(f"/proc/{agent.pid}/environ").read_bytes().split(b"\0")
     [beacon] = [e.decode().removeprefix("GT_BEACON=") for e in environ if e.startswith(b"GT_BEACON=")]
     assert "current step rework-1-rebase" in beacon, beacon

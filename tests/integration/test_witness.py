@@ -175,16 +175,17 @@ async def test_an_agent_killed_9_makes_a_zombie_and_a_lost_tmux_session_is_dead(
 
 
 async def test_a_stalled_agent_is_warranted_unless_it_heartbeats(pt: PolecatTown, gt_env: dict[str, str]) -> None:
-    # Six seconds leave room for a `gt heartbeat` process to start on a loaded machine (three did not, beside a
-    # 1,000-bead chaos run); the heartbeats below go on for longer than that.
-    await pt.add_rig(agent_command="GT_AGENT_FAULT=hang@1 gt-agent", stall_after_s=6.0)
+    # Ten seconds leave room for a `gt heartbeat` process to start on a loaded machine (three did not in six, beside
+    # a 1,000-bead chaos run), and for the fresh session's agent to show its first sign of life on two busy cores
+    # (at six it was warranted too, beside the suite's heaviest tests); the heartbeats below go on for longer.
+    await pt.add_rig(agent_command="GT_AGENT_FAULT=hang@1 gt-agent", stall_after_s=10.0)
     bead = await pt.new_bead("Do not stall")
     await pt.sling(bead)
     session_id, _, _ = await started_session(pt, bead, 1)
     env = {**gt_env, "NATS_URL": pt.config.nats_url, "GT_SESSION": session_id, "GT_BEAD": bead, "GT_RIG": "demo"}
     env.update(GT_WORKTREE=pt.sessions_of(bead)[0].worktree, GT_BRANCH=pt.sessions_of(bead)[0].branch)
     # Heartbeats keep a session that makes no step progress from being judged stalled.
-    deadline = time.monotonic() + 9.0
+    deadline = time.monotonic() + 13.0
     while time.monotonic() < deadline:
         beat = await run_gt(env, "heartbeat", "--note", "thinking")
         assert beat.returncode == 0, beat.stderr

@@ -113,8 +113,8 @@ def test_gt_automation_list_shows_a_refused_file_with_why(directory: Path) -> No
     write(directory, "dropped", 0o666)
     defs = AutomationCatalog(directory).load()
     [view] = queries.list_view(defs, AutomationState(), {}, datetime.now(UTC))
-    assert (view["name"], view["status"]) == ("dropped", "invalid")
-    assert "refused: the file" in view["error"]
+    assert (view.name, view.status) == ("dropped", "invalid")
+    assert "refused: the file" in (view.error or "")
 
 
 def test_an_unreadable_path_is_left_to_the_reader(tmp_path: Path) -> None:

@@ -305,12 +305,12 @@ def test_rig_show_shows_the_default_git_identity_in_force() -> None:
 
 def test_the_merge_queue_is_listed_in_the_order_it_was_submitted() -> None:
     mrs = [
-        {"id": "mr-zz", "submitted_at": "2026-11-23T12:00:02Z"},
-        {"id": "mr-aa", "submitted_at": "2026-11-23T12:00:03.5Z"},
-        {"id": "mr-mm", "submitted_at": "2026-11-23T12:00:03Z"},
-        {"id": "mr-bb", "submitted_at": "2026-11-23T12:00:01.250000Z"},
+        records.merge_request(id="mr-zz", submitted_at="2026-11-23T12:00:02Z"),
+        records.merge_request(id="mr-aa", submitted_at="2026-11-23T12:00:03.5Z"),
+        records.merge_request(id="mr-mm", submitted_at="2026-11-23T12:00:03Z"),
+        records.merge_request(id="mr-bb", submitted_at="2026-11-23T12:00:01.250000Z"),
     ]
-    assert [m["id"] for m in mq_order(mrs)] == ["mr-bb", "mr-zz", "mr-mm", "mr-aa"]
+    assert [m.id for m in mq_order(mrs)] == ["mr-bb", "mr-zz", "mr-mm", "mr-aa"]
 
 
 def test_park_and_unsling_lines_read_as_sentences() -> None:

@@ -329,7 +329,7 @@ def test_the_refinery_drops_finished_merge_requests_of_closed_beads_with_their_i
     service.projection = r.projection
     with pytest.raises(QueryError):
         service.query(refinery.Mr(id=merged))
-    assert {m["id"] for m in service.query(refinery.Mrs())} == {unclosed, queued, blocked, late}
+    assert {m.id for m in service.query(refinery.Mrs())} == {unclosed, queued, blocked, late}
     r.assert_replays()
 
 

@@ -5,7 +5,7 @@ CLI leaves an option not given out of the body (docs/architecture.md, "Sending a
 from __future__ import annotations
 
 import typing
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import pytest
@@ -28,7 +28,7 @@ from shared.model.commands import (
     RigUpdate,
     StepDone,
 )
-from shared.model.queries import Digest, ServiceStatus, Status, mayor, refinery, witness
+from shared.model.queries import Digest, Query, ServiceStatus, Status, mayor, refinery, witness
 
 
 def test_a_command_leaves_out_exactly_the_fields_that_hold_their_default() -> None:
@@ -102,6 +102,13 @@ def test_a_query_names_its_service_and_sends_its_fields() -> None:
     assert Digest(service="witness", min_seq=4).body() == b'{"min_seq":4}'
 
 
+class Untyped(Query[Any], frozen=True, kw_only=True):
+    """A query whose answer is read as it came (none of the services' is)."""
+
+    SERVICE: ClassVar[str] = "mayor"
+    NAME: ClassVar[str] = "untyped"
+
+
 def test_an_answer_reads_into_the_querys_reply_type() -> None:
     where = {"worktree": "/w", "branch": "b", "tmux_name": "t", "attempt": 1, "requested_at": "2026-11-23T10:00:00Z"}
     sessions = [
@@ -109,12 +116,14 @@ def test_an_answer_reads_into_the_querys_reply_type() -> None:
     ]
     [read] = reply_of(witness.Sessions(), sessions)
     assert (read.id, read.bead, read.status) == ("s-1", "hq-1", "started")
-    assert reply_of(refinery.Mrs(), [{"id": "mr-1", "rig": "demo", "bead": "hq-1"}])[0].bead == "hq-1"
+    submitted = {"branch": "b", "target": "main", "head": "c0", "submitted_at": where["requested_at"]}
+    mr = {"id": "mr-1", "rig": "demo", "bead": "hq-1", **submitted, "queued_at": where["requested_at"]}
+    assert reply_of(refinery.Mrs(), [mr])[0].bead == "hq-1"
     assert reply_of(Status(service="mayor"), {"caught_up": True, "last_seq": 9}) == ServiceStatus(
         caught_up=True, last_seq=9
     )
     anything = {"anything": ["as", "it", "came"]}
-    assert reply_of(mayor.Costs(), anything) == anything, "an untyped answer stays as it came"
+    assert reply_of(Untyped(), anything) == anything, "an untyped answer stays as it came"
     got = {"id": "hq-1", "title": "t", "created_at": "2026-11-23T10:00:00Z", "updated_at": "2026-11-23T10:00:00Z"}
     bead = reply_of(mayor.Get(id="hq-1"), {**got, "hold": {"rig": "demo", "since": got["created_at"]}})
     assert (bead.id, bead.status, bead.created_at.year, bead.hold) == (

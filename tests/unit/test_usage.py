@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -21,7 +22,7 @@ from services.mayor.state import UsageBook
 from shared.core.errors import QueryError
 from shared.model.events import SessionRequested, encode_event
 from shared.model.events.usage import SessionUsage
-from shared.model.usage import ModelPrice, ModelUsage, Transcript, cost, parse_line, parse_prices, price_of
+from shared.model.usage import CostRow, ModelPrice, ModelUsage, Transcript, cost, parse_line, parse_prices, price_of
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "claude_transcript.jsonl"
 MODEL = "claude-opus-5-5"
@@ -115,6 +116,11 @@ def _event(session: str, bead: str, rig: str = "demo", *, tokens: int, final: bo
     return SessionUsage(session_id=session, rig=rig, bead=bead, models=(usage,), final=final)
 
 
+def cost_rows(*rows: dict[str, Any]) -> list[CostRow]:
+    """``gt.q.mayor.costs`` rows as the mayor's answer carries them."""
+    return msgspec.convert(rows, list[CostRow])
+
+
 def test_the_fold_keeps_running_totals_so_a_repeated_event_counts_once() -> None:
     book = UsageBook()
     day1 = datetime(2026, 11, 24, 23, 59, tzinfo=UTC)
@@ -123,15 +129,15 @@ def test_the_fold_keeps_running_totals_so_a_repeated_event_counts_once() -> None
     fold_usage(book, _event("s1", "gt-a", tokens=10), day1)  # a witness restart recorded the same totals again
     fold_usage(book, _event("s1", "gt-a", tokens=30, final=True), day2)
     fold_usage(book, _event("s2", "gt-b", "other", tokens=5), day2)
-    by_bead = {r["key"]: r for r in costs(book, "bead", {})}
-    assert by_bead["gt-a"]["models"][0]["input_tokens"] == 30
-    assert by_bead["gt-a"]["models"][0]["output_tokens"] == 60
-    assert by_bead["gt-b"]["models"][0]["input_tokens"] == 5
-    by_day = {r["key"]: r["models"][0]["input_tokens"] for r in costs(book, "day", {})}
+    by_bead = {r.key: r for r in costs(book, "bead", {})}
+    assert by_bead["gt-a"].models[0].input_tokens == 30
+    assert by_bead["gt-a"].models[0].output_tokens == 60
+    assert by_bead["gt-b"].models[0].input_tokens == 5
+    by_day = {r.key: r.models[0].input_tokens for r in costs(book, "day", {})}
     assert by_day == {"2026-11-24": 10, "2026-11-25": 25}
-    by_rig = {r["key"]: r["models"][0]["input_tokens"] for r in costs(book, "rig", {})}
+    by_rig = {r.key: r.models[0].input_tokens for r in costs(book, "rig", {})}
     assert by_rig == {"demo": 30, "other": 5}
-    by_convoy = {r["key"]: r["models"][0]["input_tokens"] for r in costs(book, "convoy", {"gt-a": ["hq-c1"]})}
+    by_convoy = {r.key: r.models[0].input_tokens for r in costs(book, "convoy", {"gt-a": ["hq-c1"]})}
     assert by_convoy == {"hq-c1": 30, "(none)": 5}
     with pytest.raises(QueryError, match="`by` must be one of"):
         costs(book, "week", {})
@@ -152,15 +158,15 @@ def test_prices_give_money_only_for_priced_models() -> None:
     assert price_of("claude-opus-4-5-20251101", prices) == ModelPrice(input=5, output=25)
     assert cost(usage, prices) == pytest.approx(5 + 25 + 6.25 + 0.5)
     assert cost(ModelUsage(model="claude-scripted-model", input_tokens=10), prices) is None
-    rows = [
+    rows = cost_rows(
         {"key": "gt-a", "sessions": 1, "models": [{"model": "claude-haiku-4-5", "output_tokens": 2_000_000}]},
         {"key": "gt-b", "sessions": 1, "models": [{"model": "mystery", "input_tokens": 7}]},
-    ]
+    )
     shown = priced(rows, prices)
-    assert [r["cost_usd"] for r in shown["rows"]] == [pytest.approx(10.0), None]
-    assert shown["total"]["tokens"] == 2_000_007
-    assert shown["total"]["cost_usd"] == pytest.approx(10.0)
-    assert shown["total"]["priced"] is False
+    assert [r.cost_usd for r in shown.rows] == [pytest.approx(10.0), None]
+    assert shown.total.tokens == 2_000_007
+    assert shown.total.cost_usd == pytest.approx(10.0)
+    assert shown.total.priced is False
     with pytest.raises(ValueError, match="GT_MODEL_PRICES must map"):
         parse_prices('{"claude-opus-4-5": {"input": "cheap"}}')
 
@@ -193,13 +199,11 @@ def test_the_dashboard_shows_each_sessions_tokens() -> None:
 
 
 def test_gt_status_shows_each_rigs_tokens_and_cost_where_priced() -> None:
-    rows = [
+    rows = cost_rows(
         {"key": "demo", "sessions": 2, "models": [{"model": "claude-opus-4-5", "output_tokens": 400_000}]},
         {"key": "web", "sessions": 1, "models": [{"model": "unpriced", "input_tokens": 7}]},
-    ]
-    priced_rows = {
-        r["key"]: r for r in priced(rows, parse_prices('{"claude-opus-4-5": {"input": 5, "output": 25}}'))["rows"]
-    }
+    )
+    priced_rows = {r.key: r for r in priced(rows, parse_prices('{"claude-opus-4-5": {"input": 5, "output": 25}}')).rows}
     snap = town_view.snapshot(
         now=datetime(2026, 11, 25, tzinfo=UTC),
         stream_last_seq=1,
@@ -228,18 +232,18 @@ def test_gt_status_shows_each_rigs_tokens_and_cost_where_priced() -> None:
 
 def test_a_bead_that_used_no_tokens_costs_nothing_and_leaves_the_total_fully_priced() -> None:
     prices = parse_prices('{"claude-opus-4-5": {"input": 5, "output": 25}}')
-    rows = [
+    rows = cost_rows(
         {"key": "gt-a", "sessions": 1, "models": [{"model": "claude-opus-4-5", "output_tokens": 40_000}]},
         {"key": "gt-b", "sessions": 1, "models": [{"model": "<synthetic>"}]},
         {"key": "gt-c", "sessions": 1, "models": []},
-    ]
+    )
     shown = priced(rows, prices)
-    assert [(r["cost_usd"], r["priced"]) for r in shown["rows"]] == [
+    assert [(r.cost_usd, r.priced) for r in shown.rows] == [
         (pytest.approx(1.0), True),
         (0.0, True),
         (0.0, True),
     ]
-    assert [money(r) for r in shown["rows"]] == ["$1.0000", "$0.0000", "$0.0000"]
-    assert money(shown["total"]) == "$1.0000", "no `+`: nothing that used tokens is unpriced"
+    assert [money(r) for r in shown.rows] == ["$1.0000", "$0.0000", "$0.0000"]
+    assert money(shown.total) == "$1.0000", "no `+`: nothing that used tokens is unpriced"
     unpriced = priced(rows, {})
-    assert {money(r) for r in [*unpriced["rows"], unpriced["total"]]} == {"-"}, "no price table: no dollars"
+    assert {money(r) for r in [*unpriced.rows, unpriced.total]} == {"-"}, "no price table: no dollars"

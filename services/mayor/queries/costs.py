@@ -7,28 +7,21 @@ difference) is what the day of the later event used."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
-
-import msgspec
 
 from services.mayor.state import MayorState, SessionCost, UsageBook
 from shared.core.errors import QueryError
-from shared.model.usage import COST_GROUPINGS, ModelUsage, merge
+from shared.model.usage import COST_GROUPINGS, CostRow, ModelUsage, merge
 
 GROUPINGS = COST_GROUPINGS
 
 
-def _row(key: str, usages: Iterable[ModelUsage], sessions: int) -> dict[str, Any]:
+def _row(key: str, usages: Iterable[ModelUsage], sessions: int) -> CostRow:
     models = merge({}, usages)
-    return {
-        "key": key,
-        "sessions": sessions,
-        "models": [msgspec.to_builtins(models[m]) for m in sorted(models)],
-    }
+    return CostRow(key=key, sessions=sessions, models=[models[m] for m in sorted(models)])
 
 
-def costs(book: UsageBook, by: str, convoys_of_bead: dict[str, list[str]]) -> list[dict[str, Any]]:
-    """Rows ``{key, sessions, models: [ModelUsage...]}`` sorted by key. ``convoys_of_bead``: bead -> the convoys
+def costs(book: UsageBook, by: str, convoys_of_bead: dict[str, list[str]]) -> list[CostRow]:
+    """The rows sorted by key. ``convoys_of_bead``: bead -> the convoys
     tracking it (a bead in two convoys counts in both)."""
     if by not in GROUPINGS:
         raise QueryError("invalid", f"`by` must be one of {', '.join(GROUPINGS)}, got {by!r}")
@@ -49,7 +42,7 @@ def costs(book: UsageBook, by: str, convoys_of_bead: dict[str, list[str]]) -> li
     return [_row(key, (u for c in found for u in c.models), len(found)) for key, found in sorted(groups.items())]
 
 
-def costs_of(state: MayorState, by: str | None) -> list[dict[str, Any]]:
+def costs_of(state: MayorState, by: str | None) -> list[CostRow]:
     """``gt.q.mayor.costs``: the usage book grouped ``by`` bead (the default), rig, convoy, day or session."""
     convoys_of_bead: dict[str, list[str]] = {}
     for convoy in state.convoys.values():

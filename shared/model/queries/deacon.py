@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
+from shared.model import leases
 from shared.model.queries.base import Query, Required, ServiceStatus
 
 
@@ -34,10 +36,6 @@ class DeaconStatus(ServiceStatus, kw_only=True):
     automation_scan_errors: int = 0
 
 
-class _DeaconQuery(Query[Any], frozen=True, kw_only=True):
-    SERVICE: ClassVar[str] = "deacon"
-
-
 class ServiceLiveness(msgspec.Struct, kw_only=True):
     """A service scope's liveness as the deacon last recorded it."""
 
@@ -49,27 +47,95 @@ class ServiceLiveness(msgspec.Struct, kw_only=True):
     reason: str
 
 
-class Services(_DeaconQuery, frozen=True, kw_only=True):
+class RunView(msgspec.Struct, kw_only=True):
+    """One run of an automation as the log has it (a field left out of its JSON when it has nothing)."""
+
+    id: str
+    status: str
+    gate: str
+    reason: str
+    action: str
+    fired_at: str | None
+    ended_at: str | None
+    holder: str
+    cursor: int | UnsetType = UNSET
+    lease_until: str | UnsetType = UNSET
+    exec: str | UnsetType = UNSET
+    formula: str | UnsetType = UNSET
+    rig: str | UnsetType = UNSET
+    bead: str | UnsetType = UNSET
+    result: str | UnsetType = UNSET
+    error: str | UnsetType = UNSET
+    exit_code: int | UnsetType = UNSET
+
+
+class AutomationView(msgspec.Struct, kw_only=True):
+    """An automation: its file as read (the gate's and the action's fields, each left out when it does not apply),
+    or why the file is not usable, and its runs as the log has them; ``history`` in ``automation`` only."""
+
+    name: str
+    status: str
+    """idle, running, disabled, invalid, removed or "running (file removed)"."""
+    file: str | UnsetType = UNSET
+    description: str | UnsetType = UNSET
+    enabled: bool | UnsetType = UNSET
+    gate: str | UnsetType = UNSET
+    action: str | UnsetType = UNSET
+    interval_s: float | UnsetType = UNSET
+    schedule: str | UnsetType = UNSET
+    timezone: str | UnsetType = UNSET
+    on: str | UnsetType = UNSET
+    subject: str | UnsetType = UNSET
+    check: str | UnsetType = UNSET
+    check_timeout_s: float | UnsetType = UNSET
+    exec: str | UnsetType = UNSET
+    timeout_s: float | UnsetType = UNSET
+    formula: str | UnsetType | None = UNSET
+    rig: str | UnsetType | None = UNSET
+    title: str | UnsetType = UNSET
+    vars: dict[str, str] | UnsetType = UNSET
+    next_due: str | UnsetType | None = UNSET
+    waiting: str | UnsetType | None = UNSET
+    """Why it is not due yet, in words (None: nothing holds it back)."""
+    error: str | UnsetType = UNSET
+    """Why its file is not usable (``invalid``)."""
+    field: str | UnsetType = UNSET
+    runs: int = 0
+    completed: int = 0
+    failed: int = 0
+    last_fired_at: str | None = None
+    cursor: int | UnsetType | None = UNSET
+    open_run: RunView | None = None
+    last_run: RunView | None = None
+    history: list[RunView] | UnsetType = UNSET
+
+
+class Services(Query[list[ServiceLiveness]], frozen=True, kw_only=True):
     """Each service's liveness as the deacon last recorded it."""
 
+    SERVICE: ClassVar[str] = "deacon"
     NAME: ClassVar[str] = "services"
 
 
-class Leases(_DeaconQuery, frozen=True, kw_only=True):
+class Leases(Query[list[leases.Lease]], frozen=True, kw_only=True):
+    SERVICE: ClassVar[str] = "deacon"
     NAME: ClassVar[str] = "leases"
     held: bool = False
 
 
-class Lease(_DeaconQuery, frozen=True, kw_only=True):
+class Lease(Query[leases.LeaseView], frozen=True, kw_only=True):
+    SERVICE: ClassVar[str] = "deacon"
     NAME: ClassVar[str] = "lease"
     name: Required
 
 
-class Automations(_DeaconQuery, frozen=True, kw_only=True):
+class Automations(Query[list[AutomationView]], frozen=True, kw_only=True):
+    SERVICE: ClassVar[str] = "deacon"
     NAME: ClassVar[str] = "automations"
 
 
-class Automation(_DeaconQuery, frozen=True, kw_only=True):
+class Automation(Query[AutomationView], frozen=True, kw_only=True):
+    SERVICE: ClassVar[str] = "deacon"
     NAME: ClassVar[str] = "automation"
     name: Required
 

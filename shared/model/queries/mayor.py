@@ -8,16 +8,15 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
+from shared.model import formulas
 from shared.model.beads import Bead, BeadDetail
 from shared.model.convoys import ConvoyView
 from shared.model.escalations import Escalation
 from shared.model.molecules import MoleculeView
 from shared.model.queries.base import Limit, PageBytes, Query, Required
-
-
-class _MayorQuery(Query[Any], frozen=True, kw_only=True):
-    SERVICE: ClassVar[str] = "mayor"
+from shared.model.usage import CostRow
 
 
 class _BeadsQuery(Query[list[Bead]], frozen=True, kw_only=True):
@@ -81,9 +80,10 @@ class DepView(msgspec.Struct, kw_only=True):
     exists: bool
 
 
-class Deps(_MayorQuery, frozen=True, kw_only=True):
+class Deps(Query[list[DepView]], frozen=True, kw_only=True):
     """What the bead needs (``down``) or what needs it (``up``)."""
 
+    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "deps"
     id: Required
     direction: str | None = None
@@ -150,23 +150,45 @@ class Escalations(Query[list[Escalation]], frozen=True, kw_only=True):
     """At most this many bytes of items in a page (the query server sets what one reply carries)."""
 
 
-class Costs(_MayorQuery, frozen=True, kw_only=True):
+class Costs(Query[list[CostRow]], frozen=True, kw_only=True):
     """Token usage grouped ``by`` bead (the default), rig, convoy, day or session."""
 
+    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "costs"
     by: str | None = None
 
 
-class Formulas(_MayorQuery, frozen=True, kw_only=True):
+class FormulaEntry(msgspec.Struct, kw_only=True):
+    """A formula file the town (or a rig) sees: where it is and, read, what it holds, or why it is broken."""
+
+    name: str
+    layer: str
+    """Which catalog it comes from: built-in, the town's, or the rig's."""
+    path: str
+    description: str | UnsetType = UNSET
+    version: int | UnsetType = UNSET
+    steps: int | UnsetType = UNSET
+    error: str | UnsetType = UNSET
+
+
+class FormulaDetail(formulas.Formula, frozen=True, kw_only=True):
+    """One formula as ``formula`` answers it: its steps as written, or cooked with the vars given (``vars_used``)."""
+
+    vars_used: dict[str, str] = {}
+
+
+class Formulas(Query[list[FormulaEntry]], frozen=True, kw_only=True):
     """Every formula the town (and ``rig``) sees, broken ones with their error."""
 
+    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "formulas"
     rig: str | None = None
 
 
-class Formula(_MayorQuery, frozen=True, kw_only=True):
+class Formula(Query[FormulaDetail], frozen=True, kw_only=True):
     """One formula as written, or cooked with ``vars``."""
 
+    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "formula"
     name: Required
     vars: dict[str, str] = {}

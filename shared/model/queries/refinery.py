@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from shared.model.merge_requests import MergeRequest
 from shared.model.queries.base import Query, Required, ServiceStatus
 
 
@@ -23,16 +24,7 @@ class RefineryStatus(ServiceStatus, kw_only=True):
     processing: list[str] = []
 
 
-class MrSummary(msgspec.Struct, kw_only=True):
-    """The fields of a merge request callers read (``ask_json`` has all of them)."""
-
-    id: str
-    rig: str
-    bead: str
-    status: str = ""
-
-
-class Mrs(Query[list[MrSummary]], frozen=True, kw_only=True):
+class Mrs(Query[list[MergeRequest]], frozen=True, kw_only=True):
     """The merge queue (of one rig when given): waiting ones first, by score."""
 
     SERVICE: ClassVar[str] = "refinery"
@@ -40,7 +32,7 @@ class Mrs(Query[list[MrSummary]], frozen=True, kw_only=True):
     rig: str | None = None
 
 
-class Mr(Query[Any], frozen=True, kw_only=True):
+class Mr(Query[MergeRequest], frozen=True, kw_only=True):
     SERVICE: ClassVar[str] = "refinery"
     NAME: ClassVar[str] = "mr"
     id: Required
