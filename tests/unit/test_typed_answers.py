@@ -15,13 +15,12 @@ from services.deacon.projection import new_projection as deacon_projection
 from services.deacon.state import DeaconState
 from services.refinery import plan as refinery_plan
 from services.refinery import queries as refinery_queries
-from services.refinery.projection import new_projection as refinery_projection
-from services.refinery.state import RefineryState
 from services.witness import queries as witness_queries
 from shared.bus.query import reply_of
 from shared.model import events as ev
 from shared.model.queries import Query, deacon, refinery, witness
 from tests.memory_log import Fed
+from tests.unit.test_gc import Refinery
 from tests.unit.test_witness_plan import World
 
 _JSON = msgspec.json.Encoder()
@@ -46,7 +45,7 @@ def witness_world() -> World:
     w.bead("de-1")
     first = w.running("de-1")
     w.add(ev.SessionEnded(session_id=first, reason="handoff", detail="half done"))
-    second = w.running("de-1")
+    w.running("de-1")
     w.add(
         ev.NudgeQueued(
             nudge_id="n-1", rig="demo", polecat="ace", message="look", expires_at=w.clock + timedelta(hours=1)
@@ -86,23 +85,11 @@ def test_a_session_answer_carries_its_earlier_sessions_rig_and_nudges_typed() ->
     assert [n.message for n in session.nudges] == ["look"]
 
 
-class RefineryTown(Fed[RefineryState]):
-    def __init__(self) -> None:
-        super().__init__(refinery_projection())
-        self.add(ev.RigAdded(rig="demo", repo="/repos/demo.git", prefix="de", agent_command="gt-agent"))
-
-    def submit(self, bead: str) -> str:
-        self.add(ev.BeadCreated(bead_id=bead, title=bead), ev.BeadSlung(bead_id=bead, rig="demo"))
-        mr = f"mr-{bead}"
-        self.add(ev.MergeRequestSubmitted(mr_id=mr, bead=bead, rig="demo", branch=f"b/{bead}", target="main", head="1"))
-        return mr
-
-
 @pytest.mark.parametrize(
     "query", [refinery.Mrs(), refinery.Mrs(rig="demo"), refinery.Mr(id="mr-de-2")], ids=lambda q: q.NAME
 )
 def test_every_refinery_answer_reads_into_its_reply_type(query: Query[Any]) -> None:
-    r = RefineryTown()
+    r = Refinery()
     r.submit("de-1")
     failed = r.submit("de-2")
     r.add(ev.MergeRequestClaimed(mr_id=failed, attempt=1, holder="r", lease_until=r.clock))

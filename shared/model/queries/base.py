@@ -79,8 +79,12 @@ def reply_type(cls: type[Query[Any]]) -> Any:
     """``R`` of ``cls`` (``Query[R]``), what its answer is read into."""
     for klass in cls.__mro__:
         for base in getattr(klass, "__orig_bases__", ()):
-            if typing.get_origin(base) is Query:
-                return typing.get_args(base)[0]
+            origin = typing.get_origin(base)
+            # ``Query[R]``, or a service's base that passes ``R`` on to it (``MayorQuery[R]``).
+            if isinstance(origin, type) and issubclass(origin, Query):
+                (wanted,) = typing.get_args(base)
+                if not isinstance(wanted, TypeVar):
+                    return wanted
     return Any
 
 

@@ -8,7 +8,13 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from shared.model import leases
-from shared.model.queries.base import Query, Required, ServiceStatus
+from shared.model.queries.base import Query, R, Required, ServiceStatus
+
+
+class DeaconQuery(Query[R], frozen=True, kw_only=True):
+    """A query the deacon answers (``gt.q.deacon.<name>``)."""
+
+    SERVICE: ClassVar[str] = "deacon"
 
 
 class DeaconStatus(ServiceStatus, kw_only=True):
@@ -47,8 +53,8 @@ class ServiceLiveness(msgspec.Struct, kw_only=True):
     reason: str
 
 
-class RunView(msgspec.Struct, kw_only=True):
-    """One run of an automation as the log has it (a field left out of its JSON when it has nothing)."""
+class RunView(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One run of an automation as the log has it (a field with nothing is left out of its JSON)."""
 
     id: str
     status: str
@@ -58,15 +64,15 @@ class RunView(msgspec.Struct, kw_only=True):
     fired_at: str | None
     ended_at: str | None
     holder: str
-    cursor: int | UnsetType = UNSET
-    lease_until: str | UnsetType = UNSET
-    exec: str | UnsetType = UNSET
-    formula: str | UnsetType = UNSET
-    rig: str | UnsetType = UNSET
-    bead: str | UnsetType = UNSET
-    result: str | UnsetType = UNSET
-    error: str | UnsetType = UNSET
-    exit_code: int | UnsetType = UNSET
+    cursor: int | None = None
+    lease_until: str | None = None
+    exec: str | None = None
+    formula: str | None = None
+    rig: str | None = None
+    bead: str | None = None
+    result: str | None = None
+    error: str | None = None
+    exit_code: int | None = None
 
 
 class AutomationView(msgspec.Struct, kw_only=True):
@@ -110,32 +116,27 @@ class AutomationView(msgspec.Struct, kw_only=True):
     history: list[RunView] | UnsetType = UNSET
 
 
-class Services(Query[list[ServiceLiveness]], frozen=True, kw_only=True):
+class Services(DeaconQuery[list[ServiceLiveness]], frozen=True, kw_only=True):
     """Each service's liveness as the deacon last recorded it."""
 
-    SERVICE: ClassVar[str] = "deacon"
     NAME: ClassVar[str] = "services"
 
 
-class Leases(Query[list[leases.Lease]], frozen=True, kw_only=True):
-    SERVICE: ClassVar[str] = "deacon"
+class Leases(DeaconQuery[list[leases.Lease]], frozen=True, kw_only=True):
     NAME: ClassVar[str] = "leases"
     held: bool = False
 
 
-class Lease(Query[leases.LeaseView], frozen=True, kw_only=True):
-    SERVICE: ClassVar[str] = "deacon"
+class Lease(DeaconQuery[leases.LeaseView], frozen=True, kw_only=True):
     NAME: ClassVar[str] = "lease"
     name: Required
 
 
-class Automations(Query[list[AutomationView]], frozen=True, kw_only=True):
-    SERVICE: ClassVar[str] = "deacon"
+class Automations(DeaconQuery[list[AutomationView]], frozen=True, kw_only=True):
     NAME: ClassVar[str] = "automations"
 
 
-class Automation(Query[AutomationView], frozen=True, kw_only=True):
-    SERVICE: ClassVar[str] = "deacon"
+class Automation(DeaconQuery[AutomationView], frozen=True, kw_only=True):
     NAME: ClassVar[str] = "automation"
     name: Required
 

@@ -15,20 +15,23 @@ from shared.model.beads import Bead, BeadDetail
 from shared.model.convoys import ConvoyView
 from shared.model.escalations import Escalation
 from shared.model.molecules import MoleculeView
-from shared.model.queries.base import Limit, PageBytes, Query, Required
+from shared.model.queries.base import Limit, PageBytes, Query, R, Required
 from shared.model.usage import CostRow
 
 
-class _BeadsQuery(Query[list[Bead]], frozen=True, kw_only=True):
+class MayorQuery(Query[R], frozen=True, kw_only=True):
+    """A query the mayor answers (``gt.q.mayor.<name>``)."""
+
+    SERVICE: ClassVar[str] = "mayor"
+
+
+class _BeadsQuery(MayorQuery[list[Bead]], frozen=True, kw_only=True):
     """A query answered with beads (a message is a bead), each its record as the mayor keeps it."""
 
-    SERVICE: ClassVar[str] = "mayor"
 
-
-class Get(Query[BeadDetail], frozen=True, kw_only=True):
+class Get(MayorQuery[BeadDetail], frozen=True, kw_only=True):
     """One bead (a message is a bead), with its hold while held."""
 
-    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "get"
     id: Required
 
@@ -80,33 +83,29 @@ class DepView(msgspec.Struct, kw_only=True):
     exists: bool
 
 
-class Deps(Query[list[DepView]], frozen=True, kw_only=True):
+class Deps(MayorQuery[list[DepView]], frozen=True, kw_only=True):
     """What the bead needs (``down``) or what needs it (``up``)."""
 
-    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "deps"
     id: Required
     direction: str | None = None
 
 
-class Molecule(Query[MoleculeView], frozen=True, kw_only=True):
+class Molecule(MayorQuery[MoleculeView], frozen=True, kw_only=True):
     """A bead's molecule: its steps, the current one, how many are done."""
 
-    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "molecule"
     bead: Required
 
 
-class Convoy(Query[ConvoyView], frozen=True, kw_only=True):
+class Convoy(MayorQuery[ConvoyView], frozen=True, kw_only=True):
     """One convoy with its beads' details."""
 
-    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "convoy"
     id: Required
 
 
-class Convoys(Query[list[ConvoyView]], frozen=True, kw_only=True):
-    SERVICE: ClassVar[str] = "mayor"
+class Convoys(MayorQuery[list[ConvoyView]], frozen=True, kw_only=True):
     NAME: ClassVar[str] = "convoys"
     PAGED: ClassVar[bool] = True
     include_closed: bool = False
@@ -136,10 +135,9 @@ class Thread(_BeadsQuery, frozen=True, kw_only=True):
     thread: Required
 
 
-class Escalations(Query[list[Escalation]], frozen=True, kw_only=True):
+class Escalations(MayorQuery[list[Escalation]], frozen=True, kw_only=True):
     """Open and acknowledged escalations, most severe first (closed ones too with ``include_closed``)."""
 
-    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "escalations"
     PAGED: ClassVar[bool] = True
     include_closed: bool = False
@@ -150,10 +148,9 @@ class Escalations(Query[list[Escalation]], frozen=True, kw_only=True):
     """At most this many bytes of items in a page (the query server sets what one reply carries)."""
 
 
-class Costs(Query[list[CostRow]], frozen=True, kw_only=True):
+class Costs(MayorQuery[list[CostRow]], frozen=True, kw_only=True):
     """Token usage grouped ``by`` bead (the default), rig, convoy, day or session."""
 
-    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "costs"
     by: str | None = None
 
@@ -177,18 +174,16 @@ class FormulaDetail(formulas.Formula, frozen=True, kw_only=True):
     vars_used: dict[str, str] = {}
 
 
-class Formulas(Query[list[FormulaEntry]], frozen=True, kw_only=True):
+class Formulas(MayorQuery[list[FormulaEntry]], frozen=True, kw_only=True):
     """Every formula the town (and ``rig``) sees, broken ones with their error."""
 
-    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "formulas"
     rig: str | None = None
 
 
-class Formula(Query[FormulaDetail], frozen=True, kw_only=True):
+class Formula(MayorQuery[FormulaDetail], frozen=True, kw_only=True):
     """One formula as written, or cooked with ``vars``."""
 
-    SERVICE: ClassVar[str] = "mayor"
     NAME: ClassVar[str] = "formula"
     name: Required
     vars: dict[str, str] = {}

@@ -7,7 +7,13 @@ from typing import Any, ClassVar
 import msgspec
 
 from shared.model.merge_requests import MergeRequest
-from shared.model.queries.base import Query, Required, ServiceStatus
+from shared.model.queries.base import Query, R, Required, ServiceStatus
+
+
+class RefineryQuery(Query[R], frozen=True, kw_only=True):
+    """A query the refinery answers (``gt.q.refinery.<name>``)."""
+
+    SERVICE: ClassVar[str] = "refinery"
 
 
 class RefineryStatus(ServiceStatus, kw_only=True):
@@ -24,16 +30,14 @@ class RefineryStatus(ServiceStatus, kw_only=True):
     processing: list[str] = []
 
 
-class Mrs(Query[list[MergeRequest]], frozen=True, kw_only=True):
+class Mrs(RefineryQuery[list[MergeRequest]], frozen=True, kw_only=True):
     """The merge queue (of one rig when given): waiting ones first, by score."""
 
-    SERVICE: ClassVar[str] = "refinery"
     NAME: ClassVar[str] = "mrs"
     rig: str | None = None
 
 
-class Mr(Query[MergeRequest], frozen=True, kw_only=True):
-    SERVICE: ClassVar[str] = "refinery"
+class Mr(RefineryQuery[MergeRequest], frozen=True, kw_only=True):
     NAME: ClassVar[str] = "mr"
     id: Required
 
@@ -49,10 +53,9 @@ class PausedQueue(msgspec.Struct, kw_only=True):
     paused_at: str | None = None
 
 
-class PausedQueues(Query[list[PausedQueue]], frozen=True, kw_only=True):
+class PausedQueues(RefineryQuery[list[PausedQueue]], frozen=True, kw_only=True):
     """The rigs' merge queues that are paused now (``gt mq resume <rig>`` resumes one), by rig."""
 
-    SERVICE: ClassVar[str] = "refinery"
     NAME: ClassVar[str] = "paused"
 
 

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from shared.model.queries.base import Query, Required, ServiceStatus
+from shared.model.queries.base import Query, R, Required, ServiceStatus
 from shared.model.rigs import RigView
 from shared.model.sessions import Nudge, SessionDetail, SessionView
+
+
+class WitnessQuery(Query[R], frozen=True, kw_only=True):
+    """A query the witness answers (``gt.q.witness.<name>``)."""
+
+    SERVICE: ClassVar[str] = "witness"
 
 
 class WitnessStatus(ServiceStatus, kw_only=True):
@@ -28,42 +34,37 @@ class WitnessStatus(ServiceStatus, kw_only=True):
     session_connections_kicked: int | None = None
 
 
-class Rigs(Query[list[RigView]], frozen=True, kw_only=True):
+class Rigs(WitnessQuery[list[RigView]], frozen=True, kw_only=True):
     """Rigs in service (every one, removed ones too, with ``all``)."""
 
-    SERVICE: ClassVar[str] = "witness"
     NAME: ClassVar[str] = "rigs"
     all: bool = False
 
 
-class Rig(Query[RigView], frozen=True, kw_only=True):
-    SERVICE: ClassVar[str] = "witness"
+class Rig(WitnessQuery[RigView], frozen=True, kw_only=True):
     NAME: ClassVar[str] = "rig"
     name: Required
 
 
-class Sessions(Query[list[SessionView]], frozen=True, kw_only=True):
+class Sessions(WitnessQuery[list[SessionView]], frozen=True, kw_only=True):
     """Active sessions (every one with ``all``), of one rig or bead when given."""
 
-    SERVICE: ClassVar[str] = "witness"
     NAME: ClassVar[str] = "sessions"
     rig: str | None = None
     bead: str | None = None
     all: bool = False
 
 
-class Session(Query[SessionDetail], frozen=True, kw_only=True):
+class Session(WitnessQuery[SessionDetail], frozen=True, kw_only=True):
     """One session (a polecat session may ask about its own only)."""
 
-    SERVICE: ClassVar[str] = "witness"
     NAME: ClassVar[str] = "session"
     id: Required
 
 
-class Nudges(Query[list[Nudge]], frozen=True, kw_only=True):
+class Nudges(WitnessQuery[list[Nudge]], frozen=True, kw_only=True):
     """Queued nudges (every one with ``all``)."""
 
-    SERVICE: ClassVar[str] = "witness"
     NAME: ClassVar[str] = "nudges"
     all: bool = False
 
