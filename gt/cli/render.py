@@ -12,7 +12,7 @@ import msgspec
 
 from gt.cli.colour import SEQUENCE
 from gt.narration import pane_lines
-from shared.core.terminal import escape_line, escape_text, escaped_lines
+from shared.core.terminal import escape_line, escape_text, escaped_lines, json_safe
 from shared.model.beads import Bead, BeadDetail
 from shared.model.commands.rigs import DEFAULT_GIT_EMAIL, DEFAULT_GIT_NAME
 from shared.model.convoys import ConvoyView, DispatchView
@@ -27,8 +27,11 @@ _JSON = msgspec.json.Encoder()
 BAR_WIDTH = 20
 
 
-def print_json(value: Any, out: TextIO = sys.stdout) -> None:
-    out.write(msgspec.json.format(_JSON.encode(value), indent=2).decode() + "\n")
+def print_json(value: Any, out: TextIO | None = None) -> None:
+    """``value`` as indented JSON on ``out`` (standard output as it is now), every control character in it a JSON
+    escape: agents' text in a `--json` answer reaches no terminal raw either."""
+    text = json_safe(msgspec.json.format(_JSON.encode(value), indent=2).decode())
+    (out or sys.stdout).write(text + "\n")
 
 
 # ---- what reaches the terminal ------------------------------------------------------------------

@@ -53,6 +53,13 @@ def escape_text(value: object) -> str:
     return _IN_TEXT.sub(_escaped, text)
 
 
+def json_safe(text: str) -> str:
+    """JSON ``text`` with every character ``escape_text`` escapes written as a JSON escape (``\\u009b``), so it reads
+    back as the same strings and shows nothing raw on a terminal. (An encoder escapes the C0 controls already; DEL,
+    the C1 controls, bidi controls and line separators it writes as they are.)"""
+    return _IN_TEXT.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+
+
 def escaped_lines(value: object) -> list[str]:
     """``escape_text(value)`` cut at its newlines (not ``splitlines``: that also cuts at a carriage return, a form
     feed or a line separator, which would then not be shown)."""

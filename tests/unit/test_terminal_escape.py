@@ -330,3 +330,18 @@ def test_mail_from_the_operator_or_the_town_is_announced_as_theirs() -> None:
 def test_a_long_subject_is_cut() -> None:
     line = mail_announcement("polecat:demo/bob", "x" * 500, "hq-m1")
     assert f'"{"x" * (MAIL_SUBJECT_SHOWN - 1)}…"' in line
+
+
+def test_json_answers_carry_agents_text_as_json_escapes_and_read_back_the_same(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Found by a new user's trial: `gt bead show --json` (and every other `--json`) printed DEL, a C1 CSI and a
+    right-to-left override raw: the encoder escapes only the C0 controls, and the JSON printer wrote past the
+    escaping standard output. Now each is a JSON escape, which a JSON reader reads back as the same text."""
+    shown = bead(title=f"title {HOSTILE}", description=f"notes {HOSTILE}\nmore")
+    with render.escaped_stdout():
+        render.print_json(shown)
+    out = capsys.readouterr().out
+    assert_terminal_safe(out)
+    assert "\\u009b31m\\u202eevil" in out
+    assert msgspec.json.decode(out, type=BeadDetail) == shown
