@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.helpers import assert_eventually
 from tests.integration.test_prime_mail import session_started
@@ -102,8 +103,10 @@ async def test_agent_written_text_reaches_no_terminal_raw_and_its_mail_is_announ
     raised: bool = await assert_eventually(escalated, timeout=30, interval=0.5)
     assert raised
 
-    # --json keeps the original text, as valid JSON.
+    # --json keeps the original text, as valid JSON, with every control character a JSON escape (`\u202e`, not the
+    # override itself: a terminal showing the JSON is as safe as one showing the text view).
     _code, listed, _err = await gt(operator, "mail", "inbox", "--json")
+    assert_terminal_safe("mail inbox --json", listed)
     messages = [m for m in json.loads(listed) if m["metadata"]["from"] == sender]
     assert [m["title"] for m in messages] == [SUBJECT], listed
     message = messages[0]["id"]
@@ -133,6 +136,17 @@ async def test_agent_written_text_reaches_no_terminal_raw_and_its_mail_is_announ
     assert "\\x1b]0;pwned" in history, history
     primed = await operator_gt("prime", "--session", second)  # what the successor agent is told
     assert f"handed off; its note: note {SUBJECT_SHOWN}" in primed, primed
+
+    async def json_of(*args: str) -> Any:
+        code, out, err = await gt(operator, *args, "--json")
+        assert code == 0, (args, out, err)
+        assert_terminal_safe(" ".join((*args, "--json")), out)
+        return json.loads(out)
+
+    assert (await json_of("mail", "read", message))["title"] == SUBJECT
+    assert (await json_of("bead", "show", message))["title"] == SUBJECT
+    primed_json = await json_of("prime", "--session", second)
+    assert primed_json["before_you"][0]["end_detail"].startswith(f"note {SUBJECT}"), primed_json
     _code, status, status_err = await gt(operator, "status")  # 1 when a service (the deacon) does not answer
     assert_terminal_safe("status", status + status_err)
 
