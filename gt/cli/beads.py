@@ -20,6 +20,7 @@ from gt.cli.common import (
     show_reply,
     status_line,
 )
+from shared.core.arguments import from_args
 from shared.core.config import TownConfig
 from shared.model.commands import BeadClaim, BeadClose, BeadCreate, BeadUpdate
 from shared.model.events.beads import BEAD_TYPES, WORK_TYPES
@@ -119,38 +120,12 @@ async def _rig_prefix(nc: Connection, config: TownConfig, name: str) -> str:
 async def _create(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     if args.rig:
         args.prefix = await _rig_prefix(nc, config, args.rig)
-    cmd = BeadCreate(
-        title=args.title,
-        type=args.type,
-        priority=args.priority,
-        description=args.description,
-        labels=args.labels,
-        metadata=key_values(args.meta, "--meta"),
-        parent=args.parent,
-        needs=args.needs,
-        assignee=args.assignee,
-        prefix=args.prefix,
-    )
+    cmd = from_args(BeadCreate, args, metadata=key_values(args.meta, "--meta"))
     return await send(nc, args, config, cmd, print_id)
 
 
 async def _update(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    cmd = BeadUpdate(
-        id=args.id,
-        title=args.title,
-        type=args.type,
-        priority=args.priority,
-        description=args.description,
-        assignee=args.assignee,
-        parent=args.parent,
-        labels=args.labels,
-        remove_labels=args.remove_labels,
-        metadata=key_values(args.meta, "--meta"),
-        needs=args.needs,
-        remove_needs=args.remove_needs,
-        blocks=args.blocks,
-        status=args.status,
-    )
+    cmd = from_args(BeadUpdate, args, metadata=key_values(args.meta, "--meta"))
     return await send(nc, args, config, cmd, status_line)
 
 
@@ -168,17 +143,7 @@ async def _show(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
 
 
 async def _list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    query = mayor.Beads(
-        status=args.status,
-        type=args.type,
-        label=args.label,
-        assignee=args.assignee,
-        parent=args.parent,
-        rig=args.rig,
-        metadata=key_values(args.meta, "--meta"),
-        include_closed=bool(args.all),
-        limit=args.limit,
-    )
+    query = from_args(mayor.Beads, args, metadata=key_values(args.meta, "--meta"), include_closed=bool(args.all))
     return show_reply(args, query, await read(nc, config, query), render.bead_table)
 
 

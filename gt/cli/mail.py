@@ -25,6 +25,7 @@ from gt.cli.common import (
     status_line,
 )
 from shared.bus.query import reply_of
+from shared.core.arguments import from_args
 from shared.core.config import TownConfig
 from shared.core.errors import CommandError
 from shared.model.commands import (
@@ -191,13 +192,7 @@ async def _thread(nc: Connection, args: argparse.Namespace, config: TownConfig) 
 async def _escalate(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     # An agent asks for help with its work: once its session's bead is closed, the mayor closes it.
     working_on = os.environ.get("GT_BEAD") if os.environ.get("GT_SESSION") else None
-    cmd = EscalationRaise(
-        severity=args.severity,
-        message=args.message,
-        source=args.source,
-        bead=args.bead,
-        resolved_when=[f"bead:{working_on}"] if working_on else [],
-    )
+    cmd = from_args(EscalationRaise, args, resolved_when=[f"bead:{working_on}"] if working_on else [])
     return await send(nc, args, config, cmd, print_id)
 
 

@@ -12,6 +12,7 @@ from msgspec import UNSET
 from gt.cli import render
 from gt.cli.common import Subcommands, UsageError, command_options, read, read_options, send, show_reply
 from shared.bus.query import ask
+from shared.core.arguments import from_args
 from shared.core.config import TownConfig
 from shared.core.errors import QueryError
 from shared.host import git
@@ -113,21 +114,14 @@ def _absolute_repo(args: argparse.Namespace) -> None:
 
 
 async def _rig_add(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    cmd = RigAdd(
-        name=args.name,
-        repo=args.repo,
-        base_branch=args.base_branch,
-        prefix=args.prefix,
+    cmd = from_args(
+        RigAdd,
+        args,
         setup_command=args.setup,
         lint_command=args.lint,
         test_command=args.test,
         agent_command=args.agent,
-        max_polecats=args.max_polecats,
-        max_respawns=args.max_respawns,
         stall_after_s=args.stall_after,
-        git_name=args.git_name,
-        git_email=args.git_email,
-        gate_env=args.gate_env,
     )
     return await send(nc, args, config, cmd, _rig_added_line)
 
@@ -253,19 +247,7 @@ def _update_line(result: RigResult) -> str:
 
 
 async def _rig_update(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    cmd = RigUpdate(
-        name=args.name,
-        setup_command=args.setup_command,
-        lint_command=args.lint_command,
-        test_command=args.test_command,
-        agent_command=args.agent_command,
-        max_polecats=args.max_polecats,
-        max_respawns=args.max_respawns,
-        stall_after_s=args.stall_after_s,
-        git_name=args.git_name,
-        git_email=args.git_email,
-        gate_env=args.gate_env,
-    )
+    cmd = from_args(RigUpdate, args)
     return await send(nc, args, config, cmd, _update_line)
 
 

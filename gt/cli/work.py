@@ -17,6 +17,7 @@ from gt.cli.common import (
     send,
     show_reply,
 )
+from shared.core.arguments import from_args
 from shared.core.config import TownConfig
 from shared.model.commands import BeadSling, StepDone, StepStart
 from shared.model.queries import mayor
@@ -106,17 +107,7 @@ def _sling_line(result: SlingResult) -> str:
 
 
 async def _sling(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
-    cmd = BeadSling(
-        id=args.bead,
-        rig=args.rig,
-        formula=args.formula,
-        vars=key_values(args.var, "--var"),
-        no_formula=args.no_formula,
-        no_convoy=args.no_convoy,
-        owned=args.owned,
-        force=args.force,
-        hold=args.hold,
-    )
+    cmd = from_args(BeadSling, args, id=args.bead, vars=key_values(args.var, "--var"))
     return await send(nc, args, config, cmd, _sling_line)
 
 

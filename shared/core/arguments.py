@@ -3,6 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any, TypeVar
+
+import msgspec
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def from_args(cls: type[S], args: argparse.Namespace, /, **given: Any) -> S:
+    """``cls`` built from the parsed options named as its fields, with ``given`` over them: the one mapping from a
+    command line to the command, query or settings it makes. (argparse's values are untyped, so a call spelling out
+    ``field=args.field`` for each field checked nothing more.)"""
+    values = {name: getattr(args, name) for name in cls.__struct_fields__ if hasattr(args, name)}
+    return cls(**(values | given))
 
 
 def positive_float(text: str) -> float:

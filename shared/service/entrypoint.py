@@ -16,6 +16,7 @@ import structlog
 from shared.core import config as town_config
 from shared.core import logging as gt_logging
 from shared.core.aio import task_stacks
+from shared.core.arguments import from_args
 from shared.core.errors import EXIT_LOG_LOST, ActivityLostError, EventLogLostError
 from shared.host import git
 from shared.host.privacy import hide_environment, private_files
@@ -105,15 +106,7 @@ def main(name: str, factory: ServiceFactory, argv: Sequence[str] | None = None) 
     except ValueError as exc:
         log.error("bad_configuration", error=str(exc))
         return EXIT_FAILED
-    settings = ServiceSettings(
-        patrol_interval=args.patrol_interval,
-        use_snapshots=not args.no_snapshots,
-        snapshot_every=args.snapshot_every,
-        snapshot_check_interval=args.snapshot_check_interval,
-        max_in_flight=args.max_in_flight,
-        heartbeat_interval=args.heartbeat_interval,
-        active_ttl=active_ttl,
-    )
+    settings = from_args(ServiceSettings, args, use_snapshots=not args.no_snapshots, active_ttl=active_ttl)
     try:
         service = factory(cfg, settings)
     except ValueError as exc:  # a service's own setting (GT_GATE_USER, ...) that cannot be used

@@ -47,6 +47,7 @@ from services.deacon.projection import new_projection as deacon_projection
 from services.mayor.projection import new_projection as mayor_projection
 from services.refinery.projection import new_projection as refinery_projection
 from services.witness.projection import new_projection as witness_projection
+from shared.core.arguments import from_args
 from shared.core.subjects import parse_js_reply
 from shared.host import git
 from shared.host.tmux import Tmux
@@ -667,19 +668,7 @@ def parse_args(argv: Sequence[str]) -> tuple[ChaosSettings, argparse.Namespace]:
     except ValueError as exc:
         parser.error(str(exc))
     deadline = args.deadline if args.deadline is not None else max(600.0, 6.0 * args.beads)
-    settings = ChaosSettings(
-        beads=args.beads,
-        convoy_size=args.convoy_size,
-        seed=args.seed,
-        rates=args.rates,
-        kill_every=args.kill_every,
-        nats_restart=not args.no_nats_restart,
-        cluster=args.cluster,
-        max_polecats=args.max_polecats,
-        mq_batch=args.mq_batch,
-        stall_after=args.stall_after,
-        deadline_s=deadline,
-    )
+    settings = from_args(ChaosSettings, args, nats_restart=not args.no_nats_restart, deadline_s=deadline)
     return settings, args
 
 
