@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from gt.cli import render
-from gt.cli.common import Subcommands, command_options, read, read_options, send, show_reply
+from gt.cli.common import Subcommands, read, send, show_reply
 from shared.core.config import TownConfig
 from shared.model.commands import AutomationRun
 from shared.model.queries import deacon
@@ -20,19 +20,13 @@ if TYPE_CHECKING:
 def register(sub: Subcommands) -> None:
     group = sub.group("automation", "automations run by the deacon: list, show, run", "automation_cmd")
 
-    ls = group.add_parser("list", help="every automation: gate, action, status, last and next run")
-    read_options(ls)
-    ls.set_defaults(handler=_list)
+    group.query("list", _list, help="every automation: gate, action, status, last and next run")
 
-    sh = group.add_parser("show", help="one automation: its file, why it waits, its recent runs")
+    sh = group.query("show", _show, help="one automation: its file, why it waits, its recent runs")
     sh.add_argument("name")
-    read_options(sh)
-    sh.set_defaults(handler=_show)
 
-    run = group.add_parser("run", help="fire it now, whatever its gate (refused while a run is open)")
+    run = group.command("run", _run, help="fire it now, whatever its gate (refused while a run is open)")
     run.add_argument("name")
-    command_options(run)
-    run.set_defaults(handler=_run)
 
 
 def _short(value: str | None) -> str:

@@ -9,12 +9,10 @@ from gt.cli import feed, render
 from gt.cli.common import (
     Subcommands,
     UsageError,
-    command_options,
     key_values,
     limit_option,
     print_id,
     read,
-    read_options,
     read_typed,
     send,
     show_reply,
@@ -33,7 +31,7 @@ if TYPE_CHECKING:
 def register(sub: Subcommands) -> None:
     bead = sub.group("bead", "beads: create, show, list, update, claim, close, deps, history", "bead_cmd")
 
-    c = bead.add_parser("create", help="file a new bead")
+    c = bead.command("create", _create, help="file a new bead")
     c.add_argument("title")
     c.add_argument(
         "--type", "-t", choices=BEAD_TYPES, metavar="TYPE", help=f"work: {', '.join(WORK_TYPES)} (default task)"
@@ -48,24 +46,18 @@ def register(sub: Subcommands) -> None:
     prefixes = c.add_mutually_exclusive_group()
     prefixes.add_argument("--prefix", help="id prefix (default hq)")
     prefixes.add_argument("--rig", help="file it under the id prefix of this rig (its `gt rig add --prefix`)")
-    command_options(c)
-    c.set_defaults(handler=_create)
 
-    s = bead.add_parser("show", help="one bead")
+    s = bead.query("show", _show, help="one bead")
     s.add_argument("id")
-    read_options(s)
-    s.set_defaults(handler=_show)
 
-    ls = bead.add_parser("list", help="beads in creation order (closed ones only with --all or --status closed)")
+    ls = bead.query("list", _list, help="beads in creation order (closed ones only with --all or --status closed)")
     for flag in ("--status", "--type", "--label", "--assignee", "--parent", "--rig"):
         ls.add_argument(flag)
     ls.add_argument("--meta", action="append", metavar="KEY=VALUE", help="metadata that must match (repeatable)")
     ls.add_argument("--all", action="store_true", help="include closed beads")
     limit_option(ls)
-    read_options(ls)
-    ls.set_defaults(handler=_list)
 
-    u = bead.add_parser("update", help="change a bead's fields and dependencies")
+    u = bead.command("update", _update, help="change a bead's fields and dependencies")
     u.add_argument("id")
     u.add_argument("--title")
     u.add_argument("--type", "-t", choices=BEAD_TYPES, metavar="TYPE", help=f"work: {', '.join(WORK_TYPES)}")
@@ -80,33 +72,23 @@ def register(sub: Subcommands) -> None:
     u.add_argument("--remove-needs", action="append", dest="remove_needs", help="drop a dependency")
     u.add_argument("--blocks", action="append", help="make that bead need this one")
     u.add_argument("--status", help="move the status forward (moving backward is refused)")
-    command_options(u)
-    u.set_defaults(handler=_update)
 
-    cl = bead.add_parser("claim", help="take a bead: open/hooked -> in_progress")
+    cl = bead.command("claim", _claim, help="take a bead: open/hooked -> in_progress")
     cl.add_argument("id")
     cl.add_argument("--assignee", "-a", required=True)
-    command_options(cl)
-    cl.set_defaults(handler=_claim)
 
-    x = bead.add_parser("close", help="close a bead (closing a closed bead changes nothing)")
+    x = bead.command("close", _close, help="close a bead (closing a closed bead changes nothing)")
     x.add_argument("id")
     x.add_argument("--reason", "-r", default="")
-    command_options(x)
-    x.set_defaults(handler=_close)
 
-    d = bead.add_parser("deps", help="what the bead needs (or, with --up, what needs it)")
+    d = bead.query("deps", _deps, help="what the bead needs (or, with --up, what needs it)")
     d.add_argument("id")
     d.add_argument("--up", action="store_true")
-    read_options(d)
-    d.set_defaults(handler=_deps)
 
     feed.register_history(bead)
 
-    r = sub.add_parser("ready", help="open beads with no open blocker")
+    r = sub.query("ready", _ready, help="open beads with no open blocker")
     limit_option(r)
-    read_options(r)
-    r.set_defaults(handler=_ready)
 
 
 async def _rig_prefix(nc: Connection, config: TownConfig, name: str) -> str:

@@ -78,6 +78,20 @@ class Subcommands:
         parser: argparse.ArgumentParser = self._action.add_parser(name, parents=[self.common], **kwargs)
         return parser
 
+    def command(self, name: str, handler: Handler, *, help: str, **defaults: Any) -> argparse.ArgumentParser:
+        """A verb that sends a command: ``handler`` sends it, with the options every command takes."""
+        parser = self.add_parser(name, help=help)
+        command_options(parser)
+        parser.set_defaults(handler=handler, **defaults)
+        return parser
+
+    def query(self, name: str, handler: Handler, *, help: str, **defaults: Any) -> argparse.ArgumentParser:
+        """A verb that reads: ``handler`` asks, and ``--json`` prints the answer as it came."""
+        parser = self.add_parser(name, help=help)
+        read_options(parser)
+        parser.set_defaults(handler=handler, **defaults)
+        return parser
+
     def group(self, name: str, help_text: str, dest: str) -> Subcommands:
         """A subcommand with subcommands of its own (``gt bead create``)."""
         parser = self.add_parser(name, help=help_text)
@@ -85,17 +99,18 @@ class Subcommands:
 
 
 def command_options(parser: argparse.ArgumentParser) -> None:
-    """Options of every subcommand that sends a command."""
-    parser.add_argument("--wait", action="store_true", help="wait for the outcome, also while the service is down")
-    parser.add_argument(
+    """Options of every subcommand that sends a command, under a heading of their own after the verb's."""
+    sending = parser.add_argument_group("sending the command")
+    sending.add_argument("--wait", action="store_true", help="wait for the outcome, also while the service is down")
+    sending.add_argument(
         "--timeout",
         type=float,
         default=None,
         help=f"seconds to wait for the outcome (default {DEFAULT_COMMAND_TIMEOUT_S:g}; with --wait: forever)",
     )
-    parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    parser.add_argument("--actor", help="who is acting (default: the polecat inside a polecat session, else operator)")
-    parser.add_argument("--id", dest="cmd_id", metavar="CMD_ID", help="command id (resending the same id is harmless)")
+    sending.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    sending.add_argument("--actor", help="who is acting (default: the polecat inside a polecat session, else operator)")
+    sending.add_argument("--id", dest="cmd_id", metavar="CMD_ID", help="command id (resending the same id is harmless)")
 
 
 def print_id(result: Identified) -> str:
@@ -105,7 +120,8 @@ def print_id(result: Identified) -> str:
 
 
 def read_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    """The option of every subcommand that reads, under a heading of its own after the verb's."""
+    parser.add_argument_group("output").add_argument("--json", action="store_true", help="print JSON")
 
 
 def key_values(pairs: list[str] | None, option: str) -> dict[str, str]:

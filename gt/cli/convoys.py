@@ -13,12 +13,10 @@ from gt.cli.common import (
     EXIT_OK,
     EXIT_REJECTED,
     Subcommands,
-    command_options,
     key_values,
     limit_option,
     print_id,
     read,
-    read_options,
     read_typed,
     send,
     show,
@@ -43,35 +41,25 @@ REFINERY_QUERY_TIMEOUT_S = 3.0
 def register(sub: Subcommands) -> None:
     convoy = sub.group("convoy", "convoys: create, add, status, list, land, sling", "convoy_cmd")
 
-    c = convoy.add_parser("create", help="track beads together")
+    c = convoy.command("create", _create, help="track beads together")
     c.add_argument("title")
     c.add_argument("beads", nargs="*")
     c.add_argument("--owned", action="store_true", help="closes only when landed, not by itself")
-    command_options(c)
-    c.set_defaults(handler=_create)
 
-    a = convoy.add_parser("add", help="track more beads")
+    a = convoy.command("add", _add, help="track more beads")
     a.add_argument("convoy")
     a.add_argument("beads", nargs="+")
-    command_options(a)
-    a.set_defaults(handler=_add)
 
-    s = convoy.add_parser("status", help="a convoy's progress and beads")
+    s = convoy.query("status", _status, help="a convoy's progress and beads")
     s.add_argument("convoy")
-    read_options(s)
-    s.set_defaults(handler=_status)
 
-    ls = convoy.add_parser("list", help="open convoys with their progress")
+    ls = convoy.query("list", _list, help="open convoys with their progress")
     ls.add_argument("--all", action="store_true", help="closed ones too")
     limit_option(ls)
-    read_options(ls)
-    ls.set_defaults(handler=_list)
 
-    la = convoy.add_parser("land", help="close an owned convoy")
+    la = convoy.command("land", _land, help="close an owned convoy")
     la.add_argument("convoy")
     la.add_argument("--force", action="store_true", help="even while it tracks open beads")
-    command_options(la)
-    la.set_defaults(handler=_land)
 
     sl = convoy.add_parser(
         "sling",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from gt.cli.common import Subcommands, UsageError, command_options, send
+from gt.cli.common import Subcommands, UsageError, send
 from shared.core.config import TownConfig
 from shared.model.commands import GcSweep
 from shared.model.results import GcResult
@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 
 
 def register(sub: Subcommands) -> None:
-    gc = sub.add_parser(
+    gc = sub.command(
         "gc",
+        _gc,
         help="sweep the projections now: closed molecules, wisps, sessions and finished merge requests older "
         "than the TTL leave them (the log is never edited)",
     )
@@ -27,8 +28,6 @@ def register(sub: Subcommands) -> None:
         metavar="SECONDS",
         help="collect what finished more than this long ago (default: the deacon's GT_GC_TTL, a week)",
     )
-    command_options(gc)
-    gc.set_defaults(handler=_gc)
 
 
 def _swept(result: GcResult) -> str:

@@ -13,11 +13,9 @@ from gt.cli.common import (
     EXIT_REJECTED,
     Subcommands,
     UsageError,
-    command_options,
     limit_option,
     print_id,
     read,
-    read_options,
     rejected_line,
     send,
     show,
@@ -50,68 +48,48 @@ if TYPE_CHECKING:
 def register(sub: Subcommands) -> None:
     mail = sub.group("mail", "mail: send, inbox, read, reply, archive, thread", "mail_cmd")
 
-    s = mail.add_parser("send", help="send a message (body from --body, or standard input)")
+    s = mail.command("send", _send, help="send a message (body from --body, or standard input)")
     s.add_argument("to", help=f"address: {ACCEPTED_ADDRESSES}")
     s.add_argument("--subject", "-s", default="")
     s.add_argument("--body", "-b", help="default: read from standard input")
     s.add_argument("--thread")
-    command_options(s)
-    s.set_defaults(handler=_send)
 
-    i = mail.add_parser("inbox", help="open, unread messages to an address (default: you)")
+    i = mail.query("inbox", _inbox, help="open, unread messages to an address (default: you)")
     i.add_argument("address", nargs="?")
     i.add_argument("--all", action="store_true", help="read ones too")
     limit_option(i)
-    read_options(i)
-    i.set_defaults(handler=_inbox)
 
-    r = mail.add_parser("read", help="show a message; it is marked read when it is yours")
+    r = mail.query("read", _read, help="show a message; it is marked read when it is yours")
     r.add_argument("id")
-    read_options(r)
     r.add_argument("--actor")
-    r.set_defaults(handler=_read)
 
-    rp = mail.add_parser("reply", help="answer a message: to its sender, in its thread")
+    rp = mail.command("reply", _reply, help="answer a message: to its sender, in its thread")
     rp.add_argument("id")
     rp.add_argument("--body", "-b", help="default: read from standard input")
     rp.add_argument("--subject", "-s", default="")
-    command_options(rp)
-    rp.set_defaults(handler=_reply)
 
-    a = mail.add_parser("archive", help="close a message")
+    a = mail.command("archive", _archive, help="close a message")
     a.add_argument("id")
-    command_options(a)
-    a.set_defaults(handler=_archive)
 
-    t = mail.add_parser("thread", help="a thread's messages in order")
+    t = mail.query("thread", _thread, help="a thread's messages in order")
     t.add_argument("thread")
-    read_options(t)
-    t.set_defaults(handler=_thread)
 
-    e = sub.add_parser("escalate", help="put a problem before the operator")
+    e = sub.command("escalate", _escalate, help="put a problem before the operator")
     e.add_argument("message")
     e.add_argument("--severity", "-s", choices=SEVERITIES, default="medium")
     e.add_argument("--source", help="who or what is raising it (default: the actor)")
     e.add_argument("--bead", help="the bead it is about")
-    command_options(e)
-    e.set_defaults(handler=_escalate)
 
-    ls = sub.add_parser("escalations", help="open escalations, most severe first")
+    ls = sub.query("escalations", _escalations, help="open escalations, most severe first")
     ls.add_argument("--all", action="store_true", help="closed ones too")
     limit_option(ls)
-    read_options(ls)
-    ls.set_defaults(handler=_escalations)
 
     esc = sub.group("escalation", "escalations: ack, close", "escalation_cmd")
-    ack = esc.add_parser("ack", help="someone is on it: it is not raised further")
+    ack = esc.command("ack", _ack, help="someone is on it: it is not raised further")
     ack.add_argument("id")
-    command_options(ack)
-    ack.set_defaults(handler=_ack)
-    close = esc.add_parser("close", help="resolved")
+    close = esc.command("close", _close, help="resolved")
     close.add_argument("id")
     close.add_argument("--reason", "-r", default="")
-    command_options(close)
-    close.set_defaults(handler=_close)
 
 
 def _me(args: argparse.Namespace) -> str:

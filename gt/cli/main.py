@@ -45,7 +45,6 @@ from gt.cli.common import (
     EXIT_USAGE,
     Handler,
     Subcommands,
-    read_options,
 )
 from gt.town_secrets import as_operator
 from shared.bus.connection import Connection, close_at_once, connect_as_session_or_user, connection_key
@@ -150,10 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.register(sub)
 
     sub.add_parser("schema", help="JSON Schema of every command and event")
-    st = sub.add_parser("health", help="exit 0 when the service is connected and caught up with the log")
+    st = sub.query("health", _health, help="exit 0 when the service is connected and caught up with the log")
     st.add_argument("service", nargs="?", default="mayor", choices=SERVICES)
-    read_options(st)
-    st.set_defaults(handler=_health)
     return p
 
 

@@ -12,9 +12,7 @@ from gt.cli.common import (
     EXIT_OK,
     Subcommands,
     UsageError,
-    command_options,
     read,
-    read_options,
     read_typed,
     send,
     show,
@@ -35,38 +33,33 @@ if TYPE_CHECKING:
 
 def register(sub: Subcommands) -> None:
     mq = sub.group("mq", "the merge queue: list, show, retry, reject, resume", "mq_cmd")
-    ml = mq.add_parser("list", help="merge requests in the order they were submitted, newest last (--rig: of one rig)")
+    ml = mq.query(
+        "list", _mq_list, help="merge requests in the order they were submitted, newest last (--rig: of one rig)"
+    )
     ml.add_argument("--rig")
-    read_options(ml)
-    ml.set_defaults(handler=_mq_list)
-    ms = mq.add_parser("show", help="one merge request, with the tail of a failed gate's output")
+    ms = mq.query("show", _mq_show, help="one merge request, with the tail of a failed gate's output")
     ms.add_argument("id")
-    read_options(ms)
-    ms.set_defaults(handler=_mq_show)
-    mr_retry = mq.add_parser(
+    mr_retry = mq.command(
         "retry",
+        _mq_retry,
         help="put a failed, blocked, escalated or rejected merge request back in the queue; --rig R or --all: every "
         "escalated one (of rig R), once what refused them is fixed (a paused queue: `gt mq resume`)",
+        precheck=_one_or_many_retries,
     )
     mr_retry.add_argument("id", nargs="?")
     retry_many = mr_retry.add_mutually_exclusive_group()
     retry_many.add_argument("--rig", help="every escalated merge request of this rig")
     retry_many.add_argument("--all", action="store_true", help="every escalated merge request of every rig")
-    command_options(mr_retry)
-    mr_retry.set_defaults(handler=_mq_retry, precheck=_one_or_many_retries)
-    mr_reject = mq.add_parser("reject", help="take a merge request out of the queue for good")
+    mr_reject = mq.command("reject", _mq_reject, help="take a merge request out of the queue for good")
     mr_reject.add_argument("id")
     mr_reject.add_argument("--reason", default="")
-    command_options(mr_reject)
-    mr_reject.set_defaults(handler=_mq_reject)
-    mq_resume = mq.add_parser(
+    mq_resume = mq.command(
         "resume",
+        _mq_resume,
         help="resume a rig's paused merge queue once its cause is fixed (the target refused pushes, or a gate "
         "fails on the target itself); `gt mq list` says which are paused and why",
     )
     mq_resume.add_argument("rig")
-    command_options(mq_resume)
-    mq_resume.set_defaults(handler=_mq_resume)
 
 
 async def _mq_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

@@ -20,8 +20,6 @@ from gt.cli.common import (
     EXIT_REJECTED,
     Subcommands,
     UsageError,
-    command_options,
-    read_options,
     read_typed,
     send,
     show,
@@ -70,20 +68,26 @@ INSTRUCTIONS = (
 
 
 def register(sub: Subcommands) -> None:
-    prime = sub.add_parser("prime", help="(agent) everything needed to resume: bead, steps, worktree, instructions")
+    prime = sub.query(
+        "prime",
+        _prime,
+        help="(agent) everything needed to resume: bead, steps, worktree, instructions",
+        precheck=_needs_session_id,
+    )
     prime.add_argument("--session", help="default: GT_SESSION")
-    read_options(prime)
-    prime.set_defaults(handler=_prime, precheck=_needs_session_id)
     ah = sub.add_parser("agent-hook", help="(agent runtime) run by an agent's hooks: session-start, stop, stop-failure")
     ah.add_argument("event", choices=AGENT_HOOK_EVENTS)
     ah.set_defaults(handler=_agent_hook, precheck=_record_agent_hook)
     hb = sub.add_parser("heartbeat", help="(agent) I am alive and working; keeps a long step from looking stalled")
     hb.add_argument("--note", default="")
     hb.set_defaults(handler=_heartbeat, precheck=_needs_session_env)
-    ho = sub.add_parser("handoff", help="(agent) end this session; a fresh one continues on the same hook")
+    ho = sub.command(
+        "handoff",
+        _handoff,
+        help="(agent) end this session; a fresh one continues on the same hook",
+        precheck=_needs_session_env,
+    )
     ho.add_argument("--note", default="", help="what the next session should know (its `gt prime` shows it)")
-    command_options(ho)
-    ho.set_defaults(handler=_handoff, precheck=_needs_session_env)
     done = sub.add_parser("done", help="(agent) push the branch, submit a merge request, end the session")
     done.add_argument("--json", action="store_true")
     done.set_defaults(handler=_done, precheck=_needs_session_env)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from msgspec import UNSET
 
 from gt.cli import render
-from gt.cli.common import Subcommands, UsageError, command_options, read, read_options, send, show_reply
+from gt.cli.common import Subcommands, UsageError, read, send, show_reply
 from shared.bus.query import ask
 from shared.core.arguments import from_args
 from shared.core.config import TownConfig
@@ -54,7 +54,12 @@ SETTING_OPTIONS = (
 
 def register(sub: Subcommands) -> None:
     rig = sub.group("rig", "rigs (projects): add, list, show, update, remove, park, unpark", "rig_cmd")
-    ra = rig.add_parser("add", help="add a project: the witness clones it and runs polecats in worktrees of it")
+    ra = rig.command(
+        "add",
+        _rig_add,
+        help="add a project: the witness clones it and runs polecats in worktrees of it",
+        precheck=_absolute_repo,
+    )
     ra.add_argument("name")
     ra.add_argument("repo", help="path or URL git can clone (a path is made absolute)")
     ra.add_argument("--base-branch", default="main")
@@ -89,15 +94,9 @@ def register(sub: Subcommands) -> None:
         help="git email its polecats commit with, a template like --git-name (default {polecat}.{rig}@gastown.invalid)",
     )
     ra.add_argument("--gate-env", type=env_names, default=None, metavar="NAMES", help=GATE_ENV_HELP)
-    command_options(ra)
-    ra.set_defaults(handler=_rig_add, precheck=_absolute_repo)
-    rl = rig.add_parser("list", help="rigs with their active sessions and waiting beads")
-    read_options(rl)
-    rl.set_defaults(handler=_rig_list)
-    rs = rig.add_parser("show", help="one rig's configuration")
+    rig.query("list", _rig_list, help="rigs with their active sessions and waiting beads")
+    rs = rig.query("show", _rig_show, help="one rig's configuration")
     rs.add_argument("name")
-    read_options(rs)
-    rs.set_defaults(handler=_rig_show)
     register_rig_verbs(rig)
 
 
@@ -172,30 +171,24 @@ async def _rig_show(nc: Connection, args: argparse.Namespace, config: TownConfig
 
 def register_rig_verbs(rig: Subcommands) -> None:
     """`gt rig update|remove|park|unpark` beside `gt rig add|list|show`."""
-    ru = rig.add_parser("update", help="change a rig's agent, gates or limits (new sessions take them)")
+    ru = rig.command("update", _rig_update, help="change a rig's agent, gates or limits (new sessions take them)")
     ru.add_argument("name")
     for option, field, kind, text in SETTING_OPTIONS:
         ru.add_argument(option, dest=field, type=kind, default=None, help=text)
-    command_options(ru)
-    ru.set_defaults(handler=_rig_update)
-    rr = rig.add_parser("remove", help="take a rig out of service (refused while work is hooked, unless --force)")
+    rr = rig.command(
+        "remove", _rig_remove, help="take a rig out of service (refused while work is hooked, unless --force)"
+    )
     rr.add_argument("name")
     rr.add_argument("--force", action="store_true", help="remove it anyway: parked for good, running sessions finish")
-    command_options(rr)
-    rr.set_defaults(handler=_rig_remove)
-    rp = rig.add_parser("park", help="start no new sessions on a rig (slings wait, running sessions finish)")
+    rp = rig.command("park", _rig_park, help="start no new sessions on a rig (slings wait, running sessions finish)")
     rp.add_argument("name")
     rp.add_argument("--reason", default="")
-    command_options(rp)
-    rp.set_defaults(handler=_rig_park)
-    rn = rig.add_parser("unpark", help="start sessions on a parked rig again")
+    rn = rig.command("unpark", _rig_unpark, help="start sessions on a parked rig again")
     rn.add_argument("name")
-    command_options(rn)
-    rn.set_defaults(handler=_rig_unpark)
 
 
 def register_unsling(sub: Subcommands) -> None:
-    un = sub.add_parser("unsling", help="give a bead's hook back: open again, its session ended, its steps kept")
+    un = sub.command("unsling", _unsling, help="give a bead's hook back: open again, its session ended, its steps kept")
     un.add_argument("bead")
     un.add_argument("--reason", default="")
     un.add_argument(
@@ -203,8 +196,6 @@ def register_unsling(sub: Subcommands) -> None:
         action="store_true",
         help="remove its worktree too (kept anyway if it holds uncommitted or unpushed work)",
     )
-    command_options(un)
-    un.set_defaults(handler=_unsling)
 
 
 def _value(value: Any) -> str:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from gt.cli import render
 from gt.cli.client import first_event_of
-from gt.cli.common import Subcommands, command_options, read, read_options, send, show_reply
+from gt.cli.common import Subcommands, read, send, show_reply
 from shared.core.config import TownConfig
 from shared.model.commands import NudgeSend
 from shared.model.queries import witness
@@ -24,23 +24,17 @@ NUDGE_DELIVERY_WAIT_S = 20.0
 
 def register(sub: Subcommands) -> None:
     session = sub.group("session", "polecat sessions: list, show", "session_cmd")
-    sl = session.add_parser("list", help="active sessions (--all: every one)")
+    sl = session.query("list", _session_list, help="active sessions (--all: every one)")
     sl.add_argument("--rig")
     sl.add_argument("--bead")
     sl.add_argument("--all", action="store_true")
-    read_options(sl)
-    sl.set_defaults(handler=_session_list)
-    ss = session.add_parser("show", help="one session")
+    ss = session.query("show", _session_show, help="one session")
     ss.add_argument("id")
-    read_options(ss)
-    ss.set_defaults(handler=_session_show)
 
-    nudge = sub.add_parser("nudge", help="type a message into a polecat's pane (queued while it is not running)")
+    nudge = sub.command("nudge", _nudge, help="type a message into a polecat's pane (queued while it is not running)")
     nudge.add_argument("target", help="a session id or <rig>/<polecat>")
     nudge.add_argument("message")
     nudge.add_argument("--ttl", type=float, default=None, help="seconds it may wait for the session (default 1800)")
-    command_options(nudge)
-    nudge.set_defaults(handler=_nudge)
 
 
 async def _session_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

@@ -10,10 +10,8 @@ from gt.cli import render, rigs
 from gt.cli.common import (
     Subcommands,
     UsageError,
-    command_options,
     key_values,
     read,
-    read_options,
     send,
     show_reply,
 )
@@ -32,18 +30,14 @@ STEP_VERBS: dict[str, type[StepStart | StepDone]] = {"start": StepStart, "done":
 
 def register(sub: Subcommands) -> None:
     formula = sub.group("formula", "formulas: list, show", "formula_cmd")
-    fl = formula.add_parser("list", help="the formulas the mayor finds (built-in, the town's, the rig's)")
+    fl = formula.query("list", _formula_list, help="the formulas the mayor finds (built-in, the town's, the rig's)")
     fl.add_argument("--rig", help="include this rig's formulas")
-    read_options(fl)
-    fl.set_defaults(handler=_formula_list)
-    fs = formula.add_parser("show", help="a formula's vars and steps (cooked, with --var)")
+    fs = formula.query("show", _formula_show, help="a formula's vars and steps (cooked, with --var)")
     fs.add_argument("name")
     fs.add_argument("--rig")
     fs.add_argument("--var", action="append", metavar="KEY=VALUE", help="cook with this var (repeatable)")
-    read_options(fs)
-    fs.set_defaults(handler=_formula_show)
 
-    sl = sub.add_parser("sling", help="hook a bead to a rig with a molecule cooked from a formula")
+    sl = sub.command("sling", _sling, help="hook a bead to a rig with a molecule cooked from a formula")
     sl.add_argument("bead")
     sl.add_argument("rig")
     sl.add_argument("--formula", "-f", help="default: polecat-work")
@@ -61,22 +55,16 @@ def register(sub: Subcommands) -> None:
         action="store_true",
         help="re-sling a hooked bead (keeps its done steps), or sling a bead past its open blockers (recorded)",
     )
-    command_options(sl)
-    sl.set_defaults(handler=_sling)
     rigs.register_unsling(sub)
 
     mol = sub.group("mol", "molecules: status", "mol_cmd")
-    ms = mol.add_parser("status", help="a bead's steps, which are done and which is current")
+    ms = mol.query("status", _mol_status, help="a bead's steps, which are done and which is current")
     ms.add_argument("bead")
-    read_options(ms)
-    ms.set_defaults(handler=_mol_status)
 
     step = sub.group("step", "molecule steps: start, done", "step_cmd")
     for verb, text in (("start", "pending -> in_progress"), ("done", "-> done, for good")):
-        p = step.add_parser(verb, help=text)
+        p = step.command(verb, _step, help=text, step_verb=verb)
         p.add_argument("ids", nargs="+", metavar="[BEAD] STEP", help="the bead defaults to GT_BEAD (in a session)")
-        command_options(p)
-        p.set_defaults(handler=_step, step_verb=verb)
 
 
 async def _formula_list(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
