@@ -7,7 +7,7 @@ import contextlib
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import nats
@@ -22,6 +22,32 @@ T = TypeVar("T")
 DEFAULT_DEADLINE_S = 30.0
 
 
+class _Retry:
+    """The loop ``assert_eventually`` and ``wait_until`` share: an attempt's AssertionError is kept, not raised,
+    until the deadline has passed; then the last one is raised (or, when the check only came back falsy, a new one).
+    """
+
+    def __init__(self, timeout: float, message: str) -> None:
+        self._timeout = timeout
+        self._deadline = time.monotonic() + timeout
+        self._message = message
+        self._last_error: AssertionError | None = None
+
+    @contextlib.contextmanager
+    def attempt(self) -> Iterator[None]:
+        try:
+            yield
+            self._last_error = None
+        except AssertionError as exc:
+            self._last_error = exc
+
+    def give_up_when_late(self) -> None:
+        if time.monotonic() >= self._deadline:
+            if self._last_error is not None:
+                raise self._last_error
+            raise AssertionError(self._message or f"condition not met within {self._timeout}s")
+
+
 async def assert_eventually(
     check: Callable[[], T | Awaitable[T]],
     *,
@@ -33,22 +59,15 @@ async def assert_eventually(
 
     Raises the last AssertionError (or a new one) when ``timeout`` passes first.
     """
-    deadline = time.monotonic() + timeout
-    last_error: AssertionError | None = None
+    retry = _Retry(timeout, message)
     while True:
-        try:
+        with retry.attempt():
             result = check()
             if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
                 result = await result
             if result:
                 return result
-            last_error = None
-        except AssertionError as exc:
-            last_error = exc
-        if time.monotonic() >= deadline:
-            if last_error is not None:
-                raise last_error
-            raise AssertionError(message or f"condition not met within {timeout}s")
+        retry.give_up_when_late()
         await asyncio.sleep(interval)
 
 
@@ -56,20 +75,13 @@ def wait_until(
     check: Callable[[], T], *, timeout: float = DEFAULT_DEADLINE_S, interval: float = 0.05, message: str = ""
 ) -> T:
     """Synchronous ``assert_eventually`` for tests that drive subprocesses (also retries AssertionError)."""
-    deadline = time.monotonic() + timeout
-    last_error: AssertionError | None = None
+    retry = _Retry(timeout, message)
     while True:
-        try:
+        with retry.attempt():
             result = check()
             if result:
                 return result
-            last_error = None
-        except AssertionError as exc:
-            last_error = exc
-        if time.monotonic() >= deadline:
-            if last_error is not None:
-                raise last_error
-            raise AssertionError(message or f"condition not met within {timeout}s")
+        retry.give_up_when_late()
         time.sleep(interval)
 
 
