@@ -46,6 +46,8 @@ from shared.model.events import (
     ReworkAdded,
     RigEvent,
     RigMassDeath,
+    RigUnparked,
+    RigUpdated,
     SessionCleaned,
     SessionDoneIntent,
     SessionEnded,
@@ -65,12 +67,13 @@ from shared.model.leases import fold_lease
 from shared.model.rigs import fold_rig
 from shared.service.projection import Projection
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """6: hook leases are the one lease record (``shared.model.leases.Lease``): a snapshot from before has them
 without when they were acquired and ended. 7: ``rework_owed`` (a snapshot from before would start a session
 for work sent back before its rework steps). 8: sessions count the steps done
 while they worked and their clean-ups, beads where their last operator sling began (the respawn backoff, a polecat
-name freed once its bead closed): a snapshot from before has none of them, so the log is replayed instead."""
+name freed once its bead closed): a snapshot from before has none of them, so the log is replayed instead.
+10: the rigs whose mass death is not over (a snapshot from before would escalate a rig's next deaths again)."""
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 MESSAGE_TYPE = "message"
 READ_LABEL = "read"
@@ -87,6 +90,9 @@ def fold(payload: Event, state: WitnessState, env: Envelope, seq: int) -> None:
 @fold.register
 def _rig(payload: RigEvent, state: WitnessState, env: Envelope, seq: int) -> None:
     fold_rig(payload, state.rigs, env, seq)
+    if isinstance(payload, RigUpdated | RigUnparked):
+        # The operator acted on the rig: deaths from now on are news again.
+        state.mass_deaths_open.discard(payload.rig)
 
 
 @fold.register
@@ -94,6 +100,7 @@ def _mass_death(payload: RigMassDeath, state: WitnessState, env: Envelope, seq: 
     fold_rig(payload, state.rigs, env, seq)
     covered = state.mass_deaths.setdefault(payload.rig, [])
     covered.extend(s for s in payload.sessions if s not in covered)
+    state.mass_deaths_open.add(payload.rig)
 
 
 # ---- beads (the mayor's events) ----------------------------------------------------------------
@@ -350,6 +357,11 @@ def _warranted(payload: SessionWarranted, state: WitnessState, env: Envelope, se
 def _ended(payload: SessionEnded, state: WitnessState, env: Envelope, seq: int) -> None:
     if (session := advance(state.sessions, payload.session_id, seq, "ended")) is not None:
         session.ended_at, session.end_reason, session.end_detail = env.ts, payload.reason, payload.detail
+        if payload.reason == "done":
+            state.mass_deaths_open.discard(session.rig)  # what the rig's sessions share works again
+        elif payload.reason in DEATHS and session.rig in state.mass_deaths_open:
+            # One cause, one escalation: the open one already says the rig's sessions die.
+            state.mass_deaths.setdefault(session.rig, []).append(session.id)
 
 
 @fold.register

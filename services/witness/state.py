@@ -90,6 +90,9 @@ class WitnessState(msgspec.Struct, kw_only=True):
     """Merge request id -> its bead."""
     mass_deaths: dict[str, list[str]] = {}
     """Rig -> sessions already covered by a mass-death escalation."""
+    mass_deaths_open: set[str] = set()
+    """Rigs whose last mass death is not over: a death there joins it (covered; no second escalation) until a
+    session of the rig ends ``done`` or the operator changes the rig (``rig.updated``, ``rig.unparked``)."""
     hooks: dict[str, Lease] = {}
     """Hook leases (``hook-<bead>``) by lease name: the witness acquires one for each session it starts and
     releases it once that session is cleaned; the agent renews it; the deacon expires it."""

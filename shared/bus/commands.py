@@ -41,7 +41,7 @@ from shared.core.aio import pause, raise_if_cancelling
 from shared.core.config import TownConfig
 from shared.core.errors import AppendFailedError, QueryError
 from shared.model.commands import Command
-from shared.model.commands.base import result_type
+from shared.model.commands.base import Creates, result_type
 from shared.model.events import CommandAccepted, CommandRejected, decode_envelope
 from shared.model.queries import Status
 from shared.model.results import R
@@ -94,6 +94,9 @@ class Outcome(msgspec.Struct, Generic[R], kw_only=True):
     ``message`` when rejected."""
     service_down: bool = False
     """No outcome arrived and the owning service does not answer: the command waits in GT_CMD."""
+    new_id: str | None = None
+    """The id of what the command creates, as its sender chose it (``Creates.new_id``): known with or without an
+    answer, so a script reads the id from ``--json`` while the service is down too."""
 
     @property
     def accepted(self) -> CommandAccepted[R] | None:
@@ -331,7 +334,9 @@ async def send(
     settled_as = stored.cmd_id
     if isinstance(origin, subjects.SessionOrigin):
         settled_as = ids.session_scoped_id(origin.session, stored.cmd_id)
-    outcome: Outcome[R] = Outcome(command_id=settled_as, stored_seq=stored.seq)
+    outcome: Outcome[R] = Outcome(
+        command_id=settled_as, stored_seq=stored.seq, new_id=cmd.new_id if isinstance(cmd, Creates) else None
+    )
     arrival = asyncio.ensure_future(read_outcome(nc, config.evt_stream, settled_as, timeout=timeout))
     liveness: asyncio.Future[bool] | None = None
     try:

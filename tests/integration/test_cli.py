@@ -196,13 +196,20 @@ async def test_a_command_stored_while_the_mayor_is_down_says_so_and_exits_0(
         assert run.code == 0, run.err
         assert re.fullmatch(rf"{prefix}-[0-9a-z]{{6}}\n", run.out), run.out
         assert "durably queued" in run.err
+    # --json too: a script reads the id it will have without an answer (the trial found none in it).
+    as_json = await gt("bead", "create", "queued as json", "--json")
+    assert as_json.code == 0, as_json.err
+    queued = as_json.json()
+    assert (queued["service_down"], queued["type"]) == (True, None), queued
+    assert re.fullmatch(r"hq-[0-9a-z]{6}", queued["new_id"]), queued
     waiting = asyncio.ensure_future(gt("bead", "create", "waited for", "--wait"))
     async with run_mayor(town):
         waited = await waiting
         assert waited.code == 0, waited.err
         assert waited.out.strip().startswith("hq-")
         titles = [b["title"] for b in (await gt("bead", "list", "--json")).json() if b["type"] != "message"]
-        assert titles == ["queued while down", "waited for"]
+        assert titles == ["queued while down", "queued as json", "waited for"]
+        assert (await gt("bead", "show", queued["new_id"], "--json")).json()["title"] == "queued as json"
         assert (await gt("bead", "show", stored.out.strip(), "--json")).json()["title"] == "queued while down"
         assert (await gt("convoy", "status", convoy.out.strip(), "--json")).json()["title"] == "queued convoy"
         escalations = (await gt("escalations", "--json")).json()

@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from gt.cli.merge_queue import paused_lines
 from services.refinery import plan
 from services.refinery.effects import merger
 from services.refinery.effects.settling import Settler
@@ -22,6 +23,7 @@ from shared.bus.commands import StoredCommand
 from shared.model import events as ev
 from shared.model.commands import BeadClose, BeadCreate, Command, EscalationRaise
 from shared.model.decision import NewEvent
+from shared.model.queries.refinery import PausedQueue
 from tests.unit.test_refinery_plan import Queue
 
 POLICY = plan.Policy(lease_s=900, max_failures=3, max_conflict_returns=1, push_retries=2, push_backoff_s=2.0)
@@ -226,7 +228,11 @@ def test_a_gate_failing_on_the_target_is_recorded_the_first_time_and_pauses_the_
     assert events(second) == ["mq.paused"]
     fold(q, second)
     assert q.state.queues["demo"].cause == "gate_broken"
-    assert "the test gate ('pytest -q') fails on main itself, 2 times in a row" in q.state.queues["demo"].reason
+    paused = q.state.queues["demo"]
+    assert "the test gate ('pytest -q') fails on main itself, 2 times in a row" in paused.reason
+    # The trial: "then `gt mq resume mi` (`gt mq resume mi` once fixed)". A view adds the hint, once.
+    shown = paused_lines([PausedQueue(rig="demo", cause=paused.cause, reason=paused.reason, mr_id=a)])
+    assert shown[0].count("gt mq resume demo") == 1, shown
 
 
 # ---- pushes refused ------------------------------------------------------------------------------------------

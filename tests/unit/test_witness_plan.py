@@ -535,6 +535,56 @@ def test_three_deaths_within_the_window_are_a_mass_death_once() -> None:
     assert not [a for a in w.plan() if isinstance(a, MassDeath)]
 
 
+def _dying_wave(w: World) -> list[str]:
+    """Every session the plan spawns (after the respawn backoff) started, then dead within seconds of each other:
+    what one broken command shared by a rig's beads does."""
+    for _ in range(200):
+        spawns = [a for a in w.plan() if isinstance(a, Spawn)]
+        if spawns:
+            break
+        w.tick(5)
+    sessions = [w.request(spawn) for spawn in spawns]
+    for session in sessions:
+        w.start(session)
+    for session in sessions:
+        w.tick(1)
+        w.end(session, "zombie")
+    return sessions
+
+
+def _mass_deaths_raised(w: World) -> list[MassDeath]:
+    """Plan, and record the mass deaths it asks for as the executor does."""
+    raised = [a for a in w.plan() if isinstance(a, MassDeath)]
+    for mass in raised:
+        w.add(RigMassDeath(rig=mass.rig, sessions=list(mass.sessions), window_s=mass.window_s))
+    return raised
+
+
+def test_a_rig_whose_sessions_keep_dying_is_one_mass_death_until_one_finishes_its_work_or_the_rig_changes() -> None:
+    w = World()
+    w.rig(max_polecats=5, max_respawns=20)
+    for bead in ("gt-1", "gt-2", "gt-3"):
+        w.bead(bead)
+    first = _dying_wave(w)
+    assert [m.sessions for m in _mass_deaths_raised(w)] == [tuple(first)]
+    for _ in range(3):  # the trial: four critical escalations in 12 s for one typo in the test command
+        assert len(_dying_wave(w)) == 3
+        assert _mass_deaths_raised(w) == [], "the open mass death already says so"
+    # A session of the rig finishes its work: what they share works again, and the next deaths are news.
+    w.bead("gt-4")
+    done = next(a for a in w.plan() if isinstance(a, Spawn) and a.bead == "gt-4")
+    w.start(w.request(done))
+    w.end(done.session, "done")
+    again = _dying_wave(w)
+    assert [m.sessions for m in _mass_deaths_raised(w)] == [tuple(again)]
+    assert _dying_wave(w)
+    assert _mass_deaths_raised(w) == []
+    # The operator changes the rig (a fixed test command that is still wrong): its deaths are news again.
+    w.add(RigUpdated(rig="demo", test_command="pytest"))
+    after_update = _dying_wave(w)
+    assert [m.sessions for m in _mass_deaths_raised(w)] == [tuple(after_update)]
+
+
 def test_deaths_spread_wider_than_the_window_are_not_a_mass_death() -> None:
     w = World()
     w.rig(max_polecats=5)

@@ -62,8 +62,8 @@ def target_failed(
     reason = (
         f"the {failure.gate} gate ({failure.command!r}) fails on {failure.target} itself, {in_a_row} times in a "
         f"row (last at {failure.commit[:10]}, exit {failure.exit_code}): a gate command that cannot pass (a typo, "
-        f"a missing tool) or a broken {failure.target}. Fix the gate (`gt rig update {rig} --{failure.gate} ...`) "
-        f"or {failure.target}, then `gt mq resume {rig}`"
+        f"a missing tool) or a broken {failure.target}: fix the gate (`gt rig update {rig} --{failure.gate} ...`) "
+        f"or {failure.target}"  # every view of a pause adds how to resume it
     )
     return pause(state, rig, GATE_BROKEN, reason, mr_id, failure.tail)
 
