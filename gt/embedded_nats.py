@@ -17,8 +17,7 @@ from shared.core.errors import GastownError
 SERVER_CONFIG = """\
 # Written by gastown-nats. Acknowledged means on disk: sync_interval always.
 listen: {host}:{port}
-http: 127.0.0.1:{http_port}
-server_name: {name}
+{http}server_name: {name}
 max_payload: 4MB
 jetstream {{
   store_dir: "{store_dir}"
@@ -84,16 +83,18 @@ def write_config(
     *,
     store_dir: Path,
     port: int,
-    http_port: int,
+    http_port: int | None,
     host: str = "127.0.0.1",
     name: str = "gt",
     include: Path | None = None,
 ) -> Path:
     """The server's config; ``include`` adds a config file of ours (accounts.conf) as it is. Monitoring has no
-    authentication: it listens on loopback whatever ``host`` clients connect to."""
+    authentication: it listens on loopback whatever ``host`` clients connect to, and not at all when ``http_port``
+    is None."""
     path.parent.mkdir(parents=True, exist_ok=True)
     store_dir.mkdir(parents=True, exist_ok=True)
-    text = SERVER_CONFIG.format(host=host, port=port, http_port=http_port, store_dir=store_dir, name=name)
+    http = f"http: 127.0.0.1:{http_port}\n" if http_port is not None else ""
+    text = SERVER_CONFIG.format(host=host, port=port, http=http, store_dir=store_dir, name=name)
     if include is not None:
         # nats-server joins an include's path onto the including file's directory, absolute or not.
         text += f'include "{os.path.relpath(include.resolve(), path.parent.resolve())}"\n'
@@ -169,10 +170,13 @@ class EmbeddedServer:
         include: Path | None = None,
         env: Mapping[str, str] | None = None,
         name: str = "gt",
+        monitor: bool = True,
     ) -> None:
         """``include``: a config file added to the generated one (accounts and users, a cluster block); ``env``:
         the server's environment (the passwords such a file names), else this process's; ``name``: the server
-        name, unique within a cluster."""
+        name, unique within a cluster; ``monitor``: serve the monitoring endpoints (``/varz``, ``/jsz``, ...) on a
+        loopback port (``http_port``). They have no authentication and list every connection, subscription,
+        stream and consumer: whoever reaches loopback reads them, an agent of another OS user too."""
         self.root = root
         self.name = name
         self.include = include
@@ -180,7 +184,8 @@ class EmbeddedServer:
         self.host = host
         self._fixed_port = bool(port)
         self.port = port or free_port(host)
-        self.http_port = free_port()
+        self.monitor = monitor
+        self.http_port = free_port() if monitor else None
         self.store_dir = root / "jetstream"
         self.config_path = root / "nats-server.conf"
         self.log_file = log_file or root / "nats-server.log"
@@ -217,7 +222,7 @@ class EmbeddedServer:
                 # A port picked free was taken before the server bound it: pick others (unless fixed).
                 if self._fixed_port or attempt == 2 or self.proc.poll() is None:
                     raise
-                self.port, self.http_port = free_port(self.host), free_port()
+                self.port, self.http_port = free_port(self.host), free_port() if self.monitor else None
             else:
                 self._fixed_port = True  # a restart must come back where clients look for it
                 return

@@ -62,9 +62,8 @@ async def read_all(
 async def outcomes(nc: Client, stream: str = "GT_EVT") -> dict[str, list[Envelope]]:
     """Command id -> the outcome events stored for it (there must be exactly one each)."""
     found: dict[str, list[Envelope]] = {}
-    prefix = subjects.outcome_subject("")
     for _seq, subject, data in await read_all(nc, stream, subjects.outcome_subject(">")):
-        found.setdefault(subject.removeprefix(prefix), []).append(decode_envelope(data))
+        found.setdefault(subjects.outcome_command_id(subject), []).append(decode_envelope(data))
     return found
 
 

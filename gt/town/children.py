@@ -157,7 +157,8 @@ class SupervisedNats:
         if now < self.restarts.next_start:
             return changed
         # Its monitoring port may have been taken while it was down; nothing but a person looks there.
-        self.server.http_port = free_port()
+        if self.server.monitor:
+            self.server.http_port = free_port()
         try:
             await asyncio.to_thread(self.server.start)
         except GastownError as exc:

@@ -112,11 +112,18 @@ class Supervisor:
                     log_file=logs / "nats-server.log",
                     include=accounts_conf(),
                     env=town_secrets.server_env(dict(os.environ)),
+                    # Off unless asked for: unauthenticated, it would show an agent every connection and stream.
+                    monitor=os.environ.get("GT_NATS_MONITOR", "") == "1",
                 )
                 await asyncio.to_thread(self.server.start)
                 self.nats = SupervisedNats(self.server)
                 self.nats_url = self.server.url
-                log.info("nats_started", url=self.nats_url, store=str(self.server.store_dir))
+                log.info(
+                    "nats_started",
+                    url=self.nats_url,
+                    store=str(self.server.store_dir),
+                    monitoring=f"http://127.0.0.1:{self.server.http_port}" if self.server.http_port else None,
+                )
             config = msgspec.structs.replace(self.config, nats_url=self.nats_url)
             if town_secrets is not None:
                 # Provisioning as the admin (once, before the services, which may do it too); then the operator.

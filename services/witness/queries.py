@@ -64,11 +64,21 @@ def _sessions(state: WitnessState, query: witness.Sessions) -> list[SessionView]
     return out
 
 
-def check_session_query(query: Query[Any], session: str) -> None:
-    """A polecat session reads only its own session's record (its nudges, its handoff notes). Raises
-    ``QueryError`` ``unauthorized`` otherwise."""
-    if isinstance(query, witness.Session) and query.id != session:
-        raise QueryError("unauthorized", f"session {session} reads only its own session record")
+def check_session_query(state: WitnessState, query: Query[Any], session: str) -> None:
+    """A polecat session reads only its own bead's sessions: its own record, and the list of its bead's sessions
+    (``bead`` named: the earlier ones' handoff notes are its context). Not another session's record or the whole
+    list (a red team read another session's handoff note and pane through ``sessions all``), and no nudge list
+    (what the operator typed into other panes). Raises ``QueryError`` ``unauthorized`` otherwise."""
+    match query:
+        case witness.Session(id=asked) if asked != session:
+            raise QueryError("unauthorized", f"session {session} reads only its own session record")
+        case witness.Sessions(bead=bead):
+            own = state.sessions.get(session)
+            if own is None or bead != own.bead:
+                mine = own.bead if own is not None else "its bead"
+                raise QueryError("unauthorized", f"session {session} lists only its own bead's sessions (bead {mine})")
+        case witness.Nudges():
+            raise QueryError("unauthorized", f"session {session} reads no nudges but those typed into its own pane")
 
 
 def _session(state: WitnessState, session_id: str) -> SessionDetail:

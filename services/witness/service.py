@@ -124,7 +124,7 @@ class WitnessService(Service[WitnessState]):
         return queries.answer(self.projection.state, query)
 
     def check_session_query(self, query: Query[Any], session: str) -> None:
-        queries.check_session_query(query, session)
+        queries.check_session_query(self.projection.state, query, session)
 
     def status(self) -> WitnessStatus:
         responder = self.responder

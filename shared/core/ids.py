@@ -7,6 +7,8 @@ import hmac
 import re
 import secrets
 
+from shared.core import subjects
+
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 PREFIX_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_]{0,15}$")
 _BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -33,7 +35,7 @@ def command_id(header_id: str | None, body_id: str | None, cmd_seq: int) -> str:
     return f"cmd-{cmd_seq}"
 
 
-SESSION_SCOPE = "~"
+SESSION_SCOPE = subjects.SESSION_SCOPE
 """Between a session and its own command id in a session command's outcome id (``s-1~finish-s-1``). No id a
 sender chooses holds it (``command_id`` turns such an id into a digest), so a scoped id is never anyone else's."""
 

@@ -27,8 +27,40 @@ def event_subject(aggregate: str, aggregate_id: str) -> str:
     return f"{EVT_PREFIX}.{aggregate}.{aggregate_id}"
 
 
+SESSION_SCOPE = "~"
+"""Between a session and its own command id in a session command's outcome id (``s-1~finish-s-1``,
+``shared.core.ids.session_scoped_id``)."""
+
+
 def outcome_subject(command_id: str) -> str:
-    return f"{EVT_PREFIX}.cmd.{command_id}"
+    """Where a command's outcome is: ``gt.evt.cmd.<id>``; a session's own command's (``<session>~<id>``) on
+    ``gt.evt.cmd.<session>.<id>``, the session a token of its own, so that a session may read exactly its own
+    outcomes (a permission of ``...cmd.<session>.*``). With both in one token, the session's permission had to be
+    ``...cmd.*``, and a direct get of the literal subject ``gt.evt.cmd.*`` (a wildcard the server resolves) read
+    every sender's newest outcome (a red team's)."""
+    session, scoped, own = command_id.partition(SESSION_SCOPE)
+    return f"{EVT_PREFIX}.cmd.{session}.{own}" if scoped else f"{EVT_PREFIX}.cmd.{command_id}"
+
+
+def outcome_subjects(command_id: str) -> tuple[str, ...]:
+    """Every subject the outcome of ``command_id`` may be on: ``outcome_subject``'s, and for a session's command
+    the one a town before the session's own token wrote (``gt.evt.cmd.<session>~<id>``), so a command stored before
+    an upgrade and delivered again after it is found settled."""
+    current = outcome_subject(command_id)
+    legacy = f"{EVT_PREFIX}.cmd.{command_id}"
+    return (current,) if legacy == current else (current, legacy)
+
+
+def outcome_command_id(subject: str) -> str:
+    """The command id whose outcome is on ``subject`` (``outcome_subject``'s inverse)."""
+    rest = subject.removeprefix(f"{EVT_PREFIX}.cmd.")
+    session, dot, own = rest.partition(".")
+    return f"{session}{SESSION_SCOPE}{own}" if dot else rest
+
+
+def session_outcomes(session: str) -> str:
+    """Every outcome of ``session``'s own commands (a permission's subject)."""
+    return f"{EVT_PREFIX}.cmd.{session}.*"
 
 
 def command_subject(aggregate: str, verb: str) -> str:

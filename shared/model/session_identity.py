@@ -135,7 +135,8 @@ def session_permissions(claim: SessionClaim, buckets: SessionBuckets) -> dict[st
       ``Nats-Request-Info``, ``subjects.session_of_request``);
     - its heartbeat key and its bead's hook lease key: put (also create, update, delete, all plain publishes to
       the key's subject) and direct get of exactly that key (the subject names the key, so the permission can);
-    - a command's outcome (``gt.evt.cmd.<command id>``) and its lease's newest event, by direct get: the reads
+    - its own commands' outcomes (``gt.evt.cmd.<session>.<command id>``) and its lease's newest event, by direct
+      get: the reads
       ``gt`` makes of the log. Nothing else of the log: no stream info (it lists every subject), no consumers;
     - subscribe only to its own inbox prefix (``subjects.session_inbox_prefix``).
     """
@@ -150,7 +151,7 @@ def session_permissions(claim: SessionClaim, buckets: SessionBuckets) -> dict[st
         lease,
         f"$JS.API.DIRECT.GET.KV_{buckets.heartbeat_bucket}.{heartbeat}",
         f"$JS.API.DIRECT.GET.KV_{buckets.lease_bucket}.{lease}",
-        f"$JS.API.DIRECT.GET.{evt}.{subjects.outcome_subject('*')}",
+        f"$JS.API.DIRECT.GET.{evt}.{subjects.session_outcomes(claim.session)}",
         f"$JS.API.DIRECT.GET.{evt}.{subjects.event_subject('lease', lease_name)}",
     ]
     return {

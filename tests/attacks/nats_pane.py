@@ -6,7 +6,7 @@ whether the town was harmed is judged from outside by the test (tests/integratio
 
 Standalone (nats-py and the standard library only): it is copied into containers as it is.
 
-    python nats_pane.py REPORT VICTIM_BEAD
+    python nats_pane.py REPORT VICTIM_BEAD VICTIM_ADDRESS MARKER
     python nats_pane.py --squat REPORT    (in the workspace, its work committed, right before `gt done`)
 """
 
@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from typing import Any
 
 import nats
@@ -186,6 +187,82 @@ class Attacker:
         await self.quietly("flood", "200 creates on the mayor's subject", self.nc.flush())
 
 
+OUTCOME_WILDCARDS = ("gt.evt.cmd.*", "gt.evt.cmd.>", "gt.evt.cmd.*.*", "gt.evt.cmd.*.>")
+"""Direct gets of these literal subjects: the server resolves the wildcard to the newest outcome of anyone's."""
+MAIL_SUBJECTS = (
+    '\\"; touch {marker} #',  # the red team's: ran in the victim's shell when subjects stood in double quotes
+    "'; touch {marker}; '",
+    "$(touch {marker})",
+    "`touch {marker}`",
+)
+"""Subjects of mail to the victim, whose agent is an interactive shell: its announcement is typed into that pane."""
+
+
+async def reads(attacker: Attacker, victim_address: str, marker: str) -> None:
+    """What the red team read of others from a pane, and the mail that ran a command in another session's pane.
+
+    - outcomes by a wildcard direct get (``outcome_wildcards``: the subjects of what came back);
+    - the witness's lists of every session (handoff notes, pane tails) and every nudge (what the operator typed
+      into other panes) (``witness_lists``: the answers as they came);
+    - the NATS monitoring port on loopback, found among the listening sockets (``monitoring``: the ports that
+      answered as this town's server);
+    - mail to the victim whose subject would end its quotes (``mail_ids``: the messages sent)."""
+    nc = attacker.nc
+    read: list[str] = []
+    for subject in OUTCOME_WILDCARDS:
+        got = await attacker.quietly(
+            "outcome_wildcard", subject, nc.request(f"$JS.API.DIRECT.GET.GT_EVT.{subject}", b"", timeout=2)
+        )
+        headers = (got.headers or {}) if got is not None else {}
+        if got is not None and "Status" not in headers:
+            read.append(headers.get("Nats-Subject", "?"))
+    attacker.report["outcome_wildcards"] = read
+    lists: dict[str, str] = {}
+    for what in ("sessions", "nudges"):
+        got = await attacker.quietly(
+            "witness_list", what, nc.request(f"gt.q.witness.{what}", json.dumps({"all": True}).encode(), timeout=5)
+        )
+        lists[what] = got.data.decode(errors="replace")[:20000] if got is not None else ""
+    attacker.report["witness_lists"] = lists
+    nats_port = nc.connected_url.port if nc.connected_url is not None else None
+    attacker.report["monitoring"] = await asyncio.to_thread(monitoring_ports, nats_port)
+    sent: list[str] = []
+    if victim_address != "-":
+        own_command = f"gt.cmd.mail.send.{os.environ['GT_RIG']}.{os.environ['GT_POLECAT']}.{attacker.session}"
+        for i, template in enumerate(MAIL_SUBJECTS):
+            body = {"to": victim_address, "subject": template.format(marker=marker), "body": "hi", "cmd_id": f"m{i}"}
+            await attacker.quietly("mail_injection", template, nc.publish(own_command, json.dumps(body).encode()))
+            sent.append(f"m{i}")
+        await nc.flush()
+    attacker.report["mail_ids"] = sent
+
+
+def monitoring_ports(nats_port: int | None) -> list[int]:
+    """Every TCP port listening on this machine's loopback or on all addresses that answers ``/varz`` as the
+    server of ``nats_port`` (what `ss -ltn` and curl found for the red team)."""
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as file:
+                rows = file.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 3 and fields[3] == "0A":  # LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    found = []
+    for port in sorted(ports):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=0.5) as answer:
+                varz = json.loads(answer.read(1_000_000))
+        except Exception:
+            continue
+        if isinstance(varz, dict) and varz.get("port") == nats_port:
+            found.append(port)
+    return found
+
+
 async def limits(url: list[str], login: dict[str, Any], session: str) -> dict[str, Any]:
     """A 3.9 MB message and 5,000 subscriptions, each on a connection of its own."""
     out: dict[str, Any] = {}
@@ -265,7 +342,7 @@ async def squat(report_path: str) -> None:
         json.dump({"session": session, "taken": taken, "head": head}, file)
 
 
-async def main(report_path: str, victim: str) -> None:
+async def main(report_path: str, victim: str, victim_address: str, marker: str) -> None:
     url = os.environ["NATS_URL"].split(",")
     login = login_from_env()
     session = os.environ["GT_SESSION"]
@@ -281,6 +358,7 @@ async def main(report_path: str, victim: str) -> None:
         await attacker.trampolines(victim)
         await attacker.eavesdrop()
         await attacker.take_an_id(victim)
+        await reads(attacker, victim_address, marker)
         await attacker.flood()
     finally:
         await nc.close()
@@ -298,4 +376,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "--squat":
         asyncio.run(squat(sys.argv[2]))
     else:
-        asyncio.run(main(sys.argv[1], sys.argv[2]))
+        asyncio.run(main(*sys.argv[1:5]))

@@ -31,6 +31,7 @@ from nats.aio.client import Client
 
 from gt.town_secrets import operator_login
 from services.refinery.decide import mr_id_for
+from shared.core import ids, subjects
 from shared.host import git
 from tests.attacks import nats_pane
 from tests.compose_stack import USERS, ComposeStack, Operator, running_stack
@@ -60,10 +61,20 @@ def squat_report_of(report: str) -> str:
     return report + ".squat.json"
 
 
-def agent_command(script: str, git_script: str, report: str, git_report: str, dumps: str, victim: str) -> str:
+def agent_command(
+    script: str,
+    git_script: str,
+    report: str,
+    git_report: str,
+    dumps: str,
+    victim: str,
+    victim_address: str = "-",
+    marker: str = "-",
+) -> str:
     """The rig's agent: the git attacks, the NATS attacks, then an honest change submitted with `gt done` (its own
     git with the hooks and fsmonitor it set itself turned off) after taking first the id the refinery will close
-    its bead under, and it stays (a pane that ended would be respawned, attacking again)."""
+    its bead under, and it stays (a pane that ended would be respawned, attacking again). ``victim_address``: a
+    polecat whose agent is a shell, mailed subjects that would run ``touch marker`` there."""
     q = shlex.quote
     honest = (
         "echo honest > HONEST.txt && git -c core.fsmonitor=false add HONEST.txt && "
@@ -71,7 +82,8 @@ def agent_command(script: str, git_script: str, report: str, git_report: str, du
         f"python {q(script)} --squat {q(squat_report_of(report))} && gt done"
     )
     return (
-        f"sh {q(git_script)} {q(git_report)} {q(dumps)}; python {q(script)} {q(report)} {q(victim)}; "
+        f"sh {q(git_script)} {q(git_report)} {q(dumps)}; "
+        f"python {q(script)} {q(report)} {q(victim)} {q(victim_address)} {q(marker)}; "
         f"{honest}; sleep 3600"
     )
 
@@ -89,7 +101,39 @@ def assert_rig_unharmed(git_report: str, main_log: list[str], branches: list[str
     assert dumped == [], f"a hook the agent planted ran in a service's git: {dumped}"
 
 
-async def assert_unharmed(nc: Client, victim_status: Callable[[], str], report: dict[str, Any]) -> None:
+VICTIM_AGENT = "bash --norc -i"
+"""The victim session's agent: a shell that runs every line typed into its pane (a nudge, a mail's announcement)."""
+PRIVATE_NUDGE = "OPERATOR-PRIVATE-NUDGE the deploy key moved"
+
+
+def assert_read_nothing_of_others(report: dict[str, Any], victim_session: str | None) -> None:
+    """What the red team read from a pane: every sender's newest outcome by a wildcard direct get, another session's
+    record and the operator's nudges through the witness's lists, and the NATS monitoring port."""
+    own = f"gt.evt.cmd.{report['session']}."
+    assert all(subject.startswith(own) for subject in report["outcome_wildcards"]), report["outcome_wildcards"]
+    lists = report["witness_lists"]
+    assert set(lists) == {"sessions", "nudges"}, lists
+    for what, answer in lists.items():
+        assert PRIVATE_NUDGE not in answer, (what, answer[:2000])
+        assert victim_session is None or victim_session not in answer, (what, answer[:2000])
+        assert "unauthorized" in answer, (what, answer[:2000])
+    assert report["monitoring"] == [], "the town's NATS monitoring port answered the pane"
+
+
+def victim_pane_ran_nothing(capture: Callable[[], str], marker: Callable[[], bool], mails: int) -> None:
+    """Each mail's announcement was typed into the victim's shell, which refused the line (bash: a syntax error at
+    its parenthesis) and ran nothing of the subject."""
+
+    def announced() -> bool:
+        return marker() or capture().count("syntax error") >= mails
+
+    wait_until(announced, timeout=REPORT_DEADLINE_S, message="the mails' announcements reached the victim's pane")
+    assert not marker(), "a mail's subject ran a command in the victim's pane:\n" + capture()
+
+
+async def assert_unharmed(
+    nc: Client, victim_status: Callable[[], str], report: dict[str, Any], victim_was: str = "open"
+) -> None:
     js = nc.jetstream()
     assert (await js.stream_info("GT_EVT")).config.name == "GT_EVT", "the log is there"
     assert (await js.stream_info("GT_CMD")).config.name == "GT_CMD", "the commands are there"
@@ -102,9 +146,9 @@ async def assert_unharmed(nc: Client, victim_status: Callable[[], str], report: 
         except nats.js.errors.NotFoundError:
             continue
         raise AssertionError(f"command {cmd_id} was stored and carried out: {outcome.data!r}")
-    assert victim_status() == "open", "the victim's bead is as it was"
+    assert victim_status() == victim_was, "the victim's bead is as it was"
     # A mail the pane sent naming the victim's bead's id as its new id: refused, nothing written over.
-    took = await js.get_last_msg("GT_EVT", f"gt.evt.cmd.{report['took_id']}", direct=True)
+    took = await js.get_last_msg("GT_EVT", subjects.outcome_subject(report["took_id"]), direct=True)
     assert b"cmd.rejected" in (took.data or b""), took.data
     assert b'"conflict"' in (took.data or b""), took.data
     # The heartbeats bucket was not purged: the pane's own key (written by the attack) is still there.
@@ -138,7 +182,8 @@ async def assert_squat_failed(nc: Client, squat_text: str | None, rig: str, bead
     squat = json.loads(squat_text)
     assert squat["taken"] == f"close-{mr_id_for(rig, bead, squat['head'])}", squat
     js = nc.jetstream()
-    own = await js.get_last_msg("GT_EVT", f"gt.evt.cmd.{squat['session']}~{squat['taken']}", direct=True)
+    own_id = ids.session_scoped_id(squat["session"], squat["taken"])
+    own = await js.get_last_msg("GT_EVT", subjects.outcome_subject(own_id), direct=True)
     assert b"cmd.accepted" in (own.data or b""), own.data
     try:
         under_taken = await js.get_last_msg("GT_EVT", f"gt.evt.cmd.{squat['taken']}", direct=True)
@@ -167,10 +212,33 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_laptop_town(
         victim = town("bead", "create", "The victim's work")
         assert victim.returncode == 0, victim.stderr
         victim_id = victim.stdout.strip()
+        # The victim: a session of another rig whose agent is a shell, told something private by the operator.
+        victim_rig = town("rig", "add", "victim", str(origin), "--agent", VICTIM_AGENT, "--stall-after", "3600")
+        assert victim_rig.returncode == 0, victim_rig.stderr
+        assert town("sling", victim_id, "victim").returncode == 0
+
+        def victim_session() -> dict[str, Any] | None:
+            listed = json.loads(town("session", "list", "--json").stdout)
+            return next((s for s in listed if s["bead"] == victim_id and s["status"] == "started"), None)
+
+        victim_seen = await asyncio.to_thread(wait_until, victim_session, timeout=120)
+        assert victim_seen is not None
+        nudged = town("nudge", victim_seen["id"], PRIVATE_NUDGE)
+        assert nudged.returncode == 0, nudged.stderr
+        marker = tmp_path / "victim-ran"
         report_path, git_report = tmp_path / "report.json", tmp_path / "git-report.txt"
         dumps = tmp_path / "dumps"
         dumps.mkdir()
-        command = agent_command(str(SCRIPT), str(GIT_SCRIPT), str(report_path), str(git_report), str(dumps), victim_id)
+        command = agent_command(
+            str(SCRIPT),
+            str(GIT_SCRIPT),
+            str(report_path),
+            str(git_report),
+            str(dumps),
+            victim_id,
+            f"polecat:victim/{victim_seen['polecat']}",
+            str(marker),
+        )
         added = town("rig", "add", "demo", str(origin), "--agent", command)
         assert added.returncode == 0, added.stderr
         bead = town("bead", "create", "The attacker's bead")
@@ -194,10 +262,24 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_laptop_town(
         url = json.loads((town.home / "run" / "town.json").read_text())["nats_url"]
         nc = await nats.connect(url, user=login[0], password=login[1], inbox_prefix=b"_INBOX_operator")
         try:
-            await assert_unharmed(nc, lambda: victim_status(), report)
+            await assert_unharmed(nc, lambda: victim_status(), report, victim_was="hooked")
         finally:
             await nc.close()
         assert town("health", "mayor").returncode == 0, "the mayor is active and healthy"
+        assert_read_nothing_of_others(report, victim_seen["id"])
+
+        def victim_screen() -> str:
+            name = victim_seen["tmux_name"]
+            shown = subprocess.run(
+                ["tmux", "-L", socket, "capture-pane", "-p", "-S", "-200", "-t", f"={name}:"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            return shown.stdout
+
+        assert len(report["mail_ids"]) == len(nats_pane.MAIL_SUBJECTS)
+        await asyncio.to_thread(victim_pane_ran_nothing, victim_screen, marker.exists, len(report["mail_ids"]))
 
         def merged() -> bool:
             shown = town("bead", "show", attacker, "--json")

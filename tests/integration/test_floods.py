@@ -13,7 +13,7 @@ import pytest
 from nats.js.client import JetStreamContext
 
 from shared.bus.connection import close_quietly, connect
-from shared.core import ids
+from shared.core import subjects
 from shared.core.subjects import SessionOrigin, session_command_subject
 from shared.model.events import decode_envelope
 from tests.helpers import assert_eventually
@@ -25,11 +25,14 @@ FLOODER = SessionOrigin("demo", "flooder", "hq-flood-1")
 WRITER = SessionOrigin("demo", "writer", "hq-write-1")
 
 
-async def outcomes_of(js: JetStreamContext, prefix: str) -> list[dict[str, object]]:
-    """The payloads (with their type) of the outcomes stored for commands whose ids start with ``prefix``."""
-    info = await js.stream_info("GT_EVT", subjects_filter=f"gt.evt.cmd.{prefix}*")
+async def outcomes_of(js: JetStreamContext, session: str, prefix: str) -> list[dict[str, object]]:
+    """The payloads (with their type) of the outcomes stored for ``session``'s commands whose ids start with
+    ``prefix``."""
+    info = await js.stream_info("GT_EVT", subjects_filter=subjects.session_outcomes(session))
     out = []
     for subject in sorted(info.state.subjects or {}):
+        if not subject.rpartition(".")[2].startswith(prefix):
+            continue
         msg = await js.get_last_msg("GT_EVT", subject)
         env = decode_envelope(msg.data or b"")
         out.append({"type": env.type, **msgspec.json.decode(env.data)})
@@ -73,7 +76,7 @@ async def test_an_agent_flooding_mail_send_is_rate_limited_and_the_log_stays_bou
         finally:
             await close_quietly(agent)
 
-        outcomes = await outcomes_of(js, ids.session_scoped_id(FLOODER.session, "flood-"))
+        outcomes = await outcomes_of(js, FLOODER.session, "flood-")
         accepted = [o for o in outcomes if o["type"] == "cmd.accepted"]
         limited = [o for o in outcomes if o["type"] == "cmd.rejected" and o["code"] == "rate_limited"]
         assert len(accepted) + len(limited) == len(outcomes), outcomes[:5]

@@ -26,6 +26,7 @@ from shared.bus.connection import close_quietly, connect
 from shared.bus.kv import Bucket
 from shared.bus.permissions import guarded
 from shared.bus.topology import provision
+from shared.core import ids, subjects
 from shared.core.errors import NatsUnavailableError, PermissionDeniedError
 from shared.core.ids import hook_lease_name
 from shared.core.subjects import SessionOrigin, session_command_subject
@@ -70,7 +71,14 @@ async def test_a_session_may_use_its_own_subjects_keys_and_inbox_and_nothing_of_
     async with provisioned_town(st) as mayor, responder_for(st, lambda s: s in {A.session, B.session}):
         # Something to read in the log, and a service answering a query.
         await mayor.jetstream().publish("gt.evt.test.one", b"{}", stream="GT_EVT")
-        await mayor.jetstream().publish("gt.evt.cmd.cli-1", b'{"outcome": 1}', stream="GT_EVT")
+        own_outcome = subjects.outcome_subject(ids.session_scoped_id(A.session, "cli-1"))
+        await mayor.jetstream().publish(own_outcome, b'{"outcome": 1}', stream="GT_EVT")
+        others = (
+            "gt.evt.cmd.cli-2",  # the operator's
+            subjects.outcome_subject(ids.session_scoped_id(B.session, "cli-3")),  # another session's
+        )
+        for other in others:
+            await mayor.jetstream().publish(other, b'{"outcome": "not yours"}', stream="GT_EVT")
         await mayor.jetstream().publish(f"gt.evt.lease.{hook_lease_name(BEAD_A)}", b"{}", stream="GT_EVT")
         await mayor.jetstream().publish(f"gt.evt.lease.{hook_lease_name(BEAD_B)}", b"{}", stream="GT_EVT")
 
@@ -100,8 +108,9 @@ async def test_a_session_may_use_its_own_subjects_keys_and_inbox_and_nothing_of_
             assert (await allowed(nc, beats.get(A.session))).value == b"A's beat"  # type: ignore[attr-defined]
             await allowed(nc, lease.put(hook_lease_name(BEAD_A), b"A's lease"))
             assert (await allowed(nc, lease.get(hook_lease_name(BEAD_A)))).value == b"A's lease"  # type: ignore[attr-defined]
-            # Of the log: a command's outcome and its own lease's newest event, each by a direct get naming it.
-            outcome = await allowed(nc, js.get_last_msg("GT_EVT", "gt.evt.cmd.cli-1", direct=True))
+            # Of the log: its own command's outcome and its own lease's newest event, each by a direct get naming
+            # it.
+            outcome = await allowed(nc, js.get_last_msg("GT_EVT", own_outcome, direct=True))
             assert outcome.data == b'{"outcome": 1}'  # type: ignore[attr-defined]
             own_lease = await allowed(
                 nc, js.get_last_msg("GT_EVT", f"gt.evt.lease.{hook_lease_name(BEAD_A)}", direct=True)
@@ -140,7 +149,10 @@ async def test_a_session_may_use_its_own_subjects_keys_and_inbox_and_nothing_of_
             last_of = json.dumps({"last_by_subj": "gt.evt.test.one"}).encode()
             await denied(nc, nc.request("$JS.API.STREAM.MSG.GET.GT_EVT", last_of), "$JS.API.STREAM.MSG.GET.GT_EVT")
             await denied(nc, nc.request("$JS.API.DIRECT.GET.GT_EVT", last_of), "$JS.API.DIRECT.GET.GT_EVT")
-            for subject in ("gt.evt.test.one", f"gt.evt.lease.{hook_lease_name(BEAD_B)}"):
+            # Nor another sender's outcome: not by its id, nor by a wildcard the server would resolve to the newest
+            # outcome of anyone's (a red team read every outcome so, when a session's permission was `cmd.*`).
+            wildcards = ("gt.evt.cmd.*", "gt.evt.cmd.>", "gt.evt.cmd.*.*", f"gt.evt.cmd.{B.session}.*")
+            for subject in ("gt.evt.test.one", f"gt.evt.lease.{hook_lease_name(BEAD_B)}", *others, *wildcards):
                 await denied(
                     nc, js.get_last_msg("GT_EVT", subject, direct=True), f"$JS.API.DIRECT.GET.GT_EVT.{subject}"
                 )

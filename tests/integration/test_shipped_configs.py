@@ -10,6 +10,7 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gt.embedded_nats import SERVER_CONFIG, EmbeddedServer, find_server_binary, free_port, write_config
@@ -124,9 +125,27 @@ def test_the_example_env_holds_a_matching_issuer_pair() -> None:
 def test_the_embedded_servers_config_syncs_always_and_is_valid(tmp_path: Path) -> None:
     assert "sync_interval: always" in SERVER_CONFIG
     conf = tmp_path / "embedded.conf"
-    conf.write_text(SERVER_CONFIG.format(host="127.0.0.1", port=4222, http_port=8222, store_dir=tmp_path, name="t"))
-    check = subprocess.run([find_server_binary(), "-c", str(conf), "-t"], capture_output=True, text=True, check=False)
-    assert check.returncode == 0, check.stderr
+    for http_port in (8222, None):
+        write_config(conf, store_dir=tmp_path, port=4222, http_port=http_port, name="t")
+        assert ("http: 127.0.0.1:8222" in conf.read_text()) == (http_port is not None), conf.read_text()
+        check = subprocess.run(
+            [find_server_binary(), "-c", str(conf), "-t"], capture_output=True, text=True, check=False
+        )
+        assert check.returncode == 0, check.stderr
+
+
+def test_a_town_serves_no_monitoring_unless_asked_for(tmp_path: Path) -> None:
+    """`gt up`'s server (``monitor=False`` unless GT_NATS_MONITOR=1): no unauthenticated port that would list every
+    connection and stream to an agent on the same machine (a red team read /connz and /jsz from a pane)."""
+    server = EmbeddedServer(tmp_path / "nats", monitor=False)
+    assert server.http_port is None
+    server.start()
+    try:
+        assert server.proc is not None
+        listening = {c.laddr.port for c in psutil.Process(server.proc.pid).net_connections() if c.status == "LISTEN"}
+        assert listening == {server.port}, listening
+    finally:
+        server.stop()
 
 
 def compose(*args: str, env_file: Path | None = ENV_EXAMPLE) -> subprocess.CompletedProcess[str]:
@@ -214,6 +233,7 @@ def test_the_single_node_configs_serve_monitoring_on_loopback_only(name: str, tm
 
 def test_the_embedded_server_serves_monitoring_on_loopback_whatever_its_client_address(tmp_path: Path) -> None:
     server = EmbeddedServer(tmp_path / "nats", host="0.0.0.0")
+    assert server.http_port is not None
     write_config(
         server.config_path, store_dir=server.store_dir, port=free_port(), http_port=server.http_port, host="0.0.0.0"
     )

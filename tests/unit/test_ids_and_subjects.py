@@ -76,6 +76,16 @@ class TestSubjects:
         assert subjects.event_subject("bead", "hq-1") == "gt.evt.bead.hq-1"
         assert subjects.outcome_subject("cli-1") == "gt.evt.cmd.cli-1"
 
+    def test_a_sessions_outcome_has_the_session_as_a_token_of_its_own(self) -> None:
+        scoped = ids.session_scoped_id("hq-a-1", "cli-9")
+        assert subjects.outcome_subject(scoped) == "gt.evt.cmd.hq-a-1.cli-9"
+        assert subjects.outcome_command_id("gt.evt.cmd.hq-a-1.cli-9") == scoped
+        assert subjects.outcome_command_id("gt.evt.cmd.cli-1") == "cli-1"
+        # A command stored before the change and delivered after it is found settled on either subject.
+        assert subjects.outcome_subjects(scoped) == ("gt.evt.cmd.hq-a-1.cli-9", "gt.evt.cmd.hq-a-1~cli-9")
+        assert subjects.outcome_subjects("cli-1") == ("gt.evt.cmd.cli-1",)
+        assert subjects.session_outcomes("hq-a-1") == "gt.evt.cmd.hq-a-1.*"
+
     def test_v1_reply_subject(self) -> None:
         info = subjects.parse_js_reply("$JS.ACK.GT_EVT.cons.3.1042.17.1700000000000000000.5")
         assert info == subjects.DeliveryInfo(stream_seq=1042, delivered=3, pending=5)

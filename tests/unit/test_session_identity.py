@@ -94,12 +94,13 @@ def test_a_session_may_publish_its_own_command_subjects_and_keys_and_read_only_i
         assert not (subject.startswith("$KV.") and subject.endswith(">")), subject
     assert "$JS.API.DIRECT.GET.KV_GT_LEASES" not in publish
     assert perms["sub"] == {"allow": ["_INBOX_s-hq-abc123-1.>"]}
-    # Of the log, only a command's outcome and its own lease's newest event, each by a direct get naming it:
+    # Of the log, only its own commands' outcomes and its own lease's newest event, each by a direct get naming it
+    # (the session a literal token: a wildcard in the subject it asks for cannot stand for another's):
     # no stream info (it lists every subject), no message get or bare direct get (their body names any
     # subject), no consumer (its deliver subject could name any subject), no JetStream API beyond these.
     reads_of_the_log = [p for p in publish if p.startswith("$JS.API.") and "KV_GT" not in p]
     assert sorted(reads_of_the_log) == [
-        "$JS.API.DIRECT.GET.GT_EVT.gt.evt.cmd.*",
+        "$JS.API.DIRECT.GET.GT_EVT.gt.evt.cmd.hq-abc123-1.*",
         f"$JS.API.DIRECT.GET.GT_EVT.gt.evt.lease.{hook_lease_name('hq-abc123')}",
     ]
     assert set(perms) == {"pub", "sub"}, "no `resp`: nothing sends a session requests"

@@ -11,11 +11,13 @@ from services.mayor import queries
 from services.mayor.decide.mail import own_message
 from services.mayor.state import MESSAGE_TYPE, Bead, Convoy, KnownRig, MayorState
 from services.witness import queries as witness_queries
+from services.witness.state import WitnessState
 from shared.core.errors import CommandError, QueryError
 from shared.core.subjects import SessionOrigin
 from shared.model.commands import BeadClaim, Fence, MailArchive, SessionHandoff, StepDone
 from shared.model.queries import registry
 from shared.model.queries.base import Page
+from shared.model.sessions import Session
 from shared.service.intake import Sender, command_actor, impersonation
 
 ACE = SessionOrigin("demo", "ace", "hq-a-1")
@@ -30,8 +32,27 @@ def check_mayor(state: MayorState, what: str, body: dict[str, Any], session: str
     queries.check_session_query(state, registry.decode("mayor", what, body), session)
 
 
+def witness_state() -> WitnessState:
+    """Sessions hq-a-1 (bead hq-a, polecat ace) and hq-b-1 (bead hq-b, polecat bob) of rig demo."""
+    state = WitnessState()
+    for session, polecat in (("hq-a-1", "ace"), ("hq-b-1", "bob")):
+        bead = session.removesuffix("-1")
+        state.sessions[session] = Session(
+            id=session,
+            rig="demo",
+            polecat=polecat,
+            bead=bead,
+            worktree=f"/w/{polecat}",
+            branch=f"polecat/{polecat}/{bead}",
+            tmux_name=f"gt-demo-{polecat}",
+            attempt=1,
+            requested_at=datetime(2026, 11, 30, tzinfo=UTC),
+        )
+    return state
+
+
 def check_witness(what: str, body: dict[str, Any], session: str) -> None:
-    witness_queries.check_session_query(registry.decode("witness", what, body), session)
+    witness_queries.check_session_query(witness_state(), registry.decode("witness", what, body), session)
 
 
 def test_the_subject_names_the_actor_whatever_the_body_says() -> None:
@@ -93,10 +114,24 @@ def test_a_session_asks_only_about_its_own_mail_and_record() -> None:
     state = mailbox_state()
     state.rigs["demo"] = KnownRig(name="demo", polecats={"ace": "hq-a-1", "bob": None})
     check_witness("session", {"id": "hq-a-1"}, "hq-a-1")
-    check_witness("sessions", {}, "hq-a-1")
+    check_witness("sessions", {"bead": "hq-a", "all": True}, "hq-a-1")  # its bead's: the earlier ones' notes
     with pytest.raises(QueryError) as refused:
         check_witness("session", {"id": "hq-b-1"}, "hq-a-1")
     assert refused.value.code == "unauthorized"
+    # The red team read another session's handoff note and pane through the lists, and the operator's nudges.
+    for what, body in (
+        ("sessions", {"all": True}),
+        ("sessions", {}),
+        ("sessions", {"rig": "demo"}),
+        ("sessions", {"bead": "hq-b", "all": True}),
+        ("nudges", {"all": True}),
+        ("nudges", {}),
+    ):
+        with pytest.raises(QueryError) as listed:
+            check_witness(what, body, "hq-a-1")
+        assert listed.value.code == "unauthorized", (what, body)
+    with pytest.raises(QueryError, match="lists only its own bead"):
+        check_witness("sessions", {"bead": "hq-a"}, "hq-gone-1")
     with pytest.raises(QueryError) as other:
         check_mayor(state, "inbox", {"to": "polecat:demo/bob"}, "hq-a-1")
     assert other.value.code == "unauthorized"

@@ -15,7 +15,7 @@ from gt.cli import render, town_view
 from gt.cli.colour import Palette
 from gt.cli.feed_view import feed_line, timeline
 from gt.cli.polecats import before_you_lines, mail_lines, prime_text
-from services.witness.effects.nudge import MAIL_SUBJECT_SHOWN, mail_announcement
+from services.witness.effects.nudge import MAIL_SUBJECT_SHOWN, RIGHT_QUOTE, mail_announcement
 from shared.core.terminal import escape_line, escape_text, escaped_lines, is_safe
 from shared.model.beads import Bead, BeadDetail
 from shared.model.escalations import Escalation
@@ -312,7 +312,7 @@ def test_mail_from_an_agent_is_announced_as_an_agents_not_the_operators() -> Non
     line = mail_announcement("polecat:demo/bob", f'Stop "now"\n{HOSTILE}', "hq-m1")
     assert line.startswith("[gastown mail from polecat:demo/bob, written by an agent, not your operator] subject: ")
     assert line.endswith("(read it with: gt mail read hq-m1)")
-    assert f'"Stop \\"now\\"\\n{SHOWN}"' in line, "quoted, escaped, on one line"
+    assert f"'Stop \"now\"\\n{SHOWN}'" in line, "quoted, escaped, on one line"
     assert_terminal_safe(line)
     assert "\n" not in line
     assert "\t" not in line
@@ -320,16 +320,25 @@ def test_mail_from_an_agent_is_announced_as_an_agents_not_the_operators() -> Non
 
 def test_mail_from_the_operator_or_the_town_is_announced_as_theirs() -> None:
     assert mail_announcement("operator:ann", "Use the new API", "hq-m2") == (
-        '[gastown mail from operator:ann, your operator] subject: "Use the new API" (read it with: gt mail read hq-m2)'
+        "[gastown mail from operator:ann, your operator] subject: 'Use the new API' (read it with: gt mail read hq-m2)"
     )
     assert mail_announcement("operator", "x", "hq-m3").startswith("[gastown mail from operator, your operator]")
     assert mail_announcement("mayor", "x", "hq-m4").startswith("[gastown mail from mayor, not your operator]")
     assert mail_announcement("operator:ann\x1b", "x", "m").startswith("[gastown mail from operator:ann\\x1b, not")
 
 
+def test_a_subject_cannot_end_its_quotes() -> None:
+    """Its own single quotes become right quotation marks: inside the single quotes a shell reads nothing else
+    specially (whether a shell runs the whole line is tests/integration/test_mail_announcement_shell.py's)."""
+    line = mail_announcement("polecat:demo/bob", "it's '; rm -rf ~; '", "hq-m1")
+    q = RIGHT_QUOTE
+    assert f"subject: 'it{q}s {q}; rm -rf ~; {q}' (read it" in line
+    assert line.count("'") == 2
+
+
 def test_a_long_subject_is_cut() -> None:
     line = mail_announcement("polecat:demo/bob", "x" * 500, "hq-m1")
-    assert f'"{"x" * (MAIL_SUBJECT_SHOWN - 1)}…"' in line
+    assert f"'{'x' * (MAIL_SUBJECT_SHOWN - 1)}…'" in line
 
 
 def test_json_answers_carry_agents_text_as_json_escapes_and_read_back_the_same(

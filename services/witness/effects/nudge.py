@@ -24,6 +24,8 @@ from shared.model.events import NudgeDelivered, NudgeExpired, NudgeQueued
 log = structlog.get_logger(__name__)
 
 MAIL_SUBJECT_SHOWN = 120
+RIGHT_QUOTE = "\u2019"
+"""What a subject's own single quote is shown as in its announcement (``mail_announcement``)."""
 """Characters of a message's subject typed into the pane when announcing it."""
 MAIL_NUDGE_TTL_S = 1800.0
 """How long a mail announcement waits for the polecat's session (its `gt prime` lists the mail anyway)."""
@@ -127,7 +129,13 @@ def mail_announcement(sender: str, subject: str, message_id: str) -> str:
     """The line typed into a polecat's pane to announce a message: marked as mail, and whose, so the agent does not
     take it for its operator's words; the subject quoted, on one line, its control characters escaped and cut to
     ``MAIL_SUBJECT_SHOWN``. ``[gastown mail from polecat:demo/bob, written by an agent, not your operator]
-    subject: "Use v2" (read it with: gt mail read hq-4k2p9)``."""
+    subject: 'Use v2' (read it with: gt mail read hq-4k2p9)``.
+
+    An agent may be a shell that runs what is typed, and the subject is another agent's words: it stands in single
+    quotes, inside which a shell expands nothing (no ``$(...)``, backquote, backslash or ``!``), with its own single
+    quotes turned into right quotation marks (U+2019) so it cannot end them; and the parenthesis after it makes a
+    shell refuse the whole line unrun. (In double quotes, with only ``"`` escaped, a subject ``\\"; cmd #`` ran
+    ``cmd`` in the other session's pane: a red team's.)"""
     who = escape_line(sender)
     if OPERATOR_ADDRESS.fullmatch(sender):
         whose = f"{who}, your operator"
@@ -135,11 +143,11 @@ def mail_announcement(sender: str, subject: str, message_id: str) -> str:
         whose = f"{who}, written by an agent, not your operator"
     else:
         whose = f"{who}, not your operator"
-    shown = " ".join(escape_line(subject.replace("\t", " ")).split()).replace('"', '\\"')
+    shown = " ".join(escape_line(subject.replace("\t", " ")).split()).replace("'", RIGHT_QUOTE)
     if len(shown) > MAIL_SUBJECT_SHOWN:
         shown = shown[: MAIL_SUBJECT_SHOWN - 1] + "…"
     return typeable(
-        f'[gastown mail from {whose}] subject: "{shown}" (read it with: gt mail read {escape_line(message_id)})'
+        f"[gastown mail from {whose}] subject: '{shown}' (read it with: gt mail read {escape_line(message_id)})"
     )
 
 

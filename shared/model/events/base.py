@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from shared.core import subjects
 from shared.core.decoding import UNDECODABLE
 from shared.core.errors import EventDecodeError, UnknownEventTypeError
 
@@ -48,6 +49,10 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     def aggregate_id(self) -> str:
         """The id that, with ``AGGREGATE``, names the event's subject."""
         raise NotImplementedError
+
+    def subject(self) -> str:
+        """Where the event is stored: ``gt.evt.<aggregate>.<id>``."""
+        return subjects.event_subject(self.AGGREGATE, self.aggregate_id())
 
 
 class EventRef(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,4 +1,5 @@
-"""Command outcomes (``gt.evt.cmd.<command_id>``): exactly one per command, written by its owning service."""
+"""Command outcomes (``gt.evt.cmd.<command_id>``; a session's ``gt.evt.cmd.<session>.<command id>``): exactly one per
+command, written by its owning service."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import ClassVar, Generic
 
 import msgspec
 
+from shared.core import subjects
 from shared.model.events.base import Event, EventRef
 from shared.model.results import R
 
@@ -18,6 +20,9 @@ class CommandOutcome(Event, frozen=True, kw_only=True):
 
     def aggregate_id(self) -> str:
         return self.command_id
+
+    def subject(self) -> str:
+        return subjects.outcome_subject(self.command_id)
 
 
 class CommandAccepted(CommandOutcome, Generic[R], frozen=True, kw_only=True):

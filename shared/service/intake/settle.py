@@ -61,13 +61,19 @@ class Settler:
         self.duplicates = 0
 
     async def settled_before(self, delivery: Delivery) -> bool:
-        return await self._appender.last_on_subject(subjects.outcome_subject(delivery.command_id)) is not None
+        return await self._stored_outcome(delivery.command_id) is not None
+
+    async def _stored_outcome(self, command_id: str) -> tuple[int, bytes] | None:
+        for subject in subjects.outcome_subjects(command_id):
+            if (stored := await self._appender.last_on_subject(subject)) is not None:
+                return stored
+        return None
 
     async def settle(self, delivery: Delivery, parsed: Command | CommandError) -> int:
         """Store the command's events and outcome (or find its outcome stored); returns the outcome's sequence."""
         outcome_subject = subjects.outcome_subject(delivery.command_id)
         if delivery.delivered > 1 or delivery.held:
-            stored = await self._appender.last_on_subject(outcome_subject)
+            stored = await self._stored_outcome(delivery.command_id)
             if stored is not None:
                 self.duplicates += 1
                 log.info("command_already_settled", outcome_seq=stored[0])
@@ -98,7 +104,7 @@ class Settler:
                 parsed = CommandError("too_large", f"the command would produce too many events at once: {exc}")
                 continue
             except AppendConflictError as exc:
-                stored = await self._appender.last_on_subject(outcome_subject)
+                stored = await self._stored_outcome(delivery.command_id)
                 if stored is not None:
                     self.duplicates += 1
                     log.info("command_already_settled", outcome_seq=stored[0])
@@ -208,5 +214,4 @@ def to_pending(
     data = encode_event(
         new.payload, event_id=event_id, ts=ts, actor=actor, causation_id=causation_id, correlation_id=correlation_id
     )
-    subject = subjects.event_subject(new.payload.AGGREGATE, new.payload.aggregate_id())
-    return PendingEvent(subject=subject, data=data, event_id=event_id, expected_seq=new.expected_seq)
+    return PendingEvent(subject=new.payload.subject(), data=data, event_id=event_id, expected_seq=new.expected_seq)
