@@ -109,8 +109,8 @@ PRIVATE_NUDGE = "OPERATOR-PRIVATE-NUDGE the deploy key moved"
 def assert_read_nothing_of_others(report: dict[str, Any], victim_session: str | None) -> None:
     """What the red team read from a pane: every sender's newest outcome by a wildcard direct get, another session's
     record and the operator's nudges through the witness's lists, and the NATS monitoring port."""
-    own = f"gt.evt.cmd.{report['session']}."
-    assert all(subject.startswith(own) for subject in report["outcome_wildcards"]), report["outcome_wildcards"]
+    # Each asks with a wildcard where the session's own token stands: refused, whatever the newest outcome is.
+    assert report["outcome_wildcards"] == [], report["outcome_wildcards"]
     lists = report["witness_lists"]
     assert set(lists) == {"sessions", "nudges"}, lists
     for what, answer in lists.items():
