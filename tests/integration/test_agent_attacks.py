@@ -31,10 +31,11 @@ from nats.aio.client import Client
 
 from gt.town_secrets import operator_login
 from services.refinery.decide import mr_id_for
+from services.witness.settings import DEFAULT_TMUX_SOCKET
 from shared.core import ids, subjects
 from shared.host import git
 from tests.attacks import nats_pane
-from tests.compose_stack import USERS, ComposeStack, Operator, running_stack
+from tests.compose_stack import USERS, ComposeStack, LocalStack, Operator, running_stack
 from tests.conftest import REPO_ROOT
 from tests.helpers import wait_until
 from tests.integration.test_town import TownCli
@@ -192,6 +193,11 @@ async def assert_squat_failed(nc: Client, squat_text: str | None, rig: str, bead
     assert b"squatting" not in (under_taken.data or b""), under_taken.data
 
 
+def gt_status(gt: Operator, bead: str) -> str:
+    """The bead's status as the operator's `gt bead show` says."""
+    return str(json.loads(gt("bead", "show", bead, "--json"))["status"])
+
+
 def wait_for_report(read: Callable[[], str | None]) -> dict[str, Any]:
     text = wait_until(read, timeout=REPORT_DEADLINE_S, interval=0.5, message="the pane's attack report")
     assert text is not None
@@ -337,6 +343,18 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topolog
         origin = stack.make_origin()
         run_there("git", "--git-dir", origin, "branch", "keepme", "main")
         victim = gt("bead", "create", "The victim's work")
+        # The victim: a session of another rig whose agent is a shell, told something private by the operator.
+        gt("rig", "add", "victim", origin, "--agent", VICTIM_AGENT, "--stall-after", "3600")
+        gt("sling", victim, "victim")
+
+        def victim_session() -> dict[str, Any] | None:
+            listed = json.loads(gt("session", "list", "--json"))
+            return next((s for s in listed if s["bead"] == victim and s["status"] == "started"), None)
+
+        victim_seen = await asyncio.to_thread(wait_until, victim_session, timeout=180)
+        assert victim_seen is not None
+        gt("nudge", victim_seen["id"], PRIVATE_NUDGE)
+        marker = where / "victim-ran"
         command = agent_command(
             str(where / "nats_pane.py"),
             str(where / "git_pane.sh"),
@@ -344,6 +362,8 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topolog
             str(git_report_at),
             str(where / "dumps"),
             victim,
+            f"polecat:victim/{victim_seen['polecat']}",
+            str(marker),
         )
         gt("rig", "add", "demo", origin, "--agent", command)
         attacker = gt("bead", "create", "The attacker's bead")
@@ -358,9 +378,25 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topolog
             servers=stack.urls(), user="operator", password=passwords["operator"], inbox_prefix=b"_INBOX_operator"
         )
         try:
-            await assert_unharmed(nc, lambda: str(json.loads(gt("bead", "show", victim, "--json"))["status"]), report)
+            await assert_unharmed(nc, lambda: gt_status(gt, victim), report, victim_was="hooked")
         finally:
             await nc.close()
+        assert_read_nothing_of_others(report, victim_seen["id"])
+        pane = ["capture-pane", "-p", "-S", "-200", "-t", f"={victim_seen['tmux_name']}:"]
+
+        def victim_screen() -> str:
+            if isinstance(stack, ComposeStack):
+                return stack.exec("witness", "tmux", "-L", DEFAULT_TMUX_SOCKET, *pane)
+            assert isinstance(stack, LocalStack)
+            shown = subprocess.run(
+                ["tmux", "-L", stack.tmux_socket, *pane], capture_output=True, text=True, check=False
+            )
+            return shown.stdout
+
+        def ran() -> bool:
+            return run_there("sh", "-c", f"test -e {shlex.quote(str(marker))} && echo ran || true").strip() == "ran"
+
+        await asyncio.to_thread(victim_pane_ran_nothing, victim_screen, ran, len(report["mail_ids"]))
         if isinstance(stack, ComposeStack):
             # In containers agents run as the image's user `agent` (GT_AGENT_USER), not the witness's root.
             assert report["uid"] == AGENT_UID, report["uid"]
