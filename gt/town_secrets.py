@@ -113,6 +113,18 @@ def _write_new(path: Path, text: str) -> None:
         temp.unlink(missing_ok=True)
 
 
+DASHBOARD_TOKEN = "dashboard.token"  # noqa: S105 (its file's name)
+
+
+def dashboard_token(gt_home: Path) -> str:
+    """The token ``gt dashboard`` asks of every request (made the first time, kept: a restarted dashboard takes the
+    pages still open): without it, whoever reaches the port on loopback (an agent too) would read the town."""
+    directory = secrets_dir(gt_home)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _write_new(directory / DASHBOARD_TOKEN, secrets.token_urlsafe(24))
+    return (directory / DASHBOARD_TOKEN).read_text().strip()
+
+
 def ensure(gt_home: Path) -> TownSecrets:
     """The town's credentials, made now for any that are missing (kept otherwise)."""
     nats_dir = password_file(gt_home, "x").parent

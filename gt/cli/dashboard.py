@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from gt.cli.common import EXIT_OK, Subcommands
 from gt.cli.progress import Progress
+from gt.town_secrets import dashboard_token
 from shared.core.aio import wait_event
 from shared.core.config import TownConfig
 
@@ -40,7 +41,8 @@ async def _dashboard(nc: Connection, args: argparse.Namespace, config: TownConfi
     # Imported here: the server and its page are loaded only by `gt dashboard`, not by every `gt` an agent runs.
     from gt.dashboard.server import Dashboard, serve
 
-    dashboard = Dashboard(nc, config, host=args.host, port=args.port, allowed_hosts=tuple(args.allow_host))
+    token = dashboard_token(config.gt_home)
+    dashboard = Dashboard(nc, config, host=args.host, port=args.port, allowed_hosts=tuple(args.allow_host), token=token)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"gt: the dashboard on {args.host} shows the town to anyone who can reach it", file=sys.stderr)
     shown = asyncio.create_task(_show_replay(dashboard), name="replay-progress")
@@ -62,4 +64,5 @@ async def _show_replay(dashboard: Dashboard) -> None:
         await wait_event(dashboard.replayed, 0.1)
     bar.update(dashboard.state.last_seq, max(dashboard.replay_target or 0, dashboard.state.last_seq))
     bar.finish()
-    print(f"dashboard: http://{dashboard.host}:{dashboard.port}/ (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    address = f"http://{dashboard.host}:{dashboard.port}/?token={dashboard.token}"
+    print(f"dashboard: {address} (Ctrl-C to stop)", file=sys.stderr, flush=True)

@@ -2,7 +2,10 @@
 
 Routes (GET only; anything else is 404 or 405). A request whose ``Host`` is not an IP address, ``localhost`` or
 the address the dashboard is bound to (with its port) is answered 421 and nothing else: a web page whose DNS name
-was re-bound to this machine cannot read the town.
+was re-bound to this machine cannot read the town. Every route but ``/healthz`` also needs the dashboard's token
+(``GT_HOME/secrets/dashboard.token``): ``/?token=<it>``, the address ``gt dashboard`` prints, serves the page and
+sets it as a cookie (``HttpOnly``, ``SameSite=Strict``) that the page's own requests carry; a request with neither is
+answered 401. Loopback is everyone's on the machine: an agent reached ``/api/state`` (mail subjects, handoff notes).
 
 - ``/``: the page (``page.py``); it opens ``/events`` and redraws on every message.
 - ``/events``: ``text/event-stream``. Each message is ``event: state`` with the whole view as JSON (convoys,
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import ipaddress
 import json
 import urllib.parse
@@ -67,13 +71,18 @@ class Dashboard:
         host: str = "127.0.0.1",
         port: int = 8765,
         allowed_hosts: tuple[str, ...] = (),
+        token: str,
     ) -> None:
         """``allowed_hosts``: names besides IP addresses, ``localhost`` and ``host`` that browsers may reach it
-        by (the machine's DNS name when bound to all interfaces, a reverse proxy's)."""
+        by (the machine's DNS name when bound to all interfaces, a reverse proxy's); ``token``: what every request
+        but ``/healthz`` carries (``town_secrets.dashboard_token``)."""
+        if not token:
+            raise ValueError("the dashboard needs a token")
         self.nc = nc
         self.config = config
         self.host = host
         self.port = port
+        self.token = token
         self.allowed_hosts = frozenset(name.lower() for name in allowed_hosts)
         self.state = view.DashboardState()
         self.replayed = asyncio.Event()
@@ -170,11 +179,16 @@ class Dashboard:
         target = urllib.parse.urlsplit(request.raw_path).path
         if request.method != "GET":
             return _answer(405, "text/plain", b"only GET\n")
-        if target == "/":
-            return _answer(200, "text/html; charset=utf-8", PAGE.encode())
         if target == "/healthz":
             ok = self.replayed.is_set()
             return _answer(200 if ok else 503, "text/plain", b"ok\n" if ok else b"replaying\n")
+        given = urllib.parse.parse_qs(urllib.parse.urlsplit(request.raw_path).query).get("token", [""])[0]
+        if not (self._is_token(given) or self._is_token(request.cookies.get(TOKEN_COOKIE, ""))):
+            return _answer(401, "text/plain", UNAUTHORIZED)
+        if target == "/":
+            page = _answer(200, "text/html; charset=utf-8", PAGE.encode())
+            page.set_cookie(TOKEN_COOKIE, self.token, httponly=True, samesite="Strict", path="/")
+            return page
         if target == "/api/state":
             return _answer(200, "application/json", msgspec.json.encode(view.render(self.state)))
         if target.startswith("/api/bead/"):
@@ -182,6 +196,9 @@ class Dashboard:
         if target == "/events":
             return await self._events(request)
         return _answer(404, "text/plain", b"not found\n")
+
+    def _is_token(self, given: str) -> bool:
+        return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
 
     async def _bead(self, bead: str) -> web.Response:
         if not bead or "/" in bead:
@@ -228,6 +245,8 @@ class Dashboard:
 
 
 MISDIRECTED = b"unknown host: open the dashboard at the address it prints\n"
+UNAUTHORIZED = b"no token: open the dashboard at the address `gt dashboard` prints (it carries ?token=)\n"
+TOKEN_COOKIE = "gt_dashboard"  # noqa: S105 (the cookie's name)
 
 
 class _Handler(RequestHandler):

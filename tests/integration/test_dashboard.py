@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from playwright.async_api import Browser, Page, async_playwright
 
 from gt.embedded_nats import EmbeddedServer, free_port
+from gt.town_secrets import dashboard_token
 from shared.core.config import TownConfig
 from shared.model.commands.escalations import EscalationRaise
 from tests.conftest import REPO_ROOT
@@ -50,10 +51,16 @@ class DashboardProcess:
     def __init__(self, env: dict[str, str], port: int, log: Path) -> None:
         self.env, self.port, self.log = env, port, log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.token = dashboard_token(Path(env["GT_HOME"]))
+        """What the operator finds in the address `gt dashboard` prints (the same file it reads)."""
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def at(self, path: str) -> str:
+        """``path`` on the dashboard, with its token, as the printed address carries it."""
+        return f"{self.url}{path}{'&' if '?' in path else '?'}token={self.token}"
 
     def start(self) -> None:
         with self.log.open("ab") as out:
@@ -77,7 +84,7 @@ class DashboardProcess:
             return False
 
     def state(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"{self.url}/api/state", timeout=5) as answer:
+        with urllib.request.urlopen(self.at("/api/state"), timeout=5) as answer:
             result: dict[str, Any] = json.loads(answer.read())
             return result
 
@@ -164,7 +171,7 @@ async def test_the_dashboard_follows_the_town_live_through_its_own_restart_and_a
     beads = [await pt.new_bead(f"Convoy bead {i}") for i in (1, 2, 3)]
     convoy = str((await pt.ok("gt.cmd.convoy.create", title="Three in a row", beads=beads))["id"])
     stuck = await pt.new_bead("Worked by an agent that will be killed")
-    await page.goto(dashboard.url)
+    await page.goto(dashboard.at("/"))
     assert await wait_for(lambda: convoy_progress(page, convoy)) == "0/3"
 
     # A convoy's progress changes as its beads are worked and merged.
@@ -248,8 +255,8 @@ async def _progress_is(page: Page, convoy: str, expected: str) -> bool:
 async def test_the_dashboard_answers_bad_requests_clearly(pt: PolecatTown, dashboard: DashboardProcess) -> None:
     await assert_eventually(dashboard.healthy, timeout=60)
 
-    def status_of(path: str, method: str = "GET") -> tuple[int, bytes]:
-        request = urllib.request.Request(f"{dashboard.url}{path}", method=method)
+    def status_of(path: str, method: str = "GET", token: bool = True) -> tuple[int, bytes]:
+        request = urllib.request.Request(dashboard.at(path) if token else f"{dashboard.url}{path}", method=method)
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
                 return answer.status, answer.read()
@@ -264,10 +271,17 @@ async def test_the_dashboard_answers_bad_requests_clearly(pt: PolecatTown, dashb
     code, body = await asyncio.to_thread(status_of, "/")
     assert code == 200
     assert b"EventSource" in body
+    # Without the token (an agent on the same machine): nothing of the town, only whether it is up.
+    for path in ("/", "/api/state", "/events", "/api/bead/gt-nosuch", "/nowhere", "/?token=wrong"):
+        code, body = await asyncio.to_thread(status_of, path, "GET", False)
+        assert code == 401, (path, code)
+        assert b"convoys" not in body
+        assert b"EventSource" not in body
+    assert (await asyncio.to_thread(status_of, "/healthz", "GET", False))[0] == 200
     # On start it showed its replay of the log as a progress bar, then where to find it.
     said = dashboard.log.read_text()
     assert "replaying the log [" in said
-    assert f"dashboard: http://127.0.0.1:{dashboard.port}/" in said
+    assert f"dashboard: http://127.0.0.1:{dashboard.port}/?token={dashboard.token} " in said
 
 
 PANE_TAIL = "\n".join(
@@ -316,7 +330,7 @@ async def test_long_text_neither_widens_the_page_nor_breaks_an_id_and_old_closed
         await assert_eventually(
             lambda: any(c["id"] == closed[-1] and c["status"] == "closed" for c in dashboard.state()["convoys"])
         )
-    await page.goto(dashboard.url)
+    await page.goto(dashboard.at("/"))
     await wait_for(
         lambda: _shows(page, "[data-testid=older-closed-convoys]", "and 3 closed before (gt convoy list --all)")
     )

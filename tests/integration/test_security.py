@@ -16,6 +16,7 @@ import pytest
 from nats.aio.client import Client
 
 from gt.embedded_nats import EmbeddedServer, free_port
+from gt.town_secrets import dashboard_token
 from services.refinery.effects.gate_watch import MARKER_VARIABLE
 from services.refinery.state import MergeRequest
 from shared.core.config import TownConfig
@@ -124,13 +125,16 @@ def dashboard(own_nats_server: EmbeddedServer, gt_env: dict[str, str], tmp_path:
         log.close()
 
 
-def get(port: int, path: str, host: str | None) -> tuple[int, bytes]:
-    """GET ``path`` with the ``Host`` header given (None: none at all); (status, body). 0 when not answering."""
+def get(port: int, path: str, host: str | None, cookie: str | None = None) -> tuple[int, bytes]:
+    """GET ``path`` with the ``Host`` header given (None: none at all) and ``cookie``; (status, body). 0 when not
+    answering."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     try:
         conn.putrequest("GET", path, skip_host=True)
         if host is not None:
             conn.putheader("Host", host)
+        if cookie is not None:
+            conn.putheader("Cookie", cookie)
         conn.endheaders()
         answer = conn.getresponse()
         return answer.status, answer.read()
@@ -140,15 +144,23 @@ def get(port: int, path: str, host: str | None) -> tuple[int, bytes]:
         conn.close()
 
 
-def test_the_dashboard_answers_only_the_names_it_is_served_under(dashboard: int) -> None:
+def test_the_dashboard_answers_only_the_names_it_is_served_under(dashboard: int, tmp_path: Path) -> None:
     port = dashboard
+    token = dashboard_token(tmp_path / "home")
     for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}", "localhost", f"[::1]:{port}"):
-        status, body = get(port, "/api/state", host)
+        status, body = get(port, f"/api/state?token={token}", host)
         assert status == 200, (host, status, body)
         assert b"convoys" in body
+        status, body = get(port, "/api/state", host, cookie=f"gt_dashboard={token}")
+        assert status == 200, (host, status, body)
+        # Whoever else reaches loopback (an agent too): no token, nothing of the town.
+        for path in ("/api/state", "/events", "/", "/api/bead/gt-abc", f"/api/state?token={token[:-1]}"):
+            status, body = get(port, path, host, cookie="gt_dashboard=guess")
+            assert status == 401, (host, path, status)
+            assert b"convoys" not in body
     # DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 sends its own name.
     for host in ("evil.example", f"evil.example:{port}", f"localhost.evil.example:{port}", f"127.0.0.1:{port + 1}"):
-        for path in ("/api/state", "/events", "/", "/api/bead/gt-abc"):
+        for path in ("/api/state", "/events", "/", "/api/bead/gt-abc", f"/?token={token}"):
             status, body = get(port, path, host)
             assert status == 421, (host, path, status)
             assert b"convoys" not in body

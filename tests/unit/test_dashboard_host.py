@@ -11,7 +11,7 @@ from shared.core.config import TownConfig
 
 
 def dashboard(host: str = "127.0.0.1", allowed: tuple[str, ...] = ()) -> Dashboard:
-    return Dashboard(cast(Any, None), TownConfig(), host=host, port=8765, allowed_hosts=allowed)
+    return Dashboard(cast(Any, None), TownConfig(), host=host, port=8765, allowed_hosts=allowed, token="t")
 
 
 @pytest.mark.parametrize(
