@@ -17,8 +17,8 @@ from shared.core.subjects import SessionOrigin
 from shared.model.commands import BeadClaim, Fence, MailArchive, SessionHandoff, StepDone
 from shared.model.queries import registry
 from shared.model.queries.base import Page
-from shared.model.sessions import Session
 from shared.service.intake import Sender, command_actor, impersonation
+from tests import records
 
 ACE = SessionOrigin("demo", "ace", "hq-a-1")
 
@@ -36,18 +36,7 @@ def witness_state() -> WitnessState:
     """Sessions hq-a-1 (bead hq-a, polecat ace) and hq-b-1 (bead hq-b, polecat bob) of rig demo."""
     state = WitnessState()
     for session, polecat in (("hq-a-1", "ace"), ("hq-b-1", "bob")):
-        bead = session.removesuffix("-1")
-        state.sessions[session] = Session(
-            id=session,
-            rig="demo",
-            polecat=polecat,
-            bead=bead,
-            worktree=f"/w/{polecat}",
-            branch=f"polecat/{polecat}/{bead}",
-            tmux_name=f"gt-demo-{polecat}",
-            attempt=1,
-            requested_at=datetime(2026, 11, 30, tzinfo=UTC),
-        )
+        state.sessions[session] = records.session(id=session, polecat=polecat, bead=session.removesuffix("-1"))
     return state
 
 
