@@ -153,7 +153,7 @@ async def test_agent_written_text_reaches_no_terminal_raw_and_its_mail_is_announ
     # The other polecat's pane: the mail announced as an agent's, on one line, escaped.
     announced = (
         f"[gastown mail from {sender}, written by an agent, not your operator] "
-        f'subject: "{SUBJECT_SHOWN}" (read it with: gt mail read '
+        f"subject: '{SUBJECT_SHOWN}' (read it with: gt mail read "
     ).replace(" ", "")
 
     def announcement() -> str:

@@ -126,7 +126,7 @@ async def test_mail_to_a_live_polecat_is_primed_nudged_and_answered_from_its_ses
     # The live session is told, once, in its pane.
     expected = (
         "[gastown mail from operator:ann, your operator] "
-        f'subject: "Use the new API" (read it with: gt mail read {message})'
+        f"subject: 'Use the new API' (read it with: gt mail read {message})"
     )
     await assert_eventually(lambda: expected in pt.tmux.capture(tmux_name).replace("\n", ""), timeout=60)
     # Its prime lists the unread message.
