@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.client
 import json
 import os
 import subprocess
@@ -256,8 +257,8 @@ def monitoring_ports(nats_port: int | None) -> list[int]:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=0.5) as answer:
                 varz = json.loads(answer.read(1_000_000))
-        except Exception:
-            continue
+        except (OSError, ValueError, http.client.HTTPException):
+            continue  # not answering, or not HTTP, or not JSON: not a monitoring port
         if isinstance(varz, dict) and varz.get("port") == nats_port:
             found.append(port)
     return found
