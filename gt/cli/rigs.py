@@ -12,7 +12,7 @@ from msgspec import UNSET
 from gt.cli import render
 from gt.cli.common import Subcommands, UsageError, read, send, show_reply
 from shared.bus.query import ask
-from shared.core.arguments import from_args
+from shared.core.arguments import from_args, yes_no
 from shared.core.config import TownConfig
 from shared.core.errors import QueryError
 from shared.host import git
@@ -31,6 +31,10 @@ def env_names(text: str) -> list[str]:
 
 
 GATE_ENV_HELP = "environment variables of the refinery its gates see besides PATH, HOME, LANG... (comma-separated)"
+GATE_PRISTINE_HELP = (
+    "gate each merge in a workspace made fresh for it (no build output, caches or gate home kept from an earlier "
+    "merge): slower, and nothing one change's gate leaves can affect a later change's gate"
+)
 
 SETTING_OPTIONS = (
     ("--setup", "setup_command", str, 'gate: set-up command ("" for none)'),
@@ -48,6 +52,12 @@ SETTING_OPTIONS = (
     ),
     ("--git-email", "git_email", str, 'git email template of new sessions ({rig}, {polecat}; "": default)'),
     ("--gate-env", "gate_env", env_names, GATE_ENV_HELP + ' ("" for none)'),
+    (
+        "--gate-pristine",
+        "gate_pristine",
+        yes_no,
+        "yes: " + GATE_PRISTINE_HELP + "; no: the rig's gate workspace, its ignored files and the gate's home persist",
+    ),
 )
 """(option, command field, type, help) of `gt rig update`."""
 
@@ -94,6 +104,7 @@ def register(sub: Subcommands) -> None:
         help="git email its polecats commit with, a template like --git-name (default {polecat}.{rig}@gastown.invalid)",
     )
     ra.add_argument("--gate-env", type=env_names, default=None, metavar="NAMES", help=GATE_ENV_HELP)
+    ra.add_argument("--gate-pristine", action="store_true", help=GATE_PRISTINE_HELP)
     rig.query("list", _rig_list, help="rigs with their active sessions and waiting beads")
     rs = rig.query("show", _rig_show, help="one rig's configuration")
     rs.add_argument("name")
@@ -174,7 +185,8 @@ def register_rig_verbs(rig: Subcommands) -> None:
     ru = rig.command("update", _rig_update, help="change a rig's agent, gates or limits (new sessions take them)")
     ru.add_argument("name")
     for option, field, kind, text in SETTING_OPTIONS:
-        ru.add_argument(option, dest=field, type=kind, default=None, help=text)
+        metavar = "yes|no" if kind is yes_no else None
+        ru.add_argument(option, dest=field, type=kind, default=None, metavar=metavar, help=text)
     rr = rig.command(
         "remove", _rig_remove, help="take a rig out of service (refused while work is hooked, unless --force)"
     )
@@ -207,7 +219,7 @@ UPDATE_TAKES_EFFECT = (
         frozenset({"max_polecats", "max_respawns", "stall_after_s"}),
         "from the witness's next patrol, running sessions included",
     ),
-    (frozenset({"lint_command", "test_command", "gate_env"}), "at the refinery's next merge"),
+    (frozenset({"lint_command", "test_command", "gate_env", "gate_pristine"}), "at the refinery's next merge"),
     (
         frozenset({"agent_command", "setup_command", "git_name", "git_email"}),
         "in new sessions (running ones keep what they started with)",

@@ -46,11 +46,12 @@ from shared.model.leases import fold_lease
 from shared.model.rigs import fold_rig
 from shared.service.projection import Projection
 
-SCHEMA_VERSION = 10
-"""10: a merge request records its rig's incarnation (a removed rig's name added again). 9: rigs' merge queues
-(paused, failures on the target). 8: a merge request records the bundle its session published. 7: hook and merge
-leases are one record (``shared.model.leases.Lease``), rigs the witness's record (``shared.model.rigs.Rig``): a snapshot
-from before has hooks without their name, TTL and times, and rigs without their other settings."""
+SCHEMA_VERSION = 11
+"""11: rigs' ``gate_pristine`` (each merge's gates in a fresh workspace). 10: a merge request records its rig's
+incarnation (a removed rig's name added again). 9: rigs' merge queues (paused, failures on the target). 8: a merge
+request records the bundle its session published. 7: hook and merge leases are one record
+(``shared.model.leases.Lease``), rigs the witness's record (``shared.model.rigs.Rig``): a snapshot from before has
+hooks without their name, TTL and times, and rigs without their other settings."""
 CONFLICT_PREFIX = "conflict-"
 """Command ids of conflict bead creates (the refinery's own): their outcomes name the bead."""
 NOT_WORK = frozenset({"message", "convoy", "escalation"})

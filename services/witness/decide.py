@@ -97,6 +97,7 @@ def _rig_from(cmd: cmds.RigAdd) -> RigAdded:
         git_name=cmd.git_name,
         git_email=cmd.git_email,
         gate_env=cmd.gate_env,
+        gate_pristine=cmd.gate_pristine,
     )
 
 

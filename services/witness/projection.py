@@ -67,13 +67,14 @@ from shared.model.leases import fold_lease
 from shared.model.rigs import fold_rig
 from shared.service.projection import Projection
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 """6: hook leases are the one lease record (``shared.model.leases.Lease``): a snapshot from before has them
 without when they were acquired and ended. 7: ``rework_owed`` (a snapshot from before would start a session
 for work sent back before its rework steps). 8: sessions count the steps done
 while they worked and their clean-ups, beads where their last operator sling began (the respawn backoff, a polecat
 name freed once its bead closed): a snapshot from before has none of them, so the log is replayed instead.
-10: the rigs whose mass death is not over (a snapshot from before would escalate a rig's next deaths again)."""
+10: the rigs whose mass death is not over (a snapshot from before would escalate a rig's next deaths again).
+11: rigs' ``gate_pristine``."""
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 MESSAGE_TYPE = "message"
 READ_LABEL = "read"

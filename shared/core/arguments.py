@@ -38,3 +38,14 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
+
+
+YES_NO = {"yes": True, "true": True, "no": False, "false": False}
+
+
+def yes_no(text: str) -> bool:
+    """argparse type: a setting turned on (``yes``, ``true``) or off (``no``, ``false``), in any case."""
+    value = YES_NO.get(text.strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not yes or no (yes, no, true or false)")
+    return value

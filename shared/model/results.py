@@ -198,6 +198,7 @@ class RigResult(RecordResult, kw_only=True):
     git_name: str | UnsetType = UNSET
     git_email: str | UnsetType = UNSET
     gate_env: list[str] | UnsetType = UNSET
+    gate_pristine: bool | UnsetType = UNSET
 
 
 class SessionResult(RecordResult, kw_only=True):

@@ -32,6 +32,9 @@ class Rig(msgspec.Struct, kw_only=True, gc=False):
     gate_env: list[str] = []
     """Names of the refinery's environment variables its gates see besides the allowlist
     (``merger.GATE_BASE_ENV``)."""
+    gate_pristine: bool = False
+    """Each merge's gates run in a workspace made fresh for them (``RigAdd.gate_pristine``); False: the rig's gate
+    workspace, its ignored files and the gate's home persist between merges."""
     added_at: datetime
     parked: bool = False
     """No new sessions start (``gt rig park``, or removed): beads slung to it wait, running sessions finish."""
@@ -84,6 +87,7 @@ def fold_rig(payload: RigEvent, rigs: dict[str, Rig], env: Envelope, seq: int) -
                 git_name=payload.git_name,
                 git_email=payload.git_email,
                 gate_env=payload.gate_env,
+                gate_pristine=payload.gate_pristine,
                 added_at=env.ts,
                 incarnation=1 if earlier is None else earlier.incarnation + 1,
                 former_prefixes=[] if earlier is None else _prefixes_before(earlier, payload.prefix),

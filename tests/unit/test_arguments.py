@@ -8,7 +8,7 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from shared.core.arguments import from_args, non_negative_int, positive_float
+from shared.core.arguments import from_args, non_negative_int, positive_float, yes_no
 
 
 class Made(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,3 +40,16 @@ def test_a_required_field_no_option_or_given_value_names_is_an_error() -> None:
 def test_an_out_of_range_value_is_a_usage_error_saying_why(parse: Callable[[str], object], text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         parse(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("yes", True), ("true", True), ("YES", True), ("no", False), ("false", False), (" No ", False)]
+)
+def test_yes_no_takes_yes_no_true_and_false_in_any_case(text: str, value: bool) -> None:
+    assert yes_no(text) is value
+
+
+@pytest.mark.parametrize("text", ["maybe", "", "1", "y", "on"])
+def test_yes_no_refuses_anything_else_saying_what_it_takes(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=r"is not yes or no \(yes, no, true or false\)"):
+        yes_no(text)

@@ -96,6 +96,11 @@ def test_a_rig_update_says_running_sessions_take_a_new_stall_limit() -> None:
     assert "test_command at the refinery's next merge" in both
 
 
+def test_a_rig_update_of_gate_pristine_takes_effect_at_the_next_merge() -> None:
+    line = _update_line(RigResult(id="mi", rig="mi", fields=["gate_pristine"], gate_pristine=False, changed=True))
+    assert line == "rig mi updated: gate_pristine=False (gate_pristine at the refinery's next merge)"
+
+
 def test_every_column_of_the_inbox_and_the_convoy_list_has_a_header() -> None:
     inbox = render.message_table(
         [Bead(id="hq-1", metadata={"from": "operator"}, created_at=T0, updated_at=T0, title="hello")]

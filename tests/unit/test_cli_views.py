@@ -18,6 +18,8 @@ from gt.cli.main import build_parser
 from gt.cli.merge_queue import mq_order
 from gt.cli.rigs import park_line, unsling_line
 from gt.story import merge_by_seq
+from shared.core.arguments import from_args
+from shared.model.commands import RigAdd, RigUpdate
 from shared.model.events import REGISTRY
 from shared.model.results import RigResult, SlingResult
 from tests import records
@@ -301,6 +303,39 @@ def test_rig_show_shows_the_default_git_identity_in_force() -> None:
     assert "git_name: {rig}/{polecat} (default)" in text.splitlines()
     assert "git_email: {polecat}.{rig}@gastown.invalid (default)" in text.splitlines()
     assert "git_name: bot {polecat}" in render.rig_detail(records.rig(git_name="bot {polecat}"))
+
+
+def test_rig_show_shows_gate_pristine() -> None:
+    assert "gate_pristine: False" in render.rig_detail(records.rig()).splitlines()
+    assert "gate_pristine: True" in render.rig_detail(records.rig(gate_pristine=True)).splitlines()
+
+
+def test_rig_add_gate_pristine_is_a_flag() -> None:
+    parser = build_parser()
+    fresh = parser.parse_args(["rig", "add", "demo", "/r.git", "--gate-pristine"])
+    assert from_args(RigAdd, fresh).gate_pristine is True
+    kept = parser.parse_args(["rig", "add", "demo", "/r.git"])
+    assert from_args(RigAdd, kept).gate_pristine is False
+
+
+@pytest.mark.parametrize(("text", "value"), [("yes", True), ("no", False), ("true", True), ("False", False)])
+def test_rig_update_gate_pristine_takes_yes_or_no(text: str, value: bool) -> None:
+    args = build_parser().parse_args(["rig", "update", "demo", "--gate-pristine", text])
+    assert from_args(RigUpdate, args) == RigUpdate(name="demo", gate_pristine=value)
+
+
+def test_rig_update_leaves_gate_pristine_out_unless_given() -> None:
+    args = build_parser().parse_args(["rig", "update", "demo", "--max-polecats", "2"])
+    assert from_args(RigUpdate, args).gate_pristine is None
+
+
+def test_rig_update_refuses_a_gate_pristine_that_is_not_yes_or_no(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["rig", "update", "demo", "--gate-pristine", "maybe"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "argument --gate-pristine: 'maybe' is not yes or no (yes, no, true or false)" in error
+    assert "--gate-pristine yes|no" in error, "the usage names the values it takes"
 
 
 def test_the_merge_queue_is_listed_in_the_order_it_was_submitted() -> None:

@@ -68,7 +68,7 @@ SAMPLES: list[ev.Event] = [
         stall_after_s=90.5,
     ),
     ev.RigMassDeath(rig="demo", sessions=["demo-1-1", "demo-2-1", "demo-3-1"], window_s=30.0),
-    ev.RigUpdated(rig="demo", agent_command="claude", max_polecats=8, stall_after_s=900.0),
+    ev.RigUpdated(rig="demo", agent_command="claude", max_polecats=8, stall_after_s=900.0, gate_pristine=True),
     ev.RigParked(rig="demo", reason="CI is down"),
     ev.RigUnparked(rig="demo"),
     ev.RigRemoved(rig="demo", hooked=["demo-1"]),
@@ -161,6 +161,23 @@ def test_an_unset_update_field_is_not_stored_and_a_null_one_is() -> None:
     raw = ev.encode_event(ev.BeadUpdated(bead_id="hq-1", assignee=None), event_id="e", ts=TS, actor="a")
     data = msgspec.json.decode(ev.decode_envelope(raw).data)
     assert data == {"bead_id": "hq-1", "assignee": None}
+
+
+def test_a_rig_event_from_before_gate_pristine_decodes_without_it() -> None:
+    added = (
+        b'{"id":"e","type":"rig.added","ts":"2026-05-01T12:00:00Z","actor":"a","data":{"rig":"demo","repo":"/r.git",'
+        b'"prefix":"demo","agent_command":"gt-agent","gate_env":["CI_CACHE_URL"]}}'
+    )
+    payload = ev.REGISTRY.decode_payload(ev.decode_envelope(added))
+    assert isinstance(payload, ev.RigAdded)
+    assert (payload.gate_pristine, payload.gate_env) == (False, ["CI_CACHE_URL"])
+    updated = (
+        b'{"id":"e","type":"rig.updated","ts":"2026-05-01T12:00:00Z","actor":"a",'
+        b'"data":{"rig":"demo","max_polecats":2}}'
+    )
+    changed = ev.REGISTRY.decode_payload(ev.decode_envelope(updated))
+    assert isinstance(changed, ev.RigUpdated)
+    assert changed.gate_pristine is msgspec.UNSET, "an update from before leaves the setting as it was"
 
 
 def test_an_unknown_type_is_reported_not_crashed_on() -> None:

@@ -81,3 +81,24 @@ def test_the_witness_and_the_refinery_keep_the_same_rig_record() -> None:
     assert (rig.parked, rig.parked_reason, rig.removed) == (True, "CI down", True), "a removed rig stays parked"
     assert rig.version == 7, "every event on the rig moves its version"
     assert witness.state.mass_deaths == {"demo": ["s1", "s2"]}
+
+
+def test_gate_pristine_is_folded_from_added_and_updated_alike_by_the_witness_and_the_refinery() -> None:
+    log = MemoryLog()
+    log.record(
+        [
+            RigAdded(rig="fresh", repo="/f.git", prefix="fresh", agent_command="a", gate_pristine=True),
+            RigAdded(rig="kept", repo="/k.git", prefix="kept", agent_command="a"),
+            RigUpdated(rig="kept", gate_pristine=True),
+            RigUpdated(rig="kept", max_polecats=2),
+            RigUpdated(rig="fresh", gate_pristine=False),
+        ],
+        ts=T0,
+    )
+    witness, refinery = new_witness_projection(), new_refinery_projection()
+    log.replay(witness)
+    log.replay(refinery)
+    assert refinery.state.rigs == witness.state.rigs
+    rigs = witness.state.rigs
+    assert (rigs["fresh"].gate_pristine, rigs["kept"].gate_pristine) == (False, True)
+    assert rigs["kept"].max_polecats == 2, "an update that does not carry it leaves it"

@@ -37,6 +37,8 @@ def test_a_command_leaves_out_exactly_the_fields_that_hold_their_default() -> No
     cleared = msgspec.json.decode(encode(BeadUpdate(id="hq-1", assignee="", priority=0, labels=[])))
     assert cleared == {"id": "hq-1", "assignee": "", "priority": 0}
     assert msgspec.json.decode(encode(RigUpdate(name="demo", gate_env=[]))) == {"name": "demo", "gate_env": []}
+    no = msgspec.json.decode(encode(RigUpdate(name="demo", gate_pristine=False)))
+    assert no == {"name": "demo", "gate_pristine": False}, "`--gate-pristine no` is sent, not left out"
     assert msgspec.json.decode(encode(GcSweep(ttl_s=0.0))) == {"ttl_s": 0.0}
     fenced = StepDone(bead="hq-1", step="s", fence=Fence(lease="hook-hq-1", token=2), cmd_id="c-1", actor="a")
     assert msgspec.json.decode(encode(fenced)) == {

@@ -128,6 +128,37 @@ def test_rig_update_changes_the_git_identity_of_new_sessions() -> None:
     assert fed.projection.state.rigs["demo"].git_name == "", "empty: back to the default {rig}/{polecat}"
 
 
+def test_rig_add_with_gate_pristine_records_it_and_without_it_the_gate_workspace_persists() -> None:
+    fed = witness()
+    fed.send("gt.cmd.rig.add", name="demo", repo="/repos/demo.git", gate_pristine=True)
+    fed.send("gt.cmd.rig.add", name="kept", repo="/repos/kept.git")
+    added = msgspec.json.decode(fed.log.messages[0][2])
+    assert (added["type"], added["data"]["gate_pristine"]) == ("rig.added", True)
+    rigs = fed.projection.state.rigs
+    assert (rigs["demo"].gate_pristine, rigs["kept"].gate_pristine) == (True, False)
+    assert fed.send("gt.cmd.rig.add", name="demo", repo="/repos/demo.git", gate_pristine=True)["changed"] is False
+    changed = fed.reject("gt.cmd.rig.add", name="demo", repo="/repos/demo.git")
+    assert (changed.code, "different configuration" in changed.message) == ("conflict", True)
+
+
+def test_rig_update_turns_gate_pristine_on_and_off() -> None:
+    fed = witness()
+    fed.send("gt.cmd.rig.add", name="demo", repo="/repos/demo.git")
+    on = fed.send("gt.cmd.rig.update", name="demo", gate_pristine=True)
+    assert (on["changed"], on["fields"], on["gate_pristine"]) == (True, ["gate_pristine"], True)
+    envelope = msgspec.json.decode(fed.log.messages[-1][2])
+    assert (envelope["type"], envelope["data"]) == ("rig.updated", {"rig": "demo", "gate_pristine": True})
+    assert fed.projection.state.rigs["demo"].gate_pristine is True
+    again = fed.send("gt.cmd.rig.update", name="demo", gate_pristine=True)
+    assert (again["changed"], len(fed.log.messages)) == (False, 2)
+    off = fed.send("gt.cmd.rig.update", name="demo", gate_pristine=False)
+    assert (off["changed"], off["fields"], off["gate_pristine"]) == (True, ["gate_pristine"], False)
+    assert fed.projection.state.rigs["demo"].gate_pristine is False
+    kept = fed.send("gt.cmd.rig.update", name="demo", max_polecats=2)
+    assert "gate_pristine" not in kept["fields"]
+    assert fed.projection.state.rigs["demo"].gate_pristine is False, "an update without it leaves it"
+
+
 @pytest.mark.parametrize(
     ("body", "code", "fragment"),
     [
@@ -137,6 +168,7 @@ def test_rig_update_changes_the_git_identity_of_new_sessions() -> None:
         ({"name": "demo", "agent_command": " "}, "invalid", "agent_command"),
         ({"name": "demo", "repo": "/elsewhere"}, "invalid", "repo"),
         ({"name": "demo", "git_email": "<{polecat}@x>"}, "invalid", "git_email"),
+        ({"name": "demo", "gate_pristine": "yes"}, "invalid", "gate_pristine"),
     ],
 )
 def test_rig_update_rejects_bad_input_with_a_clear_error(body: dict[str, Any], code: str, fragment: str) -> None:

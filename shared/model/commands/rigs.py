@@ -103,6 +103,7 @@ RIG_SETTINGS = (
     "git_name",
     "git_email",
     "gate_env",
+    "gate_pristine",
 )
 """A rig's settings: given by ``rig.add``, changed in place by ``rig.update`` (``rig.updated`` carries them)."""
 
@@ -177,6 +178,11 @@ class RigAdd(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_field
     gate_env: list[str] = []
     """Names of the refinery's environment variables its gates see besides PATH, HOME, LANG, LC_ALL, TMPDIR,
     USER and LOGNAME (``GATE_BASE_ENV``): gates run code an agent wrote and get nothing else of it."""
+    gate_pristine: bool = False
+    """The gates of each merge run in a workspace made fresh for it (no build output, caches or gate home kept from
+    an earlier merge): slower, and nothing one change's gate leaves can affect a later change's gate. False
+    (default): the rig's gate workspace is persistent and its ignored files (build caches, installed dependencies)
+    and the gate's home survive between merges."""
 
     def validate(self) -> None:
         super().validate()
@@ -214,6 +220,7 @@ class RigUpdate(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_fi
     git_name: str | None = None
     git_email: str | None = None
     gate_env: list[str] | None = None
+    gate_pristine: bool | None = None
 
     SETTINGS: ClassVar[tuple[str, ...]] = RIG_SETTINGS
 
@@ -223,7 +230,7 @@ class RigUpdate(Command[RigResult], frozen=True, kw_only=True, forbid_unknown_fi
         if all(getattr(self, field) is None for field in self.SETTINGS):
             raise invalid(f"name at least one setting to change ({', '.join(self.SETTINGS)})")
 
-    def given(self) -> dict[str, str | int | float | list[str]]:
+    def given(self) -> dict[str, str | int | float | bool | list[str]]:
         """The settings the command changes, by field name."""
         return {field: value for field in self.SETTINGS if (value := getattr(self, field)) is not None}
 

@@ -39,6 +39,9 @@ class RigAdded(RigEvent, frozen=True, kw_only=True):
     """Template of their git email (empty: ``{polecat}.{rig}@gastown.invalid``)."""
     gate_env: list[str] = []
     """Names of the refinery's environment variables its gates see besides the allowlist."""
+    gate_pristine: bool = False
+    """Each merge's gates run in a workspace made fresh for them; False (an event from before it too): the rig's
+    gate workspace, its ignored files and the gate's home persist between merges."""
 
 
 class RigMassDeath(RigEvent, frozen=True, kw_only=True):
@@ -64,6 +67,7 @@ class RigUpdated(RigEvent, frozen=True, kw_only=True):
     git_name: str | msgspec.UnsetType = msgspec.UNSET
     git_email: str | msgspec.UnsetType = msgspec.UNSET
     gate_env: list[str] | msgspec.UnsetType = msgspec.UNSET
+    gate_pristine: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class RigParked(RigEvent, frozen=True, kw_only=True):
