@@ -21,6 +21,7 @@ from services.refinery import decide as refinery_decide
 from services.refinery import plan, queries
 from services.refinery import settings as refinery_settings
 from services.refinery.effects import bundles, merger
+from services.refinery.effects.gate_user import GateWorkspaces, town_directory
 from services.refinery.effects.gate_user import resolve as resolve_gate_user
 from services.refinery.effects.merge_lease import MergeLease
 from services.refinery.effects.settling import Settler
@@ -72,6 +73,9 @@ class RefineryService(Service[RefineryState]):
         self.merge_lease = MergeLease(self, min(self.mq.merge_lease_ttl_s, self.mq.lease_s))
         self.settler = Settler(self.store, self.append_owed)
         self.rigs_root = config.gt_home / "rigs"
+        self.gate_workspaces = (
+            GateWorkspaces(self.gate_user, town_directory(self.rigs_root)) if self.gate_user is not None else None
+        )
         self._tg: asyncio.TaskGroup | None = None
         self._cleaned = asyncio.Event()
         self._busy: set[str] = set()
@@ -202,7 +206,7 @@ class RefineryService(Service[RefineryState]):
                 name=name,
                 gate_timeout=self.mq.gate_timeout_s,
                 lost_lease=lost_lease,
-                gate_user=self.gate_user,
+                gate_workspaces=self.gate_workspaces,
             )
             if result.fenced:
                 # Another refinery holds the rig now and claims these merge requests again: nothing of ours

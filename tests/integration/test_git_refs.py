@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gt import agent
-from services.refinery.effects import merger
+from services.refinery.effects import merger, workspace
 from shared.host import git
 from shared.model.sessions import MergeFailure
 from tests import records
@@ -67,25 +67,25 @@ def test_the_refinery_reads_a_ref_named_like_an_option_as_a_name(repo: Repo) -> 
     assert merger._rev(repo.paths, "--all") == "", "no such ref: nothing, not every ref"
 
 
-def test_the_refinery_adds_its_worktree_and_checks_out_at_a_ref_named_like_an_option(repo: Repo) -> None:
+def test_the_refinery_checks_its_gate_workspace_out_at_a_ref_named_like_an_option(repo: Repo) -> None:
     before = repo.branches(repo.bare)
-    work = merger._add_detached(repo.paths, "target", ORPHAN)
+    work = workspace.check_out(repo.bare, repo.paths.workspace, ORPHAN, pristine=False)
     assert head(work) == repo.base
-    merger._checkout(work, repo.ahead)
-    merger._checkout(work, ORPHAN)
+    workspace.check_out(repo.bare, work, repo.ahead, pristine=False)
+    workspace.check_out(repo.bare, work, ORPHAN, pristine=True)
     assert head(work) == repo.base
     assert repo.branches(repo.bare) == before, "no branch was made by an option"
     with pytest.raises(git.GitError, match="names no commit"):
-        merger._checkout(work, "--detach")
+        workspace.check_out(repo.bare, work, "--detach", pristine=False)
 
 
 def test_the_refinery_rebases_onto_a_ref_named_like_an_option(repo: Repo) -> None:
-    work = merger._add_detached(repo.paths, "merge", repo.ahead)
-    tip, conflicts = merger._rebase(work, repo.ahead, ONTO)
+    tip, conflicts = merger._rebase(repo.paths, repo.ahead, ONTO)
     assert conflicts == []
     assert tip is not None
     # Onto the ref (side), not onto main as the option would have it.
-    assert git.git("rev-parse", f"{tip}^", cwd=work).strip() == repo.sideways
+    assert git.git("rev-parse", f"{tip}^", cwd=repo.bare).strip() == repo.sideways
+    assert git.git("rev-parse", f"{tip}:AHEAD", cwd=repo.bare).strip(), "the change itself is on it"
 
 
 def test_worktrees_and_their_state_take_a_base_named_like_an_option(repo: Repo, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ A real refinery, GT_GATE_USER (gates as another user, as the compose stack runs 
 
 The rig's test command runs the repository's own check.sh (as rigs do: `pytest`, `make test`). Change 1 (hostile)
 rewrites check.sh to start the lurker, and fails (it is sent back: nothing of it lands). The lurker would delete the
-file change 2's check fails on from every later gate's scratch clone (``/tmp/gt-gate-<user>-*/work``: the scratch
+file change 2's check fails on from every later gate's workspace (``/tmp/gt-gates-<town>/<rig>/work``: the rig
 dir is 0711, its ``work/`` the gate user's). Change 2 adds that file; its gate must fail."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tests.integration.test_gate_user import gate_user  # noqa: F401 - the throw
 from tests.witness_town import IDENTITY, polecat_town
 
 CHECK = "test ! -e BROKEN\n"
-LURKER = "while :; do rm -f /tmp/gt-gate-*/work/BROKEN; sleep 0.02; done"
+LURKER = "while :; do rm -f /tmp/gt-gates-*/*/work/BROKEN; sleep 0.02; done"
 
 
 def push(origin: Path, branch: str, files: dict[str, str], base: str = "main") -> str:
@@ -95,7 +95,7 @@ async def hostile_change(pt, settled) -> None:  # type: ignore[no-untyped-def]
 
 KILLER = (
     'cd /; while :; do for d in /proc/[0-9]*; do case "$(readlink $d/cwd 2>/dev/null)" in'
-    " /tmp/gt-gate-*/work*) kill -9 ${d#/proc/} 2>/dev/null;; esac; done; sleep 0.05; done"
+    " /tmp/gt-gates-*/*/work*) kill -9 ${d#/proc/} 2>/dev/null;; esac; done; sleep 0.05; done"
 )
 
 

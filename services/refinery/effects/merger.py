@@ -1,4 +1,4 @@
-"""Processing merge requests with git and the rig's gates, in a temporary worktree. Blocking (run in a thread).
+"""Processing merge requests with git and the rig's gates. Blocking (run in a thread).
 
 One code path serves serial and batch mode: a batch of one is the serial case. The merge requests are rebased
 one on top of the other onto the target (a stack), the gates run once on the stack's tip, and when they fail
@@ -7,7 +7,9 @@ kept, and the rest is stacked again on it and gated again, until what remains is
 then lands everything that passed.
 
 The rig's refinery clone lives in ``GT_HOME/rigs/<rig>/refinery/repo.git`` (its own, so it never races the
-witness's git); temporary worktrees in ``.../refinery/work/<name>``, removed when done or by the next attempt.
+witness's git). Merge requests are rebased in the clone itself, with no work tree (``git_replay``: the cost
+follows the change), and pushed from there; the gates run in the rig's persistent gate workspace
+(``workspace``: ``.../refinery/workspace``), or with a gate user in that user's (``gate_user``).
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ from pathlib import Path
 
 import structlog
 
-from services.refinery.effects import gate_runs
-from services.refinery.effects.gate_user import GateUser, gate_user_environment, workspace
+from services.refinery.effects import gate_runs, workspace
+from services.refinery.effects.gate_user import GateUser, GateWorkspaces, gate_user_environment
 from services.refinery.plan import refusals
 from services.refinery.plan.outcomes import BatchResult, GateResult, Outcome, TargetFailed
 from services.refinery.state import MergeRequest
 from shared.core.faults import crash_point
-from shared.host import git
+from shared.host import git, git_replay
 from shared.model.commands import MergeRequestSubmit
 from shared.model.rigs import Rig
 
@@ -42,15 +44,17 @@ an agent wrote, so never the refinery's NATS credentials, the town's settings or
 
 class Paths:
     def __init__(self, rigs_root: Path, rig: str) -> None:
+        self.home = rig
+        """The rig's directory name under the rigs root (``home_name``)."""
         self.root = rigs_root / rig / "refinery"
         self.bare = self.root / "repo.git"
         self.work = self.root / "work"
+        """Temporary worktrees of earlier versions (one per merge): removed at start."""
+        self.workspace = self.root / "workspace"
+        """The rig's persistent gate workspace (``workspace``)."""
         self.logs = self.root / "logs"
         self.gates = self.root / "gates"
         """Records of the gates running now (``gate_runs``): what a refinery starting stops first."""
-
-    def worktree(self, name: str) -> Path:
-        return self.work / name
 
 
 def gate_commands(rig: Rig) -> list[tuple[str, str]]:
@@ -58,7 +62,7 @@ def gate_commands(rig: Rig) -> list[tuple[str, str]]:
 
 
 def clean_worktrees(paths: Paths) -> list[str]:
-    """Remove every temporary worktree (left by a crash); their names."""
+    """Remove every temporary worktree an earlier version left; their names."""
     if not paths.work.exists():
         return []
     removed = []
@@ -71,8 +75,8 @@ def clean_worktrees(paths: Paths) -> list[str]:
 
 
 def remove_leftovers(rigs_root: Path) -> None:
-    """What a crashed refinery left: first its gates' processes (were their watchers killed too), then its
-    temporary worktrees."""
+    """What a crashed refinery left: its gates' processes (were their watchers killed too), and an earlier
+    version's temporary worktrees. (The gate workspace is repaired where it is used: ``workspace.check_out``.)"""
     if not rigs_root.exists():
         return
     for rig_dir in sorted(rigs_root.iterdir()):
@@ -131,43 +135,61 @@ class Gates:
     skipped."""
 
     def __init__(
-        self, paths: Paths, rig: Rig, target: str, name: str, timeout: float, user: GateUser | None = None
+        self,
+        paths: Paths,
+        rig: Rig,
+        target: str,
+        name: str,
+        timeout: float,
+        gate_workspaces: GateWorkspaces | None = None,
     ) -> None:
         self.paths, self.rig, self.target, self.name, self.timeout = paths, rig, target, name, timeout
         self.env = gate_environment(rig.gate_env, os.environ)
-        self.user = user
+        self.gate_workspaces = gate_workspaces
+        self.user: GateUser | None = gate_workspaces.user if gate_workspaces is not None else None
+        self.pristine = rig.gate_pristine
         self.runs = 0
         self.seconds = 0.0
         self.passes_on_target: set[str] = set()
 
-    def failure(self, work: Path) -> GateResult | None:
-        """The first gate that fails on what ``work`` has checked out (and not on the target), or None.
+    def failure(self, commit: str) -> GateResult | None:
+        """The first gate that fails on ``commit`` (and not on the target), or None.
 
         Raises:
             TargetFailed: the gate that failed fails on the target's tip too.
         """
         probe = self.runs
-        with self._workspace(work) as (where, env):
+        failed: tuple[str, str, GateResult] | None = None
+        with self._workspace(commit) as (where, env):
             for gate, command in gate_commands(self.rig):
                 result = self._run(gate, command, where, env, f"{self.name}-p{probe}-{gate}.log")
-                if result.exit_code == 0:
-                    continue
-                if gate not in self.passes_on_target:
-                    on_target = self._on_target(gate, command)
-                    if on_target is not None:
-                        raise TargetFailed(on_target, command, self.target)
-                return result
-        return None
+                if result.exit_code != 0:
+                    failed = (gate, command, result)
+                    break
+        if failed is None:
+            return None
+        gate, command, result = failed
+        if gate not in self.passes_on_target:
+            # Out of the probe's workspace first: the target is checked out in the same one.
+            on_target = self._on_target(gate, command)
+            if on_target is not None:
+                raise TargetFailed(on_target, command, self.target)
+        return result
 
     @contextlib.contextmanager
-    def _workspace(self, work: Path) -> Iterator[tuple[Path, dict[str, str]]]:
-        """Where the gates of one probe run, and with what environment: ``work`` itself, or with a gate user a
-        copy of it that user owns (``gate_user.workspace``), which the probe's gates share (set-up output)."""
-        if self.user is None:
-            yield work, self.env
+    def _workspace(self, commit: str) -> Iterator[tuple[Path, dict[str, str]]]:
+        """Where the gates of one probe run, at ``commit``, and with what environment: the rig's gate workspace, or
+        with a gate user that user's (``gate_user.GateWorkspaces``); the probe's gates share it (set-up output)."""
+        if self.gate_workspaces is None:
+            with workspace.lock(self.paths.workspace):
+                yield (
+                    workspace.check_out(self.paths.bare, self.paths.workspace, commit, pristine=self.pristine),
+                    self.env,
+                )
             return
-        with workspace(self.user, work) as scratch:
-            yield scratch / "work", gate_user_environment(self.user, self.env, scratch)
+        user = self.gate_workspaces.user
+        with self.gate_workspaces.prepared(self.paths.home, self.paths.bare, commit, pristine=self.pristine) as place:
+            yield place / "work", gate_user_environment(user, self.env, place)
 
     def _run(self, gate: str, command: str, work: Path, env: dict[str, str], log_name: str) -> GateResult:
         log_path = self.paths.logs / log_name
@@ -180,12 +202,8 @@ class Gates:
 
     def _on_target(self, gate: str, command: str) -> GateResult | None:
         """The gate's failure on the target's tip, or None when it passes there."""
-        work = _add_detached(self.paths, f"{self.name}-target", self.target)
-        try:
-            with self._workspace(work) as (where, env):
-                result = self._run(gate, command, where, env, f"{self.name}-{gate}-on-target.log")
-        finally:
-            _remove(self.paths, work)
+        with self._workspace(self.target) as (where, env):
+            result = self._run(gate, command, where, env, f"{self.name}-{gate}-on-target.log")
         if result.exit_code == 0:
             self.passes_on_target.add(gate)
             return None
@@ -231,12 +249,12 @@ def process(
     name: str,
     gate_timeout: float,
     lost_lease: Callable[[], str | None] = lambda: None,
-    gate_user: GateUser | None = None,
+    gate_workspaces: GateWorkspaces | None = None,
 ) -> BatchResult:
     """Land what can be landed of ``mrs`` (in this order) on their target with one fast-forward push.
 
     ``lost_lease`` is asked right before the push: a refinery that lost the rig's merge lease pushes nothing.
-    ``gate_user``: the OS user the gates run as (in a copy of the worktree), None for the refinery's own.
+    ``gate_workspaces``: the gate user's workspaces when gates run as another OS user, None for the refinery's own.
     """
     target = mrs[0].target
     with _clone_lock(paths):
@@ -249,52 +267,45 @@ def process(
             failure = _note("branch", f"the target branch {target} does not exist")
             result.outcomes[mr.id] = Outcome(kind="branch_missing", failure=failure)
         return result
-    gates = Gates(paths, rig, target_before, name, gate_timeout, gate_user)
-    work = _add_detached(paths, name, target_before)
+    gates = Gates(paths, rig, target_before, name, gate_timeout, gate_workspaces)
     try:
-        try:
-            good = _land_in_rounds(paths, work, mrs, target_before, gates, result)
-        except TargetFailed as exc:
-            # Not theirs: every merge request not settled yet goes back into the queue, nothing is pushed.
-            result.target_failed = exc
-            for mr in mrs:
-                if mr.id not in result.outcomes:
-                    result.outcomes[mr.id] = Outcome(
-                        kind="target_failed", target_before=target_before, failure=exc.result
-                    )
-            good = []
-        result.gates_run, result.gate_seconds = gates.runs, gates.seconds
-        if not good:
-            return result
-        tip = good[-1][1]
-        result.fenced = lost_lease() or ""
-        if result.fenced:
-            return result
-        # A plain push only fast-forwards: if the target moved meanwhile it is refused and nothing is lost. Into a
-        # local checkout it updates the checked-out branch's work tree when clean (see git.checkout_receive_pack).
-        pushed = git.push_commit(work, tip, target, receive_pack=git.checkout_receive_pack(rig.repo))
-        if pushed.exit_code != 0:
-            refusal = refusals.classify(pushed.exit_code, pushed.stderr)
-            said = refusals.message(pushed.stderr) or f"git push exited {pushed.exit_code} and said nothing"
-            failure = _note("push", said, pushed.exit_code)
-            log.info("push_refused", target=target, refusal=refusal, exit_code=pushed.exit_code)
-            for mr, _ in good:
-                result.outcomes[mr.id] = Outcome(
-                    kind="push_refused", target_before=target_before, refusal=refusal, failure=failure
-                )
-            return result
-        crash_point("refinery.after_push")
-        for mr, _ in good:
-            result.outcomes[mr.id] = Outcome(kind="merged", target_before=target_before, merged_commit=tip)
-        result.merged = [mr.id for mr, _ in good]
+        good = _land_in_rounds(paths, mrs, target_before, gates, result)
+    except TargetFailed as exc:
+        # Not theirs: every merge request not settled yet goes back into the queue, nothing is pushed.
+        result.target_failed = exc
+        for mr in mrs:
+            if mr.id not in result.outcomes:
+                result.outcomes[mr.id] = Outcome(kind="target_failed", target_before=target_before, failure=exc.result)
+        good = []
+    result.gates_run, result.gate_seconds = gates.runs, gates.seconds
+    if not good:
         return result
-    finally:
-        _remove(paths, work)
+    tip = good[-1][1]
+    result.fenced = lost_lease() or ""
+    if result.fenced:
+        return result
+    # A plain push only fast-forwards: if the target moved meanwhile it is refused and nothing is lost. Into a
+    # local checkout it updates the checked-out branch's work tree when clean (see git.checkout_receive_pack).
+    pushed = git.push_commit(paths.bare, tip, target, receive_pack=git.checkout_receive_pack(rig.repo))
+    if pushed.exit_code != 0:
+        refusal = refusals.classify(pushed.exit_code, pushed.stderr)
+        said = refusals.message(pushed.stderr) or f"git push exited {pushed.exit_code} and said nothing"
+        failure = _note("push", said, pushed.exit_code)
+        log.info("push_refused", target=target, refusal=refusal, exit_code=pushed.exit_code)
+        for mr, _ in good:
+            result.outcomes[mr.id] = Outcome(
+                kind="push_refused", target_before=target_before, refusal=refusal, failure=failure
+            )
+        return result
+    crash_point("refinery.after_push")
+    for mr, _ in good:
+        result.outcomes[mr.id] = Outcome(kind="merged", target_before=target_before, merged_commit=tip)
+    result.merged = [mr.id for mr, _ in good]
+    return result
 
 
 def _land_in_rounds(
     paths: Paths,
-    work: Path,
     mrs: Sequence[MergeRequest],
     target_before: str,
     gates: Gates,
@@ -305,14 +316,13 @@ def _land_in_rounds(
     base = target_before
     pending = list(mrs)
     while pending:
-        stack = _stack(paths, work, pending, base, target_before, result)
+        stack = _stack(paths, pending, base, target_before, result)
         if result.rounds == 0:
             crash_point("refinery.after_rebase")
         result.rounds += 1
         if not stack:
             break
-        _checkout(work, stack[-1][1])
-        failure = gates.failure(work)
+        failure = gates.failure(stack[-1][1])
         if failure is None:
             good += stack
             break
@@ -320,8 +330,7 @@ def _land_in_rounds(
         lo, hi = 0, len(stack)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            _checkout(work, stack[mid - 1][1])
-            found = gates.failure(work)
+            found = gates.failure(stack[mid - 1][1])
             if found is None:
                 lo = mid
             else:
@@ -337,7 +346,6 @@ def _land_in_rounds(
 
 def _stack(
     paths: Paths,
-    work: Path,
     pending: Sequence[MergeRequest],
     base: str,
     target_before: str,
@@ -362,14 +370,14 @@ def _stack(
                 kind="branch_missing", target_before=target_before, failure=_note("branch", missing)
             )
             continue
-        rebased, files = _rebase(work, head, tip)
+        rebased, files = _rebase(paths, head, tip)
         if rebased is not None and rebased != tip:
             stack.append((mr, rebased))
             tip = rebased
             continue
         if tip != target_before:
             # It does not fit on the others of the batch: see how it fits on the target alone.
-            rebased, files = _rebase(work, head, target_before)
+            rebased, files = _rebase(paths, head, target_before)
         if rebased is None:
             result.outcomes[mr.id] = Outcome(kind="conflict", target_before=target_before, files=files)
         elif rebased == target_before:
@@ -384,70 +392,16 @@ def _stack(
     return stack
 
 
-def _rebase(work: Path, head: str, onto: str) -> tuple[str | None, list[str]]:
-    """``head``'s own commits replayed onto ``onto``: (the new tip, []) or (None, conflicting files).
-
-    Every commit is replayed, also one whose patch equals a commit on ``onto`` (git drops those by default):
-    a fix commit equal to another branch's fix (say, removing the same file) must not be dropped while the
-    commit it fixes is kept. A commit whose change ``onto`` holds already comes out empty and is dropped then,
-    so a branch merged before (a crash after the push) still rebases to ``onto`` itself."""
-    _checkout(work, head)
-    git.git(
-        "rebase",
-        "--quiet",
-        "--reapply-cherry-picks",
-        "--empty=drop",
-        "--end-of-options",  # `onto` is a name, never an option (`--` would end the revisions instead)
-        onto,
-        cwd=work,
-        check=False,
-        timeout=300,
-    )
-    if _rebase_in_progress(work):
-        files = git.git("diff", "--name-only", "--diff-filter=U", cwd=work, check=False).split()
-        git.git("rebase", "--abort", cwd=work, check=False)
-        return None, files
-    return git.git("rev-parse", "HEAD", cwd=work).strip(), []
-
-
-def _checkout(work: Path, commit: str) -> None:
-    """Exactly ``commit``, with nothing a gate left behind (build output, caches). ``commit`` is resolved to its
-    full id first: git 2.39's checkout takes no ``--end-of-options`` (and ``--`` would make it a path), so only
-    an id, which never starts with ``-``, reaches it.
-
-    Raises:
-        GitError: ``commit`` names no commit.
-    """
-    resolved = git.resolve_commit(work, commit)
-    git.git("reset", "--quiet", "--hard", cwd=work)
-    git.git("clean", "-ffdxq", cwd=work)
-    git.git("checkout", "--quiet", "--force", "--detach", resolved, cwd=work)
-
-
-def _add_detached(paths: Paths, name: str, commit: str) -> Path:
-    path = paths.worktree(name)
-    if path.exists():
-        git.force_remove(path)
-    git.git("worktree", "prune", cwd=paths.bare)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    git.git("worktree", "add", "--quiet", "--detach", "--end-of-options", str(path), commit, cwd=paths.bare)
-    return path
-
-
-def _remove(paths: Paths, path: Path) -> None:
-    git.force_remove(path)
-    git.git("worktree", "prune", cwd=paths.bare)
+def _rebase(paths: Paths, head: str, onto: str) -> tuple[str | None, list[str]]:
+    """``head``'s own commits replayed onto ``onto`` in the clone (``git_replay``: as ``git rebase
+    --reapply-cherry-picks --empty=drop`` would, with no work tree): (the new tip, []) or (None, conflicting
+    files). A branch merged before (a crash after the push) comes out as ``onto`` itself."""
+    replayed = git_replay.replay(paths.bare, head, onto)
+    return replayed.tip, replayed.conflicts
 
 
 def _rev(paths: Paths, ref: str) -> str:
     return git.git("rev-parse", "--verify", "--quiet", "--end-of-options", ref, cwd=paths.bare, check=False).strip()
-
-
-def _rebase_in_progress(work: Path) -> bool:
-    git_dir = Path(git.git("rev-parse", "--git-dir", cwd=work).strip())
-    if not git_dir.is_absolute():
-        git_dir = work / git_dir
-    return (git_dir / "rebase-merge").exists() or (git_dir / "rebase-apply").exists()
 
 
 def _note(gate: str, text: str, exit_code: int = 1) -> GateResult:
