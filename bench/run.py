@@ -14,7 +14,7 @@ from pathlib import Path
 
 import structlog
 
-from bench import agents, cli, commands, deacon, queries, refinery, replay, witness, work
+from bench import agents, cli, commands, deacon, queries, refinery, replay, reposize, witness, work
 from bench.common import REPO_ROOT, Figure, machine
 from shared.core.subjects import query_subject
 
@@ -39,6 +39,8 @@ FULL = {
     "tool_calls": 1000,
     "cli_rounds": 20,
     "cli_creates": 100,
+    "repo_files": 50_000,
+    "repo_beads": 6,
 }
 QUICK = {
     "events": 20_000,
@@ -61,6 +63,8 @@ QUICK = {
     "tool_calls": 100,
     "cli_rounds": 3,
     "cli_creates": 10,
+    "repo_files": 5_000,
+    "repo_beads": 2,
 }
 
 
@@ -74,6 +78,7 @@ async def run_all(sizes: dict[str, int]) -> list[Figure]:
     figures += await deacon.run(sizes["service_kills"], sizes["leases"], sizes["fast_leases"], sizes["lease_quiet_s"])
     figures += await agents.run(sizes["claude_sessions"], sizes["tool_calls"])
     figures += await cli.run(sizes["cli_rounds"], sizes["cli_creates"])
+    figures += await reposize.run(sizes["repo_files"], sizes["repo_beads"])
     # By letter, in the order measured within one letter: one benchmark module may measure several letters.
     return sorted(figures, key=lambda figure: figure.name[:3])
 
@@ -171,6 +176,13 @@ def render(figures: list[Figure], facts: dict[str, str], *, quick: bool) -> str:
         "  time, against the bare `claude -p` (same config home set-up, same model server) until its first request.",
         "- **(t) activity path**: per tool call, the CPU of the PostToolUse hook (`sh -c` of one redirection) plus",
         "  one observation of the session's activity files by the witness, against a bare `sh -c true` hook.",
+        "- **(u) repository size**: mayor, witness and refinery as processes, GT_HOME on disk (/var/tmp, never a",
+        "  tmpfs), two rigs in one town with gate `true`: origins of 100 and of 50,000 small files (100 to a",
+        "  directory). The reference agent works beads one at a time per rig, the rigs taking turns, each bead",
+        "  slung once the one before is closed and its sessions cleaned up; a first bead per rig (it makes the",
+        "  rig's clones) is not measured. From the log: merge overhead = `bead.closed` - `mr.submitted` - the gate",
+        "  seconds of `mr.merged`, and session start = `session.started` - `session.requested`; p50 and max of the",
+        "  50,000-file rig against the 100-file rig's same figure (the note gives 50k/100).",
         "",
     ]
     return "\n".join(lines)
