@@ -418,9 +418,10 @@ def ensure_worktree(
     origin: str | None = None,
     excludes: tuple[str, ...] = (),
     published: Path | None = None,
+    recycle: Recycle | None = None,
 ) -> bool:
-    """A polecat's workspace at ``path`` on ``branch`` (made from ``base`` when new); True when created, False
-    when reused.
+    """A polecat's workspace at ``path`` on ``branch`` (made from ``base`` when new); True when created (or
+    recycled), False when reused as it is (on ``branch`` already: a later session of the same bead).
 
     A repository of its own, made in a new directory and renamed into place (a crash leaves no half workspace):
     its objects borrowed from the rig's clone ``bare`` (alternates, read-only), ``origin`` fetching from the rig's
@@ -429,44 +430,123 @@ def ensure_worktree(
     ``refs/heads/<branch>`` and ``refs/remotes/origin/<base>`` exist in ``bare``, when the caller has just looked.
     ``published``: the branch as an earlier session of its bead published it (a bundle): a workspace made again
     (the earlier one removed once its work was published, a merge request sent back) starts there, never from the
-    base, so no published work is lost.
+    base, so no published work is lost. ``recycle``: the workspace at ``path`` was released by an earlier bead of
+    the polecat (nothing unsaved in it, checked then): it is moved to ``branch`` in place, its repository made anew
+    (``repository_renewal``), rather than made again from nothing; without a trusted index it is made again.
 
     Raises:
-        GitError: ``path`` exists but is not a workspace on ``branch`` (it is never touched then).
+        GitError: ``path`` exists but is not a workspace on ``branch`` and was not released (it is never touched
+            then).
     """
-    if path.exists():
+    if path.exists() or path.is_symlink():
         current = workspace_branch(path)
-        if current != branch:
+        if current == branch and recycle is None:
+            return False
+        if recycle is None:
             shown = current if current is not None and len(current) < 200 else "no branch"
             raise GitError(["workspace", str(path)], 1, f"{path} exists and is on {shown!r}, not {branch!r}")
-        return False
-    head, tracked = worktree_refs(branch, base)
-    if refs is None:
-        refs = existing_refs(bare, head, tracked)
-    # A branch an older version made in the clone (worktrees shared its refs), else the base as last fetched.
-    start = resolve_commit(bare, head if head in refs else tracked if tracked in refs else base)
-    base_commit = resolve_commit(bare, tracked) if tracked in refs else start
+        if recycle.trusted_index is not None and (path / ".git").is_dir() and not path.is_symlink():
+            _recycled(bare, path, branch, base, refs, origin, excludes, published, recycle)
+            return True
+        force_remove(path)
+    start = WorkspaceStart.of(bare, branch, base, refs)
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         git("init", "--quiet", str(temp))
-        objects = (bare / "objects").resolve()
-        (temp / ".git" / "objects" / "info" / "alternates").write_text(f"{objects}\n")
-        git("config", "remote.origin.url", origin or str(bare.resolve()), cwd=temp)
-        git("config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*", cwd=temp)
-        git("config", "remote.origin.pushurl", NO_PUSH_URL, cwd=temp)
-        git("update-ref", f"refs/remotes/origin/{base}", base_commit, cwd=temp)
-        if head not in refs and published is not None and _seeded(temp, published, branch):
-            git("checkout", "--quiet", branch, cwd=temp)
-        else:
-            git("checkout", "--quiet", "-b", branch, start, cwd=temp)
-        if excludes:
-            _list_in(temp / ".git" / "info" / "exclude", excludes)
+        seeded = _configured(temp, bare, origin, base, start, excludes, published, branch)
+        git("checkout", "--quiet", *((branch,) if seeded else ("-b", branch, start.commit)), cwd=temp)
         temp.rename(path)
     finally:
         if temp.exists():
             force_remove(temp)
     return True
+
+
+class Recycle(NamedTuple):
+    """How a released workspace is taken for a polecat's next bead (``ensure_worktree``)."""
+
+    trusted_index: bytes | None
+    """The index as the witness's own checkout wrote it when the workspace was last prepared, before its agent ran
+    (``repository_renewal.read_index``); None: not known, the workspace is made again."""
+    scratch: Path
+    """A directory of the witness's on the workspace's file system, where the new repository is made."""
+    owner: tuple[int, int] | None
+    """(uid, gid) the new repository is given: the agent's, when agents run as their own OS user."""
+
+
+class WorkspaceStart(NamedTuple):
+    """Where a new workspace's branch starts, and the base as the rig's clone last fetched it."""
+
+    commit: str
+    base_commit: str
+    branch_in_clone: bool
+    """The branch exists in the rig's clone (an older version's worktrees made it there)."""
+
+    @classmethod
+    def of(cls, bare: Path, branch: str, base: str, refs: set[str] | None) -> WorkspaceStart:
+        head, tracked = worktree_refs(branch, base)
+        if refs is None:
+            refs = existing_refs(bare, head, tracked)
+        # A branch an older version made in the clone (worktrees shared its refs), else the base as last fetched.
+        start = resolve_commit(bare, head if head in refs else tracked if tracked in refs else base)
+        base_commit = resolve_commit(bare, tracked) if tracked in refs else start
+        return cls(commit=start, base_commit=base_commit, branch_in_clone=head in refs)
+
+
+def _configured(
+    repo: Path,
+    bare: Path,
+    origin: str | None,
+    base: str,
+    start: WorkspaceStart,
+    excludes: tuple[str, ...],
+    published: Path | None,
+    branch: str,
+) -> bool:
+    """A new workspace repository at ``repo`` set up: the clone's objects borrowed, ``origin`` (no push URL), the
+    base, ``excludes``, and the branch fetched from ``published`` when it is not in the clone; whether it was."""
+    objects = (bare / "objects").resolve()
+    (repo / ".git" / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+    git("config", "remote.origin.url", origin or str(bare.resolve()), cwd=repo)
+    git("config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*", cwd=repo)
+    git("config", "remote.origin.pushurl", NO_PUSH_URL, cwd=repo)
+    git("update-ref", f"refs/remotes/origin/{base}", start.base_commit, cwd=repo)
+    if excludes:
+        _list_in(repo / ".git" / "info" / "exclude", excludes)
+    return not start.branch_in_clone and published is not None and _seeded(repo, published, branch)
+
+
+def _recycled(
+    bare: Path,
+    path: Path,
+    branch: str,
+    base: str,
+    refs: set[str] | None,
+    origin: str | None,
+    excludes: tuple[str, ...],
+    published: Path | None,
+    recycle: Recycle,
+) -> None:
+    """The released workspace at ``path`` on a new ``branch``: its repository made anew with the trusted index,
+    then checked out over the files there (rewriting only what differs, or what its last agent touched) and
+    cleaned of everything git does not track, ignored files too: nothing of the earlier bead's stays."""
+    from shared.host import repository_renewal  # here: it imports this module
+
+    assert recycle.trusted_index is not None
+    start = WorkspaceStart.of(bare, branch, base, refs)
+    seeded = False
+
+    def configure(repo: Path) -> None:
+        nonlocal seeded
+        seeded = _configured(repo, bare, origin, base, start, excludes, published, branch)
+
+    repository_renewal.renew(
+        path, scratch=recycle.scratch, alternates=bare / "objects", trusted_index=recycle.trusted_index,
+        owner=recycle.owner, configure=configure,
+    )  # fmt: skip
+    git("checkout", "--quiet", "--force", *((branch,) if seeded else ("-B", branch, start.commit)), cwd=path)
+    git("clean", "-ffdxq", cwd=path)
 
 
 SEED_MAX_BYTES = 1024 * 1024 * 1024
@@ -716,6 +796,24 @@ def _too_large(size: int, max_bytes: int, *, unpacked: bool = False) -> str:
         "(GT_MR_MAX_BYTES): remove the large files from its commits (history too: a later commit deleting them "
         "still carries them), then gt done again"
     )
+
+
+def release_worktree(bare: Path, path: Path, base: str) -> str:
+    """A workspace its session gives up, when it holds nothing unsaved: kept where it is for the polecat's next
+    bead (``ensure_worktree``'s ``recycle``: moved by what changes, not made again), or removed when it is an older
+    version's worktree; what was done.
+
+    Raises:
+        WorktreeNotEmptyError: it has uncommitted or unpushed work (it is kept, as it is).
+        GitError: an older version's worktree would not go away.
+    """
+    state = worktree_state(path, base)
+    if state.exists and (state.dirty or state.unpushed):
+        raise WorktreeNotEmptyError(path, state.dirty, state.unpushed)
+    if (path / ".git").is_dir() and not path.is_symlink():
+        return "worktree released for the polecat's next bead"
+    remove_worktree(bare, path, base)
+    return "worktree removed"
 
 
 def remove_worktree(bare: Path, path: Path, base: str) -> None:

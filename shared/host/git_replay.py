@@ -8,7 +8,8 @@ their merge base is ``P`` and the merge is exactly the cherry-pick (base ``P``, 
 Semantics are ``git rebase --reapply-cherry-picks --empty=drop``: every commit of ``onto..head`` that is no merge
 is replayed in order (also one whose patch ``onto`` has: a fix equal to another branch's fix must not be dropped
 while the commit it fixes is kept); a commit that becomes empty is dropped, one that was empty to start is kept;
-author and message stay, the committer is the service's. Adapter: runs git.
+a commit whose parent is the tip already is kept as it is (a branch on top of ``onto`` comes out unchanged, its
+commits' ids too); others keep their author and message, the committer is the service's. Adapter: runs git.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def replay(repo: Path, head: str, onto: str) -> Replayed:
     for commit in commits:
         picked = _read(repo, commit)
         parent = picked.parents[0] if picked.parents else None
+        if parent == tip and len(picked.parents) == 1:
+            tip, tip_tree = commit, picked.tree  # already on the tip: kept as it is, as rebase fast-forwards it
+            continue
         started_empty = picked.tree == (_tree(repo, parent) if parent else _EMPTY_TREE)
         if started_empty:
             new_tree = tip_tree

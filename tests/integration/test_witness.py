@@ -66,8 +66,8 @@ async def test_a_slung_bead_is_worked_submitted_and_cleaned_up(pt: PolecatTown) 
     sessions = await pt.wait_settled(bead)
     assert [s.end_reason for s in sessions] == ["done"]
     session = sessions[0]
-    assert session.worktree_removed
-    assert not await asyncio.to_thread(Path(session.worktree).exists)
+    assert session.worktree_removed, "given up: its polecat's name is free"
+    assert await asyncio.to_thread(Path(session.worktree).is_dir), "kept for the polecat's next bead"
     assert "[gt-agent] done" in session.pane_tail.splitlines(), "its pane's last lines, recorded when it was ended"
     assert session.branch == f"polecat/ace/{bead}"
     assert mr["branch"] == session.branch

@@ -1,6 +1,6 @@
 """After a session ended: its pane reaped (its agent's processes stopped, its password file gone), its worktree
-removed unless it holds unsaved work or a later session carries it on, its published bundles dropped once its bead
-is closed, and ``session.cleaned`` recorded."""
+released for the polecat's next bead unless it holds unsaved work or a later session carries it on, its published
+bundles dropped once its bead is closed, and ``session.cleaned`` recorded."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class Cleaner:
                     if successor is not None:
                         detail = f"worktree carried on by {successor.id}"
                     else:
-                        detail = await asyncio.to_thread(self._remove_worktree, session)
+                        detail = await asyncio.to_thread(self._remove_worktree, session, action.delete)
                         removed = True
             except git.WorktreeNotEmptyError as exc:
                 detail = str(exc)
@@ -67,10 +67,13 @@ class Cleaner:
                 return other
         return None
 
-    def _remove_worktree(self, session: Session) -> str:
-        """Remove the session's worktree unless it holds unsaved work (``WorktreeNotEmptyError``); what was done."""
+    def _remove_worktree(self, session: Session, delete: bool) -> str:
+        """Give up the session's worktree unless it holds unsaved work (``WorktreeNotEmptyError``): kept for the
+        polecat's next bead (``git.release_worktree``), or with ``delete`` removed; what was done."""
         worktree, bare = Path(session.worktree), self.kit.bare_repo(session.rig)
         if not worktree.exists() and not bare.exists():
             return "no worktree was made"  # a start that failed before the rig's clone: nothing for git to do
-        git.remove_worktree(bare, worktree, self.kit.base_branch(session.rig))
-        return "worktree removed"
+        if delete:
+            git.remove_worktree(bare, worktree, self.kit.base_branch(session.rig))
+            return "worktree removed"
+        return git.release_worktree(bare, worktree, self.kit.base_branch(session.rig))

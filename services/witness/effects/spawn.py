@@ -21,7 +21,7 @@ from services.witness.plan.actions import GiveUp, ReleaseHook, Resling, Spawn, S
 from services.witness.state import Rig, Session
 from shared.core.faults import crash_point
 from shared.core.ids import hook_lease_name
-from shared.host import git, processes, reaper, safe_files
+from shared.host import git, processes, reaper, repository_renewal, safe_files
 from shared.host.tmux import PaneInfo, TmuxError
 from shared.model import leases as lease_state
 from shared.model import runtimes
@@ -206,6 +206,7 @@ class Spawner:
         bare, path = self.kit.bare_repo(rig.name), Path(session.worktree)
         wanted = time.monotonic()
         refs = await asyncio.to_thread(_refs_of, bare, session.branch, rig.base_branch)
+        recycle = await asyncio.to_thread(self._recycle, session) if self._released(session) else None
         branch, _ = git.worktree_refs(session.branch, rig.base_branch)
         # The clone's worktree registry is changed by one git process at a time (see git.ensure_worktree); the
         # lookups before and everything after (tmux, the agent, the events) run for many sessions at once.
@@ -218,11 +219,14 @@ class Spawner:
                 await asyncio.to_thread(git.fetch, bare)  # a new branch starts from the newest base
                 self._fetched_at[rig.name] = began
                 refs = None  # looked up again: the fetch may have brought the base
+            if recycle is not None and recycle.owner is not None:
+                # Its checkout runs as the agent's user, reading the clone's objects: those just fetched too.
+                await asyncio.to_thread(agent_user.open_for_reading, bare / "objects")
             try:
                 # A repository of the polecat's own (nothing shared with the clone but its objects, read-only);
                 # ``BUILD_OUTPUT``: the tests an agent runs leave bytecode and caches that no project's .gitignore
                 # may list, and `gt done` refuses a workspace git shows changed.
-                await asyncio.to_thread(
+                made = await asyncio.to_thread(
                     git.ensure_worktree,
                     bare,
                     path,
@@ -232,11 +236,47 @@ class Spawner:
                     origin=rig.repo,
                     excludes=git.BUILD_OUTPUT,
                     published=await asyncio.to_thread(self._last_published, session),
+                    recycle=recycle,
                 )
+                if made:
+                    await asyncio.to_thread(self._keep_trusted_index, session)
             except git.GitError as exc:
                 if await asyncio.to_thread(path.exists):
                     raise WorktreeUnusableError(str(exc)) from exc
                 raise
+
+    def _released(self, session: Session) -> bool:
+        """The session's worktree was given up clean by the last session that had it (``git.release_worktree``):
+        it is recycled for this one, not made again."""
+        earlier = [
+            s for s in self.kit.host.state.sessions.values() if s.worktree == session.worktree and s.id != session.id
+        ]
+        last = earlier[-1] if earlier else None  # in the order requested
+        return last is not None and last.status == "ended" and last.cleaned and last.worktree_removed
+
+    def _recycle(self, session: Session) -> git.Recycle:
+        """How the released worktree is taken: with the index the witness's checkout wrote when it was last prepared
+        (none kept: it is made again), its new repository the agent's when agents run as their own user."""
+        store = self.kit.trusted_index(session)
+        store.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            trusted: bytes | None = safe_files.read_regular(store, cap=repository_renewal.INDEX_MAX_BYTES)
+        except OSError:
+            trusted = None
+        owner = None
+        user = self.kit.agent_user
+        if user is not None and user.switch and os.lstat(session.worktree).st_uid == user.uid:
+            owner = (user.uid, user.gid)
+        return git.Recycle(trusted_index=trusted, scratch=store.parent, owner=owner)
+
+    def _keep_trusted_index(self, session: Session) -> None:
+        """Keep the index the witness's checkout just wrote, before any agent ran in the workspace: the next bead's
+        recycling trusts it, never the index the agent leaves (``repository_renewal``)."""
+        store = self.kit.trusted_index(session)
+        store.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        temp = store.with_name(f".{store.name}.tmp")
+        temp.write_bytes(repository_renewal.read_index(Path(session.worktree)))
+        temp.replace(store)
 
     def _start_tmux(self, session: Session, rig: Rig) -> tuple[PaneInfo, bool]:
         existing = self.kit.tmux.pane_of(session.tmux_name)

@@ -105,6 +105,11 @@ class Toolkit:
         starts the agent, where ``ps`` and every process on the tmux socket could read it."""
         return self.rig_dir(session.rig) / "secrets" / f"{session.id}.nats-password"
 
+    def trusted_index(self, session: Session) -> Path:
+        """Where the witness keeps the index its own checkout wrote in the session's workspace, before the agent
+        ran (``repository_renewal``): the witness's alone (``workspaces/`` is 0700), never the agent's to write."""
+        return self.rig_dir(session.rig) / "workspaces" / f"{session.polecat}.index"
+
     def session_dir(self, session: Session) -> Path:
         """The session's runtime dir: an agent runtime's config home and hook marks (``GT_SESSION_DIR``)."""
         return self.rig_dir(session.rig) / "sessions" / session.id

@@ -85,11 +85,14 @@ class Escalate(SessionAction, frozen=True, kw_only=True):
 
 
 class Clean(SessionAction, frozen=True, kw_only=True):
-    """After a session ended: reap its tmux leftovers and, with ``remove_worktree``, its worktree (only if
+    """After a session ended: reap its tmux leftovers and, with ``remove_worktree``, give up its worktree (only if
     nothing unsaved is in it); then record ``session.cleaned``."""
 
     PRIORITY: ClassVar[int] = 3
     remove_worktree: bool
+    """Give the worktree up: kept for the polecat's next bead (released), or removed with ``delete``."""
+    delete: bool = False
+    """Removed from the disk, not kept for reuse (the operator asked: `gt unsling --remove-worktree`)."""
     detail: str = ""
     again: bool = False
     """Cleaned already with its worktree kept, and its bead closed since: try removing the worktree once more."""

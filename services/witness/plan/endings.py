@@ -52,7 +52,9 @@ def ended_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Iterat
             # Kept for the bead's next sling (same polecat, worktree and branch) unless the unsling asked
             # otherwise and the bead was not slung again since; the executor keeps it anyway if work is unsaved.
             remove = bead.unslung and bead.unsling_remove_worktree
-            yield Clean(session=session.id, remove_worktree=remove, detail="" if remove else "kept: bead unslung")
+            yield Clean(
+                session=session.id, remove_worktree=remove, delete=remove, detail="" if remove else "kept: bead unslung"
+            )
         elif _is_last_escalated(state, session):
             yield Clean(session=session.id, remove_worktree=False, detail="kept for manual recovery (escalated)")
         elif pane_of(session, obs) is not None and session.version <= obs.as_of_seq:
