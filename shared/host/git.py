@@ -446,9 +446,15 @@ def ensure_worktree(
             shown = current if current is not None and len(current) < 200 else "no branch"
             raise GitError(["workspace", str(path)], 1, f"{path} exists and is on {shown!r}, not {branch!r}")
         if recycle.trusted_index is not None and (path / ".git").is_dir() and not path.is_symlink():
-            _recycled(bare, path, branch, base, refs, origin, excludes, published, recycle)
-            return True
+            try:
+                _recycled(bare, path, branch, base, refs, origin, excludes, published, recycle)
+            except (GitError, OSError):
+                pass  # released: nothing unsaved in it; made again below
+            else:
+                return True
         force_remove(path)
+        if os.path.lexists(path):
+            raise GitError(["workspace", str(path)], 1, f"{path} could not be removed to be made again")
     start = WorkspaceStart.of(bare, branch, base, refs)
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -517,6 +523,26 @@ def _configured(
     return not start.branch_in_clone and published is not None and _seeded(repo, published, branch)
 
 
+def checkout_clean(path: Path, checkout: tuple[str, ...], clean: str) -> None:
+    """``git checkout --force`` (``checkout``: what follows it), then ``git clean`` (``clean``: its flags), in
+    ``path``; again while the clean removed something. A link left where a tracked directory was lets the checkout
+    find that directory's files (through it) unchanged; the clean then removes the link, and the files with it:
+    checked out once more, they are written.
+
+    Raises:
+        GitError: git failed, or the workspace did not settle in three rounds.
+    """
+    for _round in range(3):
+        git("checkout", "--quiet", "--force", *checkout, cwd=path, timeout=WORKSPACE_TIMEOUT_S)
+        if not git("clean", clean, cwd=path, timeout=WORKSPACE_TIMEOUT_S).strip():
+            return
+    raise GitError(["clean", clean], 1, f"{path} still held files git does not track after three checkouts")
+
+
+WORKSPACE_TIMEOUT_S = 600.0
+"""A checkout or clean of a whole workspace: a large tree on a slow disk."""
+
+
 def _recycled(
     bare: Path,
     path: Path,
@@ -545,8 +571,7 @@ def _recycled(
         path, scratch=recycle.scratch, alternates=bare / "objects", trusted_index=recycle.trusted_index,
         owner=recycle.owner, configure=configure,
     )  # fmt: skip
-    git("checkout", "--quiet", "--force", *((branch,) if seeded else ("-B", branch, start.commit)), cwd=path)
-    git("clean", "-ffdxq", cwd=path)
+    checkout_clean(path, (branch,) if seeded else ("-B", branch, start.commit), "-ffdx")
 
 
 SEED_MAX_BYTES = 1024 * 1024 * 1024
@@ -847,3 +872,30 @@ def force_remove(path: Path) -> None:
         safe_files.remove_tree(path)
         if not os.path.lexists(path):
             return
+    _remove_deep(path)
+
+
+def _remove_deep(path: Path) -> None:
+    """What ``safe_files.remove_tree`` left (a tree deeper than it walks): ``rm -rf`` as the tree's owner (never
+    root's rights over another user's tree: that user could remove it anyway), then what is left of the top as
+    this process. ``rm`` follows no link."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return
+    owner = _owner_of(path) if stat.S_ISDIR(found.st_mode) else None
+    prefix = switch_user_argv(*owner) if owner is not None else ()
+    subprocess.run(
+        [*prefix, "rm", "-rf", "--one-file-system", "--", *(str(child) for child in _children(path))],
+        capture_output=True,
+        timeout=GIT_TIMEOUT_S,
+        check=False,
+    )
+    safe_files.remove_tree(path)
+
+
+def _children(path: Path) -> list[Path]:
+    try:
+        return [path / name for name in os.listdir(path)]
+    except OSError:
+        return []

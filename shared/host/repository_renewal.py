@@ -13,6 +13,7 @@ runs git.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable
@@ -59,16 +60,14 @@ def renew(
         if owner is not None:
             safe_files.chown_tree(repo, *owner)
         fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        old = f".git.old-{uuid.uuid4().hex[:12]}"
+        # The old repository goes to the scratch directory (the service's), never left in the work tree: what
+        # cannot be removed of it (a tree deeper than anything walks) stays out of the next user's way.
+        old = temp / "old-git"
         try:
-            try:
-                os.rename(".git", old, src_dir_fd=fd, dst_dir_fd=fd)
-            except FileNotFoundError:
-                old = ""
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(".git", old, src_dir_fd=fd)
             os.rename(repo, ".git", dst_dir_fd=fd)
         finally:
             os.close(fd)
-        if old:
-            git.force_remove(work / old)
     finally:
         git.force_remove(temp)

@@ -1,6 +1,6 @@
 """GT_AGENT_USER (a root `gt up`, the agent as a throwaway user, its real tmux pane): a clean filter the agent names
 in its own workspace is run by the witness's clean-up ``git status`` after the session ended, as the agents' user;
-the process it detaches must not outlive the session and its worktree's removal (tests/attacks/filter_pane.sh).
+the process it detaches must not outlive the session and its worktree's release (tests/attacks/filter_pane.sh).
 Found by the red team (issue 39), when the witness's gits ran outside any reaper."""
 
 from __future__ import annotations
@@ -61,18 +61,23 @@ def test_a_process_a_filter_of_the_witness_git_detaches_does_not_outlive_the_ses
         def cleaned() -> dict[str, object] | None:
             listed = town("session", "list", "--bead", bead, "--all", "--json")
             sessions: list[dict[str, object]] = json.loads(listed.stdout) if listed.returncode == 0 else []
-            if sessions and sessions[0]["status"] == "ended" and not Path(str(sessions[0]["worktree"])).exists():
-                return sessions[0]
+            if (
+                sessions
+                and sessions[0]["status"] == "ended"
+                and sessions[0]["cleaned"]
+                and sessions[0]["worktree_removed"]
+            ):
+                return sessions[0]  # its worktree given up (released for the polecat's next bead, issue 41)
             return None
 
-        session = wait_until(cleaned, timeout=240, interval=0.5, message="the session ended and its worktree went")
+        session = wait_until(cleaned, timeout=240, interval=0.5, message="the session ended and gave its worktree up")
         assert session is not None
         time.sleep(2)
         left = running_with(mark)
         alive = Path(f"/tmp/{mark}.alive")
         proof = alive.read_text().strip() if alive.exists() else "-"
         assert not left, (
-            f"session {session['id']} ended ({session.get('end_reason')}) and its worktree is gone, yet a process the "
+            f"session {session['id']} ended ({session.get('end_reason')}) and gave its worktree up, yet a process the "
             f"witness's git started for it runs on: {left}; last proof of life {proof}"
         )
     finally:

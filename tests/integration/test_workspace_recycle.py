@@ -19,7 +19,7 @@ import secrets
 import subprocess
 from pathlib import Path
 
-from shared.host import git
+from shared.host import git, repository_renewal
 from tests.helpers import assert_eventually, wait_until
 from tests.integration.test_agent_user import (
     DEADLINE_S,
@@ -174,3 +174,50 @@ def test_a_recycled_workspace_of_an_agent_user_carries_nothing_of_a_hostile_earl
     finally:
         town("down", "--sessions")
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
+
+
+def test_recycling_restores_a_tracked_directory_turned_into_a_link_and_gets_past_a_tree_too_deep_to_walk(
+    tmp_path: Path,
+) -> None:
+    """Found by the red team (issue 41): an agent moves a tracked directory into an ignored one and leaves a link in
+    its place (the checkout finds the files unchanged through it, then the clean removes the link and the files go
+    with it), and grows a tree too deep to walk inside ``.git`` (it must not stay in the work tree nor stop the
+    recycling). The next bead gets every tracked file."""
+    src = tmp_path / "src"
+    git.git("init", "--quiet", "-b", "main", str(src))
+    (src / "lib").mkdir()
+    (src / "lib" / "a.py").write_text("print(1)\n")
+    (src / ".gitignore").write_text("build/\n")
+    git.git("add", "-A", cwd=src)
+    git.git("-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "--quiet", "-m", "c1", cwd=src)
+    bare = tmp_path / "repo.git"
+    git.git("clone", "--quiet", "--bare", "--", str(src), str(bare))
+    path, scratch = tmp_path / "polecats" / "ace", tmp_path / "workspaces"
+    scratch.mkdir()
+    assert git.ensure_worktree(bare, path, "polecat/ace/b1", "main")
+    trusted = repository_renewal.read_index(path)
+
+    (path / "build").mkdir()
+    (path / "lib").rename(path / "build" / "lib")
+    (path / "lib").symlink_to("build/lib")
+    git.git("update-index", "--assume-unchanged", "lib/a.py", cwd=path)
+    with (path / ".git" / "info" / "exclude").open("a") as exclude:
+        exclude.write("lib\n")
+    fd = os.open(path / ".git", os.O_RDONLY)
+    for _ in range(420):
+        os.mkdir("d" * 200, dir_fd=fd)
+        deeper = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(fd)
+    assert git.status_paths(path) == [], "git sees nothing changed: the workspace is released"
+    assert git.release_worktree(bare, path, "main").startswith("worktree released")
+
+    recycle = git.Recycle(trusted_index=trusted, scratch=scratch, owner=None)
+    assert git.ensure_worktree(bare, path, "polecat/ace/b2", "main", recycle=recycle)
+    assert not (path / "lib").is_symlink()
+    assert (path / "lib" / "a.py").read_text() == "print(1)\n"
+    assert not (path / "build").exists()
+    assert git.status_paths(path) == []
+    assert git.workspace_branch(path) == "polecat/ace/b2"
+    assert {p.name for p in path.iterdir()} == {".git", ".gitignore", "lib"}

@@ -96,6 +96,8 @@ class GateWorkspaces:
         self._trusted[rig] = repository_renewal.read_index(work)
         for name in ("home", "tmp") if pristine else ("tmp",):
             git.force_remove(place / name)
+            if (place / name).exists() or (place / name).is_symlink():
+                raise git.GitError(["workspace", str(place / name)], 1, f"{place / name} could not be made afresh")
         for name in ("home", "tmp"):
             if not (place / name).is_dir():
                 (place / name).mkdir(mode=0o700)
@@ -127,6 +129,8 @@ class GateWorkspaces:
         git.git("checkout", "--quiet", "--detach", commit, cwd=temp, timeout=CHECKOUT_TIMEOUT_S)
         self.user.hand_over(temp)
         git.force_remove(place / "work")
+        if (place / "work").exists() or (place / "work").is_symlink():
+            raise git.GitError(["workspace", str(place / "work")], 1, "the gate workspace could not be removed")
         temp.rename(place / "work")
 
     def _move(self, place: Path, mirror: Path, commit: str, trusted: bytes) -> None:
@@ -135,8 +139,7 @@ class GateWorkspaces:
         work = place / "work"
         owner = (self.user.uid, self.user.gid) if self.user.switch else None
         repository_renewal.renew(work, scratch=place, alternates=mirror / "objects", trusted_index=trusted, owner=owner)
-        git.git("checkout", "--quiet", "--force", "--detach", commit, cwd=work, timeout=CHECKOUT_TIMEOUT_S)
-        git.git("clean", "-ffdq", cwd=work, timeout=CHECKOUT_TIMEOUT_S)
+        git.checkout_clean(work, ("--detach", commit), "-ffd")
 
 
 def _mirror(bare: Path, mirror: Path, commit: str) -> None:

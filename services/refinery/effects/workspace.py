@@ -82,8 +82,7 @@ def repair(path: Path) -> list[str]:
 def _move(path: Path, commit: str, *, pristine: bool) -> None:
     """Check ``commit`` out over whatever the workspace holds (``--force``: a file a gate changed is restored),
     then remove what git does not track (ignored files kept unless ``pristine``)."""
-    git.git("checkout", "--quiet", "--force", "--detach", commit, cwd=path)
-    git.git("clean", "-ffdxq" if pristine else "-ffdq", cwd=path)
+    git.checkout_clean(path, ("--detach", commit), "-ffdx" if pristine else "-ffd")
 
 
 def _make(bare: Path, path: Path, commit: str) -> None:
