@@ -51,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 import psutil
@@ -392,67 +392,76 @@ def _ms(values: list[float]) -> str:
     return ", ".join(f"{v * 1000:.0f}" for v in values) + " ms"
 
 
-def figures_of(small: Rig, big: Rig, beads: int) -> list[Figure]:
+class Measure(NamedTuple):
+    """One of the two things measured per rig: how its figures are named and noted."""
+
+    name: str
+    """What the figure is, as its name starts."""
+    per: str
+    """What one value is of (``beads``, ``sessions``), in the name and the per-value note."""
+    target: str
+    """The acceptance target, on the p50 figure."""
+    how: str
+    """How one value is taken from the log."""
+    values: Callable[[Rig], list[float]]
+    first: Callable[[BeadTimes], list[float]]
+    """The values of a rig's first, unmeasured bead."""
+
+
+MEASURES = (
+    Measure(
+        name="merge overhead less the gates",
+        per="beads",
+        target="< 500 ms and <= 1.5x the 100-file figure (ratio >= 0.67)",
+        how="bead.closed - mr.submitted - gate seconds of mr.merged (gate `true`)",
+        values=lambda rig: rig.merges(),
+        first=lambda t: [t.merge_s],
+    ),
+    Measure(
+        name="session start",
+        per="sessions",
+        target="<= 2x the 100-file figure (ratio >= 0.5)",
+        how="session.started - session.requested: workspace, hook lease, tmux pane, agent process",
+        values=lambda rig: rig.starts(),
+        first=lambda t: t.session_s,
+    ),
+)
+
+
+def figures_of(small: Rig, big: Rig) -> list[Figure]:
     size = f"{big.files:,}-file repository"
     versus = f"the {small.files:,}-file repository, same town and run"
     label = f"{big.files // 1000:,}k/{small.files:,}" if big.files % 1000 == 0 else f"{big.files:,}/{small.files:,}"
-
-    def first_note(rig: Rig, what: Callable[[BeadTimes], str]) -> str:
-        return f"{rig.files:,} files: " + ", ".join(what(t) for t in rig.first)
-
-    merge_first = (
-        "first bead of each rig, not measured (it makes the rig's clones): "
-        + first_note(small, lambda t: f"{t.merge_s * 1000:.0f} ms")
-        + "; "
-        + first_note(big, lambda t: f"{t.merge_s * 1000:.0f} ms")
-    )
-    start_first = (
-        "first bead of each rig, not measured (it makes the rig's clones): "
-        + first_note(small, lambda t: _ms(t.session_s))
-        + "; "
-        + first_note(big, lambda t: _ms(t.session_s))
-    )
     out: list[Figure] = []
-    for stat, pick in STATS:
-        value, ceiling = pick(big.merges()), pick(small.merges())
-        out.append(
-            Figure(
-                name=f"(u) merge overhead less the gates, {size}, {stat} over {beads} beads",
-                value=value * 1000,
-                unit="ms",
-                ceiling=ceiling * 1000,
-                ceiling_name=f"{versus}, {stat}",
-                target="< 500 ms and <= 1.5x the 100-file figure (ratio >= 0.67)" if stat == "p50" else "",
-                higher_is_better=False,
-                notes=[
-                    f"{label} = {value / ceiling:.2f}",
-                    "bead.closed - mr.submitted - gate seconds of mr.merged (gate `true`)",
-                    f"per bead: {big.files:,} files {_ms(big.merges())}; {small.files:,} files {_ms(small.merges())}",
-                    *([merge_first] if stat == "max" else []),
-                ],
-            )
+    for measure in MEASURES:
+        firsts = "; ".join(
+            f"{rig.files:,} files: {_ms([v for t in rig.first for v in measure.first(t)])}" for rig in (small, big)
         )
-    starts = len(big.starts())
-    for stat, pick in STATS:
-        value, ceiling = pick(big.starts()), pick(small.starts())
-        out.append(
-            Figure(
-                name=f"(u) session start, {size}, {stat} over {starts} sessions",
-                value=value * 1000,
-                unit="ms",
-                ceiling=ceiling * 1000,
-                ceiling_name=f"{versus}, {stat}",
-                target="<= 2x the 100-file figure (ratio >= 0.5)" if stat == "p50" else "",
-                higher_is_better=False,
-                notes=[
-                    f"{label} = {value / ceiling:.2f}",
-                    "session.started - session.requested: workspace, hook lease, tmux pane, agent process",
-                    f"per session: {big.files:,} files {_ms(big.starts())}; "
-                    f"{small.files:,} files {_ms(small.starts())}",
-                    *([start_first] if stat == "max" else []),
-                ],
+        big_values, small_values = measure.values(big), measure.values(small)
+        for stat, pick in STATS:
+            value, ceiling = pick(big_values), pick(small_values)
+            out.append(
+                Figure(
+                    name=f"(u) {measure.name}, {size}, {stat} over {len(big_values)} {measure.per}",
+                    value=value * 1000,
+                    unit="ms",
+                    ceiling=ceiling * 1000,
+                    ceiling_name=f"{versus}, {stat}",
+                    target=measure.target if stat == "p50" else "",
+                    higher_is_better=False,
+                    notes=[
+                        f"{label} = {value / ceiling:.2f}",
+                        measure.how,
+                        f"per {measure.per[:-1]}: {big.files:,} files {_ms(big_values)}; "
+                        f"{small.files:,} files {_ms(small_values)}",
+                        *(
+                            [f"first bead of each rig, not measured (it makes the rig's clones): {firsts}"]
+                            if stat == "max"
+                            else []
+                        ),
+                    ],
+                )
             )
-        )
     return out
 
 
@@ -460,7 +469,7 @@ async def run(
     files: int = 50_000, beads: int = 6, where: Path = DEFAULT_DIR, timeout: float = BEAD_TIMEOUT_S
 ) -> list[Figure]:
     small, big = await measure(files, beads, where, timeout)
-    figures = figures_of(small, big, beads)
+    figures = figures_of(small, big)
     for figure in figures:
         print(figure.line(), flush=True)
         print(f"    {'; '.join(figure.notes)}", flush=True)
