@@ -29,7 +29,7 @@ from services.refinery.plan import refusals
 from services.refinery.plan.outcomes import BatchResult, GateResult, Outcome, TargetFailed
 from services.refinery.state import MergeRequest
 from shared.core.faults import crash_point
-from shared.host import git, git_replay
+from shared.host import git, git_replay, path_locks
 from shared.model.commands import MergeRequestSubmit
 from shared.model.rigs import Rig
 
@@ -210,15 +210,10 @@ class Gates:
         return result
 
 
-_CLONE_LOCKS: dict[Path, threading.Lock] = {}
-_CLONE_LOCKS_LOCK = threading.Lock()
-
-
 def _clone_lock(paths: Paths) -> threading.Lock:
     """One writer at a time of the clone's remote refs and of the clone itself (a batch's fetch, a bundle's
     import, the first clone of a rig): two would race for git's ref locks, or for the clone's place."""
-    with _CLONE_LOCKS_LOCK:
-        return _CLONE_LOCKS.setdefault(paths.bare, threading.Lock())
+    return path_locks.lock(paths.bare)
 
 
 def import_published(paths: Paths, rig: Rig, mr: MergeRequestSubmit, max_bytes: int) -> git.BundleProblem | None:

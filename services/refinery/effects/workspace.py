@@ -16,7 +16,7 @@ from pathlib import Path
 
 import structlog
 
-from shared.host import git, safe_files
+from shared.host import git, path_locks, safe_files
 
 log = structlog.get_logger(__name__)
 
@@ -26,14 +26,10 @@ LEFTOVER_STATE = (
 )  # fmt: skip
 """What an interrupted git leaves in a worktree's git directory: never there between two uses, so a leftover."""
 
-_LOCKS: dict[Path, threading.Lock] = {}
-_LOCKS_LOCK = threading.Lock()
-
 
 def lock(path: Path) -> threading.Lock:
     """One user at a time of the workspace at ``path`` (the merge lease makes that so across refineries)."""
-    with _LOCKS_LOCK:
-        return _LOCKS.setdefault(path, threading.Lock())
+    return path_locks.lock(path)
 
 
 def check_out(bare: Path, path: Path, commit: str, *, pristine: bool) -> Path:
