@@ -72,6 +72,8 @@ class PolecatTown:
         self.refinery: RefineryService | None = None
         self.deacon: DeaconService | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._services: dict[str, Service[Any]] = {}
+        """Every service started (``start``), by the name it was started under."""
         self._count = 0
 
     async def command(self, subject: str, **body: Any) -> dict[str, Any]:
@@ -111,6 +113,7 @@ class PolecatTown:
 
     async def start(self, which: str, service: Service[Any]) -> None:
         self._tasks[which] = await started(service, name=which)
+        self._services[which] = service
 
     async def start_witness(self, settings: WitnessSettings) -> WitnessService:
         settings = msgspec.structs.replace(settings, tmux_socket=self.socket)  # always the test's own tmux
@@ -119,7 +122,7 @@ class PolecatTown:
         return self.witness
 
     async def stop(self, which: str) -> None:
-        service = getattr(self, which)
+        service = self._services.pop(which, None)
         task = self._tasks.pop(which, None)
         if service is None or task is None:
             return
@@ -127,7 +130,7 @@ class PolecatTown:
         await asyncio.wait_for(task, 30)
 
     async def stop_all(self) -> None:
-        for which in ("witness", "refinery", "mayor", "deacon"):
+        for which in ("witness", "refinery", "mayor", "deacon", *self._services):
             await self.stop(which)
 
     # ---- reading state -------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from shared.model.events import (
     ConvoyCreated,
     Envelope,
     Event,
+    GateJobEvent,
     GcSwept,
     LeaseEvent,
     MergeQueueEvent,
@@ -42,12 +43,14 @@ from shared.model.events import (
 from shared.model.events.beads import forward
 from shared.model.events.merge_requests import MR_FINISHED, MrStatus
 from shared.model.fold import touch
+from shared.model.gate_jobs import fold_gate_job
 from shared.model.leases import fold_lease
 from shared.model.rigs import fold_rig
 from shared.service.projection import Projection
 
-SCHEMA_VERSION = 11
-"""11: rigs' ``gate_pristine`` (each merge's gates in a fresh workspace). 10: a merge request records its rig's
+SCHEMA_VERSION = 12
+"""12: gate jobs on the runners. 11: rigs' ``gate_pristine`` (each merge's gates in a fresh workspace).
+10: a merge request records its rig's
 incarnation (a removed rig's name added again). 9: rigs' merge queues (paused, failures on the target). 8: a merge
 request records the bundle its session published. 7: hook and merge leases are one record
 (``shared.model.leases.Lease``), rigs the witness's record (``shared.model.rigs.Rig``): a snapshot from before has
@@ -251,6 +254,11 @@ def _lease(payload: LeaseEvent, state: RefineryState, env: Envelope, seq: int) -
         fold_lease(payload, state.merge_leases, env, seq)
     elif payload.lease.startswith(HOOK_LEASE_PREFIX):
         fold_lease(payload, state.hooks, env, seq)
+
+
+@fold.register
+def _gate_job(payload: GateJobEvent, state: RefineryState, env: Envelope, seq: int) -> None:
+    fold_gate_job(payload, state.gate_jobs, env, seq)
 
 
 @fold.register

@@ -41,6 +41,13 @@ class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):
     max_bytes: int = 50 * 1000 * 1000
     """``GT_MR_MAX_BYTES``: the most a polecat's published branch may add (its bundle's size, the new objects
     compressed); a larger one is refused ``too_large`` when it is submitted."""
+    runners: int = 0
+    """``GT_MQ_RUNNERS``: gates run as jobs on this many gate runners (``gt-runner``), that many candidates at once
+    (speculation: each prefix of a batch on its own runner); 0: the refinery runs the gates itself, one at a time.
+    ``GT_MQ_BATCH`` is this many unless set."""
+    runner_wait_s: float = 600.0
+    """``GT_MQ_RUNNER_WAIT``: how long a gate job may wait for a runner to take it (beyond the gates' own time
+    limits) before the batch goes back into the queue."""
     gate_user: str = ""
     """``GT_GATE_USER``: the OS user the gates run as, in a copy of the worktree (the refinery must run as root;
     see ``gate_user``). Empty: the refinery's own user, in its worktree."""
@@ -52,6 +59,7 @@ def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
     order = env.get("GT_MQ_ORDER", "score") or "score"
     if order not in ("score", "fifo"):
         raise ValueError(f"GT_MQ_ORDER must be score or fifo, got {order!r}")
+    runners = int(env_number(env, "GT_MQ_RUNNERS", 0, minimum=0, whole=True))
     return RefinerySettings(
         lease_s=env_number(env, "GT_MQ_LEASE", 900.0, minimum=1.0),
         merge_lease_ttl_s=env_number(env, "GT_MQ_MERGE_LEASE_TTL", 60.0, minimum=0.3),
@@ -59,7 +67,9 @@ def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
         max_failures=int(env_number(env, "GT_MQ_MAX_FAILURES", 3, minimum=1, whole=True)),
         max_conflict_returns=int(env_number(env, "GT_MQ_MAX_CONFLICT_RETURNS", 2, minimum=0, whole=True)),
         fifo=order == "fifo",
-        batch=int(env_number(env, "GT_MQ_BATCH", 1, minimum=1, whole=True)),
+        runners=runners,
+        runner_wait_s=env_number(env, "GT_MQ_RUNNER_WAIT", 600.0, minimum=1.0),
+        batch=int(env_number(env, "GT_MQ_BATCH", max(1, runners), minimum=1, whole=True)),
         batch_wait_s=env_number(env, "GT_MQ_BATCH_WAIT", 0.0, minimum=0.0),
         push_retries=int(env_number(env, "GT_MQ_PUSH_RETRIES", 8, minimum=0, whole=True)),
         push_backoff_s=env_number(env, "GT_MQ_PUSH_BACKOFF", 1.0, minimum=0.0),

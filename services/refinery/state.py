@@ -7,6 +7,7 @@ from datetime import datetime
 import msgspec
 
 from shared.model.events.beads import BeadStatus
+from shared.model.gate_jobs import GateJob
 from shared.model.leases import Lease
 from shared.model.merge_requests import MergeRequest as MergeRequest
 from shared.model.rigs import Rig
@@ -73,3 +74,5 @@ class RefineryState(msgspec.Struct, kw_only=True):
     """Sessions of beads not closed, by id."""
     queues: dict[str, MergeQueue] = {}
     """Rigs' merge queues that were ever paused or met a failing target, by rig."""
+    gate_jobs: dict[str, GateJob] = {}
+    """Gate jobs on the runners (``GT_MQ_RUNNERS``) by id: the open ones and the newest finished."""

@@ -24,7 +24,7 @@ import re
 import stat
 import subprocess
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -399,6 +399,19 @@ def fetch(bare: Path) -> None:
     if url:
         _set_upload_pack(bare, url)  # a clone made by an older version, or a repository whose owner changed
     git("fetch", "--quiet", "--prune", "origin", cwd=bare)
+
+
+def fetch_ref(bare: Path, ref: str) -> None:
+    """Fetch ``ref`` (a full name, e.g. ``refs/gt/gate/<job>``) from origin into the same name in ``bare``."""
+    git("fetch", "--quiet", "--no-tags", "origin", f"+{ref}:{ref}", cwd=bare)
+
+
+def push_refs(clone: Path, refspecs: Sequence[str]) -> None:
+    """Push ``refspecs`` (``<commit>:<ref>``, or ``:<ref>`` to delete) from ``clone`` to origin in one push, forced
+    (they are the service's own refs, never a branch of anyone's)."""
+    if refspecs:
+        receive = origin_receive_pack(clone)
+        git("push", "--quiet", "--force", *receive, "--", "origin", *refspecs, cwd=clone)
 
 
 def existing_refs(repo: Path, *refs: str) -> set[str]:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import msgspec
 
-from services.refinery.effects import gate_runs
-from services.refinery.effects.gate_watch import MARKER_VARIABLE, GateRecord, Leader, WatchSpec
+from shared.gates import runs
+from shared.gates.watch import MARKER_VARIABLE, GateRecord, Leader, WatchSpec
 from shared.host import processes
 from tests.helpers import assert_eventually
 
@@ -32,7 +32,7 @@ def _gone(child: processes.ProcessRef | None) -> bool:
 def test_a_gate_past_its_time_is_stopped_with_everything_it_started(tmp_path: Path) -> None:
     script = f'(sleep 60; touch "{tmp_path}/late") & echo $! > "{tmp_path}/child"; wait'
     with (tmp_path / "gate.log").open("wb") as out:
-        code = gate_runs.run(
+        code = runs.run(
             ["sh", "-c", script], cwd=tmp_path, env={"PATH": os.environ["PATH"]}, out=out, timeout=1.0,
             records=tmp_path / "gates",
         )  # fmt: skip
@@ -45,7 +45,7 @@ def test_a_gate_past_its_time_is_stopped_with_everything_it_started(tmp_path: Pa
 def test_a_gate_that_ends_leaves_nothing_running_and_gives_its_exit_code(tmp_path: Path) -> None:
     script = f'sleep 60 & echo $! > "{tmp_path}/child"; exit 3'
     with (tmp_path / "gate.log").open("wb") as out:
-        code = gate_runs.run(
+        code = runs.run(
             ["sh", "-c", script], cwd=tmp_path, env={"PATH": os.environ["PATH"]}, out=out, timeout=60,
             records=tmp_path / "gates",
         )  # fmt: skip
@@ -62,7 +62,7 @@ def test_a_gate_process_that_left_its_group_is_stopped_with_the_gate(tmp_path: P
         f"& sleep 1; exit 0"
     )
     with (tmp_path / "gate.log").open("wb") as out:
-        code = gate_runs.run(
+        code = runs.run(
             ["sh", "-c", script], cwd=tmp_path, env={"PATH": os.environ["PATH"]}, out=out, timeout=60,
             records=tmp_path / "gates",
         )  # fmt: skip
@@ -79,7 +79,7 @@ async def test_a_gate_whose_watcher_was_killed_too_is_stopped_by_the_next_start(
     spec = WatchSpec(argv=["sh", "-c", script], cwd=str(tmp_path), record=str(records / "g.json"), marker=marker)
     env = {"PATH": os.environ["PATH"], MARKER_VARIABLE: marker}
     watcher = subprocess.Popen(
-        [sys.executable, "-I", gate_runs.WATCHER, msgspec.json.encode(spec).decode()],
+        [sys.executable, "-I", runs.WATCHER, msgspec.json.encode(spec).decode()],
         cwd="/", env=env, stdin=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -96,7 +96,7 @@ async def test_a_gate_whose_watcher_was_killed_too_is_stopped_by_the_next_start(
         leader = processes.ProcessRef(pid=record.leader.pid, started=record.leader.started)
         assert processes.is_alive(leader), "the gate runs on, orphaned"
         assert processes.is_alive(child), "the gate runs on, orphaned"
-        stopped = gate_runs.stop_leftovers(records)
+        stopped = runs.stop_leftovers(records)
         assert {record.leader.pid, child.pid} <= set(stopped), stopped
         assert not processes.is_alive(leader)
         assert not processes.is_alive(child)
@@ -116,7 +116,7 @@ def test_a_record_naming_a_group_that_is_not_the_gates_stops_nothing(tmp_path: P
         assert ref is not None
         stale = GateRecord(leader=Leader(pid=other.pid, started=ref.started - 100), marker="gone")
         (records / "old.json").write_bytes(msgspec.json.encode(stale))
-        assert gate_runs.stop_leftovers(records) == []
+        assert runs.stop_leftovers(records) == []
         assert processes.is_alive(ref), "an unrelated process with the recorded pid was stopped"
     finally:
         other.send_signal(signal.SIGKILL)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from services.refinery.effects import merger, workspace
+from services.refinery.effects import merger
+from shared.gates import workspace
 from shared.host import git
 from tests.helpers import assert_eventually
 from tests.witness_town import IDENTITY, PolecatTown

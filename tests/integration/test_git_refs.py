@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gt import agent
-from services.refinery.effects import merger, workspace
+from services.refinery.effects import merger
+from shared.gates import workspace
 from shared.host import git
 from shared.model.sessions import MergeFailure
 from tests import records

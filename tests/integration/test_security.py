@@ -17,9 +17,9 @@ from nats.aio.client import Client
 
 from gt.embedded_nats import EmbeddedServer, free_port
 from gt.town_secrets import dashboard_token
-from services.refinery.effects.gate_watch import MARKER_VARIABLE
 from services.refinery.state import MergeRequest
 from shared.core.config import TownConfig
+from shared.gates.watch import MARKER_VARIABLE
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually, wait_until
 from tests.integration.test_town import TownCli

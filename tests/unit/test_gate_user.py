@@ -7,7 +7,7 @@ import pwd
 
 import pytest
 
-from services.refinery.effects.gate_user import resolve
+from shared.gates.user import resolve
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 

@@ -14,32 +14,30 @@ follows the change), and pushed from there; the gates run in the rig's persisten
 
 from __future__ import annotations
 
-import contextlib
+import math
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple, Protocol
 
 import structlog
 
-from services.refinery.effects import gate_runs, workspace
-from services.refinery.effects.gate_user import GateUser, GateWorkspaces, gate_user_environment
 from services.refinery.plan import refusals
 from services.refinery.plan.outcomes import BatchResult, GateResult, Outcome, TargetFailed
 from services.refinery.state import MergeRequest
 from shared.core.faults import crash_point
+from shared.gates import execution, runs
+from shared.gates.user import GateWorkspaces
 from shared.host import git, git_replay, path_locks
 from shared.model.commands import MergeRequestSubmit
+from shared.model.events.gate_jobs import GateCommand
+from shared.model.gate_jobs import stack_key
 from shared.model.rigs import Rig
 
 log = structlog.get_logger(__name__)
 
-TAIL_CHARS = 2000
 GATES = ("setup", "lint", "test")
-GATE_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME")
-"""What a gate gets of the refinery's environment, besides the names its rig lists (``gate_env``): gates run code
-an agent wrote, so never the refinery's NATS credentials, the town's settings or whatever else the host holds."""
 
 
 class Paths:
@@ -55,10 +53,6 @@ class Paths:
         self.logs = self.root / "logs"
         self.gates = self.root / "gates"
         """Records of the gates running now (``gate_runs``): what a refinery starting stops first."""
-
-
-def gate_commands(rig: Rig) -> list[tuple[str, str]]:
-    return [(g, c) for g, c in zip(GATES, (rig.setup_command, rig.lint_command, rig.test_command), strict=True) if c]
 
 
 def clean_worktrees(paths: Paths) -> list[str]:
@@ -82,7 +76,7 @@ def remove_leftovers(rigs_root: Path) -> None:
     for rig_dir in sorted(rigs_root.iterdir()):
         paths = Paths(rigs_root, rig_dir.name)
         try:
-            stopped = gate_runs.stop_leftovers(paths.gates)
+            stopped = runs.stop_leftovers(paths.gates)
             if stopped:
                 log.warning("leftover_gates_stopped", rig=rig_dir.name, pids=stopped)
             removed = clean_worktrees(paths)
@@ -95,119 +89,129 @@ def remove_leftovers(rigs_root: Path) -> None:
             log.info("temp_worktrees_removed", rig=rig_dir.name, worktrees=removed)
 
 
-def gate_environment(names: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
-    """The allowlisted variables of ``environ`` (``GATE_BASE_ENV`` and the rig's ``names``) that are set."""
-    return {key: environ[key] for key in (*GATE_BASE_ENV, *names) if key in environ}
+class Candidate(NamedTuple):
+    """A commit to gate: the tip of a stack of merge requests on the target (``stack``: their ids, in order; empty
+    for the target's tip itself), with its adoption key (``shared.model.gate_jobs.stack_key``)."""
+
+    commit: str
+    key: str
+    stack: tuple[str, ...]
 
 
-def run_gate(
-    gate: str,
-    command: str,
-    cwd: Path,
-    log_path: Path,
-    timeout: float,
-    env: Mapping[str, str],
-    as_user: GateUser | None = None,
-    *,
-    records: Path,
-) -> GateResult:
-    """Run ``command`` through ``sh -c`` in ``cwd`` with exactly ``env`` (as ``as_user`` when given), its output
-    in ``log_path`` (written by the refinery: the gate gets only the open file), under a watcher that stops it
-    and everything it started when the refinery goes away (``gate_runs``; ``records``: where it is recorded)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    began = time.monotonic()
-    with log_path.open("wb") as out:
-        code = gate_runs.run(
-            ["sh", "-c", command], cwd=cwd, env=env, out=out, timeout=timeout, records=records, as_user=as_user
+class GateBackend(Protocol):
+    """Who runs the gates: the refinery itself (``LocalGates``, one probe at a time) or the gate runners
+    (``gate_jobs.RunnerGates``, ``width`` probes at once, each a durable job)."""
+
+    @property
+    def width(self) -> int:
+        """Candidates gated at once."""
+        ...
+
+    @property
+    def runs(self) -> int:
+        """Gate commands run so far."""
+        ...
+
+    @property
+    def seconds(self) -> float:
+        """Their time, added up."""
+        ...
+
+    def first_red(self, candidates: Sequence[Candidate], gates: Sequence[GateCommand]) -> tuple[int, GateResult] | None:
+        """The first of ``candidates`` (in order) on which a gate fails, with that gate's result; None when every
+        one passes. Candidates after the first red one may be left ungated."""
+        ...
+
+    def adopted(self, key: str) -> str | None:
+        """The commit of a candidate gated (or being gated) before under ``key``, to stack on instead of replaying
+        (a restarted refinery adopts its predecessor's jobs); None when there is none."""
+        ...
+
+    def close(self) -> None:
+        """The batch is done: nothing it started runs on."""
+        ...
+
+
+class LocalGates:
+    """The refinery's own gates: one probe at a time, in the rig's persistent gate workspace (``execution.Prober``)."""
+
+    def __init__(self, paths: Paths, rig: Rig, name: str, timeout: float, gate_workspaces: GateWorkspaces | None):
+        place = execution.Place(
+            clone=paths.bare, workspace=paths.workspace, logs=paths.logs, records=paths.gates, home=paths.home
         )
-        if code is None:
-            out.write(f"\n[gastown] {gate} timed out after {timeout:g}s\n".encode())
-            code = 124
-    text = log_path.read_bytes()[-TAIL_CHARS * 4 :].decode(errors="replace")
-    return GateResult(
-        gate=gate, exit_code=code, seconds=time.monotonic() - began, tail=text[-TAIL_CHARS:], log_path=str(log_path)
-    )
+        env = execution.gate_environment(rig.gate_env, os.environ)
+        self.prober = execution.Prober(
+            place, env, timeout, gate_workspaces=gate_workspaces, pristine=rig.gate_pristine,
+            on_first_gate=lambda: crash_point("refinery.during_gates"),
+        )  # fmt: skip
+        self.name = name
+
+    @property
+    def width(self) -> int:
+        return 1
+
+    @property
+    def runs(self) -> int:
+        return self.prober.runs
+
+    @property
+    def seconds(self) -> float:
+        return self.prober.seconds
+
+    def first_red(self, candidates: Sequence[Candidate], gates: Sequence[GateCommand]) -> tuple[int, GateResult] | None:
+        for index, candidate in enumerate(candidates):
+            prefix = f"{self.name}-on-target" if not candidate.stack else f"{self.name}-p{self.runs}"
+            results = self.prober.probe(candidate.commit, gates, prefix)
+            failed = [r for r in results if r.exit_code != 0]
+            if failed:
+                return index, failed[0]
+        return None
+
+    def adopted(self, key: str) -> str | None:
+        return None
+
+    def close(self) -> None:
+        """Nothing outlives a probe here."""
+
+
+def gate_commands(rig: Rig) -> list[GateCommand]:
+    """The rig's gates, in the order they run."""
+    commands = (rig.setup_command, rig.lint_command, rig.test_command)
+    return [GateCommand(gate=g, command=c) for g, c in zip(GATES, commands, strict=True) if c]
 
 
 class Gates:
-    """Runs the rig's gates on commits and keeps count. A gate that fails is run once on the target too: if the
+    """The rig's gates on candidates, through a backend. A gate that fails is run once on the target too: if the
     target fails it as well, it blames nobody and the batch stops (``TargetFailed``): nothing merges with a gate
     skipped."""
 
-    def __init__(
-        self,
-        paths: Paths,
-        rig: Rig,
-        target: str,
-        name: str,
-        timeout: float,
-        gate_workspaces: GateWorkspaces | None = None,
-    ) -> None:
-        self.paths, self.rig, self.target, self.name, self.timeout = paths, rig, target, name, timeout
-        self.env = gate_environment(rig.gate_env, os.environ)
-        self.gate_workspaces = gate_workspaces
-        self.user: GateUser | None = gate_workspaces.user if gate_workspaces is not None else None
-        self.pristine = rig.gate_pristine
-        self.runs = 0
-        self.seconds = 0.0
+    def __init__(self, backend: GateBackend, rig: Rig, branch: str, target: str) -> None:
+        self.backend, self.rig, self.branch, self.target = backend, rig, branch, target
+        self.commands = gate_commands(rig)
         self.passes_on_target: set[str] = set()
 
-    def failure(self, commit: str) -> GateResult | None:
-        """The first gate that fails on ``commit`` (and not on the target), or None.
+    def key(self, base: str, stack: Sequence[tuple[str, str]]) -> str:
+        """The adoption key of ``stack`` ((merge request, head) pairs) on ``base``."""
+        return stack_key(self.rig.name, self.branch, base, list(stack), self.commands)
+
+    def first_red(self, candidates: Sequence[Candidate]) -> tuple[int, GateResult] | None:
+        """The first candidate that fails a gate (and the target does not), or None.
 
         Raises:
             TargetFailed: the gate that failed fails on the target's tip too.
         """
-        probe = self.runs
-        failed: tuple[str, str, GateResult] | None = None
-        with self._workspace(commit) as (where, env):
-            for gate, command in gate_commands(self.rig):
-                result = self._run(gate, command, where, env, f"{self.name}-p{probe}-{gate}.log")
-                if result.exit_code != 0:
-                    failed = (gate, command, result)
-                    break
-        if failed is None:
+        found = self.backend.first_red(candidates, self.commands)
+        if found is None:
             return None
-        gate, command, result = failed
-        if gate not in self.passes_on_target:
-            # Out of the probe's workspace first: the target is checked out in the same one.
-            on_target = self._on_target(gate, command)
-            if on_target is not None:
-                raise TargetFailed(on_target, command, self.target)
-        return result
-
-    @contextlib.contextmanager
-    def _workspace(self, commit: str) -> Iterator[tuple[Path, dict[str, str]]]:
-        """Where the gates of one probe run, at ``commit``, and with what environment: the rig's gate workspace, or
-        with a gate user that user's (``gate_user.GateWorkspaces``); the probe's gates share it (set-up output)."""
-        if self.gate_workspaces is None:
-            with workspace.lock(self.paths.workspace):
-                yield (
-                    workspace.check_out(self.paths.bare, self.paths.workspace, commit, pristine=self.pristine),
-                    self.env,
-                )
-            return
-        user = self.gate_workspaces.user
-        with self.gate_workspaces.prepared(self.paths.home, self.paths.bare, commit, pristine=self.pristine) as place:
-            yield place / "work", gate_user_environment(user, self.env, place)
-
-    def _run(self, gate: str, command: str, work: Path, env: dict[str, str], log_name: str) -> GateResult:
-        log_path = self.paths.logs / log_name
-        result = run_gate(gate, command, work, log_path, self.timeout, env, self.user, records=self.paths.gates)
-        self.runs += 1
-        self.seconds += result.seconds
-        if self.runs == 1:
-            crash_point("refinery.during_gates")
-        return result
-
-    def _on_target(self, gate: str, command: str) -> GateResult | None:
-        """The gate's failure on the target's tip, or None when it passes there."""
-        with self._workspace(self.target) as (where, env):
-            result = self._run(gate, command, where, env, f"{self.name}-{gate}-on-target.log")
-        if result.exit_code == 0:
-            self.passes_on_target.add(gate)
-            return None
-        return result
+        failure = found[1]
+        if failure.gate not in self.passes_on_target:
+            gate = next(g for g in self.commands if g.gate == failure.gate)
+            on_target = Candidate(commit=self.target, key=self.key(self.target, []), stack=())
+            red = self.backend.first_red([on_target], [gate])
+            if red is not None:
+                raise TargetFailed(red[1], gate.command, self.target)
+            self.passes_on_target.add(failure.gate)
+        return found
 
 
 def _clone_lock(paths: Paths) -> threading.Lock:
@@ -245,11 +249,13 @@ def process(
     gate_timeout: float,
     lost_lease: Callable[[], str | None] = lambda: None,
     gate_workspaces: GateWorkspaces | None = None,
+    backend: Callable[[str], GateBackend] | None = None,
 ) -> BatchResult:
     """Land what can be landed of ``mrs`` (in this order) on their target with one fast-forward push.
 
     ``lost_lease`` is asked right before the push: a refinery that lost the rig's merge lease pushes nothing.
-    ``gate_workspaces``: the gate user's workspaces when gates run as another OS user, None for the refinery's own.
+    ``backend``: who runs the gates, made for the target's tip (None: the refinery itself, ``LocalGates``, and
+    ``gate_workspaces`` the gate user's workspaces when gates run as another OS user, None for its own).
     """
     target = mrs[0].target
     with _clone_lock(paths):
@@ -262,7 +268,24 @@ def process(
             failure = _note("branch", f"the target branch {target} does not exist")
             result.outcomes[mr.id] = Outcome(kind="branch_missing", failure=failure)
         return result
-    gates = Gates(paths, rig, target_before, name, gate_timeout, gate_workspaces)
+    made = (
+        backend(target_before) if backend is not None else LocalGates(paths, rig, name, gate_timeout, gate_workspaces)
+    )
+    try:
+        return _gate_and_push(paths, rig, mrs, Gates(made, rig, target, target_before), result, lost_lease)
+    finally:
+        made.close()
+
+
+def _gate_and_push(
+    paths: Paths,
+    rig: Rig,
+    mrs: Sequence[MergeRequest],
+    gates: Gates,
+    result: BatchResult,
+    lost_lease: Callable[[], str | None],
+) -> BatchResult:
+    target, target_before = mrs[0].target, gates.target
     try:
         good = _land_in_rounds(paths, mrs, target_before, gates, result)
     except TargetFailed as exc:
@@ -272,7 +295,7 @@ def process(
             if mr.id not in result.outcomes:
                 result.outcomes[mr.id] = Outcome(kind="target_failed", target_before=target_before, failure=exc.result)
         good = []
-    result.gates_run, result.gate_seconds = gates.runs, gates.seconds
+    result.gates_run, result.gate_seconds = gates.backend.runs, gates.backend.seconds
     if not good:
         return result
     tip = good[-1][1]
@@ -306,37 +329,58 @@ def _land_in_rounds(
     gates: Gates,
     result: BatchResult,
 ) -> list[tuple[MergeRequest, str]]:
-    """Stack, gate, bisect on red; the merge requests that passed with the commit each ends at, in order."""
+    """Stack, gate, take the culprit out on red; the merge requests that passed with the commit each ends at, in
+    order.
+
+    The stack's prefixes are gated ``width`` at a time (the refinery's own gates: one). First the prefixes that cut
+    the stack into ``width`` equal parts, its tip among them: all green, all of it lands. Otherwise the culprit is
+    between the longest green prefix (``lo``) and the shortest red one (``hi``): the prefixes cutting that
+    interval into ``width + 1`` parts are gated next (with one: bisection), until ``hi`` is next to ``lo``. What is
+    behind the culprit is stacked again on ``lo`` and gated again. With ``width`` at least the stack's size, every
+    prefix is gated at once: speculation, one round when all pass."""
     good: list[tuple[MergeRequest, str]] = []
     base = target_before
     pending = list(mrs)
+    width = max(1, gates.backend.width)
     while pending:
-        stack = _stack(paths, pending, base, target_before, result)
+        stack = _stack(paths, pending, base, target_before, result, gates)
         if result.rounds == 0:
             crash_point("refinery.after_rebase")
         result.rounds += 1
         if not stack:
             break
-        failure = gates.failure(stack[-1][1])
-        if failure is None:
-            good += stack
-            break
-        # Red: the shortest failing prefix ends at the culprit. ``lo`` is green (the base), ``hi`` red.
-        lo, hi = 0, len(stack)
+        lo, hi, failure = 0, len(stack) + 1, None
         while hi - lo > 1:
-            mid = (lo + hi) // 2
-            found = gates.failure(stack[mid - 1][1])
-            if found is None:
-                lo = mid
+            if hi > len(stack):  # nothing known red yet: ``width`` cuts of (lo, end], the end among them
+                span = len(stack) - lo
+                positions = sorted({lo + math.ceil(k * span / width) for k in range(1, width + 1)})
             else:
-                hi, failure = mid, found
-        culprit = stack[hi - 1][0]
+                span = hi - lo
+                positions = sorted({lo + (k * span) // (width + 1) for k in range(1, width + 1)} - {lo, hi})
+            found = gates.first_red([stack[p - 1].candidate for p in positions])
+            if found is None:
+                lo = positions[-1]
+                continue
+            index, failure = found
+            hi = positions[index]
+            lo = positions[index - 1] if index > 0 else lo
+        if failure is None or hi > len(stack):
+            good += [(entry.mr, entry.candidate.commit) for entry in stack]
+            break
+        culprit = stack[hi - 1].mr
         result.outcomes[culprit.id] = Outcome(kind="failed", target_before=target_before, failure=failure)
         log.info("batch_culprit_found", mr=culprit.id, gate=failure.gate, position=hi, of=len(stack))
-        good += stack[: hi - 1]
-        base = stack[hi - 2][1] if hi > 1 else base
-        pending = [mr for mr, _ in stack[hi:]]
+        good += [(entry.mr, entry.candidate.commit) for entry in stack[: hi - 1]]
+        base = stack[hi - 2].candidate.commit if hi > 1 else base
+        pending = [entry.mr for entry in stack[hi:]]
     return good
+
+
+class Stacked(NamedTuple):
+    """A merge request in a stack, and the candidate its prefix of the stack ends at."""
+
+    mr: MergeRequest
+    candidate: Candidate
 
 
 def _stack(
@@ -345,10 +389,13 @@ def _stack(
     base: str,
     target_before: str,
     result: BatchResult,
-) -> list[tuple[MergeRequest, str]]:
+    gates: Gates,
+) -> list[Stacked]:
     """Rebase each merge request onto the one before (the first onto ``base``); the ones that could not be
-    stacked get their outcome in ``result``."""
-    stack: list[tuple[MergeRequest, str]] = []
+    stacked get their outcome in ``result``. A prefix gated before under the same key (by a refinery that
+    restarted since) is taken as it was, not replayed again: its gates' answer is adopted."""
+    stack: list[Stacked] = []
+    heads: list[tuple[str, str]] = []
     tip = base
     for mr in pending:
         if mr.bundle is not None:
@@ -365,9 +412,17 @@ def _stack(
                 kind="branch_missing", target_before=target_before, failure=_note("branch", missing)
             )
             continue
-        rebased, files = _rebase(paths, head, tip)
+        key = gates.key(base, [*heads, (mr.id, head)])
+        adopted = gates.backend.adopted(key)
+        rebased: str | None
+        files: list[str] = []
+        if adopted is not None and _rev(paths, f"{adopted}^{{commit}}") == adopted:
+            rebased = adopted
+        else:
+            rebased, files = _rebase(paths, head, tip)
         if rebased is not None and rebased != tip:
-            stack.append((mr, rebased))
+            stack.append(Stacked(mr, Candidate(commit=rebased, key=key, stack=(*(m for m, _ in heads), mr.id))))
+            heads.append((mr.id, head))
             tip = rebased
             continue
         if tip != target_before:
@@ -381,7 +436,7 @@ def _stack(
                 kind="already_merged", target_before=target_before, merged_commit=target_before
             )
         else:
-            others = ", ".join(m.id for m, _ in stack) or "the batch"
+            others = ", ".join(entry.mr.id for entry in stack) or "the batch"
             reason = f"it does not apply on top of {others}; tried again after them"
             result.outcomes[mr.id] = Outcome(kind="deferred", target_before=target_before, reason=reason)
     return stack

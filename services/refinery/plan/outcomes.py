@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-
-class GateResult(msgspec.Struct, frozen=True, kw_only=True):
-    gate: str
-    exit_code: int
-    seconds: float
-    tail: str
-    log_path: str
+from shared.model.events.gate_jobs import GateResult as GateResult
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):

@@ -28,6 +28,15 @@ from shared.model.events.escalations import (
     EscalationRaised,
     EscalationReescalated,
 )
+from shared.model.events.gate_jobs import (
+    GATE_JOB_EVENTS,
+    GateJobCancelled,
+    GateJobEvent,
+    GateJobFinished,
+    GateJobHeartbeat,
+    GateJobRequested,
+    GateJobStarted,
+)
 from shared.model.events.gc import GC_EVENTS, GcSwept
 from shared.model.events.leases import LEASE_EVENTS, LeaseAcquired, LeaseEvent, LeaseExpired, LeaseReleased
 from shared.model.events.merge_queues import (
@@ -106,6 +115,7 @@ REGISTRY = EventRegistry(
         *LEASE_EVENTS,
         *GC_EVENTS,
         *USAGE_EVENTS,
+        *GATE_JOB_EVENTS,
     )
 )
 """The registry services decode with."""
@@ -139,6 +149,12 @@ __all__ = [
     "Event",
     "EventRef",
     "EventRegistry",
+    "GateJobCancelled",
+    "GateJobEvent",
+    "GateJobFinished",
+    "GateJobHeartbeat",
+    "GateJobRequested",
+    "GateJobStarted",
     "GcSwept",
     "LeaseAcquired",
     "LeaseEvent",

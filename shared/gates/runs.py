@@ -1,4 +1,4 @@
-"""Gates as processes that never outlive their refinery: each runs under a watcher (``gate_watch``) that stops
+"""Gates as processes that never outlive their refinery: each runs under a watcher (``watch``) that stops
 its whole process group when the refinery goes away, however it goes; the watcher itself runs under the reaper a
 polecat pane's agent runs under (``shared.host.reaper``), so a process of the gate's that left its group (``setsid``: a
 gate runs the code of the change it checks) is stopped too once the watcher is done; and a refinery starting stops
@@ -18,6 +18,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -27,17 +28,19 @@ from typing import BinaryIO
 import msgspec
 import structlog
 
-from services.refinery.effects import gate_watch
-from services.refinery.effects.gate_watch import MARKER_VARIABLE, STOP_GRACE_S, GateRecord, WatchSpec
+from shared.gates import watch
+from shared.gates.watch import MARKER_VARIABLE, STOP_GRACE_S, GateRecord, WatchSpec
 from shared.host import processes, reaper
 from shared.host.os_user import OsUser
 
 log = structlog.get_logger(__name__)
 
-WATCHER = str(Path(gate_watch.__file__).resolve())
+WATCHER = str(Path(watch.__file__).resolve())
 """The watcher's script, run by its path (see ``gate_watch``)."""
 WATCHER_EXIT_S = STOP_GRACE_S + 10.0
 """How long a watcher told to stop is given to stop its gate and exit."""
+STOP_POLL_S = 0.2
+"""How often a gate that may be stopped (``stop``) looks whether it is."""
 
 
 def run(
@@ -49,9 +52,10 @@ def run(
     timeout: float,
     records: Path,
     as_user: OsUser | None = None,
+    stop: threading.Event | None = None,
 ) -> int | None:
-    """Run ``argv`` under a watcher, its output in ``out``; its exit code, or None when it ran past ``timeout``
-    (it is stopped then, with everything it started)."""
+    """Run ``argv`` under a watcher, its output in ``out``; its exit code, or None when it ran past ``timeout`` or
+    ``stop`` was set (it is stopped then, with everything it started)."""
     records.mkdir(parents=True, exist_ok=True)
     marker = uuid.uuid4().hex
     switch = as_user is not None and as_user.switch
@@ -72,9 +76,7 @@ def run(
         stderr=subprocess.STDOUT,
     )
     try:
-        return watcher.wait(timeout)
-    except subprocess.TimeoutExpired:
-        return None
+        return _wait(watcher, timeout, stop)
     finally:
         if watcher.poll() is None:
             assert watcher.stdin is not None
@@ -86,6 +88,19 @@ def run(
                 watcher.wait()
         if watcher.stdin is not None:
             watcher.stdin.close()
+
+
+def _wait(watcher: subprocess.Popen[bytes], timeout: float, stop: threading.Event | None) -> int | None:
+    """The watcher's exit code, or None once ``timeout`` passed or ``stop`` was set."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or (stop is not None and stop.is_set()):
+            return None
+        try:
+            return watcher.wait(left if stop is None else min(left, STOP_POLL_S))
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _leftovers(record: GateRecord) -> list[processes.ProcessRef]:

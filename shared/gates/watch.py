@@ -1,4 +1,4 @@
-"""The watcher a gate runs under: ``python -I .../gate_watch.py SPEC`` (SPEC: a ``WatchSpec`` as JSON).
+"""The watcher a gate runs under: ``python -I .../watch.py SPEC`` (SPEC: a ``WatchSpec`` as JSON).
 It makes a gate die with its refinery, even one killed with SIGKILL.
 
 The refinery starts the watcher with a pipe on its stdin and never writes to it. The watcher starts the gate

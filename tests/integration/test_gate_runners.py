@@ -1,0 +1,236 @@
+"""Gate runners (``gt-runner``) and speculative gating: real nats-server, real git, real gates, runners as real
+processes where they are killed.
+
+- With R runners, the prefixes of a batch are gated at once, one job each, on different runners; the green ones
+  land with one push, a red one's culprit is taken out and what stood behind it gated again.
+- A runner killed with SIGKILL mid-gate: its job is taken by another runner once its heartbeats stop, run once
+  more, answered once; main moves once.
+- The refinery killed with SIGKILL while three speculative jobs run: the refinery started again adopts them (no job
+  is asked again or run twice), and nothing is merged twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from services.refinery.settings import RefinerySettings
+from services.runner.service import RunnerService
+from services.runner.settings import RunnerSettings
+from shared.core.config import TownConfig
+from shared.host import git
+from tests.chaos.test_refinery_chaos import refinery_env, replayed
+from tests.helpers import assert_eventually
+from tests.log_tools import read_all
+from tests.service_process import ServiceProcess
+from tests.witness_town import FAST, PolecatTown, polecat_town
+
+FAILS_ON_MARKERS = "! ls FAIL_* >/dev/null 2>&1"
+
+
+async def gate_events(nc: Client) -> list[tuple[str, dict[str, Any]]]:
+    """Every gate job event in the log, in order: (type, payload)."""
+    out = []
+    for _, _, data in await read_all(nc, "GT_EVT", "gt.evt.gate.>"):
+        envelope = json.loads(data)
+        out.append((envelope["type"], envelope["data"]))
+    return out
+
+
+def main_log(origin: Path) -> list[str]:
+    return git.git("log", "--format=%s", "refs/heads/main", cwd=origin).splitlines()
+
+
+async def queue_branches(pt: PolecatTown, count: int, failing: set[int]) -> list[str]:
+    ids = []
+    for n in range(1, count + 1):
+        bead = await pt.new_bead(f"Change {n}", prefix="demo")
+        files = {f"work-{n}.txt": f"change {n}\n", **({f"FAIL_{n}": "red\n"} if n in failing else {})}
+        branch = f"polecat/p{n}/{bead}"
+        ids.append(await pt.submit(bead, branch, pt.push_branch(branch, files)))
+    return ids
+
+
+@pytest.fixture
+async def spec_town(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
+    settings = RefinerySettings(runners=4, batch=4, batch_wait_s=120, gate_timeout_s=60)
+    async with polecat_town(town, nc, tmp_path, refinery=settings) as handle:
+        for name in ("a", "b", "c", "d"):
+            runner = RunnerService(
+                town, FAST, runner=RunnerSettings(name=name, home=str(tmp_path / "runners" / name), heartbeat_s=0.5)
+            )
+            await handle.start(f"runner-{name}", runner)
+        yield handle
+
+
+async def test_runners_gate_every_prefix_at_once_and_land_the_green_ones_in_one_push(
+    spec_town: PolecatTown, nc: Client
+) -> None:
+    pt = spec_town
+    await pt.add_rig(test_command=FAILS_ON_MARKERS)
+    ids = await queue_branches(pt, 4, failing={2})
+
+    def settled() -> dict[str, str]:
+        assert pt.refinery is not None
+        mrs = pt.refinery.projection.state.mrs
+        statuses = {i: mrs[i].status for i in ids if i in mrs}
+        assert len(statuses) == 4, statuses
+        assert all(s in ("merged", "failed") for s in statuses.values()), statuses
+        return statuses
+
+    statuses = await assert_eventually(settled, timeout=120, interval=0.1)
+    assert [statuses[i] for i in ids] == ["merged", "failed", "merged", "merged"]
+    assert pt.refinery is not None
+    mrs = pt.refinery.projection.state.mrs
+    assert {mrs[i].merged_commit for i in (ids[0], ids[2], ids[3])} == {
+        git.git("rev-parse", "refs/heads/main", cwd=pt.origin).strip()
+    }, "the green ones landed with one push"
+
+    events = await gate_events(nc)
+    requested = [data for kind, data in events if kind == "gate.requested"]
+    # Round one: the four prefixes at once; #2 red, #1 green: the test gate on the target (green); round two: #3
+    # and #4 stacked again on #1, both prefixes at once.
+    first_round = requested[:4]
+    assert [len(r["stack"]) for r in first_round] == [1, 2, 3, 4]
+    assert len(requested) == 4 + 1 + 2, [r.get("stack", []) for r in requested]
+    assert "stack" not in requested[4], "the target's tip itself"
+    assert [len(r["stack"]) for r in requested[5:]] == [1, 2]
+    started = [data for kind, data in events if kind == "gate.started"]
+    first_runners = {s["runner"] for s in started if s["job_id"] in {r["job_id"] for r in first_round}}
+    assert len(first_runners) >= 2, "the first round's jobs ran on more than one runner"
+    finished = [data for kind, data in events if kind == "gate.finished"]
+    assert len({f["job_id"] for f in finished}) == len(finished), "one answer per job"
+    refs = git.git("for-each-ref", "--format=%(refname)", "refs/gt/gate/", cwd=pt.origin).split()
+    assert refs == [], "every job's ref is gone once its batch is done"
+
+
+def runner_env(pt: PolecatTown, gt_env: dict[str, str], name: str) -> dict[str, str]:
+    return {
+        **gt_env,
+        "NATS_URL": pt.config.nats_url,
+        "GT_HOME": str(pt.config.gt_home),
+        "GT_RUNNER_NAME": name,
+        "GT_RUNNER_HEARTBEAT": "0.5",
+        "GT_RUNNER_STALE": "3",
+    }
+
+
+@pytest.fixture
+async def bare_town(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
+    async with polecat_town(town, nc, tmp_path, with_refinery=False) as handle:
+        yield handle
+
+
+async def test_a_runner_killed_mid_gate_has_its_job_run_once_more_elsewhere_and_answered_once(
+    bare_town: PolecatTown, nc: Client, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    pt = bare_town
+    evidence = tmp_path / "evidence"
+    evidence.mkdir()
+    gate = f'touch "{evidence}/ran-$$"; sleep 3'
+    procs = [
+        ServiceProcess("refinery", refinery_env(pt, gt_env, "", tmp_path / "x", GT_MQ_RUNNERS="2", GT_MQ_LEASE="900"),
+                       tmp_path / "refinery.log"),
+        *(ServiceProcess("runner", runner_env(pt, gt_env, n), tmp_path / f"runner-{n}.log") for n in ("a", "b")),
+    ]  # fmt: skip
+    runners = {f"runner-{n}": proc for n, proc in zip(("a", "b"), procs[1:], strict=True)}
+    for proc in procs:
+        proc.start()
+    try:
+        await pt.add_rig(test_command=gate)
+        (mr_id,) = await queue_branches(pt, 1, failing=set())
+
+        async def taken() -> dict[str, Any]:
+            started = [d for k, d in await gate_events(nc) if k == "gate.started"]
+            assert started, "no runner took the job yet"
+            assert list(evidence.glob("ran-*")), "no gate runs yet"
+            return started[0]
+
+        first = await assert_eventually(taken, timeout=120, interval=0.1)
+        runners[first["runner"]].kill()
+
+        async def merged() -> bool:
+            state = await replayed(nc)
+            assert state.mrs[mr_id].status == "merged", state.mrs[mr_id].status
+            return True
+
+        await assert_eventually(merged, timeout=120, interval=0.2)
+        events = await gate_events(nc)
+        assert len([k for k, _ in events if k == "gate.requested"]) == 1
+        started = [d for k, d in events if k == "gate.started"]
+        assert [s["attempt"] for s in started] == [1, 2], "taken again once, by the other runner"
+        assert started[1]["runner"] != first["runner"]
+        finished = [d for k, d in events if k == "gate.finished"]
+        assert len(finished) == 1
+        assert finished[0]["attempt"] == 2
+        assert finished[0]["passed"]
+        assert len(list(evidence.glob("ran-*"))) == 2, "the gate ran twice: once cut short, once to the end"
+        assert main_log(pt.origin).count("Change 1") <= 1
+        assert len([line for line in main_log(pt.origin) if "work-1" in line or "Change 1" in line]) <= 1
+        tree = git.git("ls-tree", "--name-only", "refs/heads/main", cwd=pt.origin).split()
+        assert "work-1.txt" in tree
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+async def test_a_refinery_killed_while_three_speculative_jobs_run_adopts_them_and_merges_nothing_twice(
+    bare_town: PolecatTown, nc: Client, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    pt = bare_town
+    evidence = tmp_path / "evidence"
+    evidence.mkdir()
+    release = tmp_path / "release"
+    gate = f'touch "{evidence}/ran-$$"; while [ ! -e "{release}" ]; do sleep 0.1; done'
+    env = refinery_env(
+        pt, gt_env, "", tmp_path / "x", GT_MQ_RUNNERS="3", GT_MQ_BATCH_WAIT="60", GT_MQ_LEASE="2",
+        GT_MQ_MERGE_LEASE_TTL="2",
+    )  # fmt: skip
+    refinery = ServiceProcess("refinery", env, tmp_path / "refinery.log")
+    runners = [ServiceProcess("runner", runner_env(pt, gt_env, n), tmp_path / f"runner-{n}.log") for n in "abc"]
+    for proc in (refinery, *runners):
+        proc.start()
+    try:
+        await pt.add_rig(test_command=gate)
+        ids = await queue_branches(pt, 3, failing=set())
+
+        async def three_running() -> bool:
+            started = [d for k, d in await gate_events(nc) if k == "gate.started"]
+            assert len(started) == 3
+            assert len(list(evidence.glob("ran-*"))) == 3
+            return True
+
+        await assert_eventually(three_running, timeout=120, interval=0.1)
+        refinery.kill()
+        refinery.start()
+        await asyncio.sleep(3)  # the new refinery takes the rig over (its lease lapsed) and adopts the jobs
+        release.touch()
+
+        async def merged() -> bool:
+            state = await replayed(nc)
+            assert [state.mrs[i].status for i in ids] == ["merged"] * 3
+            return True
+
+        await assert_eventually(merged, timeout=120, interval=0.2)
+        events = await gate_events(nc)
+        assert len([k for k, _ in events if k == "gate.requested"]) == 3, "no job asked for again"
+        assert [d["attempt"] for k, d in events if k == "gate.started"] == [1, 1, 1], "none run again"
+        assert len(list(evidence.glob("ran-*"))) == 3
+        assert refinery.logged("gate_job_adopted"), "the refinery started again adopted the jobs"
+        state = await replayed(nc)
+        assert len({state.mrs[i].merged_commit for i in ids}) == 1, "one push"
+        tree = git.git("ls-tree", "--name-only", "refs/heads/main", cwd=pt.origin).split()
+        assert {"work-1.txt", "work-2.txt", "work-3.txt"} <= set(tree)
+        subjects = main_log(pt.origin)
+        assert len(subjects) == len(set(subjects)), f"a commit landed twice: {subjects}"
+    finally:
+        for proc in (refinery, *runners):
+            proc.stop()
+    assert os.path.exists(release)
