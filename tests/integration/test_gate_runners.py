@@ -77,7 +77,7 @@ async def test_runners_gate_every_prefix_at_once_and_land_the_green_ones_in_one_
     await pt.add_rig(test_command=FAILS_ON_MARKERS)
     ids = await queue_branches(pt, 4, failing={2})
 
-    def settled() -> dict[str, str]:
+    def settled() -> dict[str, Any]:
         assert pt.refinery is not None
         mrs = pt.refinery.projection.state.mrs
         statuses = {i: mrs[i].status for i in ids if i in mrs}
@@ -153,7 +153,7 @@ async def test_a_runner_killed_mid_gate_has_its_job_run_once_more_elsewhere_and_
             assert list(evidence.glob("ran-*")), "no gate runs yet"
             return started[0]
 
-        first = await assert_eventually(taken, timeout=120, interval=0.1)
+        first: dict[str, Any] = await assert_eventually(taken, timeout=120, interval=0.1)
         runners[first["runner"]].kill()
 
         async def merged() -> bool:
@@ -161,7 +161,8 @@ async def test_a_runner_killed_mid_gate_has_its_job_run_once_more_elsewhere_and_
             assert state.mrs[mr_id].status == "merged", state.mrs[mr_id].status
             return True
 
-        await assert_eventually(merged, timeout=120, interval=0.2)
+        done: bool = await assert_eventually(merged, timeout=120, interval=0.2)
+        assert done
         events = await gate_events(nc)
         assert len([k for k, _ in events if k == "gate.requested"]) == 1
         started = [d for k, d in events if k == "gate.started"]
@@ -207,7 +208,8 @@ async def test_a_refinery_killed_while_three_speculative_jobs_run_adopts_them_an
             assert len(list(evidence.glob("ran-*"))) == 3
             return True
 
-        await assert_eventually(three_running, timeout=120, interval=0.1)
+        running: bool = await assert_eventually(three_running, timeout=120, interval=0.1)
+        assert running
         refinery.kill()
         refinery.start()
         await asyncio.sleep(3)  # the new refinery takes the rig over (its lease lapsed) and adopts the jobs
@@ -218,7 +220,8 @@ async def test_a_refinery_killed_while_three_speculative_jobs_run_adopts_them_an
             assert [state.mrs[i].status for i in ids] == ["merged"] * 3
             return True
 
-        await assert_eventually(merged, timeout=120, interval=0.2)
+        done: bool = await assert_eventually(merged, timeout=120, interval=0.2)
+        assert done
         events = await gate_events(nc)
         assert len([k for k, _ in events if k == "gate.requested"]) == 3, "no job asked for again"
         assert [d["attempt"] for k, d in events if k == "gate.started"] == [1, 1, 1], "none run again"
