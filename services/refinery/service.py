@@ -226,6 +226,7 @@ class RefineryService(Service[RefineryState]):
                 lost_lease=lost_lease,
                 gate_workspaces=self.gate_workspaces,
                 backend=self._runner_gates(paths, rig, first.target) if self.desk is not None else None,
+                retry_red=self.mq.retry_red,
             )
             if result.fenced:
                 # Another refinery holds the rig now and claims these merge requests again: nothing of ours

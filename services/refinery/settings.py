@@ -45,12 +45,22 @@ class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):
     """``GT_MQ_RUNNERS``: gates run as jobs on this many gate runners (``gt-runner``), that many candidates at once
     (speculation: each prefix of a batch on its own runner); 0: the refinery runs the gates itself, one at a time.
     ``GT_MQ_BATCH`` is this many unless set."""
+    retry_red: bool = False
+    """``GT_MQ_RETRY_RED=1``: a candidate whose gate fails is gated once more before its merge request is blamed;
+    passing then, it is recorded flaky (``mr.merged``'s ``flaky``) and not blamed."""
     runner_wait_s: float = 600.0
     """``GT_MQ_RUNNER_WAIT``: how long a gate job may wait for a runner to take it (beyond the gates' own time
     limits) before the batch goes back into the queue."""
     gate_user: str = ""
     """``GT_GATE_USER``: the OS user the gates run as, in a copy of the worktree (the refinery must run as root;
     see ``gate_user``). Empty: the refinery's own user, in its worktree."""
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    value = env.get(name, "").strip().lower()
+    if value not in ("", "0", "1", "yes", "no", "true", "false"):
+        raise ValueError(f"{name} must be 1 or 0, got {value!r}")
+    return value in ("1", "yes", "true")
 
 
 def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
@@ -68,6 +78,7 @@ def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
         max_conflict_returns=int(env_number(env, "GT_MQ_MAX_CONFLICT_RETURNS", 2, minimum=0, whole=True)),
         fifo=order == "fifo",
         runners=runners,
+        retry_red=_flag(env, "GT_MQ_RETRY_RED"),
         runner_wait_s=env_number(env, "GT_MQ_RUNNER_WAIT", 600.0, minimum=1.0),
         batch=int(env_number(env, "GT_MQ_BATCH", max(1, runners), minimum=1, whole=True)),
         batch_wait_s=env_number(env, "GT_MQ_BATCH_WAIT", 0.0, minimum=0.0),

@@ -237,3 +237,40 @@ async def test_a_refinery_killed_while_three_speculative_jobs_run_adopts_them_an
         for proc in (refinery, *runners):
             proc.stop()
     assert os.path.exists(release)
+
+
+@pytest.fixture
+async def retry_town(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[PolecatTown]:
+    settings = RefinerySettings(runners=2, batch=1, gate_timeout_s=60, retry_red=True)
+    async with polecat_town(town, nc, tmp_path, refinery=settings) as handle:
+        for name in ("a", "b"):
+            home = str(tmp_path / "runners" / name)
+            await handle.start(f"runner-{name}", RunnerService(town, FAST, runner=RunnerSettings(name=name, home=home)))
+        yield handle
+
+
+async def test_a_gate_that_fails_once_is_run_again_and_recorded_flaky_not_blamed(
+    retry_town: PolecatTown, nc: Client, tmp_path: Path
+) -> None:
+    pt = retry_town
+    seen = tmp_path / "seen"
+    # Red the first time it runs anywhere, green ever after: a flaky test.
+    await pt.add_rig(test_command=f'if [ -e "{seen}" ]; then exit 0; fi; touch "{seen}"; exit 1')
+    ids = await queue_branches(pt, 2, failing=set())
+
+    def merged() -> list[str]:
+        assert pt.refinery is not None
+        mrs = pt.refinery.projection.state.mrs
+        statuses = [mrs[i].status if i in mrs else "unknown" for i in ids]
+        assert statuses == ["merged", "merged"], statuses
+        return statuses
+
+    await assert_eventually(merged, timeout=120, interval=0.1)
+    flaky = {}
+    for _, _, data in await read_all(nc, "GT_EVT", "gt.evt.mr.>"):
+        envelope = json.loads(data)
+        if envelope["type"] == "mr.merged":
+            flaky[envelope["data"]["mr_id"]] = envelope["data"].get("flaky", [])
+    assert flaky == {ids[0]: ["test"], ids[1]: []}, "the first failed once, passed again: flaky, not blamed"
+    requested = [d for k, d in await gate_events(nc) if k == "gate.requested"]
+    assert [r["stack"] for r in requested] == [[ids[0]], [ids[0]], [ids[1]]], "the red one gated again, once"

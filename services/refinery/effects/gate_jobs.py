@@ -151,12 +151,14 @@ class RunnerGates:
         log.info("gate_job_adopted", job=job.id, status=job.status, mrs=job.stack)
         return job.commit
 
-    def first_red(self, candidates: Sequence[Candidate], gates: Sequence[GateCommand]) -> tuple[int, GateResult] | None:
+    def first_red(
+        self, candidates: Sequence[Candidate], gates: Sequence[GateCommand], *, fresh: bool = False
+    ) -> tuple[int, GateResult] | None:
         ids: list[str] = []
         asked: list[tuple[Candidate, str]] = []
         for candidate in candidates:
             key = _job_key(candidate.key, gates)
-            job = self.desk.call(functools.partial(self.desk.adoptable, key))
+            job = None if fresh else self.desk.call(functools.partial(self.desk.adoptable, key))
             if job is not None and job.commit == candidate.commit:
                 ids.append(job.id)
                 continue

@@ -14,7 +14,6 @@ follows the change), and pushed from there; the gates run in the rig's persisten
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -23,7 +22,7 @@ from typing import NamedTuple, Protocol
 
 import structlog
 
-from services.refinery.plan import refusals
+from services.refinery.plan import refusals, speculation
 from services.refinery.plan.outcomes import BatchResult, GateResult, Outcome, TargetFailed
 from services.refinery.state import MergeRequest
 from shared.core.faults import crash_point
@@ -117,9 +116,12 @@ class GateBackend(Protocol):
         """Their time, added up."""
         ...
 
-    def first_red(self, candidates: Sequence[Candidate], gates: Sequence[GateCommand]) -> tuple[int, GateResult] | None:
+    def first_red(
+        self, candidates: Sequence[Candidate], gates: Sequence[GateCommand], *, fresh: bool = False
+    ) -> tuple[int, GateResult] | None:
         """The first of ``candidates`` (in order) on which a gate fails, with that gate's result; None when every
-        one passes. Candidates after the first red one may be left ungated."""
+        one passes. Candidates after the first red one may be left ungated. ``fresh``: gated again, never an
+        answer given before."""
         ...
 
     def adopted(self, key: str) -> str | None:
@@ -158,7 +160,9 @@ class LocalGates:
     def seconds(self) -> float:
         return self.prober.seconds
 
-    def first_red(self, candidates: Sequence[Candidate], gates: Sequence[GateCommand]) -> tuple[int, GateResult] | None:
+    def first_red(
+        self, candidates: Sequence[Candidate], gates: Sequence[GateCommand], *, fresh: bool = False
+    ) -> tuple[int, GateResult] | None:
         for index, candidate in enumerate(candidates):
             prefix = f"{self.name}-on-target" if not candidate.stack else f"{self.name}-p{self.runs}"
             results = self.prober.probe(candidate.commit, gates, prefix)
@@ -185,10 +189,14 @@ class Gates:
     target fails it as well, it blames nobody and the batch stops (``TargetFailed``): nothing merges with a gate
     skipped."""
 
-    def __init__(self, backend: GateBackend, rig: Rig, branch: str, target: str) -> None:
+    def __init__(self, backend: GateBackend, rig: Rig, branch: str, target: str, *, retry_red: bool = False) -> None:
         self.backend, self.rig, self.branch, self.target = backend, rig, branch, target
         self.commands = gate_commands(rig)
         self.passes_on_target: set[str] = set()
+        self.retry_red = retry_red
+        self.flaky: dict[str, list[str]] = {}
+        """Merge request id -> gates that failed on its candidate and passed when run once more."""
+        self._retried: set[str] = set()
 
     def key(self, base: str, stack: Sequence[tuple[str, str]]) -> str:
         """The adoption key of ``stack`` ((merge request, head) pairs) on ``base``."""
@@ -201,15 +209,25 @@ class Gates:
             TargetFailed: the gate that failed fails on the target's tip too.
         """
         found = self.backend.first_red(candidates, self.commands)
+        if found is not None and self.retry_red and candidates[found[0]].key not in self._retried:
+            index, red = found
+            candidate = candidates[index]
+            self._retried.add(candidate.key)
+            if self.backend.first_red([candidate], self.commands, fresh=True) is None:
+                # Green when run again: flaky. Its merge request is not blamed; the rest are looked at from there.
+                self.flaky.setdefault(candidate.stack[-1], []).append(red.gate)
+                log.warning("gate_flaky", mr=candidate.stack[-1], gate=red.gate, commit=candidate.commit)
+                rest = self.first_red(candidates[index + 1 :])
+                return (index + 1 + rest[0], rest[1]) if rest is not None else None
         if found is None:
             return None
         failure = found[1]
         if failure.gate not in self.passes_on_target:
             gate = next(g for g in self.commands if g.gate == failure.gate)
             on_target = Candidate(commit=self.target, key=self.key(self.target, []), stack=())
-            red = self.backend.first_red([on_target], [gate])
-            if red is not None:
-                raise TargetFailed(red[1], gate.command, self.target)
+            target_red = self.backend.first_red([on_target], [gate])
+            if target_red is not None:
+                raise TargetFailed(target_red[1], gate.command, self.target)
             self.passes_on_target.add(failure.gate)
         return found
 
@@ -250,12 +268,14 @@ def process(
     lost_lease: Callable[[], str | None] = lambda: None,
     gate_workspaces: GateWorkspaces | None = None,
     backend: Callable[[str], GateBackend] | None = None,
+    retry_red: bool = False,
 ) -> BatchResult:
     """Land what can be landed of ``mrs`` (in this order) on their target with one fast-forward push.
 
     ``lost_lease`` is asked right before the push: a refinery that lost the rig's merge lease pushes nothing.
     ``backend``: who runs the gates, made for the target's tip (None: the refinery itself, ``LocalGates``, and
-    ``gate_workspaces`` the gate user's workspaces when gates run as another OS user, None for its own).
+    ``gate_workspaces`` the gate user's workspaces when gates run as another OS user, None for its own);
+    ``retry_red``: a red candidate is gated once more before it is blamed (``Gates``).
     """
     target = mrs[0].target
     with _clone_lock(paths):
@@ -272,7 +292,8 @@ def process(
         backend(target_before) if backend is not None else LocalGates(paths, rig, name, gate_timeout, gate_workspaces)
     )
     try:
-        return _gate_and_push(paths, rig, mrs, Gates(made, rig, target, target_before), result, lost_lease)
+        gates = Gates(made, rig, target, target_before, retry_red=retry_red)
+        return _gate_and_push(paths, rig, mrs, gates, result, lost_lease)
     finally:
         made.close()
 
@@ -296,6 +317,7 @@ def _gate_and_push(
                 result.outcomes[mr.id] = Outcome(kind="target_failed", target_before=target_before, failure=exc.result)
         good = []
     result.gates_run, result.gate_seconds = gates.backend.runs, gates.backend.seconds
+    result.flaky = gates.flaky
     if not good:
         return result
     tip = good[-1][1]
@@ -330,14 +352,9 @@ def _land_in_rounds(
     result: BatchResult,
 ) -> list[tuple[MergeRequest, str]]:
     """Stack, gate, take the culprit out on red; the merge requests that passed with the commit each ends at, in
-    order.
-
-    The stack's prefixes are gated ``width`` at a time (the refinery's own gates: one). First the prefixes that cut
-    the stack into ``width`` equal parts, its tip among them: all green, all of it lands. Otherwise the culprit is
-    between the longest green prefix (``lo``) and the shortest red one (``hi``): the prefixes cutting that
-    interval into ``width + 1`` parts are gated next (with one: bisection), until ``hi`` is next to ``lo``. What is
-    behind the culprit is stacked again on ``lo`` and gated again. With ``width`` at least the stack's size, every
-    prefix is gated at once: speculation, one round when all pass."""
+    order. The stack's prefixes are gated ``width`` at a time (the refinery's own gates: one), in the order
+    ``plan.speculation`` says; what stood behind a culprit is stacked again on the prefix before it and gated
+    again."""
     good: list[tuple[MergeRequest, str]] = []
     base = target_before
     pending = list(mrs)
@@ -349,22 +366,13 @@ def _land_in_rounds(
         result.rounds += 1
         if not stack:
             break
-        lo, hi, failure = 0, len(stack) + 1, None
-        while hi - lo > 1:
-            if hi > len(stack):  # nothing known red yet: ``width`` cuts of (lo, end], the end among them
-                span = len(stack) - lo
-                positions = sorted({lo + math.ceil(k * span / width) for k in range(1, width + 1)})
-            else:
-                span = hi - lo
-                positions = sorted({lo + (k * span) // (width + 1) for k in range(1, width + 1)} - {lo, hi})
+        lo, hi, failure = 0, None, None
+        while positions := speculation.next_prefixes(lo, hi, len(stack), width):
             found = gates.first_red([stack[p - 1].candidate for p in positions])
-            if found is None:
-                lo = positions[-1]
-                continue
-            index, failure = found
-            hi = positions[index]
-            lo = positions[index - 1] if index > 0 else lo
-        if failure is None or hi > len(stack):
+            lo, hi = speculation.narrowed(lo, hi, positions, found[0] if found is not None else None)
+            if found is not None:
+                failure = found[1]
+        if failure is None or hi is None:
             good += [(entry.mr, entry.candidate.commit) for entry in stack]
             break
         culprit = stack[hi - 1].mr

@@ -43,5 +43,7 @@ class BatchResult(msgspec.Struct, kw_only=True):
     """Times a stack was built and gated (more than one when a culprit was taken out)."""
     target_failed: TargetFailed | None = None
     """A gate that failed on the target's tip too: it blamed nobody, nothing was pushed."""
+    flaky: dict[str, list[str]] = {}
+    """Merge request id -> gates that failed on its candidate and passed when run once more (not blamed)."""
     fenced: str = ""
     """Why nothing was pushed: this refinery no longer holds the rig's merge lease (its outcomes are void)."""

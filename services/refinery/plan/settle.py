@@ -115,6 +115,7 @@ def merged(state: RefineryState, mr: MergeRequest, outcome: Outcome, result: Bat
         gate_seconds=round(result.gate_seconds, 3),
         batch=result.merged if len(result.merged) > 1 else [],
         already=already,
+        flaky=result.flaky.get(mr.id, []),
     )
     # The close names the merge as its event records it.
     current = msgspec.structs.replace(_current(state, mr), already=already)

@@ -106,6 +106,9 @@ class MergeRequestMerged(MergeRequestEvent, frozen=True, kw_only=True):
     """The target held the change already (a crash after the push): nothing was pushed this time."""
     bug_bead_command: str | None = None
     """A gate failed on the target too: a bug bead was filed (by this command) and the change merged anyway."""
+    flaky: list[str] = []
+    """Gates that failed on this merge request's candidate and passed when run once more (``GT_MQ_RETRY_RED``):
+    flaky, not blamed."""
 
 
 class MergeRequestRequeued(MergeRequestEvent, frozen=True, kw_only=True):
