@@ -233,6 +233,8 @@ async def test_a_refinery_killed_while_three_speculative_jobs_run_adopts_them_an
         assert {"work-1.txt", "work-2.txt", "work-3.txt"} <= set(tree)
         subjects = main_log(pt.origin)
         assert len(subjects) == len(set(subjects)), f"a commit landed twice: {subjects}"
+        refs = git.git("for-each-ref", "--format=%(refname)", "refs/gt/gate/", cwd=pt.origin).split()
+        assert refs == [], "the adopted jobs' refs are gone once their batch is done"
     finally:
         for proc in (refinery, *runners):
             proc.stop()

@@ -26,8 +26,8 @@ from shared.core.aio import pause
 from shared.host import git
 from shared.model.decision import NewEvent
 from shared.model.events import GateJobCancelled, GateJobRequested
-from shared.model.events.gate_jobs import GateCommand, GateResult
-from shared.model.gate_jobs import GateJob, job_ref
+from shared.model.events.gate_jobs import GATE_JOB_OPEN, GateCommand, GateResult
+from shared.model.gate_jobs import GATE_JOB_REFS, GateJob, job_ref
 from shared.model.rigs import Rig
 
 log = structlog.get_logger(__name__)
@@ -92,12 +92,24 @@ class JobDesk:
                 raise GateJobError(f"no gate runner finished the jobs {', '.join(waiting)} in time")
             await pause(POLL_S)
 
+    async def open_jobs(self, rig: str) -> set[str]:
+        """The rig's jobs still to run or running."""
+        return {job.id for job in self.jobs().values() if job.rig == rig and job.status in GATE_JOB_OPEN}
+
+    async def orphans(self, rig: str, requester: str) -> list[str]:
+        """The rig's open jobs asked for by another refinery process than ``requester``."""
+        return [
+            job.id
+            for job in self.jobs().values()
+            if job.rig == rig and job.status in GATE_JOB_OPEN and job.requester != requester
+        ]
+
     async def cancel(self, ids: Sequence[str], reason: str) -> None:
         jobs = self.jobs()
         owed = [
             NewEvent(payload=GateJobCancelled(job_id=job.id, reason=reason), expected_seq=job.version)
             for job in (jobs.get(job_id) for job_id in ids)
-            if job is not None and job.status in ("requested", "running")
+            if job is not None and job.status in GATE_JOB_OPEN
         ]
         if owed:
             await self.append(owed)
@@ -190,14 +202,21 @@ class RunnerGates:
         return None
 
     def close(self) -> None:
-        """The batch is done: its jobs still open are cancelled, their refs deleted (best effort: logged)."""
-        if not self.used:
-            return
-        self.desk.call(functools.partial(self.desk.cancel, self.used, "its batch is done"))
+        """The batch is done: its jobs still open are cancelled, and so are the rig's jobs a refinery before this
+        one asked for and nobody adopted (only the holder of the rig's merge lease gates its candidates); then every
+        job ref in the rig's repository whose job is not open is deleted (best effort: logged)."""
+        orphans = self.desk.call(functools.partial(self.desk.orphans, self.rig.name, self.requester))
+        done = [*self.used, *orphans]
+        if done:
+            self.desk.call(functools.partial(self.desk.cancel, done, "its batch is done"))
         try:
-            git.push_refs(self.paths.bare, [f":{job_ref(job_id)}" for job_id in self.used])
+            listed = git.git("ls-remote", "--refs", "origin", f"{GATE_JOB_REFS}*", cwd=self.paths.bare)
+            refs = [line.split("\t", 1)[1] for line in listed.splitlines() if "\t" in line]
+            still = self.desk.call(functools.partial(self.desk.open_jobs, self.rig.name))
+            gone = [ref for ref in refs if ref.removeprefix(GATE_JOB_REFS) not in still]
+            git.push_refs(self.paths.bare, [f":{ref}" for ref in gone])
         except git.GitError as exc:
-            log.warning("gate_job_refs_not_deleted", jobs=self.used, error=str(exc)[:300])
+            log.warning("gate_job_refs_not_deleted", rig=self.rig.name, error=str(exc)[:300])
 
     def _request(self, candidate: Candidate, job_id: str, gates: Sequence[GateCommand]) -> GateJobRequested:
         return GateJobRequested(
