@@ -36,7 +36,7 @@ from shared.host.os_user import OsUser
 log = structlog.get_logger(__name__)
 
 WATCHER = str(Path(watch.__file__).resolve())
-"""The watcher's script, run by its path (see ``gate_watch``)."""
+"""The watcher's script, run by its path (see ``watch``)."""
 WATCHER_EXIT_S = STOP_GRACE_S + 10.0
 """How long a watcher told to stop is given to stop its gate and exit."""
 STOP_POLL_S = 0.2

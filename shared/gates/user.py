@@ -15,7 +15,7 @@ root's and 0711), kept from one merge to the next:
   installed dependencies) kept unless the rig is pristine;
 - ``home/`` (kept, unless pristine) and ``tmp/`` (fresh every time): the gate's ``HOME`` and ``TMPDIR``.
 
-Nothing of a gate outlives it (``gate_runs``), so between gates nobody but the refinery touches the workspace.
+Nothing of a gate outlives it (``runs``), so between gates nobody but the refinery touches the workspace.
 A pristine rig gets everything made afresh for each probe (a copy of the whole tree: slower). Adapter: reads the
 user database, runs git, changes owners.
 """

@@ -9,7 +9,8 @@ then lands everything that passed.
 The rig's refinery clone lives in ``GT_HOME/rigs/<rig>/refinery/repo.git`` (its own, so it never races the
 witness's git). Merge requests are rebased in the clone itself, with no work tree (``git_replay``: the cost
 follows the change), and pushed from there; the gates run in the rig's persistent gate workspace
-(``workspace``: ``.../refinery/workspace``), or with a gate user in that user's (``gate_user``).
+(``shared.gates.workspace``: ``.../refinery/workspace``), or with a gate user in that user's
+(``shared.gates.user``); with gate runners, as jobs on them (``gate_jobs``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Paths:
         """The rig's persistent gate workspace (``workspace``)."""
         self.logs = self.root / "logs"
         self.gates = self.root / "gates"
-        """Records of the gates running now (``gate_runs``): what a refinery starting stops first."""
+        """Records of the gates running now (``shared.gates.runs``): what a refinery starting stops first."""
 
 
 def clean_worktrees(paths: Paths) -> list[str]:
