@@ -167,6 +167,21 @@ def _mr_conflicted(d: dict[str, Any]) -> Described:
     return f"merge request {d['mr_id']} conflicts with the target: {_s(files) or 'files unknown'}; {to}", "bad"
 
 
+def _gate_requested(d: dict[str, Any]) -> Described:
+    stack = d.get("stack") or []
+    what = f"{len(stack)} merge request(s) ({_s(', '.join(stack))})" if stack else f"the tip of {d.get('target')}"
+    return f"gate job {d.get('job_id')} for rig {d.get('rig')}: {what} at {str(d.get('commit', '?'))[:10]}", "info"
+
+
+def _gate_finished(d: dict[str, Any]) -> Described:
+    if d.get("error"):
+        return f"gate job {d.get('job_id')} could not run on {d.get('runner')}: {_s(d['error'])}", "warn"
+    failed = [r.get("gate") for r in d.get("results") or [] if r.get("exit_code")]
+    if d.get("passed"):
+        return f"gate job {d.get('job_id')} passed on {d.get('runner')}", "good"
+    return f"gate job {d.get('job_id')} failed gate {failed[0] if failed else '?'} on {d.get('runner')}", "bad"
+
+
 def _escalation_raised(d: dict[str, Any]) -> Described:
     bead = f" about bead {d['bead']}" if d.get("bead") else ""
     return (
@@ -260,6 +275,11 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     "mq.target_failed": _plain(
         "rig {rig}: the {gate} gate fails on {target} at {commit} too ({in_a_row} in a row): nobody blamed", "warn"
     ),
+    "gate.requested": _gate_requested,
+    "gate.started": _plain("gate job {job_id} taken by {runner} (attempt {attempt})", "info"),
+    "gate.heartbeat": _plain("gate job {job_id}: {runner} runs gate {gate}", "info"),
+    "gate.finished": _gate_finished,
+    "gate.cancelled": _plain("gate job {job_id} cancelled: {reason}", "info"),
     "convoy.created": _convoy_created,
     "convoy.beads_added": lambda d: (f"convoy {d['convoy_id']}: {len(d.get('beads') or [])} beads added", "info"),
     "convoy.closed": _convoy_closed,

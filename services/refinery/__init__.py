@@ -13,5 +13,5 @@ of a stack are gated next; ``owed``, what every reconcile owes besides), ``effec
 run in a thread; ``gate_jobs``: gates as jobs on the runners; ``merge_lease``: the rig's merge lease taken,
 renewed, released and checked before a push; ``settling``: a settlement carried out; ``bundles``: a session's
 published commits imported), ``queries``, ``service`` (wiring). Running gates (workspaces, watchers, a gate user)
-is ``shared.gates``, shared with the runners.
+is ``shared.host.gates``, shared with the runners.
 """

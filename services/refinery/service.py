@@ -21,7 +21,7 @@ from services.refinery import decide as refinery_decide
 from services.refinery import plan, queries
 from services.refinery import settings as refinery_settings
 from services.refinery.effects import bundles, merger
-from services.refinery.effects.gate_jobs import JobDesk, RunnerGates
+from services.refinery.effects.gate_jobs import JobDesk, runner_gates
 from services.refinery.effects.merge_lease import MergeLease
 from services.refinery.effects.settling import Settler
 from services.refinery.projection import new_projection
@@ -29,13 +29,13 @@ from services.refinery.state import MergeRequest, RefineryState
 from shared.core.aio import pause
 from shared.core.config import TownConfig
 from shared.core.errors import ActivityLostError
-from shared.gates.user import GateWorkspaces, town_directory
-from shared.gates.user import resolve as resolve_gate_user
+from shared.host.gates.user import GateWorkspaces, town_directory
+from shared.host.gates.user import resolve as resolve_gate_user
 from shared.model.commands import Command, MergeRequestSubmit
 from shared.model.decision import Accepted, DecideContext
 from shared.model.queries import Query
 from shared.model.queries.refinery import RefineryStatus
-from shared.model.rigs import Rig, home_name
+from shared.model.rigs import home_name
 from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)
@@ -78,8 +78,7 @@ class RefineryService(Service[RefineryState]):
             GateWorkspaces(self.gate_user, town_directory(self.rigs_root)) if self.gate_user is not None else None
         )
         self._tg: asyncio.TaskGroup | None = None
-        self.desk: JobDesk | None = None
-        """The gate jobs' desk on this loop, when gates run on the runners (``GT_MQ_RUNNERS``)."""
+        self.desk: JobDesk | None = None  # the gate jobs' desk, when gates run on the runners (GT_MQ_RUNNERS)
         self._cleaned = asyncio.Event()
         self._busy: set[str] = set()
         """Rigs with a merge request being processed by this process."""
@@ -192,19 +191,6 @@ class RefineryService(Service[RefineryState]):
             self._busy.discard(rig_name)
             self.wake()
 
-    def _runner_gates(self, paths: merger.Paths, rig: Rig, target: str) -> Callable[[str], merger.GateBackend]:
-        """The gates of one batch on the runners, made once the target's tip is known."""
-        assert self.desk is not None
-        desk, mq = self.desk, self.mq
-
-        def made(target_before: str) -> merger.GateBackend:
-            return RunnerGates(
-                desk, paths, rig, target=target, base=target_before, width=mq.runners,
-                timeout=mq.gate_timeout_s, wait_s=mq.runner_wait_s, requester=self.holder,
-            )  # fmt: skip
-
-        return made
-
     async def _process_claimed(self, rig_name: str, mr_ids: list[str], *, lost_lease: Callable[[], str | None]) -> None:
         state = self.projection.state
         mrs = [state.mrs[mr_id] for mr_id in mr_ids]
@@ -217,17 +203,10 @@ class RefineryService(Service[RefineryState]):
         try:
             log.info("mr_processing", attempt=first.attempts, mrs=mr_ids, target=first.target)
             result = await asyncio.to_thread(
-                merger.process,
-                paths,
-                rig,
-                mrs,
-                name=name,
-                gate_timeout=self.mq.gate_timeout_s,
-                lost_lease=lost_lease,
-                gate_workspaces=self.gate_workspaces,
-                backend=self._runner_gates(paths, rig, first.target) if self.desk is not None else None,
-                retry_red=self.mq.retry_red,
-            )
+                merger.process, paths, rig, mrs, name=name, gate_timeout=self.mq.gate_timeout_s, lost_lease=lost_lease,
+                gate_workspaces=self.gate_workspaces, retry_red=self.mq.retry_red,
+                backend=runner_gates(self.desk, paths, rig, first.target, self.mq, self.holder) if self.desk else None,
+            )  # fmt: skip
             if result.fenced:
                 # Another refinery holds the rig now and claims these merge requests again: nothing of ours
                 # is written (and it would be refused: their versions moved or will).

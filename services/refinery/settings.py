@@ -53,7 +53,7 @@ class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):
     limits) before the batch goes back into the queue."""
     gate_user: str = ""
     """``GT_GATE_USER``: the OS user the gates run as, in a copy of the worktree (the refinery must run as root;
-    see ``shared.gates.user``). Empty: the refinery's own user, in its worktree."""
+    see ``shared.host.gates.user``). Empty: the refinery's own user, in its worktree."""
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:

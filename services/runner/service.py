@@ -19,8 +19,8 @@ from services.runner.effects import job_run
 from services.runner.projection import new_projection
 from services.runner.state import RunnerState
 from shared.core.config import TownConfig
-from shared.gates.user import GateWorkspaces, town_directory
-from shared.gates.user import resolve as resolve_gate_user
+from shared.host.gates.user import GateWorkspaces, town_directory
+from shared.host.gates.user import resolve as resolve_gate_user
 from shared.model.events.gate_jobs import GateResult
 from shared.service import Service, ServiceSettings
 

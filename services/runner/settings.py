@@ -27,7 +27,7 @@ class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True):
     stale_s: float = 30.0
     """``GT_RUNNER_STALE``: a running job whose runner wrote nothing for this long is taken by another runner."""
     gate_user: str = ""
-    """``GT_GATE_USER``: the OS user the gates run as (the runner must run as root; ``shared.gates.user``)."""
+    """``GT_GATE_USER``: the OS user the gates run as (the runner must run as root; ``shared.host.gates.user``)."""
 
 
 def load(env: Mapping[str, str] | None = None, *, gt_home: Path) -> RunnerSettings:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import msgspec
 
-from shared.gates import runs
-from shared.gates.watch import MARKER_VARIABLE, GateRecord, Leader, WatchSpec
 from shared.host import processes
+from shared.host.gates import runs
+from shared.host.gates.watch import MARKER_VARIABLE, GateRecord, Leader, WatchSpec
 from tests.helpers import assert_eventually
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from services.refinery.effects import merger
-from shared.gates import workspace
 from shared.host import git
+from shared.host.gates import workspace
 from tests.helpers import assert_eventually
 from tests.witness_town import IDENTITY, PolecatTown
 

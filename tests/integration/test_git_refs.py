@@ -10,8 +10,8 @@ import pytest
 
 from gt import agent
 from services.refinery.effects import merger
-from shared.gates import workspace
 from shared.host import git
+from shared.host.gates import workspace
 from shared.model.sessions import MergeFailure
 from tests import records
 

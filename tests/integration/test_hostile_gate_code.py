@@ -1,5 +1,5 @@
 """A gate runs the code of the change it checks. With GT_GATE_USER its workspace is the gate user's and kept from
-one merge to the next (``shared.gates.user.GateWorkspaces``): whatever a hostile change's gate does to it, the next
+one merge to the next (``shared.host.gates.user.GateWorkspaces``): whatever a hostile change's gate does to it, the next
 change's gate sees exactly its own commit's tracked files, nothing untracked, and no process of the earlier gate.
 
 - The red team's lurker (issue 39): a `setsid` child that writes into the next gate's workspace; it must be gone
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.gates import execution
-from shared.gates.user import GateWorkspaces, gate_user_environment
 from shared.host import git
+from shared.host.gates import execution
+from shared.host.gates.user import GateWorkspaces, gate_user_environment
 from shared.host.os_user import OsUser
 from tests.integration.test_gate_user import gate_user  # noqa: F401 - the throwaway gate user fixture
 from tests.witness_town import IDENTITY

@@ -19,7 +19,7 @@ from gt.embedded_nats import EmbeddedServer, free_port
 from gt.town_secrets import dashboard_token
 from services.refinery.state import MergeRequest
 from shared.core.config import TownConfig
-from shared.gates.watch import MARKER_VARIABLE
+from shared.host.gates.watch import MARKER_VARIABLE
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually, wait_until
 from tests.integration.test_town import TownCli

@@ -10,6 +10,7 @@ import pytest
 
 from shared.core.errors import EventDecodeError, UnknownEventTypeError
 from shared.model import events as ev
+from shared.model.events.gate_jobs import GateCommand, GateResult
 from shared.model.usage import ModelUsage
 
 TS = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -121,6 +122,33 @@ SAMPLES: list[ev.Event] = [
     ev.MergeQueuePaused(rig="demo", cause="push_refused", reason="main is checked out", mr_id="mr-1", detail="git"),
     ev.MergeQueueResumed(rig="demo"),
     ev.MergeQueueTargetFailed(rig="demo", gate="test", target="main", commit="beef", exit_code=1, tail="x", in_a_row=1),
+    ev.GateJobRequested(
+        job_id="g1",
+        rig="demo",
+        repo="/r.git",
+        target="main",
+        base="beef",
+        commit="cafe",
+        ref="refs/gt/gate/g1",
+        stack=["mr-1", "mr-2"],
+        key="k",
+        gates=[GateCommand(gate="test", command="make test")],
+        env=["CI"],
+        timeout_s=600.0,
+        pristine=True,
+        requester="1234-abcdef",
+    ),
+    ev.GateJobStarted(job_id="g1", runner="runner-a", attempt=1),
+    ev.GateJobHeartbeat(job_id="g1", runner="runner-a", attempt=1, gate="test"),
+    ev.GateJobFinished(
+        job_id="g1",
+        runner="runner-a",
+        attempt=1,
+        passed=False,
+        results=[GateResult(gate="test", exit_code=1, seconds=2.5, tail="boom", log_path="/l")],
+        error="",
+    ),
+    ev.GateJobCancelled(job_id="g1", reason="its batch is done"),
     ev.ServiceUp(service="witness", instance="witness-4242-a1b2c3", pid=4242, host="box"),
     ev.ServiceDown(service="witness", instance="witness-4242-a1b2c3", reason="no heartbeat for 3.2 s", last_seen=TS),
     ev.ServiceStopped(service="witness", instance="witness-4242-a1b2c3"),

@@ -7,7 +7,7 @@ import pwd
 
 import pytest
 
-from shared.gates.user import resolve
+from shared.host.gates.user import resolve
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 

@@ -1,3 +1,3 @@
 """The refinery's effects: git and the gates (``merger``, blocking, run in a thread, the gates through
-``shared.gates`` or as jobs on the runners, ``gate_jobs``), the rigs' merge leases (``merge_lease``), a
+``shared.host.gates`` or as jobs on the runners, ``gate_jobs``), the rigs' merge leases (``merge_lease``), a
 settlement carried out (``settling``) and a session's bundle imported (``bundles``)."""

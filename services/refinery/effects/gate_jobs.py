@@ -21,7 +21,8 @@ from typing import TypeVar
 
 import structlog
 
-from services.refinery.effects.merger import Candidate, Paths, gate_commands
+from services.refinery.effects.merger import Candidate, GateBackend, Paths, gate_commands
+from services.refinery.settings import RefinerySettings
 from shared.core.aio import pause
 from shared.host import git
 from shared.model.decision import NewEvent
@@ -235,6 +236,20 @@ class RunnerGates:
             pristine=self.rig.gate_pristine,
             requester=self.requester,
         )
+
+
+def runner_gates(
+    desk: JobDesk, paths: Paths, rig: Rig, target: str, mq: RefinerySettings, requester: str
+) -> Callable[[str], GateBackend]:
+    """The gates of one batch on the runners, made once the target's tip is known (``merger.process``)."""
+
+    def made(target_before: str) -> GateBackend:
+        return RunnerGates(
+            desk, paths, rig, target=target, base=target_before, width=mq.runners, timeout=mq.gate_timeout_s,
+            wait_s=mq.runner_wait_s, requester=requester,
+        )  # fmt: skip
+
+    return made
 
 
 def _job_key(stack_key: str, gates: Sequence[GateCommand]) -> str:

@@ -9,8 +9,8 @@ then lands everything that passed.
 The rig's refinery clone lives in ``GT_HOME/rigs/<rig>/refinery/repo.git`` (its own, so it never races the
 witness's git). Merge requests are rebased in the clone itself, with no work tree (``git_replay``: the cost
 follows the change), and pushed from there; the gates run in the rig's persistent gate workspace
-(``shared.gates.workspace``: ``.../refinery/workspace``), or with a gate user in that user's
-(``shared.gates.user``); with gate runners, as jobs on them (``gate_jobs``).
+(``shared.host.gates.workspace``: ``.../refinery/workspace``), or with a gate user in that user's
+(``shared.host.gates.user``); with gate runners, as jobs on them (``gate_jobs``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from services.refinery.plan import refusals, speculation
 from services.refinery.plan.outcomes import BatchResult, GateResult, Outcome, TargetFailed
 from services.refinery.state import MergeRequest
 from shared.core.faults import crash_point
-from shared.gates import execution, runs
-from shared.gates.user import GateWorkspaces
 from shared.host import git, git_replay, path_locks
+from shared.host.gates import execution, runs
+from shared.host.gates.user import GateWorkspaces
 from shared.model.commands import MergeRequestSubmit
 from shared.model.events.gate_jobs import GateCommand
 from shared.model.gate_jobs import stack_key
@@ -52,7 +52,7 @@ class Paths:
         """The rig's persistent gate workspace (``workspace``)."""
         self.logs = self.root / "logs"
         self.gates = self.root / "gates"
-        """Records of the gates running now (``shared.gates.runs``): what a refinery starting stops first."""
+        """Records of the gates running now (``shared.host.gates.runs``): what a refinery starting stops first."""
 
 
 def clean_worktrees(paths: Paths) -> list[str]:

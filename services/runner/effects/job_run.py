@@ -1,9 +1,9 @@
 """Running one gate job on this host: the candidate fetched by its ref into the runner's clone of the rig, the
-gates run on it in the runner's persistent gate workspace (``shared.gates``). Blocking (run in a thread).
+gates run on it in the runner's persistent gate workspace (``shared.host.gates``). Blocking (run in a thread).
 
 Each rig the runner gated has a directory under the runner's home: ``repo.git`` (a bare clone of the rig's
 repository, fetching only what the jobs name), ``workspace`` (the gate workspace), ``logs`` and ``gates`` (the
-records of the gates running now, which a runner starting stops first: ``shared.gates.runs``).
+records of the gates running now, which a runner starting stops first: ``shared.host.gates.runs``).
 Adapter: runs git and the gates.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import structlog
 
-from shared.gates import execution, runs
-from shared.gates.user import GateWorkspaces
 from shared.host import git, path_locks
+from shared.host.gates import execution, runs
+from shared.host.gates.user import GateWorkspaces
 from shared.model.events.gate_jobs import GateResult
 from shared.model.gate_jobs import GateJob
 

@@ -28,9 +28,9 @@ from typing import BinaryIO
 import msgspec
 import structlog
 
-from shared.gates import watch
-from shared.gates.watch import MARKER_VARIABLE, STOP_GRACE_S, GateRecord, WatchSpec
 from shared.host import processes, reaper
+from shared.host.gates import watch
+from shared.host.gates.watch import MARKER_VARIABLE, STOP_GRACE_S, GateRecord, WatchSpec
 from shared.host.os_user import OsUser
 
 log = structlog.get_logger(__name__)

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from shared.gates import runs, workspace
-from shared.gates.user import GateUser, GateWorkspaces, gate_user_environment
+from shared.host.gates import runs, workspace
+from shared.host.gates.user import GateUser, GateWorkspaces, gate_user_environment
 from shared.model.events.gate_jobs import GateCommand, GateResult
 
 TAIL_CHARS = 2000
