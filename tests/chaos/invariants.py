@@ -65,6 +65,7 @@ def check_all(
         *convoys_closed_once(log, convoys),
         *one_outcome_per_command(log, commands),
         *lease_tokens_increase(log),
+        *gate_jobs_answered_once(log),
     ]
 
 
@@ -365,4 +366,34 @@ def lease_tokens_increase(log: list[Logged]) -> list[Violation]:
                 )
             )
         last[lease] = event
+    return out
+
+
+def gate_jobs_answered_once(log: list[Logged]) -> list[Violation]:
+    """A gate job (``GT_MQ_RUNNERS``) is taken once per attempt, attempts counting up by one; it is answered
+    (finished or cancelled) at most once, and nothing of a runner follows its answer; a finished job is answered by
+    the runner that took it last, at that attempt."""
+    out = []
+    by_job: dict[str, list[Logged]] = defaultdict(list)
+    for event in log:
+        if event.type.startswith("gate."):
+            by_job[str(event.data.get("job_id"))].append(event)
+    for job, events in sorted(by_job.items()):
+        refs = [e.ref() for e in events]
+        starts = [e for e in events if e.type == "gate.started"]
+        if [e.data.get("attempt") for e in starts] != list(range(1, len(starts) + 1)):
+            out.append(Violation(invariant="gate job taken out of turn", subject=job, detail="attempts", events=refs))
+        answers = [i for i, e in enumerate(events) if e.type in ("gate.finished", "gate.cancelled")]
+        if len(answers) > 1:
+            out.append(Violation(invariant="gate job answered twice", subject=job, detail="answers", events=refs))
+        if answers and any(e.type != "gate.requested" for e in events[answers[0] + 1 :]):
+            out.append(Violation(invariant="gate job moved after its answer", subject=job, detail="", events=refs))
+        finished = [e for e in events if e.type == "gate.finished"]
+        if finished and starts:
+            last = starts[-1].data
+            took = (last.get("runner"), last.get("attempt"))
+            if (finished[0].data.get("runner"), finished[0].data.get("attempt")) != took:
+                detail = f"finished by {finished[0].data.get('runner')}, taken last by {took[0]}"
+                out.append(Violation(invariant="gate job answered by a runner that lost it", subject=job,
+                                     detail=detail, events=refs))  # fmt: skip
     return out

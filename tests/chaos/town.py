@@ -46,6 +46,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from services.deacon.projection import new_projection as deacon_projection
 from services.mayor.projection import new_projection as mayor_projection
 from services.refinery.projection import new_projection as refinery_projection
+from services.runner.projection import new_projection as runner_projection
 from services.witness.projection import new_projection as witness_projection
 from shared.core.arguments import from_args
 from shared.core.subjects import parse_js_reply
@@ -112,6 +113,8 @@ class ChaosSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_polecats: int = 6
     mq_batch: int = 1
     """Merge requests the refinery stacks and gates together (``GT_MQ_BATCH``; 1: one at a time)."""
+    runners: int = 0
+    """Gate runners (``gt-runner``, ``GT_MQ_RUNNERS``), killed like the services; 0: the refinery gates itself."""
     stall_after: float = 12.0
     """The rig's stall threshold: a hung agent is warranted after this long without heartbeat or progress."""
     deadline_s: float = 1500.0
@@ -285,6 +288,10 @@ class Town:
             "GT_KILL_GRACE": "1",
             "GT_WATCHED_SERVICES": ",".join(SERVICES),
             "GT_MQ_BATCH": str(self.settings.mq_batch),
+            "GT_MQ_RUNNERS": str(self.settings.runners),
+            # A killed runner's job is taken by another within seconds, not the default 30.
+            "GT_RUNNER_HEARTBEAT": "1",
+            "GT_RUNNER_STALE": "5",
             "GT_AGENT_CHAOS_SEED": str(self.settings.seed),
             "GT_AGENT_CHAOS_RATES": self.settings.rates,
             "GT_AGENT_CHAOS_AGENT": str(Path(bin_dir) / "gt-agent"),
@@ -296,6 +303,9 @@ class Town:
         logs.mkdir(parents=True, exist_ok=True)
         for name in SERVICES:
             self.services[name] = ServiceProcess(name, env, logs / f"{name}.log").start()
+        for n in range(1, self.settings.runners + 1):
+            own = {**env, "GT_RUNNER_NAME": str(n)}
+            self.services[f"runner-{n}"] = ServiceProcess("runner", own, logs / f"runner-{n}.log").start()
 
     def stop_all(self) -> None:
         for proc in self.services.values():
@@ -383,7 +393,7 @@ class Town:
                 await asyncio.wait_for(stop.wait(), self.rng.uniform(low, high))
             if stop.is_set():
                 return
-            name = self.rng.choice(SERVICES)
+            name = self.rng.choice(sorted(self.services))
             self.services[name].kill()
             self.report.kills[name] += 1
             await asyncio.sleep(self.rng.uniform(*self.settings.restart_after))
@@ -423,7 +433,8 @@ class Town:
     async def projection_problems(self, log: LogFollower) -> list[str]:
         assert self.nc is not None
         problems = []
-        for name, factory in PROJECTIONS.items():
+        runners = {f"runner-{n}": runner_projection for n in range(1, self.settings.runners + 1)}
+        for name, factory in {**PROJECTIONS, **runners}.items():
             answer = await self._digest(name, log.last_seq)
             if answer is None:
                 problems.append(f"projection: {name} did not answer its digest")
@@ -655,6 +666,9 @@ def parse_args(argv: Sequence[str]) -> tuple[ChaosSettings, argparse.Namespace]:
     parser.add_argument("--stall-after", type=float, default=default.stall_after)
     parser.add_argument(
         "--mq-batch", type=int, default=4, help="merge requests gated together (default 4; the suite's run uses 1)"
+    )
+    parser.add_argument(
+        "--runners", type=int, default=0, help="gate runners (GT_MQ_RUNNERS), killed like the services (default 0)"
     )
     parser.add_argument("--deadline", type=float, default=None, help="seconds for the whole run")
     parser.add_argument("--runs", type=int, default=1, help="run this many times in a row, seeds counting up")

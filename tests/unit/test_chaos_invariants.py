@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.chaos import chaos_agent
-from tests.chaos.invariants import Logged, check_all
+from tests.chaos.invariants import Logged, check_all, gate_jobs_answered_once
 
 STEPS = ["a", "b"]
 
@@ -243,3 +243,53 @@ def test_an_unsling_of_a_held_bead_gives_its_hold_back_and_is_not_backward() -> 
     assert not [v for v in violations(log, ["b1"]) if v.startswith("backward")]
     log.add("bead.unslung", bead_id="b1", rig="r")  # the hold was given back already
     assert any("backward transition: b1: unslung while open" in v for v in violations(log, ["b1"]))
+
+
+def gate_job(*steps: tuple[str, dict[str, Any]]) -> list[Logged]:
+    log = LogBuilder().add("gate.requested", job_id="g1", rig="chaos")
+    for kind, data in steps:
+        log.add(kind, job_id="g1", **data)
+    return log.events
+
+
+def test_a_gate_job_taken_again_after_its_runner_went_quiet_and_answered_once_is_fine() -> None:
+    log = gate_job(
+        ("gate.started", {"runner": "runner-1", "attempt": 1}),
+        ("gate.heartbeat", {"runner": "runner-1", "attempt": 1}),
+        ("gate.started", {"runner": "runner-2", "attempt": 2}),
+        ("gate.finished", {"runner": "runner-2", "attempt": 2, "passed": True}),
+    )
+    assert gate_jobs_answered_once(log) == []
+
+
+@pytest.mark.parametrize(
+    ("steps", "invariant"),
+    [
+        (
+            [("gate.started", {"runner": "runner-1", "attempt": 1}), ("gate.started", {"runner": "r-2", "attempt": 1})],
+            "gate job taken out of turn",
+        ),
+        (
+            [
+                ("gate.started", {"runner": "runner-1", "attempt": 1}),
+                ("gate.finished", {"runner": "runner-1", "attempt": 1}),
+                ("gate.cancelled", {"reason": "done"}),
+            ],
+            "gate job answered twice",
+        ),
+        (
+            [("gate.cancelled", {"reason": "done"}), ("gate.started", {"runner": "runner-1", "attempt": 1})],
+            "gate job moved after its answer",
+        ),
+        (
+            [
+                ("gate.started", {"runner": "runner-1", "attempt": 1}),
+                ("gate.started", {"runner": "runner-2", "attempt": 2}),
+                ("gate.finished", {"runner": "runner-1", "attempt": 1}),
+            ],
+            "gate job answered by a runner that lost it",
+        ),
+    ],
+)
+def test_a_gate_job_broken_is_named(steps: list[tuple[str, dict[str, Any]]], invariant: str) -> None:
+    assert invariant in {v.invariant for v in gate_jobs_answered_once(gate_job(*steps))}
