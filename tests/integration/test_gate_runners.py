@@ -26,6 +26,7 @@ from services.runner.service import RunnerService
 from services.runner.settings import RunnerSettings
 from shared.core.config import TownConfig
 from shared.host import git
+from shared.model.commands import MergeRequestRetry
 from tests.chaos.test_refinery_chaos import refinery_env, replayed
 from tests.helpers import assert_eventually
 from tests.log_tools import read_all
@@ -276,3 +277,30 @@ async def test_a_gate_that_fails_once_is_run_again_and_recorded_flaky_not_blamed
     assert flaky == {ids[0]: ["test"], ids[1]: []}, "the first failed once, passed again: flaky, not blamed"
     requested = [d for k, d in await gate_events(nc) if k == "gate.requested"]
     assert [r["stack"] for r in requested] == [[ids[0]], [ids[0]], [ids[1]]], "the red one gated again, once"
+
+
+async def test_a_merge_request_retried_after_its_gate_failed_is_gated_afresh_not_answered_from_before(
+    retry_town: PolecatTown, nc: Client, tmp_path: Path
+) -> None:
+    pt = retry_town
+    fixed = tmp_path / "fixed"
+    # Red on the change until something outside it is fixed; green on the target all along.
+    await pt.add_rig(test_command=f'! test -e work-1.txt || test -e "{fixed}"')
+    (mr_id,) = await queue_branches(pt, 1, failing=set())
+
+    def status() -> str:
+        assert pt.refinery is not None
+        mr = pt.refinery.projection.state.mrs.get(mr_id)
+        assert mr is not None
+        assert mr.status in ("failed", "merged"), mr.status
+        return mr.status
+
+    assert await assert_eventually(status, timeout=120, interval=0.1) == "failed"
+    requested = [d for k, d in await gate_events(nc) if k == "gate.requested" and d.get("stack") == [mr_id]]
+    assert len(requested) == 2, "red, then once more (GT_MQ_RETRY_RED): red again"
+    fixed.touch()  # what failed it is fixed outside the change (a flaky service, a tool installed)
+    await pt.send(MergeRequestRetry(id=mr_id))
+    assert await assert_eventually(status, timeout=120, interval=0.1) == "merged"
+    requested = [d for k, d in await gate_events(nc) if k == "gate.requested" and d.get("stack") == [mr_id]]
+    assert len(requested) == 3, "the retry asked for a new job on the same commit, no answer of before taken"
+    assert requested[0]["commit"] == requested[2]["commit"]

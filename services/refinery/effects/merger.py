@@ -421,7 +421,10 @@ def _stack(
                 kind="branch_missing", target_before=target_before, failure=_note("branch", missing)
             )
             continue
-        key = gates.key(base, [*heads, (mr.id, head)])
+        # Queued at that time: one requeued since (a retry, a push that did not land) is gated afresh, never
+        # answered by a job of before.
+        entry = (f"{mr.id}/{mr.queued_at.isoformat()}", head)
+        key = gates.key(base, [*heads, entry])
         adopted = gates.backend.adopted(key)
         rebased: str | None
         files: list[str] = []
@@ -430,8 +433,8 @@ def _stack(
         else:
             rebased, files = _rebase(paths, head, tip)
         if rebased is not None and rebased != tip:
-            stack.append(Stacked(mr, Candidate(commit=rebased, key=key, stack=(*(m for m, _ in heads), mr.id))))
-            heads.append((mr.id, head))
+            stack.append(Stacked(mr, Candidate(commit=rebased, key=key, stack=(*(e.mr.id for e in stack), mr.id))))
+            heads.append(entry)
             tip = rebased
             continue
         if tip != target_before:
