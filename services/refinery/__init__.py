@@ -12,6 +12,7 @@ settles, its events and follow-up commands; ``pauses``, when a rig's queue pause
 of a stack are gated next; ``owed``, what every reconcile owes besides), ``effects`` (``merger``: git and the gates,
 run in a thread; ``gate_jobs``: gates as jobs on the runners; ``merge_lease``: the rig's merge lease taken,
 renewed, released and checked before a push; ``settling``: a settlement carried out; ``bundles``: a session's
-published commits imported), ``queries``, ``service`` (wiring). Running gates (workspaces, watchers, a gate user)
-is ``shared.host.gates``, shared with the runners.
+published commits imported; ``runner_beats``: the runners' service heartbeats), ``queries`` (``dispatch``; ``board``:
+the runners, the gate jobs, merges per hour and gate minutes per merge), ``service`` (wiring). Running gates
+(workspaces, watchers, a gate user) is ``shared.host.gates``, shared with the runners.
 """

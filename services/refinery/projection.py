@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from services.refinery.state import (
+    MergeMinute,
     MergeQueue,
     MergeRequest,
     RefineryState,
+    RunnerTally,
     SessionRef,
     WorkBead,
 )
@@ -24,6 +26,7 @@ from shared.model.events import (
     Envelope,
     Event,
     GateJobEvent,
+    GateJobFinished,
     GcSwept,
     LeaseEvent,
     MergeQueueEvent,
@@ -41,6 +44,7 @@ from shared.model.events import (
     SessionRequested,
 )
 from shared.model.events.beads import forward
+from shared.model.events.gate_jobs import GATE_JOB_OPEN
 from shared.model.events.merge_requests import MR_FINISHED, MrStatus
 from shared.model.fold import touch
 from shared.model.gate_jobs import fold_gate_job
@@ -48,16 +52,21 @@ from shared.model.leases import fold_lease
 from shared.model.rigs import fold_rig
 from shared.service.projection import Projection
 
-SCHEMA_VERSION = 12
-"""12: gate jobs on the runners. 11: rigs' ``gate_pristine`` (each merge's gates in a fresh workspace).
-10: a merge request records its rig's
-incarnation (a removed rig's name added again). 9: rigs' merge queues (paused, failures on the target). 8: a merge
-request records the bundle its session published. 7: hook and merge leases are one record
+SCHEMA_VERSION = 13
+"""13: merges by rig and minute (merges per hour, gate minutes per merge) and the runners' finished jobs. 12: gate
+jobs on the runners. 11: rigs' ``gate_pristine`` (each merge's gates in a fresh workspace). 10: a merge request
+records its rig's incarnation (a removed rig's name added again). 9: rigs' merge queues (paused, failures on the
+target). 8: a merge request records the bundle its session published. 7: hook and merge leases are one record
 (``shared.model.leases.Lease``), rigs the witness's record (``shared.model.rigs.Rig``): a snapshot from before has
 hooks without their name, TTL and times, and rigs without their other settings."""
 CONFLICT_PREFIX = "conflict-"
 """Command ids of conflict bead creates (the refinery's own): their outcomes name the bead."""
 NOT_WORK = frozenset({"message", "convoy", "escalation"})
+MERGE_HISTORY = timedelta(hours=24)
+"""How far back (in the log's time, from the newest merge) ``RefineryState.merges`` keeps its minutes: at most
+1,440 a rig, however many merge."""
+KEEP_RUNNERS = 100
+"""Runners whose finished jobs are counted (those that finished one last)."""
 
 
 @functools.singledispatch
@@ -199,12 +208,47 @@ def _failed(payload: MergeRequestFailed, state: RefineryState, env: Envelope, se
 
 @fold.register
 def _merged(payload: MergeRequestMerged, state: RefineryState, env: Envelope, seq: int) -> None:
+    known = state.mrs.get(payload.mr_id)
+    newly = known is not None and known.status != "merged"
     if (mr := _finished(state, payload.mr_id, seq, "merged", env.ts)) is not None:
         mr.merged_commit, mr.already, mr.batch = payload.merged_commit, payload.already, list(payload.batch)
         mr.bug_bead_command = payload.bug_bead_command
         queue = state.queues.get(mr.rig)
         if queue is not None and not payload.already:
             queue.target_failures = 0  # its gates passed: the target's failures are no longer in a row
+        if newly:
+            _count_merge(state, mr.rig, payload, env.ts)
+
+
+def batch_key(payload: MergeRequestMerged) -> str:
+    """What the merge requests of one batch share and the next batch of the rig does not: the target's tip it
+    stood on, and the gates it ran (their number and time). Two batches alike in all three merged only what the
+    target held already, on the same tip, with the same gates: counted as one, their gate time is not lost."""
+    return f"{payload.target_before}:{payload.gates_run}:{payload.gate_seconds}"
+
+
+def _count_merge(state: RefineryState, rig: str, payload: MergeRequestMerged, at: datetime) -> None:
+    """``payload``'s merge counted in its rig's minute; its batch's gate time with the first of the batch."""
+    minute = at.replace(second=0, microsecond=0)
+    bucket = None
+    for seen in reversed(state.merges):
+        if seen.minute < minute:
+            break
+        if seen.minute == minute and seen.rig == rig:
+            bucket = seen
+            break
+    if bucket is None:
+        bucket = MergeMinute(rig=rig, minute=minute)
+        state.merges.append(bucket)
+        cutoff = minute - MERGE_HISTORY
+        if state.merges[0].minute < cutoff:
+            state.merges = [m for m in state.merges if m.minute >= cutoff]
+    bucket.merged += 1
+    key = batch_key(payload)
+    if state.last_batch.get(rig) != key:
+        state.last_batch[rig] = key
+        bucket.batches += 1
+        bucket.gate_seconds += payload.gate_seconds
 
 
 def _queue(state: RefineryState, payload: MergeQueueEvent, seq: int) -> MergeQueue:
@@ -258,7 +302,18 @@ def _lease(payload: LeaseEvent, state: RefineryState, env: Envelope, seq: int) -
 
 @fold.register
 def _gate_job(payload: GateJobEvent, state: RefineryState, env: Envelope, seq: int) -> None:
+    job = state.gate_jobs.get(payload.job_id)
+    was_open = job is not None and job.status in GATE_JOB_OPEN
     fold_gate_job(payload, state.gate_jobs, env, seq)
+    if isinstance(payload, GateJobFinished) and was_open:
+        tally = state.runners.setdefault(payload.runner, RunnerTally())
+        tally.jobs_run += 1
+        tally.jobs_passed += int(payload.passed)
+        tally.gate_seconds += sum(result.seconds for result in payload.results)
+        tally.last_finished_at = env.ts
+        if len(state.runners) > KEEP_RUNNERS:
+            least = min(state.runners, key=lambda name: state.runners[name].last_finished_at or env.ts)
+            del state.runners[least]
 
 
 @fold.register

@@ -23,6 +23,7 @@ from services.refinery import settings as refinery_settings
 from services.refinery.effects import bundles, merger
 from services.refinery.effects.gate_jobs import JobDesk, runner_gates
 from services.refinery.effects.merge_lease import MergeLease
+from services.refinery.effects.runner_beats import RunnerBeats
 from services.refinery.effects.settling import Settler
 from services.refinery.projection import new_projection
 from services.refinery.state import MergeRequest, RefineryState
@@ -58,17 +59,7 @@ class RefineryService(Service[RefineryState]):
         self.mq = refinery or refinery_settings.load()
         # Checked before anything connects: a gate user that cannot be used stops the refinery at start-up.
         self.gate_user = resolve_gate_user(self.mq.gate_user)
-        self.policy = plan.Policy(
-            lease_s=self.mq.lease_s,
-            max_failures=self.mq.max_failures,
-            max_conflict_returns=self.mq.max_conflict_returns,
-            fifo=self.mq.fifo,
-            batch=self.mq.batch,
-            batch_wait_s=self.mq.batch_wait_s,
-            push_retries=self.mq.push_retries,
-            push_backoff_s=self.mq.push_backoff_s,
-            push_backoff_max_s=self.mq.push_backoff_max_s,
-        )
+        self.policy = plan.policy_of(self.mq)
         self.holder = self.instance
         """This process as the holder of its claims and of the rigs' merge leases."""
         self.merge_lease = MergeLease(self, min(self.mq.merge_lease_ttl_s, self.mq.lease_s))
@@ -86,6 +77,8 @@ class RefineryService(Service[RefineryState]):
         """(rig, pause number) of paused queues this process escalated (or found escalated)."""
         self.gate_runs = self.batches = self.fenced = 0
         self.gate_seconds = 0.0
+        self.runners = RunnerBeats(config.service_bucket)
+        """The gate runners' heartbeats, for the board (``gt mq runners``)."""
 
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
         return refinery_decide.decide(self.projection.state, cmd, ctx)
@@ -103,7 +96,8 @@ class RefineryService(Service[RefineryState]):
         return None
 
     def query(self, query: Query[Any]) -> Any:
-        return queries.answer(self.projection.state, query, self.clock(), self.policy)
+        live = queries.Live(beats=self.runners.beats(), stale_s=self.mq.runner_stale_s, runners_used=self.mq.runners)
+        return queries.answer(self.projection.state, query, self.clock(), self.policy, live)
 
     def status(self) -> RefineryStatus:
         figures = self.settler.figures
@@ -121,6 +115,10 @@ class RefineryService(Service[RefineryState]):
         )
 
     # ---- the queue -----------------------------------------------------------------------------
+
+    def start_following(self, tg: asyncio.TaskGroup) -> None:
+        assert self.nc is not None
+        tg.create_task(self.runners.run(self.nc), name="refinery-runner-beats")
 
     def start_background(self, tg: asyncio.TaskGroup) -> None:
         self._tg = tg

@@ -51,6 +51,9 @@ class RefinerySettings(msgspec.Struct, frozen=True, kw_only=True):
     runner_wait_s: float = 600.0
     """``GT_MQ_RUNNER_WAIT``: how long a gate job may wait for a runner to take it (beyond the gates' own time
     limits) before the batch goes back into the queue."""
+    runner_stale_s: float = 3.0
+    """``GT_SERVICE_STALE_AFTER`` (the deacon's): a runner whose newest service heartbeat is older than this shows
+    as down on the board (``gt mq runners``)."""
     gate_user: str = ""
     """``GT_GATE_USER``: the OS user the gates run as, in a copy of the worktree (the refinery must run as root;
     see ``shared.host.gates.user``). Empty: the refinery's own user, in its worktree."""
@@ -80,6 +83,7 @@ def load(env: Mapping[str, str] | None = None) -> RefinerySettings:
         runners=runners,
         retry_red=_flag(env, "GT_MQ_RETRY_RED"),
         runner_wait_s=env_number(env, "GT_MQ_RUNNER_WAIT", 600.0, minimum=1.0),
+        runner_stale_s=env_number(env, "GT_SERVICE_STALE_AFTER", 3.0, minimum=0.5),
         batch=int(env_number(env, "GT_MQ_BATCH", max(1, runners), minimum=1, whole=True)),
         batch_wait_s=env_number(env, "GT_MQ_BATCH_WAIT", 0.0, minimum=0.0),
         push_retries=int(env_number(env, "GT_MQ_PUSH_RETRIES", 8, minimum=0, whole=True)),

@@ -51,6 +51,32 @@ class MergeQueue(msgspec.Struct, kw_only=True, gc=False):
     version: int = 0
 
 
+class MergeMinute(msgspec.Struct, kw_only=True, gc=False):
+    """The merges of one rig recorded in one minute of the log's time: what merges per hour and gate minutes per
+    merge are counted from (``queries.board``)."""
+
+    rig: str
+    minute: datetime
+    """The minute (its start) the ``mr.merged`` events were stored in."""
+    merged: int = 0
+    """Merge requests merged (``mr.merged``; one the target held already counts too)."""
+    batches: int = 0
+    """Batches that merged, counted at the first of their ``mr.merged`` events."""
+    gate_seconds: float = 0.0
+    """The gate time of those batches (``MergeRequestMerged.gate_seconds``: every gate the batch ran, the
+    culprits' and the target's checks included), once per batch: every merge request of a batch carries it."""
+
+
+class RunnerTally(msgspec.Struct, kw_only=True, gc=False):
+    """A gate runner's finished jobs as the log records them (``gate.finished`` written by it)."""
+
+    jobs_run: int = 0
+    jobs_passed: int = 0
+    gate_seconds: float = 0.0
+    """The time of the gates it ran in those jobs."""
+    last_finished_at: datetime | None = None
+
+
 class RefineryState(msgspec.Struct, kw_only=True):
     mrs: dict[str, MergeRequest] = {}
     beads: dict[str, WorkBead] = {}
@@ -76,3 +102,12 @@ class RefineryState(msgspec.Struct, kw_only=True):
     """Rigs' merge queues that were ever paused or met a failing target, by rig."""
     gate_jobs: dict[str, GateJob] = {}
     """Gate jobs on the runners (``GT_MQ_RUNNERS``) by id: the open ones and the newest finished."""
+    merges: list[MergeMinute] = []
+    """Merges by rig and minute, oldest first, over the last ``projection.MERGE_HISTORY`` of the log's time (older
+    minutes leave as newer merges are recorded)."""
+    last_batch: dict[str, str] = {}
+    """Rig -> the batch whose gate time ``merges`` counted last (``projection.batch_key``): the other merge requests
+    of that batch carry the same time and add only themselves."""
+    runners: dict[str, RunnerTally] = {}
+    """Gate runners (their scopes, ``runner-<name>``) by the jobs they finished; the ``projection.KEEP_RUNNERS``
+    that finished one last."""

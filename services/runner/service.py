@@ -22,6 +22,7 @@ from shared.core.config import TownConfig
 from shared.host.gates.user import GateWorkspaces, town_directory
 from shared.host.gates.user import resolve as resolve_gate_user
 from shared.model.events.gate_jobs import GateResult
+from shared.model.gate_jobs import RUNNER_SCOPE_PREFIX
 from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)
@@ -56,7 +57,7 @@ class RunnerService(Service[RunnerState]):
 
     @property
     def identity(self) -> str:
-        return f"runner-{self.runner.name}"
+        return f"{RUNNER_SCOPE_PREFIX}{self.runner.name}"
 
     def start_background(self, tg: asyncio.TaskGroup) -> None:
         self._tg = tg

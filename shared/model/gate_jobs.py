@@ -22,6 +22,9 @@ from shared.model.events.gate_jobs import (
 )
 from shared.model.fold import touch
 
+RUNNER_SCOPE_PREFIX = "runner-"
+"""A gate runner's service scope is ``runner-<name>``: its name in ``gate.started`` and the jobs' other events, and
+its heartbeats' service in ``GT_SERVICES``."""
 KEEP_FINISHED = 500
 """Finished and cancelled jobs a projection keeps (the newest); older ones are dropped as the next one finishes,
 the same way by every reader of the log."""

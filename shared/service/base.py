@@ -150,6 +150,10 @@ class Service(Generic[S]):
     def start_background(self, tg: asyncio.TaskGroup) -> None:
         """Start the service's own loops in the service's task group, once caught up (before the first reconcile)."""
 
+    def start_following(self, tg: asyncio.TaskGroup) -> None:
+        """Start what the service's answers read besides its projection, in the service's task group, once caught up
+        with the log: queries are answered from then on, by a standby too."""
+
     def tick_s(self) -> float:
         """Seconds between the service's own ticks (``tick``), a clock of their own beside the patrol's; 0: none."""
         return 0.0
@@ -401,6 +405,7 @@ class Service(Generic[S]):
         )
         runtime.settle_heap()
         self.following.set()
+        self.start_following(tg)
         await self.activity.acquire()  # a standby waits here, following the log and answering queries
         tg.create_task(self.activity.hold(), name="activity")
         await self.catch_up()  # everything stored before this instance became active (a previous active's last events)

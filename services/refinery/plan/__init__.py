@@ -8,7 +8,7 @@ read: ``outcomes`` (what the merger answers) and ``refusals`` (what git's refusa
 from services.refinery.plan.outcomes import BatchResult, GateResult, Outcome, TargetFailed
 from services.refinery.plan.owed import bead_close, beads_to_close, reconciled, stale, unblocked
 from services.refinery.plan.pauses import TargetFailure, escalation, pause, paused_queues, target_failed
-from services.refinery.plan.policy import Policy
+from services.refinery.plan.policy import Policy, policy_of
 from services.refinery.plan.queue import (
     Batches,
     claimable,
@@ -56,6 +56,7 @@ __all__ = [
     "next_per_rig",
     "pause",
     "paused_queues",
+    "policy_of",
     "processing_failed",
     "ready_per_rig",
     "reconciled",

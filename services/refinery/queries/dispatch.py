@@ -1,5 +1,5 @@
 """Answers to ``gt.q.refinery.<name>``, a query decoded into its class (``shared.model.queries.refinery``), read from
-the projection. Pure: the time and the queue's policy come in."""
+the projection. Pure: the time, the queue's policy and (for the board) the runners' heartbeats come in."""
 
 from __future__ import annotations
 
@@ -7,13 +7,16 @@ from datetime import datetime
 from typing import Any
 
 from services.refinery import plan
+from services.refinery.queries.board import Live, board
 from services.refinery.state import RefineryState
 from shared.core.errors import QueryError
 from shared.model.queries import refinery
 from shared.model.queries.base import Query
 
 
-def answer(state: RefineryState, query: Query[Any], now: datetime, policy: plan.Policy) -> Any:
+def answer(
+    state: RefineryState, query: Query[Any], now: datetime, policy: plan.Policy, live: Live | None = None
+) -> Any:
     match query:
         case refinery.Mrs(rig=rig):
             found = [m for m in state.mrs.values() if rig is None or m.rig == rig]
@@ -36,4 +39,8 @@ def answer(state: RefineryState, query: Query[Any], now: datetime, policy: plan.
                 )
                 for q in plan.paused_queues(state)
             ]
+        case refinery.Board(rig=rig):
+            if rig is not None and rig not in state.rigs and all(m.rig != rig for m in state.merges):
+                raise QueryError("not_found", f"no rig {rig!r} (`gt rig list` shows them)")
+            return board(state, now, live or Live(), rig)
     raise QueryError("unknown_query", f"the refinery answers no {query.NAME!r}")
