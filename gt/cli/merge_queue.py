@@ -1,4 +1,4 @@
-"""`gt mq list|show|retry|reject|resume` (the refinery's): the merge queue."""
+"""`gt mq list|show|runners|retry|reject|resume` (the refinery's): the merge queue."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from gt.cli.common import (
 )
 from shared.bus.query import reply_of
 from shared.core.config import TownConfig
+from shared.core.errors import QueryError
 from shared.core.terminal import escape_line, escape_text
 from shared.model.commands import MergeQueueResume, MergeRequestReject, MergeRequestRetry
 from shared.model.merge_requests import MergeRequest
@@ -32,13 +33,24 @@ if TYPE_CHECKING:
 
 
 def register(sub: Subcommands) -> None:
-    mq = sub.group("mq", "the merge queue: list, show, retry, reject, resume", "mq_cmd")
+    mq = sub.group("mq", "the merge queue: list, show, runners, retry, reject, resume", "mq_cmd")
     ml = mq.query(
-        "list", _mq_list, help="merge requests in the order they were submitted, newest last (--rig: of one rig)"
+        "list",
+        _mq_list,
+        help="merge requests in the order they were submitted, newest last (--rig: of one rig), and a line of "
+        "runners, gate jobs and merges per hour",
     )
     ml.add_argument("--rig")
     ms = mq.query("show", _mq_show, help="one merge request, with the tail of a failed gate's output")
     ms.add_argument("id")
+    runners = mq.query(
+        "runners",
+        _mq_runners,
+        help="the gate runners (up or not, the job and gate each runs, jobs run), the gate jobs running and waiting "
+        "with the merge requests they stack, merges per hour and gate minutes per merge (--rig: that rig's jobs "
+        "and merges)",
+    )
+    runners.add_argument("--rig")
     mr_retry = mq.command(
         "retry",
         _mq_retry,
@@ -70,7 +82,8 @@ async def _mq_list(nc: Connection, args: argparse.Namespace, config: TownConfig)
     # A merged one shows the commit that landed (its branch rebased onto the target), not the one submitted.
     rows = [[m.id, m.rig, m.bead, m.branch, (m.merged_commit or m.head)[:10], m.status] for m in mrs]
     table = render.table(("MR", "RIG", "BEAD", "BRANCH", "HEAD", "STATUS"), rows, "the merge queue is empty")
-    text = "\n".join([*paused_lines(paused), table])
+    summary = [] if args.json else await _summary(nc, config, args.rig or None)
+    text = "\n".join([*paused_lines(paused), table, *(["", *summary] if summary else [])])
     why = {q.rig: q.reason for q in paused}
     order = {m.id: index for index, m in enumerate(mrs)}
     shown = sorted(answer, key=lambda m: order[m["id"]])
@@ -78,6 +91,16 @@ async def _mq_list(nc: Connection, args: argparse.Namespace, config: TownConfig)
         if m["rig"] in why:
             m["queue_paused"] = why[m["rig"]]  # --json: the pause on each of its rig's merge requests
     return show(args, shown, lambda _: text)
+
+
+async def _summary(nc: Connection, config: TownConfig, rig: str | None) -> list[str]:
+    """The board's line under the list; none from a refinery of a version without the board."""
+    try:
+        return [render.mq_summary(await read_typed(nc, config, refinery.Board(rig=rig)))]
+    except QueryError as exc:
+        if exc.code != "unknown_query":
+            raise
+        return []
 
 
 def paused_lines(paused: list[PausedQueue]) -> list[str]:
@@ -109,6 +132,11 @@ def mr_detail(mr: MergeRequest) -> str:
     if mr.tail:
         lines += ["", "last output:", escape_text(mr.tail)]
     return "\n".join(lines)
+
+
+async def _mq_runners(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    query = refinery.Board(rig=args.rig or None)
+    return show_reply(args, query, await read(nc, config, query), render.mq_board)
 
 
 async def _mq_show(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:

@@ -11,6 +11,7 @@ from typing import Any, TextIO, cast
 import msgspec
 
 from gt.cli.colour import SEQUENCE
+from gt.cli.town_view import human_age
 from gt.narration import pane_lines
 from shared.core.terminal import escape_line, escape_text, escaped_lines, json_safe
 from shared.model.beads import Bead, BeadDetail
@@ -19,7 +20,7 @@ from shared.model.convoys import ConvoyView, DispatchView
 from shared.model.escalations import Escalation
 from shared.model.molecules import MoleculeView
 from shared.model.queries.mayor import DepView, FormulaDetail, FormulaEntry
-from shared.model.queries.refinery import PausedQueue
+from shared.model.queries.refinery import JobView, MergeFigures, MqBoard, PausedQueue, StackedMr
 from shared.model.rigs import RigView
 from shared.model.sessions import Session
 
@@ -303,6 +304,90 @@ def _dispatch_state(bead: DispatchView, queue_paused: PausedQueue | None) -> str
     if bead.held_for:
         return f"held: waiting for {waiting}" if waiting else "held: slinging now"
     return f"blocked: waiting for {waiting}" if waiting else str(bead.status)
+
+
+# ---- the merge queue's board (`gt mq runners`) -----------------------------------------------------
+
+
+def mq_board(board: MqBoard) -> str:
+    """The runners, the jobs running and waiting with their stacks, and the merge figures (of each rig too)."""
+    runners = table(
+        ("RUNNER", "STATE", "HOST", "LAST BEAT", "JOB", "GATE", "FOR", "JOBS RUN"),
+        [
+            [
+                r.name, r.state, r.host or "-", f"{human_age(r.beat_age_s)} ago" if r.last_beat else "-",
+                f"{r.job} ({r.rig})" if r.job else "-", r.gate or "-", human_age(r.job_running_s),
+                f"{r.jobs_run} ({r.jobs_passed} passed)",
+            ]
+            for r in board.runners
+        ],
+        "no gate runner has reported (gt-runner; GT_MQ_RUNNERS=N has the refinery gate on N of them)",
+    )  # fmt: skip
+    running = table(
+        ("JOB", "RIG", "STACK", "RUNNER", "ATTEMPT", "GATE", "RUNNING", "QUIET"),
+        [
+            [j.id, j.rig, stack_text(j), j.runner, str(j.attempt), j.gate or "-", human_age(j.running_s),
+             human_age(j.quiet_s)]
+            for j in board.running
+        ],
+        "none",
+    )  # fmt: skip
+    waiting = table(
+        ("JOB", "RIG", "STACK", "WAITING"),
+        [[j.id, j.rig, stack_text(j), human_age(j.waited_s)] for j in board.waiting],
+        "none",
+    )
+    used = f"{board.runners_used} at once" if board.runners_used else "none: the refinery gates itself"
+    lines = [
+        f"gate runners (the refinery gates on {used}):",
+        runners,
+        "",
+        "gate jobs running:",
+        running,
+        "",
+        "gate jobs waiting for a runner:",
+        waiting,
+        "",
+        "merges (gate minutes: the gates of the batches that merged, each batch's once):",
+        merge_table([board.merges, *board.rigs]),
+    ]
+    return "\n".join(lines)
+
+
+def stack_text(job: JobView) -> str:
+    """The merge requests a job's candidate carries, each with its bead; the target's tip itself when none (a cell of
+    ``table``, which escapes it)."""
+    return ", ".join(_stacked(s) for s in job.stack) if job.stack else f"{job.target} itself"
+
+
+def _stacked(mr: StackedMr) -> str:
+    return f"{mr.id} ({mr.bead})" if mr.bead else mr.id
+
+
+def merge_table(figures: Sequence[MergeFigures]) -> str:
+    """A row per rig (all rigs: ``*``) and window: merged, per hour, batches, gate minutes, gate minutes per merge."""
+    rows = [
+        [
+            f.rig or "*", "last hour" if w.hours == 1 else f"last {w.hours} h", str(w.merged), f"{w.per_hour:g}",
+            str(w.batches), f"{w.gate_seconds / 60:.2f}",
+            "-" if w.gate_minutes_per_merge is None else f"{w.gate_minutes_per_merge:.2f}",
+        ]
+        for f in figures
+        for w in (f.last_hour, f.last_day)
+    ]  # fmt: skip
+    return table(("RIG", "WINDOW", "MERGED", "PER HOUR", "BATCHES", "GATE MIN", "GATE MIN PER MERGE"), rows, "-")
+
+
+def mq_summary(board: MqBoard) -> str:
+    """One line under `gt mq list`: runners up, jobs running and waiting, merges in the last hour and day."""
+    up = sum(1 for r in board.runners if r.alive)
+    runners = f"runners: {up} of {len(board.runners)} up" if board.runners else "runners: none"
+    jobs = f"gate jobs: {len(board.running)} running, {len(board.waiting)} waiting"
+    hour, day = board.merges.last_hour, board.merges.last_day
+    minutes = day.gate_minutes_per_merge
+    per_merge = f", {minutes:.2f} gate min per merge" if minutes is not None else ""
+    merged = f"merged: {hour.merged} in the last hour, {day.merged} in 24 h ({day.per_hour:g}/h{per_merge})"
+    return f"{runners}; {jobs}; {merged} (`gt mq runners` for more)"
 
 
 # ---- mail and escalations ----------------------------------------------------------------------

@@ -9,16 +9,19 @@ answered 401. Loopback is everyone's on the machine: an agent reached ``/api/sta
 
 - ``/``: the page (``page.py``); it opens ``/events`` and redraws on every message.
 - ``/events``: ``text/event-stream``. Each message is ``event: state`` with the whole view as JSON (convoys,
-  polecats, merge queue, escalations, the latest events), sent on connect and then at most every
-  ``PUSH_INTERVAL_S`` while the log moves; a comment every ``KEEPALIVE_S`` keeps proxies from closing it.
+  polecats, merge queue, escalations, the latest events, the gate runners and merge figures), sent on connect and
+  then at most every ``PUSH_INTERVAL_S`` while the log moves or the board changes; a comment every ``KEEPALIVE_S``
+  keeps proxies from closing it.
   ``retry: 1000`` makes a browser reconnect within a second after the dashboard restarts.
 - ``/api/state``: the same view, once.
 - ``/api/bead/<id>``: the bead's timeline (its events and those of its sessions, merges and escalations).
 - ``/healthz``: 200 once the dashboard has replayed the log.
 
 The view is a fold of the log the dashboard replays itself on start (``view.py``), read with the services'
-``EventReader``, which resubscribes after a NATS restart from the last sequence it applied. HTTP is aiohttp's
-(its low-level server; ``_route`` routes).
+``EventReader``, which resubscribes after a NATS restart from the last sequence it applied; beside it, the
+refinery's board (``gt.q.refinery.board``: the gate runners, the gate jobs running and waiting, merges per hour and
+gate minutes per merge, as `gt mq runners` shows them), asked every ``BOARD_INTERVAL_S``: a runner's heartbeats
+and a job's time move without the log moving. HTTP is aiohttp's (its low-level server; ``_route`` routes).
 """
 
 from __future__ import annotations
@@ -43,9 +46,12 @@ from gt.dashboard.page import PAGE
 from gt.narration import describe
 from gt.story import bead_story
 from shared.bus.errors import BusError
+from shared.bus.query import ask
 from shared.bus.reader import EventReader
 from shared.core.config import TownConfig
+from shared.core.errors import QueryError
 from shared.host import http_server
+from shared.model.queries import refinery
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -57,6 +63,8 @@ KEEPALIVE_S = 15.0
 CLIENT_QUEUE = 4
 SHUTDOWN_S = 0.1
 """How long stopping waits for open requests: the event streams never end on their own."""
+BOARD_INTERVAL_S = 1.0
+BOARD_TIMEOUT_S = 2.0
 
 
 class Dashboard:
@@ -93,6 +101,10 @@ class Dashboard:
         self._reader: EventReader | None = None
         self.replay_target: int | None = None
         """The log's last sequence when the dashboard started: replaying up to it comes before serving state."""
+        self.board: refinery.MqBoard | None = None
+        """The refinery's last answer to ``board`` (None until one came, or while it does not answer)."""
+        self.board_error = ""
+        """Why the board is not shown ("" when it is)."""
 
     # ---- the log --------------------------------------------------------------------------------
 
@@ -116,6 +128,19 @@ class Dashboard:
             with contextlib.suppress(asyncio.CancelledError):
                 await reading
 
+    async def _watch_board(self) -> None:
+        """Ask the refinery for its board every ``BOARD_INTERVAL_S``; a change is pushed like the log's."""
+        await self.replayed.wait()
+        while True:
+            try:
+                board, error = await ask(self.nc, refinery.Board(), timeout=BOARD_TIMEOUT_S), ""
+            except (QueryError, BusError, TimeoutError) as exc:
+                board, error = None, f"the refinery did not answer: {exc}"
+            if board != self.board or error != self.board_error:
+                self.board, self.board_error = board, error
+                self._changed.set()
+            await asyncio.sleep(BOARD_INTERVAL_S)
+
     async def _push(self) -> None:
         await self.replayed.wait()
         while True:
@@ -129,8 +154,11 @@ class Dashboard:
                 queue.put_nowait(message)
             await asyncio.sleep(PUSH_INTERVAL_S)
 
+    def _view(self) -> dict[str, object]:
+        return view.render(self.state, self.board, self.board_error)
+
     def _state_message(self) -> bytes:
-        body = msgspec.json.encode(view.render(self.state))
+        body = msgspec.json.encode(self._view())
         return b"event: state\ndata: " + body + b"\n\n"
 
     # ---- HTTP -------------------------------------------------------------------------------------
@@ -144,6 +172,7 @@ class Dashboard:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self._follow(), name="dashboard-follow")
                 tasks.create_task(self._push(), name="dashboard-push")
+                tasks.create_task(self._watch_board(), name="dashboard-board")
                 stop = tasks.create_task(self._stop.wait(), name="dashboard-stop")
                 await stop
                 raise _Stopped
@@ -190,7 +219,7 @@ class Dashboard:
             page.set_cookie(TOKEN_COOKIE, self.token, httponly=True, samesite="Strict", path="/")
             return page
         if target == "/api/state":
-            return _answer(200, "application/json", msgspec.json.encode(view.render(self.state)))
+            return _answer(200, "application/json", msgspec.json.encode(self._view()))
         if target.startswith("/api/bead/"):
             return await self._bead(urllib.parse.unquote(target.removeprefix("/api/bead/")))
         if target == "/events":

@@ -2,7 +2,8 @@
 
 The dashboard keeps its own projection, rebuilt by replaying the log when it starts (like every service), so
 it needs nothing from the services to draw convoys, polecats, the merge queue, escalations and the feed; a
-restarted dashboard draws the same page. Sequences it has seen are skipped.
+restarted dashboard draws the same page. Sequences it has seen are skipped. The gate runners and the merge figures
+are the refinery's board (``gt.q.refinery.board``), handed in as it last answered.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from shared.core.errors import EventDecodeError
 from shared.model.events import decode_envelope
 from shared.model.events.merge_requests import MR_OPEN
 from shared.model.events.sessions import SessionStatus
+from shared.model.queries.refinery import MqBoard
 
 RECENT_EVENTS = 300
 RECENT_SESSIONS = 30
@@ -224,8 +226,9 @@ def _fold_escalation(state: DashboardState, t: str, d: dict[str, Any]) -> None:
         escalation["status"] = "closed"
 
 
-def render(state: DashboardState) -> dict[str, Any]:
-    """The page's whole content, as the server sends it on every change."""
+def render(state: DashboardState, board: MqBoard | None = None, board_error: str = "") -> dict[str, Any]:
+    """The page's whole content, as the server sends it on every change; ``board``: the refinery's last answer to
+    ``board`` (``board_error``: why there is none)."""
     convoys = []
     for c in state.convoys.values():
         beads = [state.beads.get(b, {"id": b, "status": "?"}) for b in c["beads"]]
@@ -253,6 +256,7 @@ def render(state: DashboardState) -> dict[str, Any]:
         "merge_queue": {r: {"counts": dict(q["counts"]), "open": q["open"]} for r, q in sorted(queue.items())},
         "escalations": [e for e in state.escalations.values() if e["status"] != "closed"],
         "events": list(state.recent),
+        "gates": {"board": msgspec.to_builtins(board) if board is not None else None, "error": board_error},
     }
 
 

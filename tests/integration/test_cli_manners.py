@@ -183,7 +183,9 @@ async def test_mq_list_lists_merge_requests_in_the_order_they_were_submitted(
     assert listed.returncode == 0, listed.stderr
     assert [row["id"] for row in json.loads(listed.stdout)] == submitted, "oldest first, newest last"
     text = await run_gt(env, "mq", "list")
-    assert [line.split()[0] for line in text.stdout.splitlines()[1:]] == submitted, text.stdout
+    table, summary = text.stdout.split("\n\n")
+    assert [line.split()[0] for line in table.splitlines()[1:]] == submitted, text.stdout
+    assert "merged: 4 in the last hour" in summary, "the board's line under the list"
 
 
 @pytest.fixture

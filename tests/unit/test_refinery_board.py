@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 
+from gt.cli import render
+from gt.dashboard import view
 from services.refinery import plan
 from services.refinery import queries as refinery_queries
 from services.refinery.projection import KEEP_RUNNERS, MERGE_HISTORY, new_projection
@@ -273,3 +276,64 @@ def test_a_board_of_a_rig_nobody_knows_is_refused_naming_it() -> None:
     with pytest.raises(QueryError, match="no rig 'nosuch'") as refused:
         refinery_queries.answer(t.state, refinery.Board(rig="nosuch"), T0, plan.Policy())
     assert refused.value.code == "not_found"
+
+
+# ---- what `gt mq runners`, `gt mq list` and the dashboard show of it ------------------------------------------------
+
+
+def shown_board() -> refinery.MqBoard:
+    """The board of a town with one runner at work on a stack of two, one down, one job waiting, and merges."""
+    t = Town()
+    stack = [t.submit("de-1"), t.submit("de-2")]
+    t.request("g1", stack, at(0))
+    t.start("g1", "runner-a", at(0, 5))
+    t.add(ev.GateJobHeartbeat(job_id="g1", runner="runner-a", attempt=1, gate="test"), at=at(0, 30))
+    t.request("g2", [], at(0, 10))
+    t.land([t.submit("de-3"), t.submit("de-4")], at(1), base="t0", gate_seconds=150.0)
+    now = at(3, 17)
+    beats = [beat("runner-a", now - timedelta(seconds=1)), beat("runner-b", now - timedelta(minutes=2))]
+    answer = refinery_queries.answer(t.state, refinery.Board(), now, plan.Policy(), Live(beats=beats, runners_used=2))
+    board = assert_reads_back(refinery.Board(), answer)
+    assert isinstance(board, refinery.MqBoard)
+    return board
+
+
+def test_gt_mq_runners_shows_each_runner_the_jobs_with_their_stacks_and_the_merge_figures() -> None:
+    text = render.mq_board(shown_board())
+    lines = text.splitlines()
+    assert lines[0] == "gate runners (the refinery gates on 2 at once):"
+    a = next(line for line in lines if line.startswith("runner-a"))
+    assert a.split() == ["runner-a", "up", "h1", "1s", "ago", "g1", "(demo)", "test", "3m12s", "0", "(0", "passed)"]
+    b = next(line for line in lines if line.startswith("runner-b"))
+    assert b.split()[:5] == ["runner-b", "down", "h1", "2m00s", "ago"]
+    running = lines[lines.index("gate jobs running:") + 2]
+    assert running.split() == [
+        "g1", "demo", "mr-de-1", "(de-1),", "mr-de-2", "(de-2)", "runner-a", "1", "test", "3m12s", "2m47s"
+    ]  # fmt: skip
+    waiting = lines[lines.index("gate jobs waiting for a runner:") + 2]
+    assert waiting.split() == ["g2", "demo", "main", "itself", "3m07s"]
+    merges = lines[lines.index("merges (gate minutes: the gates of the batches that merged, each batch's once):") + 2 :]
+    assert [row.split() for row in merges] == [
+        ["*", "last", "hour", "2", "2", "1", "2.50", "1.25"],
+        ["*", "last", "24", "h", "2", "0.08", "1", "2.50", "1.25"],
+        ["demo", "last", "hour", "2", "2", "1", "2.50", "1.25"],
+        ["demo", "last", "24", "h", "2", "0.08", "1", "2.50", "1.25"],
+    ]
+
+
+def test_gt_mq_list_ends_with_the_boards_line() -> None:
+    assert render.mq_summary(shown_board()) == (
+        "runners: 1 of 2 up; gate jobs: 1 running, 1 waiting; merged: 2 in the last hour, 2 in 24 h (0.08/h, "
+        "1.25 gate min per merge) (`gt mq runners` for more)"
+    )
+
+
+def test_the_dashboard_carries_the_board_as_the_refinery_answered_or_why_not() -> None:
+    board = shown_board()
+    shown = view.render(view.DashboardState(), board)
+    assert shown["gates"] == {"board": msgspec.to_builtins(board), "error": ""}
+    gates = shown["gates"]["board"]
+    assert [r["name"] for r in gates["runners"]] == ["runner-a", "runner-b"]
+    assert [m["id"] for m in gates["running"][0]["stack"]] == ["mr-de-1", "mr-de-2"]
+    missing = view.render(view.DashboardState(), None, "the refinery did not answer: unavailable")
+    assert missing["gates"] == {"board": None, "error": "the refinery did not answer: unavailable"}
