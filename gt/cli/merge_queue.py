@@ -94,11 +94,12 @@ async def _mq_list(nc: Connection, args: argparse.Namespace, config: TownConfig)
 
 
 async def _summary(nc: Connection, config: TownConfig, rig: str | None) -> list[str]:
-    """The board's line under the list; none from a refinery of a version without the board."""
+    """The board's line under the list; none from a refinery of a version without the board, nor for a rig it
+    does not know (the list is empty then, as it always was)."""
     try:
         return [render.mq_summary(await read_typed(nc, config, refinery.Board(rig=rig)))]
     except QueryError as exc:
-        if exc.code != "unknown_query":
+        if exc.code not in ("unknown_query", "not_found"):
             raise
         return []
 

@@ -201,6 +201,9 @@ async def test_the_board_shows_runners_at_work_their_stacks_the_waiting_job_then
     refused = await run_gt(env, "mq", "runners", "--rig", "nosuch")
     assert refused.returncode != 0
     assert "no rig 'nosuch'" in refused.stderr, refused.stderr
+    unknown = await run_gt(env, "mq", "list", "--rig", "nosuch")
+    assert unknown.returncode == 0, unknown.stderr
+    assert unknown.stdout.strip() == "the merge queue is empty", "as it always was: no board line for no rig"
 
     listed = await run_gt(env, "mq", "list")
     assert listed.returncode == 0, listed.stderr
