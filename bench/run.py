@@ -14,7 +14,20 @@ from pathlib import Path
 
 import structlog
 
-from bench import agents, cli, commands, deacon, queries, refinery, replay, reposize, witness, work
+from bench import (
+    agents,
+    cli,
+    commands,
+    deacon,
+    queries,
+    refinery,
+    replay,
+    reposize,
+    speculative,
+    warmgates,
+    witness,
+    work,
+)
 from bench.common import REPO_ROOT, Figure, machine
 from shared.core.subjects import query_subject
 
@@ -41,6 +54,11 @@ FULL = {
     "cli_creates": 100,
     "repo_files": 50_000,
     "repo_beads": 6,
+    "spec_mrs": 16,
+    "spec_gate_ms": 5000,
+    "spec_runners": 4,
+    "warm_modules": 2000,
+    "warm_merges": 3,
 }
 QUICK = {
     "events": 20_000,
@@ -65,6 +83,11 @@ QUICK = {
     "cli_creates": 10,
     "repo_files": 5_000,
     "repo_beads": 2,
+    "spec_mrs": 4,
+    "spec_gate_ms": 500,
+    "spec_runners": 2,
+    "warm_modules": 200,
+    "warm_merges": 2,
 }
 
 
@@ -79,6 +102,8 @@ async def run_all(sizes: dict[str, int]) -> list[Figure]:
     figures += await agents.run(sizes["claude_sessions"], sizes["tool_calls"])
     figures += await cli.run(sizes["cli_rounds"], sizes["cli_creates"])
     figures += await reposize.run(sizes["repo_files"], sizes["repo_beads"])
+    figures += await speculative.run(sizes["spec_mrs"], sizes["spec_gate_ms"] / 1000, sizes["spec_runners"])
+    figures += await warmgates.run(sizes["warm_modules"], sizes["warm_merges"])
     # By letter, in the order measured within one letter: one benchmark module may measure several letters.
     return sorted(figures, key=lambda figure: figure.name[:3])
 
@@ -183,6 +208,17 @@ def render(figures: list[Figure], facts: dict[str, str], *, quick: bool) -> str:
         "  rig's clones) is not measured. From the log: merge overhead = `bead.closed` - `mr.submitted` - the gate",
         "  seconds of `mr.merged`, and session start = `session.started` - `session.requested`; p50 and max of the",
         "  50,000-file rig against the 100-file rig's same figure (the note gives 50k/100).",
+        "- **(v) speculative gating**: mayor, witness, refinery and R gate runners (`gt-runner`) as processes, a",
+        "  fresh town per mode; N merge requests of disjoint changes, the middle one failing its gate (`sleep` 5 s",
+        "  then a check), submitted at once. Serial mode (`GT_MQ_BATCH=1`, no runners: the refinery gates alone)",
+        "  against `GT_MQ_RUNNERS=R` with batches of R (the default) and of N: each batch's prefixes gated R at a",
+        "  time, a job each on its own runner. Wall time from the first submit to the last `mr.merged`/`mr.failed`;",
+        "  the note gives runners/serial (the target) and the gate jobs' rounds and waits from the log.",
+        "- **(w) warm against cold gates**: mayor, witness, refinery and one gate runner as processes; two rigs",
+        "  whose set-up gate makes a `.venv` when missing and `pip install`s a local wheel into it (no network),",
+        "  `.venv/` ignored; one rig `gate_pristine`. Merges one at a time, the rigs taking turns; the set-up",
+        "  gate's seconds (`gate.finished`) of the persistent rig's second merge (warm) against its first (cold),",
+        "  and against the pristine rig's second merge (always cold).",
         "",
     ]
     return "\n".join(lines)

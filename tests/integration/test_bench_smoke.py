@@ -55,6 +55,8 @@ def test_the_benchmarks_run_and_report_every_figure_with_its_ceiling(gt_env: dic
         "(s)",
         "(t)",
         *["(u)"] * 4,  # merge overhead and session start, p50 and max
+        *["(v)"] * 3,  # serial, runners with a batch of R, and of N
+        *["(w)"] * 2,  # warm against cold, and against pristine
     ]
     for row in rows:
         cells = [cell.strip() for cell in row.split("|")[1:-1]]
