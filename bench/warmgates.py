@@ -11,7 +11,7 @@ Two rigs in one town, alike but for ``gate_pristine``; their set-up gate is what
 
 with ``.venv/`` in ``.gitignore``, and their test gate imports the package from ``.venv``. The refinery gates
 each merge as a job on the runner (``GT_MQ_RUNNERS=1``), which keeps a persistent gate workspace per rig
-(``shared.gates.workspace``): ignored files (the ``.venv``) survive from one merge to the next, unless the rig is
+(``shared.host.gates.workspace``): ignored files (the ``.venv``) survive from one merge to the next, unless the rig is
 ``gate_pristine``, whose workspace is cleaned of them before every merge (always cold). Merges are submitted one at
 a time, the two rigs taking turns, each a change of one new file (requirements unchanged).
 
