@@ -73,6 +73,7 @@ class RefineryService(Service[RefineryState]):
         self._cleaned = asyncio.Event()
         self._busy: set[str] = set()
         """Rigs with a merge request being processed by this process."""
+        self._landed: dict[tuple[str, str], merger.Landed] = {}  # (rig, target) -> the candidate it landed last
         self._pauses_escalated: set[tuple[str, int]] = set()
         """(rig, pause number) of paused queues this process escalated (or found escalated)."""
         self.gate_runs = self.batches = self.fenced = 0
@@ -203,6 +204,7 @@ class RefineryService(Service[RefineryState]):
             result = await asyncio.to_thread(
                 merger.process, paths, rig, mrs, name=name, gate_timeout=self.mq.gate_timeout_s, lost_lease=lost_lease,
                 gate_workspaces=self.gate_workspaces, retry_red=self.mq.retry_red,
+                landed=self._landed.get((rig_name, first.target)),
                 backend=runner_gates(self.desk, paths, rig, first.target, self.mq, self.holder) if self.desk else None,
             )  # fmt: skip
             if result.fenced:
@@ -211,6 +213,9 @@ class RefineryService(Service[RefineryState]):
                 self.fenced += 1
                 log.warning("merge_fenced", mrs=mr_ids, why=result.fenced)
                 return
+            landed = merger.landed_of(result, rig, self._landed.get((rig_name, first.target)))
+            if landed is not None:
+                self._landed[(rig_name, first.target)] = landed
             self.gate_runs += result.gates_run
             self.gate_seconds += result.gate_seconds
             self.batches += 1

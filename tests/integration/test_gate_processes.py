@@ -14,7 +14,8 @@ import msgspec
 
 from shared.host import processes
 from shared.host.gates import runs
-from shared.host.gates.watch import MARKER_VARIABLE, GateRecord, Leader, WatchSpec
+from shared.host.gates.records import GateRecord, Leader, WatchSpec
+from shared.host.gates.watch import MARKER_VARIABLE
 from tests.helpers import assert_eventually
 
 
@@ -79,7 +80,7 @@ async def test_a_gate_whose_watcher_was_killed_too_is_stopped_by_the_next_start(
     spec = WatchSpec(argv=["sh", "-c", script], cwd=str(tmp_path), record=str(records / "g.json"), marker=marker)
     env = {"PATH": os.environ["PATH"], MARKER_VARIABLE: marker}
     watcher = subprocess.Popen(
-        [sys.executable, "-I", runs.WATCHER, msgspec.json.encode(spec).decode()],
+        [sys.executable, "-I", "-S", runs.WATCHER, msgspec.json.encode(spec).decode()],
         cwd="/", env=env, stdin=subprocess.PIPE,
     )  # fmt: skip
     try:

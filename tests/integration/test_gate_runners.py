@@ -304,3 +304,28 @@ async def test_a_merge_request_retried_after_its_gate_failed_is_gated_afresh_not
     requested = [d for k, d in await gate_events(nc) if k == "gate.requested" and d.get("stack") == [mr_id]]
     assert len(requested) == 3, "the retry asked for a new job on the same commit, no answer of before taken"
     assert requested[0]["commit"] == requested[2]["commit"]
+
+
+async def test_a_red_candidate_on_a_tip_this_refinery_landed_is_not_checked_on_the_target_again(
+    retry_town: PolecatTown, nc: Client
+) -> None:
+    pt = retry_town
+    await pt.add_rig(test_command=FAILS_ON_MARKERS)
+    (green,) = await queue_branches(pt, 1, failing=set())
+
+    def status_of(mr_id: str) -> str:
+        assert pt.refinery is not None
+        mr = pt.refinery.projection.state.mrs.get(mr_id)
+        assert mr is not None
+        assert mr.status in ("failed", "merged"), mr.status
+        return mr.status
+
+    assert await assert_eventually(lambda: status_of(green), timeout=120, interval=0.1) == "merged"
+    bead = await pt.new_bead("Change red", prefix="demo")
+    branch = f"polecat/red/{bead}"
+    red = await pt.submit(bead, branch, pt.push_branch(branch, {"red.txt": "x\n", "FAIL_red": "red\n"}))
+    assert await assert_eventually(lambda: status_of(red), timeout=120, interval=0.1) == "failed"
+    requested = [d for k, d in await gate_events(nc) if k == "gate.requested"]
+    on_target = [r for r in requested if not r.get("stack")]
+    assert on_target == [], "the target's tip is the candidate landed before: its gates passed on it already"
+    assert [r["stack"] for r in requested] == [[green], [red], [red]], "red, gated once more (GT_MQ_RETRY_RED)"

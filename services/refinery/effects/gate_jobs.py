@@ -93,6 +93,13 @@ class JobDesk:
                 raise GateJobError(f"no gate runner finished the jobs {', '.join(waiting)} in time")
             await pause(POLL_S)
 
+    async def passed_on(self, commit: str, gate: GateCommand) -> bool:
+        """Whether a finished job passed ``gate`` (that very command) on ``commit``."""
+        return any(
+            job.commit == commit and job.status == "finished" and job.passed and gate in job.gates
+            for job in self.jobs().values()
+        )
+
     async def open_jobs(self, rig: str) -> set[str]:
         """The rig's jobs still to run or running."""
         return {job.id for job in self.jobs().values() if job.rig == rig and job.status in GATE_JOB_OPEN}
@@ -201,6 +208,9 @@ class RunnerGates:
                 assert failure is not None
                 return index, failure
         return None
+
+    def known_green(self, commit: str, gate: GateCommand) -> bool:
+        return self.desk.call(functools.partial(self.desk.passed_on, commit, gate))
 
     def close(self) -> None:
         """The batch is done: its jobs still open are cancelled, and so are the rig's jobs a refinery before this

@@ -134,11 +134,38 @@ class GateBackend(Protocol):
         """The batch is done: nothing it started runs on."""
         ...
 
+    def known_green(self, commit: str, gate: GateCommand) -> bool:
+        """Whether ``gate`` (that very command) is known to pass on ``commit`` already (the target's tip is the
+        last candidate landed): its run on the target would tell nothing new."""
+        ...
+
+
+class Landed(NamedTuple):
+    """The last candidate this refinery landed on a rig, and the gates it passed to land."""
+
+    commit: str
+    gates: tuple[GateCommand, ...]
+
+
+def landed_of(result: BatchResult, rig: Rig, before: Landed | None) -> Landed | None:
+    """What ``result`` landed (its tip passed every gate of the rig to land), else what had landed ``before``."""
+    if not result.merged:
+        return before
+    return Landed(commit=result.outcomes[result.merged[-1]].merged_commit, gates=tuple(gate_commands(rig)))
+
 
 class LocalGates:
     """The refinery's own gates: one probe at a time, in the rig's persistent gate workspace (``execution.Prober``)."""
 
-    def __init__(self, paths: Paths, rig: Rig, name: str, timeout: float, gate_workspaces: GateWorkspaces | None):
+    def __init__(
+        self,
+        paths: Paths,
+        rig: Rig,
+        name: str,
+        timeout: float,
+        gate_workspaces: GateWorkspaces | None,
+        landed: Landed | None = None,
+    ):
         place = execution.Place(
             clone=paths.bare, workspace=paths.workspace, logs=paths.logs, records=paths.gates, home=paths.home
         )
@@ -148,6 +175,7 @@ class LocalGates:
             on_first_gate=lambda: crash_point("refinery.during_gates"),
         )  # fmt: skip
         self.name = name
+        self.landed = landed
 
     @property
     def width(self) -> int:
@@ -177,6 +205,9 @@ class LocalGates:
 
     def close(self) -> None:
         """Nothing outlives a probe here."""
+
+    def known_green(self, commit: str, gate: GateCommand) -> bool:
+        return self.landed is not None and self.landed.commit == commit and gate in self.landed.gates
 
 
 def gate_commands(rig: Rig) -> list[GateCommand]:
@@ -223,8 +254,8 @@ class Gates:
         if found is None:
             return None
         failure = found[1]
-        if failure.gate not in self.passes_on_target:
-            gate = next(g for g in self.commands if g.gate == failure.gate)
+        gate = next(g for g in self.commands if g.gate == failure.gate)
+        if failure.gate not in self.passes_on_target and not self.backend.known_green(self.target, gate):
             on_target = Candidate(commit=self.target, key=self.key(self.target, []), stack=())
             target_red = self.backend.first_red([on_target], [gate])
             if target_red is not None:
@@ -270,13 +301,15 @@ def process(
     gate_workspaces: GateWorkspaces | None = None,
     backend: Callable[[str], GateBackend] | None = None,
     retry_red: bool = False,
+    landed: Landed | None = None,
 ) -> BatchResult:
     """Land what can be landed of ``mrs`` (in this order) on their target with one fast-forward push.
 
     ``lost_lease`` is asked right before the push: a refinery that lost the rig's merge lease pushes nothing.
     ``backend``: who runs the gates, made for the target's tip (None: the refinery itself, ``LocalGates``, and
     ``gate_workspaces`` the gate user's workspaces when gates run as another OS user, None for its own);
-    ``retry_red``: a red candidate is gated once more before it is blamed (``Gates``).
+    ``retry_red``: a red candidate is gated once more before it is blamed (``Gates``); ``landed``: the last
+    candidate this refinery landed on the rig (a gate that passed on it is not run on it again).
     """
     target = mrs[0].target
     with _clone_lock(paths):
@@ -290,7 +323,9 @@ def process(
             result.outcomes[mr.id] = Outcome(kind="branch_missing", failure=failure)
         return result
     made = (
-        backend(target_before) if backend is not None else LocalGates(paths, rig, name, gate_timeout, gate_workspaces)
+        backend(target_before)
+        if backend is not None
+        else LocalGates(paths, rig, name, gate_timeout, gate_workspaces, landed)
     )
     try:
         gates = Gates(made, rig, target, target_before, retry_red=retry_red)

@@ -30,7 +30,8 @@ import structlog
 
 from shared.host import processes, reaper
 from shared.host.gates import watch
-from shared.host.gates.watch import MARKER_VARIABLE, STOP_GRACE_S, GateRecord, WatchSpec
+from shared.host.gates.records import GateRecord, WatchSpec
+from shared.host.gates.watch import MARKER_VARIABLE, STOP_GRACE_S
 from shared.host.os_user import OsUser
 
 log = structlog.get_logger(__name__)
@@ -68,7 +69,7 @@ def run(
         gid=as_user.gid if switch and as_user is not None else None,
     )
     watcher = subprocess.Popen(
-        [*reaper.argv(STOP_GRACE_S), sys.executable, "-I", WATCHER, msgspec.json.encode(spec).decode()],
+        [*reaper.argv(STOP_GRACE_S), sys.executable, "-I", "-S", WATCHER, msgspec.json.encode(spec).decode()],
         cwd="/",
         env={**env, MARKER_VARIABLE: marker},
         stdin=subprocess.PIPE,
