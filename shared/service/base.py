@@ -374,6 +374,7 @@ class Service(Generic[S]):
     async def _wait_provisioned(self, nc: Connection) -> None:
         """Until the town's log and the buckets a service writes are there (made by another service, or `gt up`)."""
         since = time.monotonic()
+        said: tuple[list[str], float] = ([], 0.0)
         while True:
             raise_if_cancelling()
             try:
@@ -381,13 +382,15 @@ class Service(Generic[S]):
             except Exception as exc:
                 if not retryable(exc):
                     raise
-                missing = [repr(exc)]
+                missing = [type(exc).__name__]
             if not missing:
                 return
-            waited = round(time.monotonic() - since, 1)
-            (log.info if gt_logging.forming(since, time.monotonic()) else log.warning)(
-                "town_not_provisioned_yet", missing=missing, waited_s=waited
-            )
+            now = time.monotonic()
+            if missing != said[0] or now - said[1] >= 10.0:  # said when it changes, else every 10 s
+                said = (missing, now)
+                (log.info if gt_logging.forming(since, now) else log.warning)(
+                    "town_not_provisioned_yet", missing=missing, waited_s=round(now - since, 1)
+                )
             await pause(0.5)
 
     async def _log_state(self) -> streams.StreamState:

@@ -24,6 +24,7 @@ from typing import Any
 
 import nats.js.errors
 import pytest
+import structlog
 
 from services.refinery.service import RefineryService
 from services.refinery.settings import RefinerySettings
@@ -198,3 +199,31 @@ async def test_the_runner_user_appends_gate_events_only_and_cannot_make_jetstrea
     lines = st.violations()
     for subject in ("gt.evt.mr.mr-victim", "$JS.API.STREAM.DELETE.GT_EVT", "$KV.GT_ACTIVE.mayor", "gt.q.mayor.>"):
         assert any('"RUNNERS/user:runner"' in line and subject in line for line in lines), (subject, lines)
+
+
+async def test_a_runner_started_before_the_town_is_provisioned_waits_for_it_and_then_serves(
+    st: SecuredTown, tmp_path: Path
+) -> None:
+    # The runner user may make no stream: a runner that comes up first (its container before the services') waits,
+    # saying so at info while the town forms, and serves once a service has provisioned the town.
+    runner = RunnerService(
+        st.config("runner"), FAST, runner=RunnerSettings(name="early", home=str(tmp_path / "early"), heartbeat_s=0.5)
+    )
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(runner.run(), name="runner-early")
+        try:
+            await assert_eventually(
+                lambda: any(e["event"] == "town_not_provisioned_yet" for e in logs), timeout=30, interval=0.05
+            )
+            assert not runner.ready.is_set()
+            async with services_as_themselves(st, tmp_path, "mayor"):
+                await assert_eventually(runner.ready.is_set, timeout=30, interval=0.05)
+                health = await st.gt("operator", "health", "runner-early")
+                assert health.returncode == 0, health.stdout + health.stderr
+        finally:
+            await runner.shutdown()
+            await asyncio.wait_for(task, 30)
+    waited = [e for e in logs if e["event"] == "town_not_provisioned_yet"]
+    assert waited[0]["missing"] == ["GT_EVT", "KV_GT_ACTIVE", "KV_GT_SERVICES"], waited[0]
+    assert waited[0]["log_level"] == "info", "a town still forming is no warning"
+    assert st.violations() == [], "waiting asked nothing the runner user may not ask"

@@ -59,6 +59,15 @@ def test_up_with_runners_gates_on_them_supervises_them_and_down_stops_them_after
             assert health.returncode == 0, health.stdout + health.stderr
             assert json.loads(health.stdout)["identity"] == name
 
+        def listed() -> dict[str, Any] | None:
+            shown = town("status", "--json")
+            services: dict[str, Any] = json.loads(shown.stdout)["services"] if shown.returncode == 0 else {}
+            return services if all(services.get(name, {}).get("state") == "healthy" for name in RUNNERS) else None
+
+        services = wait_until(listed, timeout=30, interval=0.5, message="gt status lists the runners, healthy")
+        assert services is not None
+        assert list(services)[-2:] == RUNNERS
+
         # A change merged: its gates ran on a runner (the refinery asked for jobs: GT_MQ_RUNNERS=2).
         origin = make_origin(tmp_path / "project")
         added = town("rig", "add", "demo", str(origin), "--test", TEST_COMMAND, "--wait")
