@@ -6,10 +6,13 @@ their account has no JetStream to turn against the town.
 ``DirectReader`` is ``reader.EventReader``'s stand-in (the same ``Follower`` surface): it hands ``apply`` only the
 messages on its filter, in order, each once, and tells ``passed`` how far the stream was read besides, so that
 ``last_seq`` (and whoever waits on it: read-your-writes, an append waiting to be applied) stands at the stream's end
-even when nothing there was on the filter. Each round reads the stream's last sequence first, then the filter's
-messages after ``last_seq`` until the server says none is pending: every message on the filter up to that last
-sequence has then been applied, so ``last_seq`` may move there. A round that lost a message on the way (a batch cut
-at a hole, ``log_read``) moves only as far as what arrived, and the next round reads the rest.
+even when nothing there was on the filter. Each round reads the stream's last sequence first (the stream's leader
+answers), then the filter's messages after ``last_seq`` by batched direct gets until the answering server says none
+is pending. Any replica answers a direct get, and one may lag the leader: so before ``last_seq`` moves past what was
+read, the leader is asked for the next message on the filter (a message get, which only the leader answers); none
+means every message on the filter up to that last sequence has been applied, and ``last_seq`` moves there. One it
+has is applied, and the round goes on. A round that lost a message on the way (a batch cut at a hole, ``log_read``)
+moves only as far as what arrived, and the next round reads the rest.
 
 It polls: at once while messages come, then after ``poll_s``, doubling up to ``max_poll_s`` while none do, and at
 once when someone waits for a sequence it has not read (``wait_for_seq``).
@@ -23,12 +26,14 @@ import itertools
 from collections.abc import Callable
 
 import nats.errors
+import nats.js.errors
 import structlog
 
 from shared.bus import log_read
 from shared.bus.connection import Connection
 from shared.bus.errors import map_errors, retryable
 from shared.bus.reader import ApplyFn
+from shared.bus.streams import Stored
 from shared.core.aio import pause, raise_if_cancelling, wait_event
 
 log = structlog.get_logger(__name__)
@@ -73,6 +78,8 @@ class DirectReader:
         self.resyncs = 0
         """Rounds that ended before the server's end (a message lost on the way); read again."""
         self.gaps = 0
+        self.lagging = 0
+        """Messages the leader had that the replica answering a batch did not have yet."""
         self._poke = asyncio.Event()
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._counter = itertools.count()
@@ -115,6 +122,17 @@ class DirectReader:
                     raise
                 log.warning("stream_info_failed", stream=self._stream, error=repr(exc))
                 await pause(0.5)
+
+    async def _next_on_leader(self) -> Stored | None:
+        """The stream leader's first message on the filter after ``last_seq``; None when it has none."""
+        try:
+            msg = await self._nc.jetstream().get_msg(
+                self._stream, seq=self.last_seq + 1, subject=self._subject, next=True
+            )
+        except nats.js.errors.NotFoundError:
+            return None
+        assert msg.seq is not None
+        return Stored(int(msg.seq), str(msg.subject or ""), msg.data or b"")
 
     async def _stream_last_seq(self) -> int:
         info = await self._nc.jetstream().stream_info(self._stream)
@@ -165,7 +183,14 @@ class DirectReader:
             if self._waiters:
                 self._wake()
             if batch.pending == 0:
-                break
+                found = await self._next_on_leader()
+                if found is None:
+                    break
+                # The replica that answered is behind the leader: the leader's next one, then read on from there.
+                self._apply(found.seq, found.subject, found.data)
+                self.last_seq = found.seq
+                self.lagging += 1
+                continue
             if batch.messages:
                 empty_cuts = 0
                 continue
