@@ -21,7 +21,7 @@ import msgspec
 from shared.bus.auth_callout import issuer_public, new_issuer_seed
 from shared.core.config import TownConfig
 
-USERS = ("mayor", "witness", "refinery", "deacon", "operator", "admin", "plugin", "auth", "sys")
+USERS = ("mayor", "witness", "refinery", "deacon", "operator", "admin", "plugin", "runner", "auth", "sys")
 """The users of ops/nats/accounts.conf (sessions come through the auth callout, with no password of their own)."""
 SERVICES = ("mayor", "witness", "refinery", "deacon")
 ISSUER_SEED = "auth-issuer.seed"

@@ -34,7 +34,7 @@ from shared.bus.auth_callout import keygen_lines
 from tests.helpers import gt_run, wait_until
 from tests.service_process import ManagedProcess
 
-USERS = ("route", "mayor", "witness", "refinery", "deacon", "operator", "admin", "plugin", "auth", "sys")
+USERS = ("route", "mayor", "witness", "refinery", "deacon", "operator", "admin", "plugin", "runner", "auth", "sys")
 CLIENT_PORT, ROUTE_PORT, HTTP_PORT = 4222, 6222, 8222
 
 

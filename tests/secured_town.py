@@ -40,7 +40,7 @@ from tests.helpers import gt_run
 from tests.witness_town import FAST, PolecatTown, make_origin, tmux_socket
 
 ACCOUNTS = REPO_ROOT / "ops" / "nats" / "accounts.conf"
-USERS = ("mayor", "witness", "refinery", "deacon", "operator", "admin", "plugin", "auth", "sys")
+USERS = ("mayor", "witness", "refinery", "deacon", "operator", "admin", "plugin", "runner", "auth", "sys")
 EXIT_DENIED = 4
 FAIL_FAST_S = 4.0
 """A refusal is reported well before the 5 s a JetStream publish waits for its acknowledgement."""

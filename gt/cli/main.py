@@ -14,7 +14,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -46,6 +46,7 @@ from gt.cli.common import (
     Handler,
     Subcommands,
 )
+from gt.town.policy import MAX_RUNNERS
 from gt.town_secrets import as_operator
 from shared.bus.connection import Connection, close_at_once, connect_as_session_or_user, connection_key
 from shared.bus.permissions import guarded
@@ -53,6 +54,7 @@ from shared.bus.query import ask_json, reply_of
 from shared.bus.topology import provision
 from shared.core import config as town_config
 from shared.core import logging as gt_logging
+from shared.core import subjects
 from shared.core.aio import task_stacks
 from shared.core.config import TownConfig
 from shared.core.errors import GastownError, NatsUnavailableError
@@ -63,6 +65,29 @@ if TYPE_CHECKING:
     from shared.bus.kept import KeptConnections
 
 SERVICES = ("mayor", "witness", "refinery", "deacon")
+
+
+def _service(*extra: str) -> Callable[[str], str]:
+    """An argument naming a service of the town, a gate runner (``runner-<name>``) or one of ``extra``."""
+
+    def parse(value: str) -> str:
+        if value in SERVICES or value in extra or subjects.is_runner_scope(value):
+            return value
+        known = ", ".join([*SERVICES, *extra, "runner-<name>"])
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {known})")
+
+    return parse
+
+
+def _runner_count(value: str) -> int:
+    """``--runners``: how many gate runners `gt up` starts."""
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if not 0 <= count <= MAX_RUNNERS:
+        raise argparse.ArgumentTypeError(f"a whole number from 0 to {MAX_RUNNERS}, got {value!r}")
+    return count
 
 
 class StrictParser(argparse.ArgumentParser):
@@ -113,12 +138,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--services", default=",".join(SERVICES), help="comma-separated services to run")
     up.add_argument(
+        "--runners",
+        type=_runner_count,
+        default=os.environ.get("GT_RUNNERS", "0"),
+        help="gate runners to start beside the services, runner-1 ... runner-N (env GT_RUNNERS, default 0: the "
+        "refinery runs the gates itself); the refinery's GT_MQ_RUNNERS is N unless set",
+    )
+    up.add_argument(
         "--service",
         metavar="NAME",
-        choices=(*SERVICES, "nats"),
-        help="on a running town: restart this one service (mayor, witness, refinery, deacon) and wait until it is "
-        "caught up; one left down after a crash loop starts afresh. `nats`: start the embedded NATS server again "
-        "after its crash loop",
+        type=_service("nats"),
+        help="on a running town: restart this one service (mayor, witness, refinery, deacon, runner-N) and wait "
+        "until it is caught up; one left down after a crash loop starts afresh. `nats`: start the embedded NATS "
+        "server again after its crash loop",
     )
     down = sub.add_parser("down", help="stop what `gt up` started (refinery, witness, mayor, deacon, then NATS)")
     down.add_argument(
@@ -150,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("schema", help="JSON Schema of every command and event")
     st = sub.query("health", _health, help="exit 0 when the service is connected and caught up with the log")
-    st.add_argument("service", nargs="?", default="mayor", choices=SERVICES)
+    st.add_argument(
+        "service", nargs="?", default="mayor", type=_service(), help=f"{', '.join(SERVICES)} or runner-<name>"
+    )
     return p
 
 

@@ -16,10 +16,11 @@ from shared.bus import streams
 from shared.bus.errors import BusError
 from shared.bus.kv import Bucket
 from shared.bus.query import ask_json, reply_of
+from shared.core import subjects
 from shared.core.config import TownConfig
 from shared.core.errors import QueryError
 from shared.model import heartbeats
-from shared.model.queries import Query, Status, mayor, refinery, witness
+from shared.model.queries import Query, Status, deacon, mayor, refinery, witness
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -95,8 +96,8 @@ async def _last_seq(nc: Connection, config: TownConfig) -> int | None:
 async def gather(
     nc: Connection, config: TownConfig, now: datetime | None = None, *, show_all: bool = False
 ) -> dict[str, Any]:
-    """The snapshot ``gt status`` shows: every service asked at once, each part None when its service did not
-    answer; removed rigs and superseded merge requests only with ``show_all``."""
+    """The snapshot ``gt status`` shows: every service asked at once (and each gate runner the deacon knows), each part
+    None when its service did not answer; removed rigs and superseded merge requests only with ``show_all``."""
     names = town_view.SERVICES
 
     async def sessions_then_theirs() -> tuple[Any, dict[str, str], dict[str, str | None]]:
@@ -108,9 +109,21 @@ async def gather(
         heartbeats, steps = await asyncio.gather(_heartbeats(nc, config, session_ids), _current_steps(nc, beads))
         return sessions, heartbeats, steps
 
+    async def runners_then_theirs() -> tuple[list[str], list[Any]]:
+        # The gate runners the deacon knows (not those that stopped cleanly), each asked on its own.
+        liveness = await _answer(nc, deacon.Services())
+        found = [
+            str(s["service"])
+            for s in liveness or []
+            if subjects.is_runner_scope(str(s.get("service", ""))) and s.get("status") != "stopped"
+        ]
+        runners = sorted(found, key=lambda name: (len(name), name))
+        return runners, list(await asyncio.gather(*(_answer(nc, Status(service=name)) for name in runners)))
+
     (
         last,
         statuses,
+        (runners, runner_statuses),
         rigs,
         (sessions, heartbeats, steps),
         mrs,
@@ -121,6 +134,7 @@ async def gather(
     ) = await asyncio.gather(
         _last_seq(nc, config),
         asyncio.gather(*(_answer(nc, Status(service=name)) for name in names)),
+        runners_then_theirs(),
         _answer(nc, witness.Rigs(all=show_all)),
         sessions_then_theirs(),
         _answer(nc, refinery.Mrs()),
@@ -132,7 +146,8 @@ async def gather(
     return town_view.snapshot(
         now=now or datetime.now(UTC),
         stream_last_seq=last,
-        statuses=dict(zip(names, statuses, strict=True)),
+        statuses={**dict(zip(names, statuses, strict=True)), **dict(zip(runners, runner_statuses, strict=True))},
+        runners=runners,
         rigs=rigs,
         sessions=sessions,
         heartbeats=heartbeats,

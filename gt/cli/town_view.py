@@ -109,11 +109,13 @@ def snapshot(
     escalations: list[dict[str, Any]] | None,
     costs: dict[str, CostLine] | None = None,
     paused: list[dict[str, Any]] | None = None,
+    runners: Sequence[str] = (),
     show_all: bool = False,
 ) -> dict[str, Any]:
     """The town as ``gt status --json`` prints it. ``heartbeats``: session id -> time of its last agent
     heartbeat; ``steps``: bead id -> its molecule's current step; ``costs``: rig -> its tokens and ``cost_usd``
-    (``gt costs --by rig``); ``paused``: the rigs' paused merge queues (``PausedQueues``). The merge queue shows
+    (``gt costs --by rig``); ``paused``: the rigs' paused merge queues (``PausedQueues``); ``runners``: the gate
+    runners' scopes the deacon knows (``runner-<name>``), shown after the services. The merge queue shows
     the rigs of ``rigs`` (removed ones only when asked for them) and, unless ``show_all``, no request superseded by
     a newer one of its bead."""
     costs = costs or {}
@@ -170,7 +172,7 @@ def snapshot(
     return {
         "at": now.isoformat(),
         "stream_last_seq": stream_last_seq,
-        "services": {name: service_state(statuses.get(name), stream_last_seq) for name in SERVICES},
+        "services": {name: service_state(statuses.get(name), stream_last_seq) for name in (*SERVICES, *runners)},
         "rigs": None
         if rigs is None
         else [

@@ -13,7 +13,7 @@ from pathlib import Path
 import structlog
 
 from gt.embedded_nats import EmbeddedServer, free_port
-from gt.town.policy import CRASH_LOOP_RESTARTS, CRASH_LOOP_WINDOW_S, MAX_BACKOFF_S, NATS
+from gt.town.policy import CRASH_LOOP_RESTARTS, CRASH_LOOP_WINDOW_S, MAX_BACKOFF_S, NATS, module_of
 from shared.core.errors import (
     EXIT_LOG_LOST,
     GastownError,
@@ -55,10 +55,12 @@ class Restarts:
 
 
 class ChildService:
-    """One service process under supervision."""
+    """One service process under supervision: a service (``mayor``) or a gate runner (``runner-2``, running
+    ``services.runner``)."""
 
     def __init__(self, name: str, env: dict[str, str], log_dir: Path) -> None:
         self.name = name
+        self.module = module_of(name)
         self.env = env
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -68,7 +70,7 @@ class ChildService:
     def start(self) -> None:
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", f"services.{self.name}", "--log-json"],
+                [sys.executable, "-m", f"services.{self.module}", "--log-json"],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

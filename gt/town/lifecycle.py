@@ -142,7 +142,7 @@ def up(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
         return _detach(args, config, embedded=embedded)
     gt_logging.configure("gt-up")
     try:
-        return asyncio.run(Supervisor(config, services, args.port, embedded=embedded).run())
+        return asyncio.run(Supervisor(config, services, args.port, embedded=embedded, runners=args.runners).run())
     except GastownError as exc:
         print(f"gt: {exc}", file=sys.stderr)
         return 3
@@ -152,6 +152,7 @@ def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> 
     logs = config.gt_home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "gt.cli.main", "up", "--port", str(args.port), "--services", args.services]
+    cmd += ["--runners", str(args.runners)]
     env = dict(os.environ)
     if embedded:
         env.pop("NATS_URL", None)

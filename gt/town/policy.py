@@ -6,7 +6,35 @@ START_ORDER = ("mayor", "witness", "refinery", "deacon")
 """Dependency order: services start in this order."""
 STOP_ORDER = ("refinery", "witness", "mayor", "deacon")
 """Merges and sessions stop first, the mayor after them (it answers their last commands), the deacon last
-(it records the others stopping); then NATS."""
+(it records the others stopping); then NATS. Gate runners stop right after the refinery (``stop_rank``)."""
+RUNNER = "runner"
+"""The gate runners' service (``services.runner``); `gt up --runners N` starts runner-1 ... runner-N."""
+MAX_RUNNERS = 64
+
+
+def runner_names(count: int) -> list[str]:
+    """The children of `gt up --runners count`: ``runner-1`` ... (``GT_RUNNER_NAME`` 1 ...)."""
+    return [f"{RUNNER}-{n}" for n in range(1, count + 1)]
+
+
+def module_of(child: str) -> str:
+    """The service a child runs (``python -m services.<module>``): a runner's is ``runner``."""
+    return RUNNER if child.startswith(f"{RUNNER}-") else child
+
+
+def start_rank(child: str) -> int:
+    """Where a child starts: in ``START_ORDER``, the gate runners after the refinery (they take its jobs)."""
+    module = module_of(child)
+    return START_ORDER.index("refinery") if module == RUNNER else START_ORDER.index(module)
+
+
+def stop_rank(child: str) -> int:
+    """Where a child stops: in ``STOP_ORDER``, the gate runners right after the refinery. The refinery first stops
+    asking for gates; a job a runner finishes meanwhile is in the log, and the next refinery adopts its answer."""
+    module = module_of(child)
+    return STOP_ORDER.index("refinery") if module == RUNNER else STOP_ORDER.index(module)
+
+
 CRASH_LOOP_RESTARTS = 5
 CRASH_LOOP_WINDOW_S = 15 * 60
 MAX_BACKOFF_S = 30.0

@@ -22,8 +22,12 @@ from gt.town.policy import (
     NATS,
     OUTAGE_GRACE_S,
     READY_TIMEOUT_S,
+    RUNNER,
     START_ORDER,
-    STOP_ORDER,
+    module_of,
+    runner_names,
+    start_rank,
+    stop_rank,
 )
 from gt.town.state import TownState, escalations_dir, restart_requests_dir, state_path, write_state
 from gt.town_secrets import TownSecrets, as_user
@@ -56,9 +60,11 @@ log = structlog.get_logger("gt.up")
 class Supervisor:
     """Runs the town in the foreground until SIGTERM/SIGINT."""
 
-    def __init__(self, config: TownConfig, services: list[str], port: int, *, embedded: bool) -> None:
+    def __init__(self, config: TownConfig, services: list[str], port: int, *, embedded: bool, runners: int = 0) -> None:
         self.config = config
         self.services_wanted = services
+        self.runners = runners
+        """Gate runners to start beside the services (``runner-1`` ...)."""
         self.port = port
         self.embedded = embedded
         self.home = config.gt_home
@@ -142,12 +148,11 @@ class Supervisor:
                 env = {**os.environ, "NATS_URL": self.nats_url, "GT_HOME": str(self.home)}
                 for stale in restart_requests_dir(self.config).glob("*.request"):
                     stale.unlink(missing_ok=True)  # asked of an earlier supervisor: this one starts everything
-                for name in START_ORDER:
-                    if name in self.services_wanted:
-                        own = town_secrets.service_env(env, name) if town_secrets is not None else env
-                        child = ChildService(name, own, logs)
-                        child.start()
-                        self.children.append(child)
+                names = [name for name in START_ORDER if name in self.services_wanted] + runner_names(self.runners)
+                for name in sorted(names, key=start_rank):
+                    child = ChildService(name, self._child_env(env, name, town_secrets), logs)
+                    child.start()
+                    self.children.append(child)
                 self.write_state()
                 await self._wait_ready(nc)
                 if self._stop.is_set():
@@ -162,6 +167,19 @@ class Supervisor:
         finally:
             await asyncio.to_thread(self.shutdown)
         return 0
+
+    def _child_env(self, env: dict[str, str], name: str, town_secrets: TownSecrets | None) -> dict[str, str]:
+        """A child's environment: its own login (a runner's, the user ``runner`` all runners share); a runner's name;
+        the refinery's gates on the runners (``GT_MQ_RUNNERS``) unless the operator said otherwise."""
+        module = module_of(name)
+        own = town_secrets.service_env(env, module) if town_secrets is not None else dict(env)
+        if module == RUNNER:
+            own["GT_RUNNER_NAME"] = name.removeprefix(f"{RUNNER}-")
+            # Each runner's home is its own (GT_HOME/runners/<name>): one set for all would be shared by all.
+            own.pop("GT_RUNNER_HOME", None)
+        elif module == "refinery" and self.runners and not env.get("GT_MQ_RUNNERS"):
+            own["GT_MQ_RUNNERS"] = str(self.runners)
+        return own
 
     async def _check_children(self) -> bool:
         """One round of supervision: NATS first (the services need it), then every service (no short-circuit);
@@ -340,7 +358,7 @@ class Supervisor:
             log.warning("services_not_ready", services=sorted(pending))
 
     def shutdown(self) -> None:
-        for child in sorted(self.children, key=lambda c: STOP_ORDER.index(c.name)):
+        for child in sorted(self.children, key=lambda c: stop_rank(c.name)):
             child.stop()
         if self.server is not None:
             self.server.stop()

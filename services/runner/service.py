@@ -18,11 +18,11 @@ from services.runner import settings as runner_settings
 from services.runner.effects import job_run
 from services.runner.projection import new_projection
 from services.runner.state import RunnerState
+from shared.core import subjects
 from shared.core.config import TownConfig
 from shared.host.gates.user import GateWorkspaces, town_directory
 from shared.host.gates.user import resolve as resolve_gate_user
-from shared.model.events.gate_jobs import GateResult
-from shared.model.gate_jobs import RUNNER_SCOPE_PREFIX
+from shared.model.events.gate_jobs import GateJobEvent, GateResult
 from shared.service import Service, ServiceSettings
 
 log = structlog.get_logger(__name__)
@@ -32,6 +32,10 @@ CATCH_UP_S = 5.0
 
 class RunnerService(Service[RunnerState]):
     name: ClassVar[str] = "runner"
+    # Its NATS user (account RUNNERS, ops/nats/accounts.conf) has no JetStream of its own: it reads the gate jobs'
+    # events by direct gets, appends only those, and makes no stream (another service provisions the town).
+    provisions: ClassVar[bool] = False
+    reads_only: ClassVar[str | None] = subjects.event_subject(GateJobEvent.AGGREGATE, ">")
 
     def __init__(
         self,
@@ -57,7 +61,11 @@ class RunnerService(Service[RunnerState]):
 
     @property
     def identity(self) -> str:
-        return f"{RUNNER_SCOPE_PREFIX}{self.runner.name}"
+        return subjects.runner_scope(self.runner.name)
+
+    @property
+    def query_scope(self) -> str:
+        return self.identity  # each runner answers on its own: the supervisor waits for every one
 
     def start_background(self, tg: asyncio.TaskGroup) -> None:
         self._tg = tg

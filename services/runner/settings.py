@@ -10,9 +10,8 @@ from pathlib import Path
 
 import msgspec
 
+from shared.core import subjects
 from shared.core.config import env_number
-
-NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 
 
 class RunnerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,7 +34,7 @@ def load(env: Mapping[str, str] | None = None, *, gt_home: Path) -> RunnerSettin
     env = os.environ if env is None else env
     default = re.sub(r"[^a-z0-9-]", "-", socket.gethostname().lower())[:40].strip("-") or "runner"
     name = env.get("GT_RUNNER_NAME", "").strip() or default
-    if not NAME.match(name):
+    if not subjects.RUNNER_NAME.match(name):
         raise ValueError(f"GT_RUNNER_NAME must be lower-case letters, digits and dashes (at most 40), got {name!r}")
     heartbeat = env_number(env, "GT_RUNNER_HEARTBEAT", 5.0, minimum=0.2)
     stale = env_number(env, "GT_RUNNER_STALE", 30.0, minimum=1.0)

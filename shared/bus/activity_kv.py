@@ -29,6 +29,7 @@ from nats.js.kv import KeyValue
 from shared.bus.connection import Connection
 from shared.bus.errors import map_errors
 from shared.core import logging as gt_logging
+from shared.core import subjects
 from shared.core.aio import pause, raise_if_cancelling, wait_event
 from shared.core.errors import ActivityLostError
 from shared.host import processes
@@ -62,6 +63,9 @@ class ActivityKeeper:
         self._js = nc.jetstream()
         self._bucket = bucket
         self.identity = identity
+        self.key = subjects.scope_tokens(identity)
+        """The scope's key in the bucket (a gate runner's ``runner.<name>``: one token for its name, so that the
+        runners' shared NATS user may write their keys and no other scope's)."""
         self.instance = instance
         self.timing = Timing(ttl_s=ttl_s)
         self._clock = clock
@@ -282,7 +286,7 @@ class ActivityKeeper:
         kv = await self._bucket_kv()
         try:
             async with asyncio.timeout(max(1.0, self.timing.renew_every)):
-                entry = await kv.get(self.identity)
+                entry = await kv.get(self.key)
         except nats.js.errors.KeyNotFoundError:
             return None, 0
         return activity.decode(entry.value), int(entry.revision or 0)
@@ -304,8 +308,8 @@ class ActivityKeeper:
         kv = await self._bucket_kv()
         data = activity.encode(holder)
         if last:
-            return int(await kv.update(self.identity, data, last=last))
-        return int(await kv.create(self.identity, data))
+            return int(await kv.update(self.key, data, last=last))
+        return int(await kv.create(self.key, data))
 
     def _gone(self, holder: Holder) -> bool:
         """The holder is known to act no more: it is on this machine (same pids) and that pid with that start

@@ -329,6 +329,15 @@ async def _stream_exists(js: JetStreamContext, stream: str) -> bool:
 
 
 @map_errors
+async def missing_for_services(nc: Connection, config: TownConfig) -> list[str]:
+    """What a service that does not provision (a gate runner) needs and provisioning has not made yet: the log, the
+    activity keys' and the service heartbeats' buckets; [] once all are there."""
+    js = nc.jetstream()
+    wanted = [config.evt_stream, f"KV_{config.active_bucket}", f"KV_{config.service_bucket}"]
+    return [name for name in wanted if not await _stream_exists(js, name)]
+
+
+@map_errors
 async def provision(nc: Connection, config: TownConfig) -> ProvisionReport:
     """Idempotently create the event log, the command intake and the command consumers, and the KV buckets (the
     plugins' marks included: ``kv_stream_config``, rollups refused, direct gets answered)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 EVT_PREFIX = "gt.evt"
@@ -187,8 +188,35 @@ def session_of_request(reply: str, request_info: dict[str, object] | None) -> st
     return session_of_inbox(reply)
 
 
+RUNNER_SCOPE = "runner"
+"""A gate runner's service scope is ``runner-<name>`` (``services.runner``); see ``scope_tokens``."""
+RUNNER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+"""A gate runner's name (``GT_RUNNER_NAME``): lower-case letters, digits and dashes, one subject token."""
+
+
+def runner_scope(name: str) -> str:
+    """The service scope of the gate runner named ``name``: ``runner-<name>``."""
+    return f"{RUNNER_SCOPE}-{name}"
+
+
+def is_runner_scope(scope: str) -> bool:
+    """Whether ``scope`` is a gate runner's (``runner-<name>``, a valid name)."""
+    head, dash, name = scope.partition("-")
+    return head == RUNNER_SCOPE and bool(dash) and bool(RUNNER_NAME.match(name))
+
+
+def scope_tokens(scope: str) -> str:
+    """A service scope as the subject tokens of its queries and of its keys in ``GT_ACTIVE`` and ``GT_SERVICES``:
+    itself, but a gate runner's (``runner-<name>``) is ``runner.<name>``. The runners share one NATS user, and NATS
+    wildcards stand only for whole tokens: with the name a token of its own, one permission (``gt.q.runner.>``,
+    ``$KV.GT_ACTIVE.runner.*``) names every runner's subjects and nothing of another scope's (``runner-*`` would
+    be no wildcard at all)."""
+    return f"{RUNNER_SCOPE}.{scope.partition('-')[2]}" if is_runner_scope(scope) else scope
+
+
 def query_subject(service: str, what: str) -> str:
-    return f"{QUERY_PREFIX}.{service}.{what}"
+    """``gt.q.<service>.<what>`` (a gate runner's: ``gt.q.runner.<name>.<what>``, ``scope_tokens``)."""
+    return f"{QUERY_PREFIX}.{scope_tokens(service)}.{what}"
 
 
 def split_command_subject(subject: str) -> tuple[str, str] | None:

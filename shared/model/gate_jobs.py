@@ -8,6 +8,7 @@ from datetime import datetime
 
 import msgspec
 
+from shared.core import subjects
 from shared.model.events.base import Envelope
 from shared.model.events.gate_jobs import (
     GateCommand,
@@ -22,7 +23,7 @@ from shared.model.events.gate_jobs import (
 )
 from shared.model.fold import touch
 
-RUNNER_SCOPE_PREFIX = "runner-"
+RUNNER_SCOPE_PREFIX = subjects.runner_scope("")
 """A gate runner's service scope is ``runner-<name>``: its name in ``gate.started`` and the jobs' other events, and
 its heartbeats' service in ``GT_SERVICES``."""
 KEEP_FINISHED = 500

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
+from shared.core import subjects
 from shared.core.decoding import UNDECODABLE
 
 
@@ -38,7 +39,8 @@ _DECODER = msgspec.json.Decoder(ServiceHeartbeat)
 
 
 def key_of(service: str, instance: str) -> str:
-    return f"{service}.{instance}"
+    """``<service>.<instance>`` (a gate runner's scope as ``runner.<name>``: ``subjects.scope_tokens``)."""
+    return f"{subjects.scope_tokens(service)}.{instance}"
 
 
 def encode(beat: ServiceHeartbeat) -> bytes:

@@ -33,9 +33,10 @@ from shared.bus.activity_kv import ActivityKeeper
 from shared.bus.append import Appender
 from shared.bus.commit import GroupCommitter
 from shared.bus.connection import Connection
+from shared.bus.direct_reader import DirectReader
 from shared.bus.reader import EventReader
 from shared.bus.snapshots import SnapshotStore
-from shared.bus.topology import command_consumer_name, has_command_consumer, provision
+from shared.bus.topology import command_consumer_name, has_command_consumer, missing_for_services, provision
 from shared.core import ids, subjects
 from shared.core import logging as gt_logging
 from shared.core.aio import pause, raise_if_cancelling, wait_event
@@ -46,6 +47,7 @@ from shared.model.commands import Command
 from shared.model.decision import Accepted, DecideContext, NewEvent, Route
 from shared.model.queries.base import Query, ServiceStatus
 from shared.service import heap as runtime
+from shared.service.follower import Follower
 from shared.service.heartbeat import HeartbeatSender
 from shared.service.intake import CommandIntake, rate_limit, to_pending
 from shared.service.intake.rate_limit import RateLimiter
@@ -66,6 +68,13 @@ class Service(Generic[S]):
     name: ClassVar[str] = "service"
     tick_failed: ClassVar[str] = "tick_failed"
     """The log event of a failed ``tick``."""
+    provisions: ClassVar[bool] = True
+    """It makes the town's streams and buckets at start when they are missing (``topology.provision``). One whose
+    NATS user may not (a gate runner) waits until another service has made them."""
+    reads_only: ClassVar[str | None] = None
+    """None: it follows the whole log with a consumer of its own (``EventReader``). A subject filter: it reads only
+    the events there, by batched direct gets (``DirectReader``), as a user with no JetStream of its own may (a gate
+    runner, in account RUNNERS); it then keeps no snapshot (the object store is not its to write)."""
 
     def __init__(
         self,
@@ -83,7 +92,7 @@ class Service(Generic[S]):
         self.limiter = RateLimiter(rate_limit.load())
         """Per-actor rate limits of the command intake (``GT_RATE_*``), read once at start."""
         self.nc: Connection | None = None
-        self.reader: EventReader | None = None
+        self.reader: Follower | None = None
         self.appender: Appender | None = None
         self.committer: GroupCommitter | None = None
         self.intake: CommandIntake | None = None
@@ -123,6 +132,12 @@ class Service(Generic[S]):
     def identity(self) -> str:
         """The service scope this instance serves: its activity key and its name in heartbeats and liveness
         (``witness-east`` for a witness of some rigs; the service's name otherwise)."""
+        return self.name
+
+    @property
+    def query_scope(self) -> str:
+        """Whose queries it answers, ``gt.q.<query_scope>.*``: the service's name (any instance of it answers, a
+        scope's or a standby); a gate runner's own scope (each runner is asked on its own)."""
         return self.name
 
     @property
@@ -285,24 +300,37 @@ class Service(Generic[S]):
 
     async def _run_connected(self, nc: Connection) -> None:
         self.nc = nc
-        await self._provision(nc)
+        if self.provisions:
+            await self._provision(nc)
+        else:
+            await self._wait_provisioned(nc)
         await self.queries.start(nc)
         snapshots = self.snapshots = SnapshotKeeper(
             self.name,
             self.projection,
             SnapshotStore(nc, self.config.snapshot_bucket, replicas=self.config.replicas),
-            enabled=self.settings.use_snapshots,
+            enabled=self.settings.use_snapshots and self.reads_only is None,
             every=self.settings.snapshot_every,
             check_interval=self.settings.snapshot_check_interval,
         )
         await snapshots.restore(await self._log_state(), self.config.evt_stream)
-        self.reader = EventReader(
-            nc,
-            self.config.evt_stream,
-            self._on_event,
-            start_after=self.projection.last_seq,
-            idle_heartbeat=self.settings.idle_heartbeat,
-        )
+        if self.reads_only is None:
+            self.reader = EventReader(
+                nc,
+                self.config.evt_stream,
+                self._on_event,
+                start_after=self.projection.last_seq,
+                idle_heartbeat=self.settings.idle_heartbeat,
+            )
+        else:
+            self.reader = DirectReader(
+                nc,
+                self.config.evt_stream,
+                self._on_event,
+                subject=self.reads_only,
+                passed=self.projection.skip_to,
+                start_after=self.projection.last_seq,
+            )
         self.activity = ActivityKeeper(
             nc,
             self.config.active_bucket,
@@ -346,6 +374,28 @@ class Service(Generic[S]):
                 await pause(0.5)
                 continue
             return
+
+    async def _wait_provisioned(self, nc: Connection) -> None:
+        """Until the town's log and the buckets a service writes are there (made by another service, or `gt up`)."""
+        since = time.monotonic()
+        said: tuple[list[str], float] = ([], 0.0)
+        while True:
+            raise_if_cancelling()
+            try:
+                missing = await missing_for_services(nc, self.config)
+            except Exception as exc:
+                if not retryable(exc):
+                    raise
+                missing = [type(exc).__name__]
+            if not missing:
+                return
+            now = time.monotonic()
+            if missing != said[0] or now - said[1] >= 10.0:  # said when it changes, else every 10 s
+                said = (missing, now)
+                (log.info if gt_logging.forming(since, now) else log.warning)(
+                    "town_not_provisioned_yet", missing=missing, waited_s=round(now - since, 1)
+                )
+            await pause(0.5)
 
     async def _log_state(self) -> streams.StreamState:
         """The event log's state, asked again while JetStream is briefly unavailable."""

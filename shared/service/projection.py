@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import structlog
 
+from shared.core import subjects
 from shared.core.errors import EventLogLostError, GastownError
 from shared.model.events import REGISTRY, Envelope, Event, EventRegistry, decode_envelope
 
@@ -76,6 +77,8 @@ class Projection(Generic[S]):
         # good part of the fold's cost on a million-event replay.
         dispatch = getattr(fold, "dispatch", None)
         self._handlers: dict[type[Event], Fold] = {}
+        self._subjects: dict[type[Event], str] = {}
+        """Per payload type, the prefix of its aggregate's subjects (``gt.evt.<aggregate>.``)."""
         self._resolve: Callable[[type[Event]], Fold] = dispatch if dispatch is not None else (lambda _cls: fold)
         self._registry = registry
         self._state_decoder = msgspec.msgpack.Decoder(state_type)
@@ -103,6 +106,17 @@ class Projection(Generic[S]):
         handler = self._handlers.get(cls)
         if handler is None:
             handler = self._handlers[cls] = self._resolve(cls)
+            self._subjects[cls] = subjects.event_subject(cls.AGGREGATE, "")
+        if not subject.startswith(self._subjects[cls]):
+            # An event is its aggregate's only on that aggregate's subjects, the only ones its writer may append
+            # to: a gate runner may append only to ``gt.evt.gate.>``, and an ``mr.merged`` it stored there is no
+            # merge (NATS permissions name subjects, never what a message says it is).
+            self.skipped += 1
+            self.last_seq = seq
+            if f"misplaced:{env.type}" not in self._reported:
+                self._reported.add(f"misplaced:{env.type}")
+                log.warning("event_misplaced", projection=self.name, seq=seq, subject=subject, type=env.type)
+            return
         try:
             handler(payload, self.state, env, seq)
         except Exception:
@@ -112,6 +126,12 @@ class Projection(Generic[S]):
         self.applied += 1
         if env.type in self.snapshot_after:
             self.snapshot_due = True
+
+    def skip_to(self, seq: int) -> None:
+        """Nothing stored up to ``seq`` is for this projection: a reader of only the subjects it folds
+        (``shared.bus.direct_reader``) read the log that far. ``last_seq`` moves there, as if every event up to it had
+        been applied and found of no concern."""
+        self.last_seq = max(self.last_seq, seq)
 
     def serialize_state(self) -> bytes:
         """Canonical JSON of the state and sequence: two projections are equal when these bytes are."""

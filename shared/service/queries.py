@@ -20,12 +20,12 @@ import structlog
 
 from shared.bus import query as bus_query
 from shared.bus.connection import Connection
-from shared.bus.reader import EventReader
 from shared.core import subjects
 from shared.core.decoding import UNDECODABLE
 from shared.core.errors import QueryError
 from shared.model.queries import registry
 from shared.model.queries.base import LATEST_SEQ, PAGE_BYTES, Digest, DigestReply, Page, Query, ServiceStatus
+from shared.service.follower import Follower
 from shared.service.projection import Projection
 
 log = structlog.get_logger(__name__)
@@ -46,9 +46,12 @@ class Answering(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def query_scope(self) -> str: ...
+
     projection: Projection[Any]
     following: asyncio.Event
-    reader: EventReader | None
+    reader: Follower | None
 
     def status(self) -> ServiceStatus: ...
 
@@ -71,10 +74,10 @@ class QueryServer:
         """Queries not answered: their reply subject was no inbox (``subjects.is_inbox``)."""
 
     async def start(self, nc: Connection) -> None:
-        name = self._service.name
+        scope = self._service.query_scope
         self._nc = nc
         self._serving = await bus_query.serve(
-            nc, subjects.query_subject(name, ">"), queue=f"{name}-q", on_request=self._on_query
+            nc, subjects.query_subject(scope, ">"), queue=f"{scope}-q", on_request=self._on_query
         )
 
     async def stop(self) -> None:

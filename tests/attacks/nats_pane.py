@@ -43,8 +43,17 @@ def targets(victim: str) -> dict[str, tuple[str, bytes]]:
         "data": {"bead_id": victim, "reason": MARK},
     }
     activity = {"instance": "attacker", "host": "x", "pid": 1, "started": 0, "ttl_s": 99999999, "why": MARK}
+    # A gate job's answer, as a gate runner writes it: passed, for whatever candidate the job names.
+    gate_answer = {
+        **forged_event,
+        "id": "ev-forged-gate",
+        "type": "gate.finished",
+        "actor": "runner",
+        "data": {"job_id": "g-forged", "runner": "runner-1", "attempt": 1, "passed": True, "error": MARK},
+    }
     return {
         "forge_event": (f"gt.evt.bead.{victim}", json.dumps(forged_event).encode()),
+        "forge_gate_answer": ("gt.evt.gate.g-forged", json.dumps(gate_answer).encode()),
         "close_as_refinery": (
             "gt.cmd.bead.close.svc.refinery",
             json.dumps({"id": victim, "reason": MARK, "cmd_id": "forged-close"}).encode(),

@@ -433,8 +433,7 @@ class Town:
     async def projection_problems(self, log: LogFollower) -> list[str]:
         assert self.nc is not None
         problems = []
-        # The runners answer queries as one group (``gt.q.runner.*``): whichever answers is checked.
-        runners = {"runner": runner_projection} if self.settings.runners else {}
+        runners = {f"runner-{n}": runner_projection for n in range(1, self.settings.runners + 1)}
         for name, factory in {**PROJECTIONS, **runners}.items():
             answer = await self._digest(name, log.last_seq)
             if answer is None:

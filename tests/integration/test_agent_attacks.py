@@ -193,6 +193,19 @@ async def assert_squat_failed(nc: Client, squat_text: str | None, rig: str, bead
     assert b"squatting" not in (under_taken.data or b""), under_taken.data
 
 
+async def assert_gated_on_a_runner(nc: Client) -> None:
+    """The honest change's gates ran on the town's gate runners: every gate job's answer is a runner's, none the
+    pane's (``forge_gate_answer``)."""
+    answers = [
+        json.loads(data)["data"]
+        for _, _, data in await read_all(nc, "GT_EVT", "gt.evt.gate.>")
+        if json.loads(data)["type"] == "gate.finished"
+    ]
+    assert answers, "the gates ran on a runner"
+    assert all(a["runner"].startswith("runner-") and a.get("error", "") != nats_pane.MARK for a in answers), answers
+    assert any(a["passed"] for a in answers), answers
+
+
 def gt_status(gt: Operator, bead: str) -> str:
     """The bead's status as the operator's `gt bead show` says."""
     return str(json.loads(gt("bead", "show", bead, "--json"))["status"])
@@ -211,7 +224,8 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_laptop_town(
     socket = f"gt-attack-{secrets.token_hex(4)}"
     town = TownCli({**gt_env, "GT_TMUX_SOCKET": socket}, tmp_path / "town")
     try:
-        up = town("up", "-d", "--port", "0")
+        # With a gate runner: the honest change's gates run there, and the pane tries to answer a gate job itself.
+        up = town("up", "-d", "--port", "0", "--runners", "1")
         assert up.returncode == 0, up.stderr + up.stdout
         origin = make_origin(tmp_path / "project")
         git.git("branch", "keepme", "main", cwd=origin)
@@ -302,6 +316,11 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_laptop_town(
         main_log = git.git("log", "--format=%s", "main", cwd=origin).splitlines()
         branches = git.git("for-each-ref", "--format=%(refname:short)", "refs/heads", cwd=origin).split()
         assert_rig_unharmed(git_report.read_text(), main_log, branches, sorted(p.name for p in dumps.iterdir()))
+        nc = await nats.connect(url, user=login[0], password=login[1], inbox_prefix=b"_INBOX_operator")
+        try:
+            await assert_gated_on_a_runner(nc)
+        finally:
+            await nc.close()
     finally:
         town("down", "--sessions")
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
@@ -420,3 +439,10 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topolog
         assert_rig_unharmed(git_report, main_log, branches.split(), dumped)
         if isinstance(stack, ComposeStack):
             assert "plant-hook\trefused" in git_report, "the agents' user cannot write the rig's repository"
+        nc = await nats.connect(
+            servers=stack.urls(), user="operator", password=passwords["operator"], inbox_prefix=b"_INBOX_operator"
+        )
+        try:
+            await assert_gated_on_a_runner(nc)
+        finally:
+            await nc.close()

@@ -1,7 +1,7 @@
-"""The docker-compose stack (three clustered NATS nodes, the four services with their own users) survives the
-kill -9 of a NATS node mid-workload: every bead finishes once, nothing is lost or duplicated, and the node
-rejoins and catches up. Runs in Docker through testcontainers when an engine answers, else as local
-processes from the same compose file and configs (tests/compose_stack.py)."""
+"""The docker-compose stack (three clustered NATS nodes, the four services with their own users, two gate runners)
+survives the kill -9 of a NATS node mid-workload: every bead finishes once, its gates run on the runner containers,
+nothing is lost or duplicated, and the node rejoins and catches up. Runs in Docker through testcontainers when an
+engine answers, else as local processes from the same compose file and configs (tests/compose_stack.py)."""
 
 from __future__ import annotations
 
@@ -200,6 +200,7 @@ async def test_a_nats_node_killed_mid_workload_loses_and_duplicates_nothing_and_
     assert {b: merged_beads[b] for b in beads} == dict.fromkeys(beads, 1)
     assert all(len(found) == 1 for found in (await outcomes(reader)).values())
     _assert_one_live_session_per_bead(log)
+    _assert_gated_on_runners(log)
     files = stack.origin_files(origin, "main")
     for bead in beads:
         assert any(f.startswith(f".gastown-work/{bead}/") for f in files), bead
@@ -215,6 +216,19 @@ async def _closed(nc: Client) -> Counter[str]:
 
 async def _some_closed(nc: Client) -> bool:
     return bool(await _closed(nc))
+
+
+def _assert_gated_on_runners(log: list[tuple[int, str, dict[str, Any]]]) -> None:
+    """Every merge's gates ran on the stack's runner containers (the refinery's GT_MQ_RUNNERS), each job answered once
+    by the runner that took it last."""
+    started = {data["job_id"]: data["runner"] for _, kind, data in log if kind == "gate.started"}
+    finished = [data for _, kind, data in log if kind == "gate.finished"]
+    assert started, "no gate job was started: the refinery ran its gates itself"
+    assert set(started.values()) <= {"runner-1", "runner-2"}, started
+    assert finished, "no gate job was answered"
+    assert len({f["job_id"] for f in finished}) == len(finished), "one answer per job"
+    assert all(f["runner"] == started[f["job_id"]] for f in finished), finished
+    assert any(f["passed"] for f in finished), finished
 
 
 def _assert_one_live_session_per_bead(log: list[tuple[int, str, dict[str, Any]]]) -> None:
@@ -235,14 +249,15 @@ def test_the_stack_runs_each_service_with_its_own_user_and_three_replicas(tmp_pa
     env_file = write_env_file(tmp_path / "compose.env", {user: f"pw-{user}" for user in USERS})
     model = compose_config(REPO_ROOT, env_file)
     assert nats_nodes(model) == ["nats-1", "nats-2", "nats-3"]
-    assert sorted(town_services(model)) == ["deacon", "mayor", "refinery", "witness"]
+    assert sorted(town_services(model)) == ["deacon", "mayor", "refinery", "runner-1", "runner-2", "witness"]
     volumes = {node: model["services"][node]["volumes"] for node in nats_nodes(model)}
     data_volumes = {str(v).split(":")[0] if isinstance(v, str) else v["source"] for vs in volumes.values() for v in vs}
     assert {"nats-1-data", "nats-2-data", "nats-3-data"} <= {Path(v).name for v in data_volumes}
     for service in town_services(model):
         env = model["services"][service]["environment"]
-        assert env["NATS_USER"] == service
-        assert env["NATS_PASSWORD"] == f"pw-{service}"
+        user = "runner" if service.startswith("runner-") else service  # the runners share one user
+        assert env["NATS_USER"] == user
+        assert env["NATS_PASSWORD"] == f"pw-{user}"
         assert env["GT_REPLICAS"] == "3"
         assert env["NATS_URL"].count("nats://") == 3
         assert model["services"][service]["restart"] == "unless-stopped"
@@ -255,6 +270,21 @@ def test_the_stack_runs_each_service_with_its_own_user_and_three_replicas(tmp_pa
     assert refinery["environment"]["GT_HOME"] == "/var/lib/gastown-refinery"
     mounts = {str(v).split(":")[1] if isinstance(v, str) else v["target"] for v in refinery["volumes"]}
     assert {"/var/lib/gastown", "/var/lib/gastown-refinery"} <= mounts
+    # ... on the two gate runners, which the refinery's gates go to: as `gate`, each runner root on a home volume of
+    # its own, the rigs' repositories on gt-home read-only.
+    assert refinery["environment"]["GT_MQ_RUNNERS"] == "2"
+    for name in ("1", "2"):
+        runner = model["services"][f"runner-{name}"]
+        assert runner["command"] == ["gt-runner", "--log-json"]
+        assert runner["environment"]["GT_RUNNER_NAME"] == name
+        assert runner["environment"]["GT_GATE_USER"] == "gate"
+        assert runner["environment"]["GT_HOME"] == "/var/lib/gastown-runner"
+        assert str(runner["user"]).split(":")[0] == "0"
+        assert runner["healthcheck"]["test"][1:] == ["gt", "health", f"runner-{name}"]
+        assert sorted(str(v) for v in runner["volumes"]) == [
+            "gt-home:/var/lib/gastown:ro",
+            f"runner-{name}-home:/var/lib/gastown-runner:rw",
+        ]
     dockerfile = (REPO_ROOT / "Dockerfile").read_text()
     assert "useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10002 gate" in dockerfile
     # Agents run as the image's user `agent`: the witness runs as root for that.

@@ -92,7 +92,7 @@ async def test_a_command_on_a_bead_the_projection_has_not_applied_yet_is_not_ref
         outcome = await stored_outcome(nc, "ryw-close")
         if outcome is not None:
             return "decided", outcome
-        assert service.reader is not None
+        assert isinstance(service.reader, EventReader)
         assert service.reader._waiters, "no outcome yet, and nobody waits for the log"
         return "waiting for the log", None
 

@@ -168,7 +168,9 @@ def test_docker_compose_file_is_valid_for_the_classic_parser() -> None:
     assert check.returncode == 0, check.stderr
     services = compose("config", "--services")
     assert services.returncode == 0, services.stderr
-    assert set(services.stdout.split()) == {"nats-1", "nats-2", "nats-3", "mayor", "witness", "refinery", "deacon"}
+    assert set(services.stdout.split()) == {
+        *("nats-1", "nats-2", "nats-3", "mayor", "witness", "refinery", "deacon", "runner-1", "runner-2")
+    }
 
 
 def test_the_compose_stack_publishes_its_client_ports_on_loopback_unless_told_otherwise(tmp_path: Path) -> None:

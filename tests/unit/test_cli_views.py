@@ -172,6 +172,21 @@ def test_a_snapshot_keeps_every_part_a_service_answered_and_marks_the_rest_unkno
     msgspec.json.encode(snap)  # --json prints it as it is
 
 
+def test_status_lists_the_gate_runners_the_deacon_knows_after_the_services() -> None:
+    snap = town_view.snapshot(
+        now=NOW,
+        stream_last_seq=10,
+        statuses={"runner-2": {"connected": True, "caught_up": True, "last_seq": 10, "role": "active"}},
+        runners=["runner-2", "runner-10"],
+        rigs=None, sessions=None, heartbeats={}, steps={}, mrs=None, convoys=None, escalations=None,
+    )  # fmt: skip
+    assert list(snap["services"]) == ["mayor", "witness", "refinery", "deacon", "runner-2", "runner-10"]
+    assert snap["services"]["runner-2"]["state"] == "healthy"
+    assert snap["services"]["runner-10"]["state"] == "not answering", "known to the deacon, silent now"
+    rows = [line.split() for line in town_view.render(snap).splitlines() if line.startswith("  runner-")]
+    assert [row[:2] for row in rows] == [["runner-2", "healthy"], ["runner-10", "not"]]
+
+
 def test_colour_only_on_a_terminal_and_never_with_no_color() -> None:
     class Tty:
         def isatty(self) -> bool:

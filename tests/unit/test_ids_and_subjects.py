@@ -6,6 +6,7 @@ import pytest
 
 from shared.bus.topology import CATCH_ALL_SERVICE, command_filters, owner_of
 from shared.core import ids, subjects
+from shared.model import heartbeats
 
 
 class TestIds:
@@ -156,3 +157,19 @@ def test_only_a_sessions_own_inbox_names_it() -> None:
     assert subjects.session_of_inbox(f"{inbox}.nuid.1") == "hq-abc-1"
     for other in ("_INBOX.abc.1", "_INBOX_operator.x", "_INBOX_s-", "", "gt.q.mayor.x"):
         assert subjects.session_of_inbox(other) is None, other
+
+
+def test_a_gate_runners_scope_is_its_own_token_under_runner_in_its_queries_and_keys() -> None:
+    # The runners share one NATS user: `gt.q.runner.>` and `$KV.GT_ACTIVE.runner.*` must name every runner's and
+    # nothing of another scope's, so the runner's name is a token of its own.
+    assert subjects.runner_scope("2") == "runner-2"
+    assert subjects.scope_tokens("runner-2") == "runner.2"
+    assert subjects.scope_tokens("runner-ci-box-7") == "runner.ci-box-7"
+    assert subjects.query_subject("runner-2", "status") == "gt.q.runner.2.status"
+    assert heartbeats.key_of("runner-2", "123-abcdef") == "runner.2.123-abcdef"
+    # Every other scope is itself: a witness of some rigs, a service, and what only looks like a runner's.
+    for scope in ("mayor", "witness-east", "runner", "runner-", "runner-Bad", "runner-a.b", "runners-1"):
+        assert subjects.scope_tokens(scope) == scope, scope
+        assert not subjects.is_runner_scope(scope), scope
+    assert subjects.query_subject("witness-east", "status") == "gt.q.witness-east.status"
+    assert heartbeats.key_of("mayor", "1-a") == "mayor.1-a"

@@ -47,6 +47,33 @@ def test_unknown_and_undecodable_events_are_logged_once_per_kind_and_skipped() -
     assert [entry["seq"] for entry in skipped] == [1, 3]
 
 
+def test_an_event_stored_on_another_aggregates_subject_is_skipped_not_folded() -> None:
+    # A writer allowed one aggregate's subjects only (a gate runner: gt.evt.gate.>) stores a close there: no close.
+    projection = new_projection()
+    closed = encode_event(BeadClosed(bead_id="hq-1", reason="forged"), event_id="c", ts=TS, actor="refinery")
+    with capture_logs() as logs:
+        projection.apply(1, "gt.evt.bead.hq-1", _created("hq-1"))
+        projection.apply(2, "gt.evt.gate.g1", closed)
+        projection.apply(3, "gt.evt.gate.g2", closed)
+        projection.apply(4, "gt.evt.beads.hq-1", closed)  # a prefix of the bead's aggregate is not the aggregate
+    assert projection.state.beads["hq-1"].status == "open"
+    assert (projection.last_seq, projection.skipped, projection.applied) == (4, 3, 1)
+    misplaced = [entry for entry in logs if entry["event"] == "event_misplaced"]
+    assert [(entry["seq"], entry["subject"]) for entry in misplaced] == [(2, "gt.evt.gate.g1")], "once per type"
+    projection.apply(5, "gt.evt.bead.hq-1", closed)
+    assert projection.state.beads["hq-1"].closed_at is not None, "on its own subject it is a close"
+
+
+def test_skip_to_moves_the_last_sequence_forward_only() -> None:
+    projection = new_projection()
+    projection.apply(3, "gt.evt.bead.hq-1", _created("hq-1"))
+    projection.skip_to(10)
+    projection.skip_to(7)
+    assert (projection.last_seq, projection.applied) == (10, 1)
+    projection.apply(9, "gt.evt.bead.hq-2", _created("hq-2"))
+    assert "hq-2" not in projection.state.beads, "what it read past is not applied later"
+
+
 def _filled() -> tuple[bytes, object]:
     projection = new_projection()
     for seq in range(1, 6):

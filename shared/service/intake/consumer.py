@@ -27,13 +27,13 @@ from shared.bus.connection import Connection
 from shared.bus.consumer import CommandConsumer
 from shared.bus.errors import BusError
 from shared.bus.kv import Bucket
-from shared.bus.reader import EventReader
 from shared.bus.topology import origin_cutover, owner_of
 from shared.core import subjects
 from shared.core.aio import pause, raise_if_cancelling
 from shared.core.errors import AppendTimeoutError, CommandError, infrastructure_failure
 from shared.core.faults import crash_point
 from shared.model.commands import DEFAULT_MAX_COMMAND_BYTES, Command, read_command
+from shared.service.follower import Follower
 from shared.service.intake import rate_limit
 from shared.service.intake.delivery import Delivery
 from shared.service.intake.handler import CommandHandler
@@ -66,7 +66,7 @@ class CommandIntake:
         durable: str,
         appender: Appender,
         committer: GroupCommitter,
-        reader: EventReader,
+        reader: Follower,
         max_in_flight: int = 4_096,
         fetch_batch: int = 512,
         max_command_bytes: int = DEFAULT_MAX_COMMAND_BYTES,

@@ -15,7 +15,6 @@ from shared.bus.commit import GroupCommitter
 from shared.bus.connection import Connection
 from shared.bus.errors import BusError
 from shared.bus.fencing import fence_error
-from shared.bus.reader import EventReader
 from shared.core import ids, subjects
 from shared.core.aio import pause
 from shared.core.errors import (
@@ -28,6 +27,7 @@ from shared.core.errors import (
 from shared.model.commands import Command
 from shared.model.decision import Accepted, DecideContext, NewEvent
 from shared.model.events import CommandAccepted, CommandRejected, EventRef, encode_event
+from shared.service.follower import Follower
 from shared.service.intake.delivery import Delivery
 from shared.service.intake.handler import CommandHandler
 
@@ -47,7 +47,7 @@ class Settler:
         nc: Connection,
         appender: Appender,
         committer: GroupCommitter,
-        reader: EventReader,
+        reader: Follower,
     ) -> None:
         self._service = service
         self._handler = handler
