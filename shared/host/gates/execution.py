@@ -124,8 +124,8 @@ class Prober:
     def _workspace(self, commit: str) -> Iterator[tuple[Path, dict[str, str]]]:
         place = self.place
         if self.gate_workspaces is None:
-            with workspace.lock(place.workspace):
-                yield workspace.check_out(place.clone, place.workspace, commit, pristine=self.pristine), self.env
+            with workspace.used(place.clone, place.workspace, commit, pristine=self.pristine) as where:
+                yield where, self.env
             return
         user = self.gate_workspaces.user
         with self.gate_workspaces.prepared(place.home, place.clone, commit, pristine=self.pristine) as scratch:
