@@ -29,6 +29,7 @@ from services.refinery.state import MergeRequest, RefineryState
 from shared.core.aio import pause
 from shared.core.config import TownConfig
 from shared.core.errors import ActivityLostError
+from shared.host.gates import workspace
 from shared.host.gates.user import GateWorkspaces, town_directory
 from shared.host.gates.user import resolve as resolve_gate_user
 from shared.model.commands import Command, MergeRequestSubmit
@@ -127,6 +128,11 @@ class RefineryService(Service[RefineryState]):
         if self.mq.runners:
             self.desk = JobDesk(asyncio.get_running_loop(), self.append_owed, lambda: self.projection.state.gate_jobs)
         tg.create_task(self._remove_leftovers(), name="refinery-cleanup")
+
+    async def before_release(self) -> None:
+        """A gate workspace being settled after its gates (``workspace.used``) is left settled, not mid-checkout, to
+        a standby taking over on this host; for a while, never forever."""
+        await asyncio.to_thread(workspace.wait_for_settles, workspace.SETTLE_EXIT_WAIT_S)
 
     async def _remove_leftovers(self) -> None:
         """What a crashed refinery left (its gates, its temporary worktrees) goes before anything is processed."""

@@ -150,6 +150,10 @@ class Service(Generic[S]):
     def start_background(self, tg: asyncio.TaskGroup) -> None:
         """Start the service's own loops in the service's task group, once caught up (before the first reconcile)."""
 
+    async def before_release(self) -> None:
+        """Wait for what threads of the service's own still do where a standby taking over would act (its acting
+        tasks have ended): called before the activity key is released on a clean stop."""
+
     def tick_s(self) -> float:
         """Seconds between the service's own ticks (``tick``), a clock of their own beside the patrol's; 0: none."""
         return 0.0
@@ -316,6 +320,7 @@ class Service(Generic[S]):
             await self.queries.stop()
             if self.activity.role == "active":
                 await snapshots.save_on_stop(connected=nc.is_connected)
+                await self.before_release()
                 # Every acting task has ended: a standby may take over after the margin, not the whole TTL.
                 await self.activity.release()
             self.activity.close()

@@ -493,3 +493,29 @@ def test_a_settle_that_hangs_is_waited_for_a_while_never_forever(clone: Clone, m
     assert workspace.wait_for_settles(60)
     wait_settled(work)
     assert workspace.settled_at(work) is not None
+
+
+def test_a_held_settle_starts_once_released_or_when_the_workspace_is_wanted_again(
+    clone: Clone, full_passes: list[str]
+) -> None:
+    base = clone.change(lambda root: write(root, LAYOUT), "layout")
+    work = clone.paths.workspace
+    with workspace.used(clone.paths.bare, work, base, pristine=False, hold=True):
+        write(work, {"junk.txt": "a gate's\n"})
+    assert not workspace.lock(work).acquire(blocking=False), "held back, holding the workspace"
+    assert workspace.settled_at(work) is None
+    workspace.release_settle(work)
+    wait_settled(work)
+    assert workspace.settled_at(work) is not None
+    assert_exact(clone, work, base, kept=())
+
+    # Held again and never released: the next use lets it go first (no deadlock), then moves by the change alone.
+    target = clone.change(modify_files, "modify")
+    with workspace.used(clone.paths.bare, work, base, pristine=False, hold=True):
+        write(work, {"pkg/a.py": "changed by a gate\n"})
+    full_passes.clear()
+    with workspace.used(clone.paths.bare, work, target, pristine=False, hold=True):
+        assert full_passes == [base], "the held settle ran (the full pass at the probed commit), then a fast move"
+        assert_exact(clone, work, target)
+    assert workspace.wait_for_settles(60), "a held settle starts when the process waits for them (shutdown)"
+    assert workspace.settled_at(work) is not None

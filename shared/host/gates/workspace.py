@@ -46,6 +46,9 @@ RULE_FILES = frozenset({".gitignore", ".gitattributes"})
 """Files whose change alters what the full pass does to files outside the change (which are ignored and kept, how
 a file is converted): a change to one of them takes the full pass."""
 SUBMODULE_MODE = "160000"
+SETTLE_HOLD_S = 30.0
+"""The longest a held settle (``used``'s ``hold``) waits for ``release_settle``: a caller that never says is no
+reason to leave the workspace unsettled."""
 SETTLE_EXIT_WAIT_S = 20.0
 """How long a process exiting waits for the settles under way (``_wait_at_exit``): past that the thread dies with
 it, the workspace unsettled, and the next process's first probe repairs it with the full pass."""
@@ -64,6 +67,8 @@ _settled: dict[Path, Settled] = {}
 """Workspace -> where the full pass left it, since no gate ran in it: read and changed under the workspace's lock."""
 _settling: set[threading.Thread] = set()
 _settling_lock = threading.Lock()
+_held_back: dict[Path, threading.Event] = {}
+"""Workspace -> what lets its held settle start (``used``'s ``hold``)."""
 
 
 def lock(path: Path) -> threading.Lock:
@@ -72,14 +77,17 @@ def lock(path: Path) -> threading.Lock:
 
 
 @contextlib.contextmanager
-def used(bare: Path, path: Path, commit: str, *, pristine: bool) -> Iterator[Path]:
+def used(bare: Path, path: Path, commit: str, *, pristine: bool, hold: bool = False) -> Iterator[Path]:
     """The workspace at ``path`` checked out at ``commit`` (``check_out``) for the caller's gates, under its lock;
     once they are done (the block left without an error), a thread settles it again at ``commit`` (``settle``)
-    and only then lets the lock go, while the caller goes on.
+    and only then lets the lock go, while the caller goes on. With ``hold`` that thread waits for
+    ``release_settle`` first (the caller's push must not share the machine with a pass over the whole tree), or
+    for the workspace to be wanted again, or ``SETTLE_HOLD_S``.
 
     Raises:
         GitError: ``commit`` names no commit, or the workspace could not be made.
     """
+    release_settle(path)  # a settle held back for this workspace: it goes now, and this waits for it
     held = lock(path)
     held.acquire()
     try:
@@ -88,7 +96,21 @@ def used(bare: Path, path: Path, commit: str, *, pristine: bool) -> Iterator[Pat
     except BaseException:
         held.release()
         raise
-    _settle_in_background(bare, path, resolved, pristine, held)
+    go = threading.Event()
+    if hold:
+        with _settling_lock:
+            _held_back[path] = go
+    else:
+        go.set()
+    _settle_in_background(bare, path, resolved, pristine, held, go)
+
+
+def release_settle(path: Path) -> None:
+    """Let the settle held back for the workspace at ``path`` (``used``'s ``hold``), if any, start."""
+    with _settling_lock:
+        go = _held_back.pop(path, None)
+    if go is not None:
+        go.set()
 
 
 def check_out(bare: Path, path: Path, commit: str, *, pristine: bool) -> Path:
@@ -180,10 +202,13 @@ def forget(path: Path) -> Settled | None:
     return _settled.pop(path, None)
 
 
-def _settle_in_background(bare: Path, path: Path, commit: str, pristine: bool, held: threading.Lock) -> None:
-    """``settle`` in a thread of its own that lets ``held`` (the workspace's lock, held now) go when done."""
+def _settle_in_background(
+    bare: Path, path: Path, commit: str, pristine: bool, held: threading.Lock, go: threading.Event
+) -> None:
+    """``settle`` in a thread of its own, once ``go`` is set, that lets ``held`` (the workspace's lock, held now)
+    go when done."""
     thread = threading.Thread(
-        target=_settle_then_release, args=(bare, path, commit, pristine, held), name=f"settle {path}", daemon=True
+        target=_settle_then_release, args=(bare, path, commit, pristine, held, go), name=f"settle {path}", daemon=True
     )
     with _settling_lock:
         _settling.add(thread)
@@ -192,10 +217,17 @@ def _settle_in_background(bare: Path, path: Path, commit: str, pristine: bool, h
     except RuntimeError:  # no new thread (the interpreter is exiting): unsettled, the next probe takes the full pass
         with _settling_lock:
             _settling.discard(thread)
+        release_settle(path)
         held.release()
 
 
-def _settle_then_release(bare: Path, path: Path, commit: str, pristine: bool, held: threading.Lock) -> None:
+def _settle_then_release(
+    bare: Path, path: Path, commit: str, pristine: bool, held: threading.Lock, go: threading.Event
+) -> None:
+    go.wait(SETTLE_HOLD_S)
+    with _settling_lock:
+        if _held_back.get(path) is go:
+            del _held_back[path]
     began = time.monotonic()
     try:
         settled = settle(bare, path, commit, pristine=pristine)
@@ -210,7 +242,12 @@ def _settle_then_release(bare: Path, path: Path, commit: str, pristine: bool, he
 
 
 def wait_for_settles(timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for the settles under way; whether none is left."""
+    """Wait up to ``timeout`` seconds for the settles under way (those held back start now); whether none is
+    left."""
+    with _settling_lock:
+        held_back = list(_held_back)
+    for path in held_back:
+        release_settle(path)
     deadline = time.monotonic() + timeout
     while True:
         with _settling_lock:
