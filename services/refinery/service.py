@@ -30,6 +30,7 @@ from services.refinery.state import MergeRequest, RefineryState
 from shared.core.aio import pause
 from shared.core.config import TownConfig
 from shared.core.errors import ActivityLostError
+from shared.host.gates import workspace
 from shared.host.gates.user import GateWorkspaces, town_directory
 from shared.host.gates.user import resolve as resolve_gate_user
 from shared.model.commands import Command, MergeRequestSubmit
@@ -71,8 +72,7 @@ class RefineryService(Service[RefineryState]):
         self._tg: asyncio.TaskGroup | None = None
         self.desk: JobDesk | None = None  # the gate jobs' desk, when gates run on the runners (GT_MQ_RUNNERS)
         self._cleaned = asyncio.Event()
-        self._busy: set[str] = set()
-        """Rigs with a merge request being processed by this process."""
+        self._busy: set[str] = set()  # rigs with a merge request being processed by this process
         self._landed: dict[tuple[str, str], merger.Landed] = {}  # (rig, target) -> the candidate it landed last
         self._pauses_escalated: set[tuple[str, int]] = set()
         """(rig, pause number) of paused queues this process escalated (or found escalated)."""
@@ -126,6 +126,9 @@ class RefineryService(Service[RefineryState]):
         if self.mq.runners:
             self.desk = JobDesk(asyncio.get_running_loop(), self.append_owed, lambda: self.projection.state.gate_jobs)
         tg.create_task(self._remove_leftovers(), name="refinery-cleanup")
+
+    async def before_release(self) -> None:  # a gate workspace left settled to a standby, not mid-checkout
+        await asyncio.to_thread(workspace.wait_for_settles, workspace.SETTLE_EXIT_WAIT_S)
 
     async def _remove_leftovers(self) -> None:
         """What a crashed refinery left (its gates, its temporary worktrees) goes before anything is processed."""

@@ -20,6 +20,7 @@ from services.runner.projection import new_projection
 from services.runner.state import RunnerState
 from shared.core import subjects
 from shared.core.config import TownConfig
+from shared.host.gates import workspace
 from shared.host.gates.user import GateWorkspaces, town_directory
 from shared.host.gates.user import resolve as resolve_gate_user
 from shared.model.events.gate_jobs import GateJobEvent, GateResult
@@ -70,6 +71,11 @@ class RunnerService(Service[RunnerState]):
     def start_background(self, tg: asyncio.TaskGroup) -> None:
         self._tg = tg
         tg.create_task(self._remove_leftovers(), name="runner-cleanup")
+
+    async def before_release(self) -> None:
+        """A gate workspace being settled after its gates (``workspace.used``) is left settled, not mid-checkout, to
+        a standby taking over on this host; for a while, never forever."""
+        await asyncio.to_thread(workspace.wait_for_settles, workspace.SETTLE_EXIT_WAIT_S)
 
     async def _remove_leftovers(self) -> None:
         """What a killed runner left (its gates' processes) goes before a job is taken."""

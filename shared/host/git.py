@@ -241,8 +241,10 @@ UPDATE_INSTEAD_RECEIVE_PACK = (
 with its work tree when that is clean, and the push is refused with git's reason when it is not (no hooks)."""
 
 
-def git(*args: str, cwd: Path | None = None, timeout: float = GIT_TIMEOUT_S, check: bool = True) -> str:
-    """Run git; its stdout.
+def git(
+    *args: str, cwd: Path | None = None, timeout: float = GIT_TIMEOUT_S, check: bool = True, stdin: str | None = None
+) -> str:
+    """Run git (``stdin``: what it reads); its stdout.
 
     Raises:
         GitError: git exited non-zero (with ``check``) or timed out.
@@ -252,7 +254,7 @@ def git(*args: str, cwd: Path | None = None, timeout: float = GIT_TIMEOUT_S, che
     except ValueError as exc:
         raise GitError(list(args), -1, str(exc)) from exc
     try:
-        done = _run(list(args), cwd, env, timeout)
+        done = _run(list(args), cwd, env, timeout, stdin)
     except subprocess.TimeoutExpired as exc:
         raise GitError(list(args), -1, f"timed out after {timeout}s") from exc
     if check and done.returncode != 0:
@@ -554,6 +556,51 @@ def checkout_clean(path: Path, checkout: tuple[str, ...], clean: str) -> None:
 
 WORKSPACE_TIMEOUT_S = 600.0
 """A checkout or clean of a whole workspace: a large tree on a slow disk."""
+
+
+class TreeChange(NamedTuple):
+    """One path that differs between two commits' trees (``tree_changes``)."""
+
+    status: str
+    """git's letter: ``A`` added, ``D`` deleted, ``M`` contents or executable bit changed, ``T`` type changed."""
+    old_mode: str
+    """Its mode in the first commit, octal as git writes it (``000000`` when absent, ``160000`` a submodule)."""
+    new_mode: str
+    path: str
+
+
+def tree_changes(repo: Path, old: str, new: str) -> list[TreeChange]:
+    """The files that differ between the trees of commits ``old`` and ``new`` (full ids), every path apart (no
+    renames: a rename is a delete and an add). Read from the trees alone (``diff-tree``): the cost follows the
+    change, not the tree, and no work tree is looked at.
+
+    Raises:
+        GitError: git failed (a commit is missing, say).
+    """
+    fields = git("diff-tree", "-r", "-z", "--raw", "--no-renames", old, new, cwd=repo).split("\0")
+    changes = []
+    for header, path in zip(fields[0::2], fields[1::2], strict=False):
+        parts = header.lstrip(":").split(" ")
+        if len(parts) != 5:
+            raise GitError(["diff-tree", old, new], 1, f"unexpected diff-tree output: {header!r}")
+        changes.append(TreeChange(status=parts[4], old_mode=parts[0], new_mode=parts[1], path=path))
+    return changes
+
+
+def checkout_paths(work: Path, commit: str, paths: Sequence[str]) -> None:
+    """``paths`` of the worktree at ``work`` made as ``commit`` (a full id) has them, in its files and its index:
+    written, or removed where ``commit`` has none (``--no-overlay``; a directory left empty goes too). Every
+    other file and index entry is untouched (HEAD too). Each path is literal (no glob), handed over on stdin.
+
+    Raises:
+        GitError: git failed (a path neither in the index nor in ``commit``, say).
+    """
+    if not paths:
+        return
+    git(
+        "--literal-pathspecs", "checkout", "--quiet", "--no-overlay", commit, "--pathspec-from-file=-",
+        "--pathspec-file-nul", cwd=work, timeout=WORKSPACE_TIMEOUT_S, stdin="\0".join(paths),
+    )  # fmt: skip
 
 
 def _recycled(

@@ -169,6 +169,10 @@ class Service(Generic[S]):
         """Start what the service's answers read besides its projection, in the service's task group, once caught up
         with the log: queries are answered from then on, by a standby too."""
 
+    async def before_release(self) -> None:
+        """Wait for what threads of the service's own still do where a standby taking over would act (its acting
+        tasks have ended): called before the activity key is released on a clean stop."""
+
     def tick_s(self) -> float:
         """Seconds between the service's own ticks (``tick``), a clock of their own beside the patrol's; 0: none."""
         return 0.0
@@ -348,6 +352,7 @@ class Service(Generic[S]):
             await self.queries.stop()
             if self.activity.role == "active":
                 await snapshots.save_on_stop(connected=nc.is_connected)
+                await self.before_release()
                 # Every acting task has ended: a standby may take over after the margin, not the whole TTL.
                 await self.activity.release()
             self.activity.close()

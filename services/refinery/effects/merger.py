@@ -171,7 +171,7 @@ class LocalGates:
         )
         env = execution.gate_environment(rig.gate_env, os.environ)
         self.prober = execution.Prober(
-            place, env, timeout, gate_workspaces=gate_workspaces, pristine=rig.gate_pristine,
+            place, env, timeout, gate_workspaces=gate_workspaces, pristine=rig.gate_pristine, hold_settle=True,
             on_first_gate=lambda: crash_point("refinery.during_gates"),
         )  # fmt: skip
         self.name = name
@@ -204,7 +204,9 @@ class LocalGates:
         return None
 
     def close(self) -> None:
-        """Nothing outlives a probe here."""
+        """Nothing outlives a probe here but the workspace's settle, held back until the batch was pushed (it
+        would share the machine with the push): it starts now."""
+        self.prober.release_settle()
 
     def known_green(self, commit: str, gate: GateCommand) -> bool:
         return self.landed is not None and self.landed.commit == commit and gate in self.landed.gates

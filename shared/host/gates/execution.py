@@ -75,7 +75,9 @@ class Place:
 class Prober:
     """Runs gates on commits of one rig, one probe at a time, in the rig's persistent gate workspace (or, with a
     gate user, in that user's: ``user.GateWorkspaces``); a probe's gates share it (set-up output), and ignored files
-    survive from one probe to the next unless ``pristine``."""
+    survive from one probe to the next unless ``pristine``. The rig's workspace is settled after each probe in the
+    background (``workspace.used``); with ``hold_settle`` only once ``release_settle`` says the caller's work
+    right after the gates (a push) is done."""
 
     def __init__(
         self,
@@ -85,9 +87,11 @@ class Prober:
         *,
         gate_workspaces: GateWorkspaces | None = None,
         pristine: bool = False,
+        hold_settle: bool = False,
         on_first_gate: Callable[[], None] = lambda: None,
     ) -> None:
         self.place, self.env, self.timeout, self.pristine = place, env, timeout, pristine
+        self.hold_settle = hold_settle
         self.gate_workspaces = gate_workspaces
         self.user: GateUser | None = gate_workspaces.user if gate_workspaces is not None else None
         self.on_first_gate = on_first_gate
@@ -124,12 +128,18 @@ class Prober:
     def _workspace(self, commit: str) -> Iterator[tuple[Path, dict[str, str]]]:
         place = self.place
         if self.gate_workspaces is None:
-            with workspace.lock(place.workspace):
-                yield workspace.check_out(place.clone, place.workspace, commit, pristine=self.pristine), self.env
+            used = workspace.used(place.clone, place.workspace, commit, pristine=self.pristine, hold=self.hold_settle)
+            with used as where:
+                yield where, self.env
             return
         user = self.gate_workspaces.user
         with self.gate_workspaces.prepared(place.home, place.clone, commit, pristine=self.pristine) as scratch:
             yield scratch / "work", gate_user_environment(user, self.env, scratch)
+
+    def release_settle(self) -> None:
+        """The settle of the last probe's workspace, held back (``hold_settle``), may start."""
+        if self.gate_workspaces is None:
+            workspace.release_settle(self.place.workspace)
 
     def _run(
         self, gate: GateCommand, work: Path, env: dict[str, str], log_name: str, stop: threading.Event | None

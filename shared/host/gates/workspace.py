@@ -7,12 +7,26 @@ it (a lock file, a rebase, merge or cherry-pick under way, a worktree no longer 
 worktree) is cleared, or the workspace is made again; then it is checked out at exactly the commit, with every
 file git does not track removed. Ignored files (build output, installed dependencies) survive between merges
 unless the rig is pristine (``gate_pristine``), then they go too. Adapter: runs git.
+
+The full pass (``checkout --force`` and ``clean``) looks at every file: a gate may have changed any of them. It is
+taken off the critical path (``used``): once a probe's gates are done, a thread of this process puts the workspace
+back at the probed commit with the full pass while the caller goes on (pushes, settles), holding the workspace's
+lock; when that pass succeeded the workspace is remembered as settled there, in memory only (a gate could forge a
+file; a restart forgets it). Nothing runs in the workspace between that and the next probe (every gate process is
+dead by then, ``runs``), so the next probe moves it with what differs between the two commits' trees alone
+(``_moved_fast``), and forgets the mark first: its own gates will dirty the workspace.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import structlog
 
@@ -25,6 +39,36 @@ LEFTOVER_STATE = (
     "REVERT_HEAD", "sequencer", "BISECT_LOG", "AUTO_MERGE",
 )  # fmt: skip
 """What an interrupted git leaves in a worktree's git directory: never there between two uses, so a leftover."""
+FAST_MOVE_MAX_PATHS = 2000
+"""The most paths a settled workspace is moved by alone (``_moved_fast``); a larger change takes the full pass,
+whose cost does not grow with the change."""
+RULE_FILES = frozenset({".gitignore", ".gitattributes"})
+"""Files whose change alters what the full pass does to files outside the change (which are ignored and kept, how
+a file is converted): a change to one of them takes the full pass."""
+SUBMODULE_MODE = "160000"
+SETTLE_HOLD_S = 30.0
+"""The longest a held settle (``used``'s ``hold``) waits for ``release_settle``: a caller that never says is no
+reason to leave the workspace unsettled."""
+SETTLE_EXIT_WAIT_S = 20.0
+"""How long a process exiting waits for the settles under way (``_wait_at_exit``): past that the thread dies with
+it, the workspace unsettled, and the next process's first probe repairs it with the full pass."""
+
+
+class Settled(NamedTuple):
+    """A workspace the full pass put at ``commit`` (``pristine``: ignored files removed too), as it was left: the
+    identity of the index that pass wrote (``_index_stamp``)."""
+
+    commit: str
+    pristine: bool
+    index_stamp: tuple[int, int, int, int]
+
+
+_settled: dict[Path, Settled] = {}
+"""Workspace -> where the full pass left it, since no gate ran in it: read and changed under the workspace's lock."""
+_settling: set[threading.Thread] = set()
+_settling_lock = threading.Lock()
+_held_back: dict[Path, threading.Event] = {}
+"""Workspace -> what lets its held settle start (``used``'s ``hold``)."""
 
 
 def lock(path: Path) -> threading.Lock:
@@ -32,29 +76,80 @@ def lock(path: Path) -> threading.Lock:
     return path_locks.lock(path)
 
 
-def check_out(bare: Path, path: Path, commit: str, *, pristine: bool) -> Path:
-    """The workspace at ``path`` (a worktree of ``bare``) holding exactly ``commit``: repaired or made first; what
-    git does not track removed, ignored files too when ``pristine``.
+@contextlib.contextmanager
+def used(bare: Path, path: Path, commit: str, *, pristine: bool, hold: bool = False) -> Iterator[Path]:
+    """The workspace at ``path`` checked out at ``commit`` (``check_out``) for the caller's gates, under its lock;
+    once they are done (the block left without an error), a thread settles it again at ``commit`` (``settle``)
+    and only then lets the lock go, while the caller goes on. With ``hold`` that thread waits for
+    ``release_settle`` first (the caller's push must not share the machine with a pass over the whole tree), or
+    for the workspace to be wanted again, or ``SETTLE_HOLD_S``.
 
     Raises:
         GitError: ``commit`` names no commit, or the workspace could not be made.
     """
+    release_settle(path)  # a settle held back for this workspace: it goes now, and this waits for it
+    held = lock(path)
+    held.acquire()
+    try:
+        resolved = _checked_out(bare, path, commit, pristine=pristine)
+        yield path
+    except BaseException:
+        held.release()
+        raise
+    go = threading.Event()
+    if hold:
+        with _settling_lock:
+            _held_back[path] = go
+    else:
+        go.set()
+    _settle_in_background(bare, path, resolved, pristine, held, go)
+
+
+def release_settle(path: Path) -> None:
+    """Let the settle held back for the workspace at ``path`` (``used``'s ``hold``), if any, start."""
+    with _settling_lock:
+        go = _held_back.pop(path, None)
+    if go is not None:
+        go.set()
+
+
+def check_out(bare: Path, path: Path, commit: str, *, pristine: bool) -> Path:
+    """The workspace at ``path`` (a worktree of ``bare``) holding exactly ``commit``: repaired or made first; what
+    git does not track removed, ignored files too when ``pristine``. A workspace settled since its last gates
+    (``settle``) is moved by the change alone. The caller holds ``lock``.
+
+    Raises:
+        GitError: ``commit`` names no commit, or the workspace could not be made.
+    """
+    _checked_out(bare, path, commit, pristine=pristine)
+    return path
+
+
+def _checked_out(bare: Path, path: Path, commit: str, *, pristine: bool) -> str:
+    """``check_out``; the full id of ``commit``."""
     resolved = git.resolve_commit(bare, commit)
+    settled = forget(path)  # the caller's gates will dirty it
     if not _registered(bare, path):
         _make(bare, path, resolved)
     else:
         repaired = repair(path)
         if repaired:
             log.warning("gate_workspace_repaired", workspace=str(path), found=repaired)
+        began = time.monotonic()
         try:
-            _move(path, resolved, pristine=pristine)
+            fast = (
+                settled is not None and not repaired and _moved_fast(bare, path, settled, resolved, pristine=pristine)
+            )
+            if not fast:
+                _move(path, resolved, pristine=pristine)
+            log.info("gate_workspace_moved", workspace=str(path), fast=fast, seconds=time.monotonic() - began)
         except git.GitError as exc:
             log.warning("gate_workspace_made_again", workspace=str(path), error=str(exc)[:500])
             _make(bare, path, resolved)
     head = git.git("rev-parse", "HEAD", cwd=path).strip()
     if head != resolved:
         raise git.GitError(["checkout", resolved], 1, f"the gate workspace {path} is at {head}, not {resolved}")
-    return path
+    return resolved
 
 
 def repair(path: Path) -> list[str]:
@@ -73,6 +168,169 @@ def repair(path: Path) -> list[str]:
             else:
                 leftover.unlink()
     return found
+
+
+def settle(bare: Path, path: Path, commit: str, *, pristine: bool) -> bool:
+    """Put the workspace back at ``commit`` with the full pass (whatever a gate did to it: files, links, leftovers
+    in its git directory) and remember it settled there; whether it was. The caller holds ``lock``, and no gate
+    of the workspace runs.
+
+    Raises:
+        GitError: the full pass failed (the workspace stays unsettled).
+    """
+    forget(path)
+    if not _registered(bare, path):
+        return False  # a gate broke the link to the clone: the next probe makes it again
+    repaired = repair(path)
+    if repaired:
+        log.warning("gate_workspace_repaired", workspace=str(path), found=repaired)
+    _move(path, commit, pristine=pristine)
+    head = git.git("rev-parse", "HEAD", cwd=path).strip()
+    index = _index_stamp(path)
+    if head != commit or index is None:
+        return False
+    _settled[path] = Settled(commit=commit, pristine=pristine, index_stamp=index)
+    return True
+
+
+def settled_at(path: Path) -> Settled | None:
+    """Where the workspace at ``path`` was settled since its last gates, if it was."""
+    return _settled.get(path)
+
+
+def forget(path: Path) -> Settled | None:
+    """The workspace at ``path`` no longer counted as settled (its gates are about to run, or it is removed);
+    where it was."""
+    return _settled.pop(path, None)
+
+
+def _settle_in_background(
+    bare: Path, path: Path, commit: str, pristine: bool, held: threading.Lock, go: threading.Event
+) -> None:
+    """``settle`` in a thread of its own, once ``go`` is set, that lets ``held`` (the workspace's lock, held now)
+    go when done."""
+    thread = threading.Thread(
+        target=_settle_then_release, args=(bare, path, commit, pristine, held, go), name=f"settle {path}", daemon=True
+    )
+    with _settling_lock:
+        _settling.add(thread)
+    try:
+        thread.start()
+    except RuntimeError:  # no new thread (the interpreter is exiting): unsettled, the next probe takes the full pass
+        with _settling_lock:
+            _settling.discard(thread)
+        release_settle(path)
+        held.release()
+
+
+def _settle_then_release(
+    bare: Path, path: Path, commit: str, pristine: bool, held: threading.Lock, go: threading.Event
+) -> None:
+    go.wait(SETTLE_HOLD_S)
+    with _settling_lock:
+        if _held_back.get(path) is go:
+            del _held_back[path]
+    began = time.monotonic()
+    try:
+        settled = settle(bare, path, commit, pristine=pristine)
+        log.info("gate_workspace_settled", workspace=str(path), settled=settled, seconds=time.monotonic() - began)
+    except Exception:  # logged, never raised: the caller went on; the next probe takes the full pass
+        forget(path)
+        log.exception("gate_workspace_settle_failed", workspace=str(path))
+    finally:
+        held.release()
+        with _settling_lock:
+            _settling.discard(threading.current_thread())
+
+
+def wait_for_settles(timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for the settles under way (those held back start now); whether none is
+    left."""
+    with _settling_lock:
+        held_back = list(_held_back)
+    for path in held_back:
+        release_settle(path)
+    deadline = time.monotonic() + timeout
+    while True:
+        with _settling_lock:
+            running = [thread for thread in _settling if thread.is_alive()]
+        if not running:
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        running[0].join(left)
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    """A clean exit lets a settle under way finish (a git killed mid-checkout would leave it for the next start to
+    repair), for a while: never forever."""
+    if not wait_for_settles(SETTLE_EXIT_WAIT_S):
+        log.warning("gate_workspace_settle_abandoned", seconds=SETTLE_EXIT_WAIT_S)
+
+
+def _moved_fast(bare: Path, path: Path, settled: Settled, commit: str, *, pristine: bool) -> bool:
+    """Move the settled workspace at ``path`` (a worktree of ``bare``) to ``commit`` by what differs between the two
+    commits' trees alone (those files written or removed, their index entries and HEAD updated): what the full pass
+    would leave, since every other file is as the full pass left it. False, with nothing or only some of it done,
+    when the change is not one it moves exactly (the full pass then does it all).
+
+    Files that are neither in the index nor ignored cannot be there (the full pass removed them and nothing ran
+    since), ignored ones stay as the full pass would keep them (the ignore rules are unchanged, ``RULE_FILES``)."""
+    if settled.pristine != pristine or _index_stamp(path) != settled.index_stamp:
+        return False
+    try:
+        changes = git.tree_changes(bare, settled.commit, commit)  # in the clone: no index of 50,000 entries read
+        paths = _fast_paths(changes)
+        if paths is None:
+            return False
+        git.checkout_paths(path, commit, paths)
+        git.git("update-ref", "--no-deref", "HEAD", commit, settled.commit, cwd=path)
+    except (git.GitError, UnicodeError) as exc:  # UnicodeError: a path git wrote that is not UTF-8
+        log.warning("gate_workspace_fast_move_failed", workspace=str(path), error=str(exc)[:500])
+        return False
+    return True
+
+
+def _fast_paths(changes: list[git.TreeChange]) -> list[str] | None:
+    """The paths to check out for ``changes``, or None when they need the full pass: too many, a type change, a
+    submodule, a rule file, or a file and a directory trading places (a path added under a deleted one, or
+    deleted under an added one: checking them out one by one depends on their order)."""
+    if len(changes) > FAST_MOVE_MAX_PATHS:
+        return None
+    for change in changes:
+        if change.status not in ("A", "M", "D") or SUBMODULE_MODE in (change.old_mode, change.new_mode):
+            return None
+        if change.path.rsplit("/", 1)[-1] in RULE_FILES:
+            return None
+    added = {c.path for c in changes if c.status == "A"}
+    deleted = {c.path for c in changes if c.status == "D"}
+    if _under_any(added, deleted) or _under_any(deleted, added):
+        return None
+    return [change.path for change in changes]
+
+
+def _under_any(paths: set[str], directories: set[str]) -> bool:
+    """Whether one of ``paths`` lies under one of ``directories`` (taken as directories)."""
+    for path in paths:
+        parts = path.split("/")
+        if any("/".join(parts[:depth]) in directories for depth in range(1, len(parts))):
+            return True
+    return False
+
+
+def _index_stamp(path: Path) -> tuple[int, int, int, int] | None:
+    """The identity of the workspace's index file (inode, size, change and modification times): any git that
+    wrote it since changes it."""
+    git_dir = _git_dir(path)
+    if git_dir is None:
+        return None
+    try:
+        found = os.stat(git_dir / "index")
+    except OSError:
+        return None
+    return (found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
 
 
 def _move(path: Path, commit: str, *, pristine: bool) -> None:
@@ -109,6 +367,7 @@ def _git_dir(path: Path) -> Path | None:
 
 def remove(bare: Path, path: Path) -> None:
     """The workspace gone (a rig removed, or made again)."""
+    forget(path)
     git.force_remove(path)
     if bare.exists():
         git.git("worktree", "prune", cwd=bare, check=False)
