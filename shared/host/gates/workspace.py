@@ -10,11 +10,16 @@ unless the rig is pristine (``gate_pristine``), then they go too. Adapter: runs 
 
 The full pass (``checkout --force`` and ``clean``) looks at every file: a gate may have changed any of them. It is
 taken off the critical path (``used``): once a probe's gates are done, a thread of this process puts the workspace
-back at the probed commit with the full pass while the caller goes on (pushes, settles), holding the workspace's
-lock; when that pass succeeded the workspace is remembered as settled there, in memory only (a gate could forge a
+back at the probed commit with the full pass while the caller goes on, holding the workspace's lock (the
+refinery's only once its batch was pushed: on two cores a pass over 50,000 files beside the push doubled the
+push); when that pass succeeded the workspace is remembered as settled there, in memory only (a gate could forge a
 file; a restart forgets it). Nothing runs in the workspace between that and the next probe (every gate process is
 dead by then, ``runs``), so the next probe moves it with what differs between the two commits' trees alone
-(``_moved_fast``), and forgets the mark first: its own gates will dirty the workspace.
+(``_moved_fast``), and forgets the mark first: its own gates will dirty the workspace. A git run in it since (another
+refinery of the same GT_HOME after a takeover, a person) wrote another index: the mark's index stamp no longer
+matches and the full pass runs. A file written there without git by a process of the refinery's OS user is not
+seen; that user's processes could change the clone and the refinery itself as well (gates that must not are run
+as ``GT_GATE_USER``, whose workspaces this does not move).
 """
 
 from __future__ import annotations
