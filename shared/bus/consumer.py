@@ -30,6 +30,10 @@ log = structlog.get_logger(__name__)
 Message: TypeAlias = Msg
 """One delivery of a stored message."""
 
+FETCH_WAIT_S = 1.0
+"""How long a fetch waits for the first command (then it is asked again)."""
+DRAIN_WAIT_S = 0.01
+"""How long a fetch of the commands already waiting behind one just fetched may wait for them."""
 HELD_READ_BATCH = 1_024
 HELD_READ_WAIT_S = 1.0
 HELD_READER_INACTIVE_S = 30.0
@@ -93,12 +97,14 @@ class CommandConsumer:
                 return
 
     @map_errors
-    async def fetch(self, n: int) -> list[Message]:
-        """Up to ``n`` commands, waiting up to a second for the first; [] when none came or the server failed
-        (an unacknowledged command is delivered again after its ack wait)."""
+    async def fetch(self, n: int, *, wait_s: float = FETCH_WAIT_S) -> list[Message]:
+        """Up to ``n`` commands, waiting up to ``wait_s`` for them; [] when none came or the server failed (an
+        unacknowledged command is delivered again after its ack wait). A fetch of many holds the first command
+        it got until ``n`` came or ``wait_s`` passed (nats-py's pull), so an idle reader fetches one and then
+        drains (``DRAIN_WAIT_S``)."""
         assert self._sub is not None, "bind() first"
         try:
-            msgs: list[Msg] = await self._sub.fetch(n, timeout=1.0)
+            msgs: list[Msg] = await self._sub.fetch(n, timeout=wait_s)
         except (TimeoutError, nats.errors.TimeoutError):
             return []
         except nats.errors.Error as exc:

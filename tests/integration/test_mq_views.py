@@ -92,7 +92,8 @@ async def test_the_board_shows_runners_at_work_their_stacks_the_waiting_job_then
         shown = await board(env)
         runners = {r["name"]: r for r in shown["runners"]}
         assert set(runners) == {"runner-a", "runner-b"}, runners
-        assert all(r["state"] == "up" and r["alive"] and r["job"] and r["gate"] == "test" for r in runners.values())
+        at_gate = [r["state"] == "up" and r["alive"] and r["job"] and r["gate"] == "test" for r in runners.values()]
+        assert all(at_gate), runners
         assert len(shown["running"]) == 2, shown["running"]
         assert all(j["gate"] == "test" for j in shown["running"]), shown["running"]
         assert len(shown["waiting"]) == 1, shown["waiting"]

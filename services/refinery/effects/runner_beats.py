@@ -11,7 +11,8 @@ from shared.model.heartbeats import ServiceHeartbeat
 
 
 class RunnerBeats:
-    """The newest heartbeat of every runner process the bucket holds (its key is ``<scope>.<instance>``)."""
+    """The newest heartbeat of every runner process the bucket holds (its key is ``runner.<name>.<instance>``:
+    ``heartbeats.key_of``; the heartbeat's service, ``runner-<name>``, is what is matched)."""
 
     def __init__(self, bucket: str) -> None:
         self.mirror = BucketMirror(bucket)
@@ -23,7 +24,8 @@ class RunnerBeats:
     def beats(self) -> list[ServiceHeartbeat]:
         """The runners' heartbeats as the bucket holds them now (a value that is no heartbeat is left out)."""
         found = []
-        for key, entry in list(self.mirror.entries.items()):
-            if key.startswith(RUNNER_SCOPE_PREFIX) and (beat := heartbeats.decode(entry.value)) is not None:
+        for entry in list(self.mirror.entries.values()):
+            beat = heartbeats.decode(entry.value)
+            if beat is not None and beat.service.startswith(RUNNER_SCOPE_PREFIX):
                 found.append(beat)
         return found

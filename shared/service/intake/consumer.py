@@ -147,25 +147,34 @@ class CommandIntake:
             await HeldPhase(self, self._held_attempts()).run()
             while True:
                 raise_if_cancelling()
-                await self.slots.acquire()
-                free = 1
-                while free < self._fetch_batch and not self.slots.locked():
-                    await self.slots.acquire()
-                    free += 1
-                try:
-                    msgs = await self.consumer.fetch(free)
-                except BaseException:
-                    for _ in range(free):
-                        self.slots.release()
-                    raise
-                for _ in range(free - len(msgs)):
-                    self.slots.release()
-                for msg in msgs:
-                    self.dispatch(Delivery.fetched(msg, self.max_bytes, self.origin_from))
+                # One command, dispatched as soon as it comes; then those already waiting behind it, as many as
+                # there are free slots (a fetch of many would hold the first until all came or a second passed).
+                if await self._fetch(1, bus_consumer.FETCH_WAIT_S) and self._fetch_batch > 1:
+                    await self._fetch(self._fetch_batch - 1, bus_consumer.DRAIN_WAIT_S)
         finally:
             for task in list(self._tasks):
                 task.cancel()
             await self.consumer.close()
+
+    async def _fetch(self, most: int, wait_s: float) -> int:
+        """Fetch and dispatch up to ``most`` commands, one slot each (at least one slot is waited for), waiting up
+        to ``wait_s`` for them; how many came."""
+        await self.slots.acquire()
+        free = 1
+        while free < most and not self.slots.locked():
+            await self.slots.acquire()
+            free += 1
+        try:
+            msgs = await self.consumer.fetch(free, wait_s=wait_s)
+        except BaseException:
+            for _ in range(free):
+                self.slots.release()
+            raise
+        for _ in range(free - len(msgs)):
+            self.slots.release()
+        for msg in msgs:
+            self.dispatch(Delivery.fetched(msg, self.max_bytes, self.origin_from))
+        return len(msgs)
 
     async def _read_origin_cutover(self) -> int:
         while True:
