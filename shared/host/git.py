@@ -19,12 +19,14 @@ config may name turned off (``GIT_SAFE_CONFIG``).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import re
 import stat
 import subprocess
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -36,6 +38,10 @@ from shared.host.os_user import switch_user_argv
 
 GIT_TIMEOUT_S = 120.0
 PROBE_TIMEOUT_S = 30.0
+BACKGROUND_NICENESS = 10
+"""How much lower the CPU priority of git run ``in_background`` is (``nice``): housekeeping that nothing waits for
+(a finished session's workspace looked over for unsaved work) yields the cores to a merge running beside it."""
+_background: contextvars.ContextVar[bool] = contextvars.ContextVar("git_in_background", default=False)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -163,10 +169,23 @@ CONTAINED_GRACE_S = 2.0
 """How long what a git run as another user started has to stop once that git is done (SIGKILL after)."""
 
 
+@contextlib.contextmanager
+def in_background() -> Iterator[None]:
+    """Every git this module runs inside (in this thread or task: a context variable, which ``asyncio.to_thread``
+    carries into its thread) runs at ``BACKGROUND_NICENESS``, it and all it starts."""
+    token = _background.set(True)
+    try:
+        yield
+    finally:
+        _background.reset(token)
+
+
 def _run(
     args: list[str], cwd: Path | None, env: dict[str, str], timeout: float, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     argv = ["git", *GIT_SAFE_CONFIG, *args]
+    if _background.get():
+        argv = ["nice", "-n", str(BACKGROUND_NICENESS), *argv]
     owner = _owner_of(cwd)
     if owner is None:
         return subprocess.run(

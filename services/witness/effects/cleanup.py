@@ -73,7 +73,9 @@ class Cleaner:
         worktree, bare = Path(session.worktree), self.kit.bare_repo(session.rig)
         if not worktree.exists() and not bare.exists():
             return "no worktree was made"  # a start that failed before the rig's clone: nothing for git to do
-        if delete:
-            git.remove_worktree(bare, worktree, self.kit.base_branch(session.rig))
-            return "worktree removed"
-        return git.release_worktree(bare, worktree, self.kit.base_branch(session.rig))
+        # Nothing waits for it, while the bead's merge usually runs right now: its git yields the cores to that.
+        with git.in_background():
+            if delete:
+                git.remove_worktree(bare, worktree, self.kit.base_branch(session.rig))
+                return "worktree removed"
+            return git.release_worktree(bare, worktree, self.kit.base_branch(session.rig))
