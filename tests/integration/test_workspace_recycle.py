@@ -6,7 +6,9 @@ tracked file and hides the change from git (``--skip-worktree``: git status is c
 plain ``checkout --force`` leaves it), leaves an ignored file (one it lists in ``.git/info/exclude`` itself, and one
 git's build-output list ignores), points ``core.hooksPath`` at its own hooks, and starts a process in a session of
 its own. Bead 2, slung to the same polecat once bead 1 merged, must find its commit's files exactly, a repository
-of the witness's making, and none of those processes.
+of the witness's making, and none of those processes. In the laptop town, in a town whose agents run as their own
+OS user, and in the compose stack (in containers, agents as the image's user ``agent``), where bead 1's agent also
+turns a tracked directory into a link, as the red team did.
 """
 
 from __future__ import annotations
@@ -16,11 +18,18 @@ import json
 import os
 import pwd
 import secrets
+import shlex
 import subprocess
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from shared.host import git, repository_renewal
+from tests.compose_stack import USERS, ComposeStack, Operator, running_stack
+from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually, wait_until
+from tests.integration.test_agent_attacks import AGENT_UID, gt_status
 from tests.integration.test_agent_user import (
     DEADLINE_S,
     agent_user,  # noqa: F401 - the throwaway agent user fixture
@@ -34,20 +43,26 @@ MARK = "4731"
 """The lurker's sleep: found by its command line."""
 
 
-HOSTILE = (
-    "echo tampered >> README.md && git update-index --skip-worktree README.md"
-    " && echo SECRET_LEFT >> .git/info/exclude && echo secret > SECRET_LEFT"
-    " && mkdir -p node_modules && echo 'module.exports = 1' > node_modules/poison.js"
-    " && git config core.hooksPath {hooks}"
-    f" && (setsid sleep {MARK} </dev/null >/dev/null 2>&1 &)"
-)
-"""What bead 1's agent does to its workspace before its work (``{hooks}``: a directory of hooks of its own)."""
+def hostile(hooks: Path, mark: str = MARK) -> str:
+    """What bead 1's agent does to its workspace before its work (``hooks``: a directory of hooks of its own;
+    ``mark``: its lurker's sleep)."""
+    return (
+        "echo tampered >> README.md && git update-index --skip-worktree README.md"
+        " && echo SECRET_LEFT >> .git/info/exclude && echo secret > SECRET_LEFT"
+        " && mkdir -p node_modules && echo 'module.exports = 1' > node_modules/poison.js"
+        f" && git config core.hooksPath {hooks}"
+        f" && (setsid sleep {mark} </dev/null >/dev/null 2>&1 &)"
+    )
+
+
+HONEST = "echo one > ONE.txt && git add ONE.txt && git commit -qm one && gt done"
+"""Bead 1's work, once it left its things behind."""
 
 
 def agent_command(marker: Path, hooks: Path) -> str:
     # The first session is hostile, then does its work; the next one waits (the test looks at its workspace).
-    hostile = HOSTILE.format(hooks=hooks)
-    return f"if mkdir {marker} 2>/dev/null; then {hostile}; exec gt-agent; else GT_AGENT_FAULT=hang exec gt-agent; fi"
+    first = f"{hostile(hooks)}; exec gt-agent"
+    return f"if mkdir {marker} 2>/dev/null; then {first}; else GT_AGENT_FAULT=hang exec gt-agent; fi"
 
 
 def lurkers() -> list[str]:
@@ -114,11 +129,7 @@ def test_a_recycled_workspace_of_an_agent_user_carries_nothing_of_a_hostile_earl
     socket = f"gt-recycle-{secrets.token_hex(4)}"
     env = {**gt_env, "GT_TMUX_SOCKET": socket, "GT_AGENT_USER": name}
     town = TownCli(env, readable / "town", python=str(bin_dir / "python"))
-    honest = "echo one > ONE.txt && git add ONE.txt && git commit -qm one && gt done"
-    first_run = (
-        f"if mkdir {readable / 'first-ran'} 2>/dev/null; then {HOSTILE.format(hooks=hooks)}; {honest}; "
-        "else sleep 3600; fi"
-    )
+    first_run = f"if mkdir {readable / 'first-ran'} 2>/dev/null; then {hostile(hooks)}; {HONEST}; else sleep 3600; fi"
     try:
         up = town("up", "-d", "--port", "0")
         assert up.returncode == 0, up.stderr + up.stdout
@@ -174,6 +185,150 @@ def test_a_recycled_workspace_of_an_agent_user_carries_nothing_of_a_hostile_earl
     finally:
         town("down", "--sessions")
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
+
+
+LINKED = (
+    "mkdir build && mv lib build/lib && ln -s build/lib lib && git update-index --assume-unchanged lib/a.py"
+    " && printf 'build/\\nlib\\n' >> .git/info/exclude"
+)
+"""The red team's link (issue 41): the tracked directory ``lib`` moved into an ignored one the agent made, a link
+to it left in its place, git told to look away (git status stays clean: the workspace is released)."""
+LIB_FILE = "print(1)\n"
+STACK_DEADLINE_S = 300.0
+
+
+def lurker_scan(mark: str) -> str:
+    """A shell script listing the pids whose whole command line is ``sleep <mark>`` (the image has no pgrep): not
+    the panes' shells, whose command lines hold the lurker's text amid the rest."""
+    return (
+        f"for p in /proc/[0-9]*; do tr '\\0' ' ' 2>/dev/null < $p/cmdline | grep -qx 'sleep {mark} '"
+        " && echo ${p#/proc/}; done; true"
+    )
+
+
+@pytest.mark.compose_stack
+@pytest.mark.timeout(1200)
+def test_in_the_compose_stack_a_recycled_workspace_carries_nothing_of_a_hostile_earlier_bead(
+    gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The same attack from a real pane in the multi-user stack (in containers under podman when it is ready, else
+    as local processes): bead 1's agent, the image's user ``agent``, leaves its things behind and a link where a
+    tracked directory was, then works; bead 2 on the same polecat gets the same directory holding its commit's files
+    exactly, every file the agent user's, a repository of the witness's making, and no process of bead 1's."""
+    passwords = {user: secrets.token_hex(12) for user in USERS}
+    # Its own lurker mark: as local processes the scan sees the whole host, where the laptop variant may run.
+    mark = str(10_000 + secrets.randbelow(80_000))
+    with running_stack(REPO_ROOT, tmp_path / "stack", gt_env, passwords) as stack:
+        gt = Operator(stack, gt_env, tmp_path / "operator-home")
+        in_containers = isinstance(stack, ComposeStack)
+        where = Path("/var/lib/gastown/recycle") if in_containers else tmp_path / "recycle"
+
+        def run_there(*argv: str, user: str | None = None) -> str:
+            """In the witness's container (where the agents run), or here for the topology as local processes."""
+            if isinstance(stack, ComposeStack):
+                return stack.exec("witness", *argv, user=user)
+            return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+        def in_workspace(path: str, script: str) -> str:
+            # Root's git in the agent's repository: no index refresh written (it would become root's).
+            return run_there("sh", "-c", f"cd {shlex.quote(path)} && export GIT_OPTIONAL_LOCKS=0 && {script}")
+
+        def lurkers() -> list[str]:
+            return run_there("sh", "-c", lurker_scan(mark)).split()
+
+        # A folder of the agents' user: the first agent's marker, its hooks, the go-ahead the test gives it.
+        hooks, first_ran, go = where / "hooks", where / "first-ran", where / "go"
+        run_there("mkdir", "-p", str(hooks))
+        if in_containers:
+            run_there("chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(where))
+        origin = stack.make_origin()
+        # A tracked directory for the agent to turn into a link (the stack's origin holds a README alone).
+        seed = f"/tmp/seed-{secrets.token_hex(4)}"
+        run_there(
+            "sh",
+            "-c",
+            f"set -e; git clone -q {origin} {seed} && cd {seed} && mkdir lib && printf 'print(1)\\n' > lib/a.py"
+            " && git add lib && git -c user.name=t -c user.email=t@t commit -qm lib && git push -q origin main"
+            f" && rm -rf {seed}",
+            user="gastown" if in_containers else None,
+        )
+        readme = run_there("git", "--git-dir", origin, "show", "main:README.md")
+        # The first session is hostile, waits until the test saw its lurker, then works; the next one waits.
+        q = shlex.quote
+        command = (
+            f"if mkdir {q(str(first_ran))} 2>/dev/null; then {LINKED} && {hostile(hooks, mark)}"
+            f" && while [ ! -e {q(str(go))} ]; do sleep 0.2; done; {HONEST}; else sleep 3600; fi"
+        )
+        gt("rig", "add", "demo", origin, "--agent", command, "--max-polecats", "1")
+        first = gt("bead", "create", "Work, after leaving things behind")
+        gt("sling", first, "demo")
+
+        def sessions_of(bead: str) -> list[dict[str, Any]]:
+            listed: list[dict[str, Any]] = json.loads(gt("session", "list", "--all", "--json"))
+            return [s for s in listed if s["bead"] == bead]
+
+        def diagnose() -> None:
+            print(gt("session", "list", "--all"))
+            print(stack.log_tail("witness", 80))
+
+        try:
+            wait_until(lurkers, timeout=STACK_DEADLINE_S, message="bead 1's agent left its things and its lurker")
+            run_there("touch", str(go))
+            wait_until(lambda: gt_status(gt, first) == "closed", timeout=STACK_DEADLINE_S, message="bead 1 merged")
+            wait_until(
+                lambda: any(s["cleaned"] and s["worktree_removed"] for s in sessions_of(first)),
+                timeout=STACK_DEADLINE_S,
+                message="bead 1's workspace released",
+            )
+        except AssertionError:
+            diagnose()
+            raise
+        [ended] = sessions_of(first)
+        assert ended["end_reason"] == "done", ended
+        workspace = str(ended["worktree"])
+        # What bead 1's agent left is there when the workspace is released: each check below has something to find.
+        left = in_workspace(
+            workspace,
+            "test -L lib && test -e SECRET_LEFT && test -e node_modules/poison.js && grep -q tampered README.md"
+            " && git config core.hooksPath && git ls-files -v README.md lib/a.py",
+        )
+        assert left.split() == [str(hooks), "S", "README.md", "h", "lib/a.py"], left
+        inode = run_there("stat", "-c", "%i", workspace).strip()
+        second = gt("bead", "create", "The next bead on the same polecat")
+        gt("sling", second, "demo")
+        try:
+            wait_until(
+                lambda: any(s["status"] == "started" for s in sessions_of(second)),
+                timeout=STACK_DEADLINE_S,
+                message="bead 2's session started",
+            )
+        except AssertionError:
+            diagnose()
+            raise
+        [again] = sessions_of(second)
+        assert again["worktree"] == workspace, "the same polecat, the same workspace"
+        assert run_there("stat", "-c", "%i", workspace).strip() == inode, "recycled in place, not made again"
+        assert run_there("git", "--git-dir", origin, "show", "main:README.md") == readme, "bead 1 merged no tampering"
+        on_disk = in_workspace(workspace, "find . -path ./.git -prune -o ! -type d -print | cut -c3- | sort")
+        tracked = in_workspace(workspace, "git ls-tree -r --name-only HEAD | sort")
+        assert on_disk == tracked, "its commit's files, nothing left beside them (SECRET_LEFT, node_modules, build)"
+        assert "ONE.txt" in tracked.split(), "bead 1's merged work is on the new branch's base"
+        assert in_workspace(workspace, "cat README.md") == readme, "the change git was told to skip is undone"
+        assert in_workspace(workspace, "test -d lib && test ! -L lib && cat lib/a.py") == LIB_FILE, "a directory again"
+        config = in_workspace(workspace, "cat .git/config")
+        assert str(hooks) not in config, f"its config is the witness's: {config}"
+        exclude = in_workspace(workspace, "cat .git/info/exclude").split("\n")
+        assert not {"SECRET_LEFT", "build/", "lib"} & set(exclude), exclude
+        flags = in_workspace(workspace, "git ls-files -v").split("\n")
+        assert not [line for line in flags if line[:1] in ("S", "h")], f"no entry is skipped or assumed: {flags}"
+        status = in_workspace(workspace, "git status --porcelain --ignored --untracked-files=all")
+        assert status == "", status
+        assert in_workspace(workspace, "git symbolic-ref --short HEAD").strip() == again["branch"]
+        if in_containers:
+            # Every file of it, its repository too, is the agent user's: none root's, the witness's or gastown's.
+            others = run_there("find", workspace, "!", "-uid", str(AGENT_UID))
+            assert others == "", f"not the agent user's: {others}"
+        assert lurkers() == [], "bead 1's detached process ended with its session"
 
 
 def test_recycling_restores_a_tracked_directory_turned_into_a_link_and_gets_past_a_tree_too_deep_to_walk(
