@@ -107,9 +107,13 @@ VICTIM_AGENT = "bash --norc -i"
 PRIVATE_NUDGE = "OPERATOR-PRIVATE-NUDGE the deploy key moved"
 
 
-def assert_read_nothing_of_others(report: dict[str, Any], victim_session: str | None) -> None:
+def assert_read_nothing_of_others(
+    report: dict[str, Any], victim_session: str | None, *, monitoring_reachable: bool = False
+) -> None:
     """What the red team read from a pane: every sender's newest outcome by a wildcard direct get, another session's
-    record and the operator's nudges through the witness's lists, and the NATS monitoring port."""
+    record and the operator's nudges through the witness's lists, and the NATS monitoring port (unless
+    ``monitoring_reachable``: the stack's nodes as local processes, whose loopback the pane shares, emulating
+    containers where a node's monitoring listens on its own loopback)."""
     # Each asks with a wildcard where the session's own token stands: refused, whatever the newest outcome is.
     assert report["outcome_wildcards"] == [], report["outcome_wildcards"]
     lists = report["witness_lists"]
@@ -118,7 +122,8 @@ def assert_read_nothing_of_others(report: dict[str, Any], victim_session: str | 
         assert PRIVATE_NUDGE not in answer, (what, answer[:2000])
         assert victim_session is None or victim_session not in answer, (what, answer[:2000])
         assert "unauthorized" in answer, (what, answer[:2000])
-    assert report["monitoring"] == [], "the town's NATS monitoring port answered the pane"
+    if not monitoring_reachable:
+        assert report["monitoring"] == [], "the town's NATS monitoring port answered the pane"
 
 
 def victim_pane_ran_nothing(capture: Callable[[], str], marker: Callable[[], bool], mails: int) -> None:
@@ -400,7 +405,7 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topolog
             await assert_unharmed(nc, lambda: gt_status(gt, victim), report, victim_was="hooked")
         finally:
             await nc.close()
-        assert_read_nothing_of_others(report, victim_seen["id"])
+        assert_read_nothing_of_others(report, victim_seen["id"], monitoring_reachable=isinstance(stack, LocalStack))
         pane = ["capture-pane", "-p", "-S", "-200", "-t", f"={victim_seen['tmux_name']}:"]
 
         def victim_screen() -> str:
