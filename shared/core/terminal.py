@@ -28,6 +28,9 @@ _ALWAYS = (
 _IN_TEXT = re.compile(f"[{_ALWAYS}]")
 _IN_LINE = re.compile(f"[\t\n{_ALWAYS}]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+CONTROL_BUT_TAB = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+"""A C0 control but the tab (a newline is one), DEL, or a C1 control: what may not be typed into a pane (a newline
+presses Enter, ``\x03`` interrupts, ``\x1b`` starts an escape sequence) nor stay in a pane's stored text."""
 
 
 def _escaped(match: re.Match[str]) -> str:

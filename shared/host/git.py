@@ -506,9 +506,10 @@ def ensure_worktree(
 class Recycle(NamedTuple):
     """How a released workspace is taken for a polecat's next bead (``ensure_worktree``)."""
 
-    trusted_index: bytes | None
+    trusted_index: bytes | Path | None
     """The index as the witness's own checkout wrote it when the workspace was last prepared, before its agent ran
-    (``repository_renewal.read_index``); None: not known, the workspace is made again."""
+    (``repository_renewal.read_index``), or the file of the witness's that holds it (``keep_index``); None: not
+    known, the workspace is made again."""
     scratch: Path
     """A directory of the witness's on the workspace's file system, where the new repository is made."""
     owner: tuple[int, int] | None

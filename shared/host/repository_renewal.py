@@ -31,17 +31,23 @@ def read_index(work: Path) -> bytes:
     return safe_files.read_beneath(work, ".git/index", cap=INDEX_MAX_BYTES)
 
 
+def keep_index(work: Path, dest: Path) -> None:
+    """``read_index`` kept in the file ``dest`` (the service's own), copied by the kernel."""
+    safe_files.copy_beneath(work, ".git/index", dest, cap=INDEX_MAX_BYTES)
+
+
 def renew(
     work: Path,
     *,
     scratch: Path,
     alternates: Path,
-    trusted_index: bytes,
+    trusted_index: bytes | Path,
     owner: tuple[int, int] | None,
     configure: Callable[[Path], None] = lambda _repo: None,
 ) -> None:
     """Replace ``work/.git`` by a new repository: made in ``scratch`` (a directory of the service's on the same file
-    system), borrowing ``alternates`` (an objects directory), given ``trusted_index`` and whatever ``configure``
+    system), borrowing ``alternates`` (an objects directory), given ``trusted_index`` (its bytes, or a file of the
+    service's that holds it: copied by the kernel) and whatever ``configure``
     (called with the new repository's work directory) sets, handed to ``owner`` (uid, gid) and moved in. The
     caller then checks out (``git checkout --force``) and cleans.
 
@@ -56,7 +62,10 @@ def renew(
         repo = temp / ".git"
         (repo / "objects" / "info" / "alternates").write_text(f"{alternates.resolve()}\n")
         configure(temp)
-        (repo / "index").write_bytes(trusted_index)
+        if isinstance(trusted_index, Path):
+            safe_files.copy_regular(trusted_index, repo / "index", cap=INDEX_MAX_BYTES)
+        else:
+            (repo / "index").write_bytes(trusted_index)
         if owner is not None:
             safe_files.chown_tree(repo, *owner)
         fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)

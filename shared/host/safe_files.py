@@ -121,6 +121,53 @@ def read_beneath(root: Path, relative: PurePath | str, *, cap: int = DEFAULT_REA
         return file.read(cap)
 
 
+def copy_beneath(root: Path, relative: PurePath | str, dest: Path, *, cap: int = DEFAULT_READ_CAP) -> None:
+    """Up to ``cap`` bytes of the regular file ``root/relative`` (reached as ``read_beneath`` reaches it) copied to
+    ``dest`` (a path of the caller's own, made or truncated) by the kernel, never through this process's memory."""
+    relative = PurePath(relative)
+    with _parent_fd(root, relative, create=False) as parent:
+        fd = _open_regular(relative.name, os.O_RDONLY, 0, parent, root / relative)
+    try:
+        _copy(fd, dest, cap)
+    finally:
+        os.close(fd)
+
+
+def copy_regular(path: Path, dest: Path, *, cap: int = DEFAULT_READ_CAP) -> None:
+    """Up to ``cap`` bytes of the regular file ``path`` (``open_regular``) copied to ``dest`` (``copy_beneath``)."""
+    with open_regular(path) as file:
+        _copy(file.fileno(), dest, cap)
+
+
+COPY_CHUNK = 64 * 1024 * 1024
+
+
+def _copy(source: int, dest: Path, cap: int) -> None:
+    out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        left = cap
+        while left > 0:
+            try:
+                copied = os.copy_file_range(source, out, min(left, COPY_CHUNK))
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                copied = _copy_through_memory(source, out, min(left, COPY_CHUNK))  # a file system without it
+            if copied == 0:
+                return
+            left -= copied
+    finally:
+        os.close(out)
+
+
+def _copy_through_memory(source: int, out: int, most: int) -> int:
+    data = os.read(source, most)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(out, view) :]
+    return len(data)
+
+
 @contextlib.contextmanager
 def open_regular(path: Path) -> Iterator[BinaryIO]:
     """The regular file ``path`` open for reading (its last component never followed, never blocking on a FIFO or a

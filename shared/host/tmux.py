@@ -22,6 +22,7 @@ import msgspec
 from libtmux import Server
 from libtmux.exc import LibTmuxException
 
+from shared.core import terminal
 from shared.core.errors import GastownError
 
 LABEL_OPTION = "@gt_session"
@@ -34,11 +35,10 @@ _FORMAT = (
     f"\t#{{{LABEL_OPTION}}}\t#{{{TOWN_OPTION}}}"
 )
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 TAIL_LINES = 20
 TAIL_LINE_CHARS = 300
 TAIL_CHARS = 2000
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_CONTROL = terminal.CONTROL_BUT_TAB
 
 
 def typeable(text: str) -> str:

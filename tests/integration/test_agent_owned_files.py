@@ -80,6 +80,44 @@ def test_reads_of_an_agents_files_never_wait_on_a_fifo_or_follow_a_link(tmp_path
     assert git.workspace_branch(work) is None, "a FIFO for HEAD is no branch, and no wait"
 
 
+def test_an_agents_index_is_copied_by_the_kernel_only_as_a_regular_file_of_its_own(tmp_path: Path) -> None:
+    """The trusted index is copied out of the workspace right after the witness's checkout (``keep_index``): a
+    link, a link on the way, a FIFO or a hard link to another file there is refused; a regular file is copied
+    exactly, up to the cap."""
+    work, kept = tmp_path / "work", tmp_path / "kept.index"
+    (work / ".git").mkdir(parents=True)
+    index = os.urandom(3 * 1024 * 1024 + 17)
+    (work / ".git" / "index").write_bytes(index)
+    safe_files.copy_beneath(work, ".git/index", kept)
+    assert kept.read_bytes() == index
+    safe_files.copy_beneath(work, ".git/index", kept, cap=1000)
+    assert kept.read_bytes() == index[:1000], "truncated: what was there before is not kept past the cap"
+    safe_files.copy_regular(kept, tmp_path / "again")
+    assert (tmp_path / "again").read_bytes() == index[:1000]
+
+    secret = victim(tmp_path)
+    (work / ".git" / "index").unlink()
+    (work / ".git" / "index").symlink_to(secret)
+    with pytest.raises(safe_files.UnsafeFileError):
+        safe_files.copy_beneath(work, ".git/index", kept)
+    (work / ".git" / "index").unlink()
+    os.link(secret, work / ".git" / "index")
+    with pytest.raises(safe_files.UnsafeFileError):
+        safe_files.copy_beneath(work, ".git/index", kept)
+    (work / ".git" / "index").unlink()
+    os.mkfifo(work / ".git" / "index")
+    with pytest.raises(safe_files.UnsafeFileError):
+        safe_files.copy_beneath(work, ".git/index", kept)
+    other = tmp_path / "other"
+    (other / ".git").mkdir(parents=True)
+    (other / ".git" / "index").symlink_to(secret)
+    (work / ".git").rename(tmp_path / "old-git")
+    (work / ".git").symlink_to(other / ".git")
+    with pytest.raises(safe_files.UnsafeFileError):
+        safe_files.copy_beneath(work, ".git/index", kept)
+    assert kept.read_bytes() == index[:1000], "nothing of the file the links name was copied"
+
+
 def test_a_tree_removed_or_handed_over_changes_no_file_its_links_name(tmp_path: Path, agent: OsUser) -> None:
     target = victim(tmp_path)
     tree = tmp_path / "tree"

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import shlex
+import stat
 import time
 from pathlib import Path
 
@@ -260,7 +261,8 @@ class Spawner:
         store = self.kit.trusted_index(session)
         store.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
-            trusted: bytes | None = safe_files.read_regular(store, cap=repository_renewal.INDEX_MAX_BYTES)
+            # The witness's own file, in a folder of its own: copied by the kernel as it renews the repository.
+            trusted: Path | None = store if stat.S_ISREG(os.lstat(store).st_mode) else None
         except OSError:
             trusted = None
         owner = None
@@ -275,7 +277,7 @@ class Spawner:
         store = self.kit.trusted_index(session)
         store.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         temp = store.with_name(f".{store.name}.tmp")
-        temp.write_bytes(repository_renewal.read_index(Path(session.worktree)))
+        repository_renewal.keep_index(Path(session.worktree), temp)
         temp.replace(store)
 
     def _start_tmux(self, session: Session, rig: Rig) -> tuple[PaneInfo, bool]:

@@ -6,6 +6,7 @@ import hashlib
 import re
 from typing import Any, ClassVar
 
+from shared.core import terminal
 from shared.core.ids import PREFIX_PATTERN
 from shared.model.commands.base import (
     MAX_DESCRIPTION,
@@ -32,7 +33,7 @@ DEFAULT_GIT_EMAIL = "{polecat}.{rig}@gastown.invalid"
 MAX_GIT_IDENTITY = 200
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
 _BRANCH = re.compile(r"[A-Za-z0-9._/-]{1,200}")
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_CONTROL = terminal.CONTROL_BUT_TAB
 """Control characters but tab: typed into a pane, ``\x03`` interrupts the agent and ``\x1b`` starts a key."""
 
 
