@@ -611,6 +611,14 @@ def stream_state_in(jsz: dict[str, Any], stream: str) -> dict[str, Any] | None:
     return None
 
 
+def run_where_agents_run(stack: Stack, *argv: str, stdin: str | None = None, user: str | None = None) -> str:
+    """``argv`` in the witness's container, where the agents run (as ``user`` when given), or here, as this process's
+    user, for the topology as local processes; its output."""
+    if isinstance(stack, ComposeStack):
+        return stack.exec("witness", *argv, stdin=stdin, user=user)
+    return subprocess.run(argv, input=stdin, capture_output=True, text=True, check=True).stdout
+
+
 @contextlib.contextmanager
 def running_stack(
     repo: Path,

@@ -16,6 +16,7 @@ agent planted (in the rig's repository, in its own workspace's config) ran in th
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import secrets
 import shlex
@@ -35,7 +36,7 @@ from services.witness.settings import DEFAULT_TMUX_SOCKET
 from shared.core import ids, subjects
 from shared.host import git
 from tests.attacks import nats_pane
-from tests.compose_stack import USERS, ComposeStack, LocalStack, Operator, running_stack
+from tests.compose_stack import USERS, ComposeStack, LocalStack, Operator, run_where_agents_run, running_stack
 from tests.conftest import REPO_ROOT
 from tests.helpers import wait_until
 from tests.integration.test_town import TownCli
@@ -341,12 +342,7 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topolog
 
         where = Path("/var/lib/gastown/attack") if isinstance(stack, ComposeStack) else tmp_path / "attack"
 
-        def run_there(*argv: str, stdin: str | None = None) -> str:
-            """In the witness's container (where the agent runs), or here for the topology as local processes."""
-            if isinstance(stack, ComposeStack):
-                return stack.exec("witness", *argv, stdin=stdin)
-            done = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=True)
-            return done.stdout
+        run_there = functools.partial(run_where_agents_run, stack)
 
         # The scripts go where the agent runs (onto the gt-home volume, in containers), in a folder of the agents'
         # user (the image's `agent`), where they write their reports.

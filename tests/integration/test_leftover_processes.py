@@ -7,6 +7,7 @@ runs as the agent's own user), by the witness's scan before a worktree is reused
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import pwd
 import secrets
@@ -25,7 +26,7 @@ from services.witness.settings import WitnessSettings
 from services.witness.state import Session
 from shared.core.config import TownConfig
 from shared.host import reaper
-from tests.compose_stack import USERS, ComposeStack, Operator, running_stack
+from tests.compose_stack import USERS, ComposeStack, Operator, run_where_agents_run, running_stack
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually, running_with, wait_until
 from tests.integration.test_agent_attacks import AGENT_UID
@@ -166,11 +167,7 @@ def test_in_the_compose_stack_the_agents_detached_writer_ends_with_its_session(
         in_containers = isinstance(stack, ComposeStack)
         where = Path("/var/lib/gastown/detach") if in_containers else tmp_path / "detach"
 
-        def run_there(*argv: str, stdin: str | None = None) -> str:
-            """In the witness's container (where the agent runs), or here for the topology as local processes."""
-            if isinstance(stack, ComposeStack):
-                return stack.exec("witness", *argv, stdin=stdin)
-            return subprocess.run(argv, input=stdin, capture_output=True, text=True, check=True).stdout
+        run_there = functools.partial(run_where_agents_run, stack)
 
         run_there("mkdir", "-p", str(where))
         run_there("sh", "-c", f"cat > {shlex.quote(str(where / 'detach_pane.sh'))}", stdin=SCRIPT.read_text())

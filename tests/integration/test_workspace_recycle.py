@@ -14,6 +14,7 @@ turns a tracked directory into a link, as the red team did.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import pwd
@@ -26,7 +27,7 @@ from typing import Any
 import pytest
 
 from shared.host import git, repository_renewal
-from tests.compose_stack import USERS, ComposeStack, Operator, running_stack
+from tests.compose_stack import USERS, ComposeStack, Operator, run_where_agents_run, running_stack
 from tests.conftest import REPO_ROOT
 from tests.helpers import assert_eventually, wait_until
 from tests.integration.test_agent_attacks import AGENT_UID, gt_status
@@ -223,11 +224,7 @@ def test_in_the_compose_stack_a_recycled_workspace_carries_nothing_of_a_hostile_
         in_containers = isinstance(stack, ComposeStack)
         where = Path("/var/lib/gastown/recycle") if in_containers else tmp_path / "recycle"
 
-        def run_there(*argv: str, user: str | None = None) -> str:
-            """In the witness's container (where the agents run), or here for the topology as local processes."""
-            if isinstance(stack, ComposeStack):
-                return stack.exec("witness", *argv, user=user)
-            return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        run_there = functools.partial(run_where_agents_run, stack)
 
         def in_workspace(path: str, script: str) -> str:
             # Root's git in the agent's repository: no index refresh written (it would become root's).
