@@ -386,7 +386,7 @@ def mq_summary(board: MqBoard) -> str:
     hour, day = board.merges.last_hour, board.merges.last_day
     minutes = day.gate_minutes_per_merge
     per_merge = f", {minutes:.2f} gate min per merge" if minutes is not None else ""
-    merged = f"merged: {hour.merged} in the last hour, {day.merged} in 24 h ({day.per_hour:g}/h{per_merge})"
+    merged = f"merged: {hour.merged} in the last hour, {day.merged} in 24 h ({day.per_hour:g}/h over 24 h{per_merge})"
     return f"{runners}; {jobs}; {merged} (`gt mq runners` for more)"
 
 

@@ -22,6 +22,7 @@ from shared.host.tmux import Tmux, TmuxError
 from shared.model.commands import SessionStop
 from shared.model.queries import witness
 from shared.model.runtimes import SESSION_TOWN_PATIENCE_S
+from shared.model.sessions import may_linger
 
 
 def sessions_left_running(count: int) -> str:
@@ -54,8 +55,9 @@ def polecat_tmux_sessions(config: TownConfig) -> list[str]:
 
 async def stop_sessions(config: TownConfig) -> int:
     """Have the witness stop every active polecat session (``gt.cmd.session.stop``: a warrant, a kill re-verified
-    against the recorded process, ``session.ended`` with reason ``stopped``) and wait until each has ended;
-    how many there were."""
+    against the recorded process, ``session.ended`` with reason ``stopped``) and wait until each has ended, and
+    until the witness has ended the panes of sessions that ran `gt done` (their agents may still run, for up to
+    ``GT_DONE_EXIT_GRACE``, and nothing would end them with the town down); how many were stopped."""
     nc = await connect(config, name="gt-down", connect_attempts=2)
     try:
         active = await ask(nc, witness.Sessions(), timeout=10)
@@ -66,12 +68,24 @@ async def stop_sessions(config: TownConfig) -> int:
             if (rejected := outcome.rejected) is not None:
                 raise GastownError(f"session {session_id}: {rejected.message}")
         deadline = time.monotonic() + DOWN_TIMEOUT_S
+        told = False
         while True:
-            left = {s.id for s in await ask(nc, witness.Sessions(), timeout=10)} & set(ids)
-            if not left:
+            shown = await ask(nc, witness.Sessions(all=True), timeout=10)
+            left = {s.id for s in shown if s.id in ids and s.status != "ended"}
+            lingering = sorted(s.id for s in shown if may_linger(s))
+            if not left and not lingering:
                 return len(ids)
+            if lingering and not told:
+                print(
+                    f"waiting for {len(lingering)} session{'s' if len(lingering) != 1 else ''} that ran `gt done` to "
+                    f"exit ({', '.join(lingering)}; the witness ends them after GT_DONE_EXIT_GRACE)",
+                    file=sys.stderr,
+                )
+                told = True
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"sessions still running after {DOWN_TIMEOUT_S:g}s: {', '.join(sorted(left))}")
+                raise TimeoutError(
+                    f"sessions still running after {DOWN_TIMEOUT_S:g}s: {', '.join(sorted({*left, *lingering}))}"
+                )
             await asyncio.sleep(0.2)
     finally:
         await nc.close()

@@ -83,6 +83,12 @@ class Nudge(msgspec.Struct, kw_only=True, gc=False):
     version: int = 0
 
 
+def may_linger(session: Session) -> bool:
+    """Ended by `gt done` and not cleaned up yet: its agent may still be running, reading what `gt done` said (the
+    witness gives it ``GT_DONE_EXIT_GRACE`` before it ends the pane)."""
+    return session.status == "ended" and session.end_reason == "done" and not session.cleaned
+
+
 class SessionView(Session, kw_only=True, gc=False):
     """A session as ``sessions`` lists it: the record, and its bead as the witness knows it."""
 

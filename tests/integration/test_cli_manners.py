@@ -240,6 +240,35 @@ def test_down_counts_the_sessions_left_running_and_down_sessions_stops_them_thro
     assert [s["attempt"] for s in sessions] == [2], sessions
 
 
+def test_down_sessions_also_ends_an_agent_still_running_after_gt_done(gt_town: TownCli, tmp_path: Path) -> None:
+    """An agent goes on after `gt done` (Claude Code does, to read its result): its session is ended, and the witness
+    leaves its pane for GT_DONE_EXIT_GRACE. `gt down --sessions` waits for the witness to end it, so no agent is
+    left running with nobody to end it."""
+    tmux = Tmux(gt_town.env["GT_TMUX_SOCKET"])
+    gt_town.env["GT_DONE_EXIT_GRACE"] = "20"
+    origin = make_origin(tmp_path / "project")
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+    added = gt_town("rig", "add", "demo", str(origin), "--agent", "gt-agent; exec sleep 3600", "--wait")
+    assert added.returncode == 0, added.stderr
+    bead = gt_town("bead", "create", "Done, then lingering", "--prefix", "demo", "--wait").stdout.strip()
+    assert gt_town("sling", bead, "demo", "--wait").returncode == 0
+
+    def polecat_panes() -> list[str]:
+        return sorted(name for name in tmux.snapshot() if name.startswith("gt-demo-"))
+
+    def done_and_lingering() -> bool:
+        listed = json.loads(gt_town("session", "list", "--all", "--json").stdout)
+        done = [s for s in listed if s["bead"] == bead and s["end_reason"] == "done" and not s["cleaned"]]
+        return bool(done) and bool(polecat_panes())
+
+    wait_until(done_and_lingering, timeout=90, message="the session ended by gt done, its agent still running")
+    stopped = gt_town("down", "--sessions")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "waiting for 1 session that ran `gt done` to exit" in stopped.stderr, stopped.stderr
+    assert "keeps running" not in stopped.stdout, stopped.stdout
+    assert polecat_panes() == [], "the lingering agent's pane ended before the town went down"
+
+
 def test_a_gt_agent_session_waits_out_gt_down_and_finishes_its_bead_once_the_town_is_back(
     gt_town: TownCli, tmp_path: Path
 ) -> None:

@@ -323,7 +323,7 @@ def test_gt_mq_runners_shows_each_runner_the_jobs_with_their_stacks_and_the_merg
 
 def test_gt_mq_list_ends_with_the_boards_line() -> None:
     assert render.mq_summary(shown_board()) == (
-        "runners: 1 of 2 up; gate jobs: 1 running, 1 waiting; merged: 2 in the last hour, 2 in 24 h (0.08/h, "
+        "runners: 1 of 2 up; gate jobs: 1 running, 1 waiting; merged: 2 in the last hour, 2 in 24 h (0.08/h over 24 h, "
         "1.25 gate min per merge) (`gt mq runners` for more)"
     )
 

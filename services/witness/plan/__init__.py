@@ -9,7 +9,6 @@ orphans), ``nudges`` the nudges and mail owed; ``owed.plan`` puts them together,
 ``scope`` (which rigs this witness serves), ``liveness`` (hook leases renewed for busy agents), ``names``.
 """
 
-from services.witness.plan.endings import may_linger
 from services.witness.plan.observed import Observed, PaneSeen, pane_of
 from services.witness.plan.owed import plan
 from services.witness.plan.policy import Policy
@@ -22,6 +21,7 @@ from services.witness.plan.spawns import (
     tmux_name_for,
 )
 from shared.model.events.beads import WORKING
+from shared.model.sessions import may_linger
 
 __all__ = [
     "AGENT_UNAUTHORIZED",

@@ -14,6 +14,7 @@ from services.witness.plan.scope import TMUX_PREFIX
 from services.witness.state import Session, WitnessState
 from shared.core.ids import hook_lease_name
 from shared.model.events import DEATHS
+from shared.model.sessions import may_linger
 
 
 def _successor(state: WitnessState, session: Session) -> Session | None:
@@ -74,11 +75,6 @@ def _kept_after_its_bead_closed(state: WitnessState, session: Session, latest: d
     if not latest:
         latest.update({(s.rig, s.polecat): s.id for s in state.sessions.values()})  # in the order requested
     return latest.get((session.rig, session.polecat)) == session.id
-
-
-def may_linger(session: Session) -> bool:
-    """Ended by `gt done` and not cleaned up yet: its agent may still be running, reading what `gt done` said."""
-    return session.status == "ended" and session.end_reason == "done" and not session.cleaned
 
 
 def _reporting_done(session: Session, obs: Observed, policy: Policy) -> bool:
