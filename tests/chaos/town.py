@@ -48,6 +48,7 @@ from services.mayor.projection import new_projection as mayor_projection
 from services.refinery.projection import new_projection as refinery_projection
 from services.runner.projection import new_projection as runner_projection
 from services.witness.projection import new_projection as witness_projection
+from shared.core import subjects
 from shared.core.arguments import from_args
 from shared.core.subjects import parse_js_reply
 from shared.host import git
@@ -460,7 +461,9 @@ class Town:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                reply = await self.nc.request(f"gt.q.{name}.digest", json.dumps({"min_seq": min_seq}).encode(), 10)
+                # A runner's scope (runner-<n>) answers on runner.<n> (subjects.scope_tokens).
+                subject = f"gt.q.{subjects.scope_tokens(name)}.digest"
+                reply = await self.nc.request(subject, json.dumps({"min_seq": min_seq}).encode(), 10)
                 answer = json.loads(reply.data)
                 if answer.get("ok"):
                     result: dict[str, Any] = answer["result"]
