@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -199,20 +199,26 @@ def gt_town(gt_env: dict[str, str], tmp_path: Path) -> Iterator[TownCli]:
         Tmux(cli.env["GT_TMUX_SOCKET"]).kill_server()
 
 
-def test_down_counts_the_sessions_left_running_and_down_sessions_stops_them_through_the_witness(
-    gt_town: TownCli, tmp_path: Path
-) -> None:
+def slung_in_a_town(gt_town: TownCli, tmp_path: Path, agent: str, title: str) -> tuple[str, Callable[[], list[str]]]:
+    """A town up with rig demo (agent ``agent``) and a bead slung to it; the bead, and a look at its polecat panes."""
     tmux = Tmux(gt_town.env["GT_TMUX_SOCKET"])
     origin = make_origin(tmp_path / "project")
     assert gt_town("up", "-d", "--port", "0").returncode == 0
-    added = gt_town("rig", "add", "demo", str(origin), "--agent", "GT_AGENT_FAULT=hang gt-agent", "--wait")
+    added = gt_town("rig", "add", "demo", str(origin), "--agent", agent, "--wait")
     assert added.returncode == 0, added.stderr
-    bead = gt_town("bead", "create", "Keep working", "--prefix", "demo", "--wait").stdout.strip()
+    bead = gt_town("bead", "create", title, "--prefix", "demo", "--wait").stdout.strip()
     assert gt_town("sling", bead, "demo", "--wait").returncode == 0
 
     def polecat_panes() -> list[str]:
         return sorted(name for name in tmux.snapshot() if name.startswith("gt-demo-"))
 
+    return bead, polecat_panes
+
+
+def test_down_counts_the_sessions_left_running_and_down_sessions_stops_them_through_the_witness(
+    gt_town: TownCli, tmp_path: Path
+) -> None:
+    bead, polecat_panes = slung_in_a_town(gt_town, tmp_path, "GT_AGENT_FAULT=hang gt-agent", "Keep working")
     first = wait_until(polecat_panes, timeout=60)
     down = gt_town("down")
     assert down.returncode == 0, down.stderr
@@ -244,17 +250,8 @@ def test_down_sessions_also_ends_an_agent_still_running_after_gt_done(gt_town: T
     """An agent goes on after `gt done` (Claude Code does, to read its result): its session is ended, and the witness
     leaves its pane for GT_DONE_EXIT_GRACE. `gt down --sessions` waits for the witness to end it, so no agent is
     left running with nobody to end it."""
-    tmux = Tmux(gt_town.env["GT_TMUX_SOCKET"])
     gt_town.env["GT_DONE_EXIT_GRACE"] = "20"
-    origin = make_origin(tmp_path / "project")
-    assert gt_town("up", "-d", "--port", "0").returncode == 0
-    added = gt_town("rig", "add", "demo", str(origin), "--agent", "gt-agent; exec sleep 3600", "--wait")
-    assert added.returncode == 0, added.stderr
-    bead = gt_town("bead", "create", "Done, then lingering", "--prefix", "demo", "--wait").stdout.strip()
-    assert gt_town("sling", bead, "demo", "--wait").returncode == 0
-
-    def polecat_panes() -> list[str]:
-        return sorted(name for name in tmux.snapshot() if name.startswith("gt-demo-"))
+    bead, polecat_panes = slung_in_a_town(gt_town, tmp_path, "gt-agent; exec sleep 3600", "Done, then lingering")
 
     def done_and_lingering() -> bool:
         listed = json.loads(gt_town("session", "list", "--all", "--json").stdout)
