@@ -8,10 +8,12 @@ socket), working directory, umask and environment, runs the same ``gt.cli.main``
 status. So output, colours (``isatty``), piped input, exit codes and Ctrl-C are what they are without the
 helper; only the start-up is gone.
 
-The helper is never needed for a correct answer. When none answers (first call, after it idled out, after
-the code changed, ``GT_HELPER=0``), the call runs in this process and starts a helper in the background for
-the next one. A call the helper refused or that it never started runs here; a call it started is never run
-twice: if the child ends without an exit status, that is reported (exit 1), not retried.
+The helper is never needed for a correct answer. When none is at the socket (first call, after it idled out or
+was killed), the call starts one and waits for it (``START_WAIT_S``), as does a call made while another call's
+helper is starting: the start costs what running the call here would, and is paid once. A call runs here when
+helpers are off (``GT_HELPER=0``), when the helper refused it (the code changed under it) or never started it,
+or when no helper came up; a call it started is never run twice: if the child ends without an exit status,
+that is reported (exit 1), not retried.
 
 This module imports only built-in modules (no ``socket``, ``signal`` or ``json``: their imports would cost
 more than the helper saves; not even ``__future__``, 0.13 ms); the wire format is in ``gt.cli.helper``'s
@@ -23,6 +25,7 @@ import _socket
 import os
 import stat
 import sys
+import time
 
 HELPER_ENV = "GT_HELPER"
 """``0`` runs every call in its own process (no helper used or started)."""
@@ -40,8 +43,18 @@ MAX_SOCKET_PATH = 108
 TAKE_TIMEOUT_S = 5.0
 """How long a call waits for the helper to take it (it normally does within a millisecond) before it runs in
 its own process instead."""
+START_WAIT_S = 10.0
+"""How long a call that found no helper waits for the one it starts (or another call started a moment before)
+before it runs in its own process instead. A start takes about half a second on an idle machine and several on a
+loaded one; running the call here would pay that start a second time (the same imports), which is what a
+polecat's first calls, made in quick succession by a script, did while its helper was still starting."""
+START_POLL_S = 0.01
 EXIT_INTERRUPTED = 130
 EXIT_LOST = 1
+
+
+class NobodyListens(Exception):
+    """No helper is at the socket (none was started, or it ended): one may be started for the call."""
 
 
 def main() -> int:
@@ -50,7 +63,10 @@ def main() -> int:
     if path is None:
         return in_process()
     try:
-        code = via_helper(path, argv)
+        try:
+            code = via_helper(path, argv)
+        except NobodyListens:
+            code = via_new_helper(path, argv)
     except KeyboardInterrupt:  # Ctrl-C before the helper had the call: nothing ran
         return EXIT_INTERRUPTED
     if code is not None:
@@ -59,7 +75,6 @@ def main() -> int:
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(code)
-    spawn_helper(path)
     return in_process()
 
 
@@ -141,9 +156,62 @@ def request(argv: list[str]) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
+def via_new_helper(path: str, argv: list[str]) -> int | None:
+    """The call run by a helper started for it: the one this call starts, or one another call started a moment
+    before (it holds the helper's lock, so this call's exits at once); None when none answers within
+    ``START_WAIT_S``, or the helpers there were are gone (one that could not start, say): the call runs here."""
+    child = spawn_helper(path)
+    deadline = time.monotonic() + START_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(START_POLL_S)
+        try:
+            return via_helper(path, argv)
+        except NobodyListens:
+            pass
+        if child is not None and _ended(child):
+            child = None
+        if child is None and not _helper_alive(path):
+            return None
+    return None
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:
+        return True
+
+
+def _helper_alive(path: str) -> bool:
+    """Whether the process its lock file names (the helper that holds the lock writes its pid there) is alive."""
+    try:
+        fd = os.open(path + ".lock", os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        text = os.read(fd, 32)
+    except OSError:
+        return False  # a directory, say: no helper of ours
+    finally:
+        os.close(fd)
+    try:
+        os.kill(int(text), 0)
+    except ValueError:
+        return False  # not written yet, or not by a helper
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def via_helper(path: str, argv: list[str]) -> int | None:
-    """The call's exit status from the helper's worker; None when the helper did not start it (none
-    answering, or it refused), so it may run here without running twice."""
+    """The call's exit status from the helper's worker; None when the helper did not start it (it refused, or
+    did not take it in time), so it may run here without running twice.
+
+    Raises:
+        NobodyListens: no helper is at the socket.
+    """
     try:
         for fd in (0, 1, 2):
             os.fstat(fd)  # a closed standard descriptor cannot be passed: run here
@@ -153,6 +221,13 @@ def via_helper(path: str, argv: list[str]) -> int | None:
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        raise NobodyListens from None
+    except OSError:
+        sock.close()
+        return None
+    try:
         if not _accepted(sock):
             return None
         fds = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in (0, 1, 2))
@@ -222,9 +297,9 @@ def _outcome(sock: _socket.socket) -> int | None:
             raise SystemExit(EXIT_INTERRUPTED)
 
 
-def spawn_helper(path: str) -> None:
-    """Start a helper for the next calls, detached (its own session) and quiet; a second one started at the
-    same moment exits at once (the helper holds a lock). Failing to start one costs nothing but speed.
+def spawn_helper(path: str) -> int | None:
+    """Start a helper, detached (its own session) and quiet; its pid, None when it could not be started (which
+    costs nothing but speed). A second one started at the same moment exits at once (the helper holds a lock).
     ``-P``: the working directory is not on its import path (a ``gt/`` there must not stand in for ours)."""
     keep = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR")
     env = {k: v for k, v in os.environ.items() if k in keep}  # the callers' own environments come per call
@@ -234,9 +309,9 @@ def spawn_helper(path: str) -> None:
         (os.POSIX_SPAWN_OPEN, 1, null, os.O_WRONLY, 0),
         (os.POSIX_SPAWN_OPEN, 2, path + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
     ]
-    try:  # noqa: SIM105 (contextlib is one import more)
-        os.posix_spawn(
+    try:
+        return os.posix_spawn(
             sys.executable, [sys.executable, "-P", "-m", "gt.cli.helper", path], env, file_actions=actions, setsid=True
         )
     except OSError:
-        pass
+        return None

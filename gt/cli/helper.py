@@ -49,12 +49,13 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-
-import structlog
+from typing import TYPE_CHECKING
 
 from gt import launch
-from gt.cli.sources import SourceWatch
-from shared.bus.kept import KeptConnections
+
+if TYPE_CHECKING:
+    from gt.cli.sources import SourceWatch
+    from shared.bus.kept import KeptConnections
 
 IDLE_ENV = "GT_HELPER_IDLE"
 DEFAULT_IDLE_S = 600.0
@@ -108,7 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     lock.write(f"{os.getpid()}\n")  # which process is the helper, for whoever wonders
     lock.flush()
     os.chdir("/")
-    from gt.cli import main as cli  # the whole point: imported once, here
+    # Only now the imports (a second helper started at the same moment has exited by here, having paid for
+    # none of them), and the whole point: imported once, here.
+    from gt.cli import main as cli
+    from gt.cli.sources import SourceWatch
     from gt.town import lifecycle  # noqa: F401 (every call without NATS_URL asks it where the town's NATS is)
 
     parser = cli.build_parser()
@@ -156,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _reap(workers)
             if time.monotonic() - last_call > idle and all(w.free for w in workers.values()):
                 return 0
+            if not _is_ours(path, bound):
+                return 0  # its socket was removed or replaced: no call can reach it, and callers wait for one
     finally:
         if _is_ours(path, bound):
             os.unlink(path)
@@ -195,6 +201,8 @@ def _worker(server: socket.socket, news: int, sources: SourceWatch, parser: obje
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     parent = os.getppid()
     server.settimeout(1.0)
+    from shared.bus.kept import KeptConnections  # imported by the helper before it forked
+
     connections = KeptConnections()  # before Home: its event loop's descriptors are the worker's own
     home = Home()
     for _ in range(MAX_CALLS_PER_WORKER):
@@ -281,6 +289,8 @@ class Home:
         os.environ.clear()
         os.environ.update(self.env)
         sys.argv = ["gt"]
+        import structlog  # imported by the helper before it forked
+
         structlog.contextvars.clear_contextvars()
 
 

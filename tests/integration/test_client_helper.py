@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gt import launch
 from gt.cli.common import EXIT_UNREACHABLE
 from shared.core.config import TownConfig
 from tests.helpers import assert_eventually
@@ -321,6 +323,61 @@ async def test_no_helper_with_gt_helper_0_or_a_runtime_directory_open_to_others(
     await asyncio.sleep(1)  # an absence again, as above
     assert shell.helpers() == []
     assert list((runtime_dir / "gt").iterdir()) == []
+
+
+RAN_HERE = "| gt.cli.main"
+"""In a call's stderr under ``PYTHONPROFILEIMPORTTIME=1``: the call imported the client itself (ran in its own
+process). A helper's worker never does (its helper imported it), and the helper does not get the variable."""
+
+
+async def test_calls_made_at_once_with_no_helper_start_one_and_all_run_in_it(
+    shell: Shell, mayor: ServiceProcess
+) -> None:
+    """A script's first calls come faster than a helper starts: each waits for the one helper instead of
+    importing the client itself (and starting a helper of its own) as it did."""
+    assert shell.helpers() == []
+    calls = [await shell.start("ready", PYTHONPROFILEIMPORTTIME="1") for _ in range(4)]
+    runs = [await finished(call) for call in calls]
+    assert [run.code for run in runs] == [0, 0, 0, 0], runs
+    assert [RAN_HERE in run.err for run in runs] == [False] * 4, [run.err[-2000:] for run in runs]
+    helper = await helper_ready(shell)
+    # One helper: the others started for these calls found its lock taken and went.
+    await assert_eventually(lambda: {proc.pid for proc in shell.helpers()} == {helper.pid, *_workers(helper)})
+    after = await shell("ready", PYTHONPROFILEIMPORTTIME="1")
+    assert (after.code, RAN_HERE in after.err) == (0, False), after
+
+
+async def test_a_helper_that_cannot_start_leaves_the_call_to_its_own_process(
+    shell: Shell, mayor: ServiceProcess, runtime_dir: Path
+) -> None:
+    path = launch_socket(shell)
+    assert path.startswith(str(runtime_dir))
+    Path(path + ".lock").mkdir()  # the helper cannot open its lock: it ends at once
+    run = await shell("ready", PYTHONPROFILEIMPORTTIME="1")
+    assert (run.code, RAN_HERE in run.err) == (0, True), run
+    assert shell.helpers() == []
+
+
+async def test_a_helper_whose_socket_is_removed_ends_and_the_next_call_starts_another(
+    shell: Shell, mayor: ServiceProcess
+) -> None:
+    assert (await shell("ready")).code == 0
+    helper = await helper_ready(shell)
+    os.unlink(launch_socket(shell))
+    await assert_eventually(lambda: not helper.is_running() or helper.status() == psutil.STATUS_ZOMBIE)
+    run = await shell("ready", PYTHONPROFILEIMPORTTIME="1")
+    assert (run.code, RAN_HERE in run.err) == (0, False), run
+    assert (await helper_ready(shell)).pid != helper.pid
+
+
+def launch_socket(shell: Shell) -> str:
+    """The helper socket a call from ``shell`` uses, as ``gt.launch`` finds it."""
+    code = "from gt import launch; print(launch.socket_path())"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=shell.env, cwd=shell.cwd, capture_output=True, text=True, check=True
+    )
+    assert launch.MAX_SOCKET_PATH > len(out.stdout.strip()) > 0, out
+    return out.stdout.strip()
 
 
 def _workers(helper: psutil.Process) -> set[int]:
