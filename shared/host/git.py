@@ -514,6 +514,17 @@ class Recycle(NamedTuple):
     """A directory of the witness's on the workspace's file system, where the new repository is made."""
     owner: tuple[int, int] | None
     """(uid, gid) the new repository is given: the agent's, when agents run as their own OS user."""
+    settled: SettledWorkspace | None = None
+    """Where ``settle_released`` left the workspace when it was released, if it did: it is moved from there by the
+    change alone."""
+
+
+class SettledWorkspace(NamedTuple):
+    """A released workspace the full pass put at ``commit`` (detached) right after its session, and the identity of
+    the index that pass wrote (``tree_moves.index_stamp``): any git run in it since changes that."""
+
+    commit: str
+    index_stamp: tuple[int, int, int, int]
 
 
 class WorkspaceStart(NamedTuple):
@@ -641,6 +652,9 @@ def _recycled(
 
     assert recycle.trusted_index is not None
     start = WorkspaceStart.of(bare, branch, base, refs)
+    settled = recycle.settled if not start.branch_in_clone and published is None else None
+    if settled is not None and _moved_from_settled(bare, path, branch, base, start, settled):
+        return
     seeded = False
 
     def configure(repo: Path) -> None:
@@ -652,6 +666,64 @@ def _recycled(
         owner=recycle.owner, configure=configure,
     )  # fmt: skip
     checkout_clean(path, (branch,) if seeded else ("-B", branch, start.commit), "-ffdx")
+
+
+def _moved_from_settled(
+    bare: Path, path: Path, branch: str, base: str, start: WorkspaceStart, settled: SettledWorkspace
+) -> bool:
+    """The settled workspace at ``path`` moved to a new ``branch`` at ``start`` by the change alone
+    (``tree_moves``); False when it cannot be (a git ran in it since, or the change needs the full pass), with
+    nothing or part of it done: the caller then takes the whole way, which makes anything right."""
+    from shared.host import tree_moves  # here: it imports this module
+
+    if tree_moves.index_stamp(path / ".git" / "index") != settled.index_stamp:
+        return False
+    try:
+        if not tree_moves.moved(bare, path, settled.commit, start.commit):
+            return False
+        git("update-ref", f"refs/remotes/origin/{base}", start.base_commit, cwd=path)
+        git("update-ref", f"refs/heads/{branch}", start.commit, "", cwd=path)  # "": a new branch, never moved
+        git("symbolic-ref", "HEAD", f"refs/heads/{branch}", cwd=path)
+    except (GitError, UnicodeError):  # UnicodeError: a path git wrote that is not UTF-8
+        return False
+    return True
+
+
+def settle_released(
+    bare: Path, path: Path, base: str, *, origin: str | None, excludes: tuple[str, ...], recycle: Recycle
+) -> SettledWorkspace | None:
+    """The workspace at ``path``, just released (``release_worktree``) and its session's processes ended, made ready
+    for the polecat's next bead while nothing waits for it: what the start would do (its repository made anew with
+    the trusted index, ``origin`` and ``excludes``; checked out over the files there; cleaned of everything git does
+    not track), at the base as the rig's clone ``bare`` has it now, detached. Where it was left; None when the
+    index it wrote cannot be found.
+
+    The next start then moves it by the change alone (``Recycle.settled``), which is sound only where nothing can
+    write in it between the two: the caller's to know (agents of the witness's own OS user could, but they could
+    as well write in a workspace in use; agents of an OS user of their own share it, so there the start takes the
+    whole way).
+
+    Raises:
+        GitError: git failed (the next start takes the whole way).
+        OSError: the workspace or the trusted index is not what it must be.
+    """
+    from shared.host import repository_renewal, tree_moves  # here: they import this module
+
+    assert recycle.trusted_index is not None
+    tracked = f"refs/remotes/origin/{base}"
+    commit = resolve_commit(bare, tracked if _ref_exists(bare, tracked) else base)
+    start = WorkspaceStart(commit=commit, base_commit=commit, branch_in_clone=False)
+
+    def configure(repo: Path) -> None:
+        _configured(repo, bare, origin, base, start, excludes, None, "")
+
+    repository_renewal.renew(
+        path, scratch=recycle.scratch, alternates=bare / "objects", trusted_index=recycle.trusted_index,
+        owner=recycle.owner, configure=configure,
+    )  # fmt: skip
+    checkout_clean(path, ("--detach", commit), "-ffdx")
+    stamp = tree_moves.index_stamp(path / ".git" / "index")
+    return None if stamp is None else SettledWorkspace(commit=commit, index_stamp=stamp)
 
 
 SEED_MAX_BYTES = 1024 * 1024 * 1024

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from services.refinery.effects import merger
-from shared.host import git
+from shared.host import git, tree_moves
 from shared.host.gates import execution, workspace
 from shared.model.events.gate_jobs import GateCommand
 from tests.helpers import assert_eventually
@@ -350,7 +350,7 @@ def test_what_the_fast_move_does_not_do_exactly_takes_the_full_pass(
 
     # More paths than a fast move takes.
     workspace.settle(clone.paths.bare, work, target, pristine=False)
-    monkeypatch.setattr(workspace, "FAST_MOVE_MAX_PATHS", 1)
+    monkeypatch.setattr(tree_moves, "MAX_PATHS", 1)
     many = clone.change(add_files, "many")
     full_passes.clear()
     clone.check_out(many)

@@ -62,7 +62,7 @@ HONEST = "echo one > ONE.txt && git add ONE.txt && git commit -qm one && gt done
 
 def agent_command(marker: Path, hooks: Path) -> str:
     # The first session is hostile, then does its work; the next one waits (the test looks at its workspace).
-    first = f"{hostile(hooks)}; exec gt-agent"
+    first = f"{hostile(hooks)} && touch {marker}/attacked; exec gt-agent"
     return f"if mkdir {marker} 2>/dev/null; then {first}; else GT_AGENT_FAULT=hang exec gt-agent; fi"
 
 
@@ -84,13 +84,20 @@ async def test_a_recycled_workspace_carries_nothing_of_a_hostile_earlier_bead(pt
     [ended] = await pt.wait_settled(first, timeout=120)
     assert ended.end_reason == "done"
     assert ended.worktree_removed, "released: the polecat's name is free again"
-    assert (workspace / "SECRET_LEFT").exists(), "bead 1's agent did leave it (the attack ran)"
+    assert (tmp_path / "first-ran" / "attacked").exists(), "bead 1's agent did all of it"
 
     def closed() -> bool:
         assert pt.mayor is not None
         return pt.mayor.projection.state.beads[first].status == "closed"
 
     await assert_eventually(closed, timeout=120)
+
+    def settled() -> bool:
+        return git.workspace_branch(workspace) is None and not (workspace / "SECRET_LEFT").exists()
+
+    # Its agents are the witness's own user: the released workspace is settled at once (the full pass, detached
+    # at the base), and the next start moves it by the change.
+    await assert_eventually(settled, timeout=60)
     second = await pt.new_bead("The next bead on the same polecat")
     await pt.sling(second)
 
@@ -373,3 +380,112 @@ def test_recycling_restores_a_tracked_directory_turned_into_a_link_and_gets_past
     assert git.status_paths(path) == []
     assert git.workspace_branch(path) == "polecat/ace/b2"
     assert {p.name for p in path.iterdir()} == {".git", ".gitignore", "lib"}
+
+
+def _commit_all(src: Path, message: str) -> str:
+    git.git("add", "-A", cwd=src)
+    git.git("-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "--quiet", "-m", message, cwd=src)
+    return git.git("rev-parse", "HEAD", cwd=src).strip()
+
+
+def _released_hostile_workspace(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
+    """A rig's clone and a polecat's workspace on it whose bead's agent left what the hostile agent above leaves
+    (a tracked change hidden from git, an excluded file, an ignored directory, its own hooks), released; with the
+    source repository the clone fetches from, and the witness's scratch folder."""
+    src = tmp_path / "src"
+    git.git("init", "--quiet", "-b", "main", str(src))
+    for name in ("keep.txt", "change.txt", "gone.txt"):
+        (src / name).write_text(f"{name} one\n")
+    (src / "lib").mkdir()
+    (src / "lib" / "a.py").write_text("print(1)\n")
+    _commit_all(src, "c1")
+    bare = tmp_path / "repo.git"
+    git.git("clone", "--quiet", "--bare", "--", str(src), str(bare))
+    git.git("config", "remote.origin.fetch", "+refs/heads/*:refs/remotes/origin/*", cwd=bare)
+    git.fetch(bare)
+    path, scratch = tmp_path / "polecats" / "ace", tmp_path / "workspaces"
+    scratch.mkdir()
+    assert git.ensure_worktree(bare, path, "polecat/ace/b1", "main", origin=str(src), excludes=git.BUILD_OUTPUT)
+    (scratch / "ace.index").write_bytes(repository_renewal.read_index(path))
+
+    (path / "keep.txt").write_text("tampered\n")
+    git.git("update-index", "--skip-worktree", "keep.txt", cwd=path)
+    with (path / ".git" / "info" / "exclude").open("a") as exclude:
+        exclude.write("SECRET_LEFT\n")
+    (path / "SECRET_LEFT").write_text("secret\n")
+    (path / "node_modules").mkdir()
+    (path / "node_modules" / "poison.js").write_text("module.exports = 1\n")
+    git.git("config", "core.hooksPath", str(tmp_path / "hooks"), cwd=path)
+    assert git.status_paths(path) == [], "git sees nothing changed: the workspace is released"
+    assert git.release_worktree(bare, path, "main").startswith("worktree released")
+    return src, bare, path, scratch
+
+
+def _exactly_at(path: Path, commit: str, branch: str) -> None:
+    """The workspace holds ``commit``'s files and nothing else, its index is that tree with no flag set, and it is on
+    ``branch``."""
+    assert git.workspace_branch(path) == branch
+    assert git.git("rev-parse", "HEAD", cwd=path).strip() == commit
+    tree = git.git("ls-tree", "-r", "--format=%(objectmode) %(objectname) %(path)", commit, cwd=path).splitlines()
+    staged = git.git("ls-files", "--format=%(objectmode) %(objectname) %(path)", cwd=path).splitlines()
+    assert staged == tree
+    flags = git.git("ls-files", "-v", cwd=path).splitlines()
+    assert not [line for line in flags if line[:1] in ("S", "h")], flags
+    listed = git.git("status", "--porcelain", "--ignored", "--untracked-files=all", cwd=path)
+    assert listed == "", listed
+    files = sorted(str(p.relative_to(path)) for p in path.rglob("*") if ".git" not in p.relative_to(path).parts)
+    assert files == sorted({line.split(" ", 2)[2] for line in tree} | {"lib"}), files
+    for line in tree:
+        name = line.split(" ", 2)[2]
+        blob = git.git("cat-file", "blob", f"{commit}:{name}", cwd=path)
+        assert (path / name).read_text() == blob, name
+
+
+def test_a_released_workspace_is_settled_at_once_and_moved_by_the_change_at_the_next_start(tmp_path: Path) -> None:
+    """Where agents are the witness's own user, the witness settles a released workspace right away (the full pass:
+    a repository made anew with its trusted index, checked out, cleaned), so the next start only moves it by what
+    changed on the base since: a file changed, one added, one removed. Nothing of the earlier bead's is left, and
+    the repository the start finds is the one the settle made (not made again)."""
+    src, bare, path, scratch = _released_hostile_workspace(tmp_path)
+    c1 = git.resolve_commit(bare, "refs/remotes/origin/main")
+    recycle = git.Recycle(trusted_index=scratch / "ace.index", scratch=scratch, owner=None)
+    settled = git.settle_released(bare, path, "main", origin=str(src), excludes=git.BUILD_OUTPUT, recycle=recycle)
+    assert settled is not None
+    assert settled.commit == c1
+    assert not (path / "SECRET_LEFT").exists()
+    assert not (path / "node_modules").exists()
+    assert (path / "keep.txt").read_text() == "keep.txt one\n", "the change git was told to skip is undone"
+    assert "hooksPath" not in (path / ".git" / "config").read_text()
+    repository = os.stat(path / ".git").st_ino
+    (scratch / "ace.index").write_bytes(repository_renewal.read_index(path))
+
+    (src / "change.txt").write_text("change.txt two\n")
+    (src / "new.txt").write_text("new\n")
+    (src / "gone.txt").unlink()
+    c2 = _commit_all(src, "c2")
+    git.fetch(bare)
+    again = recycle._replace(settled=settled)
+    assert git.ensure_worktree(bare, path, "polecat/ace/b2", "main", origin=str(src), recycle=again)
+    assert os.stat(path / ".git").st_ino == repository, "moved by the change: the settled repository kept"
+    _exactly_at(path, c2, "polecat/ace/b2")
+    assert git.resolve_commit(path, "refs/remotes/origin/main") == c2
+
+
+def test_a_settled_workspace_that_git_ran_in_since_takes_the_whole_way(tmp_path: Path) -> None:
+    """A git run in the settled workspace since (a person, another witness) wrote its index: the mark no longer
+    matches, and the start makes the repository anew and takes the full pass, which undoes what was done there."""
+    src, bare, path, scratch = _released_hostile_workspace(tmp_path)
+    recycle = git.Recycle(trusted_index=scratch / "ace.index", scratch=scratch, owner=None)
+    settled = git.settle_released(bare, path, "main", origin=str(src), excludes=git.BUILD_OUTPUT, recycle=recycle)
+    assert settled is not None
+    repository = os.stat(path / ".git").st_ino
+    (scratch / "ace.index").write_bytes(repository_renewal.read_index(path))
+    (path / "keep.txt").write_text("changed after the settle\n")
+    git.git("update-index", "--skip-worktree", "keep.txt", cwd=path)  # writes the index
+    (path / "LATE").write_text("late\n")
+
+    c1 = git.resolve_commit(bare, "refs/remotes/origin/main")
+    again = recycle._replace(settled=settled)
+    assert git.ensure_worktree(bare, path, "polecat/ace/b2", "main", origin=str(src), recycle=again)
+    assert os.stat(path / ".git").st_ino != repository, "its repository made anew"
+    _exactly_at(path, c1, "polecat/ace/b2")

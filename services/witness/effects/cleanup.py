@@ -9,6 +9,7 @@ from pathlib import Path
 
 import structlog
 
+from services.witness.effects import workspace_records
 from services.witness.effects.toolkit import Toolkit
 from services.witness.plan.actions import Clean, ReapPane
 from services.witness.state import Session
@@ -59,6 +60,50 @@ class Cleaner:
         current = self.kit.session(session.id) or session
         event = SessionCleaned(session_id=session.id, worktree_removed=removed, detail=detail, pane_tail=tail)
         await self.kit.append(NewEvent(payload=event, expected_seq=current.version))
+        if removed and not action.delete and workspace_records.may_settle(self.kit):
+            await self._settle(session)
+
+    async def _settle(self, session: Session) -> None:
+        """Make the released workspace ready for the polecat's next bead now, rather than when that bead starts
+        (``git.settle_released``): its name is free already, and a start that comes meanwhile waits for the
+        worktree's lock, then moves it by the change. Skipped when a later session has it already (that start took
+        the whole way); a failure only leaves the whole way to the next start."""
+        async with self.kit.worktree_locks.hold(session.worktree):
+            if self._worktree_user(session) is not None or self._later_session(session):
+                return
+            await asyncio.to_thread(workspace_records.forget_settled, self.kit, session)
+            try:
+                settled = await asyncio.to_thread(self._settled, session)
+            except (git.GitError, OSError) as exc:
+                log.warning("workspace_settle_failed", session=session.id, error=str(exc)[:500])
+                return
+            if settled is not None:
+                await asyncio.to_thread(workspace_records.keep_settled, self.kit, session, settled)
+
+    def _settled(self, session: Session) -> git.SettledWorkspace | None:
+        recycle = workspace_records.recycle_of(self.kit, session)
+        if recycle.trusted_index is None:
+            return None  # no index of the witness's: the next start makes the workspace again
+        rig = self.kit.host.state.rigs.get(session.rig)
+        origin = rig.repo if rig is not None else None
+        with git.in_background():  # as the release: the bead's merge may run right now
+            settled = git.settle_released(
+                self.kit.bare_repo(session.rig), Path(session.worktree), self.kit.base_branch(session.rig),
+                origin=origin, excludes=git.BUILD_OUTPUT, recycle=recycle,
+            )  # fmt: skip
+            workspace_records.keep_trusted_index(self.kit, session)
+        return settled
+
+    def _later_session(self, session: Session) -> bool:
+        """Whether a session was requested for the worktree after ``session`` (it may have ended already)."""
+        later = False
+        for other in self.kit.host.state.sessions.values():  # in the order requested
+            if other.id == session.id:
+                later = True
+                continue
+            if later and other.worktree == session.worktree:
+                return True
+        return False
 
     def _worktree_user(self, session: Session) -> Session | None:
         """Another session, not ended, that works in ``session``'s worktree."""

@@ -8,21 +8,20 @@ import asyncio
 import contextlib
 import os
 import shlex
-import stat
 import time
 from pathlib import Path
 
 import structlog
 
 from services.witness import plan as planning
-from services.witness.effects import agent_user, leftovers, runtime_setup
+from services.witness.effects import agent_user, leftovers, runtime_setup, workspace_records
 from services.witness.effects.agent_env import AgentLaunch
 from services.witness.effects.toolkit import StartBlockedError, Toolkit, WorktreeUnusableError
 from services.witness.plan.actions import GiveUp, ReleaseHook, Resling, Spawn, Start
 from services.witness.state import Rig, Session
 from shared.core.faults import crash_point
 from shared.core.ids import hook_lease_name
-from shared.host import git, processes, reaper, repository_renewal, safe_files
+from shared.host import git, processes, reaper, safe_files
 from shared.host.tmux import PaneInfo, TmuxError
 from shared.model import leases as lease_state
 from shared.model import runtimes
@@ -240,11 +239,20 @@ class Spawner:
                     recycle=recycle,
                 )
                 if made:
-                    await asyncio.to_thread(self._keep_trusted_index, session)
+                    await asyncio.to_thread(workspace_records.keep_trusted_index, self.kit, session)
             except git.GitError as exc:
                 if await asyncio.to_thread(path.exists):
                     raise WorktreeUnusableError(str(exc)) from exc
                 raise
+
+    def _recycle(self, session: Session) -> git.Recycle:
+        """How the released worktree is taken (``workspace_records``): from where it was settled when released, if it
+        was and agents are the witness's own user."""
+        settled = workspace_records.take_settled(self.kit, session)
+        recycle = workspace_records.recycle_of(self.kit, session)
+        if settled is not None and recycle.owner is None and workspace_records.may_settle(self.kit):
+            return recycle._replace(settled=settled)
+        return recycle
 
     def _released(self, session: Session) -> bool:
         """The session's worktree was given up clean by the last session that had it (``git.release_worktree``):
@@ -254,31 +262,6 @@ class Spawner:
         ]
         last = earlier[-1] if earlier else None  # in the order requested
         return last is not None and last.status == "ended" and last.cleaned and last.worktree_removed
-
-    def _recycle(self, session: Session) -> git.Recycle:
-        """How the released worktree is taken: with the index the witness's checkout wrote when it was last prepared
-        (none kept: it is made again), its new repository the agent's when agents run as their own user."""
-        store = self.kit.trusted_index(session)
-        store.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        try:
-            # The witness's own file, in a folder of its own: copied by the kernel as it renews the repository.
-            trusted: Path | None = store if stat.S_ISREG(os.lstat(store).st_mode) else None
-        except OSError:
-            trusted = None
-        owner = None
-        user = self.kit.agent_user
-        if user is not None and user.switch and os.lstat(session.worktree).st_uid == user.uid:
-            owner = (user.uid, user.gid)
-        return git.Recycle(trusted_index=trusted, scratch=store.parent, owner=owner)
-
-    def _keep_trusted_index(self, session: Session) -> None:
-        """Keep the index the witness's checkout just wrote, before any agent ran in the workspace: the next bead's
-        recycling trusts it, never the index the agent leaves (``repository_renewal``)."""
-        store = self.kit.trusted_index(session)
-        store.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        temp = store.with_name(f".{store.name}.tmp")
-        repository_renewal.keep_index(Path(session.worktree), temp)
-        temp.replace(store)
 
     def _start_tmux(self, session: Session, rig: Rig) -> tuple[PaneInfo, bool]:
         existing = self.kit.tmux.pane_of(session.tmux_name)

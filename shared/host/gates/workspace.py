@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -35,7 +34,7 @@ from typing import NamedTuple
 
 import structlog
 
-from shared.host import git, path_locks, safe_files
+from shared.host import git, path_locks, safe_files, tree_moves
 
 log = structlog.get_logger(__name__)
 
@@ -44,13 +43,6 @@ LEFTOVER_STATE = (
     "REVERT_HEAD", "sequencer", "BISECT_LOG", "AUTO_MERGE",
 )  # fmt: skip
 """What an interrupted git leaves in a worktree's git directory: never there between two uses, so a leftover."""
-FAST_MOVE_MAX_PATHS = 2000
-"""The most paths a settled workspace is moved by alone (``_moved_fast``); a larger change takes the full pass,
-whose cost does not grow with the change."""
-RULE_FILES = frozenset({".gitignore", ".gitattributes"})
-"""Files whose change alters what the full pass does to files outside the change (which are ignored and kept, how
-a file is converted): a change to one of them takes the full pass."""
-SUBMODULE_MODE = "160000"
 SETTLE_HOLD_S = 30.0
 """The longest a held settle (``used``'s ``hold``) waits for ``release_settle``: a caller that never says is no
 reason to leave the workspace unsettled."""
@@ -65,7 +57,7 @@ class Settled(NamedTuple):
 
     commit: str
     pristine: bool
-    index_stamp: tuple[int, int, int, int]
+    index_stamp: tree_moves.IndexStamp
 
 
 _settled: dict[Path, Settled] = {}
@@ -282,15 +274,13 @@ def _moved_fast(bare: Path, path: Path, settled: Settled, commit: str, *, pristi
     when the change is not one it moves exactly (the full pass then does it all).
 
     Files that are neither in the index nor ignored cannot be there (the full pass removed them and nothing ran
-    since), ignored ones stay as the full pass would keep them (the ignore rules are unchanged, ``RULE_FILES``)."""
+    since), ignored ones stay as the full pass would keep them (the ignore rules are unchanged:
+    ``tree_moves.RULE_FILES``)."""
     if settled.pristine != pristine or _index_stamp(path) != settled.index_stamp:
         return False
     try:
-        changes = git.tree_changes(bare, settled.commit, commit)  # in the clone: no index of 50,000 entries read
-        paths = _fast_paths(changes)
-        if paths is None:
+        if not tree_moves.moved(bare, path, settled.commit, commit):
             return False
-        git.checkout_paths(path, commit, paths)
         git.git("update-ref", "--no-deref", "HEAD", commit, settled.commit, cwd=path)
     except (git.GitError, UnicodeError) as exc:  # UnicodeError: a path git wrote that is not UTF-8
         log.warning("gate_workspace_fast_move_failed", workspace=str(path), error=str(exc)[:500])
@@ -298,44 +288,10 @@ def _moved_fast(bare: Path, path: Path, settled: Settled, commit: str, *, pristi
     return True
 
 
-def _fast_paths(changes: list[git.TreeChange]) -> list[str] | None:
-    """The paths to check out for ``changes``, or None when they need the full pass: too many, a type change, a
-    submodule, a rule file, or a file and a directory trading places (a path added under a deleted one, or
-    deleted under an added one: checking them out one by one depends on their order)."""
-    if len(changes) > FAST_MOVE_MAX_PATHS:
-        return None
-    for change in changes:
-        if change.status not in ("A", "M", "D") or SUBMODULE_MODE in (change.old_mode, change.new_mode):
-            return None
-        if change.path.rsplit("/", 1)[-1] in RULE_FILES:
-            return None
-    added = {c.path for c in changes if c.status == "A"}
-    deleted = {c.path for c in changes if c.status == "D"}
-    if _under_any(added, deleted) or _under_any(deleted, added):
-        return None
-    return [change.path for change in changes]
-
-
-def _under_any(paths: set[str], directories: set[str]) -> bool:
-    """Whether one of ``paths`` lies under one of ``directories`` (taken as directories)."""
-    for path in paths:
-        parts = path.split("/")
-        if any("/".join(parts[:depth]) in directories for depth in range(1, len(parts))):
-            return True
-    return False
-
-
-def _index_stamp(path: Path) -> tuple[int, int, int, int] | None:
-    """The identity of the workspace's index file (inode, size, change and modification times): any git that
-    wrote it since changes it."""
+def _index_stamp(path: Path) -> tree_moves.IndexStamp | None:
+    """The identity of the workspace's index file (``tree_moves.index_stamp``)."""
     git_dir = _git_dir(path)
-    if git_dir is None:
-        return None
-    try:
-        found = os.stat(git_dir / "index")
-    except OSError:
-        return None
-    return (found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
+    return None if git_dir is None else tree_moves.index_stamp(git_dir / "index")
 
 
 def _move(path: Path, commit: str, *, pristine: bool) -> None:
