@@ -525,6 +525,10 @@ class SettledWorkspace(NamedTuple):
 
     commit: str
     index_stamp: tuple[int, int, int, int]
+    base: str
+    origin: str | None
+    excludes: tuple[str, ...]
+    """The base, origin and excludes its repository was made with: a start asking for others takes the whole way."""
 
 
 class WorkspaceStart(NamedTuple):
@@ -653,6 +657,8 @@ def _recycled(
     assert recycle.trusted_index is not None
     start = WorkspaceStart.of(bare, branch, base, refs)
     settled = recycle.settled if not start.branch_in_clone and published is None else None
+    if settled is not None and (settled.base, settled.origin, settled.excludes) != (base, origin, excludes):
+        settled = None
     if settled is not None and _moved_from_settled(bare, path, branch, base, start, settled):
         return
     seeded = False
@@ -723,7 +729,9 @@ def settle_released(
     )  # fmt: skip
     checkout_clean(path, ("--detach", commit), "-ffdx")
     stamp = tree_moves.index_stamp(path / ".git" / "index")
-    return None if stamp is None else SettledWorkspace(commit=commit, index_stamp=stamp)
+    if stamp is None:
+        return None
+    return SettledWorkspace(commit=commit, index_stamp=stamp, base=base, origin=origin, excludes=excludes)
 
 
 SEED_MAX_BYTES = 1024 * 1024 * 1024

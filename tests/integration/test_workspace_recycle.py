@@ -29,7 +29,7 @@ import pytest
 from shared.host import git, repository_renewal
 from tests.compose_stack import USERS, ComposeStack, Operator, run_where_agents_run, running_stack
 from tests.conftest import REPO_ROOT
-from tests.helpers import assert_eventually, wait_until
+from tests.helpers import assert_eventually, running_with, wait_until
 from tests.integration.test_agent_attacks import AGENT_UID, gt_status
 from tests.integration.test_agent_user import (
     DEADLINE_S,
@@ -98,6 +98,9 @@ async def test_a_recycled_workspace_carries_nothing_of_a_hostile_earlier_bead(pt
     # Its agents are the witness's own user: the released workspace is settled at once (the full pass, detached
     # at the base), and the next start moves it by the change.
     await assert_eventually(settled, timeout=60)
+    mark = workspace.parent.parent / "workspaces" / f"{session.polecat}.settled"  # the witness's record of it
+    await assert_eventually(mark.exists, timeout=60)
+    repository = os.stat(workspace / ".git").st_ino
     second = await pt.new_bead("The next bead on the same polecat")
     await pt.sling(second)
 
@@ -109,6 +112,8 @@ async def test_a_recycled_workspace_carries_nothing_of_a_hostile_earlier_bead(pt
     again = pt.sessions_of(second)[0]
     assert again.worktree == session.worktree, "the same polecat, the same workspace"
     assert os.stat(workspace).st_ino == inode, "recycled in place, not made again"
+    assert os.stat(workspace / ".git").st_ino == repository, "moved by the change: the settled repository kept"
+    assert not mark.exists(), "the start took the record"
     assert (workspace / "README.md").read_text() == README, "the change git was told to skip is undone"
     assert not (workspace / "SECRET_LEFT").exists()
     assert not (workspace / "node_modules").exists()
@@ -119,6 +124,70 @@ async def test_a_recycled_workspace_carries_nothing_of_a_hostile_earlier_bead(pt
     assert git.status_paths(workspace) == []
     assert git.workspace_branch(workspace) == again.branch
     assert not lurkers(), "the earlier agent's detached process ended with its session"
+
+
+def outliving_writer(marker: Path, mark: str) -> str:
+    """Bead 1's agent: a writer detached from its session (``setsid``, deaf to SIGTERM and SIGHUP) that appends to
+    an ignored file in the workspace for ever (its name carries ``mark``); its work and `gt done`; then it kills its
+    pane's reaper (a laptop's agent can: the same OS user), so the writer outlives the session. Later beads hang."""
+    writer = (
+        f"trap '' TERM HUP INT; while :; do mkdir -p node_modules; echo {mark} >>node_modules/LEFT; sleep 0.2; done"
+    )
+    # ``[r]eaper``: the pattern must not match this shell's own command line, which holds it.
+    kill_reaper = (
+        "pid=$$; while [ \"$pid\" -gt 1 ]; do if tr '\\0' ' ' < /proc/$pid/cmdline | grep -q '[r]eaper\\.py'; then"
+        " kill -9 $pid; break; fi; pid=$(awk '{print $4}' /proc/$pid/stat); done"
+    )
+    first = f"(setsid sh -c {shlex.quote(writer)} </dev/null >/dev/null 2>&1 &); {HONEST}; {kill_reaper}; sleep 600"
+    return f"if mkdir {marker} 2>/dev/null; then {first}; else GT_AGENT_FAULT=hang exec gt-agent; fi"
+
+
+def writers(mark: str) -> list[str]:
+    """The writer's processes (not the tmux server's or a reaper's, whose command lines hold the agent's command)."""
+    return [line for line in running_with(f"echo {mark}") if "tmux" not in line and "reaper.py" not in line]
+
+
+async def test_a_workspace_whose_session_left_a_process_is_not_settled_and_its_next_start_takes_the_whole_way(
+    pt: PolecatTown, tmp_path: Path
+) -> None:
+    """Settling a released workspace at once, and moving it by the change at the next start, trusts that nothing
+    wrote in it between the two: a process of the ended session that outlived it (its agent killed its reaper)
+    would. So the settle is skipped while one runs; the next start stops it, then takes the whole way, and the
+    next bead finds nothing it wrote."""
+    mark = f"gt-left-{secrets.token_hex(4)}"
+    await pt.add_rig(agent_command=outliving_writer(tmp_path / "first-ran", mark), max_polecats=1)
+    first = await pt.new_bead("Work, and leave a writer behind")
+    await pt.sling(first)
+    [ended] = await pt.wait_settled(first, timeout=120)
+    assert ended.worktree_removed, "released: the writer's file is ignored, the work published"
+    workspace = Path(ended.worktree)
+    assert writers(mark), "the writer outlived its session (the attack ran)"
+    await asyncio.sleep(2)  # an absence: a settle would have begun by now (it follows session.cleaned at once)
+    assert not (workspace.parent.parent / "workspaces" / f"{ended.polecat}.settled").exists(), "not settled"
+    assert git.workspace_branch(workspace) == ended.branch, "left as released"
+    repository = os.stat(workspace / ".git").st_ino
+
+    def closed() -> bool:
+        assert pt.mayor is not None
+        return pt.mayor.projection.state.beads[first].status == "closed"
+
+    await assert_eventually(closed, timeout=120)
+    second = await pt.new_bead("The next bead on the same polecat")
+    await pt.sling(second)
+
+    def started() -> bool:
+        sessions = pt.sessions_of(second)
+        return bool(sessions) and sessions[0].status == "started"
+
+    await assert_eventually(started, timeout=90)
+    assert pt.sessions_of(second)[0].worktree == ended.worktree
+    assert not writers(mark), "the start stopped the writer first"
+    assert os.stat(workspace / ".git").st_ino != repository, "the whole way: its repository made anew"
+    for _ in range(5):  # and nothing written since (the writer wrote every 0.2 s while it lived)
+        assert not (workspace / "node_modules").exists()
+        await asyncio.sleep(0.3)
+    assert git.status_paths(workspace) == []
+    assert git.workspace_branch(workspace) == pt.sessions_of(second)[0].branch
 
 
 def test_a_recycled_workspace_of_an_agent_user_carries_nothing_of_a_hostile_earlier_bead(
@@ -382,6 +451,10 @@ def test_recycling_restores_a_tracked_directory_turned_into_a_link_and_gets_past
     assert {p.name for p in path.iterdir()} == {".git", ".gitignore", "lib"}
 
 
+EXCLUDES = git.BUILD_OUTPUT
+"""What the witness lists in every workspace's ``info/exclude``."""
+
+
 def _commit_all(src: Path, message: str) -> str:
     git.git("add", "-A", cwd=src)
     git.git("-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "--quiet", "-m", message, cwd=src)
@@ -405,7 +478,7 @@ def _released_hostile_workspace(tmp_path: Path) -> tuple[Path, Path, Path, Path]
     git.fetch(bare)
     path, scratch = tmp_path / "polecats" / "ace", tmp_path / "workspaces"
     scratch.mkdir()
-    assert git.ensure_worktree(bare, path, "polecat/ace/b1", "main", origin=str(src), excludes=git.BUILD_OUTPUT)
+    assert git.ensure_worktree(bare, path, "polecat/ace/b1", "main", origin=str(src), excludes=EXCLUDES)
     (scratch / "ace.index").write_bytes(repository_renewal.read_index(path))
 
     (path / "keep.txt").write_text("tampered\n")
@@ -449,7 +522,7 @@ def test_a_released_workspace_is_settled_at_once_and_moved_by_the_change_at_the_
     src, bare, path, scratch = _released_hostile_workspace(tmp_path)
     c1 = git.resolve_commit(bare, "refs/remotes/origin/main")
     recycle = git.Recycle(trusted_index=scratch / "ace.index", scratch=scratch, owner=None)
-    settled = git.settle_released(bare, path, "main", origin=str(src), excludes=git.BUILD_OUTPUT, recycle=recycle)
+    settled = git.settle_released(bare, path, "main", origin=str(src), excludes=EXCLUDES, recycle=recycle)
     assert settled is not None
     assert settled.commit == c1
     assert not (path / "SECRET_LEFT").exists()
@@ -465,7 +538,7 @@ def test_a_released_workspace_is_settled_at_once_and_moved_by_the_change_at_the_
     c2 = _commit_all(src, "c2")
     git.fetch(bare)
     again = recycle._replace(settled=settled)
-    assert git.ensure_worktree(bare, path, "polecat/ace/b2", "main", origin=str(src), recycle=again)
+    assert git.ensure_worktree(bare, path, "polecat/ace/b2", "main", origin=str(src), excludes=EXCLUDES, recycle=again)
     assert os.stat(path / ".git").st_ino == repository, "moved by the change: the settled repository kept"
     _exactly_at(path, c2, "polecat/ace/b2")
     assert git.resolve_commit(path, "refs/remotes/origin/main") == c2
@@ -476,7 +549,7 @@ def test_a_settled_workspace_that_git_ran_in_since_takes_the_whole_way(tmp_path:
     matches, and the start makes the repository anew and takes the full pass, which undoes what was done there."""
     src, bare, path, scratch = _released_hostile_workspace(tmp_path)
     recycle = git.Recycle(trusted_index=scratch / "ace.index", scratch=scratch, owner=None)
-    settled = git.settle_released(bare, path, "main", origin=str(src), excludes=git.BUILD_OUTPUT, recycle=recycle)
+    settled = git.settle_released(bare, path, "main", origin=str(src), excludes=EXCLUDES, recycle=recycle)
     assert settled is not None
     repository = os.stat(path / ".git").st_ino
     (scratch / "ace.index").write_bytes(repository_renewal.read_index(path))
@@ -486,6 +559,26 @@ def test_a_settled_workspace_that_git_ran_in_since_takes_the_whole_way(tmp_path:
 
     c1 = git.resolve_commit(bare, "refs/remotes/origin/main")
     again = recycle._replace(settled=settled)
-    assert git.ensure_worktree(bare, path, "polecat/ace/b2", "main", origin=str(src), recycle=again)
+    assert git.ensure_worktree(bare, path, "polecat/ace/b2", "main", origin=str(src), excludes=EXCLUDES, recycle=again)
     assert os.stat(path / ".git").st_ino != repository, "its repository made anew"
     _exactly_at(path, c1, "polecat/ace/b2")
+
+
+def test_a_start_asking_for_another_origin_or_excludes_than_the_settle_takes_the_whole_way(tmp_path: Path) -> None:
+    """The settle made the repository with the rig's origin and excludes of that moment: a start asking for others
+    (the rig's repository moved, a newer version's excludes) makes it anew rather than keep the old config."""
+    src, bare, path, scratch = _released_hostile_workspace(tmp_path)
+    recycle = git.Recycle(trusted_index=scratch / "ace.index", scratch=scratch, owner=None)
+    settled = git.settle_released(bare, path, "main", origin=str(src), excludes=EXCLUDES, recycle=recycle)
+    assert settled is not None
+    repository = os.stat(path / ".git").st_ino
+    (scratch / "ace.index").write_bytes(repository_renewal.read_index(path))
+    moved = tmp_path / "moved-origin"
+    src.rename(moved)
+    again = recycle._replace(settled=settled)
+    assert git.ensure_worktree(
+        bare, path, "polecat/ace/b2", "main", origin=str(moved), excludes=EXCLUDES, recycle=again
+    )
+    assert os.stat(path / ".git").st_ino != repository, "the whole way: its repository made anew"
+    assert git.git("config", "--get", "remote.origin.url", cwd=path).strip() == str(moved)
+    _exactly_at(path, settled.commit, "polecat/ace/b2")

@@ -13,7 +13,7 @@ from services.witness.effects import workspace_records
 from services.witness.effects.toolkit import Toolkit
 from services.witness.plan.actions import Clean, ReapPane
 from services.witness.state import Session
-from shared.host import git
+from shared.host import git, tree_moves
 from shared.model.decision import NewEvent
 from shared.model.events import SessionCleaned
 
@@ -38,7 +38,7 @@ class Cleaner:
         # Its pane's last lines, before the pane goes (a warrant recorded them already): what an agent said last.
         tail = "" if session.pane_tail or action.again else await asyncio.to_thread(self.kit.pane_tail, session)
         await asyncio.to_thread(self.kit.reap, session)
-        removed, detail = False, action.detail
+        removed, detail, released = False, action.detail, None
         if action.remove_worktree:
             try:
                 async with self.kit.worktree_locks.hold(session.worktree), self.kit.repo_locks.hold(session.rig):
@@ -50,6 +50,9 @@ class Cleaner:
                     else:
                         detail = await asyncio.to_thread(self._remove_worktree, session, action.delete)
                         removed = True
+                        released = await asyncio.to_thread(
+                            tree_moves.index_stamp, Path(session.worktree, ".git", "index")
+                        )
             except git.WorktreeNotEmptyError as exc:
                 detail = str(exc)
                 log.warning("worktree_kept", session=session.id, reason=detail)
@@ -60,16 +63,24 @@ class Cleaner:
         current = self.kit.session(session.id) or session
         event = SessionCleaned(session_id=session.id, worktree_removed=removed, detail=detail, pane_tail=tail)
         await self.kit.append(NewEvent(payload=event, expected_seq=current.version))
-        if removed and not action.delete and workspace_records.may_settle(self.kit):
-            await self._settle(session)
+        if released is not None and not action.delete and workspace_records.may_settle(self.kit):
+            await self._settle(session, released)
 
-    async def _settle(self, session: Session) -> None:
+    async def _settle(self, session: Session, released: tree_moves.IndexStamp) -> None:
         """Make the released workspace ready for the polecat's next bead now, rather than when that bead starts
         (``git.settle_released``): its name is free already, and a start that comes meanwhile waits for the
         worktree's lock, then moves it by the change. Skipped when a later session has it already (that start took
-        the whole way); a failure only leaves the whole way to the next start."""
-        async with self.kit.worktree_locks.hold(session.worktree):
+        the whole way; ``released``, the index as the release left it, tells even one of another witness), or a
+        process of an earlier session still runs (what it writes later would be in no index: the start stops it
+        and takes the whole way); a failure only leaves the whole way to the next start."""
+        async with self.kit.worktree_locks.hold(session.worktree), workspace_records.held(self.kit, session):
             if self._worktree_user(session) is not None or self._later_session(session):
+                return
+            index = Path(session.worktree, ".git", "index")
+            if await asyncio.to_thread(tree_moves.index_stamp, index) != released:
+                return
+            if await asyncio.to_thread(self.kit.leftovers_of, session.worktree, self.kit.ended_in(session.worktree)):
+                log.info("workspace_settle_skipped", session=session.id, reason="processes of its session still run")
                 return
             await asyncio.to_thread(workspace_records.forget_settled, self.kit, session)
             try:

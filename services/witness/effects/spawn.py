@@ -14,7 +14,7 @@ from pathlib import Path
 import structlog
 
 from services.witness import plan as planning
-from services.witness.effects import agent_user, leftovers, runtime_setup, workspace_records
+from services.witness.effects import agent_user, runtime_setup, workspace_records
 from services.witness.effects.agent_env import AgentLaunch
 from services.witness.effects.toolkit import StartBlockedError, Toolkit, WorktreeUnusableError
 from services.witness.plan.actions import GiveUp, ReleaseHook, Resling, Spawn, Start
@@ -99,8 +99,11 @@ class Spawner:
             await self._agent_unavailable(session, rig, str(exc))
             return
         try:
-            async with self.kit.worktree_locks.hold(session.worktree):
-                await self._end_leftovers(session)
+            async with self.kit.worktree_locks.hold(session.worktree), workspace_records.held(self.kit, session):
+                if await self._end_leftovers(session):
+                    # Processes of an earlier session outlived it: what they wrote since the workspace was settled
+                    # is nowhere in its index, so the start takes the whole way.
+                    await asyncio.to_thread(workspace_records.forget_settled, self.kit, session)
                 await self._prepare_worktree(rig, session)
         except WorktreeUnusableError as exc:
             # Never touched (it may hold someone's work): the bead is escalated instead.
@@ -134,35 +137,27 @@ class Spawner:
         self.start_failures.pop(session.id, None)
         log.info("session_started", session=session.id, pane_pid=pane.pane_pid, adopted=adopted)
 
-    async def _end_leftovers(self, session: Session) -> None:
+    async def _end_leftovers(self, session: Session) -> bool:
         """Before a worktree is handed to ``session``: every process of the earlier sessions that worked in it is
-        gone, verified (``effects/leftovers.py``); the ones found are stopped first. Until then the start is blocked
-        (tried again), and escalated once it has waited ``LEFTOVER_DEADLINE_S``."""
-        earlier = [
-            s
-            for s in self.kit.host.state.sessions.values()
-            if s.worktree == session.worktree and s.id != session.id and s.status == "ended"
-        ]
+        gone, verified (``effects/leftovers.py``); the ones found are stopped first (then True). Until then the start
+        is blocked (tried again), and escalated once it has waited ``LEFTOVER_DEADLINE_S``."""
+        earlier = self.kit.ended_in(session.worktree, but=session.id)
         if not earlier:
-            return
+            return False
         pane = await asyncio.to_thread(self.kit.tmux.pane_of, session.tmux_name)
         if pane is not None and self.kit.tmux.ours(pane) and pane.label == session.id:
-            return  # its own agent runs already (started before a crash): adopted, not a leftover
-        roots = [
-            processes.ProcessRef(pid=s.pane_pid, started=s.pid_started) for s in earlier if s.pane_pid and s.pid_started
-        ]
-        paths = [session.worktree, *(str(self.kit.session_dir(s)) for s in earlier)]
-        uid = self.kit.agent_user.uid if self.kit.agent_user is not None else os.getuid()
-        ids = {s.id for s in earlier}
+            return False  # its own agent runs already (started before a crash): adopted, not a leftover
         deadline = time.monotonic() + LEFTOVER_DEADLINE_S
+        stopped = False
         while True:
-            found = await asyncio.to_thread(leftovers.find, roots=roots, sessions=ids, paths=paths, agent_uid=uid)
+            found = await asyncio.to_thread(self.kit.leftovers_of, session.worktree, earlier)
             if not found:
-                return
+                return stopped
             shown = ", ".join(f"{f.ref.pid} ({f.name}: {f.why})" for f in found[:10])
             log.warning("leftover_processes_stopped", session=session.id, worktree=session.worktree, processes=shown)
             # Looked for again after: one may have started another meanwhile.
             await asyncio.to_thread(processes.stop_all, [f.ref for f in found], timeout=self.kit.settings.kill_grace_s)
+            stopped = True
             if time.monotonic() >= deadline:
                 message = (
                     f"processes of an earlier session in worktree {session.worktree} do not end: {shown}. Session "

@@ -10,6 +10,7 @@ asked, ``session.started`` after the pane's process is there, ``session.warrante
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Protocol
 import structlog
 
 from services.witness import plan as planning
-from services.witness.effects import agent_user
+from services.witness.effects import agent_user, leftovers
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session, WitnessState
 from shared.bus.auth_callout import CalloutSettings
@@ -172,6 +173,23 @@ class Toolkit:
             if pane.pane_pid == session.pane_pid and processes.is_alive(ref):
                 processes.stop_tree(ref, timeout=self.settings.kill_grace_s + REAPER_SLACK_S)
         return self.tmux.kill_if_labelled(session.tmux_name, session.id)
+
+    def ended_in(self, worktree: str, *, but: str = "") -> list[Session]:
+        """The ended sessions (but the session ``but``) that worked in ``worktree``."""
+        return [
+            s
+            for s in self.host.state.sessions.values()
+            if s.worktree == worktree and s.id != but and s.status == "ended"
+        ]
+
+    def leftovers_of(self, worktree: str, earlier: list[Session]) -> list[leftovers.Leftover]:
+        """The processes of the sessions ``earlier`` (ended, in ``worktree``) still running (``leftovers.find``)."""
+        roots = [
+            processes.ProcessRef(pid=s.pane_pid, started=s.pid_started) for s in earlier if s.pane_pid and s.pid_started
+        ]
+        paths = [worktree, *(str(self.session_dir(s)) for s in earlier)]
+        uid = self.agent_user.uid if self.agent_user is not None else os.getuid()
+        return leftovers.find(roots=roots, sessions={s.id for s in earlier}, paths=paths, agent_uid=uid)
 
     def reap(self, session: Session) -> None:
         self.password_file(session).unlink(missing_ok=True)  # the session has ended: nobody needs it any more

@@ -5,8 +5,12 @@ taken by the next start, which then moves it by the change alone. Adapter: files
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import os
 import stat
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -43,6 +47,30 @@ def keep_trusted_index(kit: Toolkit, session: Session) -> None:
     temp = store.with_name(f".{store.name}.tmp")
     repository_renewal.keep_index(Path(session.worktree), temp)
     temp.replace(store)
+
+
+@contextlib.asynccontextmanager
+async def held(kit: Toolkit, session: Session) -> AsyncIterator[None]:
+    """The session's workspace held against every other witness process of this GT_HOME (``flock`` on
+    ``workspaces/<polecat>.lock``; the worktree lock keeps this process's own tasks apart): a witness deposed while it
+    settles a workspace must not go on while its successor starts a session there."""
+    lock = kit.trusted_index(session).with_suffix(".lock")
+    fd = await asyncio.to_thread(_locked, lock)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def _locked(lock: Path) -> int:
+    lock.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def may_settle(kit: Toolkit) -> bool:
