@@ -20,6 +20,7 @@ from shared.bus import lease_kv as leases
 from shared.bus.errors import BusError
 from shared.bus.fencing import fence_error
 from shared.bus.kv import Bucket, put_agent_heartbeat
+from shared.core.aio import pause
 from shared.core.config import TownConfig
 from shared.model import heartbeats
 from shared.model.commands import Fence
@@ -82,14 +83,18 @@ async def kept_alive(nc: Connection, config: TownConfig, work: Awaitable[T]) -> 
         return await work
     finally:
         beats.cancel()
-        await asyncio.wait([beats])
+        await asyncio.wait([beats])  # it ends: each round starts with ``pause``, which raises a swallowed cancel
 
 
 async def _beat_while_running(nc: Connection, config: TownConfig) -> None:
     session = os.environ.get("GT_SESSION", "")
     started = time.monotonic()
     while True:
-        await asyncio.sleep(KEEP_ALIVE_EVERY_S)
+        # ``pause``, not ``asyncio.sleep``: a cancel that lands in a round's NATS call can be swallowed there (nats-py
+        # does), and this loop then beat for ever after its call ended, keeping a finished call's process and its
+        # session alive (found by the 1,000-bead chaos run: a session "working" for over half an hour, its `gt prime`
+        # answered long before).
+        await pause(KEEP_ALIVE_EVERY_S)
         note = f"a gt call waiting for {time.monotonic() - started:.0f} s (the town or an answer)"
         try:
             beat = heartbeats.agent_heartbeat(session, note, datetime.now(UTC))
