@@ -301,8 +301,11 @@ def spawn_helper(path: str) -> int | None:
     """Start a helper, detached (its own session) and quiet; its pid, None when it could not be started (which
     costs nothing but speed). A second one started at the same moment exits at once (the helper holds a lock).
     ``-P``: the working directory is not on its import path (a ``gt/`` there must not stand in for ours)."""
-    keep = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR")
-    env = {k: v for k, v in os.environ.items() if k in keep}  # the callers' own environments come per call
+    # The callers' own environments come per call; these are the helper's own. ``GT_SESSION`` is part of the
+    # helper's key (``helper_key``), which the helper compares with each request's: without it a session's helper
+    # refused every call of its session as "another version of gt", and each ran in its own process.
+    keep = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "GT_SESSION")
+    env = {k: v for k, v in os.environ.items() if k in keep}
     null = os.devnull
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, null, os.O_RDONLY, 0),

@@ -347,6 +347,22 @@ async def test_calls_made_at_once_with_no_helper_start_one_and_all_run_in_it(
     assert (after.code, RAN_HERE in after.err) == (0, False), after
 
 
+async def test_a_polecat_sessions_calls_run_in_a_helper_of_its_own(shell: Shell, mayor: ServiceProcess) -> None:
+    """A session's helper is its own (its key has ``GT_SESSION``), and it serves its session: its key, computed in
+    the helper, is the one the session's calls send. (It was not: the helper's environment lacked ``GT_SESSION``,
+    so it refused every call of its session and each ran in its own process, paying the whole start.)"""
+    assert (await shell("ready")).code == 0
+    own = await helper_ready(shell)
+    runs = [await shell("--help", GT_SESSION="hq-abc123-1", PYTHONPROFILEIMPORTTIME="1") for _ in range(3)]
+    assert [(run.code, "Operate a gastown-nats town" in run.out) for run in runs] == [(0, True)] * 3, runs
+    assert [RAN_HERE in run.err for run in runs] == [False] * 3, [run.err[-1500:] for run in runs]
+    helpers = shell.helpers()
+    pids = {h.pid for h in helpers}
+    session_helpers = [h for h in helpers if h.pid != own.pid and h.ppid() not in pids]  # not a worker
+    assert len(session_helpers) == 1, session_helpers
+    assert session_helpers[0].environ().get("GT_SESSION") == "hq-abc123-1"
+
+
 async def test_a_helper_that_cannot_start_leaves_the_call_to_its_own_process(
     shell: Shell, mayor: ServiceProcess, runtime_dir: Path
 ) -> None:
