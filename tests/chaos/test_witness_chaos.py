@@ -29,6 +29,7 @@ from nats.aio.client import Client
 from services.witness.projection import new_projection
 from services.witness.state import Session, WitnessState
 from shared.core.config import TownConfig
+from shared.host import git
 from shared.model.events import decode_envelope
 from tests.helpers import assert_eventually
 from tests.log_tools import fresh_replay, read_all
@@ -271,3 +272,50 @@ async def test_agents_and_the_witness_killed_at_random_still_finish_every_bead(
         deaths = [s for b in beads for s in sessions_of(state, b) if s.end_reason != "done"]
         assert deaths, "no session died: the kills hit nothing"
         assert all(s.end_reason in ("dead", "zombie") for s in deaths), [(s.id, s.end_reason) for s in deaths]
+
+
+async def test_a_start_tried_again_after_a_crash_never_recycles_the_workspace_its_agent_works_in(
+    chaos_town: PolecatTown, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Found by the 200-bead chaos run: the witness killed between a session's pane start and ``session.started``,
+    in a workspace recycled from the polecat's previous bead. Restarted, it prepared the workspace again, and since
+    the previous bead had released it, recycled it under the agent already at work there: the branch set back to
+    the base, the agent's commits gone from it. Every step's commit must reach `main`."""
+    pt = chaos_town
+    calm = ServiceProcess("witness", witness_env(gt_env, pt, tmp_path, None), tmp_path / "witness-calm.log")
+    with running(calm):
+        # Each session first commits a file of its own, needing nothing of the town (its witness may be down).
+        early = 'echo "$GT_SESSION" > "EARLY-$GT_BEAD.txt" && git add -A && git commit -qm early; exec gt-agent'
+        await pt.add_rig(agent_command=early, max_polecats=1)
+        first = await pt.new_bead("The polecat's first bead")
+        await pt.sling(first)
+        await wait_converged(pt.nc, [first])
+
+    marker = tmp_path / "crashed"
+    env = witness_env(gt_env, pt, tmp_path, "witness.after_tmux_start")
+    witness = ServiceProcess("witness", env, tmp_path / "witness.log")
+    with running(witness):
+        second = await pt.new_bead("The next bead, its witness killed once its pane started")
+        await pt.sling(second)
+        await wait_for_crash(witness, marker)
+        [session] = sessions_of(await replayed(pt.nc), second)
+        assert session.worktree == sessions_of(await replayed(pt.nc), first)[0].worktree, "the same workspace"
+
+        def committed_early() -> bool:
+            files = git.git("ls-tree", "--name-only", "HEAD", cwd=Path(session.worktree)).split()
+            assert f"EARLY-{second}.txt" in files, "the agent has not committed its first file yet"
+            return True
+
+        await assert_eventually(committed_early, timeout=60, interval=0.1)
+        witness.start()  # its crash point is spent (the marker): it runs on
+        state = await wait_converged(pt.nc, [second])
+        await check_invariants(pt, [second], state)
+        assert sessions_of(state, second)[0].adopted, "the restarted witness adopted the agent at work"
+
+        def on_main() -> bool:
+            files = git.git("ls-tree", "--name-only", "main", cwd=pt.origin).split()
+            assert f"EARLY-{second}.txt" in files, "the commit made before the witness came back is not on main"
+            return True
+
+        await assert_eventually(on_main, timeout=60)
+        assert witness.returncode() is None, witness.log_text()

@@ -201,7 +201,10 @@ class Spawner:
         bare, path = self.kit.bare_repo(rig.name), Path(session.worktree)
         wanted = time.monotonic()
         refs = await asyncio.to_thread(_refs_of, bare, session.branch, rig.base_branch)
-        recycle = await asyncio.to_thread(self._recycle, session) if self._released(session) else None
+        # A start tried again after a crash (its pane started, ``session.started`` never recorded) finds the workspace
+        # it prepared, perhaps with its agent's work in it: never recycled again.
+        again = await asyncio.to_thread(workspace_records.prepared_for, self.kit, session)
+        recycle = await asyncio.to_thread(self._recycle, session) if self._released(session) and not again else None
         branch, _ = git.worktree_refs(session.branch, rig.base_branch)
         # The clone's worktree registry is changed by one git process at a time (see git.ensure_worktree); the
         # lookups before and everything after (tmux, the agent, the events) run for many sessions at once.
@@ -235,6 +238,7 @@ class Spawner:
                 )
                 if made:
                     await asyncio.to_thread(workspace_records.keep_trusted_index, self.kit, session)
+                    await asyncio.to_thread(workspace_records.keep_prepared, self.kit, session)
             except git.GitError as exc:
                 if await asyncio.to_thread(path.exists):
                     raise WorktreeUnusableError(str(exc)) from exc

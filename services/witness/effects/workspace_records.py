@@ -73,6 +73,27 @@ def _locked(lock: Path) -> int:
     return fd
 
 
+def keep_prepared(kit: Toolkit, session: Session) -> None:
+    """Record that the workspace was just prepared for ``session`` (before its agent ran): a start of the same session
+    tried again after a crash must use it as it is, not recycle it under that agent's work."""
+    mark = _prepared_mark(kit, session)
+    temp = mark.with_name(f".{mark.name}.tmp")
+    temp.write_text(session.id)
+    temp.replace(mark)
+
+
+def prepared_for(kit: Toolkit, session: Session) -> bool:
+    """Whether the workspace was last prepared for ``session`` (``keep_prepared``)."""
+    try:
+        return _prepared_mark(kit, session).read_text() == session.id
+    except FileNotFoundError:
+        return False
+
+
+def _prepared_mark(kit: Toolkit, session: Session) -> Path:
+    return kit.trusted_index(session).with_suffix(".prepared")
+
+
 def may_settle(kit: Toolkit) -> bool:
     """Whether released workspaces are settled when released: only where agents are the witness's own OS user,
     who could write in a workspace in use as well. Agents of an OS user of their own share that user, so one could
