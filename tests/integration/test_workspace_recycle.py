@@ -346,6 +346,21 @@ def test_in_the_compose_stack_a_recycled_workspace_carries_nothing_of_a_hostile_
 
         try:
             wait_until(lurkers, timeout=STACK_DEADLINE_S, message="bead 1's agent left its things and its lurker")
+        except AssertionError:
+            diagnose()
+            raise
+        [session] = sessions_of(first)
+        workspace = str(session["worktree"])
+        # What bead 1's agent left is there before it works (as local processes, agents are the witness's own user:
+        # its released workspace is settled at once, so this is looked at now): each check below has something to
+        # find.
+        left = in_workspace(
+            workspace,
+            "test -L lib && test -e SECRET_LEFT && test -e node_modules/poison.js && grep -q tampered README.md"
+            " && git config core.hooksPath && git ls-files -v README.md lib/a.py",
+        )
+        assert left.split() == [str(hooks), "S", "README.md", "h", "lib/a.py"], left
+        try:
             run_there("touch", str(go))
             wait_until(lambda: gt_status(gt, first) == "closed", timeout=STACK_DEADLINE_S, message="bead 1 merged")
             wait_until(
@@ -358,14 +373,7 @@ def test_in_the_compose_stack_a_recycled_workspace_carries_nothing_of_a_hostile_
             raise
         [ended] = sessions_of(first)
         assert ended["end_reason"] == "done", ended
-        workspace = str(ended["worktree"])
-        # What bead 1's agent left is there when the workspace is released: each check below has something to find.
-        left = in_workspace(
-            workspace,
-            "test -L lib && test -e SECRET_LEFT && test -e node_modules/poison.js && grep -q tampered README.md"
-            " && git config core.hooksPath && git ls-files -v README.md lib/a.py",
-        )
-        assert left.split() == [str(hooks), "S", "README.md", "h", "lib/a.py"], left
+        assert str(ended["worktree"]) == workspace
         inode = run_there("stat", "-c", "%i", workspace).strip()
         second = gt("bead", "create", "The next bead on the same polecat")
         gt("sling", second, "demo")
