@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from services.witness.state import Session
 from shared.host import git, repository_renewal
 from tests.compose_stack import USERS, ComposeStack, Operator, run_where_agents_run, running_stack
 from tests.conftest import REPO_ROOT
@@ -71,6 +72,29 @@ def lurkers() -> list[str]:
     return found.stdout.split()
 
 
+async def merged(pt: PolecatTown, bead: str) -> None:
+    def closed() -> bool:
+        assert pt.mayor is not None
+        return pt.mayor.projection.state.beads[bead].status == "closed"
+
+    await assert_eventually(closed, timeout=120)
+
+
+async def next_bead_started(pt: PolecatTown) -> Session:
+    """A second bead slung to the rig's one polecat, once its session started: that session."""
+    second = await pt.new_bead("The next bead on the same polecat")
+    await pt.sling(second)
+
+    def started() -> Session:
+        sessions = pt.sessions_of(second)
+        assert sessions, "no session yet"
+        assert sessions[0].status == "started", sessions[0].status
+        return sessions[0]
+
+    session: Session = await assert_eventually(started, timeout=90)
+    return session
+
+
 async def test_a_recycled_workspace_carries_nothing_of_a_hostile_earlier_bead(pt: PolecatTown, tmp_path: Path) -> None:
     hooks = tmp_path / "hooks"
     hooks.mkdir()
@@ -86,11 +110,7 @@ async def test_a_recycled_workspace_carries_nothing_of_a_hostile_earlier_bead(pt
     assert ended.worktree_removed, "released: the polecat's name is free again"
     assert (tmp_path / "first-ran" / "attacked").exists(), "bead 1's agent did all of it"
 
-    def closed() -> bool:
-        assert pt.mayor is not None
-        return pt.mayor.projection.state.beads[first].status == "closed"
-
-    await assert_eventually(closed, timeout=120)
+    await merged(pt, first)
 
     def settled() -> bool:
         return git.workspace_branch(workspace) is None and not (workspace / "SECRET_LEFT").exists()
@@ -101,15 +121,7 @@ async def test_a_recycled_workspace_carries_nothing_of_a_hostile_earlier_bead(pt
     mark = workspace.parent.parent / "workspaces" / f"{session.polecat}.settled"  # the witness's record of it
     await assert_eventually(mark.exists, timeout=60)
     repository = os.stat(workspace / ".git").st_ino
-    second = await pt.new_bead("The next bead on the same polecat")
-    await pt.sling(second)
-
-    def started() -> bool:
-        sessions = pt.sessions_of(second)
-        return bool(sessions) and sessions[0].status == "started"
-
-    await assert_eventually(started, timeout=60)
-    again = pt.sessions_of(second)[0]
+    again = await next_bead_started(pt)
     assert again.worktree == session.worktree, "the same polecat, the same workspace"
     assert os.stat(workspace).st_ino == inode, "recycled in place, not made again"
     assert os.stat(workspace / ".git").st_ino == repository, "moved by the change: the settled repository kept"
@@ -167,27 +179,16 @@ async def test_a_workspace_whose_session_left_a_process_is_not_settled_and_its_n
     assert git.workspace_branch(workspace) == ended.branch, "left as released"
     repository = os.stat(workspace / ".git").st_ino
 
-    def closed() -> bool:
-        assert pt.mayor is not None
-        return pt.mayor.projection.state.beads[first].status == "closed"
-
-    await assert_eventually(closed, timeout=120)
-    second = await pt.new_bead("The next bead on the same polecat")
-    await pt.sling(second)
-
-    def started() -> bool:
-        sessions = pt.sessions_of(second)
-        return bool(sessions) and sessions[0].status == "started"
-
-    await assert_eventually(started, timeout=90)
-    assert pt.sessions_of(second)[0].worktree == ended.worktree
+    await merged(pt, first)
+    again = await next_bead_started(pt)
+    assert again.worktree == ended.worktree
     assert not writers(mark), "the start stopped the writer first"
     assert os.stat(workspace / ".git").st_ino != repository, "the whole way: its repository made anew"
     for _ in range(5):  # and nothing written since (the writer wrote every 0.2 s while it lived)
         assert not (workspace / "node_modules").exists()
         await asyncio.sleep(0.3)
     assert git.status_paths(workspace) == []
-    assert git.workspace_branch(workspace) == pt.sessions_of(second)[0].branch
+    assert git.workspace_branch(workspace) == again.branch
 
 
 def test_a_recycled_workspace_of_an_agent_user_carries_nothing_of_a_hostile_earlier_bead(
