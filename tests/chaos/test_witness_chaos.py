@@ -319,3 +319,48 @@ async def test_a_start_tried_again_after_a_crash_never_recycles_the_workspace_it
 
         await assert_eventually(on_main, timeout=60)
         assert witness.returncode() is None, witness.log_text()
+
+
+async def test_an_agent_that_hands_in_its_work_before_its_start_is_recorded_never_gets_a_start_after_its_end(
+    chaos_town: PolecatTown, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Found by a 200-bead chaos run: the witness, busy, recorded ``session.started`` only after the agent (fast,
+    its calls served by its helper) had done every step, run `gt done` and its session had ended: a start after the
+    end in the session's life. A start the agent overtook is not recorded; the session ends as it would have."""
+    pt = chaos_town
+    held = tmp_path / "hold"
+    held.touch()
+    env = {
+        **witness_env(gt_env, pt, tmp_path, None),
+        "GT_HOLD_AT": "witness.before_session_started",
+        "GT_HOLD_FILE": str(held),
+    }
+    witness = ServiceProcess("witness", env, tmp_path / "witness.log")
+    with running(witness):
+        await pt.add_rig(agent_command="gt-agent")
+        bead = await pt.new_bead("A bead worked before the witness records its start")
+        await pt.sling(bead)
+
+        async def ended() -> Session:
+            sessions = sessions_of(await replayed(pt.nc), bead)
+            assert len(sessions) == 1, f"sessions of the bead: {[s.id for s in sessions]}"
+            session = sessions[0]
+            assert session.status == "ended", f"the session is {session.status}: its agent has not handed in yet"
+            return session
+
+        session: Session = await assert_eventually(ended, timeout=120, interval=0.2)
+        assert "hold_point_reached" in witness.log_text(), "the start was not held: the test proves nothing"
+        held.unlink()
+        state = await wait_converged(pt.nc, [bead])
+        await check_invariants(pt, [bead], state)
+        life = [
+            logged.type
+            for _seq, _subject, data in await read_all(pt.nc, "GT_EVT")
+            if (logged := decode_envelope(data)).type.startswith("session.")
+            and msgspec.json.decode(logged.data).get("session_id") == session.id
+        ]
+        assert "session.started" not in life, life
+        assert life[0] == "session.requested"
+        assert life.index("session.done_intent") < life.index("session.ended") < life.index("session.cleaned")
+        assert "session_start_overtaken" in witness.log_text()
+        assert witness.returncode() is None, witness.log_text()

@@ -19,7 +19,7 @@ from services.witness.effects.agent_env import AgentLaunch
 from services.witness.effects.toolkit import StartBlockedError, Toolkit, WorktreeUnusableError
 from services.witness.plan.actions import GiveUp, ReleaseHook, Resling, Spawn, Start
 from services.witness.state import Rig, Session
-from shared.core.faults import crash_point
+from shared.core.faults import crash_point, hold_point
 from shared.core.ids import hook_lease_name
 from shared.host import git, processes, reaper, safe_files
 from shared.host.tmux import PaneInfo, TmuxError
@@ -132,7 +132,14 @@ class Spawner:
             pid_started=ref.started if ref is not None else 0.0,
             adopted=adopted,
         )
+        await hold_point("witness.before_session_started")
         current = self.kit.session(session.id) or session
+        if current.status != "requested" or current.done_intent_at is not None:
+            # Its agent was faster than this record (the witness busy, or back from a crash): it handed in its work
+            # or its session ended already. A start recorded now would come after that in the session's life.
+            log.info("session_start_overtaken", session=session.id, status=current.status)
+            self.start_failures.pop(session.id, None)
+            return
         await self.kit.append(NewEvent(payload=started, expected_seq=current.version))
         self.start_failures.pop(session.id, None)
         log.info("session_started", session=session.id, pane_pid=pane.pane_pid, adopted=adopted)
