@@ -9,24 +9,27 @@ written so that a test reads as the agent's story::
         say("done"),
     ))
 
-Which turn answers a request is derived from the request itself (how many assistant messages its conversation
-already holds), never from a counter of requests: a retried request (after a 429, a dropped connection) is
-answered with the same turn again, and two requests of the same conversation can never skip a turn.
+Which turn answers a request is derived from the request itself (``turns``), never from a counter of requests.
 
 Tool inputs are those of Claude Code's own tools (Bash, Read, Edit, Write), as declared in the
 ``sdk-tools.d.ts`` shipped in the ``@anthropic-ai/claude-code`` package: ``BashInput{command, description?,
 timeout?}``, ``FileReadInput{file_path, offset?, limit?}``, ``FileEditInput{file_path, old_string, new_string,
-replace_all?}``, ``FileWriteInput{file_path, content}``.
+replace_all?}``, ``FileWriteInput{file_path, content}``. Another runtime gets them in its own tools (``tools``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
+
+from gt.model_server.asked import Asked, Call, Reply, schema_instance
+from gt.model_server.tools import concrete
+from gt.model_server.turns import TURNS_MARKER, call_id
+
+ANTHROPIC_ID_PREFIX = "toolu_01"
 
 FaultKind = Literal["rate_limited", "overloaded", "unauthorized", "stall", "drop"]
 """rate_limited: HTTP 429 with retry-after; overloaded: HTTP 529; unauthorized: HTTP 401; stall: hold the request
@@ -142,78 +145,7 @@ def exhaust_context(turn: Turn, tokens: int = EXHAUSTED_CONTEXT) -> Turn:
     return msgspec.structs.replace(turn, context_tokens=tokens)
 
 
-# --- reading a request -----------------------------------------------------------------------------------------
-
-
-def _text_of(content: Any) -> str:
-    """The text of a message's or a tool_result's ``content`` (a string or a list of blocks)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for block in content:
-            if isinstance(block, dict):
-                if block.get("type") == "text":
-                    parts.append(str(block.get("text", "")))
-                elif block.get("type") == "tool_result":
-                    parts.append(_text_of(block.get("content", "")))
-        return "\n".join(parts)
-    return ""
-
-
-def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
-
-
-TURNS_MARKER = "[model-turns:"
-"""A marker in a compaction summary (``[model-turns:<n>]``): the conversation it replaces held ``n`` turns."""
-
-
-def _prompt_text(content: Any) -> str:
-    """The text blocks of a message's content (not its tool results)."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            str(block.get("text", "")) for block in content if isinstance(block, dict) and block.get("type") == "text"
-        )
-    return ""
-
-
-def _turns_before(text: str) -> int | None:
-    start = text.rfind(TURNS_MARKER)
-    if start < 0:
-        return None
-    end = text.find("]", start)
-    digits = text[start + len(TURNS_MARKER) : end] if end > start else ""
-    return int(digits) if digits.isdigit() else None
-
-
-def turn_index(body: Mapping[str, Any]) -> int:
-    """Which turn of the script this request asks for: the assistant messages its conversation already holds. After
-    a compaction the conversation starts with the summary, which says how many turns it replaced
-    (``TURNS_MARKER``); the assistant messages Claude Code kept after it count on from there."""
-    turns = 0
-    for message in _messages(body):
-        if message.get("role") == "assistant":
-            turns += 1
-        elif message.get("role") == "user":
-            summarised = _turns_before(_prompt_text(message.get("content")))
-            if summarised is not None:
-                turns = summarised
-    return turns
-
-
-COMPACTION_PROMPT = "create a detailed summary of the conversation so far"
-"""Text of the instruction Claude Code appends to its conversation's newest user message when it compacts the
-conversation (``/compact``, or automatically near the context window; observed with 2.1.332): the request carries
-the conversation and its tools like a turn, but asks for a text summary in ``<summary>`` tags."""
-
-
-def is_compaction_request(body: Mapping[str, Any]) -> bool:
-    """Claude Code asking for the summary that replaces its conversation (not a step of the conversation)."""
-    return COMPACTION_PROMPT in last_prompt(body)
+# --- answering ---------------------------------------------------------------------------------------------
 
 
 def compaction_summary(script: str, turns: int) -> str:
@@ -230,52 +162,14 @@ def compaction_summary(script: str, turns: int) -> str:
     )
 
 
-def is_side_request(body: Mapping[str, Any]) -> bool:
-    """A request that is not a step of the session's conversation: Claude Code's title/summary generation and
-    quota checks come without tools (the main conversation always offers its tools)."""
-    tools = body.get("tools")
-    return not (isinstance(tools, list) and tools)
-
-
-def _newest_user_content(body: Mapping[str, Any]) -> Any:
-    """The content of the newest ``user`` message (Claude Code may send ``system`` messages after it)."""
-    for message in reversed(_messages(body)):
-        if message.get("role") == "user":
-            return message.get("content")
-        if message.get("role") == "assistant":
-            return None
-    return None
-
-
-def tool_results(body: Mapping[str, Any]) -> dict[str, tuple[str, bool]]:
-    """The ``tool_result`` blocks of the newest user message: tool_use_id -> (its text, is_error)."""
-    content = _newest_user_content(body)
-    if not isinstance(content, list):
-        return {}
-    results = {}
-    for block in content:
-        if isinstance(block, dict) and block.get("type") == "tool_result":
-            results[str(block.get("tool_use_id"))] = (_text_of(block.get("content", "")), bool(block.get("is_error")))
-    return results
-
-
-def last_prompt(body: Mapping[str, Any]) -> str:
-    """The text of the newest user message (its text blocks: what a person typed, plus Claude Code's reminders)."""
-    return _prompt_text(_newest_user_content(body))
-
-
-def script_name(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
+def script_name(headers: Mapping[str, str], asked: Asked) -> str | None:
     """The script a request names: the ``x-gt-model-script`` header, else a ``[model-script:<name>]`` marker in
-    the system prompt or the first user message. ``None`` when it names none (the caller may fall back to the
-    API key)."""
+    its system prompt or a user message before the first answer. ``None`` when it names none (the caller may fall
+    back to the API key)."""
     named = headers.get(SCRIPT_HEADER)
     if named:
         return named.strip()
-    texts = [_text_of(body.get("system", ""))]
-    messages = _messages(body)
-    if messages:
-        texts.append(_text_of(messages[0].get("content", "")))
-    for text in texts:
+    for text in asked.marker_texts:
         start = text.find(SCRIPT_MARKER)
         if start >= 0:
             end = text.find("]", start)
@@ -285,70 +179,59 @@ def script_name(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | No
 
 
 SIDE_ANSWER = "Scripted session"
-"""What a side request (a title, a summary, a quota check) is answered with."""
+"""What a side request (a title, a summary, a routing or quota check) is answered with."""
 
 
-def side_answer(body: Mapping[str, Any]) -> str:
-    """The answer to a side request: text, or when it asks for JSON output (Claude Code's session title asks
-    ``output_config.format`` = ``{"type": "json_schema", "schema": {... "title": string}}``) the smallest JSON
-    value its schema allows, strings filled with SIDE_ANSWER."""
-    output = body.get("output_config")
-    fmt = output.get("format") if isinstance(output, dict) else None
-    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
-        return json.dumps(_instance(fmt["schema"]))
-    return SIDE_ANSWER
-
-
-def _instance(schema: Mapping[str, Any]) -> Any:
-    kind = schema.get("type")
-    if kind == "object":
-        properties = schema.get("properties") or {}
-        return {
-            name: _instance(properties.get(name) or {})
-            for name in schema.get("required") or list(properties)
-            if isinstance(name, str)
-        }
-    if kind == "array":
-        return []
-    if kind in ("integer", "number"):
-        return 0
-    if kind == "boolean":
-        return False
-    if kind == "null":
-        return None
+def side_answer(asked: Asked) -> str:
+    """The answer to a side request: text, or when it asks for JSON output (Claude Code's session title, Gemini
+    CLI's model router) the smallest JSON value its schema allows, strings filled with SIDE_ANSWER."""
+    if asked.json_schema is not None:
+        return json.dumps(schema_instance(asked.json_schema, SIDE_ANSWER))
     return SIDE_ANSWER
 
 
 def tool_use_id(script: str, turn: int, position: int) -> str:
-    """A deterministic id in the shape the API uses (``toolu_`` and 24 characters)."""
-    digest = hashlib.sha256(f"{script}/{turn}/{position}".encode()).hexdigest()
-    return f"toolu_01{digest[:22]}"
+    """A tool call's id in the shape Anthropic's API uses (``toolu_01`` and 22 characters)."""
+    return call_id(ANTHROPIC_ID_PREFIX, script, turn, position)
 
 
-def check_results(script: Script, index: int, body: Mapping[str, Any]) -> list[str]:
-    """What is wrong with the tool results a request for turn ``index`` carries back for turn ``index - 1``."""
+def reply(script: Script, index: int, offered: Mapping[str, Any], id_prefix: str) -> Reply:
+    """Turn ``index`` of ``script`` as an answer, its tool uses in the tools the request ``offered``."""
+    turn = script.turns[index]
+    calls = []
+    for position, tool in enumerate(turn.tool_uses):
+        name, arguments = concrete(tool.name, tool.input, offered)
+        calls.append(Call(id=call_id(id_prefix, script.name, index, position), name=name, input=arguments))
+    return Reply(text=turn.text, calls=tuple(calls))
+
+
+def check_results(script: Script, index: int, asked: Asked, id_prefix: str) -> list[str]:
+    """What is wrong with the tool results a request for turn ``index`` carries back for turn ``index - 1``: each
+    found by the id its call was given, or by its position when the wire format carries no ids."""
     if index == 0 or index > len(script.turns):
         return []
-    asked = script.turns[index - 1]
-    if not asked.tool_uses:
+    previous = script.turns[index - 1]
+    if not previous.tool_uses:
         return []
-    results = tool_results(body)
+    by_id = {result.call_id: result for result in asked.results if result.call_id}
     failures = []
-    for position, tool in enumerate(asked.tool_uses):
-        got = results.get(tool_use_id(script.name, index - 1, position))
+    for position, tool in enumerate(previous.tool_uses):
+        got = by_id.get(call_id(id_prefix, script.name, index - 1, position))
+        if got is None and position < len(asked.results) and not asked.results[position].call_id:
+            got = asked.results[position]
         if got is None:
-            failures.append(f"turn {index - 1}: no tool_result came back for {tool.name} {tool.input}")
-        elif tool.expect is not None and tool.expect not in got[0]:
+            failures.append(f"turn {index - 1}: no tool result came back for {tool.name} {tool.input}")
+        elif tool.expect is not None and tool.expect not in got.text:
             failures.append(
-                f"turn {index - 1}: the {tool.name} result does not contain {tool.expect!r}: {got[0][:500]!r}"
+                f"turn {index - 1}: the {tool.name} result does not contain {tool.expect!r}: {got.text[:500]!r}"
             )
     return failures
 
 
-def check_prompt(turn: Turn, body: Mapping[str, Any], index: int) -> list[str]:
-    if turn.prompt is None or turn.prompt in last_prompt(body):
+def check_prompt(turn: Turn, asked: Asked, index: int) -> list[str]:
+    if turn.prompt is None or turn.prompt in asked.prompt:
         return []
-    return [f"turn {index}: the newest prompt does not contain {turn.prompt!r}: {last_prompt(body)[:500]!r}"]
+    return [f"turn {index}: the newest prompt does not contain {turn.prompt!r}: {asked.prompt[:500]!r}"]
 
 
 def fault_for(faults: Sequence[Fault], attempt: int) -> Fault | None:

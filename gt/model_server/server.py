@@ -1,15 +1,19 @@
-"""The scripted model server: the Anthropic Messages API over HTTP/1.1 on a loopback port, served by aiohttp.
+"""The scripted model server: the model APIs of every agent runtime over HTTP/1.1 on a loopback port, served by
+aiohttp.
 
-Routes: ``POST /v1/messages`` (JSON, or server-sent events when ``"stream": true``, chunked so that a dropped
-connection is a visible error to the client), ``POST /v1/messages/count_tokens``; anything else is recorded and
-answered 404 in the API's error shape. Connections are kept alive as HTTP/1.1 clients expect. aiohttp's
-low-level server: one handler, ``_handle``, routes (as the API has two routes and a health check).
+Routes (``dialects``): Anthropic's Messages API (``POST /v1/messages``, ``/v1/messages/count_tokens``), OpenAI's
+Responses and Chat Completions APIs (``POST /v1/responses``, ``/v1/chat/completions``), Gemini's
+(``POST /v1beta/models/<model>:generateContent``, ``:streamGenerateContent``, ``:countTokens``); each answered as
+JSON, or as server-sent events when the request streams (chunked, so that a dropped connection is a visible error
+to the client); anything else is recorded and answered 404 in an API's error shape. Connections are kept alive as
+HTTP/1.1 clients expect. aiohttp's low-level server: one handler, ``_handle``, routes.
 
 A request belongs to a session's script by (first match): the ``x-gt-model-script`` header, a
-``[model-script:<name>]`` marker in the system prompt or first user message, the API key (``x-api-key``, or a
-bearer token) registered for a script, else the default script. Requests without tools are side requests
-(Claude Code's title and summary generation, quota checks): answered with a short text, recorded, never
-consuming a turn.
+``[model-script:<name>]`` marker in the system prompt or a user message before the first answer, the API key
+(``x-api-key``, ``x-goog-api-key``, a bearer token, a ``key`` query parameter) registered for a script, else the
+default script. Requests without tools are side requests (titles, summaries, Gemini CLI's model routing, quota
+checks): answered with a short text (or the JSON they ask for), recorded, never consuming a turn. The script's tool
+uses are sent in the tools the request offers (``tools``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from gt.model_server import wire
+from gt.model_server import dialects, tokens
+from gt.model_server.asked import Asked, Reply
 from gt.model_server.script import (
     Fault,
     Script,
@@ -33,17 +38,18 @@ from gt.model_server.script import (
     check_results,
     compaction_summary,
     fault_for,
-    is_compaction_request,
-    is_side_request,
     script_name,
     side_answer,
-    turn_index,
 )
+from gt.model_server.script import reply as reply_for
+from gt.model_server.tokens import estimate_tokens
+from gt.model_server.turns import digest
 from shared.host import http_server
 
 log = structlog.get_logger(__name__)
 
-SECRET_HEADERS = frozenset({"x-api-key", "authorization"})
+NAMING = "an x-gt-model-script header, a [model-script:<name>] marker, or a key registered for one"
+SECRET_HEADERS = frozenset({"x-api-key", "x-goog-api-key", "authorization"})
 MAX_HEADER_BYTES = 64 * 1024
 """The longest request line or header accepted (aiohttp's default is 8 KiB)."""
 SHUTDOWN_S = 5.0
@@ -51,7 +57,6 @@ SHUTDOWN_S = 5.0
 HEALTH_PATHS = frozenset({"/", "/api/hello"})
 """Answered 200: Claude Code's connectivity check (``HEAD /api/hello``) when non-essential traffic is on."""
 _STATUS_TEXT = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests"}
-_FAULT_STATUS = {"rate_limited": 429, "overloaded": 529, "unauthorized": 401}
 
 
 class RecordedRequest(msgspec.Struct, kw_only=True):
@@ -63,7 +68,9 @@ class RecordedRequest(msgspec.Struct, kw_only=True):
     body: Any
     script: str | None = None
     kind: str = "other"
-    """turn, side, count_tokens or other."""
+    """turn, side, compact, count_tokens or other."""
+    dialect: str = ""
+    """The model API it was in (``dialects``); empty for other routes."""
     turn: int | None = None
     received_at: float = 0.0
     """When it arrived (``time.time()``)."""
@@ -78,6 +85,7 @@ class SentAnswer(msgspec.Struct, kw_only=True):
     status: int
     stream: bool
     model: str = ""
+    dialect: str = ""
     usage: dict[str, int] | None = None
     fault: str | None = None
 
@@ -191,26 +199,31 @@ class ModelServer:
         path = request.raw_path.split("?", 1)[0]
         if request.method in ("GET", "HEAD") and path in HEALTH_PATHS:
             return _json(200, {})  # aiohttp sends a HEAD answer's head alone
-        if request.method != "POST" or path not in ("/v1/messages", "/v1/messages/count_tokens"):
-            return _json(404, wire.error_body(404, f"no route {request.method} {path}"))
-        script = self._script_for(headers, body)
-        recorded.script = script.name if script else None
-        if path.endswith("/count_tokens"):
+        dialect = dialects.dialect_for(path) if request.method == "POST" else None
+        count = dialects.counting(path) if request.method == "POST" else None
+        if count is not None:
             recorded.kind = "count_tokens"
-            count = wire.prompt_tokens(body)
-            self.answers.append(
-                SentAnswer(script=recorded.script, kind="count_tokens", turn=None, status=200, stream=False)
-            )
-            return _json(200, {"input_tokens": count})
-        side = is_side_request(body)
-        recorded.kind = "side" if side else "compact" if is_compaction_request(body) else "turn"
-        recorded.turn = turn_index(body) if recorded.kind == "turn" else None
-        return await self._answer_messages(request, body, script, recorded)
+            self.answers.append(SentAnswer(script=None, kind="count_tokens", turn=None, status=200, stream=False))
+            return _json(200, count(body))
+        if dialect is None:
+            return _json(404, dialects.unrouted_error(path)(404, f"no route {request.method} {path}"))
+        asked = dialect.read(path, body)
+        script = self._script_for(headers, request.query.get("key", ""), asked)
+        recorded.script = script.name if script else None
+        recorded.dialect = dialect.name
+        recorded.kind = "side" if asked.side else "compact" if asked.compaction else "turn"
+        recorded.turn = asked.turn if recorded.kind == "turn" else None
+        return await self._answer(request, dialect, asked, script, recorded)
 
-    def _script_for(self, headers: Mapping[str, str], body: Mapping[str, Any]) -> Script | None:
-        name = script_name(headers, body)
+    def _script_for(self, headers: Mapping[str, str], query_key: str, asked: Asked) -> Script | None:
+        name = script_name(headers, asked)
         if name is None:
-            key = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ").strip()
+            key = (
+                headers.get("x-api-key")
+                or headers.get("x-goog-api-key")
+                or headers.get("authorization", "").removeprefix("Bearer ").strip()
+                or query_key
+            )
             name = self.keys.get(key, self.default)
         if name is None:
             return None
@@ -229,11 +242,15 @@ class ModelServer:
         log.warning("model_server_script_failure", failure=failure)
         self.failures.append(failure)
 
-    async def _answer_messages(
-        self, request: web.BaseRequest, body: Mapping[str, Any], script: Script | None, recorded: RecordedRequest
+    async def _answer(
+        self,
+        request: web.BaseRequest,
+        dialect: dialects.Dialect,
+        asked: Asked,
+        script: Script | None,
+        recorded: RecordedRequest,
     ) -> web.StreamResponse:
-        model = str(body.get("model") or (script.model if script else None) or "claude-scripted")
-        stream = bool(body.get("stream"))
+        model = asked.model or (script.model if script else None) or "scripted"
         turn: Turn | None = None
         if script is not None and recorded.kind == "turn" and recorded.turn is not None:
             turn = script.turns[recorded.turn] if recorded.turn < len(script.turns) else None
@@ -244,59 +261,68 @@ class ModelServer:
         if fault is None and turn is not None:
             fault = fault_for(turn.faults, attempt)
         answer = SentAnswer(
-            script=recorded.script, kind=recorded.kind, turn=recorded.turn, status=200, stream=stream, model=model
+            script=recorded.script,
+            kind=recorded.kind,
+            turn=recorded.turn,
+            status=200,
+            stream=asked.stream,
+            model=model,
+            dialect=dialect.name,
         )
         self.answers.append(answer)
         if fault is not None:
             answer.fault = fault.kind
-            return await self._fault(request, fault, answer, stream)
-        blocks, text = self._reply(body, script, turn, recorded)
-        if text is not None:
-            blocks = [{"type": "text", "text": text}]
-        total = wire.prompt_tokens(body)
-        cache = wire.wants_cache(body) and recorded.kind in ("turn", "compact")
+            return await self._fault(request, dialect, fault, answer)
+        reply, scripted = self._reply(dialect, asked, script, turn, recorded)
+        total = estimate_tokens(asked.size)
+        cache = asked.cache and recorded.kind in ("turn", "compact")
         cached_before = self._cached.get(recorded.script or "", 0) if cache else 0
         if cache:
             self._cached[recorded.script or ""] = max(cached_before, total)
-        if turn is not None and turn.context_tokens is not None and text is None:
+        if scripted and turn is not None and turn.context_tokens is not None:
             total = max(total, turn.context_tokens)  # as if the conversation were that long (not cached for later)
-        usage = wire.usage(total, cached_before, wire.estimate_tokens(blocks), cache=cache)
+        usage = tokens.usage(total, cached_before, estimate_tokens(msgspec.to_builtins(reply)), cache=cache)
         answer.usage = usage
-        full = wire.message(
-            wire.message_id(recorded.script, recorded.kind, recorded.turn, attempt), model, blocks, usage
-        )
-        if not stream:
-            return _json(200, full)
-        return await _stream(request, wire.stream_events(full))
+        answer_id = digest(recorded.script, recorded.kind, recorded.turn, attempt)
+        if not asked.stream:
+            return _json(200, dialect.answer(reply, model=model, usage=usage, answer_id=answer_id))
+        return await _stream(request, dialect.stream(reply, model=model, usage=usage, answer_id=answer_id))
 
     def _reply(
-        self, body: Mapping[str, Any], script: Script | None, turn: Turn | None, recorded: RecordedRequest
-    ) -> tuple[list[dict[str, Any]], str | None]:
-        """The content blocks answering a request, or a text replacing them (a side answer, a script failure)."""
+        self,
+        dialect: dialects.Dialect,
+        asked: Asked,
+        script: Script | None,
+        turn: Turn | None,
+        recorded: RecordedRequest,
+    ) -> tuple[Reply, bool]:
+        """The answer to a request, and whether it is the script's turn (not a side answer, a summary, or the
+        text of a script failure)."""
         if recorded.kind == "side":
-            return [], side_answer(body)
+            return Reply(text=side_answer(asked)), False
         if recorded.kind == "compact":
-            return [], compaction_summary(script.name if script else "(none)", turn_index(body))
+            return Reply(text=compaction_summary(script.name if script else "(none)", asked.turn)), False
         if script is None:
-            return [], "SCRIPT FAILURE: this request names no script (x-gt-model-script header, key, or marker)"
+            return Reply(text=f"SCRIPT FAILURE: this request names no script ({NAMING})"), False
         index = recorded.turn or 0
         if turn is None:
             self._fail(f"{script.name}: asked for turn {index} but the script has {len(script.turns)} turns")
-            return [], f"SCRIPT FAILURE: script {script.name} has no turn {index}"
-        failures = check_results(script, index, body) + check_prompt(turn, body, index)
+            return Reply(text=f"SCRIPT FAILURE: script {script.name} has no turn {index}"), False
+        failures = check_results(script, index, asked, dialect.id_prefix) + check_prompt(turn, asked, index)
         if failures:
             for failure in failures:
                 self._fail(f"{script.name}: {failure}")
-            return [], "SCRIPT FAILURE: " + "; ".join(failures)
-        return wire.content_blocks(turn, script.name, index), None
+            return Reply(text="SCRIPT FAILURE: " + "; ".join(failures)), False
+        return reply_for(script, index, asked.tools, dialect.id_prefix), True
 
     async def _fault(
-        self, request: web.BaseRequest, fault: Fault, answer: SentAnswer, stream: bool
+        self, request: web.BaseRequest, dialect: dialects.Dialect, fault: Fault, answer: SentAnswer
     ) -> web.StreamResponse:
-        if fault.kind in _FAULT_STATUS:
-            answer.status = _FAULT_STATUS[fault.kind]
+        status = {"rate_limited": 429, "overloaded": dialect.overloaded, "unauthorized": 401}.get(fault.kind)
+        if status is not None:
+            answer.status = status
             extra = {"retry-after": str(fault.retry_after_s)} if fault.kind == "rate_limited" else {}
-            return _json(answer.status, wire.error_body(answer.status, f"scripted {fault.kind}"), extra)
+            return _json(status, dialect.error(status, f"scripted {fault.kind}"), extra)
         answer.status = 0
         if fault.kind == "stall":
             self.stalled += 1
@@ -306,9 +332,8 @@ class ModelServer:
                 self.stalled -= 1
             return _dropped(request)
         # drop: half an answer, then the connection goes away without finishing the body.
-        if stream:
-            head = wire.stream_events(wire.message("msg_dropped", answer.model, [{"type": "text", "text": "..."}], {}))
-            return _dropped(request, await _stream(request, head[:3], finish=False))
+        if answer.stream:
+            return _dropped(request, await _stream(request, dialect.dropped_head(answer.model), finish=False))
         return _dropped(request)
 
 
@@ -320,9 +345,7 @@ def _json(status: int, payload: Any, extra: Mapping[str, str] | None = None) -> 
     )
 
 
-async def _stream(
-    request: web.BaseRequest, events: list[tuple[str, dict[str, Any]]], *, finish: bool = True
-) -> web.StreamResponse:
+async def _stream(request: web.BaseRequest, records: list[bytes], *, finish: bool = True) -> web.StreamResponse:
     """Server-sent events, each in a chunk of its own as it is written."""
     answer = web.StreamResponse(
         status=200,
@@ -335,8 +358,8 @@ async def _stream(
     )
     answer.enable_chunked_encoding()
     await answer.prepare(request)
-    for event, data in events:
-        await answer.write(wire.encode_event(event, data))
+    for record in records:
+        await answer.write(record)
     if finish:
         await answer.write_eof()
     return answer

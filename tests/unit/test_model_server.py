@@ -7,17 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gt.model_server import Fault, Script, Turn, bash, edit, exhaust_context, say, use, write
+from gt.model_server import Fault, Script, Turn, anthropic, bash, edit, exhaust_context, say, use, write
 from gt.model_server import script as script
-from gt.model_server.wire import (
-    content_blocks,
-    encode_event,
-    estimate_tokens,
-    message,
-    prompt_tokens,
-    stream_events,
-    usage,
-)
+from gt.model_server.anthropic import COMPACTION_PROMPT, answer, stream_events
+from gt.model_server.asked import Asked, Reply
+from gt.model_server.sse import sse_record
+from gt.model_server.tokens import estimate_tokens, usage
 
 STORY = Script(
     name="story",
@@ -27,7 +22,18 @@ STORY = Script(
         say("done"),
     ),
 )
-TOOLS = [{"name": "Bash", "input_schema": {}}]
+TOOLS: list[dict[str, Any]] = [{"name": name, "input_schema": {}} for name in ("Bash", "Write", "Edit")]
+PREFIX = anthropic.ID_PREFIX
+
+
+def asked(body: dict[str, Any]) -> Asked:
+    return anthropic.read(anthropic.MESSAGES, body)
+
+
+def content_blocks(turn: Turn, name: str, index: int) -> list[dict[str, Any]]:
+    """Turn ``index`` of a one-turn-deep script named ``name``, as Claude Code gets it."""
+    padded = Script(name=name, turns=(*[say("")] * index, turn))
+    return anthropic.content_blocks(script.reply(padded, index, {}, PREFIX))
 
 
 def _result(tool_id: str, text: str) -> dict[str, Any]:
@@ -38,6 +44,10 @@ def _request(*messages: dict[str, Any], system: Any = "", tools: Any = TOOLS) ->
     return {"model": "m", "system": system, "tools": tools, "messages": list(messages)}
 
 
+def _turn(body: dict[str, Any]) -> int:
+    return asked(body).turn
+
+
 def test_the_turn_asked_for_is_the_number_of_assistant_messages_so_a_retry_gets_the_same_turn() -> None:
     first = _request({"role": "user", "content": "go"})
     second = _request(
@@ -45,24 +55,24 @@ def test_the_turn_asked_for_is_the_number_of_assistant_messages_so_a_retry_gets_
         {"role": "assistant", "content": content_blocks(STORY.turns[0], "story", 0)},
         {"role": "user", "content": [_result(script.tool_use_id("story", 0, 0), "On branch main")]},
     )
-    assert script.turn_index(first) == 0
-    assert script.turn_index(second) == 1
-    assert script.turn_index(second) == script.turn_index(dict(second))  # the same request again: the same turn
+    assert _turn(first) == 0
+    assert _turn(second) == 1
+    assert _turn(second) == _turn(dict(second))  # the same request again: the same turn
 
 
 def test_a_script_is_named_by_header_then_by_marker_in_the_system_prompt_or_first_message() -> None:
     marked_system = _request({"role": "user", "content": "hi"}, system=[{"type": "text", "text": "[model-script:s2]"}])
     marked_prompt = _request({"role": "user", "content": [{"type": "text", "text": "bead [model-script: s3 ] go"}]})
-    assert script.script_name({"x-gt-model-script": "s1"}, marked_system) == "s1"
-    assert script.script_name({}, marked_system) == "s2"
-    assert script.script_name({}, marked_prompt) == "s3"
-    assert script.script_name({}, _request({"role": "user", "content": "nothing"})) is None
+    assert script.script_name({"x-gt-model-script": "s1"}, asked(marked_system)) == "s1"
+    assert script.script_name({}, asked(marked_system)) == "s2"
+    assert script.script_name({}, asked(marked_prompt)) == "s3"
+    assert script.script_name({}, asked(_request({"role": "user", "content": "nothing"}))) is None
 
 
 def test_requests_without_tools_are_side_requests() -> None:
-    assert script.is_side_request(_request({"role": "user", "content": "title?"}, tools=[]))
-    assert script.is_side_request({"messages": []})
-    assert not script.is_side_request(_request({"role": "user", "content": "go"}))
+    assert asked(_request({"role": "user", "content": "title?"}, tools=[])).side
+    assert asked({"messages": []}).side
+    assert not asked(_request({"role": "user", "content": "go"})).side
 
 
 def test_tool_results_are_checked_against_what_the_turn_expects() -> None:
@@ -77,24 +87,24 @@ def test_tool_results_are_checked_against_what_the_turn_expects() -> None:
         {"role": "user", "content": [_result(script.tool_use_id("story", 0, 0), "fatal: not a git repository")]},
     )
     missing = _request({"role": "user", "content": "go"}, {"role": "assistant", "content": []})
-    assert script.check_results(STORY, 1, good) == []
-    assert script.check_results(STORY, 0, good) == []  # the first turn follows no tool use
-    (failure,) = script.check_results(STORY, 1, wrong)
+    assert script.check_results(STORY, 1, asked(good), PREFIX) == []
+    assert script.check_results(STORY, 0, asked(good), PREFIX) == []  # the first turn follows no tool use
+    (failure,) = script.check_results(STORY, 1, asked(wrong), PREFIX)
     assert "does not contain 'On branch main'" in failure
     assert "fatal: not a git repository" in failure
-    assert "no tool_result came back for Bash" in script.check_results(STORY, 1, missing)[0]
+    assert "no tool result came back for Bash" in script.check_results(STORY, 1, asked(missing), PREFIX)[0]
 
 
 def test_a_turn_may_require_text_in_the_newest_prompt() -> None:
     typed = _request({"role": "user", "content": [{"type": "text", "text": "please write the file"}]})
-    assert script.check_prompt(Turn(prompt="write the file"), typed, 0) == []
-    assert "does not contain 'commit'" in script.check_prompt(Turn(prompt="commit"), typed, 0)[0]
+    assert script.check_prompt(Turn(prompt="write the file"), asked(typed), 0) == []
+    assert "does not contain 'commit'" in script.check_prompt(Turn(prompt="commit"), asked(typed), 0)[0]
     # Claude Code's interactive requests end with a system-role message after the typed prompt.
     with_system = _request(
         {"role": "user", "content": [{"type": "text", "text": "please write the file"}]},
         {"role": "system", "content": [{"type": "text", "text": "Today's date is ..."}]},
     )
-    assert script.check_prompt(Turn(prompt="write the file"), with_system, 0) == []
+    assert script.check_prompt(Turn(prompt="write the file"), asked(with_system), 0) == []
 
 
 def test_faults_are_answered_in_order_then_the_turn() -> None:
@@ -112,7 +122,8 @@ def test_faults_are_answered_in_order_then_the_turn() -> None:
 def test_a_streamed_message_reassembles_into_the_non_streamed_one() -> None:
     turn = use(write("/r/a.txt", "x" * 100), text="Writing the file now, as asked.")
     blocks = content_blocks(turn, "story", 1)
-    full = message("msg_1", "claude-x", blocks, usage(1000, 0, 50, cache=False))
+    reply = Reply(text=turn.text, calls=script.reply(Script(name="story", turns=(turn,)), 0, {}, PREFIX).calls)
+    full = answer(reply, model="claude-x", usage=usage(1000, 0, 50, cache=False), answer_id="1")
     events = stream_events(full)
     names = [name for name, _ in events]
     assert names[:2] == ["message_start", "ping"]
@@ -133,19 +144,21 @@ def test_a_streamed_message_reassembles_into_the_non_streamed_one() -> None:
             partial[data["index"]] = partial.get(data["index"], "") + data["delta"]["partial_json"]
         elif name == "content_block_stop" and data["index"] in partial:
             rebuilt[data["index"]]["input"] = json.loads(partial[data["index"]])
-    assert rebuilt == blocks
+    assert [block["type"] for block in rebuilt] == [block["type"] for block in blocks]
+    assert rebuilt == anthropic.content_blocks(reply)
     assert next(data for name, data in events if name == "message_delta")["delta"]["stop_reason"] == "tool_use"
     assert full["stop_reason"] == "tool_use"
-    assert message("m", "x", content_blocks(say("hi"), "s", 0), {})["stop_reason"] == "end_turn"
+    assert answer(Reply(text="hi"), model="x", usage={}, answer_id="m")["stop_reason"] == "end_turn"
 
 
 def test_an_event_is_encoded_as_one_sse_record() -> None:
-    assert encode_event("ping", {"type": "ping"}) == b'event: ping\ndata: {"type":"ping"}\n\n'
+    assert sse_record({"type": "ping"}, event="ping") == b'event: ping\ndata: {"type":"ping"}\n\n'
+    assert sse_record("[DONE]") == b"data: [DONE]\n\n"
 
 
 def test_usage_reads_from_the_cache_what_the_session_sent_before() -> None:
     body = _request({"role": "user", "content": "x" * 4000})
-    total = prompt_tokens(body)
+    total = estimate_tokens(asked(body).size)
     assert total == estimate_tokens({key: body[key] for key in ("system", "tools", "messages")})
     assert total > 1000
     first = usage(total, 0, 20, cache=True)
@@ -159,7 +172,7 @@ def test_usage_reads_from_the_cache_what_the_session_sent_before() -> None:
     assert later["cache_read_input_tokens"] == total
     assert later["cache_creation_input_tokens"] == 100
     assert usage(total, total, 5, cache=False)["input_tokens"] == total
-    assert prompt_tokens(body) == total  # deterministic
+    assert estimate_tokens(asked(body).size) == total  # deterministic
 
 
 def test_a_side_request_asking_for_json_gets_the_smallest_value_its_schema_allows() -> None:
@@ -170,8 +183,8 @@ def test_a_side_request_asking_for_json_gets_the_smallest_value_its_schema_allow
         "additionalProperties": False,
     }
     asking = {"output_config": {"effort": "medium", "format": {"type": "json_schema", "schema": title_schema}}}
-    assert json.loads(script.side_answer(asking)) == {"title": "Scripted session", "n": 0}
-    assert script.side_answer({"messages": []}) == "Scripted session"
+    assert json.loads(script.side_answer(asked(asking))) == {"title": "Scripted session", "n": 1}
+    assert script.side_answer(asked({"messages": []})) == "Scripted session"
 
 
 def _compaction_request(*conversation: dict[str, Any]) -> dict[str, Any]:
@@ -180,7 +193,7 @@ def _compaction_request(*conversation: dict[str, Any]) -> dict[str, Any]:
     *earlier, newest = conversation
     asking = {
         "type": "text",
-        "text": f"CRITICAL: Respond with TEXT ONLY.\n\nYour task is to {script.COMPACTION_PROMPT}, ...",
+        "text": f"CRITICAL: Respond with TEXT ONLY.\n\nYour task is to {COMPACTION_PROMPT}, ...",
     }
     return _request(*earlier, {"role": "user", "content": [*newest["content"], asking]})
 
@@ -192,10 +205,10 @@ def test_a_compaction_request_is_recognised_and_the_turns_after_it_count_on_from
         {"role": "user", "content": [_result(script.tool_use_id("story", 0, 0), "On branch main")]},
     )
     compacting = _compaction_request(*before)
-    assert script.is_compaction_request(compacting)
-    assert not script.is_compaction_request(_request(*before))
-    assert not script.is_side_request(compacting), "it offers the tools like a turn"
-    summary = script.compaction_summary("story", script.turn_index(compacting))
+    assert asked(compacting).compaction
+    assert not asked(_request(*before)).compaction
+    assert not asked(compacting).side, "it offers the tools like a turn"
+    summary = script.compaction_summary("story", _turn(compacting))
     assert "<summary>" in summary
     assert "[model-turns:1]" in summary
     # What Claude Code sends next: the summary's content first, then the newest exchange it kept verbatim.
@@ -216,15 +229,15 @@ def test_a_compaction_request_is_recognised_and_the_turns_after_it_count_on_from
             ],
         },
     )
-    assert script.turn_index(after) == 2, "one turn summarised, one kept: the next is turn 2"
-    assert script.check_results(STORY, 2, after) == []
-    assert script.script_name({}, after) == "story", "the summary names the script the beacon named"
+    assert _turn(after) == 2, "one turn summarised, one kept: the next is turn 2"
+    assert script.check_results(STORY, 2, asked(after), PREFIX) == []
+    assert script.script_name({}, asked(after)) == "story", "the summary names the script the beacon named"
     # Compacted again later: the newest summary counts.
     again = _request(
         {"role": "user", "content": [{"type": "text", "text": script.compaction_summary("story", 5)}]},
         {"role": "assistant", "content": []},
     )
-    assert script.turn_index(again) == 6
+    assert _turn(again) == 6
 
 
 def test_a_turn_can_report_a_conversation_that_fills_the_context_window() -> None:
