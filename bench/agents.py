@@ -51,7 +51,7 @@ async def run(sessions: int = 5, tool_calls: int = 500) -> list[Figure]:
 
 async def _start(sessions: int) -> list[Figure]:
     runtime = ClaudeRuntime()
-    binary = runtime_setup.claude_binary(runtime, os.environ)
+    binary = runtime_setup.binary(runtime, os.environ)
     names = [f"start-{n}" for n in range(sessions)] + [f"bare-{n}" for n in range(sessions)]
     socket = f"gt-bench-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="gt-bench-agents-", ignore_cleanup_errors=True) as tmp, server() as srv:

@@ -184,7 +184,7 @@ def test_claude_code_is_prepared_in_an_agents_workspace_without_writing_through_
     assert isinstance(runtime, ClaudeRuntime)
     env = {"GT_CLAUDE_BIN": str(claude_binary()), "ANTHROPIC_API_KEY": TEST_KEY, "PATH": os.environ["PATH"]}
     with pytest.raises(safe_files.UnsafeFileError):
-        runtime_setup.prepare_claude(
+        runtime_setup.prepare(
             runtime,
             worktree=work,
             session_dir=tmp_path / "session",
@@ -197,7 +197,7 @@ def test_claude_code_is_prepared_in_an_agents_workspace_without_writing_through_
     # Without the traps the same preparation writes its files, the agent's.
     (work / ".claude" / "settings.local.json").unlink()
     (work / ".git" / "info" / "exclude").unlink()
-    runtime_setup.prepare_claude(
+    runtime_setup.prepare(
         runtime, worktree=work, session_dir=tmp_path / "session", env=env, as_root=False, owner=(agent.uid, agent.gid)
     )
     written = work / ".claude" / "settings.local.json"

@@ -16,6 +16,7 @@ from services.witness.plan.actions import ContinueSession, Warrant
 from services.witness.state import Nudge, Rig, Session, WitnessState, WorkBead, continue_nudge_id
 from shared.model.runtimes import (
     CLAUDE,
+    LOCAL_BINARIES,
     COMMAND,
     GT_AGENT,
     SETTINGS_LOCAL,
@@ -123,7 +124,7 @@ def test_claude_hooks_prime_the_session_keep_it_going_and_record_compaction_and_
 
 def test_the_claude_binary_is_the_configured_one_then_path_then_the_project_local_install(tmp_path: Path) -> None:
     runtime = ClaudeRuntime()
-    local = tmp_path / runtime.local_binary
+    local = tmp_path / LOCAL_BINARIES / "claude"
     local.parent.mkdir(parents=True)
     local.write_text("#!/bin/sh\n")
     configured = tmp_path / "my-claude"
@@ -145,13 +146,13 @@ def test_the_claude_binary_is_the_configured_one_then_path_then_the_project_loca
 
 def test_claude_needs_a_credential_or_a_logged_in_config_home() -> None:
     runtime = ClaudeRuntime()
-    problem = runtime.unavailable({}, login_dir_has_credentials=False)
+    problem = runtime.unavailable({}, logged_in=False)
     assert problem is not None
     assert "ANTHROPIC_API_KEY" in problem
     assert "GT_CLAUDE_CONFIG_DIR" in problem
-    assert runtime.unavailable({"ANTHROPIC_API_KEY": KEY}, login_dir_has_credentials=False) is None
-    assert runtime.unavailable({"CLAUDE_CODE_OAUTH_TOKEN": "t"}, login_dir_has_credentials=False) is None
-    assert runtime.unavailable({}, login_dir_has_credentials=True) is None
+    assert runtime.unavailable({"ANTHROPIC_API_KEY": KEY}, logged_in=False) is None
+    assert runtime.unavailable({"CLAUDE_CODE_OAUTH_TOKEN": "t"}, logged_in=False) is None
+    assert runtime.unavailable({}, logged_in=True) is None
 
 
 def test_the_stop_hook_keeps_a_session_going_while_its_steps_are_open() -> None:

@@ -52,8 +52,8 @@ class AgentLaunch:
         runtime = runtimes.runtime_for(rig.agent_command)
         env = self.env(session, rig)
         binary = ""
-        if isinstance(runtime, runtimes.ClaudeRuntime):
-            binary, added = runtime_setup.prepare_claude(
+        if runtime.binary_name:
+            binary, added = runtime_setup.prepare(
                 runtime,
                 worktree=Path(session.worktree),
                 session_dir=kit.session_dir(session),

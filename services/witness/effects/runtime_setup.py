@@ -17,19 +17,10 @@ from typing import Any
 from shared.core.decoding import UNDECODABLE
 from shared.core.errors import GastownError
 from shared.host import git, safe_files
-from shared.model.runtimes import (
-    AGENT_FAILURE,
-    CLAUDE_CREDENTIALS_FILE,
-    CLAUDE_LOGIN_DIR_ENV,
-    HOOK_LOG,
-    HOOK_MARK_SESSION_START,
-    SETTINGS_LOCAL,
-    ClaudeRuntime,
-    Runtime,
-)
+from shared.model.runtimes import AGENT_FAILURE, HOOK_LOG, HOOK_MARK_SESSION_START, Runtime
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
-"""The checkout the witness runs from (its ``.tools/npm`` holds the Claude Code ``./dev setup`` installed)."""
+"""The checkout the witness runs from (its ``.tools/npm`` holds the agent CLIs ``./dev setup`` installed)."""
 VERSION_TIMEOUT_S = 30.0
 
 
@@ -37,50 +28,47 @@ class RuntimeUnavailableError(GastownError):
     """The runtime cannot start here (no binary, no credentials): a person must act, retrying changes nothing."""
 
 
-def claude_binary(runtime: ClaudeRuntime, env: Mapping[str, str]) -> str:
-    """The ``claude`` to run, or RuntimeUnavailableError naming where it was looked for."""
+def binary(runtime: Runtime, env: Mapping[str, str]) -> str:
+    """The runtime's binary to run, or RuntimeUnavailableError naming where it was looked for."""
     found, places = runtime.find_binary(env, shutil.which, PROJECT_ROOT)
     if found is None:
         raise RuntimeUnavailableError(
-            f"the claude binary was not found (looked at {places}); install Claude Code "
-            "(`npm install -g @anthropic-ai/claude-code`, or `./dev setup` in a checkout) or set GT_CLAUDE_BIN"
+            f"the {runtime.binary_name} binary was not found (looked at {places}); install it "
+            f"(`npm install -g {runtime.package}`, or `./dev setup` in a checkout) or set {runtime.binary_setting}"
         )
     return found
 
 
 def check(runtime: Runtime, env: Mapping[str, str]) -> None:
     """Raises RuntimeUnavailableError when ``runtime`` cannot run with the witness's environment ``env``."""
-    if isinstance(runtime, ClaudeRuntime):
-        claude_binary(runtime, env)
-        problem = runtime.unavailable(env, login_dir_has_credentials=_login_credentials(env) is not None)
-        if problem is not None:
-            raise RuntimeUnavailableError(problem)
+    if runtime.binary_name:
+        binary(runtime, env)
+    problem = runtime.unavailable(env, logged_in=_logged_in(runtime, env))
+    if problem is not None:
+        raise RuntimeUnavailableError(problem)
 
 
 @functools.cache
-def binary_version(binary: str) -> str:
-    """``claude --version``'s version (``2.1.332 (Claude Code)`` gives ``2.1.332``), once per binary; empty when
-    it cannot tell (the first-run state then leaves the version out)."""
+def binary_version(path: str) -> str:
+    """The binary's ``--version`` (``2.1.332 (Claude Code)`` gives ``2.1.332``), once per binary; empty when it
+    cannot tell (the first-run state then leaves the version out)."""
     try:
         out = subprocess.run(
-            [binary, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, check=False
+            [path, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, check=False
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
-    words = out.split()
+    words = [word for word in out.split() if word[:1].isdigit()]
     return words[0] if words else ""
 
 
-def _login_credentials(env: Mapping[str, str]) -> Path | None:
-    login_dir = env.get(CLAUDE_LOGIN_DIR_ENV, "").strip()
-    if not login_dir:
-        return None
-    credentials = Path(login_dir).expanduser() / CLAUDE_CREDENTIALS_FILE
-    return credentials if credentials.is_file() else None
+def _logged_in(runtime: Runtime, env: Mapping[str, str]) -> bool:
+    files = runtime.login_files(env)
+    return bool(files) and all(Path(source).is_file() for source, _ in files)
 
 
-def prepare_claude(
-    runtime: ClaudeRuntime,
+def prepare(
+    runtime: Runtime,
     *,
     worktree: Path,
     session_dir: Path,
@@ -88,30 +76,28 @@ def prepare_claude(
     as_root: bool,
     owner: tuple[int, int] | None = None,
 ) -> tuple[str, dict[str, str]]:
-    """Ready Claude Code for a session in ``worktree``: its config home under ``session_dir`` with the first-run
-    state, the worktree's hooks (excluded from git); returns the binary and the environment it adds. ``as_root``:
-    the agent runs as root (not as ``GT_AGENT_USER``); ``owner``: (uid, gid) of that user, given what is written."""
-    binary = claude_binary(runtime, env)
+    """Ready a runtime for a session in ``worktree``: its config home under ``session_dir`` with its first-run
+    state and any login's credentials, its files in the worktree (excluded from git); returns the binary and the
+    environment it adds. ``as_root``: the agent runs as root (not as ``GT_AGENT_USER``); ``owner``: (uid, gid) of
+    that user, given what is written."""
+    found = binary(runtime, env) if runtime.binary_name else ""
     session_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (session_dir / HOOK_MARK_SESSION_START).unlink(missing_ok=True)  # only this start's hook counts
     (session_dir / AGENT_FAILURE).unlink(missing_ok=True)  # and only this start's failures
     added = runtime.env(env, session_dir=str(session_dir), root=as_root)
-    config = Path(added["CLAUDE_CONFIG_DIR"])
-    state = json.dumps(runtime.first_run_state(str(worktree), env, binary_version(binary)), indent=2)
-    # Where the version at hand reads it with CLAUDE_CONFIG_DIR set (inside it), and HOME's for older ones.
+    gt = str(Path(sys.executable).parent / "gt")
     # The runtime dir and the workspace may be the agent's (GT_AGENT_USER; a workspace used before): written
     # below them without following a link it put there, and given to ``owner``.
-    for home in (config, Path(added["HOME"])):
-        safe_files.write_beneath(session_dir, home.relative_to(session_dir) / ".claude.json", state, owner=owner)
-    if (credentials := _login_credentials(env)) is not None:
+    for file in runtime.files(worktree=str(worktree), env=env, version=binary_version(found) if found else "", gt=gt):
         safe_files.write_beneath(
-            session_dir, config.relative_to(session_dir) / CLAUDE_CREDENTIALS_FILE, credentials.read_text(), owner=owner
+            worktree if file.in_worktree else session_dir, file.path, file.content, mode=file.mode, owner=owner
         )
-    gt = str(Path(sys.executable).parent / "gt")
-    settings = json.dumps(runtime.settings_local(gt), indent=2) + "\n"
-    safe_files.write_beneath(worktree, SETTINGS_LOCAL, settings, mode=0o644, owner=owner)
-    git.exclude_from_git(worktree, runtime.git_excludes(), owner=owner)
-    return binary, added
+    for source, destination in runtime.login_files(env):
+        if Path(source).is_file():
+            safe_files.write_beneath(session_dir, destination, Path(source).read_text(), owner=owner)
+    if runtime.git_excludes():
+        git.exclude_from_git(worktree, runtime.git_excludes(), owner=owner)
+    return found, added
 
 
 def started(session_dir: Path) -> bool:

@@ -4,8 +4,9 @@ runtime's hooks write (docs/agents.md, "Agent runtimes"). Pure."""
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 import msgspec
 
@@ -72,9 +73,30 @@ class Restart(msgspec.Struct, frozen=True, kw_only=True):
     """A turn ended after it (the Stop hook ran): the agent went on by itself."""
 
 
+LOCAL_BINARIES = ".tools/npm/node_modules/.bin"
+"""Where ``./dev setup`` installs the pinned agent CLIs, relative to the project's checkout."""
+
+
+class RuntimeFile(msgspec.Struct, frozen=True, kw_only=True):
+    """A file the witness writes before a session's agent starts: ``path`` relative to the session's runtime dir
+    (``in_worktree``: to its worktree, then listed in ``git_excludes``)."""
+
+    path: str
+    content: str
+    in_worktree: bool = False
+    mode: int = 0o600
+
+
 class Runtime:
     """What the witness knows of an agent runtime. The defaults are those of a command line of the rig's own: it
     confirms nothing, shows only output in its pane, writes no usage, and a nudge is typed into it as a line."""
+
+    binary_name: ClassVar[str] = ""
+    """The executable it runs (empty: a command line of the rig's own, found by its shell)."""
+    binary_setting: ClassVar[str] = ""
+    """The witness's environment variable naming the binary to use (``GT_CLAUDE_BIN``)."""
+    package: ClassVar[str] = ""
+    """The npm package that installs it (for the message naming what to install)."""
 
     name: str = ""
     confirms_start: bool = False
@@ -98,6 +120,56 @@ class Runtime:
     def usage_reader(self) -> UsageReader | None:
         """A fresh reader of its ``usage_files``; None when it writes none."""
         return None
+
+    def find_binary(
+        self, env: Mapping[str, str], on_path: Callable[[str], str | None], project_root: Path | None
+    ) -> tuple[str | None, str]:
+        """The binary to run and where it was looked for (for a message naming the places when it is missing).
+        Its ``binary_setting`` wins (an operator's explicit choice, even when the file is missing: then it is
+        reported), then ``PATH``, then the project-local install."""
+        configured = env.get(self.binary_setting, "").strip()
+        if configured:
+            return (configured if Path(configured).is_file() else None), f"{self.binary_setting}={configured}"
+        found = on_path(self.binary_name)
+        if found:
+            return found, "PATH"
+        places = f"{self.binary_setting} (not set), PATH"
+        if project_root is not None:
+            local = project_root / LOCAL_BINARIES / self.binary_name
+            places += f", {local}"
+            if local.is_file():
+                return str(local), places
+        return None, places
+
+    def unavailable(self, env: Mapping[str, str], *, logged_in: bool) -> str | None:
+        """Why the runtime cannot run with ``env`` (the witness's environment; ``logged_in``: a login dir with
+        its credentials is given), or None."""
+        return None
+
+    def env(self, witness_env: Mapping[str, str], *, session_dir: str, root: bool) -> dict[str, str]:
+        """What the agent gets besides the session's own environment: its config home in the session's runtime
+        dir (the operator's own is never read or changed), its settings from the witness's environment."""
+        return {}
+
+    def files(self, *, worktree: str, env: Mapping[str, str], version: str, gt: str) -> tuple[RuntimeFile, ...]:
+        """Its config and first-run state and its hooks, written before it starts so that no dialog ever blocks
+        its pane. ``env``: the witness's environment; ``version``: the binary's; ``gt``: the absolute path of the
+        gt the hooks run (never what the agent made of PATH)."""
+        return ()
+
+    def login_files(self, env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        """Credentials of a logged-in config dir the operator named, copied into the session's config home:
+        (source path, destination relative to the session's runtime dir). Read, never written to."""
+        return ()
+
+    def git_excludes(self) -> tuple[str, ...]:
+        """Worktree files the runtime adds that must never be committed (listed in the clone's ``info/exclude``)."""
+        return ()
+
+    def hook_answer(self, event: str, text: str | None) -> str:
+        """What ``gt agent-hook EVENT`` prints for the runtime: for ``session-start`` the context it adds (``gt
+        prime``); for a turn's end, ``text`` is why the agent must go on (None: it may stop)."""
+        return text or ""
 
     def idle(self, screen: str) -> bool | None:
         """Whether the pane ``screen`` shows the agent waiting for input; None: it cannot tell."""

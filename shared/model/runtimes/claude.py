@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,6 +20,7 @@ from shared.model.runtimes.base import (
     NudgeTyping,
     Restart,
     Runtime,
+    RuntimeFile,
     UsageReader,
     log_line_hook,
     newest_restart,
@@ -89,6 +91,10 @@ CLAUDE_PROMPT = re.compile("^\N{HEAVY RIGHT-POINTING ANGLE QUOTATION MARK ORNAME
 CLAUDE_TRANSCRIPTS = "home/.claude/projects/*/*.jsonl"
 """Claude Code's transcripts in the session's config home, one per conversation (a ``/clear`` starts another):
 ``$CLAUDE_CONFIG_DIR/projects/<worktree slug>/<conversation id>.jsonl``."""
+HOME_DIR = "home"
+"""The agent's HOME, in the session's runtime dir."""
+CONFIG_DIR = f"{HOME_DIR}/.claude"
+"""Its ``CLAUDE_CONFIG_DIR``."""
 SETTINGS_LOCAL = ".claude/settings.local.json"
 """Where in the worktree the session's hooks go: Claude Code's local project settings (never committed)."""
 
@@ -114,37 +120,15 @@ class ClaudeRuntime(Runtime):
     """Its transcripts: every assistant message with its ``usage`` (``shared.model.usage``)."""
     binary_name: ClassVar[str] = "claude"
     binary_setting: ClassVar[str] = "GT_CLAUDE_BIN"
-    local_binary: ClassVar[str] = ".tools/npm/node_modules/.bin/claude"
-    """Where ``./dev setup`` installs the pinned version, relative to the project's checkout."""
+    package: ClassVar[str] = "@anthropic-ai/claude-code"
 
     def command(self, beacon: str, binary: str) -> str:
         # exec: the pane's reaper runs claude itself (no shell between), so the reaper ends the session the moment
         # claude exits.
         return f"exec {shlex.quote(binary)} --dangerously-skip-permissions {shlex.quote(beacon)}"
 
-    def find_binary(
-        self, env: Mapping[str, str], on_path: Callable[[str], str | None], project_root: Path | None
-    ) -> tuple[str | None, str]:
-        """The binary to run and where it was looked for (for a message naming the places when it is missing).
-        ``GT_CLAUDE_BIN`` wins (an operator's explicit choice, even when the file is missing: then it is
-        reported), then ``PATH``, then the project-local install."""
-        configured = env.get(self.binary_setting, "").strip()
-        if configured:
-            return (configured if Path(configured).is_file() else None), f"{self.binary_setting}={configured}"
-        found = on_path(self.binary_name)
-        if found:
-            return found, "PATH"
-        places = f"{self.binary_setting} (not set), PATH"
-        if project_root is not None:
-            local = project_root / self.local_binary
-            places += f", {local}"
-            if local.is_file():
-                return str(local), places
-        return None, places
-
-    def unavailable(self, env: Mapping[str, str], *, login_dir_has_credentials: bool) -> str | None:
-        """Why the runtime cannot run with ``env`` (the witness's environment), or None."""
-        if any(env.get(name) for name in CLAUDE_CREDENTIALS) or login_dir_has_credentials:
+    def unavailable(self, env: Mapping[str, str], *, logged_in: bool) -> str | None:
+        if any(env.get(name) for name in CLAUDE_CREDENTIALS) or logged_in:
             return None
         return (
             f"no credentials for Claude Code: set one of {', '.join(CLAUDE_CREDENTIALS)} in the witness's "
@@ -155,8 +139,8 @@ class ClaudeRuntime(Runtime):
         """What Claude Code gets besides the session's own environment: a HOME and ``CLAUDE_CONFIG_DIR`` of its own
         (the operator's ``~/.claude`` is never read or changed), its settings from the witness's environment,
         ``IS_SANDBOX=1`` as root (``--dangerously-skip-permissions`` refuses root otherwise)."""
-        home = f"{session_dir}/home"
-        env = {"HOME": home, "CLAUDE_CONFIG_DIR": f"{home}/.claude", SESSION_DIR_ENV: session_dir}
+        env = {"HOME": f"{session_dir}/{HOME_DIR}", "CLAUDE_CONFIG_DIR": f"{session_dir}/{CONFIG_DIR}"}
+        env[SESSION_DIR_ENV] = session_dir
         for name, value in witness_env.items():
             if name in CLAUDE_PASSTHROUGH or name.startswith(CLAUDE_PASSTHROUGH_PREFIXES):
                 env[name] = value
@@ -181,6 +165,29 @@ class ClaudeRuntime(Runtime):
             state["lastOnboardingVersion"] = version
             state["lastReleaseNotesSeen"] = version
         return state
+
+    def files(self, *, worktree: str, env: Mapping[str, str], version: str, gt: str) -> tuple[RuntimeFile, ...]:
+        """The first-run state where the version at hand reads it with ``CLAUDE_CONFIG_DIR`` set (inside it), and
+        HOME's for older ones; the worktree's hooks."""
+        state = json.dumps(self.first_run_state(worktree, env, version), indent=2)
+        return (
+            RuntimeFile(path=f"{CONFIG_DIR}/.claude.json", content=state),
+            RuntimeFile(path=f"{HOME_DIR}/.claude.json", content=state),
+            RuntimeFile(
+                path=SETTINGS_LOCAL,
+                content=json.dumps(self.settings_local(gt), indent=2) + "\n",
+                in_worktree=True,
+                mode=0o644,
+            ),
+        )
+
+    def login_files(self, env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        """``GT_CLAUDE_CONFIG_DIR``'s ``.credentials.json`` (``claude /login`` ran with it)."""
+        login_dir = env.get(CLAUDE_LOGIN_DIR_ENV, "").strip()
+        if not login_dir:
+            return ()
+        source = str(Path(login_dir).expanduser() / CLAUDE_CREDENTIALS_FILE)
+        return ((source, f"{CONFIG_DIR}/{CLAUDE_CREDENTIALS_FILE}"),)
 
     def settings_local(self, gt: str) -> dict[str, Any]:
         """The worktree's ``.claude/settings.local.json``: the session's hooks. ``gt`` is the gt command to run
