@@ -77,6 +77,12 @@ def register(sub: Subcommands) -> None:
     prime.add_argument("--session", help="default: GT_SESSION")
     ah = sub.add_parser("agent-hook", help="(agent runtime) run by an agent's hooks: session-start, stop, stop-failure")
     ah.add_argument("event", choices=AGENT_HOOK_EVENTS)
+    ah.add_argument(
+        "--runtime",
+        choices=sorted(runtimes.RUNTIMES),
+        default=runtimes.CLAUDE,
+        help="the runtime whose hook runs: what it prints is in that runtime's words (default: claude)",
+    )
     ah.set_defaults(handler=_agent_hook, precheck=_record_agent_hook)
     hb = sub.add_parser("heartbeat", help="(agent) I am alive and working; keeps a long step from looking stalled")
     hb.add_argument("--note", default="")
@@ -318,14 +324,16 @@ async def _agent_hook(nc: Connection, args: argparse.Namespace, config: TownConf
     the agent's stop while its session's steps are open (Claude Code's Stop hook decision,
     code.claude.com/docs/en/hooks). Never fails the agent: an error prints a hint (start) or nothing (stop)."""
     session = os.environ["GT_SESSION"]
+    runtime = runtimes.runtime_for(args.runtime)
     if args.event == "stop-failure":
         return EXIT_OK  # recorded for the witness by the precheck; the turn is over either way
     if args.event == "session-start":
         await _claim_hooked_bead(nc, config)
         try:
-            print(prime_text(await prime_data(nc, config, session)))
+            context = prime_text(await prime_data(nc, config, session))
         except Exception as exc:  # noqa: BLE001 - the agent starts anyway and is told to try itself
-            print(f"[gastown] `gt prime` failed in the SessionStart hook ({exc}); run `gt prime` yourself.")
+            context = f"[gastown] `gt prime` failed in the SessionStart hook ({exc}); run `gt prime` yourself."
+        print(runtime.hook_answer(args.event, context))
         return EXIT_OK
     hook_input = _hook_input()
     if hook_input.get("stop_hook_active"):
@@ -335,7 +343,7 @@ async def _agent_hook(nc: Connection, args: argparse.Namespace, config: TownConf
     except Exception:  # noqa: BLE001 - fail open: an agent is never kept going on a guess
         return EXIT_OK
     if reason is not None:
-        print(json.dumps({"decision": "block", "reason": reason}))
+        print(runtime.hook_answer(args.event, reason))
     return EXIT_OK
 
 

@@ -32,6 +32,9 @@ ANSWER_ITEMS = frozenset(
     {"function_call", "custom_tool_call", "reasoning", "local_shell_call", "web_search_call", "compaction"}
 )
 """Input items that are the model's own output sent back (with ``message`` items of role ``assistant``)."""
+TITLE_REQUEST = "Generate a concise, single-line task title"
+"""Codex CLI's TUI asks for a thread title in a request of its own, offering only ``apply_patch`` (observed with
+0.171): a side request, not a step."""
 RESULT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output", "local_shell_call_output"})
 
 
@@ -90,7 +93,7 @@ def read(path: str, body: Mapping[str, Any]) -> Asked:
             _text(body.get("instructions", "")),
             *(_text(item.get("content")) for item in items[:first_answer] if _is_user_message(item)),
         ),
-        tools=tools,
+        tools={} if any(TITLE_REQUEST in text for text in user_texts) else tools,
         json_schema=dict(schema) if isinstance(schema, dict) else None,
         model=str(body.get("model") or ""),
         stream=bool(body.get("stream")),

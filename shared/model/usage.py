@@ -1,4 +1,5 @@
-"""Token usage and its cost: Claude Code's transcript read, usage totals folded, prices applied. Pure: no I/O
+"""Token usage and its cost: Claude Code's transcripts and Codex CLI's rollouts read, usage totals folded, prices
+applied. Pure: no I/O
 (the witness's ``usage_watch`` reads the files, the CLI reads the price table's file).
 
 Claude Code writes one JSONL transcript per conversation under its config home
@@ -211,3 +212,61 @@ def total_cost(usages: Iterable[ModelUsage], prices: Mapping[str, ModelPrice]) -
 def priced_fully(usages: Iterable[ModelUsage], prices: Mapping[str, ModelPrice]) -> bool:
     """Every model that used tokens has a price (one that used none needs none)."""
     return all(price_of(u.model, prices) is not None for u in usages if u.tokens)
+
+
+# ---- Codex CLI -----------------------------------------------------------------------------------
+
+
+def _codex_usage(model: str, totals: Mapping[str, Any]) -> ModelUsage:
+    """Codex's TokenUsage {input_tokens (cached included), cached_input_tokens, output_tokens (reasoning
+    included), ...} in the four fields every runtime's usage is kept in."""
+    cached = _count(totals, "cached_input_tokens")
+    return ModelUsage(
+        model=model,
+        input_tokens=max(0, _count(totals, "input_tokens") - cached),
+        cache_read_input_tokens=cached,
+        output_tokens=_count(totals, "output_tokens"),
+        messages=1,
+    )
+
+
+class CodexRollouts:
+    """Codex CLI's rollouts (``$CODEX_HOME/sessions/YYYY/MM/DD/rollout-*.jsonl``, one per thread), read
+    incrementally. Each ``event_msg`` of type ``token_count`` carries the thread's running totals
+    (``info.total_token_usage``) and the newest ``turn_context`` names the model: a thread's usage is its newest
+    totals, so a re-read or a fresh reader reaches the same sums. A line not yet ended is left for the next read."""
+
+    DEFAULT_MODEL = "codex"
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, int] = {}
+        self.models: dict[str, str] = {}
+        self.threads: dict[str, Mapping[str, Any]] = {}
+        self.answers: dict[str, int] = {}
+
+    def feed(self, path: str, data: bytes) -> None:
+        end = data.rfind(b"\n") + 1
+        for line in data[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except UNDECODABLE:
+                continue
+            payload = record.get("payload") if isinstance(record, dict) else None
+            if not isinstance(payload, dict):
+                continue
+            if record.get("type") == "turn_context" and isinstance(payload.get("model"), str):
+                self.models[path] = payload["model"]
+            elif record.get("type") == "event_msg" and payload.get("type") == "token_count":
+                info = payload.get("info")
+                totals = info.get("total_token_usage") if isinstance(info, dict) else None
+                if isinstance(totals, dict):
+                    self.threads[path] = totals
+                    self.answers[path] = self.answers.get(path, 0) + 1
+        self.offsets[path] = self.offsets.get(path, 0) + end
+
+    def snapshot(self) -> tuple[ModelUsage, ...]:
+        totals: dict[str, ModelUsage] = {}
+        for path, thread in self.threads.items():
+            usage = _codex_usage(self.models.get(path, self.DEFAULT_MODEL), thread)
+            merge(totals, [msgspec.structs.replace(usage, messages=self.answers.get(path, 0))])
+        return tuple(sorted(totals.values(), key=lambda u: u.model))

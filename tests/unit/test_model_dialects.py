@@ -433,6 +433,20 @@ def test_gemini_cli_s_routing_request_gets_json_its_schema_accepts() -> None:
     assert json.loads(script.side_answer(GEMINI.read("/v1beta/models/g:generateContent", upper))) == {"k": "a"}
 
 
+def test_codex_s_title_request_is_a_side_request_though_it_offers_a_tool() -> None:
+    title = {
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<environment_context>"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": TITLE}]},
+        ],
+        "tools": [{"type": "custom", "name": "apply_patch"}],
+    }
+    assert OPENAI_RESPONSES.read("/v1/responses", title).side
+
+
+TITLE = "Generate a concise, single-line task title of at most 36 characters and under five words"
+
+
 def test_a_title_request_without_tools_is_a_side_request_in_every_dialect() -> None:
     responses = OPENAI_RESPONSES.read("/v1/responses", {"input": "Generate a concise, single-line task title"})
     chat = OPENAI_CHAT.read("/v1/chat/completions", {"messages": [{"role": "user", "content": "title?"}]})

@@ -16,9 +16,9 @@ from services.witness.plan.actions import ContinueSession, Warrant
 from services.witness.state import Nudge, Rig, Session, WitnessState, WorkBead, continue_nudge_id
 from shared.model.runtimes import (
     CLAUDE,
-    LOCAL_BINARIES,
     COMMAND,
     GT_AGENT,
+    LOCAL_BINARIES,
     SETTINGS_LOCAL,
     ClaudeRuntime,
     CommandRuntime,

@@ -73,8 +73,9 @@ from shared.model.runtimes.claude import (
     SETTINGS_LOCAL,
     ClaudeRuntime,
 )
+from shared.model.runtimes.codex import CODEX, CodexRuntime
 
-RUNTIMES: dict[str, Callable[[], Runtime]] = {CLAUDE: ClaudeRuntime, GT_AGENT: GtAgentRuntime}
+RUNTIMES: dict[str, Callable[[], Runtime]] = {CLAUDE: ClaudeRuntime, CODEX: CodexRuntime, GT_AGENT: GtAgentRuntime}
 """Runtimes by the name ``gt rig add --agent`` takes."""
 
 
@@ -115,6 +116,7 @@ __all__ = [
     "CLAUDE_REFUSAL_SCREENS",
     "CLAUDE_RETRY_SCREEN",
     "CLAUDE_TRANSCRIPTS",
+    "CODEX",
     "COMMAND",
     "CONTINUE_PROMPT",
     "DONE_MARK",
@@ -131,6 +133,7 @@ __all__ = [
     "SETTINGS_LOCAL",
     "TURN_ENDS",
     "ClaudeRuntime",
+    "CodexRuntime",
     "CommandRuntime",
     "GtAgentRuntime",
     "NudgeTyping",

@@ -210,6 +210,13 @@ class ClaudeRuntime(Runtime):
             }
         }
 
+    def hook_answer(self, event: str, text: str | None) -> str:
+        """SessionStart's stdout is added to the context as it is; a Stop hook blocks the stop with JSON
+        (code.claude.com/docs/en/hooks)."""
+        if event == "session-start" or not text:
+            return text or ""
+        return json.dumps({"decision": "block", "reason": text})
+
     def refusal(self, failure: Mapping[str, Any] | None, screen: str = "") -> str | None:
         why = self.refusal_recorded(failure) if failure is not None else None
         return why or (self.refusal_on_screen(screen) if screen else None)

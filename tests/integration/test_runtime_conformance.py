@@ -1,0 +1,111 @@
+"""The runtime contract (docs/agents.md, "The runtime contract"), one suite for every agent runtime, each with its
+real binary in real tmux, driven by the scripted model server in its vendor's API through a real town (mayor,
+witness, refinery, real git). The model server is the only fake. A runtime joins by a row in
+``tests.agent_runtimes.RUNTIMES``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import pytest
+from nats.aio.client import Client
+
+from gt.model_server import ModelServer, Script, bash, say, use, write
+from services.witness.settings import WitnessSettings
+from shared.core.config import TownConfig
+from shared.host import git
+from shared.model import runtimes
+from shared.model.events import decode_envelope
+from tests.agent_runtimes import RUNTIMES, AgentCli
+from tests.helpers import assert_eventually
+from tests.log_tools import read_all
+from tests.witness_town import PolecatTown, polecat_town
+
+RUN_DEADLINE_S = 240.0
+STEPS = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
+
+
+@pytest.fixture(params=RUNTIMES, ids=[cli.name for cli in RUNTIMES])
+def cli(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> AgentCli:
+    agent: AgentCli = request.param
+    agent.binary()  # fails (never skips) naming ./dev setup when it is missing
+    monkeypatch.delenv("GT_AGENT_ENV", raising=False)
+    return agent
+
+
+@pytest.fixture
+async def pt(town: TownConfig, nc: Client, tmp_path: Path, cli: AgentCli) -> AsyncIterator[PolecatTown]:
+    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0)
+    async with polecat_town(town, nc, tmp_path, settings) as handle:
+        yield handle
+
+
+def worked_story(name: str, bead: str, worktree: str) -> Script:
+    """A session's whole bead: prime, a file written with the runtime's own tools, committed, every step done (one
+    stop half-way, which its stop hook refuses naming the open step), `gt done`."""
+    feature = f"{worktree}/feature.txt"
+    return Script(
+        name=name,
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context"), text="Let me see my hook."),
+            use(bash("gt step done load-context", expect="load-context: done")),
+            use(write(feature, "the feature\n"), text="Writing the feature."),
+            use(bash("cat feature.txt && gt step done implement", expect="implement: done")),
+            use(bash(f"git add feature.txt && git commit -q -m '{bead}: the feature' && gt step done commit")),
+            say("I have committed the feature; that should be all."),
+            use(
+                bash("gt step done self-review && gt step done run-tests", expect="run-tests: done"),
+                prompt="self-review",  # the stop hook's reason: step self-review is still open
+            ),
+            use(bash("gt step done submit && gt done", expect="merge request")),
+            say("Submitted to the merge queue."),
+        ),
+    )
+
+
+def _session_dir(town: TownConfig, session_id: str) -> Path:
+    return town.gt_home / "rigs" / "demo" / "sessions" / session_id
+
+
+async def test_a_bead_is_worked_to_merged_every_step_once(
+    pt: PolecatTown, town: TownConfig, cli: AgentCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await pt.add_rig(agent_command=cli.name, stall_after_s=600.0)
+    bead = await pt.new_bead(f"A feature [model-script:{cli.name}-worked]")
+    worktree = str(town.gt_home / "rigs" / "demo" / "polecats" / "ace")
+    async with ModelServer([worked_story(f"{cli.name}-worked", bead, worktree)]) as server:
+        for name, value in cli.witness_env(server.base_url).items():
+            monkeypatch.setenv(name, value)
+        await pt.sling(bead)
+
+        def merged() -> bool:
+            assert server.failures == [], server.failures
+            assert pt.refinery is not None
+            done = {m.bead for m in pt.refinery.projection.state.mrs.values() if m.status == "merged"}
+            assert bead in done, [(s.id, s.status, s.end_detail) for s in pt.sessions_of(bead)]
+            return True
+
+        await assert_eventually(merged, timeout=RUN_DEADLINE_S, interval=0.5)
+        [session] = await pt.wait_settled(bead)
+    assert server.failures == []
+    assert session.end_reason == "done", "one session, no failed start, no stall"
+    assert git.git("show", "main:feature.txt", cwd=pt.origin) == "the feature\n"
+    assert {r.dialect for r in server.requests if r.kind == "turn"} == {
+        {"claude": "anthropic", "codex": "openai-responses"}[cli.name]
+    }
+    first = server.turns(f"{cli.name}-worked")[0]
+    assert "Current step: load-context" in json.dumps(first.body), "the start hook primed the session"
+    hook_log = (_session_dir(town, session.id) / "hooks.log").read_text()
+    assert "session-start" in hook_log
+    assert runtimes.turn_ended_after_done(hook_log), "`gt done` marked the log and a turn ended after it"
+    logged = [decode_envelope(data) for _seq, _subject, data in await read_all(pt.nc, "GT_EVT")]
+    steps = [msgspec.json.decode(e.data) for e in logged if e.type == "step.done"]
+    assert sorted(s["step"] for s in steps if s["bead_id"] == bead) == sorted(STEPS), "every step done once"
+    assert pt.mayor is not None
+    assert pt.mayor.projection.state.beads[bead].assignee == "demo/ace", "the start hook claimed the bead"
+    merged_files = git.git("ls-tree", "-r", "--name-only", "main", cwd=pt.origin).split()
+    assert merged_files.count("feature.txt") == 1
+    assert not any(part.startswith(".") and part not in (".gitignore",) for part in merged_files)
