@@ -5,6 +5,7 @@ witness, refinery, real git). The model server is the only fake. A runtime joins
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,8 +20,10 @@ from shared.core.config import TownConfig
 from shared.host import git
 from shared.model import runtimes
 from shared.model.events import decode_envelope
+from shared.model.usage import TOKEN_FIELDS
 from tests.agent_runtimes import RUNTIMES, AgentCli
 from tests.helpers import assert_eventually
+from tests.integration.test_claude_runtime import final_usage
 from tests.log_tools import read_all
 from tests.witness_town import PolecatTown, polecat_town
 
@@ -106,6 +109,11 @@ async def test_a_bead_is_worked_to_merged_every_step_once(
     assert sorted(s["step"] for s in steps if s["bead_id"] == bead) == sorted(STEPS), "every step done once"
     assert pt.mayor is not None
     assert pt.mayor.projection.state.beads[bead].assignee == "demo/ace", "the start hook claimed the bead"
+    # Its usage, read from where the runtime writes it, is what the model server sent its conversation, once.
+    mark = await assert_eventually(functools.partial(final_usage, pt, session.id), timeout=RUN_DEADLINE_S)
+    sent = [a.usage for a in server.answers if a.kind == "turn" and a.status == 200 and a.usage is not None]
+    recorded = {name: sum(getattr(m, name) for m in mark.models) for name in TOKEN_FIELDS}
+    assert recorded == {name: sum(u[name] for u in sent) for name in TOKEN_FIELDS}, mark.models
     merged_files = git.git("ls-tree", "-r", "--name-only", "main", cwd=pt.origin).split()
     assert merged_files.count("feature.txt") == 1
     assert not any(part.startswith(".") and part not in (".gitignore",) for part in merged_files)
