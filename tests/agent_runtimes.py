@@ -77,4 +77,13 @@ CODEX = AgentCli(
     base_url_variable="OPENAI_BASE_URL",
     base_url_path="/v1",
 )
-RUNTIMES = (CLAUDE, CODEX)
+GEMINI = AgentCli(
+    name="gemini",
+    package="@google/gemini-cli",
+    version_file="gemini-cli.version",
+    binary_setting="GT_GEMINI_BIN",
+    key_variable="GEMINI_API_KEY",
+    key="scripted-model-server-test-key",
+    base_url_variable="GOOGLE_GEMINI_BASE_URL",
+)
+RUNTIMES = (CLAUDE, CODEX, GEMINI)

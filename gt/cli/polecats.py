@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -336,14 +337,12 @@ async def _agent_hook(nc: Connection, args: argparse.Namespace, config: TownConf
         print(runtime.hook_answer(args.event, context))
         return EXIT_OK
     hook_input = _hook_input()
-    if hook_input.get("stop_hook_active"):
-        return EXIT_OK  # already going on because of this hook: never a loop
-    try:
-        reason = stop_reason(await prime_data(nc, config, session))
-    except Exception:  # noqa: BLE001 - fail open: an agent is never kept going on a guess
-        return EXIT_OK
-    if reason is not None:
-        print(runtime.hook_answer(args.event, reason))
+    reason = None
+    if not hook_input.get("stop_hook_active"):  # already going on because of this hook: never a loop
+        with contextlib.suppress(Exception):  # fail open: an agent is never kept going on a guess
+            reason = stop_reason(await prime_data(nc, config, session))
+    if answer := runtime.hook_answer(args.event, reason):
+        print(answer)
     return EXIT_OK
 
 

@@ -137,6 +137,10 @@ def read(path: str, body: Mapping[str, Any]) -> Asked:
         results=tool_results(body),
         prompt=last_prompt(body),
         marker_texts=(_text_of(body.get("system", "")), _text_of(messages[0].get("content", "")) if messages else ""),
+        context=(
+            _text_of(body.get("system", "")),
+            *(_prompt_text(m.get("content")) for m in messages if m.get("role") in ("user", "system")),
+        ),
         tools={
             str(tool.get("name")): tool.get("input_schema") or {}
             for tool in (tools if isinstance(tools, list) else [])

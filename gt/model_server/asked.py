@@ -31,6 +31,9 @@ class Asked(msgspec.Struct, frozen=True, kw_only=True):
     marker_texts: tuple[str, ...] = ()
     """Where a ``[model-script:<name>]`` marker may stand: its system prompt and the user messages before the
     first answer (the beacon is the first prompt; a runtime may send its instruction files before it)."""
+    context: tuple[str, ...] = ()
+    """Every text of its conversation that is neither the model's nor a tool's: system prompts, instructions, user
+    prompts, what the runtime's hooks added."""
     tools: dict[str, Any] = msgspec.field(default_factory=dict)
     """The tools it offers: name -> the JSON schema of its parameters (``{}`` for a freeform tool)."""
     compaction: bool = False

@@ -100,6 +100,7 @@ def read(path: str, body: Mapping[str, Any]) -> Asked:
             _text(body.get("systemInstruction")),
             *(_text(c) for c in contents[:first_answer] if c.get("role") == "user"),
         ),
+        context=(_text(body.get("systemInstruction")), *(_text(c) for c in contents if c.get("role") == "user")),
         tools=tools,
         json_schema=dict(schema) if isinstance(schema, dict) else None,
         model=found.group("model") if found else "",

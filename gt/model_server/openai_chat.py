@@ -67,6 +67,7 @@ def read(path: str, body: Mapping[str, Any]) -> Asked:
         marker_texts=tuple(
             _text(m.get("content")) for m in messages[:first_answer] if m.get("role") in ("system", "user")
         ),
+        context=tuple(_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer", "user")),
         tools=tools,
         json_schema=dict(schema) if isinstance(schema, dict) else None,
         model=str(body.get("model") or ""),

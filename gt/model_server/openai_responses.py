@@ -93,6 +93,14 @@ def read(path: str, body: Mapping[str, Any]) -> Asked:
             _text(body.get("instructions", "")),
             *(_text(item.get("content")) for item in items[:first_answer] if _is_user_message(item)),
         ),
+        context=(
+            _text(body.get("instructions", "")),
+            *(
+                _text(item.get("content"))
+                for item in items
+                if item.get("type", "message") == "message" and item.get("role") in ("user", "developer", "system")
+            ),
+        ),
         tools={} if any(TITLE_REQUEST in text for text in user_texts) else tools,
         json_schema=dict(schema) if isinstance(schema, dict) else None,
         model=str(body.get("model") or ""),

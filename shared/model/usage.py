@@ -270,3 +270,45 @@ class CodexRollouts:
             usage = _codex_usage(self.models.get(path, self.DEFAULT_MODEL), thread)
             merge(totals, [msgspec.structs.replace(usage, messages=self.answers.get(path, 0))])
         return tuple(sorted(totals.values(), key=lambda u: u.model))
+
+
+# ---- Gemini CLI ----------------------------------------------------------------------------------
+
+
+class GeminiChats:
+    """Gemini CLI's chat records (``$GEMINI_CLI_HOME/.gemini/tmp/<project>/chats/session-*.jsonl``), read
+    incrementally: a model message is a record ``{"id", "type": "gemini", "model", "tokens": {input (cached
+    included), output, cached, thoughts, tool, total}}``, written again with the same id when it is updated (the
+    newest wins). Metadata and ``$set`` lines are skipped. A line not yet ended is left for the next read."""
+
+    DEFAULT_MODEL = "gemini"
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, int] = {}
+        self.messages: dict[tuple[str, str], ModelUsage] = {}
+
+    def feed(self, path: str, data: bytes) -> None:
+        end = data.rfind(b"\n") + 1
+        for line in data[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except UNDECODABLE:
+                continue
+            if not isinstance(record, dict) or record.get("type") != "gemini":
+                continue
+            tokens, key = record.get("tokens"), record.get("id")
+            if not isinstance(tokens, dict) or not isinstance(key, str):
+                continue
+            model = record.get("model") if isinstance(record.get("model"), str) and record.get("model") else None
+            cached = _count(tokens, "cached")
+            self.messages[(path, key)] = ModelUsage(
+                model=model or self.DEFAULT_MODEL,
+                input_tokens=max(0, _count(tokens, "input") - cached),
+                cache_read_input_tokens=cached,
+                output_tokens=_count(tokens, "output") + _count(tokens, "thoughts"),
+                messages=1,
+            )
+        self.offsets[path] = self.offsets.get(path, 0) + end
+
+    def snapshot(self) -> tuple[ModelUsage, ...]:
+        return tuple(sorted(merge({}, self.messages.values()).values(), key=lambda u: u.model))

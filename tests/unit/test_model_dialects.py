@@ -182,6 +182,8 @@ def _play(client: Client, outputs: Callable[[str, dict[str, Any]], str]) -> list
         assert asked.turn == expected_turn
         assert not asked.side
         assert script.script_name({}, asked) == "story"
+        assert any(BEACON in text for text in asked.context), "the beacon is context, whatever came after it"
+        assert not any("On branch main" in text for text in asked.context), "a tool's result is not context"
         assert script.check_results(STORY, asked.turn, asked, client.dialect.id_prefix) == []
         reply = script.reply(STORY, asked.turn, asked.tools, client.dialect.id_prefix)
         answer = client.dialect.answer(reply, model="m", usage=USAGE, answer_id=f"a{expected_turn}")

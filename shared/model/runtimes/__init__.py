@@ -74,8 +74,14 @@ from shared.model.runtimes.claude import (
     ClaudeRuntime,
 )
 from shared.model.runtimes.codex import CODEX, CodexRuntime
+from shared.model.runtimes.gemini import GEMINI, GeminiRuntime
 
-RUNTIMES: dict[str, Callable[[], Runtime]] = {CLAUDE: ClaudeRuntime, CODEX: CodexRuntime, GT_AGENT: GtAgentRuntime}
+RUNTIMES: dict[str, Callable[[], Runtime]] = {
+    CLAUDE: ClaudeRuntime,
+    CODEX: CodexRuntime,
+    GEMINI: GeminiRuntime,
+    GT_AGENT: GtAgentRuntime,
+}
 """Runtimes by the name ``gt rig add --agent`` takes."""
 
 
@@ -120,6 +126,7 @@ __all__ = [
     "COMMAND",
     "CONTINUE_PROMPT",
     "DONE_MARK",
+    "GEMINI",
     "GT_AGENT",
     "HOOK_LOG",
     "HOOK_MARGIN_S",
@@ -135,6 +142,7 @@ __all__ = [
     "ClaudeRuntime",
     "CodexRuntime",
     "CommandRuntime",
+    "GeminiRuntime",
     "GtAgentRuntime",
     "NudgeTyping",
     "Restart",
