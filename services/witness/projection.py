@@ -319,6 +319,7 @@ def _requested(payload: SessionRequested, state: WitnessState, env: Envelope, se
         tmux_name=payload.tmux_name,
         attempt=payload.attempt,
         handoff_of=payload.handoff_of,
+        agent=payload.agent,
         requested_at=env.ts,
         version=seq,
     )

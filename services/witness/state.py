@@ -105,6 +105,13 @@ class WitnessState(msgspec.Struct, kw_only=True):
 MAIL_NUDGE_PREFIX = "mail-"
 
 
+def agent_of(session: Session, rig: Rig | None) -> str:
+    """What ``session`` runs: its own agent, recorded when it was requested, so that a rig changing runtime
+    (``gt rig update --agent``) leaves its running sessions as they are; the rig's for a session from an older
+    log."""
+    return session.agent or (rig.agent_command if rig is not None else "")
+
+
 def mail_nudge_id(message_id: str) -> str:
     """The nudge that tells a polecat of a message: one per message, so queuing it twice stores it once."""
     return f"{MAIL_NUDGE_PREFIX}{message_id}"

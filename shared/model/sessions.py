@@ -24,6 +24,8 @@ class Session(msgspec.Struct, kw_only=True, gc=False):
     tmux_name: str
     attempt: int
     handoff_of: str | None = None
+    agent: str = ""
+    """What it runs (``SessionRequested.agent``; empty: the rig's agent, a session from an older log)."""
     status: SessionStatus = "requested"
     """requested -> started -> ended (or requested -> ended)."""
     requested_at: datetime

@@ -11,7 +11,7 @@ from pathlib import Path
 from services.witness.effects import runtime_setup
 from services.witness.effects.agent_creds import agent_nats_credentials, is_credential
 from services.witness.effects.toolkit import Toolkit
-from services.witness.state import Rig, Session
+from services.witness.state import Rig, Session, agent_of
 from shared.core import subjects
 from shared.core.ids import hook_lease_name
 from shared.model import runtimes, session_identity
@@ -49,7 +49,7 @@ class AgentLaunch:
     def command(self, session: Session, rig: Rig) -> tuple[str, dict[str, str]]:
         """The pane's command line and environment, from the rig's runtime (its files written first)."""
         kit = self.kit
-        runtime = runtimes.runtime_for(rig.agent_command)
+        runtime = runtimes.runtime_for(agent_of(session, rig))
         env = self.env(session, rig)
         binary = ""
         if runtime.binary_name:

@@ -13,7 +13,7 @@ import structlog
 
 from services.witness.effects.toolkit import Toolkit
 from services.witness.plan.actions import ContinueSession, DeliverNudge, ExpireNudge, NudgeMail
-from services.witness.state import Session, continue_nudge_id, mail_nudge_id
+from services.witness.state import Session, agent_of, continue_nudge_id, mail_nudge_id
 from shared.core.terminal import escape_line
 from shared.host.tmux import typeable
 from shared.model import runtimes
@@ -44,7 +44,7 @@ class Nudger:
             return
         decided_on = nudge.version  # before the await: an expiry applied meanwhile makes the append conflict
         rig = self.kit.host.state.rigs.get(session.rig)
-        typing = runtimes.runtime_for(rig.agent_command if rig is not None else "").nudge(nudge.message)
+        typing = runtimes.runtime_for(agent_of(session, rig)).nudge(nudge.message)
         async with self.kit.pane_locks.hold(session.tmux_name):
             current = self.kit.host.state.nudges.get(action.nudge)
             if current is None or current.status != "queued":

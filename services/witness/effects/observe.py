@@ -20,7 +20,7 @@ import structlog
 from services.witness.effects import runtime_setup
 from services.witness.effects.pidwatch import ExitWatcher
 from services.witness.plan import Observed, PaneSeen, liveness, may_linger, scope
-from services.witness.state import Session, WitnessState
+from services.witness.state import Session, WitnessState, agent_of
 from shared.bus import lease_kv as leases
 from shared.bus.connection import Connection
 from shared.bus.errors import BusError
@@ -161,7 +161,7 @@ class Observer:
     def _start_confirmed(self, started: list[Session]) -> frozenset[str]:
         """Of the started sessions whose runtime confirms its start, those whose start hook left its mark."""
         confirming = [
-            s for s in started if (rig := self.state.rigs.get(s.rig)) is not None and confirms_start(rig.agent_command)
+            s for s in started if (rig := self.state.rigs.get(s.rig)) is not None and confirms_start(agent_of(s, rig))
         ]
         return frozenset(s.id for s in confirming if runtime_setup.started(self.session_dir(s)))
 
@@ -180,7 +180,7 @@ class Observer:
             rig = self.state.rigs.get(s.rig)
             if rig is None:
                 continue
-            runtime = runtime_for(rig.agent_command)
+            runtime = runtime_for(agent_of(s, rig))
             if not runtime.reads_screen:
                 continue
             session_dir = self.session_dir(s)
@@ -246,7 +246,7 @@ class Observer:
             if rig is None:
                 continue
             newest = runtime_setup.last_activity(
-                self.session_dir(session), runtime_for(rig.agent_command).activity_files
+                self.session_dir(session), runtime_for(agent_of(session, rig)).activity_files
             )
             if newest is not None:
                 out[session.id] = newest

@@ -18,7 +18,7 @@ from services.witness.effects import agent_user, runtime_setup, workspace_record
 from services.witness.effects.agent_env import AgentLaunch
 from services.witness.effects.toolkit import StartBlockedError, Toolkit, WorktreeUnusableError
 from services.witness.plan.actions import GiveUp, ReleaseHook, Resling, Spawn, Start
-from services.witness.state import Rig, Session
+from services.witness.state import Rig, Session, agent_of
 from shared.core.faults import crash_point, hold_point
 from shared.core.ids import hook_lease_name
 from shared.host import git, processes, reaper, safe_files
@@ -78,6 +78,7 @@ class Spawner:
             tmux_name=action.tmux_name,
             attempt=action.attempt,
             handoff_of=action.handoff_of,
+            agent=rig.agent_command if (rig := self.kit.host.state.rigs.get(action.rig)) is not None else "",
         )
         if not await self.kit.append(NewEvent(payload=requested, expected_seq=0)):
             return  # someone else requested this attempt first
@@ -93,7 +94,7 @@ class Spawner:
         if rig is None:
             return
         try:
-            runtime_setup.check(runtimes.runtime_for(rig.agent_command), os.environ)
+            runtime_setup.check(runtimes.runtime_for(agent_of(session, rig)), os.environ)
         except runtime_setup.RuntimeUnavailableError as exc:
             # Retrying changes nothing: an operator must install or configure the agent. Escalated, not respawned.
             await self._agent_unavailable(session, rig, str(exc))
@@ -347,7 +348,7 @@ class Spawner:
     async def _agent_unavailable(self, session: Session, rig: Rig, detail: str) -> None:
         message = (
             f"rig {rig.name}: session {session.id} (bead {session.bead}, polecat {session.polecat}) cannot start "
-            f"its agent {rig.agent_command!r}: {detail}. The bead waits on its hook: fix it, then re-sling it "
+            f"its agent {agent_of(session, rig)!r}: {detail}. The bead waits on its hook: fix it, then re-sling it "
             f"with `gt sling {session.bead} {rig.name} --force`."
         )
         log.warning("agent_unavailable", session=session.id, rig=rig.name, detail=detail)

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import structlog
 
-from services.witness.state import Session, WitnessState
+from services.witness.state import Session, WitnessState, agent_of
 from shared.host import processes, safe_files
 from shared.model.decision import NewEvent
 from shared.model.events.usage import SessionUsage
@@ -89,7 +89,7 @@ class UsageWatch:
 
     def _patterns(self, session: Session) -> tuple[str, ...]:
         rig = self.host.state.rigs.get(session.rig)
-        return runtime_for(rig.agent_command).usage_files if rig is not None else ()
+        return runtime_for(agent_of(session, rig)).usage_files if rig is not None else ()
 
     def _watched(self, session: Session) -> bool:
         mark = self.host.state.usage.get(session.id)
@@ -111,7 +111,7 @@ class UsageWatch:
 
     def _reader(self, session: Session) -> UsageReader | None:
         rig = self.host.state.rigs.get(session.rig)
-        return runtime_for(rig.agent_command).usage_reader() if rig is not None else None
+        return runtime_for(agent_of(session, rig)).usage_reader() if rig is not None else None
 
     async def tick(self) -> int:
         """Records what is owed; returns how many events were stored."""

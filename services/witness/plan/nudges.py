@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from services.witness.plan.actions import Action, ContinueSession, DeliverNudge, ExpireNudge, NudgeMail
 from services.witness.plan.observed import Observed, pane_of
-from services.witness.state import Session, WitnessState, continue_nudge_id
+from services.witness.state import Session, WitnessState, agent_of, continue_nudge_id
 from shared.model.events.sessions import ACTIVE_SESSION
 from shared.model.runtimes import runtime_for
 
@@ -30,7 +30,7 @@ def queued_nudges(state: WitnessState, obs: Observed) -> Iterator[Action]:
 def _takes_nudges_now(state: WitnessState, session: Session, message: str, obs: Observed) -> bool:
     """A runtime that takes a nudge only when idle gets it then; one that queues input (or cannot tell) at once."""
     rig = state.rigs.get(session.rig)
-    runtime = runtime_for(rig.agent_command if rig is not None else "")
+    runtime = runtime_for(agent_of(session, rig))
     if runtime.nudge(message).when_busy:
         return True
     return session.id in obs.idle or not runtime.reads_screen  # a runtime whose screen is not read cannot tell

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from services.witness.plan.actions import Action, GiveUp, Kill, Start, Warrant
 from services.witness.plan.observed import Observed, pane_of
 from services.witness.plan.policy import Policy
-from services.witness.state import Rig, Session, WitnessState, WorkBead
+from services.witness.state import Rig, Session, WitnessState, WorkBead, agent_of
 from shared.core.ids import hook_lease_name
 from shared.model.events.sessions import ACTIVE_SESSION
 from shared.model.runtimes import confirms_start, pane_activity_counts
@@ -93,7 +93,7 @@ def _judge(session: Session, bead: WorkBead, rig: Rig | None, obs: Observed, pol
             reason="failed_to_start",
             detail=(
                 f"rig {rig.name}: session {session.id} (bead {session.bead}, polecat {session.polecat}, "
-                f"{rig.agent_command} in tmux session {session.tmux_name}) showed no SessionStart hook: its pane "
+                f"{agent_of(session, rig)} in tmux session {session.tmux_name}) showed no SessionStart hook: its pane "
                 f"waits at {blocked}"
             ),
             escalate=True,
@@ -106,9 +106,9 @@ def _judge(session: Session, bead: WorkBead, rig: Rig | None, obs: Observed, pol
         if waited > policy.done_stuck_after_s:
             return Warrant(session=session.id, reason="stuck_in_done", detail=f"done-intent {waited:.0f}s ago")
         return None
-    if rig is not None and (session.id in obs.start_confirmed or not confirms_start(rig.agent_command)):
+    if rig is not None and (session.id in obs.start_confirmed or not confirms_start(agent_of(session, rig))):
         # A runtime that confirms its start is judged by the start deadline until it has: its boot is no stall.
-        last = last_sign_of_life(session, bead, obs, pane_counts=pane_activity_counts(rig.agent_command))
+        last = last_sign_of_life(session, bead, obs, pane_counts=pane_activity_counts(agent_of(session, rig)))
         quiet = (obs.now - last).total_seconds()
         if quiet > rig.stall_after_s:
             return Warrant(
@@ -126,7 +126,7 @@ def _unconfirmed_start(session: Session, rig: Rig | None, obs: Observed, policy:
     agent never got going (a dialog nobody answers, a crash before its first turn, a broken install)."""
     if rig is None or session.started_at is None or session.done_intent_at is not None:
         return None
-    if session.id in obs.start_confirmed or not confirms_start(rig.agent_command):
+    if session.id in obs.start_confirmed or not confirms_start(agent_of(session, rig)):
         return None
     waited = (obs.now - session.started_at).total_seconds()
     if waited <= policy.start_confirm_s:
@@ -135,8 +135,8 @@ def _unconfirmed_start(session: Session, rig: Rig | None, obs: Observed, policy:
         session=session.id,
         reason="failed_to_start",
         detail=(
-            f"rig {rig.name}: session {session.id} ({rig.agent_command} in tmux session {session.tmux_name}) showed "
-            f"no SessionStart hook {waited:.0f}s after its pane started (limit {policy.start_confirm_s:g}s)"
+            f"rig {rig.name}: session {session.id} ({agent_of(session, rig)} in tmux session {session.tmux_name}) "
+            f"showed no SessionStart hook {waited:.0f}s after its pane started (limit {policy.start_confirm_s:g}s)"
         ),
     )
 
