@@ -40,7 +40,13 @@ SETTING_OPTIONS = (
     ("--setup", "setup_command", str, 'gate: set-up command ("" for none)'),
     ("--lint", "lint_command", str, 'gate: lint command ("" for none)'),
     ("--test", "test_command", str, 'gate: test command ("" for none)'),
-    ("--agent", "agent_command", str, "agent runtime (claude, gt-agent) or a command run in each polecat's worktree"),
+    (
+        "--agent",
+        "agent_command",
+        str,
+        "agent runtime (claude, codex, gemini, gt-agent) or a command run in each polecat's worktree; running "
+        "sessions keep theirs",
+    ),
     ("--max-polecats", "max_polecats", int, "sessions the rig runs at once"),
     ("--max-respawns", "max_respawns", int, "deaths of a bead before it is escalated instead of respawned"),
     ("--stall-after", "stall_after_s", float, "seconds without heartbeat or progress before a session is stalled"),
@@ -85,10 +91,11 @@ def register(sub: Subcommands) -> None:
     ra.add_argument(
         "--agent",
         default=None,
-        help="the polecats' runtime: `claude` (Claude Code; the witness writes its settings and hooks, and passes "
-        "ANTHROPIC_* and GT_CLAUDE_BIN from `gt up`'s environment), `gt-agent` (the reference agent, the "
-        "default), or any other command line, run in each polecat's worktree with GT_* variables naming its "
-        "bead (docs/agents.md)",
+        help="the polecats' runtime: `claude` (Claude Code: ANTHROPIC_* and GT_CLAUDE_BIN from `gt up`'s "
+        "environment), `codex` (Codex CLI: OPENAI_API_KEY, OPENAI_BASE_URL, GT_CODEX_BIN), `gemini` (Gemini CLI: "
+        "GEMINI_API_KEY, GOOGLE_GEMINI_BASE_URL, GT_GEMINI_BIN); the witness writes each one's settings and hooks. "
+        "`gt-agent` (the reference agent, the default), or any other command line, run in each polecat's "
+        "worktree with GT_* variables naming its bead (docs/agents.md)",
     )
     ra.add_argument("--max-polecats", type=int, default=None)
     ra.add_argument("--max-respawns", type=int, default=None)
