@@ -13,9 +13,10 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 
-from gt.model_server import ModelServer, RecordedRequest, Script, bash, say, use, write
+from gt.model_server import Fault, ModelServer, RecordedRequest, Script, Turn, bash, say, use, write
 from gt.model_server.dialects import dialect_for
 from services.witness.settings import WitnessSettings
+from services.witness.state import Session
 from shared.core.config import TownConfig
 from shared.host import git
 from shared.model import runtimes
@@ -127,3 +128,90 @@ async def test_a_bead_is_worked_to_merged_every_step_once(
     merged_files = git.git("ls-tree", "-r", "--name-only", "main", cwd=pt.origin).split()
     assert merged_files.count("feature.txt") == 1
     assert not any(part.startswith(".") and part not in (".gitignore",) for part in merged_files)
+
+
+def finish(*, first: str = "load-context") -> tuple[Turn, ...]:
+    """The turns that take a session from step ``first`` to `gt done`."""
+    rest = STEPS[STEPS.index(first) :]
+    return (
+        use(bash(" && ".join(f"gt step done {s}" for s in rest[:-1]), expect=f"{rest[-2]}: done")),
+        use(bash("gt step done submit && gt done", expect="merge request")),
+        say("Submitted to the merge queue."),
+    )
+
+
+async def merged(pt: PolecatTown, server: ModelServer, bead: str) -> list[Session]:
+    def check() -> bool:
+        assert server.failures == [], server.failures
+        assert pt.refinery is not None
+        done = {m.bead for m in pt.refinery.projection.state.mrs.values() if m.status == "merged"}
+        assert bead in done, [(s.id, s.status, s.end_reason, s.end_detail) for s in pt.sessions_of(bead)]
+        return True
+
+    await assert_eventually(check, timeout=RUN_DEADLINE_S, interval=0.5)
+    return await pt.wait_settled(bead)  # while the model still answers the turn after `gt done`
+
+
+async def test_rate_limits_and_overload_are_waited_out_never_counted_as_a_crash(
+    pt: PolecatTown, cli: AgentCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 429 then an overload (Anthropic's 529, the others' 503) on two turns: the runtime retries them itself,
+    the session is neither warranted nor respawned."""
+    await pt.add_rig(agent_command=cli.name, stall_after_s=300.0)
+    bead = await pt.new_bead(f"Storm [model-script:{cli.name}-storm]")
+    storm = (Fault(kind="rate_limited", times=1, retry_after_s=1), Fault(kind="overloaded", times=1))
+    script = Script(
+        name=f"{cli.name}-storm",
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context"), faults=storm),
+            use(bash("gt step done load-context && gt step done implement", expect="implement: done"), faults=storm),
+            *finish(first="commit"),
+        ),
+    )
+    async with ModelServer([script]) as server:
+        for name, value in cli.witness_env(server.base_url).items():
+            monkeypatch.setenv(name, value)
+        await pt.sling(bead)
+        [session] = await merged(pt, server, bead)
+    statuses = [a.status for a in server.answers if a.kind == "turn"]
+    assert statuses.count(429) == 2, statuses
+    assert statuses.count(529 if cli.name == "claude" else 503) == 2, statuses
+    assert session.warrant_reason is None, "retrying is not stalling"
+    assert session.end_reason == "done"
+    assert session.escalated is None
+
+
+async def test_a_401_parks_the_rig_and_is_escalated_naming_rig_and_session(
+    pt: PolecatTown, cli: AgentCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key the model API refuses: no new session of the rig could work either, so the rig is parked and the
+    operator told at once (not after the runtime's own retries, not as a crash loop); unparked once the key is
+    fixed, a fresh session takes the bead."""
+    await pt.add_rig(agent_command=cli.name, stall_after_s=600.0)
+    bead = await pt.new_bead(f"Bad key [model-script:{cli.name}-refused]")
+    refused = Script(
+        name=f"{cli.name}-refused", turns=(say("never"),), faults=(Fault(kind="unauthorized", times=None),)
+    )
+    async with ModelServer([refused]) as server:
+        for name, value in cli.witness_env(server.base_url).items():
+            monkeypatch.setenv(name, value)
+        await pt.sling(bead)
+
+        def escalated() -> str:
+            assert pt.mayor is not None
+            found = [e for e in pt.mayor.projection.state.escalations.values() if e.bead == bead]
+            assert found, ("no escalation yet", [(s.id, s.status, s.warrant_reason) for s in pt.sessions_of(bead)])
+            assert [s.warrant_reason for s in pt.sessions_of(bead)] == ["agent_unauthorized"]
+            return found[0].message
+
+        message = await assert_eventually(escalated, timeout=120)
+        [session] = pt.sessions_of(bead)
+        assert "rig demo" in message
+        assert session.id in message
+        assert "gt rig unpark demo" in message, "it says what the operator does"
+        assert pt.witness is not None
+        assert pt.witness.state.rigs["demo"].parked, "no new sessions: not a crash loop"
+        server.add(Script(name=f"{cli.name}-refused", turns=(use(bash("gt prime", expect="load-context")), *finish())))
+        await pt.ok("gt.cmd.rig.unpark", name="demo")
+        sessions = await merged(pt, server, bead)
+    assert [s.end_reason for s in sessions] == ["agent_unauthorized", "done"]
