@@ -6,10 +6,12 @@ witness, refinery, real git). The model server is the only fake. A runtime joins
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
+import psutil
 import pytest
 from nats.aio.client import Client
 
@@ -215,3 +217,53 @@ async def test_a_401_parks_the_rig_and_is_escalated_naming_rig_and_session(
         await pt.ok("gt.cmd.rig.unpark", name="demo")
         sessions = await merged(pt, server, bead)
     assert [s.end_reason for s in sessions] == ["agent_unauthorized", "done"]
+
+
+def agent_processes(session: Session) -> list[psutil.Process]:
+    """The session's agent: the processes right below its pane's reaper (the runtime, however it started)."""
+    children: list[psutil.Process] = psutil.Process(session.pane_pid or 0).children()
+    return children
+
+
+async def test_an_agent_killed_mid_step_is_resumed_at_the_current_step_by_a_fresh_session(
+    pt: PolecatTown, cli: AgentCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await pt.add_rig(agent_command=cli.name, stall_after_s=600.0)
+    name = f"{cli.name}-crash"
+    bead = await pt.new_bead(f"Crash me [model-script:{name}]")
+    before_kill = Script(
+        name=name,
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context")),
+            use(bash("gt step done load-context && gt step done implement", expect="implement: done")),
+            # Working on step commit when the agent dies: this request is held until the kill.
+            use(bash("gt step done commit"), faults=(Fault(kind="stall", times=None),)),
+        ),
+    )
+    after_kill = Script(
+        name=name, turns=(use(bash("gt prime", expect="Current step: commit")), *finish(first="commit"))
+    )
+    async with ModelServer([before_kill]) as server:
+        for variable, value in cli.witness_env(server.base_url).items():
+            monkeypatch.setenv(variable, value)
+        try:
+            await pt.sling(bead)
+            await assert_eventually(lambda: server.stalled >= 1, timeout=120)
+            [first] = pt.sessions_of(bead)
+            server.add(after_kill)  # what a fresh conversation (turn 0 again) is answered
+            killed_at = time.time()
+            for process in agent_processes(first):
+                process.kill()
+            sessions = await merged(pt, server, bead)
+        finally:
+            server.release()
+    assert [s.end_reason for s in sessions][-1] == "done"
+    assert sessions[0].end_reason in ("zombie", "dead"), "seen dead, re-slung"
+    assert len(sessions) == 2
+    resumed = [r for r in server.turns(name) if r.received_at > killed_at]
+    contexts = [text for request in resumed for text in _prompts(request)]
+    assert any("Current step: commit" in text for text in contexts), "the fresh session was primed at the step"
+    assert not any("Current step: load-context" in text for text in contexts)
+    logged = [decode_envelope(data) for _seq, _subject, data in await read_all(pt.nc, "GT_EVT")]
+    steps = [msgspec.json.decode(e.data)["step"] for e in logged if e.type == "step.done"]
+    assert sorted(steps) == sorted(STEPS), "each step done once: none redone"
