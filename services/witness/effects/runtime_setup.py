@@ -88,7 +88,8 @@ def prepare(
     gt = str(Path(sys.executable).parent / "gt")
     # The runtime dir and the workspace may be the agent's (GT_AGENT_USER; a workspace used before): written
     # below them without following a link it put there, and given to ``owner``.
-    for file in runtime.files(worktree=str(worktree), env=env, version=binary_version(found) if found else "", gt=gt):
+    version = binary_version(found) if found and runtime.wants_version else ""
+    for file in runtime.files(worktree=str(worktree), env=env, version=version, gt=gt):
         safe_files.write_beneath(
             worktree if file.in_worktree else session_dir, file.path, file.content, mode=file.mode, owner=owner
         )

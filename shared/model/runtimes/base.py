@@ -97,6 +97,8 @@ class Runtime:
     """The witness's environment variable naming the binary to use (``GT_CLAUDE_BIN``)."""
     package: ClassVar[str] = ""
     """The npm package that installs it (for the message naming what to install)."""
+    wants_version: ClassVar[bool] = False
+    """Its ``files`` need the binary's version (asked once per witness: a node CLI takes seconds to answer)."""
 
     name: str = ""
     confirms_start: bool = False

@@ -121,6 +121,7 @@ class ClaudeRuntime(Runtime):
     binary_name: ClassVar[str] = "claude"
     binary_setting: ClassVar[str] = "GT_CLAUDE_BIN"
     package: ClassVar[str] = "@anthropic-ai/claude-code"
+    wants_version: ClassVar[bool] = True  # its first-run state names the version onboarded
 
     def command(self, beacon: str, binary: str) -> str:
         # exec: the pane's reaper runs claude itself (no shell between), so the reaper ends the session the moment
