@@ -267,3 +267,49 @@ async def test_an_agent_killed_mid_step_is_resumed_at_the_current_step_by_a_fres
     logged = [decode_envelope(data) for _seq, _subject, data in await read_all(pt.nc, "GT_EVT")]
     steps = [msgspec.json.decode(e.data)["step"] for e in logged if e.type == "step.done"]
     assert sorted(steps) == sorted(STEPS), "each step done once: none redone"
+
+
+NUDGE = "please also update the changelog (nudge 4711)"
+
+
+async def test_a_nudge_reaches_an_agent_waiting_at_its_prompt_once_intact(
+    pt: PolecatTown, cli: AgentCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent stops twice with its steps open: its stop hook sends it on the first time and lets it stop the
+    second (never a loop), and it waits at its prompt. A nudge for its polecat is typed into its pane the way its
+    runtime takes one (at once, or once it is idle), checked on screen, and reaches the model once, intact."""
+    await pt.add_rig(agent_command=cli.name, stall_after_s=600.0)
+    name = f"{cli.name}-nudged"
+    bead = await pt.new_bead(f"Waits [model-script:{name}]")
+    script = Script(
+        name=name,
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context")),
+            say("Waiting for instructions."),
+            say("Still waiting.", prompt="Not done yet"),  # the stop hook's reason: step load-context is open
+            use(bash("gt step done load-context", expect="load-context: done"), prompt=NUDGE),
+            *finish(first="implement"),
+        ),
+    )
+    async with ModelServer([script]) as server:
+        for variable, value in cli.witness_env(server.base_url).items():
+            monkeypatch.setenv(variable, value)
+        await pt.sling(bead)
+        await assert_eventually(
+            lambda: any(a.script == name and a.turn == 2 and a.status == 200 for a in server.answers), timeout=120
+        )
+        outcome = await pt.command("gt.cmd.nudge.send", target="demo/ace", message=NUDGE)
+        assert outcome["type"] == "cmd.accepted", outcome
+
+        def delivered() -> bool:
+            assert pt.witness is not None
+            assert [n.status for n in pt.witness.state.nudges.values()] == ["delivered"]
+            return True
+
+        await assert_eventually(delivered, timeout=90)
+        [session] = await merged(pt, server, bead)
+    assert session.end_reason == "done"
+    carrying = [r for r in server.turns(name) if any(NUDGE in text for text in _prompts(r))]
+    assert carrying, "the nudge never reached the model"
+    assert carrying[0].turn == 3, "acted on at the next turn"
+    assert all(sum(text.count(NUDGE) for text in _prompts(r)) == 1 for r in carrying), "once, never duplicated"
