@@ -75,7 +75,7 @@ def _installs_of(command: str, tmp_path: Path) -> list[str]:
         [
             shutil.which("bash") or "bash",
             "-c",
-            'source ./dev && setup_venv() { :; } && setup_claude() { :; } && setup_podman() { :; } && setup_for "$1"',
+            'source ./dev && setup_venv() { :; } && setup_agents() { :; } && setup_podman() { :; } && setup_for "$1"',
             "bash",
             command,
         ],

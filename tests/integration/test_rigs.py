@@ -387,6 +387,8 @@ async def test_a_bead_filed_for_a_rig_takes_its_prefix_and_keeps_its_id_when_slu
     assert both.code == 2
     assert "not allowed with argument" in both.err
     helped = " ".join(ok(await gt("rig", "add", "--help")).split())
-    assert "`claude` (Claude Code;" in helped
+    assert "`claude` (Claude Code:" in helped
+    assert "`codex` (Codex CLI:" in helped
+    assert "`gemini` (Gemini CLI:" in helped
     assert "`gt-agent` (the reference agent, the default), or any other command line" in helped
     assert "filed with `gt bead create --rig NAME`" in helped
