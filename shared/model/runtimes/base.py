@@ -3,6 +3,8 @@ runtime's hooks write (docs/agents.md, "Agent runtimes"). Pure."""
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -201,6 +203,52 @@ class Runtime:
         """The session's newest start when it restarted with a fresh context (its hook log, ``HOOK_LOG``), or
         None: it has no hooks, or its newest start was its first."""
         return None
+
+
+class TuiRuntime(Runtime):
+    """A runtime in its own terminal UI whose hooks answer in JSON (Codex CLI, Gemini CLI): its screens are
+    patterns (class data), its hooks print ``gt prime`` as SessionStart's ``additionalContext`` and a reason to go
+    on as a block of the turn's end."""
+
+    confirms_start = True
+    pane_activity = False  # its status line redraws while it waits on a model that never answers
+    reads_screen = True
+    busy_screen: ClassVar[re.Pattern[str]] = re.compile(r"(?!)")
+    """In its footer while a turn runs."""
+    retry_screen: ClassVar[re.Pattern[str]] = re.compile(r"(?!)")
+    """Its status while it waits out the model API's refusals (a sign of life while it changes)."""
+    refusal_screen: ClassVar[re.Pattern[str]] = re.compile(r"(?!)")
+    """What it shows for a refused key."""
+    blocking_screens: ClassVar[tuple[tuple[str, re.Pattern[str]], ...]] = ()
+    nothing_to_say: ClassVar[str] = ""
+    """What a hook prints when it has nothing to say."""
+    FOOTER_LINES: ClassVar[int] = 8
+
+    def hook_answer(self, event: str, text: str | None) -> str:
+        if not text:
+            return self.nothing_to_say
+        if event == "session-start":
+            return json.dumps({"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": text}})
+        return json.dumps({"decision": "block", "reason": text})
+
+    def idle(self, screen: str) -> bool:
+        bottom = "\n".join([line for line in screen.splitlines() if line.strip()][-self.FOOTER_LINES :])
+        return self.busy_screen.search(bottom) is None and self.blocking_screen(screen) is None
+
+    def activity_on_screen(self, screen: str) -> str | None:
+        found = self.retry_screen.search(screen)
+        return found.group(0) if found is not None else None
+
+    def blocking_screen(self, screen: str) -> str | None:
+        for what, pattern in self.blocking_screens:
+            found = pattern.search(screen)
+            if found is not None:
+                return f"{what} ({' '.join(found.group(0).split())[:200]!r})"
+        return None
+
+    def refusal(self, failure: Mapping[str, Any] | None, screen: str = "") -> str | None:
+        found = self.refusal_screen.search(screen) if screen else None
+        return f"the model API refused its credentials ({' '.join(found.group(0).split())[:300]})" if found else None
 
 
 class CommandRuntime(Runtime):

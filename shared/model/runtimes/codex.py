@@ -33,8 +33,8 @@ from shared.model.runtimes.base import (
     SESSION_DIR_ENV,
     SESSION_TOWN_PATIENCE_S,
     NudgeTyping,
-    Runtime,
     RuntimeFile,
+    TuiRuntime,
     UsageReader,
 )
 from shared.model.usage import CodexRollouts
@@ -95,16 +95,17 @@ def _table(name: str, values: Mapping[str, Any], *, array: bool = False) -> str:
     return "\n".join([head, *(f"{_key(key)} = {_toml(value)}" for key, value in values.items())])
 
 
-class CodexRuntime(Runtime):
+class CodexRuntime(TuiRuntime):
     """Codex CLI in its TUI. It confirms its start (SessionStart hook), its activity is its hooks' marks and its
     rollouts, its usage the rollouts' ``token_count`` events."""
 
     name = CODEX
-    confirms_start = True
-    pane_activity = False  # its status line redraws while it waits on a model that never answers
-    reads_screen = True
     activity_files: tuple[str, ...] = (HOOK_MARK_ACTIVITY, HOOK_MARK_SESSION_START, CODEX_ROLLOUTS)
     usage_files: tuple[str, ...] = (CODEX_ROLLOUTS,)
+    busy_screen = CODEX_BUSY
+    retry_screen = CODEX_RETRY_SCREEN
+    refusal_screen = CODEX_REFUSAL_SCREEN
+    blocking_screens = CODEX_BLOCKING_SCREENS
     binary_name: ClassVar[str] = "codex"
     binary_setting: ClassVar[str] = "GT_CODEX_BIN"
     package: ClassVar[str] = "@openai/codex"
@@ -173,36 +174,8 @@ class CodexRuntime(Runtime):
         home = env.get(CODEX_LOGIN_DIR_ENV, "").strip()
         return ((f"{home.rstrip('/')}/auth.json", f"{CODEX_HOME}/auth.json"),) if home else ()
 
-    def hook_answer(self, event: str, text: str | None) -> str:
-        """Codex reads a hook's stdout as JSON: ``gt prime`` as SessionStart's ``additionalContext``; a reason to go
-        on as a Stop hook's block."""
-        if not text:
-            return ""
-        if event == "session-start":
-            return json.dumps({"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": text}})
-        return json.dumps({"decision": "block", "reason": text})
-
     def usage_reader(self) -> UsageReader:
         return CodexRollouts()
-
-    def idle(self, screen: str) -> bool:
-        bottom = "\n".join([line for line in screen.splitlines() if line.strip()][-8:])
-        return CODEX_BUSY.search(bottom) is None and self.blocking_screen(screen) is None
-
-    def activity_on_screen(self, screen: str) -> str | None:
-        found = CODEX_RETRY_SCREEN.search(screen)
-        return found.group(0) if found is not None else None
-
-    def blocking_screen(self, screen: str) -> str | None:
-        for what, pattern in CODEX_BLOCKING_SCREENS:
-            found = pattern.search(screen)
-            if found is not None:
-                return f"{what} ({' '.join(found.group(0).split())[:200]!r})"
-        return None
-
-    def refusal(self, failure: Mapping[str, Any] | None, screen: str = "") -> str | None:
-        found = CODEX_REFUSAL_SCREEN.search(screen) if screen else None
-        return f"the model API refused its credentials ({' '.join(found.group(0).split())[:300]})" if found else None
 
     def nudge(self, message: str) -> NudgeTyping:
         """Typed as a prompt: while a turn runs, Tab queues it for the turn's end (Enter would steer the turn)."""

@@ -31,8 +31,8 @@ from shared.model.runtimes.base import (
     SESSION_DIR_ENV,
     SESSION_TOWN_PATIENCE_S,
     NudgeTyping,
-    Runtime,
     RuntimeFile,
+    TuiRuntime,
     UsageReader,
 )
 from shared.model.usage import GeminiChats
@@ -67,15 +67,17 @@ ACTIVITY_HOOK_JSON = f"{ACTIVITY_HOOK}; echo '{{}}'"
 """Its AfterTool hook: the activity mark, and the empty JSON answer it reads."""
 
 
-class GeminiRuntime(Runtime):
+class GeminiRuntime(TuiRuntime):
     """Gemini CLI in its TUI (``--yolo``: every tool call approved)."""
 
     name = GEMINI
-    confirms_start = True
-    pane_activity = False
-    reads_screen = True
     activity_files: tuple[str, ...] = (HOOK_MARK_ACTIVITY, HOOK_MARK_SESSION_START, GEMINI_CHATS)
     usage_files: tuple[str, ...] = (GEMINI_CHATS,)
+    busy_screen = GEMINI_BUSY
+    retry_screen = GEMINI_RETRY_SCREEN
+    refusal_screen = GEMINI_REFUSAL_SCREEN
+    blocking_screens = GEMINI_BLOCKING_SCREENS
+    nothing_to_say = "{}"  # its hooks must print JSON
     binary_name: ClassVar[str] = "gemini"
     binary_setting: ClassVar[str] = "GT_GEMINI_BIN"
     package: ClassVar[str] = "@google/gemini-cli"
@@ -123,36 +125,8 @@ class GeminiRuntime(Runtime):
     def files(self, *, worktree: str, env: Mapping[str, str], version: str, gt: str) -> tuple[RuntimeFile, ...]:
         return (RuntimeFile(path=SETTINGS, content=json.dumps(self.settings(gt), indent=2) + "\n"),)
 
-    def hook_answer(self, event: str, text: str | None) -> str:
-        """Its hooks answer in JSON: ``gt prime`` as SessionStart's ``additionalContext``; a reason to go on as
-        AfterAgent's block; ``{}`` when there is nothing to say."""
-        if not text:
-            return "{}"
-        if event == "session-start":
-            return json.dumps({"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": text}})
-        return json.dumps({"decision": "block", "reason": text})
-
     def usage_reader(self) -> UsageReader:
         return GeminiChats()
-
-    def idle(self, screen: str) -> bool:
-        bottom = "\n".join([line for line in screen.splitlines() if line.strip()][-8:])
-        return GEMINI_BUSY.search(bottom) is None and self.blocking_screen(screen) is None
-
-    def activity_on_screen(self, screen: str) -> str | None:
-        found = GEMINI_RETRY_SCREEN.search(screen)
-        return found.group(0) if found is not None else None
-
-    def blocking_screen(self, screen: str) -> str | None:
-        for what, pattern in GEMINI_BLOCKING_SCREENS:
-            found = pattern.search(screen)
-            if found is not None:
-                return f"{what} ({' '.join(found.group(0).split())[:200]!r})"
-        return None
-
-    def refusal(self, failure: Mapping[str, Any] | None, screen: str = "") -> str | None:
-        found = GEMINI_REFUSAL_SCREEN.search(screen) if screen else None
-        return f"the model API refused its credentials ({' '.join(found.group(0).split())[:300]})" if found else None
 
     def nudge(self, message: str) -> NudgeTyping:
         """Typed as a prompt, even while a turn runs: it queues what is typed then and sends it when idle."""
