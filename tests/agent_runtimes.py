@@ -86,4 +86,14 @@ GEMINI = AgentCli(
     key="scripted-model-server-test-key",
     base_url_variable="GOOGLE_GEMINI_BASE_URL",
 )
-RUNTIMES = (CLAUDE, CODEX, GEMINI)
+OPENCODE = AgentCli(
+    name="opencode",
+    package="opencode-ai",
+    version_file="opencode.version",
+    binary_setting="GT_OPENCODE_BIN",
+    key_variable="OPENAI_API_KEY",
+    key="sk-scripted-model-server-test-key",
+    base_url_variable="OPENAI_BASE_URL",
+    base_url_path="/v1",
+)
+RUNTIMES = (CLAUDE, CODEX, GEMINI, OPENCODE)

@@ -312,3 +312,46 @@ class GeminiChats:
 
     def snapshot(self) -> tuple[ModelUsage, ...]:
         return tuple(sorted(merge({}, self.messages.values()).values(), key=lambda u: u.model))
+
+
+# ---- OpenCode ------------------------------------------------------------------------------------
+
+
+class OpenCodeUsage:
+    """OpenCode's answers as its gastown plugin records them (``opencode-usage.jsonl`` in the session's runtime
+    dir), read incrementally: a line ``{"id", "model", "provider", "tokens": {input (cache excluded), output,
+    reasoning, cache: {read, write}}}`` per update of an assistant message, the newest of an id winning. A line not
+    yet ended is left for the next read."""
+
+    DEFAULT_MODEL = "opencode"
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, int] = {}
+        self.messages: dict[str, ModelUsage] = {}
+
+    def feed(self, path: str, data: bytes) -> None:
+        end = data.rfind(b"\n") + 1
+        for line in data[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except UNDECODABLE:
+                continue
+            if not isinstance(record, dict):
+                continue
+            tokens, key, model = record.get("tokens"), record.get("id"), record.get("model")
+            if not isinstance(tokens, dict) or not isinstance(key, str) or not key:
+                continue
+            cache = tokens.get("cache")
+            cache = cache if isinstance(cache, dict) else {}
+            self.messages[key] = ModelUsage(
+                model=model if isinstance(model, str) and model else self.DEFAULT_MODEL,
+                input_tokens=_count(tokens, "input"),
+                output_tokens=_count(tokens, "output") + _count(tokens, "reasoning"),
+                cache_read_input_tokens=_count(cache, "read"),
+                cache_creation_input_tokens=_count(cache, "write"),
+                messages=1,
+            )
+        self.offsets[path] = self.offsets.get(path, 0) + end
+
+    def snapshot(self) -> tuple[ModelUsage, ...]:
+        return tuple(sorted(merge({}, self.messages.values()).values(), key=lambda u: u.model))

@@ -154,7 +154,7 @@ async def helper_ready(shell: Shell) -> psutil.Process:
 
 def alive(proc: psutil.Process) -> bool:
     try:
-        return proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
 

@@ -106,9 +106,10 @@ async def test_a_bead_is_worked_to_merged_every_step_once(
         [session] = await pt.wait_settled(bead)
     assert server.failures == []
     assert session.end_reason == "done", "one session, no failed start, no stall"
+    await assert_eventually(lambda: session_processes(session.id) == [], timeout=30)
     assert git.git("show", "main:feature.txt", cwd=pt.origin) == "the feature\n"
     assert {r.dialect for r in server.requests if r.kind == "turn"} == {
-        {"claude": "anthropic", "codex": "openai-responses", "gemini": "gemini"}[cli.name]
+        {"claude": "anthropic", "codex": "openai-responses", "gemini": "gemini", "opencode": "openai-chat"}[cli.name]
     }
     # The start hook's `gt prime` reached the model as context (not as a tool's result): with the first prompt
     # (Claude Code, Codex CLI) or right after it (Gemini CLI runs the hook while it sends the first prompt).
@@ -217,6 +218,19 @@ async def test_a_401_parks_the_rig_and_is_escalated_naming_rig_and_session(
         await pt.ok("gt.cmd.rig.unpark", name="demo")
         sessions = await merged(pt, server, bead)
     assert [s.end_reason for s in sessions] == ["agent_unauthorized", "done"]
+
+
+def session_processes(session_id: str) -> list[str]:
+    """What still runs of a session (its environment names it): nothing, once it ended (its runtime, the servers
+    and daemons it started, its `gt` helper)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "name"]):
+        try:
+            if proc.environ().get("GT_SESSION") == session_id and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"{proc.pid} {proc.info['name']}")
+        except psutil.Error:
+            continue
+    return found
 
 
 def agent_processes(session: Session) -> list[psutil.Process]:

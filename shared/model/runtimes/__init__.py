@@ -17,8 +17,8 @@ with ``sh -c``, ``{beacon}`` replaced by the startup prompt, as before runtimes 
 - where its token usage is written and how it is read.
 
 Pure: no I/O here. The witness's effects (``runtime_setup``, the executor, ``usage_watch``) find binaries, write
-the files, read the panes and the files. Codex, Gemini or OpenCode are added the same way: a ``Runtime`` subclass
-with these methods and an entry in ``RUNTIMES``.
+the files, read the panes and the files. Codex CLI, Gemini CLI and OpenCode were added the same way; another
+runtime is a ``Runtime`` subclass with these methods and an entry in ``RUNTIMES``.
 """
 
 from __future__ import annotations
@@ -76,11 +76,13 @@ from shared.model.runtimes.claude import (
 )
 from shared.model.runtimes.codex import CODEX, CodexRuntime
 from shared.model.runtimes.gemini import GEMINI, GeminiRuntime
+from shared.model.runtimes.opencode import OPENCODE, OpenCodeRuntime
 
 RUNTIMES: dict[str, Callable[[], Runtime]] = {
     CLAUDE: ClaudeRuntime,
     CODEX: CodexRuntime,
     GEMINI: GeminiRuntime,
+    OPENCODE: OpenCodeRuntime,
     GT_AGENT: GtAgentRuntime,
 }
 """Runtimes by the name ``gt rig add --agent`` takes."""
@@ -134,6 +136,7 @@ __all__ = [
     "HOOK_MARK_ACTIVITY",
     "HOOK_MARK_SESSION_START",
     "LOCAL_BINARIES",
+    "OPENCODE",
     "RESTART_SOURCES",
     "RUNTIMES",
     "SESSION_DIR_ENV",
@@ -146,6 +149,7 @@ __all__ = [
     "GeminiRuntime",
     "GtAgentRuntime",
     "NudgeTyping",
+    "OpenCodeRuntime",
     "Restart",
     "Runtime",
     "RuntimeFile",
