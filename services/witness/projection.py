@@ -503,7 +503,13 @@ def _gc_swept(payload: GcSwept, state: WitnessState, env: Envelope, seq: int) ->
 
 @fold.register
 def _session_usage(payload: SessionUsage, state: WitnessState, env: Envelope, seq: int) -> None:
-    state.usage[payload.session_id] = UsageMark(version=seq, models=payload.models, final=payload.final)
+    state.usage[payload.session_id] = UsageMark(
+        version=seq,
+        models=payload.models,
+        final=payload.final,
+        context_tokens=payload.context_tokens,
+        context_window=payload.context_window,
+    )
 
 
 def new_projection() -> Projection[WitnessState]:

@@ -79,6 +79,7 @@ class WitnessService(Service[WitnessState]):
             max_start_failures=ws.max_start_failures,
             start_confirm_s=ws.start_confirm_s,
             rigs=ws.rigs,
+            context_handoff_at=ws.context_handoff_at,
         )
         self.executor = Executor(self, self.tmux, ws, self.policy)
         self.exits = ExitWatcher(self.wake_now)

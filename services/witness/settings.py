@@ -13,6 +13,8 @@ from services.witness.plan.scope import parse_rigs
 from shared.core.config import env_number
 
 DEFAULT_TMUX_SOCKET = "gastown"
+DEFAULT_CONTEXT_HANDOFF = (0.6, 0.8)
+"""Gas City warns its agents at 60% and 80% of their context."""
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -21,6 +23,9 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The tmux server (``tmux -L <socket>``) polecat sessions run on (``GT_TMUX_SOCKET``)."""
     usage_interval_s: float = 30.0
     """A running session's token usage is recorded at most this often (``GT_USAGE_INTERVAL``)."""
+    context_handoff_at: tuple[float, ...] = DEFAULT_CONTEXT_HANDOFF
+    """Shares of its model's context window at which a session is told to hand off (``GT_CONTEXT_HANDOFF``,
+    comma-separated, ``off``: never): once per share it passes, read from its usage."""
     min_orphan_age_s: float = 60.0
     """A tmux session no session of ours accounts for is killed only once this old (``GT_MIN_ORPHAN_AGE``)."""
     done_stuck_after_s: float = 60.0
@@ -92,6 +97,29 @@ def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
         agent_env=agent_env,
         rigs=parse_rigs(env.get("GT_WITNESS_RIGS")),
         usage_interval_s=env_number(env, "GT_USAGE_INTERVAL", 30.0, minimum=0.0),
+        context_handoff_at=context_shares(env.get("GT_CONTEXT_HANDOFF")),
         agent_user=env.get("GT_AGENT_USER", "").strip(),
         agent_credentials=agent_nats_credentials(env),
     )
+
+
+def context_shares(text: str | None) -> tuple[float, ...]:
+    """``GT_CONTEXT_HANDOFF``: shares of the context window, ascending (unset: ``DEFAULT_CONTEXT_HANDOFF``; ``off``:
+    none). Raises ValueError for anything but numbers above 0 and below 1."""
+    if text is None or not text.strip():
+        return DEFAULT_CONTEXT_HANDOFF
+    if text.strip().lower() == "off":
+        return ()
+    shares = []
+    for part in text.split(","):
+        try:
+            share = float(part)
+        except ValueError:
+            share = -1.0
+        if not 0.0 < share < 1.0:
+            raise ValueError(
+                f"GT_CONTEXT_HANDOFF must be shares of the context window between 0 and 1, comma-separated "
+                f"(like 0.6,0.8), or off; got {text!r}"
+            )
+        shares.append(share)
+    return tuple(sorted(set(shares)))

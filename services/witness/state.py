@@ -78,6 +78,8 @@ class UsageMark(msgspec.Struct, kw_only=True, gc=False):
     """The usage aggregate's last subject sequence (the expected sequence of the next ``session.usage``)."""
     models: tuple[ModelUsage, ...] = ()
     final: bool = False
+    context_tokens: int = 0
+    context_window: int = 0
 
 
 class WitnessState(msgspec.Struct, kw_only=True):
@@ -115,6 +117,11 @@ def agent_of(session: Session, rig: Rig | None) -> str:
 def mail_nudge_id(message_id: str) -> str:
     """The nudge that tells a polecat of a message: one per message, so queuing it twice stores it once."""
     return f"{MAIL_NUDGE_PREFIX}{message_id}"
+
+
+def context_nudge_id(session_id: str, share: float) -> str:
+    """The nudge that tells a session its context passed ``share`` of the window: one per share and session."""
+    return f"context-{session_id}-{round(share * 100)}"
 
 
 def continue_nudge_id(session_id: str, start: int) -> str:

@@ -40,6 +40,20 @@ class ModelUsage(msgspec.Struct, frozen=True, kw_only=True):
         return self.input_tokens + self.output_tokens + self.cache_creation_input_tokens + self.cache_read_input_tokens
 
 
+class ContextUse(msgspec.Struct, frozen=True, kw_only=True):
+    """How full an agent's conversation is: the tokens its newest answer's request carried (input, cache reads and
+    writes: the whole conversation the model read), and the model's context window when the runtime reports it (0:
+    it does not; the runtime's default is used)."""
+
+    tokens: int
+    window: int = 0
+
+
+def context_of(usage: ModelUsage) -> int:
+    """The conversation one answer's request carried: everything it sent the model, cached or not."""
+    return usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+
+
 class CostRow(msgspec.Struct, kw_only=True):
     """One group of ``gt.q.mayor.costs`` (a bead, rig, convoy, day or session): its sessions and what each model
     used."""
@@ -129,6 +143,7 @@ class Transcript:
         self.offsets: dict[str, int] = {}
         self.seen: set[str] = set()
         self.totals: dict[str, ModelUsage] = {}
+        self.newest: ContextUse | None = None
 
     def feed(self, path: str, data: bytes) -> None:
         """``data``: the file's bytes from ``self.offsets[path]`` (0 at first) to its end."""
@@ -139,10 +154,14 @@ class Transcript:
                 continue
             self.seen.add(message.id)
             merge(self.totals, [message.usage])
+            self.newest = ContextUse(tokens=context_of(message.usage))
         self.offsets[path] = self.offsets.get(path, 0) + end
 
     def snapshot(self) -> tuple[ModelUsage, ...]:
         return tuple(sorted(self.totals.values(), key=lambda u: u.model))
+
+    def context(self) -> ContextUse | None:
+        return self.newest
 
 
 # ---- prices -------------------------------------------------------------------------------------
@@ -243,6 +262,7 @@ class CodexRollouts:
         self.models: dict[str, str] = {}
         self.threads: dict[str, Mapping[str, Any]] = {}
         self.answers: dict[str, int] = {}
+        self.newest: ContextUse | None = None
 
     def feed(self, path: str, data: bytes) -> None:
         end = data.rfind(b"\n") + 1
@@ -262,6 +282,10 @@ class CodexRollouts:
                 if isinstance(totals, dict):
                     self.threads[path] = totals
                     self.answers[path] = self.answers.get(path, 0) + 1
+                last = info.get("last_token_usage") if isinstance(info, dict) else None
+                if isinstance(info, dict) and isinstance(last, dict):  # input_tokens include the cached ones
+                    window = _count(info, "model_context_window")
+                    self.newest = ContextUse(tokens=_count(last, "input_tokens"), window=window)
         self.offsets[path] = self.offsets.get(path, 0) + end
 
     def snapshot(self) -> tuple[ModelUsage, ...]:
@@ -270,6 +294,9 @@ class CodexRollouts:
             usage = _codex_usage(self.models.get(path, self.DEFAULT_MODEL), thread)
             merge(totals, [msgspec.structs.replace(usage, messages=self.answers.get(path, 0))])
         return tuple(sorted(totals.values(), key=lambda u: u.model))
+
+    def context(self) -> ContextUse | None:
+        return self.newest
 
 
 # ---- Gemini CLI ----------------------------------------------------------------------------------
@@ -286,6 +313,7 @@ class GeminiChats:
     def __init__(self) -> None:
         self.offsets: dict[str, int] = {}
         self.messages: dict[tuple[str, str], ModelUsage] = {}
+        self.newest: ContextUse | None = None
 
     def feed(self, path: str, data: bytes) -> None:
         end = data.rfind(b"\n") + 1
@@ -301,17 +329,21 @@ class GeminiChats:
                 continue
             model = record.get("model") if isinstance(record.get("model"), str) and record.get("model") else None
             cached = _count(tokens, "cached")
-            self.messages[(path, key)] = ModelUsage(
+            self.messages[(path, key)] = usage = ModelUsage(
                 model=model or self.DEFAULT_MODEL,
                 input_tokens=max(0, _count(tokens, "input") - cached),
                 cache_read_input_tokens=cached,
                 output_tokens=_count(tokens, "output") + _count(tokens, "thoughts"),
                 messages=1,
             )
+            self.newest = ContextUse(tokens=context_of(usage))
         self.offsets[path] = self.offsets.get(path, 0) + end
 
     def snapshot(self) -> tuple[ModelUsage, ...]:
         return tuple(sorted(merge({}, self.messages.values()).values(), key=lambda u: u.model))
+
+    def context(self) -> ContextUse | None:
+        return self.newest
 
 
 # ---- OpenCode ------------------------------------------------------------------------------------
@@ -328,6 +360,7 @@ class OpenCodeUsage:
     def __init__(self) -> None:
         self.offsets: dict[str, int] = {}
         self.messages: dict[str, ModelUsage] = {}
+        self.newest: ContextUse | None = None
 
     def feed(self, path: str, data: bytes) -> None:
         end = data.rfind(b"\n") + 1
@@ -343,7 +376,7 @@ class OpenCodeUsage:
                 continue
             cache = tokens.get("cache")
             cache = cache if isinstance(cache, dict) else {}
-            self.messages[key] = ModelUsage(
+            self.messages[key] = usage = ModelUsage(
                 model=model if isinstance(model, str) and model else self.DEFAULT_MODEL,
                 input_tokens=_count(tokens, "input"),
                 output_tokens=_count(tokens, "output") + _count(tokens, "reasoning"),
@@ -351,7 +384,11 @@ class OpenCodeUsage:
                 cache_creation_input_tokens=_count(cache, "write"),
                 messages=1,
             )
+            self.newest = ContextUse(tokens=context_of(usage))
         self.offsets[path] = self.offsets.get(path, 0) + end
 
     def snapshot(self) -> tuple[ModelUsage, ...]:
         return tuple(sorted(merge({}, self.messages.values()).values(), key=lambda u: u.model))
+
+    def context(self) -> ContextUse | None:
+        return self.newest

@@ -6,6 +6,7 @@ witness, refinery, real git). The model server is the only fake. A runtime joins
 from __future__ import annotations
 
 import functools
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -44,7 +45,7 @@ def cli(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Agen
 
 @pytest.fixture
 async def pt(town: TownConfig, nc: Client, tmp_path: Path, cli: AgentCli) -> AsyncIterator[PolecatTown]:
-    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0)
+    settings = WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0, usage_interval_s=1.0)
     async with polecat_town(town, nc, tmp_path, settings) as handle:
         yield handle
 
@@ -327,3 +328,69 @@ async def test_a_nudge_reaches_an_agent_waiting_at_its_prompt_once_intact(
     assert carrying, "the nudge never reached the model"
     assert carrying[0].turn == 3, "acted on at the next turn"
     assert all(sum(text.count(NUDGE) for text in _prompts(r)) == 1 for r in carrying), "once, never duplicated"
+
+
+CONTEXT_WINDOWS = {"codex": 258_400}
+"""What Codex CLI 0.171 reports as gpt-5.5's window (272,000 tokens, 95% of them usable); the others' are their
+runtime's ``context_window``."""
+
+
+async def test_a_session_told_its_context_is_filling_up_hands_off_and_its_successor_resumes_at_the_step(
+    pt: PolecatTown, town: TownConfig, cli: AgentCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model's answer says the conversation is at 81% of the window: the witness tells the session (once, at
+    the highest share passed) to hand off; the agent runs `gt handoff` and a fresh session goes on from the step it
+    was on, every step done once."""
+    await pt.add_rig(agent_command=cli.name, stall_after_s=600.0)
+    name = f"{cli.name}-full"
+    bead = await pt.new_bead(f"Long one [model-script:{name}]")
+    window = CONTEXT_WINDOWS.get(cli.name) or runtimes.runtime_for(cli.name).context_window
+    # Past the witness's 80%, short of where the runtime would compact the conversation itself (OpenCode at its
+    # window less its output limit, 84%; Claude Code about 83%).
+    full = int(window * 0.81)
+    handoff = (
+        use(bash("gt handoff --note 'implement is next'", expect="handed off"), prompt="% full. Hand off"),
+        say("Handed off."),
+    )
+    first = Script(
+        name=name,
+        turns=(
+            use(bash("gt prime", expect="Current step: load-context")),
+            use(bash("gt step done load-context", expect="load-context: done")),
+            say("Working on it."),
+            # Its stop hook sent it on; it stops again (never a loop) and waits, its conversation at 81%.
+            Turn(text="Still working on it.", prompt="Not done yet", context_tokens=full),
+            *handoff,
+        ),
+    )
+    # A fresh conversation counts its turns from 0 again: once the first session waits for the warning, the script
+    # is swapped for the successor's, which answers the first's handoff at the same turn.
+    successor = Script(
+        name=name,
+        turns=(
+            use(bash("gt prime", expect="Current step: implement")),
+            *finish(first="implement"),
+            *handoff,
+        ),
+    )
+    assert len(successor.turns) == len(first.turns), "the handoff stays the first session's next turn"
+    async with ModelServer([first]) as server:
+        for variable, value in cli.witness_env(server.base_url).items():
+            monkeypatch.setenv(variable, value)
+        await pt.sling(bead)
+        await assert_eventually(
+            lambda: any(a.script == name and a.turn == 3 and a.status == 200 for a in server.answers), timeout=120
+        )
+        server.add(successor)
+        sessions = await merged(pt, server, bead)
+    assert [s.end_reason for s in sessions] == ["handoff", "done"], [(s.id, s.end_reason) for s in sessions]
+    assert pt.witness is not None
+    told = [n for n in pt.witness.state.nudges.values() if n.session == sessions[0].id]
+    assert [n.status for n in told] == ["delivered"], "told once, at the highest share passed"
+    assert re.search(r"Your context is 8\d% full", told[0].message), told[0].message
+    # Primed with the step it was on: with its first prompt, or (Gemini CLI) right after it.
+    later = [r for r in server.turns(name) if r.received_at > told[0].queued_at.timestamp()]
+    assert any("Current step: implement" in text for r in later for text in _prompts(r)), "resumed at its step"
+    logged = [decode_envelope(data) for _seq, _subject, data in await read_all(pt.nc, "GT_EVT")]
+    steps = [msgspec.json.decode(e.data)["step"] for e in logged if e.type == "step.done"]
+    assert sorted(steps) == sorted(STEPS), "each step done once: none redone"

@@ -33,6 +33,7 @@ from services.witness.plan.actions import (
     Resling,
     Spawn,
     Start,
+    WarnContext,
     Warrant,
 )
 from services.witness.settings import WitnessSettings
@@ -89,6 +90,8 @@ class Executor:
                     await self.nudger.deliver_nudge(action)
                 case ContinueSession():
                     await self.nudger.continue_session(action)
+                case WarnContext():
+                    await self.nudger.warn_context(action)
                 case NudgeMail():
                     await self.nudger.nudge_mail(action)
                 case ExpireNudge():

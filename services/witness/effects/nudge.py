@@ -1,10 +1,12 @@
 """Nudges: typing a queued nudge into its session's pane (retried until the text shows and the key took), and the
-nudges the witness queues itself (a mail announcement, the prompt that sends a restarted agent on) or expires."""
+nudges the witness queues itself (a mail announcement, the prompt that sends a restarted agent on, the warning of
+a filling context) or expires."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -12,8 +14,8 @@ from datetime import timedelta
 import structlog
 
 from services.witness.effects.toolkit import Toolkit
-from services.witness.plan.actions import ContinueSession, DeliverNudge, ExpireNudge, NudgeMail
-from services.witness.state import Session, agent_of, continue_nudge_id, mail_nudge_id
+from services.witness.plan.actions import ContinueSession, DeliverNudge, ExpireNudge, NudgeMail, WarnContext
+from services.witness.state import Session, agent_of, context_nudge_id, continue_nudge_id, mail_nudge_id
 from shared.core.terminal import escape_line
 from shared.host.tmux import typeable
 from shared.model import runtimes
@@ -29,8 +31,9 @@ RIGHT_QUOTE = "\u2019"
 """Characters of a message's subject typed into the pane when announcing it."""
 MAIL_NUDGE_TTL_S = 1800.0
 """How long a mail announcement waits for the polecat's session (its `gt prime` lists the mail anyway)."""
-CONTINUE_NUDGE_TTL_S = 600.0
-"""How long the nudge that sends a restarted session on waits to be delivered (it is for that session only)."""
+SESSION_NUDGE_TTL_S = 600.0
+"""How long a nudge the witness queues for one session (sending it on after a restart, telling it its context is
+filling up) waits to be delivered."""
 
 
 class Nudger:
@@ -101,23 +104,33 @@ class Nudger:
             log.info("mail_nudge_queued", message=notice.id, rig=notice.rig, polecat=notice.polecat)
 
     async def continue_session(self, action: ContinueSession) -> None:
-        """Queue the nudge that sends a restarted session on (``ContinueSession``); its id comes from the session and
-        the start, so it is queued once whoever tries; delivery is then the nudge's (``deliver_nudge``)."""
-        session = self.kit.session(action.session)
-        nudge_id = continue_nudge_id(action.session, action.number)
-        if session is None or session.status != "started" or nudge_id in self.kit.host.state.nudges:
-            return
+        """Queue the nudge that sends a restarted session on (``ContinueSession``)."""
         restart = runtimes.Restart(number=action.number, source=action.source, turn_ended_since=False)
+        nudge_id = continue_nudge_id(action.session, action.number)
+        if await self._queue_for(action.session, nudge_id, runtimes.continue_prompt(restart)):
+            log.info("continue_nudge_queued", session=action.session, start=action.number, source=action.source)
+
+    async def warn_context(self, action: WarnContext) -> None:
+        """Queue the nudge that tells a session its context is filling up (``WarnContext``)."""
+        nudge_id = context_nudge_id(action.session, action.share)
+        if await self._queue_for(action.session, nudge_id, runtimes.CONTEXT_PROMPT.format(used=action.used)):
+            log.info("context_nudge_queued", session=action.session, share=action.share, used=action.used)
+
+    async def _queue_for(self, session_id: str, nudge_id: str, message: str) -> bool:
+        """Queue a nudge for one running session; its id comes from what it is for, so it is queued once whoever
+        tries; delivery is then the nudge's (``deliver_nudge``). Whether it was queued now."""
+        session = self.kit.session(session_id)
+        if session is None or session.status != "started" or nudge_id in self.kit.host.state.nudges:
+            return False
         event = NudgeQueued(
             nudge_id=nudge_id,
             rig=session.rig,
             polecat=session.polecat,
             session=session.id,
-            message=runtimes.continue_prompt(restart),
-            expires_at=self.kit.host.clock() + timedelta(seconds=CONTINUE_NUDGE_TTL_S),
+            message=message,
+            expires_at=self.kit.host.clock() + timedelta(seconds=SESSION_NUDGE_TTL_S),
         )
-        if await self.kit.append(NewEvent(payload=event, expected_seq=0)):
-            log.info("continue_nudge_queued", session=session.id, start=action.number, source=action.source)
+        return bool(await self.kit.append(NewEvent(payload=event, expected_seq=0)))
 
     async def expire_nudge(self, action: ExpireNudge) -> None:
         nudge = self.kit.host.state.nudges.get(action.nudge)
@@ -152,7 +165,17 @@ def mail_announcement(sender: str, subject: str, message_id: str) -> str:
 
 
 def _shows(screen: str, text: str) -> bool:
-    return text in screen.replace("\n", "")
+    """Whether ``text`` is on ``screen``, wrapped or not: a runtime's input box wraps a long line between its
+    borders (``│``), which would otherwise hide it (and it was typed again)."""
+    return _squeezed(text) in _squeezed(screen)
+
+
+_NOT_TEXT = re.compile(r"[\s\u2500-\u259f]+")
+"""Whitespace, box-drawing characters and block elements: a TUI's frame and wrapping, never a nudge's words."""
+
+
+def _squeezed(text: str) -> str:
+    return _NOT_TEXT.sub("", text)
 
 
 def _wait_for(check: Callable[[], bool], timeout: float) -> bool:

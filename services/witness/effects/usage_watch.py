@@ -25,7 +25,7 @@ from services.witness.state import Session, WitnessState, agent_of
 from shared.host import processes, safe_files
 from shared.model.decision import NewEvent
 from shared.model.events.usage import SessionUsage
-from shared.model.runtimes import UsageReader, runtime_for
+from shared.model.runtimes import Runtime, UsageReader, runtime_for
 
 log = structlog.get_logger(__name__)
 
@@ -88,8 +88,8 @@ class UsageWatch:
         self._read_at: dict[str, float] = {}
 
     def _patterns(self, session: Session) -> tuple[str, ...]:
-        rig = self.host.state.rigs.get(session.rig)
-        return runtime_for(agent_of(session, rig)).usage_files if rig is not None else ()
+        runtime = self._runtime(session)
+        return runtime.usage_files if runtime is not None else ()
 
     def _watched(self, session: Session) -> bool:
         mark = self.host.state.usage.get(session.id)
@@ -109,9 +109,9 @@ class UsageWatch:
         ref = processes.ProcessRef(pid=session.pane_pid, started=session.pid_started or 0.0)
         return not processes.is_alive(ref)
 
-    def _reader(self, session: Session) -> UsageReader | None:
+    def _runtime(self, session: Session) -> Runtime | None:
         rig = self.host.state.rigs.get(session.rig)
-        return runtime_for(agent_of(session, rig)).usage_reader() if rig is not None else None
+        return runtime_for(agent_of(session, rig)) if rig is not None else None
 
     async def tick(self) -> int:
         """Records what is owed; returns how many events were stored."""
@@ -126,18 +126,30 @@ class UsageWatch:
             if not final and now - self._read_at.get(session.id, float("-inf")) < self.interval_s:
                 continue
             self._read_at[session.id] = now
-            reader = self.readers.get(session.id) or self._reader(session)
-            if reader is None:
+            runtime = self._runtime(session)
+            reader = self.readers.get(session.id) or (runtime.usage_reader() if runtime is not None else None)
+            if runtime is None or reader is None:
                 continue
             self.readers[session.id] = reader
-            await asyncio.to_thread(read_new, reader, self.session_dir(session), self._patterns(session))
+            await asyncio.to_thread(read_new, reader, self.session_dir(session), runtime.usage_files)
             models = reader.snapshot()
+            context = reader.context()
+            tokens = context.tokens if context is not None else 0
+            window = (context.window if context is not None else 0) or runtime.context_window
             mark = self.host.state.usage.get(session.id)
-            if mark is not None and mark.models == models and not final:
+            if mark is not None and (mark.models, mark.context_tokens) == (models, tokens) and not final:
                 continue
             if mark is None and not models and not final:
                 continue
-            event = SessionUsage(session_id=session.id, rig=session.rig, bead=session.bead, models=models, final=final)
+            event = SessionUsage(
+                session_id=session.id,
+                rig=session.rig,
+                bead=session.bead,
+                models=models,
+                final=final,
+                context_tokens=tokens,
+                context_window=window,
+            )
             stored += await self.host.append_owed([NewEvent(payload=event, expected_seq=mark.version if mark else 0)])
             if final:
                 self.readers.pop(session.id, None)

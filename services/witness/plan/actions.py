@@ -141,6 +141,19 @@ class ContinueSession(Action, frozen=True, kw_only=True):
     source: str
 
 
+class WarnContext(Action, frozen=True, kw_only=True):
+    """A session whose conversation passed a share of its model's context window (``GT_CONTEXT_HANDOFF``): queue
+    the one nudge that tells it to hand off (once per share)."""
+
+    PRIORITY: ClassVar[int] = 2
+    KEY = ("context", "session")
+    session: str
+    share: float
+    """The share it passed, part of the nudge's id."""
+    used: int
+    """Percent of the window its newest answer's request carried."""
+
+
 class NudgeMail(Action, frozen=True, kw_only=True):
     """Unread mail for a polecat whose session is live: queue the one nudge that tells it (once per message)."""
 

@@ -1,13 +1,21 @@
 """Nudges owed: a queued nudge delivered to its session when its runtime takes one (or expired), the nudge that
-sends a restarted agent on, the announcement of unread mail."""
+sends a restarted agent on, the one that tells an agent its context is filling up, the announcement of unread
+mail."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from services.witness.plan.actions import Action, ContinueSession, DeliverNudge, ExpireNudge, NudgeMail
+from services.witness.plan.actions import (
+    Action,
+    ContinueSession,
+    DeliverNudge,
+    ExpireNudge,
+    NudgeMail,
+    WarnContext,
+)
 from services.witness.plan.observed import Observed, pane_of
-from services.witness.state import Session, WitnessState, agent_of, continue_nudge_id
+from services.witness.state import Session, WitnessState, agent_of, context_nudge_id, continue_nudge_id
 from shared.model.events.sessions import ACTIVE_SESSION
 from shared.model.runtimes import runtime_for
 
@@ -49,6 +57,25 @@ def continuations(state: WitnessState, obs: Observed) -> Iterator[Action]:
         if continue_nudge_id(session_id, restart.number) in state.nudges:
             continue
         yield ContinueSession(session=session_id, number=restart.number, source=restart.source)
+
+
+def context_pressure(state: WitnessState, shares: tuple[float, ...]) -> Iterator[Action]:
+    """Running sessions whose newest answer's request carried more than a share of their model's context window:
+    the nudge that tells them to hand off, for the highest share passed, once (a session that passes two at once
+    is told once; none after its `gt done`, none when the window is unknown)."""
+    for session_id, mark in state.usage.items():
+        if not shares or mark.final or mark.context_window <= 0:
+            continue
+        used = mark.context_tokens / mark.context_window
+        passed = [share for share in shares if used >= share]
+        if not passed:
+            continue
+        session = state.sessions.get(session_id)
+        if session is None or session.status != "started" or session.done_intent_at is not None:
+            continue
+        if any(context_nudge_id(session_id, share) in state.nudges for share in shares if share >= passed[-1]):
+            continue
+        yield WarnContext(session=session_id, share=passed[-1], used=min(100, int(used * 100)))
 
 
 def unannounced_mail(state: WitnessState, obs: Observed) -> Iterator[Action]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.witness.plan.actions import Action
 from services.witness.plan.endings import ended_sessions, mass_deaths, orphans
-from services.witness.plan.nudges import continuations, queued_nudges, unannounced_mail
+from services.witness.plan.nudges import context_pressure, continuations, queued_nudges, unannounced_mail
 from services.witness.plan.observed import Observed
 from services.witness.plan.policy import Policy
 from services.witness.plan.scope import in_scope
@@ -23,6 +23,7 @@ def plan(state: WitnessState, obs: Observed, policy: Policy) -> list[Action]:
     out.extend(orphans(state, obs, policy))
     out.extend(queued_nudges(state, obs))
     out.extend(continuations(state, obs))
+    out.extend(context_pressure(state, policy.context_handoff_at))
     out.extend(unannounced_mail(state, obs))
     seen: set[str] = set(obs.busy)
     owed: list[Action] = []

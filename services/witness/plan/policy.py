@@ -24,3 +24,5 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     to start (``GT_AGENT_START_TIMEOUT``)."""
     rigs: frozenset[str] | None = None
     """The witness's scope (``GT_WITNESS_RIGS``): it acts only for these rigs; None: for all."""
+    context_handoff_at: tuple[float, ...] = ()
+    """Shares of the context window at which a session is told to hand off (``GT_CONTEXT_HANDOFF``)."""

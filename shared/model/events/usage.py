@@ -24,6 +24,10 @@ class SessionUsage(Event, frozen=True, kw_only=True):
     """Totals per model, ordered by model name."""
     final: bool = False
     """The session had ended when this was read: nothing more will be recorded for it."""
+    context_tokens: int = 0
+    """How full its conversation was at its newest answer: the tokens that answer's request carried."""
+    context_window: int = 0
+    """The model's context window in tokens, as its runtime reports it or knows it (0: unknown)."""
 
     def aggregate_id(self) -> str:
         return self.session_id

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Protocol
 
 import msgspec
 
-from shared.model.usage import ModelUsage
+from shared.model.usage import ContextUse, ModelUsage
 
 CLAUDE = "claude"
 GT_AGENT = "gt-agent"
@@ -38,6 +38,12 @@ CONTINUE_PROMPT = (
     "`gt prime` above says which); finish with `gt done`."
 )
 """The nudge that sends a session on after its context was cleared or compacted while it waited for input."""
+CONTEXT_PROMPT = (
+    "[gastown] Your context is {used}% full. Hand off before it runs out: finish the step you are on and commit, "
+    "then run `gt handoff --note '<what the next session should know>'`; a fresh session goes on from your "
+    "current step."
+)
+"""The nudge that tells a session its conversation passed a share of its model's context window."""
 RESTART_SOURCES = {"clear": "cleared", "compact": "compacted"}
 """SessionStart sources (code.claude.com/docs/en/hooks) of a session that goes on in the same process with a fresh
 context, by the word the continue nudge uses for them."""
@@ -45,13 +51,16 @@ context, by the word the continue nudge uses for them."""
 
 class UsageReader(Protocol):
     """Reads a runtime's usage files incrementally: ``offsets`` is where each file was read to (a cache), ``feed``
-    takes a file's bytes from there, ``snapshot`` the running totals per model."""
+    takes a file's bytes from there, ``snapshot`` the running totals per model, ``context`` how full the
+    conversation was at its newest answer (None: no answer yet)."""
 
     offsets: dict[str, int]
 
     def feed(self, path: str, data: bytes) -> None: ...
 
     def snapshot(self) -> tuple[ModelUsage, ...]: ...
+
+    def context(self) -> ContextUse | None: ...
 
 
 class NudgeTyping(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,6 +125,9 @@ class Runtime:
     no usage)."""
     reads_screen: bool = False
     """The witness reads its pane every patrol (for the screens below); False: never."""
+    context_window: int = 0
+    """The context window of the model it runs, in tokens, when its usage files do not say (0: unknown, and its
+    session is never told its context is filling up)."""
 
     def command(self, beacon: str, binary: str) -> str:
         """The shell command line the tmux pane runs (``binary`` as found by the witness)."""

@@ -89,6 +89,9 @@ CLAUDE_FOOTER_LINES = 6
 CLAUDE_PROMPT = re.compile("^\N{HEAVY RIGHT-POINTING ANGLE QUOTATION MARK ORNAMENT}", re.MULTILINE)
 """Its input prompt, at the start of a line (a dialog's selection marker is indented)."""
 CLAUDE_TRANSCRIPTS = "home/.claude/projects/*/*.jsonl"
+CLAUDE_CONTEXT_WINDOW = 200_000
+"""Claude's context window unless a model's is larger (its transcripts do not say; a 1M-token window is told to
+hand off early, which loses nothing)."""
 """Claude Code's transcripts in the session's config home, one per conversation (a ``/clear`` starts another):
 ``$CLAUDE_CONFIG_DIR/projects/<worktree slug>/<conversation id>.jsonl``."""
 HOME_DIR = "home"
@@ -118,6 +121,7 @@ class ClaudeRuntime(Runtime):
     message."""
     usage_files: tuple[str, ...] = (CLAUDE_TRANSCRIPTS,)
     """Its transcripts: every assistant message with its ``usage`` (``shared.model.usage``)."""
+    context_window = CLAUDE_CONTEXT_WINDOW
     binary_name: ClassVar[str] = "claude"
     binary_setting: ClassVar[str] = "GT_CLAUDE_BIN"
     package: ClassVar[str] = "@anthropic-ai/claude-code"

@@ -102,6 +102,7 @@ class CodexRuntime(TuiRuntime):
     name = CODEX
     activity_files: tuple[str, ...] = (HOOK_MARK_ACTIVITY, HOOK_MARK_SESSION_START, CODEX_ROLLOUTS)
     usage_files: tuple[str, ...] = (CODEX_ROLLOUTS,)
+    # Its context window is in its rollouts (``model_context_window``), none assumed here.
     busy_screen = CODEX_BUSY
     retry_screen = CODEX_RETRY_SCREEN
     refusal_screen = CODEX_REFUSAL_SCREEN

@@ -52,6 +52,11 @@ GEMINI_PASSTHROUGH = (
     "NO_PROXY",
 )
 GEMINI_CREDENTIALS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+GEMINI_CONTEXT_WINDOW = 1_048_576
+"""Gemini 2.5's and 3's input limit (its chat records say nothing of it)."""
+GEMINI_COMPRESSION_AT = 0.9
+"""The share of its context at which it compresses its history (its default, 0.5, comes before the witness tells
+the session to hand off: ``GT_CONTEXT_HANDOFF``, 0.6 and 0.8)."""
 GEMINI_BUSY = re.compile(r"esc to cancel")
 """Its loading line while a turn runs (``(esc to cancel, 12s)``)."""
 GEMINI_RETRY_SCREEN = re.compile(
@@ -73,6 +78,7 @@ class GeminiRuntime(TuiRuntime):
     name = GEMINI
     activity_files: tuple[str, ...] = (HOOK_MARK_ACTIVITY, HOOK_MARK_SESSION_START, GEMINI_CHATS)
     usage_files: tuple[str, ...] = (GEMINI_CHATS,)
+    context_window = GEMINI_CONTEXT_WINDOW
     busy_screen = GEMINI_BUSY
     retry_screen = GEMINI_RETRY_SCREEN
     refusal_screen = GEMINI_REFUSAL_SCREEN
@@ -115,6 +121,7 @@ class GeminiRuntime(TuiRuntime):
             "ide": {"enabled": False},
             "ui": {"hideBanner": True, "hideTips": True},
             "context": {"fileName": ["AGENTS.md", "GEMINI.md"]},
+            "model": {"compressionThreshold": GEMINI_COMPRESSION_AT},
             "hooks": {
                 "SessionStart": hook(f"{gt_q} agent-hook --runtime gemini session-start", 120),
                 "AfterAgent": hook(f"{gt_q} agent-hook --runtime gemini stop", SESSION_TOWN_PATIENCE_S + HOOK_MARGIN_S),

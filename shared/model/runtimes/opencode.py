@@ -82,6 +82,7 @@ class OpenCodeRuntime(TuiRuntime):
     name = OPENCODE
     activity_files: tuple[str, ...] = (HOOK_MARK_ACTIVITY, HOOK_MARK_SESSION_START, USAGE_FILE)
     usage_files: tuple[str, ...] = (USAGE_FILE,)
+    context_window = CONTEXT_WINDOW
     busy_screen = OPENCODE_BUSY
     retry_screen = OPENCODE_RETRY_SCREEN
     refusal_screen = OPENCODE_REFUSAL_SCREEN
