@@ -21,9 +21,9 @@ from tests.unit.test_runtimes import NOW, _observe, _town
 POLICY = Policy(rigs_root="/gt/rigs", context_handoff_at=(0.6, 0.8))
 
 
-def _using(tokens: int, window: int = 200_000, **mark: bool) -> WitnessState:
+def _using(tokens: int, window: int = 200_000, *, final: bool = False) -> WitnessState:
     state = _town("claude")
-    usage = UsageMark(version=3, context_tokens=tokens, context_window=window, **mark)
+    usage = UsageMark(version=3, context_tokens=tokens, context_window=window, final=final)
     return msgspec.structs.replace(state, usage={"b1-1": usage})
 
 
