@@ -60,12 +60,14 @@ def _bead_slung(d: dict[str, Any]) -> Described:
     forced = f" (forced past open blocker{blockers} {', '.join(ignored)})" if ignored else ""
     forced = forced or (" (forced)" if d.get("forced") else "")
     held = f" (held until {', '.join(d['held_for'])} closed)" if d.get("held_for") else ""
-    return f"bead {d['bead_id']} slung to rig {d.get('rig')}{convoy}{forced}{held}", "work"
+    agent = f" to run {d['agent']}" if d.get("agent") else ""
+    return f"bead {d['bead_id']} slung to rig {d.get('rig')}{agent}{convoy}{forced}{held}", "work"
 
 
 def _bead_held(d: dict[str, Any]) -> Described:
     waiting = ", ".join(d.get("blockers") or []) or "?"
-    return f"bead {d['bead_id']} held for rig {d.get('rig')}: slung once {waiting} closed", "info"
+    agent = f" to run {d['agent']}" if d.get("agent") else ""
+    return f"bead {d['bead_id']} held for rig {d.get('rig')}{agent}: slung once {waiting} closed", "info"
 
 
 def _bead_unslung(d: dict[str, Any]) -> Described:

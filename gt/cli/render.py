@@ -122,7 +122,13 @@ def bead_detail(bead: BeadDetail) -> str:
         f"  status:    {e(bead.status)}",
         f"  type:      {e(bead.type)}    priority: P{bead.priority}",
     ]
-    named = (("assignee", bead.assignee), ("parent", bead.parent), ("rig", bead.rig), ("session", bead.hook_session))
+    named = (
+        ("assignee", bead.assignee),
+        ("parent", bead.parent),
+        ("rig", bead.rig),
+        ("session", bead.hook_session),
+        ("agent", bead.agent),
+    )
     for label, value in named:
         if value:
             lines.append(f"  {label + ':':<10} {e(value)}")

@@ -20,6 +20,7 @@ from shared.core.config import TownConfig
 from shared.model.commands import BeadSling, StepDone, StepStart
 from shared.model.queries import mayor
 from shared.model.results import SlingResult, StepResult
+from shared.model.runtimes import RUNTIMES
 
 if TYPE_CHECKING:
     from shared.bus.connection import Connection
@@ -55,6 +56,12 @@ def register(sub: Subcommands) -> None:
         action="store_true",
         help="re-sling a hooked bead (keeps its done steps), or sling a bead past its open blockers (recorded)",
     )
+    sl.add_argument(
+        "--agent",
+        metavar="RUNTIME",
+        help=f"the agent runtime every session of this bead runs instead of the rig's ({', '.join(sorted(RUNTIMES))}); "
+        "the bead keeps it for its respawns, rework and later slings",
+    )
     rigs.register_unsling(sub)
 
     mol = sub.group("mol", "molecules: status", "mol_cmd")
@@ -89,6 +96,8 @@ def _sling_line(result: SlingResult) -> str:
         parts.append(f"forced past open blockers: {', '.join(result.ignored_blockers)}")
     if result.waiting_for:
         parts.append(f"waiting for {', '.join(result.waiting_for)}")
+    if result.agent:
+        parts.append(f"agent {result.agent}")
     if result.parked:
         parts.append(f"rig parked: it waits for `gt rig unpark {result.rig}`")
     return ", ".join(parts)

@@ -33,7 +33,7 @@ def released_holds(state: MayorState) -> list[NewEvent]:
             continue
         if (rig := state.rigs.get(hold.rig)) is None or rig.removed:
             continue  # never to a rig taken out of service: it stays held until slung elsewhere or unslung
-        event = BeadSlung(bead_id=bead_id, rig=hold.rig, held_for=list(hold.blockers))
+        event = BeadSlung(bead_id=bead_id, rig=hold.rig, held_for=list(hold.blockers), agent=hold.agent)
         owed.append(NewEvent(payload=event, expected_seq=bead.version))
     return owed
 

@@ -70,12 +70,14 @@ from shared.model.formulas.rework import CONFLICT
 from shared.model.usage import difference, merge
 from shared.service.projection import Projection
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """3: rigs and their polecats, held slings (a snapshot from before knows none, so it is not trusted). Sessions'
 token usage needs no new version: a snapshot from before it cannot have skipped a ``session.usage``. 4: merge
 requests and send-backs (``merge_requests``, ``send_backs``): a snapshot from before skipped every ``mr.*`` event,
 so it would owe no rework for a send-back it never saw. 5: services'
-status and what resolves escalations by themselves (a snapshot from before skipped the events they come from)."""
+status and what resolves escalations by themselves (a snapshot from before skipped the events they come from).
+7: beads' and holds' ``agent`` (``gt sling --agent``): a snapshot an older mayor made may have folded a sling's
+agent without keeping it."""
 
 
 @functools.singledispatch
@@ -186,6 +188,8 @@ def _slung(payload: BeadSlung, state: MayorState, env: Envelope, seq: int) -> No
     bead.status = forward(bead.status, "hooked")
     bead.rig = payload.rig
     bead.hook_session = payload.session
+    if payload.agent is not None:
+        bead.agent = payload.agent  # the bead's choice from now on; a sling naming none keeps it
     bead.slings += 1
     state.holds.pop(bead.id, None)  # slung: by the hold's release, or by hand (forced) before it
 
@@ -195,7 +199,7 @@ def _held(payload: BeadHeld, state: MayorState, env: Envelope, seq: int) -> None
     if (bead := _bead(state, payload.bead_id, env, seq)) is None:
         return
     if bead.status == "open":
-        state.holds[bead.id] = Hold(rig=payload.rig, blockers=list(payload.blockers), since=env.ts)
+        state.holds[bead.id] = Hold(rig=payload.rig, blockers=list(payload.blockers), since=env.ts, agent=payload.agent)
 
 
 @fold.register

@@ -67,14 +67,15 @@ from shared.model.leases import fold_lease
 from shared.model.rigs import fold_rig
 from shared.service.projection import Projection
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 """6: hook leases are the one lease record (``shared.model.leases.Lease``): a snapshot from before has them
 without when they were acquired and ended. 7: ``rework_owed`` (a snapshot from before would start a session
 for work sent back before its rework steps). 8: sessions count the steps done
 while they worked and their clean-ups, beads where their last operator sling began (the respawn backoff, a polecat
 name freed once its bead closed): a snapshot from before has none of them, so the log is replayed instead.
 10: the rigs whose mass death is not over (a snapshot from before would escalate a rig's next deaths again).
-11: rigs' ``gate_pristine``."""
+11: rigs' ``gate_pristine``. 12: beads' ``agent`` (``gt sling --agent``): a snapshot an older witness made may have
+folded a sling's agent without keeping it."""
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 MESSAGE_TYPE = "message"
 READ_LABEL = "read"
@@ -151,6 +152,8 @@ def _bead_slung(payload: BeadSlung, state: WitnessState, env: Envelope, seq: int
     bead.merge_rejected = False
     bead.resling_owed = False
     bead.unslung = bead.unsling_remove_worktree = False
+    if payload.agent is not None:
+        bead.agent = payload.agent
     bead.last_progress_at = env.ts
     if payload.session is not None and payload.session in bead.sessions:
         # The witness's re-sling names the session it already requested: that one serves this sling.

@@ -59,6 +59,8 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     """An operator released its hook (``bead.unslung``) and it was not slung since: a session on it is ended."""
     unsling_remove_worktree: bool = False
     """The unsling asked for the worktree to go (it stays anyway when it holds unsaved work)."""
+    agent: str | None = None
+    """The agent runtime a sling chose for its sessions (``bead.slung``'s ``agent``); None: the rig's."""
 
 
 class MailNotice(msgspec.Struct, kw_only=True, gc=False):
@@ -112,6 +114,13 @@ def agent_of(session: Session, rig: Rig | None) -> str:
     (``gt rig update --agent``) leaves its running sessions as they are; the rig's for a session from an older
     log."""
     return session.agent or (rig.agent_command if rig is not None else "")
+
+
+def agent_for(bead: WorkBead, rig: Rig) -> str:
+    """What a new session of ``bead`` is to run: the runtime its sling chose, else its rig's ``agent_command`` now.
+    Recorded in ``session.requested`` (``agent_of`` reads it back): every session of a bead slung with a runtime
+    runs that one (a respawn, a handoff, rework), whatever its rig runs."""
+    return bead.agent or rig.agent_command
 
 
 def mail_nudge_id(message_id: str) -> str:

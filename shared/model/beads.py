@@ -34,6 +34,8 @@ class Bead(msgspec.Struct, kw_only=True, gc=False):
     rig: str | None = None
     """The rig it is hooked to (set by sling)."""
     hook_session: str | None = None
+    agent: str | None = None
+    """The agent runtime its sessions run, chosen by a sling (``gt sling --agent``); None: the rig's."""
     slings: int = 0
     """How many times it was slung (re-slings included)."""
     convoys: list[str] = []
@@ -52,6 +54,8 @@ class Hold(msgspec.Struct, kw_only=True, gc=False):
     blockers: list[str] = []
     """The blockers that were open when it was held."""
     since: datetime
+    agent: str | None = None
+    """The agent runtime the held sling chose, slung with it."""
 
 
 class HoldView(Hold, kw_only=True, gc=False):

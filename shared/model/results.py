@@ -84,6 +84,8 @@ class SlingResult(RecordResult, kw_only=True):
     """The rig is parked: the work waits."""
     was: str | UnsetType = UNSET
     """Unslung: what the bead was (hooked, in_progress, held)."""
+    agent: str | UnsetType = UNSET
+    """The agent runtime the bead's sessions run, chosen by this sling or an earlier one (left out: the rig's)."""
 
 
 class StepResult(Result, kw_only=True):

@@ -133,6 +133,22 @@ async def test_a_rejection_exits_1_with_the_reason(gt: Gt, mayor: MayorService) 
     assert (await gt("bead", "history", "hq-nothere")).code == 1
 
 
+async def test_a_sling_naming_no_agent_runtime_is_refused_in_one_line_that_names_them_and_stores_nothing(
+    gt: Gt, town: TownConfig, nc: Client, mayor: MayorService
+) -> None:
+    bead_id = (await gt("bead", "create", "t")).out.strip()
+    js = nc.jetstream()
+    stored = (await js.stream_info(town.cmd_stream)).state.last_seq
+    run = await gt("sling", bead_id, "demo", "--agent", "codx")
+    assert (run.code, run.out) == (1, ""), run
+    assert run.err.strip() == (
+        "gt: refused (invalid): `agent` 'codx' is not an agent runtime; the runtimes: claude, codex, gemini, gt-agent, "
+        "opencode (a command line of your own is a rig's agent: `gt rig add --agent`); nothing was sent"
+    )
+    assert (await js.stream_info(town.cmd_stream)).state.last_seq == stored, "nothing was stored"
+    assert (await gt("bead", "show", bead_id, "--json")).json()["status"] == "open"
+
+
 async def test_actor_is_taken_before_the_command_as_after_it(gt: Gt, mayor: MayorService) -> None:
     bead_id = (await gt("bead", "create", "t")).out.strip()
     closed = await gt("--actor", "operator:max", "bead", "close", bead_id, "--reason", "done by max")

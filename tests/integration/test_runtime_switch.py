@@ -1,6 +1,7 @@
 """A rig switched to another runtime (`gt rig update --agent`): its next bead is worked by the new one while the
-session already running keeps its own (the witness reads its screen, activity and usage as its runtime's). Real
-Claude Code and Codex CLI in real tmux, the scripted model server in both vendors' APIs, a real town."""
+session already running keeps its own (the witness reads its screen, activity and usage as its runtime's). And one
+bead slung with a runtime of its own (`gt sling --agent`): its session runs that one, not the rig's. Real Claude
+Code and Codex CLI in real tmux, the scripted model server in both vendors' APIs, a real town."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from nats.aio.client import Client
 from gt.model_server import ModelServer, Script, bash, say, use
 from services.witness.settings import WitnessSettings
 from shared.core.config import TownConfig
-from shared.model.commands import RigUpdate
+from shared.model.commands import BeadSling, RigUpdate
 from shared.model.usage import TOKEN_FIELDS
 from tests.agent_runtimes import CLAUDE, CODEX
 from tests.helpers import assert_eventually
@@ -94,3 +95,26 @@ async def test_a_rig_switched_to_another_runtime_works_its_next_bead_with_it_the
         sent = [a.usage for a in server.answers if a.script == name and a.kind == "turn" and a.usage is not None]
         recorded = {field: sum(getattr(m, field) for m in mark.models) for field in TOKEN_FIELDS}
         assert recorded == {field: sum(u[field] for u in sent) for field in TOKEN_FIELDS}, (name, mark.models)
+
+
+async def test_a_bead_slung_with_another_runtime_than_its_rigs_is_worked_by_the_one_it_was_slung_with(
+    pt: PolecatTown, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await pt.add_rig(agent_command="claude", stall_after_s=600.0)
+    bead = await pt.new_bead("Worked by Codex CLI on a Claude Code rig [model-script:chosen]")
+    async with ModelServer([story("chosen", bead, "chosen.txt")]) as server:
+        for name, value in CODEX.witness_env(server.base_url).items():  # Claude Code is not even reachable
+            monkeypatch.setenv(name, value)
+        await pt.send(BeadSling(id=bead, rig="demo", agent="codex"))
+
+        def merged() -> bool:
+            assert server.failures == [], server.failures
+            assert pt.refinery is not None
+            done = {m.bead for m in pt.refinery.projection.state.mrs.values() if m.status == "merged"}
+            assert bead in done, [(s.id, s.status, s.end_reason) for s in pt.sessions_of(bead)]
+            return True
+
+        await assert_eventually(merged, timeout=DEADLINE_S, interval=0.5)
+        [session] = await pt.wait_settled(bead)
+    assert (session.agent, session.end_reason) == ("codex", "done")
+    assert {r.dialect for r in server.requests if r.script == "chosen" and r.kind == "turn"} == {"openai-responses"}

@@ -31,6 +31,8 @@ SAMPLES: list[ev.Event] = [
     ev.BeadSlung(bead_id="hq-2", rig="demo", forced=True, ignored_blockers=["hq-1"]),
     ev.BeadSlung(bead_id="hq-3", rig="demo", held_for=["hq-1", "hq-2"]),
     ev.BeadHeld(bead_id="hq-3", rig="demo", blockers=["hq-1", "hq-2"]),
+    ev.BeadSlung(bead_id="hq-4", rig="demo", agent="codex"),
+    ev.BeadHeld(bead_id="hq-4", rig="demo", blockers=["hq-1"], agent="gemini"),
     ev.BeadUnslung(bead_id="hq-1", rig="demo", reason="wrong rig", remove_worktree=True),
     ev.MoleculeAttached(
         bead_id="hq-1",
@@ -206,6 +208,18 @@ def test_a_rig_event_from_before_gate_pristine_decodes_without_it() -> None:
     changed = ev.REGISTRY.decode_payload(ev.decode_envelope(updated))
     assert isinstance(changed, ev.RigUpdated)
     assert changed.gate_pristine is msgspec.UNSET, "an update from before leaves the setting as it was"
+
+
+def test_a_sling_from_before_the_agent_field_decodes_without_one_and_one_without_an_agent_stores_none() -> None:
+    slung = (
+        b'{"id":"e","type":"bead.slung","ts":"2026-05-01T12:00:00Z","actor":"a",'
+        b'"data":{"bead_id":"hq-1","rig":"demo","forced":true}}'
+    )
+    payload = ev.REGISTRY.decode_payload(ev.decode_envelope(slung))
+    assert isinstance(payload, ev.BeadSlung)
+    assert (payload.agent, payload.forced) == (None, True), "the rig's agent, as before"
+    raw = ev.encode_event(ev.BeadSlung(bead_id="hq-1", rig="demo"), event_id="e", ts=TS, actor="a")
+    assert msgspec.json.decode(ev.decode_envelope(raw).data) == {"bead_id": "hq-1", "rig": "demo"}
 
 
 def test_an_unknown_type_is_reported_not_crashed_on() -> None:

@@ -72,6 +72,7 @@ def _spawn(bead: str, polecat: str) -> Spawn:
         branch=f"polecat/{polecat}/{bead}",
         tmux_name=f"gt-demo-{polecat}",
         attempt=1,
+        agent="gt-agent",
     )
 
 

@@ -17,10 +17,11 @@ from shared.model.runtimes import ACTIVITY_HOOK, ClaudeRuntime, runtime_for
 from tests.unit.test_witness_plan import World, only
 
 
-def claude_world(stall_after_s: float = 60) -> tuple[World, str]:
+def claude_world(stall_after_s: float = 60, agent: str = "claude") -> tuple[World, str]:
+    """A rig running ``agent`` (Claude Code unless told) and one session of it, started."""
     w = World()
     w.rig(stall_after_s=stall_after_s)
-    w.add(RigUpdated(rig="demo", agent_command="claude"))
+    w.add(RigUpdated(rig="demo", agent_command=agent))
     w.bead("gt-abc")
     return w, w.running("gt-abc")
 
@@ -47,7 +48,10 @@ def test_claude_pane_output_is_no_sign_of_life_but_a_command_runtimes_is() -> No
     assert only(w.plan(w.observe(redrawing, start_confirmed=confirmed)), Warrant).reason == "stalled", (
         "Claude Code's spinner redraws while its model never answers"
     )
-    w.add(RigUpdated(rig="demo", agent_command="aider --yes {beacon}"))
+    # A session runs what it was requested with (a rig changed later leaves it be): a rig of a command runtime.
+    w, session = claude_world(agent="aider --yes {beacon}")
+    w.tick(100)
+    redrawing = msgspec.structs.replace(w.pane(session), activity=int(w.clock.timestamp()))
     assert w.plan(w.observe(redrawing)) == [], "a command runtime shows nothing but its pane"
     assert only(w.plan(w.observe(w.pane(session))), Warrant).reason == "stalled"
 

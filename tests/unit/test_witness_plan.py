@@ -29,7 +29,7 @@ from services.witness.plan.actions import (
 )
 from services.witness.plan.names import POOL, polecat_name
 from services.witness.projection import new_projection
-from services.witness.state import WitnessState
+from services.witness.state import WitnessState, agent_of
 from shared.core.ids import hook_lease_name
 from shared.model.events import (
     BeadClosed,
@@ -76,10 +76,10 @@ class World(Fed[WitnessState]):
     def rig(self, name: str = "demo", **options: Any) -> None:
         self.add(RigAdded(rig=name, repo="/repos/demo.git", prefix=name[:2], agent_command="gt-agent", **options))
 
-    def bead(self, bead: str, rig: str = "demo", *, forced: bool = False) -> None:
+    def bead(self, bead: str, rig: str = "demo", *, forced: bool = False, agent: str | None = None) -> None:
         if bead not in self.state.beads:
             self.add(BeadCreated(bead_id=bead, title=f"work on {bead}"))
-        self.add(BeadSlung(bead_id=bead, rig=rig, forced=forced))
+        self.add(BeadSlung(bead_id=bead, rig=rig, forced=forced, agent=agent))
 
     def request(self, spawn: Spawn) -> str:
         self.add(
@@ -93,6 +93,7 @@ class World(Fed[WitnessState]):
                 tmux_name=spawn.tmux_name,
                 attempt=spawn.attempt,
                 handoff_of=spawn.handoff_of,
+                agent=spawn.agent,
             )
         )
         return spawn.session
@@ -161,6 +162,7 @@ def test_a_bead_slung_to_a_rig_gets_one_session_with_derived_names() -> None:
         branch="polecat/ace/gt-abc",
         tmux_name="gt-demo-ace",
         attempt=1,
+        agent="gt-agent",
     )
 
 
@@ -891,6 +893,60 @@ def test_a_merge_request_sent_back_then_put_back_in_the_queue_leaves_the_bead_wa
     w.add(MergeRequestRequeued(mr_id="mr-1", reason="resubmitted unchanged after its test gate failed"))
     assert not [a for a in w.plan() if isinstance(a, Spawn)]
     assert w.state.beads["gt-abc"].merge_requested
+
+
+# ---- the runtime a bead was slung with (`gt sling --agent`) ------------------------------------
+
+
+def test_a_bead_slung_with_an_agent_runs_it_and_a_bead_slung_without_runs_the_rigs() -> None:
+    w = World()
+    w.rig()
+    w.bead("b1", agent="codex")
+    w.bead("b2")
+    spawns = {s.bead: s for s in w.plan() if isinstance(s, Spawn)}
+    assert {bead: s.agent for bead, s in spawns.items()} == {"b1": "codex", "b2": "gt-agent"}
+    session = w.state.sessions[w.request(spawns["b1"])]
+    assert (session.agent, agent_of(session, w.state.rigs["demo"])) == ("codex", "codex")
+
+
+def test_every_session_of_a_bead_runs_its_slung_agent_after_a_death_a_handoff_and_rework_whatever_the_rig_runs() -> (
+    None
+):
+    w = World()
+    w.rig()
+    w.bead("b1", agent="codex")
+    first = w.running("b1")
+    w.add(RigUpdated(rig="demo", agent_command="claude"))
+    w.end(first, "dead", cleaned=False)
+    respawn = only(w.plan(), Spawn)
+    assert (respawn.resling, respawn.agent) == (True, "codex")
+    w.bead("b1", forced=True)  # a re-sling that names no agent (as an older mayor wrote it) keeps the bead's
+    second = w.request(respawn)
+    w.start(second)
+    w.end(second, "handoff", cleaned=False)
+    handoff = only(w.plan(), Spawn)
+    assert (handoff.handoff_of, handoff.agent) == (second, "codex")
+    third = w.request(handoff)
+    w.start(third)
+    w.add(MergeRequestSubmitted(mr_id="mr-1", bead="b1", rig="demo", branch=handoff.branch, target="main", head="a"))
+    w.end(third, "done", cleaned=True)
+    w.add(MergeRequestFailed(mr_id="mr-1", gate="test", exit_code=1))
+    rework = only(w.plan(), Spawn)
+    assert (rework.attempt, rework.agent) == (4, "codex"), "sent back by the merge queue: still the bead's runtime"
+    w.bead("b2")
+    assert only([s for s in w.plan() if isinstance(s, Spawn) and s.bead == "b2"], Spawn).agent == "claude"
+
+
+def test_a_re_sling_naming_another_agent_is_run_by_the_next_session_the_running_one_keeps_its_own() -> None:
+    w = World()
+    w.rig()
+    w.bead("b1", agent="codex")
+    first = w.running("b1")
+    w.bead("b1", forced=True, agent="gemini")
+    assert agent_of(w.state.sessions[first], w.state.rigs["demo"]) == "codex"
+    assert not [a for a in w.plan() if isinstance(a, Spawn)], "one session at a time"
+    w.end(first, "dead", cleaned=False)
+    assert only(w.plan(), Spawn).agent == "gemini"
 
 
 # ---- unsling and parked rigs -------------------------------------------------------------------

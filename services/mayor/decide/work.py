@@ -28,7 +28,7 @@ from shared.model.events import (
 )
 from shared.model.events.beads import INFRA_TYPES, WORKING
 from shared.model.formulas import Formula, FormulaError, cook
-from shared.model.results import UNSET, SlingResult, StepResult
+from shared.model.results import UNSET, SlingResult, StepResult, UnsetType
 
 DEFAULT_FORMULA = "polecat-work"
 
@@ -54,13 +54,20 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext) -> Accepted[Sli
     if blockers and not (cmd.force or cmd.hold):
         raise CommandError("blocked", _blocked_message(state, bead.id, blockers))
     held = bool(blockers) and cmd.hold
-    if held and (hold := state.holds.get(bead.id)) is not None and hold.rig == cmd.rig:
-        return Accepted(result=SlingResult(id=bead.id, status="held", changed=False, rig=cmd.rig, waiting_for=blockers))
+    hold = state.holds.get(bead.id)
+    # The bead's runtime: this sling's choice, else the one an earlier sling (or its hold) made, carried on.
+    agent = cmd.agent or (hold.agent if hold is not None else None) or bead.agent
+    if held and hold is not None and hold.rig == cmd.rig and agent == hold.agent:
+        unchanged = SlingResult(
+            id=bead.id, status="held", changed=False, rig=cmd.rig, waiting_for=blockers, agent=_agent(agent)
+        )
+        return Accepted(result=unchanged)
     events: list[NewEvent] = []
     convoy_id = None
     if not rehook and not cmd.no_convoy and not _auto_convoy_open(state, bead.convoys):
         convoy_id = fresh_id(ctx, CONVOY_PREFIX, state.convoys)
-    events.append(NewEvent(payload=_hook(bead.id, cmd, rehook, blockers, convoy_id), expected_seq=bead.version))
+    hooked = _hook(bead.id, cmd, rehook, blockers, convoy_id, agent)
+    events.append(NewEvent(payload=hooked, expected_seq=bead.version))
     molecule = state.molecules.get(bead.id)
     if molecule is None and not cmd.no_formula:
         events.append(_attach(bead.id, bead.title, cmd, ctx.facts))
@@ -84,14 +91,23 @@ def sling(state: MayorState, cmd: BeadSling, ctx: DecideContext) -> Accepted[Sli
         waiting_for=blockers if blockers and held else UNSET,
         ignored_blockers=blockers if blockers and not held else UNSET,
         parked=True if rig.parked else UNSET,
+        agent=_agent(agent),
     )
     return Accepted(events=events, result=out)
 
 
-def _hook(bead_id: str, cmd: BeadSling, rehook: bool, blockers: list[str], convoy_id: str | None) -> Event:
-    """``bead.held`` when the sling waits for the blockers, else ``bead.slung`` (forced past them, if any)."""
+def _agent(chosen: str | None) -> str | UnsetType:
+    """The runtime a sling's result names: the bead's own choice (left out when the rig's agent runs it)."""
+    return UNSET if chosen is None else chosen
+
+
+def _hook(
+    bead_id: str, cmd: BeadSling, rehook: bool, blockers: list[str], convoy_id: str | None, agent: str | None
+) -> Event:
+    """``bead.held`` when the sling waits for the blockers, else ``bead.slung`` (forced past them, if any); each
+    with the bead's runtime, if it has one."""
     if blockers and cmd.hold:
-        return BeadHeld(bead_id=bead_id, rig=cmd.rig, blockers=blockers)
+        return BeadHeld(bead_id=bead_id, rig=cmd.rig, blockers=blockers, agent=agent)
     forced = cmd.force and (rehook or bool(blockers))
     return BeadSlung(
         bead_id=bead_id,
@@ -100,6 +116,7 @@ def _hook(bead_id: str, cmd: BeadSling, rehook: bool, blockers: list[str], convo
         forced=forced,
         convoy_id=convoy_id,
         ignored_blockers=blockers,
+        agent=agent,
     )
 
 

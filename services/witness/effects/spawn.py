@@ -78,7 +78,7 @@ class Spawner:
             tmux_name=action.tmux_name,
             attempt=action.attempt,
             handoff_of=action.handoff_of,
-            agent=rig.agent_command if (rig := self.kit.host.state.rigs.get(action.rig)) is not None else "",
+            agent=action.agent,
         )
         if not await self.kit.append(NewEvent(payload=requested, expected_seq=0)):
             return  # someone else requested this attempt first

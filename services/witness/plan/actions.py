@@ -41,6 +41,8 @@ class Spawn(Action, frozen=True, kw_only=True):
     branch: str
     tmux_name: str
     attempt: int
+    agent: str
+    """What the session runs (``state.agent_for``: the bead's slung runtime, else the rig's ``agent_command``)."""
     handoff_of: str | None = None
     resling: bool = False
     """Move the bead's hook to the new session first (after a death; a handoff keeps the hook)."""

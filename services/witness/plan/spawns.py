@@ -15,7 +15,7 @@ from services.witness.plan.policy import Policy
 from services.witness.plan.scope import TMUX_PREFIX
 from services.witness.plan.sessions import AGENT_UNAUTHORIZED
 from services.witness.projection import deaths
-from services.witness.state import Rig, Session, WitnessState, WorkBead
+from services.witness.state import Rig, Session, WitnessState, WorkBead, agent_for
 from shared.model.events import DEATHS
 from shared.model.events.beads import WORKING
 from shared.model.events.sessions import ACTIVE_SESSION
@@ -192,6 +192,7 @@ def _spawn_for(
         branch=branch,
         tmux_name=tmux_name_for(rig.name, polecat),
         attempt=attempt,
+        agent=agent_for(bead, rig),
         handoff_of=handoff_of,
         resling=last is not None and (last.end_reason in DEATHS or last.end_reason == AGENT_UNAUTHORIZED),
     )

@@ -23,6 +23,7 @@ from shared.model.commands.base import (
     invalid,
 )
 from shared.model.results import BeadResult, SlingResult
+from shared.model.runtimes import RUNTIMES
 
 
 class BeadCreate(Creates[BeadResult], frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -165,16 +166,32 @@ class BeadSling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknown_
     hold: bool = False
     """An open bead with open blockers is held instead of refused: its molecule is cooked now, and the mayor
     slings it once every blocker is closed (what `gt convoy sling` sends)."""
+    agent: str | None = None
+    """The agent runtime every session of the bead runs instead of the rig's ``agent_command``: a name in
+    ``shared.model.runtimes.RUNTIMES``. The bead keeps it (respawns, handoffs, rework, later slings that name none);
+    a later sling naming another changes it for the bead's next session. None: what an earlier sling chose, else
+    the rig's."""
 
     def validate(self) -> None:
         super().validate()
         check_id("formula", self.formula)
         check_vars("vars", self.vars)
         check_id("session", self.session)
+        check_runtime("agent", self.agent)
         if self.no_formula and (self.formula or self.vars):
             raise invalid("`no_formula` cannot go with `formula` or `vars`")
         if self.hold and self.force:
             raise invalid("`hold` waits for the blockers and `force` goes past them: give one of them")
+
+
+def check_runtime(field: str, name: str | None) -> None:
+    """An agent runtime's name, nothing else: a command line of one's own is a rig's setting (``rig.add``), made
+    once where the rig is configured, not carried by each sling (which automations and scripts send too)."""
+    if name is not None and name not in RUNTIMES:
+        raise invalid(
+            f"`{field}` {name[:80]!r} is not an agent runtime; the runtimes: {', '.join(sorted(RUNTIMES))} "
+            "(a command line of your own is a rig's agent: `gt rig add --agent`)"
+        )
 
 
 class BeadUnsling(Command[SlingResult], frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -101,6 +101,10 @@ class BeadSlung(BeadEvent, frozen=True, kw_only=True):
     """The open blockers a forced sling went past (the bead was not ready)."""
     held_for: list[str] = []
     """Set when the mayor slung a held bead once its blockers closed: the blockers it was held for."""
+    agent: str | None = None
+    """The agent runtime the bead's sessions run from this sling on, in place of the rig's ``agent_command``: the
+    one this sling names (``gt sling --agent``), else the one an earlier sling of the bead chose, carried on by the
+    mayor. None: the rig's (no sling of the bead named one; every sling in a log from before the field)."""
 
 
 class BeadHeld(BeadEvent, frozen=True, kw_only=True):
@@ -111,6 +115,9 @@ class BeadHeld(BeadEvent, frozen=True, kw_only=True):
     rig: str
     blockers: list[str] = []
     """The blockers that were open when it was held."""
+    agent: str | None = None
+    """The agent runtime the bead's sessions are to run (as ``bead.slung``'s ``agent``, which the mayor's sling of the
+    held bead carries)."""
 
 
 class BeadUnslung(BeadEvent, frozen=True, kw_only=True):

@@ -59,8 +59,9 @@ class SessionRequested(SessionEvent, frozen=True, kw_only=True):
     """1 for the bead's first session, then one more for each respawn or handoff."""
     handoff_of: str | None = None
     agent: str = ""
-    """What it runs: the rig's ``agent_command`` when it was requested (a runtime's name or a command line). The
-    session keeps it when the rig changes runtime (``gt rig update --agent``); empty in older logs (the rig's, then)."""
+    """What it runs: the runtime its bead was slung with (``bead.slung``'s ``agent``), else the rig's ``agent_command``
+    when it was requested (a runtime's name or a command line). The session keeps it when the rig changes runtime
+    (``gt rig update --agent``); empty in older logs (the rig's, then)."""
 
 
 class SessionStarted(SessionEvent, frozen=True, kw_only=True):
