@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A demo town: an embedded NATS server and the four services, some beads filed, worked and closed: one by the
-# reference agent (gt-agent, which crashes once and recovers), one by the real Claude Code CLI driven by a scripted
-# model server on a loopback port (no vendor API is called). Everything happens through the `gt` CLI an operator
+# reference agent (gt-agent, which crashes once and recovers), and two side by side in one rig by real agent CLIs,
+# Claude Code (the rig's runtime) and Codex CLI (slung with --agent codex), driven by a scripted model server on a
+# loopback port (no vendor API is called). Everything happens through the `gt` CLI an operator
 # uses; the town and the model server are stopped at the end.
 set -euo pipefail
 
@@ -52,10 +53,14 @@ trap 'exit 130' INT
 # in that worktree by absolute path, as Claude Code's Write and Edit tools take them.
 claude_rig=docs
 claude_worktree="$GT_HOME/rigs/$claude_rig/polecats/ace"
-step "a scripted model server on a loopback port: the Anthropic Messages API, answering from a script"
+# Each runtime's sessions get their story by the key they send (Claude Code Anthropic's, Codex CLI OpenAI's); the keys
+# are dummies the model server accepts, nothing reaches a vendor.
+claude_key="sk-ant-demo-scripted-model-server-not-a-real-key-0123456789"
+codex_key="sk-demo-scripted-model-server-codex"
+step "a scripted model server on a loopback port: Anthropic's and OpenAI's APIs, answering from scripts"
 python -m gt.model_server.demo_story "$claude_worktree" > "$demo_dir/model-scripts.json"
-python -m gt.model_server "$demo_dir/model-scripts.json" > "$demo_dir/model-server.out" \
-  2> "$demo_dir/model-server.log" &
+python -m gt.model_server "$demo_dir/model-scripts.json" --key "$claude_key=demo-polecat" --key "$codex_key=demo-codex" \
+  > "$demo_dir/model-server.out" 2> "$demo_dir/model-server.log" &
 model_server=$!
 for _ in $(seq 1 300); do [ -s "$demo_dir/model-server.out" ] && break; sleep 0.1; done
 if [ ! -s "$demo_dir/model-server.out" ]; then
@@ -64,14 +69,14 @@ fi
 base_url="$(python -c 'import json, sys; print(json.loads(sys.stdin.readline())["base_url"])' \
   < "$demo_dir/model-server.out")"
 echo "serving at $base_url (its script: $demo_dir/model-scripts.json)"
-# The witness passes Claude Code's settings from its environment to every claude session: gt up starts the
-# services with this shell's environment. The key is a dummy the model server accepts; nothing reaches a vendor.
-export ANTHROPIC_BASE_URL="$base_url"
-export ANTHROPIC_API_KEY="sk-ant-demo-scripted-model-server-not-a-real-key-0123456789"
-export ANTHROPIC_MODEL="claude-scripted-demo"
+# The witness passes each runtime's settings from its environment to its sessions (the vendors' variables): gt up
+# starts the services with this shell's environment.
+export ANTHROPIC_BASE_URL="$base_url" ANTHROPIC_API_KEY="$claude_key" ANTHROPIC_MODEL="claude-scripted-demo"
 export CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1
-# The pinned Claude Code `./dev setup` installed (not whatever `claude` may be on PATH).
+export OPENAI_BASE_URL="$base_url/v1" OPENAI_API_KEY="$codex_key"
+# The pinned CLIs `./dev setup` installed (not whatever `claude` or `codex` may be on PATH).
 export GT_CLAUDE_BIN="${GT_CLAUDE_BIN:-$PWD/.tools/npm/node_modules/.bin/claude}"
+export GT_CODEX_BIN="${GT_CODEX_BIN:-$PWD/.tools/npm/node_modules/.bin/codex}"
 
 step "gt up: embedded NATS (JetStream, fsync on every write) + mayor, witness, refinery, deacon"
 run gt up -d --port 0
@@ -83,6 +88,8 @@ build=$(gt bead create "Build the frobulator" -l demo --needs "$design")
 echo "$build"
 docs=$(gt bead create "Document the frobulator" -t docs -l demo --needs "$design")
 echo "$docs"
+changelog=$(gt bead create "Start the frobulator's changelog" -t docs -l demo --needs "$design")
+echo "$changelog"
 
 step "what is ready to work on (only the design: the others are blocked)"
 run gt ready
@@ -121,11 +128,14 @@ for s in self-review run-tests submit; do gt step done "$design" "$s" > /dev/nul
 run gt bead close "$design" --reason "API agreed"
 run gt convoy list --all
 
-step "the build and the docs are ready now"
+step "the build, the docs and the changelog are ready now"
 run gt ready
 
 step "sling the docs to rig $claude_rig: Claude Code starts in tmux, driven by the scripted model"
 run gt sling "$docs" "$claude_rig"
+
+step "sling the changelog to the same rig with --agent codex: Codex CLI works it beside Claude Code"
+run gt sling "$changelog" "$claude_rig" --agent codex
 
 step "unpark rig demo and sling the build to it: the witness starts a gt-agent polecat in tmux and a git worktree"
 run gt rig unpark demo
@@ -139,7 +149,8 @@ for _ in $(seq 1 2000); do
     claude_pane="$screen"
   fi
   # Claude Code stays at its prompt after `gt done`: the witness ends its pane (GT_DONE_EXIT_GRACE, 10 s).
-  if closed "$build" && closed "$docs" && ! tmux -L "$GT_TMUX_SOCKET" has-session -t "=gt-$claude_rig-ace" 2>/dev/null
+  if closed "$build" && closed "$docs" && closed "$changelog" \
+    && ! tmux -L "$GT_TMUX_SOCKET" has-session -t "=gt-$claude_rig-ace" 2>/dev/null
   then break; fi
   sleep 0.1
 done
@@ -173,7 +184,12 @@ if grep -q model_server_script_failure "$demo_dir/model-server.log"; then
   echo "the session strayed from the model's script:" >&2; grep model_server_script_failure "$demo_dir/model-server.log" >&2
 fi
 run gt bead show "$docs"
-if ! closed "$docs" || ! closed "$build"; then
+
+step "Codex CLI's session, in the same rig: its own config home and hooks, the same steps, its usage read for gt costs"
+run gt session list --bead "$changelog" --all
+run git --git-dir "$origin" show main:CHANGELOG.md
+run gt costs --by session
+if ! closed "$docs" || ! closed "$build" || ! closed "$changelog"; then
   echo "demo: a bead did not merge in time (the logs follow; GT_DEMO_KEEP=1 keeps them in $demo_dir)" >&2
   exit 1
 fi

@@ -84,7 +84,7 @@ class WitnessService(Service[WitnessState]):
         self.executor = Executor(self, self.tmux, ws, self.policy)
         self.exits = ExitWatcher(self.wake_now)
         self.actions = ActionQueue(self, self.executor)
-        self.observer = Observer(self, self.tmux, self.exits, self.executor.session_dir, ws.rigs)
+        self.observer = Observer(self, self.tmux, self.exits, self.executor.session_dir, ws.rigs, ws.start_confirm_s)
 
     @property
     def state(self) -> WitnessState:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent_runtimes import CODEX
 from tests.claude_code import REPO, claude_binary
 
 DEMO_TIMEOUT_S = 200.0  # under pytest-timeout's 300 s, so the demo is stopped by its own trap
@@ -72,21 +73,27 @@ def left_behind(env: dict[str, str]) -> list[Path]:
     return [*Path(env["TMPDIR"]).glob("gastown-demo-*"), *sockets]
 
 
-def test_the_demo_shows_a_claude_code_polecat_beside_gt_agent(demo_env: dict[str, str]) -> None:
+def test_the_demo_shows_claude_code_and_codex_polecats_side_by_side_beside_gt_agent(demo_env: dict[str, str]) -> None:
     claude_binary()  # fails (never skips) naming ./dev setup when the pinned Claude Code is missing
+    CODEX.binary()  # and Codex CLI
     env = demo_env
     done = run_demo(env)
     out = done.stdout
     assert done.returncode == 0, f"the demo exited {done.returncode}:\n{out[-6000:]}\n{done.stderr[-4000:]}"
     assert "serving at http://127.0.0.1:" in out, "the scripted model server, on loopback"
     assert "--agent claude" in out
-    claude_part = out[out.index("Claude Code's session") :]
+    claude_part = out[out.index("Claude Code's session") : out.index("Codex CLI's session")]
     assert "ended (done)" in claude_part, "one Claude Code session, done"
     assert "6/6  complete" in claude_part, "every step of its molecule done"
     assert "Run `frobulate --help` for its options." in claude_part, "its Write then Edit, merged to main"
     assert "the last lines of its tmux pane" in claude_part
     assert "bypass permissions on" in claude_part, "the pane shows Claude Code's own screen"
     assert "The user guide is in the merge queue. Done." in claude_part, "the model's last words, on screen"
+    codex_part = out[out.index("Codex CLI's session") :]
+    assert "--agent codex" in out
+    assert "ended (done)" in codex_part, "one Codex CLI session, done"
+    assert "- The frobulator frobulates." in codex_part, "its changelog, merged to main"
+    assert "gpt-5.5" in codex_part, "its usage, read from its rollouts, in gt costs"
     assert "strayed from the model's script" not in done.stdout + done.stderr
     assert "a fresh one resumed at step 3" in out, "gt-agent's part is still there"
     assert left_behind(env) == [], "the demo cleans up after itself"

@@ -4,13 +4,14 @@ agent's hook lease on its behalf without weakening fencing. Pure."""
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import timedelta
 
 import msgspec
 
 from services.witness.plan.actions import Warrant
-from services.witness.plan.liveness import Renewal, renewals_owed
+from services.witness.plan.liveness import Renewal, renewals_owed, still_starting
 from shared.core.ids import hook_lease_name
 from shared.model.events import LeaseAcquired, LeaseExpired, RigUpdated
 from shared.model.runtimes import ACTIVITY_HOOK, ClaudeRuntime, runtime_for
@@ -109,3 +110,16 @@ def test_a_lost_hook_lease_is_never_renewed_for_the_session_that_lost_it() -> No
     assert renewals_owed(w.state, {session: w.clock}, {}, w.clock) == [], "expired: fenced out"
     held(w, "gt-abc-2", token=2)
     assert renewals_owed(w.state, {session: w.clock}, {}, w.clock) == [], "a newer session holds it"
+
+
+def test_a_runtime_still_starting_is_alive_until_its_start_deadline_so_its_lease_is_renewed() -> None:
+    w, session_id = claude_world(stall_after_s=15)
+    session = w.state.sessions[session_id]
+    assert session.started_at is not None
+    soon = session.started_at + timedelta(seconds=20)
+    starting = functools.partial(still_starting, session, confirms_start=True, now=soon, deadline_s=120)
+    assert starting(confirmed=False), "past its lease's TTL, no hook yet: its start is its sign of life"
+    assert not starting(confirmed=True), "confirmed: its hooks and files speak for it from now on"
+    assert not still_starting(session, confirms_start=False, confirmed=False, now=soon, deadline_s=120)
+    late = session.started_at + timedelta(seconds=121)
+    assert not still_starting(session, confirms_start=True, confirmed=False, now=late, deadline_s=120)

@@ -77,8 +77,12 @@ class Observer:
         exits: ExitWatcher,
         session_dir: Callable[[Session], Path],
         rigs: frozenset[str] | None,
+        start_confirm_s: float,
     ) -> None:
         self.host = host
+        self.start_confirm_s = start_confirm_s
+        """How long a runtime may take to confirm its start (``GT_AGENT_START_TIMEOUT``): its start is its sign of
+        life meanwhile (``liveness.still_starting``)."""
         self.tmux = tmux
         self.exits = exits
         self.session_dir = session_dir
@@ -138,6 +142,9 @@ class Observer:
         screens = await asyncio.to_thread(self._read_screens, [s for s in started if s.status == "started"], confirmed)
         for sid, at in self._screen_activity(screens, now).items():
             activity[sid] = max(at, activity.get(sid, at))
+        for session in started:
+            if self._still_starting(session, confirmed, now):
+                activity[session.id] = now
         await self._renew_hooks_of_busy_agents(activity, now)
         return Observed(
             now=now,
@@ -156,6 +163,16 @@ class Observer:
             busy=in_flight.busy(),
             reserved=in_flight.reserved(),
             acting_since=self.host.acting_since,
+        )
+
+    def _still_starting(self, session: Session, confirmed: frozenset[str], now: datetime) -> bool:
+        rig = self.state.rigs.get(session.rig)
+        return rig is not None and liveness.still_starting(
+            session,
+            confirms_start=confirms_start(agent_of(session, rig)),
+            confirmed=session.id in confirmed,
+            now=now,
+            deadline_s=self.start_confirm_s,
         )
 
     def _start_confirmed(self, started: list[Session]) -> frozenset[str]:

@@ -4,7 +4,10 @@ An agent renews its bead's hook lease with every `gt` call; a real coding agent 
 longer than the lease's TTL. The witness (which acquired the lease for the session) renews it on the session's
 behalf when it sees the agent's activity (a tool-call hook's mark, the transcript growing), at most every quarter
 TTL and once per new activity. Fencing is unchanged: only a lease still held with the session's own token is
-renewed, and the renewal itself refuses a lease the deacon expired or a newer session took. Pure: the service
+renewed, and the renewal itself refuses a lease the deacon expired or a newer session took. A runtime still
+starting (it confirms its start with a hook, and has not yet) shows no activity at all until that hook: its start
+counts as activity until the start deadline (``GT_AGENT_START_TIMEOUT``), which judges a start that never comes
+(OpenCode took 13-21 s to its first hook on a loaded machine; the lease's TTL may be shorter). Pure: the service
 does the renewing.
 """
 
@@ -15,7 +18,7 @@ from datetime import datetime
 
 import msgspec
 
-from services.witness.state import WitnessState
+from services.witness.state import Session, WitnessState
 from shared.core.ids import hook_lease_name
 
 
@@ -48,3 +51,13 @@ def renewals_owed(
             continue
         owed.append(Renewal(session=session_id, lease=hook.name, token=hook.token))
     return owed
+
+
+def still_starting(
+    session: Session, *, confirms_start: bool, confirmed: bool, now: datetime, deadline_s: float
+) -> bool:
+    """Whether ``session``'s runtime is still within its start: it confirms its start, has not yet, and its pane
+    started less than ``deadline_s`` ago (after that, the start deadline fails it)."""
+    if session.status != "started" or not confirms_start or confirmed or session.started_at is None:
+        return False
+    return (now - session.started_at).total_seconds() < deadline_s
