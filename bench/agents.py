@@ -1,12 +1,19 @@
-"""(s) sling -> a Claude Code session's SessionStart hook fired, (t) the orchestrator's CPU per tool call of the
-activity path (issue 21, point 4).
+"""(s) sling -> each agent runtime's first model request, (t) the orchestrator's CPU per tool call of the
+activity path (issue 21, point 4; issue 42).
 
-(s): mayor and witness as their own processes, a rig with ``--agent claude`` (the real ``claude`` that
-    ``./dev setup`` installs), the scripted model server answering nothing (a stall: the session stays at its
-    first turn). Per session, from the sling command's publication to the session-start mark the SessionStart
-    hook (``gt agent-hook session-start``) leaves in the session's runtime dir; p50 and p99, one session at a
-    time. Ceiling: the bare binary started by hand (``claude -p``, the same config home set-up, the same model
-    server) until its first request reaches the model server.
+(s): mayor and witness as their own processes, a rig per runtime with a binary (``shared.model.runtimes.RUNTIMES``:
+    Claude Code, Codex CLI, Gemini CLI, OpenCode, each the pinned real binary ``./dev setup`` installs), the
+    witness's environment pointing each at the scripted model server in its vendor's API as an operator would
+    (``tests.agent_runtimes``), the model never answering (a stall: the session stays at its first turn). Per
+    session, from the sling command's publication to the arrival at the model server of the session's first model
+    request: the first request naming its script, a turn or a side request (a title, a router call), whichever
+    comes first (a health check or a token count names none). One session at a time, each unslung and cleaned up
+    before the next; p50 and p99.
+    Ceiling, in the same run (one bare start right before each session): the bare binary started by hand as the
+    witness starts it, in a tmux pane with the runtime's ``env()`` and ``command()`` in a clone of the same
+    origin, its config home prepared by ``runtime_setup.prepare`` (first-run state, provider, trust) with hooks
+    that run ``true`` instead of ``gt``; no reaper, no town. Until its first model request arrives, the same
+    request as above.
 (t): what runs per tool call: the PostToolUse hook (``sh -c`` of its redirection, as Claude Code runs a hook
     command) and the witness's share (one observation of the session's activity files: the hook's mark, the
     session-start mark, the transcripts; counted as if every tool call had its own patrol, an upper bound).
@@ -16,31 +23,75 @@ activity path (issue 21, point 4).
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import os
 import resource
 import subprocess
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import msgspec
+import psutil
 
 from bench.common import Figure, percentile, provisioned, server, start_service, stop_service, wait_ready
 from bench.witness import command, make_origin
 from gt.model_server import Fault, ModelServer, Script, say
 from services.witness.effects import runtime_setup
+from services.witness.effects.agent_env import AGENT_TERM
 from shared.bus.connection import Connection
+from shared.core import subjects
+from shared.host import git
 from shared.host.tmux import Tmux
-from shared.model.commands import BeadCreate, BeadSling, RigAdd
-from shared.model.runtimes import ACTIVITY_HOOK, HOOK_MARK_SESSION_START, SESSION_DIR_ENV, ClaudeRuntime
+from shared.model.commands import BeadCreate, BeadSling, BeadUnsling, RigAdd
+from shared.model.events import decode_envelope
+from shared.model.runtimes import (
+    ACTIVITY_HOOK,
+    HOOK_MARK_SESSION_START,
+    RUNTIMES,
+    SESSION_DIR_ENV,
+    ClaudeRuntime,
+    Runtime,
+)
+from tests.agent_runtimes import RUNTIMES as CLIS  # the conformance suite's pinned binaries and settings
 
-KEY = "sk-ant-api03-scripted-model-server-bench-key-0123456789abcdefghij"
 QUIET = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1"}
+"""Claude Code's settings an operator sets to keep it from calling home (telemetry, update checks)."""
+FIRST_REQUEST_TIMEOUT_S = 180.0
+CLEANUP_TIMEOUT_S = 120.0
+GOAL = 1.1
+"""Issue 42: a session's first model request at most 1.1x the bare binary's."""
+
+
+def binary_runtimes() -> list[Runtime]:
+    """The runtimes that start a binary of their own (a command line of the rig's own is not measured)."""
+    return [runtime for factory in RUNTIMES.values() if (runtime := factory()).binary_name]
+
+
+def witness_env(runtimes: list[Runtime], base_url: str) -> dict[str, str]:
+    """Every runtime's settings as an operator gives them to the witness against the model server at
+    ``base_url`` (they share nothing but OpenAI's, the same for Codex CLI and OpenCode)."""
+    clis = {cli.name: cli for cli in CLIS}
+    env = dict(QUIET)
+    for runtime in runtimes:
+        env.update(clis[runtime.name].witness_env(base_url))
+    return env
 
 
 def silent(name: str) -> Script:
     """A session whose model never answers: it stays at its first turn, which is all (s) needs."""
     return Script(name=name, turns=(say("never sent"),), faults=(Fault(kind="stall", times=None),))
+
+
+def script_names(runtime: Runtime, sessions: int) -> tuple[list[str], list[str]]:
+    """(the slung sessions' scripts, the bare starts' scripts) of ``runtime``."""
+    return (
+        [f"{runtime.name}-start-{n}" for n in range(sessions)],
+        [f"{runtime.name}-bare-{n}" for n in range(sessions)],
+    )
 
 
 async def run(sessions: int = 5, tool_calls: int = 500) -> list[Figure]:
@@ -49,117 +100,175 @@ async def run(sessions: int = 5, tool_calls: int = 500) -> list[Figure]:
     return figures
 
 
+class SessionEnds:
+    """Which beads' sessions were cleaned up (``session.cleaned``), from a core subscription to session events."""
+
+    def __init__(self) -> None:
+        self.bead_of: dict[str, str] = {}
+        self.cleaned: set[str] = set()
+        """Beads one of whose sessions was cleaned up."""
+        self.changed = asyncio.Event()
+
+    async def subscribe(self, nc: Connection) -> None:
+        async def on_msg(msg: Any) -> None:
+            env = decode_envelope(msg.data)
+            data = msgspec.json.decode(env.data)
+            if env.type == "session.requested":
+                self.bead_of[data["session_id"]] = data["bead"]
+            elif env.type == "session.cleaned" and data["session_id"] in self.bead_of:
+                self.cleaned.add(self.bead_of[data["session_id"]])
+                self.changed.set()
+
+        await nc.subscribe(subjects.event_subject("session", ">"), cb=on_msg)
+
+    async def wait_cleaned(self, bead: str) -> None:
+        async with asyncio.timeout(CLEANUP_TIMEOUT_S):
+            while bead not in self.cleaned:
+                self.changed.clear()
+                await self.changed.wait()
+
+
+@dataclass
+class Bench:
+    """What every start of (s) uses: the town (its connection, the session ends seen), the model server, the bare
+    starts' tmux server and the witness's environment they are prepared from, the origin every rig clones."""
+
+    nc: Connection
+    ends: SessionEnds
+    model: ModelServer
+    bare_tmux: Tmux
+    agents_env: dict[str, str]
+    root: Path
+    origin: Path
+
+
 async def _start(sessions: int) -> list[Figure]:
-    runtime = ClaudeRuntime()
-    binary = runtime_setup.binary(runtime, os.environ)
-    names = [f"start-{n}" for n in range(sessions)] + [f"bare-{n}" for n in range(sessions)]
+    runtimes = binary_runtimes()
+    scripts = [name for runtime in runtimes for pair in script_names(runtime, sessions) for name in pair]
     socket = f"gt-bench-{uuid.uuid4().hex[:8]}"
+    figures: list[Figure] = []
     with tempfile.TemporaryDirectory(prefix="gt-bench-agents-", ignore_cleanup_errors=True) as tmp, server() as srv:
         root = Path(tmp)
-        async with ModelServer([silent(name) for name in names]) as model:
-            bare = [await _bare_first_request(model, binary, root / f"bare-{n}", f"bare-{n}") for n in range(sessions)]
-            model.release()
+        async with ModelServer([silent(name) for name in scripts]) as model:
+            agents_env = witness_env(runtimes, model.base_url)
             nc, _town = await provisioned(srv.url)
-            env = {
-                "GT_HOME": str(root / "home"),
-                "GT_TMUX_SOCKET": socket,
-                "GT_KILL_GRACE": "1",
-                "GT_CLAUDE_BIN": binary,
-                "ANTHROPIC_API_KEY": KEY,
-                "ANTHROPIC_BASE_URL": model.base_url,
-                **QUIET,
-            }
+            env = {"GT_HOME": str(root / "home"), "GT_TMUX_SOCKET": socket, "GT_KILL_GRACE": "1", **agents_env}
             procs = {name: start_service(name, srv.url, env=env) for name in ("mayor", "witness")}
+            bench = Bench(nc, SessionEnds(), model, Tmux(f"{socket}-bare"), agents_env, root, make_origin(root))
             try:
                 for name in procs:
                     await wait_ready(nc, name)
-                origin = make_origin(root)
-                await command(nc, RigAdd(name="bench", repo=str(origin), agent_command="claude", max_polecats=sessions))
-                hooked = [await _sling_to_hook(nc, root / "home", n) for n in range(sessions)]
+                await bench.ends.subscribe(nc)
+                for runtime in runtimes:
+                    figures += _start_figures(runtime, *await _starts(bench, runtime, sessions))
             finally:
                 model.release()
                 for proc in procs.values():
                     stop_service(proc)
                 Tmux(socket).kill_server()
+                bench.bare_tmux.kill_server()
                 await nc.close()
-    note = f"{sessions} sessions one at a time; the model never answers (the session waits at its first turn)"
+    return figures
+
+
+async def _starts(bench: Bench, runtime: Runtime, sessions: int) -> tuple[list[float], list[float]]:
+    """(sling -> first request, bare start -> first request) of ``sessions`` sessions of a rig of ``runtime``, a
+    bare start right before each session."""
+    await command(bench.nc, RigAdd(name=runtime.name, repo=str(bench.origin), agent_command=runtime.name))
+    slung: list[float] = []
+    bare: list[float] = []
+    for start_script, bare_script in zip(*script_names(runtime, sessions), strict=True):
+        bare.append(await _bare_first_request(bench, runtime, bare_script))
+        slung.append(await _sling_to_first_request(bench, runtime.name, start_script))
+    return slung, bare
+
+
+def _start_figures(runtime: Runtime, hooked: list[float], bare: list[float]) -> list[Figure]:
+    sessions = len(hooked)
+    notes = {
+        50: f"{sessions} sessions one at a time, a bare start before each; the model never answers",
+        99: "includes the sling, worktree, config home, tmux start, the pane's reaper, and where the runtime waits "
+        "on its start hook, the hook's `gt`: a session's first `gt` call starts the session's own client helper",
+    }
     return [
         Figure(
-            name=f"(s) sling -> Claude Code SessionStart hook fired, p{pct}",
+            name=f"(s) sling -> {runtime.name}'s first model request, p{pct}",
             value=percentile(hooked, pct),
             unit="s",
             ceiling=percentile(bare, pct),
-            ceiling_name="bare `claude -p` to its first request to the model server",
+            ceiling_name=f"bare `{runtime.binary_name}` in a tmux pane to its first model request",
+            target=f"<= {GOAL}x (ratio >= {1 / GOAL:.2f})",
             higher_is_better=False,
-            notes=[note] if pct == 50 else ["includes worktree, config home, tmux start and the hook's `gt` process"],
+            notes=[notes[pct]],
         )
         for pct in (50, 99)
     ]
 
 
-async def _bare_first_request(model: ModelServer, binary: str, root: Path, script: str) -> float:
-    """Seconds from starting ``claude -p`` by hand until its first request reaches the model server."""
-    project = root / "project"
-    env = _bare_home(model, binary, root, project)
-    return await _time_first_request(model, binary, project, env, script)
-
-
-def _bare_home(model: ModelServer, binary: str, root: Path, project: Path) -> dict[str, str]:
-    """The bare binary's environment and config home, set up as the witness sets up a session's."""
-    project.mkdir(parents=True)
-    runtime = ClaudeRuntime()
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "ANTHROPIC_API_KEY": KEY,
-        "ANTHROPIC_BASE_URL": model.base_url,
-        **QUIET,
-        **runtime.env({}, session_dir=str(root), root=os.geteuid() == 0),
-    }
-    config = Path(env["CLAUDE_CONFIG_DIR"])
-    config.mkdir(parents=True)
-    state = json.dumps(runtime.first_run_state(str(project), env, runtime_setup.binary_version(binary)))
-    (config / ".claude.json").write_text(state)
-    (Path(env["HOME"]) / ".claude.json").write_text(state)
-    return env
-
-
-async def _time_first_request(
-    model: ModelServer, binary: str, project: Path, env: dict[str, str], script: str
-) -> float:
-    seen = len(model.requests)
-    began = time.monotonic()
-    proc = subprocess.Popen(
-        [binary, "-p", "--dangerously-skip-permissions", f"Say hello [model-script:{script}]"],
-        cwd=project,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+async def _bare_first_request(bench: Bench, runtime: Runtime, script: str) -> float:
+    """Seconds from starting the bare binary by hand in a tmux pane until its first model request arrives."""
+    project = bench.root / "bare" / script / "project"
+    git.git("clone", "--quiet", str(bench.origin), str(project))
+    binary, added = runtime_setup.prepare(
+        runtime,
+        worktree=project,
+        session_dir=project.parent / "session",
+        env=bench.agents_env,
+        as_root=os.geteuid() == 0,
+        gt="true",  # hooks that do nothing: what our `gt` adds is the measured side's
     )
+    env = {"PATH": os.environ.get("PATH", ""), "TERM": AGENT_TERM, **added}
+    line = runtime.command(f"Say hello [model-script:{script}]", binary)
+    began = time.time()
+    bench.bare_tmux.start(script, line, cwd=str(project), env=env)
     try:
-        async with asyncio.timeout(120):
-            while len(model.requests) == seen:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"bare claude exited with {proc.returncode} before any request")
-                await asyncio.sleep(0.005)
-        return time.monotonic() - began
+        return await _first_request(bench.model, script, bench.bare_tmux) - began
     finally:
-        proc.kill()
-        proc.wait()
+        _end_pane(bench.bare_tmux, script)
 
 
-async def _sling_to_hook(nc: Connection, gt_home: Path, n: int) -> float:
-    """Seconds from slinging a bead to its session's SessionStart hook mark."""
-    bead = (await command(nc, BeadCreate(title=f"Start {n} [model-script:start-{n}]"))).id
-    began = time.monotonic()
-    await command(nc, BeadSling(id=bead, rig="bench"))
-    sessions = gt_home / "rigs" / "bench" / "sessions"
-    async with asyncio.timeout(180):
-        while True:
-            if any(sessions.glob(f"{bead}-*/{HOOK_MARK_SESSION_START}")):
-                break
-            await asyncio.sleep(0.01)
-    return time.monotonic() - began
+async def _sling_to_first_request(bench: Bench, rig: str, script: str) -> float:
+    """Seconds from slinging a bead to its session's first model request; the session is ended and cleaned up
+    after, so the next one starts alone."""
+    bead = (await command(bench.nc, BeadCreate(title=f"Start [model-script:{script}]"))).id
+    began = time.time()
+    await command(bench.nc, BeadSling(id=bead, rig=rig))
+    try:
+        return await _first_request(bench.model, script) - began
+    finally:
+        await command(bench.nc, BeadUnsling(id=bead, remove_worktree=True))
+        await bench.ends.wait_cleaned(bead)
+
+
+async def _first_request(model: ModelServer, script: str, tmux: Tmux | None = None) -> float:
+    """When (``time.time()``) the first request naming ``script`` reached the model server (``tmux``: the bare
+    pane's server, whose pane named ``script`` is shown when none came)."""
+    try:
+        async with asyncio.timeout(FIRST_REQUEST_TIMEOUT_S):
+            while True:
+                arrived = [request.received_at for request in model.requests if request.script == script]
+                if arrived:
+                    return min(arrived)
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        shown = tmux.tail(script) if tmux is not None else ""
+        raise RuntimeError(f"no model request of {script} within {FIRST_REQUEST_TIMEOUT_S:g}s\n{shown}") from None
+
+
+def _end_pane(tmux: Tmux, name: str) -> None:
+    """End a bare pane and everything its binary started (one survives the SIGHUP of a closed pane)."""
+    pane = tmux.pane_of(name)
+    if pane is not None:
+        try:
+            top = psutil.Process(pane.pane_pid)
+            procs = [top, *top.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            procs = []
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        psutil.wait_procs(procs, timeout=10)
+    tmux.kill(name)
 
 
 def _children_cpu() -> float:

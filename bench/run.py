@@ -48,7 +48,7 @@ FULL = {
     "leases": 1000,
     "fast_leases": 200,
     "lease_quiet_s": 30,
-    "claude_sessions": 5,
+    "agent_sessions": 5,
     "tool_calls": 1000,
     "cli_rounds": 20,
     "cli_creates": 100,
@@ -77,7 +77,7 @@ QUICK = {
     "leases": 100,
     "fast_leases": 20,
     "lease_quiet_s": 5,
-    "claude_sessions": 2,
+    "agent_sessions": 1,
     "tool_calls": 100,
     "cli_rounds": 3,
     "cli_creates": 10,
@@ -99,7 +99,7 @@ async def run_all(sizes: dict[str, int]) -> list[Figure]:
     figures += await witness.run(sizes["kills"], sizes["sessions"], sizes["quiet_s"])
     figures += await refinery.run(sizes["mrs"], sizes["done_runs"], sizes["gate_ms"] / 1000)
     figures += await deacon.run(sizes["service_kills"], sizes["leases"], sizes["fast_leases"], sizes["lease_quiet_s"])
-    figures += await agents.run(sizes["claude_sessions"], sizes["tool_calls"])
+    figures += await agents.run(sizes["agent_sessions"], sizes["tool_calls"])
     figures += await cli.run(sizes["cli_rounds"], sizes["cli_creates"])
     figures += await reposize.run(sizes["repo_files"], sizes["repo_beads"])
     figures += await speculative.run(sizes["spec_mrs"], sizes["spec_gate_ms"] / 1000, sizes["spec_runners"])
@@ -196,9 +196,13 @@ def render(figures: list[Figure], facts: dict[str, str], *, quick: bool) -> str:
         "  the note). No client can skip that wait, so a command's floor is `python -c pass` plus that call, not",
         "  `python -c pass` alone. **(q)** `gt bead create` N times, one after another and four at a time, against",
         "  one warm process sending the same creates one after another, each waiting for its outcome as `gt` does.",
-        "- **(s) Claude Code start**: mayor and witness as processes, a rig with `--agent claude` (the real binary),",
-        "  the scripted model server; from a bead's sling to its session's SessionStart hook mark, sessions one at a",
-        "  time, against the bare `claude -p` (same config home set-up, same model server) until its first request.",
+        "- **(s) agent start**: mayor and witness as processes, a rig per runtime with a binary (Claude Code, Codex",
+        "  CLI, Gemini CLI, OpenCode: the pinned real binaries), the scripted model server in each one's API, never",
+        "  answering. From a bead's sling to its session's first model request (the first request naming the",
+        "  session: a turn, or a side request such as a title, whichever comes first), sessions one at a time, each",
+        "  unslung and cleaned up before the next; against the bare binary started by hand right before each",
+        "  session, timed to the same request: in a tmux pane with the runtime's own environment and command line,",
+        "  its config home prepared as the witness prepares it but with hooks that run `true` instead of `gt`.",
         "- **(t) activity path**: per tool call, the CPU of the PostToolUse hook (`sh -c` of one redirection) plus",
         "  one observation of the session's activity files by the witness, against a bare `sh -c true` hook.",
         "- **(u) repository size**: mayor, witness and refinery as processes, GT_HOME on disk (/var/tmp, never a",

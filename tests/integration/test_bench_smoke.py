@@ -51,8 +51,7 @@ def test_the_benchmarks_run_and_report_every_figure_with_its_ceiling(gt_env: dic
         *["(p)"] * 12,  # six calls, two modes
         *["(q)"] * 4,
         *["(r)"] * 3,
-        "(s)",
-        "(s)",
+        *["(s)"] * 8,  # four runtimes, p50 and p99
         "(t)",
         *["(u)"] * 4,  # merge overhead and session start, p50 and max
         *["(v)"] * 3,  # serial, runners with a batch of R, and of N

@@ -49,9 +49,35 @@ def check(runtime: Runtime, env: Mapping[str, str]) -> None:
 
 
 @functools.cache
-def binary_version(path: str) -> str:
-    """The binary's ``--version`` (``2.1.332 (Claude Code)`` gives ``2.1.332``), once per binary; empty when it
-    cannot tell (the first-run state then leaves the version out)."""
+def binary_version(path: str, package: str = "") -> str:
+    """The binary's version (``2.1.332``), once per binary: from the manifest of npm package ``package`` when the
+    binary is that package's (a file read: ``--version`` starts the whole CLI, seconds for OpenCode on a busy
+    machine, and the first session of every witness waited on it), else from its ``--version`` (``2.1.332 (Claude
+    Code)`` gives ``2.1.332``); empty when it cannot tell (the first-run state then leaves the version out)."""
+    return _package_version(path, package) or _version_output(path)
+
+
+PACKAGE_DEPTH = 3
+"""How far above the binary (its real path) its package's root may be: ``bin/``, ``bundle/``."""
+
+
+def _package_version(path: str, package: str) -> str:
+    if not package:
+        return ""
+    for folder in Path(path).resolve().parents[:PACKAGE_DEPTH]:
+        try:
+            manifest = json.loads((folder / "package.json").read_text())
+        except OSError:
+            continue  # no manifest here: further up
+        except UNDECODABLE:
+            continue
+        if isinstance(manifest, dict) and manifest.get("name") == package:
+            version = manifest.get("version")
+            return version if isinstance(version, str) else ""
+    return ""
+
+
+def _version_output(path: str) -> str:
     try:
         out = subprocess.run(
             [path, "--version"], capture_output=True, text=True, timeout=VERSION_TIMEOUT_S, check=False
@@ -75,20 +101,22 @@ def prepare(
     env: Mapping[str, str],
     as_root: bool,
     owner: tuple[int, int] | None = None,
+    gt: str = "",
 ) -> tuple[str, dict[str, str]]:
     """Ready a runtime for a session in ``worktree``: its config home under ``session_dir`` with its first-run
     state and any login's credentials, its files in the worktree (excluded from git); returns the binary and the
     environment it adds. ``as_root``: the agent runs as root (not as ``GT_AGENT_USER``); ``owner``: (uid, gid) of
-    that user, given what is written."""
+    that user, given what is written; ``gt``: what its hooks run (default: the ``gt`` beside this interpreter; the
+    benchmark's bare ceiling gives ``true``)."""
     found = binary(runtime, env) if runtime.binary_name else ""
     session_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (session_dir / HOOK_MARK_SESSION_START).unlink(missing_ok=True)  # only this start's hook counts
     (session_dir / AGENT_FAILURE).unlink(missing_ok=True)  # and only this start's failures
     added = runtime.env(env, session_dir=str(session_dir), root=as_root)
-    gt = str(Path(sys.executable).parent / "gt")
+    gt = gt or str(Path(sys.executable).parent / "gt")
     # The runtime dir and the workspace may be the agent's (GT_AGENT_USER; a workspace used before): written
     # below them without following a link it put there, and given to ``owner``.
-    version = binary_version(found) if found and runtime.wants_version else ""
+    version = binary_version(found, runtime.package) if found and runtime.wants_version else ""
     for file in runtime.files(worktree=str(worktree), env=env, version=version, gt=gt):
         safe_files.write_beneath(
             worktree if file.in_worktree else session_dir, file.path, file.content, mode=file.mode, owner=owner
