@@ -1,6 +1,9 @@
 """The supervisor each polecat pane runs its agent under: when the session ends, no process of it is left.
 
-``python -I -S reaper.py GRACE -- COMMAND...`` (``argv``). It makes itself a child subreaper
+``python -I -S reaper.py GRACE [--env-file FILE] -- COMMAND...`` (``argv``). ``--env-file``: the agent's environment,
+read from FILE (written by ``write_env``, private to the reaper's user) and removed, never on a command line (every
+user of the machine reads command lines: the model keys an agent is given would be there for its session's whole
+life, and in the tmux server's, whose command line is the first session's). It makes itself a child subreaper
 (``PR_SET_CHILD_SUBREAPER``), so every process the agent starts, even one that detached (``setsid``, a double fork,
 ``nohup ... &``), is re-parented to it when its parent dies, never to init. When the session ends (the agent exits,
 or the reaper gets SIGTERM or SIGHUP: the witness's kill, or tmux closing the pane) it sends SIGTERM to every
@@ -34,17 +37,47 @@ ENDS_SESSION = {signal.SIGTERM, signal.SIGHUP}
 KILL_EVERY_S = 0.05
 
 
-def argv(grace_s: float) -> tuple[str, ...]:
-    """The command prefix that runs a pane's command under the reaper."""
-    return (sys.executable, "-I", "-S", os.path.realpath(__file__), f"{grace_s:g}", "--")
+def argv(grace_s: float, env_file: str | None = None) -> tuple[str, ...]:
+    """The command prefix that runs a pane's command under the reaper (with exactly the environment in
+    ``env_file``, when given)."""
+    given = ("--env-file", env_file) if env_file is not None else ()
+    return (sys.executable, "-I", "-S", os.path.realpath(__file__), f"{grace_s:g}", *given, "--")
+
+
+def write_env(path: str, env: dict[str, str]) -> None:
+    """Write ``env`` for ``--env-file`` (NUL-separated ``NAME=value``), readable by this user only, never through
+    a link."""
+    if os.path.lexists(path):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(b"".join(f"{name}={value}".encode() + b"\0" for name, value in env.items()))
+
+
+def read_env(path: str) -> dict[str, str]:
+    """The environment ``write_env`` wrote to ``path``, which is removed (it is read once)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as given:
+        data = given.read()
+    os.unlink(path)
+    pairs = (item.decode().partition("=") for item in data.split(b"\0") if item)
+    return {name: value for name, _, value in pairs}
 
 
 def main(args: list[str]) -> int:
+    env_file = args[2] if len(args) > 2 and args[1] == "--env-file" else None
+    if env_file is not None:
+        args = [args[0], *args[3:]]
     if len(args) < 3 or args[1] != "--":
-        print("usage: reaper.py GRACE_SECONDS -- COMMAND [ARG...]", file=sys.stderr)
+        print("usage: reaper.py GRACE_SECONDS [--env-file FILE] -- COMMAND [ARG...]", file=sys.stderr)
         return 2
     grace = float(args[0])
     command = args[2:]
+    try:
+        env = read_env(env_file) if env_file is not None else dict(os.environ)
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"reaper: cannot read the environment file {env_file}: {exc}", file=sys.stderr)
+        return 125
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         print(f"reaper: cannot become a child subreaper: {os.strerror(ctypes.get_errno())}", file=sys.stderr)
@@ -56,7 +89,7 @@ def main(args: list[str]) -> int:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         try:
-            os.execvp(command[0], command)  # noqa: S606 - the pane's command, as tmux would run it
+            os.execvpe(command[0], command, env)  # noqa: S606 - the pane's command, as tmux would run it
         except OSError as exc:
             print(f"reaper: cannot run {command[0]}: {exc}", file=sys.stderr)
         os._exit(127)

@@ -180,13 +180,15 @@ class Attacker:
         chosen by its sender), and the pane names the victim's bead's (a message is a bead). Refused ``conflict``:
         nothing is written over, nothing created (its outcome is read by the test)."""
         own_command = f"gt.cmd.mail.send.{os.environ['GT_RIG']}.{os.environ['GT_POLECAT']}.{self.session}"
-        body = {"to": "operator", "subject": MARK, "body": MARK, "new_id": victim, "cmd_id": TAKE_ID}
+        # Its own command id, told apart from other attacking sessions' (GT_CMD keeps one message per id).
+        cmd_id = f"{TAKE_ID}-{self.session}"
+        body = {"to": "operator", "subject": MARK, "body": MARK, "new_id": victim, "cmd_id": cmd_id}
         await self.quietly(
             "take_victims_id",
             "mail send under the victim bead's id",
-            self.nc.request(own_command, json.dumps(body).encode(), headers={"Nats-Msg-Id": TAKE_ID}),
+            self.nc.request(own_command, json.dumps(body).encode(), headers={"Nats-Msg-Id": cmd_id}),
         )
-        self.report["took_id"] = f"{self.session}~{TAKE_ID}"
+        self.report["took_id"] = f"{self.session}~{cmd_id}"
 
     async def flood(self) -> None:
         """A service's subject, unlimited, from a superuser: 200 creates."""

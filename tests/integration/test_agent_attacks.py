@@ -16,12 +16,14 @@ agent planted (in the rig's repository, in its own workspace's config) ran in th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import secrets
 import shlex
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +32,13 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client
 
+from gt.model_server import ModelServer, Script, bash, say, use
 from gt.town_secrets import operator_login
 from services.refinery.decide import mr_id_for
 from services.witness.settings import DEFAULT_TMUX_SOCKET
 from shared.core import ids, subjects
 from shared.host import git
+from tests.agent_runtimes import CODEX, GEMINI, OPENCODE, AgentCli
 from tests.attacks import nats_pane
 from tests.compose_stack import USERS, ComposeStack, LocalStack, Operator, run_where_agents_run, running_stack
 from tests.conftest import REPO_ROOT
@@ -63,6 +67,36 @@ def squat_report_of(report: str) -> str:
     return report + ".squat.json"
 
 
+def attack_command(
+    script: str,
+    git_script: str,
+    report: str,
+    git_report: str,
+    dumps: str,
+    victim: str,
+    victim_address: str = "-",
+    marker: str = "-",
+) -> str:
+    """The git attacks, then the NATS attacks. ``victim_address``: a polecat whose agent is a shell, mailed subjects
+    that would run ``touch marker`` there."""
+    q = shlex.quote
+    return (
+        f"sh {q(git_script)} {q(git_report)} {q(dumps)}; "
+        f"python {q(script)} {q(report)} {q(victim)} {q(victim_address)} {q(marker)}"
+    )
+
+
+def honest_command(script: str, report: str, file: str = "HONEST.txt") -> str:
+    """An honest change submitted with `gt done` (its own git with the hooks and fsmonitor it set itself turned off)
+    after taking first the id the refinery will close its bead under."""
+    q = shlex.quote
+    return (
+        f"echo honest > {q(file)} && git -c core.fsmonitor=false add {q(file)} && "
+        "git -c core.hooksPath=/dev/null -c core.fsmonitor=false commit -qm honest && "
+        f"python {q(script)} --squat {q(squat_report_of(report))} && gt done"
+    )
+
+
 def agent_command(
     script: str,
     git_script: str,
@@ -73,21 +107,10 @@ def agent_command(
     victim_address: str = "-",
     marker: str = "-",
 ) -> str:
-    """The rig's agent: the git attacks, the NATS attacks, then an honest change submitted with `gt done` (its own
-    git with the hooks and fsmonitor it set itself turned off) after taking first the id the refinery will close
-    its bead under, and it stays (a pane that ended would be respawned, attacking again). ``victim_address``: a
-    polecat whose agent is a shell, mailed subjects that would run ``touch marker`` there."""
-    q = shlex.quote
-    honest = (
-        "echo honest > HONEST.txt && git -c core.fsmonitor=false add HONEST.txt && "
-        "git -c core.hooksPath=/dev/null -c core.fsmonitor=false commit -qm honest && "
-        f"python {q(script)} --squat {q(squat_report_of(report))} && gt done"
-    )
-    return (
-        f"sh {q(git_script)} {q(git_report)} {q(dumps)}; "
-        f"python {q(script)} {q(report)} {q(victim)} {q(victim_address)} {q(marker)}; "
-        f"{honest}; sleep 3600"
-    )
+    """The rig's agent: the attacks, then the honest change, and it stays (a pane that ended would be respawned,
+    attacking again)."""
+    attacks = attack_command(script, git_script, report, git_report, dumps, victim, victim_address, marker)
+    return f"{attacks}; {honest_command(script, report)}; sleep 3600"
 
 
 def assert_rig_unharmed(git_report: str, main_log: list[str], branches: list[str], dumped: list[str]) -> None:
@@ -217,6 +240,10 @@ def gt_status(gt: Operator, bead: str) -> str:
     return str(json.loads(gt("bead", "show", bead, "--json"))["status"])
 
 
+def read_if_there(path: Path) -> str | None:
+    return path.read_text() if path.exists() else None
+
+
 def wait_for_report(read: Callable[[], str | None]) -> dict[str, Any]:
     text = wait_until(read, timeout=REPORT_DEADLINE_S, interval=0.5, message="the pane's attack report")
     assert text is not None
@@ -224,112 +251,269 @@ def wait_for_report(read: Callable[[], str | None]) -> dict[str, Any]:
     return report
 
 
+@dataclass(frozen=True)
+class PaneFiles:
+    """Where one attacking session's scripts write what they got (a folder of the test's, which the agent, of the
+    test's OS user on a laptop, can write)."""
+
+    folder: Path
+
+    @classmethod
+    def made(cls, folder: Path) -> PaneFiles:
+        (folder / "dumps").mkdir(parents=True)
+        return cls(folder)
+
+    @property
+    def report(self) -> Path:
+        return self.folder / "report.json"
+
+    @property
+    def git_report(self) -> Path:
+        return self.folder / "git-report.txt"
+
+    @property
+    def dumps(self) -> Path:
+        return self.folder / "dumps"
+
+    @property
+    def runtime_report(self) -> Path:
+        return self.folder / "runtime-report.json"
+
+    def attacks(self, victim: LaptopVictim) -> str:
+        return attack_command(
+            str(SCRIPT),
+            str(GIT_SCRIPT),
+            str(self.report),
+            str(self.git_report),
+            str(self.dumps),
+            victim.bead,
+            victim.address,
+            str(victim.marker),
+        )
+
+
+@dataclass(frozen=True)
+class LaptopVictim:
+    """The victim: a session of rig ``victim`` whose agent is a shell, told something private by the operator."""
+
+    bead: str
+    session: dict[str, Any]
+    marker: Path
+
+    @property
+    def address(self) -> str:
+        return f"polecat:victim/{self.session['polecat']}"
+
+
+@dataclass(frozen=True)
+class LaptopAttacker:
+    rig: str
+    bead: str
+    files: PaneFiles
+
+
+async def gt_ok(town: TownCli, *args: str) -> str:
+    """`gt ARGS` in a thread (the test's event loop may be serving the model server meanwhile); its output."""
+    done = await asyncio.to_thread(town, *args)
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done.stdout
+
+
+async def start_laptop_town(town: TownCli, project: Path) -> Path:
+    """`gt up` with a gate runner (the honest changes' gates run there, and each pane tries to answer a gate job
+    itself); the rigs' repository, with a branch ``keepme`` the panes try to delete."""
+    await gt_ok(town, "up", "-d", "--port", "0", "--runners", "1")
+    origin = make_origin(project)
+    git.git("branch", "keepme", "main", cwd=origin)
+    return origin
+
+
+async def start_laptop_victim(town: TownCli, origin: Path, marker: Path) -> LaptopVictim:
+    bead = (await gt_ok(town, "bead", "create", "The victim's work")).strip()
+    await gt_ok(town, "rig", "add", "victim", str(origin), "--agent", VICTIM_AGENT, "--stall-after", "3600")
+    await gt_ok(town, "sling", bead, "victim")
+
+    def victim_session() -> dict[str, Any] | None:
+        listed = json.loads(town("session", "list", "--json").stdout)
+        return next((s for s in listed if s["bead"] == bead and s["status"] == "started"), None)
+
+    seen = await asyncio.to_thread(wait_until, victim_session, timeout=120)
+    assert seen is not None
+    await gt_ok(town, "nudge", seen["id"], PRIVATE_NUDGE)
+    return LaptopVictim(bead=bead, session=seen, marker=marker)
+
+
+@contextlib.asynccontextmanager
+async def operator_nats(town: TownCli) -> AsyncIterator[Client]:
+    login = operator_login(town.home)
+    assert login is not None
+    url = json.loads((town.home / "run" / "town.json").read_text())["nats_url"]
+    nc = await nats.connect(url, user=login[0], password=login[1], inbox_prefix=b"_INBOX_operator")
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
+async def assert_laptop_town_unharmed(
+    town: TownCli, socket: str, origin: Path, victim: LaptopVictim, attackers: list[LaptopAttacker]
+) -> None:
+    """Every attacking pane's report, judged: the town, the victim and the rig unharmed, the honest changes merged
+    through the queue on a runner's gates."""
+    reports = []
+    for attacker in attackers:
+        reports.append(
+            await asyncio.to_thread(wait_for_report, functools.partial(read_if_there, attacker.files.report))
+        )
+
+    def victim_status() -> str:
+        return str(json.loads(town("bead", "show", victim.bead, "--json").stdout)["status"])
+
+    await gt_ok(town, "health", "mayor")
+    async with operator_nats(town) as nc:
+        for report in reports:
+            await assert_unharmed(nc, victim_status, report, victim_was="hooked")
+    await gt_ok(town, "health", "mayor")  # the mayor is active and healthy
+    for report in reports:
+        assert_read_nothing_of_others(report, victim.session["id"])
+
+    def victim_screen() -> str:
+        pane = ["capture-pane", "-p", "-S", "-400", "-t", f"={victim.session['tmux_name']}:"]
+        return subprocess.run(["tmux", "-L", socket, *pane], capture_output=True, text=True, check=False).stdout
+
+    for report in reports:
+        assert len(report["mail_ids"]) == len(nats_pane.MAIL_SUBJECTS)
+    mails = sum(len(report["mail_ids"]) for report in reports)
+    await asyncio.to_thread(victim_pane_ran_nothing, victim_screen, victim.marker.exists, mails)
+    for attacker in attackers:
+
+        def merged(bead: str = attacker.bead) -> bool:
+            shown = town("bead", "show", bead, "--json")
+            return shown.returncode == 0 and json.loads(shown.stdout)["status"] == "closed"
+
+        await asyncio.to_thread(wait_until, merged, timeout=REPORT_DEADLINE_S, message=f"{attacker.bead} merged")
+    main_log = git.git("log", "--format=%s", "main", cwd=origin).splitlines()
+    branches = git.git("for-each-ref", "--format=%(refname:short)", "refs/heads", cwd=origin).split()
+    async with operator_nats(town) as nc:
+        for attacker in attackers:
+            squat_path = Path(squat_report_of(str(attacker.files.report)))
+            squat = squat_path.read_text() if squat_path.exists() else None
+            await assert_squat_failed(nc, squat, attacker.rig, attacker.bead)
+            dumped = sorted(p.name for p in attacker.files.dumps.iterdir())
+            assert_rig_unharmed(attacker.files.git_report.read_text(), main_log, branches, dumped)
+        await assert_gated_on_a_runner(nc)
+
+
+@contextlib.contextmanager
+def laptop_town(gt_env: dict[str, str], home: Path, socket: str) -> Iterator[TownCli]:
+    town = TownCli({**gt_env, "GT_TMUX_SOCKET": socket}, home)
+    try:
+        yield town
+    finally:
+        town("down", "--sessions")
+        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
+
+
 async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_laptop_town(
     gt_env: dict[str, str], tmp_path: Path
 ) -> None:
     socket = f"gt-attack-{secrets.token_hex(4)}"
-    town = TownCli({**gt_env, "GT_TMUX_SOCKET": socket}, tmp_path / "town")
-    try:
-        # With a gate runner: the honest change's gates run there, and the pane tries to answer a gate job itself.
-        up = town("up", "-d", "--port", "0", "--runners", "1")
-        assert up.returncode == 0, up.stderr + up.stdout
-        origin = make_origin(tmp_path / "project")
-        git.git("branch", "keepme", "main", cwd=origin)
-        victim = town("bead", "create", "The victim's work")
-        assert victim.returncode == 0, victim.stderr
-        victim_id = victim.stdout.strip()
-        # The victim: a session of another rig whose agent is a shell, told something private by the operator.
-        victim_rig = town("rig", "add", "victim", str(origin), "--agent", VICTIM_AGENT, "--stall-after", "3600")
-        assert victim_rig.returncode == 0, victim_rig.stderr
-        assert town("sling", victim_id, "victim").returncode == 0
+    with laptop_town(gt_env, tmp_path / "town", socket) as town:
+        origin = await start_laptop_town(town, tmp_path / "project")
+        victim = await start_laptop_victim(town, origin, tmp_path / "victim-ran")
+        files = PaneFiles.made(tmp_path / "attacker")
+        command = f"{files.attacks(victim)}; {honest_command(str(SCRIPT), str(files.report))}; sleep 3600"
+        await gt_ok(town, "rig", "add", "demo", str(origin), "--agent", command)
+        bead = (await gt_ok(town, "bead", "create", "The attacker's bead")).strip()
+        await gt_ok(town, "sling", bead, "demo")
+        await assert_laptop_town_unharmed(town, socket, origin, victim, [LaptopAttacker("demo", bead, files)])
 
-        def victim_session() -> dict[str, Any] | None:
-            listed = json.loads(town("session", "list", "--json").stdout)
-            return next((s for s in listed if s["bead"] == victim_id and s["status"] == "started"), None)
 
-        victim_seen = await asyncio.to_thread(wait_until, victim_session, timeout=120)
-        assert victim_seen is not None
-        nudged = town("nudge", victim_seen["id"], PRIVATE_NUDGE)
-        assert nudged.returncode == 0, nudged.stderr
-        marker = tmp_path / "victim-ran"
-        report_path, git_report = tmp_path / "report.json", tmp_path / "git-report.txt"
-        dumps = tmp_path / "dumps"
-        dumps.mkdir()
-        command = agent_command(
-            str(SCRIPT),
-            str(GIT_SCRIPT),
-            str(report_path),
-            str(git_report),
-            str(dumps),
-            victim_id,
-            f"polecat:victim/{victim_seen['polecat']}",
-            str(marker),
-        )
-        added = town("rig", "add", "demo", str(origin), "--agent", command)
-        assert added.returncode == 0, added.stderr
-        bead = town("bead", "create", "The attacker's bead")
-        attacker = bead.stdout.strip()
-        slung = town("sling", attacker, "demo")
-        assert slung.returncode == 0, slung.stderr
-        report = await asyncio.to_thread(
-            wait_for_report, lambda: report_path.read_text() if report_path.exists() else None
-        )
+RUNTIME_ATTACKERS = (CODEX, GEMINI, OPENCODE)
+RUNTIME_SCRIPT = SCRIPT.parent / "runtime_pane.py"
+WAIT_TURNS = 8
+"""Turns of up to 25 s each that wait for the NATS attacks' report (they take about 30 s, longer with three
+runtimes on two cores): a tool call returns within 30 s in Codex CLI (``exec_command``'s yield)."""
 
-        def victim_status() -> str:
-            shown = town("bead", "show", victim_id, "--json")
-            assert shown.returncode == 0, shown.stderr
-            status: str = json.loads(shown.stdout)["status"]
-            return status
 
-        state = town("health", "mayor")
-        assert state.returncode == 0, state.stdout + state.stderr
-        login = operator_login(town.home)
-        assert login is not None
-        url = json.loads((town.home / "run" / "town.json").read_text())["nats_url"]
-        nc = await nats.connect(url, user=login[0], password=login[1], inbox_prefix=b"_INBOX_operator")
-        try:
-            await assert_unharmed(nc, lambda: victim_status(), report, victim_was="hooked")
-        finally:
-            await nc.close()
-        assert town("health", "mayor").returncode == 0, "the mayor is active and healthy"
-        assert_read_nothing_of_others(report, victim_seen["id"])
+def attacks_in_the_background(files: PaneFiles, victim: LaptopVictim) -> str:
+    """The attacks as one tool call that returns at once: the git attacks and the runtime's credentials probe run
+    there, the NATS attacks go on in a process group of their own (a runtime ends its tool call's group when the
+    call returns), started by the tool call with its environment, and write their report when done."""
+    q = shlex.quote
+    git_attacks, nats_attacks = files.attacks(victim).split("; ", 1)
+    log = q(str(files.folder / "nats-attacks.log"))
+    return (
+        f"{git_attacks}; python {q(str(RUNTIME_SCRIPT))} {q(str(files.runtime_report))}; "
+        f"setsid -f {nats_attacks} > {log} 2>&1; echo attacks started"
+    )
 
-        def victim_screen() -> str:
-            name = victim_seen["tmux_name"]
-            shown = subprocess.run(
-                ["tmux", "-L", socket, "capture-pane", "-p", "-S", "-200", "-t", f"={name}:"],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            return shown.stdout
 
-        assert len(report["mail_ids"]) == len(nats_pane.MAIL_SUBJECTS)
-        await asyncio.to_thread(victim_pane_ran_nothing, victim_screen, marker.exists, len(report["mail_ids"]))
+def attack_script(cli: AgentCli, files: PaneFiles, victim: LaptopVictim) -> Script:
+    """The scripted model's conversation: run the attacks with the runtime's own shell tool, wait for them, then
+    the honest change and `gt done`."""
+    report = shlex.quote(str(files.report))
+    wait = f"for i in {' '.join(map(str, range(25)))}; do test -e {report} && break; sleep 1; done; ls {report}"
+    honest = honest_command(str(SCRIPT), str(files.report), file=f"honest-{cli.name}.txt")
+    return Script(
+        name=f"{cli.name}-attacks",
+        turns=(
+            use(bash(attacks_in_the_background(files, victim), expect="attacks started")),
+            # Each a command of its own: Gemini CLI stops a conversation that repeats one tool call as a loop.
+            *(use(bash(f": wait {turn}; {wait}")) for turn in range(WAIT_TURNS)),
+            use(bash(f"test -e {report} && {honest}", expect="merge request")),
+            say("Submitted to the merge queue."),
+        ),
+    )
 
-        def merged() -> bool:
-            shown = town("bead", "show", attacker, "--json")
-            return shown.returncode == 0 and json.loads(shown.stdout)["status"] == "closed"
 
-        await asyncio.to_thread(wait_until, merged, timeout=REPORT_DEADLINE_S, message="the honest change merged")
-        squat_path = Path(squat_report_of(str(report_path)))
-        nc = await nats.connect(url, user=login[0], password=login[1], inbox_prefix=b"_INBOX_operator")
-        try:
-            squat = squat_path.read_text() if squat_path.exists() else None
-            await assert_squat_failed(nc, squat, "demo", attacker)
-        finally:
-            await nc.close()
-        main_log = git.git("log", "--format=%s", "main", cwd=origin).splitlines()
-        branches = git.git("for-each-ref", "--format=%(refname:short)", "refs/heads", cwd=origin).split()
-        assert_rig_unharmed(git_report.read_text(), main_log, branches, sorted(p.name for p in dumps.iterdir()))
-        nc = await nats.connect(url, user=login[0], password=login[1], inbox_prefix=b"_INBOX_operator")
-        try:
-            await assert_gated_on_a_runner(nc)
-        finally:
-            await nc.close()
-    finally:
-        town("down", "--sessions")
-        subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
+CREDENTIALS_OF_ITS_OWN = ("NATS_PASSWORD_FILE", "GT_LEASE_TOKEN")
+"""What a session's environment names that looks like a credential and is its own: the path of its NATS password
+file, the fencing number of its hook lease."""
+
+
+def assert_handed_nothing_of_others(report: dict[str, Any], cli: AgentCli) -> None:
+    """What the runtime's tool call found: its session's own NATS identity and its own runtime's model key, no
+    other credential (another runtime's key, a service's password) in its environment or its runtime's, no secret
+    written into a file of its runtime dir or worktree, and none on a process's command line."""
+    own = {*CREDENTIALS_OF_ITS_OWN, cli.key_variable}
+    assert set(report["credentials"]) <= own, (cli.name, report["credentials"])
+    assert set(report["runtime_credentials"]) <= own, (cli.name, report["runtime_credentials"])
+    assert report["nats_user"] == report["session"], report
+    assert report["nats_password_file"].endswith(f"/secrets/{report['session']}.nats-password"), report
+    assert report["written_secrets"] == [], (cli.name, report["written_secrets"])
+    assert report["secrets_on_command_lines"] == [], (cli.name, report["secrets_on_command_lines"])
+
+
+async def test_each_runtimes_tool_calls_attack_from_its_pane_and_fail_in_the_laptop_town(
+    gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The same attacks, run by Codex CLI, Gemini CLI and OpenCode with their own shell tools (so with the environment
+    each gives its tool calls: its own HOME and config home, its hooks, its model key), three sessions of one rig
+    (`gt sling --agent`) in one town beside the victim; and what each runtime's environment and files hand the
+    agent."""
+    socket = f"gt-attack-{secrets.token_hex(4)}"
+    async with ModelServer([]) as server:
+        env = dict(gt_env)
+        env.pop("GT_AGENT_ENV", None)
+        for cli in RUNTIME_ATTACKERS:
+            env.update(cli.witness_env(server.base_url))
+        with laptop_town(env, tmp_path / "town", socket) as town:
+            origin = await start_laptop_town(town, tmp_path / "project")
+            victim = await start_laptop_victim(town, origin, tmp_path / "victim-ran")
+            await gt_ok(town, "rig", "add", "demo", str(origin), "--agent", RUNTIME_ATTACKERS[0].name)
+            attackers = []
+            for cli in RUNTIME_ATTACKERS:
+                files = PaneFiles.made(tmp_path / cli.name)
+                server.add(attack_script(cli, files, victim))
+                title = f"The attacker's bead [model-script:{cli.name}-attacks]"
+                bead = (await gt_ok(town, "bead", "create", title)).strip()
+                await gt_ok(town, "sling", bead, "demo", "--agent", cli.name)
+                attackers.append(LaptopAttacker("demo", bead, files))
+            await assert_laptop_town_unharmed(town, socket, origin, victim, attackers)
+            assert server.failures == [], server.failures
+    for cli, attacker in zip(RUNTIME_ATTACKERS, attackers, strict=True):
+        assert_handed_nothing_of_others(json.loads(attacker.files.runtime_report.read_text()), cli)
 
 
 @pytest.mark.compose_stack

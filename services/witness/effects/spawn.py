@@ -295,10 +295,19 @@ class Spawner:
             cwd, command = "/", f"cd -- {shlex.quote(session.worktree)} && {command}"
         # The pane's first process is the session's reaper (shared/host/reaper.py), as the witness's user: whatever the
         # agent starts, even detached, ends with the session.
-        supervisor = reaper.argv(self.kit.settings.kill_grace_s)
-        pane = self.kit.tmux.start(
-            session.tmux_name, command, cwd=cwd, env=env, label=session.id, run_as=run_as, supervisor=supervisor
-        )
+        # Its environment (the model keys among it) goes to the reaper in a file of the witness's, not on the command
+        # line (``ps``) of the reaper and of the tmux server.
+        env_file = self.kit.env_file(session)
+        env_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        reaper.write_env(str(env_file), env)
+        supervisor = reaper.argv(self.kit.settings.kill_grace_s, env_file=str(env_file))
+        try:
+            pane = self.kit.tmux.start(
+                session.tmux_name, command, cwd=cwd, env=None, label=session.id, run_as=run_as, supervisor=supervisor
+            )
+        except BaseException:
+            env_file.unlink(missing_ok=True)
+            raise
         return pane, False
 
     def _hand_over(self, session: Session, env: dict[str, str]) -> None:

@@ -106,6 +106,11 @@ class Toolkit:
         starts the agent, where ``ps`` and every process on the tmux socket could read it."""
         return self.rig_dir(session.rig) / "secrets" / f"{session.id}.nats-password"
 
+    def env_file(self, session: Session) -> Path:
+        """The session's environment for its reaper (``reaper --env-file``), beside its password: read and removed
+        by the reaper before the agent starts."""
+        return self.rig_dir(session.rig) / "secrets" / f"{session.id}.env"
+
     def trusted_index(self, session: Session) -> Path:
         """Where the witness keeps the index its own checkout wrote in the session's workspace, before the agent
         ran (``repository_renewal``): the witness's alone (``workspaces/`` is 0700), never the agent's to write."""
@@ -193,4 +198,5 @@ class Toolkit:
 
     def reap(self, session: Session) -> None:
         self.password_file(session).unlink(missing_ok=True)  # the session has ended: nobody needs it any more
+        self.env_file(session).unlink(missing_ok=True)  # its reaper never started
         self.stop_if_ours(session)

@@ -150,6 +150,8 @@ class CodexRuntime(TuiRuntime):
         tables = [
             "\n".join(f"{key} = {_toml(value)}" for key, value in top.items()),
             _table("analytics", {"enabled": False}),
+            # Its shell snapshots write the session's environment (its model key) to files in its config home.
+            _table("features", {"shell_snapshot": False}),
             _table("tui", {"screen_reader_detection_done": True, "terminal_title": ["run-state", "project-name"]}),
             _table("notice.model_migrations", MIGRATION_NOTICES),
             _table(f"projects.{_toml(worktree)}", {"trust_level": "trusted"}),
