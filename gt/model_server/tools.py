@@ -103,7 +103,8 @@ def _translated(name: str, tool_input: Mapping[str, Any], offered: Mapping[str, 
         own = _offered(offered, WRITE_TOOLS)
         if own is not None:
             return own, {_path_key(offered[own]): path, _key(offered[own], "content"): content}
-        directory = shlex.quote(path.rsplit("/", 1)[0] or "/")
+        # Its directory: "/" for a file at the root, "." for a relative path without one ("a.txt".rsplit is itself).
+        directory = shlex.quote((path.rsplit("/", 1)[0] or "/") if "/" in path else ".")
         command = f"mkdir -p {directory} && printf %s {_b64(content)} | base64 -d > {shlex.quote(path)}"
         return shell_call(command + f" && echo 'File created successfully at: {path}'", f"write {path}", offered)
     if name == "Edit":

@@ -259,6 +259,12 @@ def test_each_use_is_sent_in_the_runtime_s_own_tool_its_required_parameters_fill
     assert arguments["yield_time_ms"] == 30_000
     assert "$(" not in arguments["cmd"]
     assert "`" not in arguments["cmd"], "Gemini CLI refuses a command with a substitution"
+    assert arguments["cmd"].startswith("mkdir -p /r && ")
+    # A relative path is the worktree's (its commands run there): its directory is ".", not the file itself.
+    _, relative = concrete("Write", {"file_path": "CHANGELOG.md", "content": "x"}, CODEX_TOOLS)
+    assert relative["cmd"].startswith("mkdir -p . && ")
+    _, nested = concrete("Write", {"file_path": "docs/a.md", "content": "x"}, CODEX_TOOLS)
+    assert nested["cmd"].startswith("mkdir -p docs && ")
 
 
 def test_a_tool_result_without_an_id_is_matched_by_its_position() -> None:
