@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -93,7 +94,13 @@ def test_the_demo_shows_claude_code_and_codex_polecats_side_by_side_beside_gt_ag
     assert "--agent codex" in out
     assert "ended (done)" in codex_part, "one Codex CLI session, done"
     assert "- The frobulator frobulates." in codex_part, "its changelog, merged to main"
-    assert "gpt-5.5" in codex_part, "its usage, read from its rollouts, in gt costs"
+    codex_session = re.search(r"(hq-[0-9a-z]+-\d+)\s+docs/\w+\s+hq-[0-9a-z]+\s+ended \(done\)", codex_part)
+    assert codex_session is not None, codex_part[:2000]
+    costs = codex_part[codex_part.index("gt costs") :]
+    used = re.search(rf"^{codex_session.group(1)}\s+([0-9]+)\s+([0-9]+)", costs, re.MULTILINE)
+    assert used is not None, costs[:1000]
+    assert int(used.group(1)) > 0, "its usage, read from its rollouts, in gt costs"
+    assert int(used.group(2)) > 0
     assert "strayed from the model's script" not in done.stdout + done.stderr
     assert "a fresh one resumed at step 3" in out, "gt-agent's part is still there"
     assert left_behind(env) == [], "the demo cleans up after itself"
