@@ -57,8 +57,14 @@ class NobodyListens(Exception):
     """No helper is at the socket (none was started, or it ended): one may be started for the call."""
 
 
+WARM = "--warm-helper"
+"""``gt --warm-helper``: start this caller's helper, if none is there, and return at once (nothing else)."""
+
+
 def main() -> int:
     argv = sys.argv[1:]
+    if argv == [WARM]:
+        return warm()
     path = socket_path() if os.environ.get(HELPER_ENV, "1") != "0" and routed(argv) else None
     if path is None:
         return in_process()
@@ -76,6 +82,17 @@ def main() -> int:
         sys.stdout.flush()
         os._exit(code)
     return in_process()
+
+
+def warm() -> int:
+    """Start the helper ahead of the first call, without waiting for it. A polecat's pane runs this before its
+    agent: the agent's start hook calls `gt` a second or so later (a node CLI's start) and finds its session's
+    helper started or starting, instead of paying the helper's start (about as long again) before its first
+    model request."""
+    path = socket_path() if os.environ.get(HELPER_ENV, "1") != "0" else None
+    if path is not None and not _helper_alive(path):
+        spawn_helper(path)
+    return 0
 
 
 def in_process() -> int:

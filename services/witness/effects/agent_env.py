@@ -5,6 +5,7 @@ the beacon it reads first."""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -37,6 +38,10 @@ AGENT_TERM = "screen-256color"
 """The pane is a tmux terminal, whatever terminal the witness was started from."""
 
 
+WARM_HELPER = "--warm-helper"
+"""``gt --warm-helper`` (``gt.launch.WARM``): start the caller's client helper and return at once."""
+
+
 class AgentLaunch:
     def __init__(self, kit: Toolkit) -> None:
         self.kit = kit
@@ -67,7 +72,13 @@ class AgentLaunch:
             env["HOME"] = str(kit.session_dir(session) / "home")
         if kit.agent_user is not None:
             env.update(USER=kit.agent_user.name, LOGNAME=kit.agent_user.name)
-        return runtime.command(self.beacon(session), binary), env
+        command = runtime.command(self.beacon(session), binary)
+        if runtime.confirms_start:
+            # Its start hook calls `gt` before its first model request: the session's helper starts meanwhile (a
+            # grouped list, so that it runs after whatever the command is prefixed with and never stops it).
+            gt = shlex.quote(str(Path(sys.executable).parent / "gt"))
+            command = f"{{ {gt} {WARM_HELPER} || :; }} && {command}"
+        return command, env
 
     def beacon(self, session: Session) -> str:
         state = self.kit.host.state
