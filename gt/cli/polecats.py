@@ -329,11 +329,17 @@ async def _agent_hook(nc: Connection, args: argparse.Namespace, config: TownConf
     if args.event == "stop-failure":
         return EXIT_OK  # recorded for the witness by the precheck; the turn is over either way
     if args.event == "session-start":
-        await _claim_hooked_bead(nc, config)
-        try:
-            context = prime_text(await prime_data(nc, config, session))
-        except Exception as exc:  # noqa: BLE001 - the agent starts anyway and is told to try itself
-            context = f"[gastown] `gt prime` failed in the SessionStart hook ({exc}); run `gt prime` yourself."
+        # The claim and the priming at once: the agent's first model request waits for this hook's answer.
+        claimed, primed = await asyncio.gather(
+            _claim_hooked_bead(nc, config), prime_data(nc, config, session), return_exceptions=True
+        )
+        for outcome in (claimed, primed):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome  # a cancellation or an interrupt, never swallowed
+        if isinstance(primed, BaseException):  # the agent starts anyway and is told to try itself
+            context = f"[gastown] `gt prime` failed in the SessionStart hook ({primed}); run `gt prime` yourself."
+        else:
+            context = prime_text(primed)
         print(runtime.hook_answer(args.event, context))
         return EXIT_OK
     hook_input = _hook_input()
