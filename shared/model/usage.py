@@ -233,6 +233,19 @@ def priced_fully(usages: Iterable[ModelUsage], prices: Mapping[str, ModelPrice])
     return all(price_of(u.model, prices) is not None for u in usages if u.tokens)
 
 
+def _ended_records(data: bytes) -> tuple[list[Any], int]:
+    """The JSON records of ``data``'s ended lines (an unreadable one skipped: the agent writes these files) and
+    where the ended lines stop: a line not yet ended is left for the next read."""
+    end = data.rfind(b"\n") + 1
+    records = []
+    for line in data[:end].splitlines():
+        try:
+            records.append(json.loads(line))
+        except UNDECODABLE:
+            continue
+    return records, end
+
+
 # ---- Codex CLI -----------------------------------------------------------------------------------
 
 
@@ -265,12 +278,8 @@ class CodexRollouts:
         self.newest: ContextUse | None = None
 
     def feed(self, path: str, data: bytes) -> None:
-        end = data.rfind(b"\n") + 1
-        for line in data[:end].splitlines():
-            try:
-                record = json.loads(line)
-            except UNDECODABLE:
-                continue
+        records, end = _ended_records(data)
+        for record in records:
             payload = record.get("payload") if isinstance(record, dict) else None
             if not isinstance(payload, dict):
                 continue
@@ -316,12 +325,8 @@ class GeminiChats:
         self.newest: ContextUse | None = None
 
     def feed(self, path: str, data: bytes) -> None:
-        end = data.rfind(b"\n") + 1
-        for line in data[:end].splitlines():
-            try:
-                record = json.loads(line)
-            except UNDECODABLE:
-                continue
+        records, end = _ended_records(data)
+        for record in records:
             if not isinstance(record, dict) or record.get("type") != "gemini":
                 continue
             tokens, key = record.get("tokens"), record.get("id")
@@ -363,12 +368,8 @@ class OpenCodeUsage:
         self.newest: ContextUse | None = None
 
     def feed(self, path: str, data: bytes) -> None:
-        end = data.rfind(b"\n") + 1
-        for line in data[:end].splitlines():
-            try:
-                record = json.loads(line)
-            except UNDECODABLE:
-                continue
+        records, end = _ended_records(data)
+        for record in records:
             if not isinstance(record, dict):
                 continue
             tokens, key, model = record.get("tokens"), record.get("id"), record.get("model")
