@@ -20,6 +20,7 @@ import structlog
 from nats.aio.client import Client
 
 from shared.bus.errors import map_errors
+from shared.bus.nats_import import websockets_for
 from shared.bus.permissions import PermissionWatch, register
 from shared.core.aio import pause
 from shared.core.config import TownConfig
@@ -70,6 +71,7 @@ async def connect(config: TownConfig, *, name: str, connect_attempts: int = 1) -
         NatsUnavailableError: every attempt failed.
     """
 
+    websockets_for(config.servers)
     connected = False
     watch = PermissionWatch(describe_user(config))
     refused: list[Exception] = []
