@@ -50,3 +50,8 @@ RUN useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10002 gate
 RUN useradd --system --no-create-home --shell /bin/sh --uid 10003 agent
 USER gastown
 CMD ["gt", "--help"]
+
+# The source revision the image was built from (docker-compose passes GT_REVISION, e.g. `git rev-parse HEAD`), as
+# the standard label: last, so a rebuild for another revision of the same files redoes only this.
+ARG GT_REVISION=""
+LABEL org.opencontainers.image.revision="$GT_REVISION"

@@ -480,6 +480,13 @@ class ComposeStack:
             self._ids[service] = found[0]
         return self._ids[service]
 
+    def image_id(self, service: str = "mayor") -> str:
+        """The id of the image the service's containers are made from (its tag in docker-compose.yml)."""
+        tag = self.model["services"][service]["image"]
+        found = self._podman("image", "inspect", "--format", "{{.Id}}", tag)
+        assert found.returncode == 0, f"{tag}: {found.stderr}"
+        return found.stdout.strip()
+
     def _podman(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
 
