@@ -139,23 +139,28 @@ async def test_a_nats_node_killed_mid_workload_loses_and_duplicates_nothing_and_
         current: bool = await assert_eventually(functools.partial(replicas_current, reader, stream, nodes), timeout=60)
         assert current
 
+    # The hardest node to lose leads every stream the services write: the event log, the commands and the
+    # activity keys (renewals then wait out an election of 4 to 9 s; the holders pause, and must resume). The
+    # leaders are moved before the work starts: moved mid-workload (an election each), the last beads could merge
+    # before the kill, and then nothing would be tested.
+    victim = await stream_leader(reader, "GT_EVT")
+    for stream in LED_BY_VICTIM:
+        await move_leader(stack, stream, victim)
+
     origin = stack.make_origin()
-    # Each step paused: the agents are quick enough now that the last beads could merge before the leaders are
-    # moved and the node killed, and then nothing would be tested.
+    # Each step paused: a bead is under way at least 12 s, so the second three are when the first closes.
     agent = f"GT_AGENT_STEP_PAUSE={STEP_PAUSE_S} gt-agent"
     gt("rig", "add", "demo", origin, "--test", "git log -1 --oneline", "--max-polecats", "3", "--agent", agent)
     beads = [gt("bead", "create", f"Topology bead {i}") for i in range(BEADS)]
     for bead in beads:
         gt("sling", bead, "demo")
 
-    # Mid-workload: some work merged, the rest under way. Kill the node leading the event log.
+    # Mid-workload: some work merged, the rest under way. Kill the node leading the log (still: moved back if not).
     started: bool = await assert_eventually(lambda: _some_closed(reader), timeout=240, interval=0.5)
     assert started
-    victim = await stream_leader(reader, "GT_EVT")
-    # The hardest node to lose leads every stream the services write: the event log, the commands and the
-    # activity keys (renewals then wait out an election of 4 to 9 s; the holders pause, and must resume).
-    for stream in LED_BY_VICTIM:
-        await move_leader(stack, stream, victim)
+    for stream in ("GT_EVT", *LED_BY_VICTIM):
+        if await stream_leader(reader, stream) != victim:
+            await move_leader(stack, stream, victim)
     stack.kill_node(victim)
     closed_now: Counter[str] = await assert_eventually(lambda: _closed(reader), timeout=60)
     closed_at_kill = sum(closed_now.values())
