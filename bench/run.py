@@ -10,6 +10,8 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import structlog
@@ -61,10 +63,10 @@ FULL = {
     "warm_merges": 3,
 }
 QUICK = {
-    "events": 20_000,
+    "events": 5_000,
     "commands": 1_000,
     "beads": 2_000,
-    "queries": 300,
+    "queries": 100,
     "rounds": 1,
     "slung": 100,
     "kills": 5,
@@ -79,31 +81,45 @@ QUICK = {
     "lease_quiet_s": 5,
     "agent_sessions": 1,
     "tool_calls": 100,
-    "cli_rounds": 3,
-    "cli_creates": 10,
-    "repo_files": 5_000,
+    "cli_rounds": 1,
+    "cli_creates": 5,
+    "repo_files": 2_000,
     "repo_beads": 2,
     "spec_mrs": 4,
     "spec_gate_ms": 500,
     "spec_runners": 2,
-    "warm_modules": 200,
+    "warm_modules": 50,
     "warm_merges": 2,
 }
 
 
 async def run_all(sizes: dict[str, int]) -> list[Figure]:
-    figures = await replay.run(sizes["events"], rounds=sizes["rounds"])
-    figures += await commands.run(sizes["commands"], rounds=sizes["rounds"])
-    figures += await queries.run(sizes["beads"], sizes["queries"])
-    figures += await work.run(sizes["slung"], rounds=sizes["rounds"])
-    figures += await witness.run(sizes["kills"], sizes["sessions"], sizes["quiet_s"])
-    figures += await refinery.run(sizes["mrs"], sizes["done_runs"], sizes["gate_ms"] / 1000)
-    figures += await deacon.run(sizes["service_kills"], sizes["leases"], sizes["fast_leases"], sizes["lease_quiet_s"])
-    figures += await agents.run(sizes["agent_sessions"], sizes["tool_calls"])
-    figures += await cli.run(sizes["cli_rounds"], sizes["cli_creates"])
-    figures += await reposize.run(sizes["repo_files"], sizes["repo_beads"])
-    figures += await speculative.run(sizes["spec_mrs"], sizes["spec_gate_ms"] / 1000, sizes["spec_runners"])
-    figures += await warmgates.run(sizes["warm_modules"], sizes["warm_merges"])
+    steps: list[tuple[str, Callable[[], Awaitable[list[Figure]]]]] = [
+        ("replay", lambda: replay.run(sizes["events"], rounds=sizes["rounds"])),
+        ("commands", lambda: commands.run(sizes["commands"], rounds=sizes["rounds"])),
+        ("queries", lambda: queries.run(sizes["beads"], sizes["queries"])),
+        ("work", lambda: work.run(sizes["slung"], rounds=sizes["rounds"])),
+        ("witness", lambda: witness.run(sizes["kills"], sizes["sessions"], sizes["quiet_s"])),
+        ("refinery", lambda: refinery.run(sizes["mrs"], sizes["done_runs"], sizes["gate_ms"] / 1000)),
+        (
+            "deacon",
+            lambda: deacon.run(sizes["service_kills"], sizes["leases"], sizes["fast_leases"], sizes["lease_quiet_s"]),
+        ),
+        ("agents", lambda: agents.run(sizes["agent_sessions"], sizes["tool_calls"])),
+        ("cli", lambda: cli.run(sizes["cli_rounds"], sizes["cli_creates"])),
+        ("reposize", lambda: reposize.run(sizes["repo_files"], sizes["repo_beads"])),
+        (
+            "speculative",
+            lambda: speculative.run(sizes["spec_mrs"], sizes["spec_gate_ms"] / 1000, sizes["spec_runners"]),
+        ),
+        ("warmgates", lambda: warmgates.run(sizes["warm_modules"], sizes["warm_merges"])),
+    ]
+    figures: list[Figure] = []
+    for name, step in steps:
+        began = time.monotonic()
+        figures += await step()
+        # Where a run's minutes go (the smoke test runs them all on CI's two cores).
+        print(f"bench: {name} took {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
     # By letter, in the order measured within one letter: one benchmark module may measure several letters.
     return sorted(figures, key=lambda figure: figure.name[:3])
 

@@ -73,7 +73,11 @@ async def test_a_session_busy_with_its_own_tools_for_three_stall_limits_is_not_w
         for variable, value in cli.witness_env(server.base_url).items():
             monkeypatch.setenv(variable, value)
         await pt.sling(bead)
-        await pt.wait_merge_requested(bead, timeout=300)
+        try:
+            await pt.wait_merge_requested(bead, timeout=300)
+        except AssertionError as exc:  # what the runtime asked the model, and when: a stuck first turn shows here
+            asked = [(r.kind, r.script, r.turn, r.path, round(r.received_at, 1)) for r in server.requests]
+            raise AssertionError(f"{exc}\nmodel requests: {asked}\nanswers: {server.answers}") from None
         assert server.failures == []
         sessions = await pt.wait_settled(bead, timeout=120)  # while the model answers the turn after `gt done`
     assert [(s.warrant_reason, s.end_reason) for s in sessions] == [(None, "done")], [
