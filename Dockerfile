@@ -48,10 +48,11 @@ RUN useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10002 gate
 # (GT_AGENT_USER=agent) and hands it only its session's workspace, password file, runtime dir and publish folder;
 # it owns nothing else of the town (docs/deployment.md, "Agents as another OS user").
 RUN useradd --system --no-create-home --shell /bin/sh --uid 10003 agent
+# The source revision the image was built from (docker-compose passes GT_REVISION, e.g. `git rev-parse HEAD`), in
+# /etc/gastown-revision and as the standard label: last, so a rebuild for another revision of the same files redoes
+# only this. The RUN comes first: podman's builder reuses a cached LABEL layer whatever the argument's value.
+ARG GT_REVISION=""
+RUN printf '%s\n' "$GT_REVISION" > /etc/gastown-revision
+LABEL org.opencontainers.image.revision="$GT_REVISION"
 USER gastown
 CMD ["gt", "--help"]
-
-# The source revision the image was built from (docker-compose passes GT_REVISION, e.g. `git rev-parse HEAD`), as
-# the standard label: last, so a rebuild for another revision of the same files redoes only this.
-ARG GT_REVISION=""
-LABEL org.opencontainers.image.revision="$GT_REVISION"
