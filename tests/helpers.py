@@ -20,6 +20,9 @@ from shared.service import Service
 T = TypeVar("T")
 
 DEFAULT_DEADLINE_S = 30.0
+LINGERING_AGENTS = {"GT_DONE_EXIT_GRACE": "10"}
+"""The environment of a town whose scripted agents sleep on after `gt done` (a pane that exited before it would be
+respawned): the witness ends them 10 s after it, not 60, and the test's `gt down --sessions` waits for that."""
 
 
 class _Retry:

@@ -95,10 +95,19 @@ class Attacker:
     def note(self, name: str, how: str, result: str) -> None:
         self.report["attempts"].append({"attack": name, "how": how, "result": result[:300]})
 
-    async def quietly(self, name: str, how: str, coro: Any, timeout: float = 2.0) -> Any:
+    async def quietly(
+        self, name: str, how: str, coro: Any, timeout: float = 2.0, *, refused_on: str | None = None
+    ) -> Any:
+        """Try ``coro``; note what came of it. ``refused_on``: a request to that subject, given up as soon as the
+        server refuses its publish (an -ERR naming it), not after ``timeout``: nothing will answer it."""
         before = len(self.errors)
+        attempt = asyncio.ensure_future(coro)
         try:
-            got = await asyncio.wait_for(coro, timeout)
+            if refused_on is None:
+                got = await asyncio.wait_for(attempt, timeout)
+            else:
+                # nats-py lowercases the server's -ERR text, the subject in it too.
+                got = await self._unless_refused(attempt, before, f'"{refused_on.lower()}"', timeout)
         except Exception as exc:
             self.note(name, how, f"error: {exc!r}")
             return None
@@ -108,6 +117,19 @@ class Attacker:
         refused = self.errors[before:]
         self.note(name, how, f"refused: {refused}" if refused else f"answered: {got!r}")
         return got
+
+    async def _unless_refused(self, attempt: asyncio.Future[Any], before: int, named: str, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        try:
+            while not attempt.done():
+                if any(named in error.lower() for error in self.errors[before:]):
+                    raise PermissionError(f"refused: {self.errors[before:]}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no answer in {timeout} s")
+                await asyncio.wait({attempt}, timeout=0.02)
+            return attempt.result()
+        finally:
+            attempt.cancel()
 
     async def trampolines(self, victim: str) -> None:
         """The reply-subject injections: an allowed request whose answer the server publishes, the reply set to
@@ -148,10 +170,11 @@ class Attacker:
                 name,
                 "consumer with deliver subject = target",
                 self.nc.request("$JS.API.CONSUMER.CREATE.GT_EVT", consumer.encode()),
+                refused_on="$JS.API.CONSUMER.CREATE.GT_EVT",
             )
             # 5. straight at it
             await self.quietly(name, "publish to the target", self._publish(subject, payload, ""))
-            await self.quietly(name, "request to the target", self.nc.request(subject, payload))
+            await self.quietly(name, "request to the target", self.nc.request(subject, payload), refused_on=subject)
 
     async def _publish(self, subject: str, data: bytes, reply: str) -> str:
         await self.nc.publish(subject, data, reply=reply)
@@ -223,7 +246,10 @@ async def reads(attacker: Attacker, victim_address: str, marker: str) -> None:
     read: list[str] = []
     for subject in OUTCOME_WILDCARDS:
         got = await attacker.quietly(
-            "outcome_wildcard", subject, nc.request(f"$JS.API.DIRECT.GET.GT_EVT.{subject}", b"", timeout=2)
+            "outcome_wildcard",
+            subject,
+            nc.request(f"$JS.API.DIRECT.GET.GT_EVT.{subject}", b"", timeout=2),
+            refused_on=f"$JS.API.DIRECT.GET.GT_EVT.{subject}",
         )
         headers = (got.headers or {}) if got is not None else {}
         if got is not None and "Status" not in headers:
@@ -232,7 +258,10 @@ async def reads(attacker: Attacker, victim_address: str, marker: str) -> None:
     lists: dict[str, str] = {}
     for what in ("sessions", "nudges"):
         got = await attacker.quietly(
-            "witness_list", what, nc.request(f"gt.q.witness.{what}", json.dumps({"all": True}).encode(), timeout=5)
+            "witness_list",
+            what,
+            nc.request(f"gt.q.witness.{what}", json.dumps({"all": True}).encode(), timeout=5),
+            refused_on=f"gt.q.witness.{what}",
         )
         lists[what] = got.data.decode(errors="replace")[:20000] if got is not None else ""
     attacker.report["witness_lists"] = lists

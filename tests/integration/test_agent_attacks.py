@@ -42,7 +42,7 @@ from tests.agent_runtimes import CODEX, GEMINI, OPENCODE, AgentCli
 from tests.attacks import nats_pane
 from tests.compose_stack import USERS, ComposeStack, LocalStack, Operator, run_where_agents_run, running_stack
 from tests.conftest import REPO_ROOT
-from tests.helpers import wait_until
+from tests.helpers import LINGERING_AGENTS, wait_until
 from tests.integration.test_town import TownCli
 from tests.log_tools import read_all
 from tests.witness_town import make_origin
@@ -406,7 +406,7 @@ async def assert_laptop_town_unharmed(
 
 @contextlib.contextmanager
 def laptop_town(gt_env: dict[str, str], home: Path, socket: str) -> Iterator[TownCli]:
-    town = TownCli({**gt_env, "GT_TMUX_SOCKET": socket}, home)
+    town = TownCli({**gt_env, **LINGERING_AGENTS, "GT_TMUX_SOCKET": socket}, home)
     try:
         yield town
     finally:

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from shared.host import git
-from tests.helpers import wait_until
+from tests.helpers import LINGERING_AGENTS, wait_until
 from tests.integration.test_town import TownCli
 from tests.os_users import remove_user, user_bin_dir
 from tests.witness_town import make_origin
@@ -85,7 +85,7 @@ def test_agents_as_their_own_os_user_reach_none_of_the_towns_files_or_processes(
     report.touch()
     os.chown(report, entry.pw_uid, entry.pw_gid)
     socket = f"gt-agent-user-{secrets.token_hex(4)}"
-    env = {**gt_env, "GT_TMUX_SOCKET": socket, "GT_AGENT_USER": name}
+    env = {**gt_env, **LINGERING_AGENTS, "GT_TMUX_SOCKET": socket, "GT_AGENT_USER": name}
     # GT_HOME where another user may pass (the test's tmp_path is under root's private pytest dir).
     town = TownCli(env, readable / "town", python=str(bin_dir / "python"))
     try:

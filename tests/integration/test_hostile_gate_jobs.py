@@ -34,7 +34,7 @@ from shared.core.config import TownConfig
 from shared.host import git
 from shared.model.commands import MergeRequestSubmit
 from tests.attacks import gate_pane
-from tests.helpers import wait_until
+from tests.helpers import LINGERING_AGENTS, wait_until
 from tests.integration.test_town import TownCli
 from tests.integration.test_town_runners import gate_events
 from tests.witness_town import IDENTITY, make_origin
@@ -103,6 +103,7 @@ def test_an_agent_can_neither_answer_a_gate_job_nor_swap_its_candidate_to_land_a
     hold.touch()
     env = {
         **gt_env,
+        **LINGERING_AGENTS,
         "GT_TMUX_SOCKET": socket,
         # Two candidates gated at once, on the one runner: the second one's job waits while the first one runs.
         "GT_MQ_RUNNERS": "2",

@@ -311,7 +311,12 @@ def test_down_keeps_worktrees_and_down_clean_removes_only_the_clean_pushed_ones(
         polecats = gt_town.home / "rigs" / "demo" / "polecats"
 
         def two_worktrees() -> list[Path]:
-            found = sorted(p for p in polecats.iterdir() if (p / ".git").exists()) if polecats.exists() else []
+            # A worktree is made under a hidden temporary name (.NAME.X.tmp) and renamed into place: only placed ones.
+            found = (
+                sorted(p for p in polecats.iterdir() if not p.name.startswith(".") and (p / ".git").exists())
+                if polecats.exists()
+                else []
+            )
             assert len(found) == 2, found
             return found
 
