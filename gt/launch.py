@@ -15,6 +15,9 @@ helpers are off (``GT_HELPER=0``), when the helper refused it (the code changed 
 or when no helper came up; a call it started is never run twice: if the child ends without an exit status,
 that is reported (exit 1), not retried.
 
+A polecat's start hook whose answer the witness wrote ahead is answered before any of this (``gt.start_hook``):
+the agent's first model request waits for it.
+
 This module imports only built-in modules (no ``socket``, ``signal`` or ``json``: their imports would cost
 more than the helper saves; not even ``__future__``, 0.13 ms); the wire format is in ``gt.cli.helper``'s
 docstring.
@@ -57,14 +60,14 @@ class NobodyListens(Exception):
     """No helper is at the socket (none was started, or it ended): one may be started for the call."""
 
 
-WARM = "--warm-helper"
-"""``gt --warm-helper``: start this caller's helper, if none is there, and return at once (nothing else)."""
-
-
 def main() -> int:
     argv = sys.argv[1:]
-    if argv == [WARM]:
-        return warm()
+    if argv[:1] == ["agent-hook"]:
+        from gt import start_hook  # built-in modules only, as here
+
+        if start_hook.answer(argv):
+            sys.stdout.flush()
+            os._exit(0)
     path = socket_path() if os.environ.get(HELPER_ENV, "1") != "0" and routed(argv) else None
     if path is None:
         return in_process()
@@ -82,17 +85,6 @@ def main() -> int:
         sys.stdout.flush()
         os._exit(code)
     return in_process()
-
-
-def warm() -> int:
-    """Start the helper ahead of the first call, without waiting for it. A polecat's pane runs this before its
-    agent: the agent's start hook calls `gt` a second or so later (a node CLI's start) and finds its session's
-    helper started or starting, instead of paying the helper's start (about as long again) before its first
-    model request."""
-    path = socket_path() if os.environ.get(HELPER_ENV, "1") != "0" else None
-    if path is not None and not _helper_alive(path):
-        spawn_helper(path)
-    return 0
 
 
 def in_process() -> int:

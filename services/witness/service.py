@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import msgspec
 
@@ -32,6 +32,7 @@ from services.witness.plan import Policy, plan, scope
 from services.witness.projection import new_projection
 from services.witness.state import WitnessState
 from shared.bus import auth_callout
+from shared.bus import query as bus_query
 from shared.core.config import TownConfig, town_mark
 from shared.host.tmux import Tmux
 from shared.model.commands import Command
@@ -39,6 +40,8 @@ from shared.model.decision import Accepted, DecideContext, Route
 from shared.model.queries import Query
 from shared.model.queries.witness import WitnessStatus
 from shared.service import Service, ServiceSettings
+
+R = TypeVar("R")
 
 RECONCILE_GAP_PER_SESSION_S = 0.00025
 RECONCILE_GAP_MAX_S = 0.05
@@ -126,6 +129,17 @@ class WitnessService(Service[WitnessState]):
 
     def check_session_query(self, query: Query[Any], session: str) -> None:
         queries.check_session_query(self.projection.state, query, session)
+
+    async def read(self, query: Query[R], /) -> R:
+        """Ask ``query`` as of everything this witness applied: its own from its projection, another service's
+        over the bus (answered once that service applied as much), a list to its end."""
+        query = msgspec.structs.replace(query, min_seq=self.projection.last_seq)
+        if query.addressee() == self.name:
+            return bus_query.reply_of(query, msgspec.to_builtins(self.query(query)))
+        assert self.nc is not None
+        if hasattr(query, "after"):
+            return bus_query.reply_of(query, (await bus_query.ask_all(self.nc, query)).items)
+        return await bus_query.ask(self.nc, query)
 
     def status(self) -> WitnessStatus:
         responder = self.responder

@@ -83,6 +83,24 @@ def write_beneath(
             out.write(text)
 
 
+def replace_beneath(
+    root: Path, relative: PurePath | str, text: str, *, mode: int = 0o600, owner: tuple[int, int] | None = None
+) -> None:
+    """``write_beneath``, but a reader never sees the file half written: ``text`` goes to a new file beside it
+    (``.NAME.tmp``, made afresh, never through a link), renamed over ``root/relative`` when complete."""
+    relative = PurePath(relative)
+    temporary = f".{relative.name}.tmp"
+    with _parent_fd(root, relative, create=True, owner=owner) as parent:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary, dir_fd=parent)  # a link or a file left there: removed, never followed
+        fd = _open_regular(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode, parent, root / temporary)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            if owner is not None:
+                os.fchown(fd, *owner)
+            out.write(text)
+        os.rename(temporary, relative.name, src_dir_fd=parent, dst_dir_fd=parent)
+
+
 def add_lines_beneath(
     root: Path,
     relative: PurePath | str,

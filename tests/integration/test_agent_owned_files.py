@@ -64,6 +64,26 @@ def test_writes_below_an_agents_directory_follow_no_link(tmp_path: Path) -> None
     assert (work / ".git" / "info" / "exclude").read_text() == "a\nb\nc\n", "only what is missing is added"
 
 
+def test_a_replaced_file_is_never_written_through_a_link_the_agent_left(tmp_path: Path) -> None:
+    """``replace_beneath`` (the start hook's answer in the agent's runtime dir): a link where the file or its
+    temporary belongs is replaced or removed, never followed; the file is whole for every reader."""
+    target = victim(tmp_path)
+    session = tmp_path / "session"
+    session.mkdir()
+    (session / "start-answer").symlink_to(target)
+    (session / ".start-answer.tmp").symlink_to(target)
+    safe_files.replace_beneath(session, "start-answer", "the answer\n")
+    assert target.read_text() == "root's\n"
+    assert not (session / "start-answer").is_symlink()
+    assert (session / "start-answer").read_text() == "the answer\n"
+    assert not (session / ".start-answer.tmp").exists()
+    (session / "start-answer").unlink()
+    (session / "start-answer").mkdir()
+    with pytest.raises(OSError):  # noqa: PT011 - a directory is never replaced, whatever errno says so
+        safe_files.replace_beneath(session, "start-answer", "x")
+    assert target.read_text() == "root's\n"
+
+
 def test_reads_of_an_agents_files_never_wait_on_a_fifo_or_follow_a_link(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "hooks.log")
     with pytest.raises(safe_files.UnsafeFileError):

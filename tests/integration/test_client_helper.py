@@ -23,7 +23,6 @@ import pytest
 
 from gt import launch
 from gt.cli.common import EXIT_UNREACHABLE
-from services.witness.effects.agent_env import WARM_HELPER
 from shared.core.config import TownConfig
 from tests.helpers import assert_eventually
 from tests.service_process import ServiceProcess
@@ -489,18 +488,3 @@ async def test_sigusr2_has_a_call_running_in_the_helper_print_its_tasks_and_go_o
     done = await finished(waiting)
     assert done.code == 0, done
     assert BEAD_ID.fullmatch(done.out.strip()), done.out
-
-
-async def test_warming_starts_the_helper_without_waiting_for_it_and_only_once(shell: Shell) -> None:
-    """A polecat's pane runs `gt --warm-helper` before its agent (the witness's ``WARM_HELPER``): it returns at
-    once, prints nothing, and the agent's first call finds the helper started."""
-    assert launch.WARM == WARM_HELPER
-    warmed = await shell(launch.WARM)
-    assert (warmed.code, warmed.out, warmed.err) == (0, "", "")
-    helper = await helper_ready(shell)
-    again = await shell(launch.WARM)
-    assert again.code == 0
-    assert shell.helper() == helper, "one helper: a second warm-up leaves it be"
-    first_call = await shell("--help")
-    assert first_call.code == 0
-    assert shell.helper() == helper, "the call went to the warmed helper"

@@ -118,6 +118,10 @@ async def test_a_bead_is_worked_to_merged_every_step_once(
     assert any("Current step: load-context" in text for texts in prompts for text in texts), "not primed"
     hook_log = (_session_dir(town, session.id) / "hooks.log").read_text()
     assert "session-start" in hook_log
+    # Answered from what the witness wrote before the pane started: no `gt` client between the runtime's start and
+    # its first model request.
+    told = (_session_dir(town, session.id) / runtimes.START_ANSWER_TAKEN).read_text()
+    assert f"Hook: bead {bead}" in told, told
     assert runtimes.turn_ended_after_done(hook_log), "`gt done` marked the log and a turn ended after it"
     logged = [decode_envelope(data) for _seq, _subject, data in await read_all(pt.nc, "GT_EVT")]
     steps = [msgspec.json.decode(e.data) for e in logged if e.type == "step.done"]

@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gt.cli.polecats import before_you_lines, mail_lines
 from services.mayor.decide import mail as decide_mail
 from services.mayor.projection import new_projection as new_mayor_projection
 from services.mayor.state import MayorState
@@ -30,6 +29,7 @@ from shared.model.events import (
     SessionRequested,
     SessionWarranted,
 )
+from shared.model.prime import before_you_lines, mail_lines
 from shared.model.queries import witness
 from tests import records
 from tests.memory_log import MemoryLog

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from gt import narration
-from gt.cli.polecats import prime_text, stop_reason
+from gt.cli.polecats import stop_reason
 from services.mayor import plan
 from services.mayor.projection import new_projection
 from services.mayor.state import MayorState, current_step
@@ -26,7 +26,7 @@ from shared.model.events import (
     decode_envelope,
 )
 from shared.model.formulas import rework
-from shared.model.prime import Prime
+from shared.model.prime import Prime, prime_text
 from tests import records
 from tests.mayor_town import mayor_town
 from tests.memory_log import MemoryTown

@@ -14,11 +14,11 @@ from gt import narration
 from gt.cli import render, town_view
 from gt.cli.colour import Palette
 from gt.cli.feed_view import feed_line, timeline
-from gt.cli.polecats import before_you_lines, mail_lines, prime_text
 from services.witness.effects.nudge import MAIL_SUBJECT_SHOWN, RIGHT_QUOTE, mail_announcement
 from shared.core.terminal import escape_line, escape_text, escaped_lines, is_safe
 from shared.model.beads import Bead, BeadDetail
 from shared.model.escalations import Escalation
+from shared.model.prime import before_you_lines, mail_lines, prime_text
 from tests import records
 
 HOSTILE = "\x1b]0;pwned\x07\x1b[2J\rRED\x08\x7f\x9b31m\u202eevil\u2066x\u2069\x00"

@@ -5,7 +5,6 @@ the beacon it reads first."""
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -36,10 +35,6 @@ AGENT_ENV_PASSTHROUGH = (
 credentials are chosen by ``agent_nats_credentials``."""
 AGENT_TERM = "screen-256color"
 """The pane is a tmux terminal, whatever terminal the witness was started from."""
-
-
-WARM_HELPER = "--warm-helper"
-"""``gt --warm-helper`` (``gt.launch.WARM``): start the caller's client helper and return at once."""
 
 
 class AgentLaunch:
@@ -73,11 +68,6 @@ class AgentLaunch:
         if kit.agent_user is not None:
             env.update(USER=kit.agent_user.name, LOGNAME=kit.agent_user.name)
         command = runtime.command(self.beacon(session), binary)
-        if runtime.confirms_start:
-            # Its start hook calls `gt` before its first model request: the session's helper starts meanwhile (a
-            # grouped list, so that it runs after whatever the command is prefixed with and never stops it).
-            gt = shlex.quote(str(Path(sys.executable).parent / "gt"))
-            command = f"{{ {gt} {WARM_HELPER} || :; }} && {command}"
         return command, env
 
     def beacon(self, session: Session) -> str:

@@ -17,7 +17,14 @@ from typing import Any
 from shared.core.decoding import UNDECODABLE
 from shared.core.errors import GastownError
 from shared.host import git, safe_files
-from shared.model.runtimes import AGENT_FAILURE, HOOK_LOG, HOOK_MARK_SESSION_START, Runtime
+from shared.model.runtimes import (
+    AGENT_FAILURE,
+    HOOK_LOG,
+    HOOK_MARK_SESSION_START,
+    START_ANSWER,
+    START_ANSWER_TAKEN,
+    Runtime,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 """The checkout the witness runs from (its ``.tools/npm`` holds the agent CLIs ``./dev setup`` installed)."""
@@ -112,6 +119,8 @@ def prepare(
     session_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (session_dir / HOOK_MARK_SESSION_START).unlink(missing_ok=True)  # only this start's hook counts
     (session_dir / AGENT_FAILURE).unlink(missing_ok=True)  # and only this start's failures
+    for answer in (START_ANSWER, START_ANSWER_TAKEN):  # written for this start once it started
+        (session_dir / answer).unlink(missing_ok=True)
     added = runtime.env(env, session_dir=str(session_dir), root=as_root)
     gt = gt or str(Path(sys.executable).parent / "gt")
     # The runtime dir and the workspace may be the agent's (GT_AGENT_USER; a workspace used before): written

@@ -14,7 +14,7 @@ from pathlib import Path
 import structlog
 
 from services.witness import plan as planning
-from services.witness.effects import agent_user, runtime_setup, workspace_records
+from services.witness.effects import agent_user, runtime_setup, start_answer, workspace_records
 from services.witness.effects.agent_env import AgentLaunch
 from services.witness.effects.toolkit import StartBlockedError, Toolkit, WorktreeUnusableError
 from services.witness.plan.actions import GiveUp, ReleaseHook, Resling, Spawn, Start
@@ -93,12 +93,25 @@ class Spawner:
         rig = self.kit.host.state.rigs.get(session.rig)
         if rig is None:
             return
+        runtime = runtimes.runtime_for(agent_of(session, rig))
         try:
-            runtime_setup.check(runtimes.runtime_for(agent_of(session, rig)), os.environ)
+            runtime_setup.check(runtime, os.environ)
         except runtime_setup.RuntimeUnavailableError as exc:
             # Retrying changes nothing: an operator must install or configure the agent. Escalated, not respawned.
             await self._agent_unavailable(session, rig, str(exc))
             return
+        # Its agent's first model request waits for its start hook: the hook's answer is read while the worktree
+        # is prepared, and written before the pane starts.
+        answering = (
+            asyncio.create_task(start_answer.text_for(self.kit, session, runtime)) if runtime.confirms_start else None
+        )
+        try:
+            await self._start(session, rig, answering)
+        finally:
+            if answering is not None:
+                answering.cancel()
+
+    async def _start(self, session: Session, rig: Rig, answering: asyncio.Task[str | None] | None) -> None:
         try:
             async with self.kit.worktree_locks.hold(session.worktree), workspace_records.held(self.kit, session):
                 if await self._end_leftovers(session):
@@ -114,8 +127,9 @@ class Spawner:
             self.start_failures[session.id] = self.start_failures.get(session.id, 0) + 1
             raise
         session = await self._hold_hook(session, rig)
+        answer = await answering if answering is not None else None
         try:
-            pane, adopted = await asyncio.to_thread(self._start_tmux, session, rig)
+            pane, adopted = await asyncio.to_thread(self._start_tmux, session, rig, answer)
         except TmuxError:
             self.start_failures[session.id] = self.start_failures.get(session.id, 0) + 1
             raise
@@ -270,7 +284,8 @@ class Spawner:
         last = earlier[-1] if earlier else None  # in the order requested
         return last is not None and last.status == "ended" and last.cleaned and last.worktree_removed
 
-    def _start_tmux(self, session: Session, rig: Rig) -> tuple[PaneInfo, bool]:
+    def _start_tmux(self, session: Session, rig: Rig, answer: str | None) -> tuple[PaneInfo, bool]:
+        """The session's pane, started (or adopted: True); ``answer``: its start hook's (``start_answer``)."""
         existing = self.kit.tmux.pane_of(session.tmux_name)
         if existing is not None and not self.kit.tmux.ours(existing):
             # Another town's session on our tmux socket, of the same name: never ours to adopt or kill.
@@ -293,6 +308,8 @@ class Spawner:
             # tmux (root) starts the pane in "/", and the agent's own shell enters the workspace: no root process
             # ever runs with the agent's directory as its working directory (relative paths the agent planted).
             cwd, command = "/", f"cd -- {shlex.quote(session.worktree)} && {command}"
+        if answer is not None:
+            start_answer.write(self.kit, session, answer)
         # The pane's first process is the session's reaper (shared/host/reaper.py), as the witness's user: whatever the
         # agent starts, even detached, ends with the session.
         # Its environment (the model keys among it) goes to the reaper in a file of the witness's, not on the command

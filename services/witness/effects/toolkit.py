@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -33,9 +33,12 @@ from shared.model import done_flow
 from shared.model.commands import Command, EscalationRaise
 from shared.model.decision import NewEvent
 from shared.model.events import SessionEnded
+from shared.model.queries import Query
 from shared.model.rigs import home_name
 
 log = structlog.get_logger(__name__)
+
+R = TypeVar("R")
 
 REAPER_SLACK_S = 3.0
 """A killed pane's reaper ends its session's processes within ``GT_KILL_GRACE`` (SIGTERM, then SIGKILL): the witness
@@ -66,6 +69,10 @@ class Host(Protocol):
 
     @property
     def callout(self) -> CalloutSettings | None: ...
+
+    async def read(self, query: Query[R], /) -> R:
+        """Ask ``query`` as of everything this witness applied (a ``shared.model.prime.Reader``)."""
+        ...
 
 
 class Toolkit:

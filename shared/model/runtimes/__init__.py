@@ -26,22 +26,27 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shared.core.runtime_dir import (
+    AGENT_FAILURE,
+    HOOK_LOG,
+    HOOK_MARK_SESSION_START,
+    SESSION_DIR_ENV,
+    START_ANSWER,
+    START_ANSWER_TAKEN,
+    hook_log_line,
+)
 from shared.model.runtimes.base import (
     ACTIVITY_HOOK,
-    AGENT_FAILURE,
     CLAUDE,
     COMMAND,
     CONTEXT_PROMPT,
     CONTINUE_PROMPT,
     DONE_MARK,
     GT_AGENT,
-    HOOK_LOG,
     HOOK_MARGIN_S,
     HOOK_MARK_ACTIVITY,
-    HOOK_MARK_SESSION_START,
     LOCAL_BINARIES,
     RESTART_SOURCES,
-    SESSION_DIR_ENV,
     SESSION_TOWN_PATIENCE_S,
     TURN_ENDS,
     CommandRuntime,
@@ -53,7 +58,6 @@ from shared.model.runtimes.base import (
     TuiRuntime,
     UsageReader,
     continue_prompt,
-    hook_log_line,
     log_line_hook,
     newest_restart,
     turn_ended_after_done,
@@ -144,6 +148,8 @@ __all__ = [
     "SESSION_DIR_ENV",
     "SESSION_TOWN_PATIENCE_S",
     "SETTINGS_LOCAL",
+    "START_ANSWER",
+    "START_ANSWER_TAKEN",
     "TURN_ENDS",
     "ClaudeRuntime",
     "CodexRuntime",

@@ -12,6 +12,10 @@ from typing import Any, ClassVar, Protocol
 
 import msgspec
 
+from shared.core.runtime_dir import (
+    HOOK_LOG,
+    SESSION_DIR_ENV,
+)
 from shared.model.usage import ContextUse, ModelUsage
 
 CLAUDE = "claude"
@@ -19,18 +23,9 @@ GT_AGENT = "gt-agent"
 COMMAND = "command"
 """The runtime of a rig whose ``--agent`` is a command line of its own."""
 
-HOOK_MARK_SESSION_START = "session-start"
-"""The file (in the session's runtime dir) the SessionStart hook leaves: the witness's sign the agent started."""
 HOOK_MARK_ACTIVITY = "activity"
 """The file (in the session's runtime dir) the PostToolUse hook truncates after every tool call: its mtime is the
 agent's last tool call, read by the witness (a shell redirection, no process started: docs/agents.md, Liveness)."""
-HOOK_LOG = "hooks.log"
-"""One line per hook the runtime fired (``<iso time> <event>``), in the session's runtime dir."""
-AGENT_FAILURE = "agent-failure"
-"""The file (in the session's runtime dir) the agent's turn-failure hook leaves: JSON ``{"error", "details", "at"}``
-of the newest turn that ended on an API error (Claude Code's StopFailure hook)."""
-SESSION_DIR_ENV = "GT_SESSION_DIR"
-"""Names the session's runtime dir (its config home, hook marks) in the agent's environment and its hooks'."""
 
 
 CONTINUE_PROMPT = (
@@ -308,11 +303,6 @@ def log_line_hook(event: str) -> str:
 def continue_prompt(restart: Restart) -> str:
     """The nudge that sends a session on after ``restart``."""
     return CONTINUE_PROMPT.format(how=RESTART_SOURCES.get(restart.source, "restarted"))
-
-
-def hook_log_line(event: str, detail: str, stamp: str) -> str:
-    """A line of the session's hook log (``HOOK_LOG``): ``<iso time> <event>[ <detail>]``."""
-    return f"{stamp} {event}{' ' + detail if detail else ''}\n"
 
 
 TURN_ENDS = ("stop", "stop-failure")

@@ -25,12 +25,11 @@ import shlex
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from shared.core.runtime_dir import HOOK_MARK_SESSION_START, SESSION_DIR_ENV
 from shared.model.runtimes.base import (
     ACTIVITY_HOOK,
     HOOK_MARGIN_S,
     HOOK_MARK_ACTIVITY,
-    HOOK_MARK_SESSION_START,
-    SESSION_DIR_ENV,
     SESSION_TOWN_PATIENCE_S,
     NudgeTyping,
     RuntimeFile,
