@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -135,6 +136,8 @@ def up(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
     if unknown:
         print(f"gt: unknown services {unknown}; choose from {', '.join(START_ORDER)}", file=sys.stderr)
         return 2
+    if warning := gate_user_warning(os.environ, os.geteuid()):
+        print(f"gt: warning: {warning}", file=sys.stderr)
     reaped = reap_leftovers(config)
     if reaped:
         print(f"stopped leftovers of a town whose supervisor died: {', '.join(reaped)}", file=sys.stderr)
@@ -146,6 +149,18 @@ def up(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
     except GastownError as exc:
         print(f"gt: {exc}", file=sys.stderr)
         return 3
+
+
+def gate_user_warning(env: Mapping[str, str], euid: int) -> str | None:
+    """What `gt up` says when agents run as their own user but the merge gates, which run the code those agents
+    wrote, would run as root; None when that is not so."""
+    if euid != 0 or not env.get("GT_AGENT_USER", "").strip() or env.get("GT_GATE_USER", "").strip():
+        return None
+    return (
+        "GT_AGENT_USER keeps agents off your files, but the merge queue's gates run the code they wrote, and "
+        "without GT_GATE_USER they run it as root: an agent's test file would own the machine. Set GT_GATE_USER to "
+        'another unprivileged user (docs/deployment.md, "Agents as another OS user")'
+    )
 
 
 def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
