@@ -18,7 +18,13 @@ import msgspec
 from gt.cli.progress import Progress
 from gt.embedded_nats import read_since
 from gt.town.policy import DOWN_TIMEOUT_S, HEALTH_PATIENCE_S, NATS, READY_TIMEOUT_S, START_ORDER
-from gt.town.sessions import clean_worktrees, polecat_tmux_sessions, sessions_left_running, stop_sessions
+from gt.town.sessions import (
+    clean_worktrees,
+    end_sessions_without_town,
+    polecat_tmux_sessions,
+    sessions_left_running,
+    stop_sessions,
+)
 from gt.town.state import TownState, read_state, restart_requests_dir, running_town, state_path
 from gt.town.supervisor import Supervisor
 from gt.town_secrets import as_operator
@@ -359,6 +365,13 @@ def down(config: TownConfig, *, clean: bool = False, sessions: bool = False) -> 
             if reaped
             else "no town is running"
         )
+        if sessions and (ended := end_sessions_without_town(config)):
+            # Nobody to record it: the next `gt up`'s witness finds the panes gone, a death of each session, and
+            # gives its bead a fresh one.
+            print(
+                f"ended {ended} polecat session{'s' if ended != 1 else ''} left running without a town (their "
+                "processes with them); the next `gt up` gives their beads fresh sessions"
+            )
     else:
         if sessions:
             town = as_operator(msgspec.structs.replace(config, nats_url=state.nats_url))
