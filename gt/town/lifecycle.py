@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -17,7 +18,13 @@ import msgspec
 from gt.cli.progress import Progress
 from gt.embedded_nats import read_since
 from gt.town.policy import DOWN_TIMEOUT_S, HEALTH_PATIENCE_S, NATS, READY_TIMEOUT_S, START_ORDER
-from gt.town.sessions import clean_worktrees, polecat_tmux_sessions, sessions_left_running, stop_sessions
+from gt.town.sessions import (
+    clean_worktrees,
+    end_sessions_without_town,
+    polecat_tmux_sessions,
+    sessions_left_running,
+    stop_sessions,
+)
 from gt.town.state import TownState, read_state, restart_requests_dir, running_town, state_path
 from gt.town.supervisor import Supervisor
 from gt.town_secrets import as_operator
@@ -135,6 +142,8 @@ def up(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
     if unknown:
         print(f"gt: unknown services {unknown}; choose from {', '.join(START_ORDER)}", file=sys.stderr)
         return 2
+    if warning := gate_user_warning(os.environ, os.geteuid()):
+        print(f"gt: warning: {warning}", file=sys.stderr)
     reaped = reap_leftovers(config)
     if reaped:
         print(f"stopped leftovers of a town whose supervisor died: {', '.join(reaped)}", file=sys.stderr)
@@ -146,6 +155,18 @@ def up(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
     except GastownError as exc:
         print(f"gt: {exc}", file=sys.stderr)
         return 3
+
+
+def gate_user_warning(env: Mapping[str, str], euid: int) -> str | None:
+    """What `gt up` says when agents run as their own user but the merge gates, which run the code those agents
+    wrote, would run as root; None when that is not so."""
+    if euid != 0 or not env.get("GT_AGENT_USER", "").strip() or env.get("GT_GATE_USER", "").strip():
+        return None
+    return (
+        "GT_AGENT_USER keeps agents off your files, but the merge queue's gates run the code they wrote, and "
+        "without GT_GATE_USER they run it as root: an agent's test file would own the machine. Set GT_GATE_USER to "
+        'another unprivileged user (docs/deployment.md, "Agents as another OS user")'
+    )
 
 
 def _detach(args: argparse.Namespace, config: TownConfig, *, embedded: bool) -> int:
@@ -344,6 +365,13 @@ def down(config: TownConfig, *, clean: bool = False, sessions: bool = False) -> 
             if reaped
             else "no town is running"
         )
+        if sessions and (ended := end_sessions_without_town(config)):
+            # Nobody to record it: the next `gt up`'s witness finds the panes gone, a death of each session, and
+            # gives its bead a fresh one.
+            print(
+                f"ended {ended} polecat session{'s' if ended != 1 else ''} left running without a town (their "
+                "processes with them); the next `gt up` gives their beads fresh sessions"
+            )
     else:
         if sessions:
             town = as_operator(msgspec.structs.replace(config, nats_url=state.nats_url))

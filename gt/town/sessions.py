@@ -38,6 +38,19 @@ def sessions_left_running(count: int) -> str:
     )
 
 
+def end_sessions_without_town(config: TownConfig) -> int:
+    """End this town's polecat tmux sessions while no town runs (nothing can record it): each pane's reaper ends
+    every process of its session when tmux closes the pane; waited for until none is left. How many were ended."""
+    tmux = Tmux(tmux_socket(), town=town_mark(config))
+    names = polecat_tmux_sessions(config)
+    for name in names:
+        tmux.kill(name)
+    deadline = time.monotonic() + DOWN_TIMEOUT_S
+    while polecat_tmux_sessions(config) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return len(names)
+
+
 def tmux_socket() -> str:
     """The tmux server polecat sessions run on (the witness's ``GT_TMUX_SOCKET``)."""
     return os.environ.get("GT_TMUX_SOCKET") or DEFAULT_TMUX_SOCKET

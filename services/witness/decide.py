@@ -347,9 +347,10 @@ def _known_polecats(state: WitnessState, rig: str) -> list[str]:
 
 def nudge(state: WitnessState, cmd: cmds.NudgeSend, ctx: DecideContext) -> Accepted[NudgeResult]:
     session_id: str | None = None
+    bead: str | None = None
     target = state.sessions.get(cmd.target)
     if target is not None:
-        rig, polecat, session_id = target.rig, target.polecat, target.id
+        rig, polecat, session_id, bead = target.rig, target.polecat, target.id, target.bead
     elif (match := cmds.POLECAT_TARGET.fullmatch(cmd.target)) is not None:
         rig, polecat = match["rig"], match["polecat"]
         if rig not in state.rigs:
@@ -358,6 +359,10 @@ def nudge(state: WitnessState, cmd: cmds.NudgeSend, ctx: DecideContext) -> Accep
         if polecat not in known:
             listed = ", ".join(known) or "none yet"
             raise CommandError("not_found", f"rig {rig} has no polecat {polecat!r} (its polecats: {listed})")
+        # About the work it has now: never typed into a session of the next bead it is given.
+        working = [s for s in state.sessions.values() if (s.rig, s.polecat) == (rig, polecat)]
+        active = [s for s in working if s.status in ACTIVE_SESSION]
+        bead = active[-1].bead if active else None
     else:
         raise CommandError(
             "not_found",
@@ -367,7 +372,13 @@ def nudge(state: WitnessState, cmd: cmds.NudgeSend, ctx: DecideContext) -> Accep
     nudge_id = ctx.new_id(NUDGE_PREFIX)
     expires_at = ctx.now + timedelta(seconds=cmd.ttl_s)
     event = NudgeQueued(
-        nudge_id=nudge_id, rig=rig, polecat=polecat, session=session_id, message=cmd.message, expires_at=expires_at
+        nudge_id=nudge_id,
+        rig=rig,
+        polecat=polecat,
+        session=session_id,
+        bead=bead,
+        message=cmd.message,
+        expires_at=expires_at,
     )
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=0)],

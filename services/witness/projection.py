@@ -67,7 +67,7 @@ from shared.model.leases import fold_lease
 from shared.model.rigs import fold_rig
 from shared.service.projection import Projection
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 """6: hook leases are the one lease record (``shared.model.leases.Lease``): a snapshot from before has them
 without when they were acquired and ended. 7: ``rework_owed`` (a snapshot from before would start a session
 for work sent back before its rework steps). 8: sessions count the steps done
@@ -75,7 +75,8 @@ while they worked and their clean-ups, beads where their last operator sling beg
 name freed once its bead closed): a snapshot from before has none of them, so the log is replayed instead.
 10: the rigs whose mass death is not over (a snapshot from before would escalate a rig's next deaths again).
 11: rigs' ``gate_pristine``. 12: beads' ``agent`` (``gt sling --agent``): a snapshot an older witness made may have
-folded a sling's agent without keeping it."""
+folded a sling's agent without keeping it. 13: nudges' ``bead`` (a snapshot from before has queued nudges
+without the bead they are about)."""
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 MESSAGE_TYPE = "message"
 READ_LABEL = "read"
@@ -426,6 +427,7 @@ def _nudge_queued(payload: NudgeQueued, state: WitnessState, env: Envelope, seq:
             rig=payload.rig,
             polecat=payload.polecat,
             session=payload.session,
+            bead=payload.bead,
             message=payload.message,
             queued_at=env.ts,
             expires_at=payload.expires_at,

@@ -77,6 +77,8 @@ class Nudge(msgspec.Struct, kw_only=True, gc=False):
     rig: str
     polecat: str
     session: str | None = None
+    bead: str | None = None
+    """Delivered only to a session of this bead (``NudgeQueued.bead``)."""
     message: str
     queued_at: datetime
     expires_at: datetime

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from typing import Any, Protocol
 
 import msgspec
@@ -25,8 +26,10 @@ from shared.core.decoding import UNDECODABLE
 from shared.core.errors import QueryError
 from shared.model.queries import registry
 from shared.model.queries.base import LATEST_SEQ, PAGE_BYTES, Digest, DigestReply, Page, Query, ServiceStatus
+from shared.service import query_limits
 from shared.service.follower import Follower
 from shared.service.projection import Projection
+from shared.service.query_limits import QueryLimiter
 
 log = structlog.get_logger(__name__)
 
@@ -70,6 +73,7 @@ class QueryServer:
         self._nc: Connection | None = None
         self._serving: bus_query.Serving | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._limiter = QueryLimiter(query_limits.load())
         self.refused = 0
         """Queries not answered: their reply subject was no inbox (``subjects.is_inbox``)."""
 
@@ -96,17 +100,30 @@ class QueryServer:
                     "query_reply_refused", reply=request.reply[:120], subject=request.subject, refused=self.refused
                 )
             return
-        task = asyncio.create_task(self._answer(request))
+        session = subjects.session_of_request(request.reply, _request_info(request.headers))
+        refusal = None
+        if session is not None:
+            # An agent asks within its session's limit: past it a refusal, far past it nothing (a counter).
+            verdict = self._limiter.check(session, time.monotonic())
+            if verdict.drop:
+                if self._limiter.dropped % 10_000 == 1:
+                    log.warning("query_flood_dropped", session=session, dropped=self._limiter.dropped)
+                return
+            if not verdict.answer:
+                refusal = QueryError("rate_limited", verdict.message)
+        task = asyncio.create_task(self._answer(request, session, refusal))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, request: bus_query.Request) -> None:
+    async def _answer(self, request: bus_query.Request, session: str | None, refusal: QueryError | None) -> None:
         what = request.subject.rsplit(".", 1)[-1]
         assert self._nc is not None
         limit = max(MIN_REPLY_BYTES, bus_query.max_payload(self._nc) - REPLY_HEADROOM_BYTES)
         try:
-            session = subjects.session_of_request(request.reply, _request_info(request.headers))
-            reply = await self.answer(what, request.data, session, reply_bytes=limit - ENVELOPE_BYTES)
+            if refusal is None:
+                reply = await self.answer(what, request.data, session, reply_bytes=limit - ENVELOPE_BYTES)
+            else:
+                reply = _error(refusal)
         except QueryError as exc:
             reply = _error(exc)
         except Exception as exc:
@@ -132,6 +149,10 @@ class QueryServer:
             return {"ok": True, "seq": projection.last_seq, "result": service.status()}
         query = registry.decode(service.name, what, body)
         if session is not None:
+            if isinstance(query, Digest):
+                # A hash of the whole state, for the town's own checks (`python -m tests.chaos.town`): the costliest
+                # answer there is, and nothing an agent needs.
+                raise QueryError("unauthorized", f"a polecat session may not ask for the {service.name}'s digest")
             service.check_session_query(query, session)
         min_seq = query.min_seq or 0
         try:

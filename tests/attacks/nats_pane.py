@@ -221,7 +221,40 @@ class Attacker:
             )
         await self.quietly("flood", "200 creates on the mayor's subject", self.nc.flush())
 
+    async def query_flood(self) -> None:
+        """The digest query (a hash of a service's whole state) asked once, then every service's digest and the
+        mayor's list of everything asked ``FLOOD_QUERIES`` times as fast as the connection takes them (what froze
+        the mayor and the witness for a minute), the answers counted by their code in an inbox of its own
+        (``query_flood``: sent, and the answers by code; "ok" an answer given)."""
+        got = await self.quietly("digest", "gt.q.mayor.digest", self.nc.request("gt.q.mayor.digest", b"{}", timeout=5))
+        self.report["digest"] = got.data.decode(errors="replace")[:500] if got is not None else ""
+        answers: dict[str, int] = {}
 
+        async def counted(msg: Any) -> None:
+            try:
+                code = "ok" if json.loads(msg.data).get("ok") else str(json.loads(msg.data).get("code"))
+            except ValueError:
+                code = "undecodable"
+            answers[code] = answers.get(code, 0) + 1
+
+        inbox = f"{self.inbox}.flood"
+        sub = await self.nc.subscribe(inbox, cb=counted)
+        asked = (
+            ("gt.q.mayor.digest", b"{}"),
+            ("gt.q.witness.digest", b"{}"),
+            ("gt.q.mayor.list", json.dumps({"limit": 0, "include_closed": True}).encode()),
+        )
+        for i in range(FLOOD_QUERIES):
+            subject, body = asked[i % len(asked)]
+            await self.nc.publish(subject, body, reply=inbox)
+        await self.quietly("query_flood", f"{FLOOD_QUERIES} queries", self.nc.flush(), timeout=30)
+        # The answers still on their way: the attack's own pause, part of what is tried, not a wait for the town.
+        await asyncio.sleep(3)
+        await sub.unsubscribe()
+        self.report["query_flood"] = {"sent": FLOOD_QUERIES, "answers": answers}
+
+
+FLOOD_QUERIES = 30_000
 OUTCOME_WILDCARDS = ("gt.evt.cmd.*", "gt.evt.cmd.>", "gt.evt.cmd.*.*", "gt.evt.cmd.*.>")
 """Direct gets of these literal subjects: the server resolves the wildcard to the newest outcome of anyone's."""
 MAIL_SUBJECTS = (
@@ -401,6 +434,7 @@ async def main(report_path: str, victim: str, victim_address: str, marker: str) 
         await attacker.take_an_id(victim)
         await reads(attacker, victim_address, marker)
         await attacker.flood()
+        await attacker.query_flood()
     finally:
         await nc.close()
     attacker.report["limits"] = await limits(url, login, session)

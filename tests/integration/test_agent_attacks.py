@@ -38,6 +38,7 @@ from services.refinery.decide import mr_id_for
 from services.witness.settings import DEFAULT_TMUX_SOCKET
 from shared.core import ids, subjects
 from shared.host import git
+from shared.service.query_limits import QUERIES
 from tests.agent_runtimes import CODEX, GEMINI, OPENCODE, AgentCli
 from tests.attacks import nats_pane
 from tests.compose_stack import USERS, ComposeStack, LocalStack, Operator, run_where_agents_run, running_stack
@@ -202,6 +203,13 @@ async def assert_unharmed(
     assert not subs["connected"] or any("subscriptions" in e.lower() for e in subs["errors"]), subs
     tried = {a["attack"] for a in report["attempts"]}
     assert set(nats_pane.targets("x")) <= tried, tried
+    # Queries: the digest (a hash of the whole state) refused to a session; a flood answered within the session's
+    # query limit (bursts and rate over the pane's whole run, twice over), the rest refused or dropped unanswered.
+    assert '"unauthorized"' in report["digest"], report["digest"]
+    flood = report["query_flood"]
+    allowed = 2 * (QUERIES.burst + QUERIES.rate * report["seconds"])
+    assert flood["answers"].get("ok", 0) <= allowed, flood
+    assert sum(flood["answers"].values()) <= 2 * allowed < flood["sent"], flood
 
 
 async def assert_squat_failed(nc: Client, squat_text: str | None, rig: str, bead: str) -> None:
@@ -369,7 +377,8 @@ async def assert_laptop_town_unharmed(
     def victim_status() -> str:
         return str(json.loads(town("bead", "show", victim.bead, "--json").stdout)["status"])
 
-    await gt_ok(town, "health", "mayor")
+    await gt_ok(town, "health", "mayor")  # answered at once after the pane's query flood, as everyone else is
+    await gt_ok(town, "health", "witness")
     async with operator_nats(town) as nc:
         for report in reports:
             await assert_unharmed(nc, victim_status, report, victim_was="hooked")

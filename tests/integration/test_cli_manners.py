@@ -246,6 +246,31 @@ def test_down_counts_the_sessions_left_running_and_down_sessions_stops_them_thro
     assert [s["attempt"] for s in sessions] == [2], sessions
 
 
+def test_down_sessions_after_the_town_went_down_ends_the_sessions_it_left_running(
+    gt_town: TownCli, tmp_path: Path
+) -> None:
+    """A plain `gt down` left a session running; `gt down --sessions` then, with no town to ask, ends it itself (its
+    pane and every process of it), and the next town gives the bead a fresh session."""
+    bead, polecat_panes = slung_in_a_town(gt_town, tmp_path, "GT_AGENT_FAULT=hang gt-agent", "Left running")
+    [pane] = wait_until(polecat_panes, timeout=60)
+    agent_pid = Tmux(gt_town.env["GT_TMUX_SOCKET"]).snapshot()[pane].pane_pid
+    assert "1 polecat session keeps running" in gt_town("down").stdout
+    ended = gt_town("down", "--sessions")
+    assert ended.returncode == 0, ended.stderr
+    assert "no town is running" in ended.stdout
+    assert "ended 1 polecat session left running without a town" in ended.stdout, ended.stdout
+    assert "keeps running" not in ended.stdout, "said once, and not sent round in a circle"
+    assert polecat_panes() == []
+    assert not psutil.pid_exists(agent_pid) or psutil.Process(agent_pid).status() == psutil.STATUS_ZOMBIE
+    assert gt_town("up", "-d", "--port", "0").returncode == 0
+
+    def fresh_session() -> list[int]:
+        listed = json.loads(gt_town("session", "list", "--json").stdout)
+        return [s["attempt"] for s in listed if s["bead"] == bead and s["status"] == "started"]
+
+    assert wait_until(fresh_session, timeout=120) == [2]
+
+
 def test_down_sessions_also_ends_an_agent_still_running_after_gt_done(gt_town: TownCli, tmp_path: Path) -> None:
     """An agent goes on after `gt done` (Claude Code does, to read its result): its session is ended, and the witness
     leaves its pane for GT_DONE_EXIT_GRACE. `gt down --sessions` waits for the witness to end it, so no agent is

@@ -135,7 +135,8 @@ class Nudger:
     async def expire_nudge(self, action: ExpireNudge) -> None:
         nudge = self.kit.host.state.nudges.get(action.nudge)
         if nudge is not None and nudge.status == "queued":
-            await self.kit.append(NewEvent(payload=NudgeExpired(nudge_id=nudge.id), expected_seq=nudge.version))
+            expired = NudgeExpired(nudge_id=nudge.id, reason=action.reason)
+            await self.kit.append(NewEvent(payload=expired, expected_seq=nudge.version))
 
 
 def mail_announcement(sender: str, subject: str, message_id: str) -> str:

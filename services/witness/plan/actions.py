@@ -168,6 +168,8 @@ class ExpireNudge(Action, frozen=True, kw_only=True):
     PRIORITY: ClassVar[int] = 4
     KEY = ("nudge", "nudge")
     nudge: str
+    reason: str = "ttl"
+    """``ttl``: it waited its time out; ``bead_closed``: the bead it was about is closed."""
 
 
 class ReleaseHook(SessionAction, frozen=True, kw_only=True):

@@ -27,7 +27,11 @@ def queued_nudges(state: WitnessState, obs: Observed) -> Iterator[Action]:
         if obs.now >= nudge.expires_at:
             yield ExpireNudge(nudge=nudge.id)
             continue
-        target = _nudge_target(state, nudge.rig, nudge.polecat, nudge.session)
+        about = state.beads.get(nudge.bead) if nudge.bead is not None else None
+        if about is not None and about.status == "closed":
+            yield ExpireNudge(nudge=nudge.id, reason="bead_closed")  # its work is over: no later one's to hear it
+            continue
+        target = _nudge_target(state, nudge.rig, nudge.polecat, nudge.session, nudge.bead)
         if target is not None and target.status == "started":
             pane = pane_of(target, obs)
             if pane is None or pane.dead or not _takes_nudges_now(state, target, nudge.message, obs):
@@ -89,13 +93,18 @@ def unannounced_mail(state: WitnessState, obs: Observed) -> Iterator[Action]:
             yield NudgeMail(message=notice.id)
 
 
-def _nudge_target(state: WitnessState, rig: str, polecat: str, session_id: str | None) -> Session | None:
+def _nudge_target(
+    state: WitnessState, rig: str, polecat: str, session_id: str | None, bead: str | None = None
+) -> Session | None:
+    """The session to type into: the one named while it is active, else the polecat's active one (of ``bead``,
+    when the nudge is about one: a fresh session of the same bead hears it, the next bead's does not)."""
     if session_id is not None:
         named = state.sessions.get(session_id)
         if named is not None and named.status in ACTIVE_SESSION:
             return named
     current = None
     for session in state.sessions.values():
-        if session.rig == rig and session.polecat == polecat and session.status in ACTIVE_SESSION:
+        ours = session.rig == rig and session.polecat == polecat and session.status in ACTIVE_SESSION
+        if ours and (bead is None or session.bead == bead):
             current = session
     return current

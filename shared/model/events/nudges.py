@@ -24,6 +24,9 @@ class NudgeQueued(NudgeEvent, frozen=True, kw_only=True):
     polecat: str
     session: str | None = None
     """A specific session; None: whichever session the polecat has when it can be delivered."""
+    bead: str | None = None
+    """The bead the nudge is about (the named session's, or the one the polecat worked when nudged): delivered
+    only to a session of that bead, expired once it is closed. None: the polecat had no work then (any session)."""
     message: str
     expires_at: datetime
 

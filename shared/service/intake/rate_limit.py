@@ -82,22 +82,25 @@ def load(env: Mapping[str, str] | None = None) -> RateSettings:
     env = os.environ if env is None else env
     default = RateSettings()
 
-    def limit(key: str, given: Limit) -> Limit:
-        rate = env_number(env, key, given.rate, minimum=0)
-        burst = env_number(env, f"{key}_BURST", max(given.burst, rate), minimum=max(rate, 1) if rate else 0)
-        return Limit(rate=rate, burst=burst)
-
     def of_class(name: str, given: ClassLimits) -> ClassLimits:
         key = f"GT_RATE_{name}"
         return ClassLimits(
-            commands=limit(key, given.commands),
-            volume=limit(f"{key}_BYTES", given.volume),
+            commands=limit_from_env(env, key, given.commands),
+            volume=limit_from_env(env, f"{key}_BYTES", given.volume),
             max_command_bytes=int(
                 env_number(env, f"{key}_MAX_COMMAND", given.max_command_bytes, minimum=0, whole=True)
             ),
         )
 
     return RateSettings(agent=of_class("AGENT", default.agent), operator=of_class("OPERATOR", default.operator))
+
+
+def limit_from_env(env: Mapping[str, str], key: str, given: Limit) -> Limit:
+    """``key`` (per second; 0: no limit) and ``<key>_BURST`` from ``env``, else ``given``'s (a burst never below the
+    rate). Raises ValueError naming a setting whose value cannot be used."""
+    rate = env_number(env, key, given.rate, minimum=0)
+    burst = env_number(env, f"{key}_BURST", max(given.burst, rate), minimum=max(rate, 1) if rate else 0)
+    return Limit(rate=rate, burst=burst)
 
 
 class Bucket:
