@@ -76,7 +76,7 @@ class AgentLaunch:
         if runtime.confirms_start:
             # Its start hook calls `gt` before its first model request: the session's helper starts meanwhile (a
             # grouped list, so that it runs after whatever the command is prefixed with and never stops it).
-            gt = shlex.quote(str(Path(sys.executable).parent / "gt"))
+            gt = shlex.quote(runtime_setup.gt_script())
             command = f"{{ {gt} {WARM_HELPER} || :; }} && {command}"
         return command, env
 
