@@ -214,7 +214,9 @@ class LocalStack:
     def _env(self, service: str) -> dict[str, str]:
         env = dict(self.base_env)
         for key, value in (self.model["services"][service].get("environment") or {}).items():
-            env[key] = self._local(service, "" if value is None else str(value))
+            if value is None:
+                continue  # a key with no value, unset in compose's environment: unset in the container too
+            env[key] = self._local(service, str(value))
         if env.get("GT_GATE_USER"):
             env["GT_GATE_USER"] = self.gate_user
         # As local processes the witness runs agents as the test's own user: the image's `agent` (and a Python it
