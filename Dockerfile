@@ -51,6 +51,7 @@ RUN set -eu; \
             rm -rf "$lib/opencode-ai/node_modules" "$lib/opencode-ai/postinstall.mjs"; \
         fi; \
         apt-get purge -y --auto-remove nodejs npm; \
+        apt-get clean; \
         [ -z "$CLAUDE_CODE_VERSION" ] || claude --version; \
         [ -z "$CODEX_VERSION" ] || codex --version; \
         [ -z "$GEMINI_CLI_VERSION" ] || { node --version; gemini --version; }; \
