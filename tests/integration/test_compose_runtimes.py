@@ -19,6 +19,7 @@ import pytest
 from gt.model_server import Script, bash, say, use, write
 from tests.agent_runtimes import RUNTIMES, AgentCli
 from tests.compose_stack import (
+    ORIGIN_ON_VOLUME,
     USERS,
     ComposeStack,
     Operator,
@@ -33,9 +34,6 @@ from tests.helpers import wait_until
 pytestmark = pytest.mark.skipif(
     not podman_compose_ready(), reason="the stack in containers needs rootful podman (./dev test sets it up as root)"
 )
-
-ORIGIN = "/var/lib/gastown/project/origin.git"
-"""The rigs' repository on the gt-home volume (tests.compose_stack.ORIGIN_ON_VOLUME)."""
 
 
 def worktree(rig: str) -> str:
@@ -89,7 +87,7 @@ def test_each_runtime_in_the_image_works_a_bead_to_merged_in_the_compose_stack(
 
         with model_server_where_agents_run(stack, [worked_story(cli) for cli in RUNTIMES], tmp_path) as model_log:
             origin = stack.make_origin()
-            assert origin == ORIGIN
+            assert origin == ORIGIN_ON_VOLUME
             gt = Operator(stack, gt_env, tmp_path / "operator", timeout=180, GT_HELPER="0")
             beads = {}
             for cli in RUNTIMES:
