@@ -6,21 +6,57 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends tmux git \
     && rm -rf /var/lib/apt/lists/*
 
-# Claude Code as a polecat runtime (`gt rig add ... --agent claude`), when built with its version
-# (docker-compose.yml passes GT_CLAUDE_CODE_VERSION; ops/claude-code.version is the one the tests run). Its npm
-# package installs a native executable: npm is needed for the install only, and removed after it.
+# The agent runtimes polecats run (`gt rig add ... --agent claude|codex|gemini|opencode`), each built in when its
+# version is given (docker-compose.yml passes GT_CLAUDE_CODE_VERSION, GT_CODEX_VERSION, GT_GEMINI_CLI_VERSION and
+# GT_OPENCODE_VERSION; ops/<name>.version are the ones the tests run); an empty version: without it. npm installs
+# them and is removed after, with Debian's Node.js: Claude Code, Codex CLI and OpenCode are native executables from
+# their npm platform packages, kept alone (Codex CLI with the resources beside its binary, OpenCode with its
+# package's manifest, where the witness reads its version). Gemini CLI is a node program: it keeps its package and
+# a Node.js of its own, NODE_VERSION from npm's node-linux-<arch> (it needs Node.js 20; Debian 12's is 18).
+# Everything lands under /usr/local, readable and runnable by every user: the witness starts them as `agent`.
 ARG CLAUDE_CODE_VERSION=""
-RUN if [ -n "$CLAUDE_CODE_VERSION" ]; then \
-        apt-get update \
-        && apt-get install -y --no-install-recommends nodejs npm \
-        && npm install --global --no-audit --no-fund --loglevel=error \
-            "@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" \
-        && cp -L "$(npm root --global)/@anthropic-ai/claude-code/bin/claude.exe" /usr/local/bin/claude.native \
-        && npm uninstall --global @anthropic-ai/claude-code \
-        && mv /usr/local/bin/claude.native /usr/local/bin/claude \
-        && apt-get purge -y --auto-remove nodejs npm \
-        && rm -rf /var/lib/apt/lists/* /root/.npm \
-        && claude --version; \
+ARG CODEX_VERSION=""
+ARG GEMINI_CLI_VERSION=""
+ARG OPENCODE_VERSION=""
+ARG NODE_VERSION="20.20.2"
+RUN set -eu; \
+    packages=""; \
+    [ -z "$CLAUDE_CODE_VERSION" ] || packages="$packages @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION"; \
+    [ -z "$CODEX_VERSION" ] || packages="$packages @openai/codex@$CODEX_VERSION"; \
+    [ -z "$OPENCODE_VERSION" ] || packages="$packages opencode-ai@$OPENCODE_VERSION"; \
+    if [ -n "$GEMINI_CLI_VERSION" ]; then \
+        arch=$(dpkg --print-architecture); [ "$arch" != amd64 ] || arch=x64; \
+        packages="$packages node-linux-$arch@$NODE_VERSION @google/gemini-cli@$GEMINI_CLI_VERSION"; \
+    fi; \
+    if [ -n "$packages" ]; then \
+        apt-get update; \
+        apt-get install -y --no-install-recommends nodejs npm; \
+        lib=$(npm root --global); \
+        npm install --global --no-audit --no-fund --loglevel=error $packages; \
+        if [ -n "$CLAUDE_CODE_VERSION" ]; then \
+            cp -L "$lib/@anthropic-ai/claude-code/bin/claude.exe" /usr/local/bin/claude.native; \
+            rm -rf "$lib/@anthropic-ai"; \
+            mv -f /usr/local/bin/claude.native /usr/local/bin/claude; \
+        fi; \
+        if [ -n "$CODEX_VERSION" ]; then \
+            vendor=$(dirname "$(find "$lib/@openai" -path '*/vendor/*/codex-package.json' | head -n 1)"); \
+            mv "$vendor" /usr/local/lib/codex; \
+            rm -rf "$lib/@openai"; \
+            ln -sf /usr/local/lib/codex/bin/codex /usr/local/bin/codex; \
+        fi; \
+        if [ -n "$GEMINI_CLI_VERSION" ]; then \
+            rm -rf "$lib"/node-linux-*/include "$lib"/node-linux-*/share "$lib"/node-linux-*/CHANGELOG.md; \
+        fi; \
+        if [ -n "$OPENCODE_VERSION" ]; then \
+            rm -rf "$lib/opencode-ai/node_modules" "$lib/opencode-ai/postinstall.mjs"; \
+        fi; \
+        apt-get purge -y --auto-remove nodejs npm; \
+        apt-get clean; \
+        [ -z "$CLAUDE_CODE_VERSION" ] || claude --version; \
+        [ -z "$CODEX_VERSION" ] || codex --version; \
+        [ -z "$GEMINI_CLI_VERSION" ] || { node --version; gemini --version; }; \
+        [ -z "$OPENCODE_VERSION" ] || opencode --version; \
+        rm -rf /var/lib/apt/lists/* /root/.npm /root/.cache /root/.local /root/.config /root/.gemini /root/.codex; \
     fi
 
 WORKDIR /app

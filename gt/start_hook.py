@@ -129,7 +129,9 @@ def _claim_in_background() -> None:
     bead, rig, polecat = (os.environ.get(name, "") for name in ("GT_BEAD", "GT_RIG", "GT_POLECAT"))
     if not (bead and rig and polecat):
         return
-    gt = os.path.join(os.path.dirname(sys.executable), "gt")
+    gt = os.path.abspath(sys.argv[0])  # this `gt`, as the hook ran it (Debian's pip puts it away from python3)
+    if not os.path.isfile(gt):
+        gt = os.path.join(os.path.dirname(sys.executable), "gt")
     argv = [gt, "bead", "claim", bead, "--assignee", f"{rig}/{polecat}"]
     env = {**os.environ, "GT_HELPER": "0"}
     try:

@@ -30,6 +30,8 @@ class AgentCli:
     base_url_variable: str
     base_url_path: str = ""
     """Appended to the model server's address (OpenAI's clients expect ``/v1`` in the base URL)."""
+    own_credentials: tuple[str, ...] = ()
+    """Credentials the runtime itself gives its tool calls (beside its model key): its own, for its own process."""
 
     def pinned(self) -> str:
         return (REPO / "ops" / self.version_file).read_text().strip()
@@ -47,11 +49,18 @@ class AgentCli:
 
     def witness_env(self, base_url: str) -> dict[str, str]:
         """What the witness's environment holds for this runtime against the model server at ``base_url``."""
-        return {
-            self.binary_setting: str(self.binary()),
-            self.key_variable: self.key,
-            self.base_url_variable: base_url + self.base_url_path,
-        }
+        return {self.binary_setting: str(self.binary()), **self.model_env(base_url)}
+
+    def model_env(self, base_url: str) -> dict[str, str]:
+        """The vendor's variables pointing the runtime at the model server at ``base_url`` (its key and endpoint): what
+        an operator sets for a witness whose runtime is on its ``PATH`` (the compose stack's image)."""
+        return {self.key_variable: self.key, self.base_url_variable: base_url + self.base_url_path}
+
+    @property
+    def build_variable(self) -> str:
+        """The compose stack's setting that builds this runtime into the image at a version (docker-compose.yml's
+        build arguments): ``GT_CODEX_VERSION`` for ``ops/codex.version``."""
+        return "GT_" + self.version_file.removesuffix(".version").upper().replace("-", "_") + "_VERSION"
 
     def version(self) -> str:
         out = subprocess.run([str(self.binary()), "--version"], capture_output=True, text=True, timeout=60, check=True)
@@ -66,6 +75,9 @@ CLAUDE = AgentCli(
     key_variable="ANTHROPIC_API_KEY",
     key="sk-ant-api03-scripted-model-server-test-key-0123456789abcdefghij",
     base_url_variable="ANTHROPIC_BASE_URL",
+    # Claude Code 2.1.332 serves a messaging socket of its own to its tool calls (CLAUDE_CODE_MESSAGING_SOCKET), and
+    # hands them its token.
+    own_credentials=("CLAUDE_CODE_MESSAGING_TOKEN",),
 )
 CODEX = AgentCli(
     name="codex",

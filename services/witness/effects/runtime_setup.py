@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +34,19 @@ VERSION_TIMEOUT_S = 30.0
 
 class RuntimeUnavailableError(GastownError):
     """The runtime cannot start here (no binary, no credentials): a person must act, retrying changes nothing."""
+
+
+@functools.cache
+def gt_script() -> str:
+    """The path of this installation's ``gt``, which the agents' hooks run: beside the interpreter (a virtualenv, the
+    official Python images' ``/usr/local/bin``), else in the interpreter's scripts directory (a distribution's Python
+    whose pip installs scripts elsewhere: Debian's is ``/usr/bin/python3``, its pip's scripts ``/usr/local/bin``), else
+    the one on ``PATH``."""
+    beside = Path(sys.executable).parent / "gt"
+    for candidate in (beside, Path(sysconfig.get_path("scripts")) / "gt"):
+        if candidate.is_file():
+            return str(candidate)
+    return shutil.which("gt") or str(beside)
 
 
 def binary(runtime: Runtime, env: Mapping[str, str]) -> str:
@@ -122,7 +136,7 @@ def prepare(
     for answer in (START_ANSWER, START_ANSWER_TAKEN):  # written for this start once it started
         (session_dir / answer).unlink(missing_ok=True)
     added = runtime.env(env, session_dir=str(session_dir), root=as_root)
-    gt = gt or str(Path(sys.executable).parent / "gt")
+    gt = gt or gt_script()
     # The runtime dir and the workspace may be the agent's (GT_AGENT_USER; a workspace used before): written
     # below them without following a link it put there, and given to ``owner``.
     version = binary_version(found, runtime.package) if found and runtime.wants_version else ""
