@@ -188,7 +188,7 @@ def _start_figures(runtime: Runtime, hooked: list[float], bare: list[float]) -> 
     notes = {
         50: f"{sessions} sessions one at a time, a bare start before each; the model never answers",
         99: "includes the sling, worktree, config home, tmux start, the pane's reaper, and where the runtime waits "
-        "on its start hook, the hook's `gt`: a session's first `gt` call starts the session's own client helper",
+        "on its start hook, the hook's fast path (the answer the witness wrote before the pane started)",
     }
     return [
         Figure(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gt.model_server import Script, bash, say, use, write
+from gt.model_server import Script
 from tests.agent_runtimes import RUNTIMES, AgentCli
 from tests.compose_stack import (
     ORIGIN_ON_VOLUME,
@@ -30,6 +30,7 @@ from tests.compose_stack import (
 )
 from tests.conftest import REPO_ROOT
 from tests.helpers import wait_until
+from tests.integration import test_runtime_conformance as conformance
 
 pytestmark = pytest.mark.skipif(
     not podman_compose_ready(), reason="the stack in containers needs rootful podman (./dev test sets it up as root)"
@@ -46,25 +47,9 @@ def feature(cli: AgentCli) -> str:
 
 
 def worked_story(cli: AgentCli) -> Script:
-    """A bead worked to merged, as test_runtime_conformance.py's: prime, a file written with the runtime's own tools,
-    committed, one stop half-way (its stop hook refuses it naming the open step), every step done, `gt done`."""
-    file = feature(cli)
-    return Script(
-        name=f"{cli.name}-compose",
-        turns=(
-            use(bash("gt prime", expect="Current step: load-context"), text="Let me see my hook."),
-            use(bash("gt step done load-context", expect="load-context: done")),
-            use(write(f"{worktree(cli.name)}/{file}", f"written by {cli.name}\n"), text="Writing the feature."),
-            use(bash(f"cat {file} && gt step done implement", expect="implement: done")),
-            use(bash(f"git add {file} && git commit -q -m '{cli.name}: the feature' && gt step done commit")),
-            say("I have committed the feature; that should be all."),
-            use(
-                bash("gt step done self-review && gt step done run-tests", expect="run-tests: done"),
-                prompt="self-review",  # the stop hook's reason: step self-review is still open
-            ),
-            use(bash("gt step done submit && gt done", expect="merge request")),
-            say("Submitted to the merge queue."),
-        ),
+    """A bead worked to merged, as test_runtime_conformance.py's, writing a file of the runtime's own."""
+    return conformance.worked_story(
+        f"{cli.name}-compose", cli.name, worktree(cli.name), file=feature(cli), text=f"written by {cli.name}\n"
     )
 
 

@@ -50,18 +50,20 @@ async def pt(town: TownConfig, nc: Client, tmp_path: Path, cli: AgentCli) -> Asy
         yield handle
 
 
-def worked_story(name: str, bead: str, worktree: str) -> Script:
-    """A session's whole bead: prime, a file written with the runtime's own tools, committed, every step done (one
-    stop half-way, which its stop hook refuses naming the open step), `gt done`."""
-    feature = f"{worktree}/feature.txt"
+def worked_story(
+    name: str, bead: str, worktree: str, *, file: str = "feature.txt", text: str = "the feature\n"
+) -> Script:
+    """A session's whole bead: prime, ``file`` written with the runtime's own tools (``text``), committed, every step
+    done (one stop half-way, which its stop hook refuses naming the open step), `gt done`. ``bead``: what the commit
+    message names."""
     return Script(
         name=name,
         turns=(
             use(bash("gt prime", expect="Current step: load-context"), text="Let me see my hook."),
             use(bash("gt step done load-context", expect="load-context: done")),
-            use(write(feature, "the feature\n"), text="Writing the feature."),
-            use(bash("cat feature.txt && gt step done implement", expect="implement: done")),
-            use(bash(f"git add feature.txt && git commit -q -m '{bead}: the feature' && gt step done commit")),
+            use(write(f"{worktree}/{file}", text), text="Writing the feature."),
+            use(bash(f"cat {file} && gt step done implement", expect="implement: done")),
+            use(bash(f"git add {file} && git commit -q -m '{bead}: the feature' && gt step done commit")),
             say("I have committed the feature; that should be all."),
             use(
                 bash("gt step done self-review && gt step done run-tests", expect="run-tests: done"),
