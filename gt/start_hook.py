@@ -4,7 +4,7 @@ witness wrote for it, with built-in modules only.
 A runtime waits for its start hook before its first model request (Claude Code, Codex CLI, OpenCode), so the
 hook's time is the session's. Through the client, the hook pays a Python start, the client's imports (or a
 client helper's start: the session's first `gt` call) and three queries: half a second to a second on two cores,
-contending with the agent's own start. The witness has the same answer ready a moment after it started the pane
+contending with the agent's own start. The witness wrote the same answer before it started the pane
 (``start_answer``: ``gt prime`` in the runtime's words, ``START_ANSWER`` in the session's runtime dir); the hook
 records itself as the full path does (the hook log's line and the session-start mark the witness waits for),
 prints that answer, renames it ``START_ANSWER_TAKEN`` (a later start of the same session, after ``/clear`` or a
@@ -30,12 +30,6 @@ from shared.core.runtime_dir import (
 
 SESSION_START = "session-start"
 CLAIM_NICENESS = 19
-CLAIM_DELAY_S = 1.0
-"""How long the claim waits before it starts `gt`: the runtime sends its first model request meanwhile (0.5-0.8 s
-after its hook on two cores). Even at the lowest priority, the claim's Python start and imports beside Claude Code's
-start cost its first request 0.1-0.2 s (measured: with the claim at once, 0.8 s from the hook to the request; without
-it 0.7 s, as bare). Not longer: the claim shows who works the bead, and a scripted agent hands its bead in within
-seconds (a claim after that is refused: the bead is closed)."""
 HOOK_INPUT_CAP = 1 << 20
 S_IFMT, S_IFREG = 0o170000, 0o100000
 """``stat``'s, without its import."""
@@ -102,32 +96,38 @@ def record(folder: str, event: str, detail: str, at: str | None = None) -> str:
     return at
 
 
-def _start_source() -> str:
-    """The start's ``source`` from the hook's input (startup, resume, clear, compact), or "" (none given)."""
+def hook_input() -> dict[str, object]:
+    """The JSON object the runtime gave its hook on standard input (a start's ``source``, a failure's ``error``),
+    or {} (none, or not an object). The full way's hooks read it here too."""
     if sys.stdin is None or sys.stdin.isatty():
-        return ""
+        return {}
     try:
         raw = sys.stdin.read(HOOK_INPUT_CAP)
     except (OSError, ValueError):
-        return ""
-    if '"source"' not in raw:
-        return ""
-    import json  # only when there is a source to read: 2 ms
+        return {}
+    if not raw.strip():
+        return {}
+    import json  # only when there is input: 2 ms
 
     try:
         data = json.loads(raw)
     except ValueError:
-        return ""
-    source = data.get("source") if isinstance(data, dict) else None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _start_source() -> str:
+    """The start's ``source`` from the hook's input (startup, resume, clear, compact), or "" (none given)."""
+    source = hook_input().get("source")
     return source if isinstance(source, str) else ""
 
 
 def _claim_in_background() -> None:
     """Start ``gt bead claim BEAD --assignee RIG/POLECAT`` detached from the hook (its own session, no descriptor
-    of the runtime's, so the runtime reads the hook's end at once), ``CLAIM_DELAY_S`` later, at the lowest priority
-    and without a client helper (a helper started here would keep that priority for the session's every later
-    call). A claim that comes after the session handed in its work changes nothing: it is fenced by the session's
-    hook lease, and a bead's status never moves back."""
+    of the runtime's, so the runtime reads the hook's end at once), at the lowest priority and without a client
+    helper (a helper started here would keep that priority for the session's every later
+    call). At once: held back even a second, it came after a quick agent had handed its bead in (then it is refused,
+    the bead closed, and the bead shows no assignee); beside Claude Code's start it costs that start 0.1-0.2 s."""
     bead, rig, polecat = (os.environ.get(name, "") for name in ("GT_BEAD", "GT_RIG", "GT_POLECAT"))
     if not (bead and rig and polecat):
         return
@@ -151,7 +151,6 @@ def _claim_in_background() -> None:
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-        time.sleep(CLAIM_DELAY_S)
         os.execve(gt, argv, env)  # noqa: S606 - our own `gt`, by its absolute path
     finally:
         os._exit(127)

@@ -11,7 +11,7 @@ import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from gt import start_hook
 from gt.cli import client, hook_lease, render
@@ -127,7 +127,7 @@ def _record_agent_hook(args: argparse.Namespace) -> None:
         return
     # The stop hook's input is read by its handler; the others' only here (a start's source: startup, resume,
     # clear or compact; a failure's API error).
-    hook_input = {} if args.event == "stop" else _hook_input()
+    hook_input = {} if args.event == "stop" else start_hook.hook_input()
     what = str(hook_input.get("source") or hook_input.get("error") or "")
     stamp = start_hook.record(session_dir, args.event, what)
     if args.event == "session-start":
@@ -171,7 +171,7 @@ async def _agent_hook(nc: Connection, args: argparse.Namespace, config: TownConf
             context = prime_text(primed)
         print(runtime.hook_answer(args.event, context))
         return EXIT_OK
-    hook_input = _hook_input()
+    hook_input = start_hook.hook_input()
     reason = None
     if not hook_input.get("stop_hook_active"):  # already going on because of this hook: never a loop
         with contextlib.suppress(Exception):  # fail open: an agent is never kept going on a guess
@@ -192,14 +192,6 @@ async def _claim_hooked_bead(nc: Connection, config: TownConfig) -> None:
         await client.send(nc, config, BeadClaim(id=bead, assignee=f"{rig}/{polecat}"), timeout=CLAIM_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - the agent starts anyway; its steps do not need the claim
         print(f"gt agent-hook: claiming bead {bead} failed ({exc!r})", file=sys.stderr)
-
-
-def _hook_input() -> dict[str, Any]:
-    try:
-        data = json.loads(sys.stdin.read() or "{}") if not sys.stdin.isatty() else {}
-    except (ValueError, OSError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def stop_reason(data: Prime) -> str | None:

@@ -248,8 +248,12 @@ class Attacker:
             subject, body = asked[i % len(asked)]
             await self.nc.publish(subject, body, reply=inbox)
         await self.quietly("query_flood", f"{FLOOD_QUERIES} queries", self.nc.flush(), timeout=30)
-        # The answers still on their way: the attack's own pause, part of what is tried, not a wait for the town.
-        await asyncio.sleep(3)
+        # The answers still on their way: counted until none came for a second (at most 15 s).
+        deadline = time.monotonic() + 15
+        seen = -1
+        while seen != sum(answers.values()) and time.monotonic() < deadline:
+            seen = sum(answers.values())
+            await asyncio.sleep(1)
         await sub.unsubscribe()
         self.report["query_flood"] = {"sent": FLOOD_QUERIES, "answers": answers}
 
