@@ -7,8 +7,10 @@ activity path (issue 21, point 4; issue 42).
     (``tests.agent_runtimes``), the model never answering (a stall: the session stays at its first turn). Per
     session, from the sling command's publication to the arrival at the model server of the session's first model
     request: the first request naming its script, a turn or a side request (a title, a router call), whichever
-    comes first (a health check or a token count names none). One session at a time, each unslung and cleaned up
-    before the next; p50 and p99.
+    comes first (a health check or a token count names none). One session at a time; each session's bead is then
+    closed, as a merged bead is, so its workspace is released and settled for the polecat's next bead before the
+    next sling (an idle polecat's, as a town at work keeps them: docs/architecture.md, "Workspaces that last"); the
+    first session of each rig makes its workspace. p50 and p99.
     Ceiling, in the same run (one bare start right before each session): the bare binary started by hand as the
     witness starts it, in a tmux pane with the runtime's ``env()`` and ``command()`` in a clone of the same
     origin, its config home prepared by ``runtime_setup.prepare`` (first-run state, provider, trust) with hooks
@@ -46,7 +48,7 @@ from shared.bus.connection import Connection
 from shared.core import subjects
 from shared.host import git
 from shared.host.tmux import Tmux
-from shared.model.commands import BeadCreate, BeadSling, BeadUnsling, RigAdd
+from shared.model.commands import BeadClose, BeadCreate, BeadSling, RigAdd
 from shared.model.events import decode_envelope
 from shared.model.runtimes import (
     ACTIVITY_HOOK,
@@ -187,8 +189,9 @@ def _start_figures(runtime: Runtime, hooked: list[float], bare: list[float]) -> 
     sessions = len(hooked)
     notes = {
         50: f"{sessions} sessions one at a time, a bare start before each; the model never answers",
-        99: "includes the sling, worktree, config home, tmux start, the pane's reaper, and where the runtime waits "
-        "on its start hook, the hook's fast path (the answer the witness wrote before the pane started)",
+        99: "includes the sling, the workspace (made for the first session, moved by the change from where the last "
+        "bead's release settled it for the others), config home, tmux start, the pane's reaper, and where the runtime "
+        "waits on its start hook, the hook's fast path (the answer the witness wrote before the pane started)",
     }
     return [
         Figure(
@@ -228,16 +231,28 @@ async def _bare_first_request(bench: Bench, runtime: Runtime, script: str) -> fl
 
 
 async def _sling_to_first_request(bench: Bench, rig: str, script: str) -> float:
-    """Seconds from slinging a bead to its session's first model request; the session is ended and cleaned up
-    after, so the next one starts alone."""
+    """Seconds from slinging a bead to its session's first model request; its bead is closed after, its session
+    ended and its workspace settled, so the next one starts alone, as an idle polecat's."""
     bead = (await command(bench.nc, BeadCreate(title=f"Start [model-script:{script}]"))).id
     began = time.time()
     await command(bench.nc, BeadSling(id=bead, rig=rig))
     try:
         return await _first_request(bench.model, script) - began
     finally:
-        await command(bench.nc, BeadUnsling(id=bead, remove_worktree=True))
+        await command(bench.nc, BeadClose(id=bead, reason="measured"))
         await bench.ends.wait_cleaned(bead)
+        await _settled(bench, rig)
+
+
+async def _settled(bench: Bench, rig: str) -> None:
+    """Until ``rig``'s released workspace is settled for its polecat's next bead (``git.settle_released``: the record
+    the next start takes), as an idle polecat's is when a bead is slung to it."""
+    records = bench.root / "home" / "rigs" / rig / "workspaces"
+    async with asyncio.timeout(CLEANUP_TIMEOUT_S):
+        while True:
+            if any(records.glob("*.settled")):
+                return
+            await asyncio.sleep(0.01)
 
 
 async def _first_request(model: ModelServer, script: str, tmux: Tmux | None = None) -> float:

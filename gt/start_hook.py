@@ -7,9 +7,9 @@ client helper's start: the session's first `gt` call) and three queries: half a 
 contending with the agent's own start. The witness wrote the same answer before it started the pane
 (``start_answer``: ``gt prime`` in the runtime's words, ``START_ANSWER`` in the session's runtime dir); the hook
 records itself as the full path does (the hook log's line and the session-start mark the witness waits for),
-prints that answer, renames it ``START_ANSWER_TAKEN`` (a later start of the same session, after ``/clear`` or a
-compaction, asks the town afresh) and leaves the bead's claim to a process of its own, in the background at the
-lowest priority: the claim changes nothing the agent reads, and its imports would compete with the agent's start.
+prints that answer and renames it ``START_ANSWER_TAKEN`` (a later start of the same session, after ``/clear`` or a
+compaction, asks the town afresh). It starts nothing: the witness claimed the bead for the polecat when it started
+the pane.
 
 Anything else (another event, another option, no answer written yet, no session dir) goes the full way
 (``gt.cli.polecats``), which answers every start correctly, only later.
@@ -29,7 +29,6 @@ from shared.core.runtime_dir import (
 )
 
 SESSION_START = "session-start"
-CLAIM_NICENESS = 19
 HOOK_INPUT_CAP = 1 << 20
 S_IFMT, S_IFREG = 0o170000, 0o100000
 """``stat``'s, without its import."""
@@ -37,7 +36,7 @@ S_IFMT, S_IFREG = 0o170000, 0o100000
 
 def answer(argv: list[str]) -> bool:
     """Answer ``gt <argv>`` here when it is a session's start hook whose answer the witness wrote: True when
-    answered (printed, recorded, the claim started), False to run the call the full way."""
+    answered (printed, recorded), False to run the call the full way."""
     if not _is_start_hook(argv):
         return False
     folder = os.environ.get(SESSION_DIR_ENV, "")
@@ -60,7 +59,6 @@ def answer(argv: list[str]) -> bool:
     record(folder, SESSION_START, _start_source())
     sys.stdout.write(text)
     sys.stdout.flush()
-    _claim_in_background()
     return True
 
 
@@ -120,37 +118,3 @@ def _start_source() -> str:
     """The start's ``source`` from the hook's input (startup, resume, clear, compact), or "" (none given)."""
     source = hook_input().get("source")
     return source if isinstance(source, str) else ""
-
-
-def _claim_in_background() -> None:
-    """Start ``gt bead claim BEAD --assignee RIG/POLECAT`` detached from the hook (its own session, no descriptor
-    of the runtime's, so the runtime reads the hook's end at once), at the lowest priority and without a client
-    helper (a helper started here would keep that priority for the session's every later
-    call). At once: held back even a second, it came after a quick agent had handed its bead in (then it is refused,
-    the bead closed, and the bead shows no assignee); beside Claude Code's start it costs that start 0.1-0.2 s."""
-    bead, rig, polecat = (os.environ.get(name, "") for name in ("GT_BEAD", "GT_RIG", "GT_POLECAT"))
-    if not (bead and rig and polecat):
-        return
-    gt = os.path.abspath(sys.argv[0])  # this `gt`, as the hook ran it (Debian's pip puts it away from python3)
-    if not os.path.isfile(gt):
-        gt = os.path.join(os.path.dirname(sys.executable), "gt")
-    argv = [gt, "bead", "claim", bead, "--assignee", f"{rig}/{polecat}"]
-    env = {**os.environ, "GT_HELPER": "0"}
-    try:
-        pid = os.fork()
-    except OSError:
-        return  # the agent works without the claim; its steps do not need it
-    if pid:
-        return
-    try:  # the child: never back into the caller's code
-        os.setsid()
-        os.nice(CLAIM_NICENESS)
-        # The runtime reads its hook's output to its end: no copy of its pipes may stay open meanwhile (under any
-        # number), or it waits for the claim.
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-        os.execve(gt, argv, env)  # noqa: S606 - our own `gt`, by its absolute path
-    finally:
-        os._exit(127)

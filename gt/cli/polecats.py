@@ -4,7 +4,6 @@ and the rest of the session's environment)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -34,7 +33,6 @@ from shared.core.terminal import escape_line
 from shared.host import git
 from shared.model import done_flow, heartbeats, runtimes
 from shared.model.commands import (
-    BeadClaim,
     Command,
     SessionHandoff,
 )
@@ -48,7 +46,6 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 
-CLAIM_TIMEOUT_S = 10.0
 """How long the SessionStart hook waits for its bead's claim to be answered."""
 SESSION_ENV = ("GT_SESSION", "GT_BEAD", "GT_RIG", "GT_WORKTREE", "GT_BRANCH")
 
@@ -158,17 +155,12 @@ async def _agent_hook(nc: Connection, args: argparse.Namespace, config: TownConf
     if args.event == "stop-failure":
         return EXIT_OK  # recorded for the witness by the precheck; the turn is over either way
     if args.event == "session-start":
-        # The claim and the priming at once: the agent's first model request waits for this hook's answer.
-        claimed, primed = await asyncio.gather(
-            _claim_hooked_bead(nc, config), prime_data(nc, config, session), return_exceptions=True
-        )
-        for outcome in (claimed, primed):
-            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
-                raise outcome  # a cancellation or an interrupt, never swallowed
-        if isinstance(primed, BaseException):  # the agent starts anyway and is told to try itself
-            context = f"[gastown] `gt prime` failed in the SessionStart hook ({primed}); run `gt prime` yourself."
-        else:
-            context = prime_text(primed)
+        # The bead was claimed for its polecat by the witness when it started the pane (services/witness/effects/
+        # spawn.py, ``_claim``): the hook only primes.
+        try:
+            context = prime_text(await prime_data(nc, config, session))
+        except Exception as exc:  # noqa: BLE001 - the agent starts anyway and is told to try itself
+            context = f"[gastown] `gt prime` failed in the SessionStart hook ({exc}); run `gt prime` yourself."
         print(runtime.hook_answer(args.event, context))
         return EXIT_OK
     hook_input = start_hook.hook_input()
@@ -179,19 +171,6 @@ async def _agent_hook(nc: Connection, args: argparse.Namespace, config: TownConf
     if answer := runtime.hook_answer(args.event, reason):
         print(answer)
     return EXIT_OK
-
-
-async def _claim_hooked_bead(nc: Connection, config: TownConfig) -> None:
-    """Claim the session's bead for its polecat (``in_progress``, assignee ``<rig>/<polecat>``), as gt-agent does
-    first thing: an agent that never runs `gt bead claim` still shows who works its bead. Fenced by the hook lease
-    like every command of the session; claiming it again (a resumed or cleared session) changes nothing."""
-    bead, rig, polecat = (os.environ.get(k, "") for k in ("GT_BEAD", "GT_RIG", "GT_POLECAT"))
-    if not (bead and rig and polecat):
-        return
-    try:
-        await client.send(nc, config, BeadClaim(id=bead, assignee=f"{rig}/{polecat}"), timeout=CLAIM_TIMEOUT_S)
-    except Exception as exc:  # noqa: BLE001 - the agent starts anyway; its steps do not need the claim
-        print(f"gt agent-hook: claiming bead {bead} failed ({exc!r})", file=sys.stderr)
 
 
 def stop_reason(data: Prime) -> str | None:

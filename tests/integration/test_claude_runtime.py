@@ -123,7 +123,7 @@ async def test_claude_sessions_work_beads_end_to_end_through_the_refinery(
         assert "session-start" in hook_log
         assert "stop" in hook_log
         assert runtimes.turn_ended_after_done(hook_log), "`gt done` marked the log and the Stop hook came after it"
-        # The SessionStart hook claimed the bead for its polecat (Claude Code never runs `gt bead claim`).
+        # The witness claimed the bead for its polecat as it started the pane (Claude Code never runs `gt bead claim`).
         assert pt.mayor is not None
         assert pt.mayor.projection.state.beads[bead].assignee == f"demo/{sessions[0].polecat}"
     assert {request.body.get("model") for request in server.requests if request.kind == "turn"} == {

@@ -129,7 +129,7 @@ async def test_a_bead_is_worked_to_merged_every_step_once(
     steps = [msgspec.json.decode(e.data) for e in logged if e.type == "step.done"]
     assert sorted(s["step"] for s in steps if s["bead_id"] == bead) == sorted(STEPS), "every step done once"
     assert pt.mayor is not None
-    assert pt.mayor.projection.state.beads[bead].assignee == "demo/ace", "the start hook claimed the bead"
+    assert pt.mayor.projection.state.beads[bead].assignee == "demo/ace", "the witness claimed the bead for its polecat"
     # Its usage, read from where the runtime writes it, is what the model server sent its conversation, once.
     mark = await assert_eventually(functools.partial(final_usage, pt, session.id), timeout=RUN_DEADLINE_S)
     sent = [a.usage for a in server.answers if a.kind == "turn" and a.status == 200 and a.usage is not None]

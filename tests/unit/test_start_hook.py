@@ -1,6 +1,6 @@
 """The start hook's fast path (``gt.start_hook``): answered from the witness's file, recorded as the full path
 records a start, the answer taken once; anything else left to the full path. Real files in a temporary runtime dir;
-no town (the claim needs one, so no session here names a bead: nothing is started in the background)."""
+no town."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from shared.host import git, processes, reaper, safe_files
 from shared.host.tmux import PaneInfo, TmuxError
 from shared.model import leases as lease_state
 from shared.model import runtimes
-from shared.model.commands import BeadSling
+from shared.model.commands import BeadClaim, BeadSling, Fence
 from shared.model.decision import NewEvent
 from shared.model.events import SessionEscalated, SessionRequested, SessionStarted
 
@@ -140,6 +140,7 @@ class Spawner:
             return
         if not adopted:
             crash_point("witness.after_tmux_start")
+        await self._claim(session)
         ref = processes.ref_of(pane.pane_pid)
         started = SessionStarted(
             session_id=session.id,
@@ -201,6 +202,26 @@ class Spawner:
             raise StartBlockedError(f"the hook lease {name} moved while session {session.id} took it; trying again")
         log.info("hook_lease_acquired", session=session.id, lease=name, token=token)
         return self.kit.session(session.id) or session
+
+    async def _claim(self, session: Session) -> None:
+        """Claim the session's bead for its polecat (``in_progress``, assignee ``<rig>/<polecat>``) once its pane
+        runs, fenced by the hook lease the session holds: every agent shows who works its bead, whatever it runs.
+        The witness's, not the agent's: nothing of it runs beside the agent's own start (a process of its own there
+        cost Claude Code's first request 0.1-0.2 s), and it is in the log before any command the agent sends (commands
+        on one bead are settled in order). Durable in GT_CMD, its id the session's: a start tried again after a crash
+        claims once."""
+        bead = self.kit.host.state.beads.get(session.bead)
+        hook = self.kit.host.state.hooks.get(hook_lease_name(session.bead))
+        if bead is None or bead.status != "hooked" or hook is None or not hook.held_by(session.id):
+            return  # claimed already (a later session of the bead), or no longer this session's to claim
+        await self.kit.host.store(
+            BeadClaim(
+                id=session.bead,
+                assignee=f"{session.rig}/{session.polecat}",
+                fence=Fence(lease=hook.name, token=hook.token),
+                cmd_id=f"claim-{session.id}",
+            )
+        )
 
     async def resling(self, action: Resling) -> None:
         bead = self.kit.host.state.beads.get(action.bead)
