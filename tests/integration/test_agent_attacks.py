@@ -158,7 +158,7 @@ def victim_pane_ran_nothing(capture: Callable[[], str], marker: Callable[[], boo
 
 
 async def assert_unharmed(
-    nc: Client, victim_status: Callable[[], str], report: dict[str, Any], victim_was: str = "open"
+    nc: Client, victim_status: Callable[[], str], report: dict[str, Any], victim_was: str = "open -"
 ) -> None:
     js = nc.jetstream()
     assert (await js.stream_info("GT_EVT")).config.name == "GT_EVT", "the log is there"
@@ -239,8 +239,18 @@ async def assert_gated_on_a_runner(nc: Client) -> None:
 
 
 def gt_status(gt: Operator, bead: str) -> str:
-    """The bead's status as the operator's `gt bead show` says."""
-    return str(json.loads(gt("bead", "show", bead, "--json"))["status"])
+    """The bead's status and assignee as the operator's `gt bead show` says."""
+    return status_of(json.loads(gt("bead", "show", bead, "--json")))
+
+
+def status_of(bead: dict[str, Any]) -> str:
+    """``<status> <assignee>`` of a bead as `gt bead show --json` gives it."""
+    return f"{bead['status']} {bead.get('assignee') or '-'}"
+
+
+def claimed_for(victim: LaptopVictim) -> str:
+    """How the victim's bead stands while its session works it: claimed by the witness for its polecat."""
+    return f"in_progress {victim.rig}/{victim.session['polecat']}"
 
 
 def read_if_there(path: Path) -> str | None:
@@ -378,13 +388,13 @@ async def assert_laptop_town_unharmed(
         )
 
     def victim_status() -> str:
-        return str(json.loads(town("bead", "show", victim.bead, "--json").stdout)["status"])
+        return status_of(json.loads(town("bead", "show", victim.bead, "--json").stdout))
 
     await gt_ok(town, "health", "mayor")  # answered at once after the pane's query flood, as everyone else is
     await gt_ok(town, "health", "witness")
     async with operator_nats(town) as nc:
         for report in reports:
-            await assert_unharmed(nc, victim_status, report, victim_was="hooked")
+            await assert_unharmed(nc, victim_status, report, victim_was=claimed_for(victim))
     await gt_ok(town, "health", "mayor")  # the mayor is active and healthy
     for report in reports:
         assert_read_nothing_of_others(report, victim.session["id"])
@@ -651,7 +661,7 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topolog
         servers=stack.urls(), user="operator", password=stack.passwords["operator"], inbox_prefix=b"_INBOX_operator"
     )
     try:
-        await assert_unharmed(nc, lambda: gt_status(gt, victim_bead), report, victim_was="hooked")
+        await assert_unharmed(nc, lambda: gt_status(gt, victim_bead), report, victim_was=claimed_for(victim))
     finally:
         await nc.close()
     assert_read_nothing_of_others(report, victim_seen["id"], monitoring_reachable=isinstance(stack, LocalStack))

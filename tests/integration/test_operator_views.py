@@ -106,6 +106,12 @@ async def scripted(town: TownConfig, nc: Client, tmp_path: Path, gt_env: dict[st
             return sessions[-1].id
 
         session = await assert_eventually(working, timeout=60)
+
+        def claimed() -> bool:  # by the witness, for its polecat, right after the pane started
+            assert pt.mayor is not None
+            return pt.mayor.projection.state.beads[alpha].status == "in_progress"
+
+        await assert_eventually(claimed, timeout=60)
         s.names[session] = "SESSION"
         s.names[pt.sessions_of(alpha)[-1].polecat] = "POLECAT"
         kv = await nc.jetstream().key_value(town.heartbeat_bucket)

@@ -13,6 +13,7 @@ import pytest
 from services.witness.plan import Observed, PaneSeen, Policy, plan, session_id_for
 from services.witness.plan.actions import (
     Action,
+    ClaimBead,
     Clean,
     DeliverNudge,
     Escalate,
@@ -32,6 +33,7 @@ from services.witness.projection import new_projection
 from services.witness.state import WitnessState, agent_of
 from shared.core.ids import hook_lease_name
 from shared.model.events import (
+    BeadClaimed,
     BeadClosed,
     BeadCreated,
     BeadSlung,
@@ -832,6 +834,31 @@ def test_a_session_whose_hook_lease_expired_is_warranted_even_with_a_live_pane()
     assert (warrant.session, warrant.reason) == (session, "stalled")
     assert "hook lease" in warrant.detail
     assert "expired" in warrant.detail
+
+
+def test_a_started_session_holding_its_hook_has_its_hooked_bead_claimed_for_its_polecat_and_only_once() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    spawn = only(w.plan(), Spawn)
+    session = w.request(spawn)
+    _hooked(w, "gt-abc", session, 1)
+    assert not [a for a in w.plan() if isinstance(a, ClaimBead)], "not before its pane started"
+    w.start(session)
+    assert only(w.plan(), ClaimBead) == ClaimBead(session=session, bead="gt-abc")
+    w.add(BeadClaimed(bead_id="gt-abc", assignee=f"demo/{spawn.polecat}"))
+    assert not [a for a in w.plan() if isinstance(a, ClaimBead)], "claimed: nothing more to do"
+
+
+def test_a_bead_whose_session_does_not_hold_its_hook_or_is_handing_in_is_not_claimed() -> None:
+    w = World()
+    w.rig()
+    w.bead("gt-abc")
+    session = w.running("gt-abc")
+    assert not [a for a in w.plan() if isinstance(a, ClaimBead)], "no hook lease held"
+    _hooked(w, "gt-abc", session, 1)
+    w.add(SessionDoneIntent(session_id=session))
+    assert not [a for a in w.plan() if isinstance(a, ClaimBead)], "in `gt done`"
 
 
 def test_a_session_in_its_done_flow_keeps_going_without_its_hook() -> None:

@@ -18,6 +18,7 @@ from services.witness.effects.stop import Stopper
 from services.witness.effects.toolkit import Host, Toolkit
 from services.witness.plan.actions import (
     Action,
+    ClaimBead,
     Clean,
     ContinueSession,
     DeliverNudge,
@@ -72,6 +73,8 @@ class Executor:
                     await self.spawner.resling(action)
                 case ReleaseHook():
                     await self.spawner.release_hook(action)
+                case ClaimBead():
+                    await self.spawner.claim(action)
                 case Warrant():
                     await self.stopper.warrant(action)
                 case Kill():

@@ -17,7 +17,7 @@ from services.witness import plan as planning
 from services.witness.effects import agent_user, runtime_setup, start_answer, workspace_records
 from services.witness.effects.agent_env import AgentLaunch
 from services.witness.effects.toolkit import StartBlockedError, Toolkit, WorktreeUnusableError
-from services.witness.plan.actions import GiveUp, ReleaseHook, Resling, Spawn, Start
+from services.witness.plan.actions import ClaimBead, GiveUp, ReleaseHook, Resling, Spawn, Start
 from services.witness.state import Rig, Session, agent_of
 from shared.core.faults import crash_point, hold_point
 from shared.core.ids import hook_lease_name
@@ -45,6 +45,8 @@ class Spawner:
         self.launch = launch
         self.start_failures: dict[str, int] = {}
         """Session -> its starts that failed in a row (``GiveUp`` after ``max_start_failures``)."""
+        self._claims_stored: set[str] = set()
+        """Sessions whose bead's claim this witness stored (the plan asks again until the mayor has settled it)."""
         self._fetched_at: dict[str, float] = {}
         """Rig -> when (monotonic) its clone's newest successful fetch began."""
 
@@ -140,7 +142,6 @@ class Spawner:
             return
         if not adopted:
             crash_point("witness.after_tmux_start")
-        await self._claim(session)
         ref = processes.ref_of(pane.pane_pid)
         started = SessionStarted(
             session_id=session.id,
@@ -203,17 +204,17 @@ class Spawner:
         log.info("hook_lease_acquired", session=session.id, lease=name, token=token)
         return self.kit.session(session.id) or session
 
-    async def _claim(self, session: Session) -> None:
-        """Claim the session's bead for its polecat (``in_progress``, assignee ``<rig>/<polecat>``) once its pane
-        runs, fenced by the hook lease the session holds: every agent shows who works its bead, whatever it runs.
-        The witness's, not the agent's: nothing of it runs beside the agent's own start (a process of its own there
-        cost Claude Code's first request 0.1-0.2 s), and it is in the log before any command the agent sends (commands
-        on one bead are settled in order). Durable in GT_CMD, its id the session's: a start tried again after a crash
-        claims once."""
+    async def claim(self, action: ClaimBead) -> None:
+        """Claim a started session's bead for its polecat (``ClaimBead``), once per session and witness: stored in
+        GT_CMD under the session's own command id (another witness's, or this one's after a restart, is the same
+        command, carried out once), settled by the mayor after every command on the bead stored before it."""
+        session = self.kit.session(action.session)
+        if session is None or session.status != "started" or session.id in self._claims_stored:
+            return
         bead = self.kit.host.state.beads.get(session.bead)
         hook = self.kit.host.state.hooks.get(hook_lease_name(session.bead))
         if bead is None or bead.status != "hooked" or hook is None or not hook.held_by(session.id):
-            return  # claimed already (a later session of the bead), or no longer this session's to claim
+            return  # claimed meanwhile, or no longer this session's to claim
         await self.kit.host.store(
             BeadClaim(
                 id=session.bead,
@@ -222,6 +223,8 @@ class Spawner:
                 cmd_id=f"claim-{session.id}",
             )
         )
+        self._claims_stored.add(session.id)
+        log.info("bead_claimed_for_polecat", session=session.id, bead=session.bead, polecat=session.polecat)
 
     async def resling(self, action: Resling) -> None:
         bead = self.kit.host.state.beads.get(action.bead)

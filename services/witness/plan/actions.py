@@ -172,6 +172,16 @@ class ExpireNudge(Action, frozen=True, kw_only=True):
     """``ttl``: it waited its time out; ``bead_closed``: the bead it was about is closed."""
 
 
+class ClaimBead(SessionAction, frozen=True, kw_only=True):
+    """A started session's bead is still ``hooked``: claim it for the session's polecat (``in_progress``, assignee
+    ``<rig>/<polecat>``), fenced by the session's hook lease, so every agent shows who works its bead, whatever it
+    runs. The witness's, after ``session.started``: nothing of it runs beside the agent's own start."""
+
+    KEY = ("claim", "session")
+    PRIORITY: ClassVar[int] = 4
+    bead: str
+
+
 class ReleaseHook(SessionAction, frozen=True, kw_only=True):
     """An ended session still holds its bead's hook lease: release it, so the deacon does not expire it and
     a stale-hook sweep sees the hook free."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
-from services.witness.plan.actions import Action, GiveUp, Kill, Start, Warrant
+from services.witness.plan.actions import Action, ClaimBead, GiveUp, Kill, Start, Warrant
 from services.witness.plan.observed import Observed, pane_of
 from services.witness.plan.policy import Policy
 from services.witness.state import Rig, Session, WitnessState, WorkBead, agent_of
@@ -51,11 +51,18 @@ def active_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Itera
         if lost is not None:
             yield Warrant(session=session.id, reason="stalled", detail=lost)
             continue
+        if bead.status == "hooked" and session.done_intent_at is None and _holds_hook(state, session):
+            yield ClaimBead(session=session.id, bead=session.bead)
         if session.version > obs.as_of_seq or obs.panes is None:
             continue  # changed while we looked, or tmux unknown: judge it on the next observation
         warrant = _judge(session, bead, state.rigs.get(session.rig), obs, policy)
         if warrant is not None:
             yield warrant
+
+
+def _holds_hook(state: WitnessState, session: Session) -> bool:
+    hook = state.hooks.get(hook_lease_name(session.bead))
+    return hook is not None and hook.held_by(session.id)
 
 
 def _lost_hook(state: WitnessState, session: Session) -> str | None:
