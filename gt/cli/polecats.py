@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 
-"""How long the SessionStart hook waits for its bead's claim to be answered."""
 SESSION_ENV = ("GT_SESSION", "GT_BEAD", "GT_RIG", "GT_WORKTREE", "GT_BRANCH")
 
 
@@ -155,8 +154,8 @@ async def _agent_hook(nc: Connection, args: argparse.Namespace, config: TownConf
     if args.event == "stop-failure":
         return EXIT_OK  # recorded for the witness by the precheck; the turn is over either way
     if args.event == "session-start":
-        # The bead was claimed for its polecat by the witness when it started the pane (services/witness/effects/
-        # spawn.py, ``_claim``): the hook only primes.
+        # The bead is claimed for its polecat by the witness once the pane started (the plan's ``ClaimBead``): the
+        # hook only primes.
         try:
             context = prime_text(await prime_data(nc, config, session))
         except Exception as exc:  # noqa: BLE001 - the agent starts anyway and is told to try itself

@@ -18,6 +18,7 @@ from services.witness.effects import agent_user, runtime_setup, start_answer, wo
 from services.witness.effects.agent_env import AgentLaunch
 from services.witness.effects.toolkit import StartBlockedError, Toolkit, WorktreeUnusableError
 from services.witness.plan.actions import ClaimBead, GiveUp, ReleaseHook, Resling, Spawn, Start
+from services.witness.plan.sessions import claim_owed
 from services.witness.state import Rig, Session, agent_of
 from shared.core.faults import crash_point, hold_point
 from shared.core.ids import hook_lease_name
@@ -46,7 +47,7 @@ class Spawner:
         self.start_failures: dict[str, int] = {}
         """Session -> its starts that failed in a row (``GiveUp`` after ``max_start_failures``)."""
         self._claims_stored: set[str] = set()
-        """Sessions whose bead's claim this witness stored (the plan asks again until the mayor has settled it)."""
+        """Sessions whose bead's claim this witness stored, not yet settled (the plan asks until the mayor has)."""
         self._fetched_at: dict[str, float] = {}
         """Rig -> when (monotonic) its clone's newest successful fetch began."""
 
@@ -208,13 +209,13 @@ class Spawner:
         """Claim a started session's bead for its polecat (``ClaimBead``), once per session and witness: stored in
         GT_CMD under the session's own command id (another witness's, or this one's after a restart, is the same
         command, carried out once), settled by the mayor after every command on the bead stored before it."""
+        state = self.kit.host.state
+        # Claims the mayor has settled (or that are no longer owed) are forgotten: the set holds those in flight.
+        self._claims_stored = {s for s in self._claims_stored if (o := state.sessions.get(s)) and claim_owed(state, o)}
         session = self.kit.session(action.session)
-        if session is None or session.status != "started" or session.id in self._claims_stored:
-            return
-        bead = self.kit.host.state.beads.get(session.bead)
-        hook = self.kit.host.state.hooks.get(hook_lease_name(session.bead))
-        if bead is None or bead.status != "hooked" or hook is None or not hook.held_by(session.id):
+        if session is None or session.id in self._claims_stored or not claim_owed(state, session):
             return  # claimed meanwhile, or no longer this session's to claim
+        hook = state.hooks[hook_lease_name(session.bead)]
         await self.kit.host.store(
             BeadClaim(
                 id=session.bead,

@@ -51,7 +51,7 @@ def active_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Itera
         if lost is not None:
             yield Warrant(session=session.id, reason="stalled", detail=lost)
             continue
-        if bead.status == "hooked" and session.done_intent_at is None and _holds_hook(state, session):
+        if claim_owed(state, session):
             yield ClaimBead(session=session.id, bead=session.bead)
         if session.version > obs.as_of_seq or obs.panes is None:
             continue  # changed while we looked, or tmux unknown: judge it on the next observation
@@ -60,9 +60,19 @@ def active_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Itera
             yield warrant
 
 
-def _holds_hook(state: WitnessState, session: Session) -> bool:
+def claim_owed(state: WitnessState, session: Session) -> bool:
+    """Whether ``session`` is owed its bead's claim (``ClaimBead``): started, not handing in, holding its bead's hook
+    while the bead is still ``hooked``."""
+    bead = state.beads.get(session.bead)
     hook = state.hooks.get(hook_lease_name(session.bead))
-    return hook is not None and hook.held_by(session.id)
+    return (
+        session.status == "started"
+        and session.done_intent_at is None
+        and bead is not None
+        and bead.status == "hooked"
+        and hook is not None
+        and hook.held_by(session.id)
+    )
 
 
 def _lost_hook(state: WitnessState, session: Session) -> str | None:
