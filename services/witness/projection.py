@@ -36,6 +36,7 @@ from shared.model.events import (
     LeaseEvent,
     MergeRequestConflicted,
     MergeRequestFailed,
+    MergeRequestMerged,
     MergeRequestRejected,
     MergeRequestRequeued,
     MergeRequestSubmitted,
@@ -249,6 +250,14 @@ def _merge_requested(payload: MergeRequestSubmitted, state: WitnessState, env: E
     if bead is not None:
         bead.merge_requested = True
         bead.merge_rejected = False
+
+
+@fold.register
+def _merged(payload: MergeRequestMerged, state: WitnessState, env: Envelope, seq: int) -> None:
+    """Its rig's base moved (``already``: by a push an earlier attempt made): clones fetched before lack it."""
+    bead = state.beads.get(state.mr_beads.get(payload.mr_id, ""))
+    if bead is not None and bead.rig is not None:
+        state.base_merged[bead.rig] = seq
 
 
 @fold.register

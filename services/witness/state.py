@@ -104,6 +104,9 @@ class WitnessState(msgspec.Struct, kw_only=True):
     """Unread, open messages to polecats, by message id."""
     usage: dict[str, UsageMark] = {}
     """Session id -> its usage as last recorded (``session.usage``), so a restarted witness records only change."""
+    base_merged: dict[str, int] = {}
+    """Rig -> stream sequence of the newest merge its merge queue pushed to its base (``mr.merged``): a rig's clone
+    fetched before it lacks that work, and a new branch must not start from it (``effects/clone_fetch.py``)."""
 
 
 MAIL_NUDGE_PREFIX = "mail-"

@@ -545,8 +545,9 @@ class WorkspaceStart(NamedTuple):
         if refs is None:
             refs = existing_refs(bare, head, tracked)
         # A branch an older version made in the clone (worktrees shared its refs), else the base as last fetched.
-        start = resolve_commit(bare, head if head in refs else tracked if tracked in refs else base)
-        base_commit = resolve_commit(bare, tracked) if tracked in refs else start
+        named = head if head in refs else tracked if tracked in refs else base
+        start = resolve_commit(bare, named)
+        base_commit = resolve_commit(bare, tracked) if tracked in refs and named != tracked else start
         return cls(commit=start, base_commit=base_commit, branch_in_clone=head in refs)
 
 
@@ -687,8 +688,9 @@ def _moved_from_settled(
     try:
         if not tree_moves.moved(bare, path, settled.commit, start.commit):
             return False
-        git("update-ref", f"refs/remotes/origin/{base}", start.base_commit, cwd=path)
-        git("update-ref", f"refs/heads/{branch}", start.commit, "", cwd=path)  # "": a new branch, never moved
+        # One transaction; "create": a new branch, never one moved.
+        moves = f"update refs/remotes/origin/{base} {start.base_commit}\ncreate refs/heads/{branch} {start.commit}\n"
+        git("update-ref", "--stdin", cwd=path, stdin=moves)
         git("symbolic-ref", "HEAD", f"refs/heads/{branch}", cwd=path)
     except (GitError, UnicodeError):  # UnicodeError: a path git wrote that is not UTF-8
         return False

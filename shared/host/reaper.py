@@ -1,14 +1,19 @@
 """The supervisor each polecat pane runs its agent under: when the session ends, no process of it is left.
 
-``python -I -S reaper.py GRACE [--env-file FILE] -- COMMAND...`` (``argv``). ``--env-file``: the agent's environment,
-read from FILE (written by ``write_env``, private to the reaper's user) and removed, never on a command line (every
-user of the machine reads command lines: the model keys an agent is given would be there for its session's whole
-life, and in the tmux server's, whose command line is the first session's). It makes itself a child subreaper
-(``PR_SET_CHILD_SUBREAPER``), so every process the agent starts, even one that detached (``setsid``, a double fork,
-``nohup ... &``), is re-parented to it when its parent dies, never to init. When the session ends (the agent exits,
-or the reaper gets SIGTERM or SIGHUP: the witness's kill, or tmux closing the pane) it sends SIGTERM to every
-descendant, SIGKILL after ``GRACE`` seconds to whatever is left (again and again, so nothing forked meanwhile
-survives), reaps them all, and exits only when it has no child left: a subreaper with no child has no descendant.
+``python -I -S reaper.py GRACE -- COMMAND...`` or ``python -I -S reaper.py GRACE --launch FIFO`` (``argv``).
+``--launch``: the reaper is started before its command is known (a polecat's pane, while its workspace is made
+ready) and waits on FIFO (``make_launch``, private to the reaper's user) until it is given its command and its
+whole environment (``give_launch``), then removes it: the pane's start costs the session nothing, and no value
+of the agent's environment is ever on a command line (every user of the machine reads command lines: the model keys
+an agent is given would be there for its session's whole life, and in the tmux server's, whose command line is the
+first session's). Waiting, it has set nothing up: a SIGHUP (its tmux session killed) or SIGTERM ends it.
+
+Then it makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``), so every process the agent starts, even one
+that detached (``setsid``, a double fork, ``nohup ... &``), is re-parented to it when its parent dies, never to
+init. When the session ends (the agent exits, or the reaper gets SIGTERM or SIGHUP: the witness's kill, or tmux
+closing the pane) it sends SIGTERM to every descendant, SIGKILL after ``GRACE`` seconds to whatever is left (again
+and again, so nothing forked meanwhile survives), reaps them all, and exits only when it has no child left: a
+subreaper with no child has no descendant.
 It exits with the agent's status (128 + the signal that ended it).
 
 Run as root with the agent under ``setpriv`` (``GT_AGENT_USER``) the agent cannot signal it. Run as the agent's own
@@ -23,8 +28,10 @@ runs on.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
+import stat
 import sys
 import time
 
@@ -37,46 +44,96 @@ ENDS_SESSION = {signal.SIGTERM, signal.SIGHUP}
 KILL_EVERY_S = 0.05
 
 
-def argv(grace_s: float, env_file: str | None = None) -> tuple[str, ...]:
-    """The command prefix that runs a pane's command under the reaper (with exactly the environment in
-    ``env_file``, when given)."""
-    given = ("--env-file", env_file) if env_file is not None else ()
-    return (sys.executable, "-I", "-S", os.path.realpath(__file__), f"{grace_s:g}", *given, "--")
+def argv(grace_s: float, launch: str | None = None) -> tuple[str, ...]:
+    """The command prefix that runs a command under the reaper; ``launch``: the whole command line of a reaper
+    that waits on that FIFO for its command and environment (``give_launch``)."""
+    given = ("--launch", launch) if launch is not None else ("--",)
+    return (sys.executable, "-I", "-S", os.path.realpath(__file__), f"{grace_s:g}", *given)
 
 
-def write_env(path: str, env: dict[str, str]) -> None:
-    """Write ``env`` for ``--env-file`` (NUL-separated ``NAME=value``), readable by this user only, never through
-    a link."""
+def make_launch(path: str) -> None:
+    """The FIFO a reaper started with ``--launch path`` waits on: made anew, this user's alone."""
     if os.path.lexists(path):
         os.unlink(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(b"".join(f"{name}={value}".encode() + b"\0" for name, value in env.items()))
+    os.mkfifo(path, 0o600)
 
 
-def read_env(path: str) -> dict[str, str]:
-    """The environment ``write_env`` wrote to ``path``, which is removed (it is read once)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as given:
-        data = given.read()
-    os.unlink(path)
-    pairs = (item.decode().partition("=") for item in data.split(b"\0") if item)
-    return {name: value for name, _, value in pairs}
+def give_launch(path: str, command: list[str], env: dict[str, str], *, timeout: float) -> None:
+    """Give the reaper waiting on the FIFO at ``path`` its command and its whole environment; it starts the
+    command at once. Waits up to ``timeout`` seconds for the reaper to be reading (its Python may still start).
+
+    Raises:
+        TimeoutError: no reaper was reading by then (it ended, or never started).
+        OSError: ``path`` is no FIFO of ours (a link is never followed), or the reaper went away meanwhile.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: nobody reads it yet
+                raise
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no reaper read {path} within {timeout:g}s") from None
+            time.sleep(0.002)
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a FIFO")
+        os.set_blocking(fd, True)
+        payload = b"\0".join(item.encode() for item in [*(f"{k}={v}" for k, v in env.items()), "", *command])
+        data = b"%d\n" % len(payload) + payload
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
+
+
+def read_launch(path: str) -> tuple[list[str], dict[str, str]]:
+    """Wait on the FIFO at ``path`` until ``give_launch`` gives the command and environment; it is removed.
+
+    Raises:
+        OSError: ``path`` is not a FIFO, or what came is not a whole launch (its writer died on the way).
+        UnicodeDecodeError: nor is it text.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # blocks until the witness opens it to write
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a FIFO")
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    size, _, payload = b"".join(chunks).partition(b"\n")
+    if not size.isdigit() or int(size) != len(payload):
+        raise OSError(f"{path}: an incomplete launch ({len(payload)} bytes, {size[:20]!r} announced)")
+    items = payload.decode().split("\0")
+    if "" not in items:
+        raise OSError(f"{path}: no command in the launch")
+    cut = items.index("")  # no variable is empty: the first empty item ends the environment
+    command = items[cut + 1 :]
+    if not command or not command[0]:
+        raise OSError(f"{path}: no command in the launch")
+    pairs = (item.partition("=") for item in items[:cut])
+    return command, {name: value for name, _, value in pairs}
 
 
 def main(args: list[str]) -> int:
-    env_file = args[2] if len(args) > 2 and args[1] == "--env-file" else None
-    if env_file is not None:
-        args = [args[0], *args[3:]]
-    if len(args) < 3 or args[1] != "--":
-        print("usage: reaper.py GRACE_SECONDS [--env-file FILE] -- COMMAND [ARG...]", file=sys.stderr)
+    launched = len(args) == 3 and args[1] == "--launch"
+    if not launched and (len(args) < 3 or args[1] != "--"):
+        print("usage: reaper.py GRACE_SECONDS (-- COMMAND [ARG...] | --launch FIFO)", file=sys.stderr)
         return 2
     grace = float(args[0])
-    command = args[2:]
+    # What ends a session ends it whatever this process inherited (a town started under `nohup` ignores SIGHUP,
+    # and an ignored signal is dropped, never waited for): waiting for its launch, the reaper simply ends.
+    for sig in ENDS_SESSION:
+        signal.signal(sig, signal.SIG_DFL)
     try:
-        env = read_env(env_file) if env_file is not None else dict(os.environ)
+        command, env = read_launch(args[2]) if launched else (args[2:], dict(os.environ))
     except (OSError, UnicodeDecodeError) as exc:
-        print(f"reaper: cannot read the environment file {env_file}: {exc}", file=sys.stderr)
+        print(f"reaper: cannot read its launch from {args[2]}: {exc}", file=sys.stderr)
         return 125
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:

@@ -144,7 +144,7 @@ class Tmux:
     def start(
         self,
         name: str,
-        command: str,
+        command: str | None,
         *,
         cwd: str,
         env: Mapping[str, str] | None,
@@ -160,8 +160,9 @@ class Tmux:
         started it (a witness, with its own credentials and settings), and tmux also replaces PATH with its
         client's; neither may leak into an agent, so the agent gets ``env`` and nothing else. ``run_as``: a command
         prefix the whole runs under (``setpriv`` to the agents' OS user). ``supervisor``: a command prefix that runs
-        before ``run_as``, as the tmux server's user (``shared.host.reaper``: the pane's first process). ``env`` None:
-        the supervisor gives the command its environment (the reaper's ``--env-file``: no value on a command line).
+        before ``run_as``, as the tmux server's user (``shared.host.reaper``: the pane's first process). ``command``
+        None: the supervisor alone, which is given its command and environment later (the reaper's ``--launch``: no
+        value on a command line).
 
         Raises:
             TmuxError: the session exists already, or tmux refused.
@@ -169,7 +170,7 @@ class Tmux:
         # -P -F: tmux prints the new pane's facts (pid, ...) itself, so no second call reads them.
         args = ["new-session", "-d", "-P", "-F", _FORMAT, "-s", name, "-c", cwd, "-x", "200", "-y", "50"]
         given = ["env", "-i", *(f"{key}={value}" for key, value in env.items())] if env is not None else []
-        argv = [*supervisor, *run_as, *given, "sh", "-c", command]
+        argv = [*supervisor, *run_as, *given, "sh", "-c", command] if command is not None else [*supervisor]
         args += [_literal(arg) for arg in argv]
         options = (
             ";",

@@ -43,6 +43,8 @@ def moved(bare: Path, work: Path, old: str, new: str) -> bool:
         GitError: git failed (the caller takes the full pass).
         UnicodeError: git wrote a path that is not UTF-8.
     """
+    if old == new:
+        return True  # nothing changed (the base did not move since it was settled): no git run at all
     paths = fast_paths(git.tree_changes(bare, old, new))
     if paths is None:
         return False

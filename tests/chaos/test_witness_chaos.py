@@ -171,6 +171,7 @@ def agents_of(town: TownConfig, *, only_agents: bool = False) -> list[int]:
 # (crash point, agent command, sessions the bead ends up with)
 WINDOWS = [
     pytest.param("witness.after_requested", "gt-agent", 1, id="requested-before-tmux-start"),
+    pytest.param("witness.before_launch", "gt-agent", 1, id="pane-waiting-before-launch"),
     pytest.param("witness.after_tmux_start", "gt-agent", 1, id="tmux-start-before-started"),
     pytest.param("witness.after_warrant", "GT_AGENT_FAULT=crash-at-step=3@1 gt-agent", 2, id="warrant-before-kill"),
     pytest.param("witness.after_kill", "GT_AGENT_FAULT=crash-at-step=3@1 gt-agent", 2, id="kill-before-ended"),
@@ -202,6 +203,10 @@ async def test_witness_killed_in_a_failure_window_converges(
         if crash_at == "witness.after_requested":
             assert [s.status for s in sessions] == ["requested"]
             assert pt.tmux.snapshot() == {}
+        elif crash_at == "witness.before_launch":
+            assert [s.status for s in sessions] == ["requested"]
+            assert list(pt.tmux.snapshot()) == [sessions[0].tmux_name], "a pane whose reaper waits for its launch"
+            assert not agents_of(pt.config), "no agent was launched"
         elif crash_at == "witness.after_tmux_start":
             assert [s.status for s in sessions] == ["requested"]
             assert list(pt.tmux.snapshot()) == [sessions[0].tmux_name], "a live tmux session nobody recorded"
@@ -224,6 +229,8 @@ async def test_witness_killed_in_a_failure_window_converges(
         assert sessions[-1].end_reason == "done"
         if crash_at == "witness.after_tmux_start":
             assert sessions[0].adopted, "the restarted witness adopts the session it started but did not record"
+        if crash_at == "witness.before_launch":
+            assert not sessions[0].adopted, "a pane that never launched its agent is opened again, not adopted"
         if crash_at in ("witness.after_done_push", "witness.after_mr_submit"):
             assert sessions[0].end_reason == "done", "a crash during done is finished, not treated as a death"
         assert witness.returncode() is None, witness.log_text()

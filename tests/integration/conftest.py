@@ -3,6 +3,9 @@ shipped accounts: tests/secured_town.py)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -51,3 +54,28 @@ async def pt(town: TownConfig, nc: Client, tmp_path: Path) -> AsyncIterator[Pole
     defines its own."""
     async with polecat_town(town, nc, tmp_path) as handle:
         yield handle
+
+
+@pytest.fixture
+def git_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every git process this test's services run, logged (subcommand and the word after it) by a git on PATH."""
+    shim_dir, log = tmp_path / "shim", tmp_path / "git-calls.log"
+    shim_dir.mkdir()
+    real = shutil.which("git")
+    assert real is not None
+    shim = shim_dir / "git"
+    # The subcommand and the word after it, past the `-c name=value` pairs every service git begins with.
+    shim.write_text(
+        "#!/bin/sh\n"
+        'words=""; skip=0; n=0\n'
+        'for arg in "$@"; do\n'
+        "  if [ $skip = 1 ]; then skip=0; continue; fi\n"
+        '  if [ "$arg" = "-c" ] && [ $n = 0 ]; then skip=1; continue; fi\n'
+        '  n=$((n + 1)); words="${words:+$words }$arg"; [ $n = 2 ] && break\n'
+        "done\n"
+        f'echo "$words" >> {log}\n'
+        f'exec {real} "$@"\n'
+    )
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{shim_dir}{os.pathsep}{os.environ['PATH']}")
+    return log

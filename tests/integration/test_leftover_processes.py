@@ -13,6 +13,7 @@ import pwd
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 import uuid
@@ -92,6 +93,45 @@ def test_the_reaper_ends_what_its_command_detached_and_exits_with_the_commands_s
     done = subprocess.run([*reaper.argv(0.5), "sh", "-c", command], timeout=30, check=False)
     assert done.returncode == 3
     assert running_with(mark) == [], "the reaper exited with a process of its command still running"
+
+
+def test_a_waiting_reaper_runs_exactly_the_command_and_environment_it_is_launched_with(tmp_path: Path) -> None:
+    """``--launch``: started first, the reaper runs nothing until it is given its command and whole environment
+    through its FIFO (none of it on a command line), then runs it as it would have, and removes the FIFO."""
+    fifo, out = tmp_path / "s1.launch", tmp_path / "env.txt"
+    reaper.make_launch(str(fifo))
+    proc = subprocess.Popen([*reaper.argv(0.5, launch=str(fifo))], env={"LEAKED": "from the reaper's own"})
+    try:
+        time.sleep(0.3)  # an absence: nothing runs while it waits
+        assert proc.poll() is None
+        assert not out.exists()
+        env = {"PATH": "/usr/bin:/bin", "SECRET_KEY": "sk-" + "x" * 40, "EMPTY": "", "EQUALS": "a=b"}
+        command = ["sh", "-c", f"env | sort > {shlex.quote(str(out))}; exit 4", "an argument", ""]
+        reaper.give_launch(str(fifo), command, env, timeout=10)
+        assert proc.wait(timeout=30) == 4
+    finally:
+        proc.kill()
+    given = dict(line.split("=", 1) for line in out.read_text().splitlines())
+    for own in ("PWD", "SHLVL", "_"):  # the shell's own
+        given.pop(own, None)
+    assert given == env, "exactly the launch's environment: nothing of the reaper's"
+    assert not fifo.exists(), "read once and removed"
+    assert "sk-" not in " ".join(reaper.argv(0.5, launch=str(fifo)))
+
+
+def test_a_waiting_reaper_ends_with_its_pane_and_a_launch_nobody_reads_times_out(tmp_path: Path) -> None:
+    fifo = tmp_path / "s2.launch"
+    reaper.make_launch(str(fifo))
+    proc = subprocess.Popen([*reaper.argv(0.5, launch=str(fifo))])
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGHUP)  # tmux closing its pane
+    assert proc.wait(timeout=30) == -signal.SIGHUP, "waiting, it set nothing up: the hang-up ends it"
+    with pytest.raises(TimeoutError):
+        reaper.give_launch(str(fifo), ["true"], {}, timeout=0.3)
+    link = tmp_path / "s3.launch"
+    link.symlink_to(fifo)
+    with pytest.raises(OSError, match="symbolic links"):
+        reaper.give_launch(str(link), ["true"], {}, timeout=0.3)  # never written through a link
 
 
 def test_an_agent_of_its_own_os_user_cannot_kill_its_reaper_and_its_detached_writer_ends_with_its_session(

@@ -553,6 +553,24 @@ def test_a_released_workspace_is_settled_at_once_and_moved_by_the_change_at_the_
     assert git.resolve_commit(path, "refs/remotes/origin/main") == c2
 
 
+def test_a_settled_workspace_whose_base_did_not_move_is_taken_by_its_refs_alone(tmp_path: Path) -> None:
+    """The common case in a busy town (the release fetched, nothing merged since): the start finds the settled
+    workspace at the very commit it wants; nothing is checked out, only the branch made and HEAD pointed at it."""
+    src, bare, path, scratch = _released_hostile_workspace(tmp_path)
+    c1 = git.resolve_commit(bare, "refs/remotes/origin/main")
+    recycle = git.Recycle(trusted_index=scratch / "ace.index", scratch=scratch, owner=None)
+    settled = git.settle_released(bare, path, "main", origin=str(src), excludes=EXCLUDES, recycle=recycle)
+    assert settled is not None
+    repository = os.stat(path / ".git").st_ino
+    index = os.stat(path / ".git" / "index").st_mtime_ns
+    again = recycle._replace(settled=settled)
+    assert git.ensure_worktree(bare, path, "polecat/ace/b2", "main", origin=str(src), excludes=EXCLUDES, recycle=again)
+    assert os.stat(path / ".git").st_ino == repository, "the settled repository kept"
+    assert os.stat(path / ".git" / "index").st_mtime_ns == index, "no checkout: the index as the settle wrote it"
+    _exactly_at(path, c1, "polecat/ace/b2")
+    assert git.resolve_commit(path, "refs/remotes/origin/main") == c1
+
+
 def test_a_settled_workspace_that_git_ran_in_since_takes_the_whole_way(tmp_path: Path) -> None:
     """A git run in the settled workspace since (a person, another witness) wrote its index: the mark no longer
     matches, and the start makes the repository anew and takes the full pass, which undoes what was done there."""

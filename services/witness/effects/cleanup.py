@@ -1,15 +1,17 @@
 """After a session ended: its pane reaped (its agent's processes stopped, its password file gone), its worktree
 released for the polecat's next bead unless it holds unsaved work or a later session carries it on, its published
-bundles dropped once its bead is closed, and ``session.cleaned`` recorded."""
+bundles dropped once its bead is closed, and ``session.cleaned`` recorded; then the rig's clone fetched and the
+released workspace settled, so the next start waits for neither."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import structlog
 
-from services.witness.effects import workspace_records
+from services.witness.effects import clone_fetch, workspace_records
 from services.witness.effects.toolkit import Toolkit
 from services.witness.plan.actions import Clean, ReapPane
 from services.witness.state import Session
@@ -63,8 +65,10 @@ class Cleaner:
         current = self.kit.session(session.id) or session
         event = SessionCleaned(session_id=session.id, worktree_removed=removed, detail=detail, pane_tail=tail)
         await self.kit.append(NewEvent(payload=event, expected_seq=current.version))
-        if released is not None and not action.delete and workspace_records.may_settle(self.kit):
-            await self._settle(session, released)
+        if released is not None and not action.delete:
+            await self._fetch_clone(session.rig)
+            if workspace_records.may_settle(self.kit):
+                await self._settle(session, released)
 
     async def _settle(self, session: Session, released: tree_moves.IndexStamp) -> None:
         """Make the released workspace ready for the polecat's next bead now, rather than when that bead starts
@@ -90,6 +94,21 @@ class Cleaner:
                 return
             if settled is not None:
                 await asyncio.to_thread(workspace_records.keep_settled, self.kit, session, settled)
+
+    async def _fetch_clone(self, rig: str) -> None:
+        """After a release, the rig's clone fetched unless it was a moment ago (``clone_fetch``): the workspace is
+        settled at the newest base, and the polecat's next start (any start of the rig meanwhile) waits for no fetch.
+        A failure is only logged: the next start fetches."""
+        fetches = self.kit.clone_fetches
+        async with self.kit.repo_locks.hold(rig):
+            merged = self.kit.host.state.base_merged.get(rig, 0)
+            if fetches.fresh(rig, merged, time.monotonic(), clone_fetch.RELEASE_REFETCH_S):
+                return
+            try:
+                with git.in_background():  # as the release: the bead's merge may run right now
+                    await asyncio.to_thread(fetches.fetch, rig, self.kit.bare_repo(rig), merged)
+            except git.GitError as exc:
+                log.warning("clone_fetch_failed", rig=rig, error=str(exc)[:500])
 
     def _settled(self, session: Session) -> git.SettledWorkspace | None:
         recycle = workspace_records.recycle_of(self.kit, session)

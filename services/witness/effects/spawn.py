@@ -10,11 +10,12 @@ import os
 import shlex
 import time
 from pathlib import Path
+from typing import Any
 
 import structlog
 
 from services.witness import plan as planning
-from services.witness.effects import agent_user, runtime_setup, start_answer, workspace_records
+from services.witness.effects import agent_user, clone_fetch, runtime_setup, start_answer, workspace_records
 from services.witness.effects.agent_env import AgentLaunch
 from services.witness.effects.toolkit import StartBlockedError, Toolkit, WorktreeUnusableError
 from services.witness.plan.actions import ClaimBead, GiveUp, ReleaseHook, Resling, Spawn, Start
@@ -32,9 +33,9 @@ from shared.model.events import SessionEscalated, SessionRequested, SessionStart
 
 log = structlog.get_logger(__name__)
 
-FETCH_REUSE_S = 2.0
-"""A new branch starts from origin's base as the rig's clone fetched it at most this long before its session was
-asked for: 200 beads slung at once cost a few fetches, not 200 in a row (the merge queue rebases anyway)."""
+LAUNCH_TIMEOUT_S = 60.0
+"""How long a start waits for its pane's reaper to read its launch (a Python start, on a machine busy with other
+agents' starts) before it counts as a failed start, tried again."""
 LEFTOVER_DEADLINE_S = 30.0
 """How long a new session waits for an earlier session's processes in its worktree to be gone before the witness
 escalates (it keeps trying: the worktree is never handed over while one runs)."""
@@ -48,8 +49,6 @@ class Spawner:
         """Session -> its starts that failed in a row (``GiveUp`` after ``max_start_failures``)."""
         self._claims_stored: set[str] = set()
         """Sessions whose bead's claim this witness stored, not yet settled (the plan asks until the mayor has)."""
-        self._fetched_at: dict[str, float] = {}
-        """Rig -> when (monotonic) its clone's newest successful fetch began."""
 
     async def spawn(self, action: Spawn) -> None:
         state = self.kit.host.state
@@ -115,25 +114,37 @@ class Spawner:
                 answering.cancel()
 
     async def _start(self, session: Session, rig: Rig, answering: asyncio.Task[str | None] | None) -> None:
+        wanted = time.monotonic()
+        existing = await asyncio.to_thread(self.kit.tmux.pane_of, session.tmux_name)
+        adopting = self._launched_before(session, existing)
+        # The pane is opened at once, its reaper waiting for its command (``reaper --launch``), while the worktree is
+        # made ready: what the clone has is looked up, the earlier sessions' leftovers are looked for, the hook lease
+        # is taken (its event's round trip). The agent starts the moment the worktree and its files are ready.
+        opening = asyncio.create_task(asyncio.to_thread(self._open_pane, session, existing, adopting))
+        looking = asyncio.create_task(
+            asyncio.to_thread(_refs_of, self.kit.bare_repo(rig.name), session.branch, rig.base_branch)
+        )
+        holding = asyncio.create_task(self._hold_hook(session, rig))
+        launched = False
         try:
             async with self.kit.worktree_locks.hold(session.worktree), workspace_records.held(self.kit, session):
-                if await self._end_leftovers(session):
+                if await self._end_leftovers(session, adopting):
                     # Processes of an earlier session outlived it: what they wrote since the workspace was settled
                     # is nowhere in its index, so the start takes the whole way.
                     await asyncio.to_thread(workspace_records.forget_settled, self.kit, session)
-                await self._prepare_worktree(rig, session)
+                await self._prepare_worktree(rig, session, await looking, wanted)
+            session = await holding
+            answer = await answering if answering is not None else None
+            pane, adopted = await opening
+            if not adopted:
+                crash_point("witness.before_launch")
+                await asyncio.to_thread(self._launch, session, rig, answer)
+            launched = True
         except WorktreeUnusableError as exc:
             # Never touched (it may hold someone's work): the bead is escalated instead.
             await self._unusable_worktree(session, str(exc))
             return
-        except git.GitError:
-            self.start_failures[session.id] = self.start_failures.get(session.id, 0) + 1
-            raise
-        session = await self._hold_hook(session, rig)
-        answer = await answering if answering is not None else None
-        try:
-            pane, adopted = await asyncio.to_thread(self._start_tmux, session, rig, answer)
-        except TmuxError:
+        except (git.GitError, TmuxError):
             self.start_failures[session.id] = self.start_failures.get(session.id, 0) + 1
             raise
         except safe_files.UnsafeFileError as exc:
@@ -141,6 +152,11 @@ class Spawner:
             # runtime dir it made a link: never written through; the bead is escalated, the workspace kept.
             await self._unusable_worktree(session, f"the session's files cannot be prepared safely: {exc}")
             return
+        finally:
+            for task in (looking, holding):
+                _settle_task(task)  # a start that failed before it needed them (a lease taken is released later)
+            if not launched:
+                await self._close_waiting_pane(session, opening)
         if not adopted:
             crash_point("witness.after_tmux_start")
         ref = processes.ref_of(pane.pane_pid)
@@ -162,16 +178,14 @@ class Spawner:
         self.start_failures.pop(session.id, None)
         log.info("session_started", session=session.id, pane_pid=pane.pane_pid, adopted=adopted)
 
-    async def _end_leftovers(self, session: Session) -> bool:
+    async def _end_leftovers(self, session: Session, adopting: bool) -> bool:
         """Before a worktree is handed to ``session``: every process of the earlier sessions that worked in it is
         gone, verified (``effects/leftovers.py``); the ones found are stopped first (then True). Until then the start
-        is blocked (tried again), and escalated once it has waited ``LEFTOVER_DEADLINE_S``."""
+        is blocked (tried again), and escalated once it has waited ``LEFTOVER_DEADLINE_S``. ``adopting``: its own
+        agent runs already (started before a crash): nothing to look for."""
         earlier = self.kit.ended_in(session.worktree, but=session.id)
-        if not earlier:
+        if not earlier or adopting:
             return False
-        pane = await asyncio.to_thread(self.kit.tmux.pane_of, session.tmux_name)
-        if pane is not None and self.kit.tmux.ours(pane) and pane.label == session.id:
-            return False  # its own agent runs already (started before a crash): adopted, not a leftover
         deadline = time.monotonic() + LEFTOVER_DEADLINE_S
         stopped = False
         while True:
@@ -244,10 +258,9 @@ class Spawner:
         if await self.kit.append(lease_state.release(hook)):
             log.info("hook_lease_released", session=action.session, lease=hook.name, token=hook.token)
 
-    async def _prepare_worktree(self, rig: Rig, session: Session) -> None:
+    async def _prepare_worktree(self, rig: Rig, session: Session, refs: set[str] | None, wanted: float) -> None:
+        """``refs``: what the rig's clone had of the session's refs (``_refs_of``) at ``wanted`` (monotonic)."""
         bare, path = self.kit.bare_repo(rig.name), Path(session.worktree)
-        wanted = time.monotonic()
-        refs = await asyncio.to_thread(_refs_of, bare, session.branch, rig.base_branch)
         # A start tried again after a crash (its pane started, ``session.started`` never recorded) finds the workspace
         # it prepared, perhaps with its agent's work in it: never recycled again.
         again = await asyncio.to_thread(workspace_records.prepared_for, self.kit, session)
@@ -256,13 +269,15 @@ class Spawner:
         # The clone's worktree registry is changed by one git process at a time (see git.ensure_worktree); the
         # lookups before and everything after (tmux, the agent, the events) run for many sessions at once.
         async with self.kit.repo_locks.hold(rig.name):
+            fetches, merged = self.kit.clone_fetches, self.kit.host.state.base_merged.get(rig.name, 0)
             began = time.monotonic()
             if refs is None:  # no clone when looked (made now, or by a start that had the lock first): looked up
                 if await asyncio.to_thread(git.ensure_bare_clone, rig.repo, bare):
-                    self._fetched_at[rig.name] = began
-            elif branch not in refs and self._fetched_at.get(rig.name, float("-inf")) < wanted - FETCH_REUSE_S:
-                await asyncio.to_thread(git.fetch, bare)  # a new branch starts from the newest base
-                self._fetched_at[rig.name] = began
+                    fetches.record(rig.name, clone_fetch.Fetched(began=began, merged=merged))
+            elif branch not in refs and not fetches.fresh(rig.name, merged, wanted):
+                # A new branch starts from the base with every merge the queue made (``clone_fetch``); usually the
+                # last release fetched already.
+                await asyncio.to_thread(fetches.fetch, rig.name, bare, merged)
                 refs = None  # looked up again: the fetch may have brought the base
             if recycle is not None and recycle.owner is not None:
                 # Its checkout runs as the agent's user, reading the clone's objects: those just fetched too.
@@ -309,9 +324,21 @@ class Spawner:
         last = earlier[-1] if earlier else None  # in the order requested
         return last is not None and last.status == "ended" and last.cleaned and last.worktree_removed
 
-    def _start_tmux(self, session: Session, rig: Rig, answer: str | None) -> tuple[PaneInfo, bool]:
-        """The session's pane, started (or adopted: True); ``answer``: its start hook's (``start_answer``)."""
-        existing = self.kit.tmux.pane_of(session.tmux_name)
+    def _launched_before(self, session: Session, pane: PaneInfo | None) -> bool:
+        """``pane`` is the session's own, its agent launched before a crash (its reaper read its launch), alive: it is
+        adopted. One whose reaper still waits for its launch is not: it is closed and opened again."""
+        return (
+            pane is not None
+            and self.kit.tmux.ours(pane)
+            and pane.label == session.id
+            and not pane.dead
+            and processes.ref_of(pane.pane_pid) is not None
+            and not os.path.lexists(self.kit.launch_fifo(session))
+        )
+
+    def _open_pane(self, session: Session, existing: PaneInfo | None, adopting: bool) -> tuple[PaneInfo, bool]:
+        """The session's pane (``existing``, what its tmux name held when looked), opened with its reaper waiting
+        for its launch, or adopted (True) when ``adopting``."""
         if existing is not None and not self.kit.tmux.ours(existing):
             # Another town's session on our tmux socket, of the same name: never ours to adopt or kill.
             socket = self.kit.tmux.socket_name
@@ -321,36 +348,59 @@ class Spawner:
                 "own GT_TMUX_SOCKET (docs/configuration.md)"
             )
         if existing is not None:
-            if existing.label == session.id and not existing.dead and processes.ref_of(existing.pane_pid):
+            if adopting:
                 return existing, True  # started before a crash, never recorded: adopt it
             self._clear_tmux_name(session, existing)
+        fifo = self.kit.launch_fifo(session)
+        fifo.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        reaper.make_launch(str(fifo))
+        # The pane's first process is the session's reaper (shared/host/reaper.py), as the witness's user: whatever
+        # the agent starts, even detached, ends with the session. It starts in "/" (the worktree may not be there
+        # yet), and the agent's own shell enters the workspace: no process of the witness's user ever runs with the
+        # agent's directory as its working directory (relative paths the agent planted).
+        supervisor = reaper.argv(self.kit.settings.kill_grace_s, launch=str(fifo))
+        try:
+            pane = self.kit.tmux.start(
+                session.tmux_name, None, cwd="/", env=None, label=session.id, supervisor=supervisor
+            )
+        except BaseException:
+            fifo.unlink(missing_ok=True)
+            raise
+        return pane, False
+
+    def _launch(self, session: Session, rig: Rig, answer: str | None) -> None:
+        """The session's agent started in its waiting pane: its runtime's files written, ``answer`` (its start
+        hook's, ``start_answer``) too, its command and whole environment given to the reaper through the launch
+        FIFO, never on a command line (``ps``) of the reaper or of the tmux server.
+
+        Raises:
+            TmuxError: the pane's reaper did not take its launch (it ended, or never started).
+        """
         command, env = self.launch.command(session, rig)
         run_as: tuple[str, ...] = ()
-        cwd = session.worktree
         if self.kit.agent_user is not None:
             self._hand_over(session, env)
             run_as = self.kit.agent_user.argv_prefix()
-            # tmux (root) starts the pane in "/", and the agent's own shell enters the workspace: no root process
-            # ever runs with the agent's directory as its working directory (relative paths the agent planted).
-            cwd, command = "/", f"cd -- {shlex.quote(session.worktree)} && {command}"
         if answer is not None:
             start_answer.write(self.kit, session, answer)
-        # The pane's first process is the session's reaper (shared/host/reaper.py), as the witness's user: whatever the
-        # agent starts, even detached, ends with the session.
-        # Its environment (the model keys among it) goes to the reaper in a file of the witness's, not on the command
-        # line (``ps``) of the reaper and of the tmux server.
-        env_file = self.kit.env_file(session)
-        env_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        reaper.write_env(str(env_file), env)
-        supervisor = reaper.argv(self.kit.settings.kill_grace_s, env_file=str(env_file))
+        fifo = self.kit.launch_fifo(session)
+        argv = [*run_as, "sh", "-c", f"cd -- {shlex.quote(session.worktree)} && {command}"]
         try:
-            pane = self.kit.tmux.start(
-                session.tmux_name, command, cwd=cwd, env=None, label=session.id, run_as=run_as, supervisor=supervisor
-            )
-        except BaseException:
-            env_file.unlink(missing_ok=True)
-            raise
-        return pane, False
+            reaper.give_launch(str(fifo), argv, env, timeout=LAUNCH_TIMEOUT_S)
+        except OSError as exc:  # TimeoutError too
+            raise TmuxError("launch", f"the pane of session {session.id} did not take its launch: {exc}") from exc
+
+    async def _close_waiting_pane(self, session: Session, opening: asyncio.Task[tuple[PaneInfo, bool]]) -> None:
+        """A start that failed before its agent was launched: the pane it opened for it is closed (its reaper, still
+        waiting, ends on the SIGHUP), so no pane without an agent stays; a retry opens another."""
+        try:
+            _pane, adopted = await opening
+        except Exception:  # noqa: BLE001 - never opened: the start's own failure says why
+            return
+        if not adopted:
+            with contextlib.suppress(TmuxError):
+                await asyncio.to_thread(self.kit.tmux.kill_if_labelled, session.tmux_name, session.id)
+            self.kit.launch_fifo(session).unlink(missing_ok=True)
 
     def _hand_over(self, session: Session, env: dict[str, str]) -> None:
         """What the session's agent, as its own OS user, needs of the town's files (``effects/agent_user.py``)."""
@@ -438,6 +488,15 @@ class Spawner:
                 with contextlib.suppress(OSError):
                     found.append((bundle.stat().st_mtime, bundle))
         return max(found)[1] if found else None
+
+
+def _settle_task(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` if it still runs, else take its outcome (a failure it had was the start's, or no longer
+    matters): never left to be reported as never retrieved."""
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled():
+        task.exception()
 
 
 def _refs_of(bare: Path, branch: str, base: str) -> set[str] | None:

@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 import structlog
 
 from services.witness import plan as planning
-from services.witness.effects import agent_user, leftovers
+from services.witness.effects import agent_user, clone_fetch, leftovers
 from services.witness.settings import WitnessSettings
 from services.witness.state import Session, WitnessState
 from shared.bus.auth_callout import CalloutSettings
@@ -90,6 +90,8 @@ class Toolkit:
         # lock, then the rig's.
         self.worktree_locks = KeyedLocks()
         self.repo_locks = KeyedLocks()
+        self.clone_fetches = clone_fetch.CloneFetches()
+        """When each rig's clone was last fetched (under its ``repo_locks``): whether a new branch may start from it."""
         self.pane_locks = KeyedLocks()
         """A pane's: one nudge typed into it at a time, its text and its Enter as one unit (two typed at once would
         arrive as one line)."""
@@ -113,10 +115,10 @@ class Toolkit:
         starts the agent, where ``ps`` and every process on the tmux socket could read it."""
         return self.rig_dir(session.rig) / "secrets" / f"{session.id}.nats-password"
 
-    def env_file(self, session: Session) -> Path:
-        """The session's environment for its reaper (``reaper --env-file``), beside its password: read and removed
-        by the reaper before the agent starts."""
-        return self.rig_dir(session.rig) / "secrets" / f"{session.id}.env"
+    def launch_fifo(self, session: Session) -> Path:
+        """Where the session's reaper waits for its agent's command and environment (``reaper --launch``), beside
+        its password: removed by the reaper once read."""
+        return self.rig_dir(session.rig) / "secrets" / f"{session.id}.launch"
 
     def trusted_index(self, session: Session) -> Path:
         """Where the witness keeps the index its own checkout wrote in the session's workspace, before the agent
@@ -205,5 +207,5 @@ class Toolkit:
 
     def reap(self, session: Session) -> None:
         self.password_file(session).unlink(missing_ok=True)  # the session has ended: nobody needs it any more
-        self.env_file(session).unlink(missing_ok=True)  # its reaper never started
+        self.launch_fifo(session).unlink(missing_ok=True)  # its reaper never took its launch
         self.stop_if_ours(session)
