@@ -96,7 +96,7 @@ def script_names(runtime: Runtime, sessions: int) -> tuple[list[str], list[str]]
     )
 
 
-async def run(sessions: int = 5, tool_calls: int = 500) -> list[Figure]:
+async def run(sessions: int = 10, tool_calls: int = 500) -> list[Figure]:
     figures = await _start(sessions)
     figures.append(_activity_cpu(tool_calls))
     return figures

@@ -50,7 +50,7 @@ FULL = {
     "leases": 1000,
     "fast_leases": 200,
     "lease_quiet_s": 30,
-    "agent_sessions": 5,
+    "agent_sessions": 10,
     "tool_calls": 1000,
     "cli_rounds": 20,
     "cli_creates": 100,

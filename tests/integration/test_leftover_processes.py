@@ -123,9 +123,12 @@ def test_a_waiting_reaper_ends_with_its_pane_and_a_launch_nobody_reads_times_out
     fifo = tmp_path / "s2.launch"
     reaper.make_launch(str(fifo))
     proc = subprocess.Popen([*reaper.argv(0.5, launch=str(fifo))])
-    time.sleep(0.2)
-    proc.send_signal(signal.SIGHUP)  # tmux closing its pane
-    assert proc.wait(timeout=30) == -signal.SIGHUP, "waiting, it set nothing up: the hang-up ends it"
+    try:
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGHUP)  # tmux closing its pane
+        assert proc.wait(timeout=30) == -signal.SIGHUP, "waiting, it set nothing up: the hang-up ends it"
+    finally:
+        proc.kill()
     with pytest.raises(TimeoutError):
         reaper.give_launch(str(fifo), ["true"], {}, timeout=0.3)
     link = tmp_path / "s3.launch"
