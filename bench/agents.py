@@ -190,8 +190,9 @@ def _start_figures(runtime: Runtime, hooked: list[float], bare: list[float]) -> 
     notes = {
         50: f"{sessions} sessions one at a time, a bare start before each; the model never answers",
         99: "includes the sling, the workspace (made for the first session, moved by the change from where the last "
-        "bead's release settled it for the others), config home, tmux start, the pane's reaper, and where the runtime "
-        "waits on its start hook, the hook's fast path (the answer the witness wrote before the pane started)",
+        "bead's release settled it for the others), config home, the launch into the pane opened meanwhile (tmux and "
+        "the pane's reaper start while the workspace is made ready), and where the runtime waits on its start hook, "
+        "the hook's fast path (the answer the witness wrote before the launch)",
     }
     return [
         Figure(
