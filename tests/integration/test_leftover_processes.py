@@ -95,6 +95,11 @@ def test_the_reaper_ends_what_its_command_detached_and_exits_with_the_commands_s
     assert running_with(mark) == [], "the reaper exited with a process of its command still running"
 
 
+def waiting_on_its_fifo(pid: int) -> bool:
+    """The process is blocked opening a FIFO nobody writes yet (the kernel's ``wait_for_partner``)."""
+    return Path(f"/proc/{pid}/wchan").read_text() == "wait_for_partner"
+
+
 def test_a_waiting_reaper_runs_exactly_the_command_and_environment_it_is_launched_with(tmp_path: Path) -> None:
     """``--launch``: started first, the reaper runs nothing until it is given its command and whole environment
     through its FIFO (none of it on a command line), then runs it as it would have, and removes the FIFO."""
@@ -102,9 +107,8 @@ def test_a_waiting_reaper_runs_exactly_the_command_and_environment_it_is_launche
     reaper.make_launch(str(fifo))
     proc = subprocess.Popen([*reaper.argv(0.5, launch=str(fifo))], env={"LEAKED": "from the reaper's own"})
     try:
-        time.sleep(0.3)  # an absence: nothing runs while it waits
-        assert proc.poll() is None
-        assert not out.exists()
+        wait_until(lambda: waiting_on_its_fifo(proc.pid), timeout=30, message="the reaper never waited")
+        assert not out.exists(), "nothing runs while it waits"
         env = {"PATH": "/usr/bin:/bin", "SECRET_KEY": "sk-" + "x" * 40, "EMPTY": "", "EQUALS": "a=b"}
         command = ["sh", "-c", f"env | sort > {shlex.quote(str(out))}; exit 4", "an argument", ""]
         reaper.give_launch(str(fifo), command, env, timeout=10)
@@ -124,7 +128,7 @@ def test_a_waiting_reaper_ends_with_its_pane_and_a_launch_nobody_reads_times_out
     reaper.make_launch(str(fifo))
     proc = subprocess.Popen([*reaper.argv(0.5, launch=str(fifo))])
     try:
-        time.sleep(0.2)
+        wait_until(lambda: waiting_on_its_fifo(proc.pid), timeout=30, message="the reaper never waited")
         proc.send_signal(signal.SIGHUP)  # tmux closing its pane
         assert proc.wait(timeout=30) == -signal.SIGHUP, "waiting, it set nothing up: the hang-up ends it"
     finally:

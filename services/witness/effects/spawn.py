@@ -115,8 +115,7 @@ class Spawner:
 
     async def _start(self, session: Session, rig: Rig, answering: asyncio.Task[str | None] | None) -> None:
         wanted = time.monotonic()
-        existing = await asyncio.to_thread(self.kit.tmux.pane_of, session.tmux_name)
-        adopting = self._launched_before(session, existing)
+        existing, adopting = await asyncio.to_thread(self._pane_before, session)
         # The pane is opened at once, its reaper waiting for its command (``reaper --launch``), while the worktree is
         # made ready: what the clone has is looked up, the earlier sessions' leftovers are looked for, the hook lease
         # is taken (its event's round trip). The agent starts the moment the worktree and its files are ready.
@@ -324,10 +323,12 @@ class Spawner:
         last = earlier[-1] if earlier else None  # in the order requested
         return last is not None and last.status == "ended" and last.cleaned and last.worktree_removed
 
-    def _launched_before(self, session: Session, pane: PaneInfo | None) -> bool:
-        """``pane`` is the session's own, its agent launched before a crash (its reaper read its launch), alive: it is
-        adopted. One whose reaper still waits for its launch is not: it is closed and opened again."""
-        return (
+    def _pane_before(self, session: Session) -> tuple[PaneInfo | None, bool]:
+        """What the session's tmux name holds before its start, and whether it is adopted: the session's own pane,
+        alive, its agent launched before a crash (its reaper read its launch). One whose reaper still waits for its
+        launch is not: it is closed and opened again."""
+        pane = self.kit.tmux.pane_of(session.tmux_name)
+        launched = (
             pane is not None
             and self.kit.tmux.ours(pane)
             and pane.label == session.id
@@ -335,6 +336,7 @@ class Spawner:
             and processes.ref_of(pane.pane_pid) is not None
             and not os.path.lexists(self.kit.launch_fifo(session))
         )
+        return pane, launched
 
     def _open_pane(self, session: Session, existing: PaneInfo | None, adopting: bool) -> tuple[PaneInfo, bool]:
         """The session's pane (``existing``, what its tmux name held when looked), opened with its reaper waiting
@@ -363,7 +365,7 @@ class Spawner:
             pane = self.kit.tmux.start(
                 session.tmux_name, None, cwd="/", env=None, label=session.id, supervisor=supervisor
             )
-        except BaseException:
+        except BaseException:  # re-raised: only the FIFO nobody will read is removed
             fifo.unlink(missing_ok=True)
             raise
         return pane, False
