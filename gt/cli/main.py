@@ -34,6 +34,7 @@ from gt.cli import (
     polecats,
     render,
     rigs,
+    seance,
     sessions,
     status,
     work,
@@ -171,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     mail.register(sub)
     rigs.register(sub)
     sessions.register(sub)
+    seance.register(sub)
     merge_queue.register(sub)
     polecats.register(sub)
     automations.register(sub)

@@ -388,6 +388,8 @@ def _cleaned(payload: SessionCleaned, state: WitnessState, env: Envelope, seq: i
         session.cleanings += 1
         if payload.pane_tail and not session.pane_tail:
             session.pane_tail = payload.pane_tail
+        if payload.transcript_tail:
+            session.transcript_tail = payload.transcript_tail
 
 
 @fold.register

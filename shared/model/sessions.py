@@ -38,6 +38,8 @@ class Session(msgspec.Struct, kw_only=True, gc=False):
     warrant_detail: str = ""
     pane_tail: str = ""
     """Its pane's last lines when it was warranted (``session.warranted``)."""
+    transcript_tail: str = ""
+    """The last entries of its runtime's transcript, recorded when it was cleaned (``session.cleaned``)."""
     warranted_at: datetime | None = None
     ended_at: datetime | None = None
     end_reason: str | None = None

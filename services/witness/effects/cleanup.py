@@ -39,6 +39,7 @@ class Cleaner:
             return  # done meanwhile
         # Its pane's last lines, before the pane goes (a warrant recorded them already): what an agent said last.
         tail = "" if session.pane_tail or action.again else await asyncio.to_thread(self.kit.pane_tail, session)
+        said = "" if action.again else await asyncio.to_thread(self.kit.transcript_tail, session)
         await asyncio.to_thread(self.kit.reap, session)
         removed, detail, released = False, action.detail, None
         if action.remove_worktree:
@@ -63,7 +64,9 @@ class Cleaner:
             # Its published bundles were taken by the refinery (or will never be): gone with the bead's work.
             await asyncio.to_thread(git.force_remove, self.kit.published_dir(session))
         current = self.kit.session(session.id) or session
-        event = SessionCleaned(session_id=session.id, worktree_removed=removed, detail=detail, pane_tail=tail)
+        event = SessionCleaned(
+            session_id=session.id, worktree_removed=removed, detail=detail, pane_tail=tail, transcript_tail=said
+        )
         await self.kit.append(NewEvent(payload=event, expected_seq=current.version))
         if released is not None and not action.delete:
             await self._fetch_clone(session.rig)

@@ -19,9 +19,9 @@ from typing import Protocol, TypeVar
 import structlog
 
 from services.witness import plan as planning
-from services.witness.effects import agent_user, clone_fetch, leftovers
+from services.witness.effects import agent_user, clone_fetch, leftovers, transcript_read
 from services.witness.settings import WitnessSettings
-from services.witness.state import Session, WitnessState
+from services.witness.state import Session, WitnessState, agent_of
 from shared.bus.auth_callout import CalloutSettings
 from shared.bus.commands import StoredCommand
 from shared.core.aio import KeyedLocks
@@ -35,6 +35,7 @@ from shared.model.decision import NewEvent
 from shared.model.events import SessionEnded
 from shared.model.queries import Query
 from shared.model.rigs import home_name
+from shared.model.runtimes import runtime_for
 
 log = structlog.get_logger(__name__)
 
@@ -172,6 +173,12 @@ class Toolkit:
         except TmuxError as exc:
             log.warning("pane_tail_failed", session=session.id, error=str(exc))
             return ""
+
+    def transcript_tail(self, session: Session) -> str:
+        """What the agent said and did last, from its runtime's transcript (I/O: call it in a thread); "" when there
+        is none."""
+        runtime = runtime_for(agent_of(session, self.host.state.rigs.get(session.rig)))
+        return transcript_read.last_entries(self.session_dir(session), runtime)
 
     def stop_if_ours(self, session: Session) -> bool:
         """Stop the session's agent (its process tree) and kill its tmux session, each only if it is still the one

@@ -107,6 +107,9 @@ class SessionCleaned(SessionEvent, frozen=True, kw_only=True):
     pane_tail: str = ""
     """The last lines its pane showed before the witness ended it, when no warrant recorded them: an agent that
     stayed at its prompt after ``gt done`` (its last words), or one that exited (its last output)."""
+    transcript_tail: str = ""
+    """The last entries of the transcript its runtime kept (``shared.model.transcripts``: what the agent said, the
+    tools it called and what they answered), one per line; empty when its runtime keeps none or it wrote none."""
 
 
 class SessionEscalated(SessionEvent, frozen=True, kw_only=True):

@@ -118,6 +118,9 @@ class Runtime:
     usage_files: tuple[str, ...] = ()
     """Globs, relative to the session's runtime dir, of the files its token usage is written to (none: it records
     no usage)."""
+    transcript_files: tuple[str, ...] = ()
+    """Globs, relative to the session's runtime dir, of the transcripts it keeps (none: it keeps none); the newest
+    one's last entries are recorded when the session is cleaned (``shared.model.transcripts``)."""
     reads_screen: bool = False
     """The witness reads its pane every patrol (for the screens below); False: never."""
     context_window: int = 0
@@ -131,6 +134,10 @@ class Runtime:
     def usage_reader(self) -> UsageReader | None:
         """A fresh reader of its ``usage_files``; None when it writes none."""
         return None
+
+    def transcript_entries(self, record: dict[str, Any]) -> list[str]:
+        """One decoded line of its ``transcript_files`` as entries (``shared.model.transcripts``)."""
+        return []
 
     def find_binary(
         self, env: Mapping[str, str], on_path: Callable[[str], str | None], project_root: Path | None

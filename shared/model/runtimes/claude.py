@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from shared.core.runtime_dir import HOOK_MARK_SESSION_START, SESSION_DIR_ENV
+from shared.model import transcripts
 from shared.model.runtimes.base import (
     ACTIVITY_HOOK,
     CLAUDE,
@@ -119,6 +120,7 @@ class ClaudeRuntime(Runtime):
     """The PostToolUse hook's mark, the SessionStart mark, and the transcripts Claude Code appends to with every
     message."""
     usage_files: tuple[str, ...] = (CLAUDE_TRANSCRIPTS,)
+    transcript_files: tuple[str, ...] = (CLAUDE_TRANSCRIPTS,)
     """Its transcripts: every assistant message with its ``usage`` (``shared.model.usage``)."""
     context_window = CLAUDE_CONTEXT_WINDOW
     binary_name: ClassVar[str] = "claude"
@@ -251,6 +253,9 @@ class ClaudeRuntime(Runtime):
 
     def usage_reader(self) -> UsageReader:
         return Transcript()
+
+    def transcript_entries(self, record: dict[str, Any]) -> list[str]:
+        return transcripts.claude_entries(record)
 
     def idle(self, screen: str) -> bool:
         """At its prompt with no turn running: at the bottom of the pane (``CLAUDE_FOOTER_LINES``; what the agent

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from shared.core.runtime_dir import HOOK_MARK_SESSION_START, SESSION_DIR_ENV
+from shared.model import transcripts
 from shared.model.runtimes.base import (
     ACTIVITY_HOOK,
     HOOK_MARGIN_S,
@@ -101,6 +102,7 @@ class CodexRuntime(TuiRuntime):
     name = CODEX
     activity_files: tuple[str, ...] = (HOOK_MARK_ACTIVITY, HOOK_MARK_SESSION_START, CODEX_ROLLOUTS)
     usage_files: tuple[str, ...] = (CODEX_ROLLOUTS,)
+    transcript_files: tuple[str, ...] = (CODEX_ROLLOUTS,)
     # Its context window is in its rollouts (``model_context_window``), none assumed here.
     busy_screen = CODEX_BUSY
     retry_screen = CODEX_RETRY_SCREEN
@@ -178,6 +180,9 @@ class CodexRuntime(TuiRuntime):
 
     def usage_reader(self) -> UsageReader:
         return CodexRollouts()
+
+    def transcript_entries(self, record: dict[str, Any]) -> list[str]:
+        return transcripts.codex_entries(record)
 
     def nudge(self, message: str) -> NudgeTyping:
         """Typed as a prompt: while a turn runs, Tab queues it for the turn's end (Enter would steer the turn)."""
