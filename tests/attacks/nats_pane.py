@@ -270,12 +270,13 @@ MAIL_SUBJECTS = (
 """Subjects of mail to the victim, whose agent is an interactive shell: its announcement is typed into that pane."""
 
 
-async def reads(attacker: Attacker, victim_address: str, marker: str) -> None:
+async def reads(attacker: Attacker, victim: str, victim_address: str, marker: str) -> None:
     """What the red team read of others from a pane, and the mail that ran a command in another session's pane.
 
     - outcomes by a wildcard direct get (``outcome_wildcards``: the subjects of what came back);
     - the witness's lists of every session (handoff notes, pane tails) and every nudge (what the operator typed
-      into other panes) (``witness_lists``: the answers as they came);
+      into other panes), and what ``gt seance`` reads of the victim (its bead's sessions, its own record: their
+      pane lines and transcript tails) (``witness_lists``: the answers as they came);
     - the NATS monitoring port on loopback, found among the listening sockets (``monitoring``: the ports that
       answered as this town's server);
     - mail to the victim whose subject would end its quotes (``mail_ids``: the messages sent)."""
@@ -293,14 +294,20 @@ async def reads(attacker: Attacker, victim_address: str, marker: str) -> None:
             read.append(headers.get("Nats-Subject", "?"))
     attacker.report["outcome_wildcards"] = read
     lists: dict[str, str] = {}
-    for what in ("sessions", "nudges"):
+    asked = {
+        "sessions": ("sessions", {"all": True}),
+        "nudges": ("nudges", {"all": True}),
+        "seance_bead": ("sessions", {"bead": victim.rsplit("-", 1)[0], "all": True}),
+        "seance_session": ("session", {"id": victim}),
+    }
+    for name, (what, body) in asked.items():
         got = await attacker.quietly(
             "witness_list",
-            what,
-            nc.request(f"gt.q.witness.{what}", json.dumps({"all": True}).encode(), timeout=5),
+            name,
+            nc.request(f"gt.q.witness.{what}", json.dumps(body).encode(), timeout=5),
             refused_on=f"gt.q.witness.{what}",
         )
-        lists[what] = got.data.decode(errors="replace")[:20000] if got is not None else ""
+        lists[name] = got.data.decode(errors="replace")[:20000] if got is not None else ""
     attacker.report["witness_lists"] = lists
     nats_port = nc.connected_url.port if nc.connected_url is not None else None
     attacker.report["monitoring"] = await asyncio.to_thread(monitoring_ports, nats_port)
@@ -436,7 +443,7 @@ async def main(report_path: str, victim: str, victim_address: str, marker: str) 
         await attacker.trampolines(victim)
         await attacker.eavesdrop()
         await attacker.take_an_id(victim)
-        await reads(attacker, victim_address, marker)
+        await reads(attacker, victim, victim_address, marker)
         await attacker.flood()
         await attacker.query_flood()
     finally:

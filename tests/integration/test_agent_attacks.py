@@ -131,13 +131,13 @@ def assert_read_nothing_of_others(
     report: dict[str, Any], victim_session: str | None, *, monitoring_reachable: bool = False
 ) -> None:
     """What the red team read from a pane: every sender's newest outcome by a wildcard direct get, another session's
-    record and the operator's nudges through the witness's lists, and the NATS monitoring port (unless
-    ``monitoring_reachable``: the stack's nodes as local processes, whose loopback the pane shares, emulating
-    containers where a node's monitoring listens on its own loopback)."""
+    record and the operator's nudges through the witness's lists, its bead's sessions as `gt seance` asks them, and
+    the NATS monitoring port (unless ``monitoring_reachable``: the stack's nodes as local processes, whose loopback
+    the pane shares, emulating containers where a node's monitoring listens on its own loopback)."""
     # Each asks with a wildcard where the session's own token stands: refused, whatever the newest outcome is.
     assert report["outcome_wildcards"] == [], report["outcome_wildcards"]
     lists = report["witness_lists"]
-    assert set(lists) == {"sessions", "nudges"}, lists
+    assert set(lists) == {"sessions", "nudges", "seance_bead", "seance_session"}, lists
     for what, answer in lists.items():
         assert PRIVATE_NUDGE not in answer, (what, answer[:2000])
         assert victim_session is None or victim_session not in answer, (what, answer[:2000])

@@ -1,7 +1,8 @@
 """``gt seance``: a bead's earlier sessions told from the log, with each one's last words from its runtime's
 transcript, for the runtimes that keep one (Claude Code, Codex CLI), each with its real binary in real tmux,
 driven by the scripted model server through a real town. Asked by the operator, and by the bead's third session
-from inside its pane."""
+from inside its pane. That a session cannot ask it of another bead is shown from a pane by the NATS attacks
+(``tests/attacks/nats_pane.py``, ``seance_bead`` and ``seance_session``)."""
 
 from __future__ import annotations
 
@@ -87,7 +88,6 @@ async def test_a_seance_names_two_dead_sessions_why_they_ended_and_what_each_did
                     turns=(
                         use(bash("gt prime", expect="Current step: commit")),
                         use(bash(f"gt seance {bead}", expect=f"session {second.id}")),
-                        use(bash("gt seance hq-not-mine", expect="only its own bead")),
                         *finish(first="commit"),
                     ),
                 )
