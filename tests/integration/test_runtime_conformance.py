@@ -35,12 +35,17 @@ RUN_DEADLINE_S = 240.0
 STEPS = ("load-context", "implement", "commit", "self-review", "run-tests", "submit")
 
 
-@pytest.fixture(params=RUNTIMES, ids=[cli.name for cli in RUNTIMES])
-def cli(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> AgentCli:
+def runtime_under_test(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> AgentCli:
+    """The runtime a parametrised ``cli`` fixture names, its binary there and the operator's agent env out of it."""
     agent: AgentCli = request.param
     agent.binary()  # fails (never skips) naming ./dev setup when it is missing
     monkeypatch.delenv("GT_AGENT_ENV", raising=False)
     return agent
+
+
+@pytest.fixture(params=RUNTIMES, ids=[cli.name for cli in RUNTIMES])
+def cli(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> AgentCli:
+    return runtime_under_test(request, monkeypatch)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from services.witness.state import Session
 from shared.model import runtimes
 from tests.agent_runtimes import RUNTIMES, AgentCli
 from tests.helpers import assert_eventually
-from tests.integration.test_runtime_conformance import agent_processes, finish, merged, pt
+from tests.integration.test_runtime_conformance import agent_processes, finish, merged, pt, runtime_under_test
 from tests.witness_town import PolecatTown
 
 __all__ = ["pt"]  # the fixture, with this module's runtimes
@@ -31,10 +31,7 @@ TRANSCRIBED = [agent for agent in RUNTIMES if agent.name in ("claude", "codex")]
 
 @pytest.fixture(params=TRANSCRIBED, ids=[agent.name for agent in TRANSCRIBED])
 def cli(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> AgentCli:
-    agent: AgentCli = request.param
-    agent.binary()  # fails (never skips) naming ./dev setup when it is missing
-    monkeypatch.delenv("GT_AGENT_ENV", raising=False)
-    return agent
+    return runtime_under_test(request, monkeypatch)
 
 
 def dies_at(name: str, step: str, marker: str) -> Script:
