@@ -70,7 +70,7 @@ class Figure:
         return self.value / self.ceiling if self.higher_is_better else self.ceiling / self.value
 
     def line(self) -> str:
-        ratio = f"  ratio {self.ratio:.2f}" if self.ratio is not None else ""
+        ratio = f"  ratio {self.ratio:.3f}" if self.ratio is not None else ""
         ceiling = (
             f"  (ceiling: {self.ceiling_name} {self.ceiling:,.1f} {self.unit})" if self.ceiling is not None else ""
         )

@@ -115,11 +115,12 @@ class Spawner:
 
     async def _start(self, session: Session, rig: Rig, answering: asyncio.Task[str | None] | None) -> None:
         wanted = time.monotonic()
-        existing, adopting = await asyncio.to_thread(self._pane_before, session)
-        # The pane is opened at once, its reaper waiting for its command (``reaper --launch``), while the worktree is
-        # made ready: what the clone has is looked up, the earlier sessions' leftovers are looked for, the hook lease
-        # is taken (its event's round trip). The agent starts the moment the worktree and its files are ready.
-        opening = asyncio.create_task(asyncio.to_thread(self._open_pane, session, existing, adopting))
+        # The pane is looked up and opened at once, its reaper waiting for its command (``reaper --launch``), while
+        # the worktree is made ready: its locks are taken, what the clone has is looked up, the earlier sessions'
+        # leftovers are looked for (once the look says whether the pane is adopted), the hook lease is taken (its
+        # event's round trip). The agent starts the moment the worktree and its files are ready.
+        looking_pane = asyncio.create_task(asyncio.to_thread(self._pane_before, session))
+        opening = asyncio.create_task(self._open_when_looked(session, looking_pane))
         looking = asyncio.create_task(
             asyncio.to_thread(_refs_of, self.kit.bare_repo(rig.name), session.branch, rig.base_branch)
         )
@@ -127,6 +128,7 @@ class Spawner:
         launched = False
         try:
             async with self.kit.worktree_locks.hold(session.worktree), workspace_records.held(self.kit, session):
+                _existing, adopting = await looking_pane
                 if await self._end_leftovers(session, adopting):
                     # Processes of an earlier session outlived it: what they wrote since the workspace was settled
                     # is nowhere in its index, so the start takes the whole way.
@@ -152,7 +154,7 @@ class Spawner:
             await self._unusable_worktree(session, f"the session's files cannot be prepared safely: {exc}")
             return
         finally:
-            for task in (looking, holding):
+            for task in (looking_pane, looking, holding):
                 _settle_task(task)  # a start that failed before it needed them (a lease taken is released later)
             if not launched:
                 await self._close_waiting_pane(session, opening)
@@ -337,6 +339,12 @@ class Spawner:
             and not os.path.lexists(self.kit.launch_fifo(session))
         )
         return pane, launched
+
+    async def _open_when_looked(
+        self, session: Session, looking: asyncio.Task[tuple[PaneInfo | None, bool]]
+    ) -> tuple[PaneInfo, bool]:
+        existing, adopting = await looking
+        return await asyncio.to_thread(self._open_pane, session, existing, adopting)
 
     def _open_pane(self, session: Session, existing: PaneInfo | None, adopting: bool) -> tuple[PaneInfo, bool]:
         """The session's pane (``existing``, what its tmux name held when looked), opened with its reaper waiting
