@@ -30,6 +30,9 @@ attempts is ``N`` or ``N-M`` and defaults to every attempt):
 - ``fail-tests``: create ``FAIL_TESTS`` at the top of the worktree (a rig test like ``test ! -e FAIL_TESTS``
   fails) and submit anyway
 
+At a step whose gate is closed (a formula's ``wait``: ``shared.model.gates``) it stops and exits 0: nothing is to be
+done until the gate opens, when the witness starts a fresh session.
+
 ``GT_AGENT_STEP_PAUSE`` (seconds) slows each step down, for demos and external kill tests.
 
 A town that does not answer (NATS unreachable, or the service that answers is not running, as during ``gt down``
@@ -197,7 +200,9 @@ def run_tests(worktree: Path, rig: Rig | None, faults: list[Fault], attempt: int
     raise RuntimeError(f"tests fail ({code}): {output[-500:]}")
 
 
-def work(data: Prime, faults: list[Fault], attempt: int, pause: float) -> None:
+def work(data: Prime, faults: list[Fault], attempt: int, pause: float) -> bool:
+    """Each step not done, in order; False when it stopped at a step whose gate is closed (nothing to do until it
+    opens: the witness starts a fresh session then)."""
     bead = data.bead.id
     worktree = Path(data.worktree)
     if commit_own(worktree, bead, f"{bead}: work an earlier session left uncommitted"):
@@ -209,6 +214,9 @@ def work(data: Prime, faults: list[Fault], attempt: int, pause: float) -> None:
         if step.status == "done":
             continue
         listen_for_nudges()
+        if step.gate_closed() and _still_closed(step.id):
+            say(f"step {index} {step.id} waits on its gate: nothing to do until it opens; ending this session")
+            return False
         if active(faults, attempt, "hang", index):
             hang()
         say(f"step {index} {step.id}: {step.title}")
@@ -234,6 +242,14 @@ def work(data: Prime, faults: list[Fault], attempt: int, pause: float) -> None:
         gt("heartbeat", "--note", f"done {step.id}", check=False)
         if pause:
             time.sleep(pause)
+    return True
+
+
+def _still_closed(step_id: str) -> bool:
+    """Whether the gate of ``step_id`` is still closed now (what `gt prime` said at the start may be old)."""
+    fresh = prime()
+    steps = fresh.molecule.steps if fresh.molecule is not None else []
+    return any(step.id == step_id and step.gate_closed() for step in steps)
 
 
 def fix_returned_work(data: Prime, faults: list[Fault], attempt: int) -> None:
@@ -307,7 +323,8 @@ def run(faults: list[Fault], pause: float, attempt: int) -> int:
     """The agent's work once started (``gt.agent_start.begin``): prime, each step not done, ``gt done``."""
     try:
         data = prime()
-        work(data, faults, attempt, pause)
+        if not work(data, faults, attempt, pause):
+            return 0  # at a closed gate: the session ends, its bead stays hooked
         steps = data.molecule.steps if data.molecule is not None else []
         if not any(rework.is_rework(step.id) for step in steps):
             fix_returned_work(data, faults, attempt)  # no molecule to append rework steps to: after its one step

@@ -224,17 +224,20 @@ async def polecat_town(
     *,
     with_witness: bool = True,
     with_refinery: bool = True,
+    with_mayor: bool = True,
     refinery: RefinerySettings | None = None,
     socket: str | None = None,
 ) -> AsyncIterator[PolecatTown]:
-    """The town; ``with_witness=False`` leaves the witness to the test (a chaos test runs it as a process);
+    """The town; ``with_witness=False`` leaves the witness to the test (a chaos test runs it as a process), as
+    ``with_mayor=False`` the mayor;
     ``socket``: a tmux server it shares (with another town), else one of its own."""
     socket = socket or tmux_socket()
     settings = settings or WitnessSettings(min_orphan_age_s=60.0, kill_grace_s=1.0)
     handle = PolecatTown(town, nc, make_origin(root), socket)
     try:
-        handle.mayor = MayorService(town, FAST)
-        await handle.start("mayor", handle.mayor)
+        if with_mayor:
+            handle.mayor = MayorService(town, FAST)
+            await handle.start("mayor", handle.mayor)
         if with_refinery:
             handle.refinery = RefineryService(town, FAST, refinery=refinery)
             await handle.start("refinery", handle.refinery)

@@ -26,6 +26,7 @@ from gt.cli import (
     costs,
     dashboard,
     feed,
+    gates,
     gc,
     hook_lease,
     mail,
@@ -169,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     beads.register(sub)
     work.register(sub)
     convoys.register(sub)
+    gates.register(sub)
     mail.register(sub)
     rigs.register(sub)
     sessions.register(sub)

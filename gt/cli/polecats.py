@@ -179,6 +179,8 @@ def stop_reason(data: Prime) -> str | None:
     molecule, step = data.molecule, data.current_step
     if molecule is None:
         return None
+    if step is not None and step.gate_closed():
+        return None  # nothing to do until its gate opens: the agent may stop (the witness ends the session)
     if step is not None:
         why = " The merge queue sent your work back: `gt prime` says why." if rework.is_rework(step.id) else ""
         return (

@@ -14,6 +14,7 @@ from gt.cli.colour import SEQUENCE
 from gt.cli.town_view import human_age
 from gt.narration import pane_lines
 from shared.core.terminal import escape_line, escape_text, escaped_lines, json_safe
+from shared.model import gates
 from shared.model.beads import Bead, BeadDetail
 from shared.model.commands.rigs import DEFAULT_GIT_EMAIL, DEFAULT_GIT_NAME
 from shared.model.convoys import ConvoyView, DispatchView
@@ -268,6 +269,8 @@ def molecule_status(molecule: MoleculeView) -> str:
         mark = _STEP_MARKS.get(step.status, "[?]")
         pointer = "  <- current" if step.id == molecule.current_step else ""
         lines.append(f"  {mark} {e(step.id)}: {e(step.title)}{pointer}")
+        if step.status != "done" and (gate := gates.step_gate_text(molecule.bead_id, step)) is not None:
+            lines.append(f"      {e(gate)}")
     return "\n".join(lines)
 
 

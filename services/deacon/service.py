@@ -17,6 +17,7 @@ from services.deacon import queries
 from services.deacon import settings as deacon_settings
 from services.deacon.automations.definitions import AutomationSettings, load_settings
 from services.deacon.automations.runner import AutomationRunner
+from services.deacon.effects.gate_checks import GateChecks
 from services.deacon.effects.gc_kv import Purged
 from services.deacon.effects.housekeeping import Housekeeping
 from services.deacon.effects.supervision import Supervision
@@ -82,6 +83,14 @@ class DeaconService(Service[DeaconState]):
             holder=self.instance,
         )
 
+        self.gate_checks = GateChecks(
+            config=config,
+            settings=lambda: self.watch,
+            gates=lambda: self.projection.state.ci_gates,
+            store=self.store,
+            clock=clock,
+        )
+
     # ---- commands and queries ------------------------------------------------------------------
 
     def decide(self, cmd: Command, ctx: DecideContext) -> Accepted:
@@ -100,6 +109,8 @@ class DeaconService(Service[DeaconState]):
         return None
 
     def query(self, query: Query[Any]) -> Any:
+        if isinstance(query, deacon.GateChecks):
+            return self.gate_checks.views()
         if isinstance(query, deacon.Automations | deacon.Automation):
             return self.automations.query(query)  # reads the files: the runner holds them
         return queries.answer(self.projection.state, query, lambda name: self.supervision.renewal_of(name)[0])
@@ -126,6 +137,7 @@ class DeaconService(Service[DeaconState]):
         assert self.nc is not None
         self.supervision.start(tg, self.nc)
         self.automations.start(tg, self.nc)
+        self.gate_checks.start(tg)
         self.housekeeping.start(self.nc)
 
     def tick_s(self) -> float:
@@ -135,6 +147,7 @@ class DeaconService(Service[DeaconState]):
         await self.housekeeping.tick()  # it marks leases expired in KV: never once another deacon acts
 
     async def reconcile(self) -> None:
+        self.gate_checks.reconcile()
         await self.automations.reconcile()
 
     # ---- what tests and bench read ---------------------------------------------------------------

@@ -37,6 +37,11 @@ class DeaconSettings(msgspec.Struct, frozen=True, kw_only=True):
     ``$GT_HOME/nats/jetstream``, where `gt up` keeps the JetStream store, each when it exists)."""
     disk_check_s: float = 30.0
     """Seconds between disk-space checks (``GT_DISK_CHECK_INTERVAL``)."""
+    gate_poll_s: float = 30.0
+    """Seconds between two runs of a waiting ``ci`` gate's check (``GT_GATE_POLL``)."""
+    gate_timeout_s: float = 300.0
+    """How long one run of a ``ci`` gate's check may take before it is stopped and counts as failed
+    (``GT_GATE_TIMEOUT``)."""
 
 
 def load(env: Mapping[str, str] | None = None) -> DeaconSettings:
@@ -56,4 +61,6 @@ def load(env: Mapping[str, str] | None = None) -> DeaconSettings:
         disk_low_percent=env_number(env, "GT_DISK_LOW_PERCENT", 10.0, minimum=0.0),
         disk_paths=None if disk is None else tuple(p.strip() for p in disk.split(",") if p.strip()),
         disk_check_s=env_number(env, "GT_DISK_CHECK_INTERVAL", 30.0, minimum=0.05),
+        gate_poll_s=env_number(env, "GT_GATE_POLL", 30.0, minimum=0.1),
+        gate_timeout_s=env_number(env, "GT_GATE_TIMEOUT", 300.0, minimum=1.0),
     )

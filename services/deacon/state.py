@@ -10,6 +10,7 @@ import msgspec
 from services.deacon.automations.state import AutomationState
 from shared.model.events.beads import BeadStatus
 from shared.model.events.services import ServiceLiveness
+from shared.model.gates import MoleculeGates
 from shared.model.leases import Lease
 
 DISK_ALARM_SOURCE = "deacon/disk"
@@ -78,4 +79,7 @@ class DeaconState(msgspec.Struct, kw_only=True):
     hooks: HookState = msgspec.field(default_factory=HookState)
     """Slung beads not closed yet, for stale-hook detection."""
     disk: DiskAlarmState = msgspec.field(default_factory=DiskAlarmState)
+    ci_gates: dict[str, MoleculeGates] = {}
+    """The molecules with a ``ci`` gate, of beads not closed, by bead: whose checks the deacon runs
+    (``plan/gates.py``)."""
     """The disk-space alarm's open escalation."""

@@ -1,6 +1,6 @@
 """What the mayor owes without being asked: slinging held beads whose blockers closed, closing finished convoys,
 closing escalations whose cause was resolved, re-escalating ignored ones, appending rework steps to the molecule
-of a bead whose work was sent back.
+of a bead whose work was sent back, opening timer gates whose time came.
 
 Level-triggered and pure: from the state (and the time, passed in) to the events still owed. Each event
 carries its aggregate's expected sequence, so a decision taken twice (two ticks, or before and after a
@@ -12,9 +12,17 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from services.mayor.state import Escalation, MayorState, convoy_progress, open_blockers
+from shared.model import gates
 from shared.model.commands import SEVERITIES
 from shared.model.decision import NewEvent
-from shared.model.events import BeadSlung, ConvoyClosed, EscalationClosed, EscalationReescalated, ReworkAdded
+from shared.model.events import (
+    BeadSlung,
+    ConvoyClosed,
+    EscalationClosed,
+    EscalationReescalated,
+    GateOpened,
+    ReworkAdded,
+)
 from shared.model.formulas import rework
 
 MAX_REESCALATIONS = 2
@@ -131,9 +139,36 @@ def rework_owed(state: MayorState) -> list[NewEvent]:
     return owed
 
 
+def timer_openings(state: MayorState, now: datetime) -> list[NewEvent]:
+    """A timer gate whose step has waited its time (``gates.opens_at``), on a bead not closed, opens: one event per
+    molecule per pass, under its molecule's expected sequence, so two passes (or one before and one after a
+    restart) store it once."""
+    owed = []
+    for bead_id, molecule in state.molecules.items():
+        bead = state.beads.get(bead_id)
+        if bead is None or bead.status == "closed":
+            continue
+        for step in molecule.steps:
+            if step.wait is None or not step.gate_closed():
+                continue
+            due = gates.opens_at(step.wait, step.waiting_since)
+            if due is not None and due <= now:
+                event = GateOpened(bead_id=bead_id, step=step.id, by="timer")
+                owed.append(NewEvent(payload=event, expected_seq=molecule.version))
+                break  # the next one (if any) on a later pass: this one moves the molecule's sequence
+    return owed
+
+
 def owed(state: MayorState, now: datetime, stale_after: timedelta) -> list[NewEvent]:
     closing = resolutions(state)
     closed = {new.payload.aggregate_id() for new in closing}
     # A closing escalation is not raised a severity too: both would carry the same expected sequence.
     raising = [new for new in reescalations(state, now, stale_after) if new.payload.aggregate_id() not in closed]
-    return released_holds(state) + convoy_closures(state) + closing + raising + rework_owed(state)
+    return (
+        released_holds(state)
+        + convoy_closures(state)
+        + closing
+        + raising
+        + rework_owed(state)
+        + timer_openings(state, now)
+    )

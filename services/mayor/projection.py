@@ -21,6 +21,7 @@ from services.mayor.state import (
     SessionCost,
     Step,
     UsageBook,
+    current_step,
 )
 from shared.model.events import (
     BeadClaimed,
@@ -41,6 +42,7 @@ from shared.model.events import (
     EscalationRaised,
     EscalationReescalated,
     Event,
+    GateOpened,
     GcSwept,
     MergeRequestConflicted,
     MergeRequestFailed,
@@ -62,6 +64,7 @@ from shared.model.events import (
     SessionRequested,
     SessionUsage,
     StepCompleted,
+    StepSpec,
     StepStarted,
 )
 from shared.model.events.beads import WORKING, forward
@@ -262,13 +265,29 @@ def _attached(payload: MoleculeAttached, state: MayorState, env: Envelope, seq: 
         formula_version=payload.formula_version,
         source=payload.source,
         vars=dict(payload.vars),
-        steps=[
-            Step(id=s.id, title=s.title, description=s.description, needs=list(s.needs), acceptance=s.acceptance)
-            for s in payload.steps
-        ],
+        steps=[_step_of(s) for s in payload.steps],
         attached_at=env.ts,
         version=seq,
     )
+    _arm_gate(state.molecules[payload.bead_id], env.ts)
+
+
+def _step_of(spec: StepSpec) -> Step:
+    return Step(
+        id=spec.id,
+        title=spec.title,
+        description=spec.description,
+        needs=list(spec.needs),
+        acceptance=spec.acceptance,
+        wait=spec.wait,
+    )
+
+
+def _arm_gate(molecule: Molecule, at: datetime) -> None:
+    """The current step's closed gate starts waiting at ``at``, the time of the event that made it current."""
+    step = current_step(molecule)
+    if step is not None and step.gate_closed() and step.waiting_since is None:
+        step.waiting_since = at
 
 
 def _step(state: MayorState, bead_id: str, step_id: str, seq: int) -> Step | None:
@@ -299,6 +318,17 @@ def _step_done(payload: StepCompleted, state: MayorState, env: Envelope, seq: in
         step.started_at = step.started_at or env.ts
         step.done_at = env.ts
         step.done_by = env.actor
+        _arm_gate(state.molecules[payload.bead_id], env.ts)
+
+
+@fold.register
+def _gate_opened(payload: GateOpened, state: MayorState, env: Envelope, seq: int) -> None:
+    step = _step(state, payload.bead_id, payload.step, seq)
+    if step is not None and step.gate_closed():
+        step.gate_opened_at = env.ts
+        step.gate_opened_by = payload.by
+        step.gate_opener = env.actor
+        step.gate_detail = payload.detail
 
 
 @fold.register
@@ -314,11 +344,8 @@ def _rework_added(payload: ReworkAdded, state: MayorState, env: Envelope, seq: i
     if (molecule := touch(state.molecules, payload.bead_id, seq)) is None:
         return
     present = {s.id for s in molecule.steps}
-    molecule.steps.extend(
-        Step(id=s.id, title=s.title, description=s.description, needs=list(s.needs), acceptance=s.acceptance)
-        for s in payload.steps
-        if s.id not in present
-    )
+    molecule.steps.extend(_step_of(s) for s in payload.steps if s.id not in present)
+    _arm_gate(molecule, env.ts)
     owed = state.send_backs.get(payload.bead_id)
     if owed is not None and owed.event == payload.sent_back_by:
         del state.send_backs[payload.bead_id]

@@ -31,6 +31,7 @@ from shared.model.events import (
     BeadUpdated,
     Envelope,
     Event,
+    GateOpened,
     GcSwept,
     LeaseAcquired,
     LeaseEvent,
@@ -205,6 +206,7 @@ def _molecule(payload: MoleculeAttached, state: WitnessState, env: Envelope, seq
         bead.steps = [s.id for s in payload.steps]
         bead.current_step = bead.steps[0] if bead.steps else None
         bead.last_progress_at = env.ts
+        bead.gates.add_steps(payload.steps, env.ts)
 
 
 @fold.register
@@ -217,6 +219,15 @@ def _rework(payload: ReworkAdded, state: WitnessState, env: Envelope, seq: int) 
     bead.steps.extend(s.id for s in payload.steps if s.id not in bead.steps)
     bead.current_step = next((s for s in bead.steps if s not in bead.done_steps), None)
     bead.rework_owed = False
+    bead.gates.add_steps(payload.steps, env.ts)
+
+
+@fold.register
+def _gate_opened(payload: GateOpened, state: WitnessState, env: Envelope, seq: int) -> None:
+    """The bead's gate opened: it may have its session again (``needs_session``), its progress moved."""
+    bead = _progress(state, payload.bead_id, env)
+    if bead is not None:
+        bead.gates.gate_opened(payload.step)
 
 
 def _progress(state: WitnessState, bead_id: str, env: Envelope) -> WorkBead | None:
@@ -238,6 +249,7 @@ def _step_done(payload: StepCompleted, state: WitnessState, env: Envelope, seq: 
         return
     bead.done_steps.append(payload.step)
     bead.current_step = next((s for s in bead.steps if s not in bead.done_steps), None)
+    bead.gates.step_done(payload.step, env.ts)
     working = state.sessions.get(bead.sessions[-1]) if bead.sessions else None
     if working is not None and working.status in ACTIVE_SESSION:
         working.steps_done += 1

@@ -83,6 +83,7 @@ class WitnessService(Service[WitnessState]):
             start_confirm_s=ws.start_confirm_s,
             rigs=ws.rigs,
             context_handoff_at=ws.context_handoff_at,
+            gate_quiet_s=ws.gate_quiet_s,
         )
         self.executor = Executor(self, self.tmux, ws, self.policy)
         self.exits = ExitWatcher(self.wake_now)

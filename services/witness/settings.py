@@ -24,6 +24,8 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     usage_interval_s: float = 30.0
     """A running session's token usage is recorded at most this often (``GT_USAGE_INTERVAL``)."""
     context_handoff_at: tuple[float, ...] = DEFAULT_CONTEXT_HANDOFF
+    gate_quiet_s: float = 30.0
+    """A session whose bead waits on a closed gate is ended once quiet this long (``GT_GATE_QUIET``)."""
     """Shares of its model's context window at which a session is told to hand off (``GT_CONTEXT_HANDOFF``,
     comma-separated, ``off``: never): once per share it passes, read from its usage."""
     min_orphan_age_s: float = 60.0
@@ -98,6 +100,7 @@ def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
         rigs=parse_rigs(env.get("GT_WITNESS_RIGS")),
         usage_interval_s=env_number(env, "GT_USAGE_INTERVAL", 30.0, minimum=0.0),
         context_handoff_at=context_shares(env.get("GT_CONTEXT_HANDOFF")),
+        gate_quiet_s=env_number(env, "GT_GATE_QUIET", 30.0, minimum=0.0),
         agent_user=env.get("GT_AGENT_USER", "").strip(),
         agent_credentials=agent_nats_credentials(env),
     )

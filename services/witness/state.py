@@ -7,6 +7,8 @@ from datetime import datetime
 import msgspec
 
 from shared.model.events.beads import BeadStatus
+from shared.model.events.molecules import StepGate
+from shared.model.gates import MoleculeGates
 from shared.model.leases import Lease
 from shared.model.rigs import Rig as Rig
 from shared.model.sessions import MergeFailure as MergeFailure
@@ -61,6 +63,12 @@ class WorkBead(msgspec.Struct, kw_only=True, gc=False):
     """The unsling asked for the worktree to go (it stays anyway when it holds unsaved work)."""
     agent: str | None = None
     """The agent runtime a sling chose for its sessions (``bead.slung``'s ``agent``); None: the rig's."""
+    gates: MoleculeGates = msgspec.field(default_factory=MoleculeGates)
+    """Its molecule's gates (``shared.model.gates``): while its current step's is closed it gets no session."""
+
+    def waiting_gate(self) -> tuple[str, StepGate] | None:
+        """The current step and its closed gate, while the bead waits on it."""
+        return self.gates.waiting()
 
 
 class MailNotice(msgspec.Struct, kw_only=True, gc=False):

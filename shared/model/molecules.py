@@ -8,7 +8,7 @@ from datetime import datetime
 import msgspec
 
 from shared.model.events.beads import BeadStatus
-from shared.model.events.molecules import StepStatus
+from shared.model.events.molecules import GateOpener, StepGate, StepStatus
 
 
 class Step(msgspec.Struct, kw_only=True, gc=False):
@@ -21,6 +21,20 @@ class Step(msgspec.Struct, kw_only=True, gc=False):
     started_at: datetime | None = None
     done_at: datetime | None = None
     done_by: str | None = None
+    wait: StepGate | None = None
+    """Its gate (the formula's ``wait``, ``shared.model.gates``); None: it waits for nothing but its needs."""
+    waiting_since: datetime | None = None
+    """When its closed gate began waiting (the step became current): a timer runs from then."""
+    gate_opened_at: datetime | None = None
+    gate_opened_by: GateOpener | None = None
+    gate_opener: str = ""
+    """Who opened it (the event's actor: ``mayor``, ``deacon``, ``operator:<name>``)."""
+    gate_detail: str = ""
+    """The operator's note, or the tail of the CI check's output."""
+
+    def gate_closed(self) -> bool:
+        """It has a gate that has not opened: it can be neither started nor done."""
+        return self.wait is not None and self.gate_opened_at is None
 
 
 class Molecule(msgspec.Struct, kw_only=True, gc=False):

@@ -11,6 +11,7 @@ import msgspec
 
 from shared.core.errors import QueryError
 from shared.core.terminal import escape_line, escape_text, escaped_lines
+from shared.model import gates as step_gates
 from shared.model.beads import Bead, BeadDetail
 from shared.model.commands.mail import polecat_address
 from shared.model.events.sessions import SessionStatus
@@ -106,6 +107,13 @@ def mail_lines(messages: list[Bead]) -> list[str]:
     return lines
 
 
+GATE_WAIT = (
+    "Nothing to do on this step until its gate opens: stop here and end your turn (do not mark it done: that is "
+    "refused). The witness ends this session once it is quiet and starts a fresh one on the same hook when the gate "
+    "opens; commit what you have first."
+)
+
+
 def prime_text(data: Prime) -> str:
     """What `gt prime` tells the agent. What other agents wrote (the bead's title and description, its steps, a
     predecessor's note, mail) is shown with its control characters escaped, a field of one line on one line: no
@@ -136,6 +144,10 @@ def prime_text(data: Prime) -> str:
                 lines.append(escape_text(step.description))
             if step.acceptance:
                 lines.append(f"Acceptance: {escape_text(step.acceptance)}")
+            if (gate := step_gates.step_gate_text(bead.id, step)) is not None:
+                lines.append(escape_text(gate))
+                if step.gate_closed():
+                    lines.append(GATE_WAIT)
         else:
             lines += ["", "Every step is done: run `gt done`."]
     branch = f"Branch:   {e(data.branch)} (base {e(rig.base_branch if rig else None)})"

@@ -29,6 +29,7 @@ __all__ = [
     "BeadResult",
     "ConvoyResult",
     "EscalationResult",
+    "GateResult",
     "GcResult",
     "LeaseResult",
     "MailReadResult",
@@ -99,6 +100,16 @@ class StepResult(Result, kw_only=True):
     total: int = 0
     complete: bool | UnsetType = UNSET
     """Of a step done: whether every step of the molecule is done now."""
+
+
+class GateResult(Result, kw_only=True):
+    """A step's gate opened (``changed``: by this command; False: it was open already)."""
+
+    bead: str
+    step: str
+    by: str = ""
+    """What opened it: ``timer``, ``ci`` or ``operator``."""
+    changed: bool = True
 
 
 class ConvoyResult(RecordResult, kw_only=True):

@@ -14,9 +14,9 @@ from services.deacon.automations.definitions import (
     InvalidAutomation,
     load_settings,
     parse,
-    parse_duration,
     subject_matches,
 )
+from shared.core.durations import parse_duration
 
 
 def ok(text: str, name: str = "nightly") -> Automation:

@@ -20,6 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import msgspec
 
 from services.deacon.automations import cron
+from shared.core.durations import parse_duration
 from shared.core.errors import CommandError
 from shared.core.ids import ID_PATTERN, is_valid_id
 from shared.core.subjects import EVT_PREFIX, event_subject
@@ -43,8 +44,6 @@ MAX_DURATION_S = 7 * 24 * 3600.0
 MAX_COMMAND_LINE = 4096
 MAX_DESCRIPTION = 2000
 DEFAULT_GRACE_S = 10.0
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -302,20 +301,6 @@ def _duration(table: dict[str, Any], key: str) -> float | None:
     if not 1.0 <= seconds <= MAX_DURATION_S:
         raise _Invalid(f"automation.{key}", f"must be from 1s to 7d, got {value!r}")
     return seconds
-
-
-def parse_duration(value: object) -> float:
-    """``"90s"``, ``"10m"``, ``"2h"``, ``"1d"``, ``"1h30m"`` or a number of seconds; raises ValueError (TypeError
-    for a value that is neither a number nor a string)."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise TypeError(f'must be a duration like "30s", "10m", "2h" or a number of seconds, got {value!r}')
-    if isinstance(value, int | float):
-        return float(value)
-    text = value.strip()
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f'{value!r} is not a duration: use e.g. "30s", "10m", "2h", "1d", "1h30m"')
-    return sum(float(n) * _UNITS[u] for n, u in parts)
 
 
 def _check_subject(subject: str, aggregate: str) -> None:

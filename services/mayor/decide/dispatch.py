@@ -36,6 +36,8 @@ def decide(state: MayorState, cmd: cmds.Command, ctx: DecideContext) -> Accepted
             return decide_work.step_start(state, cmd)
         case cmds.StepDone():
             return decide_work.step_done(state, cmd)
+        case cmds.GateApprove() | cmds.GateOpen():
+            return decide_work.gate_open(state, cmd, ctx)
         case cmds.ConvoyCreate():
             return decide_convoys.create(state, cmd, ctx)
         case cmds.ConvoyAdd():

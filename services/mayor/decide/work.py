@@ -13,14 +13,19 @@ from services.mayor.state import (
 )
 from shared.core.errors import CommandError
 from shared.core.ids import CONVOY_PREFIX
-from shared.model.commands import BeadSling, BeadUnsling, StepDone, StepStart
+from shared.model import gates
+from shared.model.commands import BeadSling, BeadUnsling, GateApprove, GateOpen, StepDone, StepStart
+from shared.model.commands.actors import POLECAT_PREFIX
 from shared.model.decision import Accepted, DecideContext, NewEvent
 from shared.model.events import (
     BeadHeld,
     BeadSlung,
     BeadUnslung,
+    CiGate,
     ConvoyCreated,
     Event,
+    GateOpened,
+    GateOpener,
     MoleculeAttached,
     MoleculeCompleted,
     StepCompleted,
@@ -28,7 +33,7 @@ from shared.model.events import (
 )
 from shared.model.events.beads import INFRA_TYPES, WORKING
 from shared.model.formulas import Formula, FormulaError, cook
-from shared.model.results import UNSET, SlingResult, StepResult, UnsetType
+from shared.model.results import UNSET, GateResult, SlingResult, StepResult, UnsetType
 
 DEFAULT_FORMULA = "polecat-work"
 
@@ -222,12 +227,47 @@ def _check_needs(molecule: Molecule, step: Step) -> None:
     missing = unmet_needs(molecule, step)
     if missing:
         raise CommandError("invalid", f"step {step.id!r} needs {', '.join(missing)} done first")
+    if step.wait is not None and step.gate_closed():
+        raise CommandError(
+            "gate_closed",
+            f"step {step.id!r} of {molecule.bead_id} waits on its gate, {gates.describe(step.wait)}: "
+            f"{gates.how_to_open(molecule.bead_id, step.id, step.wait)}. Nothing to do on it until then: stop here "
+            "(a fresh session continues the bead when the gate opens)",
+        )
 
 
 def _step_result(molecule: Molecule, step_id: str, status: str, *, changed: bool) -> StepResult:
     done = sum(1 for s in molecule.steps if s.status == "done" or (s.id == step_id and status == "done"))
     return StepResult(
         bead=molecule.bead_id, step=step_id, status=status, changed=changed, done=done, total=len(molecule.steps)
+    )
+
+
+def gate_open(state: MayorState, cmd: GateApprove | GateOpen, ctx: DecideContext) -> Accepted[GateResult]:
+    """Open a step's gate, once: an operator's approval (any kind of gate), or the deacon's word that a ``ci`` gate's
+    check exited 0. A gate opened already is a no-op; a step without a gate, or one done, is refused; so is an
+    approval from a polecat (its NATS user may not send one either) and an opening from anyone but the deacon."""
+    by: GateOpener = "operator" if isinstance(cmd, GateApprove) else "ci"
+    if by == "operator" and ctx.actor.startswith(POLECAT_PREFIX):
+        raise CommandError("unauthorized", "a polecat cannot open a gate: an operator approves it")
+    if by == "ci" and ctx.actor != "deacon":
+        raise CommandError(
+            "unauthorized", "gate.open is the deacon's (a CI check passed); an operator runs `gt gate approve`"
+        )
+    molecule, step = _molecule_step(state, cmd.bead, cmd.step)
+    if step.wait is None:
+        raise CommandError("invalid", f"step {step.id!r} of {cmd.bead} has no gate (the formula gives it no `wait`)")
+    if by == "ci" and not isinstance(step.wait, CiGate):
+        raise CommandError("invalid", f"the gate of step {step.id!r} of {cmd.bead} is {gates.describe(step.wait)}")
+    if not step.gate_closed():
+        return Accepted(result=GateResult(bead=cmd.bead, step=step.id, by=step.gate_opened_by or "", changed=False))
+    if step.status == "done":
+        raise CommandError("conflict", f"step {step.id!r} of {cmd.bead} is done; its gate no longer matters")
+    detail = cmd.note if isinstance(cmd, GateApprove) else cmd.output[-gates.CI_OUTPUT_SHOWN :]
+    event = GateOpened(bead_id=cmd.bead, step=step.id, by=by, detail=detail)
+    return Accepted(
+        events=[NewEvent(payload=event, expected_seq=molecule.version)],
+        result=GateResult(bead=cmd.bead, step=step.id, by=by),
     )
 
 

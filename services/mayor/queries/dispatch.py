@@ -30,6 +30,8 @@ def answer(state: MayorState, query: Query[Any], *, sees: Sees = everything) -> 
             return beads.deps(state, query, sees)
         case mayor.Molecule():
             return work.molecule(state, query, sees)
+        case mayor.Gates():
+            return work.gates(state, query, sees)
         case mayor.Convoy():
             return work.convoy(state, query, sees)
         case mayor.Convoys():

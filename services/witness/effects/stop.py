@@ -103,6 +103,8 @@ class Stopper:
             await self.done.finish(session, reason)
         elif reason == "bead_closed":
             await self.kit.end(session, "bead_closed", "its bead was closed")
+        elif reason == "gate_wait":
+            await self.kit.end(session, reason, session.warrant_detail)
         elif reason == "unslung":
             await self.kit.end(session, "unslung", "its bead was unslung by an operator")
         else:

@@ -24,5 +24,8 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     to start (``GT_AGENT_START_TIMEOUT``)."""
     rigs: frozenset[str] | None = None
     """The witness's scope (``GT_WITNESS_RIGS``): it acts only for these rigs; None: for all."""
+    gate_quiet_s: float = 30.0
+    """A session whose bead's current step waits on its gate is ended once its agent has been quiet this long
+    (``GT_GATE_QUIET``)."""
     context_handoff_at: tuple[float, ...] = ()
     """Shares of the context window at which a session is told to hand off (``GT_CONTEXT_HANDOFF``)."""

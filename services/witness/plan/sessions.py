@@ -12,6 +12,8 @@ from services.witness.plan.observed import Observed, pane_of
 from services.witness.plan.policy import Policy
 from services.witness.state import Rig, Session, WitnessState, WorkBead, agent_of
 from shared.core.ids import hook_lease_name
+from shared.model import gates
+from shared.model.events.molecules import StepGate
 from shared.model.events.sessions import ACTIVE_SESSION
 from shared.model.runtimes import confirms_start, pane_activity_counts
 
@@ -90,14 +92,19 @@ def _lost_hook(state: WitnessState, session: Session) -> str | None:
 
 def _judge(session: Session, bead: WorkBead, rig: Rig | None, obs: Observed, policy: Policy) -> Warrant | None:
     pane = pane_of(session, obs)
+    gone = None
     if pane is None:
-        return Warrant(session=session.id, reason="dead", detail=f"tmux session {session.tmux_name} is gone")
-    if pane.dead or not obs.alive.get(session.id, True):
-        return Warrant(
+        gone = Warrant(session=session.id, reason="dead", detail=f"tmux session {session.tmux_name} is gone")
+    elif pane.dead or not obs.alive.get(session.id, True):
+        gone = Warrant(
             session=session.id,
             reason="zombie",
             detail=f"tmux session {session.tmux_name} is there but its agent (pid {session.pane_pid}) is not",
         )
+    if gone is not None:
+        waiting = bead.waiting_gate() if session.done_intent_at is None else None
+        # An agent that ended at a closed gate (nothing to do until it opens) is no death.
+        return gone if waiting is None else _gate_wait(session, waiting, f"its agent ended ({gone.reason})")
     refused = obs.refused.get(session.id)
     if refused is not None and rig is not None:
         return Warrant(session=session.id, reason=AGENT_UNAUTHORIZED, detail=f"rig {rig.name}: {refused}")
@@ -127,6 +134,10 @@ def _judge(session: Session, bead: WorkBead, rig: Rig | None, obs: Observed, pol
         # A runtime that confirms its start is judged by the start deadline until it has: its boot is no stall.
         last = last_sign_of_life(session, bead, obs, pane_counts=pane_activity_counts(agent_of(session, rig)))
         quiet = (obs.now - last).total_seconds()
+        waiting = bead.waiting_gate()
+        if waiting is not None and quiet > policy.gate_quiet_s:
+            # Nothing to do until the gate opens: the session ends cleanly (no death), a fresh one comes then.
+            return _gate_wait(session, waiting, f"quiet for {quiet:.0f}s")
         if quiet > rig.stall_after_s:
             return Warrant(
                 session=session.id,
@@ -136,6 +147,13 @@ def _judge(session: Session, bead: WorkBead, rig: Rig | None, obs: Observed, pol
                 ),
             )
     return None
+
+
+def _gate_wait(session: Session, waiting: tuple[str, StepGate], why: str) -> Warrant:
+    step, gate = waiting
+    return Warrant(
+        session=session.id, reason="gate_wait", detail=f"step {step} waits on its gate ({gates.describe(gate)}); {why}"
+    )
 
 
 def _unconfirmed_start(session: Session, rig: Rig | None, obs: Observed, policy: Policy) -> Warrant | None:

@@ -42,6 +42,8 @@ def needs_session(
     ``acting_since``: see ``Observed``."""
     if bead.status not in WORKING or bead.merge_requested or bead.resling_owed:
         return False, None
+    if bead.waiting_gate() is not None:
+        return False, None  # its current step waits on its gate: a session when it opens
     sessions = [state.sessions[s] for s in bead.sessions if s in state.sessions]
     if any(s.status in ACTIVE_SESSION for s in sessions):
         return False, None

@@ -50,7 +50,7 @@ from shared.model.commands.rigs import (
     SessionRecoverHook,
     SessionStop,
 )
-from shared.model.commands.work import STEP_COMMANDS, StepDone, StepStart
+from shared.model.commands.work import STEP_COMMANDS, GateApprove, GateOpen, StepDone, StepStart
 
 COMMANDS: dict[str, type[Command]] = {
     c.SUBJECT: c
@@ -180,6 +180,8 @@ __all__ = [
     "EscalationClose",
     "EscalationRaise",
     "Fence",
+    "GateApprove",
+    "GateOpen",
     "GcSweep",
     "LeaseAcquire",
     "LeaseRelease",

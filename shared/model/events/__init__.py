@@ -58,12 +58,18 @@ from shared.model.events.merge_requests import (
 )
 from shared.model.events.molecules import (
     MOLECULE_EVENTS,
+    CiGate,
+    GateOpened,
+    GateOpener,
+    HumanGate,
     MoleculeAttached,
     MoleculeCompleted,
     ReworkAdded,
     StepCompleted,
+    StepGate,
     StepSpec,
     StepStarted,
+    TimerGate,
 )
 from shared.model.events.nudges import NUDGE_EVENTS, NudgeDelivered, NudgeExpired, NudgeQueued
 from shared.model.events.outcomes import (
@@ -135,6 +141,7 @@ __all__ = [
     "BeadSlung",
     "BeadUnslung",
     "BeadUpdated",
+    "CiGate",
     "CommandAccepted",
     "CommandOutcome",
     "CommandRejected",
@@ -155,7 +162,10 @@ __all__ = [
     "GateJobHeartbeat",
     "GateJobRequested",
     "GateJobStarted",
+    "GateOpened",
+    "GateOpener",
     "GcSwept",
+    "HumanGate",
     "LeaseAcquired",
     "LeaseEvent",
     "LeaseExpired",
@@ -197,8 +207,10 @@ __all__ = [
     "SessionUsage",
     "SessionWarranted",
     "StepCompleted",
+    "StepGate",
     "StepSpec",
     "StepStarted",
+    "TimerGate",
     "decode_envelope",
     "encode_event",
 ]

@@ -12,6 +12,29 @@ StepStatus = Literal["pending", "in_progress", "done"]
 STEP_STATUSES: tuple[StepStatus, ...] = ("pending", "in_progress", "done")
 
 
+class TimerGate(msgspec.Struct, frozen=True, kw_only=True, tag="timer"):
+    """Opens ``seconds`` after the step is ready (its needs all done): by the mayor, on its patrol."""
+
+    seconds: float
+
+
+class CiGate(msgspec.Struct, frozen=True, kw_only=True, tag="ci"):
+    """Opens when ``command`` (``sh -c``, run by the deacon as an operator's automation is) exits 0, polled while
+    the step is ready."""
+
+    command: str
+
+
+class HumanGate(msgspec.Struct, frozen=True, kw_only=True, tag="human"):
+    """Opens when an operator approves it (``gt gate approve BEAD STEP``), answering ``question``."""
+
+    question: str
+
+
+StepGate = TimerGate | CiGate | HumanGate
+GateOpener = Literal["timer", "ci", "operator"]
+
+
 class StepSpec(msgspec.Struct, frozen=True, kw_only=True):
     """One step as cooked from a formula: everything an agent needs to work it."""
 
@@ -22,6 +45,8 @@ class StepSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Steps that must be done before this one starts."""
     acceptance: str = ""
     """How to tell the step is done."""
+    wait: StepGate | None = None
+    """What the step waits for before it can be started or done (a formula's ``wait``); None: nothing."""
 
 
 class MoleculeEvent(Event, frozen=True, kw_only=True):
@@ -83,10 +108,23 @@ class ReworkAdded(MoleculeEvent, frozen=True, kw_only=True):
     steps: list[StepSpec]
 
 
+class GateOpened(MoleculeEvent, frozen=True, kw_only=True):
+    """The gate of ``step`` opened (its ``wait``): the step may be worked from now on. Once per step: the molecule's
+    expected sequence makes a second opening (two patrols, a restart, a resent command) a no-op."""
+
+    TYPE: ClassVar[str] = "step.gate_opened"
+    step: str
+    by: GateOpener
+    """What opened it: its timer ran out, its CI command exited 0, or an operator approved it."""
+    detail: str = ""
+    """The operator's note, or the tail of the CI command's output."""
+
+
 MOLECULE_EVENTS: tuple[type[Event], ...] = (
     MoleculeAttached,
     StepStarted,
     StepCompleted,
     MoleculeCompleted,
     ReworkAdded,
+    GateOpened,
 )

@@ -27,16 +27,19 @@ END_REASONS = (
     "stopped",
     "unslung",
     "agent_unauthorized",
+    "gate_wait",
 )
 DEATHS = frozenset({"dead", "zombie", "stalled", "failed_to_start"})
 """End reasons that count against a bead's respawn limit (a done, a handoff, a stop or an unsling is no death)."""
 WARRANT_REASONS = (
-    "dead", "zombie", "stalled", "stuck_in_done", "bead_closed", "stopped", "unslung", "agent_unauthorized"
+    "dead", "zombie", "stalled", "stuck_in_done", "bead_closed", "stopped", "unslung", "agent_unauthorized",
+    "gate_wait",
 )  # fmt: skip
 """Why the witness files a warrant. ``stuck_in_done`` ends as ``done``: the witness finishes the done flow;
 ``unslung`` (an operator released the bead's hook) ends as ``unslung``, which like ``bead_closed`` and
 ``stopped`` is no death. ``agent_unauthorized`` (the model API refused the agent's credentials: the rig is
-parked, the operator told) is none either: the bead is not at fault."""
+parked, the operator told) is none either: the bead is not at fault. ``gate_wait`` (its current step waits on its
+gate and the agent went quiet) is none: a fresh session comes when the gate opens."""
 
 
 class SessionEvent(Event, frozen=True, kw_only=True):

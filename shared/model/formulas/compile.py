@@ -17,19 +17,22 @@ A formula file (``<name>.formula.toml``)::
     description = "..."
     needs = ["load-context"]
     acceptance = "..."
+    wait = { timer = "10m" }          # or { ci = "<command>" } or { human = "<question>" }
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import tomllib
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
+from shared.core.durations import parse_duration
 from shared.core.ids import is_valid_id
-from shared.model.events.molecules import StepSpec
+from shared.model.events.molecules import CiGate, HumanGate, StepGate, StepSpec, TimerGate
 from shared.model.formulas.errors import FormulaError
 
 PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
@@ -38,7 +41,12 @@ VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 BUILTIN_VARS = ("bead", "bead_title", "rig")
 """Always available when cooking: the bead's id and title, and the rig it is slung to."""
 _TOP_KEYS = {"formula", "description", "version", "type", "vars", "steps"}
-_STEP_KEYS = {"id", "title", "description", "needs", "acceptance"}
+_STEP_KEYS = {"id", "title", "description", "needs", "acceptance", "wait"}
+_GATE_KINDS = ("timer", "ci", "human")
+MAX_TIMER_S = 30 * 86400.0
+"""The longest a timer gate may wait (30 days): a longer one is a typo more often than a plan."""
+MAX_GATE_TEXT = 2000
+"""The longest CI command or human question a gate may hold."""
 _VAR_KEYS = {"description", "default", "required"}
 
 
@@ -122,6 +130,19 @@ def cook(
     def substitute(text: str) -> str:
         return PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), text)
 
+    def substitute_quoted(text: str) -> str:
+        # A var's value (a bead's title, a `--var` given at the sling) goes into a shell command as one word: quoted,
+        # so no value can add a command of its own.
+        return PLACEHOLDER.sub(lambda m: shlex.quote(values[m.group(1)]) if m.group(1) in values else m.group(0), text)
+
+    def wait_of(step: StepSpec) -> StepGate | None:
+        match step.wait:
+            case CiGate(command=command):
+                return CiGate(command=substitute_quoted(command))
+            case HumanGate(question=question):
+                return HumanGate(question=substitute(question))
+        return step.wait
+
     steps = []
     for step in formula.steps:
         title = substitute(step.title)
@@ -135,6 +156,7 @@ def cook(
                 description=substitute(step.description),
                 needs=list(step.needs),
                 acceptance=substitute(step.acceptance),
+                wait=wait_of(step),
             )
         )
     used = {k: v for k, v in values.items() if k in declared or k in given}
@@ -212,9 +234,38 @@ def _parse_steps(source: str, raw: Any) -> list[StepSpec]:
                 description=_text(source, f"step {step_id!r} description", entry.get("description", "")),
                 needs=list(dict.fromkeys(needs)),
                 acceptance=_text(source, f"step {step_id!r} acceptance", entry.get("acceptance", "")),
+                wait=_parse_wait(source, step_id, entry.get("wait")),
             )
         )
     return steps
+
+
+def _parse_wait(source: str, step_id: str, raw: Any) -> StepGate | None:
+    """A step's ``wait``: a table of exactly one of ``timer`` (a duration), ``ci`` (a command), ``human`` (a
+    question)."""
+    if raw is None:
+        return None
+    where = f"step {step_id!r} wait"
+    if not isinstance(raw, dict):
+        raise FormulaError(source, f'{where} must be a table such as {{ timer = "10m" }}, got {type(raw).__name__}')
+    _no_unknown_keys(source, where, raw, set(_GATE_KINDS))
+    if len(raw) != 1:
+        raise FormulaError(source, f"{where} must name exactly one of {', '.join(_GATE_KINDS)}, got {len(raw)}")
+    kind, value = next(iter(raw.items()))
+    if kind == "timer":
+        try:
+            seconds = parse_duration(value)
+        except (TypeError, ValueError) as exc:
+            raise FormulaError(source, f"{where}.timer {exc}") from None
+        if not 0 < seconds <= MAX_TIMER_S:
+            raise FormulaError(source, f"{where}.timer must be more than 0s and at most 30d, got {value!r}")
+        return TimerGate(seconds=seconds)
+    text = _text(source, f"{where}.{kind}", value, required=True).strip()
+    if not text:
+        raise FormulaError(source, f"`{where}.{kind}` is required")
+    if len(text) > MAX_GATE_TEXT:
+        raise FormulaError(source, f"{where}.{kind} is {len(text)} characters; the limit is {MAX_GATE_TEXT}")
+    return CiGate(command=text) if kind == "ci" else HumanGate(question=text)
 
 
 def _check_needs(source: str, steps: list[StepSpec]) -> None:

@@ -1,7 +1,8 @@
-"""Queries the deacon answers (``gt.q.deacon.<name>``): service liveness, leases, automations."""
+"""Queries the deacon answers (``gt.q.deacon.<name>``): service liveness, leases, automations, ``ci`` gate checks."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, ClassVar
 
 import msgspec
@@ -116,6 +117,27 @@ class AutomationView(msgspec.Struct, kw_only=True):
     history: list[RunView] | UnsetType = UNSET
 
 
+class GateCheckView(msgspec.Struct, kw_only=True):
+    """The last run of a waiting ``ci`` gate's check (``gt gate list`` shows it)."""
+
+    bead: str
+    step: str
+    command: str
+    started_at: datetime
+    exit_code: int
+    """``TIMEOUT_EXIT`` (124) when it ran out of time; -1: it could not start."""
+    output: str = ""
+    """The tail of its output (or why it could not start)."""
+    runs: int = 1
+    """How many times this deacon ran it."""
+
+
+class GateChecks(DeaconQuery[list[GateCheckView]], frozen=True, kw_only=True):
+    """The last run of each waiting ``ci`` gate's check by this deacon (since it started; its log has older ones)."""
+
+    NAME: ClassVar[str] = "gate_checks"
+
+
 class Services(DeaconQuery[list[ServiceLiveness]], frozen=True, kw_only=True):
     """Each service's liveness as the deacon last recorded it."""
 
@@ -141,5 +163,5 @@ class Automation(DeaconQuery[AutomationView], frozen=True, kw_only=True):
     name: Required
 
 
-QUERIES: tuple[type[Query[Any]], ...] = (Services, Leases, Lease, Automations, Automation)
+QUERIES: tuple[type[Query[Any]], ...] = (Services, Leases, Lease, Automations, Automation, GateChecks)
 """What the deacon answers (besides ``status`` and ``digest``)."""

@@ -14,6 +14,7 @@ from shared.model import formulas
 from shared.model.beads import Bead, BeadDetail
 from shared.model.convoys import ConvoyView
 from shared.model.escalations import Escalation
+from shared.model.gates import GateView
 from shared.model.molecules import MoleculeView
 from shared.model.queries.base import Limit, PageBytes, Query, R, Required
 from shared.model.usage import CostRow
@@ -96,6 +97,14 @@ class Molecule(MayorQuery[MoleculeView], frozen=True, kw_only=True):
 
     NAME: ClassVar[str] = "molecule"
     bead: Required
+
+
+class Gates(MayorQuery[list[GateView]], frozen=True, kw_only=True):
+    """The gates not opened yet of molecules whose bead is not closed, waiting ones first (``gt gate list``)."""
+
+    NAME: ClassVar[str] = "gates"
+    rig: str | None = None
+    bead: str | None = None
 
 
 class Convoy(MayorQuery[ConvoyView], frozen=True, kw_only=True):
@@ -197,6 +206,7 @@ QUERIES: tuple[type[Query[Any]], ...] = (
     Children,
     Deps,
     Molecule,
+    Gates,
     Convoy,
     Convoys,
     Inbox,
