@@ -250,6 +250,7 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     ),
     "step.started": _plain("bead {bead_id}: step {step} started", "work"),
     "step.done": _plain("bead {bead_id}: step {step} done", "good"),
+    "step.gate_opened": _plain("bead {bead_id}: the gate of step {step} opened ({by})", "good"),
     "molecule.completed": _plain("bead {bead_id}: every step done", "good"),
     "molecule.rework_added": lambda d: (
         f"bead {d['bead_id']}: merge request {d.get('mr_id')} sent back ({d.get('reason')}): rework steps "

@@ -159,7 +159,7 @@ async def test_a_human_gate_opens_once_when_an_operator_approves_it_after_its_ma
         mayor.signal(signal.SIGKILL)
         await assert_eventually(lambda: mayor.returncode() is not None, timeout=10)
         mayor.start()
-        approved = gt_run(env, "gate", "approve", bead, "gated", "--note", "ship it", "--actor", "ann")
+        approved = gt_run(env, "gate", "approve", bead, "gated", "--note", "ship it", "--actor", "operator:ann")
         assert approved.returncode == 0, approved.stderr
         assert "opened" in approved.stdout, approved.stdout
         await merged_after_the_gate(pt, bead, "operator")

@@ -44,6 +44,7 @@ SAMPLES: list[ev.Event] = [
     ),
     ev.StepStarted(bead_id="hq-1", step="a"),
     ev.StepCompleted(bead_id="hq-1", step="a"),
+    ev.GateOpened(bead_id="hq-1", step="a", by="operator", detail="ship it"),
     ev.MoleculeCompleted(bead_id="hq-1"),
     ev.ReworkAdded(
         bead_id="hq-1",

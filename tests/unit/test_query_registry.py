@@ -80,8 +80,8 @@ def test_a_name_no_class_has_is_an_unknown_query_listing_what_is_answered() -> N
         registry.decode("mayor", "teleport", {})
     assert unknown.value.code == "unknown_query"
     assert unknown.value.message == (
-        "the mayor has no query 'teleport'; it answers get, list, ready, children, deps, molecule, convoy, convoys, "
-        "inbox, thread, escalations, costs, formulas, formula, status, digest"
+        "the mayor has no query 'teleport'; it answers get, list, ready, children, deps, molecule, gates, convoy, "
+        "convoys, inbox, thread, escalations, costs, formulas, formula, status, digest"
     )
     with pytest.raises(QueryError):
         registry.decode("witness", "list", {})  # the mayor's, not the witness's
