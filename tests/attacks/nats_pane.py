@@ -77,6 +77,17 @@ def targets(victim: str) -> dict[str, tuple[str, bytes]]:
             f"gt.cmd.mail.send.{os.environ.get('GT_RIG', 'demo')}.victim.victim-1",
             json.dumps({"to": "operator", "subject": MARK, "body": MARK, "cmd_id": "forged-cross"}).encode(),
         ),
+        # A gate only an operator (or the deacon's CI check) opens: approved from the session's own subject (no such
+        # verb in its permissions), or opened as the deacon.
+        "approve_gate": (
+            f"gt.cmd.gate.approve.{os.environ.get('GT_RIG', 'demo')}.{os.environ.get('GT_POLECAT', 'ace')}."
+            f"{os.environ.get('GT_SESSION', 'demo-1')}",
+            json.dumps({"bead": victim, "step": "gated", "note": MARK, "cmd_id": "forged-gate-approve"}).encode(),
+        ),
+        "open_gate_as_deacon": (
+            "gt.cmd.gate.open.svc.deacon",
+            json.dumps({"bead": victim, "step": "gated", "output": MARK, "cmd_id": "forged-gate-open"}).encode(),
+        ),
         "read_activity_keys": (
             "$JS.API.CONSUMER.CREATE.KV_GT_ACTIVE",
             b"",  # filled in with a push consumer to the session's own inbox

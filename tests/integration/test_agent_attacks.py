@@ -66,6 +66,8 @@ FORGED_COMMANDS = (
     "forged-unsling",
     "forged-close-plain",
     "forged-cross",
+    "forged-gate-approve",
+    "forged-gate-open",
     "huge-1",
     "flood-0",
     "flood-199",

@@ -260,6 +260,9 @@ async def test_the_operator_can_neither_forge_events_nor_delete_or_purge(st: Sec
         try:
             denied = await refused(nc, js.publish(subject, forged_data, stream="GT_EVT", timeout=5), subject)
             await refused(nc, nc.request(subject, forged_data, timeout=5), subject)  # as the services append
+            # A CI gate's opening is the deacon's word: an operator approves a gate (gate.approve) instead.
+            gate_open = json.dumps({"bead": bead, "step": "s", "cmd_id": "operator-gate-open"}).encode()
+            await refused(nc, js.publish("gt.cmd.gate.open", gate_open, stream="GT_CMD", timeout=5), "gt.cmd.gate.open")
             await refused(nc, js.delete_stream("GT_EVT"), "$JS.API.STREAM.DELETE.GT_EVT")
             await refused(nc, js.delete_stream("GT_CMD"), "$JS.API.STREAM.DELETE.GT_CMD")
             await refused(nc, js.purge_stream("GT_CMD"), "$JS.API.STREAM.PURGE.GT_CMD")

@@ -64,4 +64,5 @@ REJECTION_CODES = (
     "unauthorized",
     "rate_limited",
     "set_aside",
+    "gate_closed",
 )
