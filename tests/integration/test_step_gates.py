@@ -159,6 +159,8 @@ async def test_a_human_gate_opens_once_when_an_operator_approves_it_after_its_ma
         mayor.signal(signal.SIGKILL)
         await assert_eventually(lambda: mayor.returncode() is not None, timeout=10)
         mayor.start()
+        # Approved once the mayor is back (before, the command waits in GT_CMD and `gt` says the mayor is down).
+        await assert_eventually(lambda: len(mayor.logged("service_ready")) == 2, timeout=60)
         approved = gt_run(env, "gate", "approve", bead, "gated", "--note", "ship it", "--actor", "operator:ann")
         assert approved.returncode == 0, approved.stderr
         assert "opened" in approved.stdout, approved.stdout
