@@ -252,6 +252,8 @@ def formula_detail(formula: FormulaDetail) -> str:
     for step in formula.steps:
         needs = f"  (needs {', '.join(e(n) for n in step.needs)})" if step.needs else ""
         lines.append(f"  {e(step.id)}: {e(step.title)}{needs}")
+        if step.wait is not None:
+            lines.append(f"    waits on its gate: {e(gates.describe(step.wait))}")
     return "\n".join(lines)
 
 

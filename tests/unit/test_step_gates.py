@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from gt.cli import render
 from gt.cli.polecats import stop_reason
 from services.deacon.plan.gates import checks_due
 from services.mayor.queries import answer
@@ -36,6 +37,7 @@ from shared.model.gates import MoleculeGates
 from shared.model.molecules import Step
 from shared.model.prime import Prime, prime_text
 from shared.model.queries import mayor
+from shared.model.queries.mayor import FormulaDetail
 from tests import records
 from tests.mayor_town import mayor_town
 from tests.memory_log import T0, MemoryTown
@@ -302,3 +304,11 @@ def test_prime_and_the_stop_hook_let_the_agent_stop_at_a_closed_gate(tmp_path: P
     data = prime_of(town, bead)
     assert "an operator approved it: no need to wait" in prime_text(data)
     assert "step soak" in str(stop_reason(data))
+
+
+def test_formula_show_names_each_steps_gate() -> None:
+    formula = parse_formula(GATED, source="release.formula.toml")
+    text = render.formula_detail(FormulaDetail(**msgspec.structs.asdict(formula)))
+    assert "  soak: Let it soak  (needs build)\n    waits on its gate: a timer of 10m" in text
+    assert "waits on its gate: a CI check (`check-ci {{bead_title}} {{channel}}` exits 0)" in text
+    assert "waits on its gate: an operator's approval (Ship {{bead}} to {{channel}}?)" in text
