@@ -19,6 +19,7 @@ from services.deacon.state import (
     ServiceLife,
 )
 from shared.core.ids import hook_lease_name
+from shared.model import gates
 from shared.model.events import (
     BeadClaimed,
     BeadClosed,
@@ -29,22 +30,17 @@ from shared.model.events import (
     EscalationClosed,
     EscalationRaised,
     Event,
-    GateOpened,
     GcSwept,
     LeaseEvent,
     MergeRequestConflicted,
     MergeRequestFailed,
     MergeRequestRejected,
     MergeRequestSubmitted,
-    MoleculeAttached,
-    ReworkAdded,
     ServiceDown,
     ServiceStopped,
     ServiceUp,
-    StepCompleted,
 )
 from shared.model.events.beads import forward
-from shared.model.gates import MoleculeGates
 from shared.model.leases import fold_lease
 from shared.service.projection import Projection
 
@@ -60,7 +56,7 @@ def fold(payload: Event, state: DeaconState, env: Envelope, seq: int) -> None:
     fold_gc(payload, state.gc, env, seq)
     fold_hooks(payload, state.hooks, env, seq)
     fold_disk(payload, state.disk, env, seq)
-    fold_ci_gates(payload, state.ci_gates, env, seq)
+    gates.fold_book(state.ci_gates, payload, env.ts, (CiGate,))
 
 
 def new_projection() -> Projection[DeaconState]:
@@ -228,43 +224,3 @@ def _raised(payload: EscalationRaised, state: DiskAlarmState, env: Envelope, seq
 def _escalation_closed(payload: EscalationClosed, state: DiskAlarmState, env: Envelope, seq: int) -> None:
     if payload.escalation_id == state.open:
         state.open = None  # closed by the deacon, or by a person (raised again if space is still low)
-
-
-# ---- ci gates: molecules with a ``ci`` gate, while their bead is open ---------------------------------------
-
-
-@functools.singledispatch
-def fold_ci_gates(payload: Event, state: dict[str, MoleculeGates], env: Envelope, seq: int) -> None:
-    """Other events change nothing here."""
-
-
-@fold_ci_gates.register
-def _gates_attached(payload: MoleculeAttached, state: dict[str, MoleculeGates], env: Envelope, seq: int) -> None:
-    if payload.bead_id not in state and any(isinstance(s.wait, CiGate) for s in payload.steps):
-        state[payload.bead_id] = gates = MoleculeGates()
-        gates.add_steps(payload.steps, env.ts)
-
-
-@fold_ci_gates.register
-def _gates_rework(payload: ReworkAdded, state: dict[str, MoleculeGates], env: Envelope, seq: int) -> None:
-    if (gates := state.get(payload.bead_id)) is not None:
-        gates.add_steps(payload.steps, env.ts)
-
-
-@fold_ci_gates.register
-def _gates_step_done(payload: StepCompleted, state: dict[str, MoleculeGates], env: Envelope, seq: int) -> None:
-    if (gates := state.get(payload.bead_id)) is not None:
-        gates.step_done(payload.step, env.ts)
-
-
-@fold_ci_gates.register
-def _gate_opened(payload: GateOpened, state: dict[str, MoleculeGates], env: Envelope, seq: int) -> None:
-    if (gates := state.get(payload.bead_id)) is not None:
-        gates.gate_opened(payload.step)
-        if not any(isinstance(gate, CiGate) for gate in gates.closed.values()):
-            del state[payload.bead_id]  # no ci gate left to check
-
-
-@fold_ci_gates.register
-def _gates_bead_closed(payload: BeadClosed, state: dict[str, MoleculeGates], env: Envelope, seq: int) -> None:
-    state.pop(payload.bead_id, None)

@@ -25,6 +25,7 @@ from services.deacon.plan import liveness
 from services.deacon.projection import new_projection
 from services.deacon.state import DeaconState
 from shared.core.config import TownConfig
+from shared.core.errors import QueryError
 from shared.model.commands import AutomationRun, Command
 from shared.model.decision import Accepted, DecideContext
 from shared.model.queries import Query, deacon
@@ -107,6 +108,11 @@ class DeaconService(Service[DeaconState]):
         if isinstance(cmd, AutomationRun):
             return self.automations.lookup(cmd.name)  # the file as it reads now: deciding does no I/O
         return None
+
+    def check_session_query(self, query: Query[Any], session: str) -> None:
+        if isinstance(query, deacon.GateChecks):
+            # A CI check's command and output are the town's business, not a polecat's (it may print anything).
+            raise QueryError("unauthorized", "a polecat session does not read the CI gates' checks")
 
     def query(self, query: Query[Any]) -> Any:
         if isinstance(query, deacon.GateChecks):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from services.mayor.state import Escalation, MayorState, convoy_progress, open_blockers
+from services.mayor.state import Escalation, MayorState, convoy_progress, current_step, open_blockers
 from shared.model import gates
 from shared.model.commands import SEVERITIES
 from shared.model.decision import NewEvent
@@ -148,8 +148,9 @@ def timer_openings(state: MayorState, now: datetime) -> list[NewEvent]:
         bead = state.beads.get(bead_id)
         if bead is None or bead.status == "closed":
             continue
+        current = current_step(molecule)
         for step in molecule.steps:
-            if step.wait is None or not step.gate_closed():
+            if step.wait is None or not step.gate_closed() or step is not current:
                 continue
             due = gates.opens_at(step.wait, step.waiting_since)
             if due is not None and due <= now:

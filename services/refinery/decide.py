@@ -10,6 +10,7 @@ import msgspec
 from services.refinery.state import MergeRequest, RefineryState
 from shared.core.errors import CommandError
 from shared.core.ids import hook_lease_name
+from shared.model import gates
 from shared.model.commands import (
     Command,
     MergeQueueResume,
@@ -118,6 +119,9 @@ def check_session_submit(state: RefineryState, cmd: MergeRequestSubmit, base: st
         raise CommandError(
             "unauthorized", f"a polecat's work merges into the rig's base branch {base}, not {cmd.target!r}"
         )
+    if (waiting := state.gates.get(cmd.bead)) is not None:
+        # A gate is the town's word before the work goes on: its work is not merged past it.
+        raise CommandError("gate_closed", gates.closed_gates_text(cmd.bead, waiting))
 
 
 def check_hand_submit(state: RefineryState, cmd: MergeRequestSubmit, target: str, base: str) -> None:

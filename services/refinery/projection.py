@@ -15,6 +15,7 @@ from services.refinery.state import (
     WorkBead,
 )
 from shared.core.ids import HOOK_LEASE_PREFIX, MERGE_LEASE_PREFIX, hook_lease_name
+from shared.model import gates
 from shared.model.events import (
     BeadClaimed,
     BeadClosed,
@@ -52,8 +53,9 @@ from shared.model.leases import fold_lease
 from shared.model.rigs import fold_rig
 from shared.service.projection import Projection
 
-SCHEMA_VERSION = 13
-"""13: merges by rig and minute (merges per hour, gate minutes per merge) and the runners' finished jobs. 12: gate
+SCHEMA_VERSION = 14
+"""14: molecules with a gate not opened (``gates``). 13: merges by rig and minute (merges per hour, gate minutes per
+merge) and the runners' finished jobs. 12: gate
 jobs on the runners. 11: rigs' ``gate_pristine`` (each merge's gates in a fresh workspace). 10: a merge request
 records its rig's incarnation (a removed rig's name added again). 9: rigs' merge queues (paused, failures on the
 target). 8: a merge request records the bundle its session published. 7: hook and merge leases are one record
@@ -339,7 +341,13 @@ def _gc_swept(payload: GcSwept, state: RefineryState, env: Envelope, seq: int) -
         del state.created[command]
 
 
+def fold_all(payload: Event, state: RefineryState, env: Envelope, seq: int) -> None:
+    """``fold``, and the molecules with a gate not opened (``shared.model.gates.fold_book``)."""
+    fold(payload, state, env, seq)
+    gates.fold_book(state.gates, payload, env.ts)
+
+
 def new_projection() -> Projection[RefineryState]:
     return Projection(
-        "refinery", RefineryState, fold, schema_version=SCHEMA_VERSION, snapshot_after=frozenset({GcSwept.TYPE})
+        "refinery", RefineryState, fold_all, schema_version=SCHEMA_VERSION, snapshot_after=frozenset({GcSwept.TYPE})
     )

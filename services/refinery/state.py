@@ -8,6 +8,7 @@ import msgspec
 
 from shared.model.events.beads import BeadStatus
 from shared.model.gate_jobs import GateJob
+from shared.model.gates import MoleculeGates
 from shared.model.leases import Lease
 from shared.model.merge_requests import MergeRequest as MergeRequest
 from shared.model.rigs import Rig
@@ -98,6 +99,9 @@ class RefineryState(msgspec.Struct, kw_only=True):
     may submit the bead's work."""
     sessions: dict[str, SessionRef] = {}
     """Sessions of beads not closed, by id."""
+    gates: dict[str, MoleculeGates] = {}
+    """Molecules with a gate not opened, of beads not closed (``shared.model.gates.fold_book``): a session's work of
+    such a bead is not taken (``gate_closed``)."""
     queues: dict[str, MergeQueue] = {}
     """Rigs' merge queues that were ever paused or met a failing target, by rig."""
     gate_jobs: dict[str, GateJob] = {}

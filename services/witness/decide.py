@@ -11,6 +11,7 @@ from services.witness.state import Rig, Session, WitnessState
 from shared.core.errors import CommandError
 from shared.core.ids import hook_lease_name
 from shared.model import commands as cmds
+from shared.model import gates
 from shared.model.decision import Accepted, DecideContext, NewEvent
 from shared.model.events import (
     NudgeQueued,
@@ -294,6 +295,10 @@ def done_intent(state: WitnessState, cmd: cmds.SessionDoneIntentCmd) -> Accepted
         raise _ended_elsewhere(state, session)
     if session.done_intent_at is not None:
         return Accepted(result=_result(session, "finishing", changed=False))
+    bead = state.beads.get(session.bead)
+    if bead is not None and bead.gates.closed:
+        # Handing in the work would take it past a gate not opened (the refinery refuses its merge request too).
+        raise CommandError("gate_closed", gates.closed_gates_text(bead.id, bead.gates))
     event = NewEvent(payload=SessionDoneIntent(session_id=session.id), expected_seq=session.version)
     return Accepted(events=[event], result=_result(session, "finishing", changed=True))
 

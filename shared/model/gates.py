@@ -17,7 +17,18 @@ from datetime import datetime, timedelta
 import msgspec
 
 from shared.core.durations import duration_text
-from shared.model.events.molecules import CiGate, HumanGate, StepGate, StepSpec, TimerGate
+from shared.model.events.beads import BeadClosed
+from shared.model.events.molecules import (
+    CiGate,
+    GateOpened,
+    HumanGate,
+    MoleculeAttached,
+    ReworkAdded,
+    StepCompleted,
+    StepGate,
+    StepSpec,
+    TimerGate,
+)
 from shared.model.molecules import Step
 
 CI_OUTPUT_SHOWN = 1000
@@ -136,3 +147,46 @@ def step_gate_text(bead: str, step: Step) -> str | None:
     due = opens_at(step.wait, step.waiting_since)
     when = f" (at {due:%Y-%m-%d %H:%M:%S} UTC)" if due is not None else ""
     return f"It waits on its gate, {describe(step.wait)}{when}: {how_to_open(bead, step.id, step.wait)}."
+
+
+GATE_KINDS: tuple[type[StepGate], ...] = (TimerGate, CiGate, HumanGate)
+
+
+def fold_book(
+    book: dict[str, MoleculeGates], payload: object, at: datetime, kinds: tuple[type, ...] = GATE_KINDS
+) -> None:
+    """Keep ``book`` (bead -> its molecule's gates) of the molecules with a closed gate of ``kinds``, of beads not
+    closed: the fold the refinery (every kind: no work of a bead with a closed gate is merged) and the deacon (``ci``:
+    the checks it runs) keep. ``at``: the event's time."""
+    match payload:
+        case MoleculeAttached(bead_id=bead, steps=steps):
+            if bead not in book and any(isinstance(s.wait, kinds) for s in steps):
+                book[bead] = molecule = MoleculeGates()
+                molecule.add_steps(steps, at)
+        case ReworkAdded(bead_id=bead, steps=steps) if bead in book:
+            book[bead].add_steps(steps, at)
+        case StepCompleted(bead_id=bead, step=step) if bead in book:
+            book[bead].step_done(step, at)
+            _forget_when_open(book, bead, kinds)
+        case GateOpened(bead_id=bead, step=step) if bead in book:
+            book[bead].gate_opened(step)
+            _forget_when_open(book, bead, kinds)
+        case BeadClosed(bead_id=bead):
+            book.pop(bead, None)
+
+
+def _forget_when_open(book: dict[str, MoleculeGates], bead: str, kinds: tuple[type, ...]) -> None:
+    if not any(isinstance(gate, kinds) for gate in book[bead].closed.values()):
+        del book[bead]  # no gate of those kinds left closed
+
+
+def closed_gates_text(bead: str, molecule: MoleculeGates) -> str:
+    """Why the work of ``bead`` may not be handed in yet: its gates not opened, and what opens them."""
+    named = "; ".join(
+        f"step {step} waits on {describe(gate)} ({how_to_open(bead, step, gate)})"
+        for step, gate in molecule.closed.items()
+    )
+    return (
+        f"bead {bead} has gates not opened: {named}. Its work is handed in (`gt done`) once they are open and their "
+        "steps done"
+    )

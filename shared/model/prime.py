@@ -145,7 +145,7 @@ def prime_text(data: Prime) -> str:
             if step.acceptance:
                 lines.append(f"Acceptance: {escape_text(step.acceptance)}")
             if (gate := step_gates.step_gate_text(bead.id, step)) is not None:
-                lines.append(escape_text(gate))
+                lines.append(escape_line(gate))  # one line: a note or a check's output never reads as the town's
                 if step.gate_closed():
                     lines.append(GATE_WAIT)
         else:

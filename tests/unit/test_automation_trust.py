@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from services.deacon.automations import queries
-from services.deacon.automations.definitions import AutomationCatalog, InvalidAutomation, trust_problem
+from services.deacon.automations.definitions import AutomationCatalog, InvalidAutomation
 from services.deacon.automations.state import AutomationState
+from shared.host.trusted_files import trust_problem
 
 BODY = '[automation]\ngate = "manual"\nexec = "true"\n'
 OTHER_UID = 54321
@@ -75,7 +76,8 @@ def test_a_file_another_user_owns_is_refused_naming_the_owner(directory: Path) -
     broken = refused(AutomationCatalog(directory), "dropped")
     assert broken.problem.startswith(
         f"refused: the file {dropped} is owned by uid {OTHER_UID}, "
-        f"not by the deacon's user (uid {os.geteuid()}) or root"
+        f"not by the town's services' user (uid {os.geteuid()}) "
+        "or root"
     )
     assert broken.message == f"automation file {dropped}: {broken.problem}"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import stat
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +23,7 @@ from shared.core.durations import parse_duration
 from shared.core.errors import CommandError
 from shared.core.ids import ID_PATTERN, is_valid_id
 from shared.core.subjects import EVT_PREFIX, event_subject
+from shared.host.trusted_files import trust_problem
 from shared.model.commands.base import MAX_TITLE, VAR_NAME_PATTERN, check_vars
 from shared.model.events import REGISTRY
 
@@ -337,35 +337,6 @@ def subject_matches(pattern: str, subject: str) -> bool:
         if index >= len(have) or (part not in ("*", have[index])):
             return False
     return len(want) == len(have)
-
-
-def trust_problem(path: Path, what: str) -> str | None:
-    """Why the deacon may not take ``path`` (the automations ``directory`` or an automation ``file``, ``what``) for
-    its operator's: None when it is fit to be read.
-
-    An automation runs a command as the deacon, so (like sshd's StrictModes) only what the deacon's own OS user or
-    root owns and neither group nor others may write: agents write the town's shared ``GT_HOME``, and a file one of
-    them dropped there must not run. On a read-only mount (a read-only bind mount of the operator's directory in a
-    container) the owner is not looked at, only the mode: nobody writes it through this mount, whoever owns it.
-    Links are followed: what counts is what gets read."""
-    try:
-        info = os.stat(path)
-        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except OSError:
-        return None  # gone or unreadable: reading it says so (``AutomationCatalog._parse``)
-    own = os.geteuid()
-    if not read_only and info.st_uid not in (own, 0):
-        return (
-            f"refused: the {what} {path} is owned by uid {info.st_uid}, not by the deacon's user (uid {own}) or root: "
-            "it may have been written by someone else (an agent)"
-        )
-    writable = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if info.st_mode & bit]
-    if writable:
-        return (
-            f"refused: the {what} {path} is writable by {' and '.join(writable)} (mode "
-            f"{stat.S_IMODE(info.st_mode):03o}): it may have been written by someone else (chmod go-w it)"
-        )
-    return None
 
 
 class AutomationCatalog:

@@ -1,16 +1,20 @@
-"""Running the checks of waiting ``ci`` gates (``plan/gates.py``): each in ``sh -c`` from ``$GT_HOME`` with the
-environment an automation's command gets (``AUTOMATION_BASE_ENV``: never the deacon's NATS credentials) and
-``GT_BEAD``/``GT_STEP``, at most ``gate_timeout_s``. One that exits 0 has the mayor open the gate
-(``gt.cmd.gate.open`` under the gate's own command id: a resend, or a run again after a crash, opens it once). The
-last run of each is kept for ``gt.q.deacon.gate_checks``."""
+"""Running the checks of waiting ``ci`` gates (``plan/gates.py``): each in ``sh -c`` from a scratch directory with
+the environment an automation's command gets (``AUTOMATION_BASE_ENV``: never the deacon's NATS credentials),
+``GT_BEAD``/``GT_STEP`` and the molecule's vars (``GT_VAR_<name>``), at most ``gate_timeout_s``, at most
+``MAX_RUNNING`` at once. One that exits 0 has the mayor open the gate (``gt.cmd.gate.open`` under the gate's own
+command id: a resend, or a run again after a crash, opens it once). The last run of each is kept for
+``gt.q.deacon.gate_checks``, which the operator asks (a polecat session may not)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import os
+import shutil
+import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
+from pathlib import Path
 
 import structlog
 
@@ -27,6 +31,10 @@ from shared.model.queries.deacon import GateCheckView
 log = structlog.get_logger(__name__)
 
 COULD_NOT_START = -1
+MAX_RUNNING = 4
+"""Checks run at once at most: a town with many beads at a CI gate runs them in turns."""
+VAR_ENV_PREFIX = "GT_VAR_"
+"""A molecule var's name in a CI check's environment: ``GT_VAR_bead_title``."""
 
 
 class GateChecks:
@@ -63,6 +71,8 @@ class GateChecks:
         settings = self.settings()
         last_run = {key: view.started_at for key, view in self._last.items()}
         for check in checks_due(waiting, self.clock(), last_run, self._running, settings.gate_poll_s):
+            if len(self._running) >= MAX_RUNNING:
+                break  # the rest at a later patrol
             task = self._tg.create_task(self._run(check, settings.gate_timeout_s), name=f"gate-check-{check.bead}")
             self._running[check.key] = task
             task.add_done_callback(functools.partial(self._finished, check.key))
@@ -79,11 +89,14 @@ class GateChecks:
             **{key: os.environ[key] for key in AUTOMATION_BASE_ENV if key in os.environ},
             "NATS_URL": self.config.nats_url,
             "GT_HOME": str(self.config.gt_home),
+            **{f"{VAR_ENV_PREFIX}{name}": value for name, value in check.vars.items()},
             "GT_BEAD": check.bead,
             "GT_STEP": check.step,
         }
+        scratch = await asyncio.to_thread(tempfile.mkdtemp, prefix="gt-gate-check-")
         try:
-            result = await shell.run(check.command, cwd=self.config.gt_home, env=env, timeout=timeout)
+            # In a directory of its own, not GT_HOME: nothing of the town's files is where it starts.
+            result = await shell.run(check.command, cwd=Path(scratch), env=env, timeout=timeout)
         except OSError as exc:
             code, output = COULD_NOT_START, f"the check could not start: {exc}"
         except Exception as exc:  # a bug here must not take the deacon down: logged, the check runs again later
@@ -91,6 +104,8 @@ class GateChecks:
             code, output = COULD_NOT_START, f"the deacon failed to run it: {exc!r}"
         else:
             code, output = result.exit_code, result.output[-CI_OUTPUT_SHOWN:]
+        finally:
+            await asyncio.to_thread(shutil.rmtree, scratch, True)
         runs = self._last[check.key].runs + 1 if check.key in self._last else 1
         self._last[check.key] = GateCheckView(
             bead=check.bead,

@@ -18,6 +18,8 @@ class CiCheck(msgspec.Struct, frozen=True, kw_only=True):
     bead: str
     step: str
     command: str
+    vars: dict[str, str] = {}
+    """The molecule's vars: the command's environment ``GT_VAR_<name>``."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -44,7 +46,7 @@ def checks_due(
         waiting = gates.waiting()
         if waiting is None or not isinstance(waiting[1], CiGate):
             continue
-        check = CiCheck(bead=bead, step=waiting[0], command=waiting[1].command)
+        check = CiCheck(bead=bead, step=waiting[0], command=waiting[1].command, vars=dict(waiting[1].vars))
         last = last_run.get(check.key)
         if check.key in running or (last is not None and (now - last).total_seconds() < poll_s):
             continue

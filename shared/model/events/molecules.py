@@ -23,6 +23,9 @@ class CiGate(msgspec.Struct, frozen=True, kw_only=True, tag="ci"):
     the step is ready."""
 
     command: str
+    vars: dict[str, str] = {}
+    """The molecule's vars, given to the command as its environment (``GT_VAR_<name>``), never written into it: a
+    value (a bead's title) is never shell text."""
 
 
 class HumanGate(msgspec.Struct, frozen=True, kw_only=True, tag="human"):

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.host.trusted_files import trust_problem
+from shared.model.events.molecules import CiGate
 from shared.model.formulas.compile import Formula, parse_formula
 from shared.model.formulas.errors import FormulaError
 
@@ -85,6 +87,11 @@ class FormulaCatalog:
         result: Formula | FormulaError
         try:
             result = parse_formula(path.read_text(encoding="utf-8"), source=source, expected_name=name)
+            if path.parent != BUILTIN_DIR and any(isinstance(step.wait, CiGate) for step in result.steps):
+                # Its CI check runs as a command of the town's: only from a file nobody else could have written.
+                problem = trust_problem(path.parent, "formula directory") or trust_problem(path, "formula file")
+                if problem is not None:
+                    result = FormulaError(source, f"has a ci gate, and it is {problem}")
         except FormulaError as exc:
             result = exc
         except (OSError, UnicodeDecodeError) as exc:

@@ -23,7 +23,6 @@ A formula file (``<name>.formula.toml``)::
 from __future__ import annotations
 
 import re
-import shlex
 import tomllib
 from collections.abc import Mapping
 from typing import Any
@@ -130,15 +129,11 @@ def cook(
     def substitute(text: str) -> str:
         return PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), text)
 
-    def substitute_quoted(text: str) -> str:
-        # A var's value (a bead's title, a `--var` given at the sling) goes into a shell command as one word: quoted,
-        # so no value can add a command of its own.
-        return PLACEHOLDER.sub(lambda m: shlex.quote(values[m.group(1)]) if m.group(1) in values else m.group(0), text)
-
     def wait_of(step: StepSpec) -> StepGate | None:
         match step.wait:
             case CiGate(command=command):
-                return CiGate(command=substitute_quoted(command))
+                # The vars go to the command as its environment, never into its text (``parse``: no ``{{...}}``).
+                return CiGate(command=command, vars=dict(values))
             case HumanGate(question=question):
                 return HumanGate(question=substitute(question))
         return step.wait
@@ -265,6 +260,13 @@ def _parse_wait(source: str, step_id: str, raw: Any) -> StepGate | None:
         raise FormulaError(source, f"`{where}.{kind}` is required")
     if len(text) > MAX_GATE_TEXT:
         raise FormulaError(source, f"{where}.{kind} is {len(text)} characters; the limit is {MAX_GATE_TEXT}")
+    placeholder = ANY_PLACEHOLDER.search(text) if kind == "ci" else None
+    if placeholder is not None:
+        raise FormulaError(
+            source,
+            f"{where}.ci holds {placeholder.group(0)}: a CI command takes no {{{{...}}}} (a value in shell text could "
+            'be a command); its vars are in its environment: "$GT_VAR_<name>" ("$GT_VAR_bead")',
+        )
     return CiGate(command=text) if kind == "ci" else HumanGate(question=text)
 
 
