@@ -14,7 +14,7 @@ import pytest
 from services.deacon.automations import queries
 from services.deacon.automations.definitions import AutomationCatalog, InvalidAutomation
 from services.deacon.automations.state import AutomationState
-from shared.host.trusted_files import trust_problem
+from shared.core.trusted_files import trust_problem
 
 BODY = '[automation]\ngate = "manual"\nexec = "true"\n'
 OTHER_UID = 54321

@@ -23,7 +23,7 @@ from shared.core.durations import parse_duration
 from shared.core.errors import CommandError
 from shared.core.ids import ID_PATTERN, is_valid_id
 from shared.core.subjects import EVT_PREFIX, event_subject
-from shared.host.trusted_files import trust_problem
+from shared.core.trusted_files import trust_problem
 from shared.model.commands.base import MAX_TITLE, VAR_NAME_PATTERN, check_vars
 from shared.model.events import REGISTRY
 

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.host.trusted_files import trust_problem
+from shared.core.trusted_files import trust_problem
 from shared.model.events.molecules import CiGate
 from shared.model.formulas.compile import Formula, parse_formula
 from shared.model.formulas.errors import FormulaError
