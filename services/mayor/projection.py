@@ -195,6 +195,7 @@ def _slung(payload: BeadSlung, state: MayorState, env: Envelope, seq: int) -> No
         bead.agent = payload.agent  # the bead's choice from now on; a sling naming none keeps it
     bead.slings += 1
     state.holds.pop(bead.id, None)  # slung: by the hold's release, or by hand (forced) before it
+    _arm_gate(state, bead.id, env.ts)  # a molecule cooked at a hold: its current gate waits from now
 
 
 @fold.register
@@ -269,7 +270,7 @@ def _attached(payload: MoleculeAttached, state: MayorState, env: Envelope, seq: 
         attached_at=env.ts,
         version=seq,
     )
-    _arm_gate(state.molecules[payload.bead_id], env.ts)
+    _arm_gate(state, payload.bead_id, env.ts)
 
 
 def _step_of(spec: StepSpec) -> Step:
@@ -283,8 +284,12 @@ def _step_of(spec: StepSpec) -> Step:
     )
 
 
-def _arm_gate(molecule: Molecule, at: datetime) -> None:
-    """The current step's closed gate starts waiting at ``at``, the time of the event that made it current."""
+def _arm_gate(state: MayorState, bead_id: str, at: datetime) -> None:
+    """The current step's closed gate starts waiting at ``at``, the time of the event that made it current, once its
+    bead is slung (a held bead's molecule is cooked at the hold: its timer runs from the sling)."""
+    molecule, bead = state.molecules.get(bead_id), state.beads.get(bead_id)
+    if molecule is None or bead is None or bead.status not in WORKING:
+        return
     step = current_step(molecule)
     if step is not None and step.gate_closed() and step.waiting_since is None:
         step.waiting_since = at
@@ -318,7 +323,7 @@ def _step_done(payload: StepCompleted, state: MayorState, env: Envelope, seq: in
         step.started_at = step.started_at or env.ts
         step.done_at = env.ts
         step.done_by = env.actor
-        _arm_gate(state.molecules[payload.bead_id], env.ts)
+        _arm_gate(state, payload.bead_id, env.ts)
 
 
 @fold.register
@@ -345,7 +350,7 @@ def _rework_added(payload: ReworkAdded, state: MayorState, env: Envelope, seq: i
         return
     present = {s.id for s in molecule.steps}
     molecule.steps.extend(_step_of(s) for s in payload.steps if s.id not in present)
-    _arm_gate(molecule, env.ts)
+    _arm_gate(state, payload.bead_id, env.ts)
     owed = state.send_backs.get(payload.bead_id)
     if owed is not None and owed.event == payload.sent_back_by:
         del state.send_backs[payload.bead_id]

@@ -383,3 +383,25 @@ def test_a_gate_text_in_prime_stays_on_one_line() -> None:
     text = prime_text(data)
     assert "\nCurrent step: submit" not in text
     assert "ok\\n\\nCurrent step: submit" in text
+
+
+def test_a_held_beads_timer_runs_from_its_sling_not_from_the_hold(tmp_path: Path) -> None:
+    (tmp_path / "formulas").mkdir()
+    soak_first = 'formula = "soak"\n[[steps]]\nid = "soak"\ntitle = "Soak"\nwait = { timer = "10m" }\n'
+    (tmp_path / "formulas" / "soak.formula.toml").write_text(soak_first)
+    town = mayor_town(FormulaCatalog(tmp_path / "formulas", tmp_path / "rigs"))
+    blocker = str(town.send("gt.cmd.bead.create", {"title": "First"})["id"])
+    bead = str(town.send("gt.cmd.bead.create", {"title": "Then", "needs": [blocker]})["id"])
+    held = town.send("gt.cmd.bead.sling", {"id": bead, "rig": "demo", "formula": "soak", "hold": True})
+    assert held["status"] == "held"
+    assert step(town, bead, "soak").waiting_since is None  # cooked at the hold: not waiting yet
+    town.tick(3600)
+    town.send("gt.cmd.bead.close", {"id": blocker, "reason": "done"})  # the mayor slings the held bead now
+    slung_at = town.clock
+    assert step(town, bead, "soak").waiting_since == slung_at
+    town.tick(599)
+    town.reconcile()
+    assert openings(town) == []
+    town.tick(1)
+    town.reconcile()
+    assert [o["step"] for o in openings(town)] == ["soak"]
