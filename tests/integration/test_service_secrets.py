@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from services.deacon.automations.runner import AUTOMATION_BASE_ENV
+from services.deacon.automations.shell import BASE_ENV
 from shared.bus import auth_callout
 from shared.core.config import TownConfig
 from tests.helpers import wait_until
@@ -169,7 +169,7 @@ def test_the_deacon_refuses_automation_files_others_wrote_and_runs_its_own_witho
     wait_until(lambda: len((dumps / "operator.env").read_text().splitlines()) > 3, timeout=10)
     seen = dict(line.split("=", 1) for line in (dumps / "operator.env").read_text().splitlines() if "=" in line)
     shell = {"PWD", "SHLVL", "_"}  # what sh itself sets
-    allowed = {*AUTOMATION_BASE_ENV, "GT_AUTOMATION", "NATS_URL", "GT_HOME", *shell}
+    allowed = {*BASE_ENV, "GT_AUTOMATION", "NATS_URL", "GT_HOME", *shell}
     assert sorted(set(seen) - allowed) == [], "an allowlisted environment"
     assert_holds_none("deacon's automation", held, {}, seen)
     assert (seen["GT_AUTOMATION"], seen["NATS_URL"]) == ("operator", town.nats_url)

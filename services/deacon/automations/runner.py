@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -49,10 +48,6 @@ log = structlog.get_logger(__name__)
 
 AppendOwed = Callable[[list[NewEvent]], Awaitable[int]]
 WAKE_SLACK_S = 0.05
-AUTOMATION_BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
-"""What an exec command or a condition check gets of the deacon's environment (besides ``GT_AUTOMATION*``,
-``NATS_URL`` and ``GT_HOME``): never its NATS credentials (``NATS_USER``, ``NATS_PASSWORD``, ...) or the town's
-other settings. A command that acts on the town with ``gt`` names its own credentials (docs/automations.md)."""
 """Added to a timed wake so the clock has surely passed the moment when the reconcile reads it."""
 
 
@@ -251,15 +246,9 @@ class AutomationRunner:
     # ---- exec actions and condition checks -----------------------------------------------------
 
     def _env(self, name: str, **extra: str) -> dict[str, str]:
-        """A command's environment: ``AUTOMATION_BASE_ENV`` of the deacon's, the town's ``NATS_URL`` and ``GT_HOME``
+        """A command's environment: ``shell.BASE_ENV`` of the deacon's, the town's ``NATS_URL`` and ``GT_HOME``
         and the run's variables; never the deacon's NATS credentials or the town's settings."""
-        return {
-            **{key: os.environ[key] for key in AUTOMATION_BASE_ENV if key in os.environ},
-            "GT_AUTOMATION": name,
-            "NATS_URL": self.config.nats_url,
-            "GT_HOME": str(self.config.gt_home),
-            **extra,
-        }
+        return shell.command_env(self.config, GT_AUTOMATION=name, **extra)
 
     async def _execute(self, name: str, run: Run) -> None:
         extra = {"GT_AUTOMATION_RUN": run.id, "GT_AUTOMATION_GATE": run.gate}

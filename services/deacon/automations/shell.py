@@ -16,6 +16,13 @@ from pathlib import Path
 
 import msgspec
 
+from shared.core.config import TownConfig
+
+BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+"""What a command of the town's (an automation's exec action or condition check, a CI gate's check) gets of the
+deacon's environment (besides what ``command_env`` adds): never its NATS credentials (``NATS_USER``,
+``NATS_PASSWORD``, ...) or the town's other settings. A command that acts on the town with ``gt`` names its own
+credentials (docs/automations.md)."""
 TIMEOUT_EXIT = 124
 """The exit code recorded for a command that ran out of time (as coreutils ``timeout`` reports it)."""
 KILL_GRACE_S = 2.0
@@ -29,6 +36,17 @@ class ShellResult(msgspec.Struct, frozen=True, kw_only=True):
     """The tail of its standard output and error, interleaved."""
     timed_out: bool = False
     seconds: float = 0.0
+
+
+def command_env(config: TownConfig, **extra: str) -> dict[str, str]:
+    """A town command's environment: ``BASE_ENV`` of the deacon's, the town's ``NATS_URL`` and ``GT_HOME``, and
+    ``extra`` (the run's own variables)."""
+    return {
+        **{key: os.environ[key] for key in BASE_ENV if key in os.environ},
+        "NATS_URL": config.nats_url,
+        "GT_HOME": str(config.gt_home),
+        **extra,
+    }
 
 
 async def run(command: str, *, cwd: Path, env: Mapping[str, str], timeout: float) -> ShellResult:

@@ -1,5 +1,5 @@
 """Running the checks of waiting ``ci`` gates (``plan/gates.py``): each in ``sh -c`` from a scratch directory with
-the environment an automation's command gets (``AUTOMATION_BASE_ENV``: never the deacon's NATS credentials),
+the environment an automation's command gets (``shell.command_env``: never the deacon's NATS credentials),
 ``GT_BEAD``/``GT_STEP`` and the molecule's vars (``GT_VAR_<name>``), at most ``gate_timeout_s``, at most
 ``MAX_RUNNING`` at once. One that exits 0 has the mayor open the gate (``gt.cmd.gate.open`` under the gate's own
 command id: a resend, or a run again after a crash, opens it once). The last run of each is kept for
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,7 +18,6 @@ from pathlib import Path
 import structlog
 
 from services.deacon.automations import shell
-from services.deacon.automations.runner import AUTOMATION_BASE_ENV
 from services.deacon.plan.gates import CiCheck, checks_due
 from services.deacon.settings import DeaconSettings
 from shared.bus.commands import StoredCommand
@@ -85,14 +83,8 @@ class GateChecks:
 
     async def _run(self, check: CiCheck, timeout: float) -> None:
         started = self.clock()
-        env = {
-            **{key: os.environ[key] for key in AUTOMATION_BASE_ENV if key in os.environ},
-            "NATS_URL": self.config.nats_url,
-            "GT_HOME": str(self.config.gt_home),
-            **{f"{VAR_ENV_PREFIX}{name}": value for name, value in check.vars.items()},
-            "GT_BEAD": check.bead,
-            "GT_STEP": check.step,
-        }
+        variables = {f"{VAR_ENV_PREFIX}{name}": value for name, value in check.vars.items()}
+        env = shell.command_env(self.config, **variables, GT_BEAD=check.bead, GT_STEP=check.step)
         scratch = await asyncio.to_thread(tempfile.mkdtemp, prefix="gt-gate-check-")
         try:
             # In a directory of its own, not GT_HOME: nothing of the town's files is where it starts.
