@@ -1,7 +1,8 @@
 """A real agent at a closed gate: Claude Code and Codex CLI, driven by the scripted model server through a real town,
-work up to a step that waits on an operator's approval, are refused that step (``gate_closed``, naming the gate),
-stop, and are ended by the witness as ``gate_wait`` (no death). The operator approves with a note; a fresh session
-of the same runtime reads the note in its `gt prime`, works the rest and the bead merges."""
+work up to a step that waits on an operator's approval, are refused that step (``gate_closed``, naming the gate)
+and `gt done` past it from their pane, stop, and are ended by the witness as ``gate_wait`` (no death). The operator
+approves with a note; a fresh session of the same runtime reads the note in its `gt prime`, works the rest and the
+bead merges."""
 
 from __future__ import annotations
 
@@ -63,6 +64,8 @@ async def test_an_agent_stops_at_a_closed_gate_and_a_fresh_one_goes_on_once_an_o
             use(bash("gt prime", expect="Current step: prepare")),
             use(bash("gt step done prepare", expect="prepare: done")),
             use(bash("gt step done approval", expect="waits on its gate, an operator's approval")),
+            # Handing the work in past the gate, as a hostile agent would try: refused.
+            use(bash("gt done", expect="gate_closed")),
             say("The next step waits for an operator's approval; I stop here."),
         ),
     )
