@@ -65,9 +65,9 @@ async def send(
         changes["fence"] = fence
     if changes:
         cmd = msgspec.structs.replace(cmd, **changes)
-    origin = identity.session_origin()
+    origin = identity.command_origin()
     limit = min(DEFAULT_MAX_COMMAND_BYTES, max_payload(nc))
-    if origin is not None:
+    if isinstance(origin, subjects.SessionOrigin):
         limit = min(limit, session_identity.MAX_PAYLOAD)  # the agents' account carries no larger message
     check_to_send(cmd, bus_commands.encode(cmd), max_bytes=limit)
     if "fence" in changes and fence is not None:

@@ -4,7 +4,9 @@ Inside a polecat session (the witness sets ``GT_RIG``, ``GT_POLECAT`` and ``GT_S
 to the session's own subject (``gt.cmd.step.done.<rig>.<polecat>.<session>``): the services record its actor as
 ``polecat:<rig>/<polecat>`` from that subject, whatever the body says, and under the shipped NATS accounts the
 session's own identity may publish nowhere else (docs/architecture.md, "Identity"). Elsewhere a command goes to
-its plain subject, an operator's: the body's ``actor`` (``--actor``) labels the operator (``operator:ann``; none:
+its plain subject, an operator's, unless this process is a town agent's (``GT_TOWN_AGENT``: the mayor agent), whose
+commands go to its own subject (``gt.cmd.bead.create.agent.mayor``), recorded as ``agent:mayor``. On a plain subject
+the body's ``actor`` (``--actor``) labels the operator (``operator:ann``; none:
 the service records ``operator``). A service's or an agent's name there is refused ``unauthorized``: the services
 send on their own subjects, which operators may not publish on.
 """
@@ -37,6 +39,23 @@ def session_origin(env: Mapping[str, str] | None = None) -> subjects.SessionOrig
     if not rig or not polecat or not session:
         return None
     return subjects.SessionOrigin(rig, polecat, session)
+
+
+TOWN_AGENT_ENV = "GT_TOWN_AGENT"
+"""Set in a town agent's session (``mayor``): its commands go to its own subject."""
+
+
+def town_agent_origin(env: Mapping[str, str] | None = None) -> subjects.TownAgentOrigin | None:
+    """The town agent this process runs as (``GT_TOWN_AGENT``), outside a polecat session; None otherwise."""
+    env = os.environ if env is None else env
+    name = env.get(TOWN_AGENT_ENV, "").strip()
+    return subjects.TownAgentOrigin(name) if name and session_origin(env) is None else None
+
+
+def command_origin(env: Mapping[str, str] | None = None) -> subjects.Origin | None:
+    """The subject a command of this process names its sender by: its polecat session, its town agent, or none (a
+    plain subject: an operator's)."""
+    return session_origin(env) or town_agent_origin(env)
 
 
 def default_actor(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str | None:

@@ -229,7 +229,7 @@ async def store(
             else:
                 raise
         else:
-            if not ack.duplicate or isinstance(origin, subjects.SessionOrigin):
+            if not ack.duplicate or subjects.id_scope(origin) is not None:
                 return StoredCommand(seq=int(ack.seq), cmd_id=cmd_id)
             taker = await _taken_by_another(nc, stream, evt_stream, int(ack.seq), subject, cmd_id)
             if taker is None:
@@ -330,10 +330,10 @@ async def send(
         deadline_s=store_deadline_s,
         on_retry=on_retry,
     )
-    # A session's command is settled in its own namespace (``ids.session_scoped_id``), so its outcome is there.
+    # An agent's command is settled in its own namespace (``ids.session_scoped_id``), so its outcome is there.
     settled_as = stored.cmd_id
-    if isinstance(origin, subjects.SessionOrigin):
-        settled_as = ids.session_scoped_id(origin.session, stored.cmd_id)
+    if (scope := subjects.id_scope(origin)) is not None:
+        settled_as = ids.session_scoped_id(scope, stored.cmd_id)
     outcome: Outcome[R] = Outcome(
         command_id=settled_as, stored_seq=stored.seq, new_id=cmd.new_id if isinstance(cmd, Creates) else None
     )

@@ -107,8 +107,41 @@ def service_command_subject(aggregate: str, verb: str, origin: ServiceOrigin) ->
     return f"{CMD_PREFIX}.{aggregate}.{verb}.{SERVICE_MARK}.{origin.service}"
 
 
-Origin = SessionOrigin | ServiceOrigin
+class TownAgentOrigin(NamedTuple):
+    """Who sent a command on a town agent's own subject (``gt.cmd.bead.create.agent.mayor``): the mayor agent, an
+    AI session that acts for the operator with an operator's commands under a name of its own. Only its NATS user
+    (``mayor_agent``) may publish there, and it may publish nowhere else (docs/deployment.md, "Accounts and
+    permissions")."""
+
+    name: str
+
+    @property
+    def actor(self) -> str:
+        return f"agent:{self.name}"
+
+
+AGENT_MARK = "agent"
+"""The token between a command's own subject and the town agent that sent it: ``gt.cmd.bead.create.agent.mayor``."""
+
+
+def town_agent_command_subject(aggregate: str, verb: str, origin: TownAgentOrigin) -> str:
+    """``gt.cmd.bead.create.agent.mayor``: a command as a town agent sends it."""
+    return f"{CMD_PREFIX}.{aggregate}.{verb}.{AGENT_MARK}.{origin.name}"
+
+
+Origin = SessionOrigin | ServiceOrigin | TownAgentOrigin
 """Who sent a command, as the subject it came on says; a plain subject says nothing (an operator sent it)."""
+
+
+def id_scope(origin: Origin | None) -> str | None:
+    """The namespace a command's id is settled in (``ids.session_scoped_id``) when an agent sent it: a polecat
+    session's (its id), a town agent's (``agent-<name>``), so that no id an agent chooses is another sender's; None
+    for a service's or an operator's."""
+    if isinstance(origin, SessionOrigin):
+        return origin.session
+    if isinstance(origin, TownAgentOrigin):
+        return f"{AGENT_MARK}-{origin.name}"
+    return None
 
 
 def sent_subject(own: str, origin: Origin | None) -> str:
@@ -121,13 +154,16 @@ def sent_subject(own: str, origin: Origin | None) -> str:
         raise ValueError(f"not a command subject: {own!r}")
     if isinstance(origin, SessionOrigin):
         return session_command_subject(*split, origin)
+    if isinstance(origin, TownAgentOrigin):
+        return town_agent_command_subject(*split, origin)
     return service_command_subject(*split, origin)
 
 
 def split_origin(subject: str) -> tuple[str, Origin | None]:
     """The command's own subject and who sent it, as the subject says:
     ``gt.cmd.step.done.r.p.s`` -> ("gt.cmd.step.done", SessionOrigin("r", "p", "s")),
-    ``gt.cmd.bead.close.svc.refinery`` -> ("gt.cmd.bead.close", ServiceOrigin("refinery")), a plain (four-token)
+    ``gt.cmd.bead.close.svc.refinery`` -> ("gt.cmd.bead.close", ServiceOrigin("refinery")),
+    ``gt.cmd.bead.create.agent.mayor`` -> ("gt.cmd.bead.create", TownAgentOrigin("mayor")), a plain (four-token)
     command subject -> (itself, None). Any other shape is returned as it is, with None (the intake answers
     ``unknown_command``)."""
     parts = subject.split(".")
@@ -136,6 +172,8 @@ def split_origin(subject: str) -> tuple[str, Origin | None]:
     own = ".".join(parts[:4])
     if len(parts) == 6 and parts[4] == SERVICE_MARK:
         return own, ServiceOrigin(parts[5])
+    if len(parts) == 6 and parts[4] == AGENT_MARK:
+        return own, TownAgentOrigin(parts[5])
     if len(parts) == 7:
         return own, SessionOrigin(parts[4], parts[5], parts[6])
     return subject, None

@@ -14,6 +14,10 @@ SCOPED_SERVICE = "witness"
 POLECAT_PREFIX = "polecat:"
 PLUGIN_PREFIX = "plugin:"
 AUTOMATION_PREFIX = "automation:"
+TOWN_AGENT_PREFIX = "agent:"
+TOWN_AGENTS = ("mayor",)
+"""The town agents (``subjects.TownAgentOrigin``): AI sessions acting for the operator under a name of their own,
+``agent:<name>``, each with a NATS user of its own."""
 AGENT_PREFIXES = (POLECAT_PREFIX, PLUGIN_PREFIX)
 SUB_ACTORS: dict[str, tuple[str, ...]] = {"deacon": (AUTOMATION_PREFIX,)}
 """Whom a service may name as a command's actor in its body, besides itself: the deacon runs each automation as
@@ -54,6 +58,8 @@ def reserved(label: str) -> str | None:
     name = label.strip().casefold()
     if name.startswith(AUTOMATION_PREFIX):
         return "an automation's name (the deacon runs automations)"
+    if name.startswith(TOWN_AGENT_PREFIX):
+        return "a town agent's name (the mayor agent sends on its own subject)"
     if name.startswith(POLECAT_PREFIX):
         return "a polecat's name (its sessions send on their own subjects)"
     if actor_class(name) == "service":

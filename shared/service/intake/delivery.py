@@ -63,8 +63,8 @@ class Delivery:
         """The command's own subject (``gt.cmd.step.done``), and who sent it when it came on a session's or a
         service's own subject."""
         self.command_id = ids.command_id(header_id, body_id, self.stream_seq)
-        if isinstance(self.origin, subjects.SessionOrigin):
-            self.command_id = ids.session_scoped_id(self.origin.session, self.command_id)
+        if (scope := subjects.id_scope(self.origin)) is not None:
+            self.command_id = ids.session_scoped_id(scope, self.command_id)
         before_cutover = self.origin is None and self.stream_seq < origin_from
         sender = command_actor(actor, self.origin, before_cutover=before_cutover)
         self.refusal: CommandError | None = None

@@ -11,6 +11,7 @@ from shared.core.errors import CommandError
 from shared.model.commands import Command
 from shared.model.commands.actors import (
     PLUGIN_PREFIX,
+    TOWN_AGENTS,
     ActorClass,
     actor_class,
     is_service,
@@ -43,6 +44,8 @@ def command_actor(
       that session may publish there.
     - On a service's own subject (``gt.cmd.<aggregate>.<verb>.svc.<service>``): that service; its body may name
       only what the service acts for (``SUB_ACTORS``: the deacon's ``automation:<name>``).
+    - On a town agent's own subject (``gt.cmd.<aggregate>.<verb>.agent.<name>``): that agent, ``agent:<name>``
+      (the mayor agent), charged as an operator; its body's ``actor`` is not read.
     - On a plain subject: an operator. The body's ``actor`` labels the operator (``operator``, ``operator:ann``,
       ``supervisor``, ``plugin:<name>``, any free label), but never a service's, an automation's or a polecat's
       name: only operators may publish plain subjects, and the services and sessions never send on them.
@@ -53,6 +56,11 @@ def command_actor(
         return Sender(origin.actor, "agent")
     if isinstance(origin, subjects.ServiceOrigin):
         return _service_sender(body_actor, origin)
+    if isinstance(origin, subjects.TownAgentOrigin):
+        if origin.name not in TOWN_AGENTS:
+            return CommandError("unauthorized", f"{origin.name[:80]!r} is no town agent: nobody acts as it")
+        # The subject says who it is, whatever its body says: its NATS user may publish on this subject alone.
+        return Sender(origin.actor, "operator")
     if before_cutover:
         actor = body_actor or OPERATOR
         return Sender(actor, actor_class(actor))
