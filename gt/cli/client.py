@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -113,15 +114,23 @@ async def read_position(nc: Connection, config: TownConfig) -> int:
 
 
 async def first_event_of(
-    nc: Connection, config: TownConfig, aggregate: str, aggregate_id: str, types: frozenset[str], timeout: float
+    nc: Connection,
+    config: TownConfig,
+    aggregate: str,
+    aggregate_id: str,
+    types: frozenset[str],
+    timeout: float | None,
+    *,
+    where: Callable[[HistoryEntry], bool] | None = None,
 ) -> HistoryEntry | None:
-    """The aggregate's first event of one of ``types``, stored already or within ``timeout`` seconds (read from
-    the log, like outcomes); None when none came in time."""
+    """The aggregate's first event of one of ``types`` (and, given ``where``, for which it holds), stored already
+    or within ``timeout`` seconds (None: however long it takes), read from the log like outcomes; None when none
+    came in time."""
     found: asyncio.Future[HistoryEntry] = asyncio.get_running_loop().create_future()
 
     def on_message(seq: int, data: bytes) -> None:
         entry = history_entry(seq, data)
-        if entry.type in types and not found.done():
+        if entry.type in types and (where is None or where(entry)) and not found.done():
             found.set_result(entry)
 
     async with streams.following(nc, config.evt_stream, subjects.event_subject(aggregate, aggregate_id), on_message):

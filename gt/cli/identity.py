@@ -41,8 +41,7 @@ def session_origin(env: Mapping[str, str] | None = None) -> subjects.SessionOrig
     return subjects.SessionOrigin(rig, polecat, session)
 
 
-TOWN_AGENT_ENV = "GT_TOWN_AGENT"
-"""Set in a town agent's session (``mayor``): its commands go to its own subject."""
+TOWN_AGENT_ENV = subjects.TOWN_AGENT_ENV
 
 
 def town_agent_origin(env: Mapping[str, str] | None = None) -> subjects.TownAgentOrigin | None:

@@ -38,6 +38,7 @@ from gt.cli import (
     seance,
     sessions,
     status,
+    town_agents,
     work,
 )
 from gt.cli.client import stream_last_seq
@@ -171,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     work.register(sub)
     convoys.register(sub)
     gates.register(sub)
+    town_agents.register(sub)
     mail.register(sub)
     rigs.register(sub)
     sessions.register(sub)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from gt import start_hook
-from gt.cli import client, hook_lease, render
+from gt.cli import client, hook_lease, render, town_agents
 from gt.cli.client import read_position
 from gt.cli.common import (
     DEFAULT_COMMAND_TIMEOUT_S,
@@ -85,6 +85,8 @@ def register(sub: Subcommands) -> None:
 
 
 def _needs_session_id(args: argparse.Namespace) -> None:
+    if town_agents.is_town_agent() and not getattr(args, "session", None):
+        return  # the mayor agent's `gt prime` and hooks: the town, not a session
     if not (getattr(args, "session", None) or os.environ.get("GT_SESSION")):
         raise UsageError(
             f"`gt {args.cmd}` runs inside a polecat session: GT_SESSION is not set (the witness sets it); "
@@ -149,10 +151,19 @@ async def _agent_hook(nc: Connection, args: argparse.Namespace, config: TownConf
     """session-start: print `gt prime` (the agent adds a SessionStart hook's output to its context). stop: block
     the agent's stop while its session's steps are open (Claude Code's Stop hook decision,
     code.claude.com/docs/en/hooks). Never fails the agent: an error prints a hint (start) or nothing (stop)."""
-    session = os.environ["GT_SESSION"]
     runtime = runtimes.runtime_for(args.runtime)
     if args.event == "stop-failure":
         return EXIT_OK  # recorded for the witness by the precheck; the turn is over either way
+    if town_agents.is_town_agent():
+        # The mayor agent: primed with the town at each start; it may always stop (it waits for requests).
+        if args.event == "session-start":
+            try:
+                context = town_agents.town_prime_text(await town_agents.town_prime(nc, config))
+            except Exception as exc:  # noqa: BLE001 - the agent starts anyway and is told to try itself
+                context = f"[gastown] `gt prime` failed in the SessionStart hook ({exc}); run `gt prime` yourself."
+            print(runtime.hook_answer(args.event, context))
+        return EXIT_OK
+    session = os.environ["GT_SESSION"]
     if args.event == "session-start":
         # The bead is claimed for its polecat by the witness once the pane started (the plan's ``ClaimBead``): the
         # hook only primes.
@@ -193,6 +204,8 @@ def stop_reason(data: Prime) -> str | None:
 
 
 async def _prime(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    if town_agents.is_town_agent() and not args.session:
+        return show(args, await town_agents.town_prime(nc, config), town_agents.town_prime_text)
     data = await prime_data(nc, config, args.session or os.environ["GT_SESSION"])
     return show(args, data, prime_text)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from services.witness.state import Rig, Session, WitnessState
+from services.witness.state import Rig, Session, TownAgent, WitnessState
 from shared.core.errors import CommandError
 from shared.core.ids import hook_lease_name
 from shared.model import commands as cmds
@@ -24,10 +24,22 @@ from shared.model.events import (
     SessionEnded,
     SessionHookRecovered,
     SessionWarranted,
+    TownAgentAsked,
+    TownAgentStarted,
+    TownAgentStopped,
 )
 from shared.model.events.beads import WORKING
 from shared.model.events.sessions import ACTIVE_SESSION
-from shared.model.results import UNSET, NudgeResult, RigResult, SessionResult, StaleHookResult, UnsetType
+from shared.model.results import (
+    UNSET,
+    NudgeResult,
+    RigResult,
+    SessionResult,
+    StaleHookResult,
+    TownAgentResult,
+    UnsetType,
+)
+from shared.model.runtimes import RUNTIMES, runtime_for
 
 NUDGE_PREFIX = "nd"
 
@@ -76,6 +88,12 @@ def decide(state: WitnessState, cmd: cmds.Command, ctx: DecideContext) -> Accept
             return nudge(state, cmd, ctx)
         case cmds.SessionRecoverHook():
             return recover_hook(state, cmd, ctx)
+        case cmds.TownAgentStart():
+            return town_agent_start(state, cmd)
+        case cmds.TownAgentStop():
+            return town_agent_stop(state, cmd)
+        case cmds.TownAgentAsk():
+            return town_agent_ask(state, cmd, ctx)
     raise CommandError("unknown_command", f"the witness does not handle {cmd.SUBJECT}")
 
 
@@ -478,4 +496,57 @@ def recover_hook(state: WitnessState, cmd: cmds.SessionRecoverHook, ctx: DecideC
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=last.version)],
         result=StaleHookResult(id=bead.id, status=resolution, changed=True, session=last.id, detail=detail),
+    )
+
+
+# ---- town agents (docs/mayor-agent.md) ----------------------------------------------------------
+
+DEFAULT_TOWN_AGENT_RUNTIME = "claude"
+TOWN_AGENT_RUNTIMES = tuple(name for name, make in RUNTIMES.items() if make().transcript_files)
+"""The runtimes a town agent may run: those whose transcript the witness reads its answers from."""
+ASK_PREFIX = "ask"
+
+
+def town_agent_start(state: WitnessState, cmd: cmds.TownAgentStart) -> Accepted[TownAgentResult]:
+    agent = state.town_agents.get(cmd.name)
+    if agent is not None and agent.wanted:
+        return Accepted(events=[], result=_town_agent_result(agent, changed=False))
+    runtime = cmd.agent.strip() or DEFAULT_TOWN_AGENT_RUNTIME
+    if not runtime_for(runtime).transcript_files:
+        raise CommandError(
+            "invalid",
+            f"{runtime[:80]!r} keeps no transcript the witness can read the agent's answers from; a town agent runs "
+            f"one of: {', '.join(TOWN_AGENT_RUNTIMES)}",
+        )
+    event = TownAgentStarted(name=cmd.name, agent=runtime)
+    version = agent.version if agent is not None else 0
+    started = TownAgent(name=cmd.name, agent=runtime)
+    return Accepted(events=[NewEvent(payload=event, expected_seq=version)], result=_town_agent_result(started))
+
+
+def town_agent_stop(state: WitnessState, cmd: cmds.TownAgentStop) -> Accepted[TownAgentResult]:
+    agent = state.town_agents.get(cmd.name)
+    if agent is None or not agent.wanted:
+        stopped = agent or TownAgent(name=cmd.name, agent="", wanted=False)
+        return Accepted(events=[], result=_town_agent_result(stopped, changed=False, wanted=False))
+    event = TownAgentStopped(name=cmd.name)
+    result = _town_agent_result(agent, wanted=False)
+    return Accepted(events=[NewEvent(payload=event, expected_seq=agent.version)], result=result)
+
+
+def town_agent_ask(state: WitnessState, cmd: cmds.TownAgentAsk, ctx: DecideContext) -> Accepted[TownAgentResult]:
+    agent = state.town_agents.get(cmd.name)
+    if agent is None or not agent.wanted:
+        raise CommandError("conflict", f"the {cmd.name} agent is not running: start it first (`gt mayor start`)")
+    ask_id = ctx.new_id(ASK_PREFIX)
+    event = TownAgentAsked(name=cmd.name, ask_id=ask_id, text=cmd.text, asked_by=ctx.actor)
+    result = _town_agent_result(agent)
+    result.ask_id = ask_id
+    return Accepted(events=[NewEvent(payload=event, expected_seq=agent.version)], result=result)
+
+
+def _town_agent_result(agent: TownAgent, *, changed: bool = True, wanted: bool | None = None) -> TownAgentResult:
+    running = agent.wanted if wanted is None else wanted
+    return TownAgentResult(
+        id=agent.name, status="running" if running else "stopped", changed=changed, agent=agent.agent or UNSET
     )

@@ -10,10 +10,13 @@ import msgspec
 
 from services.witness.state import (
     MAIL_NUDGE_PREFIX,
+    TOWN_AGENT_LAUNCHES_KEPT,
     MailNotice,
     MergeFailure,
     Nudge,
     Session,
+    TownAgent,
+    TownAgentAsk,
     UsageMark,
     WitnessState,
     WorkBead,
@@ -61,6 +64,13 @@ from shared.model.events import (
     SessionWarranted,
     StepCompleted,
     StepStarted,
+    TownAgentAnswered,
+    TownAgentAskDelivered,
+    TownAgentAsked,
+    TownAgentEvent,
+    TownAgentLaunched,
+    TownAgentStarted,
+    TownAgentStopped,
 )
 from shared.model.events.beads import WORKING, forward
 from shared.model.events.sessions import ACTIVE_SESSION
@@ -69,7 +79,7 @@ from shared.model.leases import fold_lease
 from shared.model.rigs import fold_rig
 from shared.service.projection import Projection
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 """6: hook leases are the one lease record (``shared.model.leases.Lease``): a snapshot from before has them
 without when they were acquired and ended. 7: ``rework_owed`` (a snapshot from before would start a session
 for work sent back before its rework steps). 8: sessions count the steps done
@@ -78,7 +88,7 @@ name freed once its bead closed): a snapshot from before has none of them, so th
 10: the rigs whose mass death is not over (a snapshot from before would escalate a rig's next deaths again).
 11: rigs' ``gate_pristine``. 12: beads' ``agent`` (``gt sling --agent``): a snapshot an older witness made may have
 folded a sling's agent without keeping it. 13: nudges' ``bead`` (a snapshot from before has queued nudges
-without the bead they are about)."""
+without the bead they are about). 14: town agents (``town_agent.*``)."""
 SKIPPED_TYPES = frozenset({"message", "convoy", "escalation"})
 MESSAGE_TYPE = "message"
 READ_LABEL = "read"
@@ -440,6 +450,38 @@ def _hook_lease(payload: LeaseEvent, state: WitnessState, env: Envelope, seq: in
 
 
 # ---- nudges ------------------------------------------------------------------------------------
+
+
+# ---- town agents (docs/mayor-agent.md) -------------------------------------------------------------
+
+
+@fold.register
+def _town_agent(payload: TownAgentEvent, state: WitnessState, env: Envelope, seq: int) -> None:
+    agent = state.town_agents.get(payload.name)
+    if isinstance(payload, TownAgentStarted):
+        if agent is None:
+            agent = state.town_agents[payload.name] = TownAgent(name=payload.name, agent=payload.agent)
+        agent.wanted, agent.agent = True, payload.agent
+    if agent is None:
+        return
+    agent.version = seq
+    match payload:
+        case TownAgentStopped():
+            agent.wanted = False
+            agent.asks = []
+        case TownAgentLaunched():
+            agent.run, agent.pane_pid, agent.pid_started = payload.run, payload.pane_pid, payload.pid_started
+            agent.launched_at = env.ts
+            agent.launches = [*agent.launches, env.ts][-TOWN_AGENT_LAUNCHES_KEPT:]
+        case TownAgentAsked():
+            if all(ask.id != payload.ask_id for ask in agent.asks):
+                agent.asks.append(TownAgentAsk(id=payload.ask_id, text=payload.text, asked_at=env.ts))
+        case TownAgentAskDelivered():
+            for ask in agent.asks:
+                if ask.id == payload.ask_id:
+                    ask.delivered_run, ask.delivered_at = payload.run, env.ts
+        case TownAgentAnswered():
+            agent.asks = [ask for ask in agent.asks if ask.id != payload.ask_id]
 
 
 @fold.register

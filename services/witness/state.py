@@ -6,6 +6,7 @@ from datetime import datetime
 
 import msgspec
 
+from shared.core import subjects
 from shared.model.events.beads import BeadStatus
 from shared.model.events.molecules import StepGate
 from shared.model.gates import MoleculeGates
@@ -92,6 +93,51 @@ class UsageMark(msgspec.Struct, kw_only=True, gc=False):
     context_window: int = 0
 
 
+TOWN_AGENT_LAUNCHES_KEPT = 5
+"""How many of a town agent's launch times are kept: its restarts back off over that many."""
+
+
+class TownAgentAsk(msgspec.Struct, kw_only=True, gc=False):
+    """A request for a town agent (``town_agent.asked``), until it is answered."""
+
+    id: str
+    text: str
+    asked_at: datetime
+    delivered_run: int = 0
+    """The run it was typed into (0: not yet); a newer run gets it again (its conversation is new)."""
+    delivered_at: datetime | None = None
+
+
+class TownAgent(msgspec.Struct, kw_only=True, gc=False):
+    """A town agent the witness supervises (docs/mayor-agent.md): the mayor agent."""
+
+    name: str
+    agent: str
+    """The runtime it runs."""
+    wanted: bool = True
+    """Started and not stopped since: a dead session of it is started again."""
+    version: int = 0
+    """The aggregate's last subject sequence (the expected sequence of the next event of it)."""
+    run: int = 0
+    """Its sessions launched since it was first started (``town_agent.launched``)."""
+    pane_pid: int | None = None
+    pid_started: float = 0.0
+    launched_at: datetime | None = None
+    launches: list[datetime] = []
+    """When its recent sessions were launched (the newest ``TOWN_AGENT_LAUNCHES_KEPT``): restarts back off."""
+    asks: list[TownAgentAsk] = []
+    """Requests not answered yet, oldest first."""
+
+    @property
+    def tmux_name(self) -> str:
+        return f"gt-agent-{self.name}"
+
+    @property
+    def user(self) -> str:
+        """Its NATS user, the label of its pane and the name of its directory: ``agent-<name>``."""
+        return subjects.town_agent_user(self.name)
+
+
 class WitnessState(msgspec.Struct, kw_only=True):
     rigs: dict[str, Rig] = {}
     """Its rigs, by name (``shared.model.rigs``)."""
@@ -112,6 +158,8 @@ class WitnessState(msgspec.Struct, kw_only=True):
     """Unread, open messages to polecats, by message id."""
     usage: dict[str, UsageMark] = {}
     """Session id -> its usage as last recorded (``session.usage``), so a restarted witness records only change."""
+    town_agents: dict[str, TownAgent] = {}
+    """The town agents ever started, by name (``town_agent.*``)."""
     base_merged: dict[str, int] = {}
     """Rig -> stream sequence of the newest merge its merge queue pushed to its base (``mr.merged``): a rig's clone
     fetched before it lacks that work, and a new branch must not start from it (``effects/clone_fetch.py``)."""

@@ -197,8 +197,9 @@ def _verify_server_signature(issuer: str, signed: bytes, signature: bytes) -> No
 
 
 class Responder:
-    """Answers authorization requests for polecat sessions. ``live(session)`` says whether the witness still
-    knows the session and it has not ended; ``clock`` gives unix seconds."""
+    """Answers authorization requests for polecat sessions and town agents. ``live(login)`` says whether the witness
+    still knows the session (its id) and it has not ended, or runs the town agent (``agent-<name>``); ``clock`` gives
+    unix seconds."""
 
     def __init__(
         self,
@@ -240,30 +241,34 @@ class Responder:
         checked = session_identity.verify(self.settings.session_key, user, password, now)
         if isinstance(checked, session_identity.Refusal):
             return self._refuse(user_nkey, server_id, checked.reason)
-        if not self.live(checked.session):
-            return self._refuse(user_nkey, server_id, f"session {checked.session} unknown, ended or expired")
+        if isinstance(checked, session_identity.TownAgentClaim):
+            login, permissions = checked.user, session_identity.town_agent_permissions(checked, self.buckets)
+            if not self.live(login):
+                return self._refuse(user_nkey, server_id, f"town agent {checked.name} is not running")
+            log.info("town_agent_login_granted", agent=checked.name)
+        else:
+            login, permissions = checked.session, session_identity.session_permissions(checked, self.buckets)
+            if not self.live(login):
+                return self._refuse(user_nkey, server_id, f"session {login} unknown, ended or expired")
+            log.info("session_login_granted", session=login, rig=checked.rig, polecat=checked.polecat)
         self.granted += 1
         client = nats_claims.get("client_info") or {}
         client_id = client.get("id") if isinstance(client, dict) else None
         if isinstance(client_id, int):
-            self.connections.setdefault(checked.session, set()).add((server_id, client_id))
-        log.info("session_login_granted", session=checked.session, rig=checked.rig, polecat=checked.polecat)
-        return self._response(user_nkey, server_id, now, user_jwt=self._user_jwt(user_nkey, checked, now))
+            self.connections.setdefault(login, set()).add((server_id, client_id))
+        user_jwt = self._user_jwt(user_nkey, login, checked.expires_at, permissions, now)
+        return self._response(user_nkey, server_id, now, user_jwt=user_jwt)
 
-    def _user_jwt(self, user_nkey: str, claim: session_identity.SessionClaim, now: float) -> str:
+    def _user_jwt(self, user_nkey: str, login: str, expires_at: int, permissions: dict[str, Any], now: float) -> str:
         claims = {
             "jti": secrets.token_hex(16),
             "iat": int(now),
             "iss": self.issuer,
             "sub": user_nkey,
-            "name": claim.session,
+            "name": login,
             "aud": SESSION_ACCOUNT,
-            "exp": claim.expires_at,
-            "nats": {
-                **session_identity.session_permissions(claim, self.buckets),
-                "type": "user",
-                "version": 2,
-            },
+            "exp": expires_at,
+            "nats": {**permissions, "type": "user", "version": 2},
         }
         return encode_jwt(claims, self.settings.issuer_seed)
 

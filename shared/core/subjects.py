@@ -133,6 +133,26 @@ Origin = SessionOrigin | ServiceOrigin | TownAgentOrigin
 """Who sent a command, as the subject it came on says; a plain subject says nothing (an operator sent it)."""
 
 
+TOWN_AGENTS = ("mayor",)
+"""The town agents (``TownAgentOrigin``): AI sessions acting for the operator under a name of their own,
+``agent:<name>``, each logging in as ``town_agent_user``."""
+
+
+TOWN_AGENT_ENV = "GT_TOWN_AGENT"
+"""Set in a town agent's session (``mayor``): its `gt` sends on its own subjects and `gt prime` shows the town."""
+
+
+def town_agent_user(name: str) -> str:
+    """Town agent ``name``'s NATS user and the scope its command ids are settled in: ``agent-mayor``. No session
+    id has this shape (a session's id is its bead's, ``<prefix>-<random>``, and a number)."""
+    return f"{AGENT_MARK}-{name}"
+
+
+def town_agent_of_user(user: str) -> str | None:
+    """The town agent logged in as ``user`` (``agent-mayor`` -> ``mayor``); None for anyone else."""
+    return next((name for name in TOWN_AGENTS if user == town_agent_user(name)), None)
+
+
 def id_scope(origin: Origin | None) -> str | None:
     """The namespace a command's id is settled in (``ids.session_scoped_id``) when an agent sent it: a polecat
     session's (its id), a town agent's (``agent-<name>``), so that no id an agent chooses is another sender's; None
@@ -140,7 +160,7 @@ def id_scope(origin: Origin | None) -> str | None:
     if isinstance(origin, SessionOrigin):
         return origin.session
     if isinstance(origin, TownAgentOrigin):
-        return f"{AGENT_MARK}-{origin.name}"
+        return town_agent_user(origin.name)
     return None
 
 
@@ -221,7 +241,10 @@ def session_of_request(reply: str, request_info: dict[str, object] | None) -> st
     session whose private inbox the reply is in (a town without accounts, where the inbox is all there is)."""
     if request_info is not None and request_info.get("acc") == SESSION_ACCOUNT:
         user = request_info.get("user")
-        # Users of AGENTS are sessions only (the auth callout's); one with no name is refused everything.
+        # Users of AGENTS are the auth callout's: sessions, and the town agents, answered as an operator is (their
+        # commands are an operator's). One with no name is refused everything.
+        if isinstance(user, str) and town_agent_of_user(user) is not None:
+            return None
         return user if isinstance(user, str) and user else "?"
     return session_of_inbox(reply)
 

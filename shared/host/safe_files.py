@@ -129,6 +129,17 @@ def add_lines_beneath(
                 file.write((lead + "".join(f"{line}\n" for line in missing)).encode())
 
 
+def write_private(path: Path, text: str) -> None:
+    """``text`` in ``path`` for its owner alone (0600; its directory made 0700 when missing, and kept so), never
+    written through a link."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.parent.chmod(0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        os.fchmod(fd, 0o600)  # made before, under another umask
+        out.write(text)
+
+
 def read_beneath(root: Path, relative: PurePath | str, *, cap: int = DEFAULT_READ_CAP) -> bytes:
     """Up to ``cap`` bytes of the regular file ``root/relative``, reached without following any link below
     ``root``. Raises FileNotFoundError, or UnsafeFileError."""

@@ -234,6 +234,15 @@ class StaleHookResult(Result, kw_only=True):
     detail: str | UnsetType = UNSET
 
 
+class TownAgentResult(RecordResult, kw_only=True):
+    """A town agent started, stopped or asked (``id``: its name; ``status``: running or stopped)."""
+
+    agent: str | UnsetType = UNSET
+    """The runtime it runs."""
+    ask_id: str | UnsetType = UNSET
+    """The request queued (``agent.ask``): its answer is ``town_agent.answered`` with this id."""
+
+
 class NudgeResult(RecordResult, kw_only=True):
     rig: str | UnsetType = UNSET
     polecat: str | UnsetType = UNSET

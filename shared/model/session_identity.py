@@ -21,6 +21,7 @@ from shared.core import subjects
 from shared.core.ids import hook_lease_name, is_valid_id
 
 TOKEN_VERSION = "v1"  # noqa: S105 (the format of a credential, not one)
+TOWN_AGENT_TOKEN_VERSION = "a1"  # noqa: S105 (the format of a credential, not one)
 
 AGENT_COMMANDS: tuple[tuple[str, str], ...] = (
     ("bead", "claim"),
@@ -40,6 +41,27 @@ AGENT_COMMANDS: tuple[tuple[str, str], ...] = (
 claim of its hooked bead), each only on its own session subject (``subjects.session_command_subject``). No
 rig.add, no bead.create/update/close, no sling, no nudges, no merge queue decisions; not mr.submit, which takes
 a branch submitted by hand (gt done's merge request is mr.done, fenced by the session's hook lease)."""
+
+TOWN_AGENT_COMMANDS: tuple[tuple[str, str], ...] = (
+    ("bead", "create"),
+    ("bead", "update"),
+    ("bead", "close"),
+    ("bead", "sling"),
+    ("bead", "unsling"),
+    ("convoy", "create"),
+    ("convoy", "add"),
+    ("mail", "send"),
+    ("mail", "reply"),
+    ("mail", "read"),
+    ("mail", "archive"),
+    ("escalation", "raise"),
+    ("escalation", "ack"),
+    ("nudge", "send"),
+)
+"""What the mayor agent may send (docs/mayor-agent.md), each only on its own subject
+(``subjects.town_agent_command_subject``): an operator's work on beads, convoys, mail and escalations. No rig
+changes, no gate approvals (a human gate is a person's), no merge queue decisions, no leases, no session stops, no
+automations, no GC: what it cannot do, a person does after reading its answer."""
 
 MAX_PAYLOAD = 64 * 1024
 """A session's largest message (agent commands are capped at 32 KiB by the intake; the rest is headroom):
@@ -62,6 +84,25 @@ class SessionClaim(NamedTuple):
     @property
     def origin(self) -> subjects.SessionOrigin:
         return subjects.SessionOrigin(self.rig, self.polecat, self.session)
+
+
+class TownAgentClaim(NamedTuple):
+    """What a valid town agent password says: which town agent (``mayor``) and until when."""
+
+    name: str
+    expires_at: int
+    """Unix seconds."""
+
+    @property
+    def user(self) -> str:
+        return town_agent_user(self.name)
+
+    @property
+    def origin(self) -> subjects.TownAgentOrigin:
+        return subjects.TownAgentOrigin(self.name)
+
+
+town_agent_user = subjects.town_agent_user
 
 
 class Refusal(NamedTuple):
@@ -98,11 +139,33 @@ def mint(key: bytes, *, session: str, rig: str, polecat: str, bead: str, expires
     return f"{TOKEN_VERSION}.{rig}.{polecat}.{bead}.{int(expires_at)}.{mac}"
 
 
-def verify(key: bytes, user: object, password: object, now: float) -> SessionClaim | Refusal:
+def mint_town_agent(key: bytes, *, name: str, expires_at: int) -> str:
+    """The password of town agent ``name`` (user ``agent-<name>``), good until ``expires_at`` (unix seconds):
+    ``a1.<name>.<expires unix>.<hex HMAC-SHA256>``, signed with the session key.
+
+    Raises:
+        ValueError: a name that is not an id, or no key.
+    """
+    if not key:
+        raise ValueError("the session key is empty (GT_SESSION_KEY)")
+    if name not in subjects.TOWN_AGENTS:
+        raise ValueError(f"{name!r} is no town agent (one of {', '.join(subjects.TOWN_AGENTS)})")
+    return f"{TOWN_AGENT_TOKEN_VERSION}.{name}.{int(expires_at)}.{_town_agent_mac(key, name, int(expires_at))}"
+
+
+def _town_agent_mac(key: bytes, name: str, expires_at: int) -> str:
+    # Its own version in the message: no session token's MAC is ever a town agent's.
+    message = "\n".join((TOWN_AGENT_TOKEN_VERSION, town_agent_user(name), name, str(expires_at))).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def verify(key: bytes, user: object, password: object, now: float) -> SessionClaim | TownAgentClaim | Refusal:
     """The claim of a login as ``user`` with ``password`` at ``now`` (unix seconds), or why it is refused.
     Never raises, whatever it is given (it reads what any client sent)."""
     if not isinstance(user, str) or not isinstance(password, str) or not key:
         return Refusal("no session credentials")
+    if password.startswith(TOWN_AGENT_TOKEN_VERSION + "."):
+        return _verify_town_agent(key, user, password, now)
     parts = password.split(".")
     if len(parts) != 6 or parts[0] != TOKEN_VERSION:
         return Refusal(f"the password of {_shown(user)} is not a session credential")
@@ -118,6 +181,24 @@ def verify(key: bytes, user: object, password: object, now: float) -> SessionCla
     if now >= expires_at:
         return Refusal(f"the credential of session {user} expired")
     return SessionClaim(session=user, rig=rig, polecat=polecat, bead=bead, expires_at=expires_at)
+
+
+def _verify_town_agent(key: bytes, user: str, password: str, now: float) -> TownAgentClaim | Refusal:
+    parts = password.split(".")
+    if len(parts) != 4:
+        return Refusal(f"the password of {_shown(user)} is not a town agent credential")
+    _, name, expires_text, mac = parts
+    if name not in subjects.TOWN_AGENTS or user != town_agent_user(name):
+        return Refusal(f"the password of {_shown(user)} is not a town agent credential")
+    if not expires_text.isascii() or not expires_text.isdigit() or len(expires_text) > 12:
+        return Refusal(f"the password of {_shown(user)} is not a town agent credential")
+    expires_at = int(expires_text)
+    expected = _town_agent_mac(key, name, expires_at)
+    if not hmac.compare_digest(expected.encode(), mac.encode("utf-8", "surrogatepass")):
+        return Refusal(f"the password of town agent {name} is not one the witness minted")
+    if now >= expires_at:
+        return Refusal(f"the credential of town agent {name} expired")
+    return TownAgentClaim(name=name, expires_at=expires_at)
 
 
 def _shown(user: str) -> str:
@@ -157,4 +238,21 @@ def session_permissions(claim: SessionClaim, buckets: SessionBuckets) -> dict[st
     return {
         "pub": {"allow": publish},
         "sub": {"allow": [subjects.session_inbox_prefix(claim.session) + ".>"]},
+    }
+
+
+def town_agent_permissions(claim: TownAgentClaim, buckets: SessionBuckets) -> dict[str, Any]:
+    """The user JWT's permissions of town agent ``claim`` (the mayor agent), in account AGENTS as the sessions are
+    (no JetStream, only the town's imports): its commands (``TOWN_AGENT_COMMANDS``) on its own subjects, queries
+    (answered to it as to an operator: ``subjects.session_of_request``), its own commands' outcomes by direct get,
+    and its own inbox. No key of any bucket, no other event, no stream or consumer of the log."""
+    scope = town_agent_user(claim.name)
+    publish = [subjects.town_agent_command_subject(agg, verb, claim.origin) for agg, verb in TOWN_AGENT_COMMANDS]
+    publish += [
+        f"{subjects.QUERY_PREFIX}.>",
+        f"$JS.API.DIRECT.GET.{buckets.evt_stream}.{subjects.session_outcomes(scope)}",
+    ]
+    return {
+        "pub": {"allow": publish},
+        "sub": {"allow": [subjects.session_inbox_prefix(scope) + ".>"]},
     }

@@ -124,3 +124,68 @@ def tail(lines: Iterable[bytes], entries_of: EntriesOf) -> str:
             break
         kept.append(line)
     return "\n".join(reversed(kept))
+
+
+# ---- a turn's answer (the town agents: docs/mayor-agent.md) ------------------------------------------------------
+
+PROMPT = "prompt"
+TURN_END = "end"
+TurnMark = tuple[str, str]
+"""``(PROMPT, text)``: a prompt typed in (the turn's start); ``(TURN_END, text)``: the turn ended, these its last
+words."""
+MarksOf = Callable[[dict[str, Any]], TurnMark | None]
+
+
+def claude_mark(record: dict[str, Any]) -> TurnMark | None:
+    """A prompt is a user message whose content is text (a tool's result is a list of ``tool_result`` blocks); a
+    turn ends with an assistant message that stopped with ``end_turn``."""
+    message = record.get("message")
+    if not isinstance(message, dict):
+        return None
+    content = message.get("content")
+    if record.get("type") == "user" and isinstance(content, str):
+        return (PROMPT, content)
+    if record.get("type") == "assistant" and message.get("stop_reason") == "end_turn":
+        return (TURN_END, _text_of(content))
+    return None
+
+
+def codex_mark(record: dict[str, Any]) -> TurnMark | None:
+    """A prompt is a user ``message`` item; a turn ends with the ``task_complete`` event, which carries the last
+    agent message."""
+    payload = record.get("payload")
+    if not isinstance(payload, dict):
+        return None
+    if record.get("type") == "response_item" and payload.get("type") == "message" and payload.get("role") == "user":
+        return (PROMPT, _text_of(payload.get("content")))
+    if record.get("type") == "event_msg" and payload.get("type") == "task_complete":
+        return (TURN_END, str(payload.get("last_agent_message") or ""))
+    return None
+
+
+def answer_to(lines: Iterable[bytes], prompt: str, marks_of: MarksOf) -> str | None:
+    """The last words of the turn that ``prompt`` (typed into the agent) began, once that turn ended; None while it
+    runs, or when the transcript's ``lines`` hold no such prompt. Its newest typing counts (a request typed again
+    into a restarted agent)."""
+    probe = _squeezed(prompt)[-200:]
+    answer: str | None = None
+    asked = False
+    for raw in lines:
+        try:
+            record = _DECODE(raw)
+        except UNDECODABLE:
+            continue
+        mark = marks_of(record) if isinstance(record, dict) else None
+        if mark is None:
+            continue
+        kind, text = mark
+        if kind == PROMPT:
+            if probe and probe in _squeezed(text):
+                asked, answer = True, None
+        elif asked and answer is None:
+            answer = text.strip()
+    return answer
+
+
+def _squeezed(text: str) -> str:
+    return "".join(text.split())

@@ -14,6 +14,7 @@ from services.witness.effects.toolkit import Toolkit
 from services.witness.state import Rig, Session, agent_of
 from shared.core import subjects
 from shared.core.ids import hook_lease_name
+from shared.host import safe_files
 from shared.model import runtimes, session_identity
 from shared.model.commands.rigs import git_identity
 from shared.model.formulas import rework
@@ -155,12 +156,7 @@ class AgentLaunch:
 
     def _write_password(self, session: Session, password: str) -> Path:
         path = self.kit.password_file(session)
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.parent.chmod(0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            os.fchmod(fd, 0o600)  # made before, under another umask
-            out.write(password + "\n")
+        safe_files.write_private(path, password + "\n")
         return path
 
 

@@ -14,6 +14,7 @@ import msgspec
 from services.witness.state import WitnessState
 from shared.bus import auth_callout
 from shared.bus.connection import Connection, close_quietly, connect
+from shared.core import subjects
 from shared.core.config import TownConfig
 from shared.model.session_identity import SessionBuckets
 
@@ -23,7 +24,10 @@ the command that ended it) finishes meanwhile; new logins are refused from the e
 
 
 def kick_due(state: WitnessState, session_id: str, now: datetime, grace_s: float = KICK_GRACE_S) -> bool:
-    """Are the session's connections to be cut: it is unknown, or ended at least ``grace_s`` ago."""
+    """Are the session's connections to be cut: it is unknown, or ended at least ``grace_s`` ago. A town agent's:
+    once it is stopped."""
+    if subjects.town_agent_of_user(session_id) is not None:
+        return not session_live(state, session_id)
     session = state.sessions.get(session_id)
     if session is None:
         return True
@@ -37,9 +41,13 @@ def kick_due(state: WitnessState, session_id: str, now: datetime, grace_s: float
     return (now - ended).total_seconds() >= grace_s
 
 
-def session_live(state: WitnessState, session_id: str) -> bool:
-    """May this session log in: the witness knows it and it has not ended (then its credential is dead)."""
-    session = state.sessions.get(session_id)
+def session_live(state: WitnessState, login: str) -> bool:
+    """May this session log in: the witness knows it and it has not ended (then its credential is dead). A town
+    agent (``agent-<name>``) may while it is started and not stopped."""
+    if (name := subjects.town_agent_of_user(login)) is not None:
+        agent = state.town_agents.get(name)
+        return agent is not None and agent.wanted
+    session = state.sessions.get(login)
     return session is not None and session.status != "ended"
 
 

@@ -1,6 +1,6 @@
 """Carries out the witness's actions: one ``match`` sends each to the job that does it (``spawn``, ``stop``,
-``done``, ``cleanup``, ``nudge``); what the jobs share (the witness as ``Host``, tmux, locks, paths) is the
-``Toolkit``. Each step is recorded as an event (``toolkit``, "Failure windows")."""
+``done``, ``cleanup``, ``nudge``, ``town_agent``); what the jobs share (the witness as ``Host``, tmux, locks, paths)
+is the ``Toolkit``. Each step is recorded as an event (``toolkit``, "Failure windows")."""
 
 from __future__ import annotations
 
@@ -16,20 +16,25 @@ from services.witness.effects.nudge import Nudger
 from services.witness.effects.spawn import Spawner
 from services.witness.effects.stop import Stopper
 from services.witness.effects.toolkit import Host, Toolkit
+from services.witness.effects.town_agent import TownAgents
 from services.witness.plan.actions import (
     Action,
     ClaimBead,
     Clean,
     ContinueSession,
+    DeliverAsk,
     DeliverNudge,
+    EndTownAgent,
     Escalate,
     ExpireNudge,
     GiveUp,
     Kill,
     KillOrphan,
+    LaunchTownAgent,
     MassDeath,
     NudgeMail,
     ReapPane,
+    RecordAnswer,
     ReleaseHook,
     Resling,
     Spawn,
@@ -51,6 +56,7 @@ class Executor:
         self.stopper = Stopper(self.kit, self.done)
         self.cleaner = Cleaner(self.kit)
         self.nudger = Nudger(self.kit)
+        self.town_agents = TownAgents(self.kit)
 
     @property
     def start_failures(self) -> dict[str, int]:
@@ -99,5 +105,13 @@ class Executor:
                     await self.nudger.nudge_mail(action)
                 case ExpireNudge():
                     await self.nudger.expire_nudge(action)
+                case LaunchTownAgent():
+                    await self.town_agents.launch(action)
+                case EndTownAgent():
+                    await self.town_agents.end(action)
+                case DeliverAsk():
+                    await self.town_agents.deliver(action)
+                case RecordAnswer():
+                    await self.town_agents.record_answer(action)
                 case _:
                     raise TypeError(f"the witness has no handler for {type(action).__name__}")

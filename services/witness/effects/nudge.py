@@ -15,7 +15,7 @@ import structlog
 
 from services.witness.effects.toolkit import Toolkit
 from services.witness.plan.actions import ContinueSession, DeliverNudge, ExpireNudge, NudgeMail, WarnContext
-from services.witness.state import Session, agent_of, context_nudge_id, continue_nudge_id, mail_nudge_id
+from services.witness.state import agent_of, context_nudge_id, continue_nudge_id, mail_nudge_id
 from shared.core.terminal import escape_line
 from shared.host.tmux import typeable
 from shared.model import runtimes
@@ -52,39 +52,13 @@ class Nudger:
             current = self.kit.host.state.nudges.get(action.nudge)
             if current is None or current.status != "queued":
                 return  # delivered or expired while it waited for the pane
-            attempts = await asyncio.to_thread(self._type_into, session, typeable(typing.text), typing.submit)
+            attempts = await asyncio.to_thread(
+                type_into, self.kit, session.tmux_name, session.id, typeable(typing.text), typing.submit
+            )
         if attempts:
             event = NudgeDelivered(nudge_id=nudge.id, session=session.id, attempts=attempts)
             await self.kit.append(NewEvent(payload=event, expected_seq=decided_on))
             log.info("nudge_delivered", nudge=nudge.id, session=session.id, attempts=attempts)
-
-    def _type_into(self, session: Session, message: str, submit: str = "Enter") -> int:
-        """Type ``message`` and press ``submit``, retrying until the text shows and the key took; attempts, 0 if
-        not."""
-        name = session.tmux_name
-        probe = message[-60:]
-        for attempt in range(1, 4):
-            pane = self.kit.tmux.snapshot().get(name)
-            if pane is None or pane.label != session.id or pane.dead:
-                return 0
-            before = self.kit.tmux.capture(name)
-            if not _shows(before, probe) or attempt == 1:
-                self.kit.tmux.send_text(name, message)
-            if not _wait_for(lambda: _shows(self.kit.tmux.capture(name), probe), self.kit.settings.nudge_verify_s):
-                continue
-            typed = self._screen(name)
-            self.kit.tmux.send_key(name, submit)
-            if _wait_for(functools.partial(self._changed, name, typed), self.kit.settings.nudge_verify_s):
-                return attempt
-        return 0
-
-    def _screen(self, name: str) -> tuple[str, tuple[int, int]]:
-        """What the pane shows and where its cursor is: a key that took changes one of them (a pane whose program
-        does not read its input only moves the cursor; typing the text again there would show it twice)."""
-        return self.kit.tmux.capture(name), self.kit.tmux.cursor(name)
-
-    def _changed(self, name: str, before: tuple[str, tuple[int, int]]) -> bool:
-        return self._screen(name) != before
 
     async def nudge_mail(self, action: NudgeMail) -> None:
         """Queue the nudge announcing a message; its id comes from the message's, so it is queued once whoever
@@ -137,6 +111,37 @@ class Nudger:
         if nudge is not None and nudge.status == "queued":
             expired = NudgeExpired(nudge_id=nudge.id, reason=action.reason)
             await self.kit.append(NewEvent(payload=expired, expected_seq=nudge.version))
+
+
+def type_into(kit: Toolkit, name: str, label: str, message: str, submit: str = "Enter") -> int:
+    """Type ``message`` into tmux session ``name`` (while it is still ``label``'s) and press ``submit``, retrying
+    until the text shows and the key took; attempts, 0 if not."""
+    tmux, verify_s = kit.tmux, kit.settings.nudge_verify_s
+    probe = message[-60:]
+    for attempt in range(1, 4):
+        pane = tmux.snapshot().get(name)
+        if pane is None or pane.label != label or pane.dead:
+            return 0
+        before = tmux.capture(name)
+        if not _shows(before, probe) or attempt == 1:
+            tmux.send_text(name, message)
+        if not _wait_for(lambda: _shows(tmux.capture(name), probe), verify_s):
+            continue
+        typed = _screen(kit, name)
+        tmux.send_key(name, submit)
+        if _wait_for(functools.partial(_changed, kit, name, typed), verify_s):
+            return attempt
+    return 0
+
+
+def _screen(kit: Toolkit, name: str) -> tuple[str, tuple[int, int]]:
+    """What the pane shows and where its cursor is: a key that took changes one of them (a pane whose program does
+    not read its input only moves the cursor; typing the text again there would show it twice)."""
+    return kit.tmux.capture(name), kit.tmux.cursor(name)
+
+
+def _changed(kit: Toolkit, name: str, before: tuple[str, tuple[int, int]]) -> bool:
+    return _screen(kit, name) != before
 
 
 def mail_announcement(sender: str, subject: str, message_id: str) -> str:

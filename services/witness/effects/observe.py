@@ -17,9 +17,11 @@ from typing import Protocol
 import msgspec
 import structlog
 
-from services.witness.effects import runtime_setup
+from services.witness.effects import runtime_setup, town_agent
 from services.witness.effects.pidwatch import ExitWatcher
 from services.witness.plan import Observed, PaneSeen, liveness, may_linger, scope
+from services.witness.plan.observed import TownAgentSeen
+from services.witness.plan.town_agents import delivered_ask
 from services.witness.state import Session, WitnessState, agent_of
 from shared.bus import lease_kv as leases
 from shared.bus.connection import Connection
@@ -146,6 +148,7 @@ class Observer:
             if self._still_starting(session, confirmed, now):
                 activity[session.id] = now
         await self._renew_hooks_of_busy_agents(activity, now)
+        town_agents = await asyncio.to_thread(self._town_agents, panes) if panes is not None else {}
         return Observed(
             now=now,
             as_of_seq=as_of,
@@ -163,7 +166,31 @@ class Observer:
             busy=in_flight.busy(),
             reserved=in_flight.reserved(),
             acting_since=self.host.acting_since,
+            town_agents=town_agents,
         )
+
+    def _town_agents(self, panes: dict[str, PaneSeen]) -> dict[str, TownAgentSeen]:
+        """What each town agent's session shows (a witness of every rig only): its pane, whether its recorded
+        process runs; when a request waits, whether it is at its prompt; when one was delivered, its answer."""
+        if self.rigs is not None:
+            return {}
+        out: dict[str, TownAgentSeen] = {}
+        for agent in self.state.town_agents.values():
+            pane = panes.get(agent.tmux_name)
+            if pane is None or pane.label != agent.user:
+                out[agent.name] = TownAgentSeen()
+                continue
+            alive = agent.wanted and not pane.dead and pane.pane_pid == agent.pane_pid
+            idle, answer = False, None
+            if alive and delivered_ask(agent) is not None:
+                answer = town_agent.answer_seen(self.host.config.gt_home, agent)
+            elif alive and agent.asks:
+                try:
+                    idle = bool(runtime_for(agent.agent).idle(self.tmux.capture(agent.tmux_name, lines=SCREEN_LINES)))
+                except TmuxError:
+                    idle = False
+            out[agent.name] = TownAgentSeen(pane=True, alive=alive, idle=idle, answer=answer)
+        return out
 
     def _still_starting(self, session: Session, confirmed: frozenset[str], now: datetime) -> bool:
         rig = self.state.rigs.get(session.rig)

@@ -21,8 +21,14 @@ log = structlog.get_logger()
 
 def last_entries(session_dir: Path, runtime: Runtime) -> str:
     """The newest transcript's last entries, one per line; "" when the runtime keeps none or none was written."""
+    return transcripts.tail(newest_lines(session_dir, runtime), runtime.transcript_entries)
+
+
+def newest_lines(session_dir: Path, runtime: Runtime) -> list[bytes]:
+    """The whole lines of the newest transcript's end (``TRANSCRIPT_READ_BYTES``); none when the runtime keeps no
+    transcript or none was written."""
     if not runtime.transcript_files:
-        return ""
+        return []
     newest = None
     for path in usage_files(session_dir, runtime.transcript_files):
         try:
@@ -32,7 +38,7 @@ def last_entries(session_dir: Path, runtime: Runtime) -> str:
         if newest is None or mtime > newest[0]:
             newest = (mtime, path)
     if newest is None:
-        return ""
+        return []
     try:
         with safe_files.open_regular(newest[1]) as file:
             size = os.fstat(file.fileno()).st_size
@@ -41,8 +47,6 @@ def last_entries(session_dir: Path, runtime: Runtime) -> str:
             data = file.read(transcripts.TRANSCRIPT_READ_BYTES)
     except OSError as exc:
         log.warning("transcript_unreadable", path=str(newest[1]), error=str(exc))
-        return ""
+        return []
     lines = data.splitlines()
-    if start > 0 and lines:
-        lines = lines[1:]  # begun mid-line
-    return transcripts.tail(lines, runtime.transcript_entries)
+    return lines[1:] if start > 0 and lines else lines  # begun mid-line: its first is cut

@@ -200,3 +200,40 @@ class Resling(Action, frozen=True, kw_only=True):
     rig: str
     after: str
     """The session after which the hook went stale (names the command, so a resend is harmless)."""
+
+
+class TownAgentAction(Action, frozen=True, kw_only=True):
+    """Something owed to a town agent's session (docs/mayor-agent.md): one at a time per agent."""
+
+    KEY = ("town-agent", "name")
+    name: str
+
+
+class LaunchTownAgent(TownAgentAction, frozen=True, kw_only=True):
+    """The town agent is wanted and no session of it runs: launch run ``run`` (its pane, workspace and identity),
+    then record ``town_agent.launched``."""
+
+    PRIORITY: ClassVar[int] = 1
+    run: int
+
+
+class EndTownAgent(TownAgentAction, frozen=True, kw_only=True):
+    """The town agent was stopped and its pane is still there: end it (the agent and all it started)."""
+
+    PRIORITY: ClassVar[int] = 0
+
+
+class DeliverAsk(TownAgentAction, frozen=True, kw_only=True):
+    """The agent is at its prompt and a request waits: type it in, then record ``town_agent.ask_delivered``."""
+
+    PRIORITY: ClassVar[int] = 2
+    ask: str
+    run: int
+
+
+class RecordAnswer(TownAgentAction, frozen=True, kw_only=True):
+    """The agent ended the turn a request began: record its last words as the answer (``town_agent.answered``)."""
+
+    PRIORITY: ClassVar[int] = 2
+    ask: str
+    text: str

@@ -12,6 +12,7 @@ from services.witness.plan.observed import Observed, pane_of
 from services.witness.plan.policy import Policy
 from services.witness.plan.scope import TMUX_PREFIX
 from services.witness.state import Session, WitnessState
+from shared.core import subjects
 from shared.core.ids import hook_lease_name
 from shared.model.events import DEATHS
 from shared.model.sessions import may_linger
@@ -122,5 +123,7 @@ def orphans(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Acti
     for pane in obs.panes.values():
         if not pane.name.startswith(TMUX_PREFIX) or pane.label in state.sessions:
             continue
+        if (name := subjects.town_agent_of_user(pane.label)) is not None and name in state.town_agents:
+            continue  # a town agent's: ended by its own plan (``town_agents``) when it is stopped
         if now - pane.created >= policy.min_orphan_age_s:
             yield KillOrphan(tmux_name=pane.name, pane_pid=pane.pane_pid, created=pane.created)

@@ -25,6 +25,19 @@ class PaneSeen(msgspec.Struct, frozen=True, kw_only=True):
     """tmux's last output or input in the session (seconds since the epoch; 0: unknown)."""
 
 
+class TownAgentSeen(msgspec.Struct, frozen=True, kw_only=True):
+    """What the witness saw of a town agent's session at a patrol."""
+
+    pane: bool = False
+    """Its tmux session is there (alive or not)."""
+    alive: bool = False
+    """Its pane's process runs."""
+    idle: bool = False
+    """Its runtime shows its prompt with no turn running."""
+    answer: str | None = None
+    """The last words of the turn the request delivered to this run began, once that turn ended (its transcript)."""
+
+
 class Observed(msgspec.Struct, frozen=True, kw_only=True):
     now: datetime
     as_of_seq: int
@@ -56,6 +69,8 @@ class Observed(msgspec.Struct, frozen=True, kw_only=True):
     """Keys of actions still running."""
     reserved: frozenset[tuple[str, str]] = frozenset()
     """(rig, polecat) names taken by spawns still running."""
+    town_agents: dict[str, TownAgentSeen] = {}
+    """Town agent name -> what its session showed (only a witness of every rig looks)."""
     acting_since: datetime | None = None
     """When this witness process began acting: a session the operator stopped since then is not respawned by
     it (the town is going down); the next witness respawns it."""

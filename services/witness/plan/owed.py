@@ -10,6 +10,7 @@ from services.witness.plan.policy import Policy
 from services.witness.plan.scope import in_scope
 from services.witness.plan.sessions import active_sessions
 from services.witness.plan.spawns import beads_to_spawn
+from services.witness.plan.town_agents import owed as town_agents_owed
 from services.witness.state import WitnessState
 
 
@@ -25,6 +26,8 @@ def plan(state: WitnessState, obs: Observed, policy: Policy) -> list[Action]:
     out.extend(continuations(state, obs))
     out.extend(context_pressure(state, policy.context_handoff_at))
     out.extend(unannounced_mail(state, obs))
+    if policy.rigs is None and obs.panes is not None:  # a witness of every rig supervises the town agents
+        out.extend(town_agents_owed(state, obs.town_agents, obs.now))
     seen: set[str] = set(obs.busy)
     owed: list[Action] = []
     for action in out:

@@ -31,6 +31,7 @@ from services.witness.state import WitnessState
 from shared.core.ids import is_valid_id
 from shared.model.commands import POLECAT_TARGET, Command
 from shared.model.commands.base import ScopeRef
+from shared.model.commands.town_agents import TOWN_AGENT_COMMANDS
 from shared.model.decision import Route
 
 SERVICE = "witness"
@@ -106,6 +107,8 @@ def route(state: WitnessState, cmd: Command, rigs: Rigs) -> Route:
     """Whether a witness of ``rigs`` settles ``cmd``."""
     if rigs is None:
         return "mine"
+    if isinstance(cmd, TOWN_AGENT_COMMANDS):
+        return "elsewhere"  # the town agents are a witness of every rig's
     rig = rig_of(state, cmd.scope_ref())
     if rig is None:
         return "unknown"

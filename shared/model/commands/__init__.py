@@ -50,6 +50,7 @@ from shared.model.commands.rigs import (
     SessionRecoverHook,
     SessionStop,
 )
+from shared.model.commands.town_agents import TOWN_AGENT_COMMANDS, TownAgentAsk, TownAgentStart, TownAgentStop
 from shared.model.commands.work import STEP_COMMANDS, GateApprove, GateOpen, StepDone, StepStart
 
 COMMANDS: dict[str, type[Command]] = {
@@ -64,6 +65,7 @@ COMMANDS: dict[str, type[Command]] = {
         *LEASE_COMMANDS,
         *AUTOMATION_COMMANDS,
         *GC_COMMANDS,
+        *TOWN_AGENT_COMMANDS,
     )
 }
 _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {s: msgspec.json.Decoder(c) for s, c in COMMANDS.items()}
@@ -165,6 +167,7 @@ __all__ = [
     "DEFAULT_MAX_COMMAND_BYTES",
     "POLECAT_TARGET",
     "SEVERITIES",
+    "TOWN_AGENT_COMMANDS",
     "AutomationRun",
     "BeadClaim",
     "BeadClose",
@@ -207,6 +210,9 @@ __all__ = [
     "SessionStop",
     "StepDone",
     "StepStart",
+    "TownAgentAsk",
+    "TownAgentStart",
+    "TownAgentStop",
     "check_to_send",
     "parse_command",
     "peek_body_fields",

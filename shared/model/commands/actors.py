@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from shared.core import subjects
+
 ActorClass = Literal["service", "operator", "agent"]
 """The class a command is charged under for rate limits: decided by the subject it came on."""
 SERVICE_ACTORS = ("mayor", "witness", "refinery", "deacon")
@@ -15,9 +17,7 @@ POLECAT_PREFIX = "polecat:"
 PLUGIN_PREFIX = "plugin:"
 AUTOMATION_PREFIX = "automation:"
 TOWN_AGENT_PREFIX = "agent:"
-TOWN_AGENTS = ("mayor",)
-"""The town agents (``subjects.TownAgentOrigin``): AI sessions acting for the operator under a name of their own,
-``agent:<name>``, each with a NATS user of its own."""
+TOWN_AGENTS = subjects.TOWN_AGENTS
 AGENT_PREFIXES = (POLECAT_PREFIX, PLUGIN_PREFIX)
 SUB_ACTORS: dict[str, tuple[str, ...]] = {"deacon": (AUTOMATION_PREFIX,)}
 """Whom a service may name as a command's actor in its body, besides itself: the deacon runs each automation as

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Generic, Literal, NamedTuple
 
 import msgspec
 
+from shared.core import terminal
 from shared.core.errors import CommandError
 from shared.core.ids import BEAD_SUFFIX_LEN, ID_PATTERN, is_new_id, is_valid_id
 from shared.model.events.beads import BEAD_TYPES, INFRA_TYPES, WORK_TYPES
@@ -173,6 +174,15 @@ def check_text(field: str, value: str | None, limit: int, *, nonblank: bool = Fa
         raise invalid(f"`{field}` must not be empty")
     if len(value) > limit:
         raise invalid(f"`{field}` is {len(value)} characters; the limit is {limit}")
+
+
+def check_typeable(field: str, value: str) -> None:
+    """``value`` is one line with no control character: it is typed into an agent's pane and sent with Enter (a
+    newline would send part of it, a control character act as a key)."""
+    if "\n" in value or "\r" in value:
+        raise invalid(f"`{field}` must be one line (it is typed into the pane and sent with Enter)")
+    if terminal.CONTROL_BUT_TAB.search(value):
+        raise invalid(f"`{field}` must not hold control characters (typed into the pane, they act as keys)")
 
 
 def check_type(value: str) -> None:

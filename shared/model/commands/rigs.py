@@ -6,7 +6,6 @@ import hashlib
 import re
 from typing import Any, ClassVar
 
-from shared.core import terminal
 from shared.core.ids import PREFIX_PATTERN
 from shared.model.commands.base import (
     MAX_DESCRIPTION,
@@ -16,6 +15,7 @@ from shared.model.commands.base import (
     check_id,
     check_priority,
     check_text,
+    check_typeable,
     invalid,
 )
 from shared.model.results import MergeQueueResult, MrResult, NudgeResult, RigResult, SessionResult, StaleHookResult
@@ -33,7 +33,6 @@ DEFAULT_GIT_EMAIL = "{polecat}.{rig}@gastown.invalid"
 MAX_GIT_IDENTITY = 200
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
 _BRANCH = re.compile(r"[A-Za-z0-9._/-]{1,200}")
-_CONTROL = terminal.CONTROL_BUT_TAB
 """Control characters but tab: typed into a pane, ``\x03`` interrupts the agent and ``\x1b`` starts a key."""
 
 
@@ -355,10 +354,7 @@ class NudgeSend(Command[NudgeResult], frozen=True, kw_only=True, forbid_unknown_
         super().validate()
         check_text("target", self.target, 130, nonblank=True)
         check_text("message", self.message, MAX_TITLE * 8, nonblank=True)
-        if "\n" in self.message or "\r" in self.message:
-            raise invalid("`message` must be one line (it is typed into the pane and sent with Enter)")
-        if _CONTROL.search(self.message):
-            raise invalid("`message` must not hold control characters (typed into the pane, they act as keys)")
+        check_typeable("message", self.message)
         if not 0 < self.ttl_s <= 7 * 24 * 3600:
             raise invalid(f"`ttl_s` must be more than 0 and at most a week, got {self.ttl_s}")
 

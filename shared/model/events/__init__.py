@@ -102,6 +102,16 @@ from shared.model.events.sessions import (
     SessionStarted,
     SessionWarranted,
 )
+from shared.model.events.town_agents import (
+    TOWN_AGENT_EVENTS,
+    TownAgentAnswered,
+    TownAgentAskDelivered,
+    TownAgentAsked,
+    TownAgentEvent,
+    TownAgentLaunched,
+    TownAgentStarted,
+    TownAgentStopped,
+)
 from shared.model.events.usage import USAGE_EVENTS, SessionUsage
 
 REGISTRY = EventRegistry(
@@ -122,6 +132,7 @@ REGISTRY = EventRegistry(
         *GC_EVENTS,
         *USAGE_EVENTS,
         *GATE_JOB_EVENTS,
+        *TOWN_AGENT_EVENTS,
     )
 )
 """The registry services decode with."""
@@ -211,6 +222,13 @@ __all__ = [
     "StepSpec",
     "StepStarted",
     "TimerGate",
+    "TownAgentAnswered",
+    "TownAgentAskDelivered",
+    "TownAgentAsked",
+    "TownAgentEvent",
+    "TownAgentLaunched",
+    "TownAgentStarted",
+    "TownAgentStopped",
     "decode_envelope",
     "encode_event",
 ]

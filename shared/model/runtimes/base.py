@@ -139,6 +139,11 @@ class Runtime:
         """One decoded line of its ``transcript_files`` as entries (``shared.model.transcripts``)."""
         return []
 
+    def turn_mark(self, record: dict[str, Any]) -> tuple[str, str] | None:
+        """One decoded line of its ``transcript_files`` as a prompt typed in or a turn's end
+        (``transcripts.answer_to``); None: neither."""
+        return None
+
     def find_binary(
         self, env: Mapping[str, str], on_path: Callable[[str], str | None], project_root: Path | None
     ) -> tuple[str | None, str]:

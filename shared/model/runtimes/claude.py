@@ -257,6 +257,9 @@ class ClaudeRuntime(Runtime):
     def transcript_entries(self, record: dict[str, Any]) -> list[str]:
         return transcripts.claude_entries(record)
 
+    def turn_mark(self, record: dict[str, Any]) -> tuple[str, str] | None:
+        return transcripts.claude_mark(record)
+
     def idle(self, screen: str) -> bool:
         """At its prompt with no turn running: at the bottom of the pane (``CLAUDE_FOOTER_LINES``; what the agent
         printed above does not count) the prompt shows, the footer does not offer to interrupt a turn, and no

@@ -184,6 +184,9 @@ class CodexRuntime(TuiRuntime):
     def transcript_entries(self, record: dict[str, Any]) -> list[str]:
         return transcripts.codex_entries(record)
 
+    def turn_mark(self, record: dict[str, Any]) -> tuple[str, str] | None:
+        return transcripts.codex_mark(record)
+
     def nudge(self, message: str) -> NudgeTyping:
         """Typed as a prompt: while a turn runs, Tab queues it for the turn's end (Enter would steer the turn)."""
         return NudgeTyping(text=message, when_busy=False)

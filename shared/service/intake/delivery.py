@@ -66,13 +66,19 @@ class Delivery:
         if (scope := subjects.id_scope(self.origin)) is not None:
             self.command_id = ids.session_scoped_id(scope, self.command_id)
         before_cutover = self.origin is None and self.stream_seq < origin_from
-        sender = command_actor(actor, self.origin, before_cutover=before_cutover)
+        sender = command_actor(actor, self.origin, before_cutover=before_cutover, command=self.command_subject)
         self.refusal: CommandError | None = None
         """The ``unauthorized`` answer of a body naming someone its sender may not act as."""
         if isinstance(sender, CommandError):
             self.refusal = sender
             # Charged as whom the subject says it is from: an operator cannot spend a service's limits.
-            sender = Sender(self.origin.actor, "service") if self.origin is not None else Sender(OPERATOR, "operator")
+            sender = (
+                Sender(
+                    self.origin.actor, "operator" if isinstance(self.origin, subjects.TownAgentOrigin) else "service"
+                )
+                if self.origin is not None
+                else Sender(OPERATOR, "operator")
+            )
         self.actor, self.actor_class = sender
         self.correlation_id = correlation or self.command_id
         self.name = self.command_subject.removeprefix(subjects.CMD_PREFIX + ".")

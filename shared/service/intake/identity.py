@@ -19,6 +19,7 @@ from shared.model.commands.actors import (
     reserved,
     sub_actors_of,
 )
+from shared.model.session_identity import TOWN_AGENT_COMMANDS
 
 OPERATOR = "operator"
 """The actor of a command on a plain subject whose body names none."""
@@ -35,7 +36,7 @@ class Sender(NamedTuple):
 
 
 def command_actor(
-    body_actor: str | None, origin: subjects.Origin | None, *, before_cutover: bool = False
+    body_actor: str | None, origin: subjects.Origin | None, *, before_cutover: bool = False, command: str = ""
 ) -> Sender | CommandError:
     """Who a command is from, or the ``unauthorized`` rejection of a body that names someone its sender may not
     act as.
@@ -50,6 +51,7 @@ def command_actor(
       ``supervisor``, ``plugin:<name>``, any free label), but never a service's, an automation's or a polecat's
       name: only operators may publish plain subjects, and the services and sessions never send on them.
 
+    ``command``: its own subject (``gt.cmd.bead.create``): a town agent may send only ``TOWN_AGENT_COMMANDS``.
     ``before_cutover``: a command on a plain subject stored before this town's services decided the actor by the
     subject (``topology.ORIGIN_CUTOVER_KEY``): settled by the rule it was sent under, its body's actor."""
     if isinstance(origin, subjects.SessionOrigin):
@@ -59,6 +61,14 @@ def command_actor(
     if isinstance(origin, subjects.TownAgentOrigin):
         if origin.name not in TOWN_AGENTS:
             return CommandError("unauthorized", f"{origin.name[:80]!r} is no town agent: nobody acts as it")
+        if command and tuple(command.split(".")[2:4]) not in TOWN_AGENT_COMMANDS:
+            # Its NATS user may not publish it either (session_identity.town_agent_permissions): refused here too,
+            # for a town whose agents share one NATS user.
+            return CommandError(
+                "unauthorized",
+                f"the {origin.name} agent may not send {command}: it has an operator's work on beads, convoys, mail "
+                "and escalations, and a person does the rest",
+            )
         # The subject says who it is, whatever its body says: its NATS user may publish on this subject alone.
         return Sender(origin.actor, "operator")
     if before_cutover:

@@ -1,0 +1,249 @@
+"""The town agents' sessions (docs/mayor-agent.md): launched in a pane of their own with a workspace, a runtime dir
+and a NATS identity of their own (``agent-<name>`` in account AGENTS, its commands on its own subjects), ended when
+stopped; their requests typed in, their answers read from their runtime's transcript.
+
+A town agent's files, below ``GT_HOME/agents``: ``agent-<name>/work`` (its workspace, a git repository of its own
+for its notes), ``agent-<name>/runtime`` (its runtime's config home and hook marks, ``GT_SESSION_DIR``) and, in
+``secrets`` (the witness's, 0700), its NATS password and its pane's launch FIFO."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import structlog
+
+from services.witness.effects import runtime_setup, transcript_read
+from services.witness.effects.agent_creds import agent_nats_credentials, is_credential
+from services.witness.effects.agent_env import AGENT_ENV_PASSTHROUGH, AGENT_TERM
+from services.witness.effects.nudge import type_into
+from services.witness.effects.toolkit import Toolkit
+from services.witness.plan.actions import DeliverAsk, EndTownAgent, LaunchTownAgent, RecordAnswer
+from services.witness.plan.town_agents import delivered_ask
+from services.witness.state import TownAgent
+from shared.core import subjects
+from shared.host import git, processes, reaper, safe_files
+from shared.host.tmux import PaneInfo, TmuxError, typeable
+from shared.model import session_identity, transcripts
+from shared.model.decision import NewEvent
+from shared.model.events import TownAgentAnswered, TownAgentAskDelivered, TownAgentLaunched
+from shared.model.runtimes import runtime_for
+
+log = structlog.get_logger(__name__)
+
+LAUNCH_TIMEOUT_S = 30.0
+"""How long a launch waits for its pane's reaper to read the agent's command."""
+MAX_ANSWER = 16 * 1024
+"""The most of an answer kept in ``town_agent.answered`` (an event: the log is no transcript store)."""
+
+
+def agents_dir(gt_home: Path) -> Path:
+    return gt_home / "agents"
+
+
+def agent_dir(gt_home: Path, agent: TownAgent) -> Path:
+    return agents_dir(gt_home) / agent.user
+
+
+def runtime_dir(gt_home: Path, agent: TownAgent) -> Path:
+    """Its runtime's config home and hook marks (a polecat session's ``session_dir``)."""
+    return agent_dir(gt_home, agent) / "runtime"
+
+
+def workspace(gt_home: Path, agent: TownAgent) -> Path:
+    return agent_dir(gt_home, agent) / "work"
+
+
+def beacon(agent: TownAgent) -> str:
+    return (
+        f"[gastown] You are the town's {agent.name} agent: the operator talks to the town through you. Run `gt prime` "
+        "to see the town and the commands you may use, then wait: each request comes typed in. Act only through "
+        "`gt`; say briefly what you did."
+    )
+
+
+def answer_seen(gt_home: Path, agent: TownAgent) -> str | None:
+    """The answer to the request delivered to the agent's current run, once the turn it began ended (its runtime's
+    newest transcript); None while it runs, or when none was delivered. Reads files: call it in a thread."""
+    ask = delivered_ask(agent)
+    if ask is None:
+        return None
+    runtime = runtime_for(agent.agent)
+    lines = transcript_read.newest_lines(runtime_dir(gt_home, agent), runtime)
+    return transcripts.answer_to(lines, ask.text, runtime.turn_mark)
+
+
+class TownAgents:
+    """Carries out the town agents' actions (``plan/town_agents.py``)."""
+
+    def __init__(self, kit: Toolkit) -> None:
+        self.kit = kit
+        settings = kit.settings
+        self._agent_credentials = (
+            settings.agent_credentials if settings.agent_credentials is not None else agent_nats_credentials(os.environ)
+        )
+
+    def _agent(self, name: str) -> TownAgent | None:
+        return self.kit.host.state.town_agents.get(name)
+
+    @property
+    def _home(self) -> Path:
+        return self.kit.host.config.gt_home
+
+    # ---- launch ------------------------------------------------------------------------------------
+
+    async def launch(self, action: LaunchTownAgent) -> None:
+        agent = self._agent(action.name)
+        if agent is None or not agent.wanted or agent.run + 1 != action.run:
+            return  # stopped, or launched meanwhile
+        pane = await asyncio.to_thread(self._pane, agent)
+        ref = processes.ref_of(pane.pane_pid)
+        event = TownAgentLaunched(
+            name=agent.name,
+            run=action.run,
+            tmux_name=agent.tmux_name,
+            pane_pid=pane.pane_pid,
+            pid_started=ref.started if ref is not None else 0.0,
+        )
+        if await self.kit.append(NewEvent(payload=event, expected_seq=agent.version)):
+            log.info("town_agent_launched", agent=agent.name, run=action.run, runtime=agent.agent)
+
+    def _pane(self, agent: TownAgent) -> PaneInfo:
+        """The agent's pane: one launched before a crash and never recorded is adopted; a dead one is ended and a
+        new one launched."""
+        tmux = self.kit.tmux
+        existing = tmux.pane_of(agent.tmux_name)
+        if existing is not None and existing.label == agent.user and tmux.ours(existing):
+            if not existing.dead and existing.pane_pid != agent.pane_pid:
+                return existing
+            tmux.kill_if_labelled(agent.tmux_name, agent.user)
+        elif existing is not None:
+            raise TmuxError("new-session", f"tmux session {agent.tmux_name} is taken by something else; waiting")
+        secrets = agents_dir(self._home) / "secrets"
+        secrets.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fifo = secrets / f"{agent.user}.launch"
+        fifo.unlink(missing_ok=True)
+        reaper.make_launch(str(fifo))
+        supervisor = reaper.argv(self.kit.settings.kill_grace_s, launch=str(fifo))
+        try:
+            pane = tmux.start(agent.tmux_name, None, cwd="/", env=None, label=agent.user, supervisor=supervisor)
+        except BaseException:
+            fifo.unlink(missing_ok=True)
+            raise
+        try:
+            command, env = self._command(agent, secrets)
+            run_as = self.kit.agent_user.argv_prefix() if self.kit.agent_user is not None else ()
+            argv = [*run_as, "sh", "-c", f"cd -- {shlex.quote(str(workspace(self._home, agent)))} && {command}"]
+            reaper.give_launch(str(fifo), argv, env, timeout=LAUNCH_TIMEOUT_S)
+        except BaseException:
+            tmux.kill_if_labelled(agent.tmux_name, agent.user)
+            fifo.unlink(missing_ok=True)
+            raise
+        return pane
+
+    def _command(self, agent: TownAgent, secrets: Path) -> tuple[str, dict[str, str]]:
+        """The agent's command line and environment, its runtime's files written first."""
+        home, kit = self._home, self.kit
+        work, runtime_home = workspace(home, agent), runtime_dir(home, agent)
+        for folder in (work, runtime_home):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not (work / ".git").is_dir():
+            git.git("init", "-q", str(work), cwd=work)  # its runtime trusts a repository; its notes may go there
+        env = self._env(agent, secrets)
+        runtime = runtime_for(agent.agent)
+        owner = (kit.agent_user.uid, kit.agent_user.gid) if kit.agent_user is not None else None
+        binary, added = runtime_setup.prepare(
+            runtime,
+            worktree=work,
+            session_dir=runtime_home,
+            env=os.environ,
+            as_root=os.geteuid() == 0 and kit.agent_user is None,
+            owner=owner,
+        )
+        env.update(added)
+        if kit.agent_user is not None:
+            user = kit.agent_user
+            password = env.get("NATS_PASSWORD_FILE")
+            user.hand_over(agent_dir(home, agent))
+            if password:
+                os.chown(password, user.uid, user.gid)
+            env.update(USER=user.name, LOGNAME=user.name)
+        return runtime.command(beacon(agent), binary), env
+
+    def _env(self, agent: TownAgent, secrets: Path) -> dict[str, str]:
+        config = self.kit.host.config
+        bin_dir = str(Path(sys.executable).parent)
+        env = {
+            subjects.TOWN_AGENT_ENV: agent.name,
+            "GT_HOME": str(config.gt_home),
+            "GT_EVT_STREAM": config.evt_stream,
+            "GT_CMD_STREAM": config.cmd_stream,
+            "NATS_URL": config.nats_url,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "TERM": AGENT_TERM,
+            "GIT_AUTHOR_NAME": f"{agent.name} agent",
+            "GIT_AUTHOR_EMAIL": f"{agent.name}.agent@gastown.invalid",
+            "GIT_COMMITTER_NAME": f"{agent.name} agent",
+            "GIT_COMMITTER_EMAIL": f"{agent.name}.agent@gastown.invalid",
+        }
+        env.update(self._credentials(agent))
+        if (password := env.pop("NATS_PASSWORD", None)) is not None:
+            path = secrets / f"{agent.user}.nats-password"
+            safe_files.write_private(path, password + "\n")
+            env["NATS_PASSWORD_FILE"] = str(path)
+        for key in (*AGENT_ENV_PASSTHROUGH, *self.kit.settings.agent_env):
+            if key in os.environ and key not in env and not is_credential(key):
+                env[key] = os.environ[key]
+        return env
+
+    def _credentials(self, agent: TownAgent) -> dict[str, str]:
+        """Its own NATS identity when the witness answers the auth callout (``agent-<name>``, a password minted
+        for it, its own inbox); else the agents' shared credentials, as a session's."""
+        callout = self.kit.host.callout
+        if callout is None:
+            return dict(self._agent_credentials)
+        expires_at = int(self.kit.host.clock().timestamp() + callout.credential_ttl_s)
+        password = session_identity.mint_town_agent(callout.session_key, name=agent.name, expires_at=expires_at)
+        return {
+            "NATS_USER": agent.user,
+            "NATS_PASSWORD": password,
+            "NATS_INBOX_PREFIX": subjects.session_inbox_prefix(agent.user),
+        }
+
+    # ---- end, requests, answers -------------------------------------------------------------------
+
+    async def end(self, action: EndTownAgent) -> None:
+        agent = self._agent(action.name)
+        if agent is None or agent.wanted:
+            return
+        ended = await asyncio.to_thread(self.kit.tmux.kill_if_labelled, agent.tmux_name, agent.user)
+        if ended:
+            log.info("town_agent_ended", agent=agent.name, run=agent.run)
+
+    async def deliver(self, action: DeliverAsk) -> None:
+        agent = self._agent(action.name)
+        ask = next((a for a in agent.asks if a.id == action.ask), None) if agent is not None else None
+        if agent is None or ask is None or agent.run != action.run or ask.delivered_run == agent.run:
+            return
+        typing = runtime_for(agent.agent).nudge(ask.text)
+        attempts = await asyncio.to_thread(
+            type_into, self.kit, agent.tmux_name, agent.user, typeable(typing.text), typing.submit
+        )
+        if not attempts:
+            log.warning("town_agent_ask_not_typed", agent=agent.name, ask=ask.id)
+            return  # tried again at the next patrol where the agent is at its prompt
+        event = TownAgentAskDelivered(name=agent.name, ask_id=ask.id, run=agent.run)
+        if await self.kit.append(NewEvent(payload=event, expected_seq=agent.version)):
+            log.info("town_agent_ask_delivered", agent=agent.name, ask=ask.id, run=agent.run)
+
+    async def record_answer(self, action: RecordAnswer) -> None:
+        agent = self._agent(action.name)
+        if agent is None or all(a.id != action.ask for a in agent.asks):
+            return
+        text = action.text if len(action.text) <= MAX_ANSWER else action.text[: MAX_ANSWER - 1] + "…"
+        event = TownAgentAnswered(name=agent.name, ask_id=action.ask, text=text)
+        if await self.kit.append(NewEvent(payload=event, expected_seq=agent.version)):
+            log.info("town_agent_answered", agent=agent.name, ask=action.ask)
