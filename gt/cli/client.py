@@ -106,9 +106,9 @@ async def stream_last_seq(nc: Connection, config: TownConfig) -> int:
 
 async def read_position(nc: Connection, config: TownConfig) -> int:
     """The ``min_seq`` of a read that must see everything stored so far: the log's last sequence, or, inside a
-    polecat session (whose identity may not read the log's state), ``LATEST_SEQ``, which the service answering
-    resolves when the query comes."""
-    if identity.session_origin() is not None:
+    polecat session or the mayor agent (whose identity may not read the log's state), ``LATEST_SEQ``, which the
+    service answering resolves when the query comes."""
+    if identity.command_origin() is not None:
         return LATEST_SEQ
     return await stream_last_seq(nc, config)
 
@@ -125,7 +125,9 @@ async def first_event_of(
 ) -> HistoryEntry | None:
     """The aggregate's first event of one of ``types`` (and, given ``where``, for which it holds), stored already
     or within ``timeout`` seconds (None: however long it takes), read from the log like outcomes; None when none
-    came in time."""
+    came in time; None at once inside an agent (a session, the mayor agent), whose identity may not follow the log."""
+    if identity.command_origin() is not None:
+        return None
     found: asyncio.Future[HistoryEntry] = asyncio.get_running_loop().create_future()
 
     def on_message(seq: int, data: bytes) -> None:

@@ -49,8 +49,8 @@ async def _answer(nc: Connection, query: Query[Any]) -> Any:
 
 
 async def _heartbeats(nc: Connection, config: TownConfig, sessions: list[str]) -> dict[str, str]:
-    if identity.session_origin() is not None or not sessions:
-        return {}  # a polecat session may read its own heartbeat only, not the town's
+    if identity.command_origin() is not None or not sessions:
+        return {}  # an agent (a session, the mayor agent) may not read the town's heartbeats
     # Read key by key with direct gets, without asking for the bucket's info first (a round trip, for nothing
     # `gt status` shows); a bucket that is not there answers each read with an error, and shows no heartbeats.
     kv = Bucket(nc, config.heartbeat_bucket, keys_only=True)

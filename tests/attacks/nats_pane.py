@@ -8,6 +8,10 @@ Standalone (nats-py and the standard library only): it is copied into containers
 
     python nats_pane.py REPORT VICTIM_BEAD VICTIM_ADDRESS MARKER
     python nats_pane.py --squat REPORT    (in the workspace, its work committed, right before `gt done`)
+
+In the mayor agent's pane (``GT_TOWN_AGENT``, logged in as ``agent-mayor``) the same attacks are made with its own
+subject (``gt.cmd.<aggregate>.<verb>.agent.mayor``) where a session uses its own; what reads other sessions' records
+(``reads``) and the query flood are a session's only (the mayor agent is answered as an operator is).
 """
 
 from __future__ import annotations
@@ -30,6 +34,15 @@ MARK = "FORGED-BY-PANE"
 """Carried by every forged payload: the test looks for it in the log and the commands."""
 TAKE_ID = "take-victim-id"
 """The command id of the pane's mail that names the victim's bead's id as its own (``take_an_id``)."""
+
+
+def own_subject(aggregate: str, verb: str) -> str:
+    """The pane's own subject for a command: the mayor agent's (``.agent.<name>``) or its session's."""
+    agent = os.environ.get("GT_TOWN_AGENT")
+    if agent:
+        return f"gt.cmd.{aggregate}.{verb}.agent.{agent}"
+    rig, polecat = os.environ.get("GT_RIG", "demo"), os.environ.get("GT_POLECAT", "ace")
+    return f"gt.cmd.{aggregate}.{verb}.{rig}.{polecat}.{os.environ.get('GT_SESSION', 'demo-1')}"
 
 
 def targets(victim: str) -> dict[str, tuple[str, bytes]]:
@@ -80,8 +93,7 @@ def targets(victim: str) -> dict[str, tuple[str, bytes]]:
         # A gate only an operator (or the deacon's CI check) opens: approved from the session's own subject (no such
         # verb in its permissions), or opened as the deacon.
         "approve_gate": (
-            f"gt.cmd.gate.approve.{os.environ.get('GT_RIG', 'demo')}.{os.environ.get('GT_POLECAT', 'ace')}."
-            f"{os.environ.get('GT_SESSION', 'demo-1')}",
+            own_subject("gate", "approve"),
             json.dumps({"bead": victim, "step": "gated", "note": MARK, "cmd_id": "forged-gate-approve"}).encode(),
         ),
         "open_gate_as_deacon": (
@@ -168,7 +180,7 @@ class Attacker:
                 self._publish("$JS.API.STREAM.MSG.GET.KV_GT_HEARTBEATS", body, subject),
             )
             # 3. its own command (the PubAck answers), a query (the service answers), an outcome's direct get
-            own_command = f"gt.cmd.mail.send.{os.environ['GT_RIG']}.{os.environ['GT_POLECAT']}.{self.session}"
+            own_command = own_subject("mail", "send")
             await self.quietly(name, "own command, reply = target", self._publish(own_command, b"{}", subject))
             await self.quietly(name, "query, reply = target", self._publish("gt.q.mayor.status", b"{}", subject))
             outcome = "$JS.API.DIRECT.GET.GT_EVT.gt.evt.cmd.nothing"
@@ -213,7 +225,7 @@ class Attacker:
         """Create something under an id that is taken: a command that creates may name its new id (``new_id``,
         chosen by its sender), and the pane names the victim's bead's (a message is a bead). Refused ``conflict``:
         nothing is written over, nothing created (its outcome is read by the test)."""
-        own_command = f"gt.cmd.mail.send.{os.environ['GT_RIG']}.{os.environ['GT_POLECAT']}.{self.session}"
+        own_command = own_subject("mail", "send")
         # Its own command id, told apart from other attacking sessions' (GT_CMD keeps one message per id).
         cmd_id = f"{TAKE_ID}-{self.session}"
         body = {"to": "operator", "subject": MARK, "body": MARK, "new_id": victim, "cmd_id": cmd_id}
@@ -324,7 +336,7 @@ async def reads(attacker: Attacker, victim: str, victim_address: str, marker: st
     attacker.report["monitoring"] = await asyncio.to_thread(monitoring_ports, nats_port)
     sent: list[str] = []
     if victim_address != "-":
-        own_command = f"gt.cmd.mail.send.{os.environ['GT_RIG']}.{os.environ['GT_POLECAT']}.{attacker.session}"
+        own_command = own_subject("mail", "send")
         for i, template in enumerate(MAIL_SUBJECTS):
             body = {"to": victim_address, "subject": template.format(marker=marker), "body": "hi", "cmd_id": f"m{i}"}
             await attacker.quietly("mail_injection", template, nc.publish(own_command, json.dumps(body).encode()))
@@ -368,7 +380,7 @@ async def limits(url: list[str], login: dict[str, Any], session: str) -> dict[st
         errors.append(repr(exc))
 
     nc = await nats.connect(url, error_cb=err, max_reconnect_attempts=0, **login)
-    subject = f"gt.cmd.mail.send.{os.environ['GT_RIG']}.{os.environ['GT_POLECAT']}.{session}"
+    subject = own_subject("mail", "send")
     try:
         await nc.publish(subject, json.dumps({"body": "x" * 3_900_000, "cmd_id": "huge-1"}).encode())
         await nc.flush(timeout=3)
@@ -441,7 +453,8 @@ async def squat(report_path: str) -> None:
 async def main(report_path: str, victim: str, victim_address: str, marker: str) -> None:
     url = os.environ["NATS_URL"].split(",")
     login = login_from_env()
-    session = os.environ["GT_SESSION"]
+    town_agent = bool(os.environ.get("GT_TOWN_AGENT"))
+    session = os.environ["NATS_USER"] if town_agent else os.environ["GT_SESSION"]
     started = time.monotonic()
     attacker: Attacker
 
@@ -454,9 +467,11 @@ async def main(report_path: str, victim: str, victim_address: str, marker: str) 
         await attacker.trampolines(victim)
         await attacker.eavesdrop()
         await attacker.take_an_id(victim)
-        await reads(attacker, victim, victim_address, marker)
+        if not town_agent:
+            await reads(attacker, victim, victim_address, marker)
         await attacker.flood()
-        await attacker.query_flood()
+        if not town_agent:
+            await attacker.query_flood()
     finally:
         await nc.close()
     attacker.report["limits"] = await limits(url, login, session)
