@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import json
 import secrets
@@ -57,6 +58,7 @@ from tests.conftest import REPO_ROOT
 from tests.helpers import LINGERING_AGENTS, wait_until
 from tests.integration.test_town import TownCli
 from tests.log_tools import read_all
+from tests.mayor_attack import ATTACK, assert_acted_as_itself, assert_town_unharmed, mayor_attack_script
 from tests.witness_town import make_origin
 
 SCRIPT = Path(nats_pane.__file__)
@@ -590,7 +592,10 @@ def compose_town(gt_env: dict[str, str], tmp_path_factory: pytest.TempPathFactor
         run_there("mkdir", "-p", str(root))
         for script in (SCRIPT, GIT_SCRIPT, RUNTIME_SCRIPT):
             run_there("sh", "-c", f"cat > {shlex.quote(str(root / script.name))}", stdin=script.read_text())
-        scripts = []
+        # The first script answers requests that name none: the mayor agent's (its own test, below).
+        mayor = root / "mayor"
+        victim = f'"$(cat {shlex.quote(str(mayor / "victim"))})"'
+        scripts = [mayor_attack_script(root / SCRIPT.name, mayor / "report.json", victim)]
         for cli in RUNTIMES:
             files = compose_pane_files(root, cli.name)
             scripts.append(attack_script(cli, files, f"sh {shlex.quote(str(attacks_file(files)))}"))
@@ -718,3 +723,45 @@ async def test_a_sessions_nats_attacks_from_its_pane_fail_in_the_compose_topolog
         assert runtime_report is not None, "the runtime's tool call reported what it was handed"
         assert_handed_nothing_of_others(json.loads(runtime_report), cli)
         assert script_failures(compose_town.model_log())[failures_before:] == []
+
+
+@pytest.mark.compose_stack
+@pytest.mark.timeout(1800)
+async def test_the_mayor_agents_attacks_fail_in_the_compose_topology(compose_town: ComposeTown) -> None:
+    """The mayor agent's pane (test_mayor_agent_attacks.py's attacks) in the compose topology: the real Claude Code
+    from the image, as the image's user ``agent``, logged in as ``agent-mayor`` through the witness's callout."""
+    stack, gt = compose_town.stack, compose_town.gt
+    run_there = functools.partial(run_where_agents_run, stack)
+    folder = compose_town.root / "mayor"
+    run_there("mkdir", "-p", str(folder))
+    if isinstance(stack, ComposeStack):
+        run_there("chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(folder))
+    victim = gt("bead", "create", "The victim's work (mayor)")
+    run_there("sh", "-c", f"cat > {shlex.quote(str(folder / 'victim'))}", stdin=victim)
+    failures_before = len(script_failures(compose_town.model_log()))
+    gt("mayor", "start")
+    patient = copy.copy(gt)
+    patient.timeout = 960  # the attacks take a minute or two on two cores, Claude Code's start included
+    try:
+        answer = patient("mayor", "ask", ATTACK, "--wait", "--timeout", "900")
+    except AssertionError:
+        print(stack.log_tail("witness", 80))
+        print(compose_town.model_log()[-6000:])
+        raise
+    assert "Tried everything." in answer
+    assert script_failures(compose_town.model_log())[failures_before:] == []
+    report = json.loads(run_there("cat", str(folder / "report.json")))
+    if isinstance(stack, ComposeStack):
+        assert report["uid"] == AGENT_UID, report["uid"]  # as the agents' user, not the witness's root
+    nc = await nats.connect(
+        servers=stack.urls(), user="operator", password=stack.passwords["operator"], inbox_prefix=b"_INBOX_operator"
+    )
+    try:
+        status = json.loads(gt("bead", "show", victim, "--json"))["status"]
+        await assert_town_unharmed(nc, report, status, FORGED_COMMANDS)
+    finally:
+        await nc.close()
+    feed = gt("feed", "--json", "--no-follow", "--since", "all")
+    assert_acted_as_itself([json.loads(line) for line in feed.splitlines() if line.strip()])
+    gt("health", "mayor")
+    gt("mayor", "stop")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import structlog
 
-from services.witness.effects import runtime_setup, transcript_read
+from services.witness.effects import agent_user, runtime_setup, transcript_read
 from services.witness.effects.agent_creds import agent_nats_credentials, is_credential
 from services.witness.effects.agent_env import AGENT_ENV_PASSTHROUGH, AGENT_TERM
 from services.witness.effects.nudge import type_into
@@ -165,11 +165,14 @@ class TownAgents:
         )
         env.update(added)
         if kit.agent_user is not None:
+            # As a polecat's: its own directory and password file are the agents' user's, and it may pass through
+            # the town's directories above them (to nothing else of theirs).
             user = kit.agent_user
             password = env.get("NATS_PASSWORD_FILE")
             user.hand_over(agent_dir(home, agent))
             if password:
                 os.chown(password, user.uid, user.gid)
+            agent_user.open_for_traversal([home, agents_dir(home), secrets])
             env.update(USER=user.name, LOGNAME=user.name)
         return runtime.command(beacon(agent), binary), env
 

@@ -1,0 +1,248 @@
+"""The mayor agent's pure parts (issue 43, docs/mayor-agent.md): its credential and permissions, how the intake
+and the query server take its subject and its login, the witness's decisions, fold and plan, the answer read from
+a transcript."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from services.witness import decide as witness_decide
+from services.witness.effects.auth import kick_due, session_live
+from services.witness.plan import town_agents as plan
+from services.witness.plan.actions import DeliverAsk, EndTownAgent, LaunchTownAgent, RecordAnswer
+from services.witness.plan.observed import TownAgentSeen
+from services.witness.plan.scope import route
+from services.witness.projection import new_projection
+from services.witness.state import WitnessState
+from shared.core import subjects
+from shared.core.errors import CommandError
+from shared.model import commands as cmds
+from shared.model import transcripts
+from shared.model.events import (
+    TownAgentAnswered,
+    TownAgentAskDelivered,
+    TownAgentLaunched,
+)
+from shared.model.session_identity import (
+    TOWN_AGENT_COMMANDS,
+    Refusal,
+    SessionBuckets,
+    TownAgentClaim,
+    mint,
+    mint_town_agent,
+    town_agent_permissions,
+    verify,
+)
+from shared.service.intake.identity import Sender, command_actor
+from tests.memory_log import T0, Deciding
+from tests.unit.test_session_identity import claims_of, responder, server_request
+
+KEY = b"k" * 32
+NOW = 1_800_000_000
+BUCKETS = SessionBuckets("GT_EVT", "GT_HEARTBEATS", "GT_LEASES")
+MAYOR = subjects.TownAgentOrigin("mayor")
+
+
+# ---- its credential and permissions ----------------------------------------------------------------
+
+
+def test_a_town_agent_credential_says_which_agent_until_it_expires_and_nothing_else_passes_for_it() -> None:
+    password = mint_town_agent(KEY, name="mayor", expires_at=NOW + 60)
+    assert password.startswith("a1.mayor.")
+    assert verify(KEY, "agent-mayor", password, NOW) == TownAgentClaim(name="mayor", expires_at=NOW + 60)
+    refused = [
+        verify(KEY, "hq-abc123-1", password, NOW),  # another user
+        verify(KEY, "agent-mayor", password, NOW + 60),  # expired
+        verify(b"other" * 8, "agent-mayor", password, NOW),  # another town's key
+        verify(KEY, "agent-mayor", password[:-2] + "00", NOW),  # tampered
+        verify(KEY, "agent-deputy", password.replace(".mayor.", ".deputy."), NOW),  # no such agent
+        # A session's credential never logs in as the mayor agent, whatever user it names.
+        verify(
+            KEY,
+            "agent-mayor",
+            mint(KEY, session="hq-abc123-1", rig="d", polecat="a", bead="hq-abc123", expires_at=NOW + 60),
+            NOW,
+        ),
+    ]
+    assert all(isinstance(r, Refusal) for r in refused), refused
+    with pytest.raises(ValueError, match="no town agent"):
+        mint_town_agent(KEY, name="deputy", expires_at=NOW + 60)
+
+
+def test_the_mayor_agent_may_publish_its_own_command_subjects_queries_and_outcomes_and_nothing_else() -> None:
+    permissions = town_agent_permissions(TownAgentClaim(name="mayor", expires_at=NOW), BUCKETS)
+    allowed = permissions["pub"]["allow"]
+    own = [f"gt.cmd.{agg}.{verb}.agent.mayor" for agg, verb in TOWN_AGENT_COMMANDS]
+    assert allowed == [*own, "gt.q.>", "$JS.API.DIRECT.GET.GT_EVT.gt.evt.cmd.agent-mayor.*"]
+    assert permissions["sub"] == {"allow": ["_INBOX_s-agent-mayor.>"]}
+    verbs = set(TOWN_AGENT_COMMANDS)
+    for kept in (("gate", "approve"), ("gate", "open"), ("rig", "add"), ("mr", "reject"), ("session", "stop")):
+        assert kept not in verbs, kept
+    assert not [s for s in allowed if s.startswith(("$KV", "$JS.API.STREAM", "$JS.API.CONSUMER", "gt.evt"))]
+
+
+def test_the_callout_grants_a_running_town_agent_its_own_identity_and_refuses_a_stopped_one() -> None:
+    password = mint_town_agent(KEY, name="mayor", expires_at=NOW + 60)
+    granted = claims_of(responder({"agent-mayor"}).answer(server_request("agent-mayor", password)) or b"")
+    user = claims_of(granted["nats"]["jwt"])
+    assert (user["aud"], user["name"], user["exp"]) == ("AGENTS", "agent-mayor", NOW + 60)
+    assert "gt.cmd.bead.create.agent.mayor" in user["nats"]["pub"]["allow"]
+    stopped = claims_of(responder(set()).answer(server_request("agent-mayor", password)) or b"")
+    assert stopped["nats"]["error"] == "town agent mayor is not running"
+
+
+# ---- its subject and its login, as the services take them -----------------------------------------------
+
+
+def test_its_commands_are_recorded_as_itself_charged_as_an_operator_and_only_its_own_verbs_pass() -> None:
+    own, origin = subjects.split_origin("gt.cmd.bead.create.agent.mayor")
+    assert (own, origin) == ("gt.cmd.bead.create", MAYOR)
+    assert subjects.id_scope(origin) == "agent-mayor"
+    assert command_actor("operator:ann", MAYOR, command=own) == Sender("agent:mayor", "operator")
+    refused = command_actor(None, MAYOR, command="gt.cmd.gate.approve")
+    assert isinstance(refused, CommandError)
+    assert refused.code == "unauthorized"
+    nobody = command_actor(None, subjects.TownAgentOrigin("deputy"), command=own)
+    assert isinstance(nobody, CommandError)
+    # A plain subject's body may not name it either.
+    named = command_actor("agent:mayor", None)
+    assert isinstance(named, CommandError)
+    assert named.code == "unauthorized"
+
+
+def test_its_queries_are_answered_as_an_operators_and_a_session_named_like_it_is_still_a_session() -> None:
+    info: dict[str, object] = {"acc": subjects.SESSION_ACCOUNT, "user": "agent-mayor"}
+    assert subjects.session_of_request("_R_.x", info) is None
+    assert subjects.session_of_request("_R_.x", {**info, "user": "agent-mayor-1"}) == "agent-mayor-1"
+
+
+# ---- the witness: decisions, fold, plan -------------------------------------------------------------
+
+
+def witness() -> Deciding:
+    return Deciding(new_projection(), witness_decide.decide, clock=T0)
+
+
+def state_of(fed: Deciding) -> WitnessState:
+    return fed.projection.state  # type: ignore[no-any-return]
+
+
+def test_start_stop_and_ask_are_decided_once_and_an_ask_needs_a_running_agent() -> None:
+    fed = witness()
+    assert fed.reject("gt.cmd.agent.ask", text="hello").code == "conflict"
+    assert fed.reject("gt.cmd.agent.start", agent="gt-agent").code == "invalid"  # keeps no transcript
+    started = fed.send("gt.cmd.agent.start")
+    assert (started["id"], started["status"], started["agent"], started["changed"]) == (
+        "mayor",
+        "running",
+        "claude",
+        True,
+    )
+    assert fed.send("gt.cmd.agent.start", agent="codex")["changed"] is False  # running: its runtime stays
+    asked = fed.send("gt.cmd.agent.ask", text="what is ready?")
+    agent = state_of(fed).town_agents["mayor"]
+    assert [(a.id, a.text) for a in agent.asks] == [(asked["ask_id"], "what is ready?")]
+    assert fed.send("gt.cmd.agent.stop")["status"] == "stopped"
+    assert fed.send("gt.cmd.agent.stop")["changed"] is False
+    assert (state_of(fed).town_agents["mayor"].wanted, state_of(fed).town_agents["mayor"].asks) == (False, [])
+    assert fed.reject("gt.cmd.agent.ask", text="one\ntwo").code == "invalid"
+    assert fed.reject("gt.cmd.agent.start", name="deputy").code == "invalid"
+
+
+def launched(fed: Deciding, run: int, pid: int = 100) -> None:
+    fed.add(TownAgentLaunched(name="mayor", run=run, tmux_name="gt-agent-mayor", pane_pid=pid))
+
+
+def test_the_plan_launches_a_dead_agent_types_one_request_at_a_time_and_records_its_answer() -> None:
+    fed = witness()
+    fed.send("gt.cmd.agent.start")
+    now = T0 + timedelta(seconds=1)
+    assert list(plan.owed(state_of(fed), {}, now)) == [LaunchTownAgent(name="mayor", run=1)]
+    launched(fed, 1)
+    first = fed.send("gt.cmd.agent.ask", text="first")["ask_id"]
+    second = fed.send("gt.cmd.agent.ask", text="second")["ask_id"]
+    busy = {"mayor": TownAgentSeen(pane=True, alive=True, idle=False)}
+    idle = {"mayor": TownAgentSeen(pane=True, alive=True, idle=True)}
+    assert list(plan.owed(state_of(fed), busy, now)) == []  # typed only at its prompt
+    assert list(plan.owed(state_of(fed), idle, now)) == [DeliverAsk(name="mayor", ask=first, run=1)]
+    fed.add(TownAgentAskDelivered(name="mayor", ask_id=first, run=1))
+    assert list(plan.owed(state_of(fed), idle, now)) == []  # the second waits for the first's answer
+    answered = {"mayor": TownAgentSeen(pane=True, alive=True, idle=True, answer="done")}
+    assert list(plan.owed(state_of(fed), answered, now)) == [RecordAnswer(name="mayor", ask=first, text="done")]
+    fed.add(TownAgentAnswered(name="mayor", ask_id=first, text="done"))
+    assert list(plan.owed(state_of(fed), idle, now)) == [DeliverAsk(name="mayor", ask=second, run=1)]
+    fed.add(TownAgentAskDelivered(name="mayor", ask_id=second, run=1))
+    # It dies mid-turn: launched again, and the request it worked on is typed into the new run.
+    assert list(plan.owed(state_of(fed), {"mayor": TownAgentSeen(pane=True)}, now)) == [
+        LaunchTownAgent(name="mayor", run=2)
+    ]
+    launched(fed, 2, pid=200)
+    assert list(plan.owed(state_of(fed), idle, now)) == [DeliverAsk(name="mayor", ask=second, run=2)]
+    fed.send("gt.cmd.agent.stop")
+    assert list(plan.owed(state_of(fed), idle, now)) == [EndTownAgent(name="mayor")]
+    assert list(plan.owed(state_of(fed), {}, now)) == []
+
+
+def test_an_agent_that_keeps_dying_is_launched_again_only_once_its_oldest_recent_launch_is_old() -> None:
+    fed = witness()
+    fed.send("gt.cmd.agent.start")
+    for run in range(1, 6):
+        launched(fed, run, pid=run)
+    agent = state_of(fed).town_agents["mayor"]
+    first = agent.launches[0]
+    assert not plan.launch_due(agent, first + plan.RESTART_WINDOW - timedelta(seconds=1))
+    assert list(plan.owed(state_of(fed), {}, first + timedelta(seconds=30))) == []
+    assert list(plan.owed(state_of(fed), {}, first + plan.RESTART_WINDOW)) == [LaunchTownAgent(name="mayor", run=6)]
+
+
+def test_its_login_lives_while_it_is_started_and_only_a_witness_of_every_rig_settles_its_commands() -> None:
+    fed = witness()
+    assert not session_live(state_of(fed), "agent-mayor")
+    fed.send("gt.cmd.agent.start")
+    assert session_live(state_of(fed), "agent-mayor")
+    assert not kick_due(state_of(fed), "agent-mayor", T0)
+    fed.send("gt.cmd.agent.stop")
+    assert kick_due(state_of(fed), "agent-mayor", T0)
+    ask = cmds.TownAgentAsk(text="hi")
+    assert route(state_of(fed), ask, None) == "mine"
+    assert route(state_of(fed), ask, frozenset({"demo"})) == "elsewhere"
+
+
+# ---- the answer, from the transcript ------------------------------------------------------------------
+
+
+def lines(*records: dict[str, object]) -> list[bytes]:
+    return [json.dumps(r).encode() for r in records]
+
+
+def claude(role: str, content: object, stop: str | None = None) -> dict[str, object]:
+    return {"type": role, "message": {"role": role, "content": content, "stop_reason": stop}}
+
+
+def test_the_answer_is_the_last_words_of_the_turn_the_request_began_once_it_ended() -> None:
+    asked = "add a mean function to rig calc"
+    begun = lines(
+        claude("user", "[gastown] You are the town's mayor agent"),
+        claude("assistant", [{"type": "text", "text": "Ready."}], "end_turn"),
+        claude("user", asked),
+        claude("assistant", [{"type": "tool_use", "name": "Bash", "input": {"command": "gt ready"}}], "tool_use"),
+        claude("user", [{"type": "tool_result", "content": "(no beads)"}]),
+    )
+    assert transcripts.answer_to(begun, asked, transcripts.claude_mark) is None  # its turn runs
+    ended = [*begun, *lines(claude("assistant", [{"type": "text", "text": "Filed hq-aaaaaa."}], "end_turn"))]
+    assert transcripts.answer_to(ended, asked, transcripts.claude_mark) == "Filed hq-aaaaaa."
+    assert transcripts.answer_to(ended, "something never asked", transcripts.claude_mark) is None
+    # Typed again (a restarted agent's new conversation, in the same file or a newer one): its newest turn counts.
+    again = [*ended, *lines(claude("user", asked))]
+    assert transcripts.answer_to(again, asked, transcripts.claude_mark) is None
+    rollout = lines(
+        {
+            "type": "response_item",
+            "payload": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": asked}]},
+        },
+        {"type": "event_msg", "payload": {"type": "task_complete", "last_agent_message": "Filed it."}},
+    )
+    assert transcripts.answer_to(rollout, asked, transcripts.codex_mark) == "Filed it."
