@@ -84,6 +84,9 @@ RUN useradd --system --no-create-home --shell /usr/sbin/nologin --uid 10002 gate
 # (GT_AGENT_USER=agent) and hands it only its session's workspace, password file, runtime dir and publish folder;
 # it owns nothing else of the town (docs/deployment.md, "Agents as another OS user").
 RUN useradd --system --no-create-home --shell /bin/sh --uid 10003 agent
+# The mayor agent (`gt mayor start`) runs as `mayor` (GT_TOWN_AGENT_USER=mayor): a user of its own, so no polecat can
+# read its NATS credential or write its files (docs/mayor-agent.md).
+RUN useradd --system --no-create-home --shell /bin/sh --uid 10004 mayor
 # The source revision the image was built from (docker-compose passes GT_REVISION, e.g. `git rev-parse HEAD`), in
 # /etc/gastown-revision and as the standard label: last, so a rebuild for another revision of the same files redoes
 # only this. The RUN comes first: podman's builder reuses a cached LABEL layer whatever the argument's value.

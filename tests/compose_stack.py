@@ -223,6 +223,7 @@ class LocalStack:
         # can run, a GT_HOME it can reach) exist only in containers. test_agent_user.py runs agents as their own
         # user with local processes.
         env.pop("GT_AGENT_USER", None)
+        env.pop("GT_TOWN_AGENT_USER", None)  # likewise the image's `mayor`
         return env
 
     def _make_gate_user(self) -> str:

@@ -154,10 +154,11 @@ class Deciding(Fed[Any]):
         self.decide = decide
         self._ids = itertools.count(1)
 
-    def send(self, subject: str, facts: object = None, **body: Any) -> dict[str, Any]:
+    def send(self, subject: str, /, facts: object = None, *, sender: str = "operator", **body: Any) -> dict[str, Any]:
+        """``sender``: whom the intake recorded as its actor (from its subject)."""
         cmd = parse_command(subject, msgspec.json.encode(body))
         ctx = DecideContext(
-            now=self.clock, command_id="c-1", actor="operator", new_id=lambda p: f"{p}-{next(self._ids)}", facts=facts
+            now=self.clock, command_id="c-1", actor=sender, new_id=lambda p: f"{p}-{next(self._ids)}", facts=facts
         )
         accepted: Accepted = self.decide(self.projection.state, cmd, ctx)
         for new in accepted.events:
@@ -165,7 +166,7 @@ class Deciding(Fed[Any]):
         result: dict[str, Any] = msgspec.to_builtins(accepted.result)  # as the outcome carries it
         return result
 
-    def reject(self, subject: str, facts: object = None, **body: Any) -> CommandError:
+    def reject(self, subject: str, /, facts: object = None, *, sender: str = "operator", **body: Any) -> CommandError:
         with pytest.raises(CommandError) as caught:
-            self.send(subject, facts, **body)
+            self.send(subject, facts, sender=sender, **body)
         return caught.value

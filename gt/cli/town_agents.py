@@ -102,7 +102,8 @@ def _attach(args: argparse.Namespace) -> None:
     tmux = shutil.which("tmux")
     if tmux is None:
         raise UsageError("`gt mayor attach` needs tmux on this machine (the mayor agent runs where the witness runs)")
-    os.execv(tmux, [tmux, "-L", tmux_socket(), "attach", "-t", f"gt-agent-{MAYOR}"])  # noqa: S606 - tmux, as found
+    session = subjects.town_agent_tmux_name(MAYOR)
+    os.execv(tmux, [tmux, "-L", tmux_socket(), "attach", "-t", session])  # noqa: S606 - tmux, as found
 
 
 # ---- the mayor agent's prime ----------------------------------------------------------------------

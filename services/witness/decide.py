@@ -12,6 +12,7 @@ from shared.core.errors import CommandError
 from shared.core.ids import hook_lease_name
 from shared.model import commands as cmds
 from shared.model import gates
+from shared.model.commands.actors import TOWN_AGENT_PREFIX
 from shared.model.decision import Accepted, DecideContext, NewEvent
 from shared.model.events import (
     NudgeQueued,
@@ -64,6 +65,15 @@ class WorktreeFacts:
         """Work that a re-sling could lose (uncommitted changes, unpushed commits); None: clean or gone."""
 
 
+class TownAgentFacts:
+    """What ``prepare`` found before ``agent.start`` is decided: why no town agent may run here (its OS user)."""
+
+    __slots__ = ("problem",)
+
+    def __init__(self, problem: str | None) -> None:
+        self.problem = problem
+
+
 def decide(state: WitnessState, cmd: cmds.Command, ctx: DecideContext) -> Accepted:
     match cmd:
         case cmds.RigAdd():
@@ -89,7 +99,7 @@ def decide(state: WitnessState, cmd: cmds.Command, ctx: DecideContext) -> Accept
         case cmds.SessionRecoverHook():
             return recover_hook(state, cmd, ctx)
         case cmds.TownAgentStart():
-            return town_agent_start(state, cmd)
+            return town_agent_start(state, cmd, ctx)
         case cmds.TownAgentStop():
             return town_agent_stop(state, cmd)
         case cmds.TownAgentAsk():
@@ -394,13 +404,17 @@ def nudge(state: WitnessState, cmd: cmds.NudgeSend, ctx: DecideContext) -> Accep
         )
     nudge_id = ctx.new_id(NUDGE_PREFIX)
     expires_at = ctx.now + timedelta(seconds=cmd.ttl_s)
+    message = cmd.message
+    if ctx.actor.startswith(TOWN_AGENT_PREFIX):
+        # Typed into a pane as it is, an agent's words would read as the operator's.
+        message = f"[gastown nudge from {ctx.actor}, an agent, not your operator] {message}"
     event = NudgeQueued(
         nudge_id=nudge_id,
         rig=rig,
         polecat=polecat,
         session=session_id,
         bead=bead,
-        message=cmd.message,
+        message=message,
         expires_at=expires_at,
     )
     return Accepted(
@@ -507,10 +521,12 @@ TOWN_AGENT_RUNTIMES = tuple(name for name, make in RUNTIMES.items() if make().tr
 ASK_PREFIX = "ask"
 
 
-def town_agent_start(state: WitnessState, cmd: cmds.TownAgentStart) -> Accepted[TownAgentResult]:
+def town_agent_start(state: WitnessState, cmd: cmds.TownAgentStart, ctx: DecideContext) -> Accepted[TownAgentResult]:
     agent = state.town_agents.get(cmd.name)
     if agent is not None and agent.wanted:
         return Accepted(events=[], result=_town_agent_result(agent, changed=False))
+    if isinstance(ctx.facts, TownAgentFacts) and ctx.facts.problem is not None:
+        raise CommandError("invalid", ctx.facts.problem)
     runtime = cmd.agent.strip() or DEFAULT_TOWN_AGENT_RUNTIME
     if not runtime_for(runtime).transcript_files:
         raise CommandError(

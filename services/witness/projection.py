@@ -480,6 +480,7 @@ def _town_agent(payload: TownAgentEvent, state: WitnessState, env: Envelope, seq
             for ask in agent.asks:
                 if ask.id == payload.ask_id:
                     ask.delivered_run, ask.delivered_at = payload.run, env.ts
+                    ask.transcript, ask.offset = payload.transcript, payload.offset
         case TownAgentAnswered():
             agent.asks = [ask for ask in agent.asks if ask.id != payload.ask_id]
 

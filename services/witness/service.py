@@ -35,7 +35,7 @@ from shared.bus import auth_callout
 from shared.bus import query as bus_query
 from shared.core.config import TownConfig, town_mark
 from shared.host.tmux import Tmux
-from shared.model.commands import Command
+from shared.model.commands import Command, TownAgentStart
 from shared.model.decision import Accepted, DecideContext, Route
 from shared.model.queries import Query
 from shared.model.queries.witness import WitnessStatus
@@ -123,6 +123,8 @@ class WitnessService(Service[WitnessState]):
         return scope.route(self.state, cmd, self.witness_settings.rigs)
 
     async def prepare(self, cmd: Command) -> object:
+        if isinstance(cmd, TownAgentStart):
+            return witness_decide.TownAgentFacts(self.executor.town_agents.problem())
         return await probes.facts_for(self.state, cmd)
 
     def query(self, query: Query[Any]) -> Any:

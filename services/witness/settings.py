@@ -69,6 +69,10 @@ class WitnessSettings(msgspec.Struct, frozen=True, kw_only=True):
     agent_user: str = ""
     """``GT_AGENT_USER``: the OS user agents run as (the witness must run as root, see ``effects/agent_user.py``).
     Empty: the witness's own user, which can read everything the town keeps (docs/deployment.md)."""
+    town_agent_user: str = ""
+    """``GT_TOWN_AGENT_USER``: the OS user the town agents (the mayor agent) run as. Required when ``agent_user`` is
+    set, and another: the polecats' user could otherwise read the mayor agent's credential and files. Empty (and no
+    ``agent_user``): the witness's own user, as the polecats."""
     agent_credentials: dict[str, str] | None = None
     """The NATS credentials sessions get when no auth callout is configured (``agent_creds``: ``GT_AGENT_NATS_*``,
     else the witness's own ``NATS_*``), read by ``load`` before the witness's secrets leave its environment
@@ -102,6 +106,7 @@ def load(env: Mapping[str, str] | None = None) -> WitnessSettings:
         context_handoff_at=context_shares(env.get("GT_CONTEXT_HANDOFF")),
         gate_quiet_s=env_number(env, "GT_GATE_QUIET", 30.0, minimum=0.0),
         agent_user=env.get("GT_AGENT_USER", "").strip(),
+        town_agent_user=env.get("GT_TOWN_AGENT_USER", "").strip(),
         agent_credentials=agent_nats_credentials(env),
     )
 

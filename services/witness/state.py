@@ -106,6 +106,9 @@ class TownAgentAsk(msgspec.Struct, kw_only=True, gc=False):
     delivered_run: int = 0
     """The run it was typed into (0: not yet); a newer run gets it again (its conversation is new)."""
     delivered_at: datetime | None = None
+    transcript: str = ""
+    """The transcript its answer is read from, from ``offset`` (``town_agent.ask_delivered``)."""
+    offset: int = 0
 
 
 class TownAgent(msgspec.Struct, kw_only=True, gc=False):
@@ -130,7 +133,7 @@ class TownAgent(msgspec.Struct, kw_only=True, gc=False):
 
     @property
     def tmux_name(self) -> str:
-        return f"gt-agent-{self.name}"
+        return subjects.town_agent_tmux_name(self.name)
 
     @property
     def user(self) -> str:

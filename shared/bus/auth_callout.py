@@ -198,8 +198,8 @@ def _verify_server_signature(issuer: str, signed: bytes, signature: bytes) -> No
 
 class Responder:
     """Answers authorization requests for polecat sessions and town agents. ``live(login)`` says whether the witness
-    still knows the session (its id) and it has not ended, or runs the town agent (``agent-<name>``); ``clock`` gives
-    unix seconds."""
+    still knows the session (its id) and it has not ended, or runs that launch of the town agent (``agent-mayor#3``:
+    ``TownAgentClaim.login``); ``clock`` gives unix seconds."""
 
     def __init__(
         self,
@@ -242,9 +242,10 @@ class Responder:
         if isinstance(checked, session_identity.Refusal):
             return self._refuse(user_nkey, server_id, checked.reason)
         if isinstance(checked, session_identity.TownAgentClaim):
-            login, permissions = checked.user, session_identity.town_agent_permissions(checked, self.buckets)
+            login, permissions = checked.login, session_identity.town_agent_permissions(checked, self.buckets)
             if not self.live(login):
-                return self._refuse(user_nkey, server_id, f"town agent {checked.name} is not running")
+                why = f"town agent {checked.name} is not running, or runs another launch than run {checked.run}"
+                return self._refuse(user_nkey, server_id, why)
             log.info("town_agent_login_granted", agent=checked.name)
         else:
             login, permissions = checked.session, session_identity.session_permissions(checked, self.buckets)
@@ -256,7 +257,8 @@ class Responder:
         client_id = client.get("id") if isinstance(client, dict) else None
         if isinstance(client_id, int):
             self.connections.setdefault(login, set()).add((server_id, client_id))
-        user_jwt = self._user_jwt(user_nkey, login, checked.expires_at, permissions, now)
+        name = checked.user if isinstance(checked, session_identity.TownAgentClaim) else login
+        user_jwt = self._user_jwt(user_nkey, name, checked.expires_at, permissions, now)
         return self._response(user_nkey, server_id, now, user_jwt=user_jwt)
 
     def _user_jwt(self, user_nkey: str, login: str, expires_at: int, permissions: dict[str, Any], now: float) -> str:

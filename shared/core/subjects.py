@@ -148,6 +148,12 @@ def town_agent_user(name: str) -> str:
     return f"{AGENT_MARK}-{name}"
 
 
+def town_agent_tmux_name(name: str) -> str:
+    """Town agent ``name``'s tmux session, ``gt_agent_mayor``: never a polecat's (``gt-<rig>-<polecat>``), whatever
+    its rig and polecat are called."""
+    return f"gt_{AGENT_MARK}_{name}"
+
+
 def town_agent_of_user(user: str) -> str | None:
     """The town agent logged in as ``user`` (``agent-mayor`` -> ``mayor``); None for anyone else."""
     return next((name for name in TOWN_AGENTS if user == town_agent_user(name)), None)
@@ -233,6 +239,15 @@ def session_of_inbox(reply: str) -> str | None:
     if head.startswith("_INBOX_s-") and len(head) > len("_INBOX_s-"):
         return head[len("_INBOX_s-") :]
     return None
+
+
+def agent_of_request(reply: str, request_info: dict[str, object] | None) -> str | None:
+    """Who of account AGENTS asked (a session or a town agent: the key its query limit is counted under), else the
+    session whose private inbox the reply is in; None for anyone else (an operator, a service)."""
+    if request_info is not None and request_info.get("acc") == SESSION_ACCOUNT:
+        user = request_info.get("user")
+        return user if isinstance(user, str) and user else "?"
+    return session_of_inbox(reply)
 
 
 def session_of_request(reply: str, request_info: dict[str, object] | None) -> str | None:

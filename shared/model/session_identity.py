@@ -90,6 +90,8 @@ class TownAgentClaim(NamedTuple):
     """What a valid town agent password says: which town agent (``mayor``) and until when."""
 
     name: str
+    run: int
+    """The launch of the agent it was minted for (``town_agent.launched``'s ``run``): good for that run alone."""
     expires_at: int
     """Unix seconds."""
 
@@ -98,11 +100,24 @@ class TownAgentClaim(NamedTuple):
         return town_agent_user(self.name)
 
     @property
+    def login(self) -> str:
+        """Its logins' key (``agent-mayor#3``): a run's connections are cut once another run is launched."""
+        return f"{self.user}{RUN_MARK}{self.run}"
+
+    @property
     def origin(self) -> subjects.TownAgentOrigin:
         return subjects.TownAgentOrigin(self.name)
 
 
 town_agent_user = subjects.town_agent_user
+RUN_MARK = "#"
+
+
+def town_agent_run_of(login: str) -> tuple[str, int] | None:
+    """``agent-mayor#3`` -> ("mayor", 3); None for any other login."""
+    user, mark, run = login.partition(RUN_MARK)
+    name = subjects.town_agent_of_user(user)
+    return (name, int(run)) if name is not None and mark and run.isdigit() else None
 
 
 class Refusal(NamedTuple):
@@ -139,9 +154,10 @@ def mint(key: bytes, *, session: str, rig: str, polecat: str, bead: str, expires
     return f"{TOKEN_VERSION}.{rig}.{polecat}.{bead}.{int(expires_at)}.{mac}"
 
 
-def mint_town_agent(key: bytes, *, name: str, expires_at: int) -> str:
-    """The password of town agent ``name`` (user ``agent-<name>``), good until ``expires_at`` (unix seconds):
-    ``a1.<name>.<expires unix>.<hex HMAC-SHA256>``, signed with the session key.
+def mint_town_agent(key: bytes, *, name: str, run: int, expires_at: int) -> str:
+    """The password of run ``run`` of town agent ``name`` (user ``agent-<name>``), good until ``expires_at`` (unix
+    seconds) while that run is the agent's current one: ``a1.<name>.<run>.<expires unix>.<hex HMAC-SHA256>``, signed
+    with the session key.
 
     Raises:
         ValueError: a name that is not an id, or no key.
@@ -150,12 +166,13 @@ def mint_town_agent(key: bytes, *, name: str, expires_at: int) -> str:
         raise ValueError("the session key is empty (GT_SESSION_KEY)")
     if name not in subjects.TOWN_AGENTS:
         raise ValueError(f"{name!r} is no town agent (one of {', '.join(subjects.TOWN_AGENTS)})")
-    return f"{TOWN_AGENT_TOKEN_VERSION}.{name}.{int(expires_at)}.{_town_agent_mac(key, name, int(expires_at))}"
+    mac = _town_agent_mac(key, name, int(run), int(expires_at))
+    return f"{TOWN_AGENT_TOKEN_VERSION}.{name}.{int(run)}.{int(expires_at)}.{mac}"
 
 
-def _town_agent_mac(key: bytes, name: str, expires_at: int) -> str:
+def _town_agent_mac(key: bytes, name: str, run: int, expires_at: int) -> str:
     # Its own version in the message: no session token's MAC is ever a town agent's.
-    message = "\n".join((TOWN_AGENT_TOKEN_VERSION, town_agent_user(name), name, str(expires_at))).encode()
+    message = "\n".join((TOWN_AGENT_TOKEN_VERSION, town_agent_user(name), name, str(run), str(expires_at))).encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
@@ -185,20 +202,21 @@ def verify(key: bytes, user: object, password: object, now: float) -> SessionCla
 
 def _verify_town_agent(key: bytes, user: str, password: str, now: float) -> TownAgentClaim | Refusal:
     parts = password.split(".")
-    if len(parts) != 4:
+    if len(parts) != 5:
         return Refusal(f"the password of {_shown(user)} is not a town agent credential")
-    _, name, expires_text, mac = parts
+    _, name, run_text, expires_text, mac = parts
     if name not in subjects.TOWN_AGENTS or user != town_agent_user(name):
         return Refusal(f"the password of {_shown(user)} is not a town agent credential")
-    if not expires_text.isascii() or not expires_text.isdigit() or len(expires_text) > 12:
+    numbers = (run_text, expires_text)
+    if not all(n.isascii() and n.isdigit() and len(n) <= 12 for n in numbers):
         return Refusal(f"the password of {_shown(user)} is not a town agent credential")
-    expires_at = int(expires_text)
-    expected = _town_agent_mac(key, name, expires_at)
+    run, expires_at = int(run_text), int(expires_text)
+    expected = _town_agent_mac(key, name, run, expires_at)
     if not hmac.compare_digest(expected.encode(), mac.encode("utf-8", "surrogatepass")):
         return Refusal(f"the password of town agent {name} is not one the witness minted")
     if now >= expires_at:
         return Refusal(f"the credential of town agent {name} expired")
-    return TownAgentClaim(name=name, expires_at=expires_at)
+    return TownAgentClaim(name=name, run=run, expires_at=expires_at)
 
 
 def _shown(user: str) -> str:

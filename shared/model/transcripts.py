@@ -46,7 +46,10 @@ def _text_of(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict) and "text" in part)
+        # Only text that is text: ``str()`` of an agent's nested list recurses as deep as it was written.
+        return " ".join(
+            part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
     return ""
 
 
@@ -115,7 +118,10 @@ def tail(lines: Iterable[bytes], entries_of: EntriesOf) -> str:
         except UNDECODABLE:  # a line cut short (the read began mid-line, a crash mid-write), or an agent's nesting
             continue
         if isinstance(record, dict):
-            found += entries_of(record)
+            try:
+                found += entries_of(record)
+            except (RecursionError, TypeError, ValueError):  # an agent's line built to break a reader: skipped
+                continue
     kept: list[str] = []
     size = 0
     for line in reversed(found[-TAIL_ENTRIES:]):
@@ -140,8 +146,8 @@ def claude_mark(record: dict[str, Any]) -> TurnMark | None:
     """A prompt is a user message whose content is text (a tool's result is a list of ``tool_result`` blocks); a
     turn ends with an assistant message that stopped with ``end_turn``."""
     message = record.get("message")
-    if not isinstance(message, dict):
-        return None
+    if not isinstance(message, dict) or record.get("isSidechain"):
+        return None  # a subagent's conversation (Task): never the turn's own prompt or last words
     content = message.get("content")
     if record.get("type") == "user" and isinstance(content, str):
         return (PROMPT, content)
@@ -175,7 +181,10 @@ def answer_to(lines: Iterable[bytes], prompt: str, marks_of: MarksOf) -> str | N
             record = _DECODE(raw)
         except UNDECODABLE:
             continue
-        mark = marks_of(record) if isinstance(record, dict) else None
+        try:
+            mark = marks_of(record) if isinstance(record, dict) else None
+        except (RecursionError, TypeError, ValueError):  # an agent's line built to break a reader: skipped
+            continue
         if mark is None:
             continue
         kind, text = mark

@@ -100,14 +100,16 @@ class QueryServer:
                     "query_reply_refused", reply=request.reply[:120], subject=request.subject, refused=self.refused
                 )
             return
-        session = subjects.session_of_request(request.reply, _request_info(request.headers))
+        info = _request_info(request.headers)
+        session = subjects.session_of_request(request.reply, info)
+        agent = subjects.agent_of_request(request.reply, info)
         refusal = None
-        if session is not None:
-            # An agent asks within its session's limit: past it a refusal, far past it nothing (a counter).
-            verdict = self._limiter.check(session, time.monotonic())
+        if agent is not None:
+            # An agent (a session, the mayor agent) asks within its limit: past it a refusal, far past it nothing.
+            verdict = self._limiter.check(agent, time.monotonic())
             if verdict.drop:
                 if self._limiter.dropped % 10_000 == 1:
-                    log.warning("query_flood_dropped", session=session, dropped=self._limiter.dropped)
+                    log.warning("query_flood_dropped", session=agent, dropped=self._limiter.dropped)
                 return
             if not verdict.answer:
                 refusal = QueryError("rate_limited", verdict.message)

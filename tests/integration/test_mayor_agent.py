@@ -23,6 +23,7 @@ from nats.aio.client import Client
 from gt.model_server import Fault, ModelServer, Script, bash, say, use
 from services.witness.settings import WitnessSettings
 from shared.core.config import TownConfig
+from shared.model.commands import TownAgentStart
 from tests.agent_runtimes import RUNTIMES, AgentCli
 from tests.helpers import assert_eventually, gt_run
 from tests.witness_town import PolecatTown, polecat_town
@@ -200,3 +201,29 @@ async def test_the_mayor_agent_killed_mid_turn_is_launched_again_primed_and_give
     assert kinds.count("town_agent.ask_delivered") == 2, kinds  # typed again into the new session
     answer = [e for e in _log(pt, env) if e["type"] == "town_agent.answered"]
     assert [str((a.get("data") or {}).get("text")) for a in answer] == ["Nothing is ready right now."]
+
+
+async def test_a_mayor_agent_that_cannot_be_launched_is_retried_with_backoff_then_escalated_and_no_link_followed(
+    pt: PolecatTown, cli: AgentCli, tmp_path: Path
+) -> None:
+    """Its folder swapped for a link by the agent (to a directory the witness, as root, would write into): never
+    followed; the launch fails, is tried again with backoff, and the third failure in a row is escalated."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    agents = pt.config.gt_home / "agents"
+    agents.mkdir(parents=True, exist_ok=True)
+    (agents / "agent-mayor").symlink_to(elsewhere)
+    await pt.send(TownAgentStart())
+
+    def escalated() -> str:
+        assert pt.mayor is not None
+        found = [e.message for e in pt.mayor.projection.state.escalations.values() if e.source == "witness"]
+        assert found, "no escalation yet"
+        return found[0]
+
+    message = await assert_eventually(escalated, timeout=120)
+    assert "could not be launched 3 times in a row" in message
+    assert "is not a directory of the mayor agent's own" in message
+    assert list(elsewhere.iterdir()) == []  # nothing written through the link
+    assert pt.witness is not None
+    assert pt.witness.state.town_agents["mayor"].run == 0

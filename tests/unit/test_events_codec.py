@@ -103,7 +103,7 @@ SAMPLES: list[ev.Event] = [
     ),
     ev.TownAgentStarted(name="mayor", agent="claude"),
     ev.TownAgentStopped(name="mayor"),
-    ev.TownAgentLaunched(name="mayor", run=2, tmux_name="gt-agent-mayor", pane_pid=42, pid_started=1.5),
+    ev.TownAgentLaunched(name="mayor", run=2, tmux_name="gt_agent_mayor", pane_pid=42, pid_started=1.5),
     ev.TownAgentAsked(name="mayor", ask_id="ask-1", text="add a mean function", asked_by="operator"),
     ev.TownAgentAskDelivered(name="mayor", ask_id="ask-1", run=2),
     ev.TownAgentAnswered(name="mayor", ask_id="ask-1", text="filed hq-aaaaaa"),

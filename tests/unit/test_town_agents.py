@@ -9,7 +9,10 @@ from datetime import timedelta
 
 import pytest
 
+from services.mayor import decide as mayor_decide
+from services.mayor.projection import new_projection as new_mayor_projection
 from services.witness import decide as witness_decide
+from services.witness.effects.agent_user import resolve_town_agents
 from services.witness.effects.auth import kick_due, session_live
 from services.witness.plan import town_agents as plan
 from services.witness.plan.actions import DeliverAsk, EndTownAgent, LaunchTownAgent, RecordAnswer
@@ -19,6 +22,7 @@ from services.witness.projection import new_projection
 from services.witness.state import WitnessState
 from shared.core import subjects
 from shared.core.errors import CommandError
+from shared.host.os_user import OsUser
 from shared.model import commands as cmds
 from shared.model import transcripts
 from shared.model.events import (
@@ -39,6 +43,7 @@ from shared.model.session_identity import (
 from shared.service.intake.identity import Sender, command_actor
 from tests.memory_log import T0, Deciding
 from tests.unit.test_session_identity import claims_of, responder, server_request
+from tests.unit.test_witness_decide import with_session
 
 KEY = b"k" * 32
 NOW = 1_800_000_000
@@ -50,9 +55,14 @@ MAYOR = subjects.TownAgentOrigin("mayor")
 
 
 def test_a_town_agent_credential_says_which_agent_until_it_expires_and_nothing_else_passes_for_it() -> None:
-    password = mint_town_agent(KEY, name="mayor", expires_at=NOW + 60)
-    assert password.startswith("a1.mayor.")
-    assert verify(KEY, "agent-mayor", password, NOW) == TownAgentClaim(name="mayor", expires_at=NOW + 60)
+    password = mint_town_agent(KEY, name="mayor", run=3, expires_at=NOW + 60)
+    assert password.startswith("a1.mayor.3.")
+    claim = TownAgentClaim(name="mayor", run=3, expires_at=NOW + 60)
+    assert verify(KEY, "agent-mayor", password, NOW) == claim
+    assert claim.login == "agent-mayor#3"
+    assert verify(KEY, "agent-mayor", password.replace(".3.", ".4.", 1), NOW) == Refusal(
+        "the password of town agent mayor is not one the witness minted"
+    )  # another run's: its MAC covers the run
     refused = [
         verify(KEY, "hq-abc123-1", password, NOW),  # another user
         verify(KEY, "agent-mayor", password, NOW + 60),  # expired
@@ -69,11 +79,11 @@ def test_a_town_agent_credential_says_which_agent_until_it_expires_and_nothing_e
     ]
     assert all(isinstance(r, Refusal) for r in refused), refused
     with pytest.raises(ValueError, match="no town agent"):
-        mint_town_agent(KEY, name="deputy", expires_at=NOW + 60)
+        mint_town_agent(KEY, name="deputy", run=1, expires_at=NOW + 60)
 
 
 def test_the_mayor_agent_may_publish_its_own_command_subjects_queries_and_outcomes_and_nothing_else() -> None:
-    permissions = town_agent_permissions(TownAgentClaim(name="mayor", expires_at=NOW), BUCKETS)
+    permissions = town_agent_permissions(TownAgentClaim(name="mayor", run=1, expires_at=NOW), BUCKETS)
     allowed = permissions["pub"]["allow"]
     own = [f"gt.cmd.{agg}.{verb}.agent.mayor" for agg, verb in TOWN_AGENT_COMMANDS]
     assert allowed == [*own, "gt.q.>", "$JS.API.DIRECT.GET.GT_EVT.gt.evt.cmd.agent-mayor.*"]
@@ -85,13 +95,13 @@ def test_the_mayor_agent_may_publish_its_own_command_subjects_queries_and_outcom
 
 
 def test_the_callout_grants_a_running_town_agent_its_own_identity_and_refuses_a_stopped_one() -> None:
-    password = mint_town_agent(KEY, name="mayor", expires_at=NOW + 60)
-    granted = claims_of(responder({"agent-mayor"}).answer(server_request("agent-mayor", password)) or b"")
+    password = mint_town_agent(KEY, name="mayor", run=2, expires_at=NOW + 60)
+    granted = claims_of(responder({"agent-mayor#2"}).answer(server_request("agent-mayor", password)) or b"")
     user = claims_of(granted["nats"]["jwt"])
     assert (user["aud"], user["name"], user["exp"]) == ("AGENTS", "agent-mayor", NOW + 60)
     assert "gt.cmd.bead.create.agent.mayor" in user["nats"]["pub"]["allow"]
-    stopped = claims_of(responder(set()).answer(server_request("agent-mayor", password)) or b"")
-    assert stopped["nats"]["error"] == "town agent mayor is not running"
+    stopped = claims_of(responder({"agent-mayor#3"}).answer(server_request("agent-mayor", password)) or b"")
+    assert stopped["nats"]["error"] == "town agent mayor is not running, or runs another launch than run 2"
 
 
 # ---- its subject and its login, as the services take them -----------------------------------------------
@@ -153,7 +163,7 @@ def test_start_stop_and_ask_are_decided_once_and_an_ask_needs_a_running_agent() 
 
 
 def launched(fed: Deciding, run: int, pid: int = 100) -> None:
-    fed.add(TownAgentLaunched(name="mayor", run=run, tmux_name="gt-agent-mayor", pane_pid=pid))
+    fed.add(TownAgentLaunched(name="mayor", run=run, tmux_name="gt_agent_mayor", pane_pid=pid))
 
 
 def test_the_plan_launches_a_dead_agent_types_one_request_at_a_time_and_records_its_answer() -> None:
@@ -198,14 +208,20 @@ def test_an_agent_that_keeps_dying_is_launched_again_only_once_its_oldest_recent
     assert list(plan.owed(state_of(fed), {}, first + plan.RESTART_WINDOW)) == [LaunchTownAgent(name="mayor", run=6)]
 
 
-def test_its_login_lives_while_it_is_started_and_only_a_witness_of_every_rig_settles_its_commands() -> None:
+def test_its_login_lives_for_its_newest_launch_while_started_and_only_a_witness_of_every_rig_settles_it() -> None:
     fed = witness()
-    assert not session_live(state_of(fed), "agent-mayor")
+    assert not session_live(state_of(fed), "agent-mayor#1")
     fed.send("gt.cmd.agent.start")
-    assert session_live(state_of(fed), "agent-mayor")
-    assert not kick_due(state_of(fed), "agent-mayor", T0)
+    assert session_live(state_of(fed), "agent-mayor#1")  # minted for its first launch, before it is recorded
+    launched(fed, 1)
+    launched(fed, 2, pid=200)
+    assert not session_live(state_of(fed), "agent-mayor#1")  # a killed launch's credential (a copy) is dead
+    assert kick_due(state_of(fed), "agent-mayor#1", T0)
+    assert session_live(state_of(fed), "agent-mayor#2")
+    assert not kick_due(state_of(fed), "agent-mayor#2", T0)
+    assert not session_live(state_of(fed), "agent-mayor")  # no launch named: no login
     fed.send("gt.cmd.agent.stop")
-    assert kick_due(state_of(fed), "agent-mayor", T0)
+    assert kick_due(state_of(fed), "agent-mayor#2", T0)
     ask = cmds.TownAgentAsk(text="hi")
     assert route(state_of(fed), ask, None) == "mine"
     assert route(state_of(fed), ask, frozenset({"demo"})) == "elsewhere"
@@ -246,3 +262,33 @@ def test_the_answer_is_the_last_words_of_the_turn_the_request_began_once_it_ende
         {"type": "event_msg", "payload": {"type": "task_complete", "last_agent_message": "Filed it."}},
     )
     assert transcripts.answer_to(rollout, asked, transcripts.codex_mark) == "Filed it."
+
+
+def test_the_mayor_agent_needs_an_os_user_of_its_own_where_polecats_have_one() -> None:
+    polecats = OsUser(name="nobody", uid=65534, gid=65534, switch=True)
+    with pytest.raises(ValueError, match="GT_AGENT_USER's user"):
+        resolve_town_agents("nobody", polecats, euid=0)
+    assert resolve_town_agents("", polecats, euid=0) is None
+    fed = witness()
+    problem = "the polecats run as GT_AGENT_USER=agent, and the mayor agent has no OS user of its own"
+    refused = fed.reject("gt.cmd.agent.start", facts=witness_decide.TownAgentFacts(problem))
+    assert (refused.code, refused.message) == ("invalid", problem)
+    assert fed.send("gt.cmd.agent.start", facts=witness_decide.TownAgentFacts(None))["changed"] is True
+
+
+def test_the_mayor_agent_speaks_as_itself_to_polecats_and_in_escalations_and_reads_only_its_own_mail() -> None:
+    nudged = with_session(witness())
+    queued = nudged.send("gt.cmd.nudge.send", sender="agent:mayor", target="demo-1-1", message="push now")
+    assert queued["status"] == "queued"
+    [nudge] = nudged.projection.state.nudges.values()
+    assert nudge.message == "[gastown nudge from agent:mayor, an agent, not your operator] push now"
+    town = Deciding(new_mayor_projection(), mayor_decide.decide, clock=T0)
+    refused = town.reject("gt.cmd.bead.create", sender="agent:mayor", title="from operator", type="message")
+    assert refused.code == "unauthorized"
+    assert town.send("gt.cmd.bead.create", sender="agent:mayor", title="Add mean()")["changed"] is True
+    raised = town.send("gt.cmd.escalation.raise", sender="agent:mayor", severity="high", message="m", source="witness")
+    assert town.projection.state.escalations[raised["id"]].source == "agent:mayor"
+    to_mayor = town.send("gt.cmd.mail.send", to="mayor", subject="hi", body="b")["id"]
+    to_operator = town.send("gt.cmd.mail.send", sender="polecat:demo/ace", to="operator", subject="x", body="b")["id"]
+    assert town.send("gt.cmd.mail.read", sender="agent:mayor", id=to_mayor)["read"] is True
+    assert town.reject("gt.cmd.mail.read", sender="agent:mayor", id=to_operator).code == "unauthorized"

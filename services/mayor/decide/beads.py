@@ -8,8 +8,10 @@ from typing import Any
 from services.mayor.state import STATUS_RANK, STATUSES, Bead, MayorState, depends_on, is_ancestor
 from shared.core.errors import CommandError
 from shared.model.commands import BeadCreate, BeadSling, BeadUpdate
+from shared.model.commands.actors import TOWN_AGENT_PREFIX
 from shared.model.decision import Accepted, DecideContext, NewEvent
 from shared.model.events import BeadClaimed, BeadClosed, BeadCreated, BeadUpdated
+from shared.model.events.beads import WORK_TYPES
 from shared.model.results import BeadResult
 
 MAX_NEW_ID_TRIES = 8
@@ -39,6 +41,12 @@ def fresh_id(ctx: DecideContext, prefix: str, taken: Collection[str], chosen: st
 
 
 def create(state: MayorState, cmd: BeadCreate, ctx: DecideContext) -> Accepted[BeadResult]:
+    if ctx.actor.startswith(TOWN_AGENT_PREFIX) and cmd.type not in WORK_TYPES:
+        # Plumbing (a message bead is mail, whose sender its metadata names) is made by the commands that own it:
+        # the mayor agent's mail goes through mail.send, as itself.
+        raise CommandError(
+            "unauthorized", f"{ctx.actor} files work beads only ({', '.join(WORK_TYPES)}), not {cmd.type[:40]!r}"
+        )
     if cmd.parent is not None:
         get_bead(state, cmd.parent, field="parent")
     for need in cmd.needs:

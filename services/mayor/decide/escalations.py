@@ -7,6 +7,7 @@ from services.mayor.state import Escalation, MayorState
 from shared.core.errors import CommandError
 from shared.core.ids import ESCALATION_PREFIX
 from shared.model.commands import EscalationAck, EscalationClose, EscalationRaise
+from shared.model.commands.actors import TOWN_AGENT_PREFIX
 from shared.model.decision import Accepted, DecideContext, NewEvent
 from shared.model.events import EscalationAcked, EscalationClosed, EscalationRaised
 from shared.model.results import EscalationResult
@@ -26,8 +27,9 @@ def raise_(state: MayorState, cmd: EscalationRaise, ctx: DecideContext) -> Accep
     event = EscalationRaised(
         escalation_id=escalation_id,
         severity=cmd.severity,
-        # A polecat raises as itself: its actor comes from the subject it may publish on, its body is its own.
-        source=ctx.actor if ctx.actor.startswith("polecat:") else (cmd.source or ctx.actor),
+        # A polecat or the mayor agent raises as itself: its actor comes from the subject it may publish on, its body
+        # is its own (it may not say the witness or an operator raised it).
+        source=ctx.actor if ctx.actor.startswith(("polecat:", TOWN_AGENT_PREFIX)) else (cmd.source or ctx.actor),
         message=cmd.message,
         bead=cmd.bead,
         resolved_when=list(cmd.resolved_when),

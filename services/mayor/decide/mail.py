@@ -9,6 +9,7 @@ from services.mayor.state import MESSAGE_TYPE, READ_LABEL, Bead, MayorState, is_
 from shared.core.errors import CommandError
 from shared.core.ids import MAIL_PREFIX
 from shared.model.commands import MailArchive, MailRead, MailReply, MailSend
+from shared.model.commands.actors import TOWN_AGENT_PREFIX
 from shared.model.commands.mail import (
     ACCEPTED_ADDRESSES,
     OPERATOR_ADDRESS,
@@ -37,6 +38,9 @@ def own_message(state: MayorState, message_id: str, actor: str) -> Bead:
     or answer another polecat's); operators and services on any."""
     message = get_message(state, message_id)
     if POLECAT_ADDRESS.fullmatch(actor) and message.assignee != actor:
+        raise CommandError("unauthorized", f"message {message.id} is not in the inbox of {actor}")
+    if actor.startswith(TOWN_AGENT_PREFIX) and message.assignee != actor.removeprefix(TOWN_AGENT_PREFIX):
+        # The mayor agent's inbox is `mayor`'s: the operators' and the polecats' mail is theirs.
         raise CommandError("unauthorized", f"message {message.id} is not in the inbox of {actor}")
     return message
 
@@ -176,8 +180,8 @@ def reads_for_addressee(actor: str, addressee: str | None) -> bool:
     """Whether ``actor`` reading a message marks it read: only its addressee's reading does. The mayor's and the
     shared ``operator`` inbox are read by the operators, so any operator's reading counts there; an operator
     reading a polecat's (or another operator's) mail leaves it unread for them."""
-    if actor == addressee:
-        return True
+    if actor == addressee or (addressee is not None and actor == TOWN_AGENT_PREFIX + addressee):
+        return True  # the mayor agent (agent:mayor) reads the mayor's inbox
     return addressee in ("mayor", "operator") and OPERATOR_ADDRESS.fullmatch(actor) is not None
 
 

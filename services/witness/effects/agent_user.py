@@ -31,6 +31,18 @@ def resolve(name: str, *, euid: int | None = None) -> OsUser | None:
     return os_user.resolve("GT_AGENT_USER", name, service="witness", what="agents", euid=euid)
 
 
+def resolve_town_agents(name: str, agents: OsUser | None, *, euid: int | None = None) -> OsUser | None:
+    """The user ``GT_TOWN_AGENT_USER`` names (None when unset); ValueError when it cannot be used, or is the
+    polecats' (``agents``): one of them could then read the mayor agent's credential."""
+    user = os_user.resolve("GT_TOWN_AGENT_USER", name, service="witness", what="the town agents", euid=euid)
+    if user is not None and agents is not None and user.uid == agents.uid:
+        raise ValueError(
+            f"GT_TOWN_AGENT_USER={name}: that is GT_AGENT_USER's user; the mayor agent needs a user of its own "
+            "(polecats could read its credential otherwise): create one (useradd --system mayor)"
+        )
+    return user
+
+
 def check_reachable(user: OsUser | None, gt_home: Path) -> None:
     """Raise ValueError, saying what to do, when ``user`` could not pass through the directories that hold
     GT_HOME (the witness opens GT_HOME itself and what is under it, never what is above it: a home directory, say)."""

@@ -14,8 +14,8 @@ import msgspec
 from services.witness.state import WitnessState
 from shared.bus import auth_callout
 from shared.bus.connection import Connection, close_quietly, connect
-from shared.core import subjects
 from shared.core.config import TownConfig
+from shared.model import session_identity
 from shared.model.session_identity import SessionBuckets
 
 KICK_GRACE_S = 10.0
@@ -26,7 +26,7 @@ the command that ended it) finishes meanwhile; new logins are refused from the e
 def kick_due(state: WitnessState, session_id: str, now: datetime, grace_s: float = KICK_GRACE_S) -> bool:
     """Are the session's connections to be cut: it is unknown, or ended at least ``grace_s`` ago. A town agent's:
     once it is stopped."""
-    if subjects.town_agent_of_user(session_id) is not None:
+    if session_identity.town_agent_run_of(session_id) is not None:
         return not session_live(state, session_id)
     session = state.sessions.get(session_id)
     if session is None:
@@ -43,10 +43,11 @@ def kick_due(state: WitnessState, session_id: str, now: datetime, grace_s: float
 
 def session_live(state: WitnessState, login: str) -> bool:
     """May this session log in: the witness knows it and it has not ended (then its credential is dead). A town
-    agent (``agent-<name>``) may while it is started and not stopped."""
-    if (name := subjects.town_agent_of_user(login)) is not None:
-        agent = state.town_agents.get(name)
-        return agent is not None and agent.wanted
+    agent's launch (``agent-mayor#3``) may while it is started and that launch is its newest (at most one ahead of
+    the one recorded: minted right before its ``town_agent.launched`` is)."""
+    if (launch := session_identity.town_agent_run_of(login)) is not None:
+        agent = state.town_agents.get(launch[0])
+        return agent is not None and agent.wanted and launch[1] in (agent.run, agent.run + 1)
     session = state.sessions.get(login)
     return session is not None and session.status != "ended"
 

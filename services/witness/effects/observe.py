@@ -182,13 +182,14 @@ class Observer:
                 continue
             alive = agent.wanted and not pane.dead and pane.pane_pid == agent.pane_pid
             idle, answer = False, None
-            if alive and delivered_ask(agent) is not None:
-                answer = town_agent.answer_seen(self.host.config.gt_home, agent)
-            elif alive and agent.asks:
-                try:
+            try:
+                if alive and delivered_ask(agent) is not None:
+                    answer = town_agent.answer_seen(self.host.config.gt_home, agent)
+                elif alive and agent.asks:
                     idle = bool(runtime_for(agent.agent).idle(self.tmux.capture(agent.tmux_name, lines=SCREEN_LINES)))
-                except TmuxError:
-                    idle = False
+            except (TmuxError, OSError, RecursionError, ValueError) as exc:
+                # What its files or pane hold is the agent's: never the witness's patrol to fail on.
+                log.warning("town_agent_unreadable", agent=agent.name, error=repr(exc)[:300])
             out[agent.name] = TownAgentSeen(pane=True, alive=alive, idle=idle, answer=answer)
         return out
 

@@ -85,6 +85,9 @@ class Toolkit:
         self.agent_user = agent_user.resolve(settings.agent_user)
         agent_user.check_reachable(self.agent_user, host.config.gt_home)
         """The OS user agents run as (``GT_AGENT_USER``), checked at start-up; None: the witness's own."""
+        self.town_agent_user = agent_user.resolve_town_agents(settings.town_agent_user, self.agent_user)
+        agent_user.check_reachable(self.town_agent_user, host.config.gt_home)
+        """The OS user the town agents run as (``GT_TOWN_AGENT_USER``); None: the witness's own."""
         # A worktree's lock: one start, clean-up or done flow of a worktree at a time. A rig's: one git process
         # at a time that changes the rig's clone as a whole (clone, fetch, adding or removing a worktree, a push's
         # remote-tracking ref). Everything else of a session's start runs for many at once. Order: the worktree's

@@ -12,6 +12,7 @@ import asyncio
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import structlog
@@ -28,6 +29,7 @@ from shared.core import subjects
 from shared.host import git, processes, reaper, safe_files
 from shared.host.tmux import PaneInfo, TmuxError, typeable
 from shared.model import session_identity, transcripts
+from shared.model.commands import EscalationRaise
 from shared.model.decision import NewEvent
 from shared.model.events import TownAgentAnswered, TownAgentAskDelivered, TownAgentLaunched
 from shared.model.runtimes import runtime_for
@@ -36,6 +38,11 @@ log = structlog.get_logger(__name__)
 
 LAUNCH_TIMEOUT_S = 30.0
 """How long a launch waits for its pane's reaper to read the agent's command."""
+LAUNCH_RETRY_S = 5.0
+LAUNCH_RETRY_MAX_S = 300.0
+"""A launch that failed (its binary missing, a credential that cannot be minted, tmux refusing) is tried again after
+``LAUNCH_RETRY_S``, doubling up to this; the third failure in a row is escalated."""
+ESCALATE_AFTER_FAILURES = 3
 MAX_ANSWER = 16 * 1024
 """The most of an answer kept in ``town_agent.answered`` (an event: the log is no transcript store)."""
 
@@ -57,6 +64,11 @@ def workspace(gt_home: Path, agent: TownAgent) -> Path:
     return agent_dir(gt_home, agent) / "work"
 
 
+def password_file(gt_home: Path, agent: TownAgent) -> Path:
+    """Its NATS password (``NATS_PASSWORD_FILE``), in the witness's ``secrets`` beside its pane's launch FIFO."""
+    return agents_dir(gt_home) / "secrets" / f"{agent.user}.nats-password"
+
+
 def beacon(agent: TownAgent) -> str:
     return (
         f"[gastown] You are the town's {agent.name} agent: the operator talks to the town through you. Run `gt prime` "
@@ -72,7 +84,7 @@ def answer_seen(gt_home: Path, agent: TownAgent) -> str | None:
     if ask is None:
         return None
     runtime = runtime_for(agent.agent)
-    lines = transcript_read.newest_lines(runtime_dir(gt_home, agent), runtime)
+    lines = transcript_read.lines_since(runtime_dir(gt_home, agent), runtime, ask.transcript, ask.offset)
     return transcripts.answer_to(lines, ask.text, runtime.turn_mark)
 
 
@@ -85,6 +97,18 @@ class TownAgents:
         self._agent_credentials = (
             settings.agent_credentials if settings.agent_credentials is not None else agent_nats_credentials(os.environ)
         )
+        self._failures: dict[str, tuple[int, float]] = {}
+        """Town agent -> (its launches that failed in a row, when the last did: ``time.monotonic()``)."""
+
+    def problem(self) -> str | None:
+        """Why no town agent may be started here (``agent.start`` is refused saying so); None: it may."""
+        if self.kit.agent_user is not None and self.kit.town_agent_user is None:
+            return (
+                f"the polecats run as GT_AGENT_USER={self.kit.agent_user.name}, and the mayor agent has no OS user of "
+                "its own: set GT_TOWN_AGENT_USER on the witness to another unprivileged user (the image has `mayor`), "
+                "or a polecat could read its credential"
+            )
+        return None
 
     def _agent(self, name: str) -> TownAgent | None:
         return self.kit.host.state.town_agents.get(name)
@@ -99,7 +123,15 @@ class TownAgents:
         agent = self._agent(action.name)
         if agent is None or not agent.wanted or agent.run + 1 != action.run:
             return  # stopped, or launched meanwhile
-        pane = await asyncio.to_thread(self._pane, agent)
+        failed, at = self._failures.get(agent.name, (0, 0.0))
+        if failed and time.monotonic() - at < min(LAUNCH_RETRY_MAX_S, LAUNCH_RETRY_S * 2 ** (failed - 1)):
+            return  # backing off: the plan asks again at a later patrol
+        try:
+            pane = await asyncio.to_thread(self._pane, agent, action.run)
+        except Exception as exc:  # noqa: BLE001 - any failure is retried with backoff, then escalated
+            await self._failed(agent, failed + 1, exc)
+            return
+        self._failures.pop(agent.name, None)
         ref = processes.ref_of(pane.pane_pid)
         event = TownAgentLaunched(
             name=agent.name,
@@ -111,7 +143,20 @@ class TownAgents:
         if await self.kit.append(NewEvent(payload=event, expected_seq=agent.version)):
             log.info("town_agent_launched", agent=agent.name, run=action.run, runtime=agent.agent)
 
-    def _pane(self, agent: TownAgent) -> PaneInfo:
+    async def _failed(self, agent: TownAgent, failures: int, exc: Exception) -> None:
+        self._failures[agent.name] = (failures, time.monotonic())
+        log.warning("town_agent_launch_failed", agent=agent.name, failures=failures, error=repr(exc)[:500])
+        if failures == ESCALATE_AFTER_FAILURES:
+            message = (
+                f"the {agent.name} agent ({agent.agent}) could not be launched {failures} times in a row: "
+                f"{str(exc)[:300]}; the witness keeps trying (`gt mayor stop` ends that)"
+            )
+            cmd_id = f"town-agent-launch-{agent.name}-{agent.run + 1}"
+            await self.kit.host.store(
+                EscalationRaise(severity="high", message=message, source="witness", cmd_id=cmd_id)
+            )
+
+    def _pane(self, agent: TownAgent, run: int) -> PaneInfo:
         """The agent's pane: one launched before a crash and never recorded is adopted; a dead one is ended and a
         new one launched."""
         tmux = self.kit.tmux
@@ -134,8 +179,9 @@ class TownAgents:
             fifo.unlink(missing_ok=True)
             raise
         try:
-            command, env = self._command(agent, secrets)
-            run_as = self.kit.agent_user.argv_prefix() if self.kit.agent_user is not None else ()
+            command, env = self._command(agent, run, secrets)
+            user = self.kit.town_agent_user
+            run_as = user.argv_prefix() if user is not None else ()
             argv = [*run_as, "sh", "-c", f"cd -- {shlex.quote(str(workspace(self._home, agent)))} && {command}"]
             reaper.give_launch(str(fifo), argv, env, timeout=LAUNCH_TIMEOUT_S)
         except BaseException:
@@ -144,30 +190,34 @@ class TownAgents:
             raise
         return pane
 
-    def _command(self, agent: TownAgent, secrets: Path) -> tuple[str, dict[str, str]]:
+    def _command(self, agent: TownAgent, run: int, secrets: Path) -> tuple[str, dict[str, str]]:
         """The agent's command line and environment, its runtime's files written first."""
         home, kit = self._home, self.kit
         work, runtime_home = workspace(home, agent), runtime_dir(home, agent)
-        for folder in (work, runtime_home):
+        for folder in (agent_dir(home, agent), work, runtime_home):
+            # Its folders are the agent's: one it swapped for a link (to a directory the witness would then write
+            # into as root: a `git init`, its runtime's files) is never followed.
+            if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+                raise safe_files.UnsafeFileError(f"{folder} is not a directory of the {agent.name} agent's own")
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not (work / ".git").is_dir():
             git.git("init", "-q", str(work), cwd=work)  # its runtime trusts a repository; its notes may go there
-        env = self._env(agent, secrets)
+        env = self._env(agent, run, secrets)
         runtime = runtime_for(agent.agent)
-        owner = (kit.agent_user.uid, kit.agent_user.gid) if kit.agent_user is not None else None
+        user = kit.town_agent_user
+        owner = (user.uid, user.gid) if user is not None else None
         binary, added = runtime_setup.prepare(
             runtime,
             worktree=work,
             session_dir=runtime_home,
             env=os.environ,
-            as_root=os.geteuid() == 0 and kit.agent_user is None,
+            as_root=os.geteuid() == 0 and user is None,
             owner=owner,
         )
         env.update(added)
-        if kit.agent_user is not None:
-            # As a polecat's: its own directory and password file are the agents' user's, and it may pass through
-            # the town's directories above them (to nothing else of theirs).
-            user = kit.agent_user
+        if user is not None:
+            # As a polecat's: its own directory and password file are its user's, and it may pass through the town's
+            # directories above them (to nothing else of theirs).
             password = env.get("NATS_PASSWORD_FILE")
             user.hand_over(agent_dir(home, agent))
             if password:
@@ -176,7 +226,7 @@ class TownAgents:
             env.update(USER=user.name, LOGNAME=user.name)
         return runtime.command(beacon(agent), binary), env
 
-    def _env(self, agent: TownAgent, secrets: Path) -> dict[str, str]:
+    def _env(self, agent: TownAgent, run: int, secrets: Path) -> dict[str, str]:
         config = self.kit.host.config
         bin_dir = str(Path(sys.executable).parent)
         env = {
@@ -192,9 +242,9 @@ class TownAgents:
             "GIT_COMMITTER_NAME": f"{agent.name} agent",
             "GIT_COMMITTER_EMAIL": f"{agent.name}.agent@gastown.invalid",
         }
-        env.update(self._credentials(agent))
+        env.update(self._credentials(agent, run))
         if (password := env.pop("NATS_PASSWORD", None)) is not None:
-            path = secrets / f"{agent.user}.nats-password"
+            path = password_file(self._home, agent)
             safe_files.write_private(path, password + "\n")
             env["NATS_PASSWORD_FILE"] = str(path)
         for key in (*AGENT_ENV_PASSTHROUGH, *self.kit.settings.agent_env):
@@ -202,14 +252,16 @@ class TownAgents:
                 env[key] = os.environ[key]
         return env
 
-    def _credentials(self, agent: TownAgent) -> dict[str, str]:
+    def _credentials(self, agent: TownAgent, run: int) -> dict[str, str]:
         """Its own NATS identity when the witness answers the auth callout (``agent-<name>``, a password minted
-        for it, its own inbox); else the agents' shared credentials, as a session's."""
+        for this run of it, its own inbox); else the agents' shared credentials, as a session's."""
         callout = self.kit.host.callout
         if callout is None:
             return dict(self._agent_credentials)
         expires_at = int(self.kit.host.clock().timestamp() + callout.credential_ttl_s)
-        password = session_identity.mint_town_agent(callout.session_key, name=agent.name, expires_at=expires_at)
+        password = session_identity.mint_town_agent(
+            callout.session_key, name=agent.name, run=run, expires_at=expires_at
+        )
         return {
             "NATS_USER": agent.user,
             "NATS_PASSWORD": password,
@@ -223,6 +275,7 @@ class TownAgents:
         if agent is None or agent.wanted:
             return
         ended = await asyncio.to_thread(self.kit.tmux.kill_if_labelled, agent.tmux_name, agent.user)
+        password_file(self._home, agent).unlink(missing_ok=True)  # dead anyway (its run), gone from the disk too
         if ended:
             log.info("town_agent_ended", agent=agent.name, run=agent.run)
 
@@ -231,14 +284,22 @@ class TownAgents:
         ask = next((a for a in agent.asks if a.id == action.ask), None) if agent is not None else None
         if agent is None or ask is None or agent.run != action.run or ask.delivered_run == agent.run:
             return
-        typing = runtime_for(agent.agent).nudge(ask.text)
+        runtime = runtime_for(agent.agent)
+        folder = runtime_dir(self._home, agent)
+        # Where its transcript ends now: the answer is what follows (an earlier turn's is never taken for it).
+        before = await asyncio.to_thread(transcript_read.newest, folder, runtime)
+        transcript = str(before.relative_to(folder)) if before is not None else ""
+        offset = await asyncio.to_thread(transcript_read.size_of, before) if before is not None else 0
+        typing = runtime.nudge(ask.text)
         attempts = await asyncio.to_thread(
             type_into, self.kit, agent.tmux_name, agent.user, typeable(typing.text), typing.submit
         )
         if not attempts:
             log.warning("town_agent_ask_not_typed", agent=agent.name, ask=ask.id)
             return  # tried again at the next patrol where the agent is at its prompt
-        event = TownAgentAskDelivered(name=agent.name, ask_id=ask.id, run=agent.run)
+        event = TownAgentAskDelivered(
+            name=agent.name, ask_id=ask.id, run=agent.run, transcript=transcript, offset=offset
+        )
         if await self.kit.append(NewEvent(payload=event, expected_seq=agent.version)):
             log.info("town_agent_ask_delivered", agent=agent.name, ask=ask.id, run=agent.run)
 

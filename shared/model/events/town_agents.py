@@ -56,6 +56,10 @@ class TownAgentAskDelivered(TownAgentEvent, frozen=True, kw_only=True):
     TYPE: ClassVar[str] = "town_agent.ask_delivered"
     ask_id: str
     run: int
+    transcript: str = ""
+    """The runtime's newest transcript when it was typed (relative to its runtime dir; empty: none yet)."""
+    offset: int = 0
+    """Where that transcript ended then: its answer is read from there on (``transcripts.answer_to``)."""
 
 
 class TownAgentAnswered(TownAgentEvent, frozen=True, kw_only=True):
