@@ -210,6 +210,10 @@ GARBAGE_LOGINS = [
     ("hq-aaaaaa-1", "v1.d\u00e9mo.ace.hq-aaaaaa.1.\u00ff\u00fe"),
     ("x" * 10_000, "y"),
     ("hq-aaaaaa-1", "v1.demo.ace.hq-aaaaaa.1." + "[" * 1000),
+    # The mayor agent's shape, forged or for an agent that does not run.
+    ("agent-mayor", "a1.mayor.1.99999999999.00"),
+    ("agent-mayor", "a1.mayor.-1.1.00"),
+    ("agent-deputy", "a1.deputy.1.99999999999.00"),
 ]
 
 
