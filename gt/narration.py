@@ -314,6 +314,7 @@ DESCRIBERS: dict[str, Callable[[dict[str, Any]], Described]] = {
     "town_agent.asked": _plain("{asked_by} asked the {name} agent ({ask_id}): {text}", "info"),
     "town_agent.ask_delivered": _plain("request {ask_id} typed into the {name} agent (run {run})", "quiet"),
     "town_agent.answered": _plain("the {name} agent answered {ask_id}: {text}", "good"),
+    "town_agent.told": _plain("the {name} agent was told of {notice}", "quiet"),
     "nudge.queued": _plain("nudge {nudge_id} queued for {rig}/{polecat}: {message}", "info"),
     "nudge.delivered": _plain("nudge {nudge_id} delivered to session {session}", "info"),
     "nudge.expired": _plain("nudge {nudge_id} expired: {reason}", "warn"),

@@ -10,6 +10,7 @@ import msgspec
 
 from services.witness.state import (
     MAIL_NUDGE_PREFIX,
+    MAX_NOTICES,
     TOWN_AGENT_LAUNCHES_KEPT,
     MailNotice,
     MergeFailure,
@@ -17,6 +18,7 @@ from services.witness.state import (
     Session,
     TownAgent,
     TownAgentAsk,
+    TownAgentNotice,
     UsageMark,
     WitnessState,
     WorkBead,
@@ -33,6 +35,7 @@ from shared.model.events import (
     BeadUnslung,
     BeadUpdated,
     Envelope,
+    EscalationRaised,
     Event,
     GateOpened,
     GcSwept,
@@ -71,6 +74,7 @@ from shared.model.events import (
     TownAgentLaunched,
     TownAgentStarted,
     TownAgentStopped,
+    TownAgentTold,
 )
 from shared.model.events.beads import WORKING, forward
 from shared.model.events.sessions import ACTIVE_SESSION
@@ -130,7 +134,13 @@ def _bead_created(payload: BeadCreated, state: WitnessState, env: Envelope, seq:
 
 
 def _mail_created(payload: BeadCreated, state: WitnessState) -> None:
-    """A message to a polecat: its live session is to be told (``plan._mail``)."""
+    """A message to a polecat: its live session is to be told (``plan._mail``); to a running town agent
+    (``mayor``): it is told when it waits at its prompt."""
+    if (payload.assignee or "") in state.town_agents:
+        sender = payload.metadata.get("from", "someone")
+        notice = TownAgentNotice(id=payload.bead_id, kind="mail", sender=sender, subject=payload.title)
+        _notify_town_agent(state, payload.assignee or "", notice)
+        return
     addressed = polecat_of(payload.assignee or "")
     if addressed is None or payload.bead_id in state.mail:
         return
@@ -147,6 +157,9 @@ def _mail_created(payload: BeadCreated, state: WitnessState) -> None:
 def _bead_updated(payload: BeadUpdated, state: WitnessState, env: Envelope, seq: int) -> None:
     if payload.bead_id in state.mail and READ_LABEL in (payload.add_labels or ()):
         del state.mail[payload.bead_id]  # read: nothing more to tell
+    if READ_LABEL in (payload.add_labels or ()):
+        for agent in state.town_agents.values():
+            agent.notices = [n for n in agent.notices if (n.kind, n.id) != ("mail", payload.bead_id)]
     bead = state.beads.get(payload.bead_id)
     if bead is not None and not isinstance(payload.title, msgspec.UnsetType):
         bead.title = payload.title  # the next session's beacon names it as it is now
@@ -483,6 +496,30 @@ def _town_agent(payload: TownAgentEvent, state: WitnessState, env: Envelope, seq
                     ask.transcript, ask.offset = payload.transcript, payload.offset
         case TownAgentAnswered():
             agent.asks = [ask for ask in agent.asks if ask.id != payload.ask_id]
+        case TownAgentTold():
+            agent.notices = [n for n in agent.notices if n.id != payload.notice]
+
+
+def _notify_town_agent(state: WitnessState, name: str, notice: TownAgentNotice) -> None:
+    """A notice for a running town agent (one stopped, or never started, reads it in its prime when started)."""
+    agent = state.town_agents.get(name)
+    if agent is None or not agent.wanted or any(n.id == notice.id for n in agent.notices):
+        return
+    agent.notices = [*agent.notices, notice][-MAX_NOTICES:]
+
+
+@fold.register
+def _escalation_raised(payload: EscalationRaised, state: WitnessState, env: Envelope, seq: int) -> None:
+    for name in state.town_agents:
+        if payload.source != f"agent:{name}":  # its own escalation is not news to it
+            notice = TownAgentNotice(
+                id=payload.escalation_id,
+                kind="escalation",
+                sender=payload.source,
+                subject=payload.message,
+                severity=payload.severity,
+            )
+            _notify_town_agent(state, name, notice)
 
 
 @fold.register

@@ -94,6 +94,8 @@ class UsageMark(msgspec.Struct, kw_only=True, gc=False):
 
 
 TOWN_AGENT_LAUNCHES_KEPT = 5
+MAX_NOTICES = 50
+"""Notices kept for a town agent: a flood of mail or escalations is told up to this many (its prime lists them)."""
 """How many of a town agent's launch times are kept: its restarts back off over that many."""
 
 
@@ -109,6 +111,21 @@ class TownAgentAsk(msgspec.Struct, kw_only=True, gc=False):
     transcript: str = ""
     """The transcript its answer is read from, from ``offset`` (``town_agent.ask_delivered``)."""
     offset: int = 0
+
+
+class TownAgentNotice(msgspec.Struct, kw_only=True, gc=False):
+    """What a town agent is to be told when it waits at its prompt: mail to it, an escalation raised (their words
+    are others', typed quoted on one line: ``effects/town_agent.py``)."""
+
+    id: str
+    """The message's or the escalation's id."""
+    kind: str
+    """``mail`` or ``escalation``."""
+    sender: str
+    """The mail's sender; the escalation's source."""
+    subject: str
+    """The mail's subject; the escalation's message."""
+    severity: str = ""
 
 
 class TownAgent(msgspec.Struct, kw_only=True, gc=False):
@@ -130,6 +147,8 @@ class TownAgent(msgspec.Struct, kw_only=True, gc=False):
     """When its recent sessions were launched (the newest ``TOWN_AGENT_LAUNCHES_KEPT``): restarts back off."""
     asks: list[TownAgentAsk] = []
     """Requests not answered yet, oldest first."""
+    notices: list[TownAgentNotice] = []
+    """What it is to be told (mail to it, escalations) and was not yet, oldest first (at most ``MAX_NOTICES``)."""
 
     @property
     def tmux_name(self) -> str:

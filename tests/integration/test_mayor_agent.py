@@ -227,3 +227,64 @@ async def test_a_mayor_agent_that_cannot_be_launched_is_retried_with_backoff_the
     assert list(elsewhere.iterdir()) == []  # nothing written through the link
     assert pt.witness is not None
     assert pt.witness.state.town_agents["mayor"].run == 0
+
+
+async def test_mail_to_the_mayor_and_an_escalation_are_typed_in_when_it_waits_and_it_acts_on_them(
+    pt: PolecatTown, cli: AgentCli, monkeypatch: pytest.MonkeyPatch, gt_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = _env(pt, gt_env)
+    mail_id, escalation_id = tmp_path / "mail-id", tmp_path / "escalation-id"
+    script = Script(
+        name="mayor-told",
+        turns=(
+            *primed(),
+            use(bash(f'gt mail read "$(cat {mail_id})"', expect="ship on Friday"), prompt="[gastown mail from"),
+            say("Read the operator's mail."),
+            use(
+                bash(f'gt escalation ack "$(cat {escalation_id})"', expect="acked"),
+                prompt="[gastown escalation",
+            ),
+            say("Acknowledged it."),
+        ),
+    )
+    async with ModelServer([script], default="mayor-told") as server:
+        for variable, value in cli.witness_env(server.base_url).items():
+            monkeypatch.setenv(variable, value)
+        try:
+            assert (await asyncio.to_thread(gt_run, env, "mayor", "start")).returncode == 0
+
+            def waiting_at_its_prompt() -> bool:
+                assert [r.turn for r in server.requests if r.kind == "turn"][-1:] == [1], server.failures
+                return True
+
+            await assert_eventually(waiting_at_its_prompt, timeout=120)
+            sent = await asyncio.to_thread(
+                gt_run, env, "mail", "send", "mayor", "--subject", "Release?", "--body", "Can it ship on Friday?"
+            )
+            assert sent.returncode == 0, sent.stderr
+            mail_id.write_text(sent.stdout.split(":")[0].strip())
+            assert pt.mayor is not None
+
+            def read() -> bool:
+                assert pt.mayor is not None
+                assert "read" in pt.mayor.projection.state.beads[mail_id.read_text()].labels, server.failures
+                return True
+
+            await assert_eventually(read, timeout=120)
+            raised = await asyncio.to_thread(gt_run, env, "escalate", "CI runners are slow", "--severity", "medium")
+            assert raised.returncode == 0, raised.stderr
+            escalation_id.write_text(raised.stdout.strip())
+
+            def acked() -> bool:
+                assert pt.mayor is not None
+                status = pt.mayor.projection.state.escalations[escalation_id.read_text()].status
+                assert status == "acked", (status, server.failures)
+                return True
+
+            await assert_eventually(acked, timeout=120)
+        finally:
+            server.release()
+            await asyncio.to_thread(gt_run, env, "mayor", "stop")
+    assert server.failures == [], server.failures
+    told = [str(e["data"]["notice"]) for e in _log(pt, env) if e["type"] == "town_agent.told"]
+    assert told == [mail_id.read_text(), escalation_id.read_text()]

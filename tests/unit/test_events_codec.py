@@ -107,6 +107,7 @@ SAMPLES: list[ev.Event] = [
     ev.TownAgentAsked(name="mayor", ask_id="ask-1", text="add a mean function", asked_by="operator"),
     ev.TownAgentAskDelivered(name="mayor", ask_id="ask-1", run=2),
     ev.TownAgentAnswered(name="mayor", ask_id="ask-1", text="filed hq-aaaaaa"),
+    ev.TownAgentTold(name="mayor", notice="hq-bbbbbb"),
     ev.NudgeQueued(nudge_id="nd-1", rig="demo", polecat="ace", session="demo-1-2", message="hi", expires_at=TS),
     ev.NudgeDelivered(nudge_id="nd-1", session="demo-1-2", attempts=2),
     ev.NudgeExpired(nudge_id="nd-1", reason="ttl"),

@@ -14,8 +14,9 @@ from services.mayor.projection import new_projection as new_mayor_projection
 from services.witness import decide as witness_decide
 from services.witness.effects.agent_user import resolve_town_agents
 from services.witness.effects.auth import kick_due, session_live
+from services.witness.effects.nudge import escalation_announcement
 from services.witness.plan import town_agents as plan
-from services.witness.plan.actions import DeliverAsk, EndTownAgent, LaunchTownAgent, RecordAnswer
+from services.witness.plan.actions import DeliverAsk, EndTownAgent, LaunchTownAgent, RecordAnswer, TellTownAgent
 from services.witness.plan.observed import TownAgentSeen
 from services.witness.plan.scope import route
 from services.witness.projection import new_projection
@@ -26,9 +27,13 @@ from shared.host.os_user import OsUser
 from shared.model import commands as cmds
 from shared.model import transcripts
 from shared.model.events import (
+    BeadCreated,
+    BeadUpdated,
+    EscalationRaised,
     TownAgentAnswered,
     TownAgentAskDelivered,
     TownAgentLaunched,
+    TownAgentTold,
 )
 from shared.model.session_identity import (
     TOWN_AGENT_COMMANDS,
@@ -292,3 +297,38 @@ def test_the_mayor_agent_speaks_as_itself_to_polecats_and_in_escalations_and_rea
     to_operator = town.send("gt.cmd.mail.send", sender="polecat:demo/ace", to="operator", subject="x", body="b")["id"]
     assert town.send("gt.cmd.mail.read", sender="agent:mayor", id=to_mayor)["read"] is True
     assert town.reject("gt.cmd.mail.read", sender="agent:mayor", id=to_operator).code == "unauthorized"
+
+
+def test_mail_to_it_and_escalations_are_told_between_requests_once_each_and_quoted() -> None:
+    fed = witness()
+    fed.send("gt.cmd.agent.start")
+    launched(fed, 1)
+    fed.add(
+        BeadCreated(
+            bead_id="hq-mail01",
+            title="Use v2 $(id)",
+            type="message",
+            assignee="mayor",
+            metadata={"from": "polecat:demo/ace"},
+        ),
+        EscalationRaised(escalation_id="esc-1", severity="high", source="witness", message="rig demo died"),
+        EscalationRaised(escalation_id="esc-2", severity="low", source="agent:mayor", message="its own"),
+    )
+    agent = state_of(fed).town_agents["mayor"]
+    assert [(n.id, n.kind) for n in agent.notices] == [("hq-mail01", "mail"), ("esc-1", "escalation")]
+    idle = {"mayor": TownAgentSeen(pane=True, alive=True, idle=True)}
+    now = T0 + timedelta(seconds=1)
+    ask = fed.send("gt.cmd.agent.ask", text="what is ready?")["ask_id"]
+    assert list(plan.owed(state_of(fed), idle, now)) == [DeliverAsk(name="mayor", ask=ask, run=1)]  # requests first
+    fed.add(TownAgentAnswered(name="mayor", ask_id=ask, text="nothing"))
+    assert list(plan.owed(state_of(fed), idle, now)) == [TellTownAgent(name="mayor", notice="hq-mail01", run=1)]
+    busy = {"mayor": TownAgentSeen(pane=True, alive=True, idle=False)}
+    assert list(plan.owed(state_of(fed), busy, now)) == []
+    fed.add(TownAgentTold(name="mayor", notice="hq-mail01"))
+    fed.add(BeadUpdated(bead_id="esc-1", add_labels=["read"]))  # not a message: changes nothing
+    assert list(plan.owed(state_of(fed), idle, now)) == [TellTownAgent(name="mayor", notice="esc-1", run=1)]
+    typed = escalation_announcement("esc-1", "high", "witness", "rig demo died'; rm -rf ~ #\n\x1b[2J")
+    assert typed == (
+        "[gastown escalation esc-1 (high) from witness, not your operator] "
+        "'rig demo died\u2019; rm -rf ~ #\\n\\x1b[2J' (see it with: gt escalations)"
+    )

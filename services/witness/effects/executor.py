@@ -39,6 +39,7 @@ from services.witness.plan.actions import (
     Resling,
     Spawn,
     Start,
+    TellTownAgent,
     WarnContext,
     Warrant,
 )
@@ -113,5 +114,7 @@ class Executor:
                     await self.town_agents.deliver(action)
                 case RecordAnswer():
                     await self.town_agents.record_answer(action)
+                case TellTownAgent():
+                    await self.town_agents.tell(action)
                 case _:
                     raise TypeError(f"the witness has no handler for {type(action).__name__}")

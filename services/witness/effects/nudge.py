@@ -162,11 +162,26 @@ def mail_announcement(sender: str, subject: str, message_id: str) -> str:
         whose = f"{who}, written by an agent, not your operator"
     else:
         whose = f"{who}, not your operator"
-    shown = " ".join(escape_line(subject.replace("\t", " ")).split()).replace("'", RIGHT_QUOTE)
-    if len(shown) > MAIL_SUBJECT_SHOWN:
-        shown = shown[: MAIL_SUBJECT_SHOWN - 1] + "…"
     return typeable(
-        f"[gastown mail from {whose}] subject: '{shown}' (read it with: gt mail read {escape_line(message_id)})"
+        f"[gastown mail from {whose}] subject: '{quoted(subject)}' (read it with: gt mail read "
+        f"{escape_line(message_id)})"
+    )
+
+
+def quoted(text: str, limit: int = MAIL_SUBJECT_SHOWN) -> str:
+    """Another's words as they are typed into a pane, between single quotes (in which a shell expands nothing):
+    one line, control characters escaped, its own single quotes turned into right quotation marks (U+2019) so it
+    cannot end them, cut to ``limit``."""
+    shown = " ".join(escape_line(text.replace("\t", " ")).split()).replace("'", RIGHT_QUOTE)
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+def escalation_announcement(escalation_id: str, severity: str, source: str, message: str) -> str:
+    """The line typed into the mayor agent's pane to tell of an escalation: whose (not the operator's), its message
+    quoted as a mail's subject is (``mail_announcement``), and how to see it."""
+    return typeable(
+        f"[gastown escalation {escape_line(escalation_id)} ({escape_line(severity)}) from {escape_line(source)}, "
+        f"not your operator] '{quoted(message)}' (see it with: gt escalations)"
     )
 
 

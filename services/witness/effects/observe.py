@@ -185,7 +185,7 @@ class Observer:
             try:
                 if alive and delivered_ask(agent) is not None:
                     answer = town_agent.answer_seen(self.host.config.gt_home, agent)
-                elif alive and agent.asks:
+                elif alive and (agent.asks or agent.notices):
                     idle = bool(runtime_for(agent.agent).idle(self.tmux.capture(agent.tmux_name, lines=SCREEN_LINES)))
             except (TmuxError, OSError, RecursionError, ValueError) as exc:
                 # What its files or pane hold is the agent's: never the witness's patrol to fail on.

@@ -20,9 +20,9 @@ import structlog
 from services.witness.effects import agent_user, runtime_setup, transcript_read
 from services.witness.effects.agent_creds import agent_nats_credentials, is_credential
 from services.witness.effects.agent_env import AGENT_ENV_PASSTHROUGH, AGENT_TERM
-from services.witness.effects.nudge import type_into
+from services.witness.effects.nudge import escalation_announcement, mail_announcement, type_into
 from services.witness.effects.toolkit import Toolkit
-from services.witness.plan.actions import DeliverAsk, EndTownAgent, LaunchTownAgent, RecordAnswer
+from services.witness.plan.actions import DeliverAsk, EndTownAgent, LaunchTownAgent, RecordAnswer, TellTownAgent
 from services.witness.plan.town_agents import delivered_ask
 from services.witness.state import TownAgent
 from shared.core import subjects
@@ -31,7 +31,7 @@ from shared.host.tmux import PaneInfo, TmuxError, typeable
 from shared.model import session_identity, transcripts
 from shared.model.commands import EscalationRaise
 from shared.model.decision import NewEvent
-from shared.model.events import TownAgentAnswered, TownAgentAskDelivered, TownAgentLaunched
+from shared.model.events import TownAgentAnswered, TownAgentAskDelivered, TownAgentLaunched, TownAgentTold
 from shared.model.runtimes import runtime_for
 
 log = structlog.get_logger(__name__)
@@ -302,6 +302,27 @@ class TownAgents:
         )
         if await self.kit.append(NewEvent(payload=event, expected_seq=agent.version)):
             log.info("town_agent_ask_delivered", agent=agent.name, ask=ask.id, run=agent.run)
+
+    async def tell(self, action: TellTownAgent) -> None:
+        agent = self._agent(action.name)
+        notice = next((n for n in agent.notices if n.id == action.notice), None) if agent is not None else None
+        if agent is None or notice is None or agent.run != action.run:
+            return
+        if notice.kind == "mail":
+            text = mail_announcement(notice.sender, notice.subject, notice.id)
+        else:
+            text = escalation_announcement(notice.id, notice.severity, notice.sender, notice.subject)
+        typing = runtime_for(agent.agent).nudge(text)
+        attempts = await asyncio.to_thread(
+            type_into, self.kit, agent.tmux_name, agent.user, typeable(typing.text), typing.submit
+        )
+        if not attempts:
+            log.warning("town_agent_notice_not_typed", agent=agent.name, notice=notice.id)
+            return
+        if await self.kit.append(
+            NewEvent(payload=TownAgentTold(name=agent.name, notice=notice.id), expected_seq=agent.version)
+        ):
+            log.info("town_agent_told", agent=agent.name, notice=notice.id, kind=notice.kind)
 
     async def record_answer(self, action: RecordAnswer) -> None:
         agent = self._agent(action.name)

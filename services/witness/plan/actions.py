@@ -231,6 +231,15 @@ class DeliverAsk(TownAgentAction, frozen=True, kw_only=True):
     run: int
 
 
+class TellTownAgent(TownAgentAction, frozen=True, kw_only=True):
+    """The agent waits at its prompt with no request of its own: type in a notice (mail to it, an escalation), then
+    record ``town_agent.told``."""
+
+    PRIORITY: ClassVar[int] = 3
+    notice: str
+    run: int
+
+
 class RecordAnswer(TownAgentAction, frozen=True, kw_only=True):
     """The agent ended the turn a request began: record its last words as the answer (``town_agent.answered``)."""
 

@@ -1,13 +1,21 @@
 """What the witness owes the town agents (docs/mayor-agent.md): a session of each wanted agent, launched again
 when it died (backing off when it keeps dying), ended when the agent was stopped; its requests typed in when it is
-at its prompt, one at a time; the answer recorded when the turn a request began ended. Pure."""
+at its prompt, one at a time; the answer recorded when the turn a request began ended; between requests, what it is
+to be told (mail to it, escalations). Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
-from services.witness.plan.actions import Action, DeliverAsk, EndTownAgent, LaunchTownAgent, RecordAnswer
+from services.witness.plan.actions import (
+    Action,
+    DeliverAsk,
+    EndTownAgent,
+    LaunchTownAgent,
+    RecordAnswer,
+    TellTownAgent,
+)
 from services.witness.plan.observed import TownAgentSeen
 from services.witness.state import TOWN_AGENT_LAUNCHES_KEPT, TownAgent, TownAgentAsk, WitnessState
 
@@ -36,6 +44,9 @@ def owed(state: WitnessState, seen: dict[str, TownAgentSeen], now: datetime) -> 
         waiting = next((ask for ask in agent.asks if ask.delivered_run < agent.run), None)
         if waiting is not None and looked.idle:
             yield DeliverAsk(name=agent.name, ask=waiting.id, run=agent.run)
+        elif waiting is None and agent.notices and looked.idle:
+            # Told only between requests: a request's turn is never interrupted, nor its answer mixed with a notice.
+            yield TellTownAgent(name=agent.name, notice=agent.notices[0].id, run=agent.run)
 
 
 def delivered_ask(agent: TownAgent) -> TownAgentAsk | None:

@@ -111,6 +111,7 @@ from shared.model.events.town_agents import (
     TownAgentLaunched,
     TownAgentStarted,
     TownAgentStopped,
+    TownAgentTold,
 )
 from shared.model.events.usage import USAGE_EVENTS, SessionUsage
 
@@ -229,6 +230,7 @@ __all__ = [
     "TownAgentLaunched",
     "TownAgentStarted",
     "TownAgentStopped",
+    "TownAgentTold",
     "decode_envelope",
     "encode_event",
 ]

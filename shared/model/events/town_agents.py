@@ -70,6 +70,14 @@ class TownAgentAnswered(TownAgentEvent, frozen=True, kw_only=True):
     text: str
 
 
+class TownAgentTold(TownAgentEvent, frozen=True, kw_only=True):
+    """A notice was typed into the agent's session while it waited at its prompt: mail to it (``notice``: the
+    message's id) or an escalation raised (its id)."""
+
+    TYPE: ClassVar[str] = "town_agent.told"
+    notice: str
+
+
 TOWN_AGENT_EVENTS: tuple[type[TownAgentEvent], ...] = (
     TownAgentStarted,
     TownAgentStopped,
@@ -77,4 +85,5 @@ TOWN_AGENT_EVENTS: tuple[type[TownAgentEvent], ...] = (
     TownAgentAsked,
     TownAgentAskDelivered,
     TownAgentAnswered,
+    TownAgentTold,
 )
