@@ -196,5 +196,21 @@ def answer_to(lines: Iterable[bytes], prompt: str, marks_of: MarksOf) -> str | N
     return answer
 
 
+def heard(lines: Iterable[bytes], prompt: str, marks_of: MarksOf) -> tuple[bool, bool]:
+    """(the agent's runtime took ``prompt`` in: a prompt holding it is in ``lines``; a turn ended in ``lines``)."""
+    probe = _squeezed(prompt)[-200:]
+    took = ended = False
+    for raw in lines:
+        try:
+            record = _DECODE(raw)
+            mark = marks_of(record) if isinstance(record, dict) else None
+        except (msgspec.DecodeError, RecursionError, TypeError, ValueError):
+            continue
+        if mark is not None:
+            took = took or (mark[0] == PROMPT and bool(probe) and probe in _squeezed(mark[1]))
+            ended = ended or mark[0] == TURN_END
+    return took, ended
+
+
 def _squeezed(text: str) -> str:
     return "".join(text.split())

@@ -77,6 +77,8 @@ FORGED_COMMANDS = (
 REPORT_DEADLINE_S = 180.0
 AGENT_UID = 10003
 """The image's user ``agent`` (Dockerfile), whom the compose stack's witness starts agents as."""
+MAYOR_UID = 10004
+"""The image's user ``mayor`` (Dockerfile), whom it starts the mayor agent as (``GT_TOWN_AGENT_USER``)."""
 
 
 def squat_report_of(report: str) -> str:
@@ -735,7 +737,7 @@ async def test_the_mayor_agents_attacks_fail_in_the_compose_topology(compose_tow
     folder = compose_town.root / "mayor"
     run_there("mkdir", "-p", str(folder))
     if isinstance(stack, ComposeStack):
-        run_there("chown", "-R", f"{AGENT_UID}:{AGENT_UID}", str(folder))
+        run_there("chown", "-R", f"{MAYOR_UID}:{MAYOR_UID}", str(folder))
     victim = gt("bead", "create", "The victim's work (mayor)")
     run_there("sh", "-c", f"cat > {shlex.quote(str(folder / 'victim'))}", stdin=victim)
     failures_before = len(script_failures(compose_town.model_log()))
@@ -752,7 +754,7 @@ async def test_the_mayor_agents_attacks_fail_in_the_compose_topology(compose_tow
     assert script_failures(compose_town.model_log())[failures_before:] == []
     report = json.loads(run_there("cat", str(folder / "report.json")))
     if isinstance(stack, ComposeStack):
-        assert report["uid"] == AGENT_UID, report["uid"]  # as the agents' user, not the witness's root
+        assert report["uid"] == MAYOR_UID, report["uid"]  # its own user: neither the polecats' nor the witness's root
     nc = await nats.connect(
         servers=stack.urls(), user="operator", password=stack.passwords["operator"], inbox_prefix=b"_INBOX_operator"
     )

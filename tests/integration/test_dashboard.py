@@ -222,7 +222,7 @@ async def test_the_dashboard_follows_the_town_live_through_its_own_restart_and_a
 
     # The dashboard restarts: the open page reconnects by itself and shows what happened meanwhile.
     dashboard.kill()
-    await wait_for(lambda: _shows(page, "[data-testid=connection]", "reconnecting…"), timeout=30)
+    await wait_for(lambda: shows(page, "[data-testid=connection]", "reconnecting…"), timeout=30)
     late = await pt.new_bead("Filed while the dashboard was down")
     later = str((await pt.ok("gt.cmd.convoy.create", title="While it was down", beads=[late]))["id"])
     dashboard.start()
@@ -244,7 +244,7 @@ async def test_the_dashboard_follows_the_town_live_through_its_own_restart_and_a
     await page.screenshot(path=str(ARTIFACTS / "dashboard-after-restarts.png"), full_page=True)
 
 
-async def _shows(page: Page, selector: str, text: str) -> bool:
+async def shows(page: Page, selector: str, text: str) -> bool:
     return text in await text_of(page, selector)
 
 
@@ -332,7 +332,7 @@ async def test_long_text_neither_widens_the_page_nor_breaks_an_id_and_old_closed
         )
     await page.goto(dashboard.at("/"))
     await wait_for(
-        lambda: _shows(page, "[data-testid=older-closed-convoys]", "and 3 closed before (gt convoy list --all)")
+        lambda: shows(page, "[data-testid=older-closed-convoys]", "and 3 closed before (gt convoy list --all)")
     )
     await wait_for(lambda: text_of(page, "[data-testid=escalation-message]"))
     shown = await text_of(page, "[data-testid=convoy-id]")

@@ -9,7 +9,7 @@ from datetime import timedelta
 import msgspec
 import pytest
 
-from services.witness.effects.nudge import _shows
+from services.witness.effects.nudge import shows
 from services.witness.plan import Policy, plan
 from services.witness.plan.actions import WarnContext
 from services.witness.settings import DEFAULT_CONTEXT_HANDOFF, context_shares, load
@@ -118,5 +118,5 @@ def test_a_long_nudge_wrapped_inside_an_input_box_is_seen_as_typed_not_typed_aga
     text = CONTEXT_PROMPT.format(used=81)
     box = "\n".join(f"│ {'> ' if n == 0 else '  '}{text[n : n + 70]:<70} │" for n in range(0, len(text), 70))
     screen = f"╭{'─' * 74}╮\n{box}\n╰{'─' * 74}╯\n  esc to cancel"
-    assert _shows(screen, text[-60:])
-    assert not _shows(screen, "Your context is 80% full")
+    assert shows(screen, text[-60:])
+    assert not shows(screen, "Your context is 80% full")

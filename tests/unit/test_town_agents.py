@@ -185,6 +185,11 @@ def test_the_plan_launches_a_dead_agent_types_one_request_at_a_time_and_records_
     assert list(plan.owed(state_of(fed), idle, now)) == [DeliverAsk(name="mayor", ask=first, run=1)]
     fed.add(TownAgentAskDelivered(name="mayor", ask_id=first, run=1))
     assert list(plan.owed(state_of(fed), idle, now)) == []  # the second waits for the first's answer
+    # Typed, and its runtime did not take it in (the key that sends it was lost): sent again, not before 20 s.
+    lost = {"mayor": TownAgentSeen(pane=True, alive=True, idle=True, received=False)}
+    assert list(plan.owed(state_of(fed), lost, now)) == []
+    later = T0 + plan.RESUBMIT_AFTER
+    assert list(plan.owed(state_of(fed), lost, later)) == [DeliverAsk(name="mayor", ask=first, run=1, again=True)]
     answered = {"mayor": TownAgentSeen(pane=True, alive=True, idle=True, answer="done")}
     assert list(plan.owed(state_of(fed), answered, now)) == [RecordAnswer(name="mayor", ask=first, text="done")]
     fed.add(TownAgentAnswered(name="mayor", ask_id=first, text="done"))
@@ -332,3 +337,13 @@ def test_mail_to_it_and_escalations_are_told_between_requests_once_each_and_quot
         "[gastown escalation esc-1 (high) from witness, not your operator] "
         "'rig demo died\u2019; rm -rf ~ #\\n\\x1b[2J' (see it with: gt escalations)"
     )
+
+
+def test_a_prompt_taken_in_and_a_turn_ended_are_told_apart_in_a_transcript() -> None:
+    asked = "what is ready?"
+    started = lines(claude("user", "[gastown] beacon"))
+    assert transcripts.heard(started, asked, transcripts.claude_mark) == (False, False)
+    first_turn = [*started, *lines(claude("assistant", [{"type": "text", "text": "Ready."}], "end_turn"))]
+    assert transcripts.heard(first_turn, asked, transcripts.claude_mark) == (False, True)
+    taken = [*first_turn, *lines(claude("user", asked))]
+    assert transcripts.heard(taken, asked, transcripts.claude_mark) == (True, True)

@@ -123,9 +123,9 @@ def type_into(kit: Toolkit, name: str, label: str, message: str, submit: str = "
         if pane is None or pane.label != label or pane.dead:
             return 0
         before = tmux.capture(name)
-        if not _shows(before, probe) or attempt == 1:
+        if not shows(before, probe) or attempt == 1:
             tmux.send_text(name, message)
-        if not _wait_for(lambda: _shows(tmux.capture(name), probe), verify_s):
+        if not _wait_for(lambda: shows(tmux.capture(name), probe), verify_s):
             continue
         typed = _screen(kit, name)
         tmux.send_key(name, submit)
@@ -185,7 +185,7 @@ def escalation_announcement(escalation_id: str, severity: str, source: str, mess
     )
 
 
-def _shows(screen: str, text: str) -> bool:
+def shows(screen: str, text: str) -> bool:
     """Whether ``text`` is on ``screen``, wrapped or not: a runtime's input box wraps a long line between its
     borders (``│``), which would otherwise hide it (and it was typed again)."""
     return _squeezed(text) in _squeezed(screen)

@@ -22,7 +22,7 @@ from services.witness.effects.pidwatch import ExitWatcher
 from services.witness.plan import Observed, PaneSeen, liveness, may_linger, scope
 from services.witness.plan.observed import TownAgentSeen
 from services.witness.plan.town_agents import delivered_ask
-from services.witness.state import Session, WitnessState, agent_of
+from services.witness.state import Session, TownAgent, WitnessState, agent_of
 from shared.bus import lease_kv as leases
 from shared.bus.connection import Connection
 from shared.bus.errors import BusError
@@ -181,17 +181,30 @@ class Observer:
                 out[agent.name] = TownAgentSeen()
                 continue
             alive = agent.wanted and not pane.dead and pane.pane_pid == agent.pane_pid
-            idle, answer = False, None
+            seen = TownAgentSeen(pane=True, alive=alive)
             try:
-                if alive and delivered_ask(agent) is not None:
-                    answer = town_agent.answer_seen(self.host.config.gt_home, agent)
-                elif alive and (agent.asks or agent.notices):
-                    idle = bool(runtime_for(agent.agent).idle(self.tmux.capture(agent.tmux_name, lines=SCREEN_LINES)))
+                if alive and (agent.asks or agent.notices):
+                    seen = self._town_agent_seen(agent, seen)
             except (TmuxError, OSError, RecursionError, ValueError) as exc:
                 # What its files or pane hold is the agent's: never the witness's patrol to fail on.
                 log.warning("town_agent_unreadable", agent=agent.name, error=repr(exc)[:300])
-            out[agent.name] = TownAgentSeen(pane=True, alive=alive, idle=idle, answer=answer)
+            out[agent.name] = seen
         return out
+
+    def _town_agent_seen(self, agent: TownAgent, seen: TownAgentSeen) -> TownAgentSeen:
+        """A running town agent with requests or notices: the delivered request's answer, or whether its runtime
+        took it in; whether it waits at its prompt, having ended a turn of this run (a runtime shows its prompt
+        before its first turn, the beacon's, begins: typed then, a request could be lost)."""
+        home = self.host.config.gt_home
+        if (ask := delivered_ask(agent)) is not None:
+            answer, received = town_agent.answer_seen(home, agent, ask)
+            if answer is not None or received:
+                return msgspec.structs.replace(seen, answer=answer)
+        else:
+            received = True
+        screen = self.tmux.capture(agent.tmux_name, lines=SCREEN_LINES)
+        idle = bool(runtime_for(agent.agent).idle(screen)) and town_agent.turn_ended(home, agent)
+        return msgspec.structs.replace(seen, idle=idle, received=received)
 
     def _still_starting(self, session: Session, confirmed: frozenset[str], now: datetime) -> bool:
         rig = self.state.rigs.get(session.rig)

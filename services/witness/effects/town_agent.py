@@ -20,11 +20,10 @@ import structlog
 from services.witness.effects import agent_user, runtime_setup, transcript_read
 from services.witness.effects.agent_creds import agent_nats_credentials, is_credential
 from services.witness.effects.agent_env import AGENT_ENV_PASSTHROUGH, AGENT_TERM
-from services.witness.effects.nudge import escalation_announcement, mail_announcement, type_into
+from services.witness.effects.nudge import escalation_announcement, mail_announcement, shows, type_into
 from services.witness.effects.toolkit import Toolkit
 from services.witness.plan.actions import DeliverAsk, EndTownAgent, LaunchTownAgent, RecordAnswer, TellTownAgent
-from services.witness.plan.town_agents import delivered_ask
-from services.witness.state import TownAgent
+from services.witness.state import TownAgent, TownAgentAsk
 from shared.core import subjects
 from shared.host import git, processes, reaper, safe_files
 from shared.host.tmux import PaneInfo, TmuxError, typeable
@@ -77,15 +76,29 @@ def beacon(agent: TownAgent) -> str:
     )
 
 
-def answer_seen(gt_home: Path, agent: TownAgent) -> str | None:
-    """The answer to the request delivered to the agent's current run, once the turn it began ended (its runtime's
-    newest transcript); None while it runs, or when none was delivered. Reads files: call it in a thread."""
-    ask = delivered_ask(agent)
-    if ask is None:
-        return None
+def answer_seen(gt_home: Path, agent: TownAgent, ask: TownAgentAsk) -> tuple[str | None, bool]:
+    """(the answer to ``ask``, delivered to the agent's current run, once the turn it began ended; whether its
+    runtime took it in at all), from its transcript since it was typed. Reads files: call it in a thread."""
     runtime = runtime_for(agent.agent)
     lines = transcript_read.lines_since(runtime_dir(gt_home, agent), runtime, ask.transcript, ask.offset)
-    return transcripts.answer_to(lines, ask.text, runtime.turn_mark)
+    answer = transcripts.answer_to(lines, ask.text, runtime.turn_mark)
+    return answer, answer is not None or transcripts.heard(lines, ask.text, runtime.turn_mark)[0]
+
+
+def turn_ended(gt_home: Path, agent: TownAgent) -> bool:
+    """Its runtime ended a turn in this run (its newest transcript, written since it was launched): it is past its
+    start, and what is typed now is taken in. Reads files: call it in a thread."""
+    runtime = runtime_for(agent.agent)
+    folder = runtime_dir(gt_home, agent)
+    newest = transcript_read.newest(folder, runtime)
+    if newest is None or agent.launched_at is None:
+        return False
+    try:
+        if newest.lstat().st_mtime < agent.launched_at.timestamp():
+            return False
+    except OSError:
+        return False
+    return transcripts.heard(transcript_read.newest_lines(folder, runtime), "", runtime.turn_mark)[1]
 
 
 class TownAgents:
@@ -282,18 +295,24 @@ class TownAgents:
     async def deliver(self, action: DeliverAsk) -> None:
         agent = self._agent(action.name)
         ask = next((a for a in agent.asks if a.id == action.ask), None) if agent is not None else None
-        if agent is None or ask is None or agent.run != action.run or ask.delivered_run == agent.run:
+        if agent is None or ask is None or agent.run != action.run or (ask.delivered_run == agent.run) != action.again:
             return
         runtime = runtime_for(agent.agent)
         folder = runtime_dir(self._home, agent)
-        # Where its transcript ends now: the answer is what follows (an earlier turn's is never taken for it).
-        before = await asyncio.to_thread(transcript_read.newest, folder, runtime)
-        transcript = str(before.relative_to(folder)) if before is not None else ""
-        offset = await asyncio.to_thread(transcript_read.size_of, before) if before is not None else 0
         typing = runtime.nudge(ask.text)
-        attempts = await asyncio.to_thread(
-            type_into, self.kit, agent.tmux_name, agent.user, typeable(typing.text), typing.submit
-        )
+        if action.again:
+            # Typed before and not taken in: where the transcript ended then still holds; what sits in its input
+            # box is sent (or, gone, typed again).
+            transcript, offset = ask.transcript, ask.offset
+            attempts = await asyncio.to_thread(self._send_again, agent, typeable(typing.text), typing.submit)
+        else:
+            # Where its transcript ends now: the answer is what follows (an earlier turn's is never taken for it).
+            before = await asyncio.to_thread(transcript_read.newest, folder, runtime)
+            transcript = str(before.relative_to(folder)) if before is not None else ""
+            offset = await asyncio.to_thread(transcript_read.size_of, before) if before is not None else 0
+            attempts = await asyncio.to_thread(
+                type_into, self.kit, agent.tmux_name, agent.user, typeable(typing.text), typing.submit
+            )
         if not attempts:
             log.warning("town_agent_ask_not_typed", agent=agent.name, ask=ask.id)
             return  # tried again at the next patrol where the agent is at its prompt
@@ -301,7 +320,17 @@ class TownAgents:
             name=agent.name, ask_id=ask.id, run=agent.run, transcript=transcript, offset=offset
         )
         if await self.kit.append(NewEvent(payload=event, expected_seq=agent.version)):
-            log.info("town_agent_ask_delivered", agent=agent.name, ask=ask.id, run=agent.run)
+            log.info("town_agent_ask_delivered", agent=agent.name, ask=ask.id, run=agent.run, again=action.again)
+
+    def _send_again(self, agent: TownAgent, text: str, submit: str) -> int:
+        tmux = self.kit.tmux
+        pane = tmux.snapshot().get(agent.tmux_name)
+        if pane is None or pane.label != agent.user or pane.dead:
+            return 0
+        if shows(tmux.capture(agent.tmux_name), text[-60:]):
+            tmux.send_key(agent.tmux_name, submit)
+            return 1
+        return type_into(self.kit, agent.tmux_name, agent.user, text, submit)
 
     async def tell(self, action: TellTownAgent) -> None:
         agent = self._agent(action.name)

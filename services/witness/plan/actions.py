@@ -229,6 +229,8 @@ class DeliverAsk(TownAgentAction, frozen=True, kw_only=True):
     PRIORITY: ClassVar[int] = 2
     ask: str
     run: int
+    again: bool = False
+    """Typed already, and its runtime did not take it in: send it (again)."""
 
 
 class TellTownAgent(TownAgentAction, frozen=True, kw_only=True):

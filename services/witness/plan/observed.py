@@ -36,6 +36,8 @@ class TownAgentSeen(msgspec.Struct, frozen=True, kw_only=True):
     """Its runtime shows its prompt with no turn running."""
     answer: str | None = None
     """The last words of the turn the request delivered to this run began, once that turn ended (its transcript)."""
+    received: bool = True
+    """The request delivered to this run is in its transcript (False: typed, but its runtime did not take it in)."""
 
 
 class Observed(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,6 +19,9 @@ from services.witness.plan.actions import (
 from services.witness.plan.observed import TownAgentSeen
 from services.witness.state import TOWN_AGENT_LAUNCHES_KEPT, TownAgent, TownAgentAsk, WitnessState
 
+RESUBMIT_AFTER = timedelta(seconds=20)
+"""A request typed in whose runtime has not taken it this long after (it sits in its input box: the key that sends
+it did not take), while the agent waits at its prompt, is sent again."""
 RESTART_WINDOW = timedelta(minutes=10)
 """A town agent launched ``TOWN_AGENT_LAUNCHES_KEPT`` times within this window is launched again only once the
 oldest of those launches is this old: an agent that dies at once (a bad key, a broken binary) is not restarted in a
@@ -40,6 +43,8 @@ def owed(state: WitnessState, seen: dict[str, TownAgentSeen], now: datetime) -> 
         if delivered is not None:
             if looked.answer is not None:
                 yield RecordAnswer(name=agent.name, ask=delivered.id, text=looked.answer)
+            elif not looked.received and looked.idle and now - (delivered.delivered_at or now) >= RESUBMIT_AFTER:
+                yield DeliverAsk(name=agent.name, ask=delivered.id, run=agent.run, again=True)
             continue  # one request at a time: the next waits for this one's answer
         waiting = next((ask for ask in agent.asks if ask.delivered_run < agent.run), None)
         if waiting is not None and looked.idle:
