@@ -132,17 +132,17 @@ async def town_prime(nc: Connection, config: TownConfig) -> TownPrime:
 
 COMMAND_LINES = {
     ("bead", "create"): 'gt bead create "TITLE" --rig RIG -d "WHAT AND WHY" [--needs BEAD] (prints the new id)',
-    ("bead", "update"): "gt bead update BEAD [--title ...] [--description ...] [--priority N]",
+    ("bead", "update"): 'gt bead update BEAD [--title "TITLE"] [--description "TEXT"] [--priority N]',
     ("bead", "close"): 'gt bead close BEAD --reason "WHY"',
     ("bead", "sling"): "gt sling BEAD RIG [--hold]   (a polecat works it; --hold waits for its blockers)",
     ("bead", "unsling"): "gt unsling BEAD",
     ("convoy", "create"): 'gt convoy create "TITLE" BEAD...   then   gt convoy sling CONVOY RIG',
     ("convoy", "add"): "gt convoy add CONVOY BEAD...",
-    ("mail", "send"): 'gt mail send TO "SUBJECT" -m "BODY"   (TO: operator, polecat:RIG/NAME, rig:RIG)',
-    ("mail", "reply"): 'gt mail reply MESSAGE -m "BODY"',
+    ("mail", "send"): 'gt mail send TO --subject "SUBJECT" --body "BODY"   (TO: operator, polecat:RIG/NAME, rig:RIG)',
+    ("mail", "reply"): 'gt mail reply MESSAGE --body "BODY"',
     ("mail", "read"): "gt mail read MESSAGE",
     ("mail", "archive"): "gt mail archive MESSAGE",
-    ("escalation", "raise"): 'gt escalate "WHAT A PERSON MUST DECIDE" [--severity high]',
+    ("escalation", "raise"): 'gt escalate "WHAT A PERSON MUST DECIDE" [--severity high] [--bead BEAD]',
     ("escalation", "ack"): "gt escalation ack ESCALATION",
     ("nudge", "send"): 'gt nudge RIG/POLECAT "ONE LINE"',
 }
