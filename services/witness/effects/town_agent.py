@@ -313,7 +313,7 @@ class TownAgents:
             attempts = await asyncio.to_thread(
                 type_into, self.kit, agent.tmux_name, agent.user, typeable(typing.text), typing.submit
             )
-        if not attempts:
+        if not attempts and not await asyncio.to_thread(self._taken_in, agent, ask, transcript, offset):
             log.warning("town_agent_ask_not_typed", agent=agent.name, ask=ask.id)
             return  # tried again at the next patrol where the agent is at its prompt
         event = TownAgentAskDelivered(
@@ -321,6 +321,13 @@ class TownAgents:
         )
         if await self.kit.append(NewEvent(payload=event, expected_seq=agent.version)):
             log.info("town_agent_ask_delivered", agent=agent.name, ask=ask.id, run=agent.run, again=action.again)
+
+    def _taken_in(self, agent: TownAgent, ask: TownAgentAsk, transcript: str, offset: int) -> bool:
+        """Whether its runtime took the request in although the typing was not seen to take (a screen that did not
+        show it in time): its transcript since then holds it. Typed again, it would be asked twice."""
+        runtime = runtime_for(agent.agent)
+        lines = transcript_read.lines_since(runtime_dir(self._home, agent), runtime, transcript, offset)
+        return transcripts.heard(lines, ask.text, runtime.turn_mark)[0]
 
     def _send_again(self, agent: TownAgent, text: str, submit: str) -> int:
         tmux = self.kit.tmux
