@@ -9,14 +9,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import nats.js.errors
 from nats.aio.client import Client
 
 from gt.model_server import Script, bash, say, use
-from shared.core import subjects
 from tests.agent_runtimes import RUNTIMES
+from tests.attack_checks import assert_log_unforged, assert_taken_id_refused
 from tests.attacks import nats_pane
-from tests.log_tools import read_all
 
 CLAUDE = next(agent for agent in RUNTIMES if agent.name == "claude")
 ATTACK = "attack the town"
@@ -44,20 +42,9 @@ async def assert_town_unharmed(
     nc: Client, report: dict[str, Any], victim_status: str, forged_commands: tuple[str, ...]
 ) -> None:
     js = nc.jetstream()
-    assert (await js.stream_info("GT_EVT")).config.name == "GT_EVT", "the log is there"
-    assert (await js.stream_info("GT_CMD")).config.name == "GT_CMD", "the commands are there"
+    await assert_log_unforged(nc, forged_commands)
     assert (await js.stream_info("KV_GT_HEARTBEATS")).config.name == "KV_GT_HEARTBEATS"
-    log = await read_all(nc, "GT_EVT")
-    forged = [(seq, subject) for seq, subject, data in log if nats_pane.MARK.encode() in data]
-    assert not forged, f"forged events in the log: {forged}"
-    for cmd_id in forged_commands:
-        try:
-            outcome = await js.get_last_msg("GT_EVT", f"gt.evt.cmd.{cmd_id}", direct=True)
-        except nats.js.errors.NotFoundError:
-            continue
-        raise AssertionError(f"command {cmd_id} was stored and carried out: {outcome.data!r}")
-    took = await js.get_last_msg("GT_EVT", subjects.outcome_subject(report["took_id"]), direct=True)
-    assert b"cmd.rejected" in (took.data or b"") and b'"conflict"' in (took.data or b""), took.data  # noqa: PT018
+    await assert_taken_id_refused(nc, report)
     mayor = await js.get_last_msg("KV_GT_ACTIVE", "$KV.GT_ACTIVE.mayor", direct=True)
     assert b"attacker" not in (mayor.data or b""), mayor.data
     assert victim_status == "open", victim_status

@@ -42,6 +42,7 @@ from shared.core import ids, subjects
 from shared.host import git
 from shared.service.query_limits import QUERIES
 from tests.agent_runtimes import CODEX, GEMINI, OPENCODE, RUNTIMES, AgentCli
+from tests.attack_checks import assert_log_unforged, assert_taken_id_refused
 from tests.attacks import nats_pane
 from tests.compose_stack import (
     USERS,
@@ -167,22 +168,9 @@ async def assert_unharmed(
     nc: Client, victim_status: Callable[[], str], report: dict[str, Any], victim_was: str = "open -"
 ) -> None:
     js = nc.jetstream()
-    assert (await js.stream_info("GT_EVT")).config.name == "GT_EVT", "the log is there"
-    assert (await js.stream_info("GT_CMD")).config.name == "GT_CMD", "the commands are there"
-    log = await read_all(nc, "GT_EVT")
-    forged = [(seq, subject) for seq, subject, data in log if nats_pane.MARK.encode() in data]
-    assert not forged, f"forged events in the log: {forged}"
-    for cmd_id in FORGED_COMMANDS:
-        try:
-            outcome = await js.get_last_msg("GT_EVT", f"gt.evt.cmd.{cmd_id}", direct=True)
-        except nats.js.errors.NotFoundError:
-            continue
-        raise AssertionError(f"command {cmd_id} was stored and carried out: {outcome.data!r}")
+    await assert_log_unforged(nc, FORGED_COMMANDS)
     assert victim_status() == victim_was, "the victim's bead is as it was"
-    # A mail the pane sent naming the victim's bead's id as its new id: refused, nothing written over.
-    took = await js.get_last_msg("GT_EVT", subjects.outcome_subject(report["took_id"]), direct=True)
-    assert b"cmd.rejected" in (took.data or b""), took.data
-    assert b'"conflict"' in (took.data or b""), took.data
+    await assert_taken_id_refused(nc, report)
     # The heartbeats bucket was not purged: the pane's own key (written by the attack) is still there.
     own = await js.get_last_msg("KV_GT_HEARTBEATS", f"$KV.GT_HEARTBEATS.{report['session']}", direct=True)
     assert own.data, "the session's own heartbeat key survived"

@@ -188,7 +188,7 @@ class TownAgents:
         supervisor = reaper.argv(self.kit.settings.kill_grace_s, launch=str(fifo))
         try:
             pane = tmux.start(agent.tmux_name, None, cwd="/", env=None, label=agent.user, supervisor=supervisor)
-        except BaseException:
+        except BaseException:  # re-raised (cancellation too): only the FIFO nobody will read is removed
             fifo.unlink(missing_ok=True)
             raise
         try:
@@ -197,7 +197,7 @@ class TownAgents:
             run_as = user.argv_prefix() if user is not None else ()
             argv = [*run_as, "sh", "-c", f"cd -- {shlex.quote(str(workspace(self._home, agent)))} && {command}"]
             reaper.give_launch(str(fifo), argv, env, timeout=LAUNCH_TIMEOUT_S)
-        except BaseException:
+        except BaseException:  # re-raised: no pane is left waiting with no agent
             tmux.kill_if_labelled(agent.tmux_name, agent.user)
             fifo.unlink(missing_ok=True)
             raise
