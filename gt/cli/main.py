@@ -24,6 +24,7 @@ from gt.cli import (
     beads,
     convoys,
     costs,
+    crew,
     dashboard,
     feed,
     gates,
@@ -173,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     convoys.register(sub)
     gates.register(sub)
     town_agents.register(sub)
+    crew.register(sub)
     mail.register(sub)
     rigs.register(sub)
     sessions.register(sub)

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from gt import start_hook
-from gt.cli import client, hook_lease, render, town_agents
+from gt.cli import crew, hook_lease, town_agents
 from gt.cli.client import read_position
 from gt.cli.common import (
-    DEFAULT_COMMAND_TIMEOUT_S,
     EXIT_OK,
     EXIT_REJECTED,
     Subcommands,
@@ -25,15 +24,14 @@ from gt.cli.common import (
     send,
     show,
 )
+from gt.cli.done_steps import DoneError, dirty_refusal, done_step, failed, reported
 from shared.bus.kv import put_agent_heartbeat
 from shared.core.config import TownConfig
-from shared.core.errors import GastownError
 from shared.core.faults import crash_point
 from shared.core.terminal import escape_line
 from shared.host import git
 from shared.model import done_flow, heartbeats, runtimes
 from shared.model.commands import (
-    Command,
     SessionHandoff,
 )
 from shared.model.formulas import rework
@@ -87,6 +85,8 @@ def register(sub: Subcommands) -> None:
 def _needs_session_id(args: argparse.Namespace) -> None:
     if town_agents.is_town_agent() and not getattr(args, "session", None):
         return  # the mayor agent's `gt prime` and hooks: the town, not a session
+    if crew.crew_of_env() is not None and not getattr(args, "session", None):
+        return  # a crew member's shell: its workspace and hooked bead
     if not (getattr(args, "session", None) or os.environ.get("GT_SESSION")):
         raise UsageError(
             f"`gt {args.cmd}` runs inside a polecat session: GT_SESSION is not set (the witness sets it); "
@@ -95,6 +95,8 @@ def _needs_session_id(args: argparse.Namespace) -> None:
 
 
 def _needs_session_env(args: argparse.Namespace) -> None:
+    if args.cmd == "done" and crew.crew_of_env() is not None:
+        return  # a person's `gt done` in a crew member's shell
     missing = [k for k in SESSION_ENV if not os.environ.get(k)]
     if missing:
         raise UsageError(
@@ -206,6 +208,8 @@ def stop_reason(data: Prime) -> str | None:
 async def _prime(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     if town_agents.is_town_agent() and not args.session:
         return show(args, await town_agents.town_prime(nc, config), town_agents.town_prime_text)
+    if (member := crew.crew_of_env()) is not None and not args.session:
+        return await crew.prime(nc, args, config, *member)
     data = await prime_data(nc, config, args.session or os.environ["GT_SESSION"])
     return show(args, data, prime_text)
 
@@ -237,45 +241,12 @@ async def _handoff(nc: Connection, args: argparse.Namespace, config: TownConfig)
     return await send(nc, args, config, cmd, line)
 
 
-async def _command(nc: Connection, config: TownConfig, cmd: Command[R]) -> R | None:
-    """Send one step of `gt done` (with its fixed ``cmd_id``) and wait for its outcome: its result, or None when it
-    is stored but not answered yet; raise with the reason when it is rejected."""
-    outcome = await client.send(nc, config, cmd, timeout=DEFAULT_COMMAND_TIMEOUT_S * 3, wait_if_down=False)
-    if (rejected := outcome.rejected) is not None:
-        raise DoneError(f"{cmd.SUBJECT} rejected ({rejected.code}): {rejected.message}")
-    if (accepted := outcome.accepted) is None:
-        # Stored durably in GT_CMD: the owning service answers it when it is back; `gt done` goes on.
-        return None
-    return accepted.result
-
-
-class DoneError(GastownError):
-    """A step of `gt done` was rejected; `gt done` says which and why."""
-
-    exit_code = EXIT_REJECTED
-
-
-DIRTY_NAMED = 5
-"""How many of the paths that hold `gt done` up its refusal names (the rest are counted)."""
-
-
-def dirty_refusal(worktree: Path, changes: tuple[str, ...]) -> str:
-    """Why `gt done` refuses a worktree with uncommitted changes: the paths (a few, then how many more) and the
-    three ways out, so an agent (or a person) knows which files and what to do with them."""
-    named = ", ".join(changes[:DIRTY_NAMED]) or "files git status shows"
-    more = f" and {len(changes) - DIRTY_NAMED} more" if len(changes) > DIRTY_NAMED else ""
-    return (
-        f"gt done: the worktree {worktree} has uncommitted changes: {named}{more} (`git status` lists them). "
-        "`gt done` submits commits only and leaves nothing behind: commit what is your work (`git add` and "
-        "`git commit`), remove what is not, and add output of builds or tests to the project's .gitignore "
-        "(committed with your work); then run `gt done` again"
-    )
-
-
 async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
     """Each step is idempotent (fixed command ids, the same commit published again), so running it again after a
     crash picks up where it stopped; the witness finishes it if the agent cannot. The branch reaches the merge
     queue as a bundle of its commits (``git.publish``), never by a push: the agent's repository has no push URL."""
+    if (member := crew.crew_of_env()) is not None:
+        return await crew.done(nc, args, config, *member)
     session, bead, rig = os.environ["GT_SESSION"], os.environ["GT_BEAD"], os.environ["GT_RIG"]
     worktree, branch = Path(os.environ["GT_WORKTREE"]), os.environ["GT_BRANCH"]
     base = os.environ.get("GT_BASE_BRANCH", "main")
@@ -291,7 +262,7 @@ async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
     # The ids are keyed with the session's password: the same on a rerun, never one another session could send first.
     secret = config.nats_password
     try:
-        await _command(nc, config, done_flow.intent(session, secret=secret))
+        await done_step(nc, config, done_flow.intent(session, secret=secret))
         _log_done()
         crash_point("gt_done.after_intent")
         # The rig's directory: its name, or ``<name>.<n>`` for a rig added again after its removal.
@@ -304,20 +275,13 @@ async def _done(nc: Connection, args: argparse.Namespace, config: TownConfig) ->
         done = done_flow.merge_request(
             session=session, bead=bead, rig=rig, branch=branch, head=head, bundle=str(published.bundle), secret=secret
         )
-        mr = await _command(nc, config, done)
+        mr = await done_step(nc, config, done)
         crash_point("gt_done.after_mr")
-        await _command(nc, config, done_flow.finish(session, secret=secret))
-    except DoneError as exc:
-        print(f"gt done: {exc}", file=sys.stderr)
-        return EXIT_REJECTED
-    except git.GitError as exc:
-        print(f"gt done: could not publish {branch}: {exc}", file=sys.stderr)
-        return EXIT_REJECTED
+        await done_step(nc, config, done_flow.finish(session, secret=secret))
+    except (DoneError, git.GitError) as exc:
+        return failed(exc, branch)
     mr_id = mr.id if mr is not None else None
     summary = {"session": session, "bead": bead, "branch": branch, "head": head, "merge_request": mr_id}
-    if args.json:
-        render.print_json(summary)
-    else:
-        queued = f"merge request {mr_id}" if mr_id else "merge request (stored; the refinery is down)"
-        print(f"done: {branch} published at {head[:10]}, {queued} queued; session {session} ends")
-    return EXIT_OK
+    return reported(
+        args.json, summary, f"done: {branch} published at {head[:10]}, {{queued}} queued; session {session} ends"
+    )

@@ -6,8 +6,9 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
-from gt.cli import render, rigs
+from gt.cli import crew, render, rigs
 from gt.cli.common import (
+    EXIT_OK,
     Subcommands,
     UsageError,
     key_values,
@@ -62,6 +63,11 @@ def register(sub: Subcommands) -> None:
         help=f"the agent runtime every session of this bead runs instead of the rig's ({', '.join(sorted(RUNTIMES))}); "
         "the bead keeps it for its respawns, rework and later slings",
     )
+    sl.add_argument(
+        "--crew",
+        metavar="NAME",
+        help="hook it to the rig's crew member NAME first: its sessions run in that member's workspace (docs/crew.md)",
+    )
     rigs.register_unsling(sub)
 
     mol = sub.group("mol", "molecules: status", "mol_cmd")
@@ -104,6 +110,8 @@ def _sling_line(result: SlingResult) -> str:
 
 
 async def _sling(nc: Connection, args: argparse.Namespace, config: TownConfig) -> int:
+    if args.crew is not None and (code := await crew.hook(nc, args, config, args.rig, args.crew, args.bead)) != EXIT_OK:
+        return code
     cmd = from_args(BeadSling, args, id=args.bead, vars=key_values(args.var, "--var"))
     return await send(nc, args, config, cmd, _sling_line)
 

@@ -20,6 +20,7 @@ from shared.model.commands import (
     MergeRequestSubmit,
 )
 from shared.model.commands.rigs import mr_id_for as mr_id_for  # the merge request id is the model's; re-exported here
+from shared.model.crew import crew_of_branch
 from shared.model.decision import Accepted, DecideContext, NewEvent
 from shared.model.events import MergeQueueResumed, MergeRequestRejected, MergeRequestRequeued, MergeRequestSubmitted
 from shared.model.events.merge_requests import MR_IN_QUEUE, MR_SENT_BACK
@@ -160,8 +161,10 @@ def submit(state: RefineryState, cmd: MergeRequestSubmit, actor: str = "operator
         if cmd.bundle is None:
             # Its commits come from the bundle it published, never from whatever the refinery's clone holds.
             raise CommandError("invalid", "a polecat's merge request names the bundle `gt done` published (`bundle`)")
-    elif cmd.bundle is not None:
-        raise CommandError("invalid", "only a polecat session publishes a bundle (gt done); submit a branch by hand")
+    elif cmd.bundle is not None and crew_of_branch(cmd.branch) is None:
+        raise CommandError(
+            "invalid", "only a polecat session or a crew member publishes a bundle (gt done); submit a branch by hand"
+        )
     else:
         check_hand_submit(state, cmd, cmd.target or base, base)
     existing = existing_mr(state, cmd.rig, cmd.bead, cmd.head)

@@ -7,14 +7,19 @@ from typing import Any
 
 import msgspec
 
-from services.witness.state import Rig, Session, TownAgent, WitnessState
+from services.witness.plan.names import POOL, POOLED_NAME
+from services.witness.state import Crew, Rig, Session, TownAgent, WitnessState, crew_of_bead
 from shared.core.errors import CommandError
 from shared.core.ids import hook_lease_name
 from shared.model import commands as cmds
 from shared.model import gates
 from shared.model.commands.actors import TOWN_AGENT_PREFIX
+from shared.model.crew import crew_branch, crew_key
 from shared.model.decision import Accepted, DecideContext, NewEvent
 from shared.model.events import (
+    CrewAdded,
+    CrewHooked,
+    CrewRemoved,
     NudgeQueued,
     RigAdded,
     RigParked,
@@ -33,6 +38,7 @@ from shared.model.events.beads import WORKING
 from shared.model.events.sessions import ACTIVE_SESSION
 from shared.model.results import (
     UNSET,
+    CrewResult,
     NudgeResult,
     RigResult,
     SessionResult,
@@ -63,6 +69,17 @@ class WorktreeFacts:
     def __init__(self, at_risk: str | None) -> None:
         self.at_risk = at_risk
         """Work that a re-sling could lose (uncommitted changes, unpushed commits); None: clean or gone."""
+
+
+class CrewFacts:
+    """What ``prepare`` found before a crew command is decided: where the member's workspace is, and what its
+    removal would lose (uncommitted changes, unpushed commits; None: nothing)."""
+
+    __slots__ = ("at_risk", "workspace")
+
+    def __init__(self, workspace: str, at_risk: str | None = None) -> None:
+        self.workspace = workspace
+        self.at_risk = at_risk
 
 
 class TownAgentFacts:
@@ -98,6 +115,12 @@ def decide(state: WitnessState, cmd: cmds.Command, ctx: DecideContext) -> Accept
             return nudge(state, cmd, ctx)
         case cmds.SessionRecoverHook():
             return recover_hook(state, cmd, ctx)
+        case cmds.CrewAdd():
+            return crew_add(state, cmd, ctx)
+        case cmds.CrewHook():
+            return crew_hook(state, cmd)
+        case cmds.CrewRemove():
+            return crew_remove(state, cmd, ctx)
         case cmds.TownAgentStart():
             return town_agent_start(state, cmd, ctx)
         case cmds.TownAgentStop():
@@ -510,6 +533,115 @@ def recover_hook(state: WitnessState, cmd: cmds.SessionRecoverHook, ctx: DecideC
     return Accepted(
         events=[NewEvent(payload=event, expected_seq=last.version)],
         result=StaleHookResult(id=bead.id, status=resolution, changed=True, session=last.id, detail=detail),
+    )
+
+
+# ---- crew (docs/crew.md) ----------------------------------------------------------------------
+
+
+def crew_add(state: WitnessState, cmd: cmds.CrewAdd, ctx: DecideContext) -> Accepted[CrewResult]:
+    rig = _rig_in_service(state, cmd.rig)
+    crew = state.crews.get(crew_key(cmd.rig, cmd.name))
+    if crew is not None and crew.status == "added":
+        return Accepted(events=[], result=_crew_result(crew, changed=False))
+    if cmd.name in POOL or POOLED_NAME.fullmatch(cmd.name):
+        raise CommandError(
+            "invalid",
+            f"{cmd.name!r} is a polecat's name (the witness names polecats {POOL[0]}, {POOL[1]}, ... p26, p27, ...): "
+            "give the crew member another",
+        )
+    facts = ctx.facts
+    if not isinstance(facts, CrewFacts):
+        raise CommandError("unavailable", "the crew member's workspace could not be placed; send it again")
+    event = CrewAdded(rig=rig.name, name=cmd.name, branch=crew_branch(cmd.name), workspace=facts.workspace)
+    added = Crew(rig=rig.name, name=cmd.name, branch=event.branch, workspace=facts.workspace)
+    if crew is not None and not crew.gone:  # removed, its workspace kept: used again
+        added.workspace = crew.workspace
+        event = msgspec.structs.replace(event, workspace=crew.workspace)
+    version = crew.version if crew is not None else 0
+    return Accepted(events=[NewEvent(payload=event, expected_seq=version)], result=_crew_result(added))
+
+
+def crew_hook(state: WitnessState, cmd: cmds.CrewHook) -> Accepted[CrewResult]:
+    crew = _crew_of(state, cmd)
+    bead = state.beads.get(cmd.bead)
+    if bead is None:
+        raise CommandError("not_found", f"no bead {cmd.bead!r} (`gt bead list` shows them)")
+    if crew.hooked == bead.id:
+        return Accepted(events=[], result=_crew_result(crew, changed=False))
+    if bead.status == "closed":
+        raise CommandError("backward_transition", f"bead {bead.id} is closed: there is no work to hook")
+    if crew.hooked is not None and _open(state, crew.hooked):
+        raise CommandError(
+            "conflict", f"crew member {cmd.rig}/{cmd.name} has bead {crew.hooked} hooked, open: one bead at a time"
+        )
+    other = crew_of_bead(state, bead.id)
+    if other is not None:
+        raise CommandError("conflict", f"bead {bead.id} is hooked to crew member {other.rig}/{other.name}")
+    if bead.sessions or (bead.rig is not None and bead.rig != cmd.rig):
+        where = f"worked by polecat sessions ({bead.sessions[-1]})" if bead.sessions else f"slung to rig {bead.rig}"
+        raise CommandError("conflict", f"bead {bead.id} is {where}: hook a bead before it is slung")
+    event = CrewHooked(rig=crew.rig, name=crew.name, bead=bead.id)
+    hooked = msgspec.structs.replace(crew, hooked=bead.id)
+    return Accepted(events=[NewEvent(payload=event, expected_seq=crew.version)], result=_crew_result(hooked))
+
+
+def crew_remove(state: WitnessState, cmd: cmds.CrewRemove, ctx: DecideContext) -> Accepted[CrewResult]:
+    crew = state.crews.get(crew_key(cmd.rig, cmd.name))
+    if crew is None or crew.status == "removed":
+        gone = crew or Crew(rig=cmd.rig, name=cmd.name, branch=crew_branch(cmd.name), workspace="", status="removed")
+        if crew is None and cmd.rig not in state.rigs:
+            raise CommandError("not_found", f"no rig {cmd.rig!r} (`gt rig list` shows them)")
+        return Accepted(events=[], result=_crew_result(gone, changed=False))
+    if crew.hooked is not None and _open(state, crew.hooked):
+        raise CommandError(
+            "conflict",
+            f"bead {crew.hooked} is hooked to {cmd.rig}/{cmd.name} and open: close it or let it merge first",
+        )
+    working = [s.id for s in state.sessions.values() if s.worktree == crew.workspace and s.status in ACTIVE_SESSION]
+    if working:
+        raise CommandError("conflict", f"session {working[0]} works in {crew.workspace}: let it end first")
+    at_risk = ctx.facts.at_risk if isinstance(ctx.facts, CrewFacts) else None
+    if at_risk is not None:
+        raise CommandError(
+            "conflict",
+            f"the workspace {crew.workspace} holds {at_risk}: commit and submit it (`gt done` there), or discard "
+            "it, then remove the crew member",
+        )
+    removed = msgspec.structs.replace(crew, status="removed")
+    event = CrewRemoved(rig=crew.rig, name=crew.name)
+    return Accepted(events=[NewEvent(payload=event, expected_seq=crew.version)], result=_crew_result(removed))
+
+
+def _crew_of(state: WitnessState, cmd: cmds.CrewHook) -> Crew:
+    crew = state.crews.get(crew_key(cmd.rig, cmd.name))
+    if crew is None or crew.status != "added":
+        raise CommandError("not_found", f"no crew member {cmd.rig}/{cmd.name} (`gt crew list` shows them)")
+    return crew
+
+
+def _open(state: WitnessState, bead: str) -> bool:
+    known = state.beads.get(bead)
+    return known is not None and known.status != "closed"
+
+
+def _rig_in_service(state: WitnessState, name: str) -> Rig:
+    rig = state.rigs.get(name)
+    if rig is None or rig.removed:
+        raise CommandError("not_found", f"no rig {name!r} (`gt rig list` shows them)")
+    return rig
+
+
+def _crew_result(crew: Crew, *, changed: bool = True) -> CrewResult:
+    return CrewResult(
+        id=crew_key(crew.rig, crew.name),
+        status=crew.status,
+        changed=changed,
+        rig=crew.rig,
+        name=crew.name,
+        branch=crew.branch,
+        workspace=crew.workspace or UNSET,
+        hooked=crew.hooked,
     )
 
 

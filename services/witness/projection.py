@@ -26,6 +26,7 @@ from services.witness.state import (
 )
 from shared.core.ids import HOOK_LEASE_PREFIX, hook_lease_name
 from shared.model.commands.mail import polecat_of
+from shared.model.crew import Crew, crew_key
 from shared.model.events import (
     DEATHS,
     BeadClaimed,
@@ -34,6 +35,12 @@ from shared.model.events import (
     BeadSlung,
     BeadUnslung,
     BeadUpdated,
+    CrewAdded,
+    CrewEvent,
+    CrewHooked,
+    CrewReady,
+    CrewRemoved,
+    CrewWorkspaceRemoved,
     Envelope,
     EscalationRaised,
     Event,
@@ -83,7 +90,7 @@ from shared.model.leases import fold_lease
 from shared.model.rigs import fold_rig
 from shared.service.projection import Projection
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 """6: hook leases are the one lease record (``shared.model.leases.Lease``): a snapshot from before has them
 without when they were acquired and ended. 7: ``rework_owed`` (a snapshot from before would start a session
 for work sent back before its rework steps). 8: sessions count the steps done
@@ -281,6 +288,8 @@ def _step_done(payload: StepCompleted, state: WitnessState, env: Envelope, seq: 
 @fold.register
 def _merge_requested(payload: MergeRequestSubmitted, state: WitnessState, env: Envelope, seq: int) -> None:
     state.mr_beads[payload.mr_id] = payload.bead
+    if payload.session is None:
+        state.hand_mr_rigs[payload.mr_id] = payload.rig
     bead = state.beads.get(payload.bead)
     if bead is not None:
         bead.merge_requested = True
@@ -291,8 +300,11 @@ def _merge_requested(payload: MergeRequestSubmitted, state: WitnessState, env: E
 def _merged(payload: MergeRequestMerged, state: WitnessState, env: Envelope, seq: int) -> None:
     """Its rig's base moved (``already``: by a push an earlier attempt made): clones fetched before lack it."""
     bead = state.beads.get(state.mr_beads.get(payload.mr_id, ""))
-    if bead is not None and bead.rig is not None:
-        state.base_merged[bead.rig] = seq
+    rig = bead.rig if bead is not None else None
+    # Submitted by hand (a crew member's `gt done`): its bead was never slung to the rig.
+    rig = rig or state.hand_mr_rigs.pop(payload.mr_id, None)
+    if rig is not None:
+        state.base_merged[rig] = seq
 
 
 @fold.register
@@ -463,6 +475,39 @@ def _hook_lease(payload: LeaseEvent, state: WitnessState, env: Envelope, seq: in
 
 
 # ---- nudges ------------------------------------------------------------------------------------
+
+
+# ---- crew (docs/crew.md) --------------------------------------------------------------------------
+
+
+@fold.register
+def _crew(payload: CrewEvent, state: WitnessState, env: Envelope, seq: int) -> None:
+    key = crew_key(payload.rig, payload.name)
+    crew = state.crews.get(key)
+    if isinstance(payload, CrewAdded):
+        if crew is None or crew.gone:  # new, or added again after its workspace went: a member anew
+            version = crew.version if crew is not None else 0
+            crew = state.crews[key] = Crew(
+                rig=payload.rig, name=payload.name, branch=payload.branch, workspace=payload.workspace, added_at=env.ts
+            )
+            crew.version = version
+        # Added again after a removal that kept its workspace: used again, once the witness has looked that it is
+        # there (made again if a removal raced this and took it).
+        crew.status, crew.kept, crew.ready = "added", "", False
+    if crew is None:
+        return
+    crew.version = seq
+    match payload:
+        case CrewReady():
+            crew.ready = True
+        case CrewHooked():
+            crew.hooked = payload.bead
+        case CrewRemoved():
+            crew.status = "removed"
+        case CrewWorkspaceRemoved() if payload.removed:
+            crew.gone, crew.ready, crew.hooked = True, False, None  # kept for its version: a re-add expects it
+        case CrewWorkspaceRemoved():
+            crew.kept = payload.detail or "kept"
 
 
 # ---- town agents (docs/mayor-agent.md) -------------------------------------------------------------

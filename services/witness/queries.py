@@ -79,6 +79,8 @@ def check_session_query(state: WitnessState, query: Query[Any], session: str) ->
                 raise QueryError("unauthorized", f"session {session} lists only its own bead's sessions (bead {mine})")
         case witness.Nudges():
             raise QueryError("unauthorized", f"session {session} reads no nudges but those typed into its own pane")
+        case witness.CrewList():
+            raise QueryError("unauthorized", f"session {session} reads no crew list (the operator's)")
 
 
 def _session(state: WitnessState, session_id: str) -> SessionDetail:
@@ -143,4 +145,6 @@ def answer(state: WitnessState, query: Query[Any]) -> Any:
             return _session(state, query.id)
         case witness.Nudges():
             return _nudges(state, query.all)
+        case witness.CrewList():
+            return [c for c in state.crews.values() if query.rig in (None, c.rig) and not c.gone]
     raise QueryError("unknown_query", f"the witness answers no {query.NAME!r}")

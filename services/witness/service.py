@@ -125,7 +125,7 @@ class WitnessService(Service[WitnessState]):
     async def prepare(self, cmd: Command) -> object:
         if isinstance(cmd, TownAgentStart):
             return witness_decide.TownAgentFacts(self.executor.town_agents.problem())
-        return await probes.facts_for(self.state, cmd)
+        return await probes.facts_for(self.state, cmd, self.policy.rigs_root)
 
     def query(self, query: Query[Any]) -> Any:
         return queries.answer(self.projection.state, query)

@@ -7,6 +7,7 @@ from datetime import datetime
 import msgspec
 
 from shared.core import subjects
+from shared.model.crew import Crew as Crew
 from shared.model.events.beads import BeadStatus
 from shared.model.events.molecules import StepGate
 from shared.model.gates import MoleculeGates
@@ -168,6 +169,8 @@ class WitnessState(msgspec.Struct, kw_only=True):
     nudges: dict[str, Nudge] = {}
     mr_beads: dict[str, str] = {}
     """Merge request id -> its bead."""
+    hand_mr_rigs: dict[str, str] = {}
+    """Merge requests submitted by hand (no session: a crew member's), not merged yet -> their rig."""
     mass_deaths: dict[str, list[str]] = {}
     """Rig -> sessions already covered by a mass-death escalation."""
     mass_deaths_open: set[str] = set()
@@ -182,12 +185,27 @@ class WitnessState(msgspec.Struct, kw_only=True):
     """Session id -> its usage as last recorded (``session.usage``), so a restarted witness records only change."""
     town_agents: dict[str, TownAgent] = {}
     """The town agents ever started, by name (``town_agent.*``)."""
+    crews: dict[str, Crew] = {}
+    """Crew members by ``crew_key`` (``crew.*``), removed ones too until their workspace is gone."""
     base_merged: dict[str, int] = {}
     """Rig -> stream sequence of the newest merge its merge queue pushed to its base (``mr.merged``): a rig's clone
     fetched before it lacks that work, and a new branch must not start from it (``effects/clone_fetch.py``)."""
 
 
 MAIL_NUDGE_PREFIX = "mail-"
+
+
+def crew_of_bead(state: WitnessState, bead: str) -> Crew | None:
+    """The crew member (not removed) the bead is hooked to: its sessions run in that member's workspace."""
+    for crew in state.crews.values():
+        if crew.hooked == bead and crew.status == "added":
+            return crew
+    return None
+
+
+def crew_workspaces(state: WitnessState) -> set[str]:
+    """Every crew member's workspace not removed yet: no session's end removes it."""
+    return {crew.workspace for crew in state.crews.values() if not crew.gone}
 
 
 def agent_of(session: Session, rig: Rig | None) -> str:

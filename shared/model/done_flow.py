@@ -17,6 +17,7 @@ from pathlib import Path
 
 from shared.core.ids import keyed_id
 from shared.model.commands import Fence, MergeRequestDone, SessionDoneIntentCmd, SessionFinish
+from shared.model.crew import crew_of_branch, crew_publisher
 
 
 def intent_id(session: str) -> str:
@@ -39,6 +40,15 @@ def published_dir(rig_dir: Path, session: str) -> Path:
     """Where the session's branch is published (``git.publish``) in its rig's directory (``rigs/<rig home>``): kept
     until its bead is closed; a later session of the bead starts from the newest bundle there."""
     return rig_dir / "published" / session
+
+
+def publisher(session: str | None, branch: str) -> str:
+    """Who published a merge request's bundle, naming its folder (``published_dir``) and where the refinery imports
+    it (``git.imported_ref``): its session, or for a crew member's `gt done` the member (``crew_publisher``)."""
+    if session:
+        return session
+    name = crew_of_branch(branch)
+    return crew_publisher(name) if name is not None else ""
 
 
 def intent(session: str, *, secret: str | None = None) -> SessionDoneIntentCmd:

@@ -28,6 +28,7 @@ __all__ = [
     "AutomationRunResult",
     "BeadResult",
     "ConvoyResult",
+    "CrewResult",
     "EscalationResult",
     "GateResult",
     "GcResult",
@@ -241,6 +242,16 @@ class TownAgentResult(RecordResult, kw_only=True):
     """The runtime it runs."""
     ask_id: str | UnsetType = UNSET
     """The request queued (``agent.ask``): its answer is ``town_agent.answered`` with this id."""
+
+
+class CrewResult(RecordResult, kw_only=True):
+    """A crew member added, given a bead or removed (``id``: ``<rig>-<name>``; ``status``: added or removed)."""
+
+    rig: str | UnsetType = UNSET
+    name: str | UnsetType = UNSET
+    branch: str | UnsetType = UNSET
+    workspace: str | UnsetType = UNSET
+    hooked: str | UnsetType | None = UNSET
 
 
 class NudgeResult(RecordResult, kw_only=True):

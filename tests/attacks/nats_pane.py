@@ -100,6 +100,19 @@ def targets(victim: str) -> dict[str, tuple[str, bytes]]:
             "gt.cmd.gate.open.svc.deacon",
             json.dumps({"bead": victim, "step": "gated", "output": MARK, "cmd_id": "forged-gate-open"}).encode(),
         ),
+        # A crew member's workspace (the operator's) removed, or a bead hooked to it: neither verb is an agent's.
+        "remove_crew": (
+            "gt.cmd.crew.remove",
+            json.dumps(
+                {"rig": os.environ.get("GT_RIG", "demo"), "name": "ann", "cmd_id": "forged-crew-remove"}
+            ).encode(),
+        ),
+        "hook_to_crew": (
+            own_subject("crew", "hook"),
+            json.dumps(
+                {"rig": os.environ.get("GT_RIG", "demo"), "name": "ann", "bead": victim, "cmd_id": "forged-crew-hook"}
+            ).encode(),
+        ),
         "read_activity_keys": (
             "$JS.API.CONSUMER.CREATE.KV_GT_ACTIVE",
             b"",  # filled in with a push consumer to the session's own inbox

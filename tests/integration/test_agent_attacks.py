@@ -71,6 +71,8 @@ FORGED_COMMANDS = (
     "forged-cross",
     "forged-gate-approve",
     "forged-gate-open",
+    "forged-crew-remove",
+    "forged-crew-hook",
     "huge-1",
     "flood-0",
     "flood-199",

@@ -14,7 +14,7 @@ import pytest
 from gt.cli import main as cli_main
 from gt.cli import patience
 from gt.cli.common import EXIT_DENIED, EXIT_REJECTED, EXIT_UNREACHABLE, EXIT_USAGE, UsageError
-from gt.cli.polecats import DoneError
+from gt.cli.done_steps import DoneError
 from services.deacon.automations.cron import CronError
 from services.witness.effects.runtime_setup import RuntimeUnavailableError
 from shared.bus.auth_callout import BadRequestError

@@ -26,7 +26,13 @@ def test_every_command_names_a_service_as_its_owner_and_its_aggregate_agrees(cls
 
 
 def test_the_consumers_read_what_they_read_before_the_owners_moved_onto_the_commands() -> None:
-    assert command_filters("witness") == ["gt.cmd.agent.>", "gt.cmd.nudge.>", "gt.cmd.rig.>", "gt.cmd.session.>"]
+    assert command_filters("witness") == [
+        "gt.cmd.agent.>",
+        "gt.cmd.crew.>",
+        "gt.cmd.nudge.>",
+        "gt.cmd.rig.>",
+        "gt.cmd.session.>",
+    ]
     assert command_filters("refinery") == ["gt.cmd.mq.>", "gt.cmd.mr.>"]
     assert command_filters("deacon") == ["gt.cmd.automation.>", "gt.cmd.gc.>", "gt.cmd.lease.>"]
     assert command_filters("mayor") == ["gt.cmd.>"]
@@ -53,6 +59,8 @@ def test_the_consumers_read_what_they_read_before_the_owners_moved_onto_the_comm
         (cmds.RigAdd(name="demo", repo="/r"), "rig:demo"),
         (cmds.RigUpdate(name="demo", max_polecats=2), "rig:demo"),
         (cmds.RigPark(name="demo"), "rig:demo"),
+        (cmds.CrewAdd(rig="demo", name="ann"), "rig:demo"),
+        (cmds.CrewHook(rig="demo", name="ann", bead="hq-1"), "rig:demo"),
         (cmds.SessionFinish(session="s-1"), "session:s-1"),
         (cmds.SessionStop(session="s-1"), "session:s-1"),
         (cmds.SessionRecoverHook(bead="hq-1", token=3), "hook:hq-1"),

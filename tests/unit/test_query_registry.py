@@ -44,7 +44,7 @@ def test_every_service_answers_status_and_digest_of_its_own() -> None:
     assert registry.decode("witness", "status", {}) == Status(service="witness")
     assert registry.decode("deacon", "digest", {"min_seq": LATEST_SEQ}) == Digest(service="deacon", min_seq=-1)
     assert registry.names("refinery") == ["mrs", "mr", "paused", "board", "status", "digest"]
-    assert registry.names("witness")[:5] == [q.NAME for q in witness.QUERIES]
+    assert registry.names("witness")[:6] == [q.NAME for q in witness.QUERIES]
     assert {q.SERVICE for q in deacon.QUERIES + refinery.QUERIES} == {"deacon", "refinery"}
 
 

@@ -144,6 +144,9 @@ def test_a_conflict_nobody_can_send_back_gets_a_conflict_bead_first_and_names_th
     assert "Conflicting files: calc.py, README" in create.description
     assert create.metadata == {"mr": a, "bead": "de-a", "head": q.mr(a).head, "target_commit": "e" * 40}
     assert settled.publish_branch is True, "a bundle's branch is published for the person who resolves it"
+    crews = msgspec.structs.replace(mr, branch="crew/ann", bundle="/gt/rigs/demo/published/crew-ann/x.bundle")
+    kept = plan.settle(q.state, crews, outcome, RESULT, POLICY, q.clock).publish_branch
+    assert kept is False, "a crew member's conflict is resolved in its workspace: origin gets no crew/ann"
     payload = settled.events[0].payload
     assert isinstance(payload, ev.MergeRequestConflicted)
     assert (payload.conflict_command, payload.sent_back) == (f"conflict-{a}-1", False)

@@ -12,6 +12,7 @@ from services.refinery import decide
 from services.refinery.effects import merger
 from services.refinery.state import RefineryState
 from shared.core.errors import CommandError
+from shared.model import done_flow
 from shared.model.commands import MergeRequestSubmit
 from shared.model.rigs import home_name
 
@@ -27,12 +28,19 @@ async def take(
     rig = state.rigs.get(cmd.rig)
     if rig is None:
         return None
+    if cmd.bundle is None:
+        return None
     try:
-        decide.check_session_submit(state, cmd, rig.base_branch)
+        if decide.from_session(cmd, "operator"):
+            decide.check_session_submit(state, cmd, rig.base_branch)
+        else:  # a crew member's `gt done`, by hand
+            decide.check_hand_submit(state, cmd, cmd.target or rig.base_branch, rig.base_branch)
     except CommandError:
         return None
-    assert cmd.bundle is not None
-    published = f"/rigs/{home_name(rig)}/published/{cmd.session}/{cmd.head}.bundle"
+    publisher = done_flow.publisher(cmd.session, cmd.branch)
+    if not publisher:
+        return None
+    published = f"/rigs/{home_name(rig)}/published/{publisher}/{cmd.head}.bundle"
     if not cmd.bundle.endswith(published):
         # Only where `gt done` publishes (the session's own folder, its head's name): never a file elsewhere
         # the refinery (root) could read and say things about.

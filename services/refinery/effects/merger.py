@@ -30,7 +30,9 @@ from shared.core.faults import crash_point
 from shared.host import git, git_replay, path_locks
 from shared.host.gates import execution, runs
 from shared.host.gates.user import GateWorkspaces
+from shared.model import done_flow
 from shared.model.commands import MergeRequestSubmit
+from shared.model.crew import crew_of_branch
 from shared.model.events.gate_jobs import GateCommand
 from shared.model.gate_jobs import stack_key
 from shared.model.rigs import Rig
@@ -278,7 +280,7 @@ def import_published(paths: Paths, rig: Rig, mr: MergeRequestSubmit, max_bytes: 
     assert mr.bundle is not None
     with _clone_lock(paths):
         git.ensure_bare_clone(rig.repo, paths.bare)
-        session = mr.session or ""
+        session = done_flow.publisher(mr.session, mr.branch)
         if _rev(paths, git.imported_ref(session, mr.head)):
             return None  # imported before for this session (the command delivered again)
         return git.import_bundle(
@@ -447,8 +449,11 @@ def _stack(
         if mr.bundle is not None:
             # Published by its session and imported when submitted: exactly the commit submitted, unless a person
             # resolving its conflict pushed the branch to the rig's repository (publish_branch put it there).
-            imported = git.imported_ref(mr.session or "", mr.head)
-            head = _rev(paths, f"refs/remotes/origin/{mr.branch}") or _rev(paths, imported)
+            imported = git.imported_ref(done_flow.publisher(mr.session, mr.branch), mr.head)
+            # A crew member's is always its bundle: a person resolves a conflict in the member's
+            # workspace and runs `gt done` again; a branch of that name on origin is nobody's say.
+            pushed = _rev(paths, f"refs/remotes/origin/{mr.branch}") if crew_of_branch(mr.branch) is None else ""
+            head = pushed or _rev(paths, imported)
         else:
             # The branch as it is now (a conflict resolved by force-pushing it counts), else the submitted commit.
             head = _rev(paths, f"refs/remotes/origin/{mr.branch}") or _rev(paths, f"{mr.head}^{{commit}}")
@@ -513,7 +518,7 @@ POLECAT_BRANCHES = "polecat/"
 def publish_branch(paths: Paths, mr: MergeRequest) -> None:
     """Push a session's published head (imported from its bundle) to its branch on origin, for a person to
     resolve a conflict on (best effort: logged when refused)."""
-    source = git.imported_ref(mr.session or "", mr.head)
+    source = git.imported_ref(done_flow.publisher(mr.session, mr.branch), mr.head)
     receive = git.origin_receive_pack(paths.bare)
     git.git(
         "push", "--quiet", "--force", *receive, "--", "origin", f"{source}:refs/heads/{mr.branch}", cwd=paths.bare,

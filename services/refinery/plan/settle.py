@@ -29,6 +29,7 @@ from services.refinery.plan.policy import Policy
 from services.refinery.plan.queue import failures_of, submitted_order
 from services.refinery.state import MergeRequest, RefineryState
 from shared.model.commands import BeadClose, BeadCreate, Command, EscalationRaise
+from shared.model.crew import crew_of_branch
 from shared.model.decision import NewEvent
 from shared.model.events import (
     Event,
@@ -144,7 +145,8 @@ def conflicted(state: RefineryState, mr: MergeRequest, outcome: Outcome, policy:
     return Settlement(
         events=[_on(state, mr, event)],
         commands=commands,
-        publish_branch=not sent_back and mr.bundle is not None,
+        # For a person to resolve on; a crew member's conflict is resolved in its workspace.
+        publish_branch=not sent_back and mr.bundle is not None and crew_of_branch(mr.branch) is None,
         counted="conflicted",
         logs=[LogLine("mr_conflicted", {"files": outcome.files, "sent_back": sent_back})],
     )

@@ -11,6 +11,7 @@ import structlog
 from services.witness import plan as planning
 from services.witness.effects.agent_env import AgentLaunch
 from services.witness.effects.cleanup import Cleaner
+from services.witness.effects.crew import CrewWorkspaces
 from services.witness.effects.done import DoneFinisher
 from services.witness.effects.nudge import Nudger
 from services.witness.effects.spawn import Spawner
@@ -31,11 +32,13 @@ from services.witness.plan.actions import (
     Kill,
     KillOrphan,
     LaunchTownAgent,
+    MakeCrewWorkspace,
     MassDeath,
     NudgeMail,
     ReapPane,
     RecordAnswer,
     ReleaseHook,
+    RemoveCrewWorkspace,
     Resling,
     Spawn,
     Start,
@@ -58,6 +61,7 @@ class Executor:
         self.cleaner = Cleaner(self.kit)
         self.nudger = Nudger(self.kit)
         self.town_agents = TownAgents(self.kit)
+        self.crew = CrewWorkspaces(self.kit)
 
     @property
     def start_failures(self) -> dict[str, int]:
@@ -106,6 +110,10 @@ class Executor:
                     await self.nudger.nudge_mail(action)
                 case ExpireNudge():
                     await self.nudger.expire_nudge(action)
+                case MakeCrewWorkspace():
+                    await self.crew.make(action)
+                case RemoveCrewWorkspace():
+                    await self.crew.remove(action)
                 case LaunchTownAgent():
                     await self.town_agents.launch(action)
                 case EndTownAgent():

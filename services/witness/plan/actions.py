@@ -248,3 +248,25 @@ class RecordAnswer(TownAgentAction, frozen=True, kw_only=True):
     PRIORITY: ClassVar[int] = 2
     ask: str
     text: str
+
+
+class CrewAction(Action, frozen=True, kw_only=True):
+    """Something owed to a crew member's workspace (docs/crew.md): one at a time per member."""
+
+    KEY = ("crew", "crew")
+    crew: str
+    """``crew_key``: ``<rig>-<name>``."""
+    rig: str
+
+
+class MakeCrewWorkspace(CrewAction, frozen=True, kw_only=True):
+    """A crew member was added and its workspace is not there yet: make it, then record ``crew.ready``."""
+
+    PRIORITY: ClassVar[int] = 3
+
+
+class RemoveCrewWorkspace(CrewAction, frozen=True, kw_only=True):
+    """A crew member was removed: remove its workspace (kept if work was found in it since), then record
+    ``crew.workspace_removed``."""
+
+    PRIORITY: ClassVar[int] = 6

@@ -11,7 +11,7 @@ from services.witness.plan.actions import Action, Clean, KillOrphan, MassDeath, 
 from services.witness.plan.observed import Observed, pane_of
 from services.witness.plan.policy import Policy
 from services.witness.plan.scope import TMUX_PREFIX
-from services.witness.state import Session, WitnessState
+from services.witness.state import Session, WitnessState, crew_workspaces
 from shared.core import subjects
 from shared.core.ids import hook_lease_name
 from shared.model.events import DEATHS
@@ -32,12 +32,19 @@ def _successor(state: WitnessState, session: Session) -> Session | None:
 
 def ended_sessions(state: WitnessState, obs: Observed, policy: Policy) -> Iterator[Action]:
     latest: dict[tuple[str, str], str] = {}  # filled once, when first needed
+    crew_places = crew_workspaces(state)
     for session in state.sessions.values():
         if session.status != "ended":
             continue
         hook = state.hooks.get(hook_lease_name(session.bead)) if session.lease_token is not None else None
         if hook is not None and hook.holder == session.id and hook.status == "held":
             yield ReleaseHook(session=session.id, bead=session.bead)
+            continue
+        if session.worktree in crew_places:
+            # A crew member's workspace outlives its sessions: it goes only with the member (``plan.crew``).
+            reporting = session.end_reason == "done" and _reporting_done(session, obs, policy)
+            if not session.cleaned and not reporting:
+                yield Clean(session=session.id, remove_worktree=False, detail="kept: a crew member's workspace")
             continue
         if session.cleaned:
             if _kept_after_its_bead_closed(state, session, latest):

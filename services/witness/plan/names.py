@@ -6,10 +6,16 @@ first name no session holds (see ``plan._held_names``), so names are recycled on
 
 from __future__ import annotations
 
+import re
+
 POOL = (
     "ace", "bob", "cat", "dot", "eel", "fox", "gus", "hal", "ivy", "jet", "kit", "lux", "max",
     "nix", "oak", "pip", "rex", "sky", "tex", "uma", "val", "wes", "xan", "yak", "zed", "amy",
 )  # fmt: skip
+
+
+POOLED_NAME = re.compile(r"p[0-9]+")
+"""The names past the pool's."""
 
 
 def polecat_name(index: int) -> str:

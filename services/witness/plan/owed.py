@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.witness.plan.actions import Action
+from services.witness.plan.crew import owed as crew_owed
 from services.witness.plan.endings import ended_sessions, mass_deaths, orphans
 from services.witness.plan.nudges import context_pressure, continuations, queued_nudges, unannounced_mail
 from services.witness.plan.observed import Observed
@@ -26,6 +27,7 @@ def plan(state: WitnessState, obs: Observed, policy: Policy) -> list[Action]:
     out.extend(continuations(state, obs))
     out.extend(context_pressure(state, policy.context_handoff_at))
     out.extend(unannounced_mail(state, obs))
+    out.extend(crew_owed(state))
     if policy.rigs is None and obs.panes is not None:  # a witness of every rig supervises the town agents
         out.extend(town_agents_owed(state, obs.town_agents, obs.now))
     seen: set[str] = set(obs.busy)

@@ -18,6 +18,7 @@ import hashlib
 
 from services.witness.plan.actions import (
     Action,
+    CrewAction,
     DeliverNudge,
     ExpireNudge,
     KillOrphan,
@@ -127,7 +128,7 @@ def rig_of_tmux_name(name: str, rigs: list[str]) -> str | None:
 
 def rig_of_action(state: WitnessState, action: Action) -> str | None:
     """The rig an action touches (None: none the log knows)."""
-    if isinstance(action, Spawn | Resling | MassDeath):
+    if isinstance(action, Spawn | Resling | MassDeath | CrewAction):
         return action.rig
     if isinstance(action, SessionAction):
         session = state.sessions.get(action.session)

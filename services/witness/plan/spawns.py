@@ -15,7 +15,7 @@ from services.witness.plan.policy import Policy
 from services.witness.plan.scope import TMUX_PREFIX
 from services.witness.plan.sessions import AGENT_UNAUTHORIZED
 from services.witness.projection import deaths
-from services.witness.state import Rig, Session, WitnessState, WorkBead, agent_for
+from services.witness.state import Crew, Rig, Session, WitnessState, WorkBead, agent_for, crew_of_bead
 from shared.model.events import DEATHS
 from shared.model.events.beads import WORKING
 from shared.model.events.sessions import ACTIVE_SESSION
@@ -155,21 +155,37 @@ def beads_to_spawn(state: WitnessState, obs: Observed, policy: Policy) -> Iterat
     waiting.sort(key=lambda b: (not b.sessions, b.slung_seq))
     held = held_names(state, obs)
     in_use: dict[str, int] = {}
+    working_in: set[str] = set()
     for session in state.sessions.values():
         if session.status in ACTIVE_SESSION:
             in_use[session.rig] = in_use.get(session.rig, 0) + 1
+            working_in.add(session.worktree)
     for rig_name, _polecat in obs.reserved:
         in_use[rig_name] = in_use.get(rig_name, 0) + 1
     for bead in waiting:
         if f"bead:{bead.id}" in obs.busy:
             continue
         rig = state.rigs[bead.rig or ""]
+        crew = crew_of_bead(state, bead.id)
+        if crew is not None:
+            # A crew member's work runs as the member, in its workspace, not in one of the rig's polecat places;
+            # after a session of an earlier bead there has ended.
+            if crew.ready and crew.rig == rig.name and crew.workspace not in working_in:
+                yield _crew_spawn(state, bead, rig, crew)
+            continue
         if in_use.get(rig.name, 0) >= rig.max_polecats:
             continue  # queued: it gets a polecat when one of the rig's sessions ends
         spawn = _spawn_for(state, bead, rig, held, policy)
         held[(rig.name, spawn.polecat)] = bead.id
         in_use[rig.name] = in_use.get(rig.name, 0) + 1
         yield spawn
+
+
+def _crew_spawn(state: WitnessState, bead: WorkBead, rig: Rig, crew: Crew) -> Spawn:
+    """A session of a bead hooked to crew member ``crew``: the member is its polecat, its workspace and branch the
+    session's (each session of the bead starts where the last left the workspace)."""
+    last = state.sessions.get(bead.sessions[-1]) if bead.sessions else None
+    return _spawn(bead, rig, last, crew.name, crew.workspace, crew.branch)
 
 
 def _spawn_for(
@@ -182,19 +198,23 @@ def _spawn_for(
     else:
         taken = {name for (r, name) in held if r == rig.name}
         polecat = next(polecat_name(i) for i in range(len(taken) + 1) if polecat_name(i) not in taken)
-    attempt = len(bead.sessions) + 1
     branch = previous[0].branch if previous else f"polecat/{polecat}/{bead.id}"
-    handoff_of = last.id if last is not None and last.end_reason == "handoff" else None
+    return _spawn(bead, rig, last, polecat, f"{policy.rigs_root}/{home_name(rig)}/polecats/{polecat}", branch)
+
+
+def _spawn(bead: WorkBead, rig: Rig, last: Session | None, polecat: str, worktree: str, branch: str) -> Spawn:
+    """The bead's next session, as ``polecat`` in ``worktree`` on ``branch``; ``last``: its session before."""
+    attempt = len(bead.sessions) + 1
     return Spawn(
         bead=bead.id,
         session=session_id_for(bead.id, attempt),
         rig=rig.name,
         polecat=polecat,
-        worktree=f"{policy.rigs_root}/{home_name(rig)}/polecats/{polecat}",
+        worktree=worktree,
         branch=branch,
         tmux_name=tmux_name_for(rig.name, polecat),
         attempt=attempt,
         agent=agent_for(bead, rig),
-        handoff_of=handoff_of,
+        handoff_of=last.id if last is not None and last.end_reason == "handoff" else None,
         resling=last is not None and (last.end_reason in DEATHS or last.end_reason == AGENT_UNAUTHORIZED),
     )

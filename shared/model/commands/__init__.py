@@ -20,6 +20,7 @@ from shared.model.commands.beads import (
     BeadUpdate,
 )
 from shared.model.commands.convoys import CONVOY_COMMANDS, ConvoyAdd, ConvoyCreate, ConvoyLand
+from shared.model.commands.crew import CREW_COMMANDS, CrewAdd, CrewHook, CrewRemove
 from shared.model.commands.escalations import (
     ESCALATION_COMMANDS,
     SEVERITIES,
@@ -66,6 +67,7 @@ COMMANDS: dict[str, type[Command]] = {
         *AUTOMATION_COMMANDS,
         *GC_COMMANDS,
         *TOWN_AGENT_COMMANDS,
+        *CREW_COMMANDS,
     )
 }
 _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {s: msgspec.json.Decoder(c) for s, c in COMMANDS.items()}
@@ -164,6 +166,7 @@ def _json_kind(value: object) -> str:
 
 __all__ = [
     "COMMANDS",
+    "CREW_COMMANDS",
     "DEFAULT_MAX_COMMAND_BYTES",
     "POLECAT_TARGET",
     "SEVERITIES",
@@ -179,6 +182,9 @@ __all__ = [
     "ConvoyAdd",
     "ConvoyCreate",
     "ConvoyLand",
+    "CrewAdd",
+    "CrewHook",
+    "CrewRemove",
     "EscalationAck",
     "EscalationClose",
     "EscalationRaise",

@@ -21,6 +21,15 @@ from shared.model.events.beads import (
     BeadUpdated,
 )
 from shared.model.events.convoys import CONVOY_EVENTS, ConvoyBeadsAdded, ConvoyClosed, ConvoyCreated
+from shared.model.events.crew import (
+    CREW_EVENTS,
+    CrewAdded,
+    CrewEvent,
+    CrewHooked,
+    CrewReady,
+    CrewRemoved,
+    CrewWorkspaceRemoved,
+)
 from shared.model.events.escalations import (
     ESCALATION_EVENTS,
     EscalationAcked,
@@ -134,6 +143,7 @@ REGISTRY = EventRegistry(
         *USAGE_EVENTS,
         *GATE_JOB_EVENTS,
         *TOWN_AGENT_EVENTS,
+        *CREW_EVENTS,
     )
 )
 """The registry services decode with."""
@@ -160,6 +170,12 @@ __all__ = [
     "ConvoyBeadsAdded",
     "ConvoyClosed",
     "ConvoyCreated",
+    "CrewAdded",
+    "CrewEvent",
+    "CrewHooked",
+    "CrewReady",
+    "CrewRemoved",
+    "CrewWorkspaceRemoved",
     "Envelope",
     "EscalationAcked",
     "EscalationClosed",

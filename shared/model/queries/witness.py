@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from shared.model.crew import Crew
 from shared.model.queries.base import Query, R, Required, ServiceStatus
 from shared.model.rigs import RigView
 from shared.model.sessions import Nudge, SessionDetail, SessionView
@@ -69,5 +70,12 @@ class Nudges(WitnessQuery[list[Nudge]], frozen=True, kw_only=True):
     all: bool = False
 
 
-QUERIES: tuple[type[Query[Any]], ...] = (Rigs, Rig, Sessions, Session, Nudges)
+class CrewList(WitnessQuery[list[Crew]], frozen=True, kw_only=True):
+    """Crew members (of one rig when given), removed ones whose workspace was kept too."""
+
+    NAME: ClassVar[str] = "crew"
+    rig: str | None = None
+
+
+QUERIES: tuple[type[Query[Any]], ...] = (Rigs, Rig, Sessions, Session, Nudges, CrewList)
 """What the witness answers (besides ``status`` and ``digest``)."""
